@@ -1,0 +1,27 @@
+"""jaxattn: the consensus dynamics of self-attention, in JAX.
+
+Tokens are particles on a sphere or ellipsoid moved by multi-head attention,
+layer by layer (`run_layers`) or in continuous time (`solve_flow`).
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from ._dynamics import SelfAttentionDynamics as SelfAttentionDynamics
+from ._flow import FlowResult as FlowResult
+from ._flow import ManifoldSolver as ManifoldSolver
+from ._flow import solve_flow as solve_flow
+from ._layers import run_layers as run_layers
+from ._manifold import manifold_drift as manifold_drift
+from ._manifold import normalize as normalize
+from ._manifold import sample_ellipsoid as sample_ellipsoid
+from ._manifold import w_norm as w_norm
+from ._metrics import misalignment as misalignment
+from ._schedule import AbstractSchedule as AbstractSchedule
+from ._schedule import Constant as Constant
+from ._schedule import PiecewiseConstant as PiecewiseConstant
+from ._schedule import Schedule as Schedule
+
+try:
+    __version__ = version("jaxattn")
+except PackageNotFoundError:  # running from a source tree without installing
+    __version__ = "0.0.0"

@@ -1,0 +1,201 @@
+"""The continuous model: the attention flow on the ellipsoid (paper 001 eq. 6),
+integrated with diffrax and kept on the manifold."""
+
+from typing import NamedTuple
+
+import diffrax as dfx
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, PyTree, Real
+
+from ._batch import map_batch, prepare_tokens
+from ._dynamics import SelfAttentionDynamics
+from ._manifold import project
+from ._validate import as_float_array, check_count, check_scalar, is_concrete
+
+
+class ManifoldSolver(dfx.AbstractWrappedSolver):
+    """Wraps any diffrax solver and retracts each step back onto `E_W` with `N_W`.
+
+    Why a projection after each step: the flow (eq. 6) is tangent to `E_W`, but
+    its extension off the manifold is not attracting (`d/dt |x|²_W =
+    2⟨x, v⟩_W (1 − |x|²_W)` grows the error where `⟨x, v⟩_W < 0`), so an
+    unprojected solver's local errors accumulate into a drift from `E_W` over
+    long horizons. Normalising `y1` is a retraction: it changes the step by less
+    than its own local error, keeps the solver's order, leaves the error
+    estimate and step-size control untouched, and works for every solver
+    (explicit, implicit, adaptive or not) because it touches only the accepted
+    state. FSAL solvers reuse `f(y1)` from before the projection; the mismatch is
+    of the size of the drift removed, below the local error.
+    """
+
+    solver: dfx.AbstractSolver
+    W: Float[Array, "d d"] | None
+
+    @property
+    def term_structure(self):
+        return self.solver.term_structure
+
+    @property
+    def interpolation_cls(self):
+        return self.solver.interpolation_cls
+
+    @property
+    def term_compatible_contr_kwargs(self):
+        return self.solver.term_compatible_contr_kwargs
+
+    def order(self, terms):
+        return self.solver.order(terms)
+
+    def strong_order(self, terms):
+        return self.solver.strong_order(terms)
+
+    def error_order(self, terms):
+        return self.solver.error_order(terms)
+
+    def init(self, terms, t0, t1, y0, args):
+        return self.solver.init(terms, t0, t1, y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        y1, y_error, dense_info, solver_state, result = self.solver.step(
+            terms, t0, t1, y0, args, solver_state, made_jump
+        )
+        return project(y1, self.W), y_error, dense_info, solver_state, result
+
+    def func(self, terms, t0, y0, args):
+        return self.solver.func(terms, t0, y0, args)
+
+
+class FlowResult(NamedTuple):
+    """What `solve_flow(..., throw=False)` returns, per sample of the batch.
+
+    - `ys`: tokens at each time, `(..., len(ts), n, d)`. Where a solve failed the
+      entries after the failure are not meaningful: check `success` first.
+    - `success`: `(...)` bool, whether the solver reached the last time.
+    - `num_steps`: `(...)` accepted steps taken.
+    """
+
+    ys: Float[Array, "*batch T n d"]
+    success: Bool[Array, "*batch"]
+    num_steps: Int[Array, "*batch"]
+
+
+def _check_ts(ts) -> Real[Array, " T"]:
+    ts = as_float_array(ts, "ts")
+    if ts.ndim != 1 or ts.shape[0] < 1:
+        raise ValueError(f"`ts` must be a 1-D array of save times, got shape {ts.shape}.")
+    if is_concrete(ts):
+        tn = np.asarray(ts)
+        if not np.all(np.isfinite(tn)):
+            raise ValueError("`ts` must be finite.")
+        if np.any(np.diff(tn) < 0):
+            raise ValueError("`ts` must be nondecreasing (the flow is integrated forwards).")
+    return ts
+
+
+def _solve_one(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw):
+    term = dfx.ODETerm(lambda t, x, args: dyn.velocity(t, x))
+    sol = dfx.diffeqsolve(
+        term,
+        solver,
+        t0=ts[0],
+        t1=ts[-1],
+        dt0=dt0,
+        y0=x0,
+        saveat=dfx.SaveAt(ts=ts),
+        stepsize_controller=controller,
+        max_steps=max_steps,
+        adjoint=adjoint,
+        throw=throw,
+    )
+    return sol.ys, sol.result == dfx.RESULTS.successful, sol.stats["num_accepted_steps"]
+
+
+@eqx.filter_jit
+def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw, project_out):
+    x0 = prepare_tokens(dyn, x0)
+    ts = ts.astype(x0.dtype)
+    ys, ok, steps = map_batch(
+        lambda x: _solve_one(dyn, x, ts, solver, controller, dt0, max_steps, adjoint, throw), x0
+    )
+    # Saved values between steps come from the solver's dense interpolant, which
+    # leaves E_W by up to the local error; retract them like the steps.
+    if project_out:
+        ys = project(ys, dyn.W)
+    return ys, ok, steps
+
+
+def solve_flow(
+    dyn: SelfAttentionDynamics,
+    x0: Float[Array, "*batch n d"],
+    ts: Real[Array, " T"],
+    *,
+    solver: dfx.AbstractSolver = dfx.Tsit5(),
+    rtol: float = 1e-6,
+    atol: float = 1e-8,
+    max_steps: int = 16384,
+    dt0: float | None = None,
+    adjoint: dfx.AbstractAdjoint = dfx.RecursiveCheckpointAdjoint(),
+    on_manifold: bool = True,
+    throw: bool = True,
+) -> Float[Array, "*batch T n d"] | FlowResult:
+    """Integrate the continuous attention flow (paper 001 eq. 6) with diffrax.
+
+    `dx_i/dt = v_i(t, x) − ⟨x_i, v_i(t, x)⟩_W x_i` from `t = ts[0]`, saving at
+    each time of `ts`. Tokens are kept on `E_W` by `ManifoldSolver` (a retraction
+    after every step; see its docstring for why). Leading axes of `x0` are a
+    batch, solved as one vmapped program (each sample with its own steps).
+
+    **Arguments:**
+
+    - `dyn`: the model.
+    - `x0`: initial tokens `(..., n, d)`, normalised onto `E_W` first; NaN/inf or
+      zero tokens raise an error.
+    - `ts`: nondecreasing save times; integration starts at `ts[0]`.
+    - `solver`: any diffrax ODE solver (default `diffrax.Tsit5()`).
+    - `rtol`, `atol`: tolerances of the adaptive step-size controller (used when
+      the solver gives error estimates).
+    - `max_steps`: step budget per sample; reaching it is an error (raise it).
+    - `dt0`: initial step; required for solvers without error estimates, which
+      then take constant steps of `dt0`.
+    - `adjoint`: how gradients are taken (default: checkpointed reverse mode,
+      `diffrax.RecursiveCheckpointAdjoint`). `BacksolveAdjoint` integrates the
+      reversed flow, which is unstable for this contracting system: avoid it.
+    - `on_manifold`: retract steps and saved values onto `E_W` (default `True`).
+      `False` integrates the ambient ODE as is, to measure the drift.
+    - `throw`: raise if any sample fails (default). With `False` nothing is raised
+      and a `FlowResult(ys, success, num_steps)` with a per-sample status is
+      returned instead of `ys`.
+
+    **Returns:**
+
+    `ys` of shape `(..., len(ts), n, d)`, or a `FlowResult` when `throw=False`.
+    """
+    if not isinstance(dyn, SelfAttentionDynamics):
+        raise TypeError(f"expected a ja.SelfAttentionDynamics, got {type(dyn).__name__}.")
+    if not isinstance(solver, dfx.AbstractSolver):
+        raise TypeError(f"`solver` must be a diffrax solver, got {type(solver).__name__}.")
+    ts = _check_ts(ts)
+    max_steps = check_count(max_steps, "max_steps")
+    if isinstance(solver, dfx.AbstractAdaptiveSolver):
+        controller = dfx.PIDController(
+            rtol=float(check_scalar(rtol, "rtol", positive=True)),
+            atol=float(check_scalar(atol, "atol", positive=True)),
+        )
+    elif dt0 is None:
+        raise ValueError(
+            f"{type(solver).__name__} gives no error estimate, so it needs a fixed step: "
+            "pass `dt0=...` (or use an adaptive solver such as diffrax.Tsit5())."
+        )
+    else:
+        controller = dfx.ConstantStepSize()
+    if dt0 is not None:
+        dt0 = float(check_scalar(dt0, "dt0", positive=True))
+    if on_manifold:
+        solver = ManifoldSolver(solver, dyn.W)
+    ys, ok, steps = _solve_batched(
+        dyn, as_float_array(x0, "x0"), ts, solver, controller, dt0, max_steps, adjoint,
+        bool(throw), bool(on_manifold),
+    )
+    return ys if throw else FlowResult(ys, ok, steps)

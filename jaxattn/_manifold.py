@@ -1,0 +1,96 @@
+"""The ellipsoid `E_W = {y : yᵀ W y = 1}` and the maps onto it (paper 001 §2.2)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._validate import check_metric
+
+
+def w_inner(
+    a: Float[Array, "... d"], b: Float[Array, "... d"], W: Float[Array, "d d"] | None
+) -> Float[Array, "..."]:
+    """The inner product `⟨a, b⟩_W = aᵀ W b` over the last axis (`W = None`: `aᵀb`)."""
+    if W is None:
+        return jnp.sum(a * b, axis=-1)
+    return jnp.sum(a * (b @ W.T), axis=-1)
+
+
+def w_norm(y: Float[Array, "... d"], W: Float[Array, "d d"] | None = None):
+    """The norm `|y|_W = sqrt(yᵀ W y)` over the last axis."""
+    return jnp.sqrt(w_inner(y, y, W))
+
+
+def normalize(
+    x: Float[Array, "... d"], W: Float[Array, "d d"] | None = None
+) -> Float[Array, "... d"]:
+    """Project each token onto the ellipsoid: `N_W(y) = y / |y|_W`.
+
+    **Arguments:**
+
+    - `x`: tokens, one per row; any leading axes.
+    - `W`: symmetric positive-definite metric, `(d, d)`; `None` is the identity
+      (the unit sphere).
+
+    **Returns:**
+
+    `x` with every row rescaled to `|x_i|_W = 1`. A zero row has no direction and
+    gives NaN here; the simulators refuse such inputs before they reach this map.
+    """
+    x = jnp.asarray(x)
+    if W is not None:
+        W = check_metric(W, x.shape[-1])
+    return project(x, W)
+
+
+def project(x: Float[Array, "... d"], W: Float[Array, "d d"] | None) -> Float[Array, "... d"]:
+    """`N_W` without input checks, for use inside the simulators."""
+    return x / w_norm(x, W)[..., None]
+
+
+def manifold_drift(
+    x: Float[Array, "... n d"], W: Float[Array, "d d"] | None = None
+) -> Float[Array, ""]:
+    """The largest distance from the ellipsoid, `max_i | |x_i|_W − 1 |`."""
+    return jnp.max(jnp.abs(w_norm(jnp.asarray(x), W) - 1))
+
+
+def sample_ellipsoid(
+    key: PRNGKeyArray,
+    n: int,
+    d: int,
+    W: Float[Array, "d d"] | None = None,
+    *,
+    dtype=None,
+) -> Float[Array, "n d"]:
+    """Random tokens on `E_W`: standard normal vectors mapped by `N_W`.
+
+    With `W = None` this is the uniform distribution on the sphere `S^{d−1}`;
+    for another metric it is the push-forward of that law by `y ↦ N_W(y)`.
+
+    **Arguments:**
+
+    - `key`: a JAX PRNG key.
+    - `n`, `d`: number of tokens and their dimension.
+    - `W`: the metric, `(d, d)`, or `None` for the unit sphere.
+    - `dtype`: floating dtype (default: float32, or float64 with `jax_enable_x64`).
+
+    **Returns:**
+
+    An `(n, d)` array whose rows lie on `E_W`.
+    """
+    for name, value in (("n", n), ("d", d)):
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"sample_ellipsoid: `{name}` must be a positive int, got {value!r}.")
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    y = jax.random.normal(key, (int(n), int(d)), dtype=dtype)
+    return normalize(y, W)
+
+
+def tangent(
+    x: Float[Array, "n d"], v: Float[Array, "n d"], W: Float[Array, "d d"] | None
+) -> Float[Array, "n d"]:
+    """The differential of `N_W` at a point of `E_W` applied to `v`:
+    `v_i − ⟨x_i, v_i⟩_W x_i` (paper 001 eq. 6)."""
+    return v - w_inner(x, v, W)[:, None] * x

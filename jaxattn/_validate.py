@@ -1,0 +1,110 @@
+"""Checks of user input: shape and configuration errors at trace time, value
+errors through `eqx.error_if` when the values are only known inside `jit`."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+
+def is_concrete(x) -> bool:
+    """Whether `x` has a value now (not a tracer inside `jit`/`grad`/`vmap`)."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+def float_dtype(*arrays):
+    """The floating dtype to compute in: the inputs' own, or the default one."""
+    dtypes = [a.dtype for a in arrays if hasattr(a, "dtype")]
+    dtypes = [d for d in dtypes if jnp.issubdtype(d, jnp.floating)]
+    return jnp.result_type(*dtypes) if dtypes else jnp.result_type(float)
+
+
+def as_float_array(x, name: str, dtype=None) -> Array:
+    """`x` as a floating JAX array, or a `TypeError` that names it."""
+    try:
+        arr = jnp.asarray(x)
+    except TypeError as e:
+        raise TypeError(f"`{name}` must be an array of numbers, got {type(x).__name__}.") from e
+    if jnp.issubdtype(arr.dtype, jnp.complexfloating):
+        raise TypeError(f"`{name}` must be real, got dtype {arr.dtype}.")
+    if not (jnp.issubdtype(arr.dtype, jnp.floating) or jnp.issubdtype(arr.dtype, jnp.integer)
+            or arr.dtype == jnp.bool_):
+        raise TypeError(f"`{name}` must be an array of numbers, got dtype {arr.dtype}.")
+    return arr.astype(dtype or float_dtype(arr))
+
+
+def check_scalar(value, name: str, *, positive: bool = False) -> Array:
+    """A finite (optionally positive) real scalar; `ValueError` otherwise when concrete."""
+    arr = as_float_array(value, name)
+    if arr.ndim != 0:
+        raise ValueError(f"`{name}` must be a scalar, got shape {arr.shape}.")
+    if is_concrete(arr):
+        v = float(arr)
+        if not np.isfinite(v):
+            raise ValueError(f"`{name}` must be finite, got {v}.")
+        if positive and v <= 0:
+            raise ValueError(f"`{name}` must be > 0, got {v}.")
+    else:
+        bad = ~jnp.isfinite(arr) | ((arr <= 0) if positive else False)
+        arr = eqx.error_if(arr, bad, f"`{name}` must be finite{' and > 0' if positive else ''}.")
+    return arr
+
+
+def check_count(value, name: str) -> int:
+    """A Python int ≥ 0 (it fixes a compiled loop's length), or a `ValueError`."""
+    try:
+        ok = not isinstance(value, bool) and int(value) == value and int(value) >= 0
+    except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+        ok = False
+    if not ok:
+        raise ValueError(f"`{name}` must be a whole number ≥ 0 known before tracing, got {value!r}.")
+    return int(value)
+
+
+def check_metric(W, d: int | None = None, *, rtol: float = 1e-6) -> Float[Array, "d d"]:
+    """`W` as a symmetric positive-definite `(d, d)` array, or a `ValueError`."""
+    W = as_float_array(W, "W")
+    if W.ndim != 2 or W.shape[0] != W.shape[1]:
+        raise ValueError(f"`W` must be a square (d, d) matrix, got shape {W.shape}.")
+    if d is not None and W.shape[0] != d:
+        raise ValueError(
+            f"`W` has shape {W.shape} but the tokens have dimension d={d}; "
+            f"pass a ({d}, {d}) metric."
+        )
+    if is_concrete(W):
+        Wn = np.asarray(W, dtype=np.float64)
+        if not np.all(np.isfinite(Wn)):
+            raise ValueError("`W` contains NaN or inf; it must be a finite SPD matrix.")
+        scale = max(np.abs(Wn).max(), np.finfo(np.float64).tiny)
+        if np.abs(Wn - Wn.T).max() > rtol * scale:
+            raise ValueError(
+                "`W` must be symmetric (max |W − Wᵀ| = "
+                f"{np.abs(Wn - Wn.T).max():.3g}); symmetrise it with (W + W.T) / 2."
+            )
+        lam_min = np.linalg.eigvalsh(Wn).min()
+        if lam_min <= rtol * scale:
+            raise ValueError(
+                f"`W` must be positive definite, but its smallest eigenvalue is "
+                f"{lam_min:.3g}; the ellipsoid |y|_W = 1 needs an SPD metric."
+            )
+    return W
+
+
+def check_tokens(x: Float[Array, "*batch n d"], W) -> Float[Array, "*batch n d"]:
+    """Refuse NaN/inf entries and zero tokens (they have no point on `E_W`).
+
+    Runs inside `jit` through `eqx.error_if`; the returned array must be used.
+    """
+    bad_value = ~jnp.all(jnp.isfinite(x))
+    x = eqx.error_if(
+        x, bad_value, "jaxattn: the initial tokens contain NaN or inf; pass finite tokens."
+    )
+    sq = jnp.sum(x * x if W is None else x * (x @ W.T), axis=-1)
+    zero = jnp.any(sq <= jnp.finfo(x.dtype).tiny)
+    return eqx.error_if(
+        x,
+        zero,
+        "jaxattn: an initial token is zero, so it has no projection onto the "
+        "ellipsoid; every token needs |x_i|_W > 0.",
+    )

@@ -1,0 +1,25 @@
+"""Shared test set-up: float64 by default (tests that check float32 behaviour wrap
+themselves in `jax.enable_x64(False)`), strict rank promotion, a seeded key."""
+
+import os
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A per-test seed, printed so a failure can be replayed."""
+    value = int(os.environ.get("JAXATTN_TEST_SEED", "1234"))
+    print(f"{request.node.name}: seed {value}")
+    return value
+
+
+@pytest.fixture
+def key(seed):
+    return jax.random.PRNGKey(seed)

@@ -1,8 +1,24 @@
-"""The `jaxattn` command line."""
+"""The `jaxattn` command line.
+
+Each command lives in its own module with a `register(subparsers)` function that
+adds its parser and sets `func`; `main` lists them in `_COMMAND_MODULES`. A
+command returns an exit code; user mistakes raise `CLIError` (or `ValueError`)
+and are printed as one line with exit status 2.
+"""
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
+
+from ._runs import RunFolderError
+
+# Modules (relative to this package) with a `register(subparsers)` function.
+_COMMAND_MODULES = ["._cli"]
+
+
+class CLIError(Exception):
+    """A mistake in the command line: printed as one line, exit status 2."""
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -15,6 +31,8 @@ def _demo(args: argparse.Namespace) -> int:
     from ._metrics import misalignment
     from ._plot import save_sphere_figure
 
+    if args.tokens < 1 or not args.horizon > 0:
+        raise CLIError("--tokens must be ≥ 1 and --horizon > 0.")
     key_model, key_x = jax.random.split(jax.random.PRNGKey(args.seed))
     dyn = _paper.sphere_dynamics(key_model)
     x0 = _paper.hemisphere_tokens(key_x, args.tokens, 3)
@@ -28,27 +46,44 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"{float(ts[i]):8.2f}  {float(E[i]):11.3e}")
     print(f"max drift from the sphere: {float(manifold_drift(ys)):.2e}")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CLIError(f"cannot write to {out}: {e.strerror or e}") from e
     path = save_sphere_figure(ys, ts, E, out / "demo_sphere.png")
     print(f"wrote {path}")
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="jaxattn", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+def register(sub) -> None:
     demo = sub.add_parser("demo", help="10 tokens on S² under 2 time-varying heads")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--tokens", type=int, default=10)
     demo.add_argument("--horizon", type=float, default=10.0)
-    demo.add_argument("--out", default="runs")
+    demo.add_argument("--out", default="runs", help="folder for the figure (default: runs)")
     demo.set_defaults(func=_demo)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="jaxattn", description="The consensus dynamics of self-attention, in JAX."
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name, __package__).register(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (CLIError, RunFolderError, ValueError, FileNotFoundError) as e:
+        print(f"jaxattn {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"jaxattn {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,34 @@
+"""Real transformers in Equinox: GPT-2, GPT-Neo, BERT, ALBERT and Llama-family
+decoders, loaded from HuggingFace safetensors or gguf files without torch, run
+far past their depth (paper 001 §6.2), and viewed layer by layer in the
+simulator's terms.
+
+```python
+model = ja.models.load("path/to/folder")         # or a .gguf file, or a hub name
+model = ja.models.init("gpt2", key)              # random weights, HF's initialisation
+hs = ja.models.hidden_states(model, ids)         # (L+1, n, d), as output_hidden_states
+E = ja.models.loop(model, ids, passes=20, ffn=False)
+dyn = ja.models.attention_dynamics(model, 3)     # layer 3 as a ja.SelfAttentionDynamics
+```
+"""
+
+from ._arch import FAMILIES as FAMILIES
+from ._arch import GPT2 as GPT2
+from ._arch import AbstractTransformer as AbstractTransformer
+from ._arch import Albert as Albert
+from ._arch import Bert as Bert
+from ._arch import GPTNeo as GPTNeo
+from ._arch import Llama as Llama
+from ._arch import TransformerConfig as TransformerConfig
+from ._arch._nn import Attention as Attention
+from ._load import init as init
+from ._load import load as load
+from ._load import resolve_config as resolve_config
+from ._presets import PRESETS as PRESETS
+from ._run import hidden_states as hidden_states
+from ._run import loop as loop
+from ._weights import attention_dynamics as attention_dynamics
+from ._weights import attention_weights as attention_weights
+from ._weights import layer_weights as layer_weights
+from ._weights import replace_attention as replace_attention
+from ._weights import value_output as value_output

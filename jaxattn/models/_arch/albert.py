@@ -1,0 +1,86 @@
+"""ALBERT: BERT's post-norm block shared by every layer, with factorised
+embeddings (width `embedding_size`, then a linear map to the hidden size)."""
+
+import equinox as eqx
+import jax
+from jaxtyping import Array, Float, Int
+
+from ._nn import MLP, LayerNorm, Linear, PostNormBlock
+from .base import AbstractTransformer, TransformerConfig
+from .bert import (
+    encoder_config,
+    init_embeddings,
+    init_encoder_block,
+    layer_norm,
+    load_attention,
+    load_embeddings,
+    load_linear,
+)
+from .gpt2 import reject
+
+
+class Albert(AbstractTransformer):
+    """ALBERT (`model_type: albert`): base, large, xlarge, xxlarge (v1 and v2).
+
+    `blocks` holds one block (slot 0) that all `num_hidden_layers` layers apply.
+    Only the standard layout is supported: one hidden group with one inner layer.
+    """
+
+    config: TransformerConfig = eqx.field(static=True)
+    word: Float[Array, "V e"]
+    position: Float[Array, "P e"]
+    segment: Float[Array, "T e"]
+    ln_embed: LayerNorm
+    project: Linear
+    blocks: PostNormBlock
+
+    family = "albert"
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        return (0,) * self.config.num_layers
+
+    @classmethod
+    def num_slots(cls, cfg) -> int:
+        return 1
+
+    def embed(self, ids: Int[Array, " n"]) -> Float[Array, "n d"]:
+        x = self.word[ids] + self.segment[0][None] + self.position[: ids.shape[0]]
+        return self.project(self.ln_embed(x))
+
+    def final_norm(self, x):
+        return x
+
+    @classmethod
+    def config_from_hf(cls, hf) -> TransformerConfig:
+        reject(hf, "num_hidden_groups", lambda v: v == 1, "only one hidden group")
+        reject(hf, "inner_group_num", lambda v: v == 1, "only one layer per group")
+        hf = {"vocab_size": 30000, "hidden_size": 4096, "num_attention_heads": 64,
+              "intermediate_size": 16384, "hidden_act": "gelu_new", **hf}
+        return encoder_config(hf, "albert", embedding_size=hf.get("embedding_size", 128))
+
+    @classmethod
+    def init_block(cls, cfg, key):
+        return init_encoder_block(cfg, key)
+
+    @classmethod
+    def init(cls, cfg, key):
+        ke, kp, kb = jax.random.split(key, 3)
+        e = cfg.embedding_size
+        project = Linear.init(kp, e, cfg.hidden_size, cfg.initializer_range)
+        return cls(cfg, *init_embeddings(cfg, ke, e), project, cls.init_blocks(cfg, kb))
+
+    @classmethod
+    def from_state(cls, cfg, src):
+        d, e, inner = cfg.hidden_size, cfg.embedding_size, cfg.intermediate_size
+        p = "encoder.albert_layer_groups.0.albert_layers.0"
+        attn = load_attention(cfg, src, {
+            "query": f"{p}.attention.query", "key": f"{p}.attention.key",
+            "value": f"{p}.attention.value", "output": f"{p}.attention.dense"})
+        mlp = MLP(load_linear(src, f"{p}.ffn", d, inner),
+                  load_linear(src, f"{p}.ffn_output", inner, d), cfg.activation)
+        block = PostNormBlock(attn, layer_norm(src, f"{p}.attention.LayerNorm", d, cfg.norm_eps),
+                              mlp, layer_norm(src, f"{p}.full_layer_layer_norm", d, cfg.norm_eps))
+        project = load_linear(src, "encoder.embedding_hidden_mapping_in", e, d)
+        return cls(cfg, *load_embeddings(cfg, src, e), project,
+                   src.stack_blocks(lambda i: block, 1))

@@ -1,0 +1,167 @@
+"""What every transformer family provides: a config, embeddings, a stack of blocks
+scanned over layers, and a final normalisation applied between passes."""
+
+import abc
+import dataclasses
+from typing import Any, ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from ._nn import causal_mask, full_mask
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """The architecture of a model, read from a HuggingFace `config.json`.
+
+    One record for all families; a field a family does not use keeps its default.
+    Hashable, so it is a static field of the model.
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_positions: int | None
+    norm_eps: float
+    activation: str
+    initializer_range: float = 0.02
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    embedding_size: int | None = None  # ALBERT's factorised embeddings
+    type_vocab_size: int = 0  # BERT / ALBERT segment embeddings
+    pad_token_id: int | None = None
+    window_size: int | None = None  # GPT-Neo local attention
+    attention_layers: tuple[str, ...] = ()  # GPT-Neo: "global" / "local" per layer
+    rope_theta: float = 10000.0
+    attention_scale: float | None = None  # None: 1/√k; GPT-Neo: 1
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    causal: bool = True
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def scale(self) -> float:
+        return self.dim_head**-0.5 if self.attention_scale is None else self.attention_scale
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def check_sizes(cfg: TransformerConfig) -> TransformerConfig:
+    """`ValueError` for sizes that cannot describe a model."""
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"config: `{name}` must be a positive integer, got {value!r}.")
+    if cfg.head_dim is None and cfg.hidden_size % cfg.num_heads:
+        raise ValueError(
+            f"config: hidden size {cfg.hidden_size} is not a multiple of the "
+            f"{cfg.num_heads} attention heads."
+        )
+    if cfg.num_heads % cfg.kv_heads:
+        raise ValueError(
+            f"config: {cfg.num_heads} attention heads are not a multiple of the "
+            f"{cfg.kv_heads} key-value heads."
+        )
+    return cfg
+
+
+class AbstractTransformer(eqx.Module):
+    """A transformer as a discrete dynamical system: `embed`, then blocks, then
+    `final_norm` (the normalisation applied after the last block, and between
+    passes when the model is looped).
+
+    `blocks` is one block module whose arrays carry a leading layer axis (of
+    length `num_slots`); layer `l` uses slot `slots[l]` (all layers share slot 0
+    in ALBERT).
+    """
+
+    config: eqx.AbstractVar[TransformerConfig]
+    blocks: eqx.AbstractVar[eqx.Module]
+
+    family: ClassVar[str]
+
+    @abc.abstractmethod
+    def embed(self, ids: Int[Array, " n"]) -> Float[Array, "n d"]:
+        """Token (+ position, + segment) embeddings of one sequence: the input of block 0."""
+
+    @abc.abstractmethod
+    def final_norm(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        """The normalisation after the last block (identity for BERT/ALBERT)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def config_from_hf(cls, hf: dict[str, Any]) -> TransformerConfig:
+        """Read a HuggingFace `config.json` dict; `ValueError` for what is unsupported."""
+
+    @classmethod
+    @abc.abstractmethod
+    def init_block(cls, cfg: TransformerConfig, key) -> eqx.Module:
+        """One block with HuggingFace's initialisation."""
+
+    @classmethod
+    @abc.abstractmethod
+    def init(cls, cfg: TransformerConfig, key) -> "AbstractTransformer":
+        """The whole model with HuggingFace's initialisation."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_state(cls, cfg: TransformerConfig, src) -> "AbstractTransformer":
+        """Build from HuggingFace-named tensors (`src.get(name, shape)`)."""
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        """The block slot each layer uses."""
+        return tuple(range(self.config.num_layers))
+
+    @classmethod
+    def num_slots(cls, cfg: TransformerConfig) -> int:
+        return cfg.num_layers
+
+    @classmethod
+    def init_blocks(cls, cfg: TransformerConfig, key) -> eqx.Module:
+        """All block slots, stacked, each from its own key."""
+        keys = jax.random.split(key, cls.num_slots(cfg))
+        return eqx.filter_vmap(lambda k: cls.init_block(cfg, k))(keys)
+
+    def context(self, n: int) -> Any:
+        """Per-sequence-length constants the blocks need (rotary tables)."""
+        return None
+
+    def mask(self, n: int, layer: Int[Array, ""]) -> Bool[Array, "n n"]:
+        """The attention mask of `layer` (which tokens each token may attend to)."""
+        return causal_mask(n) if self.config.causal else full_mask(n)
+
+    def apply_block(
+        self, block, x: Float[Array, "n d"], layer: Int[Array, ""], ctx, *, ffn: bool = True
+    ) -> Float[Array, "n d"]:
+        """Run one block on one sequence (`ffn=False` drops the feed-forward sub-block
+        together with its normalisation, keeping the attention residual)."""
+        return block(x, self.mask(x.shape[0], layer), ctx, ffn=ffn)
+
+    def layer_block(self, layer: int) -> eqx.Module:
+        """The block (weights) used by `layer`, unstacked."""
+        slot = self.slots[layer]
+        return jax.tree.map(lambda a: a[slot], self.blocks)
+
+
+def stack(blocks: list) -> Any:
+    """Stack a list of identical-structure blocks along a new leading axis."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)

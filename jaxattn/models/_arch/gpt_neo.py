@@ -1,0 +1,127 @@
+"""GPT-Neo: GPT-2's pre-norm block with unscaled scores and alternating global /
+local (sliding-window) causal attention."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from ._nn import (
+    MLP,
+    Attention,
+    LayerNorm,
+    Linear,
+    PreNormBlock,
+    causal_mask,
+    heads_in,
+    heads_out,
+    normal,
+)
+from .base import AbstractTransformer, TransformerConfig, check_sizes
+from .gpt2 import layer_norm
+
+
+def expand_attention_types(types) -> tuple[str, ...]:
+    """`[[["global", "local"], 6]]` → `("global", "local", …)` (12 entries)."""
+    try:
+        out = tuple(kind for kinds, repeat in types for _ in range(repeat) for kind in kinds)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"config: attention_types must look like [[['global', 'local'], 6]], got {types!r}."
+        ) from None
+    if not set(out) <= {"global", "local"}:
+        raise ValueError(f"config: attention types must be 'global' or 'local', got {set(out)}.")
+    return out
+
+
+class GPTNeo(AbstractTransformer):
+    """GPT-Neo (`model_type: gpt_neo`): 125M, 1.3B, 2.7B.
+
+    Unlike GPT-2, the scores are not divided by `√k` (HuggingFace's GPT-Neo has no
+    scaling), and every `local` layer lets a token attend only to the
+    `window_size` most recent tokens, itself included.
+    """
+
+    config: TransformerConfig = eqx.field(static=True)
+    wte: Float[Array, "V d"]
+    wpe: Float[Array, "P d"]
+    blocks: PreNormBlock
+    ln_f: LayerNorm
+
+    family = "gpt_neo"
+
+    def embed(self, ids: Int[Array, " n"]) -> Float[Array, "n d"]:
+        return self.wte[ids] + self.wpe[: ids.shape[0]]
+
+    def final_norm(self, x):
+        return self.ln_f(x)
+
+    def mask(self, n: int, layer: Int[Array, ""]) -> Bool[Array, "n n"]:
+        local = jnp.asarray([kind == "local" for kind in self.config.attention_layers])
+        window = jnp.where(local[layer], self.config.window_size, n)
+        return causal_mask(n, window)
+
+    @classmethod
+    def config_from_hf(cls, hf):
+        d = hf.get("hidden_size", 2048)
+        layers = hf.get("num_layers", 24)
+        kinds = expand_attention_types(hf.get("attention_types", [[["global", "local"], 12]]))
+        if len(kinds) != layers:
+            raise ValueError(
+                f"config: attention_types describe {len(kinds)} layers but num_layers={layers}."
+            )
+        return check_sizes(TransformerConfig(
+            model_type="gpt_neo", vocab_size=hf.get("vocab_size", 50257), hidden_size=d,
+            num_layers=layers, num_heads=hf.get("num_heads", 16),
+            intermediate_size=hf.get("intermediate_size") or 4 * d,
+            max_positions=hf.get("max_position_embeddings", 2048),
+            norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+            activation=hf.get("activation_function", "gelu_new"),
+            initializer_range=hf.get("initializer_range", 0.02),
+            window_size=hf.get("window_size", 256), attention_layers=kinds,
+            attention_scale=1.0,
+        ))
+
+    @classmethod
+    def init_block(cls, cfg, key):
+        d, h, std = cfg.hidden_size, cfg.num_heads, cfg.initializer_range
+        kq, kk, kv, ko, kf, kp = jax.random.split(key, 6)
+        k = cfg.dim_head
+        attn = Attention(normal(kq, (h, k, d), std), normal(kk, (h, k, d), std),
+                         normal(kv, (h, k, d), std), normal(ko, (d, h, k), std), None, None,
+                         None, jnp.zeros((d,), jnp.float32), cfg.scale)
+        mlp = MLP(Linear.init(kf, d, cfg.intermediate_size, std),
+                  Linear.init(kp, cfg.intermediate_size, d, std), cfg.activation)
+        ln = LayerNorm.init(d, cfg.norm_eps)
+        return PreNormBlock(ln, attn, ln, mlp)
+
+    @classmethod
+    def init(cls, cfg, key):
+        ke, kp, kb = jax.random.split(key, 3)
+        std = cfg.initializer_range
+        return cls(cfg, normal(ke, (cfg.vocab_size, cfg.hidden_size), std),
+                   normal(kp, (cfg.max_positions, cfg.hidden_size), std),
+                   cls.init_blocks(cfg, kb), LayerNorm.init(cfg.hidden_size, cfg.norm_eps))
+
+    @classmethod
+    def from_state(cls, cfg, src):
+        d, h, inner, eps = cfg.hidden_size, cfg.num_heads, cfg.intermediate_size, cfg.norm_eps
+
+        def linear(name, d_in, d_out, bias=True):
+            b = src.get(f"{name}.bias", (d_out,)) if bias else None
+            return Linear(src.get(f"{name}.weight", (d_out, d_in)), b)
+
+        def block(i):
+            p = f"h.{i}.attn.attention"
+            q, k, v = (linear(f"{p}.{n}_proj", d, d, bias=False).weight for n in "qkv")
+            out = linear(f"{p}.out_proj", d, d)
+            attn = Attention(heads_in(q, h), heads_in(k, h), heads_in(v, h),
+                             heads_out(out.weight, h), None, None, None, out.bias, cfg.scale)
+            mlp = MLP(linear(f"h.{i}.mlp.c_fc", d, inner), linear(f"h.{i}.mlp.c_proj", inner, d),
+                      cfg.activation)
+            return PreNormBlock(layer_norm(src, f"h.{i}.ln_1", d, eps), attn,
+                                layer_norm(src, f"h.{i}.ln_2", d, eps), mlp)
+
+        return cls(cfg, src.get("wte.weight", (cfg.vocab_size, d)),
+                   src.get("wpe.weight", (cfg.max_positions, d)),
+                   src.stack_blocks(block, cfg.num_layers), layer_norm(src, "ln_f", d, eps))

@@ -1,0 +1,123 @@
+"""Llama family (SmolLM2, Llama 2/3, …): RMSNorm, rotary positions,
+grouped-query attention, gated MLP, no position table."""
+
+import equinox as eqx
+import jax
+from jaxtyping import Array, Float, Int
+
+from ._nn import (
+    Attention,
+    GatedMLP,
+    Linear,
+    PreNormBlock,
+    RMSNorm,
+    bias_heads,
+    heads_in,
+    heads_out,
+    normal,
+    rotary_tables,
+)
+from .base import AbstractTransformer, TransformerConfig, check_sizes
+from .gpt2 import reject
+
+
+def rope_theta(hf: dict) -> float:
+    """The rotary base from `rope_parameters` (transformers ≥ 5) or `rope_theta`;
+    `ValueError` for scaled variants (linear, dynamic, YaRN, llama3, …)."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise ValueError(f"config: rotary scaling {kind!r} is not supported (only 'default').")
+    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+class Llama(AbstractTransformer):
+    """A Llama-family decoder (`model_type: llama`), e.g. SmolLM2-135M.
+
+    The last hidden state (and the input of every later pass) goes through the
+    final RMSNorm `norm`, as in HuggingFace's `LlamaModel`.
+    """
+
+    config: TransformerConfig = eqx.field(static=True)
+    embed_tokens: Float[Array, "V d"]
+    blocks: PreNormBlock
+    norm: RMSNorm
+
+    family = "llama"
+
+    def embed(self, ids: Int[Array, " n"]) -> Float[Array, "n d"]:
+        return self.embed_tokens[ids]
+
+    def final_norm(self, x):
+        return self.norm(x)
+
+    def context(self, n: int):
+        return rotary_tables(n, self.config.dim_head, self.config.rope_theta)
+
+    @classmethod
+    def config_from_hf(cls, hf):
+        reject(hf, "pretraining_tp", lambda v: v in (None, 1), "tensor-parallel slicing")
+        heads = hf.get("num_attention_heads", 32)
+        return check_sizes(TransformerConfig(
+            model_type="llama", vocab_size=hf.get("vocab_size", 32000),
+            hidden_size=hf.get("hidden_size", 4096), num_layers=hf.get("num_hidden_layers", 32),
+            num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim"), intermediate_size=hf.get("intermediate_size", 11008),
+            max_positions=hf.get("max_position_embeddings", 2048),
+            norm_eps=hf.get("rms_norm_eps", 1e-6), activation=hf.get("hidden_act", "silu"),
+            initializer_range=hf.get("initializer_range", 0.02), rope_theta=rope_theta(hf),
+            attention_bias=bool(hf.get("attention_bias", False)),
+            mlp_bias=bool(hf.get("mlp_bias", False)), pad_token_id=hf.get("pad_token_id"),
+        ))
+
+    @classmethod
+    def init_block(cls, cfg, key):
+        d, std, inner = cfg.hidden_size, cfg.initializer_range, cfg.intermediate_size
+        ka, kg, ku, kd = jax.random.split(key, 4)
+        attn = Attention.init(ka, d, cfg.num_heads, cfg.kv_heads, cfg.dim_head, std,
+                              cfg.attention_bias, cfg.scale)
+        mlp = GatedMLP(Linear.init(kg, d, inner, std, cfg.mlp_bias),
+                       Linear.init(ku, d, inner, std, cfg.mlp_bias),
+                       Linear.init(kd, inner, d, std, cfg.mlp_bias), cfg.activation)
+        norm = RMSNorm.init(d, cfg.norm_eps)
+        return PreNormBlock(norm, attn, norm, mlp)
+
+    @classmethod
+    def init(cls, cfg, key):
+        ke, kb = jax.random.split(key)
+        table = normal(ke, (cfg.vocab_size, cfg.hidden_size), cfg.initializer_range)
+        if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.vocab_size:
+            table = table.at[cfg.pad_token_id].set(0.0)
+        norm = RMSNorm.init(cfg.hidden_size, cfg.norm_eps)
+        return cls(cfg, table, cls.init_blocks(cfg, kb), norm)
+
+    @classmethod
+    def from_state(cls, cfg, src):
+        d, h, g, k = cfg.hidden_size, cfg.num_heads, cfg.kv_heads, cfg.dim_head
+        inner, eps = cfg.intermediate_size, cfg.norm_eps
+
+        def linear(name, d_in, d_out, bias):
+            b = src.get(f"{name}.bias", (d_out,)) if bias else None
+            return Linear(src.get(f"{name}.weight", (d_out, d_in)), b)
+
+        def block(i):
+            p = f"layers.{i}"
+            ab = cfg.attention_bias
+            q = linear(f"{p}.self_attn.q_proj", d, h * k, ab)
+            kk = linear(f"{p}.self_attn.k_proj", d, g * k, ab)
+            v = linear(f"{p}.self_attn.v_proj", d, g * k, ab)
+            o = linear(f"{p}.self_attn.o_proj", h * k, d, ab)
+            attn = Attention(heads_in(q.weight, h), heads_in(kk.weight, g), heads_in(v.weight, g),
+                             heads_out(o.weight, h), bias_heads(q.bias, h), bias_heads(kk.bias, g),
+                             bias_heads(v.bias, g), o.bias, cfg.scale)
+            mb = cfg.mlp_bias
+            mlp = GatedMLP(linear(f"{p}.mlp.gate_proj", d, inner, mb),
+                           linear(f"{p}.mlp.up_proj", d, inner, mb),
+                           linear(f"{p}.mlp.down_proj", inner, d, mb), cfg.activation)
+            return PreNormBlock(RMSNorm(src.get(f"{p}.input_layernorm.weight", (d,)), eps), attn,
+                                RMSNorm(src.get(f"{p}.post_attention_layernorm.weight", (d,)), eps),
+                                mlp)
+
+        return cls(cfg, src.get("embed_tokens.weight", (cfg.vocab_size, d)),
+                   src.stack_blocks(block, cfg.num_layers),
+                   RMSNorm(src.get("norm.weight", (d,)), eps))

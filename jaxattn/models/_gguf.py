@@ -1,0 +1,167 @@
+"""Llama-family `.gguf` files (llama.cpp): metadata → config, tensors dequantised to
+float32 with the `gguf` package, llama.cpp's query/key row permutation undone,
+names mapped to HuggingFace's. The converted tensors are cached as an `.npz`
+(`$JAXATTN_CACHE_DIR`, default `~/.cache/jaxattn`) so a file is dequantised once."""
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .._runs import _atomic_write
+
+_FORMAT = "jaxattn-gguf-1"  # bump when the conversion changes: old caches are ignored
+_NAMES = [
+    (r"token_embd\.weight", "embed_tokens.weight"),
+    (r"output_norm\.weight", "norm.weight"),
+    (r"output\.weight", "lm_head.weight"),
+    (r"blk\.(\d+)\.attn_norm\.weight", "layers.{}.input_layernorm.weight"),
+    (r"blk\.(\d+)\.ffn_norm\.weight", "layers.{}.post_attention_layernorm.weight"),
+    (r"blk\.(\d+)\.attn_q\.(weight|bias)", "layers.{}.self_attn.q_proj.{}"),
+    (r"blk\.(\d+)\.attn_k\.(weight|bias)", "layers.{}.self_attn.k_proj.{}"),
+    (r"blk\.(\d+)\.attn_v\.(weight|bias)", "layers.{}.self_attn.v_proj.{}"),
+    (r"blk\.(\d+)\.attn_output\.(weight|bias)", "layers.{}.self_attn.o_proj.{}"),
+    (r"blk\.(\d+)\.ffn_gate\.weight", "layers.{}.mlp.gate_proj.weight"),
+    (r"blk\.(\d+)\.ffn_up\.weight", "layers.{}.mlp.up_proj.weight"),
+    (r"blk\.(\d+)\.ffn_down\.weight", "layers.{}.mlp.down_proj.weight"),
+]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("JAXATTN_CACHE_DIR")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "jaxattn"
+
+
+def cache_file(path: Path) -> Path:
+    """The cache entry for `path`: keyed by its absolute path, size and mtime."""
+    st = path.stat()
+    tag = f"{_FORMAT}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    return cache_dir() / f"{path.stem}-{hashlib.sha1(tag.encode()).hexdigest()[:16]}.npz"
+
+
+def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's query/key permutation: it stores each head's rows as
+    interleaved pairs `(0, r, 1, r+1, …)`; HuggingFace's rotary layout wants the
+    halves `(0, 1, …, r−1 | r, …)` (`r = k/2`)."""
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def hf_name(name: str) -> str | None:
+    for pattern, target in _NAMES:
+        m = re.fullmatch(pattern, name)
+        if m:
+            return target.format(*m.groups())
+    return None
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_config(reader, path: Path) -> dict:
+    """A HuggingFace-style `config.json` dict from the gguf metadata."""
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise ValueError(
+            f"{path}: gguf architecture {arch!r} is not supported (jaxattn reads 'llama' "
+            f"gguf files: Llama, SmolLM2, …)."
+        )
+
+    def need(key):
+        value = _field(reader, f"llama.{key}")
+        if value is None:
+            raise ValueError(f"{path}: gguf metadata has no 'llama.{key}'.")
+        return value
+
+    d, heads = int(need("embedding_length")), int(need("attention.head_count"))
+    head_dim = int(_field(reader, "llama.attention.key_length", d // heads))
+    if int(_field(reader, "llama.rope.dimension_count", head_dim)) != head_dim:
+        raise ValueError(f"{path}: partial rotary embeddings are not supported.")
+    return {
+        "model_type": "llama", "hidden_size": d, "num_attention_heads": heads,
+        "num_key_value_heads": int(_field(reader, "llama.attention.head_count_kv", heads)),
+        "num_hidden_layers": int(need("block_count")),
+        "intermediate_size": int(need("feed_forward_length")),
+        "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(_field(reader, "llama.rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(_field(reader, "llama.context_length", 2048)),
+        "head_dim": head_dim,
+    }
+
+
+def _open(path: Path):
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:  # gguf raises ValueError / struct errors on bad files
+        raise ValueError(f"{path}: not a readable gguf file ({type(e).__name__}: {e}).") from None
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            raise ValueError(f"{path}: truncated file: tensor {t.name!r} is cut off.")
+    return reader
+
+
+def _dequantise(t, path: Path) -> np.ndarray:
+    import gguf
+
+    try:
+        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+    except Exception as e:
+        raise ValueError(
+            f"{path}: cannot dequantise tensor {t.name!r} ({t.tensor_type.name}): {e}"
+        ) from None
+    return np.ascontiguousarray(w, dtype=np.float32).reshape(tuple(int(s) for s in t.shape[::-1]))
+
+
+def convert(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """The config and float32 HuggingFace-named tensors of a gguf file."""
+    reader = _open(path)
+    hf = gguf_config(reader, path)
+    arrays = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            raise ValueError(f"{path}: unexpected tensor {t.name!r} for a llama gguf file.")
+        w = _dequantise(t, path)
+        if name.endswith("q_proj.weight"):
+            w = unpermute(w, hf["num_attention_heads"])
+        elif name.endswith("k_proj.weight"):
+            w = unpermute(w, hf["num_key_value_heads"])
+        arrays[name] = w
+    hf["vocab_size"] = int(arrays["embed_tokens.weight"].shape[0]) if (
+        "embed_tokens.weight" in arrays) else int(_field(reader, "llama.vocab_size", 0))
+    return hf, arrays
+
+
+def converted(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """`convert(path)`, read from the cache when it was done before."""
+    cache = cache_file(path)
+    if cache.exists():
+        try:
+            with np.load(cache) as data:
+                arrays = {k: data[k] for k in data.files if k != "__config__"}
+                return json.loads(str(data["__config__"])), arrays
+        except Exception:  # a damaged cache entry is rebuilt, never trusted
+            cache.unlink(missing_ok=True)
+    hf, arrays = convert(path)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        save_npz_plain(cache, __config__=np.asarray(json.dumps(hf)), **arrays)
+    except OSError:
+        pass  # caching is an optimisation; an unwritable cache dir is not an error
+    return hf, arrays
+
+
+def save_npz_plain(path: Path, **arrays) -> None:
+    """Uncompressed `.npz`, written atomically (compression of float32 weights gains
+    little and costs seconds on every load)."""
+    _atomic_write(path, lambda f: np.savez(f, **arrays))

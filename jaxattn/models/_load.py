@@ -1,0 +1,351 @@
+"""Configs and weights: presets, `config.json`, safetensors (NumPy, no torch) and
+hub names. Every problem is one `ValueError`/`FileNotFoundError` that names the
+file and, where there is one, the tensor."""
+
+import json
+import os
+import re
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._arch import FAMILIES, AbstractTransformer, TransformerConfig
+from ._presets import ALIASES, PRESETS
+
+# Tensors that hold no weights (buffers) or belong to task heads: never loaded.
+_IGNORED = re.compile(
+    r"(^|\.)attn\.(masked_)?bias$|^embeddings\.position_ids$|^pooler\.|rotary_emb\.inv_freq$"
+    r"|^(lm_head|cls|predictions|sop_classifier|classifier|qa_outputs|score)\."
+)
+_PROBES = {"gpt2": "wte.weight", "gpt_neo": "wte.weight", "llama": "embed_tokens.weight",
+           "bert": "embeddings.word_embeddings.weight",
+           "albert": "embeddings.word_embeddings.weight"}
+_PREFIXES = ("", "transformer.", "model.", "bert.", "albert.")
+
+
+def family_of(hf: dict, where: str) -> type[AbstractTransformer]:
+    """The family class for a HuggingFace config dict (`ValueError` if unsupported)."""
+    kind = hf.get("model_type")
+    if kind not in FAMILIES:
+        raise ValueError(
+            f"{where}: model_type {kind!r} is not supported; jaxattn.models implements "
+            f"{sorted(FAMILIES)}."
+        )
+    return FAMILIES[kind]
+
+
+def parse_config(hf: dict, where: str = "config") -> TransformerConfig:
+    """A `TransformerConfig` from a HuggingFace `config.json` dict."""
+    if not isinstance(hf, dict):
+        raise TypeError(f"{where}: a config must be a dict, got {type(hf).__name__}.")
+    try:
+        return family_of(hf, where).config_from_hf(hf)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") if not str(e).startswith(where) else e from None
+
+
+def read_config_file(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            hf = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such config file.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a valid config.json ({e}).") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{path}: a config.json must hold a JSON object.")
+    return hf
+
+
+def resolve_config(config) -> tuple[TransformerConfig, dict]:
+    """`config` (a dict, a `config.json` path or folder, a preset name, or a
+    `TransformerConfig`) → the parsed config and the raw dict."""
+    if isinstance(config, TransformerConfig):
+        return config, config.to_dict()
+    if isinstance(config, dict):
+        return parse_config(config), config
+    if not isinstance(config, (str, os.PathLike)):
+        raise TypeError(f"config must be a dict, a path or a preset name, got {config!r}.")
+    name = ALIASES.get(str(config), str(config))
+    if name in PRESETS:
+        return parse_config(PRESETS[name], f"preset {name!r}"), PRESETS[name]
+    path = Path(config)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise ValueError(
+            f"{config!r} is neither a preset ({', '.join(PRESETS)}) nor an existing "
+            f"config.json or model folder."
+        )
+    hf = read_config_file(path)
+    return parse_config(hf, str(path)), hf
+
+
+class TensorSource:
+    """HuggingFace-named float32 tensors read on demand, with shape checks and a
+    final check that no tensor was left unused (a config/weights mismatch)."""
+
+    def __init__(self, readers: dict[str, tuple[str, Callable[[], np.ndarray]]], prefix: str):
+        self.readers = readers  # full name → (file, reader)
+        self.prefix = prefix
+        self.used: set[str] = set()
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        full = self.prefix + name
+        if full not in self.readers:
+            files = sorted({f for f, _ in self.readers.values()})
+            raise ValueError(f"{', '.join(files)}: missing tensor {full!r} (shape {shape}).")
+        file, read = self.readers[full]
+        array = read()
+        if tuple(array.shape) != tuple(shape):
+            raise ValueError(
+                f"{file}: tensor {full!r} has shape {tuple(array.shape)}, but the config "
+                f"implies {tuple(shape)}."
+            )
+        self.used.add(full)
+        return np.asarray(array, dtype=np.float32)
+
+    def stack_blocks(self, block: Callable[[int], object], count: int):
+        """`block(i)` for each layer, stacked along a leading axis (as JAX arrays)."""
+        blocks = [block(i) for i in range(count)]
+        return jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs)), *blocks)
+
+    def check_all_used(self) -> None:
+        for full, (file, _) in sorted(self.readers.items()):
+            name = full[len(self.prefix):] if full.startswith(self.prefix) else None
+            if full in self.used or name is None or _IGNORED.search(name):
+                continue
+            raise ValueError(
+                f"{file}: unexpected tensor {full!r}: the weights do not match config.json "
+                f"(another size or number of layers?)."
+            )
+
+
+def find_prefix(names, family: str, where: str) -> str:
+    probe = _PROBES[family]
+    for prefix in _PREFIXES:
+        if prefix + probe in names:
+            return prefix
+    raise ValueError(
+        f"{where}: no tensor named {probe!r} (with any of the prefixes {list(_PREFIXES[1:])}); "
+        f"these are not {family} weights."
+    )
+
+
+def build(cfg: TransformerConfig, readers, where: str) -> AbstractTransformer:
+    """The model from HuggingFace-named tensors; every tensor must be used."""
+    family = FAMILIES[cfg.model_type]
+    src = TensorSource(readers, find_prefix(readers, cfg.model_type, where))
+    model = family.from_state(cfg, src)
+    src.check_all_used()
+    return jax.tree.map(jnp.asarray, model)
+
+
+# --- safetensors -------------------------------------------------------------------
+
+
+def safetensors_header(path: Path) -> dict:
+    """The JSON header of a `.safetensors` file, checked against the file size so a
+    truncated file names the first tensor it cuts off."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise ValueError(f"{path}: truncated safetensors file (no header).")
+        (length,) = struct.unpack("<Q", raw)
+        if 8 + length > size:
+            raise ValueError(f"{path}: truncated safetensors file (header cut off).")
+        try:
+            header = json.loads(f.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError(f"{path}: not a safetensors file (unreadable header).") from None
+    header.pop("__metadata__", None)
+    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][1]):
+        if 8 + length + info["data_offsets"][1] > size:
+            raise ValueError(
+                f"{path}: truncated file: tensor {name!r} ends at byte "
+                f"{8 + length + info['data_offsets'][1]} but the file has {size} bytes."
+            )
+    return header
+
+
+def _reader(handle, path: Path, name: str, info: dict):
+    def read() -> np.ndarray:
+        try:
+            if info["dtype"] == "BF16":  # NumPy has no bfloat16: read the bits via ml_dtypes
+                return _read_bf16(path, name).reshape(info["shape"]).astype(np.float32)
+            return handle.get_tensor(name)
+        except Exception as e:  # the Rust reader raises its own error types
+            raise ValueError(f"{path}: cannot read tensor {name!r}: {e}") from None
+
+    return read
+
+
+def _read_bf16(path: Path, name: str) -> np.ndarray:
+    import ml_dtypes
+
+    header = safetensors_header(path)
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        start, end = header[name]["data_offsets"]
+        f.seek(8 + length + start)
+        return np.frombuffer(f.read(end - start), dtype=ml_dtypes.bfloat16)
+
+
+def safetensors_readers(paths: list[Path]) -> dict:
+    from safetensors import safe_open
+
+    readers = {}
+    for path in paths:
+        header = safetensors_header(path)
+        try:
+            handle = safe_open(str(path), framework="numpy")
+        except Exception as e:
+            raise ValueError(f"{path}: not a readable safetensors file ({e}).") from None
+        for name, info in header.items():
+            readers[name] = (str(path), _reader(handle, path, name, info))
+    return readers
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The `.safetensors` files of a model folder (all shards of an index)."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(read_config_file(index).get("weight_map", {}).values()))
+        for shard in shards:
+            if not (folder / shard).exists():
+                raise FileNotFoundError(
+                    f"{folder / shard}: weight shard listed in {index} is missing."
+                )
+        return [folder / s for s in shards]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        other = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".h5", ".msgpack")]
+        hint = (f" (found {', '.join(other)}: jaxattn reads safetensors only — save with "
+                f"`model.save_pretrained(dir, safe_serialization=True)`)") if other else ""
+        raise FileNotFoundError(f"{folder}: no *.safetensors weight file{hint}.")
+    return files
+
+
+def load_folder(folder: Path) -> AbstractTransformer:
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(
+            f"{folder}: no config.json — a model folder needs config.json and *.safetensors."
+        )
+    cfg, _ = resolve_config(config_path)
+    return build(cfg, safetensors_readers(weight_files(folder)), str(folder))
+
+
+# --- hub names ----------------------------------------------------------------------
+
+
+def _offline_message(name: str, why: str) -> str:
+    return (
+        f"{name!r} is not a local path, and it cannot be downloaded from the HuggingFace "
+        f"hub ({why}). Point at a local copy instead: a folder with config.json and "
+        f"*.safetensors (e.g. `huggingface-cli download {name} --local-dir DIR` on a machine "
+        f"with a network, then `ja.models.load('DIR')`), or a .gguf file. For random "
+        f"weights without a download use `ja.models.init({name!r}, key)` "
+        f"(presets: {', '.join(PRESETS)})."
+    )
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def download(name: str) -> Path:
+    """A local snapshot of hub repository `name` (config + safetensors), downloading
+    only when the hub is reachable; `FileNotFoundError` at once otherwise."""
+    try:
+        import huggingface_hub as hub
+    except ImportError:
+        why = "huggingface_hub is not installed"
+        raise FileNotFoundError(_offline_message(name, why)) from None
+    patterns = ["config.json", "*.safetensors", "model.safetensors.index.json"]
+    try:  # a copy already in the hub cache needs no network
+        return Path(hub.snapshot_download(name, allow_patterns=patterns, local_files_only=True))
+    except Exception:
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        raise FileNotFoundError(_offline_message(name, "HF_HUB_OFFLINE is set"))
+    if not _hub_reachable():
+        raise FileNotFoundError(_offline_message(name, "huggingface.co is unreachable"))
+    try:
+        return Path(hub.snapshot_download(name, allow_patterns=patterns))
+    except Exception as e:
+        raise FileNotFoundError(_offline_message(name, f"download failed: {e}")) from None
+
+
+# --- the public entry points ---------------------------------------------------------
+
+
+def load(path_or_name: str | os.PathLike) -> AbstractTransformer:
+    """A model with trained weights, read without torch.
+
+    **Arguments:**
+
+    - `path_or_name`: a local HuggingFace model folder (`config.json` and
+      `*.safetensors`, read with safetensors' NumPy loader), a llama-family `.gguf`
+      file (dequantised to float32, cached), or a hub name such as `"gpt2"`
+      (downloaded through `huggingface_hub` when a network is there; offline it
+      fails at once, saying how to point at a local copy).
+
+    **Returns:**
+
+    The model (an `AbstractTransformer`: `GPT2`, `GPTNeo`, `Bert`, `Albert` or
+    `Llama`), weights in float32.
+    """
+    path = Path(path_or_name)
+    if path.is_dir():
+        return load_folder(path)
+    if path.is_file():
+        if path.suffix == ".gguf":
+            from ._gguf import converted
+
+            hf, arrays = converted(path)
+            cfg = parse_config(hf, str(path))
+            return build(cfg, {k: (str(path), lambda a=a: a) for k, a in arrays.items()}, str(path))
+        if path.name == "config.json":
+            return load_folder(path.parent)
+        raise ValueError(
+            f"{path}: expected a model folder (config.json + *.safetensors) or a .gguf file."
+        )
+    name = str(path_or_name)
+    if name.endswith((".gguf", ".json", ".safetensors")) or os.sep in name.rstrip(os.sep) and (
+            name.startswith((".", os.sep, "~"))):
+        raise FileNotFoundError(f"{name}: no such file or folder.")
+    return load_folder(download(name))
+
+
+def init(config, key) -> AbstractTransformer:
+    """A model with random weights drawn by HuggingFace's initialisation scheme.
+
+    Linear and embedding weights are `N(0, initializer_range²)`, biases 0, norms
+    weight 1 and bias 0; GPT-2's residual projections (`c_proj`) use
+    `initializer_range / √(2 L)`; padding rows of BERT/ALBERT/Llama embeddings are 0.
+
+    **Arguments:**
+
+    - `config`: a dict in HuggingFace `config.json` form, a path to a
+      `config.json` (or its folder), or a preset name (`"gpt2"`, `"gpt2-xl"`,
+      `"gpt-neo-125M"`, `"bert-base-uncased"`, `"albert-base-v2"`, `"SmolLM2-135M"`, …).
+    - `key`: a `jax.random.PRNGKey`.
+
+    **Returns:**
+
+    The model, weights in float32.
+    """
+    cfg, _ = resolve_config(config)
+    return FAMILIES[cfg.model_type].init(cfg, key)

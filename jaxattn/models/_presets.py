@@ -1,0 +1,69 @@
+"""The `config.json` of every model size in paper 004's table (and SmolLM2-135M),
+as published on the HuggingFace hub, so random-weight runs need no download.
+
+Only architecture fields are kept (dropout, task heads and tokenizer ids do not
+change the hidden states).
+"""
+
+_GPT2 = {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_inner": None,
+         "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05,
+         "initializer_range": 0.02, "scale_attn_weights": True}
+_NEO = {"model_type": "gpt_neo", "vocab_size": 50257, "max_position_embeddings": 2048,
+        "window_size": 256, "intermediate_size": None, "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-05, "initializer_range": 0.02}
+_BERT = {"model_type": "bert", "vocab_size": 30522, "max_position_embeddings": 512,
+         "type_vocab_size": 2, "hidden_act": "gelu", "layer_norm_eps": 1e-12,
+         "initializer_range": 0.02, "pad_token_id": 0, "position_embedding_type": "absolute"}
+_ALBERT = {"model_type": "albert", "vocab_size": 30000, "embedding_size": 128,
+           "max_position_embeddings": 512, "type_vocab_size": 2, "hidden_act": "gelu_new",
+           "layer_norm_eps": 1e-12, "initializer_range": 0.02, "num_hidden_groups": 1,
+           "inner_group_num": 1, "pad_token_id": 0, "position_embedding_type": "absolute"}
+
+
+def _neo(d, layers, heads):
+    return {**_NEO, "hidden_size": d, "num_layers": layers, "num_heads": heads,
+            "attention_types": [[["global", "local"], layers // 2]]}
+
+
+PRESETS: dict[str, dict] = {
+    "gpt2": {**_GPT2, "n_embd": 768, "n_layer": 12, "n_head": 12},
+    "gpt2-medium": {**_GPT2, "n_embd": 1024, "n_layer": 24, "n_head": 16},
+    "gpt2-large": {**_GPT2, "n_embd": 1280, "n_layer": 36, "n_head": 20},
+    "gpt2-xl": {**_GPT2, "n_embd": 1600, "n_layer": 48, "n_head": 25},
+    "gpt-neo-125M": _neo(768, 12, 12),
+    "gpt-neo-1.3B": _neo(2048, 24, 16),
+    "gpt-neo-2.7B": _neo(2560, 32, 20),
+    "bert-base-uncased": {**_BERT, "hidden_size": 768, "num_hidden_layers": 12,
+                          "num_attention_heads": 12, "intermediate_size": 3072},
+    "bert-large-uncased": {**_BERT, "hidden_size": 1024, "num_hidden_layers": 24,
+                           "num_attention_heads": 16, "intermediate_size": 4096},
+    "albert-base-v2": {**_ALBERT, "hidden_size": 768, "num_hidden_layers": 12,
+                       "num_attention_heads": 12, "intermediate_size": 3072},
+    "albert-large-v2": {**_ALBERT, "hidden_size": 1024, "num_hidden_layers": 24,
+                        "num_attention_heads": 16, "intermediate_size": 4096},
+    "albert-xlarge-v2": {**_ALBERT, "hidden_size": 2048, "num_hidden_layers": 24,
+                         "num_attention_heads": 16, "intermediate_size": 8192},
+    "albert-xxlarge-v2": {**_ALBERT, "hidden_size": 4096, "num_hidden_layers": 12,
+                          "num_attention_heads": 64, "intermediate_size": 16384},
+    "SmolLM2-135M": {
+        "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
+        "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
+        "rope_theta": 100000.0, "hidden_act": "silu", "initializer_range": 0.041666666666666664,
+        "tie_word_embeddings": True, "attention_bias": False, "mlp_bias": False,
+    },
+}
+
+# Hub ids people type, mapped to the presets above.
+ALIASES = {
+    "openai-community/gpt2": "gpt2", "openai-community/gpt2-medium": "gpt2-medium",
+    "openai-community/gpt2-large": "gpt2-large", "openai-community/gpt2-xl": "gpt2-xl",
+    "EleutherAI/gpt-neo-125M": "gpt-neo-125M", "EleutherAI/gpt-neo-1.3B": "gpt-neo-1.3B",
+    "EleutherAI/gpt-neo-2.7B": "gpt-neo-2.7B",
+    "google-bert/bert-base-uncased": "bert-base-uncased",
+    "google-bert/bert-large-uncased": "bert-large-uncased",
+    "albert/albert-base-v2": "albert-base-v2", "albert/albert-large-v2": "albert-large-v2",
+    "albert/albert-xlarge-v2": "albert-xlarge-v2", "albert/albert-xxlarge-v2": "albert-xxlarge-v2",
+    "HuggingFaceTB/SmolLM2-135M": "SmolLM2-135M",
+    "HuggingFaceTB/SmolLM2-135M-Instruct": "SmolLM2-135M",
+}

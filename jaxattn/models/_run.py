@@ -1,0 +1,205 @@
+"""Running models: hidden states (HuggingFace's convention) and the looped-model
+protocol of paper 001 §6.2, both one compiled program scanned over blocks."""
+
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from .._metrics import misalignment
+from ._arch import FAMILIES, AbstractTransformer
+
+WEIGHTS = ("trained", "random", "resample")
+
+
+def check_model(model) -> AbstractTransformer:
+    if not isinstance(model, AbstractTransformer):
+        raise TypeError(
+            "expected a model from ja.models.load / ja.models.init, got "
+            f"{type(model).__name__}."
+        )
+    return model
+
+
+def check_ids(model: AbstractTransformer, ids) -> Int[Array, "B n"]:
+    """Token ids as an int32 `(B, n)` array; `ValueError` for a wrong shape or ids
+    outside the vocabulary / position table."""
+    arr = np.asarray(ids) if not isinstance(ids, jax.core.Tracer) else ids
+    if not jnp.issubdtype(arr.dtype, jnp.integer):
+        raise TypeError(f"token ids must be integers, got dtype {arr.dtype}.")
+    if arr.ndim not in (1, 2) or arr.shape[-1] < 1:
+        raise ValueError(f"token ids must be (n,) or (B, n) with n ≥ 1, got shape {arr.shape}.")
+    cfg = model.config
+    n = arr.shape[-1]
+    if cfg.model_type != "llama" and cfg.max_positions and n > cfg.max_positions:
+        raise ValueError(
+            f"{n} tokens exceed the model's {cfg.max_positions} learned positions."
+        )
+    if isinstance(arr, np.ndarray) and arr.size and (arr.min() < 0 or arr.max() >= cfg.vocab_size):
+        raise ValueError(
+            f"token ids must lie in [0, {cfg.vocab_size}) (the vocabulary), got "
+            f"[{arr.min()}, {arr.max()}]."
+        )
+    return jnp.asarray(arr, jnp.int32).reshape(-1, n)
+
+
+def _layer_xs(model: AbstractTransformer):
+    return jnp.arange(model.num_layers), jnp.asarray(model.slots)
+
+
+def _forward(model, x, ctx, blocks, *, ffn: bool, emit):
+    """Scan one sequence batch `x (B, n, d)` through every layer; `emit(x)` per layer."""
+
+    def body(x, layer_slot):
+        layer, slot = layer_slot
+        block = jax.tree.map(lambda a: a[slot], blocks)
+        x = jax.vmap(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn))(x)
+        return x, emit(x)
+
+    return jax.lax.scan(body, x, _layer_xs(model))
+
+
+@eqx.filter_jit
+def _hidden_states(model, ids, ffn: bool):
+    x = jax.vmap(model.embed)(ids)
+    last, xs = _forward(model, x, model.context(ids.shape[1]), model.blocks, ffn=ffn,
+                        emit=lambda x: x)
+    xs = xs.at[-1].set(jax.vmap(model.final_norm)(last))
+    return jnp.concatenate([x[None], xs]).swapaxes(0, 1)
+
+
+def hidden_states(
+    model: AbstractTransformer, ids: Int[Array, "*B n"], *, ffn: bool = True
+) -> Float[Array, "*B L+1 n d"]:
+    """The hidden states after every block, as HuggingFace's `output_hidden_states`.
+
+    Index 0 is the embedding output (the input of block 0); index `l` the output of
+    block `l`; the last one has the model's final norm applied (GPT-2/GPT-Neo
+    `ln_f`, Llama `norm`; BERT/ALBERT have none), exactly as HuggingFace returns it.
+
+    **Arguments:**
+
+    - `model`: from `ja.models.load` or `ja.models.init`.
+    - `ids`: token ids `(n,)` or `(B, n)`.
+    - `ffn`: `False` drops every block's feed-forward sub-block with its norm.
+
+    **Returns:**
+
+    `(L + 1, n, d)`, or `(B, L + 1, n, d)` for a batch.
+    """
+    check_model(model)
+    batch = check_ids(model, ids)
+    hs = _hidden_states(model, batch, ffn)
+    return hs[0] if np.ndim(ids) == 1 else hs
+
+
+def _metric(x):
+    return misalignment(x.astype(jnp.float32))
+
+
+def _pass_blocks(model, weights: str, key, p):
+    if weights == "resample":  # a fresh draw before every pass, seeded by the pass
+        family = FAMILIES[model.config.model_type]
+        return family.init_blocks(model.config, jax.random.fold_in(key, p))
+    return model.blocks
+
+
+def _cast(tree, dtype):
+    return jax.tree.map(
+        lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree
+    )
+
+
+@eqx.filter_jit
+def _loop(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype, depths: tuple):
+    n, L = ids.shape[1], model.num_layers
+    x0 = jax.vmap(model.embed)(ids).astype(dtype)
+    ctx = model.context(n)
+    buf0 = jnp.zeros((len(depths),) + x0.shape, dtype)
+    depth_arr = jnp.asarray(depths, jnp.int32).reshape(-1)
+
+    def keep(buf, x, depth):  # write x into the slots whose depth is reached now
+        hit = (depth_arr == depth)[:, None, None, None]
+        return jnp.where(hit, x[None], buf)
+
+    def one_pass(carry, p):
+        x, buf = carry
+        blocks = _cast(_pass_blocks(model, weights, key, p), dtype)
+
+        def body(carry, layer_slot):
+            x, buf = carry
+            layer, slot = layer_slot
+            block = jax.tree.map(lambda a: a[slot], blocks)
+            x = jax.vmap(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn))(x)
+            return (x, keep(buf, x, p * L + layer + 1)), _metric(x)
+
+        (x, buf), E = jax.lax.scan(body, (x, buf), _layer_xs(model))
+        return (jax.vmap(model.final_norm)(x), buf), E
+
+    buf0 = keep(buf0, x0, 0)
+    (_, buf), E = jax.lax.scan(one_pass, (x0, buf0), jnp.arange(passes))
+    E = jnp.concatenate([_metric(x0)[None], E.reshape(passes * L, -1)])
+    return E.T, buf.swapaxes(0, 1)
+
+
+def loop(
+    model: AbstractTransformer,
+    ids: Int[Array, "*B n"],
+    *,
+    passes: int,
+    ffn: bool = True,
+    weights: str = "trained",
+    key=None,
+    dtype=jnp.float32,
+    save_states: Sequence[int] | None = None,
+):
+    """Run a model far past its depth (paper 001 §6.2) and record `E` after every block.
+
+    The ids are embedded once. One pass runs every block in order; after a pass the
+    model's final norm is applied and the result fed to block 0 again (no
+    re-embedding). `E` (paper 001 eq. 25, `1 − mean_i cos(x_1, x_i)`) is recorded
+    at the input and after every block of every pass (before the final norm).
+    One compiled program: `lax.scan` over passes and blocks, prompts batched;
+    memory does not grow with `passes` (only `E` is kept).
+
+    **Arguments:**
+
+    - `model`: from `ja.models.load` / `ja.models.init`.
+    - `ids`: token ids `(n,)` or `(B, n)` (e.g. drawn uniformly from the vocabulary).
+    - `passes`: number of passes through the whole model (≥ 1).
+    - `ffn`: `False` removes each block's feed-forward sub-block together with its
+      normalisation, keeping the attention residual (pure self-attention).
+    - `weights`: `"trained"` (the model's own), `"random"` (one draw of
+      `ja.models.init(model.config, key)`, embeddings included) or `"resample"`
+      (embeddings from that draw; fresh blocks before every pass `p`, drawn with
+      `fold_in(key, p)`).
+    - `key`: the random key for `"random"`/`"resample"` (default `PRNGKey(0)`).
+    - `dtype`: compute dtype (`jnp.float32` or `jnp.bfloat16`); `E` is float32.
+    - `save_states`: depths (0 = embeddings, `p·L + l` = after block `l` of pass
+      `p`) whose hidden states to return as well.
+
+    **Returns:**
+
+    `E` of shape `(passes·L + 1,)` or `(B, passes·L + 1)`; with `save_states`, the
+    pair `(E, states)` with states `(…, len(save_states), n, d)`.
+    """
+    check_model(model)
+    if not isinstance(passes, (int, np.integer)) or isinstance(passes, bool) or passes < 1:
+        raise ValueError(f"`passes` must be an integer ≥ 1, got {passes!r}.")
+    if weights not in WEIGHTS:
+        raise ValueError(f"`weights` must be one of {WEIGHTS}, got {weights!r}.")
+    depths = tuple(int(d) for d in (save_states or ()))
+    total = int(passes) * model.num_layers
+    if any(not 0 <= d <= total for d in depths):
+        raise ValueError(f"save_states depths must lie in [0, {total}], got {list(depths)}.")
+    key = jax.random.PRNGKey(0) if key is None else key
+    if weights != "trained":
+        model = FAMILIES[model.config.model_type].init(model.config, key)
+    E, states = _loop(model, check_ids(model, ids), key, passes=int(passes), ffn=bool(ffn),
+                      weights=weights, dtype=jnp.dtype(dtype), depths=depths)
+    if np.ndim(ids) == 1:
+        E, states = E[0], states[0]
+    return (E, states) if save_states is not None else E

@@ -1,0 +1,82 @@
+"""Per-layer weights of real models in the simulator's terms (`Q_η`, `K_η`,
+`U_η = W_O^η W_V^η`), and editing them (e.g. rank-1 steering of a layer)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from .._dynamics import SelfAttentionDynamics
+from ._arch import AbstractTransformer
+from ._arch._nn import Attention
+from ._run import check_model
+
+
+def _check_layer(model: AbstractTransformer, layer) -> int:
+    check_model(model)
+    L = model.num_layers
+    if not isinstance(layer, int) or isinstance(layer, bool) or not -L <= layer < L:
+        raise ValueError(f"`layer` must be an integer in [0, {L}) for this model, got {layer!r}.")
+    return layer % L
+
+
+def layer_weights(model: AbstractTransformer, layer: int) -> eqx.Module:
+    """The block used by `layer`, unstacked: its norms, `attn` (an `Attention` with
+    per-head `query`, `key`, `value` `(h, k, d)` and `output` `(d, h, k)`) and `mlp`.
+
+    ALBERT's layers all return the one shared block.
+    """
+    return model.layer_block(_check_layer(model, layer))
+
+
+def attention_weights(model: AbstractTransformer, layer: int) -> Attention:
+    """The attention sub-module of `layer` (per-head weights and biases, `scale`)."""
+    return layer_weights(model, layer).attn
+
+
+def value_output(attn: Attention) -> Float[Array, "h d d"]:
+    """`U_η = W_O^η W_V^η` for every head (key–value heads shared across a group)."""
+    group = attn.num_heads // attn.num_kv_heads
+    value = jnp.repeat(attn.value, group, axis=0)
+    return jnp.einsum("dhk,hke->hde", attn.output, value)
+
+
+def attention_dynamics(model: AbstractTransformer, layer: int) -> SelfAttentionDynamics:
+    """The simulator's view of one layer: `SelfAttentionDynamics.from_factors(Q, K, U)`.
+
+    `Q_η`, `K_η` are the head's query/key projections `(k, d)`, `U_η = W_O^η W_V^η`
+    (`(d, d)`, paper 004's per-head term of the layer matrix `Ω = Σ_η U_η`),
+    `β` the model's score scale (`1/√k`; 1 for GPT-Neo) and `causal` the model's.
+    What the simulator does not model is left out: biases, the layer's norms,
+    positions (learned or rotary) and GPT-Neo's local window.
+
+    **Arguments:**
+
+    - `model`: from `ja.models.load` / `ja.models.init`.
+    - `layer`: the layer index (negative counts from the end).
+
+    **Returns:**
+
+    A `ja.SelfAttentionDynamics` with `h` heads in dimension `d`.
+    """
+    attn = attention_weights(model, layer)
+    group = attn.num_heads // attn.num_kv_heads
+    return SelfAttentionDynamics.from_factors(
+        attn.query, jnp.repeat(attn.key, group, axis=0), value_output(attn),
+        beta=attn.scale, causal=model.config.causal,
+    )
+
+
+def replace_attention(model: AbstractTransformer, layer: int, attn: Attention):
+    """A copy of `model` whose `layer` uses the attention weights `attn` (same shapes).
+
+    For ALBERT the shared block changes, so every layer sees `attn`.
+    """
+    layer = _check_layer(model, layer)
+    old = model.layer_block(layer).attn
+    shapes = jax.tree.map(jnp.shape, old)
+    if jax.tree.map(jnp.shape, attn) != shapes:
+        raise ValueError(f"replacement attention must have the shapes {shapes}.")
+    slot = model.slots[layer]
+    new = jax.tree.map(lambda stacked, a: stacked.at[slot].set(a), model.blocks.attn, attn)
+    return eqx.tree_at(lambda m: m.blocks.attn, model, new)

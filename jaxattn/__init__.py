@@ -25,3 +25,6 @@ try:
     __version__ = version("jaxattn")
 except PackageNotFoundError:  # running from a source tree without installing
     __version__ = "0.0.0"
+
+from . import metrics as metrics  # noqa: E402
+from . import theory as theory  # noqa: E402

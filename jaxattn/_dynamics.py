@@ -63,7 +63,9 @@ class SelfAttentionDynamics(eqx.Module):
         self.U = as_schedule(U, "U")
         u_shape = schedule_shape(self.U, "U")
         if len(u_shape) != 3 or u_shape[1] != u_shape[2]:
-            raise ValueError(f"`U` must be (h, d, d) (one d×d value matrix per head), got {u_shape}.")
+            raise ValueError(
+                f"`U` must be (h, d, d) (one d×d value matrix per head), got {u_shape}."
+            )
         h, d = u_shape[0], u_shape[1]
         if P is not None:
             self.P, self.Q, self.K = as_schedule(P, "P"), None, None
@@ -81,7 +83,7 @@ class SelfAttentionDynamics(eqx.Module):
                     f"{u_shape}; got Q {q_shape} and K {k_shape}."
                 )
         self.W = None if W is None else check_metric(W, d)
-        self.beta = check_scalar(beta, "beta")
+        self.beta = jnp.asarray(check_scalar(beta, "beta"), dtype=jnp.result_type(float))
         if not isinstance(causal, bool):
             raise TypeError(f"`causal` must be True or False, got {causal!r}.")
         self.causal = causal

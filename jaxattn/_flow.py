@@ -5,9 +5,8 @@ from typing import NamedTuple
 
 import diffrax as dfx
 import equinox as eqx
-import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int, PyTree, Real
+from jaxtyping import Array, Bool, Float, Int, Real
 
 from ._batch import map_batch, prepare_tokens
 from ._dynamics import SelfAttentionDynamics

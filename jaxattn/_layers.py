@@ -51,7 +51,7 @@ def run_layers(
     input.
     """
     num_layers = check_count(num_layers, "num_layers")
-    tau = check_scalar(tau, "tau", positive=True)
+    tau = jnp.asarray(check_scalar(tau, "tau", positive=True))
     return _run_batched(dyn, as_float_array(x0, "x0"), num_layers, tau)
 
 

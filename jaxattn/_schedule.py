@@ -97,7 +97,9 @@ class Schedule(AbstractSchedule):
 
     def __init__(self, fn: Callable, params: PyTree[Any] = None):
         if not callable(fn):
-            raise TypeError(f"Schedule needs a callable `fn(t[, params])`, got {type(fn).__name__}.")
+            raise TypeError(
+                f"Schedule needs a callable `fn(t[, params])`, got {type(fn).__name__}."
+            )
         self.fn = fn
         self.params = params
 

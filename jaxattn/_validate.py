@@ -34,21 +34,32 @@ def as_float_array(x, name: str, dtype=None) -> Array:
     return arr.astype(dtype or float_dtype(arr))
 
 
-def check_scalar(value, name: str, *, positive: bool = False) -> Array:
-    """A finite (optionally positive) real scalar; `ValueError` otherwise when concrete."""
-    arr = as_float_array(value, name)
+def check_scalar(value, name: str, *, positive: bool = False):
+    """A finite (optionally positive) real scalar.
+
+    A value known now (a Python or NumPy number, a concrete array) is checked in
+    Python and returned as a float: `ValueError` if it is bad. A traced value is
+    returned checked through `eqx.error_if`.
+    """
+    if isinstance(value, jax.core.Tracer):
+        if value.ndim != 0:
+            raise ValueError(f"`{name}` must be a scalar, got shape {value.shape}.")
+        bad = ~jnp.isfinite(value)
+        if positive:
+            bad = bad | (value <= 0)
+        return eqx.error_if(value, bad, f"`{name}` must be finite{' and > 0' if positive else ''}.")
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"`{name}` must be a real number, got {value!r}.") from e
     if arr.ndim != 0:
         raise ValueError(f"`{name}` must be a scalar, got shape {arr.shape}.")
-    if is_concrete(arr):
-        v = float(arr)
-        if not np.isfinite(v):
-            raise ValueError(f"`{name}` must be finite, got {v}.")
-        if positive and v <= 0:
-            raise ValueError(f"`{name}` must be > 0, got {v}.")
-    else:
-        bad = ~jnp.isfinite(arr) | ((arr <= 0) if positive else False)
-        arr = eqx.error_if(arr, bad, f"`{name}` must be finite{' and > 0' if positive else ''}.")
-    return arr
+    v = float(arr)
+    if not np.isfinite(v):
+        raise ValueError(f"`{name}` must be finite, got {v}.")
+    if positive and v <= 0:
+        raise ValueError(f"`{name}` must be > 0, got {v}.")
+    return v
 
 
 def check_count(value, name: str) -> int:
@@ -58,7 +69,9 @@ def check_count(value, name: str) -> int:
     except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
         ok = False
     if not ok:
-        raise ValueError(f"`{name}` must be a whole number ≥ 0 known before tracing, got {value!r}.")
+        raise ValueError(
+            f"`{name}` must be a whole number ≥ 0 known before tracing, got {value!r}."
+        )
     return int(value)
 
 

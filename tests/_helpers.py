@@ -1,0 +1,27 @@
+"""Random problems shared by the core tests (distinct sizes so swapped axes fail)."""
+
+import jax
+import jax.numpy as jnp
+
+import jaxattn as ja
+
+
+def random_spd(key, d, spread=0.5):
+    A = jax.random.normal(key, (d, d))
+    Qm, _ = jnp.linalg.qr(A)
+    lam = jnp.exp(spread * jax.random.uniform(key, (d,), minval=-1, maxval=1))
+    return (Qm * lam[None, :]) @ Qm.T
+
+
+def random_dynamics(key, h=2, d=3, *, W=False, causal=False, scale=0.5, beta=1.0):
+    kP, kU, kW = jax.random.split(key, 3)
+    P = scale * jax.random.normal(kP, (h, d, d))
+    U = scale * jax.random.normal(kU, (h, d, d))
+    Wm = random_spd(kW, d) if W else None
+    return ja.SelfAttentionDynamics(P, U, W=Wm, beta=beta, causal=causal)
+
+
+def random_tokens(key, n, d, W=None, batch=()):
+    keys = jax.random.split(key, max(1, int(jnp.prod(jnp.asarray(batch))) if batch else 1))
+    xs = jax.vmap(lambda k: ja.sample_ellipsoid(k, n, d, W))(keys)
+    return xs.reshape(tuple(batch) + (n, d)) if batch else xs[0]

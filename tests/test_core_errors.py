@@ -1,0 +1,124 @@
+"""Bad input gets a clear error naming the problem, never NaN output."""
+
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers import random_dynamics, random_tokens
+
+import jaxattn as ja
+
+EYE = jnp.broadcast_to(jnp.eye(3), (2, 3, 3))
+
+
+@pytest.mark.parametrize(
+    "P, U, match",
+    [
+        (jnp.zeros((2, 3, 4)), EYE, r"`P` must be \(h, d, d\)"),
+        (jnp.zeros((3, 3, 3)), EYE, r"\(2, 3, 3\)"),
+        (jnp.zeros((2, 3, 3)), jnp.zeros((2, 3, 4)), r"`U` must be \(h, d, d\)"),
+        (jnp.zeros((3, 3)), EYE, r"got \(3, 3\)"),
+    ],
+)
+def test_weight_shapes(P, U, match):
+    with pytest.raises(ValueError, match=match):
+        ja.SelfAttentionDynamics(P, U)
+
+
+def test_factor_shapes():
+    with pytest.raises(ValueError, match="Q` and `K` must both be"):
+        ja.SelfAttentionDynamics.from_factors(jnp.zeros((2, 4, 3)), jnp.zeros((2, 5, 3)), EYE)
+    with pytest.raises(ValueError, match="either `P`"):
+        ja.SelfAttentionDynamics(None, EYE)
+
+
+@pytest.mark.parametrize(
+    "W, match",
+    [
+        (jnp.eye(4), r"d=3"),
+        (jnp.array([[1.0, 0.5, 0], [0, 1, 0], [0, 0, 1]]), "symmetric"),
+        (jnp.diag(jnp.array([1.0, -1.0, 1.0])), "positive definite"),
+        (jnp.zeros((3, 3)), "positive definite"),
+        (jnp.full((3, 3), jnp.nan), "NaN"),
+        (jnp.ones(3), "square"),
+    ],
+)
+def test_bad_metric(W, match):
+    with pytest.raises(ValueError, match=match):
+        ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, W=W)
+    if W.ndim == 2 and W.shape == (3, 3):
+        with pytest.raises(ValueError, match=match):
+            ja.normalize(jnp.ones((2, 3)), W)
+
+
+@pytest.mark.parametrize("beta", [jnp.nan, jnp.inf, -jnp.inf])
+def test_bad_beta(beta):
+    with pytest.raises(ValueError, match="beta"):
+        ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, beta=beta)
+
+
+@pytest.mark.parametrize("tau", [0.0, -0.1, jnp.nan, jnp.inf])
+def test_bad_tau(key, tau):
+    dyn = random_dynamics(key, 2, 3)
+    with pytest.raises(ValueError, match="tau"):
+        ja.run_layers(dyn, random_tokens(key, 4, 3), 3, tau)
+
+
+@pytest.mark.parametrize("num_layers", [-1, 2.5, "3", True])
+def test_bad_num_layers(key, num_layers):
+    dyn = random_dynamics(key, 2, 3)
+    with pytest.raises(ValueError, match="num_layers"):
+        ja.run_layers(dyn, random_tokens(key, 4, 3), num_layers, 0.1)
+
+
+@pytest.mark.parametrize("shape", [(3,), (4, 5), (2, 4, 2), (0, 3)])
+def test_bad_token_shapes(key, shape):
+    dyn = random_dynamics(key, 2, 3)
+    with pytest.raises(ValueError, match=r"\(\.\.\., n, d\) with d=3"):
+        ja.run_layers(dyn, jnp.ones(shape), 2, 0.1)
+    with pytest.raises(ValueError, match=r"\(\.\.\., n, d\) with d=3"):
+        ja.solve_flow(dyn, jnp.ones(shape), jnp.array([0.0, 1.0]))
+
+
+def test_velocity_wants_one_sequence(key):
+    dyn = random_dynamics(key, 2, 3)
+    with pytest.raises(ValueError, match="jax.vmap"):
+        dyn.velocity(0.0, jnp.ones((2, 4, 3)))
+
+
+@pytest.mark.parametrize("bad", ["zero", "nan", "inf"])
+def test_bad_token_values_raise_not_nan(key, bad):
+    dyn = random_dynamics(key, 2, 3)
+    x0 = np.array(random_tokens(key, 4, 3, batch=(2,)))
+    x0[1, 2] = {"zero": 0.0, "nan": np.nan, "inf": np.inf}[bad]
+    match = "zero" if bad == "zero" else "NaN or inf"
+    with pytest.raises(Exception, match=match):
+        jax.block_until_ready(ja.run_layers(dyn, x0, 3, 0.1))
+    with pytest.raises(Exception, match=match):
+        jax.block_until_ready(ja.solve_flow(dyn, x0, jnp.array([0.0, 1.0])))
+
+
+def test_bad_ts(key):
+    dyn = random_dynamics(key, 2, 3)
+    x0 = random_tokens(key, 4, 3)
+    with pytest.raises(ValueError, match="nondecreasing"):
+        ja.solve_flow(dyn, x0, jnp.array([1.0, 0.0]))
+    with pytest.raises(ValueError, match="1-D"):
+        ja.solve_flow(dyn, x0, jnp.zeros((2, 2)))
+    with pytest.raises(TypeError, match="diffrax solver"):
+        ja.solve_flow(dyn, x0, jnp.array([0.0, 1.0]), solver="tsit5")
+
+
+def test_out_of_steps(key):
+    dyn = random_dynamics(key, 2, 3, scale=2.0)
+    xb = random_tokens(key, 4, 3, batch=(3,))
+    ts = jnp.array([0.0, 20.0])
+    with pytest.raises(Exception, match="max_steps"):
+        jax.block_until_ready(ja.solve_flow(dyn, xb, ts, max_steps=3))
+    res = ja.solve_flow(dyn, xb, ts, max_steps=3, throw=False)
+    assert res.success.shape == (3,) and not res.success.any()
+    ok = ja.solve_flow(dyn, xb, ts, throw=False)
+    assert ok.success.all() and ok.ys.shape == (3, 2, 4, 3)
+    dfx_ok = ja.solve_flow(dyn, xb, ts, solver=dfx.Dopri5(), throw=False)
+    np.testing.assert_allclose(dfx_ok.ys, ok.ys, atol=1e-4)

@@ -27,4 +27,5 @@ except PackageNotFoundError:  # running from a source tree without installing
     __version__ = "0.0.0"
 
 from . import metrics as metrics  # noqa: E402
+from . import models as models  # noqa: E402
 from . import theory as theory  # noqa: E402

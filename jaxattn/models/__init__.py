@@ -21,6 +21,8 @@ from ._arch import GPTNeo as GPTNeo
 from ._arch import Llama as Llama
 from ._arch import TransformerConfig as TransformerConfig
 from ._arch._nn import Attention as Attention
+from ._experiment import run_loop as run_loop
+from ._experiment import run_loop_grid as run_loop_grid
 from ._load import init as init
 from ._load import load as load
 from ._load import resolve_config as resolve_config

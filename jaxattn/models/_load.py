@@ -250,8 +250,8 @@ def _offline_message(name: str, why: str) -> str:
         f"hub ({why}). Point at a local copy instead: a folder with config.json and "
         f"*.safetensors (e.g. `huggingface-cli download {name} --local-dir DIR` on a machine "
         f"with a network, then `ja.models.load('DIR')`), or a .gguf file. For random "
-        f"weights without a download use `ja.models.init({name!r}, key)` "
-        f"(presets: {', '.join(PRESETS)})."
+        f"weights without a download use `ja.models.init({name!r}, key)` or "
+        f"`jaxattn loop --weights random` (presets: {', '.join(PRESETS)})."
     )
 
 

@@ -96,18 +96,39 @@ def gguf_config(reader, path: Path) -> dict:
     }
 
 
+class _Truncated(ValueError):
+    pass
+
+
+def _checked_reader(gguf):
+    """`GGUFReader` that names the first tensor a truncated file cuts off (the stock
+    reader fails with a bare reshape error)."""
+
+    class Reader(gguf.GGUFReader):
+        def _build_tensors(self, start_offs, fields):
+            for field in fields:
+                _, name, _, dims, raw_dtype, offset = field.parts
+                block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(raw_dtype[0])]
+                end = int(start_offs + offset[0]) + int(np.prod(dims)) * size // block
+                if end > len(self.data):
+                    raise _Truncated(
+                        f"truncated file: tensor {bytes(name).decode()!r} ends at byte {end} "
+                        f"but the file has {len(self.data)} bytes."
+                    )
+            super()._build_tensors(start_offs, fields)
+
+    return Reader
+
+
 def _open(path: Path):
     import gguf
 
     try:
-        reader = gguf.GGUFReader(str(path))
+        return _checked_reader(gguf)(str(path))
+    except _Truncated as e:
+        raise ValueError(f"{path}: {e}") from None
     except Exception as e:  # gguf raises ValueError / struct errors on bad files
         raise ValueError(f"{path}: not a readable gguf file ({type(e).__name__}: {e}).") from None
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise ValueError(f"{path}: truncated file: tensor {t.name!r} is cut off.")
-    return reader
 
 
 def _dequantise(t, path: Path) -> np.ndarray:

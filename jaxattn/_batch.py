@@ -9,6 +9,7 @@ from jaxtyping import Array, Float
 
 from ._dynamics import SelfAttentionDynamics
 from ._manifold import project
+from ._sharding import as_mesh, shard_batch, unshard
 from ._validate import as_float_array, check_tokens
 
 
@@ -46,3 +47,14 @@ def map_batch(fn: Callable, x0: Float[Array, "*batch n d"]):
     flat = x0.reshape((-1,) + x0.shape[-2:])
     out = jax.vmap(fn)(flat)
     return jax.tree.map(lambda a: a.reshape(batch + a.shape[1:]), out)
+
+
+def call_batched(jitted: Callable, dyn, x0, devices, *args):
+    """Call `jitted(dyn, x0, *args)`, sharding the batch axes of `x0` over `devices`."""
+    mesh = as_mesh(devices)
+    x0 = as_float_array(x0, "x0")
+    batch = x0.shape[:-2]
+    if mesh is None or not batch:
+        return jitted(dyn, x0, *args)
+    flat, size = shard_batch(x0, mesh, len(batch))
+    return unshard(jitted(dyn, flat, *args), size, batch)

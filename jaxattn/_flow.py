@@ -8,7 +8,7 @@ import equinox as eqx
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Real
 
-from ._batch import map_batch, prepare_tokens
+from ._batch import call_batched, map_batch, prepare_tokens
 from ._dynamics import SelfAttentionDynamics
 from ._manifold import project
 from ._validate import as_float_array, check_count, check_scalar, is_concrete
@@ -93,8 +93,14 @@ def _check_ts(ts) -> Real[Array, " T"]:
     return ts
 
 
+def _velocity(t, x, dyn):
+    return dyn.velocity(t, x)
+
+
 def _solve_one(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw):
-    term = dfx.ODETerm(lambda t, x, args: dyn.velocity(t, x))
+    # The model goes in as `args`, not a closure: BacksolveAdjoint differentiates
+    # only through `args`, and a closed-over traced model breaks it.
+    term = dfx.ODETerm(_velocity)
     sol = dfx.diffeqsolve(
         term,
         solver,
@@ -107,6 +113,7 @@ def _solve_one(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw):
         max_steps=max_steps,
         adjoint=adjoint,
         throw=throw,
+        args=dyn,
     )
     return sol.ys, sol.result == dfx.RESULTS.successful, sol.stats["num_accepted_steps"]
 
@@ -136,8 +143,10 @@ def solve_flow(
     max_steps: int = 16384,
     dt0: float | None = None,
     adjoint: dfx.AbstractAdjoint = dfx.RecursiveCheckpointAdjoint(),
+    stepsize_controller: dfx.AbstractStepSizeController | None = None,
     on_manifold: bool = True,
     throw: bool = True,
+    devices=None,
 ) -> Float[Array, "*batch T n d"] | FlowResult:
     """Integrate the continuous attention flow (paper 001 eq. 6) with diffrax.
 
@@ -161,11 +170,16 @@ def solve_flow(
     - `adjoint`: how gradients are taken (default: checkpointed reverse mode,
       `diffrax.RecursiveCheckpointAdjoint`). `BacksolveAdjoint` integrates the
       reversed flow, which is unstable for this contracting system: avoid it.
+    - `stepsize_controller`: `None` (default) picks `diffrax.PIDController(rtol,
+      atol)` for solvers with error estimates and constant steps of `dt0`
+      otherwise; pass e.g. `diffrax.ConstantStepSize()` to force fixed steps.
     - `on_manifold`: retract steps and saved values onto `E_W` (default `True`).
       `False` integrates the ambient ODE as is, to measure the drift.
     - `throw`: raise if any sample fails (default). With `False` nothing is raised
       and a `FlowResult(ys, success, num_steps)` with a per-sample status is
       returned instead of `ys`.
+    - `devices`: shard the batch over devices (`None`, an int, a list of devices
+      or a `Mesh`). Results equal the unsharded run.
 
     **Returns:**
 
@@ -177,24 +191,26 @@ def solve_flow(
         raise TypeError(f"`solver` must be a diffrax solver, got {type(solver).__name__}.")
     ts = _check_ts(ts)
     max_steps = check_count(max_steps, "max_steps")
-    if isinstance(solver, dfx.AbstractAdaptiveSolver):
+    if stepsize_controller is not None:
+        controller = stepsize_controller
+    elif isinstance(solver, dfx.AbstractAdaptiveSolver):
         controller = dfx.PIDController(
-            rtol=float(check_scalar(rtol, "rtol", positive=True)),
-            atol=float(check_scalar(atol, "atol", positive=True)),
-        )
-    elif dt0 is None:
-        raise ValueError(
-            f"{type(solver).__name__} gives no error estimate, so it needs a fixed step: "
-            "pass `dt0=...` (or use an adaptive solver such as diffrax.Tsit5())."
+            rtol=check_scalar(rtol, "rtol", positive=True),
+            atol=check_scalar(atol, "atol", positive=True),
         )
     else:
         controller = dfx.ConstantStepSize()
+    if isinstance(controller, dfx.ConstantStepSize) and dt0 is None:
+        raise ValueError(
+            f"constant steps ({type(solver).__name__} gives no error estimate, or a "
+            "ConstantStepSize controller was passed) need a step: pass `dt0=...`."
+        )
     if dt0 is not None:
         dt0 = float(check_scalar(dt0, "dt0", positive=True))
     if on_manifold:
         solver = ManifoldSolver(solver, dyn.W)
-    ys, ok, steps = _solve_batched(
-        dyn, as_float_array(x0, "x0"), ts, solver, controller, dt0, max_steps, adjoint,
+    ys, ok, steps = call_batched(
+        _solve_batched, dyn, x0, devices, ts, solver, controller, dt0, max_steps, adjoint,
         bool(throw), bool(on_manifold),
     )
     return ys if throw else FlowResult(ys, ok, steps)

@@ -1,28 +1,52 @@
 """The discrete model: a stack of attention layers (paper 001 eq. 4) as a `lax.scan`."""
 
+from collections.abc import Callable
+from typing import Any
+
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Real
+from jaxtyping import Array, Float, PyTree, Real
 
-from ._batch import map_batch, prepare_tokens
+from ._batch import call_batched, map_batch, prepare_tokens
 from ._dynamics import SelfAttentionDynamics
-from ._validate import as_float_array, check_count, check_scalar
+from ._validate import check_count, check_scalar
+
+
+def _identity(x):
+    return x
 
 
 def _run(
-    dyn: SelfAttentionDynamics, x0: Float[Array, "n d"], num_layers: int, tau: Real[Array, ""]
-) -> Float[Array, "L+1 n d"]:
-    # Checkpointing the body keeps only each layer's output for the backward pass,
-    # not its (h, n, n) attention matrices: gradient memory is that of the trajectory.
-    @jax.checkpoint
+    dyn: SelfAttentionDynamics,
+    x0: Float[Array, "n d"],
+    num_layers: int,
+    tau: Real[Array, ""],
+    observe: Callable,
+    checkpoints: int | None,
+) -> PyTree[Array]:
     def step(x, k):
         x_next = dyn.layer(k * tau, x, tau)
-        return x_next, x_next
+        return x_next, observe(x_next)
 
     ks = jnp.arange(num_layers, dtype=x0.dtype)
-    _, xs = jax.lax.scan(step, x0, ks)
-    return jnp.concatenate([x0[None], xs])
+    if checkpoints is None:
+        # Checkpointing the body keeps only each layer's tokens for the backward
+        # pass, not its (h, n, n) attention matrices.
+        _, ys = jax.lax.scan(jax.checkpoint(step), x0, ks)
+    else:
+        # Recursive (treeverse) checkpointing: memory O(checkpoints), not O(layers).
+        _, ys = eqxi.scan(step, x0, ks, kind="checkpointed", checkpoints=checkpoints)
+    first = observe(x0)
+    return jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, ys)
+
+
+@eqx.filter_jit
+def _run_batched(dyn, x0, num_layers, tau, observe, checkpoints):
+    x0 = prepare_tokens(dyn, x0)
+    tau = tau.astype(x0.dtype)
+    return map_batch(lambda x: _run(dyn, x, num_layers, tau, observe, checkpoints), x0)
 
 
 def run_layers(
@@ -30,7 +54,11 @@ def run_layers(
     x0: Float[Array, "*batch n d"],
     num_layers: int,
     tau: float = 1.0,
-) -> Float[Array, "*batch L+1 n d"]:
+    *,
+    observe: Callable[[Float[Array, "n d"]], PyTree[Any]] | None = None,
+    checkpoints: int | None = None,
+    devices=None,
+) -> Float[Array, "*batch L+1 n d"] | PyTree[Array]:
     """Run `num_layers` discrete attention layers (paper 001 eq. 4).
 
     Layer `k` maps `x(k) ↦ x(k+1) = N_W(x(k) + τ v(kτ, x(k)))`, reading
@@ -44,18 +72,30 @@ def run_layers(
       NaN/inf entries or zero tokens raise an error.
     - `num_layers`: number of layers `L ≥ 0`.
     - `tau`: step size `τ > 0` (default 1).
+    - `observe`: optional function of one sequence's tokens `(n, d)` (e.g.
+      `ja.misalignment`), evaluated after every layer inside the same compiled
+      program; its outputs are returned instead of the tokens, so a long run
+      keeps only what is observed. Pass one function object (it is part of the
+      compiled program's identity).
+    - `checkpoints`: `None` (default) checkpoints every layer: reverse mode stores
+      each layer's tokens but not its attention matrices. An int `c` uses
+      recursive checkpointing with `c` stored states: gradient memory independent
+      of `L`, at the price of recomputation (no forward-mode autodiff then).
+    - `devices`: shard the batch over devices (`None`, an int, a list of devices
+      or a `Mesh`; see `jaxattn._sharding`). Results equal the unsharded run.
 
     **Returns:**
 
     The tokens after each layer, `(..., L + 1, n, d)`; index 0 is the (normalised)
-    input.
+    input. With `observe`, its outputs stacked the same way.
     """
     num_layers = check_count(num_layers, "num_layers")
+    if checkpoints is not None:
+        checkpoints = check_count(checkpoints, "checkpoints")
+        if checkpoints < 1:
+            raise ValueError("`checkpoints` must be ≥ 1 (or None).")
     tau = jnp.asarray(check_scalar(tau, "tau", positive=True))
-    return _run_batched(dyn, as_float_array(x0, "x0"), num_layers, tau)
-
-
-@eqx.filter_jit
-def _run_batched(dyn, x0, num_layers: int, tau):
-    x0 = prepare_tokens(dyn, x0)
-    return map_batch(lambda x: _run(dyn, x, num_layers, tau.astype(x.dtype)), x0)
+    observe = _identity if observe is None else observe
+    if not callable(observe):
+        raise TypeError(f"`observe` must be a function of (n, d) tokens, got {observe!r}.")
+    return call_batched(_run_batched, dyn, x0, devices, num_layers, tau, observe, checkpoints)

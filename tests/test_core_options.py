@@ -1,0 +1,97 @@
+"""Options of the simulators: observe, recursive checkpointing, RK4, sharding."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers import random_dynamics, random_tokens
+
+import jaxattn as ja
+
+
+def test_observe_returns_metric_per_layer(key):
+    dyn = random_dynamics(key, 2, 3, causal=True)
+    xb = random_tokens(key, 5, 3, batch=(4,))
+    E = ja.run_layers(dyn, xb, 12, 0.2, observe=ja.misalignment)
+    xs = ja.run_layers(dyn, xb, 12, 0.2)
+    assert E.shape == (4, 13)
+    np.testing.assert_allclose(E, ja.misalignment(xs), rtol=1e-12, atol=1e-15)
+
+
+def test_recursive_checkpointing_same_gradient(key):
+    dyn = random_dynamics(key, 2, 4, causal=True)
+    x0 = random_tokens(key, 6, 4)
+
+    def loss(x, checkpoints):
+        return ja.run_layers(dyn, x, 50, 0.1, observe=ja.misalignment,
+                             checkpoints=checkpoints)[-1]
+
+    g_all = jax.grad(loss)(x0, None)
+    g_rec = jax.grad(loss)(x0, 5)
+    np.testing.assert_allclose(g_rec, g_all, rtol=1e-10, atol=1e-14)
+
+
+def test_rk4_is_fourth_order_on_the_flow(key):
+    dyn = random_dynamics(key, 2, 3)
+    x0 = random_tokens(key, 5, 3)
+    ts = jnp.array([0.0, 1.0])
+    exact = ja.solve_flow(dyn, x0, ts, rtol=1e-12, atol=1e-13)[-1]
+    fixed = dfx.ConstantStepSize()
+    errs = [float(jnp.abs(ja.solve_flow(dyn, x0, ts, solver=ja.RK4(), dt0=1 / m,
+                                        stepsize_controller=fixed)[-1] - exact).max())
+            for m in (8, 16, 32)]
+    order = np.polyfit(np.log([1 / 8, 1 / 16, 1 / 32]), np.log(errs), 1)[0]
+    print(f"RK4 errors {errs}, fitted order {order:.2f}")
+    assert 3.6 < order < 4.6
+
+
+_SHARDED = textwrap.dedent(
+    """
+    import json, jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    import jaxattn as ja
+    key = jax.random.PRNGKey(3)
+    P = jax.random.normal(key, (2, 3, 3))
+    dyn = ja.SelfAttentionDynamics(P, jnp.broadcast_to(jnp.eye(3), (2, 3, 3)), causal=True)
+    xb = jax.vmap(lambda k: ja.sample_ellipsoid(k, 5, 3))(jax.random.split(key, 6))
+    ts = jnp.linspace(0.0, 2.0, 5)
+    a = ja.run_layers(dyn, xb, 10, 0.2)
+    b = ja.run_layers(dyn, xb, 10, 0.2, devices=4)
+    c = ja.solve_flow(dyn, xb, ts)
+    d = ja.solve_flow(dyn, xb, ts, devices=jax.devices())
+    print(json.dumps({
+        "devices": len(jax.devices()),
+        "layers_equal": bool(np.array_equal(a, b)),
+        "flow_err": float(np.abs(np.asarray(c) - np.asarray(d)).max()),
+        "shape": list(b.shape),
+    }))
+    """
+)
+
+
+def test_sharded_batch_equals_unsharded():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["devices"] == 4 and res["shape"] == [6, 11, 5, 3]
+    assert res["layers_equal"]
+    assert res["flow_err"] < 1e-12
+
+
+def test_bad_devices(key):
+    dyn = random_dynamics(key, 1, 3)
+    xb = random_tokens(key, 4, 3, batch=(2,))
+    with pytest.raises(ValueError, match="device"):
+        ja.run_layers(dyn, xb, 2, 0.1, devices=len(jax.devices()) + 1)
+    with pytest.raises(TypeError, match="devices="):
+        ja.run_layers(dyn, xb, 2, 0.1, devices="gpu")

@@ -512,8 +512,8 @@ def _predict_one(theorem, report, dyn, x, cls) -> Prediction:
             limit = np.broadcast_to(v1[..., None, :], x.shape).copy()
     elif theorem == "5.1":
         # x₂(0) = −x₁(0) is an equilibrium of token 2: the part of the null set known exactly.
-        antipode = np.linalg.norm(x[..., 1, :] + x[..., 0, :], axis=-1) if n > 1 else None
-        margin = antipode if n > 1 else np.full(batch, np.inf)
+        gap = np.linalg.norm(x[..., 1, :] + x[..., 0, :], axis=-1) if n > 1 else None
+        margin = gap if n > 1 else np.full(batch, np.inf)
         in_domain = margin > cls.tol
         limit = np.broadcast_to(x[..., :1, :], x.shape).copy()
     elif theorem == "4.1":

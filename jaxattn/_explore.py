@@ -14,6 +14,7 @@ therefore on `E_W` up to rounding, whatever the optimiser (Adam rescales
 coordinates, so a tangent-space projection alone would not keep it there).
 """
 
+import functools
 import inspect
 import warnings
 from collections.abc import Callable
@@ -54,6 +55,7 @@ def _lyapunov(x, W):
     return 1 - jnp.min(gram)
 
 
+@functools.cache  # one function object per objective: jit reuses it
 def builtin_objective(name: str, eps: float = 1e-4, width: float = 1.0) -> Callable:
     """The built-in objectives as functions `(ts, ys, dyn) ↦ value ≥ 0`.
 

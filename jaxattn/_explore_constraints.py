@@ -119,7 +119,7 @@ def _top_eigen_projection(U, v, gap, b):
     C = _symmetrize(basis.T @ M @ basis)
     mu, E = jnp.linalg.eigh(C)
     mu = jnp.clip(mu, lo, lam - gap)
-    rest = basis @ ((E * mu) @ E.T) @ basis.T
+    rest = basis @ ((E * mu[None, :]) @ E.T) @ basis.T
     out = lam * jnp.outer(v, v) + rest
     return _symmetrize(out)[None]
 

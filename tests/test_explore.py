@@ -1,0 +1,144 @@
+"""`ja.explore`: gradients of every objective against finite differences, the
+optimiser against its random baseline, constraints at every iterate, adjoints."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from _helpers import random_dynamics, random_tokens
+
+import jaxattn as ja
+from jaxattn import _paper
+
+E = ja.explore
+
+
+def _fd_check(f, x, key, h=1e-6, rtol=1e-5):
+    """Directional derivatives of `f` at `x` along two random directions."""
+    g = jax.grad(f)(x)
+    for j in range(2):
+        v = jax.random.normal(jax.random.fold_in(key, j), x.shape)
+        fd = (f(x + h * v) - f(x - h * v)) / (2 * h)
+        ad = jnp.vdot(g, v)
+        print(f"autodiff {float(ad):.10e}, finite difference {float(fd):.10e}")
+        assert abs(ad - fd) <= rtol * abs(fd) + 1e-12
+
+
+def _custom(ts, ys):
+    return jnp.sum(ys[-1, :, 0] ** 2) + jnp.mean(ys[:, 1, 1])
+
+
+@pytest.mark.parametrize(
+    "objective, model",
+    [("final", "flow"), ("integrated", "flow"), ("consensus_time", "layers"),
+     ("lyapunov", "layers"), (_custom, "layers")],
+)
+def test_objective_gradients_match_finite_differences(objective, model, key):
+    kd, kx, kv = jax.random.split(key, 3)
+    dyn = random_dynamics(kd, h=2, d=3, scale=0.8)
+    x0 = random_tokens(kx, 5, 3)
+    kw = dict(objective=objective, horizon=1.5, model=model, saves=15, tau=0.1,
+              rtol=1e-10, atol=1e-12)
+    _fd_check(lambda x: E.consensus_objective(dyn, x, **kw), x0, kv)
+
+
+def test_weight_gradient_matches_finite_differences(key):
+    kd, kx, kv = jax.random.split(key, 3)
+    dyn = random_dynamics(kd, h=2, d=3, scale=0.8, causal=True)
+    x0 = random_tokens(kx, 4, 3)
+
+    def f(U):
+        d = ja.SelfAttentionDynamics(dyn.P, U, causal=True)
+        return E.consensus_objective(d, x0, objective="integrated", horizon=1.0,
+                                     model="layers", tau=0.1)
+
+    _fd_check(f, dyn.U.value, kv)
+
+
+@pytest.mark.slow
+def test_backsolve_matches_finite_differences_on_a_short_horizon(key):
+    dyn = _paper.sphere_dynamics(key)
+    x0 = _paper.hemisphere_tokens(jax.random.fold_in(key, 1), 6, 3)
+    kw = dict(horizon=0.5, saves=5, rtol=1e-10, atol=1e-12)
+    out = E.compare_adjoints(dyn, x0, **kw)
+    print("relative difference", out["relative_error"])
+    assert out["relative_error"] < 1e-4
+    _fd_check(lambda x: E.consensus_objective(dyn, x, adjoint="backsolve", **kw), x0,
+              jax.random.fold_in(key, 2))
+
+
+def test_backsolve_is_refused_when_it_disagrees(key):
+    dyn = random_dynamics(key, h=1, d=3, scale=0.8)
+    x0 = random_tokens(jax.random.fold_in(key, 1), 4, 3)
+    # A zero tolerance: any rounding-level difference counts as disagreement.
+    with pytest.raises(ValueError, match="backsolve"):
+        E.slow_consensus(dyn, init=x0, restarts=1, steps=1, horizon=0.5, saves=5,
+                         adjoint="backsolve", adjoint_rtol=0.0)
+
+
+def test_optimiser_beats_random_starts_and_tokens_stay_in_the_cap(key):
+    dyn = _paper.sphere_dynamics(key)
+    res = E.slow_consensus(
+        dyn, init=jax.random.fold_in(key, 1), n=6, restarts=4, steps=40, horizon=1.0,
+        model="layers", tau=0.1, optimizer=optax.adam(0.05), baseline_samples=32,
+        constraints=E.Constraints(hemisphere=jnp.array([0.0, 0.0, 1.0]), margin=0.1),
+    )
+    print("gain", res.gain, "value", res.value, "baseline median", np.median(res.baseline))
+    assert res.gain > 10
+    assert res.value > np.max(res.baseline)
+    assert res.trace.shape == (41, 4) and res.violation.shape == (41, 4)
+    assert np.max(res.violation) < 1e-12
+    assert np.min(res.x0 @ jnp.array([0.0, 0.0, 1.0])) >= 0.1 - 1e-12
+    np.testing.assert_allclose(np.linalg.norm(res.x0s, axis=-1), 1.0, atol=1e-12)
+
+
+def test_weight_constraints_hold_at_every_iterate(key):
+    kq, ku, kx = jax.random.split(key, 3)
+    d = 3
+    basis, _ = jnp.linalg.qr(jax.random.normal(ku, (d, d)))
+    Ud = (basis * jnp.array([[1.0, 0.3, -0.5]])) @ basis.T
+    v1 = basis[:, 0]
+    P = jax.random.uniform(kq, (1, d, d), minval=-0.5, maxval=0.5)
+    dyn = ja.SelfAttentionDynamics(P, Ud[None], causal=True)
+    x0 = _paper.hemisphere_of(kx, v1, 5)
+    cons = E.Constraints(train=("P", "U"), norm="spectral", bound={"P": 1.0, "U": 1.0},
+                         symmetric=("U",), top_eigenvector=v1, gap=0.1)
+    res = E.slow_consensus(dyn, init=x0, target="weights", restarts=3, steps=20, horizon=2.0,
+                           model="layers", tau=0.1, constraints=cons, optimizer=optax.adam(0.05))
+    assert np.max(res.violation) < 1e-10
+    U = np.asarray(res.weights.U.value)  # (R, 1, d, d)
+    P = np.asarray(res.weights.P.value)
+    np.testing.assert_array_equal(U, np.swapaxes(U, -1, -2))
+    assert np.linalg.norm(U, 2, axis=(-2, -1)).max() <= 1 + 1e-12
+    assert np.linalg.norm(P, 2, axis=(-2, -1)).max() <= 1 + 1e-12
+    for Ur in U[:, 0]:
+        lam, vec = np.linalg.eigh(Ur)
+        assert abs(abs(vec[:, -1] @ np.asarray(v1)) - 1) < 1e-10
+        assert lam[-1] - lam[-2] >= 0.1 - 1e-10
+    assert res.value >= res.trace[0].max()
+
+
+def test_frobenius_bound_and_fixed_U(key):
+    dyn = random_dynamics(key, h=2, d=3, scale=1.0)
+    U0 = np.asarray(dyn.U.value)
+    res = E.slow_consensus(dyn, init=jax.random.fold_in(key, 2), n=4, target="both",
+                           restarts=2, steps=5, horizon=1.0, model="layers", tau=0.2,
+                           constraints=E.Constraints(train=("P",), norm="frobenius", bound=0.7))
+    assert np.max(res.violation) < 1e-12
+    np.testing.assert_array_equal(np.asarray(res.dyn.U.value), U0)
+    assert np.linalg.norm(np.asarray(res.weights.P.value), axis=(-2, -1)).max() <= 0.7 + 1e-12
+
+
+def test_bad_requests_raise(key):
+    dyn = random_dynamics(key)
+    with pytest.raises(ValueError, match="target"):
+        E.slow_consensus(dyn, init=key, n=3, target="bias")
+    with pytest.raises(ValueError, match="objective"):
+        E.slow_consensus(dyn, init=key, n=3, objective="speed")
+    with pytest.raises(ValueError, match="bound"):
+        E.Constraints(norm="spectral")
+    with pytest.raises(ValueError, match="top_eigenvector"):
+        E.slow_consensus(dyn, init=key, n=3, target="weights",
+                         constraints=E.Constraints(symmetric=("U",),
+                                                   top_eigenvector=jnp.array([1.0, 0, 0])))

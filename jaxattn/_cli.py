@@ -14,7 +14,7 @@ from pathlib import Path
 from ._runs import RunFolderError
 
 # Modules (relative to this package) with a `register(subparsers)` function.
-_COMMAND_MODULES = ["._cli", ".models._cli", "._experiments_cli"]
+_COMMAND_MODULES = ["._cli", ".models._cli", "._experiments_cli", "._bench_cli"]
 
 
 class CLIError(Exception):

@@ -199,7 +199,7 @@ def rank_collapse_residual(x: Float[Array, "*batch n d"]) -> Float[Array, "*batc
     x = _tokens(x)
 
     def one(xi):
-        return jnp.linalg.norm(xi - jnp.mean(xi, axis=0)) / jnp.linalg.norm(xi)
+        return jnp.linalg.norm(xi - jnp.mean(xi, axis=0, keepdims=True)) / jnp.linalg.norm(xi)
 
     return _batched(one, 2)(x)
 

@@ -1,0 +1,230 @@
+"""`ja.metrics` against brute force, closed forms, scipy's LP solver and Monte Carlo."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+from _helpers import random_spd, random_tokens
+
+import jaxattn as ja
+from jaxattn import _paper
+
+M = ja.metrics
+
+
+def _cap(key, n, d, spread=0.15):
+    """`n` unit tokens near one direction: every pairwise product positive."""
+    kc, kx = jax.random.split(key)
+    c = ja.sample_ellipsoid(kc, 1, d)[0]
+    return ja.normalize(c[None] + spread * jax.random.normal(kx, (n, d)))
+
+
+# --- V, E_P, residual, entropy ------------------------------------------------------
+
+
+def test_pairwise_lyapunov_brute_force_and_consensus(key):
+    n, d = 5, 4
+    W = random_spd(key, d)
+    x = random_tokens(jax.random.fold_in(key, 1), n, d, W, batch=(3,))
+    brute = [1 - min(float(a @ W @ b) for a, b in itertools.product(xs, xs)) for xs in x]
+    np.testing.assert_allclose(M.pairwise_lyapunov(x, W), brute, rtol=1e-12)
+    same = jnp.broadcast_to(x[0, :1], (n, d))
+    assert abs(float(M.pairwise_lyapunov(same, W))) < 1e-14
+    assert float(M.pairwise_lyapunov(x[0], W)) > 1e-3
+
+
+@pytest.mark.parametrize("time_varying", [False, True])
+def test_pairwise_lyapunov_never_increases_along_the_flow(key, time_varying):
+    """Theorem 4.1's V: U = I, full attention, all ⟨x_i, x_j⟩ > 0 ⇒ V nonincreasing."""
+    n, d = 6, 3
+    if time_varying:
+        dyn = _paper.sphere_dynamics(key)
+    else:
+        P = 1.5 * jax.random.normal(key, (2, d, d))
+        dyn = ja.SelfAttentionDynamics(P, jnp.broadcast_to(jnp.eye(d), (2, d, d)))
+    x0 = jax.vmap(lambda k: _cap(k, n, d))(jax.random.split(jax.random.fold_in(key, 3), 8))
+    assert float(jnp.min(jnp.einsum("bid,bjd->bij", x0, x0))) > 0
+    ys = ja.solve_flow(dyn, x0, jnp.linspace(0.0, 6.0, 301), rtol=1e-10, atol=1e-12)
+    V = np.asarray(M.pairwise_lyapunov(ys))
+    rise = np.diff(V, axis=-1).max()
+    print(f"largest rise of V: {rise:.2e}; V(0) = {V[:, 0].min():.3f}, V(T) = {V[:, -1].max():.2e}")
+    assert rise < 1e-12
+    assert V[:, -1].max() < 1e-3 * V[:, 0].min()
+
+
+def test_potential_closed_form_and_gradient_flow(key):
+    n, d = 4, 3
+    dyn = _paper.gradient_dynamics(key, d, beta=0.7)
+    P, W = dyn.query_key(0.0)[0], dyn.W
+    x = random_tokens(jax.random.fold_in(key, 1), n, d, W, batch=(5,))
+    loops = [0.5 * sum(np.exp(0.7 * float(a @ P @ b)) for a in xs for b in xs) for xs in x]
+    np.testing.assert_allclose(M.potential(x, P, 0.7), loops, rtol=1e-12)
+    # Along the flow of a gradient model dE_P/dt = ⟨∇E_P, ẋ⟩ ≥ 0 at every point.
+    grads = jax.vmap(jax.grad(lambda xi: M.potential(xi, P, 0.7)))(x)
+    vel = jax.vmap(lambda xi: dyn.velocity(0.0, xi))(x)
+    rate = jnp.sum(grads * vel, axis=(-2, -1))
+    assert float(rate.min()) > 0
+    with pytest.raises(ValueError, match="one head"):
+        M.potential(x, dyn.query_key(0.0), 1.0)
+
+
+def test_rank_collapse_residual(key):
+    x = jax.random.normal(key, (3, 5, 4))
+    ref = [np.linalg.norm(xi - xi.mean(0)) / np.linalg.norm(xi) for xi in np.asarray(x)]
+    np.testing.assert_allclose(M.rank_collapse_residual(x), ref, rtol=1e-12)
+    assert float(M.rank_collapse_residual(jnp.ones((5, 4)))) == 0.0
+
+
+def test_attention_entropy_limits(key):
+    n, d = 6, 3
+    x = ja.sample_ellipsoid(key, n, d)
+    zero = ja.SelfAttentionDynamics(jnp.zeros((2, d, d)), jnp.zeros((2, d, d)))
+    np.testing.assert_allclose(M.attention_entropy(zero, 0.0, x), np.log(n) * np.ones(2))
+    causal = ja.SelfAttentionDynamics(jnp.zeros((1, d, d)), jnp.zeros((1, d, d)), causal=True)
+    np.testing.assert_allclose(M.attention_entropy(causal, 0.0, x),
+                               [np.mean(np.log(np.arange(1, n + 1)))], rtol=1e-12)
+    sharp = ja.SelfAttentionDynamics(jnp.eye(d)[None], jnp.eye(d)[None], beta=1e4)
+    assert float(M.attention_entropy(sharp, 0.0, x)[0]) < 1e-6  # each token attends to itself
+    assert M.attention_entropy(zero, 0.0, jnp.stack([x, x, x])).shape == (3, 2)
+
+
+def test_metrics_compose_with_jit_vmap_grad(key):
+    x = random_tokens(key, 5, 3, batch=(4,))
+    P = jnp.eye(3)
+    for f in (M.pairwise_lyapunov, M.rank_collapse_residual, M.misalignment,
+              lambda y: M.potential(y, P, 1.0)):
+        np.testing.assert_allclose(jax.jit(jax.vmap(f))(x), f(x), rtol=1e-12)
+        g = jax.grad(lambda y: jnp.sum(f(y)))(x)
+        assert g.shape == x.shape and bool(jnp.all(jnp.isfinite(g)))
+    assert M.misalignment is ja.misalignment
+
+
+# --- consensus time and clusters ----------------------------------------------------
+
+
+def test_consensus_time_interpolates_exponential_decay():
+    ts = jnp.linspace(0.0, 10.0, 11)
+    E = jnp.stack([jnp.exp(-ts), jnp.exp(-2 * ts), jnp.full_like(ts, 0.5), jnp.full_like(ts, 1e-6)])
+    t = M.consensus_time(ts, E, 1e-3)
+    np.testing.assert_allclose(t[:2], [np.log(1e3), np.log(1e3) / 2], rtol=1e-12)
+    assert np.isinf(t[2]) and float(t[3]) == 0.0
+    # A linear crossing where the later sample is exactly zero.
+    lin = M.consensus_time(jnp.array([0.0, 1.0]), jnp.array([1.0, 0.0]), 0.25)
+    np.testing.assert_allclose(lin, 0.75)
+
+
+def test_cluster_count_chains_and_groups(key):
+    x = jnp.array([[0.0, 0.0], [0.08, 0.0], [0.16, 0.0], [1.0, 1.0], [1.05, 1.0], [-3.0, 2.0]])
+    assert int(M.cluster_count(x, 0.1)) == 3  # the first three chain together
+    assert int(M.cluster_count(x, 0.07)) == 5
+    perm = jax.random.permutation(key, 6)
+    assert int(M.cluster_count(x[perm], 0.1)) == 3
+    assert M.cluster_count(jnp.stack([x, x[:, ::-1]]), 0.1).tolist() == [3, 3]
+
+
+# --- the hemisphere test -------------------------------------------------------------
+
+
+def _lp_open_hemisphere(u):
+    """Independent reference: max t s.t. ⟨y, u_i⟩ ≥ t, |y|_∞ ≤ 1 (scipy's HiGHS LP)."""
+    n, d = u.shape
+    c = np.zeros(d + 1)
+    c[-1] = -1.0
+    A = np.hstack([-u, np.ones((n, 1))])
+    res = scipy.optimize.linprog(c, A_ub=A, b_ub=np.zeros(n), bounds=[(-1, 1)] * d + [(None, 1)])
+    assert res.success
+    return -res.fun
+
+
+@pytest.mark.parametrize("n,d", [(3, 2), (5, 3), (8, 3), (12, 5)])
+def test_hemisphere_agrees_with_linear_program(key, n, d):
+    x = np.asarray(random_tokens(key, n, d, batch=(40,)))
+    h = M.hemisphere(x)
+    lp = np.array([_lp_open_hemisphere(xi) for xi in x])
+    assert np.array_equal(np.asarray(h.inside), lp > 1e-9)
+    assert 0 < h.inside.sum() < 40 or n <= d
+    # The certificate is a W-unit vector achieving the margin on every token.
+    inside = np.asarray(h.inside)
+    z, margin = np.asarray(h.z)[inside], np.asarray(h.margin)[inside]
+    np.testing.assert_allclose(np.linalg.norm(z, axis=-1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(np.einsum("bd,bnd->bn", z, x[inside]).min(-1), margin, atol=1e-10)
+    assert np.all(np.asarray(h.margin)[~inside] == 0)
+
+
+def test_hemisphere_margin_is_the_max_min(key):
+    """No direction of a fine grid on S² beats the margin; SLSQP on the convex
+    program max t s.t. ⟨y, x_i⟩ ≥ t, |y| ≤ 1 reaches it."""
+    x = np.asarray(_cap(key, 7, 3, spread=0.5))
+    h = M.hemisphere(x)
+    assert bool(h.inside)
+    th, ph = np.meshgrid(np.linspace(0, np.pi, 801), np.linspace(0, 2 * np.pi, 1601))
+    dirs = np.stack([np.sin(th) * np.cos(ph), np.sin(th) * np.sin(ph), np.cos(th)], -1)
+    best = (dirs.reshape(-1, 3) @ x.T).min(-1).max()
+    res = scipy.optimize.minimize(
+        lambda v: -v[3], np.r_[x.mean(0), 0.0], method="SLSQP", options={"ftol": 1e-14},
+        constraints=[{"type": "ineq", "fun": lambda v: x @ v[:3] - v[3]},
+                     {"type": "ineq", "fun": lambda v: 1 - v[:3] @ v[:3]}],
+    )
+    print(f"margin {float(h.margin):.10f}, grid best {best:.10f}, SLSQP {-res.fun:.10f}")
+    assert best <= float(h.margin) + 1e-12
+    assert res.success and abs(-res.fun - float(h.margin)) < 1e-8
+
+
+def test_hemisphere_degenerate_and_metric(key):
+    d = 3
+    x = np.asarray(ja.sample_ellipsoid(key, 4, d))
+    with_antipode = np.vstack([x, -x[:1]])
+    h = M.hemisphere(with_antipode)
+    assert not bool(h.inside) and float(h.margin) == 0 and np.all(np.asarray(h.z) == 0)
+    great_circle = np.array([[1.0, 0, 0], [0, 1.0, 0], [-1.0, 0, 0]])  # closed, not open
+    assert not bool(M.hemisphere(great_circle).inside)
+    # With a metric W = L Lᵀ the test is the Euclidean one on u = Lᵀx.
+    W = np.asarray(random_spd(jax.random.fold_in(key, 1), d))
+    xs = np.asarray(random_tokens(jax.random.fold_in(key, 2), 6, d, jnp.asarray(W), batch=(20,)))
+    L = np.linalg.cholesky(W)
+    hw, he = M.hemisphere(xs, W), M.hemisphere(xs @ L)
+    assert np.array_equal(np.asarray(hw.inside), np.asarray(he.inside))
+    np.testing.assert_allclose(hw.margin, he.margin, atol=1e-12)
+    with pytest.raises(ValueError, match="shape"):
+        M.hemisphere(np.ones(3))
+
+
+def test_hemisphere_jit_vmap_and_gradient(key):
+    x = _cap(key, 5, 3, spread=0.7)
+    xs = jnp.stack([x, x[::-1], -x])
+    f = jax.jit(jax.vmap(lambda y: M.hemisphere(y).margin))
+    np.testing.assert_allclose(f(xs), M.hemisphere(xs).margin, rtol=1e-12)
+    g = jax.grad(lambda y: M.hemisphere(y).margin)(x)
+    eps = 1e-6
+    fd = np.zeros(x.shape)
+    for i, j in itertools.product(range(5), range(3)):
+        e = jnp.zeros_like(x).at[i, j].set(eps)
+        up, down = M.hemisphere(x + e).margin, M.hemisphere(x - e).margin
+        fd[i, j] = (float(up) - float(down)) / (2 * eps)
+    np.testing.assert_allclose(g, fd, atol=1e-6)
+
+
+# --- Wendel -------------------------------------------------------------------------
+
+
+def test_wendel_closed_forms():
+    assert M.wendel_probability(3, 3) == 1.0 and M.wendel_probability(1, 1) == 1.0
+    assert M.wendel_probability(4, 3) == 7 / 8
+    assert M.wendel_probability(6, 3) == 0.5
+    assert M.wendel_probability(5, 2) == 5 / 16  # n / 2^{n−1} on the circle
+    with pytest.raises(ValueError):
+        M.wendel_probability(0, 3)
+
+
+@pytest.mark.parametrize("n,d", [(6, 3), (10, 4), (7, 2)])
+def test_wendel_matches_monte_carlo_with_hemisphere(key, n, d):
+    trials = 3000
+    x = random_tokens(key, n, d, batch=(trials,))
+    freq = float(np.mean(np.asarray(M.hemisphere(x).inside)))
+    p = M.wendel_probability(n, d)
+    sigma = np.sqrt(p * (1 - p) / trials)
+    print(f"n={n} d={d}: Monte Carlo {freq:.4f}, Wendel {p:.4f} (σ = {sigma:.4f})")
+    assert abs(freq - p) < 4 * sigma

@@ -24,3 +24,13 @@ __all__ = [
     "consensus_objective",
     "slow_consensus",
 ]
+
+# Registers the studies (adversarial-tokens, adversarial-weights,
+# conjecture-multihead, conjecture-bipartite) as `jaxattn run` experiments.
+from . import _explore_studies as _explore_studies  # noqa: E402, F401
+from ._explore_bipartite import bipartite_point as bipartite_point  # noqa: E402
+from ._explore_bipartite import spectral_radius as spectral_radius  # noqa: E402
+from ._explore_bipartite import stabilize_bipartite as stabilize_bipartite  # noqa: E402
+from ._explore_bipartite import tangent_jacobian as tangent_jacobian  # noqa: E402
+
+__all__ += ["bipartite_point", "spectral_radius", "stabilize_bipartite", "tangent_jacobian"]

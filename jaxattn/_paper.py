@@ -157,7 +157,7 @@ def symmetric_value(key: PRNGKeyArray, d: int) -> Float[Array, "d d"]:
     dtype = jnp.result_type(float)
     basis, _ = jnp.linalg.qr(jax.random.normal(key, (d, d), dtype))
     lam = jnp.linspace(1.0, -0.5, d, dtype=dtype)
-    return (basis * lam) @ basis.T
+    return (basis * lam[None, :]) @ basis.T
 
 
 def symmetric_dynamics(key: PRNGKeyArray, d: int = 3) -> SelfAttentionDynamics:

@@ -150,7 +150,7 @@ def _u_stats(dyn, U0, t):
     gap = lam[0] - lam[1] if U.shape[-1] > 1 else jnp.inf
     return {
         "U_change": jnp.max(jnp.abs(U - U0)),
-        "U_identity": jnp.max(jnp.abs(U - jnp.eye(U.shape[-1], dtype=U.dtype))),
+        "U_identity": jnp.max(jnp.abs(U - jnp.eye(U.shape[-1], dtype=U.dtype)[None])),
         "U_asym": jnp.max(jnp.abs(U - jnp.swapaxes(U, -1, -2))),
         "U_max": jnp.max(jnp.abs(U)),
         "U_nonfinite": jnp.any(~jnp.isfinite(U)).astype(U.dtype),

@@ -1,0 +1,208 @@
+"""`ja.theory`: each theorem's hypotheses read off models, and each prediction
+verified by simulating 64 random starts in one batch."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers import random_spd, random_tokens
+
+import jaxattn as ja
+from jaxattn import _paper
+
+T = ja.theory
+B = 64  # random instances per prediction
+
+
+def _flow_end(dyn, x0, horizon, **kw):
+    ys = ja.solve_flow(dyn, x0, jnp.linspace(0.0, horizon, 3), **kw)
+    return ys[:, -1]
+
+
+def _identity(h, d):
+    return jnp.broadcast_to(jnp.eye(d), (h, d, d))
+
+
+def _batch(key, n, d, W=None):
+    return random_tokens(key, n, d, W, batch=(B,))
+
+
+def test_theorem_41_consensus_from_a_hemisphere(key):
+    dyn = _paper.sphere_dynamics(key)  # h = 2, U = I, smooth time-varying P(t)
+    assert T.classify(dyn).theorems == ("4.1",)
+    x0 = _batch(jax.random.fold_in(key, 1), 5, 3)  # P(in a hemisphere) = 11/16
+    pred = T.predict(dyn, x0)
+    assert pred.theorem == "4.1" and pred.outcome == "consensus"
+    inside = pred.in_domain
+    assert 20 < inside.sum() < B
+    xT = _flow_end(dyn, x0, 40.0)
+    ok = pred.check(xT, tol=1e-6)
+    print(f"{inside.sum()}/{B} starts in a hemisphere; all converge: {ok[inside].all()}")
+    assert ok[inside].all()
+
+
+def test_theorem_41_on_an_ellipsoid(key):
+    d = 3
+    W = random_spd(key, d)
+    P = jax.random.normal(jax.random.fold_in(key, 1), (3, d, d))
+    dyn = ja.SelfAttentionDynamics(P, _identity(3, d), W=W)
+    assert "4.1" in T.classify(dyn).theorems
+    x0 = _batch(jax.random.fold_in(key, 2), 6, d, W)
+    pred = T.predict(dyn, x0)
+    xT = _flow_end(dyn, x0, 60.0)
+    assert pred.in_domain.sum() > 10 and pred.check(xT, tol=1e-6)[pred.in_domain].all()
+
+
+def test_theorem_51_every_token_to_the_first(key):
+    d, n = 4, 6
+    P = ja.Schedule(lambda t, P0: P0 * jnp.cos(2.0 * t), 1.5 * jax.random.normal(key, (2, d, d)))
+    dyn = ja.SelfAttentionDynamics(P, _identity(2, d), causal=True)
+    assert T.classify(dyn).theorems == ("5.1",)
+    x0 = _batch(jax.random.fold_in(key, 1), n, d)
+    pred = T.predict(dyn, x0)
+    assert pred.outcome == "consensus at x₁(0)" and pred.in_domain.all()
+    np.testing.assert_allclose(pred.limit, np.broadcast_to(np.asarray(x0)[:, :1], x0.shape))
+    xT = _flow_end(dyn, x0, 40.0)
+    assert pred.check(xT, tol=1e-6).all()
+    antipode = x0.at[0, 1].set(-x0[0, 0])  # x₂ = −x₁: the known exceptional start
+    assert not T.predict(dyn, antipode).in_domain[0]
+
+
+def _symmetric_model(key, d, lam):
+    basis, _ = jnp.linalg.qr(jax.random.normal(key, (d, d)))
+    U = (basis * jnp.asarray(lam)[None, :]) @ basis.T
+    P = jax.random.normal(jax.random.fold_in(key, 1), (1, d, d))
+    return ja.SelfAttentionDynamics(P, U[None], causal=True), basis[:, 0]
+
+
+def test_theorem_52_convergence_to_v1(key):
+    d, n = 3, 5
+    dyn, v1 = _symmetric_model(key, d, [1.0, 0.3, -0.4])
+    cls = T.classify(dyn)
+    assert cls.theorems == ("5.2", "5.3")
+    np.testing.assert_allclose(abs(cls["5.2"].data["v1"] @ v1), 1.0, rtol=1e-12)
+    # Half the starts on each side of v₁: the theorem predicts ±v₁.
+    x0 = jax.vmap(lambda k: _paper.hemisphere_of(k, v1, n))(jax.random.split(key, B))
+    x0 = x0 * jnp.where(jnp.arange(B) % 2 == 0, 1.0, -1.0)[:, None, None]
+    pred = T.predict(dyn, x0)
+    assert pred.theorem == "5.2" and pred.in_domain.all()
+    signs = np.sign(pred.limit[:, 0] @ np.asarray(v1))
+    assert np.array_equal(signs, np.where(np.arange(B) % 2 == 0, 1.0, -1.0))
+    xT = _flow_end(dyn, x0, 40.0)
+    assert pred.check(xT, tol=1e-6).all()
+    mixed = T.predict(dyn, _batch(jax.random.fold_in(key, 5), n, d))
+    assert 0 < mixed.in_domain.sum() < B  # random starts straddle the two sides
+
+
+def test_theorem_52_needs_a_positive_top_eigenvalue(key):
+    """With λ₁ < 0 the consensus at v₁ is unstable for token 2: classify refuses."""
+    d = 3
+    U = jnp.diag(jnp.array([-1.0, -1.05, -3.0]))[None]  # v₁ = e₁, λ₁ = −1
+    dyn = ja.SelfAttentionDynamics(jnp.zeros((1, d, d)), U, causal=True)
+    cls = T.classify(dyn)
+    assert "5.2" not in cls.theorems and cls.theorems == ()
+    x0 = jnp.array([[1.0, 0.0, 0.0], [0.9, 0.3, 0.1]])  # both in ⟨e₁, x⟩ > 0
+    xT = _flow_end(dyn, x0[None], 60.0)[0]
+    print(f"⟨x₂(T), v₁⟩ = {float(xT[1, 0]):.3f}")
+    assert float(xT[1, 0]) < 0.99  # token 2 does not reach v₁
+    assert T.predict(dyn, x0).outcome == "none"
+
+
+def _rotating(t, params):
+    lam, axis_speed = params
+    c, s = jnp.cos(axis_speed * t), jnp.sin(axis_speed * t)
+    R = jnp.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+    return (R @ jnp.diag(lam) @ R.T)[None]
+
+
+def test_theorem_53_ball_around_a_moving_eigenvector(key):
+    n = 4
+    lam = jnp.array([1.0, 0.2, -0.5])
+    P = 0.5 * jax.random.normal(key, (1, 3, 3))
+    x0 = jax.vmap(lambda k: _paper.hemisphere_of(k, jnp.array([1.0, 0.0, 0.0]), n))(
+        jax.random.split(jax.random.fold_in(key, 1), B)
+    )
+    gaps = []
+    for speed in (0.02, 0.2):
+        dyn = ja.SelfAttentionDynamics(P, ja.Schedule(_rotating, (lam, jnp.asarray(speed))),
+                                       causal=True)
+        assert T.classify(dyn).theorems == ("5.3",)
+        pred = T.predict(dyn, x0)
+        assert pred.outcome == "near v₁(t)" and pred.in_domain.all()
+        xT = _flow_end(dyn, x0, 30.0)
+        v = pred.reference(30.0)
+        angle = 30.0 * speed  # v₁(t) = (cos st, sin st, 0) up to sign
+        np.testing.assert_allclose(np.abs(v[0]), np.abs([np.cos(angle), np.sin(angle), 0]),
+                                   atol=1e-9)
+        gaps.append(float(np.max(1 - np.einsum("bnd,bd->bn", np.asarray(xT), v))))
+        if speed == 0.02:
+            assert pred.check(xT, 30.0, tol=1e-2).all()
+    print(f"final 1 − ⟨x_i, v₁(T)⟩: slow {gaps[0]:.2e}, fast {gaps[1]:.2e}")
+    assert gaps[1] > 5 * gaps[0]  # the ball grows with the speed of v₁(t)
+
+
+@pytest.mark.parametrize("ellipsoid", [False, True])
+def test_theorem_32_gradient_flow_to_an_equilibrium(key, ellipsoid):
+    n, d = 5, 3
+    dyn = _paper.gradient_dynamics(key, d, ellipsoid=ellipsoid)
+    assert T.classify(dyn).theorems == ("3.2",)
+    x0 = _batch(jax.random.fold_in(key, 1), n, d, dyn.W)
+    pred = T.predict(dyn, x0)
+    assert pred.outcome == "equilibrium" and pred.in_domain.all()
+    # The theorem gives no rate; near the two-cluster equilibria the speed decays
+    # like exp(−0.17 t) in this instance, hence the long horizon.
+    ys = ja.solve_flow(dyn, x0, jnp.linspace(0.0, 100.0, 201), rtol=1e-9, atol=1e-11)
+    EP = np.asarray(ja.metrics.potential(ys, dyn.query_key(0.0)[0], dyn.beta))
+    drop = np.max(-np.diff(EP, axis=-1) / EP[:, :1])
+    print(f"largest relative drop of E_P: {drop:.2e}")
+    assert drop < 1e-9
+    assert pred.check(ys[:, -1], 100.0, tol=1e-5).all()
+
+
+def test_theorem_32_and_41_overlap_and_scaled_pairs(key):
+    d = 3
+    dyn = ja.SelfAttentionDynamics(jnp.eye(d)[None], jnp.eye(d)[None])  # U = I = P
+    cls = T.classify(dyn)
+    assert cls.theorems == ("3.2", "4.1")
+    assert "stable equilibria are consensus" in cls["3.2"].statement
+    pred = T.predict(dyn, _batch(key, 4, d))
+    assert pred.theorem == "4.1" and [p.theorem for p in pred.others] == ["3.2"]
+    P = 2.0 * random_spd(key, d)
+    assert T.classify(ja.SelfAttentionDynamics(P[None], 0.5 * P[None])).theorems == ("3.2",)
+    assert T.classify(ja.SelfAttentionDynamics(P[None], -P[None])).theorems == ()  # c < 0
+    assert T.classify(ja.SelfAttentionDynamics(P[None], P[None], beta=-1.0)).theorems == ()
+
+
+def test_no_theorem_applies(key):
+    d = 3
+    dyn = ja.SelfAttentionDynamics(jax.random.normal(key, (2, d, d)),
+                                   jax.random.normal(jax.random.fold_in(key, 1), (2, d, d)))
+    cls = T.classify(dyn)
+    assert cls.theorems == () and "no theorem" in cls.summary()
+    pred = T.predict(dyn, _batch(key, 4, d))
+    assert pred.theorem is None and pred.outcome == "none" and not pred.in_domain.any()
+    assert not pred.check(_batch(key, 4, d)).any()
+    assert "does not apply" in str(cls)
+
+
+def test_numerical_tolerances_and_schedule_types(key):
+    d = 3
+    tiny = 1e-12 * jax.random.normal(key, (2, d, d))
+    P = jax.random.normal(jax.random.fold_in(key, 1), (2, d, d))
+    near = ja.SelfAttentionDynamics(P, _identity(2, d) + tiny)
+    assert "4.1" in T.classify(near).theorems  # within the 1e-8 tolerance
+    off = ja.SelfAttentionDynamics(P, _identity(2, d) + 1e6 * tiny)  # |U − I| ~ 1e-6
+    assert "4.1" not in T.classify(off).theorems
+    assert "4.1" in T.classify(off, tol=1e-4).theorems
+    # A looped stack of layers jumps: not uniformly continuous (4.1), still bounded (5.1).
+    stack = ja.PiecewiseConstant(jax.random.normal(key, (3, 2, d, d)), dt=0.5)
+    assert "4.1" not in T.classify(ja.SelfAttentionDynamics(stack, _identity(2, d))).theorems
+    causal = ja.SelfAttentionDynamics(stack, _identity(2, d), causal=True)
+    assert T.classify(causal).theorems == ("5.1",)
+    varying_U = ja.Schedule(lambda t: _identity(1, d) * (1 + 0.1 * jnp.sin(t)))
+    dyn = ja.SelfAttentionDynamics(jnp.eye(d)[None], varying_U)
+    assert "3.2" not in T.classify(dyn).theorems  # U is not time-invariant
+    with pytest.raises(TypeError):
+        T.classify("not a model")
+    with pytest.raises(KeyError):
+        T.classify(dyn)["9.9"]

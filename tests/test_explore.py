@@ -142,3 +142,19 @@ def test_bad_requests_raise(key):
         E.slow_consensus(dyn, init=key, n=3, target="weights",
                          constraints=E.Constraints(symmetric=("U",),
                                                    top_eigenvector=jnp.array([1.0, 0, 0])))
+
+
+def test_bipartite_radius_gradient_and_constraints(key):
+    from jaxattn._explore_bipartite import BipartiteWeights, _objective
+
+    v = jnp.array([0.0, 1.0, 0.0])
+    k1, k2, k3 = jax.random.split(key, 3)
+    w0 = BipartiteWeights(jax.random.normal(k1, (3, 2, 3, 3)), jax.random.normal(k2, (3, 2, 3, 3)))
+    w, trace, viol = E.stabilize_bipartite(w0, v, n=5, m=2, steps=15, p_bound=4.0, u_bound=2.0)
+    assert trace.shape == (16, 3) and np.max(viol) < 1e-12
+    x = E.bipartite_point(v, 5, 2)
+    for r in range(3):  # a true fixed point of the layer map at every returned iterate
+        dyn = ja.SelfAttentionDynamics(w.P[r], w.U[r])
+        np.testing.assert_allclose(dyn.layer(0.0, x, 1.0), x, atol=1e-12)
+    wr = jax.tree.map(lambda a: a[0], w)
+    _fd_check(lambda U: _objective(BipartiteWeights(wr.P, U), v, 5, 2, 1.0, 1.0), wr.U, k3)

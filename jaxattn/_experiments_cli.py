@@ -19,9 +19,10 @@ class _StrictParser(argparse.ArgumentParser):
 def _list(args) -> int:
     from ._experiments import EXPERIMENTS
 
-    print("experiments of paper 001 §6.1 (run one with `jaxattn run NAME`):")
+    print("experiments (run one with `jaxattn run NAME`; `jaxattn run NAME --help`):")
     for exp in EXPERIMENTS.values():
-        print(f"  {exp.name:<16} Theorem {exp.theorem}: {exp.title}")
+        theorem = getattr(exp, "theorem", None)
+        print(f"  {exp.name:<16} {f'Theorem {theorem}: ' if theorem else ''}{exp.title}")
         flags = " ".join(f"{p.flag}" + ("" if p.type is bool else f" {p.default!r}")
                          for p in exp.all_params())
         print(f"  {'':<16} overrides (defaults = paper size): {flags}")

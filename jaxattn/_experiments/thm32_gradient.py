@@ -79,8 +79,9 @@ class GradientExperiment(AbstractExperiment):
         ok = equilibrium and (monotone or bool(run))  # the layers need not ascend E_P
         outcome = "as Theorem 3.2 predicts" if ok else "AGAINST Theorem 3.2"
         mono = ("never decreased" if monotone else f"fell by up to {fmt(drop)} of E_P(0)")
+        state = "an equilibrium" if equilibrium else "no equilibrium by t = T"
         line = (f"{where}: E_P rose {fmt(EP[0])} → {fmt(EP[-1])} and {mono}; final speed "
-                f"{fmt(speed)} {'<' if equilibrium else '≥'} {_TOL:g}: an equilibrium, {outcome} "
+                f"{fmt(speed)} {'<' if equilibrium else '≥'} {_TOL:g}: {state}, {outcome} "
                 f"(final E = {fmt(numbers['final_E'])}, {numbers['clusters']} cluster(s))")
         return Verdict(ok, line, numbers)
 

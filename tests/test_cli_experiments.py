@@ -1,0 +1,78 @@
+"""`jaxattn list | run | plot` through `jaxattn._cli.main`, at reduced size, and
+its answers to bad input."""
+
+import json
+
+import pytest
+
+from jaxattn._cli import main
+
+SMALL = {
+    "thm41-sphere": ["--tokens", "5", "--horizon", "8", "--saves", "40", "--tau", "0.05"],
+    "thm51-causal": ["--tokens", "6", "--dim", "12", "--samples", "5", "--horizon", "14",
+                     "--saves", "40", "--tau", "0.2"],
+    "thm52-symmetric": ["--tokens", "4", "--horizon", "20", "--saves", "40", "--tau", "0.1"],
+    "thm32-gradient": ["--tokens", "4", "--horizon", "60", "--saves", "60", "--tau", "0.1"],
+}
+
+
+def _one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err and "\n" not in err, err
+    return err
+
+
+def test_list(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in SMALL:
+        assert name in out
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_run_reduced_size_then_redraw(tmp_path, capsys, name):
+    out = tmp_path / "run"
+    assert main(["run", name, "--out", str(out), "--seed", "3", "--discrete", "--no-progress",
+                 *SMALL[name]]) == 0
+    printed = capsys.readouterr().out
+    assert "verdict:" in printed and "predicts" in printed
+    stem = name.replace("-", "_")
+    for f in ("config.json", "data.npz", "summary.json", f"{stem}.png", f"{stem}.pdf"):
+        assert (out / f).stat().st_size > 0
+    assert not (out / "INCOMPLETE").exists()
+    config = json.loads((out / "config.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    assert config["seed"] == 3 and config["discrete"] and "jax" in config["versions"]
+    assert config["command"].startswith(f"jaxattn run {name} --seed 3")
+    assert summary["agrees_with_theory"] is True
+    before = (out / f"{stem}.png").stat().st_mtime_ns
+    assert main(["plot", str(out)]) == 0
+    assert (out / f"{stem}.png").stat().st_mtime_ns > before
+    assert "redrew" in capsys.readouterr().out
+
+
+def test_bad_input_one_line_and_nothing_complete(tmp_path, capsys):
+    out = tmp_path / "o"
+    err = _one_line_error(capsys, ["run", "thm99-nothing", "--out", str(out)])
+    assert "unknown experiment" in err and "thm41-sphere" in err
+    assert "--tokens" in _one_line_error(capsys, ["run", "thm41-sphere", "--tokens", "ten",
+                                                  "--out", str(out)])
+    assert "--colour" in _one_line_error(capsys, ["run", "thm41-sphere", "--colour", "red",
+                                                  "--out", str(out)])
+    assert "> 0" in _one_line_error(capsys, ["run", "thm52-symmetric", "--horizon", "-2",
+                                             "--out", str(out)])
+    assert "seed" in _one_line_error(capsys, ["run", "thm52-symmetric", "--seed", "x",
+                                              "--out", str(out)])
+    assert "name an experiment" in _one_line_error(capsys, ["run"])
+    assert not out.exists()  # bad input is refused before anything is written
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    err = _one_line_error(capsys, ["run", "thm41-sphere", "--out", str(blocker / "run")])
+    assert "cannot write" in err
+    assert not (blocker / "run").exists()
+    assert "no such directory" in _one_line_error(capsys, ["plot", str(tmp_path / "none")])
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "INCOMPLETE").write_text("")
+    assert "incomplete" in _one_line_error(capsys, ["plot", str(half)])

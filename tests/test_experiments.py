@@ -1,0 +1,65 @@
+"""The experiment machinery: exact span coordinates, integration in pieces, configs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxattn as ja
+from jaxattn import _paper
+from jaxattn._experiments import EXPERIMENTS, command_line, resolve_config
+from jaxattn._experiments.base import flow_path, layer_path
+
+
+def test_span_coordinates_reproduce_the_full_model(key):
+    """thm51-causal integrates Y with x = Y X₀; compare with the model on S^{d−1}."""
+    n, d, h = 4, 9, 2
+    weights = _paper.causal_weights(key, d, h)
+    x0 = ja.normalize(jax.random.uniform(jax.random.fold_in(key, 1), (n, d), minval=-1))
+    ts = jnp.linspace(0.0, 3.0, 7)
+    full = ja.solve_flow(_paper.causal_dynamics(weights), x0, ts, rtol=1e-10, atol=1e-12)
+    reduced, G = _paper.span_dynamics(weights, x0)
+    ys = ja.solve_flow(reduced, jnp.eye(n), ts, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ys @ ja.normalize(x0), full, atol=1e-8)
+    np.testing.assert_allclose(_paper.span_misalignment(ys, G), ja.misalignment(full), atol=1e-8)
+    layers_full = ja.run_layers(_paper.causal_dynamics(weights), x0, 12, 0.25)
+    layers = ja.run_layers(reduced, jnp.eye(n), 12, 0.25)
+    np.testing.assert_allclose(layers @ ja.normalize(x0), layers_full, atol=1e-12)
+
+
+def test_pieces_match_one_call(key):
+    dyn = _paper.sphere_dynamics(key)
+    x0 = _paper.hemisphere_tokens(jax.random.fold_in(key, 1), 5, 3)
+    ts, ys = flow_path(dyn, x0, 2.0, 40, progress=False, desc="", rtol=1e-10, atol=1e-12)
+    ref = ja.solve_flow(dyn, x0, jnp.asarray(ts), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ys, ref, atol=1e-8)  # the solver restarts at piece boundaries
+    tl, yl = layer_path(dyn, x0, 2.0, 0.05, progress=False, desc="")
+    np.testing.assert_allclose(yl, ja.run_layers(dyn, x0, 40, 0.05), atol=1e-13)
+    np.testing.assert_allclose(tl, 0.05 * np.arange(41))
+
+
+def test_config_resolution_and_the_command_that_repeats_it():
+    exp = EXPERIMENTS["thm51-causal"]
+    config = resolve_config(exp, {"tokens": 7, "discrete": True, "horizon": 3}, seed=5)
+    assert config["tokens"] == 7 and config["horizon"] == 3.0 and config["seed"] == 5
+    cmd = command_line(config, exp)
+    assert cmd == "jaxattn run thm51-causal --seed 5 --tokens 7 --horizon 3.0 --discrete"
+    for bad, match in [({"tokens": "x"}, "integer"), ({"tokens": 2.5}, "integer"),
+                       ({"horizon": -1.0}, "> 0"), ({"horizon": float("nan")}, "finite"),
+                       ({"heads": 0}, "≥ 1"), ({"colour": 1}, "no parameter --colour"),
+                       ({"discrete": "yes"}, "true or false")]:
+        with pytest.raises(ValueError, match=match):
+            resolve_config(exp, bad, seed=0)
+    with pytest.raises(ValueError, match="seed"):
+        resolve_config(exp, {}, seed=-1)
+
+
+def test_every_experiment_declares_a_theorem_and_defaults():
+    mine = ["thm41-sphere", "thm51-causal", "thm52-symmetric", "thm32-gradient"]
+    assert set(mine) <= set(EXPERIMENTS)  # other commands may register more
+    for name in mine:
+        exp = EXPERIMENTS[name]
+        names = [p.name for p in exp.all_params()]
+        assert len(names) == len(set(names))
+        assert {"discrete", "tau", "horizon", "saves", "tokens"} <= set(names)
+        assert exp.theorem in ja.theory.THEOREMS

@@ -24,6 +24,12 @@ def prompt_ids(vocab_size: int, prompts: int, tokens: int, seed: int) -> np.ndar
     return np.random.default_rng(seed).integers(0, vocab_size, (prompts, tokens))
 
 
+def check_counts(**counts) -> None:
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"--{name} must be an integer ≥ 1, got {value!r}.")
+
+
 def get_model(spec, weights: str, key):
     """The model to loop: trained weights are loaded; for random weights a config
     (preset, config.json, model folder) suffices, so nothing is downloaded."""
@@ -55,6 +61,7 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
         raise ValueError(f"--weights must be one of {WEIGHTS}, got {weights!r}.")
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {list(DTYPES)}, got {dtype!r}.")
+    check_counts(passes=passes, prompts=prompts, tokens=tokens)
     key = jax.random.PRNGKey(seed)
     net = get_model(model, weights, key)
     ids = prompt_ids(net.config.vocab_size, prompts, tokens, seed)
@@ -92,6 +99,7 @@ def grid_results(model, seed: int = 0, *, passes=20, prompts=100, tokens=200,
         raise ValueError(f"weights must be a non-empty subset of {WEIGHTS}, got {weights!r}.")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}.")
+    check_counts(passes=passes, prompts=prompts, tokens=tokens)
     key = jax.random.PRNGKey(seed)
     nets = {w: get_model(model, w, key) for w in dict.fromkeys(
         "trained" if w == "trained" else "random" for w in weights)}

@@ -127,8 +127,8 @@ def face(ax, point) -> None:
     """Turn a 3-D axis towards `point` (a direction), so that it faces the viewer."""
     p = np.asarray(point, dtype=float)
     p = p / np.linalg.norm(p)
-    # Elevation kept within ±35° so that the axes stay readable.
-    ax.view_init(elev=float(np.clip(np.degrees(np.arcsin(np.clip(p[2], -1, 1))), -35, 35)),
+    # Seen from 10°–35° above, so that the axes and title stay readable.
+    ax.view_init(elev=float(np.clip(np.degrees(np.arcsin(np.clip(p[2], -1, 1))), 10, 35)),
                  azim=float(np.degrees(np.arctan2(p[1], p[0]))))
 
 

@@ -178,10 +178,12 @@ def _time_axis(x0) -> int:
 
 
 def fmt(x: float) -> str:
-    """A number for a verdict line: `3e-07`, `0.25`, `inf`."""
+    """A number for a verdict line: `3.0e-07`, `0.25`, `inf`; `0` below 1e-15."""
     x = float(x)
-    if not math.isfinite(x) or x == 0:
-        return str(x) if x != 0 else "0"
+    if not math.isfinite(x):
+        return str(x)
+    if abs(x) < 1e-15:  # rounding level of float64: a computed 0 may come out as ±2e-16
+        return "0"
     return f"{x:.1e}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.3g}"
 
 

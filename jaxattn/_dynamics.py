@@ -135,7 +135,11 @@ class SelfAttentionDynamics(eqx.Module):
         """The attention matrices `α^η_ij`, rows summing to one (max-shifted softmax,
         stable for large `β|P|`)."""
         self._check_x(x)
+        # Logits beyond the float range (β|P| ≳ 1e38 in float32) are clipped to it, so
+        # the max-shift never computes inf − inf; NaN logits stay NaN and are caught.
         s = self.scores(t, x)
+        big = jnp.finfo(s.dtype).max
+        s = jnp.clip(s, -big, big)
         if self.causal:
             n = x.shape[0]
             mask = jnp.tril(jnp.ones((n, n), dtype=bool))

@@ -5,13 +5,14 @@ from typing import NamedTuple
 
 import diffrax as dfx
 import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Real
 
 from ._batch import call_batched, map_batch, prepare_tokens
 from ._dynamics import SelfAttentionDynamics
 from ._manifold import project
-from ._validate import as_float_array, check_count, check_scalar, is_concrete
+from ._validate import NONFINITE, as_float_array, check_count, check_scalar, is_concrete
 
 
 class ManifoldSolver(dfx.AbstractWrappedSolver):
@@ -129,7 +130,10 @@ def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thr
     # leaves E_W by up to the local error; retract them like the steps.
     if project_out:
         ys = project(ys, dyn.W)
-    return ys, ok, steps
+    finite = jnp.all(jnp.isfinite(ys), axis=tuple(range(ok.ndim, ys.ndim)))
+    if throw:
+        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
+    return ys, ok & finite, steps
 
 
 def solve_flow(

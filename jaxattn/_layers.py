@@ -11,7 +11,7 @@ from jaxtyping import Array, Float, PyTree, Real
 
 from ._batch import call_batched, map_batch, prepare_tokens
 from ._dynamics import SelfAttentionDynamics
-from ._validate import check_count, check_scalar
+from ._validate import NONFINITE, check_count, check_scalar
 
 
 def _identity(x):
@@ -34,19 +34,21 @@ def _run(
     if checkpoints is None:
         # Checkpointing the body keeps only each layer's tokens for the backward
         # pass, not its (h, n, n) attention matrices.
-        _, ys = jax.lax.scan(jax.checkpoint(step), x0, ks)
+        last, ys = jax.lax.scan(jax.checkpoint(step), x0, ks)
     else:
         # Recursive (treeverse) checkpointing: memory O(checkpoints), not O(layers).
-        _, ys = eqxi.scan(step, x0, ks, kind="checkpointed", checkpoints=checkpoints)
+        last, ys = eqxi.scan(step, x0, ks, kind="checkpointed", checkpoints=checkpoints)
     first = observe(x0)
-    return jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, ys)
+    return last, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, ys)
 
 
 @eqx.filter_jit
 def _run_batched(dyn, x0, num_layers, tau, observe, checkpoints):
     x0 = prepare_tokens(dyn, x0)
     tau = tau.astype(x0.dtype)
-    return map_batch(lambda x: _run(dyn, x, num_layers, tau, observe, checkpoints), x0)
+    last, ys = map_batch(lambda x: _run(dyn, x, num_layers, tau, observe, checkpoints), x0)
+    # NaN propagates through the layers, so the last tokens tell whether any appeared.
+    return eqx.error_if(ys, ~jnp.all(jnp.isfinite(last)), NONFINITE)
 
 
 def run_layers(

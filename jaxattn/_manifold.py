@@ -45,8 +45,14 @@ def normalize(
 
 
 def project(x: Float[Array, "... d"], W: Float[Array, "d d"] | None) -> Float[Array, "... d"]:
-    """`N_W` without input checks, for use inside the simulators."""
-    return x / w_norm(x, W)[..., None]
+    """`N_W` without input checks, for use inside the simulators.
+
+    Rows are first divided by their largest entry (a constant for autodiff: `N_W`
+    is scale-invariant), so `|y|²_W` cannot overflow for large but finite `y`.
+    """
+    scale = jax.lax.stop_gradient(jnp.max(jnp.abs(x), axis=-1, keepdims=True))
+    y = x / jnp.where(scale > 0, scale, 1)
+    return y / w_norm(y, W)[..., None]
 
 
 def manifold_drift(

@@ -104,6 +104,13 @@ def check_metric(W, d: int | None = None, *, rtol: float = 1e-6) -> Float[Array,
     return W
 
 
+NONFINITE = (
+    "jaxattn: the tokens became NaN or inf during the run: the weights overflow this "
+    "floating-point type (e.g. |τ U| or β|P| near its largest value) or contain NaN. "
+    "Use smaller or finite weights, or float64 (jax_enable_x64)."
+)
+
+
 def check_tokens(x: Float[Array, "*batch n d"], W) -> Float[Array, "*batch n d"]:
     """Refuse NaN/inf entries and zero tokens (they have no point on `E_W`).
 

@@ -7,7 +7,6 @@ import pytest
 from _helpers import random_tokens
 
 import jaxattn as ja
-from jaxattn._layers import _run
 
 
 def _directional_fd(f, x, v, h):
@@ -94,7 +93,7 @@ def test_layer_gradient_memory_is_checkpointed(key):
     dyn = ja.SelfAttentionDynamics(P, U)
 
     def temp_bytes(L):
-        f = jax.jit(jax.grad(lambda x: ja.misalignment(_run(dyn, x, L, jnp.asarray(0.1))[-1])))
+        f = jax.jit(jax.grad(lambda x: ja.misalignment(ja.run_layers(dyn, x, L, 0.1)[-1])))
         return f.lower(x0).compile().memory_analysis().temp_size_in_bytes
 
     per_layer = (temp_bytes(400) - temp_bytes(100)) / 300

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jaxtyping import Array, Float, PRNGKeyArray, PyTree, Real
+from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree, Real
 
 from ._dynamics import SelfAttentionDynamics
 from ._explore_constraints import (
@@ -34,6 +34,7 @@ from ._explore_constraints import (
     check_weight_constraints,
     constrain_weights,
     retract_tokens,
+    sum_gap_defect,
     token_violation,
     trainable_filter,
     weight_violation,
@@ -119,9 +120,12 @@ class Horizon(eqx.Module):
         # Backsolve integrates an augmented state; the retraction wrapper only
         # knows token arrays, so that adjoint solves the ambient ODE.
         on_manifold = not isinstance(self.adjoint, dfx.BacksolveAdjoint)
-        return solve_flow(dyn, x0, self.ts, solver=self.solver, rtol=self.rtol,
-                          atol=self.atol, max_steps=self.max_steps, adjoint=self.adjoint,
-                          on_manifold=on_manifold)
+        # throw=False: one restart whose solve fails (step budget, overflow) must not
+        # abort the batch; its value becomes NaN and `_Loop.step` rejects that step.
+        out = solve_flow(dyn, x0, self.ts, solver=self.solver, rtol=self.rtol,
+                         atol=self.atol, max_steps=self.max_steps, adjoint=self.adjoint,
+                         on_manifold=on_manifold, throw=False)
+        return jnp.where(out.success, out.ys, jnp.nan)
 
 
 def make_horizon(horizon, *, model="flow", saves=100, tau=0.1, adjoint="checkpoint",
@@ -334,16 +338,36 @@ class _Loop(eqx.Module):
         return retract_tokens(x, z, self.constraints.margin, dyn.W), w, z
 
     def step(self, state):
+        """One optimiser step, then the constraint map. A step whose value or
+        gradient is not finite is skipped (state and optimiser state kept), and
+        with `constraints.sum_gap` a weight step that would break the gap of
+        `Σ_η U_η` is rejected (the token step is kept): the iterate stays finite
+        and feasible, whatever one restart runs into."""
         x, w, opt, z = state
         train = (x if self.train_x else None, w if self.train_w else None)
         (_, v), g = jax.value_and_grad(self._loss, has_aux=True)(train, (x, w))
         viol = self.violation(x, w, z)
-        updates, opt = self.optimizer.update(g, opt, train)
+        updates, opt_new = self.optimizer.update(g, opt, train)
         train = optax.apply_updates(train, updates)
-        x_new, w_new, z = self.project(
-            train[0] if self.train_x else x, train[1] if self.train_w else w, z
-        )
-        return (x_new, w_new, opt, z), (v, viol)
+        x_upd = train[0] if self.train_x else x
+        new = self.project(x_upd, train[1] if self.train_w else w, z)
+        if self.train_w and self.constraints.sum_gap is not None:
+            ok_w = sum_gap_defect(_combine(new[1], self.rest), self.constraints.sum_gap) <= 0
+            kept = (retract_tokens(x_upd, z, self.constraints.margin, self.rest.W), w, z)
+            new = _select(ok_w, new, kept)
+        finite = jnp.isfinite(v) & _all_finite((g, new))
+        x_new, w_new, z_new = _select(finite, new, (x, w, z))
+        return (x_new, w_new, _select(finite, opt_new, opt), z_new), (v, viol)
+
+
+def _select(pred, a, b):
+    """`a` where `pred` (a scalar), else `b`, leaf by leaf (`None` leaves kept)."""
+    return jax.tree.map(lambda p, q: jnp.where(pred, p, q), a, b)
+
+
+def _all_finite(tree) -> Bool[Array, ""]:
+    leaves = [jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(tree) if eqx.is_inexact_array(a)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
 @eqx.filter_jit
@@ -579,12 +603,28 @@ def _setup(dyn, init, n, target, objective, horizon, optimizer, restarts, constr
                  target in ("tokens", "both"), train_w, builtin if log is None else bool(log))
     if train_w:
         weights = jax.vmap(lambda w: loop.project(jnp.zeros((1, dyn.dim)), w, None)[1])(weights)
+        weights = _feasible_starts(weights, rest, constraints)
     z_fixed = _fixed_direction(dyn, constraints)
     x = _start_tokens(dyn, init, int(restarts), n, z_fixed, constraints.margin)
     z = _hemisphere_directions(dyn, x, constraints, weights, rest)
     if z is not None:
         x = jax.vmap(lambda xi, zi: retract_tokens(xi, zi, constraints.margin, dyn.W))(x, z)
     return x, weights, loop, z
+
+
+def _feasible_starts(weights, rest, constraints: Constraints):
+    """With `sum_gap` (kept by rejection, so the start must satisfy it): restarts
+    whose perturbed weights break it start from the unperturbed weights instead."""
+    if constraints.sum_gap is None:
+        return weights
+    defect = jax.vmap(lambda w: sum_gap_defect(_combine(w, rest), constraints.sum_gap))(weights)
+    if not float(defect[0]) <= 0:
+        raise ValueError(
+            f"the model breaks `sum_gap={constraints.sum_gap:g}`: the top eigenvalue of "
+            "Σ_η U_η must be simple and positive, ahead by sum_gap; start from such U.")
+    ok = np.asarray(defect) <= 0
+    return jax.tree.map(lambda a: jnp.where(ok.reshape((-1,) + (1,) * (a.ndim - 1)), a, a[:1]),
+                        weights)
 
 
 def _fixed_direction(dyn, constraints):

@@ -37,6 +37,11 @@ class Constraints(eqx.Module):
       by at least `gap`: in the basis `(v, v^⊥)` the cross terms are dropped and
       the other eigenvalues are clipped to `≤ λ₁ − gap` (with `norm="spectral"`,
       all to `[−bound, bound]` as well).
+    - `sum_gap`: keep the top eigenvalue `λ₁` of `Σ_η U_η` (time-invariant,
+      symmetric `U`, any number of heads) simple and positive, `λ₁ − λ₂ ≥ sum_gap`
+      and `λ₁ ≥ sum_gap`. Not a projection: a weight step that would break it is
+      rejected (the weights stay where they were, the token step is kept), so it
+      holds at every iterate but can stall the weights at the boundary.
     - `hemisphere`, `margin`: keep the tokens in the cap `⟨z, x_i⟩_W ≥ margin` of a
       direction `z` (inside the open hemisphere of `z`): a `(d,)` array, `"start"`
       (each restart's own hemisphere certificate at its start) or a function
@@ -51,6 +56,7 @@ class Constraints(eqx.Module):
     symmetric: tuple[str, ...] = eqx.field(static=True, default=())
     top_eigenvector: Float[Array, " d"] | None = None
     gap: float = eqx.field(static=True, default=0.0)
+    sum_gap: float | None = eqx.field(static=True, default=None)
     hemisphere: Array | str | Callable | None = None
     margin: float = eqx.field(static=True, default=0.05)
 
@@ -65,6 +71,8 @@ class Constraints(eqx.Module):
         if isinstance(self.hemisphere, str) and self.hemisphere != "start":
             raise ValueError(f"`hemisphere` must be an array, 'start' or a function, "
                              f"got {self.hemisphere!r}.")
+        if self.sum_gap is not None and not self.sum_gap > 0:
+            raise ValueError(f"`sum_gap` must be > 0, got {self.sum_gap}.")
         if self.hemisphere is not None and not 0 <= self.margin < 1:
             raise ValueError(f"`margin` must be in [0, 1), got {self.margin}.")
 
@@ -177,6 +185,12 @@ def check_weight_constraints(dyn, constraints: Constraints) -> None:
         v = np.asarray(constraints.top_eigenvector)
         if v.shape != (dyn.dim,) or not np.isclose(np.linalg.norm(v), 1.0):
             raise ValueError(f"`top_eigenvector` must be a unit vector of shape ({dyn.dim},).")
+    if constraints.sum_gap is not None:
+        from ._schedule import Constant
+
+        if not isinstance(dyn.U, Constant) or "U" not in constraints.symmetric:
+            raise ValueError("`sum_gap` needs a time-invariant `U` (a ja.Constant) kept "
+                             "symmetric (`symmetric=('U', ...)`).")
     for name in constraints.symmetric:
         field = getattr(dyn, name, None)
         if field is not None and name in constraints.train:
@@ -210,7 +224,16 @@ def weight_violation(dyn, constraints: Constraints) -> Float[Array, ""]:
         lam = jnp.linalg.eigvalsh(_symmetrize(M))
         out = jnp.maximum(out, jnp.linalg.norm(M @ v - (v @ M @ v) * v))
         out = jnp.maximum(out, jnp.maximum(lam[-2] + constraints.gap - v @ M @ v, 0.0))
+    if constraints.sum_gap is not None:
+        out = jnp.maximum(out, sum_gap_defect(dyn, constraints.sum_gap))
     return out
+
+
+def sum_gap_defect(dyn, gap: float) -> Float[Array, ""]:
+    """`max(gap − (λ₁ − λ₂), gap − λ₁)` for the eigenvalues of `Σ_η U_η`: ≤ 0
+    exactly when its top eigenvalue is simple (by `gap`) and positive."""
+    lam = jnp.linalg.eigvalsh(_symmetrize(jnp.sum(dyn.U.value, axis=0)))
+    return jnp.maximum(gap - (lam[-1] - lam[-2]), gap - lam[-1])
 
 
 # --- tokens -----------------------------------------------------------------------

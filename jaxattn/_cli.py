@@ -14,11 +14,19 @@ from pathlib import Path
 from ._runs import RunFolderError
 
 # Modules (relative to this package) with a `register(subparsers)` function.
-_COMMAND_MODULES = ["._cli", ".models._cli", "._experiments_cli", "._bench_cli"]
+_COMMAND_MODULES = ["._cli", ".models._cli", "._experiments_cli", "._bench_cli", "._sweep_cli"]
 
 
 class CLIError(Exception):
     """A mistake in the command line: printed as one line, exit status 2."""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse's mistakes (a bad flag, a missing argument) as a one-line `CLIError`
+    instead of the usage text; `--help` still prints the full usage."""
+
+    def error(self, message):
+        raise CLIError(f"{self.prog}: error: {message} (see `{self.prog} --help`)")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -65,17 +73,22 @@ def register(sub) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _OneLineParser(
         prog="jaxattn", description="The consensus dynamics of self-attention, in JAX."
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           parser_class=_OneLineParser)
     for name in _COMMAND_MODULES:
         importlib.import_module(name, __package__).register(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except CLIError as e:
+        print(e, file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except (CLIError, RunFolderError, ValueError, FileNotFoundError) as e:

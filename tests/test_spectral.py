@@ -1,0 +1,195 @@
+"""ja.spectral: the layer matrix and its row/column convention, spectra, alignment
+metrics, the Oja limit and rank-1 steering (paper 004 §2)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxattn as ja
+from jaxattn.spectral import (
+    alignment,
+    increment,
+    layer_alignment,
+    layer_matrix,
+    spectrum,
+    steer,
+)
+
+D = 4  # width of the hand-built model: 2 heads of size 2
+
+
+def _tiny_bert(key):
+    cfg = {**ja.models.PRESETS["bert-base-uncased"], "hidden_size": D, "num_hidden_layers": 2,
+           "num_attention_heads": 2, "intermediate_size": 8, "vocab_size": 11,
+           "max_position_embeddings": 16}
+    return ja.models.init(cfg, key)
+
+
+def _hand_layer(model):
+    """Row-vector (ML-literature) weights `V_η (d, k)`, `O_η (k, d)` with known
+    `Ω = Σ_η (V_η O_η)ᵀ = blockdiag([[2, 1], [0, 1]], diag(−0.5, 0.3))`."""
+    A = np.array([[2.0, 1.0], [0.0, 1.0]])
+    B = np.diag([-0.5, 0.3])
+    V_row = [np.eye(D)[:, :2], np.eye(D)[:, 2:]]  # head η reads coordinates 2η, 2η+1
+    O_row = [np.hstack([A.T, np.zeros((2, 2))]), np.hstack([np.zeros((2, 2)), B.T])]
+    attn = ja.models.attention_weights(model, 0)
+    # jaxattn / PyTorch layout: value (h, k, d) = V_ηᵀ, output (d, h, k) with [:, η] = O_ηᵀ.
+    value = np.stack([v.T for v in V_row])
+    output = np.stack([o.T for o in O_row], axis=1)
+    new = eqx.tree_at(lambda a: (a.value, a.output), attn,
+                      (jnp.asarray(value, jnp.float32), jnp.asarray(output, jnp.float32)))
+    zero = {f: jnp.zeros_like(getattr(attn, f)) for f in
+            ("query_bias", "key_bias", "value_bias", "output_bias")}
+    new = eqx.tree_at(lambda a: tuple(getattr(a, f) for f in zero), new, tuple(zero.values()))
+    Omega = sum((v @ o).T for v, o in zip(V_row, O_row))
+    return ja.models.replace_attention(model, 0, new), V_row, O_row, Omega
+
+
+def test_layer_matrix_row_column_translation(key):
+    model, V_row, O_row, Omega = _hand_layer(_tiny_bert(key))
+    np.testing.assert_allclose(Omega, np.block([[np.array([[2, 1], [0, 1.0]]), np.zeros((2, 2))],
+                                                [np.zeros((2, 2)), np.diag([-0.5, 0.3])]]))
+    np.testing.assert_allclose(np.asarray(layer_matrix(model, 0)), Omega, atol=1e-7)
+    # A row-vector implementation: with equal tokens attention is uniform and the
+    # attention output of a row x is Σ_η x V_η O_η, i.e. Ω x on the column vector.
+    x = np.array([0.3, -1.2, 0.7, 2.0])
+    rows = np.tile(x, (3, 1))
+    reference = sum(rows @ v @ o for v, o in zip(V_row, O_row))
+    attn = ja.models.attention_weights(model, 0)
+    out = attn(jnp.asarray(rows), jnp.ones((3, 3), bool))
+    np.testing.assert_allclose(np.asarray(out), reference, atol=1e-6)
+    np.testing.assert_allclose(reference[0], Omega @ x, atol=1e-12)
+
+
+def test_right_eigenvector_is_the_fixed_direction(key):
+    model, *_ , Omega = _hand_layer(_tiny_bert(key))
+    spec = spectrum(layer_matrix(model, 0).astype(jnp.float64))
+    assert int(spec.case) == 1
+    np.testing.assert_allclose(np.asarray(spec.eigenvalues), [2, 1, -0.5, 0.3], atol=1e-6)
+    v1 = np.real(np.asarray(spec.v1))
+    np.testing.assert_allclose(v1, [1, 0, 0, 0], atol=1e-6)  # right, not left (1, 1)/√2
+    np.testing.assert_allclose(float(spec.gap), 1.0, atol=1e-6)
+    np.testing.assert_allclose(float(spec.correlation), 1 / np.sqrt(2), atol=1e-6)
+    dyn = ja.spectral.layer_dynamics(model, 0)
+    step = dyn.layer(0.0, jnp.asarray(v1)[None], 1.0)  # one token: α = 1
+    np.testing.assert_allclose(np.asarray(step[0]), v1, atol=1e-6)
+    left = np.array([1.0, 1.0, 0, 0]) / np.sqrt(2)  # the left eigenvector moves
+    assert np.abs(np.asarray(dyn.layer(0.0, jnp.asarray(left)[None], 1.0)[0]) @ left) < 0.99
+
+
+def test_layer_matrix_of_dynamics_reads_the_layer(key):
+    U = jax.random.normal(key, (3, 2, 5, 5))
+    dyn = ja.SelfAttentionDynamics(jnp.zeros((2, 5, 5)), ja.PiecewiseConstant(U, 0.5))
+    for ell in range(3):
+        np.testing.assert_allclose(layer_matrix(dyn, ell, tau=0.5), U[ell].sum(0), atol=1e-12)
+    with pytest.raises(TypeError, match="layer_matrix needs"):
+        layer_matrix(np.eye(3))
+
+
+def test_spectrum_cases_orders_and_subspaces():
+    rot = np.array([[0.5, -2.0], [2.0, 0.5]])  # λ = 0.5 ± 2i, dominant
+    Om = np.block([[rot, np.zeros((2, 3))], [np.zeros((3, 2)), np.diag([1.0, -0.2, 0.1])]])
+    s = spectrum(Om)
+    assert int(s.case) == 2 and float(s.gap) == 0.0
+    np.testing.assert_allclose(float(s.pair_gap), np.hypot(0.5, 2) - 1, atol=1e-12)
+    e0 = jnp.eye(5)[0][None]
+    np.testing.assert_allclose(alignment(e0, s.principal), 1.0, atol=1e-12)
+    np.testing.assert_allclose(alignment(jnp.eye(5)[2][None], s.principal), 0.0, atol=1e-12)
+    assert np.imag(s.eigenvalues[0]) > 0 and np.imag(s.eigenvalues[1]) < 0
+    # |λ| order vs |1 + τλ| order: −3 leads by modulus, 2 leads the skip step.
+    s1, s2 = spectrum(np.diag([-3.0, 2.0, 0.5])), spectrum(np.diag([-3.0, 2.0, 0.5]), tau=1.0)
+    assert float(s1.eigenvalues[0].real) == -3.0 and float(s2.eigenvalues[0].real) == 2.0
+    assert int(spectrum(np.diag([1.0, -1.0, 0.2])).case) == 3
+    batch = jax.vmap(spectrum)(jnp.stack([jnp.asarray(Om), 2 * jnp.asarray(Om)]))
+    np.testing.assert_allclose(batch.eigenvalues[1], 2 * s.eigenvalues, atol=1e-12)
+
+
+def test_layer_alignment_against_brute_force(key):
+    d, N = 6, 40
+    k1, k2, k3 = jax.random.split(key, 3)
+    Om = jax.random.normal(k1, (d, d))
+    xb, xa = jax.random.normal(k2, (N, d)), jax.random.normal(k3, (N, d))
+    spec = spectrum(Om)
+    stats = layer_alignment(xb, xa, spec)
+    lam, vecs = np.linalg.eig(np.asarray(Om))
+
+    def align(x, v):  # |cos| for real v, projection norm on span(Re v, Im v) otherwise
+        x = np.asarray(x) / np.linalg.norm(x, axis=1, keepdims=True)
+        Qm, _ = np.linalg.qr(np.stack([v.real, v.imag], 1) if np.iscomplexobj(v) and
+                             np.abs(v.imag).max() > 0 else v.real[:, None])
+        return np.linalg.norm(x @ Qm, axis=1)
+
+    top = np.argmax(np.abs(lam))
+    diff = align(xa, vecs[:, top]) - align(xb, vecs[:, top])
+    np.testing.assert_allclose(stats.c, align(xa, vecs[:, top]).mean(), atol=1e-12)
+    np.testing.assert_allclose(stats.delta, diff.mean(), atol=1e-12)
+    np.testing.assert_allclose(stats.p, (diff > 0).mean(), atol=1e-12)
+    all_diff = np.stack([align(xa, vecs[:, k]) - align(xb, vecs[:, k]) for k in range(d)])
+    np.testing.assert_allclose(stats.delta_bar, all_diff.mean(), atol=1e-12)
+    np.testing.assert_allclose(stats.p_bar, (all_diff > 0).mean(), atol=1e-12)
+    np.testing.assert_allclose(
+        stats.c_bar, np.mean([align(xa, vecs[:, k]).mean() for k in range(d)]), atol=1e-12)
+    dl, p = increment(xb, xa, spec.principal)
+    np.testing.assert_allclose([dl, p], [stats.delta, stats.p], atol=1e-12)
+
+
+def test_oja_limit_uniform_attention_symmetric_omega(key):
+    """P = 0 (uniform α), symmetric Ω split over 3 heads: tokens → ±v₁ (Theorem 2),
+    along the path of an independent NumPy iteration of eq. 9."""
+    d, n = 5, 7
+    k1, k2, k3 = jax.random.split(key, 3)
+    Qm, _ = jnp.linalg.qr(jax.random.normal(k1, (d, d)))
+    Om = Qm @ jnp.diag(jnp.array([1.5, 0.9, 0.4, -0.3, -0.8])) @ Qm.T
+    parts = jax.random.normal(k2, (3, d, d))
+    U = parts - parts.mean(0, keepdims=True) + Om[None] / 3  # Σ_η U_η = Ω, heads asymmetric
+    dyn = ja.SelfAttentionDynamics(jnp.zeros((3, d, d)), U)
+    x0 = jax.random.normal(k3, (n, d))
+    xs = ja.run_layers(dyn, x0, 200)
+    y = np.asarray(ja.normalize(x0))
+    for _ in range(200):
+        y = y + y.mean(0, keepdims=True) @ np.asarray(Om).T
+        y = y / np.linalg.norm(y, axis=1, keepdims=True)
+    np.testing.assert_allclose(np.asarray(xs[-1]), y, atol=1e-10)
+    v1 = np.real(np.asarray(spectrum(Om).v1))
+    assert np.min(np.abs(y @ v1)) > 1 - 1e-10
+
+
+def _tiny_gpt2(key, d=24, h=4, layers=3):
+    cfg = {**ja.models.PRESETS["gpt2"], "n_embd": d, "n_head": h, "n_layer": layers,
+           "vocab_size": 13, "n_positions": 16}
+    return ja.models.init(cfg, key)
+
+
+def test_steering_aligns_with_random_direction(key):
+    k1, k2, k3 = jax.random.split(key, 3)
+    model = _tiny_gpt2(k1)
+    model = jax.tree.map(lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a,
+                         model)  # float64 weights: the edit is then exact to rounding
+    d = model.config.hidden_size
+    u = jax.random.normal(k2, (d,))
+    u = u / jnp.linalg.norm(u)
+    x0 = ja.spectral.random_tokens(k3, 20, 5, d)
+    Om = layer_matrix(model, -1)
+    gamma = 1e5  # the push τγ(uᵀx̄) must dominate the unit token: γ ≫ √d / |x̄|
+    steered = steer(model, u, gamma)
+    np.testing.assert_allclose(layer_matrix(steered, -1), Om + gamma * jnp.outer(u, u),
+                               rtol=0, atol=1e-10 * gamma)
+    np.testing.assert_array_equal(layer_matrix(steered, 0), layer_matrix(model, 0))
+    end = ja.spectral.run_model(steered, x0)[-1].reshape(-1, d)
+    plain = ja.spectral.run_model(model, x0)[-1].reshape(-1, d)
+    assert float(alignment(end, u)) > 0.99
+    assert float(alignment(plain, u)) < 0.5
+    v1 = spectrum(layer_matrix(steered, -1)).principal[:, 0]
+    assert abs(float(v1 @ u)) > 0.99
+
+
+def test_steering_dynamics(key):
+    U = jax.random.normal(key, (2, 3, 4, 4))
+    dyn = ja.SelfAttentionDynamics(jnp.zeros((3, 4, 4)), ja.PiecewiseConstant(U))
+    u = jnp.array([0.0, 1.0, 0.0, 0.0])
+    w = jnp.array([1.0, 1.0, 0.0, 0.0]) / jnp.sqrt(2)
+    s = steer(dyn, u, 5.0, w=w, layer=1)
+    np.testing.assert_allclose(layer_matrix(s, 1), U[1].sum(0) + 5 * jnp.outer(u, w), atol=1e-12)
+    np.testing.assert_allclose(layer_matrix(s, 0), U[0].sum(0), atol=1e-12)

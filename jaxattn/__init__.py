@@ -31,4 +31,5 @@ from . import metrics as metrics  # noqa: E402
 from . import models as models  # noqa: E402
 from . import theory as theory  # noqa: E402
 from . import explore as explore  # noqa: E402
+from . import spectral as spectral  # noqa: E402
 from . import sweep as sweep  # noqa: E402

@@ -15,29 +15,37 @@ E = ja.explore
 
 
 def _fd_check(f, x, key, h=1e-6, rtol=1e-5):
-    """Directional derivatives of `f` at `x` along two random directions."""
-    g = jax.grad(f)(x)
+    """Directional derivatives of `f` (scalar or vector valued) at `x` along two
+    random directions: reverse mode against central differences, per output."""
+    f = jax.jit(f)
+    jac = jax.jit(jax.jacrev(f))(x)
     for j in range(2):
         v = jax.random.normal(jax.random.fold_in(key, j), x.shape)
         fd = (f(x + h * v) - f(x - h * v)) / (2 * h)
-        ad = jnp.vdot(g, v)
-        print(f"autodiff {float(ad):.10e}, finite difference {float(fd):.10e}")
-        assert abs(ad - fd) <= rtol * abs(fd) + 1e-12
+        ad = jnp.tensordot(jac, v, axes=x.ndim)
+        print(f"autodiff {np.asarray(ad)}, finite difference {np.asarray(fd)}")
+        assert np.all(np.abs(ad - fd) <= rtol * np.abs(fd) + 1e-12)
 
 
 def _custom(ts, ys):
     return jnp.sum(ys[-1, :, 0] ** 2) + jnp.mean(ys[:, 1, 1])
 
 
-@pytest.mark.parametrize(
-    "objective, model",
-    [("final", "flow"), ("integrated", "flow"), ("consensus_time", "layers"),
-     ("lyapunov", "layers"), (_custom, "layers")],
-)
-def test_objective_gradients_match_finite_differences(objective, model, key):
+def _every_objective(ts, ys, dyn):
+    """All built-in objectives and a custom one of the same trajectory: one
+    compilation checks every gradient."""
+    values = [E.builtin_objective(name)(ts, ys, dyn) for name in E.OBJECTIVES]
+    return jnp.stack(values + [_custom(ts, ys)])
+
+
+@pytest.mark.parametrize("model", ["flow", "layers"])
+def test_objective_gradients_match_finite_differences(model, key):
     kd, kx, kv = jax.random.split(key, 3)
     dyn = random_dynamics(kd, h=2, d=3, scale=0.8)
     x0 = random_tokens(kx, 5, 3)
+    # The layers run passes a two-argument objective `(ts, ys)`, the flow run three.
+    objective = _every_objective if model == "flow" else (
+        lambda ts, ys: _every_objective(ts, ys, dyn))
     kw = dict(objective=objective, horizon=1.5, model=model, saves=15, tau=0.1,
               rtol=1e-10, atol=1e-12)
     _fd_check(lambda x: E.consensus_objective(dyn, x, **kw), x0, kv)
@@ -117,6 +125,24 @@ def test_weight_constraints_hold_at_every_iterate(key):
         assert abs(abs(vec[:, -1] @ np.asarray(v1)) - 1) < 1e-10
         assert lam[-1] - lam[-2] >= 0.1 - 1e-10
     assert res.value >= res.trace[0].max()
+
+
+def test_gap_of_the_head_sum_holds_at_every_iterate(key):
+    kb, kq, kx = jax.random.split(key, 3)
+    basis, _ = jnp.linalg.qr(jax.random.normal(kb, (3, 3)))
+    Ud = (basis * jnp.array([[0.8, 0.1, -0.4]])) @ basis.T  # ΣU: gap 1.4, λ₁ = 1.6
+    P = jax.random.uniform(kq, (2, 3, 3), minval=-0.5, maxval=0.5)
+    dyn = ja.SelfAttentionDynamics(P, jnp.stack([Ud, Ud]), causal=True)
+    cons = E.Constraints(train=("P", "U"), norm="spectral", bound={"P": 1.0, "U": 1.0},
+                         symmetric=("U",), sum_gap=1.2)
+    res = E.slow_consensus(dyn, init=kx, n=4, target="both", restarts=3, steps=10,
+                           horizon=1.0, model="layers", tau=0.2, constraints=cons,
+                           optimizer=optax.adam(0.2))
+    assert np.max(res.violation) <= 1e-12
+    lam = np.linalg.eigvalsh(np.asarray(res.weights.U.value).sum(axis=1))  # (R, d)
+    print("gaps of ΣU", lam[:, -1] - lam[:, -2])
+    assert np.all(lam[:, -1] - lam[:, -2] >= 1.2 - 1e-12) and np.all(lam[:, -1] >= 1.2 - 1e-12)
+    assert np.all(np.isfinite(res.trace))
 
 
 def test_frobenius_bound_and_fixed_U(key):

@@ -1,0 +1,249 @@
+"""`jaxattn sweep` / `ja.sweep`: a sweep killed with SIGKILL and resumed writes the
+table of one left alone, byte for byte; specs are checked; instances are the
+experiments' own draws; the table, sidecar, summary and figure are written."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import jaxattn as ja
+from jaxattn import _sweep
+from jaxattn._experiments import get_experiment, resolve_config
+from jaxattn._sweep_models import MODELS
+
+# Small enough to compile in seconds, long enough that a chunk takes a moment.
+SMALL = {"horizon": 2.0, "saves": 20, "tokens": 6}
+GRID = {"beta": [0.5, 1.0, 2.0]}
+
+
+def _cli(*args, **kw):
+    env = os.environ | {"MPLBACKEND": "Agg"}
+    return subprocess.Popen([sys.executable, "-m", "jaxattn", "sweep", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _cli_args(out, *extra):
+    args = ["thm41-sphere", "--instances", "12", "--chunk", "3", "--out", str(out),
+            "--no-progress"]
+    for k, v in GRID.items():
+        args += ["--grid", f"{k}={','.join(map(str, v))}"]
+    for k, v in SMALL.items():
+        args += ["--set", f"{k}={v}"]
+    return args + list(extra)
+
+
+def test_killed_and_resumed_sweep_gives_the_same_table(tmp_path):
+    """SIGKILL a real `jaxattn sweep` once its first chunk is saved, resume it, and
+    compare with an uninterrupted sweep run in this process through `ja.sweep`."""
+    out = tmp_path / "killed"
+    proc = _cli(*_cli_args(out))
+    chunks = out / "chunks"
+    deadline = time.monotonic() + 300
+    while not (chunks.exists() and any(chunks.glob("*.csv"))):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no chunk written within 300 s"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = sorted(chunks.glob("*.csv"))
+    total = len(_sweep.plan(_sweep.SweepSpec("thm41-sphere", GRID, instances=12, chunk=3),
+                            [{}] * 3))
+    print(f"killed after {len(done)} of {total} chunks")
+    assert (out / "INCOMPLETE").exists() and not (out / "table.csv").exists()
+    assert 1 <= len(done) < total, "the sweep was not killed mid-run"
+
+    resumed = _cli(*_cli_args(out, "--resume"))
+    stdout, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr
+    assert f"{len(done)} of {total} chunks done" in stdout + stderr  # nothing redone
+    assert not (out / "INCOMPLETE").exists()
+
+    reference = ja.sweep("thm41-sphere", GRID, instances=12, chunk=3, set=SMALL,
+                         out=tmp_path / "alone", progress=False, log=lambda *_: None)
+    assert (out / "table.csv").read_bytes() == (reference.folder / "table.csv").read_bytes()
+    table = reference.table
+    assert len(table["point"]) == 3 * 12
+    assert set(table) == {"beta", *ja.sweep.COLUMNS}
+    # common random numbers: instance i is the same draw at every grid point
+    np.testing.assert_array_equal(table["seed"], np.tile(np.arange(12), 3))
+    assert np.all(table["solver_success"]) and np.all(table["in_domain"])
+    print("median final E per β:", [np.median(table["final_E"][table["point"] == p])
+                                    for p in range(3)])
+    assert np.all(table["final_E"] < 0.5)  # contracted from random hemisphere starts
+    assert np.all(np.isfinite(table["consensus_time"]) == table["outcome_reached"])
+    held = table["prediction_held"]
+    assert all(h == r for h, r in zip(held, table["outcome_reached"]))
+    summary = reference.summary
+    assert summary["rows"] == 36 and summary["figures"] == ["sweep.png", "sweep.pdf"]
+    sidecar = json.loads((reference.folder / "sweep.json").read_text())
+    assert sidecar["spec"]["grid"] == GRID and sidecar["dtype"] == "float64"
+    assert sidecar["versions"]["jax"] == jax.__version__
+    assert (reference.folder / "sweep.png").stat().st_size > 10_000
+
+    # resuming a finished sweep runs nothing and returns the same table
+    again = ja.sweep("thm41-sphere", GRID, instances=12, chunk=3, set=SMALL,
+                     out=reference.folder, resume=True, progress=False, log=lambda *_: None)
+    np.testing.assert_array_equal(again.table["final_E"], table["final_E"])
+
+
+def test_stale_partial_chunk_is_ignored(tmp_path):
+    """A temporary file left by a kill during a write is removed; a chunk that does not
+    fit the plan is recomputed, never trusted."""
+    folder = tmp_path / "s"
+    (folder / "chunks").mkdir(parents=True)
+    spec = _sweep.SweepSpec("thm41-sphere", {"beta": [1.0]}, instances=4, chunk=2,
+                            set={"horizon": 1.0, "saves": 5, "tokens": 3})
+    configs = _sweep.check_spec(spec)
+    header = _sweep._header(["beta"])
+    (folder / "chunks" / ".00000.csv.abc.tmp").write_text("half")
+    (folder / "chunks" / "00001.csv").write_text(",".join(header) + "\n1,2\n")
+    calls = []
+
+    def fake(name, config, params, seeds, devices):
+        seeds = list(seeds)
+        calls.append(seeds)
+        B = len(seeds)
+        return {"E": np.ones((B, 3)), "ts": np.tile(np.arange(3.0), (B, 1)),
+                "in_domain": np.ones(B, bool), "reached": np.zeros(B, bool),
+                "success": np.ones(B, bool), "num_steps": np.full(B, 7)}
+
+    _sweep._run_chunks(folder, spec, configs, _sweep.sweep_params("thm41-sphere"), ["beta"],
+                       _sweep.plan(spec, configs), None, False, lambda *_: None, fake)
+    assert calls == [[0, 1], [2, 3]]
+    assert not list((folder / "chunks").glob(".*.tmp"))
+    table = _sweep._assemble(folder, ["beta"], _sweep.plan(spec, configs))
+    np.testing.assert_array_equal(table["instance"], [0, 1, 2, 3])
+    np.testing.assert_array_equal(table["num_steps"], [7] * 4)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_instances_are_the_experiments_draws(name):
+    """Instance `i` is `jaxattn run NAME --seed i` (for thm51-causal, `--samples 1`), and
+    `ja.theory.predict` names the theorem the sweep judges and agrees on the domain."""
+    small = {"thm51-causal": {"tokens": 4, "dim": 6, "samples": 1}}.get(name, {})
+    experiment = get_experiment(name)
+    config = resolve_config(experiment, small, 3) | {"beta": 1.0}
+    floats = {p.name: jax.numpy.asarray(config[p.name]) for p in _sweep.sweep_params(name)
+              if p.type is float}
+    dyn, x0, extra = MODELS[name].build(jax.random.PRNGKey(3), floats, config)
+    module = sys.modules[type(experiment).__module__]
+    drawn = module._setup(config)
+    x_exp = drawn[-1] if name != "thm51-causal" else drawn[1][0]
+    np.testing.assert_array_equal(np.asarray(x0), np.asarray(x_exp))
+    if name == "thm51-causal":
+        from jaxattn import _paper
+
+        dyn = _paper.causal_dynamics(drawn[0])
+    pred = ja.theory.predict(dyn, x0)
+    assert pred.theorem == MODELS[name].theorem
+    inside, _ = MODELS[name].judge(dyn, x0, x0, 0.0, extra) if name != "thm51-causal" else \
+        MODELS[name].judge(None, x0, np.eye(x0.shape[0]), 0.0, extra)
+    if inside is not None:
+        assert bool(inside) == bool(pred.in_domain)
+
+
+def test_spec_files_toml_and_json(tmp_path):
+    toml = tmp_path / "s.toml"
+    toml.write_text('experiment = "thm52-symmetric"\ninstances = 5\nseed = 2\n'
+                    '[grid]\nbeta = [1, 2]\ndim = [3, 4]\n[set]\nhorizon = 3.5\n')
+    spec = _sweep.read_spec(toml)
+    configs = _sweep.check_spec(spec)
+    assert [(c["beta"], c["dim"]) for c in configs] == [(1.0, 3), (1.0, 4), (2.0, 3), (2.0, 4)]
+    assert all(c["horizon"] == 3.5 and c["seed"] == 2 for c in configs)
+    js = tmp_path / "s.json"
+    js.write_text(json.dumps({"experiment": "thm32-gradient",
+                              "points": [{"beta": 1, "sphere": True}, {"beta": 4}]}))
+    configs = _sweep.check_spec(_sweep.read_spec(js))
+    assert [(c["beta"], c["sphere"]) for c in configs] == [(1.0, True), (4.0, False)]
+    assert len(_sweep.plan(_sweep.SweepSpec("x", instances=10, chunk=4), configs)) == 6
+
+
+@pytest.mark.parametrize("spec, message", [
+    (dict(experiment="thm99"), "unknown experiment"),
+    (dict(experiment="thm41-sphere", grid={"gamma": [1]}), "no parameter 'gamma'"),
+    (dict(experiment="thm41-sphere", grid={"samples": [1]}), "--instances"),
+    (dict(experiment="thm41-sphere", grid={"beta": []}), "non-empty list"),
+    (dict(experiment="thm41-sphere", grid={"beta": [1, 1]}), "repeats"),
+    (dict(experiment="thm41-sphere", grid={"beta": [-1]}), "> 0"),
+    (dict(experiment="thm41-sphere", grid={"heads": [1.5]}), "integer"),
+    (dict(experiment="thm41-sphere", grid={"beta": ["x"]}), "number"),
+    (dict(experiment="thm41-sphere", instances=0), "instances"),
+    (dict(experiment="thm41-sphere", seed=-1), "seed"),
+    (dict(experiment="thm41-sphere", grid={"beta": [1]}, points=[{"beta": 1}]), "not both"),
+    (dict(experiment="thm51-causal", set={"tokens": 9, "dim": 4}), "tokens 9 > dim 4"),
+    (dict(experiment="thm32-gradient", set={"sphere": "maybe"}), "true or false"),
+])
+def test_bad_specs_are_refused(spec, message):
+    with pytest.raises(ValueError, match=message):
+        _sweep.check_spec(_sweep.SweepSpec(**spec))
+
+
+def test_bad_spec_files(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("experiment = \n")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        _sweep.read_spec(bad)
+    extra = tmp_path / "extra.json"
+    extra.write_text('{"experiment": "thm41-sphere", "instance": 3}')
+    with pytest.raises(ValueError, match="unknown key"):
+        _sweep.read_spec(extra)
+    with pytest.raises(ValueError, match="cannot read"):
+        _sweep.read_spec(tmp_path / "missing.toml")
+
+
+def test_ja_sweep_is_the_module_and_callable():
+    assert callable(ja.sweep) and ja.sweep.run is _sweep.run_sweep
+    assert set(ja.sweep.EXPERIMENTS) == {"thm41-sphere", "thm51-causal", "thm52-symmetric",
+                                         "thm32-gradient"}
+    with pytest.raises(ValueError, match="--resume needs --out"):
+        ja.sweep("thm41-sphere", resume=True)
+    with pytest.raises(TypeError, match="SweepSpec"):
+        ja.sweep(42)
+
+
+def test_existing_folder_needs_resume_and_the_same_spec(tmp_path, capsys):
+    from jaxattn._cli import main
+
+    out = tmp_path / "s"
+    out.mkdir()
+    spec = _sweep.SweepSpec("thm41-sphere", {"beta": [1.0]}, instances=2)
+    (out / "sweep.json").write_text(json.dumps(
+        {"spec": spec.to_json(), "points": _sweep.check_spec(spec), "dtype": "float64"}))
+    (out / "INCOMPLETE").write_text("")
+    assert main(["sweep", "thm41-sphere", "--grid", "beta=1", "--instances", "2",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pass --resume" in err
+    assert main(["sweep", "thm41-sphere", "--grid", "beta=2", "--instances", "2",
+                 "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "another spec" in err
+
+
+@pytest.mark.slow
+def test_sweep_outcome_matches_the_experiment_run(tmp_path):
+    """Instance 0's final E equals that of `jaxattn run thm41-sphere` at the same size
+    (the experiment restarts the solver at its pieces: close, not bitwise)."""
+    from jaxattn._experiments import run_experiment
+
+    overrides = {"horizon": 2.0, "saves": 20, "tokens": 6}
+    _, summary = run_experiment("thm41-sphere", overrides, seed=0, out=tmp_path / "run",
+                                progress=False, log=lambda *_: None)
+    result = ja.sweep("thm41-sphere", {"beta": [1.0]}, instances=1, set=overrides,
+                      out=tmp_path / "sweep", progress=False, log=lambda *_: None)
+    np.testing.assert_allclose(result.table["final_E"][0], summary["numbers"]["final_E"],
+                               rtol=1e-4)
+
+
+def test_one_chunk_per_point_by_default():
+    spec = _sweep.SweepSpec("thm41-sphere", GRID, instances=7)
+    assert _sweep.plan(spec, _sweep.check_spec(spec)) == [(p, 0, 7) for p in range(3)]
+    assert Path(_sweep._chunk_path(Path("f"), 12)).name == "00012.csv"

@@ -28,5 +28,8 @@ test-slow: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxattn tests benchmarks
 
+bench: $(STAMP)
+	$(VENV)/bin/jaxattn bench --out BENCHMARKS.json
+
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -17,19 +17,19 @@ from ._manifold import sample_ellipsoid as sample_ellipsoid
 from ._manifold import w_norm as w_norm
 from ._metrics import misalignment as misalignment
 from ._schedule import AbstractSchedule as AbstractSchedule
-from ._solvers import RK4 as RK4
 from ._schedule import Constant as Constant
 from ._schedule import PiecewiseConstant as PiecewiseConstant
 from ._schedule import Schedule as Schedule
+from ._solvers import RK4 as RK4
 
 try:
     __version__ = version("jaxattn")
 except PackageNotFoundError:  # running from a source tree without installing
     __version__ = "0.0.0"
 
+from . import explore as explore  # noqa: E402
 from . import metrics as metrics  # noqa: E402
 from . import models as models  # noqa: E402
-from . import theory as theory  # noqa: E402
-from . import explore as explore  # noqa: E402
 from . import spectral as spectral  # noqa: E402
 from . import sweep as sweep  # noqa: E402
+from . import theory as theory  # noqa: E402

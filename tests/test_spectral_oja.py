@@ -1,0 +1,101 @@
+"""Equilibria of the Oja system and of the single-head map (paper 004 App. D):
+the `jax.jacfwd` tangent classification against the closed form (Lemma 4 /
+Theorem 3) and against direct simulation from small perturbations."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxattn as ja
+from jaxattn.spectral import (
+    equilibria,
+    oja_system,
+    perturbation_growth,
+    single_head,
+    tangent_jacobian,
+)
+
+
+def _instance(key, d):
+    ku, kp = jax.random.split(key)
+    A, B = jax.random.normal(ku, (d, d)), jax.random.normal(kp, (d, d))
+    return (A + A.T) / 2, (B + B.T)  # symmetric U, and P of larger scale
+
+
+@pytest.mark.parametrize("make", ["oja", "head"])
+def test_jacobian_classification_agrees_with_simulation(key, make):
+    n, d, tau = 5, 3, 1.0
+    decided = stable = 0
+    for k in jax.random.split(key, 4):
+        U, P = _instance(k, d)
+        dyn = oja_system(U) if make == "oja" else single_head(U, P)
+        eq = equilibria(dyn, n, tau=tau)
+        fixed = np.asarray(eq.is_fixed)
+        radius = np.asarray(eq.radius)
+        growth = np.asarray(perturbation_growth(dyn, eq.points, k, eps=1e-6, layers=400,
+                                                tau=tau))
+        sure = fixed & (np.abs(radius - 1) > 0.02)
+        np.testing.assert_array_equal((growth < 1)[sure], (radius < 1)[sure])
+        np.testing.assert_allclose(np.asarray(eq.predicted)[fixed], radius[fixed], rtol=1e-8)
+        np.testing.assert_array_equal(np.asarray(eq.theorem3)[fixed], (radius < 1)[fixed])
+        decided += sure.sum()
+        stable += (sure & (radius < 1)).sum()
+        # Theorem 2 / Lemma 4: at most one stable consensus pair, at the eigenvalue
+        # leading |1 + τλ| and only if it is positive.
+        cons = fixed & np.asarray(eq.is_consensus) & (radius < 1)
+        lam = np.linalg.eigvalsh(np.asarray(U))
+        top = lam[np.argmax(np.abs(1 + tau * lam))]
+        assert cons.sum() == (1 if top > 0 else 0)
+        if make == "oja":  # Theorem 2: no stable bipartite point without attention
+            assert not np.any(fixed & ~np.asarray(eq.is_consensus) & (radius < 1))
+    assert decided >= 20 and 0 < stable < decided  # both outcomes were exercised
+
+
+def test_stable_bipartite_point_of_the_single_head_map():
+    """Paper 004 Remark 10: with attention, bipartite points can be stable."""
+    U = jnp.diag(jnp.array([1.0, 0.5, -0.3]))
+    dyn = single_head(U, 2.0 * jnp.eye(3))
+    eq = equilibria(dyn, 10)
+    sel = np.nonzero((np.asarray(eq.index) == 0) & (np.asarray(eq.m) == 8))[0][0]
+    assert float(eq.residual[sel]) < 1e-12 and float(eq.radius[sel]) < 0.9
+    growth = perturbation_growth(dyn, eq.points[sel][None], jax.random.PRNGKey(0),
+                                 eps=1e-3, layers=200)
+    assert float(growth[0]) < 1e-6
+    # Without attention (Oja) the same point is unstable (Theorem 2).
+    eq0 = equilibria(oja_system(U), 10)
+    assert float(eq0.radius[sel]) > 1
+
+
+def test_tangent_jacobian_against_finite_differences(key):
+    U, P = _instance(key, 3)
+    dyn = single_head(U, P)
+    eq = equilibria(dyn, 4)
+    x = eq.points[0]
+    J = np.asarray(tangent_jacobian(dyn, x))
+    assert J.shape == (4 * 2, 4 * 2)
+    # Central differences along one tangent direction of token 1, retracted onto S².
+    t = jnp.cross(x[1], jnp.array([0.3, -0.2, 0.9]))
+    t = t / jnp.linalg.norm(t)
+    h = 1e-6
+
+    def moved(s):
+        y = x.at[1].set((x[1] + s * t) / jnp.linalg.norm(x[1] + s * t))
+        return dyn.layer(0.0, y, 1.0)
+
+    fd = (moved(h) - moved(-h)) / (2 * h)  # (n, d), tangent at the equilibrium
+    full = jax.jacfwd(lambda y: dyn.layer(0.0, y, 1.0))(x)
+    np.testing.assert_allclose(fd, jnp.einsum("iab,b->ia", full[:, :, 1, :], t), atol=1e-7)
+    # The intrinsic eigenvalues are among the extrinsic ones (paper 004 Remark 2).
+    ext = np.linalg.eigvals(np.asarray(full).reshape(12, 12))
+    for ev in np.linalg.eigvals(J):
+        assert np.min(np.abs(ext - ev)) < 1e-8
+
+
+def test_equilibria_refuses_asymmetric_or_causal(key):
+    A = jax.random.normal(key, (3, 3))
+    with pytest.raises(ValueError, match="symmetric"):
+        equilibria(oja_system(A), 4)
+    causal = ja.SelfAttentionDynamics(jnp.zeros((1, 3, 3)), (A + A.T)[None], causal=True)
+    with pytest.raises(ValueError, match="causal"):
+        equilibria(causal, 4)

@@ -204,7 +204,19 @@ def _classify(dyn, points, idx, lam, mm, tau) -> Equilibria:
 
 def bipartite_closed_form(lam, k, m, n, q, tau):
     """The closed-form tangent spectral radius and Theorem 3's conditions at the
-    point (`m` at `e_k`, `n − m` at `−e_k`); see the module docstring."""
+    point (`m` tokens at `e_k`, `n − m` at `−e_k`); see the module docstring.
+
+    **Arguments:**
+
+    - `lam`: the eigenvalues of the symmetric `U` `(d,)`; `k`: the index of `e_k`.
+    - `m`, `n`: tokens at `e_k` and in all; `q`: the score `β e_kᵀ P e_k`
+      (0 for the Oja system); `tau`: the step.
+
+    **Returns:**
+
+    `(radius, stable)`: the spectral radius of the tangent Jacobian, and whether
+    the point is a fixed point satisfying Theorem 3's conditions.
+    """
     mu = lam[k]
     eq, emq = jnp.exp(q), jnp.exp(-q)
     mb = n - m

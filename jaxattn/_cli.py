@@ -21,6 +21,11 @@ class CLIError(Exception):
     """A mistake in the command line: printed as one line, exit status 2."""
 
 
+def _printable(text: str) -> str:
+    """`text` with control characters escaped, so that an error stays one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse's mistakes (a bad flag, a missing argument) as a one-line `CLIError`
     instead of the usage text; `--help` still prints the full usage."""
@@ -87,12 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
     except CLIError as e:
-        print(e, file=sys.stderr)
+        print(_printable(e), file=sys.stderr)
         return 2
     try:
         return args.func(args)
     except (CLIError, RunFolderError, ValueError, FileNotFoundError) as e:
-        print(f"jaxattn {args.command}: error: {e}", file=sys.stderr)
+        print(f"jaxattn {args.command}: error: {_printable(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"jaxattn {args.command}: interrupted", file=sys.stderr)

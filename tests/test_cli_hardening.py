@@ -145,6 +145,7 @@ print("loop", h(ja.models.loop(model, ids, passes=3, weights="resample",
 """
 
 
+@pytest.mark.slow
 def test_same_seed_same_bits_in_fresh_processes(tmp_path):
     """Two fresh processes with the same seeds print the same hashes of a flow and
     layer simulation and a looped GPT-2 (resampled weights). (For a sweep,

@@ -20,12 +20,14 @@ def _list(args) -> int:
     from ._experiments import EXPERIMENTS
 
     print("experiments (run one with `jaxattn run NAME`; `jaxattn run NAME --help`):")
+    width = max(len(name) for name in EXPERIMENTS)
     for exp in EXPERIMENTS.values():
-        theorem = getattr(exp, "theorem", None)
-        print(f"  {exp.name:<16} {f'Theorem {theorem}: ' if theorem else ''}{exp.title}")
+        theorem = getattr(exp, "theorem", "") or ""
+        ref = f"Theorem {theorem}" if theorem[:1].isdigit() else theorem
+        print(f"  {exp.name:<{width}}  {f'[{ref}] ' if ref else ''}{exp.title}")
         flags = " ".join(f"{p.flag}" + ("" if p.type is bool else f" {p.default!r}")
                          for p in exp.all_params())
-        print(f"  {'':<16} overrides (defaults = paper size): {flags}")
+        print(f"  {'':<{width}}  overrides (defaults = paper size): {flags}")
     return 0
 
 
@@ -97,7 +99,7 @@ def _plot(args) -> int:
 
 
 def register(sub) -> None:
-    ls = sub.add_parser("list", help="the experiments of paper 001 §6.1")
+    ls = sub.add_parser("list", help="the named experiments and studies")
     ls.set_defaults(func=_list)
     run = sub.add_parser(
         "run", help="run an experiment: jaxattn run NAME [--out DIR] [--seed S] [overrides]",

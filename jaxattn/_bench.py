@@ -384,14 +384,14 @@ def format_table(result: dict) -> str:
     """The suite's rows as a fixed-width text table."""
     lines = ["matmul peak GFLOP/s: " + ", ".join(
         f"{k} {v:.0f}" for k, v in result["peak_gflops"].items())]
-    head = f"{'case':4} {'variant':34} {'library':20} {'median s':>9} {'min':>8} {'max':>8} " \
+    head = f"{'case':4} {'variant':42} {'library':20} {'median s':>9} {'min':>8} {'max':>8} " \
            f"{'tok-steps/s':>11} {'GFLOP/s':>8} {'%peak':>6} {'compile':>7}"
     lines += [head, "-" * len(head)]
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
     for r in result["rows"]:
         if r["case"] == "G":
             lines.append(
-                f"{r['case']:4} {r['variant'][:34]:34} {r['library'][:20]:20} "
+                f"{r['case']:4} {r['variant'][:42]:42} {r['library'][:20]:20} "
                 f"{r['gradient_s']:9.4f} {r['min_s']:8.4f} {r['max_s']:8.4f} "
                 f"grad/fwd {r['gradient_over_forward']:.2f}"
                 + (f", memory ×{r['memory_growth_4x_steps']:.2f} for 4× steps"
@@ -399,7 +399,7 @@ def format_table(result: dict) -> str:
             continue
         pct = None if r["fraction_of_peak"] is None else 100 * r["fraction_of_peak"]
         lines.append(
-            f"{r['case']:4} {r['variant'][:34]:34} {r['library'][:20]:20} {r['median_s']:9.4f} "
+            f"{r['case']:4} {r['variant'][:42]:42} {r['library'][:20]:20} {r['median_s']:9.4f} "
             f"{r['min_s']:8.4f} {r['max_s']:8.4f} {r['token_steps_per_s']:11.3g} "
             f"{fmt(r['gflops'], '8.1f'):>8} {fmt(pct, '6.1f'):>6} {fmt(r['compile_s'], '7.2f'):>7}")
     return "\n".join(lines)

@@ -31,7 +31,30 @@ def layer_norm(src, name: str, d: int, eps: float) -> LayerNorm:
     return LayerNorm(src.get(f"{name}.weight", (d,)), src.get(f"{name}.bias", (d,)), eps)
 
 
-class GPT2(AbstractTransformer):
+class AbstractLearnedPositionDecoder(AbstractTransformer):
+    """What GPT-2 and GPT-Neo share: token plus learned position embeddings, a final
+    LayerNorm, and random initialisation of both with `initializer_range`."""
+
+    wte: eqx.AbstractVar[Float[Array, "V d"]]
+    wpe: eqx.AbstractVar[Float[Array, "P d"]]
+    ln_f: eqx.AbstractVar[LayerNorm]
+
+    def embed(self, ids: Int[Array, " n"]) -> Float[Array, "n d"]:
+        return self.wte[ids] + self.wpe[: ids.shape[0]]
+
+    def final_norm(self, x):
+        return self.ln_f(x)
+
+    @classmethod
+    def init(cls, cfg, key):
+        ke, kp, kb = jax.random.split(key, 3)
+        std = cfg.initializer_range
+        return cls(cfg, normal(ke, (cfg.vocab_size, cfg.hidden_size), std),
+                   normal(kp, (cfg.max_positions, cfg.hidden_size), std),
+                   cls.init_blocks(cfg, kb), LayerNorm.init(cfg.hidden_size, cfg.norm_eps))
+
+
+class GPT2(AbstractLearnedPositionDecoder):
     """GPT-2 (`model_type: gpt2`), every size from `gpt2` to `gpt2-xl`."""
 
     config: TransformerConfig = eqx.field(static=True)
@@ -41,12 +64,6 @@ class GPT2(AbstractTransformer):
     ln_f: LayerNorm
 
     family = "gpt2"
-
-    def embed(self, ids: Int[Array, " n"]) -> Float[Array, "n d"]:
-        return self.wte[ids] + self.wpe[: ids.shape[0]]
-
-    def final_norm(self, x):
-        return self.ln_f(x)
 
     @classmethod
     def config_from_hf(cls, hf):
@@ -76,14 +93,6 @@ class GPT2(AbstractTransformer):
                   Linear.init(kp, cfg.intermediate_size, d, proj_std), cfg.activation)
         ln = LayerNorm.init(d, cfg.norm_eps)
         return PreNormBlock(ln, attn, ln, mlp)
-
-    @classmethod
-    def init(cls, cfg, key):
-        ke, kp, kb = jax.random.split(key, 3)
-        std = cfg.initializer_range
-        return cls(cfg, normal(ke, (cfg.vocab_size, cfg.hidden_size), std),
-                   normal(kp, (cfg.max_positions, cfg.hidden_size), std),
-                   cls.init_blocks(cfg, kb), LayerNorm.init(cfg.hidden_size, cfg.norm_eps))
 
     @classmethod
     def from_state(cls, cfg, src):

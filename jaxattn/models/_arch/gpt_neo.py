@@ -17,8 +17,8 @@ from ._nn import (
     heads_out,
     normal,
 )
-from .base import AbstractTransformer, TransformerConfig, check_sizes
-from .gpt2 import layer_norm
+from .base import TransformerConfig, check_sizes
+from .gpt2 import AbstractLearnedPositionDecoder, layer_norm
 
 
 def expand_attention_types(types) -> tuple[str, ...]:
@@ -34,7 +34,7 @@ def expand_attention_types(types) -> tuple[str, ...]:
     return out
 
 
-class GPTNeo(AbstractTransformer):
+class GPTNeo(AbstractLearnedPositionDecoder):
     """GPT-Neo (`model_type: gpt_neo`): 125M, 1.3B, 2.7B.
 
     Unlike GPT-2, the scores are not divided by `√k` (HuggingFace's GPT-Neo has no
@@ -49,12 +49,6 @@ class GPTNeo(AbstractTransformer):
     ln_f: LayerNorm
 
     family = "gpt_neo"
-
-    def embed(self, ids: Int[Array, " n"]) -> Float[Array, "n d"]:
-        return self.wte[ids] + self.wpe[: ids.shape[0]]
-
-    def final_norm(self, x):
-        return self.ln_f(x)
 
     def mask(self, n: int, layer: Int[Array, ""]) -> Bool[Array, "n n"]:
         local = jnp.asarray([kind == "local" for kind in self.config.attention_layers])
@@ -94,14 +88,6 @@ class GPTNeo(AbstractTransformer):
                   Linear.init(kp, cfg.intermediate_size, d, std), cfg.activation)
         ln = LayerNorm.init(d, cfg.norm_eps)
         return PreNormBlock(ln, attn, ln, mlp)
-
-    @classmethod
-    def init(cls, cfg, key):
-        ke, kp, kb = jax.random.split(key, 3)
-        std = cfg.initializer_range
-        return cls(cfg, normal(ke, (cfg.vocab_size, cfg.hidden_size), std),
-                   normal(kp, (cfg.max_positions, cfg.hidden_size), std),
-                   cls.init_blocks(cfg, kb), LayerNorm.init(cfg.hidden_size, cfg.norm_eps))
 
     @classmethod
     def from_state(cls, cfg, src):

@@ -38,6 +38,44 @@ def test_recursive_checkpointing_same_gradient(key):
     np.testing.assert_allclose(g_rec, g_all, rtol=1e-10, atol=1e-14)
 
 
+@pytest.mark.parametrize("num_layers", [0, 1, 49, 50])
+def test_sqrt_checkpointing_same_values_and_gradient(key, num_layers):
+    dyn = random_dynamics(key, 2, 4, causal=True)
+    x0 = random_tokens(key, 6, 4)
+
+    def run(x, checkpoints):
+        return ja.run_layers(dyn, x, num_layers, 0.1, observe=ja.misalignment,
+                             checkpoints=checkpoints)
+
+    np.testing.assert_array_equal(run(x0, "sqrt"), run(x0, None))
+    g_all = jax.grad(lambda x: run(x, None).sum())(x0)
+    g_sqrt = jax.grad(lambda x: run(x, "sqrt").sum())(x0)
+    np.testing.assert_allclose(g_sqrt, g_all, rtol=1e-10, atol=1e-14)
+
+
+def test_sqrt_checkpointing_memory_grows_sublinearly(key):
+    dyn = random_dynamics(key, 2, 16)
+    x0 = random_tokens(key, 32, 16)
+
+    def grad_memory(num_layers, checkpoints):
+        loss = lambda x: ja.run_layers(dyn, x, num_layers, 0.1, observe=ja.misalignment,  # noqa: E731
+                                       checkpoints=checkpoints)[-1]
+        stats = jax.jit(jax.grad(loss)).lower(x0).compile().memory_analysis()
+        return stats.temp_size_in_bytes
+
+    per_layer = grad_memory(400, None) / grad_memory(100, None)
+    sqrt = grad_memory(400, "sqrt") / grad_memory(100, "sqrt")
+    print(f"gradient memory ×{per_layer:.2f} (every layer), ×{sqrt:.2f} (sqrt) for 4× layers")
+    assert per_layer > 3.0  # stores every layer's tokens: linear
+    assert sqrt < 2.6  # O(√L): ideally ×2
+
+
+def test_checkpoints_rejects_unknown_mode(key):
+    dyn = random_dynamics(key, 2, 3)
+    with pytest.raises(ValueError, match="sqrt"):
+        ja.run_layers(dyn, random_tokens(key, 4, 3), 5, checkpoints="log")
+
+
 def test_rk4_is_fourth_order_on_the_flow(key):
     dyn = random_dynamics(key, 2, 3)
     x0 = random_tokens(key, 5, 3)

@@ -18,8 +18,8 @@ causal mask is passed explicitly; attention runs through HF's default (SDPA).
 
 Timing: the JAX program is compiled ahead of time (`lower().compile()`, reported
 separately, no pass run), then
-each side is timed `--repeats` times, interleaved; the median is reported, with
-min and max. The largest relative difference between the two `E` curves is
+each side is timed `--repeats` times, interleaved (fewer with `--budget-s`); the
+median is reported, with min and max. The largest relative difference between the two `E` curves is
 printed as a check that both computed the same thing.
 """
 
@@ -95,7 +95,7 @@ def time_call(fn) -> tuple[float, object]:
 
 
 def summary(ts: list[float]) -> dict:
-    return {"median": statistics.median(ts), "min": min(ts), "max": max(ts)}
+    return {"median": statistics.median(ts), "min": min(ts), "max": max(ts), "calls": len(ts)}
 
 
 def bench_variant(name, folder, model, ids, ffn: bool, args) -> dict:
@@ -104,7 +104,11 @@ def bench_variant(name, folder, model, ids, ffn: bool, args) -> dict:
 
     compile_s, run_jax = compile_loop(model, ids, passes=args.passes, ffn=ffn)
     jax_t, hf_t = [], []
-    for _ in range(args.repeats):
+    # Interleaved pairs: `--repeats` of them, fewer once the pairs have taken twice
+    # `--budget-s` (always one).
+    while len(jax_t) < args.repeats and (
+        not jax_t or sum(jax_t + hf_t) * args.passes < 2 * args.budget_s
+    ):
         t, E_jax = time_call(run_jax)
         jax_t.append(t / args.passes)
         t, E_hf = time_call(lambda: hf_loop(hf_model, ids_t, args.passes, ffn))
@@ -139,6 +143,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--passes", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--budget-s", type=float, default=float("inf"),
+                   help="stop repeating a variant once its timed pairs took 2× this")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args()

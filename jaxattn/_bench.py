@@ -30,6 +30,7 @@ installed.
 
 import dataclasses
 import importlib.util
+import math
 import statistics
 import sys
 import time
@@ -50,20 +51,28 @@ from ._solvers import RK4
 
 @dataclasses.dataclass
 class Timing:
-    """Seconds per call: median, min and max over the repeats."""
+    """Seconds per call: median, min and max over the timed calls."""
 
     median: float
     min: float
     max: float
+    calls: int = 1
 
     @classmethod
-    def of(cls, fn: Callable[[], object], repeats: int) -> "Timing":
-        times = []
-        for _ in range(repeats):
+    def run(cls, fn: Callable[[], object], repeats: int,
+            budget_s: float = math.inf) -> tuple["Timing", object]:
+        """Time `repeats` calls of `fn`, or fewer once they have taken `budget_s`
+        seconds together (at least one); also returns the last call's output."""
+        times, out = [], None
+        while len(times) < repeats and (not times or sum(times) < budget_s):
             t0 = time.perf_counter()
-            fn()
+            out = fn()
             times.append(time.perf_counter() - t0)
-        return cls(statistics.median(times), min(times), max(times))
+        return cls(statistics.median(times), min(times), max(times), len(times)), out
+
+    @classmethod
+    def of(cls, fn: Callable[[], object], repeats: int, budget_s: float = math.inf) -> "Timing":
+        return cls.run(fn, repeats, budget_s)[0]
 
 
 def flops_raw_update(n: int, d: int, h: int, k: int | None = None) -> float:
@@ -85,11 +94,26 @@ def compile_jax(fn: Callable, *args):
     return compiled, seconds, nbytes
 
 
-def time_jax(fn: Callable, *args, repeats: int):
+def time_jax(fn: Callable, *args, repeats: int, budget_s: float = math.inf):
+    """Compile ahead of time (no warm-up call needed), then time the executable."""
     compiled, compile_s, nbytes = compile_jax(fn, *args)
-    out = jax.block_until_ready(compiled(*args))  # warm-up
-    timing = Timing.of(lambda: jax.block_until_ready(compiled(*args)), repeats)
+    timing, out = Timing.run(lambda: jax.block_until_ready(compiled(*args)), repeats, budget_s)
     return timing, compile_s, nbytes, out
+
+
+@dataclasses.dataclass(frozen=True)
+class Repeats:
+    """How long to time one figure: `count` calls, fewer once they have taken
+    `budget_s` seconds together (always at least one)."""
+
+    count: int
+    budget_s: float = math.inf
+
+    def time(self, fn: Callable[[], object]) -> tuple[Timing, object]:
+        return Timing.run(fn, self.count, self.budget_s)
+
+    def time_jax(self, fn: Callable, *args):
+        return time_jax(fn, *args, repeats=self.count, budget_s=self.budget_s)
 
 
 def matmul_peak(size: int = 4096, repeats: int = 5) -> dict[str, float]:
@@ -182,6 +206,7 @@ def _row(case, variant, library, timing, *, token_steps, flops, peak, compile_s=
     return {
         "case": case, "variant": variant, "library": library,
         "median_s": timing.median, "min_s": timing.min, "max_s": timing.max,
+        "calls": timing.calls,
         "token_steps_per_s": token_steps / timing.median,
         "gflops": flops / timing.median / 1e9 if flops else None,
         "fraction_of_peak": flops / timing.median / 1e9 / peak if flops else None,
@@ -189,11 +214,15 @@ def _row(case, variant, library, timing, *, token_steps, flops, peak, compile_s=
     }
 
 
-def _layers_case(name, prob: Problem, num_layers, tau, peak, repeats, ref) -> list[dict]:
+def _max_abs_diff(torch_out, jax_out) -> float:
+    return float(np.abs(torch_out.numpy() - np.asarray(jax_out)).max())
+
+
+def _layers_case(name, prob: Problem, num_layers, tau, peak, rep: Repeats, ref) -> list[dict]:
     arrays = prob.arrays()
     dyn, x0 = prob.dynamics(arrays), jnp.asarray(arrays["x0"])
     fwd = lambda dyn, x0: run_layers(dyn, x0, num_layers, tau, observe=misalignment)  # noqa: E731
-    timing, comp, mem, E = time_jax(fwd, dyn, x0, repeats=repeats)
+    timing, comp, mem, E = rep.time_jax(fwd, dyn, x0)
     steps = prob.batch * prob.n * num_layers
     flops = num_layers * prob.flops()
     rows = [_row(name, f"{num_layers} layers", "jaxattn", timing, token_steps=steps,
@@ -201,14 +230,13 @@ def _layers_case(name, prob: Problem, num_layers, tau, peak, repeats, ref) -> li
     if ref is not None:
         xt, Qt, Kt, Ut = prob.torch_args(arrays)
         run = lambda: ref.run_layers(xt, Qt, Kt, Ut, 1.0, prob.causal, tau, num_layers)  # noqa: E731
-        E_t = run().numpy()
-        t_ref = Timing.of(run, repeats)
+        t_ref, E_t = rep.time(run)
         rows.append(_row(name, f"{num_layers} layers", "torch", t_ref, token_steps=steps,
-                         flops=flops, peak=peak, agreement=float(np.abs(E_t - E).max())))
+                         flops=flops, peak=peak, agreement=_max_abs_diff(E_t, E)))
     return rows
 
 
-def _flow_cases(name, prob: Problem, T, rk4_steps, peak, repeats, ref) -> list[dict]:
+def _flow_cases(name, prob: Problem, T, rk4_steps, peak, rep: Repeats, ref) -> list[dict]:
     arrays = prob.arrays()
     dyn, x0 = prob.dynamics(arrays), jnp.asarray(arrays["x0"])
     ts = jnp.array([0.0, T], jnp.float32)
@@ -222,8 +250,8 @@ def _flow_cases(name, prob: Problem, T, rk4_steps, peak, repeats, ref) -> list[d
         res = solve_flow(dyn, x0, ts, throw=False)
         return res.ys[:, -1], res.num_steps
 
-    t_rk4, c_rk4, m_rk4, y_rk4 = time_jax(rk4, dyn, x0, repeats=repeats)
-    t_ad, c_ad, m_ad, (y_ad, nsteps) = time_jax(tsit5, dyn, x0, repeats=repeats)
+    t_rk4, c_rk4, m_rk4, y_rk4 = rep.time_jax(rk4, dyn, x0)
+    t_ad, c_ad, m_ad, (y_ad, nsteps) = rep.time_jax(tsit5, dyn, x0)
     steps_ad = float(np.mean(nsteps))
     tok = prob.batch * prob.n
     rows = [
@@ -235,20 +263,20 @@ def _flow_cases(name, prob: Problem, T, rk4_steps, peak, repeats, ref) -> list[d
     if ref is not None:
         xt, Qt, Kt, Ut = prob.torch_args(arrays)
         run = lambda: ref.rk4(xt, Qt, Kt, Ut, 1.0, prob.causal, dt, rk4_steps)  # noqa: E731
-        diff = float(np.abs(run().numpy() - np.asarray(y_rk4)).max())
-        rows.append(_row(name, f"RK4 × {rk4_steps}", "torch", Timing.of(run, repeats),
+        t_ref, y_ref = rep.time(run)
+        rows.append(_row(name, f"RK4 × {rk4_steps}", "torch", t_ref,
                          token_steps=tok * rk4_steps, flops=4 * rk4_steps * prob.flops(),
-                         peak=peak, agreement=diff))
+                         peak=peak, agreement=_max_abs_diff(y_ref, y_rk4)))
         if importlib.util.find_spec("torchdiffeq") is not None:
             run = lambda: ref.adaptive(xt, Qt, Kt, Ut, 1.0, prob.causal, T)  # noqa: E731
-            diff = float(np.abs(run().numpy() - np.asarray(y_ad)).max())
+            t_ref, y_ref = rep.time(run)
             rows.append(_row(name, f"adaptive to T={T:g}", "torch (torchdiffeq)",
-                             Timing.of(run, repeats), token_steps=tok * steps_ad, flops=None,
-                             peak=peak, agreement=diff))
+                             t_ref, token_steps=tok * steps_ad, flops=None,
+                             peak=peak, agreement=_max_abs_diff(y_ref, y_ad)))
     return rows
 
 
-def _gradient_cases(prob: Problem, steps, repeats, ref) -> list[dict]:
+def _gradient_cases(prob: Problem, steps, rep: Repeats, ref) -> list[dict]:
     """Gradient of the final misalignment through `steps` steps vs the forward pass."""
     arrays = prob.arrays()
     dyn, x0 = prob.dynamics(arrays), jnp.asarray(arrays["x0"])
@@ -269,12 +297,13 @@ def _gradient_cases(prob: Problem, steps, repeats, ref) -> list[dict]:
                           ("layers, √L segment checkpoints", lambda m: layers("sqrt", m)),
                           ("layers, recursive checkpoints", lambda m: layers(10, m)),
                           ("RK4 flow, diffrax adjoint", flow)):
-        t_f, c_f, m_f, _ = time_jax(make(steps), x0, repeats=repeats)
-        t_g, c_g, m_g, _ = time_jax(jax.grad(make(steps)), x0, repeats=repeats)
+        t_f, c_f, m_f, _ = rep.time_jax(make(steps), x0)
+        t_g, c_g, m_g, _ = rep.time_jax(jax.grad(make(steps)), x0)
         _, _, m_g4 = compile_jax(jax.grad(make(4 * steps)), x0)
         rows.append({
             "case": "G", "variant": f"{variant}, {steps} steps", "library": "jaxattn",
             "forward_s": t_f.median, "gradient_s": t_g.median, "min_s": t_g.min, "max_s": t_g.max,
+            "calls": t_g.calls,
             "gradient_over_forward": t_g.median / t_f.median,
             "memory_forward_bytes": m_f, "memory_gradient_bytes": m_g,
             f"memory_gradient_{4 * steps}_steps_bytes": m_g4,
@@ -285,15 +314,15 @@ def _gradient_cases(prob: Problem, steps, repeats, ref) -> list[dict]:
         xt, Qt, Kt, Ut = prob.torch_args(arrays)
         fwd = lambda: ref.run_layers(xt, Qt, Kt, Ut, 1.0, prob.causal, tau, steps)  # noqa: E731
         grad = lambda: ref.grad_layers(xt, Qt, Kt, Ut, 1.0, prob.causal, tau, steps)  # noqa: E731
-        t_f, t_g = Timing.of(fwd, repeats), Timing.of(grad, repeats)
+        t_f, t_g = rep.time(fwd)[0], rep.time(grad)[0]
         rows.append({"case": "G", "variant": f"layers, autograd, {steps} steps",
                      "library": "torch", "forward_s": t_f.median, "gradient_s": t_g.median,
-                     "min_s": t_g.min, "max_s": t_g.max,
+                     "min_s": t_g.min, "max_s": t_g.max, "calls": t_g.calls,
                      "gradient_over_forward": t_g.median / t_f.median})
     return rows
 
 
-def _looped_cases(quick: bool, repeats: int, peak: float) -> list[dict]:
+def _looped_cases(quick: bool, rep: Repeats, peak: float) -> list[dict]:
     """S4 through `benchmarks/loop_vs_hf.py` (needs torch and transformers)."""
     import argparse
 
@@ -303,7 +332,8 @@ def _looped_cases(quick: bool, repeats: int, peak: float) -> list[dict]:
     if mod is None:
         return []
     prompts, tokens = (4, 32) if quick else (100, 200)
-    args = argparse.Namespace(prompts=prompts, tokens=tokens, passes=1, repeats=repeats, seed=0)
+    args = argparse.Namespace(prompts=prompts, tokens=tokens, passes=1, repeats=rep.count,
+                              budget_s=rep.budget_s, seed=0)
     rows = []
     for name in ("gpt2", "gpt-neo-125M"):
         for r in mod.bench_model(name, args, np.random.default_rng(0)):
@@ -311,7 +341,7 @@ def _looped_cases(quick: bool, repeats: int, peak: float) -> list[dict]:
             per_token = (24 if r["variant"] == "full" else 8) * d * d + 4 * tokens * d
             flops = prompts * tokens * L * per_token
             for lib, key in (("jaxattn", "jax_s_per_pass"), ("HuggingFace torch", "hf_s_per_pass")):
-                t = Timing(r[key]["median"], r[key]["min"], r[key]["max"])
+                t = Timing(r[key]["median"], r[key]["min"], r[key]["max"], r[key]["calls"])
                 row = _row("S4", f"{name} {r['variant']}, 1 pass", lib, t,
                            token_steps=prompts * tokens * L, flops=flops, peak=peak,
                            compile_s=r["jax_compile_s"] if lib == "jaxattn" else None)
@@ -337,34 +367,52 @@ QUICK = {
 ALL_CASES = ("peak", "S1", "S2", "S3", "G", "S4")
 
 
-def run_suite(*, quick: bool = False, repeats: int = 5, cases=ALL_CASES,
-              torch: bool = True, progress: Callable[[str], None] = print) -> dict:
-    """Run the benchmark suite; returns `{"peak": ..., "rows": [...], "meta": ...}`."""
+def run_suite(*, quick: bool = False, repeats: int = 3, budget_s: float = 40.0,
+              cases=ALL_CASES, torch: bool = True,
+              progress: Callable[[str], None] = print) -> dict:
+    """Run the benchmark suite; returns `{"peak": ..., "rows": [...], "meta": ...}`.
+
+    Each figure is the median of `repeats` calls after compilation, fewer once the
+    calls of that figure have taken `budget_s` seconds (at least one; each row
+    records its `calls`).
+    """
     sizes = QUICK if quick else SIZES
     ref = _reference() if torch else None
     steps = 10 if quick else 100
+    rep = Repeats(repeats, budget_s)
+    start = time.perf_counter()
+    seconds = {}
+
+    def stage(case, message):
+        seconds[case] = time.perf_counter()
+        progress(f"{message}  [{time.perf_counter() - start:.0f} s]")
+
     peak = {"best": float("nan")}
     if "peak" in cases:
-        progress("matmul peak (4096² float32)")
-        peak = matmul_peak(512 if quick else 4096, repeats)
+        stage("peak", "matmul peak (4096² float32)")
+        peak = matmul_peak(512 if quick else 4096, max(repeats, 3))
     rows = []
     if "S1" in cases:
-        progress("S1: many tiny systems (flow)")
+        stage("S1", "S1: many tiny systems (flow)")
         rows += _flow_cases("S1", sizes["S1"], 10.0, 20 if quick else 200, peak["best"],
-                            repeats, ref)
+                            rep, ref)
     if "S2" in cases:
-        progress("S2: paper-size causal (layers)")
-        rows += _layers_case("S2", sizes["S2"], steps, 0.1, peak["best"], repeats, ref)
+        stage("S2", "S2: paper-size causal (layers)")
+        rows += _layers_case("S2", sizes["S2"], steps, 0.1, peak["best"], rep, ref)
     if "S3" in cases:
-        progress("S3: GPT-2-small-sized dynamics (layers)")
-        rows += _layers_case("S3", sizes["S3"], 12, 1.0, peak["best"], repeats, ref)
+        stage("S3", "S3: GPT-2-small-sized dynamics (layers)")
+        rows += _layers_case("S3", sizes["S3"], 12, 1.0, peak["best"], rep, ref)
     if "G" in cases:
-        progress("G: gradient through the S2 dynamics")
-        rows += _gradient_cases(sizes["S2"], steps, repeats, ref)
+        stage("G", "G: gradient through the S2 dynamics")
+        rows += _gradient_cases(sizes["S2"], steps, rep, ref)
     if "S4" in cases:
-        progress("S4: looped GPT-2 / GPT-Neo, one pass (jaxattn and HuggingFace)")
-        rows += _looped_cases(quick, repeats, peak["best"])
-    return {"peak_gflops": peak, "rows": rows, "meta": _meta(quick, repeats)}
+        stage("S4", "S4: looped GPT-2 / GPT-Neo, one pass (jaxattn and HuggingFace)")
+        rows += _looped_cases(quick, rep, peak["best"])
+    end = time.perf_counter()
+    marks = list(seconds.items()) + [("end", end)]
+    meta = {**_meta(quick, repeats), "budget_s": budget_s, "suite_s": end - start,
+            "case_s": {c: marks[i + 1][1] - t for i, (c, t) in enumerate(marks[:-1])}}
+    return {"peak_gflops": peak, "rows": rows, "meta": meta}
 
 
 def _meta(quick, repeats) -> dict:
@@ -386,14 +434,14 @@ def format_table(result: dict) -> str:
     lines = ["matmul peak GFLOP/s: " + ", ".join(
         f"{k} {v:.0f}" for k, v in result["peak_gflops"].items())]
     head = f"{'case':4} {'variant':42} {'library':20} {'median s':>9} {'min':>8} {'max':>8} " \
-           f"{'tok-steps/s':>11} {'GFLOP/s':>8} {'%peak':>6} {'compile':>7}"
+           f"{'n':>2} {'tok-steps/s':>11} {'GFLOP/s':>8} {'%peak':>6} {'compile':>7}"
     lines += [head, "-" * len(head)]
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
     for r in result["rows"]:
         if r["case"] == "G":
             lines.append(
                 f"{r['case']:4} {r['variant'][:42]:42} {r['library'][:20]:20} "
-                f"{r['gradient_s']:9.4f} {r['min_s']:8.4f} {r['max_s']:8.4f} "
+                f"{r['gradient_s']:9.4f} {r['min_s']:8.4f} {r['max_s']:8.4f} {r['calls']:2d} "
                 f"grad/fwd {r['gradient_over_forward']:.2f}"
                 + (f", memory ×{r['memory_growth_4x_steps']:.2f} for 4× steps"
                    if r.get("memory_growth_4x_steps") else ""))
@@ -401,6 +449,10 @@ def format_table(result: dict) -> str:
         pct = None if r["fraction_of_peak"] is None else 100 * r["fraction_of_peak"]
         lines.append(
             f"{r['case']:4} {r['variant'][:42]:42} {r['library'][:20]:20} {r['median_s']:9.4f} "
-            f"{r['min_s']:8.4f} {r['max_s']:8.4f} {r['token_steps_per_s']:11.3g} "
+            f"{r['min_s']:8.4f} {r['max_s']:8.4f} {r['calls']:2d} {r['token_steps_per_s']:11.3g} "
             f"{fmt(r['gflops'], '8.1f'):>8} {fmt(pct, '6.1f'):>6} {fmt(r['compile_s'], '7.2f'):>7}")
+    meta = result.get("meta", {})
+    if "suite_s" in meta:
+        lines.append(f"suite: {meta['suite_s']:.0f} s (" + ", ".join(
+            f"{c} {t:.0f} s" for c, t in meta["case_s"].items()) + ")")
     return "\n".join(lines)

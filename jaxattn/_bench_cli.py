@@ -20,12 +20,15 @@ def _bench(args: argparse.Namespace) -> int:
         raise CLIError(f"unknown case(s) {unknown}; choose from {list(_bench.ALL_CASES)}.")
     if args.repeats < 1:
         raise CLIError("--repeats must be ≥ 1.")
+    if not args.budget > 0:
+        raise CLIError("--budget must be > 0 seconds.")
     out = Path(args.out)
     if out.parent and not out.parent.exists():
         raise CLIError(f"cannot write {out}: folder {out.parent} does not exist.")
     if args.cases or not args.scaling:
-        result = _bench.run_suite(quick=args.quick, repeats=args.repeats, cases=cases,
-                                  torch=not args.no_torch, progress=lambda m: print(f"· {m}"))
+        result = _bench.run_suite(quick=args.quick, repeats=args.repeats, budget_s=args.budget,
+                                  cases=cases, torch=not args.no_torch,
+                                  progress=lambda m: print(f"· {m}", flush=True))
         print(_bench.format_table(result))
         write_json(out, result)
         print(f"wrote {out}")
@@ -48,7 +51,10 @@ def _scaling(args: argparse.Namespace, folder: Path) -> None:
 def register(sub) -> None:
     p = sub.add_parser("bench", help="run the benchmark suite (table + JSON)")
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per figure (default 5)")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per figure (default 3)")
+    p.add_argument("--budget", type=float, default=40.0, metavar="SECONDS",
+                   help="fewer calls once a figure's calls took this long (default 40; "
+                        "at least one call; the JSON records the count)")
     p.add_argument("--cases", nargs="+", metavar="CASE",
                    help="subset of: peak S1 S2 S3 G S4 (default: all)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch references")

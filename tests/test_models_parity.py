@@ -12,6 +12,8 @@ and 0, which would hide a swapped weight/bias).
 import os
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -105,17 +107,19 @@ class ZeroMLP(torch.nn.Module):
         return torch.zeros_like(x)
 
 
-def hf_loop(model, ids, passes: int, ffn: bool) -> np.ndarray:
+def hf_loop(model, ids, passes: int, ffn: bool, dtype=torch.float32) -> np.ndarray:
     """The paper's protocol on HF blocks (GPT-Consensus), with the causal mask passed
-    explicitly (transformers ≥ 5 GPT-2 blocks called directly do not mask)."""
+    explicitly (transformers ≥ 5 GPT-2 blocks called directly do not mask); `E` in
+    float32 whatever the model's dtype."""
     if not ffn:
         for block in model.h:
             block.ln_2 = torch.nn.Identity()
             block.mlp = ZeroMLP()
     n = ids.shape[1]
-    mask = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)[None, None]
+    mask = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype).triu(1)[None, None]
 
     def E(h):
+        h = h.float()
         u = h / h.norm(dim=-1, keepdim=True)
         return (1 - (u[:, :1] * u).sum(-1).mean(-1)).numpy()
 
@@ -142,6 +146,34 @@ def test_loop_matches_hf_blocks_looped_by_hand(tmp_path, family, ffn, seed):
     ours = np.asarray(ja.models.loop(model, ids, passes=3, ffn=ffn))
     assert ours.shape == ref.shape == (3, 3 * 3 + 1)
     assert np.max(np.abs(ours - ref) / np.abs(ref)) <= TOL
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_reduced_precision_loop_matches_hf_in_the_same_precision(tmp_path, dtype, seed):
+    """bfloat16/float16 compute (float32 accumulation) against HuggingFace run in the
+    same dtype: both stay within the precision's noise of the float32 curve."""
+    hf = tiny("gpt2")
+    hf.save_pretrained(tmp_path)
+    model = ja.models.load(tmp_path)
+    ids = np.random.default_rng(seed).integers(0, hf.config.vocab_size, (3, 9))
+    E32 = np.asarray(ja.models.loop(model, ids, passes=3))
+    ours = np.asarray(ja.models.loop(model, ids, passes=3, dtype=getattr(jnp, dtype)))
+    ref = hf_loop(hf.to(getattr(torch, dtype)), ids, passes=3, ffn=True,
+                  dtype=getattr(torch, dtype))
+    eps = float(jnp.finfo(getattr(jnp, dtype)).eps)
+    ours_vs_ref, ours_vs_32, ref_vs_32 = (float(np.max(np.abs(a - b))) for a, b in
+                                         ((ours, ref), (ours, E32), (ref, E32)))
+    print(f"{dtype} (eps {eps:.1e}): |ours − HF| {ours_vs_ref:.1e}, |ours − f32| "
+          f"{ours_vs_32:.1e}, |HF − f32| {ref_vs_32:.1e}")
+    assert ours.dtype == np.float32
+    assert 0 < ours_vs_32 <= 8 * eps  # really computed in the reduced precision
+    assert ours_vs_ref <= 8 * eps
+
+
+def test_loop_rejects_non_float_dtype():
+    model = ja.models.init("gpt2", jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="floating dtype"):
+        ja.models.loop(model, np.zeros((1, 4), int), passes=1, dtype=jnp.int32)
 
 
 # --- the two packaged trained models ------------------------------------------------

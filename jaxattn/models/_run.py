@@ -177,7 +177,10 @@ def loop(
       (embeddings from that draw; fresh blocks before every pass `p`, drawn with
       `fold_in(key, p)`).
     - `key`: the random key for `"random"`/`"resample"` (default `PRNGKey(0)`).
-    - `dtype`: compute dtype (`jnp.float32` or `jnp.bfloat16`); `E` is float32.
+    - `dtype`: compute dtype: `jnp.float32` (default), or `jnp.bfloat16` /
+      `jnp.float16` for reduced-precision compute with float32 accumulation in
+      every matrix product and float32 softmax and normalisation statistics (as
+      HuggingFace does); `E` is float32.
     - `save_states`: depths (0 = embeddings, `p·L + l` = after block `l` of pass
       `p`) whose hidden states to return as well.
 
@@ -191,6 +194,14 @@ def loop(
         raise ValueError(f"`passes` must be an integer ≥ 1, got {passes!r}.")
     if weights not in WEIGHTS:
         raise ValueError(f"`weights` must be one of {WEIGHTS}, got {weights!r}.")
+    try:
+        dtype = jnp.dtype(dtype)
+    except TypeError:
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(
+            "`dtype` must be a floating dtype (jnp.float32, jnp.bfloat16 or jnp.float16)."
+        )
     depths = tuple(int(d) for d in (save_states or ()))
     total = int(passes) * model.num_layers
     if any(not 0 <= d <= total for d in depths):
@@ -199,7 +210,7 @@ def loop(
     if weights != "trained":
         model = FAMILIES[model.config.model_type].init(model.config, key)
     E, states = _loop(model, check_ids(model, ids), key, passes=int(passes), ffn=bool(ffn),
-                      weights=weights, dtype=jnp.dtype(dtype), depths=depths)
+                      weights=weights, dtype=dtype, depths=depths)
     if np.ndim(ids) == 1:
         E, states = E[0], states[0]
     return (E, states) if save_states is not None else E

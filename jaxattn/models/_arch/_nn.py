@@ -37,6 +37,13 @@ def normal(key, shape, std: float, dtype=jnp.float32) -> Array:
     return std * jax.random.normal(key, shape, dtype)
 
 
+def _einsum(spec: str, a: Array, b: Array, dtype) -> Array:
+    """`einsum` with both operands in `dtype` and float32 accumulation (bfloat16 /
+    float16 compute keeps float32 sums; for float32 it is the plain einsum)."""
+    out = jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+    return out.astype(dtype)
+
+
 class Linear(eqx.Module):
     """`y = x Wᵀ + b` on each token; `weight` is `(out, in)`."""
 
@@ -44,7 +51,8 @@ class Linear(eqx.Module):
     bias: Float[Array, " o"] | None
 
     def __call__(self, x: Float[Array, "n i"]) -> Float[Array, "n o"]:
-        y = x @ self.weight.T.astype(x.dtype)
+        y = jnp.matmul(x, self.weight.T.astype(x.dtype), preferred_element_type=jnp.float32)
+        y = y.astype(x.dtype)
         return y if self.bias is None else y + self.bias[None].astype(x.dtype)
 
     @staticmethod
@@ -61,9 +69,10 @@ class LayerNorm(eqx.Module):
     eps: float = eqx.field(static=True)
 
     def __call__(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        mean = jnp.mean(x, axis=-1, keepdims=True)
-        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-        y = (x - mean) * jax.lax.rsqrt(var + self.eps)
+        x32 = x.astype(jnp.float32)  # statistics in float32 for reduced precisions
+        mean = jnp.mean(x32, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+        y = ((x32 - mean) * jax.lax.rsqrt(var + self.eps)).astype(x.dtype)
         return y * self.weight[None].astype(x.dtype) + self.bias[None].astype(x.dtype)
 
     @staticmethod
@@ -124,7 +133,7 @@ class Attention(eqx.Module):
         return self.key.shape[-3]
 
     def _project(self, w, b, x):
-        y = jnp.einsum("hkd,nd->hnk", w.astype(x.dtype), x)
+        y = _einsum("hkd,nd->hnk", w, x, x.dtype)
         return y if b is None else y + b[:, None, :].astype(x.dtype)
 
     def __call__(
@@ -142,11 +151,11 @@ class Attention(eqx.Module):
         if group > 1:
             k, v = jnp.repeat(k, group, axis=0), jnp.repeat(v, group, axis=0)
         # Scores and softmax in float32 (as HuggingFace does for reduced precisions).
-        s = jnp.einsum("hik,hjk->hij", q, k).astype(jnp.float32) * self.scale
+        s = jnp.einsum("hik,hjk->hij", q, k, preferred_element_type=jnp.float32) * self.scale
         s = jnp.where(mask[None], s, jnp.finfo(jnp.float32).min)
         a = jax.nn.softmax(s, axis=-1).astype(x.dtype)
-        o = jnp.einsum("hij,hjk->ihk", a, v)
-        y = jnp.einsum("ihk,dhk->id", o, self.output.astype(x.dtype))
+        o = _einsum("hij,hjk->ihk", a, v, x.dtype)
+        y = _einsum("ihk,dhk->id", o, self.output, x.dtype)
         return y if self.output_bias is None else y + self.output_bias[None].astype(x.dtype)
 
     @staticmethod

@@ -54,18 +54,21 @@ class ZeroMLP(torch.nn.Module):
 
 
 def hf_misalignment(h: torch.Tensor) -> torch.Tensor:
+    h = h.float()
     unit = h / h.norm(dim=-1, keepdim=True)
     return 1 - (unit[:, :1] * unit).sum(-1).mean(-1)
 
 
 def hf_loop(model, ids: torch.Tensor, passes: int, ffn: bool) -> np.ndarray:
-    """The paper's loop on HuggingFace blocks: (B, passes·L + 1) misalignment."""
+    """The paper's loop on HuggingFace blocks: (B, passes·L + 1) misalignment, in the
+    model's dtype (`E` in float32)."""
     blocks = model.h
     if not ffn:  # as the paper's patch_skip_mlp, on copies-by-reference of the blocks
         for block in blocks:
             block.ln_2, block.mlp = torch.nn.Identity(), ZeroMLP()
     n = ids.shape[1]
-    mask = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)[None, None]
+    dtype = model.wte.weight.dtype
+    mask = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype).triu(1)[None, None]
     with torch.no_grad():
         hidden = model.wte(ids) + model.wpe(torch.arange(n)[None])
         out = [hf_misalignment(hidden)]
@@ -78,11 +81,11 @@ def hf_loop(model, ids: torch.Tensor, passes: int, ffn: bool) -> np.ndarray:
     return torch.stack(out, 1).numpy()
 
 
-def compile_loop(model, ids, *, passes: int, ffn: bool):
+def compile_loop(model, ids, *, passes: int, ffn: bool, dtype: str = "float32"):
     """Compile `jm.loop`'s program ahead of time: (compile seconds, a zero-argument
     call of the compiled program returning `E` (B, passes·L + 1))."""
     args = (model, jnp.asarray(ids), jax.random.PRNGKey(0))
-    kwargs = dict(passes=passes, ffn=ffn, weights="trained", dtype=jnp.dtype(jnp.float32),
+    kwargs = dict(passes=passes, ffn=ffn, weights="trained", dtype=jnp.dtype(dtype),
                   depths=())
     compile_s, compiled = time_call(lambda: _run._loop.lower(*args, **kwargs).compile())
     return compile_s, lambda: jax.block_until_ready(compiled(*args, **kwargs)[0])
@@ -100,9 +103,10 @@ def summary(ts: list[float]) -> dict:
 
 def bench_variant(name, folder, model, ids, ffn: bool, args) -> dict:
     hf_model = CLASSES[name].from_pretrained(folder).eval()  # fresh: the patch mutates it
+    hf_model = hf_model.to(getattr(torch, args.dtype))
     ids_t = torch.from_numpy(ids)
 
-    compile_s, run_jax = compile_loop(model, ids, passes=args.passes, ffn=ffn)
+    compile_s, run_jax = compile_loop(model, ids, passes=args.passes, ffn=ffn, dtype=args.dtype)
     jax_t, hf_t = [], []
     # Interleaved pairs: `--repeats` of them, fewer once the pairs have taken twice
     # `--budget-s` (always one).
@@ -115,7 +119,8 @@ def bench_variant(name, folder, model, ids, ffn: bool, args) -> dict:
         hf_t.append(t / args.passes)
     jax_s, hf_s = summary(jax_t), summary(hf_t)
     return {
-        "model": name, "variant": "full" if ffn else "attn", "prompts": args.prompts,
+        "model": name, "variant": "full" if ffn else "attn", "dtype": args.dtype,
+        "prompts": args.prompts,
         "tokens": args.tokens, "passes": args.passes, "jax_s_per_pass": jax_s,
         "hf_s_per_pass": hf_s, "speedup": hf_s["median"] / jax_s["median"],
         "jax_compile_s": compile_s,
@@ -130,7 +135,7 @@ def bench_model(name: str, args, rng) -> list[dict]:
         CLASSES[name](CONFIGS[name]()).save_pretrained(folder)
         model = jm.load(folder)
         ids = rng.integers(0, model.config.vocab_size, (args.prompts, args.tokens))
-        for ffn in (False, True):
+        for ffn in (v == "full" for v in args.variants):
             rows.append(bench_variant(name, folder, model, ids, ffn, args))
             print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -146,6 +151,10 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=float("inf"),
                    help="stop repeating a variant once its timed pairs took 2× this")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="compute dtype of both sides (reduced precisions: float32 "
+                        "accumulation in jaxattn)")
+    p.add_argument("--variants", nargs="+", default=["attn", "full"], choices=["attn", "full"])
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args()
     print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__} "

@@ -333,7 +333,8 @@ def _looped_cases(quick: bool, rep: Repeats, peak: float) -> list[dict]:
         return []
     prompts, tokens = (4, 32) if quick else (100, 200)
     args = argparse.Namespace(prompts=prompts, tokens=tokens, passes=1, repeats=rep.count,
-                              budget_s=rep.budget_s, seed=0)
+                              budget_s=rep.budget_s, seed=0, dtype="float32",
+                              variants=["attn", "full"])
     rows = []
     for name in ("gpt2", "gpt-neo-125M"):
         for r in mod.bench_model(name, args, np.random.default_rng(0)):

@@ -10,16 +10,13 @@ from jaxtyping import Array, Float
 from ._dynamics import SelfAttentionDynamics
 from ._manifold import project
 from ._sharding import as_mesh, shard_batch, unshard
-from ._validate import as_float_array, check_tokens
+from ._validate import as_float_array, check_tokens, check_tokens_now, is_concrete
 
 
-def prepare_tokens(dyn: SelfAttentionDynamics, x0, name: str = "x0") -> Float[Array, "*batch n d"]:
-    """Check `x0` against the model and put it on `E_W`.
-
-    Initial tokens need not lie on the ellipsoid: they are normalised with `N_W`
-    (documented behaviour of every simulator). NaN/inf entries or zero tokens
-    raise an error instead.
-    """
+def check_token_shape(
+    dyn: SelfAttentionDynamics, x0, name: str = "x0"
+) -> Float[Array, "*batch n d"]:
+    """`x0` as a float array of shape `(..., n, d)` in the compute dtype, or an error."""
     if not isinstance(dyn, SelfAttentionDynamics):
         raise TypeError(
             f"expected a ja.SelfAttentionDynamics as the model, got {type(dyn).__name__}."
@@ -31,8 +28,22 @@ def prepare_tokens(dyn: SelfAttentionDynamics, x0, name: str = "x0") -> Float[Ar
             f"`{name}` must have shape (..., n, d) with d={d} (the model's dimension), "
             f"got {x0.shape}."
         )
-    dtype = jnp.result_type(x0.dtype, jnp.result_type(float))
-    x0 = check_tokens(x0.astype(dtype), dyn.W)
+    return x0.astype(jnp.result_type(x0.dtype, jnp.result_type(float)))
+
+
+def prepare_tokens(
+    dyn: SelfAttentionDynamics, x0, name: str = "x0", *, checks: bool = True
+) -> Float[Array, "*batch n d"]:
+    """Check `x0` against the model and put it on `E_W`.
+
+    Initial tokens need not lie on the ellipsoid: they are normalised with `N_W`
+    (documented behaviour of every simulator). NaN/inf entries or zero tokens
+    raise an error instead (inside `jit`; with `checks=False` the caller has
+    checked them already).
+    """
+    x0 = check_token_shape(dyn, x0, name)
+    if checks:
+        x0 = check_tokens(x0, dyn.W)
     return project(x0, dyn.W)
 
 
@@ -50,11 +61,27 @@ def map_batch(fn: Callable, x0: Float[Array, "*batch n d"]):
 
 
 def call_batched(jitted: Callable, dyn, x0, devices, *args):
-    """Call `jitted(dyn, x0, *args)`, sharding the batch axes of `x0` over `devices`."""
+    """Call `jitted(dyn, x0, *args, checks)`, sharding the batch axes of `x0` over
+    `devices`.
+
+    Unsharded, or when an input is traced (an outer `jit`/`grad`), the value
+    checks run inside the program (`checks=True`, `eqx.error_if`). A sharded run
+    of concrete inputs leaves them out (`checks=False`): `eqx.error_if` is a host
+    callback that XLA places on one device, so the whole batch would be gathered
+    there and the work not split, and an error raised by that device would leave
+    the others waiting in a collective. The tokens are then checked here, before
+    the run, and the caller checks the outputs after it.
+
+    **Returns:** `(out, checked)`; with `checked=False` the caller must check `out`
+    on the host.
+    """
     mesh = as_mesh(devices)
     x0 = as_float_array(x0, "x0")
     batch = x0.shape[:-2]
     if mesh is None or not batch:
-        return jitted(dyn, x0, *args)
+        return jitted(dyn, x0, *args, True), True
+    concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args)))
+    if concrete:
+        check_tokens_now(check_token_shape(dyn, x0), dyn.W)
     flat, size = shard_batch(x0, mesh, len(batch))
-    return unshard(jitted(dyn, flat, *args), size, batch)
+    return unshard(jitted(dyn, flat, *args, not concrete), size, batch), not concrete

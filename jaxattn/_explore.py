@@ -28,6 +28,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree, Real
 
+from ._batch import prepare_tokens
 from ._dynamics import SelfAttentionDynamics
 from ._explore_constraints import (
     Constraints,
@@ -39,10 +40,11 @@ from ._explore_constraints import (
     trainable_filter,
     weight_violation,
 )
-from ._flow import solve_flow
-from ._layers import run_layers
+from ._flow import solve_flow_unchecked
+from ._layers import run_layers_unchecked
 from ._manifold import project, sample_ellipsoid, w_inner
 from ._metrics import misalignment
+from ._sharding import as_mesh, shard_batch
 
 OBJECTIVES = ("final", "integrated", "consensus_time", "lyapunov")
 TARGETS = ("tokens", "weights", "both")
@@ -115,16 +117,18 @@ class Horizon(eqx.Module):
     max_steps: int = eqx.field(static=True)
 
     def trajectory(self, dyn, x0: Float[Array, "n d"]) -> Float[Array, "T n d"]:
+        # Unchecked runs (the tokens are on E_W by construction): one restart whose
+        # run fails (step budget, overflow) must not abort the batch; its value
+        # becomes NaN and `_Loop.step` rejects that step. They also leave no host
+        # callback in the program, so sharded restarts split across devices.
         if self.model == "layers":
-            return run_layers(dyn, x0, self.num_layers, self.tau)
+            return run_layers_unchecked(dyn, x0, self.num_layers, self.tau)[0]
         # Backsolve integrates an augmented state; the retraction wrapper only
         # knows token arrays, so that adjoint solves the ambient ODE.
         on_manifold = not isinstance(self.adjoint, dfx.BacksolveAdjoint)
-        # throw=False: one restart whose solve fails (step budget, overflow) must not
-        # abort the batch; its value becomes NaN and `_Loop.step` rejects that step.
-        out = solve_flow(dyn, x0, self.ts, solver=self.solver, rtol=self.rtol,
-                         atol=self.atol, max_steps=self.max_steps, adjoint=self.adjoint,
-                         on_manifold=on_manifold, throw=False)
+        out = solve_flow_unchecked(dyn, x0, self.ts, solver=self.solver, rtol=self.rtol,
+                                   atol=self.atol, max_steps=self.max_steps,
+                                   adjoint=self.adjoint, on_manifold=on_manifold)
         return jnp.where(out.success, out.ys, jnp.nan)
 
 
@@ -188,7 +192,7 @@ def consensus_objective(
 
 @eqx.filter_jit
 def _objective_jit(fn, hz, dyn, x0):
-    ys = hz.trajectory(dyn, project(x0, dyn.W))
+    ys = hz.trajectory(dyn, prepare_tokens(dyn, x0))
     return fn(hz.ts.astype(ys.dtype), ys, dyn)
 
 
@@ -512,6 +516,7 @@ def slow_consensus(
     baseline_samples: int = 0,
     key: PRNGKeyArray | None = None,
     progress: bool = False,
+    devices=None,
 ) -> Exploration:
     """Search initial tokens and/or weights that maximise a measure of
     non-consensus at a horizon, by gradient ascent through the dynamics.
@@ -548,6 +553,9 @@ def slow_consensus(
     - `baseline_samples`: extra random starts for the baseline (key `init` only).
     - `key`: for the weight noise and the baseline samples.
     - `progress`: show a progress bar.
+    - `devices`: shard the restarts over devices (`None`, an int, a list of
+      devices or a `Mesh`, as in `ja.run_layers`): each device optimises its share
+      of the restarts. Results equal the unsharded run.
 
     **Returns:**
 
@@ -562,8 +570,14 @@ def slow_consensus(
     train = (x if loop.train_x else None, state_w if loop.train_w else None)
     opt_state = jax.vmap(loop.optimizer.init)(train)
     state = (x, state_w, opt_state, z)
+    mesh = as_mesh(devices)
+    if mesh is not None:  # pad the restarts with copies of restart 0, dropped below
+        state = jax.tree.map(lambda a: shard_batch(a, mesh, 1)[0], state)
     (best_v, best_x, best_w), trace, violation = _run_loop(
         loop, state, int(steps), progress, "slow_consensus")
+    R = x.shape[0]
+    best_v, best_x, best_w = jax.tree.map(lambda a: a[:R], (best_v, best_x, best_w))
+    trace, violation = trace[:, :R], violation[:, :R]
     baseline = trace[0]
     if baseline_samples and not _is_tokens(init):
         baseline = np.concatenate([baseline, _baseline(loop, dyn, init, n, baseline_samples,

@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 import diffrax as dfx
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Real
@@ -12,7 +13,14 @@ from jaxtyping import Array, Bool, Float, Int, Real
 from ._batch import call_batched, map_batch, prepare_tokens
 from ._dynamics import SelfAttentionDynamics
 from ._manifold import project
-from ._validate import NONFINITE, as_float_array, check_count, check_scalar, is_concrete
+from ._validate import (
+    NONFINITE,
+    as_float_array,
+    check_count,
+    check_scalar,
+    is_concrete,
+    raise_unless,
+)
 
 
 class ManifoldSolver(dfx.AbstractWrappedSolver):
@@ -116,24 +124,37 @@ def _solve_one(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw):
         throw=throw,
         args=dyn,
     )
-    return sol.ys, sol.result == dfx.RESULTS.successful, sol.stats["num_accepted_steps"]
+    return sol.ys, sol.result, sol.stats["num_accepted_steps"]
 
 
 @eqx.filter_jit
-def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw, project_out):
-    x0 = prepare_tokens(dyn, x0)
+def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw, project_out,
+                   checks):
+    x0 = prepare_tokens(dyn, x0, checks=checks)
     ts = ts.astype(x0.dtype)
-    ys, ok, steps = map_batch(
-        lambda x: _solve_one(dyn, x, ts, solver, controller, dt0, max_steps, adjoint, throw), x0
+    throw_now = throw and checks  # else the caller raises diffrax's message on the host
+    ys, result, steps = map_batch(
+        lambda x: _solve_one(dyn, x, ts, solver, controller, dt0, max_steps, adjoint,
+                             throw_now), x0
     )
     # Saved values between steps come from the solver's dense interpolant, which
     # leaves E_W by up to the local error; retract them like the steps.
     if project_out:
         ys = project(ys, dyn.W)
-    finite = jnp.all(jnp.isfinite(ys), axis=tuple(range(ok.ndim, ys.ndim)))
-    if throw:
+    solved = result == dfx.RESULTS.successful
+    finite = jnp.all(jnp.isfinite(ys), axis=tuple(range(solved.ndim, ys.ndim)))
+    if throw_now:
         ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
-    return ys, ok & finite, steps
+    return ys, solved, finite, steps, result
+
+
+def _raise_failure(solved, finite, result) -> None:
+    """On the host, after a sharded run: the error `throw=True` raises inside `jit`."""
+    if not bool(jnp.all(solved)):
+        first = jnp.argmin(solved.reshape(-1))
+        item = jax.tree.map(lambda a: a.reshape(-1)[first], result)
+        raise_unless(False, dfx.RESULTS[item])
+    raise_unless(finite, NONFINITE)
 
 
 def solve_flow(
@@ -183,12 +204,41 @@ def solve_flow(
       and a `FlowResult(ys, success, num_steps)` with a per-sample status is
       returned instead of `ys`.
     - `devices`: shard the batch over devices (`None`, an int, a list of devices
-      or a `Mesh`). Results equal the unsharded run.
+      or a `Mesh`; see `docs/multihost.md`): each device integrates its share of
+      the batch. Results equal the unsharded run; bad tokens raise a `ValueError`
+      before the run, and with `throw=True` a failed solve raises the same error
+      as unsharded after it.
 
     **Returns:**
 
     `ys` of shape `(..., len(ts), n, d)`, or a `FlowResult` when `throw=False`.
     """
+    options = _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
+                       on_manifold)
+    (ys, solved, finite, steps, result), checked = call_batched(
+        _solve_batched, dyn, x0, devices, *options, adjoint, bool(throw), bool(on_manifold)
+    )
+    if throw and not checked:
+        _raise_failure(solved, finite, result)
+    return ys if throw else FlowResult(ys, solved & finite, steps)
+
+
+def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-8,
+                         max_steps=16384, dt0=None, adjoint=dfx.RecursiveCheckpointAdjoint(),
+                         stepsize_controller=None, on_manifold=True) -> FlowResult:
+    """`solve_flow(..., throw=False)` without value checks, for batches that are
+    vmapped or sharded by the caller (no host callback in the program). `x0` must
+    be finite and have no zero token."""
+    options = _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
+                       on_manifold)
+    ys, solved, finite, steps, _ = _solve_batched(
+        dyn, x0, *options, adjoint, False, bool(on_manifold), False
+    )
+    return FlowResult(ys, solved & finite, steps)
+
+
+def _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, on_manifold):
+    """Checked `(ts, solver, controller, dt0, max_steps)` for `_solve_batched`."""
     if not isinstance(dyn, SelfAttentionDynamics):
         raise TypeError(f"expected a ja.SelfAttentionDynamics, got {type(dyn).__name__}.")
     if not isinstance(solver, dfx.AbstractSolver):
@@ -213,8 +263,4 @@ def solve_flow(
         dt0 = float(check_scalar(dt0, "dt0", positive=True))
     if on_manifold:
         solver = ManifoldSolver(solver, dyn.W)
-    ys, ok, steps = call_batched(
-        _solve_batched, dyn, x0, devices, ts, solver, controller, dt0, max_steps, adjoint,
-        bool(throw), bool(on_manifold),
-    )
-    return ys if throw else FlowResult(ys, ok, steps)
+    return ts, solver, controller, dt0, max_steps

@@ -12,7 +12,7 @@ from jaxtyping import Array, Float, PyTree, Real
 
 from ._batch import call_batched, map_batch, prepare_tokens
 from ._dynamics import SelfAttentionDynamics
-from ._validate import NONFINITE, check_count, check_scalar
+from ._validate import NONFINITE, check_count, check_scalar, raise_unless
 
 
 def _identity(x):
@@ -66,12 +66,24 @@ def _segmented_scan(step, x0, ks):
 
 
 @eqx.filter_jit
-def _run_batched(dyn, x0, num_layers, tau, observe, checkpoints):
-    x0 = prepare_tokens(dyn, x0)
+def _run_batched(dyn, x0, num_layers, tau, observe, checkpoints, checks):
+    x0 = prepare_tokens(dyn, x0, checks=checks)
     tau = tau.astype(x0.dtype)
     last, ys = map_batch(lambda x: _run(dyn, x, num_layers, tau, observe, checkpoints), x0)
     # NaN propagates through the layers, so the last tokens tell whether any appeared.
-    return eqx.error_if(ys, ~jnp.all(jnp.isfinite(last)), NONFINITE)
+    finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
+    if checks:
+        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
+    return ys, finite
+
+
+def run_layers_unchecked(dyn, x0, num_layers: int, tau) -> tuple[Array, Array]:
+    """`run_layers` without value checks, for batches that are vmapped or sharded
+    by the caller: the tokens after each layer and, per sequence, whether they
+    stayed finite. `x0` must be finite and have no zero token, `tau` > 0."""
+    tau = jnp.asarray(tau)
+    return _run_batched(dyn, x0, check_count(num_layers, "num_layers"), tau, _identity, None,
+                        False)
 
 
 def run_layers(
@@ -110,7 +122,9 @@ def run_layers(
       layer recomputed once (a gradient costs about one forward pass more than
       with `None`; the fastest choice with sub-linear memory).
     - `devices`: shard the batch over devices (`None`, an int, a list of devices
-      or a `Mesh`; see `jaxattn._sharding`). Results equal the unsharded run.
+      or a `Mesh`; see `docs/multihost.md`): each device runs the layers of its
+      share of the batch. Results equal the unsharded run; bad tokens raise a
+      `ValueError` before the run and non-finite results an error after it.
 
     **Returns:**
 
@@ -131,4 +145,8 @@ def run_layers(
     observe = _identity if observe is None else observe
     if not callable(observe):
         raise TypeError(f"`observe` must be a function of (n, d) tokens, got {observe!r}.")
-    return call_batched(_run_batched, dyn, x0, devices, num_layers, tau, observe, checkpoints)
+    (ys, finite), checked = call_batched(_run_batched, dyn, x0, devices, num_layers, tau,
+                                         observe, checkpoints)
+    if not checked:
+        raise_unless(finite, NONFINITE)
+    return ys

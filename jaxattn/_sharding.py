@@ -4,9 +4,12 @@ Every batched entry point takes `devices=`: `None` (one device, the default), an
 int (the first that many devices), a sequence of devices, or a `jax.sharding.Mesh`
 (its first axis shards the batch). The batch is flattened, padded to a multiple
 of the device count with copies of its first sample, placed with a
-`NamedSharding`, run by the same compiled program (XLA partitions it), and the
-padding is dropped. Results equal the single-device run. On several hosts, call
-`jax.distributed.initialize()` first and pass a `Mesh` over `jax.devices()`.
+`NamedSharding`, run by the same compiled program, and the padding is dropped.
+XLA partitions the program, so each device computes its own share of the batch;
+the program must contain no host callback (`eqx.error_if`), which XLA would place
+on one device with the whole batch (see `_batch.call_batched`). Results equal the
+single-device run. On several hosts, call `jax.distributed.initialize()` first and
+pass a `Mesh` over `jax.devices()`.
 """
 
 from collections.abc import Sequence

@@ -111,20 +111,46 @@ NONFINITE = (
 )
 
 
+TOKENS_NONFINITE = "jaxattn: the initial tokens contain NaN or inf; pass finite tokens."
+TOKENS_ZERO = (
+    "jaxattn: an initial token is zero, so it has no projection onto the "
+    "ellipsoid; every token needs |x_i|_W > 0."
+)
+
+
+def _token_defects(x, W) -> tuple[Array, Array]:
+    """Whether `x` has a NaN/inf entry, and whether it has a zero token."""
+    bad_value = ~jnp.all(jnp.isfinite(x))
+    sq = jnp.sum(x * x if W is None else x * (x @ W.T), axis=-1)
+    return bad_value, jnp.any(sq <= jnp.finfo(x.dtype).tiny)
+
+
 def check_tokens(x: Float[Array, "*batch n d"], W) -> Float[Array, "*batch n d"]:
     """Refuse NaN/inf entries and zero tokens (they have no point on `E_W`).
 
     Runs inside `jit` through `eqx.error_if`; the returned array must be used.
     """
-    bad_value = ~jnp.all(jnp.isfinite(x))
-    x = eqx.error_if(
-        x, bad_value, "jaxattn: the initial tokens contain NaN or inf; pass finite tokens."
-    )
-    sq = jnp.sum(x * x if W is None else x * (x @ W.T), axis=-1)
-    zero = jnp.any(sq <= jnp.finfo(x.dtype).tiny)
-    return eqx.error_if(
-        x,
-        zero,
-        "jaxattn: an initial token is zero, so it has no projection onto the "
-        "ellipsoid; every token needs |x_i|_W > 0.",
-    )
+    bad_value, _ = _token_defects(x, W)
+    x = eqx.error_if(x, bad_value, TOKENS_NONFINITE)
+    _, zero = _token_defects(x, W)
+    return eqx.error_if(x, zero, TOKENS_ZERO)
+
+
+_token_defects_jit = jax.jit(_token_defects)
+
+
+def check_tokens_now(x: Float[Array, "*batch n d"], W) -> None:
+    """`check_tokens` on concrete tokens, before a run: a `ValueError` with the same
+    message."""
+    bad_value, zero = jax.device_get(_token_defects_jit(x, W))
+    if bad_value:
+        raise ValueError(TOKENS_NONFINITE)
+    if zero:
+        raise ValueError(TOKENS_ZERO)
+
+
+def raise_unless(ok, message: str) -> None:
+    """After a sharded run: raise `message` (as `eqx.error_if` would inside `jit`,
+    an `EquinoxRuntimeError`) unless every entry of `ok` is true."""
+    if not bool(jnp.all(ok)):
+        raise eqx.EquinoxRuntimeError(message)

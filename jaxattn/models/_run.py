@@ -10,6 +10,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from .._metrics import misalignment
+from .._sharding import as_mesh, shard_batch, unshard
 from ._arch import FAMILIES, AbstractTransformer
 
 WEIGHTS = ("trained", "random", "resample")
@@ -71,8 +72,18 @@ def _hidden_states(model, ids, ffn: bool):
     return jnp.concatenate([x[None], xs]).swapaxes(0, 1)
 
 
+def _call_sharded(fn, ids, devices, *args, **kwargs):
+    """`fn(ids, ...)` with the prompts `(B, n)` sharded over `devices` (see
+    `ja.run_layers`); padding rows are dropped from every output."""
+    mesh = as_mesh(devices)
+    if mesh is None:
+        return fn(ids, *args, **kwargs)
+    flat, size = shard_batch(ids, mesh, 1)
+    return unshard(fn(flat, *args, **kwargs), size, (size,))
+
+
 def hidden_states(
-    model: AbstractTransformer, ids: Int[Array, "*B n"], *, ffn: bool = True
+    model: AbstractTransformer, ids: Int[Array, "*B n"], *, ffn: bool = True, devices=None
 ) -> Float[Array, "*B L+1 n d"]:
     """The hidden states after every block, as HuggingFace's `output_hidden_states`.
 
@@ -85,6 +96,8 @@ def hidden_states(
     - `model`: from `ja.models.load` or `ja.models.init`.
     - `ids`: token ids `(n,)` or `(B, n)`.
     - `ffn`: `False` drops every block's feed-forward sub-block with its norm.
+    - `devices`: shard the prompts over devices (`None`, an int, a list of
+      devices or a `Mesh`, as in `ja.run_layers`); results equal the unsharded run.
 
     **Returns:**
 
@@ -92,7 +105,7 @@ def hidden_states(
     """
     check_model(model)
     batch = check_ids(model, ids)
-    hs = _hidden_states(model, batch, ffn)
+    hs = _call_sharded(lambda b: _hidden_states(model, b, ffn), batch, devices)
     return hs[0] if np.ndim(ids) == 1 else hs
 
 
@@ -155,6 +168,7 @@ def loop(
     key=None,
     dtype=jnp.float32,
     save_states: Sequence[int] | None = None,
+    devices=None,
 ):
     """Run a model far past its depth (paper 001 §6.2) and record `E` after every block.
 
@@ -183,6 +197,9 @@ def loop(
       HuggingFace does); `E` is float32.
     - `save_states`: depths (0 = embeddings, `p·L + l` = after block `l` of pass
       `p`) whose hidden states to return as well.
+    - `devices`: shard the prompts over devices (`None`, an int, a list of
+      devices or a `Mesh`, as in `ja.run_layers`): each device loops its share of
+      the prompts. Results equal the unsharded run.
 
     **Returns:**
 
@@ -209,8 +226,11 @@ def loop(
     key = jax.random.PRNGKey(0) if key is None else key
     if weights != "trained":
         model = FAMILIES[model.config.model_type].init(model.config, key)
-    E, states = _loop(model, check_ids(model, ids), key, passes=int(passes), ffn=bool(ffn),
-                      weights=weights, dtype=dtype, depths=depths)
+    E, states = _call_sharded(
+        lambda b: _loop(model, b, key, passes=int(passes), ffn=bool(ffn), weights=weights,
+                        dtype=dtype, depths=depths),
+        check_ids(model, ids), devices,
+    )
     if np.ndim(ids) == 1:
         E, states = E[0], states[0]
     return (E, states) if save_states is not None else E

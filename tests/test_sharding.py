@@ -1,0 +1,197 @@
+"""`devices=`: the work is split across devices (the compiled loops carry only the
+per-device share of the batch), results and gradients equal the unsharded run,
+and bad input raises at once instead of stalling the devices.
+
+Each test runs a script in a subprocess with four forced CPU devices."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+_PRELUDE = textwrap.dedent(
+    """
+    import json, re, time
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    import jaxattn as ja
+    from jaxattn import _explore, _flow, _layers, _paper
+    from jaxattn.models import _run
+
+    def loop_shapes(txt):
+        # the array shapes carried by every compiled while loop (scan, diffrax)
+        return [re.findall(r"[a-z]+\\d+\\[[\\d,]*\\]", line.split(" while(")[0])
+                for line in txt.splitlines() if " while(" in line]
+
+    def spy(module, name, record):
+        # compile the program the entry point really calls; keep its loops' shapes
+        orig = getattr(module, name)
+        def wrapped(*args, **kwargs):
+            if name not in record:  # the first call: the sharded one
+                txt = orig.lower(*args, **kwargs).compile().compiled.as_text()
+                record[name] = loop_shapes(txt)
+            return orig(*args, **kwargs)
+        setattr(module, name, wrapped)
+
+    key = jax.random.PRNGKey(3)
+    P = jax.random.normal(key, (2, 3, 3))
+    dyn = ja.SelfAttentionDynamics(P, jnp.broadcast_to(jnp.eye(3), (2, 3, 3)), causal=True)
+    xb = jax.vmap(lambda k: ja.sample_ellipsoid(k, 5, 3))(jax.random.split(key, 12))
+    ts = jnp.linspace(0.0, 2.0, 5)
+    res = {"devices": len(jax.devices())}
+    """
+)
+
+_SPLIT = _PRELUDE + textwrap.dedent(
+    """
+    shapes = {}
+    spy(_layers, "_run_batched", shapes)
+    spy(_flow, "_solve_batched", shapes)
+    spy(_run, "_loop", shapes)
+    spy(_explore, "_run_chunk", shapes)
+
+    # simulators: 12 sequences (5 tokens, d = 3) on 4 devices, 3 per device
+    res["layers_equal"] = bool(np.array_equal(ja.run_layers(dyn, xb, 10, 0.2, devices=4),
+                                              _layers.run_layers(dyn, xb, 10, 0.2)))
+    flow = ja.solve_flow(dyn, xb, ts, devices=4)
+    res["flow_err"] = float(np.abs(flow - ja.solve_flow(dyn, xb, ts)).max())
+    out = ja.solve_flow(dyn, xb, ts, devices=4, throw=False)
+    res["flow_result"] = [list(out.success.shape), bool(np.all(out.success))]
+
+    # gradients through sharded runs (traced inputs: checks inside the program)
+    def grads(run, devices):
+        g = jax.grad(lambda x, d: run(d, x, devices).sum(), argnums=(0, 1))(xb, dyn)
+        return [np.asarray(a) for a in jax.tree.leaves(g)]
+    layers = lambda d, x, dev: ja.run_layers(d, x, 10, 0.2, observe=ja.misalignment,
+                                             devices=dev)
+    solve = lambda d, x, dev: ja.misalignment(ja.solve_flow(d, x, ts, devices=dev))
+    res["grad_layers_err"] = max(float(np.abs(a - b).max())
+                                 for a, b in zip(grads(layers, 4), grads(layers, None)))
+    res["grad_flow_err"] = max(float(np.abs(a - b).max())
+                               for a, b in zip(grads(solve, 4), grads(solve, None)))
+
+    # models.loop: 6 prompts of 7 tokens (padded to 8), 2 per device
+    cfg = {"model_type": "gpt2", "n_layer": 3, "n_embd": 40, "n_head": 5,
+           "vocab_size": 53, "n_positions": 24}
+    model = ja.models.init(cfg, key)
+    ids = np.asarray(jax.random.randint(key, (6, 7), 0, 53))
+    E1, s1 = ja.models.loop(model, ids, passes=2, save_states=[0, 4], devices=4)
+    E0, s0 = ja.models.loop(model, ids, passes=2, save_states=[0, 4])
+    res["loop_shape"] = list(E1.shape)
+    res["loop_equal"] = bool(np.array_equal(E0, E1) and np.array_equal(s0, s1))
+    hs = ja.models.hidden_states(model, ids, devices=4)
+    res["hidden_equal"] = bool(np.array_equal(hs, ja.models.hidden_states(model, ids)))
+
+    # exploration: 6 restarts (padded to 8), 2 per device
+    sphere = _paper.sphere_dynamics(key)
+    for model_kind in ("layers", "flow"):
+        kw = dict(init=jax.random.fold_in(key, 1), n=4, restarts=6, steps=4,
+                  horizon=1.0, model=model_kind, tau=0.1, saves=5)
+        a = ja.explore.slow_consensus(sphere, **kw, devices=4)
+        b = ja.explore.slow_consensus(sphere, **kw)
+        res[f"explore_{model_kind}"] = [
+            list(a.trace.shape), list(a.x0s.shape),
+            float(np.abs(a.trace - b.trace).max()), float(np.abs(a.x0s - b.x0s).max()),
+        ]
+    res["shapes"] = shapes
+    print(json.dumps(res))
+    """
+)
+
+_ERRORS = _PRELUDE + textwrap.dedent(
+    """
+    def timed(fn):
+        t = time.monotonic()
+        try:
+            fn()
+            return ["none", "", 0.0]
+        except Exception as e:
+            return [type(e).__name__, str(e).splitlines()[0], time.monotonic() - t]
+
+    # compile first, so the timings below measure the failure path only
+    ja.run_layers(dyn, xb, 10, 0.2, devices=4).block_until_ready()
+    ja.solve_flow(dyn, xb, ts, devices=4).block_until_ready()
+    nan = xb.at[5, 2, 1].set(jnp.nan)
+    zero = xb.at[7, 0].set(0.0)
+    res["layers_nan"] = timed(lambda: ja.run_layers(dyn, nan, 10, 0.2, devices=4))
+    res["flow_nan"] = timed(lambda: ja.solve_flow(dyn, nan, ts, devices=4))
+    res["layers_zero"] = timed(lambda: ja.run_layers(dyn, zero, 10, 0.2, devices=4))
+    res["flow_steps"] = timed(lambda: ja.solve_flow(dyn, xb, ts, max_steps=3, devices=4))
+    huge = ja.SelfAttentionDynamics(P, jnp.full((2, 3, 3), 1e308), causal=True)
+    res["layers_overflow"] = timed(lambda: ja.run_layers(huge, xb, 10, 0.2, devices=4))
+    print(json.dumps(res))
+    """
+)
+
+
+def _run_script(script: str, timeout: float) -> dict:
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "rematerialization" not in out.stderr, out.stderr[-4000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["devices"] == 4
+    return res
+
+
+@pytest.fixture(scope="module")
+def sharded():
+    return _run_script(_SPLIT, timeout=600)
+
+
+def _local(loops, local: str, full: str) -> bool:
+    """Every compiled loop carries the per-device batch `local`, none the full `full`."""
+    flat = [s for shapes in loops for s in shapes]
+    return bool(loops) and local in flat and full not in flat
+
+
+def test_work_is_split_across_devices(sharded):
+    shapes = sharded["shapes"]
+    print({k: v[:2] for k, v in shapes.items()})
+    # tokens (batch, n, d): 12 sequences → 3 per device
+    assert _local(shapes["_run_batched"], "f64[3,5,3]", "f64[12,5,3]")
+    assert _local(shapes["_solve_batched"], "f64[3,5,3]", "f64[12,5,3]")
+    # hidden states (prompts, n, hidden): 8 padded prompts → 2 per device
+    assert _local(shapes["_loop"], "f32[2,7,40]", "f32[8,7,40]")
+    # restarts (R, n, d): 8 padded restarts → 2 per device
+    assert _local(shapes["_run_chunk"], "f64[2,4,3]", "f64[8,4,3]")
+
+
+def test_sharded_results_equal_unsharded(sharded):
+    assert sharded["layers_equal"]
+    assert sharded["flow_err"] < 1e-12
+    assert sharded["flow_result"] == [[12], True]
+    assert sharded["loop_shape"] == [6, 7] and sharded["loop_equal"]
+    assert sharded["hidden_equal"]
+
+
+def test_sharded_gradients_equal_unsharded(sharded):
+    assert sharded["grad_layers_err"] < 1e-12
+    assert sharded["grad_flow_err"] < 1e-10
+
+
+def test_sharded_restarts_equal_unsharded(sharded):
+    for kind in ("layers", "flow"):
+        trace_shape, x0s_shape, trace_err, x0s_err = sharded[f"explore_{kind}"]
+        assert trace_shape == [5, 6] and x0s_shape == [6, 4, 3]
+        assert trace_err < 1e-12 and x0s_err < 1e-12
+
+
+def test_bad_input_in_a_sharded_batch_raises_at_once():
+    res = _run_script(_ERRORS, timeout=180)
+    for case in ("layers_nan", "flow_nan"):
+        kind, message, seconds = res[case]
+        assert kind == "ValueError" and "contain NaN or inf" in message, res[case]
+        assert seconds < 5, res[case]
+    kind, message, _ = res["layers_zero"]
+    assert kind == "ValueError" and "initial token is zero" in message
+    kind, message, seconds = res["flow_steps"]
+    assert kind == "EquinoxRuntimeError" and "max_steps" in message and seconds < 30
+    kind, message, seconds = res["layers_overflow"]
+    assert kind == "EquinoxRuntimeError" and "NaN or inf during the run" in message
+    assert seconds < 30

@@ -86,7 +86,7 @@ def compile_loop(model, ids, *, passes: int, ffn: bool, dtype: str = "float32"):
     call of the compiled program returning `E` (B, passes·L + 1))."""
     args = (model, jnp.asarray(ids), jax.random.PRNGKey(0))
     kwargs = dict(passes=passes, ffn=ffn, weights="trained", dtype=jnp.dtype(dtype),
-                  depths=())
+                  depths=(), chunk=_run.default_chunk(ids.shape[1], None))
     compile_s, compiled = time_call(lambda: _run._loop.lower(*args, **kwargs).compile())
     return compile_s, lambda: jax.block_until_ready(compiled(*args, **kwargs)[0])
 
@@ -108,10 +108,10 @@ def bench_variant(name, folder, model, ids, ffn: bool, args) -> dict:
 
     compile_s, run_jax = compile_loop(model, ids, passes=args.passes, ffn=ffn, dtype=args.dtype)
     jax_t, hf_t = [], []
-    # Interleaved pairs: `--repeats` of them, fewer once the pairs have taken twice
-    # `--budget-s` (always one).
+    # Interleaved pairs: `--repeats` of them, fewer where another pair would take
+    # the total past twice `--budget-s` at the mean so far (always one).
     while len(jax_t) < args.repeats and (
-        not jax_t or sum(jax_t + hf_t) * args.passes < 2 * args.budget_s
+        not jax_t or sum(jax_t + hf_t) * args.passes * (1 + 1 / len(jax_t)) <= 2 * args.budget_s
     ):
         t, E_jax = time_call(run_jax)
         jax_t.append(t / args.passes)
@@ -149,7 +149,7 @@ def main() -> None:
     p.add_argument("--passes", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--budget-s", type=float, default=float("inf"),
-                   help="stop repeating a variant once its timed pairs took 2× this")
+                   help="no further pair that would take a variant's pairs past 2× this")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="compute dtype of both sides (reduced precisions: float32 "

@@ -61,10 +61,13 @@ class Timing:
     @classmethod
     def run(cls, fn: Callable[[], object], repeats: int,
             budget_s: float = math.inf) -> tuple["Timing", object]:
-        """Time `repeats` calls of `fn`, or fewer once they have taken `budget_s`
-        seconds together (at least one); also returns the last call's output."""
+        """Time `repeats` calls of `fn`, or fewer: no call is started that would,
+        at the mean time per call so far, take the total past `budget_s` (at least
+        one call); also returns the last call's output."""
         times, out = [], None
-        while len(times) < repeats and (not times or sum(times) < budget_s):
+        while len(times) < repeats and (
+            not times or sum(times) * (1 + 1 / len(times)) <= budget_s
+        ):
             t0 = time.perf_counter()
             out = fn()
             times.append(time.perf_counter() - t0)
@@ -103,8 +106,8 @@ def time_jax(fn: Callable, *args, repeats: int, budget_s: float = math.inf):
 
 @dataclasses.dataclass(frozen=True)
 class Repeats:
-    """How long to time one figure: `count` calls, fewer once they have taken
-    `budget_s` seconds together (always at least one)."""
+    """How long to time one figure: `count` calls, fewer where another call would
+    take the figure past `budget_s` seconds (always at least one)."""
 
     count: int
     budget_s: float = math.inf
@@ -368,14 +371,14 @@ QUICK = {
 ALL_CASES = ("peak", "S1", "S2", "S3", "G", "S4")
 
 
-def run_suite(*, quick: bool = False, repeats: int = 3, budget_s: float = 40.0,
+def run_suite(*, quick: bool = False, repeats: int = 3, budget_s: float = 30.0,
               cases=ALL_CASES, torch: bool = True,
               progress: Callable[[str], None] = print) -> dict:
     """Run the benchmark suite; returns `{"peak": ..., "rows": [...], "meta": ...}`.
 
-    Each figure is the median of `repeats` calls after compilation, fewer once the
-    calls of that figure have taken `budget_s` seconds (at least one; each row
-    records its `calls`).
+    Each figure is the median of `repeats` calls after compilation, fewer where
+    another call would take that figure past `budget_s` seconds (at least one;
+    each row records its `calls`).
     """
     sizes = QUICK if quick else SIZES
     ref = _reference() if torch else None

@@ -52,9 +52,9 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="run the benchmark suite (table + JSON)")
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per figure (default 3)")
-    p.add_argument("--budget", type=float, default=40.0, metavar="SECONDS",
-                   help="fewer calls once a figure's calls took this long (default 40; "
-                        "at least one call; the JSON records the count)")
+    p.add_argument("--budget", type=float, default=30.0, metavar="SECONDS",
+                   help="no call that would take a figure past this many seconds "
+                        "(default 30; at least one call; the JSON records the count)")
     p.add_argument("--cases", nargs="+", metavar="CASE",
                    help="subset of: peak S1 S2 S3 G S4 (default: all)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch references")

@@ -48,14 +48,16 @@ def _run(
 def _segmented_scan(step, x0, ks):
     """`lax.scan(step, x0, ks)` in segments of `s = ⌈√L⌉` layers, each segment
     checkpointed as a whole: reverse mode stores the tokens at segment boundaries
-    and, while it differentiates one segment, that segment's layers — `O(√L)`
-    memory — and recomputes every layer once (about one extra forward pass)."""
+    and, while it differentiates one segment, that segment's intermediates —
+    `O(√L)` memory — and recomputes every layer once, as per-layer checkpointing
+    does (the layers inside a segment are not checkpointed again: that would
+    recompute each layer twice)."""
     L = ks.shape[0]
     seg = max(1, math.isqrt(L - 1) + 1) if L else 1
     body = L - L % seg
 
     def segment(x, k_seg):
-        return jax.lax.scan(jax.checkpoint(step), x, k_seg)
+        return jax.lax.scan(step, x, k_seg)
 
     x, ys = jax.lax.scan(jax.checkpoint(segment), x0, ks[:body].reshape(-1, seg))
     ys = jax.tree.map(lambda a: a.reshape((body,) + a.shape[2:]), ys)
@@ -118,9 +120,10 @@ def run_layers(
       each layer's tokens but not its attention matrices. An int `c` uses
       recursive checkpointing with `c` stored states: gradient memory independent
       of `L`, at the price of recomputation (no forward-mode autodiff then).
-      `"sqrt"` checkpoints segments of `⌈√L⌉` layers: memory `O(√L)` and each
-      layer recomputed once (a gradient costs about one forward pass more than
-      with `None`; the fastest choice with sub-linear memory).
+      `"sqrt"` checkpoints segments of `⌈√L⌉` layers: memory `O(√L)` (the segment
+      boundaries, and one segment's attention matrices at a time) and each layer
+      recomputed once, as with `None`: the same gradient cost with memory
+      sub-linear in `L`.
     - `devices`: shard the batch over devices (`None`, an int, a list of devices
       or a `Mesh`; see `docs/multihost.md`): each device runs the layers of its
       share of the batch. Results equal the unsharded run; bad tokens raise a

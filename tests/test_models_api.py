@@ -254,3 +254,14 @@ def test_random_gpt2_collapses_to_consensus(key):
     assert E[:, -1].mean() < 0.1 * E[:, 0].mean()
     E = np.asarray(ja.models.loop(m, ids, passes=30, ffn=False, weights="resample", key=key))
     assert E[:, -1].mean() < 0.5 * E[:, 0].mean()
+
+
+def test_loop_chunks_give_the_vmapped_result(key):
+    m = tiny("gpt2", key)
+    ids = ids_for(m, key, (5, 8))
+    whole = ja.models.loop(m, ids, passes=2, chunk=5)
+    for chunk in (1, 2, 3):
+        np.testing.assert_allclose(ja.models.loop(m, ids, passes=2, chunk=chunk), whole,
+                                   rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="chunk"):
+        ja.models.loop(m, ids, passes=1, chunk=0)

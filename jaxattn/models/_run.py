@@ -51,13 +51,42 @@ def _layer_xs(model: AbstractTransformer):
     return jnp.arange(model.num_layers), jnp.asarray(model.slots)
 
 
-def _forward(model, x, ctx, blocks, *, ffn: bool, emit):
+CHUNK_TOKENS = 1024
+
+
+def default_chunk(n: int, devices) -> int | None:
+    """Prompts per chunk when `chunk=None`: on CPU, unsharded, about `CHUNK_TOKENS`
+    tokens at a time (a block's activations then stay in cache: a GPT-2-small
+    pure-attention pass on 100 × 200 tokens took 9.8–10.3 s in chunks of 4–10
+    prompts against 10.8–11.5 s vmapped over all 100); elsewhere the whole batch
+    at once."""
+    if devices is not None or jax.default_backend() != "cpu":
+        return None
+    return max(1, CHUNK_TOKENS // n)
+
+
+def check_chunk(chunk) -> int | None:
+    if chunk is None:
+        return None
+    if not isinstance(chunk, (int, np.integer)) or isinstance(chunk, bool) or chunk < 1:
+        raise ValueError(f"`chunk` must be None or an integer ≥ 1 (prompts), got {chunk!r}.")
+    return int(chunk)
+
+
+def _map_prompts(fn, x: Float[Array, "B n d"], chunk: int | None) -> Float[Array, "B n d"]:
+    """`fn` on every prompt of `x`: vmapped over all of them, or `chunk` at a time."""
+    if chunk is None or chunk >= x.shape[0]:
+        return jax.vmap(fn)(x)
+    return jax.lax.map(fn, x, batch_size=chunk)
+
+
+def _forward(model, x, ctx, blocks, *, ffn: bool, emit, chunk: int | None = None):
     """Scan one sequence batch `x (B, n, d)` through every layer; `emit(x)` per layer."""
 
     def body(x, layer_slot):
         layer, slot = layer_slot
         block = jax.tree.map(lambda a: a[slot], blocks)
-        x = jax.vmap(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn))(x)
+        x = _map_prompts(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn), x, chunk)
         return x, emit(x)
 
     return jax.lax.scan(body, x, _layer_xs(model))
@@ -127,7 +156,8 @@ def _cast(tree, dtype):
 
 
 @eqx.filter_jit
-def _loop(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype, depths: tuple):
+def _loop(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype, depths: tuple,
+          chunk: int | None = None):
     n, L = ids.shape[1], model.num_layers
     x0 = jax.vmap(model.embed)(ids).astype(dtype)
     ctx = model.context(n)
@@ -146,7 +176,8 @@ def _loop(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype, depth
             x, buf = carry
             layer, slot = layer_slot
             block = jax.tree.map(lambda a: a[slot], blocks)
-            x = jax.vmap(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn))(x)
+            x = _map_prompts(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn), x,
+                             chunk)
             return (x, keep(buf, x, p * L + layer + 1)), _metric(x)
 
         (x, buf), E = jax.lax.scan(body, (x, buf), _layer_xs(model))
@@ -169,6 +200,7 @@ def loop(
     dtype=jnp.float32,
     save_states: Sequence[int] | None = None,
     devices=None,
+    chunk: int | None = None,
 ):
     """Run a model far past its depth (paper 001 §6.2) and record `E` after every block.
 
@@ -199,7 +231,11 @@ def loop(
       `p`) whose hidden states to return as well.
     - `devices`: shard the prompts over devices (`None`, an int, a list of
       devices or a `Mesh`, as in `ja.run_layers`): each device loops its share of
-      the prompts. Results equal the unsharded run.
+      the prompts. Results equal the unsharded run with the same `chunk`.
+    - `chunk`: prompts run through a block together (`lax.map` over chunks);
+      `None` (default) picks about 1024 tokens per chunk on CPU without `devices`
+      (faster: activations stay in cache) and the whole batch otherwise. Results
+      do not depend on it beyond float rounding.
 
     **Returns:**
 
@@ -226,10 +262,13 @@ def loop(
     key = jax.random.PRNGKey(0) if key is None else key
     if weights != "trained":
         model = FAMILIES[model.config.model_type].init(model.config, key)
+    ids = check_ids(model, ids)
+    chunk = check_chunk(chunk)
+    chunk = default_chunk(ids.shape[1], devices) if chunk is None else chunk
     E, states = _call_sharded(
         lambda b: _loop(model, b, key, passes=int(passes), ffn=bool(ffn), weights=weights,
-                        dtype=dtype, depths=depths),
-        check_ids(model, ids), devices,
+                        dtype=dtype, depths=depths, chunk=chunk),
+        ids, devices,
     )
     if np.ndim(ids) == 1:
         E, states = E[0], states[0]

@@ -35,7 +35,7 @@ def _run(
     if checkpoints is None:
         # Checkpointing the body keeps only each layer's tokens for the backward
         # pass, not its (h, n, n) attention matrices.
-        last, ys = jax.lax.scan(jax.checkpoint(step), x0, ks)
+        last, ys = jax.lax.scan(jax.checkpoint(step, prevent_cse=False), x0, ks)
     elif checkpoints == "sqrt":
         last, ys = _segmented_scan(step, x0, ks)
     else:
@@ -59,11 +59,13 @@ def _segmented_scan(step, x0, ks):
     def segment(x, k_seg):
         return jax.lax.scan(step, x, k_seg)
 
-    x, ys = jax.lax.scan(jax.checkpoint(segment), x0, ks[:body].reshape(-1, seg))
+    # prevent_cse=False: inside a scan CSE cannot merge the recomputation away.
+    x, ys = jax.lax.scan(jax.checkpoint(segment, prevent_cse=False), x0,
+                         ks[:body].reshape(-1, seg))
     ys = jax.tree.map(lambda a: a.reshape((body,) + a.shape[2:]), ys)
     if body == L:
         return x, ys
-    x, tail = jax.lax.scan(jax.checkpoint(step), x, ks[body:])
+    x, tail = jax.lax.scan(jax.checkpoint(step, prevent_cse=False), x, ks[body:])
     return x, jax.tree.map(lambda a, b: jnp.concatenate([a, b]), ys, tail)
 
 

@@ -81,12 +81,16 @@ def hf_loop(model, ids: torch.Tensor, passes: int, ffn: bool) -> np.ndarray:
     return torch.stack(out, 1).numpy()
 
 
-def compile_loop(model, ids, *, passes: int, ffn: bool, dtype: str = "float32"):
+def compile_loop(model, ids, *, passes: int, ffn: bool, dtype: str = "float32",
+                 chunk: int | None = None):
     """Compile `jm.loop`'s program ahead of time: (compile seconds, a zero-argument
-    call of the compiled program returning `E` (B, passes·L + 1))."""
+    call of the compiled program returning `E` (B, passes·L + 1)). `chunk`: prompts
+    per block call (None: `jm.loop`'s default; 0: all prompts vmapped at once)."""
     args = (model, jnp.asarray(ids), jax.random.PRNGKey(0))
+    if chunk is None:
+        chunk = _run.default_chunk(ids.shape[1], None)
     kwargs = dict(passes=passes, ffn=ffn, weights="trained", dtype=jnp.dtype(dtype),
-                  depths=(), chunk=_run.default_chunk(ids.shape[1], None))
+                  depths=(), chunk=chunk or None)
     compile_s, compiled = time_call(lambda: _run._loop.lower(*args, **kwargs).compile())
     return compile_s, lambda: jax.block_until_ready(compiled(*args, **kwargs)[0])
 
@@ -106,7 +110,8 @@ def bench_variant(name, folder, model, ids, ffn: bool, args) -> dict:
     hf_model = hf_model.to(getattr(torch, args.dtype))
     ids_t = torch.from_numpy(ids)
 
-    compile_s, run_jax = compile_loop(model, ids, passes=args.passes, ffn=ffn, dtype=args.dtype)
+    compile_s, run_jax = compile_loop(model, ids, passes=args.passes, ffn=ffn, dtype=args.dtype,
+                                      chunk=getattr(args, "chunk", None))
     jax_t, hf_t = [], []
     # Interleaved pairs: `--repeats` of them, fewer where another pair would take
     # the total past twice `--budget-s` at the mean so far (always one).
@@ -155,6 +160,8 @@ def main() -> None:
                    help="compute dtype of both sides (reduced precisions: float32 "
                         "accumulation in jaxattn)")
     p.add_argument("--variants", nargs="+", default=["attn", "full"], choices=["attn", "full"])
+    p.add_argument("--chunk", type=int, default=None,
+                   help="jaxattn prompts per block call (default: jm.loop's; 0: all at once)")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args()
     print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__} "

@@ -212,7 +212,8 @@ def _row(case, variant, library, timing, *, token_steps, flops, peak, compile_s=
         "calls": timing.calls,
         "token_steps_per_s": token_steps / timing.median,
         "gflops": flops / timing.median / 1e9 if flops else None,
-        "fraction_of_peak": flops / timing.median / 1e9 / peak if flops else None,
+        "fraction_of_peak": (flops / timing.median / 1e9 / peak
+                             if flops and math.isfinite(peak) else None),  # no peak run: None
         "compile_s": compile_s, "memory_bytes": memory, "max_abs_diff_vs_jax": agreement,
     }
 

@@ -417,6 +417,8 @@ def run_suite(*, quick: bool = False, repeats: int = 3, budget_s: float = 30.0,
     marks = list(seconds.items()) + [("end", end)]
     meta = {**_meta(quick, repeats), "budget_s": budget_s, "suite_s": end - start,
             "case_s": {c: marks[i + 1][1] - t for i, (c, t) in enumerate(marks[:-1])}}
+    # Without the peak case there is no peak (null in the JSON, not NaN).
+    peak = peak if "peak" in cases else None
     return {"peak_gflops": peak, "rows": rows, "meta": meta}
 
 
@@ -436,8 +438,9 @@ def _meta(quick, repeats) -> dict:
 
 def format_table(result: dict) -> str:
     """The suite's rows as a fixed-width text table."""
-    lines = ["matmul peak GFLOP/s: " + ", ".join(
-        f"{k} {v:.0f}" for k, v in result["peak_gflops"].items())]
+    peak = result["peak_gflops"]
+    lines = ["matmul peak GFLOP/s: " + (", ".join(f"{k} {v:.0f}" for k, v in peak.items())
+                                        if peak else "not measured (case `peak` not run)")]
     head = f"{'case':4} {'variant':42} {'library':20} {'median s':>9} {'min':>8} {'max':>8} " \
            f"{'n':>2} {'tok-steps/s':>11} {'GFLOP/s':>8} {'%peak':>6} {'compile':>7}"
     lines += [head, "-" * len(head)]

@@ -1,4 +1,10 @@
-"""Random problems shared by the core tests (distinct sizes so swapped axes fail)."""
+"""Random problems shared by the core tests (distinct sizes so swapped axes fail),
+and a runner for scripts that need several (forced CPU) devices."""
+
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -25,3 +31,17 @@ def random_tokens(key, n, d, W=None, batch=()):
     keys = jax.random.split(key, max(1, int(jnp.prod(jnp.asarray(batch))) if batch else 1))
     xs = jax.vmap(lambda k: ja.sample_ellipsoid(k, n, d, W))(keys)
     return xs.reshape(tuple(batch) + (n, d)) if batch else xs[0]
+
+
+def run_on_forced_devices(script: str, timeout: float) -> dict:
+    """Run `script` in a fresh Python with 4 forced CPU devices (the flag must be set
+    before JAX starts); it prints one JSON object, with `"devices"`, last."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "rematerialization" not in out.stderr, out.stderr[-4000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["devices"] == 4
+    return res

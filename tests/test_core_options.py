@@ -1,9 +1,5 @@
 """Options of the simulators: observe, recursive checkpointing, RK4, sharding."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import diffrax as dfx
@@ -11,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import random_dynamics, random_tokens
+from _helpers import random_dynamics, random_tokens, run_on_forced_devices
 
 import jaxattn as ja
 
@@ -115,13 +111,8 @@ _SHARDED = textwrap.dedent(
 
 
 def test_sharded_batch_equals_unsharded():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    assert res["devices"] == 4 and res["shape"] == [6, 11, 5, 3]
+    res = run_on_forced_devices(_SHARDED, timeout=600)
+    assert res["shape"] == [6, 11, 5, 3]
     assert res["layers_equal"]
     assert res["flow_err"] < 1e-12
 

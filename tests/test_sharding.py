@@ -4,13 +4,10 @@ and bad input raises at once instead of stalling the devices.
 
 Each test runs a script in a subprocess with four forced CPU devices."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from _helpers import run_on_forced_devices
 
 _PRELUDE = textwrap.dedent(
     """
@@ -127,21 +124,9 @@ _ERRORS = _PRELUDE + textwrap.dedent(
 )
 
 
-def _run_script(script: str, timeout: float) -> dict:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                         text=True, timeout=timeout)
-    assert out.returncode == 0, out.stderr[-4000:]
-    assert "rematerialization" not in out.stderr, out.stderr[-4000:]
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    assert res["devices"] == 4
-    return res
-
-
 @pytest.fixture(scope="module")
 def sharded():
-    return _run_script(_SPLIT, timeout=600)
+    return run_on_forced_devices(_SPLIT, timeout=600)
 
 
 def _local(loops, local: str, full: str) -> bool:
@@ -183,7 +168,7 @@ def test_sharded_restarts_equal_unsharded(sharded):
 
 
 def test_bad_input_in_a_sharded_batch_raises_at_once():
-    res = _run_script(_ERRORS, timeout=180)
+    res = run_on_forced_devices(_ERRORS, timeout=180)
     for case in ("layers_nan", "flow_nan"):
         kind, message, seconds = res[case]
         assert kind == "ValueError" and "contain NaN or inf" in message, res[case]

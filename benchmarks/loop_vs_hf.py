@@ -24,8 +24,8 @@ printed as a check that both computed the same thing.
 """
 
 import argparse
+import dataclasses
 import json
-import statistics
 import tempfile
 import time
 
@@ -36,6 +36,7 @@ import torch
 import transformers as tf
 
 import jaxattn.models as jm
+from jaxattn._bench import Timing
 from jaxattn.models import _run
 
 CONFIGS = {
@@ -101,28 +102,23 @@ def time_call(fn) -> tuple[float, object]:
     return time.perf_counter() - t, out
 
 
-def summary(ts: list[float]) -> dict:
-    return {"median": statistics.median(ts), "min": min(ts), "max": max(ts), "calls": len(ts)}
-
-
 def bench_variant(name, folder, model, ids, ffn: bool, args) -> dict:
     hf_model = CLASSES[name].from_pretrained(folder).eval()  # fresh: the patch mutates it
     hf_model = hf_model.to(getattr(torch, args.dtype))
     ids_t = torch.from_numpy(ids)
 
     compile_s, run_jax = compile_loop(model, ids, passes=args.passes, ffn=ffn, dtype=args.dtype,
-                                      chunk=getattr(args, "chunk", None))
-    jax_t, hf_t = [], []
+                                      chunk=args.chunk)
+    jax_t, hf_t, pair_t = [], [], []
     # Interleaved pairs: `--repeats` of them, fewer where another pair would take
-    # the total past twice `--budget-s` at the mean so far (always one).
-    while len(jax_t) < args.repeats and (
-        not jax_t or sum(jax_t + hf_t) * args.passes * (1 + 1 / len(jax_t)) <= 2 * args.budget_s
-    ):
-        t, E_jax = time_call(run_jax)
-        jax_t.append(t / args.passes)
-        t, E_hf = time_call(lambda: hf_loop(hf_model, ids_t, args.passes, ffn))
-        hf_t.append(t / args.passes)
-    jax_s, hf_s = summary(jax_t), summary(hf_t)
+    # the total past twice `--budget-s` (the suite's rule, applied to pairs).
+    while Timing.another(pair_t, args.repeats, 2 * args.budget_s):
+        t_jax, E_jax = time_call(run_jax)
+        t_hf, E_hf = time_call(lambda: hf_loop(hf_model, ids_t, args.passes, ffn))
+        jax_t.append(t_jax / args.passes)
+        hf_t.append(t_hf / args.passes)
+        pair_t.append(t_jax + t_hf)
+    jax_s, hf_s = (dataclasses.asdict(Timing.of_times(ts)) for ts in (jax_t, hf_t))
     return {
         "model": name, "variant": "full" if ffn else "attn", "dtype": args.dtype,
         "prompts": args.prompts,

@@ -65,13 +65,23 @@ class Timing:
         at the mean time per call so far, take the total past `budget_s` (at least
         one call); also returns the last call's output."""
         times, out = [], None
-        while len(times) < repeats and (
-            not times or sum(times) * (1 + 1 / len(times)) <= budget_s
-        ):
+        while cls.another(times, repeats, budget_s):
             t0 = time.perf_counter()
             out = fn()
             times.append(time.perf_counter() - t0)
-        return cls(statistics.median(times), min(times), max(times), len(times)), out
+        return cls.of_times(times), out
+
+    @staticmethod
+    def another(times: list[float], repeats: int, budget_s: float) -> bool:
+        """Whether to time one more call after `times`: fewer than `repeats` so far,
+        and the next one, at the mean so far, keeps the total within `budget_s`."""
+        return len(times) < repeats and (
+            not times or sum(times) * (1 + 1 / len(times)) <= budget_s
+        )
+
+    @classmethod
+    def of_times(cls, times: list[float]) -> "Timing":
+        return cls(statistics.median(times), min(times), max(times), len(times))
 
     @classmethod
     def of(cls, fn: Callable[[], object], repeats: int, budget_s: float = math.inf) -> "Timing":
@@ -338,7 +348,7 @@ def _looped_cases(quick: bool, rep: Repeats, peak: float) -> list[dict]:
     prompts, tokens = (4, 32) if quick else (100, 200)
     args = argparse.Namespace(prompts=prompts, tokens=tokens, passes=1, repeats=rep.count,
                               budget_s=rep.budget_s, seed=0, dtype="float32",
-                              variants=["attn", "full"])
+                              variants=["attn", "full"], chunk=None)
     rows = []
     for name in ("gpt2", "gpt-neo-125M"):
         for r in mod.bench_model(name, args, np.random.default_rng(0)):
@@ -346,7 +356,7 @@ def _looped_cases(quick: bool, rep: Repeats, peak: float) -> list[dict]:
             per_token = (24 if r["variant"] == "full" else 8) * d * d + 4 * tokens * d
             flops = prompts * tokens * L * per_token
             for lib, key in (("jaxattn", "jax_s_per_pass"), ("HuggingFace torch", "hf_s_per_pass")):
-                t = Timing(r[key]["median"], r[key]["min"], r[key]["max"], r[key]["calls"])
+                t = Timing(**r[key])
                 row = _row("S4", f"{name} {r['variant']}, 1 pass", lib, t,
                            token_steps=prompts * tokens * L, flops=flops, peak=peak,
                            compile_s=r["jax_compile_s"] if lib == "jaxattn" else None)

@@ -153,7 +153,7 @@ def _raise_failure(solved, finite, result) -> None:
     if not bool(jnp.all(solved)):
         first = jnp.argmin(solved.reshape(-1))
         item = jax.tree.map(lambda a: a.reshape(-1)[first], result)
-        raise_unless(False, dfx.RESULTS[item])
+        raise eqx.EquinoxRuntimeError(dfx.RESULTS[item])
     raise_unless(finite, NONFINITE)
 
 

@@ -80,13 +80,13 @@ def _map_prompts(fn, x: Float[Array, "B n d"], chunk: int | None) -> Float[Array
     return jax.lax.map(fn, x, batch_size=chunk)
 
 
-def _forward(model, x, ctx, blocks, *, ffn: bool, emit, chunk: int | None = None):
+def _forward(model, x, ctx, blocks, *, ffn: bool, emit):
     """Scan one sequence batch `x (B, n, d)` through every layer; `emit(x)` per layer."""
 
     def body(x, layer_slot):
         layer, slot = layer_slot
         block = jax.tree.map(lambda a: a[slot], blocks)
-        x = _map_prompts(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn), x, chunk)
+        x = jax.vmap(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn))(x)
         return x, emit(x)
 
     return jax.lax.scan(body, x, _layer_xs(model))

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxattn as ja
-from jaxattn._bench import SIZES
+from jaxattn.bench.suite import SIZES
 
 TAU, STEPS = 0.1, 100
 

@@ -30,7 +30,7 @@ import json, sys, time
 import jax, jax.numpy as jnp, numpy as np
 import jaxattn as ja
 import jaxattn.models as jm
-from jaxattn import _bench
+from jaxattn.bench import suite as _bench
 
 repeats = int(sys.argv[1])
 

@@ -15,12 +15,12 @@ from ._manifold import manifold_drift as manifold_drift
 from ._manifold import normalize as normalize
 from ._manifold import sample_ellipsoid as sample_ellipsoid
 from ._manifold import w_norm as w_norm
-from ._metrics import misalignment as misalignment
 from ._schedule import AbstractSchedule as AbstractSchedule
 from ._schedule import Constant as Constant
 from ._schedule import PiecewiseConstant as PiecewiseConstant
 from ._schedule import Schedule as Schedule
 from ._solvers import RK4 as RK4
+from .metrics._consensus import misalignment as misalignment
 
 try:
     __version__ = version("jaxattn")

@@ -47,13 +47,13 @@ display(Image(filename=str(out / "thm41_sphere.png"), width=800))
 # ## Which theorem covers a model?
 
 # %%
-from jaxattn import _paper  # noqa: E402  (the paper's model set-ups, as in `jaxattn run`)
+from jaxattn.experiments import paper  # noqa: E402  (the paper's model set-ups, as in `jaxattn run`)
 
 key = jax.random.PRNGKey(0)
-dyn = _paper.symmetric_dynamics(key, 3)  # causal, one head, symmetric U (§6.1.3)
+dyn = paper.symmetric_dynamics(key, 3)  # causal, one head, symmetric U (§6.1.3)
 print(ja.theory.classify(dyn).summary())
-v1 = _paper.top_eigenvector(dyn.U(0.0)[0])
-x0 = _paper.hemisphere_of(jax.random.PRNGKey(1), v1, 8)
+v1 = paper.top_eigenvector(dyn.U(0.0)[0])
+x0 = paper.hemisphere_of(jax.random.PRNGKey(1), v1, 8)
 pred = ja.theory.predict(dyn, x0)
 print(pred.theorem, pred.outcome, "in domain:", bool(pred.in_domain))
 ys = ja.solve_flow(dyn, x0, jax.numpy.linspace(0.0, 5.0 if SMALL else 20.0, 11))

@@ -26,16 +26,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import jaxattn as ja
-from jaxattn import _paper  # the paper's two-head model on S² (paper 001 §6.1.1)
+from jaxattn.experiments import paper  # the paper's two-head model on S² (paper 001 §6.1.1)
 
 jax.config.update("jax_enable_x64", True)
 SMALL = os.environ.get("JAXATTN_NOTEBOOK_SMALL") == "1"
 n, steps, restarts = (5, 5, 2) if SMALL else (10, 150, 8)
 
 # %%
-dyn = _paper.sphere_dynamics(jax.random.PRNGKey(0))
+dyn = paper.sphere_dynamics(jax.random.PRNGKey(0))
 keys = jax.random.split(jax.random.PRNGKey(1), restarts)
-starts = jax.vmap(lambda k: _paper.hemisphere_tokens(k, n, 3))(keys)  # (R, n, 3)
+starts = jax.vmap(lambda k: paper.hemisphere_tokens(k, n, 3))(keys)  # (R, n, 3)
 result = ja.explore.slow_consensus(
     dyn, init=starts, horizon=3.0, steps=steps, restarts=restarts,
     constraints=ja.explore.Constraints(hemisphere="start", margin=0.05),

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxattn import _bench
-from jaxattn._cli import main
+from jaxattn.bench import suite as _bench
+from jaxattn.cli import main
 
 
 @pytest.mark.parametrize("k", [None, 6])

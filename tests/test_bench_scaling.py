@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from jaxattn import _bench_scaling
-from jaxattn._cli import main
+from jaxattn.bench import scaling as _bench_scaling
+from jaxattn.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
-"""`jaxattn list | run | plot` through `jaxattn._cli.main`, at reduced size, and
+"""`jaxattn list | run | plot` through `jaxattn.cli.main`, at reduced size, and
 its answers to bad input."""
 
 import json
 
 import pytest
 
-from jaxattn._cli import main
+from jaxattn.cli import main
 
 SMALL = {
     "thm41-sphere": ["--tokens", "5", "--horizon", "8", "--saves", "40", "--tau", "0.05"],

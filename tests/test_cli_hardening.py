@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jaxattn._cli import _parser, main
 from jaxattn._runs import INCOMPLETE
+from jaxattn.cli import main, parser
 
-COMMANDS = sorted(_parser()._subparsers._group_actions[0].choices)
+COMMANDS = sorted(parser()._subparsers._group_actions[0].choices)
 
 BAD = [
     ([], "required: COMMAND"),
@@ -101,7 +101,7 @@ def test_real_process_exit_status_and_stderr():
 def test_interrupted_run_folder_is_marked_incomplete(tmp_path, monkeypatch, capsys):
     """A run that dies after writing its config keeps `INCOMPLETE` and no summary, and
     `jaxattn plot` refuses it in one line."""
-    from jaxattn._experiments import EXPERIMENTS, run_experiment
+    from jaxattn.experiments import EXPERIMENTS, run_experiment
 
     def dies(config, progress):
         raise KeyboardInterrupt

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn import _paper
-from jaxattn._experiments import EXPERIMENTS, command_line, resolve_config
-from jaxattn._experiments.base import flow_path, layer_path
+from jaxattn.experiments import EXPERIMENTS, command_line, resolve_config
+from jaxattn.experiments import paper as _paper
+from jaxattn.experiments.base import flow_path, layer_path
 
 
 def test_span_coordinates_reproduce_the_full_model(key):

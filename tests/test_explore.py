@@ -9,7 +9,7 @@ import pytest
 from _helpers import random_dynamics, random_tokens
 
 import jaxattn as ja
-from jaxattn import _paper
+from jaxattn.experiments import paper as _paper
 
 E = ja.explore
 
@@ -171,7 +171,7 @@ def test_bad_requests_raise(key):
 
 
 def test_bipartite_radius_gradient_and_constraints(key):
-    from jaxattn._explore_bipartite import BipartiteWeights, _objective
+    from jaxattn.explore._bipartite import BipartiteWeights, _objective
 
     v = jnp.array([0.0, 1.0, 0.0])
     k1, k2, k3 = jax.random.split(key, 3)

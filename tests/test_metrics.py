@@ -10,7 +10,7 @@ import scipy.optimize
 from _helpers import random_spd, random_tokens
 
 import jaxattn as ja
-from jaxattn import _paper
+from jaxattn.experiments import paper as _paper
 
 M = ja.metrics
 

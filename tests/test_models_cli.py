@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn._cli import main
 from jaxattn._runs import read_json
+from jaxattn.cli import main
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never download weights
 

@@ -15,7 +15,9 @@ _PRELUDE = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
     import jaxattn as ja
-    from jaxattn import _explore, _flow, _layers, _paper
+    from jaxattn import _flow, _layers
+    from jaxattn.explore import _search as _explore
+    from jaxattn.experiments import paper as _paper
     from jaxattn.models import _run
 
     def loop_shapes(txt):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import jaxattn  # noqa: F401  (registers the experiments)
-from jaxattn._experiments import EXPERIMENTS, redraw, run_experiment
+from jaxattn.experiments import EXPERIMENTS, redraw, run_experiment
 
 TINY = {"hidden": 16, "heads": 2, "prompts": 3, "tokens": 4}
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn import _sweep
-from jaxattn._experiments import get_experiment, resolve_config
-from jaxattn._sweep_models import MODELS
+from jaxattn.experiments import get_experiment, resolve_config
+from jaxattn.sweep import _run as _sweep
+from jaxattn.sweep._instances import MODELS
 
 # Small enough to compile in seconds, long enough that a chunk takes a moment.
 SMALL = {"horizon": 2.0, "saves": 20, "tokens": 6}
@@ -139,7 +139,7 @@ def test_instances_are_the_experiments_draws(name):
     x_exp = drawn[-1] if name != "thm51-causal" else drawn[1][0]
     np.testing.assert_array_equal(np.asarray(x0), np.asarray(x_exp))
     if name == "thm51-causal":
-        from jaxattn import _paper
+        from jaxattn.experiments import paper as _paper
 
         dyn = _paper.causal_dynamics(drawn[0])
     pred = ja.theory.predict(dyn, x0)
@@ -210,7 +210,7 @@ def test_ja_sweep_is_the_module_and_callable():
 
 
 def test_existing_folder_needs_resume_and_the_same_spec(tmp_path, capsys):
-    from jaxattn._cli import main
+    from jaxattn.cli import main
 
     out = tmp_path / "s"
     out.mkdir()
@@ -232,7 +232,7 @@ def test_existing_folder_needs_resume_and_the_same_spec(tmp_path, capsys):
 def test_sweep_outcome_matches_the_experiment_run(tmp_path):
     """Instance 0's final E equals that of `jaxattn run thm41-sphere` at the same size
     (the experiment restarts the solver at its pieces: close, not bitwise)."""
-    from jaxattn._experiments import run_experiment
+    from jaxattn.experiments import run_experiment
 
     overrides = {"horizon": 2.0, "saves": 20, "tokens": 6}
     _, summary = run_experiment("thm41-sphere", overrides, seed=0, out=tmp_path / "run",

@@ -8,7 +8,7 @@ import pytest
 from _helpers import random_spd, random_tokens
 
 import jaxattn as ja
-from jaxattn import _paper
+from jaxattn.experiments import paper as _paper
 
 T = ja.theory
 B = 64  # random instances per prediction

@@ -12,7 +12,6 @@ dyn = ja.models.attention_dynamics(model, 3)     # layer 3 as a ja.SelfAttention
 ```
 """
 
-from . import _grid as _grid  # registers `jaxattn run loop-grid`
 from ._arch import FAMILIES as FAMILIES
 from ._arch import GPT2 as GPT2
 from ._arch import AbstractTransformer as AbstractTransformer
@@ -22,8 +21,6 @@ from ._arch import GPTNeo as GPTNeo
 from ._arch import Llama as Llama
 from ._arch import TransformerConfig as TransformerConfig
 from ._arch._nn import Attention as Attention
-from ._experiment import run_loop as run_loop
-from ._experiment import run_loop_grid as run_loop_grid
 from ._load import init as init
 from ._load import load as load
 from ._load import resolve_config as resolve_config
@@ -35,3 +32,15 @@ from ._weights import attention_weights as attention_weights
 from ._weights import layer_weights as layer_weights
 from ._weights import replace_attention as replace_attention
 from ._weights import value_output as value_output
+
+
+def __getattr__(name: str):
+    # `ja.models.run_loop` and `run_loop_grid` write run folders: they are
+    # experiments (`jaxattn.experiments.loop_grid`), kept here as aliases of the
+    # old names and imported on first use so that the library never imports the
+    # application layer above it.
+    if name in ("run_loop", "run_loop_grid"):
+        from ..experiments import loop_grid
+
+        return getattr(loop_grid, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from .._metrics import misalignment
 from .._sharding import as_mesh, shard_batch, unshard
+from ..metrics._consensus import misalignment
 from ._arch import FAMILIES, AbstractTransformer
 
 WEIGHTS = ("trained", "random", "resample")

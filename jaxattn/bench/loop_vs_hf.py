@@ -1,0 +1,179 @@
+"""Seconds per pass of the looped-model protocol (paper 001 §6.2): jaxattn against
+the HuggingFace PyTorch blocks looped by hand, in the same run, on the same weights.
+
+    .venv/bin/python benchmarks/loop_vs_hf.py                       # 100 × 200, both models
+    .venv/bin/python benchmarks/loop_vs_hf.py --prompts 8 --tokens 64 --repeats 1   # quick
+
+Protocol (both sides): random weights of the GPT-2 small / GPT-Neo 125M config
+(drawn once by HuggingFace, saved as safetensors, loaded by jaxattn), token ids
+uniform over the vocabulary, embedded once; one pass = every block; `E` (eq. 25)
+recorded after every block; the final LayerNorm applied after the pass. "attn" is
+pure attention (`ln_2` and the MLP removed), "full" the whole block. float32.
+
+The HuggingFace side follows the paper's public script (GPT-Consensus): call each
+`block(hidden)`, with `E` computed in torch for the whole batch at once (the
+original loops over prompts in Python, which would only slow it down). GPT-2
+blocks of transformers ≥ 5 do not mask by themselves when called directly, so the
+causal mask is passed explicitly; attention runs through HF's default (SDPA).
+
+Timing: the JAX program is compiled ahead of time (`lower().compile()`, reported
+separately, no pass run), then
+each side is timed `--repeats` times, interleaved (fewer with `--budget-s`); the
+median is reported, with min and max. The largest relative difference between the two `E` curves is
+printed as a check that both computed the same thing.
+"""
+
+import argparse
+import dataclasses
+import json
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers as tf
+
+import jaxattn.models as jm
+from jaxattn.bench.suite import Timing
+from jaxattn.models import _run
+
+CONFIGS = {
+    "gpt2": lambda: tf.GPT2Config(),
+    "gpt-neo-125M": lambda: tf.GPTNeoConfig(
+        hidden_size=768, num_layers=12, num_heads=12,
+        attention_types=[[["global", "local"], 6]], window_size=256,
+    ),
+}
+CLASSES = {"gpt2": tf.GPT2Model, "gpt-neo-125M": tf.GPTNeoModel}
+
+
+class ZeroMLP(torch.nn.Module):
+    def forward(self, x, **kwargs):
+        return torch.zeros_like(x)
+
+
+def hf_misalignment(h: torch.Tensor) -> torch.Tensor:
+    h = h.float()
+    unit = h / h.norm(dim=-1, keepdim=True)
+    return 1 - (unit[:, :1] * unit).sum(-1).mean(-1)
+
+
+def hf_loop(model, ids: torch.Tensor, passes: int, ffn: bool) -> np.ndarray:
+    """The paper's loop on HuggingFace blocks: (B, passes·L + 1) misalignment, in the
+    model's dtype (`E` in float32)."""
+    blocks = model.h
+    if not ffn:  # as the paper's patch_skip_mlp, on copies-by-reference of the blocks
+        for block in blocks:
+            block.ln_2, block.mlp = torch.nn.Identity(), ZeroMLP()
+    n = ids.shape[1]
+    dtype = model.wte.weight.dtype
+    mask = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype).triu(1)[None, None]
+    with torch.no_grad():
+        hidden = model.wte(ids) + model.wpe(torch.arange(n)[None])
+        out = [hf_misalignment(hidden)]
+        for _ in range(passes):
+            for block in blocks:
+                res = block(hidden, attention_mask=mask)
+                hidden = res[0] if isinstance(res, (tuple, list)) else res
+                out.append(hf_misalignment(hidden))
+            hidden = model.ln_f(hidden)
+    return torch.stack(out, 1).numpy()
+
+
+def compile_loop(model, ids, *, passes: int, ffn: bool, dtype: str = "float32",
+                 chunk: int | None = None):
+    """Compile `jm.loop`'s program ahead of time: (compile seconds, a zero-argument
+    call of the compiled program returning `E` (B, passes·L + 1)). `chunk`: prompts
+    per block call (None: `jm.loop`'s default; 0: all prompts vmapped at once)."""
+    args = (model, jnp.asarray(ids), jax.random.PRNGKey(0))
+    if chunk is None:
+        chunk = _run.default_chunk(ids.shape[1], None)
+    kwargs = dict(passes=passes, ffn=ffn, weights="trained", dtype=jnp.dtype(dtype),
+                  depths=(), chunk=chunk or None)
+    compile_s, compiled = time_call(lambda: _run._loop.lower(*args, **kwargs).compile())
+    return compile_s, lambda: jax.block_until_ready(compiled(*args, **kwargs)[0])
+
+
+def time_call(fn) -> tuple[float, object]:
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def bench_variant(name, folder, model, ids, ffn: bool, args) -> dict:
+    hf_model = CLASSES[name].from_pretrained(folder).eval()  # fresh: the patch mutates it
+    hf_model = hf_model.to(getattr(torch, args.dtype))
+    ids_t = torch.from_numpy(ids)
+
+    compile_s, run_jax = compile_loop(model, ids, passes=args.passes, ffn=ffn, dtype=args.dtype,
+                                      chunk=args.chunk)
+    jax_t, hf_t, pair_t = [], [], []
+    # Interleaved pairs: `--repeats` of them, fewer where another pair would take
+    # the total past twice `--budget-s` (the suite's rule, applied to pairs).
+    while Timing.another(pair_t, args.repeats, 2 * args.budget_s):
+        t_jax, E_jax = time_call(run_jax)
+        t_hf, E_hf = time_call(lambda: hf_loop(hf_model, ids_t, args.passes, ffn))
+        jax_t.append(t_jax / args.passes)
+        hf_t.append(t_hf / args.passes)
+        pair_t.append(t_jax + t_hf)
+    jax_s, hf_s = (dataclasses.asdict(Timing.of_times(ts)) for ts in (jax_t, hf_t))
+    return {
+        "model": name, "variant": "full" if ffn else "attn", "dtype": args.dtype,
+        "prompts": args.prompts,
+        "tokens": args.tokens, "passes": args.passes, "jax_s_per_pass": jax_s,
+        "hf_s_per_pass": hf_s, "speedup": hf_s["median"] / jax_s["median"],
+        "jax_compile_s": compile_s,
+        "max_rel_diff_E": float(np.max(np.abs(np.asarray(E_jax) - E_hf) / np.abs(E_hf))),
+    }
+
+
+def bench_model(name: str, args, rng) -> list[dict]:
+    torch.manual_seed(args.seed)
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        CLASSES[name](CONFIGS[name]()).save_pretrained(folder)
+        model = jm.load(folder)
+        ids = rng.integers(0, model.config.vocab_size, (args.prompts, args.tokens))
+        for ffn in (v == "full" for v in args.variants):
+            rows.append(bench_variant(name, folder, model, ids, ffn, args))
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--prompts", type=int, default=100)
+    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--passes", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--budget-s", type=float, default=float("inf"),
+                   help="no further pair that would take a variant's pairs past 2× this")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="compute dtype of both sides (reduced precisions: float32 "
+                        "accumulation in jaxattn)")
+    p.add_argument("--variants", nargs="+", default=["attn", "full"], choices=["attn", "full"])
+    p.add_argument("--chunk", type=int, default=None,
+                   help="jaxattn prompts per block call (default: jm.loop's; 0: all at once)")
+    p.add_argument("--json", help="also write the rows to this file")
+    args = p.parse_args()
+    print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads), transformers {tf.__version__}", flush=True)
+    rng = np.random.default_rng(args.seed)
+    rows = [r for name in args.models for r in bench_model(name, args, rng)]
+    print(f"\n{'model':<14}{'variant':<8}{'jaxattn s/pass':>16}{'HF s/pass':>12}{'speed-up':>10}"
+          f"{'max rel ΔE':>12}")
+    for r in rows:
+        print(f"{r['model']:<14}{r['variant']:<8}{r['jax_s_per_pass']['median']:>16.2f}"
+              f"{r['hf_s_per_pass']['median']:>12.2f}{r['speedup']:>9.2f}×"
+              f"{r['max_rel_diff_E']:>12.1e}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

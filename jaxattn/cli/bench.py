@@ -1,0 +1,66 @@
+"""`jaxattn bench`: run the benchmark suite, print its table, save it as JSON.
+
+`--scaling` runs the scaling sweeps (`_bench_scaling`: time of `run_layers` versus
+n, d, batch and devices) instead of the cases, or after them when `--cases` is given
+too, and writes `scaling.json`, `scaling.png` and `scaling.pdf` beside `--out`."""
+
+import argparse
+from pathlib import Path
+
+from .._runs import write_json
+from ._common import CLIError
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from ..bench import suite as _bench
+
+    cases = args.cases or list(_bench.ALL_CASES)
+    unknown = sorted(set(cases) - set(_bench.ALL_CASES))
+    if unknown:
+        raise CLIError(f"unknown case(s) {unknown}; choose from {list(_bench.ALL_CASES)}.")
+    if args.repeats < 1:
+        raise CLIError("--repeats must be ≥ 1.")
+    if not args.budget > 0:
+        raise CLIError("--budget must be > 0 seconds.")
+    out = Path(args.out)
+    if out.parent and not out.parent.exists():
+        raise CLIError(f"cannot write {out}: folder {out.parent} does not exist.")
+    if args.cases or not args.scaling:
+        result = _bench.run_suite(quick=args.quick, repeats=args.repeats, budget_s=args.budget,
+                                  cases=cases, torch=not args.no_torch,
+                                  progress=lambda m: print(f"· {m}", flush=True))
+        print(_bench.format_table(result))
+        write_json(out, result)
+        print(f"wrote {out}")
+    if args.scaling:
+        _scaling(args, out.parent)
+    return 0
+
+
+def _scaling(args: argparse.Namespace, folder: Path) -> None:
+    from ..bench import scaling as _bench_scaling
+
+    result = _bench_scaling.run_scaling(quick=args.quick, repeats=args.repeats,
+                                        progress=lambda m: print(f"· {m}", flush=True))
+    print(_bench_scaling.format_summary(result))
+    path = write_json(folder / "scaling.json", result)
+    figures = _bench_scaling.write_figure(result, folder / "scaling")
+    print(f"wrote {path}, " + ", ".join(map(str, figures)))
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="run the benchmark suite (table + JSON)")
+    p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per figure (default 3)")
+    p.add_argument("--budget", type=float, default=30.0, metavar="SECONDS",
+                   help="no call that would take a figure past this many seconds "
+                        "(default 30; at least one call; the JSON records the count)")
+    p.add_argument("--cases", nargs="+", metavar="CASE",
+                   help="subset of: peak S1 S2 S3 G S4 (default: all)")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch references")
+    p.add_argument("--scaling", action="store_true",
+                   help="time run_layers versus n, d, batch and devices instead of the cases "
+                        "(after them if --cases is given); writes scaling.json and "
+                        "scaling.png/.pdf beside --out")
+    p.add_argument("--out", default="bench.json", help="JSON file (default bench.json)")
+    p.set_defaults(func=_bench)

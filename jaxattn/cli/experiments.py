@@ -1,0 +1,117 @@
+"""The commands `jaxattn list`, `jaxattn run NAME [--out DIR] [--seed S] [overrides]`
+and `jaxattn plot DIR` (paper 001 §6.1 as one-command experiments)."""
+
+import argparse
+
+from ._common import CLIError
+
+_EXIT_AGAINST = 3  # the run finished but its outcome contradicts the theorem
+
+
+class _StrictParser(argparse.ArgumentParser):
+    """An argument parser whose mistakes become one-line `CLIError`s."""
+
+    def error(self, message):
+        raise CLIError(message)
+
+
+def _list(args) -> int:
+    from ..experiments import EXPERIMENTS
+
+    print("experiments (run one with `jaxattn run NAME`; `jaxattn run NAME --help`):")
+    width = max(len(name) for name in EXPERIMENTS)
+    for exp in EXPERIMENTS.values():
+        theorem = getattr(exp, "theorem", "") or ""
+        ref = f"Theorem {theorem}" if theorem[:1].isdigit() else theorem
+        print(f"  {exp.name:<{width}}  {f'[{ref}] ' if ref else ''}{exp.title}")
+        flags = " ".join(f"{p.flag}" + ("" if p.type is bool else f" {p.default!r}")
+                         for p in exp.all_params())
+        print(f"  {'':<{width}}  overrides (defaults = paper size): {flags}")
+    return 0
+
+
+def _override_parser(experiment) -> _StrictParser:
+    p = _StrictParser(prog=f"jaxattn run {experiment.name}", description=experiment.title,
+                      allow_abbrev=False)
+    p.add_argument("--out", default=None, help="run folder (default: runs/NAME/<timestamp>/)")
+    p.add_argument("--seed", default="0", help="random seed (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for param in experiment.all_params():
+        if param.type is bool:
+            p.add_argument(param.flag, dest=param.name, action="store_const", const=True,
+                           default=None, help=param.help)
+        else:
+            # Read as text, converted and checked by resolve_config (one error style).
+            p.add_argument(param.flag, dest=param.name, default=None, metavar="VALUE",
+                           help=f"{param.help} (default {param.default})")
+    return p
+
+
+def _parse_value(text: str, kind: type):
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            return text
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+    return text
+
+
+def _run(args) -> int:
+    import jax
+
+    from ..experiments import get_experiment, run_experiment
+
+    if args.name is None:
+        raise CLIError("name an experiment: jaxattn run NAME (see `jaxattn list`).")
+    experiment = get_experiment(args.name)
+    opts = _override_parser(experiment).parse_args(args.overrides)
+    seed = _parse_value(opts.seed, int)
+    overrides = {}
+    for param in experiment.all_params():
+        value = getattr(opts, param.name)
+        if value is not None:
+            overrides[param.name] = value if param.type is bool else _parse_value(value, param.type)
+    jax.config.update("jax_enable_x64", True)
+    folder, summary = run_experiment(
+        args.name, overrides, seed=seed, out=opts.out, progress=not opts.no_progress,
+    )
+    print(f"verdict: {summary['verdict']}")
+    print(f"wrote {folder}/: config.json, data.npz, {', '.join(summary['figures'])}, "
+          f"summary.json ({summary['simulation_seconds']:.1f} s)")
+    return 0 if summary["agrees_with_theory"] else _EXIT_AGAINST
+
+
+def _plot(args) -> int:
+    import jax
+
+    from ..experiments import redraw
+
+    jax.config.update("jax_enable_x64", True)
+    paths = redraw(args.folder)
+    print(f"redrew {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def register(sub) -> None:
+    ls = sub.add_parser("list", help="the named experiments and studies")
+    ls.set_defaults(func=_list)
+    run = sub.add_parser(
+        "run", help="run an experiment: jaxattn run NAME [--out DIR] [--seed S] [overrides]",
+        description="Run an experiment of paper 001 §6.1 into runs/NAME/<timestamp>/ (or "
+        "--out): config.json, data.npz, figures (PNG, PDF), summary.json with the verdict. "
+        "Overrides follow the name (jaxattn run NAME --help lists them). Exit status: 0 "
+        "when the outcome agrees with the theorem, 3 when it does not, 2 for bad input.",
+    )
+    run.add_argument("name", nargs="?", help="experiment name (see `jaxattn list`)")
+    run.add_argument("overrides", nargs=argparse.REMAINDER,
+                     help="--out DIR, --seed S, --discrete, --tau T, --tokens N, …")
+    run.set_defaults(func=_run)
+    plot = sub.add_parser("plot", help="redraw a run's figures from its saved data")
+    plot.add_argument("folder", help="a finished run folder")
+    plot.set_defaults(func=_plot)
+

@@ -1,0 +1,83 @@
+"""`jaxattn loop`: run a real transformer far past its depth (paper 001 §6.2)."""
+
+import argparse
+
+
+def _depths(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--save-states takes comma-separated depths like 0,12,240; got {text!r}."
+        ) from None
+
+
+def _grid_weights(model: str) -> tuple[str, ...]:
+    """All three weight kinds, except for a bare preset or config (nothing trained)."""
+    from ..models._load import PRESETS
+    from ..models._presets import ALIASES
+
+    bare = model in PRESETS or model in ALIASES or model.endswith(".json")
+    return ("random", "resample") if bare else ("trained", "random", "resample")
+
+
+def _grid(args: argparse.Namespace) -> int:
+    from .._runs import read_json
+    from ..experiments.loop_grid import run_loop_grid
+
+    folder = run_loop_grid(args.model, args.out, args.seed, passes=args.passes,
+                           prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
+                           weights=_grid_weights(args.model))
+    s = read_json(folder / "summary.json")
+    for name, v in s.items():
+        if isinstance(v, dict):
+            print(f"{name:>14}: mean E {v['E_input_mean']:.3e} → {v['E_final_mean']:.3e}")
+    print(f"wrote {folder}")
+    return 0
+
+
+def _loop(args: argparse.Namespace) -> int:
+    from ..experiments.loop_grid import run_loop
+
+    if args.grid:
+        return _grid(args)
+    folder = run_loop(
+        args.model, args.out, args.seed, weights=args.weights, passes=args.passes,
+        ffn=not args.no_ffn, prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
+        save_states=args.save_states,
+    )
+    from .._runs import read_json
+
+    s = read_json(folder / "summary.json")
+    print(f"jaxattn loop: {args.model}, {args.weights} weights, "
+          f"{'no FFN' if args.no_ffn else 'full blocks'}, {args.passes} passes of "
+          f"{s['layers_per_pass']} blocks, {args.prompts}×{args.tokens} tokens")
+    print(f"mean E: input {s['E_input_mean']:.3e}, after pass 1 {s['E_after_pass_1_mean']:.3e},"
+          f" final {s['E_final_mean']:.3e}  ({s['seconds']:.1f} s)")
+    print(f"wrote {folder}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "loop", help="loop a real transformer (GPT-2, GPT-Neo, BERT, ALBERT, Llama) "
+        "and record the misalignment E after every block",
+        description="Feed random token ids through a model again and again (the output "
+        "of a pass, after the final norm, is the input of the next) and record E "
+        "(paper 001 eq. 25) after every block. Writes a run folder with the figure.")
+    p.add_argument("--model", required=True, help="a model folder, a .gguf file, a hub "
+                   "name, or (for random weights) a preset such as gpt2 or a config.json")
+    p.add_argument("--weights", choices=["trained", "random", "resample"], default="trained")
+    p.add_argument("--passes", type=int, default=20)
+    p.add_argument("--no-ffn", action="store_true",
+                   help="pure self-attention: drop each block's feed-forward sub-block")
+    p.add_argument("--prompts", type=int, default=100)
+    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-states", type=_depths, default=None, metavar="D1,D2,…",
+                   help="also save the hidden states at these depths (0 = embeddings)")
+    p.add_argument("--grid", action="store_true", help="every weight kind with and without "
+                   "FFN in one run folder and figure (as `jaxattn run loop-grid`)")
+    p.add_argument("--out", default=None, help="run folder (default runs/loop/<time>)")
+    p.set_defaults(func=_loop)

@@ -1,0 +1,245 @@
+"""Model set-ups of paper 001 §6.1, shared by the demo and the experiments."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray, Real
+
+from .._dynamics import SelfAttentionDynamics
+from .._manifold import normalize, sample_ellipsoid
+from .._schedule import AbstractSchedule, Schedule
+
+# Frequencies (in units of π) of D_η(t) = 2 diag(cos ω₁πt, sin ω₂πt, cos ω₃πt) for
+# the two heads of the sphere experiment (paper 001 §6.1.1).
+_SPHERE_OMEGAS = ((10.0, 10.0, 6.0), (6.0, 6.0, 4.0))
+
+
+def sphere_diagonals(t, omegas=_SPHERE_OMEGAS) -> Float[Array, "h 3"]:
+    """The diagonals of `D_η(t)`: `2 (cos ω₁πt, sin ω₂πt, cos ω₃πt)` per head."""
+    w = jnp.pi * jnp.asarray(omegas)
+    return 2 * jnp.stack([jnp.cos(w[:, 0] * t), jnp.sin(w[:, 1] * t), jnp.cos(w[:, 2] * t)], -1)
+
+
+def _sphere_P(t, params):
+    Q, K, omegas = params
+    D = sphere_diagonals(t, omegas).astype(Q.dtype)
+    return jnp.einsum("hkd,hk,hke->hde", Q, D, K)
+
+
+def sphere_dynamics(key: PRNGKeyArray, num_heads: int = 2) -> SelfAttentionDynamics:
+    """The time-varying two-head model on S² (paper 001 §6.1.1, Theorem 4.1).
+
+    `U_η = I`, `P_η(t) = Q_ηᵀ D_η(t) K_η` with `Q_η, K_η` uniform in
+    `[−0.5, 0.5]` and `D₁(t) = 2 diag(cos 10πt, sin 10πt, cos 6πt)`,
+    `D₂(t) = 2 diag(cos 6πt, sin 6πt, cos 4πt)`. More than two heads reuse these
+    frequencies cyclically.
+    """
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be ≥ 1, got {num_heads}.")
+    d = 3
+    kq, kk = jax.random.split(key)
+    dtype = jnp.result_type(float)
+    Q = jax.random.uniform(kq, (num_heads, d, d), dtype, -0.5, 0.5)
+    K = jax.random.uniform(kk, (num_heads, d, d), dtype, -0.5, 0.5)
+    omegas = jnp.asarray([_SPHERE_OMEGAS[i % 2] for i in range(num_heads)], dtype)
+    U = jnp.broadcast_to(jnp.eye(d, dtype=dtype), (num_heads, d, d))
+    return SelfAttentionDynamics(Schedule(_sphere_P, (Q, K, omegas)), U)
+
+
+def hemisphere_tokens(key: PRNGKeyArray, n: int, d: int) -> Float[Array, "n d"]:
+    """`n` random unit tokens, all in the open hemisphere of a random direction."""
+    kz, kx = jax.random.split(key)
+    z = sample_ellipsoid(kz, 1, d)[0]
+    x = sample_ellipsoid(kx, n, d)
+    return x * jnp.sign(x @ z)[:, None]
+
+
+def sphere_query_key(dyn: SelfAttentionDynamics, ts: Real[Array, " T"]) -> Float[Array, "T h"]:
+    """`‖P_η(t)‖_F` per head at each time (paper 001 Fig. 1)."""
+    return jax.vmap(lambda t: jnp.linalg.norm(dyn.query_key(t), axis=(-2, -1)))(ts)
+
+
+# --- §6.1.2: causal attention, 50 tokens on S⁴⁹⁹ (Theorem 5.1) -------------------
+
+
+class CausalWeights(eqx.Module):
+    """`P_η(t) = Q_ηᵀ D_η(t) K_η`, `D_η(t) = diag(a_ηk cos(ω_ηk t))` (paper 001 §6.1.2).
+
+    `Q, K`: `(h, k, d)`; `a, w`: `(h, k)`. Kept factored: the model reads
+    `Q_η(t) = D_η(t) Q_η` and `K_η`.
+    """
+
+    Q: Float[Array, "h k d"]
+    K: Float[Array, "h k d"]
+    a: Float[Array, "h k"]
+    w: Float[Array, "h k"]
+
+
+def causal_weights(
+    key: PRNGKeyArray, d: int, num_heads: int, amplitude: float = 2.0, max_freq: float = 2.0
+) -> CausalWeights:
+    """Random weights of the causal experiment (paper 001 §6.1.2; ranges ours).
+
+    `Q_η, K_η ∈ R^{k×d}` with the head dimension `k = d / h` of multi-head
+    attention (GPT-2's convention) and entries uniform in `[−0.5, 0.5]` (as in
+    §6.1.1); amplitudes `a_ηk ~ U[0, amplitude]` (2, the amplitude of §6.1.1's
+    `D_η`) and frequencies `ω_ηk ~ U[0, max_freq·π]` (periods of at least
+    `2 / max_freq`).
+    """
+    kq, kk, ka, kw = jax.random.split(key, 4)
+    dtype = jnp.result_type(float)
+    shape = (num_heads, max(1, d // num_heads), d)
+    Q = jax.random.uniform(kq, shape, dtype, -0.5, 0.5)
+    K = jax.random.uniform(kk, shape, dtype, -0.5, 0.5)
+    a = jax.random.uniform(ka, shape[:2], dtype, 0.0, amplitude)
+    w = jax.random.uniform(kw, shape[:2], dtype, 0.0, max_freq * jnp.pi)
+    return CausalWeights(Q, K, a, w)
+
+
+def _scaled_query(t, params):
+    Q, a, w = params
+    return (a * jnp.cos(w * t))[..., None] * Q
+
+
+def causal_dynamics(weights: CausalWeights) -> SelfAttentionDynamics:
+    """The causal model of §6.1.2 on `S^{d−1}`: `U_η = I`, time-varying `P_η(t)`."""
+    h, _, d = weights.Q.shape
+    U = jnp.broadcast_to(jnp.eye(d, dtype=weights.Q.dtype), (h, d, d))
+    Q = Schedule(_scaled_query, (weights.Q, weights.a, weights.w))
+    return SelfAttentionDynamics.from_factors(Q, weights.K, U, causal=True)
+
+
+def span_dynamics(
+    weights: CausalWeights, x0: Float[Array, "n d"]
+) -> tuple[SelfAttentionDynamics, Float[Array, "n n"]]:
+    """The model of `causal_dynamics` in the coordinates of `span(x0)`, exactly.
+
+    With every `U_η = I` the velocity of each token is a combination of the
+    tokens, so `x(t) = Y(t) X₀` stays in the row space of `X₀ = N(x0)`. In the
+    coordinates `Y` (`n × n`, `Y(0) = I`) the flow (eq. 6) and the layers (eq. 4)
+    are the same model on the ellipsoid `E_G`, `G = X₀X₀ᵀ`, with
+    `P̃_η(t) = X₀ P_η(t) X₀ᵀ`, formed as `(Q_η X₀ᵀ)ᵀ D_η(t) (K_η X₀ᵀ)` and
+    `U = I_n`: a step costs `O(k n²)` per head instead of `O(k n d)`. Needs linearly
+    independent tokens (`n ≤ d`; almost surely for random ones).
+
+    **Returns:**
+
+    The reduced model and `G`; `x(t) = Y(t) X₀` recovers the tokens.
+    """
+    X0 = normalize(x0)
+    G = X0 @ X0.T
+    h, n = weights.Q.shape[0], X0.shape[0]
+    U = jnp.broadcast_to(jnp.eye(n, dtype=X0.dtype), (h, n, n))
+    P = Schedule(_span_query_key, (weights.Q @ X0.T, weights.K @ X0.T, weights.a, weights.w))
+    return SelfAttentionDynamics(P, U, W=G, causal=True), G
+
+
+def _span_query_key(t, params):
+    QX, KX, a, w = params
+    return jnp.einsum("hkn,hk,hkm->hnm", QX, a * jnp.cos(w * t), KX)
+
+
+def span_misalignment(y: Float[Array, "*batch n n"], G: Float[Array, "n n"]):
+    """`misalignment` of the tokens `x = Y X₀` computed from `Y` and `G = X₀X₀ᵀ`."""
+    gram = y @ G @ jnp.swapaxes(y, -1, -2)
+    norms = jnp.sqrt(jnp.diagonal(gram, axis1=-2, axis2=-1))
+    cos = gram[..., 0, :] / (norms[..., :1] * norms)
+    return 1 - jnp.mean(cos, axis=-1)
+
+
+# --- §6.1.3: causal attention, symmetric U (Theorem 5.2) --------------------------
+
+
+def symmetric_value(key: PRNGKeyArray, d: int) -> Float[Array, "d d"]:
+    """A symmetric `U` with spectrum `linspace(1, −0.5, d)` in a random orthonormal
+    basis: a simple top eigenvalue `λ₁ = 1` (our choice; the paper's `U` is lost
+    from its text)."""
+    dtype = jnp.result_type(float)
+    basis, _ = jnp.linalg.qr(jax.random.normal(key, (d, d), dtype))
+    lam = jnp.linspace(1.0, -0.5, d, dtype=dtype)
+    return (basis * lam[None, :]) @ basis.T
+
+
+def symmetric_dynamics(key: PRNGKeyArray, d: int = 3) -> SelfAttentionDynamics:
+    """The causal one-head model of §6.1.3: `P(t) = Qᵀ D₁(t) K` with §6.1.1's `D₁`
+    (its diagonal repeated cyclically for `d > 3`), `Q, K` uniform in
+    `[−0.5, 0.5]`, and `U = symmetric_value(key, d)`."""
+    kq, kk, ku = jax.random.split(key, 3)
+    dtype = jnp.result_type(float)
+    Q = jax.random.uniform(kq, (1, d, d), dtype, -0.5, 0.5)
+    K = jax.random.uniform(kk, (1, d, d), dtype, -0.5, 0.5)
+    omegas = jnp.asarray(_SPHERE_OMEGAS[:1], dtype)
+    P = Schedule(_cyclic_query_key, (Q, K, omegas))
+    return SelfAttentionDynamics(P, symmetric_value(ku, d)[None], causal=True)
+
+
+def _cyclic_query_key(t, params):
+    Q, K, omegas = params
+    d = Q.shape[-1]
+    D = sphere_diagonals(t, omegas).astype(Q.dtype)
+    D = jnp.tile(D, (1, -(-d // 3)))[:, :d]
+    return jnp.einsum("hkd,hk,hke->hde", Q, D, K)
+
+
+def top_eigenvector(U: Float[Array, "d d"]) -> Float[Array, " d"]:
+    """The unit eigenvector of the largest eigenvalue of a symmetric `U`."""
+    return jnp.linalg.eigh(U)[1][:, -1]
+
+
+def hemisphere_of(key: PRNGKeyArray, v: Float[Array, " d"], n: int) -> Float[Array, "n d"]:
+    """`n` uniform unit tokens reflected into the open hemisphere `⟨v, x⟩ > 0`."""
+    x = sample_ellipsoid(key, n, v.shape[0])
+    return x * jnp.where(x @ v >= 0, 1.0, -1.0)[:, None]
+
+
+# --- §3: the gradient flow (Theorem 3.2) ---------------------------------------
+
+
+def gradient_dynamics(
+    key: PRNGKeyArray, d: int = 3, *, ellipsoid: bool = True, beta: float = 1.0
+) -> SelfAttentionDynamics:
+    """A one-head model that is a gradient flow of `E_P` (paper 001 §3, Theorem 3.2).
+
+    `P = A Aᵀ / d + I/2` with `A` uniform in `[−1, 1]` (symmetric positive
+    definite), the metric `W = B Bᵀ / d + I/2` (random SPD; `I` when not
+    `ellipsoid`) and `U = W⁻¹ P`, so that `W U = P`.
+    """
+    ka, kb = jax.random.split(key)
+    dtype = jnp.result_type(float)
+    eye = jnp.eye(d, dtype=dtype)
+    A = jax.random.uniform(ka, (d, d), dtype, -1.0, 1.0)
+    P = A @ A.T / d + eye / 2
+    if ellipsoid:
+        B = jax.random.uniform(kb, (d, d), dtype, -1.0, 1.0)
+        W = B @ B.T / d + eye / 2
+        U = jnp.linalg.solve(W, P)
+    else:
+        W, U = None, P
+    return SelfAttentionDynamics(P[None], U[None], W=W, beta=beta)
+
+
+# --- running in pieces -----------------------------------------------------------
+
+
+class _Shifted(AbstractSchedule):
+    """A schedule read `t0` later: `t ↦ inner(t + t0)`."""
+
+    inner: AbstractSchedule
+    t0: Float[Array, ""]
+
+    def __call__(self, t):
+        return self.inner(t + self.t0)
+
+    def is_constant(self) -> bool:
+        return self.inner.is_constant()
+
+
+def shift_time(dyn: SelfAttentionDynamics, t0) -> SelfAttentionDynamics:
+    """The same model with its clock started at `t0` (to run layers `k ≥ k₀` as a
+    fresh stack: layer `k` of the result reads the weights at `t0 + kτ`)."""
+    t0 = jnp.asarray(t0, jnp.result_type(float))
+    for name in ("P", "Q", "K", "U"):
+        if getattr(dyn, name) is not None:
+            dyn = eqx.tree_at(lambda m, name=name: getattr(m, name), dyn,
+                              _Shifted(getattr(dyn, name), t0))
+    return dyn

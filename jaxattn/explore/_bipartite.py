@@ -1,0 +1,158 @@
+"""Bipartite-consensus equilibria of the layer map (paper 004, eq. 3/8 and
+Theorem 3): their Jacobian on the tangent space, and a search for weights that
+make one locally stable.
+
+A bipartite point puts `m` tokens at `v` and `n − m` at `−v`. For the layer map
+`x_i ↦ N(x_i + τ Σ_η Σ_j α^η_ij U_η x_j)` (`W = I`) it is an equilibrium when `v`
+is an eigenvector of `Ω = Σ_η U_η` and every head scores `vᵀ P_η v` alike (then
+all heads attend alike and the update of each token is `c_i Ω v ∥ v`). Both are
+linear conditions, kept exactly here by orthogonal projection.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, Float
+
+from .._dynamics import SelfAttentionDynamics
+
+
+def bipartite_point(v: Float[Array, " d"], n: int, m: int) -> Float[Array, "n d"]:
+    """`m` tokens at the unit vector `v`, then `n − m` at `−v`."""
+    signs = jnp.where(jnp.arange(n) < m, 1.0, -1.0).astype(v.dtype)
+    return signs[:, None] * (v / jnp.linalg.norm(v))[None, :]
+
+
+def tangent_jacobian(
+    dyn: SelfAttentionDynamics, x: Float[Array, "n d"], tau: float = 1.0
+) -> Float[Array, "n(d-1) n(d-1)"]:
+    """The Jacobian of one layer (`jax.jacfwd`) at `x`, restricted to the tangent
+    space of `(S^{d−1})ⁿ` at `x` (`x` an equilibrium, so it maps that space to itself).
+
+    **Returns:**
+
+    `Bᵀ J B` with `B` an orthonormal basis of the tangent space, `(n(d−1), n(d−1))`.
+    """
+    n, d = x.shape
+    J = jax.jacfwd(lambda y: dyn.layer(0.0, y, tau))(x).reshape(n * d, n * d)
+    basis = jax.vmap(_tangent_basis)(x)  # (n, d, d-1)
+    B = jax.scipy.linalg.block_diag(*[basis[i] for i in range(n)])
+    return B.T @ J @ B
+
+
+def _tangent_basis(xi):
+    d = xi.shape[0]
+    _, V = jnp.linalg.eigh(jnp.eye(d, dtype=xi.dtype) - jnp.outer(xi, xi))
+    return V[:, 1:]
+
+
+def log_radius_bound(J: Float[Array, "k k"], squarings: int = 6) -> Float[Array, ""]:
+    """`log ‖J^{2^s}‖_F / 2^s`: a smooth upper bound on `log ρ(J)` tending to it as
+    `s` grows (Gelfand). Repeated squaring with renormalisation, no overflow."""
+    logscale = jnp.zeros((), J.dtype)
+    A = J
+    for s in range(squarings):
+        norm = jnp.linalg.norm(A)
+        A = A / norm
+        logscale = logscale + jnp.log(norm) / 2**s
+        A = A @ A
+    return logscale + jnp.log(jnp.linalg.norm(A)) / 2**squarings
+
+
+def spectral_radius(J) -> float:
+    """`ρ(J)`, computed on the host with NumPy."""
+    return float(np.max(np.abs(np.linalg.eigvals(np.asarray(J, np.float64)))))
+
+
+class BipartiteWeights(eqx.Module):
+    """Time-invariant weights `P, U` `(h, d, d)` of the layer map searched over."""
+
+    P: Float[Array, "h d d"]
+    U: Float[Array, "h d d"]
+
+    def dynamics(self, beta: float = 1.0) -> SelfAttentionDynamics:
+        return SelfAttentionDynamics(self.P, self.U, beta=beta)
+
+
+def project_bipartite(w: BipartiteWeights, v, p_bound: float, u_bound: float):
+    """Keep `U_η` symmetric, `v` an eigenvector of `Σ_η U_η`, `vᵀP_η v` equal over
+    heads, and the Frobenius norms of the stacks `P`, `U` bounded (a common
+    rescaling, which keeps the linear conditions)."""
+    h = w.U.shape[0]
+    U = (w.U + jnp.swapaxes(w.U, -1, -2)) / 2
+    Om = jnp.sum(U, axis=0)
+    r = Om @ v - (v @ Om @ v) * v  # the part of Ω v off v
+    U = U - (jnp.outer(r, v) + jnp.outer(v, r))[None] / h
+    pv = jnp.einsum("d,hde,e->h", v, w.P, v)
+    P = w.P - (pv - jnp.mean(pv))[:, None, None] * jnp.outer(v, v)[None]
+    P = P * jnp.minimum(1.0, p_bound / jnp.linalg.norm(P))
+    U = U * jnp.minimum(1.0, u_bound / jnp.linalg.norm(U))
+    return BipartiteWeights(P, U)
+
+
+def bipartite_violation(w: BipartiteWeights, v, p_bound, u_bound) -> Float[Array, ""]:
+    """The largest defect of the conditions kept by `project_bipartite`."""
+    Om = jnp.sum(w.U, axis=0)
+    pv = jnp.einsum("d,hde,e->h", v, w.P, v)
+    return jnp.max(jnp.stack([
+        jnp.max(jnp.abs(w.U - jnp.swapaxes(w.U, -1, -2))),
+        jnp.linalg.norm(Om @ v - (v @ Om @ v) * v),
+        jnp.max(pv) - jnp.min(pv),
+        jnp.maximum(jnp.linalg.norm(w.P) - p_bound, 0.0),
+        jnp.maximum(jnp.linalg.norm(w.U) - u_bound, 0.0),
+    ]))
+
+
+def _objective(w, v, n, m, tau, beta):
+    x = bipartite_point(v, n, m)
+    return log_radius_bound(tangent_jacobian(w.dynamics(beta), x, tau))
+
+
+def stabilize_bipartite(
+    w0: BipartiteWeights,
+    v: Float[Array, " d"],
+    *,
+    n: int,
+    m: int,
+    tau: float = 1.0,
+    beta: float = 1.0,
+    p_bound: float = 10.0,
+    u_bound: float = 3.0,
+    steps: int = 300,
+    optimizer: optax.GradientTransformation | None = None,
+):
+    """Minimise the (smoothed) spectral radius of the tangent Jacobian at the
+    bipartite point `(m × v, (n − m) × −v)` over weights, from a batch of starts.
+
+    **Arguments:**
+
+    - `w0`: starting weights with a leading restart axis, `P, U (R, h, d, d)`.
+    - `v`: the unit direction of the equilibrium; `n`, `m`: tokens and split.
+    - `tau`, `beta`: the layer step and inverse temperature.
+    - `p_bound`, `u_bound`: Frobenius bounds of the stacks `P` and `U`.
+    - `steps`, `optimizer` (default `optax.adam(0.02)`).
+
+    **Returns:**
+
+    `(weights, trace, violation)`: the final weights `(R, ...)`, the smooth log
+    radius at every iterate `(steps + 1, R)` and the constraint defect there.
+    """
+    optimizer = optimizer or optax.adam(0.02)
+    proj = jax.vmap(lambda w: project_bipartite(w, v, p_bound, u_bound))
+    w = proj(w0)
+
+    def step(carry, _):
+        w, opt = carry
+        val, g = jax.vmap(jax.value_and_grad(lambda wi: _objective(wi, v, n, m, tau, beta)))(w)
+        viol = jax.vmap(lambda wi: bipartite_violation(wi, v, p_bound, u_bound))(w)
+        upd, opt = jax.vmap(optimizer.update)(g, opt, w)
+        return (proj(optax.apply_updates(w, upd)), opt), (val, viol)
+
+    run = eqx.filter_jit(lambda w, opt: jax.lax.scan(step, (w, opt), None, length=steps))
+    (w, _), (trace, viol) = run(w, jax.vmap(optimizer.init)(w))
+    last = jax.vmap(lambda wi: _objective(wi, v, n, m, tau, beta))(w)
+    last_viol = jax.vmap(lambda wi: bipartite_violation(wi, v, p_bound, u_bound))(w)
+    return (w, np.concatenate([np.asarray(trace), np.asarray(last)[None]]),
+            np.concatenate([np.asarray(viol), np.asarray(last_viol)[None]]))

@@ -1,0 +1,276 @@
+"""Constraints of the exploration: kept exactly at every iterate by a map applied
+after each optimiser step (a projection, or a retraction onto the manifold)."""
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._manifold import project, w_inner
+
+_NORMS = (None, "spectral", "frobenius")
+_FIELDS = ("P", "Q", "K", "U")
+
+
+class Constraints(eqx.Module):
+    """What `slow_consensus` keeps fixed or bounded; every iterate satisfies it.
+
+    **Arguments:**
+
+    - `train`: the weights optimised when `target` includes `"weights"`, among
+      `"P"`, `"Q"`, `"K"`, `"U"` (default `("P", "U")`; a field the model lacks is
+      skipped). Leave `"U"` out to keep `U` fixed (e.g. `U = I`). Every array with
+      two or more axes inside a trained field is optimised — the matrix of a
+      `ja.Constant` (time-invariant weights stay time-invariant), the stack of a
+      `ja.PiecewiseConstant`, the matrix parameters of a `ja.Schedule` (its 0-D
+      and 1-D parameters, e.g. frequencies, stay fixed).
+    - `norm`, `bound`: `"spectral"` or `"frobenius"` bound every trained matrix
+      (the trailing two axes) by `bound`: an exact Euclidean projection (singular
+      values clipped at `bound`, or rescaling). `bound` is a number or a dict
+      `{field: number}`.
+    - `symmetric`: fields kept symmetric, e.g. `("U",)` (projection `(M + Mᵀ)/2`).
+    - `top_eigenvector`, `gap`: keep the given unit vector `v` an eigenvector of
+      the (one-head, symmetric) `U` with the largest eigenvalue, ahead of the next
+      by at least `gap`: in the basis `(v, v^⊥)` the cross terms are dropped and
+      the other eigenvalues are clipped to `≤ λ₁ − gap` (with `norm="spectral"`,
+      all to `[−bound, bound]` as well).
+    - `sum_gap`: keep the top eigenvalue `λ₁` of `Σ_η U_η` (time-invariant,
+      symmetric `U`, any number of heads) simple and positive, `λ₁ − λ₂ ≥ sum_gap`
+      and `λ₁ ≥ sum_gap`. Not a projection: a weight step that would break it is
+      rejected (the weights stay where they were, the token step is kept), so it
+      holds at every iterate but can stall the weights at the boundary.
+    - `hemisphere`, `margin`: keep the tokens in the cap `⟨z, x_i⟩_W ≥ margin` of a
+      direction `z` (inside the open hemisphere of `z`): a `(d,)` array, `"start"`
+      (each restart's own hemisphere certificate at its start) or a function
+      `dyn ↦ z` read at every iterate from the current weights (its sign is
+      followed continuously). Out-of-cap tokens are moved to the nearest point of
+      the cap's boundary (a geodesic projection in the `W`-geometry).
+    """
+
+    train: tuple[str, ...] = eqx.field(static=True, default=("P", "U"))
+    norm: str | None = eqx.field(static=True, default=None)
+    bound: float | dict | None = eqx.field(static=True, default=None)
+    symmetric: tuple[str, ...] = eqx.field(static=True, default=())
+    top_eigenvector: Float[Array, " d"] | None = None
+    gap: float = eqx.field(static=True, default=0.0)
+    sum_gap: float | None = eqx.field(static=True, default=None)
+    hemisphere: Array | str | Callable | None = None
+    margin: float = eqx.field(static=True, default=0.05)
+
+    def __check_init__(self):
+        for name in self.train + self.symmetric:
+            if name not in _FIELDS:
+                raise ValueError(f"unknown weight {name!r}: use names among {_FIELDS}.")
+        if self.norm not in _NORMS:
+            raise ValueError(f"`norm` must be one of {_NORMS}, got {self.norm!r}.")
+        if self.norm is not None and self.bound is None:
+            raise ValueError(f"norm={self.norm!r} needs a `bound` (a number or a dict).")
+        if isinstance(self.hemisphere, str) and self.hemisphere != "start":
+            raise ValueError(f"`hemisphere` must be an array, 'start' or a function, "
+                             f"got {self.hemisphere!r}.")
+        if self.sum_gap is not None and not self.sum_gap > 0:
+            raise ValueError(f"`sum_gap` must be > 0, got {self.sum_gap}.")
+        if self.hemisphere is not None and not 0 <= self.margin < 1:
+            raise ValueError(f"`margin` must be in [0, 1), got {self.margin}.")
+
+    def bound_of(self, name: str) -> float | None:
+        if self.norm is None:
+            return None
+        if isinstance(self.bound, dict):
+            return self.bound.get(name)
+        return float(self.bound)
+
+
+# --- weights ------------------------------------------------------------------------
+
+
+def trainable_filter(dyn, constraints: Constraints):
+    """A pytree of bools over `dyn`: the arrays optimised (see `Constraints.train`)."""
+    mask = jax.tree.map(lambda _: False, dyn)
+    for name in constraints.train:
+        field = getattr(dyn, name, None)
+        if field is None:
+            continue
+        sub = jax.tree.map(lambda a: eqx.is_inexact_array(a) and a.ndim >= 2, field)
+        mask = eqx.tree_at(lambda m, name=name: getattr(m, name), mask, sub)
+    return mask
+
+
+def _symmetrize(M):
+    return (M + jnp.swapaxes(M, -1, -2)) / 2
+
+
+def _clip_spectral(M, b, symmetric: bool):
+    if symmetric:
+        lam, V = jnp.linalg.eigh(M)
+        return _symmetrize((V * jnp.clip(lam, -b, b)[..., None, :]) @ jnp.swapaxes(V, -1, -2))
+    U, s, Vt = jnp.linalg.svd(M, full_matrices=False)
+    return (U * jnp.minimum(s, b)[..., None, :]) @ Vt
+
+
+def _clip_frobenius(M, b):
+    norm = jnp.linalg.norm(M, axis=(-2, -1), keepdims=True)
+    return M * jnp.minimum(1.0, b / jnp.maximum(norm, 1e-300))
+
+
+def _top_eigen_projection(U, v, gap, b):
+    """`U` (1, d, d) symmetric with `v` its top eigenvector, ahead by `gap`."""
+    basis = _complement_basis(v)  # (d, d-1), orthonormal, ⟂ v
+    M = U[0]
+    lam = v @ M @ v
+    lo = -jnp.inf if b is None else -b
+    hi = jnp.inf if b is None else b
+    lam = jnp.clip(lam, lo + gap, hi)
+    C = _symmetrize(basis.T @ M @ basis)
+    mu, E = jnp.linalg.eigh(C)
+    mu = jnp.clip(mu, lo, lam - gap)
+    rest = basis @ ((E * mu[None, :]) @ E.T) @ basis.T
+    out = lam * jnp.outer(v, v) + rest
+    return _symmetrize(out)[None]
+
+
+def _complement_basis(v):
+    d = v.shape[0]
+    lam, V = jnp.linalg.eigh(jnp.eye(d, dtype=v.dtype) - jnp.outer(v, v))
+    return V[:, 1:]  # eigenvalue 0 first (the direction v), then the d-1 ones
+
+
+def _constrain_field(name, field, constraints: Constraints):
+    symmetric = name in constraints.symmetric
+    b = constraints.bound_of(name)
+
+    def one(a):
+        if not (eqx.is_inexact_array(a) and a.ndim >= 2):
+            return a
+        if symmetric:
+            a = _symmetrize(a)
+        if constraints.norm == "spectral" and b is not None:
+            a = _clip_spectral(a, b, symmetric)
+        elif constraints.norm == "frobenius" and b is not None:
+            a = _clip_frobenius(a, b)
+        return a
+
+    field = jax.tree.map(one, field)
+    if name == "U" and constraints.top_eigenvector is not None:
+        v = jnp.asarray(constraints.top_eigenvector)
+        spectral = b if constraints.norm == "spectral" else None
+        field = eqx.tree_at(lambda f: f.value, field,
+                            _top_eigen_projection(field.value, v, constraints.gap, spectral))
+    return field
+
+
+def constrain_weights(dyn, constraints: Constraints):
+    """`dyn` with its trained weights mapped into the constraint set."""
+    for name in constraints.train:
+        if getattr(dyn, name, None) is None:
+            continue
+        new = _constrain_field(name, getattr(dyn, name), constraints)
+        dyn = eqx.tree_at(lambda m, name=name: getattr(m, name), dyn, new)
+    return dyn
+
+
+def check_weight_constraints(dyn, constraints: Constraints) -> None:
+    """Trace-time refusal of constraint requests the model cannot honour."""
+    if constraints.top_eigenvector is not None:
+        from .._schedule import Constant
+
+        if not isinstance(dyn.U, Constant) or dyn.U.value.shape[0] != 1:
+            raise ValueError("`top_eigenvector` needs a one-head time-invariant `U` "
+                             "(a ja.Constant of shape (1, d, d)).")
+        if "U" not in constraints.symmetric:
+            raise ValueError("`top_eigenvector` needs `symmetric=('U', ...)`.")
+        v = np.asarray(constraints.top_eigenvector)
+        if v.shape != (dyn.dim,) or not np.isclose(np.linalg.norm(v), 1.0):
+            raise ValueError(f"`top_eigenvector` must be a unit vector of shape ({dyn.dim},).")
+    if constraints.sum_gap is not None:
+        from .._schedule import Constant
+
+        if not isinstance(dyn.U, Constant) or "U" not in constraints.symmetric:
+            raise ValueError("`sum_gap` needs a time-invariant `U` (a ja.Constant) kept "
+                             "symmetric (`symmetric=('U', ...)`).")
+    for name in constraints.symmetric:
+        field = getattr(dyn, name, None)
+        if field is not None and name in constraints.train:
+            leaves = [a for a in jax.tree.leaves(field) if eqx.is_inexact_array(a) and a.ndim >= 2]
+            if any(a.shape[-1] != a.shape[-2] for a in leaves):
+                raise ValueError(f"`{name}` cannot be kept symmetric: its matrices are not square.")
+
+
+def weight_violation(dyn, constraints: Constraints) -> Float[Array, ""]:
+    """The largest violation of the weight constraints (0 when all hold)."""
+    out = jnp.zeros((), jnp.result_type(float))
+    for name in constraints.train:
+        field = getattr(dyn, name, None)
+        if field is None:
+            continue
+        b = constraints.bound_of(name)
+        for a in jax.tree.leaves(field):
+            if not (eqx.is_inexact_array(a) and a.ndim >= 2):
+                continue
+            if name in constraints.symmetric:
+                out = jnp.maximum(out, jnp.max(jnp.abs(a - jnp.swapaxes(a, -1, -2))))
+            if b is not None:
+                if constraints.norm == "spectral":
+                    n = jnp.linalg.norm(a, ord=2, axis=(-2, -1))
+                else:
+                    n = jnp.linalg.norm(a, axis=(-2, -1))
+                out = jnp.maximum(out, jnp.max(n - b) / b)
+    if constraints.top_eigenvector is not None and "U" in constraints.train:
+        v = jnp.asarray(constraints.top_eigenvector)
+        M = dyn.U.value[0]
+        lam = jnp.linalg.eigvalsh(_symmetrize(M))
+        out = jnp.maximum(out, jnp.linalg.norm(M @ v - (v @ M @ v) * v))
+        out = jnp.maximum(out, jnp.maximum(lam[-2] + constraints.gap - v @ M @ v, 0.0))
+    if constraints.sum_gap is not None:
+        out = jnp.maximum(out, sum_gap_defect(dyn, constraints.sum_gap))
+    return out
+
+
+def sum_gap_defect(dyn, gap: float) -> Float[Array, ""]:
+    """`max(gap − (λ₁ − λ₂), gap − λ₁)` for the eigenvalues of `Σ_η U_η`: ≤ 0
+    exactly when its top eigenvalue is simple (by `gap`) and positive."""
+    lam = jnp.linalg.eigvalsh(_symmetrize(jnp.sum(dyn.U.value, axis=0)))
+    return jnp.maximum(gap - (lam[-1] - lam[-2]), gap - lam[-1])
+
+
+# --- tokens -----------------------------------------------------------------------
+
+
+def cap_projection(x: Float[Array, "n d"], z: Float[Array, " d"], margin, W):
+    """Tokens on `E_W` moved into the cap `⟨z, x⟩_W ≥ margin` (`z ∈ E_W`): those
+    outside go to the nearest point of the cap's boundary along their geodesic
+    through `z`."""
+    a = w_inner(x, z[None, :], W)
+    rest = x - a[:, None] * z[None, :]
+    rest_norm = jnp.sqrt(jnp.maximum(w_inner(rest, rest, W), 1e-300))
+    # A token exactly at −z has no nearest boundary point; any will do.
+    fallback = _any_orthogonal(z, W)
+    direction = jnp.where(rest_norm[:, None] > 1e-12, rest / rest_norm[:, None], fallback)
+    moved = margin * z[None, :] + jnp.sqrt(1 - margin**2) * direction
+    return jnp.where((a < margin)[:, None], moved, x)
+
+
+def _any_orthogonal(z, W):
+    d = z.shape[0]
+    e = jnp.eye(d, dtype=z.dtype)[jnp.argmin(jnp.abs(z))]
+    r = e - w_inner(e, z, W) * z
+    return r / jnp.sqrt(w_inner(r, r, W))
+
+
+def retract_tokens(x, z, margin, W):
+    """The token iterate put back on `E_W` (and into the cap of `z` if given)."""
+    x = project(x, W)
+    if z is not None:
+        x = cap_projection(x, z, margin, W)
+    return x
+
+
+def token_violation(x, z, margin, W) -> Float[Array, ""]:
+    """`max_i | |x_i|_W − 1 |`, and the depth outside the cap `⟨z, x⟩_W ≥ margin`."""
+    drift = jnp.max(jnp.abs(jnp.sqrt(w_inner(x, x, W)) - 1))
+    if z is None:
+        return drift
+    return jnp.maximum(drift, jnp.max(jnp.maximum(margin - w_inner(x, z[None], W), 0.0)))

@@ -1,0 +1,661 @@
+"""Gradient-based exploration: initial tokens and weights that slow consensus.
+
+`slow_consensus` maximises a measure of non-consensus at a horizon `T` by
+differentiating through the flow (`solve_flow`, diffrax adjoints) or the layers
+(`run_layers`, a checkpointed scan), from several random restarts run as one
+vmapped batch.
+
+**Tokens stay on `E_W` by reparametrisation and retraction.** The token iterate
+`y` is a point of `E_W`; the model is started at `x0 = N_W(y)` (the identity on
+`E_W`), so the gradient the optimiser sees is that of `f ∘ N_W`, which has no
+radial component, and after every step the new iterate is retracted with `N_W`
+(and, with a hemisphere constraint, moved into the cap). Every iterate is
+therefore on `E_W` up to rounding, whatever the optimiser (Adam rescales
+coordinates, so a tangent-space projection alone would not keep it there).
+"""
+
+import functools
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree, Real
+
+from .._batch import prepare_tokens
+from .._dynamics import SelfAttentionDynamics
+from .._flow import solve_flow_unchecked
+from .._layers import run_layers_unchecked
+from .._manifold import project, sample_ellipsoid, w_inner
+from .._sharding import as_mesh, shard_batch
+from ..metrics._consensus import misalignment
+from ._constraints import (
+    Constraints,
+    check_weight_constraints,
+    constrain_weights,
+    retract_tokens,
+    sum_gap_defect,
+    token_violation,
+    trainable_filter,
+    weight_violation,
+)
+
+OBJECTIVES = ("final", "integrated", "consensus_time", "lyapunov")
+TARGETS = ("tokens", "weights", "both")
+
+
+# --- objectives ---------------------------------------------------------------------
+
+
+def _lyapunov(x, W):
+    gram = x @ x.T if W is None else x @ W @ x.T
+    return 1 - jnp.min(gram)
+
+
+@functools.cache  # one function object per objective: jit reuses it
+def builtin_objective(name: str, eps: float = 1e-4, width: float = 1.0) -> Callable:
+    """The built-in objectives as functions `(ts, ys, dyn) ↦ value ≥ 0`.
+
+    - `"final"`: the misalignment at the horizon, `E(x(T))` (paper 001 eq. 25).
+    - `"integrated"`: `∫₀ᵀ E(x(t)) dt` (trapezoid on the saved times).
+    - `"consensus_time"`: a smooth consensus time, `∫₀ᵀ σ((log E − log eps) / width) dt`
+      (`σ` the logistic function): the time spent with `E` above `eps`, smoothed
+      over `width` units of `log E`; it saturates at `T` if `E` never gets there.
+    - `"lyapunov"`: the pairwise Lyapunov function `V(x(T)) = 1 − min_ij ⟨x_i, x_j⟩_W`.
+    """
+    if name == "final":
+        return lambda ts, ys, dyn: misalignment(ys[-1])
+    if name == "integrated":
+        return lambda ts, ys, dyn: jnp.trapezoid(misalignment(ys), ts)
+    if name == "consensus_time":
+        def soft_time(ts, ys, dyn):
+            logE = jnp.log(jnp.maximum(misalignment(ys), 1e-300))
+            return jnp.trapezoid(jax.nn.sigmoid((logE - jnp.log(eps)) / width), ts)
+        return soft_time
+    if name == "lyapunov":
+        return lambda ts, ys, dyn: _lyapunov(ys[-1], dyn.W)
+    raise ValueError(f"unknown objective {name!r}: use one of {OBJECTIVES} or a function.")
+
+
+def _as_objective(objective) -> tuple[Callable, bool]:
+    """The objective as `(ts, ys, dyn) ↦ value`, and whether it is a built-in."""
+    if isinstance(objective, str):
+        return builtin_objective(objective), True
+    if not callable(objective):
+        raise TypeError(f"`objective` must be a name in {OBJECTIVES} or a function "
+                        f"(ts, ys[, dyn]) ↦ scalar, got {type(objective).__name__}.")
+    try:
+        nargs = len(inspect.signature(objective).parameters)
+    except (TypeError, ValueError):
+        nargs = 3
+    if nargs == 2:
+        return (lambda ts, ys, dyn: objective(ts, ys)), False
+    return objective, False
+
+
+# --- the trajectory -----------------------------------------------------------------
+
+
+class Horizon(eqx.Module):
+    """How the trajectory is computed: flow to `T` (saved at `saves + 1` times) or
+    `round(T / tau)` layers; adjoint and solver options of the flow."""
+
+    model: str = eqx.field(static=True)
+    ts: Real[Array, " T"]
+    num_layers: int = eqx.field(static=True)
+    tau: float = eqx.field(static=True)
+    adjoint: dfx.AbstractAdjoint
+    solver: dfx.AbstractSolver
+    rtol: float = eqx.field(static=True)
+    atol: float = eqx.field(static=True)
+    max_steps: int = eqx.field(static=True)
+
+    def trajectory(self, dyn, x0: Float[Array, "n d"]) -> Float[Array, "T n d"]:
+        # Unchecked runs (the tokens are on E_W by construction): one restart whose
+        # run fails (step budget, overflow) must not abort the batch; its value
+        # becomes NaN and `_Loop.step` rejects that step. They also leave no host
+        # callback in the program, so sharded restarts split across devices.
+        if self.model == "layers":
+            return run_layers_unchecked(dyn, x0, self.num_layers, self.tau)[0]
+        # Backsolve integrates an augmented state; the retraction wrapper only
+        # knows token arrays, so that adjoint solves the ambient ODE.
+        on_manifold = not isinstance(self.adjoint, dfx.BacksolveAdjoint)
+        out = solve_flow_unchecked(dyn, x0, self.ts, solver=self.solver, rtol=self.rtol,
+                                   atol=self.atol, max_steps=self.max_steps,
+                                   adjoint=self.adjoint, on_manifold=on_manifold)
+        return jnp.where(out.success, out.ys, jnp.nan)
+
+
+def make_horizon(horizon, *, model="flow", saves=100, tau=0.1, adjoint="checkpoint",
+                 solver=None, rtol=1e-6, atol=1e-8, max_steps=16384) -> Horizon:
+    """Check the trajectory options and bundle them (see `slow_consensus`)."""
+    horizon = float(horizon)
+    if not horizon > 0 or not np.isfinite(horizon):
+        raise ValueError(f"`horizon` must be a finite time > 0, got {horizon}.")
+    if model not in ("flow", "layers"):
+        raise ValueError(f"`model` must be 'flow' or 'layers', got {model!r}.")
+    if int(saves) < 1:
+        raise ValueError(f"`saves` must be ≥ 1, got {saves}.")
+    if not float(tau) > 0:
+        raise ValueError(f"`tau` must be > 0, got {tau}.")
+    adjoint = _as_adjoint(adjoint)
+    ts = jnp.linspace(0.0, horizon, int(saves) + 1)
+    num_layers = max(1, round(horizon / tau))
+    if model == "layers":
+        ts = tau * jnp.arange(num_layers + 1, dtype=ts.dtype)
+    return Horizon(model, ts, num_layers, float(tau), adjoint, solver or dfx.Tsit5(),
+                   float(rtol), float(atol), int(max_steps))
+
+
+def _as_adjoint(adjoint) -> dfx.AbstractAdjoint:
+    if isinstance(adjoint, dfx.AbstractAdjoint):
+        return adjoint
+    if adjoint == "checkpoint":
+        return dfx.RecursiveCheckpointAdjoint()
+    if adjoint == "backsolve":
+        return dfx.BacksolveAdjoint()
+    raise ValueError(f"`adjoint` must be 'checkpoint', 'backsolve' or a diffrax adjoint, "
+                     f"got {adjoint!r}.")
+
+
+def consensus_objective(
+    dyn: SelfAttentionDynamics,
+    x0: Float[Array, "n d"],
+    *,
+    objective: str | Callable = "final",
+    horizon: float = 5.0,
+    **horizon_kw,
+) -> Float[Array, ""]:
+    """The value of an exploration objective for one start: differentiable in
+    `x0` and in the model's arrays.
+
+    **Arguments:**
+
+    - `dyn`, `x0`: the model and one sequence of tokens `(n, d)` (normalised first).
+    - `objective`, `horizon` and the keywords `model`, `saves`, `tau`, `adjoint`,
+      `solver`, `rtol`, `atol`, `max_steps`: as in `slow_consensus`.
+
+    **Returns:**
+
+    The objective, a scalar.
+    """
+    fn, _ = _as_objective(objective)
+    hz = make_horizon(horizon, **horizon_kw)
+    return _objective_jit(fn, hz, dyn, x0)
+
+
+@eqx.filter_jit
+def _objective_jit(fn, hz, dyn, x0):
+    ys = hz.trajectory(dyn, prepare_tokens(dyn, x0))
+    return fn(hz.ts.astype(ys.dtype), ys, dyn)
+
+
+# --- the result ---------------------------------------------------------------------
+
+
+class Exploration(NamedTuple):
+    """What `slow_consensus` returns.
+
+    - `x0`: the best initial tokens found `(n, d)`; `dyn`: the model they go with
+      (the optimised weights when `target` includes `"weights"`).
+    - `value`: the best objective value; `gain = value / mean(baseline)`.
+    - `trace`: `(steps + 1, R)` the objective at every iterate of every restart
+      (row 0: the random starts).
+    - `baseline`: the objective at random starts (the restarts' starts and
+      `baseline_samples` more draws).
+    - `x0s`, `values`: each restart's best tokens `(R, n, d)` and value `(R,)`;
+      `weights`: each restart's best trained arrays (leading axis `R`) or `None`.
+    - `violation`: `(steps + 1, R)` the largest constraint violation at every
+      iterate (distance from `E_W`, depth outside the cap, asymmetry, relative
+      norm excess, eigenvector/gap defect): rounding-level when constraints hold.
+    """
+
+    x0: Float[Array, "n d"]
+    dyn: SelfAttentionDynamics
+    value: float
+    gain: float
+    trace: np.ndarray
+    baseline: np.ndarray
+    x0s: Float[Array, "R n d"]
+    values: np.ndarray
+    weights: PyTree | None
+    violation: np.ndarray
+
+
+# --- set-up of the restarts ---------------------------------------------------------
+
+
+def _start_tokens(dyn, init, restarts, n, z_fixed, margin) -> Float[Array, "R n d"]:
+    """`R` starting token sets: given (broadcast), or random on `E_W` / in a cap."""
+    if _is_tokens(init):
+        x = jnp.asarray(init, jnp.result_type(float))
+        if x.ndim == 2:
+            x = jnp.broadcast_to(x, (restarts,) + x.shape)
+        if x.ndim != 3 or x.shape[0] != restarts or x.shape[-1] != dyn.dim:
+            raise ValueError(f"`init` tokens must be (n, d) or (restarts={restarts}, n, d) "
+                             f"with d={dyn.dim}, got {x.shape}.")
+        return project(x, dyn.W)
+    if n is None:
+        raise ValueError("with a random `init` (a key), give the number of tokens `n`.")
+    keys = jax.random.split(init, restarts)
+    return jax.vmap(lambda k: _sample(k, n, dyn, z_fixed, margin))(keys)
+
+
+def _is_tokens(init) -> bool:
+    return hasattr(init, "dtype") and jnp.issubdtype(init.dtype, jnp.floating)
+
+
+def _sample(key, n, dyn, z, margin):
+    x = sample_ellipsoid(key, n, dyn.dim, dyn.W)
+    if z is None:
+        return x
+    x = x * jnp.where(w_inner(x, z[None], dyn.W) >= 0, 1.0, -1.0)[:, None]
+    return retract_tokens(x, z, margin, dyn.W)
+
+
+def _hemisphere_directions(dyn, x, constraints: Constraints, weights, rest):
+    """Each restart's cap direction `z` `(R, d)` on `E_W`, or `None`."""
+    hemi = constraints.hemisphere
+    if hemi is None:
+        return None
+    if isinstance(hemi, str):  # "start": the certificate of each start
+        from ..metrics._hemisphere import hemisphere
+
+        h = hemisphere(x, dyn.W)
+        if not bool(np.all(np.asarray(h.inside))):
+            raise ValueError("hemisphere='start' needs every start inside an open hemisphere.")
+        return project(jnp.asarray(h.z, x.dtype), dyn.W)
+    if callable(hemi):
+        z = jax.vmap(lambda w: hemi(_combine(w, rest)))(weights) if weights is not None \
+            else jnp.broadcast_to(hemi(dyn), (x.shape[0], dyn.dim))
+        z = project(z, dyn.W)
+        # Orient each direction towards its start (eigenvectors have no sign).
+        side = jnp.sum(w_inner(x, z[:, None, :], dyn.W), axis=-1)
+        return z * jnp.where(side >= 0, 1.0, -1.0)[:, None]
+    z = project(jnp.asarray(hemi, x.dtype), dyn.W)
+    return jnp.broadcast_to(z, (x.shape[0], dyn.dim))
+
+
+def _combine(w, rest):
+    return eqx.combine(w, rest) if w is not None else rest
+
+
+def _perturbed_weights(weights, restarts, noise, key):
+    """`R` copies of the trained arrays; restarts after the first get relative noise."""
+    leaves, treedef = jax.tree.flatten(weights)
+    keys = jax.random.split(key, len(leaves))
+    out = []
+    for leaf, k in zip(leaves, keys):
+        scale = noise * jnp.sqrt(jnp.mean(leaf**2))
+        eps = scale * jax.random.normal(k, (restarts,) + leaf.shape, leaf.dtype)
+        out.append(leaf[None] + eps.at[0].set(0.0))
+    return jax.tree.unflatten(treedef, out)
+
+
+# --- the optimisation loop ----------------------------------------------------------
+
+
+class _Loop(eqx.Module):
+    """One restart's objective, gradient step and constraint map (vmapped over `R`)."""
+
+    fn: Callable
+    hz: Horizon
+    rest: PyTree
+    mask: PyTree
+    constraints: Constraints
+    optimizer: optax.GradientTransformation
+    train_x: bool = eqx.field(static=True)
+    train_w: bool = eqx.field(static=True)
+    log: bool = eqx.field(static=True)
+
+    def value(self, x, w):
+        dyn = _combine(w, self.rest)
+        ys = self.hz.trajectory(dyn, project(x, dyn.W))
+        return self.fn(self.hz.ts.astype(ys.dtype), ys, dyn)
+
+    def _loss(self, train, frozen):
+        x = train[0] if self.train_x else frozen[0]
+        w = train[1] if self.train_w else frozen[1]
+        v = self.value(x, w)
+        return -(jnp.log(v) if self.log else v), v
+
+    def violation(self, x, w, z):
+        dyn = _combine(w, self.rest)
+        out = token_violation(x, z, self.constraints.margin, dyn.W)
+        return jnp.maximum(out, weight_violation(dyn, self.constraints)) if self.train_w else out
+
+    def project(self, x, w, z):
+        """The constraint map: weights into their set, `z` updated, tokens retracted."""
+        if self.train_w:
+            w = eqx.filter(constrain_weights(_combine(w, self.rest), self.constraints), self.mask)
+        hemi = self.constraints.hemisphere
+        dyn = _combine(w, self.rest)
+        if callable(hemi) and z is not None:
+            z_new = project(jnp.asarray(hemi(dyn)), dyn.W)
+            z = z_new * jnp.where(w_inner(z_new, z, dyn.W) >= 0, 1.0, -1.0)
+        return retract_tokens(x, z, self.constraints.margin, dyn.W), w, z
+
+    def step(self, state):
+        """One optimiser step, then the constraint map. A step whose value or
+        gradient is not finite is skipped (state and optimiser state kept), and
+        with `constraints.sum_gap` a weight step that would break the gap of
+        `Σ_η U_η` is rejected (the token step is kept): the iterate stays finite
+        and feasible, whatever one restart runs into."""
+        x, w, opt, z = state
+        train = (x if self.train_x else None, w if self.train_w else None)
+        (_, v), g = jax.value_and_grad(self._loss, has_aux=True)(train, (x, w))
+        viol = self.violation(x, w, z)
+        updates, opt_new = self.optimizer.update(g, opt, train)
+        train = optax.apply_updates(train, updates)
+        x_upd = train[0] if self.train_x else x
+        new = self.project(x_upd, train[1] if self.train_w else w, z)
+        if self.train_w and self.constraints.sum_gap is not None:
+            ok_w = sum_gap_defect(_combine(new[1], self.rest), self.constraints.sum_gap) <= 0
+            kept = (retract_tokens(x_upd, z, self.constraints.margin, self.rest.W), w, z)
+            new = _select(ok_w, new, kept)
+        finite = jnp.isfinite(v) & _all_finite((g, new))
+        x_new, w_new, z_new = _select(finite, new, (x, w, z))
+        return (x_new, w_new, _select(finite, opt_new, opt), z_new), (v, viol)
+
+
+def _select(pred, a, b):
+    """`a` where `pred` (a scalar), else `b`, leaf by leaf (`None` leaves kept)."""
+    return jax.tree.map(lambda p, q: jnp.where(pred, p, q), a, b)
+
+
+def _all_finite(tree) -> Bool[Array, ""]:
+    leaves = [jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(tree) if eqx.is_inexact_array(a)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+@eqx.filter_jit
+def _run_chunk(loop: _Loop, state, best, length: int):
+    def body(carry, _):
+        state, best = carry
+        new_state, (v, viol) = jax.vmap(loop.step)(state)
+        best = _keep_best(best, state, v)
+        return (new_state, best), (v, viol)
+
+    (state, best), (vs, viols) = jax.lax.scan(body, (state, best), None, length=length)
+    return state, best, vs, viols
+
+
+def _keep_best(best, state, v):
+    best_v, best_x, best_w = best
+    v = jnp.where(jnp.isnan(v), -jnp.inf, v)
+    better = v > best_v
+
+    def pick(new, old):
+        return jnp.where(better.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+
+    return (jnp.maximum(v, best_v), pick(state[0], best_x),
+            None if best_w is None else jax.tree.map(pick, state[1], best_w))
+
+
+@eqx.filter_jit
+def _evaluate(loop: _Loop, x, w, z):
+    """Objective and constraint violation of a batch of configurations."""
+    if w is None:
+        v = jax.vmap(lambda xi: loop.value(xi, None))(x)
+        viol = jax.vmap(lambda xi, zi: loop.violation(xi, None, zi))(x, z)
+    else:
+        v = jax.vmap(loop.value)(x, w)
+        viol = jax.vmap(loop.violation)(x, w, z)
+    return v, viol
+
+
+def _run_loop(loop, state, steps, progress, desc):
+    from tqdm.auto import tqdm
+
+    R = state[0].shape[0]
+    best = (jnp.full((R,), -jnp.inf, state[0].dtype), state[0], state[1])
+    chunk = max(k for k in range(1, min(10, max(steps, 1)) + 1) if steps % k == 0) if steps else 0
+    vs, viols = [], []
+    with tqdm(total=steps, desc=desc, unit="step", disable=not progress, leave=False) as bar:
+        for _ in range(steps // chunk if chunk else 0):
+            state, best, v, viol = _run_chunk(loop, state, best, chunk)
+            vs.append(np.asarray(v))
+            viols.append(np.asarray(viol))
+            bar.update(chunk)
+    v_last, viol_last = _evaluate(loop, state[0], state[1], state[3])
+    best = _keep_best(best, state, v_last)
+    vs.append(np.asarray(v_last)[None])
+    viols.append(np.asarray(viol_last)[None])
+    return best, np.concatenate(vs), np.concatenate(viols)
+
+
+# --- adjoints -----------------------------------------------------------------------
+
+
+def compare_adjoints(
+    dyn: SelfAttentionDynamics,
+    x0: Float[Array, "n d"],
+    *,
+    objective: str | Callable = "final",
+    horizon: float = 5.0,
+    **horizon_kw,
+) -> dict[str, Any]:
+    """The gradient of an objective w.r.t. `x0` by the checkpointed and the
+    backsolve adjoints of the flow, and their relative difference.
+
+    `BacksolveAdjoint` integrates the adjoint equation backwards in time; for a
+    contracting flow (consensus) that reversed flow is expanding, so its gradient
+    can be wrong by orders of magnitude while the checkpointed (discrete) adjoint
+    is exact up to the solver's tolerance.
+
+    **Returns:**
+
+    `{"checkpoint": g, "backsolve": g, "relative_error": ‖g_bs − g_cp‖ / ‖g_cp‖}`.
+    """
+    horizon_kw = {k: v for k, v in horizon_kw.items() if k != "adjoint"}
+
+    def grad(adjoint):
+        return jax.grad(lambda x: consensus_objective(
+            dyn, x, objective=objective, horizon=horizon, adjoint=adjoint, **horizon_kw))(x0)
+
+    g_cp, g_bs = grad("checkpoint"), grad("backsolve")
+    rel = float(jnp.linalg.norm(g_bs - g_cp) / jnp.maximum(jnp.linalg.norm(g_cp), 1e-300))
+    return {"checkpoint": g_cp, "backsolve": g_bs, "relative_error": rel}
+
+
+def _check_backsolve(loop: _Loop, x, w, rtol: float) -> None:
+    """Refuse backsolve where it disagrees with the checkpointed adjoint at the start."""
+    def grad_with(adjoint):
+        lp = eqx.tree_at(lambda m: m.hz.adjoint, loop, adjoint)
+        train = (x if lp.train_x else None, w if lp.train_w else None)
+        return eqx.filter_jit(jax.grad(lambda t: lp._loss(t, (x, w))[0]))(train)
+
+    g_bs = grad_with(dfx.BacksolveAdjoint())
+    g_cp = grad_with(dfx.RecursiveCheckpointAdjoint())
+    diff = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.sum((a - b) ** 2), g_bs, g_cp))
+    ref = jax.tree.leaves(jax.tree.map(lambda b: jnp.sum(b**2), g_cp))
+    rel = float(jnp.sqrt(sum(diff)) / jnp.maximum(jnp.sqrt(sum(ref)), 1e-300))
+    if not rel <= rtol:
+        raise ValueError(
+            f"adjoint='backsolve' is unreliable here: at the first start its gradient "
+            f"differs from the checkpointed adjoint's by {rel:.3g} (relative; allowed "
+            f"{rtol:g}). The reversed flow of a contracting system is unstable; use "
+            "adjoint='checkpoint' (the default)."
+        )
+    warnings.warn(
+        f"adjoint='backsolve' agreed with the checkpointed adjoint at the first start "
+        f"(relative difference {rel:.2g}), but it is only checked there; the reversed "
+        "flow of a contracting system is unstable and can fail later.",
+        stacklevel=3,
+    )
+
+
+# --- the entry point ----------------------------------------------------------------
+
+
+def slow_consensus(
+    dyn: SelfAttentionDynamics,
+    *,
+    init: PRNGKeyArray | Float[Array, "*R n d"],
+    n: int | None = None,
+    target: str = "tokens",
+    objective: str | Callable = "final",
+    horizon: float = 5.0,
+    steps: int = 100,
+    optimizer: optax.GradientTransformation | None = None,
+    restarts: int = 8,
+    constraints: Constraints | None = None,
+    model: str = "flow",
+    saves: int = 100,
+    tau: float = 0.1,
+    adjoint: str | dfx.AbstractAdjoint = "checkpoint",
+    adjoint_rtol: float = 1e-3,
+    log: bool | None = None,
+    weight_noise: float = 0.3,
+    baseline_samples: int = 0,
+    key: PRNGKeyArray | None = None,
+    progress: bool = False,
+    devices=None,
+) -> Exploration:
+    """Search initial tokens and/or weights that maximise a measure of
+    non-consensus at a horizon, by gradient ascent through the dynamics.
+
+    Restarts run as one vmapped batch; the best iterate over all restarts and steps
+    is returned with the baseline (the same objective at random starts).
+
+    **Arguments:**
+
+    - `dyn`: the model (its weights are the start when `target` includes weights).
+    - `init`: a PRNG key (random starts: uniform on `E_W`, reflected into the cap
+      with a fixed `constraints.hemisphere`) or tokens `(n, d)` / `(restarts, n, d)`.
+    - `n`: the number of tokens, with a key as `init`.
+    - `target`: `"tokens"` (initial tokens), `"weights"` (the fields
+      `constraints.train`, from fixed starts) or `"both"`.
+    - `objective`: `"final"` (`E(x(T))`), `"integrated"` (`∫₀ᵀ E dt`),
+      `"consensus_time"` (smooth), `"lyapunov"` (`V(x(T))`), see
+      `builtin_objective`; or a function `(ts, ys) ↦ scalar` or
+      `(ts, ys, dyn) ↦ scalar` of one trajectory `ys (T, n, d)`. Maximised.
+    - `horizon`: the final time `T`.
+    - `steps`: optimiser steps; `optimizer`: an optax transformation (default
+      `optax.adam(0.02)`), applied per restart.
+    - `restarts`: the number `R` of starts optimised together.
+    - `constraints`: a `Constraints` (tokens always stay on `E_W`).
+    - `model`: `"flow"` (`solve_flow`, saved at `saves + 1` times) or `"layers"`
+      (`round(T / tau)` layers of `run_layers`, a checkpointed scan).
+    - `adjoint`: `"checkpoint"` (default, `diffrax.RecursiveCheckpointAdjoint`),
+      `"backsolve"` (refused with a `ValueError` when its gradient at the first
+      start differs from the checkpointed one by more than `adjoint_rtol`, else a
+      warning) or any diffrax adjoint.
+    - `log`: maximise `log(objective)` (same maximiser, better scaled as `E`
+      spans decades); default: yes for the built-in objectives.
+    - `weight_noise`: relative noise on the weights of restarts after the first.
+    - `baseline_samples`: extra random starts for the baseline (key `init` only).
+    - `key`: for the weight noise and the baseline samples.
+    - `progress`: show a progress bar.
+    - `devices`: shard the restarts over devices (`None`, an int, a list of
+      devices or a `Mesh`, as in `ja.run_layers`): each device optimises its share
+      of the restarts. Results equal the unsharded run.
+
+    **Returns:**
+
+    An `Exploration` (best `x0`, `dyn`, `value`, `gain`, `trace`, `baseline`, ...).
+    """
+    x, state_w, loop, z = _setup(dyn, init, n, target, objective, horizon, optimizer,
+                                 restarts, constraints, model, saves, tau, adjoint, log,
+                                 weight_noise, key)
+    if isinstance(loop.hz.adjoint, dfx.BacksolveAdjoint) and loop.hz.model == "flow":
+        w0 = None if state_w is None else jax.tree.map(lambda a: a[0], state_w)
+        _check_backsolve(loop, x[0], w0, adjoint_rtol)
+    train = (x if loop.train_x else None, state_w if loop.train_w else None)
+    opt_state = jax.vmap(loop.optimizer.init)(train)
+    state = (x, state_w, opt_state, z)
+    mesh = as_mesh(devices)
+    if mesh is not None:  # pad the restarts with copies of restart 0, dropped below
+        state = jax.tree.map(lambda a: shard_batch(a, mesh, 1)[0], state)
+    (best_v, best_x, best_w), trace, violation = _run_loop(
+        loop, state, int(steps), progress, "slow_consensus")
+    R = x.shape[0]
+    best_v, best_x, best_w = jax.tree.map(lambda a: a[:R], (best_v, best_x, best_w))
+    trace, violation = trace[:, :R], violation[:, :R]
+    baseline = trace[0]
+    if baseline_samples and not _is_tokens(init):
+        baseline = np.concatenate([baseline, _baseline(loop, dyn, init, n, baseline_samples,
+                                                       state_w, z, key)])
+    r = int(np.argmax(np.asarray(best_v)))
+    w_best = None if best_w is None else jax.tree.map(lambda a: a[r], best_w)
+    return Exploration(
+        x0=best_x[r], dyn=_combine(w_best, loop.rest), value=float(best_v[r]),
+        gain=float(best_v[r] / np.mean(baseline)), trace=trace, baseline=np.asarray(baseline),
+        x0s=best_x, values=np.asarray(best_v), weights=best_w, violation=violation,
+    )
+
+
+def _setup(dyn, init, n, target, objective, horizon, optimizer, restarts, constraints,
+           model, saves, tau, adjoint, log, weight_noise, key):
+    if not isinstance(dyn, SelfAttentionDynamics):
+        raise TypeError(f"expected a ja.SelfAttentionDynamics, got {type(dyn).__name__}.")
+    if target not in TARGETS:
+        raise ValueError(f"`target` must be one of {TARGETS}, got {target!r}.")
+    if int(restarts) < 1:
+        raise ValueError(f"`restarts` must be ≥ 1, got {restarts}.")
+    constraints = constraints or Constraints()
+    fn, builtin = _as_objective(objective)
+    hz = make_horizon(horizon, model=model, saves=saves, tau=tau, adjoint=adjoint)
+    train_w = target in ("weights", "both")
+    mask = trainable_filter(dyn, constraints)
+    if train_w:
+        check_weight_constraints(dyn, constraints)
+        dyn = constrain_weights(dyn, constraints)
+        if not jax.tree.leaves(eqx.filter(dyn, mask)):
+            raise ValueError(f"no weights to train: the model has none of {constraints.train}.")
+    key = jax.random.PRNGKey(0) if key is None else key
+    weights = _perturbed_weights(eqx.filter(dyn, mask), restarts, weight_noise, key) \
+        if train_w else None
+    rest = eqx.filter(dyn, mask, inverse=True) if train_w else dyn
+    loop = _Loop(fn, hz, rest, mask, constraints, optimizer or optax.adam(0.02),
+                 target in ("tokens", "both"), train_w, builtin if log is None else bool(log))
+    if train_w:
+        weights = jax.vmap(lambda w: loop.project(jnp.zeros((1, dyn.dim)), w, None)[1])(weights)
+        weights = _feasible_starts(weights, rest, constraints)
+    z_fixed = _fixed_direction(dyn, constraints)
+    x = _start_tokens(dyn, init, int(restarts), n, z_fixed, constraints.margin)
+    z = _hemisphere_directions(dyn, x, constraints, weights, rest)
+    if z is not None:
+        x = jax.vmap(lambda xi, zi: retract_tokens(xi, zi, constraints.margin, dyn.W))(x, z)
+    return x, weights, loop, z
+
+
+def _feasible_starts(weights, rest, constraints: Constraints):
+    """With `sum_gap` (kept by rejection, so the start must satisfy it): restarts
+    whose perturbed weights break it start from the unperturbed weights instead."""
+    if constraints.sum_gap is None:
+        return weights
+    defect = jax.vmap(lambda w: sum_gap_defect(_combine(w, rest), constraints.sum_gap))(weights)
+    if not float(defect[0]) <= 0:
+        raise ValueError(
+            f"the model breaks `sum_gap={constraints.sum_gap:g}`: the top eigenvalue of "
+            "Σ_η U_η must be simple and positive, ahead by sum_gap; start from such U.")
+    ok = np.asarray(defect) <= 0
+    return jax.tree.map(lambda a: jnp.where(ok.reshape((-1,) + (1,) * (a.ndim - 1)), a, a[:1]),
+                        weights)
+
+
+def _fixed_direction(dyn, constraints):
+    hemi = constraints.hemisphere
+    if hemi is None or isinstance(hemi, str):
+        return None
+    z = hemi(dyn) if callable(hemi) else hemi
+    return project(jnp.asarray(z, jnp.result_type(float)), dyn.W)
+
+
+def _baseline(loop, dyn, init, n, samples, weights, z, key):
+    """The objective at `samples` more random starts (with restart 0's weights)."""
+    zf = None if z is None else z[0]
+    keys = jax.random.split(jax.random.fold_in(init, 1), int(samples))
+    xs = jax.vmap(lambda k: _sample(k, n, dyn, zf, loop.constraints.margin))(keys)
+    w = None if weights is None else jax.tree.map(
+        lambda a: jnp.broadcast_to(a[0], (int(samples),) + a.shape[1:]), weights)
+    zs = None if z is None else jnp.broadcast_to(zf, (int(samples), zf.shape[0]))
+    v, _ = _evaluate(loop, xs, w, zs)
+    return np.asarray(v)

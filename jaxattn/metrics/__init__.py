@@ -1,0 +1,30 @@
+"""Measures of consensus (paper 001 §3–6): `import jaxattn as ja; ja.metrics.…`.
+
+All take tokens with any leading (batch, time) axes and work under `jit`, `vmap`
+and `grad`; `hemisphere` solves its convex program on the host through
+`jax.pure_callback` and `wendel_probability` is a plain Python function.
+"""
+
+from ._consensus import attention_entropy as attention_entropy
+from ._consensus import cluster_count as cluster_count
+from ._consensus import consensus_time as consensus_time
+from ._consensus import misalignment as misalignment
+from ._consensus import pairwise_lyapunov as pairwise_lyapunov
+from ._consensus import potential as potential
+from ._consensus import rank_collapse_residual as rank_collapse_residual
+from ._hemisphere import Hemisphere as Hemisphere
+from ._hemisphere import hemisphere as hemisphere
+from ._hemisphere import wendel_probability as wendel_probability
+
+__all__ = [
+    "Hemisphere",
+    "attention_entropy",
+    "cluster_count",
+    "consensus_time",
+    "hemisphere",
+    "misalignment",
+    "pairwise_lyapunov",
+    "potential",
+    "rank_collapse_residual",
+    "wendel_probability",
+]

@@ -1,0 +1,230 @@
+"""Measures of consensus along the flow and the layers (paper 001 §3–6)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, Real
+
+from .._validate import as_float_array, check_metric, check_scalar
+
+
+def misalignment(x: Float[Array, "*batch n d"]) -> Float[Array, "*batch"]:
+    """The misalignment `E(x) = 1 − (1/n) Σ_i cos(x_1, x_i)` (paper 001 eq. 25).
+
+    Zero exactly when every token points along the first one (consensus); at most 2.
+    Computed over the last two axes; leading axes (batch, time) are kept.
+
+    **Arguments:**
+
+    - `x`: tokens `(..., n, d)`, any nonzero rows (not necessarily normalised).
+
+    **Returns:**
+
+    `E` with the shape of the leading axes.
+    """
+    x = as_float_array(x, "x")
+    if x.ndim < 2:
+        raise ValueError(f"misalignment needs tokens of shape (..., n, d), got {x.shape}.")
+    unit = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    cos = jnp.sum(unit[..., :1, :] * unit, axis=-1)
+    return 1 - jnp.mean(cos, axis=-1)
+
+
+def _batched(fn, core_ndim: int):
+    """Apply `fn` (written for one sample with `core_ndim` axes) over leading axes."""
+
+    def wrapped(x, *args):
+        batch = x.shape[: x.ndim - core_ndim]
+        flat = x.reshape((-1,) + x.shape[x.ndim - core_ndim :])
+        out = jax.vmap(lambda xi: fn(xi, *args))(flat)
+        return out.reshape(batch + out.shape[1:])
+
+    return wrapped
+
+
+def _tokens(x, name: str = "x") -> Float[Array, "*batch n d"]:
+    x = as_float_array(x, name)
+    if x.ndim < 2:
+        raise ValueError(f"`{name}` must be tokens of shape (..., n, d), got {x.shape}.")
+    return x
+
+
+def _gram(x: Float[Array, "n d"], W: Float[Array, "d d"] | None) -> Float[Array, "n n"]:
+    return x @ x.T if W is None else x @ W @ x.T
+
+
+def pairwise_lyapunov(
+    x: Float[Array, "*batch n d"], W: Float[Array, "d d"] | None = None
+) -> Float[Array, "*batch"]:
+    """The Lyapunov function of Theorem 4.1: `V(x) = 1 − min_{i,j} ⟨x_i, x_j⟩_W`
+    (paper 001 eq. 10).
+
+    On `E_W` it is zero exactly at consensus. Along the flow with every `U_η = I`
+    and full attention it does not increase while all `⟨x_i, x_j⟩_W > 0`.
+
+    **Arguments:**
+
+    - `x`: tokens `(..., n, d)` on `E_W`.
+    - `W`: the metric `(d, d)`; `None` is the identity.
+
+    **Returns:**
+
+    `V` with the shape of the leading axes.
+    """
+    x = _tokens(x)
+    if W is not None:
+        W = check_metric(W, x.shape[-1])
+    return _batched(lambda xi: 1 - jnp.min(_gram(xi, W)), 2)(x)
+
+
+def potential(
+    x: Float[Array, "*batch n d"], P: Float[Array, "d d"], beta: float = 1.0
+) -> Float[Array, "*batch"]:
+    """The potential of Theorem 3.2: `E_P(x) = ½ Σ_ij exp(β x_iᵀ P x_j)` (paper 001 eq. 8).
+
+    When the flow is a gradient flow (one head, `P` symmetric and time-invariant,
+    `W U` a positive multiple of `P`), `E_P` does not decrease along it.
+
+    **Arguments:**
+
+    - `x`: tokens `(..., n, d)`.
+    - `P`: one head's query–key product `(d, d)` (e.g. `dyn.query_key(0.0)[0]`).
+    - `beta`: the inverse temperature `β`.
+
+    **Returns:**
+
+    `E_P` with the shape of the leading axes.
+    """
+    x = _tokens(x)
+    P = as_float_array(P, "P")
+    d = x.shape[-1]
+    if P.shape != (d, d):
+        raise ValueError(
+            f"`P` must be one head's ({d}, {d}) matrix, got {P.shape}; "
+            "for a model use dyn.query_key(t)[0]."
+        )
+    beta = check_scalar(beta, "beta")
+    return _batched(lambda xi: 0.5 * jnp.sum(jnp.exp(beta * (xi @ P @ xi.T))), 2)(x)
+
+
+def consensus_time(
+    ts: Float[Array, " T"], E: Float[Array, "*batch T"], eps: float
+) -> Float[Array, "*batch"]:
+    """The first time at which `E(t) < eps`, interpolated between the saved times.
+
+    Between the last sample at or above `eps` and the first one below it, `log E`
+    is interpolated linearly (exact for exponential decay); if the later sample is
+    `≤ 0` the interpolation is linear in `E`. `ts[0]` if `E(ts[0]) < eps` already.
+
+    **Arguments:**
+
+    - `ts`: increasing times `(T,)`.
+    - `E`: a consensus measure at those times `(..., T)`, e.g. `misalignment(ys)`.
+    - `eps`: the threshold, `> 0`.
+
+    **Returns:**
+
+    The crossing time per leading index; `inf` where `E` never drops below `eps`.
+    """
+    ts = as_float_array(ts, "ts")
+    E = as_float_array(E, "E")
+    if ts.ndim != 1 or E.ndim < 1 or E.shape[-1] != ts.shape[0]:
+        raise ValueError(f"`E` must be (..., T) with T = len(ts); got E {E.shape}, ts {ts.shape}.")
+    eps = check_scalar(eps, "eps", positive=True)
+    return _batched(lambda e: _crossing(ts, e, eps), 1)(E)
+
+
+def _crossing(ts, e, eps):
+    below = e < eps
+    i1 = jnp.argmax(below)
+    i0 = jnp.maximum(i1 - 1, 0)
+    e0, e1 = e[i0], e[i1]
+    positive = (e1 > 0) & (e0 > 0)
+    safe0, safe1 = jnp.where(positive, e0, 2.0), jnp.where(positive, e1, 1.0)
+    frac_log = (jnp.log(safe0) - jnp.log(eps)) / (jnp.log(safe0) - jnp.log(safe1))
+    frac_lin = (e0 - eps) / jnp.where(e0 > e1, e0 - e1, 1.0)
+    frac = jnp.clip(jnp.where(positive, frac_log, frac_lin), 0.0, 1.0)
+    t = jnp.where(i1 == 0, ts[0], ts[i0] + frac * (ts[i1] - ts[i0]))
+    return jnp.where(jnp.any(below), t, jnp.inf)
+
+
+def cluster_count(x: Float[Array, "*batch n d"], eps: float) -> Int[Array, "*batch"]:
+    """The number of clusters: tokens joined by chains of steps shorter than `eps`.
+
+    Two tokens share a cluster when a chain of tokens links them, each within
+    Euclidean distance `eps` of the next (single linkage). Consensus is one
+    cluster.
+
+    **Arguments:**
+
+    - `x`: tokens `(..., n, d)`.
+    - `eps`: the linking distance, `> 0`.
+
+    **Returns:**
+
+    The number of clusters (an int array) per leading index.
+    """
+    x = _tokens(x)
+    eps = check_scalar(eps, "eps", positive=True)
+    return _batched(lambda xi: _count_components(xi, eps), 2)(x)
+
+
+def _count_components(x: Float[Array, "n d"], eps) -> Int[Array, ""]:
+    n = x.shape[0]
+    dist = jnp.linalg.norm(x[:, None, :] - x[None, :, :], axis=-1)
+    reach = (dist < eps).astype(x.dtype)
+    # Squaring the reachability matrix doubles the chain length it covers.
+    num_squarings = max(1, int(np.ceil(np.log2(max(n, 2)))))
+    reach = jax.lax.fori_loop(
+        0, num_squarings, lambda _, r: (r @ r > 0).astype(r.dtype), reach
+    )
+    # A cluster is counted at its first token: no earlier token reaches it.
+    earlier = jnp.tril(jnp.ones((n, n), dtype=bool), k=-1)
+    return jnp.sum(~jnp.any((reach > 0) & earlier, axis=1))
+
+
+def rank_collapse_residual(x: Float[Array, "*batch n d"]) -> Float[Array, "*batch"]:
+    """The relative distance to rank one, `‖X − 1 x̄ᵀ‖_F / ‖X‖_F`, with `x̄` the mean token.
+
+    Zero exactly when all tokens are equal (the rank collapse of Dong et al.).
+
+    **Arguments:**
+
+    - `x`: tokens `(..., n, d)`, not all zero.
+
+    **Returns:**
+
+    The residual per leading index, in `[0, 1]`.
+    """
+    x = _tokens(x)
+
+    def one(xi):
+        return jnp.linalg.norm(xi - jnp.mean(xi, axis=0, keepdims=True)) / jnp.linalg.norm(xi)
+
+    return _batched(one, 2)(x)
+
+
+def attention_entropy(dyn, t: Real[Array, ""], x: Float[Array, "*batch n d"]):
+    """The mean entropy (nats) of the attention rows of each head at time `t`.
+
+    `H_η = −(1/n) Σ_i Σ_j α^η_ij log α^η_ij`: `log n` for uniform full attention,
+    `0` when every token attends to one token only.
+
+    **Arguments:**
+
+    - `dyn`: the model, a `ja.SelfAttentionDynamics`.
+    - `t`: the time at which the weights are read.
+    - `x`: tokens `(..., n, d)`.
+
+    **Returns:**
+
+    `(..., h)`: one entropy per head.
+    """
+    x = _tokens(x)
+
+    def one(xi):
+        A = dyn.attention(t, xi)
+        log_A = jnp.log(jnp.where(A > 0, A, 1.0))  # 0 log 0 = 0 (masked causal entries)
+        return -jnp.mean(jnp.sum(A * log_A, axis=-1), axis=-1)
+
+    return _batched(one, 2)(x)

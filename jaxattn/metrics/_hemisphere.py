@@ -1,0 +1,152 @@
+"""Do the tokens lie in one open hemisphere? The domain of Theorem 4.1 (paper 001
+§4) and Wendel's probability that random tokens do (Remark 4.3).
+
+The test is a small convex program solved exactly on the host (NumPy/SciPy)
+through `jax.pure_callback`, so it composes with `jit` and `vmap`; its margin is
+differentiable through the envelope theorem.
+"""
+
+from math import comb
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.optimize
+from jaxtyping import Array, Bool, Float
+
+from .._manifold import w_inner, w_norm
+from .._validate import as_float_array, check_metric
+
+# The origin counts as inside the hull of the tokens (no open hemisphere) when the
+# nearest hull point is this close to it, relative to the largest token.
+_HULL_RTOL = 1e-10
+
+
+class Hemisphere(NamedTuple):
+    """What `hemisphere` returns, per sequence.
+
+    - `inside`: whether all tokens lie in one open hemisphere `{y : ⟨z, y⟩_W > 0}`.
+    - `z`: a certificate, the centre of the widest such hemisphere, `|z|_W = 1`
+      (zeros where none exists).
+    - `margin`: `max_z min_i ⟨z, x_i⟩_W / |z|_W` where positive; `0` where no open
+      hemisphere exists (the maximum is then `≤ 0`; its exact negative value is
+      a nonconvex problem and is not computed).
+    """
+
+    inside: Bool[Array, "*batch"]
+    z: Float[Array, "*batch d"]
+    margin: Float[Array, "*batch"]
+
+
+def _nearest_hull_point(u: np.ndarray) -> np.ndarray:
+    """Barycentric weights `λ` of the point of `conv{u_i}` nearest the origin.
+
+    Minimising `|Σ μ_i u_i|² + (Σ μ_i − 1)²` over `μ ≥ 0` is a nonnegative least
+    squares problem (solved exactly by Lawson–Hanson's active set method); its
+    minimiser is `μ = s λ` with `λ` the nearest hull point's weights and
+    `s = 1 / (1 + |p|²)`, since the objective is `s²|p|² + (s − 1)²` for fixed `λ`.
+    """
+    n, d = u.shape
+    A = np.vstack([u.T, np.ones((1, n))])
+    b = np.zeros(d + 1)
+    b[-1] = 1.0
+    mu, _ = scipy.optimize.nnls(A, b, maxiter=50 * (n + d + 1))
+    return mu / mu.sum()
+
+
+def _solve_one(x: np.ndarray, chol: np.ndarray):
+    # In coordinates u = Lᵀx (W = L Lᵀ) the W-geometry is Euclidean.
+    u = x @ chol
+    lam = _nearest_hull_point(u)
+    p = lam @ u
+    p_norm = np.linalg.norm(p)
+    if not p_norm > _HULL_RTOL * np.abs(u).max():
+        n, d = x.shape
+        return False, np.zeros(d), np.zeros(n)
+    y = p / p_norm
+    # |z|_W = |Lᵀz| = |y| = 1.
+    z = np.linalg.solve(chol.T, y)
+    return True, z, lam
+
+
+def _host_hemisphere(x, W):
+    x = np.asarray(x, dtype=np.float64)
+    chol = np.linalg.cholesky(np.asarray(W, dtype=np.float64))
+    batch, (n, d) = x.shape[:-2], x.shape[-2:]
+    flat = x.reshape(-1, n, d)
+    inside = np.zeros(len(flat), bool)
+    z = np.zeros((len(flat), d))
+    lam = np.zeros((len(flat), n))
+    for k, xk in enumerate(flat):
+        inside[k], z[k], lam[k] = _solve_one(xk, chol)
+    return inside.reshape(batch), z.reshape(batch + (d,)), lam.reshape(batch + (n,))
+
+
+def hemisphere(x: Float[Array, "*batch n d"], W: Float[Array, "d d"] | None = None) -> Hemisphere:
+    """Decide whether all tokens lie in one open hemisphere `{y : ⟨z, y⟩_W > 0}`.
+
+    The widest hemisphere is found from the point `p` of the convex hull of the
+    tokens nearest the origin (in the `W` geometry): if `p ≠ 0`, `z = p / |p|_W`
+    is the optimal certificate and `margin = |p|_W = max_z min_i ⟨z, x_i⟩_W / |z|_W`
+    (the duality of the max–min and the hull distance); if `p = 0` (relative
+    tolerance `1e-10`), no open hemisphere contains the tokens. The hull distance
+    is a quadratic program, solved exactly as a nonnegative least-squares problem
+    with SciPy on the host (`jax.pure_callback`), one sequence at a time; it works
+    under `jit` and `vmap`. Gradients of `margin` (envelope theorem: the optimal
+    `z` and hull weights held fixed) flow into `x` and `W`; `z` has none.
+
+    **Arguments:**
+
+    - `x`: tokens `(..., n, d)` (any nonzero rows; on `E_W` the margin is a `W`-cosine).
+    - `W`: the metric `(d, d)`; `None` is the identity (the sphere).
+
+    **Returns:**
+
+    A `Hemisphere(inside, z, margin)` with the leading axes of `x`.
+    """
+    x = as_float_array(x, "x")
+    if x.ndim < 2 or x.shape[-2] < 1:
+        raise ValueError(f"`x` must be tokens of shape (..., n, d), got {x.shape}.")
+    d = x.shape[-1]
+    Wm = jnp.eye(d, dtype=x.dtype) if W is None else check_metric(W, d).astype(x.dtype)
+    batch, n = x.shape[:-2], x.shape[-2]
+    shapes = (
+        jax.ShapeDtypeStruct(batch, jnp.bool_),
+        jax.ShapeDtypeStruct(batch + (d,), x.dtype),
+        jax.ShapeDtypeStruct(batch + (n,), x.dtype),
+    )
+    inside, z, lam = jax.pure_callback(
+        _host_hemisphere, shapes, jax.lax.stop_gradient(x), jax.lax.stop_gradient(Wm),
+        vmap_method="sequential",
+    )
+    Wz = None if W is None else Wm
+    # Value |p|_W, gradient by the envelope theorem: Σ λ_i ⟨z, x_i⟩_W / |z|_W at fixed z, λ.
+    scores = w_inner(z[..., None, :], x, Wz)
+    norm = jnp.where(inside, w_norm(z, Wz), 1.0)
+    margin = jnp.where(inside, jnp.sum(lam * scores, axis=-1) / norm, 0.0)
+    return Hemisphere(inside, z, margin)
+
+
+def wendel_probability(n: int, d: int) -> float:
+    """The probability that `n` i.i.d. uniform points on `S^{d−1}` lie in one
+    open hemisphere (Wendel 1962; paper 001 Remark 4.3):
+    `2^{−(n−1)} Σ_{k=0}^{d−1} C(n−1, k)`.
+
+    It is 1 for `n ≤ d`; exact integer arithmetic, then rounded to a float.
+
+    **Arguments:**
+
+    - `n`: the number of points, `≥ 1`.
+    - `d`: the ambient dimension, `≥ 1`.
+
+    **Returns:**
+
+    The probability, a Python float.
+    """
+    for name, value in (("n", n), ("d", d)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"wendel_probability: `{name}` must be an int ≥ 1, got {value!r}.")
+    n, d = int(n), int(d)
+    total = sum(comb(n - 1, k) for k in range(min(d, n)))
+    return total / 2 ** (n - 1)

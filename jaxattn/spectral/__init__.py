@@ -1,0 +1,39 @@
+"""Paper 004, "Analogies between transformer layers and power method": layer
+matrices `Ω = Σ_η U_η`, their spectra, token alignment with their eigenvectors,
+shared-weight dynamics, rank-1 steering, and the Oja / single-head equilibria.
+
+```python
+Omega = ja.spectral.layer_matrix(model, 3)          # (d, d), acts on token vectors
+spec = ja.spectral.spectrum(Omega)                  # ordered by |λ|; tau=1.0: by |1 + λ|
+c = ja.spectral.alignment(x, spec.principal)        # mean |cos(x_i, v₁)| (2-D if complex)
+stats, eigs, xs = ja.spectral.layerwise(model, x0)  # c_ℓ, Δ_ℓ, p_ℓ and baselines per layer
+steered = ja.spectral.steer(model, u, gamma)        # last layer: Ω + γ u uᵀ
+eq = ja.spectral.equilibria(ja.spectral.single_head(U, P), n=6)
+```
+
+Experiments: `jaxattn run power-shared | power-layers | steer | oja-bipartite`.
+"""
+
+from ._equilibria import Equilibria as Equilibria
+from ._equilibria import bipartite_closed_form as bipartite_closed_form
+from ._equilibria import equilibria as equilibria
+from ._equilibria import oja_system as oja_system
+from ._equilibria import perturbation_growth as perturbation_growth
+from ._equilibria import single_head as single_head
+from ._equilibria import spectral_radius as spectral_radius
+from ._equilibria import tangent_jacobian as tangent_jacobian
+from ._layerwise import layer_dynamics as layer_dynamics
+from ._layerwise import layerwise as layerwise
+from ._layerwise import random_tokens as random_tokens
+from ._layerwise import run_model as run_model
+from ._layerwise import shared_alignment as shared_alignment
+from ._layerwise import steer as steer
+from ._spectrum import LayerAlignment as LayerAlignment
+from ._spectrum import Spectrum as Spectrum
+from ._spectrum import alignment as alignment
+from ._spectrum import cosines as cosines
+from ._spectrum import eigen_bases as eigen_bases
+from ._spectrum import increment as increment
+from ._spectrum import layer_alignment as layer_alignment
+from ._spectrum import layer_matrix as layer_matrix
+from ._spectrum import spectrum as spectrum

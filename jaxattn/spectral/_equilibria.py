@@ -1,0 +1,279 @@
+"""The multi-agent discrete-time Oja system and the single-head self-attention map
+(paper 004 App. D, eqs. 8–9): consensus and bipartite-consensus equilibria along
+eigenvectors, their Jacobian on the tangent space, and Theorem 3.
+
+Both maps are the core simulator's layer with `W = I`:
+
+- Oja (eq. 9): `x_i ↦ N(x_i + τ U x̄)`, uniform attention, i.e. `P = 0`;
+- single head (eq. 8): `x_i ↦ N(x_i + τ Σ_j α_ij U x_j)`,
+  `α_ij = softmax_j(β x_iᵀ P x_j)`.
+
+A bipartite point puts `m` tokens at `v` and `n − m` at `−v` (`m = n`: consensus),
+`v` a unit eigenvector of the symmetric `U` (`U v = μ v`).
+
+Closed form (a reconstruction of Lemma 14 / Theorem 3, whose formulas were lost
+from our copy of the paper; `tests/test_spectral_oja.py` checks it against
+`jax.jacfwd`). With `q = β vᵀ P v`, the attention at the point takes four values,
+`a_AA = e^q / D_A`, `a_AB = e^{−q} / D_A`, `a_BA = e^{−q} / D_B`, `a_BB = e^q / D_B`
+(`D_A = m e^q + (n−m) e^{−q}`, `D_B = m e^{−q} + (n−m) e^q`). Every token moves
+along `v`: `x_i + τ(...) = (s_i + τ μ c_i) v` with `c_A = m a_AA − (n−m) a_AB`,
+`c_B = m a_BA − (n−m) a_BB`; the point is an equilibrium iff `r_A = 1 + τμ c_A > 0`
+and `r_B = 1 − τμ c_B > 0`. The variation of the attention moves tokens only
+along `v` and is removed by the normalisation, so on the tangent space the
+Jacobian splits over the other eigenvectors `e_k` (eigenvalue `λ_k`) into
+`diag(1/r_i)(I + τλ_k A)` with `A` the `n × n` attention matrix. Its eigenvalues:
+
+1. `1/r_A` (multiplicity `(m−1)(d−1)`) and `1/r_B` (`(n−m−1)(d−1)`), from
+   perturbations summing to zero within each group;
+2. for each `k`, the two eigenvalues of
+   `M_k = diag(1/r_A, 1/r_B) (I + τλ_k G)`, `G = [[m a_AA, (n−m) a_AB],
+   [m a_BA, (n−m) a_BB]]` (one, `(1 + τλ_k)/r_A`, at consensus).
+
+Stable iff all lie in the unit disk: Theorem 3's conditions `r_A > 1`, `r_B > 1`
+and, by Schur–Cohn, `|det M_k| < 1`, `|tr M_k| < 1 + det M_k` for every `k`.
+At consensus this is Lemma 4: `μ > 0` and `|1 + τλ_k| < 1 + τμ` for all `k`.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+
+from .._dynamics import SelfAttentionDynamics
+from .._manifold import project
+
+
+def oja_system(U: Float[Array, "d d"]) -> SelfAttentionDynamics:
+    """The multi-agent discrete-time Oja system (paper 004 eq. 9) as a one-head
+    `ja.SelfAttentionDynamics` with `P = 0` (uniform attention)."""
+    U = jnp.asarray(U, dtype=jnp.result_type(float))
+    return SelfAttentionDynamics(jnp.zeros_like(U)[None], U[None])
+
+
+def single_head(U: Float[Array, "d d"], P: Float[Array, "d d"], *, beta: float = 1.0):
+    """The single-head self-attention map (paper 004 eq. 8) as a one-head
+    `ja.SelfAttentionDynamics`."""
+    U = jnp.asarray(U, dtype=jnp.result_type(float))
+    return SelfAttentionDynamics(jnp.asarray(P, U.dtype)[None], U[None], beta=beta)
+
+
+def _householder_basis(x: Float[Array, " d"]) -> Float[Array, "d d-1"]:
+    """An orthonormal basis of `x^⊥` (`x` unit): the last `d − 1` columns of the
+    reflection that swaps `x` and `±e₁`."""
+    d = x.shape[0]
+    e1 = jnp.zeros_like(x).at[0].set(1.0)
+    sign = jnp.where(x[0] >= 0, 1.0, -1.0)
+    w = x + sign * e1  # never small: |w|² = 2(1 + |x₁|) ≥ 2
+    H = jnp.eye(d, dtype=x.dtype) - 2 * jnp.outer(w, w) / jnp.dot(w, w)
+    return H[:, 1:]
+
+
+def tangent_jacobian(
+    dyn: SelfAttentionDynamics, x: Float[Array, "n d"], tau=1.0
+) -> Float[Array, "n(d-1) n(d-1)"]:
+    """The Jacobian of one layer at an equilibrium `x`, on the tangent space.
+
+    **Arguments:**
+
+    - `dyn`: the map (time-invariant weights; read at `t = 0`).
+    - `x`: unit tokens `(n, d)` with `layer(x) = x`.
+    - `tau`: the step `τ`.
+
+    **Returns:**
+
+    `Bᵀ J B`, `J = jax.jacfwd(layer)(x)` (the extrinsic `nd × nd` Jacobian, paper
+    004 Remark 2) and `B` block-diagonal orthonormal bases of the `x_i^⊥`: the
+    intrinsic Jacobian whose spectral radius decides local stability.
+    """
+    n, d = x.shape
+    J = jax.jacfwd(lambda y: dyn.layer(0.0, y, tau))(x)  # (n, d, n, d)
+    B = jax.vmap(_householder_basis)(x)  # (n, d, d-1)
+    JT = jnp.einsum("iap,iajb,jbq->ipjq", B, J, B)
+    return JT.reshape(n * (d - 1), n * (d - 1))
+
+
+def spectral_radius(M: Float[Array, "k k"]) -> Float[Array, ""]:
+    """`max |eig(M)|` (CPU)."""
+    return jnp.max(jnp.abs(jnp.linalg.eigvals(M)))
+
+
+class Equilibria(eqx.Module):
+    """Consensus and bipartite-consensus points of a map along the eigenvectors of
+    its symmetric `Ω`, with their local stability.
+
+    Entry `e` puts `m[e]` tokens at `v = eigenvector[e]` and the rest at `−v`
+    (`m = n`: consensus); only `m ≥ n/2` is listed (the map commutes with
+    `x ↦ −x`, so `m` and `n − m` are the same point up to that symmetry).
+
+    - `points (E, n, d)`, `index (E,)` (eigenvector, by decreasing eigenvalue),
+      `eigenvalue (E,)`, `m (E,)`.
+    - `residual (E,)`: `max_i |layer(x)_i − x_i|`; an `m` whose tokens would
+      overshoot to `−v` (`r ≤ 0`) is not a fixed point and shows a residual ≈ 2.
+    - `radius (E,)`: spectral radius of `tangent_jacobian` (`jax.jacfwd`).
+    - `predicted (E,)`: the closed-form radius of the module docstring
+      (Theorem 3 / Lemma 4), NaN where it does not apply (several heads with
+      non-zero `P`).
+    - `theorem3 (E,)`: Theorem 3's sufficient-and-necessary conditions (`r > 1`
+      for both groups and Schur–Cohn for every `M_k`), False where not fixed.
+    """
+
+    points: Float[Array, "E n d"]
+    index: Int[Array, " E"]
+    eigenvalue: Float[Array, " E"]
+    m: Int[Array, " E"]
+    residual: Float[Array, " E"]
+    radius: Float[Array, " E"]
+    predicted: Float[Array, " E"]
+    theorem3: Bool[Array, " E"]
+
+    @property
+    def is_fixed(self) -> Bool[Array, " E"]:
+        return self.residual < 1e-9
+
+    @property
+    def is_consensus(self) -> Bool[Array, " E"]:
+        return self.m == self.points.shape[1]
+
+    def stability(self, tol: float = 1e-9) -> Int[Array, " E"]:
+        """`+1` stable (`radius < 1 − tol`), `−1` unstable (`> 1 + tol`), `0`
+        undecided at first order; `−2` for entries that are not fixed points."""
+        s = jnp.where(self.radius < 1 - tol, 1, jnp.where(self.radius > 1 + tol, -1, 0))
+        return jnp.where(self.is_fixed, s, -2)
+
+
+def _symmetric_eig(Omega):
+    if not np.allclose(np.asarray(Omega), np.asarray(Omega).T, rtol=1e-10, atol=1e-12):
+        raise ValueError(
+            "equilibria needs a symmetric layer matrix Ω = Σ_η U_η (paper 004 "
+            "Assumption 1); symmetrise U with (U + Uᵀ)/2."
+        )
+    lam, vecs = jnp.linalg.eigh(Omega)
+    return lam[::-1], vecs[:, ::-1].T
+
+
+def equilibria(dyn: SelfAttentionDynamics, n: int, *, tau=1.0) -> Equilibria:
+    """Enumerate consensus and bipartite equilibria along eigenvectors and classify
+    them with `jax.jacfwd` (paper 004 Lemmas 1, 8; Theorems 2, 3).
+
+    **Arguments:**
+
+    - `dyn`: a time-invariant map with symmetric `Ω` and full attention: the Oja
+      system (`oja_system`), the single-head map (`single_head`) or any
+      multi-head `ja.SelfAttentionDynamics` (then points along eigenvectors of
+      `Ω` need not be fixed; `residual` says which are).
+    - `n`: number of tokens; `tau`: the step `τ`.
+
+    **Returns:**
+
+    `Equilibria` with `d (n − ⌈n/2⌉ + 1)` entries.
+    """
+    if dyn.causal:
+        raise ValueError("equilibria enumerates full-attention maps; got causal=True.")
+    lam, vecs = _symmetric_eig(layer_matrix_const(dyn))
+    d = lam.shape[0]
+    ms = np.arange((n + 1) // 2, n + 1)
+    idx = np.repeat(np.arange(d), len(ms))
+    mm = np.tile(ms, d)
+    signs = jnp.where(jnp.arange(n)[None, :] < mm[:, None], 1.0, -1.0)  # (E, n)
+    points = signs[:, :, None] * vecs[idx][:, None, :]
+    return _classify(dyn, points, jnp.asarray(idx), lam, jnp.asarray(mm), tau)
+
+
+def layer_matrix_const(dyn: SelfAttentionDynamics) -> Float[Array, "d d"]:
+    return jnp.sum(dyn.U(jnp.zeros((), jnp.result_type(float))), axis=0)
+
+
+@eqx.filter_jit
+def _classify(dyn, points, idx, lam, mm, tau) -> Equilibria:
+    step = jax.vmap(lambda x: dyn.layer(0.0, x, tau))
+    residual = jnp.max(jnp.abs(step(points) - points), axis=(1, 2))
+    radius = jax.vmap(lambda x: spectral_radius(tangent_jacobian(dyn, x, tau)))(points)
+    P = dyn.query_key(jnp.zeros((), points.dtype))
+    q = dyn.beta * jnp.einsum("ed,hdf,ef->eh", points[:, 0], P, points[:, 0])
+    applies = (P.shape[0] == 1) | jnp.all(P == 0)
+    pred, cond = jax.vmap(
+        lambda k, m, qe: bipartite_closed_form(lam, k, m, points.shape[1], qe, tau)
+    )(idx, mm, q[:, 0])
+    return Equilibria(
+        points=points, index=idx, eigenvalue=lam[idx], m=mm, residual=residual,
+        radius=radius, predicted=jnp.where(applies, pred, jnp.nan),
+        theorem3=cond & applies & (residual < 1e-9),
+    )
+
+
+def bipartite_closed_form(lam, k, m, n, q, tau):
+    """The closed-form tangent spectral radius and Theorem 3's conditions at the
+    point (`m` tokens at `e_k`, `n − m` at `−e_k`); see the module docstring.
+
+    **Arguments:**
+
+    - `lam`: the eigenvalues of the symmetric `U` `(d,)`; `k`: the index of `e_k`.
+    - `m`, `n`: tokens at `e_k` and in all; `q`: the score `β e_kᵀ P e_k`
+      (0 for the Oja system); `tau`: the step.
+
+    **Returns:**
+
+    `(radius, stable)`: the spectral radius of the tangent Jacobian, and whether
+    the point is a fixed point satisfying Theorem 3's conditions.
+    """
+    mu = lam[k]
+    eq, emq = jnp.exp(q), jnp.exp(-q)
+    mb = n - m
+    DA, DB = m * eq + mb * emq, m * emq + mb * eq
+    G = jnp.array([[m * eq / DA, mb * emq / DA], [m * emq / DB, mb * eq / DB]])
+    cA, cB = G[0, 0] - G[0, 1], G[1, 0] - G[1, 1]
+    rA, rB = 1 + tau * mu * cA, 1 - tau * mu * cB
+    has_b = mb > 0
+    # Class 1: within-group perturbations (present when a group has ≥ 2 tokens).
+    within = jnp.maximum(jnp.where(m >= 2, 1 / jnp.abs(rA), 0.0),
+                         jnp.where(mb >= 2, 1 / jnp.abs(rB), 0.0))
+    # Class 2: the group-constant modes along every other eigenvector.
+    others = jnp.arange(lam.shape[0]) != k
+    R = jnp.where(has_b, jnp.array([1 / rA, 1 / rB]), jnp.array([1 / rA, 0.0]))
+    Gc = jnp.where(has_b, G, jnp.array([[1.0, 0.0], [0.0, 0.0]]))
+
+    def block(lk):
+        return R[:, None] * (jnp.eye(2) + tau * lk * Gc)
+
+    Ms = jax.vmap(block)(lam)  # (d, 2, 2)
+    ev = jnp.max(jnp.abs(jax.vmap(jnp.linalg.eigvals)(Ms)), axis=-1)
+    radius = jnp.maximum(within, jnp.max(jnp.where(others, ev, 0.0)))
+    det, tr = jnp.linalg.det(Ms), jnp.trace(Ms, axis1=-2, axis2=-1)
+    schur = jnp.where(has_b, (jnp.abs(det) < 1) & (jnp.abs(tr) < 1 + det), jnp.abs(tr) < 1)
+    fixed = (rA > 0) & jnp.where(has_b, rB > 0, True)
+    groups = (jnp.where(m >= 2, rA > 1, True)) & (jnp.where(mb >= 2, rB > 1, True))
+    return radius, fixed & groups & jnp.all(jnp.where(others, schur, True))
+
+
+def perturbation_growth(
+    dyn: SelfAttentionDynamics,
+    points: Float[Array, "E n d"],
+    key: PRNGKeyArray,
+    *,
+    eps: float = 1e-6,
+    layers: int = 300,
+    tau=1.0,
+) -> Float[Array, " E"]:
+    """Direct simulation: move each point by a random tangent perturbation of size
+    `eps`, run `layers` layers, and return the final distance over the initial one
+    (`max_i |x_i − x*_i|`). Below 1: the perturbation was absorbed."""
+    E, n, d = points.shape
+    z = jax.random.normal(key, points.shape, points.dtype)
+    z = z - jnp.sum(z * points, -1, keepdims=True) * points
+    z = eps * z / jnp.max(jnp.linalg.norm(z, axis=-1), axis=-1)[:, None, None]
+    x0 = project(points + z, None)
+    return _growth(dyn, points, x0, layers, tau)
+
+
+@eqx.filter_jit
+def _growth(dyn, points, x0, layers, tau):
+    def run(x):
+        return jax.lax.scan(lambda y, _: (dyn.layer(0.0, y, tau), None), x, None,
+                            length=layers)[0]
+
+    def dist(x, p):
+        return jnp.max(jnp.linalg.norm(x - p, axis=-1))
+
+    xs = jax.vmap(run)(x0)
+    return jax.vmap(dist)(xs, points) / jax.vmap(dist)(x0, points)

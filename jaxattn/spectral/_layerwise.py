@@ -1,0 +1,200 @@
+"""Paper 004 on whole models: the layer-by-layer power-method statistics (§2.2,
+§3.2), shared-weight depth prolongation (§2.1, §3.1) and rank-1 steering of the
+last layer (§2.3, §3.3).
+
+The dynamics is the core simulator's discrete layer with `W = I` (paper 004
+eq. 3): layer `ℓ` of a model is `ja.models.attention_dynamics(model, ℓ)` (no
+biases, norms replaced by the Euclidean normalisation, feed-forward blocks
+dropped), run with `ja.run_layers`.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._dynamics import SelfAttentionDynamics
+from .._layers import run_layers
+from .._schedule import Constant, PiecewiseConstant
+from ._spectrum import LayerAlignment, cosines, layer_alignment, layer_matrix, spectrum
+
+
+def _f64(tree):
+    dtype = jnp.result_type(float)
+    return jax.tree.map(lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree)
+
+
+def layer_dynamics(model_or_dyn, layer: int) -> SelfAttentionDynamics:
+    """Layer `ℓ` as a time-invariant `ja.SelfAttentionDynamics` (a model's layer via
+    `ja.models.attention_dynamics`, or a dynamics frozen at `t = ℓ`), in the
+    default float precision."""
+    from ..models import AbstractTransformer, attention_dynamics
+
+    if isinstance(model_or_dyn, AbstractTransformer):
+        return _f64(attention_dynamics(model_or_dyn, layer))
+    if isinstance(model_or_dyn, SelfAttentionDynamics):
+        t = jnp.asarray(float(layer), jnp.result_type(float))
+        P = model_or_dyn.query_key(t)
+        return SelfAttentionDynamics(P, model_or_dyn.U(t), model_or_dyn.W,
+                                     model_or_dyn.beta, model_or_dyn.causal)
+    raise TypeError(f"expected a model or a ja.SelfAttentionDynamics, got {model_or_dyn!r}.")
+
+
+def num_layers_of(model_or_dyn) -> int | None:
+    """A model's depth (None for a dynamics, whose depth is the caller's choice)."""
+    return getattr(model_or_dyn, "num_layers", None)
+
+
+def run_model(model, x0: Float[Array, "B n d"], *, layers=None, tau: float = 1.0):
+    """Tokens after every layer of `model` under paper 004 eq. 3.
+
+    **Arguments:**
+
+    - `model`: a model or a `ja.SelfAttentionDynamics` (read at `t = ℓ`).
+    - `x0`: initial tokens, `(B, n, d)` (normalised first).
+    - `layers`: which layers, in order (default: all of the model's).
+    - `tau`: the step `τ` (paper 004 uses 1).
+
+    **Returns:**
+
+    `(len(layers) + 1, B, n, d)`; index 0 the normalised input.
+    """
+    layers = range(num_layers_of(model)) if layers is None else layers
+    xs = [run_layers(layer_dynamics(model, 0 if not layers else layers[0]), x0, 0)[:, 0]]
+    for ell in layers:  # one compiled program, reused: same shapes at every layer
+        xs.append(run_layers(layer_dynamics(model, ell), xs[-1], 1, tau)[:, 1])
+    return jnp.stack(xs)
+
+
+def layerwise(model, x0: Float[Array, "B n d"], *, tau: float = 1.0, order_tau=None,
+              top: int = 5, layers=None):
+    """Paper 004 §3.2 for every layer: `c_ℓ`, `Δ_ℓ`, `p_ℓ`, their all-eigenvector
+    baselines and the first eigenvalues of `Ω_ℓ` (Figs. 2b, 6, 7).
+
+    **Arguments:**
+
+    - `model`, `x0`, `tau`, `layers`: as `run_model`.
+    - `order_tau`: passed to `spectrum` as `tau` (None: order by `|λ|`).
+    - `top`: how many leading eigenvalues to return per layer.
+
+    **Returns:**
+
+    `(stats, eigenvalues, xs)`: a `LayerAlignment` with a leading layer axis, the
+    `(L, top)` leading eigenvalues, and the tokens `(L + 1, B, n, d)`.
+    """
+    layers = list(range(num_layers_of(model))) if layers is None else list(layers)
+    xs = run_model(model, x0, layers=layers, tau=tau)
+    d = xs.shape[-1]
+    stats, eigs = [], []
+    for i, ell in enumerate(layers):
+        spec = spectrum(_f64(layer_matrix(layer_dynamics(model, ell))), tau=order_tau)
+        stats.append(layer_alignment(xs[i].reshape(-1, d), xs[i + 1].reshape(-1, d), spec))
+        eigs.append(spec.eigenvalues[:top])
+    stats = jax.tree.map(lambda *a: jnp.stack(a), *stats)
+    return stats, jnp.stack(eigs), xs
+
+
+def shared_alignment(model_or_dyn, x0: Float[Array, "B n d"], num_layers: int, *,
+                     layer: int = 0, tau: float = 1.0):
+    """Shared weights (paper 004 §2.1): repeat layer `ℓ` `num_layers` times and
+    follow each token's alignment with the principal subspaces of `Ω_ℓ`.
+
+    **Returns:**
+
+    `(specs, cos)`: the `Spectrum` of `Ω_ℓ` ordered by `|λ|` (paper 004) and by
+    `|1 + τλ|`, and `cos (B, L + 1, n, 2, 2)`: per layer and token, for each of the
+    two orders, the alignment with `v₁` (`spec.principal`: the projection on
+    `span(Re v₁, Im v₁)` for complex `λ₁`) and with `spec.plane`.
+    """
+    dyn = layer_dynamics(model_or_dyn, layer)
+    Omega = layer_matrix(dyn)
+    specs = (spectrum(Omega), spectrum(Omega, tau=tau))
+    bases = [b for s in specs for b in (s.principal, s.plane)]
+
+    def observe(x):
+        c = jnp.stack([cosines(x, b) for b in bases], axis=-1)
+        return c.reshape(c.shape[:-1] + (2, 2))
+
+    return specs, run_layers(dyn, x0, num_layers, tau, observe=observe)
+
+
+# --- rank-1 steering (paper 004 §2.3) ----------------------------------------------
+
+
+def steer(model_or_dyn, u: Float[Array, " d"], gamma: float, *, w=None, layer: int = -1):
+    """Rank-1 steering: edit one layer so that its layer matrix becomes
+    `Ω + γ u wᵀ` (paper 004 §2.3).
+
+    For a model the output projection is replaced by `W_O + γ u wᵀ V⁺`, `V` the
+    stacked per-head value projections `(h k, d)` and `V⁺` its pseudo-inverse:
+    exact when `V` has full column rank (`h k ≥ d`, every model of paper 004);
+    with grouped key–value heads (`rank V < d`) the layer matrix becomes
+    `Ω + γ u (Π w)ᵀ`, `Π` the projection on the row space of `V`. For a
+    `ja.SelfAttentionDynamics` (constant or piecewise-constant `U`), `γ u wᵀ / h`
+    is added to every head's `U_η` of that layer.
+
+    Choice of `w`: the default `w = u` gives `Ω + γ u uᵀ`, whose principal
+    eigenvector tends to `u` as `γ → ∞`, with an error `≈ |(I − uuᵀ)Ω u| / γ`,
+    and whose eigenvalue `≈ γ` dominates once `γ ≫ ‖Ω‖`. A token reaching the layer
+    is pushed towards `u` by `γ (wᵀ x̄)`, `x̄` its attention-weighted average, so a
+    `w` along the directions the incoming tokens occupy (see the `steer`
+    experiment's `--calibrate`) needs a smaller `γ` than `w = u`.
+
+    **Arguments:**
+
+    - `model_or_dyn`: a model or a `ja.SelfAttentionDynamics`.
+    - `u`: the target direction `(d,)` (normalised here).
+    - `gamma`: the strength `γ`.
+    - `w`: `(d,)`; default `u` (normalised).
+    - `layer`: which layer (default the last; for a dynamics, the index of the
+      `PiecewiseConstant` stack, ignored for `Constant`).
+
+    **Returns:**
+
+    The edited model or dynamics.
+    """
+    u = jnp.asarray(u) / jnp.linalg.norm(u)
+    w = u if w is None else jnp.asarray(w) / jnp.linalg.norm(w)
+    if isinstance(model_or_dyn, SelfAttentionDynamics):
+        return _steer_dynamics(model_or_dyn, u, gamma, w, layer)
+    from ..models import attention_weights, replace_attention
+
+    attn = attention_weights(model_or_dyn, layer)
+    h, k = attn.num_heads, attn.query.shape[-2]
+    V = jnp.repeat(attn.value, h // attn.num_kv_heads, axis=0).reshape(h * k, -1)
+    Vp = jnp.linalg.pinv(V.astype(jnp.float64) if jax.config.jax_enable_x64 else V)
+    delta = gamma * jnp.outer(u, w @ Vp)  # (d, h k)
+    out = (attn.output.reshape(-1, h * k) + delta).reshape(attn.output.shape)
+    return replace_attention(model_or_dyn, layer, eqx.tree_at(
+        lambda a: a.output, attn, out.astype(attn.output.dtype)))
+
+
+def _steer_dynamics(dyn, u, gamma, w, layer):
+    U = dyn.U
+    if isinstance(U, Constant):
+        add = gamma * jnp.outer(u, w) / U.value.shape[0]
+        new = Constant(U.value + add[None])
+    elif isinstance(U, PiecewiseConstant):
+        add = gamma * jnp.outer(u, w) / U.values.shape[1]
+        new = eqx.tree_at(lambda s: s.values, U, U.values.at[layer].add(add[None]))
+    else:
+        raise TypeError("steer edits constant or piecewise-constant value matrices only; "
+                        f"got a {type(U).__name__} schedule.")
+    return eqx.tree_at(lambda d: d.U, dyn, new)
+
+
+def final_alignment(model, x0: Float[Array, "B n d"], u, *, tau: float = 1.0):
+    """`mean_i |cos(x_i^L, u)|` over all tokens after the whole model."""
+    xs = run_model(model, x0, tau=tau)
+    return jnp.mean(cosines(xs[-1].reshape(-1, xs.shape[-1]), jnp.asarray(u)))
+
+
+def random_tokens(key, prompts: int, tokens: int, d: int) -> Float[Array, "B n d"]:
+    """Initial tokens `N(0, I)` (paper 004 App. B), `(prompts, tokens, d)`."""
+    return jax.random.normal(key, (prompts, tokens, d), jnp.result_type(float))
+
+
+def stack_stats(stats: LayerAlignment) -> dict[str, np.ndarray]:
+    """A `LayerAlignment` (with a layer axis) as NumPy arrays, for `data.npz`."""
+    return {f"stat_{f}": np.asarray(getattr(stats, f)) for f in stats.__dataclass_fields__}

@@ -1,0 +1,284 @@
+"""Layer matrices and their spectra, and how tokens align with their eigenvectors
+(paper 004 §2, eqs. 4–7).
+
+Convention. Paper 004 stores tokens as columns and writes the layer matrix as
+`Ω = Σ_η U_η`, `U_η = W_O^η W_V^η` with the PyTorch (out, in) weight layouts
+(the transposes of the row-vector matrices of the ML literature). jaxattn stores
+tokens as rows of `x (n, d)` but every matrix acts on a token *vector*: the
+simulator's update is `v_i = Σ_η Σ_j α^η_ij U_η x_j`, computed on rows as
+`α x U_ηᵀ`. So `Ω` here is the paper's `Ω` unchanged, its *right* eigenvectors
+(`Ω v = λ v`) are the directions tokens align with, and a row-stored batch is
+mapped as `x Ωᵀ`. `tests/test_spectral.py` checks this against a hand-written
+row-vector (`x W_V W_O`) transformer layer.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Complex, Float, Int
+
+from .._dynamics import SelfAttentionDynamics
+
+
+def layer_matrix(model_or_dyn, layer: int = 0, *, tau: float = 1.0) -> Float[Array, "d d"]:
+    """The layer matrix `Ω_ℓ = Σ_η U_η` of one layer (paper 004 §2).
+
+    **Arguments:**
+
+    - `model_or_dyn`: a model from `ja.models.load`/`init`, its attention module
+      (`ja.models.Attention`), or a `ja.SelfAttentionDynamics`.
+    - `layer`: the layer `ℓ` (negative counts from the end for models). For a
+      `SelfAttentionDynamics` the value matrices are read at `t = ℓ τ`, the time
+      at which `ja.run_layers` applies layer `ℓ`.
+    - `tau`: the step `τ` of that reading (dynamics only; default 1).
+
+    **Returns:**
+
+    `Ω_ℓ`, `(d, d)`, acting on token vectors: with uniform attention the layer
+    maps `x_i ↦ N(x_i + τ Ω x̄)`.
+    """
+    from ..models import AbstractTransformer, Attention, attention_weights, value_output
+
+    if isinstance(model_or_dyn, SelfAttentionDynamics):
+        t = jnp.asarray(layer * tau, dtype=jnp.result_type(float))
+        return jnp.sum(model_or_dyn.U(t), axis=0)
+    if isinstance(model_or_dyn, AbstractTransformer):
+        model_or_dyn = attention_weights(model_or_dyn, layer)
+    if isinstance(model_or_dyn, Attention):
+        return jnp.sum(value_output(model_or_dyn), axis=0)
+    raise TypeError(
+        "layer_matrix needs a model (ja.models.load/init), a ja.models.Attention or a "
+        f"ja.SelfAttentionDynamics, got {type(model_or_dyn).__name__}."
+    )
+
+
+class Spectrum(eqx.Module):
+    """The eigen-decomposition of a layer matrix, ordered for the power method.
+
+    Eigenvalues are ordered by the `key`: `|λ|` (paper 004, the default) or, when
+    `spectrum(Ω, tau=τ)` was asked for, `|1 + τλ|`, the modulus of the eigenvalues
+    of the uniform-attention step `I + τΩ` (what the layer actually iterates once
+    the skip connection is kept). Conjugate pairs come with `Im λ > 0` first.
+
+    - `eigenvalues`: `(d,)` complex, ordered; `eigenvectors`: `(d, d)` complex,
+      column `k` the unit right eigenvector of `eigenvalues[k]`.
+    - `key`: `(d,)` the ordering key of each eigenvalue.
+    - `gap`: `key₁ − key₂` (`|λ₁| − |λ₂|` by default; 0 when `λ₁` is complex).
+    - `pair_gap`: `key₁ − key_k` for the first `k` that is not `λ₁` or its
+      conjugate: the dominance margin that decides cases 1 and 2.
+    - `case`: paper 004 §2.1: 1 real strictly dominant, 2 complex strictly
+      dominant, 3 no strict dominance (relative margin below `rtol`).
+    - `principal`: `(d, 2)` orthonormal basis of the real subspace to measure
+      alignment with: `[v₁, 0]` for real `λ₁`, `span(Re v₁, Im v₁)` otherwise.
+    - `plane`: `(d, 2)` orthonormal basis of `span(v₁, v₂)` for real `λ₁, λ₂`
+      (the 2-D subspace of case 3); equal to `principal` for complex `λ₁`.
+    - `correlation`: `|v₁ᴴ v₂|`, the correlation between `v₁` and `v₂`.
+    """
+
+    eigenvalues: Complex[Array, " d"]
+    eigenvectors: Complex[Array, "d d"]
+    key: Float[Array, " d"]
+    gap: Float[Array, ""]
+    pair_gap: Float[Array, ""]
+    case: Int[Array, ""]
+    principal: Float[Array, "d 2"]
+    plane: Float[Array, "d 2"]
+    correlation: Float[Array, ""]
+
+    @property
+    def v1(self) -> Complex[Array, " d"]:
+        """The principal right eigenvector `v₁`."""
+        return self.eigenvectors[:, 0]
+
+    @property
+    def is_real(self) -> Bool[Array, " d"]:
+        """Which eigenvalues are real."""
+        return jnp.imag(self.eigenvalues) == 0
+
+
+def _order(lam: Complex[Array, " d"], key: Float[Array, " d"]) -> Int[Array, " d"]:
+    # Ties in the key (conjugate pairs are exact ties in LAPACK's output): Im λ > 0 first.
+    return jnp.lexsort((-jnp.imag(lam), -key))
+
+
+def _fix_sign(vecs: Complex[Array, "d d"]) -> Complex[Array, "d d"]:
+    """Make each eigenvector's largest entry real positive (a deterministic phase)."""
+    idx = jnp.argmax(jnp.abs(vecs), axis=0)
+    top = jnp.take_along_axis(vecs, idx[None], axis=0)
+    return vecs * (jnp.abs(top) / top)
+
+
+def orthonormal_pair(a: Float[Array, " d"], b: Float[Array, " d"]) -> Float[Array, "d 2"]:
+    """Gram–Schmidt on `(a, b)`; a zero (or parallel) `b` gives a zero second column."""
+    q1 = a / jnp.linalg.norm(a)
+    r = b - jnp.dot(q1, b) * q1
+    nr = jnp.linalg.norm(r)
+    big = nr > 1e-12 * jnp.maximum(jnp.linalg.norm(b), 1e-300)
+    q2 = jnp.where(big, r / jnp.where(big, nr, 1.0), 0.0)
+    return jnp.stack([q1, q2], axis=-1)
+
+
+def eigen_bases(spec: Spectrum) -> Float[Array, "d d 2"]:
+    """For every eigenvector `v_k` the real subspace its alignment is measured in:
+    `[v_k, 0]` when real, an orthonormal basis of `span(Re v_k, Im v_k)` otherwise.
+
+    **Returns:**
+
+    `(K, d, 2)` with `K = d` eigenvectors, in the order of `spec.eigenvalues`.
+    """
+    vecs = spec.eigenvectors.T
+    return jax.vmap(orthonormal_pair)(jnp.real(vecs), jnp.imag(vecs))
+
+
+@eqx.filter_jit
+def spectrum(Omega: Float[Array, "d d"], *, tau=None, rtol: float = 1e-6) -> Spectrum:
+    """Eigenvalues, principal eigenpair, gap and principal subspace of `Ω`.
+
+    **Arguments:**
+
+    - `Omega`: a real `(d, d)` layer matrix (`layer_matrix`).
+    - `tau`: `None` (default) orders eigenvalues by `|λ|` as paper 004 does; a
+      step `τ` orders them by `|1 + τλ|` instead (the power method that a layer
+      with its skip connection performs; the two orders differ when an eigenvalue
+      of large modulus has a negative real part).
+    - `rtol`: relative margin below which dominance counts as not strict (case 3).
+
+    **Returns:**
+
+    A `Spectrum`. Runs on the CPU (`jnp.linalg.eig`).
+    """
+    Omega = jnp.asarray(Omega)
+    if Omega.ndim != 2 or Omega.shape[0] != Omega.shape[1]:
+        raise ValueError(f"`Omega` must be a square (d, d) matrix, got {Omega.shape}.")
+    lam, vecs = jnp.linalg.eig(Omega)
+    key = jnp.abs(lam) if tau is None else jnp.abs(1 + tau * lam)
+    order = _order(lam, key)
+    lam, vecs, key = lam[order], _fix_sign(vecs[:, order]), key[order]
+    return _summarise(lam, vecs, key, rtol)
+
+
+def _summarise(lam, vecs, key, rtol) -> Spectrum:
+    d = lam.shape[0]
+    complex1 = jnp.imag(lam[0]) != 0
+    nxt = jnp.where(complex1, 2, 1)
+    key_next = jnp.where(nxt < d, key[jnp.minimum(nxt, d - 1)], 0.0)
+    pair_gap = key[0] - key_next
+    strict = pair_gap > rtol * key[0]
+    case = jnp.where(strict, jnp.where(complex1, 2, 1), 3)
+    v1 = vecs[:, 0]
+    principal = orthonormal_pair(jnp.real(v1), jnp.imag(v1))
+    v2 = vecs[:, 1] if d > 1 else v1
+    plane = jnp.where(complex1, principal, orthonormal_pair(jnp.real(v1), jnp.real(v2)))
+    return Spectrum(
+        eigenvalues=lam, eigenvectors=vecs, key=key,
+        gap=key[0] - (key[1] if d > 1 else 0.0), pair_gap=pair_gap, case=case,
+        principal=principal, plane=plane,
+        correlation=jnp.abs(jnp.vdot(v1, v2)),
+    )
+
+
+# --- alignment (paper 004 eqs. 4–7) ------------------------------------------------
+
+
+def cosines(x: Float[Array, "n d"], basis: Float[Array, "d k"] | Float[Array, " d"]):
+    """Per-token alignment with a direction or a subspace.
+
+    **Arguments:**
+
+    - `x`: tokens `(n, d)` (need not be normalised).
+    - `basis`: a direction `(d,)`, or an orthonormal basis `(d, k)` of a subspace
+      (zero columns allowed, e.g. `Spectrum.principal` for a real `λ₁`).
+
+    **Returns:**
+
+    `(n,)`: `|cos(x_i, v)|` for a direction; for a subspace the norm of the
+    projection of `x_i / |x_i|` on it (paper 004 §2.1.2).
+    """
+    xn = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    if basis.ndim == 1:
+        return jnp.abs(xn @ (basis / jnp.linalg.norm(basis)))
+    return jnp.linalg.norm(xn @ basis, axis=-1)
+
+
+def alignment(x: Float[Array, "n d"], basis) -> Float[Array, ""]:
+    """`c(v) = mean_i |cos(x_i, v)|` (paper 004 eq. 6), or with a subspace basis the
+    mean norm of the projections (see `cosines`)."""
+    return jnp.mean(cosines(x, basis))
+
+
+def increment(
+    x_before: Float[Array, "n d"], x_after: Float[Array, "n d"], basis
+) -> tuple[Float[Array, ""], Float[Array, ""]]:
+    """The increment `Δ = mean_i (c_i(after) − c_i(before))` and its probability
+    `p = mean_i 1[c_i(after) > c_i(before)]` through one layer (paper 004 eqs. 4–5).
+
+    **Returns:**
+
+    `(Δ, p)`.
+    """
+    diff = cosines(x_after, basis) - cosines(x_before, basis)
+    return jnp.mean(diff), jnp.mean((diff > 0).astype(diff.dtype))
+
+
+class LayerAlignment(eqx.Module):
+    """Alignment statistics of one layer `ℓ` over many tokens (paper 004 §2.2, §3.2).
+
+    With `v₁ = v₁^ℓ` (or its 2-D subspace for complex `λ₁`), tokens `x^ℓ` entering
+    and `x^{ℓ+1}` leaving layer `ℓ`:
+
+    - `c`: `mean_i |cos(x_i^{ℓ+1}, v₁)|` (alignment after the layer), `c_std` its
+      standard deviation over tokens; `c_in`: the same before the layer.
+    - `delta`, `delta_std`: `Δ_ℓ` and the standard deviation of the per-token
+      increments; `p`: the probability of a positive increment.
+    - `c_bar`, `delta_bar`, `p_bar`: the same averaged over all `d` eigenvectors of
+      `Ω_ℓ` (baselines `c̄_ℓ`, `Δ̄_ℓ`, `p̄_ℓ`); `delta_bar_std` the standard
+      deviation over tokens of the eigenvector-averaged increment.
+    """
+
+    c: Float[Array, ""]
+    c_std: Float[Array, ""]
+    c_in: Float[Array, ""]
+    delta: Float[Array, ""]
+    delta_std: Float[Array, ""]
+    p: Float[Array, ""]
+    c_bar: Float[Array, ""]
+    delta_bar: Float[Array, ""]
+    delta_bar_std: Float[Array, ""]
+    p_bar: Float[Array, ""]
+
+
+def layer_alignment(
+    x_before: Float[Array, "N d"], x_after: Float[Array, "N d"], spec: Spectrum
+) -> LayerAlignment:
+    """`c_ℓ`, `Δ_ℓ`, `p_ℓ` and their all-eigenvector baselines for one layer.
+
+    **Arguments:**
+
+    - `x_before`, `x_after`: the tokens entering and leaving layer `ℓ`, all
+      sequences stacked, `(N, d)` (paper 004 uses `N ≥ 1000`).
+    - `spec`: `spectrum(layer_matrix(model, ℓ))`.
+
+    **Returns:**
+
+    A `LayerAlignment`.
+    """
+    before = cosines(x_before, spec.principal)
+    after = cosines(x_after, spec.principal)
+    diff = after - before
+    bases = eigen_bases(spec)  # (K, d, 2)
+    all_before = _cosines_many(x_before, bases)  # (K, N)
+    all_after = _cosines_many(x_after, bases)
+    all_diff = all_after - all_before
+    return LayerAlignment(
+        c=jnp.mean(after), c_std=jnp.std(after), c_in=jnp.mean(before),
+        delta=jnp.mean(diff), delta_std=jnp.std(diff),
+        p=jnp.mean((diff > 0).astype(diff.dtype)),
+        c_bar=jnp.mean(all_after), delta_bar=jnp.mean(all_diff),
+        delta_bar_std=jnp.std(jnp.mean(all_diff, axis=0)),
+        p_bar=jnp.mean((all_diff > 0).astype(diff.dtype)),
+    )
+
+
+def _cosines_many(x: Float[Array, "N d"], bases: Float[Array, "K d 2"]) -> Float[Array, "K N"]:
+    xn = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    return jnp.linalg.norm(jnp.einsum("nd,kdj->knj", xn, bases), axis=-1)

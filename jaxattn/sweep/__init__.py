@@ -1,0 +1,54 @@
+"""Parameter sweeps with per-instance outcomes, saved chunk by chunk and resumable.
+
+`ja.sweep` is this module and is also callable: `ja.sweep(...)` is
+`ja.sweep.run(...)`.
+
+```python
+import jaxattn as ja
+
+result = ja.sweep("thm41-sphere", {"beta": [0.5, 1, 2, 4], "heads": [1, 2, 4]},
+                  instances=512, set={"horizon": 5.0}, out="runs/my-sweep")
+result.table["consensus_time"]       # one row per instance
+ja.sweep("runs/my-sweep/spec.toml")  # or from a TOML/JSON spec file
+```
+
+The command line does the same: `jaxattn sweep thm41-sphere --grid beta=0.5,1,2,4
+--grid heads=1,2,4 --instances 512 --out runs/my-sweep`, and `--resume` continues
+a sweep that was interrupted, with exactly the table of an uninterrupted one.
+
+Each grid point's instances run as one `jax.vmap`ped batch (sharded over the
+devices when there are several); instance `i` is drawn from seed `seed + i`
+exactly as `jaxattn run NAME --seed seed+i` draws it. Every row of `table.csv`
+holds the grid parameters, `point`, `instance`, `seed`, `theorem`, `final_E`,
+`consensus_time` (first time with `E < 1e-4`, `inf` if never), `in_domain`
+(whether the start lies in the theorem's domain), `outcome_reached`,
+`prediction_held` (empty outside the domain), `solver_success` and `num_steps`.
+"""
+
+import sys as _sys
+import types as _types
+
+from ._instances import MODELS as _MODELS
+from ._report import format_table as format_table
+from ._run import COLUMNS as COLUMNS
+from ._run import SweepResult as SweepResult
+from ._run import SweepSpec as SweepSpec
+from ._run import check_spec as check_spec
+from ._run import load_table as load_table
+from ._run import read_spec as read_spec
+from ._run import run_sweep as run
+from ._run import sweep_params as sweep_params
+
+#: The experiments that can be swept.
+EXPERIMENTS: tuple[str, ...] = tuple(_MODELS)
+
+__all__ = ["COLUMNS", "EXPERIMENTS", "SweepResult", "SweepSpec", "check_spec", "format_table",
+           "load_table", "read_spec", "run", "sweep_params"]
+
+
+class _CallableModule(_types.ModuleType):
+    def __call__(self, *args, **kwargs) -> SweepResult:
+        return run(*args, **kwargs)
+
+
+_sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,125 @@
+"""What a sweep reports: per-point statistics, the printed table, the summary figure."""
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _quantiles(x) -> tuple[float, float, float]:
+    x = np.asarray(x, float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return (float("nan"),) * 3
+    q = np.quantile(x, [0.25, 0.5, 0.75])
+    return float(q[0]), float(q[1]), float(q[2])
+
+
+def _point_rows(table, point: int) -> np.ndarray:
+    return table["point"] == point
+
+
+def point_stats(table: dict[str, np.ndarray], point: int) -> dict[str, Any]:
+    """Statistics of one grid point's instances."""
+    m = _point_rows(table, point)
+    t = table["consensus_time"][m]
+    inside = table["in_domain"][m]
+    held = table["prediction_held"][m]
+    q25, q50, q75 = _quantiles(t)
+    return {
+        "instances": int(m.sum()),
+        "final_E_median": float(np.median(table["final_E"][m])),
+        "final_E_max": float(np.max(table["final_E"][m])),
+        "consensus_time_q25": q25, "consensus_time_median": q50, "consensus_time_q75": q75,
+        "reached_consensus": int(np.isfinite(t).sum()),
+        "in_domain": int(inside.sum()),
+        "prediction_held": int(sum(h is True for h in held)),
+        "solver_success": int(table["solver_success"][m].sum()),
+    }
+
+
+def summarise(spec, configs, keys, table) -> dict[str, Any]:
+    """`summary.json` of a sweep: the spec and per-point statistics."""
+    points = [{k: c[k] for k in keys} | point_stats(table, i) for i, c in enumerate(configs)]
+    held = sum(p["prediction_held"] for p in points)
+    inside = sum(p["in_domain"] for p in points)
+    return {"experiment": spec.experiment, "instances_per_point": spec.instances,
+            "points": points, "prediction_held": held, "in_domain": inside,
+            "rows": int(len(table["point"]))}
+
+
+def _g(x) -> str:
+    x = float(x)  # summary.json spells inf and nan as text
+    return "–" if not np.isfinite(x) else f"{x:.3g}"
+
+
+def format_table(summary: dict[str, Any], keys) -> str:
+    """The per-point table that `jaxattn sweep` prints."""
+    head = [*keys, "n", "median E(T)", "t_cons median [IQR]", "E<tol", "held/in domain",
+            "solver ok"]
+    body = []
+    for p in summary["points"]:
+        body.append([*(f"{p[k]:g}" if isinstance(p[k], float) else str(p[k]) for k in keys),
+                     str(p["instances"]), f"{float(p['final_E_median']):.2e}",
+                     f"{_g(p['consensus_time_median'])} [{_g(p['consensus_time_q25'])}, "
+                     f"{_g(p['consensus_time_q75'])}]",
+                     f"{p['reached_consensus']}/{p['instances']}",
+                     f"{p['prediction_held']}/{p['in_domain']}",
+                     f"{p['solver_success']}/{p['instances']}"])
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head, *body]]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def _axes_of(keys, table):
+    """The x axis (β if swept, else the first numeric grid parameter) and the rest."""
+    numeric = [k for k in keys if np.issubdtype(np.asarray(table[k]).dtype, np.number)]
+    if not numeric:
+        return None, list(keys)
+    x = "beta" if "beta" in numeric else numeric[0]
+    return x, [k for k in keys if k != x]
+
+
+def write_figure(folder: Path, spec, keys, table) -> list[Path]:
+    """Consensus time against the first swept parameter (β if swept), one line per
+    value of the others, median and interquartile band; and the final `E`."""
+    from .._plot import _pyplot, save_figure
+
+    plt = _pyplot()
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(11, 4.2))
+    x_key, groups = _axes_of(keys, table)
+    points = np.unique(table["point"])
+    labels = {p: ", ".join(f"{k} = {table[k][table['point'] == p][0]}" for k in groups)
+              for p in points}
+    by_group: dict[str, list[int]] = {}
+    for p in points:
+        by_group.setdefault(labels[p], []).append(int(p))
+    for i, (label, pts) in enumerate(by_group.items()):
+        color = f"C{i % 10}"
+        xs = ([float(table[x_key][table["point"] == p][0]) for p in pts] if x_key
+              else list(range(len(pts))))
+        stats = [point_stats(table, p) for p in pts]
+        med = [s["consensus_time_median"] for s in stats]
+        reached = sum(st["reached_consensus"] for st in stats)
+        count = sum(st["instances"] for st in stats)
+        ax_t.plot(xs, med, "o-", color=color,
+                  label=f"{label + ': ' if label else ''}{reached}/{count} reached E < 1e-4")
+        ax_t.fill_between(xs, [s["consensus_time_q25"] for s in stats],
+                          [s["consensus_time_q75"] for s in stats], color=color, alpha=0.2)
+        for p, xv in zip(pts, xs):
+            E = np.maximum(table["final_E"][table["point"] == p], 1e-300)
+            jitter = np.linspace(-0.04, 0.04, E.size) * (np.ptp(xs) if len(xs) > 1 else 1)
+            ax_e.scatter(xv + jitter, E, s=6, color=color, alpha=0.4)
+        ax_e.plot(xs, [s["final_E_median"] for s in stats], "-", color=color)
+    ax_t.set_xlabel(x_key or "grid point")
+    ax_t.set_ylabel("consensus time (E < 1e-4), median and IQR")
+    ax_t.set_title("time to consensus")
+    ax_e.axhline(1e-4, color="0.4", lw=0.8, ls="--")
+    ax_e.set_yscale("log")
+    ax_e.set_xlabel(x_key or "grid point")
+    ax_e.set_ylabel("final misalignment E(T)")
+    ax_e.set_title("every instance's final E")
+    ax_t.legend(fontsize=8)
+    title = (f"sweep {spec.experiment}: {len(points)} points × {spec.instances} instances, "
+             f"seed {spec.seed}")
+    return save_figure(fig, Path(folder) / "sweep", title)

@@ -1,0 +1,427 @@
+"""Parameter sweeps: a grid of experiment parameters × random instances, saved chunk
+by chunk so that a killed sweep resumes where it stopped.
+
+A sweep folder holds `sweep.json` (the spec, every grid point's full config,
+the columns, dtype and package versions, written first), `chunks/NNNNN.csv` (one
+per batch of instances, each written to a temporary name and renamed), and, once
+every chunk is there, `table.csv` (the chunks in order), the summary figure
+`sweep.png`/`.pdf` and `summary.json`. The folder is marked `INCOMPLETE` until
+then. Instance `i` of a point is drawn from the seed `seed + i`, whatever the
+chunking, so a resumed sweep writes byte for byte the table of one that was left
+alone.
+"""
+
+import dataclasses
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._runs import (
+    INCOMPLETE,
+    RunFolderError,
+    _atomic_write,
+    create_run_folder,
+    finish_run,
+    package_versions,
+    read_json,
+    write_json,
+)
+from ..experiments import get_experiment
+from ..experiments.base import Param, stamp
+from ..experiments.run import convert as _convert_param
+from ._instances import BETA, EXCLUDED, MODELS, TOL
+
+#: The columns of a sweep table, after the grid parameters.
+COLUMNS = ("point", "instance", "seed", "theorem", "final_E", "consensus_time", "in_domain",
+           "outcome_reached", "prediction_held", "solver_success", "num_steps")
+_SPEC_KEYS = ("experiment", "grid", "points", "set", "instances", "seed", "chunk")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+    """What a sweep runs: an experiment, its grid points and the instances per point.
+
+    - `experiment`: a name of `jaxattn list` that has a sweep set-up
+      (`thm41-sphere`, `thm51-causal`, `thm52-symmetric`, `thm32-gradient`).
+    - `grid`: `{parameter: [values]}`, every combination (the last parameter varies
+      fastest); or `points`: a list of `{parameter: value}`; not both.
+    - `set`: parameters fixed for every point (e.g. `{"horizon": 5.0}`).
+    - `instances`: random instances per point; `seed`: instance `i` uses `seed + i`.
+    - `chunk`: instances per saved chunk (default: all of a point in one chunk).
+    """
+
+    experiment: str
+    grid: dict[str, list] = dataclasses.field(default_factory=dict)
+    points: list[dict[str, Any]] | None = None
+    set: dict[str, Any] = dataclasses.field(default_factory=dict)
+    instances: int = 64
+    seed: int = 0
+    chunk: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def sweep_params(experiment: str) -> tuple[Param, ...]:
+    """The parameters a sweep of `experiment` can set or vary (the experiment's
+    own, less `samples`, plus `beta`)."""
+    if experiment not in MODELS:
+        get_experiment(experiment)  # unknown name: its error lists the names
+        raise ValueError(f"{experiment} has no sweep set-up; sweepable: {', '.join(MODELS)}.")
+    params = tuple(p for p in get_experiment(experiment).all_params() if p.name not in EXCLUDED)
+    return params if any(p.name == "beta" for p in params) else params + (BETA,)
+
+
+def _count(value, name: str, minimum: int = 1) -> int:
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if not ok or value < minimum:
+        raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}.")
+    return int(value)
+
+
+def _value(param: Param, value):
+    """A grid or fixed value as the parameter's type (text from the command line too)."""
+    if param.type is bool and isinstance(value, str):
+        low = value.strip().lower()
+        if low not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(f"{param.name} must be true or false, got {value!r}.")
+        return low in ("true", "1", "yes")
+    if isinstance(value, str) and param.type in (int, float):
+        try:
+            value = param.type(value.strip())
+        except ValueError:
+            pass  # reported by _convert_param with the parameter's name
+    return _convert_param(param, value)
+
+
+def check_spec(spec: SweepSpec) -> list[dict[str, Any]]:
+    """Check a spec and expand it into the full config of every grid point.
+
+    **Returns:**
+
+    One config per point (every parameter of the experiment, plus `seed`), in
+    the order the points run. A `ValueError` names any mistake.
+    """
+    params = {p.name: p for p in sweep_params(spec.experiment)}
+    _count(spec.instances, "instances")
+    _count(spec.seed, "seed", 0)
+    if spec.chunk is not None:
+        _count(spec.chunk, "chunk")
+    if spec.grid and spec.points:
+        raise ValueError("give either a grid or a list of points, not both.")
+
+    def param(name: str) -> Param:
+        if name in EXCLUDED:
+            raise ValueError(f"{name} is set by the sweep's instances (use --instances).")
+        if name not in params:
+            raise ValueError(f"{spec.experiment} has no parameter {name!r}; a sweep can vary "
+                             f"{', '.join(params)}.")
+        return params[name]
+
+    fixed = {k: _value(param(k), v) for k, v in spec.set.items()}
+    if spec.points:
+        points = [{k: _value(param(k), v) for k, v in pt.items()} for pt in spec.points]
+    else:
+        axes = {}
+        for k, values in spec.grid.items():
+            if not isinstance(values, (list, tuple)) or not values:
+                raise ValueError(f"grid {k} needs a non-empty list of values, got {values!r}.")
+            axes[k] = [_value(param(k), v) for v in values]
+            if len(set(axes[k])) != len(axes[k]):
+                raise ValueError(f"grid {k} repeats a value: {values!r}.")
+        points = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+    base = {p.name: p.default for p in params.values()} | fixed
+    configs = [base | pt | {"seed": spec.seed} for pt in points]
+    for c in configs:
+        _check_point(spec.experiment, c)
+    return configs
+
+
+def _check_point(experiment: str, c: dict[str, Any]) -> None:
+    if experiment == "thm51-causal" and c["tokens"] > c["dim"]:
+        raise ValueError(f"tokens {c['tokens']} > dim {c['dim']}: the causal model's span "
+                         "coordinates need at most dim tokens.")
+
+
+def read_spec(path) -> SweepSpec:
+    """A `SweepSpec` from a TOML or JSON file (keys as the fields of `SweepSpec`)."""
+    path = Path(path)
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read the sweep spec {path}: {e.strerror or e}") from None
+    try:
+        if path.suffix.lower() == ".json":
+            raw = json.loads(text)
+        else:
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
+            raw = tomllib.loads(text.decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid {path.suffix.lstrip('.').upper()}: {e}") from None
+    if not isinstance(raw, dict) or "experiment" not in raw:
+        raise ValueError(f"{path} must name an experiment (experiment = \"thm41-sphere\").")
+    unknown = sorted(set(raw) - set(_SPEC_KEYS))
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown}; a spec takes {list(_SPEC_KEYS)}.")
+    return SweepSpec(**raw)
+
+
+# --- chunks and the table ---------------------------------------------------------
+
+
+def plan(spec: SweepSpec, configs) -> list[tuple[int, int, int]]:
+    """The chunks, in order: `(point, first instance, stop)`."""
+    size = spec.chunk or spec.instances
+    return [(p, lo, min(lo + size, spec.instances))
+            for p in range(len(configs)) for lo in range(0, spec.instances, size)]
+
+
+def _fmt(v) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    if isinstance(v, (float, np.floating)):
+        return repr(float(v))  # shortest text that reads back to the same float
+    return str(v)
+
+
+def _rows(spec, config, grid_keys, point, lo, out, theorem) -> list[list[str]]:
+    from ..metrics._consensus import consensus_time
+
+    E = out["E"]
+    t_cons = np.asarray(consensus_time(out["ts"][0], E, TOL))
+    rows = []
+    for j in range(E.shape[0]):
+        inside, reached = bool(out["in_domain"][j]), bool(out["reached"][j])
+        held = _fmt(reached) if inside else ""  # the theorem says nothing outside its domain
+        rows.append([_fmt(config[k]) for k in grid_keys] + [
+            str(point), str(lo + j), str(spec.seed + lo + j), theorem, _fmt(E[j, -1]),
+            _fmt(t_cons[j]), _fmt(inside), _fmt(reached), held,
+            _fmt(bool(out["success"][j])), str(int(out["num_steps"][j]))])
+    return rows
+
+
+def _csv(header, rows) -> bytes:
+    lines = [",".join(header)] + [",".join(r) for r in rows]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _header(grid_keys) -> list[str]:
+    return list(grid_keys) + list(COLUMNS)
+
+
+def _chunk_path(folder: Path, index: int) -> Path:
+    return folder / "chunks" / f"{index:05d}.csv"
+
+
+def _read_rows(path: Path, header: list[str], expected: int) -> list[str] | None:
+    """The data lines of a saved chunk, or `None` if it does not fit the plan."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if not lines or lines[0] != ",".join(header) or len(lines) - 1 != expected:
+        return None
+    return lines[1:]
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    """A finished sweep: its folder, the table (column → array) and the summary."""
+
+    folder: Path
+    table: dict[str, np.ndarray]
+    summary: dict[str, Any]
+
+
+def _grid_keys(spec: SweepSpec) -> list[str]:
+    keys = list(spec.grid) if not spec.points else list(dict.fromkeys(
+        k for pt in spec.points for k in pt))
+    return keys
+
+
+def _open_folder(spec: SweepSpec, out, resume: bool, sidecar: dict) -> tuple[Path, bool]:
+    """Create or reopen the sweep folder; `True` if it already holds the finished sweep."""
+    if out is not None and (Path(out) / "sweep.json").exists():
+        folder = Path(out)
+        old = read_json(folder / "sweep.json")
+        finished = not (folder / INCOMPLETE).exists() and (folder / "summary.json").exists()
+        if not resume:
+            state = "a finished" if finished else "an unfinished"
+            raise RunFolderError(f"{folder} holds {state} sweep; pass --resume to continue it "
+                                 "or choose another --out.")
+        for key in ("spec", "points", "dtype"):
+            if json.dumps(old.get(key), sort_keys=True) != json.dumps(sidecar[key], sort_keys=True):
+                raise RunFolderError(f"{folder} holds a sweep with another {key}; --resume "
+                                     "continues only the same sweep (choose another --out).")
+        return folder, finished
+    folder = create_run_folder(f"sweep-{spec.experiment}", out)
+    write_json(folder / "sweep.json", sidecar)
+    return folder, False
+
+
+def run_sweep(
+    spec: SweepSpec | str | Path,
+    grid: dict[str, list] | None = None,
+    *,
+    points: list[dict[str, Any]] | None = None,
+    set: dict[str, Any] | None = None,
+    instances: int | None = None,
+    seed: int | None = None,
+    chunk: int | None = None,
+    out=None,
+    resume: bool = False,
+    devices=None,
+    progress: bool = True,
+    log=print,
+) -> SweepResult:
+    """Run a sweep: every grid point's instances as vmapped batches, saved chunk by chunk.
+
+    **Arguments:**
+
+    - `spec`: a `SweepSpec`, an experiment name (`"thm41-sphere"`) or the path of a
+      TOML/JSON spec file. The keyword arguments override its fields.
+    - `grid`, `points`, `set`, `instances`, `seed`, `chunk`: as in `SweepSpec`.
+    - `out`: the sweep folder (default `runs/sweep-NAME/<timestamp>/`).
+    - `resume`: continue the sweep already in `out`, skipping its finished chunks
+      (its spec must be the same); without it an existing sweep is an error.
+    - `devices`: shard each batch over devices (`None`: all of them when there are
+      several); results equal the one-device run.
+    - `progress`: show a progress bar (instances, rate, time left); `log`: where
+      messages go.
+
+    **Returns:**
+
+    A `SweepResult(folder, table, summary)`.
+    """
+    import jax
+
+    from ._instances import simulate_chunk
+    from ._report import summarise, write_figure
+
+    if resume and out is None:
+        raise ValueError("--resume needs --out DIR: the folder of the sweep to continue.")
+    spec = _as_spec(spec, grid=grid, points=points, set=set, instances=instances, seed=seed,
+                    chunk=chunk)
+    configs = check_spec(spec)
+    params = sweep_params(spec.experiment)
+    keys = _grid_keys(spec)
+    chunks = plan(spec, configs)
+    dtype = str(jax.numpy.result_type(float))
+    sidecar = {"spec": spec.to_json(), "points": configs, "grid_keys": keys,
+               "columns": _header(keys), "chunks": [list(c) for c in chunks], "tolerance": TOL,
+               "dtype": dtype, "versions": package_versions(), "started": stamp(),
+               "argv": sys.argv[1:], "devices": jax.device_count()}
+    folder, finished = _open_folder(spec, out, resume, sidecar)
+    if finished:
+        log(f"{folder} holds this sweep, finished; nothing to run")
+    else:
+        _run_chunks(folder, spec, configs, params, keys, chunks, devices, progress, log,
+                    simulate_chunk)
+    table = load_table(folder) if finished else _assemble(folder, keys, chunks)
+    summary = summarise(spec, configs, keys, table)
+    if not finished:
+        figures = write_figure(folder, spec, keys, table)
+        finish_run(folder, {**summary, "figures": [p.name for p in figures],
+                            "finished": stamp()})
+    return SweepResult(folder, table, read_json(folder / "summary.json"))
+
+
+def _as_spec(spec, **overrides) -> SweepSpec:
+    if isinstance(spec, (str, Path)) and Path(spec).suffix.lower() in (".toml", ".json"):
+        spec = read_spec(spec)
+    elif isinstance(spec, str):
+        spec = SweepSpec(spec)
+    elif not isinstance(spec, SweepSpec):
+        raise TypeError(f"a sweep takes a SweepSpec, an experiment name or a spec file, "
+                        f"got {type(spec).__name__}.")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if "grid" in given and not given["grid"]:
+        given.pop("grid")
+    return dataclasses.replace(spec, **given)
+
+
+def _run_chunks(folder, spec, configs, params, keys, chunks, devices, progress, log, simulate):
+    import jax
+    from tqdm.auto import tqdm
+
+    (folder / "chunks").mkdir(exist_ok=True)
+    for stale in (folder / "chunks").glob(".*.tmp"):  # a write cut off by a kill
+        stale.unlink(missing_ok=True)
+    header = _header(keys)
+    todo = [(i, c) for i, c in enumerate(chunks)
+            if not (_chunk_path(folder, i).exists()
+                    and _read_rows(_chunk_path(folder, i), header, c[2] - c[1]) is not None)]
+    done = sum(c[2] - c[1] for c in chunks) - sum(c[2] - c[1] for _, c in todo)
+    if len(todo) < len(chunks):
+        log(f"resuming {folder}: {len(chunks) - len(todo)} of {len(chunks)} chunks done")
+    else:
+        log(f"jaxattn sweep {spec.experiment} → {folder} ({len(configs)} points × "
+            f"{spec.instances} instances, {len(chunks)} chunks)")
+    if devices is None and jax.device_count() > 1:
+        devices = jax.device_count()
+    total = len(configs) * spec.instances
+    with tqdm(total=total, initial=done, unit="inst", desc=f"sweep {spec.experiment}",
+              disable=not progress, smoothing=0.1) as bar:
+        for index, (point, lo, hi) in todo:
+            config = configs[point]
+            out = simulate(spec.experiment, config, params, range(spec.seed + lo, spec.seed + hi),
+                           devices)
+            rows = _rows(spec, config, keys, point, lo, out, MODELS[spec.experiment].theorem)
+            data = _csv(header, rows)
+            _atomic_write(_chunk_path(folder, index), lambda f, data=data: f.write(data))
+            bar.update(hi - lo)
+
+
+def _assemble(folder: Path, keys, chunks) -> dict[str, np.ndarray]:
+    """Concatenate the chunks, in plan order, into `table.csv` (atomically)."""
+    header = _header(keys)
+    lines = [",".join(header)]
+    for i, (_, lo, hi) in enumerate(chunks):
+        rows = _read_rows(_chunk_path(folder, i), header, hi - lo)
+        if rows is None:
+            raise RunFolderError(f"{_chunk_path(folder, i)} does not fit the sweep's plan.")
+        lines += rows
+    data = ("\n".join(lines) + "\n").encode()
+    _atomic_write(folder / "table.csv", lambda f: f.write(data))
+    return load_table(folder)
+
+
+_BOOL = {"true": True, "false": False, "": None}
+
+
+def load_table(folder) -> dict[str, np.ndarray]:
+    """A sweep's `table.csv` as columns: numbers as float/int arrays, flags as bool
+    arrays (`prediction_held`: an object array with `None` outside the domain)."""
+    path = Path(folder) / "table.csv"
+    if not path.exists():
+        raise RunFolderError(f"{folder} has no table.csv; it is not a finished sweep.")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header, rows = lines[0].split(","), [line.split(",") for line in lines[1:]]
+    cols = {h: [r[i] for r in rows] for i, h in enumerate(header)}
+    table = {}
+    for name, values in cols.items():
+        if name == "theorem":
+            table[name] = np.asarray(values, dtype=object)
+        elif name in ("in_domain", "outcome_reached", "solver_success"):
+            table[name] = np.asarray([_BOOL[v] for v in values], bool)
+        elif name == "prediction_held":
+            table[name] = np.asarray([_BOOL[v] for v in values], dtype=object)
+        elif name in ("point", "instance", "seed", "num_steps"):
+            table[name] = np.asarray(values, np.int64)
+        else:
+            table[name] = _parse(values)
+    return table
+
+
+def _parse(values: list[str]) -> np.ndarray:
+    if all(v in ("true", "false") for v in values):
+        return np.asarray([v == "true" for v in values])
+    try:
+        ints = [int(v) for v in values]
+        return np.asarray(ints, np.int64)
+    except ValueError:
+        return np.asarray([float(v) for v in values])

@@ -62,15 +62,17 @@ def check_scalar(value, name: str, *, positive: bool = False):
     return v
 
 
-def check_count(value, name: str) -> int:
-    """A Python int ≥ 0 (it fixes a compiled loop's length), or a `ValueError`."""
+def check_count(value, name: str, minimum: int = 0) -> int:
+    """A Python int ≥ `minimum` (a loop's length, a number of instances, a seed), or a
+    `ValueError` naming `name`. The one integer check of jaxattn: the library, the
+    experiments, the sweeps and the command line all use it."""
     try:
-        ok = not isinstance(value, bool) and int(value) == value and int(value) >= 0
-    except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+        ok = not isinstance(value, bool) and int(value) == value and int(value) >= minimum
+    except (TypeError, ValueError, OverflowError, jax.errors.ConcretizationTypeError):
         ok = False
     if not ok:
         raise ValueError(
-            f"`{name}` must be a whole number ≥ 0 known before tracing, got {value!r}."
+            f"`{name}` must be a whole number ≥ {minimum} known before tracing, got {value!r}."
         )
     return int(value)
 

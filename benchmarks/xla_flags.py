@@ -27,10 +27,11 @@ SETTINGS = [
 
 CHILD = r"""
 import json, sys, time
+import diffrax as dfx
 import jax, jax.numpy as jnp, numpy as np
 import jaxattn as ja
 import jaxattn.models as jm
-from jaxattn.bench import suite as _bench
+from jaxattn.bench import suite
 
 repeats = int(sys.argv[1])
 
@@ -48,11 +49,10 @@ out = {}
 a = jnp.asarray(np.random.default_rng(0).standard_normal((4096, 4096), np.float32))
 out["matmul_gflops"] = 2 * 4096**3 / best(jnp.matmul, a, a) / 1e9
 for name, layers in (("S1", None), ("S2", 100)):
-    prob = _bench.SIZES[name]
+    prob = suite.SIZES[name]
     arr = prob.arrays()
     dyn, x0 = prob.dynamics(arr), jnp.asarray(arr["x0"])
     if layers is None:
-        import diffrax as dfx
         ts = jnp.array([0.0, 10.0], jnp.float32)
         fn = lambda dyn, x0: ja.solve_flow(dyn, x0, ts, solver=ja.RK4(), dt0=0.05,
                                            stepsize_controller=dfx.ConstantStepSize())

@@ -4,8 +4,16 @@ from pathlib import Path
 
 import numpy as np
 
+from ._runs import atomic_write
 
-def _pyplot():
+
+def pyplot():
+    """`matplotlib.pyplot` on the file-only Agg backend, in jaxattn's style.
+
+    Imported here, at the first figure, not at the top of the module: selecting Agg
+    on `import jaxattn` would switch a notebook's interactive backend, and a
+    simulation never pays for matplotlib.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,6 +31,10 @@ def _pyplot():
         }
     )
     return plt
+
+
+# The old private name: modules outside this one still call it (experiments, sweep).
+_pyplot = pyplot
 
 
 def draw_sphere_trajectories(ax, ys) -> None:
@@ -53,7 +65,7 @@ def draw_misalignment(ax, ts, E, *, label=None, **kw) -> None:
 
 def save_sphere_figure(ys, ts, E, path) -> Path:
     """Trajectories on the sphere beside `E(t)`, written as PNG."""
-    plt = _pyplot()
+    plt = pyplot()
     fig = plt.figure(figsize=(10, 4.5))
     ax3 = fig.add_subplot(1, 2, 1, projection="3d")
     draw_sphere_trajectories(ax3, ys)
@@ -133,11 +145,13 @@ def face(ax, point) -> None:
 
 
 def save_figure(fig, stem, title=None) -> list[Path]:
-    """Write `fig` as `stem.png` and `stem.pdf` (each atomically) and close it."""
-    import os
-    import tempfile
+    """Write `fig` as `stem.png` and `stem.pdf` (each atomically) and close it.
 
-    plt = _pyplot()
+    **Returns:**
+
+    The two paths.
+    """
+    plt = pyplot()
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()
@@ -145,14 +159,6 @@ def save_figure(fig, stem, title=None) -> list[Path]:
     paths = []
     for ext in ("png", "pdf"):
         path = stem.with_suffix(f".{ext}")
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".{ext}")
-        os.close(fd)
-        try:
-            fig.savefig(tmp, format=ext)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        paths.append(path)
+        paths.append(atomic_write(path, lambda f, ext=ext: fig.savefig(f, format=ext)))
     plt.close(fig)
     return paths

@@ -66,14 +66,15 @@ def check_count(value, name: str, minimum: int = 0) -> int:
     """A Python int ≥ `minimum` (a loop's length, a number of instances, a seed), or a
     `ValueError` naming `name`. The one integer check of jaxattn: the library, the
     experiments, the sweeps and the command line all use it."""
+    if isinstance(value, jax.core.Tracer):
+        raise ValueError(f"`{name}` fixes the shape of a compiled program: it must be a "
+                         f"Python int known before tracing, got a traced array.")
     try:
         ok = not isinstance(value, bool) and int(value) == value and int(value) >= minimum
-    except (TypeError, ValueError, OverflowError, jax.errors.ConcretizationTypeError):
+    except (TypeError, ValueError, OverflowError):
         ok = False
     if not ok:
-        raise ValueError(
-            f"`{name}` must be a whole number ≥ {minimum} known before tracing, got {value!r}."
-        )
+        raise ValueError(f"`{name}` must be a whole number ≥ {minimum}, got {value!r}.")
     return int(value)
 
 

@@ -6,20 +6,20 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxattn.bench import suite as _bench
+from jaxattn.bench import suite
 from jaxattn.cli import main
 
 
 @pytest.mark.parametrize("k", [None, 6])
 def test_flop_formula_matches_xla_cost_analysis(k):
-    prob = _bench.Problem(n=24, d=16, h=3, batch=1, causal=False, k=k)
+    prob = suite.Problem(n=24, d=16, h=3, batch=1, causal=False, k=k)
     arrays = prob.arrays()
     with jax.enable_x64(False):
         dyn = prob.dynamics(arrays)
         x = jnp.asarray(arrays["x0"][0])
         cost = jax.jit(lambda x: dyn.raw_update(0.0, x)).lower(x).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    formula = _bench.flops_raw_update(24, 16, 3, k)
+    formula = suite.flops_raw_update(24, 16, 3, k)
     print(f"formula {formula}, XLA {cost['flops']}")
     # The formula counts the matrix products only; XLA adds softmax and sums.
     assert formula <= cost["flops"] <= 1.25 * formula

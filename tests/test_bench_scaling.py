@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from jaxattn.bench import scaling as _bench_scaling
+from jaxattn.bench import scaling as bench_scaling
 from jaxattn.cli import main
 
 
@@ -31,7 +31,7 @@ def test_json_structure_and_times(scaling):
     assert set(result["sweeps"]) == {"n", "d", "batch", "devices"}
     assert result["meta"]["quick"] and result["meta"]["cores"] >= 1
     for name, s in result["sweeps"].items():
-        sizes = _bench_scaling.QUICK_SIZES[name]
+        sizes = bench_scaling.QUICK_SIZES[name]
         assert s["sizes"] == list(sizes)
         for key in ("median_s", "min_s", "max_s", "compile_s", "gflops"):
             assert len(s[key]) == len(sizes), (name, key)
@@ -56,7 +56,7 @@ def test_ideal_slopes_follow_the_flop_count(scaling):
 
 
 def test_flop_local_slope_matches_finite_difference():
-    setup = _bench_scaling.SETUP
+    setup = bench_scaling.SETUP
     for name, v in (("n", 100), ("d", 40)):
-        ideal = _bench_scaling.ideal(name, [v, v * 1.0001], [1.0, 1.0], setup, 2)
+        ideal = bench_scaling.ideal(name, [v, v * 1.0001], [1.0, 1.0], setup, 2)
         assert ideal["slope"] == pytest.approx(ideal["local_slope"][0], rel=1e-3), name

@@ -46,6 +46,9 @@ def test_run_reduced_size_then_redraw(tmp_path, capsys, name):
     assert config["seed"] == 3 and config["discrete"] and "jax" in config["versions"]
     assert config["command"].startswith(f"jaxattn run {name} --seed 3")
     assert summary["agrees_with_theory"] is True
+    assert summary["figures"] == [f"{stem}.png", f"{stem}.pdf"]
+    assert summary["simulation_seconds"] == round(summary["seconds"], 2)
+    assert config["started"] <= summary["finished"] and isinstance(config["argv"], list)
     before = (out / f"{stem}.png").stat().st_mtime_ns
     assert main(["plot", str(out)]) == 0
     assert (out / f"{stem}.png").stat().st_mtime_ns > before

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jaxattn._runs import INCOMPLETE
 from jaxattn.cli import main, parser
 
 COMMANDS = sorted(parser()._subparsers._group_actions[0].choices)
@@ -19,14 +18,17 @@ BAD = [
     ([], "required: COMMAND"),
     (["nonsense"], "invalid choice"),
     (["demo", "--tokens", "abc"], "invalid int value"),
-    (["demo", "--tokens", "0"], "--tokens must be ≥ 1"),
+    (["demo", "--tokens", "0"], "`--tokens` must be a whole number ≥ 1"),
+    (["demo", "--horizon", "0"], "--horizon must be > 0"),
     (["list", "extra"], "unrecognized arguments"),
     (["run"], "name an experiment"),
     (["run", "thm99"], "unknown experiment"),
     (["run", "thm41-sphere", "--tokens", "x"], "--tokens must be an integer"),
     (["run", "thm41-sphere", "--horizon", "-1"], "--horizon must be > 0"),
-    (["run", "thm41-sphere", "--seed", "-3"], "--seed must be an integer ≥ 0"),
-    (["run", "thm41-sphere", "--bogus", "1"], "unrecognized arguments"),
+    (["run", "thm41-sphere", "--seed", "-3"], "`--seed` must be a whole number ≥ 0"),
+    (["run", "thm41-sphere", "--bogus", "1"], "unrecognized arguments: --bogus 1"),
+    (["run", "loop-grid", "--discrete"], "unrecognized arguments: --discrete"),
+    (["run", "loop-grid", "--passes", "0"], "--passes must be ≥ 1"),
     (["plot"], "required: folder"),
     (["plot", "/nonexistent/run"], "not a run folder"),
     (["loop"], "required: --model"),
@@ -34,7 +36,7 @@ BAD = [
     (["loop", "--model", "/nonexistent/model"], "no such file or folder"),
     (["loop", "--model", "gpt2", "--weights", "odd"], "invalid choice"),
     (["bench", "--cases", "nope"], "unknown case"),
-    (["bench", "--repeats", "0"], "--repeats must be ≥ 1"),
+    (["bench", "--repeats", "0"], "`--repeats` must be a whole number ≥ 1"),
     (["sweep"], "required: name"),
     (["sweep", "thm99"], "unknown experiment"),
     (["sweep", "thm41-sphere", "--grid", "beta"], "--grid takes NAME=VALUES"),
@@ -42,9 +44,10 @@ BAD = [
     (["sweep", "thm41-sphere", "--grid", "beta=1", "--grid", "beta=2"], "given twice"),
     (["sweep", "thm41-sphere", "--grid", "gamma=1"], "no parameter 'gamma'"),
     (["sweep", "thm41-sphere", "--set", "heads=two"], "must be an integer"),
-    (["sweep", "thm41-sphere", "--instances", "0"], "instances must be an integer ≥ 1"),
+    (["sweep", "thm41-sphere", "--instances", "0"], "`instances` must be a whole number ≥ 1"),
     (["sweep", "thm41-sphere", "--resume"], "--resume needs --out"),
-    (["sweep", "thm41-sphere", "--devices", "0"], "--devices must be ≥ 1"),
+    (["sweep", "thm41-sphere", "--devices", "0"], "`--devices` must be a whole number ≥ 1"),
+    (["sweep", "thm32-gradient", "--set", "sphere=maybe"], "sphere must be true or false"),
     (["sweep", "/nonexistent/spec.toml"], "cannot read the sweep spec"),
 ]
 
@@ -110,7 +113,7 @@ def test_interrupted_run_folder_is_marked_incomplete(tmp_path, monkeypatch, caps
     with pytest.raises(KeyboardInterrupt):
         run_experiment("thm41-sphere", out=tmp_path / "r", progress=False, log=lambda *_: None)
     folder = tmp_path / "r"
-    assert (folder / INCOMPLETE).exists() and (folder / "config.json").exists()
+    assert (folder / "INCOMPLETE").exists() and (folder / "config.json").exists()
     assert not (folder / "summary.json").exists()
     assert "incomplete run" in _one_line(capsys, ["plot", str(folder)])
     # nothing half-written: every file in the folder is a finished one

@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn.experiments import EXPERIMENTS, command_line, resolve_config
+from jaxattn.experiments import (
+    EXPERIMENTS,
+    command_line,
+    resolve_config,
+    thm32_gradient,
+    thm41_sphere,
+    thm51_causal,
+    thm52_symmetric,
+)
 from jaxattn.experiments import paper as _paper
 from jaxattn.experiments.base import flow_path, layer_path
 
@@ -63,3 +71,17 @@ def test_every_experiment_declares_a_theorem_and_defaults():
         assert len(names) == len(set(names))
         assert {"discrete", "tau", "horizon", "saves", "tokens"} <= set(names)
         assert exp.theorem in ja.theory.THEOREMS
+
+
+@pytest.mark.parametrize("module", [thm32_gradient, thm41_sphere, thm51_causal, thm52_symmetric])
+def test_setup_draws_one_instance_per_key_and_vmaps(module):
+    """`setup(key, config)` is what `jaxattn run` draws from `PRNGKey(seed)` and what a
+    sweep vmaps over its instances' keys: the batched draw is each key's draw."""
+    exp = next(e for e in EXPERIMENTS.values() if type(e).__module__ == module.__name__)
+    small = {"tokens": 4, "dim": 5, "samples": 1} if module is thm51_causal else {"tokens": 4}
+    config = resolve_config(exp, small, seed=2) | {"beta": 1.0}
+    keys = jax.random.split(jax.random.PRNGKey(2), 3)
+    x_batch = jax.vmap(lambda k: module.setup(k, config)[1])(keys)
+    for k, x in zip(keys, x_batch):
+        np.testing.assert_array_equal(x, module.setup(k, config)[1])
+    assert x_batch.shape[-2] == 4 and not np.array_equal(x_batch[0], x_batch[1])

@@ -10,6 +10,7 @@ from _helpers import random_dynamics, random_tokens
 
 import jaxattn as ja
 from jaxattn.experiments import paper as _paper
+from jaxattn.explore._bipartite import BipartiteWeights, bipartite_log_radius
 
 E = ja.explore
 
@@ -171,8 +172,6 @@ def test_bad_requests_raise(key):
 
 
 def test_bipartite_radius_gradient_and_constraints(key):
-    from jaxattn.explore._bipartite import BipartiteWeights, _objective
-
     v = jnp.array([0.0, 1.0, 0.0])
     k1, k2, k3 = jax.random.split(key, 3)
     w0 = BipartiteWeights(jax.random.normal(k1, (3, 2, 3, 3)), jax.random.normal(k2, (3, 2, 3, 3)))
@@ -183,4 +182,14 @@ def test_bipartite_radius_gradient_and_constraints(key):
         dyn = ja.SelfAttentionDynamics(w.P[r], w.U[r])
         np.testing.assert_allclose(dyn.layer(0.0, x, 1.0), x, atol=1e-12)
     wr = jax.tree.map(lambda a: a[0], w)
-    _fd_check(lambda U: _objective(BipartiteWeights(wr.P, U), v, 5, 2, 1.0, 1.0), wr.U, k3)
+    _fd_check(lambda U: bipartite_log_radius(BipartiteWeights(wr.P, U), v, 5, 2, 1.0, 1.0),
+              wr.U, k3)
+    # The smooth bound is ≥ the log spectral radius of the same tangent Jacobian.
+    J = E.tangent_jacobian(wr.dynamics(), x, 1.0)
+    assert float(bipartite_log_radius(wr, v, 5, 2)) >= float(jnp.log(E.spectral_radius(J)))
+
+
+def test_bipartite_tools_are_the_spectral_ones():
+    """One implementation each: `ja.explore`'s names are `ja.spectral`'s functions."""
+    assert E.spectral_radius is ja.spectral.spectral_radius
+    assert E.tangent_jacobian is ja.spectral.tangent_jacobian

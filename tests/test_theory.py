@@ -206,3 +206,89 @@ def test_numerical_tolerances_and_schedule_types(key):
         T.classify("not a model")
     with pytest.raises(KeyError):
         T.classify(dyn)["9.9"]
+
+
+# --- the traceable tests (`theorem_test`) against the host `predict` -------------------
+
+
+def _halves(x0, target):
+    """Final states: even samples at `target` (the predicted outcome), odd ones left
+    at the start (not reached)."""
+    even = (jnp.arange(x0.shape[0]) % 2 == 0)[:, None, None]
+    return jnp.where(even, jnp.broadcast_to(target, x0.shape), x0)
+
+
+def _agree(pred, test, x0, xT, t=None, tol=1e-4):
+    """`test.domain` and `test.reached`, jitted and vmapped over the samples, give the
+    verdicts (and margins) of `predict` and `Prediction.check`."""
+    x0 = ja.normalize(x0, pred.dyn.W)  # predict puts the starts on E_W
+    inside, margin = jax.jit(jax.vmap(test.domain))(x0)
+    np.testing.assert_array_equal(np.asarray(inside), pred.in_domain)
+    np.testing.assert_allclose(np.asarray(margin), pred.margin, rtol=1e-10, atol=1e-14)
+    reached = np.asarray(jax.jit(jax.vmap(lambda a, b: test.reached(a, b, t, tol)))(x0, xT))
+    # Where the theorem names a limit, `check` is False outside the domain (no limit).
+    expected = reached & pred.in_domain if pred.limit is not None else reached
+    np.testing.assert_array_equal(expected, pred.check(xT, t, tol))
+    return np.asarray(inside), reached
+
+
+def test_traceable_tests_theorem_41_in_and_out_of_the_hemisphere(key):
+    dyn = _paper.sphere_dynamics(key)
+    x0 = ja.normalize(_batch(jax.random.fold_in(key, 1), 5, 3))
+    pred = T.predict(dyn, x0)
+    test = T.theorem_test("4.1", dyn)
+    assert isinstance(test, T.Theorem41Test) and test.host_domain
+    inside, reached = _agree(pred, test, x0, _halves(x0, x0[:, :1]))
+    assert 0 < inside.sum() < B and 0 < reached.sum() < B
+    W = random_spd(key, 3)  # on an ellipsoid too
+    dyn_W = ja.SelfAttentionDynamics(jax.random.normal(key, (2, 3, 3)), _identity(2, 3), W=W)
+    xW = ja.normalize(_batch(jax.random.fold_in(key, 2), 6, 3, W), W)
+    inside, _ = _agree(T.predict(dyn_W, xW), T.theorem_test("4.1", dyn_W), xW,
+                       _halves(xW, xW[:, :1]))
+    assert 0 < inside.sum() < B
+
+
+def test_traceable_tests_theorem_51_and_its_exceptional_start(key):
+    d, n = 4, 6
+    dyn = ja.SelfAttentionDynamics(jax.random.normal(key, (2, d, d)), _identity(2, d),
+                                   causal=True)
+    x0 = ja.normalize(_batch(jax.random.fold_in(key, 1), n, d))
+    x0 = x0.at[1, 1].set(-x0[1, 0])  # x₂ = −x₁: outside the domain
+    pred = T.predict(dyn, x0)
+    assert pred.theorem == "5.1"
+    inside, reached = _agree(pred, T.theorem_test("5.1", dyn), x0, _halves(x0, x0[:, :1]))
+    assert not inside[1] and inside.sum() == B - 1 and 0 < reached.sum() < B
+
+
+@pytest.mark.parametrize("theorem", ["5.2", "5.3"])
+def test_traceable_tests_theorems_52_53_on_both_sides_of_v1(key, theorem):
+    d, n = 3, 4
+    if theorem == "5.2":
+        dyn, v1 = _symmetric_model(key, d, [1.0, 0.3, -0.4])
+    else:
+        lam = jnp.array([1.0, 0.2, -0.5])
+        dyn = ja.SelfAttentionDynamics(0.5 * jax.random.normal(key, (1, 3, 3)),
+                                       ja.Schedule(_rotating, (lam, jnp.asarray(0.1))),
+                                       causal=True)
+        v1 = jnp.array([1.0, 0.0, 0.0])
+    x0 = ja.normalize(_batch(jax.random.fold_in(key, 1), n, d))
+    pred = T.predict(dyn, x0)
+    assert pred.theorem == theorem
+    test = T.theorem_test(theorem, dyn)  # v₁ computed in JAX, of either sign
+    side = jnp.where(x0[:, 0] @ v1 >= 0, 1.0, -1.0)[:, None, None]
+    target = side * v1[None, None, :]
+    inside, reached = _agree(pred, test, x0, _halves(x0, target), t=0.0)
+    assert 0 < inside.sum() < B and 0 < reached.sum() < B
+
+
+def test_traceable_tests_theorem_32_equilibrium(key):
+    n, d = 5, 3
+    dyn = _paper.gradient_dynamics(key, d)
+    x0 = _batch(jax.random.fold_in(key, 1), n, d, dyn.W)
+    pred = T.predict(dyn, x0)
+    speeds = jax.vmap(lambda x: jnp.max(jnp.abs(dyn.velocity(0.5, x))))(x0)
+    tol = float(np.median(speeds))  # half the samples count as at rest
+    inside, reached = _agree(pred, T.theorem_test("3.2", dyn), x0, x0, t=0.5, tol=tol)
+    assert inside.all() and 0 < reached.sum() < B
+    with pytest.raises(ValueError, match="no Theorem"):
+        T.theorem_test("9.9", dyn)

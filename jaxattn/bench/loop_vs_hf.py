@@ -35,9 +35,9 @@ import numpy as np
 import torch
 import transformers as tf
 
-import jaxattn.models as jm
-from jaxattn.bench.suite import Timing
-from jaxattn.models import _run
+from .. import models as jm
+from ..models._run import default_chunk, loop_program
+from .suite import Timing
 
 CONFIGS = {
     "gpt2": lambda: tf.GPT2Config(),
@@ -89,10 +89,10 @@ def compile_loop(model, ids, *, passes: int, ffn: bool, dtype: str = "float32",
     per block call (None: `jm.loop`'s default; 0: all prompts vmapped at once)."""
     args = (model, jnp.asarray(ids), jax.random.PRNGKey(0))
     if chunk is None:
-        chunk = _run.default_chunk(ids.shape[1], None)
+        chunk = default_chunk(ids.shape[1], None)
     kwargs = dict(passes=passes, ffn=ffn, weights="trained", dtype=jnp.dtype(dtype),
                   depths=(), chunk=chunk or None)
-    compile_s, compiled = time_call(lambda: _run._loop.lower(*args, **kwargs).compile())
+    compile_s, compiled = time_call(lambda: loop_program.lower(*args, **kwargs).compile())
     return compile_s, lambda: jax.block_until_ready(compiled(*args, **kwargs)[0])
 
 

@@ -69,7 +69,7 @@ def rk4(x0, Qm, Km, U, beta, causal, dt, steps):
 
 def adaptive(x0, Qm, Km, U, beta, causal, T, rtol=1e-6, atol=1e-8):
     """torchdiffeq's dopri5 on the whole batch as one state (one shared step size)."""
-    import torchdiffeq
+    import torchdiffeq  # optional even where torch is installed: imported on use
 
     ts = torch.tensor([0.0, T], dtype=x0.dtype)
     with torch.no_grad():

@@ -4,13 +4,13 @@ the number of tokens `n`, the dimension `d`, the batch `B` and the number of dev
 Every point times the core discrete dynamics the way the suite's S2/S3 cases do:
 `run_layers(dyn, x0, layers, tau, observe=misalignment)`, full attention,
 unfactored `P`, float32, the median of `repeats` calls after compilation with min
-and max (`_bench.Timing`). One sweep varies one size; the others stay at the
+and max (`suite.Timing`). One sweep varies one size; the others stay at the
 middle values of `SETUP` (`QUICK_SETUP` with tiny sizes for a smoke test).
 
 What each sweep is compared with (the "ideal" curve, drawn dashed):
 
 - **n and d**: time ∝ the flop count `L · B · (4 h n d² + 4 h n² d)`
-  (`_bench.flops_raw_update`). This is not a power law: its local log-log slope is
+  (`suite.flops_raw_update`). This is not a power law: its local log-log slope is
   `(d + 2n) / (d + n)` in `n` and `(2d + n) / (d + n)` in `d`, between 1 and 2.
   The ideal slope reported is the straight-line fit to the flop count itself over
   the measured sizes, with the local slopes at both ends beside it.
@@ -44,8 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._layers import run_layers
+from .._plot import pyplot, save_figure
 from ..metrics._consensus import misalignment
-from .suite import Problem, Timing, _meta, flops_raw_update, time_jax
+from .suite import Problem, Timing, flops_raw_update, run_meta, time_jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +223,7 @@ def run_scaling(*, quick: bool = False, repeats: int = 5, sweeps=SWEEPS,
                 data = measure(name, sizes[name], setup, repeats,
                                progress=lambda m: progress(f"scaling: {m}"))
         out[name] = _summarise(name, data, setup, ncores)
-    meta = {**_meta(quick, repeats), "cores": ncores, "machine_description": machine()}
+    meta = {**run_meta(quick, repeats), "cores": ncores, "machine_description": machine()}
     return {"meta": meta, "setup": dataclasses.asdict(setup), "sweeps": out}
 
 
@@ -279,10 +280,7 @@ def _draw(ax, name, s, setup) -> None:
 
 def write_figure(result: dict, stem) -> list[Path]:
     """The sweeps as 2×2 log-log panels, written as `stem.png` and `stem.pdf`."""
-    from .._plot import _pyplot, save_figure
-
-    plt = _pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8.5))
+    fig, axes = pyplot().subplots(2, 2, figsize=(11, 8.5))
     setup = result["setup"]
     for ax, name in zip(axes.flat, SWEEPS):
         if name in result["sweeps"]:

@@ -28,9 +28,13 @@ mathematics the plain way and are timed in the same process when torch is
 installed.
 """
 
+import argparse
 import dataclasses
+import importlib
 import importlib.util
 import math
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -43,6 +47,7 @@ import numpy as np
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
 from .._layers import run_layers
+from .._runs import package_versions
 from .._solvers import RK4
 from ..metrics._consensus import misalignment
 
@@ -148,6 +153,8 @@ def matmul_peak(size: int = 4096, repeats: int = 5) -> dict[str, float]:
 
 
 def _torch():
+    """torch, or `None` when it is not installed: imported on first use, so that
+    jaxattn itself never needs it."""
     try:
         import torch
     except ImportError:
@@ -333,8 +340,6 @@ def _gradient_cases(prob: Problem, steps, rep: Repeats, ref) -> list[dict]:
 
 def _looped_cases(quick: bool, rep: Repeats, peak: float) -> list[dict]:
     """S4 through `jaxattn.bench.loop_vs_hf` (needs torch and transformers)."""
-    import argparse
-
     if importlib.util.find_spec("transformers") is None:
         return []
     mod = _reference("loop_vs_hf")
@@ -420,19 +425,15 @@ def run_suite(*, quick: bool = False, repeats: int = 3, budget_s: float = 30.0,
         rows += _looped_cases(quick, rep, peak["best"])
     end = time.perf_counter()
     marks = list(seconds.items()) + [("end", end)]
-    meta = {**_meta(quick, repeats), "budget_s": budget_s, "suite_s": end - start,
+    meta = {**run_meta(quick, repeats), "budget_s": budget_s, "suite_s": end - start,
             "case_s": {c: marks[i + 1][1] - t for i, (c, t) in enumerate(marks[:-1])}}
     # Without the peak case there is no peak (null in the JSON, not NaN).
     peak = peak if "peak" in cases else None
     return {"peak_gflops": peak, "rows": rows, "meta": meta}
 
 
-def _meta(quick, repeats) -> dict:
-    import os
-    import platform
-
-    from .._runs import package_versions
-
+def run_meta(quick: bool, repeats: int) -> dict:
+    """What a benchmark result depends on: date, sizes, devices, machine, flags, versions."""
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": quick, "repeats": repeats,
         "device": str(jax.devices()[0]), "device_count": len(jax.devices()),

@@ -1,6 +1,6 @@
 """`jaxattn bench`: run the benchmark suite, print its table, save it as JSON.
 
-`--scaling` runs the scaling sweeps (`_bench_scaling`: time of `run_layers` versus
+`--scaling` runs the scaling sweeps (`bench.scaling`: time of `run_layers` versus
 n, d, batch and devices) instead of the cases, or after them when `--cases` is given
 too, and writes `scaling.json`, `scaling.png` and `scaling.pdf` beside `--out`."""
 
@@ -8,28 +8,27 @@ import argparse
 from pathlib import Path
 
 from .._runs import write_json
+from .._validate import check_count
+from ..bench import scaling, suite
 from ._common import CLIError
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ..bench import suite as _bench
-
-    cases = args.cases or list(_bench.ALL_CASES)
-    unknown = sorted(set(cases) - set(_bench.ALL_CASES))
+    cases = args.cases or list(suite.ALL_CASES)
+    unknown = sorted(set(cases) - set(suite.ALL_CASES))
     if unknown:
-        raise CLIError(f"unknown case(s) {unknown}; choose from {list(_bench.ALL_CASES)}.")
-    if args.repeats < 1:
-        raise CLIError("--repeats must be ≥ 1.")
+        raise CLIError(f"unknown case(s) {unknown}; choose from {list(suite.ALL_CASES)}.")
+    check_count(args.repeats, "--repeats", 1)
     if not args.budget > 0:
         raise CLIError("--budget must be > 0 seconds.")
     out = Path(args.out)
     if out.parent and not out.parent.exists():
         raise CLIError(f"cannot write {out}: folder {out.parent} does not exist.")
     if args.cases or not args.scaling:
-        result = _bench.run_suite(quick=args.quick, repeats=args.repeats, budget_s=args.budget,
+        result = suite.run_suite(quick=args.quick, repeats=args.repeats, budget_s=args.budget,
                                   cases=cases, torch=not args.no_torch,
                                   progress=lambda m: print(f"· {m}", flush=True))
-        print(_bench.format_table(result))
+        print(suite.format_table(result))
         write_json(out, result)
         print(f"wrote {out}")
     if args.scaling:
@@ -38,13 +37,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _scaling(args: argparse.Namespace, folder: Path) -> None:
-    from ..bench import scaling as _bench_scaling
-
-    result = _bench_scaling.run_scaling(quick=args.quick, repeats=args.repeats,
-                                        progress=lambda m: print(f"· {m}", flush=True))
-    print(_bench_scaling.format_summary(result))
+    result = scaling.run_scaling(quick=args.quick, repeats=args.repeats,
+                                 progress=lambda m: print(f"· {m}", flush=True))
+    print(scaling.format_summary(result))
     path = write_json(folder / "scaling.json", result)
-    figures = _bench_scaling.write_figure(result, folder / "scaling")
+    figures = scaling.write_figure(result, folder / "scaling")
     print(f"wrote {path}, " + ", ".join(map(str, figures)))
 
 

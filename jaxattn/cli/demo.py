@@ -9,14 +9,16 @@ import jax.numpy as jnp
 from .._flow import solve_flow
 from .._manifold import manifold_drift
 from .._plot import save_sphere_figure
+from .._validate import check_count
 from ..experiments import paper
 from ..metrics._consensus import misalignment
 from ._common import CLIError
 
 
 def _demo(args: argparse.Namespace) -> int:
-    if args.tokens < 1 or not args.horizon > 0:
-        raise CLIError("--tokens must be ≥ 1 and --horizon > 0.")
+    check_count(args.tokens, "--tokens", 1)
+    if not args.horizon > 0:
+        raise CLIError(f"--horizon must be > 0, got {args.horizon}.")
     key_model, key_x = jax.random.split(jax.random.PRNGKey(args.seed))
     dyn = paper.sphere_dynamics(key_model)
     x0 = paper.hemisphere_tokens(key_x, args.tokens, 3)

@@ -3,21 +3,15 @@ and `jaxattn plot DIR` (paper 001 §6.1 as one-command experiments)."""
 
 import argparse
 
-from ._common import CLIError
+import jax
+
+from ..experiments import EXPERIMENTS, get_experiment, redraw, run_experiment
+from ._common import CLIError, OneLineParser, parse_value
 
 _EXIT_AGAINST = 3  # the run finished but its outcome contradicts the theorem
 
 
-class _StrictParser(argparse.ArgumentParser):
-    """An argument parser whose mistakes become one-line `CLIError`s."""
-
-    def error(self, message):
-        raise CLIError(message)
-
-
 def _list(args) -> int:
-    from ..experiments import EXPERIMENTS
-
     print("experiments (run one with `jaxattn run NAME`; `jaxattn run NAME --help`):")
     width = max(len(name) for name in EXPERIMENTS)
     for exp in EXPERIMENTS.values():
@@ -30,8 +24,8 @@ def _list(args) -> int:
     return 0
 
 
-def _override_parser(experiment) -> _StrictParser:
-    p = _StrictParser(prog=f"jaxattn run {experiment.name}", description=experiment.title,
+def _override_parser(experiment) -> OneLineParser:
+    p = OneLineParser(prog=f"jaxattn run {experiment.name}", description=experiment.title,
                       allow_abbrev=False)
     p.add_argument("--out", default=None, help="run folder (default: runs/NAME/<timestamp>/)")
     p.add_argument("--seed", default="0", help="random seed (default 0)")
@@ -47,38 +41,21 @@ def _override_parser(experiment) -> _StrictParser:
     return p
 
 
-def _parse_value(text: str, kind: type):
-    if kind is int:
-        try:
-            return int(text)
-        except ValueError:
-            return text
-    if kind is float:
-        try:
-            return float(text)
-        except ValueError:
-            return text
-    return text
-
-
 def _run(args) -> int:
-    import jax
-
-    from ..experiments import get_experiment, run_experiment
-
     if args.name is None:
         raise CLIError("name an experiment: jaxattn run NAME (see `jaxattn list`).")
     experiment = get_experiment(args.name)
     opts = _override_parser(experiment).parse_args(args.overrides)
-    seed = _parse_value(opts.seed, int)
     overrides = {}
     for param in experiment.all_params():
         value = getattr(opts, param.name)
         if value is not None:
-            overrides[param.name] = value if param.type is bool else _parse_value(value, param.type)
+            overrides[param.name] = value if param.type is bool else parse_value(value,
+                                                                                 param.type)
     jax.config.update("jax_enable_x64", True)
     folder, summary = run_experiment(
-        args.name, overrides, seed=seed, out=opts.out, progress=not opts.no_progress,
+        args.name, overrides, seed=parse_value(opts.seed, int), out=opts.out,
+        progress=not opts.no_progress,
     )
     print(f"verdict: {summary['verdict']}")
     print(f"wrote {folder}/: config.json, data.npz, {', '.join(summary['figures'])}, "
@@ -87,10 +64,6 @@ def _run(args) -> int:
 
 
 def _plot(args) -> int:
-    import jax
-
-    from ..experiments import redraw
-
     jax.config.update("jax_enable_x64", True)
     paths = redraw(args.folder)
     print(f"redrew {', '.join(str(p) for p in paths)}")
@@ -114,4 +87,3 @@ def register(sub) -> None:
     plot = sub.add_parser("plot", help="redraw a run's figures from its saved data")
     plot.add_argument("folder", help="a finished run folder")
     plot.set_defaults(func=_plot)
-

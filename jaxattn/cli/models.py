@@ -1,6 +1,12 @@
-"""`jaxattn loop`: run a real transformer far past its depth (paper 001 §6.2)."""
+"""`jaxattn loop`: run a real transformer far past its depth (paper 001 §6.2);
+`--grid` runs the `loop-grid` experiment on the model instead."""
 
 import argparse
+
+from .._runs import read_json
+from ..experiments.loop_grid import DTYPES, grid_weights
+from ..experiments.run import run_loop, run_loop_grid
+from ..models._run import WEIGHTS
 
 
 def _depths(text: str) -> list[int]:
@@ -12,33 +18,19 @@ def _depths(text: str) -> list[int]:
         ) from None
 
 
-def _grid_weights(model: str) -> tuple[str, ...]:
-    """All three weight kinds, except for a bare preset or config (nothing trained)."""
-    from ..models._load import PRESETS
-    from ..models._presets import ALIASES
-
-    bare = model in PRESETS or model in ALIASES or model.endswith(".json")
-    return ("random", "resample") if bare else ("trained", "random", "resample")
-
-
 def _grid(args: argparse.Namespace) -> int:
-    from .._runs import read_json
-    from ..experiments.loop_grid import run_loop_grid
-
     folder = run_loop_grid(args.model, args.out, args.seed, passes=args.passes,
                            prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
-                           weights=_grid_weights(args.model))
+                           weights=grid_weights(args.model))
     s = read_json(folder / "summary.json")
     for name, v in s.items():
-        if isinstance(v, dict):
+        if isinstance(v, dict) and "E_input_mean" in v:
             print(f"{name:>14}: mean E {v['E_input_mean']:.3e} → {v['E_final_mean']:.3e}")
     print(f"wrote {folder}")
     return 0
 
 
 def _loop(args: argparse.Namespace) -> int:
-    from ..experiments.loop_grid import run_loop
-
     if args.grid:
         return _grid(args)
     folder = run_loop(
@@ -46,8 +38,6 @@ def _loop(args: argparse.Namespace) -> int:
         ffn=not args.no_ffn, prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
         save_states=args.save_states,
     )
-    from .._runs import read_json
-
     s = read_json(folder / "summary.json")
     print(f"jaxattn loop: {args.model}, {args.weights} weights, "
           f"{'no FFN' if args.no_ffn else 'full blocks'}, {args.passes} passes of "
@@ -67,13 +57,13 @@ def register(sub) -> None:
         "(paper 001 eq. 25) after every block. Writes a run folder with the figure.")
     p.add_argument("--model", required=True, help="a model folder, a .gguf file, a hub "
                    "name, or (for random weights) a preset such as gpt2 or a config.json")
-    p.add_argument("--weights", choices=["trained", "random", "resample"], default="trained")
+    p.add_argument("--weights", choices=WEIGHTS, default="trained")
     p.add_argument("--passes", type=int, default=20)
     p.add_argument("--no-ffn", action="store_true",
                    help="pure self-attention: drop each block's feed-forward sub-block")
     p.add_argument("--prompts", type=int, default=100)
     p.add_argument("--tokens", type=int, default=200)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-states", type=_depths, default=None, metavar="D1,D2,…",
                    help="also save the hidden states at these depths (0 = embeddings)")

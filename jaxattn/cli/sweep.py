@@ -4,7 +4,13 @@
 import argparse
 from pathlib import Path
 
-from ._common import CLIError
+import jax
+
+from .._runs import read_json
+from .._validate import check_count
+from ..sweep import SweepSpec, format_table, read_spec, sweep_params
+from ..sweep import run as run_sweep
+from ._common import CLIError, parse_value
 
 
 def _pair(text: str, flag: str) -> tuple[str, str]:
@@ -28,20 +34,28 @@ def _grid(items: list[str]) -> dict[str, list[str]]:
     return grid
 
 
+def _typed(experiment: str, fixed: dict[str, str], grid: dict[str, list[str]]):
+    """The command line's texts as values of the experiment's parameters (a name it
+    does not have stays text, for the sweep to report)."""
+    params = {p.name: p for p in sweep_params(experiment)}
+
+    def value(key: str, text: str):
+        return parse_value(text, params[key].type) if key in params else text
+
+    return ({k: value(k, v) for k, v in fixed.items()},
+            {k: [value(k, v) for v in values] for k, values in grid.items()})
+
+
 def _sweep(args: argparse.Namespace) -> int:
-    import jax
-
-    from ..sweep._report import format_table
-    from ..sweep._run import SweepSpec, read_spec, run_sweep
-
     jax.config.update("jax_enable_x64", True)
     is_file = Path(args.name).suffix.lower() in (".toml", ".json")
     spec = read_spec(args.name) if is_file else SweepSpec(args.name)
-    fixed = dict(_pair(t, "--set") for t in args.set)
-    if args.devices is not None and args.devices < 1:
-        raise CLIError(f"--devices must be ≥ 1, got {args.devices}.")
+    fixed, grid = _typed(spec.experiment, dict(_pair(t, "--set") for t in args.set),
+                         _grid(args.grid))
+    if args.devices is not None:
+        check_count(args.devices, "--devices", 1)
     result = run_sweep(
-        spec, _grid(args.grid) or None, set=(spec.set | fixed) or None,
+        spec, grid or None, set=(spec.set | fixed) or None,
         instances=args.instances, seed=args.seed, chunk=args.chunk, out=args.out,
         resume=args.resume, devices=args.devices, progress=not args.no_progress,
     )
@@ -55,8 +69,6 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _keys(result) -> list[str]:
-    from .._runs import read_json
-
     return read_json(result.folder / "sweep.json")["grid_keys"]
 
 

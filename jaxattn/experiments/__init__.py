@@ -6,9 +6,10 @@ below (`ja.models`, `ja.spectral`, `ja.explore`, …) never imports this package
 `run.py` runs one into a run folder; `paper.py` holds the models of paper 001.
 """
 
-from .adversarial import STUDIES
+from .adversarial import AdversarialTokens, AdversarialWeights
 from .base import AbstractExperiment, Param, Verdict
-from .loop_grid_exp import LoopGridExperiment
+from .conjectures import ConjectureBipartite, ConjectureMultihead
+from .loop_grid import LoopGridExperiment
 from .power_method import OjaBipartite, PowerLayers, PowerShared, Steer
 from .thm32_gradient import GradientExperiment
 from .thm41_sphere import SphereExperiment
@@ -20,7 +21,7 @@ EXPERIMENTS: dict[str, AbstractExperiment] = {
     e.name: e
     for e in (
         SphereExperiment(), CausalExperiment(), SymmetricExperiment(), GradientExperiment(),
-        *STUDIES,
+        AdversarialTokens(), AdversarialWeights(), ConjectureMultihead(), ConjectureBipartite(),
         LoopGridExperiment(),
         PowerShared(), PowerLayers(), Steer(), OjaBipartite(),
     )

@@ -8,8 +8,8 @@ An experiment declares its parameters (the `jaxattn run` overrides), simulates
 
 import abc
 import dataclasses
-import datetime as _dt
 import math
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -17,8 +17,10 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm.auto import tqdm
 
 from .._flow import solve_flow
+from .._horizon import Horizon
 from .._layers import run_layers
 from .paper import shift_time
 
@@ -51,27 +53,50 @@ COMMON = (
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """The outcome judged against the theorem: `ok`, one line to print, the numbers."""
+    """The outcome judged against the theorem: `ok`, one line to print, the numbers,
+    and `extra` entries for `summary.json` beside them (e.g. per-setting statistics)."""
 
     ok: bool
     line: str
     numbers: dict[str, Any]
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class AbstractExperiment(abc.ABC):
-    """One simulation of paper 001 §6.1, run by `jaxattn run NAME`."""
+    """One simulation of paper 001 §6.1, run by `jaxattn run NAME`.
+
+    As in equinox, a method is either abstract (a subclass provides it) or final
+    (no subclass overrides it): what differs between experiments is declared as
+    class variables, `params` and `drops`.
+    """
 
     name: ClassVar[str]
     title: ClassVar[str]
     theorem: ClassVar[str]
     params: ClassVar[tuple[Param, ...]]
+    #: The parameters of `COMMON` this experiment does not take (`jaxattn run NAME
+    #: --discrete` is then refused in one line instead of being silently ignored).
+    drops: ClassVar[tuple[str, ...]] = ()
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        unknown = set(cls.drops) - {p.name for p in COMMON}
+        if unknown:
+            raise TypeError(f"{cls.__name__}.drops names {sorted(unknown)}, which are not "
+                            f"common parameters ({', '.join(p.name for p in COMMON)}).")
+
+    @typing.final
     def all_params(self) -> tuple[Param, ...]:
-        """The experiment's parameters, then the common ones it does not override."""
+        """The experiment's parameters, then the common ones it neither overrides
+        nor drops."""
         own = {p.name for p in self.params}
-        return self.params + tuple(p for p in COMMON if p.name not in own)
+        return self.params + tuple(
+            p for p in COMMON if p.name not in own and p.name not in self.drops
+        )
 
+    @typing.final
     def defaults(self) -> dict[str, Any]:
+        """Every parameter's default value, by name."""
         return {p.name: p.default for p in self.all_params()}
 
     @abc.abstractmethod
@@ -90,11 +115,6 @@ class AbstractExperiment(abc.ABC):
 # --- integration in pieces, with a progress bar -----------------------------------
 
 
-def _pieces(total: int, most: int = 20) -> int:
-    """The largest divisor of `total` up to `most`: equal pieces compile once."""
-    return max(k for k in range(1, min(most, total) + 1) if total % k == 0)
-
-
 def advance(
     step: Callable[[int, Any], tuple[Any, Any]],
     state,
@@ -109,8 +129,6 @@ def advance(
 
     The final state and the list of outputs.
     """
-    from tqdm.auto import tqdm
-
     outs = []
     with tqdm(total=num_pieces, desc=desc, unit="piece", disable=not progress, leave=False) as bar:
         for k in range(num_pieces):
@@ -126,8 +144,9 @@ def flow_path(
 ):
     """Solve the flow (eq. 6) on `saves + 1` equally spaced times of `[0, horizon]`.
 
-    Integrated in up to 20 pieces (restarting the adaptive solver at each piece's
-    start, which is also a save time) so that a progress bar can follow it.
+    Integrated in up to 20 equal pieces (`Horizon.pieces`; restarting the adaptive
+    solver at each piece's start, which is also a save time) so that a progress bar
+    can follow it.
     `reduce(ys)` maps each piece's `(..., m, n, d)` states to what is kept
     (default: the states).
 
@@ -135,9 +154,9 @@ def flow_path(
 
     `ts (saves + 1,)` and the kept outputs concatenated along the time axis.
     """
-    pieces = _pieces(saves)
+    pieces = Horizon.pieces(saves)
     m = saves // pieces
-    ts = np.linspace(0.0, horizon, saves + 1)
+    ts = Horizon(horizon).save_times(saves)
     reduce = reduce or (lambda ys: ys)
 
     def step(k, x):
@@ -150,14 +169,14 @@ def flow_path(
 
 
 def layer_path(dyn, x0, horizon: float, tau: float, *, progress: bool, desc: str, reduce=None):
-    """Run `round(horizon / τ)` discrete layers (eq. 4) in up to 20 pieces.
+    """Run `Horizon(horizon).num_layers(τ)` discrete layers (eq. 4) in up to 20 pieces.
 
     **Returns:**
 
     `ts = kτ (L + 1,)` and the kept outputs (as in `flow_path`).
     """
-    num_layers = max(1, round(horizon / tau))
-    pieces = _pieces(num_layers)
+    num_layers = Horizon(horizon).num_layers(tau)
+    pieces = Horizon.pieces(num_layers)
     m = num_layers // pieces
     reduce = reduce or (lambda ys: ys)
 
@@ -167,7 +186,7 @@ def layer_path(dyn, x0, horizon: float, tau: float, *, progress: bool, desc: str
         return ys[..., -1, :, :], reduce(kept)
 
     _, outs = advance(step, x0, pieces, desc=desc, progress=progress)
-    return tau * np.arange(num_layers + 1), jnp.concatenate(outs, axis=_time_axis(x0))
+    return Horizon(horizon).layer_times(tau), jnp.concatenate(outs, axis=_time_axis(x0))
 
 
 def _time_axis(x0) -> int:
@@ -191,7 +210,3 @@ def largest_rise(values: np.ndarray) -> float:
     """The largest increase between consecutive samples along the last axis (≤ 0: none)."""
     values = np.asarray(values)
     return float(np.max(np.diff(values, axis=-1))) if values.shape[-1] > 1 else 0.0
-
-
-def stamp() -> str:
-    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")

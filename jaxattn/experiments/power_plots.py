@@ -3,7 +3,7 @@
 
 import numpy as np
 
-from .._plot import _pyplot, draw_sphere_trajectories, face, save_figure
+from .._plot import draw_sphere_trajectories, face, pyplot, save_figure
 
 
 def _label(data) -> str:
@@ -12,7 +12,7 @@ def _label(data) -> str:
 
 def power_shared(data, stem):
     """Eigenvalues, final-alignment histograms and alignment over prolonged depth."""
-    plt = _pyplot()
+    plt = pyplot()
     L = int(data["native_depth"])
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 3.9))
     lam = data["eig_modulus"]
@@ -79,7 +79,7 @@ def layer_stats(axes, data):
 
 
 def power_layers(data, stem):
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))
     layer_stats(axes[:3], data)
     eig = data["eigenvalues"]
@@ -93,7 +93,7 @@ def power_layers(data, stem):
 
 
 def steer(data, stem):
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.7))
     ell = np.arange(len(data["c_u"]))
     ax = axes[0]
@@ -121,7 +121,7 @@ def steer(data, stem):
 
 
 def oja(data, stem):
-    plt = _pyplot()
+    plt = pyplot()
     fig = plt.figure(figsize=(15, 4.2))
     ax = fig.add_subplot(1, 4, 1)
     fixed = data["residual"] < 1e-9

@@ -1,26 +1,40 @@
-"""Running an experiment into a run folder, and redrawing one: `run_experiment`,
-`redraw`, with the overrides checked by `resolve_config`."""
+"""Running experiments into run folders, and redrawing one.
+
+`run_experiment` runs a named experiment (`jaxattn run NAME`) with its overrides
+checked by `resolve_config` (each value by `convert`, the one typed check of a
+parameter); `run_loop` (`jaxattn loop`) and `run_loop_grid` (`jaxattn loop
+--grid`, the `loop-grid` experiment on any model) run the looped-model study of
+`loop_grid.py`. All three write through the one writer, `_runs.write_run`.
+
+These runners live here, not beside the experiments they run, because they read
+the registry (`experiments/__init__.py`), which imports every experiment module.
+"""
 
 import math
-import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
-from .._runs import (
-    RunFolderError,
-    create_run_folder,
-    finish_run,
-    open_run_folder,
-    package_versions,
-    read_json,
-    save_npz,
-    write_json,
-)
+from .._runs import RunFolderError, open_run_folder, read_json, write_run
+from .._validate import check_count
+from ..models import loop
+from ..models._run import WEIGHTS
 from . import EXPERIMENTS, get_experiment
-from .base import AbstractExperiment, Param, Verdict, stamp
+from .base import AbstractExperiment, Param
+from .loop_grid import (
+    DTYPES,
+    check_sizes,
+    describe,
+    get_model,
+    grid_data,
+    load_grid,
+    prompt_ids,
+    save_loop_figure,
+    settings,
+)
 
 
 def convert(param: Param, value: Any) -> Any:
@@ -57,9 +71,7 @@ def resolve_config(experiment: AbstractExperiment, overrides: dict[str, Any], se
             known = ", ".join(p.flag for p in params.values())
             raise ValueError(f"{experiment.name} has no parameter --{key}; it takes {known}.")
         config[key] = convert(params[key], value)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"--seed must be an integer ≥ 0, got {seed!r}.")
-    return {"experiment": experiment.name, "seed": int(seed)} | config
+    return {"experiment": experiment.name, "seed": check_count(seed, "--seed")} | config
 
 
 def command_line(config: dict, experiment: AbstractExperiment) -> str:
@@ -72,6 +84,48 @@ def command_line(config: dict, experiment: AbstractExperiment) -> str:
         elif value != p.default:
             parts += [p.flag, repr(value) if p.type is float else str(value)]
     return " ".join(parts)
+
+
+def run_into_folder(
+    experiment: AbstractExperiment,
+    config: dict[str, Any],
+    *,
+    command: str | None,
+    simulate: Callable[[], dict[str, np.ndarray]] | None = None,
+    out=None,
+    progress: bool = True,
+    log: Callable[[str], object] | None = print,
+) -> tuple[Path, dict]:
+    """Run `experiment` with a checked `config` into a run folder (`_runs.write_run`).
+
+    **Arguments:**
+
+    - `command`: the command line that repeats the run, recorded in `config.json`
+      and `summary.json` (`None`: not recorded).
+    - `simulate`: computes the data (default `experiment.simulate(config, progress)`).
+    - `out`, `progress`: the folder (default `runs/NAME/<timestamp>/`), a progress bar.
+    - `log`: where the folder's name is announced (`None`: nowhere).
+
+    **Returns:**
+
+    The run folder and the summary: the verdict, its numbers (and `extra`
+    entries), the simulation time and the figures.
+    """
+    noted = {} if command is None else {"command": command}
+
+    def summarise(data, seconds):
+        verdict = experiment.verdict(config, data)
+        return {"experiment": experiment.name, "theorem": experiment.theorem,
+                "verdict": verdict.line, "agrees_with_theory": verdict.ok,
+                "numbers": verdict.numbers, "simulation_seconds": round(seconds, 2),
+                **noted, **verdict.extra}
+
+    return write_run(
+        experiment.name, {"dtype": "float64"} | config | noted,
+        simulate or (lambda: experiment.simulate(config, progress)),
+        lambda data, folder: experiment.draw(config, data, folder), summarise, out=out,
+        announce=None if log is None else lambda f: log(f"jaxattn run {experiment.name} → {f}"),
+    )
 
 
 def run_experiment(
@@ -95,27 +149,71 @@ def run_experiment(
     """
     experiment = get_experiment(name)
     config = resolve_config(experiment, overrides or {}, seed)
-    folder = create_run_folder(name, out)
-    reproduce = command_line(config, experiment)
-    write_json(folder / "config.json", config | {
-        "command": reproduce, "dtype": "float64", "versions": package_versions(),
-        "started": stamp(), "argv": sys.argv[1:],
-    })
-    log(f"jaxattn run {name} → {folder}")
-    start = time.perf_counter()
-    data = experiment.simulate(config, progress)
-    elapsed = time.perf_counter() - start
-    save_npz(folder / "data.npz", **data)
-    figures = experiment.draw(config, data, folder)
-    verdict: Verdict = experiment.verdict(config, data)
-    summary = {
-        "experiment": name, "theorem": experiment.theorem, "verdict": verdict.line,
-        "agrees_with_theory": verdict.ok, "numbers": verdict.numbers,
-        "simulation_seconds": round(elapsed, 2), "figures": [p.name for p in figures],
-        "command": reproduce, "finished": stamp(),
-    }
-    finish_run(folder, summary)
-    return folder, summary
+    return run_into_folder(experiment, config, command=command_line(config, experiment),
+                           out=out, progress=progress, log=log)
+
+
+def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ffn=True,
+             prompts=100, tokens=200, dtype="float32", save_states=None) -> Path:
+    """Loop `model` (a path, hub name, preset/config, or a model) and write a run folder:
+    `config.json`, `data.npz` (`E` `(prompts, passes·L+1)`, the ids, saved states),
+    `loop.png`/`loop.pdf` and `summary.json`. Returns the folder."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"--weights must be one of {WEIGHTS}, got {weights!r}.")
+    check_sizes(passes, prompts, tokens, dtype)
+    key = jax.random.PRNGKey(seed)
+    net = get_model(model, weights, key)  # before the folder: a bad model leaves none
+    ids = prompt_ids(net.config.vocab_size, prompts, tokens, seed)
+    L = net.num_layers
+
+    def compute():
+        res = loop(net, ids, passes=passes, ffn=ffn, weights=weights, key=key,
+                   dtype=DTYPES[dtype], save_states=save_states)
+        E, states = res if save_states is not None else (res, None)
+        data = {"E": np.asarray(jax.block_until_ready(E)), "ids": ids}
+        if states is not None:
+            data |= {"states": np.asarray(states, np.float32), "depths": np.asarray(save_states)}
+        return data
+
+    title = (f"{model}: {weights} weights, {'full blocks' if ffn else 'no FFN'}, "
+             f"{prompts}×{tokens} tokens, {passes} passes")
+    config = settings(model, net) | {
+        "weights": weights, "passes": passes, "ffn": ffn, "prompts": prompts, "tokens": tokens,
+        "dtype": dtype, "seed": seed, "save_states": save_states}
+    folder, _ = write_run(
+        "loop", config, compute,
+        lambda data, folder: save_loop_figure(data["E"], L, folder / "loop", title=title,
+                                              variant="full" if ffn else "attn"),
+        lambda data, seconds: describe(data["E"], L) | {
+            "layers_per_pass": L, "seconds_per_pass_incl_compile": seconds / passes},
+        out=out)
+    return folder
+
+
+def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tokens=200,
+                  dtype="float32", weights=WEIGHTS) -> Path:
+    """The `loop-grid` experiment (paper 001 Figs. 7–10) on any model: every weight
+    kind in `weights` (trained, random, resample) with and without feed-forward blocks.
+
+    Trained weights need a loadable model (a folder, .gguf, packaged or reachable
+    hub name); with a preset/config only, pass `weights=("random", "resample")`.
+    Writes `config.json`, `data.npz` (`E_<weights>_<attn|full>`, `ids`,
+    `layers_per_pass`), `loop_grid.png/.pdf` and `summary.json` (the experiment's
+    verdict, `layers_per_pass` and per-setting statistics); returns the folder.
+    """
+    experiment = get_experiment("loop-grid")
+    check_sizes(passes, prompts, tokens, dtype)
+    weights = tuple(weights)
+    nets, ids = load_grid(model, weights, prompts, tokens, seed)  # before the folder
+    config = resolve_config(experiment, {"passes": passes, "prompts": prompts,
+                                         "tokens": tokens}, seed)
+    config |= settings(model, next(iter(nets.values()))) | {"weights": list(weights),
+                                                             "dtype": dtype}
+    folder, _ = run_into_folder(
+        experiment, config, command=None, out=out, log=None,
+        simulate=lambda: grid_data(nets, ids, seed, passes=passes, dtype=dtype,
+                                   weights=weights))
+    return folder
 
 
 def redraw(folder) -> list[Path]:

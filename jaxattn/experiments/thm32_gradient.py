@@ -8,20 +8,35 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _plot
+from .._horizon import CONSENSUS_TOL
 from .._manifold import sample_ellipsoid
-from ..metrics._consensus import cluster_count, misalignment, potential
-from ..theory._classify import predict
+from ..metrics import cluster_count, misalignment, potential
+from ..theory import predict
 from . import paper
 from .base import AbstractExperiment, Param, Verdict, flow_path, fmt, layer_path
 
-_TOL = 1e-4  # equilibrium: the largest velocity entry below this
+# An equilibrium: the largest velocity entry below CONSENSUS_TOL (`Prediction.check`).
 _RISE = 1e-7  # E_P "never decreases": no drop beyond this fraction of E_P (solver error)
 
 
-def _setup(config):
-    k_model, k_x = jax.random.split(jax.random.PRNGKey(config["seed"]))
-    dyn = paper.gradient_dynamics(k_model, config["dim"], ellipsoid=not config["sphere"],
-                                   beta=config["beta"])
+def setup(key, config):
+    """One instance, the model and its start, drawn from `key`: `jaxattn run
+    thm32-gradient --seed S` passes `PRNGKey(S)`, a sweep's instance `i` `PRNGKey(seed + i)`.
+
+    **Arguments:**
+
+    - `key`: a PRNG key.
+    - `config`: the experiment's parameters (`dim`, `sphere`, `beta`, `tokens`); any
+      others are ignored. `beta` may be a traced scalar.
+
+    **Returns:**
+
+    `(dyn, x0)`: the gradient-flow model (`W U = P`) and `tokens` tokens `(n, dim)`
+    uniform on its ellipsoid.
+    """
+    k_model, k_x = jax.random.split(key)
+    dyn = paper.gradient_dynamics(k_model, config["dim"], ellipsoid=not config["sphere"])
+    dyn = paper.with_beta(dyn, config["beta"])
     x0 = sample_ellipsoid(k_x, config["tokens"], config["dim"], dyn.W)
     return dyn, x0
 
@@ -45,7 +60,7 @@ class GradientExperiment(AbstractExperiment):
     )
 
     def simulate(self, config, progress):
-        dyn, x0 = _setup(config)
+        dyn, x0 = setup(jax.random.PRNGKey(config["seed"]), config)
         T = config["horizon"]
         P, beta = dyn.query_key(0.0)[0], dyn.beta
         ts, ys = flow_path(dyn, x0, T, config["saves"], progress=progress,
@@ -55,14 +70,14 @@ class GradientExperiment(AbstractExperiment):
         data = {"ts": ts, "ys": ys, "E_P": potential(ys, P, beta), "E": misalignment(ys),
                 "speed": _speed(dyn, ts, ys), "W": W, "P": P,
                 "clusters": cluster_count(ys[-1], 1e-3),
-                "agrees": pred.check(ys[-1], ts[-1], tol=_TOL),
+                "agrees": pred.check(ys[-1], ts[-1], tol=CONSENSUS_TOL),
                 "theorem": np.asarray(pred.theorem or "none")}
         if config["discrete"]:
             tl, yl = layer_path(dyn, x0, T, config["tau"], progress=progress,
                                 desc=f"{self.name}: layers")
             data |= {"ts_layers": tl, "ys_layers": yl, "E_P_layers": potential(yl, P, beta),
                      "E_layers": misalignment(yl), "speed_layers": _speed(dyn, tl, yl),
-                     "agrees_layers": pred.check(yl[-1], tl[-1], tol=_TOL)}
+                     "agrees_layers": pred.check(yl[-1], tl[-1], tol=CONSENSUS_TOL)}
         return {k: np.asarray(v) for k, v in data.items()}
 
     def verdict(self, config, data):
@@ -82,12 +97,12 @@ class GradientExperiment(AbstractExperiment):
         mono = ("never decreased" if monotone else f"fell by up to {fmt(drop)} of E_P(0)")
         state = "an equilibrium" if equilibrium else "no equilibrium by t = T"
         line = (f"{where}: E_P rose {fmt(EP[0])} → {fmt(EP[-1])} and {mono}; final speed "
-                f"{fmt(speed)} {'<' if equilibrium else '≥'} {_TOL:g}: {state}, {outcome} "
+                f"{fmt(speed)} {'<' if equilibrium else '≥'} {CONSENSUS_TOL:g}: {state}, {outcome} "
                 f"(final E = {fmt(numbers['final_E'])}, {numbers['clusters']} cluster(s))")
         return Verdict(ok, line, numbers)
 
     def draw(self, config, data, folder: Path):
-        plt = _plot._pyplot()
+        plt = _plot.pyplot()
         layers = config["discrete"]
         three_d = data["ys"].shape[-1] == 3
         cols = 3 if three_d else 2

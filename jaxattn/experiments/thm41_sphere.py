@@ -7,16 +7,28 @@ import jax
 import numpy as np
 
 from .. import _plot
-from ..metrics._consensus import misalignment, pairwise_lyapunov
-from ..theory._classify import predict
+from .._horizon import CONSENSUS_TOL
+from ..metrics import misalignment, pairwise_lyapunov
+from ..theory import predict
 from . import paper
 from .base import AbstractExperiment, Param, Verdict, flow_path, fmt, largest_rise, layer_path
 
-_TOL = 1e-4
 
+def setup(key, config):
+    """One instance, the model and its start, drawn from `key`: `jaxattn run
+    thm41-sphere --seed S` passes `PRNGKey(S)`, a sweep's instance `i` `PRNGKey(seed + i)`.
 
-def _setup(config):
-    k_model, k_x = jax.random.split(jax.random.PRNGKey(config["seed"]))
+    **Arguments:**
+
+    - `key`: a PRNG key.
+    - `config`: the experiment's parameters (`heads`, `tokens`); any others are ignored.
+
+    **Returns:**
+
+    `(dyn, x0)`: the `heads`-head model on S² and `tokens` unit tokens `(n, 3)` in
+    one open hemisphere.
+    """
+    k_model, k_x = jax.random.split(key)
     dyn = paper.sphere_dynamics(k_model, config["heads"])
     x0 = paper.hemisphere_tokens(k_x, config["tokens"], 3)
     return dyn, x0
@@ -34,7 +46,7 @@ class SphereExperiment(AbstractExperiment):
     )
 
     def simulate(self, config, progress):
-        dyn, x0 = _setup(config)
+        dyn, x0 = setup(jax.random.PRNGKey(config["seed"]), config)
         T, saves = config["horizon"], config["saves"]
         ts, ys = flow_path(dyn, x0, T, saves, progress=progress, desc=f"{self.name}: flow")
         pred = predict(dyn, x0)
@@ -61,15 +73,15 @@ class SphereExperiment(AbstractExperiment):
             line = (f"{where}: the start is in no open hemisphere, so Theorem 4.1 says nothing; "
                     f"final E = {fmt(E_final)}")
             return Verdict(True, line, numbers)
-        ok = E_final < _TOL
+        ok = E_final < CONSENSUS_TOL
         outcome = "consensus, as Theorem 4.1 predicts" if ok else "no consensus, AGAINST Thm 4.1"
         cmp = "<" if ok else "≥"
-        line = (f"{where}: final E = {fmt(E_final)} {cmp} {_TOL:g}: {outcome} (start in a "
+        line = (f"{where}: final E = {fmt(E_final)} {cmp} {CONSENSUS_TOL:g}: {outcome} (start in a "
                 f"hemisphere, margin {fmt(data['margin'])}); V(t) largest rise {fmt(rise)}")
         return Verdict(ok, line, numbers)
 
     def draw(self, config, data, folder: Path):
-        plt = _plot._pyplot()
+        plt = _plot.pyplot()
         layers = config["discrete"]
         fig = plt.figure(figsize=(13, 4.2))
         ax3 = fig.add_subplot(1, 3, 1, projection="3d")

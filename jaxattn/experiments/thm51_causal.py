@@ -15,24 +15,49 @@ import numpy as np
 
 from .. import _plot
 from .._flow import solve_flow
+from .._horizon import CONSENSUS_TOL, Horizon
 from .._layers import run_layers
 from .._manifold import normalize
-from ..metrics._consensus import consensus_time, misalignment
-from ..theory._classify import predict
+from ..metrics import consensus_time, misalignment
+from ..theory import predict
 from . import paper
-from .base import AbstractExperiment, Param, Verdict, _pieces, advance, fmt
-
-_TOL = 1e-4
+from .base import AbstractExperiment, Param, Verdict, advance, fmt
 
 
-def _setup(config):
-    k_w, k_x = jax.random.split(jax.random.PRNGKey(config["seed"]))
+def setup(key, config):
+    """The model and its starts, drawn from `key`: `jaxattn run thm51-causal --seed S`
+    passes `PRNGKey(S)`; a sweep's instance `i` is the run with `--samples 1` and
+    `PRNGKey(seed + i)`.
+
+    **Arguments:**
+
+    - `key`: a PRNG key.
+    - `config`: the experiment's parameters (`dim`, `heads`, `amplitude`, `max_freq`,
+      `samples`, `tokens`); any others are ignored. `amplitude` and `max_freq` may
+      be traced scalars.
+
+    **Returns:**
+
+    `(weights, x0)`: the `paper.CausalWeights` of the model (`paper.causal_dynamics`)
+    and `samples` starts `(samples, tokens, dim)` of unit tokens.
+    """
+    k_w, k_x = jax.random.split(key)
     weights = paper.causal_weights(
         k_w, config["dim"], config["heads"], config["amplitude"], config["max_freq"]
     )
     shape = (config["samples"], config["tokens"], config["dim"])
     x0 = normalize(jax.random.uniform(k_x, shape, jnp.result_type(float), -1.0, 1.0))
     return weights, x0
+
+
+def check_config(config) -> None:
+    """Refuse more tokens than dimensions (a `ValueError`): the span coordinates need
+    linearly independent tokens."""
+    if config["tokens"] > config["dim"]:
+        raise ValueError(
+            f"tokens {config['tokens']} > dim {config['dim']}: the tokens must be linearly "
+            "independent for the span coordinates; use at most as many tokens as dimensions."
+        )
 
 
 def _measures(ys, G):
@@ -64,15 +89,14 @@ def _layer_piece(weights, x0, y, t0, num_layers: int, tau):
 def _run(config, weights, x0, *, discrete, progress, desc):
     B, n, _ = x0.shape
     y0 = jnp.broadcast_to(jnp.eye(n, dtype=x0.dtype), (B, n, n))
-    T = config["horizon"]
+    horizon = Horizon(config["horizon"])
     if discrete:
-        tau = config["tau"]
-        steps = max(1, round(T / tau))
-        ts = tau * np.arange(steps + 1)
+        steps = horizon.num_layers(config["tau"])
+        ts = horizon.layer_times(config["tau"])
     else:
         steps = config["saves"]
-        ts = np.linspace(0.0, T, steps + 1)
-    pieces = _pieces(steps)
+        ts = horizon.save_times(steps)
+    pieces = Horizon.pieces(steps)
     m = steps // pieces
 
     def step(k, y):
@@ -104,24 +128,20 @@ class CausalExperiment(AbstractExperiment):
     )
 
     def simulate(self, config, progress):
-        if config["tokens"] > config["dim"]:
-            raise ValueError(
-                f"--tokens {config['tokens']} > --dim {config['dim']}: the tokens must be "
-                "linearly independent for the span coordinates; use at most --dim tokens."
-            )
-        weights, x0 = _setup(config)
+        check_config(config)
+        weights, x0 = setup(jax.random.PRNGKey(config["seed"]), config)
         pred = predict(paper.causal_dynamics(weights), x0,
                        times=np.linspace(0.0, config["horizon"], 21))
         ts, E, gap, xT = _run(config, weights, x0, discrete=False, progress=progress,
                               desc=f"{self.name}: flow")
         data = {"ts": ts, "E": E, "gap": gap, "in_domain": pred.in_domain,
-                "agrees": pred.check(xT, tol=_TOL), "E_direct": misalignment(xT),
+                "agrees": pred.check(xT, tol=CONSENSUS_TOL), "E_direct": misalignment(xT),
                 "theorem": np.asarray(pred.theorem or "none")}
         if config["discrete"]:
             tl, El, gl, xl = _run(config, weights, x0, discrete=True, progress=progress,
                                   desc=f"{self.name}: layers")
             data |= {"ts_layers": tl, "E_layers": El, "gap_layers": gl,
-                     "agrees_layers": pred.check(xl, tol=_TOL)}
+                     "agrees_layers": pred.check(xl, tol=CONSENSUS_TOL)}
         return {k: np.asarray(v) for k, v in data.items()}
 
     def verdict(self, config, data):
@@ -129,7 +149,7 @@ class CausalExperiment(AbstractExperiment):
         E_final = data["E" + run][:, -1]
         agrees, inside = data["agrees" + run], data["in_domain"]
         B = len(agrees)
-        t_cons = np.asarray(consensus_time(data["ts" + run], data["E" + run], _TOL))
+        t_cons = np.asarray(consensus_time(data["ts" + run], data["E" + run], CONSENSUS_TOL))
         numbers = {"final_E_max": float(E_final.max()),
                    "final_gap_max": float(data["gap" + run][:, -1].max()),
                    "agree": int(agrees.sum()), "samples": B, "in_domain": int(inside.sum()),
@@ -140,12 +160,12 @@ class CausalExperiment(AbstractExperiment):
         outcome = "as Theorem 5.1 predicts" if ok else "AGAINST Theorem 5.1"
         line = (f"{where}: {int(agrees.sum())}/{B} starts end at x₁(0) (max final E = "
                 f"{fmt(E_final.max())}, max 1 − ⟨x_i, x₁(0)⟩ = {fmt(numbers['final_gap_max'])} "
-                f"< {_TOL:g}): consensus at the first token, {outcome}; "
-                f"E < {_TOL:g} by t = {fmt(t_cons.max())}")
+                f"< {CONSENSUS_TOL:g}): consensus at the first token, {outcome}; "
+                f"E < {CONSENSUS_TOL:g} by t = {fmt(t_cons.max())}")
         return Verdict(ok, line, numbers)
 
     def draw(self, config, data, folder: Path):
-        plt = _plot._pyplot()
+        plt = _plot.pyplot()
         fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
         runs = [("", "flow", "tab:blue")]
         if config["discrete"]:
@@ -156,13 +176,13 @@ class CausalExperiment(AbstractExperiment):
             _plot.draw_decay(axes[1], ts, gap, color=color, lw=0.6, alpha=0.35)
             for ax in axes[:2]:
                 ax.plot([], [], color=color, label=f"{label} ({E.shape[0]} starts)")
-            t_cons = np.asarray(consensus_time(ts, E, _TOL))
+            t_cons = np.asarray(consensus_time(ts, E, CONSENSUS_TOL))
             axes[2].hist(t_cons[np.isfinite(t_cons)], bins=20, color=color, alpha=0.6, label=label)
         axes[0].set_ylabel("misalignment $E(x(t))$ (eq. 25)")
         axes[0].set_title("Fig. 4: $E(t)$ for every start")
         axes[1].set_ylabel(r"$\max_i\,(1-\langle x_i(t), x_1(0)\rangle)$")
         axes[1].set_title("distance to the first token's start")
-        axes[2].set_xlabel(f"time at which $E < 10^{{{int(np.log10(_TOL))}}}$")
+        axes[2].set_xlabel(f"time at which $E < 10^{{{int(np.log10(CONSENSUS_TOL))}}}$")
         axes[2].set_ylabel("number of starts")
         axes[2].set_title("consensus time")
         for ax in axes:

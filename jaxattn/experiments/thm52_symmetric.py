@@ -7,20 +7,35 @@ import jax
 import numpy as np
 
 from .. import _plot
-from ..metrics._consensus import misalignment
-from ..theory._classify import predict
+from .._horizon import CONSENSUS_TOL
+from ..metrics import misalignment
+from ..theory import predict
 from . import paper
 from .base import AbstractExperiment, Param, Verdict, flow_path, fmt, layer_path
 
-_TOL = 1e-4
 
+def setup(key, config):
+    """One instance, the model and its start, drawn from `key`: `jaxattn run
+    thm52-symmetric --seed S` passes `PRNGKey(S)`, a sweep's instance `i` `PRNGKey(seed + i)`.
 
-def _setup(config):
-    k_model, k_x = jax.random.split(jax.random.PRNGKey(config["seed"]))
+    **Arguments:**
+
+    - `key`: a PRNG key.
+    - `config`: the experiment's parameters (`dim`, `tokens`); any others are ignored.
+
+    **Returns:**
+
+    `(dyn, x0)`: the causal one-head model with symmetric `U` and `tokens` unit
+    tokens `(n, dim)` in the hemisphere `⟨v₁, x⟩ > 0` of its top eigenvector.
+    """
+    k_model, k_x = jax.random.split(key)
     dyn = paper.symmetric_dynamics(k_model, config["dim"])
-    v1 = paper.top_eigenvector(dyn.U(0.0)[0])
-    x0 = paper.hemisphere_of(k_x, v1, config["tokens"])
-    return dyn, v1, x0
+    x0 = paper.hemisphere_of(k_x, _top_eigenvector(dyn), config["tokens"])
+    return dyn, x0
+
+
+def _top_eigenvector(dyn):
+    return paper.top_eigenvector(dyn.U(0.0)[0])
 
 
 class SymmetricExperiment(AbstractExperiment):
@@ -35,21 +50,22 @@ class SymmetricExperiment(AbstractExperiment):
     )
 
     def simulate(self, config, progress):
-        dyn, v1, x0 = _setup(config)
+        dyn, x0 = setup(jax.random.PRNGKey(config["seed"]), config)
+        v1 = _top_eigenvector(dyn)
         T = config["horizon"]
         pred = predict(dyn, x0)
         ts, ys = flow_path(dyn, x0, T, config["saves"], progress=progress,
                            desc=f"{self.name}: flow")
         data = {"ts": ts, "ys": ys, "E": misalignment(ys), "proj": (ys @ v1).min(-1),
                 "v1": v1, "U": dyn.U(0.0)[0], "in_domain": pred.in_domain,
-                "agrees": pred.check(ys[-1], tol=_TOL),
+                "agrees": pred.check(ys[-1], tol=CONSENSUS_TOL),
                 "theorem": np.asarray(pred.theorem or "none")}
         if config["discrete"]:
             tl, yl = layer_path(dyn, x0, T, config["tau"], progress=progress,
                                 desc=f"{self.name}: layers")
             data |= {"ts_layers": tl, "ys_layers": yl, "E_layers": misalignment(yl),
                      "proj_layers": (yl @ v1).min(-1),
-                     "agrees_layers": pred.check(yl[-1], tol=_TOL)}
+                     "agrees_layers": pred.check(yl[-1], tol=CONSENSUS_TOL)}
         return {k: np.asarray(v) for k, v in data.items()}
 
     def verdict(self, config, data):
@@ -69,11 +85,11 @@ class SymmetricExperiment(AbstractExperiment):
         note = (f"; min_i⟨x_i, v₁⟩ first fell by {fmt(-dip)} (not a Lyapunov function)"
                 if dip < 0 else "")
         line = (f"{where}: final E = {fmt(E_final)}, 1 − min_i⟨x_i, v₁⟩ = {fmt(gap)} {cmp} "
-                f"{_TOL:g}: consensus at v₁, {outcome}{note}")
+                f"{CONSENSUS_TOL:g}: consensus at v₁, {outcome}{note}")
         return Verdict(ok, line, numbers)
 
     def draw(self, config, data, folder: Path):
-        plt = _plot._pyplot()
+        plt = _plot.pyplot()
         layers = config["discrete"]
         three_d = data["ys"].shape[-1] == 3
         fig = plt.figure(figsize=(13 if three_d else 9, 4.2))

@@ -1,6 +1,7 @@
 """Bipartite-consensus equilibria of the layer map (paper 004, eq. 3/8 and
-Theorem 3): their Jacobian on the tangent space, and a search for weights that
-make one locally stable.
+Theorem 3): a search for weights that make one locally stable. The point and the
+Jacobian of the layer map on the tangent space are `ja.spectral`'s
+(`bipartite_point`, `tangent_jacobian`, `spectral_radius`).
 
 A bipartite point puts `m` tokens at `v` and `n − m` at `−v`. For the layer map
 `x_i ↦ N(x_i + τ Σ_η Σ_j α^η_ij U_η x_j)` (`W = I`) it is an equilibrium when `v`
@@ -17,35 +18,7 @@ import optax
 from jaxtyping import Array, Float
 
 from .._dynamics import SelfAttentionDynamics
-
-
-def bipartite_point(v: Float[Array, " d"], n: int, m: int) -> Float[Array, "n d"]:
-    """`m` tokens at the unit vector `v`, then `n − m` at `−v`."""
-    signs = jnp.where(jnp.arange(n) < m, 1.0, -1.0).astype(v.dtype)
-    return signs[:, None] * (v / jnp.linalg.norm(v))[None, :]
-
-
-def tangent_jacobian(
-    dyn: SelfAttentionDynamics, x: Float[Array, "n d"], tau: float = 1.0
-) -> Float[Array, "n(d-1) n(d-1)"]:
-    """The Jacobian of one layer (`jax.jacfwd`) at `x`, restricted to the tangent
-    space of `(S^{d−1})ⁿ` at `x` (`x` an equilibrium, so it maps that space to itself).
-
-    **Returns:**
-
-    `Bᵀ J B` with `B` an orthonormal basis of the tangent space, `(n(d−1), n(d−1))`.
-    """
-    n, d = x.shape
-    J = jax.jacfwd(lambda y: dyn.layer(0.0, y, tau))(x).reshape(n * d, n * d)
-    basis = jax.vmap(_tangent_basis)(x)  # (n, d, d-1)
-    B = jax.scipy.linalg.block_diag(*[basis[i] for i in range(n)])
-    return B.T @ J @ B
-
-
-def _tangent_basis(xi):
-    d = xi.shape[0]
-    _, V = jnp.linalg.eigh(jnp.eye(d, dtype=xi.dtype) - jnp.outer(xi, xi))
-    return V[:, 1:]
+from ..spectral._equilibria import bipartite_point, tangent_jacobian
 
 
 def log_radius_bound(J: Float[Array, "k k"], squarings: int = 6) -> Float[Array, ""]:
@@ -59,11 +32,6 @@ def log_radius_bound(J: Float[Array, "k k"], squarings: int = 6) -> Float[Array,
         logscale = logscale + jnp.log(norm) / 2**s
         A = A @ A
     return logscale + jnp.log(jnp.linalg.norm(A)) / 2**squarings
-
-
-def spectral_radius(J) -> float:
-    """`ρ(J)`, computed on the host with NumPy."""
-    return float(np.max(np.abs(np.linalg.eigvals(np.asarray(J, np.float64)))))
 
 
 class BipartiteWeights(eqx.Module):
@@ -105,7 +73,15 @@ def bipartite_violation(w: BipartiteWeights, v, p_bound, u_bound) -> Float[Array
     ]))
 
 
-def _objective(w, v, n, m, tau, beta):
+def bipartite_log_radius(w: BipartiteWeights, v, n: int, m: int, tau=1.0, beta=1.0
+                         ) -> Float[Array, ""]:
+    """The objective of `stabilize_bipartite`: `log_radius_bound` of the tangent
+    Jacobian of the map with weights `w` at the bipartite point `(m × v, (n − m) × −v)`.
+
+    **Returns:**
+
+    A scalar, differentiable in `w`.
+    """
     x = bipartite_point(v, n, m)
     return log_radius_bound(tangent_jacobian(w.dynamics(beta), x, tau))
 
@@ -141,18 +117,19 @@ def stabilize_bipartite(
     """
     optimizer = optimizer or optax.adam(0.02)
     proj = jax.vmap(lambda w: project_bipartite(w, v, p_bound, u_bound))
+    objective = jax.vmap(lambda w: bipartite_log_radius(w, v, n, m, tau, beta))
+    violation = jax.vmap(lambda w: bipartite_violation(w, v, p_bound, u_bound))
     w = proj(w0)
 
     def step(carry, _):
         w, opt = carry
-        val, g = jax.vmap(jax.value_and_grad(lambda wi: _objective(wi, v, n, m, tau, beta)))(w)
-        viol = jax.vmap(lambda wi: bipartite_violation(wi, v, p_bound, u_bound))(w)
+        val, g = jax.vmap(jax.value_and_grad(
+            lambda wi: bipartite_log_radius(wi, v, n, m, tau, beta)))(w)
         upd, opt = jax.vmap(optimizer.update)(g, opt, w)
-        return (proj(optax.apply_updates(w, upd)), opt), (val, viol)
+        return (proj(optax.apply_updates(w, upd)), opt), (val, violation(w))
 
     run = eqx.filter_jit(lambda w, opt: jax.lax.scan(step, (w, opt), None, length=steps))
     (w, _), (trace, viol) = run(w, jax.vmap(optimizer.init)(w))
-    last = jax.vmap(lambda wi: _objective(wi, v, n, m, tau, beta))(w)
-    last_viol = jax.vmap(lambda wi: bipartite_violation(wi, v, p_bound, u_bound))(w)
+    last, last_viol = objective(w), violation(w)
     return (w, np.concatenate([np.asarray(trace), np.asarray(last)[None]]),
             np.concatenate([np.asarray(viol), np.asarray(last_viol)[None]]))

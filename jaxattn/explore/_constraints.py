@@ -10,6 +10,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._manifold import project, w_inner
+from .._schedule import Constant
 
 _NORMS = (None, "spectral", "frobenius")
 _FIELDS = ("P", "Q", "K", "U")
@@ -175,8 +176,6 @@ def constrain_weights(dyn, constraints: Constraints):
 def check_weight_constraints(dyn, constraints: Constraints) -> None:
     """Trace-time refusal of constraint requests the model cannot honour."""
     if constraints.top_eigenvector is not None:
-        from .._schedule import Constant
-
         if not isinstance(dyn.U, Constant) or dyn.U.value.shape[0] != 1:
             raise ValueError("`top_eigenvector` needs a one-head time-invariant `U` "
                              "(a ja.Constant of shape (1, d, d)).")
@@ -186,8 +185,6 @@ def check_weight_constraints(dyn, constraints: Constraints) -> None:
         if v.shape != (dyn.dim,) or not np.isclose(np.linalg.norm(v), 1.0):
             raise ValueError(f"`top_eigenvector` must be a unit vector of shape ({dyn.dim},).")
     if constraints.sum_gap is not None:
-        from .._schedule import Constant
-
         if not isinstance(dyn.U, Constant) or "U" not in constraints.symmetric:
             raise ValueError("`sum_gap` needs a time-invariant `U` (a ja.Constant) kept "
                              "symmetric (`symmetric=('U', ...)`).")

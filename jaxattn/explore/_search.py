@@ -14,11 +14,9 @@ therefore on `E_W` up to rounding, whatever the optimiser (Adam rescales
 coordinates, so a tangent-space projection alone would not keep it there).
 """
 
-import functools
-import inspect
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import diffrax as dfx
 import equinox as eqx
@@ -26,15 +24,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree, Real
+from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
+from tqdm.auto import tqdm
 
-from .._batch import prepare_tokens
 from .._dynamics import SelfAttentionDynamics
-from .._flow import solve_flow_unchecked
-from .._layers import run_layers_unchecked
+from .._horizon import Horizon
 from .._manifold import project, sample_ellipsoid, w_inner
 from .._sharding import as_mesh, shard_batch
-from ..metrics._consensus import misalignment
+from .._validate import check_count
+from ..metrics._hemisphere import hemisphere
 from ._constraints import (
     Constraints,
     check_weight_constraints,
@@ -45,155 +43,9 @@ from ._constraints import (
     trainable_filter,
     weight_violation,
 )
+from ._objectives import Trajectory, as_objective, make_trajectory
 
-OBJECTIVES = ("final", "integrated", "consensus_time", "lyapunov")
 TARGETS = ("tokens", "weights", "both")
-
-
-# --- objectives ---------------------------------------------------------------------
-
-
-def _lyapunov(x, W):
-    gram = x @ x.T if W is None else x @ W @ x.T
-    return 1 - jnp.min(gram)
-
-
-@functools.cache  # one function object per objective: jit reuses it
-def builtin_objective(name: str, eps: float = 1e-4, width: float = 1.0) -> Callable:
-    """The built-in objectives as functions `(ts, ys, dyn) ↦ value ≥ 0`.
-
-    - `"final"`: the misalignment at the horizon, `E(x(T))` (paper 001 eq. 25).
-    - `"integrated"`: `∫₀ᵀ E(x(t)) dt` (trapezoid on the saved times).
-    - `"consensus_time"`: a smooth consensus time, `∫₀ᵀ σ((log E − log eps) / width) dt`
-      (`σ` the logistic function): the time spent with `E` above `eps`, smoothed
-      over `width` units of `log E`; it saturates at `T` if `E` never gets there.
-    - `"lyapunov"`: the pairwise Lyapunov function `V(x(T)) = 1 − min_ij ⟨x_i, x_j⟩_W`.
-    """
-    if name == "final":
-        return lambda ts, ys, dyn: misalignment(ys[-1])
-    if name == "integrated":
-        return lambda ts, ys, dyn: jnp.trapezoid(misalignment(ys), ts)
-    if name == "consensus_time":
-        def soft_time(ts, ys, dyn):
-            logE = jnp.log(jnp.maximum(misalignment(ys), 1e-300))
-            return jnp.trapezoid(jax.nn.sigmoid((logE - jnp.log(eps)) / width), ts)
-        return soft_time
-    if name == "lyapunov":
-        return lambda ts, ys, dyn: _lyapunov(ys[-1], dyn.W)
-    raise ValueError(f"unknown objective {name!r}: use one of {OBJECTIVES} or a function.")
-
-
-def _as_objective(objective) -> tuple[Callable, bool]:
-    """The objective as `(ts, ys, dyn) ↦ value`, and whether it is a built-in."""
-    if isinstance(objective, str):
-        return builtin_objective(objective), True
-    if not callable(objective):
-        raise TypeError(f"`objective` must be a name in {OBJECTIVES} or a function "
-                        f"(ts, ys[, dyn]) ↦ scalar, got {type(objective).__name__}.")
-    try:
-        nargs = len(inspect.signature(objective).parameters)
-    except (TypeError, ValueError):
-        nargs = 3
-    if nargs == 2:
-        return (lambda ts, ys, dyn: objective(ts, ys)), False
-    return objective, False
-
-
-# --- the trajectory -----------------------------------------------------------------
-
-
-class Horizon(eqx.Module):
-    """How the trajectory is computed: flow to `T` (saved at `saves + 1` times) or
-    `round(T / tau)` layers; adjoint and solver options of the flow."""
-
-    model: str = eqx.field(static=True)
-    ts: Real[Array, " T"]
-    num_layers: int = eqx.field(static=True)
-    tau: float = eqx.field(static=True)
-    adjoint: dfx.AbstractAdjoint
-    solver: dfx.AbstractSolver
-    rtol: float = eqx.field(static=True)
-    atol: float = eqx.field(static=True)
-    max_steps: int = eqx.field(static=True)
-
-    def trajectory(self, dyn, x0: Float[Array, "n d"]) -> Float[Array, "T n d"]:
-        # Unchecked runs (the tokens are on E_W by construction): one restart whose
-        # run fails (step budget, overflow) must not abort the batch; its value
-        # becomes NaN and `_Loop.step` rejects that step. They also leave no host
-        # callback in the program, so sharded restarts split across devices.
-        if self.model == "layers":
-            return run_layers_unchecked(dyn, x0, self.num_layers, self.tau)[0]
-        # Backsolve integrates an augmented state; the retraction wrapper only
-        # knows token arrays, so that adjoint solves the ambient ODE.
-        on_manifold = not isinstance(self.adjoint, dfx.BacksolveAdjoint)
-        out = solve_flow_unchecked(dyn, x0, self.ts, solver=self.solver, rtol=self.rtol,
-                                   atol=self.atol, max_steps=self.max_steps,
-                                   adjoint=self.adjoint, on_manifold=on_manifold)
-        return jnp.where(out.success, out.ys, jnp.nan)
-
-
-def make_horizon(horizon, *, model="flow", saves=100, tau=0.1, adjoint="checkpoint",
-                 solver=None, rtol=1e-6, atol=1e-8, max_steps=16384) -> Horizon:
-    """Check the trajectory options and bundle them (see `slow_consensus`)."""
-    horizon = float(horizon)
-    if not horizon > 0 or not np.isfinite(horizon):
-        raise ValueError(f"`horizon` must be a finite time > 0, got {horizon}.")
-    if model not in ("flow", "layers"):
-        raise ValueError(f"`model` must be 'flow' or 'layers', got {model!r}.")
-    if int(saves) < 1:
-        raise ValueError(f"`saves` must be ≥ 1, got {saves}.")
-    if not float(tau) > 0:
-        raise ValueError(f"`tau` must be > 0, got {tau}.")
-    adjoint = _as_adjoint(adjoint)
-    ts = jnp.linspace(0.0, horizon, int(saves) + 1)
-    num_layers = max(1, round(horizon / tau))
-    if model == "layers":
-        ts = tau * jnp.arange(num_layers + 1, dtype=ts.dtype)
-    return Horizon(model, ts, num_layers, float(tau), adjoint, solver or dfx.Tsit5(),
-                   float(rtol), float(atol), int(max_steps))
-
-
-def _as_adjoint(adjoint) -> dfx.AbstractAdjoint:
-    if isinstance(adjoint, dfx.AbstractAdjoint):
-        return adjoint
-    if adjoint == "checkpoint":
-        return dfx.RecursiveCheckpointAdjoint()
-    if adjoint == "backsolve":
-        return dfx.BacksolveAdjoint()
-    raise ValueError(f"`adjoint` must be 'checkpoint', 'backsolve' or a diffrax adjoint, "
-                     f"got {adjoint!r}.")
-
-
-def consensus_objective(
-    dyn: SelfAttentionDynamics,
-    x0: Float[Array, "n d"],
-    *,
-    objective: str | Callable = "final",
-    horizon: float = 5.0,
-    **horizon_kw,
-) -> Float[Array, ""]:
-    """The value of an exploration objective for one start: differentiable in
-    `x0` and in the model's arrays.
-
-    **Arguments:**
-
-    - `dyn`, `x0`: the model and one sequence of tokens `(n, d)` (normalised first).
-    - `objective`, `horizon` and the keywords `model`, `saves`, `tau`, `adjoint`,
-      `solver`, `rtol`, `atol`, `max_steps`: as in `slow_consensus`.
-
-    **Returns:**
-
-    The objective, a scalar.
-    """
-    fn, _ = _as_objective(objective)
-    hz = make_horizon(horizon, **horizon_kw)
-    return _objective_jit(fn, hz, dyn, x0)
-
-
-@eqx.filter_jit
-def _objective_jit(fn, hz, dyn, x0):
-    ys = hz.trajectory(dyn, prepare_tokens(dyn, x0))
-    return fn(hz.ts.astype(ys.dtype), ys, dyn)
 
 
 # --- the result ---------------------------------------------------------------------
@@ -265,8 +117,6 @@ def _hemisphere_directions(dyn, x, constraints: Constraints, weights, rest):
     if hemi is None:
         return None
     if isinstance(hemi, str):  # "start": the certificate of each start
-        from ..metrics._hemisphere import hemisphere
-
         h = hemisphere(x, dyn.W)
         if not bool(np.all(np.asarray(h.inside))):
             raise ValueError("hemisphere='start' needs every start inside an open hemisphere.")
@@ -305,7 +155,7 @@ class _Loop(eqx.Module):
     """One restart's objective, gradient step and constraint map (vmapped over `R`)."""
 
     fn: Callable
-    hz: Horizon
+    traj: Trajectory
     rest: PyTree
     mask: PyTree
     constraints: Constraints
@@ -316,8 +166,8 @@ class _Loop(eqx.Module):
 
     def value(self, x, w):
         dyn = _combine(w, self.rest)
-        ys = self.hz.trajectory(dyn, project(x, dyn.W))
-        return self.fn(self.hz.ts.astype(ys.dtype), ys, dyn)
+        ys = self.traj.run(dyn, project(x, dyn.W))
+        return self.fn(self.traj.ts.astype(ys.dtype), ys, dyn)
 
     def _loss(self, train, frozen):
         x = train[0] if self.train_x else frozen[0]
@@ -411,11 +261,9 @@ def _evaluate(loop: _Loop, x, w, z):
 
 
 def _run_loop(loop, state, steps, progress, desc):
-    from tqdm.auto import tqdm
-
     R = state[0].shape[0]
     best = (jnp.full((R,), -jnp.inf, state[0].dtype), state[0], state[1])
-    chunk = max(k for k in range(1, min(10, max(steps, 1)) + 1) if steps % k == 0) if steps else 0
+    chunk = Horizon.pieces(steps, most=10) if steps else 0  # equal chunks compile once
     vs, viols = [], []
     with tqdm(total=steps, desc=desc, unit="step", disable=not progress, leave=False) as bar:
         for _ in range(steps // chunk if chunk else 0):
@@ -430,44 +278,13 @@ def _run_loop(loop, state, steps, progress, desc):
     return best, np.concatenate(vs), np.concatenate(viols)
 
 
-# --- adjoints -----------------------------------------------------------------------
-
-
-def compare_adjoints(
-    dyn: SelfAttentionDynamics,
-    x0: Float[Array, "n d"],
-    *,
-    objective: str | Callable = "final",
-    horizon: float = 5.0,
-    **horizon_kw,
-) -> dict[str, Any]:
-    """The gradient of an objective w.r.t. `x0` by the checkpointed and the
-    backsolve adjoints of the flow, and their relative difference.
-
-    `BacksolveAdjoint` integrates the adjoint equation backwards in time; for a
-    contracting flow (consensus) that reversed flow is expanding, so its gradient
-    can be wrong by orders of magnitude while the checkpointed (discrete) adjoint
-    is exact up to the solver's tolerance.
-
-    **Returns:**
-
-    `{"checkpoint": g, "backsolve": g, "relative_error": ‖g_bs − g_cp‖ / ‖g_cp‖}`.
-    """
-    horizon_kw = {k: v for k, v in horizon_kw.items() if k != "adjoint"}
-
-    def grad(adjoint):
-        return jax.grad(lambda x: consensus_objective(
-            dyn, x, objective=objective, horizon=horizon, adjoint=adjoint, **horizon_kw))(x0)
-
-    g_cp, g_bs = grad("checkpoint"), grad("backsolve")
-    rel = float(jnp.linalg.norm(g_bs - g_cp) / jnp.maximum(jnp.linalg.norm(g_cp), 1e-300))
-    return {"checkpoint": g_cp, "backsolve": g_bs, "relative_error": rel}
+# --- the backsolve check -----------------------------------------------------------------------
 
 
 def _check_backsolve(loop: _Loop, x, w, rtol: float) -> None:
     """Refuse backsolve where it disagrees with the checkpointed adjoint at the start."""
     def grad_with(adjoint):
-        lp = eqx.tree_at(lambda m: m.hz.adjoint, loop, adjoint)
+        lp = eqx.tree_at(lambda m: m.traj.adjoint, loop, adjoint)
         train = (x if lp.train_x else None, w if lp.train_w else None)
         return eqx.filter_jit(jax.grad(lambda t: lp._loss(t, (x, w))[0]))(train)
 
@@ -542,7 +359,7 @@ def slow_consensus(
     - `restarts`: the number `R` of starts optimised together.
     - `constraints`: a `Constraints` (tokens always stay on `E_W`).
     - `model`: `"flow"` (`solve_flow`, saved at `saves + 1` times) or `"layers"`
-      (`round(T / tau)` layers of `run_layers`, a checkpointed scan).
+      (`max(1, round(T / tau))` layers of `run_layers`, a checkpointed scan).
     - `adjoint`: `"checkpoint"` (default, `diffrax.RecursiveCheckpointAdjoint`),
       `"backsolve"` (refused with a `ValueError` when its gradient at the first
       start differs from the checkpointed one by more than `adjoint_rtol`, else a
@@ -561,10 +378,13 @@ def slow_consensus(
 
     An `Exploration` (best `x0`, `dyn`, `value`, `gain`, `trace`, `baseline`, ...).
     """
-    x, state_w, loop, z = _setup(dyn, init, n, target, objective, horizon, optimizer,
-                                 restarts, constraints, model, saves, tau, adjoint, log,
-                                 weight_noise, key)
-    if isinstance(loop.hz.adjoint, dfx.BacksolveAdjoint) and loop.hz.model == "flow":
+    restarts = check_count(restarts, "restarts", 1)
+    traj = make_trajectory(horizon, model=model, saves=saves, tau=tau, adjoint=adjoint)
+    start, loop = _make_loop(dyn, target=target, objective=objective, traj=traj,
+                             optimizer=optimizer, constraints=constraints, log=log)
+    x, state_w, z = _make_starts(loop, start, init, n=n, restarts=restarts,
+                                 weight_noise=weight_noise, key=key)
+    if isinstance(traj.adjoint, dfx.BacksolveAdjoint) and traj.model == "flow":
         w0 = None if state_w is None else jax.tree.map(lambda a: a[0], state_w)
         _check_backsolve(loop, x[0], w0, adjoint_rtol)
     train = (x if loop.train_x else None, state_w if loop.train_w else None)
@@ -581,7 +401,7 @@ def slow_consensus(
     baseline = trace[0]
     if baseline_samples and not _is_tokens(init):
         baseline = np.concatenate([baseline, _baseline(loop, dyn, init, n, baseline_samples,
-                                                       state_w, z, key)])
+                                                       state_w, z)])
     r = int(np.argmax(np.asarray(best_v)))
     w_best = None if best_w is None else jax.tree.map(lambda a: a[r], best_w)
     return Exploration(
@@ -591,17 +411,19 @@ def slow_consensus(
     )
 
 
-def _setup(dyn, init, n, target, objective, horizon, optimizer, restarts, constraints,
-           model, saves, tau, adjoint, log, weight_noise, key):
+def _make_loop(dyn, *, target, objective, traj: Trajectory, optimizer, constraints, log):
+    """Check the request and build one restart's loop (see `slow_consensus`).
+
+    **Returns:**
+
+    `(dyn, loop)`: the model with its weight constraints applied, and the `_Loop`.
+    """
     if not isinstance(dyn, SelfAttentionDynamics):
         raise TypeError(f"expected a ja.SelfAttentionDynamics, got {type(dyn).__name__}.")
     if target not in TARGETS:
         raise ValueError(f"`target` must be one of {TARGETS}, got {target!r}.")
-    if int(restarts) < 1:
-        raise ValueError(f"`restarts` must be ≥ 1, got {restarts}.")
     constraints = constraints or Constraints()
-    fn, builtin = _as_objective(objective)
-    hz = make_horizon(horizon, model=model, saves=saves, tau=tau, adjoint=adjoint)
+    fn, builtin = as_objective(objective)
     train_w = target in ("weights", "both")
     mask = trainable_filter(dyn, constraints)
     if train_w:
@@ -609,21 +431,33 @@ def _setup(dyn, init, n, target, objective, horizon, optimizer, restarts, constr
         dyn = constrain_weights(dyn, constraints)
         if not jax.tree.leaves(eqx.filter(dyn, mask)):
             raise ValueError(f"no weights to train: the model has none of {constraints.train}.")
-    key = jax.random.PRNGKey(0) if key is None else key
-    weights = _perturbed_weights(eqx.filter(dyn, mask), restarts, weight_noise, key) \
-        if train_w else None
     rest = eqx.filter(dyn, mask, inverse=True) if train_w else dyn
-    loop = _Loop(fn, hz, rest, mask, constraints, optimizer or optax.adam(0.02),
+    loop = _Loop(fn, traj, rest, mask, constraints, optimizer or optax.adam(0.02),
                  target in ("tokens", "both"), train_w, builtin if log is None else bool(log))
-    if train_w:
+    return dyn, loop
+
+
+def _make_starts(loop: _Loop, dyn, init, *, n, restarts: int, weight_noise, key):
+    """Every restart's start, feasible for the constraints.
+
+    **Returns:**
+
+    `(x, weights, z)`: tokens `(R, n, d)`, the trained arrays (leading axis `R`;
+    `None` unless weights are trained) and the cap directions `(R, d)` or `None`.
+    """
+    constraints = loop.constraints
+    weights = None
+    if loop.train_w:
+        key = jax.random.PRNGKey(0) if key is None else key
+        weights = _perturbed_weights(eqx.filter(dyn, loop.mask), restarts, weight_noise, key)
         weights = jax.vmap(lambda w: loop.project(jnp.zeros((1, dyn.dim)), w, None)[1])(weights)
-        weights = _feasible_starts(weights, rest, constraints)
+        weights = _feasible_starts(weights, loop.rest, constraints)
     z_fixed = _fixed_direction(dyn, constraints)
-    x = _start_tokens(dyn, init, int(restarts), n, z_fixed, constraints.margin)
-    z = _hemisphere_directions(dyn, x, constraints, weights, rest)
+    x = _start_tokens(dyn, init, restarts, n, z_fixed, constraints.margin)
+    z = _hemisphere_directions(dyn, x, constraints, weights, loop.rest)
     if z is not None:
         x = jax.vmap(lambda xi, zi: retract_tokens(xi, zi, constraints.margin, dyn.W))(x, z)
-    return x, weights, loop, z
+    return x, weights, z
 
 
 def _feasible_starts(weights, rest, constraints: Constraints):
@@ -649,7 +483,7 @@ def _fixed_direction(dyn, constraints):
     return project(jnp.asarray(z, jnp.result_type(float)), dyn.W)
 
 
-def _baseline(loop, dyn, init, n, samples, weights, z, key):
+def _baseline(loop, dyn, init, n, samples, weights, z):
     """The objective at `samples` more random starts (with restart 0's weights)."""
     zf = None if z is None else z[0]
     keys = jax.random.split(jax.random.fold_in(init, 1), int(samples))

@@ -3,8 +3,11 @@
 All take tokens with any leading (batch, time) axes and work under `jit`, `vmap`
 and `grad`; `hemisphere` solves its convex program on the host through
 `jax.pure_callback` and `wendel_probability` is a plain Python function.
+`CONSENSUS_TOL` is the tolerance at which jaxattn calls tokens in consensus
+(`E < CONSENSUS_TOL`), used by the experiments, the sweeps and `ja.theory`.
 """
 
+from .._horizon import CONSENSUS_TOL as CONSENSUS_TOL
 from ._consensus import attention_entropy as attention_entropy
 from ._consensus import cluster_count as cluster_count
 from ._consensus import consensus_time as consensus_time
@@ -17,6 +20,7 @@ from ._hemisphere import hemisphere as hemisphere
 from ._hemisphere import wendel_probability as wendel_probability
 
 __all__ = [
+    "CONSENSUS_TOL",
     "Hemisphere",
     "attention_entropy",
     "cluster_count",

@@ -35,12 +35,12 @@ from ._weights import value_output as value_output
 
 
 def __getattr__(name: str):
-    # `ja.models.run_loop` and `run_loop_grid` write run folders: they are
-    # experiments (`jaxattn.experiments.loop_grid`), kept here as aliases of the
-    # old names and imported on first use so that the library never imports the
-    # application layer above it.
+    # `ja.models.run_loop` and `run_loop_grid` write run folders: they belong to the
+    # application layer (`jaxattn.experiments.run`) and stay here as aliases of the
+    # old names. Imported on first use, not at the top: the experiments import this
+    # package, and the library never imports the layer above it.
     if name in ("run_loop", "run_loop_grid"):
-        from ..experiments import loop_grid
+        from ..experiments import run
 
-        return getattr(loop_grid, name)
+        return getattr(run, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._runs import _atomic_write
+from .._runs import atomic_write
 
 _FORMAT = "jaxattn-gguf-1"  # bump when the conversion changes: old caches are ignored
 _NAMES = [
@@ -185,4 +185,4 @@ def converted(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
 def save_npz_plain(path: Path, **arrays) -> None:
     """Uncompressed `.npz`, written atomically (compression of float32 weights gains
     little and costs seconds on every load)."""
-    _atomic_write(path, lambda f: np.savez(f, **arrays))
+    atomic_write(path, lambda f: np.savez(f, **arrays))

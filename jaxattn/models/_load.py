@@ -2,9 +2,11 @@
 hub names. Every problem is one `ValueError`/`FileNotFoundError` that names the
 file and, where there is one, the tensor."""
 
+import importlib.util
 import json
 import os
 import re
+import socket
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._arch import FAMILIES, AbstractTransformer, TransformerConfig
+from ._gguf import converted
 from ._presets import ALIASES, PRESETS
 
 # Tensors that hold no weights (buffers) or belong to task heads: never loaded.
@@ -256,8 +259,6 @@ def _offline_message(name: str, why: str) -> str:
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
-    import socket
-
     try:
         socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
         return True
@@ -301,8 +302,6 @@ PACKAGED = {
 def packaged_path(name: str) -> Path | None:
     """The local weights of a packaged model (found without importing the package,
     whose own dependencies may be missing), or None when it is not installed."""
-    import importlib.util
-
     package, inner, _ = PACKAGED[name]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -337,8 +336,6 @@ def load(path_or_name: str | os.PathLike) -> AbstractTransformer:
         return load_folder(path)
     if path.is_file():
         if path.suffix == ".gguf":
-            from ._gguf import converted
-
             hf, arrays = converted(path)
             cfg = parse_config(hf, str(path))
             return build(cfg, {k: (str(path), lambda a=a: a) for k, a in arrays.items()}, str(path))

@@ -156,8 +156,11 @@ def _cast(tree, dtype):
 
 
 @eqx.filter_jit
-def _loop(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype, depths: tuple,
-          chunk: int | None = None):
+def loop_program(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype, depths: tuple,
+                 chunk: int | None = None):
+    """The compiled program behind `loop` (one shard of prompts): `E` after every
+    block and the states at `depths`. Public within the package so that the
+    benchmarks can compile it ahead of time."""
     n, L = ids.shape[1], model.num_layers
     x0 = jax.vmap(model.embed)(ids).astype(dtype)
     ctx = model.context(n)
@@ -266,7 +269,7 @@ def loop(
     chunk = check_chunk(chunk)
     chunk = default_chunk(ids.shape[1], devices) if chunk is None else chunk
     E, states = _call_sharded(
-        lambda b: _loop(model, b, key, passes=int(passes), ffn=bool(ffn), weights=weights,
+        lambda b: loop_program(model, b, key, passes=int(passes), ffn=bool(ffn), weights=weights,
                         dtype=dtype, depths=depths, chunk=chunk),
         ids, devices,
     )

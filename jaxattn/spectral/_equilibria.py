@@ -42,6 +42,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .._dynamics import SelfAttentionDynamics
 from .._manifold import project
+from ._spectrum import layer_matrix
 
 
 def oja_system(U: Float[Array, "d d"]) -> SelfAttentionDynamics:
@@ -69,22 +70,45 @@ def _householder_basis(x: Float[Array, " d"]) -> Float[Array, "d d-1"]:
     return H[:, 1:]
 
 
+def bipartite_point(v: Float[Array, " d"], n: int, m) -> Float[Array, "n d"]:
+    """The bipartite point: `m` tokens at the unit vector `v`, then `n − m` at `−v`
+    (`m = n`: consensus).
+
+    **Arguments:**
+
+    - `v`: the direction `(d,)` (normalised here).
+    - `n`: the number of tokens (a Python int); `m`: how many sit at `+v` (may be
+      traced, e.g. under `jax.vmap`).
+
+    **Returns:**
+
+    The tokens `(n, d)`.
+    """
+    signs = jnp.where(jnp.arange(n) < m, 1.0, -1.0).astype(v.dtype)
+    return signs[:, None] * (v / jnp.linalg.norm(v))[None, :]
+
+
 def tangent_jacobian(
-    dyn: SelfAttentionDynamics, x: Float[Array, "n d"], tau=1.0
+    dyn: SelfAttentionDynamics, x: Float[Array, "n d"], tau: float = 1.0
 ) -> Float[Array, "n(d-1) n(d-1)"]:
     """The Jacobian of one layer at an equilibrium `x`, on the tangent space.
+
+    Traceable and differentiable in the weights of `dyn` (`ja.explore`
+    minimises a bound on its spectral radius).
 
     **Arguments:**
 
     - `dyn`: the map (time-invariant weights; read at `t = 0`).
-    - `x`: unit tokens `(n, d)` with `layer(x) = x`.
+    - `x`: unit tokens `(n, d)` with `layer(x) = x` (so the layer maps the tangent
+      space of `(S^{d−1})ⁿ` at `x` to itself).
     - `tau`: the step `τ`.
 
     **Returns:**
 
     `Bᵀ J B`, `J = jax.jacfwd(layer)(x)` (the extrinsic `nd × nd` Jacobian, paper
     004 Remark 2) and `B` block-diagonal orthonormal bases of the `x_i^⊥`: the
-    intrinsic Jacobian whose spectral radius decides local stability.
+    intrinsic Jacobian `(n(d−1), n(d−1))` whose spectral radius decides local
+    stability.
     """
     n, d = x.shape
     J = jax.jacfwd(lambda y: dyn.layer(0.0, y, tau))(x)  # (n, d, n, d)
@@ -94,7 +118,17 @@ def tangent_jacobian(
 
 
 def spectral_radius(M: Float[Array, "k k"]) -> Float[Array, ""]:
-    """`max |eig(M)|` (CPU)."""
+    """The spectral radius `max |eig(M)|`, traceable (`jnp.linalg.eigvals`, which
+    runs on the CPU).
+
+    **Arguments:**
+
+    - `M`: a square matrix `(k, k)`, e.g. a `tangent_jacobian`.
+
+    **Returns:**
+
+    A 0-d array; `float(spectral_radius(M))` for a host number.
+    """
     return jnp.max(jnp.abs(jnp.linalg.eigvals(M)))
 
 
@@ -170,18 +204,13 @@ def equilibria(dyn: SelfAttentionDynamics, n: int, *, tau=1.0) -> Equilibria:
     """
     if dyn.causal:
         raise ValueError("equilibria enumerates full-attention maps; got causal=True.")
-    lam, vecs = _symmetric_eig(layer_matrix_const(dyn))
+    lam, vecs = _symmetric_eig(layer_matrix(dyn))
     d = lam.shape[0]
     ms = np.arange((n + 1) // 2, n + 1)
     idx = np.repeat(np.arange(d), len(ms))
     mm = np.tile(ms, d)
-    signs = jnp.where(jnp.arange(n)[None, :] < mm[:, None], 1.0, -1.0)  # (E, n)
-    points = signs[:, :, None] * vecs[idx][:, None, :]
+    points = jax.vmap(lambda v, m: bipartite_point(v, n, m))(vecs[idx], jnp.asarray(mm))
     return _classify(dyn, points, jnp.asarray(idx), lam, jnp.asarray(mm), tau)
-
-
-def layer_matrix_const(dyn: SelfAttentionDynamics) -> Float[Array, "d d"]:
-    return jnp.sum(dyn.U(jnp.zeros((), jnp.result_type(float))), axis=0)
 
 
 @eqx.filter_jit

@@ -11,13 +11,18 @@ dropped), run with `ja.run_layers`.
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float
 
 from .._dynamics import SelfAttentionDynamics
 from .._layers import run_layers
 from .._schedule import Constant, PiecewiseConstant
-from ._spectrum import LayerAlignment, cosines, layer_alignment, layer_matrix, spectrum
+from ..models import (
+    AbstractTransformer,
+    attention_dynamics,
+    attention_weights,
+    replace_attention,
+)
+from ._spectrum import cosines, layer_alignment, layer_matrix, spectrum
 
 
 def _f64(tree):
@@ -26,11 +31,20 @@ def _f64(tree):
 
 
 def layer_dynamics(model_or_dyn, layer: int) -> SelfAttentionDynamics:
-    """Layer `ℓ` as a time-invariant `ja.SelfAttentionDynamics` (a model's layer via
-    `ja.models.attention_dynamics`, or a dynamics frozen at `t = ℓ`), in the
-    default float precision."""
-    from ..models import AbstractTransformer, attention_dynamics
+    """Layer `ℓ` as a time-invariant `ja.SelfAttentionDynamics`: the one place a
+    model or a dynamics is turned into the map of one layer.
 
+    **Arguments:**
+
+    - `model_or_dyn`: a model (its layer via `ja.models.attention_dynamics`, in
+      the default float precision) or a `ja.SelfAttentionDynamics` (frozen at
+      `t = ℓ`).
+    - `layer`: the layer `ℓ`.
+
+    **Returns:**
+
+    The layer's dynamics.
+    """
     if isinstance(model_or_dyn, AbstractTransformer):
         return _f64(attention_dynamics(model_or_dyn, layer))
     if isinstance(model_or_dyn, SelfAttentionDynamics):
@@ -41,9 +55,23 @@ def layer_dynamics(model_or_dyn, layer: int) -> SelfAttentionDynamics:
     raise TypeError(f"expected a model or a ja.SelfAttentionDynamics, got {model_or_dyn!r}.")
 
 
-def num_layers_of(model_or_dyn) -> int | None:
-    """A model's depth (None for a dynamics, whose depth is the caller's choice)."""
-    return getattr(model_or_dyn, "num_layers", None)
+def _per_layer(model_or_dyn, layers) -> list[SelfAttentionDynamics]:
+    """The requested layers (default: all of a model's), each converted once."""
+    if layers is None:
+        if not isinstance(model_or_dyn, AbstractTransformer):
+            raise TypeError("a ja.SelfAttentionDynamics has no depth of its own: pass "
+                            "`layers`, the layers to run.")
+        layers = range(model_or_dyn.num_layers)
+    return [layer_dynamics(model_or_dyn, ell) for ell in layers]
+
+
+def _propagate(start: SelfAttentionDynamics, dyns, x0, tau) -> Float[Array, "L+1 B n d"]:
+    """The normalised input (by `start`'s metric), then the tokens after each of
+    `dyns` in turn: one compiled program, reused (same shapes at every layer)."""
+    xs = [run_layers(start, x0, 0)[:, 0]]
+    for dyn in dyns:
+        xs.append(run_layers(dyn, xs[-1], 1, tau)[:, 1])
+    return jnp.stack(xs)
 
 
 def run_model(model, x0: Float[Array, "B n d"], *, layers=None, tau: float = 1.0):
@@ -60,11 +88,8 @@ def run_model(model, x0: Float[Array, "B n d"], *, layers=None, tau: float = 1.0
 
     `(len(layers) + 1, B, n, d)`; index 0 the normalised input.
     """
-    layers = range(num_layers_of(model)) if layers is None else layers
-    xs = [run_layers(layer_dynamics(model, 0 if not layers else layers[0]), x0, 0)[:, 0]]
-    for ell in layers:  # one compiled program, reused: same shapes at every layer
-        xs.append(run_layers(layer_dynamics(model, ell), xs[-1], 1, tau)[:, 1])
-    return jnp.stack(xs)
+    dyns = _per_layer(model, layers)
+    return _propagate(dyns[0] if dyns else layer_dynamics(model, 0), dyns, x0, tau)
 
 
 def layerwise(model, x0: Float[Array, "B n d"], *, tau: float = 1.0, order_tau=None,
@@ -83,12 +108,12 @@ def layerwise(model, x0: Float[Array, "B n d"], *, tau: float = 1.0, order_tau=N
     `(stats, eigenvalues, xs)`: a `LayerAlignment` with a leading layer axis, the
     `(L, top)` leading eigenvalues, and the tokens `(L + 1, B, n, d)`.
     """
-    layers = list(range(num_layers_of(model))) if layers is None else list(layers)
-    xs = run_model(model, x0, layers=layers, tau=tau)
+    dyns = _per_layer(model, layers)
+    xs = _propagate(dyns[0] if dyns else layer_dynamics(model, 0), dyns, x0, tau)
     d = xs.shape[-1]
     stats, eigs = [], []
-    for i, ell in enumerate(layers):
-        spec = spectrum(_f64(layer_matrix(layer_dynamics(model, ell))), tau=order_tau)
+    for i, dyn in enumerate(dyns):
+        spec = spectrum(_f64(layer_matrix(dyn)), tau=order_tau)
         stats.append(layer_alignment(xs[i].reshape(-1, d), xs[i + 1].reshape(-1, d), spec))
         eigs.append(spec.eigenvalues[:top])
     stats = jax.tree.map(lambda *a: jnp.stack(a), *stats)
@@ -158,8 +183,6 @@ def steer(model_or_dyn, u: Float[Array, " d"], gamma: float, *, w=None, layer: i
     w = u if w is None else jnp.asarray(w) / jnp.linalg.norm(w)
     if isinstance(model_or_dyn, SelfAttentionDynamics):
         return _steer_dynamics(model_or_dyn, u, gamma, w, layer)
-    from ..models import attention_weights, replace_attention
-
     attn = attention_weights(model_or_dyn, layer)
     h, k = attn.num_heads, attn.query.shape[-2]
     V = jnp.repeat(attn.value, h // attn.num_kv_heads, axis=0).reshape(h * k, -1)
@@ -184,17 +207,6 @@ def _steer_dynamics(dyn, u, gamma, w, layer):
     return eqx.tree_at(lambda d: d.U, dyn, new)
 
 
-def final_alignment(model, x0: Float[Array, "B n d"], u, *, tau: float = 1.0):
-    """`mean_i |cos(x_i^L, u)|` over all tokens after the whole model."""
-    xs = run_model(model, x0, tau=tau)
-    return jnp.mean(cosines(xs[-1].reshape(-1, xs.shape[-1]), jnp.asarray(u)))
-
-
 def random_tokens(key, prompts: int, tokens: int, d: int) -> Float[Array, "B n d"]:
     """Initial tokens `N(0, I)` (paper 004 App. B), `(prompts, tokens, d)`."""
     return jax.random.normal(key, (prompts, tokens, d), jnp.result_type(float))
-
-
-def stack_stats(stats: LayerAlignment) -> dict[str, np.ndarray]:
-    """A `LayerAlignment` (with a layer axis) as NumPy arrays, for `data.npz`."""
-    return {f"stat_{f}": np.asarray(getattr(stats, f)) for f in stats.__dataclass_fields__}

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Complex, Float, Int
 
 from .._dynamics import SelfAttentionDynamics
+from ..models import AbstractTransformer, Attention, attention_weights, value_output
 
 
 def layer_matrix(model_or_dyn, layer: int = 0, *, tau: float = 1.0) -> Float[Array, "d d"]:
@@ -37,8 +38,6 @@ def layer_matrix(model_or_dyn, layer: int = 0, *, tau: float = 1.0) -> Float[Arr
     `Ω_ℓ`, `(d, d)`, acting on token vectors: with uniform attention the layer
     maps `x_i ↦ N(x_i + τ Ω x̄)`.
     """
-    from ..models import AbstractTransformer, Attention, attention_weights, value_output
-
     if isinstance(model_or_dyn, SelfAttentionDynamics):
         t = jnp.asarray(layer * tau, dtype=jnp.result_type(float))
         return jnp.sum(model_or_dyn.U(t), axis=0)

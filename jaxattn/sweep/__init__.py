@@ -20,9 +20,11 @@ Each grid point's instances run as one `jax.vmap`ped batch (sharded over the
 devices when there are several); instance `i` is drawn from seed `seed + i`
 exactly as `jaxattn run NAME --seed seed+i` draws it. Every row of `table.csv`
 holds the grid parameters, `point`, `instance`, `seed`, `theorem`, `final_E`,
-`consensus_time` (first time with `E < 1e-4`, `inf` if never), `in_domain`
-(whether the start lies in the theorem's domain), `outcome_reached`,
-`prediction_held` (empty outside the domain), `solver_success` and `num_steps`.
+`consensus_time` (first time with `E < ja.metrics.CONSENSUS_TOL`, `inf` if never;
+the tolerance is recorded in `sweep.json`), `in_domain` (whether the start lies in
+the theorem's domain) and `outcome_reached`, both by the theorem's own tests
+(`ja.theory.theorem_test`), `prediction_held` (empty outside the domain),
+`solver_success` and `num_steps`.
 """
 
 import sys as _sys
@@ -32,12 +34,12 @@ from ._instances import MODELS as _MODELS
 from ._report import format_table as format_table
 from ._run import COLUMNS as COLUMNS
 from ._run import SweepResult as SweepResult
-from ._run import SweepSpec as SweepSpec
-from ._run import check_spec as check_spec
 from ._run import load_table as load_table
-from ._run import read_spec as read_spec
 from ._run import run_sweep as run
-from ._run import sweep_params as sweep_params
+from ._spec import SweepSpec as SweepSpec
+from ._spec import check_spec as check_spec
+from ._spec import read_spec as read_spec
+from ._spec import sweep_params as sweep_params
 
 #: The experiments that can be swept.
 EXPERIMENTS: tuple[str, ...] = tuple(_MODELS)

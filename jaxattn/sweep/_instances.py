@@ -1,13 +1,15 @@
 """The experiments of paper 001 §6.1 as batched, per-instance outcomes for sweeps.
 
-An *instance* is one random model and one random start, drawn exactly as
-`jaxattn run NAME --seed S` draws them (`S = seed + instance`; for
-`thm51-causal` with `--samples 1`), so any row of a sweep table can be re-run
-alone. Each set-up is written for one instance and vmapped over the keys of a
-chunk; it returns the final misalignment `E`, the path of `E` on the saved
-times (for the consensus time), whether the theorem's outcome was reached, the
-solver status and, where the domain test runs in the compiled program, whether
-the start lies in the theorem's domain.
+An *instance* is one random model and one random start, drawn by the experiment's
+own `setup(key, config)` with `key = PRNGKey(seed + instance)`, exactly as
+`jaxattn run NAME --seed seed+instance` draws them (for `thm51-causal` with
+`--samples 1`), so any row of a sweep table can be re-run alone. Each instance is
+judged by its theorem's own tests (`ja.theory.theorem_test`): whether the start
+lies in the theorem's domain and whether the outcome was reached, on the states
+the simulator ran. A chunk's instances run as one vmapped program; the domain test
+of Theorem 4.1 (a convex program solved on the host, `ja.metrics.hemisphere`) runs
+after it on the chunk's starts, so that no host callback sits in the (possibly
+sharded) program.
 """
 
 import dataclasses
@@ -20,13 +22,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._flow import solve_flow_unchecked
+from .._horizon import CONSENSUS_TOL, Horizon
 from .._layers import run_layers_unchecked
-from .._manifold import normalize, sample_ellipsoid
-from ..experiments import paper
+from .._sharding import as_mesh, shard_batch, unshard
+from ..experiments import (
+    get_experiment,
+    paper,
+    thm32_gradient,
+    thm41_sphere,
+    thm51_causal,
+    thm52_symmetric,
+)
 from ..experiments.base import Param
-from ..metrics._consensus import misalignment
-
-TOL = 1e-4  # the experiments' tolerance: consensus is E < TOL, a limit is 1 − ⟨x, ℓ⟩ < TOL
+from ..metrics import misalignment
+from ..theory import theorem_test
 
 #: Parameters a sweep adds to every experiment (the model's inverse temperature).
 BETA = Param("beta", float, 1.0, "inverse temperature β of the attention", 0.0)
@@ -36,115 +45,61 @@ EXCLUDED = ("samples",)
 
 @dataclasses.dataclass(frozen=True)
 class SweepModel:
-    """How one experiment is drawn and judged, one instance at a time.
+    """How a sweep draws and runs one instance of an experiment.
 
-    `build(key, p, s)` returns `(dyn, x0, extra)` for one instance (`p`: the float
-    parameters as arrays, `s`: the static ones as a dict); `judge(dyn, x0, xT, T,
-    extra)` returns `(in_domain, reached)` (`in_domain` may be `None`: decided on
-    the host by `host_domain(x0)`). `misalign(ys, extra)` measures `E` on states.
+    - `instance(key, config)`: `(dyn, y0, misalign)`, the model as the simulators
+      run it, its start and `misalign(ys)`, the misalignment `E` of its states;
+      `config` holds the floats as (traced) arrays. Built on the experiment's
+      `setup`.
+    - `check(config)`: refuses a grid point the experiment cannot run (`ValueError`).
     """
 
-    theorem: str
-    build: Callable
-    judge: Callable
-    misalign: Callable = lambda ys, extra: misalignment(ys)
-    host_domain: Callable | None = None
-    start: Callable = lambda x0, extra: x0  # the state the simulators are started at
+    instance: Callable
+    check: Callable[[dict[str, Any]], None] = lambda config: None
 
 
-def _with_beta(dyn, beta):
-    return eqx.tree_at(lambda d: d.beta, dyn, jnp.asarray(beta, dyn.beta.dtype))
+def _on_tokens(setup):
+    """An experiment that simulates the tokens of its `setup` as they are."""
+
+    def instance(key, config):
+        dyn, x0 = setup(key, config)
+        return dyn, x0, misalignment
+
+    return instance
 
 
-# --- thm41-sphere: consensus from a hemisphere -------------------------------------
-
-
-def _sphere_build(key, p, s):
-    k_model, k_x = jax.random.split(key)
-    dyn = _with_beta(paper.sphere_dynamics(k_model, s["heads"]), p["beta"])
-    return dyn, paper.hemisphere_tokens(k_x, s["tokens"], 3), None
-
-
-def _sphere_judge(dyn, x0, xT, T, extra):
-    return None, misalignment(xT) < TOL
-
-
-def _sphere_domain(x0):
-    from ..metrics._hemisphere import hemisphere
-
-    return np.asarray(hemisphere(jnp.asarray(x0)).inside)
-
-
-# --- thm51-causal: every token → x₁(0), in span coordinates ------------------------
-
-
-def _causal_build(key, p, s):
-    k_w, k_x = jax.random.split(key)
-    weights = paper.causal_weights(k_w, s["dim"], s["heads"], p["amplitude"], p["max_freq"])
-    x0 = jax.random.uniform(k_x, (1, s["tokens"], s["dim"]), jnp.result_type(float), -1.0, 1.0)
-    x0 = normalize(x0)[0]
-    dyn, G = paper.span_dynamics(weights, x0)
-    return _with_beta(dyn, p["beta"]), x0, G
-
-
-def _causal_judge(dyn, x0, yT, T, G):
-    n = x0.shape[0]
-    in_domain = jnp.linalg.norm(x0[1] + x0[0]) > 1e-8 if n > 1 else jnp.asarray(True)
-    to_first = (yT @ G)[:, 0]  # ⟨x_i(T), x₁(0)⟩: x₁(0) = e₁ in span coordinates
-    return in_domain, jnp.max(1 - to_first) < TOL
-
-
-def _causal_start(x0, G):
-    return jnp.eye(x0.shape[0], dtype=x0.dtype)
-
-
-# --- thm52-symmetric: causal, symmetric U, tokens → v₁ ----------------------------
-
-
-def _symmetric_build(key, p, s):
-    k_model, k_x = jax.random.split(key)
-    dyn = _with_beta(paper.symmetric_dynamics(k_model, s["dim"]), p["beta"])
-    v1 = paper.top_eigenvector(dyn.U(0.0)[0])
-    return dyn, paper.hemisphere_of(k_x, v1, s["tokens"]), v1
-
-
-def _symmetric_judge(dyn, x0, xT, T, v1):
-    side = jnp.where(x0[0] @ v1 >= 0, 1.0, -1.0)
-    in_domain = jnp.min(side * (x0 @ v1)) > 0
-    return in_domain, jnp.max(1 - side * (xT @ v1)) < TOL
-
-
-# --- thm32-gradient: a gradient flow of E_P reaches an equilibrium ------------------
-
-
-def _gradient_build(key, p, s):
-    k_model, k_x = jax.random.split(key)
-    dyn = paper.gradient_dynamics(k_model, s["dim"], ellipsoid=not s["sphere"])
-    dyn = _with_beta(dyn, p["beta"])
-    return dyn, sample_ellipsoid(k_x, s["tokens"], s["dim"], dyn.W), None
-
-
-def _gradient_judge(dyn, x0, xT, T, extra):
-    speed = jnp.max(jnp.abs(dyn.velocity(T, xT)))
-    return jnp.asarray(True), speed < TOL
+def _causal_instance(key, config):
+    """`thm51-causal --samples 1`, run in the span coordinates of its start, as the
+    experiment runs it: `x = Y X₀`, `Y(0) = I`, on the ellipsoid `E_G`."""
+    weights, x0 = thm51_causal.setup(key, config | {"samples": 1})
+    dyn, G = paper.span_dynamics(weights, x0[0])
+    y0 = jnp.eye(x0.shape[-2], dtype=x0.dtype)
+    return dyn, y0, lambda ys: paper.span_misalignment(ys, G)
 
 
 MODELS: dict[str, SweepModel] = {
-    "thm41-sphere": SweepModel("4.1", _sphere_build, _sphere_judge, host_domain=_sphere_domain),
-    "thm51-causal": SweepModel(
-        "5.1", _causal_build, _causal_judge,
-        misalign=lambda ys, G: paper.span_misalignment(ys, G), start=_causal_start,
-    ),
-    "thm52-symmetric": SweepModel("5.2", _symmetric_build, _symmetric_judge),
-    "thm32-gradient": SweepModel("3.2", _gradient_build, _gradient_judge),
+    "thm41-sphere": SweepModel(_on_tokens(thm41_sphere.setup)),
+    "thm51-causal": SweepModel(_causal_instance, thm51_causal.check_config),
+    "thm52-symmetric": SweepModel(_on_tokens(thm52_symmetric.setup)),
+    "thm32-gradient": SweepModel(_on_tokens(thm32_gradient.setup)),
 }
+
+
+def theorem_of(name: str) -> str:
+    """The theorem that experiment `name` tests (its `theorem`)."""
+    return get_experiment(name).theorem
 
 
 # --- one chunk: every instance of a grid point, one vmapped program ----------------
 
 
 def _evolve(dyn, y0, p, s):
-    """Flow (eq. 6) or layers (eq. 4): states on the save times, success, steps."""
+    """Flow (eq. 6) or layers (eq. 4): states on the save times, success, steps.
+
+    `T` and `τ` are traced, so that a sweep over them compiles once: the save
+    times are `T · linspace(0, 1, saves + 1)` (the number of layers, a static
+    count, comes from `Horizon` in `simulate_chunk`).
+    """
     if s["discrete"]:
         ys, ok = run_layers_unchecked(dyn, y0, s["layers"], p["tau"])
         return p["tau"] * jnp.arange(s["layers"] + 1), ys, ok, jnp.asarray(s["layers"])
@@ -155,18 +110,28 @@ def _evolve(dyn, y0, p, s):
 
 @eqx.filter_jit
 def _chunk(name: str, p: dict[str, Any], s: tuple, keys):
-    model, s = MODELS[name], dict(s)
+    s = dict(s)
+    theorem = theorem_of(name)
 
     def one(key):
-        dyn, x0, extra = model.build(key, p, s)
-        ts, ys, ok, steps = _evolve(dyn, model.start(x0, extra), p, s)
-        E = model.misalign(ys, extra)
-        in_domain, reached = model.judge(dyn, x0, ys[-1], ts[-1], extra)
-        in_domain = jnp.asarray(True) if in_domain is None else in_domain
-        return {"E": E, "x0": x0, "in_domain": in_domain, "reached": reached,
-                "success": ok, "num_steps": steps, "ts": ts}
+        dyn, y0, misalign = MODELS[name].instance(key, s | p)
+        dyn = paper.with_beta(dyn, p["beta"])
+        ts, ys, ok, steps = _evolve(dyn, y0, p, s)
+        test = theorem_test(theorem, dyn)
+        out = {"E": misalign(ys), "y0": y0, "success": ok, "num_steps": steps, "ts": ts,
+               "reached": test.reached(y0, ys[-1], ts[-1], CONSENSUS_TOL)}
+        if test.host_domain:
+            out["test"] = test  # its domain is decided after the program, on the host
+        else:
+            out["in_domain"] = test.domain(y0)[0]
+        return out
 
     return jax.vmap(one)(keys)
+
+
+def _host_domain(tests, y0) -> np.ndarray:
+    """The domain test of each instance, run outside the simulation's program."""
+    return np.asarray(jax.vmap(lambda test, y: test.domain(y)[0])(tests, jnp.asarray(y0)))
 
 
 def simulate_chunk(name: str, config: dict[str, Any], params: tuple[Param, ...], seeds,
@@ -177,17 +142,21 @@ def simulate_chunk(name: str, config: dict[str, Any], params: tuple[Param, ...],
     floats are passed as arrays (a sweep over β or T compiles once). With
     `devices`, the instances are sharded over them.
 
+    **Arguments:**
+
+    - `name`: the experiment; `config`: the point's parameters; `params`: the
+      sweep's parameters (`sweep_params`); `seeds`: one seed per instance.
+    - `devices`: as in `run_sweep`.
+
     **Returns:**
 
-    Per-instance arrays: `E (B, T)`, `ts (B, T)`, `x0`, `in_domain`, `reached`,
-    `success`, `num_steps`.
+    Per-instance arrays: `E (B, T)`, `ts (B, T)`, `y0` (the start the simulator
+    ran), `in_domain`, `reached`, `success`, `num_steps`.
     """
-    from .._sharding import as_mesh, shard_batch, unshard
-
     dtype = jnp.result_type(float)
     static = {q.name: config[q.name] for q in params if q.type is not float}
     if config.get("discrete"):
-        static["layers"] = max(1, round(config["horizon"] / config["tau"]))
+        static["layers"] = Horizon(config["horizon"]).num_layers(config["tau"])
     dynamic = {q.name: jnp.asarray(config[q.name], dtype) for q in params if q.type is float}
     seeds = np.asarray(seeds, np.int64)
     keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds))
@@ -198,8 +167,8 @@ def simulate_chunk(name: str, config: dict[str, Any], params: tuple[Param, ...],
                       (len(seeds),))
     else:
         out = _chunk(name, dynamic, tuple(sorted(static.items())), keys)
+    tests = out.pop("test", None)
     out = {k: np.asarray(v) for k, v in out.items()}
-    model = MODELS[name]
-    if model.host_domain is not None:
-        out["in_domain"] = model.host_domain(out["x0"])
+    if tests is not None:
+        out["in_domain"] = _host_domain(tests, out["y0"])
     return out

@@ -1,9 +1,13 @@
-"""What a sweep reports: per-point statistics, the printed table, the summary figure."""
+"""What a sweep reports: per-point statistics, the printed table, the summary figure
+(its consensus tolerance read from the sweep's `sweep.json`)."""
 
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .._plot import pyplot, save_figure
+from .._runs import read_json
 
 
 def _quantiles(x) -> tuple[float, float, float]:
@@ -80,46 +84,67 @@ def _axes_of(keys, table):
     return x, [k for k in keys if k != x]
 
 
+def _sci(x: float) -> str:
+    """`1e-4` for 0.0001: a tolerance as it is written."""
+    mantissa, exponent = f"{x:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def _groups(keys, table) -> tuple[str | None, dict[str, list[int]]]:
+    """The x axis and the grid points of each line, by the line's label."""
+    x_key, others = _axes_of(keys, table)
+    by_group: dict[str, list[int]] = {}
+    for p in np.unique(table["point"]):
+        label = ", ".join(f"{k} = {table[k][table['point'] == p][0]}" for k in others)
+        by_group.setdefault(label, []).append(int(p))
+    return x_key, by_group
+
+
+def _draw_group(ax_t, ax_e, table, x_key, label, pts, color, tol) -> None:
+    """One line of each panel: consensus time (median, IQR) and every final `E`."""
+    xs = ([float(table[x_key][table["point"] == p][0]) for p in pts] if x_key
+          else list(range(len(pts))))
+    stats = [point_stats(table, p) for p in pts]
+    reached = sum(st["reached_consensus"] for st in stats)
+    count = sum(st["instances"] for st in stats)
+    ax_t.plot(xs, [s["consensus_time_median"] for s in stats], "o-", color=color,
+              label=f"{label + ': ' if label else ''}{reached}/{count} reached E < {_sci(tol)}")
+    ax_t.fill_between(xs, [s["consensus_time_q25"] for s in stats],
+                      [s["consensus_time_q75"] for s in stats], color=color, alpha=0.2)
+    for p, xv in zip(pts, xs):
+        E = np.maximum(table["final_E"][table["point"] == p], 1e-300)
+        jitter = np.linspace(-0.04, 0.04, E.size) * (np.ptp(xs) if len(xs) > 1 else 1)
+        ax_e.scatter(xv + jitter, E, s=6, color=color, alpha=0.4)
+    ax_e.plot(xs, [s["final_E_median"] for s in stats], "-", color=color)
+
+
 def write_figure(folder: Path, spec, keys, table) -> list[Path]:
     """Consensus time against the first swept parameter (β if swept), one line per
-    value of the others, median and interquartile band; and the final `E`."""
-    from .._plot import _pyplot, save_figure
+    value of the others, median and interquartile band; and the final `E`.
 
-    plt = _pyplot()
-    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(11, 4.2))
-    x_key, groups = _axes_of(keys, table)
-    points = np.unique(table["point"])
-    labels = {p: ", ".join(f"{k} = {table[k][table['point'] == p][0]}" for k in groups)
-              for p in points}
-    by_group: dict[str, list[int]] = {}
-    for p in points:
-        by_group.setdefault(labels[p], []).append(int(p))
+    **Arguments:**
+
+    - `folder`: the sweep folder; its `sweep.json` gives the consensus tolerance.
+    - `spec`: the `SweepSpec`; `keys`: the grid parameters; `table`: the table.
+
+    **Returns:**
+
+    The paths of `sweep.png` and `sweep.pdf`.
+    """
+    tol = float(read_json(Path(folder) / "sweep.json")["tolerance"])
+    fig, (ax_t, ax_e) = pyplot().subplots(1, 2, figsize=(11, 4.2))
+    x_key, by_group = _groups(keys, table)
     for i, (label, pts) in enumerate(by_group.items()):
-        color = f"C{i % 10}"
-        xs = ([float(table[x_key][table["point"] == p][0]) for p in pts] if x_key
-              else list(range(len(pts))))
-        stats = [point_stats(table, p) for p in pts]
-        med = [s["consensus_time_median"] for s in stats]
-        reached = sum(st["reached_consensus"] for st in stats)
-        count = sum(st["instances"] for st in stats)
-        ax_t.plot(xs, med, "o-", color=color,
-                  label=f"{label + ': ' if label else ''}{reached}/{count} reached E < 1e-4")
-        ax_t.fill_between(xs, [s["consensus_time_q25"] for s in stats],
-                          [s["consensus_time_q75"] for s in stats], color=color, alpha=0.2)
-        for p, xv in zip(pts, xs):
-            E = np.maximum(table["final_E"][table["point"] == p], 1e-300)
-            jitter = np.linspace(-0.04, 0.04, E.size) * (np.ptp(xs) if len(xs) > 1 else 1)
-            ax_e.scatter(xv + jitter, E, s=6, color=color, alpha=0.4)
-        ax_e.plot(xs, [s["final_E_median"] for s in stats], "-", color=color)
+        _draw_group(ax_t, ax_e, table, x_key, label, pts, f"C{i % 10}", tol)
     ax_t.set_xlabel(x_key or "grid point")
-    ax_t.set_ylabel("consensus time (E < 1e-4), median and IQR")
+    ax_t.set_ylabel(f"consensus time (E < {_sci(tol)}), median and IQR")
     ax_t.set_title("time to consensus")
-    ax_e.axhline(1e-4, color="0.4", lw=0.8, ls="--")
+    ax_e.axhline(tol, color="0.4", lw=0.8, ls="--")
     ax_e.set_yscale("log")
     ax_e.set_xlabel(x_key or "grid point")
     ax_e.set_ylabel("final misalignment E(T)")
     ax_e.set_title("every instance's final E")
     ax_t.legend(fontsize=8)
-    title = (f"sweep {spec.experiment}: {len(points)} points × {spec.instances} instances, "
-             f"seed {spec.seed}")
+    title = (f"sweep {spec.experiment}: {len(np.unique(table['point']))} points × "
+             f"{spec.instances} instances, seed {spec.seed}")
     return save_figure(fig, Path(folder) / "sweep", title)

@@ -1,179 +1,44 @@
-"""Parameter sweeps: a grid of experiment parameters × random instances, saved chunk
-by chunk so that a killed sweep resumes where it stopped.
+"""Running a sweep: a grid of experiment parameters × random instances, saved chunk
+by chunk so that a killed sweep resumes where it stopped (`run_sweep`), and reading
+its table back (`load_table`). What a sweep runs is `_spec.py`.
 
 A sweep folder holds `sweep.json` (the spec, every grid point's full config,
-the columns, dtype and package versions, written first), `chunks/NNNNN.csv` (one
-per batch of instances, each written to a temporary name and renamed), and, once
-every chunk is there, `table.csv` (the chunks in order), the summary figure
-`sweep.png`/`.pdf` and `summary.json`. The folder is marked `INCOMPLETE` until
-then. Instance `i` of a point is drawn from the seed `seed + i`, whatever the
-chunking, so a resumed sweep writes byte for byte the table of one that was left
-alone.
+the columns, the consensus tolerance, dtype and package versions, written first),
+`chunks/NNNNN.csv` (one per batch of instances, each written to a temporary name
+and renamed), and, once every chunk is there, `table.csv` (the chunks in order),
+the summary figure `sweep.png`/`.pdf` and `summary.json`. The folder is marked
+`INCOMPLETE` until then. Instance `i` of a point is drawn from the seed `seed + i`,
+whatever the chunking, so a resumed sweep writes byte for byte the table of one
+that was left alone.
 """
 
 import dataclasses
-import itertools
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
+from tqdm.auto import tqdm
 
+from .._horizon import CONSENSUS_TOL
 from .._runs import (
     INCOMPLETE,
     RunFolderError,
-    _atomic_write,
+    atomic_write,
     create_run_folder,
     finish_run,
-    package_versions,
     read_json,
-    write_json,
+    write_config,
 )
-from ..experiments import get_experiment
-from ..experiments.base import Param, stamp
-from ..experiments.run import convert as _convert_param
-from ._instances import BETA, EXCLUDED, MODELS, TOL
+from ..metrics import consensus_time
+from ._instances import simulate_chunk, theorem_of
+from ._report import summarise, write_figure
+from ._spec import SweepSpec, check_spec, grid_keys, read_spec, sweep_params, with_counts
 
 #: The columns of a sweep table, after the grid parameters.
 COLUMNS = ("point", "instance", "seed", "theorem", "final_E", "consensus_time", "in_domain",
            "outcome_reached", "prediction_held", "solver_success", "num_steps")
-_SPEC_KEYS = ("experiment", "grid", "points", "set", "instances", "seed", "chunk")
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepSpec:
-    """What a sweep runs: an experiment, its grid points and the instances per point.
-
-    - `experiment`: a name of `jaxattn list` that has a sweep set-up
-      (`thm41-sphere`, `thm51-causal`, `thm52-symmetric`, `thm32-gradient`).
-    - `grid`: `{parameter: [values]}`, every combination (the last parameter varies
-      fastest); or `points`: a list of `{parameter: value}`; not both.
-    - `set`: parameters fixed for every point (e.g. `{"horizon": 5.0}`).
-    - `instances`: random instances per point; `seed`: instance `i` uses `seed + i`.
-    - `chunk`: instances per saved chunk (default: all of a point in one chunk).
-    """
-
-    experiment: str
-    grid: dict[str, list] = dataclasses.field(default_factory=dict)
-    points: list[dict[str, Any]] | None = None
-    set: dict[str, Any] = dataclasses.field(default_factory=dict)
-    instances: int = 64
-    seed: int = 0
-    chunk: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def sweep_params(experiment: str) -> tuple[Param, ...]:
-    """The parameters a sweep of `experiment` can set or vary (the experiment's
-    own, less `samples`, plus `beta`)."""
-    if experiment not in MODELS:
-        get_experiment(experiment)  # unknown name: its error lists the names
-        raise ValueError(f"{experiment} has no sweep set-up; sweepable: {', '.join(MODELS)}.")
-    params = tuple(p for p in get_experiment(experiment).all_params() if p.name not in EXCLUDED)
-    return params if any(p.name == "beta" for p in params) else params + (BETA,)
-
-
-def _count(value, name: str, minimum: int = 1) -> int:
-    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    if not ok or value < minimum:
-        raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}.")
-    return int(value)
-
-
-def _value(param: Param, value):
-    """A grid or fixed value as the parameter's type (text from the command line too)."""
-    if param.type is bool and isinstance(value, str):
-        low = value.strip().lower()
-        if low not in ("true", "false", "1", "0", "yes", "no"):
-            raise ValueError(f"{param.name} must be true or false, got {value!r}.")
-        return low in ("true", "1", "yes")
-    if isinstance(value, str) and param.type in (int, float):
-        try:
-            value = param.type(value.strip())
-        except ValueError:
-            pass  # reported by _convert_param with the parameter's name
-    return _convert_param(param, value)
-
-
-def check_spec(spec: SweepSpec) -> list[dict[str, Any]]:
-    """Check a spec and expand it into the full config of every grid point.
-
-    **Returns:**
-
-    One config per point (every parameter of the experiment, plus `seed`), in
-    the order the points run. A `ValueError` names any mistake.
-    """
-    params = {p.name: p for p in sweep_params(spec.experiment)}
-    _count(spec.instances, "instances")
-    _count(spec.seed, "seed", 0)
-    if spec.chunk is not None:
-        _count(spec.chunk, "chunk")
-    if spec.grid and spec.points:
-        raise ValueError("give either a grid or a list of points, not both.")
-
-    def param(name: str) -> Param:
-        if name in EXCLUDED:
-            raise ValueError(f"{name} is set by the sweep's instances (use --instances).")
-        if name not in params:
-            raise ValueError(f"{spec.experiment} has no parameter {name!r}; a sweep can vary "
-                             f"{', '.join(params)}.")
-        return params[name]
-
-    fixed = {k: _value(param(k), v) for k, v in spec.set.items()}
-    if spec.points:
-        points = [{k: _value(param(k), v) for k, v in pt.items()} for pt in spec.points]
-    else:
-        axes = {}
-        for k, values in spec.grid.items():
-            if not isinstance(values, (list, tuple)) or not values:
-                raise ValueError(f"grid {k} needs a non-empty list of values, got {values!r}.")
-            axes[k] = [_value(param(k), v) for v in values]
-            if len(set(axes[k])) != len(axes[k]):
-                raise ValueError(f"grid {k} repeats a value: {values!r}.")
-        points = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
-    base = {p.name: p.default for p in params.values()} | fixed
-    configs = [base | pt | {"seed": spec.seed} for pt in points]
-    for c in configs:
-        _check_point(spec.experiment, c)
-    return configs
-
-
-def _check_point(experiment: str, c: dict[str, Any]) -> None:
-    if experiment == "thm51-causal" and c["tokens"] > c["dim"]:
-        raise ValueError(f"tokens {c['tokens']} > dim {c['dim']}: the causal model's span "
-                         "coordinates need at most dim tokens.")
-
-
-def read_spec(path) -> SweepSpec:
-    """A `SweepSpec` from a TOML or JSON file (keys as the fields of `SweepSpec`)."""
-    path = Path(path)
-    try:
-        text = path.read_bytes()
-    except OSError as e:
-        raise ValueError(f"cannot read the sweep spec {path}: {e.strerror or e}") from None
-    try:
-        if path.suffix.lower() == ".json":
-            raw = json.loads(text)
-        else:
-            try:
-                import tomllib
-            except ModuleNotFoundError:  # Python 3.10
-                import tomli as tomllib
-            raw = tomllib.loads(text.decode())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid {path.suffix.lstrip('.').upper()}: {e}") from None
-    if not isinstance(raw, dict) or "experiment" not in raw:
-        raise ValueError(f"{path} must name an experiment (experiment = \"thm41-sphere\").")
-    unknown = sorted(set(raw) - set(_SPEC_KEYS))
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; a spec takes {list(_SPEC_KEYS)}.")
-    return SweepSpec(**raw)
-
-
-# --- chunks and the table ---------------------------------------------------------
 
 
 def plan(spec: SweepSpec, configs) -> list[tuple[int, int, int]]:
@@ -191,16 +56,15 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def _rows(spec, config, grid_keys, point, lo, out, theorem) -> list[list[str]]:
-    from ..metrics._consensus import consensus_time
-
+def _rows(spec, config, keys, point, lo, out, theorem) -> list[list[str]]:
+    """One table row per instance of a chunk (`out` from `simulate_chunk`)."""
     E = out["E"]
-    t_cons = np.asarray(consensus_time(out["ts"][0], E, TOL))
+    t_cons = np.asarray(consensus_time(out["ts"][0], E, CONSENSUS_TOL))
     rows = []
     for j in range(E.shape[0]):
         inside, reached = bool(out["in_domain"][j]), bool(out["reached"][j])
         held = _fmt(reached) if inside else ""  # the theorem says nothing outside its domain
-        rows.append([_fmt(config[k]) for k in grid_keys] + [
+        rows.append([_fmt(config[k]) for k in keys] + [
             str(point), str(lo + j), str(spec.seed + lo + j), theorem, _fmt(E[j, -1]),
             _fmt(t_cons[j]), _fmt(inside), _fmt(reached), held,
             _fmt(bool(out["success"][j])), str(int(out["num_steps"][j]))])
@@ -237,10 +101,13 @@ class SweepResult:
     summary: dict[str, Any]
 
 
-def _grid_keys(spec: SweepSpec) -> list[str]:
-    keys = list(spec.grid) if not spec.points else list(dict.fromkeys(
-        k for pt in spec.points for k in pt))
-    return keys
+def _sidecar(spec: SweepSpec, configs, keys, chunks) -> dict[str, Any]:
+    """`sweep.json`: everything needed to re-run or resume the sweep, and the
+    consensus tolerance its table and report use."""
+    return {"spec": spec.to_json(), "points": configs, "grid_keys": keys,
+            "columns": _header(keys), "chunks": [list(c) for c in chunks],
+            "tolerance": CONSENSUS_TOL, "dtype": str(jax.numpy.result_type(float)),
+            "devices": jax.device_count()}
 
 
 def _open_folder(spec: SweepSpec, out, resume: bool, sidecar: dict) -> tuple[Path, bool]:
@@ -259,7 +126,7 @@ def _open_folder(spec: SweepSpec, out, resume: bool, sidecar: dict) -> tuple[Pat
                                      "continues only the same sweep (choose another --out).")
         return folder, finished
     folder = create_run_folder(f"sweep-{spec.experiment}", out)
-    write_json(folder / "sweep.json", sidecar)
+    write_config(folder, sidecar, "sweep.json")  # adds versions, started, argv
     return folder, False
 
 
@@ -297,25 +164,15 @@ def run_sweep(
 
     A `SweepResult(folder, table, summary)`.
     """
-    import jax
-
-    from ._instances import simulate_chunk
-    from ._report import summarise, write_figure
-
     if resume and out is None:
         raise ValueError("--resume needs --out DIR: the folder of the sweep to continue.")
     spec = _as_spec(spec, grid=grid, points=points, set=set, instances=instances, seed=seed,
                     chunk=chunk)
     configs = check_spec(spec)
     params = sweep_params(spec.experiment)
-    keys = _grid_keys(spec)
+    keys = grid_keys(spec)
     chunks = plan(spec, configs)
-    dtype = str(jax.numpy.result_type(float))
-    sidecar = {"spec": spec.to_json(), "points": configs, "grid_keys": keys,
-               "columns": _header(keys), "chunks": [list(c) for c in chunks], "tolerance": TOL,
-               "dtype": dtype, "versions": package_versions(), "started": stamp(),
-               "argv": sys.argv[1:], "devices": jax.device_count()}
-    folder, finished = _open_folder(spec, out, resume, sidecar)
+    folder, finished = _open_folder(spec, out, resume, _sidecar(spec, configs, keys, chunks))
     if finished:
         log(f"{folder} holds this sweep, finished; nothing to run")
     else:
@@ -325,8 +182,7 @@ def run_sweep(
     summary = summarise(spec, configs, keys, table)
     if not finished:
         figures = write_figure(folder, spec, keys, table)
-        finish_run(folder, {**summary, "figures": [p.name for p in figures],
-                            "finished": stamp()})
+        finish_run(folder, summary, figures=figures)
     return SweepResult(folder, table, read_json(folder / "summary.json"))
 
 
@@ -341,13 +197,11 @@ def _as_spec(spec, **overrides) -> SweepSpec:
     given = {k: v for k, v in overrides.items() if v is not None}
     if "grid" in given and not given["grid"]:
         given.pop("grid")
-    return dataclasses.replace(spec, **given)
+    return with_counts(dataclasses.replace(spec, **given))
 
 
 def _run_chunks(folder, spec, configs, params, keys, chunks, devices, progress, log, simulate):
-    import jax
-    from tqdm.auto import tqdm
-
+    """Run and save every chunk of the plan that is not saved yet."""
     (folder / "chunks").mkdir(exist_ok=True)
     for stale in (folder / "chunks").glob(".*.tmp"):  # a write cut off by a kill
         stale.unlink(missing_ok=True)
@@ -370,9 +224,9 @@ def _run_chunks(folder, spec, configs, params, keys, chunks, devices, progress, 
             config = configs[point]
             out = simulate(spec.experiment, config, params, range(spec.seed + lo, spec.seed + hi),
                            devices)
-            rows = _rows(spec, config, keys, point, lo, out, MODELS[spec.experiment].theorem)
+            rows = _rows(spec, config, keys, point, lo, out, theorem_of(spec.experiment))
             data = _csv(header, rows)
-            _atomic_write(_chunk_path(folder, index), lambda f, data=data: f.write(data))
+            atomic_write(_chunk_path(folder, index), lambda f, data=data: f.write(data))
             bar.update(hi - lo)
 
 
@@ -386,7 +240,7 @@ def _assemble(folder: Path, keys, chunks) -> dict[str, np.ndarray]:
             raise RunFolderError(f"{_chunk_path(folder, i)} does not fit the sweep's plan.")
         lines += rows
     data = ("\n".join(lines) + "\n").encode()
-    _atomic_write(folder / "table.csv", lambda f: f.write(data))
+    atomic_write(folder / "table.csv", lambda f: f.write(data))
     return load_table(folder)
 
 

@@ -1,23 +1,40 @@
 """Which theorem of paper 001 covers a model, and what it predicts:
 `ja.theory.classify(dyn)`, `ja.theory.predict(dyn, x0)`.
 
-Runs on the host (it reads concrete weights); see `classify` for the tolerances.
+`classify` and `predict` run on the host (they read concrete weights); see
+`classify` for the tolerances. Each theorem's domain and outcome tests are also
+available for one sequence at a time, traceable under `jit` and `vmap`:
+`ja.theory.theorem_test(theorem, dyn)`; `predict` and the sweeps use them.
 """
 
 from ._classify import THEOREMS as THEOREMS
 from ._classify import Check as Check
 from ._classify import Classification as Classification
-from ._classify import Prediction as Prediction
 from ._classify import TheoremReport as TheoremReport
 from ._classify import classify as classify
-from ._classify import predict as predict
+from ._predict import AbstractTheoremTest as AbstractTheoremTest
+from ._predict import Prediction as Prediction
+from ._predict import Theorem32Test as Theorem32Test
+from ._predict import Theorem41Test as Theorem41Test
+from ._predict import Theorem51Test as Theorem51Test
+from ._predict import Theorem52Test as Theorem52Test
+from ._predict import Theorem53Test as Theorem53Test
+from ._predict import predict as predict
+from ._predict import theorem_test as theorem_test
 
 __all__ = [
     "THEOREMS",
+    "AbstractTheoremTest",
     "Check",
     "Classification",
     "Prediction",
     "TheoremReport",
+    "Theorem32Test",
+    "Theorem41Test",
+    "Theorem51Test",
+    "Theorem52Test",
+    "Theorem53Test",
     "classify",
     "predict",
+    "theorem_test",
 ]

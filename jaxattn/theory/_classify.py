@@ -1,4 +1,5 @@
-"""Which of paper 001's theorems cover a model, and what they predict (Table 1).
+"""Which of paper 001's theorems cover a model (Table 1): `classify`. What they predict
+for given tokens is `_predict.py`.
 
 Hypotheses are read off the model numerically: the schedules are evaluated on a
 grid of times and compared with a stated relative tolerance. Properties that no
@@ -235,7 +236,8 @@ def _check_symmetric(m: _Model, name: str, tol: float) -> Check:
     return Check(f"{name} symmetric", dev <= tol, f"max |{name} − {name}ᵀ| = {dev:.2g}")
 
 
-def _top_eigen(U: np.ndarray):
+def top_eigen(U: np.ndarray):
+    """Eigenvalues (descending) and eigenvectors (columns, same order) of `(U + Uᵀ)/2`."""
     lam, vec = np.linalg.eigh((U + np.swapaxes(U, -1, -2)) / 2)
     return lam[..., ::-1], vec[..., :, ::-1]
 
@@ -322,7 +324,7 @@ def _theorem_52(m: _Model, tol: float) -> TheoremReport:
         _check_constant(m, "U", tol), _check_symmetric(m, "U", tol),
         _check_simple_top(m, tol), _check_bounded(m),
     ]
-    lam, vec = _top_eigen(m.U0[0])
+    lam, vec = top_eigen(m.U0[0])
     v1 = vec[:, 0]
     statement = (
         f"tokens starting in the hemisphere ⟨v₁, x⟩ > 0 converge to v₁ = {_vec(v1)} "
@@ -338,7 +340,7 @@ def _theorem_53(m: _Model, tol: float) -> TheoremReport:
         _check_symmetric(m, "U", tol), _check_differentiable_U(m),
         _check_simple_top(m, tol), _check_bounded(m),
     ]
-    lam, vec = _top_eigen(m.U0[0])
+    lam, vec = top_eigen(m.U0[0])
     statement = (
         "tokens starting in the hemisphere ⟨v₁(0), x⟩ > 0 converge to a ball around "
         "v₁(t), the top eigenvector of U(t); its radius grows with the speed of v₁(t)"
@@ -397,169 +399,3 @@ def classify(
     m = _read(dyn, times)
     builders = (_theorem_32, _theorem_41, _theorem_51, _theorem_52, _theorem_53)
     return Classification(tuple(b(m, tol) for b in builders), tol, times)
-
-
-# --- predictions ----------------------------------------------------------------
-
-_PRIORITY = ("5.2", "5.1", "4.1", "5.3", "3.2")
-_OUTCOMES = {
-    "3.2": "equilibrium",
-    "4.1": "consensus",
-    "5.1": "consensus at x₁(0)",
-    "5.2": "consensus at v₁",
-    "5.3": "near v₁(t)",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Prediction:
-    """What a theorem predicts for given initial tokens (`predict` returns it).
-
-    - `theorem`: the theorem used (`"5.2"`, …) or `None` when none applies.
-    - `outcome`: `"consensus"`, `"consensus at x₁(0)"`, `"consensus at v₁"`,
-      `"near v₁(t)"`, `"equilibrium"` or `"none"`.
-    - `in_domain`: `(*batch)` bool, whether the start lies in the theorem's
-      domain of attraction (where it does not, the theorem says nothing).
-    - `margin`: `(*batch)` how deep inside the domain (the hemisphere margin, the
-      smallest `⟨x_i, v₁⟩`, or `|x₂ + x₁|` for Theorem 5.1); `≤ 0` outside.
-    - `limit`: `(*batch, n, d)` the predicted limit where the theorem names one,
-      else `None`.
-    - `statement`: the theorem's conclusion in words.
-    - `others`: the predictions of the other theorems that apply.
-    """
-
-    theorem: str | None
-    outcome: str
-    in_domain: np.ndarray
-    margin: np.ndarray
-    limit: np.ndarray | None
-    statement: str
-    dyn: SelfAttentionDynamics = dataclasses.field(repr=False)
-    classification: Classification = dataclasses.field(repr=False)
-    others: tuple["Prediction", ...] = ()
-    _v1: np.ndarray | None = dataclasses.field(default=None, repr=False)
-
-    def reference(self, t: float) -> np.ndarray:
-        """For Theorem 5.3: the top eigenvector `v₁(t)` of `U(t)`, followed
-        continuously from `v₁(0)` (with each sample's sign), `(*batch, d)`."""
-        if self.theorem != "5.3":
-            raise ValueError(f"reference(t) is for Theorem 5.3, this prediction is {self.theorem}.")
-        base = self.classification["5.3"].data["v1"]
-        grid = jnp.linspace(0.0, float(t), max(2, int(abs(t) * 50) + 2))
-        U = np.asarray(jax.vmap(self.dyn.U)(grid), np.float64)[:, 0]
-        v = base
-        for Uk in U:  # follow the eigenvector continuously (eigh's sign is arbitrary)
-            vk = _top_eigen(Uk)[1][:, 0]
-            v = vk if vk @ v >= 0 else -vk
-        return np.sign(self._v1 @ base)[..., None] * v
-
-    def check(self, x, t: float | None = None, tol: float = 1e-4) -> np.ndarray:
-        """Whether tokens `x` (`(*batch, n, d)`, at time `t`) show the predicted outcome.
-
-        Consensus: misalignment `E(x) < tol`. A named limit: every
-        `1 − ⟨x_i, limit_i⟩_W < tol`. Near `v₁(t)` (5.3): every
-        `1 − ⟨x_i, v₁(t)⟩ < tol`, with `tol` the ball's size. Equilibrium: the
-        largest entry of the velocity at `t` below `tol`. `False` where the
-        theorem says nothing (`outcome == "none"`).
-        """
-        from .._manifold import w_inner
-        from ..metrics._consensus import misalignment
-
-        x = jnp.asarray(x)
-        W = self.dyn.W
-        if self.outcome == "none":
-            return np.zeros(x.shape[:-2], bool)
-        if self.outcome == "consensus":
-            return np.asarray(misalignment(x) < tol)
-        if self.outcome == "equilibrium":
-            if t is None:
-                raise ValueError("checking an equilibrium needs the time `t` of `x`.")
-            flat = x.reshape((-1,) + x.shape[-2:])
-            v = jax.vmap(lambda xi: self.dyn.velocity(t, xi))(flat)
-            return np.asarray(jnp.max(jnp.abs(v), axis=(-1, -2)) < tol).reshape(x.shape[:-2])
-        if self.outcome == "near v₁(t)":
-            if t is None:
-                raise ValueError("checking Theorem 5.3 needs the time `t` of `x`.")
-            target = jnp.asarray(self.reference(t))[..., None, :]
-        else:
-            target = jnp.asarray(self.limit)
-        gap = 1 - w_inner(x, jnp.broadcast_to(target, x.shape), W)
-        return np.asarray(jnp.max(gap, axis=-1) < tol)
-
-
-def _tokens_on_manifold(dyn, x0) -> np.ndarray:
-    from .._batch import prepare_tokens
-
-    return np.asarray(prepare_tokens(dyn, x0), np.float64)
-
-
-def _hemisphere_of(v: np.ndarray, x: np.ndarray):
-    """Sign of each sample's side of `v` (by its first token), the margin on that side."""
-    proj = x @ v  # (*batch, n)
-    sign = np.where(proj[..., 0] >= 0, 1.0, -1.0)
-    margin = np.min(sign[..., None] * proj, axis=-1)
-    return sign, margin
-
-
-def _predict_one(theorem, report, dyn, x, cls) -> Prediction:
-    batch, n = x.shape[:-2], x.shape[-2]
-    limit, v1 = None, None
-    if theorem in ("5.2", "5.3"):
-        sign, margin = _hemisphere_of(report.data["v1"], x)
-        v1 = sign[..., None] * report.data["v1"]
-        in_domain = margin > 0
-        if theorem == "5.2":
-            limit = np.broadcast_to(v1[..., None, :], x.shape).copy()
-    elif theorem == "5.1":
-        # x₂(0) = −x₁(0) is an equilibrium of token 2: the part of the null set known exactly.
-        gap = np.linalg.norm(x[..., 1, :] + x[..., 0, :], axis=-1) if n > 1 else None
-        margin = gap if n > 1 else np.full(batch, np.inf)
-        in_domain = margin > cls.tol
-        limit = np.broadcast_to(x[..., :1, :], x.shape).copy()
-    elif theorem == "4.1":
-        from ..metrics._hemisphere import hemisphere
-
-        h = hemisphere(jnp.asarray(x), dyn.W)
-        in_domain, margin = np.asarray(h.inside), np.asarray(h.margin)
-    else:  # 3.2: every start
-        in_domain, margin = np.ones(batch, bool), np.full(batch, np.inf)
-    if limit is not None:
-        limit[~in_domain] = np.nan
-    return Prediction(
-        theorem, _OUTCOMES[theorem], in_domain, margin, limit, report.statement, dyn, cls, (), v1
-    )
-
-
-def predict(dyn: SelfAttentionDynamics, x0, *, times=None, tol: float = 1e-8) -> Prediction:
-    """What paper 001 predicts for the model `dyn` started at `x0`.
-
-    Classifies the model (`classify`), then places the initial tokens in the
-    domain of attraction of each applicable theorem: the hemisphere test for
-    Theorem 4.1 (`ja.metrics.hemisphere`), the side of `v₁` for 5.2 and 5.3, the
-    exceptional start `x₂ = −x₁` for 5.1 (the only part of its null set that is
-    known in closed form), everywhere for 3.2. The most specific applicable
-    theorem is the main prediction (5.2, then 5.1, 4.1, 5.3, 3.2); the others are
-    in `.others`.
-
-    **Arguments:**
-
-    - `dyn`: the model.
-    - `x0`: initial tokens `(..., n, d)` (normalised onto `E_W` first).
-    - `times`, `tol`: as in `classify`.
-
-    **Returns:**
-
-    A `Prediction`: `.outcome`, `.in_domain` and `.margin` per sample, `.limit`
-    where the theorem names the limit, `.check(x_T, t, tol)` to test an outcome.
-    """
-    cls = classify(dyn, times=times, tol=tol)
-    x = _tokens_on_manifold(dyn, x0)
-    batch = x.shape[:-2]
-    found = [t for t in _PRIORITY if t in cls.theorems]
-    if not found:
-        return Prediction(
-            None, "none", np.zeros(batch, bool), np.full(batch, -np.inf), None,
-            cls.summary(), dyn, cls,
-        )
-    preds = [_predict_one(t, cls[t], dyn, x, cls) for t in found]
-    return dataclasses.replace(preds[0], others=tuple(preds[1:]))

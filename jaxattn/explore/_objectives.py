@@ -1,0 +1,216 @@
+"""The objectives of the exploration and the trajectory they are read from.
+
+An objective is a function `(ts, ys, dyn) ↦ value ≥ 0` of one trajectory
+`ys (T, n, d)`, computed by the flow (`solve_flow`, a diffrax adjoint) or the
+layers (`run_layers`, a checkpointed scan) up to a horizon `T`
+(`jaxattn._horizon.Horizon`). `slow_consensus` maximises one; `consensus_objective`
+evaluates it for one start, differentiably, and `compare_adjoints` checks its
+gradient by two adjoints of the flow.
+"""
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Real
+
+from .._batch import prepare_tokens
+from .._dynamics import SelfAttentionDynamics
+from .._flow import solve_flow_unchecked
+from .._horizon import Horizon
+from .._layers import run_layers_unchecked
+from .._validate import check_count
+from ..metrics._consensus import misalignment
+
+OBJECTIVES = ("final", "integrated", "consensus_time", "lyapunov")
+
+
+# --- objectives ---------------------------------------------------------------------
+
+
+def _lyapunov(x, W):
+    gram = x @ x.T if W is None else x @ W @ x.T
+    return 1 - jnp.min(gram)
+
+
+@functools.cache  # one function object per objective: jit reuses it
+def builtin_objective(name: str, eps: float = 1e-4, width: float = 1.0) -> Callable:
+    """The built-in objectives as functions `(ts, ys, dyn) ↦ value ≥ 0`.
+
+    - `"final"`: the misalignment at the horizon, `E(x(T))` (paper 001 eq. 25).
+    - `"integrated"`: `∫₀ᵀ E(x(t)) dt` (trapezoid on the saved times).
+    - `"consensus_time"`: a smooth consensus time, `∫₀ᵀ σ((log E − log eps) / width) dt`
+      (`σ` the logistic function): the time spent with `E` above `eps`, smoothed
+      over `width` units of `log E`; it saturates at `T` if `E` never gets there.
+    - `"lyapunov"`: the pairwise Lyapunov function `V(x(T)) = 1 − min_ij ⟨x_i, x_j⟩_W`.
+    """
+    if name == "final":
+        return lambda ts, ys, dyn: misalignment(ys[-1])
+    if name == "integrated":
+        return lambda ts, ys, dyn: jnp.trapezoid(misalignment(ys), ts)
+    if name == "consensus_time":
+        def soft_time(ts, ys, dyn):
+            logE = jnp.log(jnp.maximum(misalignment(ys), 1e-300))
+            return jnp.trapezoid(jax.nn.sigmoid((logE - jnp.log(eps)) / width), ts)
+        return soft_time
+    if name == "lyapunov":
+        return lambda ts, ys, dyn: _lyapunov(ys[-1], dyn.W)
+    raise ValueError(f"unknown objective {name!r}: use one of {OBJECTIVES} or a function.")
+
+
+def as_objective(objective) -> tuple[Callable, bool]:
+    """The objective as `(ts, ys, dyn) ↦ value`, and whether it is a built-in."""
+    if isinstance(objective, str):
+        return builtin_objective(objective), True
+    if not callable(objective):
+        raise TypeError(f"`objective` must be a name in {OBJECTIVES} or a function "
+                        f"(ts, ys[, dyn]) ↦ scalar, got {type(objective).__name__}.")
+    try:
+        nargs = len(inspect.signature(objective).parameters)
+    except (TypeError, ValueError):
+        nargs = 3
+    if nargs == 2:
+        return (lambda ts, ys, dyn: objective(ts, ys)), False
+    return objective, False
+
+
+# --- the trajectory -----------------------------------------------------------------
+
+
+class Trajectory(eqx.Module):
+    """How the trajectory of an objective is computed: the flow to `T` (saved at
+    `saves + 1` times) or `Horizon(T).num_layers(tau)` layers; adjoint and solver
+    options of the flow."""
+
+    model: str = eqx.field(static=True)
+    ts: Real[Array, " T"]
+    num_layers: int = eqx.field(static=True)
+    tau: float = eqx.field(static=True)
+    adjoint: dfx.AbstractAdjoint
+    solver: dfx.AbstractSolver
+    rtol: float = eqx.field(static=True)
+    atol: float = eqx.field(static=True)
+    max_steps: int = eqx.field(static=True)
+
+    def run(self, dyn, x0: Float[Array, "n d"]) -> Float[Array, "T n d"]:
+        """The tokens at the times `ts` from `x0` (on `E_W`); NaN if the run failed."""
+        # Unchecked runs (the tokens are on E_W by construction): one restart whose
+        # run fails (step budget, overflow) must not abort the batch; its value
+        # becomes NaN and the search rejects that step. They also leave no host
+        # callback in the program, so sharded restarts split across devices.
+        if self.model == "layers":
+            return run_layers_unchecked(dyn, x0, self.num_layers, self.tau)[0]
+        # Backsolve integrates an augmented state; the retraction wrapper only
+        # knows token arrays, so that adjoint solves the ambient ODE.
+        on_manifold = not isinstance(self.adjoint, dfx.BacksolveAdjoint)
+        out = solve_flow_unchecked(dyn, x0, self.ts, solver=self.solver, rtol=self.rtol,
+                                   atol=self.atol, max_steps=self.max_steps,
+                                   adjoint=self.adjoint, on_manifold=on_manifold)
+        return jnp.where(out.success, out.ys, jnp.nan)
+
+
+def make_trajectory(horizon, *, model="flow", saves=100, tau=0.1, adjoint="checkpoint",
+                    solver=None, rtol=1e-6, atol=1e-8, max_steps=16384) -> Trajectory:
+    """Check the trajectory options and bundle them.
+
+    **Arguments:**
+
+    - `horizon`: the final time `T > 0`.
+    - `model`: `"flow"` or `"layers"`; `saves`: saved intervals of the flow;
+      `tau`: the layer step; `adjoint`, `solver`, `rtol`, `atol`, `max_steps`: as in
+      `slow_consensus` and `ja.solve_flow`.
+
+    **Returns:**
+
+    A `Trajectory`, or a `ValueError` naming the bad option.
+    """
+    hz = Horizon(float(horizon))
+    if model not in ("flow", "layers"):
+        raise ValueError(f"`model` must be 'flow' or 'layers', got {model!r}.")
+    saves = check_count(saves, "saves", 1)
+    num_layers = hz.num_layers(float(tau))
+    ts = jnp.asarray(hz.save_times(saves) if model == "flow" else hz.layer_times(float(tau)),
+                     jnp.result_type(float))
+    return Trajectory(model, ts, num_layers, float(tau), _as_adjoint(adjoint),
+                      solver or dfx.Tsit5(), float(rtol), float(atol), int(max_steps))
+
+
+def _as_adjoint(adjoint) -> dfx.AbstractAdjoint:
+    if isinstance(adjoint, dfx.AbstractAdjoint):
+        return adjoint
+    if adjoint == "checkpoint":
+        return dfx.RecursiveCheckpointAdjoint()
+    if adjoint == "backsolve":
+        return dfx.BacksolveAdjoint()
+    raise ValueError(f"`adjoint` must be 'checkpoint', 'backsolve' or a diffrax adjoint, "
+                     f"got {adjoint!r}.")
+
+
+def consensus_objective(
+    dyn: SelfAttentionDynamics,
+    x0: Float[Array, "n d"],
+    *,
+    objective: str | Callable = "final",
+    horizon: float = 5.0,
+    **horizon_kw,
+) -> Float[Array, ""]:
+    """The value of an exploration objective for one start: differentiable in
+    `x0` and in the model's arrays.
+
+    **Arguments:**
+
+    - `dyn`, `x0`: the model and one sequence of tokens `(n, d)` (normalised first).
+    - `objective`, `horizon` and the keywords `model`, `saves`, `tau`, `adjoint`,
+      `solver`, `rtol`, `atol`, `max_steps`: as in `slow_consensus`.
+
+    **Returns:**
+
+    The objective, a scalar.
+    """
+    fn, _ = as_objective(objective)
+    return _objective_jit(fn, make_trajectory(horizon, **horizon_kw), dyn, x0)
+
+
+@eqx.filter_jit
+def _objective_jit(fn, traj: Trajectory, dyn, x0):
+    ys = traj.run(dyn, prepare_tokens(dyn, x0))
+    return fn(traj.ts.astype(ys.dtype), ys, dyn)
+
+
+# --- adjoints -----------------------------------------------------------------------
+
+
+def compare_adjoints(
+    dyn: SelfAttentionDynamics,
+    x0: Float[Array, "n d"],
+    *,
+    objective: str | Callable = "final",
+    horizon: float = 5.0,
+    **horizon_kw,
+) -> dict[str, Any]:
+    """The gradient of an objective w.r.t. `x0` by the checkpointed and the
+    backsolve adjoints of the flow, and their relative difference.
+
+    `BacksolveAdjoint` integrates the adjoint equation backwards in time; for a
+    contracting flow (consensus) that reversed flow is expanding, so its gradient
+    can be wrong by orders of magnitude while the checkpointed (discrete) adjoint
+    is exact up to the solver's tolerance.
+
+    **Returns:**
+
+    `{"checkpoint": g, "backsolve": g, "relative_error": ‖g_bs − g_cp‖ / ‖g_cp‖}`.
+    """
+    horizon_kw = {k: v for k, v in horizon_kw.items() if k != "adjoint"}
+
+    def grad(adjoint):
+        return jax.grad(lambda x: consensus_objective(
+            dyn, x, objective=objective, horizon=horizon, adjoint=adjoint, **horizon_kw))(x0)
+
+    g_cp, g_bs = grad("checkpoint"), grad("backsolve")
+    rel = float(jnp.linalg.norm(g_bs - g_cp) / jnp.maximum(jnp.linalg.norm(g_cp), 1e-300))
+    return {"checkpoint": g_cp, "backsolve": g_bs, "relative_error": rel}

@@ -1,0 +1,166 @@
+"""What a sweep runs: `SweepSpec` (an experiment, its grid points, the instances per
+point), read from TOML/JSON (`read_spec`) and checked and expanded into one full
+config per grid point (`check_spec`)."""
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from .._validate import check_count
+from ..experiments import get_experiment
+from ..experiments.base import Param
+from ..experiments.run import convert
+from ._instances import BETA, EXCLUDED, MODELS
+
+_SPEC_KEYS = ("experiment", "grid", "points", "set", "instances", "seed", "chunk")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+    """What a sweep runs: an experiment, its grid points and the instances per point.
+
+    - `experiment`: a name of `jaxattn list` that has a sweep set-up
+      (`thm41-sphere`, `thm51-causal`, `thm52-symmetric`, `thm32-gradient`).
+    - `grid`: `{parameter: [values]}`, every combination (the last parameter varies
+      fastest); or `points`: a list of `{parameter: value}`; not both.
+    - `set`: parameters fixed for every point (e.g. `{"horizon": 5.0}`).
+    - `instances`: random instances per point; `seed`: instance `i` uses `seed + i`.
+    - `chunk`: instances per saved chunk (default: all of a point in one chunk).
+    """
+
+    experiment: str
+    grid: dict[str, list] = dataclasses.field(default_factory=dict)
+    points: list[dict[str, Any]] | None = None
+    set: dict[str, Any] = dataclasses.field(default_factory=dict)
+    instances: int = 64
+    seed: int = 0
+    chunk: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def sweep_params(experiment: str) -> tuple[Param, ...]:
+    """The parameters a sweep of `experiment` can set or vary (the experiment's
+    own, less `samples`, plus `beta`)."""
+    if experiment not in MODELS:
+        get_experiment(experiment)  # unknown name: its error lists the names
+        raise ValueError(f"{experiment} has no sweep set-up; sweepable: {', '.join(MODELS)}.")
+    params = tuple(p for p in get_experiment(experiment).all_params() if p.name not in EXCLUDED)
+    return params if any(p.name == "beta" for p in params) else params + (BETA,)
+
+
+def grid_keys(spec: SweepSpec) -> list[str]:
+    """The parameters that vary between the points, in the table's column order."""
+    if not spec.points:
+        return list(spec.grid)
+    return list(dict.fromkeys(k for pt in spec.points for k in pt))
+
+
+def _value(param: Param, value):
+    """A grid or fixed value checked as the parameter's type (`convert`, the one check
+    of a parameter value; the command line turns its text into values first)."""
+    return convert(param, value)
+
+
+def _check_counts(spec: SweepSpec) -> None:
+    check_count(spec.instances, "instances", 1)
+    check_count(spec.seed, "seed", 0)
+    if spec.chunk is not None:
+        check_count(spec.chunk, "chunk", 1)
+
+
+def _points(spec: SweepSpec, param) -> list[dict[str, Any]]:
+    """The grid points, each `{parameter: value}` in the parameters' types."""
+    if spec.points:
+        return [{k: _value(param(k), v) for k, v in pt.items()} for pt in spec.points]
+    axes = {}
+    for k, values in spec.grid.items():
+        if not isinstance(values, (list, tuple)) or not values:
+            raise ValueError(f"grid {k} needs a non-empty list of values, got {values!r}.")
+        axes[k] = [_value(param(k), v) for v in values]
+        if len(set(axes[k])) != len(axes[k]):
+            raise ValueError(f"grid {k} repeats a value: {values!r}.")
+    return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+
+
+def check_spec(spec: SweepSpec) -> list[dict[str, Any]]:
+    """Check a spec and expand it into the full config of every grid point.
+
+    **Arguments:**
+
+    - `spec`: the `SweepSpec`.
+
+    **Returns:**
+
+    One config per point (every parameter of the experiment, plus `seed`), in
+    the order the points run. A `ValueError` names any mistake.
+    """
+    params = {p.name: p for p in sweep_params(spec.experiment)}
+    _check_counts(spec)
+    if spec.grid and spec.points:
+        raise ValueError("give either a grid or a list of points, not both.")
+
+    def param(name: str) -> Param:
+        if name in EXCLUDED:
+            raise ValueError(f"{name} is set by the sweep's instances (use --instances).")
+        if name not in params:
+            raise ValueError(f"{spec.experiment} has no parameter {name!r}; a sweep can vary "
+                             f"{', '.join(params)}.")
+        return params[name]
+
+    fixed = {k: _value(param(k), v) for k, v in spec.set.items()}
+    base = {p.name: p.default for p in params.values()} | fixed
+    configs = [base | pt | {"seed": int(spec.seed)} for pt in _points(spec, param)]
+    for c in configs:
+        MODELS[spec.experiment].check(c)
+    return configs
+
+
+def with_counts(spec: SweepSpec) -> SweepSpec:
+    """`spec` with `instances`, `seed` and `chunk` as Python ints (checked)."""
+    _check_counts(spec)
+    chunk = None if spec.chunk is None else int(spec.chunk)
+    return dataclasses.replace(spec, instances=int(spec.instances), seed=int(spec.seed),
+                               chunk=chunk)
+
+
+def _load(path: Path, text: bytes):
+    if path.suffix.lower() == ".json":
+        return json.loads(text)
+    return tomllib.loads(text.decode())
+
+
+def read_spec(path) -> SweepSpec:
+    """A `SweepSpec` from a TOML or JSON file (keys as the fields of `SweepSpec`).
+
+    **Arguments:**
+
+    - `path`: a `.toml` or `.json` file.
+
+    **Returns:**
+
+    The `SweepSpec`; a `ValueError` if the file cannot be read or has unknown keys.
+    """
+    path = Path(path)
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read the sweep spec {path}: {e.strerror or e}") from None
+    try:
+        raw = _load(path, text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid {path.suffix.lstrip('.').upper()}: {e}") from None
+    if not isinstance(raw, dict) or "experiment" not in raw:
+        raise ValueError(f"{path} must name an experiment (experiment = \"thm41-sphere\").")
+    unknown = sorted(set(raw) - set(_SPEC_KEYS))
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown}; a spec takes {list(_SPEC_KEYS)}.")
+    return SweepSpec(**raw)

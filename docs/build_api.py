@@ -11,8 +11,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 # The public surface: `jaxattn` and its public submodules (metrics, theory, sweep, …);
-# pdoc's `!` patterns (regular expressions) drop the private `_*` implementation modules.
-MODULES = ["jaxattn", r"!jaxattn\._.*", r"!jaxattn\.\w+\._.*"]
+# pdoc's `!` patterns (regular expressions) drop the private `_*` implementation modules,
+# and the modules of the two commands above the library (`jaxattn.cli.*`,
+# `jaxattn.bench.*`: the benchmark references import torch), whose packages keep a page.
+MODULES = ["jaxattn", r"!jaxattn\._.*", r"!jaxattn\.\w+\._.*", r"!jaxattn\.cli\..*",
+           r"!jaxattn\.bench\..*"]
 
 
 def main(out: str = "docs/api") -> int:

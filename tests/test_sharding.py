@@ -49,7 +49,7 @@ _SPLIT = _PRELUDE + textwrap.dedent(
     shapes = {}
     spy(_layers, "_run_batched", shapes)
     spy(_flow, "_solve_batched", shapes)
-    spy(_run, "_loop", shapes)
+    spy(_run, "loop_program", shapes)
     spy(_search, "_run_chunk", shapes)
 
     # simulators: 12 sequences (5 tokens, d = 3) on 4 devices, 3 per device
@@ -144,7 +144,7 @@ def test_work_is_split_across_devices(sharded):
     assert _local(shapes["_run_batched"], "f64[3,5,3]", "f64[12,5,3]")
     assert _local(shapes["_solve_batched"], "f64[3,5,3]", "f64[12,5,3]")
     # hidden states (prompts, n, hidden): 8 padded prompts → 2 per device
-    assert _local(shapes["_loop"], "f32[2,7,40]", "f32[8,7,40]")
+    assert _local(shapes["loop_program"], "f32[2,7,40]", "f32[8,7,40]")
     # restarts (R, n, d): 8 padded restarts → 2 per device
     assert _local(shapes["_run_chunk"], "f64[2,4,3]", "f64[8,4,3]")
 

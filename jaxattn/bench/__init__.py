@@ -1,0 +1,12 @@
+"""The benchmark suite behind `jaxattn bench`: an application above the library,
+like `jaxattn.experiments` and `jaxattn.sweep`; nothing in the library imports it.
+
+- `suite.py`: cases S1–S4 and G against PyTorch, compiled ahead of time, with a
+  per-figure time budget (`run_suite`, `format_table`).
+- `scaling.py`: time of `run_layers` versus n, d, batch and devices
+  (`run_scaling`, `write_figure`).
+- `reference_torch.py`, `loop_vs_hf.py`: the PyTorch and HuggingFace references.
+  They import torch (and transformers) at the top, so this package imports them
+  only when a case needs them (`suite._reference`); the suite skips those
+  comparisons without torch.
+"""

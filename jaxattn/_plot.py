@@ -33,10 +33,6 @@ def pyplot():
     return plt
 
 
-# The old private name: modules outside this one still call it (experiments, sweep).
-_pyplot = pyplot
-
-
 def draw_sphere_trajectories(ax, ys) -> None:
     """Token paths on S² (start: white circle, end: grey circle) over a wireframe."""
     ys = np.asarray(ys)

@@ -70,10 +70,6 @@ def atomic_write(path, write: Callable[[Any], object]) -> Path:
     return path
 
 
-# The old private name: sweep/_run.py and models/_gguf.py still import it.
-_atomic_write = atomic_write
-
-
 def _jsonable(obj):
     if isinstance(obj, dict):
         return {str(k): _jsonable(v) for k, v in obj.items()}

@@ -43,6 +43,9 @@ from .run import command_line as command_line  # noqa: E402
 from .run import redraw as redraw  # noqa: E402
 from .run import resolve_config as resolve_config  # noqa: E402
 from .run import run_experiment as run_experiment  # noqa: E402
+from .run import run_loop as run_loop  # noqa: E402
+from .run import run_loop_grid as run_loop_grid  # noqa: E402
 
 __all__ = ["EXPERIMENTS", "AbstractExperiment", "Param", "Verdict", "command_line",
-           "get_experiment", "redraw", "resolve_config", "run_experiment"]
+           "get_experiment", "redraw", "resolve_config", "run_experiment", "run_loop",
+           "run_loop_grid"]

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Real
 
 from ._manifold import project, tangent
+from ._precision import Precision, check_precision, einsum
 from ._schedule import AbstractSchedule, as_schedule, schedule_shape
 from ._validate import check_metric, check_scalar
 
@@ -34,6 +35,9 @@ class SelfAttentionDynamics(eqx.Module):
       the identity, i.e. the unit sphere.
     - `beta`: inverse temperature `β` (default 1), a finite real.
     - `causal`: causal attention, `M(i) = {j ≤ i}` (default: full attention).
+    - `precision`: of the attention's matrix products: `"float32"` (default, true
+      float32 on every backend), or the opt-in `"tensorfloat32"` / `"bfloat16"`
+      (reduced operands, float32 accumulation); see `jaxattn._precision`.
     """
 
     P: AbstractSchedule | None
@@ -43,6 +47,7 @@ class SelfAttentionDynamics(eqx.Module):
     W: Float[Array, "d d"] | None
     beta: Float[Array, ""]
     causal: bool = eqx.field(static=True)
+    precision: str = eqx.field(static=True)
 
     def __init__(
         self,
@@ -54,6 +59,7 @@ class SelfAttentionDynamics(eqx.Module):
         *,
         Q: _Weights | None = None,
         K: _Weights | None = None,
+        precision: Precision = "float32",
     ):
         if (P is None) == (Q is None or K is None):
             raise ValueError(
@@ -87,16 +93,18 @@ class SelfAttentionDynamics(eqx.Module):
         if not isinstance(causal, bool):
             raise TypeError(f"`causal` must be True or False, got {causal!r}.")
         self.causal = causal
+        self.precision = check_precision(precision)
 
     @classmethod
-    def from_factors(cls, Q: _Weights, K: _Weights, U: _Weights, W=None, beta=1.0, causal=False):
+    def from_factors(cls, Q: _Weights, K: _Weights, U: _Weights, W=None, beta=1.0, causal=False,
+                     *, precision: Precision = "float32"):
         """Build the dynamics from per-head factors `P_η = Q_ηᵀ K_η`, kept factored.
 
         `Q`, `K` are `(h, k, d)` (as in real models, where `k = d / h`): scores are
         computed as `(Q x_i)·(K x_j)` at cost `O(h n k d + h n² k)`, never forming
         the `d×d` product.
         """
-        return cls(None, U, W, beta, causal, Q=Q, K=K)
+        return cls(None, U, W, beta, causal, Q=Q, K=K, precision=precision)
 
     @property
     def num_heads(self) -> int:
@@ -110,7 +118,7 @@ class SelfAttentionDynamics(eqx.Module):
         """The query–key products `P_η(t)` (formed from the factors if factored)."""
         if self.P is not None:
             return self.P(t)
-        return jnp.einsum("hkd,hke->hde", self.Q(t), self.K(t))
+        return einsum("hkd,hke->hde", self.Q(t), self.K(t), precision=self.precision)
 
     def _check_x(self, x: Float[Array, "n d"]) -> None:
         if x.ndim != 2 or x.shape[1] != self.dim:
@@ -123,12 +131,12 @@ class SelfAttentionDynamics(eqx.Module):
     def scores(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "h n n"]:
         """The attention logits `β x_iᵀ P_η x_j`."""
         if self.P is not None:
-            keys = jnp.einsum("hde,je->hjd", self.P(t), x)  # (P x_j)
-            s = jnp.einsum("id,hjd->hij", x, keys)
+            keys = einsum("hde,je->hjd", self.P(t), x, precision=self.precision)  # (P x_j)
+            s = einsum("id,hjd->hij", x, keys, precision=self.precision)
         else:
-            q = jnp.einsum("hkd,id->hik", self.Q(t), x)
-            k = jnp.einsum("hkd,jd->hjk", self.K(t), x)
-            s = jnp.einsum("hik,hjk->hij", q, k)
+            q = einsum("hkd,id->hik", self.Q(t), x, precision=self.precision)
+            k = einsum("hkd,jd->hjk", self.K(t), x, precision=self.precision)
+            s = einsum("hik,hjk->hij", q, k, precision=self.precision)
         return self.beta.astype(s.dtype) * s
 
     def attention(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "h n n"]:
@@ -149,8 +157,8 @@ class SelfAttentionDynamics(eqx.Module):
     def raw_update(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         """`v_i(t, x) = Σ_η Σ_j α^η_ij U_η(t) x_j`."""
         A = self.attention(t, x)
-        mixed = jnp.einsum("hij,jd->hid", A, x)
-        return jnp.einsum("hid,hed->ie", mixed, self.U(t))
+        mixed = einsum("hij,jd->hid", A, x, precision=self.precision)
+        return einsum("hid,hed->ie", mixed, self.U(t), precision=self.precision)
 
     def velocity(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         """The continuous-time vector field (paper 001 eq. 6):

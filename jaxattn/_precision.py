@@ -1,0 +1,77 @@
+"""The precision of every matrix product jaxattn issues.
+
+JAX lowers a float32 product at `Precision.DEFAULT`, which GPUs and TPUs run with
+TensorFloat-32 or bfloat16 passes: float32 in name only. jaxattn states the
+precision of each product instead, so results do not depend on the backend or on
+`jax_default_matmul_precision`:
+
+- `"float32"` (the default): true float32 products (`Precision.HIGHEST`; float64
+  stays float64).
+- `"tensorfloat32"`: operands rounded to TF32 (8 exponent bits, 10 mantissa bits),
+  float32 accumulation. On NVIDIA GPUs this is the TF32 dot algorithm; elsewhere
+  (CPU, which has no TF32 units) the operand rounding is emulated with
+  `lax.reduce_precision` before a float32 product, so its error can be measured
+  on any machine.
+- `"bfloat16"`: operands cast to bfloat16, products accumulated in float32.
+
+The reduced modes are opt-in, by name (`precision=` on `SelfAttentionDynamics`,
+`ja.models.loop`, `ja.models.hidden_states`, …).
+"""
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Precision = Literal["float32", "tensorfloat32", "bfloat16"]
+PRECISIONS: tuple[str, ...] = ("float32", "tensorfloat32", "bfloat16")
+
+_TF32_BITS = {"exponent_bits": 8, "mantissa_bits": 10}
+
+
+def check_precision(precision) -> str:
+    """`precision` if it names a mode of `PRECISIONS`, else a `ValueError` listing them."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(
+            f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}."
+        )
+    return precision
+
+
+def _on_gpu() -> bool:
+    return jax.default_backend() in ("gpu", "cuda", "rocm")
+
+
+def einsum(subscripts: str, *operands, precision: Precision = "float32"):
+    """`jnp.einsum` at the named precision (see the module docstring); the result has
+    the operands' common dtype."""
+    operands = [jnp.asarray(x) for x in operands]
+    dtype = jnp.result_type(*operands)
+    if precision == "float32":
+        return jnp.einsum(subscripts, *operands, precision=lax.Precision.HIGHEST)
+    if precision == "bfloat16":
+        low = [x.astype(jnp.bfloat16) for x in operands]
+        acc = jnp.promote_types(dtype, jnp.float32)
+        out = jnp.einsum(subscripts, *low, preferred_element_type=acc)
+        return out.astype(dtype)
+    if precision == "tensorfloat32":
+        if _on_gpu() and dtype == jnp.float32:
+            return jnp.einsum(subscripts, *operands,
+                              precision=lax.DotAlgorithmPreset.TF32_TF32_F32)
+        rounded = [lax.reduce_precision(x, **_TF32_BITS) for x in operands]
+        return jnp.einsum(subscripts, *rounded, precision=lax.Precision.HIGHEST)
+    raise ValueError(check_precision(precision))
+
+
+def matmul(a, b, precision: Precision = "float32"):
+    """`a @ b` (with NumPy's broadcasting of leading axes) at the named precision."""
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    if a.ndim == 1 or b.ndim == 1:
+        spec = {(1, 1): "i,i->", (1, 2): "i,ij->j", (2, 1): "ij,j->i"}.get((a.ndim, b.ndim))
+        if spec is None:
+            return einsum("...i,...i->..." if a.ndim == b.ndim else
+                          ("i,...ij->...j" if a.ndim == 1 else "...ij,j->...i"),
+                          a, b, precision=precision)
+        return einsum(spec, a, b, precision=precision)
+    return einsum("...ij,...jk->...ik", a, b, precision=precision)

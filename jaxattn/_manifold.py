@@ -5,16 +5,22 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from ._precision import einsum
 from ._validate import check_metric
 
 
 def w_inner(
     a: Float[Array, "... d"], b: Float[Array, "... d"], W: Float[Array, "d d"] | None
 ) -> Float[Array, "..."]:
-    """The inner product `⟨a, b⟩_W = aᵀ W b` over the last axis (`W = None`: `aᵀb`)."""
+    """The inner product `⟨a, b⟩_W = aᵀ W b` over the last axis (`W = None`: `aᵀb`).
+
+    The metric product is always true float32 (or float64), whatever precision the
+    attention runs at: the manifold, its projection and every consensus measure
+    rest on it.
+    """
     if W is None:
         return jnp.sum(a * b, axis=-1)
-    return jnp.sum(a * (b @ W.T), axis=-1)
+    return jnp.sum(a * einsum("...j,ij->...i", b, W, precision="float32"), axis=-1)
 
 
 def w_norm(y: Float[Array, "... d"], W: Float[Array, "d d"] | None = None):

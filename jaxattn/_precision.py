@@ -53,7 +53,9 @@ def einsum(subscripts: str, *operands, precision: Precision = "float32"):
     if precision == "bfloat16":
         low = [x.astype(jnp.bfloat16) for x in operands]
         acc = jnp.promote_types(dtype, jnp.float32)
-        out = jnp.einsum(subscripts, *low, preferred_element_type=acc)
+        # Stated, so that `jax_default_matmul_precision` cannot change it either.
+        out = jnp.einsum(subscripts, *low, precision=lax.Precision.DEFAULT,
+                         preferred_element_type=acc)
         return out.astype(dtype)
     if precision == "tensorfloat32":
         if _on_gpu() and dtype == jnp.float32:

@@ -8,26 +8,55 @@ figures' names). While a run is in progress the folder holds a file named
 without it is complete. Every file is written to a temporary name and renamed,
 so no file is ever half-written.
 
+A command holds an exclusive lock on its folder for its whole life
+(`hold_folder`: `fcntl.flock` on a `.lock` file inside it): a second command
+pointed at the same folder is refused at once, and so is a folder made by
+another kind of command (`kind`: `"run"` or `"sweep"`, recorded in the
+folder's `config.json`/`sweep.json`). `config.json` and `summary.json` carry the
+same `run_id`, so a folder mixed from two runs is recognised. Files get the
+user's normal permissions (`0o666` less the umask).
+
 `write_run` is the one writer of these stages; a command whose folder differs
 (the resumable sweep: `sweep.json`, chunks, `table.csv`) calls them one by one:
-`create_run_folder`, `write_config`, `finish_run`.
+`hold_folder`, `start_run`, `write_config`, `finish_run`.
+
+Every folder also records how its numbers were computed: the JAX backend and
+whether XLA ran with the deterministic GPU flags (`deterministic_xla_flags`,
+set by the `jaxattn` commands; docs/determinism.md).
 """
 
+import contextlib
 import datetime as _dt
+import fcntl
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
+from jax._src import xla_bridge
 
 INCOMPLETE = "INCOMPLETE"
+#: The lock file a command holds inside its folder (removed when it ends).
+LOCK = ".lock"
+#: What made a folder, by the file that holds its settings.
+KINDS = {"run": "config.json", "sweep": "sweep.json"}
+
+#: The XLA flags that make GPU results bit-identical from run to run: deterministic
+#: implementations of scatter/GEMM/… and no autotuning (which may pick a different
+#: kernel in each process). Flags of other backends: the CPU is deterministic anyway.
+DETERMINISTIC_FLAGS = ("--xla_gpu_deterministic_ops=true", "--xla_gpu_autotune_level=0")
+#: Set to 1 (or pass `jaxattn --nondeterministic`) to leave XLA_FLAGS alone.
+OPT_OUT = "JAXATTN_NONDETERMINISTIC"
 
 
 class RunFolderError(RuntimeError):
@@ -43,6 +72,68 @@ def package_versions() -> dict[str, str]:
         except PackageNotFoundError:
             out[name] = "not installed"
     return out
+
+
+def deterministic_xla_flags(flags: str | None = None) -> str:
+    """`XLA_FLAGS` with the deterministic GPU flags (`DETERMINISTIC_FLAGS`) appended.
+
+    Set it before JAX's first computation (the backend reads `XLA_FLAGS` once,
+    when it starts) to get the bit-identical results the `jaxattn` commands get:
+
+    ```python
+    os.environ["XLA_FLAGS"] = ja.deterministic_xla_flags()
+    ```
+
+    **Arguments:**
+
+    - `flags`: the flags to extend (default: the environment's `XLA_FLAGS`). A
+      flag already given there keeps its value.
+
+    **Returns:**
+
+    The flags, space-separated.
+    """
+    flags = os.environ.get("XLA_FLAGS", "") if flags is None else flags
+    given = {f.split("=")[0] for f in flags.split()}
+    extra = [f for f in DETERMINISTIC_FLAGS if f.split("=")[0] not in given]
+    return " ".join(flags.split() + extra)
+
+
+def is_deterministic(flags: str | None = None) -> bool:
+    """Whether `flags` (default: the environment's `XLA_FLAGS`) turn XLA's
+    deterministic GPU mode on (its last `--xla_gpu_deterministic_ops` is true)."""
+    flags = os.environ.get("XLA_FLAGS", "") if flags is None else flags
+    values = [f.split("=", 1)[1].lower() if "=" in f else "true"
+              for f in flags.split() if f.split("=")[0] == "--xla_gpu_deterministic_ops"]
+    return bool(values) and values[-1] in ("true", "1")
+
+
+def use_deterministic_xla(enable: bool = True) -> bool:
+    """Put the deterministic GPU flags into `XLA_FLAGS`, unless `enable` is false,
+    the environment opts out (`JAXATTN_NONDETERMINISTIC=1`) or JAX's backend has
+    started already (the flags would not take effect; nothing is changed then).
+
+    **Returns:**
+
+    Whether `XLA_FLAGS` now asks for deterministic results.
+    """
+    opted_out = os.environ.get(OPT_OUT, "").strip().lower() in ("1", "true", "yes")
+    if not enable or opted_out or _backend_started():
+        return is_deterministic()
+    os.environ["XLA_FLAGS"] = deterministic_xla_flags()
+    return True
+
+
+def _backend_started() -> bool:
+    # JAX has no public way to ask without starting the backend.
+    started = getattr(xla_bridge, "backends_are_initialized", None)
+    return bool(started()) if started is not None else False
+
+
+def computed_on() -> dict[str, Any]:
+    """How this process computes: `backend` (JAX's default: cpu, gpu, tpu) and
+    `deterministic` (XLA_FLAGS hold the deterministic GPU flags)."""
+    return {"backend": jax.default_backend(), "deterministic": is_deterministic()}
 
 
 def stamp() -> str:
@@ -61,6 +152,7 @@ def atomic_write(path, write: Callable[[Any], object]) -> Path:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600, whatever the umask
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.replace(tmp, path)
@@ -68,6 +160,12 @@ def atomic_write(path, write: Callable[[Any], object]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _jsonable(obj):
@@ -96,40 +194,126 @@ def save_npz(path, **arrays) -> Path:
     return atomic_write(Path(path), lambda f: np.savez_compressed(f, **arrays))
 
 
-def create_run_folder(name: str, out: str | os.PathLike | None = None, root="runs") -> Path:
-    """Make `runs/NAME/<timestamp>/` (or `out`), marked `INCOMPLETE` until finished.
+def folder_path(name: str, out: str | os.PathLike | None = None, root="runs") -> Path:
+    """`out`, or a new `runs/NAME/<timestamp>/` when `out` is not given."""
+    if out is not None:
+        return Path(out)
+    return Path(root) / name / _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
 
-    Raises `RunFolderError` with the reason when the folder cannot be written, or
-    when `out` already holds a complete run (results are never overwritten).
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` that does not exist yet (what `mkdir -p`
+    would make), or `None`."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing = p
+    return missing
+
+
+def folder_kind(path: Path) -> str | None:
+    """Which command made the folder `path`: its recorded `kind`, else the kind
+    whose settings file it holds; `None` for a folder no command has written."""
+    for kind, name in KINDS.items():
+        if (path / name).is_file():
+            try:
+                recorded = read_json(path / name).get("kind", kind)
+            except (OSError, ValueError, AttributeError):
+                recorded = kind
+            return recorded if recorded in KINDS else kind
+    return None
+
+
+@contextlib.contextmanager
+def hold_folder(path, kind: str) -> Iterator[Path]:
+    """Make the folder `path` if needed and hold an exclusive lock on it for the
+    `with` block, for a command of `kind` (`"run"` or `"sweep"`).
+
+    Raises `RunFolderError`, before anything is written, when the folder cannot be
+    written, when another command holds it, or when another kind of command made it.
     """
-    if out is None:
-        path = Path(root) / name / _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    else:
-        path = Path(out)
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunFolderError(f"cannot write the run folder {path}: {e.strerror or e}") from e
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise RunFolderError(f"cannot write the run folder {path}: permission denied.")
+    fd = _lock(path)
+    try:
+        made_by = folder_kind(path)
+        if made_by is not None and made_by != kind:
+            raise RunFolderError(f"{path} holds a `jaxattn {made_by}` folder; `jaxattn {kind}` "
+                                 "does not write into it (choose another --out).")
+        yield path
+    finally:
+        (path / LOCK).unlink(missing_ok=True)  # while locked: the next one makes a new one
+        os.close(fd)
+
+
+def _lock(path: Path) -> int:
+    """An exclusive `flock` on `path/LOCK`, or `RunFolderError` naming the holder."""
+    while True:
+        try:
+            fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        except OSError as e:
+            raise RunFolderError(f"cannot write the run folder {path}: {e.strerror or e}") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise RunFolderError(f"{path} is in use by another jaxattn command (process "
+                                 f"{holder}); wait for it to end or choose another "
+                                 "--out.") from None
+        try:  # the holder before us may have removed the file while we opened it
+            same = os.fstat(fd).st_ino == os.stat(path / LOCK).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return fd
+        os.close(fd)
+
+
+def start_run(path: Path) -> Path:
+    """Mark the held folder `path` `INCOMPLETE`; `RunFolderError` if it already holds
+    a finished run (results are never overwritten)."""
     if (path / "summary.json").exists() and not (path / INCOMPLETE).exists():
         raise RunFolderError(f"{path} already holds a finished run; choose another --out.")
     try:
-        path.mkdir(parents=True, exist_ok=True)
         (path / INCOMPLETE).write_text("this run has not finished; its results are partial\n")
     except OSError as e:
         raise RunFolderError(f"cannot write the run folder {path}: {e.strerror or e}") from e
     return path
 
 
-def write_config(folder, config: dict[str, Any], filename: str = "config.json") -> Path:
-    """Write a run's settings with the package versions, the start time and the
-    command-line arguments (`versions`, `started`, `argv`) added.
+def write_config(folder, config: dict[str, Any], filename: str = "config.json", *,
+                 run_id: str | None = None) -> Path:
+    """Write a run's settings with what the folder records of every run added: the
+    package versions, the start time, the command-line arguments, the command's
+    `kind` (from `filename`: `config.json` a run, `sweep.json` a sweep), the
+    `run_id`, and `backend` and `deterministic` (`computed_on`).
+
+    **Arguments:**
+
+    - `run_id`: the id `finish_run` writes into `summary.json` (default: a new one).
 
     **Returns:**
 
     The path written.
     """
-    record = config | {"versions": package_versions(), "started": stamp(), "argv": sys.argv[1:]}
+    kind = {name: k for k, name in KINDS.items()}.get(filename, "run")
+    record = config | {"versions": package_versions(), "started": stamp(),
+                       "argv": sys.argv[1:], "kind": kind,
+                       "run_id": run_id or uuid.uuid4().hex} | computed_on()
     return write_json(Path(folder) / filename, record)
 
 
 def finish_run(folder, summary: dict[str, Any], *, figures=None,
-               seconds: float | None = None) -> dict[str, Any]:
+               seconds: float | None = None, run_id: str | None = None) -> dict[str, Any]:
     """Write `summary.json` and remove the `INCOMPLETE` marker: the run is complete.
 
     **Arguments:**
@@ -137,10 +321,11 @@ def finish_run(folder, summary: dict[str, Any], *, figures=None,
     - `summary`: what the run found.
     - `figures`: the figures' paths, recorded by name as `figures`.
     - `seconds`: the computing time, recorded as `seconds`.
+    - `run_id`: the run's id, as in its `config.json` (recorded as `run_id`).
 
     **Returns:**
 
-    The summary as written, with `seconds`, `figures` and `finished` added.
+    The summary as written, with `seconds`, `figures`, `run_id` and `finished` added.
     """
     folder = Path(folder)
     summary = dict(summary)
@@ -148,6 +333,8 @@ def finish_run(folder, summary: dict[str, Any], *, figures=None,
         summary["seconds"] = seconds
     if figures is not None:
         summary["figures"] = [Path(p).name for p in figures]
+    if run_id is not None:
+        summary["run_id"] = run_id
     summary["finished"] = stamp()
     write_json(folder / "summary.json", summary)
     (folder / INCOMPLETE).unlink(missing_ok=True)
@@ -166,11 +353,13 @@ def write_run(
 ) -> tuple[Path, dict[str, Any]]:
     """Compute into a run folder: the one writer of `jaxattn run`, `jaxattn loop`.
 
-    The stages, in order: the folder (`runs/NAME/<timestamp>/` or `out`) marked
-    `INCOMPLETE`; `config.json` (`write_config`); `data = compute()`, timed;
-    `data.npz`; `draw(data, folder)`; `summary.json` from `summarise(data,
-    seconds)` (`finish_run`), which removes the marker. A failure at any stage
-    leaves the folder marked `INCOMPLETE`.
+    The stages, in order, all under the folder's lock (`hold_folder`): the folder
+    (`runs/NAME/<timestamp>/` or `out`) marked `INCOMPLETE`; `config.json`
+    (`write_config`); `data = compute()`, timed; `data.npz`; `draw(data,
+    folder)`; `summary.json` from `summarise(data, seconds)` (`finish_run`), which
+    removes the marker. A failure at any stage leaves the folder marked
+    `INCOMPLETE`, except a `ValueError` from `compute` (the arguments were
+    refused): then a folder this call made is removed again.
 
     **Arguments:**
 
@@ -185,16 +374,27 @@ def write_run(
 
     The folder and the summary as written.
     """
-    folder = create_run_folder(name, out)
-    write_config(folder, config)
-    if announce is not None:
-        announce(folder)
-    start = time.perf_counter()
-    data = compute()
-    seconds = time.perf_counter() - start
-    save_npz(folder / "data.npz", **data)
-    figures = draw(data, folder)
-    return folder, finish_run(folder, summarise(data, seconds), figures=figures, seconds=seconds)
+    path = folder_path(name, out)
+    made = first_missing(path)
+    run_id = uuid.uuid4().hex
+    with hold_folder(path, "run") as folder:
+        start_run(folder)
+        write_config(folder, config, run_id=run_id)
+        if announce is not None:
+            announce(folder)
+        start = time.perf_counter()
+        try:
+            data = compute()
+        except ValueError:
+            if made is not None:  # refused: leave nothing behind
+                shutil.rmtree(made, ignore_errors=True)
+            raise
+        seconds = time.perf_counter() - start
+        save_npz(folder / "data.npz", **data)
+        figures = draw(data, folder)
+        summary = summarise(data, seconds)
+        return folder, finish_run(folder, summary, figures=figures, seconds=seconds,
+                                  run_id=run_id)
 
 
 def open_run_folder(path) -> Path:
@@ -207,6 +407,10 @@ def open_run_folder(path) -> Path:
     for required in ("config.json", "summary.json"):
         if not (path / required).exists():
             raise RunFolderError(f"{path} has no {required}; it is not a finished jaxattn run.")
+    ids = [read_json(path / name).get("run_id") for name in ("config.json", "summary.json")]
+    if ids[0] != ids[1]:
+        raise RunFolderError(f"{path} mixes two runs (config.json and summary.json have run "
+                             f"ids {ids[0]} and {ids[1]}); re-run it into a new folder.")
     return path
 
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree, Real
 
-from ._validate import as_float_array
+from ._validate import as_float_array, check_scalar
 
 
 class AbstractSchedule(eqx.Module):
@@ -55,7 +55,8 @@ class PiecewiseConstant(AbstractSchedule):
     **Arguments:**
 
     - `values`: the weights, `(L, h, a, b)`.
-    - `dt`: the duration of one layer; use the `tau` of the discrete model.
+    - `dt`: the duration of one layer, finite and `> 0`; use the `tau` of the
+      discrete model.
     - `periodic`: repeat the stack (default) or hold the last layer.
     """
 
@@ -70,14 +71,19 @@ class PiecewiseConstant(AbstractSchedule):
                 f"PiecewiseConstant needs a stack of shape (L, h, a, b), got {values.shape}."
             )
         self.values = values
+        # Checked in the weights' dtype: a dt that underflows to 0 or overflows is bad too.
+        dt = check_scalar(as_float_array(dt, "dt", values.dtype), "dt", positive=True)
         self.dt = as_float_array(dt, "dt", values.dtype)
         self.periodic = periodic
 
     def index(self, t: Real[Array, ""]) -> Array:
         """The layer in force at time `t`."""
-        k = jnp.floor(t / self.dt + 1e-4).astype(jnp.int32)
         num = self.values.shape[0]
-        return jnp.mod(k, num) if self.periodic else jnp.clip(k, 0, num - 1)
+        # Reduced (mod L, or clipped) in the float dtype, where `floor` is an exact
+        # whole number: only an index in [0, L) is cast, so no int32 overflow at large t.
+        k = jnp.floor(t / self.dt + 1e-4)
+        k = jnp.mod(k, num) if self.periodic else k
+        return jnp.clip(k, 0, num - 1).astype(jnp.int32)
 
     def __call__(self, t):
         return self.values[self.index(t)]

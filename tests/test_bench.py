@@ -6,18 +6,24 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxattn.bench import suite
+from jaxattn.bench import suite, table
 from jaxattn.cli import main
 
 
 @pytest.mark.parametrize("k", [None, 6])
 def test_flop_formula_matches_xla_cost_analysis(k):
+    """The formula against XLA's flop count *on the CPU backend*, whatever the default
+    backend is: XLA's GPU cost analysis counts fused products differently (137,519
+    flops where the formula and the CPU count 184,320), so only the CPU's count is
+    an independent check of the formula."""
     prob = suite.Problem(n=24, d=16, h=3, batch=1, causal=False, k=k)
     arrays = prob.arrays()
-    with jax.enable_x64(False):
-        dyn = prob.dynamics(arrays)
-        x = jnp.asarray(arrays["x0"][0])
-        cost = jax.jit(lambda x: dyn.raw_update(0.0, x)).lower(x).compile().cost_analysis()
+    cpu = jax.devices("cpu")[0]
+    with jax.enable_x64(False), jax.default_device(cpu):
+        dyn = jax.device_put(prob.dynamics(arrays), cpu)
+        x = jax.device_put(jnp.asarray(arrays["x0"][0]), cpu)
+        lowered = jax.jit(lambda dyn, x: dyn.raw_update(0.0, x)).lower(dyn, x)
+        cost = lowered.compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     formula = suite.flops_raw_update(24, 16, 3, k)
     print(f"formula {formula}, XLA {cost['flops']}")
@@ -35,7 +41,38 @@ def test_bench_cli_quick(tmp_path, capsys):
     cases = {(r["case"], r["variant"]) for r in result["rows"]}
     assert ("S2", "10 layers") in cases and any(c == "S1" for c, _ in cases)
     assert all(r["median_s"] > 0 for r in result["rows"])
-    assert "median s" in capsys.readouterr().out
+    meta = result["meta"]
+    assert meta["size"] == "quick" and meta["precision"] == "float32"
+    assert meta["device_kind"] == jax.devices()[0].device_kind
+    assert meta["platform"] == jax.devices()[0].platform
+    assert all(r["precision"] == "float32" for r in result["rows"])
+    out = capsys.readouterr().out
+    assert "median s" in out and f"device: {meta['device_label']}" in out
+
+
+def test_percent_of_peak_uses_the_precision_of_the_row():
+    """`%peak` divides by the peak of the precision the row ran at; no peak (TF32 on
+    a CPU: not applicable) gives no `%peak`, and the table says so."""
+    peaks = {"float32": {"jax": 100.0, "best": 100.0}, "tensorfloat32": None,
+             "bfloat16": {"jax": 400.0, "best": 400.0}}
+    timing = suite.Timing(1.0, 1.0, 1.0)
+    fractions = {}
+    for precision in ("float32", "tensorfloat32", "bfloat16"):
+        ctx = suite.Context(suite.Repeats(1), precision, peaks)
+        row = ctx.row("S2", "1 layer", "jaxattn", timing, token_steps=1, flops=50e9)
+        assert row["precision"] == precision
+        fractions[precision] = row["fraction_of_peak"]
+    assert fractions == {"float32": 0.5, "tensorfloat32": None, "bfloat16": 0.125}
+    result = {"peak_gflops": peaks, "bandwidth": {"bytes": 2**20, "jax": 12.5}, "rows": [],
+              "meta": {"device_label": "cpu (2 cores)", "peak_size": 512}}
+    text = table.format_table(result)
+    assert "tensorfloat32 not applicable" in text and "jax 12.5" in text
+    assert "device: cpu (2 cores)" in text
+
+
+def test_bench_cli_rejects_quick_with_another_size(capsys):
+    assert main(["bench", "--quick", "--size", "large"]) == 2
+    assert "--quick and --size large" in capsys.readouterr().err
 
 
 def test_bench_cli_rejects_unknown_case(capsys):

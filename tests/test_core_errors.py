@@ -122,3 +122,37 @@ def test_out_of_steps(key):
     assert ok.success.all() and ok.ys.shape == (3, 2, 4, 3)
     dfx_ok = ja.solve_flow(dyn, xb, ts, solver=dfx.Dopri5(), throw=False)
     np.testing.assert_allclose(dfx_ok.ys, ok.ys, atol=1e-4)
+
+
+# --- schedules ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", [0.0, -1.0, jnp.nan, jnp.inf, -jnp.inf, 1e-320])
+def test_piecewise_constant_bad_dt(dt):
+    """dt = 1e-320 is positive in float64 but 0 in the weights' float32."""
+    with pytest.raises(ValueError, match="`dt` must"):
+        ja.PiecewiseConstant(jnp.zeros((3, 2, 3, 3), jnp.float32), dt)
+
+
+def test_piecewise_constant_traced_bad_dt(key):
+    stack = jax.random.normal(key, (3, 2, 3, 3))  # not zeros: XLA would fold the slice away
+    weights = jax.jit(lambda dt: ja.PiecewiseConstant(stack, dt)(0.5))
+    assert weights(1.0).shape == (2, 3, 3)
+    with pytest.raises(Exception, match="dt"):
+        jax.block_until_ready(weights(0.0))
+
+
+def test_piecewise_constant_index_does_not_overflow():
+    """Times far past 2^31 layers pick layer ⌊t/dt⌋ mod L (periodic) or the last."""
+    stack = jnp.arange(5.0)[:, None, None, None] * jnp.ones((5, 1, 2, 2))
+    looped = ja.PiecewiseConstant(stack, 1.0)
+    held = ja.PiecewiseConstant(stack, 1.0, periodic=False)
+    for t, k in [(1e12, 0), (2.0**31 + 2, 0), (2.0**40 + 3, 4), (3e15 + 2, 2)]:
+        assert int(jax.jit(lambda s: looped.index(s))(t)) == k, t
+        assert float(looped(t)[0, 0, 0]) == k
+        assert int(held.index(t)) == 4
+    assert int(held.index(-1e12)) == 0 and int(looped.index(-1.0)) == 4
+    with jax.enable_x64(False):  # float32: 2^40 + 1 is still a whole number there
+        small = ja.PiecewiseConstant(jnp.zeros((5, 1, 2, 2), jnp.float32), 1.0)
+        assert int(jax.jit(lambda s: small.index(s))(jnp.float32(2.0**40))) == 2**40 % 5
+        assert int(small.index(jnp.float32(2.0**40) * 3)) == (3 * 2**40) % 5

@@ -193,3 +193,30 @@ def test_bipartite_tools_are_the_spectral_ones():
     """One implementation each: `ja.explore`'s names are `ja.spectral`'s functions."""
     assert E.spectral_radius is ja.spectral.spectral_radius
     assert E.tangent_jacobian is ja.spectral.tangent_jacobian
+
+
+@pytest.mark.parametrize("model", ["flow", "layers"])
+def test_objectives_lower_at_float32_precision(model, key):
+    """Every matrix product of every built-in objective (through `consensus_objective`)
+    and of the bipartite search's objective states true float32 (`Precision.HIGHEST`)
+    for float32 inputs, whatever the backend would default to."""
+    kP, kU, kx = jax.random.split(key, 3)
+    f32 = jnp.float32
+    P, U = (0.5 * jax.random.normal(k, (2, 3, 3), f32) for k in (kP, kU))
+    x0 = ja.normalize(jax.random.normal(kx, (5, 3), f32))
+
+    def objectives(dyn, x0):
+        return jnp.stack([E.consensus_objective(dyn, x0, objective=name, horizon=0.5,
+                                                model=model, saves=5)
+                          for name in E.OBJECTIVES])
+
+    def bipartite(w, v):
+        return bipartite_log_radius(w, v, 5, 3)
+
+    for fn, args in ((objectives, (ja.SelfAttentionDynamics(P, U), x0)),
+                     (jax.grad(bipartite), (BipartiteWeights(P, U), x0[0]))):
+        dots = [line.strip() for line in jax.jit(fn).lower(*args).as_text().splitlines()
+                if "stablehlo.dot_general" in line]
+        print("\n".join(dots))
+        assert len(dots) >= 4
+        assert all("precision = [HIGHEST, HIGHEST]" in line for line in dots)

@@ -47,6 +47,7 @@ def test_loop_command_writes_a_run_folder(config_path, tmp_path, capsys):
     assert cfg["weights"] == "resample" and cfg["ffn"] is False and cfg["passes"] == 3
     assert cfg["model_config"]["hidden_size"] == 24 and "jax" in cfg["versions"]
     assert cfg["save_states"] == [0, 6] and isinstance(cfg["argv"], list) and cfg["started"]
+    assert cfg["precision"] == "float32"  # recorded for default runs too
     summary = read_json(out / "summary.json")
     assert summary["layers_per_pass"] == 2
     assert summary["figures"] == ["loop.png", "loop.pdf"] and summary["seconds"] > 0
@@ -66,8 +67,24 @@ def test_loop_command_is_reproducible(config_path, tmp_path):
     np.testing.assert_array_equal(*runs)
 
 
+def test_loop_command_records_the_precision(config_path, tmp_path):
+    """`--precision` reaches the products: the run differs from the float32 run (not
+    by much) and its config.json names the mode."""
+    runs = {}
+    for precision in ("float32", "bfloat16"):
+        out = tmp_path / precision
+        assert main(["loop", "--model", str(config_path), "--weights", "random", "--passes",
+                     "2", "--prompts", "2", "--tokens", "5", "--precision", precision,
+                     "--out", str(out)]) == 0
+        assert read_json(out / "config.json")["precision"] == precision
+        runs[precision] = np.load(out / "data.npz")["E"]
+    gap = np.abs(runs["bfloat16"] - runs["float32"]).max()
+    assert 0 < gap < 0.05
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--model", "gpt2"], "not a local path"),  # trained weights, offline
+    (["--model", "gpt2", "--weights", "random", "--precision", "float16"], "--precision"),
     (["--model", "gpt2", "--weights", "random", "--passes", "0"], "passes"),
     (["--model", "no-such-model", "--weights", "random"], "neither a preset"),
     (["--model", "gpt2", "--weights", "random", "--prompts", "0"], "--prompts"),
@@ -98,6 +115,7 @@ def test_grid_from_config(config_path, tmp_path, capsys):
     cfg = read_json(out / "config.json")
     assert cfg["experiment"] == "loop-grid" and cfg["model"] == str(config_path)
     assert cfg["weights"] == ["random", "resample"] and cfg["dtype"] == "float32"
+    assert cfg["precision"] == "float32"
     assert cfg["passes"] == 2 and cfg["model_config"]["num_layers"] == 2
     summary = read_json(out / "summary.json")
     assert set(summary["numbers"]) == set(settings) and summary["layers_per_pass"] == 2

@@ -217,3 +217,40 @@ def test_layerwise_of_dynamics_against_layer_by_layer(key):
     np.testing.assert_allclose(xs[-1], y, atol=1e-12)
     with pytest.raises(TypeError, match="layers"):  # a dynamics has no depth of its own
         ja.spectral.run_model(dyn, x0)
+
+
+def _dot_generals(fn, *args) -> list[str]:
+    """The `stablehlo.dot_general` lines of `jax.jit(fn)` lowered for `args`."""
+    text = jax.jit(fn).lower(*args).as_text()
+    return [line.strip() for line in text.splitlines() if "stablehlo.dot_general" in line]
+
+
+def test_spectral_products_lower_at_float32_precision(key):
+    """Every matrix product of the traced spectral functions states true float32
+    (`Precision.HIGHEST`) for float32 inputs, whatever the backend would default to;
+    the dynamics' own reduced precision reaches its tangent Jacobian."""
+    kP, kU, kx = jax.random.split(key, 3)
+    f32 = jnp.float32
+    P, U = (0.5 * jax.random.normal(k, (2, 3, 3), f32) for k in (kP, kU))
+    x = ja.normalize(jax.random.normal(kx, (5, 3), f32))
+    spec = spectrum(np.asarray(U.sum(0)))  # eig runs on the host: outside the program
+    v = np.asarray(spec.principal[:, 0], np.float32)
+
+    def program(dyn, x, spec, v):
+        Omega = layer_matrix(dyn)
+        after = dyn.layer(0.0, x, 1.0)
+        stats = layer_alignment(x, after, spec)
+        J = ja.spectral.tangent_jacobian(dyn, ja.explore.bipartite_point(v, 5, 3), 1.0)
+        return (Omega, stats, alignment(x, v), increment(x, after, spec.principal),
+                ja.spectral.cosines(x, spec.plane), J)
+
+    dots = _dot_generals(program, ja.SelfAttentionDynamics(P, U), x, spec, v)
+    print("\n".join(dots))
+    assert len(dots) >= 8
+    assert all("precision = [HIGHEST, HIGHEST]" in line for line in dots)
+    reduced = ja.SelfAttentionDynamics(P, U, precision="bfloat16")
+    jac = _dot_generals(lambda dyn, p: ja.spectral.tangent_jacobian(dyn, p, 1.0), reduced,
+                        ja.explore.bipartite_point(v, 5, 3))
+    print("\n".join(jac))
+    assert any("xbf16>" in line for line in jac)  # the Jacobian's own products
+    assert all("xbf16>" in line or "precision = [HIGHEST, HIGHEST]" in line for line in jac)

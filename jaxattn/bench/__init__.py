@@ -1,8 +1,12 @@
 """The benchmark suite behind `jaxattn bench`: an application above the library,
 like `jaxattn.experiments` and `jaxattn.sweep`; nothing in the library imports it.
 
-- `suite.py`: cases S1–S4 and G against PyTorch, compiled ahead of time, with a
-  per-figure time budget (`run_suite`, `format_table`).
+- `suite.py`: cases S1–S4 and G against PyTorch on JAX's device, compiled ahead of
+  time, with a per-figure time budget and size presets (`run_suite`, `PRESETS`).
+- `device.py`: the device's name, where PyTorch runs (`TorchSide`), matmul peaks
+  per precision and the copy bandwidth.
+- `timing.py`: `Timing`, `Repeats`, ahead-of-time compilation (`compile_jax`).
+- `table.py`: the suite's result as a text table (`format_table`).
 - `scaling.py`: time of `run_layers` versus n, d, batch and devices
   (`run_scaling`, `write_figure`).
 - `reference_torch.py`, `loop_vs_hf.py`: the PyTorch and HuggingFace references.

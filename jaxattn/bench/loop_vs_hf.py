@@ -8,7 +8,14 @@ Protocol (both sides): random weights of the GPT-2 small / GPT-Neo 125M config
 (drawn once by HuggingFace, saved as safetensors, loaded by jaxattn), token ids
 uniform over the vocabulary, embedded once; one pass = every block; `E` (eq. 25)
 recorded after every block; the final LayerNorm applied after the pass. "attn" is
-pure attention (`ln_2` and the MLP removed), "full" the whole block. float32.
+pure attention (`ln_2` and the MLP removed), "full" the whole block. float32;
+`--precision` sets jaxattn's products and, on a GPU, torch's float32 matmul mode
+to match. Models: GPT-2 small, GPT-Neo 125M, and the GPT-2 XL and GPT-Neo 2.7B
+configs (`jaxattn bench --size large`).
+
+Device: HuggingFace runs where JAX does (CUDA when JAX is on a GPU and torch can
+reach it, else the CPU; `jaxattn.bench.device.TorchSide`). HuggingFace's logging
+and progress bars are silenced while a model is built and loaded.
 
 The HuggingFace side follows the paper's public script (GPT-Consensus): call each
 `block(hidden)`, with `E` computed in torch for the whole batch at once (the
@@ -24,6 +31,7 @@ printed as a check that both computed the same thing.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import tempfile
@@ -34,10 +42,13 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers as tf
+from huggingface_hub import utils as hub_utils
 
 from .. import models as jm
+from .._precision import PRECISIONS
 from ..models._run import default_chunk, loop_program
-from .suite import Timing
+from .device import TorchSide, device_label
+from .timing import Timing
 
 CONFIGS = {
     "gpt2": lambda: tf.GPT2Config(),
@@ -45,8 +56,34 @@ CONFIGS = {
         hidden_size=768, num_layers=12, num_heads=12,
         attention_types=[[["global", "local"], 6]], window_size=256,
     ),
+    "gpt2-xl": lambda: tf.GPT2Config(n_embd=1600, n_layer=48, n_head=25),
+    "gpt-neo-2.7B": lambda: tf.GPTNeoConfig(
+        hidden_size=2560, num_layers=32, num_heads=20,
+        attention_types=[[["global", "local"], 16]], window_size=256,
+    ),
 }
-CLASSES = {"gpt2": tf.GPT2Model, "gpt-neo-125M": tf.GPTNeoModel}
+CLASSES = {"gpt2": tf.GPT2Model, "gpt-neo-125M": tf.GPTNeoModel,
+           "gpt2-xl": tf.GPT2Model, "gpt-neo-2.7B": tf.GPTNeoModel}
+
+
+@contextlib.contextmanager
+def quiet():
+    """HuggingFace's logging (errors only) and progress bars (transformers' and the
+    hub's tqdm) off, restored after: nothing of theirs mixes into a table."""
+    verbosity = tf.logging.get_verbosity()
+    bars = tf.utils.logging.is_progress_bar_enabled()
+    hub_bars = not hub_utils.are_progress_bars_disabled()
+    tf.logging.set_verbosity_error()
+    tf.utils.logging.disable_progress_bar()
+    hub_utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        tf.logging.set_verbosity(verbosity)
+        if bars:
+            tf.utils.logging.enable_progress_bar()
+        if hub_bars:
+            hub_utils.enable_progress_bars()
 
 
 class ZeroMLP(torch.nn.Module):
@@ -67,11 +104,12 @@ def hf_loop(model, ids: torch.Tensor, passes: int, ffn: bool) -> np.ndarray:
     if not ffn:  # as the paper's patch_skip_mlp, on copies-by-reference of the blocks
         for block in blocks:
             block.ln_2, block.mlp = torch.nn.Identity(), ZeroMLP()
-    n = ids.shape[1]
+    n, device = ids.shape[1], ids.device
     dtype = model.wte.weight.dtype
-    mask = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype).triu(1)[None, None]
+    mask = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype,
+                      device=device).triu(1)[None, None]
     with torch.no_grad():
-        hidden = model.wte(ids) + model.wpe(torch.arange(n)[None])
+        hidden = model.wte(ids) + model.wpe(torch.arange(n, device=device)[None])
         out = [hf_misalignment(hidden)]
         for _ in range(passes):
             for block in blocks:
@@ -79,11 +117,11 @@ def hf_loop(model, ids: torch.Tensor, passes: int, ffn: bool) -> np.ndarray:
                 hidden = res[0] if isinstance(res, (tuple, list)) else res
                 out.append(hf_misalignment(hidden))
             hidden = model.ln_f(hidden)
-    return torch.stack(out, 1).numpy()
+    return torch.stack(out, 1).cpu().numpy()  # waits for the device
 
 
 def compile_loop(model, ids, *, passes: int, ffn: bool, dtype: str = "float32",
-                 chunk: int | None = None):
+                 chunk: int | None = None, precision: str = "float32"):
     """Compile `jm.loop`'s program ahead of time: (compile seconds, a zero-argument
     call of the compiled program returning `E` (B, passes·L + 1)). `chunk`: prompts
     per block call (None: `jm.loop`'s default; 0: all prompts vmapped at once)."""
@@ -91,7 +129,7 @@ def compile_loop(model, ids, *, passes: int, ffn: bool, dtype: str = "float32",
     if chunk is None:
         chunk = default_chunk(ids.shape[1], None)
     kwargs = dict(passes=passes, ffn=ffn, weights="trained", dtype=jnp.dtype(dtype),
-                  depths=(), chunk=chunk or None)
+                  depths=(), chunk=chunk or None, precision=precision)
     compile_s, compiled = time_call(lambda: loop_program.lower(*args, **kwargs).compile())
     return compile_s, lambda: jax.block_until_ready(compiled(*args, **kwargs)[0])
 
@@ -102,25 +140,29 @@ def time_call(fn) -> tuple[float, object]:
     return time.perf_counter() - t, out
 
 
-def bench_variant(name, folder, model, ids, ffn: bool, args) -> dict:
+def bench_variant(name, folder, model, ids, ffn: bool, args, side: TorchSide) -> dict:
     hf_model = CLASSES[name].from_pretrained(folder).eval()  # fresh: the patch mutates it
-    hf_model = hf_model.to(getattr(torch, args.dtype))
-    ids_t = torch.from_numpy(ids)
+    hf_model = hf_model.to(side.device, getattr(torch, args.dtype))
+    ids_t = side.tensor(ids)
 
     compile_s, run_jax = compile_loop(model, ids, passes=args.passes, ffn=ffn, dtype=args.dtype,
-                                      chunk=args.chunk)
+                                      chunk=args.chunk, precision=args.precision)
     jax_t, hf_t, pair_t = [], [], []
     # Interleaved pairs: `--repeats` of them, fewer where another pair would take
     # the total past twice `--budget-s` (the suite's rule, applied to pairs).
     while Timing.another(pair_t, args.repeats, 2 * args.budget_s):
         t_jax, E_jax = time_call(run_jax)
-        t_hf, E_hf = time_call(lambda: hf_loop(hf_model, ids_t, args.passes, ffn))
+        with side.matmul_mode():
+            t_hf, E_hf = time_call(lambda: hf_loop(hf_model, ids_t, args.passes, ffn))
         jax_t.append(t_jax / args.passes)
         hf_t.append(t_hf / args.passes)
         pair_t.append(t_jax + t_hf)
     jax_s, hf_s = (dataclasses.asdict(Timing.of_times(ts)) for ts in (jax_t, hf_t))
+    config = hf_model.config
     return {
         "model": name, "variant": "full" if ffn else "attn", "dtype": args.dtype,
+        "precision": args.precision, "device": side.device,
+        "d": config.hidden_size, "layers": config.num_hidden_layers,
         "prompts": args.prompts,
         "tokens": args.tokens, "passes": args.passes, "jax_s_per_pass": jax_s,
         "hf_s_per_pass": hf_s, "speedup": hf_s["median"] / jax_s["median"],
@@ -129,16 +171,20 @@ def bench_variant(name, folder, model, ids, ffn: bool, args) -> dict:
     }
 
 
-def bench_model(name: str, args, rng) -> list[dict]:
+def bench_model(name: str, args, rng, log=print) -> list[dict]:
+    """Both variants of one model (`args` as `main`'s options); `log` (None: silent)
+    gets each row as a JSON line as soon as it is measured."""
     torch.manual_seed(args.seed)
+    side = TorchSide.choose(torch, args.precision)
     rows = []
-    with tempfile.TemporaryDirectory() as folder:
+    with quiet(), tempfile.TemporaryDirectory() as folder:
         CLASSES[name](CONFIGS[name]()).save_pretrained(folder)
         model = jm.load(folder)
         ids = rng.integers(0, model.config.vocab_size, (args.prompts, args.tokens))
         for ffn in (v == "full" for v in args.variants):
-            rows.append(bench_variant(name, folder, model, ids, ffn, args))
-            print(json.dumps(rows[-1]), flush=True)
+            rows.append(bench_variant(name, folder, model, ids, ffn, args, side))
+            if log is not None:
+                log(json.dumps(rows[-1]))
     return rows
 
 
@@ -156,14 +202,19 @@ def main() -> None:
                    help="compute dtype of both sides (reduced precisions: float32 "
                         "accumulation in jaxattn)")
     p.add_argument("--variants", nargs="+", default=["attn", "full"], choices=["attn", "full"])
+    p.add_argument("--precision", default="float32", choices=list(PRECISIONS),
+                   help="jaxattn's matrix products (torch's float32 matmul mode matched on a GPU)")
     p.add_argument("--chunk", type=int, default=None,
                    help="jaxattn prompts per block call (default: jm.loop's; 0: all at once)")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args()
-    print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads), transformers {tf.__version__}", flush=True)
+    side = TorchSide.choose(torch, args.precision)
+    print(f"jax {jax.__version__} ({device_label()}), torch {torch.__version__} on "
+          f"{side.device} ({torch.get_num_threads()} threads), transformers {tf.__version__}",
+          flush=True)
     rng = np.random.default_rng(args.seed)
-    rows = [r for name in args.models for r in bench_model(name, args, rng)]
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    rows = [r for name in args.models for r in bench_model(name, args, rng, log)]
     print(f"\n{'model':<14}{'variant':<8}{'jaxattn s/pass':>16}{'HF s/pass':>12}{'speed-up':>10}"
           f"{'max rel ΔE':>12}")
     for r in rows:

@@ -3,7 +3,8 @@ is measured against: float32 tensors, the batch as the leading tensor axis, a
 Python loop over steps under `torch.no_grad()`, and `torchdiffeq` for the
 adaptive ODE solve. Same mathematics as `jaxattn` (paper 001 eqs. 4 and 6).
 
-Run by `jaxattn bench` when torch is installed; not part of the library.
+Run by `jaxattn bench` when torch is installed, on the device of its inputs (the
+suite puts them on JAX's device); not part of the library.
 """
 
 import torch
@@ -71,7 +72,7 @@ def adaptive(x0, Qm, Km, U, beta, causal, T, rtol=1e-6, atol=1e-8):
     """torchdiffeq's dopri5 on the whole batch as one state (one shared step size)."""
     import torchdiffeq  # optional even where torch is installed: imported on use
 
-    ts = torch.tensor([0.0, T], dtype=x0.dtype)
+    ts = torch.tensor([0.0, T], dtype=x0.dtype, device=x0.device)
     with torch.no_grad():
         ys = torchdiffeq.odeint(
             lambda t, y: velocity(y, Qm, Km, U, beta, causal), x0, ts,

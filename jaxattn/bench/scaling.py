@@ -4,7 +4,7 @@ the number of tokens `n`, the dimension `d`, the batch `B` and the number of dev
 Every point times the core discrete dynamics the way the suite's S2/S3 cases do:
 `run_layers(dyn, x0, layers, tau, observe=misalignment)`, full attention,
 unfactored `P`, float32, the median of `repeats` calls after compilation with min
-and max (`suite.Timing`). One sweep varies one size; the others stay at the
+and max (`timing.Timing`). One sweep varies one size; the others stay at the
 middle values of `SETUP` (`QUICK_SETUP` with tiny sizes for a smoke test).
 
 What each sweep is compared with (the "ideal" curve, drawn dashed):
@@ -46,7 +46,8 @@ import numpy as np
 from .._layers import run_layers
 from .._plot import pyplot, save_figure
 from ..metrics._consensus import misalignment
-from .suite import Problem, Timing, flops_raw_update, run_meta, time_jax
+from .suite import Problem, flops_raw_update, run_meta
+from .timing import Timing, time_jax
 
 
 @dataclasses.dataclass(frozen=True)

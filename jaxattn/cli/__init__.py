@@ -4,17 +4,27 @@ Each command lives in its own module with a `register(subparsers)` function that
 adds its parser and sets `func`; `main` lists them in `COMMANDS`. A command
 returns an exit code; user mistakes raise `CLIError` (or `ValueError`) and are
 printed as one line with exit status 2.
+
+The commands that compute results (`COMPUTING`) run XLA deterministically: `main`
+puts the deterministic GPU flags into `XLA_FLAGS` before JAX's backend starts
+(`_runs.use_deterministic_xla`), unless `--nondeterministic` or
+`JAXATTN_NONDETERMINISTIC=1` says not to (docs/determinism.md).
 """
 
 import argparse
 import sys
 
-from .._runs import RunFolderError
+import equinox as eqx
+import jax
+
+from .._runs import OPT_OUT, RunFolderError, use_deterministic_xla
 from . import bench, demo, experiments, models, sweep
 from ._common import CLIError, OneLineParser, UsageError, printable
 
 # The modules with a `register(subparsers)` function, in `jaxattn --help` order.
 COMMANDS = (demo, models, experiments, bench, sweep)
+#: The commands whose results are bit-identical from run to run on a GPU too.
+COMPUTING = ("demo", "loop", "run", "sweep")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -22,6 +32,9 @@ def parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="jaxattn", description="The consensus dynamics of self-attention, in JAX."
     )
+    p.add_argument("--nondeterministic", action="store_true",
+                   help=f"let XLA pick GPU kernels freely (faster; results may differ in "
+                   f"the last bits from run to run); the same as {OPT_OUT}=1")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=OneLineParser)
     for command in COMMANDS:
@@ -32,6 +45,33 @@ def parser() -> argparse.ArgumentParser:
 def _fail(line: str) -> int:
     print(printable(line), file=sys.stderr)
     return 2
+
+
+def _runtime_message(error: Exception) -> str:
+    """The one line of an `eqx.error_if` failure (a solver out of steps, a NaN)
+    that says what happened, without equinox's advice on debugging."""
+    lines = str(error).splitlines()
+    said = [ln.split("EquinoxRuntimeError:", 1)[1].strip() for ln in lines
+            if "EquinoxRuntimeError:" in ln]
+    text = said[0] if said else next((ln for ln in lines if ln.strip()), "failed")
+    if "maximum number of solver steps" in text:
+        text = ("the flow solver reached its step budget before the final time; choose a "
+                "shorter --horizon (or --discrete)")
+    return f"the computation stopped: {text}"
+
+
+def _drain() -> None:
+    """Wait for the computations JAX has already dispatched. After Ctrl-C they may
+    still run on XLA's threads, and Python tearing JAX down under them at exit
+    crashed the process (a segfault in 3 of 22 interrupts, issue 14)."""
+    try:
+        for array in jax.live_arrays():
+            try:
+                array.block_until_ready()
+            except Exception:  # noqa: BLE001 - a failed or deleted array: nothing runs
+                pass
+    except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,13 +86,18 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
     except UsageError as e:
         return _fail(str(e))
+    if args.command in COMPUTING:  # before the backend starts, or it has no effect
+        use_deterministic_xla(not args.nondeterministic)
     try:
         return args.func(args)
     except UsageError as e:  # from a command's own parser (`jaxattn run NAME` overrides)
         return _fail(str(e))
     except (CLIError, RunFolderError, ValueError, FileNotFoundError) as e:
         return _fail(f"jaxattn {args.command}: error: {e}")
+    except eqx.EquinoxRuntimeError as e:
+        return _fail(f"jaxattn {args.command}: error: {_runtime_message(e)}")
     except KeyboardInterrupt:
+        _drain()
         print(f"jaxattn {args.command}: interrupted", file=sys.stderr)
         return 130
 

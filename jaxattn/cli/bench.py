@@ -1,4 +1,6 @@
-"""`jaxattn bench`: run the benchmark suite, print its table, save it as JSON.
+"""`jaxattn bench`: run the benchmark suite on JAX's device, print its table, save
+it as JSON. `--size default|large` picks the sizes (`large` fills an accelerator),
+`--quick` the smoke-test ones; `--precision` the JAX side's matrix products.
 
 `--scaling` runs the scaling sweeps (`bench.scaling`: time of `run_layers` versus
 n, d, batch and devices) instead of the cases, or after them when `--cases` is given
@@ -7,9 +9,10 @@ too, and writes `scaling.json`, `scaling.png` and `scaling.pdf` beside `--out`."
 import argparse
 from pathlib import Path
 
+from .._precision import PRECISIONS
 from .._runs import write_json
 from .._validate import check_count
-from ..bench import scaling, suite
+from ..bench import scaling, suite, table
 from ._common import CLIError
 
 
@@ -21,14 +24,17 @@ def _bench(args: argparse.Namespace) -> int:
     check_count(args.repeats, "--repeats", 1)
     if not args.budget > 0:
         raise CLIError("--budget must be > 0 seconds.")
+    if args.quick and args.size not in (None, "quick"):
+        raise CLIError(f"--quick and --size {args.size} disagree: give one of them.")
     out = Path(args.out)
     if out.parent and not out.parent.exists():
         raise CLIError(f"cannot write {out}: folder {out.parent} does not exist.")
     if args.cases or not args.scaling:
-        result = suite.run_suite(quick=args.quick, repeats=args.repeats, budget_s=args.budget,
-                                  cases=cases, torch=not args.no_torch,
-                                  progress=lambda m: print(f"· {m}", flush=True))
-        print(suite.format_table(result))
+        result = suite.run_suite(quick=args.quick, size=args.size, repeats=args.repeats,
+                                 budget_s=args.budget, cases=cases, torch=not args.no_torch,
+                                 precision=args.precision,
+                                 progress=lambda m: print(f"· {m}", flush=True))
+        print(table.format_table(result))
         write_json(out, result)
         print(f"wrote {out}")
     if args.scaling:
@@ -37,7 +43,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _scaling(args: argparse.Namespace, folder: Path) -> None:
-    result = scaling.run_scaling(quick=args.quick, repeats=args.repeats,
+    result = scaling.run_scaling(quick=args.quick or args.size == "quick", repeats=args.repeats,
                                  progress=lambda m: print(f"· {m}", flush=True))
     print(scaling.format_summary(result))
     path = write_json(folder / "scaling.json", result)
@@ -47,7 +53,14 @@ def _scaling(args: argparse.Namespace, folder: Path) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="run the benchmark suite (table + JSON)")
-    p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes, for a smoke test (the same as --size quick)")
+    p.add_argument("--size", choices=list(suite.PRESETS), default=None,
+                   help="default: the paper-sized cases; large: sizes that fill a GPU (S1 "
+                        "batch 100,000, S2 1024, S3 256, S4 GPT-2 XL and GPT-Neo 2.7B)")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="float32",
+                   help="JAX's matrix products (default float32; PyTorch's float32 matmul "
+                        "mode is matched on a GPU); recorded in the JSON")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per figure (default 3)")
     p.add_argument("--budget", type=float, default=30.0, metavar="SECONDS",
                    help="no call that would take a figure past this many seconds "

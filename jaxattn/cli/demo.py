@@ -10,6 +10,7 @@ from .._flow import solve_flow
 from .._manifold import manifold_drift
 from .._plot import save_sphere_figure
 from .._validate import check_count
+from ..bench.device import device_label
 from ..experiments import paper
 from ..metrics._consensus import misalignment
 from ._common import CLIError
@@ -27,6 +28,7 @@ def _demo(args: argparse.Namespace) -> int:
     E = misalignment(ys)
     print(f"jaxattn demo: {args.tokens} tokens on S², 2 heads, time-varying P_η(t) "
           f"(paper 001 §6.1.1), seed {args.seed}")
+    print(f"device: {device_label()}")
     print(f"{'t':>8}  {'E(t)':>11}")
     for i in range(0, len(ts), 40):
         print(f"{float(ts[i]):8.2f}  {float(E[i]):11.3e}")

@@ -3,6 +3,7 @@
 
 import argparse
 
+from .._precision import PRECISIONS
 from .._runs import read_json
 from ..experiments.loop_grid import DTYPES, grid_weights
 from ..experiments.run import run_loop, run_loop_grid
@@ -21,7 +22,7 @@ def _depths(text: str) -> list[int]:
 def _grid(args: argparse.Namespace) -> int:
     folder = run_loop_grid(args.model, args.out, args.seed, passes=args.passes,
                            prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
-                           weights=grid_weights(args.model))
+                           weights=grid_weights(args.model), precision=args.precision)
     s = read_json(folder / "summary.json")
     for name, v in s.items():
         if isinstance(v, dict) and "E_input_mean" in v:
@@ -36,7 +37,7 @@ def _loop(args: argparse.Namespace) -> int:
     folder = run_loop(
         args.model, args.out, args.seed, weights=args.weights, passes=args.passes,
         ffn=not args.no_ffn, prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
-        save_states=args.save_states,
+        save_states=args.save_states, precision=args.precision,
     )
     s = read_json(folder / "summary.json")
     print(f"jaxattn loop: {args.model}, {args.weights} weights, "
@@ -64,6 +65,9 @@ def register(sub) -> None:
     p.add_argument("--prompts", type=int, default=100)
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="float32",
+                   help="of every matrix product: true float32 (default, on every "
+                   "backend), tensorfloat32, or bfloat16 operands with float32 sums")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-states", type=_depths, default=None, metavar="D1,D2,…",
                    help="also save the hidden states at these depths (0 = embeddings)")

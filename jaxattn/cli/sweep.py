@@ -8,6 +8,7 @@ import jax
 
 from .._runs import read_json
 from .._validate import check_count
+from ..experiments.run import check_seed
 from ..sweep import SweepSpec, format_table, read_spec, sweep_params
 from ..sweep import run as run_sweep
 from ._common import CLIError, parse_value
@@ -54,6 +55,8 @@ def _sweep(args: argparse.Namespace) -> int:
                          _grid(args.grid))
     if args.devices is not None:
         check_count(args.devices, "--devices", 1)
+    if args.seed is not None:  # instance i is drawn from seed + i
+        check_seed(args.seed, "--seed", count=args.instances or spec.instances)
     result = run_sweep(
         spec, grid or None, set=(spec.set | fixed) or None,
         instances=args.instances, seed=args.seed, chunk=args.chunk, out=args.out,

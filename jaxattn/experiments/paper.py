@@ -1,4 +1,9 @@
-"""Model set-ups of paper 001 §6.1, shared by the demo and the experiments."""
+"""Model set-ups of paper 001 §6.1, shared by the demo and the experiments.
+
+Every product here (weights formed from their factors, span coordinates, Gram
+matrices, hemisphere tests) is true float32 (`jaxattn._precision`): they set up
+or measure the model, whatever precision its attention later runs at.
+"""
 
 import equinox as eqx
 import jax
@@ -7,6 +12,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, Real
 
 from .._dynamics import SelfAttentionDynamics
 from .._manifold import normalize, sample_ellipsoid
+from .._precision import einsum, matmul
 from .._schedule import AbstractSchedule, Schedule
 
 # Frequencies (in units of π) of D_η(t) = 2 diag(cos ω₁πt, sin ω₂πt, cos ω₃πt) for
@@ -23,7 +29,7 @@ def sphere_diagonals(t, omegas=_SPHERE_OMEGAS) -> Float[Array, "h 3"]:
 def _sphere_P(t, params):
     Q, K, omegas = params
     D = sphere_diagonals(t, omegas).astype(Q.dtype)
-    return jnp.einsum("hkd,hk,hke->hde", Q, D, K)
+    return einsum("hkd,hk,hke->hde", Q, D, K, precision="float32")
 
 
 def sphere_dynamics(key: PRNGKeyArray, num_heads: int = 2) -> SelfAttentionDynamics:
@@ -51,7 +57,7 @@ def hemisphere_tokens(key: PRNGKeyArray, n: int, d: int) -> Float[Array, "n d"]:
     kz, kx = jax.random.split(key)
     z = sample_ellipsoid(kz, 1, d)[0]
     x = sample_ellipsoid(kx, n, d)
-    return x * jnp.sign(x @ z)[:, None]
+    return x * jnp.sign(matmul(x, z, "float32"))[:, None]
 
 
 def sphere_query_key(dyn: SelfAttentionDynamics, ts: Real[Array, " T"]) -> Float[Array, "T h"]:
@@ -127,21 +133,22 @@ def span_dynamics(
     The reduced model and `G`; `x(t) = Y(t) X₀` recovers the tokens.
     """
     X0 = normalize(x0)
-    G = X0 @ X0.T
+    G = matmul(X0, X0.T, "float32")
     h, n = weights.Q.shape[0], X0.shape[0]
     U = jnp.broadcast_to(jnp.eye(n, dtype=X0.dtype), (h, n, n))
-    P = Schedule(_span_query_key, (weights.Q @ X0.T, weights.K @ X0.T, weights.a, weights.w))
+    QX, KX = matmul(weights.Q, X0.T, "float32"), matmul(weights.K, X0.T, "float32")
+    P = Schedule(_span_query_key, (QX, KX, weights.a, weights.w))
     return SelfAttentionDynamics(P, U, W=G, causal=True), G
 
 
 def _span_query_key(t, params):
     QX, KX, a, w = params
-    return jnp.einsum("hkn,hk,hkm->hnm", QX, a * jnp.cos(w * t), KX)
+    return einsum("hkn,hk,hkm->hnm", QX, a * jnp.cos(w * t), KX, precision="float32")
 
 
 def span_misalignment(y: Float[Array, "*batch n n"], G: Float[Array, "n n"]):
     """`misalignment` of the tokens `x = Y X₀` computed from `Y` and `G = X₀X₀ᵀ`."""
-    gram = y @ G @ jnp.swapaxes(y, -1, -2)
+    gram = matmul(matmul(y, G, "float32"), jnp.swapaxes(y, -1, -2), "float32")
     norms = jnp.sqrt(jnp.diagonal(gram, axis1=-2, axis2=-1))
     cos = gram[..., 0, :] / (norms[..., :1] * norms)
     return 1 - jnp.mean(cos, axis=-1)
@@ -157,7 +164,7 @@ def symmetric_value(key: PRNGKeyArray, d: int) -> Float[Array, "d d"]:
     dtype = jnp.result_type(float)
     basis, _ = jnp.linalg.qr(jax.random.normal(key, (d, d), dtype))
     lam = jnp.linspace(1.0, -0.5, d, dtype=dtype)
-    return (basis * lam[None, :]) @ basis.T
+    return matmul(basis * lam[None, :], basis.T, "float32")
 
 
 def symmetric_dynamics(key: PRNGKeyArray, d: int = 3) -> SelfAttentionDynamics:
@@ -178,7 +185,7 @@ def _cyclic_query_key(t, params):
     d = Q.shape[-1]
     D = sphere_diagonals(t, omegas).astype(Q.dtype)
     D = jnp.tile(D, (1, -(-d // 3)))[:, :d]
-    return jnp.einsum("hkd,hk,hke->hde", Q, D, K)
+    return einsum("hkd,hk,hke->hde", Q, D, K, precision="float32")
 
 
 def top_eigenvector(U: Float[Array, "d d"]) -> Float[Array, " d"]:
@@ -189,7 +196,7 @@ def top_eigenvector(U: Float[Array, "d d"]) -> Float[Array, " d"]:
 def hemisphere_of(key: PRNGKeyArray, v: Float[Array, " d"], n: int) -> Float[Array, "n d"]:
     """`n` uniform unit tokens reflected into the open hemisphere `⟨v, x⟩ > 0`."""
     x = sample_ellipsoid(key, n, v.shape[0])
-    return x * jnp.where(x @ v >= 0, 1.0, -1.0)[:, None]
+    return x * jnp.where(matmul(x, v, "float32") >= 0, 1.0, -1.0)[:, None]
 
 
 # --- §3: the gradient flow (Theorem 3.2) ---------------------------------------
@@ -208,10 +215,10 @@ def gradient_dynamics(
     dtype = jnp.result_type(float)
     eye = jnp.eye(d, dtype=dtype)
     A = jax.random.uniform(ka, (d, d), dtype, -1.0, 1.0)
-    P = A @ A.T / d + eye / 2
+    P = matmul(A, A.T, "float32") / d + eye / 2
     if ellipsoid:
         B = jax.random.uniform(kb, (d, d), dtype, -1.0, 1.0)
-        W = B @ B.T / d + eye / 2
+        W = matmul(B, B.T, "float32") / d + eye / 2
         U = jnp.linalg.solve(W, P)
     else:
         W, U = None, P

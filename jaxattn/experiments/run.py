@@ -18,10 +18,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._horizon import Horizon
+from .._precision import check_precision
 from .._runs import RunFolderError, open_run_folder, read_json, write_run
 from .._validate import check_count
 from ..models import loop
-from ..models._run import WEIGHTS
+from ..models._run import WEIGHTS, check_ids
 from . import EXPERIMENTS, get_experiment
 from .base import AbstractExperiment, Param
 from .loop_grid import (
@@ -62,8 +64,38 @@ def convert(param: Param, value: Any) -> Any:
     return converted
 
 
+#: The largest seed `jax.random.PRNGKey` takes (a signed 64-bit integer).
+MAX_SEED = 2**63 - 1
+#: The most layers a discrete run takes (the int32 step counter of its scan).
+MAX_LAYERS = 2**31 - 1
+
+
+def check_seed(seed, name: str = "--seed", count: int = 1) -> int:
+    """`seed` as a whole number ≥ 0 such that the `count` seeds `seed, seed + 1, …`
+    fit JAX's 64-bit seeds, or a `ValueError`."""
+    seed = check_count(seed, name)
+    count = count if isinstance(count, int) and count > 1 else 1  # others: checked later
+    if seed + count - 1 > MAX_SEED:
+        raise ValueError(f"`{name}` must be at most {MAX_SEED - count + 1} "
+                         f"(JAX's seeds are 64-bit integers), got {seed}.")
+    return seed
+
+
+def check_layers(config: dict[str, Any]) -> None:
+    """Refuse a discrete run of more than `MAX_LAYERS` layers (`--horizon / --tau`)."""
+    if not (config.get("discrete") and "tau" in config and "horizon" in config):
+        return
+    ratio = config["horizon"] / config["tau"]
+    if not ratio < MAX_LAYERS:
+        raise ValueError(f"--horizon {config['horizon']!r} with --tau {config['tau']!r} is "
+                         f"{ratio:.3g} layers, more than {MAX_LAYERS}; choose a larger --tau "
+                         "or a shorter --horizon.")
+    Horizon(config["horizon"]).num_layers(config["tau"])  # its own checks
+
+
 def resolve_config(experiment: AbstractExperiment, overrides: dict[str, Any], seed: int) -> dict:
-    """The experiment's defaults with `overrides` applied and checked."""
+    """The experiment's defaults with `overrides` applied and checked (each value, the
+    seed's range and a discrete run's number of layers)."""
     params = {p.name: p for p in experiment.all_params()}
     config = experiment.defaults()
     for key, value in overrides.items():
@@ -71,7 +103,8 @@ def resolve_config(experiment: AbstractExperiment, overrides: dict[str, Any], se
             known = ", ".join(p.flag for p in params.values())
             raise ValueError(f"{experiment.name} has no parameter --{key}; it takes {known}.")
         config[key] = convert(params[key], value)
-    return {"experiment": experiment.name, "seed": check_count(seed, "--seed")} | config
+    check_layers(config)
+    return {"experiment": experiment.name, "seed": check_seed(seed)} | config
 
 
 def command_line(config: dict, experiment: AbstractExperiment) -> str:
@@ -154,21 +187,25 @@ def run_experiment(
 
 
 def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ffn=True,
-             prompts=100, tokens=200, dtype="float32", save_states=None) -> Path:
+             prompts=100, tokens=200, dtype="float32", save_states=None,
+             precision="float32") -> Path:
     """Loop `model` (a path, hub name, preset/config, or a model) and write a run folder:
-    `config.json`, `data.npz` (`E` `(prompts, passes·L+1)`, the ids, saved states),
+    `config.json` (with the `dtype` and the `precision` of the matrix products),
+    `data.npz` (`E` `(prompts, passes·L+1)`, the ids, saved states),
     `loop.png`/`loop.pdf` and `summary.json`. Returns the folder."""
     if weights not in WEIGHTS:
         raise ValueError(f"--weights must be one of {WEIGHTS}, got {weights!r}.")
     check_sizes(passes, prompts, tokens, dtype)
+    check_precision(precision)
     key = jax.random.PRNGKey(seed)
     net = get_model(model, weights, key)  # before the folder: a bad model leaves none
     ids = prompt_ids(net.config.vocab_size, prompts, tokens, seed)
+    check_ids(net, ids)  # before the folder too: more tokens than positions leave none
     L = net.num_layers
 
     def compute():
         res = loop(net, ids, passes=passes, ffn=ffn, weights=weights, key=key,
-                   dtype=DTYPES[dtype], save_states=save_states)
+                   dtype=DTYPES[dtype], save_states=save_states, precision=precision)
         E, states = res if save_states is not None else (res, None)
         data = {"E": np.asarray(jax.block_until_ready(E)), "ids": ids}
         if states is not None:
@@ -179,7 +216,7 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
              f"{prompts}×{tokens} tokens, {passes} passes")
     config = settings(model, net) | {
         "weights": weights, "passes": passes, "ffn": ffn, "prompts": prompts, "tokens": tokens,
-        "dtype": dtype, "seed": seed, "save_states": save_states}
+        "dtype": dtype, "precision": precision, "seed": seed, "save_states": save_states}
     folder, _ = write_run(
         "loop", config, compute,
         lambda data, folder: save_loop_figure(data["E"], L, folder / "loop", title=title,
@@ -191,28 +228,30 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
 
 
 def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tokens=200,
-                  dtype="float32", weights=WEIGHTS) -> Path:
+                  dtype="float32", weights=WEIGHTS, precision="float32") -> Path:
     """The `loop-grid` experiment (paper 001 Figs. 7–10) on any model: every weight
     kind in `weights` (trained, random, resample) with and without feed-forward blocks.
 
     Trained weights need a loadable model (a folder, .gguf, packaged or reachable
     hub name); with a preset/config only, pass `weights=("random", "resample")`.
-    Writes `config.json`, `data.npz` (`E_<weights>_<attn|full>`, `ids`,
+    Writes `config.json` (with `dtype` and `precision`), `data.npz`
+    (`E_<weights>_<attn|full>`, `ids`,
     `layers_per_pass`), `loop_grid.png/.pdf` and `summary.json` (the experiment's
     verdict, `layers_per_pass` and per-setting statistics); returns the folder.
     """
     experiment = get_experiment("loop-grid")
     check_sizes(passes, prompts, tokens, dtype)
+    check_precision(precision)
     weights = tuple(weights)
     nets, ids = load_grid(model, weights, prompts, tokens, seed)  # before the folder
     config = resolve_config(experiment, {"passes": passes, "prompts": prompts,
                                          "tokens": tokens}, seed)
-    config |= settings(model, next(iter(nets.values()))) | {"weights": list(weights),
-                                                             "dtype": dtype}
+    config |= settings(model, next(iter(nets.values()))) | {
+        "weights": list(weights), "dtype": dtype, "precision": precision}
     folder, _ = run_into_folder(
         experiment, config, command=None, out=out, log=None,
         simulate=lambda: grid_data(nets, ids, seed, passes=passes, dtype=dtype,
-                                   weights=weights))
+                                   weights=weights, precision=precision))
     return folder
 
 

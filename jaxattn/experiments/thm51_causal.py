@@ -18,6 +18,7 @@ from .._flow import solve_flow
 from .._horizon import CONSENSUS_TOL, Horizon
 from .._layers import run_layers
 from .._manifold import normalize
+from .._precision import matmul
 from ..metrics import consensus_time, misalignment
 from ..theory import predict
 from . import paper
@@ -62,7 +63,8 @@ def check_config(config) -> None:
 
 def _measures(ys, G):
     """`E` and the gap `max_i (1 − ⟨x_i, x₁(0)⟩)` of reduced states `(T, n, n)`."""
-    to_first = (ys @ G)[..., :, 0]  # ⟨x_i(t), x₁(0)⟩ since x₁(0) = e₁ in these coordinates
+    # ⟨x_i(t), x₁(0)⟩ since x₁(0) = e₁ in these coordinates; a measure: true float32.
+    to_first = matmul(ys, G, "float32")[..., :, 0]
     return paper.span_misalignment(ys, G), 1 - jnp.min(to_first, axis=-1)
 
 
@@ -108,7 +110,7 @@ def _run(config, weights, x0, *, discrete, progress, desc):
     y_final, outs = advance(step, y0, pieces, desc=desc, progress=progress)
     E = jnp.concatenate([o[0][:, (k > 0) :] for k, o in enumerate(outs)], axis=1)
     gap = jnp.concatenate([o[1][:, (k > 0) :] for k, o in enumerate(outs)], axis=1)
-    return ts, E, gap, y_final @ x0  # x(T) = Y(T) X₀
+    return ts, E, gap, matmul(y_final, x0, "float32")  # x(T) = Y(T) X₀
 
 
 class CausalExperiment(AbstractExperiment):

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import _plot
 from .._horizon import CONSENSUS_TOL
+from .._precision import matmul
 from ..metrics import misalignment
 from ..theory import predict
 from . import paper
@@ -56,7 +57,8 @@ class SymmetricExperiment(AbstractExperiment):
         pred = predict(dyn, x0)
         ts, ys = flow_path(dyn, x0, T, config["saves"], progress=progress,
                            desc=f"{self.name}: flow")
-        data = {"ts": ts, "ys": ys, "E": misalignment(ys), "proj": (ys @ v1).min(-1),
+        data = {"ts": ts, "ys": ys, "E": misalignment(ys),
+                "proj": matmul(ys, v1, "float32").min(-1),
                 "v1": v1, "U": dyn.U(0.0)[0], "in_domain": pred.in_domain,
                 "agrees": pred.check(ys[-1], tol=CONSENSUS_TOL),
                 "theorem": np.asarray(pred.theorem or "none")}
@@ -64,7 +66,7 @@ class SymmetricExperiment(AbstractExperiment):
             tl, yl = layer_path(dyn, x0, T, config["tau"], progress=progress,
                                 desc=f"{self.name}: layers")
             data |= {"ts_layers": tl, "ys_layers": yl, "E_layers": misalignment(yl),
-                     "proj_layers": (yl @ v1).min(-1),
+                     "proj_layers": matmul(yl, v1, "float32").min(-1),
                      "agrees_layers": pred.check(yl[-1], tol=CONSENSUS_TOL)}
         return {k: np.asarray(v) for k, v in data.items()}
 

@@ -18,6 +18,7 @@ import optax
 from jaxtyping import Array, Float
 
 from .._dynamics import SelfAttentionDynamics
+from .._precision import einsum, matmul
 from ..spectral._equilibria import bipartite_point, tangent_jacobian
 
 
@@ -30,8 +31,14 @@ def log_radius_bound(J: Float[Array, "k k"], squarings: int = 6) -> Float[Array,
         norm = jnp.linalg.norm(A)
         A = A / norm
         logscale = logscale + jnp.log(norm) / 2**s
-        A = A @ A
+        A = matmul(A, A)
     return logscale + jnp.log(jnp.linalg.norm(A)) / 2**squarings
+
+
+def _off_v(M: Float[Array, "d d"], v: Float[Array, " d"]) -> Float[Array, " d"]:
+    """`M v − (vᵀ M v) v`: the part of `M v` off the unit vector `v`."""
+    Mv = matmul(M, v)
+    return Mv - matmul(v, Mv) * v
 
 
 class BipartiteWeights(eqx.Module):
@@ -51,9 +58,9 @@ def project_bipartite(w: BipartiteWeights, v, p_bound: float, u_bound: float):
     h = w.U.shape[0]
     U = (w.U + jnp.swapaxes(w.U, -1, -2)) / 2
     Om = jnp.sum(U, axis=0)
-    r = Om @ v - (v @ Om @ v) * v  # the part of Ω v off v
+    r = _off_v(Om, v)  # the part of Ω v off v
     U = U - (jnp.outer(r, v) + jnp.outer(v, r))[None] / h
-    pv = jnp.einsum("d,hde,e->h", v, w.P, v)
+    pv = einsum("d,hde,e->h", v, w.P, v)
     P = w.P - (pv - jnp.mean(pv))[:, None, None] * jnp.outer(v, v)[None]
     P = P * jnp.minimum(1.0, p_bound / jnp.linalg.norm(P))
     U = U * jnp.minimum(1.0, u_bound / jnp.linalg.norm(U))
@@ -63,10 +70,10 @@ def project_bipartite(w: BipartiteWeights, v, p_bound: float, u_bound: float):
 def bipartite_violation(w: BipartiteWeights, v, p_bound, u_bound) -> Float[Array, ""]:
     """The largest defect of the conditions kept by `project_bipartite`."""
     Om = jnp.sum(w.U, axis=0)
-    pv = jnp.einsum("d,hde,e->h", v, w.P, v)
+    pv = einsum("d,hde,e->h", v, w.P, v)
     return jnp.max(jnp.stack([
         jnp.max(jnp.abs(w.U - jnp.swapaxes(w.U, -1, -2))),
-        jnp.linalg.norm(Om @ v - (v @ Om @ v) * v),
+        jnp.linalg.norm(_off_v(Om, v)),
         jnp.max(pv) - jnp.min(pv),
         jnp.maximum(jnp.linalg.norm(w.P) - p_bound, 0.0),
         jnp.maximum(jnp.linalg.norm(w.U) - u_bound, 0.0),

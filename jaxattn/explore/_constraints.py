@@ -10,6 +10,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._manifold import project, w_inner
+from .._precision import einsum, matmul
 from .._schedule import Constant
 
 _NORMS = (None, "spectral", "frobenius")
@@ -107,9 +108,10 @@ def _symmetrize(M):
 def _clip_spectral(M, b, symmetric: bool):
     if symmetric:
         lam, V = jnp.linalg.eigh(M)
-        return _symmetrize((V * jnp.clip(lam, -b, b)[..., None, :]) @ jnp.swapaxes(V, -1, -2))
+        return _symmetrize(matmul(V * jnp.clip(lam, -b, b)[..., None, :],
+                                  jnp.swapaxes(V, -1, -2)))
     U, s, Vt = jnp.linalg.svd(M, full_matrices=False)
-    return (U * jnp.minimum(s, b)[..., None, :]) @ Vt
+    return matmul(U * jnp.minimum(s, b)[..., None, :], Vt)
 
 
 def _clip_frobenius(M, b):
@@ -121,14 +123,14 @@ def _top_eigen_projection(U, v, gap, b):
     """`U` (1, d, d) symmetric with `v` its top eigenvector, ahead by `gap`."""
     basis = _complement_basis(v)  # (d, d-1), orthonormal, ⟂ v
     M = U[0]
-    lam = v @ M @ v
+    lam = einsum("d,de,e->", v, M, v)
     lo = -jnp.inf if b is None else -b
     hi = jnp.inf if b is None else b
     lam = jnp.clip(lam, lo + gap, hi)
-    C = _symmetrize(basis.T @ M @ basis)
+    C = _symmetrize(einsum("dp,de,eq->pq", basis, M, basis))
     mu, E = jnp.linalg.eigh(C)
     mu = jnp.clip(mu, lo, lam - gap)
-    rest = basis @ ((E * mu[None, :]) @ E.T) @ basis.T
+    rest = einsum("dp,pk,qk,eq->de", basis, E * mu[None, :], E, basis)
     out = lam * jnp.outer(v, v) + rest
     return _symmetrize(out)[None]
 
@@ -219,8 +221,9 @@ def weight_violation(dyn, constraints: Constraints) -> Float[Array, ""]:
         v = jnp.asarray(constraints.top_eigenvector)
         M = dyn.U.value[0]
         lam = jnp.linalg.eigvalsh(_symmetrize(M))
-        out = jnp.maximum(out, jnp.linalg.norm(M @ v - (v @ M @ v) * v))
-        out = jnp.maximum(out, jnp.maximum(lam[-2] + constraints.gap - v @ M @ v, 0.0))
+        vMv = einsum("d,de,e->", v, M, v)
+        out = jnp.maximum(out, jnp.linalg.norm(matmul(M, v) - vMv * v))
+        out = jnp.maximum(out, jnp.maximum(lam[-2] + constraints.gap - vMv, 0.0))
     if constraints.sum_gap is not None:
         out = jnp.maximum(out, sum_gap_defect(dyn, constraints.sum_gap))
     return out

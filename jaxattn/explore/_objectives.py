@@ -24,6 +24,7 @@ from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow_unchecked
 from .._horizon import Horizon
 from .._layers import run_layers_unchecked
+from .._precision import einsum
 from .._validate import check_count
 from ..metrics._consensus import misalignment
 
@@ -33,8 +34,12 @@ OBJECTIVES = ("final", "integrated", "consensus_time", "lyapunov")
 # --- objectives ---------------------------------------------------------------------
 
 
-def _lyapunov(x, W):
-    gram = x @ x.T if W is None else x @ W @ x.T
+def _lyapunov(x, dyn):
+    if dyn.W is None:
+        gram = einsum("id,jd->ij", x, x, precision=dyn.precision)
+    else:
+        Wx = einsum("de,je->jd", dyn.W, x, precision=dyn.precision)
+        gram = einsum("id,jd->ij", x, Wx, precision=dyn.precision)
     return 1 - jnp.min(gram)
 
 
@@ -59,7 +64,7 @@ def builtin_objective(name: str, eps: float = 1e-4, width: float = 1.0) -> Calla
             return jnp.trapezoid(jax.nn.sigmoid((logE - jnp.log(eps)) / width), ts)
         return soft_time
     if name == "lyapunov":
-        return lambda ts, ys, dyn: _lyapunov(ys[-1], dyn.W)
+        return lambda ts, ys, dyn: _lyapunov(ys[-1], dyn)
     raise ValueError(f"unknown objective {name!r}: use one of {OBJECTIVES} or a function.")
 
 

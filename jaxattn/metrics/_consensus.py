@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, Real
 
+from .._precision import matmul
 from .._validate import as_float_array, check_metric, check_scalar
 
 
@@ -50,7 +51,10 @@ def _tokens(x, name: str = "x") -> Float[Array, "*batch n d"]:
 
 
 def _gram(x: Float[Array, "n d"], W: Float[Array, "d d"] | None) -> Float[Array, "n n"]:
-    return x @ x.T if W is None else x @ W @ x.T
+    """`⟨x_i, x_j⟩_W` for all pairs; metric products are always true float32."""
+    if W is None:
+        return matmul(x, x.T, "float32")
+    return matmul(matmul(x, W, "float32"), x.T, "float32")
 
 
 def pairwise_lyapunov(
@@ -104,7 +108,12 @@ def potential(
             "for a model use dyn.query_key(t)[0]."
         )
     beta = check_scalar(beta, "beta")
-    return _batched(lambda xi: 0.5 * jnp.sum(jnp.exp(beta * (xi @ P @ xi.T))), 2)(x)
+    return _batched(lambda xi: 0.5 * jnp.sum(jnp.exp(beta * _scores(xi, P))), 2)(x)
+
+
+def _scores(x: Float[Array, "n d"], P: Float[Array, "d d"]) -> Float[Array, "n n"]:
+    """`x_iᵀ P x_j` for all pairs, in true float32 (a measure, not the model's run)."""
+    return matmul(matmul(x, P, "float32"), x.T, "float32")
 
 
 def consensus_time(
@@ -173,10 +182,12 @@ def _count_components(x: Float[Array, "n d"], eps) -> Int[Array, ""]:
     n = x.shape[0]
     dist = jnp.linalg.norm(x[:, None, :] - x[None, :, :], axis=-1)
     reach = (dist < eps).astype(x.dtype)
-    # Squaring the reachability matrix doubles the chain length it covers.
+    # Squaring the reachability matrix doubles the chain length it covers. Its
+    # entries are 0/1 and its counts at most n < 2^24: exact in a true float32
+    # product, which is stated like every other.
     num_squarings = max(1, int(np.ceil(np.log2(max(n, 2)))))
     reach = jax.lax.fori_loop(
-        0, num_squarings, lambda _, r: (r @ r > 0).astype(r.dtype), reach
+        0, num_squarings, lambda _, r: (matmul(r, r, "float32") > 0).astype(r.dtype), reach
     )
     # A cluster is counted at its first token: no earlier token reaches it.
     earlier = jnp.tril(jnp.ones((n, n), dtype=bool), k=-1)

@@ -1,7 +1,8 @@
 """Llama-family `.gguf` files (llama.cpp): metadata → config, tensors dequantised to
 float32 with the `gguf` package, llama.cpp's query/key row permutation undone,
 names mapped to HuggingFace's. The converted tensors are cached as an `.npz`
-(`$JAXATTN_CACHE_DIR`, default `~/.cache/jaxattn`) so a file is dequantised once."""
+(`$JAXATTN_CACHE_DIR`, default `~/.cache/jaxattn`), keyed by the file's content,
+so a file is dequantised once."""
 
 import hashlib
 import json
@@ -14,6 +15,7 @@ import numpy as np
 from .._runs import atomic_write
 
 _FORMAT = "jaxattn-gguf-1"  # bump when the conversion changes: old caches are ignored
+_INTEGER_TYPES = ("I8", "I16", "I32", "I64")  # never weights (IQ* are quantised floats)
 _NAMES = [
     (r"token_embd\.weight", "embed_tokens.weight"),
     (r"output_norm\.weight", "norm.weight"),
@@ -38,10 +40,14 @@ def cache_dir() -> Path:
 
 
 def cache_file(path: Path) -> Path:
-    """The cache entry for `path`: keyed by its absolute path, size and mtime."""
-    st = path.stat()
-    tag = f"{_FORMAT}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    return cache_dir() / f"{path.stem}-{hashlib.sha1(tag.encode()).hexdigest()[:16]}.npz"
+    """The cache entry for `path`, keyed by its content: a SHA-256 of every byte
+    (streamed), so a file rewritten in place is never served stale, whatever its
+    size and mtime say."""
+    digest = hashlib.sha256(_FORMAT.encode())
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return cache_dir() / f"{path.stem}-{digest.hexdigest()[:32]}.npz"
 
 
 def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -134,6 +140,11 @@ def _open(path: Path):
 def _dequantise(t, path: Path) -> np.ndarray:
     import gguf
 
+    if t.tensor_type.name in _INTEGER_TYPES:
+        raise ValueError(
+            f"{path}: tensor {t.name!r} has type {t.tensor_type.name}; weights must be "
+            f"floating-point or quantised floating-point."
+        )
     try:
         w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
     except Exception as e:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ._arch import FAMILIES, AbstractTransformer, TransformerConfig
 from ._gguf import converted
-from ._presets import ALIASES, PRESETS
+from ._presets import ALIASES, PRESETS, check_fields, check_real
 
 # Tensors that hold no weights (buffers) or belong to task heads: never loaded.
 _IGNORED = re.compile(
@@ -28,6 +28,13 @@ _PROBES = {"gpt2": "wte.weight", "gpt_neo": "wte.weight", "llama": "embed_tokens
            "bert": "embeddings.word_embeddings.weight",
            "albert": "embeddings.word_embeddings.weight"}
 _PREFIXES = ("", "transformer.", "model.", "bert.", "albert.")
+
+
+def check_parsed(cfg: TransformerConfig) -> TransformerConfig:
+    """The fields a family computes or reads from nested entries
+    (`rope_parameters`), checked once parsed."""
+    check_real("rope_theta", cfg.rope_theta)
+    return cfg
 
 
 def family_of(hf: dict, where: str) -> type[AbstractTransformer]:
@@ -42,13 +49,16 @@ def family_of(hf: dict, where: str) -> type[AbstractTransformer]:
 
 
 def parse_config(hf: dict, where: str = "config") -> TransformerConfig:
-    """A `TransformerConfig` from a HuggingFace `config.json` dict."""
+    """A `TransformerConfig` from a HuggingFace `config.json` dict, every field it
+    uses checked (one `ValueError` naming `where` and the field)."""
     if not isinstance(hf, dict):
         raise TypeError(f"{where}: a config must be a dict, got {type(hf).__name__}.")
+    family = family_of(hf, where)
     try:
-        return family_of(hf, where).config_from_hf(hf)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") if not str(e).startswith(where) else e from None
+        check_fields(hf)
+        return check_parsed(family.config_from_hf(hf))
+    except (ValueError, TypeError, AttributeError, OverflowError) as e:  # a bad field
+        raise ValueError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
 
 
 def read_config_file(path: Path) -> dict:
@@ -110,7 +120,7 @@ class TensorSource:
                 f"implies {tuple(shape)}."
             )
         self.used.add(full)
-        return np.asarray(array, dtype=np.float32)
+        return float32_weights(array, full, file)
 
     def stack_blocks(self, block: Callable[[int], object], count: int):
         """`block(i)` for each layer, stacked along a leading axis (as JAX arrays)."""
@@ -126,6 +136,30 @@ class TensorSource:
                 f"{file}: unexpected tensor {full!r}: the weights do not match config.json "
                 f"(another size or number of layers?)."
             )
+
+
+def float32_weights(array: np.ndarray, name: str, file: str) -> np.ndarray:
+    """`array` as float32, or a `ValueError` naming the tensor when it is not
+    floating-point or holds NaN/inf (also after the cast: 1e300 in float64)."""
+    if not np.issubdtype(array.dtype, np.floating):
+        raise ValueError(
+            f"{file}: tensor {name!r} has dtype {array.dtype}; weights must be "
+            f"floating-point (float16, bfloat16, float32 or float64)."
+        )
+    with np.errstate(over="ignore"):
+        out = np.asarray(array, dtype=np.float32)
+    # One float64 sum is finite exactly when every float32 entry is (no overflow:
+    # at most 2^64 entries of at most 3.4e38), and needs no boolean copy.
+    if np.isfinite(out.sum(dtype=np.float64)):
+        return out
+    bad = np.flatnonzero(~np.isfinite(out))
+    where = np.unravel_index(bad[0], out.shape)
+    first = array[where]
+    what = f"{first} overflows float32" if np.isfinite(first) else str(first)
+    raise ValueError(
+        f"{file}: tensor {name!r} has {bad.size} non-finite entries (at {tuple(map(int, where))}: "
+        f"{what}); weights must be finite."
+    )
 
 
 def find_prefix(names, family: str, where: str) -> str:
@@ -199,39 +233,82 @@ def _read_bf16(path: Path, name: str) -> np.ndarray:
         return np.frombuffer(f.read(end - start), dtype=ml_dtypes.bfloat16)
 
 
-def safetensors_readers(paths: list[Path]) -> dict:
+def safetensors_readers(path: Path) -> dict:
+    """Name → (file, reader) for every tensor of one `.safetensors` file."""
     from safetensors import safe_open
 
+    header = safetensors_header(path)
+    try:
+        handle = safe_open(str(path), framework="numpy")
+    except Exception as e:
+        raise ValueError(f"{path}: not a readable safetensors file ({e}).") from None
+    return {name: (str(path), _reader(handle, path, name, info)) for name, info in header.items()}
+
+
+INDEX = "model.safetensors.index.json"
+
+
+def read_index(index: Path) -> dict[str, str]:
+    """The `weight_map` (tensor name → shard file) of a sharded model's index."""
+    try:
+        raw = json.loads(index.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{index}: not a valid index file ({e}).") from None
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not (isinstance(weight_map, dict) and weight_map and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())):
+        raise ValueError(
+            f"{index}: `weight_map` must be a non-empty object mapping tensor names to "
+            f"shard files, got {type(weight_map).__name__} {str(weight_map)[:80]}."
+        )
+    return weight_map
+
+
+def index_readers(folder: Path) -> dict:
+    """Each tensor the index names, read from the shard it assigns (a copy in
+    another shard is never read); tensors the index does not name are not loaded."""
+    index = folder / INDEX
+    weight_map = read_index(index)
     readers = {}
-    for path in paths:
-        header = safetensors_header(path)
-        try:
-            handle = safe_open(str(path), framework="numpy")
-        except Exception as e:
-            raise ValueError(f"{path}: not a readable safetensors file ({e}).") from None
-        for name, info in header.items():
-            readers[name] = (str(path), _reader(handle, path, name, info))
+    for shard in sorted(set(weight_map.values())):
+        path = folder / shard
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: weight shard listed in {index} is missing.")
+        held = safetensors_readers(path)
+        for name in sorted(k for k, v in weight_map.items() if v == shard):
+            if name not in held:
+                raise ValueError(f"{path}: {index.name} assigns tensor {name!r} to this "
+                                 f"shard, but it does not hold it.")
+            readers[name] = held[name]
     return readers
 
 
-def weight_files(folder: Path) -> list[Path]:
-    """The `.safetensors` files of a model folder (all shards of an index)."""
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        shards = sorted(set(read_config_file(index).get("weight_map", {}).values()))
-        for shard in shards:
-            if not (folder / shard).exists():
-                raise FileNotFoundError(
-                    f"{folder / shard}: weight shard listed in {index} is missing."
-                )
-        return [folder / s for s in shards]
+def weight_file(folder: Path) -> Path:
+    """The one weight file of an unsharded folder: `model.safetensors`, or the only
+    `*.safetensors`; several others are ambiguous and refused."""
+    if (folder / "model.safetensors").is_file():
+        return folder / "model.safetensors"
     files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        other = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".h5", ".msgpack")]
-        hint = (f" (found {', '.join(other)}: jaxattn reads safetensors only — save with "
-                f"`model.save_pretrained(dir, safe_serialization=True)`)") if other else ""
-        raise FileNotFoundError(f"{folder}: no *.safetensors weight file{hint}.")
-    return files
+    if len(files) == 1:
+        return files[0]
+    if files:
+        raise ValueError(
+            f"{folder}: {len(files)} weight files ({', '.join(f.name for f in files)}) and no "
+            f"model.safetensors or {INDEX}, so which holds the model is ambiguous; keep "
+            f"one, or add the index of a sharded model."
+        )
+    other = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".h5", ".msgpack")]
+    hint = (f" (found {', '.join(other)}: jaxattn reads safetensors only — save with "
+            f"`model.save_pretrained(dir, safe_serialization=True)`)") if other else ""
+    raise FileNotFoundError(f"{folder}: no *.safetensors weight file{hint}.")
+
+
+def weight_readers(folder: Path) -> dict:
+    """Name → (file, reader) for exactly the tensors a model folder designates: those
+    of its index `model.safetensors.index.json`, else of its one weight file."""
+    if (folder / INDEX).exists():
+        return index_readers(folder)
+    return safetensors_readers(weight_file(folder))
 
 
 def load_folder(folder: Path) -> AbstractTransformer:
@@ -241,7 +318,7 @@ def load_folder(folder: Path) -> AbstractTransformer:
             f"{folder}: no config.json — a model folder needs config.json and *.safetensors."
         )
     cfg, _ = resolve_config(config_path)
-    return build(cfg, safetensors_readers(weight_files(folder)), str(folder))
+    return build(cfg, weight_readers(folder), str(folder))
 
 
 # --- hub names ----------------------------------------------------------------------
@@ -274,7 +351,7 @@ def download(name: str) -> Path:
     except ImportError:
         why = "huggingface_hub is not installed"
         raise FileNotFoundError(_offline_message(name, why)) from None
-    patterns = ["config.json", "*.safetensors", "model.safetensors.index.json"]
+    patterns = ["config.json", "*.safetensors", INDEX]
     try:  # a copy already in the hub cache needs no network
         return Path(hub.snapshot_download(name, allow_patterns=patterns, local_files_only=True))
     except Exception:

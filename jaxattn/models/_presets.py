@@ -1,9 +1,14 @@
 """The `config.json` of every model size in paper 004's table (and SmolLM2-135M),
-as published on the HuggingFace hub, so random-weight runs need no download.
+as published on the HuggingFace hub, so random-weight runs need no download; and
+the types and ranges of the fields jaxattn reads from any `config.json`.
 
 Only architecture fields are kept (dropout, task heads and tokenizer ids do not
 change the hidden states).
 """
+
+import math
+
+from ._arch._nn import activation
 
 _GPT2 = {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_inner": None,
          "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05,
@@ -67,3 +72,65 @@ ALIASES = {
     "HuggingFaceTB/SmolLM2-135M": "SmolLM2-135M",
     "HuggingFaceTB/SmolLM2-135M-Instruct": "SmolLM2-135M",
 }
+
+
+# --- the fields of any config.json ------------------------------------------------
+
+# HuggingFace config keys the families read, by kind; each is checked where present.
+_INTEGERS = {  # key → smallest value
+    "vocab_size": 1, "n_embd": 1, "n_layer": 1, "n_head": 1, "n_inner": 1, "n_positions": 1,
+    "hidden_size": 1, "num_layers": 1, "num_heads": 1, "num_hidden_layers": 1,
+    "num_attention_heads": 1, "num_key_value_heads": 1, "intermediate_size": 1,
+    "max_position_embeddings": 1, "head_dim": 1, "embedding_size": 1, "window_size": 1,
+    "type_vocab_size": 0, "pad_token_id": None,
+}
+# Keys HuggingFace itself writes as null ("derive it from the others").
+_NULLABLE = {"n_inner", "intermediate_size", "num_key_value_heads", "head_dim", "pad_token_id"}
+_POSITIVE = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps", "rope_theta")
+_FLAGS = ("scale_attn_weights", "attention_bias", "mlp_bias")
+_ACTIVATION_KEYS = ("activation_function", "hidden_act")
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_integer(key: str, value) -> None:
+    if value is None and key in _NULLABLE:
+        return
+    least = _INTEGERS[key]
+    if not (isinstance(value, int) and not isinstance(value, bool)) or (
+            least is not None and value < least):
+        bound = "" if least is None else f" ≥ {least}"
+        raise ValueError(f"`{key}` must be an integer{bound}, got {value!r}.")
+
+
+def check_real(key: str, value, least: float = 0.0, strict: bool = True) -> None:
+    """`ValueError` unless `value` is a finite real number `> least` (`≥` when not
+    `strict`); a boolean or a string is not a number."""
+    if not (_is_real(value) and (isinstance(value, int) or math.isfinite(value))
+            and (value > least if strict else value >= least)):
+        bound = f"> {least:g}" if strict else f"≥ {least:g}"
+        raise ValueError(f"`{key}` must be a finite number {bound}, got {value!r}.")
+
+
+def check_fields(hf: dict) -> None:
+    """`ValueError` for a config field of the wrong type or range (a null size, a
+    boolean head count, a negative or NaN epsilon, an unknown activation), before
+    anything is built from it."""
+    for key, value in hf.items():
+        if key in _INTEGERS:
+            _check_integer(key, value)
+        elif key in _POSITIVE:
+            check_real(key, value)
+        elif key == "initializer_range":
+            check_real(key, value, strict=False)
+        elif key in _FLAGS and not isinstance(value, bool):
+            raise ValueError(f"`{key}` must be true or false, got {value!r}.")
+        elif key in _ACTIVATION_KEYS:
+            try:
+                activation(value)
+            except ValueError as e:
+                raise ValueError(f"`{key}`: {e}") from None
+            except TypeError:  # an unhashable value
+                raise ValueError(f"`{key}` must be an activation name, got {value!r}.") from None

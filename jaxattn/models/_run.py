@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from .._precision import Precision, check_precision
 from .._sharding import as_mesh, shard_batch, unshard
 from ..metrics._consensus import misalignment
 from ._arch import FAMILIES, AbstractTransformer
@@ -80,23 +81,24 @@ def _map_prompts(fn, x: Float[Array, "B n d"], chunk: int | None) -> Float[Array
     return jax.lax.map(fn, x, batch_size=chunk)
 
 
-def _forward(model, x, ctx, blocks, *, ffn: bool, emit):
+def _forward(model, x, ctx, blocks, *, ffn: bool, precision: str, emit):
     """Scan one sequence batch `x (B, n, d)` through every layer; `emit(x)` per layer."""
 
     def body(x, layer_slot):
         layer, slot = layer_slot
         block = jax.tree.map(lambda a: a[slot], blocks)
-        x = jax.vmap(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn))(x)
+        x = jax.vmap(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn,
+                                                 precision=precision))(x)
         return x, emit(x)
 
     return jax.lax.scan(body, x, _layer_xs(model))
 
 
 @eqx.filter_jit
-def _hidden_states(model, ids, ffn: bool):
-    x = jax.vmap(model.embed)(ids)
+def _hidden_states(model, ids, ffn: bool, precision: str):
+    x = jax.vmap(lambda s: model.embed(s, precision=precision))(ids)
     last, xs = _forward(model, x, model.context(ids.shape[1]), model.blocks, ffn=ffn,
-                        emit=lambda x: x)
+                        precision=precision, emit=lambda x: x)
     xs = xs.at[-1].set(jax.vmap(model.final_norm)(last))
     return jnp.concatenate([x[None], xs]).swapaxes(0, 1)
 
@@ -112,7 +114,8 @@ def _call_sharded(fn, ids, devices, *args, **kwargs):
 
 
 def hidden_states(
-    model: AbstractTransformer, ids: Int[Array, "*B n"], *, ffn: bool = True, devices=None
+    model: AbstractTransformer, ids: Int[Array, "*B n"], *, ffn: bool = True, devices=None,
+    precision: Precision = "float32",
 ) -> Float[Array, "*B L+1 n d"]:
     """The hidden states after every block, as HuggingFace's `output_hidden_states`.
 
@@ -127,19 +130,25 @@ def hidden_states(
     - `ffn`: `False` drops every block's feed-forward sub-block with its norm.
     - `devices`: shard the prompts over devices (`None`, an int, a list of
       devices or a `Mesh`, as in `ja.run_layers`); results equal the unsharded run.
+    - `precision`: of every matrix product: `"float32"` (default; true float32 on
+      every backend, whatever `jax_default_matmul_precision` says),
+      `"tensorfloat32"` or `"bfloat16"` (reduced operands, float32 accumulation);
+      see `jaxattn._precision`.
 
     **Returns:**
 
     `(L + 1, n, d)`, or `(B, L + 1, n, d)` for a batch.
     """
     check_model(model)
+    precision = check_precision(precision)
     batch = check_ids(model, ids)
-    hs = _call_sharded(lambda b: _hidden_states(model, b, ffn), batch, devices)
+    hs = _call_sharded(lambda b: _hidden_states(model, b, ffn, precision), batch, devices)
     return hs[0] if np.ndim(ids) == 1 else hs
 
 
 def _metric(x):
-    return misalignment(x.astype(jnp.float32))
+    # float32 for float32 and reduced compute, float64 for float64 compute
+    return misalignment(x.astype(jnp.promote_types(x.dtype, jnp.float32)))
 
 
 def _pass_blocks(model, weights: str, key, p):
@@ -157,12 +166,12 @@ def _cast(tree, dtype):
 
 @eqx.filter_jit
 def loop_program(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype, depths: tuple,
-                 chunk: int | None = None):
+                 chunk: int | None = None, precision: Precision = "float32"):
     """The compiled program behind `loop` (one shard of prompts): `E` after every
     block and the states at `depths`. Public within the package so that the
     benchmarks can compile it ahead of time."""
     n, L = ids.shape[1], model.num_layers
-    x0 = jax.vmap(model.embed)(ids).astype(dtype)
+    x0 = jax.vmap(lambda s: model.embed(s, precision=precision))(ids).astype(dtype)
     ctx = model.context(n)
     buf0 = jnp.zeros((len(depths),) + x0.shape, dtype)
     depth_arr = jnp.asarray(depths, jnp.int32).reshape(-1)
@@ -179,8 +188,8 @@ def loop_program(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype
             x, buf = carry
             layer, slot = layer_slot
             block = jax.tree.map(lambda a: a[slot], blocks)
-            x = _map_prompts(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn), x,
-                             chunk)
+            x = _map_prompts(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn,
+                                                         precision=precision), x, chunk)
             return (x, keep(buf, x, p * L + layer + 1)), _metric(x)
 
         (x, buf), E = jax.lax.scan(body, (x, buf), _layer_xs(model))
@@ -204,6 +213,7 @@ def loop(
     save_states: Sequence[int] | None = None,
     devices=None,
     chunk: int | None = None,
+    precision: Precision = "float32",
 ):
     """Run a model far past its depth (paper 001 §6.2) and record `E` after every block.
 
@@ -229,7 +239,8 @@ def loop(
     - `dtype`: compute dtype: `jnp.float32` (default), or `jnp.bfloat16` /
       `jnp.float16` for reduced-precision compute with float32 accumulation in
       every matrix product and float32 softmax and normalisation statistics (as
-      HuggingFace does); `E` is float32.
+      HuggingFace does); `E` is float32. `jnp.float64` (with x64 enabled) computes
+      everything in float64, `E` included: a reference for the float32 modes.
     - `save_states`: depths (0 = embeddings, `p·L + l` = after block `l` of pass
       `p`) whose hidden states to return as well.
     - `devices`: shard the prompts over devices (`None`, an int, a list of
@@ -239,6 +250,12 @@ def loop(
       `None` (default) picks about 1024 tokens per chunk on CPU without `devices`
       (faster: activations stay in cache) and the whole batch otherwise. Results
       do not depend on it beyond float rounding.
+    - `precision`: of every matrix product, for float32 (or float64) compute:
+      `"float32"` (default; true float32 on every backend, whatever
+      `jax_default_matmul_precision` says), `"tensorfloat32"` (TF32 on NVIDIA GPUs,
+      its operand rounding emulated elsewhere) or `"bfloat16"` (bfloat16 operands,
+      float32 accumulation); see `jaxattn._precision`. Orthogonal to `dtype`: a
+      reduced `dtype` already has narrow operands.
 
     **Returns:**
 
@@ -246,6 +263,7 @@ def loop(
     pair `(E, states)` with states `(…, len(save_states), n, d)`.
     """
     check_model(model)
+    precision = check_precision(precision)
     if not isinstance(passes, (int, np.integer)) or isinstance(passes, bool) or passes < 1:
         raise ValueError(f"`passes` must be an integer ≥ 1, got {passes!r}.")
     if weights not in WEIGHTS:
@@ -270,7 +288,7 @@ def loop(
     chunk = default_chunk(ids.shape[1], devices) if chunk is None else chunk
     E, states = _call_sharded(
         lambda b: loop_program(model, b, key, passes=int(passes), ffn=bool(ffn), weights=weights,
-                        dtype=dtype, depths=depths, chunk=chunk),
+                               dtype=dtype, depths=depths, chunk=chunk, precision=precision),
         ids, devices,
     )
     if np.ndim(ids) == 1:

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from .._dynamics import SelfAttentionDynamics
+from .._precision import Precision, check_precision, einsum
 from ._arch import AbstractTransformer
 from ._arch._nn import Attention
 from ._run import check_model
@@ -34,14 +35,17 @@ def attention_weights(model: AbstractTransformer, layer: int) -> Attention:
     return layer_weights(model, layer).attn
 
 
-def value_output(attn: Attention) -> Float[Array, "h d d"]:
-    """`U_η = W_O^η W_V^η` for every head (key–value heads shared across a group)."""
+def value_output(attn: Attention, *, precision: Precision = "float32") -> Float[Array, "h d d"]:
+    """`U_η = W_O^η W_V^η` for every head (key–value heads shared across a group),
+    a product at `precision` (true float32 by default, see `jaxattn._precision`)."""
     group = attn.num_heads // attn.num_kv_heads
     value = jnp.repeat(attn.value, group, axis=0)
-    return jnp.einsum("dhk,hke->hde", attn.output, value)
+    return einsum("dhk,hke->hde", attn.output, value, precision=check_precision(precision))
 
 
-def attention_dynamics(model: AbstractTransformer, layer: int) -> SelfAttentionDynamics:
+def attention_dynamics(
+    model: AbstractTransformer, layer: int, *, precision: Precision = "float32"
+) -> SelfAttentionDynamics:
     """The simulator's view of one layer: `SelfAttentionDynamics.from_factors(Q, K, U)`.
 
     `Q_η`, `K_η` are the head's query/key projections `(k, d)`, `U_η = W_O^η W_V^η`
@@ -54,16 +58,19 @@ def attention_dynamics(model: AbstractTransformer, layer: int) -> SelfAttentionD
 
     - `model`: from `ja.models.load` / `ja.models.init`.
     - `layer`: the layer index (negative counts from the end).
+    - `precision`: the dynamics' `precision` (of its attention products when it
+      runs); `U_η` itself is formed in true float32 once.
 
     **Returns:**
 
     A `ja.SelfAttentionDynamics` with `h` heads in dimension `d`.
     """
+    precision = check_precision(precision)
     attn = attention_weights(model, layer)
     group = attn.num_heads // attn.num_kv_heads
     return SelfAttentionDynamics.from_factors(
         attn.query, jnp.repeat(attn.key, group, axis=0), value_output(attn),
-        beta=attn.scale, causal=model.config.causal,
+        beta=attn.scale, causal=model.config.causal, precision=precision,
     )
 
 

@@ -42,6 +42,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .._dynamics import SelfAttentionDynamics
 from .._manifold import project
+from .._precision import einsum, matmul
 from ._spectrum import layer_matrix
 
 
@@ -66,7 +67,7 @@ def _householder_basis(x: Float[Array, " d"]) -> Float[Array, "d d-1"]:
     e1 = jnp.zeros_like(x).at[0].set(1.0)
     sign = jnp.where(x[0] >= 0, 1.0, -1.0)
     w = x + sign * e1  # never small: |w|² = 2(1 + |x₁|) ≥ 2
-    H = jnp.eye(d, dtype=x.dtype) - 2 * jnp.outer(w, w) / jnp.dot(w, w)
+    H = jnp.eye(d, dtype=x.dtype) - 2 * jnp.outer(w, w) / matmul(w, w)
     return H[:, 1:]
 
 
@@ -113,7 +114,9 @@ def tangent_jacobian(
     n, d = x.shape
     J = jax.jacfwd(lambda y: dyn.layer(0.0, y, tau))(x)  # (n, d, n, d)
     B = jax.vmap(_householder_basis)(x)  # (n, d, d-1)
-    JT = jnp.einsum("iap,iajb,jbq->ipjq", B, J, B)
+    # Pairwise: `_precision.einsum` states the precision of each two-operand product.
+    JB = einsum("iajb,jbq->iajq", J, B, precision=dyn.precision)
+    JT = einsum("iap,iajq->ipjq", B, JB, precision=dyn.precision)
     return JT.reshape(n * (d - 1), n * (d - 1))
 
 
@@ -219,7 +222,9 @@ def _classify(dyn, points, idx, lam, mm, tau) -> Equilibria:
     residual = jnp.max(jnp.abs(step(points) - points), axis=(1, 2))
     radius = jax.vmap(lambda x: spectral_radius(tangent_jacobian(dyn, x, tau)))(points)
     P = dyn.query_key(jnp.zeros((), points.dtype))
-    q = dyn.beta * jnp.einsum("ed,hdf,ef->eh", points[:, 0], P, points[:, 0])
+    x = points[:, 0]
+    Px = einsum("hdf,ef->ehd", P, x, precision=dyn.precision)
+    q = dyn.beta * einsum("ed,ehd->eh", x, Px, precision=dyn.precision)
     applies = (P.shape[0] == 1) | jnp.all(P == 0)
     pred, cond = jax.vmap(
         lambda k, m, qe: bipartite_closed_form(lam, k, m, points.shape[1], qe, tau)

@@ -15,6 +15,7 @@ from jaxtyping import Array, Float
 
 from .._dynamics import SelfAttentionDynamics
 from .._layers import run_layers
+from .._precision import matmul
 from .._schedule import Constant, PiecewiseConstant
 from ..models import (
     AbstractTransformer,
@@ -51,7 +52,8 @@ def layer_dynamics(model_or_dyn, layer: int) -> SelfAttentionDynamics:
         t = jnp.asarray(float(layer), jnp.result_type(float))
         P = model_or_dyn.query_key(t)
         return SelfAttentionDynamics(P, model_or_dyn.U(t), model_or_dyn.W,
-                                     model_or_dyn.beta, model_or_dyn.causal)
+                                     model_or_dyn.beta, model_or_dyn.causal,
+                                     precision=model_or_dyn.precision)
     raise TypeError(f"expected a model or a ja.SelfAttentionDynamics, got {model_or_dyn!r}.")
 
 
@@ -187,7 +189,7 @@ def steer(model_or_dyn, u: Float[Array, " d"], gamma: float, *, w=None, layer: i
     h, k = attn.num_heads, attn.query.shape[-2]
     V = jnp.repeat(attn.value, h // attn.num_kv_heads, axis=0).reshape(h * k, -1)
     Vp = jnp.linalg.pinv(V.astype(jnp.float64) if jax.config.jax_enable_x64 else V)
-    delta = gamma * jnp.outer(u, w @ Vp)  # (d, h k)
+    delta = gamma * jnp.outer(u, matmul(w, Vp))  # (d, h k)
     out = (attn.output.reshape(-1, h * k) + delta).reshape(attn.output.shape)
     return replace_attention(model_or_dyn, layer, eqx.tree_at(
         lambda a: a.output, attn, out.astype(attn.output.dtype)))

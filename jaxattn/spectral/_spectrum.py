@@ -10,6 +10,10 @@ simulator's update is `v_i = Σ_η Σ_j α^η_ij U_η x_j`, computed on rows as
 (`Ω v = λ v`) are the directions tokens align with, and a row-stored batch is
 mapped as `x Ωᵀ`. `tests/test_spectral.py` checks this against a hand-written
 row-vector (`x W_V W_O`) transformer layer.
+
+Precision. Every matrix product of `ja.spectral` states it (`jaxattn._precision`):
+the dynamics' own `precision` where a `SelfAttentionDynamics` is at hand (its
+layers, the tangent Jacobian), true float32 elsewhere (alignment, bases).
 """
 
 import equinox as eqx
@@ -18,6 +22,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Complex, Float, Int
 
 from .._dynamics import SelfAttentionDynamics
+from .._precision import einsum, matmul
 from ..models import AbstractTransformer, Attention, attention_weights, value_output
 
 
@@ -110,7 +115,7 @@ def _fix_sign(vecs: Complex[Array, "d d"]) -> Complex[Array, "d d"]:
 def orthonormal_pair(a: Float[Array, " d"], b: Float[Array, " d"]) -> Float[Array, "d 2"]:
     """Gram–Schmidt on `(a, b)`; a zero (or parallel) `b` gives a zero second column."""
     q1 = a / jnp.linalg.norm(a)
-    r = b - jnp.dot(q1, b) * q1
+    r = b - matmul(q1, b) * q1
     nr = jnp.linalg.norm(r)
     big = nr > 1e-12 * jnp.maximum(jnp.linalg.norm(b), 1e-300)
     q2 = jnp.where(big, r / jnp.where(big, nr, 1.0), 0.0)
@@ -172,7 +177,7 @@ def _summarise(lam, vecs, key, rtol) -> Spectrum:
         eigenvalues=lam, eigenvectors=vecs, key=key,
         gap=key[0] - (key[1] if d > 1 else 0.0), pair_gap=pair_gap, case=case,
         principal=principal, plane=plane,
-        correlation=jnp.abs(jnp.vdot(v1, v2)),
+        correlation=jnp.abs(matmul(jnp.conj(v1), v2)),
     )
 
 
@@ -195,8 +200,8 @@ def cosines(x: Float[Array, "n d"], basis: Float[Array, "d k"] | Float[Array, " 
     """
     xn = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
     if basis.ndim == 1:
-        return jnp.abs(xn @ (basis / jnp.linalg.norm(basis)))
-    return jnp.linalg.norm(xn @ basis, axis=-1)
+        return jnp.abs(matmul(xn, basis / jnp.linalg.norm(basis)))
+    return jnp.linalg.norm(matmul(xn, basis), axis=-1)
 
 
 def alignment(x: Float[Array, "n d"], basis) -> Float[Array, ""]:
@@ -280,4 +285,4 @@ def layer_alignment(
 
 def _cosines_many(x: Float[Array, "N d"], bases: Float[Array, "K d 2"]) -> Float[Array, "K N"]:
     xn = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
-    return jnp.linalg.norm(jnp.einsum("nd,kdj->knj", xn, bases), axis=-1)
+    return jnp.linalg.norm(einsum("nd,kdj->knj", xn, bases), axis=-1)

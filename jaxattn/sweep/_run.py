@@ -26,9 +26,12 @@ from .._runs import (
     INCOMPLETE,
     RunFolderError,
     atomic_write,
-    create_run_folder,
+    computed_on,
     finish_run,
+    folder_path,
+    hold_folder,
     read_json,
+    start_run,
     write_config,
 )
 from ..metrics import consensus_time
@@ -110,10 +113,15 @@ def _sidecar(spec: SweepSpec, configs, keys, chunks) -> dict[str, Any]:
             "devices": jax.device_count()}
 
 
-def _open_folder(spec: SweepSpec, out, resume: bool, sidecar: dict) -> tuple[Path, bool]:
-    """Create or reopen the sweep folder; `True` if it already holds the finished sweep."""
-    if out is not None and (Path(out) / "sweep.json").exists():
-        folder = Path(out)
+def _open_folder(folder: Path, resume: bool, sidecar: dict) -> tuple[bool, str | None]:
+    """Start or reopen the sweep in the held folder (`hold_folder`): the check for an
+    existing sweep and the write of `sweep.json` happen under its lock.
+
+    **Returns:**
+
+    Whether it already holds the finished sweep, and its run id.
+    """
+    if (folder / "sweep.json").exists():
         old = read_json(folder / "sweep.json")
         finished = not (folder / INCOMPLETE).exists() and (folder / "summary.json").exists()
         if not resume:
@@ -124,10 +132,29 @@ def _open_folder(spec: SweepSpec, out, resume: bool, sidecar: dict) -> tuple[Pat
             if json.dumps(old.get(key), sort_keys=True) != json.dumps(sidecar[key], sort_keys=True):
                 raise RunFolderError(f"{folder} holds a sweep with another {key}; --resume "
                                      "continues only the same sweep (choose another --out).")
-        return folder, finished
-    folder = create_run_folder(f"sweep-{spec.experiment}", out)
-    write_config(folder, sidecar, "sweep.json")  # adds versions, started, argv
-    return folder, False
+        if not finished:
+            _check_same_computer(folder, old)
+        return finished, old.get("run_id")
+    start_run(folder)
+    write_config(folder, sidecar, "sweep.json")  # adds versions, started, argv, run_id, …
+    return False, read_json(folder / "sweep.json")["run_id"]
+
+
+def _check_same_computer(folder: Path, old: dict) -> None:
+    """Refuse to resume a sweep on another backend, or on a GPU with the other
+    determinism setting: its table would mix chunks computed two ways."""
+    now = computed_on()
+    backend = old.get("backend", now["backend"])
+    if backend != now["backend"]:
+        raise RunFolderError(f"{folder} was computed on {backend}, this process runs on "
+                             f"{now['backend']}; resume it on {backend} (or choose another --out).")
+    deterministic = old.get("deterministic", now["deterministic"])
+    if backend != "cpu" and deterministic != now["deterministic"]:
+        how = ("with XLA's deterministic GPU flags: resume it with `jaxattn sweep --resume` "
+               "(in Python, set XLA_FLAGS=ja.deterministic_xla_flags() first)" if deterministic
+               else "without XLA's deterministic GPU flags: resume it with "
+               "`jaxattn --nondeterministic sweep --resume`")
+        raise RunFolderError(f"{folder} was computed {how}.")
 
 
 def run_sweep(
@@ -172,18 +199,20 @@ def run_sweep(
     params = sweep_params(spec.experiment)
     keys = grid_keys(spec)
     chunks = plan(spec, configs)
-    folder, finished = _open_folder(spec, out, resume, _sidecar(spec, configs, keys, chunks))
-    if finished:
-        log(f"{folder} holds this sweep, finished; nothing to run")
-    else:
-        _run_chunks(folder, spec, configs, params, keys, chunks, devices, progress, log,
-                    simulate_chunk)
-    table = load_table(folder) if finished else _assemble(folder, keys, chunks)
-    summary = summarise(spec, configs, keys, table)
-    if not finished:
-        figures = write_figure(folder, spec, keys, table)
-        finish_run(folder, summary, figures=figures)
-    return SweepResult(folder, table, read_json(folder / "summary.json"))
+    sidecar = _sidecar(spec, configs, keys, chunks)
+    with hold_folder(folder_path(f"sweep-{spec.experiment}", out), "sweep") as folder:
+        finished, run_id = _open_folder(folder, resume, sidecar)
+        if finished:
+            log(f"{folder} holds this sweep, finished; nothing to run")
+        else:
+            _run_chunks(folder, spec, configs, params, keys, chunks, devices, progress, log,
+                        simulate_chunk)
+        table = load_table(folder) if finished else _assemble(folder, keys, chunks)
+        summary = summarise(spec, configs, keys, table)
+        if not finished:
+            figures = write_figure(folder, spec, keys, table)
+            finish_run(folder, summary, figures=figures, run_id=run_id)
+        return SweepResult(folder, table, read_json(folder / "summary.json"))
 
 
 def _as_spec(spec, **overrides) -> SweepSpec:

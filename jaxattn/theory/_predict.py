@@ -22,6 +22,7 @@ from .._batch import map_batch, prepare_tokens
 from .._dynamics import SelfAttentionDynamics
 from .._horizon import CONSENSUS_TOL
 from .._manifold import w_inner, w_norm
+from .._precision import einsum
 from ..metrics import hemisphere, misalignment
 from ._classify import Classification, classify, top_eigen
 
@@ -35,8 +36,9 @@ def near(x: Float[Array, "n d"], target: Float[Array, "n d"], W, tol) -> Bool[Ar
 
 def hemisphere_side(v1: Float[Array, " d"], x0: Float[Array, "n d"]):
     """The side `±1` of `v₁` the first token starts on, and the margin on that side,
-    `min_i ±⟨x_i, v₁⟩` (`> 0`: every token starts in that open hemisphere)."""
-    proj = x0 @ v1
+    `min_i ±⟨x_i, v₁⟩` (`> 0`: every token starts in that open hemisphere); the
+    projections are true float32, like every measure."""
+    proj = einsum("id,d->i", x0, v1, precision="float32")
     side = jnp.where(proj[0] >= 0, 1.0, -1.0).astype(proj.dtype)
     return side, jnp.min(side * proj)
 

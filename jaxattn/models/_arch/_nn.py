@@ -4,12 +4,23 @@ Weights follow PyTorch's `(out, in)` layout, so HuggingFace tensors load without
 a transpose (GPT-2's `Conv1D` is the one exception, transposed at load time).
 Broadcasts are written out (`b[None]`), so the layers also run under
 `jax_numpy_rank_promotion="raise"`.
+
+Every matrix product goes through `product`, which states its precision: the
+layers take a keyword `precision` (`"float32"`, the default, is true float32 on
+every backend; `"tensorfloat32"` and `"bfloat16"` are opt-in, see
+`jaxattn._precision`). It is orthogonal to the compute dtype (the dtype of `x`):
+it says how float32 (or float64) operands are multiplied, while a reduced compute
+dtype (bfloat16, float16) already has narrow operands and sums in float32.
 """
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jaxtyping import Array, Bool, Float
+
+from ... import _precision
+from ..._precision import Precision
 
 _ACTIVATIONS = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
@@ -37,11 +48,32 @@ def normal(key, shape, std: float, dtype=jnp.float32) -> Array:
     return std * jax.random.normal(key, shape, dtype)
 
 
-def _einsum(spec: str, a: Array, b: Array, dtype) -> Array:
-    """`einsum` with both operands in `dtype` and float32 accumulation (bfloat16 /
-    float16 compute keeps float32 sums; for float32 it is the plain einsum)."""
-    out = jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
-    return out.astype(dtype)
+def product(spec: str, a: Array, b: Array, dtype, precision: Precision) -> Array:
+    """`einsum(spec, a, b)` with both operands in the compute `dtype`.
+
+    **Arguments:**
+
+    - `spec`: the einsum subscripts of two operands.
+    - `a`, `b`: the operands, cast to `dtype`.
+    - `dtype`: the compute dtype. float32 and float64 products run at `precision`
+      (`jaxattn._precision.einsum`); bfloat16 / float16 products are exact products
+      of the narrow operands summed in float32, as HuggingFace computes them.
+    - `precision`: `"float32"`, `"tensorfloat32"` or `"bfloat16"`.
+
+    **Returns:**
+
+    The product, in `dtype` (float32 for a reduced `dtype`: the caller casts it).
+    """
+    a, b = a.astype(dtype), b.astype(dtype)
+    if jnp.finfo(dtype).bits >= 32:
+        return _precision.einsum(spec, a, b, precision=precision)
+    return jnp.einsum(spec, a, b, precision=lax.Precision.HIGHEST,
+                      preferred_element_type=jnp.float32)
+
+
+def wide(dtype) -> jnp.dtype:
+    """The dtype of statistics (norms, scores): float32, or float64 for float64 compute."""
+    return jnp.promote_types(dtype, jnp.float32)
 
 
 class Linear(eqx.Module):
@@ -50,9 +82,9 @@ class Linear(eqx.Module):
     weight: Float[Array, "o i"]
     bias: Float[Array, " o"] | None
 
-    def __call__(self, x: Float[Array, "n i"]) -> Float[Array, "n o"]:
-        y = jnp.matmul(x, self.weight.T.astype(x.dtype), preferred_element_type=jnp.float32)
-        y = y.astype(x.dtype)
+    def __call__(self, x: Float[Array, "n i"], *,
+                 precision: Precision = "float32") -> Float[Array, "n o"]:
+        y = product("ni,oi->no", x, self.weight, x.dtype, precision).astype(x.dtype)
         return y if self.bias is None else y + self.bias[None].astype(x.dtype)
 
     @staticmethod
@@ -69,7 +101,7 @@ class LayerNorm(eqx.Module):
     eps: float = eqx.field(static=True)
 
     def __call__(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        x32 = x.astype(jnp.float32)  # statistics in float32 for reduced precisions
+        x32 = x.astype(wide(x.dtype))  # statistics in float32 for reduced precisions
         mean = jnp.mean(x32, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
         y = ((x32 - mean) * jax.lax.rsqrt(var + self.eps)).astype(x.dtype)
@@ -87,7 +119,7 @@ class RMSNorm(eqx.Module):
     eps: float = eqx.field(static=True)
 
     def __call__(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        x32 = x.astype(jnp.float32)
+        x32 = x.astype(wide(x.dtype))
         y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
         return self.weight[None].astype(x.dtype) * y.astype(x.dtype)
 
@@ -112,6 +144,8 @@ class Attention(eqx.Module):
     - `query_bias`, `key_bias`, `value_bias`: `(h, k)`, `(g, k)`, `(g, k)` or `None`.
     - `output_bias`: `(d,)` or `None`.
     - `scale`: the factor on the scores (`1/√k`, or 1 for GPT-Neo).
+
+    Called with `precision=` (see `product`), which every product of the layer uses.
     """
 
     query: Float[Array, "h k d"]
@@ -132,8 +166,8 @@ class Attention(eqx.Module):
     def num_kv_heads(self) -> int:
         return self.key.shape[-3]
 
-    def _project(self, w, b, x):
-        y = _einsum("hkd,nd->hnk", w, x, x.dtype)
+    def _project(self, w, b, x, precision):
+        y = product("hkd,nd->hnk", w, x, x.dtype, precision).astype(x.dtype)
         return y if b is None else y + b[:, None, :].astype(x.dtype)
 
     def __call__(
@@ -141,21 +175,23 @@ class Attention(eqx.Module):
         x: Float[Array, "n d"],
         mask: Bool[Array, "n n"],
         rotary: tuple[Array, Array] | None = None,
+        *,
+        precision: Precision = "float32",
     ) -> Float[Array, "n d"]:
-        q = self._project(self.query, self.query_bias, x)
-        k = self._project(self.key, self.key_bias, x)
-        v = self._project(self.value, self.value_bias, x)
+        q = self._project(self.query, self.query_bias, x, precision)
+        k = self._project(self.key, self.key_bias, x, precision)
+        v = self._project(self.value, self.value_bias, x, precision)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         group = self.num_heads // self.num_kv_heads
         if group > 1:
             k, v = jnp.repeat(k, group, axis=0), jnp.repeat(v, group, axis=0)
         # Scores and softmax in float32 (as HuggingFace does for reduced precisions).
-        s = jnp.einsum("hik,hjk->hij", q, k, preferred_element_type=jnp.float32) * self.scale
+        s = product("hik,hjk->hij", q, k, x.dtype, precision).astype(wide(x.dtype)) * self.scale
         s = jnp.where(mask[None], s, jnp.finfo(jnp.float32).min)
         a = jax.nn.softmax(s, axis=-1).astype(x.dtype)
-        o = _einsum("hij,hjk->ihk", a, v, x.dtype)
-        y = _einsum("ihk,dhk->id", o, self.output, x.dtype)
+        o = product("hij,hjk->ihk", a, v, x.dtype, precision).astype(x.dtype)
+        y = product("ihk,dhk->id", o, self.output, x.dtype, precision).astype(x.dtype)
         return y if self.output_bias is None else y + self.output_bias[None].astype(x.dtype)
 
     @staticmethod
@@ -206,8 +242,10 @@ class MLP(eqx.Module):
     proj: Linear
     act: str = eqx.field(static=True)
 
-    def __call__(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        return self.proj(activation(self.act)(self.fc(x)))
+    def __call__(self, x: Float[Array, "n d"], *,
+                 precision: Precision = "float32") -> Float[Array, "n d"]:
+        h = activation(self.act)(self.fc(x, precision=precision))
+        return self.proj(h, precision=precision)
 
 
 class GatedMLP(eqx.Module):
@@ -218,8 +256,10 @@ class GatedMLP(eqx.Module):
     down: Linear
     act: str = eqx.field(static=True)
 
-    def __call__(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        return self.down(activation(self.act)(self.gate(x)) * self.up(x))
+    def __call__(self, x: Float[Array, "n d"], *,
+                 precision: Precision = "float32") -> Float[Array, "n d"]:
+        gate = activation(self.act)(self.gate(x, precision=precision))
+        return self.down(gate * self.up(x, precision=precision), precision=precision)
 
 
 def heads_in(w: Array, h: int) -> Array:
@@ -249,9 +289,9 @@ class PreNormBlock(eqx.Module):
     mlp: MLP | GatedMLP
 
     def __call__(self, x: Float[Array, "n d"], mask: Bool[Array, "n n"], rotary=None, *,
-                 ffn: bool = True) -> Float[Array, "n d"]:
-        x = x + self.attn(self.ln_1(x), mask, rotary)
-        return x + self.mlp(self.ln_2(x)) if ffn else x
+                 ffn: bool = True, precision: Precision = "float32") -> Float[Array, "n d"]:
+        x = x + self.attn(self.ln_1(x), mask, rotary, precision=precision)
+        return x + self.mlp(self.ln_2(x), precision=precision) if ffn else x
 
 
 class PostNormBlock(eqx.Module):
@@ -267,6 +307,6 @@ class PostNormBlock(eqx.Module):
     ln_out: LayerNorm
 
     def __call__(self, x: Float[Array, "n d"], mask: Bool[Array, "n n"], rotary=None, *,
-                 ffn: bool = True) -> Float[Array, "n d"]:
-        x = self.ln_attn(x + self.attn(x, mask))
-        return self.ln_out(x + self.mlp(x)) if ffn else x
+                 ffn: bool = True, precision: Precision = "float32") -> Float[Array, "n d"]:
+        x = self.ln_attn(x + self.attn(x, mask, precision=precision))
+        return self.ln_out(x + self.mlp(x, precision=precision)) if ffn else x

@@ -44,9 +44,9 @@ class Albert(AbstractTransformer):
     def num_slots(cls, cfg) -> int:
         return 1
 
-    def embed(self, ids: Int[Array, " n"]) -> Float[Array, "n d"]:
+    def embed(self, ids: Int[Array, " n"], *, precision="float32") -> Float[Array, "n d"]:
         x = self.word[ids] + self.segment[0][None] + self.position[: ids.shape[0]]
-        return self.project(self.ln_embed(x))
+        return self.project(self.ln_embed(x), precision=precision)
 
     def final_norm(self, x):
         return x

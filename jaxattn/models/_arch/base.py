@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from ..._precision import Precision
 from ._nn import causal_mask, full_mask
 
 
@@ -87,6 +88,10 @@ class AbstractTransformer(eqx.Module):
     `blocks` is one block module whose arrays carry a leading layer axis (of
     length `num_slots`); layer `l` uses slot `slots[l]` (all layers share slot 0
     in ALBERT).
+
+    `embed` and `apply_block` take the keyword `precision` of their matrix products
+    (`"float32"` by default, see `jaxattn._precision`): one implementation serves
+    every precision, and the blocks stay one stacked module scanned over layers.
     """
 
     config: eqx.AbstractVar[TransformerConfig]
@@ -95,8 +100,11 @@ class AbstractTransformer(eqx.Module):
     family: ClassVar[str]
 
     @abc.abstractmethod
-    def embed(self, ids: Int[Array, " n"]) -> Float[Array, "n d"]:
-        """Token (+ position, + segment) embeddings of one sequence: the input of block 0."""
+    def embed(
+        self, ids: Int[Array, " n"], *, precision: Precision = "float32"
+    ) -> Float[Array, "n d"]:
+        """Token (+ position, + segment) embeddings of one sequence: the input of block 0
+        (`precision`: of ALBERT's projection to the hidden size, the one product here)."""
 
     @abc.abstractmethod
     def final_norm(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
@@ -150,11 +158,13 @@ class AbstractTransformer(eqx.Module):
         return causal_mask(n) if self.config.causal else full_mask(n)
 
     def apply_block(
-        self, block, x: Float[Array, "n d"], layer: Int[Array, ""], ctx, *, ffn: bool = True
+        self, block, x: Float[Array, "n d"], layer: Int[Array, ""], ctx, *, ffn: bool = True,
+        precision: Precision = "float32",
     ) -> Float[Array, "n d"]:
         """Run one block on one sequence (`ffn=False` drops the feed-forward sub-block
-        together with its normalisation, keeping the attention residual)."""
-        return block(x, self.mask(x.shape[0], layer), ctx, ffn=ffn)
+        together with its normalisation, keeping the attention residual; `precision`
+        of every matrix product in it)."""
+        return block(x, self.mask(x.shape[0], layer), ctx, ffn=ffn, precision=precision)
 
     def layer_block(self, layer: int) -> eqx.Module:
         """The block (weights) used by `layer`, unstacked."""

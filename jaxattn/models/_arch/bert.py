@@ -85,7 +85,7 @@ class Bert(AbstractTransformer):
 
     family = "bert"
 
-    def embed(self, ids: Int[Array, " n"]) -> Float[Array, "n d"]:
+    def embed(self, ids: Int[Array, " n"], *, precision="float32") -> Float[Array, "n d"]:
         x = self.word[ids] + self.segment[0][None] + self.position[: ids.shape[0]]
         return self.ln_embed(x)
 

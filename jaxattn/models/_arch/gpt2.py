@@ -39,7 +39,7 @@ class AbstractLearnedPositionDecoder(AbstractTransformer):
     wpe: eqx.AbstractVar[Float[Array, "P d"]]
     ln_f: eqx.AbstractVar[LayerNorm]
 
-    def embed(self, ids: Int[Array, " n"]) -> Float[Array, "n d"]:
+    def embed(self, ids: Int[Array, " n"], *, precision="float32") -> Float[Array, "n d"]:
         return self.wte[ids] + self.wpe[: ids.shape[0]]
 
     def final_norm(self, x):

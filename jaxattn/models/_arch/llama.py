@@ -45,7 +45,7 @@ class Llama(AbstractTransformer):
 
     family = "llama"
 
-    def embed(self, ids: Int[Array, " n"]) -> Float[Array, "n d"]:
+    def embed(self, ids: Int[Array, " n"], *, precision="float32") -> Float[Array, "n d"]:
         return self.embed_tokens[ids]
 
     def final_norm(self, x):

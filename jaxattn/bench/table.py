@@ -1,0 +1,70 @@
+"""The suite's result as a fixed-width text table: the device and precisions first,
+then the peaks per precision and the copy bandwidth, then one line per figure."""
+
+SHORT = {"float32": "f32", "tensorfloat32": "tf32", "bfloat16": "bf16"}
+
+
+def _fmt(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def header(result: dict) -> list[str]:
+    """The device line, the peaks per precision and the copy bandwidth."""
+    meta = result.get("meta", {})
+    torch = meta.get("torch_device")
+    line = (f"device: {meta.get('device_label', meta.get('device', '?'))}"
+            f" · JAX precision {meta.get('precision', 'float32')}"
+            f" · size {meta.get('size', 'default')}")
+    if torch:
+        line += f" · PyTorch on {torch} ({meta.get('torch_precision')} matmul mode)"
+        if meta.get("torch_note"):
+            line += f": {meta['torch_note']}"
+    lines = [line]
+    peaks = result.get("peak_gflops")
+    if not peaks:
+        return lines + ["matmul peaks: not measured (case `peak` not run)"]
+    parts = []
+    for precision, figures in peaks.items():
+        if figures is None:
+            parts.append(f"{precision} not applicable (no TF32 units on this device)")
+        else:
+            parts.append(f"{precision} " + ", ".join(
+                f"{k} {v:.0f}" for k, v in figures.items() if k != "best"))
+    lines.append(f"matmul peak GFLOP/s ({meta.get('peak_size', '?')}²): " + " | ".join(parts))
+    bw = result.get("bandwidth")
+    if bw:
+        lines.append(f"copy bandwidth GB/s (read + write, {bw['bytes'] / 2**20:.0f} MiB): "
+                     + ", ".join(f"{k} {v:.1f}" for k, v in bw.items() if k != "bytes"))
+    return lines
+
+
+def _gradient_line(r: dict) -> str:
+    return (f"{r['case']:4} {r['variant'][:42]:42} {r['library'][:22]:22} "
+            f"{SHORT.get(r.get('precision'), ''):4} {r['gradient_s']:9.4f} {r['min_s']:8.4f} "
+            f"{r['max_s']:8.4f} {r['calls']:2d} grad/fwd {r['gradient_over_forward']:.2f}"
+            + (f", memory ×{r['memory_growth_4x_steps']:.2f} for 4× steps"
+               if r.get("memory_growth_4x_steps") else ""))
+
+
+def _line(r: dict) -> str:
+    pct = None if r["fraction_of_peak"] is None else 100 * r["fraction_of_peak"]
+    return (f"{r['case']:4} {r['variant'][:42]:42} {r['library'][:22]:22} "
+            f"{SHORT.get(r.get('precision'), ''):4} {r['median_s']:9.4f} "
+            f"{r['min_s']:8.4f} {r['max_s']:8.4f} {r['calls']:2d} {r['token_steps_per_s']:11.3g} "
+            f"{_fmt(r['gflops'], '8.1f'):>8} {_fmt(pct, '6.1f'):>6} "
+            f"{_fmt(r['compile_s'], '7.2f'):>7}")
+
+
+def format_table(result: dict) -> str:
+    """The suite's result (`suite.run_suite`) as a fixed-width text table; `%peak`
+    is against the peak of the row's precision, blank where none applies."""
+    head = (f"{'case':4} {'variant':42} {'library':22} {'prec':4} {'median s':>9} {'min':>8} "
+            f"{'max':>8} {'n':>2} {'tok-steps/s':>11} {'GFLOP/s':>8} {'%peak':>6} "
+            f"{'compile':>7}")
+    lines = header(result) + [head, "-" * len(head)]
+    lines += [_gradient_line(r) if r["case"] == "G" else _line(r) for r in result["rows"]]
+    meta = result.get("meta", {})
+    if "suite_s" in meta:
+        lines.append(f"suite: {meta['suite_s']:.0f} s (" + ", ".join(
+            f"{c} {t:.0f} s" for c, t in meta["case_s"].items()) + ")")
+    return "\n".join(lines)

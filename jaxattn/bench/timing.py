@@ -1,0 +1,83 @@
+"""How the benchmarks time a figure: compile ahead of time, then the median of
+repeated calls (with min and max), fewer calls where a time budget would be passed."""
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+
+
+@dataclasses.dataclass
+class Timing:
+    """Seconds per call: median, min and max over the timed calls."""
+
+    median: float
+    min: float
+    max: float
+    calls: int = 1
+
+    @classmethod
+    def run(cls, fn: Callable[[], object], repeats: int,
+            budget_s: float = math.inf) -> tuple["Timing", object]:
+        """Time `repeats` calls of `fn`, or fewer: no call is started that would,
+        at the mean time per call so far, take the total past `budget_s` (at least
+        one call); also returns the last call's output."""
+        times, out = [], None
+        while cls.another(times, repeats, budget_s):
+            t0 = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t0)
+        return cls.of_times(times), out
+
+    @staticmethod
+    def another(times: list[float], repeats: int, budget_s: float) -> bool:
+        """Whether to time one more call after `times`: fewer than `repeats` so far,
+        and the next one, at the mean so far, keeps the total within `budget_s`."""
+        return len(times) < repeats and (
+            not times or sum(times) * (1 + 1 / len(times)) <= budget_s
+        )
+
+    @classmethod
+    def of_times(cls, times: list[float]) -> "Timing":
+        return cls(statistics.median(times), min(times), max(times), len(times))
+
+    @classmethod
+    def of(cls, fn: Callable[[], object], repeats: int, budget_s: float = math.inf) -> "Timing":
+        return cls.run(fn, repeats, budget_s)[0]
+
+
+def compile_jax(fn: Callable, *args):
+    """Compile `jax.jit(fn)` for `args`: the executable, compile seconds, memory bytes."""
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    seconds = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    nbytes = None
+    if mem is not None:
+        nbytes = mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes
+    return compiled, seconds, nbytes
+
+
+def time_jax(fn: Callable, *args, repeats: int, budget_s: float = math.inf):
+    """Compile ahead of time (no warm-up call needed), then time the executable."""
+    compiled, compile_s, nbytes = compile_jax(fn, *args)
+    timing, out = Timing.run(lambda: jax.block_until_ready(compiled(*args)), repeats, budget_s)
+    return timing, compile_s, nbytes, out
+
+
+@dataclasses.dataclass(frozen=True)
+class Repeats:
+    """How long to time one figure: `count` calls, fewer where another call would
+    take the figure past `budget_s` seconds (always at least one)."""
+
+    count: int
+    budget_s: float = math.inf
+
+    def time(self, fn: Callable[[], object]) -> tuple[Timing, object]:
+        return Timing.run(fn, self.count, self.budget_s)
+
+    def time_jax(self, fn: Callable, *args):
+        return time_jax(fn, *args, repeats=self.count, budget_s=self.budget_s)

@@ -15,7 +15,10 @@ precision of each product instead, so results do not depend on the backend or on
 - `"bfloat16"`: operands cast to bfloat16, products accumulated in float32.
 
 The reduced modes are opt-in, by name (`precision=` on `SelfAttentionDynamics`,
-`ja.models.loop`, `ja.models.hidden_states`, …).
+`ja.models.loop`, `ja.models.hidden_states`, …). Only the attention follows them:
+the metric (`⟨a, b⟩_W`, hence `N_W` and the tangent projection) and every measure
+(Gram matrices, `potential`, the theory's tests) are always `"float32"`.
+`docs/precision.md` has the policy and the error each mode costs.
 """
 
 from typing import Literal
@@ -50,6 +53,11 @@ def einsum(subscripts: str, *operands, precision: Precision = "float32"):
     dtype = jnp.result_type(*operands)
     if precision == "float32":
         return jnp.einsum(subscripts, *operands, precision=lax.Precision.HIGHEST)
+    if len(operands) > 2:
+        # The intermediate of a chained product would be float32 at an unstated
+        # precision; reduced modes contract two operands at a time.
+        raise ValueError(f"a {precision} product takes two operands, got {len(operands)}; "
+                         "contract them pairwise.")
     if precision == "bfloat16":
         low = [x.astype(jnp.bfloat16) for x in operands]
         acc = jnp.promote_types(dtype, jnp.float32)

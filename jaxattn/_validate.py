@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from ._precision import einsum
+
 
 def is_concrete(x) -> bool:
     """Whether `x` has a value now (not a tracer inside `jit`/`grad`/`vmap`)."""
@@ -124,7 +126,8 @@ TOKENS_ZERO = (
 def _token_defects(x, W) -> tuple[Array, Array]:
     """Whether `x` has a NaN/inf entry, and whether it has a zero token."""
     bad_value = ~jnp.all(jnp.isfinite(x))
-    sq = jnp.sum(x * x if W is None else x * (x @ W.T), axis=-1)
+    Wx = None if W is None else einsum("...j,ij->...i", x, W, precision="float32")
+    sq = jnp.sum(x * x if W is None else x * Wx, axis=-1)
     return bad_value, jnp.any(sq <= jnp.finfo(x.dtype).tiny)
 
 

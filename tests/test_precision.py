@@ -90,6 +90,7 @@ def assert_reduced(fn, make, *, metric: bool):
     attention's products (as many as in bfloat16) have TF32-rounded operands.
     """
     full = assert_float32(lowered(fn, *make("float32")))
+    assert all(d.operands == ("f32", "f32") for d in full), "float32 inputs stay float32"
     bf16 = dots(lowered(fn, *make("bfloat16")))
     low = [d for d in bf16 if d.operands == ("bf16", "bf16")]
     assert low, "no product took bfloat16 operands"

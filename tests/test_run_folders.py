@@ -31,16 +31,16 @@ def _one_line(capsys, argv) -> str:
     return lines[0]
 
 
-def _default_sigint():
-    # A process started in the background inherits SIGINT ignored; a user's shell
-    # delivers Ctrl-C to a command that has it.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# `python -m jaxattn` with Ctrl-C raising KeyboardInterrupt: a process started in
+# the background inherits SIGINT ignored, where a user's shell would deliver it.
+_WITH_SIGINT = ("import runpy, signal, sys; signal.signal(signal.SIGINT, "
+                "signal.default_int_handler); sys.argv[0] = 'jaxattn'; "
+                "runpy.run_module('jaxattn', run_name='__main__')")
 
 
 def _jaxattn(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "jaxattn", *args], env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint)
+    return subprocess.Popen([sys.executable, "-c", _WITH_SIGINT, *args], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for(path, proc, seconds=120):

@@ -12,10 +12,10 @@ puts the deterministic GPU flags into `XLA_FLAGS` before JAX's backend starts
 """
 
 import argparse
+import os
 import sys
 
 import equinox as eqx
-import jax
 
 from .._runs import OPT_OUT, RunFolderError, use_deterministic_xla
 from . import bench, demo, experiments, models, sweep
@@ -60,18 +60,15 @@ def _runtime_message(error: Exception) -> str:
     return f"the computation stopped: {text}"
 
 
-def _drain() -> None:
-    """Wait for the computations JAX has already dispatched. After Ctrl-C they may
-    still run on XLA's threads, and Python tearing JAX down under them at exit
-    crashed the process (a segfault in 3 of 22 interrupts, issue 14)."""
-    try:
-        for array in jax.live_arrays():
-            try:
-                array.block_until_ready()
-            except Exception:  # noqa: BLE001 - a failed or deleted array: nothing runs
-                pass
-    except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
-        pass
+def _end_process(code: int) -> None:
+    """End the process at once with `code`, skipping Python's teardown. After
+    Ctrl-C, XLA may still be compiling or running on its own threads; Python
+    tearing JAX down under them crashed the process at exit (a segfault in 3 of 22
+    interrupts, issue 14). Every file is already complete or absent (atomic writes),
+    the folder's lock is released and `INCOMPLETE` marks it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     **Returns:**
 
     The exit status: the command's (0 when it succeeded), 2 for a user mistake
-    (printed as one line on stderr), 130 when interrupted.
+    (printed as one line on stderr), 130 when interrupted (with `argv` not given,
+    as the `jaxattn` program, the process then ends at once: `_end_process`).
     """
     try:
         args = parser().parse_args(argv)
@@ -97,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     except eqx.EquinoxRuntimeError as e:
         return _fail(f"jaxattn {args.command}: error: {_runtime_message(e)}")
     except KeyboardInterrupt:
-        _drain()
         print(f"jaxattn {args.command}: interrupted", file=sys.stderr)
+        if argv is None:  # the `jaxattn` process itself, not a caller in Python
+            _end_process(130)
         return 130
 
 

@@ -16,6 +16,7 @@ from ._manifold import normalize as normalize
 from ._manifold import sample_ellipsoid as sample_ellipsoid
 from ._manifold import w_norm as w_norm
 from ._precision import PRECISIONS as PRECISIONS
+from ._runs import deterministic_xla_flags as deterministic_xla_flags
 from ._schedule import AbstractSchedule as AbstractSchedule
 from ._schedule import Constant as Constant
 from ._schedule import PiecewiseConstant as PiecewiseConstant

@@ -12,6 +12,7 @@ from .._plot import save_sphere_figure
 from .._validate import check_count
 from ..bench.device import device_label
 from ..experiments import paper
+from ..experiments.run import check_seed
 from ..metrics._consensus import misalignment
 from ._common import CLIError
 
@@ -20,7 +21,7 @@ def _demo(args: argparse.Namespace) -> int:
     check_count(args.tokens, "--tokens", 1)
     if not args.horizon > 0:
         raise CLIError(f"--horizon must be > 0, got {args.horizon}.")
-    key_model, key_x = jax.random.split(jax.random.PRNGKey(args.seed))
+    key_model, key_x = jax.random.split(jax.random.PRNGKey(check_seed(args.seed)))
     dyn = paper.sphere_dynamics(key_model)
     x0 = paper.hemisphere_tokens(key_x, args.tokens, 3)
     ts = jnp.linspace(0.0, args.horizon, 401)

@@ -197,6 +197,7 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
         raise ValueError(f"--weights must be one of {WEIGHTS}, got {weights!r}.")
     check_sizes(passes, prompts, tokens, dtype)
     check_precision(precision)
+    seed = check_seed(seed)
     key = jax.random.PRNGKey(seed)
     net = get_model(model, weights, key)  # before the folder: a bad model leaves none
     ids = prompt_ids(net.config.vocab_size, prompts, tokens, seed)
@@ -242,6 +243,7 @@ def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tok
     experiment = get_experiment("loop-grid")
     check_sizes(passes, prompts, tokens, dtype)
     check_precision(precision)
+    seed = check_seed(seed)
     weights = tuple(weights)
     nets, ids = load_grid(model, weights, prompts, tokens, seed)  # before the folder
     config = resolve_config(experiment, {"passes": passes, "prompts": prompts,

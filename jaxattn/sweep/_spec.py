@@ -16,7 +16,7 @@ except ModuleNotFoundError:  # Python 3.10
 from .._validate import check_count
 from ..experiments import get_experiment
 from ..experiments.base import Param
-from ..experiments.run import convert
+from ..experiments.run import check_seed, convert
 from ._instances import BETA, EXCLUDED, MODELS
 
 _SPEC_KEYS = ("experiment", "grid", "points", "set", "instances", "seed", "chunk")
@@ -72,7 +72,7 @@ def _value(param: Param, value):
 
 def _check_counts(spec: SweepSpec) -> None:
     check_count(spec.instances, "instances", 1)
-    check_count(spec.seed, "seed", 0)
+    check_seed(spec.seed, "seed", spec.instances)
     if spec.chunk is not None:
         check_count(spec.chunk, "chunk", 1)
 

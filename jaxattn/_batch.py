@@ -43,7 +43,7 @@ def prepare_tokens(
     """
     x0 = check_token_shape(dyn, x0, name)
     if checks:
-        x0 = check_tokens(x0, dyn.W)
+        x0 = check_tokens(x0)
     return project(x0, dyn.W)
 
 
@@ -82,6 +82,6 @@ def call_batched(jitted: Callable, dyn, x0, devices, *args):
         return jitted(dyn, x0, *args, True), True
     concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args)))
     if concrete:
-        check_tokens_now(check_token_shape(dyn, x0), dyn.W)
+        check_tokens_now(check_token_shape(dyn, x0))
     flat, size = shard_batch(x0, mesh, len(batch))
     return unshard(jitted(dyn, flat, *args, not concrete), size, batch), not concrete

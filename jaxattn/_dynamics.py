@@ -73,6 +73,8 @@ class SelfAttentionDynamics(eqx.Module):
                 f"`U` must be (h, d, d) (one d×d value matrix per head), got {u_shape}."
             )
         h, d = u_shape[0], u_shape[1]
+        if h < 1 or d < 1:
+            raise ValueError(f"`U` {u_shape} must have at least one head and d ≥ 1.")
         if P is not None:
             self.P, self.Q, self.K = as_schedule(P, "P"), None, None
             p_shape = schedule_shape(self.P, "P")
@@ -89,7 +91,8 @@ class SelfAttentionDynamics(eqx.Module):
                     f"{u_shape}; got Q {q_shape} and K {k_shape}."
                 )
         self.W = None if W is None else check_metric(W, d)
-        self.beta = jnp.asarray(check_scalar(beta, "beta"), dtype=jnp.result_type(float))
+        dtype = jnp.result_type(float)  # β is stored in the model's float dtype
+        self.beta = jnp.asarray(check_scalar(beta, "beta", dtype=dtype), dtype=dtype)
         if not isinstance(causal, bool):
             raise TypeError(f"`causal` must be True or False, got {causal!r}.")
         self.causal = causal
@@ -131,11 +134,13 @@ class SelfAttentionDynamics(eqx.Module):
     def scores(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "h n n"]:
         """The attention logits `β x_iᵀ P_η x_j`."""
         if self.P is not None:
-            keys = einsum("hde,je->hjd", self.P(t), x, precision=self.precision)  # (P x_j)
+            P = _nan_unless_finite(self.P(t))
+            keys = einsum("hde,je->hjd", P, x, precision=self.precision)  # (P x_j)
             s = einsum("id,hjd->hij", x, keys, precision=self.precision)
         else:
-            q = einsum("hkd,id->hik", self.Q(t), x, precision=self.precision)
-            k = einsum("hkd,jd->hjk", self.K(t), x, precision=self.precision)
+            Q, K = _nan_unless_finite(self.Q(t)), _nan_unless_finite(self.K(t))
+            q = einsum("hkd,id->hik", Q, x, precision=self.precision)
+            k = einsum("hkd,jd->hjk", K, x, precision=self.precision)
             s = einsum("hik,hjk->hij", q, k, precision=self.precision)
         return self.beta.astype(s.dtype) * s
 
@@ -173,3 +178,15 @@ class SelfAttentionDynamics(eqx.Module):
         with the weights read at time `t` (layer `k` uses `t = kτ`)."""
         x = jnp.asarray(x)
         return project(x + tau * self.raw_update(t, x), self.W)
+
+
+def _nan_unless_finite(w: Float[Array, "h a b"]) -> Float[Array, "h a b"]:
+    """`w`, or all NaN if any entry is NaN or inf.
+
+    `attention` clips logits to the float range (so that a finite but huge `β|P|`
+    does not give `inf − inf`), which would silently turn an `inf` weight into a
+    finite answer. Concrete weights are refused when the model is built; traced
+    ones (inside `jit`, or a user `Schedule`) become NaN here, so the run raises
+    `NONFINITE` (or reports the sample failed) without a host callback.
+    """
+    return jnp.where(jnp.all(jnp.isfinite(w)), w, jnp.nan)

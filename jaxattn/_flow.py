@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Real
 
-from ._batch import call_batched, map_batch, prepare_tokens
+from ._batch import call_batched, check_token_shape, map_batch, prepare_tokens
 from ._dynamics import SelfAttentionDynamics
 from ._manifold import project
 from ._validate import (
@@ -184,7 +184,8 @@ def solve_flow(
 
     - `dyn`: the model.
     - `x0`: initial tokens `(..., n, d)`, normalised onto `E_W` first; NaN/inf or
-      zero tokens raise an error.
+      zero tokens raise an error. A batch with no sequence (a zero-size batch axis)
+      gives an empty result.
     - `ts`: nondecreasing save times; integration starts at `ts[0]`.
     - `solver`: any diffrax ODE solver (default `diffrax.Tsit5()`).
     - `rtol`, `atol`: tolerances of the adaptive step-size controller (used when
@@ -219,12 +220,24 @@ def solve_flow(
     """
     options = _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                        on_manifold)
+    x0 = check_token_shape(dyn, x0)
+    if x0.size == 0:  # an empty batch: diffrax cannot vmap over it
+        return _empty(x0, options[0], throw)
     (ys, solved, finite, steps, result), checked = call_batched(
         _solve_batched, dyn, x0, devices, *options, adjoint, bool(throw), bool(on_manifold)
     )
     if throw and not checked:
         _raise_failure(solved, finite, result)
     return ys if throw else FlowResult(ys, solved & finite, steps)
+
+
+def _empty(x0, ts, throw: bool):
+    """What `solve_flow` returns for a batch with no sequence in it."""
+    batch = x0.shape[:-2]
+    ys = jnp.zeros(batch + (ts.shape[0],) + x0.shape[-2:], x0.dtype)
+    if throw:
+        return ys
+    return FlowResult(ys, jnp.zeros(batch, bool), jnp.zeros(batch, jnp.int32))
 
 
 def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-8,
@@ -248,7 +261,7 @@ def _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, o
     if not isinstance(solver, dfx.AbstractSolver):
         raise TypeError(f"`solver` must be a diffrax solver, got {type(solver).__name__}.")
     ts = _check_ts(ts)
-    max_steps = check_count(max_steps, "max_steps")
+    max_steps = check_count(max_steps, "max_steps", minimum=1)
     if stepsize_controller is not None:
         controller = stepsize_controller
     elif isinstance(solver, dfx.AbstractAdaptiveSolver):

@@ -110,7 +110,8 @@ def run_layers(
 
     - `dyn`: the model, a `ja.SelfAttentionDynamics`.
     - `x0`: initial tokens `(..., n, d)`; rows are normalised onto `E_W` first.
-      NaN/inf entries or zero tokens raise an error.
+      NaN/inf entries or zero tokens raise an error; a zero-size batch axis gives
+      an empty result.
     - `num_layers`: number of layers `L ≥ 0`.
     - `tau`: step size `τ > 0` (default 1).
     - `observe`: optional function of one sequence's tokens `(n, d)` (e.g.

@@ -53,12 +53,39 @@ def normalize(
 def project(x: Float[Array, "... d"], W: Float[Array, "d d"] | None) -> Float[Array, "... d"]:
     """`N_W` without input checks, for use inside the simulators.
 
-    Rows are first divided by their largest entry (a constant for autodiff: `N_W`
-    is scale-invariant), so `|y|²_W` cannot overflow for large but finite `y`.
+    Rows are first brought to unit scale by `scale_rows` (a constant for autodiff:
+    `N_W` is scale-invariant), so `|y|²_W` neither overflows for large tokens
+    (`1e38` in float32) nor underflows for tiny ones (`1e-25`).
     """
-    scale = jax.lax.stop_gradient(jnp.max(jnp.abs(x), axis=-1, keepdims=True))
-    y = x / jnp.where(scale > 0, scale, 1)
+    y = scale_rows(x)
     return y / w_norm(y, W)[..., None]
+
+
+def _power_of_two(k: Array, dtype) -> Array:
+    """`2**k` for integers `k` in the normal range of `dtype`, built from its bits
+    (exact on every backend, unlike `pow`)."""
+    info = jnp.finfo(dtype)
+    uint = jnp.dtype(f"uint{info.bits}")
+    bits = (k + (info.maxexp - 1)).astype(uint) << info.nmant
+    return jax.lax.bitcast_convert_type(bits, dtype)
+
+
+def scale_rows(x: Float[Array, "... d"]) -> Float[Array, "... d"]:
+    """Each row multiplied by the power of two that brings its largest `|entry|` into
+    `[1/2, 1)`: exact (no rounding), and safe to square and sum.
+
+    A plain division by the largest entry is not enough: XLA turns it into a
+    multiplication by the reciprocal, and `1/1e38` is subnormal in float32, which
+    CPUs flush to zero. The power of two is applied as two factors, each in the
+    normal range. Rows whose largest entry is zero, subnormal, inf or NaN are left
+    as they are; the scale is a constant for autodiff (use only in scale-invariant
+    expressions).
+    """
+    top = jax.lax.stop_gradient(jnp.max(jnp.abs(x), axis=-1, keepdims=True))
+    _, e = jnp.frexp(top)
+    e = jnp.where((top >= jnp.finfo(x.dtype).tiny) & jnp.isfinite(top), e, 0)
+    half = e // 2
+    return x * _power_of_two(-half, x.dtype) * _power_of_two(half - e, x.dtype)
 
 
 def manifold_drift(

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree, Real
 
-from ._validate import as_float_array, check_scalar
+from ._validate import as_float_array, check_finite, check_scalar
 
 
 class AbstractSchedule(eqx.Module):
@@ -34,7 +34,7 @@ class Constant(AbstractSchedule):
     value: Float[Array, "h a b"]
 
     def __init__(self, value):
-        self.value = as_float_array(value, "weights")
+        self.value = check_finite(as_float_array(value, "weights"), "Constant value")
 
     def __call__(self, t):
         return self.value
@@ -70,7 +70,7 @@ class PiecewiseConstant(AbstractSchedule):
             raise ValueError(
                 f"PiecewiseConstant needs a stack of shape (L, h, a, b), got {values.shape}."
             )
-        self.values = values
+        self.values = check_finite(values, "PiecewiseConstant values")
         # Checked in the weights' dtype: a dt that underflows to 0 or overflows is bad too.
         dt = check_scalar(as_float_array(dt, "dt", values.dtype), "dt", positive=True)
         self.dt = as_float_array(dt, "dt", values.dtype)
@@ -120,7 +120,7 @@ def as_schedule(value, name: str) -> AbstractSchedule:
         return value
     if callable(value) and not hasattr(value, "shape"):
         return Schedule(value)
-    return Constant(as_float_array(value, name))
+    return Constant(check_finite(as_float_array(value, name), name))
 
 
 def schedule_shape(sched: AbstractSchedule, name: str) -> tuple[int, ...]:
@@ -131,4 +131,6 @@ def schedule_shape(sched: AbstractSchedule, name: str) -> tuple[int, ...]:
         raise ValueError(f"the `{name}` schedule failed when called at t = 0: {e}") from e
     if not hasattr(out, "shape"):
         raise ValueError(f"the `{name}` schedule must return an array, got {out!r}.")
+    if not jnp.issubdtype(out.dtype, jnp.floating) and not jnp.issubdtype(out.dtype, jnp.integer):
+        raise TypeError(f"the `{name}` schedule must return real weights, got dtype {out.dtype}.")
     return tuple(out.shape)

@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._precision import einsum
 
 
 def is_concrete(x) -> bool:
@@ -36,12 +35,14 @@ def as_float_array(x, name: str, dtype=None) -> Array:
     return arr.astype(dtype or float_dtype(arr))
 
 
-def check_scalar(value, name: str, *, positive: bool = False):
+def check_scalar(value, name: str, *, positive: bool = False, dtype=None):
     """A finite (optionally positive) real scalar.
 
     A value known now (a Python or NumPy number, a concrete array) is checked in
-    Python and returned as a float: `ValueError` if it is bad. A traced value is
-    returned checked through `eqx.error_if`.
+    Python and returned as a float: `ValueError` if it is bad, or if it is not
+    finite (or, with `positive`, not > 0) once stored in `dtype` (when given: e.g.
+    `β = 1e40` is `inf` in float32). A traced value is returned checked through
+    `eqx.error_if`.
     """
     if isinstance(value, jax.core.Tracer):
         if value.ndim != 0:
@@ -61,7 +62,42 @@ def check_scalar(value, name: str, *, positive: bool = False):
         raise ValueError(f"`{name}` must be finite, got {v}.")
     if positive and v <= 0:
         raise ValueError(f"`{name}` must be > 0, got {v}.")
+    if dtype is not None:
+        _check_representable(v, name, positive, jnp.dtype(dtype))
     return v
+
+
+def _check_representable(v: float, name: str, positive: bool, dtype) -> None:
+    """`ValueError` unless `v` stays finite (and > 0 if `positive`) in `dtype`."""
+    info = jnp.finfo(dtype)
+    if abs(v) > float(info.max):
+        raise ValueError(f"`{name}` = {v:g} overflows {dtype.name} (largest {float(info.max):.3g}); "
+                         "use a smaller value or float64 (jax_enable_x64).")
+    if positive and v < float(info.smallest_subnormal):
+        raise ValueError(f"`{name}` = {v:g} is 0 in {dtype.name}; use a larger value or float64 "
+                         "(jax_enable_x64).")
+
+
+def check_finite(x: Array, name: str) -> Array:
+    """Refuse NaN or inf in `x` (weights): a one-line `ValueError` naming `name` when
+    `x` is concrete; a traced `x` is returned unchanged (the simulators turn
+    non-finite weights into NaN tokens and raise `NONFINITE`, see
+    `SelfAttentionDynamics.scores`), so that no host callback enters programs
+    that are sharded or vmapped by the caller."""
+    if known_nonfinite(x):
+        raise ValueError(f"`{name}` contains NaN or inf; weights must be finite.")
+    return x
+
+
+def known_nonfinite(x: Array) -> bool:
+    """Whether `x` is concrete and has a NaN or inf entry (`False` when traced).
+
+    Evaluated on the array's device, also when called while another function is
+    being traced (a constant closed over by a `jit`)."""
+    if not is_concrete(x):
+        return False
+    with jax.ensure_compile_time_eval():
+        return not bool(jnp.all(jnp.isfinite(x)))
 
 
 def check_count(value, name: str, minimum: int = 0) -> int:
@@ -81,7 +117,8 @@ def check_count(value, name: str, minimum: int = 0) -> int:
 
 
 def check_metric(W, d: int | None = None, *, rtol: float = 1e-6) -> Float[Array, "d d"]:
-    """`W` as a symmetric positive-definite `(d, d)` array, or a `ValueError`."""
+    """`W` as a symmetric (to `rtol · max|W|`) positive-definite `(d, d)` array, or a
+    `ValueError`."""
     W = as_float_array(W, "W")
     if W.ndim != 2 or W.shape[0] != W.shape[1]:
         raise ValueError(f"`W` must be a square (d, d) matrix, got shape {W.shape}.")
@@ -100,55 +137,71 @@ def check_metric(W, d: int | None = None, *, rtol: float = 1e-6) -> Float[Array,
                 "`W` must be symmetric (max |W − Wᵀ| = "
                 f"{np.abs(Wn - Wn.T).max():.3g}); symmetrise it with (W + W.T) / 2."
             )
-        lam_min = np.linalg.eigvalsh(Wn).min()
-        if lam_min <= rtol * scale:
-            raise ValueError(
-                f"`W` must be positive definite, but its smallest eigenvalue is "
-                f"{lam_min:.3g}; the ellipsoid |y|_W = 1 needs an SPD metric."
-            )
+        _check_positive_definite(Wn, jnp.finfo(W.dtype).eps)
     return W
+
+
+def _check_positive_definite(W: np.ndarray, eps: float) -> None:
+    """`ValueError` unless the smallest eigenvalue of `W` exceeds `√d · eps · λ_max`:
+    relative to the largest (an SPD `diag(1e6, 1, 1)` passes), with the margin by
+    which rounding `W` to its dtype (`eps`) can move an eigenvalue (Weyl), below
+    which `|y|²_W` is not reliably positive in that dtype."""
+    lam = np.linalg.eigvalsh(W)
+    floor = np.sqrt(W.shape[0]) * eps * max(lam.max(), 0.0)
+    if lam.min() <= floor:
+        raise ValueError(
+            f"`W` must be positive definite, but its smallest eigenvalue is "
+            f"{lam.min():.3g} (largest {lam.max():.3g}); the ellipsoid |y|_W = 1 needs an "
+            "SPD metric whose condition number stays well below 1/eps of its dtype."
+        )
 
 
 NONFINITE = (
     "jaxattn: the tokens became NaN or inf during the run: the weights overflow this "
-    "floating-point type (e.g. |τ U| or β|P| near its largest value) or contain NaN. "
-    "Use smaller or finite weights, or float64 (jax_enable_x64)."
+    "floating-point type (e.g. |τ U| or β|P| near its largest value) or contain NaN "
+    "or inf. Use smaller or finite weights, or float64 (jax_enable_x64)."
 )
 
 
 TOKENS_NONFINITE = "jaxattn: the initial tokens contain NaN or inf; pass finite tokens."
 TOKENS_ZERO = (
-    "jaxattn: an initial token is zero, so it has no projection onto the "
-    "ellipsoid; every token needs |x_i|_W > 0."
+    "jaxattn: an initial token is zero (or all its entries are below the smallest "
+    "normal float), so it has no direction to project onto the ellipsoid; every "
+    "token needs a nonzero entry."
 )
 
 
-def _token_defects(x, W) -> tuple[Array, Array]:
-    """Whether `x` has a NaN/inf entry, and whether it has a zero token."""
+def _token_defects(x) -> tuple[Array, Array]:
+    """Whether `x` has a NaN/inf entry, and whether it has a zero token.
+
+    A token is zero when its largest entry is: the test is scale-aware (tokens of
+    size `1e-20` are valid; `N_W` rescales them exactly before squaring) and needs
+    no metric (an SPD `W` vanishes only at 0). Subnormal tokens count as zero: CPUs
+    flush them to 0.
+    """
     bad_value = ~jnp.all(jnp.isfinite(x))
-    Wx = None if W is None else einsum("...j,ij->...i", x, W, precision="float32")
-    sq = jnp.sum(x * x if W is None else x * Wx, axis=-1)
-    return bad_value, jnp.any(sq <= jnp.finfo(x.dtype).tiny)
+    zero = jnp.any(jnp.max(jnp.abs(x), axis=-1) < jnp.finfo(x.dtype).tiny)
+    return bad_value, zero
 
 
-def check_tokens(x: Float[Array, "*batch n d"], W) -> Float[Array, "*batch n d"]:
+def check_tokens(x: Float[Array, "*batch n d"]) -> Float[Array, "*batch n d"]:
     """Refuse NaN/inf entries and zero tokens (they have no point on `E_W`).
 
     Runs inside `jit` through `eqx.error_if`; the returned array must be used.
     """
-    bad_value, _ = _token_defects(x, W)
+    bad_value, _ = _token_defects(x)
     x = eqx.error_if(x, bad_value, TOKENS_NONFINITE)
-    _, zero = _token_defects(x, W)
+    _, zero = _token_defects(x)
     return eqx.error_if(x, zero, TOKENS_ZERO)
 
 
 _token_defects_jit = jax.jit(_token_defects)
 
 
-def check_tokens_now(x: Float[Array, "*batch n d"], W) -> None:
+def check_tokens_now(x: Float[Array, "*batch n d"]) -> None:
     """`check_tokens` on concrete tokens, before a run: a `ValueError` with the same
     message."""
-    bad_value, zero = jax.device_get(_token_defects_jit(x, W))
+    bad_value, zero = jax.device_get(_token_defects_jit(x))
     if bad_value:
         raise ValueError(TOKENS_NONFINITE)
     if zero:

@@ -208,6 +208,41 @@ def test_numerical_tolerances_and_schedule_types(key):
         T.classify(dyn)["9.9"]
 
 
+def _check(report, name):
+    (check,) = [c for c in report.checks if c.name == name]
+    return check
+
+
+def test_time_checks_read_the_schedule_or_name_their_grid(key):
+    d = 3
+    # 40 equal layers but layer 25 (t in [25, 26), past the default grid on [0, 10]):
+    # every piece is compared, so U is not time-invariant.
+    U = jnp.broadcast_to(jnp.diag(jnp.array([1.0, 0.3, -0.4])), (40, 1, d, d))
+    stack = ja.PiecewiseConstant(U.at[25].set(-U[25]), dt=1.0)
+    cls = T.classify(ja.SelfAttentionDynamics(jnp.eye(d)[None], stack, causal=True))
+    assert cls.theorems == ()
+    invariant = _check(cls["5.2"], "U time-invariant")
+    assert not invariant.holds and "all 40 pieces, no grid" in invariant.detail
+    assert not _check(cls["5.3"], "U differentiable in t").holds
+    # Equal pieces: time-invariant and continuous, read without a grid.
+    S = random_spd(key, d)
+    flat = ja.PiecewiseConstant(jnp.broadcast_to(S, (4, 1, d, d)), dt=0.5)
+    cls = T.classify(ja.SelfAttentionDynamics(flat, 2 * S[None]))
+    assert cls.theorems == ("3.2",)
+    assert "no grid" in _check(cls["3.2"], "P time-invariant").detail
+    assert "U has finitely many values" in _check(cls["4.1"], "P, U bounded").detail
+    # A Schedule function is sampled, and every check made from it says where.
+    varying = ja.Schedule(lambda t: _identity(1, d) * (1 + 0.1 * jnp.sin(t)))
+    dyn = ja.SelfAttentionDynamics(S[None], varying)
+    for times, grid in ((None, "a grid of 201 times on [0, 10]"),
+                        (np.linspace(0.0, 2.0, 5), "a grid of 5 times on [0, 2]")):
+        cls = T.classify(dyn, times=times)
+        assert grid in _check(cls["3.2"], "U time-invariant").detail
+        assert f"U finite where sampled on {grid}" in _check(cls["4.1"], "P, U bounded").detail
+        assert "exact: a constant, no grid" in _check(cls["3.2"], "P time-invariant").detail
+    assert "not checked" in _check(T.classify(dyn)["5.3"], "U differentiable in t").detail
+
+
 # --- the traceable tests (`theorem_test`) against the host `predict` -------------------
 
 

@@ -78,7 +78,9 @@ def register(sub) -> None:
         description="Run an experiment of paper 001 §6.1 into runs/NAME/<timestamp>/ (or "
         "--out): config.json, data.npz, figures (PNG, PDF), summary.json with the verdict. "
         "Overrides follow the name (jaxattn run NAME --help lists them). Exit status: 0 "
-        "when the outcome agrees with the theorem, 3 when it does not, 2 for bad input.",
+        "when the outcome agrees with the theorem, when it is still converging at the horizon "
+        "(verdict_kind not_converged) or when no theorem covers the run; 3 only when the run "
+        "measurably contradicts the theorem (convergence stalled or reversed); 2 for bad input.",
     )
     run.add_argument("name", nargs="?", help="experiment name (see `jaxattn list`)")
     run.add_argument("overrides", nargs=argparse.REMAINDER,

@@ -64,8 +64,7 @@ def _sweep(args: argparse.Namespace) -> int:
     )
     s = result.summary
     print(format_table(s, _keys(result)))
-    print(f"prediction held in {s['prediction_held']} of {s['in_domain']} instances inside the "
-          f"theorem's domain ({s['rows']} rows)")
+    print(s["verdict"])
     print(f"wrote {result.folder}/: sweep.json, table.csv, {', '.join(s['figures'])}, "
           "summary.json")
     return 0
@@ -82,7 +81,8 @@ def register(sub) -> None:
         "random instances per point (instance i uses seed S + i), each point one vmapped "
         "batch. Writes sweep.json (config, versions), chunks/ (atomic), table.csv (one row "
         "per instance: final E, consensus time, whether the theorem's prediction held, "
-        "solver status), sweep.png/.pdf and summary.json. NAME may be a TOML or JSON spec "
+        "solver status, and a status: held, not_converged, contradicted, solver_failed or "
+        "outside_domain), sweep.png/.pdf and summary.json. NAME may be a TOML or JSON spec "
         "file with keys experiment, grid, points, set, instances, seed, chunk.")
     p.add_argument("name", help="experiment name (thm41-sphere, …) or a .toml/.json spec")
     p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,…",

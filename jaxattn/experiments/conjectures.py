@@ -14,6 +14,7 @@ import optax
 
 from .. import _plot
 from .._dynamics import SelfAttentionDynamics
+from .._horizon import CONSENSUS_TOL
 from .._layers import run_layers
 from .._manifold import normalize
 from ..explore import (
@@ -27,7 +28,7 @@ from ..explore import (
 from ..explore._bipartite import BipartiteWeights
 from ..spectral import layer_matrix
 from .adversarial import STUDY_PARAMS, Study, draw_trace, long_run
-from .base import Param, Verdict, fmt
+from .base import Param, Verdict, convergence_trend, fmt
 
 # --- conjecture-multihead ------------------------------------------------------------
 
@@ -96,15 +97,17 @@ class ConjectureMultihead(Study):
         for h in (2, 3):
             d_T, d_long = float(data[f"h{h}_value"]), float(data[f"h{h}_dist_long"])
             speed = float(data[f"h{h}_speed_end"])
-            stuck = d_long > 1e-2 and d_long > 0.5 * d_T
+            # a counterexample stops approaching v₁; a slow approach is none
+            trend = convergence_trend(data[f"h{h}_ts"], data[f"h{h}_dist"], CONSENSUS_TOL)
+            stuck = trend.contradicts
             found |= stuck
             parts.append(
                 f"h={h}: best max(1 − ⟨x_i(T), v₁⟩) {fmt(d_T)} (random starts mean "
                 f"{fmt(np.mean(data[f'h{h}_baseline']))}); at {config['long']:g}T {fmt(d_long)}, "
                 f"|velocity| {fmt(speed)}, gap of ΣU {float(data[f'h{h}_gap']):.3f}, "
-                f"start margin {float(data[f'h{h}_margin']):.3f} → "
+                f"start margin {float(data[f'h{h}_margin']):.3f}; {trend.describe('distance')} → "
                 + ("CANDIDATE COUNTEREXAMPLE" if stuck
-                   else "converges (slowly): no counterexample"))
+                   else "converges: no counterexample"))
         return Verdict(True, "; ".join(parts),
                        {f"h{h}_{k}": float(data[f"h{h}_{k}"]) for h in (2, 3)
                         for k in ("value", "dist_long", "gap", "speed_end", "margin")}

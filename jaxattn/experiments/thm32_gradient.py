@@ -13,7 +13,17 @@ from .._manifold import sample_ellipsoid
 from ..metrics import cluster_count, misalignment, potential
 from ..theory import predict
 from . import paper
-from .base import AbstractExperiment, Param, Verdict, flow_path, fmt, layer_path
+from .base import (
+    AbstractExperiment,
+    Param,
+    convergence_trend,
+    flow_path,
+    fmt,
+    judge,
+    kind_verdict,
+    layer_path,
+    outcome_words,
+)
 
 # An equilibrium: the largest velocity entry below CONSENSUS_TOL (`Prediction.check`).
 _RISE = 1e-7  # E_P "never decreases": no drop beyond this fraction of E_P (solver error)
@@ -82,24 +92,28 @@ class GradientExperiment(AbstractExperiment):
 
     def verdict(self, config, data):
         run = "_layers" if config["discrete"] else ""
-        EP, speed = data["E_P" + run], float(data["speed" + run][-1])
+        EP, speed = data["E_P" + run], data["speed" + run]
         drop = float(np.max(-np.diff(EP)) / EP[0]) if len(EP) > 1 else 0.0
         monotone = drop <= _RISE
+        trend = convergence_trend(data["ts" + run], speed, CONSENSUS_TOL)
         numbers = {"E_P_start": float(EP[0]), "E_P_final": float(EP[-1]),
-                   "largest_relative_drop": drop, "final_speed": speed,
+                   "largest_relative_drop": drop, "final_speed": float(speed[-1]),
                    "final_E": float(data["E" + run][-1]), "clusters": int(data["clusters"])}
+        numbers |= trend.numbers()
         where = f"{len(data['ts' + run]) - 1} layers, τ = {config['tau']}" if run else "flow"
         if str(data["theorem"]) != "3.2":
-            return Verdict(False, f"{where}: Theorem 3.2 does not cover this model", numbers)
-        equilibrium = bool(data["agrees" + run])
-        ok = equilibrium and (monotone or bool(run))  # the layers need not ascend E_P
-        outcome = "as Theorem 3.2 predicts" if ok else "AGAINST Theorem 3.2"
+            return kind_verdict("not_applicable", f"{where}: Theorem 3.2 does not cover this "
+                                "model", numbers)
+        # a stalled speed (not a rising one, `judge`) or E_P falling along the flow
+        kind = judge(bool(data["agrees" + run]), trend, "3.2")
+        if not (monotone or run):  # the layers need not ascend E_P
+            kind = "contradicts"
         mono = ("never decreased" if monotone else f"fell by up to {fmt(drop)} of E_P(0)")
-        state = "an equilibrium" if equilibrium else "no equilibrium by t = T"
-        line = (f"{where}: E_P rose {fmt(EP[0])} → {fmt(EP[-1])} and {mono}; final speed "
-                f"{fmt(speed)} {'<' if equilibrium else '≥'} {CONSENSUS_TOL:g}: {state}, {outcome} "
+        state = "an equilibrium, " if kind == "agrees" else ""
+        line = (f"{where}: E_P rose {fmt(EP[0])} → {fmt(EP[-1])} and {mono}; "
+                f"{trend.describe('the speed max |ẋ|')}: {state}{outcome_words(kind, '3.2')} "
                 f"(final E = {fmt(numbers['final_E'])}, {numbers['clusters']} cluster(s))")
-        return Verdict(ok, line, numbers)
+        return kind_verdict(kind, line, numbers)
 
     def draw(self, config, data, folder: Path):
         plt = _plot.pyplot()

@@ -11,7 +11,18 @@ from .._horizon import CONSENSUS_TOL
 from ..metrics import misalignment, pairwise_lyapunov
 from ..theory import predict
 from . import paper
-from .base import AbstractExperiment, Param, Verdict, flow_path, fmt, largest_rise, layer_path
+from .base import (
+    AbstractExperiment,
+    Param,
+    convergence_trend,
+    flow_path,
+    fmt,
+    judge,
+    kind_verdict,
+    largest_rise,
+    layer_path,
+    outcome_words,
+)
 
 
 def setup(key, config):
@@ -65,20 +76,21 @@ class SphereExperiment(AbstractExperiment):
 
     def verdict(self, config, data):
         run = "_layers" if config["discrete"] else ""
-        E_final = float(data["E" + run][-1])
+        E = data["E" + run]
         rise = largest_rise(data["V" + run])
         where = f"{len(data['ts' + run]) - 1} layers, τ = {config['tau']}" if run else "flow"
-        numbers = {"final_E": E_final, "V_largest_rise": rise, "margin": float(data["margin"])}
+        trend = convergence_trend(data["ts" + run], E, CONSENSUS_TOL)
+        numbers = {"final_E": float(E[-1]), "V_largest_rise": rise,
+                   "margin": float(data["margin"])} | trend.numbers()
         if not bool(data["in_domain"]):
             line = (f"{where}: the start is in no open hemisphere, so Theorem 4.1 says nothing; "
-                    f"final E = {fmt(E_final)}")
-            return Verdict(True, line, numbers)
-        ok = E_final < CONSENSUS_TOL
-        outcome = "consensus, as Theorem 4.1 predicts" if ok else "no consensus, AGAINST Thm 4.1"
-        cmp = "<" if ok else "≥"
-        line = (f"{where}: final E = {fmt(E_final)} {cmp} {CONSENSUS_TOL:g}: {outcome} (start in a "
-                f"hemisphere, margin {fmt(data['margin'])}); V(t) largest rise {fmt(rise)}")
-        return Verdict(ok, line, numbers)
+                    f"final E = {fmt(E[-1])}")
+            return kind_verdict("not_applicable", line, numbers)
+        kind = judge(float(E[-1]) < CONSENSUS_TOL, trend)
+        reached = {"agrees": "consensus, ", "contradicts": "no consensus, "}.get(kind, "")
+        line = (f"{where}: {trend.describe('E')}: {reached}{outcome_words(kind, '4.1')} (start "
+                f"in a hemisphere, margin {fmt(data['margin'])}); V(t) largest rise {fmt(rise)}")
+        return kind_verdict(kind, line, numbers)
 
     def draw(self, config, data, folder: Path):
         plt = _plot.pyplot()

@@ -12,7 +12,17 @@ from .._precision import matmul
 from ..metrics import misalignment
 from ..theory import predict
 from . import paper
-from .base import AbstractExperiment, Param, Verdict, flow_path, fmt, layer_path
+from .base import (
+    AbstractExperiment,
+    Param,
+    convergence_trend,
+    flow_path,
+    fmt,
+    judge,
+    kind_verdict,
+    layer_path,
+    outcome_words,
+)
 
 
 def setup(key, config):
@@ -75,20 +85,21 @@ class SymmetricExperiment(AbstractExperiment):
         E_final, proj = float(data["E" + run][-1]), data["proj" + run]
         gap = 1 - float(proj[-1])
         dip = float(proj.min() - proj[0])
+        trend = convergence_trend(data["ts" + run], 1 - proj, CONSENSUS_TOL)
         numbers = {"final_E": E_final, "final_1_minus_min_proj": gap,
                    "min_proj_start": float(proj[0]), "min_proj_lowest": float(proj.min())}
+        numbers |= trend.numbers()
         where = f"{len(data['ts' + run]) - 1} layers, τ = {config['tau']}" if run else "flow"
         if str(data["theorem"]) != "5.2" or not bool(data["in_domain"]):
-            return Verdict(False, f"{where}: Theorem 5.2 does not cover this start; "
-                           f"final E = {fmt(E_final)}", numbers)
-        ok = bool(data["agrees" + run])
-        outcome = "as Theorem 5.2 predicts" if ok else "AGAINST Theorem 5.2"
-        cmp = "<" if ok else "≥"
+            return kind_verdict("not_applicable", f"{where}: Theorem 5.2 does not cover this "
+                                f"start; final E = {fmt(E_final)}", numbers)
+        kind = judge(bool(data["agrees" + run]), trend)
+        reached = {"agrees": "consensus at v₁, ", "contradicts": "not at v₁, "}.get(kind, "")
         note = (f"; min_i⟨x_i, v₁⟩ first fell by {fmt(-dip)} (not a Lyapunov function)"
                 if dip < 0 else "")
-        line = (f"{where}: final E = {fmt(E_final)}, 1 − min_i⟨x_i, v₁⟩ = {fmt(gap)} {cmp} "
-                f"{CONSENSUS_TOL:g}: consensus at v₁, {outcome}{note}")
-        return Verdict(ok, line, numbers)
+        line = (f"{where}: final E = {fmt(E_final)}, {trend.describe('1 − min_i⟨x_i, v₁⟩')}: "
+                f"{reached}{outcome_words(kind, '5.2')}{note}")
+        return kind_verdict(kind, line, numbers)
 
     def draw(self, config, data, folder: Path):
         plt = _plot.pyplot()

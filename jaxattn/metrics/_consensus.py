@@ -5,19 +5,33 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, Real
 
+from .._manifold import project, scale_rows, w_inner
 from .._precision import matmul
 from .._validate import as_float_array, check_metric, check_scalar
 
 
-def misalignment(x: Float[Array, "*batch n d"]) -> Float[Array, "*batch"]:
+def misalignment(
+    x: Float[Array, "*batch n d"], W: Float[Array, "d d"] | None = None
+) -> Float[Array, "*batch"]:
     """The misalignment `E(x) = 1 − (1/n) Σ_i cos(x_1, x_i)` (paper 001 eq. 25).
 
     Zero exactly when every token points along the first one (consensus); at most 2.
     Computed over the last two axes; leading axes (batch, time) are kept.
 
+    Evaluated without cancellation as `(1/n) Σ_i |x̂_i − x̂_1|²_W / 2`, with
+    `x̂ = N_W(x)` (each row brought to unit scale by a power of two first, so
+    tokens of any finite size, `1e-25` or `2e19` in float32, neither underflow nor
+    overflow): `1 − cos(a, b) = |â − b̂|²/2`. So `E ≥ 0`, and it resolves values
+    down to ~1e-14 in float32, where `1 − mean cos` stops at the rounding of the
+    cosines (~1e-7). The dtype of `x` is kept (float64 in, float64 out).
+
     **Arguments:**
 
-    - `x`: tokens `(..., n, d)`, any nonzero rows (not necessarily normalised).
+    - `x`: tokens `(..., n, d)`, any nonzero rows (not necessarily normalised); a
+      zero or NaN row gives NaN.
+    - `W`: a metric `(d, d)` for the `W`-cosine `⟨a, b⟩_W / (|a|_W |b|_W)`;
+      `None` (default) is the Euclidean cosine of eq. 25. For tokens `x = Y X₀`
+      given by coordinates `Y`, `misalignment(Y, X₀X₀ᵀ)` is `misalignment(x)`.
 
     **Returns:**
 
@@ -26,9 +40,15 @@ def misalignment(x: Float[Array, "*batch n d"]) -> Float[Array, "*batch"]:
     x = as_float_array(x, "x")
     if x.ndim < 2:
         raise ValueError(f"misalignment needs tokens of shape (..., n, d), got {x.shape}.")
-    unit = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
-    cos = jnp.sum(unit[..., :1, :] * unit, axis=-1)
-    return 1 - jnp.mean(cos, axis=-1)
+    if W is not None:
+        W = check_metric(W, x.shape[-1])
+    unit = project(x, W)
+    return jnp.mean(_half_sq_norm(unit - unit[..., :1, :], W), axis=-1)
+
+
+def _half_sq_norm(r: Float[Array, "... d"], W: Float[Array, "d d"] | None) -> Float[Array, "..."]:
+    """`|r|²_W / 2`, clipped at 0 (a rounding below it is possible only with `W`)."""
+    return jnp.maximum(w_inner(r, r, W), 0) / 2
 
 
 def _batched(fn, core_ndim: int):
@@ -50,13 +70,6 @@ def _tokens(x, name: str = "x") -> Float[Array, "*batch n d"]:
     return x
 
 
-def _gram(x: Float[Array, "n d"], W: Float[Array, "d d"] | None) -> Float[Array, "n n"]:
-    """`⟨x_i, x_j⟩_W` for all pairs; metric products are always true float32."""
-    if W is None:
-        return matmul(x, x.T, "float32")
-    return matmul(matmul(x, W, "float32"), x.T, "float32")
-
-
 def pairwise_lyapunov(
     x: Float[Array, "*batch n d"], W: Float[Array, "d d"] | None = None
 ) -> Float[Array, "*batch"]:
@@ -65,6 +78,9 @@ def pairwise_lyapunov(
 
     On `E_W` it is zero exactly at consensus. Along the flow with every `U_η = I`
     and full attention it does not increase while all `⟨x_i, x_j⟩_W > 0`.
+    Evaluated without cancellation as `max_{i,j} |x̂_i − x̂_j|²_W / 2` on the
+    tokens put on `E_W` (`x̂ = N_W(x)`, which changes nothing for tokens on it), so
+    `V ≥ 0` and it resolves values far below float32's `1e-7`.
 
     **Arguments:**
 
@@ -78,7 +94,20 @@ def pairwise_lyapunov(
     x = _tokens(x)
     if W is not None:
         W = check_metric(W, x.shape[-1])
-    return _batched(lambda xi: 1 - jnp.min(_gram(xi, W)), 2)(x)
+    return _batched(lambda xi: _largest_half_sq_distance(xi, W), 2)(x)
+
+
+def _largest_half_sq_distance(x: Float[Array, "n d"], W) -> Float[Array, ""]:
+    """`max_ij |x̂_i − x̂_j|²_W / 2`. The pairwise distances come from the Gram matrix
+    of the offsets `r_i = x̂_i − x̂_1`, formed elementwise: its rounding is relative to
+    `max |r_i|²`, which is within a factor 2 of the result, not to `|x̂|² = 1`.
+    Metric products are true float32 (a measure, not the model's run)."""
+    unit = project(x, W)
+    r = unit - unit[:1]
+    rW = r if W is None else matmul(r, W, "float32")
+    gram = matmul(rW, r.T, "float32")
+    sq = jnp.diagonal(gram)
+    return jnp.maximum(jnp.max(sq[:, None] + sq[None, :] - 2 * gram), 0) / 2
 
 
 def potential(
@@ -210,6 +239,9 @@ def rank_collapse_residual(x: Float[Array, "*batch n d"]) -> Float[Array, "*batc
     x = _tokens(x)
 
     def one(xi):
+        # One power-of-two scale for the whole matrix (the ratio is scale-invariant),
+        # so the norms neither overflow nor underflow.
+        xi = scale_rows(xi.reshape(1, -1)).reshape(xi.shape)
         return jnp.linalg.norm(xi - jnp.mean(xi, axis=0, keepdims=True)) / jnp.linalg.norm(xi)
 
     return _batched(one, 2)(x)

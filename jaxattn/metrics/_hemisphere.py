@@ -16,7 +16,7 @@ import scipy.optimize
 from jaxtyping import Array, Bool, Float
 
 from .._manifold import w_inner, w_norm
-from .._validate import as_float_array, check_metric
+from .._validate import as_float_array, check_metric, known_nonfinite
 
 # The origin counts as inside the hull of the tokens (no open hemisphere) when the
 # nearest hull point is this close to it, relative to the largest token.
@@ -72,14 +72,18 @@ def _solve_one(x: np.ndarray, chol: np.ndarray):
 
 def _host_hemisphere(x, W):
     x = np.asarray(x, dtype=np.float64)
-    chol = np.linalg.cholesky(np.asarray(W, dtype=np.float64))
     batch, (n, d) = x.shape[:-2], x.shape[-2:]
     flat = x.reshape(-1, n, d)
     inside = np.zeros(len(flat), bool)
-    z = np.zeros((len(flat), d))
-    lam = np.zeros((len(flat), n))
+    z = np.full((len(flat), d), np.nan)
+    lam = np.full((len(flat), n), np.nan)
+    try:  # a traced W is checked only here: not SPD (or NaN) leaves every answer NaN
+        chol = np.linalg.cholesky(np.asarray(W, dtype=np.float64))
+    except np.linalg.LinAlgError:
+        chol = None
     for k, xk in enumerate(flat):
-        inside[k], z[k], lam[k] = _solve_one(xk, chol)
+        if chol is not None and np.all(np.isfinite(xk)):
+            inside[k], z[k], lam[k] = _solve_one(xk, chol)
     return inside.reshape(batch), z.reshape(batch + (d,)), lam.reshape(batch + (n,))
 
 
@@ -99,6 +103,8 @@ def hemisphere(x: Float[Array, "*batch n d"], W: Float[Array, "d d"] | None = No
     **Arguments:**
 
     - `x`: tokens `(..., n, d)` (any nonzero rows; on `E_W` the margin is a `W`-cosine).
+      NaN or inf entries are refused (`ValueError`) when `x` is concrete; inside
+      `jit` such a sequence gets `inside = False` and NaN `z` and `margin`.
     - `W`: the metric `(d, d)`; `None` is the identity (the sphere).
 
     **Returns:**
@@ -108,6 +114,8 @@ def hemisphere(x: Float[Array, "*batch n d"], W: Float[Array, "d d"] | None = No
     x = as_float_array(x, "x")
     if x.ndim < 2 or x.shape[-2] < 1:
         raise ValueError(f"`x` must be tokens of shape (..., n, d), got {x.shape}.")
+    if known_nonfinite(x):
+        raise ValueError("hemisphere: the tokens `x` contain NaN or inf; pass finite tokens.")
     d = x.shape[-1]
     Wm = jnp.eye(d, dtype=x.dtype) if W is None else check_metric(W, d).astype(x.dtype)
     batch, n = x.shape[:-2], x.shape[-2]
@@ -125,7 +133,11 @@ def hemisphere(x: Float[Array, "*batch n d"], W: Float[Array, "d d"] | None = No
     scores = w_inner(z[..., None, :], x, Wz)
     norm = jnp.where(inside, w_norm(z, Wz), 1.0)
     margin = jnp.where(inside, jnp.sum(lam * scores, axis=-1) / norm, 0.0)
-    return Hemisphere(inside, z, margin)
+    # A sequence the host could not decide (NaN/inf tokens, or a traced W that is
+    # not SPD) has NaN weights: its margin is NaN, not a silent 0.
+    undecided = jnp.any(jnp.isnan(lam), axis=-1)
+    z = jnp.where(undecided[..., None], jnp.nan, z)
+    return Hemisphere(inside, z, jnp.where(undecided, jnp.nan, margin))
 
 
 def wendel_probability(n: int, d: int) -> float:

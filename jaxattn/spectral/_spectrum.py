@@ -149,11 +149,15 @@ def spectrum(Omega: Float[Array, "d d"], *, tau=None, rtol: float = 1e-6) -> Spe
 
     **Returns:**
 
-    A `Spectrum`. Runs on the CPU (`jnp.linalg.eig`).
+    A `Spectrum`. Runs on the CPU (`jnp.linalg.eig`). A NaN or inf entry in `Ω`
+    raises an `EquinoxRuntimeError`.
     """
     Omega = jnp.asarray(Omega)
     if Omega.ndim != 2 or Omega.shape[0] != Omega.shape[1]:
         raise ValueError(f"`Omega` must be a square (d, d) matrix, got {Omega.shape}.")
+    # A NaN/inf Ω has no spectrum: without this it would read as "case 3".
+    Omega = eqx.error_if(Omega, ~jnp.all(jnp.isfinite(Omega)),
+                         "spectrum: `Omega` contains NaN or inf; pass a finite layer matrix.")
     lam, vecs = jnp.linalg.eig(Omega)
     key = jnp.abs(lam) if tau is None else jnp.abs(1 + tau * lam)
     order = _order(lam, key)

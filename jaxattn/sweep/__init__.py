@@ -23,8 +23,25 @@ holds the grid parameters, `point`, `instance`, `seed`, `theorem`, `final_E`,
 `consensus_time` (first time with `E < ja.metrics.CONSENSUS_TOL`, `inf` if never;
 the tolerance is recorded in `sweep.json`), `in_domain` (whether the start lies in
 the theorem's domain) and `outcome_reached`, both by the theorem's own tests
-(`ja.theory.theorem_test`), `prediction_held` (empty outside the domain),
-`solver_success` and `num_steps`.
+(`ja.theory.theorem_test`), `prediction_held`, `solver_success`, `num_steps` and
+`status`, the instance's verdict:
+
+- `held`: inside the domain, the predicted outcome was reached by `T`
+  (`prediction_held` true);
+- `not_converged`: not reached by `T`, but the distance to the predicted outcome
+  (`E`, the distance to the named limit, or the speed for an equilibrium) was still
+  falling over the last third of the run: slow, which the theorem allows
+  (`prediction_held` empty);
+- `contradicted`: not reached and that distance stalled or rose over the last third
+  (`prediction_held` false);
+- `solver_failed`: the solver did not finish (`prediction_held` empty: a failure is
+  no verdict);
+- `outside_domain`: the theorem says nothing about this start (`prediction_held`
+  empty).
+
+`summary.json` counts each status per point and in total, with a one-line
+`verdict` and its `verdict_kind` (`agrees`, `not_converged`, `contradicts`, as for
+`jaxattn run`).
 """
 
 import sys as _sys

@@ -6,10 +6,11 @@ own `setup(key, config)` with `key = PRNGKey(seed + instance)`, exactly as
 `--samples 1`), so any row of a sweep table can be re-run alone. Each instance is
 judged by its theorem's own tests (`ja.theory.theorem_test`): whether the start
 lies in the theorem's domain and whether the outcome was reached, on the states
-the simulator ran. A chunk's instances run as one vmapped program; the domain test
-of Theorem 4.1 (a convex program solved on the host, `ja.metrics.hemisphere`) runs
-after it on the chunk's starts, so that no host callback sits in the (possibly
-sharded) program.
+the simulator ran; beside them the distance to the predicted outcome at every
+saved time, whose trend tells a run still converging from one that stalled. A
+chunk's instances run as one vmapped program; the domain test of Theorem 4.1 (a
+convex program solved on the host, `ja.metrics.hemisphere`) runs after it on the
+chunk's starts, so that no host callback sits in the (possibly sharded) program.
 """
 
 import dataclasses
@@ -24,6 +25,7 @@ import numpy as np
 from .._flow import solve_flow_unchecked
 from .._horizon import CONSENSUS_TOL, Horizon
 from .._layers import run_layers_unchecked
+from .._manifold import w_inner
 from .._sharding import as_mesh, shard_batch, unshard
 from ..experiments import (
     get_experiment,
@@ -108,6 +110,19 @@ def _evolve(dyn, y0, p, s):
     return ts, result.ys, result.success, result.num_steps
 
 
+def _residual(test, dyn, y0, ts, ys, E):
+    """The distance to the predicted outcome at every saved time, the quantity whose
+    last value `test.reached` compares with the tolerance: `max_i 1 − ⟨x_i, ℓ_i⟩_W`
+    for a named limit `ℓ` (5.1, 5.2), the speed `max |ẋ|` for an equilibrium (3.2),
+    else the misalignment `E` (consensus, 4.1). A sweep judges its trend."""
+    limit = test.limit(y0)
+    if limit is not None:
+        return jnp.max(1 - w_inner(ys, limit, test.W), axis=-1)
+    if test.outcome == "equilibrium":
+        return jax.vmap(lambda t, x: jnp.max(jnp.abs(dyn.velocity(t, x))))(ts, ys)
+    return E
+
+
 @eqx.filter_jit
 def _chunk(name: str, p: dict[str, Any], s: tuple, keys):
     s = dict(s)
@@ -118,7 +133,9 @@ def _chunk(name: str, p: dict[str, Any], s: tuple, keys):
         dyn = paper.with_beta(dyn, p["beta"])
         ts, ys, ok, steps = _evolve(dyn, y0, p, s)
         test = theorem_test(theorem, dyn)
-        out = {"E": misalign(ys), "y0": y0, "success": ok, "num_steps": steps, "ts": ts,
+        E = misalign(ys)
+        out = {"E": E, "y0": y0, "success": ok, "num_steps": steps, "ts": ts,
+               "residual": _residual(test, dyn, y0, ts, ys, E),
                "reached": test.reached(y0, ys[-1], ts[-1], CONSENSUS_TOL)}
         if test.host_domain:
             out["test"] = test  # its domain is decided after the program, on the host
@@ -150,8 +167,9 @@ def simulate_chunk(name: str, config: dict[str, Any], params: tuple[Param, ...],
 
     **Returns:**
 
-    Per-instance arrays: `E (B, T)`, `ts (B, T)`, `y0` (the start the simulator
-    ran), `in_domain`, `reached`, `success`, `num_steps`.
+    Per-instance arrays: `E (B, T)`, `ts (B, T)`, `residual (B, T)` (the distance
+    to the predicted outcome, `_residual`), `y0` (the start the simulator ran),
+    `in_domain`, `reached`, `success`, `num_steps`.
     """
     dtype = jnp.result_type(float)
     static = {q.name: config[q.name] for q in params if q.type is not float}

@@ -1,13 +1,17 @@
-"""What a sweep reports: per-point statistics, the printed table, the summary figure
-(its consensus tolerance read from the sweep's `sweep.json`)."""
+"""What a sweep reports: each instance's status (held, still converging, contradicted,
+solver failed, outside the domain), per-point statistics and the sweep's verdict, the
+printed table, the summary figure (its consensus tolerance read from the sweep's
+`sweep.json`)."""
 
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._horizon import CONSENSUS_TOL
 from .._plot import pyplot, save_figure
 from .._runs import read_json
+from ..experiments.base import convergence_trend, judge
 
 
 def _quantiles(x) -> tuple[float, float, float]:
@@ -23,12 +27,50 @@ def _point_rows(table, point: int) -> np.ndarray:
     return table["point"] == point
 
 
+#: The statuses of a sweep's instances (`table.csv`'s `status` column), in the order
+#: the report counts them.
+STATUSES = ("held", "not_converged", "contradicted", "solver_failed", "outside_domain")
+
+#: `prediction_held` of each status: decided only where the theorem speaks and the run
+#: decided it (empty outside the domain, after a solver failure, and while converging).
+PREDICTION_HELD = {"held": "true", "not_converged": "", "contradicted": "false",
+                   "solver_failed": "", "outside_domain": ""}
+
+
+def instance_status(success, inside, reached, ts, residual, theorem) -> str:
+    """An instance's `status` (`STATUSES`): `solver_failed`, `outside_domain` (the
+    theorem says nothing), `held` (the outcome was reached), else, judged on the trend
+    of its distance to the predicted outcome `residual` over the last third of the
+    run (`convergence_trend`), `not_converged` (still converging at T) or
+    `contradicted` (stalled or reversed)."""
+    if not success:
+        return "solver_failed"
+    if not inside:
+        return "outside_domain"
+    kind = judge(reached, convergence_trend(ts, residual, CONSENSUS_TOL), theorem)
+    return {"agrees": "held", "contradicts": "contradicted"}.get(kind, kind)
+
+
+def statuses(table: dict[str, np.ndarray]) -> np.ndarray:
+    """The `status` column; for a table written before it existed, what its other
+    columns tell (`"not_reached"` where they cannot tell a run still converging
+    from one that stalled)."""
+    if "status" in table:
+        return np.asarray(table["status"], dtype=object)
+    held = np.asarray([h is True for h in table["prediction_held"]])
+    return np.where(~np.asarray(table["solver_success"], bool), "solver_failed",
+                    np.where(~np.asarray(table["in_domain"], bool), "outside_domain",
+                             np.where(held, "held", "not_reached"))).astype(object)
+
+
 def point_stats(table: dict[str, np.ndarray], point: int) -> dict[str, Any]:
-    """Statistics of one grid point's instances."""
+    """Statistics of one grid point's instances, with how many of them held, are
+    still converging at T, contradict the theorem, failed in the solver, or lie
+    outside the theorem's domain (`STATUSES`)."""
     m = _point_rows(table, point)
     t = table["consensus_time"][m]
     inside = table["in_domain"][m]
-    held = table["prediction_held"][m]
+    status = statuses(table)[m]
     q25, q50, q75 = _quantiles(t)
     return {
         "instances": int(m.sum()),
@@ -37,18 +79,35 @@ def point_stats(table: dict[str, np.ndarray], point: int) -> dict[str, Any]:
         "consensus_time_q25": q25, "consensus_time_median": q50, "consensus_time_q75": q75,
         "reached_consensus": int(np.isfinite(t).sum()),
         "in_domain": int(inside.sum()),
-        "prediction_held": int(sum(h is True for h in held)),
+        "prediction_held": int(np.sum(status == "held")),
         "solver_success": int(table["solver_success"][m].sum()),
-    }
+    } | {s: int(np.sum(status == s)) for s in STATUSES[1:]}
+
+
+def sweep_verdict(counts: dict[str, int]) -> tuple[str, str]:
+    """The sweep's verdict kind (as an experiment's `verdict_kind`) and its line,
+    from the counts of each status: a run that had not reached the outcome by T but
+    was still converging is not counted against the theorem."""
+    kind = ("contradicts" if counts["contradicted"] else
+            "not_converged" if counts["not_converged"] else
+            "agrees" if counts["prediction_held"] else "not_applicable")
+    line = (f"inside the theorem's domain: {counts['prediction_held']} held, "
+            f"{counts['not_converged']} not yet converged (still converging at T), "
+            f"{counts['contradicted']} contradicted (convergence stalled or reversed); "
+            f"{counts['solver_failed']} solver failed; {counts['outside_domain']} outside "
+            "the domain")
+    return kind, line
 
 
 def summarise(spec, configs, keys, table) -> dict[str, Any]:
-    """`summary.json` of a sweep: the spec and per-point statistics."""
+    """`summary.json` of a sweep: the spec, per-point statistics, the totals of each
+    status and the verdict (`sweep_verdict`)."""
     points = [{k: c[k] for k in keys} | point_stats(table, i) for i, c in enumerate(configs)]
-    held = sum(p["prediction_held"] for p in points)
-    inside = sum(p["in_domain"] for p in points)
+    totals = {k: sum(p[k] for p in points)
+              for k in ("prediction_held", "in_domain", *STATUSES[1:])}
+    kind, line = sweep_verdict(totals)
     return {"experiment": spec.experiment, "instances_per_point": spec.instances,
-            "points": points, "prediction_held": held, "in_domain": inside,
+            "points": points, **totals, "verdict": line, "verdict_kind": kind,
             "rows": int(len(table["point"]))}
 
 
@@ -60,7 +119,7 @@ def _g(x) -> str:
 def format_table(summary: dict[str, Any], keys) -> str:
     """The per-point table that `jaxattn sweep` prints."""
     head = [*keys, "n", "median E(T)", "t_cons median [IQR]", "E<tol", "held/in domain",
-            "solver ok"]
+            "converging", "against", "solver ok"]
     body = []
     for p in summary["points"]:
         body.append([*(f"{p[k]:g}" if isinstance(p[k], float) else str(p[k]) for k in keys),
@@ -69,6 +128,7 @@ def format_table(summary: dict[str, Any], keys) -> str:
                      f"{_g(p['consensus_time_q75'])}]",
                      f"{p['reached_consensus']}/{p['instances']}",
                      f"{p['prediction_held']}/{p['in_domain']}",
+                     str(p.get("not_converged", "–")), str(p.get("contradicted", "–")),
                      f"{p['solver_success']}/{p['instances']}"])
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head, *body]]

@@ -36,12 +36,12 @@ from .._runs import (
 )
 from ..metrics import consensus_time
 from ._instances import simulate_chunk, theorem_of
-from ._report import summarise, write_figure
+from ._report import PREDICTION_HELD, instance_status, summarise, write_figure
 from ._spec import SweepSpec, check_spec, grid_keys, read_spec, sweep_params, with_counts
 
 #: The columns of a sweep table, after the grid parameters.
 COLUMNS = ("point", "instance", "seed", "theorem", "final_E", "consensus_time", "in_domain",
-           "outcome_reached", "prediction_held", "solver_success", "num_steps")
+           "outcome_reached", "prediction_held", "solver_success", "num_steps", "status")
 
 
 def plan(spec: SweepSpec, configs) -> list[tuple[int, int, int]]:
@@ -63,14 +63,16 @@ def _rows(spec, config, keys, point, lo, out, theorem) -> list[list[str]]:
     """One table row per instance of a chunk (`out` from `simulate_chunk`)."""
     E = out["E"]
     t_cons = np.asarray(consensus_time(out["ts"][0], E, CONSENSUS_TOL))
+    residual = out.get("residual", E)
     rows = []
     for j in range(E.shape[0]):
         inside, reached = bool(out["in_domain"][j]), bool(out["reached"][j])
-        held = _fmt(reached) if inside else ""  # the theorem says nothing outside its domain
+        success = bool(out["success"][j])
+        status = instance_status(success, inside, reached, out["ts"][j], residual[j], theorem)
         rows.append([_fmt(config[k]) for k in keys] + [
             str(point), str(lo + j), str(spec.seed + lo + j), theorem, _fmt(E[j, -1]),
-            _fmt(t_cons[j]), _fmt(inside), _fmt(reached), held,
-            _fmt(bool(out["success"][j])), str(int(out["num_steps"][j]))])
+            _fmt(t_cons[j]), _fmt(inside), _fmt(reached), PREDICTION_HELD[status], _fmt(success),
+            str(int(out["num_steps"][j])), status])
     return rows
 
 
@@ -278,7 +280,9 @@ _BOOL = {"true": True, "false": False, "": None}
 
 def load_table(folder) -> dict[str, np.ndarray]:
     """A sweep's `table.csv` as columns: numbers as float/int arrays, flags as bool
-    arrays (`prediction_held`: an object array with `None` outside the domain)."""
+    arrays (`prediction_held`: an object array with `None` where undecided), `theorem`
+    and `status` as object arrays of text. A table written before the `status` column
+    existed is read as it is (without it)."""
     path = Path(folder) / "table.csv"
     if not path.exists():
         raise RunFolderError(f"{folder} has no table.csv; it is not a finished sweep.")
@@ -287,7 +291,7 @@ def load_table(folder) -> dict[str, np.ndarray]:
     cols = {h: [r[i] for r in rows] for i, h in enumerate(header)}
     table = {}
     for name, values in cols.items():
-        if name == "theorem":
+        if name in ("theorem", "status"):
             table[name] = np.asarray(values, dtype=object)
         elif name in ("in_domain", "outcome_reached", "solver_success"):
             table[name] = np.asarray([_BOOL[v] for v in values], bool)

@@ -133,6 +133,11 @@ def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thr
     x0 = prepare_tokens(dyn, x0, checks=checks)
     ts = ts.astype(x0.dtype)
     throw_now = throw and checks  # else the caller raises diffrax's message on the host
+    if throw_now:
+        # NaN/inf weights make every step fail, which diffrax reports as "out of
+        # steps": name the cause instead, from the vector field at the start.
+        v0 = map_batch(lambda x: dyn.velocity(ts[0], x), x0)
+        x0 = eqx.error_if(x0, ~jnp.all(jnp.isfinite(v0)), NONFINITE)
     ys, result, steps = map_batch(
         lambda x: _solve_one(dyn, x, ts, solver, controller, dt0, max_steps, adjoint,
                              throw_now), x0

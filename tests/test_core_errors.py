@@ -58,6 +58,108 @@ def test_bad_beta(beta):
         ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, beta=beta)
 
 
+def test_beta_must_be_finite_in_the_model_dtype():
+    """β = 1e40 is finite in float64 but inf in float32: refused there, no NumPy warning."""
+    with jax.enable_x64(False):
+        with pytest.raises(ValueError, match="`beta` = 1e\\+40 overflows float32"):
+            ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, beta=1e40)
+    assert float(ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, beta=1e40).beta) == 1e40
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("where", ["P", "U", "Q"])
+def test_nonfinite_weights_are_refused(where, bad):
+    W = np.array(np.broadcast_to(np.eye(3), (2, 3, 3)))
+    W[1, 0, 2] = bad
+    ok = np.ones((2, 3, 3))
+    with pytest.raises(ValueError, match=f"^`{where}` contains NaN or inf"):
+        if where == "Q":
+            ja.SelfAttentionDynamics.from_factors(W, ok, ok)
+        else:
+            ja.SelfAttentionDynamics(*((W, ok) if where == "P" else (ok, W)))
+    with pytest.raises(ValueError, match="`Constant value` contains NaN or inf"):
+        ja.Constant(W)
+    with pytest.raises(ValueError, match="`PiecewiseConstant values` contains NaN or inf"):
+        ja.PiecewiseConstant(np.stack([ok, W]), 0.1)
+
+
+def test_traced_nonfinite_weights_raise_not_clipped(key):
+    """Weights known only inside jit, or given by a Schedule: an inf in P would be
+    clipped to a finite logit; it makes the run raise instead."""
+    x0 = random_tokens(key, 4, 3)
+    P = np.array(jax.random.normal(key, (2, 3, 3)))
+
+    @jax.jit
+    def run(P):
+        return ja.run_layers(ja.SelfAttentionDynamics(P, EYE), x0, 3, 0.1)
+
+    assert bool(jnp.all(jnp.isfinite(run(P))))
+    P[0, 1, 1] = np.inf
+    with pytest.raises(Exception, match="NaN or inf"):
+        jax.block_until_ready(run(P))
+    scheduled = ja.SelfAttentionDynamics(ja.Schedule(lambda t, p: p, jnp.asarray(P)), EYE)
+    with pytest.raises(Exception, match="NaN or inf"):
+        jax.block_until_ready(ja.solve_flow(scheduled, x0, jnp.array([0.0, 1.0])))
+    res = ja.solve_flow(scheduled, x0[None], jnp.array([0.0, 1.0]), throw=False)
+    assert not bool(res.success[0])
+
+
+def test_complex_schedule_is_refused():
+    with pytest.raises(TypeError, match="`P` schedule must return real weights"):
+        ja.SelfAttentionDynamics(lambda t: (1 + 1j) * jnp.ones((2, 3, 3)), EYE)
+
+
+@pytest.mark.parametrize("shape", [(1, 0, 0), (0, 3, 3)])
+def test_empty_model_is_refused(shape):
+    with pytest.raises(ValueError, match="at least one head and d ≥ 1"):
+        ja.SelfAttentionDynamics(jnp.zeros(shape), jnp.zeros(shape))
+
+
+def test_empty_batch_gives_empty_results(key):
+    dyn = random_dynamics(key, 2, 3)
+    ts = jnp.linspace(0.0, 1.0, 4)
+    x0 = jnp.zeros((0, 2, 5, 3))
+    assert ja.run_layers(dyn, x0, 3, 0.1).shape == (0, 2, 4, 5, 3)
+    assert ja.solve_flow(dyn, x0, ts).shape == (0, 2, 4, 5, 3)
+    res = ja.solve_flow(dyn, x0, ts, throw=False)
+    assert res.ys.shape == (0, 2, 4, 5, 3) and res.success.shape == res.num_steps.shape == (0, 2)
+
+
+def test_spectrum_of_nan_is_refused():
+    with pytest.raises(Exception, match="`Omega` contains NaN or inf"):
+        ja.spectral.spectrum(jnp.full((3, 3), jnp.nan)).case.block_until_ready()
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-20, 1e20, 1e38])
+def test_tiny_and_huge_float32_tokens_are_valid(key, scale):
+    """The zero test is scale-aware and N_W rescales before squaring: tokens of any
+    normal size are accepted and give the run of the unit tokens."""
+    with jax.enable_x64(False):
+        dyn = random_dynamics(key, 2, 3)
+        x0 = np.asarray(random_tokens(key, 4, 3), np.float32)
+        big = jnp.asarray(scale * x0.astype(np.float64), jnp.float32)
+        ts = jnp.array([0.0, 1.0])
+        np.testing.assert_allclose(ja.run_layers(dyn, big, 3, 0.1), ja.run_layers(dyn, x0, 3, 0.1),
+                                   atol=1e-6)
+        np.testing.assert_allclose(ja.solve_flow(dyn, big, ts), ja.solve_flow(dyn, x0, ts),
+                                   atol=1e-5)
+        with pytest.raises(Exception, match="zero"):  # subnormal: flushed to zero on CPUs
+            jax.block_until_ready(ja.run_layers(dyn, jnp.asarray(x0 * 1e-40), 3, 0.1))
+
+
+def test_metric_positive_definite_is_relative():
+    """An SPD W with a large but representable spread of eigenvalues is accepted; one
+    whose smallest eigenvalue is below float32's rounding of W is refused there only."""
+    with jax.enable_x64(False):
+        W = jnp.diag(jnp.array([1e6, 1.0, 1.0], jnp.float32))
+        dyn = ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, W=W)
+        x = ja.run_layers(dyn, jnp.ones((4, 3)), 2, 0.1)
+        np.testing.assert_allclose(ja.w_norm(x, W), 1.0, rtol=1e-6)
+        with pytest.raises(ValueError, match="positive definite"):
+            ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, W=jnp.diag(jnp.array([1e8, 1, 1.0])))
+    ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, W=jnp.diag(jnp.array([1e8, 1, 1.0])))
+
+
 @pytest.mark.parametrize("tau", [0.0, -0.1, jnp.nan, jnp.inf])
 def test_bad_tau(key, tau):
     dyn = random_dynamics(key, 2, 3)
@@ -108,6 +210,8 @@ def test_bad_ts(key):
         ja.solve_flow(dyn, x0, jnp.zeros((2, 2)))
     with pytest.raises(TypeError, match="diffrax solver"):
         ja.solve_flow(dyn, x0, jnp.array([0.0, 1.0]), solver="tsit5")
+    with pytest.raises(ValueError, match="`max_steps` must be a whole number ≥ 1"):
+        ja.solve_flow(dyn, x0, jnp.array([0.0, 1.0]), max_steps=0)
 
 
 def test_out_of_steps(key):

@@ -102,6 +102,93 @@ def test_metrics_compose_with_jit_vmap_grad(key):
     assert M.misalignment is ja.misalignment
 
 
+# --- cancellation-free forms (float32) ---------------------------------------------
+
+
+def _near_consensus(key, n, d, delta, batch):
+    """float32 tokens at distance ~`delta` from one direction, and their float64 copy."""
+    c = np.asarray(jax.random.normal(key, (d,)))
+    x = c + delta * np.asarray(jax.random.normal(jax.random.fold_in(key, 1), batch + (n, d)))
+    x32 = x.astype(np.float32)
+    return x32, x32.astype(np.float64)
+
+
+def _one_minus_cos(x, W=None):
+    """Reference in float64 (NumPy): 1 − cos_W(x_1, x_i), shape (..., n)."""
+    W = np.eye(x.shape[-1]) if W is None else np.asarray(W, np.float64)
+    g = np.einsum("...id,de,...je->...ij", x, W, x)
+    norms = np.sqrt(np.diagonal(g, axis1=-2, axis2=-1))
+    return 1 - g[..., 0, :] / (norms[..., :1] * norms)
+
+
+def test_misalignment_resolves_small_values_in_float32():
+    """1 − mean cos floors at the rounding of the cosines (~1e-7) and goes negative;
+    the cancellation-free form resolves E ≈ 1e-14 and is never negative."""
+    with jax.enable_x64(False):
+        E = M.misalignment(jnp.array([[1.0, 0, 0], [1, 1e-4, 0]], jnp.float32))
+        assert E.dtype == jnp.float32
+        np.testing.assert_allclose(float(E), 0.5 * (1 - 1 / np.sqrt(1 + 1e-8)), rtol=1e-4)
+        tiny = M.misalignment(jnp.array([[1.0, 0, 0], [1, 2e-7, 0]], jnp.float32))
+        np.testing.assert_allclose(float(tiny), 1e-14, rtol=1e-3)
+        x32, x64 = _near_consensus(jax.random.PRNGKey(0), 7, 3, 1e-3, (200,))
+        E = np.asarray(M.misalignment(jnp.asarray(x32)))
+        ref = _one_minus_cos(x64).mean(-1)
+        np.testing.assert_allclose(E, ref, rtol=1e-3)
+        x32, _ = _near_consensus(jax.random.PRNGKey(1), 7, 3, 1e-6, (500,))
+        assert np.all(np.asarray(M.misalignment(jnp.asarray(x32))) >= 0)
+
+
+def test_pairwise_lyapunov_resolves_small_values_in_float32():
+    with jax.enable_x64(False):
+        W = np.asarray(random_spd(jax.random.PRNGKey(2), 3), np.float32)
+        for metric in (None, W):
+            x32, x64 = _near_consensus(jax.random.PRNGKey(3), 6, 3, 1e-4, (50,))
+            x32 = np.asarray(ja.normalize(jnp.asarray(x32), metric))
+            x64 = x32.astype(np.float64)
+            V = np.asarray(M.pairwise_lyapunov(jnp.asarray(x32), metric))
+            assert V.dtype == np.float32
+            # float64 reference of max_ij (1 − cos_W(x_i, x_j)), tokens put on E_W
+            ref = np.stack([_one_minus_cos(np.roll(x64, -i, axis=-2), metric)
+                            for i in range(6)]).max(axis=(0, -1))
+            np.testing.assert_allclose(V, ref, rtol=1e-2)
+
+
+def test_misalignment_with_a_metric_is_the_span_misalignment(key):
+    """misalignment(Y, X₀X₀ᵀ) is the misalignment of the tokens Y X₀ (float64 reference)."""
+    n, m, d = 4, 6, 9
+    X0 = np.asarray(jax.random.normal(key, (m, d)))
+    Y = np.asarray(jax.random.normal(jax.random.fold_in(key, 1), (5, n, m)))
+    G = X0 @ X0.T
+    np.testing.assert_allclose(M.misalignment(Y, G), _one_minus_cos(Y @ X0).mean(-1),
+                               rtol=1e-10)
+    W = np.asarray(random_spd(jax.random.fold_in(key, 2), m))
+    np.testing.assert_allclose(M.misalignment(Y, W), _one_minus_cos(Y, W).mean(-1), rtol=1e-10)
+    with pytest.raises(ValueError, match="d=6"):
+        M.misalignment(Y, np.eye(5))
+
+
+@pytest.mark.parametrize("scale", [1e-25, 1e-20, 1.0, 2e19, 1e38])
+def test_metrics_of_tiny_and_huge_float32_tokens(key, scale):
+    """Tokens are brought to unit scale by a power of two before squaring: identical
+    tokens give 0 at any size, and every metric is scale-invariant."""
+    with jax.enable_x64(False):
+        x = np.asarray(random_tokens(key, 5, 3, batch=(4,)), np.float32)
+        same = np.broadcast_to(x[:, :1], x.shape)
+        big = jnp.asarray(scale * same.astype(np.float64), jnp.float32)
+        assert np.all(np.asarray(M.misalignment(big)) == 0)
+        assert np.all(np.asarray(M.pairwise_lyapunov(big)) == 0)
+        xs = jnp.asarray(scale * x.astype(np.float64), jnp.float32)
+        for f in (M.misalignment, M.pairwise_lyapunov, M.rank_collapse_residual):
+            np.testing.assert_allclose(f(xs), f(jnp.asarray(x)), rtol=1e-5, atol=1e-7)
+
+
+def test_metrics_keep_float64(key):
+    x = np.asarray(random_tokens(key, 5, 3, batch=(2,)), np.float64)
+    for f in (M.misalignment, M.pairwise_lyapunov, M.rank_collapse_residual):
+        assert f(x).dtype == jnp.float64
+        assert f(x.astype(np.float32)).dtype == jnp.float32
+
+
 # --- consensus time and clusters ----------------------------------------------------
 
 
@@ -190,6 +277,20 @@ def test_hemisphere_degenerate_and_metric(key):
     np.testing.assert_allclose(hw.margin, he.margin, atol=1e-12)
     with pytest.raises(ValueError, match="shape"):
         M.hemisphere(np.ones(3))
+
+
+def test_hemisphere_refuses_nan(key):
+    x = np.array(random_tokens(key, 5, 3, batch=(2,)))
+    x[1, 2, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        M.hemisphere(x)
+    # Traced, the sequence with NaN gets NaN z and margin (not a silent 0); the other
+    # is decided as before.
+    h = jax.jit(M.hemisphere)(x)
+    ok = M.hemisphere(x[:1])
+    assert not bool(h.inside[1]) and np.isnan(h.margin[1]) and np.all(np.isnan(h.z[1]))
+    assert bool(h.inside[0]) == bool(ok.inside[0])
+    np.testing.assert_allclose(h.margin[0], ok.margin[0], rtol=1e-12)
 
 
 def test_hemisphere_jit_vmap_and_gradient(key):

@@ -2,6 +2,7 @@
 scaling `U` only rescales time, so the verdict (the theorems that apply and every
 check's `holds`) is the same for `P → cP, β → β/c` and `U → cU`."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -63,6 +64,23 @@ def test_zero_matrices_and_multiples_of_the_identity():
     mixed = np.stack([np.eye(d), 2 * np.eye(d)])  # a different u per head
     assert T.classify(ja.SelfAttentionDynamics(np.ones((2, d, d)), mixed)).theorems == ()
     assert T.classify(ja.SelfAttentionDynamics(np.ones((1, d, d)), -mixed[:1])).theorems == ()
+
+
+def test_exact_structure_is_exact_in_float32():
+    """Symmetry, time-invariance and `U = u·I` of weights built exactly hold exactly:
+    the residuals cancel to 0 at any scale (the default tolerance is below float32's
+    resolution, so a rounding in the check itself would flip the verdict)."""
+    with jax.enable_x64(False):
+        P = np.ones((1, 3, 3), np.float32)
+        for c in (1e-30, 1.0, 1e30):
+            U = np.float32(c) * np.diag([3.0, 1.0, -0.5]).astype(np.float32)
+            stack = ja.PiecewiseConstant(np.stack([U[None]] * 3), dt=0.1)
+            for sched in (U[None], stack):
+                dyn = ja.SelfAttentionDynamics(P, sched, causal=True)
+                assert T.classify(dyn).theorems == ("5.2", "5.3")
+            u = np.float32(0.1 * c) * np.eye(3, dtype=np.float32)
+            dyn = ja.SelfAttentionDynamics(np.ones((2, 3, 3), np.float32), np.stack([u, u]))
+            assert T.classify(dyn).theorems == ("4.1",)
 
 
 # --- the property: random models, random scales ------------------------------------
@@ -130,7 +148,8 @@ def test_verdict_is_invariant_under_rescaling(h, d, kinds, times, causal, ellips
             _schedule(sched_rng, P, times[0], c_p), _schedule(sched_rng, U, times[1], c_u),
             W=W, beta=beta / c_p, causal=causal))
     base, scaled = (T.classify(m) for m in models)
-    assert verdict(scaled) == verdict(base), f"{base}\n\n--- scaled by {cP:.3g}, {cU:.3g}:\n{scaled}"
+    what = f"{base}\n--- P, U scaled by {cP:.3g}, {cU:.3g}:\n{scaled}"
+    assert verdict(scaled) == verdict(base), what
     if "5.2" in base.theorems:
         v, w = base["5.2"].data["v1"], scaled["5.2"].data["v1"]
         np.testing.assert_allclose(abs(v @ w), 1.0, rtol=1e-9)

@@ -2,9 +2,11 @@
 `ja.theory.classify(dyn)`, `ja.theory.predict(dyn, x0)`.
 
 `classify` and `predict` run on the host (they read concrete weights); see
-`classify` for the tolerances. Each theorem's domain and outcome tests are also
-available for one sequence at a time, traceable under `jit` and `vmap`:
-`ja.theory.theorem_test(theorem, dyn)`; `predict` and the sweeps use them.
+`classify` for the tolerances, which are relative to each weight's own scale (the
+verdict does not change under `P → cP, β → β/c` or `U → cU`). Each theorem's
+domain and outcome tests are also available for one sequence at a time, traceable
+under `jit` and `vmap`: `ja.theory.theorem_test(theorem, dyn)`; `predict` and the
+sweeps use them.
 """
 
 from ._classify import THEOREMS as THEOREMS

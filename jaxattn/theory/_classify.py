@@ -107,6 +107,7 @@ class _Reading:
       constant, one inside each piece), or, when `exact` is false, the grid it was
       sampled on.
     - `where`: the same in words, for the report.
+    - `exact`: whether `times` show every value (no sampling).
     """
 
     kind: str
@@ -152,7 +153,7 @@ class _Model:
 
     P0: np.ndarray  # (h, d, d)
     U0: np.ndarray  # (h, d, d)
-    u: float  # U₀[0]'s mean diagonal entry: the u of U = u·I
+    u: float  # U₀[0]'s first entry: the u of U = u·I
     stats: dict[str, float]
     W: np.ndarray | None
     h: int
@@ -164,16 +165,23 @@ class _Model:
 
 
 def _per_head_scale(*mats):
-    """The largest `|entry|` of each head over `mats` (1 where all are 0), `(h, 1, 1)`."""
-    s = functools.reduce(jnp.maximum, [jnp.max(jnp.abs(m), axis=(-2, -1), keepdims=True)
-                                       for m in mats])
-    return jnp.where(s > 0, s, 1)
+    """The largest `|entry|` of each head over `mats` as `(m, e)` with `s = m·2^e`,
+    `m ∈ [0.5, 1)` (`m = 1, e = 0` where all are 0), each `(h, 1, 1)`."""
+    s = functools.reduce(jnp.maximum, [jnp.max(jnp.abs(a), axis=(-2, -1), keepdims=True)
+                                       for a in mats])
+    m, e = jnp.frexp(s)
+    return jnp.where(s > 0, m, 1), e
 
 
 def _rel_diff(A, B):
-    """`max |A − B|` relative to the heads' scale `max(|A|, |B|)` (0 when both are 0)."""
-    s = _per_head_scale(A, B)
-    return jnp.max(jnp.abs(A / s - B / s))
+    """`max |A − B|` relative to the heads' scale `max(|A|, |B|)` (0 when both are 0).
+
+    Scaled by a power of two before subtracting: exact, so equal entries cancel to
+    exactly 0 (a compiled division may round two equal entries differently), and
+    nothing overflows.
+    """
+    m, e = _per_head_scale(A, B)
+    return jnp.max(jnp.abs(jnp.ldexp(A, -e) - jnp.ldexp(B, -e)) / m)
 
 
 @eqx.filter_jit
@@ -197,13 +205,14 @@ def _u_stats(dyn, ref, t):
     U0, u = ref
     U = dyn.U(t)
     d = U.shape[-1]
-    unit = U / _per_head_scale(U)
-    lam = jnp.linalg.eigvalsh((unit[0] + unit[0].T) / 2)[::-1]  # in units of |U₀(t)|
+    m, e = _per_head_scale(U)
+    unit = jnp.ldexp(U[0], -e[0]) / m[0]
+    lam = jnp.linalg.eigvalsh((unit + unit.T) / 2)[::-1]  # in units of |U₀(t)|
     gap = lam[0] - lam[1] if d > 1 else jnp.inf
     return {
         "U_change": _rel_diff(U, U0),
         "U_identity": _rel_diff(U, jnp.broadcast_to(u * jnp.eye(d, dtype=U.dtype), U.shape)),
-        "U_asym": jnp.max(jnp.abs(unit - jnp.swapaxes(unit, -1, -2))),
+        "U_asym": _rel_diff(U, jnp.swapaxes(U, -1, -2)),
         "U_max": jnp.max(jnp.abs(U)),
         "U_nonfinite": jnp.any(~jnp.isfinite(U)).astype(U.dtype),
         "neg_lam1": -lam[0],  # maxima over the times: the smallest λ₁ and gap
@@ -214,7 +223,7 @@ def _u_stats(dyn, ref, t):
 def _read(dyn: SelfAttentionDynamics, grid: np.ndarray) -> _Model:
     t0 = jnp.zeros((), jnp.result_type(float))
     P0, U0 = dyn.query_key(t0), dyn.U(t0)
-    u = jnp.trace(U0[0]) / U0.shape[-1]
+    u = U0[0, 0, 0]  # U = u·I exactly when every head is this u times I
     p_read = _reading([dyn.P] if dyn.P is not None else [dyn.Q, dyn.K], grid)
     u_read = _reading([dyn.U], grid)
     ts = [jnp.asarray(r.times, jnp.result_type(float)) for r in (p_read, u_read)]

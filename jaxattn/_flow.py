@@ -215,9 +215,10 @@ def solve_flow(
       returned instead of `ys`.
     - `devices`: shard the batch over devices (`None`, an int, a list of devices
       or a `Mesh`; see `docs/multihost.md`): each device integrates its share of
-      the batch. Results equal the unsharded run; bad tokens raise a `ValueError`
-      before the run, and with `throw=True` a failed solve raises the same error
-      as unsharded after it.
+      the batch. Its results are bit for bit those of an unsharded run of that
+      share (other batch sizes agree to rounding: XLA compiles each size
+      separately); bad tokens raise a `ValueError` before the run, and with
+      `throw=True` a failed solve raises the same error as unsharded after it.
 
     **Returns:**
 

@@ -129,8 +129,10 @@ def run_layers(
       sub-linear in `L`.
     - `devices`: shard the batch over devices (`None`, an int, a list of devices
       or a `Mesh`; see `docs/multihost.md`): each device runs the layers of its
-      share of the batch. Results equal the unsharded run; bad tokens raise a
-      `ValueError` before the run and non-finite results an error after it.
+      share of the batch. Its results are bit for bit those of an unsharded run
+      of that share (other batch sizes agree to rounding: XLA compiles each size
+      separately); bad tokens raise a `ValueError` before the run and non-finite
+      results an error after it.
 
     **Returns:**
 
@@ -147,7 +149,8 @@ def run_layers(
         checkpoints = check_count(checkpoints, "checkpoints")
         if checkpoints < 1:
             raise ValueError("`checkpoints` must be ≥ 1 (or None).")
-    tau = jnp.asarray(check_scalar(tau, "tau", positive=True))
+    dtype = jnp.result_type(float)  # τ = 1e40 is inf in float32, 1e-50 is 0
+    tau = jnp.asarray(check_scalar(tau, "tau", positive=True, dtype=dtype), dtype)
     observe = _identity if observe is None else observe
     if not callable(observe):
         raise TypeError(f"`observe` must be a function of (n, d) tokens, got {observe!r}.")

@@ -8,7 +8,6 @@ import numpy as np
 from jaxtyping import Array, Float
 
 
-
 def is_concrete(x) -> bool:
     """Whether `x` has a value now (not a tracer inside `jit`/`grad`/`vmap`)."""
     return not isinstance(x, jax.core.Tracer)
@@ -71,8 +70,9 @@ def _check_representable(v: float, name: str, positive: bool, dtype) -> None:
     """`ValueError` unless `v` stays finite (and > 0 if `positive`) in `dtype`."""
     info = jnp.finfo(dtype)
     if abs(v) > float(info.max):
-        raise ValueError(f"`{name}` = {v:g} overflows {dtype.name} (largest {float(info.max):.3g}); "
-                         "use a smaller value or float64 (jax_enable_x64).")
+        raise ValueError(f"`{name}` = {v:g} overflows {dtype.name} (largest "
+                         f"{float(info.max):.3g}); use a smaller value or float64 "
+                         "(jax_enable_x64).")
     if positive and v < float(info.smallest_subnormal):
         raise ValueError(f"`{name}` = {v:g} is 0 in {dtype.name}; use a larger value or float64 "
                          "(jax_enable_x64).")

@@ -10,6 +10,8 @@ from _helpers import random_dynamics, random_tokens
 import jaxattn as ja
 
 EYE = jnp.broadcast_to(jnp.eye(3), (2, 3, 3))
+EYE32 = np.broadcast_to(np.eye(3, dtype=np.float32), (2, 3, 3))
+ZERO32 = np.zeros((2, 3, 3), np.float32)
 
 
 @pytest.mark.parametrize(
@@ -62,7 +64,7 @@ def test_beta_must_be_finite_in_the_model_dtype():
     """β = 1e40 is finite in float64 but inf in float32: refused there, no NumPy warning."""
     with jax.enable_x64(False):
         with pytest.raises(ValueError, match="`beta` = 1e\\+40 overflows float32"):
-            ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, beta=1e40)
+            ja.SelfAttentionDynamics(ZERO32, EYE32, beta=1e40)
     assert float(ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, beta=1e40).beta) == 1e40
 
 
@@ -152,11 +154,11 @@ def test_metric_positive_definite_is_relative():
     whose smallest eigenvalue is below float32's rounding of W is refused there only."""
     with jax.enable_x64(False):
         W = jnp.diag(jnp.array([1e6, 1.0, 1.0], jnp.float32))
-        dyn = ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, W=W)
+        dyn = ja.SelfAttentionDynamics(ZERO32, EYE32, W=W)
         x = ja.run_layers(dyn, jnp.ones((4, 3)), 2, 0.1)
         np.testing.assert_allclose(ja.w_norm(x, W), 1.0, rtol=1e-6)
         with pytest.raises(ValueError, match="positive definite"):
-            ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, W=jnp.diag(jnp.array([1e8, 1, 1.0])))
+            ja.SelfAttentionDynamics(ZERO32, EYE32, W=np.diag(np.float32([1e8, 1, 1])))
     ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, W=jnp.diag(jnp.array([1e8, 1, 1.0])))
 
 
@@ -165,6 +167,14 @@ def test_bad_tau(key, tau):
     dyn = random_dynamics(key, 2, 3)
     with pytest.raises(ValueError, match="tau"):
         ja.run_layers(dyn, random_tokens(key, 4, 3), 3, tau)
+
+
+@pytest.mark.parametrize("tau, match", [(1e40, "overflows float32"), (1e-50, "is 0 in float32")])
+def test_tau_must_be_representable_in_float32(key, tau, match):
+    with jax.enable_x64(False):
+        dyn = ja.SelfAttentionDynamics(ZERO32, EYE32)
+        with pytest.raises(ValueError, match=f"`tau` = .* {match}"):
+            ja.run_layers(dyn, np.ones((4, 3), np.float32), 3, tau)
 
 
 @pytest.mark.parametrize("num_layers", [-1, 2.5, "3", True])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.integrate
 import scipy.linalg
-from _helpers import random_dynamics, random_spd, random_tokens
+from _helpers import random_dynamics, random_spd, random_tokens, run_on_forced_devices
 
 import jaxattn as ja
 
@@ -142,3 +142,36 @@ def test_fixed_step_solver_needs_dt0(key):
         ja.solve_flow(dyn, x0, jnp.linspace(0, 1, 3), solver=dfx.Euler())
     ys = ja.solve_flow(dyn, x0, jnp.linspace(0, 1, 3), solver=dfx.Euler(), dt0=0.01)
     assert float(ja.manifold_drift(ys)) < 1e-12
+
+
+_SHARDED_FLOAT32 = """
+import json, jax, jax.numpy as jnp, numpy as np
+import jaxattn as ja
+kP, kx = jax.random.split(jax.random.PRNGKey(0))
+dyn = ja.SelfAttentionDynamics(jax.random.normal(kP, (2, 3, 3)),
+                               jnp.broadcast_to(jnp.eye(3), (2, 3, 3)))
+x0 = jax.vmap(lambda k: ja.sample_ellipsoid(k, 10, 3))(jax.random.split(kx, 8))
+ts = jnp.linspace(0.0, 4.0, 9)
+layers = lambda x, **kw: ja.run_layers(dyn, x, 40, 0.1, **kw)
+flow = lambda x, **kw: ja.solve_flow(dyn, x, ts, **kw)
+res = {"devices": len(jax.devices())}
+for name, run in (("layers", layers), ("flow", flow)):
+    sharded = np.asarray(run(x0, devices=4))
+    shares = np.concatenate([run(x0[i:i + 2]) for i in range(0, 8, 2)])
+    res[name] = [sharded.dtype.name, bool(np.array_equal(sharded, shares)),
+                 float(np.abs(sharded - run(x0)).max())]
+print(json.dumps(res))
+"""
+
+
+def test_sharded_float32_runs_equal_the_unsharded_runs_of_each_share():
+    """What the README promises for `devices=`: bit for bit the unsharded run of each
+    device's share; against one program over the whole batch only to float32
+    rounding, since XLA compiles each batch size separately."""
+    res = run_on_forced_devices(_SHARDED_FLOAT32, timeout=300)
+    print(res)
+    for name in ("layers", "flow"):
+        dtype, equal, err = res[name]
+        assert dtype == "float32" and equal, res
+        assert err < 1e-5, res
+

@@ -124,3 +124,28 @@ def test_other_dtypes_are_promoted(dtype):
         ja.run_layers(dyn, jnp.ones((4, 3), dtype=jnp.complex64), 2, 0.1)
     with pytest.raises(TypeError, match="solver"):
         ja.solve_flow(dyn, jnp.ones((4, 3)), jnp.array([0.0, 1.0]), solver=dfx.ODETerm)
+
+
+@SETTINGS
+@given(sizes=sizes, exponent=st.integers(-37, 38), seed=st.integers(0, 2**16),
+       spread=st.sampled_from([1.0, 1e-3, 1e-6, 0.0]))
+def test_token_scale_is_irrelevant_in_float32(sizes, exponent, seed, spread):
+    """Tokens of any normal float32 size are accepted, run as the unit tokens do, and
+    every consensus metric of them is ≥ 0 and scale-invariant (no overflow in |x|²,
+    no underflow, no cancellation below zero)."""
+    n, d, h = sizes
+    P, U = _weights(seed, h, d, 1.0, 1.0)
+    rng = np.random.default_rng(seed + 2)
+    x = rng.standard_normal(d) + spread * rng.standard_normal((2, n, d))
+    scale = 10.0**exponent
+    with jax.enable_x64(False):
+        dyn = ja.SelfAttentionDynamics(P.astype(np.float32), U.astype(np.float32))
+        x32 = jnp.asarray(x, jnp.float32)
+        xs = jnp.asarray(x * scale, jnp.float32)
+        np.testing.assert_allclose(ja.run_layers(dyn, xs, 2, 0.1), ja.run_layers(dyn, x32, 2, 0.1),
+                                   atol=2e-6)
+        M = ja.metrics
+        for f in (M.misalignment, M.pairwise_lyapunov, M.rank_collapse_residual):
+            small, big = np.asarray(f(x32)), np.asarray(f(xs))
+            assert np.all(small >= 0) and np.all(big >= 0)
+            np.testing.assert_allclose(big, small, rtol=1e-4, atol=1e-6)

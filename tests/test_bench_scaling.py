@@ -19,6 +19,7 @@ def scaling(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow  # a scaling sweep; the CLI test covers the wiring
 def test_writes_json_and_figure_only(scaling):
     names = {p.name for p in scaling.iterdir()}
     assert {"scaling.json", "scaling.png", "scaling.pdf"} <= names

@@ -30,7 +30,10 @@ def test_list(capsys):
         assert name in out
 
 
-@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("name", [
+    n if n in ("thm41-sphere", "thm51-causal") else pytest.param(n, marks=pytest.mark.slow)
+    for n in SMALL
+])
 def test_run_reduced_size_then_redraw(tmp_path, capsys, name):
     out = tmp_path / "run"
     assert main(["run", name, "--out", str(out), "--seed", "3", "--discrete", "--no-progress",

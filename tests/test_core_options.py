@@ -49,6 +49,7 @@ def test_sqrt_checkpointing_same_values_and_gradient(key, num_layers):
     np.testing.assert_allclose(g_sqrt, g_all, rtol=1e-10, atol=1e-14)
 
 
+@pytest.mark.slow  # a memory measurement
 def test_sqrt_checkpointing_memory_grows_sublinearly(key):
     dyn = random_dynamics(key, 2, 16)
     x0 = random_tokens(key, 32, 16)

@@ -77,6 +77,7 @@ def test_backsolve_matches_finite_differences_on_a_short_horizon(key):
               jax.random.fold_in(key, 2))
 
 
+@pytest.mark.slow  # long adjoint solves
 def test_backsolve_is_refused_when_it_disagrees(key):
     dyn = random_dynamics(key, h=1, d=3, scale=0.8)
     x0 = random_tokens(jax.random.fold_in(key, 1), 4, 3)

@@ -229,6 +229,7 @@ def test_bad_config_field_in_other_families(base, changes, match):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # initialises several models
 def test_nullable_config_fields_stay_accepted():
     ja.models.init({**GPT2, "n_inner": None}, jax.random.PRNGKey(0))
     ja.models.init({**LLAMA, "num_key_value_heads": None, "head_dim": None,

@@ -90,6 +90,7 @@ def test_gpt2_initialisation_scheme(key):
     assert not np.allclose(m.layer_block(0).attn.query, b.attn.query)  # layers differ
 
 
+@pytest.mark.slow  # initialises two families
 def test_encoder_and_llama_initialisation(key):
     bert = ja.models.init({**TINY["bert"], "initializer_range": 0.05}, key)
     assert np.all(np.asarray(bert.word[0]) == 0)  # padding row, as HF's padding_idx

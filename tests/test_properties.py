@@ -69,6 +69,7 @@ def test_run_layers_works_or_raises(sizes, sP, sU, beta, tau, special, causal, s
 @SETTINGS
 @given(sizes=sizes, sP=scales, sU=st.sampled_from([0.0, 1e-3, 1.0, 10.0]), special=specials,
        causal=st.booleans(), seed=st.integers(0, 2**16))
+@pytest.mark.slow  # hypothesis over adaptive solves
 def test_solve_flow_works_or_raises(sizes, sP, sU, special, causal, seed):
     n, d, h = sizes
     P, U = _weights(seed, h, d, sP, sU)

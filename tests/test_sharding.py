@@ -137,6 +137,7 @@ def _local(loops, local: str, full: str) -> bool:
     return bool(loops) and local in flat and full not in flat
 
 
+@pytest.mark.slow  # a 4-device subprocess; sharded equality stays in test_core_options
 def test_work_is_split_across_devices(sharded):
     shapes = sharded["shapes"]
     print({k: v[:2] for k, v in shapes.items()})

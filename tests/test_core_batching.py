@@ -5,6 +5,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from _helpers import random_dynamics, random_tokens
 
 import jaxattn as ja
@@ -39,6 +40,7 @@ def test_vmap_over_stacked_weights(key):
         np.testing.assert_allclose(flow[b], one, rtol=1e-9)
 
 
+@pytest.mark.slow  # compiles every transform of both simulators
 def test_jit_vmap_grad_compose(key):
     dyn = random_dynamics(key, 2, 3)
     xb = random_tokens(jax.random.fold_in(key, 1), 4, 3, batch=(3,))

@@ -224,6 +224,7 @@ def test_bad_ts(key):
         ja.solve_flow(dyn, x0, jnp.array([0.0, 1.0]), max_steps=0)
 
 
+@pytest.mark.slow  # runs a solver to its step limit
 def test_out_of_steps(key):
     dyn = random_dynamics(key, 2, 3, scale=2.0)
     xb = random_tokens(key, 4, 3, batch=(3,))

@@ -87,6 +87,7 @@ def test_backsolve_is_refused_when_it_disagrees(key):
                          adjoint="backsolve", adjoint_rtol=0.0)
 
 
+@pytest.mark.slow  # a full search against a random baseline
 def test_optimiser_beats_random_starts_and_tokens_stay_in_the_cap(key):
     dyn = _paper.sphere_dynamics(key)
     res = E.slow_consensus(
@@ -172,6 +173,7 @@ def test_bad_requests_raise(key):
                                                    top_eigenvector=jnp.array([1.0, 0, 0])))
 
 
+@pytest.mark.slow  # a long constrained search
 def test_bipartite_radius_gradient_and_constraints(key):
     v = jnp.array([0.0, 1.0, 0.0])
     k1, k2, k3 = jax.random.split(key, 3)

@@ -36,6 +36,7 @@ def test_pairwise_lyapunov_brute_force_and_consensus(key):
     assert float(M.pairwise_lyapunov(x[0], W)) > 1e-3
 
 
+@pytest.mark.slow  # long flows
 @pytest.mark.parametrize("time_varying", [False, True])
 def test_pairwise_lyapunov_never_increases_along_the_flow(key, time_varying):
     """Theorem 4.1's V: U = I, full attention, all ⟨x_i, x_j⟩ > 0 ⇒ V nonincreasing."""

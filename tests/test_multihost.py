@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 import jaxattn as ja
 
@@ -59,6 +60,7 @@ def _run_workers(example, out: Path, processes: int = 2, timeout: float = 120):
     return report
 
 
+@pytest.mark.slow  # two processes
 def test_two_processes_equal_one(tmp_path):
     example = _example()
     out = tmp_path / "xs.npz"

@@ -60,8 +60,8 @@ def map_batch(fn: Callable, x0: Float[Array, "*batch n d"]):
     return jax.tree.map(lambda a: a.reshape(batch + a.shape[1:]), out)
 
 
-def call_batched(jitted: Callable, dyn, x0, devices, *args):
-    """Call `jitted(dyn, x0, *args, checks)`, sharding the batch axes of `x0` over
+def call_batched(jitted: Callable, dyn, x0, devices, *args, **kwargs):
+    """Call `jitted(dyn, x0, *args, checks, **kwargs)`, sharding the batch axes of `x0` over
     `devices`.
 
     Unsharded, or when an input is traced (an outer `jit`/`grad`), the value
@@ -79,9 +79,9 @@ def call_batched(jitted: Callable, dyn, x0, devices, *args):
     x0 = as_float_array(x0, "x0")
     batch = x0.shape[:-2]
     if mesh is None or not batch:
-        return jitted(dyn, x0, *args, True), True
+        return jitted(dyn, x0, *args, True, **kwargs), True
     concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args)))
     if concrete:
         check_tokens_now(check_token_shape(dyn, x0))
     flat, size = shard_batch(x0, mesh, len(batch))
-    return unshard(jitted(dyn, flat, *args, not concrete), size, batch), not concrete
+    return unshard(jitted(dyn, flat, *args, not concrete, **kwargs), size, batch), not concrete

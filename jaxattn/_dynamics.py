@@ -1,43 +1,85 @@
-"""Self-attention dynamics on the ellipsoid: the model of paper 001 §2.2–2.3."""
+"""Self-attention dynamics on the ellipsoid: the model of paper 001 §2.2–2.3, and its
+variants (normalisation placements, masks, kernels, shared keys)."""
+
+import functools
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Real
+import numpy as np
+from jaxtyping import Array, Bool, Float, PRNGKeyArray, Real
 
 from ._manifold import project, tangent
 from ._precision import Precision, check_precision, einsum
 from ._schedule import AbstractSchedule, as_schedule, schedule_shape
-from ._validate import check_metric, check_scalar
+from ._validate import check_count, check_metric, check_scalar, is_concrete
 
 _Weights = Float[Array, "h a b"] | AbstractSchedule
 
+NORMS = ("post", "pre", "peri", "ngpt", "none")
+KERNELS = ("softmax", "sigmoid", "exp")
+
 
 class SelfAttentionDynamics(eqx.Module):
-    """Tokens as particles on `E_W` moved by multi-head self-attention.
+    """Tokens as particles moved by multi-head self-attention (on `E_W` for `"post"`).
 
     With tokens `x ∈ R^{n×d}` (one per row), head `η` attends with
     `α^η_ij = softmax_j(β x_iᵀ P_η(t) x_j)` over `j ∈ M(i)` (all tokens, or
     `j ≤ i` when `causal`), and the raw update is
-    `v_i(t, x) = Σ_η Σ_j α^η_ij U_η(t) x_j`.
+    `v_i(t, x) = Σ_η Σ_j α^η_ij U_η(t) x_j`. With `N = N_W` (`ja.normalize`):
 
-    - The discrete layer (paper 001 eq. 4) is `x_i ← N_W(x_i + τ v_i(t, x))`.
+    - The discrete layer (paper 001 eq. 4) is `x_i ← N(x_i + τ v_i(t, x))`.
     - The continuous flow (eq. 6) is `dx_i/dt = v_i − ⟨x_i, v_i⟩_W x_i`.
+
+    That is `norm="post"`, the papers' model. The other placements (`docs/variants.md`
+    derives each limit; `N(0)` is taken as `0`, a zero update stays zero):
+
+    | `norm`   | layer `x_i ←`                | velocity `dx_i/dt`                 |
+    |----------|------------------------------|------------------------------------|
+    | `"pre"`  | `x_i + τ v_i(N(x))`          | `v_i(N(x))`                        |
+    | `"peri"` | `x_i + τ N(v_i(N(x)))`       | `N(v_i(N(x)))`                     |
+    | `"ngpt"` | `N(x_i + τ (N(v_i(x)) − x_i))` | `N(v_i) − ⟨x_i, N(v_i)⟩_W x_i`   |
+    | `"none"` | `x_i + τ v_i(x)`             | `v_i(x)`                           |
+
+    `"post"` and `"ngpt"` keep tokens on `E_W` (their velocity is tangent there:
+    `stays_on_manifold`); `"pre"`, `"peri"` and `"none"` move them off it, so solve
+    their flow with `ja.solve_flow(..., on_manifold=False)` (its retraction would
+    otherwise put them back). The simulators normalise `x0` onto `E_W` first, for
+    every placement.
 
     **Arguments:**
 
     - `P`: query–key products `P_η`, `(h, d, d)`: an array, a schedule
       (`ja.Constant`, `ja.PiecewiseConstant`, `ja.Schedule`) or a callable
       `t ↦ (h, d, d)`. Use `SelfAttentionDynamics.from_factors` to give
-      `P_η = Q_ηᵀ K_η` in factored form instead.
+      `P_η = Q_ηᵀ K_η` in factored form instead (with shared keys, if wanted).
     - `U`: value matrices `U_η`, `(h, d, d)`, in the same forms as `P`.
     - `W`: the metric, symmetric positive definite `(d, d)`; `None` (default) is
       the identity, i.e. the unit sphere.
     - `beta`: inverse temperature `β` (default 1), a finite real.
     - `causal`: causal attention, `M(i) = {j ≤ i}` (default: full attention).
+    - `norm`: where the normalisation sits, one of `"post"` (default), `"pre"`,
+      `"peri"`, `"ngpt"`, `"none"` (table above).
+    - `window`: a sliding window of width `w ≥ 1` (GPT-Neo's local layers): token
+      `i` attends to `j` only when `|i − j| < w` (and `j ≤ i` when `causal`).
+      `None` (default): no window.
+    - `mask`: a boolean `(n, n)` array, `True` where `i` attends to `j`; combined
+      with `causal` and `window` by logical and (`ja.random_mask` draws one). The
+      diagonal is always on: every token attends to itself, so a row that masks
+      every other token gives `α_ii = 1` under softmax (the token's update is
+      `Σ_η U_η x_i`) and never a `0/0`. Masked scores are set to `−∞` before the
+      kernel.
+    - `kernel`: the attention weights from the logits `s_ij = β x_iᵀ P_η x_j`:
+      `"softmax"` (default) `softmax_j(s_ij)` over `M(i)`; `"sigmoid"`
+      `σ(s_ij + b)`, not normalised over `j` (Ramapuram et al. 2024); `"exp"`
+      `exp(s_ij) / n`, not normalised over `j` (the unnormalised model of
+      Geshkovski et al.'s phase diagrams). Masked weights are 0; `n` is the number
+      of tokens (not of those attended to).
     - `precision`: of the attention's matrix products: `"float32"` (default, true
       float32 on every backend), or the opt-in `"tensorfloat32"` / `"bfloat16"`
       (reduced operands, float32 accumulation); see `jaxattn._precision`.
+    - `bias`: the sigmoid's bias `b` (only with `kernel="sigmoid"`); `None`
+      (default) is `−log n`.
     """
 
     P: AbstractSchedule | None
@@ -46,8 +88,13 @@ class SelfAttentionDynamics(eqx.Module):
     U: AbstractSchedule
     W: Float[Array, "d d"] | None
     beta: Float[Array, ""]
+    mask: Bool[Array, "n n"] | None
+    bias: Float[Array, ""] | None
     causal: bool = eqx.field(static=True)
     precision: str = eqx.field(static=True)
+    norm: str = eqx.field(static=True)
+    window: int | None = eqx.field(static=True)
+    kernel: str = eqx.field(static=True)
 
     def __init__(
         self,
@@ -56,10 +103,15 @@ class SelfAttentionDynamics(eqx.Module):
         W: Float[Array, "d d"] | None = None,
         beta: float = 1.0,
         causal: bool = False,
+        norm: str = "post",
+        window: int | None = None,
+        mask: Bool[Array, "n n"] | None = None,
+        kernel: str = "softmax",
         *,
         Q: _Weights | None = None,
         K: _Weights | None = None,
         precision: Precision = "float32",
+        bias: float | None = None,
     ):
         if (P is None) == (Q is None or K is None):
             raise ValueError(
@@ -84,12 +136,7 @@ class SelfAttentionDynamics(eqx.Module):
                 )
         else:
             self.P, self.Q, self.K = None, as_schedule(Q, "Q"), as_schedule(K, "K")
-            q_shape, k_shape = schedule_shape(self.Q, "Q"), schedule_shape(self.K, "K")
-            if len(q_shape) != 3 or q_shape != k_shape or q_shape[0] != h or q_shape[2] != d:
-                raise ValueError(
-                    f"`Q` and `K` must both be (h, k, d) with h={h}, d={d} from `U` "
-                    f"{u_shape}; got Q {q_shape} and K {k_shape}."
-                )
+            _check_factors(schedule_shape(self.Q, "Q"), schedule_shape(self.K, "K"), h, d)
         self.W = None if W is None else check_metric(W, d)
         dtype = jnp.result_type(float)  # β is stored in the model's float dtype
         self.beta = jnp.asarray(check_scalar(beta, "beta", dtype=dtype), dtype=dtype)
@@ -97,31 +144,63 @@ class SelfAttentionDynamics(eqx.Module):
             raise TypeError(f"`causal` must be True or False, got {causal!r}.")
         self.causal = causal
         self.precision = check_precision(precision)
+        self.norm = _check_choice(norm, "norm", NORMS)
+        self.kernel = _check_choice(kernel, "kernel", KERNELS)
+        self.window = None if window is None else check_count(window, "window", 1)
+        self.mask = None if mask is None else _check_mask(mask)
+        if bias is not None and self.kernel != "sigmoid":
+            raise ValueError(f"`bias` is the sigmoid's b: it needs kernel='sigmoid', "
+                             f"got kernel={self.kernel!r}.")
+        self.bias = None if bias is None else jnp.asarray(
+            check_scalar(bias, "bias", dtype=dtype), dtype=dtype)
 
     @classmethod
     def from_factors(cls, Q: _Weights, K: _Weights, U: _Weights, W=None, beta=1.0, causal=False,
-                     *, precision: Precision = "float32"):
+                     norm="post", window=None, mask=None, kernel="softmax",
+                     *, precision: Precision = "float32", bias=None):
         """Build the dynamics from per-head factors `P_η = Q_ηᵀ K_η`, kept factored.
 
-        `Q`, `K` are `(h, k, d)` (as in real models, where `k = d / h`): scores are
+        `Q` is `(h, k, d)` (as in real models, where `k = d / h`): scores are
         computed as `(Q x_i)·(K x_j)` at cost `O(h n k d + h n² k)`, never forming
-        the `d×d` product.
+        the `d×d` product. `K` is `(h, k, d)`, or `(g, k, d)` with `h` a multiple of
+        `g` for shared keys (multi-query `g = 1`, grouped-query `1 < g < h`, as
+        Llama's `num_key_value_heads`): head `η` uses key group `η // (h / g)`.
+        The values stay per head, `U` `(h, d, d)`: with shared value projections
+        `V_g` a head's `U_η = W_O,η V_{g(η)}` still differs per head (form it so).
+        The other arguments are those of `SelfAttentionDynamics`.
         """
-        return cls(None, U, W, beta, causal, Q=Q, K=K, precision=precision)
+        return cls(None, U, W, beta, causal, norm, window, mask, kernel, Q=Q, K=K,
+                   precision=precision, bias=bias)
 
     @property
     def num_heads(self) -> int:
         return schedule_shape(self.U, "U")[0]
 
     @property
+    def num_key_value_heads(self) -> int:
+        """The number of key groups `g` (`h` unless keys are shared)."""
+        return self.num_heads if self.K is None else schedule_shape(self.K, "K")[0]
+
+    @property
     def dim(self) -> int:
         return schedule_shape(self.U, "U")[1]
+
+    @property
+    def stays_on_manifold(self) -> bool:
+        """Whether the layer and the flow keep tokens on `E_W` (`"post"`, `"ngpt"`)."""
+        return self.norm in ("post", "ngpt")
+
+    def _keys(self, K: Float[Array, "g k d"]) -> Float[Array, "h k d"]:
+        """The key factor of every head (a shared group repeated, as Llama's repeat_kv)."""
+        groups = K.shape[0]
+        return K if groups == self.num_heads else jnp.repeat(K, self.num_heads // groups, 0)
 
     def query_key(self, t: Real[Array, ""]) -> Float[Array, "h d d"]:
         """The query–key products `P_η(t)` (formed from the factors if factored)."""
         if self.P is not None:
             return self.P(t)
-        return einsum("hkd,hke->hde", self.Q(t), self.K(t), precision=self.precision)
+        return einsum("hkd,hke->hde", self.Q(t), self._keys(self.K(t)),
+                      precision=self.precision)
 
     def _check_x(self, x: Float[Array, "n d"]) -> None:
         if x.ndim != 2 or x.shape[1] != self.dim:
@@ -130,6 +209,10 @@ class SelfAttentionDynamics(eqx.Module):
                 f"tokens must be one sequence of shape (n, d) with d={self.dim}, "
                 f"got {x.shape}.{hint}"
             )
+        n = x.shape[0]
+        if self.mask is not None and self.mask.shape != (n, n):
+            raise ValueError(f"`mask` has shape {self.mask.shape} but there are n={n} "
+                             f"tokens: pass an ({n}, {n}) boolean mask.")
 
     def scores(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "h n n"]:
         """The attention logits `β x_iᵀ P_η x_j`."""
@@ -140,44 +223,145 @@ class SelfAttentionDynamics(eqx.Module):
         else:
             Q, K = _nan_unless_finite(self.Q(t)), _nan_unless_finite(self.K(t))
             q = einsum("hkd,id->hik", Q, x, precision=self.precision)
-            k = einsum("hkd,jd->hjk", K, x, precision=self.precision)
+            k = self._keys(einsum("hkd,jd->hjk", K, x, precision=self.precision))
             s = einsum("hik,hjk->hij", q, k, precision=self.precision)
         return self.beta.astype(s.dtype) * s
 
+    def allowed(self, n: int) -> Bool[Array, "n n"] | None:
+        """Where token `i` may attend to `j`: `causal` and `window` and `mask` (with
+        the diagonal forced on); `None` when every pair may."""
+        parts = []
+        if self.causal:
+            parts.append(jnp.tril(jnp.ones((n, n), dtype=bool)))
+        if self.window is not None:
+            i = jnp.arange(n)
+            parts.append(jnp.abs(i[:, None] - i[None, :]) < self.window)
+        if self.mask is not None:
+            parts.append(self.mask | jnp.eye(n, dtype=bool))
+        return functools.reduce(jnp.logical_and, parts) if parts else None
+
     def attention(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "h n n"]:
-        """The attention matrices `α^η_ij`, rows summing to one (max-shifted softmax,
-        stable for large `β|P|`)."""
+        """The attention weights `α^η_ij` (`kernel`): for softmax, rows summing to one
+        (max-shifted, stable for large `β|P|`)."""
         self._check_x(x)
         # Logits beyond the float range (β|P| ≳ 1e38 in float32) are clipped to it, so
         # the max-shift never computes inf − inf; NaN logits stay NaN and are caught.
         s = self.scores(t, x)
         big = jnp.finfo(s.dtype).max
         s = jnp.clip(s, -big, big)
-        if self.causal:
-            n = x.shape[0]
-            mask = jnp.tril(jnp.ones((n, n), dtype=bool))
+        n = x.shape[0]
+        if self.kernel == "sigmoid":
+            s = s + (-np.log(n) if self.bias is None else self.bias.astype(s.dtype))
+        mask = self.allowed(n)
+        if mask is not None:
+            # −∞ (not a large negative number): exactly 0 weight, and a zero gradient.
             s = jnp.where(mask, s, -jnp.inf)
+        if self.kernel == "sigmoid":
+            return jax.nn.sigmoid(s)
+        if self.kernel == "exp":
+            return jnp.exp(s) / n
         return jax.nn.softmax(s, axis=-1)
 
     def raw_update(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        """`v_i(t, x) = Σ_η Σ_j α^η_ij U_η(t) x_j`."""
+        """`v_i(t, x) = Σ_η Σ_j α^η_ij U_η(t) x_j` (at `x` as given, for every `norm`)."""
         A = self.attention(t, x)
         mixed = einsum("hij,jd->hid", A, x, precision=self.precision)
         return einsum("hid,hed->ie", mixed, self.U(t), precision=self.precision)
 
+    def _euler_field(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        """The velocity of `"pre"`, `"peri"`, `"none"`, whose layers are its Euler steps."""
+        if self.norm == "none":
+            return self.raw_update(t, x)
+        v = self.raw_update(t, project(x, self.W))
+        return unit_rows(v, self.W) if self.norm == "peri" else v
+
     def velocity(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        """The continuous-time vector field (paper 001 eq. 6):
-        `dx_i/dt = v_i − ⟨x_i, v_i⟩_W x_i`, tangent to `E_W` at points of `E_W`."""
+        """The continuous-time vector field, the `τ → 0` limit of `layer`.
+
+        `"post"` (paper 001 eq. 6): `dx_i/dt = v_i − ⟨x_i, v_i⟩_W x_i`, tangent to
+        `E_W` at points of `E_W`; `"ngpt"`: the same with `N(v_i)` for `v_i`; `"pre"`
+        `v_i(N(x))`, `"peri"` `N(v_i(N(x)))`, `"none"` `v_i(x)` (see the class).
+        """
         x = jnp.asarray(x)
-        return tangent(x, self.raw_update(t, x), self.W)
+        if self.norm == "post":
+            return tangent(x, self.raw_update(t, x), self.W)
+        if self.norm == "ngpt":
+            return tangent(x, unit_rows(self.raw_update(t, x), self.W), self.W)
+        return self._euler_field(t, x)
 
     def layer(
         self, t: Real[Array, ""], x: Float[Array, "n d"], tau: Real[Array, ""]
     ) -> Float[Array, "n d"]:
-        """One discrete layer (paper 001 eq. 4): `x_i ← N_W(x_i + τ v_i(t, x))`,
-        with the weights read at time `t` (layer `k` uses `t = kτ`)."""
+        """One discrete layer, with the weights read at time `t` (layer `k` uses
+        `t = kτ`): `"post"` (paper 001 eq. 4) `x_i ← N_W(x_i + τ v_i(t, x))`; the
+        other placements as in the class docstring."""
         x = jnp.asarray(x)
-        return project(x + tau * self.raw_update(t, x), self.W)
+        if self.norm == "post":
+            return project(x + tau * self.raw_update(t, x), self.W)
+        if self.norm == "ngpt":
+            return project(x + tau * (unit_rows(self.raw_update(t, x), self.W) - x), self.W)
+        return x + tau * self._euler_field(t, x)
+
+
+def unit_rows(v: Float[Array, "n d"], W: Float[Array, "d d"] | None) -> Float[Array, "n d"]:
+    """`N_W(v_i)` for every row, with `N_W(0) = 0` (and a zero gradient there): the
+    normalisation of an update, which may vanish."""
+    nonzero = jnp.any(v != 0, axis=-1, keepdims=True)
+    return jnp.where(nonzero, project(jnp.where(nonzero, v, 1), W), 0)
+
+
+def random_mask(key: PRNGKeyArray, n: int, p: float) -> Bool[Array, "n n"]:
+    """A random sparse attention mask: each pair `(i, j)` kept with probability `p`,
+    independently, and every token keeping itself (`mask[i, i] = True`).
+
+    **Arguments:**
+
+    - `key`: a JAX PRNG key.
+    - `n`: the number of tokens.
+    - `p`: the keep-probability, in `[0, 1]` (may be traced, e.g. under `vmap`).
+
+    **Returns:**
+
+    A boolean `(n, n)` array for `SelfAttentionDynamics(..., mask=)`.
+    """
+    n = check_count(n, "n", 1)
+    if is_concrete(p):
+        p = check_scalar(p, "p")
+        if not 0 <= p <= 1:
+            raise ValueError(f"`p` is a keep-probability: it must lie in [0, 1], got {p}.")
+    return jax.random.bernoulli(key, p, (n, n)) | jnp.eye(n, dtype=bool)
+
+
+def _check_choice(value, name: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"`{name}` must be one of {', '.join(map(repr, choices))}, "
+                         f"got {value!r}.")
+    return value
+
+
+def _check_factors(q_shape, k_shape, h: int, d: int) -> None:
+    """`Q` `(h, k, d)` and `K` `(g, k, d)` with `g` dividing `h`, or a `ValueError`."""
+    if len(q_shape) != 3 or len(k_shape) != 3 or q_shape[0] != h or q_shape[2] != d \
+            or k_shape[1:] != q_shape[1:] or k_shape[0] < 1:
+        raise ValueError(
+            f"`Q` must be (h, k, d) and `K` (h, k, d) or (g, k, d) with h={h}, d={d} from "
+            f"`U`; got Q {q_shape} and K {k_shape}."
+        )
+    if h % k_shape[0]:
+        raise ValueError(f"shared keys: `K` has g={k_shape[0]} groups, which must divide "
+                         f"the h={h} heads of `Q` and `U`; pass g among the divisors of {h}.")
+
+
+def _check_mask(mask) -> Bool[Array, "n n"]:
+    """A square boolean array, or an error naming the fix."""
+    if not hasattr(mask, "dtype"):
+        mask = np.asarray(mask)
+    if mask.dtype != bool:
+        raise TypeError(f"`mask` must be a boolean (n, n) array (True = attends), got dtype "
+                        f"{mask.dtype}; pass mask.astype(bool).")
+    if mask.ndim != 2 or mask.shape[0] != mask.shape[1]:
+        raise ValueError(f"`mask` must be a boolean (n, n) array, got shape {mask.shape}.")
+    return jnp.asarray(mask)
 
 
 def _nan_unless_finite(w: Float[Array, "h a b"]) -> Float[Array, "h a b"]:

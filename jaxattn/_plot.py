@@ -1,5 +1,7 @@
 """Figures: one consistent matplotlib style for every plot jaxattn writes."""
 
+import re
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -33,28 +35,122 @@ def pyplot():
     return plt
 
 
-def draw_sphere_trajectories(ax, ys) -> None:
-    """Token paths on S² (start: white circle, end: grey circle) over a wireframe."""
+def tidy_3d(ax, labels=("$x_1$", "$x_2$", "$x_3$")) -> None:
+    """Readable 3-D axes: at most three ticks per axis in small type (crowded tick
+    labels collide at any view angle) and horizontal axis labels (matplotlib turns
+    them along the axis, which at some views reads upside down)."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis, label in zip((ax.xaxis, ax.yaxis, ax.zaxis), labels):
+        axis.set_major_locator(MaxNLocator(nbins=2, steps=[1, 2, 5, 10]))
+        axis.set_rotate_label(False)
+        axis.set_label_text(label, rotation=0)
+        axis.labelpad = 2
+        axis.set_tick_params(labelsize=7, pad=1)
+
+
+def _draw_paths(ax, ys) -> None:
+    """Token paths `(T, n, 3)`: start white, end grey."""
     ys = np.asarray(ys)
-    u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
-    ax.plot_wireframe(
-        np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85", lw=0.4
-    )
     for i in range(ys.shape[1]):
         ax.plot(*ys[:, i].T, color="tab:blue", lw=1.2)
     ax.scatter(*ys[0].T, s=40, c="white", edgecolors="k", depthshade=False, zorder=5, label="start")
     ax.scatter(*ys[-1].T, s=60, c="0.5", edgecolors="k", depthshade=False, zorder=6, label="end")
+
+
+def draw_sphere_trajectories(ax, ys) -> None:
+    """Token paths on S² (start: white circle, end: grey circle) over a wireframe."""
+    u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
+    ax.plot_wireframe(
+        np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85", lw=0.4
+    )
+    _draw_paths(ax, ys)
     ax.set_box_aspect((1, 1, 1))
-    ax.set_xlabel("$x_1$")
-    ax.set_ylabel("$x_2$")
-    ax.set_zlabel("$x_3$")
+    tidy_3d(ax)
     ax.legend(loc="upper left", fontsize=8)
 
 
+def resolution(dtype, order: int = 2, scale: float = 1.0) -> float:
+    """The smallest value of a quantity computed in `dtype` that is not rounding noise.
+
+    Token coordinates carry a few units of rounding `ε` each, so a quantity of
+    `order` in the differences of unit tokens (2: the misalignment `E`, `V`,
+    `1 − cos`; 1: a speed `max |ẋ|`) is noise below `scale · (16 ε)^order`:
+    `3.6e-12` for `E` in float32, `1.3e-29` in float64.
+
+    **Arguments:**
+
+    - `dtype`: the dtype the quantity was computed in.
+    - `order`: its order in the token differences; `scale`: its size at `O(1)` differences.
+
+    **Returns:**
+
+    The floor, a float.
+    """
+    return float(scale) * (16 * float(np.finfo(dtype).eps)) ** order
+
+
+#: The gid of the line that marks an axis's resolution floor (drawn once per axis).
+FLOOR_GID = "resolution-floor"
+
+
+def mark_floor(ax, floor: float, dtype) -> None:
+    """A dotted line at `floor` labelled as the resolution of `dtype`, once per axis."""
+    if any(line.get_gid() == FLOOR_GID for line in ax.lines):
+        return
+    ax.axhline(floor, color="0.45", lw=0.9, ls=(0, (1, 2)), zorder=1, gid=FLOOR_GID,
+               label=f"{np.dtype(dtype).name} resolution (below: not drawn)")
+
+
+def above_floor(values, floor: float, *, stop: bool = True) -> tuple[np.ndarray, bool]:
+    """`values` (a curve per row, time last) with the samples at or below `floor` set
+    to NaN and, with `stop`, everything after each curve's first such sample too: a
+    decaying quantity that has reached rounding noise says nothing more. Also whether
+    any sample was hidden."""
+    values = np.array(values, dtype=np.float64)
+    below = ~(values > floor) & ~np.isnan(values)
+    cut = np.cumsum(below, axis=-1) > 0 if stop else below
+    values[cut] = np.nan
+    return values, bool(cut.any())
+
+
+def label_first(lines, label: str | None) -> None:
+    """One legend entry for a bundle of curves: `label` on the first line only."""
+    for i, line in enumerate(lines):
+        line.set_label(label if i == 0 and label is not None else "_nolegend_")
+
+
+def draw_decay(ax, ts, values, *, label=None, order: int = 2, scale: float = 1.0,
+               stop: bool = True, **kw) -> None:
+    """A nonnegative quantity tending to zero, on a log scale, drawn down to the
+    resolution of its dtype (`resolution(dtype, order, scale)`): below it, where
+    rounding noise would show as spikes and zeros would fall off the axis, each
+    curve stops, and a dotted line marks the floor (labelled for the legend).
+
+    **Arguments:**
+
+    - `ax`: a matplotlib axis; `ts`: times `(T,)`; `values`: `(T,)` or `(curves, T)`.
+    - `label`, `**kw`: for `ax.semilogy`; `order`, `scale`: see `resolution`.
+    - `stop`: end each curve at its first sample below the floor (`False`, for a
+      quantity that may rise again: hide only the samples below it).
+    """
+    raw = np.asarray(values)
+    dtype = raw.dtype if np.issubdtype(raw.dtype, np.floating) else np.float64
+    floor = resolution(dtype, order, scale)
+    values, cut = above_floor(raw, floor, stop=stop)
+    lines = ax.semilogy(np.asarray(ts), values.T if values.ndim > 1 else values, **kw)
+    label_first(lines, label)
+    if cut:
+        mark_floor(ax, floor, dtype)
+        ts = np.asarray(ts, np.float64)  # the time axis still spans the whole run
+        ax.update_datalim([(ts.min(), floor), (ts.max(), floor)])
+        ax.autoscale_view()
+    ax.set_xlabel("time $t$ (depth)")
+
+
 def draw_misalignment(ax, ts, E, *, label=None, **kw) -> None:
-    """`E(t)` on a log scale (floored at float resolution so zeros stay visible)."""
-    E = np.maximum(np.asarray(E), 1e-16)
-    ax.semilogy(np.asarray(ts), E.T if E.ndim > 1 else E, label=label, **kw)
+    """`E(t)` on a log scale, down to the resolution of its dtype (`draw_decay`)."""
+    draw_decay(ax, ts, E, label=label, **kw)
     ax.set_xlabel("time $t$")
     ax.set_ylabel(r"misalignment $E(x(t))$")
 
@@ -67,25 +163,17 @@ def save_sphere_figure(ys, ts, E, path) -> Path:
     draw_sphere_trajectories(ax3, ys)
     ax3.set_title("tokens on $S^2$")
     ax = fig.add_subplot(1, 2, 2)
-    draw_misalignment(ax, ts, E, color="tab:blue")
+    draw_misalignment(ax, ts, E, color="tab:blue", label="$E(t)$")
     ax.set_title("consensus: $E(t) \\to 0$")
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path)
+    atomic_write(path, lambda f: fig.savefig(f, format="png"))
     plt.close(fig)
     return path
 
 
 # --- the experiments of paper 001 §6.1 (`jaxattn run`) ------------------------------
-
-_FLOOR = 1e-16  # below float64 resolution: plotted at the floor so zeros stay visible
-
-
-def draw_decay(ax, ts, values, *, label=None, **kw) -> None:
-    """A nonnegative quantity tending to zero, on a log scale (floored at 1e-16)."""
-    values = np.maximum(np.asarray(values), _FLOOR)
-    ax.semilogy(np.asarray(ts), values.T if values.ndim > 1 else values, label=label, **kw)
-    ax.set_xlabel("time $t$ (depth)")
 
 
 def draw_head_norms(ax, ts, norms, *, upto=None) -> None:
@@ -108,27 +196,59 @@ def draw_ellipsoid_trajectories(ax, ys, W=None, *, mark=None, mark_label=None) -
     if W is None:
         draw_sphere_trajectories(ax, ys)
     else:
-        ys = np.asarray(ys)
         lam, vec = np.linalg.eigh(np.asarray(W))
         u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
         sphere = np.stack([np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v)], -1)
         pts = sphere @ (vec / np.sqrt(lam)).T  # W^{-1/2} maps S² onto E_W
         ax.plot_wireframe(pts[..., 0], pts[..., 1], pts[..., 2], color="0.85", lw=0.4)
-        for i in range(ys.shape[1]):
-            ax.plot(*ys[:, i].T, color="tab:blue", lw=1.2)
-        ax.scatter(*ys[0].T, s=40, c="white", edgecolors="k", depthshade=False, zorder=5,
-                   label="start")
-        ax.scatter(*ys[-1].T, s=60, c="0.5", edgecolors="k", depthshade=False, zorder=6,
-                   label="end")
+        _draw_paths(ax, ys)
         ax.set_box_aspect(np.ptp(pts.reshape(-1, 3), axis=0))
-        ax.set_xlabel("$x_1$")
-        ax.set_ylabel("$x_2$")
-        ax.set_zlabel("$x_3$")
+        tidy_3d(ax)
     if mark is not None:
         mark = np.atleast_2d(np.asarray(mark))
         ax.scatter(*mark.T, s=150, marker="*", c="tab:red", edgecolors="k", depthshade=False,
                    zorder=7, label=mark_label)
     ax.legend(loc="upper left", fontsize=8)
+
+
+def plain_log_labels(axis) -> None:
+    """Plain numbers (`0.72`) on a log axis that spans less than two decades, where
+    matplotlib would label minor ticks `7.2×10⁻¹`; wider axes keep powers of ten."""
+    from matplotlib.ticker import FuncFormatter
+
+    def narrow() -> bool:  # asked at every draw: later curves may widen the axis
+        lo, hi = sorted(axis.get_view_interval())
+        return lo > 0 and hi / lo < 100
+
+    def plain(default):  # the ticks matplotlib labels, in plain numbers
+        return FuncFormatter(lambda v, pos: (f"{v:.3g}" if narrow() and default(v, pos)
+                                             else default(v, pos)))
+
+    axis.set_major_formatter(plain(axis.get_major_formatter()))
+    axis.set_minor_formatter(plain(axis.get_minor_formatter()))
+
+
+def integer_ticks(axis) -> None:
+    """Whole-number ticks on `axis` (`ax.xaxis`, `ax.yaxis`), for counts."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def opaque_legend(ax, **kw):
+    """`ax.legend(**kw)` with its line and patch keys drawn opaque (faint bundles of
+    curves would otherwise give faint keys)."""
+    legend = ax.legend(**kw)
+    for handle in legend.legend_handles:
+        if handle is not None:
+            handle.set_alpha(1.0)
+    return legend
+
+
+def legend_below(ax, ncol: int = 2, **kw):
+    """The legend under the axis, off the data (for panels whose curves fill them)."""
+    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol,
+                     fontsize=kw.pop("fontsize", 8), frameon=False, **kw)
 
 
 def face(ax, point) -> None:
@@ -140,8 +260,21 @@ def face(ax, point) -> None:
                  azim=float(np.degrees(np.arctan2(p[1], p[0]))))
 
 
+def wrap(text: str, width_inches: float, fontsize: float = 10) -> str:
+    """`text` broken into lines that fit `width_inches` at `fontsize` points (a long
+    title, e.g. one naming a model's path, would otherwise run off the figure)."""
+    per_line = max(20, int(width_inches * 72 / (0.6 * fontsize)))
+    # never break inside mathtext: its spaces are held back while wrapping
+    held = re.sub(r"\$[^$]*\$", lambda m: m.group().replace(" ", "\0"), text)
+    count = -(-len(held) // per_line)  # lines needed; then lines of even length
+    lines = textwrap.wrap(held, min(per_line, -(-len(held) // count) + 8),
+                          break_on_hyphens=False)
+    return "\n".join(lines).replace("\0", " ") or text
+
+
 def save_figure(fig, stem, title=None) -> list[Path]:
-    """Write `fig` as `stem.png` and `stem.pdf` (each atomically) and close it.
+    """Write `fig` as `stem.png` and `stem.pdf` (each atomically) and close it; `title`
+    (wrapped to the figure's width) goes above the panels.
 
     **Returns:**
 
@@ -149,7 +282,7 @@ def save_figure(fig, stem, title=None) -> list[Path]:
     """
     plt = pyplot()
     if title:
-        fig.suptitle(title, fontsize=11)
+        fig.suptitle(wrap(title, fig.get_figwidth(), 11), fontsize=11)
     fig.tight_layout()
     stem = Path(stem)
     paths = []

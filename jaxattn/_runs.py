@@ -168,23 +168,38 @@ def _umask() -> int:
     return mask
 
 
-def _jsonable(obj):
+#: The key under which `write_json` names the fields it wrote as `null`.
+NULL_MEANS = "null_means"
+
+
+def _jsonable(obj, where: str = "", nulls: dict[str, str] | None = None):
+    """`obj` as JSON values: arrays as lists, and NaN and ±inf (which JSON lacks) as
+    `None`, each recorded in `nulls` by its path (`points[0].consensus_time_median`)."""
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): _jsonable(v, f"{where}.{k}" if where else str(k), nulls)
+                for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [_jsonable(v, f"{where}[{i}]", nulls) for i, v in enumerate(obj)]
     if isinstance(obj, Path):
         return str(obj)
     if hasattr(obj, "tolist"):  # NumPy / JAX arrays and scalars
-        return _jsonable(np.asarray(obj).tolist())
+        return _jsonable(np.asarray(obj).tolist(), where, nulls)
     if isinstance(obj, float) and not np.isfinite(obj):
-        return str(obj)  # JSON has no inf/nan
+        if nulls is not None:
+            nulls[where] = "not a number" if obj != obj else f"{'+' if obj > 0 else '-'}infinity"
+        return None
     return obj
 
 
 def write_json(path, obj: Any) -> Path:
-    """Write `obj` as indented JSON, atomically (arrays become lists)."""
-    text = json.dumps(_jsonable(obj), indent=2, ensure_ascii=False) + "\n"
+    """Write `obj` as indented JSON, atomically: arrays become lists, and numbers JSON
+    cannot hold (NaN, ±inf) become `null`, named with what they were under the key
+    `null_means` (`{"numbers.decay_rate": "not a number"}`) when `obj` is a dict."""
+    nulls: dict[str, str] = {}
+    value = _jsonable(obj, "", nulls)
+    if nulls and isinstance(value, dict):
+        value[NULL_MEANS] = nulls | value.get(NULL_MEANS, {})
+    text = json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     return atomic_write(Path(path), lambda f: f.write(text.encode()))
 
 
@@ -418,3 +433,60 @@ def read_json(path) -> Any:
     """The JSON value in the file `path`."""
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def reopen_run(folder: Path, config: dict[str, Any], resume: bool, *, what: str,
+               command: str) -> tuple[bool, str]:
+    """Start a resumable run in the held folder (`hold_folder`), or reopen the one
+    it holds. Without `resume` a run already there is refused; with it, its
+    `config.json` must record the same value for every key of `config` (the run's
+    settings), and an unfinished one be continued on the same backend
+    (`check_same_computer`). `what`, `command`: its name in messages (`"loop"`).
+
+    **Returns:**
+
+    Whether the folder holds the finished run, and the run's id.
+    """
+    if not (folder / "config.json").exists():
+        start_run(folder)
+        return False, read_json(write_config(folder, config))["run_id"]
+    old = read_json(folder / "config.json")
+    finished = not (folder / INCOMPLETE).exists() and (folder / "summary.json").exists()
+    if not resume:
+        state = "a finished" if finished else "an unfinished"
+        raise RunFolderError(f"{folder} holds {state} {what}; pass --resume to continue it "
+                             "or choose another --out.")
+    for key, value in config.items():
+        if json.dumps(_jsonable(old.get(key)), sort_keys=True) != json.dumps(
+                _jsonable(value), sort_keys=True):
+            raise RunFolderError(f"{folder} holds a {what} with another {key} "
+                                 f"({_jsonable(old.get(key))!r}, not {_jsonable(value)!r}); "
+                                 f"--resume continues only the same {what} (choose another "
+                                 "--out).")
+    if not finished:
+        check_same_computer(folder, old, command)
+    return finished, old.get("run_id")
+
+
+def check_same_computer(folder: Path, old: dict[str, Any], command: str) -> None:
+    """Refuse to continue a run recorded in `old` (its settings file) on another
+    backend, or on a GPU with the other determinism setting: its results would mix
+    parts computed two ways (`command`: the `jaxattn` command that resumes it)."""
+    now = computed_on()
+    backend = old.get("backend", now["backend"])
+    if backend != now["backend"]:
+        raise RunFolderError(f"{folder} was computed on {backend}, this process runs on "
+                             f"{now['backend']}; resume it on {backend} (or choose another --out).")
+    deterministic = old.get("deterministic", now["deterministic"])
+    if backend != "cpu" and deterministic != now["deterministic"]:
+        how = (f"with XLA's deterministic GPU flags: resume it with `jaxattn {command} "
+               "--resume` (in Python, set XLA_FLAGS=ja.deterministic_xla_flags() first)"
+               if deterministic else "without XLA's deterministic GPU flags: resume it with "
+               f"`jaxattn --nondeterministic {command} --resume`")
+        raise RunFolderError(f"{folder} was computed {how}.")
+
+
+def clear_partial_writes(directory: Path) -> None:
+    """Remove the temporary files of writes a kill cut off (`atomic_write`'s `.*.tmp`)."""
+    for stale in Path(directory).glob(".*.tmp"):
+        stale.unlink(missing_ok=True)

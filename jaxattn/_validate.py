@@ -1,6 +1,11 @@
 """Checks of user input: shape and configuration errors at trace time, value
 errors through `eqx.error_if` when the values are only known inside `jit`."""
 
+import functools
+import re
+from collections.abc import Callable
+from typing import TypeVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -156,6 +161,89 @@ def _check_positive_definite(W: np.ndarray, eps: float) -> None:
         )
 
 
+# --- runtime errors, one line first ---------------------------------------------------
+
+
+class SimulationError(ValueError, eqx.EquinoxRuntimeError):
+    """A run stopped on its values: tokens that became NaN or inf, a zero or
+    non-finite initial token, a flow solver out of steps. Its message is one line
+    that says what happened and how to fix it.
+
+    A `ValueError` (bad values, like every other mistake jaxattn refuses) and an
+    `eqx.EquinoxRuntimeError` (what the checks inside `jit` raised before, so
+    `except eqx.EquinoxRuntimeError` still catches it). Raised the same way by
+    sharded and unsharded runs.
+    """
+
+
+# `jaxattn.SimulationError: …` in tracebacks, the name users import it by.
+SimulationError.__module__ = "jaxattn"
+
+_FN = TypeVar("_FN", bound=Callable)
+_PREFIX = "jaxattn: "
+# equinox ends its message with advice on debugging after a blank line; a check
+# inside a plain `jax.jit` arrives as a JaxRuntimeError with the same marker.
+_EQX_MESSAGE = re.compile(r"EquinoxRuntimeError: (.+?)(?:\n\s*\n|\Z)", re.S)
+_FRIENDLY = {
+    "The maximum number of solver steps was reached.": (
+        "the flow solver reached `max_steps` before the last save time: raise "
+        "`max_steps`, shorten the horizon, or pass `throw=False` for a per-sample "
+        "`success`."
+    ),
+}
+
+
+def short_message(text: str) -> str:
+    """One line for a runtime check's message: jaxattn's own without its
+    `jaxattn: ` marker, diffrax's out-of-steps with the fix."""
+    line = " ".join(text.split())
+    for start, friendly in _FRIENDLY.items():
+        if line.startswith(start):
+            return friendly
+    return line.removeprefix(_PREFIX)
+
+
+def runtime_message(error: BaseException) -> str | None:
+    """The message a check inside `jit` (`eqx.error_if`, diffrax's `throw`) raised
+    `error` with, as one line; `None` when `error` is not such a failure."""
+    if isinstance(error, SimulationError):
+        return str(error)
+    if not isinstance(error, eqx.EquinoxRuntimeError | jax.errors.JaxRuntimeError):
+        return None
+    text = str(error)
+    found = _EQX_MESSAGE.findall(text)
+    if found:
+        return short_message(found[-1])
+    # Raised on the host with the bare message (e.g. after a sharded run).
+    return short_message(text) if isinstance(error, eqx.EquinoxRuntimeError) else None
+
+
+def surface_errors(fn: _FN) -> _FN:
+    """Decorate an entry point so that a value check failing inside its compiled
+    program raises a one-line `SimulationError` (jaxattn's message and the fix)
+    in place of equinox's 30–50 lines, whose "inside JIT" stack points at the
+    call that compiled the program, not the one that failed. The same error as a
+    sharded run's host-side check (`raise_unless`). Idempotent."""
+    if getattr(fn, "__surfaces_errors__", False):
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SimulationError:
+            raise
+        except (eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError) as error:
+            message = runtime_message(error)
+            if message is None:
+                raise
+        # Outside the `except`: the traceback shows no equinox error as context.
+        raise SimulationError(message)
+
+    wrapper.__surfaces_errors__ = True
+    return wrapper
+
+
 NONFINITE = (
     "jaxattn: the tokens became NaN or inf during the run: the weights overflow this "
     "floating-point type (e.g. |τ U| or β|P| near its largest value) or contain NaN "
@@ -199,17 +287,35 @@ _token_defects_jit = jax.jit(_token_defects)
 
 
 def check_tokens_now(x: Float[Array, "*batch n d"]) -> None:
-    """`check_tokens` on concrete tokens, before a run: a `ValueError` with the same
-    message."""
+    """`check_tokens` on concrete tokens, before a run: the `SimulationError` (a
+    `ValueError`) that the check inside `jit` surfaces as."""
     bad_value, zero = jax.device_get(_token_defects_jit(x))
     if bad_value:
-        raise ValueError(TOKENS_NONFINITE)
+        raise SimulationError(short_message(TOKENS_NONFINITE))
     if zero:
-        raise ValueError(TOKENS_ZERO)
+        raise SimulationError(short_message(TOKENS_ZERO))
+
+
+def check_rows_now(x: Float[Array, "*batch n d"], name: str, where: str) -> None:
+    """Refuse, when `x` is concrete, NaN/inf entries and zero rows (tokens without a
+    direction), with a one-line `ValueError` that names `where` (the function) and
+    `name`. Traced `x` passes unchecked: a metric inside `jit`/`vmap` (an `observe`
+    of `run_layers`, a sharded program) stays free of host callbacks, and its
+    result is NaN for such rows, as documented by each caller."""
+    if not is_concrete(x) or x.size == 0:
+        return
+    bad_value, zero = jax.device_get(_token_defects_jit(x))
+    if bad_value:
+        raise ValueError(f"{where}: `{name}` contains NaN or inf; pass finite tokens (the "
+                         "tokens of a failed run are not meaningful: check its `success`).")
+    if zero:
+        raise ValueError(f"{where}: a token (row) of `{name}` is zero, so it has no direction; "
+                         "every token needs a nonzero entry.")
 
 
 def raise_unless(ok, message: str) -> None:
-    """After a sharded run: raise `message` (as `eqx.error_if` would inside `jit`,
-    an `EquinoxRuntimeError`) unless every entry of `ok` is true."""
+    """After a sharded run: raise `message` as a `SimulationError` (what a check
+    inside `jit` surfaces as, see `surface_errors`) unless every entry of `ok` is
+    true."""
     if not bool(jnp.all(ok)):
-        raise eqx.EquinoxRuntimeError(message)
+        raise SimulationError(short_message(message))

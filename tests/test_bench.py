@@ -78,3 +78,19 @@ def test_bench_cli_rejects_quick_with_another_size(capsys):
 def test_bench_cli_rejects_unknown_case(capsys):
     assert main(["bench", "--cases", "S9"]) == 2
     assert "unknown case" in capsys.readouterr().err
+
+
+def test_s1_large_prints_its_floor():
+    """S1L carries its floor (flops at the matmul peak, unavoidable bytes at the copy
+    bandwidth) and the table prints it beside the time; S1 times the fused and the
+    general paths in the same run."""
+    with jax.enable_x64(False):
+        result = suite.run_suite(size="quick", repeats=1, cases=("peak", "S1L"), torch=False,
+                                 progress=lambda line: None)
+    (row,) = [r for r in result["rows"] if r["case"] == "S1L"]
+    prob = suite.QUICK["S1L"]
+    assert row["moved_bytes"] == 4 * prob.batch * (prob.n * prob.d + 20 + 1)
+    assert row["floor_flops_s"] > 0 and row["floor_bytes_s"] > 0
+    assert "floor" in table.format_table(result)
+    no_peak = {**row, "floor_flops_s": None}
+    assert "run the `peak` case" in table._line(no_peak)

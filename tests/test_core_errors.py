@@ -271,3 +271,25 @@ def test_piecewise_constant_index_does_not_overflow():
         small = ja.PiecewiseConstant(jnp.zeros((5, 1, 2, 2), jnp.float32), 1.0)
         assert int(jax.jit(lambda s: small.index(s))(jnp.float32(2.0**40))) == 2**40 % 5
         assert int(small.index(jnp.float32(2.0**40) * 3)) == (3 * 2**40) % 5
+
+
+@pytest.mark.parametrize("bad", [0.0, np.nan])
+def test_host_checks_raise_what_the_checks_in_jit_surface_as(key, bad):
+    """A sharded run checks on the host (the tokens before it, the outputs after it):
+    the same `ja.SimulationError`, message and all, as the unsharded run's checks."""
+    from jaxattn import _validate
+
+    dyn = random_dynamics(key, 2, 3)
+    x0 = np.array(random_tokens(key, 4, 3, batch=(2,)))
+    x0[1, 2] = bad
+    with pytest.raises(ja.SimulationError) as in_jit:
+        ja.run_layers(dyn, x0, 3, 0.1)
+    with pytest.raises(ja.SimulationError) as on_host:
+        _validate.check_tokens_now(jnp.asarray(x0))
+    assert str(on_host.value) == str(in_jit.value)
+    huge = ja.SelfAttentionDynamics(np.ones((2, 3, 3)), np.full((2, 3, 3), 1e308))
+    with pytest.raises(ja.SimulationError) as in_jit:
+        ja.run_layers(huge, random_tokens(key, 4, 3, batch=(2,)), 2, 1.0)
+    with pytest.raises(ja.SimulationError) as on_host:
+        _validate.raise_unless(jnp.array([True, False]), _validate.NONFINITE)
+    assert str(on_host.value) == str(in_jit.value)

@@ -19,6 +19,7 @@ from jaxattn.experiments import paper as _paper
 from jaxattn.experiments.base import flow_path, layer_path
 
 
+@pytest.mark.slow
 def test_span_coordinates_reproduce_the_full_model(key):
     """thm51-causal integrates Y with x = Y X₀; compare with the model on S^{d−1}."""
     n, d, h = 4, 9, 2

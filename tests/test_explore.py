@@ -223,3 +223,16 @@ def test_objectives_lower_at_float32_precision(model, key):
         print("\n".join(dots))
         assert len(dots) >= 4
         assert all("precision = [HIGHEST, HIGHEST]" in line for line in dots)
+
+
+def test_negative_steps_are_refused(key):
+    dyn = random_dynamics(key)
+    with pytest.raises(ValueError, match="`steps` must be a whole number ≥ 0, got -1"):
+        E.slow_consensus(dyn, init=key, n=3, steps=-1)
+    with pytest.raises(ValueError, match="`baseline_samples` must be a whole number ≥ 0"):
+        E.slow_consensus(dyn, init=key, n=3, baseline_samples=-2)
+    with pytest.raises(ValueError, match="`steps` must be a whole number ≥ 0, got 2.5"):
+        E.slow_consensus(dyn, init=key, n=3, steps=2.5)
+    w0 = BipartiteWeights(jnp.zeros((1, 1, 3, 3)), jnp.zeros((1, 1, 3, 3)))
+    with pytest.raises(ValueError, match="`steps` must be a whole number ≥ 0, got -1"):
+        E.stabilize_bipartite(w0, jnp.array([0.0, 1.0, 0.0]), n=4, m=2, steps=-1)

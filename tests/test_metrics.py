@@ -330,3 +330,35 @@ def test_wendel_matches_monte_carlo_with_hemisphere(key, n, d):
     sigma = np.sqrt(p * (1 - p) / trials)
     print(f"n={n} d={d}: Monte Carlo {freq:.4f}, Wendel {p:.4f} (σ = {sigma:.4f})")
     assert abs(freq - p) < 4 * sigma
+
+
+def test_misalignment_refuses_zero_and_nonfinite_rows():
+    """Concrete tokens: a one-line error naming the problem. Traced (inside jit or
+    vmap, e.g. as run_layers' observe): no host check, the documented NaN."""
+    good = np.array([[1.0, 0, 0], [1, 1e-4, 0], [0, 1, 0]])
+    for bad, match in ((0.0, "misalignment: a token \\(row\\) of `x` is zero"),
+                       (np.nan, "misalignment: `x` contains NaN or inf"),
+                       (np.inf, "misalignment: `x` contains NaN or inf")):
+        x = np.stack([good, good])
+        x[1, 2] = bad
+        with pytest.raises(ValueError, match=match):
+            M.misalignment(x)
+        with pytest.raises(ValueError, match=match):
+            M.misalignment(x, np.eye(3))
+        E = jax.jit(M.misalignment)(x)
+        assert np.isfinite(E[0]) and np.isnan(E[1])
+    tiny = np.full((2, 3), 1e-300)  # tiny but nonzero rows are valid tokens
+    assert float(M.misalignment(tiny)) == 0.0
+
+
+def test_span_misalignment_is_the_cancellation_free_misalignment(key):
+    """paper.span_misalignment is ja.misalignment with the metric G: ≥ 0 and resolving
+    near-consensus in float32, where 1 − mean cos floors at ~1e-7."""
+    with jax.enable_x64(False):
+        X0 = np.asarray(jax.random.normal(key, (3, 5)), np.float32)
+        G = X0 @ X0.T
+        Y = np.eye(3, dtype=np.float32)[[0, 0, 0]] + np.float32(1e-4) * np.eye(3, dtype=np.float32)
+        E = _paper.span_misalignment(Y, G)
+        np.testing.assert_array_equal(E, M.misalignment(Y, G))
+        ref = _one_minus_cos(np.float64(Y) @ np.float64(X0)).mean(-1)
+        assert float(E) > 0 and abs(float(E) - ref) < 1e-2 * ref

@@ -139,3 +139,24 @@ def test_run_loop_grid_named_experiment(tmp_path, capsys):
                                        for v in ("attn", "full")}
     assert (out / "loop_grid.png").is_file() and not (out / "INCOMPLETE").exists()
     assert main(["run", "loop-grid", "--minilm", "--smollm2", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_loop_help_documents_every_flag_with_its_default(capsys):
+    """`jaxattn loop --help`: every option says its default (or that it is required),
+    and the text shows the actual default values."""
+    from jaxattn.cli import parser
+
+    sub = next(a for a in parser(["loop"])._actions if a.dest == "command")
+    loop = sub.choices["loop"]
+    options = [a for a in loop._actions if a.option_strings and a.dest != "help"]
+    assert {"--resume", "--no-progress", "--text", "--chunk-passes"} <= {
+        a.option_strings[0] for a in options}
+    for action in options:
+        text = (action.help or "") % {"default": action.default}
+        assert "(required)" in text if action.required else "(default: " in text, action.dest
+        if action.default not in (None, False):
+            assert f"(default: {action.default})" in text, action.dest
+    with pytest.raises(SystemExit):
+        main(["loop", "--help"])
+    out = capsys.readouterr().out
+    assert "(default: 20)" in out and "(default: 10)" in out and "(default: float32)" in out

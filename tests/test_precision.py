@@ -245,3 +245,24 @@ def test_precision_is_checked():
     with pytest.raises(ValueError, match="tensorfloat32"):
         ja.SelfAttentionDynamics(U, U, precision="tf32")
     assert ja.SelfAttentionDynamics(U, U).precision == "float32"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_ensemble_path_states_its_precision(key, causal):
+    """The fused path (`strategy="fused"`) writes the attention's products as
+    elementwise multiply–adds, not `dot_general`s: exact products in float32 for
+    `"float32"`, after rounding the operands to bfloat16 or TF32 (10 mantissa bits)
+    for the reduced modes, as the general path's products see them."""
+    w = _weights(key, False)
+    x0 = jnp.stack([_tokens(jax.random.fold_in(key, i), w["W"]) for i in range(3)])
+
+    def run(dyn, x):
+        return ja.run_layers(dyn, x, 2, 0.1, observe=ja.misalignment, strategy="fused")
+
+    full = lowered(run, _dynamics(w, causal, "float32"), x0)
+    assert_float32(full, some=False)
+    assert "bf16" not in full and "e8m10" not in full
+    low = lowered(run, _dynamics(w, causal, "bfloat16"), x0)
+    assert not [d for d in dots(low) if "bf16" in d.operands]
+    assert re.search(r"stablehlo\.convert .* -> tensor<[0-9x]*bf16>", low)
+    assert "format = e8m10" in lowered(run, _dynamics(w, causal, "tensorfloat32"), x0)

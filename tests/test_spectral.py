@@ -254,3 +254,15 @@ def test_spectral_products_lower_at_float32_precision(key):
     print("\n".join(jac))
     assert any("xbf16>" in line for line in jac)  # the Jacobian's own products
     assert all("xbf16>" in line or "precision = [HIGHEST, HIGHEST]" in line for line in jac)
+
+
+def test_layer_dynamics_keeps_the_models_variant(key):
+    """Freezing a dynamics at one layer keeps its norm, mask, window and kernel."""
+    P = jax.random.normal(key, (2, 3, 3))
+    U = jnp.stack([jnp.eye(3)] * 2)
+    dyn = ja.SelfAttentionDynamics(P, U, beta=2.0, norm="pre", window=2,
+                                   mask=ja.random_mask(key, 5, 0.5), kernel="sigmoid", bias=-1.0)
+    frozen = ja.spectral.layer_dynamics(dyn, 0)
+    x = jax.random.normal(key, (5, 3))
+    assert (frozen.norm, frozen.window, frozen.kernel) == ("pre", 2, "sigmoid")
+    assert jnp.array_equal(frozen.layer(0.0, x, 0.1), dyn.layer(0.0, x, 0.1))

@@ -286,3 +286,49 @@ def test_report_reads_the_tolerance_recorded_in_sweep_json(tmp_path, monkeypatch
     assert "E < 3e-3" in ax_t.get_ylabel()
     assert ax_t.get_legend().get_texts()[0].get_text() == "3/4 reached E < 3e-3"
     assert (0.003, 0.003) in [tuple(line.get_ydata()) for line in ax_e.lines]
+
+
+@pytest.mark.parametrize("name", ja.sweep.EXPERIMENTS)
+def test_every_sweep_parameter_is_an_override_of_jaxattn_run(name):
+    """One parameter list serves both: a sweep varies exactly what `jaxattn run NAME
+    --param v` takes (less `samples`, which its instances replace), `beta` included."""
+    from jaxattn.cli.experiments import parse_overrides
+
+    experiment = get_experiment(name)
+    params = ja.sweep.sweep_params(name)
+    assert [p.name for p in params] == [p.name for p in experiment.all_params()
+                                        if p.name != "samples"]
+    assert "beta" in [p.name for p in params]
+    for p in params:
+        value = True if p.type is bool else p.type(2 * p.default)
+        argv = [p.flag] if p.type is bool else [p.flag, str(value)]
+        _, overrides = parse_overrides(experiment, argv)
+        assert overrides == {p.name: value}
+        assert resolve_config(experiment, overrides, 0)[p.name] == value
+        config = ja.sweep.check_spec(ja.sweep.SweepSpec(name, {p.name: [value]}))[0]
+        assert config[p.name] == value
+
+
+@pytest.mark.slow
+def test_a_sweep_row_is_jaxattn_run_with_its_seed_and_values(tmp_path):
+    """Instance 1 of a point with β = 2 is `jaxattn run thm41-sphere --seed 6 --beta 2`
+    at the same sizes: the same start, in the domain alike, the same final E (one
+    saved interval, so the experiment solves in one piece as the sweep does)."""
+    from jaxattn.cli.experiments import parse_overrides
+    from jaxattn.experiments import run_experiment
+
+    sizes = {"horizon": 2.0, "saves": 1, "tokens": 4}
+    result = ja.sweep("thm41-sphere", {"beta": [2.0]}, instances=2, seed=5, set=sizes,
+                      out=tmp_path / "sweep", progress=False, log=lambda *_: None)
+    _, overrides = parse_overrides(get_experiment("thm41-sphere"),
+                                   "--beta 2 --horizon 2 --saves 1 --tokens 4".split())
+    folder, summary = run_experiment("thm41-sphere", overrides, seed=6, out=tmp_path / "run",
+                                     progress=False, log=None)
+    row = {k: v[1] for k, v in result.table.items()}
+    assert row["seed"] == 6 and row["beta"] == 2.0
+    assert json.loads((folder / "config.json").read_text())["beta"] == 2.0
+    np.testing.assert_allclose(row["final_E"], summary["numbers"]["final_E"], rtol=1e-9)
+    with np.load(folder / "data.npz") as data:
+        assert bool(row["in_domain"]) == bool(data["in_domain"])
+    assert summary["command"] == ("jaxattn run thm41-sphere --seed 6 --tokens 4 --beta 2.0 "
+                                  "--horizon 2.0 --saves 1")

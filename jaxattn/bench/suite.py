@@ -10,8 +10,16 @@ mode matched to `--precision` (`jaxattn.bench.device`):
   bfloat16) of JAX and PyTorch on that device (and NumPy on a CPU); TF32 is not
   applicable on a CPU. `%peak` divides by the peak of the precision a row ran at.
   Beside them, the device-to-device copy bandwidth (GB/s, read + write).
-- **S1** many tiny systems: n = 10, d = 3, h = 2, batch 1000; 200 RK4 steps to
-  T = 10, and the adaptive solve (Tsit5 / torchdiffeq dopri5) to T = 10.
+- **S1** many tiny systems: n = 10, d = 3, h = 2, batch 1000; 200 layers (τ = 1,
+  observed with `misalignment`), 200 RK4 steps to T = 10, and the adaptive solve
+  (Tsit5 / torchdiffeq dopri5) to T = 10. jaxattn runs them on its default
+  strategy (the fused ensemble path for the layers and RK4, per-system steps for
+  Tsit5) and, in the same run, on the general path (`strategy="general"`) and the
+  fused shared-step adaptive mode (`strategy="fused"`).
+- **S1L** S1-large: the S1 system, batch 100,000 (quick 2,000; large 1,000,000),
+  200 layers, with its floor beside the time: the larger of its flops at the
+  matmul peak and its unavoidable bytes (tokens read once, `E(t)` written once) at
+  the copy bandwidth (both need the `peak` case). PyTorch only off the CPU.
 - **S2** paper-size causal: n = 50, d = 500, h = 2, batch 16, 100 layers.
 - **S3** GPT-2-small-sized dynamics: n = 200, d = 768, h = 12, factored
   `P_η = Q_ηᵀ K_η` with k = 64, batch 8, 12 layers.
@@ -23,7 +31,7 @@ mode matched to `--precision` (`jaxattn.bench.device`):
   Flops per token and block: `8 d² + 4 n d` (attention) and `24 d² + 4 n d` (full).
 
 Sizes (`PRESETS`): `"default"` as above; `"quick"` shrinks everything for a smoke
-test; `"large"` fills an accelerator: S1 batch 100,000, S2 batch 1024, S3 batch
+test; `"large"` fills an accelerator: S1 batch 100,000, S1L 1,000,000, S2 batch 1024, S3 batch
 256, S4 the GPT-2 XL and GPT-Neo 2.7B configs at 100 × 200 (G keeps the default
 S2, whose 4×-steps gradient would not fit at batch 1024).
 
@@ -126,6 +134,7 @@ class Context:
     peaks: dict | None = None
     side: TorchSide | None = None
     ref: Any = None
+    bandwidth: dict | None = None
 
     def library(self, name: str) -> str:
         """A PyTorch library's label, marked when it runs off JAX's device."""
@@ -135,7 +144,7 @@ class Context:
             memory=None, agreement=None) -> dict:
         """One table row; `%peak` against the peak of the precision it ran at (none
         for PyTorch off JAX's device, or where that precision has no peak)."""
-        jax_side = library == "jaxattn"
+        jax_side = library.startswith("jaxattn")
         precision = self.precision if jax_side else self.side.precision
         peak = peak_of(self.peaks, precision) if jax_side or self.side.same_device else math.nan
         gflops = flops / timing.median / 1e9 if flops else None
@@ -149,6 +158,16 @@ class Context:
             "fraction_of_peak": gflops / peak if gflops and math.isfinite(peak) else None,
             "compile_s": compile_s, "memory_bytes": memory, "max_abs_diff_vs_jax": agreement,
         }
+
+    def floor(self, flops: float, moved_bytes: float) -> dict:
+        """The run's floor on this device: its flops at the measured matmul peak of
+        its precision, and its unavoidable bytes at the measured copy bandwidth
+        (`None` where the `peak` case did not run)."""
+        peak = peak_of(self.peaks, self.precision)
+        bandwidth = (self.bandwidth or {}).get("jax")
+        return {"floor_flops_s": flops / peak / 1e9 if math.isfinite(peak) else None,
+                "floor_bytes_s": moved_bytes / bandwidth / 1e9 if bandwidth else None,
+                "moved_bytes": moved_bytes}
 
     def diff(self, torch_out, jax_out) -> float:
         return float(np.abs(self.side.numpy(torch_out) - np.asarray(jax_out)).max())
@@ -179,17 +198,31 @@ def _reference(name: str = "reference_torch"):
     return importlib.import_module(f"{__package__}.{name}")
 
 
-def _layers_case(name, prob: Problem, num_layers, tau, ctx: Context) -> list[dict]:
+def _layers_case(name, prob: Problem, num_layers, tau, ctx: Context, *, general=False,
+                 torch=True, floor=False) -> list[dict]:
+    """`num_layers` layers observed with `misalignment`: jaxattn (its default
+    strategy; with `general`, also the general path), and the PyTorch reference."""
     arrays = prob.arrays()
     dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"])
-    fwd = lambda dyn, x0: run_layers(dyn, x0, num_layers, tau, observe=misalignment)  # noqa: E731
-    timing, comp, mem, E = ctx.rep.time_jax(fwd, dyn, x0)
     steps = prob.batch * prob.n * num_layers
     flops = num_layers * prob.flops()
     variant = f"{num_layers} layers"
-    rows = [ctx.row(name, variant, "jaxattn", timing, token_steps=steps, flops=flops,
-                    compile_s=comp, memory=mem)]
-    if ctx.ref is not None:
+    rows, outputs = [], []
+    for strategy, library in (("auto", "jaxattn"), ("general", "jaxattn (general)")):
+        if strategy == "general" and not general:
+            continue
+        fwd = lambda dyn, x0, s=strategy: run_layers(dyn, x0, num_layers, tau,  # noqa: E731
+                                                     observe=misalignment, strategy=s)
+        timing, comp, mem, out = ctx.rep.time_jax(fwd, dyn, x0)
+        outputs.append(out)
+        rows.append(ctx.row(name, variant, library, timing, token_steps=steps, flops=flops,
+                            compile_s=comp, memory=mem))
+    if floor:
+        # The least a run must move: the tokens read once, E(t) written once.
+        moved = 4 * prob.batch * (prob.n * prob.d + num_layers + 1)
+        rows[0].update(ctx.floor(flops, moved))
+    E = outputs[0]
+    if ctx.ref is not None and torch:
         xt, Qt, Kt, Ut = prob.torch_args(arrays, ctx.side)
         run = lambda: ctx.ref.run_layers(xt, Qt, Kt, Ut, 1.0, prob.causal, tau, num_layers)  # noqa: E731
         t_ref, E_t = ctx.time_torch(run)
@@ -198,7 +231,8 @@ def _layers_case(name, prob: Problem, num_layers, tau, ctx: Context) -> list[dic
     return rows
 
 
-def _flow_cases(name, prob: Problem, T, rk4_steps, ctx: Context) -> list[dict]:
+def _flow_cases(name, prob: Problem, T, rk4_steps, ctx: Context, *, general=False
+                ) -> list[dict]:
     arrays = prob.arrays()
     dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"])
     ts = jnp.array([0.0, T], jnp.float32)
@@ -208,8 +242,12 @@ def _flow_cases(name, prob: Problem, T, rk4_steps, ctx: Context) -> list[dict]:
     def rk4(dyn, x0):
         return solve_flow(dyn, x0, ts, solver=RK4(), dt0=dt, stepsize_controller=fixed)[:, -1]
 
-    def tsit5(dyn, x0):
-        res = solve_flow(dyn, x0, ts, throw=False)
+    def rk4_general(dyn, x0):
+        return solve_flow(dyn, x0, ts, solver=RK4(), dt0=dt, stepsize_controller=fixed,
+                          strategy="general")[:, -1]
+
+    def tsit5(dyn, x0, strategy="auto"):
+        res = solve_flow(dyn, x0, ts, throw=False, strategy=strategy)
         return res.ys[:, -1], res.num_steps
 
     t_rk4, c_rk4, m_rk4, y_rk4 = ctx.rep.time_jax(rk4, dyn, x0)
@@ -224,6 +262,16 @@ def _flow_cases(name, prob: Problem, T, rk4_steps, ctx: Context) -> list[dict]:
         ctx.row(name, adapt_v, "jaxattn", t_ad, token_steps=tok * steps_ad,
                 flops=6 * steps_ad * prob.flops(), compile_s=c_ad, memory=m_ad),
     ]
+    if general:
+        t_g, c_g, m_g, _ = ctx.rep.time_jax(rk4_general, dyn, x0)
+        rows.append(ctx.row(name, fixed_v, "jaxattn (general)", t_g, token_steps=tok * rk4_steps,
+                            flops=rk4_flops, compile_s=c_g, memory=m_g))
+        shared = lambda dyn, x0: tsit5(dyn, x0, "fused")  # noqa: E731
+        t_s, c_s, m_s, (_, n_s) = ctx.rep.time_jax(shared, dyn, x0)
+        n_s = float(np.mean(n_s))
+        rows.append(ctx.row(name, adapt_v, "jaxattn (shared step)", t_s,
+                            token_steps=tok * n_s, flops=6 * n_s * prob.flops(), compile_s=c_s,
+                            memory=m_s))
     if ctx.ref is not None:
         xt, Qt, Kt, Ut = prob.torch_args(arrays, ctx.side)
         run = lambda: ctx.ref.rk4(xt, Qt, Kt, Ut, 1.0, prob.causal, dt, rk4_steps)  # noqa: E731
@@ -318,16 +366,19 @@ def _looped_cases(preset: "Preset", ctx: Context) -> list[dict]:
 SIZES = {
     # the default sizes, as in the benchmark issue; QUICK shrinks, LARGE fills a GPU.
     "S1": Problem(n=10, d=3, h=2, batch=1000, causal=False),
+    "S1L": Problem(n=10, d=3, h=2, batch=100_000, causal=False),
     "S2": Problem(n=50, d=500, h=2, batch=16, causal=True),
     "S3": Problem(n=200, d=768, h=12, batch=8, causal=False, k=64),
 }
 QUICK = {
     "S1": Problem(n=10, d=3, h=2, batch=64, causal=False),
+    "S1L": Problem(n=10, d=3, h=2, batch=2000, causal=False),
     "S2": Problem(n=20, d=64, h=2, batch=4, causal=True),
     "S3": Problem(n=32, d=96, h=4, batch=2, causal=False, k=24),
 }
 LARGE = {
     "S1": dataclasses.replace(SIZES["S1"], batch=100_000),
+    "S1L": dataclasses.replace(SIZES["S1"], batch=1_000_000),
     "S2": dataclasses.replace(SIZES["S2"], batch=1024),
     "S3": dataclasses.replace(SIZES["S3"], batch=256),
 }
@@ -358,7 +409,7 @@ PRESETS = {
                     ("gpt2-xl", "gpt-neo-2.7B"), 100, 200),
 }
 
-ALL_CASES = ("peak", "S1", "S2", "S3", "G", "S4")
+ALL_CASES = ("peak", "S1", "S1L", "S2", "S3", "G", "S4")
 
 
 def _context(rep: Repeats, precision: str, torch: bool) -> Context:
@@ -403,11 +454,16 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
         stage("peak", f"matmul peaks ({preset.peak_size}² per precision) and copy bandwidth")
         peaks = matmul_peaks(preset.peak_size, max(repeats, 3), ctx.side, budget_s)
         bandwidth = copy_bandwidth(preset.copy_bytes, max(repeats, 3), ctx.side)
-        ctx = dataclasses.replace(ctx, peaks=peaks)
+        ctx = dataclasses.replace(ctx, peaks=peaks, bandwidth=bandwidth)
     rows, p = [], preset.problems
     stages = (
-        ("S1", "S1: many tiny systems (flow)",
-         lambda: _flow_cases("S1", p["S1"], 10.0, preset.rk4_steps, ctx)),
+        ("S1", "S1: many tiny systems (layers and flow; fused and general paths)",
+         lambda: _layers_case("S1", p["S1"], preset.rk4_steps, 1.0, ctx, general=True)
+         + _flow_cases("S1", p["S1"], 10.0, preset.rk4_steps, ctx, general=True)),
+        ("S1L", f"S1-large: {p['S1L'].batch:,} tiny systems, {preset.rk4_steps} layers, "
+                "against the floor",
+         lambda: _layers_case("S1L", p["S1L"], preset.rk4_steps, 1.0, ctx,
+                              torch=jax.default_backend() != "cpu", floor=True)),
         ("S2", "S2: paper-size causal (layers)",
          lambda: _layers_case("S2", p["S2"], preset.steps, 0.1, ctx)),
         ("S3", "S3: GPT-2-small-sized dynamics (layers)",

@@ -52,7 +52,21 @@ def _line(r: dict) -> str:
             f"{SHORT.get(r.get('precision'), ''):4} {r['median_s']:9.4f} "
             f"{r['min_s']:8.4f} {r['max_s']:8.4f} {r['calls']:2d} {r['token_steps_per_s']:11.3g} "
             f"{_fmt(r['gflops'], '8.1f'):>8} {_fmt(pct, '6.1f'):>6} "
-            f"{_fmt(r['compile_s'], '7.2f'):>7}")
+            f"{_fmt(r['compile_s'], '7.2f'):>7}" + _floor(r))
+
+
+def _floor(r: dict) -> str:
+    """` floor …` beside a row that carries one (S1-large): flops at the matmul peak,
+    unavoidable bytes at the copy bandwidth, and the time over the larger."""
+    if "moved_bytes" not in r:
+        return ""
+    flops_s, bytes_s = r.get("floor_flops_s"), r.get("floor_bytes_s")
+    if flops_s is None or bytes_s is None:
+        return "  floor: run the `peak` case to measure it"
+    floor = max(flops_s, bytes_s)
+    return (f"  floor {floor:.4f} s (flops/peak {flops_s:.4f}, "
+            f"{r['moved_bytes'] / 1e6:.3g} MB/bandwidth {bytes_s:.4f}); "
+            f"×{r['median_s'] / floor:.0f}")
 
 
 def format_table(result: dict) -> str:

@@ -1,9 +1,13 @@
 """The `jaxattn` command line.
 
-Each command lives in its own module with a `register(subparsers)` function that
-adds its parser and sets `func`; `main` lists them in `COMMANDS`. A command
-returns an exit code; user mistakes raise `CLIError` (or `ValueError`) and are
-printed as one line with exit status 2.
+Each command lives in a module with a `register(subparsers)` function that adds
+its parser and sets `func`; `COMMANDS` lists every command with its module and
+its one-line help. A command returns an exit code; user mistakes raise
+`CLIError` (or `ValueError`) and are printed as one line with exit status 2; a
+run that stops on its values (`jaxattn.SimulationError`) likewise.
+
+Only the module of the command being run is imported (`parser(commands)`):
+`jaxattn --help` and `jaxattn list` answer without loading JAX.
 
 The commands that compute results (`COMPUTING`) run XLA deterministically: `main`
 puts the deterministic GPU flags into `XLA_FLAGS` before JAX's backend starts
@@ -12,23 +16,43 @@ puts the deterministic GPU flags into `XLA_FLAGS` before JAX's backend starts
 """
 
 import argparse
+import importlib
 import os
 import sys
+from collections.abc import Iterable
 
-import equinox as eqx
-
-from .._runs import OPT_OUT, RunFolderError, use_deterministic_xla
-from . import bench, demo, experiments, models, sweep
 from ._common import CLIError, OneLineParser, UsageError, printable
 
-# The modules with a `register(subparsers)` function, in `jaxattn --help` order.
-COMMANDS = (demo, models, experiments, bench, sweep)
+#: Every command, in `jaxattn --help` order: the module of `jaxattn.cli` whose
+#: `register(subparsers)` adds it, imported only when the command runs, and its
+#: one-line help (the same as the module gives it; a test compares them).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("demo", "10 tokens on S² under 2 time-varying heads"),
+    "loop": ("models", "loop a real transformer (GPT-2, GPT-Neo, BERT, ALBERT, Llama) and "
+             "record the misalignment E after every block"),
+    "list": ("experiments", "the named experiments and studies"),
+    "run": ("experiments", "run an experiment: jaxattn run NAME [--out DIR] [--seed S] "
+            "[overrides]"),
+    "plot": ("experiments", "redraw the figures of a finished run, loop or sweep folder"),
+    "bench": ("bench", "run the benchmark suite (table + JSON)"),
+    "sweep": ("sweep", "sweep experiment parameters over random instances (resumable)"),
+}
 #: The commands whose results are bit-identical from run to run on a GPU too.
 COMPUTING = ("demo", "loop", "run", "sweep")
+#: `_runs.OPT_OUT` (that module loads JAX; a test checks they agree).
+OPT_OUT = "JAXATTN_NONDETERMINISTIC"
 
 
-def parser() -> argparse.ArgumentParser:
-    """The `jaxattn` parser: one subparser per command of `COMMANDS`."""
+def parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The `jaxattn` parser, one subparser per command of `COMMANDS`.
+
+    **Arguments:**
+
+    - `commands`: the commands whose modules are imported and registered in full
+      (default: all). Every other command gets a parser with only its one-line
+      help: enough for `jaxattn --help` and to refuse an unknown name.
+    """
+    wanted = set(COMMANDS) if commands is None else set(commands)
     p = OneLineParser(
         prog="jaxattn", description="The consensus dynamics of self-attention, in JAX."
     )
@@ -37,9 +61,21 @@ def parser() -> argparse.ArgumentParser:
                    f"the last bits from run to run); the same as {OPT_OUT}=1")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=OneLineParser)
-    for command in COMMANDS:
-        command.register(sub)
+    modules = {COMMANDS[name][0] for name in wanted if name in COMMANDS}
+    for name, (module, help_line) in COMMANDS.items():
+        if name in sub.choices:  # added with its module's other commands
+            continue
+        if module in modules:
+            importlib.import_module(f"{__name__}.{module}").register(sub)
+        else:
+            sub.add_parser(name, help=help_line).set_defaults(func=None)
     return p
+
+
+def _command(argv: list[str]) -> list[str]:
+    """The command named in `argv` (the first word that is no option), if any."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return [word] if word in COMMANDS else []
 
 
 def _fail(line: str) -> int:
@@ -47,14 +83,23 @@ def _fail(line: str) -> int:
     return 2
 
 
-def _runtime_message(error: Exception) -> str:
-    """The one line of an `eqx.error_if` failure (a solver out of steps, a NaN)
-    that says what happened, without equinox's advice on debugging."""
-    lines = str(error).splitlines()
-    said = [ln.split("EquinoxRuntimeError:", 1)[1].strip() for ln in lines
-            if "EquinoxRuntimeError:" in ln]
-    text = said[0] if said else next((ln for ln in lines if ln.strip()), "failed")
-    if "maximum number of solver steps" in text:
+def _runtime_message(error: Exception) -> str | None:
+    """The one line a command prints for `error`: a `SimulationError` or a check
+    that failed inside `jit` (a solver out of steps, a NaN) as "the computation
+    stopped: …", a user mistake as its message; `None` for anything else (a bug,
+    shown with its traceback)."""
+    if isinstance(error, CLIError):
+        return str(error)
+    # Loaded by every command that gets this far with such an error.
+    from .._runs import RunFolderError
+    from .._validate import runtime_message
+
+    text = runtime_message(error)
+    if text is None:
+        if isinstance(error, RunFolderError | ValueError | FileNotFoundError):
+            return str(error)
+        return None
+    if "`max_steps`" in text:  # the library's fix names arguments the CLI has not
         text = ("the flow solver reached its step budget before the final time; choose a "
                 "shorter --horizon (or --discrete)")
     return f"the computation stopped: {text}"
@@ -80,25 +125,29 @@ def main(argv: list[str] | None = None) -> int:
     (printed as one line on stderr), 130 when interrupted (with `argv` not given,
     as the `jaxattn` program, the process then ends at once: `_end_process`).
     """
+    words = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = parser().parse_args(argv)
+        args = parser(_command(words)).parse_args(words)
     except UsageError as e:
         return _fail(str(e))
     if args.command in COMPUTING:  # before the backend starts, or it has no effect
+        from .._runs import use_deterministic_xla
+
         use_deterministic_xla(not args.nondeterministic)
     try:
         return args.func(args)
     except UsageError as e:  # from a command's own parser (`jaxattn run NAME` overrides)
         return _fail(str(e))
-    except (CLIError, RunFolderError, ValueError, FileNotFoundError) as e:
-        return _fail(f"jaxattn {args.command}: error: {e}")
-    except eqx.EquinoxRuntimeError as e:
-        return _fail(f"jaxattn {args.command}: error: {_runtime_message(e)}")
     except KeyboardInterrupt:
         print(f"jaxattn {args.command}: interrupted", file=sys.stderr)
         if argv is None:  # the `jaxattn` process itself, not a caller in Python
             _end_process(130)
         return 130
+    except Exception as e:
+        line = _runtime_message(e)
+        if line is None:
+            raise
+        return _fail(f"jaxattn {args.command}: error: {line}")
 
 
 if __name__ == "__main__":

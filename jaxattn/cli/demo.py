@@ -3,21 +3,22 @@
 import argparse
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-
-from .._flow import solve_flow
-from .._manifold import manifold_drift
-from .._plot import save_sphere_figure
-from .._validate import check_count
-from ..bench.device import device_label
-from ..experiments import paper
-from ..experiments.run import check_seed
-from ..metrics._consensus import misalignment
 from ._common import CLIError
 
 
 def _demo(args: argparse.Namespace) -> int:
+    import jax
+    import jax.numpy as jnp
+
+    from .._flow import solve_flow
+    from .._manifold import manifold_drift
+    from .._plot import resolution, save_sphere_figure
+    from .._validate import check_count
+    from ..bench.device import device_label
+    from ..experiments import paper
+    from ..experiments.run import check_seed
+    from ..metrics._consensus import misalignment
+
     check_count(args.tokens, "--tokens", 1)
     if not args.horizon > 0:
         raise CLIError(f"--horizon must be > 0, got {args.horizon}.")
@@ -30,9 +31,13 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"jaxattn demo: {args.tokens} tokens on S², 2 heads, time-varying P_η(t) "
           f"(paper 001 §6.1.1), seed {args.seed}")
     print(f"device: {device_label()}")
+    floor = resolution(E.dtype)  # below it E is rounding noise of the tokens
     print(f"{'t':>8}  {'E(t)':>11}")
     for i in range(0, len(ts), 40):
-        print(f"{float(ts[i]):8.2f}  {float(E[i]):11.3e}")
+        noise = " *" if float(E[i]) <= floor else ""
+        print(f"{float(ts[i]):8.2f}  {float(E[i]):11.3e}{noise}")
+    if bool(jnp.any(E[::40] <= floor)):
+        print(f"* below the {E.dtype} resolution of E ({floor:.1e}): rounding noise, not data")
     print(f"max drift from the sphere: {float(manifold_drift(ys)):.2e}")
     out = Path(args.out)
     try:

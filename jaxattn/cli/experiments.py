@@ -2,16 +2,16 @@
 and `jaxattn plot DIR` (paper 001 §6.1 as one-command experiments)."""
 
 import argparse
+from pathlib import Path
 
-import jax
-
-from ..experiments import EXPERIMENTS, get_experiment, redraw, run_experiment
 from ._common import CLIError, OneLineParser, parse_value
 
 _EXIT_AGAINST = 3  # the run finished but its outcome contradicts the theorem
 
 
 def _list(args) -> int:
+    from ..experiments import EXPERIMENTS
+
     print("experiments (run one with `jaxattn run NAME`; `jaxattn run NAME --help`):")
     width = max(len(name) for name in EXPERIMENTS)
     for exp in EXPERIMENTS.values():
@@ -41,17 +41,28 @@ def _override_parser(experiment) -> OneLineParser:
     return p
 
 
-def _run(args) -> int:
-    if args.name is None:
-        raise CLIError("name an experiment: jaxattn run NAME (see `jaxattn list`).")
-    experiment = get_experiment(args.name)
-    opts = _override_parser(experiment).parse_args(args.overrides)
+def parse_overrides(experiment, argv: list[str]):
+    """`jaxattn run NAME`'s arguments after the name: the parsed options and the
+    overrides given, as values of the experiment's parameters (`--beta 2` → 2.0)."""
+    opts = _override_parser(experiment).parse_args(argv)
     overrides = {}
     for param in experiment.all_params():
         value = getattr(opts, param.name)
         if value is not None:
             overrides[param.name] = value if param.type is bool else parse_value(value,
                                                                                  param.type)
+    return opts, overrides
+
+
+def _run(args) -> int:
+    if args.name is None:
+        raise CLIError("name an experiment: jaxattn run NAME (see `jaxattn list`).")
+    import jax
+
+    from ..experiments import get_experiment, run_experiment
+
+    experiment = get_experiment(args.name)
+    opts, overrides = parse_overrides(experiment, args.overrides)
     jax.config.update("jax_enable_x64", True)
     folder, summary = run_experiment(
         args.name, overrides, seed=parse_value(opts.seed, int), out=opts.out,
@@ -64,8 +75,19 @@ def _run(args) -> int:
 
 
 def _plot(args) -> int:
+    import jax
+
+    from .._runs import INCOMPLETE, RunFolderError, folder_kind
+    from ..experiments import redraw
+    from ..sweep import redraw as redraw_sweep
+
     jax.config.update("jax_enable_x64", True)
-    paths = redraw(args.folder)
+    folder = Path(args.folder)
+    kind = folder_kind(folder) if folder.is_dir() else "run"  # "run": redraw says why not
+    if kind is None and not (folder / INCOMPLETE).exists():
+        raise RunFolderError(f"{folder} is not a jaxattn folder (no config.json or "
+                             "sweep.json); `jaxattn plot` redraws run, loop and sweep folders.")
+    paths = redraw_sweep(folder) if kind == "sweep" else redraw(folder)
     print(f"redrew {', '.join(str(p) for p in paths)}")
     return 0
 
@@ -86,6 +108,10 @@ def register(sub) -> None:
     run.add_argument("overrides", nargs=argparse.REMAINDER,
                      help="--out DIR, --seed S, --discrete, --tau T, --tokens N, …")
     run.set_defaults(func=_run)
-    plot = sub.add_parser("plot", help="redraw a run's figures from its saved data")
-    plot.add_argument("folder", help="a finished run folder")
+    plot = sub.add_parser(
+        "plot", help="redraw the figures of a finished run, loop or sweep folder",
+        description="Draw the figures of a folder again from its saved data, without "
+        "recomputing: a `jaxattn run` folder, a `jaxattn loop` folder (with or without "
+        "--grid) or a `jaxattn sweep` folder.")
+    plot.add_argument("folder", help="a finished run, loop or sweep folder")
     plot.set_defaults(func=_plot)

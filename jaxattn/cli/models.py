@@ -8,6 +8,10 @@ from .._runs import read_json
 from ..experiments.loop_grid import DTYPES, grid_weights
 from ..experiments.run import run_loop, run_loop_grid
 from ..models._run import WEIGHTS
+from ._common import CLIError
+
+#: Flags of a single loop that `--grid` does not take.
+NOT_GRID = {"resume": "--resume", "text": "--text", "save_states": "--save-states"}
 
 
 def _depths(text: str) -> list[int]:
@@ -20,6 +24,9 @@ def _depths(text: str) -> list[int]:
 
 
 def _grid(args: argparse.Namespace) -> int:
+    given = [flag for name, flag in NOT_GRID.items() if getattr(args, name)]
+    if given:
+        raise CLIError(f"jaxattn loop: {given[0]} applies to a single loop, not to --grid.")
     folder = run_loop_grid(args.model, args.out, args.seed, passes=args.passes,
                            prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
                            weights=grid_weights(args.model), precision=args.precision)
@@ -34,15 +41,20 @@ def _grid(args: argparse.Namespace) -> int:
 def _loop(args: argparse.Namespace) -> int:
     if args.grid:
         return _grid(args)
-    folder = run_loop(
-        args.model, args.out, args.seed, weights=args.weights, passes=args.passes,
-        ffn=not args.no_ffn, prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
-        save_states=args.save_states, precision=args.precision,
-    )
+    try:
+        folder = run_loop(
+            args.model, args.out, args.seed, weights=args.weights, passes=args.passes,
+            ffn=not args.no_ffn, prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
+            save_states=args.save_states, precision=args.precision, text=args.text,
+            resume=args.resume, chunk_passes=args.chunk_passes, progress=not args.no_progress,
+        )
+    except ImportError as e:  # an optional package (tokenizers for --text)
+        raise CLIError(str(e)) from None
     s = read_json(folder / "summary.json")
+    cfg = read_json(folder / "config.json")
     print(f"jaxattn loop: {args.model}, {args.weights} weights, "
           f"{'no FFN' if args.no_ffn else 'full blocks'}, {args.passes} passes of "
-          f"{s['layers_per_pass']} blocks, {args.prompts}×{args.tokens} tokens")
+          f"{s['layers_per_pass']} blocks, {cfg['prompts']}×{cfg['tokens']} tokens")
     print(f"mean E: input {s['E_input_mean']:.3e}, after pass 1 {s['E_after_pass_1_mean']:.3e},"
           f" final {s['E_final_mean']:.3e}  ({s['seconds']:.1f} s)")
     print(f"wrote {folder}")
@@ -53,25 +65,54 @@ def register(sub) -> None:
     p = sub.add_parser(
         "loop", help="loop a real transformer (GPT-2, GPT-Neo, BERT, ALBERT, Llama) "
         "and record the misalignment E after every block",
-        description="Feed random token ids through a model again and again (the output "
-        "of a pass, after the final norm, is the input of the next) and record E "
-        "(paper 001 eq. 25) after every block. Writes a run folder with the figure.")
-    p.add_argument("--model", required=True, help="a model folder, a .gguf file, a hub "
-                   "name, or (for random weights) a preset such as gpt2 or a config.json")
-    p.add_argument("--weights", choices=WEIGHTS, default="trained")
-    p.add_argument("--passes", type=int, default=20)
+        description="Feed token ids through a model again and again (the output of a "
+        "pass, after the final norm, is the input of the next) and record E (paper 001 "
+        "eq. 25) after every block, streamed to the run folder in chunks: a killed run "
+        "continues with the same command and --resume. Writes a run folder with the "
+        "figure.")
+    p.add_argument("--model", required=True, help="(required) a model folder, a .gguf "
+                   "file, a hub name, or (for random weights) a preset such as gpt2 or a "
+                   "config.json")
+    p.add_argument("--weights", choices=WEIGHTS, default="trained",
+                   help="the model's own weights, one random draw, or a fresh draw before "
+                   "every pass (default: %(default)s)")
+    p.add_argument("--passes", type=int, default=20,
+                   help="passes through the whole model (default: %(default)s)")
     p.add_argument("--no-ffn", action="store_true",
-                   help="pure self-attention: drop each block's feed-forward sub-block")
-    p.add_argument("--prompts", type=int, default=100)
-    p.add_argument("--tokens", type=int, default=200)
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+                   help="pure self-attention: drop each block's feed-forward sub-block "
+                   "(default: off, full blocks)")
+    p.add_argument("--prompts", type=int, default=100,
+                   help="random prompts, ids drawn uniformly from the vocabulary; ignored "
+                   "with --text (default: %(default)s)")
+    p.add_argument("--tokens", type=int, default=200,
+                   help="tokens per prompt; with --text every prompt is cut to this "
+                   "length and a shorter one is refused (default: %(default)s)")
+    p.add_argument("--text", default=None, metavar="FILE",
+                   help="prompts from a text file, one per line, tokenized with the "
+                   "model's own tokenizer (default: none, random ids)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32",
+                   help="compute dtype (default: %(default)s)")
     p.add_argument("--precision", choices=list(PRECISIONS), default="float32",
-                   help="of every matrix product: true float32 (default, on every "
-                   "backend), tensorfloat32, or bfloat16 operands with float32 sums")
-    p.add_argument("--seed", type=int, default=0)
+                   help="of every matrix product: true float32 on every backend, "
+                   "tensorfloat32, or bfloat16 operands with float32 sums "
+                   "(default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random prompts and weights (default: %(default)s)")
     p.add_argument("--save-states", type=_depths, default=None, metavar="D1,D2,…",
-                   help="also save the hidden states at these depths (0 = embeddings)")
+                   help="also save the hidden states at these depths, 0 = embeddings "
+                   "(default: none)")
     p.add_argument("--grid", action="store_true", help="every weight kind with and without "
-                   "FFN in one run folder and figure (as `jaxattn run loop-grid`)")
-    p.add_argument("--out", default=None, help="run folder (default runs/loop/<time>)")
+                   "FFN in one run folder and figure, as `jaxattn run loop-grid` "
+                   "(default: off)")
+    p.add_argument("--out", default=None,
+                   help="run folder (default: runs/loop/<time>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the loop in --out from its last saved chunk, to the same "
+                   "result as an uninterrupted run; its settings must be the same "
+                   "(default: off)")
+    p.add_argument("--chunk-passes", type=int, default=10, metavar="K",
+                   help="save E and the hidden state every K passes: what a kill can "
+                   "lose (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (default: a bar with the time left)")
     p.set_defaults(func=_loop)

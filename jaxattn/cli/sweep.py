@@ -4,13 +4,6 @@
 import argparse
 from pathlib import Path
 
-import jax
-
-from .._runs import read_json
-from .._validate import check_count
-from ..experiments.run import check_seed
-from ..sweep import SweepSpec, format_table, read_spec, sweep_params
-from ..sweep import run as run_sweep
 from ._common import CLIError, parse_value
 
 
@@ -38,6 +31,8 @@ def _grid(items: list[str]) -> dict[str, list[str]]:
 def _typed(experiment: str, fixed: dict[str, str], grid: dict[str, list[str]]):
     """The command line's texts as values of the experiment's parameters (a name it
     does not have stays text, for the sweep to report)."""
+    from ..sweep import sweep_params
+
     params = {p.name: p for p in sweep_params(experiment)}
 
     def value(key: str, text: str):
@@ -48,6 +43,13 @@ def _typed(experiment: str, fixed: dict[str, str], grid: dict[str, list[str]]):
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    import jax
+
+    from .._validate import check_count
+    from ..experiments.run import check_seed
+    from ..sweep import SweepSpec, format_table, read_spec
+    from ..sweep import run as run_sweep
+
     jax.config.update("jax_enable_x64", True)
     is_file = Path(args.name).suffix.lower() in (".toml", ".json")
     spec = read_spec(args.name) if is_file else SweepSpec(args.name)
@@ -71,6 +73,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _keys(result) -> list[str]:
+    from .._runs import read_json
+
     return read_json(result.folder / "sweep.json")["grid_keys"]
 
 

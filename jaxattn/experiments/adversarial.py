@@ -158,10 +158,10 @@ class AdversarialTokens(Study):
                 ax.grid(False)
             ax = fig.add_subplot(2, 3, 3 * row + 3)
             ts = data[f"{tag}_ts_long"]
-            _plot.draw_decay(ax, ts, data[f"{tag}_E_long"][1:], color="0.7", lw=0.8)
+            _plot.draw_decay(ax, ts, data[f"{tag}_E_long"][1:], color="0.7", lw=0.8,
+                             label="random starts")
             _plot.draw_decay(ax, ts, data[f"{tag}_E_long"][0], color="tab:red", lw=2,
                              label="optimised start")
-            ax.plot([], [], color="0.7", label="random starts")
             ax.axvline(data[f"{tag}_horizon"], color="k", ls=":", lw=1, label="horizon $T$")
             ax.set_ylabel("misalignment $E(t)$")
             ax.set_title(f"{tag}: run to {config['long']:g}$T$")
@@ -174,12 +174,17 @@ def draw_trace(ax, trace, baseline, label):
     """The best value so far of every restart over the optimiser steps, beside the
     mean of the random starts."""
     best = np.maximum.accumulate(np.asarray(trace), axis=0)
-    ax.semilogy(best, color="tab:blue", lw=0.8, alpha=0.6)
-    ax.semilogy([], color="tab:blue", label="best so far, per restart")
+    shown = np.any(best > 0, axis=0)  # a restart at 0 throughout has no place on a log axis
+    lines = ax.semilogy(np.where(best > 0, best, np.nan)[:, shown], color="tab:blue", lw=0.8,
+                        alpha=0.6)
+    hidden = int((~shown).sum())
+    note = f" ({hidden} at 0 throughout: not drawn)" if hidden else ""
+    _plot.label_first(lines, "best so far, per restart" + note)
     ax.axhline(np.mean(baseline), color="k", ls="--", lw=1, label="random starts (mean)")
     ax.set_xlabel("optimiser step")
+    _plot.integer_ticks(ax.xaxis)
     ax.set_ylabel(label)
-    ax.legend(fontsize=8)
+    _plot.opaque_legend(ax, fontsize=8)
 
 
 def _token_outcome(tag, dyn, x, res, T, long):

@@ -43,6 +43,10 @@ class Param:
         return "--" + self.name.replace("_", "-")
 
 
+#: The inverse temperature of the attention, a parameter of every sweepable experiment
+#: (`jaxattn run NAME --beta 2` runs what `jaxattn sweep NAME --grid beta=…,2` does).
+BETA = Param("beta", float, 1.0, "inverse temperature β of the attention", 0.0)
+
 #: Parameters every experiment has (besides `--seed` and `--out` of `jaxattn run`).
 COMMON = (
     Param("discrete", bool, False, "run discrete layers (eq. 4) beside the flow (eq. 6)"),

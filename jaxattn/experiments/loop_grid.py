@@ -16,7 +16,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._plot import pyplot, save_figure
+from .._plot import (
+    above_floor,
+    legend_below,
+    mark_floor,
+    plain_log_labels,
+    pyplot,
+    resolution,
+    save_figure,
+    wrap,
+)
 from .._validate import check_count
 from ..models import PRESETS, init, load, loop, resolve_config
 from ..models._load import PACKAGED, packaged_path
@@ -182,7 +191,6 @@ class LoopGridExperiment(AbstractExperiment):
 
 # --- figures: mean misalignment with a 10–90 % band versus depth ----------------------
 
-_FLOOR = 1e-9  # below float32 resolution of E; keeps exact zeros on a log axis
 COLORS = {"attn": "tab:blue", "full": "tab:orange"}
 LABELS = {"attn": "pure attention (no FFN)", "full": "full blocks"}
 
@@ -193,22 +201,47 @@ def draw_loop(ax, E, layers_per_pass: int, *, label=None, color="tab:blue") -> N
     **Arguments:**
 
     - `ax`: a matplotlib axis.
-    - `E`: `(prompts, depth)` misalignment after every block (column 0: input).
-    - `layers_per_pass`: the model's depth `L` (faint lines mark the passes).
+    - `E`: `(prompts, depth)` misalignment after every block (column 0: input), in
+      the dtype it was computed in: below that dtype's resolution of `E`
+      (`_plot.resolution`) the mean is not drawn and a dotted line marks the floor.
+    - `layers_per_pass`: the model's depth `L` (alternate passes are shaded, and the
+      top axis counts passes).
     """
-    E = np.maximum(np.asarray(E, dtype=np.float64), _FLOOR)
+    dtype = np.asarray(E).dtype if np.issubdtype(np.asarray(E).dtype, np.floating) else np.float32
+    floor = resolution(dtype)
+    E = np.asarray(E, dtype=np.float64)
     depth = np.arange(E.shape[1])
     lo, hi = np.quantile(E, [0.1, 0.9], axis=0)
-    ax.fill_between(depth, lo, hi, color=color, alpha=0.22, lw=0)
-    ax.plot(depth, E.mean(axis=0), color=color, lw=1.6, label=label)
-    passes = (E.shape[1] - 1) // layers_per_pass
-    if 1 < passes <= 40:
-        for p in range(1, passes):
-            ax.axvline(p * layers_per_pass, color="0.6", lw=0.5, alpha=0.5, zorder=0)
+    ax.fill_between(depth, np.maximum(lo, floor), np.maximum(hi, floor), color=color,
+                    alpha=0.22, lw=0)
+    mean, cut = above_floor(E.mean(axis=0), floor, stop=False)
+    ax.plot(depth, mean, color=color, lw=1.6, label=label)
+    if cut or lo.min() <= floor:
+        mark_floor(ax, floor, dtype)
     ax.set_yscale("log")
+    plain_log_labels(ax.yaxis)
     ax.set_xlim(0, depth[-1])
+    mark_passes(ax, (E.shape[1] - 1) // layers_per_pass, layers_per_pass)
     ax.set_xlabel(f"depth (blocks; a pass = {layers_per_pass})")
     ax.set_ylabel(r"misalignment $E$")
+
+
+def mark_passes(ax, passes: int, layers_per_pass: int) -> None:
+    """Shade every other pass and count the passes on the top axis (with more than 40
+    passes, only the count); no vertical grid, which would read as pass boundaries."""
+    if any(a.get_gid() == "passes" for a in ax.child_axes):
+        return  # a second curve on the same axis
+    ax.grid(False, axis="x")
+    if 1 < passes <= 40:
+        for p in range(1, passes, 2):
+            ax.axvspan(p * layers_per_pass, (p + 1) * layers_per_pass, color="0.5",
+                       alpha=0.08, lw=0, zorder=0)
+    top = ax.secondary_xaxis("top", functions=(lambda d: d / layers_per_pass,
+                                               lambda p: p * layers_per_pass))
+    top.set_gid("passes")
+    top.xaxis.get_major_locator().set_params(integer=True)
+    top.set_xlabel("pass", fontsize=8)
+    top.tick_params(labelsize=8)
 
 
 def save_loop_figure(E, layers_per_pass: int, stem, *, title: str, variant: str) -> list[Path]:
@@ -217,9 +250,33 @@ def save_loop_figure(E, layers_per_pass: int, stem, *, title: str, variant: str)
     fig, ax = pyplot().subplots(figsize=(6.4, 3.8))
     draw_loop(ax, E, layers_per_pass, label=f"{LABELS[variant]}: mean, 10–90 %",
               color=COLORS[variant])
-    ax.set_title(title, fontsize=10)
-    ax.legend(loc="lower left", fontsize=8)
+    ax.set_title(wrap(title, fig.get_figwidth(), 10), fontsize=10)
+    legend_below(ax, ncol=2)
     return save_figure(fig, stem)
+
+
+#: What a `jaxattn loop` folder's config.json holds (and an experiment's does not).
+LOOP_KEYS = ("model", "model_config", "weights", "ffn", "passes", "prompts", "tokens")
+
+
+def is_loop_config(config: dict[str, Any]) -> bool:
+    """Whether `config` (a run folder's config.json) is that of a `jaxattn loop` run."""
+    return "experiment" not in config and all(k in config for k in LOOP_KEYS)
+
+
+def loop_title(config: dict[str, Any]) -> str:
+    """The title of a `jaxattn loop` figure, from the run's config."""
+    blocks = "full blocks" if config["ffn"] else "no FFN"
+    text = "text " if config.get("text") else ""
+    return (f"{config['model']}: {config['weights']} weights, {blocks}, "
+            f"{config['prompts']}×{config['tokens']} {text}tokens, {config['passes']} passes")
+
+
+def redraw_loop(config: dict[str, Any], data: dict[str, np.ndarray], folder) -> list[Path]:
+    """The figure of a `jaxattn loop` folder again, from its config and `data["E"]`."""
+    return save_loop_figure(data["E"], int(config["model_config"]["num_layers"]),
+                            Path(folder) / "loop", title=loop_title(config),
+                            variant="full" if config["ffn"] else "attn")
 
 
 def save_grid_figure(results: dict, layers_per_pass: int, stem, *, title: str) -> list[Path]:
@@ -237,5 +294,5 @@ def save_grid_figure(results: dict, layers_per_pass: int, stem, *, title: str) -
         ax.set_title(f"{kind} weights", fontsize=10)
         if ax is not axes[0][0]:
             ax.set_ylabel("")
-    axes[0][0].legend(loc="lower left", fontsize=8)
+    legend_below(axes[0][0], ncol=2)
     return save_figure(fig, stem, title)

@@ -1,4 +1,26 @@
-"""Model set-ups of paper 001 §6.1, shared by the demo and the experiments.
+"""The models of paper 001 §6.1, as public constructors: the ones `jaxattn demo`,
+the experiments and the sweeps run, for your own studies.
+
+- `sphere_dynamics(key)`: two time-varying heads on S², `U = I` (§6.1.1,
+  Theorem 4.1), with `hemisphere_tokens(key, n, d)` as starts.
+- `causal_weights(key, d, h)` → `causal_dynamics(weights)`: causal heads with
+  oscillating `P_η(t)` on `S^{d−1}` (§6.1.2, Theorem 5.1); `span_dynamics(weights,
+  x0)` is the same model, exactly, in the `n`-dimensional coordinates of
+  `span(x0)` (`span_misalignment` measures it there).
+- `symmetric_dynamics(key, d)`: one causal head with a symmetric `U`
+  (§6.1.3, Theorem 5.2); `top_eigenvector(U)` and `hemisphere_of(key, v, n)` give
+  its limit `v₁` and starts in `⟨v₁, x⟩ > 0`.
+- `gradient_dynamics(key, d)`: a gradient flow of `E_P` on an ellipsoid (§3,
+  Theorem 3.2).
+
+```python
+import jax, jaxattn as ja
+from jaxattn.experiments import paper
+
+dyn = paper.sphere_dynamics(jax.random.PRNGKey(0))
+x0 = paper.hemisphere_tokens(jax.random.PRNGKey(1), 10, 3)
+E = ja.misalignment(ja.solve_flow(dyn, x0, jax.numpy.linspace(0, 10, 101)))
+```
 
 Every product here (weights formed from their factors, span coordinates, Gram
 matrices, hemisphere tests) is true float32 (`jaxattn._precision`): they set up
@@ -14,6 +36,8 @@ from .._dynamics import SelfAttentionDynamics
 from .._manifold import normalize, sample_ellipsoid
 from .._precision import einsum, matmul
 from .._schedule import AbstractSchedule, Schedule
+from .._validate import check_count
+from ..metrics._consensus import misalignment
 
 # Frequencies (in units of π) of D_η(t) = 2 diag(cos ω₁πt, sin ω₂πt, cos ω₃πt) for
 # the two heads of the sphere experiment (paper 001 §6.1.1).
@@ -39,9 +63,17 @@ def sphere_dynamics(key: PRNGKeyArray, num_heads: int = 2) -> SelfAttentionDynam
     `[−0.5, 0.5]` and `D₁(t) = 2 diag(cos 10πt, sin 10πt, cos 6πt)`,
     `D₂(t) = 2 diag(cos 6πt, sin 6πt, cos 4πt)`. More than two heads reuse these
     frequencies cyclically.
+
+    **Arguments:**
+
+    - `key`: a PRNG key for `Q_η, K_η`.
+    - `num_heads`: the number of heads `h ≥ 1` (2 in the paper).
+
+    **Returns:**
+
+    A `ja.SelfAttentionDynamics` in `d = 3` with `h` heads.
     """
-    if num_heads < 1:
-        raise ValueError(f"num_heads must be ≥ 1, got {num_heads}.")
+    num_heads = check_count(num_heads, "num_heads", 1)
     d = 3
     kq, kk = jax.random.split(key)
     dtype = jnp.result_type(float)
@@ -53,7 +85,8 @@ def sphere_dynamics(key: PRNGKeyArray, num_heads: int = 2) -> SelfAttentionDynam
 
 
 def hemisphere_tokens(key: PRNGKeyArray, n: int, d: int) -> Float[Array, "n d"]:
-    """`n` random unit tokens, all in the open hemisphere of a random direction."""
+    """`n` random unit tokens `(n, d)`, all in the open hemisphere of a random
+    direction (the domain of Theorem 4.1)."""
     kz, kx = jax.random.split(key)
     z = sample_ellipsoid(kz, 1, d)[0]
     x = sample_ellipsoid(kx, n, d)
@@ -91,7 +124,18 @@ def causal_weights(
     §6.1.1); amplitudes `a_ηk ~ U[0, amplitude]` (2, the amplitude of §6.1.1's
     `D_η`) and frequencies `ω_ηk ~ U[0, max_freq·π]` (periods of at least
     `2 / max_freq`).
+
+    **Arguments:**
+
+    - `key`: a PRNG key; `d`: the dimension; `num_heads`: the number of heads `h`.
+    - `amplitude`, `max_freq`: the ranges of `a_ηk` and `ω_ηk / π`.
+
+    **Returns:**
+
+    The `CausalWeights`, for `causal_dynamics` or `span_dynamics`.
     """
+    d = check_count(d, "d", 1)
+    num_heads = check_count(num_heads, "num_heads", 1)
     kq, kk, ka, kw = jax.random.split(key, 4)
     dtype = jnp.result_type(float)
     shape = (num_heads, max(1, d // num_heads), d)
@@ -108,7 +152,13 @@ def _scaled_query(t, params):
 
 
 def causal_dynamics(weights: CausalWeights) -> SelfAttentionDynamics:
-    """The causal model of §6.1.2 on `S^{d−1}`: `U_η = I`, time-varying `P_η(t)`."""
+    """The causal model of §6.1.2 (Theorem 5.1) on `S^{d−1}`: `U_η = I`,
+    `P_η(t) = Q_ηᵀ D_η(t) K_η` from `causal_weights`.
+
+    **Returns:**
+
+    A causal `ja.SelfAttentionDynamics`.
+    """
     h, _, d = weights.Q.shape
     U = jnp.broadcast_to(jnp.eye(d, dtype=weights.Q.dtype), (h, d, d))
     Q = Schedule(_scaled_query, (weights.Q, weights.a, weights.w))
@@ -147,11 +197,10 @@ def _span_query_key(t, params):
 
 
 def span_misalignment(y: Float[Array, "*batch n n"], G: Float[Array, "n n"]):
-    """`misalignment` of the tokens `x = Y X₀` computed from `Y` and `G = X₀X₀ᵀ`."""
-    gram = matmul(matmul(y, G, "float32"), jnp.swapaxes(y, -1, -2), "float32")
-    norms = jnp.sqrt(jnp.diagonal(gram, axis1=-2, axis2=-1))
-    cos = gram[..., 0, :] / (norms[..., :1] * norms)
-    return 1 - jnp.mean(cos, axis=-1)
+    """`misalignment` of the tokens `x = Y X₀` computed from `Y` and `G = X₀X₀ᵀ`:
+    the `G`-cosines of the rows of `Y` are the cosines of the tokens, so it is
+    `ja.misalignment(y, G)` (cancellation-free, ≥ 0)."""
+    return misalignment(y, G)
 
 
 # --- §6.1.3: causal attention, symmetric U (Theorem 5.2) --------------------------
@@ -170,7 +219,18 @@ def symmetric_value(key: PRNGKeyArray, d: int) -> Float[Array, "d d"]:
 def symmetric_dynamics(key: PRNGKeyArray, d: int = 3) -> SelfAttentionDynamics:
     """The causal one-head model of §6.1.3: `P(t) = Qᵀ D₁(t) K` with §6.1.1's `D₁`
     (its diagonal repeated cyclically for `d > 3`), `Q, K` uniform in
-    `[−0.5, 0.5]`, and `U = symmetric_value(key, d)`."""
+    `[−0.5, 0.5]`, and `U = symmetric_value(key, d)`.
+
+    **Arguments:**
+
+    - `key`: a PRNG key; `d`: the dimension (3 in the paper).
+
+    **Returns:**
+
+    A causal one-head `ja.SelfAttentionDynamics`; its limit is
+    `top_eigenvector(dyn.U(0.0)[0])` for starts in `⟨v₁, x⟩ > 0`.
+    """
+    d = check_count(d, "d", 1)
     kq, kk, ku = jax.random.split(key, 3)
     dtype = jnp.result_type(float)
     Q = jax.random.uniform(kq, (1, d, d), dtype, -0.5, 0.5)
@@ -210,7 +270,18 @@ def gradient_dynamics(
     `P = A Aᵀ / d + I/2` with `A` uniform in `[−1, 1]` (symmetric positive
     definite), the metric `W = B Bᵀ / d + I/2` (random SPD; `I` when not
     `ellipsoid`) and `U = W⁻¹ P`, so that `W U = P`.
+
+    **Arguments:**
+
+    - `key`: a PRNG key; `d`: the dimension.
+    - `ellipsoid`: a random metric `W` (default) or the sphere (`W = I`).
+    - `beta`: the inverse temperature `β`.
+
+    **Returns:**
+
+    A one-head `ja.SelfAttentionDynamics` with metric `W`.
     """
+    d = check_count(d, "d", 1)
     ka, kb = jax.random.split(key)
     dtype = jnp.result_type(float)
     eye = jnp.eye(d, dtype=dtype)

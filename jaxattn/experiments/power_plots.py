@@ -3,7 +3,15 @@
 
 import numpy as np
 
-from .._plot import draw_sphere_trajectories, face, pyplot, save_figure
+from .._plot import (
+    draw_decay,
+    draw_sphere_trajectories,
+    face,
+    integer_ticks,
+    legend_below,
+    pyplot,
+    save_figure,
+)
 
 
 def _label(data) -> str:
@@ -18,38 +26,42 @@ def power_shared(data, stem):
     lam = data["eig_modulus"]
     ax = axes[0]
     ax.scatter(lam.real, lam.imag, s=6, c="0.5", lw=0)
-    for tag, color, name in (("modulus", "tab:red", "|λ|"), ("step", "tab:blue", "|1+τλ|")):
+    for tag, color, name in (("modulus", "tab:red", r"$|\lambda|$"),
+                             ("step", "tab:blue", r"$|1+\tau\lambda|$")):
         l1 = data[f"eig_{tag}"][0]
         ax.scatter([l1.real], [l1.imag], s=80, marker="*", c=color, edgecolors="k", zorder=5,
-                   label=f"λ₁ by {name} (case {int(data[f'case_{tag}'])})")
-    ax.set_xlabel("Re λ")
-    ax.set_ylabel("Im λ")
-    ax.set_title("eigenvalues of Ω")
-    ax.legend(fontsize=7, loc="best")
+                   label=rf"$\lambda_1$ by {name} (case {int(data[f'case_{tag}'])})")
+    ax.set_xlabel(r"Re $\lambda$")
+    ax.set_ylabel(r"Im $\lambda$")
+    ax.set_title(r"eigenvalues of $\Omega$")
+    legend_below(ax, ncol=1)
     ax = axes[1]
     bins = np.linspace(0, 1, 41)
     cs = data["cos_step"][:, L].reshape(-1, 2)
     cm = data["cos_modulus"][:, L].reshape(-1, 2)
-    ax.hist(cs[:, 0], bins, alpha=0.6, color="tab:blue", label="v₁ (|1+τλ| order)")
-    ax.hist(cs[:, 1], bins, alpha=0.5, color="tab:green", label="2-D subspace (|1+τλ|)")
-    ax.hist(cm[:, 0], bins, histtype="step", color="tab:red", lw=1.5, label="v₁ (|λ| order)")
+    step, modulus = r"$|1+\tau\lambda|$", r"$|\lambda|$"
+    ax.hist(cs[:, 0], bins, alpha=0.6, color="tab:blue", label=rf"$v_1$ ({step} order)")
+    ax.hist(cs[:, 1], bins, alpha=0.5, color="tab:green", label=f"2-D subspace ({step})")
+    ax.hist(cm[:, 0], bins, histtype="step", color="tab:red", lw=1.5,
+            label=rf"$v_1$ ({modulus} order)")
     ax.set_xlabel(f"alignment after the native {L} layers")
     ax.set_ylabel("tokens")
+    integer_ticks(ax.yaxis)  # a count of tokens
     ax.set_title("final alignment (paper 004 Fig. 2a b)")
-    ax.legend(fontsize=7)
+    legend_below(ax, ncol=1)
     ax = axes[2]
     c = data["cos_step"][..., 0].mean(axis=2)  # (B, layers)
     ks = np.arange(c.shape[1])
     ax.plot(ks, c[: min(40, len(c))].T, color="0.8", lw=0.6)
-    ax.plot(ks, c.mean(0), color="tab:blue", lw=2, label="mean, v₁ by |1+τλ|")
+    ax.plot(ks, c.mean(0), color="tab:blue", lw=2, label=rf"mean, $v_1$ by {step}")
     ax.plot(ks, data["cos_modulus"][..., 0].mean(axis=(0, 2)), color="tab:red", lw=1.5,
-            label="mean, v₁ by |λ|")
+            label=rf"mean, $v_1$ by {modulus}")
     ax.axvline(L, color="k", ls=":", lw=1, label=f"native depth {L}")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("layer")
-    ax.set_ylabel("|cos(x, v₁)| (per prompt, grey)")
+    ax.set_ylabel(r"$|\cos(x, v_1)|$ (per prompt, grey)")
     ax.set_title("prolonged depth (paper 004 Fig. 6c)")
-    ax.legend(fontsize=7, loc="lower right")
+    legend_below(ax, ncol=1)
     return save_figure(fig, stem, title=f"power-shared: {_label(data)}")
 
 
@@ -61,21 +73,27 @@ def _band(ax, x, mean, std, color, label):
 def layer_stats(axes, data):
     """Three panels: c vs c̄, Δ vs Δ̄, p vs p̄ over layers (paper 004 Fig. 2b)."""
     ell = np.arange(len(data["stat_c"]))
-    _band(axes[0], ell, data["stat_c"], data["stat_c_std"], "tab:blue", "c_ℓ (v₁)")
-    axes[0].plot(ell, data["stat_c_bar"], "s--", color="tab:orange", ms=3, label="c̄_ℓ (all)")
-    axes[0].set_ylabel("alignment after layer ℓ")
-    _band(axes[1], ell, data["stat_delta"], data["stat_delta_std"], "tab:blue", "Δ_ℓ")
-    _band(axes[1], ell, data["stat_delta_bar"], data["stat_delta_bar_std"], "tab:orange", "Δ̄_ℓ")
+    _band(axes[0], ell, data["stat_c"], data["stat_c_std"], "tab:blue",
+          r"$c_\ell$ (along $v_1$), mean ± std")
+    axes[0].plot(ell, data["stat_c_bar"], "s--", color="tab:orange", ms=3,
+                 label=r"$\bar c_\ell$ (all eigenvectors)")
+    axes[0].set_ylabel(r"alignment after layer $\ell$")
+    _band(axes[1], ell, data["stat_delta"], data["stat_delta_std"], "tab:blue",
+          r"$\Delta_\ell$, mean ± std")
+    _band(axes[1], ell, data["stat_delta_bar"], data["stat_delta_bar_std"], "tab:orange",
+          r"$\bar\Delta_\ell$, mean ± std")
     axes[1].axhline(0, color="k", lw=0.6)
-    axes[1].set_ylabel("increment through layer ℓ")
-    axes[2].plot(ell, data["stat_p"], "o-", color="tab:blue", ms=3, label="p_ℓ")
-    axes[2].plot(ell, data["stat_p_bar"], "s--", color="tab:orange", ms=3, label="p̄_ℓ")
+    axes[1].set_ylabel(r"increment through layer $\ell$")
+    axes[2].plot(ell, data["stat_p"], "o-", color="tab:blue", ms=3, label=r"$p_\ell$")
+    axes[2].plot(ell, data["stat_p_bar"], "s--", color="tab:orange", ms=3,
+                 label=r"$\bar p_\ell$")
     axes[2].axhline(0.5, color="k", lw=0.6)
     axes[2].set_ylim(0, 1)
     axes[2].set_ylabel("P(increment > 0)")
     for ax in axes:
-        ax.set_xlabel("layer ℓ")
-        ax.legend(fontsize=7)
+        ax.set_xlabel(r"layer $\ell$")
+        integer_ticks(ax.xaxis)
+        legend_below(ax, ncol=1)
 
 
 def power_layers(data, stem):
@@ -85,10 +103,11 @@ def power_layers(data, stem):
     eig = data["eigenvalues"]
     ell = np.arange(eig.shape[0])
     for k in range(eig.shape[1]):
-        axes[3].plot(ell, eig[:, k].real, "o-", ms=3, lw=1, label=f"Re λ{k + 1}")
-    axes[3].set_xlabel("layer ℓ")
+        axes[3].plot(ell, eig[:, k].real, "o-", ms=3, lw=1, label=rf"Re $\lambda_{k + 1}$")
+    axes[3].set_xlabel(r"layer $\ell$")
+    integer_ticks(axes[3].xaxis)
     axes[3].set_title("leading eigenvalues (Fig. 6)", fontsize=9)
-    axes[3].legend(fontsize=7)
+    legend_below(axes[3], ncol=3)
     return save_figure(fig, stem, title=f"power-layers: {_label(data)}")
 
 
@@ -101,22 +120,26 @@ def steer(data, stem):
     ax.plot(ell, data["c_u_plain"], "s--", color="0.4", ms=3, label="unsteered")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("layer (0 = input)")
-    ax.set_ylabel("mean |cos(x, u)|")
-    ax.set_title("alignment with the target u")
-    ax.legend(fontsize=7)
+    ax.set_ylabel(r"mean $|\cos(x, u)|$")
+    integer_ticks(ax.xaxis)
+    ax.set_title(r"alignment with the target $u$")
+    legend_below(ax)
     ax = axes[1]
     ax.semilogx(data["gammas"], data["end_alignment"], "o-", color="tab:red", ms=4)
     ax.set_ylim(0, 1.02)
-    ax.set_xlabel(f"γ   (‖Ω_L‖₂ = {float(data['norm']):.3g})")
-    ax.set_ylabel("mean |cos(x^L, u)|")
-    ax.set_title("γ sweep")
+    ax.set_xlabel(rf"$\gamma$   ($\|\Omega_L\|_2$ = {float(data['norm']):.3g})")
+    ax.set_ylabel(r"mean $|\cos(x^L, u)|$")
+    ax.set_title(r"$\gamma$ sweep")
     ax = axes[2]
-    ax.plot(ell[1:] - 1, data["stat_c"], "o-", color="tab:blue", ms=3, label="c_ℓ (v₁ of Ω_ℓ)")
-    ax.plot(ell[1:] - 1, data["stat_c_bar"], "s--", color="tab:orange", ms=3, label="c̄_ℓ")
+    ax.plot(ell[1:] - 1, data["stat_c"], "o-", color="tab:blue", ms=3,
+            label=r"$c_\ell$ (along $v_1$ of $\Omega_\ell$)")
+    ax.plot(ell[1:] - 1, data["stat_c_bar"], "s--", color="tab:orange", ms=3,
+            label=r"$\bar c_\ell$ (all eigenvectors)")
     ax.set_ylim(0, 1.02)
-    ax.set_xlabel("layer ℓ")
-    ax.set_title("steered model: c_ℓ vs c̄_ℓ (Fig. 2/9)")
-    ax.legend(fontsize=7)
+    ax.set_xlabel(r"layer $\ell$")
+    integer_ticks(ax.xaxis)
+    ax.set_title(r"steered model: $c_\ell$ vs $\bar c_\ell$ (Fig. 2/9)")
+    legend_below(ax)
     return save_figure(fig, stem, title=f"steer: {_label(data)}")
 
 
@@ -137,7 +160,7 @@ def oja(data, stem):
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("closed form (Thm 3 / Lemma 4)")
-    ax.set_ylabel("ρ(tangent jacfwd)")
+    ax.set_ylabel(r"$\rho$(tangent jacfwd)")
     ax.set_title("stability of equilibria", fontsize=9)
     ax.legend(fontsize=6)
     x = data["fig13_point"]
@@ -147,7 +170,9 @@ def oja(data, stem):
         face(ax3, [1.0, 0.6, 0.5])
         ax3.set_title(f"perturbation {data['fig13_eps'][j]:.3g}: {title}", fontsize=9)
     ax = fig.add_subplot(1, 4, 4)
-    ax.loglog(data["fig13_sizes"], np.maximum(data["fig13_dist"], 1e-16), "o-", ms=3)
+    draw_decay(ax, data["fig13_sizes"], data["fig13_dist"], order=1, stop=False, marker="o",
+               ms=3)
+    ax.set_xscale("log")
     ax.axhline(0.5, color="k", ls=":", lw=0.8)
     ax.set_xlabel("perturbation size")
     ax.set_ylabel("distance to the bipartite point after 400 layers")

@@ -10,20 +10,37 @@ These runners live here, not beside the experiments they run, because they read
 the registry (`experiments/__init__.py`), which imports every experiment module.
 """
 
+import hashlib
 import math
+import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+from tqdm.auto import tqdm
 
 from .._horizon import Horizon
 from .._precision import check_precision
-from .._runs import RunFolderError, open_run_folder, read_json, write_run
+from .._runs import (
+    RunFolderError,
+    atomic_write,
+    clear_partial_writes,
+    finish_run,
+    folder_path,
+    hold_folder,
+    open_run_folder,
+    read_json,
+    reopen_run,
+    save_npz,
+    write_run,
+)
 from .._validate import check_count
-from ..models import loop
-from ..models._run import WEIGHTS, check_ids
+from ..models import tokenize
+from ..models._run import WEIGHTS, check_ids, iterate_loop, setup_loop
+from ..models._tokenize import read_prompts
 from . import EXPERIMENTS, get_experiment
 from .base import AbstractExperiment, Param
 from .loop_grid import (
@@ -32,8 +49,10 @@ from .loop_grid import (
     describe,
     get_model,
     grid_data,
+    is_loop_config,
     load_grid,
     prompt_ids,
+    redraw_loop,
     save_loop_figure,
     settings,
 )
@@ -188,44 +207,151 @@ def run_experiment(
 
 def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ffn=True,
              prompts=100, tokens=200, dtype="float32", save_states=None,
-             precision="float32") -> Path:
+             precision="float32", text=None, resume: bool = False, chunk_passes: int = 10,
+             progress: bool = True, log=print) -> Path:
     """Loop `model` (a path, hub name, preset/config, or a model) and write a run folder:
     `config.json` (with the `dtype` and the `precision` of the matrix products),
     `data.npz` (`E` `(prompts, passes·L+1)`, the ids, saved states),
-    `loop.png`/`loop.pdf` and `summary.json`. Returns the folder."""
+    `loop.png`/`loop.pdf` and `summary.json`. Returns the folder.
+
+    The loop runs one pass at a time under a progress bar and streams to disk: every
+    `chunk_passes` passes, `E` of those passes goes to `chunks/NNNNNN.npz` and the
+    hidden state after them (the carry) to `chunks/carry.npz`, each written
+    atomically. With `resume`, a folder whose run was killed continues from its last
+    chunk, to the same `data.npz` as a run left alone (bit for bit on the CPU); its
+    settings must be the same. At the end the chunks are gathered into `data.npz`
+    and removed.
+
+    **Arguments:**
+
+    - `text`: a file of prompts, one per line, tokenized with the model's own
+      tokenizer (`ja.models.tokenize`, `tokens` per prompt) in place of `prompts`
+      random ids; `model` must then name a folder, file or packaged model.
+    - `resume`: continue the loop in `out` (needs `out`); a finished one is left as it is.
+    - `chunk_passes`: passes per saved chunk (what a kill can lose).
+    - `progress`, `log`: a progress bar (passes, time left); where messages go
+      (`None`: nowhere).
+    """
+    log = log or (lambda line: None)
     if weights not in WEIGHTS:
         raise ValueError(f"--weights must be one of {WEIGHTS}, got {weights!r}.")
+    if resume and out is None:
+        raise ValueError("--resume needs --out DIR: the folder of the loop to continue.")
     check_sizes(passes, prompts, tokens, dtype)
+    check_count(chunk_passes, "--chunk-passes", 1)
     check_precision(precision)
     seed = check_seed(seed)
     key = jax.random.PRNGKey(seed)
     net = get_model(model, weights, key)  # before the folder: a bad model leaves none
-    ids = prompt_ids(net.config.vocab_size, prompts, tokens, seed)
+    ids, source = loop_prompts(model, net, prompts, tokens, seed, text)
     check_ids(net, ids)  # before the folder too: more tokens than positions leave none
-    L = net.num_layers
-
-    def compute():
-        res = loop(net, ids, passes=passes, ffn=ffn, weights=weights, key=key,
-                   dtype=DTYPES[dtype], save_states=save_states, precision=precision)
-        E, states = res if save_states is not None else (res, None)
-        data = {"E": np.asarray(jax.block_until_ready(E)), "ids": ids}
-        if states is not None:
-            data |= {"states": np.asarray(states, np.float32), "depths": np.asarray(save_states)}
-        return data
-
-    title = (f"{model}: {weights} weights, {'full blocks' if ffn else 'no FFN'}, "
-             f"{prompts}×{tokens} tokens, {passes} passes")
+    setup = setup_loop(net, ids, passes=passes, ffn=ffn, weights=weights, key=key,
+                       dtype=DTYPES[dtype], save_states=save_states, precision=precision)
     config = settings(model, net) | {
-        "weights": weights, "passes": passes, "ffn": ffn, "prompts": prompts, "tokens": tokens,
-        "dtype": dtype, "precision": precision, "seed": seed, "save_states": save_states}
-    folder, _ = write_run(
-        "loop", config, compute,
-        lambda data, folder: save_loop_figure(data["E"], L, folder / "loop", title=title,
-                                              variant="full" if ffn else "attn"),
-        lambda data, seconds: describe(data["E"], L) | {
-            "layers_per_pass": L, "seconds_per_pass_incl_compile": seconds / passes},
-        out=out)
+        "weights": weights, "passes": passes, "ffn": ffn, "prompts": int(ids.shape[0]),
+        "tokens": int(ids.shape[1]), "dtype": dtype, "precision": precision, "seed": seed,
+        "save_states": save_states, "chunk_passes": chunk_passes} | source
+    with hold_folder(folder_path("loop", out), "run") as folder:
+        finished, run_id = reopen_run(folder, config, resume, what="loop", command="loop")
+        if finished:
+            log(f"{folder} holds this loop, finished; nothing to run")
+            return folder
+        seconds = stream_loop(folder, setup, chunk_passes, progress, log)
+        data = gather_loop(folder, setup, ids)
+        save_npz(folder / "data.npz", **data)
+        title = (f"{config['model']}: {weights} weights, {'full blocks' if ffn else 'no FFN'}, "
+                 f"{ids.shape[0]}×{ids.shape[1]} {'text ' if text else ''}tokens, "
+                 f"{passes} passes")
+        L = net.num_layers
+        figures = save_loop_figure(data["E"], L, folder / "loop", title=title,
+                                   variant="full" if ffn else "attn")
+        summary = describe(data["E"], L) | {
+            "layers_per_pass": L, "seconds_per_pass_incl_compile": seconds / passes}
+        finish_run(folder, summary, figures=figures, seconds=seconds, run_id=run_id)
+        shutil.rmtree(folder / "chunks", ignore_errors=True)
     return folder
+
+
+def loop_prompts(model, net, prompts: int, tokens: int, seed: int, text):
+    """The ids a loop runs, `(prompts, tokens)` random ones or the lines of the file
+    `text` tokenized, and what `config.json` records of them."""
+    if text is None:
+        return prompt_ids(net.config.vocab_size, prompts, tokens, seed), {}
+    lines = read_prompts(text)
+    ids = tokenize(model, lines, tokens=tokens)
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    return ids, {"text": str(text), "text_sha256": digest}
+
+
+def _chunk_file(folder: Path, start: int) -> Path:
+    return folder / "chunks" / f"{start:06d}.npz"
+
+
+def _save_carry(folder: Path, x, done: int, seconds: float) -> None:
+    """The hidden state after `done` passes, byte for byte (bfloat16 included)."""
+    x = np.ascontiguousarray(np.asarray(x))
+    arrays = {"x": x.reshape(-1).view(np.uint8), "shape": np.asarray(x.shape),
+              "dtype": np.asarray(str(x.dtype)), "done": np.asarray(done),
+              "seconds": np.asarray(seconds)}
+    atomic_write(folder / "chunks" / "carry.npz", lambda f: np.savez(f, **arrays))
+
+
+def _load_carry(folder: Path):
+    """`(passes done, x, seconds)` of a stopped loop, or `(0, None, 0.0)`."""
+    path = folder / "chunks" / "carry.npz"
+    if not path.exists():
+        return 0, None, 0.0
+    with np.load(path) as f:
+        x = f["x"].view(jax.numpy.dtype(str(f["dtype"]))).reshape(tuple(f["shape"]))
+        return int(f["done"]), jax.numpy.asarray(x), float(f["seconds"])
+
+
+def stream_loop(folder: Path, setup, chunk_passes: int, progress: bool, log) -> float:
+    """Run the loop from its last saved chunk (none: from the start), one pass at a
+    time, saving `E` (and the states reached) every `chunk_passes` passes and then
+    the carry. Returns the computing seconds of every session together."""
+    (folder / "chunks").mkdir(exist_ok=True)
+    clear_partial_writes(folder / "chunks")
+    done, x, seconds = _load_carry(folder)
+    if done:
+        log(f"resuming {folder}: {done} of {setup.passes} passes done")
+    values, states, index, lo = [], [], [], done
+    with tqdm(total=setup.passes, initial=done, unit="pass", desc="loop", smoothing=0.1,
+              disable=not progress) as bar:
+        start = time.perf_counter()
+        for seg in iterate_loop(setup, start=done, x=x):
+            values.append(np.asarray(seg.values))
+            states.append(np.asarray(seg.states)[:, seg.hit])
+            index.append(np.flatnonzero(seg.hit))
+            bar.update(seg.stop - seg.start)
+            if seg.stop == setup.passes or (seg.stop and seg.stop % chunk_passes == 0):
+                spent = seconds + time.perf_counter() - start
+                save_npz(_chunk_file(folder, lo), E=np.concatenate(values, axis=1),
+                         states=np.concatenate(states, axis=1), index=np.concatenate(index))
+                _save_carry(folder, seg.x, seg.stop, spent)
+                values, states, index, lo = [], [], [], seg.stop
+    return seconds + time.perf_counter() - start
+
+
+def gather_loop(folder: Path, setup, ids) -> dict[str, np.ndarray]:
+    """The chunks of a finished loop as `data.npz`'s arrays: `E`, `ids` and, when
+    asked for, `states` and `depths`."""
+    chunk_passes = read_json(folder / "config.json")["chunk_passes"]
+    starts = range(0, setup.passes, chunk_passes)
+    missing = [s for s in starts if not _chunk_file(folder, s).exists()]
+    if missing:
+        raise RunFolderError(f"{folder} lacks the chunk of passes from {missing[0]}; "
+                             "its chunks do not fit its config.json (re-run it).")
+    parts = [np.load(_chunk_file(folder, s)) for s in starts]
+    E = np.concatenate([p["E"] for p in parts], axis=1)
+    data = {"E": E, "ids": np.asarray(ids)}
+    depths = setup.options["depths"]
+    if depths:  # each chunk's states, with their places in `depths`
+        found = np.concatenate([p["states"] for p in parts], axis=1)
+        states = np.empty_like(found)
+        states[:, np.concatenate([p["index"] for p in parts])] = found
+        data |= {"states": states.astype(np.float32), "depths": np.asarray(depths)}
+    return data
 
 
 def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tokens=200,
@@ -258,14 +384,24 @@ def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tok
 
 
 def redraw(folder) -> list[Path]:
-    """Draw a finished run's figures again from its `config.json` and `data.npz`."""
+    """Draw a finished run's figures again from its `config.json` and `data.npz`:
+    a `jaxattn run NAME` folder (`loop --grid` included: it is the `loop-grid`
+    experiment) or a `jaxattn loop` folder. A sweep folder is `ja.sweep.redraw`'s;
+    `jaxattn plot DIR` takes both. Any other folder: `RunFolderError`, one line.
+
+    **Returns:**
+
+    The paths of the figures written.
+    """
     folder = open_run_folder(folder)
     config = read_json(folder / "config.json")
     if not (folder / "data.npz").exists():
-        raise RunFolderError(f"{folder} has no data.npz; it is not an experiment run.")
-    if config.get("experiment") not in EXPERIMENTS:
-        raise RunFolderError(f"{folder} was not made by `jaxattn run` (no known experiment).")
-    experiment = EXPERIMENTS[config["experiment"]]
+        raise RunFolderError(f"{folder} has no data.npz; it holds no data to draw.")
     with np.load(folder / "data.npz") as f:
         data = {k: f[k] for k in f.files}
-    return experiment.draw(config, data, folder)
+    if config.get("experiment") in EXPERIMENTS:
+        return EXPERIMENTS[config["experiment"]].draw(config, data, folder)
+    if is_loop_config(config) and "E" in data:
+        return redraw_loop(config, data, folder)
+    raise RunFolderError(f"{folder} was not made by `jaxattn run`, `jaxattn loop` or "
+                         "`jaxattn sweep` (its config.json names no known experiment).")

@@ -14,6 +14,7 @@ from ..metrics import cluster_count, misalignment, potential
 from ..theory import predict
 from . import paper
 from .base import (
+    BETA,
     AbstractExperiment,
     Param,
     convergence_trend,
@@ -64,7 +65,7 @@ class GradientExperiment(AbstractExperiment):
         Param("tokens", int, 10, "number of tokens n", 1),
         Param("dim", int, 3, "token dimension d (3 draws the ellipsoid)", 2),
         Param("horizon", float, 20.0, "final time T", 0.0),
-        Param("beta", float, 1.0, "inverse temperature β", 0.0),
+        BETA,
         Param("sphere", bool, False, "W = I (tokens on the sphere) instead of a random W"),
         Param("tau", float, 0.02, "layer step τ of --discrete", 0.0),
     )
@@ -137,7 +138,9 @@ class GradientExperiment(AbstractExperiment):
         for suffix, label, color, ls in runs:
             ts = data["ts" + suffix]
             ax_p.plot(ts, data["E_P" + suffix], color=color, ls=ls, label=label)
-            _plot.draw_decay(ax_v, ts, data["speed" + suffix], label=label, color=color, ls=ls)
+            # a speed is linear in the token differences: rounding noise below ~16 ε
+            _plot.draw_decay(ax_v, ts, data["speed" + suffix], label=label, color=color, ls=ls,
+                             order=1, scale=float(np.max(data["speed"])))
         ax_p.set_xlabel("time $t$ (depth)")
         ax_p.set_ylabel(r"$E_P = \frac{1}{2}\sum_{ij} e^{\beta x_i^\top P x_j}$")
         ax_p.set_title("the potential (eq. 8) never decreases")

@@ -12,6 +12,7 @@ from ..metrics import misalignment, pairwise_lyapunov
 from ..theory import predict
 from . import paper
 from .base import (
+    BETA,
     AbstractExperiment,
     Param,
     convergence_trend,
@@ -32,15 +33,16 @@ def setup(key, config):
     **Arguments:**
 
     - `key`: a PRNG key.
-    - `config`: the experiment's parameters (`heads`, `tokens`); any others are ignored.
+    - `config`: the experiment's parameters (`heads`, `tokens`, `beta`); any others
+      are ignored. `beta` may be a traced scalar.
 
     **Returns:**
 
-    `(dyn, x0)`: the `heads`-head model on S² and `tokens` unit tokens `(n, 3)` in
-    one open hemisphere.
+    `(dyn, x0)`: the `heads`-head model on S² with inverse temperature `beta` and
+    `tokens` unit tokens `(n, 3)` in one open hemisphere.
     """
     k_model, k_x = jax.random.split(key)
-    dyn = paper.sphere_dynamics(k_model, config["heads"])
+    dyn = paper.with_beta(paper.sphere_dynamics(k_model, config["heads"]), config["beta"])
     x0 = paper.hemisphere_tokens(k_x, config["tokens"], 3)
     return dyn, x0
 
@@ -52,6 +54,7 @@ class SphereExperiment(AbstractExperiment):
     params = (
         Param("tokens", int, 10, "number of tokens n", 1),
         Param("heads", int, 2, "number of heads h", 1),
+        BETA,
         Param("horizon", float, 10.0, "final time T", 0.0),
         Param("tau", float, 0.01, "layer step τ of --discrete", 0.0),
     )

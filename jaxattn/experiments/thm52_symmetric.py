@@ -13,6 +13,7 @@ from ..metrics import misalignment
 from ..theory import predict
 from . import paper
 from .base import (
+    BETA,
     AbstractExperiment,
     Param,
     convergence_trend,
@@ -32,15 +33,17 @@ def setup(key, config):
     **Arguments:**
 
     - `key`: a PRNG key.
-    - `config`: the experiment's parameters (`dim`, `tokens`); any others are ignored.
+    - `config`: the experiment's parameters (`dim`, `tokens`, `beta`); any others are
+      ignored. `beta` may be a traced scalar.
 
     **Returns:**
 
-    `(dyn, x0)`: the causal one-head model with symmetric `U` and `tokens` unit
-    tokens `(n, dim)` in the hemisphere `⟨v₁, x⟩ > 0` of its top eigenvector.
+    `(dyn, x0)`: the causal one-head model with symmetric `U` and inverse
+    temperature `beta`, and `tokens` unit tokens `(n, dim)` in the hemisphere
+    `⟨v₁, x⟩ > 0` of its top eigenvector.
     """
     k_model, k_x = jax.random.split(key)
-    dyn = paper.symmetric_dynamics(k_model, config["dim"])
+    dyn = paper.with_beta(paper.symmetric_dynamics(k_model, config["dim"]), config["beta"])
     x0 = paper.hemisphere_of(k_x, _top_eigenvector(dyn), config["tokens"])
     return dyn, x0
 
@@ -56,6 +59,7 @@ class SymmetricExperiment(AbstractExperiment):
     params = (
         Param("tokens", int, 10, "number of tokens n", 1),
         Param("dim", int, 3, "token dimension d (3 draws the sphere)", 2),
+        BETA,
         Param("horizon", float, 20.0, "final time T", 0.0),
         Param("tau", float, 0.02, "layer step τ of --discrete", 0.0),
     )

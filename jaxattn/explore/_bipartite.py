@@ -19,6 +19,7 @@ from jaxtyping import Array, Float
 
 from .._dynamics import SelfAttentionDynamics
 from .._precision import einsum, matmul
+from .._validate import check_count, surface_errors
 from ..spectral._equilibria import bipartite_point, tangent_jacobian
 
 
@@ -93,6 +94,7 @@ def bipartite_log_radius(w: BipartiteWeights, v, n: int, m: int, tau=1.0, beta=1
     return log_radius_bound(tangent_jacobian(w.dynamics(beta), x, tau))
 
 
+@surface_errors
 def stabilize_bipartite(
     w0: BipartiteWeights,
     v: Float[Array, " d"],
@@ -122,6 +124,7 @@ def stabilize_bipartite(
     `(weights, trace, violation)`: the final weights `(R, ...)`, the smooth log
     radius at every iterate `(steps + 1, R)` and the constraint defect there.
     """
+    steps = check_count(steps, "steps")
     optimizer = optimizer or optax.adam(0.02)
     proj = jax.vmap(lambda w: project_bipartite(w, v, p_bound, u_bound))
     objective = jax.vmap(lambda w: bipartite_log_radius(w, v, n, m, tau, beta))

@@ -25,7 +25,7 @@ from .._flow import solve_flow_unchecked
 from .._horizon import Horizon
 from .._layers import run_layers_unchecked
 from .._precision import einsum
-from .._validate import check_count
+from .._validate import check_count, surface_errors
 from ..metrics._consensus import misalignment
 
 OBJECTIVES = ("final", "integrated", "consensus_time", "lyapunov")
@@ -156,6 +156,7 @@ def _as_adjoint(adjoint) -> dfx.AbstractAdjoint:
                      f"got {adjoint!r}.")
 
 
+@surface_errors
 def consensus_objective(
     dyn: SelfAttentionDynamics,
     x0: Float[Array, "n d"],
@@ -190,6 +191,7 @@ def _objective_jit(fn, traj: Trajectory, dyn, x0):
 # --- adjoints -----------------------------------------------------------------------
 
 
+@surface_errors
 def compare_adjoints(
     dyn: SelfAttentionDynamics,
     x0: Float[Array, "n d"],

@@ -31,7 +31,7 @@ from .._dynamics import SelfAttentionDynamics
 from .._horizon import Horizon
 from .._manifold import project, sample_ellipsoid, w_inner
 from .._sharding import as_mesh, shard_batch
-from .._validate import check_count
+from .._validate import check_count, surface_errors
 from ..metrics._hemisphere import hemisphere
 from ._constraints import (
     Constraints,
@@ -311,6 +311,7 @@ def _check_backsolve(loop: _Loop, x, w, rtol: float) -> None:
 # --- the entry point ----------------------------------------------------------------
 
 
+@surface_errors
 def slow_consensus(
     dyn: SelfAttentionDynamics,
     *,
@@ -354,8 +355,8 @@ def slow_consensus(
       `builtin_objective`; or a function `(ts, ys) ↦ scalar` or
       `(ts, ys, dyn) ↦ scalar` of one trajectory `ys (T, n, d)`. Maximised.
     - `horizon`: the final time `T`.
-    - `steps`: optimiser steps; `optimizer`: an optax transformation (default
-      `optax.adam(0.02)`), applied per restart.
+    - `steps`: optimiser steps, ≥ 0 (0 evaluates the starts); `optimizer`: an
+      optax transformation (default `optax.adam(0.02)`), applied per restart.
     - `restarts`: the number `R` of starts optimised together.
     - `constraints`: a `Constraints` (tokens always stay on `E_W`).
     - `model`: `"flow"` (`solve_flow`, saved at `saves + 1` times) or `"layers"`
@@ -379,6 +380,8 @@ def slow_consensus(
     An `Exploration` (best `x0`, `dyn`, `value`, `gain`, `trace`, `baseline`, ...).
     """
     restarts = check_count(restarts, "restarts", 1)
+    steps = check_count(steps, "steps")
+    baseline_samples = check_count(baseline_samples, "baseline_samples")
     traj = make_trajectory(horizon, model=model, saves=saves, tau=tau, adjoint=adjoint)
     start, loop = _make_loop(dyn, target=target, objective=objective, traj=traj,
                              optimizer=optimizer, constraints=constraints, log=log)
@@ -394,7 +397,7 @@ def slow_consensus(
     if mesh is not None:  # pad the restarts with copies of restart 0, dropped below
         state = jax.tree.map(lambda a: shard_batch(a, mesh, 1)[0], state)
     (best_v, best_x, best_w), trace, violation = _run_loop(
-        loop, state, int(steps), progress, "slow_consensus")
+        loop, state, steps, progress, "slow_consensus")
     R = x.shape[0]
     best_v, best_x, best_w = jax.tree.map(lambda a: a[:R], (best_v, best_x, best_w))
     trace, violation = trace[:, :R], violation[:, :R]

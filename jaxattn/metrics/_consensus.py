@@ -7,7 +7,7 @@ from jaxtyping import Array, Float, Int, Real
 
 from .._manifold import project, scale_rows, w_inner
 from .._precision import matmul
-from .._validate import as_float_array, check_metric, check_scalar
+from .._validate import as_float_array, check_metric, check_rows_now, check_scalar
 
 
 def misalignment(
@@ -27,8 +27,10 @@ def misalignment(
 
     **Arguments:**
 
-    - `x`: tokens `(..., n, d)`, any nonzero rows (not necessarily normalised); a
-      zero or NaN row gives NaN.
+    - `x`: tokens `(..., n, d)`, any nonzero finite rows (not necessarily
+      normalised). A zero row (no direction) or a NaN/inf entry is refused with a
+      `ValueError` when `x` is concrete; inside `jit`/`vmap` (traced `x`, e.g. as
+      `run_layers`' `observe`) no check runs and such a sequence's `E` is NaN.
     - `W`: a metric `(d, d)` for the `W`-cosine `⟨a, b⟩_W / (|a|_W |b|_W)`;
       `None` (default) is the Euclidean cosine of eq. 25. For tokens `x = Y X₀`
       given by coordinates `Y`, `misalignment(Y, X₀X₀ᵀ)` is `misalignment(x)`.
@@ -40,6 +42,7 @@ def misalignment(
     x = as_float_array(x, "x")
     if x.ndim < 2:
         raise ValueError(f"misalignment needs tokens of shape (..., n, d), got {x.shape}.")
+    check_rows_now(x, "x", "misalignment")
     if W is not None:
         W = check_metric(W, x.shape[-1])
     unit = project(x, W)

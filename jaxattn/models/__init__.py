@@ -8,6 +8,7 @@ model = ja.models.load("path/to/folder")         # or a .gguf file, or a hub nam
 model = ja.models.init("gpt2", key)              # random weights, HF's initialisation
 hs = ja.models.hidden_states(model, ids)         # (L+1, n, d), as output_hidden_states
 E = ja.models.loop(model, ids, passes=20, ffn=False)
+ids = ja.models.tokenize("path/to/folder", ["a prompt", "another"], tokens=8)
 dyn = ja.models.attention_dynamics(model, 3)     # layer 3 as a ja.SelfAttentionDynamics
 ```
 """
@@ -27,6 +28,7 @@ from ._load import resolve_config as resolve_config
 from ._presets import PRESETS as PRESETS
 from ._run import hidden_states as hidden_states
 from ._run import loop as loop
+from ._tokenize import tokenize as tokenize
 from ._weights import attention_dynamics as attention_dynamics
 from ._weights import attention_weights as attention_weights
 from ._weights import layer_weights as layer_weights

@@ -126,7 +126,8 @@ def _checked_reader(gguf):
     return Reader
 
 
-def _open(path: Path):
+def open_gguf(path: Path):
+    """A gguf reader of `path`; a truncated or unreadable file is a one-line ValueError."""
     import gguf
 
     try:
@@ -156,7 +157,7 @@ def _dequantise(t, path: Path) -> np.ndarray:
 
 def convert(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     """The config and float32 HuggingFace-named tensors of a gguf file."""
-    reader = _open(path)
+    reader = open_gguf(path)
     hf = gguf_config(reader, path)
     arrays = {}
     for t in reader.tensors:

@@ -1,77 +1,42 @@
 """Running models: hidden states (HuggingFace's convention) and the looped-model
-protocol of paper 001 §6.2, both one compiled program scanned over blocks."""
+protocol of paper 001 §6.2, both one compiled program scanned over blocks.
 
-from collections.abc import Sequence
+A long loop runs as segments of passes (`iterate_loop`: one compiled program whose
+first pass is an argument, the hidden state carried from one segment to the
+next), so that `loop`'s progress bar moves and `jaxattn loop` can save every
+chunk with its carry and resume a killed run exactly."""
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
+from tqdm.auto import tqdm
 
 from .._precision import Precision, check_precision
 from .._sharding import as_mesh, shard_batch, unshard
 from ..metrics._consensus import misalignment
 from ._arch import FAMILIES, AbstractTransformer
+from ._checks import (
+    MAX_SEGMENTS,
+    check_chunk,
+    check_dtype,
+    check_ids,
+    check_model,
+    default_chunk,
+    show_progress,
+    work,
+)
 
 WEIGHTS = ("trained", "random", "resample")
 
 
-def check_model(model) -> AbstractTransformer:
-    if not isinstance(model, AbstractTransformer):
-        raise TypeError(
-            "expected a model from ja.models.load / ja.models.init, got "
-            f"{type(model).__name__}."
-        )
-    return model
-
-
-def check_ids(model: AbstractTransformer, ids) -> Int[Array, "B n"]:
-    """Token ids as an int32 `(B, n)` array; `ValueError` for a wrong shape or ids
-    outside the vocabulary / position table."""
-    arr = np.asarray(ids) if not isinstance(ids, jax.core.Tracer) else ids
-    if not jnp.issubdtype(arr.dtype, jnp.integer):
-        raise TypeError(f"token ids must be integers, got dtype {arr.dtype}.")
-    if arr.ndim not in (1, 2) or arr.shape[-1] < 1:
-        raise ValueError(f"token ids must be (n,) or (B, n) with n ≥ 1, got shape {arr.shape}.")
-    cfg = model.config
-    n = arr.shape[-1]
-    if cfg.model_type != "llama" and cfg.max_positions and n > cfg.max_positions:
-        raise ValueError(
-            f"{n} tokens exceed the model's {cfg.max_positions} learned positions."
-        )
-    if isinstance(arr, np.ndarray) and arr.size and (arr.min() < 0 or arr.max() >= cfg.vocab_size):
-        raise ValueError(
-            f"token ids must lie in [0, {cfg.vocab_size}) (the vocabulary), got "
-            f"[{arr.min()}, {arr.max()}]."
-        )
-    return jnp.asarray(arr, jnp.int32).reshape(-1, n)
-
-
 def _layer_xs(model: AbstractTransformer):
     return jnp.arange(model.num_layers), jnp.asarray(model.slots)
-
-
-CHUNK_TOKENS = 1024
-
-
-def default_chunk(n: int, devices) -> int | None:
-    """Prompts per chunk when `chunk=None`: on CPU, unsharded, about `CHUNK_TOKENS`
-    tokens at a time (a block's activations then stay in cache: a GPT-2-small
-    pure-attention pass on 100 × 200 tokens took 9.8–10.3 s in chunks of 4–10
-    prompts against 10.8–11.5 s vmapped over all 100); elsewhere the whole batch
-    at once."""
-    if devices is not None or jax.default_backend() != "cpu":
-        return None
-    return max(1, CHUNK_TOKENS // n)
-
-
-def check_chunk(chunk) -> int | None:
-    if chunk is None:
-        return None
-    if not isinstance(chunk, (int, np.integer)) or isinstance(chunk, bool) or chunk < 1:
-        raise ValueError(f"`chunk` must be None or an integer ≥ 1 (prompts), got {chunk!r}.")
-    return int(chunk)
 
 
 def _map_prompts(fn, x: Float[Array, "B n d"], chunk: int | None) -> Float[Array, "B n d"]:
@@ -115,7 +80,7 @@ def _call_sharded(fn, ids, devices, *args, **kwargs):
 
 def hidden_states(
     model: AbstractTransformer, ids: Int[Array, "*B n"], *, ffn: bool = True, devices=None,
-    precision: Precision = "float32",
+    precision: Precision = "float32", progress: bool | None = None,
 ) -> Float[Array, "*B L+1 n d"]:
     """The hidden states after every block, as HuggingFace's `output_hidden_states`.
 
@@ -134,6 +99,9 @@ def hidden_states(
       every backend, whatever `jax_default_matmul_precision` says),
       `"tensorfloat32"` or `"bfloat16"` (reduced operands, float32 accumulation);
       see `jaxattn._precision`.
+    - `progress`: a progress bar with the time left, the prompts run in groups so
+      that it moves: `None` (default) shows one for a big batch (more than about
+      `PROGRESS_WORK` multiply-adds), `True` always, `False` never.
 
     **Returns:**
 
@@ -142,13 +110,37 @@ def hidden_states(
     check_model(model)
     precision = check_precision(precision)
     batch = check_ids(model, ids)
-    hs = _call_sharded(lambda b: _hidden_states(model, b, ffn, precision), batch, devices)
+    B, n = batch.shape
+    if show_progress(progress, work(model, B, n, 1), model, ids) and B > 1:
+        step = math.ceil(B / min(B, MAX_SEGMENTS))
+        parts = []
+        with tqdm(total=B, unit="prompt", desc="hidden states", leave=False) as bar:
+            for lo in range(0, B, step):
+                part = _call_sharded(lambda b: _hidden_states(model, b, ffn, precision),
+                                     batch[lo:lo + step], devices)
+                parts.append(jax.block_until_ready(part))
+                bar.update(part.shape[0])
+        hs = jnp.concatenate(parts)
+    else:
+        hs = _call_sharded(lambda b: _hidden_states(model, b, ffn, precision), batch, devices)
     return hs[0] if np.ndim(ids) == 1 else hs
 
 
-def _metric(x):
+def _wide(x):
     # float32 for float32 and reduced compute, float64 for float64 compute
-    return misalignment(x.astype(jnp.promote_types(x.dtype, jnp.float32)))
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def _metric(x):
+    return misalignment(_wide(x))
+
+
+def _measure(observe):
+    """The per-block measure of a batch `(B, n, d)`: `E` by default (looked up when
+    traced), else `observe` on each prompt."""
+    if observe is None:
+        return lambda x: _metric(x)
+    return lambda x: jax.vmap(observe)(_wide(x))
 
 
 def _pass_blocks(model, weights: str, key, p):
@@ -164,21 +156,23 @@ def _cast(tree, dtype):
     )
 
 
-@eqx.filter_jit
-def loop_program(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype, depths: tuple,
-                 chunk: int | None = None, precision: Precision = "float32"):
-    """The compiled program behind `loop` (one shard of prompts): `E` after every
-    block and the states at `depths`. Public within the package so that the
-    benchmarks can compile it ahead of time."""
-    n, L = ids.shape[1], model.num_layers
-    x0 = jax.vmap(lambda s: model.embed(s, precision=precision))(ids).astype(dtype)
-    ctx = model.context(n)
-    buf0 = jnp.zeros((len(depths),) + x0.shape, dtype)
-    depth_arr = jnp.asarray(depths, jnp.int32).reshape(-1)
+def _keep(buf, x, depth, depths: tuple):
+    """Write `x` into the slots of `buf` whose depth is `depth`."""
+    hit = (jnp.asarray(depths, jnp.int32).reshape(-1) == depth)[:, None, None, None]
+    return jnp.where(hit, x[None], buf)
 
-    def keep(buf, x, depth):  # write x into the slots whose depth is reached now
-        hit = (depth_arr == depth)[:, None, None, None]
-        return jnp.where(hit, x[None], buf)
+
+def _embed(model, ids, dtype, precision):
+    return jax.vmap(lambda s: model.embed(s, precision=precision))(ids).astype(dtype)
+
+
+def _segment(model, x, key, start, *, passes: int, ffn: bool, weights: str, dtype,
+             depths: tuple, chunk, precision, observe):
+    """`passes` passes from pass `start` on `x (B, n, d)`, the input of block 0:
+    `(x after the last pass's final norm, the measure (passes, L, B, …) after every
+    block, the states at `depths` (len, B, n, d) reached here, zeros elsewhere)`."""
+    n, L = x.shape[1], model.num_layers
+    ctx, measure = model.context(n), _measure(observe)
 
     def one_pass(carry, p):
         x, buf = carry
@@ -190,15 +184,143 @@ def loop_program(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype
             block = jax.tree.map(lambda a: a[slot], blocks)
             x = _map_prompts(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn,
                                                          precision=precision), x, chunk)
-            return (x, keep(buf, x, p * L + layer + 1)), _metric(x)
+            return (x, _keep(buf, x, p * L + layer + 1, depths)), measure(x)
 
-        (x, buf), E = jax.lax.scan(body, (x, buf), _layer_xs(model))
-        return (jax.vmap(model.final_norm)(x), buf), E
+        (x, buf), values = jax.lax.scan(body, (x, buf), _layer_xs(model))
+        return (jax.vmap(model.final_norm)(x), buf), values
 
-    buf0 = keep(buf0, x0, 0)
-    (_, buf), E = jax.lax.scan(one_pass, (x0, buf0), jnp.arange(passes))
-    E = jnp.concatenate([_metric(x0)[None], E.reshape(passes * L, -1)])
-    return E.T, buf.swapaxes(0, 1)
+    buf = jnp.zeros((len(depths),) + x.shape, dtype)
+    (x, buf), values = jax.lax.scan(one_pass, (x, buf), start + jnp.arange(passes))
+    return x, values, buf
+
+
+def _batch_first(values, first=None):
+    """`(passes, L, B, …)` → `(B, [1 +] passes·L, …)`, after `first (B, …)` if given."""
+    flat = values.reshape((-1,) + values.shape[2:])
+    if first is not None:
+        flat = jnp.concatenate([first[None], flat])
+    return jnp.moveaxis(flat, 1, 0)
+
+
+@eqx.filter_jit
+def loop_program(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype, depths: tuple,
+                 chunk: int | None = None, precision: Precision = "float32", observe=None):
+    """The compiled program behind `loop` (one shard of prompts): the measure (`E`
+    by default) after every block, `(B, passes·L + 1, …)`, and the states at
+    `depths`. Public within the package so that the benchmarks can compile it
+    ahead of time."""
+    x0 = _embed(model, ids, dtype, precision)
+    _, values, buf = _segment(model, x0, key, 0, passes=passes, ffn=ffn, weights=weights,
+                              dtype=dtype, depths=depths, chunk=chunk, precision=precision,
+                              observe=observe)
+    buf = _keep(buf, x0, 0, depths)
+    return _batch_first(values, _measure(observe)(x0)), buf.swapaxes(0, 1)
+
+
+@eqx.filter_jit
+def _start(model, ids, *, dtype, depths: tuple, precision, observe):
+    x0 = _embed(model, ids, dtype, precision)
+    buf = _keep(jnp.zeros((len(depths),) + x0.shape, dtype), x0, 0, depths)
+    return x0, _measure(observe)(x0)[:, None], buf.swapaxes(0, 1)
+
+
+@eqx.filter_jit
+def _continue(model, x, key, start, **options):
+    x, values, buf = _segment(model, x, key, start, **options)
+    return x, _batch_first(values), buf.swapaxes(0, 1)
+
+
+class Segment(NamedTuple):
+    """A stretch of a loop (`iterate_loop`): passes `[start, stop)` (`stop = 0`: the
+    input), the measure after each of their blocks `(B, (stop − start)·L, …)` (the
+    input: `(B, 1, …)`), the carry `x (B, n, d)` (the input of pass `stop`), and the
+    states `(B, len(depths), n, d)` at the depths reached here (`hit`)."""
+
+    start: int
+    stop: int
+    values: Array
+    x: Array
+    states: Array
+    hit: np.ndarray
+
+
+class LoopSetup(NamedTuple):
+    """A checked loop: the model to run (its random draw for `"random"` /
+    `"resample"` weights), the ids `(B, n)` and the compiled program's options."""
+
+    model: AbstractTransformer
+    ids: Int[Array, "B n"]
+    key: Array
+    passes: int
+    options: dict
+
+
+def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
+               dtype=jnp.float32, save_states=None, devices=None, chunk=None,
+               precision="float32", observe=None) -> LoopSetup:
+    """Check `loop`'s arguments (one-line `ValueError`/`TypeError`s) and draw the
+    random model for `"random"`/`"resample"` weights."""
+    check_model(model)
+    precision = check_precision(precision)
+    if not isinstance(passes, (int, np.integer)) or isinstance(passes, bool) or passes < 1:
+        raise ValueError(f"`passes` must be an integer ≥ 1, got {passes!r}.")
+    if weights not in WEIGHTS:
+        raise ValueError(f"`weights` must be one of {WEIGHTS}, got {weights!r}.")
+    if observe is not None and not callable(observe):
+        raise TypeError(f"`observe` must be a function of one sequence (n, d), got {observe!r}.")
+    dtype = check_dtype(dtype)
+    depths = tuple(int(d) for d in (save_states or ()))
+    total = int(passes) * model.num_layers
+    if any(not 0 <= d <= total for d in depths):
+        raise ValueError(f"save_states depths must lie in [0, {total}], got {list(depths)}.")
+    key = jax.random.PRNGKey(0) if key is None else key
+    if weights != "trained":
+        model = FAMILIES[model.config.model_type].init(model.config, key)
+    ids = check_ids(model, ids)
+    chunk = check_chunk(chunk)
+    chunk = default_chunk(ids.shape[1], devices) if chunk is None else chunk
+    options = dict(ffn=bool(ffn), weights=weights, dtype=dtype, depths=depths, chunk=chunk,
+                   precision=precision, observe=observe)
+    return LoopSetup(model, ids, key, int(passes), options)
+
+
+def iterate_loop(setup: LoopSetup, *, every: int = 1, start: int = 0,
+                 x: Array | None = None) -> Iterator[Segment]:
+    """Run a checked loop (`setup_loop`) segment by segment: from the input (`start =
+    0`: first the input itself, as a `Segment` with `stop = 0`), or from the carry `x`
+    of a loop stopped after `start` passes; then `every` passes at a time (one
+    compiled program, the first pass an argument; the last segment may be shorter).
+
+    Resuming from a segment's carry gives the values of the uninterrupted loop with
+    the same `every`, bit for bit on the CPU.
+    """
+    model, ids, key, passes, opts = setup
+    if start == 0:
+        x, values, states = _start(model, ids, dtype=opts["dtype"], depths=opts["depths"],
+                                   precision=opts["precision"], observe=opts["observe"])
+        yield Segment(0, 0, values, x, states, np.asarray([d == 0 for d in opts["depths"]], bool))
+    elif x is None:
+        raise ValueError("resuming a loop after pass 0 needs its carry `x`.")
+    L = model.num_layers
+    for lo in range(start, passes, every):
+        hi = min(lo + every, passes)
+        x, values, states = _continue(model, x, key, jnp.asarray(lo, jnp.int32),
+                                      passes=hi - lo, **opts)
+        hit = np.asarray([lo * L < d <= hi * L for d in opts["depths"]], bool)
+        yield Segment(lo, hi, values, x, states, hit)
+
+
+def _segmented(setup: LoopSetup, desc: str):
+    """`loop_program`'s outputs, computed segment by segment under a progress bar."""
+    every = math.ceil(setup.passes / min(setup.passes, MAX_SEGMENTS))
+    values, states = [], None
+    with tqdm(total=setup.passes, unit="pass", desc=desc, leave=False) as bar:
+        for seg in iterate_loop(setup, every=every):
+            values.append(jax.block_until_ready(seg.values))
+            hit = jnp.asarray(seg.hit)[None, :, None, None]
+            states = seg.states if states is None else jnp.where(hit, seg.states, states)
+            bar.update(seg.stop - seg.start)
+    return jnp.concatenate(values, axis=1), states
 
 
 def loop(
@@ -214,6 +336,9 @@ def loop(
     devices=None,
     chunk: int | None = None,
     precision: Precision = "float32",
+    observe: Callable[[Float[Array, "n d"]], Array] | None = None,
+    by_pass: bool = False,
+    progress: bool | None = None,
 ):
     """Run a model far past its depth (paper 001 §6.2) and record `E` after every block.
 
@@ -227,7 +352,8 @@ def loop(
     **Arguments:**
 
     - `model`: from `ja.models.load` / `ja.models.init`.
-    - `ids`: token ids `(n,)` or `(B, n)` (e.g. drawn uniformly from the vocabulary).
+    - `ids`: token ids `(n,)` or `(B, n)` (drawn uniformly from the vocabulary, or
+      text through `ja.models.tokenize`).
     - `passes`: number of passes through the whole model (≥ 1).
     - `ffn`: `False` removes each block's feed-forward sub-block together with its
       normalisation, keeping the attention residual (pure self-attention).
@@ -239,8 +365,9 @@ def loop(
     - `dtype`: compute dtype: `jnp.float32` (default), or `jnp.bfloat16` /
       `jnp.float16` for reduced-precision compute with float32 accumulation in
       every matrix product and float32 softmax and normalisation statistics (as
-      HuggingFace does); `E` is float32. `jnp.float64` (with x64 enabled) computes
-      everything in float64, `E` included: a reference for the float32 modes.
+      HuggingFace does; on a GPU the attention is then cuDNN's fused kernel); `E` is
+      float32. `jnp.float64` (with x64 enabled) computes everything in float64, `E`
+      included: a reference for the float32 modes.
     - `save_states`: depths (0 = embeddings, `p·L + l` = after block `l` of pass
       `p`) whose hidden states to return as well.
     - `devices`: shard the prompts over devices (`None`, an int, a list of
@@ -256,41 +383,38 @@ def loop(
       its operand rounding emulated elsewhere) or `"bfloat16"` (bfloat16 operands,
       float32 accumulation); see `jaxattn._precision`. Orthogonal to `dtype`: a
       reduced `dtype` already has narrow operands.
+    - `observe`: the measure recorded after every block in place of `E`: a function
+      of one sequence's hidden state `(n, d)` (in float32, or float64 for float64
+      compute) returning an array, e.g. `ja.metrics.rank_collapse_residual` or
+      `lambda x: ja.metrics.cluster_count(x, 1e-3)`. Pass the same function
+      object again to reuse the compiled program.
+    - `by_pass`: return the measure after the blocks as `(B, passes, L, …)` (pass
+      `p`, block `l`), without the input's value; default: `(B, passes·L + 1, …)`
+      with the input first.
+    - `progress`: a progress bar with the time left, the passes run in up to 100
+      segments so that it moves: `None` (default) shows one for a long loop (more
+      than about `PROGRESS_WORK` multiply-adds), `True` always, `False` never.
+      The values equal the unsegmented run's.
 
     **Returns:**
 
-    `E` of shape `(passes·L + 1,)` or `(B, passes·L + 1)`; with `save_states`, the
-    pair `(E, states)` with states `(…, len(save_states), n, d)`.
+    `E` (or the `observe` values) of shape `(passes·L + 1, …)` or
+    `(B, passes·L + 1, …)` (with `by_pass`: `(passes, L, …)` or `(B, passes, L, …)`);
+    with `save_states`, the pair `(E, states)` with states `(…, len(save_states), n, d)`.
     """
-    check_model(model)
-    precision = check_precision(precision)
-    if not isinstance(passes, (int, np.integer)) or isinstance(passes, bool) or passes < 1:
-        raise ValueError(f"`passes` must be an integer ≥ 1, got {passes!r}.")
-    if weights not in WEIGHTS:
-        raise ValueError(f"`weights` must be one of {WEIGHTS}, got {weights!r}.")
-    try:
-        dtype = jnp.dtype(dtype)
-    except TypeError:
-        dtype = None
-    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(
-            "`dtype` must be a floating dtype (jnp.float32, jnp.bfloat16 or jnp.float16)."
-        )
-    depths = tuple(int(d) for d in (save_states or ()))
-    total = int(passes) * model.num_layers
-    if any(not 0 <= d <= total for d in depths):
-        raise ValueError(f"save_states depths must lie in [0, {total}], got {list(depths)}.")
-    key = jax.random.PRNGKey(0) if key is None else key
-    if weights != "trained":
-        model = FAMILIES[model.config.model_type].init(model.config, key)
-    ids = check_ids(model, ids)
-    chunk = check_chunk(chunk)
-    chunk = default_chunk(ids.shape[1], devices) if chunk is None else chunk
-    E, states = _call_sharded(
-        lambda b: loop_program(model, b, key, passes=int(passes), ffn=bool(ffn), weights=weights,
-                               dtype=dtype, depths=depths, chunk=chunk, precision=precision),
-        ids, devices,
-    )
+    setup = setup_loop(model, ids, passes=passes, ffn=ffn, weights=weights, key=key,
+                       dtype=dtype, save_states=save_states, devices=devices, chunk=chunk,
+                       precision=precision, observe=observe)
+    B, n = setup.ids.shape
+    if show_progress(progress, work(setup.model, B, n, setup.passes), model, ids, key):
+        def run(b):
+            return _segmented(setup._replace(ids=b), "loop")
+    else:
+        def run(b):
+            return loop_program(setup.model, b, setup.key, passes=setup.passes, **setup.options)
+    E, states = _call_sharded(run, setup.ids, devices)
+    if by_pass:
+        E = E[:, 1:].reshape((B, setup.passes, setup.model.num_layers) + E.shape[2:])
     if np.ndim(ids) == 1:
         E, states = E[0], states[0]
     return (E, states) if save_states is not None else E

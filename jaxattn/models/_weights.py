@@ -1,6 +1,8 @@
 """Per-layer weights of real models in the simulator's terms (`Q_η`, `K_η`,
 `U_η = W_O^η W_V^η`), and editing them (e.g. rank-1 steering of a layer)."""
 
+import operator
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -14,16 +16,24 @@ from ._run import check_model
 
 
 def _check_layer(model: AbstractTransformer, layer) -> int:
+    """`layer` as an index in `[0, L)`: Python's indexing, so `-1` is the last layer
+    and `-L` the first; anything else (`L`, `-L - 1`, a float, a bool) is refused."""
     check_model(model)
     L = model.num_layers
-    if not isinstance(layer, int) or isinstance(layer, bool) or not -L <= layer < L:
-        raise ValueError(f"`layer` must be an integer in [0, {L}) for this model, got {layer!r}.")
-    return layer % L
+    try:
+        index = None if isinstance(layer, bool) else operator.index(layer)
+    except TypeError:
+        index = None
+    if index is None or not -L <= index < L:
+        raise ValueError(f"`layer` must be an integer in [0, {L}) for this {L}-layer model, or "
+                         f"in [-{L}, 0) to count from the last layer (-1), got {layer!r}.")
+    return index % L
 
 
 def layer_weights(model: AbstractTransformer, layer: int) -> eqx.Module:
-    """The block used by `layer`, unstacked: its norms, `attn` (an `Attention` with
-    per-head `query`, `key`, `value` `(h, k, d)` and `output` `(d, h, k)`) and `mlp`.
+    """The block used by `layer` (`-1` is the last), unstacked: its norms, `attn` (an
+    `Attention` with per-head `query`, `key`, `value` `(h, k, d)` and `output`
+    `(d, h, k)`) and `mlp`.
 
     ALBERT's layers all return the one shared block.
     """
@@ -31,7 +41,8 @@ def layer_weights(model: AbstractTransformer, layer: int) -> eqx.Module:
 
 
 def attention_weights(model: AbstractTransformer, layer: int) -> Attention:
-    """The attention sub-module of `layer` (per-head weights and biases, `scale`)."""
+    """The attention sub-module of `layer` (per-head weights and biases, `scale`);
+    `-1` is the last layer."""
     return layer_weights(model, layer).attn
 
 
@@ -57,7 +68,8 @@ def attention_dynamics(
     **Arguments:**
 
     - `model`: from `ja.models.load` / `ja.models.init`.
-    - `layer`: the layer index (negative counts from the end).
+    - `layer`: the layer index in `[0, L)`, or in `[-L, 0)` counting from the end
+      as Python does (`-1` is the last layer); any other value is refused.
     - `precision`: the dynamics' `precision` (of its attention products when it
       runs); `U_η` itself is formed in true float32 once.
 
@@ -75,7 +87,8 @@ def attention_dynamics(
 
 
 def replace_attention(model: AbstractTransformer, layer: int, attn: Attention):
-    """A copy of `model` whose `layer` uses the attention weights `attn` (same shapes).
+    """A copy of `model` whose `layer` (`-1` is the last) uses the attention weights
+    `attn` (same shapes).
 
     For ALBERT the shared block changes, so every layer sees `attn`.
     """

@@ -51,9 +51,9 @@ def layer_dynamics(model_or_dyn, layer: int) -> SelfAttentionDynamics:
     if isinstance(model_or_dyn, SelfAttentionDynamics):
         t = jnp.asarray(float(layer), jnp.result_type(float))
         P = model_or_dyn.query_key(t)
-        return SelfAttentionDynamics(P, model_or_dyn.U(t), model_or_dyn.W,
-                                     model_or_dyn.beta, model_or_dyn.causal,
-                                     precision=model_or_dyn.precision)
+        d = model_or_dyn  # every option but the weights' time dependence is kept
+        return SelfAttentionDynamics(P, d.U(t), d.W, d.beta, d.causal, d.norm, d.window,
+                                     d.mask, d.kernel, precision=d.precision, bias=d.bias)
     raise TypeError(f"expected a model or a ja.SelfAttentionDynamics, got {model_or_dyn!r}.")
 
 

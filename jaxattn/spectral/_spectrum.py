@@ -23,6 +23,7 @@ from jaxtyping import Array, Bool, Complex, Float, Int
 
 from .._dynamics import SelfAttentionDynamics
 from .._precision import einsum, matmul
+from .._validate import surface_errors
 from ..models import AbstractTransformer, Attention, attention_weights, value_output
 
 
@@ -134,6 +135,7 @@ def eigen_bases(spec: Spectrum) -> Float[Array, "d d 2"]:
     return jax.vmap(orthonormal_pair)(jnp.real(vecs), jnp.imag(vecs))
 
 
+@surface_errors
 @eqx.filter_jit
 def spectrum(Omega: Float[Array, "d d"], *, tau=None, rtol: float = 1e-6) -> Spectrum:
     """Eigenvalues, principal eigenpair, gap and principal subspace of `Ω`.
@@ -150,7 +152,7 @@ def spectrum(Omega: Float[Array, "d d"], *, tau=None, rtol: float = 1e-6) -> Spe
     **Returns:**
 
     A `Spectrum`. Runs on the CPU (`jnp.linalg.eig`). A NaN or inf entry in `Ω`
-    raises an `EquinoxRuntimeError`.
+    raises a `ja.SimulationError` (one line: the message and the fix).
     """
     Omega = jnp.asarray(Omega)
     if Omega.ndim != 2 or Omega.shape[0] != Omega.shape[1]:

@@ -41,7 +41,10 @@ the theorem's domain) and `outcome_reached`, both by the theorem's own tests
 
 `summary.json` counts each status per point and in total, with a one-line
 `verdict` and its `verdict_kind` (`agrees`, `not_converged`, `contradicts`, as for
-`jaxattn run`).
+`jaxattn run`). Its consensus-time quartiles are over the instances that reached
+consensus (`consensus_time` finite in `table.csv`): `null` where none did, each such
+field named under `null_means`. `ja.sweep.redraw(folder)` (`jaxattn plot DIR`)
+draws `sweep.png` again from `table.csv`.
 """
 
 import sys as _sys
@@ -52,6 +55,7 @@ from ._report import format_table as format_table
 from ._run import COLUMNS as COLUMNS
 from ._run import SweepResult as SweepResult
 from ._run import load_table as load_table
+from ._run import redraw as redraw
 from ._run import run_sweep as run
 from ._spec import SweepSpec as SweepSpec
 from ._spec import check_spec as check_spec
@@ -62,7 +66,7 @@ from ._spec import sweep_params as sweep_params
 EXPERIMENTS: tuple[str, ...] = tuple(_MODELS)
 
 __all__ = ["COLUMNS", "EXPERIMENTS", "SweepResult", "SweepSpec", "check_spec", "format_table",
-           "load_table", "read_spec", "run", "sweep_params"]
+           "load_table", "read_spec", "redraw", "run", "sweep_params"]
 
 
 class _CallableModule(_types.ModuleType):

@@ -35,12 +35,11 @@ from ..experiments import (
     thm51_causal,
     thm52_symmetric,
 )
+from ..experiments.base import BETA as BETA  # each sweepable experiment's `--beta`
 from ..experiments.base import Param
 from ..metrics import misalignment
 from ..theory import theorem_test
 
-#: Parameters a sweep adds to every experiment (the model's inverse temperature).
-BETA = Param("beta", float, 1.0, "inverse temperature β of the attention", 0.0)
 #: Experiment parameters that a sweep replaces (`--instances`).
 EXCLUDED = ("samples",)
 

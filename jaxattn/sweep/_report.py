@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .._horizon import CONSENSUS_TOL
-from .._plot import pyplot, save_figure
+from .._plot import legend_below, pyplot, save_figure
 from .._runs import read_json
 from ..experiments.base import convergence_trend, judge
 
@@ -111,9 +111,11 @@ def summarise(spec, configs, keys, table) -> dict[str, Any]:
             "rows": int(len(table["point"]))}
 
 
-def _g(x) -> str:
-    x = float(x)  # summary.json spells inf and nan as text
-    return "–" if not np.isfinite(x) else f"{x:.3g}"
+def _g(x, spec: str = ".3g") -> str:
+    """A statistic for the table: `–` where there is none (`null` in summary.json,
+    NaN in memory, or the text of a summary written before nulls)."""
+    x = float("nan") if x is None else float(x)
+    return "–" if not np.isfinite(x) else format(x, spec)
 
 
 def format_table(summary: dict[str, Any], keys) -> str:
@@ -123,7 +125,7 @@ def format_table(summary: dict[str, Any], keys) -> str:
     body = []
     for p in summary["points"]:
         body.append([*(f"{p[k]:g}" if isinstance(p[k], float) else str(p[k]) for k in keys),
-                     str(p["instances"]), f"{float(p['final_E_median']):.2e}",
+                     str(p["instances"]), _g(p["final_E_median"], ".2e"),
                      f"{_g(p['consensus_time_median'])} [{_g(p['consensus_time_q25'])}, "
                      f"{_g(p['consensus_time_q75'])}]",
                      f"{p['reached_consensus']}/{p['instances']}",
@@ -204,7 +206,7 @@ def write_figure(folder: Path, spec, keys, table) -> list[Path]:
     ax_e.set_xlabel(x_key or "grid point")
     ax_e.set_ylabel("final misalignment E(T)")
     ax_e.set_title("every instance's final E")
-    ax_t.legend(fontsize=8)
+    legend_below(ax_t, ncol=1)  # the bands fill the panel
     title = (f"sweep {spec.experiment}: {len(np.unique(table['point']))} points × "
              f"{spec.instances} instances, seed {spec.seed}")
     return save_figure(fig, Path(folder) / "sweep", title)

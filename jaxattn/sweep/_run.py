@@ -275,6 +275,36 @@ def _assemble(folder: Path, keys, chunks) -> dict[str, np.ndarray]:
     return load_table(folder)
 
 
+def redraw(folder) -> list[Path]:
+    """Draw a finished sweep's figure again from its `sweep.json` and `table.csv`
+    (`jaxattn plot DIR`).
+
+    **Arguments:**
+
+    - `folder`: the sweep folder.
+
+    **Returns:**
+
+    The paths of `sweep.png` and `sweep.pdf`; a `RunFolderError` (one line) for a
+    folder that holds no finished sweep.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise RunFolderError(f"{folder} is not a sweep folder (no such directory).")
+    if (folder / INCOMPLETE).exists():
+        raise RunFolderError(f"{folder} is an unfinished sweep; continue it with "
+                             "`jaxattn sweep … --resume --out DIR`.")
+    for required in ("sweep.json", "summary.json", "table.csv"):
+        if not (folder / required).exists():
+            raise RunFolderError(f"{folder} has no {required}; it is not a finished sweep.")
+    sidecar = read_json(folder / "sweep.json")
+    if sidecar.get("run_id") != read_json(folder / "summary.json").get("run_id"):
+        raise RunFolderError(f"{folder} mixes two sweeps (sweep.json and summary.json have "
+                             "different run ids); run it again into a new folder.")
+    spec = SweepSpec(**sidecar["spec"])
+    return write_figure(folder, spec, sidecar["grid_keys"], load_table(folder))
+
+
 _BOOL = {"true": True, "false": False, "": None}
 
 

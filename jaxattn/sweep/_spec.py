@@ -17,7 +17,7 @@ from .._validate import check_count
 from ..experiments import get_experiment
 from ..experiments.base import Param
 from ..experiments.run import check_seed, convert
-from ._instances import BETA, EXCLUDED, MODELS
+from ._instances import EXCLUDED, MODELS
 
 _SPEC_KEYS = ("experiment", "grid", "points", "set", "instances", "seed", "chunk")
 
@@ -48,13 +48,14 @@ class SweepSpec:
 
 
 def sweep_params(experiment: str) -> tuple[Param, ...]:
-    """The parameters a sweep of `experiment` can set or vary (the experiment's
-    own, less `samples`, plus `beta`)."""
+    """The parameters a sweep of `experiment` can set or vary: exactly the overrides
+    of `jaxattn run NAME` (`beta` among them), less `samples`, which a sweep's
+    `instances` replace. So instance `i` of a point is `jaxattn run NAME --seed
+    seed+i` with the point's values (and, for thm51-causal, `--samples 1`)."""
     if experiment not in MODELS:
         get_experiment(experiment)  # unknown name: its error lists the names
         raise ValueError(f"{experiment} has no sweep set-up; sweepable: {', '.join(MODELS)}.")
-    params = tuple(p for p in get_experiment(experiment).all_params() if p.name not in EXCLUDED)
-    return params if any(p.name == "beta" for p in params) else params + (BETA,)
+    return tuple(p for p in get_experiment(experiment).all_params() if p.name not in EXCLUDED)
 
 
 def grid_keys(spec: SweepSpec) -> list[str]:

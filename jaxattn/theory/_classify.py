@@ -9,7 +9,6 @@ are sampled on a grid, and the checks made from them say so. See `classify`.
 
 import dataclasses
 import functools
-from typing import Any
 
 import equinox as eqx
 import jax
@@ -18,82 +17,8 @@ import numpy as np
 
 from .._dynamics import SelfAttentionDynamics
 from .._schedule import AbstractSchedule, PiecewiseConstant
-
-THEOREMS = ("3.2", "4.1", "5.1", "5.2", "5.3")
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """One hypothesis, whether it holds, and the numbers behind the answer."""
-
-    name: str
-    holds: bool
-    detail: str
-
-    def __str__(self) -> str:
-        return f"[{'x' if self.holds else ' '}] {self.name}: {self.detail}"
-
-
-@dataclasses.dataclass(frozen=True)
-class TheoremReport:
-    """One theorem of paper 001 against one model.
-
-    - `theorem`: `"3.2"`, `"4.1"`, `"5.1"`, `"5.2"` or `"5.3"`.
-    - `applies`: whether every hypothesis holds.
-    - `checks`: the hypotheses, each a `Check`.
-    - `statement`: the theorem's conclusion in words, with the model's numbers.
-    - `domain`: its domain of attraction in words.
-    - `data`: numbers the prediction needs (e.g. `v1`, `eigenvalues`).
-    """
-
-    theorem: str
-    applies: bool
-    checks: tuple[Check, ...]
-    statement: str
-    domain: str
-    data: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
-
-    def __str__(self) -> str:
-        head = f"Theorem {self.theorem}: {'applies' if self.applies else 'does not apply'}"
-        lines = [head] + [f"    {c}" for c in self.checks]
-        if self.applies:
-            lines += [f"    → {self.statement}", f"    domain: {self.domain}"]
-        return "\n".join(lines)
-
-
-@dataclasses.dataclass(frozen=True)
-class Classification:
-    """What `classify` returns: one `TheoremReport` per theorem of Table 1."""
-
-    reports: tuple[TheoremReport, ...]
-    tol: float
-    times: np.ndarray = dataclasses.field(repr=False)
-
-    @property
-    def applicable(self) -> tuple[TheoremReport, ...]:
-        """The reports of the theorems whose hypotheses all hold."""
-        return tuple(r for r in self.reports if r.applies)
-
-    @property
-    def theorems(self) -> tuple[str, ...]:
-        """The numbers of the applicable theorems, e.g. `("4.1",)`."""
-        return tuple(r.theorem for r in self.applicable)
-
-    def __getitem__(self, theorem: str) -> TheoremReport:
-        for r in self.reports:
-            if r.theorem == theorem:
-                return r
-        raise KeyError(f"no Theorem {theorem!r}; the theorems are {', '.join(THEOREMS)}.")
-
-    def summary(self) -> str:
-        """One line: the theorems that apply and what they predict, or that none does."""
-        if not self.applicable:
-            return "no theorem of paper 001 applies to this model"
-        return "; ".join(f"Theorem {r.theorem}: {r.statement}" for r in self.applicable)
-
-    def __str__(self) -> str:
-        return "\n".join([self.summary(), ""] + [str(r) for r in self.reports])
-
+from ._report import THEOREMS as THEOREMS
+from ._report import Check, Classification, TheoremReport
 
 # --- reading the model ---------------------------------------------------------
 
@@ -162,6 +87,10 @@ class _Model:
     beta: float
     P: _Reading
     U: _Reading
+    norm: str
+    kernel: str
+    window: int | None
+    masked: bool
 
 
 def _per_head_scale(*mats):
@@ -234,6 +163,7 @@ def _read(dyn: SelfAttentionDynamics, grid: np.ndarray) -> _Model:
         np.asarray(P0, np.float64), np.asarray(U0, np.float64), float(u), stats,
         None if dyn.W is None else np.asarray(dyn.W, np.float64),
         dyn.num_heads, dyn.dim, dyn.causal, float(dyn.beta), p_read, u_read,
+        dyn.norm, dyn.kernel, dyn.window, dyn.mask is not None,
     )
 
 
@@ -348,6 +278,40 @@ def _check_gradient_pair(m: _Model, tol: float) -> Check:
     return Check("P symmetric positive definite, W U = c P (c > 0), β > 0", ok, detail)
 
 
+# Why each departure from the papers' model leaves their proofs.
+_NORM_WHY = {
+    "pre": "tokens leave E_W (dx/dt = v(N(x)))",
+    "peri": "tokens leave E_W (dx/dt = N(v(N(x))))",
+    "ngpt": "a different flow on E_W (the update normalised: N(v) − ⟨x, N(v)⟩_W x)",
+    "none": "no normalisation: tokens leave E_W (dx/dt = v(x))",
+}
+_KERNEL_WHY = {
+    "sigmoid": "σ(s + b), not normalised over j",
+    "exp": "exp(s)/n, not normalised over j",
+}
+
+
+def _check_form(m: _Model) -> list[Check]:
+    """The model of the papers: post-normalisation, softmax, no window or mask.
+
+    Every theorem is proved for the flow (eq. 6) on `E_W` with softmax weights over
+    all tokens (or all earlier ones); a variant is a different dynamical system.
+    """
+    norm = "x ← N_W(x + τ v), the flow on E_W" if m.norm == "post" else (
+        f"norm = {m.norm!r}: {_NORM_WHY[m.norm]}")
+    kernel = "softmax" if m.kernel == "softmax" else (
+        f"kernel = {m.kernel!r}: {_KERNEL_WHY[m.kernel]}")
+    limits = [f"a window |i − j| < {m.window}"] if m.window is not None else []
+    limits += ["a mask"] if m.masked else []
+    scope = (f"attention limited by {' and '.join(limits)}: the proofs average over every "
+             "token (or every earlier one)" if limits else "every token (or every earlier one)")
+    return [
+        Check("post-normalisation (eq. 4, 6)", m.norm == "post", norm),
+        Check("softmax attention (rows summing to one)", m.kernel == "softmax", kernel),
+        Check("no window or mask", not limits, scope),
+    ]
+
+
 # --- the theorems --------------------------------------------------------------
 
 
@@ -355,8 +319,8 @@ def _vec(v: np.ndarray) -> str:
     return "(" + ", ".join(f"{c:.3g}" for c in v[:4]) + (", …)" if len(v) > 4 else ")")
 
 
-def _report(theorem, checks, statement, domain, data=None) -> TheoremReport:
-    checks = tuple(checks)
+def _report(m: _Model, theorem, checks, statement, domain, data=None) -> TheoremReport:
+    checks = tuple(_check_form(m)) + tuple(checks)  # the model's form first
     applies = all(c.holds for c in checks)
     return TheoremReport(theorem, applies, checks, statement, domain, data or {})
 
@@ -372,7 +336,7 @@ def _theorem_32(m: _Model, tol: float) -> TheoremReport:
         "trajectory converges to an equilibrium"
         + ("; with U = u·I the only stable equilibria are consensus" if identity else "")
     )
-    return _report("3.2", checks, statement, "the whole ellipsoid", {"identity_U": identity})
+    return _report(m, "3.2", checks, statement, "the whole ellipsoid", {"identity_U": identity})
 
 
 def _theorem_41(m: _Model, tol: float) -> TheoremReport:
@@ -381,7 +345,7 @@ def _theorem_41(m: _Model, tol: float) -> TheoremReport:
         _check_bounded(m), _check_regular(m, "P", tol, "uniformly continuous"),
     ]
     statement = f"tokens starting in an open hemisphere converge to consensus ({m.h} heads)"
-    return _report("4.1", checks, statement, "an open hemisphere {y : ⟨z, y⟩_W > 0}")
+    return _report(m, "4.1", checks, statement, "an open hemisphere {y : ⟨z, y⟩_W > 0}")
 
 
 def _theorem_51(m: _Model, tol: float) -> TheoremReport:
@@ -390,7 +354,7 @@ def _theorem_51(m: _Model, tol: float) -> TheoremReport:
         _check_identity_U(m, tol), _check_bounded(m),
     ]
     statement = "the first token stays fixed and every token converges to x₁(0)"
-    return _report("5.1", checks, statement, "almost every start (a conull set)")
+    return _report(m, "5.1", checks, statement, "almost every start (a conull set)")
 
 
 def _theorem_52(m: _Model, tol: float) -> TheoremReport:
@@ -406,7 +370,7 @@ def _theorem_52(m: _Model, tol: float) -> TheoremReport:
         f"(λ₁ = {lam[0]:.3g}; the opposite hemisphere converges to −v₁)"
     )
     data = {"v1": v1, "eigenvalues": lam}
-    return _report("5.2", checks, statement, "the hemisphere ⟨v₁, x⟩ > 0 (or < 0)", data)
+    return _report(m, "5.2", checks, statement, "the hemisphere ⟨v₁, x⟩ > 0 (or < 0)", data)
 
 
 def _theorem_53(m: _Model, tol: float) -> TheoremReport:
@@ -421,7 +385,7 @@ def _theorem_53(m: _Model, tol: float) -> TheoremReport:
         "v₁(t), the top eigenvector of U(t); its radius grows with the speed of v₁(t)"
     )
     data = {"v1": vec[:, 0], "eigenvalues": lam}
-    return _report("5.3", checks, statement, "the hemisphere ⟨v₁(0), x⟩ > 0 (or < 0)", data)
+    return _report(m, "5.3", checks, statement, "the hemisphere ⟨v₁(0), x⟩ > 0 (or < 0)", data)
 
 
 def classify(
@@ -444,6 +408,12 @@ def classify(
       `v₁` can be unstable, see the tests.)
     - 5.3: as 5.2 with `U(t)` time-varying and differentiable, `λ₁(t)` simple and
       positive → convergence to a ball around `v₁(t)`.
+
+    Every theorem is about the papers' model: post-normalisation
+    (`norm="post"`), softmax weights and no `window` or `mask`. A variant
+    (`docs/variants.md`) fails these three checks, each with the reason, so no
+    theorem covers it; `summary()` then lists, for each theorem, the hypotheses the
+    model fails.
 
     The paper states 4.1 and 5.1 for `U = I`; `U = u·I` with `u > 0` is the same
     flow with time rescaled by `u`, so it is covered too.

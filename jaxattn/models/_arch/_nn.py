@@ -145,7 +145,10 @@ class Attention(eqx.Module):
     - `output_bias`: `(d,)` or `None`.
     - `scale`: the factor on the scores (`1/√k`, or 1 for GPT-Neo).
 
-    Called with `precision=` (see `product`), which every product of the layer uses.
+    Called with `mask` (which tokens each token may attend to, or `None`: all),
+    `causal` (also only `j ≤ i`) and `precision=` (see `product`), which every
+    product of the layer uses. With bfloat16/float16 compute on an NVIDIA GPU the
+    scores, softmax and mixing are cuDNN's fused kernel (`attention_kernel`).
     """
 
     query: Float[Array, "h k d"]
@@ -173,26 +176,36 @@ class Attention(eqx.Module):
     def __call__(
         self,
         x: Float[Array, "n d"],
-        mask: Bool[Array, "n n"],
+        mask: Bool[Array, "n n"] | None,
         rotary: tuple[Array, Array] | None = None,
         *,
         precision: Precision = "float32",
+        causal: bool = False,
     ) -> Float[Array, "n d"]:
         q = self._project(self.query, self.query_bias, x, precision)
         k = self._project(self.key, self.key_bias, x, precision)
         v = self._project(self.value, self.value_bias, x, precision)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        kernel = attention_kernel(x.dtype, q.shape[-1])
+        if kernel is not None:
+            o = fused_attention(q, k, v, mask, self.scale, causal=causal, implementation=kernel)
+        else:
+            o = self._mix(q, k, v, dense_mask(x.shape[0], causal, mask), precision)
+        y = product("ihk,dhk->id", o, self.output, x.dtype, precision).astype(x.dtype)
+        return y if self.output_bias is None else y + self.output_bias[None].astype(x.dtype)
+
+    def _mix(self, q, k, v, mask, precision) -> Float[Array, "n h k"]:
+        """`Σ_j α_ij v_j` per head, as einsums at `precision` (the path off the GPU)."""
+        dtype = q.dtype
         group = self.num_heads // self.num_kv_heads
         if group > 1:
             k, v = jnp.repeat(k, group, axis=0), jnp.repeat(v, group, axis=0)
         # Scores and softmax in float32 (as HuggingFace does for reduced precisions).
-        s = product("hik,hjk->hij", q, k, x.dtype, precision).astype(wide(x.dtype)) * self.scale
+        s = product("hik,hjk->hij", q, k, dtype, precision).astype(wide(dtype)) * self.scale
         s = jnp.where(mask[None], s, jnp.finfo(jnp.float32).min)
-        a = jax.nn.softmax(s, axis=-1).astype(x.dtype)
-        o = product("hij,hjk->ihk", a, v, x.dtype, precision).astype(x.dtype)
-        y = product("ihk,dhk->id", o, self.output, x.dtype, precision).astype(x.dtype)
-        return y if self.output_bias is None else y + self.output_bias[None].astype(x.dtype)
+        a = jax.nn.softmax(s, axis=-1).astype(dtype)
+        return product("hij,hjk->ihk", a, v, dtype, precision).astype(dtype)
 
     @staticmethod
     def init(key, d: int, h: int, g: int, k: int, std: float, bias: bool, scale: float):
@@ -233,6 +246,54 @@ def causal_mask(n: int, window: Array | int | None = None) -> Bool[Array, "n n"]
 
 def full_mask(n: int) -> Bool[Array, "n n"]:
     return jnp.ones((n, n), dtype=bool)
+
+
+def dense_mask(n: int, causal: bool, mask: Bool[Array, "n n"] | None) -> Bool[Array, "n n"]:
+    """`mask` (default: all pairs), restricted to `j ≤ i` when `causal`."""
+    base = causal_mask(n) if causal else full_mask(n)
+    return base if mask is None else base & mask
+
+
+#: Compute dtypes whose attention runs as cuDNN's fused kernel on an NVIDIA GPU.
+FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def attention_kernel(dtype, head_dim: int) -> str | None:
+    """The `implementation` of `jax.nn.dot_product_attention` to use, or `None` for
+    the einsum path: `"cudnn"` (flash attention) for bfloat16/float16 compute on an
+    NVIDIA GPU with a head size cuDNN takes (a multiple of 8, at most 128); the
+    einsums elsewhere, where every product states its precision (float32 and
+    float64 compute, the CPU)."""
+    if jnp.dtype(dtype) not in FUSED_DTYPES or head_dim % 8 or head_dim > 128:
+        return None
+    if jax.default_backend() != "gpu" or "rocm" in jax.devices()[0].client.platform_version:
+        return None
+    return "cudnn"
+
+
+def fused_attention(
+    q: Float[Array, "h n k"], k: Float[Array, "g n k"], v: Float[Array, "g n k"],
+    mask: Bool[Array, "n n"] | None, scale: float, *, causal: bool, implementation: str,
+) -> Float[Array, "n h k"]:
+    """`Σ_j α_ij v_j` per head through `jax.nn.dot_product_attention` (grouped
+    key–value heads as `Attention`: query head `η` reads `g(η) = η // (h/g)`).
+
+    **Arguments:**
+
+    - `q`, `k`, `v`: one sequence's projected queries, keys and values.
+    - `mask`: which tokens each may attend to (GPT-Neo's local window), or `None`.
+    - `scale`: the factor on the scores; `causal`: also only `j ≤ i` (cuDNN then
+      skips the masked blocks).
+    - `implementation`: `"cudnn"` or `"xla"` (the reference, on any backend).
+
+    **Returns:**
+
+    The mixed values `(n, h, k)`, in the dtype of `q` (scores and softmax in float32).
+    """
+    m = None if mask is None else mask[None, None]
+    return jax.nn.dot_product_attention(
+        q.swapaxes(0, 1), k.swapaxes(0, 1), v.swapaxes(0, 1), mask=m, scale=scale,
+        is_causal=causal, implementation=implementation)
 
 
 class MLP(eqx.Module):
@@ -288,9 +349,10 @@ class PreNormBlock(eqx.Module):
     ln_2: LayerNorm | RMSNorm
     mlp: MLP | GatedMLP
 
-    def __call__(self, x: Float[Array, "n d"], mask: Bool[Array, "n n"], rotary=None, *,
-                 ffn: bool = True, precision: Precision = "float32") -> Float[Array, "n d"]:
-        x = x + self.attn(self.ln_1(x), mask, rotary, precision=precision)
+    def __call__(self, x: Float[Array, "n d"], mask: Bool[Array, "n n"] | None, rotary=None,
+                 *, ffn: bool = True, precision: Precision = "float32",
+                 causal: bool = False) -> Float[Array, "n d"]:
+        x = x + self.attn(self.ln_1(x), mask, rotary, precision=precision, causal=causal)
         return x + self.mlp(self.ln_2(x), precision=precision) if ffn else x
 
 
@@ -306,7 +368,8 @@ class PostNormBlock(eqx.Module):
     mlp: MLP
     ln_out: LayerNorm
 
-    def __call__(self, x: Float[Array, "n d"], mask: Bool[Array, "n n"], rotary=None, *,
-                 ffn: bool = True, precision: Precision = "float32") -> Float[Array, "n d"]:
-        x = self.ln_attn(x + self.attn(x, mask, precision=precision))
+    def __call__(self, x: Float[Array, "n d"], mask: Bool[Array, "n n"] | None, rotary=None,
+                 *, ffn: bool = True, precision: Precision = "float32",
+                 causal: bool = False) -> Float[Array, "n d"]:
+        x = self.ln_attn(x + self.attn(x, mask, precision=precision, causal=causal))
         return self.ln_out(x + self.mlp(x, precision=precision)) if ffn else x

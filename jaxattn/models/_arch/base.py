@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from ..._precision import Precision
-from ._nn import causal_mask, full_mask
+from ._nn import dense_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,9 +153,14 @@ class AbstractTransformer(eqx.Module):
         """Per-sequence-length constants the blocks need (rotary tables)."""
         return None
 
+    def window_mask(self, n: int, layer: Int[Array, ""]) -> Bool[Array, "n n"] | None:
+        """What `layer` restricts attention to beyond causality (GPT-Neo's local
+        window), or `None`: nothing."""
+        return None
+
     def mask(self, n: int, layer: Int[Array, ""]) -> Bool[Array, "n n"]:
         """The attention mask of `layer` (which tokens each token may attend to)."""
-        return causal_mask(n) if self.config.causal else full_mask(n)
+        return dense_mask(n, self.config.causal, self.window_mask(n, layer))
 
     def apply_block(
         self, block, x: Float[Array, "n d"], layer: Int[Array, ""], ctx, *, ffn: bool = True,
@@ -164,7 +169,8 @@ class AbstractTransformer(eqx.Module):
         """Run one block on one sequence (`ffn=False` drops the feed-forward sub-block
         together with its normalisation, keeping the attention residual; `precision`
         of every matrix product in it)."""
-        return block(x, self.mask(x.shape[0], layer), ctx, ffn=ffn, precision=precision)
+        return block(x, self.window_mask(x.shape[0], layer), ctx, ffn=ffn, precision=precision,
+                     causal=self.config.causal)
 
     def layer_block(self, layer: int) -> eqx.Module:
         """The block (weights) used by `layer`, unstacked."""

@@ -12,7 +12,6 @@ from ._nn import (
     LayerNorm,
     Linear,
     PreNormBlock,
-    causal_mask,
     heads_in,
     heads_out,
     normal,
@@ -50,10 +49,11 @@ class GPTNeo(AbstractLearnedPositionDecoder):
 
     family = "gpt_neo"
 
-    def mask(self, n: int, layer: Int[Array, ""]) -> Bool[Array, "n n"]:
+    def window_mask(self, n: int, layer: Int[Array, ""]) -> Bool[Array, "n n"]:
         local = jnp.asarray([kind == "local" for kind in self.config.attention_layers])
         window = jnp.where(local[layer], self.config.window_size, n)
-        return causal_mask(n, window)
+        i, j = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
+        return i - j < window
 
     @classmethod
     def config_from_hf(cls, hf):

@@ -1,0 +1,395 @@
+"""The fused ensemble strategy: many small systems with the batch as the last axis.
+
+`jax.vmap` puts the batch axis first. For a system of a few tokens in a few
+dimensions that leaves XLA's CPU kernels vectorising along axes of size 2–10 and
+running each tiny contraction as a batched `dot_general`: S1 of the benchmark
+suite (1000 systems of 10 tokens in R³, 2 heads) measured 2.7× slower than the
+same layer written with the 1000 systems on the vectorised axis.
+
+`batch_last(fn)` is that layout as a transformation: `fn` is written for one
+system (the dynamics' own `layer`, `velocity`, a user's `observe`: one
+implementation of the formulas) and traced once; its program is then evaluated
+with every batched value carrying the systems as its last axis. Elementwise
+operations, reductions and shape operations keep that axis last (their
+parameters refer to the leading axes, unchanged); every `dot_general` becomes a
+sum of elementwise products, unrolled over the contracted index when it is small
+(`UNROLL`), so a whole layer is a few fused elementwise kernels that stream over
+the systems. Anything else (gathers, control flow, …) falls back to `jax.vmap` for
+that one operation, so every program runs, only perhaps slower. Measured on S1
+(CPU, 200 layers): the unrolled products are 4.7× faster than multiply-then-reduce;
+reductions stay XLA reduces (unrolled into slices, XLA recomputed their inputs in
+every slice: 3× slower).
+
+Why not `jax.vmap(fn, in_axes=-1, out_axes=-1)`: vmap's batching rules move the
+batch axis to the front wherever operands disagree, so XLA still sees it first;
+written with elementwise products, that layout was 2× slower than the general path.
+
+`strategy="auto"` (`choose_strategy`) fuses a batch of at least two sequences whose
+raw update costs at most `FUSED_MAX_FLOPS`: on the CPU the fused path measured
+2.8× faster at 3,120 flops per sequence (S1), 1.8× at 10,240, 1.2× at 24,576 and
+0.7× at 163,840 (`run_layers`, 20 layers, batches of equal total work). On a GPU the
+same layout is what makes a layer one kernel over all systems (the threshold there
+is not yet measured).
+
+Precision is kept as named (`jaxattn._precision`): the products of an elementwise
+contraction are exact in the accumulation dtype, so `"float32"` (HIGHEST) is true
+float32 (float64 stays float64); `"bfloat16"` products see bfloat16 operands,
+`"tensorfloat32"` operands rounded to 10 mantissa bits, both accumulated in
+float32, as the general path computes them. Sums run in another order than a
+`dot_general`'s: the two paths agree to rounding, not bit for bit.
+"""
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.extend import core as jex
+from jaxtyping import Array, Float, PyTree
+
+# Contractions over at most this many index values are unrolled into a chain of
+# multiply–adds (which XLA fuses with their neighbours); larger ones multiply
+# and reduce.
+UNROLL = 32
+
+_ELEMENTWISE = frozenset("""
+abs acos acosh add and asin asinh atan atan2 atanh cbrt ceil clamp convert_element_type
+copy copy_p cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt imag
+integer_pow is_finite le lgamma log log1p logistic lt max min mul ne neg nextafter not
+or population_count pow real reduce_precision rem round rsqrt select_n shift_left
+shift_right_arithmetic shift_right_logical sign sin sinh sqrt square stop_gradient sub
+tan tanh xor
+""".split())
+# Primitives over named leading axes, independent along the others: with the systems
+# last, their parameters stay as they are.
+_ALONG_AXES = frozenset("""
+reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax
+argmin cumsum cumprod cummax cummin cumlogsumexp rev squeeze split sort
+""".split())
+# Calls whose body is inlined (custom derivatives are then taken through the body).
+_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr",
+          "core_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr",
+          "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
+          "checkpoint": "jaxpr", "remat": "jaxpr"}
+
+
+STRATEGIES = ("auto", "fused", "general")
+# "auto" fuses a batch when one sequence's raw update costs at most this many flops
+# (`4 h n d² + 4 h n² d`, the benchmark suite's count). Measured on the CPU (see
+# BENCHMARKS.md, "The fused ensemble path"): fused is faster up to about this size.
+FUSED_MAX_FLOPS = 50_000
+# Systems per chunk on the CPU: S1's intermediates for 100,000 systems (80 MB of
+# attention logits) left the caches and ran 8× slower per system than 1000 at a time.
+CPU_CHUNK = 1024
+
+
+def sequence_flops(h: int, n: int, d: int) -> int:
+    """The flops of one raw update `v` of one sequence (unfactored weights)."""
+    return 4 * h * n * d * d + 4 * h * n * n * d
+
+
+def fused_applies(dyn, shape: tuple[int, ...]) -> bool:
+    """Whether `strategy="auto"` runs tokens of `shape` `(..., n, d)` on the fused
+    path: a batch of at least two sequences, each of at most `FUSED_MAX_FLOPS`."""
+    if len(shape) < 3:
+        return False
+    n, d = shape[-2], shape[-1]
+    return math.prod(shape[:-2]) >= 2 and sequence_flops(dyn.num_heads, n, d) <= FUSED_MAX_FLOPS
+
+
+def choose_strategy(dyn, shape: tuple[int, ...], strategy: str) -> str:
+    """`"fused"` or `"general"` for `strategy` (one of `STRATEGIES`), or a `ValueError`."""
+    if not isinstance(strategy, str) or strategy not in STRATEGIES:
+        raise ValueError(f"`strategy` must be one of {', '.join(map(repr, STRATEGIES))}, "
+                         f"got {strategy!r}.")
+    if strategy == "auto":
+        return "fused" if fused_applies(dyn, tuple(shape)) else "general"
+    return strategy
+
+
+def to_batch_last(x: Float[Array, "*batch n d"]) -> Float[Array, "n d B"]:
+    """Sequences `(..., n, d)` as one array `(n, d, B)`, the batch flattened and last."""
+    flat = x.reshape((-1,) + x.shape[-2:])
+    return jnp.moveaxis(flat, 0, -1)
+
+
+def from_batch_last(tree: PyTree[Array], batch: tuple[int, ...]) -> PyTree[Array]:
+    """Every leaf `(..., B)` back to `batch + (...)`, the inverse of `to_batch_last`."""
+    def back(a):
+        a = jnp.moveaxis(a, -1, 0)
+        return a.reshape(tuple(batch) + a.shape[1:])
+    return jax.tree.map(back, tree)
+
+
+def chunk_size(devices=None) -> int | None:
+    """Systems per chunk of a fused run (`in_chunks`): `CPU_CHUNK` on the CPU, where a
+    chunk's intermediates then stay in cache; `None` (the whole batch at once) on an
+    accelerator, or when the batch is sharded over `devices`."""
+    if devices is not None or jax.default_backend() != "cpu":
+        return None
+    return CPU_CHUNK
+
+
+def in_chunks(fn: Callable, xb: Float[Array, "n d B"], chunk: int | None) -> PyTree[Array]:
+    """`fn(xb)` (every output leaf `(..., B)`), computed `chunk` systems at a time with
+    `lax.map` (the last chunk padded with copies of the first system)."""
+    size = xb.shape[-1]
+    if chunk is None or size <= chunk:
+        return fn(xb)
+    count = -(-size // chunk)
+    pad = count * chunk - size
+    if pad:
+        fill = jnp.broadcast_to(xb[..., :1], xb.shape[:-1] + (pad,))
+        xb = jnp.concatenate([xb, fill], axis=-1)
+    parts = jnp.moveaxis(xb.reshape(xb.shape[:-1] + (count, chunk)), -2, 0)
+    out = lax.map(fn, parts)
+
+    def join(a):
+        a = jnp.moveaxis(a, 0, -2)
+        return a.reshape(a.shape[:-2] + (count * chunk,))[..., :size]
+    return jax.tree.map(join, out)
+
+
+def batch_last(fn: Callable) -> Callable:
+    """`fn` written for one system, applied to a batch carried on the last axis.
+
+    **Arguments:**
+
+    - `fn`: a function `fn(x, *rest)` of one system's array `x` (e.g. tokens
+      `(n, d)`) and unbatched arguments `rest` (any pytrees: the model, times).
+
+    **Returns:**
+
+    `g(xb, *rest)` with `xb` of shape `x.shape + (B,)`, returning `fn`'s outputs
+    each with a trailing batch axis `B`: the same values as `jax.vmap(fn,
+    in_axes=(-1, None, …), out_axes=-1)`, to rounding.
+    """
+
+    def mapped(xb, *rest):
+        size = xb.shape[-1]
+        arrays, static = eqx.partition(rest, eqx.is_array)
+        leaves, tree = jax.tree.flatten(arrays)
+
+        def flat(x, *leaves):
+            return fn(x, *eqx.combine(jax.tree.unflatten(tree, leaves), static))
+
+        one = jax.ShapeDtypeStruct(xb.shape[:-1], xb.dtype)
+        avals = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in leaves]
+        closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(one, *avals)
+        ins = [(xb, True)] + [(jnp.asarray(a), False) for a in leaves]
+        outs = evaluate(closed.jaxpr, closed.consts, ins, size)
+        outs = [v if b else _broadcast(v, size) for v, b in outs]
+        return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
+
+    return mapped
+
+
+def evaluate(jaxpr, consts, ins: list[tuple[Any, bool]], size: int) -> list[tuple[Any, bool]]:
+    """Evaluate `jaxpr` on `(value, batched)` pairs; batched values carry `size`
+    systems on their last axis. **Returns:** the outputs as such pairs."""
+    env: dict = {}
+
+    def read(v):
+        return (v.val, False) if isinstance(v, jex.Literal) else env[v]
+
+    for var, val in zip(jaxpr.constvars, consts):
+        env[var] = (val, False)
+    for var, val in zip(jaxpr.invars, ins):
+        env[var] = val
+    for eqn in jaxpr.eqns:
+        outs = _apply(eqn, [read(v) for v in eqn.invars], size)
+        for var, out in zip(eqn.outvars, outs):
+            if not isinstance(var, jex.DropVar):
+                env[var] = out
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _apply(eqn, ins, size):
+    prim, name = eqn.primitive, eqn.primitive.name
+    if not any(b for _, b in ins):
+        out = prim.bind(*[v for v, _ in ins], **prim.get_bind_params(eqn.params))
+        return [(o, False) for o in (out if prim.multiple_results else [out])]
+    if name in _CALLS and _CALLS[name] in eqn.params:
+        sub = eqn.params[_CALLS[name]]
+        consts = sub.consts if hasattr(sub, "consts") else ()
+        return evaluate(getattr(sub, "jaxpr", sub), consts, ins, size)
+    rule = _RULES.get(name)
+    if rule is None and (name in _ELEMENTWISE or name in _ALONG_AXES):
+        rule = _elementwise if name in _ELEMENTWISE else _along_axes
+    if rule is None:
+        return _fallback(eqn, ins)
+    if rule in (_elementwise, _along_axes):
+        rule = functools.partial(rule, shape=eqn.outvars[0].aval.shape)
+    try:
+        out = rule(prim, ins, size, **eqn.params)
+    except NotImplementedError:  # a case the rule does not cover (e.g. batched indices)
+        return _fallback(eqn, ins)
+    return [(o, True) for o in (out if prim.multiple_results else [out])]
+
+
+def _fallback(eqn, ins):
+    """One operation through `jax.vmap`, the systems moved back to the last axis."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    out = jax.vmap(lambda *a: eqn.primitive.bind(*a, **params),
+                   in_axes=[-1 if b else None for _, b in ins], out_axes=-1)(
+        *[v for v, _ in ins])
+    return [(o, True) for o in (out if eqn.primitive.multiple_results else [out])]
+
+
+def _broadcast(v, size, shape=None):
+    """An unbatched value (or a batched scalar `(size,)`) broadcast to `shape + (size,)`."""
+    v = jnp.asarray(v)
+    shape = tuple(v.shape) if shape is None else tuple(shape)
+    return lax.broadcast_in_dim(v, shape + (size,), tuple(range(v.ndim)))
+
+
+def _to_batched(v, b, shape, size):
+    """`v` (batched or not; a scalar, or of `shape`'s rank with size-1 axes that
+    broadcast) as a batched value of core shape `shape`."""
+    v = jnp.asarray(v)
+    full = tuple(shape) + (size,)
+    if b and v.shape == full:
+        return v
+    if b:
+        dims = (len(shape),) if v.ndim == 1 else tuple(range(v.ndim))
+    else:
+        dims = tuple(range(v.ndim))
+    return lax.broadcast_in_dim(v, full, dims)
+
+
+def _elementwise(prim, ins, size, shape, **params):
+    return prim.bind(*[_to_batched(v, b, shape, size) for v, b in ins], **params)
+
+
+def _along_axes(prim, ins, size, shape, **params):
+    # Operands share one core shape: that of any batched one.
+    shape = next(v.shape[:-1] for v, b in ins if b)
+    return prim.bind(*[_to_batched(v, b, shape, size) for v, b in ins], **params)
+
+
+def _broadcast_in_dim(prim, ins, size, shape, broadcast_dimensions, sharding=None, **params):
+    (v, _), *dyn_shape = ins
+    if dyn_shape:
+        raise NotImplementedError("dynamic shapes")
+    return lax.broadcast_in_dim(v, tuple(shape) + (size,),
+                                tuple(broadcast_dimensions) + (len(shape),))
+
+
+def _reshape(prim, ins, size, new_sizes, dimensions=None, **params):
+    (v, _), = ins[:1]
+    if dimensions is not None:
+        v = jnp.transpose(v, tuple(dimensions) + (v.ndim - 1,))
+    return lax.reshape(v, tuple(new_sizes) + (size,))
+
+
+def _transpose(prim, ins, size, permutation):
+    (v, _), = ins
+    return lax.transpose(v, tuple(permutation) + (len(permutation),))
+
+
+def _slice(prim, ins, size, start_indices, limit_indices, strides):
+    (v, _), = ins
+    strides = None if strides is None else tuple(strides) + (1,)
+    return lax.slice(v, tuple(start_indices) + (0,), tuple(limit_indices) + (size,), strides)
+
+
+def _concatenate(prim, ins, size, dimension):
+    ops = [v if b else _broadcast(v, size) for v, b in ins]
+    return lax.concatenate(ops, dimension)
+
+
+def _pad(prim, ins, size, padding_config):
+    (v, b), (pad, pad_b) = ins
+    if pad_b:
+        raise NotImplementedError
+    v = v if b else _broadcast(v, size)
+    return lax.pad(v, pad, tuple(padding_config) + ((0, 0, 0),))
+
+
+def _dynamic_slice(prim, ins, size, slice_sizes):
+    (v, b), *idx = ins
+    if any(ib for _, ib in idx):
+        raise NotImplementedError
+    zero = jnp.zeros((), jnp.result_type(idx[0][0]) if idx else jnp.int32)
+    return lax.dynamic_slice(v, [i for i, _ in idx] + [zero], tuple(slice_sizes) + (size,))
+
+
+def _dynamic_update_slice(prim, ins, size):
+    (v, b), (u, ub), *idx = ins
+    if any(ib for _, ib in idx):
+        raise NotImplementedError
+    v, u = (v if b else _broadcast(v, size)), (u if ub else _broadcast(u, size))
+    zero = jnp.zeros((), jnp.result_type(idx[0][0]) if idx else jnp.int32)
+    return lax.dynamic_update_slice(v, u, [i for i, _ in idx] + [zero])
+
+
+def _round_operand(x, precision, out_dtype):
+    """An operand as the named precision presents it to the product (see module doc)."""
+    name = getattr(precision, "name", "")
+    if name.startswith("TF32") and x.dtype == jnp.float32:
+        x = lax.reduce_precision(x, exponent_bits=8, mantissa_bits=10)
+    elif name.startswith("BF16"):
+        x = x.astype(jnp.bfloat16)
+    return x.astype(out_dtype)
+
+
+def _dot_general(prim, ins, size, dimension_numbers, precision=None,
+                 preferred_element_type=None, **params):
+    """A `dot_general` as elementwise products summed over the contracted index,
+    the systems last: `out[batch, lhs free, rhs free, B]`."""
+    (a, ab), (c, cb) = ins
+    (lc, rc), (lbd, rbd) = dimension_numbers
+    out_dtype = preferred_element_type or jnp.result_type(a, c)
+    a, c = (_round_operand(x, precision, out_dtype) for x in (jnp.asarray(a), jnp.asarray(c)))
+    an, cn = a.ndim - ab, c.ndim - cb
+    lfree = [i for i in range(an) if i not in lc and i not in lbd]
+    rfree = [i for i in range(cn) if i not in rc and i not in rbd]
+    nb, nl, nr = len(lbd), len(lfree), len(rfree)
+    k = math.prod(a.shape[i] for i in lc)
+    out = ([a.shape[i] for i in lbd] + [a.shape[i] for i in lfree]
+           + [c.shape[i] for i in rfree] + [size])
+    # Each operand as (batch, free, K[, systems]); its axes' places in `out`.
+    a = _gather_axes(a, ab, list(lbd) + lfree, list(lc))
+    c = _gather_axes(c, cb, list(rbd) + rfree, list(rc))
+    a_dims = list(range(nb + nl)) + ([nb + nl + nr] if ab else [])
+    c_dims = list(range(nb)) + list(range(nb + nl, nb + nl + nr)) + ([nb + nl + nr] if cb else [])
+    if k == 0:
+        return jnp.zeros(out, out_dtype)
+    if k > UNROLL:
+        kd = nb + nl + nr
+        shape = out[:-1] + [k, size]
+        prod = (lax.broadcast_in_dim(a, shape, _with_k(a_dims, kd, ab))
+                * lax.broadcast_in_dim(c, shape, _with_k(c_dims, kd, cb)))
+        return jnp.sum(prod, axis=kd)
+    acc = None
+    for j in range(k):
+        term = (lax.broadcast_in_dim(lax.index_in_dim(a, j, nb + nl, keepdims=False), out, a_dims)
+                * lax.broadcast_in_dim(lax.index_in_dim(c, j, nb + nr, keepdims=False), out,
+                                       c_dims))
+        acc = term if acc is None else acc + term
+    return acc
+
+
+def _with_k(dims, kd, batched):
+    """Broadcast dimensions of a `(…, K[, systems])` operand into `(…, K, systems)`."""
+    return dims[:-1] + [kd, kd + 1] if batched else dims + [kd]
+
+
+def _gather_axes(x, batched, keep, contract):
+    """`x` transposed to `(keep…, contract…[, systems])`, the contracted axes flattened."""
+    perm = keep + contract + ([x.ndim - 1] if batched else [])
+    x = lax.transpose(x, tuple(perm))
+    k = math.prod(x.shape[len(keep):len(keep) + len(contract)])
+    return lax.reshape(x, tuple(x.shape[:len(keep)]) + (k,) + ((x.shape[-1],) if batched else ()))
+
+
+_RULES = {
+    "broadcast_in_dim": _broadcast_in_dim, "reshape": _reshape, "transpose": _transpose,
+    "slice": _slice, "concatenate": _concatenate, "pad": _pad,
+    "dynamic_slice": _dynamic_slice, "dynamic_update_slice": _dynamic_update_slice,
+    "dot_general": _dot_general
+}

@@ -1,0 +1,90 @@
+"""`norm-beta`: the normalisation/β study of Karagodin et al. (their `simuformer`,
+`runner.py` defaults): the clustered-pair density over `(t, β)` of `phase-diagram`, for
+each placement of the normalisation.
+
+At their size: 512 systems of 64 tokens in R¹⁶, 8 heads averaged (`U_η = V_ηᵀ / 8`), a
+Gaussian key–query `B_η = G₁G₂/√d` per head and system and the identity value, softmax,
+20 values of β in `[0.1, 15]`, step 0.1 to `T = 50`, 200 recorded times. Each placement
+is `ja.SelfAttentionDynamics(norm=…)` (`"post"`, `"pre"`, `"peri"`, `"ngpt"`, `"none"`:
+the library's discrete layers, whose `τ → 0` limits are the continuous models of
+Karagodin et al.; their script discretises pre- and peri-LN with a separate radius and
+nGPT with a factor 0.2, so its steps differ from these at finite `τ`). Tokens that leave
+the sphere (`"pre"`, `"peri"`, `"none"`) are clustered by direction. Every placement
+runs from the same draws (tokens and weights), so the maps differ by the placement
+alone.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from .. import _plot
+from .._dynamics import NORMS
+from .base import AbstractExperiment, Param, Verdict
+from .phase_diagram import STUDY, density_map, describe_map, draw_map, setup_line
+
+#: simuformer's `runner.py` defaults, where they differ from `phase-diagram`'s.
+DEFAULTS = {"betas": 20, "beta_max": 15.0, "systems": 512, "tokens": 64, "dim": 16,
+            "key_query": 1, "horizon": 50.0}
+
+#: A small run for tests and smoke checks.
+QUICK = {"betas": 2, "beta_max": 4.0, "systems": 2, "tokens": 4, "dim": 3, "heads": 2,
+         "horizon": 1.0, "times": 6}
+
+
+def placements(code: int) -> tuple[str, ...]:
+    """The placements `--norm code` names: every one of `NORMS` for 0, else the
+    `code`-th (1-based), or a `ValueError` listing them."""
+    if not 0 <= code <= len(NORMS):
+        listed = ", ".join(f"{i + 1} {n}" for i, n in enumerate(NORMS))
+        raise ValueError(f"--norm must be 0 (every placement) or one of {listed}; got {code!r}.")
+    return NORMS if code == 0 else (NORMS[code - 1],)
+
+
+class NormBeta(AbstractExperiment):
+    name = "norm-beta"
+    title = ("Karagodin et al.'s normalisation study: clustered pairs over (t, β) for each "
+             "placement of the normalisation")
+    theorem = "Karagodin et al. 2025, normalisation and β (no theorem)"
+    params = tuple(dataclasses.replace(p, default=DEFAULTS[p.name]) if p.name in DEFAULTS
+                   else p for p in STUDY) + (
+        Param("heads", int, 8, "heads h (averaged, U = Vᵀ/h)", 1),
+        Param("norm", int, 0, "placement: 0 every one, else 1 post, 2 pre, 3 peri, 4 ngpt, "
+              "5 none"),
+        Param("causal", bool, False, "causal attention (their --sequential)"),
+    )
+    drops = ("discrete", "saves")
+
+    def simulate(self, config, progress):
+        norms = placements(config["norm"])
+        key = jax.random.PRNGKey(config["seed"])
+        maps = [density_map(key, config, heads=config["heads"], norm=norm,
+                            causal=config["causal"], progress=progress,
+                            desc=f"{self.name}: {norm}") for norm in norms]
+        return {"betas": maps[0]["betas"], "ts": maps[0]["ts"], "steps": maps[0]["steps"],
+                "norms": np.array(norms), "density": np.stack([m["density"] for m in maps])}
+
+    def verdict(self, config, data):
+        parts, numbers = [], {}
+        for norm, density in zip(data["norms"], data["density"]):
+            line, nums = describe_map(data["betas"], data["ts"], density)
+            parts.append(f"{norm}: {line}")
+            numbers |= {f"{norm}_{k}": v for k, v in nums.items()}
+        return Verdict(True, f"{setup_line(config)}, h = {config['heads']}; " + " | ".join(parts),
+                       numbers)
+
+    def draw(self, config, data, folder: Path):
+        plt = _plot.pyplot()
+        k = len(data["norms"])
+        rows, cols = -(-k // 3), min(k, 3)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.8 * cols, 3.9 * rows), squeeze=False)
+        for ax, norm, density in zip(axes.flat, data["norms"], data["density"]):
+            draw_map(ax, fig, data["betas"], data["ts"], density, log=False, full_scale=True,
+                     title=f'norm = "{norm}"')
+        for ax in axes.flat[k:]:
+            ax.remove()
+        return _plot.save_figure(fig, folder / "norm_beta",
+                                 f"Clustered pairs by placement: {setup_line(config)}, "
+                                 f"h = {config['heads']}")

@@ -1,0 +1,440 @@
+"""`variants`: which variants of the model escape consensus (issue 17).
+
+A grid of variants — normalisation placement (`"post" "pre" "peri" "ngpt" "none"`) ×
+attention mask (full, causal, a sliding window `|i − j| < w`, random sparse with
+keep-probability `p`) × kernel (softmax, sigmoid) × β — each run on the same random
+instances at two sizes: `n = 10` tokens in R³ (thm41-sphere's size) and `n = 32` in
+R¹⁶. Instance `i` is drawn from the seed `seed + i` alone (the same start, weights and
+sparse mask for every variant, so two variants differ by the variant only): `h = 2`
+heads, Gaussian key–query products `P_η = G₁G₂/√d` and `U_η = I/h` (the values for
+which Theorems 4.1 and 5.1 are stated), a uniform start on the sphere.
+
+Every instance runs `layers` discrete layers of step `tau` (`dyn.layer`, eq. 4 and its
+variants), and is measured at that fixed depth on its tokens' directions
+(`x̂_i = x_i/|x_i|`, the normalised tokens): the misalignment `E` after every layer,
+the consensus layer (the first with `E < CONSENSUS_TOL`), the final `E`, the number
+of clusters (single linkage at distance `CLUSTER_EPS` on the sphere), the residual
+`‖X̂ − 1 x̄ᵀ‖_F / ‖X̂‖_F` (`ja.metrics.rank_collapse_residual` of the normalised
+tokens: 0 exactly when all tokens coincide) and the trend of `E` over the last
+third of the run (`base.convergence_trend`: still falling, or stalled).
+
+One compiled program per static variant (size, norm, kernel): the masks are arrays,
+and masks × β × instances are one vmapped batch. Each program's results are saved
+as one chunk (atomically) in a folder named by the study's settings under
+`CHUNK_ROOT`; `--resume` reuses the finished chunks of an interrupted run of the
+same study, so the table is that of a run left alone. Each cell is reproducible
+alone: `jaxattn run variants --size S --norm N --mask M --kernel K --beta B --seed s`
+computes the same numbers (the `command` column of `table.csv`).
+"""
+
+import dataclasses
+import functools
+import hashlib
+import itertools
+import json
+import shutil
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+from .._dynamics import NORMS, SelfAttentionDynamics, random_mask
+from .._horizon import CONSENSUS_TOL
+from .._manifold import project
+from .._runs import RunFolderError, clear_partial_writes, hold_folder, save_npz
+from ..metrics import cluster_count, misalignment, rank_collapse_residual
+from ..theory import classify
+from .base import AbstractExperiment, Param, Verdict, advance, convergence_trend
+from .phase_diagram import draw_weights
+from .variants_plot import draw_study, format_verdicts, table_csv
+
+#: The grid's axes: masks, kernels, β, sizes `(n, d)` (normalisations: `NORMS`).
+MASKS = ("full", "causal", "window", "sparse")
+KERNELS = ("softmax", "sigmoid")
+BETAS = (0.5, 1.0, 4.0, 16.0)
+SIZES = ((10, 3), (32, 16))
+#: Two tokens are in one cluster when a chain of tokens links them, each step shorter
+#: than this on the unit sphere (cos > 0.995).
+CLUSTER_EPS = 0.1
+#: Where the chunks of unfinished studies are kept (relative to the working directory,
+#: as the run folders `runs/NAME/…`), one folder per study, removed once it finishes.
+CHUNK_ROOT = Path("runs") / ".chunks"
+#: The per-instance measurements of a chunk, each `(masks, betas, instances)`.
+MEASURES = ("final_E", "consensus_layer", "clusters", "residual", "stalled", "finite")
+
+
+def choices(code: int, names: tuple, flag: str) -> tuple:
+    """The values `--flag code` selects: all of `names` for 0, else the `code`-th
+    (1-based), or a `ValueError` listing them."""
+    if not isinstance(code, int) or not 0 <= code <= len(names):
+        listed = ", ".join(f"{i + 1} {n}" for i, n in enumerate(names))
+        raise ValueError(f"{flag} must be 0 (all) or one of {listed}; got {code!r}.")
+    return tuple(names) if code == 0 else (names[code - 1],)
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """The cells a run computes: the selected sizes, norms, masks, kernels and β."""
+
+    sizes: tuple
+    norms: tuple
+    masks: tuple
+    kernels: tuple
+    betas: tuple
+
+    @classmethod
+    def of(cls, config: dict) -> "Grid":
+        """The grid of a checked `config` (`--size`, `--norm`, … codes; `--beta 0`: `BETAS`)."""
+        check_config(config)
+        return cls(choices(config["size"], SIZES, "--size"),
+                   choices(config["norm"], NORMS, "--norm"),
+                   choices(config["mask"], MASKS, "--mask"),
+                   choices(config["kernel"], KERNELS, "--kernel"),
+                   BETAS if config["beta"] == 0 else (float(config["beta"]),))
+
+    def programs(self) -> list[tuple[int, int, int]]:
+        """The static variants, one compiled program and one chunk each: indices
+        `(size, norm, kernel)` into the grid, in order."""
+        return list(itertools.product(range(len(self.sizes)), range(len(self.norms)),
+                                      range(len(self.kernels))))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """`(sizes, norms, masks, kernels, betas)`."""
+        return (len(self.sizes), len(self.norms), len(self.masks), len(self.kernels),
+                len(self.betas))
+
+
+def check_config(config: dict) -> None:
+    """`ValueError` for settings no `Param` minimum catches."""
+    if not config["beta"] >= 0:
+        raise ValueError(f"--beta must be ≥ 0 (0: the grid {', '.join(map(str, BETAS))}), "
+                         f"got {config['beta']!r}.")
+    if not 0 < config["keep"] <= 1:
+        raise ValueError(f"--keep is a keep-probability in (0, 1], got {config['keep']!r}.")
+
+
+# --- one instance ------------------------------------------------------------------
+
+
+def draw_instance(key: PRNGKeyArray, n: int, d: int, heads: int):
+    """One instance: `P`, `U` `(h, d, d)` (Gaussian key–query, `U_η = I/h`), a start
+    `(n, d)` and the key of its sparse mask."""
+    k_w, k_x, k_m = jax.random.split(key, 3)
+    P, U = draw_weights(k_w, d, heads, key_query=1, value=0)
+    return P, U, jax.random.normal(k_x, (n, d)), k_m
+
+
+def make_mask(kind: str, n: int, key: PRNGKeyArray, window: int, keep: float
+              ) -> Bool[Array, "n n"]:
+    """The boolean attention mask of `kind` (one of `MASKS`; True = attends)."""
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    if kind == "full":
+        return jnp.ones((n, n), bool)
+    if kind == "causal":
+        return jnp.asarray(j <= i)
+    if kind == "window":
+        return jnp.asarray(np.abs(i - j) < window)
+    return random_mask(key, n, keep)
+
+
+def depth_run(dyn: SelfAttentionDynamics, x0: Float[Array, "n d"], num_layers: int,
+              tau: float) -> tuple[Float[Array, " L+1"], Float[Array, "n d"]]:
+    """`num_layers` layers from `x0` put on `E_W` (as `run_layers` starts): `E` of the
+    directions after every layer (index 0: the start) and the last tokens."""
+    def step(x, k):
+        x = dyn.layer(k * tau, x, tau)
+        return x, misalignment(x)
+
+    x0 = project(x0, dyn.W)
+    last, E = jax.lax.scan(step, x0, jnp.arange(num_layers, dtype=x0.dtype))
+    return jnp.concatenate([misalignment(x0)[None], E]), last
+
+
+def measure(x: Float[Array, "n d"]):
+    """Clusters and rank-collapse residual of the directions of `x`, and whether `x`
+    is finite."""
+    u = project(x, None)
+    return cluster_count(u, CLUSTER_EPS), rank_collapse_residual(u), jnp.all(jnp.isfinite(x))
+
+
+@eqx.filter_jit
+def draw_batch(keys: PRNGKeyArray, *, size: tuple[int, int], heads: int,
+               masks: tuple[str, ...], window: int, keep: float):
+    """Every instance of a cell (`draw_instance`, one key each `(I,)`) and its masks.
+
+    **Returns:**
+
+    `P`, `U` `(I, h, d, d)`, `x0` `(I, n, d)` and the masks `(M, I, n, n)` of the
+    kinds `masks` (`MASKS`) with their `window` and `keep`.
+    """
+    n, d = size
+    P, U, x0, mkeys = jax.vmap(lambda key: draw_instance(key, n, d, heads))(keys)
+    M = jnp.stack([jax.vmap(lambda key, m=m: make_mask(m, n, key, window, keep))(mkeys)
+                   for m in masks])
+    return P, U, x0, M
+
+
+@eqx.filter_jit
+def run_program(P, U, x0, masks, betas, *, num_layers: int, tau: float, norm: str,
+                kernel: str):
+    """One static variant over a batch: every mask × β × instance, vmapped.
+
+    **Arguments:**
+
+    - `P`, `U`, `x0`, `masks`: as `draw_batch` returns them; `betas`: `(B,)`.
+    - `num_layers`, `tau`, `norm`, `kernel`: the depth, step and static variant.
+
+    **Returns:**
+
+    `E (M, B, I, L+1)`, `clusters`, `residual`, `finite` `(M, B, I)`.
+    """
+    def one(P, U, x0, mask, beta):
+        dyn = SelfAttentionDynamics(P, U, beta=beta, norm=norm, kernel=kernel, mask=mask)
+        E, last = depth_run(dyn, x0, num_layers, tau)
+        return (E, *measure(last))
+
+    over_i = jax.vmap(one, in_axes=(0, 0, 0, 0, None))
+    over_b = jax.vmap(over_i, in_axes=(None, None, None, None, 0))
+    return jax.vmap(over_b, in_axes=(None, None, None, 0, None))(P, U, x0, masks, betas)
+
+
+# --- one chunk -----------------------------------------------------------------------
+
+
+def simulate_chunk(config: dict, grid: Grid, program: tuple[int, int, int]) -> dict:
+    """Run one static variant of the grid (all its masks, β and instances) and reduce
+    it to per-instance measurements (`MEASURES`, each `(M, B, I)`) and the median `E`
+    over instances after every layer, `E_median (M, B, L+1)`."""
+    s, a, k = program
+    keys = jnp.stack([jax.random.PRNGKey(config["seed"] + i)
+                      for i in range(config["instances"])])
+    drawn = draw_batch(keys, size=tuple(grid.sizes[s]), heads=config["heads"],
+                       masks=grid.masks, window=config["window"], keep=config["keep"])
+    E, clusters, residual, finite = run_program(
+        *drawn, jnp.asarray(grid.betas, float), num_layers=config["layers"],
+        tau=config["tau"], norm=grid.norms[a], kernel=grid.kernels[k])
+    E = np.asarray(E)
+    return {"final_E": E[..., -1], "consensus_layer": consensus_layer(E),
+            "clusters": np.asarray(clusters), "residual": np.asarray(residual),
+            "stalled": stalled(E, config["tau"]), "finite": np.asarray(finite),
+            "E_median": np.median(E, axis=-2)}
+
+
+def consensus_layer(E: np.ndarray) -> np.ndarray:
+    """The first layer with `E < CONSENSUS_TOL`, per leading index (`inf`: not reached)."""
+    below = E < CONSENSUS_TOL
+    return np.where(below.any(-1), np.argmax(below, -1).astype(float), np.inf)
+
+
+def stalled(E: np.ndarray, tau: float) -> np.ndarray:
+    """Whether `E` (`(..., L+1)`) neither reached `CONSENSUS_TOL` nor falls
+    measurably over the last third of the run (`convergence_trend`: stalled or
+    rising), per leading index."""
+    ts = tau * np.arange(E.shape[-1])
+    flat = E.reshape(-1, E.shape[-1])
+    states = [convergence_trend(ts, e, CONSENSUS_TOL).contradicts for e in flat]
+    return np.asarray(states, bool).reshape(E.shape[:-1])
+
+
+# --- the chunks of a run, resumable ----------------------------------------------------
+
+
+def chunk_folder(config: dict) -> Path:
+    """The folder of a study's chunks: named by everything that fixes its numbers
+    (the settings but `resume`, the float width and the backend)."""
+    key = {k: v for k, v in config.items() if k != "resume"} | {
+        "dtype": str(jnp.result_type(float)), "backend": jax.default_backend()}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return CHUNK_ROOT / f"variants-{digest}"
+
+
+def run_chunks(config: dict, grid: Grid, *, progress: bool, desc: str) -> list[dict]:
+    """Every program's chunk: loaded when saved by an earlier, interrupted run (with
+    `resume`), else computed and saved atomically."""
+    folder = chunk_folder(config)
+    with hold_folder(folder, "run"):
+        clear_partial_writes(folder)
+        if not config["resume"]:  # a fresh run does not mix in an old one's chunks
+            for old in folder.glob("*.npz"):
+                old.unlink()
+        programs = grid.programs()
+
+        def piece(index, chunks):
+            path = folder / f"{index:04d}.npz"
+            if not path.exists():
+                save_npz(path, **simulate_chunk(config, grid, programs[index]))
+            with np.load(path) as f:
+                chunks.append({key: f[key] for key in f.files})
+            return chunks, None
+
+        chunks, _ = advance(piece, [], len(programs), desc=desc, progress=progress)
+    return chunks
+
+
+def gather(grid: Grid, chunks: list[dict]) -> dict[str, np.ndarray]:
+    """The chunks as arrays over the grid: each measure `(S, N, M, K, B, I)`,
+    `E_median (S, N, M, K, B, L+1)`."""
+    S, N, M, K, B = grid.shape
+    out = {}
+    for key in MEASURES + ("E_median",):
+        parts = np.stack([c[key] for c in chunks])  # (S·N·K, M, B, …)
+        parts = parts.reshape((S, N, K) + parts.shape[1:])
+        out[key] = np.moveaxis(parts, 2, 3)  # → (S, N, M, K, B, …)
+    return out
+
+
+# --- verdicts ----------------------------------------------------------------------------
+
+#: The outcome of a cell, from its instances at the final depth.
+OUTCOMES = ("consensus", "apart", "slow")
+
+
+def outcome(reached: np.ndarray, stall: np.ndarray, clusters: np.ndarray) -> str:
+    """`"consensus"` when ≥ 90 % of the instances reached `E < CONSENSUS_TOL`;
+    `"apart"` when most stalled (E flat or rising over the last third) with two
+    clusters or more; else `"slow"` (still converging at the final depth)."""
+    if np.mean(reached) >= 0.9:
+        return "consensus"
+    if np.mean(stall & (clusters >= 2)) > 0.5:
+        return "apart"
+    return "slow"
+
+
+@functools.lru_cache(maxsize=256)
+def theorems_for(size: tuple[int, int], heads: int, norm: str, mask: str, kernel: str,
+                 window: int, keep: float, seed: int) -> tuple[tuple[str, ...], str]:
+    """The theorems `ja.theory.classify` finds for a variant, on its canonical form
+    (`causal=True`, `window=w` or the sparse mask, rather than the study's mask
+    arrays) with the weights of the instance of `seed`, and why none applies (the
+    model-form hypotheses it fails; empty when one does)."""
+    n, d = size
+    P, U, _, key = draw_instance(jax.random.PRNGKey(seed), n, d, heads)
+    form = {"causal": mask == "causal", "window": window if mask == "window" else None,
+            "mask": make_mask(mask, n, key, window, keep) if mask == "sparse" else None}
+    dyn = SelfAttentionDynamics(P, U, beta=1.0, norm=norm, kernel=kernel, **form)
+    found = classify(dyn)
+    failed = [c.detail for c in found["4.1"].checks[:3] if not c.holds]
+    return found.theorems, "; ".join(failed)
+
+
+def verdict_words(theorems: tuple[str, ...], result: str, layers: int) -> tuple[str, str]:
+    """`(kind, words)` for a cell: `"theorem"` (its outcome follows from a theorem),
+    `"new"` (no theorem covers it) or `"theorem, not reached"`."""
+    if theorems:
+        names = " and ".join(f"Theorem {t}" for t in theorems)
+        if result == "consensus":
+            return "theorem", f"consensus, as {names} predicts"
+        return "theorem, not reached", f"{names} applies; not reached by layer {layers}"
+    words = {"consensus": "new observation: collapses without a theorem",
+             "apart": "new observation: keeps tokens apart (E stalled, ≥ 2 clusters)",
+             "slow": f"no theorem; not in consensus by layer {layers} (still converging)"}
+    return "new", words[result]
+
+
+def cell_rows(config: dict, grid: Grid, data: dict) -> list[dict]:
+    """One row per cell (size × norm × mask × kernel × β): medians over instances,
+    the outcome, the theorems and the verdict, and the command that repeats it."""
+    rows = []
+    for s, a, m, k in itertools.product(*(range(x) for x in grid.shape[:4])):
+        theorems, why = theorems_for(tuple(grid.sizes[s]), config["heads"], grid.norms[a],
+                                   grid.masks[m], grid.kernels[k], config["window"],
+                                   config["keep"], config["seed"])
+        for b, beta in enumerate(grid.betas):
+            at = (s, a, m, k, b)
+            reached = np.isfinite(data["consensus_layer"][at])
+            result = outcome(reached, data["stalled"][at], data["clusters"][at])
+            kind, words = verdict_words(theorems, result, config["layers"])
+            n, d = grid.sizes[s]
+            rows.append({
+                "size": SIZES.index(grid.sizes[s]) + 1, "tokens": n, "dim": d,
+                "norm": grid.norms[a], "mask": grid.masks[m], "kernel": grid.kernels[k],
+                "beta": beta, "reached": float(np.mean(reached)),
+                "consensus_layer_median": float(np.median(data["consensus_layer"][at])),
+                "final_E_median": float(np.median(data["final_E"][at])),
+                "clusters_median": float(np.median(data["clusters"][at])),
+                "residual_median": float(np.median(data["residual"][at])),
+                "stalled": float(np.mean(data["stalled"][at])),
+                "finite": float(np.mean(data["finite"][at])),
+                "theorem": " ".join(theorems) or "none", "no_theorem_because": why,
+                "outcome": result, "kind": kind,
+                "verdict": words, "command": cell_command(config, grid, at)})
+    return rows
+
+
+def cell_command(config: dict, grid: Grid, at: tuple[int, ...]) -> str:
+    """The `jaxattn run variants` command that computes the cell `at` alone."""
+    s, a, m, k, b = at
+    codes = {"size": SIZES.index(grid.sizes[s]) + 1, "norm": NORMS.index(grid.norms[a]) + 1,
+             "mask": MASKS.index(grid.masks[m]) + 1,
+             "kernel": KERNELS.index(grid.kernels[k]) + 1}
+    parts = ["jaxattn run variants", f"--seed {config['seed']}"]
+    parts += [f"--{key} {v}" for key, v in codes.items()] + [f"--beta {grid.betas[b]!r}"]
+    for p in VariantsStudy.params:
+        if p.name not in codes and p.name not in ("beta", "resume") and \
+                config[p.name] != p.default:
+            parts.append(f"{p.flag} {config[p.name]!r}")
+    return " ".join(parts)
+
+
+class VariantsStudy(AbstractExperiment):
+    name = "variants"
+    title = ("which variants escape consensus: norm × mask × kernel × β on random weights, "
+             "at a fixed depth")
+    theorem = "4.1, 5.1 for post + softmax; no theorem for the variants"
+    params = (
+        Param("size", int, 0, "size: 0 both, 1 n = 10 tokens in R³, 2 n = 32 in R¹⁶"),
+        Param("norm", int, 0, "placement: 0 all, 1 post, 2 pre, 3 peri, 4 ngpt, 5 none"),
+        Param("mask", int, 0, "mask: 0 all, 1 full, 2 causal, 3 window, 4 random sparse"),
+        Param("kernel", int, 0, "kernel: 0 both, 1 softmax, 2 sigmoid"),
+        Param("beta", float, 0.0, "β: 0 the grid 0.5, 1, 4, 16; else this β alone"),
+        Param("window", int, 2, "width w of the window mask (i attends to |i − j| < w)", 1),
+        Param("keep", float, 0.3, "keep-probability p of the random sparse mask"),
+        Param("instances", int, 24, "random instances (weights, start, mask) per cell", 1),
+        Param("layers", int, 200, "depth L: the layers run", 1),
+        Param("tau", float, 0.1, "step τ of a layer", 0.0),
+        Param("heads", int, 2, "heads h (U_η = I/h, P_η Gaussian)", 1),
+        Param("resume", bool, False, "reuse the saved chunks of an interrupted run of the "
+              "same study (run it again with the same settings and --resume)"),
+    )
+    drops = ("discrete", "horizon", "saves")
+
+    def simulate(self, config, progress):
+        grid = Grid.of(config)
+        chunks = run_chunks(config, grid, progress=progress, desc=self.name)
+        data = gather(grid, chunks)
+        shutil.rmtree(chunk_folder(config), ignore_errors=True)
+        return data | {"betas": np.asarray(grid.betas), "norms": np.asarray(grid.norms),
+                       "masks": np.asarray(grid.masks), "kernels": np.asarray(grid.kernels),
+                       "sizes": np.asarray(grid.sizes)}
+
+    def verdict(self, config, data):
+        grid = _grid_of_data(data)
+        rows = cell_rows(config, grid, data)
+        line, per_variant = format_verdicts(rows)
+        counts = {kind: sum(r["kind"] == kind for r in rows)
+                  for kind in ("theorem", "theorem, not reached", "new")}
+        outcomes = {o: sum(r["outcome"] == o for r in rows) for o in OUTCOMES}
+        return Verdict(True, line, {"cells": len(rows), **counts, **outcomes},
+                       {"verdicts": per_variant, "cells": rows,
+                        "cluster_eps": CLUSTER_EPS, "tolerance": CONSENSUS_TOL,
+                        "residual": "‖X̂ − 1 x̄ᵀ‖_F / ‖X̂‖_F of the normalised tokens X̂"})
+
+    def draw(self, config, data, folder: Path):
+        grid = _grid_of_data(data)
+        rows = cell_rows(config, grid, data)
+        table_csv(folder / "table.csv", rows)
+        return draw_study(config, grid, data, rows, folder / "variants")
+
+
+def _grid_of_data(data: dict) -> Grid:
+    """The grid saved in `data.npz` (so that `jaxattn plot` needs no recomputation)."""
+    if "sizes" not in data:
+        raise RunFolderError("this variants folder has no `sizes` in data.npz; re-run it.")
+    return Grid(tuple(tuple(int(v) for v in s) for s in data["sizes"]),
+                tuple(str(v) for v in data["norms"]), tuple(str(v) for v in data["masks"]),
+                tuple(str(v) for v in data["kernels"]),
+                tuple(float(v) for v in data["betas"]))

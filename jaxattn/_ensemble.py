@@ -83,8 +83,9 @@ STRATEGIES = ("auto", "fused", "general")
 # BENCHMARKS.md, "The fused ensemble path"): fused is faster up to about this size.
 FUSED_MAX_FLOPS = 50_000
 # Systems per chunk on the CPU: S1's intermediates for 100,000 systems (80 MB of
-# attention logits) left the caches and ran 8× slower per system than 1000 at a time.
-CPU_CHUNK = 1024
+# attention logits) left the caches and ran 8× slower per system than 1000 at a time;
+# chunks of 512 measured best of 256–4096 (16,384 systems).
+CPU_CHUNK = 512
 
 
 def sequence_flops(h: int, n: int, d: int) -> int:

@@ -199,7 +199,7 @@ def zero_biases(attn):
 
 
 @pytest.mark.parametrize("family, layer", [("gpt2", 1), ("bert", -1), ("llama", 0),
-                                           ("albert", 2)])
+                                           ("albert", 2), ("gpt_neo", 0), ("gpt_neo", 1)])
 def test_attention_dynamics_is_the_layer_without_biases(family, layer, key):
     """`SelfAttentionDynamics.raw_update` with `U_η = W_O^η W_V^η` equals the model's
     own attention on the same tokens (biases removed, no positions)."""

@@ -46,7 +46,7 @@ from .._horizon import CONSENSUS_TOL
 from .._manifold import project
 from .._runs import RunFolderError, clear_partial_writes, hold_folder, save_npz
 from ..metrics import cluster_count, misalignment, rank_collapse_residual
-from ..theory import classify
+from ..theory import Classification, classify
 from .base import AbstractExperiment, Param, Verdict, advance, convergence_trend
 from .phase_diagram import draw_weights
 from .variants_plot import draw_study, format_verdicts, table_csv
@@ -290,35 +290,58 @@ def gather(grid: Grid, chunks: list[dict]) -> dict[str, np.ndarray]:
 # --- verdicts ----------------------------------------------------------------------------
 
 #: The outcome of a cell, from its instances at the final depth.
-OUTCOMES = ("consensus", "apart", "slow")
+OUTCOMES = ("consensus", "apart", "slow", "overflow")
 
 
-def outcome(reached: np.ndarray, stall: np.ndarray, clusters: np.ndarray) -> str:
+def outcome(reached: np.ndarray, stall: np.ndarray, clusters: np.ndarray,
+            finite: np.ndarray) -> str:
     """`"consensus"` when ≥ 90 % of the instances reached `E < CONSENSUS_TOL`;
-    `"apart"` when most stalled (E flat or rising over the last third) with two
-    clusters or more; else `"slow"` (still converging at the final depth)."""
+    `"overflow"` when most overflowed (tokens that grow without a normalisation
+    leave float64 before the final depth); `"apart"` when most stalled (E flat or
+    rising over the last third) with two clusters or more; else `"slow"` (still
+    converging at the final depth)."""
     if np.mean(reached) >= 0.9:
+        return "consensus"
+    if np.mean(finite) < 0.5:
+        return "overflow"
+    if np.mean(stall & (clusters >= 2)) > 0.5:
         return "consensus"
     if np.mean(stall & (clusters >= 2)) > 0.5:
         return "apart"
     return "slow"
 
 
-@functools.lru_cache(maxsize=256)
-def theorems_for(size: tuple[int, int], heads: int, norm: str, mask: str, kernel: str,
-                 window: int, keep: float, seed: int) -> tuple[tuple[str, ...], str]:
-    """The theorems `ja.theory.classify` finds for a variant, on its canonical form
-    (`causal=True`, `window=w` or the sparse mask, rather than the study's mask
-    arrays) with the weights of the instance of `seed`, and why none applies (the
-    model-form hypotheses it fails; empty when one does)."""
+@functools.lru_cache(maxsize=64)
+def classified(size: tuple[int, int], heads: int, norm: str, mask: str, kernel: str,
+               window: int, keep: float, seed: int) -> Classification:
+    """`ja.theory.classify` of a variant's canonical form (`causal=True`, `window=w`
+    or the sparse mask, rather than the study's mask arrays) with the weights of the
+    instance of `seed`."""
     n, d = size
     P, U, _, key = draw_instance(jax.random.PRNGKey(seed), n, d, heads)
     form = {"causal": mask == "causal", "window": window if mask == "window" else None,
             "mask": make_mask(mask, n, key, window, keep) if mask == "sparse" else None}
-    dyn = SelfAttentionDynamics(P, U, beta=1.0, norm=norm, kernel=kernel, **form)
-    found = classify(dyn)
-    failed = [c.detail for c in found["4.1"].checks[:3] if not c.holds]
-    return found.theorems, "; ".join(failed)
+    return classify(SelfAttentionDynamics(P, U, beta=1.0, norm=norm, kernel=kernel, **form))
+
+
+def theorems_for(size: tuple[int, int], heads: int, norm: str, mask: str, kernel: str,
+                 window: int, keep: float, seed: int) -> tuple[tuple[str, ...], str]:
+    """The theorems that cover a variant, and why none does (the model-form
+    hypotheses it fails; empty when one applies), as `ja.theory.classify` says.
+
+    `classify` adds three checks of the model's form to every theorem — post-
+    normalisation, softmax, no window or mask — beside hypotheses on the weights
+    alone (`docs/variants.md`), so its answer factorises: it is read from the
+    classifications of `(post, mask, softmax)`, `(norm, full, softmax)` and `(post,
+    full, kernel)`, nine compiled classifications per size instead of one per variant.
+    """
+    args = (window, keep, seed)
+    by_mask = classified(size, heads, "post", mask, "softmax", *args)
+    others = [classified(size, heads, norm, "full", "softmax", *args),
+              classified(size, heads, "post", "full", kernel, *args)]
+    form = [c for r in [by_mask, *others] for c in r["4.1"].checks[:3]]  # the form first
+    theorems = by_mask.theorems if all(c.holds for c in form) else ()
+    return theorems, "; ".join(dict.fromkeys(c.detail for c in form if not c.holds))
 
 
 def verdict_words(theorems: tuple[str, ...], result: str, layers: int) -> tuple[str, str]:
@@ -331,7 +354,8 @@ def verdict_words(theorems: tuple[str, ...], result: str, layers: int) -> tuple[
         return "theorem, not reached", f"{names} applies; not reached by layer {layers}"
     words = {"consensus": "new observation: collapses without a theorem",
              "apart": "new observation: keeps tokens apart (E stalled, ≥ 2 clusters)",
-             "slow": f"no theorem; not in consensus by layer {layers} (still converging)"}
+             "slow": f"no theorem; not in consensus by layer {layers} (still converging)",
+             "overflow": "no theorem; the tokens overflow float64 (unbounded growth)"}
     return "new", words[result]
 
 
@@ -346,7 +370,8 @@ def cell_rows(config: dict, grid: Grid, data: dict) -> list[dict]:
         for b, beta in enumerate(grid.betas):
             at = (s, a, m, k, b)
             reached = np.isfinite(data["consensus_layer"][at])
-            result = outcome(reached, data["stalled"][at], data["clusters"][at])
+            result = outcome(reached, data["stalled"][at], data["clusters"][at],
+                             data["finite"][at])
             kind, words = verdict_words(theorems, result, config["layers"])
             n, d = grid.sizes[s]
             rows.append({
@@ -394,8 +419,8 @@ class VariantsStudy(AbstractExperiment):
         Param("window", int, 2, "width w of the window mask (i attends to |i − j| < w)", 1),
         Param("keep", float, 0.3, "keep-probability p of the random sparse mask"),
         Param("instances", int, 24, "random instances (weights, start, mask) per cell", 1),
-        Param("layers", int, 200, "depth L: the layers run", 1),
-        Param("tau", float, 0.1, "step τ of a layer", 0.0),
+        Param("layers", int, 400, "depth L: the layers run", 1),
+        Param("tau", float, 0.25, "step τ of a layer", 0.0),
         Param("heads", int, 2, "heads h (U_η = I/h, P_η Gaussian)", 1),
         Param("resume", bool, False, "reuse the saved chunks of an interrupted run of the "
               "same study (run it again with the same settings and --resume)"),

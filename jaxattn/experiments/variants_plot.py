@@ -52,7 +52,8 @@ def format_verdicts(rows: list[dict]) -> tuple[str, dict[str, str]]:
             said = [f"{word} at β = {_betas(sel)}" for word, sel in (
                 (w, [r for r in cells if r["outcome"] == o])
                 for w, o in (("consensus", "consensus"), ("tokens kept apart", "apart"),
-                             ("still converging", "slow"))) if sel]
+                             ("still converging", "slow"), ("overflow", "overflow")))
+                    if sel]
             parts.append(f"n = {size[0]}, d = {size[1]}: {'; '.join(said)}")
         theorem = mine[0]["theorem"]
         cover = (f"Theorem {theorem}" if theorem != "none" else
@@ -71,7 +72,8 @@ def _line(rows: list[dict]) -> str:
     slow = sum(r["outcome"] == "slow" for r in rows)
     parts = [f"{count} cells: {theorem} in consensus as a theorem predicts, {new_collapse} "
              "collapse without a theorem", f"{len(apart)} keep tokens apart",
-             f"{slow} still converging at the final depth"]
+             f"{slow} still converging at the final depth",
+             f"{sum(r['outcome'] == 'overflow' for r in rows)} overflow"]
     if apart:
         names = dict.fromkeys(_variant(r) for r in apart)
         parts.append("apart: " + ", ".join(
@@ -104,7 +106,7 @@ def _cell_text(row: dict) -> str:
         return f"{row['consensus_layer_median']:.0f}"
     if row["outcome"] == "apart":
         return f"k{row['clusters_median']:.0f}"
-    return "…"
+    return "∞" if row["outcome"] == "overflow" else "…"
 
 
 def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> list[Path]:
@@ -136,7 +138,7 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
     title = (f"Which variants collapse, how fast, which do not: {config['instances']} random "
              f"instances per cell (h = {config['heads']}, P Gaussian, U = I/h), "
              f"τ = {config['tau']:g}. Number: median layer at which E < 1e-4; "
-             f"kN: tokens kept apart in N clusters; …: still converging. ★: a theorem covers "
+             f"kN: tokens kept apart in N clusters; …: still converging; ∞: overflow. ★: a theorem covers "
              f"the row. window w = {config['window']}, sparse p = {config['keep']:g}")
     return _save(fig, stem, title)
 

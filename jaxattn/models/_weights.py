@@ -61,9 +61,11 @@ def attention_dynamics(
 
     `Q_η`, `K_η` are the head's query/key projections `(k, d)`, `U_η = W_O^η W_V^η`
     (`(d, d)`, paper 004's per-head term of the layer matrix `Ω = Σ_η U_η`),
-    `β` the model's score scale (`1/√k`; 1 for GPT-Neo) and `causal` the model's.
-    What the simulator does not model is left out: biases, the layer's norms,
-    positions (learned or rotary) and GPT-Neo's local window.
+    `β` the model's score scale (`1/√k`; 1 for GPT-Neo), `causal` the model's and,
+    on GPT-Neo's `local` layers, `window` its `window_size`. Shared key heads stay
+    shared (`K` is `(g, k, d)`, as Llama's `num_key_value_heads`). What the
+    simulator does not model is left out: biases, the layer's norms and positions
+    (learned or rotary).
 
     **Arguments:**
 
@@ -78,12 +80,18 @@ def attention_dynamics(
     A `ja.SelfAttentionDynamics` with `h` heads in dimension `d`.
     """
     precision = check_precision(precision)
+    layer = _check_layer(model, layer)
     attn = attention_weights(model, layer)
-    group = attn.num_heads // attn.num_kv_heads
     return SelfAttentionDynamics.from_factors(
-        attn.query, jnp.repeat(attn.key, group, axis=0), value_output(attn),
-        beta=attn.scale, causal=model.config.causal, precision=precision,
+        attn.query, attn.key, value_output(attn), beta=attn.scale,
+        causal=model.config.causal, window=_window(model.config, layer), precision=precision,
     )
+
+
+def _window(config, layer: int) -> int | None:
+    """GPT-Neo's sliding window on its `local` layers (`i − j < window_size`), else None."""
+    kinds = config.attention_layers
+    return config.window_size if kinds and kinds[layer] == "local" else None
 
 
 def replace_attention(model: AbstractTransformer, layer: int, attn: Attention):

@@ -16,9 +16,10 @@ folder's `config.json`/`sweep.json`). `config.json` and `summary.json` carry the
 same `run_id`, so a folder mixed from two runs is recognised. Files get the
 user's normal permissions (`0o666` less the umask).
 
-`write_run` is the one writer of these stages; a command whose folder differs
-(the resumable sweep: `sweep.json`, chunks, `table.csv`) calls them one by one:
-`hold_folder`, `start_run`, `write_config`, `finish_run`.
+`write_run` is the one writer of these stages; a resumable command (the sweep:
+`sweep.json`, chunks, `table.csv`; `jaxattn loop`: E streamed in chunks with the
+carry) calls them one by one: `hold_folder`, `start_run`, `write_config`,
+`finish_run`, and `reopen_run` with `check_same_computer` to continue a folder.
 
 Every folder also records how its numbers were computed: the JAX backend and
 whether XLA ran with the deterministic GPU flags (`deterministic_xla_flags`,

@@ -194,3 +194,38 @@ def test_fused_reduced_precision_matches_general(key):
             gap = float(jnp.abs(runs[p][1] - runs[p][0]).max())
             assert err > 1e-4 and gap < err / 20, (p, err, gap)
         assert float(jnp.abs(runs["float32"][1] - runs["float32"][0]).max()) < 1e-5
+
+
+def test_fused_runs_in_chunks_equal_one_program(key, monkeypatch):
+    """On the CPU a large batch runs in chunks of `CPU_CHUNK` systems (the last one
+    padded): the same results, statuses and gradients as the general path."""
+    import jaxattn._ensemble as ensemble
+
+    monkeypatch.setattr(ensemble, "CPU_CHUNK", 3)
+    dyn = _model(key, 2, 3, W=False, causal=True, schedule="constant")
+    x0 = random_tokens(jax.random.fold_in(key, 5), 4, 3, batch=(7,))
+    if jax.default_backend() == "cpu":
+        assert ensemble.chunk_size() == 3 and ensemble.chunk_size(devices=2) is None
+    layers = ja.run_layers(dyn, x0, 5, 0.2, observe=ja.misalignment, strategy="fused")
+    np.testing.assert_allclose(layers, ja.run_layers(dyn, x0, 5, 0.2, observe=ja.misalignment,
+                                                     strategy="general"), atol=1e-12)
+    kw = dict(solver=ja.RK4(), dt0=0.1, stepsize_controller=CONSTANT_STEPS, throw=False)
+    ts = jnp.array([0.0, 0.35])
+    fused = ja.solve_flow(dyn, x0, ts, strategy="fused", **kw)
+    general = ja.solve_flow(dyn, x0, ts, strategy="general", **kw)
+    np.testing.assert_allclose(fused.ys, general.ys, atol=1e-12)
+    np.testing.assert_array_equal(fused.num_steps, general.num_steps)
+    assert fused.success.shape == (7,) and bool(jnp.all(fused.success))
+
+
+def test_fused_path_runs_the_dynamics_variants(key):
+    """The fused path runs `dyn.layer` itself, so the variants (normalisation
+    placement, window, mask, kernel) need nothing of their own."""
+    kP, kU = jax.random.split(key)
+    mask = jnp.eye(5, dtype=bool) | (jax.random.uniform(kU, (5, 5)) < 0.6)
+    dyn = ja.SelfAttentionDynamics(jax.random.normal(kP, (2, 3, 3)),
+                                   jax.random.normal(kU, (2, 3, 3)), norm="ngpt", window=3,
+                                   mask=mask, kernel="sigmoid")
+    x0 = random_tokens(key, 5, 3, batch=(4,))
+    np.testing.assert_allclose(ja.run_layers(dyn, x0, 4, 0.2, strategy="fused"),
+                               ja.run_layers(dyn, x0, 4, 0.2, strategy="general"), atol=1e-12)

@@ -161,10 +161,11 @@ class Context:
 
     def floor(self, flops: float, moved_bytes: float) -> dict:
         """The run's floor on this device: its flops at the measured matmul peak of
-        its precision, and its unavoidable bytes at the measured copy bandwidth
+        its precision, and its unavoidable bytes at the best measured copy bandwidth
         (`None` where the `peak` case did not run)."""
         peak = peak_of(self.peaks, self.precision)
-        bandwidth = (self.bandwidth or {}).get("jax")
+        bandwidth = max((v for k, v in (self.bandwidth or {}).items() if k != "bytes"),
+                        default=None)
         return {"floor_flops_s": flops / peak / 1e9 if math.isfinite(peak) else None,
                 "floor_bytes_s": moved_bytes / bandwidth / 1e9 if bandwidth else None,
                 "moved_bytes": moved_bytes}
@@ -231,8 +232,7 @@ def _layers_case(name, prob: Problem, num_layers, tau, ctx: Context, *, general=
     return rows
 
 
-def _flow_cases(name, prob: Problem, T, rk4_steps, ctx: Context, *, general=False
-                ) -> list[dict]:
+def _flow_cases(name, prob: Problem, T, rk4_steps, ctx: Context, *, general=False) -> list[dict]:
     arrays = prob.arrays()
     dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"])
     ts = jnp.array([0.0, T], jnp.float32)

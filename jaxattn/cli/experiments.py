@@ -10,17 +10,14 @@ _EXIT_AGAINST = 3  # the run finished but its outcome contradicts the theorem
 
 
 def _list(args) -> int:
-    from ..experiments import EXPERIMENTS
+    from ..experiments import REGISTRY  # names and titles, without importing the experiments
 
-    print("experiments (run one with `jaxattn run NAME`; `jaxattn run NAME --help`):")
-    width = max(len(name) for name in EXPERIMENTS)
-    for exp in EXPERIMENTS.values():
-        theorem = getattr(exp, "theorem", "") or ""
-        ref = f"Theorem {theorem}" if theorem[:1].isdigit() else theorem
-        print(f"  {exp.name:<{width}}  {f'[{ref}] ' if ref else ''}{exp.title}")
-        flags = " ".join(f"{p.flag}" + ("" if p.type is bool else f" {p.default!r}")
-                         for p in exp.all_params())
-        print(f"  {'':<{width}}  overrides (defaults = paper size): {flags}")
+    print("experiments (run one with `jaxattn run NAME`; its overrides: "
+          "`jaxattn run NAME --help`):")
+    width = max(len(name) for name in REGISTRY)
+    for name, entry in REGISTRY.items():
+        ref = f"Theorem {entry.theorem}" if entry.theorem[:1].isdigit() else entry.theorem
+        print(f"  {name:<{width}}  {f'[{ref}] ' if ref else ''}{entry.title}")
     return 0
 
 

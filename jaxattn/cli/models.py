@@ -33,9 +33,14 @@ def _grid(args: argparse.Namespace) -> int:
     s = read_json(folder / "summary.json")
     for name, v in s.items():
         if isinstance(v, dict) and "E_input_mean" in v:
-            print(f"{name:>14}: mean E {v['E_input_mean']:.3e} → {v['E_final_mean']:.3e}")
+            print(f"{name:>14}: mean E {_e(v['E_input_mean'])} → {_e(v['E_final_mean'])}")
     print(f"wrote {folder}")
     return 0
+
+
+def _e(value) -> str:
+    """A summary number as printed; `null` in summary.json (NaN/inf) reads "not finite"."""
+    return "not finite" if value is None else f"{value:.3e}"
 
 
 def _loop(args: argparse.Namespace) -> int:
@@ -55,8 +60,8 @@ def _loop(args: argparse.Namespace) -> int:
     print(f"jaxattn loop: {args.model}, {args.weights} weights, "
           f"{'no FFN' if args.no_ffn else 'full blocks'}, {args.passes} passes of "
           f"{s['layers_per_pass']} blocks, {cfg['prompts']}×{cfg['tokens']} tokens")
-    print(f"mean E: input {s['E_input_mean']:.3e}, after pass 1 {s['E_after_pass_1_mean']:.3e},"
-          f" final {s['E_final_mean']:.3e}  ({s['seconds']:.1f} s)")
+    print(f"mean E: input {_e(s['E_input_mean'])}, after pass 1 {_e(s['E_after_pass_1_mean'])},"
+          f" final {_e(s['E_final_mean'])}  ({s['seconds']:.1f} s)")
     print(f"wrote {folder}")
     return 0
 

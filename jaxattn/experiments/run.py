@@ -51,6 +51,7 @@ from .loop_grid import (
     grid_data,
     is_loop_config,
     load_grid,
+    loop_title,
     prompt_ids,
     redraw_loop,
     save_loop_figure,
@@ -259,11 +260,8 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
         seconds = stream_loop(folder, setup, chunk_passes, progress, log)
         data = gather_loop(folder, setup, ids)
         save_npz(folder / "data.npz", **data)
-        title = (f"{config['model']}: {weights} weights, {'full blocks' if ffn else 'no FFN'}, "
-                 f"{ids.shape[0]}×{ids.shape[1]} {'text ' if text else ''}tokens, "
-                 f"{passes} passes")
         L = net.num_layers
-        figures = save_loop_figure(data["E"], L, folder / "loop", title=title,
+        figures = save_loop_figure(data["E"], L, folder / "loop", title=loop_title(config),
                                    variant="full" if ffn else "attn")
         summary = describe(data["E"], L) | {
             "layers_per_pass": L, "seconds_per_pass_incl_compile": seconds / passes}

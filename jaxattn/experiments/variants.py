@@ -305,8 +305,6 @@ def outcome(reached: np.ndarray, stall: np.ndarray, clusters: np.ndarray,
     if np.mean(finite) < 0.5:
         return "overflow"
     if np.mean(stall & (clusters >= 2)) > 0.5:
-        return "consensus"
-    if np.mean(stall & (clusters >= 2)) > 0.5:
         return "apart"
     return "slow"
 

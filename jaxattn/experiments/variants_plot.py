@@ -14,7 +14,8 @@ from .._runs import atomic_write
 #: The columns of `table.csv`, one row per cell.
 COLUMNS = ("size", "tokens", "dim", "norm", "mask", "kernel", "beta", "reached",
            "consensus_layer_median", "final_E_median", "clusters_median", "residual_median",
-           "stalled", "finite", "theorem", "no_theorem_because", "outcome", "kind", "verdict", "command")
+           "stalled", "finite", "theorem", "no_theorem_because", "outcome", "kind", "verdict",
+           "command")
 #: The colour scale's floor: E below it (rounding level) is drawn as it.
 LOG_FLOOR = -16.0
 
@@ -93,7 +94,8 @@ def _panel_grid(rows: list[dict], size: tuple[int, int], norms, masks, kernels, 
         i = norms.index(r["norm"]) * len(masks) + masks.index(r["mask"])
         j = kernels.index(r["kernel"]) * len(betas) + betas.index(r["beta"])
         E = r["final_E_median"]
-        logE[i, j] = max(math.log10(E), LOG_FLOOR) if E > 0 else LOG_FLOOR
+        if r["outcome"] != "overflow":  # overflowed tokens have no E: left blank
+            logE[i, j] = max(math.log10(E), LOG_FLOOR) if E > 0 else LOG_FLOOR
         text[i, j] = _cell_text(r)
         covered[i] |= r["theorem"] != "none"
     return logE, text, covered
@@ -101,12 +103,15 @@ def _panel_grid(rows: list[dict], size: tuple[int, int], norms, masks, kernels, 
 
 def _cell_text(row: dict) -> str:
     """A cell's number: the median consensus layer when it collapses, the median
-    cluster count (`k3`) when tokens stay apart, `…` when still converging."""
+    cluster count (`k3`) when tokens stay apart, the share of instances in consensus
+    (`40%`, `…` for none) when still converging, `∞` when the tokens overflow."""
     if row["outcome"] == "consensus":
         return f"{row['consensus_layer_median']:.0f}"
     if row["outcome"] == "apart":
         return f"k{row['clusters_median']:.0f}"
-    return "∞" if row["outcome"] == "overflow" else "…"
+    if row["outcome"] == "overflow":
+        return "∞"
+    return f"{row['reached']:.0%}" if row["reached"] > 0 else "…"
 
 
 def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> list[Path]:
@@ -119,10 +124,10 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
                                                       grid.betas))
     R, C = len(norms) * len(masks), len(kernels) * len(betas)
     S = len(grid.sizes)
-    fig, axes = plt.subplots(1, S, figsize=(1.6 + (0.55 * C + 1.9) * S, 1.9 + 0.3 * R),
-                             squeeze=False)
+    fig, axes = plt.subplots(1, S, figsize=(2.2 + (0.6 * C + 0.6) * S, 2.2 + 0.32 * R),
+                             squeeze=False, sharey=True, gridspec_kw={"wspace": 0.08})
     mesh = None
-    for ax, size in zip(axes[0], grid.sizes):
+    for p, (ax, size) in enumerate(zip(axes[0], grid.sizes)):
         logE, text, covered = _panel_grid(rows, tuple(size), norms, masks, kernels, betas)
         mesh = ax.imshow(logE, cmap="viridis", vmin=LOG_FLOOR, vmax=0, aspect="auto",
                          interpolation="nearest")
@@ -131,24 +136,30 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
             dark = np.isfinite(logE[i, j]) and logE[i, j] < -6
             ax.text(j, i, label, ha="center", va="center", fontsize=7,
                     color="white" if dark else "black")
-        _label_axes(ax, norms, masks, kernels, betas, covered)
-        ax.set_title(f"n = {size[0]} tokens, d = {size[1]}", fontsize=10)
+        _label_axes(ax, norms, masks, kernels, betas, covered, rows_labelled=p == 0)
+        ax.set_title(f"n = {size[0]} tokens in R{_superscript(size[1])}", fontsize=10, pad=16)
     fig.colorbar(mesh, ax=list(axes[0]), shrink=0.6, pad=0.02,
                  label=f"median log₁₀ E at layer {config['layers']}")
-    title = (f"Which variants collapse, how fast, which do not: {config['instances']} random "
-             f"instances per cell (h = {config['heads']}, P Gaussian, U = I/h), "
-             f"τ = {config['tau']:g}. Number: median layer at which E < 1e-4; "
-             f"kN: tokens kept apart in N clusters; …: still converging; ∞: overflow. ★: a theorem covers "
-             f"the row. window w = {config['window']}, sparse p = {config['keep']:g}")
+    title = (f"Which variants collapse, how fast, which do not ({config['instances']} random "
+             f"instances per cell, h = {config['heads']}, P Gaussian, U = I/h, "
+             f"τ = {config['tau']:g}, window w = {config['window']}, sparse p = "
+             f"{config['keep']:g}). Number: median layer at which E < 1e-4; kN: tokens kept "
+             "apart in N clusters; p%: still converging, p % of the instances in consensus (…: "
+             "none); ∞: overflow; ★: a theorem covers the row")
     return _save(fig, stem, title)
 
 
-def _label_axes(ax, norms, masks, kernels, betas, covered) -> None:
-    """Row labels `norm · mask` (★ where a theorem covers them), column labels β with
-    the kernel above, and lines between norms and kernels."""
-    labels = [f"{n} · {m}" + (" ★" if covered[i * len(masks) + k] else "")
-              for i, n in enumerate(norms) for k, m in enumerate(masks)]
-    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+def _superscript(k: int) -> str:
+    return str(k).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+
+
+def _label_axes(ax, norms, masks, kernels, betas, covered, *, rows_labelled: bool) -> None:
+    """Row labels `norm · mask` (★ where a theorem covers them) on the first panel,
+    column labels β with the kernel above, and lines between norms and kernels."""
+    if rows_labelled:
+        labels = [f"{n} · {m}" + (" ★" if covered[i * len(masks) + k] else "")
+                  for i, n in enumerate(norms) for k, m in enumerate(masks)]
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_xticks(range(len(kernels) * len(betas)),
                   [f"{b:g}" for _ in kernels for b in betas], fontsize=8)
     ax.set_xlabel("β")
@@ -157,14 +168,15 @@ def _label_axes(ax, norms, masks, kernels, betas, covered) -> None:
     for k, kernel in enumerate(kernels):
         if k:
             ax.axvline(k * len(betas) - 0.5, color="white", lw=2.5)
-        ax.text((k + 0.5) * len(betas) - 0.5, -0.8, kernel, ha="center", va="bottom",
+        ax.text((k + 0.5) * len(betas) - 0.5, -0.65, kernel, ha="center", va="bottom",
                 fontsize=9)
 
 
 def _save(fig, stem: Path, title: str) -> list[Path]:
     """`save_figure` without `tight_layout` (the colorbar spans the panels)."""
     plt = _plot.pyplot()
-    fig.suptitle(_plot.wrap(title, fig.get_figwidth(), 10), fontsize=10)
+    # Above the panels' titles and kernel labels (bbox_inches="tight" keeps it).
+    fig.suptitle(_plot.wrap(title, fig.get_figwidth(), 10), fontsize=10, y=0.95, va="bottom")
     paths = []
     for ext in ("png", "pdf"):
         path = Path(stem).with_suffix(f".{ext}")

@@ -13,7 +13,6 @@ import pytest
 
 from jaxattn import _runs
 from jaxattn.cli import COMPUTING, parser
-from jaxattn.sweep import _run as sweep_run
 
 DETERMINISTIC = "--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0"
 
@@ -158,7 +157,7 @@ def test_sweep_json_records_the_backend_and_refuses_a_resume_computed_otherwise(
          "jaxattn --nondeterministic sweep --resume"),
     ]:
         (folder / "sweep.json").write_text(json.dumps(sidecar | recorded))
-        monkeypatch.setattr(sweep_run, "computed_on", lambda now=now: now)
+        monkeypatch.setattr(_runs, "computed_on", lambda now=now: now)
         with pytest.raises(_runs.RunFolderError, match=message):
             ja.sweep("thm41-sphere", {"beta": [1.0]}, instances=2, set=small, out=folder,
                      resume=True, progress=False, log=lambda *_: None)

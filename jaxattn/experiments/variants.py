@@ -120,6 +120,7 @@ def check_config(config: dict) -> None:
 # --- one instance ------------------------------------------------------------------
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def draw_instance(key: PRNGKeyArray, n: int, d: int, heads: int):
     """One instance: `P`, `U` `(h, d, d)` (Gaussian key–query, `U_η = I/h`), a start
     `(n, d)` and the key of its sparse mask."""
@@ -128,6 +129,7 @@ def draw_instance(key: PRNGKeyArray, n: int, d: int, heads: int):
     return P, U, jax.random.normal(k_x, (n, d)), k_m
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 3, 4))
 def make_mask(kind: str, n: int, key: PRNGKeyArray, window: int, keep: float
               ) -> Bool[Array, "n n"]:
     """The boolean attention mask of `kind` (one of `MASKS`; True = attends)."""

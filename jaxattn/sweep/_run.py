@@ -26,7 +26,7 @@ from .._runs import (
     INCOMPLETE,
     RunFolderError,
     atomic_write,
-    computed_on,
+    check_same_computer,
     finish_run,
     folder_path,
     hold_folder,
@@ -135,28 +135,11 @@ def _open_folder(folder: Path, resume: bool, sidecar: dict) -> tuple[bool, str |
                 raise RunFolderError(f"{folder} holds a sweep with another {key}; --resume "
                                      "continues only the same sweep (choose another --out).")
         if not finished:
-            _check_same_computer(folder, old)
+            check_same_computer(folder, old, "sweep")
         return finished, old.get("run_id")
     start_run(folder)
     write_config(folder, sidecar, "sweep.json")  # adds versions, started, argv, run_id, …
     return False, read_json(folder / "sweep.json")["run_id"]
-
-
-def _check_same_computer(folder: Path, old: dict) -> None:
-    """Refuse to resume a sweep on another backend, or on a GPU with the other
-    determinism setting: its table would mix chunks computed two ways."""
-    now = computed_on()
-    backend = old.get("backend", now["backend"])
-    if backend != now["backend"]:
-        raise RunFolderError(f"{folder} was computed on {backend}, this process runs on "
-                             f"{now['backend']}; resume it on {backend} (or choose another --out).")
-    deterministic = old.get("deterministic", now["deterministic"])
-    if backend != "cpu" and deterministic != now["deterministic"]:
-        how = ("with XLA's deterministic GPU flags: resume it with `jaxattn sweep --resume` "
-               "(in Python, set XLA_FLAGS=ja.deterministic_xla_flags() first)" if deterministic
-               else "without XLA's deterministic GPU flags: resume it with "
-               "`jaxattn --nondeterministic sweep --resume`")
-        raise RunFolderError(f"{folder} was computed {how}.")
 
 
 def run_sweep(

@@ -18,9 +18,11 @@ from ._ensemble import (
     chunk_size,
     from_batch_last,
     in_chunks,
+    is_batch_last,
     to_batch_last,
 )
 from ._manifold import project
+from ._stacked import first_model, map_models, models_last, stack_tokens
 from ._validate import (
     NONFINITE,
     as_float_array,
@@ -150,44 +152,55 @@ def _solve_one(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw,
     return sol.ys, sol.result, sol.stats["num_accepted_steps"]
 
 
+def _with_metric(solver, W):
+    """`solver` retracting onto `E_W` of the model it solves (one of a stacked model)."""
+    if not isinstance(solver, ManifoldSolver):
+        return solver
+    return eqx.tree_at(lambda s: s.W, solver, W, is_leaf=lambda v: v is None)
+
+
 def _solve_fused(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw, chunk):
     """The batch as diffrax states `(n, d, B)` (in chunks of systems on the CPU): with
     constant steps every system takes the steps it would take alone; adaptive
     controllers share one step size per chunk (the `"fused"` strategy's labelled
-    shared-step mode)."""
+    shared-step mode). A stacked model's batched leaves go along, systems last."""
+    spread, model = eqx.partition(models_last(dyn, x0.shape[:-2]), is_batch_last,
+                                  is_leaf=is_batch_last)
 
-    def solve(xb):
-        ys, result, steps = _solve_one(dyn, xb, ts, solver, controller, dt0, max_steps,
-                                       adjoint, throw, _ensemble_velocity)
-        spread = lambda a: jnp.broadcast_to(a, xb.shape[-1:])  # noqa: E731
-        return ys, jax.tree.map(spread, result), spread(steps)
+    def solve(args):
+        xb, part = args
+        each = eqx.combine(part, model, is_leaf=is_batch_last)
+        ys, result, steps = _solve_one(each, xb, ts, _with_metric(solver, each.W), controller,
+                                       dt0, max_steps, adjoint, throw, _ensemble_velocity)
+        same = lambda a: jnp.broadcast_to(a, xb.shape[-1:])  # noqa: E731
+        return ys, jax.tree.map(same, result), same(steps)
 
-    return from_batch_last(in_chunks(solve, to_batch_last(x0), chunk), x0.shape[:-2])
+    return from_batch_last(in_chunks(solve, (to_batch_last(x0), spread), chunk),
+                           x0.shape[:-2])
 
 
 @eqx.filter_jit
 def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw, project_out,
                    checks, fused=False, chunk=None):
-    x0 = prepare_tokens(dyn, x0, checks=checks)
+    x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     ts = ts.astype(x0.dtype)
     throw_now = throw and checks  # else the caller raises diffrax's message on the host
     if throw_now:
         # NaN/inf weights make every step fail, which diffrax reports as "out of
         # steps": name the cause instead, from the vector field at the start.
-        v0 = map_batch(lambda x: dyn.velocity(ts[0], x), x0)
+        v0 = map_models(lambda d, x: map_batch(lambda y: d.velocity(ts[0], y), x), dyn, x0)
         x0 = eqx.error_if(x0, ~jnp.all(jnp.isfinite(v0)), NONFINITE)
     if fused:
         ys, result, steps = _solve_fused(dyn, x0, ts, solver, controller, dt0, max_steps,
                                          adjoint, throw_now, chunk)
     else:
-        ys, result, steps = map_batch(
-            lambda x: _solve_one(dyn, x, ts, solver, controller, dt0, max_steps, adjoint,
-                                 throw_now), x0
-        )
+        ys, result, steps = map_models(lambda d, x: map_batch(
+            lambda y: _solve_one(d, y, ts, _with_metric(solver, d.W), controller, dt0,
+                                 max_steps, adjoint, throw_now), x), dyn, x0)
     # Saved values between steps come from the solver's dense interpolant, which
     # leaves E_W by up to the local error; retract them like the steps.
     if project_out:
-        ys = project(ys, dyn.W)
+        ys = map_models(lambda d, y: project(y, d.W), dyn, ys)
     solved = result == dfx.RESULTS.successful
     finite = jnp.all(jnp.isfinite(ys), axis=tuple(range(solved.ndim, ys.ndim)))
     if throw_now:
@@ -230,7 +243,9 @@ def solve_flow(
 
     **Arguments:**
 
-    - `dyn`: the model.
+    - `dyn`: the model; or a stacked model, one per instance (its array leaves with
+      leading batch axes `(*models,)`, as `ja.run_layers` takes it), solving tokens
+      `(*models, ..., n, d)`, model `m` from `x0[m]`.
     - `x0`: initial tokens `(..., n, d)`, normalised onto `E_W` first; NaN/inf or
       zero tokens raise an error. A batch with no sequence (a zero-size batch axis)
       gives an empty result.
@@ -282,22 +297,27 @@ def solve_flow(
 
     `ys` of shape `(..., len(ts), n, d)`, or a `FlowResult` when `throw=False`.
     """
-    x0 = check_token_shape(dyn, x0)
-    options = _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
+    dyn, x0, unflatten = stack_tokens(dyn, as_float_array(x0, "x0"))
+    one = first_model(dyn)
+    if devices is not None and dyn is not one:
+        raise ValueError("`devices=` shards one model's batch: solve a stacked model "
+                         "without `devices`, or shard the models yourself.")
+    x0 = check_token_shape(one, x0)
+    options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                        on_manifold)
-    fused = _fused(dyn, x0.shape, strategy, options)
+    fused = _fused(one, x0.shape, strategy, options)
     if fused:
-        options = _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
+        options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                            on_manifold, fused=True)
     if x0.size == 0:  # an empty batch: diffrax cannot vmap over it
-        return _empty(x0, options[0], throw)
+        return unflatten(_empty(x0, options[0], throw))
     (ys, solved, finite, steps, result), checked = call_batched(
         _solve_batched, dyn, x0, devices, *options, adjoint, bool(throw), bool(on_manifold),
         fused=fused, chunk=chunk_size(devices)
     )
     if throw and not checked:
         _raise_failure(solved, finite, result)
-    return ys if throw else FlowResult(ys, solved & finite, steps)
+    return unflatten(ys if throw else FlowResult(ys, solved & finite, steps))
 
 
 def _empty(x0, ts, throw: bool):
@@ -315,17 +335,19 @@ def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-
                          strategy: str = "auto") -> FlowResult:
     """`solve_flow(..., throw=False)` without value checks, for batches that are
     vmapped or sharded by the caller (no host callback in the program). `x0` must
-    be finite and have no zero token."""
-    options = _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
+    be finite and have no zero token; `dyn` may be a stacked model (as in `solve_flow`)."""
+    dyn, x0, unflatten = stack_tokens(dyn, x0)
+    one = first_model(dyn)
+    options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                        on_manifold)
-    fused = _fused(dyn, jnp.shape(x0), strategy, options)
+    fused = _fused(one, jnp.shape(x0), strategy, options)
     if fused:
-        options = _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
+        options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                            on_manifold, fused=True)
     ys, solved, finite, steps, _ = _solve_batched(
         dyn, x0, *options, adjoint, False, bool(on_manifold), False, fused, chunk_size()
     )
-    return FlowResult(ys, solved & finite, steps)
+    return unflatten(FlowResult(ys, solved & finite, steps))
 
 
 def _fused(dyn, shape, strategy: str, options) -> bool:

@@ -18,8 +18,10 @@ from ._ensemble import (
     chunk_size,
     from_batch_last,
     in_chunks,
+    is_batch_last,
     to_batch_last,
 )
+from ._stacked import first_model, map_models, models_last, stack_tokens
 from ._validate import NONFINITE, check_count, check_scalar, raise_unless
 
 
@@ -86,18 +88,25 @@ def _segmented_scan(step, x0, ks):
 @eqx.filter_jit
 def _run_batched(dyn, x0, num_layers, tau, observe, checkpoints, checks, fused=False,
                  chunk=None):
-    x0 = prepare_tokens(dyn, x0, checks=checks)
+    x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     tau = tau.astype(x0.dtype)
     if fused:
         layer, watch = batch_last(_layer), batch_last(observe)
-        last, ys = in_chunks(
-            lambda xb: _run(lambda x, t, tau: layer(x, dyn, t, tau), xb, num_layers, tau,
-                            watch, checkpoints), to_batch_last(x0), chunk)
+        spread, model = eqx.partition(models_last(dyn, x0.shape[:-2]), is_batch_last,
+                                      is_leaf=is_batch_last)
+
+        def chunk_run(args):
+            xb, part = args
+            each = eqx.combine(part, model, is_leaf=is_batch_last)
+            return _run(lambda x, t, tau: layer(x, each, t, tau), xb, num_layers, tau, watch,
+                        checkpoints)
+
+        last, ys = in_chunks(chunk_run, (to_batch_last(x0), spread), chunk)
         last, ys = from_batch_last((last, ys), x0.shape[:-2])
     else:
-        last, ys = map_batch(
-            lambda x: _run(lambda y, t, tau: dyn.layer(t, y, tau), x, num_layers, tau, observe,
-                           checkpoints), x0)
+        last, ys = map_models(lambda d, x: map_batch(
+            lambda y: _run(lambda z, t, tau: d.layer(t, z, tau), y, num_layers, tau, observe,
+                           checkpoints), x), dyn, x0)
     # NaN propagates through the layers, so the last tokens tell whether any appeared.
     finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
     if checks:
@@ -109,11 +118,13 @@ def run_layers_unchecked(dyn, x0, num_layers: int, tau, *, strategy: str = "auto
                          ) -> tuple[Array, Array]:
     """`run_layers` without value checks, for batches that are vmapped or sharded
     by the caller: the tokens after each layer and, per sequence, whether they
-    stayed finite. `x0` must be finite and have no zero token, `tau` > 0."""
+    stayed finite. `x0` must be finite and have no zero token, `tau` > 0; `dyn` may
+    be a stacked model (as in `run_layers`)."""
     tau = jnp.asarray(tau)
-    fused = choose_strategy(dyn, jnp.shape(x0), strategy) == "fused"
-    return _run_batched(dyn, x0, check_count(num_layers, "num_layers"), tau, _identity, None,
-                        False, fused, chunk_size())
+    dyn, x0, unflatten = stack_tokens(dyn, x0)
+    fused = choose_strategy(first_model(dyn), jnp.shape(x0), strategy) == "fused"
+    return unflatten(_run_batched(dyn, x0, check_count(num_layers, "num_layers"), tau,
+                                  _identity, None, False, fused, chunk_size()))
 
 
 def run_layers(
@@ -135,7 +146,10 @@ def run_layers(
 
     **Arguments:**
 
-    - `dyn`: the model, a `ja.SelfAttentionDynamics`.
+    - `dyn`: the model, a `ja.SelfAttentionDynamics`; or a stacked model, one per
+      instance (`eqx.filter_vmap(make_model)(keys)`: its array leaves carry leading
+      batch axes `(*models,)`; see `jaxattn._stacked`), which runs tokens
+      `(*models, ..., n, d)`, model `m` on `x0[m]`, on the same paths.
     - `x0`: initial tokens `(..., n, d)`; rows are normalised onto `E_W` first.
       NaN/inf entries or zero tokens raise an error; a zero-size batch axis gives
       an empty result.
@@ -190,10 +204,14 @@ def run_layers(
     observe = _identity if observe is None else observe
     if not callable(observe):
         raise TypeError(f"`observe` must be a function of (n, d) tokens, got {observe!r}.")
-    fused = choose_strategy(dyn, jnp.shape(x0), strategy) == "fused"
+    dyn, x0, unflatten = stack_tokens(dyn, x0)
+    if devices is not None and dyn is not first_model(dyn):
+        raise ValueError("`devices=` shards one model's batch: run a stacked model "
+                         "without `devices`, or shard the models yourself.")
+    fused = choose_strategy(first_model(dyn), jnp.shape(x0), strategy) == "fused"
     (ys, finite), checked = call_batched(_run_batched, dyn, x0, devices, num_layers, tau,
                                          observe, checkpoints, fused=fused,
                                          chunk=chunk_size(devices))
     if not checked:
         raise_unless(finite, NONFINITE)
-    return ys
+    return unflatten(ys)

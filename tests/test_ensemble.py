@@ -118,6 +118,7 @@ def test_fused_flow_gradient_matches_finite_differences_and_general(key):
     np.testing.assert_allclose(jax.grad(flow)(x0), jax.grad(flow)(x0, "general"), atol=1e-11)
 
 
+@pytest.mark.slow  # the default run covers the fused path; this adds an outer vmap
 def test_fused_under_vmap_over_stacked_models(key):
     """A sweep's shape: models vmapped, each over its own batch, the batch fused."""
     h, d, n = 2, 3, 4
@@ -177,6 +178,7 @@ def test_batch_last_falls_back_to_vmap_for_other_operations(key):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow  # tests/test_precision.py reads the same from the lowered program
 def test_fused_reduced_precision_matches_general(key):
     """bfloat16 products on the fused path round their operands as the general path
     does: the two agree far below the bfloat16 error itself."""
@@ -229,3 +231,107 @@ def test_fused_path_runs_the_dynamics_variants(key):
     x0 = random_tokens(key, 5, 3, batch=(4,))
     np.testing.assert_allclose(ja.run_layers(dyn, x0, 4, 0.2, strategy="fused"),
                                ja.run_layers(dyn, x0, 4, 0.2, strategy="general"), atol=1e-12)
+
+
+# --- stacked models: one model per instance (jaxattn._stacked) ----------------------
+
+
+def _stacked(key, models, h, d, *, W, causal, schedule):
+    """`models` random models (a β and, with `W`, a metric each) built by
+    `eqx.filter_vmap`, and the same models one by one."""
+    def make(k):
+        kb, kw, km = jax.random.split(k, 3)
+        one = _model(km, h, d, W=False, causal=causal, schedule=schedule)
+        Wm = random_spd(kw, d) if W else None
+        return ja.SelfAttentionDynamics(one.P, one.U, W=Wm, causal=causal,
+                                        beta=0.5 + jax.random.uniform(kb))
+
+    keys = jax.random.split(key, models)
+    return eqx.filter_vmap(make)(keys), [make(k) for k in keys]
+
+
+# (models, systems per model, n, d, h, W, causal, schedule)
+STACKED = [
+    (4, (), 5, 3, 2, True, False, "constant"),
+    (3, (2,), 4, 2, 3, False, True, "piecewise"),
+    (2, (3,), 6, 4, 1, True, True, "callable"),
+]
+
+
+@pytest.mark.parametrize(("models", "systems", "n", "d", "h", "W", "causal", "schedule"),
+                         STACKED)
+def test_stacked_models_fused_equal_each_model_alone(key, models, systems, n, d, h, W,
+                                                     causal, schedule):
+    stacked, each = _stacked(key, models, h, d, W=W, causal=causal, schedule=schedule)
+    x0 = random_tokens(jax.random.fold_in(key, 7), n, d, batch=(models,) + systems)
+    observe = lambda x: (ja.misalignment(x), x[-1])  # noqa: E731
+    fused = ja.run_layers(stacked, x0, 7, 0.15, strategy="fused")
+    general = ja.run_layers(stacked, x0, 7, 0.15, strategy="general")
+    auto = ja.run_layers(stacked, x0, 7, 0.15)
+    E, last = ja.run_layers(stacked, x0, 7, 0.15, observe=observe, strategy="fused")
+    assert fused.shape == (models,) + systems + (8, n, d)
+    np.testing.assert_array_equal(auto, fused)  # "auto" takes the fused path
+    np.testing.assert_allclose(fused, general, rtol=0, atol=1e-12)
+    for m, dyn in enumerate(each):
+        alone = ja.run_layers(dyn, x0[m], 7, 0.15, strategy="general")
+        np.testing.assert_allclose(fused[m], alone, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(E[m], ja.misalignment(alone), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(last[m], alone[..., -1, :], rtol=0, atol=1e-12)
+
+
+def test_stacked_models_fixed_step_flow_equals_each_model_alone(key):
+    stacked, each = _stacked(key, 3, 2, 3, W=True, causal=False, schedule="piecewise")
+    x0 = random_tokens(jax.random.fold_in(key, 8), 4, 3, batch=(3, 2))
+    ts = jnp.array([0.0, 0.13, 0.4])
+    kw = dict(solver=ja.RK4(), dt0=0.05, stepsize_controller=CONSTANT_STEPS, throw=False)
+    fused = ja.solve_flow(stacked, x0, ts, **kw)
+    assert fused.ys.shape == (3, 2, 3, 4, 3) and fused.success.shape == (3, 2)
+    for m, dyn in enumerate(each):
+        alone = ja.solve_flow(dyn, x0[m], ts, strategy="general", **kw)
+        np.testing.assert_allclose(fused.ys[m], alone.ys, rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(fused.num_steps[m], alone.num_steps)
+    assert bool(jnp.all(fused.success))
+
+
+def test_stacked_model_gradient_equals_general_and_finite_differences(key):
+    """`jax.grad` through the fused path into every model's own weights and β."""
+    stacked, _ = _stacked(key, 3, 2, 3, W=True, causal=True, schedule="constant")
+    x0 = random_tokens(jax.random.fold_in(key, 9), 5, 3, batch=(3, 2))
+
+    def loss(P, beta, strategy="fused"):
+        dyn = eqx.tree_at(lambda m: (m.P.value, m.beta), stacked, (P, beta))
+        E = ja.run_layers(dyn, x0, 4, 0.2, observe=ja.misalignment, strategy=strategy)
+        return (E[..., -1] * jnp.arange(1.0, 4.0)[:, None]).sum()
+
+    P, beta = stacked.P.value, stacked.beta
+    grads = jax.grad(loss, argnums=(0, 1))(P, beta)
+    want = jax.grad(loss, argnums=(0, 1))(P, beta, "general")
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
+    assert float(jnp.abs(grads[1]).min()) > 0  # each β its own gradient
+    g, fd = _fd_check(lambda p: loss(p, beta), P, 2)
+    assert abs(g - fd) <= 1e-6 * max(1.0, abs(fd)), (g, fd)
+
+
+def test_stacked_model_shares_unbatched_leaves_and_refuses_mismatches(key):
+    """β alone batched (a model leaf), the weights shared; tokens whose batch does not
+    start with the models' are refused."""
+    from jaxattn._stacked import first_model, model_batch
+
+    dyn = _model(key, 2, 3, W=False, causal=False, schedule="constant")
+    betas = jnp.array([0.5, 1.0, 4.0])
+    stacked = eqx.tree_at(lambda m: m.beta, dyn, betas)
+    assert model_batch(stacked) == (3,) and model_batch(dyn) == ()
+    assert first_model(stacked).num_heads == 2 and first_model(stacked).dim == 3
+    x0 = random_tokens(key, 4, 3, batch=(3, 5))
+    out = ja.run_layers(stacked, x0, 3, 0.2)
+    for m, b in enumerate(betas):
+        one = eqx.tree_at(lambda d: d.beta, dyn, b)
+        np.testing.assert_allclose(out[m], ja.run_layers(one, x0[m], 3, 0.2, strategy="general"),
+                                   rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="stacked model"):
+        ja.run_layers(stacked, x0[:2], 3, 0.2)
+    with pytest.raises(ValueError, match="devices"):
+        ja.run_layers(stacked, x0, 3, 0.2, devices=1)
+    with pytest.raises(ValueError, match="batch axes"):
+        model_batch(eqx.tree_at(lambda m: m.U.value, stacked, jnp.ones((2, 2, 3, 3))))

@@ -40,6 +40,9 @@ from ..experiments.base import Param
 from ..metrics import misalignment
 from ..theory import theorem_test
 
+#: How a chunk's instances are simulated (`ja.run_layers`' `strategy`): `"auto"` takes
+#: the fused ensemble path for small systems.
+STRATEGY = "auto"
 #: Experiment parameters that a sweep replaces (`--instances`).
 EXCLUDED = ("samples",)
 
@@ -94,18 +97,21 @@ def theorem_of(name: str) -> str:
 # --- one chunk: every instance of a grid point, one vmapped program ----------------
 
 
-def _evolve(dyn, y0, p, s):
-    """Flow (eq. 6) or layers (eq. 4): states on the save times, success, steps.
+def _evolve(dyns, y0s, p, s):
+    """Flow (eq. 6) or layers (eq. 4) of every instance, its own model each (`dyns`
+    stacked, `y0s` `(B, n, d)`): the save times, states, success, steps.
 
-    `T` and `τ` are traced, so that a sweep over them compiles once: the save
-    times are `T · linspace(0, 1, saves + 1)` (the number of layers, a static
-    count, comes from `Horizon` in `simulate_chunk`).
+    One call of the simulator for the whole chunk, so that small systems take its
+    fused ensemble path (`strategy="auto"`). `T` and `τ` are traced, so that a sweep
+    over them compiles once: the save times are `T · linspace(0, 1, saves + 1)` (the
+    number of layers, a static count, comes from `Horizon` in `simulate_chunk`).
     """
     if s["discrete"]:
-        ys, ok = run_layers_unchecked(dyn, y0, s["layers"], p["tau"])
-        return p["tau"] * jnp.arange(s["layers"] + 1), ys, ok, jnp.asarray(s["layers"])
+        ys, ok = run_layers_unchecked(dyns, y0s, s["layers"], p["tau"], strategy=STRATEGY)
+        steps = jnp.full(ok.shape, s["layers"])
+        return p["tau"] * jnp.arange(s["layers"] + 1), ys, ok, steps
     ts = p["horizon"] * jnp.linspace(0.0, 1.0, s["saves"] + 1)
-    result = solve_flow_unchecked(dyn, y0, ts)
+    result = solve_flow_unchecked(dyns, y0s, ts, strategy=STRATEGY)
     return ts, result.ys, result.success, result.num_steps
 
 
@@ -127,10 +133,18 @@ def _chunk(name: str, p: dict[str, Any], s: tuple, keys):
     s = dict(s)
     theorem = theorem_of(name)
 
-    def one(key):
+    def instance(key):
         dyn, y0, misalign = MODELS[name].instance(key, s | p)
-        dyn = paper.with_beta(dyn, p["beta"])
-        ts, ys, ok, steps = _evolve(dyn, y0, p, s)
+        return paper.with_beta(dyn, p["beta"]), y0, misalign
+
+    # The instances' models stacked (leaves with a leading instance axis): one
+    # simulation of the chunk. Each instance is then drawn again (the same values)
+    # to be judged with its own misalignment.
+    dyns, y0s = eqx.filter_vmap(lambda key: instance(key)[:2])(keys)
+    ts, yss, oks, stepss = _evolve(dyns, y0s, p, s)
+
+    def one(key, ys, ok, steps):
+        dyn, y0, misalign = instance(key)
         test = theorem_test(theorem, dyn)
         E = misalign(ys)
         out = {"E": E, "y0": y0, "success": ok, "num_steps": steps, "ts": ts,
@@ -142,7 +156,7 @@ def _chunk(name: str, p: dict[str, Any], s: tuple, keys):
             out["in_domain"] = test.domain(y0)[0]
         return out
 
-    return jax.vmap(one)(keys)
+    return jax.vmap(one)(keys, yss, oks, stepss)
 
 
 def _host_domain(tests, y0) -> np.ndarray:

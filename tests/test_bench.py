@@ -31,6 +31,7 @@ def test_flop_formula_matches_xla_cost_analysis(k):
     assert formula <= cost["flops"] <= 1.25 * formula
 
 
+@pytest.mark.slow
 def test_bench_cli_quick(tmp_path, capsys):
     out = tmp_path / "bench.json"
     with jax.enable_x64(False):

@@ -27,6 +27,7 @@ def test_writes_json_and_figure_only(scaling):
     assert (scaling / "scaling.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_json_structure_and_times(scaling):
     result = json.loads((scaling / "scaling.json").read_text())
     assert set(result["sweeps"]) == {"n", "d", "batch", "devices"}
@@ -45,6 +46,7 @@ def test_json_structure_and_times(scaling):
     assert result["sweeps"]["batch"]["fitted_slope"] > 0
 
 
+@pytest.mark.slow
 def test_ideal_slopes_follow_the_flop_count(scaling):
     sweeps = json.loads((scaling / "scaling.json").read_text())["sweeps"]
     for name in ("n", "d"):

@@ -29,7 +29,7 @@ def test_weight_shapes(P, U, match):
 
 
 def test_factor_shapes():
-    with pytest.raises(ValueError, match="Q` and `K` must both be"):
+    with pytest.raises(ValueError, match=r"`Q` must be \(h, k, d\) and `K`"):
         ja.SelfAttentionDynamics.from_factors(jnp.zeros((2, 4, 3)), jnp.zeros((2, 5, 3)), EYE)
     with pytest.raises(ValueError, match="either `P`"):
         ja.SelfAttentionDynamics(None, EYE)
@@ -85,6 +85,7 @@ def test_nonfinite_weights_are_refused(where, bad):
         ja.PiecewiseConstant(np.stack([ok, W]), 0.1)
 
 
+@pytest.mark.slow
 def test_traced_nonfinite_weights_raise_not_clipped(key):
     """Weights known only inside jit, or given by a Schedule: an inf in P would be
     clipped to a finite logit; it makes the run raise instead."""

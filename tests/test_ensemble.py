@@ -13,6 +13,7 @@ from _helpers import random_spd, random_tokens
 import jaxattn as ja
 from jaxattn._ensemble import FUSED_MAX_FLOPS, batch_last, choose_strategy, fused_applies
 from jaxattn._flow import solve_flow_unchecked
+from jaxattn._stacked import models_last
 
 CONSTANT_STEPS = dfx.ConstantStepSize()
 
@@ -295,13 +296,13 @@ def test_stacked_models_fixed_step_flow_equals_each_model_alone(key):
 
 def test_stacked_model_gradient_equals_general_and_finite_differences(key):
     """`jax.grad` through the fused path into every model's own weights and β."""
-    stacked, _ = _stacked(key, 3, 2, 3, W=True, causal=True, schedule="constant")
-    x0 = random_tokens(jax.random.fold_in(key, 9), 5, 3, batch=(3, 2))
+    stacked, _ = _stacked(key, 2, 2, 3, W=True, causal=True, schedule="constant")
+    x0 = random_tokens(jax.random.fold_in(key, 9), 4, 3, batch=(2, 2))
 
     def loss(P, beta, strategy="fused"):
         dyn = eqx.tree_at(lambda m: (m.P.value, m.beta), stacked, (P, beta))
-        E = ja.run_layers(dyn, x0, 4, 0.2, observe=ja.misalignment, strategy=strategy)
-        return (E[..., -1] * jnp.arange(1.0, 4.0)[:, None]).sum()
+        E = ja.run_layers(dyn, x0, 3, 0.2, observe=ja.misalignment, strategy=strategy)
+        return (E[..., -1] * jnp.arange(1.0, 3.0)[:, None]).sum()
 
     P, beta = stacked.P.value, stacked.beta
     grads = jax.grad(loss, argnums=(0, 1))(P, beta)
@@ -335,3 +336,50 @@ def test_stacked_model_shares_unbatched_leaves_and_refuses_mismatches(key):
         ja.run_layers(stacked, x0, 3, 0.2, devices=1)
     with pytest.raises(ValueError, match="batch axes"):
         model_batch(eqx.tree_at(lambda m: m.U.value, stacked, jnp.ones((2, 2, 3, 3))))
+
+
+def test_sweep_chunk_runs_its_instances_fused_with_the_same_outcomes(monkeypatch):
+    """A sweep chunk simulates its instances' stacked models once (the fused path under
+    `"auto"`), with the verdicts and, to rounding, the numbers of the vmapped general
+    path (the table it wrote before)."""
+    import jaxattn._layers as layers
+    from jaxattn.experiments import get_experiment, resolve_config
+    from jaxattn.sweep import _instances, sweep_params
+
+    name = "thm52-symmetric"
+    config = resolve_config(get_experiment(name), {"discrete": True, "horizon": 0.2,
+                                                   "tau": 0.1, "tokens": 4}, 0) | {"beta": 1.5}
+    spread = []
+    monkeypatch.setattr(layers, "models_last", lambda *a: spread.append(a) or models_last(*a))
+    runs = {}
+    for strategy in ("general", "auto"):
+        monkeypatch.setattr(_instances, "STRATEGY", strategy)
+        runs[strategy] = _instances.simulate_chunk(name, config, sweep_params(name), range(3))
+        assert bool(spread) == (strategy == "auto")  # only "auto" fused the instances
+    for key, general in runs["general"].items():
+        if general.dtype == bool:
+            np.testing.assert_array_equal(runs["auto"][key], general, err_msg=key)
+        else:
+            np.testing.assert_allclose(runs["auto"][key], general, rtol=1e-10, atol=1e-13,
+                                       err_msg=key)
+
+
+def test_phase_diagram_blocks_of_per_system_models_equal_each_system_alone(key):
+    """`phase-diagram` with a random key–query and value per system runs blocks of
+    stacked models: the clustered pairs of each system counted alone agree."""
+    from jaxattn.experiments import phase_diagram as pd
+
+    B, G, n, d, steps = 2, 6, 5, 2, 6
+    x0 = jax.random.normal(key, (B, G, 1, n, d))
+    draw = lambda k: pd.draw_weights(k, d, 1, key_query=3, value=2)  # noqa: E731
+    P, U = jax.vmap(jax.vmap(draw))(jax.random.split(key, B * G).reshape(B, G, -1))
+    betas, taus = jnp.array([0.5, 3.0]), jnp.array([0.1, 0.2])
+    counts = pd.pair_counts(P, U, betas, taus, x0, steps, "softmax", "post", False, 0.9)
+    observe = lambda x: pd.clustered_pairs(x, 0.9)  # noqa: E731
+    want = np.zeros((B, steps + 1), np.int64)
+    for b in range(B):
+        for g in range(G):
+            dyn = ja.SelfAttentionDynamics(P[b, g], U[b, g], beta=betas[b])
+            want[b] += np.asarray(ja.run_layers(dyn, x0[b, g], steps, taus[b],
+                                                observe=observe, strategy="general"))[0]
+    np.testing.assert_array_equal(counts, want)

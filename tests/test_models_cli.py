@@ -96,6 +96,7 @@ def test_loop_command_errors_are_one_line(argv, message, capsys, monkeypatch):
     assert message in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_grid_from_config(config_path, tmp_path, capsys):
     """`jaxattn loop --grid` runs the `loop-grid` experiment on any model: its folder
     holds the experiment's verdict beside the per-setting statistics, and

@@ -127,6 +127,7 @@ def test_other_dtypes_are_promoted(dtype):
         ja.solve_flow(dyn, jnp.ones((4, 3)), jnp.array([0.0, 1.0]), solver=dfx.ODETerm)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(sizes=sizes, exponent=st.integers(-37, 38), seed=st.integers(0, 2**16),
        spread=st.sampled_from([1.0, 1e-3, 1e-6, 0.0]))

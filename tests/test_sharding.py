@@ -150,6 +150,7 @@ def test_work_is_split_across_devices(sharded):
     assert _local(shapes["_run_chunk"], "f64[2,4,3]", "f64[8,4,3]")
 
 
+@pytest.mark.slow
 def test_sharded_results_equal_unsharded(sharded):
     assert sharded["layers_equal"]
     assert sharded["flow_err"] < 1e-12
@@ -158,11 +159,13 @@ def test_sharded_results_equal_unsharded(sharded):
     assert sharded["hidden_equal"]
 
 
+@pytest.mark.slow
 def test_sharded_gradients_equal_unsharded(sharded):
     assert sharded["grad_layers_err"] < 1e-12
     assert sharded["grad_flow_err"] < 1e-10
 
 
+@pytest.mark.slow
 def test_sharded_restarts_equal_unsharded(sharded):
     for kind in ("layers", "flow"):
         trace_shape, x0s_shape, trace_err, x0s_err = sharded[f"explore_{kind}"]
@@ -170,6 +173,7 @@ def test_sharded_restarts_equal_unsharded(sharded):
         assert trace_err < 1e-12 and x0s_err < 1e-12
 
 
+@pytest.mark.slow
 def test_bad_input_in_a_sharded_batch_raises_at_once():
     res = run_on_forced_devices(_ERRORS, timeout=180)
     for case in ("layers_nan", "flow_nan"):

@@ -40,6 +40,7 @@ def _cli_args(out, *extra):
     return args + list(extra)
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_sweep_gives_the_same_table(tmp_path):
     """SIGKILL a real `jaxattn sweep` once its first chunk is saved, resume it, and
     compare with an uninterrupted sweep run in this process through `ja.sweep`."""

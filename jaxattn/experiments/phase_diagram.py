@@ -160,21 +160,26 @@ def pair_counts(P, U, betas, taus, x, num_steps: int, kernel: str, norm: str, ca
     `(B, num_steps + 1)` int32 counts; index 0 is the start.
     """
     B, G, s = x.shape[:3]
+    # Blocks of `k` groups (models) of one β, at most `BLOCK` systems in all.
+    k = max(k for k in range(1, min(G, max(1, BLOCK // s)) + 1) if G % k == 0)
 
-    def group(args):
-        P, U, beta, tau, x = args
-        dyn = SelfAttentionDynamics(P, U, beta=beta, causal=causal, norm=norm, kernel=kernel)
+    def block(args):
+        P, U, beta, tau, x = args  # k models (h, d, d), k × s systems (n, d)
+        dyn = eqx.filter_vmap(lambda P, U: SelfAttentionDynamics(
+            P, U, beta=beta, causal=causal, norm=norm, kernel=kernel))(P, U)
         observe = functools.partial(clustered_pairs, threshold=threshold,
                                     unit=dyn.stays_on_manifold)
-        return run_layers(dyn, x, num_steps, tau, observe=observe).sum(0)
+        # The stacked models run as one batch: the fused path for small systems.
+        return run_layers(dyn, x, num_steps, tau, observe=observe).sum((0, 1))
 
-    def flat(a):
-        return a.reshape((B * G,) + a.shape[2:])
+    def blocks(a):
+        return a.reshape((B * G // k, k) + a.shape[2:])
 
-    args = (flat(P), flat(U), jnp.repeat(betas, G), jnp.repeat(taus, G), flat(x))
+    args = (blocks(P), blocks(U), jnp.repeat(betas, G // k), jnp.repeat(taus, G // k),
+            blocks(x))
     # Block by block, all steps of a block at once: its intermediates stay in cache.
-    counts = jax.lax.map(group, args, batch_size=max(1, BLOCK // s))
-    return counts.reshape(B, G, -1).sum(1)
+    counts = jax.lax.map(block, args)
+    return counts.reshape(B, G // k, -1).sum(1)
 
 
 def density_map(key: PRNGKeyArray, cfg: dict, *, heads: int = 1, norm: str = "post",

@@ -138,15 +138,16 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
                     color="white" if dark else "black")
         _label_axes(ax, norms, masks, kernels, betas, covered, rows_labelled=p == 0)
         ax.set_title(f"n = {size[0]} tokens in R{_superscript(size[1])}", fontsize=10, pad=16)
-    fig.colorbar(mesh, ax=list(axes[0]), shrink=0.6, pad=0.02,
-                 label=f"median log₁₀ E at layer {config['layers']}")
     title = (f"Which variants collapse, how fast, which do not ({config['instances']} random "
              f"instances per cell, h = {config['heads']}, P Gaussian, U = I/h, "
              f"τ = {config['tau']:g}, window w = {config['window']}, sparse p = "
              f"{config['keep']:g}). Number: median layer at which E < 1e-4; kN: tokens kept "
              "apart in N clusters; p%: still converging, p % of the instances in consensus (…: "
              "none); ∞: overflow; ★: a theorem covers the row")
-    return _save(fig, stem, title)
+    _title_on_top(fig, title)  # before the colorbar, which takes its room from the panels
+    fig.colorbar(mesh, ax=list(axes[0]), shrink=0.6, pad=0.02,
+                 label=f"median log₁₀ E at layer {config['layers']}")
+    return _save(fig, stem)
 
 
 def _superscript(k: int) -> str:
@@ -172,11 +173,19 @@ def _label_axes(ax, norms, masks, kernels, betas, covered, *, rows_labelled: boo
                 fontsize=9)
 
 
-def _save(fig, stem: Path, title: str) -> list[Path]:
+def _title_on_top(fig, title: str) -> None:
+    """`title`, wrapped to the figure's width, with room below it for the panels'
+    titles and kernel labels."""
+    title = _plot.wrap(title, fig.get_figwidth(), 10)
+    lines = title.count("\n") + 1
+    top = (lines * 10 * 1.3 / 72 + 0.75) / fig.get_figheight()  # inches → figure fraction
+    fig.subplots_adjust(top=1 - top)
+    fig.suptitle(title, fontsize=10, y=0.99, va="top")
+
+
+def _save(fig, stem: Path) -> list[Path]:
     """`save_figure` without `tight_layout` (the colorbar spans the panels)."""
     plt = _plot.pyplot()
-    # Above the panels' titles and kernel labels (bbox_inches="tight" keeps it).
-    fig.suptitle(_plot.wrap(title, fig.get_figwidth(), 10), fontsize=10, y=0.95, va="bottom")
     paths = []
     for ext in ("png", "pdf"):
         path = Path(stem).with_suffix(f".{ext}")

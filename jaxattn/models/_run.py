@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from .._precision import Precision, check_precision
 from .._sharding import as_mesh, shard_batch, unshard
+from .._validate import surface_errors
 from ..metrics._consensus import misalignment
 from ._arch import FAMILIES, AbstractTransformer
 from ._checks import (
@@ -78,6 +79,7 @@ def _call_sharded(fn, ids, devices, *args, **kwargs):
     return unshard(fn(flat, *args, **kwargs), size, (size,))
 
 
+@surface_errors
 def hidden_states(
     model: AbstractTransformer, ids: Int[Array, "*B n"], *, ffn: bool = True, devices=None,
     precision: Precision = "float32", progress: bool | None = None,
@@ -323,6 +325,7 @@ def _segmented(setup: LoopSetup, desc: str):
     return jnp.concatenate(values, axis=1), states
 
 
+@surface_errors
 def loop(
     model: AbstractTransformer,
     ids: Int[Array, "*B n"],

@@ -97,7 +97,7 @@ def theorem_of(name: str) -> str:
 # --- one chunk: every instance of a grid point, one vmapped program ----------------
 
 
-def _evolve(dyns, y0s, p, s):
+def _evolve(dyns, y0s, p, s, strategy):
     """Flow (eq. 6) or layers (eq. 4) of every instance, its own model each (`dyns`
     stacked, `y0s` `(B, n, d)`): the save times, states, success, steps.
 
@@ -107,11 +107,11 @@ def _evolve(dyns, y0s, p, s):
     number of layers, a static count, comes from `Horizon` in `simulate_chunk`).
     """
     if s["discrete"]:
-        ys, ok = run_layers_unchecked(dyns, y0s, s["layers"], p["tau"], strategy=STRATEGY)
+        ys, ok = run_layers_unchecked(dyns, y0s, s["layers"], p["tau"], strategy=strategy)
         steps = jnp.full(ok.shape, s["layers"])
         return p["tau"] * jnp.arange(s["layers"] + 1), ys, ok, steps
     ts = p["horizon"] * jnp.linspace(0.0, 1.0, s["saves"] + 1)
-    result = solve_flow_unchecked(dyns, y0s, ts, strategy=STRATEGY)
+    result = solve_flow_unchecked(dyns, y0s, ts, strategy=strategy)
     return ts, result.ys, result.success, result.num_steps
 
 
@@ -122,14 +122,14 @@ def _residual(test, dyn, y0, ts, ys, E):
     else the misalignment `E` (consensus, 4.1). A sweep judges its trend."""
     limit = test.limit(y0)
     if limit is not None:
-        return jnp.max(1 - w_inner(ys, limit, test.W), axis=-1)
+        return jnp.max(1 - w_inner(ys, limit[None], test.W), axis=-1)
     if test.outcome == "equilibrium":
         return jax.vmap(lambda t, x: jnp.max(jnp.abs(dyn.velocity(t, x))))(ts, ys)
     return E
 
 
 @eqx.filter_jit
-def _chunk(name: str, p: dict[str, Any], s: tuple, keys):
+def _chunk(name: str, p: dict[str, Any], s: tuple, keys, strategy: str = "auto"):
     s = dict(s)
     theorem = theorem_of(name)
 
@@ -141,7 +141,7 @@ def _chunk(name: str, p: dict[str, Any], s: tuple, keys):
     # simulation of the chunk. Each instance is then drawn again (the same values)
     # to be judged with its own misalignment.
     dyns, y0s = eqx.filter_vmap(lambda key: instance(key)[:2])(keys)
-    ts, yss, oks, stepss = _evolve(dyns, y0s, p, s)
+    ts, yss, oks, stepss = _evolve(dyns, y0s, p, s, strategy)
 
     def one(key, ys, ok, steps):
         dyn, y0, misalign = instance(key)
@@ -194,10 +194,10 @@ def simulate_chunk(name: str, config: dict[str, Any], params: tuple[Param, ...],
     mesh = as_mesh(devices)
     if mesh is not None and mesh.devices.size > 1:
         keys, size = shard_batch(keys, mesh, 1)
-        out = unshard(_chunk(name, dynamic, tuple(sorted(static.items())), keys), size,
+        out = unshard(_chunk(name, dynamic, tuple(sorted(static.items())), keys, STRATEGY), size,
                       (len(seeds),))
     else:
-        out = _chunk(name, dynamic, tuple(sorted(static.items())), keys)
+        out = _chunk(name, dynamic, tuple(sorted(static.items())), keys, STRATEGY)
     tests = out.pop("test", None)
     out = {k: np.asarray(v) for k, v in out.items()}
     if tests is not None:

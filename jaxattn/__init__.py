@@ -68,10 +68,6 @@ _ATTRIBUTES = {
 #: The public namespaces `ja.X`, and the two commands' packages (`jaxattn bench`, the CLI).
 _SUBMODULES = ("experiments", "explore", "metrics", "models", "spectral", "sweep", "theory",
                "bench", "cli")
-#: Entry points whose failed runtime checks surface as a one-line `SimulationError`
-#: (`_validate.surface_errors`; a no-op where the definition already does it).
-_SURFACED = ("run_layers", "solve_flow")
-
 __all__ = sorted(_ATTRIBUTES) + ["__version__"] + list(_SUBMODULES)
 
 
@@ -80,10 +76,6 @@ def __getattr__(name: str):
         value = importlib.import_module(f"{__name__}.{name}")
     elif name in _ATTRIBUTES:
         value = getattr(importlib.import_module(_ATTRIBUTES[name], __name__), name)
-        if name in _SURFACED:
-            from ._validate import surface_errors
-
-            value = surface_errors(value)
     elif name == "__version__":
         value = _version()
     else:

@@ -52,8 +52,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax._src.interpreters import ad as _ad
 from jax.extend import core as jex
 from jaxtyping import Array, Float, PyTree
+
+# The tracers of a value being differentiated (forward mode, and reverse mode's
+# linearisation), for `choose_strategy`; JAX exports no public test for them.
+_DIFFERENTIATING = tuple(getattr(_ad, name) for name in ("JVPTracer", "LinearizeTracer")
+                         if hasattr(_ad, name))
 
 # Contractions over at most this many index values are unrolled into a chain of
 # multiply–adds (which XLA fuses with their neighbours); larger ones multiply
@@ -106,12 +112,21 @@ def fused_applies(dyn, shape: tuple[int, ...]) -> bool:
     return math.prod(shape[:-2]) >= 2 and sequence_flops(dyn.num_heads, n, d) <= FUSED_MAX_FLOPS
 
 
-def choose_strategy(dyn, shape: tuple[int, ...], strategy: str) -> str:
-    """`"fused"` or `"general"` for `strategy` (one of `STRATEGIES`), or a `ValueError`."""
+def choose_strategy(dyn, shape: tuple[int, ...], strategy: str, operands=None) -> str:
+    """`"fused"` or `"general"` for `strategy` (one of `STRATEGIES`), or a `ValueError`.
+
+    `"auto"` keeps a run that is being differentiated (any leaf of `operands`, e.g.
+    `(dyn, x0)`, is a JVP or linearize tracer) on the general path: XLA's CPU scheduler
+    (`--xla_cpu_enable_concurrency_optimized_scheduler`, on by default) was measured
+    to miscompute a fused run differentiated inside an outer `lax.scan` (256 systems
+    and more, post-norm, two layers or more: values off by ~0.1 and different on each
+    run; correct with that flag off). `strategy="fused"` still differentiates."""
     if not isinstance(strategy, str) or strategy not in STRATEGIES:
         raise ValueError(f"`strategy` must be one of {', '.join(map(repr, STRATEGIES))}, "
                          f"got {strategy!r}.")
     if strategy == "auto":
+        if any(isinstance(leaf, _DIFFERENTIATING) for leaf in jax.tree.leaves(operands)):
+            return "general"
         return "fused" if fused_applies(dyn, tuple(shape)) else "general"
     return strategy
 

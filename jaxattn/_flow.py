@@ -30,6 +30,7 @@ from ._validate import (
     check_scalar,
     is_concrete,
     raise_unless,
+    surface_errors,
 )
 
 
@@ -217,6 +218,7 @@ def _raise_failure(solved, finite, result) -> None:
     raise_unless(finite, NONFINITE)
 
 
+@surface_errors
 def solve_flow(
     dyn: SelfAttentionDynamics,
     x0: Float[Array, "*batch n d"],
@@ -305,7 +307,7 @@ def solve_flow(
     x0 = check_token_shape(one, x0)
     options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                        on_manifold)
-    fused = _fused(one, x0.shape, strategy, options)
+    fused = _fused(one, x0.shape, strategy, options, (dyn, x0))
     if fused:
         options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                            on_manifold, fused=True)
@@ -340,7 +342,7 @@ def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-
     one = first_model(dyn)
     options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                        on_manifold)
-    fused = _fused(one, jnp.shape(x0), strategy, options)
+    fused = _fused(one, jnp.shape(x0), strategy, options, (dyn, x0))
     if fused:
         options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                            on_manifold, fused=True)
@@ -350,11 +352,11 @@ def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-
     return unflatten(FlowResult(ys, solved & finite, steps))
 
 
-def _fused(dyn, shape, strategy: str, options) -> bool:
+def _fused(dyn, shape, strategy: str, options, operands) -> bool:
     """Whether the batch runs on the fused path (see `solve_flow`'s `strategy`):
     `"auto"` fuses constant steps of explicit solvers only, whose steps do not
     depend on the rest of the batch."""
-    chosen = choose_strategy(dyn, shape, strategy)
+    chosen = choose_strategy(dyn, shape, strategy, operands)
     if strategy != "auto" or chosen == "general":
         return chosen == "fused"
     _, solver, controller, _, _ = options

@@ -22,7 +22,7 @@ from ._ensemble import (
     to_batch_last,
 )
 from ._stacked import first_model, map_models, models_last, stack_tokens
-from ._validate import NONFINITE, check_count, check_scalar, raise_unless
+from ._validate import NONFINITE, check_count, check_scalar, raise_unless, surface_errors
 
 
 def _identity(x):
@@ -122,11 +122,12 @@ def run_layers_unchecked(dyn, x0, num_layers: int, tau, *, strategy: str = "auto
     be a stacked model (as in `run_layers`)."""
     tau = jnp.asarray(tau)
     dyn, x0, unflatten = stack_tokens(dyn, x0)
-    fused = choose_strategy(first_model(dyn), jnp.shape(x0), strategy) == "fused"
+    fused = choose_strategy(first_model(dyn), jnp.shape(x0), strategy, (dyn, x0)) == "fused"
     return unflatten(_run_batched(dyn, x0, check_count(num_layers, "num_layers"), tau,
                                   _identity, None, False, fused, chunk_size()))
 
 
+@surface_errors
 def run_layers(
     dyn: SelfAttentionDynamics,
     x0: Float[Array, "*batch n d"],
@@ -208,7 +209,7 @@ def run_layers(
     if devices is not None and dyn is not first_model(dyn):
         raise ValueError("`devices=` shards one model's batch: run a stacked model "
                          "without `devices`, or shard the models yourself.")
-    fused = choose_strategy(first_model(dyn), jnp.shape(x0), strategy) == "fused"
+    fused = choose_strategy(first_model(dyn), jnp.shape(x0), strategy, (dyn, x0)) == "fused"
     (ys, finite), checked = call_batched(_run_batched, dyn, x0, devices, num_layers, tau,
                                          observe, checkpoints, fused=fused,
                                          chunk=chunk_size(devices))

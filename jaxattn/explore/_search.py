@@ -164,21 +164,16 @@ class _Loop(eqx.Module):
     train_w: bool = eqx.field(static=True)
     log: bool = eqx.field(static=True)
 
-    def values(self, x, w):
-        """Every restart's objective (`x`, and `w` unless `None`, with a leading `R`):
-        the layers of all restarts in one run of their stacked models (the fused path)."""
-        each = lambda f: jax.vmap(f, in_axes=(0, None if w is None else 0))  # noqa: E731
-        x = each(lambda y, wi: project(y, _combine(wi, self.rest).W))(x, w)
-        ys = (self.traj.run(_combine(w, self.rest), x) if self.traj.model == "layers" else
-              each(lambda y, wi: self.traj.run(_combine(wi, self.rest), y))(x, w))
-        ts = self.traj.ts.astype(ys.dtype)
-        return each(lambda y, wi: self.fn(ts, y, _combine(wi, self.rest)))(ys, w)
+    def value(self, x, w):
+        dyn = _combine(w, self.rest)
+        ys = self.traj.run(dyn, project(x, dyn.W))
+        return self.fn(self.traj.ts.astype(ys.dtype), ys, dyn)
 
     def _loss(self, train, frozen):
         x = train[0] if self.train_x else frozen[0]
         w = train[1] if self.train_w else frozen[1]
-        v = self.values(x, w)
-        return jnp.sum(-(jnp.log(v) if self.log else v)), v
+        v = self.value(x, w)
+        return -(jnp.log(v) if self.log else v), v
 
     def violation(self, x, w, z):
         dyn = _combine(w, self.rest)
@@ -197,16 +192,14 @@ class _Loop(eqx.Module):
         return retract_tokens(x, z, self.constraints.margin, dyn.W), w, z
 
     def step(self, state):
-        """One optimiser step of every restart, then the constraint map. A step whose
-        value or gradient is not finite is skipped (state and optimiser state kept); with
-        `constraints.sum_gap` a weight step breaking the gap of `Σ_η U_η` is rejected (the
-        token step kept): iterates stay finite and feasible, whatever a restart meets."""
-        train = (state[0] if self.train_x else None, state[1] if self.train_w else None)
-        (_, v), g = jax.value_and_grad(self._loss, has_aux=True)(train, state[:2])
-        return jax.vmap(self._update)(state, v, g, train)
-
-    def _update(self, state, v, g, train):
+        """One optimiser step, then the constraint map. A step whose value or
+        gradient is not finite is skipped (state and optimiser state kept), and
+        with `constraints.sum_gap` a weight step that would break the gap of
+        `Σ_η U_η` is rejected (the token step is kept): the iterate stays finite
+        and feasible, whatever one restart runs into."""
         x, w, opt, z = state
+        train = (x if self.train_x else None, w if self.train_w else None)
+        (_, v), g = jax.value_and_grad(self._loss, has_aux=True)(train, (x, w))
         viol = self.violation(x, w, z)
         updates, opt_new = self.optimizer.update(g, opt, train)
         train = optax.apply_updates(train, updates)
@@ -235,7 +228,7 @@ def _all_finite(tree) -> Bool[Array, ""]:
 def _run_chunk(loop: _Loop, state, best, length: int):
     def body(carry, _):
         state, best = carry
-        new_state, (v, viol) = loop.step(state)
+        new_state, (v, viol) = jax.vmap(loop.step)(state)
         best = _keep_best(best, state, v)
         return (new_state, best), (v, viol)
 
@@ -258,8 +251,13 @@ def _keep_best(best, state, v):
 @eqx.filter_jit
 def _evaluate(loop: _Loop, x, w, z):
     """Objective and constraint violation of a batch of configurations."""
-    viol = jax.vmap(loop.violation, in_axes=(0, None if w is None else 0, 0))(x, w, z)
-    return loop.values(x, w), viol
+    if w is None:
+        v = jax.vmap(lambda xi: loop.value(xi, None))(x)
+        viol = jax.vmap(lambda xi, zi: loop.violation(xi, None, zi))(x, z)
+    else:
+        v = jax.vmap(loop.value)(x, w)
+        viol = jax.vmap(loop.violation)(x, w, z)
+    return v, viol
 
 
 def _run_loop(loop, state, steps, progress, desc):
@@ -390,8 +388,8 @@ def slow_consensus(
     x, state_w, z = _make_starts(loop, start, init, n=n, restarts=restarts,
                                  weight_noise=weight_noise, key=key)
     if isinstance(traj.adjoint, dfx.BacksolveAdjoint) and traj.model == "flow":
-        w0 = None if state_w is None else jax.tree.map(lambda a: a[:1], state_w)
-        _check_backsolve(loop, x[:1], w0, adjoint_rtol)
+        w0 = None if state_w is None else jax.tree.map(lambda a: a[0], state_w)
+        _check_backsolve(loop, x[0], w0, adjoint_rtol)
     train = (x if loop.train_x else None, state_w if loop.train_w else None)
     opt_state = jax.vmap(loop.optimizer.init)(train)
     state = (x, state_w, opt_state, z)

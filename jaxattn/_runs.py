@@ -46,6 +46,8 @@ import jax
 import numpy as np
 from jax._src import xla_bridge
 
+from ._validate import SimulationError
+
 INCOMPLETE = "INCOMPLETE"
 #: The lock file a command holds inside its folder (removed when it ends).
 LOCK = ".lock"
@@ -374,8 +376,8 @@ def write_run(
     (`write_config`); `data = compute()`, timed; `data.npz`; `draw(data,
     folder)`; `summary.json` from `summarise(data, seconds)` (`finish_run`), which
     removes the marker. A failure at any stage leaves the folder marked
-    `INCOMPLETE`, except a `ValueError` from `compute` (the arguments were
-    refused): then a folder this call made is removed again.
+    `INCOMPLETE`, except a `ValueError` from `compute` that is no `SimulationError`
+    (the arguments were refused): then a folder this call made is removed again.
 
     **Arguments:**
 
@@ -401,8 +403,10 @@ def write_run(
         start = time.perf_counter()
         try:
             data = compute()
-        except ValueError:
-            if made is not None:  # refused: leave nothing behind
+        except ValueError as error:
+            # refused arguments leave nothing behind; a simulation that failed while it
+            # ran (a SimulationError) keeps its folder, marked INCOMPLETE
+            if made is not None and not isinstance(error, SimulationError):
                 shutil.rmtree(made, ignore_errors=True)
             raise
         seconds = time.perf_counter() - start

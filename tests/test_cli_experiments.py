@@ -31,7 +31,7 @@ def test_list(capsys):
 
 
 @pytest.mark.parametrize("name", [
-    n if n in ("thm41-sphere", "thm51-causal") else pytest.param(n, marks=pytest.mark.slow)
+    n if n == "thm41-sphere" else pytest.param(n, marks=pytest.mark.slow)
     for n in SMALL
 ])
 def test_run_reduced_size_then_redraw(tmp_path, capsys, name):

@@ -39,7 +39,7 @@ def _every_objective(ts, ys, dyn):
     return jnp.stack(values + [_custom(ts, ys)])
 
 
-@pytest.mark.parametrize("model", ["flow", "layers"])
+@pytest.mark.parametrize("model", [pytest.param("flow", marks=pytest.mark.slow), "layers"])
 def test_objective_gradients_match_finite_differences(model, key):
     kd, kx, kv = jax.random.split(key, 3)
     dyn = random_dynamics(kd, h=2, d=3, scale=0.8)
@@ -130,6 +130,7 @@ def test_weight_constraints_hold_at_every_iterate(key):
     assert res.value >= res.trace[0].max()
 
 
+@pytest.mark.slow
 def test_gap_of_the_head_sum_holds_at_every_iterate(key):
     kb, kq, kx = jax.random.split(key, 3)
     basis, _ = jnp.linalg.qr(jax.random.normal(kb, (3, 3)))
@@ -148,6 +149,7 @@ def test_gap_of_the_head_sum_holds_at_every_iterate(key):
     assert np.all(np.isfinite(res.trace))
 
 
+@pytest.mark.slow
 def test_frobenius_bound_and_fixed_U(key):
     dyn = random_dynamics(key, h=2, d=3, scale=1.0)
     U0 = np.asarray(dyn.U.value)

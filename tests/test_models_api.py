@@ -105,7 +105,8 @@ def test_encoder_and_llama_initialisation(key):
 # --- running -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", list(TINY))
+@pytest.mark.parametrize("family", [f if f == "gpt2" else pytest.param(f, marks=pytest.mark.slow)
+                                    for f in TINY])
 def test_shapes_single_and_batch(family, key):
     m = tiny(family, key)
     ids = ids_for(m, key, (3, 7))

@@ -162,6 +162,7 @@ def _tiny_gpt2(key, d=24, h=4, layers=3):
     return ja.models.init(cfg, key)
 
 
+@pytest.mark.slow
 def test_steering_aligns_with_random_direction(key):
     k1, k2, k3 = jax.random.split(key, 3)
     model = _tiny_gpt2(k1)

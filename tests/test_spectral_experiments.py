@@ -41,6 +41,7 @@ def test_steer_tiny(tmp_path):
     assert s["agrees_with_theory"], s["verdict"]  # alignment > 0.99 at γ = 1e5
 
 
+@pytest.mark.slow
 def test_oja_tiny(tmp_path):
     s = _run("oja-bipartite", {"instances": 1, "tokens": 4}, tmp_path)
     assert s["agrees_with_theory"], s["verdict"]

@@ -41,6 +41,7 @@ def test_theorem_41_consensus_from_a_hemisphere(key):
     assert ok[inside].all()
 
 
+@pytest.mark.slow
 def test_theorem_41_on_an_ellipsoid(key):
     d = 3
     W = random_spd(key, d)

@@ -177,9 +177,10 @@ def _title_on_top(fig, title: str) -> None:
     """`title`, wrapped to the figure's width, with room below it for the panels'
     titles and kernel labels."""
     title = _plot.wrap(title, fig.get_figwidth(), 10)
-    lines = title.count("\n") + 1
-    top = (lines * 10 * 1.3 / 72 + 0.75) / fig.get_figheight()  # inches → figure fraction
-    fig.subplots_adjust(top=1 - top)
+    room = (title.count("\n") + 1) * 10 * 1.3 / 72 + 0.75  # inches: title, then labels
+    height = fig.get_figheight()
+    fig.set_figheight(height + room)  # the panels keep their height
+    fig.subplots_adjust(top=1 - room / (height + room))
     fig.suptitle(title, fontsize=10, y=0.99, va="top")
 
 

@@ -441,31 +441,33 @@ def read_json(path) -> Any:
 
 
 def reopen_run(folder: Path, config: dict[str, Any], resume: bool, *, what: str,
-               command: str) -> tuple[bool, str]:
+               command: str, filename: str = "config.json",
+               same: tuple[str, ...] | None = None) -> tuple[bool, str]:
     """Start a resumable run in the held folder (`hold_folder`), or reopen the one
-    it holds. Without `resume` a run already there is refused; with it, its
-    `config.json` must record the same value for every key of `config` (the run's
-    settings), and an unfinished one be continued on the same backend
-    (`check_same_computer`). `what`, `command`: its name in messages (`"loop"`).
+    it holds. Without `resume` a run already there is refused; with it, its settings
+    file `filename` must record the same value for every key of `config` (the run's
+    settings; only the keys `same` when given), and an unfinished one be continued
+    on the same backend (`check_same_computer`). `what`, `command`: its name in
+    messages (`"loop"`, `"sweep"`).
 
     **Returns:**
 
     Whether the folder holds the finished run, and the run's id.
     """
-    if not (folder / "config.json").exists():
+    if not (folder / filename).exists():
         start_run(folder)
-        return False, read_json(write_config(folder, config))["run_id"]
-    old = read_json(folder / "config.json")
+        return False, read_json(write_config(folder, config, filename))["run_id"]
+    old = read_json(folder / filename)
     finished = not (folder / INCOMPLETE).exists() and (folder / "summary.json").exists()
     if not resume:
         state = "a finished" if finished else "an unfinished"
         raise RunFolderError(f"{folder} holds {state} {what}; pass --resume to continue it "
                              "or choose another --out.")
-    for key, value in config.items():
-        if json.dumps(_jsonable(old.get(key)), sort_keys=True) != json.dumps(
-                _jsonable(value), sort_keys=True):
-            raise RunFolderError(f"{folder} holds a {what} with another {key} "
-                                 f"({_jsonable(old.get(key))!r}, not {_jsonable(value)!r}); "
+    for key in config if same is None else same:
+        was, now = _jsonable(old.get(key)), _jsonable(config[key])
+        if json.dumps(was, sort_keys=True) != json.dumps(now, sort_keys=True):
+            values = f" ({was!r}, not {now!r})" if len(repr(was) + repr(now)) < 60 else ""
+            raise RunFolderError(f"{folder} holds a {what} with another {key}{values}; "
                                  f"--resume continues only the same {what} (choose another "
                                  "--out).")
     if not finished:

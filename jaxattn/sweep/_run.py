@@ -13,7 +13,6 @@ that was left alone.
 """
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,11 @@ from .._runs import (
     INCOMPLETE,
     RunFolderError,
     atomic_write,
-    check_same_computer,
     finish_run,
     folder_path,
     hold_folder,
     read_json,
-    start_run,
-    write_config,
+    reopen_run,
 )
 from ..metrics import consensus_time
 from ._instances import simulate_chunk, theorem_of
@@ -123,23 +120,8 @@ def _open_folder(folder: Path, resume: bool, sidecar: dict) -> tuple[bool, str |
 
     Whether it already holds the finished sweep, and its run id.
     """
-    if (folder / "sweep.json").exists():
-        old = read_json(folder / "sweep.json")
-        finished = not (folder / INCOMPLETE).exists() and (folder / "summary.json").exists()
-        if not resume:
-            state = "a finished" if finished else "an unfinished"
-            raise RunFolderError(f"{folder} holds {state} sweep; pass --resume to continue it "
-                                 "or choose another --out.")
-        for key in ("spec", "points", "dtype"):
-            if json.dumps(old.get(key), sort_keys=True) != json.dumps(sidecar[key], sort_keys=True):
-                raise RunFolderError(f"{folder} holds a sweep with another {key}; --resume "
-                                     "continues only the same sweep (choose another --out).")
-        if not finished:
-            check_same_computer(folder, old, "sweep")
-        return finished, old.get("run_id")
-    start_run(folder)
-    write_config(folder, sidecar, "sweep.json")  # adds versions, started, argv, run_id, …
-    return False, read_json(folder / "sweep.json")["run_id"]
+    return reopen_run(folder, sidecar, resume, what="sweep", command="sweep",
+                      filename="sweep.json", same=("spec", "points", "dtype"))
 
 
 def run_sweep(

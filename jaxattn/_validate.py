@@ -319,3 +319,18 @@ def raise_unless(ok, message: str) -> None:
     true."""
     if not bool(jnp.all(ok)):
         raise SimulationError(short_message(message))
+
+
+#: The largest seed `jax.random.PRNGKey` takes (a signed 64-bit integer).
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed, name: str = "--seed", count: int = 1) -> int:
+    """`seed` as a whole number ≥ 0 such that the `count` seeds `seed, seed + 1, …`
+    fit JAX's 64-bit seeds, or a `ValueError`."""
+    seed = check_count(seed, name)
+    count = count if isinstance(count, int) and count > 1 else 1  # others: checked later
+    if seed + count - 1 > MAX_SEED:
+        raise ValueError(f"`{name}` must be at most {MAX_SEED - count + 1} "
+                         f"(JAX's seeds are 64-bit integers), got {seed}.")
+    return seed

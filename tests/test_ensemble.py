@@ -366,15 +366,15 @@ def test_sweep_chunk_runs_its_instances_fused_with_the_same_outcomes(monkeypatch
 def test_phase_diagram_blocks_of_per_system_models_equal_each_system_alone(key):
     """`phase-diagram` with a random key–query and value per system runs blocks of
     stacked models: the clustered pairs of each system counted alone agree."""
-    from jaxattn.experiments import phase_diagram as pd
+    from jaxattn.experiments import pair_density
 
     B, G, n, d, steps = 2, 6, 5, 2, 6
     x0 = jax.random.normal(key, (B, G, 1, n, d))
-    draw = lambda k: pd.draw_weights(k, d, 1, key_query=3, value=2)  # noqa: E731
+    draw = lambda k: pair_density.draw_weights(k, d, 1, key_query=3, value=2)  # noqa: E731
     P, U = jax.vmap(jax.vmap(draw))(jax.random.split(key, B * G).reshape(B, G, -1))
     betas, taus = jnp.array([0.5, 3.0]), jnp.array([0.1, 0.2])
-    counts = pd.pair_counts(P, U, betas, taus, x0, steps, "softmax", "post", False, 0.9)
-    observe = lambda x: pd.clustered_pairs(x, 0.9)  # noqa: E731
+    counts = pair_density.pair_counts(P, U, betas, taus, x0, steps, "softmax", "post", False, 0.9)
+    observe = lambda x: pair_density.clustered_pairs(x, 0.9)  # noqa: E731
     want = np.zeros((B, steps + 1), np.int64)
     for b in range(B):
         for g in range(G):

@@ -16,7 +16,7 @@ from jaxattn.experiments import (
     thm52_symmetric,
 )
 from jaxattn.experiments import paper as _paper
-from jaxattn.experiments.base import flow_path, layer_path
+from jaxattn.experiments.pieces import flow_path, layer_path
 
 
 @pytest.mark.slow
@@ -82,7 +82,7 @@ def test_setup_draws_one_instance_per_key_and_vmaps(module):
     small = {"tokens": 4, "dim": 5, "samples": 1} if module is thm51_causal else {"tokens": 4}
     config = resolve_config(exp, small, seed=2) | {"beta": 1.0}
     keys = jax.random.split(jax.random.PRNGKey(2), 3)
-    x_batch = jax.vmap(lambda k: module.setup(k, config)[1])(keys)
+    x_batch = jax.vmap(lambda k: exp.setup(k, config)[1])(keys)
     for k, x in zip(keys, x_batch):
-        np.testing.assert_array_equal(x, module.setup(k, config)[1])
+        np.testing.assert_array_equal(x, exp.setup(k, config)[1])
     assert x_batch.shape[-2] == 4 and not np.array_equal(x_batch[0], x_batch[1])

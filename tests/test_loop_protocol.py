@@ -17,8 +17,8 @@ import pytest
 
 import jaxattn as ja
 from jaxattn.cli import main
-from jaxattn.experiments import run as run_module
-from jaxattn.experiments.run import run_loop
+from jaxattn.experiments import loop_runner as run_module
+from jaxattn.experiments.loop_runner import run_loop
 from jaxattn.models._arch import _nn
 from jaxattn.models._arch._nn import fused_attention
 

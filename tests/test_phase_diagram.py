@@ -11,9 +11,9 @@ import pytest
 import jaxattn as ja
 from jaxattn._dynamics import NORMS
 from jaxattn.cli import main
-from jaxattn.experiments import EXPERIMENTS, norm_beta
+from jaxattn.experiments import EXPERIMENTS, norm_beta, pair_density
 from jaxattn.experiments import phase_diagram as pd
-from jaxattn.experiments.run import resolve_config, run_experiment
+from jaxattn.experiments.runner import resolve_config, run_experiment
 
 
 def _their_step(M, BF, V, beta, eta, softmax):
@@ -59,8 +59,8 @@ def test_density_map_equals_their_script(exp_kernel, key_query, value):
         "key_query": key_query, "value": value, "exp_kernel": exp_kernel,
         "horizon": 0.0 if exp_kernel else 3.0, "times": 9}, seed=5)
     key = jax.random.PRNGKey(5)
-    got = pd.density_map(key, cfg)
-    x0, P, U = (np.asarray(a) for a in pd.draw_systems(key, cfg))
+    got = pair_density.density_map(key, cfg)
+    x0, P, U = (np.asarray(a) for a in pair_density.draw_systems(key, cfg))
     s = x0.shape[2]  # systems per model
     x0, P, U = x0.reshape(2, 3, 6, 3), np.repeat(P[:, :, 0], s, 1), np.repeat(U[:, :, 0], s, 1)
     times = np.linspace(0, 1.0 if exp_kernel else 3.0, 9)
@@ -80,7 +80,7 @@ def test_layer_is_their_update_for_a_few_steps(key, kernel):
     x0 = jax.random.normal(key, (n, d))
     for kq in range(4):
         for v in range(4):
-            P, U = pd.draw_weights(jax.random.fold_in(key, 4 * kq + v), d, 1, kq, v)
+            P, U = pair_density.draw_weights(jax.random.fold_in(key, 4 * kq + v), d, 1, kq, v)
             dyn = ja.SelfAttentionDynamics(P, U, beta=beta, kernel=kernel)
             ys = np.asarray(ja.run_layers(dyn, x0, 4, eta))
             # Their V: ±B/c from B itself (B Gaussian is not symmetric, so U = Vᵀ shows);
@@ -95,12 +95,12 @@ def test_layer_is_their_update_for_a_few_steps(key, kernel):
 
 def test_weight_draws_follow_their_codes(key):
     d = 4
-    B1, _ = pd.draw_weights(key, d, 1, 3, 0)
+    B1, _ = pair_density.draw_weights(key, d, 1, 3, 0)
     np.testing.assert_array_equal(B1, np.swapaxes(B1, -1, -2))  # GOE is symmetric
     for v, sign in ((2, 1), (3, -1)):
-        B, U = pd.draw_weights(key, d, 1, 3, v)
+        B, U = pair_density.draw_weights(key, d, 1, 3, v)
         np.testing.assert_allclose(U[0].T, sign * B[0] / math.sqrt(d + 1), rtol=1e-15)
-    B, U = pd.draw_weights(key, d, 2, 1, 2)  # two heads, averaged: U = V^T / h
+    B, U = pair_density.draw_weights(key, d, 2, 1, 2)  # two heads, averaged: U = V^T / h
     np.testing.assert_allclose(U, np.swapaxes(B, -1, -2) / math.sqrt(d) / 2, rtol=1e-15)
     assert not np.allclose(B[0], B[1])
 
@@ -109,24 +109,24 @@ def test_pair_count_against_numpy(key):
     x = np.array(jax.random.normal(key, (5, 9, 2)))
     x[:, 3] = x[:, 1] * 1.0001  # a clustered pair in every system
     x /= np.linalg.norm(x, axis=-1, keepdims=True)
-    got = jax.vmap(lambda y: pd.clustered_pairs(y, 0.999))(x)
+    got = jax.vmap(lambda y: pair_density.clustered_pairs(y, 0.999))(x)
     want = [(np.triu(y @ y.T > 0.999, 1)).sum() * 2 for y in x]
     np.testing.assert_array_equal(got, want)
     assert min(want) >= 2
-    off = jax.vmap(lambda y: pd.clustered_pairs(3 * y, 0.999, unit=False))(x)
+    off = jax.vmap(lambda y: pair_density.clustered_pairs(3 * y, 0.999, unit=False))(x)
     np.testing.assert_array_equal(off, want)
 
 
 def test_schedule_and_groups():
-    steps, at = pd.schedule(0.1, np.linspace(0, 30, 200))
+    steps, at = pair_density.schedule(0.1, np.linspace(0, 30, 200))
     clock = np.cumsum(np.full(steps, 0.1))
     assert clock[-1] >= 30 > clock[-2] and at[0] == 1 and at[-1] == steps
-    taus = [pd.step_size(b, 0.1, True, False) for b in np.linspace(0.1, 9, 90)]
-    counts = np.array([pd.schedule(t, np.linspace(0, 1, 200))[0] for t in taus])
-    groups = pd.step_groups(counts)
+    taus = [pair_density.step_size(b, 0.1, True, False) for b in np.linspace(0.1, 9, 90)]
+    counts = np.array([pair_density.schedule(t, np.linspace(0, 1, 200))[0] for t in taus])
+    groups = pair_density.step_groups(counts)
     assert sorted(np.concatenate(groups).tolist()) == list(range(90))
     assert all(counts[g].max() <= 2 * counts[g].min() for g in groups)
-    assert pd.step_groups(np.full(5, 301))[0].tolist() == list(range(5))
+    assert pair_density.step_groups(np.full(5, 301))[0].tolist() == list(range(5))
 
 
 def test_listed_and_run_by_the_cli(tmp_path, capsys):

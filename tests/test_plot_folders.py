@@ -15,7 +15,7 @@ import jaxattn as ja
 from jaxattn._runs import finish_run, write_json
 from jaxattn.cli import main
 from jaxattn.experiments import EXPERIMENTS, run_loop
-from jaxattn.experiments.run import resolve_config, run_into_folder
+from jaxattn.experiments.runner import resolve_config, run_into_folder
 from jaxattn.sweep import _report
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never download weights

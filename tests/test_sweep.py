@@ -143,8 +143,8 @@ def test_instances_are_the_experiments_draws_judged_by_the_theory(name):
     small = {"thm51-causal": {"tokens": 4, "dim": 6, "samples": 1}}.get(name, {})
     experiment = get_experiment(name)
     config = resolve_config(experiment, small, 3) | {"beta": 1.0}
-    dyn, y0, _ = _instances.MODELS[name].instance(jax.random.PRNGKey(3), config)
-    drawn, x0 = sys.modules[type(experiment).__module__].setup(jax.random.PRNGKey(3), config)
+    dyn, y0, _ = experiment.instance(jax.random.PRNGKey(3), config)
+    drawn, x0 = experiment.setup(jax.random.PRNGKey(3), config)
     if name == "thm51-causal":
         X0 = ja.normalize(x0[0])  # the sweep runs Y with x = Y X₀, on E_G, G = X₀X₀ᵀ
         np.testing.assert_array_equal(np.asarray(y0), np.eye(4))

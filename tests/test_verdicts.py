@@ -11,7 +11,7 @@ import pytest
 import jaxattn as ja
 from jaxattn.cli import main
 from jaxattn.experiments import EXPERIMENTS, resolve_config
-from jaxattn.experiments.base import convergence_trend, judge, overall_kind
+from jaxattn.experiments.verdicts import convergence_trend, overall_kind, run_kind
 from jaxattn.sweep import _report, _run
 
 TOL = ja.metrics.CONSENSUS_TOL
@@ -29,7 +29,7 @@ def test_trend_of_a_slow_geometric_decay_projects_its_arrival():
     assert trend.window == (pytest.approx(20 / 3, abs=0.1), 10.0)
     np.testing.assert_allclose(trend.rate, 0.3, rtol=1e-10)
     np.testing.assert_allclose(trend.reach, np.log(0.5 / TOL) / 0.3, rtol=1e-10)
-    assert judge(False, trend) == "not_converged"
+    assert run_kind(False, trend) == "not_converged"
     text = trend.describe("E")
     assert "not yet converged at t = 10" in text and "falling at rate 0.3" in text
     assert "would reach 0.0001 by t ≈ 28.4" in text
@@ -43,15 +43,15 @@ def test_trend_of_a_slow_geometric_decay_projects_its_arrival():
 def test_stalled_or_rising_trend_contradicts(values, state):
     trend = convergence_trend(TS, values, TOL)
     assert trend.state == state and trend.contradicts and trend.reach == np.inf
-    assert judge(False, trend) == "contradicts"
+    assert run_kind(False, trend) == "contradicts"
     assert state in trend.describe("E")
 
 
 def test_a_rising_speed_does_not_contradict_theorem_32():
     """A gradient flow's speed rises when it leaves a saddle: only a stall counts."""
     rising = convergence_trend(TS, 0.01 * np.exp(0.05 * TS), TOL)
-    assert judge(False, rising, "3.2") == "not_converged"
-    assert judge(False, convergence_trend(TS, np.full(101, 0.1), TOL), "3.2") == "contradicts"
+    assert run_kind(False, rising, "3.2") == "not_converged"
+    assert run_kind(False, convergence_trend(TS, np.full(101, 0.1), TOL), "3.2") == "contradicts"
 
 
 def test_converged_trend_and_too_few_samples():
@@ -59,10 +59,10 @@ def test_converged_trend_and_too_few_samples():
     trend = convergence_trend(TS, values, TOL)
     first = TS[np.argmax(values < TOL)]
     assert trend.state == "converged" and trend.reach == first
-    assert judge(True, trend) == "agrees"
+    assert run_kind(True, trend) == "agrees"
     unknown = convergence_trend(TS[:1], [0.3], TOL)
     assert unknown.state == "unknown" and not unknown.contradicts
-    assert judge(False, unknown) == "not_converged"
+    assert run_kind(False, unknown) == "not_converged"
     nan = convergence_trend(TS[:3], [0.3, np.nan, np.nan], TOL)
     assert nan.state == "unknown"
 

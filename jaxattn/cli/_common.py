@@ -2,7 +2,7 @@
 and the one reading of a command-line text as a parameter's value (`parse_value`).
 
 Integers are checked by `_validate.check_count`, and a parameter's value by
-`experiments.run.convert`; this module only turns text into values."""
+`experiments.runner.convert`; this module only turns text into values."""
 
 import argparse
 

@@ -15,9 +15,9 @@ def _demo(args: argparse.Namespace) -> int:
     from .._plot import resolution, save_sphere_figure
     from .._validate import check_count
     from ..bench.device import device_label
-    from ..experiments import paper
-    from ..experiments.run import check_seed
-    from ..metrics._consensus import misalignment
+    from ..experiments import paper001 as paper
+    from .._validate import check_seed
+    from ..metrics import misalignment
 
     check_count(args.tokens, "--tokens", 1)
     if not args.horizon > 0:

@@ -6,8 +6,8 @@ import argparse
 from .._precision import PRECISIONS
 from .._runs import read_json
 from ..experiments.loop_grid import DTYPES, grid_weights
-from ..experiments.run import run_loop, run_loop_grid
-from ..models._run import WEIGHTS
+from ..experiments import run_loop, run_loop_grid
+from ..models import WEIGHTS
 from ._common import CLIError
 
 #: Flags of a single loop that `--grid` does not take.

@@ -46,7 +46,7 @@ def _sweep(args: argparse.Namespace) -> int:
     import jax
 
     from .._validate import check_count
-    from ..experiments.run import check_seed
+    from .._validate import check_seed
     from ..sweep import SweepSpec, format_table, read_spec
     from ..sweep import run as run_sweep
 

@@ -1,91 +1,106 @@
-"""The named experiments of `jaxattn list/run/plot`: the one registry.
+"""The named experiments of `jaxattn list/run/plot/sweep`: the one registry.
 
-Every experiment is an `AbstractExperiment` (`base.py`) in a module of its own and
-is listed here, explicitly, in `REGISTRY`: its module and class, imported on first
-use, and what `jaxattn list` says of it, read without importing it (nor JAX).
-Nothing registers itself on import, and the library below (`ja.models`,
-`ja.spectral`, `ja.explore`, …) never imports this package. `run.py` runs one
-into a run folder; `paper.py` holds the models of paper 001 §6.1.
+The experiments are a family, as diffrax's solvers are: `base.py` holds the
+abstract experiment, intermediate bases do the shared work of a kind
+(`theorem.py`: the theorem experiments, flow and `--discrete` layers, judged by
+trend; `study.py`: the gradient studies; `paper004.py`: paper 004's models), and
+each member is one file that declares its set-up, measures, outcome and panels.
+Helpers two members share live in a module named by their concept (`paper001.py`:
+paper 001's models; `pieces.py`: runs in pieces; `verdicts.py`: trends and verdict
+kinds; `pair_density.py`: the clustered-pair map; `power_plots.py`,
+`variants_plot.py`: figures). `runner.py` runs one into a run folder,
+`loop_runner.py` loops a real model.
+
+`MEMBERS` lists every experiment, one line each, explicitly: nothing registers
+itself on import, and the library below never imports this package. What
+`jaxattn list` and the sweeps need to know of a member (its name, title, theorem
+and whether it is sweepable) is read from the member's own class body, without
+importing it (nor JAX): `REGISTRY`. Adding an experiment is one file and one
+line here (ARCHITECTURE.md, "Where to add").
 """
 
+import ast
 import importlib
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # what tools see; imported on first use at run time
-    from . import paper as paper
-    from .base import AbstractExperiment, Param, Verdict
-    from .run import command_line, redraw, resolve_config, run_experiment, run_loop
-    from .run import run_loop_grid as run_loop_grid
+    from . import paper001 as paper001
+    from .base import BETA, AbstractExperiment, Param, Verdict
+    from .loop_runner import run_loop, run_loop_grid
+    from .runner import command_line, convert, redraw, resolve_config, run_experiment
+
+    paper = paper001
+
+#: Every experiment of `jaxattn run NAME`, as `module.Class`, in the order `jaxattn
+#: list` shows them.
+MEMBERS = (
+    "thm41_sphere.SphereExperiment",
+    "thm51_causal.CausalExperiment",
+    "thm52_symmetric.SymmetricExperiment",
+    "thm32_gradient.GradientExperiment",
+    "adversarial_tokens.AdversarialTokens",
+    "adversarial_weights.AdversarialWeights",
+    "conjecture_multihead.ConjectureMultihead",
+    "conjecture_bipartite.ConjectureBipartite",
+    "loop_grid.LoopGridExperiment",
+    "power_shared.PowerShared",
+    "power_layers.PowerLayers",
+    "steer.Steer",
+    "oja_bipartite.OjaBipartite",
+    "phase_diagram.PhaseDiagram",
+    "norm_beta.NormBeta",
+    "variants.VariantsStudy",
+)
 
 
 class Entry(NamedTuple):
-    """One experiment of `REGISTRY`: where it lives and how `jaxattn list` shows it
-    (`theorem` and `title` equal the class's own; a test compares them)."""
+    """One experiment as its class declares it, read from its source: where it lives,
+    what `jaxattn list` shows, and whether `jaxattn sweep` can run it."""
 
     module: str  # the module in `jaxattn.experiments`
     cls: str  # its `AbstractExperiment` subclass
     theorem: str
     title: str
+    sweepable: bool = False
 
 
-#: Every experiment of `jaxattn run NAME`, by name, in the order `jaxattn list` shows.
-REGISTRY: dict[str, Entry] = {
-    "thm41-sphere": Entry("thm41_sphere", "SphereExperiment", "4.1",
-                          "10 tokens on S², 2 time-varying heads, U = I: consensus from a "
-                          "hemisphere"),
-    "thm51-causal": Entry("thm51_causal", "CausalExperiment", "5.1",
-                          "causal, 50 tokens on S⁴⁹⁹, 2 heads, U = I, 100 starts: all tokens "
-                          "→ x₁(0)"),
-    "thm52-symmetric": Entry("thm52_symmetric", "SymmetricExperiment", "5.2",
-                             "causal, 1 head, symmetric U with simple λ₁: tokens in ⟨v₁, x⟩ > 0 "
-                             "→ v₁"),
-    "thm32-gradient": Entry("thm32_gradient", "GradientExperiment", "3.2",
-                            "1 head, P SPD, W U = P on an ellipsoid: gradient flow of E_P to an "
-                            "equilibrium"),
-    "adversarial-tokens": Entry("adversarial", "AdversarialTokens", "4.1, 5.1",
-                                "initial tokens that maximise E(T) (thm41-sphere and "
-                                "thm51-causal settings)"),
-    "adversarial-weights": Entry("adversarial", "AdversarialWeights", "5.2",
-                                 "bounded symmetric U and P (causal, one head) that maximise "
-                                 "E(T)"),
-    "conjecture-multihead": Entry("conjectures", "ConjectureMultihead",
-                                  "5.2 (conjectured for h > 1)",
-                                  "search for multi-head causal models (symmetric U_η) where "
-                                  "tokens miss v₁"),
-    "conjecture-bipartite": Entry("conjectures", "ConjectureBipartite",
-                                  "paper 004 Theorem 3 (h = 1) and its open multi-head case",
-                                  "weights that make a bipartite equilibrium of the layer map "
-                                  "locally stable"),
-    "loop-grid": Entry("loop_grid", "LoopGridExperiment", "5.1-5.3 (beyond their assumptions)",
-                       "looped transformer (paper 001 §6.2, Figs. 7-10): E after every block for "
-                       "trained/random/resampled weights, with and without FFN"),
-    "power-shared": Entry("power_method", "PowerShared", "paper 004 Theorem 1",
-                          "paper 004 §2.1/§3.1 (Fig. 2a, 6c): a shared-weight model; its case, "
-                          "final alignment with v₁ and the 2-D subspace, depth prolonged"),
-    "power-layers": Entry("power_method", "PowerLayers", "paper 004 §3.2, no theorem",
-                          "paper 004 §2.2/§3.2 (Figs. 2b, 6, 7): per layer, alignment c, "
-                          "increment Δ, probability p vs their all-eigenvector baselines"),
-    "steer": Entry("power_method", "Steer", "paper 004 §2.3, no theorem",
-                   "paper 004 §2.3/§3.3 (Figs. 2, 9): rank-1 edit of the last layer, Ω + γ u wᵀ; "
-                   "alignment with u at the end, γ sweep"),
-    "oja-bipartite": Entry("power_method", "OjaBipartite", "paper 004 Theorems 2-3",
-                           "paper 004 App. D (Theorems 2, 3, Fig. 13): consensus/bipartite "
-                           "equilibria of the Oja system and the single-head map, jacfwd vs "
-                           "closed form vs simulation"),
-    "phase-diagram": Entry("phase_diagram", "PhaseDiagram",
-                           "Geshkovski et al. 2023, phase diagram (no theorem)",
-                           "Geshkovski et al.'s phase diagram: density of clustered pairs over "
-                           "(t, β), every β in one program"),
-    "norm-beta": Entry("norm_beta", "NormBeta",
-                       "Karagodin et al. 2025, normalisation and β (no theorem)",
-                       "Karagodin et al.'s normalisation study: clustered pairs over (t, β) for "
-                       "each placement of the normalisation"),
-    "variants": Entry("variants", "VariantsStudy",
-                      "4.1, 5.1 for post + softmax; no theorem for the variants",
-                      "which variants escape consensus: norm × mask × kernel × β on random "
-                      "weights, at a fixed depth"),
-}
+def _declared(member: str) -> tuple[str, Entry]:
+    """`(name, Entry)` of `module.Class`, from the literal class variables at the
+    head of its class body (`name`, `title`, `theorem`, `sweepable`): no import, and
+    only the class's head is parsed."""
+    module, cls = member.split(".")
+    lines = (Path(__file__).parent / f"{module}.py").read_text(encoding="utf-8").splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(f"class {cls}(")), None)
+    if start is None:
+        raise ImportError(f"jaxattn.experiments.{module} has no class {cls} (MEMBERS).")
+    end = next((i for i in range(start + 1, len(lines)) if _ends_head(lines[i])), len(lines))
+    head = ast.parse("\n".join(lines[start:end]) + "\n    pass").body[0]
+    found = {target.id: ast.literal_eval(node.value) for node in head.body
+             if isinstance(node, ast.Assign) for target in node.targets
+             if isinstance(target, ast.Name)
+             and target.id in ("name", "title", "theorem", "sweepable")}
+    missing = {"name", "title", "theorem"} - set(found)
+    if missing:
+        raise ImportError(f"{module}.{cls} declares no literal {', '.join(sorted(missing))}: "
+                          "write them as strings at the head of its class body.")
+    return found["name"], Entry(module, cls, found["theorem"], found["title"],
+                                bool(found.get("sweepable", False)))
+
+
+def _ends_head(line: str) -> bool:
+    """Whether `line` ends a class's head: its first method or the next top-level
+    statement."""
+    return line.startswith(("    def ", "    @")) or (line[:1] not in ("", " ", "#", ")"))
+
+
+#: Every experiment of `jaxattn run NAME`, by name, as its class declares it
+#: (`MEMBERS`' order).
+REGISTRY: dict[str, Entry] = dict(_declared(member) for member in MEMBERS)
+
+#: The experiments `jaxattn sweep NAME` can run (they say so: `sweepable = True`).
+SWEEPABLE: tuple[str, ...] = tuple(name for name, e in REGISTRY.items() if e.sweepable)
 
 
 class _Experiments(Mapping):
@@ -129,19 +144,21 @@ def get_experiment(name: str) -> "AbstractExperiment":
     return EXPERIMENTS[name]
 
 
-#: The names re-exported from `base.py` and `run.py`, imported on first use (PEP 562).
+#: The names re-exported from the modules below, imported on first use (PEP 562).
 _ATTRIBUTES = {
-    "AbstractExperiment": ".base", "Param": ".base", "Verdict": ".base",
-    "command_line": ".run", "redraw": ".run", "resolve_config": ".run",
-    "run_experiment": ".run", "run_loop": ".run", "run_loop_grid": ".run",
+    "AbstractExperiment": ".base", "BETA": ".base", "Param": ".base", "Verdict": ".base",
+    "command_line": ".runner", "convert": ".runner", "redraw": ".runner", "resolve_config": ".runner",
+    "run_experiment": ".runner", "run_loop": ".loop_runner", "run_loop_grid": ".loop_runner",
 }
+#: Modules reachable by another name: `paper` is the short name of `paper001`.
+_MODULES = {"paper": "paper001"}
 
 
 def __getattr__(name: str):
     if name in _ATTRIBUTES:
         value = getattr(importlib.import_module(_ATTRIBUTES[name], __name__), name)
-    elif name == "paper" or any(e.module == name for e in REGISTRY.values()):
-        value = importlib.import_module(f"{__name__}.{name}")
+    elif name in _MODULES or (Path(__file__).parent / f"{name}.py").exists():
+        value = importlib.import_module(f"{__name__}.{_MODULES.get(name, name)}")
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
@@ -152,6 +169,6 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-__all__ = ["EXPERIMENTS", "REGISTRY", "AbstractExperiment", "Entry", "Param", "Verdict",
-           "command_line", "get_experiment", "paper", "redraw", "resolve_config",
-           "run_experiment", "run_loop", "run_loop_grid"]
+__all__ = ["BETA", "EXPERIMENTS", "MEMBERS", "REGISTRY", "SWEEPABLE", "AbstractExperiment",
+           "Entry", "Param", "Verdict", "command_line", "convert", "get_experiment", "paper", "paper001", "redraw",
+           "resolve_config", "run_experiment", "run_loop", "run_loop_grid"]

@@ -1,28 +1,22 @@
-"""What every experiment of paper 001 §6.1 provides, and how one is run and saved.
+"""The abstract experiment of `jaxattn run NAME`: its parameters, its verdict and
+the methods every member provides.
 
-An experiment declares its parameters (the `jaxattn run` overrides), simulates
-(continuous flow or discrete layers), judges the outcome against
-`ja.theory.predict`, and draws its figures from the saved data alone, so that
-`jaxattn plot DIR` redraws them without recomputing.
+An experiment declares its parameters (the `jaxattn run` overrides), simulates,
+judges the outcome (against a theorem, a paper's figure or a peer's study) and
+draws its figures from the saved data alone, so that `jaxattn plot DIR` redraws
+them without recomputing. The shared work of a kind of experiment lives in an
+intermediate base (`theorem.py`: the theorem experiments; `study.py`: the
+gradient studies); each member only declares what is its own.
 """
 
 import abc
 import dataclasses
-import math
 import typing
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
-
-from .._flow import solve_flow
-from .._horizon import Horizon
-from .._layers import run_layers
-from .paper import shift_time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,17 +61,24 @@ class Verdict:
 
 
 class AbstractExperiment(abc.ABC):
-    """One simulation of paper 001 §6.1, run by `jaxattn run NAME`.
+    """One experiment, run by `jaxattn run NAME`.
 
     As in equinox, a method is either abstract (a subclass provides it) or final
     (no subclass overrides it): what differs between experiments is declared as
-    class variables, `params` and `drops`.
+    class variables. `name`, `title` and `theorem` are string literals in the
+    member's own class body: `jaxattn list` reads them from the source without
+    importing the member (nor JAX), and a test checks the two agree.
     """
 
     name: ClassVar[str]
     title: ClassVar[str]
+    #: What the experiment checks: a theorem number ("4.1"), a paper's section or a
+    #: peer's study.
     theorem: ClassVar[str]
     params: ClassVar[tuple[Param, ...]]
+    #: Whether `jaxattn sweep NAME` can run it: the experiment then provides
+    #: `instance(key, config)` (`theorem.AbstractTheoremExperiment` does).
+    sweepable: ClassVar[bool] = False
     #: The parameters of `COMMON` this experiment does not take (`jaxattn run NAME
     #: --discrete` is then refused in one line instead of being silently ignored).
     drops: ClassVar[tuple[str, ...]] = ()
@@ -88,6 +89,8 @@ class AbstractExperiment(abc.ABC):
         if unknown:
             raise TypeError(f"{cls.__name__}.drops names {sorted(unknown)}, which are not "
                             f"common parameters ({', '.join(p.name for p in COMMON)}).")
+        if cls.__dict__.get("sweepable") and not callable(getattr(cls, "instance", None)):
+            raise TypeError(f"{cls.__name__} is sweepable but has no instance(key, config).")
 
     @typing.final
     def all_params(self) -> tuple[Param, ...]:
@@ -103,261 +106,41 @@ class AbstractExperiment(abc.ABC):
         """Every parameter's default value, by name."""
         return {p.name: p.default for p in self.all_params()}
 
+    @typing.final
+    def stem(self, folder) -> Path:
+        """Where its figure goes: `folder/<name, with underscores>` (`.png`, `.pdf`)."""
+        return Path(folder) / self.name.replace("-", "_")
+
     @abc.abstractmethod
     def simulate(self, config: dict[str, Any], progress: bool) -> dict[str, np.ndarray]:
         """Run the experiment; the arrays returned are saved as `data.npz`."""
 
     @abc.abstractmethod
     def verdict(self, config: dict[str, Any], data: dict[str, np.ndarray]) -> Verdict:
-        """Compare the outcome with `ja.theory.predict`."""
+        """Judge the outcome (against `ja.theory.predict`, a paper or a peer)."""
 
     @abc.abstractmethod
     def draw(self, config: dict[str, Any], data: dict[str, np.ndarray], folder: Path) -> list[Path]:
         """Write the figures (PNG and PDF) into `folder`; return their paths."""
 
 
-# --- integration in pieces, with a progress bar -----------------------------------
+class Section(Mapping):
+    """The arrays of one part of a run's `data.npz`, by their plain names: a run
+    (`suffix="_layers"`: `section["E"]` is `data["E_layers"]`) or a setting
+    (`prefix="h2_"`). A name the part lacks falls back to the shared array (the
+    start, the domain test), so a verdict or a panel reads one part alike."""
 
+    def __init__(self, data: Mapping[str, Any], *, prefix: str = "", suffix: str = ""):
+        self._data, self._prefix, self._suffix = data, prefix, suffix
 
-def advance(
-    step: Callable[[int, Any], tuple[Any, Any]],
-    state,
-    num_pieces: int,
-    *,
-    desc: str,
-    progress: bool,
-):
-    """Run `state, out_k = step(k, state)` for `k < num_pieces` under a progress bar.
+    def __getitem__(self, name: str):
+        own = f"{self._prefix}{name}{self._suffix}"
+        return self._data[own] if own in self._data else self._data[self._prefix + name]
 
-    **Returns:**
+    def __iter__(self):
+        start, end = self._prefix, self._suffix
+        return (k[len(start):len(k) - len(end)] for k in self._data
+                if k.startswith(start) and k.endswith(end))
 
-    The final state and the list of outputs.
-    """
-    outs = []
-    with tqdm(total=num_pieces, desc=desc, unit="piece", disable=not progress, leave=False) as bar:
-        for k in range(num_pieces):
-            state, out = step(k, state)
-            jax.block_until_ready(out)
-            outs.append(out)
-            bar.update()
-    return state, outs
-
-
-def flow_path(
-    dyn, x0, horizon: float, saves: int, *, progress: bool, desc: str, reduce=None, **solve_kw
-):
-    """Solve the flow (eq. 6) on `saves + 1` equally spaced times of `[0, horizon]`.
-
-    Integrated in up to 20 equal pieces (`Horizon.pieces`; restarting the adaptive
-    solver at each piece's start, which is also a save time) so that a progress bar
-    can follow it.
-    `reduce(ys)` maps each piece's `(..., m, n, d)` states to what is kept
-    (default: the states).
-
-    **Returns:**
-
-    `ts (saves + 1,)` and the kept outputs concatenated along the time axis.
-    """
-    pieces = Horizon.pieces(saves)
-    m = saves // pieces
-    ts = Horizon(horizon).save_times(saves)
-    reduce = reduce or (lambda ys: ys)
-
-    def step(k, x):
-        ys = solve_flow(dyn, x, jnp.asarray(ts[k * m : (k + 1) * m + 1]), **solve_kw)
-        kept = ys if k == 0 else ys[..., 1:, :, :]
-        return ys[..., -1, :, :], reduce(kept)
-
-    _, outs = advance(step, x0, pieces, desc=desc, progress=progress)
-    return ts, jnp.concatenate(outs, axis=_time_axis(x0))
-
-
-def layer_path(dyn, x0, horizon: float, tau: float, *, progress: bool, desc: str, reduce=None):
-    """Run `Horizon(horizon).num_layers(τ)` discrete layers (eq. 4) in up to 20 pieces.
-
-    **Returns:**
-
-    `ts = kτ (L + 1,)` and the kept outputs (as in `flow_path`).
-    """
-    num_layers = Horizon(horizon).num_layers(tau)
-    pieces = Horizon.pieces(num_layers)
-    m = num_layers // pieces
-    reduce = reduce or (lambda ys: ys)
-
-    def step(k, x):
-        ys = run_layers(shift_time(dyn, k * m * tau), x, m, tau)
-        kept = ys if k == 0 else ys[..., 1:, :, :]
-        return ys[..., -1, :, :], reduce(kept)
-
-    _, outs = advance(step, x0, pieces, desc=desc, progress=progress)
-    return Horizon(horizon).layer_times(tau), jnp.concatenate(outs, axis=_time_axis(x0))
-
-
-def _time_axis(x0) -> int:
-    return jnp.ndim(x0) - 2
-
-
-# --- verdict helpers ---------------------------------------------------------------
-
-
-def fmt(x: float) -> str:
-    """A number for a verdict line: `3.0e-07`, `0.25`, `inf`; `0` below 1e-15."""
-    x = float(x)
-    if not math.isfinite(x):
-        return str(x)
-    if abs(x) < 1e-15:  # rounding level of float64: a computed 0 may come out as ±2e-16
-        return "0"
-    return f"{x:.1e}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.3g}"
-
-
-def largest_rise(values: np.ndarray) -> float:
-    """The largest increase between consecutive samples along the last axis (≤ 0: none)."""
-    values = np.asarray(values)
-    return float(np.max(np.diff(values, axis=-1))) if values.shape[-1] > 1 else 0.0
-
-
-# --- convergence verdicts ----------------------------------------------------------
-
-#: The verdict kinds, in `summary.json` as `verdict_kind`: the outcome was reached;
-#: not reached yet but still converging (which the theorem allows); measurably
-#: against the theorem (stalled or reversed inside its hypotheses); outside them.
-VERDICT_KINDS = ("agrees", "not_converged", "contradicts", "not_applicable")
-
-
-@dataclasses.dataclass(frozen=True)
-class Trend:
-    """How a quantity that a theorem drives to 0 (`E`, a distance to the predicted
-    limit, a speed) behaves at the end of a run (`convergence_trend`).
-
-    - `state`: `"converged"` (the final value is below `tol`), `"converging"` (it
-      falls measurably), `"stalled"` (it changes by less than `stall` over the
-      window), `"rising"`, or `"unknown"` (fewer than two finite samples there).
-    - `final`: the last value; `rate`: the fitted decay rate of its logarithm per
-      unit time (`> 0`: falling); `reach`: the projected time at which it reaches
-      `tol` (once converged, the first sampled time below it; `inf` if not falling);
-      `window`: the fitted times `(t₀, t₁)`; `tol`: the threshold.
-    """
-
-    state: str
-    final: float
-    rate: float
-    reach: float
-    window: tuple[float, float]
-    tol: float
-
-    @property
-    def contradicts(self) -> bool:
-        """Whether convergence is measurably stalled or reversed (not merely slow)."""
-        return self.state in ("stalled", "rising")
-
-    def describe(self, what: str = "E") -> str:
-        """One phrase for a verdict line: what was observed at the end of the run."""
-        t0, t1 = (fmt(t) for t in self.window)
-        over = f"t ∈ [{t0}, {t1}]"
-        if self.state == "converged":
-            return (f"{what} = {fmt(self.final)} < {self.tol:g} (below it from "
-                    f"t = {fmt(self.reach)})")
-        if self.state == "converging":
-            return (f"not yet converged at t = {t1}: {what} = {fmt(self.final)}, falling at rate "
-                    f"{fmt(self.rate)} per unit time (fitted on {over}), would reach "
-                    f"{self.tol:g} by t ≈ {fmt(self.reach)}")
-        if self.state == "stalled":
-            return (f"{what} stalled at {fmt(self.final)} ≥ {self.tol:g} over {over} (fitted "
-                    f"rate {fmt(self.rate)} per unit time)")
-        if self.state == "rising":
-            return (f"{what} rising at rate {fmt(-self.rate)} per unit time over {over}, to "
-                    f"{fmt(self.final)} ≥ {self.tol:g}")
-        return f"{what} = {fmt(self.final)}: too few finite samples to judge a trend"
-
-    def numbers(self, prefix: str = "") -> dict[str, float]:
-        """The fitted rate and the projected time, for a verdict's numbers."""
-        return {f"{prefix}decay_rate": self.rate, f"{prefix}projected_time": self.reach}
-
-
-def convergence_trend(ts, values, tol: float, *, fraction: float = 1 / 3,
-                      stall: float = 1e-3) -> Trend:
-    """Judge a quantity that should go to 0 on its trend at the end of the run, not on
-    its value at a fixed time: a least-squares fit of `log(values)` against `t` on the
-    last `fraction` of the run (at least the last 3 samples).
-
-    A fitted change of `log(values)` under `stall` over that window (a fall of less
-    than 0.1 % by default) is no measurable convergence: the run ended on a plateau (an
-    equilibrium off the predicted outcome, or one approached exponentially), while a
-    slow geometric approach, e.g. at a small spectral gap, still falls by more. A
-    metastable plateau flatter than that reads as stalled at this run's resolution:
-    run longer to see it leave.
-
-    **Arguments:**
-
-    - `ts`: the sampled times `(T,)`; `values`: the quantity at those times `(T,)`.
-    - `tol`: the threshold the quantity should fall below (e.g. `CONSENSUS_TOL`).
-    - `fraction`: the part of the run the trend is fitted on; `stall`: see above.
-
-    **Returns:**
-
-    A `Trend`.
-    """
-    ts, values = np.asarray(ts, np.float64), np.asarray(values, np.float64)
-    final = float(values[-1])
-    if final < tol:  # False for NaN
-        first = _last_run_start(values < tol)
-        return Trend("converged", final, math.nan, float(ts[first]),
-                     (float(ts[0]), float(ts[-1])), tol)
-    start = min(int(np.searchsorted(ts, ts[-1] - fraction * (ts[-1] - ts[0]))), len(ts) - 3)
-    t, v = ts[max(start, 0):], values[max(start, 0):]
-    window = (float(t[0]), float(t[-1]))
-    keep = np.isfinite(v)
-    if keep.sum() < 2 or np.ptp(t[keep]) == 0:
-        return Trend("unknown", final, math.nan, math.inf, window, tol)
-    slope, intercept = np.polyfit(t[keep], np.log(np.maximum(v[keep], np.finfo(float).tiny)), 1)
-    change = slope * (window[1] - window[0])
-    state = "stalled" if abs(change) < stall else ("rising" if change > 0 else "converging")
-    reach = (intercept - math.log(tol)) / -slope if state == "converging" else math.inf
-    return Trend(state, final, float(-slope), float(reach), window, tol)
-
-
-def _last_run_start(mask: np.ndarray) -> int:
-    """The index where the final run of `True` in `mask` begins."""
-    off = np.flatnonzero(~mask)
-    return int(off[-1]) + 1 if off.size else 0
-
-
-def overall_kind(kinds) -> str:
-    """The kind of a verdict over several runs: `"contradicts"` if any run does, else
-    `"not_converged"` if any has not converged, else `"agrees"` if any applies."""
-    kinds = set(kinds)
-    return next((k for k in ("contradicts", "not_converged", "agrees") if k in kinds),
-                "not_applicable")
-
-
-def judge(reached: bool, trend: Trend, theorem: str | None = None) -> str:
-    """The verdict kind of a run inside a theorem's hypotheses: `"agrees"` when the
-    predicted outcome was reached, `"contradicts"` when convergence stalled or
-    reversed (`trend.contradicts`), else `"not_converged"`.
-
-    Theorem 3.2 (an equilibrium) is judged on the speed `max |ẋ|`, which rises
-    whenever a gradient flow leaves a saddle's neighbourhood: for it only a stall
-    contradicts.
-    """
-    if reached:
-        return "agrees"
-    if trend.state == "stalled" or (trend.state == "rising" and theorem != "3.2"):
-        return "contradicts"
-    return "not_converged"
-
-
-def outcome_words(kind: str, theorem: str) -> str:
-    """How a verdict line names its kind: `as Theorem 4.1 predicts`, `AGAINST …`."""
-    return {"agrees": f"as Theorem {theorem} predicts",
-            "not_converged": f"consistent with Theorem {theorem}, which allows slow convergence",
-            "contradicts": f"AGAINST Theorem {theorem}",
-            "not_applicable": f"Theorem {theorem} says nothing here"}[kind]
-
-
-def kind_verdict(kind: str, line: str, numbers: dict[str, Any],
-                 extra: dict[str, Any] | None = None) -> Verdict:
-    """A `Verdict` of kind `kind` (`VERDICT_KINDS`): it agrees with the theory unless it
-    contradicts it, and `summary.json` records the kind as `verdict_kind`."""
-    if kind not in VERDICT_KINDS:
-        raise ValueError(f"unknown verdict kind {kind!r}; expected one of {VERDICT_KINDS}.")
-    return Verdict(kind != "contradicts", line, numbers, {"verdict_kind": kind} | (extra or {}))
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

@@ -4,8 +4,8 @@ far past their depth, with the misalignment `E` recorded after every block.
 Two experiments share the pieces below: `loop`, one setting (`jaxattn loop`), and
 `loop-grid`, every weight kind with and without feed-forward blocks in one folder
 and figure (Figs. 7–10; `LoopGridExperiment`, run as `jaxattn run loop-grid` or
-`jaxattn loop --grid`). Their run folders are written by `run.py` (`run_loop`,
-`run_loop_grid`), through the one writer of `_runs.py`.
+`jaxattn loop --grid`). Their run folders are written by `loop_runner.py`
+(`run_loop`, `run_loop_grid`).
 """
 
 import os
@@ -27,11 +27,19 @@ from .._plot import (
     wrap,
 )
 from .._validate import check_count
-from ..models import PRESETS, init, load, loop, resolve_config
-from ..models._load import PACKAGED, packaged_path
-from ..models._presets import ALIASES
-from ..models._run import WEIGHTS
-from .base import AbstractExperiment, Param, Verdict, fmt
+from ..models import (
+    ALIASES,
+    PACKAGED,
+    PRESETS,
+    WEIGHTS,
+    init,
+    load,
+    loop,
+    packaged_path,
+    resolve_config,
+)
+from .base import AbstractExperiment, Param, Verdict
+from .verdicts import short
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -177,7 +185,7 @@ class LoopGridExperiment(AbstractExperiment):
         ok = all(r < 1 for r in ratios.values())
         line = ("mean E fell with depth in every setting" if ok else
                 "mean E did not fall in: " + ", ".join(k for k, r in ratios.items() if r >= 1))
-        line += " (final/initial: " + ", ".join(f"{k} {fmt(r)}" for k, r in ratios.items()) + ")"
+        line += " (final/initial: " + ", ".join(f"{k} {short(r)}" for k, r in ratios.items()) + ")"
         L = int(data["layers_per_pass"])
         extra = {"layers_per_pass": L} | {f"{w}_{v}": describe(E, L) for (w, v), E in grid.items()}
         return Verdict(ok, line, ratios, extra)

@@ -23,7 +23,7 @@ import numpy as np
 from .. import _plot
 from .._dynamics import NORMS
 from .base import AbstractExperiment, Param, Verdict
-from .phase_diagram import STUDY, density_map, describe_map, draw_map, setup_line
+from .pair_density import STUDY, density_map, describe_map, draw_map, setup_line
 
 #: simuformer's `runner.py` defaults, where they differ from `phase-diagram`'s.
 DEFAULTS = {"betas": 20, "beta_max": 15.0, "systems": 512, "tokens": 64, "dim": 16,

@@ -4,53 +4,21 @@
 from pathlib import Path
 
 import jax
-import numpy as np
 
 from .. import _plot
 from .._horizon import CONSENSUS_TOL
 from ..metrics import misalignment, pairwise_lyapunov
-from ..theory import predict
-from . import paper
-from .base import (
-    BETA,
-    AbstractExperiment,
-    Param,
-    convergence_trend,
-    flow_path,
-    fmt,
-    judge,
-    kind_verdict,
-    largest_rise,
-    layer_path,
-    outcome_words,
-)
+from . import paper001
+from .base import BETA, Param
+from .theorem import AbstractTheoremExperiment, Evidence
+from .verdicts import largest_rise, short
 
 
-def setup(key, config):
-    """One instance, the model and its start, drawn from `key`: `jaxattn run
-    thm41-sphere --seed S` passes `PRNGKey(S)`, a sweep's instance `i` `PRNGKey(seed + i)`.
-
-    **Arguments:**
-
-    - `key`: a PRNG key.
-    - `config`: the experiment's parameters (`heads`, `tokens`, `beta`); any others
-      are ignored. `beta` may be a traced scalar.
-
-    **Returns:**
-
-    `(dyn, x0)`: the `heads`-head model on S² with inverse temperature `beta` and
-    `tokens` unit tokens `(n, 3)` in one open hemisphere.
-    """
-    k_model, k_x = jax.random.split(key)
-    dyn = paper.with_beta(paper.sphere_dynamics(k_model, config["heads"]), config["beta"])
-    x0 = paper.hemisphere_tokens(k_x, config["tokens"], 3)
-    return dyn, x0
-
-
-class SphereExperiment(AbstractExperiment):
+class SphereExperiment(AbstractTheoremExperiment):
     name = "thm41-sphere"
     title = "10 tokens on S², 2 time-varying heads, U = I: consensus from a hemisphere"
     theorem = "4.1"
+    sweepable = True
     params = (
         Param("tokens", int, 10, "number of tokens n", 1),
         Param("heads", int, 2, "number of heads h", 1),
@@ -58,42 +26,36 @@ class SphereExperiment(AbstractExperiment):
         Param("horizon", float, 10.0, "final time T", 0.0),
         Param("tau", float, 0.01, "layer step τ of --discrete", 0.0),
     )
+    reached_words = {"agrees": "consensus, ", "contradicts": "no consensus, "}
 
-    def simulate(self, config, progress):
-        dyn, x0 = setup(jax.random.PRNGKey(config["seed"]), config)
-        T, saves = config["horizon"], config["saves"]
-        ts, ys = flow_path(dyn, x0, T, saves, progress=progress, desc=f"{self.name}: flow")
-        pred = predict(dyn, x0)
-        data = {
-            "ts": ts, "ys": ys, "E": misalignment(ys), "V": pairwise_lyapunov(ys),
-            "P_norm": paper.sphere_query_key(dyn, ts), "x0": x0,
-            "in_domain": pred.in_domain, "margin": pred.margin,
-        }
-        if config["discrete"]:
-            tl, yl = layer_path(
-                dyn, x0, T, config["tau"], progress=progress, desc=f"{self.name}: layers"
-            )
-            data |= {"ts_layers": tl, "ys_layers": yl, "E_layers": misalignment(yl),
-                     "V_layers": pairwise_lyapunov(yl)}
-        return {k: np.asarray(v) for k, v in data.items()}
+    def setup(self, key, config):
+        """The `heads`-head model on S² at inverse temperature `beta`, and `tokens`
+        unit tokens `(n, 3)` in one open hemisphere."""
+        k_model, k_x = jax.random.split(key)
+        dyn = paper001.with_beta(paper001.sphere_dynamics(k_model, config["heads"]),
+                                 config["beta"])
+        return dyn, paper001.hemisphere_tokens(k_x, config["tokens"], 3)
 
-    def verdict(self, config, data):
-        run = "_layers" if config["discrete"] else ""
-        E = data["E" + run]
-        rise = largest_rise(data["V" + run])
-        where = f"{len(data['ts' + run]) - 1} layers, τ = {config['tau']}" if run else "flow"
-        trend = convergence_trend(data["ts" + run], E, CONSENSUS_TOL)
-        numbers = {"final_E": float(E[-1]), "V_largest_rise": rise,
-                   "margin": float(data["margin"])} | trend.numbers()
-        if not bool(data["in_domain"]):
-            line = (f"{where}: the start is in no open hemisphere, so Theorem 4.1 says nothing; "
-                    f"final E = {fmt(E[-1])}")
-            return kind_verdict("not_applicable", line, numbers)
-        kind = judge(float(E[-1]) < CONSENSUS_TOL, trend)
-        reached = {"agrees": "consensus, ", "contradicts": "no consensus, "}.get(kind, "")
-        line = (f"{where}: {trend.describe('E')}: {reached}{outcome_words(kind, '4.1')} (start "
-                f"in a hemisphere, margin {fmt(data['margin'])}); V(t) largest rise {fmt(rise)}")
-        return kind_verdict(kind, line, numbers)
+    def measures(self, dyn, pred, ts, ys):
+        return {"E": misalignment(ys), "V": pairwise_lyapunov(ys)}
+
+    def facts(self, config, dyn, x0, pred, flow):
+        return {"P_norm": paper001.sphere_query_key(dyn, flow["ts"]), "x0": x0,
+                "in_domain": pred.in_domain, "margin": pred.margin}
+
+    def evidence(self, config, run):
+        E = run["E"]
+        numbers = {"final_E": float(E[-1]), "V_largest_rise": largest_rise(run["V"]),
+                   "margin": float(run["margin"])}
+        return Evidence(E, float(E[-1]) < CONSENSUS_TOL, bool(run["in_domain"]), numbers)
+
+    def describe(self, config, run, evidence, judged):
+        if judged.kind == "not_applicable":
+            return (f"the start is in no open hemisphere, so Theorem 4.1 says nothing; "
+                    f"final E = {short(run['E'][-1])}")
+        return (f"{judged.trend.describe('E')}: {self.words(judged.kind)} (start in a "
+                f"hemisphere, margin {short(run['margin'])}); V(t) largest rise "
+                f"{short(evidence.numbers['V_largest_rise'])}")
 
     def draw(self, config, data, folder: Path):
         plt = _plot.pyplot()
@@ -117,6 +79,6 @@ class SphereExperiment(AbstractExperiment):
         ax.set_ylabel(r"$V = 1-\min_{ij}\langle x_i,x_j\rangle$,  $E$")
         ax.set_title("Lyapunov function (eq. 10) and misalignment")
         ax.legend(fontsize=8)
-        return _plot.save_figure(fig, folder / self.name.replace("-", "_"),
+        return _plot.save_figure(fig, self.stem(folder),
                                  f"Theorem 4.1 — {config['tokens']} tokens, h = {config['heads']}, "
                                  f"seed {config['seed']}")

@@ -2,8 +2,8 @@
 (paper 001 §6.1.2, Fig. 4, Theorem 5.1).
 
 With every `U_η = I` the tokens stay in the span of their start, so each start is
-integrated in those coordinates (`paper.span_dynamics`, exact): 50 × 50 instead
-of 50 × 500 per sample, which keeps the paper's size within a minute on 2 cores.
+integrated in those coordinates (`paper001.span_dynamics`, exact): 50 × 50 instead
+of 50 × 500 per sample.
 """
 
 from pathlib import Path
@@ -22,73 +22,146 @@ from .._manifold import normalize
 from .._precision import matmul
 from ..metrics import consensus_time, misalignment
 from ..theory import predict
-from . import paper
-from .base import (
-    BETA,
-    AbstractExperiment,
-    Param,
-    advance,
-    convergence_trend,
-    fmt,
-    judge,
-    kind_verdict,
-    outcome_words,
-    overall_kind,
-)
+from . import paper001
+from .base import BETA, Param
+from .pieces import advance, shift_time
+from .theorem import AbstractTheoremExperiment, Evidence
+from .verdicts import short
 
 
-def setup(key, config):
-    """The model and its starts, drawn from `key`: `jaxattn run thm51-causal --seed S`
-    passes `PRNGKey(S)`; a sweep's instance `i` is the run with `--samples 1` and
-    `PRNGKey(seed + i)`.
-
-    **Arguments:**
-
-    - `key`: a PRNG key.
-    - `config`: the experiment's parameters (`dim`, `heads`, `amplitude`, `max_freq`,
-      `samples`, `tokens`); any others are ignored. `amplitude` and `max_freq` may
-      be traced scalars.
-
-    **Returns:**
-
-    `(weights, x0)`: the `paper.CausalWeights` of the model (`paper.causal_dynamics`)
-    and `samples` starts `(samples, tokens, dim)` of unit tokens.
-    """
-    k_w, k_x = jax.random.split(key)
-    weights = paper.causal_weights(
-        k_w, config["dim"], config["heads"], config["amplitude"], config["max_freq"]
+class CausalExperiment(AbstractTheoremExperiment):
+    name = "thm51-causal"
+    title = "causal, 50 tokens on S⁴⁹⁹, 2 heads, U = I, 100 starts: all tokens → x₁(0)"
+    theorem = "5.1"
+    sweepable = True
+    params = (
+        Param("tokens", int, 50, "number of tokens n (≤ dim)", 2),
+        Param("dim", int, 500, "token dimension d", 2),
+        Param("heads", int, 2, "number of heads h", 1),
+        BETA,
+        Param("samples", int, 100, "initial conditions, in one batch", 1),
+        Param("horizon", float, 20.0, "final time T", 0.0),
+        Param("saves", int, 400, "number of saved time intervals of the flow", 1),
+        Param("tau", float, 0.1, "layer step τ of --discrete", 0.0),
+        Param("amplitude", float, 2.0, "a_k ~ U[0, amplitude]", 0.0),
+        Param("max_freq", float, 2.0, "ω_k ~ U[0, max_freq·π]", 0.0),
     )
-    shape = (config["samples"], config["tokens"], config["dim"])
-    x0 = normalize(jax.random.uniform(k_x, shape, jnp.result_type(float), -1.0, 1.0))
-    return weights, x0
+    reached_words = {"agrees": "consensus at the first token, "}
 
-
-def check_config(config) -> None:
-    """Refuse more tokens than dimensions (a `ValueError`): the span coordinates need
-    linearly independent tokens."""
-    if config["tokens"] > config["dim"]:
-        raise ValueError(
-            f"tokens {config['tokens']} > dim {config['dim']}: the tokens must be linearly "
-            "independent for the span coordinates; use at most as many tokens as dimensions."
+    def setup(self, key, config):
+        """The `paper001.CausalWeights` of the model (`paper001.causal_dynamics`) and
+        `samples` starts `(samples, tokens, dim)` of unit tokens; a sweep's instance
+        is the run with `--samples 1`. `amplitude` and `max_freq` may be traced."""
+        k_w, k_x = jax.random.split(key)
+        weights = paper001.causal_weights(
+            k_w, config["dim"], config["heads"], config["amplitude"], config["max_freq"]
         )
+        shape = (config["samples"], config["tokens"], config["dim"])
+        x0 = normalize(jax.random.uniform(k_x, shape, jnp.result_type(float), -1.0, 1.0))
+        return weights, x0
+
+    def check_config(self, config):
+        """Refuse more tokens than dimensions: the span coordinates need linearly
+        independent tokens."""
+        if config["tokens"] > config["dim"]:
+            raise ValueError(
+                f"tokens {config['tokens']} > dim {config['dim']}: the tokens must be linearly "
+                "independent for the span coordinates; use at most as many tokens as "
+                "dimensions."
+            )
+
+    def instance(self, key, config):
+        """`--samples 1`, run in the span coordinates of its start, as the experiment
+        runs it: `x = Y X₀`, `Y(0) = I`, on the ellipsoid `E_G`."""
+        weights, x0 = self.setup(key, config | {"samples": 1})
+        dyn, G = paper001.span_dynamics(weights, x0[0])
+        y0 = jnp.eye(x0.shape[-2], dtype=x0.dtype)
+        return dyn, y0, lambda ys: paper001.span_misalignment(ys, G)
+
+    def prediction(self, config, weights, x0):
+        return predict(causal_model(weights, config["beta"]), x0,
+                       times=np.linspace(0.0, config["horizon"], 21))
+
+    def evolve(self, config, weights, x0, pred, *, discrete, progress):
+        desc = f"{self.name}: {'layers' if discrete else 'flow'}"
+        ts, E, gap, xT = _run(config, weights, x0, discrete=discrete, progress=progress,
+                              desc=desc)
+        run = {"ts": ts, "E": E, "gap": gap, "agrees": pred.check(xT, tol=CONSENSUS_TOL)}
+        # the flow's final E from the tokens themselves: a check of the span coordinates
+        return run if discrete else run | {"E_direct": misalignment(xT)}
+
+    def facts(self, config, weights, x0, pred, flow):
+        return {"in_domain": pred.in_domain, "theorem": np.asarray(pred.theorem or "none")}
+
+    def evidence(self, config, run):
+        E_final, agrees, inside = run["E"][:, -1], run["agrees"], run["in_domain"]
+        t_cons = np.asarray(consensus_time(run["ts"], run["E"], CONSENSUS_TOL))
+        numbers = {"final_E_max": float(E_final.max()),
+                   "final_gap_max": float(run["gap"][:, -1].max()),
+                   "agree": int(agrees.sum()), "samples": len(agrees),
+                   "in_domain": int(inside.sum()),
+                   "consensus_time_median": float(np.median(t_cons)),
+                   "consensus_time_max": float(t_cons.max())}
+        covered = str(run["theorem"]) == "5.1"
+        return Evidence(run["gap"], agrees, inside & covered, numbers)
+
+    def describe(self, config, run, evidence, judged):
+        n = evidence.numbers
+        line = (f"{n['agree']}/{n['samples']} starts end at x₁(0) (max final E = "
+                f"{short(n['final_E_max'])}, max 1 − ⟨x_i, x₁(0)⟩ = {short(n['final_gap_max'])}"
+                f"; tolerance {CONSENSUS_TOL:g})")
+        if judged.trend is not None:
+            counts = {k: int(np.sum(judged.kinds == k)) for k in ("not_converged", "contradicts")}
+            line += (f"; {counts['not_converged']} still converging, {counts['contradicts']}"
+                     f" stalled or reversed (slowest: "
+                     f"{judged.trend.describe('1 − ⟨x_i, x₁(0)⟩')})")
+        line += f": {self.words(judged.kind)}"
+        if np.isfinite(n["consensus_time_max"]):
+            line += f"; E < {CONSENSUS_TOL:g} by t = {short(n['consensus_time_max'])}"
+        return line
+
+    def draw(self, config, data, folder: Path):
+        plt = _plot.pyplot()
+        fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+        for run, label, color, _ in self.drawn_runs(config, data):
+            ts, E, gap = run["ts"], run["E"], run["gap"]
+            # the gap 1 − ⟨x_i, x₁(0)⟩ as computed resolves ~ε (first order), E ~ε²
+            for ax, values, order in ((axes[0], E, 2), (axes[1], gap, 1)):
+                _plot.draw_decay(ax, ts, values, order=order, color=color, lw=0.6, alpha=0.35,
+                                 label=f"{label} ({E.shape[0]} starts)")
+            t_cons = np.asarray(consensus_time(ts, E, CONSENSUS_TOL))
+            axes[2].hist(t_cons[np.isfinite(t_cons)], bins=20, color=color, alpha=0.6, label=label)
+        _plot.integer_ticks(axes[2].yaxis)  # a count of starts
+        axes[0].set_ylabel("misalignment $E(x(t))$ (eq. 25)")
+        axes[0].set_title("Fig. 4: $E(t)$ for every start")
+        axes[1].set_ylabel(r"$\max_i\,(1-\langle x_i(t), x_1(0)\rangle)$")
+        axes[1].set_title("distance to the first token's start")
+        axes[2].set_xlabel(f"time at which $E < 10^{{{int(np.log10(CONSENSUS_TOL))}}}$")
+        axes[2].set_ylabel("number of starts")
+        axes[2].set_title("consensus time")
+        for ax in axes:
+            _plot.opaque_legend(ax, fontsize=8)
+        title = (f"Theorem 5.1 — causal, {config['tokens']} tokens on $S^{{{config['dim'] - 1}}}$, "
+                 f"h = {config['heads']}, seed {config['seed']}")
+        return _plot.save_figure(fig, self.stem(folder), title)
 
 
 def _measures(ys, G):
     """`E` and the gap `max_i (1 − ⟨x_i, x₁(0)⟩)` of reduced states `(T, n, n)`."""
     # ⟨x_i(t), x₁(0)⟩ since x₁(0) = e₁ in these coordinates; a measure: true float32.
     to_first = matmul(ys, G, "float32")[..., :, 0]
-    return paper.span_misalignment(ys, G), 1 - jnp.min(to_first, axis=-1)
+    return paper001.span_misalignment(ys, G), 1 - jnp.min(to_first, axis=-1)
 
 
 def causal_model(weights, beta) -> SelfAttentionDynamics:
-    """The causal model of `weights` (`paper.causal_dynamics`) at inverse temperature
+    """The causal model of `weights` (`paper001.causal_dynamics`) at inverse temperature
     `beta`, as `jaxattn run thm51-causal --beta` and its sweep run it."""
-    return paper.with_beta(paper.causal_dynamics(weights), beta)
+    return paper001.with_beta(paper001.causal_dynamics(weights), beta)
 
 
 def _span(weights, x0, beta):
-    dyn, G = paper.span_dynamics(weights, x0)
-    return paper.with_beta(dyn, beta), G
+    dyn, G = paper001.span_dynamics(weights, x0)
+    return paper001.with_beta(dyn, beta), G
 
 
 @eqx.filter_jit
@@ -105,7 +178,7 @@ def _flow_piece(weights, x0, y, ts, beta):
 def _layer_piece(weights, x0, y, t0, num_layers: int, tau, beta):
     def one(x0_s, y_s):
         dyn, G = _span(weights, x0_s, beta)
-        ys = run_layers(paper.shift_time(dyn, t0), y_s, num_layers, tau)
+        ys = run_layers(shift_time(dyn, t0), y_s, num_layers, tau)
         return ys[-1], _measures(ys, G)
 
     return jax.vmap(one)(x0, y)
@@ -137,104 +210,3 @@ def _run(config, weights, x0, *, discrete, progress, desc):
     return ts, E, gap, matmul(y_final, x0, "float32")  # x(T) = Y(T) X₀
 
 
-def _sample_kinds(ts, gap, agrees, inside):
-    """Each start's verdict kind, judged on the trend of its distance to `x₁(0)`, and
-    the trend of the slowest start that has not arrived (`None` if all have)."""
-    kinds = np.full(len(agrees), "not_applicable", dtype=object)
-    slowest = None
-    for b in np.flatnonzero(inside):
-        trend = convergence_trend(ts, gap[b], CONSENSUS_TOL)
-        kinds[b] = judge(bool(agrees[b]), trend)
-        if not agrees[b] and (slowest is None or trend.reach > slowest.reach):
-            slowest = trend
-    return kinds, slowest
-
-
-class CausalExperiment(AbstractExperiment):
-    name = "thm51-causal"
-    title = "causal, 50 tokens on S⁴⁹⁹, 2 heads, U = I, 100 starts: all tokens → x₁(0)"
-    theorem = "5.1"
-    params = (
-        Param("tokens", int, 50, "number of tokens n (≤ dim)", 2),
-        Param("dim", int, 500, "token dimension d", 2),
-        Param("heads", int, 2, "number of heads h", 1),
-        BETA,
-        Param("samples", int, 100, "initial conditions, in one batch", 1),
-        Param("horizon", float, 20.0, "final time T", 0.0),
-        Param("saves", int, 400, "number of saved time intervals of the flow", 1),
-        Param("tau", float, 0.1, "layer step τ of --discrete", 0.0),
-        Param("amplitude", float, 2.0, "a_k ~ U[0, amplitude]", 0.0),
-        Param("max_freq", float, 2.0, "ω_k ~ U[0, max_freq·π]", 0.0),
-    )
-
-    def simulate(self, config, progress):
-        check_config(config)
-        weights, x0 = setup(jax.random.PRNGKey(config["seed"]), config)
-        pred = predict(causal_model(weights, config["beta"]), x0,
-                       times=np.linspace(0.0, config["horizon"], 21))
-        ts, E, gap, xT = _run(config, weights, x0, discrete=False, progress=progress,
-                              desc=f"{self.name}: flow")
-        data = {"ts": ts, "E": E, "gap": gap, "in_domain": pred.in_domain,
-                "agrees": pred.check(xT, tol=CONSENSUS_TOL), "E_direct": misalignment(xT),
-                "theorem": np.asarray(pred.theorem or "none")}
-        if config["discrete"]:
-            tl, El, gl, xl = _run(config, weights, x0, discrete=True, progress=progress,
-                                  desc=f"{self.name}: layers")
-            data |= {"ts_layers": tl, "E_layers": El, "gap_layers": gl,
-                     "agrees_layers": pred.check(xl, tol=CONSENSUS_TOL)}
-        return {k: np.asarray(v) for k, v in data.items()}
-
-    def verdict(self, config, data):
-        run = "_layers" if config["discrete"] else ""
-        E_final = data["E" + run][:, -1]
-        agrees, inside = data["agrees" + run], data["in_domain"]
-        B = len(agrees)
-        t_cons = np.asarray(consensus_time(data["ts" + run], data["E" + run], CONSENSUS_TOL))
-        numbers = {"final_E_max": float(E_final.max()),
-                   "final_gap_max": float(data["gap" + run][:, -1].max()),
-                   "agree": int(agrees.sum()), "samples": B, "in_domain": int(inside.sum()),
-                   "consensus_time_median": float(np.median(t_cons)),
-                   "consensus_time_max": float(t_cons.max())}
-        kinds, slowest = _sample_kinds(data["ts" + run], data["gap" + run], agrees, inside)
-        numbers |= {k: int(np.sum(kinds == k)) for k in ("not_converged", "contradicts")}
-        kind = overall_kind(kinds) if str(data["theorem"]) == "5.1" else "not_applicable"
-        where = f"{len(data['ts' + run]) - 1} layers, τ = {config['tau']}" if run else "flow"
-        line = (f"{where}: {int(agrees.sum())}/{B} starts end at x₁(0) (max final E = "
-                f"{fmt(E_final.max())}, max 1 − ⟨x_i, x₁(0)⟩ = {fmt(numbers['final_gap_max'])}"
-                f"; tolerance {CONSENSUS_TOL:g})")
-        if slowest is not None:
-            line += (f"; {numbers['not_converged']} still converging, {numbers['contradicts']}"
-                     f" stalled or reversed (slowest: {slowest.describe('1 − ⟨x_i, x₁(0)⟩')})")
-        reached = "consensus at the first token, " if kind == "agrees" else ""
-        line += f": {reached}{outcome_words(kind, '5.1')}"
-        if np.isfinite(t_cons.max()):
-            line += f"; E < {CONSENSUS_TOL:g} by t = {fmt(t_cons.max())}"
-        return kind_verdict(kind, line, numbers)
-
-    def draw(self, config, data, folder: Path):
-        plt = _plot.pyplot()
-        fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-        runs = [("", "flow", "tab:blue")]
-        if config["discrete"]:
-            runs.append(("_layers", rf"layers, $\tau$ = {config['tau']:g}", "tab:green"))
-        for suffix, label, color in runs:
-            ts, E, gap = data["ts" + suffix], data["E" + suffix], data["gap" + suffix]
-            # the gap 1 − ⟨x_i, x₁(0)⟩ as computed resolves ~ε (first order), E ~ε²
-            for ax, values, order in ((axes[0], E, 2), (axes[1], gap, 1)):
-                _plot.draw_decay(ax, ts, values, order=order, color=color, lw=0.6, alpha=0.35,
-                                 label=f"{label} ({E.shape[0]} starts)")
-            t_cons = np.asarray(consensus_time(ts, E, CONSENSUS_TOL))
-            axes[2].hist(t_cons[np.isfinite(t_cons)], bins=20, color=color, alpha=0.6, label=label)
-        _plot.integer_ticks(axes[2].yaxis)  # a count of starts
-        axes[0].set_ylabel("misalignment $E(x(t))$ (eq. 25)")
-        axes[0].set_title("Fig. 4: $E(t)$ for every start")
-        axes[1].set_ylabel(r"$\max_i\,(1-\langle x_i(t), x_1(0)\rangle)$")
-        axes[1].set_title("distance to the first token's start")
-        axes[2].set_xlabel(f"time at which $E < 10^{{{int(np.log10(CONSENSUS_TOL))}}}$")
-        axes[2].set_ylabel("number of starts")
-        axes[2].set_title("consensus time")
-        for ax in axes:
-            _plot.opaque_legend(ax, fontsize=8)
-        title = (f"Theorem 5.1 — causal, {config['tokens']} tokens on $S^{{{config['dim'] - 1}}}$, "
-                 f"h = {config['heads']}, seed {config['seed']}")
-        return _plot.save_figure(fig, folder / self.name.replace("-", "_"), title)

@@ -10,52 +10,17 @@ from .. import _plot
 from .._horizon import CONSENSUS_TOL
 from .._precision import matmul
 from ..metrics import misalignment
-from ..theory import predict
-from . import paper
-from .base import (
-    BETA,
-    AbstractExperiment,
-    Param,
-    convergence_trend,
-    flow_path,
-    fmt,
-    judge,
-    kind_verdict,
-    layer_path,
-    outcome_words,
-)
+from . import paper001
+from .base import BETA, Param
+from .theorem import AbstractTheoremExperiment, Evidence
+from .verdicts import short
 
 
-def setup(key, config):
-    """One instance, the model and its start, drawn from `key`: `jaxattn run
-    thm52-symmetric --seed S` passes `PRNGKey(S)`, a sweep's instance `i` `PRNGKey(seed + i)`.
-
-    **Arguments:**
-
-    - `key`: a PRNG key.
-    - `config`: the experiment's parameters (`dim`, `tokens`, `beta`); any others are
-      ignored. `beta` may be a traced scalar.
-
-    **Returns:**
-
-    `(dyn, x0)`: the causal one-head model with symmetric `U` and inverse
-    temperature `beta`, and `tokens` unit tokens `(n, dim)` in the hemisphere
-    `⟨v₁, x⟩ > 0` of its top eigenvector.
-    """
-    k_model, k_x = jax.random.split(key)
-    dyn = paper.with_beta(paper.symmetric_dynamics(k_model, config["dim"]), config["beta"])
-    x0 = paper.hemisphere_of(k_x, _top_eigenvector(dyn), config["tokens"])
-    return dyn, x0
-
-
-def _top_eigenvector(dyn):
-    return paper.top_eigenvector(dyn.U(0.0)[0])
-
-
-class SymmetricExperiment(AbstractExperiment):
+class SymmetricExperiment(AbstractTheoremExperiment):
     name = "thm52-symmetric"
     title = "causal, 1 head, symmetric U with simple λ₁: tokens in ⟨v₁, x⟩ > 0 → v₁"
     theorem = "5.2"
+    sweepable = True
     params = (
         Param("tokens", int, 10, "number of tokens n", 1),
         Param("dim", int, 3, "token dimension d (3 draws the sphere)", 2),
@@ -63,47 +28,41 @@ class SymmetricExperiment(AbstractExperiment):
         Param("horizon", float, 20.0, "final time T", 0.0),
         Param("tau", float, 0.02, "layer step τ of --discrete", 0.0),
     )
+    reached_words = {"agrees": "consensus at v₁, ", "contradicts": "not at v₁, "}
 
-    def simulate(self, config, progress):
-        dyn, x0 = setup(jax.random.PRNGKey(config["seed"]), config)
-        v1 = _top_eigenvector(dyn)
-        T = config["horizon"]
-        pred = predict(dyn, x0)
-        ts, ys = flow_path(dyn, x0, T, config["saves"], progress=progress,
-                           desc=f"{self.name}: flow")
-        data = {"ts": ts, "ys": ys, "E": misalignment(ys),
-                "proj": matmul(ys, v1, "float32").min(-1),
-                "v1": v1, "U": dyn.U(0.0)[0], "in_domain": pred.in_domain,
-                "agrees": pred.check(ys[-1], tol=CONSENSUS_TOL),
+    def setup(self, key, config):
+        """The causal one-head model with symmetric `U` at inverse temperature
+        `beta`, and `tokens` unit tokens `(n, dim)` in the hemisphere `⟨v₁, x⟩ > 0` of
+        its top eigenvector."""
+        k_model, k_x = jax.random.split(key)
+        dyn = paper001.with_beta(paper001.symmetric_dynamics(k_model, config["dim"]),
+                                 config["beta"])
+        return dyn, paper001.hemisphere_of(k_x, _top_eigenvector(dyn), config["tokens"])
+
+    def measures(self, dyn, pred, ts, ys):
+        return {"E": misalignment(ys), "proj": matmul(ys, _top_eigenvector(dyn), "float32").min(-1),
+                "agrees": pred.check(ys[-1], tol=CONSENSUS_TOL)}
+
+    def facts(self, config, dyn, x0, pred, flow):
+        return {"v1": _top_eigenvector(dyn), "U": dyn.U(0.0)[0], "in_domain": pred.in_domain,
                 "theorem": np.asarray(pred.theorem or "none")}
-        if config["discrete"]:
-            tl, yl = layer_path(dyn, x0, T, config["tau"], progress=progress,
-                                desc=f"{self.name}: layers")
-            data |= {"ts_layers": tl, "ys_layers": yl, "E_layers": misalignment(yl),
-                     "proj_layers": matmul(yl, v1, "float32").min(-1),
-                     "agrees_layers": pred.check(yl[-1], tol=CONSENSUS_TOL)}
-        return {k: np.asarray(v) for k, v in data.items()}
 
-    def verdict(self, config, data):
-        run = "_layers" if config["discrete"] else ""
-        E_final, proj = float(data["E" + run][-1]), data["proj" + run]
-        gap = 1 - float(proj[-1])
-        dip = float(proj.min() - proj[0])
-        trend = convergence_trend(data["ts" + run], 1 - proj, CONSENSUS_TOL)
-        numbers = {"final_E": E_final, "final_1_minus_min_proj": gap,
+    def evidence(self, config, run):
+        proj = run["proj"]
+        numbers = {"final_E": float(run["E"][-1]), "final_1_minus_min_proj": 1 - float(proj[-1]),
                    "min_proj_start": float(proj[0]), "min_proj_lowest": float(proj.min())}
-        numbers |= trend.numbers()
-        where = f"{len(data['ts' + run]) - 1} layers, τ = {config['tau']}" if run else "flow"
-        if str(data["theorem"]) != "5.2" or not bool(data["in_domain"]):
-            return kind_verdict("not_applicable", f"{where}: Theorem 5.2 does not cover this "
-                                f"start; final E = {fmt(E_final)}", numbers)
-        kind = judge(bool(data["agrees" + run]), trend)
-        reached = {"agrees": "consensus at v₁, ", "contradicts": "not at v₁, "}.get(kind, "")
-        note = (f"; min_i⟨x_i, v₁⟩ first fell by {fmt(-dip)} (not a Lyapunov function)"
+        inside = str(run["theorem"]) == "5.2" and bool(run["in_domain"])
+        return Evidence(1 - proj, bool(run["agrees"]), inside, numbers)
+
+    def describe(self, config, run, evidence, judged):
+        E_final = short(evidence.numbers["final_E"])
+        if judged.kind == "not_applicable":
+            return f"Theorem 5.2 does not cover this start; final E = {E_final}"
+        dip = float(run["proj"].min() - run["proj"][0])
+        note = (f"; min_i⟨x_i, v₁⟩ first fell by {short(-dip)} (not a Lyapunov function)"
                 if dip < 0 else "")
-        line = (f"{where}: final E = {fmt(E_final)}, {trend.describe('1 − min_i⟨x_i, v₁⟩')}: "
-                f"{reached}{outcome_words(kind, '5.2')}{note}")
-        return kind_verdict(kind, line, numbers)
+        return (f"final E = {E_final}, {judged.trend.describe('1 − min_i⟨x_i, v₁⟩')}: "
+                f"{self.words(judged.kind)}{note}")
 
     def draw(self, config, data, folder: Path):
         plt = _plot.pyplot()
@@ -119,13 +78,9 @@ class SymmetricExperiment(AbstractExperiment):
             ax3.set_title("layers on $S^2$" if layers else "tokens on $S^2$ (Fig. 5)")
         ax_e = fig.add_subplot(1, cols, cols - 1)
         ax_p = fig.add_subplot(1, cols, cols)
-        runs = [("", "flow", "tab:blue", "-")]
-        if layers:
-            runs.append(("_layers", rf"layers, $\tau$ = {config['tau']:g}", "tab:green", ":"))
-        for suffix, label, color, ls in runs:
-            ts = data["ts" + suffix]
-            _plot.draw_decay(ax_e, ts, data["E" + suffix], label=label, color=color, ls=ls)
-            ax_p.plot(ts, data["proj" + suffix], color=color, ls=ls, label=label)
+        for run, label, color, ls in self.drawn_runs(config, data):
+            _plot.draw_decay(ax_e, run["ts"], run["E"], label=label, color=color, ls=ls)
+            ax_p.plot(run["ts"], run["proj"], color=color, ls=ls, label=label)
         ax_e.set_ylabel("misalignment $E(x(t))$")
         ax_e.set_title("Fig. 6: misalignment")
         ax_p.axhline(1.0, color="0.5", lw=0.8, ls="--")
@@ -138,4 +93,8 @@ class SymmetricExperiment(AbstractExperiment):
         title = (f"Theorem 5.2 — causal, {config['tokens']} tokens, d = {config['dim']}, "
                  f"U symmetric, λ = ({', '.join(f'{v:.2g}' for v in lam[:4])}), "
                  f"seed {config['seed']}")
-        return _plot.save_figure(fig, folder / self.name.replace("-", "_"), title)
+        return _plot.save_figure(fig, self.stem(folder), title)
+
+
+def _top_eigenvector(dyn):
+    return paper001.top_eigenvector(dyn.U(0.0)[0])

@@ -47,9 +47,11 @@ from .._manifold import project
 from .._runs import RunFolderError, clear_partial_writes, hold_folder, save_npz
 from ..metrics import cluster_count, misalignment, rank_collapse_residual
 from ..theory import Classification, classify
-from .base import AbstractExperiment, Param, Verdict, advance, convergence_trend
-from .phase_diagram import draw_weights
+from .base import AbstractExperiment, Param, Verdict
+from .pair_density import draw_weights
+from .pieces import advance
 from .variants_plot import draw_study, format_verdicts, table_csv
+from .verdicts import convergence_trend
 
 #: The grid's axes: masks, kernels, β, sizes `(n, d)` (normalisations: `NORMS`).
 MASKS = ("full", "causal", "window", "sparse")

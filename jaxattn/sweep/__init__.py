@@ -50,7 +50,7 @@ draws `sweep.png` again from `table.csv`.
 import sys as _sys
 import types as _types
 
-from ._instances import MODELS as _MODELS
+from ..experiments import SWEEPABLE as _SWEEPABLE
 from ._report import format_table as format_table
 from ._run import COLUMNS as COLUMNS
 from ._run import SweepResult as SweepResult
@@ -63,7 +63,7 @@ from ._spec import read_spec as read_spec
 from ._spec import sweep_params as sweep_params
 
 #: The experiments that can be swept.
-EXPERIMENTS: tuple[str, ...] = tuple(_MODELS)
+EXPERIMENTS: tuple[str, ...] = _SWEEPABLE
 
 __all__ = ["COLUMNS", "EXPERIMENTS", "SweepResult", "SweepSpec", "check_spec", "format_table",
            "load_table", "read_spec", "redraw", "run", "sweep_params"]

@@ -1,7 +1,8 @@
-"""The experiments of paper 001 §6.1 as batched, per-instance outcomes for sweeps.
+"""The sweepable experiments (the theorem experiments of paper 001) as batched,
+per-instance outcomes for sweeps.
 
 An *instance* is one random model and one random start, drawn by the experiment's
-own `setup(key, config)` with `key = PRNGKey(seed + instance)`, exactly as
+own `instance(key, config)` (its `setup`) with `key = PRNGKey(seed + instance)`, exactly as
 `jaxattn run NAME --seed seed+instance` draws them (for `thm51-causal` with
 `--samples 1`), so any row of a sweep table can be re-run alone. Each instance is
 judged by its theorem's own tests (`ja.theory.theorem_test`): whether the start
@@ -27,16 +28,8 @@ from .._horizon import CONSENSUS_TOL, Horizon
 from .._layers import run_layers_unchecked
 from .._manifold import w_inner
 from .._sharding import as_mesh, shard_batch, unshard
-from ..experiments import (
-    get_experiment,
-    paper,
-    thm32_gradient,
-    thm41_sphere,
-    thm51_causal,
-    thm52_symmetric,
-)
-from ..experiments.base import BETA as BETA  # each sweepable experiment's `--beta`
-from ..experiments.base import Param
+from ..experiments import BETA as BETA  # each sweepable experiment's `--beta`
+from ..experiments import Param, get_experiment, paper001
 from ..metrics import misalignment
 from ..theory import theorem_test
 
@@ -45,48 +38,6 @@ from ..theory import theorem_test
 STRATEGY = "auto"
 #: Experiment parameters that a sweep replaces (`--instances`).
 EXCLUDED = ("samples",)
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepModel:
-    """How a sweep draws and runs one instance of an experiment.
-
-    - `instance(key, config)`: `(dyn, y0, misalign)`, the model as the simulators
-      run it, its start and `misalign(ys)`, the misalignment `E` of its states;
-      `config` holds the floats as (traced) arrays. Built on the experiment's
-      `setup`.
-    - `check(config)`: refuses a grid point the experiment cannot run (`ValueError`).
-    """
-
-    instance: Callable
-    check: Callable[[dict[str, Any]], None] = lambda config: None
-
-
-def _on_tokens(setup):
-    """An experiment that simulates the tokens of its `setup` as they are."""
-
-    def instance(key, config):
-        dyn, x0 = setup(key, config)
-        return dyn, x0, misalignment
-
-    return instance
-
-
-def _causal_instance(key, config):
-    """`thm51-causal --samples 1`, run in the span coordinates of its start, as the
-    experiment runs it: `x = Y X₀`, `Y(0) = I`, on the ellipsoid `E_G`."""
-    weights, x0 = thm51_causal.setup(key, config | {"samples": 1})
-    dyn, G = paper.span_dynamics(weights, x0[0])
-    y0 = jnp.eye(x0.shape[-2], dtype=x0.dtype)
-    return dyn, y0, lambda ys: paper.span_misalignment(ys, G)
-
-
-MODELS: dict[str, SweepModel] = {
-    "thm41-sphere": SweepModel(_on_tokens(thm41_sphere.setup)),
-    "thm51-causal": SweepModel(_causal_instance, thm51_causal.check_config),
-    "thm52-symmetric": SweepModel(_on_tokens(thm52_symmetric.setup)),
-    "thm32-gradient": SweepModel(_on_tokens(thm32_gradient.setup)),
-}
 
 
 def theorem_of(name: str) -> str:
@@ -133,9 +84,11 @@ def _chunk(name: str, p: dict[str, Any], s: tuple, keys, strategy: str = "auto")
     s = dict(s)
     theorem = theorem_of(name)
 
+    experiment = get_experiment(name)
+
     def instance(key):
-        dyn, y0, misalign = MODELS[name].instance(key, s | p)
-        return paper.with_beta(dyn, p["beta"]), y0, misalign
+        dyn, y0, misalign = experiment.instance(key, s | p)
+        return paper001.with_beta(dyn, p["beta"]), y0, misalign
 
     # The instances' models stacked (leaves with a leading instance axis): one
     # simulation of the chunk. Each instance is then drawn again (the same values)

@@ -11,7 +11,7 @@ import numpy as np
 from .._horizon import CONSENSUS_TOL
 from .._plot import legend_below, pyplot, save_figure
 from .._runs import read_json
-from ..experiments.base import convergence_trend, judge
+from ..experiments.verdicts import convergence_trend, run_kind
 
 
 def _quantiles(x) -> tuple[float, float, float]:
@@ -47,7 +47,7 @@ def instance_status(success, inside, reached, ts, residual, theorem) -> str:
         return "solver_failed"
     if not inside:
         return "outside_domain"
-    kind = judge(reached, convergence_trend(ts, residual, CONSENSUS_TOL), theorem)
+    kind = run_kind(reached, convergence_trend(ts, residual, CONSENSUS_TOL), theorem)
     return {"agrees": "held", "contradicts": "contradicted"}.get(kind, kind)
 
 

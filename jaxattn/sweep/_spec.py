@@ -13,11 +13,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from .._validate import check_count
-from ..experiments import get_experiment
-from ..experiments.base import Param
-from ..experiments.run import check_seed, convert
-from ._instances import EXCLUDED, MODELS
+from .._validate import check_count, check_seed
+from ..experiments import SWEEPABLE, Param, convert, get_experiment
+from ._instances import EXCLUDED
 
 _SPEC_KEYS = ("experiment", "grid", "points", "set", "instances", "seed", "chunk")
 
@@ -52,9 +50,9 @@ def sweep_params(experiment: str) -> tuple[Param, ...]:
     of `jaxattn run NAME` (`beta` among them), less `samples`, which a sweep's
     `instances` replace. So instance `i` of a point is `jaxattn run NAME --seed
     seed+i` with the point's values (and, for thm51-causal, `--samples 1`)."""
-    if experiment not in MODELS:
+    if experiment not in SWEEPABLE:
         get_experiment(experiment)  # unknown name: its error lists the names
-        raise ValueError(f"{experiment} has no sweep set-up; sweepable: {', '.join(MODELS)}.")
+        raise ValueError(f"{experiment} has no sweep set-up; sweepable: {', '.join(SWEEPABLE)}.")
     return tuple(p for p in get_experiment(experiment).all_params() if p.name not in EXCLUDED)
 
 
@@ -121,7 +119,7 @@ def check_spec(spec: SweepSpec) -> list[dict[str, Any]]:
     base = {p.name: p.default for p in params.values()} | fixed
     configs = [base | pt | {"seed": int(spec.seed)} for pt in _points(spec, param)]
     for c in configs:
-        MODELS[spec.experiment].check(c)
+        get_experiment(spec.experiment).check_config(c)
     return configs
 
 

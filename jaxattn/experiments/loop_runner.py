@@ -1,28 +1,18 @@
-"""Running experiments into run folders, and redrawing one.
-
-`run_experiment` runs a named experiment (`jaxattn run NAME`) with its overrides
-checked by `resolve_config` (each value by `convert`, the one typed check of a
-parameter); `run_loop` (`jaxattn loop`) and `run_loop_grid` (`jaxattn loop
---grid`, the `loop-grid` experiment on any model) run the looped-model study of
-`loop_grid.py`. All three write through the one writer, `_runs.write_run`.
-
-These runners live here, not beside the experiments they run, because they read
-the registry (`experiments/__init__.py`), which imports every experiment module.
+"""Looping a real model into a run folder: `run_loop` (`jaxattn loop`: one setting,
+streamed to disk in chunks, resumable) and `run_loop_grid` (`jaxattn loop --grid`:
+the `loop-grid` experiment on any model), both through the one writer of run
+folders. The study itself (its figures, its verdict) is `loop_grid.py`'s.
 """
 
 import hashlib
-import math
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._horizon import Horizon
 from .._precision import check_precision
 from .._runs import (
     RunFolderError,
@@ -31,179 +21,26 @@ from .._runs import (
     finish_run,
     folder_path,
     hold_folder,
-    open_run_folder,
     read_json,
     reopen_run,
     save_npz,
-    write_run,
 )
-from .._validate import check_count
-from ..models import tokenize
-from ..models._run import WEIGHTS, check_ids, iterate_loop, setup_loop
-from ..models._tokenize import read_prompts
-from . import EXPERIMENTS, get_experiment
-from .base import AbstractExperiment, Param
+from .._validate import check_count, check_seed
+from ..models import WEIGHTS, check_ids, iterate_loop, read_prompts, setup_loop, tokenize
+from . import get_experiment
 from .loop_grid import (
     DTYPES,
     check_sizes,
     describe,
     get_model,
     grid_data,
-    is_loop_config,
     load_grid,
     loop_title,
     prompt_ids,
-    redraw_loop,
     save_loop_figure,
     settings,
 )
-
-
-def convert(param: Param, value: Any) -> Any:
-    """`value` as the parameter's type, checked against its minimum, or a `ValueError`."""
-    want = {int: "an integer", float: "a number", bool: "true or false"}[param.type]
-    if param.type is bool:
-        if isinstance(value, bool):
-            return value
-        raise ValueError(f"{param.flag} must be {want}, got {value!r}.")
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        converted = param.type(value)
-        if param.type is int and isinstance(value, float) and value != converted:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise ValueError(f"{param.flag} must be {want}, got {value!r}.") from None
-    if param.type is float and not math.isfinite(converted):
-        raise ValueError(f"{param.flag} must be finite, got {value!r}.")
-    if param.minimum is not None:
-        too_small = converted < param.minimum if param.type is int else converted <= param.minimum
-        if too_small:
-            bound = f"≥ {param.minimum:g}" if param.type is int else f"> {param.minimum:g}"
-            raise ValueError(f"{param.flag} must be {bound}, got {value!r}.")
-    return converted
-
-
-#: The largest seed `jax.random.PRNGKey` takes (a signed 64-bit integer).
-MAX_SEED = 2**63 - 1
-#: The most layers a discrete run takes (the int32 step counter of its scan).
-MAX_LAYERS = 2**31 - 1
-
-
-def check_seed(seed, name: str = "--seed", count: int = 1) -> int:
-    """`seed` as a whole number ≥ 0 such that the `count` seeds `seed, seed + 1, …`
-    fit JAX's 64-bit seeds, or a `ValueError`."""
-    seed = check_count(seed, name)
-    count = count if isinstance(count, int) and count > 1 else 1  # others: checked later
-    if seed + count - 1 > MAX_SEED:
-        raise ValueError(f"`{name}` must be at most {MAX_SEED - count + 1} "
-                         f"(JAX's seeds are 64-bit integers), got {seed}.")
-    return seed
-
-
-def check_layers(config: dict[str, Any]) -> None:
-    """Refuse a discrete run of more than `MAX_LAYERS` layers (`--horizon / --tau`)."""
-    if not (config.get("discrete") and "tau" in config and "horizon" in config):
-        return
-    ratio = config["horizon"] / config["tau"]
-    if not ratio < MAX_LAYERS:
-        raise ValueError(f"--horizon {config['horizon']!r} with --tau {config['tau']!r} is "
-                         f"{ratio:.3g} layers, more than {MAX_LAYERS}; choose a larger --tau "
-                         "or a shorter --horizon.")
-    Horizon(config["horizon"]).num_layers(config["tau"])  # its own checks
-
-
-def resolve_config(experiment: AbstractExperiment, overrides: dict[str, Any], seed: int) -> dict:
-    """The experiment's defaults with `overrides` applied and checked (each value, the
-    seed's range and a discrete run's number of layers)."""
-    params = {p.name: p for p in experiment.all_params()}
-    config = experiment.defaults()
-    for key, value in overrides.items():
-        if key not in params:
-            known = ", ".join(p.flag for p in params.values())
-            raise ValueError(f"{experiment.name} has no parameter --{key}; it takes {known}.")
-        config[key] = convert(params[key], value)
-    check_layers(config)
-    return {"experiment": experiment.name, "seed": check_seed(seed)} | config
-
-
-def command_line(config: dict, experiment: AbstractExperiment) -> str:
-    """The `jaxattn run` command that repeats a run (every parameter spelled out)."""
-    parts = ["jaxattn", "run", config["experiment"], "--seed", str(config["seed"])]
-    for p in experiment.all_params():
-        value = config[p.name]
-        if p.type is bool:
-            parts += [p.flag] if value else []
-        elif value != p.default:
-            parts += [p.flag, repr(value) if p.type is float else str(value)]
-    return " ".join(parts)
-
-
-def run_into_folder(
-    experiment: AbstractExperiment,
-    config: dict[str, Any],
-    *,
-    command: str | None,
-    simulate: Callable[[], dict[str, np.ndarray]] | None = None,
-    out=None,
-    progress: bool = True,
-    log: Callable[[str], object] | None = print,
-) -> tuple[Path, dict]:
-    """Run `experiment` with a checked `config` into a run folder (`_runs.write_run`).
-
-    **Arguments:**
-
-    - `command`: the command line that repeats the run, recorded in `config.json`
-      and `summary.json` (`None`: not recorded).
-    - `simulate`: computes the data (default `experiment.simulate(config, progress)`).
-    - `out`, `progress`: the folder (default `runs/NAME/<timestamp>/`), a progress bar.
-    - `log`: where the folder's name is announced (`None`: nowhere).
-
-    **Returns:**
-
-    The run folder and the summary: the verdict, its numbers (and `extra`
-    entries), the simulation time and the figures.
-    """
-    noted = {} if command is None else {"command": command}
-
-    def summarise(data, seconds):
-        verdict = experiment.verdict(config, data)
-        return {"experiment": experiment.name, "theorem": experiment.theorem,
-                "verdict": verdict.line, "agrees_with_theory": verdict.ok,
-                "numbers": verdict.numbers, "simulation_seconds": round(seconds, 2),
-                **noted, **verdict.extra}
-
-    return write_run(
-        experiment.name, {"dtype": "float64"} | config | noted,
-        simulate or (lambda: experiment.simulate(config, progress)),
-        lambda data, folder: experiment.draw(config, data, folder), summarise, out=out,
-        announce=None if log is None else lambda f: log(f"jaxattn run {experiment.name} → {f}"),
-    )
-
-
-def run_experiment(
-    name: str,
-    overrides: dict[str, Any] | None = None,
-    *,
-    seed: int = 0,
-    out=None,
-    progress: bool = True,
-    log=print,
-) -> tuple[Path, dict]:
-    """Run an experiment into a run folder (`runs/NAME/<timestamp>/` or `out`).
-
-    Writes `config.json` first, then `data.npz`, the figures (PNG and PDF) and,
-    last, `summary.json` with the verdict; the folder is marked `INCOMPLETE` until
-    then. Bad names or overrides raise `ValueError` before anything is written.
-
-    **Returns:**
-
-    The run folder and the summary.
-    """
-    experiment = get_experiment(name)
-    config = resolve_config(experiment, overrides or {}, seed)
-    return run_into_folder(experiment, config, command=command_line(config, experiment),
-                           out=out, progress=progress, log=log)
+from .runner import resolve_config, run_into_folder
 
 
 def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ffn=True,
@@ -379,27 +216,3 @@ def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tok
         simulate=lambda: grid_data(nets, ids, seed, passes=passes, dtype=dtype,
                                    weights=weights, precision=precision))
     return folder
-
-
-def redraw(folder) -> list[Path]:
-    """Draw a finished run's figures again from its `config.json` and `data.npz`:
-    a `jaxattn run NAME` folder (`loop --grid` included: it is the `loop-grid`
-    experiment) or a `jaxattn loop` folder. A sweep folder is `ja.sweep.redraw`'s;
-    `jaxattn plot DIR` takes both. Any other folder: `RunFolderError`, one line.
-
-    **Returns:**
-
-    The paths of the figures written.
-    """
-    folder = open_run_folder(folder)
-    config = read_json(folder / "config.json")
-    if not (folder / "data.npz").exists():
-        raise RunFolderError(f"{folder} has no data.npz; it holds no data to draw.")
-    with np.load(folder / "data.npz") as f:
-        data = {k: f[k] for k in f.files}
-    if config.get("experiment") in EXPERIMENTS:
-        return EXPERIMENTS[config["experiment"]].draw(config, data, folder)
-    if is_loop_config(config) and "E" in data:
-        return redraw_loop(config, data, folder)
-    raise RunFolderError(f"{folder} was not made by `jaxattn run`, `jaxattn loop` or "
-                         "`jaxattn sweep` (its config.json names no known experiment).")

@@ -15,7 +15,7 @@ the experiments and the sweeps run, for your own studies.
 
 ```python
 import jax, jaxattn as ja
-from jaxattn.experiments import paper
+from jaxattn.experiments import paper001 as paper
 
 dyn = paper.sphere_dynamics(jax.random.PRNGKey(0))
 x0 = paper.hemisphere_tokens(jax.random.PRNGKey(1), 10, 3)
@@ -35,9 +35,9 @@ from jaxtyping import Array, Float, PRNGKeyArray, Real
 from .._dynamics import SelfAttentionDynamics
 from .._manifold import normalize, sample_ellipsoid
 from .._precision import einsum, matmul
-from .._schedule import AbstractSchedule, Schedule
+from .._schedule import Schedule
 from .._validate import check_count
-from ..metrics._consensus import misalignment
+from ..metrics import misalignment
 
 # Frequencies (in units of π) of D_η(t) = 2 diag(cos ω₁πt, sin ω₂πt, cos ω₃πt) for
 # the two heads of the sphere experiment (paper 001 §6.1.1).
@@ -300,30 +300,3 @@ def with_beta(dyn: SelfAttentionDynamics, beta) -> SelfAttentionDynamics:
     """The same model at inverse temperature `β` (a number or a traced scalar: a
     sweep over `β` compiles once, and no check is added inside its program)."""
     return eqx.tree_at(lambda d: d.beta, dyn, jnp.asarray(beta, dyn.beta.dtype))
-
-
-# --- running in pieces -----------------------------------------------------------
-
-
-class _Shifted(AbstractSchedule):
-    """A schedule read `t0` later: `t ↦ inner(t + t0)`."""
-
-    inner: AbstractSchedule
-    t0: Float[Array, ""]
-
-    def __call__(self, t):
-        return self.inner(t + self.t0)
-
-    def is_constant(self) -> bool:
-        return self.inner.is_constant()
-
-
-def shift_time(dyn: SelfAttentionDynamics, t0) -> SelfAttentionDynamics:
-    """The same model with its clock started at `t0` (to run layers `k ≥ k₀` as a
-    fresh stack: layer `k` of the result reads the weights at `t0 + kτ`)."""
-    t0 = jnp.asarray(t0, jnp.result_type(float))
-    for name in ("P", "Q", "K", "U"):
-        if getattr(dyn, name) is not None:
-            dyn = eqx.tree_at(lambda m, name=name: getattr(m, name), dyn,
-                              _Shifted(getattr(dyn, name), t0))
-    return dyn

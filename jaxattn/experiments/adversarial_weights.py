@@ -1,0 +1,141 @@
+"""`adversarial-weights`: bounded symmetric `U` and `P` (causal, one head) that
+maximise `E(T)`, found by gradient ascent through the flow, checked against
+Theorem 5.2 over a long run."""
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .. import _plot
+from .._dynamics import SelfAttentionDynamics
+from .._horizon import CONSENSUS_TOL
+from ..explore import Constraints, slow_consensus
+from ..metrics import misalignment
+from ..theory import predict
+from . import paper001
+from .base import Param
+from .study import STUDY_PARAMS, AbstractStudy, draw_trace, long_run
+from .verdicts import convergence_trend, outcome_words, run_kind, short
+
+
+class AdversarialWeights(AbstractStudy):
+    name = "adversarial-weights"
+    title = "bounded symmetric U and P (causal, one head) that maximise E(T)"
+    theorem = "5.2"
+    params = STUDY_PARAMS + (
+        Param("tokens", int, 8, "tokens n", 2),
+        Param("dim", int, 3, "dimension d", 2),
+        Param("horizon", float, 10.0, "horizon T of the objective E(x(T))", 0.0),
+        Param("u_bound", float, 1.0, "spectral-norm bound of U", 0.0),
+        Param("p_bound", float, 2.0, "spectral-norm bound of P", 0.0),
+        Param("gap", float, 0.02, "kept spectral gap λ₁ − λ₂ ≥ gap", 0.0),
+        Param("long", float, 10.0, "the check runs to long × horizon", 1.0),
+        Param("saves", int, 50, "saved times of the objective's trajectory", 1),
+    )
+
+    def explore(self, config, setting, progress):
+        kq, ku, kx = jax.random.split(jax.random.PRNGKey(config["seed"]), 3)
+        d = config["dim"]
+        U, v1 = _symmetric(ku, np.linspace(1.0, -0.5, d))
+        P = jax.random.uniform(kq, (1, d, d), jnp.result_type(float), -1.0, 1.0)
+        dyn = SelfAttentionDynamics(P, U[None], causal=True)
+        x0 = paper001.hemisphere_of(kx, v1, config["tokens"])
+        cons = Constraints(train=("P", "U"), norm="spectral",
+                           bound={"P": config["p_bound"], "U": config["u_bound"]},
+                           symmetric=("U",), top_eigenvector=v1, gap=config["gap"])
+        res = slow_consensus(dyn, init=x0, target="weights", horizon=config["horizon"],
+                             steps=config["steps"], restarts=config["restarts"],
+                             saves=config["saves"],
+                             weight_noise=0.5, optimizer=optax.adam(config["lr"]),
+                             constraints=cons, key=kq, progress=progress)
+        U_all = np.asarray(res.weights.U.value[:, 0])
+        gaps, lam1 = _gap(U_all)
+        ts, ys = long_run(res.dyn, jnp.stack([x0, x0]).at[1].set(x0), config["long"] *
+                           config["horizon"])
+        _, ys0 = long_run(dyn, x0, config["long"] * config["horizon"])
+        pred = predict(res.dyn, x0)
+        best_U = np.asarray(res.dyn.U.value[0])
+        dist = _distance_to(v1, x0, ys[0])
+        return {
+            "trace": res.trace, "baseline": res.baseline, "value": res.value,
+            "gaps": gaps, "lam1": lam1, "gap0": _gap(np.asarray(U))[0],
+            "eig_best": np.linalg.eigvalsh(best_U), "eig0": np.linalg.eigvalsh(np.asarray(U)),
+            "P_norm": np.linalg.norm(np.asarray(res.dyn.P.value[0]), 2),
+            "violation": np.max(res.violation), "ts_long": ts,
+            "E_long": misalignment(ys[0]), "E_long0": misalignment(ys0),
+            "dist_long": dist, "limit_gap": dist[-1],
+            "in_domain": bool(np.asarray(pred.in_domain)), "values": res.values,
+        }
+
+    def judge_setting(self, config, found, setting):
+        gain, trend, kind = _judged(found)
+        eig = ", ".join(f"{e:.3f}" for e in found["eig_best"][::-1])
+        best_gap = float(found["gaps"][np.argmax(found["values"])])
+        return kind, (
+            f"E(T) {short(found['value'])} vs start {short(np.mean(found['baseline']))} "
+            f"(×{gain:.3g}); spectral gap λ₁−λ₂: {float(found['gap0']):.3f} → {best_gap:.3f} "
+            f"(all restarts: {np.min(found['gaps']):.3f}–{np.max(found['gaps']):.3f}; floor "
+            f"{config['gap']:g}); eigenvalues of U {eig}; ‖P‖₂ {float(found['P_norm']):.3f}; "
+            f"run to {config['long']:g}T: {trend.describe('max(1 − ⟨x_i, v₁⟩)')} "
+            f"({'consensus at v₁, ' if kind == 'agrees' else ''}"
+            f"{outcome_words(kind, '5.2')})")
+
+    def numbers(self, config, data):
+        gain, trend, _ = _judged(data)
+        best_gap = float(data["gaps"][np.argmax(data["values"])])
+        return {"gain": gain, "gap_best": best_gap,
+                "limit_gap": float(data["limit_gap"])} | trend.numbers()
+
+    def draw(self, config, data, folder: Path):
+        plt = _plot.pyplot()
+        fig, axs = plt.subplots(1, 3, figsize=(14, 4.2))
+        draw_trace(axs[0], data["trace"], data["baseline"], "$E(x(T))$")
+        axs[0].set_title("optimisation over $(U, P)$")
+        x = np.arange(len(data["eig0"]))
+        axs[1].bar(x - 0.2, data["eig0"][::-1], 0.4, label="start")
+        axs[1].bar(x + 0.2, data["eig_best"][::-1], 0.4, label="optimised")
+        axs[1].set_xticks(x, [f"$\\lambda_{i + 1}$" for i in x])
+        axs[1].axhline(0, color="k", lw=0.6)
+        axs[1].set_title(f"eigenvalues of $U$ ($\\|U\\|_2 \\leq {config['u_bound']:g}$, "
+                         f"gap $\\geq {config['gap']:g}$)")
+        axs[1].legend(fontsize=8)
+        _plot.draw_decay(axs[2], data["ts_long"], data["E_long0"], color="0.5",
+                         label="start weights")
+        _plot.draw_decay(axs[2], data["ts_long"], data["E_long"], color="tab:red",
+                         label="optimised weights")
+        axs[2].axvline(config["horizon"], color="k", ls=":", lw=1, label="horizon $T$")
+        axs[2].set_ylabel("misalignment $E(t)$")
+        axs[2].set_title(f"same start, run to {config['long']:g}$T$")
+        axs[2].legend(fontsize=8)
+        return _plot.save_figure(fig, self.stem(folder),
+                                 "Weights that slow consensus (causal, one head, symmetric $U$)")
+
+
+def _judged(found):
+    """The search's gain over its start, the trend of the distance to `v₁` and the
+    verdict's kind."""
+    gain = float(found["value"] / np.mean(found["baseline"]))
+    trend = convergence_trend(found["ts_long"], found["dist_long"], CONSENSUS_TOL)
+    kind = (run_kind(float(found["limit_gap"]) < CONSENSUS_TOL, trend)
+            if bool(found["in_domain"]) else "not_applicable")
+    return gain, trend, kind
+
+
+def _symmetric(key, spectrum):
+    d = len(spectrum)
+    basis, _ = jnp.linalg.qr(jax.random.normal(key, (d, d), jnp.result_type(float)))
+    return (basis * jnp.asarray(spectrum)[None, :]) @ basis.T, basis[:, 0]
+
+
+def _gap(U):
+    lam = np.linalg.eigvalsh(np.asarray(U))
+    return lam[..., -1] - lam[..., -2], lam[..., -1]
+
+
+def _distance_to(v1, x0, ys):
+    """`max_i (1 − ⟨x_i(t), ±v₁⟩)` over the saved times, `v₁` on the side of `x₁(0)`."""
+    v1 = np.asarray(v1) * np.sign(np.asarray(x0[0]) @ np.asarray(v1))
+    return np.max(1 - np.asarray(ys) @ v1, axis=-1)

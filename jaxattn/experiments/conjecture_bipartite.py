@@ -1,0 +1,140 @@
+"""`conjecture-bipartite`: weights that make a bipartite equilibrium of the layer
+map locally stable (paper 004 Theorem 3 for one head, and its open multi-head
+case), searched by `ja.explore.stabilize_bipartite` and checked by kicking the
+point."""
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .. import _plot
+from .._dynamics import SelfAttentionDynamics
+from .._layers import run_layers
+from .._manifold import normalize
+from ..explore import (
+    BipartiteWeights,
+    bipartite_point,
+    spectral_radius,
+    stabilize_bipartite,
+    tangent_jacobian,
+)
+from ..spectral import layer_matrix
+from .base import Param
+from .study import STUDY_PARAMS, AbstractStudy
+from .verdicts import short
+
+
+class ConjectureBipartite(AbstractStudy):
+    name = "conjecture-bipartite"
+    title = "weights that make a bipartite equilibrium of the layer map locally stable"
+    theorem = "paper 004 Theorem 3 (h = 1) and its open multi-head case"
+    drops = ("discrete", "horizon", "saves")  # layers only: --tau and --layers
+    params = (
+        Param("steps", int, 300, "optimiser steps", 1),
+        *STUDY_PARAMS[1:],
+        Param("tokens", int, 6, "tokens n", 2),
+        Param("split", int, 3, "tokens m at +v (the rest at −v)", 1),
+        Param("dim", int, 3, "dimension d", 2),
+        Param("tau", float, 1.0, "layer step τ", 0.0),
+        Param("p_bound", float, 10.0, "Frobenius bound of the stack P", 0.0),
+        Param("u_bound", float, 3.0, "Frobenius bound of the stack U", 0.0),
+        Param("layers", int, 400, "layers of the perturbation check", 1),
+    )
+    settings = {"h1_": 1, "h2_": 2, "h3_": 3}
+
+    def explore(self, config, h, progress):
+        n, m, d, R = config["tokens"], config["split"], config["dim"], config["restarts"]
+        if not 0 < m < n:
+            raise ValueError(f"--split must be in 1..{n - 1}, got {m}.")
+        v = jnp.zeros(d).at[0].set(1.0)
+        k1, k2 = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(config["seed"]), h))
+        dtype = jnp.result_type(float)
+        w0 = BipartiteWeights(2 * jax.random.normal(k1, (R, h, d, d), dtype),
+                              jax.random.normal(k2, (R, h, d, d), dtype))
+        w, trace, viol = stabilize_bipartite(
+            w0, v, n=n, m=m, tau=config["tau"], p_bound=config["p_bound"],
+            u_bound=config["u_bound"], steps=config["steps"],
+            optimizer=optax.adam(config["lr"]))
+        return _bipartite_check(w, trace, viol, v, n, m, config, k1)
+
+    def judge_setting(self, config, found, h):
+        ok, rho = found["valid"], found["rho"]
+        best = float(np.min(np.where(ok, rho, np.inf))) if np.any(ok) else float("nan")
+        return None, (
+            f"h={h}: ρ at start {np.min(found['rho0']):.3g} (best of restarts) → "
+            f"{best:.3g} among {int(np.sum(ok))} valid restarts (Assumption 1 on ΣU, a true "
+            f"fixed point); {int(np.sum(ok & (rho < 1)))} stable; small perturbation "
+            f"{'absorbed' if bool(found['absorbed']) else 'NOT absorbed'} "
+            f"(distance {short(found['dist_small'][-1])}), larger one "
+            f"{'escapes' if float(found['dist_large'][-1]) > 0.1 else 'absorbed'}")
+
+    def numbers(self, config, data):
+        return {f"h{h}_best_rho": float(np.min(np.where(s["valid"], s["rho"], np.inf)))
+                for s, h in self.sections(data)}
+
+    def draw(self, config, data, folder: Path):
+        plt = _plot.pyplot()
+        fig, axs = plt.subplots(1, 3, figsize=(14, 4.2))
+        colors = {1: "tab:blue", 2: "tab:orange", 3: "tab:green"}
+        for found, h in self.sections(data):
+            rho = np.exp(np.minimum.accumulate(found["trace"], axis=0))
+            axs[0].semilogy(rho.min(axis=1), color=colors[h], label=f"h = {h}")
+            axs[1].scatter(found["rho0"], found["rho"], s=18, color=colors[h],
+                           marker="o", alpha=0.8, label=f"h = {h}")
+            k = np.arange(len(found["dist_small"]))
+            for kick, word, ls in (("small", "small", "-"), ("large", "larger", "--")):
+                _plot.draw_decay(axs[2], k, found[f"dist_{kick}"], order=1, stop=False,
+                                 color=colors[h], ls=ls, label=f"h = {h}, {word} kick")
+        axs[0].axhline(1, color="k", lw=0.8, ls=":")
+        axs[0].set_xlabel("optimiser step")
+        _plot.integer_ticks(axs[0].xaxis)
+        axs[0].set_ylabel(r"smoothed $\rho(J_T)$ (best restart)")
+        axs[0].set_title("Jacobian spectral radius on the tangent space")
+        axs[0].legend(fontsize=8)
+        axs[1].axhline(1, color="k", lw=0.8, ls=":")
+        axs[1].axvline(1, color="k", lw=0.8, ls=":")
+        axs[1].set_xscale("log")
+        axs[1].set_yscale("log")
+        axs[1].set_xlabel(r"$\rho$ at the random start")
+        axs[1].set_ylabel(r"$\rho$ after optimisation")
+        axs[1].set_title("every restart (below 1: locally stable)")
+        axs[1].legend(fontsize=8)
+        axs[2].set_xlabel("layer")
+        axs[2].set_ylabel("max distance to the bipartite point")
+        axs[2].set_title("kicked bipartite point, best stable weights")
+        axs[2].legend(fontsize=7, ncol=2)
+        return _plot.save_figure(fig, self.stem(folder),
+                                 "Stable bipartite equilibria of the layer map (paper 004)")
+
+
+def _assumption_1(U_sum, tol=1e-6):
+    """`ΣU` symmetric nonsingular with a simple, positive, dominant top eigenvalue."""
+    lam = np.linalg.eigvalsh(U_sum)
+    mags = np.sort(np.abs(lam))
+    return lam[-1] > tol and lam[-1] - np.max(np.abs(lam[:-1])) > tol and mags[0] > tol
+
+
+def _bipartite_check(w, trace, viol, v, n, m, config, key):
+    x = bipartite_point(v, n, m)
+    R = w.P.shape[0]
+    rho, valid, residual = np.zeros(R), np.zeros(R, bool), np.zeros(R)
+    for r in range(R):
+        dyn = SelfAttentionDynamics(w.P[r], w.U[r])
+        rho[r] = float(spectral_radius(tangent_jacobian(dyn, x, config["tau"])))
+        residual[r] = float(jnp.max(jnp.abs(dyn.layer(0.0, x, config["tau"]) - x)))
+        valid[r] = residual[r] < 1e-10 and _assumption_1(np.asarray(layer_matrix(dyn)))
+    rho0 = np.exp(trace[0])  # smooth bound at the start (≥ ρ)
+    best = int(np.argmin(np.where(valid, rho, np.inf)))
+    dyn = SelfAttentionDynamics(w.P[best], w.U[best])
+    dist = []
+    for scale in (1e-3, 1e-1):
+        kick = scale * jax.random.normal(key, x.shape, x.dtype)
+        ys = run_layers(dyn, normalize(x + kick), config["layers"], config["tau"])
+        dist.append(np.max(np.linalg.norm(np.asarray(ys) - np.asarray(x), axis=-1), axis=-1))
+    out = {"trace": trace, "violation": np.max(viol), "rho": rho, "rho0": rho0, "valid": valid,
+           "residual": residual, "dist_small": dist[0], "dist_large": dist[1],
+           "absorbed": dist[0][-1] < 1e-6, "P": w.P[best], "U": w.U[best]}
+    return out

@@ -1,0 +1,139 @@
+"""`conjecture-multihead`: a search for multi-head causal models (symmetric `U_η`)
+whose tokens miss the top eigenvector `v₁` of `Σ_η U_η`: Theorem 5.2 proves
+consensus at `v₁` for one head and conjectures it for several."""
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .. import _plot
+from .._dynamics import SelfAttentionDynamics
+from .._horizon import CONSENSUS_TOL
+from ..explore import Constraints, slow_consensus
+from ..spectral import layer_matrix
+from .base import Param
+from .study import STUDY_PARAMS, AbstractStudy, draw_trace, long_run
+from .verdicts import convergence_trend, short
+
+
+def _top_of_sum(dyn):
+    """The top eigenvector of `Σ_η U_η` (sign arbitrary)."""
+    return jnp.linalg.eigh(layer_matrix(dyn))[1][:, -1]
+
+
+def _trend(found):
+    """The trend of the distance to `v₁` over the long run."""
+    return convergence_trend(found["ts"], found["dist"], CONSENSUS_TOL)
+
+
+def _distance_to_v1(ts, ys, dyn):
+    """`max_i (1 − ⟨x_i(T), v₁⟩)`, `v₁` the top eigenvector of `Σ_η U_η` on the
+    side of the start."""
+    v1 = _top_of_sum(dyn)
+    v1 = v1 * jnp.where(jnp.sum(ys[0] @ v1) >= 0, 1.0, -1.0)
+    return jnp.max(1 - ys[-1] @ v1)
+
+
+def _multihead_model(key, h, d, p_scale):
+    kp, ku = jax.random.split(key)
+    dtype = jnp.result_type(float)
+    A = jax.random.normal(ku, (h, d, d), dtype) / np.sqrt(d)
+    P = p_scale * jax.random.normal(kp, (h, d, d), dtype) / np.sqrt(d)
+    return SelfAttentionDynamics(P, (A + jnp.swapaxes(A, -1, -2)) / 2, causal=True)
+
+
+class ConjectureMultihead(AbstractStudy):
+    name = "conjecture-multihead"
+    title = "search for multi-head causal models (symmetric U_η) where tokens miss v₁"
+    theorem = "5.2 (conjectured for h > 1)"
+    params = (
+        Param("steps", int, 100, "optimiser steps", 1),
+        Param("restarts", int, 8, "restarts, optimised as one vmapped batch", 1),
+        STUDY_PARAMS[2],
+        Param("tokens", int, 6, "tokens n", 2),
+        Param("dim", int, 3, "dimension d", 2),
+        Param("horizon", float, 30.0, "horizon T of the distance to v₁", 0.0),
+        Param("u_bound", float, 1.0, "spectral-norm bound of each U_η", 0.0),
+        Param("p_bound", float, 5.0, "spectral-norm bound of each P_η", 0.0),
+        Param("margin", float, 0.02, "start kept in ⟨v₁, x⟩ ≥ margin", 0.0),
+        Param("gap", float, 0.05, "kept λ₁ − λ₂ ≥ gap and λ₁ ≥ gap for ΣU_η", 0.0),
+        Param("long", float, 10.0, "the check runs to long × horizon", 1.0),
+        Param("saves", int, 30, "saved times of the objective's trajectory", 1),
+    )
+    settings = {"h2_": 2, "h3_": 3}
+
+    def explore(self, config, h, progress):
+        key = jax.random.fold_in(jax.random.PRNGKey(config["seed"]), h)
+        dyn = _multihead_model(key, h, config["dim"], config["p_bound"] / 2)
+        cons = Constraints(train=("P", "U"), norm="spectral",
+                           bound={"P": config["p_bound"], "U": config["u_bound"]},
+                           symmetric=("U",), hemisphere=_top_of_sum,
+                           margin=config["margin"], sum_gap=config["gap"])
+        res = slow_consensus(dyn, init=jax.random.fold_in(key, 1), n=config["tokens"],
+                             target="both", objective=_distance_to_v1, log=True,
+                             horizon=config["horizon"], steps=config["steps"],
+                             restarts=config["restarts"], saves=config["saves"],
+                             weight_noise=1.0,
+                             optimizer=optax.adam(config["lr"]), constraints=cons,
+                             key=key, progress=progress)
+        return _multihead_check(res, config)
+
+    def judge_setting(self, config, found, h):
+        d_T, d_long = float(found["value"]), float(found["dist_long"])
+        trend = _trend(found)
+        # a counterexample stops approaching v₁; a slow approach is none
+        return None, (
+            f"h={h}: best max(1 − ⟨x_i(T), v₁⟩) {short(d_T)} (random starts mean "
+            f"{short(np.mean(found['baseline']))}); at {config['long']:g}T {short(d_long)}, "
+            f"|velocity| {short(float(found['speed_end']))}, gap of ΣU "
+            f"{float(found['gap']):.3f}, start margin {float(found['margin']):.3f}; "
+            f"{trend.describe('distance')} → "
+            + ("CANDIDATE COUNTEREXAMPLE" if trend.contradicts
+               else "converges: no counterexample"))
+
+    def numbers(self, config, data):
+        found = any(_trend(s).contradicts for s, _ in self.sections(data))
+        return ({f"{p}{k}": float(data[f"{p}{k}"]) for p in self.settings
+                 for k in ("value", "dist_long", "gap", "speed_end", "margin")}
+                | {"counterexample_found": bool(found)})
+
+    def draw(self, config, data, folder: Path):
+        plt = _plot.pyplot()
+        fig = plt.figure(figsize=(14, 8))
+        for row, (found, h) in enumerate(self.sections(data)):
+            ax = fig.add_subplot(2, 3, 3 * row + 1)
+            draw_trace(ax, found["trace"], found["baseline"],
+                       r"$\max_i (1-\langle x_i(T), v_1\rangle)$")
+            ax.set_title(f"h = {h}: search over starts and weights")
+            ax3 = fig.add_subplot(2, 3, 3 * row + 2, projection="3d")
+            _plot.draw_ellipsoid_trajectories(ax3, found["ys"], mark=found["v1"],
+                                              mark_label="$v_1$")
+            ax3.set_title(f"h = {h}: best start, $t \\in [0, {config['long']:g}T]$")
+            ax = fig.add_subplot(2, 3, 3 * row + 3)
+            # 1 − ⟨x, v₁⟩ as computed resolves ~ε (first order), not ε²
+            _plot.draw_decay(ax, found["ts"], found["dist"], order=1, color="tab:red")
+            ax.axvline(config["horizon"], color="k", ls=":", lw=1, label="horizon $T$")
+            ax.set_ylabel(r"$\max_i (1-\langle x_i(t), v_1\rangle)$")
+            ax.set_title(f"h = {h}: distance to $v_1$")
+            ax.legend(fontsize=8)
+        return _plot.save_figure(fig, self.stem(folder),
+                                 "Theorem 5.2 with several heads: a start that misses $v_1$?")
+
+
+def _multihead_check(res, config):
+    dyn = res.dyn
+    ts, ys = long_run(dyn, res.x0, config["long"] * config["horizon"])
+    v1 = np.asarray(_top_of_sum(dyn))
+    v1 = v1 * np.sign(np.sum(np.asarray(res.x0) @ v1))
+    lam = np.linalg.eigvalsh(np.asarray(layer_matrix(dyn)))
+    dist = 1 - np.min(np.asarray(ys) @ v1, axis=-1)
+    speed = float(jnp.max(jnp.abs(dyn.velocity(ts[-1], ys[-1]))))
+    out = {"trace": res.trace, "baseline": res.baseline, "value": res.value, "x0": res.x0,
+           "ts": ts, "ys": ys, "dist": dist, "dist_long": dist[-1], "v1": v1,
+           "gap": lam[-1] - lam[-2], "lam": lam, "speed_end": speed,
+           "margin": float(np.min(np.asarray(res.x0) @ v1)),
+           "violation": np.max(res.violation), "P": dyn.P.value, "U": dyn.U.value}
+    return out

@@ -1,0 +1,141 @@
+"""`oja-bipartite`: the consensus and bipartite equilibria of the Oja system and the
+single-head map, their stability by `jacfwd`, by the closed form and by simulation
+(paper 004 App. D, Theorems 2, 3, Fig. 13)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._layers import run_layers
+from ..spectral import (
+    bipartite_closed_form,
+    bipartite_point,
+    equilibria,
+    oja_system,
+    perturbation_growth,
+    single_head,
+)
+from . import power_plots as plots
+from .base import Param, Verdict
+from .paper004 import AbstractPowerExperiment
+
+
+class OjaBipartite(AbstractPowerExperiment):
+    name = "oja-bipartite"
+    theorem = "paper 004 Theorems 2-3"
+    title = ("paper 004 App. D (Theorems 2, 3, Fig. 13): consensus/bipartite equilibria of "
+             "the Oja system and the single-head map, jacfwd vs closed form vs simulation")
+    params = (
+        Param("instances", int, 20, "random symmetric U (and P) per map", 1),
+        Param("tokens", int, 6, "tokens n of the random instances", 2),
+        Param("dim", int, 3, "dimension d", 2),
+        Param("tau", float, 1.0, "step τ", 0.0),
+        Param("radius", float, 0.97, "Fig. 13: spectral radius of the stable bipartite point",
+              0.0),
+    )
+
+    def simulate(self, config, progress):
+        key = jax.random.PRNGKey(config["seed"])
+        rows = [_instance(k, config) for k in jax.random.split(key, config["instances"])]
+        table = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+        return table | _fig13(config)
+
+    def verdict(self, config, data):
+        fixed = data["residual"] < 1e-9
+        decided = fixed & (np.abs(data["radius"] - 1) > 0.02)
+        jac = data["radius"] < 1
+        agree_cf = np.abs(data["radius"] - data["predicted"]) < 1e-6 * np.maximum(1, data["radius"])
+        agree_t3 = data["theorem3"] == jac
+        agree_sim = (data["growth"] < 1) == jac
+        n = {"equilibria": int(fixed.sum()), "decided": int(decided.sum()),
+             "stable": int((jac & fixed).sum()),
+             "stable_bipartite": int((jac & fixed & (data["m"] < data["n"])).sum()),
+             "closed_form_agrees": int((agree_cf & fixed).sum()),
+             "theorem3_agrees": int((agree_t3 & fixed).sum()),
+             "simulation_agrees": int((agree_sim & decided).sum()),
+             "fig13_small_absorbed": bool(data["fig13_final"][0] < 1e-2 * data["fig13_eps"][0]),
+             "fig13_large_escapes": bool(data["fig13_final"][1] > 0.5
+                                         and data["fig13_spread"] < 1e-6)}
+        ok = (n["closed_form_agrees"] == n["equilibria"] == n["theorem3_agrees"]
+              and n["simulation_agrees"] == n["decided"] and n["fig13_small_absorbed"]
+              and n["fig13_large_escapes"])
+        line = (f"{n['equilibria']} equilibria: jacfwd radius = closed form in "
+                f"{n['closed_form_agrees']}, Theorem 3 conditions agree in "
+                f"{n['theorem3_agrees']}, simulation agrees in {n['simulation_agrees']}/"
+                f"{n['decided']} decided; {n['stable_bipartite']} stable bipartite points; "
+                f"Fig. 13: small perturbation absorbed {n['fig13_small_absorbed']}, larger "
+                f"one escapes to consensus {n['fig13_large_escapes']}")
+        return Verdict(bool(ok), line, n)
+
+    def draw(self, config, data, folder):
+        return plots.oja(data, self.stem(folder))
+
+
+def _random_symmetric(key, d, scale):
+    A = jax.random.normal(key, (d, d))
+    return scale * (A + A.T) / 2
+
+
+def _instance(key, config):
+    """Both maps on one random instance: the Oja system with `U`, and the single-head
+    map with the same `U` and a random symmetric `P` of larger scale."""
+    d, n, tau = config["dim"], config["tokens"], config["tau"]
+    ku, kp, ks = jax.random.split(key, 3)
+    U = _random_symmetric(ku, d, 1.0)
+    P = _random_symmetric(kp, d, 2.0)
+    out = []
+    for kind, dyn in (("oja", oja_system(U)), ("head", single_head(U, P))):
+        eq = equilibria(dyn, n, tau=tau)
+        g = perturbation_growth(dyn, eq.points, ks, eps=1e-6, layers=400, tau=tau)
+        E = eq.m.shape[0]
+        out.append({"map": np.full(E, kind), "m": np.asarray(eq.m), "n": np.full(E, n),
+                    "index": np.asarray(eq.index), "residual": np.asarray(eq.residual),
+                    "radius": np.asarray(eq.radius), "predicted": np.asarray(eq.predicted),
+                    "theorem3": np.asarray(eq.theorem3), "growth": np.asarray(g)})
+    return {k: np.concatenate([o[k] for o in out]) for k in out[0]}
+
+
+def _fig13(config):
+    """Fig. 13: the single-head map on S² with `U = diag(1, 0.5, −0.3)`, `P = q I`, `q`
+    chosen (bisection on the closed form) so that 8 tokens at `e₁` and 2 at `−e₁`
+    form a stable bipartite point of spectral radius `--radius`; perturbations of
+    growing size, the smallest escaping one drawn beside a small absorbed one."""
+    n, m, tau = 10, 8, config["tau"]
+    lam = jnp.array([1.0, 0.5, -0.3])
+    q = _bisect(lambda q: float(bipartite_closed_form(lam, 0, m, n, q, tau)[0]) - config["radius"],
+                0.0, 10.0)
+    dyn = single_head(jnp.diag(lam), q * jnp.eye(3))
+    x = bipartite_point(jnp.eye(3)[0], n, m)
+    z = jax.random.normal(jax.random.PRNGKey(config["seed"] + 13), x.shape)
+    z = z - jnp.sum(z * x, -1, keepdims=True) * x
+    z = z / jnp.max(jnp.linalg.norm(z, axis=-1))
+    sizes = np.logspace(-3, 0.3, 34)
+    paths = [_path(dyn, x, s * z, tau) for s in sizes]
+    final = np.asarray([float(jnp.max(jnp.linalg.norm(p[-1] - x, axis=-1))) for p in paths])
+    escaped = np.nonzero(final > 0.5)[0]
+    big = int(escaped[0]) if escaped.size else len(sizes) - 1
+    small = max(big - 4, 0)
+    return {"fig13_q": np.asarray(q), "fig13_sizes": sizes, "fig13_dist": final,
+            "fig13_paths": np.stack([paths[small], paths[big]]),
+            "fig13_eps": sizes[[small, big]], "fig13_final": final[[small, big]],
+            "fig13_spread": np.asarray(_spread(paths[big][-1])), "fig13_point": np.asarray(x)}
+
+
+def _spread(x):
+    """`max_i |x_i − x_0|`: zero at consensus."""
+    return float(np.max(np.linalg.norm(x - x[:1], axis=-1)))
+
+
+def _path(dyn, x, z, tau, layers=400):
+    return np.asarray(run_layers(dyn, x + z, layers, tau))
+
+
+def _bisect(f, lo, hi, iters=60):
+    flo = f(lo)
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if (f(mid) > 0) == (flo > 0):
+            lo, flo = mid, f(mid)
+        else:
+            hi = mid
+    return (lo + hi) / 2

@@ -1,0 +1,349 @@
+"""The density of clustered pairs over `(t, β)`: the measure of Geshkovski et al.'s
+phase diagram ("A mathematical perspective on Transformers", 2023; their script
+`phase-diagrams.py`), every β in one batched program. Shared by `phase-diagram`,
+`norm-beta` (the same map per normalisation) and `variants` (its random weights).
+
+For each of `betas` values of β in `[beta_min, beta_max]`, `systems` independent
+systems of `tokens` uniform tokens on `S^{dim−1}` run the discrete dynamics their
+script runs, and the density of clustered pairs, the fraction of ordered pairs
+`i ≠ j` with `⟨x_i, x_j⟩ > threshold`, is recorded at `times` equally spaced times
+of `[0, T]`: a map over `(t, β)`.
+
+Their update (`simu_xform.step_1`) is, for every token at once,
+
+    x_i ← N(x_i + η Vᵀ Σ_j α_ij x_j),   α_ij = softmax_j(β x_iᵀ B x_j)   or   exp(β x_iᵀ B x_j)/n,
+
+the raw (untangential) update followed by the normalisation `N(y) = y/|y|`: exactly
+the post-norm layer `ja.SelfAttentionDynamics(P=B, U=Vᵀ, beta=β).layer` with step `τ = η`
+(their `M @ V` multiplies rows, hence `U = Vᵀ`), `kernel="exp"` for the unnormalised
+weights. So the study is `ja.run_layers` with `observe=` counting clustered pairs after
+every layer. Their step is `η = step` with softmax (`--use_softmax`, to `T = 30`) and,
+for the unnormalised kernel (their default), `η = step / max(√β e^{β−1/2}, 1)` (unless
+`--raw-step`) to `T = 1`. Their time is the float64 sum `η + η + …`; checkpoint `k` (at
+`t_k`, `linspace(0, T, times)`) records the state after the first step whose summed time
+reaches `t_k` (never the initial state), and the run stops at the first step reaching
+`T`: `schedule` reproduces both.
+
+The key–query matrix `B` and the value `V` are drawn per system and per β as their
+`--randomKQ` / `--randomV` draw them (`KEY_QUERY`, `VALUE`, codes as theirs). All β of
+one step count run as one vmapped program (the softmax mode: one program for all); the
+unnormalised kernel's step counts differ by β (10 to ~1.5·10⁵ at the defaults), so its
+β are grouped by step count, within a factor 2, one program per group. float64 when
+`jax_enable_x64` is on (`jaxattn run` turns it on), as their script.
+"""
+
+import functools
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from .._dynamics import SelfAttentionDynamics
+from .._layers import run_layers
+from .._manifold import project
+from .._precision import matmul
+from .base import Param
+from .pieces import advance
+from .verdicts import short
+
+#: The key–query draws, by their script's `--randomKQ` code: the identity, a product of
+#: two Gaussian matrices over √d, their symmetric "Wigner" (diagonal N(0, 1)), and GOE.
+KEY_QUERY = ("identity", "Gaussian", "Wigner", "GOE")
+#: The value draws, by `--randomV`: the identity, `GGᵀ/√d`, `+B/c`, `−B/c` (c the
+#: key–query's scale: 1, √d, √d, √(d + 1)).
+VALUE = ("identity", "Gaussian", "+KQ", "-KQ")
+#: Systems advanced together through all their steps (`lax.map` over blocks): a
+#: block's intermediates stay in the CPU's cache, where the whole batch at once
+#: streams them through memory at every step. Measured (CPU time per system-step,
+#: 2048 systems of 32 tokens in R², float64, fused path): 4.0–4.9 µs in blocks of
+#: 128, 5.9 of 256, 7.2 of 64, 8.8 all at once, 35 in blocks of 32.
+BLOCK = 128
+#: Most per-step pair counts one compiled program keeps (int32): larger runs are cut
+#: into chunks of systems.
+COUNT_BUDGET = 2**26
+
+def draw_weights(key: PRNGKeyArray, dim: int, heads: int, key_query: int,
+                 value: int) -> tuple[Float[Array, "h d d"], Float[Array, "h d d"]]:
+    """One system's `P_η = B_η` and `U_η = V_ηᵀ / h`, drawn as the peers' scripts draw
+    them (`KEY_QUERY`, `VALUE`; heads averaged as in Karagodin et al.'s `simuxform`).
+
+    **Returns:**
+
+    `(P, U)`, each `(heads, dim, dim)`.
+    """
+    P, U = jax.vmap(lambda k: _one_head(k, dim, key_query, value))(jax.random.split(key, heads))
+    return P, U / heads
+
+
+def _one_head(key, d: int, key_query: int, value: int):
+    k1, k2, k3 = jax.random.split(key, 3)
+    g1, g2, g3 = (jax.random.normal(k, (d, d)) for k in (k1, k2, k3))
+    eye = jnp.eye(d, dtype=g1.dtype)
+    if key_query == 0:
+        B, scale = eye, 1.0
+    elif key_query == 1:
+        B, scale = matmul(g1, g2, "float32") / math.sqrt(d), math.sqrt(d)
+    elif key_query == 2:  # their divisor: 2 on the diagonal, √2 off it
+        B, scale = (g1 + g1.T) / (eye * (2 - math.sqrt(2)) + math.sqrt(2)), math.sqrt(d)
+    else:
+        B, scale = (g1 + g1.T) / math.sqrt(2), math.sqrt(d + 1)
+    V = (eye, matmul(g3, g3.T, "float32") / math.sqrt(d), B / scale, -B / scale)[value]
+    return B, V.T
+
+
+def step_size(beta: float, step: float, exp_kernel: bool, raw_step: bool) -> float:
+    """Their step `η`: `step`, or `step / max(√β e^{β−1/2}, 1)` for the unnormalised
+    kernel (so that no move exceeds about `step` radians) unless `raw_step`."""
+    if not exp_kernel or raw_step:
+        return step
+    return step / max(math.sqrt(beta) * math.exp(beta - 0.5), 1.0)
+
+
+def schedule(eta: float, times: np.ndarray) -> tuple[int, np.ndarray]:
+    """The steps their loop takes with step `eta` and records at `times` (float64).
+
+    **Returns:**
+
+    `(num_steps, at)`: the run stops after the first step `m` whose summed time
+    `η + … + η` reaches `times[-1]`, and `at[k] ≥ 1` is the first step whose summed time
+    reaches `times[k]`.
+    """
+    count = math.ceil(times[-1] / eta) + 2
+    clock = np.add.accumulate(np.full(count, eta, dtype=np.float64))  # sequential sums
+    at = np.searchsorted(clock, times, side="left") + 1
+    return int(at[-1]), at
+
+
+def step_groups(steps: np.ndarray) -> list[np.ndarray]:
+    """Indices of `steps` in groups run as one program: sorted by step count, a new
+    group whenever the count passes twice the group's first (at most half wasted)."""
+    order = np.argsort(steps, kind="stable")
+    groups, first = [[order[0]]], steps[order[0]]
+    for i in order[1:]:
+        if steps[i] > 2 * first:
+            groups.append([])
+            first = steps[i]
+        groups[-1].append(i)
+    return [np.asarray(g) for g in groups]
+
+
+def clustered_pairs(x: Float[Array, "n d"], threshold: float, *,
+                    unit: bool = True) -> Int[Array, ""]:
+    """The number of ordered pairs `i ≠ j` with `⟨x_i, x_j⟩ > threshold` (the tokens'
+    directions when `unit=False`)."""
+    x = x if unit else project(x, None)
+    gram = matmul(x, x.T, "float32")
+    off = ~jnp.eye(x.shape[0], dtype=bool)
+    return jnp.sum((gram > threshold) & off, dtype=jnp.int32)
+
+
+@eqx.filter_jit
+def pair_counts(P, U, betas, taus, x, num_steps: int, kernel: str, norm: str, causal: bool,
+                threshold: float) -> Int[Array, "B L+1"]:
+    """Clustered ordered pairs after each of `num_steps` layers, summed over systems.
+
+    **Arguments:**
+
+    - `P`, `U`: `(B, G, h, d, d)`, one model per β and group of systems.
+    - `betas`, `taus`: `(B,)`. `x`: the tokens `(B, G, s, n, d)`, `s` systems per group.
+    - `kernel`, `norm`, `causal`: of `ja.SelfAttentionDynamics`; `threshold`: as in
+      `clustered_pairs`.
+
+    **Returns:**
+
+    `(B, num_steps + 1)` int32 counts; index 0 is the start.
+    """
+    B, G, s = x.shape[:3]
+    # Blocks of `k` groups (models) of one β, at most `BLOCK` systems in all.
+    k = max(k for k in range(1, min(G, max(1, BLOCK // s)) + 1) if G % k == 0)
+
+    def block(args):
+        P, U, beta, tau, x = args  # k models (h, d, d), k × s systems (n, d)
+        dyn = eqx.filter_vmap(lambda P, U: SelfAttentionDynamics(
+            P, U, beta=beta, causal=causal, norm=norm, kernel=kernel))(P, U)
+        observe = functools.partial(clustered_pairs, threshold=threshold,
+                                    unit=dyn.stays_on_manifold)
+        # The stacked models run as one batch: the fused path for small systems.
+        return run_layers(dyn, x, num_steps, tau, observe=observe).sum((0, 1))
+
+    def blocks(a):
+        return a.reshape((B * G // k, k) + a.shape[2:])
+
+    args = (blocks(P), blocks(U), jnp.repeat(betas, G // k), jnp.repeat(taus, G // k),
+            blocks(x))
+    # Block by block, all steps of a block at once: its intermediates stay in cache.
+    counts = jax.lax.map(block, args)
+    return counts.reshape(B, G // k, -1).sum(1)
+
+
+def density_map(key: PRNGKeyArray, cfg: dict, *, heads: int = 1, norm: str = "post",
+                causal: bool = False, progress: bool = False,
+                desc: str = "phase diagram") -> dict[str, np.ndarray]:
+    """The clustered-pair density over `(β, t)`: the whole study for one model.
+
+    **Arguments:**
+
+    - `key`: draws the tokens and the weights.
+    - `cfg`: `betas`, `beta_min`, `beta_max`, `systems`, `tokens`, `dim`, `key_query`,
+      `value`, `exp_kernel`, `horizon` (0: 30 with softmax, 1 with the exp kernel),
+      `step`, `raw_step`, `times`, `threshold` (the experiment's parameters).
+    - `heads`, `norm`, `causal`: of the model.
+
+    **Returns:**
+
+    `betas (B,)`, `ts (K,)`, `density (B, K)`, `steps (B,)` (steps per β), `tau (B,)`.
+    """
+    check_config(cfg)
+    B, S, n = cfg["betas"], cfg["systems"], cfg["tokens"]
+    betas = np.linspace(cfg["beta_min"], cfg["beta_max"], B)
+    ts = np.linspace(0.0, horizon_of(cfg), cfg["times"])
+    taus = np.array([step_size(b, cfg["step"], cfg["exp_kernel"], cfg["raw_step"])
+                     for b in betas])
+    plans = [schedule(eta, ts) for eta in taus]
+    steps = np.array([p[0] for p in plans])
+    x0, P, U = draw_systems(key, cfg, heads)
+    G, s = x0.shape[1:3]
+    run = functools.partial(pair_counts, kernel="exp" if cfg["exp_kernel"] else "softmax",
+                            norm=norm, causal=causal, threshold=cfg["threshold"])
+    pieces = [(g, c) for g in step_groups(steps)
+              for c in _chunks(G, s * len(g) * (int(steps[g].max()) + 1))]
+
+    def piece(k, counts):
+        g, (lo, hi) = pieces[k]
+        c = np.asarray(run(P[g, lo:hi], U[g, lo:hi], jnp.asarray(betas[g]),
+                           jnp.asarray(taus[g]), x0[g, lo:hi], int(steps[g].max())))
+        for row, b in enumerate(g):
+            counts[b] += c[row, plans[b][1]]
+        return counts, None
+
+    counts, _ = advance(piece, np.zeros((B, len(ts)), np.int64), len(pieces), desc=desc,
+                        progress=progress)
+    return {"betas": betas, "ts": ts, "density": counts / (S * n * (n - 1)), "steps": steps,
+            "tau": taus}
+
+
+def draw_systems(key: PRNGKeyArray, cfg: dict, heads: int = 1):
+    """The study's random start: tokens and weights for every β and system.
+
+    **Returns:**
+
+    `x0 (B, G, s, n, d)` (not yet normalised, as their `randn`), `G` groups of `s`
+    systems sharing one model, and `P`, `U` `(B, G, h, d, d)`. A model is drawn per
+    system (`s = 1`) unless the key–query and value are both the identity (nothing to
+    draw): then the `S` systems of a β share it, in groups of `s ≤ BLOCK` (a divisor
+    of `S`) run together on the fused ensemble path.
+    """
+    B, S, n, d = cfg["betas"], cfg["systems"], cfg["tokens"], cfg["dim"]
+    k_x, k_w = jax.random.split(key)
+    x0 = jax.random.normal(k_x, (B, S, n, d))
+    shared = cfg["key_query"] == 0 and cfg["value"] == 0
+    s = max(k for k in range(1, min(S, BLOCK) + 1) if S % k == 0) if shared else 1
+    keys = jax.random.split(k_w, B * (1 if shared else S)).reshape(B, 1 if shared else S, -1)
+    draw = functools.partial(draw_weights, dim=d, heads=heads, key_query=cfg["key_query"],
+                             value=cfg["value"])
+    P, U = jax.vmap(jax.vmap(draw))(keys)
+    P, U = (jnp.broadcast_to(w, (B, S // s) + w.shape[2:]) for w in (P, U))
+    return x0.reshape(B, S // s, s, n, d), P, U
+
+
+def _chunks(groups: int, per_group: int) -> list[tuple[int, int]]:
+    """Equal runs of groups whose counts stay within `COUNT_BUDGET`."""
+    parts = max(1, math.ceil(groups * per_group / COUNT_BUDGET))
+    size = math.ceil(groups / parts)
+    return [(lo, min(lo + size, groups)) for lo in range(0, groups, size)]
+
+
+def horizon_of(cfg: dict) -> float:
+    """`T`: `horizon`, or their default for 0 (30 with softmax, 1 with the exp kernel)."""
+    return cfg["horizon"] or (1.0 if cfg["exp_kernel"] else 30.0)
+
+
+def check_config(cfg: dict) -> None:
+    """`ValueError` for settings no `Param` minimum catches."""
+    if not 0 <= cfg["beta_min"] <= cfg["beta_max"]:
+        raise ValueError(f"need 0 ≤ --beta-min ≤ --beta-max, got {cfg['beta_min']!r} and "
+                         f"{cfg['beta_max']!r}.")
+    if cfg["horizon"] < 0:
+        raise ValueError(f"--horizon must be ≥ 0 (0: the peers' default), got {cfg['horizon']!r}.")
+    for name, table in (("key_query", KEY_QUERY), ("value", VALUE)):
+        if not 0 <= cfg[name] < len(table):
+            codes = ", ".join(f"{i} {w}" for i, w in enumerate(table))
+            raise ValueError(f"--{name.replace('_', '-')} must be one of {codes}; got "
+                             f"{cfg[name]!r}.")
+    if not 0 < cfg["threshold"] < 1:
+        raise ValueError(f"--threshold must be in (0, 1), got {cfg['threshold']!r}.")
+
+
+#: The parameters of the study, shared by `norm-beta`.
+STUDY = (
+    Param("betas", int, 90, "number of β values", 1),
+    Param("beta_min", float, 0.1, "smallest β (≥ 0)"),
+    Param("beta_max", float, 9.0, "largest β"),
+    Param("systems", int, 2048, "independent systems per β", 1),
+    Param("tokens", int, 32, "tokens n per system", 2),
+    Param("dim", int, 2, "dimension d (tokens on S^{d−1})", 1),
+    Param("key_query", int, 0, "key–query B: 0 identity, 1 Gaussian, 2 Wigner, 3 GOE "
+          "(their --randomKQ)"),
+    Param("value", int, 0, "value V: 0 identity, 1 Gaussian, 2 +KQ, 3 −KQ (their --randomV)"),
+    Param("exp_kernel", bool, False, "unnormalised weights exp(β⟨x_i, B x_j⟩)/n (their default) "
+          "with the step step/max(√β e^{β−1/2}, 1), to T = 1, instead of softmax to T = 30"),
+    Param("horizon", float, 0.0, "final time T (0: 30 with softmax, 1 with --exp-kernel)"),
+    Param("step", float, 0.1, "step η (the exp kernel's is corrected, see --raw-step)", 0.0),
+    Param("raw_step", bool, False, "do not correct the exp kernel's step (their --rawstep)"),
+    Param("times", int, 200, "recorded times, linspace(0, T, times)", 2),
+    Param("threshold", float, 0.999, "a pair is clustered when ⟨x_i, x_j⟩ > threshold"),
+)
+
+
+def half_times(ts: np.ndarray, density: np.ndarray, level: float = 0.5) -> np.ndarray:
+    """Per β, the first recorded time the density reaches `level` (`inf`: never)."""
+    hit = density >= level
+    return np.where(hit.any(-1), ts[np.argmax(hit, -1)], np.inf)
+
+
+def describe_map(betas, ts, density) -> tuple[str, dict]:
+    """What a density map shows, in words and numbers: the time to reach density ½ as β
+    grows and where it is not reached by `T`."""
+    t_half = half_times(ts, density)
+    final = density[:, -1]
+    never = betas[~np.isfinite(t_half)]
+    reached = np.isfinite(t_half)
+    parts = [f"density at T = {short(ts[-1])}: {short(final.min())} to {short(final.max())}"]
+    if reached.any():
+        i, j = np.flatnonzero(reached)[[0, -1]]
+        parts.append(f"t½ (density ≥ 0.5) from {short(t_half[i])} at β = {short(betas[i])} to "
+                     f"{short(t_half[j])} at β = {short(betas[j])}")
+    if reached.any():
+        k = np.argmin(t_half)
+        parts.append(f"fastest t½ = {short(t_half[k])} at β = {short(betas[k])}")
+    parts.append(f"density ½ not reached by T for β ≥ {short(never.min())}" if never.size
+                 else "density ½ reached for every β")
+    numbers = {"final_density_min": float(final.min()), "final_density_max": float(final.max()),
+               "beta_not_reaching_half": float(never.min()) if never.size else math.inf}
+    return "; ".join(parts), numbers
+
+
+def draw_map(ax, fig, betas, ts, density, *, log: bool, title: str,
+             full_scale: bool = False) -> None:
+    """One heat map of the density over `(t, β)`, as their `plot_pickle` draws it
+    (`full_scale`: the linear colours span 0 to 1, to compare maps)."""
+    shown = np.ma.masked_less_equal(density, 0) if log else density  # log: 0 left blank
+    span = {"vmin": 0.0, "vmax": 1.0} if full_scale and not log else {}
+    mesh = ax.pcolormesh(ts, betas, shown, norm="log" if log else "linear", cmap="RdBu_r",
+                         shading="nearest", rasterized=True, **span)
+    ax.grid(False)
+    fig.colorbar(mesh, ax=ax, label="clustered-pair density" + (" (log)" if log else ""))
+    ax.set_ylim(bottom=max(ax.get_ylim()[0], 0.0))  # β ≥ 0: no cell below it
+    ax.set_xlabel("$t$")
+    ax.set_ylabel(r"$\beta$")
+    ax.set_title(title, fontsize=10)
+
+
+def setup_line(cfg: dict) -> str:
+    """The model in words, for titles."""
+    kernel = "exp/n" if cfg["exp_kernel"] else "softmax"
+    return (f"d = {cfg['dim']}, n = {cfg['tokens']}, {cfg['systems']} systems, {kernel}, "
+            f"KQ = {KEY_QUERY[cfg['key_query']]}, V = {VALUE[cfg['value']]}")

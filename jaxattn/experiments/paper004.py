@@ -1,0 +1,79 @@
+"""Paper 004 ("Analogies between transformer layers and the power method"): the
+shared frame of its experiments (`power-shared`, `power-layers`, `steer`,
+`oja-bipartite`): the real model a run's flags ask for, random prompts, and the
+base that drops the flow's parameters."""
+
+import jax
+import numpy as np
+
+from ..models import PRESETS, init, load
+from ..spectral import LayerAlignment, random_tokens
+from .base import AbstractExperiment, Param
+
+_TRAINED = {"minilm": "all-MiniLM-L6-v2", "smollm2": "SmolLM2-135M-Instruct"}
+_RANDOM = {"bert": "bert-base-uncased", "gpt_neo": "gpt-neo-125M"}
+
+MODEL_FLAGS = (
+    Param("minilm", bool, False, "all-MiniLM-L6-v2, trained weights (pip package)"),
+    Param("smollm2", bool, False, "SmolLM2-135M-Instruct, trained weights (gguf)"),
+    Param("hidden", int, 384, "width d of the random config (0: the preset's)", 0),
+    Param("heads", int, 6, "heads of the random config (0: the preset's)", 0),
+    Param("std", float, 0.02, "std of the random weights (HF initializer_range)", 0.0),
+)
+TOKENS = (
+    Param("prompts", int, 100, "random prompts", 1),
+    Param("tokens", int, 10, "tokens per prompt (initial tokens N(0, I))", 1),
+    Param("tau", float, 1.0, "step τ of eq. 3", 0.0),
+)
+
+
+def model_from_flags(config, default: str):
+    """The model a config asks for, and a name for it."""
+    trained = [k for k in _TRAINED if config.get(k)]
+    chosen = trained + [k for k in _RANDOM if config.get(k)]
+    if len(chosen) > 1:
+        raise ValueError("choose at most one model flag (" + ", ".join(
+            "--" + k.replace("_", "-") for k in chosen) + ").")
+    if trained:
+        return load(_TRAINED[trained[0]]), _TRAINED[trained[0]] + " (trained)"
+    preset = _RANDOM[chosen[0]] if chosen else default
+    cfg = dict(PRESETS[preset], initializer_range=config["std"])
+    width, heads = _width_keys(cfg)
+    if config["hidden"]:
+        cfg[width] = config["hidden"]
+    if config["heads"]:
+        cfg[heads] = config["heads"]
+    key = jax.random.PRNGKey(config["seed"] + 1000)
+    return init(cfg, key), (f"{preset} config, random N(0, {config['std']:g}²), "
+                            f"d={cfg[width]}, h={cfg[heads]}")
+
+
+def _width_keys(cfg):
+    if cfg["model_type"] == "gpt2":
+        return "n_embd", "n_head"
+    if cfg["model_type"] == "gpt_neo":
+        return "hidden_size", "num_heads"
+    return "hidden_size", "num_attention_heads"
+
+
+def stats_arrays(stats: LayerAlignment) -> dict[str, np.ndarray]:
+    """A `LayerAlignment` (with a layer axis) as NumPy arrays, for `data.npz`."""
+    return {f"stat_{f}": np.asarray(getattr(stats, f)) for f in stats.__dataclass_fields__}
+
+
+def random_prompts(config, d, offset=0):
+    key = jax.random.PRNGKey(config["seed"] + offset)
+    return random_tokens(key, config["prompts"], config["tokens"], d)
+
+
+class AbstractPowerExperiment(AbstractExperiment):
+    """A paper 004 experiment: its own parameters only (no flow horizon or saves)."""
+
+    drops = ("discrete", "horizon", "saves")
+
+
+#: The family of the random config (default GPT-2).
+FAMILY_FLAGS = (
+    Param("bert", bool, False, "random BERT config instead of GPT-2"),
+    Param("gpt_neo", bool, False, "random GPT-Neo config instead of GPT-2"),
+)

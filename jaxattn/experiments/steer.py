@@ -1,0 +1,83 @@
+"""`steer`: a rank-1 edit of a model's last layer, `Ω + γ u wᵀ`, and the tokens'
+alignment with `u` at the end over a sweep of `γ` (paper 004 §2.3/§3.3, Figs. 2,
+9)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..spectral import cosines, layer_matrix, layerwise, run_model, steer
+from . import power_plots as plots
+from .base import Param, Verdict
+from .paper004 import (
+    FAMILY_FLAGS,
+    MODEL_FLAGS,
+    TOKENS,
+    AbstractPowerExperiment,
+    model_from_flags,
+    random_prompts,
+    stats_arrays,
+)
+from .verdicts import short
+
+
+class Steer(AbstractPowerExperiment):
+    name = "steer"
+    theorem = "paper 004 §2.3, no theorem"
+    title = ("paper 004 §2.3/§3.3 (Figs. 2, 9): rank-1 edit of the last layer, Ω + γ u wᵀ; "
+             "alignment with u at the end, γ sweep")
+    params = MODEL_FLAGS + FAMILY_FLAGS + TOKENS + (
+        Param("gamma", float, 1e5, "steering strength γ (the sweep ends here)", 0.0),
+        Param("calibrate", bool, False,
+              "w = the top direction of the last layer's inputs on other prompts (else w = u)"),
+    )
+
+    def simulate(self, config, progress):
+        model, label = model_from_flags(config, "gpt2")
+        d = model.config.hidden_size
+        x0 = random_prompts(config, d)
+        u = jax.random.normal(jax.random.PRNGKey(config["seed"] + 7), (d,), x0.dtype)
+        u = u / jnp.linalg.norm(u)
+        w = _calibrated_w(model, config, d) if config["calibrate"] else u
+        scale = float(jnp.linalg.norm(layer_matrix(model, -1).astype(x0.dtype), 2))
+        gammas = config["gamma"] * np.logspace(-7, 0, 15)
+        xs = run_model(model, x0, tau=config["tau"])
+        before = xs[-2]
+        ends = [_last_layer(steer(model, u, g, w=w), before, config["tau"], u) for g in gammas]
+        steered = steer(model, u, config["gamma"], w=w)
+        stats, eigs, xs_s = layerwise(steered, x0, tau=config["tau"])
+        d_ = xs.shape[-1]
+        c_u = np.asarray([cosines(x.reshape(-1, d_), u).mean() for x in xs_s])
+        c_u0 = np.asarray([cosines(x.reshape(-1, d_), u).mean() for x in xs])
+        return stats_arrays(stats) | {
+            "gammas": gammas, "end_alignment": np.asarray(ends), "c_u": c_u, "c_u_plain": c_u0,
+            "eigenvalues": np.asarray(eigs), "norm": np.asarray(scale), "u": np.asarray(u),
+            "w": np.asarray(w), "label": np.asarray(label),
+        }
+
+    def verdict(self, config, data):
+        end = float(data["end_alignment"][-1])
+        rising = bool(np.all(np.diff(data["end_alignment"]) > -1e-3))
+        ok = end > 0.99 and rising
+        line = (f"alignment with u after the steered last layer: {short(end)} at γ = "
+                f"{config['gamma']:g} = {short(config['gamma'] / float(data['norm']))}‖Ω_L‖₂ "
+                f"(unsteered {short(data['c_u_plain'][-1])}); "
+                f"rises with γ: {rising}")
+        return Verdict(ok, line, {"end_alignment": end, "unsteered": float(data["c_u_plain"][-1]),
+                                  "monotone": rising})
+
+    def draw(self, config, data, folder):
+        return plots.steer(data, self.stem(folder))
+
+
+def _last_layer(model, before, tau, u):
+    x = run_model(model, before, layers=[model.num_layers - 1], tau=tau)[-1]
+    return float(cosines(x.reshape(-1, x.shape[-1]), u).mean())
+
+
+def _calibrated_w(model, config, d):
+    """The top right singular vector of the tokens entering the last layer, on
+    prompts drawn with another seed (not the evaluation prompts)."""
+    xs = run_model(model, random_prompts(config, d, offset=10_000), tau=config["tau"])
+    X = xs[-2].reshape(-1, d)
+    return jnp.linalg.svd(X, full_matrices=False)[2][0]

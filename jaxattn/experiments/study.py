@@ -1,0 +1,113 @@
+"""The gradient studies' shared frame (the intermediate base of
+`adversarial-tokens`, `adversarial-weights`, `conjecture-multihead` and
+`conjecture-bipartite`): searches with `ja.explore` that try to slow consensus or
+to stabilise what the theory says is unstable.
+
+A study runs one search per *setting* (the sphere and the causal model; two or
+three heads) and saves each setting's arrays under its prefix (`h2_value`). The
+frame runs the settings, converts the arrays and joins the settings' verdict
+parts; a member declares its settings, its search (`explore`) and its words
+(`judge_setting`), and its panels.
+"""
+
+import abc
+import typing
+from typing import Any, ClassVar
+
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _plot
+from .._flow import solve_flow
+from .base import AbstractExperiment, Param, Section, Verdict
+from .verdicts import kind_verdict, overall_kind
+
+#: The optimiser's parameters, shared by every study (`steps`, `restarts`, `lr`).
+STUDY_PARAMS = (
+    Param("steps", int, 150, "optimiser steps", 1),
+    Param("restarts", int, 16, "restarts, optimised as one vmapped batch", 1),
+    Param("lr", float, 0.02, "Adam learning rate", 0.0),
+)
+
+
+class AbstractStudy(AbstractExperiment):
+    """A gradient study: the flow only, so it drops `--discrete` (`jaxattn run NAME
+    --discrete` is refused in one line instead of being silently ignored); a study
+    that drops more says so in `drops`."""
+
+    drops = ("discrete",)
+    #: The settings searched, by the prefix of their arrays (`""`: one setting).
+    settings: ClassVar[dict[str, Any]] = {"": None}
+
+    @abc.abstractmethod
+    def explore(self, config: dict[str, Any], setting, progress: bool) -> dict[str, Any]:
+        """The search of one setting and its check: the arrays to save."""
+
+    @abc.abstractmethod
+    def judge_setting(self, config: dict[str, Any], found: Section,
+                      setting) -> tuple[str | None, str]:
+        """One setting's verdict: its kind (`VERDICT_KINDS`; `None` for a search that
+        judges no theorem) and its part of the verdict line."""
+
+    def numbers(self, config: dict[str, Any], data: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The verdict's numbers (default: every scalar saved)."""
+        return {k: float(np.asarray(v).ravel()[0]) for k, v in data.items()
+                if np.asarray(v).size == 1}
+
+    def closing(self, config: dict[str, Any], data: dict[str, np.ndarray]) -> list[str]:
+        """Parts of the verdict line after the settings' own (default: none)."""
+        return []
+
+    @typing.final
+    def simulate(self, config, progress):
+        data = {}
+        for prefix, setting in self.settings.items():
+            found = self.explore(config, setting, progress)
+            data |= {f"{prefix}{k}": np.asarray(v) for k, v in found.items()}
+        return data
+
+    @typing.final
+    def verdict(self, config, data) -> Verdict:
+        kinds, parts = [], []
+        for prefix, setting in self.settings.items():
+            kind, part = self.judge_setting(config, Section(data, prefix=prefix), setting)
+            kinds.append(kind)
+            parts.append(part)
+        line = "; ".join(parts + self.closing(config, data))
+        numbers = self.numbers(config, data)
+        if all(kind is None for kind in kinds):  # a search with no theorem to judge
+            return Verdict(True, line, numbers)
+        return kind_verdict(overall_kind(kinds), line, numbers)
+
+    @typing.final
+    def sections(self, data) -> list[tuple[Section, Any]]:
+        """Each setting's arrays, for the panels."""
+        return [(Section(data, prefix=p), s) for p, s in self.settings.items()]
+
+
+def long_run(dyn, x0, T, saves=400):
+    """The flow from `x0` on `saves + 1` equally spaced times of `[0, T]`.
+
+    **Returns:**
+
+    `(ts, ys)`: the times (NumPy) and the tokens `(..., saves + 1, n, d)`.
+    """
+    ts = jnp.linspace(0.0, T, saves + 1)
+    return np.asarray(ts), solve_flow(dyn, x0, ts, max_steps=200000)
+
+
+def draw_trace(ax, trace, baseline, label):
+    """The best value so far of every restart over the optimiser steps, beside the
+    mean of the random starts."""
+    best = np.maximum.accumulate(np.asarray(trace), axis=0)
+    shown = np.any(best > 0, axis=0)  # a restart at 0 throughout has no place on a log axis
+    lines = ax.semilogy(np.where(best > 0, best, np.nan)[:, shown], color="tab:blue", lw=0.8,
+                        alpha=0.6)
+    hidden = int((~shown).sum())
+    note = f" ({hidden} at 0 throughout: not drawn)" if hidden else ""
+    _plot.label_first(lines, "best so far, per restart" + note)
+    ax.axhline(np.mean(baseline), color="k", ls="--", lw=1, label="random starts (mean)")
+    ax.set_xlabel("optimiser step")
+    _plot.integer_ticks(ax.xaxis)
+    ax.set_ylabel(label)
+    _plot.opaque_legend(ax, fontsize=8)

@@ -1,0 +1,196 @@
+"""The theorem experiments' shared frame (the intermediate base of `thm41-sphere`,
+`thm51-causal`, `thm52-symmetric`, `thm32-gradient`), as diffrax's `AbstractERK`
+is the frame of its Runge–Kutta tableaux.
+
+The frame runs the flow (eq. 6) and, with `--discrete`, the layers (eq. 4) from
+the member's `setup`, saves each run's measures under the same names (the layers'
+with the suffix `_layers`), and judges the run asked for: the member states what
+it observed (`Evidence`: the quantity the theorem drives to 0, whether the
+predicted outcome was reached, whether the start is inside the hypotheses); the
+frame fits its trend, decides the verdict's kind and writes the line's frame.
+A member declares its set-up, its measures, its evidence, its words and its panels.
+"""
+
+import abc
+import dataclasses
+import typing
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import numpy as np
+
+from .._horizon import CONSENSUS_TOL
+from ..metrics import misalignment
+from ..theory import predict
+from .base import AbstractExperiment, Section, Verdict
+from .pieces import flow_path, layer_path
+from .verdicts import Trend, convergence_trend, kind_verdict, outcome_words, overall_kind, run_kind
+
+
+@dataclasses.dataclass(frozen=True)
+class Evidence:
+    """What a member observed in one run, for the frame to judge.
+
+    - `residual`: the quantity the theorem drives to 0 (`E`, a distance to the
+      predicted limit, a speed) at the run's times, `(T,)`, or `(B, T)` for `B` starts.
+    - `reached`: whether the predicted outcome was reached (per start: `(B,)`).
+    - `inside`: whether the start lies inside the theorem's hypotheses (per start).
+    - `numbers`: the verdict's numbers (the trend's, or the counts per kind, follow).
+    - `against`: a contradiction observed besides the trend (`E_P` falling along a
+      gradient flow).
+    """
+
+    residual: np.ndarray
+    reached: Any
+    inside: Any
+    numbers: dict[str, Any]
+    against: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Judged:
+    """The frame's judgement: the kind (`VERDICT_KINDS`), the run's trend (over
+    several starts: the slowest start not yet arrived, `None` if all have) and, over
+    several starts, each start's kind."""
+
+    kind: str
+    trend: Trend | None
+    kinds: np.ndarray | None = None
+
+
+class Drawn(NamedTuple):
+    """One run as a figure draws it: its arrays, label, colour and line style."""
+
+    run: Section
+    label: str
+    color: str
+    ls: str
+
+
+class AbstractTheoremExperiment(AbstractExperiment):
+    """An experiment that tests a theorem of paper 001 on random instances, in the
+    flow and (`--discrete`) in layers; sweepable (`instance`).
+
+    A member provides `setup`, `measures`, `evidence` and `describe` (and may
+    override `facts`, `prediction`, `evolve`, `instance`, `check_config`), and
+    declares `reached_words` and, to be swept, `sweepable = True`.
+    """
+
+    #: How a verdict line names a reached outcome, by kind (`"agrees"`: "consensus, ").
+    reached_words: ClassVar[dict[str, str]] = {}
+
+    @abc.abstractmethod
+    def setup(self, key, config: dict[str, Any]) -> tuple[Any, Any]:
+        """One instance drawn from `key`: `(model, x0)`. `jaxattn run NAME --seed S`
+        passes `PRNGKey(S)`, a sweep's instance `i` `PRNGKey(seed + i)`; `config`
+        holds the parameters (floats such as `beta` may be traced scalars)."""
+
+    @abc.abstractmethod
+    def evidence(self, config: dict[str, Any], run: Section) -> Evidence:
+        """What the run judged (`run`: its arrays, the shared ones as fallback) shows."""
+
+    @abc.abstractmethod
+    def describe(self, config: dict[str, Any], run: Section, evidence: Evidence,
+                 judged: Judged) -> str:
+        """The verdict line after `where: ` (use `words(kind)` for the outcome)."""
+
+    def measures(self, dyn, pred, ts, ys) -> dict[str, Any]:
+        """What a run of `evolve` keeps besides `ts` and `ys`, from its states
+        `ys (T, n, d)` (a member that measures inside its own `evolve` has none)."""
+        return {}
+
+    def facts(self, config, model, x0, pred, flow: dict[str, Any]) -> dict[str, Any]:
+        """Arrays saved once, not per run (the start, the domain test, …)."""
+        return {}
+
+    def check_config(self, config: dict[str, Any]) -> None:
+        """Refuse parameters the experiment cannot run (`ValueError`)."""
+
+    def prediction(self, config, model, x0):
+        """What `ja.theory.predict` says of the instance."""
+        return predict(model, x0)
+
+    def instance(self, key, config: dict[str, Any]):
+        """One sweep instance as the simulators run it: `(dyn, y0, misalign)`, the
+        model, its start and `misalign(ys)`, the misalignment of its states."""
+        dyn, x0 = self.setup(key, config)
+        return dyn, x0, misalignment
+
+    def evolve(self, config, model, x0, pred, *, discrete: bool, progress: bool):
+        """One run, the flow or the layers: `ts`, `ys` and the `measures`."""
+        desc = f"{self.name}: {'layers' if discrete else 'flow'}"
+        if discrete:
+            ts, ys = layer_path(model, x0, config["horizon"], config["tau"],
+                                progress=progress, desc=desc)
+        else:
+            ts, ys = flow_path(model, x0, config["horizon"], config["saves"],
+                               progress=progress, desc=desc)
+        return {"ts": ts, "ys": ys} | self.measures(model, pred, ts, ys)
+
+    @typing.final
+    def simulate(self, config, progress):
+        self.check_config(config)
+        model, x0 = self.setup(jax.random.PRNGKey(config["seed"]), config)
+        pred = self.prediction(config, model, x0)
+        flow = self.evolve(config, model, x0, pred, discrete=False, progress=progress)
+        data = flow | self.facts(config, model, x0, pred, flow)
+        if config["discrete"]:
+            layers = self.evolve(config, model, x0, pred, discrete=True, progress=progress)
+            data |= {f"{k}_layers": v for k, v in layers.items()}
+        return {k: np.asarray(v) for k, v in data.items()}
+
+    @typing.final
+    def verdict(self, config, data) -> Verdict:
+        run = self.judged_run(config, data)
+        evidence = self.evidence(config, run)
+        judged, numbers = _judge(run["ts"], evidence, self.theorem)
+        line = f"{self.where(config, run)}: {self.describe(config, run, evidence, judged)}"
+        return kind_verdict(judged.kind, line, evidence.numbers | numbers)
+
+    @typing.final
+    def judged_run(self, config, data) -> Section:
+        """The run a verdict judges: the layers with `--discrete`, else the flow."""
+        return Section(data, suffix="_layers" if config["discrete"] else "")
+
+    @typing.final
+    def where(self, config, run: Section) -> str:
+        """`flow`, or `L layers, τ = …`: which run a verdict line speaks of."""
+        return f"{len(run['ts']) - 1} layers, τ = {config['tau']}" if config["discrete"] else "flow"
+
+    @typing.final
+    def words(self, kind: str) -> str:
+        """The outcome of kind `kind` in words: `consensus, as Theorem 4.1 predicts`."""
+        return self.reached_words.get(kind, "") + outcome_words(kind, self.theorem)
+
+    @typing.final
+    def drawn_runs(self, config, data) -> list[Drawn]:
+        """The flow and, with `--discrete`, the layers, as their panels draw them."""
+        runs = [Drawn(Section(data), "flow", "tab:blue", "-")]
+        if config["discrete"]:
+            runs.append(Drawn(Section(data, suffix="_layers"),
+                              rf"layers, $\tau$ = {config['tau']:g}", "tab:green", ":"))
+        return runs
+
+
+def _judge(ts, evidence: Evidence, theorem: str) -> tuple[Judged, dict[str, Any]]:
+    """Trend → kind for one start, or per start and overall for several; the numbers
+    the judgement adds (the trend's, or the counts of the kinds)."""
+    residual = np.asarray(evidence.residual)
+    if residual.ndim == 1:
+        trend = convergence_trend(ts, residual, CONSENSUS_TOL)
+        if not evidence.inside:
+            kind = "not_applicable"
+        else:
+            kind = "contradicts" if evidence.against else run_kind(
+                bool(evidence.reached), trend, theorem)
+        return Judged(kind, trend), trend.numbers()
+    kinds = np.full(len(residual), "not_applicable", dtype=object)
+    slowest = None
+    reached, inside = np.asarray(evidence.reached), np.asarray(evidence.inside)
+    for b in np.flatnonzero(inside):
+        trend = convergence_trend(ts, residual[b], CONSENSUS_TOL)
+        kinds[b] = run_kind(bool(reached[b]), trend, theorem)
+        if not reached[b] and (slowest is None or trend.reach > slowest.reach):
+            slowest = trend
+    counts = {k: int(np.sum(kinds == k)) for k in ("not_converged", "contradicts")}
+    return Judged(overall_kind(kinds), slowest, kinds), counts

@@ -1,0 +1,176 @@
+"""How an experiment's outcome is judged against a theorem: numbers for a verdict
+line, the convergence trend at the end of a run, its kind (`VERDICT_KINDS`) and the
+words that name it. Shared by every experiment that judges a theorem (`theorem.py`,
+`study.py` and their members); nothing here simulates.
+"""
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from .base import Verdict
+
+
+def short(x: float) -> str:
+    """A number for a verdict line: `3.0e-07`, `0.25`, `inf`; `0` below 1e-15."""
+    x = float(x)
+    if not math.isfinite(x):
+        return str(x)
+    if abs(x) < 1e-15:  # rounding level of float64: a computed 0 may come out as ±2e-16
+        return "0"
+    return f"{x:.1e}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.3g}"
+
+
+def largest_rise(values: np.ndarray) -> float:
+    """The largest increase between consecutive samples along the last axis (≤ 0: none)."""
+    values = np.asarray(values)
+    return float(np.max(np.diff(values, axis=-1))) if values.shape[-1] > 1 else 0.0
+
+
+# --- convergence verdicts ----------------------------------------------------------
+
+#: The verdict kinds, in `summary.json` as `verdict_kind`: the outcome was reached;
+#: not reached yet but still converging (which the theorem allows); measurably
+#: against the theorem (stalled or reversed inside its hypotheses); outside them.
+VERDICT_KINDS = ("agrees", "not_converged", "contradicts", "not_applicable")
+
+
+@dataclasses.dataclass(frozen=True)
+class Trend:
+    """How a quantity that a theorem drives to 0 (`E`, a distance to the predicted
+    limit, a speed) behaves at the end of a run (`convergence_trend`).
+
+    - `state`: `"converged"` (the final value is below `tol`), `"converging"` (it
+      falls measurably), `"stalled"` (it changes by less than `stall` over the
+      window), `"rising"`, or `"unknown"` (fewer than two finite samples there).
+    - `final`: the last value; `rate`: the fitted decay rate of its logarithm per
+      unit time (`> 0`: falling); `reach`: the projected time at which it reaches
+      `tol` (once converged, the first sampled time below it; `inf` if not falling);
+      `window`: the fitted times `(t₀, t₁)`; `tol`: the threshold.
+    """
+
+    state: str
+    final: float
+    rate: float
+    reach: float
+    window: tuple[float, float]
+    tol: float
+
+    @property
+    def contradicts(self) -> bool:
+        """Whether convergence is measurably stalled or reversed (not merely slow)."""
+        return self.state in ("stalled", "rising")
+
+    def describe(self, what: str = "E") -> str:
+        """One phrase for a verdict line: what was observed at the end of the run."""
+        t0, t1 = (short(t) for t in self.window)
+        over = f"t ∈ [{t0}, {t1}]"
+        if self.state == "converged":
+            return (f"{what} = {short(self.final)} < {self.tol:g} (below it from "
+                    f"t = {short(self.reach)})")
+        if self.state == "converging":
+            return (f"not yet converged at t = {t1}: {what} = {short(self.final)}, falling at rate "
+                    f"{short(self.rate)} per unit time (fitted on {over}), would reach "
+                    f"{self.tol:g} by t ≈ {short(self.reach)}")
+        if self.state == "stalled":
+            return (f"{what} stalled at {short(self.final)} ≥ {self.tol:g} over {over} (fitted "
+                    f"rate {short(self.rate)} per unit time)")
+        if self.state == "rising":
+            return (f"{what} rising at rate {short(-self.rate)} per unit time over {over}, to "
+                    f"{short(self.final)} ≥ {self.tol:g}")
+        return f"{what} = {short(self.final)}: too few finite samples to judge a trend"
+
+    def numbers(self, prefix: str = "") -> dict[str, float]:
+        """The fitted rate and the projected time, for a verdict's numbers."""
+        return {f"{prefix}decay_rate": self.rate, f"{prefix}projected_time": self.reach}
+
+
+def convergence_trend(ts, values, tol: float, *, fraction: float = 1 / 3,
+                      stall: float = 1e-3) -> Trend:
+    """Judge a quantity that should go to 0 on its trend at the end of the run, not on
+    its value at a fixed time: a least-squares fit of `log(values)` against `t` on the
+    last `fraction` of the run (at least the last 3 samples).
+
+    A fitted change of `log(values)` under `stall` over that window (a fall of less
+    than 0.1 % by default) is no measurable convergence: the run ended on a plateau (an
+    equilibrium off the predicted outcome, or one approached exponentially), while a
+    slow geometric approach, e.g. at a small spectral gap, still falls by more. A
+    metastable plateau flatter than that reads as stalled at this run's resolution:
+    run longer to see it leave.
+
+    **Arguments:**
+
+    - `ts`: the sampled times `(T,)`; `values`: the quantity at those times `(T,)`.
+    - `tol`: the threshold the quantity should fall below (e.g. `CONSENSUS_TOL`).
+    - `fraction`: the part of the run the trend is fitted on; `stall`: see above.
+
+    **Returns:**
+
+    A `Trend`.
+    """
+    ts, values = np.asarray(ts, np.float64), np.asarray(values, np.float64)
+    final = float(values[-1])
+    if final < tol:  # False for NaN
+        first = _last_run_start(values < tol)
+        return Trend("converged", final, math.nan, float(ts[first]),
+                     (float(ts[0]), float(ts[-1])), tol)
+    start = min(int(np.searchsorted(ts, ts[-1] - fraction * (ts[-1] - ts[0]))), len(ts) - 3)
+    t, v = ts[max(start, 0):], values[max(start, 0):]
+    window = (float(t[0]), float(t[-1]))
+    keep = np.isfinite(v)
+    if keep.sum() < 2 or np.ptp(t[keep]) == 0:
+        return Trend("unknown", final, math.nan, math.inf, window, tol)
+    slope, intercept = np.polyfit(t[keep], np.log(np.maximum(v[keep], np.finfo(float).tiny)), 1)
+    change = slope * (window[1] - window[0])
+    state = "stalled" if abs(change) < stall else ("rising" if change > 0 else "converging")
+    reach = (intercept - math.log(tol)) / -slope if state == "converging" else math.inf
+    return Trend(state, final, float(-slope), float(reach), window, tol)
+
+
+def _last_run_start(mask: np.ndarray) -> int:
+    """The index where the final run of `True` in `mask` begins."""
+    off = np.flatnonzero(~mask)
+    return int(off[-1]) + 1 if off.size else 0
+
+
+def overall_kind(kinds) -> str:
+    """The kind of a verdict over several runs: `"contradicts"` if any run does, else
+    `"not_converged"` if any has not converged, else `"agrees"` if any applies."""
+    kinds = set(kinds)
+    return next((k for k in ("contradicts", "not_converged", "agrees") if k in kinds),
+                "not_applicable")
+
+
+def run_kind(reached: bool, trend: Trend, theorem: str | None = None) -> str:
+    """The verdict kind of a run inside a theorem's hypotheses: `"agrees"` when the
+    predicted outcome was reached, `"contradicts"` when convergence stalled or
+    reversed (`trend.contradicts`), else `"not_converged"`.
+
+    Theorem 3.2 (an equilibrium) is judged on the speed `max |ẋ|`, which rises
+    whenever a gradient flow leaves a saddle's neighbourhood: for it only a stall
+    contradicts.
+    """
+    if reached:
+        return "agrees"
+    if trend.state == "stalled" or (trend.state == "rising" and theorem != "3.2"):
+        return "contradicts"
+    return "not_converged"
+
+
+def outcome_words(kind: str, theorem: str) -> str:
+    """How a verdict line names its kind: `as Theorem 4.1 predicts`, `AGAINST …`."""
+    return {"agrees": f"as Theorem {theorem} predicts",
+            "not_converged": f"consistent with Theorem {theorem}, which allows slow convergence",
+            "contradicts": f"AGAINST Theorem {theorem}",
+            "not_applicable": f"Theorem {theorem} says nothing here"}[kind]
+
+
+def kind_verdict(kind: str, line: str, numbers: dict[str, Any],
+                 extra: dict[str, Any] | None = None) -> Verdict:
+    """A `Verdict` of kind `kind` (`VERDICT_KINDS`): it agrees with the theory unless it
+    contradicts it, and `summary.json` records the kind as `verdict_kind`."""
+    if kind not in VERDICT_KINDS:
+        raise ValueError(f"unknown verdict kind {kind!r}; expected one of {VERDICT_KINDS}.")
+    return Verdict(kind != "contradicts", line, numbers, {"verdict_kind": kind} | (extra or {}))

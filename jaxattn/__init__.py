@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from . import spectral as spectral
     from . import sweep as sweep
     from . import theory as theory
+    from ._determinism import deterministic_xla_flags as deterministic_xla_flags
     from ._dynamics import SelfAttentionDynamics as SelfAttentionDynamics
     from ._dynamics import random_mask as random_mask
     from ._flow import FlowResult as FlowResult
@@ -34,7 +35,6 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from ._manifold import sample_ellipsoid as sample_ellipsoid
     from ._manifold import w_norm as w_norm
     from ._precision import PRECISIONS as PRECISIONS
-    from ._runs import deterministic_xla_flags as deterministic_xla_flags
     from ._schedule import AbstractSchedule as AbstractSchedule
     from ._schedule import Constant as Constant
     from ._schedule import PiecewiseConstant as PiecewiseConstant
@@ -56,7 +56,7 @@ _ATTRIBUTES = {
     "sample_ellipsoid": "._manifold",
     "w_norm": "._manifold",
     "PRECISIONS": "._precision",
-    "deterministic_xla_flags": "._runs",
+    "deterministic_xla_flags": "._determinism",
     "AbstractSchedule": "._schedule",
     "Constant": "._schedule",
     "PiecewiseConstant": "._schedule",

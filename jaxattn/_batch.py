@@ -1,15 +1,19 @@
-"""Shared input handling of the simulators: one sequence `(n, d)` per function,
-leading batch axes mapped with `jax.vmap`."""
+"""Shared batch handling of the simulators: one sequence `(n, d)` per function,
+leading batch axes mapped with `jax.vmap` (the general path) or carried last (the
+fused path, `jaxattn._ensemble`), one model or one per instance (`jaxattn._stacked`)."""
 
 from collections.abc import Callable
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, PyTree
 
 from ._dynamics import SelfAttentionDynamics
+from ._ensemble import from_batch_last, in_chunks, is_batch_last, to_batch_last
 from ._manifold import project
 from ._sharding import as_mesh, shard_batch, unshard
+from ._stacked import map_models, models_last
 from ._validate import as_float_array, check_tokens, check_tokens_now, is_concrete
 
 
@@ -58,6 +62,41 @@ def map_batch(fn: Callable, x0: Float[Array, "*batch n d"]):
     flat = x0.reshape((-1,) + x0.shape[-2:])
     out = jax.vmap(fn)(flat)
     return jax.tree.map(lambda a: a.reshape(batch + a.shape[1:]), out)
+
+
+def map_systems(
+    program: Callable, dyn, x0: Float[Array, "M ... n d"], *, fused: bool,
+    chunk: int | None
+) -> PyTree[Array]:
+    """Run `program` on every system of `x0`, on the general or the fused path.
+
+    **Arguments:**
+
+    - `program`: one run, `program(model, x, fused)`. With `fused=False`: one model
+      and one sequence `x` `(n, d)`, vmapped over the batch. With `fused=True`: a
+      chunk of systems `x` `(n, d, B)`, stored last, and the model with its batched
+      leaves as `BatchLast` values `(..., B)` (one per system); every output leaf
+      then carries the systems last too.
+    - `dyn`: the model, or a flattened stacked model (`jaxattn._stacked.stack_tokens`).
+    - `x0`: the tokens, `(..., n, d)` (`(M, ..., n, d)` for a stacked model).
+    - `fused`: whether to take the fused path (`jaxattn._ensemble.choose_strategy`).
+    - `chunk`: systems per chunk of the fused path (`jaxattn._ensemble.chunk_size`).
+
+    **Returns:**
+
+    `program`'s outputs, each leaf with the batch axes of `x0` in front.
+    """
+    if not fused:
+        return map_models(lambda d, x: map_batch(lambda y: program(d, y, False), x), dyn, x0)
+    batch = x0.shape[:-2]
+    spread, model = eqx.partition(models_last(dyn, batch), is_batch_last,
+                                  is_leaf=is_batch_last)
+
+    def run_chunk(args):
+        xb, part = args
+        return program(eqx.combine(part, model, is_leaf=is_batch_last), xb, True)
+
+    return from_batch_last(in_chunks(run_chunk, (to_batch_last(x0), spread), chunk), batch)
 
 
 def call_batched(jitted: Callable, dyn, x0, devices, *args, **kwargs):

@@ -10,19 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Real
 
-from ._batch import call_batched, check_token_shape, map_batch, prepare_tokens
+from ._batch import call_batched, check_token_shape, map_batch, map_systems, prepare_tokens
 from ._dynamics import SelfAttentionDynamics
-from ._ensemble import (
-    batch_last,
-    choose_strategy,
-    chunk_size,
-    from_batch_last,
-    in_chunks,
-    is_batch_last,
-    to_batch_last,
-)
+from ._ensemble import batch_last, choose_strategy, chunk_size
 from ._manifold import project
-from ._stacked import first_model, map_models, models_last, stack_tokens
+from ._stacked import first_model, map_models, stack_tokens
 from ._validate import (
     NONFINITE,
     as_float_array,
@@ -160,24 +152,22 @@ def _with_metric(solver, W):
     return eqx.tree_at(lambda s: s.W, solver, W, is_leaf=lambda v: v is None)
 
 
-def _solve_fused(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw, chunk):
-    """The batch as diffrax states `(n, d, B)` (in chunks of systems on the CPU): with
-    constant steps every system takes the steps it would take alone; adaptive
-    controllers share one step size per chunk (the `"fused"` strategy's labelled
-    shared-step mode). A stacked model's batched leaves go along, systems last."""
-    spread, model = eqx.partition(models_last(dyn, x0.shape[:-2]), is_batch_last,
-                                  is_leaf=is_batch_last)
-
-    def solve(args):
-        xb, part = args
-        each = eqx.combine(part, model, is_leaf=is_batch_last)
-        ys, result, steps = _solve_one(each, xb, ts, _with_metric(solver, each.W), controller,
-                                       dt0, max_steps, adjoint, throw, _ensemble_velocity)
-        same = lambda a: jnp.broadcast_to(a, xb.shape[-1:])  # noqa: E731
+def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw):
+    """`program(model, x, fused)` for `map_systems`: one diffrax solve of a system, or
+    on the fused path of a chunk of systems as the state `(n, d, B)`, its status given
+    to each of them. With constant steps every system takes the steps it would take
+    alone; adaptive controllers share one step size per chunk (the `"fused"`
+    strategy's labelled shared-step mode)."""
+    def program(dyn, x, fused):
+        field = _ensemble_velocity if fused else _velocity
+        ys, result, steps = _solve_one(dyn, x, ts, _with_metric(solver, dyn.W), controller,
+                                       dt0, max_steps, adjoint, throw, field)
+        if not fused:
+            return ys, result, steps
+        same = lambda a: jnp.broadcast_to(a, x.shape[-1:])  # noqa: E731
         return ys, jax.tree.map(same, result), same(steps)
 
-    return from_batch_last(in_chunks(solve, (to_batch_last(x0), spread), chunk),
-                           x0.shape[:-2])
+    return program
 
 
 @eqx.filter_jit
@@ -191,13 +181,8 @@ def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thr
         # steps": name the cause instead, from the vector field at the start.
         v0 = map_models(lambda d, x: map_batch(lambda y: d.velocity(ts[0], y), x), dyn, x0)
         x0 = eqx.error_if(x0, ~jnp.all(jnp.isfinite(v0)), NONFINITE)
-    if fused:
-        ys, result, steps = _solve_fused(dyn, x0, ts, solver, controller, dt0, max_steps,
-                                         adjoint, throw_now, chunk)
-    else:
-        ys, result, steps = map_models(lambda d, x: map_batch(
-            lambda y: _solve_one(d, y, ts, _with_metric(solver, d.W), controller, dt0,
-                                 max_steps, adjoint, throw_now), x), dyn, x0)
+    program = _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw_now)
+    ys, result, steps = map_systems(program, dyn, x0, fused=fused, chunk=chunk)
     # Saved values between steps come from the solver's dense interpolant, which
     # leaves E_W by up to the local error; retract them like the steps.
     if project_out:

@@ -10,18 +10,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree, Real
 
-from ._batch import call_batched, map_batch, prepare_tokens
+from ._batch import call_batched, map_systems, prepare_tokens
 from ._dynamics import SelfAttentionDynamics
-from ._ensemble import (
-    batch_last,
-    choose_strategy,
-    chunk_size,
-    from_batch_last,
-    in_chunks,
-    is_batch_last,
-    to_batch_last,
-)
-from ._stacked import first_model, map_models, models_last, stack_tokens
+from ._ensemble import batch_last, choose_strategy, chunk_size
+from ._stacked import first_model, map_models, stack_tokens
 from ._validate import NONFINITE, check_count, check_scalar, raise_unless, surface_errors
 
 
@@ -90,23 +82,13 @@ def _run_batched(dyn, x0, num_layers, tau, observe, checkpoints, checks, fused=F
                  chunk=None):
     x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     tau = tau.astype(x0.dtype)
-    if fused:
-        layer, watch = batch_last(_layer), batch_last(observe)
-        spread, model = eqx.partition(models_last(dyn, x0.shape[:-2]), is_batch_last,
-                                      is_leaf=is_batch_last)
 
-        def chunk_run(args):
-            xb, part = args
-            each = eqx.combine(part, model, is_leaf=is_batch_last)
-            return _run(lambda x, t, tau: layer(x, each, t, tau), xb, num_layers, tau, watch,
-                        checkpoints)
+    def program(d, x, fused):
+        layer, watch = (batch_last(_layer), batch_last(observe)) if fused else (_layer, observe)
+        return _run(lambda z, t, tau: layer(z, d, t, tau), x, num_layers, tau, watch,
+                    checkpoints)
 
-        last, ys = in_chunks(chunk_run, (to_batch_last(x0), spread), chunk)
-        last, ys = from_batch_last((last, ys), x0.shape[:-2])
-    else:
-        last, ys = map_models(lambda d, x: map_batch(
-            lambda y: _run(lambda z, t, tau: d.layer(t, z, tau), y, num_layers, tau, observe,
-                           checkpoints), x), dyn, x0)
+    last, ys = map_systems(program, dyn, x0, fused=fused, chunk=chunk)
     # NaN propagates through the layers, so the last tokens tell whether any appeared.
     finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
     if checks:

@@ -5,7 +5,7 @@ import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from jaxattn._runs import deterministic_xla_flags  # noqa: E402  (does not start a backend)
+from jaxattn._determinism import deterministic_xla_flags  # noqa: E402  (does not start a backend)
 
 # The same deterministic XLA flags as the `jaxattn` commands, set before any
 # computation, so that on a GPU in-process results equal the CLI's bit for bit.

@@ -11,29 +11,30 @@ import sys
 
 import pytest
 
-from jaxattn import _runs
+from jaxattn import _determinism
+from jaxattn._app import folders
 from jaxattn.cli import COMPUTING, parser
 
 DETERMINISTIC = "--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0"
 
 
 def test_flags_are_appended_to_the_users():
-    assert _runs.deterministic_xla_flags("") == DETERMINISTIC
-    assert _runs.deterministic_xla_flags("--xla_dump_to=/tmp/d") == (
+    assert _determinism.deterministic_xla_flags("") == DETERMINISTIC
+    assert _determinism.deterministic_xla_flags("--xla_dump_to=/tmp/d") == (
         "--xla_dump_to=/tmp/d " + DETERMINISTIC)
     # a flag the user gave keeps its value; appending twice adds nothing
-    assert _runs.deterministic_xla_flags("--xla_gpu_autotune_level=2") == (
+    assert _determinism.deterministic_xla_flags("--xla_gpu_autotune_level=2") == (
         "--xla_gpu_autotune_level=2 --xla_gpu_deterministic_ops=true")
-    twice = _runs.deterministic_xla_flags(_runs.deterministic_xla_flags(""))
+    twice = _determinism.deterministic_xla_flags(_determinism.deterministic_xla_flags(""))
     assert twice == DETERMINISTIC
 
 
 def test_flags_default_to_the_environment(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-    assert _runs.deterministic_xla_flags() == (
+    assert _determinism.deterministic_xla_flags() == (
         "--xla_force_host_platform_device_count=2 " + DETERMINISTIC)
     monkeypatch.delenv("XLA_FLAGS")
-    assert _runs.deterministic_xla_flags() == DETERMINISTIC
+    assert _determinism.deterministic_xla_flags() == DETERMINISTIC
 
 
 @pytest.mark.parametrize("flags, expected", [
@@ -46,25 +47,25 @@ def test_flags_default_to_the_environment(monkeypatch):
     ("--xla_gpu_exclude_nondeterministic_ops=true", False),
 ])
 def test_is_deterministic_reads_the_last_value(flags, expected):
-    assert _runs.is_deterministic(flags) is expected
+    assert _determinism.is_deterministic(flags) is expected
 
 
 def test_use_deterministic_xla_and_its_opt_outs(monkeypatch):
-    monkeypatch.setattr(_runs, "_backend_started", lambda: False)
+    monkeypatch.setattr(_determinism, "_backend_started", lambda: False)
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/d")
-    monkeypatch.delenv(_runs.OPT_OUT, raising=False)
-    assert _runs.use_deterministic_xla(False) is False
+    monkeypatch.delenv(_determinism.OPT_OUT, raising=False)
+    assert _determinism.use_deterministic_xla(False) is False
     assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/d"
-    monkeypatch.setenv(_runs.OPT_OUT, "1")
-    assert _runs.use_deterministic_xla() is False
+    monkeypatch.setenv(_determinism.OPT_OUT, "1")
+    assert _determinism.use_deterministic_xla() is False
     assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/d"
-    monkeypatch.setenv(_runs.OPT_OUT, "0")
-    assert _runs.use_deterministic_xla() is True
+    monkeypatch.setenv(_determinism.OPT_OUT, "0")
+    assert _determinism.use_deterministic_xla() is True
     assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/d " + DETERMINISTIC
     # too late once the backend runs: nothing changes, and the answer says so
-    monkeypatch.setattr(_runs, "_backend_started", lambda: True)
+    monkeypatch.setattr(_determinism, "_backend_started", lambda: True)
     monkeypatch.setenv("XLA_FLAGS", "")
-    assert _runs.use_deterministic_xla() is False and os.environ["XLA_FLAGS"] == ""
+    assert _determinism.use_deterministic_xla() is False and os.environ["XLA_FLAGS"] == ""
 
 
 def test_the_computing_commands_and_the_global_opt_out():
@@ -78,7 +79,7 @@ _PROBE = r"""
 import json, os, sys
 from jax._src import xla_bridge
 import jaxattn.cli as cli
-import jaxattn._runs as runs
+import jaxattn._determinism as runs
 from jaxattn.experiments import EXPERIMENTS
 
 seen = {}
@@ -157,7 +158,7 @@ def test_sweep_json_records_the_backend_and_refuses_a_resume_computed_otherwise(
          "jaxattn --nondeterministic sweep --resume"),
     ]:
         (folder / "sweep.json").write_text(json.dumps(sidecar | recorded))
-        monkeypatch.setattr(_runs, "computed_on", lambda now=now: now)
-        with pytest.raises(_runs.RunFolderError, match=message):
+        monkeypatch.setattr(folders, "computed_on", lambda now=now: now)
+        with pytest.raises(folders.RunFolderError, match=message):
             ja.sweep("thm41-sphere", {"beta": [1.0]}, instances=2, set=small, out=folder,
                      resume=True, progress=False, log=lambda *_: None)

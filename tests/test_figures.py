@@ -21,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from jaxattn._plot import save_sphere_figure
+from jaxattn._app.figures import save_sphere_figure
 from jaxattn.experiments import EXPERIMENTS
 from jaxattn.experiments.loop_grid import loop_title, save_loop_figure
 from jaxattn.sweep import SweepSpec, load_table

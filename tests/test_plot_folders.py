@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn._runs import finish_run, write_json
+from jaxattn._app.folders import finish_run, write_json
 from jaxattn.cli import main
 from jaxattn.experiments import EXPERIMENTS, run_loop
 from jaxattn.experiments.runner import resolve_config, run_into_folder

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from jaxattn import _runs
+from jaxattn._app import folders as _runs
 from jaxattn.cli import main
-from jaxattn.sweep import _run as sweep_run
+from jaxattn.sweep import _driver as sweep_run
 
 ENV = os.environ | {"MPLBACKEND": "Agg"}
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 16, "n_head": 2, "vocab_size": 31,

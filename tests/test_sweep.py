@@ -17,7 +17,8 @@ import pytest
 
 import jaxattn as ja
 from jaxattn.experiments import get_experiment, paper, resolve_config
-from jaxattn.sweep import _instances, _report, _run
+from jaxattn.sweep import _driver as _run
+from jaxattn.sweep import _instances, _report
 
 # Small enough to compile in seconds, long enough that a chunk takes a moment.
 SMALL = {"horizon": 2.0, "saves": 20, "tokens": 6}

@@ -12,7 +12,8 @@ import jaxattn as ja
 from jaxattn.cli import main
 from jaxattn.experiments import EXPERIMENTS, resolve_config
 from jaxattn.experiments.verdicts import convergence_trend, overall_kind, run_kind
-from jaxattn.sweep import _report, _run
+from jaxattn.sweep import _driver as _run
+from jaxattn.sweep import _report
 
 TOL = ja.metrics.CONSENSUS_TOL
 TS = np.linspace(0.0, 10.0, 101)

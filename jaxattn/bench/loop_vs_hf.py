@@ -46,7 +46,7 @@ from huggingface_hub import utils as hub_utils
 
 from .. import models as jm
 from .._precision import PRECISIONS
-from ..models._run import default_chunk, loop_program
+from ..models import default_chunk, loop_program
 from .device import TorchSide, device_label
 from .timing import Timing
 

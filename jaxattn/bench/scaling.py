@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._app.figures import pyplot, save_figure
 from .._layers import run_layers
-from .._plot import pyplot, save_figure
-from ..metrics._consensus import misalignment
+from ..metrics import misalignment
 from .suite import Problem, flops_raw_update, run_meta
 from .timing import Timing, time_jax
 

@@ -59,13 +59,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._app.folders import package_versions
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
 from .._layers import run_layers
 from .._precision import check_precision
-from .._runs import package_versions
 from .._solvers import RK4
-from ..metrics._consensus import misalignment
+from ..metrics import misalignment
 from .device import TorchSide, copy_bandwidth, device_meta, matmul_peaks, peak_of
 from .timing import Repeats as Repeats
 from .timing import Timing as Timing

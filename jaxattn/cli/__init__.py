@@ -11,7 +11,7 @@ Only the module of the command being run is imported (`parser(commands)`):
 
 The commands that compute results (`COMPUTING`) run XLA deterministically: `main`
 puts the deterministic GPU flags into `XLA_FLAGS` before JAX's backend starts
-(`_runs.use_deterministic_xla`), unless `--nondeterministic` or
+(`_determinism.use_deterministic_xla`), unless `--nondeterministic` or
 `JAXATTN_NONDETERMINISTIC=1` says not to (docs/determinism.md).
 """
 
@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Iterable
 
+from .._determinism import OPT_OUT
 from ._common import CLIError, OneLineParser, UsageError, printable
 
 #: Every command, in `jaxattn --help` order: the module of `jaxattn.cli` whose
@@ -39,8 +40,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 #: The commands whose results are bit-identical from run to run on a GPU too.
 COMPUTING = ("demo", "loop", "run", "sweep")
-#: `_runs.OPT_OUT` (that module loads JAX; a test checks they agree).
-OPT_OUT = "JAXATTN_NONDETERMINISTIC"
 
 
 def parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
@@ -91,7 +90,7 @@ def _runtime_message(error: Exception) -> str | None:
     if isinstance(error, CLIError):
         return str(error)
     # Loaded by every command that gets this far with such an error.
-    from .._runs import RunFolderError
+    from .._app.folders import RunFolderError
     from .._validate import runtime_message
 
     text = runtime_message(error)
@@ -131,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         return _fail(str(e))
     if args.command in COMPUTING:  # before the backend starts, or it has no effect
-        from .._runs import use_deterministic_xla
+        from .._determinism import use_deterministic_xla
 
         use_deterministic_xla(not args.nondeterministic)
     try:

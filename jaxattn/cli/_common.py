@@ -25,7 +25,11 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse's mistakes (a bad flag, a missing argument) as a one-line `UsageError`
     instead of the usage text; `--help` still prints the full usage. Every parser
     of the command line is one of these (the commands' and `jaxattn run NAME`'s
-    overrides)."""
+    overrides). Abbreviated flags are refused (`--q` is not `--quick`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise UsageError(f"{self.prog}: error: {message} (see `{self.prog} --help`)")

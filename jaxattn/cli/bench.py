@@ -9,8 +9,8 @@ too, and writes `scaling.json`, `scaling.png` and `scaling.pdf` beside `--out`."
 import argparse
 from pathlib import Path
 
+from .._app.folders import write_json
 from .._precision import PRECISIONS
-from .._runs import write_json
 from .._validate import check_count
 from ..bench import scaling, suite, table
 from ._common import CLIError

@@ -10,13 +10,12 @@ def _demo(args: argparse.Namespace) -> int:
     import jax
     import jax.numpy as jnp
 
+    from .._app.figures import resolution, save_sphere_figure
     from .._flow import solve_flow
     from .._manifold import manifold_drift
-    from .._plot import resolution, save_sphere_figure
-    from .._validate import check_count
+    from .._validate import check_count, check_seed
     from ..bench.device import device_label
     from ..experiments import paper001 as paper
-    from .._validate import check_seed
     from ..metrics import misalignment
 
     check_count(args.tokens, "--tokens", 1)

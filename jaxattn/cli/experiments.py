@@ -74,7 +74,7 @@ def _run(args) -> int:
 def _plot(args) -> int:
     import jax
 
-    from .._runs import INCOMPLETE, RunFolderError, folder_kind
+    from .._app.folders import INCOMPLETE, RunFolderError, folder_kind
     from ..experiments import redraw
     from ..sweep import redraw as redraw_sweep
 

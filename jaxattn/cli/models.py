@@ -3,10 +3,10 @@
 
 import argparse
 
+from .._app.folders import read_json
 from .._precision import PRECISIONS
-from .._runs import read_json
-from ..experiments.loop_grid import DTYPES, grid_weights
 from ..experiments import run_loop, run_loop_grid
+from ..experiments.loop_grid import DTYPES, grid_weights
 from ..models import WEIGHTS
 from ._common import CLIError
 

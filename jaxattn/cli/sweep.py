@@ -45,8 +45,7 @@ def _typed(experiment: str, fixed: dict[str, str], grid: dict[str, list[str]]):
 def _sweep(args: argparse.Namespace) -> int:
     import jax
 
-    from .._validate import check_count
-    from .._validate import check_seed
+    from .._validate import check_count, check_seed
     from ..sweep import SweepSpec, format_table, read_spec
     from ..sweep import run as run_sweep
 
@@ -73,7 +72,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _keys(result) -> list[str]:
-    from .._runs import read_json
+    from .._app.folders import read_json
 
     return read_json(result.folder / "sweep.json")["grid_keys"]
 

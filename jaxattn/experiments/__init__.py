@@ -147,7 +147,8 @@ def get_experiment(name: str) -> "AbstractExperiment":
 #: The names re-exported from the modules below, imported on first use (PEP 562).
 _ATTRIBUTES = {
     "AbstractExperiment": ".base", "BETA": ".base", "Param": ".base", "Verdict": ".base",
-    "command_line": ".runner", "convert": ".runner", "redraw": ".runner", "resolve_config": ".runner",
+    "command_line": ".runner", "convert": ".runner", "redraw": ".runner",
+    "resolve_config": ".runner",
     "run_experiment": ".runner", "run_loop": ".loop_runner", "run_loop_grid": ".loop_runner",
 }
 #: Modules reachable by another name: `paper` is the short name of `paper001`.
@@ -170,5 +171,5 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["BETA", "EXPERIMENTS", "MEMBERS", "REGISTRY", "SWEEPABLE", "AbstractExperiment",
-           "Entry", "Param", "Verdict", "command_line", "convert", "get_experiment", "paper", "paper001", "redraw",
-           "resolve_config", "run_experiment", "run_loop", "run_loop_grid"]
+           "Entry", "Param", "Verdict", "command_line", "convert", "get_experiment", "paper",
+           "paper001", "redraw", "resolve_config", "run_experiment", "run_loop", "run_loop_grid"]

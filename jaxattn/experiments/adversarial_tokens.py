@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import _plot
+from .._app import figures
 from .._horizon import CONSENSUS_TOL
 from .._manifold import normalize
 from ..explore import Constraints, compare_adjoints, slow_consensus
@@ -82,7 +82,7 @@ class AdversarialTokens(AbstractStudy):
                 f"{short(data['causal_backsolve_rel_error'])}"]
 
     def draw(self, config, data, folder: Path):
-        plt = _plot.pyplot()
+        plt = figures.pyplot()
         fig = plt.figure(figsize=(14, 8))
         for row, (found, setting) in enumerate(self.sections(data)):
             ax = fig.add_subplot(2, 3, 3 * row + 1)
@@ -90,7 +90,7 @@ class AdversarialTokens(AbstractStudy):
             ax.set_title(f"{setting}: optimisation of $E(T)$ ({config['restarts']} restarts)")
             if setting == "sphere":
                 ax3 = fig.add_subplot(2, 3, 2, projection="3d")
-                _plot.draw_sphere_trajectories(ax3, found["ys_long"][:120])
+                figures.draw_sphere_trajectories(ax3, found["ys_long"][:120])
                 ax3.set_title("optimised start, $t \\in [0, 3T]$")
             else:
                 ax = fig.add_subplot(2, 3, 5)
@@ -102,15 +102,15 @@ class AdversarialTokens(AbstractStudy):
                 ax.grid(False)
             ax = fig.add_subplot(2, 3, 3 * row + 3)
             ts = found["ts_long"]
-            _plot.draw_decay(ax, ts, found["E_long"][1:], color="0.7", lw=0.8,
+            figures.draw_decay(ax, ts, found["E_long"][1:], color="0.7", lw=0.8,
                              label="random starts")
-            _plot.draw_decay(ax, ts, found["E_long"][0], color="tab:red", lw=2,
+            figures.draw_decay(ax, ts, found["E_long"][0], color="tab:red", lw=2,
                              label="optimised start")
             ax.axvline(found["horizon"], color="k", ls=":", lw=1, label="horizon $T$")
             ax.set_ylabel("misalignment $E(t)$")
             ax.set_title(f"{setting}: run to {config['long']:g}$T$")
             ax.legend(fontsize=8)
-        return _plot.save_figure(fig, self.stem(folder),
+        return figures.save_figure(fig, self.stem(folder),
                                  "Initial tokens that slow consensus (gradient ascent on $E(T)$)")
 
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import _plot
+from .._app import figures
 from .._dynamics import SelfAttentionDynamics
 from .._horizon import CONSENSUS_TOL
 from ..explore import Constraints, slow_consensus
@@ -90,7 +90,7 @@ class AdversarialWeights(AbstractStudy):
                 "limit_gap": float(data["limit_gap"])} | trend.numbers()
 
     def draw(self, config, data, folder: Path):
-        plt = _plot.pyplot()
+        plt = figures.pyplot()
         fig, axs = plt.subplots(1, 3, figsize=(14, 4.2))
         draw_trace(axs[0], data["trace"], data["baseline"], "$E(x(T))$")
         axs[0].set_title("optimisation over $(U, P)$")
@@ -102,15 +102,15 @@ class AdversarialWeights(AbstractStudy):
         axs[1].set_title(f"eigenvalues of $U$ ($\\|U\\|_2 \\leq {config['u_bound']:g}$, "
                          f"gap $\\geq {config['gap']:g}$)")
         axs[1].legend(fontsize=8)
-        _plot.draw_decay(axs[2], data["ts_long"], data["E_long0"], color="0.5",
+        figures.draw_decay(axs[2], data["ts_long"], data["E_long0"], color="0.5",
                          label="start weights")
-        _plot.draw_decay(axs[2], data["ts_long"], data["E_long"], color="tab:red",
+        figures.draw_decay(axs[2], data["ts_long"], data["E_long"], color="tab:red",
                          label="optimised weights")
         axs[2].axvline(config["horizon"], color="k", ls=":", lw=1, label="horizon $T$")
         axs[2].set_ylabel("misalignment $E(t)$")
         axs[2].set_title(f"same start, run to {config['long']:g}$T$")
         axs[2].legend(fontsize=8)
-        return _plot.save_figure(fig, self.stem(folder),
+        return figures.save_figure(fig, self.stem(folder),
                                  "Weights that slow consensus (causal, one head, symmetric $U$)")
 
 

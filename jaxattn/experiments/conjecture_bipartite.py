@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import _plot
+from .._app import figures
 from .._dynamics import SelfAttentionDynamics
 from .._layers import run_layers
 from .._manifold import normalize
@@ -76,7 +76,7 @@ class ConjectureBipartite(AbstractStudy):
                 for s, h in self.sections(data)}
 
     def draw(self, config, data, folder: Path):
-        plt = _plot.pyplot()
+        plt = figures.pyplot()
         fig, axs = plt.subplots(1, 3, figsize=(14, 4.2))
         colors = {1: "tab:blue", 2: "tab:orange", 3: "tab:green"}
         for found, h in self.sections(data):
@@ -86,11 +86,11 @@ class ConjectureBipartite(AbstractStudy):
                            marker="o", alpha=0.8, label=f"h = {h}")
             k = np.arange(len(found["dist_small"]))
             for kick, word, ls in (("small", "small", "-"), ("large", "larger", "--")):
-                _plot.draw_decay(axs[2], k, found[f"dist_{kick}"], order=1, stop=False,
+                figures.draw_decay(axs[2], k, found[f"dist_{kick}"], order=1, stop=False,
                                  color=colors[h], ls=ls, label=f"h = {h}, {word} kick")
         axs[0].axhline(1, color="k", lw=0.8, ls=":")
         axs[0].set_xlabel("optimiser step")
-        _plot.integer_ticks(axs[0].xaxis)
+        figures.integer_ticks(axs[0].xaxis)
         axs[0].set_ylabel(r"smoothed $\rho(J_T)$ (best restart)")
         axs[0].set_title("Jacobian spectral radius on the tangent space")
         axs[0].legend(fontsize=8)
@@ -106,7 +106,7 @@ class ConjectureBipartite(AbstractStudy):
         axs[2].set_ylabel("max distance to the bipartite point")
         axs[2].set_title("kicked bipartite point, best stable weights")
         axs[2].legend(fontsize=7, ncol=2)
-        return _plot.save_figure(fig, self.stem(folder),
+        return figures.save_figure(fig, self.stem(folder),
                                  "Stable bipartite equilibria of the layer map (paper 004)")
 
 

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import _plot
+from .._app import figures
 from .._dynamics import SelfAttentionDynamics
 from .._horizon import CONSENSUS_TOL
 from ..explore import Constraints, slow_consensus
-from ..spectral import layer_matrix
+from ..spectral import layer_matrix, top_eigenvector
 from .base import Param
 from .study import STUDY_PARAMS, AbstractStudy, draw_trace, long_run
 from .verdicts import convergence_trend, short
@@ -21,7 +21,7 @@ from .verdicts import convergence_trend, short
 
 def _top_of_sum(dyn):
     """The top eigenvector of `Σ_η U_η` (sign arbitrary)."""
-    return jnp.linalg.eigh(layer_matrix(dyn))[1][:, -1]
+    return top_eigenvector(layer_matrix(dyn))
 
 
 def _trend(found):
@@ -101,7 +101,7 @@ class ConjectureMultihead(AbstractStudy):
                 | {"counterexample_found": bool(found)})
 
     def draw(self, config, data, folder: Path):
-        plt = _plot.pyplot()
+        plt = figures.pyplot()
         fig = plt.figure(figsize=(14, 8))
         for row, (found, h) in enumerate(self.sections(data)):
             ax = fig.add_subplot(2, 3, 3 * row + 1)
@@ -109,17 +109,17 @@ class ConjectureMultihead(AbstractStudy):
                        r"$\max_i (1-\langle x_i(T), v_1\rangle)$")
             ax.set_title(f"h = {h}: search over starts and weights")
             ax3 = fig.add_subplot(2, 3, 3 * row + 2, projection="3d")
-            _plot.draw_ellipsoid_trajectories(ax3, found["ys"], mark=found["v1"],
+            figures.draw_ellipsoid_trajectories(ax3, found["ys"], mark=found["v1"],
                                               mark_label="$v_1$")
             ax3.set_title(f"h = {h}: best start, $t \\in [0, {config['long']:g}T]$")
             ax = fig.add_subplot(2, 3, 3 * row + 3)
             # 1 − ⟨x, v₁⟩ as computed resolves ~ε (first order), not ε²
-            _plot.draw_decay(ax, found["ts"], found["dist"], order=1, color="tab:red")
+            figures.draw_decay(ax, found["ts"], found["dist"], order=1, color="tab:red")
             ax.axvline(config["horizon"], color="k", ls=":", lw=1, label="horizon $T$")
             ax.set_ylabel(r"$\max_i (1-\langle x_i(t), v_1\rangle)$")
             ax.set_title(f"h = {h}: distance to $v_1$")
             ax.legend(fontsize=8)
-        return _plot.save_figure(fig, self.stem(folder),
+        return figures.save_figure(fig, self.stem(folder),
                                  "Theorem 5.2 with several heads: a start that misses $v_1$?")
 
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._plot import (
+from .._app.figures import (
     above_floor,
     legend_below,
     mark_floor,

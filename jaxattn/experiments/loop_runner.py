@@ -13,10 +13,8 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._precision import check_precision
-from .._runs import (
+from .._app.folders import (
     RunFolderError,
-    atomic_write,
     clear_partial_writes,
     finish_run,
     folder_path,
@@ -25,6 +23,8 @@ from .._runs import (
     reopen_run,
     save_npz,
 )
+from .._files import atomic_write
+from .._precision import check_precision
 from .._validate import check_count, check_seed
 from ..models import WEIGHTS, check_ids, iterate_loop, read_prompts, setup_loop, tokenize
 from . import get_experiment

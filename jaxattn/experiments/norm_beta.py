@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .. import _plot
+from .._app import figures
 from .._dynamics import NORMS
 from .base import AbstractExperiment, Param, Verdict
 from .pair_density import STUDY, density_map, describe_map, draw_map, setup_line
@@ -76,7 +76,7 @@ class NormBeta(AbstractExperiment):
                        numbers)
 
     def draw(self, config, data, folder: Path):
-        plt = _plot.pyplot()
+        plt = figures.pyplot()
         k = len(data["norms"])
         rows, cols = -(-k // 3), min(k, 3)
         fig, axes = plt.subplots(rows, cols, figsize=(4.8 * cols, 3.9 * rows), squeeze=False)
@@ -85,6 +85,6 @@ class NormBeta(AbstractExperiment):
                      title=f'norm = "{norm}"')
         for ax in axes.flat[k:]:
             ax.remove()
-        return _plot.save_figure(fig, folder / "norm_beta",
+        return figures.save_figure(fig, folder / "norm_beta",
                                  f"Clustered pairs by placement: {setup_line(config)}, "
                                  f"h = {config['heads']}")

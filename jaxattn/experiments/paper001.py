@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray, Real
 
 from .._dynamics import SelfAttentionDynamics
+from .._linalg import top_eigenvector as top_eigenvector  # v₁ of symmetric_dynamics
 from .._manifold import normalize, sample_ellipsoid
 from .._precision import einsum, matmul
 from .._schedule import Schedule
@@ -246,11 +247,6 @@ def _cyclic_query_key(t, params):
     D = sphere_diagonals(t, omegas).astype(Q.dtype)
     D = jnp.tile(D, (1, -(-d // 3)))[:, :d]
     return einsum("hkd,hk,hke->hde", Q, D, K, precision="float32")
-
-
-def top_eigenvector(U: Float[Array, "d d"]) -> Float[Array, " d"]:
-    """The unit eigenvector of the largest eigenvalue of a symmetric `U`."""
-    return jnp.linalg.eigh(U)[1][:, -1]
 
 
 def hemisphere_of(key: PRNGKeyArray, v: Float[Array, " d"], n: int) -> Float[Array, "n d"]:

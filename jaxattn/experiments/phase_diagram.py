@@ -7,7 +7,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .. import _plot
+from .._app import figures
 from .base import AbstractExperiment, Verdict
 from .pair_density import STUDY, density_map, describe_map, draw_map, setup_line
 
@@ -36,12 +36,12 @@ class PhaseDiagram(AbstractExperiment):
         return Verdict(True, line, numbers | {"total_steps": int(steps.sum())})
 
     def draw(self, config, data, folder: Path):
-        plt = _plot.pyplot()
+        plt = figures.pyplot()
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
         for ax, log in zip(axes, (False, True)):
             draw_map(ax, fig, data["betas"], data["ts"], data["density"], log=log,
                      title="log colour scale" if log else "linear colour scale")
-        return _plot.save_figure(fig, self.stem(folder),
+        return figures.save_figure(fig, self.stem(folder),
                                  rf"Clustered pairs ($\langle x_i, x_j\rangle$ > "
                                  f"{config['threshold']:g}): "
                                  f"{setup_line(config)}")

@@ -3,7 +3,7 @@
 
 import numpy as np
 
-from .._plot import (
+from .._app.figures import (
     draw_decay,
     draw_sphere_trajectories,
     face,

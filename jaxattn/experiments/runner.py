@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from .._app.folders import RunFolderError, open_run_folder, read_json, write_run
 from .._horizon import Horizon
-from .._runs import RunFolderError, open_run_folder, read_json, write_run
 from .._validate import check_seed
 from . import EXPERIMENTS, get_experiment
 from .base import AbstractExperiment, Param

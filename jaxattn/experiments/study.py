@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _plot
+from .._app import figures
 from .._flow import solve_flow
 from .base import AbstractExperiment, Param, Section, Verdict
 from .verdicts import kind_verdict, overall_kind
@@ -105,9 +105,9 @@ def draw_trace(ax, trace, baseline, label):
                         alpha=0.6)
     hidden = int((~shown).sum())
     note = f" ({hidden} at 0 throughout: not drawn)" if hidden else ""
-    _plot.label_first(lines, "best so far, per restart" + note)
+    figures.label_first(lines, "best so far, per restart" + note)
     ax.axhline(np.mean(baseline), color="k", ls="--", lw=1, label="random starts (mean)")
     ax.set_xlabel("optimiser step")
-    _plot.integer_ticks(ax.xaxis)
+    figures.integer_ticks(ax.xaxis)
     ax.set_ylabel(label)
-    _plot.opaque_legend(ax, fontsize=8)
+    figures.opaque_legend(ax, fontsize=8)

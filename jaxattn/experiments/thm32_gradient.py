@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _plot
+from .._app import figures
 from .._horizon import CONSENSUS_TOL
 from .._manifold import sample_ellipsoid
 from ..metrics import cluster_count, misalignment, potential
@@ -77,7 +77,7 @@ class GradientExperiment(AbstractTheoremExperiment):
                 f"(final E = {short(n['final_E'])}, {n['clusters']} cluster(s))")
 
     def draw(self, config, data, folder: Path):
-        plt = _plot.pyplot()
+        plt = figures.pyplot()
         layers = config["discrete"]
         three_d = data["ys"].shape[-1] == 3
         cols = 3 if three_d else 2
@@ -86,8 +86,8 @@ class GradientExperiment(AbstractTheoremExperiment):
             ax3 = fig.add_subplot(1, cols, 1, projection="3d")
             W = None if config["sphere"] else data["W"]
             ys = data["ys_layers" if layers else "ys"]
-            _plot.draw_ellipsoid_trajectories(ax3, ys, W)
-            _plot.face(ax3, ys[-1].mean(0) + 0.6 * ys[0].mean(0))
+            figures.draw_ellipsoid_trajectories(ax3, ys, W)
+            figures.face(ax3, ys[-1].mean(0) + 0.6 * ys[0].mean(0))
             where = "$S^2$" if config["sphere"] else "the ellipsoid $E_W$"
             ax3.set_title(("layers on " if layers else "tokens on ") + where)
         ax_p = fig.add_subplot(1, cols, cols - 1)
@@ -95,7 +95,7 @@ class GradientExperiment(AbstractTheoremExperiment):
         for run, label, color, ls in self.drawn_runs(config, data):
             ax_p.plot(run["ts"], run["E_P"], color=color, ls=ls, label=label)
             # a speed is linear in the token differences: rounding noise below ~16 ε
-            _plot.draw_decay(ax_v, run["ts"], run["speed"], label=label, color=color, ls=ls,
+            figures.draw_decay(ax_v, run["ts"], run["speed"], label=label, color=color, ls=ls,
                              order=1, scale=float(np.max(data["speed"])))
         ax_p.set_xlabel("time $t$ (depth)")
         ax_p.set_ylabel(r"$E_P = \frac{1}{2}\sum_{ij} e^{\beta x_i^\top P x_j}$")
@@ -106,7 +106,7 @@ class GradientExperiment(AbstractTheoremExperiment):
             ax.legend(fontsize=8)
         title = (f"Theorem 3.2 — gradient flow, {config['tokens']} tokens, d = {config['dim']}, "
                  f"β = {config['beta']:g}, seed {config['seed']}")
-        return _plot.save_figure(fig, self.stem(folder), title)
+        return figures.save_figure(fig, self.stem(folder), title)
 
 
 def _speed(dyn, ts, ys):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import jax
 
-from .. import _plot
+from .._app import figures
 from .._horizon import CONSENSUS_TOL
 from ..metrics import misalignment, pairwise_lyapunov
 from . import paper001
@@ -58,27 +58,27 @@ class SphereExperiment(AbstractTheoremExperiment):
                 f"{short(evidence.numbers['V_largest_rise'])}")
 
     def draw(self, config, data, folder: Path):
-        plt = _plot.pyplot()
+        plt = figures.pyplot()
         layers = config["discrete"]
         fig = plt.figure(figsize=(13, 4.2))
         ax3 = fig.add_subplot(1, 3, 1, projection="3d")
         ys = data["ys_layers" if layers else "ys"]
-        _plot.draw_sphere_trajectories(ax3, ys)
-        _plot.face(ax3, ys[-1].mean(0) + 0.6 * ys[0].mean(0))
+        figures.draw_sphere_trajectories(ax3, ys)
+        figures.face(ax3, ys[-1].mean(0) + 0.6 * ys[0].mean(0))
         ax3.set_title("layers on $S^2$" if layers else "tokens on $S^2$")
         ax = fig.add_subplot(1, 3, 2)
-        _plot.draw_head_norms(ax, data["ts"], data["P_norm"], upto=2.0)
+        figures.draw_head_norms(ax, data["ts"], data["P_norm"], upto=2.0)
         ax = fig.add_subplot(1, 3, 3)
-        _plot.draw_decay(ax, data["ts"], data["V"], label="$V(t)$, flow", color="tab:blue")
-        _plot.draw_decay(ax, data["ts"], data["E"], label="$E(t)$, flow", color="tab:orange",
+        figures.draw_decay(ax, data["ts"], data["V"], label="$V(t)$, flow", color="tab:blue")
+        figures.draw_decay(ax, data["ts"], data["E"], label="$E(t)$, flow", color="tab:orange",
                          ls="--")
         if layers:
-            _plot.draw_decay(ax, data["ts_layers"], data["V_layers"],
+            figures.draw_decay(ax, data["ts_layers"], data["V_layers"],
                              label=rf"$V$, layers ($\tau$={config['tau']:g})", color="tab:green",
                              ls=":")
         ax.set_ylabel(r"$V = 1-\min_{ij}\langle x_i,x_j\rangle$,  $E$")
         ax.set_title("Lyapunov function (eq. 10) and misalignment")
         ax.legend(fontsize=8)
-        return _plot.save_figure(fig, self.stem(folder),
+        return figures.save_figure(fig, self.stem(folder),
                                  f"Theorem 4.1 — {config['tokens']} tokens, h = {config['heads']}, "
                                  f"seed {config['seed']}")

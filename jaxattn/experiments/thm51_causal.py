@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _plot
+from .._app import figures
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
 from .._horizon import CONSENSUS_TOL, Horizon
@@ -121,17 +121,17 @@ class CausalExperiment(AbstractTheoremExperiment):
         return line
 
     def draw(self, config, data, folder: Path):
-        plt = _plot.pyplot()
+        plt = figures.pyplot()
         fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
         for run, label, color, _ in self.drawn_runs(config, data):
             ts, E, gap = run["ts"], run["E"], run["gap"]
             # the gap 1 − ⟨x_i, x₁(0)⟩ as computed resolves ~ε (first order), E ~ε²
             for ax, values, order in ((axes[0], E, 2), (axes[1], gap, 1)):
-                _plot.draw_decay(ax, ts, values, order=order, color=color, lw=0.6, alpha=0.35,
+                figures.draw_decay(ax, ts, values, order=order, color=color, lw=0.6, alpha=0.35,
                                  label=f"{label} ({E.shape[0]} starts)")
             t_cons = np.asarray(consensus_time(ts, E, CONSENSUS_TOL))
             axes[2].hist(t_cons[np.isfinite(t_cons)], bins=20, color=color, alpha=0.6, label=label)
-        _plot.integer_ticks(axes[2].yaxis)  # a count of starts
+        figures.integer_ticks(axes[2].yaxis)  # a count of starts
         axes[0].set_ylabel("misalignment $E(x(t))$ (eq. 25)")
         axes[0].set_title("Fig. 4: $E(t)$ for every start")
         axes[1].set_ylabel(r"$\max_i\,(1-\langle x_i(t), x_1(0)\rangle)$")
@@ -140,10 +140,10 @@ class CausalExperiment(AbstractTheoremExperiment):
         axes[2].set_ylabel("number of starts")
         axes[2].set_title("consensus time")
         for ax in axes:
-            _plot.opaque_legend(ax, fontsize=8)
+            figures.opaque_legend(ax, fontsize=8)
         title = (f"Theorem 5.1 — causal, {config['tokens']} tokens on $S^{{{config['dim'] - 1}}}$, "
                  f"h = {config['heads']}, seed {config['seed']}")
-        return _plot.save_figure(fig, self.stem(folder), title)
+        return figures.save_figure(fig, self.stem(folder), title)
 
 
 def _measures(ys, G):

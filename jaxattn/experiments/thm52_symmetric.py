@@ -6,7 +6,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .. import _plot
+from .._app import figures
 from .._horizon import CONSENSUS_TOL
 from .._precision import matmul
 from ..metrics import misalignment
@@ -65,21 +65,21 @@ class SymmetricExperiment(AbstractTheoremExperiment):
                 f"{self.words(judged.kind)}{note}")
 
     def draw(self, config, data, folder: Path):
-        plt = _plot.pyplot()
+        plt = figures.pyplot()
         layers = config["discrete"]
         three_d = data["ys"].shape[-1] == 3
         fig = plt.figure(figsize=(13 if three_d else 9, 4.2))
         cols = 3 if three_d else 2
         if three_d:
             ax3 = fig.add_subplot(1, cols, 1, projection="3d")
-            _plot.draw_ellipsoid_trajectories(ax3, data["ys_layers" if layers else "ys"],
+            figures.draw_ellipsoid_trajectories(ax3, data["ys_layers" if layers else "ys"],
                                               mark=data["v1"], mark_label=r"$v_1$")
-            _plot.face(ax3, data["v1"] + 0.6 * data["ys"][0].mean(0))
+            figures.face(ax3, data["v1"] + 0.6 * data["ys"][0].mean(0))
             ax3.set_title("layers on $S^2$" if layers else "tokens on $S^2$ (Fig. 5)")
         ax_e = fig.add_subplot(1, cols, cols - 1)
         ax_p = fig.add_subplot(1, cols, cols)
         for run, label, color, ls in self.drawn_runs(config, data):
-            _plot.draw_decay(ax_e, run["ts"], run["E"], label=label, color=color, ls=ls)
+            figures.draw_decay(ax_e, run["ts"], run["E"], label=label, color=color, ls=ls)
             ax_p.plot(run["ts"], run["proj"], color=color, ls=ls, label=label)
         ax_e.set_ylabel("misalignment $E(x(t))$")
         ax_e.set_title("Fig. 6: misalignment")
@@ -93,7 +93,7 @@ class SymmetricExperiment(AbstractTheoremExperiment):
         title = (f"Theorem 5.2 — causal, {config['tokens']} tokens, d = {config['dim']}, "
                  f"U symmetric, λ = ({', '.join(f'{v:.2g}' for v in lam[:4])}), "
                  f"seed {config['seed']}")
-        return _plot.save_figure(fig, self.stem(folder), title)
+        return figures.save_figure(fig, self.stem(folder), title)
 
 
 def _top_eigenvector(dyn):

@@ -41,10 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
+from .._app.folders import RunFolderError, clear_partial_writes, hold_folder, save_npz
 from .._dynamics import NORMS, SelfAttentionDynamics, random_mask
 from .._horizon import CONSENSUS_TOL
 from .._manifold import project
-from .._runs import RunFolderError, clear_partial_writes, hold_folder, save_npz
 from ..metrics import cluster_count, misalignment, rank_collapse_residual
 from ..theory import Classification, classify
 from .base import AbstractExperiment, Param, Verdict

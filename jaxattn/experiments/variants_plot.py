@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _plot
-from .._runs import atomic_write
+from .._app import figures
+from .._files import atomic_write
 
 #: The columns of `table.csv`, one row per cell.
 COLUMNS = ("size", "tokens", "dim", "norm", "mask", "kernel", "beta", "reached",
@@ -119,7 +119,7 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
     variants (norm · mask) as rows and kernel · β as columns, each cell annotated
     with its consensus layer, its cluster count or `…`; `★` marks the rows a theorem
     covers."""
-    plt = _plot.pyplot()
+    plt = figures.pyplot()
     norms, masks, kernels, betas = (list(v) for v in (grid.norms, grid.masks, grid.kernels,
                                                       grid.betas))
     R, C = len(norms) * len(masks), len(kernels) * len(betas)
@@ -176,7 +176,7 @@ def _label_axes(ax, norms, masks, kernels, betas, covered, *, rows_labelled: boo
 def _title_on_top(fig, title: str) -> None:
     """`title`, wrapped to the figure's width, with room below it for the panels'
     titles and kernel labels."""
-    title = _plot.wrap(title, fig.get_figwidth(), 10)
+    title = figures.wrap(title, fig.get_figwidth(), 10)
     room = (title.count("\n") + 1) * 10 * 1.3 / 72 + 0.75  # inches: title, then labels
     height = fig.get_figheight()
     fig.set_figheight(height + room)  # the panels keep their height
@@ -186,7 +186,7 @@ def _title_on_top(fig, title: str) -> None:
 
 def _save(fig, stem: Path) -> list[Path]:
     """`save_figure` without `tight_layout` (the colorbar spans the panels)."""
-    plt = _plot.pyplot()
+    plt = figures.pyplot()
     paths = []
     for ext in ("png", "pdf"):
         path = Path(stem).with_suffix(f".{ext}")

@@ -8,9 +8,10 @@ Jacobian of the layer map on the tangent space (`tangent_jacobian`,
 `spectral_radius` and `bipartite_point` are `ja.spectral`'s, the same functions).
 """
 
-from ..spectral._equilibria import bipartite_point as bipartite_point
-from ..spectral._equilibria import spectral_radius as spectral_radius
-from ..spectral._equilibria import tangent_jacobian as tangent_jacobian
+from ..spectral import bipartite_point as bipartite_point
+from ..spectral import spectral_radius as spectral_radius
+from ..spectral import tangent_jacobian as tangent_jacobian
+from ._bipartite import BipartiteWeights as BipartiteWeights
 from ._bipartite import stabilize_bipartite as stabilize_bipartite
 from ._constraints import Constraints as Constraints
 from ._objectives import OBJECTIVES as OBJECTIVES
@@ -22,6 +23,7 @@ from ._search import slow_consensus as slow_consensus
 
 __all__ = [
     "OBJECTIVES",
+    "BipartiteWeights",
     "Constraints",
     "Exploration",
     "builtin_objective",

@@ -20,7 +20,7 @@ from jaxtyping import Array, Float
 from .._dynamics import SelfAttentionDynamics
 from .._precision import einsum, matmul
 from .._validate import check_count, surface_errors
-from ..spectral._equilibria import bipartite_point, tangent_jacobian
+from ..spectral import bipartite_point, tangent_jacobian
 
 
 def log_radius_bound(J: Float[Array, "k k"], squarings: int = 6) -> Float[Array, ""]:

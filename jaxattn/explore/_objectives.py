@@ -26,7 +26,7 @@ from .._horizon import Horizon
 from .._layers import run_layers_unchecked
 from .._precision import einsum
 from .._validate import check_count, surface_errors
-from ..metrics._consensus import misalignment
+from ..metrics import misalignment
 
 OBJECTIVES = ("final", "integrated", "consensus_time", "lyapunov")
 

@@ -32,7 +32,7 @@ from .._horizon import Horizon
 from .._manifold import project, sample_ellipsoid, w_inner
 from .._sharding import as_mesh, shard_batch
 from .._validate import check_count, surface_errors
-from ..metrics._hemisphere import hemisphere
+from ..metrics import hemisphere
 from ._constraints import (
     Constraints,
     check_weight_constraints,

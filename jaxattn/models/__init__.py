@@ -22,12 +22,22 @@ from ._arch import GPTNeo as GPTNeo
 from ._arch import Llama as Llama
 from ._arch import TransformerConfig as TransformerConfig
 from ._arch._nn import Attention as Attention
+from ._checks import check_ids as check_ids
+from ._checks import default_chunk as default_chunk
+from ._load import PACKAGED as PACKAGED
 from ._load import init as init
 from ._load import load as load
+from ._load import packaged_path as packaged_path
 from ._load import resolve_config as resolve_config
+from ._presets import ALIASES as ALIASES
 from ._presets import PRESETS as PRESETS
+from ._run import WEIGHTS as WEIGHTS
 from ._run import hidden_states as hidden_states
+from ._run import iterate_loop as iterate_loop
 from ._run import loop as loop
+from ._run import loop_program as loop_program
+from ._run import setup_loop as setup_loop
+from ._tokenize import read_prompts as read_prompts
 from ._tokenize import tokenize as tokenize
 from ._weights import attention_dynamics as attention_dynamics
 from ._weights import attention_weights as attention_weights
@@ -35,14 +45,3 @@ from ._weights import layer_weights as layer_weights
 from ._weights import replace_attention as replace_attention
 from ._weights import value_output as value_output
 
-
-def __getattr__(name: str):
-    # `ja.models.run_loop` and `run_loop_grid` write run folders: they belong to the
-    # application layer (`jaxattn.experiments.run`) and stay here as aliases of the
-    # old names. Imported on first use, not at the top: the experiments import this
-    # package, and the library never imports the layer above it.
-    if name in ("run_loop", "run_loop_grid"):
-        from ..experiments import run
-
-        return getattr(run, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

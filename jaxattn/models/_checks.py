@@ -27,7 +27,7 @@ def check_ids(model: AbstractTransformer, ids) -> Int[Array, "B n"]:
         raise ValueError(f"token ids must be (n,) or (B, n) with n ≥ 1, got shape {arr.shape}.")
     cfg = model.config
     n = arr.shape[-1]
-    if cfg.model_type != "llama" and cfg.max_positions and n > cfg.max_positions:
+    if model.bounded_positions and cfg.max_positions and n > cfg.max_positions:
         raise ValueError(
             f"{n} tokens exceed the model's {cfg.max_positions} learned positions."
         )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._runs import atomic_write
+from .._files import atomic_write
 
 _FORMAT = "jaxattn-gguf-1"  # bump when the conversion changes: old caches are ignored
 _INTEGER_TYPES = ("I8", "I16", "I32", "I64")  # never weights (IQ* are quantised floats)

@@ -24,10 +24,9 @@ _IGNORED = re.compile(
     r"(^|\.)attn\.(masked_)?bias$|^embeddings\.position_ids$|^pooler\.|rotary_emb\.inv_freq$"
     r"|^(lm_head|cls|predictions|sop_classifier|classifier|qa_outputs|score)\."
 )
-_PROBES = {"gpt2": "wte.weight", "gpt_neo": "wte.weight", "llama": "embed_tokens.weight",
-           "bert": "embeddings.word_embeddings.weight",
-           "albert": "embeddings.word_embeddings.weight"}
-_PREFIXES = ("", "transformer.", "model.", "bert.", "albert.")
+# A checkpoint's tensors start with no prefix, or with that of any family's task-head
+# models (`transformer.`, `model.`, …).
+_PREFIXES = ("", *dict.fromkeys(family.prefix for family in FAMILIES.values()))
 
 
 def check_parsed(cfg: TransformerConfig) -> TransformerConfig:
@@ -122,11 +121,6 @@ class TensorSource:
         self.used.add(full)
         return float32_weights(array, full, file)
 
-    def stack_blocks(self, block: Callable[[int], object], count: int):
-        """`block(i)` for each layer, stacked along a leading axis (as JAX arrays)."""
-        blocks = [block(i) for i in range(count)]
-        return jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs)), *blocks)
-
     def check_all_used(self) -> None:
         for full, (file, _) in sorted(self.readers.items()):
             name = full[len(self.prefix):] if full.startswith(self.prefix) else None
@@ -162,21 +156,22 @@ def float32_weights(array: np.ndarray, name: str, file: str) -> np.ndarray:
     )
 
 
-def find_prefix(names, family: str, where: str) -> str:
-    probe = _PROBES[family]
+def find_prefix(names, family: type[AbstractTransformer], where: str) -> str:
+    """The prefix before the family's tensors in `names` (`ValueError` if none fits)."""
+    probe = family.probe
     for prefix in _PREFIXES:
         if prefix + probe in names:
             return prefix
     raise ValueError(
         f"{where}: no tensor named {probe!r} (with any of the prefixes {list(_PREFIXES[1:])}); "
-        f"these are not {family} weights."
+        f"these are not {family.family} weights."
     )
 
 
 def build(cfg: TransformerConfig, readers, where: str) -> AbstractTransformer:
     """The model from HuggingFace-named tensors; every tensor must be used."""
     family = FAMILIES[cfg.model_type]
-    src = TensorSource(readers, find_prefix(readers, cfg.model_type, where))
+    src = TensorSource(readers, find_prefix(readers, family, where))
     model = family.from_state(cfg, src)
     src.check_all_used()
     return jax.tree.map(jnp.asarray, model)

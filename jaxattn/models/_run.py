@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from .._precision import Precision, check_precision
 from .._sharding import as_mesh, shard_batch, unshard
 from .._validate import surface_errors
-from ..metrics._consensus import misalignment
+from ..metrics import misalignment
 from ._arch import FAMILIES, AbstractTransformer
 from ._checks import (
     MAX_SEGMENTS,

@@ -9,13 +9,16 @@ c = ja.spectral.alignment(x, spec.principal)        # mean |cos(x_i, v₁)| (2-D
 stats, eigs, xs = ja.spectral.layerwise(model, x0)  # c_ℓ, Δ_ℓ, p_ℓ and baselines per layer
 steered = ja.spectral.steer(model, u, gamma)        # last layer: Ω + γ u uᵀ
 eq = ja.spectral.equilibria(ja.spectral.single_head(U, P), n=6)
+v1 = ja.spectral.top_eigenvector(Omega)             # unit, of the largest eigenvalue
 ```
 
 Experiments: `jaxattn run power-shared | power-layers | steer | oja-bipartite`.
 """
 
+from .._linalg import top_eigenvector as top_eigenvector
 from ._equilibria import Equilibria as Equilibria
 from ._equilibria import bipartite_closed_form as bipartite_closed_form
+from ._equilibria import bipartite_point as bipartite_point
 from ._equilibria import equilibria as equilibria
 from ._equilibria import oja_system as oja_system
 from ._equilibria import perturbation_growth as perturbation_growth

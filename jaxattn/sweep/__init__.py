@@ -51,12 +51,12 @@ import sys as _sys
 import types as _types
 
 from ..experiments import SWEEPABLE as _SWEEPABLE
+from ._driver import COLUMNS as COLUMNS
+from ._driver import SweepResult as SweepResult
+from ._driver import load_table as load_table
+from ._driver import redraw as redraw
+from ._driver import run_sweep as run
 from ._report import format_table as format_table
-from ._run import COLUMNS as COLUMNS
-from ._run import SweepResult as SweepResult
-from ._run import load_table as load_table
-from ._run import redraw as redraw
-from ._run import run_sweep as run
 from ._spec import SweepSpec as SweepSpec
 from ._spec import check_spec as check_spec
 from ._spec import read_spec as read_spec

@@ -14,8 +14,6 @@ convex program solved on the host, `ja.metrics.hemisphere`) runs after it on the
 chunk's starts, so that no host callback sits in the (possibly sharded) program.
 """
 
-import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -30,7 +28,6 @@ from .._manifold import w_inner
 from .._sharding import as_mesh, shard_batch, unshard
 from ..experiments import BETA as BETA  # each sweepable experiment's `--beta`
 from ..experiments import Param, get_experiment, paper001
-from ..metrics import misalignment
 from ..theory import theorem_test
 
 #: How a chunk's instances are simulated (`ja.run_layers`' `strategy`): `"auto"` takes

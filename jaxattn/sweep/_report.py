@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from .._app.figures import legend_below, pyplot, save_figure
+from .._app.folders import read_json
 from .._horizon import CONSENSUS_TOL
-from .._plot import legend_below, pyplot, save_figure
-from .._runs import read_json
 from ..experiments.verdicts import convergence_trend, run_kind
 
 

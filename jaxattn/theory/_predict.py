@@ -21,6 +21,7 @@ from jaxtyping import Array, Bool, Float
 from .._batch import map_batch, prepare_tokens
 from .._dynamics import SelfAttentionDynamics
 from .._horizon import CONSENSUS_TOL
+from .._linalg import top_eigenvector
 from .._manifold import w_inner, w_norm
 from .._precision import einsum
 from ..metrics import hemisphere, misalignment
@@ -194,11 +195,6 @@ class Theorem53Test(AbstractTheoremTest):
         return near(x, jnp.broadcast_to(side * self.v1_t, x.shape), self.W, tol)
 
 
-def _top_eigenvector(dyn: SelfAttentionDynamics) -> Float[Array, " d"]:
-    U = dyn.U(0.0)[0]
-    return jnp.linalg.eigh((U + U.T) / 2)[1][:, -1]
-
-
 def theorem_test(
     theorem: str, dyn: SelfAttentionDynamics, *, v1=None, tol: float = 1e-8
 ) -> AbstractTheoremTest:
@@ -220,7 +216,7 @@ def theorem_test(
     An `AbstractTheoremTest`: `.domain(x0)`, `.limit(x0)`, `.reached(x0, x, t, tol)`.
     """
     if theorem in ("5.2", "5.3"):
-        v1 = _top_eigenvector(dyn) if v1 is None else v1
+        v1 = top_eigenvector(dyn.U(0.0)[0]) if v1 is None else v1
         if theorem == "5.2":
             return Theorem52Test(v1, dyn.W)
         return Theorem53Test(v1, v1, dyn.W)

@@ -1,4 +1,5 @@
-"""The supported transformer families, by HuggingFace `model_type`."""
+"""The supported transformer families, by HuggingFace `model_type` (decoders, then
+encoders: the order in which the loader tries their prefixes)."""
 
 from .albert import Albert as Albert
 from .base import AbstractTransformer as AbstractTransformer
@@ -11,7 +12,7 @@ from .llama import Llama as Llama
 FAMILIES: dict[str, type[AbstractTransformer]] = {
     "gpt2": GPT2,
     "gpt_neo": GPTNeo,
+    "llama": Llama,
     "bert": Bert,
     "albert": Albert,
-    "llama": Llama,
 }

@@ -6,7 +6,7 @@ import jax
 from jaxtyping import Array, Float, Int
 
 from ._nn import MLP, LayerNorm, Linear, PostNormBlock
-from .base import AbstractTransformer, TransformerConfig
+from .base import AbstractTransformer, TransformerConfig, stack
 from .bert import (
     encoder_config,
     init_embeddings,
@@ -35,6 +35,9 @@ class Albert(AbstractTransformer):
     blocks: PostNormBlock
 
     family = "albert"
+    probe = "embeddings.word_embeddings.weight"
+    prefix = "albert."
+    bounded_positions = True
 
     @property
     def slots(self) -> tuple[int, ...]:
@@ -82,5 +85,4 @@ class Albert(AbstractTransformer):
         block = PostNormBlock(attn, layer_norm(src, f"{p}.attention.LayerNorm", d, cfg.norm_eps),
                               mlp, layer_norm(src, f"{p}.full_layer_layer_norm", d, cfg.norm_eps))
         project = load_linear(src, "encoder.embedding_hidden_mapping_in", e, d)
-        return cls(cfg, *load_embeddings(cfg, src, e), project,
-                   src.stack_blocks(lambda i: block, 1))
+        return cls(cfg, *load_embeddings(cfg, src, e), project, stack([block]))

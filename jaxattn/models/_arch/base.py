@@ -3,11 +3,13 @@ scanned over layers, and a final normalisation applied between passes."""
 
 import abc
 import dataclasses
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from ..._precision import Precision
@@ -98,6 +100,14 @@ class AbstractTransformer(eqx.Module):
     blocks: eqx.AbstractVar[eqx.Module]
 
     family: ClassVar[str]
+    # The HuggingFace name of a tensor every checkpoint of the family holds (to find
+    # where its tensors start), and the prefix HuggingFace's task-head models put
+    # before them (their `base_model_prefix`, with the dot).
+    probe: eqx.AbstractClassVar[str]
+    prefix: eqx.AbstractClassVar[str]
+    # Whether `config.max_positions` bounds the sequence length: a learned position
+    # table does, rotary positions do not.
+    bounded_positions: eqx.AbstractClassVar[bool]
 
     @abc.abstractmethod
     def embed(
@@ -178,6 +188,17 @@ class AbstractTransformer(eqx.Module):
         return jax.tree.map(lambda a: a[slot], self.blocks)
 
 
-def stack(blocks: list) -> Any:
-    """Stack a list of identical-structure blocks along a new leading axis."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
+def stack(blocks: Iterable) -> Any:
+    """Blocks of one structure stacked along a new leading (layer) axis, as JAX
+    arrays. The leaves are stacked by NumPy first: weights read from files stay on
+    the host until the one transfer of each stacked array.
+
+    **Arguments:**
+
+    - `blocks`: the block of each layer (or slot), in order.
+
+    **Returns:**
+
+    One block whose arrays carry the leading layer axis.
+    """
+    return jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs)), *blocks)

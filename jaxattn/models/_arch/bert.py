@@ -6,7 +6,7 @@ import jax
 from jaxtyping import Array, Float, Int
 
 from ._nn import MLP, Attention, LayerNorm, Linear, PostNormBlock, bias_heads, heads_in, normal
-from .base import AbstractTransformer, TransformerConfig, check_sizes
+from .base import AbstractTransformer, TransformerConfig, check_sizes, stack
 from .gpt2 import layer_norm, reject
 
 
@@ -84,6 +84,9 @@ class Bert(AbstractTransformer):
     blocks: PostNormBlock
 
     family = "bert"
+    probe = "embeddings.word_embeddings.weight"
+    prefix = "bert."
+    bounded_positions = True
 
     def embed(self, ids: Int[Array, " n"], *, precision="float32") -> Float[Array, "n d"]:
         x = self.word[ids] + self.segment[0][None] + self.position[: ids.shape[0]]
@@ -120,4 +123,4 @@ class Bert(AbstractTransformer):
                 attn, layer_norm(src, f"{p}.attention.output.LayerNorm", d, cfg.norm_eps), mlp,
                 layer_norm(src, f"{p}.output.LayerNorm", d, cfg.norm_eps))
 
-        return cls(cfg, *load_embeddings(cfg, src, d), src.stack_blocks(block, cfg.num_layers))
+        return cls(cfg, *load_embeddings(cfg, src, d), stack(map(block, range(cfg.num_layers))))

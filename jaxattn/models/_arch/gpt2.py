@@ -18,7 +18,7 @@ from ._nn import (
     heads_out,
     normal,
 )
-from .base import AbstractTransformer, TransformerConfig, check_sizes
+from .base import AbstractTransformer, TransformerConfig, check_sizes, stack
 
 
 def reject(hf: dict, key: str, ok, what: str) -> None:
@@ -38,6 +38,10 @@ class AbstractLearnedPositionDecoder(AbstractTransformer):
     wte: eqx.AbstractVar[Float[Array, "V d"]]
     wpe: eqx.AbstractVar[Float[Array, "P d"]]
     ln_f: eqx.AbstractVar[LayerNorm]
+
+    probe = "wte.weight"
+    prefix = "transformer."
+    bounded_positions = True
 
     def embed(self, ids: Int[Array, " n"], *, precision="float32") -> Float[Array, "n d"]:
         return self.wte[ids] + self.wpe[: ids.shape[0]]
@@ -117,4 +121,4 @@ class GPT2(AbstractLearnedPositionDecoder):
 
         return cls(cfg, src.get("wte.weight", (cfg.vocab_size, d)),
                    src.get("wpe.weight", (cfg.max_positions, d)),
-                   src.stack_blocks(block, cfg.num_layers), layer_norm(src, "ln_f", d, eps))
+                   stack(map(block, range(cfg.num_layers))), layer_norm(src, "ln_f", d, eps))

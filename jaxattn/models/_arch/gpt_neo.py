@@ -16,7 +16,7 @@ from ._nn import (
     heads_out,
     normal,
 )
-from .base import TransformerConfig, check_sizes
+from .base import TransformerConfig, check_sizes, stack
 from .gpt2 import AbstractLearnedPositionDecoder, layer_norm
 
 
@@ -110,4 +110,4 @@ class GPTNeo(AbstractLearnedPositionDecoder):
 
         return cls(cfg, src.get("wte.weight", (cfg.vocab_size, d)),
                    src.get("wpe.weight", (cfg.max_positions, d)),
-                   src.stack_blocks(block, cfg.num_layers), layer_norm(src, "ln_f", d, eps))
+                   stack(map(block, range(cfg.num_layers))), layer_norm(src, "ln_f", d, eps))

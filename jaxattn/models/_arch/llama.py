@@ -17,7 +17,7 @@ from ._nn import (
     normal,
     rotary_tables,
 )
-from .base import AbstractTransformer, TransformerConfig, check_sizes
+from .base import AbstractTransformer, TransformerConfig, check_sizes, stack
 from .gpt2 import reject
 
 
@@ -44,6 +44,9 @@ class Llama(AbstractTransformer):
     norm: RMSNorm
 
     family = "llama"
+    probe = "embed_tokens.weight"
+    prefix = "model."
+    bounded_positions = False  # rotary positions
 
     def embed(self, ids: Int[Array, " n"], *, precision="float32") -> Float[Array, "n d"]:
         return self.embed_tokens[ids]
@@ -119,5 +122,5 @@ class Llama(AbstractTransformer):
                                 mlp)
 
         return cls(cfg, src.get("embed_tokens.weight", (cfg.vocab_size, d)),
-                   src.stack_blocks(block, cfg.num_layers),
+                   stack(map(block, range(cfg.num_layers))),
                    RMSNorm(src.get("norm.weight", (d,)), eps))

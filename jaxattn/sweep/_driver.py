@@ -20,17 +20,17 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._horizon import CONSENSUS_TOL
-from .._runs import (
+from .._app.folders import (
     INCOMPLETE,
     RunFolderError,
-    atomic_write,
     finish_run,
     folder_path,
     hold_folder,
     read_json,
     reopen_run,
 )
+from .._files import atomic_write
+from .._horizon import CONSENSUS_TOL
 from ..metrics import consensus_time
 from ._instances import simulate_chunk, theorem_of
 from ._report import PREDICTION_HELD, instance_status, summarise, write_figure

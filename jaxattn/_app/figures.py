@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._runs import atomic_write
+from .._files import atomic_write
 
 
 def pyplot():

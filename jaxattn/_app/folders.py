@@ -23,7 +23,7 @@ carry) calls them one by one: `hold_folder`, `start_run`, `write_config`,
 
 Every folder also records how its numbers were computed: the JAX backend and
 whether XLA ran with the deterministic GPU flags (`deterministic_xla_flags`,
-set by the `jaxattn` commands; docs/determinism.md).
+set by the `jaxattn` commands: `_determinism.py`, docs/determinism.md).
 """
 
 import contextlib
@@ -34,7 +34,6 @@ import os
 import platform
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -44,23 +43,16 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src import xla_bridge
 
-from ._validate import SimulationError
+from .._determinism import is_deterministic
+from .._files import atomic_write, umask
+from .._validate import SimulationError
 
 INCOMPLETE = "INCOMPLETE"
 #: The lock file a command holds inside its folder (removed when it ends).
 LOCK = ".lock"
 #: What made a folder, by the file that holds its settings.
 KINDS = {"run": "config.json", "sweep": "sweep.json"}
-
-#: The XLA flags that make GPU results bit-identical from run to run: deterministic
-#: implementations of scatter/GEMM/… and no autotuning (which may pick a different
-#: kernel in each process). Flags of other backends: the CPU is deterministic anyway.
-DETERMINISTIC_FLAGS = ("--xla_gpu_deterministic_ops=true", "--xla_gpu_autotune_level=0")
-#: Set to 1 (or pass `jaxattn --nondeterministic`) to leave XLA_FLAGS alone.
-OPT_OUT = "JAXATTN_NONDETERMINISTIC"
-
 
 class RunFolderError(RuntimeError):
     """A run folder that cannot be created, read or is incomplete."""
@@ -77,62 +69,6 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def deterministic_xla_flags(flags: str | None = None) -> str:
-    """`XLA_FLAGS` with the deterministic GPU flags (`DETERMINISTIC_FLAGS`) appended.
-
-    Set it before JAX's first computation (the backend reads `XLA_FLAGS` once,
-    when it starts) to get the bit-identical results the `jaxattn` commands get:
-
-    ```python
-    os.environ["XLA_FLAGS"] = ja.deterministic_xla_flags()
-    ```
-
-    **Arguments:**
-
-    - `flags`: the flags to extend (default: the environment's `XLA_FLAGS`). A
-      flag already given there keeps its value.
-
-    **Returns:**
-
-    The flags, space-separated.
-    """
-    flags = os.environ.get("XLA_FLAGS", "") if flags is None else flags
-    given = {f.split("=")[0] for f in flags.split()}
-    extra = [f for f in DETERMINISTIC_FLAGS if f.split("=")[0] not in given]
-    return " ".join(flags.split() + extra)
-
-
-def is_deterministic(flags: str | None = None) -> bool:
-    """Whether `flags` (default: the environment's `XLA_FLAGS`) turn XLA's
-    deterministic GPU mode on (its last `--xla_gpu_deterministic_ops` is true)."""
-    flags = os.environ.get("XLA_FLAGS", "") if flags is None else flags
-    values = [f.split("=", 1)[1].lower() if "=" in f else "true"
-              for f in flags.split() if f.split("=")[0] == "--xla_gpu_deterministic_ops"]
-    return bool(values) and values[-1] in ("true", "1")
-
-
-def use_deterministic_xla(enable: bool = True) -> bool:
-    """Put the deterministic GPU flags into `XLA_FLAGS`, unless `enable` is false,
-    the environment opts out (`JAXATTN_NONDETERMINISTIC=1`) or JAX's backend has
-    started already (the flags would not take effect; nothing is changed then).
-
-    **Returns:**
-
-    Whether `XLA_FLAGS` now asks for deterministic results.
-    """
-    opted_out = os.environ.get(OPT_OUT, "").strip().lower() in ("1", "true", "yes")
-    if not enable or opted_out or _backend_started():
-        return is_deterministic()
-    os.environ["XLA_FLAGS"] = deterministic_xla_flags()
-    return True
-
-
-def _backend_started() -> bool:
-    # JAX has no public way to ask without starting the backend.
-    started = getattr(xla_bridge, "backends_are_initialized", None)
-    return bool(started()) if started is not None else False
-
-
 def computed_on() -> dict[str, Any]:
     """How this process computes: `backend` (JAX's default: cpu, gpu, tpu) and
     `deterministic` (XLA_FLAGS hold the deterministic GPU flags)."""
@@ -142,33 +78,6 @@ def computed_on() -> dict[str, Any]:
 def stamp() -> str:
     """The local time now, to the second, as ISO 8601 with the UTC offset."""
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-
-
-def atomic_write(path, write: Callable[[Any], object]) -> Path:
-    """Write a file through `write(binary_file)` under a temporary name, then rename
-    it to `path`: a reader never sees it half-written.
-
-    **Returns:**
-
-    `path`.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600, whatever the umask
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 #: The key under which `write_json` names the fields it wrote as `null`.
@@ -274,7 +183,7 @@ def _lock(path: Path) -> int:
     """An exclusive `flock` on `path/LOCK`, or `RunFolderError` naming the holder."""
     while True:
         try:
-            fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+            fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~umask())
         except OSError as e:
             raise RunFolderError(f"cannot write the run folder {path}: {e.strerror or e}") from e
         try:

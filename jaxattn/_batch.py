@@ -65,7 +65,7 @@ def map_batch(fn: Callable, x0: Float[Array, "*batch n d"]):
 
 
 def map_systems(
-    program: Callable, dyn, x0: Float[Array, "M ... n d"], *, fused: bool,
+    program: Callable, dyn, x0: Float[Array, "*batch n d"], *, fused: bool,
     chunk: int | None
 ) -> PyTree[Array]:
     """Run `program` on every system of `x0`, on the general or the fused path.

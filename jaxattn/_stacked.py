@@ -13,7 +13,8 @@ axes. Leaves without batch axes are shared by every model (a common `W`, one β)
 
 The models' batch axes are flattened to one, `M`, for the run (`stack_tokens`); the
 general path vmaps over it (`map_models`), the fused path spreads each batched leaf
-over its model's systems with the systems last (`models_last`).
+over its model's systems with the systems last (`models_last`); `jaxattn._batch.
+map_systems` runs a simulator's program on either path.
 """
 
 import math

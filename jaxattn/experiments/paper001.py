@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray, Real
 
 from .._dynamics import SelfAttentionDynamics
-from .._linalg import top_eigenvector as top_eigenvector  # v₁ of symmetric_dynamics
+from ..spectral import top_eigenvector as top_eigenvector  # v₁ of symmetric_dynamics
 from .._manifold import normalize, sample_ellipsoid
 from .._precision import einsum, matmul
 from .._schedule import Schedule

@@ -33,12 +33,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray, Real
 
 from .._dynamics import SelfAttentionDynamics
-from ..spectral import top_eigenvector as top_eigenvector  # v₁ of symmetric_dynamics
 from .._manifold import normalize, sample_ellipsoid
 from .._precision import einsum, matmul
 from .._schedule import Schedule
 from .._validate import check_count
 from ..metrics import misalignment
+from ..spectral import top_eigenvector as top_eigenvector  # v₁ of symmetric_dynamics
 
 # Frequencies (in units of π) of D_η(t) = 2 diag(cos ω₁πt, sin ω₂πt, cos ω₃πt) for
 # the two heads of the sphere experiment (paper 001 §6.1.1).

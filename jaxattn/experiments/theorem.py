@@ -57,6 +57,10 @@ class Judged:
     trend: Trend | None
     kinds: np.ndarray | None = None
 
+    def count(self, kind: str) -> int:
+        """How many starts are of kind `kind` (over several starts)."""
+        return int(np.sum(self.kinds == kind))
+
 
 class Drawn(NamedTuple):
     """One run as a figure draws it: its arrays, label, colour and line style."""
@@ -192,5 +196,5 @@ def _judge(ts, evidence: Evidence, theorem: str) -> tuple[Judged, dict[str, Any]
         kinds[b] = run_kind(bool(reached[b]), trend, theorem)
         if not reached[b] and (slowest is None or trend.reach > slowest.reach):
             slowest = trend
-    counts = {k: int(np.sum(kinds == k)) for k in ("not_converged", "contradicts")}
-    return Judged(overall_kind(kinds), slowest, kinds), counts
+    judged = Judged(overall_kind(kinds), slowest, kinds)
+    return judged, {k: judged.count(k) for k in ("not_converged", "contradicts")}

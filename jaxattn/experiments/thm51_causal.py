@@ -111,8 +111,8 @@ class CausalExperiment(AbstractTheoremExperiment):
                 f"{short(n['final_E_max'])}, max 1 − ⟨x_i, x₁(0)⟩ = {short(n['final_gap_max'])}"
                 f"; tolerance {CONSENSUS_TOL:g})")
         if judged.trend is not None:
-            counts = {k: int(np.sum(judged.kinds == k)) for k in ("not_converged", "contradicts")}
-            line += (f"; {counts['not_converged']} still converging, {counts['contradicts']}"
+            line += (f"; {judged.count('not_converged')} still converging, "
+                     f"{judged.count('contradicts')}"
                      f" stalled or reversed (slowest: "
                      f"{judged.trend.describe('1 − ⟨x_i, x₁(0)⟩')})")
         line += f": {self.words(judged.kind)}"

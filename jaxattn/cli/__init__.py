@@ -18,7 +18,9 @@ puts the deterministic GPU flags into `XLA_FLAGS` before JAX's backend starts
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterable
 
 from .._determinism import OPT_OUT
@@ -115,6 +117,29 @@ def _end_process(code: int) -> None:
     os._exit(code)
 
 
+#: Set once the command has caught Ctrl-C; until then, `_on_sigint` raises it again.
+_NOTICED = threading.Event()
+#: Seconds between two raises of one Ctrl-C that the command has not yet caught.
+_AGAIN_S = 1.0
+
+
+def _on_sigint(signum, frame) -> None:
+    """Ctrl-C for the `jaxattn` program: raise `KeyboardInterrupt`, and raise it again
+    every `_AGAIN_S` seconds until `main` has caught it. Python drops an exception
+    raised while a garbage-collector callback runs (JAX installs one), so one Ctrl-C
+    could otherwise be lost and a long run go on."""
+    if not _NOTICED.is_set():
+        again = threading.Timer(_AGAIN_S, _raise_again)
+        again.daemon = True
+        again.start()
+    raise KeyboardInterrupt
+
+
+def _raise_again() -> None:
+    if not _NOTICED.is_set():
+        os.kill(os.getpid(), signal.SIGINT)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line `argv` (default `sys.argv[1:]`).
 
@@ -125,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     as the `jaxattn` program, the process then ends at once: `_end_process`).
     """
     words = sys.argv[1:] if argv is None else list(argv)
+    if argv is None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         args = parser(_command(words)).parse_args(words)
     except UsageError as e:
@@ -138,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:  # from a command's own parser (`jaxattn run NAME` overrides)
         return _fail(str(e))
     except KeyboardInterrupt:
+        _NOTICED.set()
         print(f"jaxattn {args.command}: interrupted", file=sys.stderr)
         if argv is None:  # the `jaxattn` process itself, not a caller in Python
             _end_process(130)

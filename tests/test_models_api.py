@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn.models import _run
+from jaxattn.models import _loop
 
 TINY = {
     "gpt2": {"model_type": "gpt2", "n_layer": 3, "n_embd": 40, "n_head": 5, "vocab_size": 53,
@@ -151,8 +151,8 @@ def test_jit_and_grad_compose(key):
 
 def test_loop_does_not_recompile(key, monkeypatch):
     traces = []
-    real = _run._metric
-    monkeypatch.setattr(_run, "_metric", lambda x: traces.append(1) or real(x))
+    real = _loop._metric
+    monkeypatch.setattr(_loop, "_metric", lambda x: traces.append(1) or real(x))
     m = tiny("gpt_neo", key)
     ja.models.loop(m, ids_for(m, key, (2, 6)), passes=3)
     before = len(traces)

@@ -18,7 +18,7 @@ _PRELUDE = textwrap.dedent(
     from jaxattn import _flow, _layers
     from jaxattn.explore import _search
     from jaxattn.experiments import paper as _paper
-    from jaxattn.models import _run
+    from jaxattn.models import _loop
 
     def loop_shapes(txt):
         # the array shapes carried by every compiled while loop (scan, diffrax)
@@ -49,7 +49,7 @@ _SPLIT = _PRELUDE + textwrap.dedent(
     shapes = {}
     spy(_layers, "_run_batched", shapes)
     spy(_flow, "_solve_batched", shapes)
-    spy(_run, "loop_program", shapes)
+    spy(_loop, "loop_program", shapes)
     spy(_search, "_run_chunk", shapes)
 
     # simulators: 12 sequences (5 tokens, d = 3) on 4 devices, 3 per device

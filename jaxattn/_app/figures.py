@@ -251,7 +251,7 @@ def legend_below(ax, ncol: int = 2, **kw):
                      fontsize=kw.pop("fontsize", 8), frameon=False, **kw)
 
 
-def face(ax, point) -> None:
+def view_towards(ax, point) -> None:
     """Turn a 3-D axis towards `point` (a direction), so that it faces the viewer."""
     p = np.asarray(point, dtype=float)
     p = p / np.linalg.norm(p)

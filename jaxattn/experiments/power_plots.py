@@ -6,11 +6,11 @@ import numpy as np
 from .._app.figures import (
     draw_decay,
     draw_sphere_trajectories,
-    face,
     integer_ticks,
     legend_below,
     pyplot,
     save_figure,
+    view_towards,
 )
 
 
@@ -167,7 +167,7 @@ def oja(data, stem):
     for j, title in ((0, "absorbed"), (1, "escapes to consensus")):
         ax3 = fig.add_subplot(1, 4, 2 + j, projection="3d")
         draw_sphere_trajectories(ax3, data["fig13_paths"][j])
-        face(ax3, [1.0, 0.6, 0.5])
+        view_towards(ax3, [1.0, 0.6, 0.5])
         ax3.set_title(f"perturbation {data['fig13_eps'][j]:.3g}: {title}", fontsize=9)
     ax = fig.add_subplot(1, 4, 4)
     draw_decay(ax, data["fig13_sizes"], data["fig13_dist"], order=1, stop=False, marker="o",

@@ -87,7 +87,7 @@ class GradientExperiment(AbstractTheoremExperiment):
             W = None if config["sphere"] else data["W"]
             ys = data["ys_layers" if layers else "ys"]
             figures.draw_ellipsoid_trajectories(ax3, ys, W)
-            figures.face(ax3, ys[-1].mean(0) + 0.6 * ys[0].mean(0))
+            figures.view_towards(ax3, ys[-1].mean(0) + 0.6 * ys[0].mean(0))
             where = "$S^2$" if config["sphere"] else "the ellipsoid $E_W$"
             ax3.set_title(("layers on " if layers else "tokens on ") + where)
         ax_p = fig.add_subplot(1, cols, cols - 1)

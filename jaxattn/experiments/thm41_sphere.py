@@ -64,7 +64,7 @@ class SphereExperiment(AbstractTheoremExperiment):
         ax3 = fig.add_subplot(1, 3, 1, projection="3d")
         ys = data["ys_layers" if layers else "ys"]
         figures.draw_sphere_trajectories(ax3, ys)
-        figures.face(ax3, ys[-1].mean(0) + 0.6 * ys[0].mean(0))
+        figures.view_towards(ax3, ys[-1].mean(0) + 0.6 * ys[0].mean(0))
         ax3.set_title("layers on $S^2$" if layers else "tokens on $S^2$")
         ax = fig.add_subplot(1, 3, 2)
         figures.draw_head_norms(ax, data["ts"], data["P_norm"], upto=2.0)

@@ -74,7 +74,7 @@ class SymmetricExperiment(AbstractTheoremExperiment):
             ax3 = fig.add_subplot(1, cols, 1, projection="3d")
             figures.draw_ellipsoid_trajectories(ax3, data["ys_layers" if layers else "ys"],
                                               mark=data["v1"], mark_label=r"$v_1$")
-            figures.face(ax3, data["v1"] + 0.6 * data["ys"][0].mean(0))
+            figures.view_towards(ax3, data["v1"] + 0.6 * data["ys"][0].mean(0))
             ax3.set_title("layers on $S^2$" if layers else "tokens on $S^2$ (Fig. 5)")
         ax_e = fig.add_subplot(1, cols, cols - 1)
         ax_p = fig.add_subplot(1, cols, cols)

@@ -67,7 +67,7 @@ PROGRESS_WORK = 1e10
 MAX_SEGMENTS = 100
 
 
-def work(model: AbstractTransformer, prompts: int, tokens: int, passes: int) -> float:
+def loop_flops(model: AbstractTransformer, prompts: int, tokens: int, passes: int) -> float:
     """Multiply-adds of `passes` passes over `prompts × tokens` tokens, roughly: the
     projections, the scores and mixing, and the feed-forward sub-block of every block."""
     cfg = model.config

@@ -30,7 +30,7 @@ from ._classify import Classification, classify, top_eigen
 # --- the traceable tests, one sequence at a time ---------------------------------
 
 
-def near(x: Float[Array, "n d"], target: Float[Array, "n d"], W, tol) -> Bool[Array, ""]:
+def within_tol(x: Float[Array, "n d"], target: Float[Array, "n d"], W, tol) -> Bool[Array, ""]:
     """Whether every token is within `tol` of its target: `max_i 1 − ⟨x_i, ℓ_i⟩_W < tol`."""
     return jnp.max(1 - w_inner(x, target, W)) < tol
 
@@ -147,7 +147,7 @@ class Theorem51Test(AbstractTheoremTest):
         return jnp.broadcast_to(x0[:1], x0.shape)
 
     def reached(self, x0, x, t, tol=CONSENSUS_TOL):
-        return near(x, self.limit(x0), self.W, tol)
+        return within_tol(x, self.limit(x0), self.W, tol)
 
 
 class Theorem52Test(AbstractTheoremTest):
@@ -168,7 +168,7 @@ class Theorem52Test(AbstractTheoremTest):
         return jnp.broadcast_to(side * self.v1, x0.shape)
 
     def reached(self, x0, x, t, tol=CONSENSUS_TOL):
-        return near(x, self.limit(x0), self.W, tol)
+        return within_tol(x, self.limit(x0), self.W, tol)
 
 
 class Theorem53Test(AbstractTheoremTest):
@@ -192,7 +192,7 @@ class Theorem53Test(AbstractTheoremTest):
 
     def reached(self, x0, x, t, tol=CONSENSUS_TOL):
         side, _ = hemisphere_side(self.v1, x0)
-        return near(x, jnp.broadcast_to(side * self.v1_t, x.shape), self.W, tol)
+        return within_tol(x, jnp.broadcast_to(side * self.v1_t, x.shape), self.W, tol)
 
 
 def theorem_test(

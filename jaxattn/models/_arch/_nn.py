@@ -71,7 +71,7 @@ def product(spec: str, a: Array, b: Array, dtype, precision: Precision) -> Array
                       preferred_element_type=jnp.float32)
 
 
-def wide(dtype) -> jnp.dtype:
+def accumulation_dtype(dtype) -> jnp.dtype:
     """The dtype of statistics (norms, scores): float32, or float64 for float64 compute."""
     return jnp.promote_types(dtype, jnp.float32)
 
@@ -101,7 +101,7 @@ class LayerNorm(eqx.Module):
     eps: float = eqx.field(static=True)
 
     def __call__(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        x32 = x.astype(wide(x.dtype))  # statistics in float32 for reduced precisions
+        x32 = x.astype(accumulation_dtype(x.dtype))  # statistics in float32 for reduced precisions
         mean = jnp.mean(x32, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
         y = ((x32 - mean) * jax.lax.rsqrt(var + self.eps)).astype(x.dtype)
@@ -119,7 +119,7 @@ class RMSNorm(eqx.Module):
     eps: float = eqx.field(static=True)
 
     def __call__(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        x32 = x.astype(wide(x.dtype))
+        x32 = x.astype(accumulation_dtype(x.dtype))
         y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
         return self.weight[None].astype(x.dtype) * y.astype(x.dtype)
 
@@ -202,7 +202,8 @@ class Attention(eqx.Module):
         if group > 1:
             k, v = jnp.repeat(k, group, axis=0), jnp.repeat(v, group, axis=0)
         # Scores and softmax in float32 (as HuggingFace does for reduced precisions).
-        s = product("hik,hjk->hij", q, k, dtype, precision).astype(wide(dtype)) * self.scale
+        s = product("hik,hjk->hij", q, k, dtype, precision).astype(accumulation_dtype(dtype))
+        s = s * self.scale
         s = jnp.where(mask[None], s, jnp.finfo(jnp.float32).min)
         a = jax.nn.softmax(s, axis=-1).astype(dtype)
         return product("hij,hjk->ihk", a, v, dtype, precision).astype(dtype)

@@ -29,8 +29,8 @@ from ._checks import (
     check_ids,
     check_model,
     default_chunk,
+    loop_flops,
     show_progress,
-    work,
 )
 
 WEIGHTS = ("trained", "random", "resample")
@@ -113,7 +113,7 @@ def hidden_states(
     precision = check_precision(precision)
     batch = check_ids(model, ids)
     B, n = batch.shape
-    if show_progress(progress, work(model, B, n, 1), model, ids) and B > 1:
+    if show_progress(progress, loop_flops(model, B, n, 1), model, ids) and B > 1:
         step = math.ceil(B / min(B, MAX_SEGMENTS))
         parts = []
         with tqdm(total=B, unit="prompt", desc="hidden states", leave=False) as bar:
@@ -409,7 +409,7 @@ def loop(
                        dtype=dtype, save_states=save_states, devices=devices, chunk=chunk,
                        precision=precision, observe=observe)
     B, n = setup.ids.shape
-    if show_progress(progress, work(setup.model, B, n, setup.passes), model, ids, key):
+    if show_progress(progress, loop_flops(setup.model, B, n, setup.passes), model, ids, key):
         def run(b):
             return _segmented(setup._replace(ids=b), "loop")
     else:

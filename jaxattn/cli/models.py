@@ -3,15 +3,19 @@
 
 import argparse
 
+import numpy as np
+
 from .._app.folders import read_json
 from .._precision import PRECISIONS
 from ..experiments import run_loop, run_loop_grid
 from ..experiments.loop_grid import DTYPES, grid_weights
-from ..models import WEIGHTS
+from ..experiments.loop_runner import TOKENS
+from ..models import WEIGHTS, detokenize
 from ._common import CLIError
 
 #: Flags of a single loop that `--grid` does not take.
-NOT_GRID = {"resume": "--resume", "text": "--text", "save_states": "--save-states"}
+NOT_GRID = {"resume": "--resume", "text": "--text", "save_states": "--save-states",
+            "pad": "--pad"}
 
 
 def _depths(text: str) -> list[int]:
@@ -24,12 +28,15 @@ def _depths(text: str) -> list[int]:
 
 
 def _grid(args: argparse.Namespace) -> int:
-    given = [flag for name, flag in NOT_GRID.items() if getattr(args, name)]
+    given = [flag for name, flag in NOT_GRID.items()
+             if getattr(args, name) is not None and getattr(args, name) is not False]
     if given:
         raise CLIError(f"jaxattn loop: {given[0]} applies to a single loop, not to --grid.")
+    tokens = TOKENS if args.tokens is None else args.tokens
     folder = run_loop_grid(args.model, args.out, args.seed, passes=args.passes,
-                           prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
-                           weights=grid_weights(args.model), precision=args.precision)
+                           prompts=args.prompts, tokens=tokens, dtype=args.dtype,
+                           weights=grid_weights(args.model), precision=args.precision,
+                           progress=not args.no_progress)
     s = read_json(folder / "summary.json")
     for name, v in s.items():
         if isinstance(v, dict) and "E_input_mean" in v:
@@ -51,7 +58,8 @@ def _loop(args: argparse.Namespace) -> int:
             args.model, args.out, args.seed, weights=args.weights, passes=args.passes,
             ffn=not args.no_ffn, prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
             save_states=args.save_states, precision=args.precision, text=args.text,
-            resume=args.resume, chunk_passes=args.chunk_passes, progress=not args.no_progress,
+            pad=args.pad, resume=args.resume, chunk_passes=args.chunk_passes,
+            progress=not args.no_progress,
         )
     except ImportError as e:  # an optional package (tokenizers for --text)
         raise CLIError(str(e)) from None
@@ -62,8 +70,33 @@ def _loop(args: argparse.Namespace) -> int:
           f"{s['layers_per_pass']} blocks, {cfg['prompts']}×{cfg['tokens']} tokens")
     print(f"mean E: input {_e(s['E_input_mean'])}, after pass 1 {_e(s['E_after_pass_1_mean'])},"
           f" final {_e(s['E_final_mean'])}  ({s['seconds']:.1f} s)")
+    if args.text is not None:
+        _kept(args.model, folder)
     print(f"wrote {folder}")
     return 0
+
+
+def _kept(model: str, folder) -> None:
+    """Print the first prompt as looped (cut or padded), and how to see them all."""
+    with np.load(folder / "data.npz") as data:
+        ids = data["ids"]
+    text = " ".join(detokenize(model, ids[0]).split())
+    text = text if len(text) <= 70 else text[:69] + "…"
+    print(f"prompt 0 as looped: {text!r}  (all: ja.models.detokenize({model!r}, "
+          f"np.load('{folder}/data.npz')['ids']))")
+
+
+def _pad(text: str):
+    if text == "auto":
+        return text
+    try:
+        pad = int(text)
+    except ValueError:
+        pad = -1
+    if pad < 0:
+        raise argparse.ArgumentTypeError(f"--pad takes a token id ≥ 0 (or no value: the "
+                                         f"tokenizer's padding token); got {text!r}.")
+    return pad
 
 
 def register(sub) -> None:
@@ -89,12 +122,22 @@ def register(sub) -> None:
     p.add_argument("--prompts", type=int, default=100,
                    help="random prompts, ids drawn uniformly from the vocabulary; ignored "
                    "with --text (default: %(default)s)")
-    p.add_argument("--tokens", type=int, default=200,
-                   help="tokens per prompt; with --text every prompt is cut to this "
-                   "length and a shorter one is refused (default: %(default)s)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help=f"tokens per prompt; with --text every prompt is cut to this "
+                   "length, and a shorter one is refused unless --pad (default: "
+                   f"{TOKENS} random ids; with --text the shortest prompt's length, with "
+                   "--pad the longest's)")
     p.add_argument("--text", default=None, metavar="FILE",
                    help="prompts from a text file, one per line, tokenized with the "
-                   "model's own tokenizer (default: none, random ids)")
+                   "model's own tokenizer; the ids looped are saved in data.npz, "
+                   "ja.models.detokenize shows their text (default: none, random ids)")
+    p.add_argument("--pad", nargs="?", const="auto", default=None, type=_pad,
+                   metavar="ID", help="with --text, pad prompts shorter than --tokens "
+                   "with token ID (no ID: the tokenizer's own padding token). The loop "
+                   "has no attention mask: padding ids are tokens like any other, they "
+                   "take part in the dynamics and in E (in a causal model they never "
+                   "change the text tokens before them) (default: no padding, shorter "
+                   "prompts refused)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32",
                    help="compute dtype (default: %(default)s)")
     p.add_argument("--precision", choices=list(PRECISIONS), default="float32",

@@ -112,17 +112,18 @@ def load_grid(model, weights, prompts: int, tokens: int, seed: int):
 
 
 def grid_data(nets, ids, seed: int, *, passes: int, dtype: str, weights,
-              precision: str = "float32") -> dict:
+              precision: str = "float32", progress: bool | None = None) -> dict:
     """`E` for every weight kind with and without FFN, as saved in `data.npz`:
     `E_<weights>_<attn|full>` `(prompts, passes·L + 1)`, `ids`, `layers_per_pass`
-    (`precision`: of the matrix products, as `ja.models.loop` takes it)."""
+    (`precision`, `progress`: of the matrix products, the bars, as `ja.models.loop`
+    takes them)."""
     key = jax.random.PRNGKey(seed)
     data = {}
     for w in weights:
         net = nets["trained" if w == "trained" else "random"]
         for variant, ffn in (("attn", False), ("full", True)):
             E = loop(net, ids, passes=passes, ffn=ffn, weights=w, key=key, dtype=DTYPES[dtype],
-                     precision=precision)
+                     precision=precision, progress=progress)
             data[f"E_{w}_{variant}"] = np.asarray(E)
     L = next(iter(nets.values())).num_layers
     return data | {"ids": ids, "layers_per_pass": np.asarray(L)}
@@ -176,7 +177,8 @@ class LoopGridExperiment(AbstractExperiment):
                               config["seed"])
         return grid_data(nets, ids, config["seed"], passes=config["passes"],
                          dtype=config.get("dtype", "float32"), weights=weights,
-                         precision=config.get("precision", "float32"))
+                         precision=config.get("precision", "float32"),
+                         progress=None if progress else False)
 
     def verdict(self, config, data) -> Verdict:
         grid = _grid(data)

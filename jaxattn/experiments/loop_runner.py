@@ -5,6 +5,7 @@ folders. The study itself (its figures, its verdict) is `loop_grid.py`'s.
 """
 
 import hashlib
+import os
 import shutil
 import time
 from pathlib import Path
@@ -26,7 +27,17 @@ from .._app.folders import (
 from .._files import atomic_write
 from .._precision import check_precision
 from .._validate import check_count, check_seed
-from ..models import WEIGHTS, check_ids, iterate_loop, read_prompts, setup_loop, tokenize
+from ..models import (
+    WEIGHTS,
+    check_ids,
+    file_sha256,
+    iterate_loop,
+    read_prompts,
+    setup_loop,
+    tokenize,
+    tokenizer_source,
+    weight_files,
+)
 from . import get_experiment
 from .loop_grid import (
     DTYPES,
@@ -42,11 +53,19 @@ from .loop_grid import (
 )
 from .runner import resolve_config, run_into_folder
 
+#: Tokens per random prompt when none are asked for (the paper's 100 × 200).
+TOKENS = 200
+#: The config entries that record the content of the files a loop reads, and what
+#: each file is, for the message that refuses to resume after one changed.
+FILE_HASHES = {"weights_sha256": ("weight file", "two models"),
+               "tokenizer_sha256": ("tokenizer file", "two tokenizations"),
+               "text_sha256": ("prompts file", "two sets of prompts")}
+
 
 def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ffn=True,
-             prompts=100, tokens=200, dtype="float32", save_states=None,
-             precision="float32", text=None, resume: bool = False, chunk_passes: int = 10,
-             progress: bool = True, log=print) -> Path:
+             prompts=100, tokens=None, dtype="float32", save_states=None,
+             precision="float32", text=None, pad=None, resume: bool = False,
+             chunk_passes: int = 10, progress: bool = True, log=print) -> Path:
     """Loop `model` (a path, hub name, preset/config, or a model) and write a run folder:
     `config.json` (with the `dtype` and the `precision` of the matrix products),
     `data.npz` (`E` `(prompts, passes·L+1)`, the ids, saved states),
@@ -60,11 +79,20 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
     settings must be the same. At the end the chunks are gathered into `data.npz`
     and removed.
 
+    `config.json` records the SHA-256 of the files the loop reads (the weight files
+    of trained weights, the tokenizer and the prompts of `text`), and a resume
+    after any of them changed is refused: it would mix two models in one `data.npz`.
+
     **Arguments:**
 
+    - `tokens`: tokens per prompt (default: 200 random ids; with `text`, the
+      shortest prompt's length, or the longest's with `pad`).
     - `text`: a file of prompts, one per line, tokenized with the model's own
-      tokenizer (`ja.models.tokenize`, `tokens` per prompt) in place of `prompts`
-      random ids; `model` must then name a folder, file or packaged model.
+      tokenizer (`ja.models.tokenize`) in place of `prompts` random ids; `model`
+      must then name a folder, file or packaged model.
+    - `pad`: with `text`, the id appended to prompts shorter than `tokens`, or
+      `"auto"` (the tokenizer's padding token); padded ids are tokens like any
+      other (the loop has no attention mask). Default: shorter prompts are refused.
     - `resume`: continue the loop in `out` (needs `out`); a finished one is left as it is.
     - `chunk_passes`: passes per saved chunk (what a kill can lose).
     - `progress`, `log`: a progress bar (passes, time left); where messages go
@@ -75,13 +103,17 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
         raise ValueError(f"--weights must be one of {WEIGHTS}, got {weights!r}.")
     if resume and out is None:
         raise ValueError("--resume needs --out DIR: the folder of the loop to continue.")
-    check_sizes(passes, prompts, tokens, dtype)
+    if pad is not None and text is None:
+        raise ValueError("--pad applies to --text prompts; random prompts have --tokens ids.")
+    tokens = TOKENS if tokens is None and text is None else tokens
+    check_sizes(passes, prompts, 1 if tokens is None else tokens, dtype)
     check_count(chunk_passes, "--chunk-passes", 1)
     check_precision(precision)
     seed = check_seed(seed)
     key = jax.random.PRNGKey(seed)
     net = get_model(model, weights, key)  # before the folder: a bad model leaves none
-    ids, source = loop_prompts(model, net, prompts, tokens, seed, text)
+    ids, source = loop_prompts(model, net, prompts, tokens, seed, text, pad)
+    source |= file_hashes(model, weights, text)
     check_ids(net, ids)  # before the folder too: more tokens than positions leave none
     setup = setup_loop(net, ids, passes=passes, ffn=ffn, weights=weights, key=key,
                        dtype=DTYPES[dtype], save_states=save_states, precision=precision)
@@ -90,7 +122,10 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
         "tokens": int(ids.shape[1]), "dtype": dtype, "precision": precision, "seed": seed,
         "save_states": save_states, "chunk_passes": chunk_passes} | source
     with hold_folder(folder_path("loop", out), "run") as folder:
-        finished, run_id = reopen_run(folder, config, resume, what="loop", command="loop")
+        if resume:
+            check_same_files(folder, config, log)
+        finished, run_id = reopen_run(folder, config, resume, what="loop", command="loop",
+                                      same=tuple(k for k in config if k not in FILE_HASHES))
         if finished:
             log(f"{folder} holds this loop, finished; nothing to run")
             return folder
@@ -107,15 +142,67 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
     return folder
 
 
-def loop_prompts(model, net, prompts: int, tokens: int, seed: int, text):
+def loop_prompts(model, net, prompts: int, tokens: int | None, seed: int, text, pad=None):
     """The ids a loop runs, `(prompts, tokens)` random ones or the lines of the file
-    `text` tokenized, and what `config.json` records of them."""
+    `text` tokenized, and what `config.json` records of them (the SHA-256 of the
+    prompts, blank lines skipped)."""
     if text is None:
         return prompt_ids(net.config.vocab_size, prompts, tokens, seed), {}
     lines = read_prompts(text)
-    ids = tokenize(model, lines, tokens=tokens)
+    ids = tokenize(model, lines, tokens=tokens, pad=pad)
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
-    return ids, {"text": str(text), "text_sha256": digest}
+    return ids, {"text": str(text), "text_sha256": digest, "pad": pad}
+
+
+def file_hashes(model, weights: str, text) -> dict[str, dict[str, str]]:
+    """The SHA-256 of the weight files a loop of `weights` reads (trained weights
+    only: random ones are drawn from the config) and of the tokenizer of `text`,
+    each file hashed once, by name: `config.json`'s `weights_sha256` and
+    `tokenizer_sha256`."""
+    if not isinstance(model, (str, os.PathLike)):
+        return {}
+    hashes: dict[Path, str] = {}
+
+    def digest(path: Path) -> str:
+        if path not in hashes:
+            hashes[path] = file_sha256(path)
+        return hashes[path]
+
+    found = {}
+    if weights == "trained":
+        found["weights_sha256"] = {p.name: digest(p) for p in weight_files(model)}
+    if text is not None:
+        path = tokenizer_source(model)
+        found["tokenizer_sha256"] = {path.name: digest(path)}
+    return found
+
+
+def check_same_files(folder: Path, config: dict, log) -> None:
+    """Refuse, in one line, to resume the loop in `folder` when a file it reads
+    (weights, tokenizer, prompts) has other contents than when the loop began; a
+    loop recorded before these hashes is resumed with a warning."""
+    path = folder / "config.json"
+    if not path.exists():
+        return
+    old = read_json(path)
+    for key, (what, mix) in FILE_HASHES.items():
+        was, now = old.get(key), config.get(key)
+        if was == now or now is None:
+            continue
+        if was is None:
+            log(f"warning: {folder} records no {key} (begun by an older jaxattn): resuming "
+                f"without checking that its {what}s are the ones it began with")
+            continue
+        was, now = (was, now) if isinstance(now, dict) else ({"": was}, {"": now})
+        name = next(n for n in sorted(set(was) | set(now)) if was.get(n) != now.get(n))
+        where = (config["text"] if key == "text_sha256" else
+                 f"{name} of {config['model']}" if name else config["model"])
+        change = ("is new" if name not in was else "is gone" if name not in now else
+                  f"changed (sha256 {was[name][:12]}…, now {now[name][:12]}…)")
+        raise RunFolderError(
+            f"{folder}: the {what} {where} {change} since this loop began; resuming would "
+            f"mix {mix} in one data.npz: restore the file, or start afresh with "
+            "another --out.")
 
 
 def _chunk_file(folder: Path, start: int) -> Path:
@@ -189,8 +276,9 @@ def gather_loop(folder: Path, setup, ids) -> dict[str, np.ndarray]:
     return data
 
 
-def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tokens=200,
-                  dtype="float32", weights=WEIGHTS, precision="float32") -> Path:
+def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tokens=TOKENS,
+                  dtype="float32", weights=WEIGHTS, precision="float32",
+                  progress: bool = True) -> Path:
     """The `loop-grid` experiment (paper 001 Figs. 7–10) on any model: every weight
     kind in `weights` (trained, random, resample) with and without feed-forward blocks.
 
@@ -200,6 +288,7 @@ def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tok
     (`E_<weights>_<attn|full>`, `ids`,
     `layers_per_pass`), `loop_grid.png/.pdf` and `summary.json` (the experiment's
     verdict, `layers_per_pass` and per-setting statistics); returns the folder.
+    `progress`: a bar for each of the loops when they are long (`False`: none).
     """
     experiment = get_experiment("loop-grid")
     check_sizes(passes, prompts, tokens, dtype)
@@ -214,5 +303,6 @@ def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tok
     folder, _ = run_into_folder(
         experiment, config, command=None, out=out, log=None,
         simulate=lambda: grid_data(nets, ids, seed, passes=passes, dtype=dtype,
-                                   weights=weights, precision=precision))
+                                   weights=weights, precision=precision,
+                                   progress=None if progress else False))
     return folder

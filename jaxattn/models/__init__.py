@@ -9,6 +9,7 @@ model = ja.models.init("gpt2", key)              # random weights, HF's initiali
 hs = ja.models.hidden_states(model, ids)         # (L+1, n, d), as output_hidden_states
 E = ja.models.loop(model, ids, passes=20, ffn=False)
 ids = ja.models.tokenize("path/to/folder", ["a prompt", "another"], tokens=8)
+texts = ja.models.detokenize("path/to/folder", ids)  # the tokens kept
 dyn = ja.models.attention_dynamics(model, 3)     # layer 3 as a ja.SelfAttentionDynamics
 ```
 """
@@ -24,6 +25,8 @@ from ._arch import TransformerConfig as TransformerConfig
 from ._arch._nn import Attention as Attention
 from ._checks import check_ids as check_ids
 from ._checks import default_chunk as default_chunk
+from ._files import file_sha256 as file_sha256
+from ._files import weight_files as weight_files
 from ._load import PACKAGED as PACKAGED
 from ._load import init as init
 from ._load import load as load
@@ -37,8 +40,10 @@ from ._loop import loop_program as loop_program
 from ._loop import setup_loop as setup_loop
 from ._presets import ALIASES as ALIASES
 from ._presets import PRESETS as PRESETS
+from ._tokenize import detokenize as detokenize
 from ._tokenize import read_prompts as read_prompts
 from ._tokenize import tokenize as tokenize
+from ._tokenize import tokenizer_source as tokenizer_source
 from ._weights import attention_dynamics as attention_dynamics
 from ._weights import attention_weights as attention_weights
 from ._weights import layer_weights as layer_weights

@@ -3,7 +3,7 @@ package: a `tokenizer.json` (HuggingFace folders, the packaged MiniLM) or the
 vocabulary and merges stored in a llama.cpp `.gguf` file (the packaged SmolLM2)."""
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +29,8 @@ def tokenizer_source(source) -> Path:
     """The file holding the tokenizer of `source`: a model folder's `tokenizer.json`,
     a `tokenizer.json` or `.gguf` file itself, or a packaged model's (by name)."""
     if not isinstance(source, (str, os.PathLike)):
-        raise TypeError("ja.models.tokenize takes the folder, file or packaged name a model "
-                        f"was loaded from, not a {type(source).__name__}.")
+        raise TypeError("`source` must be the folder, file or packaged name a model was "
+                        f"loaded from (a str or path), not a {type(source).__name__}.")
     path = Path(source)
     if not path.exists() and str(source) in PACKAGED:
         path = packaged_path(str(source))
@@ -90,12 +90,17 @@ def _from_gguf(tk, path: Path):
     return tok
 
 
+#: The padding tokens `pad="auto"` looks for, in this order (BERT's, T5's, GPT-2's
+#: and SmolLM2's end of text).
+PAD_TOKENS = ("[PAD]", "<pad>", "<|endoftext|>", "</s>")
+
+
 def tokenize(
     source: str | os.PathLike,
     texts: str | Sequence[str],
     *,
     tokens: int | None = None,
-    pad: int | None = None,
+    pad: int | str | None = None,
     special_tokens: bool = True,
 ) -> np.ndarray:
     """Token ids of `texts` with a model's own tokenizer, for `ja.models.loop`.
@@ -105,7 +110,8 @@ def tokenize(
     common length (`tokens`, or the shortest prompt's), and a prompt shorter than
     `tokens` is an error unless `pad` names an id to append (appended ids then
     take part in the dynamics and in `E` like any token; in a causal model they
-    never change the text tokens before them).
+    never change the text tokens before them). `ja.models.detokenize` shows the
+    tokens kept.
 
     **Arguments:**
 
@@ -115,8 +121,11 @@ def tokenize(
       vocabulary and merges are rebuilt as a byte-level BPE (llama.cpp's `gpt2`
       and `smollm` pre-tokenizers).
     - `texts`: one prompt, or a sequence of prompts.
-    - `tokens`: the length `n` of every prompt (default: the shortest prompt's).
-    - `pad`: the id appended to prompts shorter than `tokens` (default: refuse them).
+    - `tokens`: the length `n` of every prompt (default: the shortest prompt's;
+      with `pad`, the longest's).
+    - `pad`: the id appended to prompts shorter than `tokens`, or `"auto"`: the
+      tokenizer's own padding token (`[PAD]`, `<pad>`, else its end of text)
+      (default: refuse them).
     - `special_tokens`: add the tokenizer's own special tokens, as HuggingFace does
       by default (BERT's `[CLS]`/`[SEP]`; nothing for SmolLM2); a cut can drop the
       trailing ones.
@@ -128,23 +137,109 @@ def tokenize(
     Needs the `tokenizers` package (`pip install tokenizers`, or jaxattn's
     `models` extra).
     """
-    single = isinstance(texts, str)
-    texts = [texts] if single else list(texts)
-    if not texts or not all(isinstance(t, str) for t in texts):
-        raise ValueError("texts must be a string or a non-empty sequence of strings.")
-    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)
-                               or tokens < 1):
+    single, texts = _check_texts(texts)
+    if tokens is not None and not _is_int(tokens, 1):
         raise ValueError(f"`tokens` must be None or an integer ≥ 1, got {tokens!r}.")
+    if pad is not None and pad != "auto" and not _is_int(pad, 0):
+        error = ValueError if _is_int(pad, -(1 << 62)) else TypeError
+        raise error(f'`pad` must be None, "auto" or a token id ≥ 0, got {pad!r}.')
+    _check_flag(special_tokens, "special_tokens")
     tok = load_tokenizer(source)
+    pad = _pad_id(tok, source) if pad == "auto" else pad
+    if pad is not None and pad >= tok.get_vocab_size():
+        raise ValueError(f"`pad` {pad} is not an id of {source}'s tokenizer "
+                         f"(0 to {tok.get_vocab_size() - 1}).")
     encoded = [e.ids for e in tok.encode_batch(texts, add_special_tokens=special_tokens)]
-    n = min(len(e) for e in encoded) if tokens is None else tokens
+    lengths = [len(e) for e in encoded]
+    n = tokens if tokens is not None else min(lengths) if pad is None else max(lengths)
     short = [i for i, e in enumerate(encoded) if len(e) < n]
     if n == 0 or (short and pad is None):
-        i = short[0] if short else 0
-        raise ValueError(f"prompt {i} has {len(encoded[i])} tokens, fewer than {n or 1}; give "
-                         "longer prompts, fewer tokens, or an id to pad with.")
+        i = short[0] if short else lengths.index(0)
+        raise ValueError(f"prompt {i} has {lengths[i]} tokens, fewer than {n or 1}: give "
+                         "longer prompts, fewer tokens (`tokens`, --tokens; default: the "
+                         "shortest prompt's), or pad them (`pad`, --pad).")
     ids = np.asarray([e[:n] + [pad] * (n - len(e[:n])) for e in encoded], np.int32)
     return ids[0] if single else ids
+
+
+def detokenize(
+    source: str | os.PathLike,
+    ids,
+    *,
+    special_tokens: bool = True,
+) -> str | list[str]:
+    """The text of token ids with a model's own tokenizer: `tokenize`'s inverse, to
+    see what a cut kept (`jaxattn loop --text` saves the ids looped in `data.npz`).
+
+    **Arguments:**
+
+    - `source`: as `tokenize` takes it (a model folder, a `tokenizer.json` or
+      `.gguf` file, or a packaged model's name).
+    - `ids`: integer ids `(n,)` of one prompt, or `(B, n)` of several.
+    - `special_tokens`: show the special tokens (`[CLS]`, `[SEP]`, padding) among
+      the words (default), or leave them out.
+
+    **Returns:**
+
+    The text of one prompt, or a list of `B` texts.
+    """
+    what = "`ids` must be integer token ids of shape (n,) or (B, n), got"
+    try:
+        array = np.asarray(ids) if isinstance(ids, (np.ndarray, list, tuple)) or hasattr(
+            ids, "__array__") else None
+    except ValueError:  # rows of different lengths
+        raise ValueError(f"{what} rows of different lengths.") from None
+    if array is None or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
+        got = type(ids).__name__ if array is None else f"dtype {array.dtype}"
+        raise TypeError(f"{what} {got}.")
+    if array.ndim not in (1, 2):
+        raise ValueError(f"{what} shape {array.shape}.")
+    _check_flag(special_tokens, "special_tokens")
+    tok = load_tokenizer(source)
+    size = tok.get_vocab_size()
+    if array.size and (array.min() < 0 or array.max() >= size):
+        bad = array.min() if array.min() < 0 else array.max()
+        raise ValueError(f"`ids` holds {bad}, not an id of {source}'s tokenizer "
+                         f"(0 to {size - 1}).")
+    rows = [row.tolist() for row in np.atleast_2d(array)]
+    texts = tok.decode_batch(rows, skip_special_tokens=not special_tokens)
+    return texts[0] if array.ndim == 1 else texts
+
+
+def _is_int(value, low: int) -> bool:
+    return (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+            and value >= low)
+
+
+def _check_flag(value, name: str) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"`{name}` must be True or False, got {value!r}.")
+
+
+def _check_texts(texts) -> tuple[bool, list[str]]:
+    """Whether `texts` is one prompt, and its prompts as a list."""
+    if isinstance(texts, str):
+        return True, [texts]
+    what = "`texts` must be a string or a non-empty sequence of strings, got"
+    if not isinstance(texts, Iterable) or isinstance(texts, (bytes, bytearray)):
+        raise TypeError(f"{what} a {type(texts).__name__}.")
+    texts = list(texts)
+    if not texts:
+        raise ValueError(f"{what} an empty sequence.")
+    bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
+    if bad:
+        raise TypeError(f"{what} a sequence holding a {bad[0]}.")
+    return False, texts
+
+
+def _pad_id(tok, source) -> int:
+    """The id of the tokenizer's own padding token (`PAD_TOKENS`)."""
+    for token in PAD_TOKENS:
+        found = tok.token_to_id(token)
+        if found is not None:
+            return int(found)
+    raise ValueError(f"{source}'s tokenizer has no padding token ({', '.join(PAD_TOKENS)}); "
+                     "give the id to pad with (`pad=ID`, --pad ID).")
 
 
 def read_prompts(path) -> list[str]:

@@ -1,0 +1,45 @@
+"""The files a model's weights are read from, and content hashes of files: what a
+resumed loop checks to be sure it continues with the same weights, tokenizer and
+prompts (a file rewritten in place keeps its name, not its bytes)."""
+
+import hashlib
+import os
+from pathlib import Path
+
+from ._load import INDEX, PACKAGED, download, packaged_path, read_index, weight_file
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of every byte of `path`, read in 4 MiB pieces (a file of any size
+    in constant memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def weight_files(source: str | os.PathLike) -> list[Path]:
+    """The files `ja.models.load(source)` reads the weights from: a `.gguf` file, a
+    folder's index and the shards it names, or its one `*.safetensors` file.
+
+    **Arguments:**
+
+    - `source`: as `ja.models.load` takes it (a folder, its `config.json`, a `.gguf`
+      file, a packaged model's name, or a hub name already in the local cache).
+
+    **Returns:**
+
+    The paths, the index first when there is one.
+    """
+    path = Path(source)
+    if not path.exists():
+        path = packaged_path(str(source)) if str(source) in PACKAGED else download(str(source))
+    if path is None:
+        raise FileNotFoundError(f"{source} is not installed: {PACKAGED[str(source)][2]}.")
+    if path.is_file():
+        return [path] if path.suffix == ".gguf" else weight_files(path.parent)
+    if (path / INDEX).exists():
+        shards = sorted(set(read_index(path / INDEX).values()))
+        return [path / INDEX] + [path / shard for shard in shards]
+    return [weight_file(path)]

@@ -108,8 +108,8 @@ def test_unsupported_config(gpt2_folder, tmp_path, changes, match):
 
 
 def test_unsupported_rope_scaling():
-    cfg = {"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
-    with pytest.raises(ValueError, match="rotary scaling 'yarn'"):
+    cfg = {"model_type": "llama", "rope_scaling": {"rope_type": "longrope", "factor": 4.0}}
+    with pytest.raises(ValueError, match="rotary scaling 'longrope'"):
         ja.models.init(cfg, jax.random.PRNGKey(0))
 
 

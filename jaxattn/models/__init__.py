@@ -38,6 +38,8 @@ from ._loop import iterate_loop as iterate_loop
 from ._loop import loop as loop
 from ._loop import loop_program as loop_program
 from ._loop import setup_loop as setup_loop
+from ._patterns import attention_patterns as attention_patterns
+from ._patterns import run_with_cache as run_with_cache
 from ._presets import ALIASES as ALIASES
 from ._presets import PRESETS as PRESETS
 from ._tokenize import detokenize as detokenize

@@ -17,7 +17,14 @@ import numpy as np
 
 from ._arch import FAMILIES, AbstractTransformer, TransformerConfig
 from ._gguf import converted
-from ._presets import ALIASES, PRESETS, check_fields, check_real
+from ._presets import (
+    ALIASES,
+    PRESETS,
+    canonical_names,
+    check_architectures,
+    check_fields,
+    check_real,
+)
 
 # Tensors that hold no weights (buffers) or belong to task heads: never loaded.
 _IGNORED = re.compile(
@@ -54,7 +61,9 @@ def parse_config(hf: dict, where: str = "config") -> TransformerConfig:
         raise TypeError(f"{where}: a config must be a dict, got {type(hf).__name__}.")
     family = family_of(hf, where)
     try:
+        hf = canonical_names(hf, family.hf_aliases)
         check_fields(hf)
+        check_architectures(hf, family.hf_classes)
         return check_parsed(family.config_from_hf(hf))
     except (ValueError, TypeError, AttributeError, OverflowError) as e:  # a bad field
         raise ValueError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
@@ -302,6 +311,11 @@ def weight_readers(folder: Path) -> dict:
     """Name → (file, reader) for exactly the tensors a model folder designates: those
     of its index `model.safetensors.index.json`, else of its one weight file."""
     if (folder / INDEX).exists():
+        stray = folder / "model.safetensors"
+        if stray.is_file() and stray.name not in read_index(folder / INDEX).values():
+            raise ValueError(
+                f"{folder}: both {INDEX} and a model.safetensors it does not list, so which "
+                f"holds the model is ambiguous; remove one of them.")
         return index_readers(folder)
     return safetensors_readers(weight_file(folder))
 

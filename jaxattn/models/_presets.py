@@ -87,7 +87,7 @@ _INTEGERS = {  # key → smallest value
 # Keys HuggingFace itself writes as null ("derive it from the others").
 _NULLABLE = {"n_inner", "intermediate_size", "num_key_value_heads", "head_dim", "pad_token_id"}
 _POSITIVE = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps", "rope_theta")
-_FLAGS = ("scale_attn_weights", "attention_bias", "mlp_bias")
+_FLAGS = ("scale_attn_weights", "attention_bias", "mlp_bias", "tie_word_embeddings")
 _ACTIVATION_KEYS = ("activation_function", "hidden_act")
 
 
@@ -134,3 +134,35 @@ def check_fields(hf: dict) -> None:
                 raise ValueError(f"`{key}`: {e}") from None
             except TypeError:  # an unhashable value
                 raise ValueError(f"`{key}` must be an activation name, got {value!r}.") from None
+
+
+def canonical_names(hf: dict, aliases: dict[str, str]) -> dict:
+    """`hf` with HuggingFace's other spellings of a field (a config class's
+    `attribute_map`, e.g. GPT-2's `num_hidden_layers` for `n_layer`) renamed to the
+    one the family reads; `ValueError` when both spellings are given, differently."""
+    out = dict(hf)
+    for alias, name in aliases.items():
+        if alias not in out:
+            continue
+        value = out.pop(alias)
+        if name in out and (out[name] != value or type(out[name]) is not type(value)):
+            raise ValueError(f"`{alias}`={value!r} and `{name}`={out[name]!r} are two "
+                             f"spellings of one field with different values; give one.")
+        out[name] = value
+    return out
+
+
+def check_architectures(hf: dict, classes: tuple[str, ...]) -> None:
+    """`ValueError` unless `architectures` (when given) is a list of HuggingFace class
+    names of the config's `model_type`, `classes`."""
+    value = hf.get("architectures")
+    if value is None:
+        return
+    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise ValueError(f"`architectures` must be a list of class names, got {value!r}.")
+    for name in value:
+        if name not in classes:
+            raise ValueError(
+                f"`architectures` names {name!r}, not a class of model_type "
+                f"{hf.get('model_type')!r} ({', '.join(classes)}); fix `architectures` or "
+                f"`model_type`.")

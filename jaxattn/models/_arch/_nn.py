@@ -195,18 +195,38 @@ class Attention(eqx.Module):
         y = product("ihk,dhk->id", o, self.output, x.dtype, precision).astype(x.dtype)
         return y if self.output_bias is None else y + self.output_bias[None].astype(x.dtype)
 
+    def _weights(self, q, k, mask, precision) -> Float[Array, "h n n"]:
+        """The attention probabilities `α^η_ij` (softmax over `j`), in float32 for
+        reduced precisions (as HuggingFace computes them)."""
+        group = self.num_heads // self.num_kv_heads
+        if group > 1:
+            k = jnp.repeat(k, group, axis=0)
+        s = product("hik,hjk->hij", q, k, q.dtype, precision).astype(accumulation_dtype(q.dtype))
+        s = s * self.scale
+        s = jnp.where(mask[None], s, jnp.finfo(jnp.float32).min)
+        return jax.nn.softmax(s, axis=-1)
+
     def _mix(self, q, k, v, mask, precision) -> Float[Array, "n h k"]:
         """`Σ_j α_ij v_j` per head, as einsums at `precision` (the path off the GPU)."""
         dtype = q.dtype
         group = self.num_heads // self.num_kv_heads
         if group > 1:
-            k, v = jnp.repeat(k, group, axis=0), jnp.repeat(v, group, axis=0)
-        # Scores and softmax in float32 (as HuggingFace does for reduced precisions).
-        s = product("hik,hjk->hij", q, k, dtype, precision).astype(accumulation_dtype(dtype))
-        s = s * self.scale
-        s = jnp.where(mask[None], s, jnp.finfo(jnp.float32).min)
-        a = jax.nn.softmax(s, axis=-1).astype(dtype)
+            v = jnp.repeat(v, group, axis=0)
+        a = self._weights(q, k, mask, precision).astype(dtype)
         return product("hij,hjk->ihk", a, v, dtype, precision).astype(dtype)
+
+    def probabilities(
+        self, x: Float[Array, "n d"], mask: Bool[Array, "n n"] | None,
+        rotary: tuple[Array, Array] | None = None, *, precision: Precision = "float32",
+        causal: bool = False,
+    ) -> Float[Array, "h n n"]:
+        """The attention probabilities of every head on `x` (the arguments of
+        `__call__`): HuggingFace's `output_attentions`."""
+        q = self._project(self.query, self.query_bias, x, precision)
+        k = self._project(self.key, self.key_bias, x, precision)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        return self._weights(q, k, dense_mask(x.shape[0], causal, mask), precision)
 
     @staticmethod
     def init(key, d: int, h: int, g: int, k: int, std: float, bias: bool, scale: float):
@@ -219,15 +239,6 @@ class Attention(eqx.Module):
             normal(kq, (h, k, d), std), normal(kk, (g, k, d), std), normal(kv, (g, k, d), std),
             normal(ko, (d, h, k), std), b((h, k)), b((g, k)), b((g, k)), b((d,)), scale,
         )
-
-
-def rotary_tables(n: int, dim: int, theta: float) -> tuple[Array, Array]:
-    """`cos`, `sin` tables `(n, dim)` of rotary position embeddings (HF's `rotate_half`
-    layout: frequency `i` on features `i` and `i + dim/2`)."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-    freqs = jnp.arange(n, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(emb), jnp.sin(emb)
 
 
 def apply_rotary(x: Float[Array, "h n k"], cos: Array, sin: Array) -> Float[Array, "h n k"]:
@@ -356,6 +367,12 @@ class PreNormBlock(eqx.Module):
         x = x + self.attn(self.ln_1(x), mask, rotary, precision=precision, causal=causal)
         return x + self.mlp(self.ln_2(x), precision=precision) if ffn else x
 
+    def attention_probabilities(self, x: Float[Array, "n d"], mask, rotary=None, *,
+                                precision: Precision = "float32",
+                                causal: bool = False) -> Float[Array, "h n n"]:
+        return self.attn.probabilities(self.ln_1(x), mask, rotary, precision=precision,
+                                       causal=causal)
+
 
 class PostNormBlock(eqx.Module):
     """BERT / ALBERT block: `ln_attn(x + attn(x))`, then `ln_out(x + mlp(x))`.
@@ -374,3 +391,8 @@ class PostNormBlock(eqx.Module):
                  causal: bool = False) -> Float[Array, "n d"]:
         x = self.ln_attn(x + self.attn(x, mask, precision=precision, causal=causal))
         return self.ln_out(x + self.mlp(x, precision=precision)) if ffn else x
+
+    def attention_probabilities(self, x: Float[Array, "n d"], mask, rotary=None, *,
+                                precision: Precision = "float32",
+                                causal: bool = False) -> Float[Array, "h n n"]:
+        return self.attn.probabilities(x, mask, precision=precision, causal=causal)

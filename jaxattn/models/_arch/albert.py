@@ -35,6 +35,9 @@ class Albert(AbstractTransformer):
     blocks: PostNormBlock
 
     family = "albert"
+    hf_classes = ("AlbertModel", "AlbertForMaskedLM", "AlbertForMultipleChoice",
+                  "AlbertForPreTraining", "AlbertForQuestionAnswering",
+                  "AlbertForSequenceClassification", "AlbertForTokenClassification")
     probe = "embeddings.word_embeddings.weight"
     prefix = "albert."
     bounded_positions = True

@@ -42,6 +42,7 @@ class TransformerConfig:
     window_size: int | None = None  # GPT-Neo local attention
     attention_layers: tuple[str, ...] = ()  # GPT-Neo: "global" / "local" per layer
     rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] = ()  # Llama: see `_rope.read_rope`
     attention_scale: float | None = None  # None: 1/√k; GPT-Neo: 1
     attention_bias: bool = False
     mlp_bias: bool = False
@@ -61,6 +62,23 @@ class TransformerConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    # HuggingFace's spellings of the fields above.
+    @property
+    def num_hidden_layers(self) -> int:
+        return self.num_layers
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.num_heads
+
+    @property
+    def num_key_value_heads(self) -> int:
+        return self.kv_heads
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        return self.max_positions
 
 
 def check_sizes(cfg: TransformerConfig) -> TransformerConfig:
@@ -108,6 +126,10 @@ class AbstractTransformer(eqx.Module):
     # Whether `config.max_positions` bounds the sequence length: a learned position
     # table does, rotary positions do not.
     bounded_positions: eqx.AbstractClassVar[bool]
+    # The HuggingFace classes of the family (the names `architectures` may hold), and
+    # the other spellings of its config fields (the config class's `attribute_map`).
+    hf_classes: eqx.AbstractClassVar[tuple[str, ...]]
+    hf_aliases: ClassVar[dict[str, str]] = {}
 
     @abc.abstractmethod
     def embed(
@@ -181,6 +203,15 @@ class AbstractTransformer(eqx.Module):
         of every matrix product in it)."""
         return block(x, self.window_mask(x.shape[0], layer), ctx, ffn=ffn, precision=precision,
                      causal=self.config.causal)
+
+    def block_attention(
+        self, block, x: Float[Array, "n d"], layer: Int[Array, ""], ctx, *,
+        precision: Precision = "float32",
+    ) -> Float[Array, "h n n"]:
+        """The attention probabilities of one block on its input `x` (one sequence),
+        per head: HuggingFace's `output_attentions`."""
+        return block.attention_probabilities(x, self.window_mask(x.shape[0], layer), ctx,
+                                             precision=precision, causal=self.config.causal)
 
     def layer_block(self, layer: int) -> eqx.Module:
         """The block (weights) used by `layer`, unstacked."""

@@ -84,6 +84,10 @@ class Bert(AbstractTransformer):
     blocks: PostNormBlock
 
     family = "bert"
+    hf_classes = ("BertModel", "BertForMaskedLM", "BertForMultipleChoice",
+                  "BertForNextSentencePrediction", "BertForPreTraining",
+                  "BertForQuestionAnswering", "BertForSequenceClassification",
+                  "BertForTokenClassification", "BertLMHeadModel")
     probe = "embeddings.word_embeddings.weight"
     prefix = "bert."
     bounded_positions = True

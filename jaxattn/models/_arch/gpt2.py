@@ -68,6 +68,11 @@ class GPT2(AbstractLearnedPositionDecoder):
     ln_f: LayerNorm
 
     family = "gpt2"
+    hf_classes = ("GPT2Model", "GPT2LMHeadModel", "GPT2DoubleHeadsModel",
+                  "GPT2ForSequenceClassification", "GPT2ForTokenClassification",
+                  "GPT2ForQuestionAnswering")
+    hf_aliases = {"hidden_size": "n_embd", "max_position_embeddings": "n_positions",
+                  "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}
 
     @classmethod
     def config_from_hf(cls, hf):

@@ -48,6 +48,9 @@ class GPTNeo(AbstractLearnedPositionDecoder):
     ln_f: LayerNorm
 
     family = "gpt_neo"
+    hf_classes = ("GPTNeoModel", "GPTNeoForCausalLM", "GPTNeoForSequenceClassification",
+                  "GPTNeoForTokenClassification", "GPTNeoForQuestionAnswering")
+    hf_aliases = {"num_attention_heads": "num_heads", "num_hidden_layers": "num_layers"}
 
     def window_mask(self, n: int, layer: Int[Array, ""]) -> Bool[Array, "n n"]:
         local = jnp.asarray([kind == "local" for kind in self.config.attention_layers])

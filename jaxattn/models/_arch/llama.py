@@ -15,20 +15,10 @@ from ._nn import (
     heads_in,
     heads_out,
     normal,
-    rotary_tables,
 )
+from ._rope import read_rope, rotary_tables
 from .base import AbstractTransformer, TransformerConfig, check_sizes, stack
 from .gpt2 import reject
-
-
-def rope_theta(hf: dict) -> float:
-    """The rotary base from `rope_parameters` (transformers ≥ 5) or `rope_theta`;
-    `ValueError` for scaled variants (linear, dynamic, YaRN, llama3, …)."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind != "default":
-        raise ValueError(f"config: rotary scaling {kind!r} is not supported (only 'default').")
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
 
 
 class Llama(AbstractTransformer):
@@ -36,6 +26,20 @@ class Llama(AbstractTransformer):
 
     The last hidden state (and the input of every later pass) goes through the
     final RMSNorm `norm`, as in HuggingFace's `LlamaModel`.
+
+    The `config.json` fields read: `vocab_size`, `hidden_size`, `num_hidden_layers`,
+    `num_attention_heads`, `num_key_value_heads`, `head_dim`, `intermediate_size`,
+    `max_position_embeddings`, `rms_norm_eps`, `hidden_act`, `initializer_range`,
+    `attention_bias`, `mlp_bias`, `pad_token_id` (its embedding row is 0 at
+    `init`), `rope_theta`, and `rope_parameters` (transformers ≥ 5) or
+    `rope_scaling`: `rope_type` `default`, `linear`, `dynamic` (NTK), `llama3` or
+    `yarn` with their parameters (`factor`, `low_freq_factor`, `high_freq_factor`,
+    `original_max_position_embeddings`, `attention_factor`, `beta_fast`,
+    `beta_slow`, `mscale`, `mscale_all_dim`, `truncate`). Checked and refused
+    unless inert: `pretraining_tp` (only 1), `partial_rotary_factor` (only 1.0),
+    any other `rope_type` (`longrope`, …). `tie_word_embeddings` and
+    `architectures` are checked; fields of the output head, dropout and
+    generation do not change the hidden states and are not read.
     """
 
     config: TransformerConfig = eqx.field(static=True)
@@ -44,6 +48,8 @@ class Llama(AbstractTransformer):
     norm: RMSNorm
 
     family = "llama"
+    hf_classes = ("LlamaModel", "LlamaForCausalLM", "LlamaForSequenceClassification",
+                  "LlamaForTokenClassification", "LlamaForQuestionAnswering")
     probe = "embed_tokens.weight"
     prefix = "model."
     bounded_positions = False  # rotary positions
@@ -55,12 +61,14 @@ class Llama(AbstractTransformer):
         return self.norm(x)
 
     def context(self, n: int):
-        return rotary_tables(n, self.config.dim_head, self.config.rope_theta)
+        cfg = self.config
+        return rotary_tables(n, cfg.dim_head, cfg.rope_theta, cfg.rope_scaling, cfg.max_positions)
 
     @classmethod
     def config_from_hf(cls, hf):
         reject(hf, "pretraining_tp", lambda v: v in (None, 1), "tensor-parallel slicing")
         heads = hf.get("num_attention_heads", 32)
+        theta, scaling = read_rope(hf)
         return check_sizes(TransformerConfig(
             model_type="llama", vocab_size=hf.get("vocab_size", 32000),
             hidden_size=hf.get("hidden_size", 4096), num_layers=hf.get("num_hidden_layers", 32),
@@ -68,7 +76,8 @@ class Llama(AbstractTransformer):
             head_dim=hf.get("head_dim"), intermediate_size=hf.get("intermediate_size", 11008),
             max_positions=hf.get("max_position_embeddings", 2048),
             norm_eps=hf.get("rms_norm_eps", 1e-6), activation=hf.get("hidden_act", "silu"),
-            initializer_range=hf.get("initializer_range", 0.02), rope_theta=rope_theta(hf),
+            initializer_range=hf.get("initializer_range", 0.02), rope_theta=theta,
+            rope_scaling=scaling,
             attention_bias=bool(hf.get("attention_bias", False)),
             mlp_bias=bool(hf.get("mlp_bias", False)), pad_token_id=hf.get("pad_token_id"),
         ))

@@ -1,0 +1,157 @@
+"""Rotary position embeddings and their scalings, as HuggingFace computes them
+(`transformers.modeling_rope_utils`): `default`, `linear`, `dynamic` (NTK),
+`llama3` and `yarn`.
+
+A scaling is read once from a config into a hashable `((key, value), …)` record
+(`read_rope`), a static part of the model's `TransformerConfig`; the tables of a
+sequence length are computed from it when the model runs (`rotary_tables`).
+"""
+
+import math
+
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+# rope_type → the keys of its parameters that HuggingFace reads (besides
+# `rope_type`/`type`, `rope_theta` and `partial_rotary_factor`).
+ROPE_KEYS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"),
+    "yarn": ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale",
+             "mscale_all_dim", "original_max_position_embeddings", "truncate"),
+}
+_REQUIRED = {"linear": ("factor",), "dynamic": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor")}
+
+
+def _number(field: str, value, *, least: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > least):
+        raise ValueError(f"`{field}` must be a finite number > {least:g}, got {value!r}.")
+    return value
+
+
+def read_rope(hf: dict) -> tuple[float, tuple]:
+    """The rotary base and scaling of a HuggingFace config (`rope_parameters`, as
+    transformers ≥ 5 writes it, else `rope_scaling` and `rope_theta`).
+
+    **Arguments:**
+
+    - `hf`: the `config.json` dict.
+
+    **Returns:**
+
+    `(theta, scaling)`: `scaling` is `()` for plain rotary positions, else the sorted
+    `(key, value)` pairs of the parameters, `rope_type` among them. A rotary type
+    jaxattn does not implement, a partial rotary factor, a missing or bad parameter
+    is one `ValueError` naming the field and its value.
+    """
+    field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    params = hf.get(field) or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"`{field}` must be an object, got {params!r}.")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ROPE_KEYS:
+        raise ValueError(
+            f"config: {field}.rope_type={kind!r}: jaxattn does not implement the rotary "
+            f"scaling {kind!r} (it implements {', '.join(ROPE_KEYS)}).")
+    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(f"config: partial_rotary_factor={partial!r}: jaxattn does not "
+                         f"implement partial rotary positions (only 1.0).")
+    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    if kind == "default":
+        return theta, ()
+    scaling = {k: params[k] for k in ROPE_KEYS[kind] if params.get(k) is not None}
+    if hf.get("original_max_position_embeddings") is not None and kind in ("llama3", "yarn"):
+        scaling["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+    for key in _REQUIRED.get(kind, ()):
+        if key not in scaling:
+            raise ValueError(f"config: {field} of rope_type {kind!r} needs `{key}`.")
+    for key, value in scaling.items():
+        if key != "truncate":
+            _number(f"{field}.{key}", value)
+    if "truncate" in scaling and not isinstance(scaling["truncate"], bool):
+        raise ValueError(f"`{field}.truncate` must be true or false, got {scaling['truncate']!r}.")
+    return theta, tuple(sorted({"rope_type": kind, **scaling}.items()))
+
+
+def _llama3(inv_freq: Array, p: dict, max_positions: int) -> Array:
+    factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+    old = p.get("original_max_position_embeddings", max_positions)
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def _yarn(pos_freqs: Array, dim: int, theta: float, p: dict, max_positions: int):
+    old = p.get("original_max_position_embeddings", max_positions)
+    factor = p.get("factor", max_positions / old)
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = p.get("attention_factor")
+    if attention is None:
+        m, m_all = p.get("mscale"), p.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+
+    def correction(rotations):
+        return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction(p.get("beta_fast", 32)), correction(p.get("beta_slow", 1))
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    inv_freq = (1 / (factor * pos_freqs)) * (1 - extrapolation) + (1 / pos_freqs) * extrapolation
+    return inv_freq, attention
+
+
+def rope_frequencies(n: int, dim: int, theta: float, scaling: tuple = (),
+                     max_positions: int | None = None) -> tuple[Array, float]:
+    """The inverse frequencies `(dim/2,)` (float32) and the factor on `cos`/`sin` of
+    a sequence of `n` tokens, as HuggingFace computes them.
+
+    `dynamic` rescales the base for `n > max_positions`, as a fresh HuggingFace
+    model does on its first call (HuggingFace then keeps the grown frequencies for
+    later calls on that module; jaxattn's tables depend on `n` only).
+    """
+    p = dict(scaling)
+    kind = p.pop("rope_type", "default")
+    exponents = jnp.arange(0, dim, 2, dtype=jnp.float32) / dim
+    max_positions = max_positions or n
+    if kind == "dynamic":
+        seq = max(n, max_positions)
+        factor = p["factor"]
+        theta = theta * ((factor * seq / max_positions) - (factor - 1)) ** (dim / (dim - 2))
+    pos_freqs = theta ** exponents
+    inv_freq = 1.0 / pos_freqs
+    attention = 1.0
+    if kind == "linear":
+        inv_freq = inv_freq / p["factor"]
+    elif kind == "llama3":
+        inv_freq = _llama3(inv_freq, p, max_positions)
+    elif kind == "yarn":
+        inv_freq, attention = _yarn(pos_freqs, dim, theta, p, max_positions)
+    return inv_freq.astype(jnp.float32), float(attention)
+
+
+def rotary_tables(n: int, dim: int, theta: float, scaling: tuple = (),
+                  max_positions: int | None = None) -> tuple[Array, Array]:
+    """`cos`, `sin` tables `(n, dim)` of rotary position embeddings (HF's
+    `rotate_half` layout: frequency `i` on features `i` and `i + dim/2`), scaled as
+    `scaling` says (see `read_rope`)."""
+    inv_freq, attention = rope_frequencies(n, dim, theta, scaling, max_positions)
+    freqs: Float[Array, "n half"] = (jnp.arange(n, dtype=jnp.float32)[:, None]
+                                     * inv_freq[None, :])
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb) * attention, jnp.sin(emb) * attention

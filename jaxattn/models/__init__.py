@@ -51,4 +51,3 @@ from ._weights import attention_weights as attention_weights
 from ._weights import layer_weights as layer_weights
 from ._weights import replace_attention as replace_attention
 from ._weights import value_output as value_output
-

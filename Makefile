@@ -24,7 +24,8 @@ run: $(STAMP)
 	$(VENV)/bin/jaxattn demo
 
 # Two pytest workers: compilation is single-threaded, so two processes keep both
-# cores busy (12.9 → 7.8 minutes here). TEST_WORKERS=0 runs in one process.
+# cores busy (see BENCHMARKS.md, Measured claims behind design choices).
+# TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)

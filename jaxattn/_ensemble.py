@@ -3,8 +3,9 @@
 `jax.vmap` puts the batch axis first. For a system of a few tokens in a few
 dimensions that leaves XLA's CPU kernels vectorising along axes of size 2–10 and
 running each tiny contraction as a batched `dot_general`: S1 of the benchmark
-suite (1000 systems of 10 tokens in R³, 2 heads) measured 2.7× slower than the
-same layer written with the 1000 systems on the vectorised axis.
+suite (1000 systems of 10 tokens in R³, 2 heads) runs markedly slower than the
+same layer written with the 1000 systems on the vectorised axis
+(see BENCHMARKS.md, Measured claims behind design choices).
 
 `batch_last(fn)` is that layout as a transformation: `fn` is written for one
 system (the dynamics' own `layer`, `velocity`, a user's `observe`: one
@@ -15,23 +16,26 @@ parameters refer to the leading axes, unchanged); every `dot_general` becomes a
 sum of elementwise products, unrolled over the contracted index when it is small
 (`UNROLL`), so a whole layer is a few fused elementwise kernels that stream over
 the systems. Anything else (gathers, control flow, …) falls back to `jax.vmap` for
-that one operation, so every program runs, only perhaps slower. Measured on S1
-(CPU, 200 layers): the unrolled products are 4.7× faster than multiply-then-reduce;
-reductions stay XLA reduces (unrolled into slices, XLA recomputed their inputs in
-every slice: 3× slower).
+that one operation, so every program runs, only perhaps slower. On S1 the unrolled
+products beat multiply-then-reduce; reductions stay XLA reduces (unrolled into
+slices, XLA recomputed their inputs in every slice, which was slower;
+see BENCHMARKS.md, Measured claims behind design choices).
 
 Why not `jax.vmap(fn, in_axes=-1, out_axes=-1)`: vmap's batching rules move the
 batch axis to the front wherever operands disagree, so XLA still sees it first;
-written with elementwise products, that layout was 2× slower than the general path.
+written with elementwise products, that layout was slower than the general path
+(see BENCHMARKS.md, Measured claims behind design choices).
 
 A model may be one per system (a stacked model, `jaxattn._stacked`): its batched
 leaves enter as `BatchLast` values, `(..., B)` with the systems last like the tokens,
 and every operation on them is batched the same way.
 
 `strategy="auto"` (`choose_strategy`) fuses a batch of at least two sequences whose
-raw update costs at most `FUSED_MAX_FLOPS`: on the CPU the fused path measured
-2.8× faster at 3,120 flops per sequence (S1), 1.8× at 10,240, 1.2× at 24,576 and
-0.7× at 163,840 (`run_layers`, 20 layers, batches of equal total work). On a GPU the
+raw update costs at most `FUSED_MAX_FLOPS`: on the CPU the fused path's gain falls
+as the sequences grow, and past about that size it loses
+(`benchmarks/fused_threshold.py`;
+see BENCHMARKS.md, Measured claims behind design choices).
+On a GPU the
 same layout is what makes a layer one kernel over all systems (the threshold there
 is not yet measured).
 
@@ -93,8 +97,9 @@ STRATEGIES = ("auto", "fused", "general")
 # BENCHMARKS.md, "The fused ensemble path"): fused is faster up to about this size.
 FUSED_MAX_FLOPS = 50_000
 # Systems per chunk on the CPU: S1's intermediates for 100,000 systems (80 MB of
-# attention logits) left the caches and ran 8× slower per system than 1000 at a time;
-# chunks of 512 measured best of 256–4096 (16,384 systems).
+# attention logits) left the caches and ran far slower per system than 1000 at a
+# time; 512 was the fastest chunk measured
+# (see BENCHMARKS.md, Measured claims behind design choices).
 CPU_CHUNK = 512
 
 

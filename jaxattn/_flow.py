@@ -242,9 +242,10 @@ def solve_flow(
       the solver gives error estimates).
     - `max_steps`: step budget per sample; reaching it is an error (raise it).
       Reverse-mode gradients size diffrax's checkpoint buffers by it: when the
-      number of steps is known (fixed steps), pass it here — for 100 RK4 steps of
-      the S2 benchmark the gradient needed 872 MB of temporaries with the default
-      and 76 MB with `max_steps=100` (`benchmarks/flow_gradient.py`).
+      number of steps is known (fixed steps), pass it here: the temporaries of a
+      gradient shrink by an order of magnitude on the S2 benchmark
+      (`benchmarks/flow_gradient.py`;
+      see BENCHMARKS.md, Measured claims behind design choices).
     - `dt0`: initial step; required for solvers without error estimates, which
       then take constant steps of `dt0`.
     - `adjoint`: how gradients are taken (default: checkpointed reverse mode,
@@ -273,8 +274,9 @@ def solve_flow(
       the systems on the last axis, its vector field `dyn.velocity` run as a few
       elementwise kernels over all systems (`jaxattn._ensemble`): the same steps
       and the same results as the general path to rounding, with per-system
-      `success` (S1 of the benchmarks, 200 RK4 steps of 1000 systems, ran ~4×
-      faster). `"fused"` forces it; with an adaptive controller it is a
+      `success` (faster on S1 of the benchmarks, 200 RK4 steps of 1000 systems:
+      see BENCHMARKS.md, Measured claims behind design choices).
+      `"fused"` forces it; with an adaptive controller it is a
       **shared-step mode**: one step size for the whole batch, its error the RMS
       over all systems (as torchdiffeq's), so results differ from per-system steps
       within the tolerances and every system reports the same `num_steps`.

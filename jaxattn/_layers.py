@@ -162,10 +162,10 @@ def run_layers(
       at least two sequences, each of at most `FUSED_MAX_FLOPS` flops per layer), else
       `"general"`. `"fused"` puts the batch on the last axis and runs each layer
       as a few elementwise kernels over all systems (`jaxattn._ensemble`; S1 of
-      the benchmarks, 1000 systems of 10 tokens in R³, ran ~4× faster than the
-      general path); `"general"` vmaps `dyn.layer` over the batch. Both compute
-      the same formulas (`dyn.layer`, `observe`) at the same precision and agree
-      to rounding.
+      the benchmarks, 1000 systems of 10 tokens in R³, runs faster than the
+      general path: see BENCHMARKS.md, Measured claims behind design choices);
+      `"general"` vmaps `dyn.layer` over the batch. Both compute the same formulas
+      (`dyn.layer`, `observe`) at the same precision and agree to rounding.
 
     **Returns:**
 

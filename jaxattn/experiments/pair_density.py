@@ -57,9 +57,8 @@ KEY_QUERY = ("identity", "Gaussian", "Wigner", "GOE")
 VALUE = ("identity", "Gaussian", "+KQ", "-KQ")
 #: Systems advanced together through all their steps (`lax.map` over blocks): a
 #: block's intermediates stay in the CPU's cache, where the whole batch at once
-#: streams them through memory at every step. Measured (CPU time per system-step,
-#: 2048 systems of 32 tokens in R², float64, fused path): 4.0–4.9 µs in blocks of
-#: 128, 5.9 of 256, 7.2 of 64, 8.8 all at once, 35 in blocks of 32.
+#: streams them through memory at every step. 128 was the fastest block measured
+#: for the default map (see BENCHMARKS.md, Measured claims behind design choices).
 BLOCK = 128
 #: Most per-step pair counts one compiled program keeps (int32): larger runs are cut
 #: into chunks of systems.

@@ -6,6 +6,12 @@ conjectured limit) by differentiating through the flow and the layers; the
 bipartite-equilibrium tools of paper 004 measure local stability by the
 Jacobian of the layer map on the tangent space (`tangent_jacobian`,
 `spectral_radius` and `bipartite_point` are `ja.spectral`'s, the same functions).
+
+>>> import jax.numpy as jnp, jaxattn as ja
+>>> ja.explore.bipartite_point(jnp.array([1.0, 0.0, 0.0]), 6, 4).shape  # 4 at v, 2 at −v
+(6, 3)
+>>> sorted(ja.explore.OBJECTIVES)[:2]
+['consensus_time', 'final']
 """
 
 from ..spectral import bipartite_point as bipartite_point

@@ -44,10 +44,10 @@ CHUNK_TOKENS = 1024
 
 def default_chunk(n: int, devices) -> int | None:
     """Prompts per chunk when `chunk=None`: on CPU, unsharded, about `CHUNK_TOKENS`
-    tokens at a time (a block's activations then stay in cache: a GPT-2-small
-    pure-attention pass on 100 × 200 tokens took 9.8–10.3 s in chunks of 4–10
-    prompts against 10.8–11.5 s vmapped over all 100); elsewhere the whole batch
-    at once."""
+    tokens at a time (a block's activations then stay in cache, and a GPT-2-small
+    pass on 100 × 200 tokens ran faster in chunks of 4–10 prompts than vmapped over
+    all 100: see BENCHMARKS.md, Measured claims behind design choices);
+    elsewhere the whole batch at once."""
     if devices is not None or jax.default_backend() != "cpu":
         return None
     return max(1, CHUNK_TOKENS // n)
@@ -61,7 +61,8 @@ def check_chunk(chunk) -> int | None:
     return int(chunk)
 
 
-#: Multiply-adds above which `progress=None` shows a bar (a few seconds on a CPU core).
+#: Multiply-adds above which `progress=None` shows a bar (seconds of work on a CPU
+#: core: see BENCHMARKS.md, Measured claims behind design choices).
 PROGRESS_WORK = 1e10
 #: The most steps (segments of passes, groups of prompts) a progress bar is cut into.
 MAX_SEGMENTS = 100

@@ -378,7 +378,9 @@ def loop(
       the prompts. Results equal the unsharded run with the same `chunk`.
     - `chunk`: prompts run through a block together (`lax.map` over chunks);
       `None` (default) picks about 1024 tokens per chunk on CPU without `devices`
-      (faster: activations stay in cache) and the whole batch otherwise. Results
+      (activations stay in cache;
+      see BENCHMARKS.md, Measured claims behind design choices)
+      and the whole batch otherwise. Results
       do not depend on it beyond float rounding.
     - `precision`: of every matrix product, for float32 (or float64) compute:
       `"float32"` (default; true float32 on every backend, whatever

@@ -12,6 +12,15 @@ eq = ja.spectral.equilibria(ja.spectral.single_head(U, P), n=6)
 v1 = ja.spectral.top_eigenvector(Omega)             # unit, of the largest eigenvalue
 ```
 
+On a single-head map (`d = 3`):
+
+>>> import jax.numpy as jnp, jaxattn as ja
+>>> dyn = ja.spectral.single_head(jnp.diag(jnp.array([2.0, 1.0, 0.5])), jnp.eye(3))
+>>> ja.spectral.layer_matrix(dyn).shape
+(3, 3)
+>>> [float(abs(c)) for c in ja.spectral.top_eigenvector(ja.spectral.layer_matrix(dyn))]
+[1.0, 0.0, 0.0]
+
 Experiments: `jaxattn run power-shared | power-layers | steer | oja-bipartite`.
 """
 

@@ -373,7 +373,8 @@ def test_phase_diagram_blocks_of_per_system_models_equal_each_system_alone(key):
     draw = lambda k: pair_density.draw_weights(k, d, 1, key_query=3, value=2)  # noqa: E731
     P, U = jax.vmap(jax.vmap(draw))(jax.random.split(key, B * G).reshape(B, G, -1))
     betas, taus = jnp.array([0.5, 3.0]), jnp.array([0.1, 0.2])
-    counts = pair_density.pair_counts(P, U, betas, taus, x0, steps, "softmax", "post", False, 0.9)
+    every = jnp.tile(jnp.arange(steps + 1), (B, 1))  # count after every layer
+    counts = pair_density.pair_counts(P, U, betas, taus, x0, every, "softmax", "post", False, 0.9)
     observe = lambda x: pair_density.clustered_pairs(x, 0.9)  # noqa: E731
     want = np.zeros((B, steps + 1), np.int64)
     for b in range(B):

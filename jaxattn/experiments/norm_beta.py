@@ -12,6 +12,13 @@ nGPT with a factor 0.2, so its steps differ from these at finite `τ`). Tokens t
 the sphere (`"pre"`, `"peri"`, `"none"`) are clustered by direction. Every placement
 runs from the same draws (tokens and weights), so the maps differ by the placement
 alone.
+
+`--key-query` and `--value` are rotf's codes (Geshkovski et al.'s `phase-diagrams.py`
+`--randomKQ`/`--randomV`, as in `phase-diagram`), which simuformer numbers differently
+for key–query 2 (rotf's Wigner, simuformer's GOE with the value scale √d) and value 1
+(rotf's `GGᵀ/√d`, simuformer's `G/√d`), and code 4 (`0.02·G`) is simuformer's alone:
+`--simuformer-codes` reads both as simuformer's codes (`pair_density.KEY_QUERY`).
+Simuformer's default, key–query 1 and value 0, is the same draw in both.
 """
 
 import dataclasses
@@ -28,6 +35,16 @@ from .pair_density import STUDY, density_map, describe_map, draw_map, setup_line
 #: simuformer's `runner.py` defaults, where they differ from `phase-diagram`'s.
 DEFAULTS = {"betas": 20, "beta_max": 15.0, "systems": 512, "tokens": 64, "dim": 16,
             "key_query": 1, "horizon": 50.0}
+
+#: The help of `--key-query` and `--value`: each code and whose it is.
+HELP = {
+    "key_query": "key–query B, rotf's --randomKQ codes: 0 identity, 1 Gaussian G₁G₂/√d, "
+                 "2 Wigner, 3 GOE; with --simuformer-codes simuformer's: 2 GOE (value scale "
+                 "√d), 4 GPT-2 0.02·G, 0, 1, 3 as rotf's",
+    "value": "value V, rotf's --randomV codes: 0 identity, 1 Gaussian GGᵀ/√d, 2 +KQ, 3 −KQ; "
+             "with --simuformer-codes simuformer's: 1 Gaussian G/√d, 4 GPT-2 0.02·G, 0, 2, 3 "
+             "as rotf's",
+}
 
 #: A small run for tests and smoke checks.
 QUICK = {"betas": 2, "beta_max": 4.0, "systems": 2, "tokens": 4, "dim": 3, "heads": 2,
@@ -48,8 +65,10 @@ class NormBeta(AbstractExperiment):
     title = ("Karagodin et al.'s normalisation study: clustered pairs over (t, β) for each "
              "placement of the normalisation")
     theorem = "Karagodin et al. 2025, normalisation and β (no theorem)"
-    params = tuple(dataclasses.replace(p, default=DEFAULTS[p.name]) if p.name in DEFAULTS
-                   else p for p in STUDY) + (
+    params = tuple(dataclasses.replace(p, default=DEFAULTS.get(p.name, p.default),
+                                       help=HELP.get(p.name, p.help)) for p in STUDY) + (
+        Param("simuformer_codes", bool, False, "read --key-query and --value as simuformer's "
+              "--randomKQ/--randomV codes (0–4) instead of rotf's (0–3)"),
         Param("heads", int, 8, "heads h (averaged, U = Vᵀ/h)", 1),
         Param("norm", int, 0, "placement: 0 every one, else 1 post, 2 pre, 3 peri, 4 ngpt, "
               "5 none"),

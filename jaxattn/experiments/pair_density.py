@@ -16,8 +16,11 @@ Their update (`simu_xform.step_1`) is, for every token at once,
 the raw (untangential) update followed by the normalisation `N(y) = y/|y|`: exactly
 the post-norm layer `ja.SelfAttentionDynamics(P=B, U=Vᵀ, beta=β).layer` with step `τ = η`
 (their `M @ V` multiplies rows, hence `U = Vᵀ`), `kernel="exp"` for the unnormalised
-weights. So the study is `ja.run_layers` with `observe=` counting clustered pairs after
-every layer. Their step is `η = step` with softmax (`--use_softmax`, to `T = 30`) and,
+weights. So the study runs those layers and counts clustered pairs only after the
+layers their loop records (`observe_at`, the layers of `ja.run_layers` on its paths:
+counting after every layer, as `run_layers(observe=)` does, made the exp kernel's runs
+slower; see BENCHMARKS.md, Measured claims behind design choices).
+Their step is `η = step` with softmax (`--use_softmax`, to `T = 30`) and,
 for the unnormalised kernel (their default), `η = step / max(√β e^{β−1/2}, 1)` (unless
 `--raw-step`) to `T = 1`. Their time is the float64 sum `η + η + …`; checkpoint `k` (at
 `t_k`, `linspace(0, T, times)`) records the state after the first step whose summed time
@@ -25,72 +28,98 @@ reaches `t_k` (never the initial state), and the run stops at the first step rea
 `T`: `schedule` reproduces both.
 
 The key–query matrix `B` and the value `V` are drawn per system and per β as their
-`--randomKQ` / `--randomV` draw them (`KEY_QUERY`, `VALUE`, codes as theirs). All β of
-one step count run as one vmapped program (the softmax mode: one program for all); the
-unnormalised kernel's step counts differ by β (10 to ~1.5·10⁵ at the defaults), so its
-β are grouped by step count, within a factor 2, one program per group. float64 when
-`jax_enable_x64` is on (`jaxattn run` turns it on), as their script.
+`--randomKQ` / `--randomV` draw them (`KEY_QUERY`, `VALUE`: rotf's codes, or
+simuformer's where `norm-beta` asks for them; the two scripts number some draws
+differently). All β of one step count run as one vmapped program (the softmax mode: one
+program for all); the unnormalised kernel's step counts differ by β (10 to ~1.5·10⁵ at
+the defaults), so its β are grouped by step count, within a factor 2, one program per
+group. float64 when `jax_enable_x64` is on (`jaxattn run` turns it on), as their script.
 """
 
 import functools
 import math
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
+from .._batch import map_systems
 from .._dynamics import SelfAttentionDynamics
-from .._layers import run_layers
+from .._ensemble import batch_last, choose_strategy, chunk_size
 from .._manifold import project
 from .._precision import matmul
+from .._stacked import first_model, map_models, stack_tokens
+from .._validate import NONFINITE, surface_errors
 from .base import Param
 from .pieces import advance
 from .verdicts import short
 
-#: The key–query draws, by their script's `--randomKQ` code: the identity, a product of
-#: two Gaussian matrices over √d, their symmetric "Wigner" (diagonal N(0, 1)), and GOE.
-KEY_QUERY = ("identity", "Gaussian", "Wigner", "GOE")
-#: The value draws, by `--randomV`: the identity, `GGᵀ/√d`, `+B/c`, `−B/c` (c the
-#: key–query's scale: 1, √d, √d, √(d + 1)).
-VALUE = ("identity", "Gaussian", "+KQ", "-KQ")
+#: The peers' codes for the key–query draw (`--randomKQ`) and the value draw
+#: (`--randomV`), by script: `"rotf"`, Geshkovski et al.'s `phase-diagrams.py`
+#: (`phase-diagram`, and `norm-beta` by default), and `"simuformer"`, Karagodin et al.'s
+#: `simuxform.py` (`norm-beta --simuformer-codes`). They agree on key–query codes 0, 1, 3
+#: (the identity, `G₁G₂/√d`, GOE `(G + Gᵀ)/√2`) and value codes 0, 2, 3 (the identity,
+#: `±B/c`, `c` the key–query's scale: 1, √d, √d, √(d + 1), 1). They differ on key–query 2
+#: (rotf: `G + Gᵀ` over 2 on the diagonal and √2 off it; simuformer: GOE with `c = √d`),
+#: value 1 (rotf: `GGᵀ/√d`, symmetric; simuformer: `G/√d`), and code 4 (simuformer's
+#: alone: `0.02·G`, GPT-2's initialisation, for either).
+KEY_QUERY = {"rotf": ("identity", "Gaussian", "Wigner", "GOE"),
+             "simuformer": ("identity", "Gaussian", "symmetric", "GOE", "GPT-2")}
+VALUE = {"rotf": ("identity", "Gaussian", "+KQ", "-KQ"),
+         "simuformer": ("identity", "Gaussian G/√d", "+KQ", "-KQ", "GPT-2")}
 #: Systems advanced together through all their steps (`lax.map` over blocks): a
 #: block's intermediates stay in the CPU's cache, where the whole batch at once
 #: streams them through memory at every step. 128 was the fastest block measured
 #: for the default map (see BENCHMARKS.md, Measured claims behind design choices).
 BLOCK = 128
-#: Most per-step pair counts one compiled program keeps (int32): larger runs are cut
-#: into chunks of systems.
+#: Most pair counts one compiled program keeps (int32, one per system and recorded
+#: time): larger runs are cut into chunks of systems.
 COUNT_BUDGET = 2**26
 
-def draw_weights(key: PRNGKeyArray, dim: int, heads: int, key_query: int,
-                 value: int) -> tuple[Float[Array, "h d d"], Float[Array, "h d d"]]:
+def draw_weights(key: PRNGKeyArray, dim: int, heads: int, key_query: int, value: int,
+                 codes: str = "rotf") -> tuple[Float[Array, "h d d"], Float[Array, "h d d"]]:
     """One system's `P_η = B_η` and `U_η = V_ηᵀ / h`, drawn as the peers' scripts draw
-    them (`KEY_QUERY`, `VALUE`; heads averaged as in Karagodin et al.'s `simuxform`).
+    them (`KEY_QUERY`, `VALUE`, read as `codes`' script numbers them; heads averaged as
+    in Karagodin et al.'s `simuxform`).
 
     **Returns:**
 
     `(P, U)`, each `(heads, dim, dim)`.
     """
-    P, U = jax.vmap(lambda k: _one_head(k, dim, key_query, value))(jax.random.split(key, heads))
+    draw = functools.partial(_one_head, d=dim, key_query=key_query, value=value, codes=codes)
+    P, U = jax.vmap(draw)(jax.random.split(key, heads))
     return P, U / heads
 
 
-def _one_head(key, d: int, key_query: int, value: int):
+def _one_head(key, d: int, key_query: int, value: int, codes: str):
     k1, k2, k3 = jax.random.split(key, 3)
     g1, g2, g3 = (jax.random.normal(k, (d, d)) for k in (k1, k2, k3))
     eye = jnp.eye(d, dtype=g1.dtype)
-    if key_query == 0:
-        B, scale = eye, 1.0
-    elif key_query == 1:
-        B, scale = matmul(g1, g2, "float32") / math.sqrt(d), math.sqrt(d)
-    elif key_query == 2:  # their divisor: 2 on the diagonal, √2 off it
-        B, scale = (g1 + g1.T) / (eye * (2 - math.sqrt(2)) + math.sqrt(2)), math.sqrt(d)
+    B, scale = _key_query(g1, g2, eye, key_query, codes)
+    if value == 1:
+        V = matmul(g3, g3.T, "float32") / math.sqrt(d) if codes == "rotf" else g3 / math.sqrt(d)
+    elif value == 4:
+        V = 0.02 * g3
     else:
-        B, scale = (g1 + g1.T) / math.sqrt(2), math.sqrt(d + 1)
-    V = (eye, matmul(g3, g3.T, "float32") / math.sqrt(d), B / scale, -B / scale)[value]
+        V = (eye, None, B / scale, -B / scale)[value]
     return B, V.T
+
+
+def _key_query(g1, g2, eye, code: int, codes: str):
+    """`(B, c)`: the key–query of `code` and the scale that `V = ±B/c` divides by."""
+    d = eye.shape[0]
+    if code == 0:
+        return eye, 1.0
+    if code == 1:
+        return matmul(g1, g2, "float32") / math.sqrt(d), math.sqrt(d)
+    if code == 2 and codes == "rotf":  # their divisor: 2 on the diagonal, √2 off it
+        return (g1 + g1.T) / (eye * (2 - math.sqrt(2)) + math.sqrt(2)), math.sqrt(d)
+    if code == 4:
+        return 0.02 * g1, 1.0
+    return (g1 + g1.T) / math.sqrt(2), math.sqrt(d if code == 2 else d + 1)
 
 
 def step_size(beta: float, step: float, exp_kernel: bool, raw_step: bool) -> float:
@@ -139,43 +168,90 @@ def clustered_pairs(x: Float[Array, "n d"], threshold: float, *,
     return jnp.sum((gram > threshold) & off, dtype=jnp.int32)
 
 
+@surface_errors
 @eqx.filter_jit
-def pair_counts(P, U, betas, taus, x, num_steps: int, kernel: str, norm: str, causal: bool,
-                threshold: float) -> Int[Array, "B L+1"]:
-    """Clustered ordered pairs after each of `num_steps` layers, summed over systems.
+def pair_counts(P, U, betas, taus, x, at, kernel: str, norm: str, causal: bool,
+                threshold: float) -> Int[Array, "B K"]:
+    """Clustered ordered pairs after the layers `at`, summed over systems.
 
     **Arguments:**
 
     - `P`, `U`: `(B, G, h, d, d)`, one model per β and group of systems.
     - `betas`, `taus`: `(B,)`. `x`: the tokens `(B, G, s, n, d)`, `s` systems per group.
+    - `at`: `(B, K)` int, nondecreasing per β: the layers after which to count (0: the
+      start).
     - `kernel`, `norm`, `causal`: of `ja.SelfAttentionDynamics`; `threshold`: as in
       `clustered_pairs`.
 
     **Returns:**
 
-    `(B, num_steps + 1)` int32 counts; index 0 is the start.
+    `(B, K)` int32 counts.
     """
     B, G, s = x.shape[:3]
     # Blocks of `k` groups (models) of one β, at most `BLOCK` systems in all.
     k = max(k for k in range(1, min(G, max(1, BLOCK // s)) + 1) if G % k == 0)
 
     def block(args):
-        P, U, beta, tau, x = args  # k models (h, d, d), k × s systems (n, d)
+        P, U, beta, tau, x, at = args  # k models (h, d, d), k × s systems (n, d)
         dyn = eqx.filter_vmap(lambda P, U: SelfAttentionDynamics(
             P, U, beta=beta, causal=causal, norm=norm, kernel=kernel))(P, U)
         observe = functools.partial(clustered_pairs, threshold=threshold,
                                     unit=dyn.stays_on_manifold)
-        # The stacked models run as one batch: the fused path for small systems.
-        return run_layers(dyn, x, num_steps, tau, observe=observe).sum((0, 1))
+        counts, finite = observe_at(dyn, x, at, tau, observe)
+        return counts.sum((0, 1)), jnp.all(finite)
 
     def blocks(a):
         return a.reshape((B * G // k, k) + a.shape[2:])
 
     args = (blocks(P), blocks(U), jnp.repeat(betas, G // k), jnp.repeat(taus, G // k),
-            blocks(x))
+            blocks(x), jnp.repeat(at, G // k, axis=0))
     # Block by block, all steps of a block at once: its intermediates stay in cache.
-    counts = jax.lax.map(block, args)
+    counts, finite = jax.lax.map(block, args)
+    counts = eqx.error_if(counts, ~jnp.all(finite), NONFINITE)
     return counts.reshape(B, G // k, -1).sum(1)
+
+
+def observe_at(dyn, x0: Float[Array, "*batch n d"], at: Int[Array, " K"], tau,
+               observe: Callable) -> tuple[PyTree[Array], Bool[Array, "*batch"]]:
+    """`observe` of the tokens after the layers `at` only, as `ja.run_layers(dyn, x0,
+    at[-1], tau, observe=observe)[..., at]` gives them without observing the others.
+
+    The same layers on the same path as `run_layers` (the fused ensemble for a batch
+    of small systems; `dyn` may be a stacked model), run from one recorded layer to the
+    next by a loop of traced length, so one program serves every `at`. Tokens are not
+    checked (the caller's draws are finite).
+
+    **Returns:**
+
+    `(observed, finite)`: `observe`'s outputs, each leaf `(*batch, K, ...)`, and, per
+    sequence, whether its tokens stayed finite.
+    """
+    dyn, x0, unflatten = stack_tokens(dyn, x0)
+    x0 = map_models(lambda d, x: project(x, d.W), dyn, x0)
+    fused = choose_strategy(first_model(dyn), x0.shape, "auto", (dyn, x0)) == "fused"
+
+    def program(d, x, fused):
+        layer, watch, ok = ((batch_last(_layer), batch_last(observe), batch_last(_finite))
+                            if fused else (_layer, observe, _finite))
+
+        def record(carry, stop):
+            x, done = carry
+            x = jax.lax.fori_loop(done, stop, lambda i, z: layer(
+                z, d, i.astype(z.dtype) * tau, tau), x)
+            return (x, stop), watch(x)
+
+        (x, _), ys = jax.lax.scan(record, (x, jnp.zeros((), at.dtype)), at)
+        return ys, ok(x)
+
+    return unflatten(map_systems(program, dyn, x0, fused=fused, chunk=chunk_size()))
+
+
+def _layer(x, dyn, t, tau):
+    return dyn.layer(t, x, tau)
+
+
+def _finite(x):
+    return jnp.all(jnp.isfinite(x))
 
 
 def density_map(key: PRNGKeyArray, cfg: dict, *, heads: int = 1, norm: str = "post",
@@ -188,7 +264,9 @@ def density_map(key: PRNGKeyArray, cfg: dict, *, heads: int = 1, norm: str = "po
     - `key`: draws the tokens and the weights.
     - `cfg`: `betas`, `beta_min`, `beta_max`, `systems`, `tokens`, `dim`, `key_query`,
       `value`, `exp_kernel`, `horizon` (0: 30 with softmax, 1 with the exp kernel),
-      `step`, `raw_step`, `times`, `threshold` (the experiment's parameters).
+      `step`, `raw_step`, `times`, `threshold` (the experiment's parameters), and
+      optionally `simuformer_codes` (read `key_query` and `value` as simuformer's codes,
+      not rotf's: `codes_of`).
     - `heads`, `norm`, `causal`: of the model.
 
     **Returns:**
@@ -207,15 +285,13 @@ def density_map(key: PRNGKeyArray, cfg: dict, *, heads: int = 1, norm: str = "po
     G, s = x0.shape[1:3]
     run = functools.partial(pair_counts, kernel="exp" if cfg["exp_kernel"] else "softmax",
                             norm=norm, causal=causal, threshold=cfg["threshold"])
-    pieces = [(g, c) for g in step_groups(steps)
-              for c in _chunks(G, s * len(g) * (int(steps[g].max()) + 1))]
+    at = np.stack([p[1] for p in plans]).astype(np.int32)
+    pieces = [(g, c) for g in step_groups(steps) for c in _chunks(G, s * len(g) * len(ts))]
 
     def piece(k, counts):
         g, (lo, hi) = pieces[k]
-        c = np.asarray(run(P[g, lo:hi], U[g, lo:hi], jnp.asarray(betas[g]),
-                           jnp.asarray(taus[g]), x0[g, lo:hi], int(steps[g].max())))
-        for row, b in enumerate(g):
-            counts[b] += c[row, plans[b][1]]
+        counts[g] += np.asarray(run(P[g, lo:hi], U[g, lo:hi], jnp.asarray(betas[g]),
+                                    jnp.asarray(taus[g]), x0[g, lo:hi], jnp.asarray(at[g])))
         return counts, None
 
     counts, _ = advance(piece, np.zeros((B, len(ts)), np.int64), len(pieces), desc=desc,
@@ -242,7 +318,7 @@ def draw_systems(key: PRNGKeyArray, cfg: dict, heads: int = 1):
     s = max(k for k in range(1, min(S, BLOCK) + 1) if S % k == 0) if shared else 1
     keys = jax.random.split(k_w, B * (1 if shared else S)).reshape(B, 1 if shared else S, -1)
     draw = functools.partial(draw_weights, dim=d, heads=heads, key_query=cfg["key_query"],
-                             value=cfg["value"])
+                             value=cfg["value"], codes=codes_of(cfg))
     P, U = jax.vmap(jax.vmap(draw))(keys)
     P, U = (jnp.broadcast_to(w, (B, S // s) + w.shape[2:]) for w in (P, U))
     return x0.reshape(B, S // s, s, n, d), P, U
@@ -253,6 +329,12 @@ def _chunks(groups: int, per_group: int) -> list[tuple[int, int]]:
     parts = max(1, math.ceil(groups * per_group / COUNT_BUDGET))
     size = math.ceil(groups / parts)
     return [(lo, min(lo + size, groups)) for lo in range(0, groups, size)]
+
+
+def codes_of(cfg: dict) -> str:
+    """Whose numbering `cfg`'s `key_query` and `value` follow (`KEY_QUERY`): `"rotf"`,
+    unless `simuformer_codes` is set (`norm-beta`; a run without it is rotf's)."""
+    return "simuformer" if cfg.get("simuformer_codes", False) else "rotf"
 
 
 def horizon_of(cfg: dict) -> float:
@@ -267,11 +349,12 @@ def check_config(cfg: dict) -> None:
                          f"{cfg['beta_max']!r}.")
     if cfg["horizon"] < 0:
         raise ValueError(f"--horizon must be ≥ 0 (0: the peers' default), got {cfg['horizon']!r}.")
-    for name, table in (("key_query", KEY_QUERY), ("value", VALUE)):
+    source = codes_of(cfg)
+    for name, table in (("key_query", KEY_QUERY[source]), ("value", VALUE[source])):
         if not 0 <= cfg[name] < len(table):
             codes = ", ".join(f"{i} {w}" for i, w in enumerate(table))
-            raise ValueError(f"--{name.replace('_', '-')} must be one of {codes}; got "
-                             f"{cfg[name]!r}.")
+            raise ValueError(f"--{name.replace('_', '-')} must be one of {codes} ({source}'s "
+                             f"codes); got {cfg[name]!r}.")
     if not 0 < cfg["threshold"] < 1:
         raise ValueError(f"--threshold must be in (0, 1), got {cfg['threshold']!r}.")
 
@@ -284,9 +367,10 @@ STUDY = (
     Param("systems", int, 2048, "independent systems per β", 1),
     Param("tokens", int, 32, "tokens n per system", 2),
     Param("dim", int, 2, "dimension d (tokens on S^{d−1})", 1),
-    Param("key_query", int, 0, "key–query B: 0 identity, 1 Gaussian, 2 Wigner, 3 GOE "
-          "(their --randomKQ)"),
-    Param("value", int, 0, "value V: 0 identity, 1 Gaussian, 2 +KQ, 3 −KQ (their --randomV)"),
+    Param("key_query", int, 0, "key–query B, rotf's --randomKQ codes: 0 identity, "
+          "1 Gaussian G₁G₂/√d, 2 Wigner, 3 GOE"),
+    Param("value", int, 0, "value V, rotf's --randomV codes: 0 identity, 1 Gaussian GGᵀ/√d, "
+          "2 +KQ, 3 −KQ"),
     Param("exp_kernel", bool, False, "unnormalised weights exp(β⟨x_i, B x_j⟩)/n (their default) "
           "with the step step/max(√β e^{β−1/2}, 1), to T = 1, instead of softmax to T = 30"),
     Param("horizon", float, 0.0, "final time T (0: 30 with softmax, 1 with --exp-kernel)"),
@@ -344,5 +428,6 @@ def draw_map(ax, fig, betas, ts, density, *, log: bool, title: str,
 def setup_line(cfg: dict) -> str:
     """The model in words, for titles."""
     kernel = "exp/n" if cfg["exp_kernel"] else "softmax"
+    codes = codes_of(cfg)
     return (f"d = {cfg['dim']}, n = {cfg['tokens']}, {cfg['systems']} systems, {kernel}, "
-            f"KQ = {KEY_QUERY[cfg['key_query']]}, V = {VALUE[cfg['value']]}")
+            f"KQ = {KEY_QUERY[codes][cfg['key_query']]}, V = {VALUE[codes][cfg['value']]}")

@@ -23,8 +23,8 @@ TINY = {"size": 1, "norm": 2, "kernel": 0, "instances": 3, "layers": 12, "tau": 
 @pytest.fixture(scope="module")
 def chunk_root(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
-        root = tmp_path_factory.mktemp("chunks")
-        mp.setattr(study, "CHUNK_ROOT", root)
+        root = tmp_path_factory.mktemp("cwd")
+        mp.chdir(root)  # the chunks live in the run folder, never in ./runs
         yield root
 
 
@@ -143,7 +143,7 @@ def test_resume_after_an_interruption_gives_the_same_table(tiny_run, tmp_path, m
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         run_experiment("variants", TINY, seed=3, out=out, progress=False, log=None)
-    assert len(list(chunk_root.glob("*/*.npz"))) == 1
+    assert len(list((out / study.CHUNKS).glob("*.npz"))) == 1
 
     def counted(config, grid, program):
         calls.append(program)

@@ -21,6 +21,12 @@ user's normal permissions (`0o666` less the umask).
 carry) calls them one by one: `hold_folder`, `start_run`, `write_config`,
 `finish_run`, and `reopen_run` with `check_same_computer` to continue a folder.
 
+No command mixes two runs in one folder or writes beside files it did not make:
+`hold_folder` refuses a non-empty folder jaxattn did not write
+(`written_by_jaxattn`: a model's folder, the current directory), and
+`reopen_run` a folder of another command or other settings, finished or not
+(`--resume` continues only the same run, and refuses a folder that holds none).
+
 Every folder also records how its numbers were computed: the JAX backend and
 whether XLA ran with the deterministic GPU flags (`deterministic_xla_flags`,
 set by the `jaxattn` commands: `_determinism.py`, docs/determinism.md).
@@ -122,8 +128,11 @@ def save_npz(path, **arrays) -> Path:
 
 
 def folder_path(name: str, out: str | os.PathLike | None = None, root="runs") -> Path:
-    """`out`, or a new `runs/NAME/<timestamp>/` when `out` is not given."""
+    """`out`, or a new `runs/NAME/<timestamp>/` when `out` is not given; an empty
+    `out` (which would be the current directory) is a `RunFolderError`."""
     if out is not None:
+        if not str(out).strip():
+            raise RunFolderError("--out is empty; name the run folder (e.g. --out runs/mine).")
         return Path(out)
     return Path(root) / name / _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
 
@@ -152,15 +161,57 @@ def folder_kind(path: Path) -> str | None:
     return None
 
 
+def _ours(name: str) -> bool:
+    """Whether a file name is one jaxattn writes before a folder's settings: the lock,
+    the marker, an atomic write's temporary file."""
+    return name in (LOCK, INCOMPLETE) or (name.startswith(".") and name.endswith(".tmp"))
+
+
+def written_by_jaxattn(path: Path) -> bool:
+    """Whether the folder `path` is empty or jaxattn's own: it holds only what jaxattn
+    writes first (`_ours`), the `INCOMPLETE` marker, or a settings file (`KINDS`)
+    that `write_config` wrote (its `kind` and `run_id`, or jaxattn's version)."""
+    names = [p.name for p in path.iterdir()]
+    if INCOMPLETE in names or all(_ours(name) for name in names):
+        return True
+    for name in KINDS.values():
+        try:
+            record = read_json(path / name)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and (
+                (record.get("kind") in KINDS and "run_id" in record)
+                or "jaxattn" in (record.get("versions") or {})):
+            return True
+    return False
+
+
+def check_writable_place(path: Path) -> None:
+    """Refuse, before anything is written, to write into an existing folder that is
+    neither empty nor jaxattn's (`written_by_jaxattn`): a model's folder, the
+    current directory, any user's files."""
+    try:
+        foreign = path.is_dir() and not written_by_jaxattn(path)
+    except OSError as e:
+        raise RunFolderError(f"cannot read the run folder {path}: {e.strerror or e}") from e
+    if foreign:
+        raise RunFolderError(f"{path} holds files jaxattn did not write; a run writes only "
+                             "into a new or empty folder or its own (choose another --out).")
+
+
 @contextlib.contextmanager
 def hold_folder(path, kind: str) -> Iterator[Path]:
     """Make the folder `path` if needed and hold an exclusive lock on it for the
     `with` block, for a command of `kind` (`"run"` or `"sweep"`).
 
-    Raises `RunFolderError`, before anything is written, when the folder cannot be
-    written, when another command holds it, or when another kind of command made it.
+    Raises `RunFolderError`, before anything is written, when the folder holds files
+    jaxattn did not write (`check_writable_place`), cannot be written, is held by
+    another command, or was made by another kind of command. A folder this call made
+    and left empty (the block failed before writing) is removed again.
     """
     path = Path(path)
+    check_writable_place(path)
+    made = first_missing(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -168,15 +219,55 @@ def hold_folder(path, kind: str) -> Iterator[Path]:
     if not os.access(path, os.W_OK | os.X_OK):
         raise RunFolderError(f"cannot write the run folder {path}: permission denied.")
     fd = _lock(path)
+    failed = True
     try:
         made_by = folder_kind(path)
         if made_by is not None and made_by != kind:
             raise RunFolderError(f"{path} holds a `jaxattn {made_by}` folder; `jaxattn {kind}` "
                                  "does not write into it (choose another --out).")
         yield path
+        failed = False
     finally:
         (path / LOCK).unlink(missing_ok=True)  # while locked: the next one makes a new one
         os.close(fd)
+        if failed and made is not None:
+            _remove_empty(path, made)
+
+
+def _remove_empty(path: Path, top: Path) -> None:
+    """Remove the folder `path` and its parents up to `top` while they are empty."""
+    for p in (path, *path.parents):
+        try:
+            p.rmdir()
+        except OSError:
+            return
+        if p == top:
+            return
+
+
+def holder(path) -> str | None:
+    """The process id of the live command that holds the folder `path`
+    (`hold_folder`), or `None` when none does."""
+    try:
+        fd = os.open(Path(path) / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.read(fd, 64).decode(errors="replace").strip() or "?"
+    finally:
+        os.close(fd)  # releases the shared lock taken when nobody held it
+    return None
+
+
+def check_not_held(path) -> None:
+    """`RunFolderError` when a live command holds the folder `path`: its files are
+    still being written (so it is neither finished nor interrupted)."""
+    pid = holder(path)
+    if pid is not None:
+        raise RunFolderError(f"{path} is being written by a running jaxattn command (process "
+                             f"{pid}); wait for it to end.")
 
 
 def _lock(path: Path) -> int:
@@ -277,16 +368,19 @@ def write_run(
     *,
     out=None,
     announce: Callable[[Path], object] | None = None,
+    resume: bool | None = None,
+    same: tuple[str, ...] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Compute into a run folder: the one writer of `jaxattn run`, `jaxattn loop`.
 
     The stages, in order, all under the folder's lock (`hold_folder`): the folder
-    (`runs/NAME/<timestamp>/` or `out`) marked `INCOMPLETE`; `config.json`
-    (`write_config`); `data = compute()`, timed; `data.npz`; `draw(data,
-    folder)`; `summary.json` from `summarise(data, seconds)` (`finish_run`), which
-    removes the marker. A failure at any stage leaves the folder marked
-    `INCOMPLETE`, except a `ValueError` from `compute` that is no `SimulationError`
-    (the arguments were refused): then a folder this call made is removed again.
+    (`runs/NAME/<timestamp>/` or `out`) marked `INCOMPLETE` and its `config.json`
+    written (`reopen_run`: a folder of another command or other settings is
+    refused); `data = compute()`, timed; `data.npz`; `draw(data, folder)`;
+    `summary.json` from `summarise(data, seconds)` (`finish_run`), which removes
+    the marker. A failure at any stage leaves the folder marked `INCOMPLETE`,
+    except a `ValueError` from `compute` that is no `SimulationError` (the
+    arguments were refused): then a folder this call made is removed again.
 
     **Arguments:**
 
@@ -296,17 +390,24 @@ def write_run(
     - `draw`: writes the figures into the folder and returns their paths.
     - `summarise`: what the run found, from the data and the computing time.
     - `announce`: called with the folder once its config is written.
+    - `resume`: `None` for a computation that cannot resume (an unfinished run of
+      the same settings in `out` is started over); else whether to continue the
+      unfinished run in `out` (`compute` finds its pieces in the folder).
+    - `same`: the keys of `config` a run already in `out` must share (default all).
 
     **Returns:**
 
     The folder and the summary as written.
     """
+    if resume and out is None:
+        raise ValueError("--resume needs --out DIR: the folder of the run to continue.")
     path = folder_path(name, out)
     made = first_missing(path)
-    run_id = uuid.uuid4().hex
     with hold_folder(path, "run") as folder:
-        start_run(folder)
-        write_config(folder, config, run_id=run_id)
+        finished, run_id = reopen_run(folder, config, resume, what="run", command="run",
+                                      same=same)
+        if finished:  # resumed, and nothing left to run
+            return folder, read_json(folder / "summary.json")
         if announce is not None:
             announce(folder)
         start = time.perf_counter()
@@ -331,6 +432,7 @@ def open_run_folder(path) -> Path:
     path = Path(path)
     if not path.is_dir():
         raise RunFolderError(f"{path} is not a run folder (no such directory).")
+    check_not_held(path)
     if (path / INCOMPLETE).exists():
         raise RunFolderError(f"{path} is an incomplete run (it was interrupted); re-run it.")
     for required in ("config.json", "summary.json"):
@@ -349,36 +451,48 @@ def read_json(path) -> Any:
         return json.load(f)
 
 
-def reopen_run(folder: Path, config: dict[str, Any], resume: bool, *, what: str,
+def reopen_run(folder: Path, config: dict[str, Any], resume: bool | None, *, what: str,
                command: str, filename: str = "config.json",
                same: tuple[str, ...] | None = None) -> tuple[bool, str]:
-    """Start a resumable run in the held folder (`hold_folder`), or reopen the one
-    it holds. Without `resume` a run already there is refused; with it, its settings
-    file `filename` must record the same value for every key of `config` (the run's
-    settings; only the keys `same` when given), and an unfinished one be continued
-    on the same backend (`check_same_computer`). `what`, `command`: its name in
-    messages (`"loop"`, `"sweep"`).
+    """Start a run in the held folder (`hold_folder`), or reopen the one it holds.
+
+    A run already there must record the same value for every key of `config` (the
+    run's settings; only the keys `same` when given) in its settings file `filename`:
+    a folder of another command or other settings is refused, finished or not. A
+    resumable command (`resume` a bool) refuses it without `resume`, and continues
+    an unfinished one on the same backend (`check_same_computer`); with `resume`, a
+    folder that holds no run is refused. A command that cannot resume (`resume`
+    `None`) starts an unfinished run of the same settings over, and refuses a
+    finished one. `what`, `command`: its name in messages (`"loop"`, `"sweep"`).
 
     **Returns:**
 
     Whether the folder holds the finished run, and the run's id.
     """
     if not (folder / filename).exists():
+        if resume:
+            raise RunFolderError(f"{folder} holds no {what} to resume (no {filename}); run it "
+                                 "without --resume.")
         start_run(folder)
         return False, read_json(write_config(folder, config, filename))["run_id"]
     old = read_json(folder / filename)
     finished = not (folder / INCOMPLETE).exists() and (folder / "summary.json").exists()
-    if not resume:
-        state = "a finished" if finished else "an unfinished"
-        raise RunFolderError(f"{folder} holds {state} {what}; pass --resume to continue it "
-                             "or choose another --out.")
+    state = "a finished" if finished else "an unfinished"
     for key in config if same is None else same:
+        if key not in old:
+            raise RunFolderError(f"{folder} holds {state} run of another command (its {filename} "
+                                 f"has no {key}); choose another --out.")
         was, now = _jsonable(old.get(key)), _jsonable(config[key])
         if json.dumps(was, sort_keys=True) != json.dumps(now, sort_keys=True):
             values = f" ({was!r}, not {now!r})" if len(repr(was) + repr(now)) < 60 else ""
-            raise RunFolderError(f"{folder} holds a {what} with another {key}{values}; "
-                                 f"--resume continues only the same {what} (choose another "
-                                 "--out).")
+            raise RunFolderError(f"{folder} holds {state} {what} with another {key}{values}; "
+                                 f"one folder holds one {what} (choose another --out).")
+    if resume is None:
+        start_run(folder)  # refuses a finished run
+        return False, read_json(write_config(folder, config, filename))["run_id"]
+    if not resume:
+        raise RunFolderError(f"{folder} holds {state} {what}; pass --resume to continue it "
+                             "or choose another --out.")
     if not finished:
         check_same_computer(folder, old, command)
     return finished, old.get("run_id")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .._app.folders import RunFolderError, open_run_folder, read_json, write_run
+from .._app.folders import RunFolderError, folder_path, open_run_folder, read_json, write_run
 from .._horizon import Horizon
 from .._validate import check_seed
 from . import EXPERIMENTS, get_experiment
@@ -105,7 +105,9 @@ def run_into_folder(
 
     - `command`: the command line that repeats the run, recorded in `config.json`
       and `summary.json` (`None`: not recorded).
-    - `simulate`: computes the data (default `experiment.simulate(config, progress)`).
+    - `simulate`: computes the data (default `experiment.simulate(config, progress)`;
+      an experiment with a `resume` parameter also gets `folder=`, the run folder,
+      where it keeps its resumable pieces).
     - `out`, `progress`: the folder (default `runs/NAME/<timestamp>/`), a progress bar.
     - `log`: where the folder's name is announced (`None`: nowhere).
 
@@ -123,11 +125,18 @@ def run_into_folder(
                 "numbers": verdict.numbers, "simulation_seconds": round(seconds, 2),
                 **noted, **verdict.extra}
 
+    resume = config.get("resume")  # None: the experiment cannot resume
+    if resume and out is None:
+        raise ValueError("--resume needs --out DIR: the folder of the run to continue.")
+    folder = folder_path(experiment.name, out)
+    pieces = {} if resume is None else {"folder": folder}
+    record = {"dtype": "float64"} | config | noted
     return write_run(
-        experiment.name, {"dtype": "float64"} | config | noted,
-        simulate or (lambda: experiment.simulate(config, progress)),
-        lambda data, folder: experiment.draw(config, data, folder), summarise, out=out,
+        experiment.name, record,
+        simulate or (lambda: experiment.simulate(config, progress, **pieces)),
+        lambda data, folder: experiment.draw(config, data, folder), summarise, out=folder,
         announce=None if log is None else lambda f: log(f"jaxattn run {experiment.name} → {f}"),
+        resume=resume, same=tuple(k for k in record if k not in ("resume", "command")),
     )
 
 

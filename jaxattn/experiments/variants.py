@@ -20,18 +20,17 @@ third of the run (`base.convergence_trend`: still falling, or stalled).
 
 One compiled program per static variant (size, norm, kernel): the masks are arrays,
 and masks × β × instances are one vmapped batch. Each program's results are saved
-as one chunk (atomically) in a folder named by the study's settings under
-`CHUNK_ROOT`; `--resume` reuses the finished chunks of an interrupted run of the
-same study, so the table is that of a run left alone. Each cell is reproducible
+as one chunk (atomically) in the run folder's `chunks/`, removed once the study
+finishes; `jaxattn run variants --resume --out DIR` reuses the finished chunks of
+the interrupted run in DIR (with the same settings: `reopen_run`), so the table is
+that of a run left alone. Each cell is reproducible
 alone: `jaxattn run variants --size S --norm N --mask M --kernel K --beta B --seed s`
 computes the same numbers (the `command` column of `table.csv`).
 """
 
 import dataclasses
 import functools
-import hashlib
 import itertools
-import json
 import shutil
 from pathlib import Path
 
@@ -41,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from .._app.folders import RunFolderError, clear_partial_writes, hold_folder, save_npz
+from .._app.folders import RunFolderError, clear_partial_writes, save_npz
 from .._dynamics import NORMS, SelfAttentionDynamics, random_mask
 from .._horizon import CONSENSUS_TOL
 from .._manifold import project
@@ -61,9 +60,8 @@ SIZES = ((10, 3), (32, 16))
 #: Two tokens are in one cluster when a chain of tokens links them, each step shorter
 #: than this on the unit sphere (cos > 0.995).
 CLUSTER_EPS = 0.1
-#: Where the chunks of unfinished studies are kept (relative to the working directory,
-#: as the run folders `runs/NAME/…`), one folder per study, removed once it finishes.
-CHUNK_ROOT = Path("runs") / ".chunks"
+#: Where a run folder keeps the chunks of its unfinished study (removed once it finishes).
+CHUNKS = "chunks"
 #: The per-instance measurements of a chunk, each `(masks, betas, instances)`.
 MEASURES = ("final_E", "consensus_layer", "clusters", "residual", "stalled", "finite")
 
@@ -247,35 +245,37 @@ def stalled(E: np.ndarray, tau: float) -> np.ndarray:
 # --- the chunks of a run, resumable ----------------------------------------------------
 
 
-def chunk_folder(config: dict) -> Path:
-    """The folder of a study's chunks: named by everything that fixes its numbers
-    (the settings but `resume`, the float width and the backend)."""
-    key = {k: v for k, v in config.items() if k != "resume"} | {
-        "dtype": str(jnp.result_type(float)), "backend": jax.default_backend()}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return CHUNK_ROOT / f"variants-{digest}"
-
-
-def run_chunks(config: dict, grid: Grid, *, progress: bool, desc: str) -> list[dict]:
-    """Every program's chunk: loaded when saved by an earlier, interrupted run (with
-    `resume`), else computed and saved atomically."""
-    folder = chunk_folder(config)
-    with hold_folder(folder, "run"):
+def run_chunks(config: dict, grid: Grid, folder: Path | None, *, progress: bool,
+               desc: str) -> list[dict]:
+    """Every program's chunk: loaded from `folder` when an earlier, interrupted run
+    saved it there (`--resume`), else computed and saved atomically into it (`None`:
+    computed, not saved). The run folder is held and its settings checked
+    (`write_run`): a chunk in it belongs to this study."""
+    if folder is not None:
+        folder.mkdir(exist_ok=True)
         clear_partial_writes(folder)
         if not config["resume"]:  # a fresh run does not mix in an old one's chunks
             for old in folder.glob("*.npz"):
                 old.unlink()
-        programs = grid.programs()
+    programs = grid.programs()
+    width = jnp.result_type(float)
 
-        def piece(index, chunks):
-            path = folder / f"{index:04d}.npz"
-            if not path.exists():
-                save_npz(path, **simulate_chunk(config, grid, programs[index]))
-            with np.load(path) as f:
-                chunks.append({key: f[key] for key in f.files})
+    def piece(index, chunks):
+        if folder is None:
+            chunks.append(simulate_chunk(config, grid, programs[index]))
             return chunks, None
+        path = folder / f"{index:04d}.npz"
+        if not path.exists():
+            save_npz(path, **simulate_chunk(config, grid, programs[index]))
+        with np.load(path) as f:
+            chunk = {key: f[key] for key in f.files}
+        if chunk["E_median"].dtype != width:
+            raise RunFolderError(f"{path} holds {chunk['E_median'].dtype} numbers, this process "
+                                 f"computes in {width}; resume it with the same precision.")
+        chunks.append(chunk)
+        return chunks, None
 
-        chunks, _ = advance(piece, [], len(programs), desc=desc, progress=progress)
+    chunks, _ = advance(piece, [], len(programs), desc=desc, progress=progress)
     return chunks
 
 
@@ -424,16 +424,20 @@ class VariantsStudy(AbstractExperiment):
         Param("layers", int, 400, "depth L: the layers run", 1),
         Param("tau", float, 0.25, "step τ of a layer", 0.0),
         Param("heads", int, 2, "heads h (U_η = I/h, P_η Gaussian)", 1),
-        Param("resume", bool, False, "reuse the saved chunks of an interrupted run of the "
-              "same study (run it again with the same settings and --resume)"),
+        Param("resume", bool, False, "continue the interrupted run in --out DIR, reusing "
+              "its saved chunks (run it again with the same settings and --resume)"),
     )
     drops = ("discrete", "horizon", "saves")
 
-    def simulate(self, config, progress):
+    def simulate(self, config, progress, folder: Path | None = None):
+        """The study's arrays; its chunks are kept in `folder/chunks` until it is done
+        (`folder`: the run folder; `None`: nothing saved, nothing to resume)."""
         grid = Grid.of(config)
-        chunks = run_chunks(config, grid, progress=progress, desc=self.name)
-        data = gather(grid, chunks)
-        shutil.rmtree(chunk_folder(config), ignore_errors=True)
+        chunks = None if folder is None else Path(folder) / CHUNKS
+        data = gather(grid, run_chunks(config, grid, chunks, progress=progress,
+                                       desc=self.name))
+        if chunks is not None:
+            shutil.rmtree(chunks, ignore_errors=True)
         return data | {"betas": np.asarray(grid.betas), "norms": np.asarray(grid.norms),
                        "masks": np.asarray(grid.masks), "kernels": np.asarray(grid.kernels),
                        "sizes": np.asarray(grid.sizes)}

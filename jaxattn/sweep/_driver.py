@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from .._app.folders import (
     INCOMPLETE,
     RunFolderError,
+    check_not_held,
     finish_run,
     folder_path,
     hold_folder,
@@ -31,6 +32,7 @@ from .._app.folders import (
 )
 from .._files import atomic_write
 from .._horizon import CONSENSUS_TOL
+from .._sharding import as_mesh
 from ..metrics import consensus_time
 from ._instances import simulate_chunk, theorem_of
 from ._report import PREDICTION_HELD, instance_status, summarise, write_figure
@@ -167,6 +169,7 @@ def run_sweep(
     keys = grid_keys(spec)
     chunks = plan(spec, configs)
     sidecar = _sidecar(spec, configs, keys, chunks)
+    as_mesh(devices)  # every argument is checked before the folder is made
     with hold_folder(folder_path(f"sweep-{spec.experiment}", out), "sweep") as folder:
         finished, run_id = _open_folder(folder, resume, sidecar)
         if finished:
@@ -256,6 +259,7 @@ def redraw(folder) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         raise RunFolderError(f"{folder} is not a sweep folder (no such directory).")
+    check_not_held(folder)
     if (folder / INCOMPLETE).exists():
         raise RunFolderError(f"{folder} is an unfinished sweep; continue it with "
                              "`jaxattn sweep … --resume --out DIR`.")

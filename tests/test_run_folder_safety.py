@@ -1,0 +1,207 @@
+"""Run folders are never overwritten and never mixed: a command refuses a folder
+jaxattn did not write (a model's folder, the current directory), an empty --out, an
+unfinished folder of another command or other settings, and a --resume of a folder
+that holds no run; `variants` keeps its chunks inside its run folder; a refused
+`sweep --devices` leaves no folder; `jaxattn plot` of a folder a live command holds
+names that command."""
+
+import json
+import os
+
+import pytest
+
+from jaxattn._app import folders as _runs
+from jaxattn.cli import main
+from jaxattn.experiments import run_experiment
+from jaxattn.experiments import variants as study
+from jaxattn.sweep import _driver as sweep_run
+
+TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 16, "n_head": 2, "vocab_size": 31,
+             "n_positions": 16}
+#: A variants study of two programs (both kernels), one mask, one β, 12 layers.
+TINY = {"size": 1, "norm": 2, "kernel": 0, "mask": 1, "beta": 1.0, "instances": 2,
+        "layers": 12, "tau": 0.5}
+RUN = ["run", "thm41-sphere", "--no-progress", "--tokens", "3", "--horizon", "1",
+       "--saves", "3"]
+
+
+def _one_line(capsys, argv) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, (argv, code, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jaxattn") and "error" in lines[0], err
+    return lines[0]
+
+
+def _files(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def model_folder(tmp_path):
+    """A model's folder: its own config.json beside its weights."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY_GPT2))
+    (folder / "model.safetensors").write_bytes(b"weights")
+    return folder
+
+
+@pytest.fixture
+def no_compute(monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("something was computed")
+
+    monkeypatch.setattr(sweep_run, "simulate_chunk", never)
+    monkeypatch.setattr(study, "simulate_chunk", never)
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "loop"])
+def test_a_folder_jaxattn_did_not_write_is_refused(model_folder, tmp_path, capsys, command):
+    before = _files(model_folder)
+    argv = {"run": RUN,
+            "sweep": ["sweep", "thm41-sphere", "--grid", "beta=1", "--instances", "2",
+                      "--set", "horizon=1", "--set", "tokens=3", "--no-progress"],
+            "loop": ["loop", "--model", str(model_folder / "config.json"), "--weights",
+                     "random", "--prompts", "1", "--tokens", "4", "--passes", "1",
+                     "--no-progress"]}[command]
+    line = _one_line(capsys, [*argv, "--out", str(model_folder)])
+    assert f"{model_folder} holds files jaxattn did not write" in line
+    assert _files(model_folder) == before
+    if command == "run":
+        _own_folders_are_taken_again(tmp_path)
+
+
+def test_an_empty_out_is_refused_and_the_current_directory_untouched(tmp_path, capsys,
+                                                                    monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    for argv in (RUN, ["sweep", "thm41-sphere", "--instances", "2", "--no-progress"]):
+        assert "--out is empty" in _one_line(capsys, [*argv, "--out", ""])
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def _own_folders_are_taken_again(tmp_path):
+    """An empty folder, a lock left by a killed command, a same-settings unfinished
+    run (started over): jaxattn's own folders stay usable."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / _runs.LOCK).write_text("123\n")
+    folder, _ = _runs.write_run("tiny", {"a": 1}, lambda: {"x": [1.0]}, lambda d, f: [],
+                                lambda d, s: {"found": 1}, out=empty)
+    assert (folder / "summary.json").exists()
+    again = tmp_path / "again"
+    with pytest.raises(KeyboardInterrupt):
+        _runs.write_run("tiny", {"a": 1}, _interrupt, lambda d, f: [], lambda d, s: {},
+                        out=again)
+    _runs.write_run("tiny", {"a": 1}, lambda: {"x": [1.0]}, lambda d, f: [],
+                    lambda d, s: {"found": 1}, out=again)
+    assert not (again / _runs.INCOMPLETE).exists()
+
+
+def _interrupt():
+    raise KeyboardInterrupt
+
+
+def _killed_variants(out, monkeypatch):
+    """A `variants` run killed after its first chunk was saved."""
+    real = study.simulate_chunk
+    calls = []
+
+    def interrupted(config, grid, program):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(program)
+        return real(config, grid, program)
+
+    monkeypatch.setattr(study, "simulate_chunk", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("variants", TINY, seed=3, out=out, progress=False, log=None)
+    monkeypatch.setattr(study, "simulate_chunk", real)
+
+
+def test_an_unfinished_folder_of_another_run_or_settings_is_refused(tmp_path, capsys,
+                                                                    monkeypatch):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    out = tmp_path / "killed"
+    _killed_variants(out, monkeypatch)
+    # the chunks live in the run folder, not under ./runs/.chunks
+    assert len(list((out / "chunks").glob("*.npz"))) == 1
+    assert not any(cwd.iterdir())
+    before = _files(out)
+
+    def never(*args, **kwargs):
+        raise AssertionError("a chunk was computed")
+
+    monkeypatch.setattr(study, "simulate_chunk", never)
+    line = _one_line(capsys, [*RUN, "--out", str(out)])
+    assert "holds an unfinished run with another experiment" in line
+    assert "pass --resume" in _one_line(capsys, ["run", "variants", "--out", str(out),
+                                                 "--seed", "3", "--no-progress",
+                                                 *_flags(TINY)])
+    other = _flags(TINY | {"layers": 13})
+    line = _one_line(capsys, ["run", "variants", "--out", str(out), "--seed", "3",
+                              "--no-progress", "--resume", *other])
+    assert "another layers (12, not 13)" in line
+    assert _files(out) == before
+
+
+def _flags(config) -> list[str]:
+    return [part for key, value in config.items() for part in (f"--{key}", str(value))]
+
+
+def test_resume_from_another_directory_reuses_the_folders_chunks(tmp_path, monkeypatch):
+    out = tmp_path / "killed"
+    _killed_variants(out, monkeypatch)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    real, calls = study.simulate_chunk, []
+
+    def counted(config, grid, program):
+        calls.append(program)
+        return real(config, grid, program)
+
+    monkeypatch.setattr(study, "simulate_chunk", counted)
+    folder, _ = run_experiment("variants", TINY | {"resume": True}, seed=3, out=out,
+                               progress=False, log=None)
+    assert len(calls) == 1  # the chunk saved before the kill was not computed again
+    assert not (folder / "chunks").exists() and not (folder / _runs.INCOMPLETE).exists()
+    assert not any(elsewhere.iterdir())
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "loop"])
+def test_resume_of_a_missing_folder_says_so(tmp_path, capsys, no_compute, command):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_GPT2))
+    out = tmp_path / "a" / "missing"
+    argv = {"run": ["run", "variants", "--no-progress", "--resume", *_flags(TINY)],
+            "sweep": ["sweep", "thm41-sphere", "--instances", "2", "--no-progress",
+                      "--resume"],
+            "loop": ["loop", "--model", str(config), "--weights", "random", "--prompts", "1",
+                     "--tokens", "4", "--passes", "1", "--no-progress", "--resume"]}[command]
+    line = _one_line(capsys, [*argv, "--out", str(out)])
+    assert f"{out} holds no" in line and "to resume" in line
+    assert not (tmp_path / "a").exists()
+
+
+def test_sweep_with_too_many_devices_leaves_no_folder(tmp_path, capsys, no_compute):
+    out = tmp_path / "a" / "sweep"
+    line = _one_line(capsys, ["sweep", "thm41-sphere", "--instances", "2", "--devices", "99",
+                              "--out", str(out), "--no-progress"])
+    assert "devices=99" in line
+    assert not (tmp_path / "a").exists()
+
+
+def test_plot_of_a_held_folder_names_its_holder(tmp_path, capsys):
+    out = tmp_path / "run"
+    with _runs.hold_folder(out, "run"):
+        _runs.start_run(out)
+        line = _one_line(capsys, ["plot", str(out)])
+    assert line.endswith(f"{out} is being written by a running jaxattn command (process "
+                         f"{os.getpid()}); wait for it to end.")
+    assert "incomplete" in _one_line(capsys, ["plot", str(out)])  # released: interrupted

@@ -16,10 +16,15 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from matplotlib import rcParams
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 from matplotlib.text import Text
+from matplotlib.ticker import FuncFormatter, LogFormatterSciNotation
 
 from jaxattn._app.figures import save_sphere_figure
 from jaxattn.experiments import EXPERIMENTS
@@ -61,8 +66,31 @@ def _draw_demo(name, folder):
         return [save_sphere_figure(f["ys"], f["ts"], f["E"], folder / "demo_sphere.png")]
 
 
+def _decaying(E, decades: float) -> np.ndarray:
+    """`E` (prompts × depth) falling by `decades` over its depth, in its dtype: the
+    saved run barely moves, and a log axis spanning a few decades is where matplotlib
+    labels minor ticks."""
+    return (E * 10.0 ** (-decades * np.linspace(0, 1, E.shape[-1]))).astype(E.dtype)
+
+
+def _draw_loop_decades(name, folder):
+    config, data = _load("loop")
+    decades = float(name.split("-")[-2])
+    return save_loop_figure(_decaying(data["E"], decades), config["layers_per_pass"],
+                            folder / "loop", title=loop_title(config), variant="full")
+
+
+def _draw_grid_decades(name, folder):
+    config, data = _load("loop-grid")
+    decades = float(name.split("-")[-2])
+    data = {k: (_decaying(v, decades) if k.startswith("E") else v) for k, v in data.items()}
+    return EXPERIMENTS["loop-grid"].draw(config, data, folder)
+
+
 FIGURES = {name: _draw_experiment for name in EXPERIMENTS if (DATA / name).is_dir()}
 FIGURES |= {"loop": _draw_loop, "sweep": _draw_sweep, "demo": _draw_demo}
+FIGURES |= {f"loop-{d}-decades": _draw_loop_decades for d in ("0.5", "1.5", "3")}
+FIGURES |= {f"loop-grid-{d}-decades": _draw_grid_decades for d in ("1.5", "3")}
 
 
 @pytest.fixture
@@ -116,11 +144,35 @@ def _overlaps(texts) -> list[str]:
     return found
 
 
+#: Pixels a text keeps from the figure's edge (a title flush with it reads as cut off).
+MARGIN = 2.0
+
+
 def _outside(texts, fig) -> list[str]:
-    """Texts that stick out of the figure (cut off in the saved file)."""
+    """Texts that stick out of the figure or touch its edge (cut off in the saved file)."""
     width, height = fig.get_figwidth() * fig.dpi, fig.get_figheight() * fig.dpi
     return [f"{t.get_text()!r} leaves the figure" for t, b in texts
-            if b.x0 < -SLACK or b.y0 < -SLACK or b.x1 > width + SLACK or b.y1 > height + SLACK]
+            if b.x0 < MARGIN or b.y0 < MARGIN or b.x1 > width - MARGIN
+            or b.y1 > height - MARGIN]
+
+
+def _clipped_markers(fig) -> list[str]:
+    """Markers cut in half by the edge of their axis (a point at the axis limit)."""
+    found = []
+    for ax in fig.axes:
+        if ax.name != "rectilinear":
+            continue
+        box = ax.get_window_extent()
+        for artist in _drawn_in_order(ax):
+            if not (artist.get_clip_on() and (m := _markers(fig, artist))):
+                continue
+            (x, y), r = m[0].T, m[1]
+            cut = np.minimum.reduce([x - box.x0, box.x1 - x, y - box.y0, box.y1 - y])
+            clipped = (cut > -r) & (cut < r / 2)  # a point drawn, but half of it cut off
+            if clipped.any():
+                found.append(f"{ax.get_title()!r}: {clipped.sum()} {artist.get_label()!r} "
+                             "markers cut by the axis edge")
+    return found
 
 
 def _upside_down(texts) -> list[str]:
@@ -155,6 +207,127 @@ def _dropped_from_log_axes(fig) -> list[str]:
     return found
 
 
+def _drawn_in_order(ax) -> list:
+    """`ax`'s visible children in the order the last draw painted them (zorder, then
+    the order they were added; a 3-D axis sets each collection's zorder by depth)."""
+    children = [a for a in ax.get_children() if a.get_visible()]
+    return [a for _, _, a in sorted((a.get_zorder(), i, a) for i, a in enumerate(children))]
+
+
+def _markers(fig, artist):
+    """Where `artist` (a scatter or a line with markers) put its markers, in pixels,
+    their radii, and whether they are filled (a hollow marker hides nothing)."""
+    if isinstance(artist, PathCollection):
+        offsets = np.asarray(artist.get_offsets(), float)
+        if not len(offsets):
+            return None
+        xy = artist.get_offset_transform().transform(offsets)
+        sizes = artist.get_sizes()
+        sizes = sizes if len(sizes) else [rcParams["lines.markersize"] ** 2]
+        radius = np.broadcast_to(np.sqrt(np.asarray(sizes, float)) / 2 * fig.dpi / 72, len(xy))
+        faces = artist.get_facecolors()
+        filled = len(faces) > 0 and bool(np.all(faces[:, 3] > 0.5))
+    elif isinstance(artist, Line2D) and artist.get_marker() not in (None, "", " ", "None", "none"):
+        xy = artist.get_transform().transform(np.asarray(artist.get_xydata(), float))
+        radius = np.full(len(xy), artist.get_markersize() / 2 * fig.dpi / 72)
+        face = artist.get_markerfacecolor()
+        filled = not (isinstance(face, str) and face.lower() == "none")
+    else:
+        return None
+    keep = np.all(np.isfinite(xy), axis=1)
+    return xy[keep], radius[keep], filled
+
+
+#: The share of a marker's disc that a later filled marker may cover (a small dot on
+#: a large ring covers a third of it: both read).
+HIDDEN = 0.6
+
+
+def _covered(d, ra, rb):
+    """The share of a disc of radius `ra` that one of radius `rb` at distance `d` covers."""
+    d, ra, rb = np.broadcast_arrays(np.asarray(d, float), ra, rb)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        a = np.clip((d**2 + ra**2 - rb**2) / (2 * d * ra), -1, 1)
+        b = np.clip((d**2 + rb**2 - ra**2) / (2 * d * rb), -1, 1)
+        lens = (ra**2 * np.arccos(a) + rb**2 * np.arccos(b)
+                - 0.5 * np.sqrt(np.clip((-d + ra + rb) * (d + ra - rb) * (d - ra + rb)
+                                        * (d + ra + rb), 0, None)))
+    area = np.where(d >= ra + rb, 0.0, np.where(d <= np.abs(ra - rb),
+                                                np.pi * np.minimum(ra, rb) ** 2, lens))
+    return area / (np.pi * ra**2)
+
+
+def _hidden_markers(fig) -> list[str]:
+    """Markers mostly painted over (`HIDDEN`) by a later filled marker: an end point
+    under a start point, a star over the point it names, one curve's points under
+    another's."""
+    found = []
+    for ax in fig.axes:
+        drawn = [(a, m) for a in _drawn_in_order(ax) if (m := _markers(fig, a))]
+        for (i, (a, (xa, ra, _))), (b, (xb, rb, filled)) in itertools.product(
+                enumerate(drawn), drawn):
+            if not filled or drawn.index((b, (xb, rb, filled))) <= i:
+                continue
+            dist = np.linalg.norm(xa[:, None] - xb[None], axis=-1)
+            covered = (_covered(dist, ra[:, None], rb[None]) > HIDDEN).any(axis=1)
+            if covered.any():
+                found.append(f"{ax.get_title()!r}: {covered.sum()} of the {a.get_label()!r} "
+                             f"markers hidden under {b.get_label()!r}")
+    return found
+
+
+def _data_points(ax) -> np.ndarray:
+    """The pixels of `ax`'s data: its lines (every 2 px along each segment), scatter
+    points and bars, inside the axis; lines placed in axes units (`axhline`) are no data."""
+    pts = []
+    for line in ax.lines:
+        in_x, in_y = line.get_transform().contains_branch_seperately(ax.transData)
+        if not (line.get_visible() and in_x and in_y):
+            continue
+        xy = line.get_transform().transform(np.asarray(line.get_xydata(), float))
+        for p, q in itertools.pairwise(xy):
+            if np.all(np.isfinite([p, q])):
+                n = int(np.ceil(np.linalg.norm(q - p) / 2)) + 1
+                pts.append(p + np.linspace(0, 1, n)[:, None] * (q - p))
+            elif np.all(np.isfinite(p)):
+                pts.append(p[None])
+    for coll in ax.collections:
+        if isinstance(coll, PathCollection) and coll.get_visible() and len(coll.get_offsets()):
+            pts.append(coll.get_offset_transform().transform(np.asarray(coll.get_offsets(), float)))
+    for patch in ax.patches:
+        in_x, in_y = patch.get_transform().contains_branch_seperately(ax.transData)
+        if isinstance(patch, Rectangle) and patch.get_visible() and in_x and in_y:
+            box = patch.get_window_extent()
+            xs, ys = np.linspace(box.x0, box.x1, 9), np.linspace(box.y0, box.y1, 9)
+            pts.append(np.stack(np.meshgrid(xs, ys), -1).reshape(-1, 2))
+    if not pts:
+        return np.zeros((0, 2))
+    pts = np.concatenate(pts)
+    box = ax.get_window_extent()
+    inside = ((pts[:, 0] >= box.x0) & (pts[:, 0] <= box.x1) & (pts[:, 1] >= box.y0)
+              & (pts[:, 1] <= box.y1))
+    return pts[inside & np.all(np.isfinite(pts), axis=1)]
+
+
+def _legends_over_data(fig) -> list[str]:
+    """Legends drawn over data: a line, a point or a bar of any axis under the box."""
+    found = []
+    legends = [(ax, ax.get_legend()) for ax in fig.axes] + [(None, g) for g in fig.legends]
+    for owner, legend in legends:
+        if legend is None or not legend.get_visible():
+            continue
+        box = legend.get_window_extent().padded(-SLACK)
+        for ax in fig.axes:
+            pts = _data_points(ax)
+            under = ((pts[:, 0] > box.x0) & (pts[:, 0] < box.x1) & (pts[:, 1] > box.y0)
+                     & (pts[:, 1] < box.y1))
+            if under.any():
+                where = owner.get_title() if owner is not None else "figure"
+                found.append(f"the legend of {where!r} covers {under.sum()} data pixels of "
+                             f"{ax.get_title()!r}")
+    return found
+
+
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_figure_is_readable(name, tmp_path, drawn):
     paths = FIGURES[name](name, tmp_path)
@@ -163,7 +336,8 @@ def test_figure_is_readable(name, tmp_path, drawn):
     fig = drawn[0]
     texts = _rendered_texts(fig)
     problems = (_overlaps(texts) + _outside(texts, fig) + _upside_down(texts)
-                + _dropped_from_log_axes(fig))
+                + _dropped_from_log_axes(fig) + _hidden_markers(fig) + _legends_over_data(fig)
+                + _clipped_markers(fig))
     assert not problems, f"{name}: " + "; ".join(problems[:8])
 
 
@@ -193,6 +367,71 @@ def test_the_checks_catch_what_they_look_for():
         assert not [p for p in _dropped_from_log_axes(fig) if "'fine'" in p]
     finally:
         plt.close(fig)
+
+
+def _toy(draw):
+    """A small figure drawn by `draw(fig, ax)` and rendered, as the checks expect it."""
+    fig = Figure(figsize=(3, 2), dpi=100)
+    draw(fig, fig.add_subplot())
+    _rendered_texts(fig)
+    return fig
+
+
+def test_overlapping_tick_labels_are_caught():
+    """Every minor tick labelled on a log axis spanning a few decades: the smear."""
+    def draw(fig, ax):
+        ax.semilogy([0, 1], [1e-4, 1])
+        # wrapped, matplotlib no longer tells the formatter which minor ticks to skip
+        ax.yaxis.set_minor_formatter(FuncFormatter(LogFormatterSciNotation(labelOnlyBase=False)))
+    fig = _toy(draw)
+    assert any("overlaps" in p for p in _overlaps(_rendered_texts(fig)))
+
+
+def test_hidden_markers_are_caught():
+    """An end marker drawn first, at the start marker's place, and painted over."""
+    def draw(fig, ax):
+        ax.scatter([0, 1], [0, 1], s=60, c="0.5", zorder=2, label="end")
+        ax.scatter([0, 1.5], [0, 1.5], s=60, c="white", edgecolors="k", zorder=3, label="start")
+        ax.scatter([1], [1], s=60, facecolors="none", edgecolors="r", zorder=4, label="ring")
+        ax.scatter([1.5], [1.5], s=15, c="k", zorder=5, label="dot")
+    found = _hidden_markers(_toy(draw))
+    assert found == ["'': 1 of the 'end' markers hidden under 'start'"], found
+
+
+def test_legends_over_data_are_caught():
+    def draw(fig, ax):
+        ax.plot(np.linspace(0, 1, 50), np.linspace(1, 0, 50), label="data")
+        ax.legend(loc="upper left")
+    assert _legends_over_data(_toy(draw))
+
+    def clear(fig, ax):
+        ax.plot(np.linspace(0, 1, 50), np.linspace(0, 1, 50), label="data")
+        ax.legend(loc="lower right")
+    assert not _legends_over_data(_toy(clear))
+
+
+def test_text_at_the_edge_and_clipped_markers_are_caught():
+    def draw(fig, ax):
+        ax.scatter([0, 1], [0, 1], s=80, label="points")
+        ax.set_xlim(0, 1)
+        fig.tight_layout()
+        fig.text(1.0, 0.5, "flush", ha="right")
+    fig = _toy(draw)
+    assert _outside(_rendered_texts(fig), fig) == ["'flush' leaves the figure"]
+    assert _clipped_markers(fig) == ["'': 2 'points' markers cut by the axis edge"]
+
+
+def test_figures_are_byte_identical_when_drawn_again(tmp_path, monkeypatch):
+    """A run folder drawn twice, a day apart, is the same, bytes and all: no date in
+    the PDF (matplotlib takes the time from `SOURCE_DATE_EPOCH` when set)."""
+    def draw(folder, day):
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", str(86400 * day))
+        folder.mkdir()
+        return _draw_experiment("phase-diagram", folder)
+
+    first, second = draw(tmp_path / "a", 0), draw(tmp_path / "b", 1)
+    assert sorted(p.suffix for p in first) == [".pdf", ".png"]
+    assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
 
 
 # --- regenerating the saved runs ---------------------------------------------------

@@ -49,13 +49,22 @@ def tidy_3d(ax, labels=("$x_1$", "$x_2$", "$x_3$")) -> None:
         axis.set_tick_params(labelsize=7, pad=1)
 
 
+#: The zorders of the token markers: a mark (`v₁`) lies over the starts and under the
+#: ends, so that a token that ends on it, or where it started, still shows.
+START_Z, MARK_Z, END_Z = 5, 6, 7
+
+
 def _draw_paths(ax, ys) -> None:
-    """Token paths `(T, n, 3)`: start white, end grey."""
+    """Token paths `(T, n, 3)`: start a white ring, end a smaller dark dot drawn over
+    it (a token that hardly moves shows both)."""
     ys = np.asarray(ys)
+    ax.computed_zorder = False  # markers by zorder, not by depth: the ends stay on top
     for i in range(ys.shape[1]):
         ax.plot(*ys[:, i].T, color="tab:blue", lw=1.2)
-    ax.scatter(*ys[0].T, s=40, c="white", edgecolors="k", depthshade=False, zorder=5, label="start")
-    ax.scatter(*ys[-1].T, s=60, c="0.5", edgecolors="k", depthshade=False, zorder=6, label="end")
+    ax.scatter(*ys[0].T, s=60, c="white", edgecolors="k", depthshade=False, zorder=START_Z,
+               label="start")
+    ax.scatter(*ys[-1].T, s=22, c="0.25", edgecolors="k", lw=0.5, depthshade=False,
+               zorder=END_Z, label="end")
 
 
 def draw_sphere_trajectories(ax, ys) -> None:
@@ -168,7 +177,7 @@ def save_sphere_figure(ys, ts, E, path) -> Path:
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     path = Path(path)
-    atomic_write(path, lambda f: fig.savefig(f, format="png"))
+    atomic_write(path, lambda f: fig.savefig(f, format="png", metadata=REPRODUCIBLE["png"]))
     plt.close(fig)
     return path
 
@@ -186,7 +195,7 @@ def draw_head_norms(ax, ts, norms, *, upto=None) -> None:
     ax.set_ylabel("Frobenius norm")
     span = f" (first {upto:g} time units)" if upto is not None and ts[-1] > upto else ""
     ax.set_title("time-varying query–key products" + span)
-    ax.legend(fontsize=8, loc="upper right")
+    legend_below(ax, ncol=min(norms.shape[1], 4))
 
 
 def draw_ellipsoid_trajectories(ax, ys, W=None, *, mark=None, mark_label=None) -> None:
@@ -207,25 +216,56 @@ def draw_ellipsoid_trajectories(ax, ys, W=None, *, mark=None, mark_label=None) -
     if mark is not None:
         mark = np.atleast_2d(np.asarray(mark))
         ax.scatter(*mark.T, s=150, marker="*", c="tab:red", edgecolors="k", depthshade=False,
-                   zorder=7, label=mark_label)
+                   zorder=MARK_Z, label=mark_label)
     ax.legend(loc="upper left", fontsize=8)
+
+
+#: Minor ticks to label on a narrow log axis (by their leading digit), the densest
+#: whose labels keep a line of space between them.
+_LOG_SUBSETS = ((2, 3, 4, 5, 6, 7, 8, 9), (2, 3, 4, 6), (2, 3, 5), (2, 5), (3,), ())
 
 
 def plain_log_labels(axis) -> None:
     """Plain numbers (`0.72`) on a log axis that spans less than two decades, where
-    matplotlib would label minor ticks `7.2×10⁻¹`; wider axes keep powers of ten."""
-    from matplotlib.ticker import FuncFormatter
+    matplotlib would label minor ticks `7.2×10⁻¹`; wider axes keep powers of ten
+    and matplotlib's choice of minor labels (none beyond a decade). On a narrow axis
+    the minor ticks labelled are the most that leave a label's height between two
+    labels, at the axis's size in the figure."""
+    from matplotlib import rcParams
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.ticker import LogFormatterSciNotation
 
-    def narrow() -> bool:  # asked at every draw: later curves may widen the axis
+    def narrow() -> tuple[float, float] | None:  # asked at every draw
         lo, hi = sorted(axis.get_view_interval())
-        return lo > 0 and hi / lo < 100
+        return (lo, hi) if lo > 0 and hi / lo < 100 else None
 
-    def plain(default):  # the ticks matplotlib labels, in plain numbers
-        return FuncFormatter(lambda v, pos: (f"{v:.3g}" if narrow() and default(v, pos)
-                                             else default(v, pos)))
+    class Plain(LogFormatterSciNotation):
+        # a subclass, not a wrapper: matplotlib tells it the axis span (`set_locs`),
+        # from which it picks the minor ticks to label; a wrapper labelled them all
+        def __init__(self, minor: bool):
+            super().__init__(labelOnlyBase=False)
+            self.minor = minor
 
-    axis.set_major_formatter(plain(axis.get_major_formatter()))
-    axis.set_minor_formatter(plain(axis.get_minor_formatter()))
+        def __call__(self, x, pos=None):
+            span = narrow()
+            if span is None:
+                return super().__call__(x, pos)
+            digit = round(x / 10 ** np.floor(np.log10(x) + 1e-9))
+            return f"{x:.3g}" if not self.minor or digit in room(*span) else ""
+
+    def room(lo, hi) -> tuple[int, ...]:
+        box = axis.axes.bbox
+        pixels = (box.height if axis.axis_name == "y" else box.width) / np.log10(hi / lo)
+        points = FontProperties(size=rcParams[f"{axis.axis_name}tick.labelsize"])
+        size = axis.get_figure(root=True).dpi / 72 * points.get_size_in_points()
+        for subset in _LOG_SUBSETS:
+            marks = np.log10([1, *subset, 10])
+            if np.diff(marks).min() * pixels >= 2 * size:
+                return subset
+        return ()
+
+    axis.set_major_formatter(Plain(minor=False))
+    axis.set_minor_formatter(Plain(minor=True))
 
 
 def integer_ticks(axis) -> None:
@@ -238,7 +278,11 @@ def integer_ticks(axis) -> None:
 def opaque_legend(ax, **kw):
     """`ax.legend(**kw)` with its line and patch keys drawn opaque (faint bundles of
     curves would otherwise give faint keys)."""
-    legend = ax.legend(**kw)
+    return opaque(ax.legend(**kw))
+
+
+def opaque(legend):
+    """`legend` with its line and patch keys drawn opaque; returns it."""
     for handle in legend.legend_handles:
         if handle is not None:
             handle.set_alpha(1.0)
@@ -272,6 +316,12 @@ def wrap(text: str, width_inches: float, fontsize: float = 10) -> str:
     return "\n".join(lines).replace("\0", " ") or text
 
 
+#: Metadata that keeps a figure's bytes the same from one run to the next: no creation
+#: date in a PDF (matplotlib would stamp the time, or `SOURCE_DATE_EPOCH` when set);
+#: a PNG carries only the software's name.
+REPRODUCIBLE = {"pdf": {"CreationDate": None}, "png": {}}
+
+
 def save_figure(fig, stem, title=None) -> list[Path]:
     """Write `fig` as `stem.png` and `stem.pdf` (each atomically) and close it; `title`
     (wrapped to the figure's width) goes above the panels.
@@ -288,6 +338,7 @@ def save_figure(fig, stem, title=None) -> list[Path]:
     paths = []
     for ext in ("png", "pdf"):
         path = stem.with_suffix(f".{ext}")
-        paths.append(atomic_write(path, lambda f, ext=ext: fig.savefig(f, format=ext)))
+        paths.append(atomic_write(path, lambda f, ext=ext: fig.savefig(
+            f, format=ext, metadata=REPRODUCIBLE[ext])))
     plt.close(fig)
     return paths

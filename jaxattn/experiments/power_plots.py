@@ -25,12 +25,19 @@ def power_shared(data, stem):
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 3.9))
     lam = data["eig_modulus"]
     ax = axes[0]
-    ax.scatter(lam.real, lam.imag, s=6, c="0.5", lw=0)
-    for tag, color, name in (("modulus", "tab:red", r"$|\lambda|$"),
-                             ("step", "tab:blue", r"$|1+\tau\lambda|$")):
+    firsts = [data[f"eig_{tag}"][0] for tag in ("modulus", "step")]
+    rest = lam[~np.isin(lam, firsts)]  # the two marked ones are drawn by their marks
+    ax.scatter(rest.real, rest.imag, s=6, c="0.5", lw=0)
+    # a filled star and a ring: both read when the two orders pick the same eigenvalue
+    for tag, name, style in (("modulus", r"$|\lambda|$",
+                              dict(s=80, marker="*", c="tab:red", edgecolors="k")),
+                             ("step", r"$|1+\tau\lambda|$",
+                              dict(s=200, marker="o", facecolors="none",
+                                   edgecolors="tab:blue", lw=1.5))):
         l1 = data[f"eig_{tag}"][0]
-        ax.scatter([l1.real], [l1.imag], s=80, marker="*", c=color, edgecolors="k", zorder=5,
+        ax.scatter([l1.real], [l1.imag], zorder=5, clip_on=False, **style,
                    label=rf"$\lambda_1$ by {name} (case {int(data[f'case_{tag}'])})")
+    ax.margins(0.12)  # the marks at the extreme eigenvalues stay whole
     ax.set_xlabel(r"Re $\lambda$")
     ax.set_ylabel(r"Im $\lambda$")
     ax.set_title(r"eigenvalues of $\Omega$")
@@ -75,7 +82,7 @@ def layer_stats(axes, data):
     ell = np.arange(len(data["stat_c"]))
     _band(axes[0], ell, data["stat_c"], data["stat_c_std"], "tab:blue",
           r"$c_\ell$ (along $v_1$), mean ± std")
-    axes[0].plot(ell, data["stat_c_bar"], "s--", color="tab:orange", ms=3,
+    axes[0].plot(ell, data["stat_c_bar"], "s--", color="tab:orange", ms=5, mfc="none",
                  label=r"$\bar c_\ell$ (all eigenvectors)")
     axes[0].set_ylabel(r"alignment after layer $\ell$")
     _band(axes[1], ell, data["stat_delta"], data["stat_delta_std"], "tab:blue",
@@ -88,7 +95,7 @@ def layer_stats(axes, data):
     axes[2].plot(ell, data["stat_p_bar"], "s--", color="tab:orange", ms=3,
                  label=r"$\bar p_\ell$")
     axes[2].axhline(0.5, color="k", lw=0.6)
-    axes[2].set_ylim(0, 1)
+    axes[2].set_ylim(-0.04, 1.04)  # a probability of 0 or 1 keeps its whole marker
     axes[2].set_ylabel("P(increment > 0)")
     for ax in axes:
         ax.set_xlabel(r"layer $\ell$")
@@ -103,7 +110,8 @@ def power_layers(data, stem):
     eig = data["eigenvalues"]
     ell = np.arange(eig.shape[0])
     for k in range(eig.shape[1]):
-        axes[3].plot(ell, eig[:, k].real, "o-", ms=3, lw=1, label=rf"Re $\lambda_{k + 1}$")
+        axes[3].plot(ell, eig[:, k].real, "o-", ms=4, mfc="none", lw=1,
+                     label=rf"Re $\lambda_{k + 1}$")  # open: crossing curves all show
     axes[3].set_xlabel(r"layer $\ell$")
     integer_ticks(axes[3].xaxis)
     axes[3].set_title("leading eigenvalues (Fig. 6)", fontsize=9)
@@ -117,8 +125,9 @@ def steer(data, stem):
     ell = np.arange(len(data["c_u"]))
     ax = axes[0]
     ax.plot(ell, data["c_u"], "o-", color="tab:red", ms=4, label="last layer steered")
-    ax.plot(ell, data["c_u_plain"], "s--", color="0.4", ms=3, label="unsteered")
-    ax.set_ylim(0, 1.02)
+    # open squares over the red dots: where steering changes nothing, both show
+    ax.plot(ell, data["c_u_plain"], "s--", color="0.4", ms=6, mfc="none", label="unsteered")
+    ax.set_ylim(0, 1.06)
     ax.set_xlabel("layer (0 = input)")
     ax.set_ylabel(r"mean $|\cos(x, u)|$")
     integer_ticks(ax.xaxis)
@@ -126,16 +135,16 @@ def steer(data, stem):
     legend_below(ax)
     ax = axes[1]
     ax.semilogx(data["gammas"], data["end_alignment"], "o-", color="tab:red", ms=4)
-    ax.set_ylim(0, 1.02)
+    ax.set_ylim(0, 1.06)
     ax.set_xlabel(rf"$\gamma$   ($\|\Omega_L\|_2$ = {float(data['norm']):.3g})")
     ax.set_ylabel(r"mean $|\cos(x^L, u)|$")
     ax.set_title(r"$\gamma$ sweep")
     ax = axes[2]
     ax.plot(ell[1:] - 1, data["stat_c"], "o-", color="tab:blue", ms=3,
             label=r"$c_\ell$ (along $v_1$ of $\Omega_\ell$)")
-    ax.plot(ell[1:] - 1, data["stat_c_bar"], "s--", color="tab:orange", ms=3,
+    ax.plot(ell[1:] - 1, data["stat_c_bar"], "s--", color="tab:orange", ms=5, mfc="none",
             label=r"$\bar c_\ell$ (all eigenvectors)")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylim(0, 1.06)
     ax.set_xlabel(r"layer $\ell$")
     integer_ticks(ax.xaxis)
     ax.set_title(r"steered model: $c_\ell$ vs $\bar c_\ell$ (Fig. 2/9)")

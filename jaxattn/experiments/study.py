@@ -110,4 +110,4 @@ def draw_trace(ax, trace, baseline, label):
     ax.set_xlabel("optimiser step")
     figures.integer_ticks(ax.xaxis)
     ax.set_ylabel(label)
-    figures.opaque_legend(ax, fontsize=8)
+    figures.opaque(figures.legend_below(ax, ncol=2))  # the traces fill the panel

@@ -25,8 +25,10 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from . import theory as theory
     from ._determinism import deterministic_xla_flags as deterministic_xla_flags
     from ._dynamics import SelfAttentionDynamics as SelfAttentionDynamics
+    from ._dynamics import random_dynamics as random_dynamics
     from ._dynamics import random_mask as random_mask
     from ._flow import FlowResult as FlowResult
+    from ._flow import FlowSolution as FlowSolution
     from ._flow import ManifoldSolver as ManifoldSolver
     from ._flow import solve_flow as solve_flow
     from ._layers import run_layers as run_layers
@@ -46,8 +48,10 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
 #: Each public name → the module that defines it.
 _ATTRIBUTES = {
     "SelfAttentionDynamics": "._dynamics",
+    "random_dynamics": "._dynamics",
     "random_mask": "._dynamics",
     "FlowResult": "._flow",
+    "FlowSolution": "._flow",
     "ManifoldSolver": "._flow",
     "solve_flow": "._flow",
     "run_layers": "._layers",

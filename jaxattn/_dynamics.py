@@ -332,6 +332,42 @@ def random_mask(key: PRNGKeyArray, n: int, p: float) -> Bool[Array, "n n"]:
     return jax.random.bernoulli(key, p, (n, n)) | jnp.eye(n, dtype=bool)
 
 
+def random_dynamics(key: PRNGKeyArray, heads: int, d: int, *, scale: float = 1.0,
+                    beta: float = 1.0, dtype=None, **options) -> SelfAttentionDynamics:
+    """A random model: every entry of each `P_η` and `U_η` drawn independently from
+    `N(0, scale² / d)`.
+
+    With that variance a weight maps a unit token to a vector of expected squared
+    length `scale²` (`E|P x|² = scale²` for `|x| = 1`), so logits `β xᵀ P x` and
+    updates stay of order `scale` in every dimension. `P` and `U` use independent
+    keys (`jax.random.split(key)`).
+
+    **Arguments:**
+
+    - `key`: a JAX PRNG key.
+    - `heads`: the number of heads `h ≥ 1`.
+    - `d`: the dimension `d ≥ 1`.
+    - `scale`: the standard deviation times `√d` (default 1), `> 0`.
+    - `beta`: the inverse temperature `β` (default 1).
+    - `dtype`: the weights' dtype (default: JAX's default float).
+    - `**options`: any other `SelfAttentionDynamics` argument (`W`, `causal`,
+      `norm`, `window`, `mask`, `kernel`, `precision`, `bias`).
+
+    **Returns:**
+
+    A `SelfAttentionDynamics` with constant `(h, d, d)` weights.
+    """
+    heads, d = check_count(heads, "heads", 1), check_count(d, "d", 1)
+    scale = check_scalar(scale, "scale", positive=True)
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"random_dynamics: `dtype` must be a floating dtype, got {dtype!r}.")
+    std = float(scale / np.sqrt(d))  # a Python float: the draw keeps `dtype`
+    kP, kU = jax.random.split(key)
+    P, U = (std * jax.random.normal(k, (heads, d, d), dtype) for k in (kP, kU))
+    return SelfAttentionDynamics(P, U, beta=beta, **options)
+
+
 def _check_choice(value, name: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"`{name}` must be one of {', '.join(map(repr, choices))}, "

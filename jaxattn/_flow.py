@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optimistix as optx
 from jaxtyping import Array, Bool, Float, Int, Real
 
 from ._batch import call_batched, check_token_shape, map_batch, map_systems, prepare_tokens
@@ -97,6 +98,33 @@ class FlowResult(NamedTuple):
     num_steps: Int[Array, "*batch"]
 
 
+class FlowSolution(NamedTuple):
+    """What `solve_flow(..., solution=True)` returns, per sample of the batch, after
+    diffrax's `Solution`.
+
+    - `ts`: the save times `(..., T)`; with an `event` that stopped the run, the
+      times after the stop are `inf` (diffrax's convention).
+    - `ys`: tokens at those times `(..., T, n, d)` (`inf` after a stop).
+    - `t1`: `(...)` the time the solve ended: `ts[-1]`, or the event's time.
+    - `y1`: `(..., n, d)` the tokens at `t1`.
+    - `stats`: diffrax's counts, each `(...)`: `num_steps`, `num_accepted_steps`,
+      `num_rejected_steps`.
+    - `result`: diffrax's `RESULTS` per sample (`diffrax.RESULTS.successful`, or
+      `event_occurred` where the event stopped the run).
+    - `success`: `(...)` bool, the run reached `ts[-1]` or its event, with finite tokens.
+    - `event`: `(...)` bool, whether the event stopped the run.
+    """
+
+    ts: Real[Array, "*batch T"]
+    ys: Float[Array, "*batch T n d"]
+    t1: Real[Array, "*batch"]
+    y1: Float[Array, "*batch n d"]
+    stats: dict
+    result: dfx.RESULTS
+    success: Bool[Array, "*batch"]
+    event: Bool[Array, "*batch"]
+
+
 def _check_ts(ts) -> Real[Array, " T"]:
     ts = as_float_array(ts, "ts")
     if ts.ndim != 1 or ts.shape[0] < 1:
@@ -123,11 +151,19 @@ def _ensemble_velocity(t, x, dyn):
     return _velocity_last(x, dyn, t)
 
 
+_STATS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
+
+
 def _solve_one(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw,
-               field=_velocity):
+               field=_velocity, event=None):
+    """One diffrax solve: `(ys, result, accepted steps)`, and with an `event` (or when
+    the full solution is asked for) `(ts, ys, t1, y1, stats)` in place of `ys`."""
     # The model goes in as `args`, not a closure: BacksolveAdjoint differentiates
     # only through `args`, and a closed-over traced model breaks it.
     term = dfx.ODETerm(field)
+    full = event is not None
+    saveat = (dfx.SaveAt(subs=[dfx.SubSaveAt(ts=ts), dfx.SubSaveAt(t1=True)]) if full
+              else dfx.SaveAt(ts=ts))
     sol = dfx.diffeqsolve(
         term,
         solver,
@@ -135,14 +171,20 @@ def _solve_one(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw,
         t1=ts[-1],
         dt0=dt0,
         y0=x0,
-        saveat=dfx.SaveAt(ts=ts),
+        saveat=saveat,
         stepsize_controller=controller,
         max_steps=max_steps,
         adjoint=adjoint,
         throw=throw,
         args=dyn,
+        event=None if event is None or event is True else event,
     )
-    return sol.ys, sol.result, sol.stats["num_accepted_steps"]
+    steps = sol.stats["num_accepted_steps"]
+    if not full:
+        return sol.ys, sol.result, steps
+    (ts_saved, t_end), (ys, y_end) = sol.ts, sol.ys
+    stats = {k: sol.stats[k] for k in _STATS}
+    return (ts_saved, ys, t_end[0], y_end[0], stats), sol.result, steps
 
 
 def _with_metric(solver, W):
@@ -152,7 +194,7 @@ def _with_metric(solver, W):
     return eqx.tree_at(lambda s: s.W, solver, W, is_leaf=lambda v: v is None)
 
 
-def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw):
+def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event=None):
     """`program(model, x, fused)` for `map_systems`: one diffrax solve of a system, or
     on the fused path of a chunk of systems as the state `(n, d, B)`, its status given
     to each of them. With constant steps every system takes the steps it would take
@@ -161,10 +203,13 @@ def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw):
     def program(dyn, x, fused):
         field = _ensemble_velocity if fused else _velocity
         ys, result, steps = _solve_one(dyn, x, ts, _with_metric(solver, dyn.W), controller,
-                                       dt0, max_steps, adjoint, throw, field)
+                                       dt0, max_steps, adjoint, throw, field, event)
         if not fused:
             return ys, result, steps
-        same = lambda a: jnp.broadcast_to(a, x.shape[-1:])  # noqa: E731
+        same = lambda a: jnp.broadcast_to(a, a.shape + x.shape[-1:])  # noqa: E731
+        if event is not None:  # the full solution: times and counts shared by the chunk
+            saved, ys, t_end, y_end, stats = ys
+            ys = (same(saved), ys, same(t_end), y_end, jax.tree.map(same, stats))
         return ys, jax.tree.map(same, result), same(steps)
 
     return program
@@ -172,7 +217,7 @@ def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw):
 
 @eqx.filter_jit
 def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw, project_out,
-                   checks, fused=False, chunk=None):
+                   checks, fused=False, chunk=None, event=None):
     x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     ts = ts.astype(x0.dtype)
     throw_now = throw and checks  # else the caller raises diffrax's message on the host
@@ -181,16 +226,26 @@ def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thr
         # steps": name the cause instead, from the vector field at the start.
         v0 = map_models(lambda d, x: map_batch(lambda y: d.velocity(ts[0], y), x), dyn, x0)
         x0 = eqx.error_if(x0, ~jnp.all(jnp.isfinite(v0)), NONFINITE)
-    program = _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw_now)
-    ys, result, steps = map_systems(program, dyn, x0, fused=fused, chunk=chunk)
+    program = _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw_now, event)
+    out, result, steps = map_systems(program, dyn, x0, fused=fused, chunk=chunk)
+    full = out if event is not None else None
+    ys = out if full is None else full[1]
     # Saved values between steps come from the solver's dense interpolant, which
-    # leaves E_W by up to the local error; retract them like the steps.
+    # leaves E_W by up to the local error; retract them like the steps. After an
+    # event's stop the saved entries are inf (diffrax's convention): left as they are.
+    saved = jnp.ones(ys.shape[:-2], bool) if full is None else jnp.isfinite(full[0])
     if project_out:
         ys = map_models(lambda d, y: project(y, d.W), dyn, ys)
-    solved = result == dfx.RESULTS.successful
-    finite = jnp.all(jnp.isfinite(ys), axis=tuple(range(solved.ndim, ys.ndim)))
+    ys = jnp.where(saved[..., None, None], ys, jnp.inf)
+    solved = (result == dfx.RESULTS.successful) | (result == dfx.RESULTS.event_occurred)
+    finite = jnp.all(jnp.isfinite(ys) | ~saved[..., None, None],
+                     axis=tuple(range(solved.ndim, ys.ndim)))
     if throw_now:
         ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
+    if full is not None:
+        y_end = map_models(lambda d, y: project(y, d.W), dyn, full[3]) if project_out \
+            else full[3]
+        ys = (full[0], ys, full[2], y_end, full[4])
     return ys, solved, finite, steps, result
 
 
@@ -220,7 +275,9 @@ def solve_flow(
     throw: bool = True,
     devices=None,
     strategy: str = "auto",
-) -> Float[Array, "*batch T n d"] | FlowResult:
+    solution: bool = False,
+    event=None,
+) -> Float[Array, "*batch T n d"] | FlowResult | FlowSolution:
     """Integrate the continuous attention flow (paper 001 eq. 6) with diffrax.
 
     `dx_i/dt = v_i(t, x) − ⟨x_i, v_i(t, x)⟩_W x_i` from `t = ts[0]`, saving at
@@ -281,10 +338,23 @@ def solve_flow(
       over all systems (as torchdiffeq's), so results differ from per-system steps
       within the tolerances and every system reports the same `num_steps`.
       `"general"` vmaps one diffrax solve per system, each with its own steps.
+    - `solution`: return a `FlowSolution` (`ts`, `ys`, `t1`, `y1`, `stats`,
+      `result`, `success`, `event`, after diffrax's `Solution`) in place of `ys`
+      (default `False`: the array).
+    - `event`: stop each sample's run on a condition (needs `solution=True`): a
+      function `cond(t, x)` of the time and one sequence's tokens `(n, d)`, e.g.
+      `lambda t, x: ja.misalignment(x) - 1e-4` to stop at `E = 10⁻⁴`. A real
+      value stops the run where it changes sign, the time located by a Newton root
+      find on the solver's dense output; a bool stops it at the end of the first
+      step where it is `True`. A `diffrax.Event` is used as it is (its `cond_fn`
+      gets `(t, x, dyn, **kwargs)`). The stop time and tokens are the solution's
+      `t1`, `y1`; save times after the stop are `inf`. Runs on the general path
+      (each sample stops on its own).
 
     **Returns:**
 
-    `ys` of shape `(..., len(ts), n, d)`, or a `FlowResult` when `throw=False`.
+    `ys` of shape `(..., len(ts), n, d)`, or a `FlowResult` when `throw=False`, or
+    a `FlowSolution` when `solution=True`.
     """
     dyn, x0, unflatten = stack_tokens(dyn, as_float_array(x0, "x0"))
     one = first_model(dyn)
@@ -294,19 +364,51 @@ def solve_flow(
     x0 = check_token_shape(one, x0)
     options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                        on_manifold)
-    fused = _fused(one, x0.shape, strategy, options, (dyn, x0))
+    event = _event(event, solution, x0.dtype)
+    if event is not None and event is not True and strategy == "fused":
+        raise ValueError("`event=` stops each sample on its own: use strategy=\"general\" "
+                         "or \"auto\" (the fused path shares one run over the batch).")
+    fused = (event is None or event is True) and _fused(one, x0.shape, strategy, options,
+                                                        (dyn, x0))
     if fused:
         options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                            on_manifold, fused=True)
     if x0.size == 0:  # an empty batch: diffrax cannot vmap over it
+        if event is not None:
+            raise ValueError("`solution=True` needs at least one sequence in `x0`.")
         return unflatten(_empty(x0, options[0], throw))
     (ys, solved, finite, steps, result), checked = call_batched(
         _solve_batched, dyn, x0, devices, *options, adjoint, bool(throw), bool(on_manifold),
-        fused=fused, chunk=chunk_size(devices)
+        fused=fused, chunk=chunk_size(devices), event=event
     )
     if throw and not checked:
         _raise_failure(solved, finite, result)
+    if event is not None:
+        saved, ys, t_end, y_end, stats = ys
+        stopped = result == dfx.RESULTS.event_occurred
+        return unflatten(FlowSolution(saved, ys, t_end, y_end, stats, result, solved & finite,
+                                      stopped))
     return unflatten(ys if throw else FlowResult(ys, solved & finite, steps))
+
+
+def _event(event, solution, dtype):
+    """`None` (the array), `True` (the full solution, no event) or a `diffrax.Event`."""
+    if not isinstance(solution, bool):
+        raise TypeError(f"`solution` must be True or False, got {solution!r}.")
+    if event is None:
+        return True if solution else None
+    if not solution:
+        raise ValueError("`event=` needs `solution=True`: the stop time and tokens are "
+                         "the solution's `t1` and `y1`.")
+    if isinstance(event, dfx.Event):
+        return event
+    if not callable(event):
+        raise TypeError(f"`event` must be a function cond(t, x) or a diffrax.Event, got "
+                        f"{type(event).__name__}.")
+    # The root is located on the dense output, smooth in t: Newton converges fast,
+    # to a tolerance above the dtype's rounding of t.
+    tol = float(jnp.finfo(dtype).eps) ** 0.75
+    return dfx.Event(lambda t, y, args, **kwargs: event(t, y), optx.Newton(rtol=tol, atol=tol))
 
 
 def _empty(x0, ts, throw: bool):
@@ -333,7 +435,7 @@ def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-
     if fused:
         options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                            on_manifold, fused=True)
-    ys, solved, finite, steps, _ = _solve_batched(
+    ys, solved, finite, steps, *_ = _solve_batched(
         dyn, x0, *options, adjoint, False, bool(on_manifold), False, fused, chunk_size()
     )
     return unflatten(FlowResult(ys, solved & finite, steps))

@@ -123,9 +123,21 @@ def run_layers(
 ) -> Float[Array, "*batch L+1 n d"] | PyTree[Array]:
     """Run `num_layers` discrete attention layers (paper 001 eq. 4).
 
-    Layer `k` maps `x(k) ↦ x(k+1) = N_W(x(k) + τ v(kτ, x(k)))`, reading
-    time-varying weights at `t = kτ`. Compiled once per shape; leading axes of
-    `x0` are a batch, run as one vmapped program.
+    Layer `k` maps `x(k) ↦ x(k+1)`, reading time-varying weights at `t = kτ`, with
+    `v_i = Σ_η Σ_j α^η_ij U_η x_j` (`dyn.raw_update`) and `N = N_W`, by the
+    model's `norm` (`dyn.layer`):
+
+    | `norm`           | `x_i(k+1) =`                                   |
+    |------------------|------------------------------------------------|
+    | `"post"` (eq. 4) | `N(x_i + τ v_i(x))`                            |
+    | `"pre"`          | `x_i + τ v_i(N(x))`                            |
+    | `"peri"`         | `x_i + τ N(v_i(N(x)))`                         |
+    | `"ngpt"`         | `N(x_i + τ (N(v_i(x)) − x_i))`                 |
+    | `"none"`         | `x_i + τ v_i(x)`                               |
+
+    (`N(0) = 0`: a zero update stays zero.) `"post"` and `"ngpt"` keep the tokens
+    on `E_W`; the others let them leave it. Compiled once per shape; leading axes
+    of `x0` are a batch, run as one vmapped program.
 
     **Arguments:**
 

@@ -12,7 +12,9 @@ from ._consensus import attention_entropy as attention_entropy
 from ._consensus import cluster_count as cluster_count
 from ._consensus import consensus_time as consensus_time
 from ._consensus import misalignment as misalignment
+from ._consensus import misalignment_floor as misalignment_floor
 from ._consensus import pairwise_lyapunov as pairwise_lyapunov
+from ._consensus import pairwise_misalignment as pairwise_misalignment
 from ._consensus import potential as potential
 from ._consensus import rank_collapse_residual as rank_collapse_residual
 from ._hemisphere import Hemisphere as Hemisphere
@@ -27,7 +29,9 @@ __all__ = [
     "consensus_time",
     "hemisphere",
     "misalignment",
+    "misalignment_floor",
     "pairwise_lyapunov",
+    "pairwise_misalignment",
     "potential",
     "rank_collapse_residual",
     "wendel_probability",

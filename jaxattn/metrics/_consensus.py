@@ -1,5 +1,7 @@
 """Measures of consensus along the flow and the layers (paper 001 §3–6)."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +9,7 @@ from jaxtyping import Array, Float, Int, Real
 
 from .._manifold import project, scale_rows, w_inner
 from .._precision import matmul
-from .._validate import as_float_array, check_metric, check_rows_now, check_scalar
+from .._validate import as_float_array, check_count, check_metric, check_rows_now, check_scalar
 
 
 def misalignment(
@@ -15,8 +17,17 @@ def misalignment(
 ) -> Float[Array, "*batch"]:
     """The misalignment `E(x) = 1 − (1/n) Σ_i cos(x_1, x_i)` (paper 001 eq. 25).
 
-    Zero exactly when every token points along the first one (consensus); at most 2.
+    Zero exactly when every token points along the first one (consensus).
     Computed over the last two axes; leading axes (batch, time) are kept.
+
+    **Reading E.** As in the papers, `E` is measured against token 1: it is not
+    symmetric in the tokens (permuting them changes it) and it lies in `[0, 2]`,
+    above 1 when tokens point away from the first one. `pairwise_misalignment` is
+    its symmetric companion, the mean `1 − cos` over all pairs. Rounding alone
+    leaves a collapsed configuration at `E ≤ misalignment_floor(dtype, n, d)`
+    (`(n − 1)/n · 2r²` with `r` a few units in the last place, ~1e-13 in float32,
+    ~5e-31 in float64): a run whose `E` sits at or below it has reached consensus
+    to the precision of its dtype, and no smaller `E` is meaningful.
 
     Evaluated without cancellation as `(1/n) Σ_i |x̂_i − x̂_1|²_W / 2`, with
     `x̂ = N_W(x)` (each row brought to unit scale by a power of two first, so
@@ -39,14 +50,96 @@ def misalignment(
 
     `E` with the shape of the leading axes.
     """
-    x = as_float_array(x, "x")
-    if x.ndim < 2:
-        raise ValueError(f"misalignment needs tokens of shape (..., n, d), got {x.shape}.")
-    check_rows_now(x, "x", "misalignment")
+    x = _some_tokens(x, "misalignment")
     if W is not None:
         W = check_metric(W, x.shape[-1])
     unit = project(x, W)
     return jnp.mean(_half_sq_norm(unit - unit[..., :1, :], W), axis=-1)
+
+
+def _some_tokens(x, where: str) -> Float[Array, "*batch n d"]:
+    """`x` as tokens `(..., n, d)` with `n, d ≥ 1`, checked when concrete, or a
+    one-line error naming `x` and the fix."""
+    x = as_float_array(x, "x")
+    if x.ndim < 2:
+        raise ValueError(f"{where} needs tokens `x` of shape (..., n, d), got {x.shape}.")
+    if x.shape[-2] == 0 or x.shape[-1] == 0:
+        raise ValueError(f"{where}: `x` {x.shape} is empty (n = {x.shape[-2]} tokens, d = "
+                         f"{x.shape[-1]}); pass at least one token of dimension d ≥ 1.")
+    check_rows_now(x, "x", where)
+    return x
+
+
+def pairwise_misalignment(
+    x: Float[Array, "*batch n d"], W: Float[Array, "d d"] | None = None
+) -> Float[Array, "*batch"]:
+    """The symmetric misalignment: the mean of `1 − cos(x_i, x_j)` over all pairs
+    `i ≠ j`.
+
+    Unlike `misalignment` (measured against token 1) it does not change when the
+    tokens are permuted. Zero exactly at consensus, at most `n / (n − 1)` (`0` for a
+    single token). With `E = misalignment(x)`: `pairwise ≤ 4E` (each `1 − cos` is
+    half a squared distance, and `|a − b|² ≤ 2|a − c|² + 2|b − c|²`) and
+    `E ≤ (n − 1)/2 · pairwise` (equality when token 1 alone is off the others).
+
+    Evaluated without cancellation from the offsets `r_i = x̂_i − x̂_1` of the
+    tokens put on unit scale (`x̂ = N_W(x)`): `Σ_{i<j} |x̂_i − x̂_j|² = n Σ_i |r_i − r̄|²`,
+    so it resolves the same small values as `misalignment`, in `O(n d)`.
+
+    **Arguments:**
+
+    - `x`: tokens `(..., n, d)`, nonzero finite rows (checked as in `misalignment`).
+    - `W`: a metric `(d, d)` for the `W`-cosine; `None` (default) is the Euclidean one.
+
+    **Returns:**
+
+    The mean over pairs, with the shape of the leading axes.
+    """
+    x = _some_tokens(x, "pairwise_misalignment")
+    if W is not None:
+        W = check_metric(W, x.shape[-1])
+    n = x.shape[-2]
+    unit = project(x, W)
+    r = unit - unit[..., :1, :]
+    spread = jnp.sum(_half_sq_norm(r - jnp.mean(r, axis=-2, keepdims=True), W), axis=-1)
+    return spread * (2 / max(n - 1, 1))  # Σ_{i<j} / (n(n − 1)/2), with Σ_{i<j} = n·spread
+
+
+def misalignment_floor(dtype, n: int, d: int) -> float:
+    """The largest misalignment `E` (eq. 25) that rounding alone gives a collapsed
+    configuration of `n` tokens in `R^d` stored in `dtype`: below it `E` is noise.
+
+    **Derivation.** Let `u = eps/2` be the unit roundoff of `dtype`. Collapsed tokens
+    are positive multiples of one unit direction `x̂`, each entry stored to within
+    `u` of its value. `misalignment` brings each token to unit scale (a power of two:
+    exact), sums its `d` squares (relative error ≤ `(⌈log₂ d⌉ + 1) u` for the
+    pairwise sums the reductions use), takes the square root (half that, `+ u`) and
+    divides (`+ u` per entry). So each normalised token lies within
+    `r = (⌈log₂ d⌉ + 7) u / 2` of `x̂`, two tokens within `2r` of each other, and
+    `E = (1/n) Σ_{i>1} |x̂_i − x̂_1|² / 2 ≤ (n − 1)/n · 2r²`. In float32 with `d = 3`
+    that is ~1e-13, in float64 ~5e-31; `pairwise_misalignment` of a collapsed
+    configuration is at most `n/(n − 1)` times it. It is the floor of the Euclidean
+    cosine (`W = None`); a metric `W` adds the rounding of `W x`, larger by up to
+    `W`'s condition number.
+
+    **Arguments:**
+
+    - `dtype`: the tokens' floating dtype (`jnp.float32`, `"float64"`, …).
+    - `n`: the number of tokens, `≥ 1`.
+    - `d`: their dimension, `≥ 1`.
+
+    **Returns:**
+
+    The floor, a Python float (`0` for one token).
+    """
+    try:
+        eps = float(jnp.finfo(dtype).eps)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"misalignment_floor: `dtype` must be a floating dtype such as "
+                        f"jnp.float32, got {dtype!r}.") from e
+    n, d = check_count(n, "n", 1), check_count(d, "d", 1)
+    r = (math.ceil(math.log2(d)) + 7) * (eps / 2) / 2
+    return (n - 1) / n * 2 * r * r
 
 
 def _half_sq_norm(r: Float[Array, "... d"], W: Float[Array, "d d"] | None) -> Float[Array, "..."]:

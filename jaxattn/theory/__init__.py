@@ -3,7 +3,8 @@
 
 `classify` and `predict` run on the host (they read concrete weights); see
 `classify` for the tolerances, which are relative to each weight's own scale (the
-verdict does not change under `P → cP, β → β/c` or `U → cU`). Each theorem's
+verdict does not change under `P → cP, β → β/c` or `U → cU`) and by default scale
+with the weights' dtype (`default_tol`). Each theorem's
 domain and outcome tests are also available for one sequence at a time, traceable
 under `jit` and `vmap`: `ja.theory.theorem_test(theorem, dyn)`; `predict` and the
 sweeps use them.
@@ -14,6 +15,7 @@ from ._classify import Check as Check
 from ._classify import Classification as Classification
 from ._classify import TheoremReport as TheoremReport
 from ._classify import classify as classify
+from ._classify import default_tol as default_tol
 from ._predict import AbstractTheoremTest as AbstractTheoremTest
 from ._predict import Prediction as Prediction
 from ._predict import Theorem32Test as Theorem32Test
@@ -37,6 +39,7 @@ __all__ = [
     "Theorem52Test",
     "Theorem53Test",
     "classify",
+    "default_tol",
     "predict",
     "theorem_test",
 ]

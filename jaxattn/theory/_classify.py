@@ -266,13 +266,16 @@ def _check_gradient_pair(m: _Model, tol: float) -> Check:
     P, p = _unit(m.P0[0])
     WU, wu = _unit(m.U0[0] if m.W is None else m.W @ m.U0[0])
     c = float(np.sum(WU * P) / max(np.sum(P * P), np.finfo(float).tiny))  # in units wu / p
-    dev = float(np.max(np.abs(WU - c * P)))
+    # Relative to the terms' scale max(|W| |U|) ≥ |W U|: a product rounded in the
+    # model's dtype is off by a multiple of eps times it, not of |W U| (cancellation).
+    terms = wu if m.W is None else float(np.max(np.abs(m.W) @ np.abs(m.U0[0])))
+    dev = float(np.max(np.abs(WU - c * P))) * (wu / terms if terms > 0 else 1.0)
     sym = float(np.max(np.abs(P - P.T)))
     lam_min = float(np.linalg.eigvalsh((P + P.T) / 2).min())
     ok = c > 0 and dev <= tol and sym <= tol and lam_min > tol and m.beta > 0
     c_value = c * wu / p if p > 0 else 0.0
     detail = (
-        f"W U = c P with c = {c_value:.3g} (residual {dev:.2g} · |W U|), "
+        f"W U = c P with c = {c_value:.3g} (residual {dev:.2g} · |W| |U|), "
         f"|P − Pᵀ| = {sym:.2g} · |P|, λ_min(P) = {lam_min:.3g} · |P|, β = {m.beta:.3g}"
     )
     return Check("P symmetric positive definite, W U = c P (c > 0), β > 0", ok, detail)
@@ -388,8 +391,37 @@ def _theorem_53(m: _Model, tol: float) -> TheoremReport:
     return _report(m, "5.3", checks, statement, "the hemisphere ⟨v₁(0), x⟩ > 0 (or < 0)", data)
 
 
+def default_tol(dtype, d: int) -> float:
+    """`classify`'s default tolerance for weights stored in `dtype` in dimension `d`:
+    `max(1e-8, 16 d eps)`. A residual made by rounding alone (a product of `d`
+    terms, `U = c·P` or `(A + Aᵀ)/2` computed in the dtype) is a few `d·eps` of the
+    scale: `1e-8` in float64, `~6e-6` for `d = 3` in float32 (eps `1.2e-7`)."""
+    return max(1e-8, 16 * d * float(jnp.finfo(dtype).eps))
+
+
+def _weights_dtype(dyn: SelfAttentionDynamics):
+    """The least precise floating dtype among the model's weights at `t = 0`."""
+    t0 = jnp.zeros((), jnp.result_type(float))
+    arrays = [dyn.query_key(t0), dyn.U(t0)] + ([] if dyn.W is None else [dyn.W])
+    return max((a.dtype for a in arrays), key=lambda dt: jnp.finfo(dt).eps)
+
+
+def _check_times(times) -> np.ndarray:
+    if times is None:
+        return np.linspace(0.0, 10.0, 201)
+    try:
+        times = np.asarray(times, np.float64)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"classify: `times` must be a 1-D array of times, got {times!r}; "
+                        "pass e.g. np.linspace(0, 10, 201), or None.") from e
+    if times.ndim != 1 or times.size < 1 or not np.all(np.isfinite(times)):
+        raise ValueError(f"classify: `times` must be a nonempty 1-D array of finite times, "
+                         f"got shape {times.shape}.")
+    return times
+
+
 def classify(
-    dyn: SelfAttentionDynamics, *, times=None, tol: float = 1e-8
+    dyn: SelfAttentionDynamics, *, times=None, tol: float | None = None
 ) -> Classification:
     """Which theorems of paper 001 (Table 1) cover `dyn`, and what they predict.
 
@@ -428,7 +460,14 @@ def classify(
     flow depends on `βP` only) and for `U → cU` (`c > 0`; time is rescaled). A
     zero matrix is symmetric and time-invariant, but not positive definite and
     has no simple top eigenvalue (nor is it `u·I` with `u > 0`). `W = I` is
-    checked as `|W − I| ≤ tol` (the sphere has a scale).
+    checked as `|W − I| ≤ tol` (the sphere has a scale). A product is judged
+    against its terms: `|W U − c P| ≤ tol·max(|W| |U|)` (entrywise absolute values,
+    `= |U|` without `W`), the scale its rounding is relative to.
+
+    The default `tol` follows the weights' dtype, `default_tol(dtype, d) =
+    max(1e-8, 16 d eps)`: `1e-8` in float64, `~6e-6` in float32 for `d = 3`, so a
+    float32 model built to satisfy a hypothesis (`U = c·P`, a symmetrised `U`) is
+    not refused for its rounding (`~eps`).
 
     **Times.** The values a weight takes for `t ≥ 0` are read from its schedule
     where it has structure: an array or `ja.Constant` has one value, a
@@ -444,7 +483,8 @@ def classify(
     - `dyn`: the model.
     - `times`: the grid on which `Schedule` functions are sampled (default 201
       points on `[0, 10]`); constant and piecewise constant weights need none.
-    - `tol`: the relative tolerance of every check (default `1e-8`).
+    - `tol`: the relative tolerance of every check (default: `default_tol` of
+      the least precise dtype among `P`, `U`, `W`).
 
     **Returns:**
 
@@ -453,11 +493,14 @@ def classify(
     """
     if not isinstance(dyn, SelfAttentionDynamics):
         raise TypeError(f"classify needs a ja.SelfAttentionDynamics, got {type(dyn).__name__}.")
+    times = _check_times(times)
+    if tol is None:
+        tol = default_tol(_weights_dtype(dyn), dyn.dim)
+    elif isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating, np.integer)):
+        raise TypeError(f"classify: `tol` must be a positive number, got {tol!r}.")
     if not tol > 0:
-        raise ValueError(f"`tol` must be > 0, got {tol}.")
-    times = np.linspace(0.0, 10.0, 201) if times is None else np.asarray(times, np.float64)
-    if times.ndim != 1 or times.size < 1 or not np.all(np.isfinite(times)):
-        raise ValueError(f"`times` must be a nonempty 1-D array of finite times, got {times!r}.")
+        raise ValueError(f"classify: `tol` must be > 0, got {tol}.")
+    tol = float(tol)
     m = _read(dyn, times)
     builders = (_theorem_32, _theorem_41, _theorem_51, _theorem_52, _theorem_53)
     return Classification(tuple(b(m, tol) for b in builders), tol, times)

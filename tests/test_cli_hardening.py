@@ -52,6 +52,7 @@ BAD = [
     (["sweep", "thm41-sphere", "--devices", "0"], "`--devices` must be a whole number ≥ 1"),
     (["sweep", "thm32-gradient", "--set", "sphere=maybe"], "sphere must be true or false"),
     (["sweep", "/nonexistent/spec.toml"], "cannot read the sweep spec"),
+    (["doctor", "--size", "0"], "`--size` must be a whole number ≥ 1"),
 ]
 
 

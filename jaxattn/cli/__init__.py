@@ -7,7 +7,13 @@ its one-line help. A command returns an exit code; user mistakes raise
 run that stops on its values (`jaxattn.SimulationError`) likewise.
 
 Only the module of the command being run is imported (`parser(commands)`):
-`jaxattn --help` and `jaxattn list` answer without loading JAX.
+`jaxattn --help`, `jaxattn list`, `jaxattn run NAME --help` and argument errors
+answer without loading JAX (what they show is read from the source: `_declared`).
+
+Ctrl-C ends the `jaxattn` program with exit status 130 at any moment: while it starts
+(`quit_on_sigint`, installed first thing), while a command runs (`_on_sigint`: the
+command catches `KeyboardInterrupt` and marks what it leaves incomplete) and while it
+exits (`_exit`).
 
 The commands that compute results (`COMPUTING`) run XLA deterministically: `main`
 puts the deterministic GPU flags into `XLA_FLAGS` before JAX's backend starts
@@ -16,6 +22,7 @@ puts the deterministic GPU flags into `XLA_FLAGS` before JAX's backend starts
 """
 
 import argparse
+import atexit
 import importlib
 import os
 import signal
@@ -39,9 +46,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("experiments", "redraw the figures of a finished run, loop or sweep folder"),
     "bench": ("bench", "run the benchmark suite (table + JSON)"),
     "sweep": ("sweep", "sweep experiment parameters over random instances (resumable)"),
+    "doctor": ("doctor", "check the install on this machine: versions, device, float32, "
+               "speed"),
 }
-#: The commands whose results are bit-identical from run to run on a GPU too.
-COMPUTING = ("demo", "loop", "run", "sweep")
+#: The commands whose results are bit-identical from run to run on a GPU too (and
+#: `doctor`, which checks the device as they use it).
+COMPUTING = ("demo", "loop", "run", "sweep", "doctor")
 
 
 def parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
@@ -91,6 +101,8 @@ def _runtime_message(error: Exception) -> str | None:
     shown with its traceback)."""
     if isinstance(error, CLIError):
         return str(error)
+    if "jax" not in sys.modules:  # nothing computed yet: a mistake in the arguments
+        return str(error) if isinstance(error, ValueError | FileNotFoundError) else None
     # Loaded by every command that gets this far with such an error.
     from .._app.folders import RunFolderError
     from .._validate import runtime_message
@@ -110,8 +122,8 @@ def _end_process(code: int) -> None:
     """End the process at once with `code`, skipping Python's teardown. After
     Ctrl-C, XLA may still be compiling or running on its own threads; Python
     tearing JAX down under them crashed the process at exit (a segfault in 3 of 22
-    interrupts, issue 14). Every file is already complete or absent (atomic writes),
-    the folder's lock is released and `INCOMPLETE` marks it."""
+    interrupts). Every file is already complete or absent (atomic writes), the
+    folder's lock is released and `INCOMPLETE` marks it."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -119,25 +131,65 @@ def _end_process(code: int) -> None:
 
 #: Set once the command has caught Ctrl-C; until then, `_on_sigint` raises it again.
 _NOTICED = threading.Event()
+#: Set by every Ctrl-C the `jaxattn` program receives, caught or not.
+_INTERRUPTED = threading.Event()
 #: Seconds between two raises of one Ctrl-C that the command has not yet caught.
 _AGAIN_S = 1.0
+#: Seconds a Ctrl-C that came during an import waits before it is tried again.
+_DEFER_S = 0.2
+#: The exit status of an interrupted command (128 + SIGINT, as a shell reports it).
+INTERRUPTED = 130
 
 
 def _on_sigint(signum, frame) -> None:
     """Ctrl-C for the `jaxattn` program: raise `KeyboardInterrupt`, and raise it again
     every `_AGAIN_S` seconds until `main` has caught it. Python drops an exception
     raised while a garbage-collector callback runs (JAX installs one), so one Ctrl-C
-    could otherwise be lost and a long run go on."""
-    if not _NOTICED.is_set():
-        again = threading.Timer(_AGAIN_S, _raise_again)
+    could otherwise be lost and a long run go on. During an import (a command loads
+    JAX first) it waits `_DEFER_S` seconds and tries again: raised inside an
+    extension's initialisation, it aborted the process or left JAX half-imported."""
+    _INTERRUPTED.set()
+    importing = _importing(frame)
+    if importing or not _NOTICED.is_set():
+        again = threading.Timer(_DEFER_S if importing else _AGAIN_S, _raise_again)
         again.daemon = True
         again.start()
-    raise KeyboardInterrupt
+    if not importing:
+        raise KeyboardInterrupt
+
+
+def _importing(frame) -> bool:
+    """Whether `frame` runs inside an import (Python's import machinery is below it)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _raise_again() -> None:
     if not _NOTICED.is_set():
         os.kill(os.getpid(), signal.SIGINT)
+
+
+def quit_on_sigint(signum=None, frame=None) -> None:
+    """Ctrl-C before the command starts or after it has finished (start-up, exit):
+    nothing to undo, so end the process at once with exit status 130. Installed by
+    `jaxattn/__main__.py` and the `jaxattn` program first thing (`_started_as_program`)
+    and again by `main` for the exit."""
+    _INTERRUPTED.set()
+    os.write(2, b"jaxattn: interrupted\n")
+    os._exit(INTERRUPTED)
+
+
+def _started_as_program() -> bool:
+    """Whether this process is the `jaxattn` program (its console script), not Python
+    importing the package."""
+    return os.path.basename(sys.argv[0] if sys.argv else "").removesuffix(".exe") == "jaxattn"
+
+
+if _started_as_program() and threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGINT, quit_on_sigint)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,12 +198,33 @@ def main(argv: list[str] | None = None) -> int:
     **Returns:**
 
     The exit status: the command's (0 when it succeeded), 2 for a user mistake
-    (printed as one line on stderr), 130 when interrupted (with `argv` not given,
-    as the `jaxattn` program, the process then ends at once: `_end_process`).
+    (printed as one line on stderr), 130 when interrupted. With `argv` not given,
+    as the `jaxattn` program, the process ends in `main` (`_exit`): a Ctrl-C at any
+    moment, start-up and exit included, ends it with 130.
     """
+    program = argv is None and threading.current_thread() is threading.main_thread()
     words = sys.argv[1:] if argv is None else list(argv)
-    if argv is None and threading.current_thread() is threading.main_thread():
+    if program:
         signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        code = _main(words)
+    except KeyboardInterrupt:  # outside a command: parsing, importing its module
+        _NOTICED.set()
+        print("jaxattn: interrupted", file=sys.stderr)
+        code = INTERRUPTED
+    except SystemExit as e:  # `--help`
+        if not program:
+            raise
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    if program:
+        try:
+            _exit(code)
+        except KeyboardInterrupt:  # before `_exit` took Ctrl-C over
+            _end_process(INTERRUPTED)
+    return code
+
+
+def _main(words: list[str]) -> int:
     try:
         args = parser(_command(words)).parse_args(words)
     except UsageError as e:
@@ -167,14 +240,27 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _NOTICED.set()
         print(f"jaxattn {args.command}: interrupted", file=sys.stderr)
-        if argv is None:  # the `jaxattn` process itself, not a caller in Python
-            _end_process(130)
-        return 130
+        return INTERRUPTED
     except Exception as e:
         line = _runtime_message(e)
         if line is None:
             raise
         return _fail(f"jaxattn {args.command}: error: {line}")
+
+
+def _exit(code: int) -> None:
+    """End the `jaxattn` program with `code`, or 130 if a Ctrl-C came at any time:
+    the exit callbacks and the other threads finish under `quit_on_sigint`, then the
+    process ends without Python's teardown (`_end_process`), where a Ctrl-C could be
+    dropped and the exit status be 0."""
+    signal.signal(signal.SIGINT, quit_on_sigint)
+    if _INTERRUPTED.is_set() and not _NOTICED.is_set():  # it came as the command ended
+        print("jaxattn: interrupted", file=sys.stderr)
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # what Python's own exit would run first
+    _end_process(INTERRUPTED if _INTERRUPTED.is_set() else code)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ Integers are checked by `_validate.check_count`, and a parameter's value by
 
 import argparse
 
+#: The actions a flag may be given more than once for (`--grid A=… --grid B=…`).
+_REPEATABLE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction,
+               argparse._ExtendAction, argparse._HelpAction)
+
 
 class CLIError(Exception):
     """A mistake in the command line: printed as one line, exit status 2."""
@@ -25,22 +29,50 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse's mistakes (a bad flag, a missing argument) as a one-line `UsageError`
     instead of the usage text; `--help` still prints the full usage. Every parser
     of the command line is one of these (the commands' and `jaxattn run NAME`'s
-    overrides). Abbreviated flags are refused (`--q` is not `--quick`)."""
+    overrides). Abbreviated flags are refused (`--q` is not `--quick`), and so are a
+    flag given twice (`--seed 1 --seed 2`: which one did the user mean?) and a number
+    written in other than ASCII digits (Python's `int("٣")` is 3)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self._given: set[int] = set()
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = set()
+        return super().parse_known_args(args, namespace)
+
+    def _get_values(self, action, arg_strings):
+        # Called once for each time a flag is given, before its action.
+        if action.option_strings and not isinstance(action, _REPEATABLE):
+            if id(action) in self._given:
+                self.error(f"{action.option_strings[-1]} is given twice; give it once")
+            self._given.add(id(action))
+        return super()._get_values(action, arg_strings)
+
+    def _get_value(self, action, arg_string):
+        if action.type not in (None, str) and not ascii_digits(arg_string):
+            self.error(f"argument {'/'.join(action.option_strings) or action.dest}: "
+                       f"write numbers in ASCII digits 0-9, got {arg_string!r}")
+        return super()._get_value(action, arg_string)
 
     def error(self, message):
         raise UsageError(f"{self.prog}: error: {message} (see `{self.prog} --help`)")
 
 
+def ascii_digits(text: str) -> bool:
+    """Whether every digit of `text` is one of 0-9 (`int()` and `float()` also read
+    Arabic-Indic, Devanagari, full-width … digits, which a user rarely means)."""
+    return not any(c.isdigit() and not c.isascii() for c in text)
+
+
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
 
-def parse_value(text: str, kind: type):
+def parse_value(text: str, kind: type, name: str | None = None):
     """A command-line text as a value of `kind` (`int`, `float` or `bool`: true/false,
-    yes/no, 1/0, any case).
+    yes/no, 1/0, any case); a number in other than ASCII digits is a `CLIError`
+    (naming `name`, the flag, when given).
 
     **Returns:**
 
@@ -49,6 +81,9 @@ def parse_value(text: str, kind: type):
     parameter's name.
     """
     word = text.strip()
+    if not ascii_digits(word):
+        raise CLIError(f"{name or 'a number'} must be written in ASCII digits 0-9, "
+                       f"got {text!r}.")
     if kind is bool:
         low = word.lower()
         return True if low in _TRUE else False if low in _FALSE else text

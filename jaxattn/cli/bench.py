@@ -9,19 +9,21 @@ too, and writes `scaling.json`, `scaling.png` and `scaling.pdf` beside `--out`."
 import argparse
 from pathlib import Path
 
-from .._app.folders import write_json
-from .._precision import PRECISIONS
-from .._validate import check_count
-from ..bench import scaling, suite, table
 from ._common import CLIError
+from ._declared import declared
+
+# Read from the source: `jaxattn bench --help` and its argument errors answer without
+# loading JAX (the suite's modules import it).
+ALL_CASES = declared("jaxattn.bench.suite", "ALL_CASES")
+PRESETS = declared("jaxattn.bench.suite", "PRESETS", keys=True)
+PRECISIONS = declared("jaxattn._precision", "PRECISIONS")
 
 
 def _bench(args: argparse.Namespace) -> int:
-    cases = args.cases or list(suite.ALL_CASES)
-    unknown = sorted(set(cases) - set(suite.ALL_CASES))
+    cases = args.cases or list(ALL_CASES)
+    unknown = sorted(set(cases) - set(ALL_CASES))
     if unknown:
-        raise CLIError(f"unknown case(s) {unknown}; choose from {list(suite.ALL_CASES)}.")
-    check_count(args.repeats, "--repeats", 1)
+        raise CLIError(f"unknown case(s) {unknown}; choose from {list(ALL_CASES)}.")
     if not args.budget > 0:
         raise CLIError("--budget must be > 0 seconds.")
     if args.quick and args.size not in (None, "quick"):
@@ -29,6 +31,11 @@ def _bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.parent and not out.parent.exists():
         raise CLIError(f"cannot write {out}: folder {out.parent} does not exist.")
+    from .._app.folders import write_json
+    from .._validate import check_count
+    from ..bench import suite, table
+
+    check_count(args.repeats, "--repeats", 1)
     if args.cases or not args.scaling:
         result = suite.run_suite(quick=args.quick, size=args.size, repeats=args.repeats,
                                  budget_s=args.budget, cases=cases, torch=not args.no_torch,
@@ -43,6 +50,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _scaling(args: argparse.Namespace, folder: Path) -> None:
+    from .._app.folders import write_json
+    from ..bench import scaling
+
     result = scaling.run_scaling(quick=args.quick or args.size == "quick", repeats=args.repeats,
                                  progress=lambda m: print(f"· {m}", flush=True))
     print(scaling.format_summary(result))
@@ -55,7 +65,7 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="run the benchmark suite (table + JSON)")
     p.add_argument("--quick", action="store_true",
                    help="small sizes, for a smoke test (the same as --size quick)")
-    p.add_argument("--size", choices=list(suite.PRESETS), default=None,
+    p.add_argument("--size", choices=list(PRESETS), default=None,
                    help="default: the paper-sized cases; large: sizes that fill a GPU (S1 "
                         "batch 100,000, S2 1024, S3 256, S4 GPT-2 XL and GPT-Neo 2.7B)")
     p.add_argument("--precision", choices=list(PRECISIONS), default="float32",

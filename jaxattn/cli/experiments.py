@@ -3,6 +3,7 @@ and `jaxattn plot DIR` (paper 001 §6.1 as one-command experiments)."""
 
 import argparse
 from pathlib import Path
+from typing import NamedTuple
 
 from ._common import CLIError, OneLineParser, parse_value
 
@@ -19,6 +20,31 @@ def _list(args) -> int:
         ref = f"Theorem {entry.theorem}" if entry.theorem[:1].isdigit() else entry.theorem
         print(f"  {name:<{width}}  {f'[{ref}] ' if ref else ''}{entry.title}")
     return 0
+
+
+class Declared(NamedTuple):
+    """An experiment as `jaxattn run NAME`'s parser needs it, read from its source."""
+
+    name: str
+    title: str
+    params: tuple
+
+    def all_params(self) -> tuple:
+        return self.params
+
+
+def declared_experiment(name: str):
+    """The experiment `name` as its parser needs it (name, title, parameters), read
+    from its source without importing it nor JAX (`_declared.declared_params`): help
+    and argument errors answer at once. Imported when its source does not declare its
+    parameters plainly; an unknown name is a `ValueError` listing the experiments."""
+    from ..experiments import REGISTRY, get_experiment
+    from ._declared import declared_params
+
+    params = declared_params(name) if name in REGISTRY else None
+    if params is None:
+        return get_experiment(name)
+    return Declared(name, REGISTRY[name].title, params)
 
 
 def _override_parser(experiment) -> OneLineParser:
@@ -46,25 +72,23 @@ def parse_overrides(experiment, argv: list[str]):
     for param in experiment.all_params():
         value = getattr(opts, param.name)
         if value is not None:
-            overrides[param.name] = value if param.type is bool else parse_value(value,
-                                                                                 param.type)
+            overrides[param.name] = value if param.type is bool else parse_value(
+                value, param.type, param.flag)
     return opts, overrides
 
 
 def _run(args) -> int:
     if args.name is None:
         raise CLIError("name an experiment: jaxattn run NAME (see `jaxattn list`).")
+    opts, overrides = parse_overrides(declared_experiment(args.name), args.overrides)
+    seed = parse_value(opts.seed, int, "--seed")
     import jax
 
-    from ..experiments import get_experiment, run_experiment
+    from ..experiments import run_experiment
 
-    experiment = get_experiment(args.name)
-    opts, overrides = parse_overrides(experiment, args.overrides)
     jax.config.update("jax_enable_x64", True)
-    folder, summary = run_experiment(
-        args.name, overrides, seed=parse_value(opts.seed, int), out=opts.out,
-        progress=not opts.no_progress,
-    )
+    folder, summary = run_experiment(args.name, overrides, seed=seed, out=opts.out,
+                                     progress=not opts.no_progress)
     print(f"verdict: {summary['verdict']}")
     print(f"wrote {folder}/: config.json, data.npz, {', '.join(summary['figures'])}, "
           f"summary.json ({summary['simulation_seconds']:.1f} s)")

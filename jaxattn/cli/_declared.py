@@ -1,0 +1,187 @@
+"""What the command line shows before it loads JAX, read from the source as declared:
+a module's constants (`declared`: the choices of `jaxattn bench --size`, …) and an
+experiment's parameters (`declared_params`: `jaxattn run NAME --help` and its
+argument errors), without importing the modules that hold them (nor JAX, 12–17 s
+under load). `experiments.REGISTRY` reads the experiments' names the same way.
+
+Only plain declarations are read: literals, `Param(…)` calls, names bound at the top
+of a module or imported from a sibling, tuples of them. Anything else says "not
+declared plainly" (`NotDeclared`) and the caller imports the module instead; a test
+checks that every experiment's parameters read here are its own."""
+
+import ast
+import builtins
+import importlib
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+from ..experiments import REGISTRY, base
+
+_ROOT = Path(__file__).resolve().parent.parent  # the jaxattn package
+#: Modules imported for real: they load neither JAX nor the experiments.
+_LIGHT = {"jaxattn.experiments.base": base}
+
+
+class NotDeclared(Exception):
+    """A value the source does not declare plainly enough to read without running it."""
+
+
+def declared(module: str, name: str, *, keys: bool = False) -> Any:
+    """The literal value bound to `name` at the top of `module` (a dotted name in
+    `jaxattn`), or with `keys` the literal keys of the dict bound to it, read from the
+    source without importing it.
+
+    **Returns:**
+
+    The value, or a `NotDeclared` error when the source does not bind `name` to a
+    literal (a test compares it with the imported value).
+    """
+    node = _Module.of(module).binding(name)
+    if keys and isinstance(node, ast.Dict):
+        node = ast.Tuple([k for k in node.keys if k is not None], ast.Load())
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        raise NotDeclared(f"{module}.{name} is not a literal.") from None
+
+
+def declared_params(name: str) -> tuple[base.Param, ...] | None:
+    """The parameters of the experiment `name` (its `all_params()`), read from its
+    source and its bases' without importing them; `None` when they are not declared
+    plainly (the caller then imports the experiment)."""
+    entry = REGISTRY[name]
+    module = _Module.of(f"jaxattn.experiments.{entry.module}")
+    try:
+        cls = module.lookup(entry.cls)
+        params = _class_attribute(cls, "params")
+        drops = _class_attribute(cls, "drops", ())
+        shape = types.SimpleNamespace(params=tuple(params), drops=tuple(drops))
+        return base.AbstractExperiment.all_params(shape)
+    except (NotDeclared, NameError, TypeError, AttributeError, KeyError):
+        return None
+
+
+class _Class:
+    """A class as its source declares it: its module and its `ast.ClassDef`."""
+
+    def __init__(self, module: "_Module", node: ast.ClassDef):
+        self.module, self.node = module, node
+
+
+_MISSING = object()
+
+
+def _class_attribute(cls, attr: str, default=_MISSING):
+    """`cls.attr` as the class body (or its bases', first base first) binds it."""
+    if not isinstance(cls, _Class):  # a class imported for real (`AbstractExperiment`)
+        value = getattr(cls, attr, default)
+    else:
+        value = _MISSING
+        for node in cls.node.body:
+            target = _bound_name(node)
+            if target == attr and node.value is not None:
+                return cls.module.evaluate(node.value)
+        for parent in cls.node.bases:
+            value = _class_attribute(cls.module.evaluate(parent), attr, _MISSING)
+            if value is not _MISSING:
+                break
+    if value is _MISSING:
+        if default is _MISSING:
+            raise NotDeclared(f"no {attr} declared")
+        return default
+    return value
+
+
+def _bound_name(node: ast.stmt) -> str | None:
+    """The one plain name an assignment statement binds, if it is one."""
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target = node.targets[0]
+    elif isinstance(node, ast.AnnAssign):
+        target = node.target
+    else:
+        return None
+    return target.id if isinstance(target, ast.Name) else None
+
+
+class _Module:
+    """One module of `jaxattn` as its source declares it: its top-level names
+    evaluated on demand."""
+
+    _parsed: dict[str, "_Module"] = {}
+
+    @classmethod
+    def of(cls, dotted: str) -> "_Module":
+        if dotted not in cls._parsed:
+            cls._parsed[dotted] = cls(dotted)
+        return cls._parsed[dotted]
+
+    def __init__(self, dotted: str):
+        parts = dotted.split(".")[1:]
+        path = _ROOT.joinpath(*parts)
+        self.path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        self.dotted = dotted
+        self.package = dotted if path.is_dir() else dotted.rpartition(".")[0]
+        self.tree = ast.parse(self.path.read_text(encoding="utf-8"), str(self.path))
+
+    def binding(self, name: str) -> ast.AST:
+        """The last top-level statement that binds `name` (its value for an
+        assignment)."""
+        for node in reversed(self.tree.body):
+            if _bound_name(node) == name and node.value is not None:
+                return node.value
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                return node
+            if isinstance(node, ast.Import | ast.ImportFrom) and any(
+                    (a.asname or a.name.split(".")[0]) == name for a in node.names):
+                return node
+        raise NotDeclared(f"{self.dotted} binds no {name}")
+
+    def lookup(self, name: str) -> Any:
+        """The value of the top-level `name`: evaluated, imported from a sibling read
+        the same way, or a `_Class`."""
+        node = self.binding(name)
+        if isinstance(node, ast.ClassDef):
+            return _Class(self, node)
+        if isinstance(node, ast.ImportFrom):
+            alias = next(a for a in node.names if (a.asname or a.name) == name)
+            return self._imported(node, alias.name)
+        if isinstance(node, ast.Import):
+            return _stdlib(name)
+        return self.evaluate(node)
+
+    def _imported(self, node: ast.ImportFrom, name: str) -> Any:
+        if node.level == 0:
+            return getattr(_stdlib(node.module), name)
+        package = self.package.rsplit(".", node.level - 1)[0] if node.level > 1 else self.package
+        if not package.startswith("jaxattn") or node.module is None:
+            raise NotDeclared(f"from {'.' * node.level} import {name}")
+        dotted = f"{package}.{node.module}"
+        if dotted in _LIGHT:
+            return getattr(_LIGHT[dotted], name)
+        return _Module.of(dotted).lookup(name)
+
+    def evaluate(self, expr: ast.expr) -> Any:
+        """`expr` evaluated with the top-level names it uses (a name it binds itself,
+        as a comprehension's, is left to it)."""
+        names = {}
+        for node in ast.walk(expr):
+            if isinstance(node, ast.Name) and node.id not in names:
+                if hasattr(builtins, node.id):
+                    continue
+                try:
+                    names[node.id] = self.lookup(node.id)
+                except NotDeclared:
+                    pass
+        if any(isinstance(v, _Class) for v in names.values()) and not isinstance(expr, ast.Name):
+            raise NotDeclared("a class read from the source is used in an expression")
+        code = compile(ast.Expression(expr), str(self.path), "eval")
+        return eval(code, {"__builtins__": builtins, **names})  # our own source
+
+
+def _stdlib(module: str) -> types.ModuleType:
+    """A module of Python's standard library (never a third-party one: it could be JAX)."""
+    if module.split(".")[0] not in sys.stdlib_module_names:
+        raise NotDeclared(f"import {module}")
+    return importlib.import_module(module)

@@ -1,0 +1,147 @@
+"""`jaxattn doctor`: what a user runs on a new machine or GPU to trust the install.
+
+It prints the versions and the device, runs a small model in float32 against float64
+(`faithful_float32`: exit status 1 when float32 is not faithful there), names the
+determinism flags in force, times a matrix product at each of JAX's precisions and
+says which optional parts are installed (without importing them)."""
+
+import argparse
+import importlib.util
+import os
+from importlib.metadata import PackageNotFoundError, version
+
+#: The optional packages and what jaxattn uses them for.
+OPTIONAL = {
+    "torch": "the PyTorch references of `jaxattn bench`",
+    "transformers": "HuggingFace checks of the imported models",
+    "gguf": "loading .gguf model files",
+    "tokenizers": "`jaxattn loop --text`",
+}
+#: The small model of the float32 check: tokens, dimension, heads, layers, step.
+CHECK = {"tokens": 8, "dim": 4, "heads": 2, "layers": 16, "tau": 0.1}
+#: Float32 is faithful when its tokens after `CHECK["layers"]` layers are this close
+#: to float64's (largest coordinate difference; tokens are unit vectors): sixteen
+#: float32 roundings. True float32 products stay well inside it; TF32 products miss
+#: it by about 100×, bfloat16 ones by about 1000×.
+THRESHOLD = 16 * 2.0**-23
+_NOT_FAITHFUL = 1
+
+
+def faithful_float32(seed: int = 0, precision: str = "float32") -> float:
+    """The largest difference between the tokens of `CHECK`'s model after its layers
+    (`run_layers`), run in float32 and in float64 from the same start.
+
+    **Arguments:**
+
+    - `seed`: of the random weights and tokens.
+    - `precision`: of the float32 run's matrix products (`"float32"`: true float32,
+      as jaxattn computes; `"tensorfloat32"`, `"bfloat16"` miss `THRESHOLD`).
+
+    **Returns:**
+
+    The difference; `THRESHOLD` is the largest a faithful float32 gives.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from .._dynamics import SelfAttentionDynamics
+    from .._layers import run_layers
+
+    rng = np.random.default_rng(seed)
+    h, d, n = CHECK["heads"], CHECK["dim"], CHECK["tokens"]
+    P, U = rng.standard_normal((2, h, d, d)) / np.sqrt(d)
+    x0 = rng.standard_normal((n, d))
+    final = {}
+    with jax.enable_x64(True):
+        for dtype in (jnp.float64, jnp.float32):
+            dyn = SelfAttentionDynamics(
+                jnp.asarray(P, dtype), jnp.asarray(U, dtype),
+                precision=precision if dtype == jnp.float32 else "float32")
+            xs = run_layers(dyn, jnp.asarray(x0, dtype), CHECK["layers"], CHECK["tau"])
+            final[dtype] = np.asarray(xs[-1], np.float64)
+    return float(np.max(np.abs(final[jnp.float32] - final[jnp.float64])))
+
+
+def matmul_gflops(size: int, repeats: int = 5) -> dict[str, float]:
+    """GFLOP/s of a float32 `size`² product on JAX's device at each of JAX's
+    precisions (`DEFAULT`, `HIGH`, `HIGHEST`), the best of `repeats` timed calls."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ..bench.timing import Timing
+
+    rng = np.random.default_rng(0)
+    a, b = (jnp.asarray(rng.standard_normal((size, size)), jnp.float32) for _ in range(2))
+    out = {}
+    for name in ("DEFAULT", "HIGH", "HIGHEST"):
+        product = jax.jit(lambda a, b, p=jax.lax.Precision[name]: jnp.matmul(a, b, precision=p))
+        jax.block_until_ready(product(a, b))  # compiled before timing
+        seconds = Timing.of(lambda: jax.block_until_ready(product(a, b)), repeats).min
+        out[name] = 2 * size**3 / seconds / 1e9
+    return out
+
+
+def optional_parts() -> dict[str, str | None]:
+    """The version of each `OPTIONAL` package installed, `None` for one that is not
+    (found, not imported)."""
+    found = {}
+    for name in OPTIONAL:
+        if importlib.util.find_spec(name) is None:
+            found[name] = None
+            continue
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "installed"
+    return found
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .._validate import check_count
+
+    size = check_count(args.size, "--size", 1)
+    import jax
+
+    from .._app.folders import package_versions
+    from .._determinism import OPT_OUT, is_deterministic
+    from ..bench.device import device_label
+
+    v = package_versions()
+    print(f"jaxattn {v['jaxattn']}, python {v['python']}, jax {v['jax']}, "
+          f"jaxlib {v['jaxlib']}")
+    print(f"device: {device_label()}; backend {jax.default_backend()}, "
+          f"{jax.device_count()} device(s)")
+    state = "on" if is_deterministic() else "off"
+    print(f"determinism: XLA's deterministic GPU mode {state} "
+          f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}); off with --nondeterministic "
+          f"or {OPT_OUT}=1")
+    error = faithful_float32()
+    faithful = error <= THRESHOLD
+    print(f"float32: {CHECK['layers']} layers of run_layers ({CHECK['tokens']} tokens in "
+          f"R^{CHECK['dim']}, {CHECK['heads']} heads) differ from float64 by {error:.1e} "
+          f"(threshold {THRESHOLD:.1e}): {'faithful' if faithful else 'NOT faithful'}")
+    peaks = matmul_gflops(size)
+    print(f"matmul {size}×{size} float32: " + ", ".join(
+        f"{name} {gf:,.1f} GFLOP/s" for name, gf in peaks.items()))
+    for name, found in optional_parts().items():
+        print(f"optional {name}: {found or 'not installed'} ({OPTIONAL[name]})")
+    if not faithful:
+        print("float32 is not faithful on this device: its results differ from float64 "
+              "beyond rounding; run in float64 (jax_enable_x64) or check the install.")
+        return _NOT_FAITHFUL
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "doctor", help="check the install on this machine: versions, device, float32, speed",
+        description="Check the install on this machine: the versions and the device, "
+        "whether float32 is faithful here (a small run against float64; exit status 1 "
+        "when it is not), the determinism flags in force, the matmul speed at JAX's "
+        "precisions DEFAULT, HIGH and HIGHEST, and the optional parts installed.")
+    p.add_argument("--size", type=int, default=1024,
+                   help="side of the timed matrix product (default: %(default)s)")
+    p.set_defaults(func=_doctor)
+

@@ -1,0 +1,48 @@
+"""`jaxattn doctor`: versions, device, whether float32 is faithful (exit status 1 when
+not), the determinism flags, matmul speed per precision and the optional parts."""
+
+import functools
+import subprocess
+import sys
+
+from jaxattn.cli import doctor, main
+
+
+def test_doctor_reports_every_part_and_passes(capsys):
+    assert main(["doctor", "--size", "32"]) == 0
+    out = capsys.readouterr().out
+    for part in ("jaxattn ", "jax ", "jaxlib ", "python ", "device: ", "backend ",
+                 "determinism: ", "float32: ", "faithful", "matmul 32×32", "DEFAULT ",
+                 "HIGH ", "HIGHEST "):
+        assert part in out, part
+    assert "NOT faithful" not in out
+    for name in doctor.OPTIONAL:
+        assert f"optional {name}: " in out
+
+
+def test_doctor_exits_1_when_float32_is_not_faithful(monkeypatch, capsys):
+    """A device whose float32 products are bfloat16 ones fails the check."""
+    monkeypatch.setattr(doctor, "faithful_float32",
+                        functools.partial(doctor.faithful_float32, precision="bfloat16"))
+    assert main(["doctor", "--size", "8"]) == 1
+    assert "NOT faithful" in capsys.readouterr().out
+
+
+def test_the_threshold_separates_float32_from_reduced_products():
+    assert doctor.faithful_float32() <= doctor.THRESHOLD
+    for precision in ("tensorfloat32", "bfloat16"):
+        assert doctor.faithful_float32(precision=precision) > doctor.THRESHOLD, precision
+
+
+def test_doctor_refuses_a_bad_size(capsys):
+    assert main(["doctor", "--size", "0"]) == 2
+    assert "`--size` must be a whole number ≥ 1" in capsys.readouterr().err
+
+
+def test_optional_parts_are_found_not_imported():
+    code = ("import sys; from jaxattn.cli.doctor import OPTIONAL, optional_parts; "
+            "found = optional_parts(); assert set(found) == set(OPTIONAL); "
+            "print(sorted(m for m in OPTIONAL if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,180 @@
+"""The `jaxattn` command line refuses cleanly and answers fast: a flag given twice or
+a number in other than ASCII digits is one line and exit status 2 in every command;
+help and argument errors answer without loading JAX; Ctrl-C at any moment, start-up
+and exit included, ends the program with exit status 130."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxattn.cli import main
+
+TWICE = [
+    ["demo", "--seed", "1", "--seed", "2"],
+    ["run", "thm41-sphere", "--seed", "1", "--seed", "2"],
+    ["run", "thm41-sphere", "--tokens", "3", "--tokens=4"],
+    ["sweep", "thm41-sphere", "--instances", "2", "--instances", "3"],
+    ["loop", "--model", "gpt2", "--passes", "2", "--passes", "3"],
+    ["bench", "--repeats", "2", "--repeats", "3"],
+    ["doctor", "--size", "8", "--size", "9"],
+    ["--nondeterministic", "--nondeterministic", "plot", "somewhere"],
+]
+DIGITS = [  # Python's int() and float() read these as 3 and 3.5
+    ["demo", "--tokens", "٣"],
+    ["demo", "--horizon", "٣.٥"],
+    ["run", "thm41-sphere", "--tokens", "٣"],
+    ["run", "thm41-sphere", "--seed", "３"],
+    ["sweep", "thm41-sphere", "--instances", "٣"],
+    ["loop", "--model", "gpt2", "--tokens", "٣"],
+    ["bench", "--repeats", "३"],
+    ["doctor", "--size", "٣"],
+]
+
+
+def _one_line(capsys, argv) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, (argv, code, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jaxattn") and "error" in lines[0], err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv", TWICE, ids=" ".join)
+def test_a_flag_given_twice_is_refused(capsys, argv):
+    flag = next(w for w in argv if argv.count(w) > 1 or w.startswith("--tokens="))
+    assert f"{flag.partition('=')[0]} is given twice" in _one_line(capsys, argv)
+
+
+@pytest.mark.parametrize("argv", DIGITS, ids=" ".join)
+def test_a_number_in_other_digits_is_refused(capsys, argv):
+    assert "ASCII digits" in _one_line(capsys, argv)
+
+
+def test_repeatable_flags_stay_repeatable():
+    from jaxattn.cli import parser
+
+    args = parser(["sweep"]).parse_args(["sweep", "x", "--grid", "a=1", "--grid", "b=2"])
+    assert args.grid == ["a=1", "b=2"]
+
+
+_PROBE = """
+import sys
+from jaxattn.cli import main
+try:
+    code = main({argv!r})
+except SystemExit as e:  # --help
+    code = e.code
+print("CODE", code, "JAX", "jax" in sys.modules)
+"""
+
+LIGHT = [  # (argv, exit status)
+    (["run", "thm41-sphere", "--help"], 0),
+    (["run", "phase-diagram", "--help"], 0),
+    (["run", "loop-grid", "--help"], 0),
+    (["bench", "--help"], 0),
+    (["doctor", "--help"], 0),
+    (["run"], 2),
+    (["run", "thm99"], 2),
+    (["run", "thm41-sphere", "--bogus", "1"], 2),
+    (["run", "loop-grid", "--discrete"], 2),
+    (["run", "thm41-sphere", "--seed", "1", "--seed", "2"], 2),
+    (["run", "thm41-sphere", "--tok", "3"], 2),
+    (["bench", "--cases", "nope"], 2),
+    (["bench", "--quick", "--size", "large"], 2),
+    (["bench", "--precision", "float16"], 2),
+    (["--inst", "3", "sweep", "thm41-sphere"], 2),
+    (["--nondet", "demo"], 2),
+]
+
+
+@pytest.mark.parametrize("argv, code", LIGHT, ids=[" ".join(a) for a, _ in LIGHT])
+def test_help_and_argument_errors_answer_without_jax(argv, code):
+    out = subprocess.run([sys.executable, "-c", _PROBE.format(argv=argv)],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    last = out.stdout.strip().splitlines()[-1]
+    assert last == f"CODE {code} JAX False", out.stdout[-2000:] + out.stderr[-2000:]
+    if code == 2:
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_the_declared_constants_are_the_modules():
+    from jaxattn._precision import PRECISIONS
+    from jaxattn.bench import suite
+    from jaxattn.cli import bench
+
+    assert bench.ALL_CASES == suite.ALL_CASES
+    assert bench.PRESETS == tuple(suite.PRESETS)
+    assert bench.PRECISIONS == PRECISIONS
+
+
+def test_run_help_lists_every_parameter_of_the_experiment():
+    """The parameters read from the source (`jaxattn run NAME --help` without JAX) are
+    the experiment's own, for every experiment."""
+    from jaxattn.cli._declared import declared_params
+    from jaxattn.experiments import EXPERIMENTS
+
+    for name, experiment in EXPERIMENTS.items():
+        assert declared_params(name) == experiment.all_params(), name
+
+
+# A Ctrl-C sent by the process itself at a chosen moment: while a module is imported
+# (`IMPORT`) or while the program exits (`EXIT`).
+IMPORT = """
+import importlib.abc, os, signal, sys
+class Interrupt(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == {module!r}:
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["jaxattn", *{argv!r}]
+{start}
+"""
+MAIN = "from jaxattn.cli import main\nsys.exit(main())"
+DASH_M = "import runpy\nrunpy.run_module('jaxattn', run_name='__main__', alter_sys=True)"
+EXIT = """
+import atexit, os, signal, sys
+from jaxattn.cli import main
+atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT) or sum(range(10**6)))
+sys.argv = ["jaxattn", "list"]
+sys.exit(main())
+"""
+
+
+def _status(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+@pytest.mark.parametrize("module, argv, start", [
+    ("jaxattn.cli", ["list"], DASH_M),  # before `main`: `python -m jaxattn`
+    ("jaxattn.cli.experiments", ["list"], MAIN),  # `main` loads the command
+    ("jax", ["run", "thm41-sphere", "--tokens", "3"], MAIN),  # the command loads JAX
+])
+def test_ctrl_c_during_start_up_exits_130(module, argv, start):
+    r = _status(IMPORT.format(module=module, argv=argv, start=start))
+    assert r.returncode == 130, (r.returncode, r.stderr[-3000:])
+    assert r.stderr.strip().splitlines()[-1].endswith("interrupted"), r.stderr[-3000:]
+
+
+def test_ctrl_c_during_exit_exits_130():
+    r = _status(EXIT)
+    assert r.returncode == 130, (r.returncode, r.stderr[-3000:])
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.3, 0.6, 1.2])
+def test_ctrl_c_early_in_a_real_run_exits_130(tmp_path, delay):
+    p = subprocess.Popen([sys.executable, "-m", "jaxattn", "run", "thm41-sphere", "--out",
+                          str(tmp_path / "r"), "--no-progress"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, JAX_PLATFORMS="cpu", MPLBACKEND="Agg"))
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, (p.returncode, err[-3000:])

@@ -4,10 +4,8 @@ help and argument errors answer without loading JAX; Ctrl-C at any moment, start
 and exit included, ends the program with exit status 130."""
 
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -78,7 +76,6 @@ LIGHT = [  # (argv, exit status)
     (["run", "loop-grid", "--help"], 0),
     (["bench", "--help"], 0),
     (["doctor", "--help"], 0),
-    (["run"], 2),
     (["run", "thm99"], 2),
     (["run", "thm41-sphere", "--bogus", "1"], 2),
     (["run", "loop-grid", "--discrete"], 2),
@@ -87,8 +84,6 @@ LIGHT = [  # (argv, exit status)
     (["bench", "--cases", "nope"], 2),
     (["bench", "--quick", "--size", "large"], 2),
     (["bench", "--precision", "float16"], 2),
-    (["--inst", "3", "sweep", "thm41-sphere"], 2),
-    (["--nondet", "demo"], 2),
 ]
 
 
@@ -155,7 +150,6 @@ def _status(code: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("module, argv, start", [
     ("jaxattn.cli", ["list"], DASH_M),  # before `main`: `python -m jaxattn`
     ("jaxattn.cli.experiments", ["list"], MAIN),  # `main` loads the command
-    ("jax", ["run", "thm41-sphere", "--tokens", "3"], MAIN),  # the command loads JAX
 ])
 def test_ctrl_c_during_start_up_exits_130(module, argv, start):
     r = _status(IMPORT.format(module=module, argv=argv, start=start))
@@ -166,15 +160,3 @@ def test_ctrl_c_during_start_up_exits_130(module, argv, start):
 def test_ctrl_c_during_exit_exits_130():
     r = _status(EXIT)
     assert r.returncode == 130, (r.returncode, r.stderr[-3000:])
-
-
-@pytest.mark.parametrize("delay", [0.1, 0.3, 0.6, 1.2])
-def test_ctrl_c_early_in_a_real_run_exits_130(tmp_path, delay):
-    p = subprocess.Popen([sys.executable, "-m", "jaxattn", "run", "thm41-sphere", "--out",
-                          str(tmp_path / "r"), "--no-progress"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, JAX_PLATFORMS="cpu", MPLBACKEND="Agg"))
-    time.sleep(delay)
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=120)
-    assert p.returncode == 130, (p.returncode, err[-3000:])

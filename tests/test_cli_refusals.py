@@ -75,6 +75,10 @@ LIGHT = [  # (argv, exit status)
     (["run", "phase-diagram", "--help"], 0),
     (["run", "loop-grid", "--help"], 0),
     (["bench", "--help"], 0),
+    (["loop", "--help"], 0),
+    (["loop"], 2),
+    (["loop", "--model", "gpt2", "--weights", "odd"], 2),
+    (["loop", "--model", "gpt2", "--prom", "3"], 2),
     (["doctor", "--help"], 0),
     (["run", "thm99"], 2),
     (["run", "thm41-sphere", "--bogus", "1"], 2),
@@ -106,6 +110,13 @@ def test_the_declared_constants_are_the_modules():
     assert bench.ALL_CASES == suite.ALL_CASES
     assert bench.PRESETS == tuple(suite.PRESETS)
     assert bench.PRECISIONS == PRECISIONS
+    from jaxattn.cli import models as loop
+    from jaxattn.experiments.loop_grid import DTYPES
+    from jaxattn.experiments.loop_runner import TOKENS
+    from jaxattn.models import WEIGHTS
+
+    assert (loop.PRECISIONS, loop.DTYPES) == (PRECISIONS, tuple(DTYPES))
+    assert (loop.TOKENS, loop.WEIGHTS) == (TOKENS, tuple(WEIGHTS))
 
 
 def test_run_help_lists_every_parameter_of_the_experiment():

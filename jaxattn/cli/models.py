@@ -5,13 +5,15 @@ import argparse
 
 import numpy as np
 
-from .._app.folders import read_json
-from .._precision import PRECISIONS
-from ..experiments import run_loop, run_loop_grid
-from ..experiments.loop_grid import DTYPES, grid_weights
-from ..experiments.loop_runner import TOKENS
-from ..models import WEIGHTS, detokenize
 from ._common import CLIError
+from ._declared import declared
+
+# Read from the source: `jaxattn loop --help` and its argument errors answer without
+# loading JAX (the modules that hold them import it).
+PRECISIONS = declared("jaxattn._precision", "PRECISIONS")
+DTYPES = declared("jaxattn.experiments.loop_grid", "DTYPES", keys=True)
+TOKENS = declared("jaxattn.experiments.loop_runner", "TOKENS")
+WEIGHTS = declared("jaxattn.models._loop", "WEIGHTS")
 
 #: Flags of a single loop that `--grid` does not take.
 NOT_GRID = {"resume": "--resume", "text": "--text", "save_states": "--save-states",
@@ -32,6 +34,10 @@ def _grid(args: argparse.Namespace) -> int:
              if getattr(args, name) is not None and getattr(args, name) is not False]
     if given:
         raise CLIError(f"jaxattn loop: {given[0]} applies to a single loop, not to --grid.")
+    from .._app.folders import read_json
+    from ..experiments import run_loop_grid
+    from ..experiments.loop_grid import grid_weights
+
     tokens = TOKENS if args.tokens is None else args.tokens
     folder = run_loop_grid(args.model, args.out, args.seed, passes=args.passes,
                            prompts=args.prompts, tokens=tokens, dtype=args.dtype,
@@ -53,6 +59,9 @@ def _e(value) -> str:
 def _loop(args: argparse.Namespace) -> int:
     if args.grid:
         return _grid(args)
+    from .._app.folders import read_json
+    from ..experiments import run_loop
+
     try:
         folder = run_loop(
             args.model, args.out, args.seed, weights=args.weights, passes=args.passes,
@@ -78,6 +87,8 @@ def _loop(args: argparse.Namespace) -> int:
 
 def _kept(model: str, folder) -> None:
     """Print the first prompt as looped (cut or padded), and how to see them all."""
+    from ..models import detokenize
+
     with np.load(folder / "data.npz") as data:
         ids = data["ids"]
     text = " ".join(detokenize(model, ids[0]).split())

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.text import Text
-from matplotlib.ticker import FuncFormatter, LogFormatterSciNotation
+from matplotlib.ticker import FixedFormatter, FuncFormatter, LogFormatterSciNotation
 
 from jaxattn._app.figures import save_sphere_figure
 from jaxattn.experiments import EXPERIMENTS
@@ -46,6 +46,20 @@ def _load(name: str) -> tuple[dict, dict]:
 def _draw_experiment(name, folder):
     config, data = _load(name)
     return EXPERIMENTS[name].draw(config, data, folder)
+
+
+def _draw_other_run(name, folder):
+    """A second saved run of an experiment (`config.json` names which)."""
+    config, data = _load(name)
+    return EXPERIMENTS[config["experiment"]].draw(config, data, folder)
+
+
+def _draw_few_tokens(name, folder):
+    """`adversarial-tokens` with a Gram map of 3 tokens, where matplotlib would put a
+    tick at every half token."""
+    config, data = _load("adversarial-tokens")
+    data["causal_gram"] = data["causal_gram"][:3, :3]
+    return EXPERIMENTS["adversarial-tokens"].draw(config, data, folder)
 
 
 def _draw_loop(name, folder):
@@ -87,7 +101,15 @@ def _draw_grid_decades(name, folder):
     return EXPERIMENTS["loop-grid"].draw(config, data, folder)
 
 
+#: More runs of an experiment, as `jaxattn run` arguments (the first word names it).
+OTHER_RUNS = {
+    # one cell: one placement, one mask, one kernel, one β, one size
+    "variants-one-cell": "variants --size 1 --norm 1 --mask 1 --kernel 1 --beta 1 "
+                         "--instances 2 --layers 20",
+}
 FIGURES = {name: _draw_experiment for name in EXPERIMENTS if (DATA / name).is_dir()}
+FIGURES |= {name: _draw_other_run for name in OTHER_RUNS}
+FIGURES |= {"adversarial-tokens-3-tokens": _draw_few_tokens}
 FIGURES |= {"loop": _draw_loop, "sweep": _draw_sweep, "demo": _draw_demo}
 FIGURES |= {f"loop-{d}-decades": _draw_loop_decades for d in ("0.5", "1.5", "3")}
 FIGURES |= {f"loop-grid-{d}-decades": _draw_grid_decades for d in ("1.5", "3")}
@@ -328,6 +350,116 @@ def _legends_over_data(fig) -> list[str]:
     return found
 
 
+def _fractional_ticks(fig) -> list[str]:
+    """Ticks between two cells of an image (a token `0.5`): an image's rows and
+    columns are counted, so its ticks are whole numbers."""
+    found = []
+    for ax in fig.axes:
+        if not ax.images:
+            continue
+        for axis in (ax.xaxis, ax.yaxis):
+            if isinstance(axis.get_major_formatter(), FixedFormatter):
+                continue  # labels of the cells' own (a β per column), at whole positions
+            lo, hi = sorted(axis.get_view_interval())
+            for tick in axis.get_major_ticks():
+                x = tick.get_loc()
+                if (lo <= x <= hi and tick.label1.get_visible() and tick.label1.get_text()
+                        and x != round(x)):
+                    found.append(f"{ax.get_title()!r}: tick {tick.label1.get_text()!r} "
+                                 "between two cells")
+    return found
+
+
+#: The least contrast of a text with what lies under it (WCAG's 4.5:1; black or white
+#: on any colour reaches it).
+CONTRAST = 4.5
+
+
+def _luminance(rgb) -> np.ndarray:
+    """The relative luminance (WCAG) of colours `(..., 3)` in [0, 1]."""
+    c = np.asarray(rgb, float)
+    c = np.where(c <= 0.03928, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    return c @ [0.2126, 0.7152, 0.0722]
+
+
+def _low_contrast(texts, fig) -> list[str]:
+    """Texts inside an axis (cell labels, annotations) hard to read on what is drawn
+    under them: the median colour of the ring of pixels around each text's box."""
+    from matplotlib.colors import to_rgb
+
+    pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3] / 255.0
+    height = pixels.shape[0]
+    boxes = [ax.get_window_extent() for ax in fig.axes]
+    found = []
+    for t, b in texts:
+        if not any(a.x0 <= b.x0 and b.x1 <= a.x1 and a.y0 <= b.y0 and b.y1 <= a.y1
+                   for a in boxes):
+            continue
+        x0, x1 = int(np.floor(b.x0)) - 1, int(np.ceil(b.x1)) + 1
+        y0, y1 = height - int(np.ceil(b.y1)) - 1, height - int(np.floor(b.y0)) + 1
+        x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, pixels.shape[1] - 1), min(y1, height - 1)
+        ring = np.concatenate([pixels[y0, x0:x1], pixels[y1, x0:x1], pixels[y0:y1, x0],
+                               pixels[y0:y1, x1]])
+        lo, hi = sorted([_luminance(np.median(ring, axis=0)), _luminance(to_rgb(t.get_color()))])
+        if (hi + 0.05) / (lo + 0.05) < CONTRAST:
+            found.append(f"{t.get_text()!r} hardly shows on its background "
+                         f"({(hi + 0.05) / (lo + 0.05):.1f}:1)")
+    return found
+
+
+def _line_pixels(line) -> np.ndarray:
+    """The pixels along `line`, one every pixel of its length."""
+    xy = line.get_transform().transform(np.asarray(line.get_xydata(), float))
+    pts = [p + np.linspace(0, 1, int(np.ceil(np.linalg.norm(q - p))) + 1)[:, None] * (q - p)
+           for p, q in itertools.pairwise(xy) if np.all(np.isfinite([p, q]))]
+    return np.concatenate(pts) if pts else np.zeros((0, 2))
+
+
+def _lines_under_lines(fig) -> list[str]:
+    """Lines mostly (`HIDDEN`) painted over by a later opaque line as wide or wider
+    along the same path (the layers' curve under the flow's): the later line must
+    be the thinner one, so that both show."""
+    from scipy.spatial import cKDTree
+
+    found = []
+    for ax in fig.axes:
+        if ax.name != "rectilinear":
+            continue
+        box = ax.get_window_extent()
+        lines = []
+        for line in _drawn_in_order(ax):
+            in_x, in_y = (line.get_transform().contains_branch_seperately(ax.transData)
+                          if isinstance(line, Line2D) else (False, False))
+            if in_x and in_y and line.get_linestyle() not in ("None", " ", ""):
+                pts = _line_pixels(line)
+                pts = pts[(pts[:, 0] >= box.x0) & (pts[:, 0] <= box.x1)
+                          & (pts[:, 1] >= box.y0) & (pts[:, 1] <= box.y1)]
+                if len(pts) > 1:
+                    lines.append((line, pts, line.get_linewidth() * fig.dpi / 72))
+        for (i, (a, pa, wa)), (j, (b, pb, wb)) in itertools.combinations(enumerate(lines), 2):
+            if (b.get_alpha() if b.get_alpha() is not None else 1.0) < 1 or wb < wa:
+                continue
+            dist, _ = cKDTree(pb).query(pa)
+            share = np.mean(dist <= (wb - wa) / 2 + 1.0)
+            if share > HIDDEN:
+                found.append(f"{ax.get_title()!r}: {share:.0%} of line {a.get_label()!r} "
+                             f"hidden under {b.get_label()!r}")
+    return found
+
+
+def _repeated_colorbars(fig) -> list[str]:
+    """Colour bars that say the same thing twice (panels on one scale share one)."""
+    seen = {}
+    for ax in fig.axes:
+        bar = getattr(ax, "_colorbar", None)
+        if bar is None:
+            continue
+        m = bar.mappable
+        key = (m.get_cmap().name, *m.get_clim(), type(m.norm).__name__, ax.get_ylabel())
+        seen[key] = seen.get(key, 0) + 1
+    return [f"{n} identical colour bars {key[-1]!r}" for key, n in seen.items() if n > 1]
+
+
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_figure_is_readable(name, tmp_path, drawn):
     paths = FIGURES[name](name, tmp_path)
@@ -337,7 +469,8 @@ def test_figure_is_readable(name, tmp_path, drawn):
     texts = _rendered_texts(fig)
     problems = (_overlaps(texts) + _outside(texts, fig) + _upside_down(texts)
                 + _dropped_from_log_axes(fig) + _hidden_markers(fig) + _legends_over_data(fig)
-                + _clipped_markers(fig))
+                + _clipped_markers(fig) + _fractional_ticks(fig) + _low_contrast(texts, fig)
+                + _repeated_colorbars(fig))
     assert not problems, f"{name}: " + "; ".join(problems[:8])
 
 
@@ -421,6 +554,59 @@ def test_text_at_the_edge_and_clipped_markers_are_caught():
     assert _clipped_markers(fig) == ["'': 2 'points' markers cut by the axis edge"]
 
 
+def test_contrast_ticks_and_lines_under_lines_are_caught():
+    def draw(fig, ax):
+        ax.imshow(np.zeros((2, 2)), cmap="gray", vmin=-1, vmax=1)  # mid grey cells
+        ax.text(0, 0, "grey on grey", color="0.6", ha="center", fontsize=7)
+        ax.text(1, 1, "ok", color="black", ha="center", fontsize=7)
+    fig = _toy(draw)
+    assert [p.split(" hardly")[0] for p in _low_contrast(_rendered_texts(fig), fig)] == [
+        "'grey on grey'"]
+    assert _fractional_ticks(fig)  # 2 cells: matplotlib ticks every half cell
+
+    def lines(fig, ax):
+        t = np.linspace(0, 1, 30)
+        ax.plot(t, t, lw=1.5, label="under")
+        ax.plot(t, t, lw=1.5, ls=":", label="dotted, as wide")
+        ax.plot(t, 1 - t, lw=2.4, label="wide")
+        ax.plot(t, 1 - t, lw=1.0, ls="--", label="thin over wide")
+    assert _lines_under_lines(_toy(lines)) == ["'': 100% of line 'under' hidden under "
+                                               "'dotted, as wide'"]
+
+
+def test_layers_show_over_the_flow(tmp_path, drawn):
+    """Where the layers' curve coincides with the flow's, both show: the later line
+    is the thinner one."""
+    for name in ("thm41-sphere", "thm32-gradient", "thm52-symmetric"):
+        drawn.clear()
+        _draw_experiment(name, tmp_path)
+        _rendered_texts(drawn[0])
+        assert not _lines_under_lines(drawn[0]), (name, _lines_under_lines(drawn[0]))
+
+
+def test_cell_labels_contrast_with_their_cells(tmp_path, drawn):
+    """Every cell of the variants map, from the floor to 0 and overflowed (blank),
+    keeps its label readable."""
+    from types import SimpleNamespace
+
+    from jaxattn.experiments.variants_plot import draw_study
+
+    betas = [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
+    rows = [dict(tokens=10, dim=3, norm="post", mask="full", kernel="softmax", beta=b,
+                 final_E_median=E, outcome=o, theorem="none", reached=0.0,
+                 consensus_layer_median=7.0, clusters_median=2.0)
+            for b, E, o in zip(betas, [1e-16, 1e-9, 1e-8, 1e-7, 1e-2, np.inf],
+                               ["consensus"] * 4 + ["apart", "overflow"])]
+    grid = SimpleNamespace(norms=["post"], masks=["full"], kernels=["softmax"], betas=betas,
+                           sizes=[(10, 3)])
+    config = dict(instances=2, heads=2, tau=0.25, window=2, keep=0.3, layers=20)
+    draw_study(config, grid, {}, rows, tmp_path / "variants")
+    texts = _rendered_texts(drawn[0])
+    assert sorted(t.get_text() for t, _ in texts if t.get_fontsize() == 7) == sorted(
+        ["7"] * 4 + ["k2", "∞"])
+    assert not _low_contrast(texts, drawn[0])
+
+
 def test_figures_are_byte_identical_when_drawn_again(tmp_path, monkeypatch):
     """A run folder drawn twice, a day apart, is the same, bytes and all: no date in
     the PDF (matplotlib takes the time from `SOURCE_DATE_EPOCH` when set)."""
@@ -485,6 +671,10 @@ def regenerate(work: Path) -> None:
     for name, args in RUNS.items():
         assert main(["run", name, "--out", str(work / name), "--no-progress",
                      *args.split()]) in (0, 3)
+        _keep(work / name, name)
+    for name, args in OTHER_RUNS.items():
+        assert main(["run", *args.split()[:1], "--out", str(work / name), "--no-progress",
+                     *args.split()[1:]]) in (0, 3)
         _keep(work / name, name)
     (work / "tiny-gpt2.json").write_text(json.dumps(TINY_GPT2))
     loop = ["--model", str(work / "tiny-gpt2.json"), "--passes", "8", "--prompts", "4",

@@ -268,6 +268,19 @@ def plain_log_labels(axis) -> None:
     axis.set_minor_formatter(Plain(minor=True))
 
 
+def text_color_on(background) -> str:
+    """`"black"` or `"white"`, whichever contrasts more with `background` (any
+    matplotlib colour) by its relative luminance (WCAG): the colour of a label
+    written on a cell of a heat map."""
+    from matplotlib.colors import to_rgb
+
+    c = np.asarray(to_rgb(background))
+    c = np.where(c <= 0.03928, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    luminance = float(c @ [0.2126, 0.7152, 0.0722])
+    # contrast with black (L + 0.05) / 0.05 against white 1.05 / (L + 0.05)
+    return "black" if (luminance + 0.05) ** 2 > 0.05 * 1.05 else "white"
+
+
 def integer_ticks(axis) -> None:
     """Whole-number ticks on `axis` (`ax.xaxis`, `ax.yaxis`), for counts."""
     from matplotlib.ticker import MaxNLocator

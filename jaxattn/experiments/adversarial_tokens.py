@@ -99,6 +99,8 @@ class AdversarialTokens(AbstractStudy):
                 ax.set_title(r"optimised start: $\langle x_i, x_j\rangle$")
                 ax.set_xlabel("token $j$")
                 ax.set_ylabel("token $i$")
+                figures.integer_ticks(ax.xaxis)  # token indices: no tick between two
+                figures.integer_ticks(ax.yaxis)
                 ax.grid(False)
             ax = fig.add_subplot(2, 3, 3 * row + 3)
             ts = found["ts_long"]

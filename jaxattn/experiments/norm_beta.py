@@ -98,12 +98,14 @@ class NormBeta(AbstractExperiment):
         plt = figures.pyplot()
         k = len(data["norms"])
         rows, cols = -(-k // 3), min(k, 3)
-        fig, axes = plt.subplots(rows, cols, figsize=(4.8 * cols, 3.9 * rows), squeeze=False)
-        for ax, norm, density in zip(axes.flat, data["norms"], data["density"]):
-            draw_map(ax, fig, data["betas"], data["ts"], density, log=False, full_scale=True,
-                     title=f'norm = "{norm}"')
-        for ax in axes.flat[k:]:
-            ax.remove()
+        # every map spans 0 to 1 (`full_scale`): one colour bar, in a column of its own
+        fig = plt.figure(figsize=(4.2 * cols + 1.0, 3.9 * rows))
+        grid = fig.add_gridspec(rows, cols + 1, width_ratios=[1.0] * cols + [0.05])
+        for i, (norm, density) in enumerate(zip(data["norms"], data["density"])):
+            mesh = draw_map(fig.add_subplot(grid[i // cols, i % cols]), fig, data["betas"],
+                            data["ts"], density, log=False, full_scale=True,
+                            title=f'norm = "{norm}"', colorbar=False)
+        fig.colorbar(mesh, cax=fig.add_subplot(grid[:, -1]), label="clustered-pair density")
         return figures.save_figure(fig, folder / "norm_beta",
                                  f"Clustered pairs by placement: {setup_line(config)}, "
                                  f"h = {config['heads']}")

@@ -410,19 +410,22 @@ def describe_map(betas, ts, density) -> tuple[str, dict]:
 
 
 def draw_map(ax, fig, betas, ts, density, *, log: bool, title: str,
-             full_scale: bool = False) -> None:
+             full_scale: bool = False, colorbar: bool = True):
     """One heat map of the density over `(t, β)`, as their `plot_pickle` draws it
-    (`full_scale`: the linear colours span 0 to 1, to compare maps)."""
+    (`full_scale`: the linear colours span 0 to 1, to compare maps; `colorbar=False`:
+    none beside it, for maps that share one). Returns the mesh."""
     shown = np.ma.masked_less_equal(density, 0) if log else density  # log: 0 left blank
     span = {"vmin": 0.0, "vmax": 1.0} if full_scale and not log else {}
     mesh = ax.pcolormesh(ts, betas, shown, norm="log" if log else "linear", cmap="RdBu_r",
                          shading="nearest", rasterized=True, **span)
     ax.grid(False)
-    fig.colorbar(mesh, ax=ax, label="clustered-pair density" + (" (log)" if log else ""))
+    if colorbar:
+        fig.colorbar(mesh, ax=ax, label="clustered-pair density" + (" (log)" if log else ""))
     ax.set_ylim(bottom=max(ax.get_ylim()[0], 0.0))  # β ≥ 0: no cell below it
     ax.set_xlabel("$t$")
     ax.set_ylabel(r"$\beta$")
     ax.set_title(title, fontsize=10)
+    return mesh
 
 
 def setup_line(cfg: dict) -> str:

@@ -63,12 +63,13 @@ class Judged:
 
 
 class Drawn(NamedTuple):
-    """One run as a figure draws it: its arrays, label, colour and line style."""
+    """One run as a figure draws it: its arrays, label, colour, line style and width."""
 
     run: Section
     label: str
     color: str
-    ls: str
+    ls: Any
+    lw: float
 
 
 class AbstractTheoremExperiment(AbstractExperiment):
@@ -168,11 +169,13 @@ class AbstractTheoremExperiment(AbstractExperiment):
 
     @typing.final
     def drawn_runs(self, config, data) -> list[Drawn]:
-        """The flow and, with `--discrete`, the layers, as their panels draw them."""
-        runs = [Drawn(Section(data), "flow", "tab:blue", "-")]
+        """The flow and, with `--discrete`, the layers, as their panels draw them: the
+        layers after the flow, black, dashed and thinner, so that where the two curves
+        coincide the flow's shows on both sides of the layers'."""
+        runs = [Drawn(Section(data), "flow", "tab:blue", "-", 2.4)]
         if config["discrete"]:
             runs.append(Drawn(Section(data, suffix="_layers"),
-                              rf"layers, $\tau$ = {config['tau']:g}", "tab:green", ":"))
+                              rf"layers, $\tau$ = {config['tau']:g}", "k", (0, (4, 2)), 1.1))
         return runs
 
 

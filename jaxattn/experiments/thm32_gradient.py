@@ -92,11 +92,11 @@ class GradientExperiment(AbstractTheoremExperiment):
             ax3.set_title(("layers on " if layers else "tokens on ") + where)
         ax_p = fig.add_subplot(1, cols, cols - 1)
         ax_v = fig.add_subplot(1, cols, cols)
-        for run, label, color, ls in self.drawn_runs(config, data):
-            ax_p.plot(run["ts"], run["E_P"], color=color, ls=ls, label=label)
+        for run, label, color, ls, lw in self.drawn_runs(config, data):
+            ax_p.plot(run["ts"], run["E_P"], color=color, ls=ls, lw=lw, label=label)
             # a speed is linear in the token differences: rounding noise below ~16 ε
             figures.draw_decay(ax_v, run["ts"], run["speed"], label=label, color=color, ls=ls,
-                             order=1, scale=float(np.max(data["speed"])))
+                             lw=lw, order=1, scale=float(np.max(data["speed"])))
         ax_p.set_xlabel("time $t$ (depth)")
         ax_p.set_ylabel(r"$E_P = \frac{1}{2}\sum_{ij} e^{\beta x_i^\top P x_j}$")
         ax_p.set_title("the potential (eq. 8) never decreases")

@@ -69,15 +69,13 @@ class SphereExperiment(AbstractTheoremExperiment):
         ax = fig.add_subplot(1, 3, 2)
         figures.draw_head_norms(ax, data["ts"], data["P_norm"], upto=2.0)
         ax = fig.add_subplot(1, 3, 3)
-        figures.draw_decay(ax, data["ts"], data["V"], label="$V(t)$, flow", color="tab:blue")
         figures.draw_decay(ax, data["ts"], data["E"], label="$E(t)$, flow", color="tab:orange",
-                         ls="--")
-        if layers:
-            figures.draw_decay(ax, data["ts_layers"], data["V_layers"],
-                             label=rf"$V$, layers ($\tau$={config['tau']:g})", color="tab:green",
-                             ls=":")
+                           ls="--")
+        for run, label, color, ls, lw in self.drawn_runs(config, data):  # V over E
+            figures.draw_decay(ax, run["ts"], run["V"], label=f"$V(t)$, {label}", color=color,
+                               ls=ls, lw=lw)
         ax.set_ylabel(r"$V = 1-\min_{ij}\langle x_i,x_j\rangle$,  $E$")
-        ax.set_title("Lyapunov function (eq. 10) and misalignment")
+        ax.set_title("Lyapunov function $V$ (eq. 10), $E$")
         ax.legend(fontsize=8)
         return figures.save_figure(fig, self.stem(folder),
                                  f"Theorem 4.1 — {config['tokens']} tokens, h = {config['heads']}, "

@@ -78,9 +78,9 @@ class SymmetricExperiment(AbstractTheoremExperiment):
             ax3.set_title("layers on $S^2$" if layers else "tokens on $S^2$ (Fig. 5)")
         ax_e = fig.add_subplot(1, cols, cols - 1)
         ax_p = fig.add_subplot(1, cols, cols)
-        for run, label, color, ls in self.drawn_runs(config, data):
-            figures.draw_decay(ax_e, run["ts"], run["E"], label=label, color=color, ls=ls)
-            ax_p.plot(run["ts"], run["proj"], color=color, ls=ls, label=label)
+        for run, label, color, ls, lw in self.drawn_runs(config, data):
+            figures.draw_decay(ax_e, run["ts"], run["E"], label=label, color=color, ls=ls, lw=lw)
+            ax_p.plot(run["ts"], run["proj"], color=color, ls=ls, lw=lw, label=label)
         ax_e.set_ylabel("misalignment $E(x(t))$")
         ax_e.set_title("Fig. 6: misalignment")
         ax_p.axhline(1.0, color="0.5", lw=0.8, ls="--")

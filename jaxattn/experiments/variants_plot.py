@@ -124,8 +124,12 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
                                                       grid.betas))
     R, C = len(norms) * len(masks), len(kernels) * len(betas)
     S = len(grid.sizes)
-    fig, axes = plt.subplots(1, S, figsize=(2.2 + (0.6 * C + 0.6) * S, 2.2 + 0.32 * R),
-                             squeeze=False, sharey=True, gridspec_kw={"wspace": 0.08})
+    # at least 6 inches: a single cell would otherwise leave the title a narrow column;
+    # 1.3 inches on the left for the row labels
+    width = max(6.0, 2.2 + (0.6 * C + 0.6) * S)
+    fig, axes = plt.subplots(1, S, figsize=(width, 2.2 + 0.32 * R), squeeze=False,
+                             sharey=True, gridspec_kw={"wspace": 0.08,
+                                                       "left": max(0.125, 1.3 / width)})
     mesh = None
     for p, (ax, size) in enumerate(zip(axes[0], grid.sizes)):
         logE, text, covered = _panel_grid(rows, tuple(size), norms, masks, kernels, betas)
@@ -133,9 +137,9 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
                          interpolation="nearest")
         ax.grid(False)
         for (i, j), label in np.ndenumerate(text):
-            dark = np.isfinite(logE[i, j]) and logE[i, j] < -6
+            under = mesh.to_rgba(logE[i, j]) if np.isfinite(logE[i, j]) else ax.get_facecolor()
             ax.text(j, i, label, ha="center", va="center", fontsize=7,
-                    color="white" if dark else "black")
+                    color=figures.text_color_on(under))
         _label_axes(ax, norms, masks, kernels, betas, covered, rows_labelled=p == 0)
         ax.set_title(f"n = {size[0]} tokens in R{_superscript(size[1])}", fontsize=10, pad=16)
     title = (f"Which variants collapse, how fast, which do not ({config['instances']} random "
@@ -169,8 +173,10 @@ def _label_axes(ax, norms, masks, kernels, betas, covered, *, rows_labelled: boo
     for k, kernel in enumerate(kernels):
         if k:
             ax.axvline(k * len(betas) - 0.5, color="white", lw=2.5)
-        ax.text((k + 0.5) * len(betas) - 0.5, -0.65, kernel, ha="center", va="bottom",
-                fontsize=9)
+        # just above the axis, in points: a row's height varies with the number of rows
+        ax.annotate(kernel, ((k + 0.5) * len(betas) - 0.5, 1.0), xytext=(0, 2),
+                    xycoords=ax.get_xaxis_transform(), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=9)
 
 
 def _title_on_top(fig, title: str) -> None:

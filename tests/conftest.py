@@ -2,8 +2,15 @@
 themselves in `jax.enable_x64(False)`), strict rank promotion, a seeded key."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# JAX's persistent compilation cache, shared by both pytest workers and by the
+# `jaxattn` subprocesses the tests start (they inherit these variables): a second
+# `make test` reuses the programs the first compiled.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 
 from jaxattn._determinism import deterministic_xla_flags  # noqa: E402  (does not start a backend)
 
@@ -13,6 +20,12 @@ os.environ["XLA_FLAGS"] = deterministic_xla_flags()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# The same examples on every run (`HYPOTHESIS_PROFILE=explore` draws new ones).
+settings.register_profile("derandomized", derandomize=True, deadline=None)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "derandomized"))
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")

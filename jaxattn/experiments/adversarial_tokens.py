@@ -104,10 +104,12 @@ class AdversarialTokens(AbstractStudy):
                 ax.grid(False)
             ax = fig.add_subplot(2, 3, 3 * row + 3)
             ts = found["ts_long"]
-            figures.draw_decay(ax, ts, found["E_long"][1:], color="0.7", lw=0.8,
-                             label="random starts")
-            figures.draw_decay(ax, ts, found["E_long"][0], color="tab:red", lw=2,
+            # the random starts thin and faint over the optimised one: where they
+            # coincide, both show
+            figures.draw_decay(ax, ts, found["E_long"][0], color="tab:red", lw=2.4,
                              label="optimised start")
+            figures.draw_decay(ax, ts, found["E_long"][1:], color="0.4", alpha=0.5, lw=0.8,
+                             label="random starts")
             ax.axvline(found["horizon"], color="k", ls=":", lw=1, label="horizon $T$")
             ax.set_ylabel("misalignment $E(t)$")
             ax.set_title(f"{setting}: run to {config['long']:g}$T$")

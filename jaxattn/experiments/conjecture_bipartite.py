@@ -85,9 +85,12 @@ class ConjectureBipartite(AbstractStudy):
             axs[1].scatter(found["rho0"], found["rho"], s=18, color=colors[h],
                            marker="o", alpha=0.8, label=f"h = {h}")
             k = np.arange(len(found["dist_small"]))
-            for kick, word, ls in (("small", "small", "-"), ("large", "larger", "--")):
+            # the larger kick thin and dashed over the small one: where they coincide,
+            # both show
+            for kick, word, ls, lw in (("small", "small", "-", 2.4),
+                                       ("large", "larger", (0, (4, 2)), 1.1)):
                 figures.draw_decay(axs[2], k, found[f"dist_{kick}"], order=1, stop=False,
-                                 color=colors[h], ls=ls, label=f"h = {h}, {word} kick")
+                                 color=colors[h], ls=ls, lw=lw, label=f"h = {h}, {word} kick")
         axs[0].axhline(1, color="k", lw=0.8, ls=":")
         axs[0].set_xlabel("optimiser step")
         figures.integer_ticks(axs[0].xaxis)

@@ -203,9 +203,13 @@ class LoopGridExperiment(AbstractExperiment):
 
 COLORS = {"attn": "tab:blue", "full": "tab:orange"}
 LABELS = {"attn": "pure attention (no FFN)", "full": "full blocks"}
+#: Line width and style of each variant's mean in the grid: full blocks wide, pure
+#: attention thin and dashed over them, so that where the two coincide both show.
+STROKES = {"attn": (1.1, (0, (4, 2))), "full": (2.4, "-")}
 
 
-def draw_loop(ax, E, layers_per_pass: int, *, label=None, color="tab:blue") -> None:
+def draw_loop(ax, E, layers_per_pass: int, *, label=None, color="tab:blue", lw=1.6,
+              ls="-") -> None:
     """Mean `E` over prompts versus depth, with the 10–90 % band, on a log axis.
 
     **Arguments:**
@@ -216,6 +220,7 @@ def draw_loop(ax, E, layers_per_pass: int, *, label=None, color="tab:blue") -> N
       (`_plot.resolution`) the mean is not drawn and a dotted line marks the floor.
     - `layers_per_pass`: the model's depth `L` (alternate passes are shaded, and the
       top axis counts passes).
+    - `lw`, `ls`: the mean's line width and style.
     """
     dtype = np.asarray(E).dtype if np.issubdtype(np.asarray(E).dtype, np.floating) else np.float32
     floor = resolution(dtype)
@@ -225,7 +230,7 @@ def draw_loop(ax, E, layers_per_pass: int, *, label=None, color="tab:blue") -> N
     ax.fill_between(depth, np.maximum(lo, floor), np.maximum(hi, floor), color=color,
                     alpha=0.22, lw=0)
     mean, cut = above_floor(E.mean(axis=0), floor, stop=False)
-    ax.plot(depth, mean, color=color, lw=1.6, label=label)
+    ax.plot(depth, mean, color=color, lw=lw, ls=ls, label=label)
     if cut or lo.min() <= floor:
         mark_floor(ax, floor, dtype)
     ax.set_yscale("log")
@@ -292,15 +297,17 @@ def redraw_loop(config: dict[str, Any], data: dict[str, np.ndarray], folder) -> 
 def save_grid_figure(results: dict, layers_per_pass: int, stem, *, title: str) -> list[Path]:
     """The paper's Figs. 7–10 for one model: a panel per weight kind, pure attention
     and full blocks in each, as `stem.png` and `stem.pdf`. `results` maps
-    `(weights, variant)` to `E`."""
+    `(weights, variant)` to `E`. Full blocks are drawn first and wide, pure attention
+    over them thin and dashed (`STROKES`): where the two coincide, both show."""
     kinds = [w for w in WEIGHTS if any(k[0] == w for k in results)]
     fig, axes = pyplot().subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.6), sharey=True,
                                   squeeze=False)
     for ax, kind in zip(axes[0], kinds):
-        for variant in ("attn", "full"):
+        for variant in ("full", "attn"):
             if (kind, variant) in results:
+                lw, ls = STROKES[variant]
                 draw_loop(ax, results[kind, variant], layers_per_pass, label=LABELS[variant],
-                          color=COLORS[variant])
+                          color=COLORS[variant], lw=lw, ls=ls)
         ax.set_title(f"{kind} weights", fontsize=10)
         if ax is not axes[0][0]:
             ax.set_ylabel("")

@@ -59,10 +59,12 @@ def power_shared(data, stem):
     ax = axes[2]
     c = data["cos_step"][..., 0].mean(axis=2)  # (B, layers)
     ks = np.arange(c.shape[1])
-    ax.plot(ks, c[: min(40, len(c))].T, color="0.8", lw=0.6)
-    ax.plot(ks, c.mean(0), color="tab:blue", lw=2, label=rf"mean, $v_1$ by {step}")
-    ax.plot(ks, data["cos_modulus"][..., 0].mean(axis=(0, 2)), color="tab:red", lw=1.5,
-            label=rf"mean, $v_1$ by {modulus}")
+    # wide to thin, later over earlier, so that where the curves coincide all show:
+    # the |1+τλ| mean, the |λ| mean dashed over it, the prompts faint over both
+    ax.plot(ks, c.mean(0), color="tab:blue", lw=2.4, label=rf"mean, $v_1$ by {step}")
+    ax.plot(ks, data["cos_modulus"][..., 0].mean(axis=(0, 2)), color="tab:red", lw=1.1,
+            ls=(0, (4, 2)), label=rf"mean, $v_1$ by {modulus}")
+    ax.plot(ks, c[: min(40, len(c))].T, color="0.45", alpha=0.45, lw=0.6)
     ax.axvline(L, color="k", ls=":", lw=1, label=f"native depth {L}")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("layer")
@@ -124,9 +126,11 @@ def steer(data, stem):
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.7))
     ell = np.arange(len(data["c_u"]))
     ax = axes[0]
-    ax.plot(ell, data["c_u"], "o-", color="tab:red", ms=4, label="last layer steered")
-    # open squares over the red dots: where steering changes nothing, both show
-    ax.plot(ell, data["c_u_plain"], "s--", color="0.4", ms=6, mfc="none", label="unsteered")
+    ax.plot(ell, data["c_u"], "o-", color="tab:red", ms=4, lw=2.4, label="last layer steered")
+    # open squares and a thinner dashed line over the red: where steering changes
+    # nothing, both show
+    ax.plot(ell, data["c_u_plain"], "s--", color="0.25", ms=6, mfc="none", lw=1.0,
+            label="unsteered")
     ax.set_ylim(0, 1.06)
     ax.set_xlabel("layer (0 = input)")
     ax.set_ylabel(r"mean $|\cos(x, u)|$")

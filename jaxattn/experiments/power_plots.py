@@ -47,9 +47,11 @@ def power_shared(data, stem):
     cs = data["cos_step"][:, L].reshape(-1, 2)
     cm = data["cos_modulus"][:, L].reshape(-1, 2)
     step, modulus = r"$|1+\tau\lambda|$", r"$|\lambda|$"
-    ax.hist(cs[:, 0], bins, alpha=0.6, color="tab:blue", label=rf"$v_1$ ({step} order)")
-    ax.hist(cs[:, 1], bins, alpha=0.5, color="tab:green", label=f"2-D subspace ({step})")
-    ax.hist(cm[:, 0], bins, histtype="step", color="tab:red", lw=1.5,
+    # the subspace filled, the two v₁ alignments as outlines over it: none hides another
+    ax.hist(cs[:, 1], bins, alpha=0.45, color="tab:green", label=f"2-D subspace ({step})")
+    ax.hist(cs[:, 0], bins, histtype="step", color="tab:blue", lw=2.2,
+            label=rf"$v_1$ ({step} order)")
+    ax.hist(cm[:, 0], bins, histtype="step", color="tab:red", lw=1.2, ls="--",
             label=rf"$v_1$ ({modulus} order)")
     ax.set_xlabel(f"alignment after the native {L} layers")
     ax.set_ylabel("tokens")

@@ -166,9 +166,12 @@ def test_unpermute_inverts_llama_cpp(seed):
     assert not np.array_equal(llama_cpp_permute(w, 3), w)
 
 
-def write_gguf(hf, path, arch="llama"):
+def write_gguf(hf, path, arch="llama", scaling=None):
     cfg = hf.config
     w = gguf.GGUFWriter(str(path), arch)
+    if scaling is not None:  # (llama.rope.scaling.type, factor)
+        w.add_rope_scaling_type(gguf.RopeScalingType(scaling[0]))
+        w.add_rope_scaling_factor(scaling[1])
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -229,6 +232,30 @@ def test_tiny_gguf_matches_hf_and_is_cached(tiny_llama, tmp_path, monkeypatch, s
     ours = np.asarray(ja.models.hidden_states(model, ids))
     err = np.linalg.norm(ours - ref, axis=(-2, -1)) / np.linalg.norm(ref, axis=(-2, -1))
     assert err.max() <= 1e-4
+
+
+def test_gguf_rope_scaling_is_read_or_refused(tiny_llama, tmp_path, monkeypatch, seed):
+    """llama.cpp's linear rope scaling equals HuggingFace's; another kind is refused by
+    name, never ignored (ignored, the hidden states were those of an unscaled model)."""
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = tf.LlamaConfig(**{**tiny_llama.config.to_dict(),
+                            "rope_scaling": {"rope_type": "linear", "factor": 4.0}})
+    cfg._attn_implementation = "eager"
+    scaled = tf.LlamaModel(cfg).eval()
+    scaled.load_state_dict(tiny_llama.state_dict())
+    model = ja.models.load(write_gguf(scaled, tmp_path / "linear.gguf", scaling=("linear", 4.0)))
+    ids = np.random.default_rng(seed).integers(0, 71, (1, 40))
+    with torch.no_grad():
+        ref = scaled(torch.from_numpy(ids)).last_hidden_state.numpy()
+        plain = tiny_llama(torch.from_numpy(ids)).last_hidden_state.numpy()
+    ours = np.asarray(ja.models.hidden_states(model, ids))[:, -1]
+    err, ignored = (np.linalg.norm(a - ref) / np.linalg.norm(ref) for a in (ours, plain))
+    assert err <= 1e-5 < ignored
+    path = write_gguf(tiny_llama, tmp_path / "yarn.gguf", scaling=("yarn", 4.0))
+    with pytest.raises(ValueError, match=r"yarn\.gguf: gguf rope scaling 'yarn' .* not "
+                                         r"implemented for gguf files") as err:
+        ja.models.load(path)
+    assert "\n" not in str(err.value)
 
 
 def test_truncated_gguf_is_named(tiny_llama, tmp_path, monkeypatch):

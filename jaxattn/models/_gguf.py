@@ -99,7 +99,31 @@ def gguf_config(reader, path: Path) -> dict:
         "rope_theta": float(_field(reader, "llama.rope.freq_base", 10000.0)),
         "max_position_embeddings": int(_field(reader, "llama.context_length", 2048)),
         "head_dim": head_dim,
+        **_rope_scaling(reader, path),
     }
+
+
+def _rope_scaling(reader, path: Path) -> dict:
+    """The config's `rope_scaling` from llama.cpp's `llama.rope.scaling.*` metadata (or
+    the older `llama.rope.scale_linear`): linear scaling is read (llama.cpp's is
+    HuggingFace's); any other kind is refused by name, never ignored."""
+    kind = _field(reader, "llama.rope.scaling.type")
+    factor = _field(reader, "llama.rope.scaling.factor")
+    old = _field(reader, "llama.rope.scale_linear")
+    if kind in (None, "none") and old not in (None, 1.0):
+        kind, factor = "linear", old
+    if kind in (None, "none"):
+        return {}
+    if kind != "linear":
+        raise ValueError(
+            f"{path}: gguf rope scaling {kind!r} (llama.rope.scaling.type) is not "
+            f"implemented for gguf files (jaxattn reads 'linear'); convert the model to a "
+            f"HuggingFace folder, whose rope_scaling jaxattn reads in full."
+        )
+    if factor is None or not float(factor) > 0:
+        raise ValueError(f"{path}: gguf linear rope scaling needs llama.rope.scaling.factor > 0, "
+                         f"got {factor!r}.")
+    return {"rope_scaling": {"rope_type": "linear", "factor": float(factor)}}
 
 
 class _Truncated(ValueError):

@@ -85,6 +85,9 @@ LIGHT = [  # (argv, exit status)
     (["run", "loop-grid", "--discrete"], 2),
     (["run", "thm41-sphere", "--seed", "1", "--seed", "2"], 2),
     (["run", "thm41-sphere", "--tok", "3"], 2),
+    (["run", "thm41-sphere", "--tokens", "x"], 2),  # an override's own check
+    (["run", "thm41-sphere", "--horizon", "-1"], 2),
+    (["run", "phase-diagram", "--systems", "0"], 2),
     (["bench", "--cases", "nope"], 2),
     (["bench", "--quick", "--size", "large"], 2),
     (["bench", "--precision", "float16"], 2),

@@ -80,8 +80,14 @@ def parse_overrides(experiment, argv: list[str]):
 def _run(args) -> int:
     if args.name is None:
         raise CLIError("name an experiment: jaxattn run NAME (see `jaxattn list`).")
-    opts, overrides = parse_overrides(declared_experiment(args.name), args.overrides)
+    experiment = declared_experiment(args.name)
+    opts, overrides = parse_overrides(experiment, args.overrides)
     seed = parse_value(opts.seed, int, "--seed")
+    from ..experiments.base import convert
+
+    params = {param.name: param for param in experiment.all_params()}
+    for name, value in overrides.items():  # each value's own check, before JAX loads
+        convert(params[name], value)
     import jax
 
     from ..experiments import run_experiment

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # what tools see; imported on first use at run time
     from . import paper001 as paper001
-    from .base import BETA, AbstractExperiment, Param, Verdict
+    from .base import BETA, AbstractExperiment, Param, Verdict, convert
     from .loop_runner import run_loop, run_loop_grid
-    from .runner import command_line, convert, redraw, resolve_config, run_experiment
+    from .runner import command_line, redraw, resolve_config, run_experiment
 
     paper = paper001
 
@@ -147,7 +147,7 @@ def get_experiment(name: str) -> "AbstractExperiment":
 #: The names re-exported from the modules below, imported on first use (PEP 562).
 _ATTRIBUTES = {
     "AbstractExperiment": ".base", "BETA": ".base", "Param": ".base", "Verdict": ".base",
-    "command_line": ".runner", "convert": ".runner", "redraw": ".runner",
+    "command_line": ".runner", "convert": ".base", "redraw": ".runner",
     "resolve_config": ".runner",
     "run_experiment": ".runner", "run_loop": ".loop_runner", "run_loop_grid": ".loop_runner",
 }

@@ -11,6 +11,7 @@ gradient studies); each member only declares what is its own.
 
 import abc
 import dataclasses
+import math
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +36,32 @@ class Param:
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+
+def convert(param: Param, value: Any) -> Any:
+    """`value` as the parameter's type, checked against its minimum, or a `ValueError`
+    (no JAX: `jaxattn run NAME` refuses a bad override before JAX loads)."""
+    want = {int: "an integer", float: "a number", bool: "true or false"}[param.type]
+    if param.type is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{param.flag} must be {want}, got {value!r}.")
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        converted = param.type(value)
+        if param.type is int and isinstance(value, float) and value != converted:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ValueError(f"{param.flag} must be {want}, got {value!r}.") from None
+    if param.type is float and not math.isfinite(converted):
+        raise ValueError(f"{param.flag} must be finite, got {value!r}.")
+    if param.minimum is not None:
+        too_small = converted < param.minimum if param.type is int else converted <= param.minimum
+        if too_small:
+            bound = f"≥ {param.minimum:g}" if param.type is int else f"> {param.minimum:g}"
+            raise ValueError(f"{param.flag} must be {bound}, got {value!r}.")
+    return converted
 
 
 #: The inverse temperature of the attention, a parameter of every sweepable experiment

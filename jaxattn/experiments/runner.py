@@ -7,7 +7,6 @@ a finished folder's figures again (`jaxattn plot`). The looped-model runs
 (`jaxattn loop`) are `loop_runner.py`'s.
 """
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,34 +17,8 @@ from .._app.folders import RunFolderError, folder_path, open_run_folder, read_js
 from .._horizon import Horizon
 from .._validate import check_seed
 from . import EXPERIMENTS, get_experiment
-from .base import AbstractExperiment, Param
+from .base import AbstractExperiment, convert
 from .loop_grid import is_loop_config, redraw_loop
-
-
-def convert(param: Param, value: Any) -> Any:
-    """`value` as the parameter's type, checked against its minimum, or a `ValueError`."""
-    want = {int: "an integer", float: "a number", bool: "true or false"}[param.type]
-    if param.type is bool:
-        if isinstance(value, bool):
-            return value
-        raise ValueError(f"{param.flag} must be {want}, got {value!r}.")
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        converted = param.type(value)
-        if param.type is int and isinstance(value, float) and value != converted:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise ValueError(f"{param.flag} must be {want}, got {value!r}.") from None
-    if param.type is float and not math.isfinite(converted):
-        raise ValueError(f"{param.flag} must be finite, got {value!r}.")
-    if param.minimum is not None:
-        too_small = converted < param.minimum if param.type is int else converted <= param.minimum
-        if too_small:
-            bound = f"≥ {param.minimum:g}" if param.type is int else f"> {param.minimum:g}"
-            raise ValueError(f"{param.flag} must be {bound}, got {value!r}.")
-    return converted
-
 
 #: The most layers a discrete run takes (the int32 step counter of its scan).
 MAX_LAYERS = 2**31 - 1

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, Real
 
+from ._blocks import DEFAULT_BLOCK, block_spec, blocked_attention
 from ._manifold import project, tangent
 from ._precision import Precision, check_precision, einsum
 from ._schedule import AbstractSchedule, as_schedule, schedule_shape
@@ -17,6 +18,13 @@ from ._validate import check_count, check_metric, check_scalar, is_concrete
 _Weights = Float[Array, "h a b"] | AbstractSchedule
 
 NORMS = ("post", "pre", "peri", "ngpt", "none")
+
+#: Bytes of one `(h, n, n)` weight array above which `block_size=None` takes key
+#: blocks: 1 MiB, n > 512 for one float32 head. Above it the blocks were faster at
+#: every size measured on the CPU (BENCHMARKS.md, "blocked attention"), and the dense
+#: path's memory grows as n² (more under `jax.grad`); below it the dense path keeps
+#: forward-mode autodiff (`jax.jacfwd`), which the blocks' custom VJP does not have.
+DENSE_LIMIT = 2**20
 KERNELS = ("softmax", "sigmoid", "exp")
 
 
@@ -80,6 +88,14 @@ class SelfAttentionDynamics(eqx.Module):
       (reduced operands, float32 accumulation); see `jaxattn._precision`.
     - `bias`: the sigmoid's bias `b` (only with `kernel="sigmoid"`); `None`
       (default) is `−log n`.
+    - `block_size`: how the attention is computed. `None` (default) chooses by size:
+      the dense `(h, n, n)` weights while they take at most `DENSE_LIMIT` bytes
+      (faster there), attention in key blocks of `DEFAULT_BLOCK` keys above (the
+      online softmax, `jaxattn._blocks`: memory `O(n)`, never the `n × n` matrix,
+      gradients by a custom VJP that recomputes the blocks). An integer `b ≥ 1`
+      forces blocks of `b` keys at every size. Both paths give the same values to
+      rounding, for every kernel, mask, norm, head layout and metric; the blocked
+      path is reverse-mode only (`jax.grad`, not `jax.jacfwd`).
     """
 
     P: AbstractSchedule | None
@@ -95,6 +111,7 @@ class SelfAttentionDynamics(eqx.Module):
     norm: str = eqx.field(static=True)
     window: int | None = eqx.field(static=True)
     kernel: str = eqx.field(static=True)
+    block_size: int | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -112,6 +129,7 @@ class SelfAttentionDynamics(eqx.Module):
         K: _Weights | None = None,
         precision: Precision = "float32",
         bias: float | None = None,
+        block_size: int | None = None,
     ):
         if (P is None) == (Q is None or K is None):
             raise ValueError(
@@ -153,11 +171,13 @@ class SelfAttentionDynamics(eqx.Module):
                              f"got kernel={self.kernel!r}.")
         self.bias = None if bias is None else jnp.asarray(
             check_scalar(bias, "bias", dtype=dtype), dtype=dtype)
+        self.block_size = None if block_size is None else check_count(
+            block_size, "block_size", 1)
 
     @classmethod
     def from_factors(cls, Q: _Weights, K: _Weights, U: _Weights, W=None, beta=1.0, causal=False,
                      norm="post", window=None, mask=None, kernel="softmax",
-                     *, precision: Precision = "float32", bias=None):
+                     *, precision: Precision = "float32", bias=None, block_size=None):
         """Build the dynamics from per-head factors `P_η = Q_ηᵀ K_η`, kept factored.
 
         `Q` is `(h, k, d)` (as in real models, where `k = d / h`): scores are
@@ -170,7 +190,7 @@ class SelfAttentionDynamics(eqx.Module):
         The other arguments are those of `SelfAttentionDynamics`.
         """
         return cls(None, U, W, beta, causal, norm, window, mask, kernel, Q=Q, K=K,
-                   precision=precision, bias=bias)
+                   precision=precision, bias=bias, block_size=block_size)
 
     @property
     def num_heads(self) -> int:
@@ -262,11 +282,45 @@ class SelfAttentionDynamics(eqx.Module):
             return jnp.exp(s) / n
         return jax.nn.softmax(s, axis=-1)
 
+    def blocked(self, n: int, dtype=None) -> bool:
+        """Whether `n` tokens take the blocked path (`block_size`)."""
+        if self.block_size is not None:
+            return True
+        itemsize = jnp.dtype(jnp.result_type(float) if dtype is None else dtype).itemsize
+        return self.num_heads * n * n * itemsize > DENSE_LIMIT
+
     def raw_update(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         """`v_i(t, x) = Σ_η Σ_j α^η_ij U_η(t) x_j` (at `x` as given, for every `norm`)."""
-        A = self.attention(t, x)
-        mixed = einsum("hij,jd->hid", A, x, precision=self.precision)
+        if self.blocked(x.shape[0], x.dtype):
+            mixed = self._blocked_mix(t, x)
+        else:
+            A = self.attention(t, x)
+            mixed = einsum("hij,jd->hid", A, x, precision=self.precision)
         return einsum("hid,hed->ie", mixed, self.U(t), precision=self.precision)
+
+    def _blocked_mix(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "h n d"]:
+        """`Σ_j α^η_ij x_j` in key blocks (`jaxattn._blocks`): the scores
+        `(β P_ηᵀ x_i)·x_j`, or `(β Q_η x_i)·(K_g x_j)`, never all at once."""
+        self._check_x(x)
+        n = x.shape[0]
+        beta = self.beta.astype(x.dtype)
+        if self.P is not None:
+            P = _nan_unless_finite(self.P(t))
+            q = beta * einsum("hde,id->hie", P, x, precision=self.precision)
+            k = x[None]
+        else:
+            Q, K = _nan_unless_finite(self.Q(t)), _nan_unless_finite(self.K(t))
+            q = beta * einsum("hkd,id->hik", Q, x, precision=self.precision)
+            k = einsum("gkd,jd->gjk", K, x, precision=self.precision)
+        v = jnp.broadcast_to(x[None], (k.shape[0],) + x.shape)
+        offset = jnp.zeros((), x.dtype)
+        if self.kernel == "sigmoid":
+            offset = -np.log(n) if self.bias is None else self.bias
+        spec = block_spec(self.kernel, n, n, self.num_heads, self.block_size or DEFAULT_BLOCK,
+                          causal=self.causal, window=self.window,
+                          has_mask=self.mask is not None, precision=self.precision)
+        mixed = blocked_attention(q, k, v, jnp.asarray(offset, x.dtype), self.mask, spec)
+        return mixed / n if self.kernel == "exp" else mixed
 
     def _euler_field(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         """The velocity of `"pre"`, `"peri"`, `"none"`, whose layers are its Euler steps."""

@@ -1,0 +1,275 @@
+"""Attention over key blocks: the online softmax, never the `n × n` matrix.
+
+`blocked_attention(q, k, v, offset, mask, spec)` computes `Σ_j w_ij v_j` for every
+query, head by head, with `w` the attention weights of `spec.kernel` over the keys
+a query may see. Queries are taken `spec.block_q` at a time (`lax.map`) and, for each
+such block, keys `spec.block_k` at a time (`lax.scan`): the scores of one block
+pair, `(h, block_q, block_k)`, are all that exists at once. Softmax keeps each row's
+running maximum and normaliser and rescales its partial sum when the maximum grows
+(the online softmax of fused attention kernels), so its weights are those of the
+max-shifted dense softmax to rounding.
+
+Reverse mode is a custom VJP that recomputes each block's scores from `q` and `k`
+instead of storing them (as FlashAttention's backward pass does): the forward pass
+keeps only the output and, for softmax, each row's log-normaliser, so a gradient
+costs `O(n)` memory and about two forward passes. Forward mode (`jax.jvp`,
+`jax.jacfwd`) is not defined through the custom VJP: use the dense path
+(`block_size=None` at small `n`) where a Jacobian is wanted.
+
+Group layout: `q` is `(h, n, a)`, `k` `(g, m, a)` and `v` `(g, m, c)` with `g`
+dividing `h`; query head `η` reads key–value group `η // (h / g)` (shared keys, as
+Llama's `num_key_value_heads`), so the dynamics' values, shared by every head, are
+one group and are never repeated.
+"""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Bool, Float, Int
+
+from ._precision import einsum
+
+#: Score elements of one block pair (`h × block_q × block_k`) the automatic query
+#: block aims at: a few MB, so a block's scores, weights and products stay in cache.
+BLOCK_ELEMENTS = 2**20
+
+#: Keys per block when `block_size=None` chooses blocks.
+DEFAULT_BLOCK = 512
+
+
+class BlockSpec(eqx.Module):
+    """The static description of one blocked attention: kernel, blocks, key masks.
+
+    **Arguments:**
+
+    - `kernel`: `"softmax"`, `"sigmoid"` or `"exp"` (`SelfAttentionDynamics`); the
+      `exp` kernel's `1/n` is the caller's.
+    - `block_q`, `block_k`: queries and keys per block.
+    - `causal`: query `i` sees key `j` only when `j ≤ i`.
+    - `window`: and only when `|i − j| < window` (`None`: no window).
+    - `has_mask`: a boolean `(n, m)` mask is passed (its diagonal forced on).
+    - `precision`: of the products (`jaxattn._precision`).
+    """
+
+    kernel: str = eqx.field(static=True)
+    block_q: int = eqx.field(static=True)
+    block_k: int = eqx.field(static=True)
+    causal: bool = eqx.field(static=True, default=False)
+    window: int | None = eqx.field(static=True, default=None)
+    has_mask: bool = eqx.field(static=True, default=False)
+    precision: str = eqx.field(static=True, default="float32")
+
+
+def block_spec(kernel: str, n: int, m: int, heads: int, block_k: int, *, causal=False,
+               window=None, has_mask=False, precision="float32") -> BlockSpec:
+    """A `BlockSpec` with `block_k` keys per block (at most `m`, the key count) and as
+    many queries per block as keep a block pair near `BLOCK_ELEMENTS` score elements."""
+    block_k = max(1, min(block_k, m))
+    block_q = max(1, min(n, BLOCK_ELEMENTS // (heads * block_k)))
+    return BlockSpec(kernel, block_q, block_k, causal, window, has_mask, precision)
+
+
+def blocked_attention(
+    q: Float[Array, "h n a"], k: Float[Array, "g m a"], v: Float[Array, "g m c"],
+    offset: Float[Array, ""], mask: Bool[Array, "n m"] | None, spec: BlockSpec,
+) -> Float[Array, "h n c"]:
+    """`Σ_j w_ij v_j` per head, in key blocks (the module docstring).
+
+    **Arguments:**
+
+    - `q`: the queries, `(h, n, a)`, any factor (`β`, a scale) already applied.
+    - `k`, `v`: the keys `(g, m, a)` and values `(g, m, c)`, `g` dividing `h`.
+    - `offset`: a scalar added to every score after clipping (the sigmoid's bias;
+      `0` otherwise); differentiable.
+    - `mask`: a boolean `(n, m)` array, `True` where `i` may see `j`, or `None`.
+    - `spec`: the kernel, blocks and key masks (`block_spec`).
+
+    **Returns:**
+
+    `(h, n, c)`: for softmax the weights sum to one over the keys a query sees;
+    `sigmoid` and `exp` are not normalised (masked weights are 0).
+    """
+    if mask is None:
+        mask = jnp.zeros((0, 0), bool)
+    return _attend(q, k, v, jnp.asarray(offset, q.dtype), mask, spec)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attend(q, k, v, offset, mask, spec):
+    return _forward(q, k, v, offset, mask, spec)[0]
+
+
+def _attend_fwd(q, k, v, offset, mask, spec):
+    out, lse = _forward(q, k, v, offset, mask, spec)
+    return out, (q, k, v, offset, mask, out, lse)
+
+
+def _attend_bwd(spec, res, dout):
+    q, k, v, offset, mask, out, lse = res
+    dq, dk, dv, doffset = _backward(q, k, v, offset, mask, out, lse, dout, spec)
+    return dq, dk, dv, doffset, None
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def _pad_to(x: Array, axis: int, size: int) -> Array:
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, pad)
+
+
+def _query_blocks(q: Float[Array, "h n a"], g: int, bq: int) -> Float[Array, "nq g r bq a"]:
+    h, n, a = q.shape
+    nq = -(-n // bq)
+    q = _pad_to(q, 1, nq * bq).reshape(g, h // g, nq, bq, a)
+    return jnp.moveaxis(q, 2, 0)
+
+
+def _key_blocks(k: Float[Array, "g m a"], bk: int) -> Float[Array, "nk g bk a"]:
+    g, m, a = k.shape
+    nk = -(-m // bk)
+    return jnp.moveaxis(_pad_to(k, 1, nk * bk).reshape(g, nk, bk, a), 1, 0)
+
+
+def _from_query_blocks(x: Float[Array, "nq g r bq ..."], n: int) -> Float[Array, "h n ..."]:
+    nq, g, r, bq = x.shape[:4]
+    x = jnp.moveaxis(x, 0, 2).reshape((g * r, nq * bq) + x.shape[4:])
+    return x[:, :n]
+
+
+def _visible(spec: BlockSpec, mask: Bool[Array, "n m"], i: Int[Array, " bq"],
+             j: Int[Array, " bk"], m: int) -> Bool[Array, "bq bk"]:
+    """Which keys `j` each query `i` of a block pair may see (padding never)."""
+    ok = jnp.broadcast_to(j[None, :] < m, (i.shape[0], j.shape[0]))
+    if spec.causal:
+        ok = ok & (j[None, :] <= i[:, None])
+    if spec.window is not None:
+        ok = ok & (jnp.abs(i[:, None] - j[None, :]) < spec.window)
+    if spec.has_mask:
+        n = mask.shape[0]
+        rows = jnp.take(mask, jnp.minimum(i, n - 1), axis=0)
+        given = jnp.take(rows, jnp.minimum(j, m - 1), axis=1)
+        ok = ok & (given | (i[:, None] == j[None, :]))
+    return ok
+
+
+def _scores(qb, kb, offset, spec: BlockSpec):
+    """A block pair's clipped scores `(g, r, bq, bk)` and where the clip held them."""
+    s = einsum("grqa,gka->grqk", qb, kb, precision=spec.precision)
+    big = jnp.finfo(s.dtype).max
+    inside = jnp.abs(s) < big
+    return jnp.clip(s, -big, big) + offset, inside
+
+
+def _weights(s, ok, spec: BlockSpec):
+    """The unnormalised kernels' weights of a block (masked ones 0)."""
+    w = jnp.exp(s) if spec.kernel == "exp" else jax.nn.sigmoid(s)
+    return jnp.where(ok, w, 0)
+
+
+def _forward(q, k, v, offset, mask, spec: BlockSpec):
+    h, n, _ = q.shape
+    g, m, c = v.shape
+    qs, ks, vs = _query_blocks(q, g, spec.block_q), _key_blocks(k, spec.block_k), \
+        _key_blocks(v, spec.block_k)
+    key_index = jnp.arange(ks.shape[0] * spec.block_k).reshape(ks.shape[0], spec.block_k)
+    row_shape = qs.shape[1:4]
+
+    def query_block(args):
+        qb, i = args
+
+        def step(carry, blk):
+            kb, vb, j = blk
+            s, _ = _scores(qb, kb, offset, spec)
+            ok = _visible(spec, mask, i, j, m)
+            if spec.kernel != "softmax":
+                w = _weights(s, ok, spec)
+                return carry + einsum("grqk,gkc->grqc", w, vb, precision=spec.precision), None
+            top, norm, acc = carry
+            s = jnp.where(ok, s, -jnp.inf)
+            new_top = jnp.maximum(top, s.max(-1))
+            shift = jnp.where(jnp.isfinite(new_top), new_top, 0)
+            p = jnp.exp(s - shift[..., None])
+            keep = jnp.exp(top - shift)
+            acc = acc * keep[..., None] + einsum("grqk,gkc->grqc", p, vb,
+                                                 precision=spec.precision)
+            return (new_top, norm * keep + p.sum(-1), acc), None
+
+        acc0 = jnp.zeros(row_shape + (c,), q.dtype)
+        if spec.kernel != "softmax":
+            acc, _ = lax.scan(step, acc0, (ks, vs, key_index))
+            return acc, jnp.zeros(row_shape, q.dtype)
+        top0 = jnp.full(row_shape, -jnp.inf, q.dtype)
+        (top, norm, acc), _ = lax.scan(step, (top0, jnp.zeros(row_shape, q.dtype), acc0),
+                                       (ks, vs, key_index))
+        # A row that sees no key (only padding rows can) gives 0, not 0/0.
+        norm = jnp.where(norm > 0, norm, 1)
+        return acc / norm[..., None], top + jnp.log(norm)
+
+    query_index = jnp.arange(qs.shape[0] * spec.block_q).reshape(qs.shape[0], spec.block_q)
+    out, lse = lax.map(query_block, (qs, query_index))
+    return _from_query_blocks(out, n), _from_query_blocks(lse, n)
+
+
+def _backward(q, k, v, offset, mask, out, lse, dout, spec: BlockSpec):
+    h, n, a = q.shape
+    g, m, c = v.shape
+    qs, ks, vs = _query_blocks(q, g, spec.block_q), _key_blocks(k, spec.block_k), \
+        _key_blocks(v, spec.block_k)
+    dos = _query_blocks(dout, g, spec.block_q)
+    lses = _query_blocks(lse[..., None], g, spec.block_q)[..., 0]
+    deltas = _query_blocks(jnp.sum(dout * out, -1, keepdims=True), g, spec.block_q)[..., 0]
+    key_index = jnp.arange(ks.shape[0] * spec.block_k).reshape(ks.shape[0], spec.block_k)
+    query_index = jnp.arange(qs.shape[0] * spec.block_q).reshape(qs.shape[0], spec.block_q)
+    prec = spec.precision
+
+    def query_block(carry, args):
+        dk, dv, doff = carry
+        qb, dob, lb, db, i = args
+
+        def step(inner, blk):
+            dqb, doffb = inner
+            kb, vb, j = blk
+            s, inside = _scores(qb, kb, offset, spec)
+            ok = _visible(spec, mask, i, j, m)
+            dp = einsum("grqc,gkc->grqk", dob, vb, precision=prec)
+            if spec.kernel == "softmax":
+                w = jnp.where(ok, jnp.exp(s - lb[..., None]), 0)
+                ds = w * (dp - db[..., None])
+            else:
+                w = _weights(s, ok, spec)
+                ds = w * dp if spec.kernel == "exp" else w * (1 - w) * dp
+            ds = jnp.where(inside, ds, 0)
+            dqb = dqb + einsum("grqk,gka->grqa", ds, kb, precision=prec)
+            # Key-side sums with the key axis last: XLA's CPU dot is ~15× slower
+            # writing (k, a) than (a, k) here (measured at 1024 × 1024 blocks).
+            dkb = einsum("grqk,grqa->gak", ds, qb, precision=prec).swapaxes(-1, -2)
+            dvb = einsum("grqk,grqc->gck", w, dob, precision=prec).swapaxes(-1, -2)
+            return (dqb, doffb + ds.sum()), (dkb, dvb)
+
+        zero = jnp.zeros((), q.dtype)
+        (dqb, doffb), (dkb, dvb) = lax.scan(step, (jnp.zeros_like(qb), zero),
+                                            (ks, vs, key_index))
+        return (dk + dkb, dv + dvb, doff + doffb), dqb
+
+    init = (jnp.zeros_like(ks), jnp.zeros_like(vs), jnp.zeros((), q.dtype))
+    (dk, dv, doff), dq = lax.scan(query_block, init, (qs, dos, lses, deltas, query_index))
+    dk = jnp.moveaxis(dk, 0, 1).reshape(g, -1, a)[:, :m]
+    dv = jnp.moveaxis(dv, 0, 1).reshape(g, -1, c)[:, :m]
+    doff = doff if spec.kernel == "sigmoid" else jnp.zeros_like(doff)
+    return _from_query_blocks(dq, n), dk, dv, doff
+
+
+def dense_bytes(heads: int, n: int, itemsize: int) -> int:
+    """The bytes of one `(h, n, n)` score array: what the dense path holds several of."""
+    return heads * n * n * itemsize
+
+
+def blocks_needed(heads: int, n: int, itemsize: int, limit: int) -> bool:
+    """Whether the dense path's scores would exceed `limit` bytes."""
+    return dense_bytes(heads, n, itemsize) > limit
+

@@ -29,6 +29,8 @@ BAD = [
     (["run", "thm41-sphere", "--bogus", "1"], "unrecognized arguments: --bogus 1"),
     (["run", "loop-grid", "--discrete"], "unrecognized arguments: --discrete"),
     (["run", "loop-grid", "--passes", "0"], "--passes must be ≥ 1"),
+    (["run", "long-context", "--n-min", "1"], "--n-min must be ≥ 2"),
+    (["run", "long-context", "--horizon", "1"], "unrecognized arguments: --horizon"),
     (["plot"], "required: folder"),
     (["plot", "/nonexistent/run"], "not a run folder"),
     (["loop"], "required: --model"),

@@ -52,6 +52,7 @@ MEMBERS = (
     "phase_diagram.PhaseDiagram",
     "norm_beta.NormBeta",
     "variants.VariantsStudy",
+    "long_context.LongContext",
 )
 
 

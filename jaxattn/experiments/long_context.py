@@ -1,0 +1,284 @@
+"""`long-context`: critical attention scaling (Chen, Lin, Polyanskiy, Rigollet, "Critical
+attention scaling in long-context transformers", arXiv 2510.05554, ICLR 2026).
+
+The paper's model (§2, the layer (2.2); all weights the identity): tokens `x_i ∈ R^d`
+are normalised, `y_i = x_i / |x_i|`, and one attention layer maps them to
+`x'_i = Σ_j A_ij y_j + α x_i` with `A_ij = softmax_j(β_n ⟨y_i, y_j⟩)` and the
+attention scaling `β_n = γ log n`. Its tokens form a simplex (Assumption 1: equal
+norms and `⟨y_i, y_j⟩ = ρ` for `i ≠ j`; Assumption 2 lets both vary in a range).
+Its main result (Theorem 2.1, with the angle ratio λ of (3.2)) is a phase transition
+at
+
+    γ_c = 1 / (1 − ρ):
+
+below it the attention is spread over all tokens and they collapse onto one
+direction; above it the attention reduces to the identity (`A_ii → 1`). On the
+simplex the reason is one line: `A_ii = 1 / (1 + (n − 1) n^{−γ(1−ρ)})`, so that
+`A_ii = 1/2` at the finite-`n` value `γ_n = log(n − 1) / ((1 − ρ) log n) → γ_c`.
+
+Here the layer is `ja.SelfAttentionDynamics(P = I, U = I, β = γ log n, norm="ngpt")`:
+with `τ = 1` its layer is `x_i ← N(Σ_j α_ij x_j)`, the paper's layer without the
+residual (as in its figure of λ) followed by the next layer's normalisation, which
+changes no angle; `τ < 1` adds a residual, `N((1 − τ) x_i + τ N(Σ_j α_ij x_j))`.
+The tokens are an almost-simplex in high dimension: `y_i = √ρ e + √(1 − ρ) g_i` with
+`g_i` uniform on the unit sphere orthogonal to `e` (for `ρ = 0`, uniform tokens), so
+`⟨y_i, y_j⟩ = ρ + O((1 − ρ)/√d)`. For every `n` (log-spaced) and `γ` it measures:
+
+- the identity: the mean diagonal attention weight `α_ii` of the input tokens,
+  computed in blocks of rows (never the `n × n` matrix);
+- the collapse: the mean squared distance between tokens after `L` layers over
+  its value before, `λ = (1 − r_L²) / (1 − r_0²)` with `r = |mean_i x_i|` (unit
+  tokens: `mean_ij |x_i − x_j|² = 2 (1 − r²)`), `λ → 0` when they collapse and
+  `λ → 1` when they do not move (the analogue of the paper's angle ratio (3.2)).
+
+Each `n`'s critical `γ` is read where `α_ii` and `λ` cross 1/2 and set beside the
+prediction `1 / (1 − ρ̂)` (`ρ̂` the tokens' measured mean inner product) and its
+finite-`n` value `γ_n`. The equations and their sources: `docs/long_context.md`.
+"""
+
+import math
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, PRNGKeyArray
+from tqdm.auto import tqdm
+
+from .._app import figures
+from .._dynamics import SelfAttentionDynamics
+from .._layers import run_layers
+from .._precision import einsum
+from .base import AbstractExperiment, Param, Verdict
+from .verdicts import short
+
+#: A small run for tests and smoke checks: `jaxattn run long-context` with these.
+QUICK = {"n_min": 20, "n_max": 200, "per_decade": 2, "gammas": 5, "dim": 16}
+
+#: Most scores held at once when the diagonal weights are computed in blocks of rows.
+BLOCK_SCORES = 2**24
+
+
+def sizes(n_min: int, n_max: int, per_decade: int) -> np.ndarray:
+    """Context lengths from `n_min` to `n_max`, `per_decade` of them per decade
+    (log-spaced, rounded, both ends included)."""
+    if n_max < n_min:
+        raise ValueError(f"--n-max ({n_max}) must be ≥ --n-min ({n_min}).")
+    count = max(2, round(per_decade * math.log10(n_max / n_min)) + 1)
+    return np.unique(np.round(np.geomspace(n_min, n_max, count)).astype(int))
+
+
+def gamma_grid(config) -> np.ndarray:
+    """The scalings `γ` of `β_n = γ log n`: `--gammas` values from `--gamma-min` to
+    `--gamma-max`."""
+    if config["gamma_max"] <= config["gamma_min"]:
+        raise ValueError(f"--gamma-max ({config['gamma_max']!r}) must be > --gamma-min "
+                         f"({config['gamma_min']!r}).")
+    return np.linspace(config["gamma_min"], config["gamma_max"], config["gammas"])
+
+
+def check_rho(rho: float) -> float:
+    """`ρ ∈ [0, 1)`, or a `ValueError` naming the range."""
+    if not 0 <= rho < 1:
+        raise ValueError(f"--rho is the tokens' mean inner product: it must lie in [0, 1), "
+                         f"got {rho!r}.")
+    return rho
+
+
+def simplex_tokens(key: PRNGKeyArray, n: int, d: int, rho: float) -> Float[Array, "n d"]:
+    """Unit tokens `√ρ e₁ + √(1 − ρ) g_i` with `g_i` uniform on the unit sphere of
+    `e₁`'s complement: `⟨y_i, y_j⟩ = ρ + (1 − ρ) ⟨g_i, g_j⟩` (Assumption 2's
+    almost-simplex, `ρ` on average)."""
+    g = jax.random.normal(key, (n, d - 1))
+    g = g / jnp.linalg.norm(g, axis=-1, keepdims=True)
+    first = jnp.full((n, 1), math.sqrt(rho), g.dtype)
+    return jnp.concatenate([first, math.sqrt(1 - rho) * g], axis=-1)
+
+
+def diagonal_weight(dyn: SelfAttentionDynamics, x: Float[Array, "n d"], *,
+                    block: int | None = None) -> Float[Array, " n"]:
+    """The softmax weight `α_ii` each token gives itself (full attention, averaged over
+    the heads), in blocks of rows: `O(n · block)` memory, never the `n × n` matrix.
+
+    **Arguments:**
+
+    - `dyn`: the model; its `β`, `P` (at `t = 0`) and `precision` are used.
+    - `x`: tokens `(n, d)`.
+    - `block`: rows per block (default: as many as keep `BLOCK_SCORES` scores).
+
+    **Returns:**
+
+    `α_ii = 1 / Σ_j exp(s_ij − s_ii)` for every `i`, `(n,)`.
+    """
+    n = x.shape[0]
+    block = max(1, min(n, BLOCK_SCORES // n)) if block is None else block
+    P = dyn.query_key(jnp.zeros(()))
+    keys = einsum("hde,je->hjd", P, x, precision=dyn.precision)  # P x_j
+    rows = jnp.minimum(jnp.arange(n + -n % block), n - 1).reshape(-1, block)
+
+    def one(i: Array) -> Float[Array, " b"]:
+        s = dyn.beta * einsum("bd,hjd->hbj", x[i], keys, precision=dyn.precision)
+        own = jnp.take_along_axis(s, i[None, :, None], axis=-1)[..., 0]
+        return jnp.mean(jnp.exp(own - jax.nn.logsumexp(s, axis=-1)), axis=0)
+
+    return jax.lax.map(one, rows).reshape(-1)[:n]
+
+
+def mean_square(x: Float[Array, "n d"]) -> Float[Array, ""]:
+    """`r² = |mean_i x_i|²`, the order parameter of a collapse (1 for one point)."""
+    return jnp.sum(jnp.mean(x, axis=0) ** 2)
+
+
+@eqx.filter_jit
+def _alpha(dyn, x):
+    return jnp.mean(diagonal_weight(dyn, x))
+
+
+def crossing(gammas: np.ndarray, values: np.ndarray, level: float = 0.5) -> float:
+    """The first `γ` where `values` rises through `level` (linear between grid
+    points); NaN if it never does."""
+    above = np.flatnonzero(values >= level)
+    if not above.size:
+        return float("nan")
+    k = above[0]
+    if k == 0:
+        return float(gammas[0]) if values[0] == level else float("nan")
+    g0, g1, v0, v1 = gammas[k - 1], gammas[k], values[k - 1], values[k]
+    return float(g0 + (level - v0) * (g1 - g0) / (v1 - v0))
+
+
+def estimates(data, dim: int) -> dict[str, np.ndarray]:
+    """Per size: the measured critical `γ` (identity: `α_ii = 1/2`; collapse:
+    `λ = 1/2`), the predictions `1/(1 − ρ̂)` and `γ_n`, and `γ_n` in dimension
+    `dim` (`finite_dim`)."""
+    n, gammas, rho = data["sizes"], data["gammas"], data["rho_hat"]
+    lam = distance_ratio(data["r2"])
+    L = np.log(n)
+    return {
+        "gamma_identity": np.array([crossing(gammas, a) for a in data["alpha"]]),
+        "gamma_collapse": np.array([crossing(gammas, v) for v in lam]),
+        "gamma_predicted": 1 / (1 - rho),
+        "gamma_predicted_finite_n": np.log(n - 1) / ((1 - rho) * L),
+        "gamma_finite_dim": finite_dim(n, dim, rho),
+    }
+
+
+def finite_dim(n: np.ndarray, d: int, rho: np.ndarray) -> np.ndarray:
+    """`α_ii = 1/2` for tokens `√ρ e + √(1 − ρ) g_i` in dimension `d` (a mean-field
+    estimate, ours, not the paper's): the off-diagonal scores have variance
+    `σ² = β² (1 − ρ)² / (d − 1)`, which adds `σ²/2` to the log of the row's sum, so
+    `β (1 − ρ) = log(n − 1) + β² (1 − ρ)² / (2(d − 1))`; the smaller root in `γ`
+    (NaN once `d − 1 < 2 log(n − 1)`, where there is none). It tends to `γ_n` as
+    `d → ∞`."""
+    k = 2 * np.log(n - 1) / (d - 1)
+    with np.errstate(invalid="ignore"):
+        return (d - 1) * (1 - np.sqrt(1 - k)) / ((1 - rho) * np.log(n))
+
+
+def distance_ratio(r2: np.ndarray) -> np.ndarray:
+    """`λ = (1 − r_L²) / (1 − r_0²)` from `r²` over the layers (last axis)."""
+    return (1 - r2[..., -1]) / (1 - r2[..., 0])
+
+
+class LongContext(AbstractExperiment):
+    name = "long-context"
+    title = ("Critical attention scaling β = γ log n (Chen et al. 2025): collapse below "
+             "γ_c = 1/(1 − ρ), identity attention above, as n grows")
+    theorem = "Chen et al. 2025, Theorem 2.1: γ_c = 1/(1 − ρ)"
+    params = (
+        Param("n_min", int, 100, "smallest context length n", 2),
+        Param("n_max", int, 10_000, "largest context length n (10⁵ and beyond on a GPU)", 2),
+        Param("per_decade", int, 2, "context lengths per decade (log-spaced)", 1),
+        Param("gammas", int, 25, "number of scalings γ (β = γ log n)", 2),
+        Param("gamma_min", float, 0.5, "smallest γ", 0.0),
+        Param("gamma_max", float, 3.5, "largest γ", 0.0),
+        Param("rho", float, 0.5, "tokens' mean inner product ρ in [0, 1) (0: uniform tokens)"),
+        Param("dim", int, 128, "dimension d (the simplex needs d ≫ log n)", 2),
+        Param("layers", int, 1, "attention layers L (the paper's: one)", 1),
+        Param("tau", float, 1.0, "layer step τ (1: no residual; <1: residual weight 1 − τ)",
+              0.0),
+    )
+    drops = ("discrete", "horizon", "saves")
+
+    def simulate(self, config, progress):
+        rho, gammas = check_rho(config["rho"]), gamma_grid(config)
+        ns = sizes(config["n_min"], config["n_max"], config["per_decade"])
+        eye = jnp.eye(config["dim"])[None]
+        alpha = np.zeros((len(ns), len(gammas)))
+        r2 = np.zeros((len(ns), len(gammas), config["layers"] + 1))
+        rho_hat = np.zeros(len(ns))
+        keys = jax.random.split(jax.random.PRNGKey(config["seed"]), len(ns))
+        with tqdm(total=alpha.size, desc=self.name, disable=not progress, leave=False) as bar:
+            for i, (n, key) in enumerate(zip(ns, keys)):
+                x0 = simplex_tokens(key, int(n), config["dim"], rho)
+                r0 = float(mean_square(x0))
+                rho_hat[i] = (n * r0 - 1) / (n - 1)
+                for k, gamma in enumerate(gammas):
+                    dyn = SelfAttentionDynamics(eye, eye, beta=gamma * math.log(n), norm="ngpt")
+                    alpha[i, k] = float(_alpha(dyn, x0))
+                    r2[i, k] = np.asarray(run_layers(dyn, x0, config["layers"], config["tau"],
+                                                     observe=mean_square))
+                    bar.update()
+        return {"sizes": ns, "gammas": gammas, "alpha": alpha, "r2": r2, "rho_hat": rho_hat}
+
+    def verdict(self, config, data):
+        est = estimates(data, config["dim"])
+        n, step = data["sizes"], float(np.diff(data["gammas"])[0])
+        near = [abs(est[k][-1] - est["gamma_predicted_finite_n"][-1]) <= step
+                for k in ("gamma_identity", "gamma_collapse")]
+        line = (f"n = {n[0]}…{n[-1]}, d = {config['dim']}, ρ = {config['rho']:g}, "
+                f"L = {config['layers']}: predicted γ_c = 1/(1 − ρ̂) = "
+                f"{short(est['gamma_predicted'][-1])} (at n = {n[-1]}: "
+                f"{short(est['gamma_predicted_finite_n'][-1])}); attention is the identity "
+                f"(α_ii = 1/2) from γ = {short(est['gamma_identity'][0])} at n = {n[0]} to "
+                f"{short(est['gamma_identity'][-1])} at n = {n[-1]}; tokens collapse "
+                f"(λ = 1/2) below γ = {short(est['gamma_collapse'][0])} to "
+                f"{short(est['gamma_collapse'][-1])}")
+        per_size = [{"n": int(m), **{k: _json(v[i]) for k, v in est.items()}}
+                    for i, m in enumerate(n)]
+        numbers = {k: _json(v[-1]) for k, v in est.items()} | {"n": int(n[-1])}
+        return Verdict(all(near), line, numbers, {"per_size": per_size})
+
+    def draw(self, config, data, folder: Path):
+        plt = figures.pyplot()
+        est, gammas, n = estimates(data, config["dim"]), data["gammas"], data["sizes"]
+        fig, axes = plt.subplots(1, 3, figsize=(14, 4.8))
+        colors = plt.cm.viridis(np.linspace(0, 0.85, len(n)))
+        panels = ((data["alpha"], r"mean self-attention $\alpha_{ii}$",
+                   "attention → identity"),
+                  (distance_ratio(data["r2"]), r"distance ratio $\lambda$ after "
+                   f"{config['layers']} layer" + ("s" if config["layers"] > 1 else ""),
+                   "tokens collapse (λ → 0)"))
+        for ax, (values, label, title) in zip(axes, panels):
+            # each line thinner than the one before: where they coincide, all show
+            for m, v, c, w in zip(n, values, colors, np.linspace(3.2, 1.2, len(n))):
+                ax.plot(gammas, v, "-", lw=w, color=c, label=f"n = {m}")
+            ax.axvline(est["gamma_predicted"][-1], color="k", ls="--",
+                       label=r"$\gamma_c = 1/(1-\rho)$")
+            ax.set(xlabel=r"$\gamma$  ($\beta = \gamma \log n$)", ylabel=label, title=title,
+                   ylim=(-0.05, 1.05))
+        figures.legend_below(axes[0], ncol=3)  # the same colours on the right
+        self._draw_critical(axes[2], est, n)
+        return figures.save_figure(fig, self.stem(folder),
+                                   f"Critical attention scaling: d = {config['dim']}, "
+                                   f"ρ = {config['rho']:g}, τ = {config['tau']:g}")
+
+    @staticmethod
+    def _draw_critical(ax, est, n):
+        ax.plot(n, est["gamma_identity"], "s", color="C0", label=r"measured: $\alpha_{ii}=1/2$")
+        ax.plot(n, est["gamma_collapse"], "^", color="C3", label=r"measured: $\lambda=1/2$")
+        ax.plot(n, est["gamma_predicted_finite_n"], "-", color="0.4",
+                label=r"simplex at this $n$: $\log(n-1)/((1-\rho)\log n)$")
+        ax.plot(n, est["gamma_finite_dim"], ":", color="C2",
+                label="the same with d's fluctuations (mean field)")
+        ax.plot(n, est["gamma_predicted"], "k--", label=r"prediction $1/(1-\rho)$")
+        ax.set(xscale="log", xlabel="context length n", ylabel=r"critical $\gamma$",
+               title="transition against the prediction")
+        figures.plain_log_labels(ax.xaxis)
+        figures.legend_below(ax, ncol=1)
+
+
+def _json(value) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None

@@ -220,6 +220,46 @@ def draw_ellipsoid_trajectories(ax, ys, W=None, *, mark=None, mark_label=None) -
     ax.legend(loc="upper left", fontsize=8)
 
 
+def draw_sphere_density(ax, density, *, relative: bool = True, cmap: str = "viridis",
+                        vmax: float | None = None):
+    """A `ja.metrics.sphere_density` as a map: longitude × sin(latitude), the
+    cylindrical equal-area (Lambert) projection, where its equal-area cells are equal
+    rectangles and the picture's areas are the sphere's. The colour bar is left to
+    the caller (`fig.colorbar(mesh, ax=ax, label=…)`).
+
+    **Arguments:**
+
+    - `ax`: a 2-D matplotlib axis.
+    - `density`: a `SphereDensity` of one system (counts `(bands, sectors)`).
+    - `relative`: colour by density over the uniform one (`4π ·` density: 1 is
+      uniform); `False` colours by the counts.
+    - `cmap`, `vmax`: the colour map and the top of its scale (default: the largest
+      value).
+
+    **Returns:**
+
+    The `QuadMesh`, for a colour bar.
+    """
+    counts = np.asarray(density.counts)
+    if counts.ndim != 2:
+        raise ValueError(f"draw_sphere_density draws one map: `density.counts` must be "
+                         f"(bands, sectors), got {counts.shape}; index the batch first.")
+    values = np.asarray(density.density) * 4 * np.pi if relative else counts
+    lon, z = np.asarray(density.lon_edges), np.asarray(density.z_edges)
+    mesh = ax.pcolormesh(lon, z, values, cmap=cmap, vmin=0, vmax=vmax, shading="flat")
+    ax.set_aspect("equal")  # x in radians, y = sin(latitude): Lambert's projection
+    ax.grid(False)
+    lon_ticks = np.arange(-180, 181, 90)
+    ax.set_xticks(np.radians(lon_ticks), [f"{t}°" for t in lon_ticks])
+    lat_ticks = np.array([-60, -30, 0, 30, 60])  # ±90° would crowd: sin flattens there
+    ax.set_yticks(np.sin(np.radians(lat_ticks)), [f"{t}°" for t in lat_ticks])
+    ax.set_xlim(-np.pi, np.pi)
+    ax.set_ylim(-1, 1)
+    ax.set_xlabel("longitude")
+    ax.set_ylabel("latitude")
+    return mesh
+
+
 #: Minor ticks to label on a narrow log axis (by their leading digit), the densest
 #: whose labels keep a line of space between them.
 _LOG_SUBSETS = ((2, 3, 4, 5, 6, 7, 8, 9), (2, 3, 4, 6), (2, 3, 5), (2, 5), (3,), ())

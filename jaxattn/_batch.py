@@ -7,6 +7,7 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Float, PyTree
 
 from ._dynamics import SelfAttentionDynamics
@@ -99,7 +100,42 @@ def map_systems(
     return from_batch_last(in_chunks(run_chunk, (to_batch_last(x0), spread), chunk), batch)
 
 
-def call_batched(jitted: Callable, dyn, x0, devices, *args, **kwargs):
+SHARDS = ("batch", "tokens")
+
+
+def on_tokens(dyn, x0, devices):
+    """`shard="tokens"`: the model with its attention as a ring over `devices`, and the
+    tokens placed with their token axis split over them (`jaxattn._blocks.ring_attention`).
+
+    **Returns:** `(dyn, x0)` for the ordinary program, which XLA then partitions by
+    tokens: every step but attention is token by token, attention passes key shares
+    around the ring.
+    """
+    mesh = as_mesh(1 if devices is None else devices)
+    if not isinstance(devices, Mesh):
+        mesh = Mesh(mesh.devices, ("tokens",))
+    count = mesh.devices.size
+    n = x0.shape[-2]
+    if n % count:
+        raise ValueError(f"shard='tokens' splits the n={n} tokens over {count} devices: n "
+                         f"must be a multiple of {count}; pick n or devices so.")
+    axis = mesh.axis_names[0]
+    spec = PartitionSpec(*([None] * (x0.ndim - 2)), axis, None)
+    return dyn.on_tokens(mesh), jax.device_put(x0, NamedSharding(mesh, spec))
+
+
+def check_shard(shard, dyn, one) -> str:
+    """`shard` if it names a split (`SHARDS`) the model allows, else an error."""
+    if not isinstance(shard, str) or shard not in SHARDS:
+        raise ValueError(f"`shard` must be one of {', '.join(map(repr, SHARDS))}, got "
+                         f"{shard!r}.")
+    if shard == "tokens" and dyn is not one:
+        raise ValueError("shard='tokens' splits one model's tokens: run a stacked model "
+                         "with shard='batch'.")
+    return shard
+
+
+def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch", **kwargs):
     """Call `jitted(dyn, x0, *args, checks, **kwargs)`, sharding the batch axes of `x0` over
     `devices`.
 
@@ -114,8 +150,14 @@ def call_batched(jitted: Callable, dyn, x0, devices, *args, **kwargs):
     **Returns:** `(out, checked)`; with `checked=False` the caller must check `out`
     on the host.
     """
-    mesh = as_mesh(devices)
     x0 = as_float_array(x0, "x0")
+    if shard == "tokens":
+        concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args)))
+        if concrete:
+            check_tokens_now(check_token_shape(dyn, x0))
+        dyn, x0 = on_tokens(dyn, x0, devices)
+        return jitted(dyn, x0, *args, not concrete, **kwargs), not concrete
+    mesh = as_mesh(devices)
     batch = x0.shape[:-2]
     if mesh is None or not batch:
         return jitted(dyn, x0, *args, True, **kwargs), True

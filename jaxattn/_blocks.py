@@ -142,8 +142,9 @@ def _from_query_blocks(x: Float[Array, "nq g r bq ..."], n: int) -> Float[Array,
 
 
 def _visible(spec: BlockSpec, mask: Bool[Array, "n m"], i: Int[Array, " bq"],
-             j: Int[Array, " bk"], m: int) -> Bool[Array, "bq bk"]:
-    """Which keys `j` each query `i` of a block pair may see (padding never)."""
+             j: Int[Array, " bk"], m: int, row0=0) -> Bool[Array, "bq bk"]:
+    """Which keys `j` each query `i` of a block pair may see (padding, `j ≥ m`,
+    never); `mask` holds the rows from `row0` on (a device's share of the queries)."""
     ok = jnp.broadcast_to(j[None, :] < m, (i.shape[0], j.shape[0]))
     if spec.causal:
         ok = ok & (j[None, :] <= i[:, None])
@@ -151,7 +152,7 @@ def _visible(spec: BlockSpec, mask: Bool[Array, "n m"], i: Int[Array, " bq"],
         ok = ok & (jnp.abs(i[:, None] - j[None, :]) < spec.window)
     if spec.has_mask:
         n = mask.shape[0]
-        rows = jnp.take(mask, jnp.minimum(i, n - 1), axis=0)
+        rows = jnp.take(mask, jnp.clip(i - row0, 0, n - 1), axis=0)
         given = jnp.take(rows, jnp.minimum(j, m - 1), axis=1)
         ok = ok & (given | (i[:, None] == j[None, :]))
     return ok
@@ -174,22 +175,46 @@ def _weights(s, ok, spec: BlockSpec):
 def _forward(q, k, v, offset, mask, spec: BlockSpec):
     h, n, _ = q.shape
     g, m, c = v.shape
-    qs, ks, vs = _query_blocks(q, g, spec.block_q), _key_blocks(k, spec.block_k), \
-        _key_blocks(v, spec.block_k)
-    key_index = jnp.arange(ks.shape[0] * spec.block_k).reshape(ks.shape[0], spec.block_k)
-    row_shape = qs.shape[1:4]
+    qs, q_index = _query_blocks(q, g, spec.block_q), _block_index(n, spec.block_q)
+    state = _sweep(_empty(qs, c), qs, q_index, k, v, jnp.zeros((), jnp.int32), offset, mask,
+                   spec, m)
+    out, lse = _finish(state, spec)
+    return _from_query_blocks(out, n), _from_query_blocks(lse, n)
+
+
+def _block_index(n: int, size: int) -> Int[Array, "blocks size"]:
+    """The positions `0, 1, …` of `n` items cut into blocks of `size` (padding past `n`)."""
+    blocks = -(-n // size)
+    return jnp.arange(blocks * size).reshape(blocks, size)
+
+
+def _empty(qs: Float[Array, "nq g r bq a"], c: int):
+    """The running state of every query row before any key: `(top, norm, acc)`
+    (softmax's running maximum and normaliser; 0 for the other kernels)."""
+    rows = qs.shape[:-1]
+    return (jnp.full(rows, -jnp.inf, qs.dtype), jnp.zeros(rows, qs.dtype),
+            jnp.zeros(rows + (c,), qs.dtype))
+
+
+def _sweep(state, qs, q_index, k, v, k0, offset, mask, spec: BlockSpec, m: int, row0=0):
+    """The state of every query block after the keys `k`, `v` (global positions from
+    `k0`, `m` keys in all), `spec.block_k` at a time."""
+    ks, vs = _key_blocks(k, spec.block_k), _key_blocks(v, spec.block_k)
+    local = _block_index(k.shape[1], spec.block_k)
+    k_index = jnp.where(local < k.shape[1], k0 + local, m)  # padding: never seen
 
     def query_block(args):
-        qb, i = args
+        qb, i, carry = args
 
         def step(carry, blk):
             kb, vb, j = blk
             s, _ = _scores(qb, kb, offset, spec)
-            ok = _visible(spec, mask, i, j, m)
+            ok = _visible(spec, mask, i, j, m, row0)
+            top, norm, acc = carry
             if spec.kernel != "softmax":
                 w = _weights(s, ok, spec)
-                return carry + einsum("grqk,gkc->grqc", w, vb, precision=spec.precision), None
-            top, norm, acc = carry
+                return (top, norm, acc + einsum("grqk,gkc->grqc", w, vb,
+                                                precision=spec.precision)), None
             s = jnp.where(ok, s, -jnp.inf)
             new_top = jnp.maximum(top, s.max(-1))
             shift = jnp.where(jnp.isfinite(new_top), new_top, 0)
@@ -199,20 +224,59 @@ def _forward(q, k, v, offset, mask, spec: BlockSpec):
                                                  precision=spec.precision)
             return (new_top, norm * keep + p.sum(-1), acc), None
 
-        acc0 = jnp.zeros(row_shape + (c,), q.dtype)
-        if spec.kernel != "softmax":
-            acc, _ = lax.scan(step, acc0, (ks, vs, key_index))
-            return acc, jnp.zeros(row_shape, q.dtype)
-        top0 = jnp.full(row_shape, -jnp.inf, q.dtype)
-        (top, norm, acc), _ = lax.scan(step, (top0, jnp.zeros(row_shape, q.dtype), acc0),
-                                       (ks, vs, key_index))
-        # A row that sees no key (only padding rows can) gives 0, not 0/0.
-        norm = jnp.where(norm > 0, norm, 1)
-        return acc / norm[..., None], top + jnp.log(norm)
+        return lax.scan(step, carry, (ks, vs, k_index))[0]
 
-    query_index = jnp.arange(qs.shape[0] * spec.block_q).reshape(qs.shape[0], spec.block_q)
-    out, lse = lax.map(query_block, (qs, query_index))
-    return _from_query_blocks(out, n), _from_query_blocks(lse, n)
+    return lax.map(query_block, (qs, q_index, state))
+
+
+def ring_attention(
+    q: Float[Array, "h n a"], k: Float[Array, "g m a"], v: Float[Array, "g m c"],
+    offset: Float[Array, ""], mask: Bool[Array, "n m"] | None, spec: BlockSpec, mesh,
+) -> Float[Array, "h n c"]:
+    """`blocked_attention` with the tokens split over the devices of `mesh` (its first
+    axis), as ring attention: each device keeps its share of the queries and passes
+    its keys and values to the next device, `D` times (`jax.shard_map`,
+    `lax.ppermute`), folding each share into the running state of its queries. The
+    token count must be a multiple of `D`; `spec`'s blocks are a device's share at
+    most. Memory per device: `O(n / D)`. Reverse mode differentiates through the
+    ring (its blocks' scores are then stored, not recomputed)."""
+    axis = mesh.axis_names[0]
+    devices = mesh.devices.size
+    split = jax.sharding.PartitionSpec(None, axis)
+    rows = jax.sharding.PartitionSpec(axis, None)
+    if mask is None:
+        mask, rows = jnp.zeros((devices, 0), bool), jax.sharding.PartitionSpec(axis, None)
+
+    def local(q, k, v, offset, mask):
+        p = lax.axis_index(axis)
+        g, share, c = v.shape
+        qs = _query_blocks(q, g, spec.block_q)
+        q_index = p * share + _block_index(share, spec.block_q)
+        ring = [(i, (i + 1) % devices) for i in range(devices)]
+
+        def step(carry, hop):
+            state, k, v = carry
+            owner = (p - hop) % devices
+            state = _sweep(state, qs, q_index, k, v, owner * share, offset, mask, spec,
+                           share * devices, p * share)
+            return (state, lax.ppermute(k, axis, ring), lax.ppermute(v, axis, ring)), None
+
+        (state, _, _), _ = lax.scan(step, (_empty(qs, c), k, v), jnp.arange(devices))
+        return _from_query_blocks(_finish(state, spec)[0], q.shape[1])
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(split, split, split,
+                                                     jax.sharding.PartitionSpec(), rows),
+                         out_specs=split, check_vma=False)(q, k, v, offset, mask)
+
+
+def _finish(state, spec: BlockSpec):
+    """The outputs and log-normalisers (softmax) of a state after every key."""
+    top, norm, acc = state
+    if spec.kernel != "softmax":
+        return acc, jnp.zeros_like(norm)
+    # A row that sees no key (only padding rows can) gives 0, not 0/0.
+    norm = jnp.where(norm > 0, norm, 1)
+    return acc / norm[..., None], top + jnp.log(norm)
 
 
 def _backward(q, k, v, offset, mask, out, lse, dout, spec: BlockSpec):
@@ -223,8 +287,7 @@ def _backward(q, k, v, offset, mask, out, lse, dout, spec: BlockSpec):
     dos = _query_blocks(dout, g, spec.block_q)
     lses = _query_blocks(lse[..., None], g, spec.block_q)[..., 0]
     deltas = _query_blocks(jnp.sum(dout * out, -1, keepdims=True), g, spec.block_q)[..., 0]
-    key_index = jnp.arange(ks.shape[0] * spec.block_k).reshape(ks.shape[0], spec.block_k)
-    query_index = jnp.arange(qs.shape[0] * spec.block_q).reshape(qs.shape[0], spec.block_q)
+    key_index, query_index = _block_index(m, spec.block_k), _block_index(n, spec.block_q)
     prec = spec.precision
 
     def query_block(carry, args):

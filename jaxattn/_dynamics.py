@@ -1,6 +1,7 @@
 """Self-attention dynamics on the ellipsoid: the model of paper 001 §2.2–2.3, and its
 variants (normalisation placements, masks, kernels, shared keys)."""
 
+import copy
 import functools
 
 import equinox as eqx
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, Real
 
-from ._blocks import DEFAULT_BLOCK, block_spec, blocked_attention
+from ._blocks import DEFAULT_BLOCK, block_spec, blocked_attention, ring_attention
 from ._manifold import project, tangent
 from ._precision import Precision, check_precision, einsum
 from ._schedule import AbstractSchedule, as_schedule, schedule_shape
@@ -112,6 +113,7 @@ class SelfAttentionDynamics(eqx.Module):
     window: int | None = eqx.field(static=True)
     kernel: str = eqx.field(static=True)
     block_size: int | None = eqx.field(static=True)
+    token_mesh: object = eqx.field(static=True)  # a Mesh: tokens split (`on_tokens`)
 
     def __init__(
         self,
@@ -173,6 +175,7 @@ class SelfAttentionDynamics(eqx.Module):
             check_scalar(bias, "bias", dtype=dtype), dtype=dtype)
         self.block_size = None if block_size is None else check_count(
             block_size, "block_size", 1)
+        self.token_mesh = None
 
     @classmethod
     def from_factors(cls, Q: _Weights, K: _Weights, U: _Weights, W=None, beta=1.0, causal=False,
@@ -191,6 +194,16 @@ class SelfAttentionDynamics(eqx.Module):
         """
         return cls(None, U, W, beta, causal, norm, window, mask, kernel, Q=Q, K=K,
                    precision=precision, bias=bias, block_size=block_size)
+
+    def on_tokens(self, mesh) -> "SelfAttentionDynamics":
+        """This model with each sequence's tokens split over `mesh`'s devices (its
+        first axis): attention as a ring over them (`jaxattn._blocks.ring_attention`),
+        every other step token by token where the tokens are. `run_layers` and
+        `solve_flow` call it for `shard="tokens"`; the token count must be a multiple
+        of the device count."""
+        new = copy.copy(self)
+        object.__setattr__(new, "token_mesh", mesh)
+        return new
 
     @property
     def num_heads(self) -> int:
@@ -284,7 +297,7 @@ class SelfAttentionDynamics(eqx.Module):
 
     def blocked(self, n: int, dtype=None) -> bool:
         """Whether `n` tokens take the blocked path (`block_size`)."""
-        if self.block_size is not None:
+        if self.block_size is not None or self.token_mesh is not None:
             return True
         itemsize = jnp.dtype(jnp.result_type(float) if dtype is None else dtype).itemsize
         return self.num_heads * n * n * itemsize > DENSE_LIMIT
@@ -316,10 +329,17 @@ class SelfAttentionDynamics(eqx.Module):
         offset = jnp.zeros((), x.dtype)
         if self.kernel == "sigmoid":
             offset = -np.log(n) if self.bias is None else self.bias
-        spec = block_spec(self.kernel, n, n, self.num_heads, self.block_size or DEFAULT_BLOCK,
-                          causal=self.causal, window=self.window,
-                          has_mask=self.mask is not None, precision=self.precision)
-        mixed = blocked_attention(q, k, v, jnp.asarray(offset, x.dtype), self.mask, spec)
+        devices = 1 if self.token_mesh is None else self.token_mesh.devices.size
+        share = n // devices
+        spec = block_spec(self.kernel, share, share, self.num_heads,
+                          self.block_size or DEFAULT_BLOCK, causal=self.causal,
+                          window=self.window, has_mask=self.mask is not None,
+                          precision=self.precision)
+        offset = jnp.asarray(offset, x.dtype)
+        if self.token_mesh is None:
+            mixed = blocked_attention(q, k, v, offset, self.mask, spec)
+        else:
+            mixed = ring_attention(q, k, v, offset, self.mask, spec, self.token_mesh)
         return mixed / n if self.kernel == "exp" else mixed
 
     def _euler_field(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "n d"]:

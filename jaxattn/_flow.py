@@ -11,7 +11,14 @@ import numpy as np
 import optimistix as optx
 from jaxtyping import Array, Bool, Float, Int, Real
 
-from ._batch import call_batched, check_token_shape, map_batch, map_systems, prepare_tokens
+from ._batch import (
+    call_batched,
+    check_shard,
+    check_token_shape,
+    map_batch,
+    map_systems,
+    prepare_tokens,
+)
 from ._dynamics import SelfAttentionDynamics
 from ._ensemble import batch_last, choose_strategy, chunk_size
 from ._manifold import project
@@ -277,6 +284,7 @@ def solve_flow(
     strategy: str = "auto",
     solution: bool = False,
     event=None,
+    shard: str = "batch",
 ) -> Float[Array, "*batch T n d"] | FlowResult | FlowSolution:
     """Integrate the continuous attention flow (paper 001 eq. 6) with diffrax.
 
@@ -322,6 +330,10 @@ def solve_flow(
       share (other batch sizes agree to rounding: XLA compiles each size
       separately); bad tokens raise a `ValueError` before the run, and with
       `throw=True` a failed solve raises the same error as unsharded after it.
+    - `shard`: what `devices` split: `"batch"` (default) the systems; `"tokens"`
+      each system's tokens (`n` a multiple of the device count), attention then a
+      ring over the devices (as in `ja.run_layers`); the adaptive steps are the
+      same on every device (the error norm is taken over all tokens).
     - `strategy`: how a batch is executed. `"auto"` (default) takes the fused
       ensemble path for constant steps of an explicit solver (`ja.RK4`,
       `diffrax.Euler`, any explicit Runge–Kutta method) over a batch of small
@@ -361,6 +373,7 @@ def solve_flow(
     if devices is not None and dyn is not one:
         raise ValueError("`devices=` shards one model's batch: solve a stacked model "
                          "without `devices`, or shard the models yourself.")
+    shard = check_shard(shard, dyn, one)
     x0 = check_token_shape(one, x0)
     options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                        on_manifold)
@@ -368,8 +381,8 @@ def solve_flow(
     if event is not None and event is not True and strategy == "fused":
         raise ValueError("`event=` stops each sample on its own: use strategy=\"general\" "
                          "or \"auto\" (the fused path shares one run over the batch).")
-    fused = (event is None or event is True) and _fused(one, x0.shape, strategy, options,
-                                                        (dyn, x0))
+    fused = shard == "batch" and (event is None or event is True) and _fused(
+        one, x0.shape, strategy, options, (dyn, x0))
     if fused:
         options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                            on_manifold, fused=True)
@@ -379,7 +392,7 @@ def solve_flow(
         return unflatten(_empty(x0, options[0], throw))
     (ys, solved, finite, steps, result), checked = call_batched(
         _solve_batched, dyn, x0, devices, *options, adjoint, bool(throw), bool(on_manifold),
-        fused=fused, chunk=chunk_size(devices), event=event
+        fused=fused, chunk=chunk_size(devices), event=event, shard=shard
     )
     if throw and not checked:
         _raise_failure(solved, finite, result)

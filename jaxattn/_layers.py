@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree, Real
 
-from ._batch import call_batched, map_systems, prepare_tokens
+from ._batch import call_batched, check_shard, map_systems, prepare_tokens
 from ._dynamics import SelfAttentionDynamics
 from ._ensemble import batch_last, choose_strategy, chunk_size
 from ._stacked import first_model, map_models, stack_tokens
@@ -120,6 +120,7 @@ def run_layers(
     checkpoints: int | str | None = None,
     devices=None,
     strategy: str = "auto",
+    shard: str = "batch",
 ) -> Float[Array, "*batch L+1 n d"] | PyTree[Array]:
     """Run `num_layers` discrete attention layers (paper 001 eq. 4).
 
@@ -178,6 +179,13 @@ def run_layers(
       general path: see BENCHMARKS.md, Measured claims behind design choices);
       `"general"` vmaps `dyn.layer` over the batch. Both compute the same formulas
       (`dyn.layer`, `observe`) at the same precision and agree to rounding.
+    - `shard`: what `devices` split. `"batch"` (default): the systems, as above.
+      `"tokens"`: each system's tokens (`n` a multiple of the device count), for
+      one system too large for one device: attention runs as a ring over the
+      devices (`jaxattn._blocks.ring_attention`: each keeps `n / D` tokens and passes
+      its keys on, `D` hops per layer), every other step where the tokens are.
+      Equal to the one-device blocked run to rounding; on several hosts, as for
+      the batch (`docs/multihost.md`).
 
     **Returns:**
 
@@ -203,10 +211,12 @@ def run_layers(
     if devices is not None and dyn is not first_model(dyn):
         raise ValueError("`devices=` shards one model's batch: run a stacked model "
                          "without `devices`, or shard the models yourself.")
-    fused = choose_strategy(first_model(dyn), jnp.shape(x0), strategy, (dyn, x0)) == "fused"
+    shard = check_shard(shard, dyn, first_model(dyn))
+    fused = shard == "batch" and choose_strategy(
+        first_model(dyn), jnp.shape(x0), strategy, (dyn, x0)) == "fused"
     (ys, finite), checked = call_batched(_run_batched, dyn, x0, devices, num_layers, tau,
                                          observe, checkpoints, fused=fused,
-                                         chunk=chunk_size(devices))
+                                         chunk=chunk_size(devices), shard=shard)
     if not checked:
         raise_unless(finite, NONFINITE)
     return unflatten(ys)

@@ -11,6 +11,8 @@ precision on that device, and its memory bandwidth.
   tensorfloat32, bfloat16). A CPU has no TF32 units, so that precision is not
   applicable there (`None`), not a number.
 - `copy_bandwidth`: GB/s of a device-to-device copy (bytes read + written).
+- `jax_matmul_peak`, `exp_rate`: JAX's product peak at one precision, and the rate
+  of `jnp.exp` (the mean-field case's two floors).
 """
 
 import contextlib
@@ -22,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from .._precision import PRECISIONS, matmul
 from .timing import Timing
@@ -118,6 +121,26 @@ def _jax_peak(a, b, precision: str, repeats: int, budget_s: float) -> float:
     aj, bj = jnp.asarray(a), jnp.asarray(b)
     jax.block_until_ready(f(aj, bj))
     return Timing.of(lambda: jax.block_until_ready(f(aj, bj)), repeats, budget_s).min
+
+
+def jax_matmul_peak(size: int, precision: str, repeats: int,
+                    budget_s: float = math.inf) -> float:
+    """GFLOP/s of JAX's best `size`² product at `precision` (JAX alone: what a case
+    that needs the peak measures when the `peak` case did not run)."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((size, size), dtype=np.float32) for _ in range(2))
+    return 2 * size**3 / _jax_peak(a, b, precision, repeats, budget_s) / 1e9
+
+
+def exp_rate(count: int, repeats: int, sweeps: int = 1) -> float:
+    """Exponentials per second of `jnp.exp` over a float32 array of `count` elements,
+    `sweeps` times in one call (`x ← exp(−x)`), best of `repeats` calls after
+    compilation. One sweep over a large array measures the memory as much as the
+    exp units; many over an array that stays in cache measure the units alone."""
+    x = jnp.linspace(0.0, 1.0, count, dtype=jnp.float32)
+    f = jax.jit(lambda x: lax.fori_loop(0, sweeps, lambda _, y: jnp.exp(-y), x))
+    jax.block_until_ready(f(x))
+    return count * sweeps / Timing.of(lambda: jax.block_until_ready(f(x)), repeats).min
 
 
 def _torch_peak(side: TorchSide, a, b, precision: str, repeats: int, budget_s: float) -> float:

@@ -25,6 +25,15 @@ mode matched to `--precision` (`jaxattn.bench.device`):
   `P_η = Q_ηᵀ K_η` with k = 64, batch 8, 12 layers.
 - **G** gradient of the final misalignment through 100 steps of S2 (discrete
   layers, and RK4 flow steps), time and memory relative to the forward pass.
+- **MF** mean-field scale: one system of n = 100,000 tokens in R³, one head
+  (quick 10,000; large 1,000,000), float32, on the blocked path: one layer, and
+  the gradient of a scalar of one layer with respect to the tokens and the weights
+  (reverse mode through the blocks' custom VJP). Beside each, its peak memory
+  (the compiled program's temp + argument + output bytes; on a GPU also the
+  device's `peak_bytes_in_use`, a process-wide figure) and its floor: the larger
+  of `pairs × flops per pair ÷ matmul peak` and `pairs × exps per pair ÷ exp
+  rate`, measured in the same run: `jnp.exp` once over `copy_bytes / 4` elements
+  and 4096 times over 16,384 (in cache), the faster of the two.
 - **S4** the looped-model protocol: GPT-2 small and GPT-Neo 125M configs, random
   weights, 100 prompts × 200 tokens, one pass, pure attention and full model,
   against the HuggingFace blocks looped by hand (`jaxattn.bench.loop_vs_hf`).
@@ -32,7 +41,7 @@ mode matched to `--precision` (`jaxattn.bench.device`):
 
 Sizes (`PRESETS`): `"default"` as above; `"quick"` shrinks everything for a smoke
 test; `"large"` fills an accelerator: S1 batch 100,000, S1L 1,000,000, S2 batch 1024, S3 batch
-256, S4 the GPT-2 XL and GPT-Neo 2.7B configs at 100 × 200 (G keeps the default
+256, MF n = 1,000,000, S4 the GPT-2 XL and GPT-Neo 2.7B configs at 100 × 200 (G keeps the default
 S2, whose 4×-steps gradient would not fit at batch 1024).
 
 Flop counts (multiply–adds count 2; softmax, normalisation and the metric are
@@ -55,6 +64,7 @@ from collections.abc import Callable
 from typing import Any
 
 import diffrax as dfx
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -66,7 +76,15 @@ from .._layers import run_layers
 from .._precision import check_precision
 from .._solvers import RK4
 from ..metrics import misalignment
-from .device import TorchSide, copy_bandwidth, device_meta, matmul_peaks, peak_of
+from .device import (
+    TorchSide,
+    copy_bandwidth,
+    device_meta,
+    exp_rate,
+    jax_matmul_peak,
+    matmul_peaks,
+    peak_of,
+)
 from .timing import Repeats as Repeats
 from .timing import Timing as Timing
 from .timing import compile_jax as compile_jax
@@ -337,6 +355,85 @@ def _gradient_cases(prob: Problem, steps, ctx: Context) -> list[dict]:
     return rows
 
 
+# Work per (query, key) pair of one head on the blocked path (`jaxattn._blocks`),
+# in multiply-adds and exponentials; the per-token products (`β Pᵀ x_i`, `U`, the
+# projection) are O(n d²) and left out, as are the running max and the normaliser's
+# adds, so both floors are lower bounds.
+# Forward: the score `q_i · x_j` (d) and the mixing `p_ij x_j` (d): 2d; one exp.
+# Reverse (`_backward`, on top of the forward): the score again (d), `dout_i · v_j`
+# (d), `dq_i += ds_ij k_j` (d), `dk_j += ds_ij q_i` (d), `dv_j += p_ij dout_i` (d):
+# 5d more, 7d in all; and the exp again: two.
+#: The in-cache exp rate's array (64 KiB of float32) and sweeps per call.
+EXP_CACHED = (2**14, 4096)
+
+
+def pair_work(d: int, gradient: bool) -> tuple[int, int]:
+    """`(multiply-adds, exponentials)` per pair of one head: forward or gradient."""
+    return (7 * d, 2) if gradient else (2 * d, 1)
+
+
+def pair_floor(pairs: float, d: int, gradient: bool, peak_gflops: float,
+               exps_per_s: float) -> dict:
+    """The floor of `pairs` attention pairs: the larger of their flops (a
+    multiply-add counts 2) at the matmul peak and their exps at the exp rate."""
+    madds, exps = pair_work(d, gradient)
+    matmul_s = 2 * madds * pairs / (peak_gflops * 1e9)
+    exp_s = exps * pairs / exps_per_s
+    return {"pairs": pairs, "madds_per_pair": madds, "exps_per_pair": exps,
+            "floor_matmul_s": matmul_s, "floor_exp_s": exp_s,
+            "floor_s": max(matmul_s, exp_s)}
+
+
+def _device_peak_bytes() -> int | None:
+    """The device's peak bytes in use since the process started (GPUs), else `None`."""
+    stats = jax.devices()[0].memory_stats()
+    return (stats or {}).get("peak_bytes_in_use")
+
+
+def _mean_field_cases(prob: Problem, preset: "Preset", ctx: Context) -> list[dict]:
+    """MF: one layer and its gradient at mean-field scale against their floors."""
+    arrays = prob.arrays()
+    dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"][0])
+    repeats = max(ctx.rep.count, 3)
+    peak = peak_of(ctx.peaks, ctx.precision)
+    if not math.isfinite(peak):
+        peak = jax_matmul_peak(preset.peak_size, ctx.precision, repeats, ctx.rep.budget_s)
+    # The floor takes the faster exp: one sweep over a large array is memory-bound
+    # on a CPU (0.6-0.9 G/s against ~3 G/s in cache on the 2-core machine).
+    elements = preset.copy_bytes // 4
+    stream = exp_rate(elements, repeats)
+    cached = exp_rate(EXP_CACHED[0], repeats, EXP_CACHED[1])
+    exps_per_s = max(stream, cached)
+    tau = 0.1
+
+    def forward(dyn, x):
+        return dyn.layer(0.0, x, tau)
+
+    def gradient(dyn, x):
+        return eqx.filter_grad(lambda dx: forward(*dx)[:, 0].sum())((dyn, x))
+
+    pairs = prob.h * prob.n**2
+    rows = []
+    for variant, fn, grad in (("one layer", forward, False),
+                              ("gradient of one layer (tokens, weights)", gradient, True)):
+        timing, comp, mem, _ = ctx.rep.time_jax(fn, dyn, x0)
+        floor = pair_floor(pairs, prob.d, grad, peak, exps_per_s)
+        row = ctx.row("MF", f"{variant}, n={prob.n:,}", "jaxattn", timing,
+                      token_steps=prob.n, flops=2 * floor["madds_per_pair"] * pairs,
+                      compile_s=comp, memory=mem)
+        row.update(floor, n=prob.n, d=prob.d, heads=prob.h, blocked=dyn.blocked(prob.n),
+                   matmul_peak_gflops=peak, exp_per_s=exps_per_s, exp_elements=elements,
+                   exp_stream_per_s=stream, exp_cached_per_s=cached,
+                   exp_cached_elements=EXP_CACHED[0], exp_cached_sweeps=EXP_CACHED[1],
+                   memory_source="compiled: temp + argument + output bytes",
+                   device_peak_bytes=_device_peak_bytes(),
+                   ratio_to_floor=timing.median / floor["floor_s"],
+                   fraction_of_peak=row["gflops"] / peak)
+        rows.append(row)
+    rows[1]["gradient_over_forward"] = rows[1]["median_s"] / rows[0]["median_s"]
+    return rows
+
+
 def _looped_cases(preset: "Preset", ctx: Context) -> list[dict]:
     """S4 through `jaxattn.bench.loop_vs_hf` (needs torch and transformers)."""
     mod = _reference("loop_vs_hf") if ctx.side is not None else None
@@ -369,18 +466,21 @@ SIZES = {
     "S1L": Problem(n=10, d=3, h=2, batch=100_000, causal=False),
     "S2": Problem(n=50, d=500, h=2, batch=16, causal=True),
     "S3": Problem(n=200, d=768, h=12, batch=8, causal=False, k=64),
+    "MF": Problem(n=100_000, d=3, h=1, batch=1, causal=False),
 }
 QUICK = {
     "S1": Problem(n=10, d=3, h=2, batch=64, causal=False),
     "S1L": Problem(n=10, d=3, h=2, batch=2000, causal=False),
     "S2": Problem(n=20, d=64, h=2, batch=4, causal=True),
     "S3": Problem(n=32, d=96, h=4, batch=2, causal=False, k=24),
+    "MF": Problem(n=10_000, d=3, h=1, batch=1, causal=False),
 }
 LARGE = {
     "S1": dataclasses.replace(SIZES["S1"], batch=100_000),
     "S1L": dataclasses.replace(SIZES["S1"], batch=1_000_000),
     "S2": dataclasses.replace(SIZES["S2"], batch=1024),
     "S3": dataclasses.replace(SIZES["S3"], batch=256),
+    "MF": dataclasses.replace(SIZES["MF"], n=1_000_000),
 }
 
 
@@ -409,7 +509,7 @@ PRESETS = {
                     ("gpt2-xl", "gpt-neo-2.7B"), 100, 200),
 }
 
-ALL_CASES = ("peak", "S1", "S1L", "S2", "S3", "G", "S4")
+ALL_CASES = ("peak", "S1", "S1L", "S2", "S3", "G", "MF", "S4")
 
 
 def _context(rep: Repeats, precision: str, torch: bool) -> Context:
@@ -470,6 +570,9 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
          lambda: _layers_case("S3", p["S3"], 12, 1.0, ctx)),
         ("G", "G: gradient through the S2 dynamics",
          lambda: _gradient_cases(p["G"], preset.steps, ctx)),
+        ("MF", f"MF: one layer and its gradient at n = {p['MF'].n:,} (mean-field scale), "
+               "against the floor",
+         lambda: _mean_field_cases(p["MF"], preset, ctx)),
         ("S4", f"S4: looped {' / '.join(preset.models)}, one pass (jaxattn and HuggingFace)",
          lambda: _looped_cases(preset, ctx)),
     )

@@ -52,7 +52,7 @@ def _line(r: dict) -> str:
             f"{SHORT.get(r.get('precision'), ''):4} {r['median_s']:9.4f} "
             f"{r['min_s']:8.4f} {r['max_s']:8.4f} {r['calls']:2d} {r['token_steps_per_s']:11.3g} "
             f"{_fmt(r['gflops'], '8.1f'):>8} {_fmt(pct, '6.1f'):>6} "
-            f"{_fmt(r['compile_s'], '7.2f'):>7}" + _floor(r))
+            f"{_fmt(r['compile_s'], '7.2f'):>7}" + _floor(r) + _pair_floor(r))
 
 
 def _floor(r: dict) -> str:
@@ -69,6 +69,34 @@ def _floor(r: dict) -> str:
             f"×{r['median_s'] / floor:.0f}")
 
 
+def _exp_rate(rows: list[dict]) -> list[str]:
+    """The exp rate and matmul peak the mean-field floors used, once."""
+    r = next((r for r in rows if "exp_per_s" in r), None)
+    if r is None:
+        return []
+    return [f"MF floors: jnp.exp (best call) {r['exp_stream_per_s'] / 1e9:.3g} G/s once over "
+            f"{r['exp_elements']:,} float32, {r['exp_cached_per_s'] / 1e9:.3g} G/s "
+            f"{r['exp_cached_sweeps']}× over {r['exp_cached_elements']:,} (the faster counts);"
+            f" matmul peak {r['matmul_peak_gflops']:.4g} GFLOP/s"]
+
+
+def _pair_floor(r: dict) -> str:
+    """` floor …` beside a mean-field row (MF): its pairs' flops at the matmul peak and
+    their exps at the measured exp rate, the time over the larger, the peak memory
+    (and where it was read), and the gradient's time over the forward's."""
+    if "floor_s" not in r:
+        return ""
+    line = (f"  floor {r['floor_s']:.4g} s (matmul {r['floor_matmul_s']:.4g} at "
+            f"{r['madds_per_pair']} madd/pair, exp {r['floor_exp_s']:.4g} at "
+            f"{r['exps_per_pair']}/pair); ×{r['ratio_to_floor']:.2f}; memory "
+            f"{_fmt(r['memory_bytes'] and r['memory_bytes'] / 1e6, '.4g')} MB compiled")
+    if r.get("device_peak_bytes"):
+        line += f", device peak {r['device_peak_bytes'] / 1e6:.4g} MB"
+    if "gradient_over_forward" in r:
+        line += f"; grad/fwd {r['gradient_over_forward']:.2f}"
+    return line
+
+
 def format_table(result: dict) -> str:
     """The suite's result (`suite.run_suite`) as a fixed-width text table; `%peak`
     is against the peak of the row's precision, blank where none applies."""
@@ -77,6 +105,7 @@ def format_table(result: dict) -> str:
             f"{'compile':>7}")
     lines = header(result) + [head, "-" * len(head)]
     lines += [_gradient_line(r) if r["case"] == "G" else _line(r) for r in result["rows"]]
+    lines += _exp_rate(result["rows"])
     meta = result.get("meta", {})
     if "suite_s" in meta:
         lines.append(f"suite: {meta['suite_s']:.0f} s (" + ", ".join(

@@ -1,6 +1,7 @@
 """`jaxattn bench`: run the benchmark suite on JAX's device, print its table, save
 it as JSON. `--size default|large` picks the sizes (`large` fills an accelerator),
-`--quick` the smoke-test ones; `--precision` the JAX side's matrix products.
+`--quick` the smoke-test ones (MF: n = 10,000 instead of 100,000); `--precision`
+the JAX side's matrix products.
 
 `--scaling` runs the scaling sweeps (`bench.scaling`: time of `run_layers` versus
 n, d, batch and devices) instead of the cases, or after them when `--cases` is given
@@ -66,8 +67,9 @@ def register(sub) -> None:
     p.add_argument("--quick", action="store_true",
                    help="small sizes, for a smoke test (the same as --size quick)")
     p.add_argument("--size", choices=list(PRESETS), default=None,
-                   help="default: the paper-sized cases; large: sizes that fill a GPU (S1 "
-                        "batch 100,000, S2 1024, S3 256, S4 GPT-2 XL and GPT-Neo 2.7B)")
+                   help="default: the paper-sized cases (MF n = 100,000); large: sizes "
+                        "that fill a GPU (S1 batch 100,000, S2 1024, S3 256, MF n = "
+                        "1,000,000, S4 GPT-2 XL and GPT-Neo 2.7B)")
     p.add_argument("--precision", choices=list(PRECISIONS), default="float32",
                    help="JAX's matrix products (default float32; PyTorch's float32 matmul "
                         "mode is matched on a GPU); recorded in the JSON")
@@ -76,7 +78,8 @@ def register(sub) -> None:
                    help="no call that would take a figure past this many seconds "
                         "(default 30; at least one call; the JSON records the count)")
     p.add_argument("--cases", nargs="+", metavar="CASE",
-                   help="subset of: peak S1 S2 S3 G S4 (default: all)")
+                   help="subset of: peak S1 S1L S2 S3 G MF S4 (default: all; MF: one "
+                        "layer and its gradient at mean-field scale against its floor)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch references")
     p.add_argument("--scaling", action="store_true",
                    help="time run_layers versus n, d, batch and devices instead of the cases "

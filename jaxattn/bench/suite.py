@@ -355,6 +355,9 @@ def _gradient_cases(prob: Problem, steps, ctx: Context) -> list[dict]:
     return rows
 
 
+#: The in-cache exp rate's array (64 KiB of float32) and sweeps per call.
+EXP_CACHED = (2**14, 4096)
+
 # Work per (query, key) pair of one head on the blocked path (`jaxattn._blocks`),
 # in multiply-adds and exponentials; the per-token products (`β Pᵀ x_i`, `U`, the
 # projection) are O(n d²) and left out, as are the running max and the normaliser's
@@ -363,9 +366,6 @@ def _gradient_cases(prob: Problem, steps, ctx: Context) -> list[dict]:
 # Reverse (`_backward`, on top of the forward): the score again (d), `dout_i · v_j`
 # (d), `dq_i += ds_ij k_j` (d), `dk_j += ds_ij q_i` (d), `dv_j += p_ij dout_i` (d):
 # 5d more, 7d in all; and the exp again: two.
-#: The in-cache exp rate's array (64 KiB of float32) and sweeps per call.
-EXP_CACHED = (2**14, 4096)
-
 
 def pair_work(d: int, gradient: bool) -> tuple[int, int]:
     """`(multiply-adds, exponentials)` per pair of one head: forward or gradient."""
@@ -390,21 +390,29 @@ def _device_peak_bytes() -> int | None:
     return (stats or {}).get("peak_bytes_in_use")
 
 
-def _mean_field_cases(prob: Problem, preset: "Preset", ctx: Context) -> list[dict]:
-    """MF: one layer and its gradient at mean-field scale against their floors."""
-    arrays = prob.arrays()
-    dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"][0])
+def _floor_rates(preset: "Preset", ctx: Context) -> dict:
+    """The matmul peak (the `peak` case's, else JAX's alone, measured now) and the
+    exp rates of the mean-field floors, measured in this run."""
     repeats = max(ctx.rep.count, 3)
     peak = peak_of(ctx.peaks, ctx.precision)
     if not math.isfinite(peak):
         peak = jax_matmul_peak(preset.peak_size, ctx.precision, repeats, ctx.rep.budget_s)
     # The floor takes the faster exp: one sweep over a large array is memory-bound
-    # on a CPU (0.6-0.9 G/s against ~3 G/s in cache on the 2-core machine).
+    # on a CPU (0.5-0.9 G/s against ~3 G/s in cache on the 2-core machine).
     elements = preset.copy_bytes // 4
     stream = exp_rate(elements, repeats)
     cached = exp_rate(EXP_CACHED[0], repeats, EXP_CACHED[1])
-    exps_per_s = max(stream, cached)
-    tau = 0.1
+    return {"matmul_peak_gflops": peak, "exp_per_s": max(stream, cached),
+            "exp_elements": elements, "exp_stream_per_s": stream, "exp_cached_per_s": cached,
+            "exp_cached_elements": EXP_CACHED[0], "exp_cached_sweeps": EXP_CACHED[1]}
+
+
+def _mean_field_cases(prob: Problem, preset: "Preset", ctx: Context) -> list[dict]:
+    """MF: one layer and its gradient at mean-field scale against their floors."""
+    arrays = prob.arrays()
+    dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"][0])
+    rates = _floor_rates(preset, ctx)
+    peak, tau = rates["matmul_peak_gflops"], 0.1
 
     def forward(dyn, x):
         return dyn.layer(0.0, x, tau)
@@ -417,14 +425,12 @@ def _mean_field_cases(prob: Problem, preset: "Preset", ctx: Context) -> list[dic
     for variant, fn, grad in (("one layer", forward, False),
                               ("gradient of one layer (tokens, weights)", gradient, True)):
         timing, comp, mem, _ = ctx.rep.time_jax(fn, dyn, x0)
-        floor = pair_floor(pairs, prob.d, grad, peak, exps_per_s)
+        floor = pair_floor(pairs, prob.d, grad, peak, rates["exp_per_s"])
         row = ctx.row("MF", f"{variant}, n={prob.n:,}", "jaxattn", timing,
                       token_steps=prob.n, flops=2 * floor["madds_per_pair"] * pairs,
                       compile_s=comp, memory=mem)
-        row.update(floor, n=prob.n, d=prob.d, heads=prob.h, blocked=dyn.blocked(prob.n),
-                   matmul_peak_gflops=peak, exp_per_s=exps_per_s, exp_elements=elements,
-                   exp_stream_per_s=stream, exp_cached_per_s=cached,
-                   exp_cached_elements=EXP_CACHED[0], exp_cached_sweeps=EXP_CACHED[1],
+        row.update(floor, **rates, n=prob.n, d=prob.d, heads=prob.h,
+                   blocked=dyn.blocked(prob.n, x0.dtype),
                    memory_source="compiled: temp + argument + output bytes",
                    device_peak_bytes=_device_peak_bytes(),
                    ratio_to_floor=timing.median / floor["floor_s"],

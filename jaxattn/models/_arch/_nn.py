@@ -20,7 +20,16 @@ from jax import lax
 from jaxtyping import Array, Bool, Float
 
 from ... import _precision
+from ..._blocks import DEFAULT_BLOCK, block_spec, blocked_attention, blocks_needed
 from ..._precision import Precision
+
+#: Bytes of one layer's `(h, n, n)` float32 scores above which `Attention` takes key
+#: blocks (`jaxattn._blocks`, the simulator's own) instead of dense scores, off the
+#: cuDNN path: 1 MiB, n > 170 for SmolLM2's 9 heads. Measured on the CPU (SmolLM2's
+#: config, 2 layers, one prompt): the same time up to n = 256, the blocks 1.2× faster
+#: at 512, 1.7× at 1,024 and 2.5× at 2,048, while the dense scores grow as n². Below
+#: it the dense path keeps HuggingFace's rounding and forward-mode autodiff.
+DENSE_LIMIT = 2**20
 
 _ACTIVATIONS = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
@@ -146,9 +155,16 @@ class Attention(eqx.Module):
     - `scale`: the factor on the scores (`1/√k`, or 1 for GPT-Neo).
 
     Called with `mask` (which tokens each token may attend to, or `None`: all),
-    `causal` (also only `j ≤ i`) and `precision=` (see `product`), which every
-    product of the layer uses. With bfloat16/float16 compute on an NVIDIA GPU the
-    scores, softmax and mixing are cuDNN's fused kernel (`attention_kernel`).
+    `causal` (also only `j ≤ i`), `window` (a `Window` by index, GPT-Neo's local
+    layers) and `precision=` (see `product`), which every product of the layer uses.
+    With bfloat16/float16 compute on an NVIDIA GPU the scores, softmax and mixing
+    are cuDNN's fused kernel (`attention_kernel`). Elsewhere the scores are dense
+    `(h, n, n)` einsums while they take at most `DENSE_LIMIT` bytes, and above it
+    attention in key blocks (`jaxattn._blocks.blocked_attention`: the online
+    softmax, memory `O(n)`, causality and the window by index, never an `n × n`
+    array). Both compute scores and softmax in float32 for reduced precisions, as
+    HuggingFace does; the blocks also mix the values in float32 (as fused kernels
+    do) where the dense path first rounds the probabilities to the compute dtype.
     """
 
     query: Float[Array, "h k d"]
@@ -181,17 +197,23 @@ class Attention(eqx.Module):
         *,
         precision: Precision = "float32",
         causal: bool = False,
+        window: "Window | None" = None,
     ) -> Float[Array, "n d"]:
         q = self._project(self.query, self.query_bias, x, precision)
         k = self._project(self.key, self.key_bias, x, precision)
         v = self._project(self.value, self.value_bias, x, precision)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        n = x.shape[0]
         kernel = attention_kernel(x.dtype, q.shape[-1])
         if kernel is not None:
-            o = fused_attention(q, k, v, mask, self.scale, causal=causal, implementation=kernel)
+            o = fused_attention(q, k, v, with_window(mask, window, n), self.scale, causal=causal,
+                                implementation=kernel)
+        elif self.blocked(n, x.dtype):
+            o = self._blocked_mix(q, k, v, mask, window, causal, precision)
         else:
-            o = self._mix(q, k, v, dense_mask(x.shape[0], causal, mask), precision)
+            o = self._mix(q, k, v, dense_mask(n, causal, with_window(mask, window, n)),
+                          precision)
         y = product("ihk,dhk->id", o, self.output, x.dtype, precision).astype(x.dtype)
         return y if self.output_bias is None else y + self.output_bias[None].astype(x.dtype)
 
@@ -215,13 +237,41 @@ class Attention(eqx.Module):
         a = self._weights(q, k, mask, precision).astype(dtype)
         return product("hij,hjk->ihk", a, v, dtype, precision).astype(dtype)
 
+    def blocked(self, n: int, dtype) -> bool:
+        """Whether `n` tokens take key blocks: the `(h, n, n)` float32 (float64)
+        scores would exceed `DENSE_LIMIT` bytes."""
+        itemsize = accumulation_dtype(dtype).itemsize
+        return blocks_needed(self.num_heads, n, itemsize, DENSE_LIMIT)
+
+    def _blocked_mix(self, q, k, v, mask, window, causal, precision) -> Float[Array, "n h k"]:
+        """`Σ_j α_ij v_j` per head in key blocks (`jaxattn._blocks`), grouped keys
+        never repeated; reduced precisions compute in float32 (exact products of the
+        narrow operands, as `product`)."""
+        dtype, wide = q.dtype, accumulation_dtype(q.dtype)
+        if jnp.finfo(dtype).bits < 32:
+            precision = "float32"
+        q, k, v = (q * self.scale).astype(wide), k.astype(wide), v.astype(wide)
+        (h, n, _), m = q.shape, k.shape[1]
+
+        def attend(size):
+            spec = block_spec("softmax", n, m, h, DEFAULT_BLOCK, causal=causal, window=size,
+                              has_mask=mask is not None, precision=precision)
+            return blocked_attention(q, k, v, 0.0, mask, spec)
+
+        if window is None:
+            o = attend(None)
+        else:
+            o = lax.cond(window.on, lambda: attend(window.size), lambda: attend(None))
+        return o.swapaxes(0, 1).astype(dtype)
+
     def probabilities(
         self, x: Float[Array, "n d"], mask: Bool[Array, "n n"] | None,
         rotary: tuple[Array, Array] | None = None, *, precision: Precision = "float32",
         causal: bool = False,
     ) -> Float[Array, "h n n"]:
         """The attention probabilities of every head on `x` (the arguments of
-        `__call__`): HuggingFace's `output_attentions`."""
+        `__call__`): HuggingFace's `output_attentions`. Always the dense `(h, n, n)`
+        array, which is what they are, at any `n` (`__call__` takes key blocks)."""
         q = self._project(self.query, self.query_bias, x, precision)
         k = self._project(self.key, self.key_bias, x, precision)
         if rotary is not None:
@@ -254,6 +304,34 @@ def causal_mask(n: int, window: Array | int | None = None) -> Bool[Array, "n n"]
     j = jnp.arange(n)[None, :]
     mask = j <= i
     return mask if window is None else mask & (i - j < window)
+
+
+class Window(eqx.Module):
+    """A sliding window by index: query `i` sees key `j` only when `i − j < size`,
+    in the layers where `on` (GPT-Neo's `local` layers; a traced flag, as the layer
+    index is under `lax.scan`).
+
+    **Arguments:**
+
+    - `size`: the window, keys per query counting itself.
+    - `on`: whether this layer has the window.
+    """
+
+    size: int = eqx.field(static=True)
+    on: Bool[Array, ""]
+
+    def mask(self, n: int) -> Bool[Array, "n n"]:
+        """The window as a dense mask (`i − j < size`, or all pairs where off)."""
+        i, j = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
+        return i - j < jnp.where(self.on, self.size, n)
+
+
+def with_window(mask: Bool[Array, "n n"] | None, window: Window | None,
+                n: int) -> Bool[Array, "n n"] | None:
+    """`mask` and `window` as one dense mask (`None`: neither restricts)."""
+    if window is None:
+        return mask
+    return window.mask(n) if mask is None else mask & window.mask(n)
 
 
 def full_mask(n: int) -> Bool[Array, "n n"]:
@@ -363,8 +441,9 @@ class PreNormBlock(eqx.Module):
 
     def __call__(self, x: Float[Array, "n d"], mask: Bool[Array, "n n"] | None, rotary=None,
                  *, ffn: bool = True, precision: Precision = "float32",
-                 causal: bool = False) -> Float[Array, "n d"]:
-        x = x + self.attn(self.ln_1(x), mask, rotary, precision=precision, causal=causal)
+                 causal: bool = False, window: Window | None = None) -> Float[Array, "n d"]:
+        x = x + self.attn(self.ln_1(x), mask, rotary, precision=precision, causal=causal,
+                          window=window)
         return x + self.mlp(self.ln_2(x), precision=precision) if ffn else x
 
     def attention_probabilities(self, x: Float[Array, "n d"], mask, rotary=None, *,
@@ -388,8 +467,9 @@ class PostNormBlock(eqx.Module):
 
     def __call__(self, x: Float[Array, "n d"], mask: Bool[Array, "n n"] | None, rotary=None,
                  *, ffn: bool = True, precision: Precision = "float32",
-                 causal: bool = False) -> Float[Array, "n d"]:
-        x = self.ln_attn(x + self.attn(x, mask, precision=precision, causal=causal))
+                 causal: bool = False, window: Window | None = None) -> Float[Array, "n d"]:
+        x = self.ln_attn(x + self.attn(x, mask, precision=precision, causal=causal,
+                                       window=window))
         return self.ln_out(x + self.mlp(x, precision=precision)) if ffn else x
 
     def attention_probabilities(self, x: Float[Array, "n d"], mask, rotary=None, *,

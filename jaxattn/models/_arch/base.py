@@ -13,7 +13,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from ..._precision import Precision
-from ._nn import dense_mask
+from ._nn import Window, dense_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,10 +185,15 @@ class AbstractTransformer(eqx.Module):
         """Per-sequence-length constants the blocks need (rotary tables)."""
         return None
 
+    def window(self, layer: Int[Array, ""]) -> Window | None:
+        """`layer`'s sliding window by index (GPT-Neo's local layers), or `None`."""
+        return None
+
     def window_mask(self, n: int, layer: Int[Array, ""]) -> Bool[Array, "n n"] | None:
         """What `layer` restricts attention to beyond causality (GPT-Neo's local
-        window), or `None`: nothing."""
-        return None
+        window) as a dense mask, or `None`: nothing."""
+        window = self.window(layer)
+        return None if window is None else window.mask(n)
 
     def mask(self, n: int, layer: Int[Array, ""]) -> Bool[Array, "n n"]:
         """The attention mask of `layer` (which tokens each token may attend to)."""
@@ -200,9 +205,10 @@ class AbstractTransformer(eqx.Module):
     ) -> Float[Array, "n d"]:
         """Run one block on one sequence (`ffn=False` drops the feed-forward sub-block
         together with its normalisation, keeping the attention residual; `precision`
-        of every matrix product in it)."""
-        return block(x, self.window_mask(x.shape[0], layer), ctx, ffn=ffn, precision=precision,
-                     causal=self.config.causal)
+        of every matrix product in it). The window goes by index, so that a long
+        sequence's blocked attention never builds an `n × n` mask."""
+        return block(x, None, ctx, ffn=ffn, precision=precision, causal=self.config.causal,
+                     window=self.window(layer))
 
     def block_attention(
         self, block, x: Float[Array, "n d"], layer: Int[Array, ""], ctx, *,

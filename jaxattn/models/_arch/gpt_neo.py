@@ -4,7 +4,7 @@ local (sliding-window) causal attention."""
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Float, Int
 
 from ._nn import (
     MLP,
@@ -12,6 +12,7 @@ from ._nn import (
     LayerNorm,
     Linear,
     PreNormBlock,
+    Window,
     heads_in,
     heads_out,
     normal,
@@ -52,11 +53,9 @@ class GPTNeo(AbstractLearnedPositionDecoder):
                   "GPTNeoForTokenClassification", "GPTNeoForQuestionAnswering")
     hf_aliases = {"num_attention_heads": "num_heads", "num_hidden_layers": "num_layers"}
 
-    def window_mask(self, n: int, layer: Int[Array, ""]) -> Bool[Array, "n n"]:
+    def window(self, layer: Int[Array, ""]) -> Window:
         local = jnp.asarray([kind == "local" for kind in self.config.attention_layers])
-        window = jnp.where(local[layer], self.config.window_size, n)
-        i, j = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
-        return i - j < window
+        return Window(self.config.window_size, local[layer])
 
     @classmethod
     def config_from_hf(cls, hf):

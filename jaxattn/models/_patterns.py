@@ -44,7 +44,9 @@ def attention_patterns(
     **Returns:**
 
     `(L, h, n, n)`: entry `[l, η, i, j]` is how much token `i` attends to token `j`
-    in head `η` of layer `l` (rows sum to 1; 0 where the mask forbids).
+    in head `η` of layer `l` (rows sum to 1; 0 where the mask forbids). Dense at
+    every `n`, as the patterns are `n × n` by definition (one layer at a time), while
+    the forward passes behind them take key blocks at long context.
     """
     check_model(model)
     if np.ndim(ids) != 1:

@@ -45,8 +45,9 @@ class BlockSpec(eqx.Module):
 
     **Arguments:**
 
-    - `kernel`: `"softmax"`, `"sigmoid"` or `"exp"` (`SelfAttentionDynamics`); the
-      `exp` kernel's `1/n` is the caller's.
+    - `kernel`: `"softmax"`, `"sigmoid"`, `"exp"`, `"usa"` or `"hardmax"`
+      (`SelfAttentionDynamics`); `exp`'s and `usa`'s `1/n` and `usa`'s `−β` (as the
+      offset) are the caller's.
     - `block_q`, `block_k`: queries and keys per block.
     - `causal`: query `i` sees key `j` only when `j ≤ i`.
     - `window`: and only when `|i − j| < window` (`None`: no window).
@@ -168,7 +169,7 @@ def _scores(qb, kb, offset, spec: BlockSpec):
 
 def _weights(s, ok, spec: BlockSpec):
     """The unnormalised kernels' weights of a block (masked ones 0)."""
-    w = jnp.exp(s) if spec.kernel == "exp" else jax.nn.sigmoid(s)
+    w = jnp.exp(s) if spec.kernel in ("exp", "usa") else jax.nn.sigmoid(s)
     return jnp.where(ok, w, 0)
 
 
@@ -178,8 +179,9 @@ def _forward(q, k, v, offset, mask, spec: BlockSpec):
     qs, q_index = _query_blocks(q, g, spec.block_q), _block_index(n, spec.block_q)
     state = _sweep(_empty(qs, c), qs, q_index, k, v, jnp.zeros((), jnp.int32), offset, mask,
                    spec, m)
-    out, lse = _finish(state, spec)
-    return _from_query_blocks(out, n), _from_query_blocks(lse, n)
+    out, (lse, norm) = _finish(state, spec)
+    return _from_query_blocks(out, n), (_from_query_blocks(lse, n),
+                                        _from_query_blocks(norm, n))
 
 
 def _block_index(n: int, size: int) -> Int[Array, "blocks size"]:
@@ -211,6 +213,14 @@ def _sweep(state, qs, q_index, k, v, k0, offset, mask, spec: BlockSpec, m: int, 
             s, _ = _scores(qb, kb, offset, spec)
             ok = _visible(spec, mask, i, j, m, row0)
             top, norm, acc = carry
+            if spec.kernel == "hardmax":
+                s = jnp.where(ok, s, -jnp.inf)
+                new_top = jnp.maximum(top, s.max(-1))
+                keep = (top == new_top).astype(acc.dtype)  # a larger score: start over
+                hit = jnp.where(ok, s == new_top[..., None], False).astype(acc.dtype)
+                acc = acc * keep[..., None] + einsum("grqk,gkc->grqc", hit, vb,
+                                                     precision=spec.precision)
+                return (new_top, norm * keep + hit.sum(-1), acc), None
             if spec.kernel != "softmax":
                 w = _weights(s, ok, spec)
                 return (top, norm, acc + einsum("grqk,gkc->grqc", w, vb,
@@ -270,13 +280,15 @@ def ring_attention(
 
 
 def _finish(state, spec: BlockSpec):
-    """The outputs and log-normalisers (softmax) of a state after every key."""
+    """The outputs of a state after every key, and what the backward pass reads of
+    each row: softmax's log-normaliser, hardmax's top score and tie count."""
     top, norm, acc = state
-    if spec.kernel != "softmax":
-        return acc, jnp.zeros_like(norm)
+    if spec.kernel not in ("softmax", "hardmax"):
+        return acc, (jnp.zeros_like(norm), norm)
     # A row that sees no key (only padding rows can) gives 0, not 0/0.
     norm = jnp.where(norm > 0, norm, 1)
-    return acc / norm[..., None], top + jnp.log(norm)
+    out = acc / norm[..., None]
+    return out, ((top + jnp.log(norm)) if spec.kernel == "softmax" else top, norm)
 
 
 def _backward(q, k, v, offset, mask, out, lse, dout, spec: BlockSpec):
@@ -285,14 +297,16 @@ def _backward(q, k, v, offset, mask, out, lse, dout, spec: BlockSpec):
     qs, ks, vs = _query_blocks(q, g, spec.block_q), _key_blocks(k, spec.block_k), \
         _key_blocks(v, spec.block_k)
     dos = _query_blocks(dout, g, spec.block_q)
+    lse, count = lse
     lses = _query_blocks(lse[..., None], g, spec.block_q)[..., 0]
+    counts = _query_blocks(count[..., None], g, spec.block_q)[..., 0]
     deltas = _query_blocks(jnp.sum(dout * out, -1, keepdims=True), g, spec.block_q)[..., 0]
     key_index, query_index = _block_index(m, spec.block_k), _block_index(n, spec.block_q)
     prec = spec.precision
 
     def query_block(carry, args):
         dk, dv, doff = carry
-        qb, dob, lb, db, i = args
+        qb, dob, lb, cb, db, i = args
 
         def step(inner, blk):
             dqb, doffb = inner
@@ -303,9 +317,12 @@ def _backward(q, k, v, offset, mask, out, lse, dout, spec: BlockSpec):
             if spec.kernel == "softmax":
                 w = jnp.where(ok, jnp.exp(s - lb[..., None]), 0)
                 ds = w * (dp - db[..., None])
+            elif spec.kernel == "hardmax":  # piecewise constant weights: no score gradient
+                w = jnp.where(ok, jnp.where(s == lb[..., None], 1 / cb[..., None], 0), 0)
+                ds = jnp.zeros_like(w)
             else:
                 w = _weights(s, ok, spec)
-                ds = w * dp if spec.kernel == "exp" else w * (1 - w) * dp
+                ds = w * dp if spec.kernel in ("exp", "usa") else w * (1 - w) * dp
             ds = jnp.where(inside, ds, 0)
             dqb = dqb + einsum("grqk,gka->grqa", ds, kb, precision=prec)
             # Key-side sums with the key axis last: XLA's CPU dot is ~15× slower
@@ -320,10 +337,10 @@ def _backward(q, k, v, offset, mask, out, lse, dout, spec: BlockSpec):
         return (dk + dkb, dv + dvb, doff + doffb), dqb
 
     init = (jnp.zeros_like(ks), jnp.zeros_like(vs), jnp.zeros((), q.dtype))
-    (dk, dv, doff), dq = lax.scan(query_block, init, (qs, dos, lses, deltas, query_index))
+    (dk, dv, doff), dq = lax.scan(query_block, init,
+                                  (qs, dos, lses, counts, deltas, query_index))
     dk = jnp.moveaxis(dk, 0, 1).reshape(g, -1, a)[:, :m]
     dv = jnp.moveaxis(dv, 0, 1).reshape(g, -1, c)[:, :m]
-    doff = doff if spec.kernel == "sigmoid" else jnp.zeros_like(doff)
     return _from_query_blocks(dq, n), dk, dv, doff
 
 

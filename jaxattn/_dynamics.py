@@ -26,7 +26,7 @@ NORMS = ("post", "pre", "peri", "ngpt", "none")
 #: path's memory grows as n² (more under `jax.grad`); below it the dense path keeps
 #: forward-mode autodiff (`jax.jacfwd`), which the blocks' custom VJP does not have.
 DENSE_LIMIT = 2**20
-KERNELS = ("softmax", "sigmoid", "exp")
+KERNELS = ("softmax", "sigmoid", "exp", "usa", "hardmax")
 
 
 class SelfAttentionDynamics(eqx.Module):
@@ -82,8 +82,18 @@ class SelfAttentionDynamics(eqx.Module):
       `"softmax"` (default) `softmax_j(s_ij)` over `M(i)`; `"sigmoid"`
       `σ(s_ij + b)`, not normalised over `j` (Ramapuram et al. 2024); `"exp"`
       `exp(s_ij) / n`, not normalised over `j` (the unnormalised model of
-      Geshkovski et al.'s phase diagrams). Masked weights are 0; `n` is the number
-      of tokens (not of those attended to).
+      Geshkovski et al.'s phase diagrams; its weights overflow once `β x_iᵀ P x_j`
+      passes the dtype's exponent range, ≈ 88 in float32 and 709 in float64, and the
+      run then stops with an error naming `"usa"`); `"usa"`
+      `exp(β (x_iᵀ P_η x_j − 1)) / n`, the same dynamics in time rescaled by `e^β`
+      (the metastability papers' unnormalised self-attention: finite for any `β`
+      when `x_iᵀ P x_j ≤ 1`; its exponent `β(⟨x, y⟩ − 1)` carries an absolute rounding
+      of about `β` ulps, so take float64 for `β ≳ 10³`); `"hardmax"` the `β → ∞`
+      limit of softmax (Alcalde, Geshkovski, Ruiz-Balet 2025): `α_ij = 1/|C_i|` on
+      the tokens `C_i` of `M(i)` with the largest score `x_iᵀ P_η x_j` (ties, exactly
+      equal scores, split equally), 0 elsewhere, for any `β > 0`; its weights are
+      piecewise constant, so gradients flow through the values only. Masked
+      weights are 0; `n` is the number of tokens (not of those attended to).
     - `precision`: of the attention's matrix products: `"float32"` (default, true
       float32 on every backend), or the opt-in `"tensorfloat32"` / `"bfloat16"`
       (reduced operands, float32 accumulation); see `jaxattn._precision`.
@@ -94,7 +104,8 @@ class SelfAttentionDynamics(eqx.Module):
       (faster there), attention in key blocks of `DEFAULT_BLOCK` keys above (the
       online softmax, `jaxattn._blocks`: memory `O(n)`, never the `n × n` matrix,
       gradients by a custom VJP that recomputes the blocks). An integer `b ≥ 1`
-      forces blocks of `b` keys at every size. Both paths give the same values to
+      forces blocks of `b` keys at every size, and `0` the dense weights at every
+      size (for `jax.jacfwd` at large `n`). Both paths give the same values to
       rounding, for every kernel, mask, norm, head layout and metric; the blocked
       path is reverse-mode only (`jax.grad`, not `jax.jacfwd`).
     """
@@ -174,7 +185,7 @@ class SelfAttentionDynamics(eqx.Module):
         self.bias = None if bias is None else jnp.asarray(
             check_scalar(bias, "bias", dtype=dtype), dtype=dtype)
         self.block_size = None if block_size is None else check_count(
-            block_size, "block_size", 1)
+            block_size, "block_size", 0)
         self.token_mesh = None
 
     @classmethod
@@ -293,12 +304,19 @@ class SelfAttentionDynamics(eqx.Module):
             return jax.nn.sigmoid(s)
         if self.kernel == "exp":
             return jnp.exp(s) / n
+        if self.kernel == "usa":
+            return jnp.exp(s - self.beta.astype(s.dtype)) / n
+        if self.kernel == "hardmax":
+            hit = s == jnp.max(s, axis=-1, keepdims=True)
+            return hit / jnp.sum(hit, axis=-1, keepdims=True).astype(s.dtype)
         return jax.nn.softmax(s, axis=-1)
 
     def blocked(self, n: int, dtype=None) -> bool:
         """Whether `n` tokens take the blocked path (`block_size`)."""
-        if self.block_size is not None or self.token_mesh is not None:
+        if self.token_mesh is not None:
             return True
+        if self.block_size is not None:
+            return self.block_size > 0
         itemsize = jnp.dtype(jnp.result_type(float) if dtype is None else dtype).itemsize
         return self.num_heads * n * n * itemsize > DENSE_LIMIT
 
@@ -329,6 +347,8 @@ class SelfAttentionDynamics(eqx.Module):
         offset = jnp.zeros((), x.dtype)
         if self.kernel == "sigmoid":
             offset = -np.log(n) if self.bias is None else self.bias
+        elif self.kernel == "usa":
+            offset = -beta
         devices = 1 if self.token_mesh is None else self.token_mesh.devices.size
         share = n // devices
         spec = block_spec(self.kernel, share, share, self.num_heads,
@@ -340,7 +360,7 @@ class SelfAttentionDynamics(eqx.Module):
             mixed = blocked_attention(q, k, v, offset, self.mask, spec)
         else:
             mixed = ring_attention(q, k, v, offset, self.mask, spec, self.token_mesh)
-        return mixed / n if self.kernel == "exp" else mixed
+        return mixed / n if self.kernel in ("exp", "usa") else mixed
 
     def _euler_field(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         """The velocity of `"pre"`, `"peri"`, `"none"`, whose layers are its Euler steps."""

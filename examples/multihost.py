@@ -50,6 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=50, help="layers (default 50)")
     p.add_argument("--tau", type=float, default=0.1, help="layer step (default 0.1)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard", choices=("batch", "tokens"), default="batch",
+                   help="split the token sets over the devices (default), or each set's "
+                        "tokens (attention as a ring; --tokens a multiple of the devices)")
     p.add_argument("--out", help="process 0 saves the gathered tokens here (.npz)")
     return p.parse_args(argv)
 
@@ -77,7 +80,7 @@ def simulate(args, devices):
     import jaxattn as ja
 
     dyn, x0 = make_problem(args.seed, args.batch, args.tokens, args.dim, args.heads)
-    return ja.run_layers(dyn, x0, args.layers, args.tau, devices=devices)
+    return ja.run_layers(dyn, x0, args.layers, args.tau, devices=devices, shard=args.shard)
 
 
 def worker(args) -> None:

@@ -101,6 +101,12 @@ def test_run_layers_and_solve_flow_with_blocks_equal_dense():
     ga, gb = eqx.filter_grad(loss)(dense), eqx.filter_grad(loss)(blocks)
     assert _rel(ga.P.value, gb.P.value) < 1e-11
 
+    def flow_loss(model):  # reverse mode through diffrax's solve and the blocks' VJP
+        return jnp.sum(ja.solve_flow(model, x[0], ts, rtol=1e-10, atol=1e-10)[-1] ** 3)
+
+    ga, gb = eqx.filter_grad(flow_loss)(dense), eqx.filter_grad(flow_loss)(blocks)
+    assert _rel(ga.P.value, gb.P.value) < 1e-9
+
 
 def test_blocked_layer_and_gradient_never_hold_the_n_by_n_scores():
     n = 20_000
@@ -117,7 +123,8 @@ def test_blocked_layer_and_gradient_never_hold_the_n_by_n_scores():
 def test_block_size_is_checked_and_the_fused_path_refuses_it():
     U = jnp.eye(3)[None]
     with pytest.raises(ValueError, match="block_size"):
-        ja.SelfAttentionDynamics(U, U, block_size=0)
+        ja.SelfAttentionDynamics(U, U, block_size=-1)
+    assert not ja.SelfAttentionDynamics(U, U, block_size=0).blocked(10**6)  # dense, forced
     model = ja.SelfAttentionDynamics(U, U, block_size=4)
     x = jnp.ones((3, 5, 3))
     with pytest.raises(ValueError, match="strategy='general'"):

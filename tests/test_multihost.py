@@ -26,13 +26,13 @@ def _example():
     return module
 
 
-def _run_workers(example, out: Path, processes: int = 2, timeout: float = 120):
+def _run_workers(example, out: Path, processes: int = 2, timeout: float = 120, args=_ARGS):
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
     address = f"localhost:{example.free_port()}"
     procs = [
         subprocess.Popen(
-            [sys.executable, str(_EXAMPLE), *_ARGS, "--out", str(out), "--coordinator",
+            [sys.executable, str(_EXAMPLE), *args, "--out", str(out), "--coordinator",
              address, "--num-processes", str(processes), "--process-id", str(k)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
@@ -78,3 +78,22 @@ def test_two_processes_equal_one(tmp_path):
     err = float(np.abs(xs - ref).max())
     print(f"max |multi-process - single-process| = {err:.3g}")
     assert err <= 1e-6
+
+
+@pytest.mark.slow  # two processes
+def test_tokens_split_over_two_processes_equal_one(tmp_path):
+    """`shard="tokens"` over hosts: each set's 8 tokens split over 2 processes × 2
+    devices, attention passed around the ring across processes."""
+    example = _example()
+    out = tmp_path / "xs.npz"
+    argv = ["--batch", "2", "--tokens", "8", "--dim", "3", "--heads", "2", "--layers", "6",
+            "--tau", "0.2", "--seed", "5", "--shard", "tokens"]
+    _run_workers(example, out, args=argv)
+    args = example.parse_args(argv)
+    with jax.enable_x64(False):
+        dyn, x0 = example.make_problem(args.seed, args.batch, args.tokens, args.dim,
+                                       args.heads)
+        ref = np.asarray(ja.run_layers(dyn, x0, args.layers, args.tau))
+    xs = np.load(out)["xs"]
+    assert xs.shape == ref.shape == (2, 7, 8, 3)
+    assert float(np.abs(xs - ref).max()) <= 1e-6

@@ -1,0 +1,357 @@
+"""`hardmax`: the `β → ∞` limit of attention as Frank–Wolfe (Alcalde, Geshkovski,
+Ruiz-Balet, "Attention's forward pass and Frank–Wolfe", arXiv 2508.09628).
+
+The update (`frank_wolfe`): each token takes a step towards what it attends to,
+
+    x_i ← x_i + γ_t (Σ_j α_ij x_j − x_i),    γ_t = τ (constant) or 2/(t + 2),
+
+with `α` the weights of `ja.SelfAttentionDynamics.attention` (one head, `U = I`):
+softmax at `β`, or `kernel="hardmax"`, `α_ij = 1/|C_i|` on the tokens `C_i` of
+largest score `x_iᵀ P x_j` (exactly equal scores split equally). It has the
+residual `−x_i`, which the library's `norm="none"` layer `x_i + τ Σ_j α_ij U x_j`
+lacks, so it is built here from `dyn.attention` in a `lax.scan` (dense: the sizes
+are small). With hardmax it is a Frank–Wolfe step for `f(y) = −½ yᵀ P y` over the
+convex hull of the current tokens: the linear minimiser of `⟨∇f(x_i), s⟩ =
+−x_iᵀ P s` over the hull is a vertex of largest score, and `γ_t` is the step size.
+
+What it measures, in 2-D and float64:
+
+1. PSD `P` (the identity, or a random positive definite matrix, `--random-psd`):
+   `--vertices` sites on the ellipse `vᵀ P v = 1` and `--tokens` interior tokens
+   (random convex combinations). Every site is then its own unique maximiser of
+   `vᵀ P y` over the hull, and `argmax_k xᵀ P v_k` is the nearest site in the
+   `P`-metric (`|x − v|²_P = |x|²_P − 2 xᵀ P v + 1`): the cells are the Voronoi
+   cells of the sites (`scipy.spatial`, in whitened coordinates `Lᵀ x`,
+   `P = L Lᵀ`). Checked per token: the sites never move, each interior token stays
+   in its initial cell, moves on the straight line to its site, and its distance to
+   it shrinks by `1 − τ` each step.
+2. NSD `P` (`−` the same matrix), centred Gaussian tokens: the tokens collapse; the
+   mean Frank–Wolfe gap `g_i = max_j x_iᵀ P x_j − x_iᵀ P x_i` (`≥ 0`, zero at
+   consensus) against `t` for `γ_t = 2/(t + 2)` (the classical `O(1/t)` bound) and
+   for constant `τ`, and where the cluster ends (its distance from the origin).
+3. Softmax at `β` from 1 to `--beta-max` against hardmax, same start and steps
+   (case 1): the largest distance between the trajectories after one step (its
+   rate: `exp(−β g)` with `g` the smallest score gap of the start) and over the run.
+"""
+
+import math
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, PRNGKeyArray
+from tqdm.auto import tqdm
+
+from .._app import figures
+from .._dynamics import SelfAttentionDynamics
+from .base import AbstractExperiment, Param, Verdict
+from .verdicts import short
+
+#: A small run for tests and smoke checks: `jaxattn run hardmax` with these.
+QUICK = {"vertices": 5, "tokens": 12, "steps": 40, "betas": 9, "nsd_steps": 400}
+
+#: Relative tolerance of the Voronoi checks (float64 rounding over the run).
+TOL = 1e-9
+
+
+@eqx.filter_jit
+def frank_wolfe(dyn: SelfAttentionDynamics, x0: Float[Array, "n d"], steps: int,
+                tau: float, schedule: bool = False) -> Float[Array, "s n d"]:
+    """The attention step as Frank–Wolfe, `x_i ← x_i + γ_t (Σ_j α_ij x_j − x_i)`.
+
+    **Arguments:**
+
+    - `dyn`: the model; its first head's `attention(0, x)` gives `α`.
+    - `x0`: tokens `(n, d)`.
+    - `steps`: the number of steps.
+    - `tau`: the constant step size `γ_t = τ` (unused with `schedule`).
+    - `schedule`: `γ_t = 2/(t + 2)`, Frank–Wolfe's classical step sizes.
+
+    **Returns:**
+
+    The tokens at steps `0 … steps`, `(steps + 1, n, d)`.
+    """
+    def step(x, t):
+        mixed = dyn.attention(jnp.zeros((), x.dtype), x)[0] @ x
+        gamma = 2 / (t + 2) if schedule else tau
+        x = x + gamma * (mixed - x)
+        return x, x
+
+    _, ys = jax.lax.scan(step, x0, jnp.arange(steps, dtype=x0.dtype))
+    return jnp.concatenate([x0[None], ys])
+
+
+def key_query(key: PRNGKeyArray, random_psd: bool) -> np.ndarray:
+    """The PSD key–query matrix: the identity, or `A Aᵀ + I/2` scaled to trace 2."""
+    if not random_psd:
+        return np.eye(2)
+    A = np.asarray(jax.random.normal(key, (2, 2)))
+    P = A @ A.T + np.eye(2) / 2
+    return 2 * P / np.trace(P)
+
+
+def voronoi_start(key: PRNGKeyArray, P: np.ndarray, m: int, n: int) -> np.ndarray:
+    """`m` sites on the ellipse `vᵀ P v = 1` (angles jittered about an even spread)
+    then `n` interior tokens, random convex combinations of them: `(m + n, 2)`."""
+    k_angle, k_weight = jax.random.split(key)
+    angle = 2 * np.pi * (np.arange(m) + 0.5 * np.asarray(jax.random.uniform(k_angle, (m,)))) / m
+    L = np.linalg.cholesky(P)
+    sites = np.linalg.solve(L.T, np.stack([np.cos(angle), np.sin(angle)])).T
+    weights = np.asarray(jax.random.dirichlet(k_weight, jnp.ones(m), (n,)))
+    return np.concatenate([sites, weights @ sites])
+
+
+def voronoi_cells(x: np.ndarray, sites: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """The index of the nearest site in the `P`-metric (scipy's k-d tree in whitened
+    coordinates `Lᵀ x`): the Voronoi cell of each row of `x`."""
+    from scipy.spatial import cKDTree
+
+    L = np.linalg.cholesky(P)
+    return cKDTree(sites @ L).query(x @ L)[1]
+
+
+def score_gap(x: np.ndarray, P: np.ndarray) -> float:
+    """The smallest gap between a token's largest score `x_iᵀ P x_j` and its second."""
+    s = np.sort(x @ P @ x.T, axis=-1)
+    return float(np.min(s[:, -1] - s[:, -2]))
+
+
+def fw_gap(ys: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """The mean Frank–Wolfe gap `max_j x_iᵀ P x_j − x_iᵀ P x_i` over the tokens, per step."""
+    s = np.einsum("tid,de,tje->tij", ys, P, ys)
+    return np.mean(s.max(-1) - np.einsum("tii->ti", s), axis=-1)
+
+
+def voronoi_checks(data, tau: float) -> dict[str, np.ndarray]:
+    """Per interior token: the prediction's parts, from the saved PSD run."""
+    ys, P, m = data["ys_psd"], data["P"], int(data["vertices"])
+    sites, inner, cell = ys[0, :m], ys[:, m:], data["cell"]
+    target = sites[cell]                                      # (n, 2)
+    start = inner[0] - target
+    size = np.linalg.norm(start, axis=-1)
+    off = inner - target                                      # (s, n, 2)
+    across = np.abs(off[..., 0] * start[:, 1] - off[..., 1] * start[:, 0]) / size
+    hard = np.argmax(np.einsum("tid,de,ke->tik", inner, P, sites), axis=-1)
+    dist = np.linalg.norm(off, axis=-1)
+    ratio = dist[1:] / dist[:-1]
+    return {
+        "site_move": np.max(np.abs(ys[:, :m] - sites)),
+        "in_cell": np.all(hard == cell, axis=0),
+        "straight": np.max(across, axis=0) / size,
+        "ratio_error": np.max(np.abs(ratio - (1 - tau)), axis=0),
+        "final": dist[-1] / size,
+    }
+
+
+def fit_slope(x: np.ndarray, y: np.ndarray, keep: np.ndarray) -> float:
+    """The least-squares slope of `y` against `x` on `keep`; NaN with under 2 points."""
+    return float(np.polyfit(x[keep], y[keep], 1)[0]) if keep.sum() >= 2 else math.nan
+
+
+def rates(data) -> dict[str, float]:
+    """The fitted rates: one-step distance `∝ e^{−β r}` (`r` beside the start's score
+    gap), the whole run's distance `∝ β^p` over `β ≥ 100`, and the NSD gap `∝ t^q`
+    (second half of the run) for `γ_t = 2/(t + 2)`, per step for constant `τ`."""
+    betas, one, run = data["betas"], data["dist_one"], data["dist_run"]
+    keep = (one > 1e-13) & (one < 1e-2)
+    t = np.arange(len(data["gap_fw"]), dtype=float)
+    half = (t >= t[-1] / 2) & (data["gap_fw"] > 1e-15)
+    const = (t >= 1) & (data["gap_const"] > 1e-13)
+    return {
+        "one_step_rate": -fit_slope(betas, np.log(np.where(keep, one, 1)), keep),
+        "score_gap": float(data["score_gap"]),
+        "run_exponent": fit_slope(np.log(betas), np.log(np.maximum(run, 1e-300)),
+                                  (betas >= 100) & (run > 1e-13)),
+        "gap_exponent": fit_slope(np.log(np.maximum(t, 1)), np.log(np.maximum(
+            data["gap_fw"], 1e-300)), half),
+        "gap_factor_constant": math.exp(fit_slope(t, np.log(np.maximum(
+            data["gap_const"], 1e-300)), const)),
+        "center_fw": float(np.linalg.norm(data["ys_nsd_fw"][-1].mean(0))),
+        "center_constant": float(np.linalg.norm(data["ys_nsd"][-1].mean(0))),
+        "radius": float(np.max(np.linalg.norm(data["ys_nsd"][0], axis=-1))),
+    }
+
+
+class Hardmax(AbstractExperiment):
+    name = "hardmax"
+    title = ("The hardmax limit β → ∞ as Frank–Wolfe (Alcalde, Geshkovski, Ruiz-Balet "
+             "2025): Voronoi cells for PSD P, collapse for NSD P, softmax → hardmax")
+    theorem = "Alcalde, Geshkovski, Ruiz-Balet 2025: hardmax attention as Frank–Wolfe"
+    params = (
+        Param("vertices", int, 6, "sites on the ellipse vᵀPv = 1 (hull vertices)", 3),
+        Param("tokens", int, 24, "interior tokens (random convex combinations)", 1),
+        Param("steps", int, 60, "Frank–Wolfe steps of the PSD and softmax runs", 1),
+        Param("tau", float, 0.2, "constant step size γ = τ in (0, 1]", 0.0),
+        Param("random_psd", bool, False, "a random positive definite P, not the identity"),
+        Param("betas", int, 13, "number of β from 1 to --beta-max (log-spaced)", 2),
+        Param("beta_max", float, 1e4, "largest β of the softmax runs", 1.0),
+        Param("nsd_steps", int, 2000, "steps of the NSD runs", 10),
+    )
+    drops = ("discrete", "horizon", "saves")
+
+    def simulate(self, config, progress):
+        if config["tau"] > 1:
+            raise ValueError(f"--tau is a Frank–Wolfe step size: it must be ≤ 1, got "
+                             f"{config['tau']!r}.")
+        k_p, k_x, k_n = jax.random.split(jax.random.PRNGKey(config["seed"]), 3)
+        P = key_query(k_p, config["random_psd"])
+        m, tau, steps = config["vertices"], config["tau"], config["steps"]
+        x0 = voronoi_start(k_x, P, m, config["tokens"])
+        eye = jnp.eye(2)[None]
+
+        def model(sign, **kw):
+            return SelfAttentionDynamics(jnp.asarray(sign * P)[None], eye, norm="none", **kw)
+
+        ys = np.asarray(frank_wolfe(model(1, kernel="hardmax"), jnp.asarray(x0), steps, tau))
+        betas = np.geomspace(1, config["beta_max"], config["betas"])
+        one, run = np.zeros(len(betas)), np.zeros(len(betas))
+        for b, beta in enumerate(tqdm(betas, desc=self.name, disable=not progress,
+                                      leave=False)):
+            soft = np.asarray(frank_wolfe(model(1, beta=beta), jnp.asarray(x0), steps, tau))
+            gap = np.linalg.norm(soft - ys, axis=-1)
+            one[b], run[b] = gap[1].max(), gap.max()
+        n = m + config["tokens"]
+        z = np.asarray(jax.random.normal(k_n, (n, 2)))
+        z = z - z.mean(0)  # the origin inside the hull
+        nsd = model(-1, kernel="hardmax")
+        T = config["nsd_steps"]
+        ys_fw = np.asarray(frank_wolfe(nsd, jnp.asarray(z), T, tau, schedule=True))
+        ys_c = np.asarray(frank_wolfe(nsd, jnp.asarray(z), T, tau))
+        return {"P": P, "vertices": np.asarray(m), "ys_psd": ys,
+                "cell": voronoi_cells(x0[m:], x0[:m], P), "hull": _hull(x0),
+                "betas": betas, "dist_one": one, "dist_run": run,
+                "score_gap": np.asarray(score_gap(x0, P)),
+                "gap_fw": fw_gap(ys_fw, -P), "gap_const": fw_gap(ys_c, -P),
+                "ys_nsd": ys_c[:steps + 1], "ys_nsd_fw": ys_fw[-1:]}
+
+    def verdict(self, config, data):
+        c, r = voronoi_checks(data, config["tau"]), rates(data)
+        held = (c["in_cell"] & (c["straight"] < TOL) & (c["ratio_error"] < TOL))
+        hull_ok = sorted(data["hull"].tolist()) == list(range(int(data["vertices"])))
+        n_held, n = int(held.sum()), len(held)
+        ok = (c["site_move"] == 0 and hull_ok and n_held == n
+              and r["gap_exponent"] <= -1 and r["run_exponent"] < 0)
+        line = (f"PSD: sites stationary (moved {short(c['site_move'])}), the Voronoi "
+                f"prediction held for {n_held}/{n} interior tokens (in their cell, on a "
+                f"straight line, distance × {1 - config['tau']:g} per step); NSD: mean FW "
+                f"gap ∝ t^{short(r['gap_exponent'])} with γ = 2/(t+2) (bound t^-1), × "
+                f"{short(r['gap_factor_constant'])} per step with γ = τ; softmax → hardmax: "
+                f"one step e^(−{short(r['one_step_rate'])} β) (start's score gap "
+                f"{short(r['score_gap'])}), whole run ∝ β^{short(r['run_exponent'])}")
+        numbers = r | {"voronoi_held": n_held, "interior_tokens": n,
+                       "hull_vertices_are_sites": hull_ok,
+                       "site_move": float(c["site_move"]),
+                       "max_off_line": float(c["straight"].max()),
+                       "max_ratio_error": float(c["ratio_error"].max()),
+                       "max_final_distance": float(c["final"].max())}
+        extra = {"betas": data["betas"].tolist(), "dist_one": data["dist_one"].tolist(),
+                 "dist_run": data["dist_run"].tolist()}
+        return Verdict(bool(ok), line, numbers, extra)
+
+    def draw(self, config, data, folder: Path):
+        plt = figures.pyplot()
+        fig, axes = plt.subplots(1, 4, figsize=(18, 4.9))
+        _draw_cells(axes[0], data)
+        _draw_nsd(axes[1], data["ys_nsd"])
+        _draw_gaps(axes[2], data, config["tau"])
+        _draw_betas(axes[3], data, rates(data))
+        P = "I" if not config["random_psd"] else "random PD"
+        return figures.save_figure(fig, self.stem(folder),
+                                   f"Hardmax attention as Frank–Wolfe: P = ±{P}, τ = "
+                                   f"{config['tau']:g}, {int(data['vertices'])} sites, "
+                                   f"{config['tokens']} interior tokens")
+
+
+def _hull(x: np.ndarray) -> np.ndarray:
+    from scipy.spatial import ConvexHull
+
+    return np.asarray(ConvexHull(x).vertices)
+
+
+def _draw_cells(ax, data) -> None:
+    """The PSD run over the Voronoi cells (nearest site in the `P`-metric) in the hull."""
+    from matplotlib.path import Path as Outline
+
+    ys, P, m = data["ys_psd"], data["P"], int(data["vertices"])
+    sites = ys[0, :m]
+    lo, hi = sites.min(0) - 0.1, sites.max(0) + 0.1
+    gx, gy = np.meshgrid(np.linspace(lo[0], hi[0], 300), np.linspace(lo[1], hi[1], 300))
+    grid = np.stack([gx.ravel(), gy.ravel()], -1)
+    cell = voronoi_cells(grid, sites, P).astype(float)
+    hull = ys[0, data["hull"]]  # counterclockwise (scipy)
+    inside = Outline(np.concatenate([hull, hull[:1]])).contains_points(grid)
+    cell[~inside] = np.nan
+    colors = _colors(m)
+    from matplotlib.colors import ListedColormap
+
+    ax.pcolormesh(gx, gy, cell.reshape(gx.shape), cmap=ListedColormap(colors), alpha=0.25,
+                  vmin=-0.5, vmax=m - 0.5, shading="auto")
+    ax.plot(*np.concatenate([hull, hull[:1]]).T, color="0.4", lw=0.8)
+    # each path thinner than the one before: paths into one site overlap, all show
+    widths = np.linspace(2.6, 0.8, len(data["cell"]))
+    for i, c in enumerate(data["cell"]):
+        path = ys[:, m + i]
+        ax.plot(*path.T, "-", color=colors[c], lw=widths[i])
+        ax.plot(*path[0], "o", ms=4, mfc="white", mec=colors[c])
+    ax.plot(*sites.T, "k*", ms=11, label="sites (hull vertices): stationary")
+    ax.plot([], [], "o", ms=4, mfc="white", mec="0.3", label="interior tokens at t = 0")
+    ax.set(aspect="equal", xlabel="$x_1$", ylabel="$x_2$",
+           title="PSD: straight to the cell's site")
+    figures.legend_below(ax, ncol=1)
+
+
+def _colors(m: int):
+    import matplotlib
+
+    return [matplotlib.colormaps["tab10"](k % 10) for k in range(m)]
+
+
+def _draw_nsd(ax, ys) -> None:
+    ax.plot(0, 0, "+", color="0.3", ms=12, mew=1.5, label="origin", zorder=1)
+    for path in np.moveaxis(ys, 1, 0):
+        ax.plot(*path.T, "-", color="C3", lw=0.8, alpha=0.7)
+        ax.plot(*path[0], "o", ms=4, mfc="white", mec="C3")
+    ax.plot(*ys[-1].T, ".", color="k", ms=6, label=f"after {len(ys) - 1} steps", zorder=3)
+    ax.set(aspect="equal", xlabel="$x_1$", ylabel="$x_2$",
+           title="NSD: the tokens collapse (γ = τ)")
+    figures.legend_below(ax, ncol=2)
+
+
+def _draw_gaps(ax, data, tau: float) -> None:
+    t = np.arange(len(data["gap_fw"]))
+    floor = figures.resolution(np.float64, order=1)  # a difference of O(1) scores
+    for values, label, color in ((data["gap_fw"], "γ = 2/(t+2)", "C0"),
+                                 (data["gap_const"], f"γ = τ = {tau:g}", "C3")):
+        shown, cut = figures.above_floor(values[1:], floor)
+        ax.loglog(t[1:], shown, color=color, label=label)
+        if cut:
+            figures.mark_floor(ax, floor, np.float64)
+    ax.loglog(t[1:], data["gap_fw"][1] / t[1:], "k:", label="$t^{-1}$ (FW bound)")
+    ax.set(xlabel="step t", ylabel="mean Frank–Wolfe gap", title="NSD: convergence rate")
+    figures.legend_below(ax, ncol=2)
+
+
+def _draw_betas(ax, data, r) -> None:
+    betas = data["betas"]
+    floor = figures.resolution(np.float64, order=1)
+    gap = r["score_gap"]
+    keep = (data["dist_one"] > 1e-13) & (data["dist_one"] < 1e-2)
+    if keep.any():  # drawn first and wide: the measured curves lie on it
+        b0 = betas[keep][0]
+        ref = data["dist_one"][keep][0] * np.exp(-gap * (betas - b0))
+        ax.loglog(betas, np.where(ref > floor, ref, np.nan), "-", color="0.75", lw=4,
+                  label=f"$e^{{-\\beta g}}$, g = {short(gap)} (start's score gap)")
+    # the run's curve first, with larger markers: where both agree, both show
+    for values, label, marker, size in ((data["dist_run"], "largest over the run", "s", 7),
+                                        (data["dist_one"], "after one step", "o", 4)):
+        shown, cut = figures.above_floor(values, floor, stop=False)
+        ax.loglog(betas, shown, marker, ls="-", ms=size, lw=2.2 if size > 4 else 1.0,
+                  label=label)
+        if cut:
+            figures.mark_floor(ax, floor, np.float64)
+    ax.set(xlabel=r"$\beta$", ylabel="softmax − hardmax distance",
+           title="softmax → hardmax as β grows")
+    figures.plain_log_labels(ax.xaxis)
+    figures.legend_below(ax, ncol=1)

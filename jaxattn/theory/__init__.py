@@ -16,6 +16,13 @@ from ._classify import Classification as Classification
 from ._classify import TheoremReport as TheoremReport
 from ._classify import classify as classify
 from ._classify import default_tol as default_tol
+from ._equiangular import Asymptotics as Asymptotics
+from ._equiangular import EquiangularSolution as EquiangularSolution
+from ._equiangular import equiangular_asymptotics as equiangular_asymptotics
+from ._equiangular import equiangular_field as equiangular_field
+from ._equiangular import equiangular_rate as equiangular_rate
+from ._equiangular import equiangular_solution as equiangular_solution
+from ._equiangular import equiangular_tokens as equiangular_tokens
 from ._predict import AbstractTheoremTest as AbstractTheoremTest
 from ._predict import Prediction as Prediction
 from ._predict import Theorem32Test as Theorem32Test
@@ -29,8 +36,10 @@ from ._predict import theorem_test as theorem_test
 __all__ = [
     "THEOREMS",
     "AbstractTheoremTest",
+    "Asymptotics",
     "Check",
     "Classification",
+    "EquiangularSolution",
     "Prediction",
     "TheoremReport",
     "Theorem32Test",
@@ -40,6 +49,11 @@ __all__ = [
     "Theorem53Test",
     "classify",
     "default_tol",
+    "equiangular_asymptotics",
+    "equiangular_field",
+    "equiangular_rate",
+    "equiangular_solution",
+    "equiangular_tokens",
     "predict",
     "theorem_test",
 ]

@@ -1,0 +1,282 @@
+"""`equiangular`: the equiangular reduction (Rigollet, "The Mean-Field Dynamics of
+Transformers", arXiv 2512.01868).
+
+`n` unit tokens with `⟨x_i, x_j⟩ = ρ0` for every `i ≠ j` (`ja.theory.equiangular_tokens`)
+run under `ja.SelfAttentionDynamics(P = I, U = I, β)` for each normalisation placement
+and both kernels that depend on `⟨x_i, x_j⟩` alone (softmax and `"exp"`,
+`exp(β⟨x_i, x_j⟩)/n`). Symmetry keeps them equiangular, so the `n`-particle flow
+(`ja.solve_flow`, float64, tolerances `RTOL`/`ATOL`) must follow the reduced ODE
+(`ja.theory.equiangular_solution`) for the common cosine `ρ(t)` (and the common norm
+`r(t)` of `"pre"`, `"peri"`, `"none"`). The run measures, per placement and kernel:
+
+- `ρ` as the mean off-diagonal entry of the Gram matrix of the unit directions, and
+  the spread of those entries (max − min: 0 while the tokens stay equiangular);
+- `1 − ρ` as the mean of `|u_i − u_j|²/2` (no cancellation, down to ~1e-29);
+- the late-time rate: the slope of `log(1 − ρ)` against `t` (exponential placements)
+  or against `log t` (algebraic ones) over the second half of the run, beside
+  `ja.theory.equiangular_asymptotics`.
+
+`"none"` with `"exp"` blows up in finite time, and is not run. The derivation:
+`docs/limits.md`, "The equiangular reduction".
+"""
+
+import math
+from pathlib import Path
+
+import diffrax as dfx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+from tqdm.auto import tqdm
+
+from .._app import figures
+from .._dynamics import SelfAttentionDynamics
+from .._flow import solve_flow
+from ..theory import equiangular_asymptotics, equiangular_solution, equiangular_tokens
+from .base import BETA, AbstractExperiment, Param, Verdict
+from .verdicts import short
+
+NORMS = ("post", "ngpt", "pre", "peri", "none")
+KERNELS = ("softmax", "exp")
+#: The flow's tolerances (float64): far below the agreement `AGREEMENT` asked of it.
+RTOL, ATOL = 1e-13, 1e-20
+#: How closely the flow's `ρ(t)` must follow the reduced ODE, and its spread stay 0.
+AGREEMENT = 1e-10
+#: Gaps `1 − ρ` below this are not used to read a rate (the flow's tokens resolve
+#: them only to a few digits there).
+RATE_FLOOR = 1e-20
+COLORS = {"post": "C0", "ngpt": "C3", "pre": "C1", "peri": "C2", "none": "C4"}
+
+
+def skipped(norm: str, kernel: str) -> bool:
+    """Whether the pair is left out of a run: `"none"` with `"exp"` blows up."""
+    return (norm, kernel) == ("none", "exp")
+
+
+def off_diagonal(gram: Float[Array, "*T n n"]) -> Float[Array, "*T m"]:
+    """The entries of `gram` off its diagonal, `(…, n(n − 1))`."""
+    return gram[..., ~np.eye(gram.shape[-1], dtype=bool)]
+
+
+def directions(ys: Float[Array, "*T n d"]) -> Float[Array, "*T n d"]:
+    return ys / jnp.linalg.norm(ys, axis=-1, keepdims=True)
+
+
+def cosine_gaps(ys: Float[Array, "*T n d"]) -> Float[Array, "*T m"]:
+    """`1 − cos(x_i, x_j)` for every ordered pair `i ≠ j`, as `|u_i − u_j|²/2`
+    (`u = x/|x|`): no cancellation, so gaps far below the float's epsilon resolve."""
+    u = directions(ys)
+    return off_diagonal(0.5 * jnp.sum((u[..., :, None, :] - u[..., None, :, :]) ** 2, -1))
+
+
+def measure(ys: Float[Array, "T n d"]) -> dict[str, np.ndarray]:
+    """`ρ` (mean off-diagonal cosine), its spread (max − min), `1 − ρ` and the mean
+    norm, at every saved time."""
+    u = directions(ys)
+    cos = off_diagonal(jnp.einsum("tid,tjd->tij", u, u))
+    return {"rho": np.asarray(jnp.mean(cos, -1)),
+            "spread": np.asarray(jnp.max(cos, -1) - jnp.min(cos, -1)),
+            "gap": np.asarray(jnp.mean(cosine_gaps(ys), -1)),
+            "radius": np.asarray(jnp.mean(jnp.linalg.norm(ys, axis=-1), -1))}
+
+
+def flow(config, norm: str, kernel: str, ts) -> dict[str, np.ndarray]:
+    """The `n`-particle flow from the equiangular start, measured (`measure`)."""
+    n, d = config["tokens"], config["dim"]
+    eye = jnp.eye(d)[None]
+    dyn = SelfAttentionDynamics(eye, eye, beta=config["beta"], norm=norm, kernel=kernel)
+    x0 = equiangular_tokens(config["rho0"], n, d)
+    ys = solve_flow(dyn, x0, ts, solver=dfx.Dopri8(), rtol=RTOL, atol=ATOL,
+                    max_steps=2**18, on_manifold=dyn.stays_on_manifold)
+    return measure(ys)
+
+
+def check_config(config) -> None:
+    n = config["tokens"]
+    if config["dim"] < n:
+        raise ValueError(f"--dim must be ≥ --tokens ({n}): {n} equiangular tokens span "
+                         f"{n} dimensions; got --dim {config['dim']}.")
+    if not -1 / (n - 1) <= config["rho0"] < 1:
+        raise ValueError(f"--rho0 must lie in [−1/(n − 1), 1) = [{-1 / (n - 1):.4g}, 1) for "
+                         f"--tokens {n}, got {config['rho0']!r}.")
+
+
+def late_rate(ts: np.ndarray, gap: np.ndarray, kind: str) -> float:
+    """The slope of `−log(1 − ρ)` against `t` (`"exponential"`) or `log t`
+    (`"algebraic"`) over the second half of the times where `1 − ρ > RATE_FLOOR`;
+    NaN for other kinds."""
+    if kind not in ("exponential", "algebraic"):
+        return math.nan
+    keep = (ts > 0) & (gap > RATE_FLOOR) & np.isfinite(gap)
+    keep &= ts >= (ts[keep].max() / 2 if keep.any() else 0)
+    if keep.sum() < 3:
+        return math.nan
+    x = ts[keep] if kind == "exponential" else np.log(ts[keep])
+    return float(-np.polyfit(x, np.log(gap[keep]), 1)[0])
+
+
+class Equiangular(AbstractExperiment):
+    name = "equiangular"
+    title = ("The equiangular reduction (Rigollet 2025): n equiangular tokens follow a "
+             "scalar ODE for ρ(t), with exact clustering rates per normalisation placement")
+    theorem = "Rigollet 2025, the equiangular reduction (arXiv 2512.01868)"
+    params = (
+        Param("tokens", int, 4, "number of tokens n", 2),
+        Param("dim", int, 5, "dimension d (≥ n)", 1),
+        BETA,
+        Param("rho0", float, 0.2, "initial inner product ρ0 in [−1/(n − 1), 1)"),
+        Param("horizon", float, 20.0, "final time T", 0.0),
+        Param("saves", int, 200, "number of saved time intervals", 1),
+    )
+    drops = ("discrete",)
+
+    def simulate(self, config, progress):
+        check_config(config)
+        ts = jnp.linspace(0.0, config["horizon"], config["saves"] + 1)
+        shape = (len(KERNELS), len(NORMS), len(ts))
+        data = {f"{k}_{w}": np.full(shape, np.nan) for k in ("rho", "gap", "radius")
+                for w in ("flow", "ode")} | {"spread": np.full(shape, np.nan)}
+        pairs = [(i, j) for i, kernel in enumerate(KERNELS) for j, norm in enumerate(NORMS)
+                 if not skipped(norm, kernel)]
+        with tqdm(total=len(pairs), desc=self.name, disable=not progress, leave=False) as bar:
+            for i, j in pairs:
+                norm, kernel = NORMS[j], KERNELS[i]
+                measured = flow(config, norm, kernel, ts)
+                ode = equiangular_solution(config["rho0"], config["tokens"], config["beta"],
+                                           ts, norm=norm, kernel=kernel)
+                for k in ("rho", "gap", "radius"):
+                    data[f"{k}_flow"][i, j] = measured[k]
+                    data[f"{k}_ode"][i, j] = np.asarray(getattr(ode, k))
+                data["spread"][i, j] = measured["spread"]
+                bar.update()
+        return {"ts": np.asarray(ts)} | data
+
+    def rates(self, config, data) -> dict[str, dict]:
+        """Per `kernel_norm`: the predicted asymptotics and the rates read from the
+        flow and from the ODE (`late_rate`)."""
+        out = {}
+        for i, kernel in enumerate(KERNELS):
+            for j, norm in enumerate(NORMS):
+                law = equiangular_asymptotics(config["tokens"], config["beta"], norm=norm,
+                                              kernel=kernel)
+                entry = {"kind": law.kind, "law": law.law, "predicted": _json(law.rate)}
+                if not skipped(norm, kernel):
+                    entry |= {"flow": _json(late_rate(data["ts"], data["gap_flow"][i, j],
+                                                      law.kind)),
+                              "ode": _json(late_rate(data["ts"], data["gap_ode"][i, j],
+                                                     law.kind)),
+                              "final_rho": _json(data["rho_ode"][i, j, -1])}
+                out[f"{kernel}_{norm}"] = entry
+        return out
+
+    def verdict(self, config, data):
+        error = float(np.nanmax(np.abs(data["rho_flow"] - data["rho_ode"])))
+        spread = float(np.nanmax(data["spread"]))
+        radius = float(np.nanmax(np.abs(data["radius_flow"] / data["radius_ode"] - 1)))
+        rates = self.rates(config, data)
+        ok = error <= AGREEMENT and spread <= AGREEMENT
+        words = "; ".join(f"{key.replace('_', ' ')}: {r['law']} (read {short(r['flow'])})"
+                          if r["kind"] in ("exponential", "algebraic") else
+                          f"{key.replace('_', ' ')}: {r['law']}" for key, r in rates.items())
+        line = (f"n = {config['tokens']}, β = {config['beta']:g}, ρ0 = {config['rho0']:g}: the "
+                f"flow follows the reduced ODE to max |Δρ| = {error:.2g} (asked: ≤ "
+                f"{AGREEMENT:g}), spread of the cosines ≤ {spread:.2g}, norms to "
+                f"{radius:.2g} (relative); {words}")
+        numbers = {"max_rho_error": error, "max_spread": spread,
+                   "max_radius_error": radius, "agreement": AGREEMENT}
+        return Verdict(ok, line, numbers, {"rates": rates})
+
+    def draw(self, config, data, folder: Path):
+        plt = figures.pyplot()
+        rates = self.rates(config, data)
+        fig, axes = plt.subplots(1, 4, figsize=(20, 5.6))
+        ts = data["ts"]
+        for ax, (i, kernel) in zip(axes, enumerate(KERNELS)):
+            for j, norm in enumerate(NORMS):
+                if not skipped(norm, kernel):
+                    _draw_pair(ax, ts, data["gap_flow"][i, j], data["gap_ode"][i, j],
+                               norm, rates[f"{kernel}_{norm}"])
+            name = "softmax" if kernel == "softmax" else r"exp: $e^{\beta\langle x,y\rangle}/n$"
+            ax.set(ylabel=r"$1-\rho(t)$", title=f"{name}: flow (wide) and reduced ODE (dashed)")
+            figures.legend_below(ax, ncol=2)
+        self._draw_algebraic(axes[2], ts, data, rates)
+        self._draw_agreement(axes[3], ts, data)
+        return figures.save_figure(
+            fig, self.stem(folder),
+            f"Equiangular tokens: n = {config['tokens']}, d = {config['dim']}, "
+            f"β = {config['beta']:g}, ρ0 = {config['rho0']:g}: the n-particle flow against "
+            "the reduced ODE for ρ(t), per normalisation placement")
+
+    @staticmethod
+    def _draw_algebraic(ax, ts, data, rates):
+        """The algebraic placements on log–log axes, with the predicted slope `t^−2`.
+        `"peri"` is drawn once: `N(v_i)` removes the exp kernel's row factor, so both
+        kernels give the same flow."""
+        later = ts >= ts[-1] / 2
+        for i, kernel in enumerate(KERNELS):
+            for j, norm in enumerate(NORMS):
+                if rates[f"{kernel}_{norm}"]["kind"] != "algebraic" or (
+                        norm == "peri" and kernel == "exp"):
+                    continue
+                label = f"{norm}, {kernel}" + (" (= exp)" if norm == "peri" else "")
+                style = "-" if kernel == "softmax" else (0, (4, 2))
+                ax.loglog(ts[1:], data["gap_flow"][i, j, 1:], ls=style, lw=3.5, alpha=0.35,
+                          color=COLORS[norm], label=f"{label}: flow")
+                ax.loglog(ts[1:], data["gap_ode"][i, j, 1:], ls=(0, (2, 2)), lw=1.2,
+                          color=COLORS[norm], label=f"{label}: ODE")
+                end = data["gap_ode"][i, j, -1] * (ts[later] / ts[-1]) ** -2.0
+                ax.loglog(ts[later], end * 3.0, color="k", lw=0.8,
+                          label="predicted slope: $t^{-2}$ (×3)" if i == 0 and norm == "pre"
+                          else "_nolegend_")
+        ax.set(xlabel="time $t$ (log)", ylabel=r"$1-\rho(t)$",
+               title=r"pre and peri: algebraic, $1-\rho \asymp t^{-2}$")
+        figures.legend_below(ax, ncol=2)
+
+    @staticmethod
+    def _draw_agreement(ax, ts, data):
+        """`max |ρ_flow − ρ_ode|` and the cosines' spread over every run, on a log axis
+        (values at or below the float64 epsilon drawn at it)."""
+        eps = float(np.finfo(np.float64).eps)
+        error = np.nanmax(np.abs(data["rho_flow"] - data["rho_ode"]), axis=(0, 1))
+        spread = np.nanmax(data["spread"], axis=(0, 1))
+        ax.semilogy(ts, np.maximum(error, eps), color="C0", lw=1.6,
+                    label=r"max $|\rho_{flow}-\rho_{ODE}|$ over the runs")
+        ax.semilogy(ts, np.maximum(spread, eps), color="C1", lw=1.2,
+                    label="max spread of the off-diagonal cosines")
+        ax.axhline(AGREEMENT, color="k", ls="--", lw=0.9, label=f"asked: {AGREEMENT:g}")
+        ax.axhline(eps, color="0.45", ls=(0, (1, 2)), lw=0.9,
+                   label="float64 ε (values below drawn at it)")
+        ax.set(xlabel="time $t$ (depth)", ylabel="deviation", ylim=(eps / 3, AGREEMENT * 30),
+               title="the flow stays equiangular and on the ODE")
+        figures.legend_below(ax, ncol=1)
+
+
+def _draw_pair(ax, ts, gap_flow, gap_ode, norm: str, rate: dict) -> None:
+    """One placement's `1 − ρ` from the flow (wide, faint) and the ODE (dashed), and
+    for an exponential rate the predicted slope over the second half."""
+    color = COLORS[norm]
+    figures.draw_decay(ax, ts, gap_flow, label=f"{norm}: {_tex(rate)}", lw=4, alpha=0.35,
+                       color=color)
+    figures.draw_decay(ax, ts, gap_ode, lw=1.2, ls=(0, (2, 2)), color=color)
+    valid = np.flatnonzero(gap_ode > RATE_FLOOR)
+    if rate["kind"] == "exponential" and valid.size:
+        end = valid[-1]  # anchored where the gap still reads well
+        window = (ts <= ts[end]) & (ts >= ts[end] - ts[-1] / 4)
+        guide = 3.0 * gap_ode[end] * np.exp(-rate["predicted"] * (ts[window] - ts[end]))
+        ax.semilogy(ts[window], guide, color="k", lw=0.8,
+                    label="predicted slope (×3)" if norm == "post" else "_nolegend_")
+
+
+def _tex(rate: dict) -> str:
+    """A rate's law for a legend, in mathtext."""
+    if rate["kind"] == "exponential":
+        return rf"$1-\rho \asymp e^{{-{rate['predicted']:.4g}\,t}}$"
+    if rate["kind"] == "algebraic":
+        return r"$1-\rho \asymp t^{-2}$"
+    return rate["law"].replace("ρ∞", r"$\rho_\infty$").replace("ρ", r"$\rho$")
+
+
+def _json(value) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+

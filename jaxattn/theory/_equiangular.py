@@ -1,0 +1,266 @@
+"""The equiangular reduction (Rigollet, "The Mean-Field Dynamics of Transformers",
+arXiv 2512.01868): `n` tokens with equal pairwise inner products stay so, and the
+`n`-particle flow of `SelfAttentionDynamics(P = I, U = I, β)` becomes an ODE for their
+common cosine `ρ(t)` (and, for the placements that leave the sphere, their common
+norm `r(t)`).
+
+With `u_i = x_i / |x_i|`, `⟨u_i, u_j⟩ = ρ` for `i ≠ j` and `|x_i| = r`, every token
+gives itself the weight `a` and each other token `b` (softmax:
+`b = 1 / (e^{βκ(1−ρ)} + n − 1)`, `a = 1 − (n − 1) b`; `kernel="exp"`:
+`a = e^{βκ}/n`, `b = e^{βκρ}/n`; `κ = r²` for `norm="none"`, whose scores see the
+raw tokens, 1 otherwise). The raw update at the unit tokens is
+`v_i = a u_i + b Σ_{j≠i} u_j`, with
+
+- `s = ⟨u_i, v_i⟩ = a + (n − 1) b ρ` (its radial part),
+- `m = |v_i|`, `m² = a² + 2(n − 1) a b ρ + (n − 1) b² (1 + (n − 2) ρ)`,
+- `g = ⟨v_i − s u_i, u_k⟩ = b (1 − ρ)(1 + (n − 1) ρ)` (its tangential part along
+  another token `u_k`), and `ρ̇ = 2 ⟨u̇_i, u_k⟩` by symmetry.
+
+So (`docs/limits.md`, "The equiangular reduction"):
+
+| `norm`   | `ρ̇`         | `ṙ`     | as `t → ∞`, softmax      | `kernel="exp"`          |
+|----------|--------------|---------|--------------------------|-------------------------|
+| `"post"` | `2g`         | 0       | `1 − ρ ≍ e^{−2t}`        | `1 − ρ ≍ e^{−2e^β t}`   |
+| `"ngpt"` | `2g / m`     | 0       | `1 − ρ ≍ e^{−2t}`        | `1 − ρ ≍ e^{−2t}`       |
+| `"pre"`  | `2g / r`     | `s`     | `1 − ρ ≍ t^{−2}`         | `1 − ρ ≍ t^{−2}`        |
+| `"peri"` | `2g / (m r)` | `s / m` | `1 − ρ ≍ t^{−2}`         | `1 − ρ ≍ t^{−2}`        |
+| `"none"` | `2g` (κ = r²) | `r s`  | `ρ → ρ∞ < 1`: no cluster | `r` blows up in finite time |
+
+The solution is integrated in `(log(1 − ρ), log r)`, so that `1 − ρ` keeps its
+relative accuracy down to the smallest floats as the tokens cluster.
+"""
+
+import math
+from typing import NamedTuple
+
+import diffrax as dfx
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Real
+
+NORMS = ("post", "pre", "peri", "ngpt", "none")
+KERNELS = ("softmax", "exp")
+
+
+class Asymptotics(NamedTuple):
+    """How fast `1 − ρ(t) → 0`: `kind` is `"exponential"` (`1 − ρ ≍ e^{−rate·t}`),
+    `"algebraic"` (`1 − ρ ≍ t^{−rate}`), `"none"` (`ρ` tends to a limit below 1:
+    no clustering; `rate` is NaN) or `"blow-up"` (the norms blow up in finite time;
+    `rate` is NaN); `law` says it in words."""
+
+    kind: str
+    rate: float
+    law: str
+
+
+class EquiangularSolution(eqx.Module):
+    """The reduced ODE solved at `ts`: the common cosine `rho`, its gap `1 − ρ`
+    (`gap`, accurate where `rho` rounds to 1) and the common norm `radius` (1 for
+    `"post"` and `"ngpt"`)."""
+
+    ts: Float[Array, " T"]
+    rho: Float[Array, " T"]
+    gap: Float[Array, " T"]
+    radius: Float[Array, " T"]
+
+
+def _check(n: int, beta: float, norm: str, kernel: str) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
+        raise ValueError(f"`n` is the number of tokens: an integer ≥ 2, got {n!r}.")
+    if not (isinstance(beta, (int, float, np.number)) and math.isfinite(beta) and beta >= 0):
+        raise ValueError(f"`beta` must be a finite number ≥ 0, got {beta!r}.")
+    if norm not in NORMS:
+        raise ValueError(f"`norm` must be one of {', '.join(map(repr, NORMS))}, got {norm!r}.")
+    if kernel not in KERNELS:
+        raise ValueError(f"`kernel` must be 'softmax' or 'exp' (the reduction needs weights "
+                         f"that depend on ⟨x_i, x_j⟩ alone), got {kernel!r}.")
+
+
+def _parts(gap, kappa, n: int, beta, kernel: str):
+    """`(s, m, g / (1 − ρ))` of the module docstring at `1 − ρ = gap`, scores scaled
+    by `κ` (`g` divided by the gap exactly, for the log-gap equation)."""
+    rho = 1 - gap
+    if kernel == "softmax":
+        b = 1 / (jnp.exp(beta * kappa * gap) + (n - 1))
+        a = 1 - (n - 1) * b
+    else:
+        a = jnp.exp(beta * kappa) / n
+        b = jnp.exp(beta * kappa * rho) / n
+    s = a + (n - 1) * b * rho
+    m = jnp.sqrt(a**2 + 2 * (n - 1) * a * b * rho + (n - 1) * b**2 * (1 + (n - 2) * rho))
+    per_gap = b * (n - (n - 1) * gap)  # 1 + (n − 1)ρ = n − (n − 1)(1 − ρ)
+    return s, m, per_gap
+
+
+def _log_field(t, y, args):
+    """`d/dt (log(1 − ρ), log r)`: the reduced ODE in the variables it is solved in."""
+    n, beta, norm, kernel = args
+    gap, r = jnp.exp(y[0]), jnp.exp(y[1])
+    s, m, per_gap = _parts(gap, r**2 if norm == "none" else 1.0, n, beta, kernel)
+    # ρ̇ = 2g · speed, so d log(1 − ρ)/dt = −2 (g / (1 − ρ)) · speed
+    speed, dlogr = {
+        "post": (1.0, 0.0),
+        "ngpt": (1 / m, 0.0),
+        "pre": (1 / r, s / r),
+        "peri": (1 / (m * r), s / (m * r)),
+        "none": (1.0, s),
+    }[norm]
+    return jnp.stack([-2 * per_gap * speed, jnp.asarray(dlogr, y.dtype)])
+
+
+def equiangular_field(rho: Real[Array, "..."], n: int, beta: float, *, norm: str = "post",
+                      kernel: str = "softmax", radius: Real[Array, "..."] = 1.0
+                      ) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
+    """The reduced ODE: `(dρ/dt, dr/dt)` for `n` equiangular tokens of cosine `ρ` and
+    norm `r` under `SelfAttentionDynamics(P = I, U = I, beta, norm=, kernel=)`.
+
+    **Arguments:**
+
+    - `rho`: the common cosine `ρ ∈ [−1/(n − 1), 1]` (an array: elementwise).
+    - `n`: the number of tokens, ≥ 2.
+    - `beta`: the inverse temperature `β ≥ 0`.
+    - `norm`: the placement, one of `"post"` (default), `"pre"`, `"peri"`, `"ngpt"`,
+      `"none"`.
+    - `kernel`: `"softmax"` (default) or `"exp"` (weights `exp(β⟨x_i, x_j⟩)/n`).
+    - `radius`: the common norm `r` (default 1; it moves only for `"pre"`, `"peri"`
+      and `"none"`).
+
+    **Returns:**
+
+    `(dρ/dt, dr/dt)`, arrays of the broadcast shape.
+    """
+    _check(n, beta, norm, kernel)
+    rho, r = jnp.asarray(rho, float), jnp.asarray(radius, float)
+    s, m, per_gap = _parts(1 - rho, r**2 if norm == "none" else 1.0, n, beta, kernel)
+    g = (1 - rho) * per_gap
+    drho, dr = {
+        "post": (2 * g, 0 * s),
+        "ngpt": (2 * g / m, 0 * s),
+        "pre": (2 * g / r, s),
+        "peri": (2 * g / (m * r), s / m),
+        "none": (2 * g, r * s),
+    }[norm]
+    return drho, dr
+
+
+def equiangular_rate(rho: Real[Array, "..."], n: int, beta: float, *, norm: str = "post",
+                     kernel: str = "softmax", radius: Real[Array, "..."] = 1.0
+                     ) -> Float[Array, "..."]:
+    """`dρ/dt` of the reduced ODE (`equiangular_field`'s first part): for `"post"`
+    and softmax, `2 (1 − ρ)(1 + (n − 1) ρ) / (e^{β(1 − ρ)} + n − 1)`.
+
+    **Arguments:** as `equiangular_field`.
+
+    **Returns:**
+
+    `dρ/dt`, an array of the broadcast shape of `rho` and `radius`.
+    """
+    return equiangular_field(rho, n, beta, norm=norm, kernel=kernel, radius=radius)[0]
+
+
+def equiangular_solution(rho0: float, n: int, beta: float, ts: Real[Array, " T"], *,
+                         norm: str = "post", kernel: str = "softmax", rtol: float = 1e-14,
+                         atol: float = 1e-14, max_steps: int = 65536) -> EquiangularSolution:
+    """Integrate the reduced ODE (`equiangular_field`) from `ρ(ts[0]) = rho0`,
+    `r(ts[0]) = 1`, with diffrax (`Dopri8`, adaptive steps), in the default float
+    dtype: turn on `jax_enable_x64` to agree with the `n`-particle flow to `1e-10`.
+
+    **Arguments:**
+
+    - `rho0`: the initial cosine, in `[−1/(n − 1), 1)`.
+    - `n`, `beta`, `norm`, `kernel`: as `equiangular_field`.
+    - `ts`: nondecreasing save times.
+    - `rtol`, `atol`: tolerances on `(log(1 − ρ), log r)`.
+    - `max_steps`: the step budget (reaching it is an error).
+
+    **Returns:**
+
+    An `EquiangularSolution` at `ts`.
+    """
+    _check(n, beta, norm, kernel)
+    lowest = -1 / (n - 1)
+    if not (isinstance(rho0, (int, float, np.number)) and lowest <= rho0 < 1):
+        raise ValueError(f"`rho0` must lie in [−1/(n − 1), 1) = [{lowest:.4g}, 1) for n = "
+                         f"{n} tokens (ρ = 1 is one point, which never moves), got {rho0!r}.")
+    ts = jnp.asarray(ts, float)
+    if ts.ndim != 1 or ts.size < 1:
+        raise ValueError(f"`ts` must be a 1-D array of save times, got shape {ts.shape}.")
+    y0 = jnp.asarray([math.log1p(-rho0), 0.0], ts.dtype)
+    ys = _solve(y0, ts, n, float(beta), norm, kernel, rtol, atol, max_steps)
+    gap = jnp.exp(ys[:, 0])
+    return EquiangularSolution(ts, 1 - gap, gap, jnp.exp(ys[:, 1]))
+
+
+@eqx.filter_jit
+def _solve(y0, ts, n, beta, norm, kernel, rtol, atol, max_steps):
+    sol = dfx.diffeqsolve(
+        dfx.ODETerm(_log_field), dfx.Dopri8(), ts[0], ts[-1], None, y0,
+        args=(n, beta, norm, kernel), saveat=dfx.SaveAt(ts=ts),
+        stepsize_controller=dfx.PIDController(rtol=rtol, atol=atol), max_steps=max_steps)
+    return sol.ys
+
+
+def equiangular_asymptotics(n: int, beta: float, *, norm: str = "post",
+                            kernel: str = "softmax") -> Asymptotics:
+    """How fast the reduced ODE clusters (`1 − ρ → 0`) from any start `ρ0 > −1/(n−1)`.
+
+    Near `ρ = 1`, `b → 1/n` (softmax) or `e^β/n` (exp), so `g ≈ (1 − ρ)·nb`,
+    `s, m → nb`: `"post"` gives `d(1 − ρ)/dt ≈ −2nb (1 − ρ)`; `"ngpt"` divides by
+    `m`, rate 2 for both kernels; `"pre"` and `"peri"` slow each token by its norm,
+    which grows linearly (`ṙ → nb` and `1`), so `d(1 − ρ)/dt ≈ −2(1 − ρ)/t`:
+    `t^{−2}`. `"none"` with softmax: `q = r²(1 − ρ)` obeys `d log q/dt = 2(1 − nb)`
+    with `nb = n / (e^{βq} + n − 1) < 1`, so `q` grows, the attention tends to the
+    identity and `ρ` stops short of 1; with `exp`, `ṙ ≥ r e^{βr²}/n` blows up in
+    finite time.
+
+    **Arguments:** `n`, `beta`, `norm`, `kernel` as `equiangular_field`.
+
+    **Returns:**
+
+    An `Asymptotics(kind, rate, law)`.
+    """
+    _check(n, beta, norm, kernel)
+    if norm in ("pre", "peri"):
+        return Asymptotics("algebraic", 2.0, "1 − ρ ≍ t^(−2)")
+    if norm == "none":
+        if kernel == "exp":
+            return Asymptotics("blow-up", math.nan, "r blows up in finite time")
+        return Asymptotics("none", math.nan, "ρ → ρ∞ < 1 (no clustering)")
+    rate = 2 * math.exp(beta) if (norm, kernel) == ("post", "exp") else 2.0
+    return Asymptotics("exponential", rate, f"1 − ρ ≍ e^(−{rate:.4g} t)")
+
+
+def equiangular_tokens(rho0: float, n: int, d: int, dtype=None) -> Float[Array, "n d"]:
+    """`n` unit tokens in `R^d` with `⟨x_i, x_j⟩ = rho0` for every `i ≠ j`:
+    `x_i = c e + s f_i`, with `e = 𝟙/√n`, `f_i` the regular simplex `√(n/(n−1))(e_i − 𝟙/n)`
+    (unit, `⟨f_i, f_j⟩ = −1/(n − 1)`, orthogonal to `e`), `c² = (1 + (n − 1)ρ0)/n`
+    and `s² = 1 − c²`; zero past the first `n` coordinates.
+
+    **Arguments:**
+
+    - `rho0`: the common inner product, in `[−1/(n − 1), 1]`.
+    - `n`: the number of tokens, ≥ 2; `d`: the dimension, ≥ `n` (a Gram matrix
+      `(1 − ρ0) I + ρ0 𝟙𝟙ᵀ` of rank `n` needs `n` dimensions).
+    - `dtype`: the tokens' dtype (default: JAX's default float).
+
+    **Returns:**
+
+    The tokens, `(n, d)`.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
+        raise ValueError(f"`n` is the number of tokens: an integer ≥ 2, got {n!r}.")
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < n:
+        raise ValueError(f"`d` must be an integer ≥ n = {n}: {n} equiangular tokens span "
+                         f"{n} dimensions; got d = {d!r}.")
+    lowest = -1 / (n - 1)
+    if not (isinstance(rho0, (int, float, np.number)) and lowest <= rho0 <= 1):
+        raise ValueError(f"`rho0` must lie in [−1/(n − 1), 1] = [{lowest:.4g}, 1] for "
+                         f"n = {n} tokens, got {rho0!r}.")
+    c2 = (1 + (n - 1) * rho0) / n
+    e = np.full(n, 1 / math.sqrt(n))
+    f = math.sqrt(n / (n - 1)) * (np.eye(n) - 1 / n)
+    x = math.sqrt(max(c2, 0.0)) * e + math.sqrt(max(1 - c2, 0.0)) * f
+    x = np.pad(x, ((0, 0), (0, d - n)))
+    return jnp.asarray(x, jnp.result_type(float) if dtype is None else dtype)
+

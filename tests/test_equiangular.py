@@ -1,0 +1,115 @@
+"""The equiangular reduction (`ja.theory.equiangular_*`): the reduced field against the
+library's own velocity, the reduced ODE against the n-particle flow (to 1e-10 in
+float64), the predicted clustering rates against the ODE's late slopes, the tokens."""
+
+import diffrax as dfx
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxattn as ja
+from jaxattn.experiments.equiangular import measure
+from jaxattn.theory import (
+    equiangular_asymptotics,
+    equiangular_field,
+    equiangular_rate,
+    equiangular_solution,
+    equiangular_tokens,
+)
+
+NORMS = ("post", "pre", "peri", "ngpt", "none")
+N, D, BETA, RHO0 = 3, 4, 1.5, 0.1
+
+
+def _dyn(norm, kernel, d=D, beta=BETA):
+    eye = jnp.eye(d)[None]
+    return ja.SelfAttentionDynamics(eye, eye, beta=beta, norm=norm, kernel=kernel)
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "exp"])
+@pytest.mark.parametrize("norm", NORMS)
+def test_field_is_the_velocity_of_equiangular_tokens(norm, kernel):
+    """`(dρ/dt, dr/dt)` equals what `dyn.velocity` gives at equiangular tokens of norm
+    `r`: `ṙ = ⟨u_i, ẋ_i⟩`, `ρ̇ = (⟨ẋ_i, x_k⟩ + ⟨x_i, ẋ_k⟩)/r² − 2ρ ṙ/r`."""
+    dyn = _dyn(norm, kernel, d=5)
+    for rho, r in [(-0.3, 1.0), (0.2, 1.0), (0.7, 1.6), (0.95, 0.8)]:
+        r = 1.0 if dyn.stays_on_manifold else r
+        x = r * equiangular_tokens(rho, 4, 5)
+        v = dyn.velocity(jnp.zeros(()), x)
+        r_dot = float(jnp.dot(x[0], v[0]) / r)
+        rho_dot = float((jnp.dot(v[0], x[1]) + jnp.dot(x[0], v[1])) / r**2 - 2 * rho * r_dot / r)
+        want_rho, want_r = equiangular_field(rho, 4, BETA, norm=norm, kernel=kernel, radius=r)
+        np.testing.assert_allclose(float(want_rho), rho_dot, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(float(want_r), r_dot, rtol=1e-12, atol=1e-14)
+
+
+def test_post_softmax_rate_is_the_closed_form():
+    rho = jnp.linspace(-0.4, 0.99, 9)
+    n, beta = 6, 2.5
+    want = 2 * (1 - rho) * (1 + (n - 1) * rho) / (jnp.exp(beta * (1 - rho)) + n - 1)
+    np.testing.assert_allclose(equiangular_rate(rho, n, beta), want, rtol=1e-13)
+
+
+@pytest.mark.parametrize("norm, kernel", [(n, "softmax") for n in NORMS]
+                         + [("post", "exp")])
+def test_flow_follows_the_reduced_ode(norm, kernel):
+    """The n-particle flow from an equiangular start stays equiangular and its ρ(t)
+    (and norm) follow the reduced ODE to 1e-10 in float64."""
+    ts = jnp.linspace(0.0, 3.0, 7)
+    dyn = _dyn(norm, kernel)
+    ys = ja.solve_flow(dyn, equiangular_tokens(RHO0, N, D), ts, solver=dfx.Dopri8(),
+                       rtol=1e-13, atol=1e-20, on_manifold=dyn.stays_on_manifold)
+    got = measure(ys)
+    ode = equiangular_solution(RHO0, N, BETA, ts, norm=norm, kernel=kernel)
+    assert np.max(np.abs(got["rho"] - np.asarray(ode.rho))) <= 1e-10
+    assert np.max(got["spread"]) <= 1e-10
+    np.testing.assert_allclose(got["radius"], ode.radius, rtol=1e-10)
+    assert ode.rho[-1] > ode.rho[0] or norm == "none"
+
+
+def _late_slope(ts, gap, kind):
+    x = ts if kind == "exponential" else np.log(ts)
+    return -np.diff(np.log(gap))[-1] / np.diff(x)[-1]
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "exp"])
+@pytest.mark.parametrize("norm", ["post", "ngpt", "pre", "peri"])
+def test_predicted_rates_are_the_odes_late_slopes(norm, kernel):
+    n, beta = 5, 0.7
+    law = equiangular_asymptotics(n, beta, norm=norm, kernel=kernel)
+    if law.kind == "exponential":
+        ts = jnp.linspace(0.0, 30.0 / law.rate, 61)
+    else:
+        ts = jnp.geomspace(1e-2, 1e4, 61)
+    gap = np.asarray(equiangular_solution(0.0, n, beta, ts, norm=norm, kernel=kernel).gap)
+    assert _late_slope(np.asarray(ts), gap, law.kind) == pytest.approx(law.rate, rel=2e-3)
+
+
+def test_none_softmax_stops_short_of_one_point():
+    """Without normalisation the norms grow, the attention tends to the identity and ρ
+    freezes below 1 (`equiangular_asymptotics` kind "none")."""
+    ts = jnp.asarray([0.0, 10.0, 20.0])
+    rho = np.asarray(equiangular_solution(0.2, 4, 1.0, ts, norm="none").rho)
+    assert equiangular_asymptotics(4, 1.0, norm="none").kind == "none"
+    assert rho[2] < 0.9 and abs(rho[2] - rho[1]) < 1e-12
+
+
+@pytest.mark.parametrize("rho", [-0.25, 0.0, 0.3, 1.0])
+def test_tokens_are_equiangular(rho):
+    x = equiangular_tokens(rho, 5, 7)
+    want = (1 - rho) * np.eye(5) + rho
+    np.testing.assert_allclose(x @ x.T, want, atol=1e-15)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: equiangular_tokens(0.2, 4, 3), "`d` must be an integer ≥ n = 4"),
+    (lambda: equiangular_tokens(-0.5, 4, 4), "`rho0` must lie in [−1/(n − 1), 1]"),
+    (lambda: equiangular_solution(1.0, 4, 1.0, [0.0, 1.0]), "ρ = 1 is one point"),
+    (lambda: equiangular_rate(0.5, 4, 1.0, kernel="sigmoid"), "must be 'softmax' or 'exp'"),
+    (lambda: equiangular_rate(0.5, 4, 1.0, norm="mid"), "`norm` must be one of"),
+    (lambda: equiangular_rate(0.5, 1, 1.0), "`n` is the number of tokens"),
+])
+def test_bad_arguments_are_one_clear_error(call, message):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert message in str(info.value)

@@ -106,6 +106,7 @@ OTHER_RUNS = {
     # one cell: one placement, one mask, one kernel, one β, one size
     "variants-one-cell": "variants --size 1 --norm 1 --mask 1 --kernel 1 --beta 1 "
                          "--instances 2 --layers 20",
+    "antipodal": "--dims 2 --betas 4 --runs 100 --horizon 4 --tau 0.05",
 }
 FIGURES = {name: _draw_experiment for name in EXPERIMENTS if (DATA / name).is_dir()}
 FIGURES |= {name: _draw_other_run for name in OTHER_RUNS}

@@ -55,6 +55,7 @@ MEMBERS = (
     "long_context.LongContext",
     "equiangular.Equiangular",
     "hardmax.Hardmax",
+    "antipodal.Antipodal",
 )
 
 

@@ -53,6 +53,7 @@ MEMBERS = (
     "norm_beta.NormBeta",
     "variants.VariantsStudy",
     "long_context.LongContext",
+    "metastability.Metastability",
     "equiangular.Equiangular",
     "hardmax.Hardmax",
     "antipodal.Antipodal",

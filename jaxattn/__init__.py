@@ -36,6 +36,8 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from ._manifold import normalize as normalize
     from ._manifold import sample_ellipsoid as sample_ellipsoid
     from ._manifold import w_norm as w_norm
+    from ._noise import TokenNoise as TokenNoise
+    from ._noise import ValueNoise as ValueNoise
     from ._precision import PRECISIONS as PRECISIONS
     from ._schedule import AbstractSchedule as AbstractSchedule
     from ._schedule import Constant as Constant
@@ -59,6 +61,8 @@ _ATTRIBUTES = {
     "normalize": "._manifold",
     "sample_ellipsoid": "._manifold",
     "w_norm": "._manifold",
+    "TokenNoise": "._noise",
+    "ValueNoise": "._noise",
     "PRECISIONS": "._precision",
     "deterministic_xla_flags": "._determinism",
     "AbstractSchedule": "._schedule",

@@ -22,6 +22,7 @@ from ._batch import (
 from ._dynamics import SelfAttentionDynamics
 from ._ensemble import batch_last, choose_strategy, chunk_size
 from ._manifold import project
+from ._noise import AbstractNoise, brownian_path, check_noise, map_keyed, sde_terms, system_keys
 from ._stacked import first_model, map_models, stack_tokens
 from ._validate import (
     NONFINITE,
@@ -162,12 +163,18 @@ _STATS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
 
 
 def _solve_one(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw,
-               field=_velocity, event=None):
+               field=_velocity, event=None, noisy=None):
     """One diffrax solve: `(ys, result, accepted steps)`, and with an `event` (or when
-    the full solution is asked for) `(ts, ys, t1, y1, stats)` in place of `ys`."""
+    the full solution is asked for) `(ts, ys, t1, y1, stats)` in place of `ys`. With
+    `noisy = (noise, key)` the SDE of that noise on the Brownian path of `key`."""
     # The model goes in as `args`, not a closure: BacksolveAdjoint differentiates
     # only through `args`, and a closed-over traced model breaks it.
-    term = dfx.ODETerm(field)
+    if noisy is None:
+        term = dfx.ODETerm(field)
+    else:
+        noise, key = noisy
+        path = brownian_path(noise, key, ts[0], ts[-1], *x0.shape, x0.dtype)
+        term = sde_terms(noise, path, *x0.shape, x0.dtype, field)
     full = event is not None
     saveat = (dfx.SaveAt(subs=[dfx.SubSaveAt(ts=ts), dfx.SubSaveAt(t1=True)]) if full
               else dfx.SaveAt(ts=ts))
@@ -207,10 +214,10 @@ def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event
     to each of them. With constant steps every system takes the steps it would take
     alone; adaptive controllers share one step size per chunk (the `"fused"`
     strategy's labelled shared-step mode)."""
-    def program(dyn, x, fused):
+    def program(dyn, x, fused, noisy=None):
         field = _ensemble_velocity if fused else _velocity
         ys, result, steps = _solve_one(dyn, x, ts, _with_metric(solver, dyn.W), controller,
-                                       dt0, max_steps, adjoint, throw, field, event)
+                                       dt0, max_steps, adjoint, throw, field, event, noisy)
         if not fused:
             return ys, result, steps
         same = lambda a: jnp.broadcast_to(a, a.shape + x.shape[-1:])  # noqa: E731
@@ -224,7 +231,7 @@ def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event
 
 @eqx.filter_jit
 def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw, project_out,
-                   checks, fused=False, chunk=None, event=None):
+                   checks, fused=False, chunk=None, event=None, noise=None, keys=None):
     x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     ts = ts.astype(x0.dtype)
     throw_now = throw and checks  # else the caller raises diffrax's message on the host
@@ -234,7 +241,11 @@ def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thr
         v0 = map_models(lambda d, x: map_batch(lambda y: d.velocity(ts[0], y), x), dyn, x0)
         x0 = eqx.error_if(x0, ~jnp.all(jnp.isfinite(v0)), NONFINITE)
     program = _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw_now, event)
-    out, result, steps = map_systems(program, dyn, x0, fused=fused, chunk=chunk)
+    if noise is None:
+        out, result, steps = map_systems(program, dyn, x0, fused=fused, chunk=chunk)
+    else:
+        out, result, steps = map_keyed(lambda d, x, k: program(d, x, False, (noise, k)),
+                                       dyn, x0, keys)
     full = out if event is not None else None
     ys = out if full is None else full[1]
     # Saved values between steps come from the solver's dense interpolant, which
@@ -271,7 +282,7 @@ def solve_flow(
     x0: Float[Array, "*batch n d"],
     ts: Real[Array, " T"],
     *,
-    solver: dfx.AbstractSolver = dfx.Tsit5(),
+    solver: dfx.AbstractSolver | None = None,
     rtol: float = 1e-6,
     atol: float = 1e-8,
     max_steps: int = 16384,
@@ -285,6 +296,8 @@ def solve_flow(
     solution: bool = False,
     event=None,
     shard: str = "batch",
+    noise: AbstractNoise | None = None,
+    key=None,
 ) -> Float[Array, "*batch T n d"] | FlowResult | FlowSolution:
     """Integrate the continuous attention flow (paper 001 eq. 6) with diffrax.
 
@@ -302,7 +315,9 @@ def solve_flow(
       zero tokens raise an error. A batch with no sequence (a zero-size batch axis)
       gives an empty result.
     - `ts`: nondecreasing save times; integration starts at `ts[0]`.
-    - `solver`: any diffrax ODE solver (default `diffrax.Tsit5()`).
+    - `solver`: any diffrax ODE solver (default `diffrax.Tsit5()`); with `noise`, an
+      SDE solver (default the noise's: `diffrax.Heun()` for `TokenNoise`,
+      Stratonovich; `diffrax.Euler()` for `ValueNoise`, Itô; see `docs/noise.md`).
     - `rtol`, `atol`: tolerances of the adaptive step-size controller (used when
       the solver gives error estimates).
     - `max_steps`: step budget per sample; reaching it is an error (raise it).
@@ -363,11 +378,24 @@ def solve_flow(
       `t1`, `y1`; save times after the stop are `inf`. Runs on the general path
       (each sample stops on its own).
 
+    - `noise`: `None` (default, the ODE) or `ja.TokenNoise(σ)` / `ja.ValueNoise(σ)`:
+      the SDE `dx = velocity dt + σ P_x dB (·)`, one diffrax solve of
+      `MultiTerm(ODETerm, ControlTerm)` per system on a `diffrax.VirtualBrownianTree`
+      (tolerance `jaxattn._noise.BROWNIAN_TOL`), so that a path depends on the key
+      and the interval `[ts[0], ts[-1]]`, not on the step. Constant steps of `dt0`
+      (required) unless a `stepsize_controller` is passed (`diffrax.PIDController`
+      works with the tree, for solvers with an error estimate such as `Heun`). Steps
+      are retracted onto `E_W` as without noise. Runs on the general path, one device.
+    - `key`: the JAX key of the noise (required with `noise`): one system uses it as
+      is, a batch gives system `b` (in the order of the flattened batch, models
+      first) `jax.random.split(key, B)[b]`. One key gives one path, bit for bit.
+
     **Returns:**
 
     `ys` of shape `(..., len(ts), n, d)`, or a `FlowResult` when `throw=False`, or
     a `FlowSolution` when `solution=True`.
     """
+    noise, key = check_noise(noise, key, devices=devices, shard=shard, strategy=strategy)
     dyn, x0, unflatten = stack_tokens(dyn, as_float_array(x0, "x0"))
     one = first_model(dyn)
     if devices is not None and dyn is not one:
@@ -375,6 +403,11 @@ def solve_flow(
                          "without `devices`, or shard the models yourself.")
     shard = check_shard(shard, dyn, one)
     x0 = check_token_shape(one, x0)
+    if noise is not None:
+        return unflatten(_solve_noisy(dyn, one, x0, ts, solver, rtol, atol, max_steps, dt0,
+                                      adjoint, stepsize_controller, on_manifold, throw,
+                                      solution, event, noise, key))
+    solver = dfx.Tsit5() if solver is None else solver
     options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                        on_manifold)
     event = _event(event, solution, x0.dtype)
@@ -402,6 +435,29 @@ def solve_flow(
         return unflatten(FlowSolution(saved, ys, t_end, y_end, stats, result, solved & finite,
                                       stopped))
     return unflatten(ys if throw else FlowResult(ys, solved & finite, steps))
+
+
+def _solve_noisy(dyn, one, x0, ts, solver, rtol, atol, max_steps, dt0, adjoint,
+                 stepsize_controller, on_manifold, throw, solution, event, noise, key):
+    """`solve_flow` with noise: one SDE solve per system, each with its own key."""
+    solver = noise.default_solver if solver is None else solver
+    if dt0 is None:
+        raise ValueError("`noise=` takes steps of `dt0` (the first step with a "
+                         "`stepsize_controller`): pass `dt0=...`.")
+    controller = dfx.ConstantStepSize() if stepsize_controller is None else stepsize_controller
+    options = _options(one, ts, solver, rtol, atol, max_steps, dt0, controller, on_manifold)
+    event = _event(event, solution, x0.dtype)
+    if x0.size == 0:
+        raise ValueError("`noise=` needs at least one sequence in `x0`.")
+    keys = system_keys(key, x0.shape[:-2])
+    ys, solved, finite, steps, result = _solve_batched(
+        dyn, x0, *options, adjoint, bool(throw), bool(on_manifold), True, event=event,
+        noise=noise, keys=keys)
+    if event is not None:
+        saved, ys, t_end, y_end, stats = ys
+        stopped = result == dfx.RESULTS.event_occurred
+        return FlowSolution(saved, ys, t_end, y_end, stats, result, solved & finite, stopped)
+    return ys if throw else FlowResult(ys, solved & finite, steps)
 
 
 def _event(event, solution, dtype):

@@ -10,9 +10,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree, Real
 
-from ._batch import call_batched, check_shard, map_systems, prepare_tokens
+from ._batch import call_batched, check_shard, check_token_shape, map_systems, prepare_tokens
 from ._dynamics import SelfAttentionDynamics
 from ._ensemble import batch_last, choose_strategy, chunk_size
+from ._noise import AbstractNoise, check_noise, layer_normal, map_keyed, noisy_layer, system_keys
 from ._stacked import first_model, map_models, stack_tokens
 from ._validate import NONFINITE, check_count, check_scalar, raise_unless, surface_errors
 
@@ -33,10 +34,11 @@ def _run(
     observe: Callable,
     checkpoints: int | None,
 ) -> PyTree[Array]:
-    """The layers from `x0` with `layer(x, t, tau)`: one sequence (general path) or
-    the ensemble with the systems on the last axis (fused path)."""
+    """The layers from `x0` with `layer(x, k, tau)` (`k` the layer's index, a float):
+    one sequence (general path) or the ensemble with the systems on the last axis
+    (fused path)."""
     def step(x, k):
-        x_next = layer(x, k * tau, tau)
+        x_next = layer(x, k, tau)
         return x_next, observe(x_next)
 
     ks = jnp.arange(num_layers, dtype=x0.dtype)
@@ -85,7 +87,7 @@ def _run_batched(dyn, x0, num_layers, tau, observe, checkpoints, checks, fused=F
 
     def program(d, x, fused):
         layer, watch = (batch_last(_layer), batch_last(observe)) if fused else (_layer, observe)
-        return _run(lambda z, t, tau: layer(z, d, t, tau), x, num_layers, tau, watch,
+        return _run(lambda z, k, tau: layer(z, d, k * tau, tau), x, num_layers, tau, watch,
                     checkpoints)
 
     last, ys = map_systems(program, dyn, x0, fused=fused, chunk=chunk)
@@ -94,6 +96,24 @@ def _run_batched(dyn, x0, num_layers, tau, observe, checkpoints, checks, fused=F
     if checks:
         ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
     return ys, finite
+
+
+@eqx.filter_jit
+def _run_noisy(dyn, x0, num_layers, tau, observe, checkpoints, noise, keys):
+    """`_run_batched` with noise: each system its own key (`system_keys`), layer `k`
+    drawing its `ξ` from `fold_in(key, k)`."""
+    x0 = map_models(lambda d, x: prepare_tokens(d, x), dyn, x0)
+    tau = tau.astype(x0.dtype)
+
+    def program(d, x, key):
+        def layer(z, k, tau):
+            xi = layer_normal(noise, key, k, *z.shape, z.dtype)
+            return noisy_layer(d, noise, k * tau, z, tau, xi)
+        return _run(layer, x, num_layers, tau, observe, checkpoints)
+
+    last, ys = map_keyed(program, dyn, x0, keys)
+    finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
+    return eqx.error_if(ys, ~jnp.all(finite), NONFINITE), finite
 
 
 def run_layers_unchecked(dyn, x0, num_layers: int, tau, *, strategy: str = "auto"
@@ -121,6 +141,8 @@ def run_layers(
     devices=None,
     strategy: str = "auto",
     shard: str = "batch",
+    noise: AbstractNoise | None = None,
+    key=None,
 ) -> Float[Array, "*batch L+1 n d"] | PyTree[Array]:
     """Run `num_layers` discrete attention layers (paper 001 eq. 4).
 
@@ -186,6 +208,16 @@ def run_layers(
       its keys on, `D` hops per layer), every other step where the tokens are.
       Equal to the one-device blocked run to rounding; on several hosts, as for
       the batch (`docs/multihost.md`).
+    - `noise`: `None` (default, the deterministic layers) or `ja.TokenNoise(σ)` /
+      `ja.ValueNoise(σ)`: each layer adds `σ √τ P_x ξ` (`ξ` standard normal per
+      token, or one `d × d` Gaussian matrix per system applied to the attention's
+      mean token) where the update enters, before the normalisation
+      (`jaxattn._noise.noisy_layer`; `docs/noise.md`). Runs on the general path, one
+      device.
+    - `key`: the JAX key of the noise (required with `noise`). One system uses it
+      as is; a batch gives system `b` (in the order of the flattened batch)
+      `jax.random.split(key, B)[b]`; layer `k` draws from `fold_in(key_b, k)`. One
+      key gives one path, bit for bit, on every call.
 
     **Returns:**
 
@@ -207,7 +239,13 @@ def run_layers(
     observe = _identity if observe is None else observe
     if not callable(observe):
         raise TypeError(f"`observe` must be a function of (n, d) tokens, got {observe!r}.")
+    noise, key = check_noise(noise, key, devices=devices, shard=shard, strategy=strategy)
     dyn, x0, unflatten = stack_tokens(dyn, x0)
+    if noise is not None:
+        x0 = check_token_shape(first_model(dyn), x0)
+        keys = system_keys(key, x0.shape[:-2])
+        ys, _ = _run_noisy(dyn, x0, num_layers, tau, observe, checkpoints, noise, keys)
+        return unflatten(ys)
     if devices is not None and dyn is not first_model(dyn):
         raise ValueError("`devices=` shards one model's batch: run a stacked model "
                          "without `devices`, or shard the models yourself.")

@@ -23,6 +23,8 @@ from ._equiangular import equiangular_field as equiangular_field
 from ._equiangular import equiangular_rate as equiangular_rate
 from ._equiangular import equiangular_solution as equiangular_solution
 from ._equiangular import equiangular_tokens as equiangular_tokens
+from ._noisy import noisy_beta_star as noisy_beta_star
+from ._noisy import noisy_threshold as noisy_threshold
 from ._predict import AbstractTheoremTest as AbstractTheoremTest
 from ._predict import Prediction as Prediction
 from ._predict import Theorem32Test as Theorem32Test
@@ -54,6 +56,8 @@ __all__ = [
     "equiangular_rate",
     "equiangular_solution",
     "equiangular_tokens",
+    "noisy_beta_star",
+    "noisy_threshold",
     "predict",
     "theorem_test",
 ]

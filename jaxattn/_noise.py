@@ -1,0 +1,230 @@
+"""Stochastic self-attention dynamics: noise on the tokens (`TokenNoise`) or on the
+value matrices (`ValueNoise`), for `ja.solve_flow` and `ja.run_layers` (`docs/noise.md`).
+
+Both enter as `σ P_x (dB_t · …)`, `P_x = I − x xᵀ W` the `W`-orthogonal projection
+onto the tangent space of `E_W` at `x` (`jaxattn._manifold.tangent`): the noise moves
+the tokens along the ellipsoid, and the normalisation keeps them there.
+"""
+
+import abc
+import math
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import lineax as lx
+from jaxtyping import Array, Float, PRNGKeyArray, Real
+
+from ._dynamics import SelfAttentionDynamics, unit_rows
+from ._manifold import project, tangent
+from ._precision import einsum
+from ._schedule import AbstractSchedule
+from ._stacked import map_models
+from ._validate import check_scalar
+
+#: The Brownian tree's tolerance: its path is exact at every time on a grid this
+#: fine, whatever step the solver takes (keep `dt0` well above it).
+BROWNIAN_TOL = 2.0**-14
+
+
+class AbstractNoise(eqx.Module):
+    """Noise added to the attention dynamics, of strength `sigma ≥ 0`."""
+
+    sigma: Real[Array, ""]
+
+    def __init__(self, sigma):
+        sigma = check_scalar(sigma, "sigma")
+        if not isinstance(sigma, jax.core.Tracer) and sigma < 0:
+            raise ValueError(f"`sigma` must be ≥ 0 (the noise's strength), got {sigma}.")
+        self.sigma = jnp.asarray(sigma)
+
+    @abc.abstractmethod
+    def shape(self, n: int, d: int) -> tuple[int, ...]:
+        """The shape of one system's Brownian motion, for `n` tokens in `R^d`."""
+
+    @abc.abstractmethod
+    def kick(self, dyn: SelfAttentionDynamics, t, x: Float[Array, "n d"], dB) -> Array:
+        """The tokens' increment `(n, d)` for a Brownian increment `dB` at `(t, x)`."""
+
+    @property
+    @abc.abstractmethod
+    def default_solver(self) -> dfx.AbstractSolver:
+        """The SDE solver `ja.solve_flow` takes for this noise when none is given."""
+
+
+class TokenNoise(AbstractNoise):
+    """Independent noise on every token: `dx_i = v_i dt + σ P_{x_i} ∘ dB^i_t`.
+
+    With the interaction off each token is Brownian motion on the sphere, generator
+    `(σ²/2) Δ`: in Itô form `dx = −(d − 1)(σ²/2) x dt + σ P_x dB` (the drift is the
+    normalisation's). `ja.solve_flow` integrates the Stratonovich form with
+    `diffrax.Heun()` by default (it converges to Stratonovich solutions, strong order
+    1/2 for this non-commutative noise, weak order 1); a layer of `ja.run_layers` adds
+    `σ √τ P_x ξ` (`ξ` standard normal per token and layer) where the update enters.
+
+    **Arguments:**
+
+    - `sigma`: the strength `σ ≥ 0`.
+    """
+
+    def shape(self, n, d):
+        return (n, d)
+
+    def kick(self, dyn, t, x, dB):
+        xn = project(x, dyn.W)
+        return self.sigma * tangent(xn, dB, dyn.W)
+
+    @property
+    def default_solver(self):
+        return dfx.Heun()
+
+
+class _Identity(AbstractSchedule):
+    """`I / h` for every head: the attention's mean token in place of its update."""
+
+    value: Float[Array, "h d d"]
+
+    def __call__(self, t):
+        return self.value
+
+
+def attention_mean(dyn: SelfAttentionDynamics, t, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+    """`m_i = (1/h) Σ_η Σ_j α^η_ij x_j`, the heads' mean attention-weighted token (the
+    raw update with every value matrix `I`), at `x` for `"post"`/`"ngpt"` and at `N(x)`
+    for the other placements (where their attention reads the tokens)."""
+    h, d = dyn.num_heads, dyn.dim
+    eye = jnp.broadcast_to(jnp.eye(d, dtype=x.dtype) / h, (h, d, d))
+    model = eqx.tree_at(lambda m: m.U, dyn, _Identity(eye))
+    at = x if dyn.norm in ("post", "ngpt", "none") else project(x, dyn.W)
+    return model.raw_update(t, at)
+
+
+class ValueNoise(AbstractNoise):
+    """Common noise through the value matrix: one matrix Brownian motion `B_t ∈ R^{d×d}`
+    per system, shared by its tokens: `dx_i = v_i dt + σ P_{x_i} dB_t m_i` (Itô), with
+    `m_i` the heads' mean attention-weighted token (`attention_mean`).
+
+    It is the diffusion limit of layers whose value matrices carry a Gaussian part
+    `σ √τ G_ℓ` drawn afresh in each layer (Fedorov et al. 2026, random value matrices
+    at initialisation): a layer of `ja.run_layers` adds `σ √τ P_{x_i} G_ℓ m_i`. Because
+    `m_i` depends on the tokens, the Itô and Stratonovich forms differ by more than the
+    normalisation's drift; the layers converge to the Itô form, which `ja.solve_flow`
+    integrates by default with Euler–Maruyama retracted onto `E_W` (`diffrax.Euler()`
+    inside `ManifoldSolver`, strong order 1/2): its steps of `dt0 = τ` are the layers
+    themselves to `O(τ²)`. A Stratonovich solver (`Heun`) solves the other form.
+
+    **Arguments:**
+
+    - `sigma`: the strength `σ ≥ 0`.
+    """
+
+    def shape(self, n, d):
+        return (d, d)
+
+    def kick(self, dyn, t, x, dB):
+        m = attention_mean(dyn, t, x)
+        moved = einsum("ab,nb->na", dB, m, precision="float32")
+        return self.sigma * tangent(project(x, dyn.W), moved, dyn.W)
+
+    @property
+    def default_solver(self):
+        return dfx.Euler()
+
+
+def check_noise(noise, key, *, devices=None, shard="batch", strategy="auto"):
+    """`(noise, key)` checked, or `(None, None)` for the deterministic dynamics."""
+    if noise is None:
+        if key is not None:
+            raise ValueError("`key=` draws the noise: pass `noise=ja.TokenNoise(sigma)` or "
+                             "`ja.ValueNoise(sigma)`, or drop `key`.")
+        return None, None
+    if not isinstance(noise, AbstractNoise):
+        raise TypeError(f"`noise` must be ja.TokenNoise(sigma) or ja.ValueNoise(sigma), got "
+                        f"{type(noise).__name__}.")
+    if key is None:
+        raise ValueError("`noise=` needs a random key: pass `key=jax.random.key(seed)`.")
+    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if not (typed and key.shape == ()) and not (key.dtype == jnp.uint32 and key.shape == (2,)):
+        raise TypeError("`key` must be one JAX key (jax.random.key(seed) or PRNGKey(seed)), "
+                        f"got dtype {key.dtype} and shape {key.shape}.")
+    if devices is not None or shard != "batch":
+        raise ValueError("noise runs on one device for now: drop `devices`/`shard`.")
+    if strategy == "fused":
+        raise ValueError("noise runs on the general path for now: use strategy=\"auto\" "
+                         "or \"general\".")
+    return noise, key
+
+
+def system_keys(key: PRNGKeyArray, batch: tuple[int, ...]) -> PRNGKeyArray:
+    """One key per system: `key` itself for one system, else `jax.random.split(key, B)`
+    in the order of the flattened batch, shaped `batch`."""
+    if not batch:
+        return key
+    keys = jax.random.split(key, math.prod(batch))
+    return keys.reshape(tuple(batch) + keys.shape[1:])
+
+
+def map_keyed(fn, dyn, x0: Float[Array, "*batch n d"], keys):
+    """`fn(model, x, key)` for every system `x` `(n, d)` of `x0` with its key, one
+    vmapped program; outputs get the batch axes of `x0` in front."""
+    def per_model(d, xk):
+        x, k = xk
+        batch = x.shape[:-2]
+        if not batch:
+            return fn(d, x, k)
+        flat = x.reshape((-1,) + x.shape[-2:])
+        flat_keys = k.reshape((-1,) + k.shape[len(batch):])
+        out = jax.vmap(lambda y, kk: fn(d, y, kk))(flat, flat_keys)
+        return jax.tree.map(lambda a: a.reshape(batch + a.shape[1:]), out)
+
+    return map_models(per_model, dyn, (x0, keys))
+
+
+def brownian_path(noise: AbstractNoise, key, t0, t1, n: int, d: int, dtype
+                  ) -> dfx.VirtualBrownianTree:
+    """The Brownian motion of one system on `[t0, t1]`: a function of `key` (and the
+    interval) only, the same path whatever step reads it (to `BROWNIAN_TOL`)."""
+    shape = jax.ShapeDtypeStruct(noise.shape(n, d), dtype)
+    return dfx.VirtualBrownianTree(t0, jnp.maximum(t1, t0 + BROWNIAN_TOL), BROWNIAN_TOL,
+                                   shape, key)
+
+
+def sde_terms(noise: AbstractNoise, path: dfx.VirtualBrownianTree, n: int, d: int, dtype,
+              field) -> dfx.MultiTerm:
+    """`MultiTerm(ODETerm(drift), ControlTerm(σ P_x (·), B))`; `args` is the model."""
+    structure = jax.ShapeDtypeStruct(noise.shape(n, d), dtype)
+
+    def diffusion(t, x, dyn):
+        return lx.FunctionLinearOperator(lambda dB: noise.kick(dyn, t, x, dB), structure)
+
+    return dfx.MultiTerm(dfx.ODETerm(field), dfx.ControlTerm(diffusion, path))
+
+
+def noisy_layer(dyn: SelfAttentionDynamics, noise: AbstractNoise, t, x: Float[Array, "n d"],
+                tau, xi) -> Float[Array, "n d"]:
+    """One layer with noise: the increment `σ √τ P_x ξ (·)` (`noise.kick` of `√τ ξ`,
+    `ξ` standard normal) added where the update enters, before the normalisation:
+
+    | `norm`   | `x_i ←`                                      |
+    |----------|----------------------------------------------|
+    | `"post"` | `N(x_i + τ v_i(x) + kick_i)`                 |
+    | `"ngpt"` | `N(x_i + τ (N(v_i(x)) − x_i) + kick_i)`      |
+    | other    | `dyn.layer(t, x, τ)_i + kick_i` (`P` at `N(x_i)`) |
+    """
+    kick = noise.kick(dyn, t, x, jnp.sqrt(tau) * xi)
+    if dyn.norm == "post":
+        return project(x + tau * dyn.raw_update(t, x) + kick, dyn.W)
+    if dyn.norm == "ngpt":
+        update = unit_rows(dyn.raw_update(t, x), dyn.W) - x
+        return project(x + tau * update + kick, dyn.W)
+    return dyn.layer(t, x, tau) + kick
+
+
+def layer_normal(noise: AbstractNoise, key, k, n: int, d: int, dtype):
+    """`ξ` of layer `k` (a float holding an integer): standard normal from
+    `fold_in(key, k)`."""
+    return jax.random.normal(jax.random.fold_in(key, k.astype(jnp.int32)),
+                             noise.shape(n, d), dtype)
+

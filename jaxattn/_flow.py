@@ -66,6 +66,14 @@ class ManifoldSolver(dfx.AbstractWrappedSolver):
         return self.solver.interpolation_cls
 
     @property
+    def root_finder(self):
+        """An implicit solver's root finder (`diffrax.Kvaerno5`, …: what stiff runs
+        need, as the long horizons of metastable states): `diffeqsolve` sees a wrapped
+        implicit solver as implicit and sets this root finder's tolerances from the
+        step-size controller, as for the bare solver."""
+        return self.solver.root_finder
+
+    @property
     def term_compatible_contr_kwargs(self):
         return self.solver.term_compatible_contr_kwargs
 
@@ -551,3 +559,4 @@ def _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, o
     if on_manifold:
         solver = ManifoldSolver(solver, dyn.W, fused=fused)
     return ts, solver, controller, dt0, max_steps
+

@@ -12,7 +12,7 @@ from jaxtyping import Array, Float, PyTree, Real
 
 from ._batch import call_batched, check_shard, check_token_shape, map_systems, prepare_tokens
 from ._dynamics import SelfAttentionDynamics
-from ._ensemble import batch_last, choose_strategy, chunk_size
+from ._ensemble import BatchLast, batch_last, choose_strategy, chunk_size
 from ._noise import AbstractNoise, check_noise, layer_normal, map_keyed, noisy_layer, system_keys
 from ._stacked import first_model, map_models, stack_tokens
 from ._validate import NONFINITE, check_count, check_scalar, raise_unless, surface_errors
@@ -98,20 +98,41 @@ def _run_batched(dyn, x0, num_layers, tau, observe, checkpoints, checks, fused=F
     return ys, finite
 
 
+def _noisy(x, dyn, noise, t, tau, xi):
+    return noisy_layer(dyn, noise, t, x, tau, xi)
+
+
+def _fused_normal(noise, keys, k, n, d, dtype):
+    """Layer `k`'s `ξ` of a chunk of systems, `(*noise.shape(n, d), B)`: each system's
+    `layer_normal` from its own key, as the general path draws it."""
+    xi = jax.vmap(lambda key: layer_normal(noise, key, k, n, d, dtype))(keys)
+    return BatchLast(jnp.moveaxis(xi, 0, -1))
+
+
 @eqx.filter_jit
-def _run_noisy(dyn, x0, num_layers, tau, observe, checkpoints, noise, keys):
+def _run_noisy(dyn, x0, num_layers, tau, observe, checkpoints, noise, keys, fused=False,
+               chunk=None):
     """`_run_batched` with noise: each system its own key (`system_keys`), layer `k`
-    drawing its `ξ` from `fold_in(key, k)`."""
+    drawing its `ξ` from `fold_in(key, k)`, on either path."""
     x0 = map_models(lambda d, x: prepare_tokens(d, x), dyn, x0)
     tau = tau.astype(x0.dtype)
 
     def program(d, x, key):
+        if fused:
+            n, dim = x.shape[:2]
+            fused_layer, watch = batch_last(_noisy), batch_last(observe)
+
+            def layer(z, k, tau):
+                xi = _fused_normal(noise, key, k, n, dim, z.dtype)
+                return fused_layer(z, d, noise, k * tau, tau, xi)
+            return _run(layer, x, num_layers, tau, watch, checkpoints)
+
         def layer(z, k, tau):
             xi = layer_normal(noise, key, k, *z.shape, z.dtype)
             return noisy_layer(d, noise, k * tau, z, tau, xi)
         return _run(layer, x, num_layers, tau, observe, checkpoints)
 
-    last, ys = map_keyed(program, dyn, x0, keys)
+    last, ys = map_keyed(program, dyn, x0, keys, fused=fused, chunk=chunk)
     finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
     return eqx.error_if(ys, ~jnp.all(finite), NONFINITE), finite
 
@@ -212,8 +233,8 @@ def run_layers(
       `ja.ValueNoise(σ)`: each layer adds `σ √τ P_x ξ` (`ξ` standard normal per
       token, or one `d × d` Gaussian matrix per system applied to the attention's
       mean token) where the update enters, before the normalisation
-      (`jaxattn._noise.noisy_layer`; `docs/noise.md`). Runs on the general path, one
-      device.
+      (`jaxattn._noise.noisy_layer`; `docs/noise.md`). One device; `strategy` as
+      for the deterministic layers, both paths drawing the same `ξ`.
     - `key`: the JAX key of the noise (required with `noise`). One system uses it
       as is; a batch gives system `b` (in the order of the flattened batch)
       `jax.random.split(key, B)[b]`; layer `k` draws from `fold_in(key_b, k)`. One
@@ -239,12 +260,14 @@ def run_layers(
     observe = _identity if observe is None else observe
     if not callable(observe):
         raise TypeError(f"`observe` must be a function of (n, d) tokens, got {observe!r}.")
-    noise, key = check_noise(noise, key, devices=devices, shard=shard, strategy=strategy)
+    noise, key = check_noise(noise, key, devices=devices, shard=shard)
     dyn, x0, unflatten = stack_tokens(dyn, x0)
     if noise is not None:
         x0 = check_token_shape(first_model(dyn), x0)
         keys = system_keys(key, x0.shape[:-2])
-        ys, _ = _run_noisy(dyn, x0, num_layers, tau, observe, checkpoints, noise, keys)
+        fused = choose_strategy(first_model(dyn), x0.shape, strategy, (dyn, x0)) == "fused"
+        ys, _ = _run_noisy(dyn, x0, num_layers, tau, observe, checkpoints, noise, keys,
+                           fused, chunk_size() if fused else None)
         return unflatten(ys)
     if devices is not None and dyn is not first_model(dyn):
         raise ValueError("`devices=` shards one model's batch: run a stacked model "

@@ -17,10 +17,11 @@ import lineax as lx
 from jaxtyping import Array, Float, PRNGKeyArray, Real
 
 from ._dynamics import SelfAttentionDynamics, unit_rows
+from ._ensemble import from_batch_last, in_chunks, is_batch_last, to_batch_last
 from ._manifold import project, tangent
 from ._precision import einsum
 from ._schedule import AbstractSchedule
-from ._stacked import map_models
+from ._stacked import map_models, models_last
 from ._validate import check_scalar
 
 #: The Brownian tree's tolerance: its path is exact at every time on a grid this
@@ -152,8 +153,8 @@ def check_noise(noise, key, *, devices=None, shard="batch", strategy="auto"):
     if devices is not None or shard != "batch":
         raise ValueError("noise runs on one device for now: drop `devices`/`shard`.")
     if strategy == "fused":
-        raise ValueError("noise runs on the general path for now: use strategy=\"auto\" "
-                         "or \"general\".")
+        raise ValueError("the noisy flow runs on the general path for now: use "
+                         "strategy=\"auto\" or \"general\".")
     return noise, key
 
 
@@ -166,9 +167,18 @@ def system_keys(key: PRNGKeyArray, batch: tuple[int, ...]) -> PRNGKeyArray:
     return keys.reshape(tuple(batch) + keys.shape[1:])
 
 
-def map_keyed(fn, dyn, x0: Float[Array, "*batch n d"], keys):
+def map_keyed(fn, dyn, x0: Float[Array, "*batch n d"], keys, *, fused: bool = False,
+              chunk: int | None = None):
     """`fn(model, x, key)` for every system `x` `(n, d)` of `x0` with its key, one
-    vmapped program; outputs get the batch axes of `x0` in front."""
+    vmapped program; outputs get the batch axes of `x0` in front.
+
+    With `fused=True`, as `jaxattn._batch.map_systems` runs its fused path: `fn` gets
+    a chunk of systems `(n, d, B)`, the model with its batched leaves as `BatchLast`
+    values, and the chunk's `B` keys (a key array `(B,)`, or `(B, 2)` raw keys), and
+    returns leaves with the systems last."""
+    if fused:
+        return _map_keyed_fused(fn, dyn, x0, keys, chunk)
+
     def per_model(d, xk):
         x, k = xk
         batch = x.shape[:-2]
@@ -180,6 +190,25 @@ def map_keyed(fn, dyn, x0: Float[Array, "*batch n d"], keys):
         return jax.tree.map(lambda a: a.reshape(batch + a.shape[1:]), out)
 
     return map_models(per_model, dyn, (x0, keys))
+
+
+def _map_keyed_fused(fn, dyn, x0, keys, chunk):
+    batch = x0.shape[:-2]
+    typed = jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)
+    impl = jax.random.key_impl(keys) if typed else None
+    data = jax.random.key_data(keys) if typed else keys
+    data = jnp.moveaxis(data.reshape((-1,) + data.shape[len(batch):]), 0, -1)
+    spread, model = eqx.partition(models_last(dyn, batch), is_batch_last,
+                                  is_leaf=is_batch_last)
+
+    def run_chunk(args):
+        xb, kb, part = args
+        kb = jnp.moveaxis(kb, -1, 0)
+        kb = jax.random.wrap_key_data(kb, impl=impl) if typed else kb
+        return fn(eqx.combine(part, model, is_leaf=is_batch_last), xb, kb)
+
+    return from_batch_last(in_chunks(run_chunk, (to_batch_last(x0), data, spread), chunk),
+                           batch)
 
 
 def brownian_path(noise: AbstractNoise, key, t0, t1, n: int, d: int, dtype

@@ -175,7 +175,7 @@ def test_noise_refuses_bad_calls(key):
     with pytest.raises(ValueError, match="dt0"):
         ja.solve_flow(dyn, x0, ts, noise=ja.TokenNoise(1.0), key=key)
     with pytest.raises(ValueError, match="general"):
-        ja.run_layers(dyn, x0, 2, noise=ja.ValueNoise(1.0), key=key, strategy="fused")
+        ja.solve_flow(dyn, x0, ts, noise=ja.ValueNoise(1.0), key=key, dt0=0.1, strategy="fused")
     with pytest.raises(ValueError, match="sigma"):
         ja.TokenNoise(-1.0)
 

@@ -1,7 +1,8 @@
 """The benchmark problems written the plain PyTorch way, as the reference jaxattn
 is measured against: float32 tensors, the batch as the leading tensor axis, a
-Python loop over steps under `torch.no_grad()`, and `torchdiffeq` for the
-adaptive ODE solve. Same mathematics as `jaxattn` (paper 001 eqs. 4 and 6).
+Python loop over steps under `torch.no_grad()`, `torchdiffeq` for the
+adaptive ODE solve and `torchsde` for the noisy one. Same mathematics as `jaxattn`
+(paper 001 eqs. 4 and 6).
 
 Run by `jaxattn bench` when torch is installed, on the device of its inputs (the
 suite puts them on JAX's device); not part of the library.
@@ -79,6 +80,38 @@ def adaptive(x0, Qm, Km, U, beta, causal, T, rtol=1e-6, atol=1e-8):
             rtol=rtol, atol=atol, method="dopri5",
         )
     return ys[-1]
+
+
+def noisy_euler(x0, Qm, Km, U, beta, causal, sigma, dt, steps, seed=0):
+    """torchsde's Itô Euler–Maruyama (`sdeint(method="euler")`) for tokens with
+    independent noise on the sphere, the batch as one state `(B, n d)`:
+    `dx_i = (P_{x_i} v_i − (d − 1)(σ²/2) x_i) dt + σ P_{x_i} dB^i` (the Itô form of
+    `ja.TokenNoise`; general noise, its product `g_prod` written out). Returns the
+    misalignment of each system at `T = steps · dt`."""
+    import torchsde  # optional even where torch is installed: imported on use
+
+    B, n, d = x0.shape
+    shape, flat = (B, n, d), (B, n * d)
+
+    class Sphere(torch.nn.Module):
+        noise_type, sde_type = "general", "ito"
+
+        def f(self, t, y):
+            x = y.view(shape)
+            v = velocity(x, Qm, Km, U, beta, causal) - (d - 1) * sigma**2 / 2 * x
+            return v.reshape(flat)
+
+        def g_prod(self, t, y, dB):
+            x, w = y.view(shape), dB.view(shape)
+            return (sigma * (w - (x * w).sum(-1, keepdim=True) * x)).reshape(flat)
+
+    T = dt * steps
+    ts = torch.tensor([0.0, T], dtype=x0.dtype, device=x0.device)
+    with torch.no_grad():
+        bm = torchsde.BrownianInterval(0.0, T, size=flat, dtype=x0.dtype, device=x0.device,
+                                       entropy=seed)
+        ys = torchsde.sdeint(Sphere(), x0.reshape(flat), ts, bm=bm, method="euler", dt=dt)
+    return misalignment(ys[-1].view(shape))
 
 
 def grad_layers(x0, Qm, Km, U, beta, causal, tau, num_layers):

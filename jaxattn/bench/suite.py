@@ -20,6 +20,13 @@ mode matched to `--precision` (`jaxattn.bench.device`):
   200 layers, with its floor beside the time: the larger of its flops at the
   matmul peak and its unavoidable bytes (tokens read once, `E(t)` written once) at
   the copy bandwidth (both need the `peak` case). PyTorch only off the CPU.
+- **SN** noisy ensembles: the S1 systems with `ja.TokenNoise(0.5)`, 1,000 Itô
+  Euler–Maruyama steps of `dt = 0.01` to T = 10 (quick: batch 64, 20 steps): jaxattn's noisy
+  layers (default strategy, the fused path, and the general path) against
+  `torchsde.sdeint(method="euler")` on the Itô form of the same SDE
+  (`reference_torch.noisy_euler`), the batch as one state. The rows carry the mean
+  final misalignment with its standard error, and the torch row `z_vs_jax` (the
+  difference of the means over their joint standard error) and `jaxattn_speedup`.
 - **S2** paper-size causal: n = 50, d = 500, h = 2, batch 16, 100 layers.
 - **S3** GPT-2-small-sized dynamics: n = 200, d = 768, h = 12, factored
   `P_η = Q_ηᵀ K_η` with k = 64, batch 8, 12 layers.
@@ -73,6 +80,7 @@ from .._app.folders import package_versions
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
 from .._layers import run_layers
+from .._noise import TokenNoise
 from .._precision import check_precision
 from .._solvers import RK4
 from ..metrics import misalignment
@@ -306,6 +314,51 @@ def _flow_cases(name, prob: Problem, T, rk4_steps, ctx: Context, *, general=Fals
     return rows
 
 
+SN_SIGMA, SN_DT = 0.5, 0.01
+SN_SCHEME = ("Itô Euler–Maruyama both sides: jaxattn's noisy layers N(x + dt v + σ P_x ξ√dt) "
+             "(retracted) against torchsde euler on dx = (P_x v − (d−1)σ²/2 x) dt + σ P_x dB "
+             "(not retracted); independent Brownian paths")
+
+
+def _final_stats(final) -> dict:
+    """The mean final misalignment over the systems and its standard error."""
+    final = np.asarray(final, np.float64)
+    return {"mean_final_misalignment": float(final.mean()),
+            "se_final_misalignment": float(final.std(ddof=1) / math.sqrt(final.size)),
+            "scheme": SN_SCHEME}
+
+
+def _noisy_cases(prob: Problem, steps: int, ctx: Context) -> list[dict]:
+    """SN: `steps` noisy layers (`TokenNoise(SN_SIGMA)`, `dt = SN_DT`) of the
+    batch, observed with `misalignment`, on both paths and with torchsde."""
+    arrays = prob.arrays()
+    dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"])
+    dt, key, noise = SN_DT, jax.random.key(prob.seed), TokenNoise(SN_SIGMA)
+    variant = f"Itô EM × {steps}, TokenNoise σ={SN_SIGMA:g}"
+    tok, flops = prob.batch * prob.n * steps, steps * prob.flops()
+    rows = []
+    for strategy, library in (("auto", "jaxattn"), ("general", "jaxattn (general)")):
+        def fwd(dyn, x0, s=strategy):
+            return run_layers(dyn, x0, steps, dt, observe=misalignment, noise=noise, key=key,
+                              strategy=s)[:, -1]
+        timing, comp, mem, out = ctx.rep.time_jax(fwd, dyn, x0)
+        rows.append({**ctx.row("SN", variant, library, timing, token_steps=tok, flops=flops,
+                               compile_s=comp, memory=mem), **_final_stats(out)})
+    if ctx.ref is not None and importlib.util.find_spec("torchsde") is not None:
+        xt, Qt, Kt, Ut = prob.torch_args(arrays, ctx.side)
+        run = lambda: ctx.ref.noisy_euler(xt, Qt, Kt, Ut, 1.0, prob.causal, SN_SIGMA,  # noqa: E731
+                                          dt, steps, prob.seed)
+        t_ref, final = ctx.time_torch(run)
+        row = {**ctx.row("SN", variant, ctx.library("torch (torchsde)"), t_ref,
+                         token_steps=tok, flops=flops), **_final_stats(ctx.side.numpy(final))}
+        jx = rows[0]
+        joint = math.hypot(row["se_final_misalignment"], jx["se_final_misalignment"])
+        row["z_vs_jax"] = (row["mean_final_misalignment"] - jx["mean_final_misalignment"]) / joint
+        row["jaxattn_speedup"] = t_ref.median / jx["median_s"]
+        rows.append(row)
+    return rows
+
+
 def _gradient_cases(prob: Problem, steps, ctx: Context) -> list[dict]:
     """Gradient of the final misalignment through `steps` steps vs the forward pass."""
     arrays = prob.arrays()
@@ -470,6 +523,7 @@ SIZES = {
     # the default sizes, as in the benchmark issue; QUICK shrinks, LARGE fills a GPU.
     "S1": Problem(n=10, d=3, h=2, batch=1000, causal=False),
     "S1L": Problem(n=10, d=3, h=2, batch=100_000, causal=False),
+    "SN": Problem(n=10, d=3, h=2, batch=1000, causal=False),
     "S2": Problem(n=50, d=500, h=2, batch=16, causal=True),
     "S3": Problem(n=200, d=768, h=12, batch=8, causal=False, k=64),
     "MF": Problem(n=100_000, d=3, h=1, batch=1, causal=False),
@@ -477,6 +531,7 @@ SIZES = {
 QUICK = {
     "S1": Problem(n=10, d=3, h=2, batch=64, causal=False),
     "S1L": Problem(n=10, d=3, h=2, batch=2000, causal=False),
+    "SN": Problem(n=10, d=3, h=2, batch=64, causal=False),
     "S2": Problem(n=20, d=64, h=2, batch=4, causal=True),
     "S3": Problem(n=32, d=96, h=4, batch=2, causal=False, k=24),
     "MF": Problem(n=10_000, d=3, h=1, batch=1, causal=False),
@@ -484,6 +539,7 @@ QUICK = {
 LARGE = {
     "S1": dataclasses.replace(SIZES["S1"], batch=100_000),
     "S1L": dataclasses.replace(SIZES["S1"], batch=1_000_000),
+    "SN": SIZES["SN"],
     "S2": dataclasses.replace(SIZES["S2"], batch=1024),
     "S3": dataclasses.replace(SIZES["S3"], batch=256),
     "MF": dataclasses.replace(SIZES["MF"], n=1_000_000),
@@ -493,8 +549,8 @@ LARGE = {
 @dataclasses.dataclass(frozen=True)
 class Preset:
     """One size of the suite: the problems (`G` is the gradient's S2), the layer and
-    RK4 step counts, the peak product's side, the copied bytes, and S4's models
-    and prompts × tokens."""
+    RK4 step counts, the peak product's side, the copied bytes, S4's models
+    and prompts × tokens, and SN's Euler–Maruyama steps."""
 
     problems: dict
     steps: int
@@ -504,18 +560,20 @@ class Preset:
     models: tuple[str, ...]
     prompts: int
     tokens: int
+    noisy_steps: int = 1000
 
 
 _SMALL_MODELS = ("gpt2", "gpt-neo-125M")
 PRESETS = {
-    "quick": Preset({**QUICK, "G": QUICK["S2"]}, 10, 20, 512, 2**24, _SMALL_MODELS, 4, 32),
+    "quick": Preset({**QUICK, "G": QUICK["S2"]}, 10, 20, 512, 2**24, _SMALL_MODELS, 4, 32,
+                    noisy_steps=20),
     "default": Preset({**SIZES, "G": SIZES["S2"]}, 100, 200, 4096, 2**28, _SMALL_MODELS,
                       100, 200),
     "large": Preset({**LARGE, "G": SIZES["S2"]}, 100, 200, 8192, 2**30,
                     ("gpt2-xl", "gpt-neo-2.7B"), 100, 200),
 }
 
-ALL_CASES = ("peak", "S1", "S1L", "S2", "S3", "G", "MF", "S4")
+ALL_CASES = ("peak", "S1", "S1L", "SN", "S2", "S3", "G", "MF", "S4")
 
 
 def _context(rep: Repeats, precision: str, torch: bool) -> Context:
@@ -570,6 +628,9 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
                 "against the floor",
          lambda: _layers_case("S1L", p["S1L"], preset.rk4_steps, 1.0, ctx,
                               torch=jax.default_backend() != "cpu", floor=True)),
+        ("SN", f"SN: {p['SN'].batch:,} noisy tiny systems, {preset.noisy_steps} "
+               f"Euler–Maruyama steps (jaxattn and torchsde)",
+         lambda: _noisy_cases(p["SN"], preset.noisy_steps, ctx)),
         ("S2", "S2: paper-size causal (layers)",
          lambda: _layers_case("S2", p["S2"], preset.steps, 0.1, ctx)),
         ("S3", "S3: GPT-2-small-sized dynamics (layers)",

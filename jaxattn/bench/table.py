@@ -52,7 +52,18 @@ def _line(r: dict) -> str:
             f"{SHORT.get(r.get('precision'), ''):4} {r['median_s']:9.4f} "
             f"{r['min_s']:8.4f} {r['max_s']:8.4f} {r['calls']:2d} {r['token_steps_per_s']:11.3g} "
             f"{_fmt(r['gflops'], '8.1f'):>8} {_fmt(pct, '6.1f'):>6} "
-            f"{_fmt(r['compile_s'], '7.2f'):>7}" + _floor(r) + _pair_floor(r))
+            f"{_fmt(r['compile_s'], '7.2f'):>7}" + _floor(r) + _pair_floor(r) + _noisy(r))
+
+
+def _noisy(r: dict) -> str:
+    """` E_T …` beside an SN row: the mean final misalignment ± its standard error, and
+    on the torchsde row the z-score against jaxattn and jaxattn's speedup."""
+    if "mean_final_misalignment" not in r:
+        return ""
+    line = f"  E_T {r['mean_final_misalignment']:.4f} ± {r['se_final_misalignment']:.4f}"
+    if "z_vs_jax" in r:
+        line += f", z vs jaxattn {r['z_vs_jax']:+.2f}, jaxattn ×{r['jaxattn_speedup']:.1f}"
+    return line
 
 
 def _floor(r: dict) -> str:

@@ -78,8 +78,9 @@ def register(sub) -> None:
                    help="no call that would take a figure past this many seconds "
                         "(default 30; at least one call; the JSON records the count)")
     p.add_argument("--cases", nargs="+", metavar="CASE",
-                   help="subset of: peak S1 S1L S2 S3 G MF S4 (default: all; MF: one "
-                        "layer and its gradient at mean-field scale against its floor)")
+                   help="subset of: peak S1 S1L SN S2 S3 G MF S4 (default: all; MF: one "
+                        "layer and its gradient at mean-field scale against its floor; SN: "
+                        "noisy S1 ensembles against torchsde)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch references")
     p.add_argument("--scaling", action="store_true",
                    help="time run_layers versus n, d, batch and devices instead of the cases "

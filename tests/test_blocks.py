@@ -101,8 +101,15 @@ def test_run_layers_and_solve_flow_with_blocks_equal_dense():
     ga, gb = eqx.filter_grad(loss)(dense), eqx.filter_grad(loss)(blocks)
     assert _rel(ga.P.value, gb.P.value) < 1e-11
 
-    def flow_loss(model):  # reverse mode through diffrax's solve and the blocks' VJP
-        return jnp.sum(ja.solve_flow(model, x[0], ts, rtol=1e-10, atol=1e-10)[-1] ** 3)
+
+@pytest.mark.slow  # 15 s: reverse mode through diffrax's solve and the blocks' VJP
+def test_blocked_gradient_through_solve_flow_equals_dense():
+    x = _tokens(jnp.float64)
+    ts = jnp.linspace(0.0, 1.0, 3)
+    dense, blocks = (_model("P", "softmax", {}, jnp.float64, b) for b in (None, 8))
+
+    def flow_loss(model):
+        return jnp.sum(ja.solve_flow(model, x, ts, rtol=1e-10, atol=1e-10)[-1] ** 3)
 
     ga, gb = eqx.filter_grad(flow_loss)(dense), eqx.filter_grad(flow_loss)(blocks)
     assert _rel(ga.P.value, gb.P.value) < 1e-9

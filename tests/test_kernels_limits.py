@@ -24,7 +24,7 @@ def _weights(d, dtype):
     return P, U
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("dtype", [jnp.float32, pytest.param(jnp.float64, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kernel", ["softmax", "usa", "hardmax"])
 def test_no_nan_or_inf_for_beta_up_to_ten_thousand_on_every_path(kernel, dtype):
     P, U = _weights(3, dtype)

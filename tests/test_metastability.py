@@ -40,7 +40,8 @@ def _circle(angles):
     return jnp.stack([jnp.cos(angles), jnp.sin(angles)], axis=-1)
 
 
-@pytest.mark.parametrize("n, beta", [(5, 2.0), (6, 0.3), (7, 9.0)])
+@pytest.mark.parametrize("n, beta", [(5, 2.0), pytest.param(6, 0.3, marks=pytest.mark.slow),
+                                     pytest.param(7, 9.0, marks=pytest.mark.slow)])
 def test_tangent_hessian_of_equally_spaced_points(n, beta):
     """At `n` equally spaced points on the circle the Hessian of
     `E = (1/n²) Σ_ij e^{β(cos(θ_i − θ_j) − 1)}` in the angles is a circulant
@@ -56,6 +57,7 @@ def test_tangent_hessian_of_equally_spaced_points(n, beta):
     assert saddle_index(x, beta) == int(np.sum(expected > 1e-8 * np.abs(expected).max()))
 
 
+@pytest.mark.slow  # 20 s: float64 Hessians of two configurations
 def test_saddle_index_of_clusters_and_of_a_sphere_config():
     """k separated point clusters on the circle: every relative motion of the
     clusters climbs E (index k − 1; the rotation is the zero mode); consensus is the

@@ -636,6 +636,8 @@ RUNS = {
     "metastability": "--saves 80",
     "equiangular": "--horizon 12 --saves 60",
     "hardmax": "--vertices 5 --tokens 12 --steps 40 --betas 9 --nsd-steps 400",
+    "noisy-transition": "--tokens 200 --couplings 5 --burn 0.5 --window 1 --rates 5 "
+                        "--quench 0.5 --seeds 1 --blocks 4",
 }
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 4, "n_embd": 24, "n_head": 3, "vocab_size": 37,
              "n_positions": 16}

@@ -56,6 +56,7 @@ MEMBERS = (
     "metastability.Metastability",
     "equiangular.Equiangular",
     "hardmax.Hardmax",
+    "noisy_transition.NoisyTransition",
     "antipodal.Antipodal",
 )
 

@@ -114,7 +114,7 @@ def fused_applies(dyn, shape: tuple[int, ...]) -> bool:
     if len(shape) < 3:
         return False
     n, d = shape[-2], shape[-1]
-    if getattr(dyn, "block_size", None) is not None:
+    if getattr(dyn, "block_size", None):
         return False  # key blocks are a scan: the general path runs them
     return math.prod(shape[:-2]) >= 2 and sequence_flops(dyn.num_heads, n, d) <= FUSED_MAX_FLOPS
 
@@ -135,7 +135,7 @@ def choose_strategy(dyn, shape: tuple[int, ...], strategy: str, operands=None) -
         if any(isinstance(leaf, _DIFFERENTIATING) for leaf in jax.tree.leaves(operands)):
             return "general"
         return "fused" if fused_applies(dyn, tuple(shape)) else "general"
-    if strategy == "fused" and getattr(dyn, "block_size", None) is not None:
+    if strategy == "fused" and getattr(dyn, "block_size", None):
         raise ValueError("strategy='fused' runs dense attention: a model with `block_size` "
                          "takes strategy='general' (or 'auto').")
     return strategy

@@ -106,7 +106,6 @@ OTHER_RUNS = {
     # one cell: one placement, one mask, one kernel, one β, one size
     "variants-one-cell": "variants --size 1 --norm 1 --mask 1 --kernel 1 --beta 1 "
                          "--instances 2 --layers 20",
-    "antipodal": "--dims 2 --betas 4 --runs 100 --horizon 4 --tau 0.05",
 }
 FIGURES = {name: _draw_experiment for name in EXPERIMENTS if (DATA / name).is_dir()}
 FIGURES |= {name: _draw_other_run for name in OTHER_RUNS}
@@ -634,8 +633,9 @@ RUNS = {
     "variants": "--instances 2 --layers 20",
     "long-context": "--n-max 1000 --dim 64 --gammas 9 --gamma-min 1 --gamma-max 3",
     "metastability": "--saves 80",
-    "equiangular": "--horizon 12 --saves 60",
     "hardmax": "--vertices 5 --tokens 12 --steps 40 --betas 9 --nsd-steps 400",
+    "equiangular": "--horizon 12 --saves 60",
+    "antipodal": "--dims 2 --betas 4 --runs 100 --horizon 4 --tau 0.05",
     "noisy-transition": "--tokens 200 --couplings 5 --burn 0.5 --window 1 --rates 5 "
                         "--quench 0.5 --seeds 1 --blocks 4",
 }

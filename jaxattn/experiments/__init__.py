@@ -54,8 +54,8 @@ MEMBERS = (
     "variants.VariantsStudy",
     "long_context.LongContext",
     "metastability.Metastability",
-    "equiangular.Equiangular",
     "hardmax.Hardmax",
+    "equiangular.Equiangular",
     "noisy_transition.NoisyTransition",
     "antipodal.Antipodal",
 )

@@ -315,7 +315,7 @@ class Antipodal(AbstractExperiment):
             fig, self.stem(folder),
             f"Two tokens under common value noise σ = {config['sigma']:g} ({config['runs']} "
             f"runs per point, T = {config['horizon']:g}, τ = {config['tau']:g}): the antipodal "
-            "end attracts past the predicted β_c")
+            "end attracts past the predicted $\\beta_c$")
 
     @staticmethod
     def _draw_probability(ax, config, data):

@@ -135,7 +135,8 @@ def check_shard(shard, dyn, one) -> str:
     return shard
 
 
-def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch", **kwargs):
+def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch", keys=None,
+                 **kwargs):
     """Call `jitted(dyn, x0, *args, checks, **kwargs)`, sharding the batch axes of `x0` over
     `devices`.
 
@@ -147,10 +148,15 @@ def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch"
     the others waiting in a collective. The tokens are then checked here, before
     the run, and the caller checks the outputs after it.
 
+    `keys` (one noise key per system, `(*batch,)`) are split over the devices with the
+    batch and passed on as `keys=`.
+
     **Returns:** `(out, checked)`; with `checked=False` the caller must check `out`
     on the host.
     """
     x0 = as_float_array(x0, "x0")
+    if keys is not None:  # the noise's key per system, split as the batch is
+        kwargs["keys"] = keys
     if shard == "tokens":
         concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args)))
         if concrete:
@@ -165,4 +171,6 @@ def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch"
     if concrete:
         check_tokens_now(check_token_shape(dyn, x0))
     flat, size = shard_batch(x0, mesh, len(batch))
+    if keys is not None:
+        kwargs["keys"] = shard_batch(keys, mesh, len(batch))[0]
     return unshard(jitted(dyn, flat, *args, not concrete, **kwargs), size, batch), not concrete

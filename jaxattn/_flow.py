@@ -393,7 +393,8 @@ def solve_flow(
       and the interval `[ts[0], ts[-1]]`, not on the step. Constant steps of `dt0`
       (required) unless a `stepsize_controller` is passed (`diffrax.PIDController`
       works with the tree, for solvers with an error estimate such as `Heun`). Steps
-      are retracted onto `E_W` as without noise. Runs on the general path, one device.
+      are retracted onto `E_W` as without noise. Runs on the general path; `devices=`
+      splits the systems with their keys.
     - `key`: the JAX key of the noise (required with `noise`): one system uses it as
       is, a batch gives system `b` (in the order of the flattened batch, models
       first) `jax.random.split(key, B)[b]`. One key gives one path, bit for bit.
@@ -403,7 +404,7 @@ def solve_flow(
     `ys` of shape `(..., len(ts), n, d)`, or a `FlowResult` when `throw=False`, or
     a `FlowSolution` when `solution=True`.
     """
-    noise, key = check_noise(noise, key, devices=devices, shard=shard, strategy=strategy)
+    noise, key = check_noise(noise, key, shard=shard, strategy=strategy)
     dyn, x0, unflatten = stack_tokens(dyn, as_float_array(x0, "x0"))
     one = first_model(dyn)
     if devices is not None and dyn is not one:
@@ -414,7 +415,7 @@ def solve_flow(
     if noise is not None:
         return unflatten(_solve_noisy(dyn, one, x0, ts, solver, rtol, atol, max_steps, dt0,
                                       adjoint, stepsize_controller, on_manifold, throw,
-                                      solution, event, noise, key))
+                                      solution, event, noise, key, devices))
     solver = dfx.Tsit5() if solver is None else solver
     options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                        on_manifold)
@@ -446,7 +447,8 @@ def solve_flow(
 
 
 def _solve_noisy(dyn, one, x0, ts, solver, rtol, atol, max_steps, dt0, adjoint,
-                 stepsize_controller, on_manifold, throw, solution, event, noise, key):
+                 stepsize_controller, on_manifold, throw, solution, event, noise, key,
+                 devices=None):
     """`solve_flow` with noise: one SDE solve per system, each with its own key."""
     solver = noise.default_solver if solver is None else solver
     if dt0 is None:
@@ -458,9 +460,11 @@ def _solve_noisy(dyn, one, x0, ts, solver, rtol, atol, max_steps, dt0, adjoint,
     if x0.size == 0:
         raise ValueError("`noise=` needs at least one sequence in `x0`.")
     keys = system_keys(key, x0.shape[:-2])
-    ys, solved, finite, steps, result = _solve_batched(
-        dyn, x0, *options, adjoint, bool(throw), bool(on_manifold), True, event=event,
-        noise=noise, keys=keys)
+    (ys, solved, finite, steps, result), checked = call_batched(
+        _solve_batched, dyn, x0, devices, *options, adjoint, bool(throw), bool(on_manifold),
+        event=event, noise=noise, keys=keys)
+    if throw and not checked:
+        _raise_failure(solved, finite, result)
     if event is not None:
         saved, ys, t_end, y_end, stats = ys
         stopped = result == dfx.RESULTS.event_occurred

@@ -110,11 +110,11 @@ def _fused_normal(noise, keys, k, n, d, dtype):
 
 
 @eqx.filter_jit
-def _run_noisy(dyn, x0, num_layers, tau, observe, checkpoints, noise, keys, fused=False,
-               chunk=None):
+def _run_noisy(dyn, x0, num_layers, tau, observe, checkpoints, checks, fused=False,
+               chunk=None, noise=None, keys=None):
     """`_run_batched` with noise: each system its own key (`system_keys`), layer `k`
     drawing its `ξ` from `fold_in(key, k)`, on either path."""
-    x0 = map_models(lambda d, x: prepare_tokens(d, x), dyn, x0)
+    x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     tau = tau.astype(x0.dtype)
 
     def program(d, x, key):
@@ -134,7 +134,9 @@ def _run_noisy(dyn, x0, num_layers, tau, observe, checkpoints, noise, keys, fuse
 
     last, ys = map_keyed(program, dyn, x0, keys, fused=fused, chunk=chunk)
     finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
-    return eqx.error_if(ys, ~jnp.all(finite), NONFINITE), finite
+    if checks:
+        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
+    return ys, finite
 
 
 def run_layers_unchecked(dyn, x0, num_layers: int, tau, *, strategy: str = "auto"
@@ -233,7 +235,8 @@ def run_layers(
       `ja.ValueNoise(σ)`: each layer adds `σ √τ P_x ξ` (`ξ` standard normal per
       token, or one `d × d` Gaussian matrix per system applied to the attention's
       mean token) where the update enters, before the normalisation
-      (`jaxattn._noise.noisy_layer`; `docs/noise.md`). One device; `strategy` as
+      (`jaxattn._noise.noisy_layer`; `docs/noise.md`). `devices=` splits the
+      systems with their keys (not `shard="tokens"`); `strategy` as
       for the deterministic layers, both paths drawing the same `ξ`.
     - `key`: the JAX key of the noise (required with `noise`). One system uses it
       as is; a batch gives system `b` (in the order of the flattened batch)
@@ -260,18 +263,21 @@ def run_layers(
     observe = _identity if observe is None else observe
     if not callable(observe):
         raise TypeError(f"`observe` must be a function of (n, d) tokens, got {observe!r}.")
-    noise, key = check_noise(noise, key, devices=devices, shard=shard)
+    noise, key = check_noise(noise, key, shard=shard)
     dyn, x0, unflatten = stack_tokens(dyn, x0)
+    if devices is not None and dyn is not first_model(dyn):
+        raise ValueError("`devices=` shards one model's batch: run a stacked model "
+                         "without `devices`, or shard the models yourself.")
     if noise is not None:
         x0 = check_token_shape(first_model(dyn), x0)
         keys = system_keys(key, x0.shape[:-2])
         fused = choose_strategy(first_model(dyn), x0.shape, strategy, (dyn, x0)) == "fused"
-        ys, _ = _run_noisy(dyn, x0, num_layers, tau, observe, checkpoints, noise, keys,
-                           fused, chunk_size() if fused else None)
+        (ys, finite), checked = call_batched(
+            _run_noisy, dyn, x0, devices, num_layers, tau, observe, checkpoints, fused=fused,
+            chunk=chunk_size(devices) if fused else None, noise=noise, keys=keys)
+        if not checked:
+            raise_unless(finite, NONFINITE)
         return unflatten(ys)
-    if devices is not None and dyn is not first_model(dyn):
-        raise ValueError("`devices=` shards one model's batch: run a stacked model "
-                         "without `devices`, or shard the models yourself.")
     shard = check_shard(shard, dyn, first_model(dyn))
     fused = shard == "batch" and choose_strategy(
         first_model(dyn), jnp.shape(x0), strategy, (dyn, x0)) == "fused"

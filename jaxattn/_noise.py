@@ -133,7 +133,7 @@ class ValueNoise(AbstractNoise):
         return dfx.Euler()
 
 
-def check_noise(noise, key, *, devices=None, shard="batch", strategy="auto"):
+def check_noise(noise, key, *, shard="batch", strategy="auto"):
     """`(noise, key)` checked, or `(None, None)` for the deterministic dynamics."""
     if noise is None:
         if key is not None:
@@ -150,8 +150,9 @@ def check_noise(noise, key, *, devices=None, shard="batch", strategy="auto"):
     if not (typed and key.shape == ()) and not (key.dtype == jnp.uint32 and key.shape == (2,)):
         raise TypeError("`key` must be one JAX key (jax.random.key(seed) or PRNGKey(seed)), "
                         f"got dtype {key.dtype} and shape {key.shape}.")
-    if devices is not None or shard != "batch":
-        raise ValueError("noise runs on one device for now: drop `devices`/`shard`.")
+    if shard != "batch":
+        raise ValueError("noise splits systems over devices (shard=\"batch\"), not one "
+                         "system's tokens: drop shard=\"tokens\".")
     if strategy == "fused":
         raise ValueError("the noisy flow runs on the general path for now: use "
                          "strategy=\"auto\" or \"general\".")

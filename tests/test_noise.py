@@ -180,6 +180,8 @@ def test_noise_refuses_bad_calls(key):
         ja.solve_flow(dyn, x0, ts, noise=ja.ValueNoise(1.0), key=key, dt0=0.1, strategy="fused")
     with pytest.raises(ValueError, match="sigma"):
         ja.TokenNoise(-1.0)
+    with pytest.raises(ValueError, match="tokens"):
+        ja.run_layers(dyn, x0, 2, noise=ja.TokenNoise(1.0), key=key, shard="tokens")
 
 
 def _bessel_series(nu, beta, terms=60):
@@ -199,3 +201,31 @@ def test_noisy_threshold_and_beta_star_against_series(d):
     assert math.isclose(ratio, 1 / d, rel_tol=1e-12)
     with pytest.raises(ValueError, match="d"):
         ja.theory.noisy_threshold(1.0, 1)
+
+
+@pytest.mark.slow  # a 4-device subprocess
+def test_noisy_systems_split_over_devices_equal_one_device():
+    from _helpers import run_on_forced_devices
+
+    script = """
+import json, jax, jax.numpy as jnp
+jax.config.update("jax_enable_x64", True)
+import jaxattn as ja
+dyn = ja.random_dynamics(jax.random.PRNGKey(0), 2, 3, beta=2.0)
+x = jax.random.normal(jax.random.PRNGKey(1), (6, 5, 3))
+key = jax.random.PRNGKey(7)
+errs = {}
+for name, noise in [("token", ja.TokenNoise(0.4)), ("value", ja.ValueNoise(0.4))]:
+    for strategy in ("general", "fused"):
+        one = ja.run_layers(dyn, x, 4, 0.1, noise=noise, key=key, strategy=strategy)
+        four = ja.run_layers(dyn, x, 4, 0.1, noise=noise, key=key, strategy=strategy,
+                             devices=4)
+        errs[f"layers {name} {strategy}"] = float(jnp.abs(one - four).max())
+    ts = jnp.linspace(0.0, 0.5, 3)
+    one = ja.solve_flow(dyn, x, ts, noise=noise, key=key, dt0=0.05)
+    four = ja.solve_flow(dyn, x, ts, noise=noise, key=key, dt0=0.05, devices=4)
+    errs[f"flow {name}"] = float(jnp.abs(one - four).max())
+print(json.dumps({"devices": len(jax.devices()), "errs": errs}))
+"""
+    res = run_on_forced_devices(script, timeout=300)
+    assert max(res["errs"].values()) < 1e-12, res["errs"]

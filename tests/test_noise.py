@@ -174,8 +174,11 @@ def test_noise_refuses_bad_calls(key):
         ja.run_layers(dyn, x0, 2, key=key)
     with pytest.raises(TypeError, match="TokenNoise"):
         ja.solve_flow(dyn, x0, ts, noise=0.5, key=key, dt0=0.1)
+    default = ja.solve_flow(dyn, x0, ts, noise=ja.TokenNoise(1.0), key=key)  # 1000 steps
+    np.testing.assert_array_equal(default, ja.solve_flow(
+        dyn, x0, ts, noise=ja.TokenNoise(1.0), key=key, dt0=1 / 1000))
     with pytest.raises(ValueError, match="dt0"):
-        ja.solve_flow(dyn, x0, ts, noise=ja.TokenNoise(1.0), key=key)
+        ja.solve_flow(dyn, x0, jnp.zeros(2), noise=ja.TokenNoise(1.0), key=key)
     with pytest.raises(ValueError, match="general"):
         ja.solve_flow(dyn, x0, ts, noise=ja.ValueNoise(1.0), key=key, dt0=0.1, strategy="fused")
     with pytest.raises(ValueError, match="sigma"):

@@ -255,7 +255,7 @@ def ring_attention(
     split = jax.sharding.PartitionSpec(None, axis)
     rows = jax.sharding.PartitionSpec(axis, None)
     if mask is None:
-        mask, rows = jnp.zeros((devices, 0), bool), jax.sharding.PartitionSpec(axis, None)
+        mask = jnp.zeros((devices, 0), bool)
 
     def local(q, k, v, offset, mask):
         p = lax.axis_index(axis)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, Real
 
-from ._blocks import DEFAULT_BLOCK, block_spec, blocked_attention, ring_attention
+from ._blocks import DEFAULT_BLOCK, block_spec, blocked_attention, blocks_needed, ring_attention
 from ._manifold import project, tangent
 from ._precision import Precision, check_precision, einsum
 from ._schedule import AbstractSchedule, as_schedule, schedule_shape
@@ -318,7 +318,7 @@ class SelfAttentionDynamics(eqx.Module):
         if self.block_size is not None:
             return self.block_size > 0
         itemsize = jnp.dtype(jnp.result_type(float) if dtype is None else dtype).itemsize
-        return self.num_heads * n * n * itemsize > DENSE_LIMIT
+        return blocks_needed(self.num_heads, n, itemsize, DENSE_LIMIT)
 
     def raw_update(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         """`v_i(t, x) = Σ_η Σ_j α^η_ij U_η(t) x_j` (at `x` as given, for every `norm`)."""

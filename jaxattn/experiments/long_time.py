@@ -159,6 +159,11 @@ def tangent_hessian(x: Float[Array, "n d"], beta, weights=None) -> Float[Array, 
 
     The symmetric `(n (d − 1), n (d − 1))` matrix.
     """
+    return _tangent_hessian(x, beta, weights)
+
+
+@jax.jit  # one program per shape (op by op, the Hessian compiled ~50 programs)
+def _tangent_hessian(x: Float[Array, "n d"], beta, weights) -> Float[Array, "m m"]:
     n, d = x.shape
 
     def energy(flat):

@@ -140,13 +140,15 @@ def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch"
     """Call `jitted(dyn, x0, *args, checks, **kwargs)`, sharding the batch axes of `x0` over
     `devices`.
 
-    Unsharded, or when an input is traced (an outer `jit`/`grad`), the value
-    checks run inside the program (`checks=True`, `eqx.error_if`). A sharded run
-    of concrete inputs leaves them out (`checks=False`): `eqx.error_if` is a host
-    callback that XLA places on one device, so the whole batch would be gathered
-    there and the work not split, and an error raised by that device would leave
-    the others waiting in a collective. The tokens are then checked here, before
-    the run, and the caller checks the outputs after it.
+    When an input is traced (an outer `jit`/`grad`), the value checks run inside
+    the program (`checks=True`, `eqx.error_if`). A run of concrete inputs leaves
+    them out (`checks=False`): the tokens are checked here, before the run, and the
+    caller checks the outputs after it. `eqx.error_if` is a host callback, and a
+    program with one is compiled again in every process (its callback is no
+    constant that JAX's persistent compilation cache can key on); sharded, XLA
+    would also place it on one device, so the whole batch would be gathered there
+    and an error raised by that device would leave the others waiting in a
+    collective.
 
     `keys` (one noise key per system, `(*batch,)`) are split over the devices with the
     batch and passed on as `keys=`.
@@ -157,19 +159,16 @@ def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch"
     x0 = as_float_array(x0, "x0")
     if keys is not None:  # the noise's key per system, split as the batch is
         kwargs["keys"] = keys
+    concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args)))
+    if concrete and x0.size:  # the shape is the caller's to check (a stacked model's)
+        check_tokens_now(x0)
     if shard == "tokens":
-        concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args)))
-        if concrete:
-            check_tokens_now(check_token_shape(dyn, x0))
         dyn, x0 = on_tokens(dyn, x0, devices)
         return jitted(dyn, x0, *args, not concrete, **kwargs), not concrete
     mesh = as_mesh(devices)
     batch = x0.shape[:-2]
     if mesh is None or not batch:
-        return jitted(dyn, x0, *args, True, **kwargs), True
-    concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args)))
-    if concrete:
-        check_tokens_now(check_token_shape(dyn, x0))
+        return jitted(dyn, x0, *args, not concrete, **kwargs), not concrete
     flat, size = shard_batch(x0, mesh, len(batch))
     if keys is not None:
         kwargs["keys"] = shard_batch(keys, mesh, len(batch))[0]

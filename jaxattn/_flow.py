@@ -243,11 +243,12 @@ def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thr
     x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     ts = ts.astype(x0.dtype)
     throw_now = throw and checks  # else the caller raises diffrax's message on the host
+    # NaN/inf weights make every step fail, which diffrax reports as "out of steps":
+    # name the cause instead, from the vector field at the start (per system).
+    v0 = map_models(lambda d, x: map_batch(lambda y: d.velocity(ts[0], y), x), dyn, x0)
+    started = jnp.all(jnp.isfinite(v0), axis=(-2, -1))
     if throw_now:
-        # NaN/inf weights make every step fail, which diffrax reports as "out of
-        # steps": name the cause instead, from the vector field at the start.
-        v0 = map_models(lambda d, x: map_batch(lambda y: d.velocity(ts[0], y), x), dyn, x0)
-        x0 = eqx.error_if(x0, ~jnp.all(jnp.isfinite(v0)), NONFINITE)
+        x0 = eqx.error_if(x0, ~jnp.all(started), NONFINITE)
     program = _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw_now, event)
     if noise is None:
         out, result, steps = map_systems(program, dyn, x0, fused=fused, chunk=chunk)
@@ -272,11 +273,13 @@ def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thr
         y_end = map_models(lambda d, y: project(y, d.W), dyn, full[3]) if project_out \
             else full[3]
         ys = (full[0], ys, full[2], y_end, full[4])
-    return ys, solved, finite, steps, result
+    return ys, solved, finite, steps, result, started
 
 
-def _raise_failure(solved, finite, result) -> None:
-    """On the host, after a sharded run: the error `throw=True` raises inside `jit`."""
+def _raise_failure(solved, finite, result, started) -> None:
+    """On the host, after a run of concrete inputs: the error `throw=True` raises
+    inside `jit`, in the same order (the start's vector field, then the solve)."""
+    raise_unless(started, NONFINITE)
     if not bool(jnp.all(solved)):
         first = jnp.argmin(solved.reshape(-1))
         item = jax.tree.map(lambda a: a.reshape(-1)[first], result)
@@ -434,12 +437,12 @@ def solve_flow(
         if event is not None:
             raise ValueError("`solution=True` needs at least one sequence in `x0`.")
         return unflatten(_empty(x0, options[0], throw))
-    (ys, solved, finite, steps, result), checked = call_batched(
+    (ys, solved, finite, steps, result, started), checked = call_batched(
         _solve_batched, dyn, x0, devices, *options, adjoint, bool(throw), bool(on_manifold),
         fused=fused, chunk=chunk_size(devices), event=event, shard=shard
     )
     if throw and not checked:
-        _raise_failure(solved, finite, result)
+        _raise_failure(solved, finite, result, started)
     if event is not None:
         saved, ys, t_end, y_end, stats = ys
         stopped = result == dfx.RESULTS.event_occurred
@@ -470,11 +473,11 @@ def _solve_noisy(dyn, one, x0, ts, solver, rtol, atol, max_steps, dt0, adjoint,
     if x0.size == 0:
         raise ValueError("`noise=` needs at least one sequence in `x0`.")
     keys = system_keys(key, x0.shape[:-2])
-    (ys, solved, finite, steps, result), checked = call_batched(
+    (ys, solved, finite, steps, result, started), checked = call_batched(
         _solve_batched, dyn, x0, devices, *options, adjoint, bool(throw), bool(on_manifold),
         event=event, noise=noise, keys=keys)
     if throw and not checked:
-        _raise_failure(solved, finite, result)
+        _raise_failure(solved, finite, result, started)
     if event is not None:
         saved, ys, t_end, y_end, stats = ys
         stopped = result == dfx.RESULTS.event_occurred

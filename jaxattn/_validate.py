@@ -231,13 +231,12 @@ def surface_errors(fn: _FN) -> _FN:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except SimulationError:
-            raise
         except (eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError) as error:
-            message = runtime_message(error)
+            message = runtime_message(error)  # a SimulationError is one too
             if message is None:
                 raise
-        # Outside the `except`: the traceback shows no equinox error as context.
+        # Outside the `except`: the traceback shows no equinox error as context, and
+        # ends here, not in the host-side check that raised it.
         raise SimulationError(message)
 
     wrapper.__surfaces_errors__ = True

@@ -244,9 +244,12 @@ def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thr
     ts = ts.astype(x0.dtype)
     throw_now = throw and checks  # else the caller raises diffrax's message on the host
     # NaN/inf weights make every step fail, which diffrax reports as "out of steps":
-    # name the cause instead, from the vector field at the start (per system).
-    v0 = map_models(lambda d, x: map_batch(lambda y: d.velocity(ts[0], y), x), dyn, x0)
-    started = jnp.all(jnp.isfinite(v0), axis=(-2, -1))
+    # name the cause instead, from the vector field at the start (per system). Only
+    # an error needs it: with throw=False the per-system success says it already.
+    started = jnp.ones(x0.shape[:-2], bool)
+    if throw:
+        v0 = map_models(lambda d, x: map_batch(lambda y: d.velocity(ts[0], y), x), dyn, x0)
+        started = jnp.all(jnp.isfinite(v0), axis=(-2, -1))
     if throw_now:
         x0 = eqx.error_if(x0, ~jnp.all(started), NONFINITE)
     program = _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw_now, event)

@@ -60,10 +60,10 @@ def einsum(subscripts: str, *operands, precision: Precision = "float32"):
                          "contract them pairwise.")
     if precision == "bfloat16":
         low = [x.astype(jnp.bfloat16) for x in operands]
-        acc = jnp.promote_types(dtype, jnp.float32)
-        # Stated, so that `jax_default_matmul_precision` cannot change it either.
+        # Stated, so that `jax_default_matmul_precision` cannot change it either. Float32
+        # sums also for float64 operands: a GPU has no bfloat16 product into float64.
         out = jnp.einsum(subscripts, *low, precision=lax.Precision.DEFAULT,
-                         preferred_element_type=acc)
+                         preferred_element_type=jnp.float32)
         return out.astype(dtype)
     if precision == "tensorfloat32":
         if _on_gpu() and dtype == jnp.float32:

@@ -1,5 +1,6 @@
 """Random problems shared by the core tests (distinct sizes so swapped axes fail),
-and a runner for scripts that need several (forced CPU) devices."""
+a runner for scripts that need several (forced CPU) devices, and the comparison of
+two programs' values."""
 
 import json
 import os
@@ -8,6 +9,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import jaxattn as ja
 
@@ -45,3 +47,17 @@ def run_on_forced_devices(script: str, timeout: float) -> dict:
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["devices"] == 4
     return res
+
+
+def assert_same_values(actual, desired, *, ulps: int = 4):
+    """Values that two different programs compute the same way: bit for bit on the
+    CPU, where XLA compiles both alike. A GPU fuses programs of other shapes
+    differently (another order of addition), so there they agree to `ulps` units in
+    the last place of the array's largest entry (measured on an H100: 1–2)."""
+    actual, desired = np.asarray(actual), np.asarray(desired)
+    if jax.default_backend() == "cpu":
+        np.testing.assert_array_equal(actual, desired)
+        return
+    scale = np.max(np.abs(desired), initial=0.0)
+    np.testing.assert_allclose(actual, desired, rtol=0,
+                               atol=ulps * np.finfo(desired.dtype).eps * scale)

@@ -34,6 +34,24 @@ def test_the_threshold_separates_float32_from_reduced_products():
         assert doctor.faithful_float32(precision=precision) > doctor.THRESHOLD, precision
 
 
+def test_the_float32_check_computes_in_float32_with_x64_on(monkeypatch):
+    """With float64 enabled (as in these tests, or a user's session), `run_layers`
+    computes float32 tokens in float64: the check's float32 run turns it off, so that
+    its error is float32's own (about 1e-7 here), not the weights' rounding alone."""
+    import jax
+
+    from jaxattn import _layers
+
+    seen, real = [], _layers.run_layers
+    monkeypatch.setattr(_layers, "run_layers",
+                        lambda dyn, x0, *a: seen.append((x0.dtype, real(dyn, x0, *a).dtype))
+                        or real(dyn, x0, *a))
+    assert jax.config.jax_enable_x64
+    error = doctor.faithful_float32()
+    assert [str(a) for pair in seen for a in pair] == ["float64"] * 2 + ["float32"] * 2
+    assert 2.0**-26 < error <= doctor.THRESHOLD
+
+
 def test_doctor_refuses_a_bad_size(capsys):
     assert main(["doctor", "--size", "0"]) == 2
     assert "`--size` must be a whole number ≥ 1" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from jaxattn import _determinism
@@ -122,7 +123,7 @@ def test_jaxattn_run_sets_the_flags_before_the_backend_starts(tmp_path):
     seen, config = _run(tmp_path)
     assert seen == {"started_before": False, "result": True,
                     "XLA_FLAGS": "--xla_force_host_platform_device_count=1 " + DETERMINISTIC}
-    assert config["deterministic"] is True and config["backend"] == "cpu"
+    assert config["deterministic"] is True and config["backend"] == jax.default_backend()
 
 
 def test_the_opt_out_is_recorded(tmp_path):
@@ -131,7 +132,7 @@ def test_the_opt_out_is_recorded(tmp_path):
     seen, config = _run(tmp_path, "--nondeterministic")
     assert seen["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
     assert seen["result"] is False and seen["started_before"] is False
-    assert config["deterministic"] is False and config["backend"] == "cpu"
+    assert config["deterministic"] is False and config["backend"] == jax.default_backend()
 
 
 def test_sweep_json_records_the_backend_and_refuses_a_resume_computed_otherwise(tmp_path,
@@ -144,7 +145,7 @@ def test_sweep_json_records_the_backend_and_refuses_a_resume_computed_otherwise(
     result = ja.sweep("thm41-sphere", {"beta": [1.0]}, instances=2, set=small,
                       out=tmp_path / "s", progress=False, log=lambda *_: None)
     sidecar = json.loads((result.folder / "sweep.json").read_text())
-    assert sidecar["backend"] == "cpu" and sidecar["kind"] == "sweep"
+    assert sidecar["backend"] == jax.default_backend() and sidecar["kind"] == "sweep"
     assert sidecar["run_id"] == result.summary["run_id"]
     assert isinstance(sidecar["deterministic"], bool)
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import assert_same_values
 
 import jaxattn as ja
 from jaxattn.cli import main
@@ -122,10 +123,10 @@ def test_the_folder_holds_what_ja_models_loop_returns(config_path, tmp_path, mon
     model = ja.models.init(TINY_GPT2, jax.random.PRNGKey(0))
     want, want_states = ja.models.loop(model, ids, passes=5, weights="random",
                                        key=jax.random.PRNGKey(0), save_states=[10, 0, 3, 3])
-    np.testing.assert_array_equal(E, want)
-    np.testing.assert_array_equal(states, want_states)
+    assert_same_values(E, want)
+    assert_same_values(states, want_states)
     other = run_loop(str(config_path), tmp_path / "b", chunk_passes=5, **kw)
-    np.testing.assert_array_equal(np.load(other / "data.npz")["E"], E)
+    assert_same_values(np.load(other / "data.npz")["E"], E)
 
 
 @pytest.fixture(scope="module")
@@ -144,9 +145,9 @@ def test_progress_segments_give_the_same_values(neo):
     segmented = ja.models.loop(neo, ids, passes=5, weights="resample", save_states=[0, 3, 10],
                                progress=True)
     for a, b in zip(one, segmented):
-        np.testing.assert_array_equal(a, b)
+        assert_same_values(a, b)
     hs = ja.models.hidden_states(neo, ids, progress=False)
-    np.testing.assert_array_equal(ja.models.hidden_states(neo, ids, progress=True), hs)
+    assert_same_values(ja.models.hidden_states(neo, ids, progress=True), hs)
     with pytest.raises(TypeError, match="progress"):
         ja.models.loop(neo, ids, passes=1, progress="yes")
 
@@ -185,45 +186,63 @@ def test_float64_compute_returns_float64_E(neo):
         ja.models.loop(neo, ids, passes=1, dtype=jnp.float64)
 
 
+ON_GPU = jax.default_backend() == "gpu"
+
+
+@pytest.mark.parametrize("implementation", [
+    "xla", pytest.param("cudnn", marks=pytest.mark.skipif(not ON_GPU, reason="cuDNN: a GPU"))])
 @pytest.mark.parametrize("config", [TINY_GPT2, TINY_NEO], ids=["gpt2", "gpt_neo"])
-def test_fused_attention_agrees_with_the_einsums(config, monkeypatch):
+def test_fused_attention_agrees_with_the_einsums(config, implementation, monkeypatch):
     """`jax.nn.dot_product_attention` (its XLA implementation, the reference of the
-    cuDNN kernel a GPU runs) gives the einsum path's values within bfloat16
-    rounding, causal masks and GPT-Neo's local window (3 of 12 tokens) included."""
+    cuDNN kernel a GPU runs; on a GPU the cuDNN kernel too) gives the einsum path's
+    values within bfloat16 rounding, through `ja.models.loop`'s vmap over prompts,
+    causal masks and GPT-Neo's local window (3 of 12 tokens) included."""
     model = ja.models.init(config, jax.random.PRNGKey(2))
     ids = ids_of(model, (3, 12))
     with jax.enable_x64(False):
+        monkeypatch.setattr(_nn, "attention_kernel", lambda dtype, k: None)
+        jax.clear_caches()  # the einsums on every backend
         einsum = ja.models.loop(model, ids, passes=2, dtype=jnp.bfloat16, save_states=[2, 4])
         calls = []
         monkeypatch.setattr(_nn, "fused_attention", lambda *a, **kw: calls.append(kw) or
                             fused_attention(*a, **kw))
-        monkeypatch.setattr(_nn, "attention_kernel", lambda dtype, k: "xla")
+        monkeypatch.setattr(_nn, "attention_kernel", lambda dtype, k: implementation)
         jax.clear_caches()  # trace again, with the fused kernel
         fused = ja.models.loop(model, ids, passes=2, dtype=jnp.bfloat16, save_states=[2, 4])
+    jax.clear_caches()
     E, states = (np.asarray(a, np.float32) for a in einsum)
     E_f, states_f = (np.asarray(a, np.float32) for a in fused)
     assert np.abs(states_f - states).max() <= 0.05 * np.abs(states).max()
     np.testing.assert_allclose(E_f, E, rtol=0.05, atol=1e-3)
-    assert calls and all(c == {"causal": True, "implementation": "xla"} for c in calls)
+    assert calls and all(c == {"causal": True, "implementation": implementation}
+                         for c in calls)
 
 
-def test_fused_attention_of_a_local_layer(neo):
-    """One GPT-Neo local layer: the fused call with the window mask equals the
-    einsum mixing with the dense mask (float32: to rounding), and masks out the
-    tokens beyond the window."""
+@pytest.mark.parametrize("layer", [0, 1], ids=["global", "local"])
+def test_fused_attention_of_a_local_layer(neo, layer):
+    """One GPT-Neo layer: the fused call with the layer's window (by index: the
+    kernel's sliding window) equals the einsum mixing with the dense mask (float32:
+    to rounding); the local layer masks out the tokens beyond the window."""
     model = neo
-    attn = model.layer_block(1).attn
+    attn = model.layer_block(layer).attn
     x = jax.random.normal(jax.random.PRNGKey(4), (9, 24))
     q, k, v = (attn._project(w, None, x, "float32") for w in (attn.query, attn.key, attn.value))
-    window = model.window_mask(9, 1)
-    dense = model.mask(9, 1)
-    assert not bool(dense[8, 0]) and bool(dense[8, 6])
-    fused = _nn.fused_attention(q, k, v, window, attn.scale, causal=True, implementation="xla")
+    dense = model.mask(9, layer)
+    assert bool(dense[8, 0]) == (layer == 0) and bool(dense[8, 6]) and not bool(dense[0, 1])
+    fused = _nn.fused_attention(q, k, v, model.window(layer), attn.scale, causal=True,
+                                implementation="xla")
     ref = attn._mix(q, k, v, dense, "float32")
     np.testing.assert_allclose(fused, ref, rtol=1e-5, atol=1e-6)
 
 
+def test_a_fused_window_needs_causal_attention(neo):
+    q = jnp.ones((3, 5, 8))
+    with pytest.raises(ValueError, match="needs causal attention"):
+        _nn.fused_attention(q, q, q, neo.window(1), 1.0, causal=False, implementation="xla")
+
+
 def test_the_fused_kernel_is_chosen_only_for_narrow_dtypes_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     assert _nn.attention_kernel(jnp.bfloat16, 64) is None  # the CPU
 
     class Client:

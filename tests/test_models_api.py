@@ -218,7 +218,8 @@ def test_layer_matrix_is_output_times_value(key):
     attn = ja.models.attention_weights(m, 2)
     d = m.config.hidden_size
     omega = ja.models.value_output(attn).sum(axis=0)
-    W_O, W_V = attn.output.reshape(d, d), attn.value.reshape(d, d)
+    # The reference in float64 NumPy: a float32 `@` is TF32 on a GPU by default.
+    W_O, W_V = (np.asarray(w, np.float64).reshape(d, d) for w in (attn.output, attn.value))
     np.testing.assert_allclose(omega, W_O @ W_V, rtol=1e-4, atol=1e-6)
 
 

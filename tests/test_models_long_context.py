@@ -64,12 +64,16 @@ class Spy:
 
 
 @pytest.fixture
-def dense():
-    """Runs `fn` on the dense path (a fresh trace: jit caches are cleared)."""
+def dense(monkeypatch):
+    """Runs `fn` on the dense path (a fresh trace: jit caches are cleared). Here and
+    in `blocked`, the einsum paths on every backend: a GPU would take cuDNN's fused
+    kernel for bfloat16 (tested in test_loop_protocol.py)."""
     def run(fn):
+        monkeypatch.setattr(_nn, "attention_kernel", lambda dtype, head_dim: None)
         jax.clear_caches()
         return fn()
-    return run
+    yield run
+    jax.clear_caches()
 
 
 @pytest.fixture
@@ -78,6 +82,7 @@ def blocked(monkeypatch):
     result and how many attention layers were traced in blocks."""
     def run(fn):
         spy = Spy(monkeypatch)
+        monkeypatch.setattr(_nn, "attention_kernel", lambda dtype, head_dim: None)
         monkeypatch.setattr(_nn, "DENSE_LIMIT", 0)
         monkeypatch.setattr(_nn, "DEFAULT_BLOCK", 4)
         monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 60)

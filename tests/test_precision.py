@@ -6,7 +6,8 @@ lowered StableHLO can: each public program is lowered and every `dot_general` is
 read. In the default mode every one carries `precision = [HIGHEST, HIGHEST]`; in
 `"bfloat16"` the attention's products take bfloat16 operands and return float32;
 in `"tensorfloat32"` (emulated off the GPU) their operands are rounded to 10
-mantissa bits first. Metric products (`w_inner`, Gram matrices, the measures)
+mantissa bits first, and on a GPU they name XLA's TF32 algorithm (lowered for CUDA
+here too, from the CPU). Metric products (`w_inner`, Gram matrices, the measures)
 stay true float32 in every mode.
 """
 
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
+from jaxattn import _precision
 
 F32 = jnp.float32
 N, D, H, K = 5, 4, 2, 3  # distinct sizes, so that a swapped axis fails
@@ -27,6 +29,8 @@ _DOT = re.compile(
     r"(%\S+) = stablehlo\.dot_general (%[^,\s]+), (%[^,\s]+),(.*) : \((.*)\) -> (\S+)$"
 )
 _TF32 = re.compile(r"(%\S+) = stablehlo\.reduce_precision \S+, format = e8m10\b")
+_ALGORITHM = re.compile(r"algorithm = <lhs_precision_type = (\w+), rhs_precision_type = (\w+), "
+                        r"accumulation_type = (\w+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +41,13 @@ class Dot:
     operands: tuple[str, str]  # element types, e.g. ("f32", "f32")
     result: str
     rounded: bool  # both operands come from a TF32 `reduce_precision` (e8m10)
+    algorithm: str = ""  # XLA's dot algorithm, e.g. "tf32, tf32, f32" (a GPU's TF32)
+
+    @property
+    def tf32(self) -> bool:
+        """A TensorFloat-32 product: emulated (rounded operands, HIGHEST) or a GPU's."""
+        return (self.rounded and self.precision == "HIGHEST, HIGHEST") or \
+            self.algorithm == "tf32, tf32, f32"
 
 
 @pytest.fixture(autouse=True)
@@ -64,20 +75,29 @@ def dots(text: str) -> list[Dot]:
             _, lhs, rhs, attrs, types, out = m.groups()
             prec = re.search(r"precision = \[([^\]]*)\]", attrs)
             a, b = (_element(t) for t in types.split(", "))
+            algorithm = _ALGORITHM.search(attrs)
             found.append(Dot(prec.group(1) if prec else "none", (a, b), _element(out),
-                             lhs in rounded and rhs in rounded))
+                             lhs in rounded and rhs in rounded,
+                             ", ".join(algorithm.groups()) if algorithm else ""))
     return found
 
 
 def lowered(fn, *args) -> str:
+    """`fn`'s StableHLO for this backend, or for CUDA where `ON_CUDA` is set."""
+    if ON_CUDA:
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     return jax.jit(fn).lower(*args).as_text()
+
+
+ON_CUDA = False  # set by `as_if_on_a_gpu`
 
 
 def assert_float32(text: str, *, some: bool = True) -> list[Dot]:
     """Every product is a true float32 one (`some`: and there is at least one)."""
     found = dots(text)
     assert found or not some, "no dot_general in the program"
-    bad = [d for d in found if d.precision != "HIGHEST, HIGHEST" or "bf16" in d.operands]
+    bad = [d for d in found if d.precision != "HIGHEST, HIGHEST" or "bf16" in d.operands
+           or d.algorithm]
     assert not bad, f"{len(bad)} of {len(found)} products are not true float32: {bad}"
     return found
 
@@ -99,11 +119,20 @@ def assert_reduced(fn, make, *, metric: bool):
     assert all(d.precision == "HIGHEST, HIGHEST" and d.operands == ("f32", "f32")
                for d in rest), rest
     assert bool(rest) == metric, "metric products (W) stay float32, and only they"
-    tf32_text = lowered(fn, *make("tensorfloat32"))
-    tf32 = assert_float32(tf32_text)
-    assert "format = e8m10" in tf32_text
-    assert sum(d.rounded for d in tf32) == len(low)
+    tf32 = dots(lowered(fn, *make("tensorfloat32")))
+    reduced = [d for d in tf32 if d.tf32]
+    assert len(reduced) == len(low), "exactly the attention's products are TF32"
+    assert all(d.operands == ("f32", "f32") and d.result == "f32" for d in tf32)
+    assert_float32_dots([d for d in tf32 if d not in reduced])
+    on_gpu = jax.default_backend() == "gpu" or ON_CUDA
+    assert all(bool(d.algorithm) == on_gpu for d in reduced), "a GPU's TF32, emulated elsewhere"
     assert len(tf32) == len(bf16) == len(full)
+    return len(low)
+
+
+def assert_float32_dots(found: list[Dot]):
+    bad = [d for d in found if d.precision != "HIGHEST, HIGHEST" or d.algorithm]
+    assert not bad, f"{len(bad)} of {len(found)} products are not true float32: {bad}"
 
 
 def _weights(key, factored: bool):
@@ -148,6 +177,27 @@ def test_run_layers_states_its_precision(key, factored, causal, metric):
     x0 = _tokens(jax.random.fold_in(key, 1), w["W"] if metric else None)
     assert_reduced(lambda dyn, x: ja.run_layers(dyn, x, 3, 0.1, observe=ja.misalignment),
                    lambda p: (_dynamics(w, causal, p, metric), x0), metric=metric)
+
+
+@pytest.fixture
+def as_if_on_a_gpu(monkeypatch):
+    """Trace as on a GPU (`_precision` takes XLA's TF32 algorithm there) and lower for
+    CUDA: the GPU's programs, read on any machine."""
+    monkeypatch.setattr(_precision, "_on_gpu", lambda: True)
+    monkeypatch.setitem(globals(), "ON_CUDA", True)
+    jax.clear_caches()
+    yield
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize(("factored", "causal"), [(False, True), (True, False)])
+def test_tensorfloat32_takes_the_gpus_algorithm_on_a_gpu(key, factored, causal, as_if_on_a_gpu):
+    """A layer and the flow's velocity (programs without value checks: a host callback
+    lowers for CUDA only on a GPU)."""
+    w = _weights(key, factored)
+    x0 = _tokens(jax.random.fold_in(key, 1), w["W"])
+    for program in (lambda dyn, x: dyn.layer(0.0, x, 0.1), lambda dyn, x: dyn.velocity(0.0, x)):
+        assert assert_reduced(program, lambda p: (_dynamics(w, causal, p), x0), metric=True) > 0
 
 
 def test_theorem_tests_state_their_precision(key):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 
 from jaxattn._app import folders as _runs
@@ -124,7 +125,7 @@ def test_config_and_summary_carry_the_same_run_id_and_plot_refuses_a_mix(tmp_pat
     _write_tiny_run(two)
     config = json.loads((one / "config.json").read_text())
     assert len(config["run_id"]) == 32 and summary["run_id"] == config["run_id"]
-    assert config["kind"] == "run" and config["backend"] == "cpu"
+    assert config["kind"] == "run" and config["backend"] == jax.default_backend()
     assert isinstance(config["deterministic"], bool)
     assert _runs.open_run_folder(one) == one
     # the folder of issue 14: config.json from one run, summary.json from another

@@ -53,12 +53,16 @@ def faithful_float32(seed: int = 0, precision: str = "float32") -> float:
     P, U = rng.standard_normal((2, h, d, d)) / np.sqrt(d)
     x0 = rng.standard_normal((n, d))
     final = {}
-    with jax.enable_x64(True):
-        for dtype in (jnp.float64, jnp.float32):
+    # Each run with x64 as its dtype needs: with x64 on, `run_layers` computes float32
+    # tokens in the default float64, and the float32 run would test nothing.
+    for dtype, x64 in ((jnp.float64, True), (jnp.float32, False)):
+        with jax.enable_x64(x64):
             dyn = SelfAttentionDynamics(
                 jnp.asarray(P, dtype), jnp.asarray(U, dtype),
                 precision=precision if dtype == jnp.float32 else "float32")
             xs = run_layers(dyn, jnp.asarray(x0, dtype), CHECK["layers"], CHECK["tau"])
+            if xs.dtype != dtype:
+                raise RuntimeError(f"the {dtype.__name__} check ran in {xs.dtype}.")
             final[dtype] = np.asarray(xs[-1], np.float64)
     return float(np.max(np.abs(final[jnp.float32] - final[jnp.float64])))
 

@@ -206,8 +206,8 @@ class Attention(eqx.Module):
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         n = x.shape[0]
         kernel = attention_kernel(x.dtype, q.shape[-1])
-        if kernel is not None:
-            o = fused_attention(q, k, v, with_window(mask, window, n), self.scale, causal=causal,
+        if kernel is not None and mask is None and (causal or window is None):
+            o = fused_attention(q, k, v, window, self.scale, causal=causal,
                                 implementation=kernel)
         elif self.blocked(n, x.dtype):
             o = self._blocked_mix(q, k, v, mask, window, causal, precision)
@@ -363,7 +363,7 @@ def attention_kernel(dtype, head_dim: int) -> str | None:
 
 def fused_attention(
     q: Float[Array, "h n k"], k: Float[Array, "g n k"], v: Float[Array, "g n k"],
-    mask: Bool[Array, "n n"] | None, scale: float, *, causal: bool, implementation: str,
+    window: Window | None, scale: float, *, causal: bool, implementation: str,
 ) -> Float[Array, "n h k"]:
     """`Σ_j α_ij v_j` per head through `jax.nn.dot_product_attention` (grouped
     key–value heads as `Attention`: query head `η` reads `g(η) = η // (h/g)`).
@@ -371,19 +371,35 @@ def fused_attention(
     **Arguments:**
 
     - `q`, `k`, `v`: one sequence's projected queries, keys and values.
-    - `mask`: which tokens each may attend to (GPT-Neo's local window), or `None`.
-    - `scale`: the factor on the scores; `causal`: also only `j ≤ i` (cuDNN then
-      skips the masked blocks).
+    - `window`: GPT-Neo's local window (by index: the kernel's own sliding window,
+      no `n × n` mask is built), or `None`; a window needs `causal`.
+    - `scale`: the factor on the scores; `causal`: only `j ≤ i` (cuDNN then skips
+      the masked blocks).
     - `implementation`: `"cudnn"` or `"xla"` (the reference, on any backend).
 
     **Returns:**
 
     The mixed values `(n, h, k)`, in the dtype of `q` (scores and softmax in float32).
+
+    A dense mask is not taken: under `vmap` (one sequence per call, prompts
+    vmapped), cuDNN's batching rule reshapes a mask to one per query head, which
+    fails for the `(1, 1, n, n)` mask of a window, and would cost `h n²` memory.
     """
-    m = None if mask is None else mask[None, None]
-    return jax.nn.dot_product_attention(
-        q.swapaxes(0, 1), k.swapaxes(0, 1), v.swapaxes(0, 1), mask=m, scale=scale,
-        is_causal=causal, implementation=implementation)
+    q, k, v = (a.swapaxes(0, 1) for a in (q, k, v))
+
+    def attend(local):
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal,
+                                            local_window_size=local,
+                                            implementation=implementation)
+
+    if window is None:
+        return attend(None)
+    if not causal:
+        raise ValueError("a fused sliding window needs causal attention (cuDNN keeps no "
+                         "keys to the right of a query); use the einsum path.")
+    # `i − j < size` with `j ≤ i`: the `size − 1` keys before the query and itself.
+    return jax.lax.cond(window.on, lambda: attend((window.size - 1, 0)),
+                        lambda: attend(None))
 
 
 class MLP(eqx.Module):

@@ -144,8 +144,8 @@ def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch"
     the program (`checks=True`, `eqx.error_if`). A run of concrete inputs leaves
     them out (`checks=False`): the tokens are checked here, before the run, and the
     caller checks the outputs after it. `eqx.error_if` is a host callback, and a
-    program with one is compiled again in every process (its callback is no
-    constant that JAX's persistent compilation cache can key on); sharded, XLA
+    program with one is compiled again in every process (JAX's persistent
+    compilation cache does not store programs with host callbacks); sharded, XLA
     would also place it on one device, so the whole batch would be gathered there
     and an error raised by that device would leave the others waiting in a
     collective.

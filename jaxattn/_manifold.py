@@ -50,6 +50,7 @@ def normalize(
     return project(x, W)
 
 
+@jax.jit  # one program per shape when called on concrete tokens; inlined under jit
 def project(x: Float[Array, "... d"], W: Float[Array, "d d"] | None) -> Float[Array, "... d"]:
     """`N_W` without input checks, for use inside the simulators.
 

@@ -96,10 +96,14 @@ def assert_float32(text: str, *, some: bool = True) -> list[Dot]:
     """Every product is a true float32 one (`some`: and there is at least one)."""
     found = dots(text)
     assert found or not some, "no dot_general in the program"
+    assert_float32_dots(found)
+    return found
+
+
+def assert_float32_dots(found: list[Dot]):
     bad = [d for d in found if d.precision != "HIGHEST, HIGHEST" or "bf16" in d.operands
            or d.algorithm]
     assert not bad, f"{len(bad)} of {len(found)} products are not true float32: {bad}"
-    return found
 
 
 def assert_reduced(fn, make, *, metric: bool):
@@ -128,11 +132,6 @@ def assert_reduced(fn, make, *, metric: bool):
     assert all(bool(d.algorithm) == on_gpu for d in reduced), "a GPU's TF32, emulated elsewhere"
     assert len(tf32) == len(bf16) == len(full)
     return len(low)
-
-
-def assert_float32_dots(found: list[Dot]):
-    bad = [d for d in found if d.precision != "HIGHEST, HIGHEST" or d.algorithm]
-    assert not bad, f"{len(bad)} of {len(found)} products are not true float32: {bad}"
 
 
 def _weights(key, factored: bool):

@@ -1,0 +1,432 @@
+"""Movies of the tokens: `ja.animate(xs, path, ts)` and `jaxattn animate DIR`.
+
+A trajectory `(T, n, d)` becomes an MP4 (the ffmpeg of the `imageio-ffmpeg` wheel:
+no system install) or a GIF (Pillow). Each frame is drawn once into one reused
+matplotlib figure and handed to the encoder at once, so an MP4's memory does not
+grow with its length (a GIF's palette frames, one byte a pixel, are kept by Pillow
+until it writes the file).
+
+What a frame shows:
+
+- `d = 3`: the sphere, shaded, turning slowly (`spin`) so that depth reads; tokens
+  on the near side are filled dots with a dark rim, tokens behind it hollow, faded
+  rings, and each draws a short trail (`trail` frames) faded where it runs behind.
+- `d = 2`: the circle, the tokens on it with their trails.
+- `d > 3`: one PCA of the whole trajectory (the second moment about the origin, so
+  that consensus on the sphere stays consensus): the tokens' coordinates on its
+  three leading directions, inside the unit ball, and the share of the variance
+  these keep printed on every frame.
+- many tokens (`n > density_above`, `d = 3`): the empirical measure as two Lambert
+  azimuthal equal-area maps (near and far hemisphere): equal areas of the sphere
+  are equal areas of the map, so the colour is the density.
+
+Under the picture the misalignment `E(t)` (`ja.misalignment`, or the `E` given)
+is drawn along with a marker at the frame's time; the time (or layer) is on every
+frame.
+"""
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from .._files import umask
+
+#: Seconds of movie per frame at the default frame rate.
+FPS = 20
+#: The most frames a movie gets by default (the trajectory's saves are thinned to it).
+MAX_FRAMES = 200
+#: Above this many tokens a 3-D trajectory is drawn as a density (Lambert maps).
+DENSITY_ABOVE = 2000
+#: The light of the shaded sphere (unit vector towards it, in screen coordinates).
+_LIGHT = np.array([-0.45, 0.55, 0.70]) / np.linalg.norm([-0.45, 0.55, 0.70])
+
+
+def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool = False,
+            fps: int = FPS, frames: int | None = MAX_FRAMES, trail: int = 8,
+            spin: float = 60.0, elevation: float | None = None, dpi: int = 100,
+            density_above: int = DENSITY_ABOVE, progress: bool = True) -> Path:
+    """Write a movie of a token trajectory.
+
+    **Arguments:**
+
+    - `xs`: the tokens, `(T, n, d)` with `d ≥ 2` (a `solve_flow` or `run_layers`
+      result saved at `T` times).
+    - `path`: the movie, `.mp4` (H.264 through `imageio-ffmpeg`) or `.gif` (Pillow).
+    - `ts`: the `T` times (default: `0, 1, …`, read as layers).
+    - `E`: the misalignment at the `T` times (default: `ja.misalignment(xs)`).
+    - `title`: a line over the picture.
+    - `layers`: label the frames by layer (`layer k`) instead of time.
+    - `fps`, `frames`: frame rate, and the most frames (the `T` saves are thinned
+      to it evenly; `None` keeps all).
+    - `trail`: how many earlier frames each token's trail spans (0: none).
+    - `spin`: degrees the sphere turns over the whole movie; `elevation`: the
+      viewer's height above the equator, in degrees (default: facing the tokens'
+      mean direction, within ±50°).
+    - `dpi`: pixels per inch of the 6.4 × 7.2 in frame (100 → 640 × 720).
+    - `density_above`: more tokens than this (on S²) are drawn as a density.
+    - `progress`: a progress bar on stderr.
+
+    **Returns:**
+
+    `path`, written whole or not at all.
+    """
+    path = Path(path)
+    kind = path.suffix.lower()
+    if kind not in (".mp4", ".gif"):
+        raise ValueError(f"the movie's name must end in .mp4 or .gif, got {path.name!r}.")
+    xs = np.asarray(xs, dtype=np.float64)
+    if xs.ndim != 3 or xs.shape[0] < 1 or xs.shape[1] < 1 or xs.shape[2] < 2:
+        raise ValueError(f"xs must be (T, n, d) with d ≥ 2, got shape {xs.shape}.")
+    if not np.all(np.isfinite(xs)):
+        raise ValueError("xs holds NaN or infinite values; nothing to draw.")
+    count = xs.shape[0]
+    layers = layers or ts is None
+    ts = np.arange(count, dtype=np.float64) if ts is None else np.asarray(ts, np.float64)
+    if ts.shape != (count,):
+        raise ValueError(f"ts must hold one time per frame, shape ({count},), got {ts.shape}.")
+    if E is None:
+        E = _misalignment(xs)
+    E = np.asarray(E, dtype=np.float64)
+    if E.shape != (count,):
+        raise ValueError(f"E must hold one value per frame, shape ({count},), got {E.shape}.")
+    for name, value, low in (("fps", fps, 1), ("trail", trail, 0), ("dpi", dpi, 20)):
+        if not isinstance(value, int | np.integer) or value < low:
+            raise ValueError(f"{name} must be a whole number ≥ {low}, got {value!r}.")
+    if frames is not None and (not isinstance(frames, int | np.integer) or frames < 1):
+        raise ValueError(f"frames must be a whole number ≥ 1, got {frames!r}.")
+    if not path.parent.is_dir():
+        raise ValueError(f"{path.parent} is not a folder; cannot write {path.name}.")
+    picks = _picks(count, frames)
+    scene = Scene(xs, ts, E, title=title, layers=layers, trail=trail, spin=spin,
+                  elevation=elevation, dpi=dpi, density_above=density_above)
+    images = scene.frames(picks, progress=progress)
+    return _encode(images, path, fps, scene.size)
+
+
+def _misalignment(xs: np.ndarray) -> np.ndarray:
+    from ..metrics import misalignment
+
+    return np.asarray(misalignment(xs))
+
+
+def _picks(count: int, frames: int | None) -> np.ndarray:
+    """The indices of the saves that become frames: all, or `frames` spread evenly."""
+    if frames is None or frames >= count:
+        return np.arange(count)
+    return np.unique(np.round(np.linspace(0, count - 1, frames)).astype(int))
+
+
+def pca3(xs: np.ndarray) -> tuple[np.ndarray, float]:
+    """The tokens `(T, n, d)` on the three leading directions of their second moment
+    about the origin over the whole trajectory, and the share of `Σ‖x‖²` these keep."""
+    flat = xs.reshape(-1, xs.shape[-1])
+    moment = flat.T @ flat
+    values, vectors = np.linalg.eigh(moment)
+    top = vectors[:, ::-1][:, :3]
+    kept = float(values[::-1][:3].sum() / values.sum()) if values.sum() > 0 else 1.0
+    return xs @ top, kept
+
+
+def facing(xs: np.ndarray) -> tuple[float, float]:
+    """The azimuth and elevation (degrees; within ±50°) that turn the tokens' mean
+    direction over the whole trajectory towards the viewer (the last frame's when
+    that mean is nearly 0)."""
+    center = xs.reshape(-1, 3).mean(axis=0)
+    if np.linalg.norm(center) < 1e-3:
+        center = xs[-1].mean(axis=0)
+    if np.linalg.norm(center) < 1e-9:
+        return -35.0, 20.0
+    center = center / np.linalg.norm(center)
+    height = float(np.clip(np.degrees(np.arcsin(np.clip(center[2], -1, 1))), -50, 50))
+    best = max(range(0, 360, 2), key=lambda a: float((_rotation(a, height) @ center)[2]))
+    return float(best), height
+
+
+def _rotation(azimuth: float, elevation: float) -> np.ndarray:
+    """World → screen: turn about the vertical axis by `azimuth`, then tilt the
+    viewer up by `elevation` (degrees). Screen `(u, v, depth)`, depth > 0 is near."""
+    a, e = np.radians(azimuth), np.radians(elevation)
+    turn = np.array([[np.cos(a), -np.sin(a), 0], [np.sin(a), np.cos(a), 0], [0, 0, 1]])
+    # x → u (right), z → v (up), y → away from the viewer, then the tilt
+    look = np.array([[1, 0, 0], [0, 0, 1], [0, -1, 0]], dtype=float)
+    tilt = np.array([[1, 0, 0], [0, np.cos(e), np.sin(e)], [0, -np.sin(e), np.cos(e)]])
+    return tilt @ look @ turn
+
+
+def shaded_disk(pixels: int = 400) -> np.ndarray:
+    """An RGBA image of the unit sphere lit from `_LIGHT` (transparent outside)."""
+    u = np.linspace(-1, 1, pixels)
+    U, V = np.meshgrid(u, u[::-1])
+    inside = U**2 + V**2 <= 1
+    W = np.sqrt(np.clip(1 - U**2 - V**2, 0, None))
+    light = np.clip(U * _LIGHT[0] + V * _LIGHT[1] + W * _LIGHT[2], 0, None)
+    shade = 0.55 + 0.45 * light
+    base = np.array([0.80, 0.86, 0.94])
+    image = np.zeros((pixels, pixels, 4))
+    image[..., :3] = np.clip(shade[..., None] * base, 0, 1)
+    image[..., 3] = np.where(inside, 0.9, 0.0)
+    return image
+
+
+class Scene:
+    """One reused figure: the picture (sphere, circle, ball or density maps), the
+    E(t) panel under it and the frame's label; `frames` yields RGB arrays."""
+
+    def __init__(self, xs, ts, E, *, title, layers, trail, spin, elevation, dpi,
+                 density_above):
+        from .figures import pyplot
+
+        self.plt = pyplot()
+        self.ts, self.E, self.layers, self.trail = ts, E, layers, trail
+        self.spin, self.elevation = spin, 20.0 if elevation is None else elevation
+        n, d = xs.shape[1:]
+        self.note = ""
+        if d > 3:
+            xs, kept = pca3(xs)
+            self.note = f"PCA of the trajectory: 3 of {d} dimensions keep {100 * kept:.1f}% of Σ‖x‖²"
+        scale = float(np.max(np.linalg.norm(xs, axis=-1)))
+        self.xs = xs / (scale if scale > 0 else 1.0)
+        self.ball = d > 3
+        if self.xs.shape[-1] == 3:
+            azimuth, height = facing(self.xs)
+            self.azimuth = azimuth - spin / 2
+            self.elevation = height if elevation is None else elevation
+        self.mode = "circle" if d == 2 else ("density" if n > density_above else "sphere")
+        self.fig = self.plt.figure(figsize=(6.4, 7.2), dpi=dpi)
+        self.size = tuple(int(round(v)) for v in self.fig.get_size_inches() * dpi)
+        self.fig.patch.set_facecolor("white")
+        top = self.fig.add_axes([0.04, 0.30, 0.92, 0.62])
+        self.ax = top
+        self.ax_e = self.fig.add_axes([0.14, 0.06, 0.80, 0.17])
+        self.fig.text(0.5, 0.975, title or f"{n} tokens in R{_superscript(d)}", ha="center", va="top",
+                      fontsize=11)
+        self.label = self.fig.text(0.5, 0.935, "", ha="center", va="top", fontsize=10,
+                                   family="monospace")
+        if self.note:
+            self.fig.text(0.5, 0.285, self.note, ha="center", va="bottom", fontsize=8,
+                          color="0.3")
+        self.colors = _token_colors(n, self.plt)
+        getattr(self, f"_setup_{self.mode}")()
+        self._setup_energy()
+        # Blitting: the still parts drawn once, each frame only the moving artists.
+        self.moving = [a for a in (getattr(self, name, None) for name in _MOVING) if a is not None]
+        self.moving += getattr(self, "maps", [])
+        for artist in self.moving:
+            artist.set_animated(True)
+        self.fig.canvas.draw()
+        self.background = self.fig.canvas.copy_from_bbox(self.fig.bbox)
+
+    # --- the picture ---------------------------------------------------------------
+    def _setup_sphere(self):
+        from matplotlib.collections import LineCollection
+
+        ax = self.ax
+        ax.set_xlim(-1.12, 1.12)
+        ax.set_ylim(-1.12, 1.12)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        if self.ball:
+            ax.add_patch(self.plt.Circle((0, 0), 1, fill=True, color="0.93", zorder=0))
+        else:
+            ax.imshow(shaded_disk(), extent=(-1, 1, -1, 1), zorder=0, interpolation="bilinear")
+        ax.add_patch(self.plt.Circle((0, 0), 1, fill=False, color="0.45", lw=1.0, zorder=1))
+        (self.equator,) = ax.plot([], [], color="0.55", lw=0.7, zorder=1)
+        self.trails = LineCollection([], linewidths=1.6, zorder=3, capstyle="round")
+        ax.add_collection(self.trails)
+        self.back = ax.scatter([], [], s=40, facecolors="none", linewidths=1.6, zorder=2)
+        self.front = ax.scatter([], [], s=46, edgecolors="0.1", linewidths=0.8, zorder=4)
+        ax.text(1.1, -1.1, "filled: near side\nrings: far side", ha="right", va="bottom",
+                fontsize=7, color="0.35")
+
+    def _setup_circle(self):
+        from matplotlib.collections import LineCollection
+
+        ax = self.ax
+        ax.set_xlim(-1.15, 1.15)
+        ax.set_ylim(-1.15, 1.15)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        ax.add_patch(self.plt.Circle((0, 0), 1, fill=False, color="0.5", lw=1.2, zorder=1))
+        self.trails = LineCollection([], linewidths=1.6, zorder=3, capstyle="round")
+        ax.add_collection(self.trails)
+        self.front = ax.scatter([], [], s=46, edgecolors="0.1", linewidths=0.8, zorder=4)
+
+    def _setup_density(self):
+        ax = self.ax
+        ax.axis("off")
+        ax.set_xlim(-2.3, 2.3)
+        ax.set_ylim(-1.3, 1.3)
+        ax.set_aspect("equal")
+        self.bins = 72
+        empty = np.zeros((self.bins, self.bins))
+        side = np.sqrt(2)
+        self.maps = []
+        for center, name in ((-1.15, "near hemisphere"), (1.15, "far hemisphere")):
+            extent = (center - 1, center + 1, -1, 1)
+            image = ax.imshow(empty, extent=extent, origin="lower", cmap="magma_r",
+                              vmin=0, vmax=1, interpolation="nearest")
+            image.set_clip_path(self.plt.Circle((center, 0), 1, transform=ax.transData))
+            ax.add_patch(self.plt.Circle((center, 0), 1, fill=False, color="0.4", lw=0.8))
+            ax.text(center, -1.12, name, ha="center", va="top", fontsize=8)
+            self.maps.append(image)
+        self.side = side
+        ax.text(0, 1.2, "Lambert equal-area maps: colour = share of the tokens per area",
+                ha="center", fontsize=8, color="0.3")
+
+    def _setup_energy(self):
+        ax, ts, E = self.ax_e, self.ts, self.E
+        positive = E[E > 0]
+        ax.plot(ts, E, color="0.25", lw=1.2)
+        if positive.size and positive.max() / positive.min() > 100:
+            ax.set_yscale("log")
+            ax.set_ylim(positive.min() / 2, positive.max() * 2)
+        ax.set_xlim(ts[0], ts[-1] if ts[-1] > ts[0] else ts[0] + 1)
+        if len(ts) > 2 and ts[0] >= 0 and ts[1] > 0 and ts[-1] / ts[1] > 1e3:  # a log grid
+            ax.set_xscale("symlog", linthresh=float(ts[1]))
+        ax.set_xlabel("layer" if self.layers else "t")
+        ax.set_ylabel("E(t)")
+        (self.marker,) = ax.plot([], [], "o", color="tab:red", ms=6, zorder=5)
+        self.cursor = ax.axvline(ts[0], color="tab:red", lw=0.8, alpha=0.6)
+
+    # --- one frame -----------------------------------------------------------------
+    def _draw_sphere(self, i: int, history: np.ndarray, frac: float):
+        R = _rotation(self.azimuth + self.spin * frac, self.elevation)
+        screen = history @ R.T  # (k, n, 3)
+        now = screen[-1]
+        near = now[:, 2] >= 0
+        self.front.set_offsets(now[near, :2])
+        self.front.set_facecolors(self.colors[near])
+        self.back.set_offsets(now[~near, :2] if (~near).any() else np.zeros((0, 2)))
+        self.back.set_edgecolors(_faded(self.colors[~near], 0.7))
+        a = np.linspace(0, 2 * np.pi, 181)
+        ring = np.stack([np.cos(a), np.sin(a), np.zeros_like(a)], -1) @ R.T
+        ring = np.where(ring[:, 2:] >= 0, ring, np.nan)
+        self.equator.set_data(ring[:, 0], ring[:, 1])
+        self._set_trails(screen[..., :2], screen[..., 2] >= 0)
+
+    def _draw_circle(self, i: int, history: np.ndarray, frac: float):
+        self.front.set_offsets(history[-1])
+        self.front.set_facecolors(self.colors)
+        self._set_trails(history, np.ones(history.shape[:2], bool))
+
+    def _draw_density(self, i: int, history: np.ndarray, frac: float):
+        R = _rotation(self.azimuth + self.spin * frac, self.elevation)
+        now = history[-1] @ R.T
+        now = now / np.linalg.norm(now, axis=-1, keepdims=True)
+        n = now.shape[0]
+        for image, sign in zip(self.maps, (1.0, -1.0)):
+            half = now[sign * now[:, 2] >= 0]
+            scale = np.sqrt(2.0 / (1.0 + sign * half[:, 2]))[:, None]
+            flat = half[:, :2] * scale / self.side  # the hemisphere → the unit disk
+            if sign < 0:
+                flat[:, 0] = -flat[:, 0]  # the far side as seen from behind
+            counts, _, _ = np.histogram2d(flat[:, 1], flat[:, 0], bins=self.bins,
+                                          range=[[-1, 1], [-1, 1]])
+            share = counts / n / (2.0 / self.bins) ** 2 * np.pi  # 1 = uniform on the disk
+            image.set_data(share)
+            image.set_clim(0, 8)
+
+    def _set_trails(self, points: np.ndarray, near: np.ndarray):
+        k = points.shape[0]
+        if self.trail == 0 or k < 2:
+            self.trails.set_segments([])
+            return
+        segments = np.stack([points[:-1], points[1:]], axis=2)  # (k-1, n, 2, 2)
+        age = np.linspace(0.15, 0.9, k - 1)[:, None]
+        alpha = age * np.where(near[:-1] & near[1:], 1.0, 0.35)
+        colors = np.broadcast_to(self.colors[None], (k - 1,) + self.colors.shape).copy()
+        colors[..., 3] = alpha
+        self.trails.set_segments(segments.reshape(-1, 2, 2))
+        self.trails.set_colors(colors.reshape(-1, 4))
+
+    def frames(self, picks: np.ndarray, *, progress: bool) -> Iterator[np.ndarray]:
+        """The frames at the saves `picks`, one RGB array `(H, W, 3)` at a time."""
+        from tqdm.auto import tqdm
+
+        draw = getattr(self, f"_draw_{self.mode}")
+        last = max(len(picks) - 1, 1)
+        try:
+            for j, i in enumerate(tqdm(picks, desc="animate", unit="frame",
+                                       disable=not progress, leave=False)):
+                start = picks[max(0, j - self.trail)]
+                history = self.xs[start:i + 1]
+                step = max(1, (i - start) // max(self.trail, 1))
+                history = history[::-1][::step][::-1]  # ends on the frame itself
+                draw(i, history, j / last)
+                t = self.ts[i]
+                when = f"layer {int(round(t))}" if self.layers else f"t = {t:7.3f}"
+                self.label.set_text(f"{when}    E = {self.E[i]:.2e}")
+                self.marker.set_data([t], [self.E[i]])
+                self.cursor.set_xdata([t, t])
+                canvas = self.fig.canvas
+                canvas.restore_region(self.background)
+                for artist in self.moving:
+                    self.fig.draw_artist(artist)
+                yield np.asarray(self.fig.canvas.buffer_rgba())[..., :3].copy()
+        finally:
+            self.plt.close(self.fig)
+
+
+#: The artists a frame changes (drawn over the still background), in drawing order.
+_MOVING = ("equator", "trails", "back", "front", "label", "cursor", "marker")
+
+
+def _superscript(d: int) -> str:
+    return str(d).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+
+
+def _token_colors(n: int, plt) -> np.ndarray:
+    cmap = plt.get_cmap("tab10" if n <= 10 else "turbo")
+    values = np.arange(n) if n <= 10 else np.linspace(0.05, 0.95, n)
+    return np.asarray(cmap(values), dtype=float)
+
+
+def _faded(colors: np.ndarray, alpha: float) -> np.ndarray:
+    out = colors.copy()
+    out[:, 3] = alpha
+    return out
+
+
+def _encode(images: Iterator[np.ndarray], path: Path, fps: int, size) -> Path:
+    """Stream the frames to the encoder under a temporary name, then rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        if path.suffix.lower() == ".mp4":
+            _write_mp4(images, tmp, fps, size)
+        else:
+            _write_gif(images, tmp, fps)
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600, whatever the umask
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _write_mp4(images, tmp: str, fps: int, size) -> None:
+    import imageio_ffmpeg
+
+    writer = imageio_ffmpeg.write_frames(tmp, size, fps=fps, codec="libx264",
+                                         pix_fmt_out="yuv420p", quality=7,
+                                         macro_block_size=16, ffmpeg_log_level="error")
+    writer.send(None)  # start ffmpeg
+    try:
+        for image in images:
+            writer.send(np.ascontiguousarray(image))
+    finally:
+        writer.close()
+
+
+def _write_gif(images, tmp: str, fps: int) -> None:
+    from PIL import Image
+
+    frames = [Image.fromarray(image).quantize(colors=96, method=Image.Quantize.MEDIANCUT)
+              for image in images]
+    if not frames:
+        raise ValueError("no frames to write.")
+    frames[0].save(tmp, format="GIF", save_all=True, append_images=frames[1:],
+                   duration=int(round(1000 / fps)), loop=0, optimize=True, disposal=1)

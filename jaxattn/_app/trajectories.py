@@ -1,0 +1,151 @@
+"""The token trajectories a run folder saved, for `jaxattn animate` and `jaxattn view`.
+
+A run's `data.npz` holds its tokens under names that end in `ys` or `paths`
+(`ys`, `ys_layers`, `h2_ys`, `sphere_ys_long`, `fig13_paths`): `(T, n, d)`, or
+`(B, T, n, d)` for `B` runs side by side. Their times are the array of the same
+name with `ts` for `ys` (`ts_layers`), their misalignment the one with `E`; a
+trajectory without saved times is a sequence of layers. An experiment that saves
+no tokens gets a line saying how to make a trajectory to animate.
+"""
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+#: Where the tokens are: `ys` or `paths` as the whole name or one of its `_` parts.
+_TOKENS = re.compile(r"(^|_)(ys|paths)(_|$)")
+
+
+class NoTrajectory(ValueError):
+    """A folder that saved no token trajectory (the message says how to make one)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Trajectory:
+    """One saved trajectory: `xs (T, n, d)`, its times `ts (T,)` (layers when none
+    were saved), its misalignment `E (T,)` if saved, and where it came from."""
+
+    name: str
+    xs: np.ndarray
+    ts: np.ndarray
+    E: np.ndarray | None
+    layers: bool
+
+    @property
+    def title(self) -> str:
+        n, d = self.xs.shape[1:]
+        return f"{self.name}: {n} tokens in R^{d}"
+
+
+def trajectory_names(data) -> list[str]:
+    """The names of the arrays in `data` that hold tokens: `(T, n, d)` or
+    `(B, T, n, d)` with `d ≥ 2`."""
+    return [k for k in data if _TOKENS.search(k) and np.ndim(data[k]) in (3, 4)
+            and np.shape(data[k])[-1] >= 2 and np.shape(data[k])[-3] >= 1]
+
+
+def _partner(data, name: str, key: str, shape: tuple) -> np.ndarray | None:
+    """The array named like `name` with `ys`/`paths` replaced by `key`, if it has
+    `shape` (or one row per run: `(B, T)` for `(B, T, n, d)` tokens)."""
+    other = _TOKENS.sub(lambda m: f"{m.group(1)}{key}{m.group(3)}", name, count=1)
+    if other != name and other in data and np.shape(data[other]) == shape:
+        return np.asarray(data[other], dtype=np.float64)
+    return None
+
+
+def pick(data, name: str | None = None, index: int = 0) -> Trajectory:
+    """One trajectory of `data` (a `data.npz`'s arrays): `name` (default: the first
+    found), run `index` of a batch of runs. A `ValueError` names what there is."""
+    names = trajectory_names(data)
+    if not names:
+        raise NoTrajectory("no token trajectory in data.npz")
+    if name is None:
+        name = names[0]
+    elif name not in names:
+        raise ValueError(f"no trajectory {name!r} in data.npz; it has {', '.join(names)}.")
+    xs = np.asarray(data[name], dtype=np.float64)
+    if xs.ndim == 4:
+        if not 0 <= index < xs.shape[0]:
+            raise ValueError(f"--index must be in 0 … {xs.shape[0] - 1} ({name} holds "
+                             f"{xs.shape[0]} runs), got {index}.")
+        runs = xs.shape[:2]
+        ts = _partner(data, name, "ts", runs)
+        E = _partner(data, name, "E", runs)
+        xs, ts, E = xs[index], None if ts is None else ts[index], None if E is None else E[index]
+        label = f"{name}[{index}]"
+    else:
+        if index != 0:
+            raise ValueError(f"--index must be 0: {name} holds one run, got {index}.")
+        ts = _partner(data, name, "ts", xs.shape[:1])
+        E = _partner(data, name, "E", xs.shape[:1])
+        label = name
+    layers = ts is None or name.endswith("_layers")
+    if ts is None:
+        ts = np.arange(xs.shape[0], dtype=np.float64)
+    # A run stopped by an event saves `inf` times (and placeholders) after its end.
+    kept = np.isfinite(ts) & np.all(np.isfinite(xs), axis=(1, 2))
+    if E is not None:
+        kept &= np.isfinite(E)
+    end = int(np.argmin(kept)) if not kept.all() else len(kept)
+    if end == 0:
+        raise ValueError(f"{label} holds no finite save to draw.")
+    return Trajectory(label, xs[:end], ts[:end], None if E is None else E[:end], layers)
+
+
+def load(folder, name: str | None = None, index: int = 0) -> Trajectory:
+    """The trajectory `name` (default: the first) of a run folder's `data.npz`; a
+    `ValueError` (one line) when the folder has none, saying how to make one."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder (give a run folder of "
+                                "`jaxattn run` or `jaxattn demo`).")
+    if not (folder / "data.npz").is_file():
+        raise ValueError(f"{folder} has no data.npz: not a run folder.")
+    with np.load(folder / "data.npz") as f:
+        data = {k: f[k] for k in f.files}
+    try:
+        return pick(data, name, index)
+    except NoTrajectory:
+        raise NoTrajectory(f"{folder} holds no token trajectory: {how_to_save(folder)}") from None
+
+
+#: The experiments whose saved runs hold token trajectories, and the arrays.
+SAVES_TOKENS = {
+    "thm41-sphere": "ys, ys_layers", "thm52-symmetric": "ys, ys_layers",
+    "thm32-gradient": "ys, ys_layers", "adversarial-tokens": "sphere_ys_long",
+    "conjecture-multihead": "h2_ys, h3_ys", "hardmax": "ys_psd, ys_nsd",
+    "metastability": "ys (one run per β: --index)", "oja-bipartite": "fig13_paths",
+}
+
+
+#: The theorem experiments: `setup(key, config)` gives one instance's model and tokens.
+_THEOREMS = ("thm41-sphere", "thm51-causal", "thm52-symmetric", "thm32-gradient")
+
+
+def how_to_save(folder) -> str:
+    """What to do when a folder saved no tokens: by the kind of run it is."""
+    folder = Path(folder)
+    config = {}
+    if (folder / "config.json").is_file():
+        try:
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            config = {}
+    name = config.get("experiment")
+    if name is None and "model" in config:
+        return ("`jaxattn loop` records E only; for the states after every pass call "
+                "`E, states = ja.models.loop(model, ids, passes=P, save_states=range(0, "
+                "P * L + 1, L))` (L: the model's blocks) and animate them with "
+                "`ja.animate(states, 'loop.mp4')` (d > 3: one PCA).")
+    if name in _THEOREMS:
+        return (f"{name} saves its measures only; simulate one instance with its own "
+                f"set-up and animate the tokens: `dyn, x0 = ja.experiments.get_experiment("
+                f"'{name}').setup(key, config)`, `ys = ja.solve_flow(dyn, x0, ts)`, "
+                "`ja.animate(ys, 'movie.mp4', ts)`.")
+    return (f"{name or 'this run'} saves its measures only; the runs that save tokens are "
+            f"{', '.join(SAVES_TOKENS)} (`jaxattn run thm41-sphere`), and any trajectory "
+            "of `ja.solve_flow` or `ja.run_layers` animates with "
+            "`ja.animate(ys, 'movie.mp4', ts)`.")

@@ -1,0 +1,67 @@
+"""`jaxattn animate DIR`: a run folder's token trajectory as a movie (MP4 or GIF)."""
+
+import argparse
+from pathlib import Path
+
+from ._common import CLIError
+
+HELP = "a run folder's token trajectories as a movie (MP4 or GIF)"
+
+
+def _animate(args: argparse.Namespace) -> int:
+    from .._validate import check_count
+
+    check_count(args.fps, "--fps", 1)
+    check_count(args.frames, "--frames", 1)
+    check_count(args.trail, "--trail", 0)
+    out = Path(args.out) if args.out else None
+    if out is not None and out.suffix.lower() not in (".mp4", ".gif"):
+        raise CLIError(f"--out must end in .mp4 or .gif, got {args.out!r}.")
+    if args.until is not None and not args.until > 0:
+        raise CLIError(f"--until must be > 0, got {args.until}.")
+    from .._app.animate import animate
+    from .._app.trajectories import load
+
+    track = load(args.folder, args.which, args.index)
+    xs, ts, E = track.xs, track.ts, track.E
+    if args.until is not None:
+        keep = ts <= args.until
+        if keep.sum() < 2:
+            raise CLIError(f"--until {args.until:g} keeps fewer than 2 saves "
+                           f"(the run starts at {ts[0]:g}).")
+        xs, ts, E = xs[keep], ts[keep], None if E is None else E[keep]
+    if out is None:
+        out = Path(args.folder) / f"{track.name.replace('[', '_').rstrip(']')}.mp4"
+    if not out.parent.is_dir():
+        raise CLIError(f"cannot write {out}: {out.parent} is not a folder.")
+    n, d = xs.shape[1:]
+    print(f"jaxattn animate: {track.name}, {xs.shape[0]} saves of {n} tokens in R^{d}"
+          + (" (PCA to 3 dimensions)" if d > 3 else ""))
+    path = animate(xs, out, ts, E=E, title=args.title or track.name, layers=track.layers,
+                   fps=args.fps, frames=args.frames, trail=args.trail, dpi=args.dpi,
+                   progress=not args.no_progress)
+    print(f"wrote {path}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("animate", help=HELP,
+                       description="Draw the token trajectory saved in a run folder's "
+                       "data.npz (`jaxattn run`, `jaxattn demo`) as a movie: S² as a "
+                       "shaded sphere with trails, S¹ as a circle, d > 3 by one PCA; "
+                       "E(t) under it.")
+    p.add_argument("folder", help="a run folder (with data.npz)")
+    p.add_argument("--out", help="the movie, .mp4 or .gif (default: DIR/<trajectory>.mp4)")
+    p.add_argument("--which", help="the trajectory's array in data.npz (default: the first: "
+                   "ys, ys_layers, …)")
+    p.add_argument("--index", type=int, default=0,
+                   help="which run of a batch of runs (B, T, n, d) (default 0)")
+    p.add_argument("--frames", type=int, default=200, help="most frames (default 200)")
+    p.add_argument("--fps", type=int, default=20, help="frames per second (default 20)")
+    p.add_argument("--trail", type=int, default=8, help="frames of trail (default 8)")
+    p.add_argument("--until", type=float, help="only the saves up to this time or layer")
+    p.add_argument("--dpi", type=int, default=100,
+                   help="pixels per inch of the 6.4 × 7.2 in frame (default 100)")
+    p.add_argument("--title", help="the line over the picture")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_animate)

@@ -1,0 +1,41 @@
+"""`jaxattn view DIR --out FILE.html`: a run folder's tokens as one page to turn and scrub."""
+
+import argparse
+from pathlib import Path
+
+from ._common import CLIError
+
+HELP = "a run folder's token trajectories as one HTML page to turn and scrub"
+
+
+def _view(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise CLIError(f"--out must end in .html, got {args.out!r}.")
+    if not out.parent.is_dir():
+        raise CLIError(f"cannot write {out}: {out.parent} is not a folder.")
+    from .._app.trajectories import load
+    from .._app.view import write_view
+
+    track = load(args.folder, args.which, args.index)
+    n, d = track.xs.shape[1:]
+    path = write_view(out, track.xs, track.ts, E=track.E, title=args.title or track.title,
+                      layers=track.layers)
+    print(f"jaxattn view: {track.name}, {track.xs.shape[0]} saves of {n} tokens in R^{d}")
+    print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB; open it in a browser, "
+          "no network needed)")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("view", help=HELP,
+                       description="Write the token trajectory saved in a run folder's "
+                       "data.npz as one self-contained HTML page: drag to turn the sphere, "
+                       "a slider scrubs the time, E(t) under it.")
+    p.add_argument("folder", help="a run folder (with data.npz)")
+    p.add_argument("--out", required=True, help="the page to write, FILE.html")
+    p.add_argument("--which", help="the trajectory's array in data.npz (default: the first)")
+    p.add_argument("--index", type=int, default=0,
+                   help="which run of a batch of runs (B, T, n, d) (default 0)")
+    p.add_argument("--title", help="the page's title")
+    p.set_defaults(func=_view)

@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from ._solvers import RK4 as RK4
     from ._validate import SimulationError as SimulationError
     from .metrics._consensus import misalignment as misalignment
+    from ._app.animate import animate as animate
 
 #: Each public name → the module that defines it.
 _ATTRIBUTES = {
@@ -72,6 +73,7 @@ _ATTRIBUTES = {
     "RK4": "._solvers",
     "SimulationError": "._validate",
     "misalignment": ".metrics._consensus",
+    "animate": "._app.animate",  # a movie of a trajectory (above the library: matplotlib)
 }
 #: The public namespaces `ja.X`, and the two commands' packages (`jaxattn bench`, the CLI).
 _SUBMODULES = ("experiments", "explore", "metrics", "models", "spectral", "sweep", "theory",

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from jaxattn.cli import main, parser
 
 COMMANDS = sorted(parser()._subparsers._group_actions[0].choices)
+_RUNS = os.path.join(os.path.dirname(__file__), "data", "figures")  # saved small runs
 
 BAD = [
     ([], "required: COMMAND"),
@@ -69,6 +70,19 @@ BAD = [
     (["sweep", "thm32-gradient", "--set", "sphere=maybe"], "sphere must be true or false"),
     (["sweep", "/nonexistent/spec.toml"], "cannot read the sweep spec"),
     (["doctor", "--size", "0"], "`--size` must be a whole number ≥ 1"),
+    (["animate"], "required: folder"),
+    (["animate", "/nonexistent/run"], "is not a folder"),
+    (["animate", f"{_RUNS}/demo", "--out", "movie.avi"], "must end in .mp4 or .gif"),
+    (["animate", f"{_RUNS}/demo", "--frames", "0"], "`--frames` must be a whole"),
+    (["animate", f"{_RUNS}/demo", "--which", "zs"], "no trajectory 'zs'"),
+    (["animate", f"{_RUNS}/demo", "--index", "2"], "--index must be 0"),
+    (["animate", f"{_RUNS}/thm51-causal"], "holds no token trajectory"),
+    (["view"], "required: folder"),
+    (["view", f"{_RUNS}/demo"], "required: --out"),
+    (["view", f"{_RUNS}/demo", "--out", "page.txt"], "must end in .html"),
+    (["view", f"{_RUNS}/loop", "--out", "/tmp/page.html"], "records E only"),
+    (["view", f"{_RUNS}/metastability", "--out", "/tmp/page.html", "--index", "9"],
+     "--index must be in 0 … 2"),
 ]
 
 

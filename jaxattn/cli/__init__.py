@@ -48,6 +48,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("sweep", "sweep experiment parameters over random instances (resumable)"),
     "doctor": ("doctor", "check the install on this machine: versions, device, float32, "
                "speed"),
+    "animate": ("animate", "a run folder's token trajectories as a movie (MP4 or GIF)"),
+    "view": ("view", "a run folder's token trajectories as one HTML page to turn and scrub"),
 }
 #: The commands whose results are bit-identical from run to run on a GPU too (and
 #: `doctor`, which checks the device as they use it).

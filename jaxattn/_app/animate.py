@@ -40,6 +40,9 @@ FPS = 20
 MAX_FRAMES = 200
 #: Above this many tokens a 3-D trajectory is drawn as a density (Lambert maps).
 DENSITY_ABOVE = 2000
+#: The colours of a GIF's one palette (fewer compress better; the sphere's shading
+#: needs a few dozen).
+GIF_COLORS = 64
 #: The light of the shaded sphere (unit vector towards it, in screen coordinates).
 _LIGHT = np.array([-0.45, 0.55, 0.70]) / np.linalg.norm([-0.45, 0.55, 0.70])
 
@@ -64,7 +67,7 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
     - `trail`: how many earlier frames each token's trail spans (0: none).
     - `spin`: degrees the sphere turns over the whole movie; `elevation`: the
       viewer's height above the equator, in degrees (default: facing the tokens'
-      mean direction, within ±50°).
+      mean direction, within ±70°).
     - `dpi`: pixels per inch of the 6.4 × 7.2 in frame (100 → 640 × 720).
     - `density_above`: more tokens than this (on S²) are drawn as a density.
     - `progress`: a progress bar on stderr.
@@ -103,7 +106,7 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
     scene = Scene(xs, ts, E, title=title, layers=layers, trail=trail, spin=spin,
                   elevation=elevation, dpi=dpi, density_above=density_above)
     images = scene.frames(picks, progress=progress)
-    return _encode(images, path, fps, scene.size)
+    return _encode(images, path, fps, scene.size, scene.colors)
 
 
 def _misalignment(xs: np.ndarray) -> np.ndarray:
@@ -131,7 +134,7 @@ def pca3(xs: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def facing(xs: np.ndarray) -> tuple[float, float]:
-    """The azimuth and elevation (degrees; within ±50°) that turn the tokens' mean
+    """The azimuth and elevation (degrees; within ±70°) that turn the tokens' mean
     direction over the whole trajectory towards the viewer (the last frame's when
     that mean is nearly 0)."""
     center = xs.reshape(-1, 3).mean(axis=0)
@@ -139,16 +142,15 @@ def facing(xs: np.ndarray) -> tuple[float, float]:
         center = xs[-1].mean(axis=0)
     if np.linalg.norm(center) < 1e-9:
         return -35.0, 20.0
-    center = center / np.linalg.norm(center)
-    height = float(np.clip(np.degrees(np.arcsin(np.clip(center[2], -1, 1))), -50, 50))
-    best = max(range(0, 360, 2), key=lambda a: float((_rotation(a, height) @ center)[2]))
-    return float(best), height
+    grid = [(a, e) for a in range(0, 360, 3) for e in range(-70, 71, 5)]
+    best = max(grid, key=lambda ae: float((_rotation(*ae) @ center)[2]))
+    return float(best[0]), float(best[1])
 
 
 def _rotation(azimuth: float, elevation: float) -> np.ndarray:
     """World → screen: turn about the vertical axis by `azimuth`, then tilt the
     viewer up by `elevation` (degrees). Screen `(u, v, depth)`, depth > 0 is near."""
-    a, e = np.radians(azimuth), np.radians(elevation)
+    a, e = np.radians(azimuth), -np.radians(elevation)
     turn = np.array([[np.cos(a), -np.sin(a), 0], [np.sin(a), np.cos(a), 0], [0, 0, 1]])
     # x → u (right), z → v (up), y → away from the viewer, then the tilt
     look = np.array([[1, 0, 0], [0, 0, 1], [0, -1, 0]], dtype=float)
@@ -390,7 +392,7 @@ def _faded(colors: np.ndarray, alpha: float) -> np.ndarray:
     return out
 
 
-def _encode(images: Iterator[np.ndarray], path: Path, fps: int, size) -> Path:
+def _encode(images: Iterator[np.ndarray], path: Path, fps: int, size, colors) -> Path:
     """Stream the frames to the encoder under a temporary name, then rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
     os.close(fd)
@@ -398,7 +400,7 @@ def _encode(images: Iterator[np.ndarray], path: Path, fps: int, size) -> Path:
         if path.suffix.lower() == ".mp4":
             _write_mp4(images, tmp, fps, size)
         else:
-            _write_gif(images, tmp, fps)
+            _write_gif(images, tmp, fps, colors)
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600, whatever the umask
         os.replace(tmp, path)
     except BaseException:
@@ -421,12 +423,26 @@ def _write_mp4(images, tmp: str, fps: int, size) -> None:
         writer.close()
 
 
-def _write_gif(images, tmp: str, fps: int) -> None:
+def _write_gif(images, tmp: str, fps: int, colors: np.ndarray) -> None:
+    """A GIF through Pillow: one palette for every frame, the first frame's main colours
+    and the tokens' own (a palette per frame would flicker, and a palette fitted to
+    the sphere's shading alone turns small coloured dots grey)."""
     from PIL import Image
 
-    frames = [Image.fromarray(image).quantize(colors=96, method=Image.Quantize.MEDIANCUT)
-              for image in images]
-    if not frames:
+    images = iter(images)
+    first = next(images, None)
+    if first is None:
         raise ValueError("no frames to write.")
+    tokens = np.round(255 * np.asarray(colors)[:, :3]).astype(int)[:64]
+    base = Image.fromarray(first).quantize(colors=GIF_COLORS - len(tokens),
+                                           method=Image.Quantize.MEDIANCUT)
+    palette = base.getpalette()[:3 * (GIF_COLORS - len(tokens))] + tokens.reshape(-1).tolist()
+    reference = Image.new("P", (1, 1))
+    reference.putpalette(palette + [0] * (768 - len(palette)))
+
+    def indexed(image):
+        return Image.fromarray(image).quantize(palette=reference, dither=Image.Dither.NONE)
+
+    frames = [indexed(first)] + [indexed(image) for image in images]
     frames[0].save(tmp, format="GIF", save_all=True, append_images=frames[1:],
                    duration=int(round(1000 / fps)), loop=0, optimize=True, disposal=1)

@@ -17,6 +17,8 @@ def _animate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.suffix.lower() not in (".mp4", ".gif"):
         raise CLIError(f"--out must end in .mp4 or .gif, got {args.out!r}.")
+    if not abs(args.spin) < 1e6:
+        raise CLIError(f"--spin must be a finite number of degrees, got {args.spin}.")
     if args.until is not None and not args.until > 0:
         raise CLIError(f"--until must be > 0, got {args.until}.")
     from .._app.animate import animate
@@ -38,7 +40,7 @@ def _animate(args: argparse.Namespace) -> int:
     print(f"jaxattn animate: {track.name}, {xs.shape[0]} saves of {n} tokens in R^{d}"
           + (" (PCA to 3 dimensions)" if d > 3 else ""))
     path = animate(xs, out, ts, E=E, title=args.title or track.name, layers=track.layers,
-                   fps=args.fps, frames=args.frames, trail=args.trail, dpi=args.dpi,
+                   fps=args.fps, frames=args.frames, trail=args.trail, dpi=args.dpi, spin=args.spin,
                    progress=not args.no_progress)
     print(f"wrote {path}")
     return 0
@@ -59,6 +61,8 @@ def register(sub) -> None:
     p.add_argument("--frames", type=int, default=200, help="most frames (default 200)")
     p.add_argument("--fps", type=int, default=20, help="frames per second (default 20)")
     p.add_argument("--trail", type=int, default=8, help="frames of trail (default 8)")
+    p.add_argument("--spin", type=float, default=60.0,
+                   help="degrees the sphere turns over the movie (default 60)")
     p.add_argument("--until", type=float, help="only the saves up to this time or layer")
     p.add_argument("--dpi", type=int, default=100,
                    help="pixels per inch of the 6.4 × 7.2 in frame (default 100)")

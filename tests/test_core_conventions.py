@@ -174,7 +174,7 @@ def test_solve_flow_solution_and_event_stop_at_the_dense_crossing(key):
     ys = ja.solve_flow(dyn, x0, ts, **tight)
     sol = ja.solve_flow(dyn, x0, ts, solution=True, **tight)
     assert isinstance(sol, ja.FlowSolution)
-    np.testing.assert_array_equal(sol.ys, ys)
+    assert_same_values(sol.ys, ys)  # another program: the dense output's bookkeeping
     np.testing.assert_array_equal(sol.t1, 10.0)
     assert_same_values(sol.y1, ys[:, -1])  # the last step's end; its interpolant at t1
     assert sol.success.all() and not sol.event.any() and (sol.stats["num_steps"] > 0).all()

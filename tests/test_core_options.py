@@ -7,7 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import random_dynamics, random_tokens, run_on_forced_devices
+from _helpers import (
+    ULPS_APART_SOURCE,
+    assert_same_values,
+    random_dynamics,
+    random_tokens,
+    run_on_forced_devices,
+)
 
 import jaxattn as ja
 
@@ -43,7 +49,7 @@ def test_sqrt_checkpointing_same_values_and_gradient(key, num_layers):
         return ja.run_layers(dyn, x, num_layers, 0.1, observe=ja.misalignment,
                              checkpoints=checkpoints)
 
-    np.testing.assert_array_equal(run(x0, "sqrt"), run(x0, None))
+    assert_same_values(run(x0, "sqrt"), run(x0, None))  # two programs: nested scans
     g_all = jax.grad(lambda x: run(x, None).sum())(x0)
     g_sqrt = jax.grad(lambda x: run(x, "sqrt").sum())(x0)
     np.testing.assert_allclose(g_sqrt, g_all, rtol=1e-10, atol=1e-14)
@@ -87,7 +93,7 @@ def test_rk4_is_fourth_order_on_the_flow(key):
     assert 3.6 < order < 4.6
 
 
-_SHARDED = textwrap.dedent(
+_SHARDED = ULPS_APART_SOURCE + textwrap.dedent(
     """
     import json, jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
@@ -103,7 +109,7 @@ _SHARDED = textwrap.dedent(
     d = ja.solve_flow(dyn, xb, ts, devices=jax.devices())
     print(json.dumps({
         "devices": len(jax.devices()),
-        "layers_equal": bool(np.array_equal(a, b)),
+        "layers_ulps": ulps_apart(a, b),
         "flow_err": float(np.abs(np.asarray(c) - np.asarray(d)).max()),
         "shape": list(b.shape),
     }))
@@ -114,7 +120,7 @@ _SHARDED = textwrap.dedent(
 def test_sharded_batch_equals_unsharded():
     res = run_on_forced_devices(_SHARDED, timeout=600)
     assert res["shape"] == [6, 11, 5, 3]
-    assert res["layers_equal"]
+    assert res["layers_ulps"] <= 4, res  # two programs (4 devices, 1): rounding
     assert res["flow_err"] < 1e-12
 
 

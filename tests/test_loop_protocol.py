@@ -158,7 +158,7 @@ def test_observe_records_any_measure_by_pass(neo):
     E = ja.models.loop(neo, ids, passes=3)
     by_pass = ja.models.loop(neo, ids, passes=3, by_pass=True)
     assert by_pass.shape == (4, 3, L)
-    np.testing.assert_array_equal(by_pass.reshape(4, -1), E[:, 1:])
+    assert_same_values(by_pass.reshape(4, -1), E[:, 1:])  # another program
     r = ja.models.loop(neo, ids, passes=3, observe=ja.metrics.rank_collapse_residual,
                        by_pass=True)
     _, states = ja.models.loop(neo, ids, passes=3, save_states=[1, 2, 3, 6])

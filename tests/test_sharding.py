@@ -7,9 +7,9 @@ Each test runs a script in a subprocess with four forced CPU devices."""
 import textwrap
 
 import pytest
-from _helpers import run_on_forced_devices
+from _helpers import ULPS_APART_SOURCE, run_on_forced_devices
 
-_PRELUDE = textwrap.dedent(
+_PRELUDE = ULPS_APART_SOURCE + textwrap.dedent(
     """
     import json, re, time
     import jax, jax.numpy as jnp, numpy as np
@@ -53,8 +53,8 @@ _SPLIT = _PRELUDE + textwrap.dedent(
     spy(_search, "_run_chunk", shapes)
 
     # simulators: 12 sequences (5 tokens, d = 3) on 4 devices, 3 per device
-    res["layers_equal"] = bool(np.array_equal(ja.run_layers(dyn, xb, 10, 0.2, devices=4),
-                                              _layers.run_layers(dyn, xb, 10, 0.2)))
+    res["layers_ulps"] = ulps_apart(ja.run_layers(dyn, xb, 10, 0.2, devices=4),
+                                    _layers.run_layers(dyn, xb, 10, 0.2))
     flow = ja.solve_flow(dyn, xb, ts, devices=4)
     res["flow_err"] = float(np.abs(flow - ja.solve_flow(dyn, xb, ts)).max())
     out = ja.solve_flow(dyn, xb, ts, devices=4, throw=False)
@@ -80,9 +80,9 @@ _SPLIT = _PRELUDE + textwrap.dedent(
     E1, s1 = ja.models.loop(model, ids, passes=2, save_states=[0, 4], devices=4)
     E0, s0 = ja.models.loop(model, ids, passes=2, save_states=[0, 4])
     res["loop_shape"] = list(E1.shape)
-    res["loop_equal"] = bool(np.array_equal(E0, E1) and np.array_equal(s0, s1))
+    res["loop_ulps"] = max(ulps_apart(E1, E0), ulps_apart(s1, s0))
     hs = ja.models.hidden_states(model, ids, devices=4)
-    res["hidden_equal"] = bool(np.array_equal(hs, ja.models.hidden_states(model, ids)))
+    res["hidden_ulps"] = ulps_apart(hs, ja.models.hidden_states(model, ids))
 
     # exploration: 6 restarts (padded to 8), 2 per device
     sphere = _paper.sphere_dynamics(key)
@@ -156,11 +156,12 @@ def test_work_is_split_across_devices(sharded):
 
 @pytest.mark.slow
 def test_sharded_results_equal_unsharded(sharded):
-    assert sharded["layers_equal"]
+    # two programs (4 devices against 1) agree to rounding, not to the bit
+    assert sharded["layers_ulps"] <= 4, sharded
     assert sharded["flow_err"] < 1e-12
     assert sharded["flow_result"] == [[12], True]
-    assert sharded["loop_shape"] == [6, 7] and sharded["loop_equal"]
-    assert sharded["hidden_equal"]
+    assert sharded["loop_shape"] == [6, 7] and sharded["loop_ulps"] <= 4, sharded
+    assert sharded["hidden_ulps"] <= 4, sharded
 
 
 @pytest.mark.slow

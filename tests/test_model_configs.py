@@ -73,6 +73,67 @@ def test_rope_scaling_in_the_older_format_matches_hf(tmp_path, ids):
     assert err <= TOL
 
 
+# Both spellings in one config (and the top-level fields beside them): transformers 5
+# lets a non-empty `rope_scaling` replace `rope_parameters` whole, theta included.
+_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+ROPE_PAIRS = {
+    "issue": {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+              "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+    "conflicting factors": {"rope_parameters": {"rope_type": "linear", "factor": 2.0},
+                            "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+    "agreeing, theta in rope_parameters": {
+        "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0},
+        "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+    "agreeing, top-level theta": {
+        "rope_theta": 3e4, "rope_parameters": {"rope_type": "linear", "factor": 4.0},
+        "rope_scaling": {"type": "linear", "factor": 4.0}},
+    "theta in both": {"rope_theta": 3e4,
+                      "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 5e4},
+                      "rope_scaling": {"rope_type": "linear", "factor": 4.0, "rope_theta": 2e3}},
+    "llama3 against yarn": {"rope_parameters": {"rope_type": "yarn", "factor": 2.0},
+                            "rope_scaling": {**_LLAMA3, "original_max_position_embeddings": 12}},
+    "top-level original length": {"original_max_position_embeddings": 8,
+                                  "rope_parameters": dict(_LLAMA3)},
+    "empty rope_scaling": {"rope_parameters": {"rope_type": "linear", "factor": 2.0},
+                           "rope_scaling": {}},
+    "null rope_scaling": {"rope_parameters": {"rope_type": "linear", "factor": 2.0},
+                          "rope_scaling": None},
+}
+
+
+@pytest.mark.parametrize("pair", sorted(ROPE_PAIRS))
+def test_both_rope_spellings_read_as_transformers_reads_them(pair):
+    """The inverse frequencies and cos/sin factor of transformers' own rotary
+    embedding, built from the same config dict."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from jaxattn.models._arch._rope import read_rope, rope_frequencies
+
+    raw = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+           "num_hidden_layers": 1, "intermediate_size": 88, "vocab_size": 71,
+           "max_position_embeddings": 16, **ROPE_PAIRS[pair]}
+    hf = LlamaRotaryEmbedding(tf.LlamaConfig.from_dict(json.loads(json.dumps(raw))))
+    theta, scaling = read_rope(json.loads(json.dumps(raw)))
+    inv_freq, attention = rope_frequencies(16, 16, theta, scaling, 16)
+    np.testing.assert_allclose(np.asarray(inv_freq), hf.inv_freq.numpy(), rtol=1e-6)
+    assert attention == pytest.approx(hf.attention_scaling, rel=1e-12)
+
+
+def test_rope_scaling_beside_rope_parameters_matches_hf(tmp_path, ids):
+    """The config of the issue: `rope_parameters` plain, `rope_scaling` linear; the
+    model loaded from the folder matches HuggingFace's from the same folder."""
+    hf = tiny_llama(None)
+    hf.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw.update(ROPE_PAIRS["issue"])
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    ref = tf.LlamaModel.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert ref.config.rope_parameters["rope_type"] == "linear"
+    err = rel_error(ja.models.hidden_states(ja.models.load(tmp_path), ids),
+                    hf_hidden_states(ref, ids))
+    assert err <= TOL
+
+
 LLAMA = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 16,
          "num_attention_heads": 2, "intermediate_size": 24, "vocab_size": 19}
 

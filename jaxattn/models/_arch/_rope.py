@@ -35,8 +35,13 @@ def _number(field: str, value, *, least: float = 0.0) -> float:
 
 
 def read_rope(hf: dict) -> tuple[float, tuple]:
-    """The rotary base and scaling of a HuggingFace config (`rope_parameters`, as
-    transformers ≥ 5 writes it, else `rope_scaling` and `rope_theta`).
+    """The rotary base and scaling of a HuggingFace config, read as transformers 5
+    reads it (`PreTrainedConfig.convert_rope_params_to_dict`): a non-empty
+    `rope_scaling` (transformers < 5's spelling) replaces `rope_parameters` whole, the
+    base is the chosen object's `rope_theta`, else the top-level `rope_theta`, else
+    10,000; `llama3`/`yarn` take a top-level `original_max_position_embeddings` first
+    (transformers standardises again when the model builds its tables), then the
+    object's, else `max_position_embeddings`.
 
     **Arguments:**
 
@@ -49,7 +54,7 @@ def read_rope(hf: dict) -> tuple[float, tuple]:
     jaxattn does not implement, a partial rotary factor, a missing or bad parameter
     is one `ValueError` naming the field and its value.
     """
-    field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
     params = hf.get(field) or {}
     if not isinstance(params, dict):
         raise ValueError(f"`{field}` must be an object, got {params!r}.")

@@ -91,7 +91,7 @@ _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr",
           "checkpoint": "jaxpr", "remat": "jaxpr"}
 
 
-STRATEGIES = ("auto", "fused", "general")
+STRATEGIES = ("auto", "fused", "general", "kernel")
 # "auto" fuses a batch when one sequence's raw update costs at most this many flops
 # (`4 h n d² + 4 h n² d`, the benchmark suite's count). Measured on the CPU (see
 # BENCHMARKS.md, "The fused ensemble path"): fused is faster up to about this size.
@@ -127,7 +127,12 @@ def choose_strategy(dyn, shape: tuple[int, ...], strategy: str, operands=None) -
     (`--xla_cpu_enable_concurrency_optimized_scheduler`, on by default) was measured
     to miscompute a fused run differentiated inside an outer `lax.scan` (256 systems
     and more, post-norm, two layers or more: values off by ~0.1 and different on each
-    run; correct with that flag off). `strategy="fused"` still differentiates."""
+    run; correct with that flag off). `strategy="fused"` still differentiates.
+
+    `"kernel"` (one Pallas kernel for the whole run, `jaxattn._pallas`) is never
+    chosen by `"auto"` (it is not yet measured faster on any device); asked for, it
+    is refused in one line for what it does not run: key blocks, tokens split over
+    devices, and differentiation (a kernel has no derivative rule)."""
     if not isinstance(strategy, str) or strategy not in STRATEGIES:
         raise ValueError(f"`strategy` must be one of {', '.join(map(repr, STRATEGIES))}, "
                          f"got {strategy!r}.")
@@ -135,9 +140,16 @@ def choose_strategy(dyn, shape: tuple[int, ...], strategy: str, operands=None) -
         if any(isinstance(leaf, _DIFFERENTIATING) for leaf in jax.tree.leaves(operands)):
             return "general"
         return "fused" if fused_applies(dyn, tuple(shape)) else "general"
-    if strategy == "fused" and getattr(dyn, "block_size", None):
-        raise ValueError("strategy='fused' runs dense attention: a model with `block_size` "
-                         "takes strategy='general' (or 'auto').")
+    if strategy in ("fused", "kernel") and getattr(dyn, "block_size", None):
+        raise ValueError(f"strategy={strategy!r} runs dense attention: a model with "
+                         "`block_size` takes strategy='general' (or 'auto').")
+    if strategy == "kernel":
+        if getattr(dyn, "token_mesh", None) is not None:
+            raise ValueError("strategy='kernel' runs whole systems: tokens split over "
+                             "devices take strategy='general'.")
+        if any(isinstance(leaf, _DIFFERENTIATING) for leaf in jax.tree.leaves(operands)):
+            raise ValueError("strategy='kernel' is not differentiable (the kernel has no "
+                             "derivative rule): differentiate with strategy='fused'.")
     return strategy
 
 
@@ -374,7 +386,7 @@ def _dynamic_update_slice(prim, ins, size):
     return lax.dynamic_update_slice(v, u, [i for i, _ in idx] + [zero])
 
 
-def _round_operand(x, precision, out_dtype):
+def round_operand(x, precision, out_dtype):
     """An operand as the named precision presents it to the product (see module doc)."""
     name = getattr(precision, "name", "")
     if name.startswith("TF32") and x.dtype == jnp.float32:
@@ -391,7 +403,7 @@ def _dot_general(prim, ins, size, dimension_numbers, precision=None,
     (a, ab), (c, cb) = ins
     (lc, rc), (lbd, rbd) = dimension_numbers
     out_dtype = preferred_element_type or jnp.result_type(a, c)
-    a, c = (_round_operand(x, precision, out_dtype) for x in (jnp.asarray(a), jnp.asarray(c)))
+    a, c = (round_operand(x, precision, out_dtype) for x in (jnp.asarray(a), jnp.asarray(c)))
     an, cn = a.ndim - ab, c.ndim - cb
     lfree = [i for i in range(an) if i not in lc and i not in lbd]
     rfree = [i for i in range(cn) if i not in rc and i not in rbd]

@@ -543,6 +543,9 @@ def _fused(dyn, shape, strategy: str, options, operands) -> bool:
     `"auto"` fuses constant steps of explicit solvers only, whose steps do not
     depend on the rest of the batch."""
     chosen = choose_strategy(dyn, shape, strategy, operands)
+    if chosen == "kernel":
+        raise ValueError("strategy='kernel' runs ja.run_layers for now: solve the flow with "
+                         "strategy='fused'.")
     if strategy != "auto" or chosen == "general":
         return chosen == "fused"
     _, solver, controller, _, _ = options

@@ -12,9 +12,17 @@ from jaxtyping import Array, Float, PyTree, Real
 
 from ._batch import call_batched, check_shard, check_token_shape, map_systems, prepare_tokens
 from ._dynamics import SelfAttentionDynamics
-from ._ensemble import BatchLast, batch_last, choose_strategy, chunk_size
+from ._ensemble import (
+    BatchLast,
+    batch_last,
+    choose_strategy,
+    chunk_size,
+    from_batch_last,
+    to_batch_last,
+)
 from ._noise import AbstractNoise, check_noise, layer_normal, map_keyed, noisy_layer, system_keys
-from ._stacked import first_model, map_models, stack_tokens
+from ._pallas import kernel_config, key_rows, refuse_devices, run_ensemble
+from ._stacked import first_model, map_models, models_last, stack_tokens
 from ._validate import NONFINITE, check_count, check_scalar, raise_unless, surface_errors
 
 
@@ -139,6 +147,40 @@ def _run_noisy(dyn, x0, num_layers, tau, observe, checkpoints, checks, fused=Fal
     return ys, finite
 
 
+def _kernel_layer(x, k, params):
+    dyn, tau = params
+    return dyn.layer(k * tau, x, tau)
+
+
+def _kernel_noisy_layer(x, k, params):
+    """A noisy layer as the other paths run it, `ξ` drawn from the system's key."""
+    dyn, noise, tau, key = params
+    xi = layer_normal(noise, key, k, *x.shape, x.dtype)
+    return noisy_layer(dyn, noise, k * tau, x, tau, xi)
+
+
+@eqx.filter_jit
+def _run_kernel(dyn, x0, num_layers, tau, observe, config, checks, noise=None, keys=None):
+    """`_run_batched` as one Pallas kernel (`strategy="kernel"`, `jaxattn._pallas`):
+    the same layer (`dyn.layer`, or `noisy_layer` with each system's `ξ` drawn in the
+    kernel from its key as the other paths draw it) and `observe`."""
+    x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
+    tau = tau.astype(x0.dtype)
+    batch = x0.shape[:-2]
+    model = models_last(dyn, batch)
+    if noise is None:
+        step, params = _kernel_layer, (model, tau)
+    else:
+        step, params = _kernel_noisy_layer, (model, noise, tau, key_rows(keys, batch))
+    ys, last = run_ensemble(step, observe, to_batch_last(x0), params, num_saves=num_layers,
+                            steps_per_save=1, config=config)
+    ys, last = from_batch_last(ys, batch), from_batch_last(last, batch)
+    finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
+    if checks:
+        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
+    return ys, finite
+
+
 def run_layers_unchecked(dyn, x0, num_layers: int, tau, *, strategy: str = "auto"
                          ) -> tuple[Array, Array]:
     """`run_layers` without value checks, for batches that are vmapped or sharded
@@ -147,7 +189,11 @@ def run_layers_unchecked(dyn, x0, num_layers: int, tau, *, strategy: str = "auto
     be a stacked model (as in `run_layers`)."""
     tau = jnp.asarray(tau)
     dyn, x0, unflatten = stack_tokens(dyn, x0)
-    fused = choose_strategy(first_model(dyn), jnp.shape(x0), strategy, (dyn, x0)) == "fused"
+    chosen = choose_strategy(first_model(dyn), jnp.shape(x0), strategy, (dyn, x0))
+    if chosen == "kernel":
+        return unflatten(_run_kernel(dyn, x0, check_count(num_layers, "num_layers"), tau,
+                                     _identity, kernel_config(), False))
+    fused = chosen == "fused"
     return unflatten(_run_batched(dyn, x0, check_count(num_layers, "num_layers"), tau,
                                   _identity, None, False, fused, chunk_size()))
 
@@ -222,8 +268,12 @@ def run_layers(
       as a few elementwise kernels over all systems (`jaxattn._ensemble`; S1 of
       the benchmarks, 1000 systems of 10 tokens in R³, runs faster than the
       general path: see BENCHMARKS.md, Measured claims behind design choices);
-      `"general"` vmaps `dyn.layer` over the batch. Both compute the same formulas
-      (`dyn.layer`, `observe`) at the same precision and agree to rounding.
+      `"general"` vmaps `dyn.layer` over the batch. `"kernel"` runs the whole run of
+      a block of systems as one Pallas kernel (`jaxattn._pallas`, `docs/kernels.md`:
+      compiled on CUDA, interpreted elsewhere; one device, not differentiable;
+      never chosen by `"auto"` yet). All compute the same formulas (`dyn.layer`,
+      `observe`) at the same precision and agree to rounding; with noise, the same
+      `ξ` on every path.
     - `shard`: what `devices` split. `"batch"` (default): the systems, as above.
       `"tokens"`: each system's tokens (`n` a multiple of the device count), for
       one system too large for one device: attention runs as a ring over the
@@ -271,7 +321,16 @@ def run_layers(
     if noise is not None:
         x0 = check_token_shape(first_model(dyn), x0)
         keys = system_keys(key, x0.shape[:-2])
-        fused = choose_strategy(first_model(dyn), x0.shape, strategy, (dyn, x0)) == "fused"
+        chosen = choose_strategy(first_model(dyn), x0.shape, strategy, (dyn, x0))
+        if chosen == "kernel":
+            refuse_devices(devices)
+            (ys, finite), checked = call_batched(_run_kernel, dyn, x0, None, num_layers, tau,
+                                                 observe, kernel_config(), noise=noise,
+                                                 keys=keys)
+            if not checked:
+                raise_unless(finite, NONFINITE)
+            return unflatten(ys)
+        fused = chosen == "fused"
         (ys, finite), checked = call_batched(
             _run_noisy, dyn, x0, devices, num_layers, tau, observe, checkpoints, fused=fused,
             chunk=chunk_size(devices) if fused else None, noise=noise, keys=keys)
@@ -279,8 +338,15 @@ def run_layers(
             raise_unless(finite, NONFINITE)
         return unflatten(ys)
     shard = check_shard(shard, dyn, first_model(dyn))
-    fused = shard == "batch" and choose_strategy(
-        first_model(dyn), jnp.shape(x0), strategy, (dyn, x0)) == "fused"
+    chosen = choose_strategy(first_model(dyn), jnp.shape(x0), strategy, (dyn, x0))
+    if chosen == "kernel":
+        refuse_devices(devices, shard)
+        (ys, finite), checked = call_batched(_run_kernel, dyn, x0, None, num_layers, tau,
+                                             observe, kernel_config())
+        if not checked:
+            raise_unless(finite, NONFINITE)
+        return unflatten(ys)
+    fused = shard == "batch" and chosen == "fused"
     (ys, finite), checked = call_batched(_run_batched, dyn, x0, devices, num_layers, tau,
                                          observe, checkpoints, fused=fused,
                                          chunk=chunk_size(devices), shard=shard)

@@ -1,0 +1,424 @@
+"""A one-system program evaluated on lanes: every scalar a vector over a block of systems.
+
+The fused path (`jaxattn._ensemble.batch_last`) evaluates a one-system program with
+the systems on the last axis of every array. Inside a Pallas kernel arrays of odd
+shapes (`(10, 3, 128)`) do not lower; vectors of one block of systems do. So here the
+same program (`dyn.layer`, `dyn.velocity`, a user's `observe`: one implementation of
+the formulas) is traced once for one system and its jaxpr is evaluated with every
+array value held as a NumPy object array of its one-system shape, whose entries are
+`(block,)` vectors, one lane per system ("scalarised"): a token of R³ is three
+vectors, a layer of S1 a few hundred vector operations, all in registers.
+
+Entries that do not depend on the inputs (masks built from `iota`, `-inf` where a
+mask forbids a pair, `finfo` bounds) stay NumPy constants and fold at trace time; a
+`select_n` whose predicate is constant picks its branch then, so a masked pair costs
+nothing. Products (`dot_general`) are unrolled multiply-adds over the contracted
+index, at the named precision (`jaxattn._ensemble.round_operand`), as on the fused
+path. Keys (`jax.random` with a threefry key) are pairs of `uint32` lanes, and
+`random_bits` / `random_fold_in` run the threefry-2x32 hash on them: a kernel draws
+the same numbers as `jax.random` outside it, from a counter, storing none.
+
+A primitive without a rule here raises `KernelUnsupported` naming it, at trace time:
+the caller refuses `strategy="kernel"` for that model in one line.
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend import core as jex
+
+from ._ensemble import round_operand
+
+
+class KernelUnsupported(ValueError):
+    """A one-system program uses an operation the lane evaluation has no rule for."""
+
+
+_ELEMENTWISE = frozenset("""
+abs acos acosh add and asin asinh atan atan2 atanh cbrt ceil clamp convert_element_type
+cos cosh div eq erf erf_inv erfc exp exp2 expm1 floor ge gt integer_pow is_finite le
+log log1p logistic lt max min mul ne neg nextafter not or pow reduce_precision rem round
+rsqrt select_n shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt
+square sub tan tanh xor bitcast_convert_type
+""".split())
+_REDUCE = {"reduce_sum": lax.add, "reduce_max": lax.max, "reduce_min": lax.min,
+           "reduce_prod": lax.mul, "reduce_and": lax.bitwise_and, "reduce_or": lax.bitwise_or}
+_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr",
+          "core_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr",
+          "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
+          "checkpoint": "jaxpr", "remat": "jaxpr"}
+
+
+class Key:
+    """A threefry key of one system's shape `s`: its data, lanes of shape `s + (2,)`."""
+
+    def __init__(self, data: np.ndarray):
+        self.data = data
+
+
+def is_lane(e) -> bool:
+    """Whether an entry is a vector over the block (else a constant)."""
+    return isinstance(e, jax.Array)
+
+
+class Lanes:
+    """How a block's vectors are made: `size` lanes, constants splat on demand."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._splats: dict = {}
+
+    def vec(self, e, dtype):
+        """An entry as a vector of `dtype`: a lane as is, a constant splat (once per
+        value: a `Lanes` serves one trace, one loop body)."""
+        if is_lane(e):
+            return e if e.dtype == dtype else lax.convert_element_type(e, dtype)
+        c = np.asarray(e).astype(dtype)
+        key = (c.tobytes(), np.dtype(dtype).str)
+        if key not in self._splats:
+            self._splats[key] = jnp.full((self.size,), c, dtype)
+        return self._splats[key]
+
+
+def trace(fn: Callable, *args) -> tuple[Any, Any]:
+    """The closed jaxpr of `fn(*args)` for one system (arrays or ShapeDtypeStructs),
+    and its output tree."""
+    closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    return closed, jax.tree.structure(shape)
+
+
+def evaluate(closed, ins: list, lanes: Lanes) -> list:
+    """Outputs of a closed jaxpr from inputs held as object arrays of lanes (or NumPy
+    constants), as such object arrays."""
+    return _eval(closed.jaxpr, [_const(c) for c in closed.consts], ins, lanes)
+
+
+def _const(c):
+    return np.asarray(c)
+
+
+def _eval(jaxpr, consts, ins, lanes):
+    env: dict = {}
+
+    def read(v):
+        return np.asarray(v.val) if isinstance(v, jex.Literal) else env[v]
+
+    for var, val in zip(jaxpr.constvars, consts):
+        env[var] = val
+    for var, val in zip(jaxpr.invars, ins):
+        env[var] = val
+    for eqn in jaxpr.eqns:
+        outs = _apply(eqn, [read(v) for v in eqn.invars], lanes)
+        for var, out in zip(eqn.outvars, outs):
+            if not isinstance(var, jex.DropVar):
+                env[var] = out
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _constant(value) -> bool:
+    if isinstance(value, Key):
+        return False
+    return value.dtype != object or not any(is_lane(e) for e in value.flat)
+
+
+def _apply(eqn, ins, lanes):
+    prim, name = eqn.primitive, eqn.primitive.name
+    if name in _CALLS and _CALLS[name] in eqn.params:
+        sub = eqn.params[_CALLS[name]]
+        consts = [_const(c) for c in getattr(sub, "consts", ())]
+        return _eval(getattr(sub, "jaxpr", sub), consts, ins, lanes)
+    if all(_constant(v) for v in ins) and not name.startswith("random_"):
+        with jax.ensure_compile_time_eval():
+            args = [np.asarray(v, dtype=var.aval.dtype) for v, var in zip(ins, eqn.invars)]
+            out = prim.bind(*args, **prim.get_bind_params(eqn.params))
+        return [np.asarray(o) for o in (out if prim.multiple_results else [out])]
+    if name == "is_finite":  # as a comparison, which every Pallas GPU backend lowers
+        return [_map(eqn, ins, lanes, _is_finite)]
+    if name in _ELEMENTWISE:
+        return [_elementwise(eqn, ins, lanes)]
+    if name in _REDUCE:
+        return [_reduce(eqn, ins[0], _REDUCE[name], lanes)]
+    rule = _RULES.get(name)
+    if rule is None:
+        raise KernelUnsupported(f"strategy='kernel' has no rule for the operation "
+                                f"`{name}` of this model's program: use strategy='fused'.")
+    out = rule(eqn, ins, lanes, **eqn.params)
+    return out if prim.multiple_results else [out]
+
+
+def _entries(value, shape):
+    """`value` (object or constant array) broadcast to `shape`, as an object array."""
+    arr = np.asarray(value)
+    if arr.dtype != object:
+        arr = _objects(arr)
+    return np.broadcast_to(arr, shape)
+
+
+def _objects(arr: np.ndarray) -> np.ndarray:
+    """A constant array as an object array of NumPy scalars (keeping their dtype)."""
+    out = np.empty(arr.shape, object)
+    for idx in np.ndindex(arr.shape):
+        out[idx] = arr[idx]
+    return out
+
+
+def bind_entry(prim, args, dtypes, lanes, params):
+    """One scalar operation of the program on lanes (or on constants, folded now)."""
+    return call_entry(lambda *a: prim.bind(*a, **params), args, dtypes, lanes)
+
+
+def call_entry(fn, args, dtypes, lanes):
+    """`fn` (lax functions) of one entry of each operand: on lanes, or on constants
+    folded now."""
+    if not any(is_lane(a) for a in args):
+        with jax.ensure_compile_time_eval():
+            out = fn(*[jnp.asarray(np.asarray(a, dt)) for a, dt in zip(args, dtypes)])
+        return np.asarray(out)[()]
+    return fn(*[lanes.vec(a, dt) for a, dt in zip(args, dtypes)])
+
+
+def _elementwise(eqn, ins, lanes):
+    shape = eqn.outvars[0].aval.shape
+    prim, params = eqn.primitive, eqn.primitive.get_bind_params(eqn.params)
+    dtypes = [v.aval.dtype for v in eqn.invars]
+    ops = [_entries(v, shape) for v in ins]
+    out = np.empty(shape, object)
+    for idx in np.ndindex(shape):
+        args = [o[idx] for o in ops]
+        if prim is lax.select_n_p and not is_lane(args[0]):
+            out[idx] = args[1 + int(args[0])]  # a constant predicate picks its case now
+            continue
+        out[idx] = bind_entry(prim, args, dtypes, lanes, params)
+    return out
+
+
+def _is_finite(x):
+    return lax.le(lax.abs(x), jnp.asarray(jnp.finfo(x.dtype).max, x.dtype))
+
+
+def _map(eqn, ins, lanes, fn):
+    """A one-operand elementwise operation written as `fn` of lax functions."""
+    shape = eqn.outvars[0].aval.shape
+    dtype = eqn.invars[0].aval.dtype
+    op = _entries(ins[0], shape)
+    out = np.empty(shape, object)
+    for idx in np.ndindex(shape):
+        out[idx] = call_entry(fn, [op[idx]], [dtype], lanes)
+    return out
+
+
+def _reduce(eqn, value, binary, lanes, **_):
+    axes = tuple(eqn.params["axes"])
+    dtype = eqn.outvars[0].aval.dtype
+    arr = _entries(value, np.shape(value))
+    keep = [a for a in range(arr.ndim) if a not in axes]
+    arr = np.transpose(arr, keep + list(axes))
+    out_shape = arr.shape[:len(keep)]
+    flat = arr.reshape(out_shape + (-1,))
+    out = np.empty(out_shape, object)
+    for idx in np.ndindex(out_shape):
+        out[idx] = functools.reduce(
+            lambda a, b: call_entry(binary, [a, b], [dtype, dtype], lanes), flat[idx])
+    return out
+
+
+def _broadcast_in_dim(eqn, ins, lanes, shape, broadcast_dimensions, **_):
+    v = _entries(ins[0], np.shape(ins[0]))
+    expanded = np.ones(len(shape), int)
+    for i, d in enumerate(broadcast_dimensions):
+        expanded[d] = v.shape[i]
+    return np.broadcast_to(v.reshape(tuple(expanded)), tuple(shape))
+
+
+def _reshape(eqn, ins, lanes, new_sizes, dimensions=None, **_):
+    v = _entries(ins[0], np.shape(ins[0]))
+    if dimensions is not None:
+        v = np.transpose(v, dimensions)
+    return v.reshape(tuple(new_sizes))
+
+
+def _transpose(eqn, ins, lanes, permutation):
+    return np.transpose(_entries(ins[0], np.shape(ins[0])), permutation)
+
+
+def _squeeze(eqn, ins, lanes, dimensions):
+    return np.squeeze(_entries(ins[0], np.shape(ins[0])), tuple(dimensions))
+
+
+def _rev(eqn, ins, lanes, dimensions):
+    return np.flip(_entries(ins[0], np.shape(ins[0])), tuple(dimensions))
+
+
+def _slice(eqn, ins, lanes, start_indices, limit_indices, strides):
+    strides = strides or (1,) * len(start_indices)
+    index = tuple(slice(a, b, s) for a, b, s in zip(start_indices, limit_indices, strides))
+    return _entries(ins[0], np.shape(ins[0]))[index]
+
+
+def _concatenate(eqn, ins, lanes, dimension):
+    return np.concatenate([_entries(v, np.shape(v)) for v in ins], axis=dimension)
+
+
+def _static_index(ins, what):
+    if not all(_constant(i) for i in ins):
+        raise KernelUnsupported(f"strategy='kernel' takes {what} at fixed indices only: "
+                                "use strategy='fused'.")
+    return [int(np.asarray(i)) for i in ins]
+
+
+def _dynamic_slice(eqn, ins, lanes, slice_sizes):
+    v, *idx = ins
+    start = _static_index(idx, "dynamic slices")
+    v = _entries(v, np.shape(v))
+    start = [min(max(s, 0), n - k) for s, n, k in zip(start, v.shape, slice_sizes)]
+    return v[tuple(slice(s, s + k) for s, k in zip(start, slice_sizes))]
+
+
+def _dynamic_update_slice(eqn, ins, lanes):
+    v, u, *idx = ins
+    start = _static_index(idx, "dynamic updates")
+    out = np.array(_entries(v, np.shape(v)))
+    u = _entries(u, np.shape(u))
+    start = [min(max(s, 0), n - k) for s, n, k in zip(start, out.shape, u.shape)]
+    out[tuple(slice(s, s + k) for s, k in zip(start, u.shape))] = u
+    return out
+
+
+def _copy(eqn, ins, lanes, **_):
+    return ins[0]
+
+
+def _dot_general(eqn, ins, lanes, dimension_numbers, precision=None,
+                 preferred_element_type=None, **_):
+    """Products summed over the contracted index, in order, at the named precision."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    out_dtype = eqn.outvars[0].aval.dtype
+    a, c = (_entries(v, np.shape(v)) for v in ins)
+    a = _rounded(a, eqn.invars[0].aval.dtype, precision, out_dtype, lanes)
+    c = _rounded(c, eqn.invars[1].aval.dtype, precision, out_dtype, lanes)
+    lfree = [i for i in range(a.ndim) if i not in lc and i not in lb]
+    rfree = [i for i in range(c.ndim) if i not in rc and i not in rb]
+    a = np.transpose(a, list(lb) + lfree + list(lc))
+    c = np.transpose(c, list(rb) + rfree + list(rc))
+    nb = len(lb)
+    k = int(np.prod([a.shape[i] for i in range(nb + len(lfree), a.ndim)]))
+    a = a.reshape(a.shape[:nb + len(lfree)] + (k,))
+    c = c.reshape(c.shape[:nb + len(rfree)] + (k,))
+    shape = a.shape[:-1] + c.shape[nb:-1]
+    out = np.empty(shape, object)
+    dt = [out_dtype, out_dtype]
+    for idx in np.ndindex(shape):
+        bi, li, ri = idx[:nb], idx[nb:nb + len(lfree)], idx[nb + len(lfree):]
+        acc = None
+        for j in range(k):
+            term = call_entry(lax.mul, [a[bi + li + (j,)], c[bi + ri + (j,)]], dt, lanes)
+            acc = term if acc is None else call_entry(lax.add, [acc, term], dt, lanes)
+        out[idx] = np.zeros((), out_dtype)[()] if acc is None else acc
+    return out
+
+
+def _rounded(v, dtype, precision, out_dtype, lanes):
+    """Each entry as `round_operand` presents it to a product."""
+    out = np.empty(v.shape, object)
+    for idx in np.ndindex(v.shape):
+        e = v[idx]
+        e = lanes.vec(e, dtype) if is_lane(e) else jnp.asarray(np.asarray(e, dtype))
+        with jax.ensure_compile_time_eval():
+            r = round_operand(e, precision, out_dtype)
+        out[idx] = r if is_lane(v[idx]) else np.asarray(r)[()]
+    return out
+
+
+def threefry2x32(k1, k2, x1, x2, lanes):
+    """The threefry-2x32 hash (20 rounds) of counters `(x1, x2)` under key `(k1, k2)`,
+    on `uint32` lanes or constants: the function `jax.random`'s threefry keys use."""
+    u32 = jnp.uint32
+    xor = functools.partial(_bin, lax.bitwise_xor, lanes)
+    add = functools.partial(_bin, lax.add, lanes)
+    ks = [k1, k2, xor(xor(k1, k2), np.uint32(0x1BD11BDA))]
+    rotations = ((13, 15, 26, 6), (17, 29, 16, 24))
+    x = [add(x1, ks[0]), add(x2, ks[1])]
+    for i in range(5):
+        for r in rotations[i % 2]:
+            x[0] = add(x[0], x[1])
+            left = _bin(lax.shift_left, lanes, x[1], np.uint32(r))
+            right = _bin(lax.shift_right_logical, lanes, x[1], np.uint32(32 - r))
+            x[1] = xor(x[0], _bin(lax.bitwise_or, lanes, left, right))
+        x = [add(x[0], ks[(i + 1) % 3]), add(add(x[1], ks[(i + 2) % 3]), u32(i + 1))]
+    return x[0], x[1]
+
+
+def _bin(fn, lanes, a, b):
+    return call_entry(fn, [a, b], [jnp.uint32, jnp.uint32], lanes)
+
+
+def _key_impl(impl) -> None:
+    name = str(getattr(impl, "name", impl))
+    if "fry" not in name:
+        raise KernelUnsupported(f"strategy='kernel' draws noise with threefry keys only, got "
+                                f"key implementation {name!r}: use jax.random.key (default).")
+
+
+def _random_wrap(eqn, ins, lanes, impl):
+    _key_impl(impl)
+    return Key(_entries(ins[0], np.shape(ins[0])))
+
+
+def _random_unwrap(eqn, ins, lanes):
+    return ins[0].data
+
+
+def _random_fold_in(eqn, ins, lanes):
+    key, data = ins
+    data = _entries(data, key.data.shape[:-1])
+    out = np.empty(key.data.shape, object)
+    for idx in np.ndindex(key.data.shape[:-1]):
+        d = data[idx]
+        d = lax.convert_element_type(d, jnp.uint32) if is_lane(d) else np.uint32(d)
+        out[idx + (0,)], out[idx + (1,)] = threefry2x32(
+            key.data[idx + (0,)], key.data[idx + (1,)], np.uint32(0), d, lanes)
+    return Key(out)
+
+
+def _random_bits(eqn, ins, lanes, bit_width, shape):
+    """`jax.random.bits` of a threefry key (partitionable counters: the row-major index
+    as high and low words)."""
+    key, = ins
+    if key.data.shape != (2,):
+        raise KernelUnsupported("strategy='kernel' draws from one key per system.")
+    if not jax.config.jax_threefry_partitionable:
+        raise KernelUnsupported("strategy='kernel' draws noise with "
+                                "jax_threefry_partitionable=True (JAX's default).")
+    k1, k2 = key.data
+    out = np.empty(tuple(shape), object)
+    for i, idx in enumerate(np.ndindex(tuple(shape))):
+        y1, y2 = threefry2x32(k1, k2, np.uint32(i >> 32), np.uint32(i & 0xFFFFFFFF), lanes)
+        if bit_width == 32:
+            out[idx] = _bin(lax.bitwise_xor, lanes, y1, y2)
+        elif bit_width == 64:
+            u64 = jnp.uint64
+            wide = functools.partial(lax.convert_element_type, new_dtype=u64)
+            hi = call_entry(wide, [y1], [jnp.uint32], lanes)
+            lo = call_entry(wide, [y2], [jnp.uint32], lanes)
+            hi = call_entry(lax.shift_left, [hi, np.uint64(32)], [u64, u64], lanes)
+            out[idx] = call_entry(lax.bitwise_or, [hi, lo], [u64, u64], lanes)
+        else:
+            raise KernelUnsupported(f"strategy='kernel' draws 32- or 64-bit noise, not "
+                                    f"{bit_width}-bit.")
+    return out
+
+
+_RULES = {
+    "broadcast_in_dim": _broadcast_in_dim, "reshape": _reshape, "transpose": _transpose,
+    "squeeze": _squeeze, "rev": _rev, "slice": _slice, "concatenate": _concatenate,
+    "dynamic_slice": _dynamic_slice, "dynamic_update_slice": _dynamic_update_slice,
+    # A kernel is not differentiated: stop_gradient is the identity in it.
+    "copy": _copy, "copy_p": _copy, "stop_gradient": _copy, "dot_general": _dot_general,
+    "random_wrap": _random_wrap, "random_unwrap": _random_unwrap,
+    "random_fold_in": _random_fold_in, "random_bits": _random_bits,
+}

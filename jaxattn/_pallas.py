@@ -1,0 +1,279 @@
+"""`strategy="kernel"`: a whole ensemble run as one Pallas kernel.
+
+For many tiny systems (S1: 10 tokens in R³, 2 heads) the fused path still runs each
+layer as several XLA kernels whose intermediates (the `B × h × n × n` scores) go
+through memory every layer. Here one kernel runs the whole run of a block of systems
+(`KernelConfig.block`, one lane per system): the tokens are read once, carried through
+a `fori_loop` over the steps as a tuple of `(block,)` vectors (registers), and only
+the saved values (`observe`, or the tokens) are written, once per save.
+
+The step is the model's own one-system code (`dyn.layer`, `noisy_layer`, a solver
+step of `dyn.velocity`), traced once and evaluated on lanes (`jaxattn._lanes`): one
+implementation of the formulas, as on the fused path. Model leaves, `τ` and the noise
+keys enter as per-system rows `(size, B)` (a shared leaf is repeated per system: read
+once, as the tokens are). Noise is drawn inside the kernel by the threefry hash of
+each system's key, the numbers `jax.random` draws outside it: no noise array exists.
+
+Where it runs: on CUDA the kernel is compiled with Triton
+(`jax.experimental.pallas.triton`); on every other platform it runs in Pallas's
+interpret mode (correct, slow), so the tests check the same kernel on the CPU.
+The choice is made when the program is lowered (`lax.platform_dependent`), not
+from the host's default backend: a program traced on a CPU host and lowered for
+CUDA gets the compiled kernel.
+"""
+
+import contextlib
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jaxtyping import Array, Float, PyTree
+
+from ._ensemble import BatchLast, is_batch_last
+from ._lanes import Lanes, evaluate, trace
+
+# Mosaic GPU (Pallas's default on CUDA) is not offered: its lane lowering has no
+# `sqrt` (JAX 0.10), which every norm placement needs.
+BACKENDS = ("triton",)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """How the ensemble kernel is laid out: systems per program (`block`, a power of
+    two), warps per program and the Pallas GPU backend (`"triton"`)."""
+
+    block: int = 128
+    num_warps: int = 4
+    backend: str = "triton"
+
+    def __post_init__(self):
+        if not (isinstance(self.block, int) and self.block >= 1
+                and self.block & (self.block - 1) == 0):
+            raise ValueError(f"`block` must be a power of two, got {self.block!r}.")
+        if not (isinstance(self.num_warps, int) and self.num_warps >= 1):
+            raise ValueError(f"`num_warps` must be a positive int, got {self.num_warps!r}.")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"`backend` must be one of {BACKENDS}, got {self.backend!r}.")
+
+
+_CONFIG = [KernelConfig()]
+
+
+def kernel_config() -> KernelConfig:
+    """The layout `strategy="kernel"` uses now (static: part of the compiled program)."""
+    return _CONFIG[-1]
+
+
+@contextlib.contextmanager
+def use_kernel_config(**changes):
+    """Within the block, `strategy="kernel"` runs with `KernelConfig` fields changed
+    (e.g. `block=256, num_warps=8`): how `benchmarks/gpu_check.py` sweeps them."""
+    _CONFIG.append(dataclasses.replace(_CONFIG[-1], **changes))
+    try:
+        yield _CONFIG[-1]
+    finally:
+        _CONFIG.pop()
+
+
+def _compiler_params(config: KernelConfig):
+    from jax.experimental.pallas import triton as pltriton
+    return pltriton.CompilerParams(num_warps=config.num_warps, num_stages=1)
+
+
+def _rows(leaf, size: int) -> Array:
+    """A per-system input as rows `(prod(core), B)` in a dtype a kernel loads."""
+    a = leaf.value if is_batch_last(leaf) else jnp.broadcast_to(
+        jnp.asarray(leaf)[..., None], jnp.shape(leaf) + (size,))
+    a = a.reshape((-1, size))
+    return a.astype(jnp.int32) if a.dtype == jnp.bool_ else a
+
+
+def _core(leaf) -> jax.ShapeDtypeStruct:
+    if is_batch_last(leaf):
+        return jax.ShapeDtypeStruct(leaf.value.shape[:-1], leaf.value.dtype)
+    return jax.ShapeDtypeStruct(jnp.shape(leaf), jnp.result_type(leaf))
+
+
+def _stored(dtype):
+    return jnp.int32 if dtype == jnp.bool_ else dtype
+
+
+def _load(ref, aval, block: int) -> np.ndarray:
+    out = np.empty(aval.shape, object)
+    for j, idx in enumerate(np.ndindex(aval.shape)):
+        v = ref[j, :]
+        out[idx] = (v != 0) if aval.dtype == jnp.bool_ else v
+    return out
+
+
+def _flat(value: np.ndarray, lanes: Lanes, dtype) -> tuple:
+    """An object array's entries as a tuple of `(block,)` vectors (constants splat)."""
+    return tuple(lanes.vec(e, dtype) for e in value.reshape(-1))
+
+
+def _unflat(vectors: tuple, shape) -> np.ndarray:
+    out = np.empty(len(vectors), object)
+    for i, v in enumerate(vectors):
+        out[i] = v
+    return out.reshape(shape)
+
+
+def _store(ref, index, value, lanes: Lanes, dtype) -> None:
+    for j, v in enumerate(_flat(np.asarray(value, object), lanes, dtype)):
+        ref[index, j, :] = v.astype(ref.dtype)
+
+
+def run_ensemble(
+    step: Callable,
+    observe: Callable,
+    x0: Float[Array, "n d B"],
+    params: PyTree,
+    *,
+    num_saves: int,
+    steps_per_save: int,
+    config: KernelConfig,
+) -> tuple[PyTree[Array], Float[Array, "n d B"]]:
+    """Run `num_saves × steps_per_save` steps of every system in one kernel.
+
+    **Arguments:**
+
+    - `step`: one system's step, `step(x, k, params) -> x` (`x` `(n, d)`, `k` the
+      step's index as a float of `x`'s dtype).
+    - `observe`: what is saved of one system, `observe(x) -> pytree of arrays`.
+    - `x0`: the systems' tokens, stored last, `(n, d, B)`.
+    - `params`: a pytree passed to `step`: its `BatchLast` leaves are per system
+      `(..., B)`, other arrays shared, anything else static.
+    - `num_saves`, `steps_per_save`: `observe` runs at the start and after every
+      `steps_per_save` steps, `num_saves` times.
+    - `config`: the layout (`KernelConfig`).
+
+    **Returns:**
+
+    `(saved, last)`: `observe`'s outputs with leaves `(num_saves + 1, ..., B)`, and the
+    last tokens `(n, d, B)`.
+    """
+    size = x0.shape[-1]
+    dtype = x0.dtype
+    leaves, tree = jax.tree.flatten(params, is_leaf=is_batch_last)
+    dynamic = [i for i, a in enumerate(leaves) if is_batch_last(a) or eqx.is_array(a)]
+
+    def one(x, k, *arrays):
+        full = list(leaves)
+        for i, a in zip(dynamic, arrays):
+            full[i] = a
+        return step(x, k, jax.tree.unflatten(tree, full))
+
+    x_aval = jax.ShapeDtypeStruct(x0.shape[:-1], dtype)
+    k_aval = jax.ShapeDtypeStruct((), dtype)
+    avals = [_core(leaves[i]) for i in dynamic]
+    step_jaxpr, _ = trace(one, x_aval, k_aval, *avals)
+    watch_jaxpr, watch_tree = trace(observe, x_aval)
+    watch_avals = watch_jaxpr.out_avals
+    if [(a.shape, a.dtype) for a in step_jaxpr.out_avals] != [(x_aval.shape, dtype)]:
+        raise ValueError("a kernel step must return the tokens' shape and dtype.")
+
+    block = config.block
+    padded = -(-size // block) * block
+    inputs = [_rows(BatchLast(x0), size)]
+    inputs += [_rows(leaves[i], size) for i in dynamic]
+    in_avals = [x_aval] + avals
+    keep = [j for j, a in enumerate(inputs) if a.shape[0] > 0]
+    inputs = [_pad(inputs[j], padded) for j in keep]
+    out_avals = list(watch_avals)
+    out_shapes = [jax.ShapeDtypeStruct((num_saves + 1, max(1, math.prod(a.shape)), padded),
+                                       _stored(a.dtype)) for a in out_avals]
+    out_shapes.append(jax.ShapeDtypeStruct((max(1, math.prod(x_aval.shape)), padded), dtype))
+
+    def kernel(*refs):
+        in_refs, out_refs = refs[:len(keep)], refs[len(keep):]
+        vals = [np.empty(a.shape, object) for a in in_avals]
+        for j, ref in zip(keep, in_refs):
+            vals[j] = _load(ref, in_avals[j], block)
+        x_start = vals[0]
+
+        def save(index, x):
+            lanes = Lanes(block)  # one per loop body: its splats live in that trace
+            outs = evaluate(watch_jaxpr, [x], lanes)
+            for ref, a, v in zip(out_refs, out_avals, outs):
+                _store(ref, index, v, lanes, _stored(a.dtype))
+
+        def advance(k, carry):
+            lanes = Lanes(block)
+            x = _unflat(carry, x_aval.shape)
+            kf = _unflat((lax.broadcast(lax.convert_element_type(k, dtype), (block,)),), ())
+            x_new, = evaluate(step_jaxpr, [x, kf] + vals[1:], lanes)
+            return _flat(np.asarray(x_new, object), lanes, dtype)
+
+        def saving(s, carry):
+            if steps_per_save == 1:
+                carry = advance(s, carry)
+            else:
+                carry = lax.fori_loop(s * steps_per_save, (s + 1) * steps_per_save,
+                                      advance, carry)
+            save(s + 1, _unflat(carry, x_aval.shape))
+            return carry
+
+        save(0, x_start)
+        last = lax.fori_loop(0, num_saves, saving, _flat(x_start, Lanes(block), dtype))
+        for j, v in enumerate(last):
+            out_refs[-1][j, :] = v
+
+    def call(interpret, *args):
+        return pl.pallas_call(
+            kernel,
+            grid=(padded // block,),
+            in_specs=[pl.BlockSpec((a.shape[0], block), lambda i: (0, i)) for a in args],
+            out_specs=[pl.BlockSpec(s.shape[:-1] + (block,),
+                                    lambda i, r=len(s.shape): (0,) * (r - 1) + (i,))
+                       for s in out_shapes],
+            out_shape=out_shapes,
+            interpret=interpret,
+            compiler_params=None if interpret else _compiler_params(config),
+            name="ensemble_run",
+        )(*args)
+
+    outs = lax.platform_dependent(*inputs, cuda=functools.partial(call, False),
+                                  default=functools.partial(call, True))
+    saved = [o[..., :size].reshape((num_saves + 1,) + a.shape + (size,))
+             for o, a in zip(outs[:-1], out_avals)]
+    saved = [o != 0 if a.dtype == jnp.bool_ else o for o, a in zip(saved, out_avals)]
+    last = outs[-1][:, :size].reshape(x0.shape)
+    return jax.tree.unflatten(watch_tree, saved), last
+
+
+def _pad(a: Array, padded: int) -> Array:
+    """Rows `(k, B)` padded to `padded` systems with copies of the first."""
+    pad = padded - a.shape[-1]
+    if not pad:
+        return a
+    return jnp.concatenate([a, jnp.broadcast_to(a[:, :1], (a.shape[0], pad))], axis=-1)
+
+
+
+def key_rows(keys, batch: tuple[int, ...]) -> BatchLast:
+    """Per-system threefry keys `(*batch,)` (typed) or `(*batch, 2)` (raw) as the
+    kernel's rows `(2, B)` of `uint32`; other key implementations are refused."""
+    if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
+        impl = str(jax.random.key_impl(keys))
+        if "threefry" not in impl:
+            raise ValueError(f"strategy='kernel' draws noise with threefry keys only, got "
+                             f"{impl!r}: use jax.random.key(seed).")
+        keys = jax.random.key_data(keys)
+    if keys.shape[len(batch):] != (2,):
+        raise ValueError("strategy='kernel' draws noise with threefry keys (2 words), got "
+                         f"raw keys of shape {keys.shape[len(batch):]}.")
+    return BatchLast(jnp.moveaxis(keys.reshape((-1, 2)), 0, -1))
+
+
+def refuse_devices(devices, shard: str = "batch") -> None:
+    """`strategy="kernel"` runs on one device: `devices=` and `shard=` refused by name."""
+    if devices is not None or shard != "batch":
+        raise ValueError("strategy='kernel' runs on one device: drop `devices=`/`shard=`, "
+                         "or take strategy='fused' to split the systems over devices.")

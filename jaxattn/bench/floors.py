@@ -1,0 +1,62 @@
+"""Physical floors: how fast a device evaluates exponentials when memory is not involved.
+
+`jnp.exp` over a large array measures the memory as much as the exp units (on a GPU
+a 256 MiB sweep is bound by HBM, three orders of magnitude below the special
+function units). The register rate here runs `x ← exp(−x)` many times on values that
+never leave the registers: one Pallas kernel, each program a `(block,)` vector
+iterated `sweeps` times and stored once (compiled with Triton on CUDA). Off a GPU
+there is no Pallas compiler, and the in-cache rate of `jnp.exp` (many sweeps over a
+small array, `jaxattn.bench.device.exp_rate`) stands for it.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from .device import exp_rate
+from .timing import Timing
+
+#: Programs, lanes per program and sweeps of the register kernel on a GPU: 16,384
+#: programs of 256 lanes (4M values, enough to fill every SM) × 4096 exps each.
+REGISTER_EXP = (16_384, 256, 4096)
+
+
+def _exp_kernel(x_ref, o_ref, *, sweeps: int):
+    x = x_ref[...]
+    o_ref[...] = lax.fori_loop(0, sweeps, lambda _, y: jnp.exp(-y), x)
+
+
+def register_exp_call(programs: int, block: int, sweeps: int, *, interpret: bool):
+    """The register kernel: `(programs · block,)` float32 values, each `x ← exp(−x)`
+    `sweeps` times in registers; compiled with Triton unless `interpret`."""
+    params = None
+    if not interpret:
+        from jax.experimental.pallas import triton as pltriton
+        params = pltriton.CompilerParams(num_warps=max(1, block // 32), num_stages=1)
+    return pl.pallas_call(
+        functools.partial(_exp_kernel, sweeps=sweeps),
+        grid=(programs,),
+        in_specs=[pl.BlockSpec((block,), lambda i: (i,))],
+        out_specs=pl.BlockSpec((block,), lambda i: (i,)),
+        out_shape=jax.ShapeDtypeStruct((programs * block,), jnp.float32),
+        interpret=interpret, compiler_params=params, name="register_exp")
+
+
+def register_exp_rate(repeats: int, sizes: tuple[int, int, int] = REGISTER_EXP) -> dict:
+    """Exponentials per second with the values in registers: the Pallas kernel on a
+    GPU; elsewhere the in-cache rate of `jnp.exp` (what the CPU's units sustain).
+    **Returns:** `{"exp_register_per_s", "exp_register_method"}`."""
+    if jax.default_backend() != "gpu":
+        return {"exp_register_per_s": exp_rate(2**14, repeats, 4096),
+                "exp_register_method": "jnp.exp in cache (no Pallas compiler here)"}
+    programs, block, sweeps = sizes
+    f = jax.jit(register_exp_call(programs, block, sweeps, interpret=False))
+    x = jnp.linspace(0.0, 1.0, programs * block, dtype=jnp.float32)
+    jax.block_until_ready(f(x))
+    best = Timing.of(lambda: jax.block_until_ready(f(x)), repeats).min
+    return {"exp_register_per_s": programs * block * sweeps / best,
+            "exp_register_method": f"Pallas (Triton) kernel, {programs}×{block} lanes × "
+                                   f"{sweeps} exps in registers"}

@@ -1,0 +1,150 @@
+"""strategy="kernel": the whole run as one Pallas kernel (`jaxattn._pallas`), checked in
+interpret mode against the fused XLA path, and lowered for CUDA on this machine.
+
+Kernels in interpret mode compile slowly on the CPU (every lane operation is an XLA
+op), so the systems here are tiny and of distinct sizes (n = 3 tokens in R², one or
+two heads, batch 5); the grid of variants is marked slow."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers import random_tokens
+
+import jaxattn as ja
+from jaxattn._layers import run_layers_unchecked
+from jaxattn._pallas import KernelConfig, use_kernel_config
+
+ROOT = Path(__file__).resolve().parent.parent
+N, D, B, L = 3, 2, 5, 4
+
+
+def _model(key, h=1, **kw):
+    return ja.random_dynamics(key, h, D, **kw)
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def _both(dyn, x0, **kw):
+    return [ja.run_layers(dyn, x0, L, 0.3, strategy=s, **kw) for s in ("kernel", "fused")]
+
+
+def test_layers_equal_fused_float64(key):
+    k1, k2 = jax.random.split(key)
+    dyn, x0 = _model(k1, h=2), random_tokens(k2, N, D, batch=(B,))
+    a, b = _both(dyn, x0)
+    assert a.shape == (B, L + 1, N, D)
+    assert _rel(a, b) < 1e-12
+
+
+def test_layers_equal_fused_float32_with_observe(key):
+    k1, k2 = jax.random.split(key)
+    with jax.enable_x64(False):
+        dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,)).astype(jnp.float32)
+        a, b = _both(dyn, x0, observe=ja.misalignment)
+        assert a.dtype == jnp.float32 and a.shape == (B, L + 1)
+        assert _rel(a, b) < 1e-5
+
+
+def test_noise_draws_the_same_paths(key):
+    """The kernel's threefry draws are `jax.random`'s: the same paths as the fused
+    path, not only the same law (float64, a raw key and a typed one)."""
+    k1, k2 = jax.random.split(key)
+    dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,))
+    for noise_key in (key, jax.random.key(7)):
+        a, b = _both(dyn, x0, noise=ja.TokenNoise(0.4), key=noise_key)
+        assert _rel(a, b) < 1e-12
+    other = ja.run_layers(dyn, x0, L, 0.3, strategy="kernel", noise=ja.TokenNoise(0.4),
+                          key=jax.random.key(8))
+    assert _rel(other, a) > 1e-3  # another key, another path
+
+
+def test_stacked_models_and_one_system(key):
+    k1, k2 = jax.random.split(key)
+    dyns = eqx.filter_vmap(lambda k: _model(k))(jax.random.split(k1, 2))
+    x0 = random_tokens(k2, N, D, batch=(2, 3))
+    a, b = _both(dyns, x0)
+    assert a.shape == (2, 3, L + 1, N, D) and _rel(a, b) < 1e-12
+    a, b = _both(_model(k1), x0[0, 0])
+    assert a.shape == (L + 1, N, D) and _rel(a, b) < 1e-12
+
+
+def test_block_padding(key):
+    """A batch that is not a multiple of the block (the last block padded)."""
+    k1, k2 = jax.random.split(key)
+    dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,))
+    with use_kernel_config(block=2, num_warps=1):
+        a = ja.run_layers(dyn, x0, L, 0.3, strategy="kernel")
+    b = ja.run_layers(dyn, x0, L, 0.3, strategy="fused")
+    assert _rel(a, b) < 1e-12
+
+
+def test_refusals(key):
+    k1, k2 = jax.random.split(key)
+    dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,))
+    blocked = ja.SelfAttentionDynamics(dyn.P(0.0), dyn.U(0.0), block_size=2)
+    with pytest.raises(ValueError, match="runs dense attention"):
+        ja.run_layers(blocked, x0, L, strategy="kernel")
+    with pytest.raises(ValueError, match="one device"):
+        ja.run_layers(dyn, x0, L, strategy="kernel", devices=1)
+    with pytest.raises(ValueError, match="not differentiable"):
+        jax.grad(lambda x: ja.run_layers(dyn, x, L, strategy="kernel").sum())(x0)
+    with pytest.raises(ValueError, match="power of two"):
+        KernelConfig(block=48)
+
+
+def test_unsupported_operation_is_named(key):
+    k1, k2 = jax.random.split(key)
+    dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,))
+
+    def observe(x):  # a sort has no lane rule
+        return jnp.sort(x[:, 0])
+    with pytest.raises(ValueError, match="no rule for the operation `sort`"):
+        ja.run_layers(dyn, x0, L, observe=observe, strategy="kernel")
+
+
+def test_auto_never_picks_the_kernel(key):
+    from jaxattn._ensemble import choose_strategy
+    dyn = _model(key)
+    assert choose_strategy(dyn, (B, N, D), "auto") == "fused"
+
+
+def _lowered_for_cuda(config: KernelConfig) -> str:
+    with jax.enable_x64(False), use_kernel_config(**config.__dict__):
+        dyn = _model(jax.random.PRNGKey(0))
+        x0 = random_tokens(jax.random.PRNGKey(1), N, D, batch=(B,)).astype(jnp.float32)
+
+        def run(x):
+            return run_layers_unchecked(dyn, x, L, 0.3, strategy="kernel")
+        return jax.jit(run).trace(x0).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_lowers_for_cuda():
+    """Lowered for CUDA on this CPU-only machine: the compiled (Triton) kernel, not
+    interpret mode (the platform is chosen at lowering)."""
+    text = _lowered_for_cuda(KernelConfig(block=64, num_warps=2))
+    assert "__gpu$xla.gpu.triton" in text
+
+
+def test_gpu_check_dry_run(tmp_path):
+    """`benchmarks/gpu_check.py --dry-run`: every stage at tiny sizes in interpret
+    mode, no stage with an error."""
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    import json
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    stages = data["stages"]
+    assert stages["S1"]["rel_diff_kernel_vs_fused"] < 1e-5
+    assert stages["SN"]["rel_diff_kernel_vs_fused"] < 1e-5
+    assert not [k for k, v in stages.items() if "error" in v]

@@ -1,6 +1,7 @@
-"""The long-horizon helpers of `metastability` (`jaxattn.experiments.long_time`):
-plateau and jump detection, the saddle index against a closed form, the event stop,
-the paper's rescaled scheme."""
+"""The long-horizon helpers of `metastability` (`jaxattn.experiments.long_time`): the
+event stop, the horizon to 10⁸, the clusters as point masses, the paper's rescaled
+scheme (the energy, its saddles and the staircase are `ja.metrics`'s:
+tests/test_metrics_metastable.py)."""
 
 import math
 
@@ -11,64 +12,15 @@ import pytest
 import jaxattn as ja
 from jaxattn.experiments.long_time import (
     clusters,
-    interaction_energy,
     log_grid,
     merged,
-    plateaus,
     rescaled_euler,
-    saddle_index,
-    tangent_hessian,
     two_cluster_time,
 )
 
 
-def test_plateaus_of_a_synthetic_staircase():
-    ts = np.geomspace(1e-3, 1e9, 241)
-    jumps = (1e1, 1e4, 1e8)
-    levels = np.array([0.2, 0.35, 0.6, 1.0])
-    values = levels[np.searchsorted(jumps, ts)] + 1e-6 * np.sin(np.arange(241))
-    stair = plateaus(np.concatenate([ts, [np.inf] * 3]), np.concatenate([values, [1.0] * 3]),
-                     jump=0.05)
-    np.testing.assert_allclose(stair.levels, levels, atol=1e-5)
-    assert len(stair.jumps) == 3
-    for found, true in zip(stair.jumps, jumps):
-        assert abs(math.log10(found / true)) < 0.06  # within one save of the log grid
-    assert stair.starts[0] == ts[0] and stair.ends[-1] == ts[-1]
-
-
 def _circle(angles):
     return jnp.stack([jnp.cos(angles), jnp.sin(angles)], axis=-1)
-
-
-@pytest.mark.parametrize("n, beta", [(5, 2.0), pytest.param(6, 0.3, marks=pytest.mark.slow),
-                                     pytest.param(7, 9.0, marks=pytest.mark.slow)])
-def test_tangent_hessian_of_equally_spaced_points(n, beta):
-    """At `n` equally spaced points on the circle the Hessian of
-    `E = (1/n²) Σ_ij e^{β(cos(θ_i − θ_j) − 1)}` in the angles is a circulant
-    Laplacian: eigenvalues `(2/n²) Σ_m g''(2πm/n)(1 − cos(2πkm/n))`,
-    `g(φ) = e^{β(cos φ − 1)}`."""
-    x = _circle(2 * jnp.pi * jnp.arange(n) / n)
-    lam = np.sort(np.linalg.eigvalsh(np.asarray(tangent_hessian(x, beta))))
-    phi = 2 * np.pi * np.arange(1, n) / n
-    g2 = beta * (beta * np.sin(phi) ** 2 - np.cos(phi)) * np.exp(beta * (np.cos(phi) - 1))
-    k = np.arange(n)[:, None]
-    expected = np.sort(2 / n**2 * np.sum(g2 * (1 - np.cos(k * phi)), axis=1))
-    np.testing.assert_allclose(lam, expected, atol=1e-12 * max(1.0, np.abs(expected).max()))
-    assert saddle_index(x, beta) == int(np.sum(expected > 1e-8 * np.abs(expected).max()))
-
-
-@pytest.mark.slow  # 20 s: float64 Hessians of two configurations
-def test_saddle_index_of_clusters_and_of_a_sphere_config():
-    """k separated point clusters on the circle: every relative motion of the
-    clusters climbs E (index k − 1; the rotation is the zero mode); consensus is the
-    maximum (index 0)."""
-    x = _circle(jnp.array([0.0, 2.0, 4.0]))
-    assert saddle_index(x, 10.0, jnp.array([3.0, 2.0, 4.0])) == 2
-    assert saddle_index(_circle(jnp.array([0.0, 1e-9])), 10.0) == 0
-    # a regular tetrahedron on S²: 8 tangent directions, 3 rotations
-    tet = jnp.array([[1, 1, 1], [1, -1, -1], [-1, 1, -1], [-1, -1, 1]]) / math.sqrt(3)
-    lam = np.linalg.eigvalsh(np.asarray(tangent_hessian(tet, 4.0)))
-    assert np.sum(np.abs(lam) < 1e-10) == 3 and saddle_index(tet, 4.0) == 5
 
 
 def test_the_event_stops_at_the_merger():
@@ -102,15 +54,16 @@ def test_the_horizon_reaches_1e8():
     assert float(no_event.t1) == 1e8 and np.all(np.isfinite(np.asarray(no_event.ts)))
 
 
-def test_clusters_and_energy():
+def test_clusters_as_point_masses():
+    """Three tokens, two within `eps`: two clusters of 1 and 2 tokens, each mean
+    direction a unit vector (the pair's bisector), the same clusters as
+    `ja.metrics.cluster_labels`."""
     x = _circle(jnp.array([0.0, 1e-4, 1.0]))
     means, masses = clusters(np.asarray(x), 1e-2)
-    assert sorted(masses.tolist()) == [1, 2]
-    E = float(interaction_energy(x, 3.0))
-    def g(phi):
-        return math.exp(3.0 * (math.cos(phi) - 1))
-
-    assert abs(E - (3 + 2 * g(1e-4) + 2 * g(1.0) + 2 * g(1.0 - 1e-4)) / 9) < 1e-12
+    assert masses.tolist() == [2, 1]
+    np.testing.assert_allclose(means, np.asarray(_circle(jnp.array([5e-5, 1.0]))),
+                               rtol=0, atol=1e-15)
+    assert ja.metrics.cluster_labels(x, 1e-2).tolist() == [0, 0, 2]
 
 
 def test_rescaled_euler_matches_the_angle_update():

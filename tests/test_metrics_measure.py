@@ -32,19 +32,23 @@ def _groups(key, n, d, groups, spread):
     return centres[which] + spread * jax.random.normal(k3, (n, d))
 
 
-def _scipy_count(x, eps):
-    """Independent reference: connected components of the eps-graph (scipy)."""
+def _scipy_labels(x, eps):
+    """Independent reference: connected components of the eps-graph (scipy), each
+    named by its smallest token index."""
     from scipy.sparse.csgraph import connected_components
     from scipy.spatial.distance import cdist
 
     x = np.asarray(x)
-    return connected_components(cdist(x, x) < eps, directed=False)[0]
+    _, component = connected_components(cdist(x, x) < eps, directed=False)
+    first = {c: i for i, c in reversed(list(enumerate(component)))}
+    return np.array([first[c] for c in component])
 
 
 @pytest.mark.parametrize("block", [3, 64, 300])
 def test_blocked_cluster_count_equals_dense(key, block):
     """Random groups at several eps, long shuffled chains (which need many merges)
-    and a chain cut in two: the blocked count equals the dense one exactly."""
+    and a chain cut in two: the blocked labels equal the dense ones and scipy's
+    components exactly, and so do the counts."""
     cases = []
     for i, (n, d) in enumerate([(120, 3), (97, 2), (150, 5)]):
         x = _groups(jax.random.fold_in(key, i), n, d, groups=6, spread=0.3)
@@ -55,12 +59,14 @@ def test_blocked_cluster_count_equals_dense(key, block):
     cut = cut.at[:60].add(10.0)  # one shuffled walk split into two far-apart pieces
     cases.append((cut, 0.1001))
     # eps traced: one program per shape, not per case.
-    dense_count = jax.jit(_pairs.count_components_dense)
+    dense_labels = jax.jit(_pairs.dense_labels)
+    blocked_labels = jax.jit(lambda x, eps: M.cluster_labels(x, eps, block_size=block))
     blocked_count = jax.jit(lambda x, eps: M.cluster_count(x, eps, block_size=block))
     for x, eps in cases:
-        dense = int(dense_count(x, eps))
-        blocked = int(blocked_count(x, eps))
-        assert blocked == dense == _scipy_count(x, eps), (x.shape, eps)
+        want = _scipy_labels(x, eps)
+        np.testing.assert_array_equal(dense_labels(x, eps), want, err_msg=f"{x.shape}, {eps}")
+        np.testing.assert_array_equal(blocked_labels(x, eps), want, err_msg=f"{x.shape}, {eps}")
+        assert int(blocked_count(x, eps)) == len(np.unique(want)), (x.shape, eps)
 
 
 def test_cluster_count_chain_needs_few_sweeps(key):
@@ -80,9 +86,13 @@ def test_cluster_count_chain_needs_few_sweeps(key):
 
 def test_blocked_cluster_count_batches_and_default(key):
     x = jnp.stack([_groups(jax.random.fold_in(key, i), 80, 3, 4, 0.2) for i in range(3)])
-    expected = [_scipy_count(xi, 0.5) for xi in x]
+    labels = np.stack([_scipy_labels(xi, 0.5) for xi in x])
+    expected = [len(np.unique(row)) for row in labels]
     assert M.cluster_count(x, 0.5).tolist() == expected  # n = 80: the blocked default
     assert jax.jit(lambda y: M.cluster_count(y, 0.5, block_size=16))(x).tolist() == expected
+    np.testing.assert_array_equal(M.cluster_labels(x, 0.5), labels)
+    np.testing.assert_array_equal(M.cluster_labels(x[:, :40], 0.5),  # n = 40: dense
+                                  np.stack([_scipy_labels(xi, 0.5) for xi in x[:, :40]]))
     with pytest.raises(ValueError, match="block_size"):
         M.cluster_count(x, 0.5, block_size=0)
 
@@ -148,7 +158,7 @@ def test_moderate_n_default_blocks_match_references(key):
     x = _groups(key, n, 3, groups=5, spread=0.4).astype(jnp.float32)
     assert _pairs.block_rows(n, None) < n
     for eps in (0.1, 0.5):
-        assert int(M.cluster_count(x, eps)) == _scipy_count(x, eps)
+        assert int(M.cluster_count(x, eps)) == len(np.unique(_scipy_labels(x, eps)))
     y = x / 4
     P = jnp.eye(3, dtype=jnp.float32)
     y64 = np.asarray(y, np.float64)

@@ -1,8 +1,7 @@
 """`jaxattn run noisy-transition`: the coupling's mapping onto the USA model, the
-layers' diffusion against free noisy layers, the threshold's estimator and its error
-on synthetic data drawn from the law it assumes, the equilibration and hysteresis
-measures, and the uniform state's susceptibility `n ⟨r²⟩ = 1/(1 − K/K_#)` in a small
-noisy simulation."""
+equilibration and hysteresis measures (the layers' diffusion and the threshold's
+estimator are `ja.theory`'s: tests/test_theory_noise.py), and the uniform state's
+susceptibility `n ⟨r²⟩ = 1/(1 − K/K_#)` in a small noisy simulation."""
 
 import json
 import math
@@ -22,26 +21,11 @@ def test_usa_model_has_the_papers_coupling(seed):
     """The drift of `usa_model(d, K, β)` is `K σ² P_x (1/n) Σ_j e^{β⟨x_i, x_j⟩} x_j`:
     the gradient of `K ∫ W_β(⟨x, y⟩) dρ(y)`, `W_β(t) = (e^{βt} − 1)/β`, times σ²."""
     n, d, K, beta = 7, 3, 0.37, 2.3
-    x = np.asarray(nt._unit(jax.random.normal(jax.random.PRNGKey(seed), (n, d))))
+    x = np.asarray(ja.normalize(jax.random.normal(jax.random.PRNGKey(seed), (n, d))))
     field = K * nt.SIGMA**2 * (np.exp(beta * x @ x.T) @ x) / n
     want = field - np.sum(field * x, -1, keepdims=True) * x
     got = nt.usa_model(d, K, beta).velocity(0.0, jnp.asarray(x))
     np.testing.assert_allclose(got, want, rtol=1e-12)
-
-
-def test_fit_threshold_finds_where_the_rate_vanishes(seed):
-    """Rates drawn around `γ = A(1 − K/K_c)` give `K_c` within three of the fit's
-    standard errors, and `A` back; a rising line is no threshold."""
-    rng = np.random.default_rng(seed)
-    Kc, A, spread = 0.83, 1.7, 0.05
-    K = np.linspace(0.7, 1.3, 9) * Kc
-    rates = A * (1 - K / Kc)[:, None] + spread * rng.standard_normal((9, 3))
-    est, se, a = nt.fit_threshold(K, rates)
-    assert 0 < se < 0.03 * Kc
-    assert abs(est - Kc) < 3 * se
-    assert a == pytest.approx(A, rel=0.2)
-    assert all(math.isnan(v) for v in nt.fit_threshold(K, -rates))
-    assert all(math.isnan(v) for v in nt.fit_threshold(K[:2], rates[:2]))
 
 
 def test_fit_rates_of_exponentials():
@@ -49,30 +33,6 @@ def test_fit_rates_of_exponentials():
     g = np.stack([0.1 * np.exp(-0.7 * t), 0.1 * np.exp(0.3 * t), -np.ones_like(t)])
     np.testing.assert_allclose(nt.fit_rates(t, g)[:2], [0.7, -0.3], rtol=1e-12)
     assert math.isnan(nt.fit_rates(t, g)[2])
-
-
-@pytest.mark.parametrize("d", [2, 3])
-def test_layer_diffusion_is_the_free_layers_decay(seed, d):
-    """Tokens started at `e₁` under noisy layers and no interaction: the mean first
-    coordinate after `L` layers is `exp(−(d − 1) σ² D τ L / 2)` with
-    `D = layer_diffusion(d, τ)` (0.72 at d = 3, τ = 0.1), not the `τ → 0` value
-    nor the first-order `1 − σ²τ(d + 2)/2`."""
-    n, systems, tau, L = 100, 200, 0.1, 8
-    x0 = jnp.zeros((systems, n, d)).at[..., 0].set(1.0)
-    dyn = eqx_stack(d, 0.0, 1.0, systems)
-    first = ja.run_layers(dyn, x0, L, tau, observe=lambda x: x[:, 0],
-                          noise=ja.TokenNoise(nt.SIGMA), key=jax.random.PRNGKey(seed))
-    first = np.asarray(first)[:, -1].ravel()
-    mean, tol = first.mean(), 4 * first.std() / math.sqrt(first.size)
-    D = nt.layer_diffusion(d, tau)
-
-    def decay(D):
-        return math.exp(-(d - 1) * nt.SIGMA**2 * D * tau * L / 2)
-    assert abs(mean - decay(D)) < tol
-    for wrong in (1.0, 1 - nt.SIGMA**2 * tau * (d + 2) / 2):
-        assert abs(mean - decay(wrong)) > tol
-    assert nt.layer_diffusion(d, 1e-4) == pytest.approx(1 - nt.SIGMA**2 * 1e-4 * (d + 2) / 2,
-                                                        rel=1e-6)
 
 
 def test_half_gap_flags_a_drifting_window(seed):
@@ -119,7 +79,7 @@ def test_uniform_state_susceptibility_matches_the_threshold(seed):
     threshold = noisy_threshold(beta, d)
     K = nt.layer_coupling(0.5 * threshold, beta, d, tau, threshold)
     dyn = eqx_stack(d, K, beta, seeds)
-    x0 = nt._unit(jax.random.normal(jax.random.PRNGKey(seed), (seeds, n, d)))
+    x0 = ja.normalize(jax.random.normal(jax.random.PRNGKey(seed), (seeds, n, d)))
     m, _ = ja.run_layers(dyn, x0, 500, tau, observe=lambda x: (jnp.mean(x, 0), x[:1]),
                          noise=ja.TokenNoise(nt.SIGMA), key=jax.random.PRNGKey(seed + 1))
     chi = n * np.sum(np.asarray(m)[:, 100:] ** 2, -1).mean(-1)  # per seed, after t = 5

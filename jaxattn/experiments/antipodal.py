@@ -5,14 +5,15 @@ Tokens on the unit sphere `S^{d−1}` under `ja.SelfAttentionDynamics(P = I, U =
 with `noise=ja.ValueNoise(σ)`: one matrix Brownian motion per system, shared by its
 tokens (`dx_i = v_i dt + σ P_{x_i} dB_t m_i`, Itô, `m_i = Σ_j α_ij x_j`), run as
 `ja.run_layers` (the noise scaled by `√τ`). For two tokens the cosine `ρ = ⟨x_1, x_2⟩`
-is a one-dimensional diffusion (`drift`, `diffusion`; `docs/noise.md`, "Antipodal
-clusters"): consensus `ρ = 1` always attracts, and the antipodal end `ρ = −1` attracts
-with positive probability exactly when its exponent `antipodal_rate(β, d, σ) < 0`,
-i.e. past `antipodal_threshold(d, σ)` in `β`. The run measures, per dimension `d`:
+is a one-dimensional diffusion (`ja.theory.antipodal_drift`, `antipodal_diffusion`;
+`docs/noise.md`, "Antipodal clusters"): consensus `ρ = 1` always attracts, and the
+antipodal end `ρ = −1` attracts with positive probability exactly when its exponent
+`ja.theory.antipodal_rate(β, d, σ) < 0`, i.e. past `ja.theory.antipodal_threshold(d, σ)`
+in `β`. The run measures, per dimension `d`:
 
 - `P(antipodal)`: the share of `runs` pairs from independent uniform starts whose
   gap `1 + ρ` (as `|x_1 + x_2|²/2`, no cancellation) ends below `GAP`, with its
-  binomial standard error, beside `antipodal_probability` (the scale function's
+  binomial standard error, beside `ja.theory.antipodal_probability` (the scale function's
   `T → ∞` prediction from the same starts);
 - the exponent at the antipodal end: the mean of `log((1 + ρ_T)/(1 + ρ_0))/T_e` from
   starts at gap `START_GAP` (`T_e = EXPONENT_TIME`), against `antipodal_rate`; the
@@ -34,8 +35,15 @@ from tqdm.auto import tqdm
 from .._app import figures
 from .._dynamics import SelfAttentionDynamics
 from .._layers import run_layers
+from .._manifold import normalize
 from .._noise import ValueNoise
+from ..theory import (
+    antipodal_probability,
+    antipodal_rate,
+    antipodal_threshold,
+)
 from .base import AbstractExperiment, Param, Verdict
+from .pieces import advance
 from .verdicts import short
 
 #: A pair ends antipodal when `1 + ρ_T < GAP`, in one cluster when `1 − ρ_T < GAP`.
@@ -44,92 +52,14 @@ GAP = 1e-2
 START_GAP, EXPONENT_TIME = 1e-4, 4.0
 #: The numbers of tokens of the formations study.
 FORMATION_TOKENS = (3, 4, 8)
-#: The `u = atanh ρ` grid of the scale function: `[−U_MAX, U_MAX]` in `U_POINTS`.
-U_MAX, U_POINTS = 30.0, 6001
 #: Layers per compiled piece of a run (only each piece's last layer is kept).
 PIECE = 100
 
 
-def weights(beta, rho):
-    """`(a, q)`: the attention `a = α_12 = 1/(1 + e^{β(1 − ρ)})` of two tokens at cosine
-    `ρ`, and `q = 2a(1 − a)`."""
-    a = 1.0 / (1.0 + np.exp(beta * (1.0 - rho)))
-    return a, 2.0 * a * (1.0 - a)
-
-
-def drift(rho, beta, d: int, sigma):
-    """The Itô drift of `ρ = ⟨x_1, x_2⟩`: `b(ρ) = (1 − ρ²)[2a + σ²(q(d − 2) − (1 − q)ρ)]`."""
-    a, q = weights(beta, rho)
-    return (1.0 - rho**2) * (2.0 * a + sigma**2 * (q * (d - 2) - (1.0 - q) * rho))
-
-
-def diffusion(rho, beta, sigma):
-    """The squared diffusion of `ρ`: `s²(ρ) = 2σ²(1 − q)(1 − ρ²)²`."""
-    _, q = weights(beta, rho)
-    return 2.0 * sigma**2 * (1.0 - q) * (1.0 - rho**2) ** 2
-
-
-def antipodal_rate(beta, d: int, sigma):
-    """The exponent of `log(1 + ρ)` at `ρ = −1`: `λ = 4a + 2σ²((d − 1)q − 1)` with
-    `a, q` at `ρ = −1`; the antipodal end attracts with positive probability iff `λ < 0`."""
-    a, q = weights(beta, -1.0)
-    return 4.0 * a + 2.0 * sigma**2 * ((d - 1) * q - 1.0)
-
-
-def consensus_rate(d: int, sigma):
-    """The exponent of `log(1 − ρ)` at `ρ = 1`: `−2 − σ²(d − 1)`, always `< 0`."""
-    return -2.0 - sigma**2 * (d - 1)
-
-
-def antipodal_threshold(d: int, sigma) -> float:
-    """The `β` past which the antipodal end attracts: `β_c = ½ log E`, `E` the larger
-    root of `E² − 2cE + 1 − 2/σ² = 0`, `c = d − 2 + 1/σ²` (`antipodal_rate` = 0 with
-    `E = e^{2β}`); `0` when `λ < 0` for every `β > 0`."""
-    c = d - 2 + 1 / sigma**2
-    disc = c**2 - 1 + 2 / sigma**2
-    if disc < 0:
-        return 0.0
-    return max(0.0, 0.5 * math.log(c + math.sqrt(disc)))
-
-
-def antipodal_probability(beta, d: int, sigma) -> float:
-    """`P(ρ_t → −1)` from two independent uniform tokens on `S^{d−1}`, by the scale
-    function: `P(ρ_0) = ∫_{ρ_0}^1 S' / ∫_{−1}^1 S'`, `S'(ρ) = exp(−∫_0^ρ 2b/s²)`,
-    averaged over `ρ_0` (density `∝ (1 − ρ²)^{(d−3)/2}`). In `u = atanh ρ`,
-    `2b/s² dρ = g(tanh u) du`; the tails past `±U_MAX` are summed exactly as
-    exponentials. `0` when `antipodal_rate ≥ 0`."""
-    if antipodal_rate(beta, d, sigma) >= 0:
-        return 0.0
-    u = np.linspace(-U_MAX, U_MAX, U_POINTS)
-    du = u[1] - u[0]
-    rho = np.tanh(u)
-    a, q = weights(beta, rho)
-    g = (2 * a + sigma**2 * (q * (d - 2) - (1 - q) * rho)) / (sigma**2 * (1 - q))
-    G = np.concatenate([[0.0], np.cumsum((g[1:] + g[:-1]) * du / 2)])
-    G -= G[U_POINTS // 2]
-    log_sech2 = -2 * (np.abs(u) + np.log1p(np.exp(-2 * np.abs(u))) - math.log(2))
-    h = -G + log_sech2
-    w = np.exp(h - h.max())
-    cells = (w[1:] + w[:-1]) * du / 2
-    tail_hi = w[-1] / (g[-1] + 2)
-    tail_lo = w[0] / (2 - g[0])
-    above = np.concatenate([np.cumsum(cells[::-1])[::-1], [0.0]]) + tail_hi
-    p = above / (above[0] + tail_lo)
-    start = np.exp((d - 1) / 2 * log_sech2)
-    return float(np.sum(p * start) / np.sum(start))
-
-
-def uniform_tokens(key, runs: int, n: int, d: int):
-    """`runs` systems of `n` independent uniform tokens on `S^{d−1}`."""
-    x = jax.random.normal(key, (runs, n, d))
-    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
-
-
 def pair_start(key, runs: int, d: int, gap: float):
     """Pairs at gap `1 + ρ = gap`: `x_2 = −x_1 cos θ + e sin θ`, `e ⊥ x_1` uniform."""
-    x1, e = jnp.unstack(uniform_tokens(key, runs, 2, d), axis=1)
-    e = e - jnp.sum(e * x1, -1, keepdims=True) * x1
-    e = e / jnp.linalg.norm(e, axis=-1, keepdims=True)
+    x1, e = jnp.unstack(normalize(jax.random.normal(key, (runs, 2, d))), axis=1)
+    e = normalize(e - jnp.sum(e * x1, -1, keepdims=True) * x1)
     theta = math.acos(1 - gap)  # the angle between x_2 and −x_1
     return jnp.stack([x1, -x1 * math.cos(theta) + e * math.sin(theta)], axis=1)
 
@@ -141,17 +71,19 @@ def gaps(x):
     return plus, minus
 
 
-def advance(beta, sigma, x, layers: int, tau, key, piece: int = PIECE):
+def noisy_layers(beta, sigma, x, layers: int, tau, key, piece: int = PIECE):
     """The tokens `x` (`(runs, n, d)`) after `layers` noisy layers (`ja.run_layers`,
     `ValueNoise(σ)`, each run its own key), in pieces of at most `piece` layers (each
     with its key `fold_in(key, i)`), keeping only each piece's last layer."""
-    d = x.shape[-1]
-    eye = jnp.eye(d, dtype=x.dtype)[None]
+    eye = jnp.eye(x.shape[-1], dtype=x.dtype)[None]
     dyn = SelfAttentionDynamics(eye, eye, beta=beta)
-    for i, start in enumerate(range(0, layers, piece)):
-        x = run_layers(dyn, x, min(piece, layers - start), tau, noise=ValueNoise(sigma),
-                       key=jax.random.fold_in(key, i))[:, -1]
-    return x
+
+    def step(i, x):
+        count = min(piece, layers - i * piece)
+        return run_layers(dyn, x, count, tau, noise=ValueNoise(sigma),
+                          key=jax.random.fold_in(key, i))[:, -1], None
+
+    return advance(step, x, -(-layers // piece), desc="", progress=False)[0]
 
 
 def layers_for(time: float, tau: float) -> int:
@@ -232,17 +164,17 @@ class Antipodal(AbstractExperiment):
         with tqdm(total=total, desc=self.name, disable=not progress, leave=False) as bar:
             for i, d in enumerate(dims):
                 k_start, k_gap, k_run = jax.random.split(jax.random.fold_in(key, d), 3)
-                x0 = uniform_tokens(k_start, runs, 2, d)
+                x0 = normalize(jax.random.normal(k_start, (runs, 2, d)))
                 x0_gap = pair_start(k_gap, runs, d, START_GAP)
                 for j, beta in enumerate(betas):
                     k_p, k_e = jax.random.split(jax.random.fold_in(k_run, j))
-                    plus, minus = gaps(advance(beta, sigma, x0, layers_for(config["horizon"], tau),
-                                               tau, k_p))
+                    plus, minus = gaps(noisy_layers(beta, sigma, x0,
+                                                    layers_for(config["horizon"], tau), tau, k_p))
                     data["p_antipodal"][i, j] = float(jnp.mean(plus < GAP))
                     data["p_consensus"][i, j] = float(jnp.mean(minus < GAP))
                     bar.update()
                     layers = layers_for(EXPONENT_TIME, tau)
-                    plus, _ = gaps(advance(beta, sigma, x0_gap, layers, tau, k_e))
+                    plus, _ = gaps(noisy_layers(beta, sigma, x0_gap, layers, tau, k_e))
                     growth = np.log(np.asarray(plus) / START_GAP) / (layers * tau)
                     data["rate"][i, j] = growth.mean()
                     data["rate_se"][i, j] = growth.std(ddof=1) / math.sqrt(runs)
@@ -250,9 +182,9 @@ class Antipodal(AbstractExperiment):
             data["formation"] = np.zeros((len(FORMATION_TOKENS), runs), dtype=np.int64)
             for i, n in enumerate(FORMATION_TOKENS):
                 k_start, k_run = jax.random.split(jax.random.fold_in(key, 1000 + n))
-                x = uniform_tokens(k_start, runs, n, config["formation_dim"])
-                x = advance(config["formation_beta"], sigma, x,
-                            layers_for(config["horizon"], tau), tau, k_run)
+                x = normalize(jax.random.normal(k_start, (runs, n, config["formation_dim"])))
+                x = noisy_layers(config["formation_beta"], sigma, x,
+                                 layers_for(config["horizon"], tau), tau, k_run)
                 data["formation"][i] = formation(x)
                 bar.update()
         return data

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from .._app import figures
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
+from .._manifold import normalize
 from ..theory import equiangular_asymptotics, equiangular_solution, equiangular_tokens
 from .base import BETA, AbstractExperiment, Param, Verdict
 from .verdicts import short
@@ -59,7 +60,7 @@ def off_diagonal(gram: Float[Array, "*T n n"]) -> Float[Array, "*T m"]:
 
 
 def directions(ys: Float[Array, "*T n d"]) -> Float[Array, "*T n d"]:
-    return ys / jnp.linalg.norm(ys, axis=-1, keepdims=True)
+    return normalize(ys)
 
 
 def cosine_gaps(ys: Float[Array, "*T n d"]) -> Float[Array, "*T m"]:

@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 from .._app import figures
 from .._dynamics import SelfAttentionDynamics
 from .._layers import run_layers
+from .._manifold import sample_ellipsoid
 from .._precision import einsum
 from .base import AbstractExperiment, Param, Verdict
 from .verdicts import short
@@ -90,8 +91,7 @@ def simplex_tokens(key: PRNGKeyArray, n: int, d: int, rho: float) -> Float[Array
     """Unit tokens `√ρ e₁ + √(1 − ρ) g_i` with `g_i` uniform on the unit sphere of
     `e₁`'s complement: `⟨y_i, y_j⟩ = ρ + (1 − ρ) ⟨g_i, g_j⟩` (Assumption 2's
     almost-simplex, `ρ` on average)."""
-    g = jax.random.normal(key, (n, d - 1))
-    g = g / jnp.linalg.norm(g, axis=-1, keepdims=True)
+    g = sample_ellipsoid(key, n, d - 1)
     first = jnp.full((n, 1), math.sqrt(rho), g.dtype)
     return jnp.concatenate([first, math.sqrt(1 - rho) * g], axis=-1)
 

@@ -6,21 +6,22 @@ exponentially long in `β`, then two clusters merge quickly, and so on (Geshkovs
 Koubbi, Polyanskiy, Rigollet, "Dynamic metastability in the self-attention model",
 2024). The flow is then saved on a logarithmic grid (`log_grid`), stopped by an
 event when the tokens have merged (`merged`), and read as a staircase of its
-interaction energy (`interaction_energy`, `plateaus`); each plateau sits near a
-saddle of the energy whose index (`saddle_index`) is the number of its unstable
-directions. `rescaled_euler` is the paper's own scheme: Euler steps of constant
-length in the rescaled time of its figures.
+interaction energy (`ja.metrics.interaction_energy`, `ja.metrics.plateaus`); each
+plateau sits near a saddle of the energy whose index (`ja.metrics.saddle_index`) is
+the number of its unstable directions, read here with the clusters as point masses
+(`cluster_index`, on `ja.metrics.cluster_labels`). `rescaled_euler` is the paper's
+own scheme: Euler steps of constant length in the rescaled time of its figures.
 """
 
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ..metrics import cluster_count
+from .._manifold import normalize
+from ..metrics import cluster_count, cluster_labels, saddle_index
 
 
 def log_grid(t_min: float, t_max: float, count: int) -> np.ndarray:
@@ -64,156 +65,17 @@ def merged(eps: float, target: int = 1):
     return lambda t, x: cluster_count(x, eps) <= target
 
 
-def interaction_energy(x: Float[Array, "*batch n d"], beta, weights=None) -> Float[Array, "*batch"]:
-    """The interaction energy `E = (1/n²) Σ_ij m_i m_j exp(β(⟨x_i, x_j⟩ − 1))` of unit tokens.
-
-    It grows along the `usa` flow to its maximum 1 at consensus (the paper's
-    energy; `⟨x_i, x_j⟩ − 1 = −‖x_i − x_j‖²/2`, so no cancellation). `weights`
-    `m_i` (default all 1, `n = Σ m_i`) let a cluster count for its tokens.
-
-    **Arguments:**
-
-    - `x`: unit tokens `(..., n, d)`.
-    - `beta`: the inverse temperature `β`.
-    - `weights`: the tokens' masses `(n,)` (default: ones).
-
-    **Returns:**
-
-    `E` with the shape of the leading axes.
-    """
-    diff = x[..., :, None, :] - x[..., None, :, :]
-    gap = -0.5 * jnp.sum(diff * diff, axis=-1)
-    m = jnp.ones(x.shape[-2], x.dtype) if weights is None else jnp.asarray(weights, x.dtype)
-    pair = m[:, None] * m[None, :] * jnp.exp(beta * gap)
-    return jnp.sum(pair, axis=(-2, -1)) / jnp.sum(m) ** 2
-
-
-class Staircase(NamedTuple):
-    """Plateaus and jumps of a curve over save times (`plateaus`)."""
-
-    #: `(k,)` first and last save time of each plateau
-    starts: np.ndarray
-    ends: np.ndarray
-    #: `(k,)` the value on each plateau (its median)
-    levels: np.ndarray
-    #: `(k − 1,)` each jump's time: the geometric mean of the saves it spans
-    jumps: np.ndarray
-
-
-def plateaus(ts, values, jump: float) -> Staircase:
-    """Split a curve into plateaus and the jumps between them.
-
-    A jump is a run of consecutive save intervals over which the curve moves by more
-    than `jump`; the saves between two jumps are a plateau (a plateau of one save
-    counts). Infinite times (after an event) are dropped first.
-
-    **Arguments:**
-
-    - `ts`: the save times `(T,)`, positive where a log axis reads them.
-    - `values`: the curve at those times `(T,)`.
-    - `jump`: the smallest change between two saves that is part of a jump, `> 0`.
-
-    **Returns:**
-
-    A `Staircase`.
-    """
-    ts, values = np.asarray(ts, float), np.asarray(values, float)
-    keep = np.isfinite(ts) & np.isfinite(values)
-    ts, values = ts[keep], values[keep]
-    moving = np.abs(np.diff(values)) > jump
-    cuts = np.flatnonzero(np.diff(np.concatenate([[0], moving.astype(int), [0]])))
-    rises, falls = cuts[::2], cuts[1::2]  # jump k spans saves rises[k] … falls[k]
-    first = np.concatenate([[0], falls])
-    last = np.concatenate([rises, [len(ts) - 1]])
-    levels = np.array([np.median(values[a:b + 1]) for a, b in zip(first, last)])
-    mids = np.sqrt(np.abs(ts[rises] * ts[falls]))
-    return Staircase(ts[first], ts[last], levels, mids)
-
-
-def tangent_basis(x: Float[Array, "n d"]) -> Float[Array, "n d-1 d"]:
-    """An orthonormal basis of each token's tangent space `x_iᗮ` (`x_i` unit)."""
-    d = x.shape[-1]
-    # Householder reflection sending e_1 to x_i: its other columns span x_iᗮ
-    e1 = jnp.zeros((1, d), x.dtype).at[0, 0].set(1.0)
-    sign = jnp.where(x[:, :1] >= 0, 1.0, -1.0)
-    v = x + sign * e1
-    H = jnp.eye(d, dtype=x.dtype)[None] - 2 * v[:, :, None] * v[:, None, :] / jnp.sum(
-        v * v, axis=-1)[:, None, None]
-    return jnp.swapaxes(H[:, :, 1:], 1, 2)
-
-
-def tangent_hessian(x: Float[Array, "n d"], beta, weights=None) -> Float[Array, "m m"]:
-    """The Riemannian Hessian of `interaction_energy` on the product of spheres, in
-    an orthonormal basis of the tangent spaces (`m = n (d − 1)`).
-
-    `Hess E[u, u] = uᵀ ∇²E u − Σ_i ⟨x_i, ∇_i E⟩ ‖u_i‖²` for tangent `u` (the
-    Euclidean Hessian by `jax.hessian`, plus the sphere's curvature term).
-
-    **Arguments:**
-
-    - `x`: unit tokens `(n, d)`; take float64.
-    - `beta`: the inverse temperature.
-    - `weights`: the tokens' masses `(n,)` (default: ones).
-
-    **Returns:**
-
-    The symmetric `(n (d − 1), n (d − 1))` matrix.
-    """
-    return _tangent_hessian(x, beta, weights)
-
-
-@jax.jit  # one program per shape (op by op, the Hessian compiled ~50 programs)
-def _tangent_hessian(x: Float[Array, "n d"], beta, weights) -> Float[Array, "m m"]:
-    n, d = x.shape
-
-    def energy(flat):
-        return interaction_energy(flat.reshape(n, d), beta, weights)
-
-    flat = x.reshape(-1)
-    hess = jax.hessian(energy)(flat).reshape(n, d, n, d)
-    normal = jnp.sum(x * jax.grad(energy)(flat).reshape(n, d), axis=-1)
-    B = tangent_basis(x)  # (n, d-1, d)
-    H = jnp.einsum("iad,idje,jbe->iajb", B, hess, B, precision="highest")
-    H = H - jnp.einsum("i,ab,ij->iajb", normal, jnp.eye(d - 1, dtype=x.dtype),
-                       jnp.eye(n, dtype=x.dtype))
-    m = n * (d - 1)
-    H = H.reshape(m, m)
-    return (H + H.T) / 2
-
-
-def saddle_index(x: Float[Array, "n d"], beta, weights=None, rtol: float = 1e-8) -> int:
-    """The number of unstable directions of the flow at `x`: the positive eigenvalues
-    of the energy's tangent Hessian (the flow climbs `E`; equivalently the negative
-    eigenvalues of `−E`'s), those below `rtol · max |λ|` counted as zero.
-
-    **Arguments:**
-
-    - `x`, `beta`, `weights`: as `tangent_hessian`.
-    - `rtol`: the relative size under which an eigenvalue is a zero (a symmetry).
-
-    **Returns:**
-
-    The index, an int.
-    """
-    lam = np.linalg.eigvalsh(np.asarray(tangent_hessian(x, beta, weights)))
-    return int(np.sum(lam > rtol * np.max(np.abs(lam))))
-
-
 def clusters(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """Single-linkage clusters of tokens at distance `eps`, on the host: each
-    cluster's unit mean direction `(k, d)` and its number of tokens `(k,)`."""
+    """The clusters of `ja.metrics.cluster_labels` at distance `eps` (in float64), as
+    point masses on the host: each cluster's unit mean direction `(k, d)` and its
+    number of tokens `(k,)`, in the order of their first tokens."""
     x = np.asarray(x, float)
-    near = np.linalg.norm(x[:, None] - x[None], axis=-1) < eps
-    label = np.arange(len(x))
-    for _ in range(len(x)):  # propagate the smallest label along the links
-        new = np.min(np.where(near, label[None, :], len(x)), axis=1)
-        if np.array_equal(new, label):
-            break
-        label = new
-    ids = np.unique(label)
-    means = np.stack([x[label == i].mean(axis=0) for i in ids])
-    return means / np.linalg.norm(means, axis=-1, keepdims=True), np.array(
-        [np.sum(label == i) for i in ids])
+    with jax.enable_x64(True):
+        label = np.asarray(cluster_labels(jnp.asarray(x, jnp.float64), eps))
+        ids = np.unique(label)
+        means = np.stack([x[label == i].mean(axis=0) for i in ids])
+        return np.asarray(normalize(jnp.asarray(means))), np.array(
+            [np.sum(label == i) for i in ids])
 
 
 def cluster_index(x: np.ndarray, beta: float, eps: float) -> int:

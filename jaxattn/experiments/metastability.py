@@ -7,12 +7,13 @@ Koubbi, Polyanskiy, Rigollet, "Dynamic metastability in the self-attention model
 float64 with adaptive implicit steps (`ja.solve_flow`, Kvaerno3), saved on a logarithmic grid
 up to `--horizon` and stopped by an event once `--target` clusters are left
 (`long_time.merged`). For each `β`: the interaction energy
-`E = (1/n²) Σ_ij e^{β(⟨x_i, x_j⟩ − 1)}` and the cluster count over time; the plateaus
-of the count and the mergers between them (`long_time.plateaus`); on each plateau
-the index of the saddle the tokens sit near (`long_time.cluster_index`: the number
-of unstable directions of the tangent Hessian of `E`, the clusters taken as point
-masses) and the length the paper's mechanism predicts, the two closest clusters
-alone (`long_time.two_cluster_time`: `n e^{β(1 − cos δ)} / ((m_a + m_b) β sin² δ)`,
+`E = (1/n²) Σ_ij e^{β(⟨x_i, x_j⟩ − 1)}` (`ja.metrics.interaction_energy`) and the
+cluster count over time; the plateaus of the count and the mergers between them
+(`ja.metrics.plateaus`); on each plateau the index of the saddle the tokens sit near
+(`long_time.cluster_index`: `ja.metrics.saddle_index`, the number of unstable
+directions of the tangent Hessian of `E`, the clusters taken as point masses) and
+the length the paper's mechanism predicts, the two closest clusters alone
+(`long_time.two_cluster_time`: `n e^{β(1 − cos δ)} / ((m_a + m_b) β sin² δ)`,
 exponential in `β`), beside the measured one.
 """
 
@@ -28,16 +29,10 @@ from tqdm.auto import tqdm
 from .._app import figures
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
-from ..metrics import cluster_count
+from .._manifold import sample_ellipsoid
+from ..metrics import cluster_count, interaction_energy, plateaus
 from .base import AbstractExperiment, Param, Verdict
-from .long_time import (
-    cluster_index,
-    interaction_energy,
-    log_grid,
-    merged,
-    plateaus,
-    two_cluster_time,
-)
+from .long_time import cluster_index, log_grid, merged, two_cluster_time
 from .verdicts import short
 
 #: A small run for tests and smoke checks: `jaxattn run metastability` with these.
@@ -54,12 +49,6 @@ def betas(config) -> np.ndarray:
         raise ValueError(f"--beta-max ({config['beta_max']!r}) must be ≥ --beta-min "
                          f"({config['beta_min']!r}).")
     return np.linspace(config["beta_min"], config["beta_max"], config["betas"])
-
-
-def uniform_tokens(seed: int, n: int, d: int) -> jax.Array:
-    """`n` tokens uniform on `S^{d−1}` (normalised Gaussians)."""
-    x = jax.random.normal(jax.random.PRNGKey(seed), (n, d), jnp.float64)
-    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
 
 def run_beta(x0, beta: float, ts, config) -> dict[str, np.ndarray]:
@@ -142,7 +131,8 @@ class Metastability(AbstractExperiment):
         if config["horizon"] <= T_MIN:
             raise ValueError(f"--horizon must be > {T_MIN:g}, got {config['horizon']!r}.")
         ts = log_grid(T_MIN, config["horizon"], config["saves"])
-        x0 = uniform_tokens(config["seed"], config["tokens"], config["dim"])
+        x0 = sample_ellipsoid(jax.random.PRNGKey(config["seed"]), config["tokens"],
+                              config["dim"], dtype=jnp.float64)
         runs = []
         for beta in tqdm(bs, desc=self.name, disable=not progress, leave=False):
             runs.append(run_beta(x0, float(beta), ts, config))

@@ -24,8 +24,8 @@ What it measures, for d = 2 and 3 (`--max-dim`) and β ∈ {β*/2, β*, 2β*}:
    order parameter `r = |mean token|` is kept after every layer (`observe=`); each
    coupling runs `--burn` time units, then averages over `--window`. Every β, both
    sweeps and `--seeds` seeds run as one batch: one compiled program per d.
-2. The threshold from the linear growth rate (`quench`, `fit_threshold`): at each
-   coupling of `K/K_# ∈ 1 ± --rate-span` (`--rates` of them, all in one batch), two
+2. The threshold from the linear growth rate (`quench`, `ja.theory.fit_threshold`): at
+   each coupling of `K/K_# ∈ 1 ± --rate-span` (`--rates` of them, all in one batch), two
    copies of the same uniform tokens tilted by `±TILT` towards `e₁` and driven by the
    same noise. Half the difference of their mean tokens' first coordinate decays as
    `e^{−γt}` over `--quench` time units, with `γ = (d − 1)(σ²/2)(1 − K/K_#)` in the
@@ -54,7 +54,8 @@ from tqdm.auto import tqdm
 
 from .. import SelfAttentionDynamics, TokenNoise, run_layers
 from .._app import figures
-from ..theory import noisy_beta_star, noisy_threshold
+from .._manifold import normalize
+from ..theory import fit_threshold, layer_diffusion, noisy_beta_star, noisy_threshold
 from .base import AbstractExperiment, Param, Verdict
 from .verdicts import short
 
@@ -110,26 +111,12 @@ def betas_of(d: int) -> np.ndarray:
     return np.asarray(BETA_RATIOS) * noisy_beta_star(d)
 
 
-def layer_diffusion(d: int, tau: float) -> float:
-    """The diffusion of free tokens under noisy layers, over `σ²`: the normalisation
-    shortens a Gaussian step `ε` (`σ√τ` per tangent direction), so the mean token
-    decays per layer by `E (1 + |ε|²)^{−1/2}` (`|ε|²/σ²τ` a χ² of `d − 1` degrees),
-    where Brownian motion of generator `(D/2)Δ` gives `e^{−(d−1)Dτ/2}`. It is
-    `1 − σ²τ(d + 2)/2 + O(τ²)`; 0.83 at `τ = 0.05`, `d = 3`."""
-    from scipy import integrate, stats
-
-    s2, k = SIGMA**2, d - 1
-    mean, _ = integrate.quad(lambda u: stats.chi2.pdf(u, k) / math.sqrt(1 + s2 * tau * u),
-                             0, math.inf)
-    return -2 * math.log(mean) / (k * tau * s2)
-
-
 def layer_coupling(K, beta, d: int, tau, threshold):
     """The coupling to give `usa_model` so that layers of step `τ` realise `K` at the
     uniform state.
 
     A noisy layer `x ← N(x + τ v + σ√τ P_x ξ)` is the SDE only as `τ → 0`: its
-    diffusion is `σ² layer_diffusion(d, τ)`, and the radial part `τ⟨x, v⟩`
+    diffusion is `σ² ja.theory.layer_diffusion(d, τ, σ)`, and the radial part `τ⟨x, v⟩`
     (`= σ² β K / (2 K_#)` at the uniform state) divides both the drift and the noise's
     step, the coupling `drift/σ²` growing by `1 + τ⟨x, v⟩` (first order in `τ`).
     Uncorrected, `τ = 0.05` moves `K/K_#` from 0.5 to 0.63 (d = 3, β = β*).
@@ -144,7 +131,7 @@ def layer_coupling(K, beta, d: int, tau, threshold):
     The nominal coupling (`K` itself at `τ = 0`).
     """
     s2 = SIGMA**2
-    return K * layer_diffusion(d, tau) / (1 + tau * s2 * beta * K / (2 * threshold))
+    return K * layer_diffusion(d, tau, SIGMA) / (1 + tau * s2 * beta * K / (2 * threshold))
 
 
 def usa_model(d: int, K, beta) -> SelfAttentionDynamics:
@@ -159,17 +146,13 @@ def _mean_token(x):
     return jnp.mean(x, axis=0)
 
 
-def _unit(x):
-    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
-
-
 def starts(key, batch: tuple[int, ...], n: int, d: int) -> jnp.ndarray:
     """`(*batch, 2, n, d)`: uniform tokens (the up sweep) and a tight cap around
     `e₁` (the down sweep)."""
     k_up, k_down = jax.random.split(key)
-    up = _unit(jax.random.normal(k_up, batch + (n, d)))
+    up = normalize(jax.random.normal(k_up, batch + (n, d)))
     cap = jnp.eye(d)[0].reshape((1,) * (len(batch) + 1) + (d,))
-    down = _unit(cap + 0.2 * jax.random.normal(k_down, batch + (n, d)))
+    down = normalize(cap + 0.2 * jax.random.normal(k_down, batch + (n, d)))
     return jnp.stack([up, down], axis=len(batch))
 
 
@@ -234,9 +217,10 @@ def quench(d: int, cfg: dict, key) -> np.ndarray:
     for i, beta in enumerate(betas):
         threshold = noisy_threshold(float(beta), d)
         K = layer_coupling(np.repeat(ratios, seeds) * threshold, beta, d, tau, threshold)
-        base = _unit(jax.random.normal(jax.random.fold_in(key, i), (len(K), n, d)))
+        base = normalize(jax.random.normal(jax.random.fold_in(key, i), (len(K), n, d)))
         tilt = TILT * jnp.eye(d)[0][None, None]
-        x0 = jnp.stack([_unit(base + tilt), _unit(base - tilt)], axis=1)  # (K·seeds, 2, n, d)
+        # (K·seeds, 2, n, d)
+        x0 = jnp.stack([normalize(base + tilt), normalize(base - tilt)], axis=1)
         dyn = eqx.filter_vmap(lambda k: usa_model(d, k, beta))(jnp.asarray(K))
         m = _pairs(dyn, x0, jax.random.fold_in(key, 100 + i), steps, tau)
         out.append(np.asarray(m).reshape(len(ratios), seeds, steps + 1))
@@ -267,33 +251,6 @@ def fit_rates(t: np.ndarray, g: np.ndarray) -> np.ndarray:
         if keep.sum() >= 3:
             rates[i] = -np.polyfit(t[keep], np.log(series[keep]), 1)[0]
     return rates.reshape(g.shape[:-1])
-
-
-def fit_threshold(K: np.ndarray, rates: np.ndarray) -> tuple[float, float, float]:
-    """Where the line through `(K, γ)` crosses 0, its standard error (least squares,
-    the delta method on `−a/b` with the fit's covariance) and the line's slope
-    against `K/K_c` (the linear theory: `γ = (d − 1)(σ²/2)(1 − K/K_c)`).
-
-    **Arguments:**
-
-    - `K`: the couplings `(k,)`: three or more, four rates or more in all.
-    - `rates`: the decay rates per coupling, `(k,)` or `(k, seeds)`.
-
-    **Returns:**
-
-    `(K_c, its standard error, γ(0))`; NaN for all when the line does not fall.
-    """
-    rates = np.asarray(rates, float).reshape(len(K), -1)
-    x, y = np.repeat(K, rates.shape[1]), rates.ravel()
-    keep = np.isfinite(y)
-    if keep.sum() < 4 or len(np.unique(x[keep])) < 3:
-        return math.nan, math.nan, math.nan
-    (b, a), cov = np.polyfit(x[keep], y[keep], 1, cov=True)
-    if not b < 0:
-        return math.nan, math.nan, math.nan
-    Kc = -a / b
-    grad = np.array([a / b**2, -1 / b])  # ∂K_c/∂(b, a)
-    return float(Kc), float(np.sqrt(grad @ cov @ grad)), float(a)
 
 
 def half_gap(r2: np.ndarray) -> np.ndarray:
@@ -427,7 +384,7 @@ def _row(cfg, data, d, i, beta) -> dict:
             "K_estimate": K_est, "K_se": se, "rel_error": K_est / K_theory - 1,
             "z": (K_est - K_theory) / se if se > 0 else math.nan,
             "rate_at_zero": gamma0, "rate_at_zero_theory": (d - 1) * SIGMA**2 / 2
-            * layer_diffusion(d, cfg["tau"]),
+            * layer_diffusion(d, cfg["tau"], SIGMA),
             "continuous": bool(beta <= star * (1 + 1e-9)),
             "hysteresis_on": on, "hysteresis_off": off, "hysteresis_width": width,
             "grid_step": float(ratios[1] - ratios[0]),

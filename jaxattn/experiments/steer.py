@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._manifold import normalize
 from ..spectral import cosines, layer_matrix, layerwise, run_model, steer
 from . import power_plots as plots
 from .base import Param, Verdict
@@ -36,8 +37,7 @@ class Steer(AbstractPowerExperiment):
         model, label = model_from_flags(config, "gpt2")
         d = model.config.hidden_size
         x0 = random_prompts(config, d)
-        u = jax.random.normal(jax.random.PRNGKey(config["seed"] + 7), (d,), x0.dtype)
-        u = u / jnp.linalg.norm(u)
+        u = normalize(jax.random.normal(jax.random.PRNGKey(config["seed"] + 7), (d,), x0.dtype))
         w = _calibrated_w(model, config, d) if config["calibrate"] else u
         scale = float(jnp.linalg.norm(layer_matrix(model, -1).astype(x0.dtype), 2))
         gammas = config["gamma"] * np.logspace(-7, 0, 15)

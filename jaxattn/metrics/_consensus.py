@@ -12,8 +12,8 @@ from .._validate import as_float_array, check_count, check_metric, check_rows_no
 from ._pairs import (
     DENSE_COUNT_MAX,
     block_rows,
-    count_components_blocked,
-    count_components_dense,
+    component_roots,
+    dense_labels,
     exp_score_sum,
 )
 
@@ -295,20 +295,21 @@ def _crossing(ts, e, eps):
     return jnp.where(jnp.any(below), t, jnp.inf)
 
 
-def cluster_count(
+def cluster_labels(
     x: Float[Array, "*batch n d"], eps: float, *, block_size: int | None = None
-) -> Int[Array, "*batch"]:
-    """The number of clusters: tokens joined by chains of steps shorter than `eps`.
+) -> Int[Array, "*batch n"]:
+    """Each token's cluster, named by its smallest token index: tokens joined by
+    chains of steps shorter than `eps` share a label (single linkage).
 
     Two tokens share a cluster when a chain of tokens links them, each within
-    Euclidean distance `eps` of the next (single linkage). Consensus is one
-    cluster.
+    Euclidean distance `eps` of the next (the distance computed from the
+    difference itself, no Gram-matrix cancellation). Consensus is one cluster.
 
-    **Large n.** Up to 64 tokens the count comes from the n × n reachability
+    **Large n.** Up to 64 tokens the labels come from the n × n reachability
     matrix; above, from parent pointers merged by sweeps over blocks of rows
     (Shiloach–Vishkin hooking and pointer jumping: O(block · n) memory, a number of
     sweeps that grows like log n even along a chain). Both read the same links, so
-    they give the same count exactly.
+    they give the same labels exactly.
 
     **Arguments:**
 
@@ -319,15 +320,39 @@ def cluster_count(
 
     **Returns:**
 
-    The number of clusters (an int array) per leading index.
+    The labels `(..., n)`, ints in `[0, n)`: token `i` starts a cluster exactly
+    when its label is `i`.
     """
     x = _tokens(x)
     eps = check_scalar(eps, "eps", positive=True)
     n = x.shape[-2]
     if block_size is None and n <= DENSE_COUNT_MAX:
-        return _batched(lambda xi: count_components_dense(xi, eps), 2)(x)
+        return _batched(lambda xi: dense_labels(xi, eps), 2)(x)
     block = block_rows(n, block_size)
-    return _batched(lambda xi: count_components_blocked(xi, eps, block), 2)(x)
+    return _batched(lambda xi: component_roots(xi, eps, block)[0], 2)(x)
+
+
+def cluster_count(
+    x: Float[Array, "*batch n d"], eps: float, *, block_size: int | None = None
+) -> Int[Array, "*batch"]:
+    """The number of clusters: tokens joined by chains of steps shorter than `eps`.
+
+    The clusters of `cluster_labels` (single linkage; consensus is one cluster),
+    counted by the tokens whose label is their own index.
+
+    **Arguments:**
+
+    - `x`: tokens `(..., n, d)`.
+    - `eps`: the linking distance, `> 0`.
+    - `block_size`: as `cluster_labels`.
+
+    **Returns:**
+
+    The number of clusters (an int array) per leading index.
+    """
+    labels = cluster_labels(x, eps, block_size=block_size)
+    own = jnp.arange(labels.shape[-1]).reshape((1,) * (labels.ndim - 1) + (-1,))
+    return jnp.sum(labels == own, axis=-1)
 
 
 def rank_collapse_residual(x: Float[Array, "*batch n d"]) -> Float[Array, "*batch"]:

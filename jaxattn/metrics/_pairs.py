@@ -1,5 +1,6 @@
 """Measures over all pairs of tokens, in blocks of rows: at 10⁵–10⁶ tokens no n × n
-array is ever formed (`potential`, `cluster_count`)."""
+array is ever formed (`potential`; `cluster_labels` and `cluster_count`, one
+clustering)."""
 
 import jax
 import jax.numpy as jnp
@@ -14,14 +15,11 @@ from .._validate import check_count
 #: enough that each step of the loop over blocks is a full kernel.
 TILE = 2**22
 
-#: `cluster_count` keeps the dense reachability matrix (log₂ n squarings, O(n³ log n)
-#: work, O(n² d) memory) up to this n, for the many small systems of a batch. Measured
-#: once on a CPU (float32, d = 3, random tokens, eps = 0.5): for one system the blocked
-#: sweeps are as fast at n ≤ 32 and faster from n = 64 (4× at n = 256), but vmapped
-#: over a batch (the sweeps and the variants study) the dense path is 2× faster up to
-#: n = 64 (256 systems of 32 tokens: 1.8 ms against 3.9 ms; 64 of 64: 2.2 against 3.8),
-#: as the batch's while loop runs until its slowest system is done; past ~100 tokens
-#: the n³ products lose.
+#: `cluster_labels` (and so `cluster_count`) keeps the dense reachability matrix
+#: (log₂ n squarings, O(n³ log n) work, O(n² d) memory) up to this n, for the many
+#: small systems of a batch: vmapped, the blocked sweeps' while loop runs until the
+#: batch's slowest system is done, and past ~100 tokens the n³ products lose
+#: (BENCHMARKS.md, "Cluster labels: dense against blocked").
 DENSE_COUNT_MAX = 64
 
 
@@ -67,9 +65,10 @@ def linked(a: Float[Array, "m d"], b: Float[Array, "k d"], eps) -> Bool[Array, "
     return jnp.linalg.norm(a[:, None, :] - b[None, :, :], axis=-1) < eps
 
 
-def count_components_dense(x: Float[Array, "n d"], eps) -> Int[Array, ""]:
-    """Clusters from the n × n reachability matrix, squared until it covers every
-    chain: for small n only (see `DENSE_COUNT_MAX`)."""
+def dense_labels(x: Float[Array, "n d"], eps) -> Int[Array, " n"]:
+    """Each token's cluster, named by its smallest token index, from the n × n
+    reachability matrix squared until it covers every chain: for small n only (see
+    `DENSE_COUNT_MAX`)."""
     n = x.shape[0]
     reach = linked(x, x, eps).astype(x.dtype)
     # Squaring the reachability matrix doubles the chain length it covers. Its
@@ -79,9 +78,9 @@ def count_components_dense(x: Float[Array, "n d"], eps) -> Int[Array, ""]:
     reach = lax.fori_loop(
         0, num_squarings, lambda _, r: (matmul(r, r, "float32") > 0).astype(r.dtype), reach
     )
-    # A cluster is counted at its first token: no earlier token reaches it.
-    earlier = jnp.tril(jnp.ones((n, n), dtype=bool), k=-1)
-    return jnp.sum(~jnp.any((reach > 0) & earlier, axis=1))
+    # Every token reaches itself, so the first token each row reaches is the smallest
+    # of its cluster.
+    return jnp.argmax(reach > 0, axis=1)
 
 
 def component_roots(x: Float[Array, "n d"], eps, block: int
@@ -118,8 +117,3 @@ def component_roots(x: Float[Array, "n d"], eps, block: int
 
     f, _, sweeps = lax.while_loop(lambda s: s[1], sweep, (jnp.arange(n), jnp.array(True), 0))
     return f, sweeps
-
-
-def count_components_blocked(x: Float[Array, "n d"], eps, block: int) -> Int[Array, ""]:
-    """The number of clusters from `component_roots`: its roots, `f_i = i`."""
-    return jnp.sum(component_roots(x, eps, block)[0] == jnp.arange(x.shape[0]))

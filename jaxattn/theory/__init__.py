@@ -8,8 +8,19 @@ with the weights' dtype (`default_tol`). Each theorem's
 domain and outcome tests are also available for one sequence at a time, traceable
 under `jit` and `vmap`: `ja.theory.theorem_test(theorem, dyn)`; `predict` and the
 sweeps use them.
+
+The reductions of the noisy dynamics are host functions of floats: the two-token
+diffusion under the common value noise (`antipodal_drift`, `antipodal_diffusion`,
+its exponent `antipodal_rate`, threshold `antipodal_threshold` and scale function
+`antipodal_probability`) and the noisy USA transition (`noisy_threshold`,
+`noisy_beta_star`, the finite-step `layer_diffusion` and `fit_threshold`).
 """
 
+from ._antipodal import antipodal_diffusion as antipodal_diffusion
+from ._antipodal import antipodal_drift as antipodal_drift
+from ._antipodal import antipodal_probability as antipodal_probability
+from ._antipodal import antipodal_rate as antipodal_rate
+from ._antipodal import antipodal_threshold as antipodal_threshold
 from ._classify import THEOREMS as THEOREMS
 from ._classify import Check as Check
 from ._classify import Classification as Classification
@@ -23,6 +34,8 @@ from ._equiangular import equiangular_field as equiangular_field
 from ._equiangular import equiangular_rate as equiangular_rate
 from ._equiangular import equiangular_solution as equiangular_solution
 from ._equiangular import equiangular_tokens as equiangular_tokens
+from ._noisy import fit_threshold as fit_threshold
+from ._noisy import layer_diffusion as layer_diffusion
 from ._noisy import noisy_beta_star as noisy_beta_star
 from ._noisy import noisy_threshold as noisy_threshold
 from ._predict import AbstractTheoremTest as AbstractTheoremTest
@@ -49,6 +62,11 @@ __all__ = [
     "Theorem51Test",
     "Theorem52Test",
     "Theorem53Test",
+    "antipodal_diffusion",
+    "antipodal_drift",
+    "antipodal_probability",
+    "antipodal_rate",
+    "antipodal_threshold",
     "classify",
     "default_tol",
     "equiangular_asymptotics",
@@ -56,6 +74,8 @@ __all__ = [
     "equiangular_rate",
     "equiangular_solution",
     "equiangular_tokens",
+    "fit_threshold",
+    "layer_diffusion",
     "noisy_beta_star",
     "noisy_threshold",
     "predict",

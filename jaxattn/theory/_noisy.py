@@ -1,8 +1,12 @@
 """The noisy transformer's phase transition on the sphere (Mun & Rosenzweig 2026):
 the uniform density's linear-stability threshold `K_#(β)` and the temperature `β*`
-that separates continuous from discontinuous transitions (`docs/noise.md`)."""
+that separates continuous from discontinuous transitions (`docs/noise.md`); the
+diffusion of noisy layers of a finite step (`layer_diffusion`) and the threshold read
+off measured growth rates (`fit_threshold`)."""
 
 import math
+
+import numpy as np
 
 
 def noisy_threshold(beta: float, d: int) -> float:
@@ -57,13 +61,78 @@ def noisy_beta_star(d: int) -> float:
     return float(brentq(gap, 1e-12, 10.0 * (d + 1), xtol=1e-300, rtol=1e-14))
 
 
-def _check(beta, d) -> tuple[float, int]:
+def layer_diffusion(d: int, tau: float, sigma: float) -> float:
+    """The diffusion of free tokens under noisy layers of step `τ`, over `σ²`: the
+    normalisation shortens a Gaussian step `ε` (`σ√τ` per tangent direction), so the
+    mean token decays per layer by `E (1 + |ε|²)^{−1/2}` (`|ε|²/σ²τ` a χ² of `d − 1`
+    degrees), where Brownian motion of generator `(D/2)Δ` gives `e^{−(d−1)Dτ/2}`.
+
+    It is `1 − σ²τ(d + 2)/2 + O(τ²)`; 0.83 at `σ = √2`, `τ = 0.05`, `d = 3`, and
+    1 as `τ → 0` (the SDE).
+
+    **Arguments:**
+
+    - `d`: the dimension, an int `≥ 2` (tokens on `S^{d−1}`).
+    - `tau`: the layer step `τ > 0`.
+    - `sigma`: the noise's strength `σ > 0` (`ja.TokenNoise(σ)`).
+
+    **Returns:**
+
+    `D` as a float (scipy's `quad` over the χ² density).
+    """
+    from scipy import integrate, stats
+
+    tau, d = _check(tau, d, name="tau")
+    sigma, _ = _check(sigma, d, name="sigma")
+    s2, k = sigma**2, d - 1
+    mean, _ = integrate.quad(lambda u: stats.chi2.pdf(u, k) / math.sqrt(1 + s2 * tau * u),
+                             0, math.inf)
+    return -2 * math.log(mean) / (k * tau * s2)
+
+
+def fit_threshold(K, rates) -> tuple[float, float, float]:
+    """The threshold where the decay rate of the uniform state's first mode vanishes:
+    where the least-squares line through `(K, γ)` crosses 0, its standard error (the
+    delta method on `−a/b` with the fit's covariance) and the line's value at `K = 0`
+    (the linear theory: `γ = (d − 1)(σ²/2) D (1 − K/K_#)`, `D` the `layer_diffusion`).
+
+    **Arguments:**
+
+    - `K`: the couplings `(k,)`: three distinct or more, four finite rates or more in
+      all.
+    - `rates`: the decay rates per coupling, `(k,)` or `(k, seeds)`; NaN rates are
+      left out.
+
+    **Returns:**
+
+    `(K_c, its standard error, γ(0))`; NaN for all when there are too few rates or
+    the line does not fall.
+    """
+    K = np.asarray(K, float)
+    rates = np.asarray(rates, float)
+    if K.ndim != 1 or rates.shape[:1] != K.shape or rates.ndim > 2:
+        raise ValueError(f"fit_threshold needs couplings (k,) and rates (k,) or (k, seeds), "
+                         f"got {K.shape} and {rates.shape}.")
+    rates = rates.reshape(len(K), -1)
+    x, y = np.repeat(K, rates.shape[1]), rates.ravel()
+    keep = np.isfinite(y)
+    if keep.sum() < 4 or len(np.unique(x[keep])) < 3:
+        return math.nan, math.nan, math.nan
+    (b, a), cov = np.polyfit(x[keep], y[keep], 1, cov=True)
+    if not b < 0:
+        return math.nan, math.nan, math.nan
+    Kc = -a / b
+    grad = np.array([a / b**2, -1 / b])  # ∂K_c/∂(b, a)
+    return float(Kc), float(np.sqrt(grad @ cov @ grad)), float(a)
+
+
+def _check(beta, d, name: str = "beta") -> tuple[float, int]:
     if isinstance(d, bool) or not isinstance(d, int) or d < 2:
         raise ValueError(f"`d` must be an int ≥ 2 (tokens on the sphere S^(d-1)), got {d!r}.")
     try:
         beta = float(beta)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"`beta` must be a real number, got {beta!r}.") from e
+        raise TypeError(f"`{name}` must be a real number, got {beta!r}.") from e
     if not (math.isfinite(beta) and beta > 0):
-        raise ValueError(f"`beta` must be finite and > 0, got {beta}.")
+        raise ValueError(f"`{name}` must be finite and > 0, got {beta}.")
     return beta, d

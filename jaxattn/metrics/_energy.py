@@ -1,0 +1,120 @@
+"""The interaction energy of the unnormalised attention flow and its saddles
+(Geshkovski, Koubbi, Polyanskiy, Rigollet, "Dynamic metastability in the
+self-attention model", 2024): the energy the `usa` flow climbs, its Riemannian
+Hessian on the product of spheres, and the index of a configuration (its number of
+unstable directions)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._precision import einsum
+from .._validate import as_float_array
+
+
+def interaction_energy(x: Float[Array, "*batch n d"], beta, weights=None) -> Float[Array, "*batch"]:
+    """The interaction energy `E = (1/n²) Σ_ij m_i m_j exp(β(⟨x_i, x_j⟩ − 1))` of unit
+    tokens.
+
+    It grows along the `usa` flow (`kernel="usa"`) to its maximum 1 at consensus
+    (the paper's energy; `⟨x_i, x_j⟩ − 1 = −‖x_i − x_j‖²/2`, so no cancellation).
+    `weights` `m_i` (default all 1, `n = Σ m_i`) let a cluster count for its tokens.
+    It forms the `n × n` pairs: for the few tokens of a metastability study, not the
+    mean-field sizes (`ja.metrics.potential` works in blocks).
+
+    **Arguments:**
+
+    - `x`: unit tokens `(..., n, d)`.
+    - `beta`: the inverse temperature `β`.
+    - `weights`: the tokens' masses `(n,)` (default: ones).
+
+    **Returns:**
+
+    `E` with the shape of the leading axes.
+    """
+    x = as_float_array(x, "x")
+    if x.ndim < 2:
+        raise ValueError(f"`x` must be tokens of shape (..., n, d), got {x.shape}.")
+    diff = x[..., :, None, :] - x[..., None, :, :]
+    gap = -0.5 * jnp.sum(diff * diff, axis=-1)
+    m = jnp.ones(x.shape[-2], x.dtype) if weights is None else jnp.asarray(weights, x.dtype)
+    if m.shape != x.shape[-2:-1]:
+        raise ValueError(f"`weights` must be one mass per token, shape {x.shape[-2:-1]}, "
+                         f"got {m.shape}.")
+    mm = (m[:, None] * m[None, :]).reshape((1,) * (x.ndim - 2) + (m.size, m.size))
+    pair = mm * jnp.exp(beta * gap)
+    return jnp.sum(pair, axis=(-2, -1)) / jnp.sum(m) ** 2
+
+
+def tangent_basis(x: Float[Array, "n d"]) -> Float[Array, "n d-1 d"]:
+    """An orthonormal basis of each token's tangent space `x_iᗮ` (`x_i` unit)."""
+    d = x.shape[-1]
+    # Householder reflection sending e_1 to x_i: its other columns span x_iᗮ
+    e1 = jnp.zeros((1, d), x.dtype).at[0, 0].set(1.0)
+    sign = jnp.where(x[:, :1] >= 0, 1.0, -1.0)
+    v = x + sign * e1
+    H = jnp.eye(d, dtype=x.dtype)[None] - 2 * v[:, :, None] * v[:, None, :] / jnp.sum(
+        v * v, axis=-1)[:, None, None]
+    return jnp.swapaxes(H[:, :, 1:], 1, 2)
+
+
+def tangent_hessian(x: Float[Array, "n d"], beta, weights=None) -> Float[Array, "m m"]:
+    """The Riemannian Hessian of `interaction_energy` on the product of spheres, in
+    an orthonormal basis of the tangent spaces (`m = n (d − 1)`).
+
+    `Hess E[u, u] = uᵀ ∇²E u − Σ_i ⟨x_i, ∇_i E⟩ ‖u_i‖²` for tangent `u` (the
+    Euclidean Hessian by `jax.hessian`, plus the sphere's curvature term).
+
+    **Arguments:**
+
+    - `x`: unit tokens `(n, d)` of one configuration; take float64.
+    - `beta`: the inverse temperature.
+    - `weights`: the tokens' masses `(n,)` (default: ones).
+
+    **Returns:**
+
+    The symmetric `(n (d − 1), n (d − 1))` matrix.
+    """
+    x = as_float_array(x, "x")
+    if x.ndim != 2:
+        raise ValueError(f"`x` must be one configuration of tokens (n, d), got {x.shape}.")
+    return _tangent_hessian(x, beta, weights)
+
+
+@jax.jit  # one program per shape (op by op, the Hessian compiled ~50 programs)
+def _tangent_hessian(x: Float[Array, "n d"], beta, weights) -> Float[Array, "m m"]:
+    n, d = x.shape
+
+    def energy(flat):
+        return interaction_energy(flat.reshape(n, d), beta, weights)
+
+    flat = x.reshape(-1)
+    hess = jax.hessian(energy)(flat).reshape(n, d, n, d)
+    normal = jnp.sum(x * jax.grad(energy)(flat).reshape(n, d), axis=-1)
+    B = tangent_basis(x)  # (n, d-1, d)
+    H = einsum("iad,idje,jbe->iajb", B, hess, B, precision="float32")
+    H = H - einsum("i,ab,ij->iajb", normal, jnp.eye(d - 1, dtype=x.dtype),
+                   jnp.eye(n, dtype=x.dtype), precision="float32")
+    m = n * (d - 1)
+    H = H.reshape(m, m)
+    return (H + H.T) / 2
+
+
+def saddle_index(x: Float[Array, "n d"], beta, weights=None, rtol: float = 1e-8) -> int:
+    """The number of unstable directions of the `usa` flow at `x`: the positive
+    eigenvalues of the energy's tangent Hessian (the flow climbs `E`; equivalently
+    the negative eigenvalues of `−E`'s), those below `rtol · max |λ|` counted as
+    zero (the rotations are zero modes). Runs on the host (numpy's `eigvalsh`).
+
+    **Arguments:**
+
+    - `x`, `beta`, `weights`: as `tangent_hessian`.
+    - `rtol`: the relative size under which an eigenvalue is a zero (a symmetry).
+
+    **Returns:**
+
+    The index, an int.
+    """
+    lam = np.linalg.eigvalsh(np.asarray(tangent_hessian(x, beta, weights)))
+    return int(np.sum(lam > rtol * np.max(np.abs(lam))))

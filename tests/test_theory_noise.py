@@ -1,0 +1,147 @@
+"""The noisy dynamics' theory in `ja.theory`: the two-token reduction under the common
+value noise (its drift and diffusion against one noisy layer of the core, its
+exponent, threshold and scale function against independent quadratures), and the
+noisy USA transition's finite-step diffusion and threshold fit."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxattn as ja
+
+T = ja.theory
+
+
+@pytest.mark.parametrize("d", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("sigma", [0.5, 1.0, 1.3])
+def test_threshold_is_where_the_antipodal_rate_changes_sign(d, sigma):
+    beta_c = T.antipodal_threshold(d, sigma)
+    assert beta_c > 0
+    assert abs(T.antipodal_rate(beta_c, d, sigma)) < 1e-10
+    assert T.antipodal_rate(0.9 * beta_c, d, sigma) > 0 > T.antipodal_rate(1.1 * beta_c, d, sigma)
+
+
+def test_no_threshold_when_the_noise_alone_holds_antipodes():
+    """d = 2, σ = 1.7: the rate is negative at every β > 0, so β_c = 0."""
+    sigma = 1.7
+    assert T.antipodal_threshold(2, sigma) == 0.0
+    assert all(T.antipodal_rate(b, 2, sigma) < 0 for b in (1e-6, 0.5, 3.0))
+
+
+@pytest.mark.parametrize("d, beta", [(2, 0.3), (4, 1.2), (7, 2.5)])
+def test_rates_are_the_log_drifts_of_the_reduced_sde(d, beta):
+    """`λ = b'(end) − s²''(end)/2` read off the drift and the diffusion by finite
+    differences, at both ends (at `ρ = 1`: `−2 − σ²(d − 1)`)."""
+    sigma, e = 0.8, 1e-6
+    b, s2 = T.antipodal_drift, T.antipodal_diffusion
+    at_minus = b(-1 + e, beta, d, sigma) / e - s2(-1 + e, beta, sigma) / e**2 / 2
+    at_plus = -b(1 - e, beta, d, sigma) / e - s2(1 - e, beta, sigma) / e**2 / 2
+    assert at_minus == pytest.approx(T.antipodal_rate(beta, d, sigma), rel=1e-4, abs=1e-5)
+    assert at_plus == pytest.approx(-2 - sigma**2 * (d - 1), rel=1e-4)
+
+
+def test_drift_and_diffusion_are_one_noisy_layer_of_the_core(key):
+    """The moments of `Δρ` over one `ja.run_layers` layer with `ja.ValueNoise(σ)`
+    (τ small) are `b(ρ) τ` and `s²(ρ) τ`, to 4 standard errors."""
+    d, beta, sigma, tau, runs, rho = 5, 1.3, 0.9, 1e-3, 100_000, 0.3
+    x1 = jnp.eye(d)[0]
+    x2 = rho * x1 + math.sqrt(1 - rho**2) * jnp.eye(d)[1]
+    x0 = jnp.broadcast_to(jnp.stack([x1, x2]), (runs, 2, d))
+    eye = jnp.eye(d)[None]
+    dyn = ja.SelfAttentionDynamics(eye, eye, beta=beta)
+    ys = ja.run_layers(dyn, x0, 1, tau, noise=ja.ValueNoise(sigma), key=key)
+    step = np.asarray(jnp.sum(ys[:, 1, 0] * ys[:, 1, 1], -1)) - rho
+    mean, var = step.mean(), step.var()
+    s2 = T.antipodal_diffusion(rho, beta, sigma)
+    assert abs(mean - T.antipodal_drift(rho, beta, d, sigma) * tau) < 4 * math.sqrt(
+        s2 * tau / runs)
+    assert abs(var - s2 * tau) < 4 * s2 * tau * math.sqrt(2 / runs)
+
+
+def test_probability_is_zero_below_the_threshold_and_grows_past_it():
+    d, sigma = 4, 1.0
+    beta_c = T.antipodal_threshold(d, sigma)
+    assert T.antipodal_probability(0.95 * beta_c, d, sigma) == 0.0
+    p = [T.antipodal_probability(b, d, sigma) for b in beta_c * np.array([1.05, 1.5, 2, 3])]
+    assert 0 < p[0] < p[1] < p[2] < p[3] < 0.5
+
+
+@pytest.mark.parametrize("beta", [1.2, 2.5])
+def test_probability_matches_a_direct_quadrature_in_d3(beta):
+    """d = 3: `ρ_0` is uniform on [−1, 1], so the mean of `P(ρ_0)` is
+    `∫ S'(ρ)(1 + ρ)/2 dρ / ∫ S'(ρ) dρ`, here by scipy's `quad` in `ρ` itself."""
+    from scipy.integrate import quad
+
+    d, sigma = 3, 1.0
+
+    def ratio(r):  # 2b/s² = g(ρ)/(1 − ρ²)
+        return 2 * T.antipodal_drift(r, beta, d, sigma) / T.antipodal_diffusion(r, beta, sigma)
+
+    def scale(r):
+        return math.exp(-quad(ratio, 0.0, r, limit=200)[0])
+
+    total = quad(scale, -1, 1, limit=200)[0]
+    mean = quad(lambda r: scale(r) * (1 + r) / 2, -1, 1, limit=200)[0]
+    assert T.antipodal_probability(beta, d, sigma) == pytest.approx(mean / total, abs=2e-4)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: T.antipodal_threshold(1, 1.0), "`d` must be an int ≥ 2"),
+    (lambda: T.antipodal_threshold(3.0, 1.0), "`d` must be an int ≥ 2"),
+    (lambda: T.antipodal_rate(1.0, 3, 0.0), "`sigma` must be finite and > 0"),
+    (lambda: T.antipodal_probability(1.0, 3, -1.0), "`sigma` must be finite and > 0"),
+    (lambda: T.antipodal_diffusion(0.5, 1.0, math.nan), "`sigma` must be finite and > 0"),
+    (lambda: T.layer_diffusion(3, 0.0, 1.0), "`tau` must be finite and > 0"),
+    (lambda: T.layer_diffusion(3, 0.1, -1.0), "`sigma` must be finite and > 0"),
+    (lambda: T.fit_threshold(np.ones(3), np.ones(4)), "couplings \\(k,\\)"),
+])
+def test_bad_arguments_are_refused_in_one_line(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_fit_threshold_finds_where_the_rate_vanishes(seed):
+    """Rates drawn around `γ = A(1 − K/K_c)` give `K_c` within three of the fit's
+    standard errors, and `A` back; a rising line is no threshold."""
+    rng = np.random.default_rng(seed)
+    Kc, A, spread = 0.83, 1.7, 0.05
+    K = np.linspace(0.7, 1.3, 9) * Kc
+    rates = A * (1 - K / Kc)[:, None] + spread * rng.standard_normal((9, 3))
+    est, se, a = T.fit_threshold(K, rates)
+    assert 0 < se < 0.03 * Kc
+    assert abs(est - Kc) < 3 * se
+    assert a == pytest.approx(A, rel=0.2)
+    assert all(math.isnan(v) for v in T.fit_threshold(K, -rates))
+    assert all(math.isnan(v) for v in T.fit_threshold(K[:2], rates[:2]))
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_layer_diffusion_is_the_free_layers_decay(seed, d):
+    """Tokens started at `e₁` under noisy layers and no interaction (`U = 0`): the
+    mean first coordinate after `L` layers is `exp(−(d − 1) σ² D τ L / 2)` with
+    `D = layer_diffusion(d, τ, σ)` (0.72 at d = 3, τ = 0.1, σ = √2), not the `τ → 0`
+    value nor the first-order `1 − σ²τ(d + 2)/2`."""
+    n, systems, tau, L, sigma = 100, 200, 0.1, 8, math.sqrt(2)
+    x0 = jnp.zeros((systems, n, d)).at[..., 0].set(1.0)
+    eye = jnp.eye(d)[None]
+    dyn = ja.SelfAttentionDynamics(eye, 0 * eye, beta=1.0, kernel="usa")
+    first = ja.run_layers(dyn, x0, L, tau, observe=lambda x: x[:, 0],
+                          noise=ja.TokenNoise(sigma), key=jax.random.PRNGKey(seed))
+    first = np.asarray(first)[:, -1].ravel()
+    mean, tol = first.mean(), 4 * first.std() / math.sqrt(first.size)
+    D = T.layer_diffusion(d, tau, sigma)
+
+    def decay(D):
+        return math.exp(-(d - 1) * sigma**2 * D * tau * L / 2)
+
+    assert abs(mean - decay(D)) < tol
+    for wrong in (1.0, 1 - sigma**2 * tau * (d + 2) / 2):
+        assert abs(mean - decay(wrong)) > tol
+    assert T.layer_diffusion(d, 1e-4, sigma) == pytest.approx(
+        1 - sigma**2 * 1e-4 * (d + 2) / 2, rel=1e-6)
+    # it depends on σ and τ only through σ²τ
+    assert T.layer_diffusion(d, tau, 1.0) == pytest.approx(
+        T.layer_diffusion(d, tau / 2, sigma), rel=1e-12)

@@ -1,8 +1,9 @@
 """What the command line shows before it loads JAX, read from the source as declared:
 a module's constants (`declared`: the choices of `jaxattn bench --size`, …) and an
 experiment's parameters (`declared_params`: `jaxattn run NAME --help` and its
-argument errors), without importing the modules that hold them (nor JAX, 12–17 s
-under load). `experiments.REGISTRY` reads the experiments' names the same way.
+argument errors), without importing the modules that hold them (nor JAX: seconds
+under load, BENCHMARKS.md, "Measured claims behind design choices").
+`experiments.REGISTRY` reads the experiments' names the same way.
 
 Only plain declarations are read: literals, `Param(…)` calls, names bound at the top
 of a module or imported from a sibling, tuples of them. Anything else says "not

@@ -67,24 +67,16 @@ def faithful_float32(seed: int = 0, precision: str = "float32") -> float:
     return float(np.max(np.abs(final[jnp.float32] - final[jnp.float64])))
 
 
-def matmul_gflops(size: int, repeats: int = 5) -> dict[str, float]:
-    """GFLOP/s of a float32 `size`² product on JAX's device at each of JAX's
-    precisions (`DEFAULT`, `HIGH`, `HIGHEST`), the best of `repeats` timed calls."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
+def matmul_gflops(size: int, repeats: int = 5) -> dict[str, float | None]:
+    """GFLOP/s of a float32 `size`² product on JAX's device at each of jaxattn's
+    precisions, measured as `jaxattn bench` measures its peaks
+    (`bench.device.jax_matmul_peak`: the best of `repeats` timed calls); `None` for
+    `tensorfloat32` off the GPU (a CPU has no TF32 units)."""
+    from .._precision import PRECISIONS
+    from ..bench.device import jax_matmul_peak, on_gpu
 
-    from ..bench.timing import Timing
-
-    rng = np.random.default_rng(0)
-    a, b = (jnp.asarray(rng.standard_normal((size, size)), jnp.float32) for _ in range(2))
-    out = {}
-    for name in ("DEFAULT", "HIGH", "HIGHEST"):
-        product = jax.jit(lambda a, b, p=jax.lax.Precision[name]: jnp.matmul(a, b, precision=p))
-        jax.block_until_ready(product(a, b))  # compiled before timing
-        seconds = Timing.of(lambda: jax.block_until_ready(product(a, b)), repeats).min
-        out[name] = 2 * size**3 / seconds / 1e9
-    return out
+    return {precision: None if precision == "tensorfloat32" and not on_gpu()
+            else jax_matmul_peak(size, precision, repeats) for precision in PRECISIONS}
 
 
 def optional_parts() -> dict[str, str | None]:
@@ -127,8 +119,9 @@ def _doctor(args: argparse.Namespace) -> int:
           f"R^{CHECK['dim']}, {CHECK['heads']} heads) differ from float64 by {error:.1e} "
           f"(threshold {THRESHOLD:.1e}): {'faithful' if faithful else 'NOT faithful'}")
     peaks = matmul_gflops(size)
-    print(f"matmul {size}×{size} float32: " + ", ".join(
-        f"{name} {gf:,.1f} GFLOP/s" for name, gf in peaks.items()))
+    print(f"matmul {size}×{size} of float32 operands: " + ", ".join(
+        f"{name} {'n/a (no TF32 units)' if gf is None else f'{gf:,.1f} GFLOP/s'}"
+        for name, gf in peaks.items()))
     for name, found in optional_parts().items():
         print(f"optional {name}: {found or 'not installed'} ({OPTIONAL[name]})")
     if not faithful:
@@ -143,8 +136,9 @@ def register(sub) -> None:
         "doctor", help="check the install on this machine: versions, device, float32, speed",
         description="Check the install on this machine: the versions and the device, "
         "whether float32 is faithful here (a small run against float64; exit status 1 "
-        "when it is not), the determinism flags in force, the matmul speed at JAX's "
-        "precisions DEFAULT, HIGH and HIGHEST, and the optional parts installed.")
+        "when it is not), the determinism flags in force, the matmul speed at "
+        "jaxattn's precisions (float32, tensorfloat32 on a GPU, bfloat16; measured as "
+        "`jaxattn bench` measures its peaks), and the optional parts installed.")
     p.add_argument("--size", type=int, default=1024,
                    help="side of the timed matrix product (default: %(default)s)")
     p.set_defaults(func=_doctor)

@@ -67,8 +67,9 @@ class AdversarialTokens(AbstractStudy):
         kind = (run_kind(float(E_long[-1]) < CONSENSUS_TOL, trend)
                 if bool(found["in_domain"]) else "not_applicable")
         n, d = np.shape(found["x0"])
-        # The causal search runs at reduced size (50 tokens in R^500 cost ~80× the
-        # flops per solver step even in span coordinates); say so in the result.
+        # The causal search runs at reduced size (the paper's 50 tokens in R^500 cost
+        # many times the flops per solver step even in span coordinates: BENCHMARKS.md,
+        # "Measured claims behind design choices"); say so in the result.
         size = (f"{n} tokens on S^{d - 1}" if setting == "sphere"
                 else f"{n} tokens in R^{d}, reduced from the paper's 50 in R^500")
         return kind, (

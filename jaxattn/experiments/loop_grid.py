@@ -217,7 +217,7 @@ def draw_loop(ax, E, layers_per_pass: int, *, label=None, color="tab:blue", lw=1
     - `ax`: a matplotlib axis.
     - `E`: `(prompts, depth)` misalignment after every block (column 0: input), in
       the dtype it was computed in: below that dtype's resolution of `E`
-      (`_plot.resolution`) the mean is not drawn and a dotted line marks the floor.
+      (`_app.figures.resolution`) the mean is not drawn and a dotted line marks the floor.
     - `layers_per_pass`: the model's depth `L` (alternate passes are shaded, and the
       top axis counts passes).
     - `lw`, `ls`: the mean's line width and style.

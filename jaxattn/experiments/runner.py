@@ -72,7 +72,7 @@ def run_into_folder(
     progress: bool = True,
     log: Callable[[str], object] | None = print,
 ) -> tuple[Path, dict]:
-    """Run `experiment` with a checked `config` into a run folder (`_runs.write_run`).
+    """Run `experiment` with a checked `config` into a run folder (`_app.folders.write_run`).
 
     **Arguments:**
 

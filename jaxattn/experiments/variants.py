@@ -16,7 +16,7 @@ the consensus layer (the first with `E < CONSENSUS_TOL`), the final `E`, the num
 of clusters (single linkage at distance `CLUSTER_EPS` on the sphere), the residual
 `‖X̂ − 1 x̄ᵀ‖_F / ‖X̂‖_F` (`ja.metrics.rank_collapse_residual` of the normalised
 tokens: 0 exactly when all tokens coincide) and the trend of `E` over the last
-third of the run (`base.convergence_trend`: still falling, or stalled).
+third of the run (`verdicts.convergence_trend`: still falling, or stalled).
 
 One compiled program per static variant (size, norm, kernel): the masks are arrays,
 and masks × β × instances are one vmapped batch. Each program's results are saved

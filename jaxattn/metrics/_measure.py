@@ -59,8 +59,9 @@ def sphere_density(
 
     Each token is taken by its direction `x / |x|` and binned by its height
     `z = x₃/|x|` (bands of equal height have equal area) and its longitude
-    `atan2(x₂, x₁)`; `ja._app`'s `draw_sphere_density` draws the result as a map in
-    the cylindrical equal-area projection, where these cells are equal rectangles.
+    `atan2(x₂, x₁)`. The applications' figures (`draw_sphere_density`, above the
+    library) draw the result as a map in the cylindrical equal-area projection,
+    where these cells are equal rectangles.
 
     **Arguments:**
 

@@ -19,7 +19,7 @@ TILE = 2**22
 #: (log₂ n squarings, O(n³ log n) work, O(n² d) memory) up to this n, for the many
 #: small systems of a batch: vmapped, the blocked sweeps' while loop runs until the
 #: batch's slowest system is done, and past ~100 tokens the n³ products lose
-#: (BENCHMARKS.md, "Cluster labels: dense against blocked").
+#: (BENCHMARKS.md, "Measured claims behind design choices").
 DENSE_COUNT_MAX = 64
 
 

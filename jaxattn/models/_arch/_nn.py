@@ -25,10 +25,10 @@ from ..._precision import Precision
 
 #: Bytes of one layer's `(h, n, n)` float32 scores above which `Attention` takes key
 #: blocks (`jaxattn._blocks`, the simulator's own) instead of dense scores, off the
-#: cuDNN path: 1 MiB, n > 170 for SmolLM2's 9 heads. Measured on the CPU (SmolLM2's
-#: config, 2 layers, one prompt): the same time up to n = 256, the blocks 1.2× faster
-#: at 512, 1.7× at 1,024 and 2.5× at 2,048, while the dense scores grow as n². Below
-#: it the dense path keeps HuggingFace's rounding and forward-mode autodiff.
+#: cuDNN path: 1 MiB, n > 170 for SmolLM2's 9 heads. Past it the blocks are faster on
+#: the CPU and their advantage grows with n, as the dense scores grow as n²
+#: (BENCHMARKS.md, "Measured claims behind design choices"). Below it the dense path
+#: keeps HuggingFace's rounding and forward-mode autodiff.
 DENSE_LIMIT = 2**20
 
 _ACTIVATIONS = {

@@ -1,6 +1,7 @@
 """The continuous model: the attention flow on the ellipsoid (paper 001 eq. 6),
 integrated with diffrax and kept on the manifold."""
 
+import functools
 from typing import NamedTuple
 
 import diffrax as dfx
@@ -20,10 +21,11 @@ from ._batch import (
     prepare_tokens,
 )
 from ._dynamics import SelfAttentionDynamics
-from ._ensemble import batch_last, choose_strategy, chunk_size
+from ._ensemble import batch_last, choose_strategy, chunk_size, from_batch_last, to_batch_last
 from ._manifold import project
 from ._noise import AbstractNoise, brownian_path, check_noise, map_keyed, sde_terms, system_keys
-from ._stacked import first_model, map_models, stack_tokens
+from ._pallas import kernel_config, refuse_devices, run_ensemble
+from ._stacked import first_model, map_models, models_last, stack_tokens
 from ._validate import (
     NONFINITE,
     as_float_array,
@@ -420,6 +422,10 @@ def solve_flow(
                          "without `devices`, or shard the models yourself.")
     shard = check_shard(shard, dyn, one)
     x0 = check_token_shape(one, x0)
+    if noise is not None and strategy == "kernel":
+        raise ValueError("the noisy flow runs on the general path for now (its Brownian "
+                         "tree is diffrax's): take ja.run_layers(noise=..., "
+                         "strategy='kernel') for noisy Euler–Maruyama steps in a kernel.")
     if noise is not None:
         return unflatten(_solve_noisy(dyn, one, x0, ts, solver, rtol, atol, max_steps, dt0,
                                       adjoint, stepsize_controller, on_manifold, throw,
@@ -428,6 +434,9 @@ def solve_flow(
     options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                        on_manifold)
     event = _event(event, solution, x0.dtype)
+    if strategy == "kernel":
+        return unflatten(_solve_kernel(dyn, one, x0, options, throw, on_manifold, event,
+                                       devices, shard))
     if event is not None and event is not True and strategy == "fused":
         raise ValueError("`event=` stops each sample on its own: use strategy=\"general\" "
                          "or \"auto\" (the fused path shares one run over the batch).")
@@ -544,8 +553,8 @@ def _fused(dyn, shape, strategy: str, options, operands) -> bool:
     depend on the rest of the batch."""
     chosen = choose_strategy(dyn, shape, strategy, operands)
     if chosen == "kernel":
-        raise ValueError("strategy='kernel' runs ja.run_layers for now: solve the flow with "
-                         "strategy='fused'.")
+        raise ValueError("strategy='kernel' solves with ja.solve_flow (checked inputs): "
+                         "take strategy='fused' here.")
     if strategy != "auto" or chosen == "general":
         return chosen == "fused"
     _, solver, controller, _, _ = options
@@ -583,3 +592,99 @@ def _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, o
         solver = ManifoldSolver(solver, dyn.W, fused=fused)
     return ts, solver, controller, dt0, max_steps
 
+
+
+def _kernel_plan(ts, solver, controller, dt0, max_steps) -> tuple:
+    """`(t0, h, saves, steps per save, (c, a, b))` of a constant-step run whose steps land
+    on the save times, for `strategy="kernel"`; anything else refused in one line."""
+    inner = solver.solver if isinstance(solver, ManifoldSolver) else solver
+    if isinstance(inner, dfx.Euler):
+        coeffs = ((), (), (1.0,))
+    elif isinstance(inner, dfx.AbstractERK) and inner.tableau.a_diagonal is None \
+            and not inner.tableau.implicit:
+        tab = inner.tableau
+        coeffs = (tuple(map(float, tab.c)), tuple(tuple(map(float, a)) for a in tab.a_lower),
+                  tuple(map(float, tab.b_sol)))
+    else:
+        raise ValueError(f"strategy='kernel' runs Euler and explicit Runge–Kutta solvers "
+                         f"(ja.RK4, Heun, …), got {type(inner).__name__}.")
+    if not isinstance(controller, dfx.ConstantStepSize):
+        raise ValueError("strategy='kernel' takes constant steps: pass `dt0=` and no "
+                         "adaptive `stepsize_controller`.")
+    if not is_concrete(ts):
+        raise ValueError("strategy='kernel' plans its steps from concrete `ts`: call it "
+                         "outside jit, or take strategy='fused'.")
+    tn = np.asarray(ts, np.float64)
+    if tn.size == 1:
+        return float(tn[0]), float(dt0), 0, 1, coeffs
+    gap = (tn[-1] - tn[0]) / (tn.size - 1)
+    per_save = max(1, round(gap / dt0))
+    tol = 1e-6 * max(gap, np.finfo(np.float32).tiny)
+    if np.any(np.abs(np.diff(tn) - gap) > tol) or abs(per_save * dt0 - gap) > 1e-6 * gap:
+        raise ValueError("strategy='kernel' saves on its step grid: `ts` equally spaced, "
+                         "each gap a whole number of steps `dt0`.")
+    if per_save * (tn.size - 1) > max_steps:
+        raise ValueError(f"strategy='kernel': {per_save * (tn.size - 1)} steps exceed "
+                         f"max_steps={max_steps}.")
+    return float(tn[0]), float(gap / per_save), tn.size - 1, per_save, coeffs
+
+
+def _kernel_step(x, k, params, *, coeffs, on_manifold):
+    """One explicit Runge–Kutta step of `dyn.velocity` (`coeffs = (c, a, b)`, the
+    solver's tableau), retracted onto `E_W` as `ManifoldSolver` retracts."""
+    dyn, t0, h = params
+    c, a, b = coeffs
+    t = t0 + k * h
+    ks = [dyn.velocity(t, x)]
+    for ci, row in zip(c, a):
+        y = x
+        for aij, kj in zip(row, ks):
+            if aij:
+                y = y + (aij * h) * kj
+        ks.append(dyn.velocity(t + ci * h, y))
+    y1 = x
+    for bj, kj in zip(b, ks):
+        if bj:
+            y1 = y1 + (bj * h) * kj
+    return project(y1, dyn.W) if on_manifold else y1
+
+
+def _kernel_saved(x, params, *, on_manifold):
+    return project(x, params[0].W) if on_manifold else x
+
+
+@eqx.filter_jit
+def _flow_kernel(dyn, x0, t0, h, saves, per_save, coeffs, on_manifold, config, checks):
+    x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
+    batch = x0.shape[:-2]
+    params = (models_last(dyn, batch), jnp.asarray(t0, x0.dtype), jnp.asarray(h, x0.dtype))
+    step = functools.partial(_kernel_step, coeffs=coeffs, on_manifold=on_manifold)
+    saved = functools.partial(_kernel_saved, on_manifold=on_manifold)
+    ys, last = run_ensemble(step, saved, to_batch_last(x0), params, num_saves=saves,
+                            steps_per_save=per_save, config=config)
+    ys = from_batch_last(ys, batch)
+    finite = jnp.all(jnp.isfinite(ys), axis=tuple(range(len(batch), ys.ndim)))
+    if checks:
+        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
+    return ys, finite
+
+
+def _solve_kernel(dyn, one, x0, options, throw, on_manifold, event, devices, shard):
+    """`solve_flow(..., strategy="kernel")`: constant steps of an explicit solver in
+    one Pallas kernel (`jaxattn._pallas`), saved at `ts` on the step grid."""
+    if event is not None:
+        raise ValueError("strategy='kernel' saves at `ts`: drop `solution=`/`event=`, or "
+                         "take strategy='general'.")
+    refuse_devices(devices, shard)
+    choose_strategy(one, x0.shape, "kernel", (dyn, x0))
+    ts, solver, controller, dt0, max_steps = options
+    t0, h, saves, per_save, coeffs = _kernel_plan(ts, solver, controller, dt0, max_steps)
+    (ys, finite), checked = call_batched(
+        _flow_kernel, dyn, x0, None, t0, h, saves, per_save, coeffs, bool(on_manifold),
+        kernel_config())
+    if throw:
+        if not checked:
+            raise_unless(finite, NONFINITE)
+        return ys
+    steps = jnp.full(finite.shape, saves * per_save, jnp.int32)
+    return FlowResult(ys, finite, steps)

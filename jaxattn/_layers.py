@@ -172,8 +172,8 @@ def _run_kernel(dyn, x0, num_layers, tau, observe, config, checks, noise=None, k
         step, params = _kernel_layer, (model, tau)
     else:
         step, params = _kernel_noisy_layer, (model, noise, tau, key_rows(keys, batch))
-    ys, last = run_ensemble(step, observe, to_batch_last(x0), params, num_saves=num_layers,
-                            steps_per_save=1, config=config)
+    ys, last = run_ensemble(step, lambda x, _: observe(x), to_batch_last(x0), params,
+                            num_saves=num_layers, steps_per_save=1, config=config)
     ys, last = from_batch_last(ys, batch), from_batch_last(last, batch)
     finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
     if checks:

@@ -146,7 +146,7 @@ def run_ensemble(
 
     - `step`: one system's step, `step(x, k, params) -> x` (`x` `(n, d)`, `k` the
       step's index as a float of `x`'s dtype).
-    - `observe`: what is saved of one system, `observe(x) -> pytree of arrays`.
+    - `observe`: what is saved of one system, `observe(x, params) -> pytree of arrays`.
     - `x0`: the systems' tokens, stored last, `(n, d, B)`.
     - `params`: a pytree passed to `step`: its `BatchLast` leaves are per system
       `(..., B)`, other arrays shared, anything else static.
@@ -164,17 +164,23 @@ def run_ensemble(
     leaves, tree = jax.tree.flatten(params, is_leaf=is_batch_last)
     dynamic = [i for i, a in enumerate(leaves) if is_batch_last(a) or eqx.is_array(a)]
 
-    def one(x, k, *arrays):
+    def rebuild(arrays):
         full = list(leaves)
         for i, a in zip(dynamic, arrays):
             full[i] = a
-        return step(x, k, jax.tree.unflatten(tree, full))
+        return jax.tree.unflatten(tree, full)
+
+    def one(x, k, *arrays):
+        return step(x, k, rebuild(arrays))
+
+    def watch(x, *arrays):
+        return observe(x, rebuild(arrays))
 
     x_aval = jax.ShapeDtypeStruct(x0.shape[:-1], dtype)
     k_aval = jax.ShapeDtypeStruct((), dtype)
     avals = [_core(leaves[i]) for i in dynamic]
     step_jaxpr, _ = trace(one, x_aval, k_aval, *avals)
-    watch_jaxpr, watch_tree = trace(observe, x_aval)
+    watch_jaxpr, watch_tree = trace(watch, x_aval, *avals)
     watch_avals = watch_jaxpr.out_avals
     if [(a.shape, a.dtype) for a in step_jaxpr.out_avals] != [(x_aval.shape, dtype)]:
         raise ValueError("a kernel step must return the tokens' shape and dtype.")
@@ -200,7 +206,7 @@ def run_ensemble(
 
         def save(index, x):
             lanes = Lanes(block)  # one per loop body: its splats live in that trace
-            outs = evaluate(watch_jaxpr, [x], lanes)
+            outs = evaluate(watch_jaxpr, [x] + vals[1:], lanes)
             for ref, a, v in zip(out_refs, out_avals, outs):
                 _store(ref, index, v, lanes, _stored(a.dtype))
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -76,6 +77,37 @@ def test_stacked_models_and_one_system(key):
     assert a.shape == (2, 3, L + 1, N, D) and _rel(a, b) < 1e-12
     a, b = _both(_model(k1), x0[0, 0])
     assert a.shape == (L + 1, N, D) and _rel(a, b) < 1e-12
+
+
+@pytest.mark.parametrize("solver", [dfx.Euler(), dfx.Heun(), ja.RK4()],
+                         ids=["Euler", "Heun", "RK4"])
+def test_flow_equal_fused(key, solver):
+    """Constant steps of an explicit solver, saved on the step grid (float64)."""
+    k1, k2 = jax.random.split(key)
+    dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,))
+    ts = jnp.linspace(0.0, 1.0, 3)
+    a, b = [ja.solve_flow(dyn, x0, ts, solver=solver, dt0=0.1, strategy=s,
+                          stepsize_controller=dfx.ConstantStepSize())
+            for s in ("kernel", "fused")]
+    assert a.shape == (B, 3, N, D) and _rel(a, b) < 1e-12
+
+
+def test_flow_refusals(key):
+    k1, k2 = jax.random.split(key)
+    dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,))
+    ts = jnp.linspace(0.0, 1.0, 3)
+    with pytest.raises(ValueError, match="Euler and explicit Runge"):
+        ja.solve_flow(dyn, x0, ts, solver=dfx.ImplicitEuler(), dt0=0.1, strategy="kernel")
+    with pytest.raises(ValueError, match="constant steps"):
+        ja.solve_flow(dyn, x0, ts, strategy="kernel")
+    with pytest.raises(ValueError, match="step grid"):
+        ja.solve_flow(dyn, x0, ts, solver=dfx.Euler(), dt0=0.3, strategy="kernel")
+    with pytest.raises(ValueError, match="noisy flow"):
+        ja.solve_flow(dyn, x0, ts, solver=dfx.Euler(), dt0=0.1, strategy="kernel",
+                      noise=ja.TokenNoise(0.1), key=key)
+    with pytest.raises(ValueError, match="solution="):
+        ja.solve_flow(dyn, x0, ts, solver=dfx.Euler(), dt0=0.1, strategy="kernel",
+                      solution=True)
 
 
 def test_block_padding(key):

@@ -93,6 +93,7 @@ from .device import (
     matmul_peaks,
     peak_of,
 )
+from .floors import register_exp_rate
 from .timing import Repeats as Repeats
 from .timing import Timing as Timing
 from .timing import compile_jax as compile_jax
@@ -455,7 +456,11 @@ def _floor_rates(preset: "Preset", ctx: Context) -> dict:
     elements = preset.copy_bytes // 4
     stream = exp_rate(elements, repeats)
     cached = exp_rate(EXP_CACHED[0], repeats, EXP_CACHED[1])
-    return {"matmul_peak_gflops": peak, "exp_per_s": max(stream, cached),
+    # The physical floor: exps in registers (a Pallas kernel on a GPU, the SFU rate);
+    # on a CPU the in-cache rate stands for it (`jaxattn.bench.floors`).
+    register = register_exp_rate(repeats, cached=cached)
+    return {"matmul_peak_gflops": peak,
+            "exp_per_s": max(stream, cached, register["exp_register_per_s"]), **register,
             "exp_elements": elements, "exp_stream_per_s": stream, "exp_cached_per_s": cached,
             "exp_cached_elements": EXP_CACHED[0], "exp_cached_sweeps": EXP_CACHED[1]}
 
@@ -479,6 +484,9 @@ def _mean_field_cases(prob: Problem, preset: "Preset", ctx: Context) -> list[dic
                               ("gradient of one layer (tokens, weights)", gradient, True)):
         timing, comp, mem, _ = ctx.rep.time_jax(fn, dyn, x0)
         floor = pair_floor(pairs, prob.d, grad, peak, rates["exp_per_s"])
+        # Beside it, the memory-bound exp floor of `jnp.exp` streamed over a large array.
+        floor["floor_exp_stream_s"] = pair_work(prob.d, grad)[1] * pairs / rates[
+            "exp_stream_per_s"]
         row = ctx.row("MF", f"{variant}, n={prob.n:,}", "jaxattn", timing,
                       token_steps=prob.n, flops=2 * floor["madds_per_pair"] * pairs,
                       compile_s=comp, memory=mem)

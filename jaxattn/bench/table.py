@@ -87,8 +87,17 @@ def _exp_rate(rows: list[dict]) -> list[str]:
         return []
     return [f"MF floors: jnp.exp (best call) {r['exp_stream_per_s'] / 1e9:.3g} G/s once over "
             f"{r['exp_elements']:,} float32, {r['exp_cached_per_s'] / 1e9:.3g} G/s "
-            f"{r['exp_cached_sweeps']}× over {r['exp_cached_elements']:,} (the faster counts);"
+            f"{r['exp_cached_sweeps']}× over {r['exp_cached_elements']:,}, "
+            f"{r['exp_register_per_s'] / 1e9:.3g} G/s in registers "
+            f"({r['exp_register_method']}) (the fastest counts);"
             f" matmul peak {r['matmul_peak_gflops']:.4g} GFLOP/s"]
+
+
+def _stream(r: dict) -> str:
+    """The memory-bound exp floor (`jnp.exp` streamed), where the row has it."""
+    if r.get("floor_exp_stream_s") is None:
+        return ""
+    return f"; streamed exp {r['floor_exp_stream_s']:.4g}"
 
 
 def _pair_floor(r: dict) -> str:
@@ -99,7 +108,7 @@ def _pair_floor(r: dict) -> str:
         return ""
     line = (f"  floor {r['floor_s']:.4g} s (matmul {r['floor_matmul_s']:.4g} at "
             f"{r['madds_per_pair']} madd/pair, exp {r['floor_exp_s']:.4g} at "
-            f"{r['exps_per_pair']}/pair); ×{r['ratio_to_floor']:.2f}; memory "
+            f"{r['exps_per_pair']}/pair{_stream(r)}); ×{r['ratio_to_floor']:.2f}; memory "
             f"{_fmt(r['memory_bytes'] and r['memory_bytes'] / 1e6, '.4g')} MB compiled")
     if r.get("device_peak_bytes"):
         line += f", device peak {r['device_peak_bytes'] / 1e6:.4g} MB"

@@ -57,8 +57,8 @@ def declared_params(name: str) -> tuple[base.Param, ...] | None:
     try:
         cls = module.lookup(entry.cls)
         params = _class_attribute(cls, "params")
-        drops = _class_attribute(cls, "drops", ())
-        shape = types.SimpleNamespace(params=tuple(params), drops=tuple(drops))
+        inherited = _class_attribute(cls, "base_params", ())
+        shape = types.SimpleNamespace(params=tuple(params), base_params=tuple(inherited))
         return base.AbstractExperiment.all_params(shape)
     except (NotDeclared, NameError, TypeError, AttributeError, KeyError):
         return None

@@ -9,7 +9,7 @@ Helpers two members share live in a module named by their concept (`paper001.py`
 paper 001's models; `pieces.py`: runs in pieces; `verdicts.py`: trends and verdict
 kinds; `pair_density.py`: the clustered-pair map; `power_plots.py`,
 `variants_plot.py`: figures). `runner.py` runs one into a run folder,
-`loop_runner.py` loops a real model.
+`loop_runner.py` loops a real model, `replot.py` draws a finished folder again.
 
 `MEMBERS` lists every experiment, one line each, explicitly: nothing registers
 itself on import, and the library below never imports this package. What
@@ -29,7 +29,8 @@ if TYPE_CHECKING:  # what tools see; imported on first use at run time
     from . import paper001 as paper001
     from .base import BETA, AbstractExperiment, Param, Verdict, convert
     from .loop_runner import run_loop, run_loop_grid
-    from .runner import command_line, redraw, resolve_config, run_experiment
+    from .replot import redraw
+    from .runner import command_line, resolve_config, run_experiment
 
     paper = paper001
 
@@ -153,7 +154,7 @@ def get_experiment(name: str) -> "AbstractExperiment":
 #: The names re-exported from the modules below, imported on first use (PEP 562).
 _ATTRIBUTES = {
     "AbstractExperiment": ".base", "BETA": ".base", "Param": ".base", "Verdict": ".base",
-    "command_line": ".runner", "convert": ".base", "redraw": ".runner",
+    "command_line": ".runner", "convert": ".base", "redraw": ".replot",
     "resolve_config": ".runner",
     "run_experiment": ".runner", "run_loop": ".loop_runner", "run_loop_grid": ".loop_runner",
 }

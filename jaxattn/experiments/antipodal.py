@@ -147,7 +147,6 @@ class Antipodal(AbstractExperiment):
         Param("formation_beta", float, 2.5, "β of the n > 2 formations", 0.0),
         Param("formation_dim", int, 4, "dimension d of the n > 2 formations", 2),
     )
-    drops = ("discrete", "saves")
 
     def simulate(self, config, progress):
         if config["tau"] > 0.5:

@@ -7,6 +7,20 @@ draws its figures from the saved data alone, so that `jaxattn plot DIR` redraws
 them without recomputing. The shared work of a kind of experiment lives in an
 intermediate base (`theorem.py`: the theorem experiments; `study.py`: the
 gradient studies); each member only declares what is its own.
+
+The rule the family keeps, as equinox's abstract/final pattern:
+
+- a method is abstract (`abc.abstractmethod`: every member provides it) or final
+  (`typing.final`: no class below overrides it); an intermediate base may offer a
+  hook with a default, named as such in its docstring (`theorem.py`'s `facts`);
+- what a member may provide is declared on a base, never probed for (no
+  `getattr`/`hasattr`): a sweepable experiment is an `AbstractSweepableExperiment`,
+  whose `instance(key, config)` is abstract;
+- a parameter is declared once: in the member's `params`, or in its base's
+  `base_params` for every member of that base (the theorem base's `--discrete`,
+  `--horizon`, `--saves`). A member may give a base parameter its own default and
+  help by declaring it again, but never removes one its base declares, so
+  `jaxattn run NAME --help` lists exactly what the run reads.
 """
 
 import abc
@@ -68,14 +82,6 @@ def convert(param: Param, value: Any) -> Any:
 #: (`jaxattn run NAME --beta 2` runs what `jaxattn sweep NAME --grid beta=…,2` does).
 BETA = Param("beta", float, 1.0, "inverse temperature β of the attention", 0.0)
 
-#: Parameters every experiment has (besides `--seed` and `--out` of `jaxattn run`).
-COMMON = (
-    Param("discrete", bool, False, "run discrete layers (eq. 4) beside the flow (eq. 6)"),
-    Param("horizon", float, 10.0, "final time T (depth in units of τ·layers)", 0.0),
-    Param("saves", int, 1000, "number of saved time intervals of the flow", 1),
-)
-
-
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """The outcome judged against the theorem: `ok`, one line to print, the numbers,
@@ -102,31 +108,31 @@ class AbstractExperiment(abc.ABC):
     #: What the experiment checks: a theorem number ("4.1"), a paper's section or a
     #: peer's study.
     theorem: ClassVar[str]
+    #: The member's own parameters (the `jaxattn run NAME` overrides).
     params: ClassVar[tuple[Param, ...]]
-    #: Whether `jaxattn sweep NAME` can run it: the experiment then provides
-    #: `instance(key, config)` (`theorem.AbstractTheoremExperiment` does).
+    #: Parameters an intermediate base declares for all its members, listed after
+    #: theirs (a member that declares one again gives it its own default and help).
+    base_params: ClassVar[tuple[Param, ...]] = ()
+    #: Whether `jaxattn sweep NAME` can run it: a literal at the head of the
+    #: member's class body (the registry reads it without importing the member),
+    #: true exactly for the members of `AbstractSweepableExperiment`.
     sweepable: ClassVar[bool] = False
-    #: The parameters of `COMMON` this experiment does not take (`jaxattn run NAME
-    #: --discrete` is then refused in one line instead of being silently ignored).
-    drops: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        unknown = set(cls.drops) - {p.name for p in COMMON}
-        if unknown:
-            raise TypeError(f"{cls.__name__}.drops names {sorted(unknown)}, which are not "
-                            f"common parameters ({', '.join(p.name for p in COMMON)}).")
-        if cls.__dict__.get("sweepable") and not callable(getattr(cls, "instance", None)):
-            raise TypeError(f"{cls.__name__} is sweepable but has no instance(key, config).")
+        if cls.__dict__.get("sweepable") and not issubclass(cls, AbstractSweepableExperiment):
+            raise TypeError(f"{cls.__name__} says sweepable = True but is no "
+                            "AbstractSweepableExperiment (which declares instance(key, config)).")
+        if "drops" in cls.__dict__:
+            raise TypeError(f"{cls.__name__} drops parameters of its base: declare them on "
+                            "the base of the members that take them (base_params).")
 
     @typing.final
     def all_params(self) -> tuple[Param, ...]:
-        """The experiment's parameters, then the common ones it neither overrides
-        nor drops."""
+        """The experiment's parameters, then its base's that it does not declare
+        again."""
         own = {p.name for p in self.params}
-        return self.params + tuple(
-            p for p in COMMON if p.name not in own and p.name not in self.drops
-        )
+        return self.params + tuple(p for p in self.base_params if p.name not in own)
 
     @typing.final
     def defaults(self) -> dict[str, Any]:
@@ -149,6 +155,24 @@ class AbstractExperiment(abc.ABC):
     @abc.abstractmethod
     def draw(self, config: dict[str, Any], data: dict[str, np.ndarray], folder: Path) -> list[Path]:
         """Write the figures (PNG and PDF) into `folder`; return their paths."""
+
+
+class AbstractSweepableExperiment(AbstractExperiment):
+    """An experiment `jaxattn sweep NAME` can run: one random instance per key, as the
+    simulators run it. A concrete member states `sweepable = True` at the head of its
+    class body (what the registry reads)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not cls.__name__.startswith("Abstract") and not cls.__dict__.get("sweepable"):
+            raise TypeError(f"{cls.__name__} is an AbstractSweepableExperiment: state "
+                            "`sweepable = True` at the head of its class body.")
+
+    @abc.abstractmethod
+    def instance(self, key, config: dict[str, Any]) -> tuple[Any, Any, Any]:
+        """One sweep instance as the simulators run it: `(dyn, y0, misalign)`, the
+        model, its start and `misalign(ys)`, the misalignment of its states
+        (`jaxattn run NAME --seed S` draws the same instance from `PRNGKey(S)`)."""
 
 
 class Section(Mapping):

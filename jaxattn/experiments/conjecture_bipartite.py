@@ -31,7 +31,6 @@ class ConjectureBipartite(AbstractStudy):
     name = "conjecture-bipartite"
     title = "weights that make a bipartite equilibrium of the layer map locally stable"
     theorem = "paper 004 Theorem 3 (h = 1) and its open multi-head case"
-    drops = ("discrete", "horizon", "saves")  # layers only: --tau and --layers
     params = (
         Param("steps", int, 300, "optimiser steps", 1),
         *STUDY_PARAMS[1:],

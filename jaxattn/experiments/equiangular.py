@@ -129,7 +129,6 @@ class Equiangular(AbstractExperiment):
         Param("horizon", float, 20.0, "final time T", 0.0),
         Param("saves", int, 200, "number of saved time intervals", 1),
     )
-    drops = ("discrete",)
 
     def simulate(self, config, progress):
         check_config(config)

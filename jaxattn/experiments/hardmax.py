@@ -189,7 +189,6 @@ class Hardmax(AbstractExperiment):
         Param("beta_max", float, 1e4, "largest β of the softmax runs", 1.0),
         Param("nsd_steps", int, 2000, "steps of the NSD runs", 10),
     )
-    drops = ("discrete", "horizon", "saves")
 
     def simulate(self, config, progress):
         if config["tau"] > 1:

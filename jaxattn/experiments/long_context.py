@@ -199,7 +199,6 @@ class LongContext(AbstractExperiment):
         Param("tau", float, 1.0, "layer step τ (1: no residual; <1: residual weight 1 − τ)",
               0.0),
     )
-    drops = ("discrete", "horizon", "saves")
 
     def simulate(self, config, progress):
         rho, gammas = check_rho(config["rho"]), gamma_grid(config)

@@ -157,7 +157,6 @@ class LoopGridExperiment(AbstractExperiment):
         Param("minilm", bool, False, "all-MiniLM-L6-v2, trained weights included"),
         Param("smollm2", bool, False, "SmolLM2-135M-Instruct (gguf), trained weights included"),
     )
-    drops = ("discrete", "horizon", "saves")  # the flow/discrete parameters of §6.1
 
     def model(self, config: dict[str, Any]) -> str:
         """The name of the model `config` loops."""

@@ -124,7 +124,6 @@ class Metastability(AbstractExperiment):
         Param("rtol", float, 1e-7, "relative tolerance of the adaptive steps", 0.0),
         Param("max_steps", int, 1_000_000, "step budget of each run", 1),
     )
-    drops = ("discrete",)
 
     def simulate(self, config, progress):
         bs = betas(config)

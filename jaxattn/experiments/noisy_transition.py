@@ -314,7 +314,6 @@ class NoisyTransition(AbstractExperiment):
         Param("full", bool, False, "the paper-resolution study (n = 4000, τ = 0.01, 23 "
               "couplings, window 40, 17 rates, 8 seeds; over the flags above)"),
     )
-    drops = ("discrete", "horizon", "saves")
 
     def simulate(self, config, progress):
         cfg = settings(config)

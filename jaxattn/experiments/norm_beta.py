@@ -74,7 +74,6 @@ class NormBeta(AbstractExperiment):
               "5 none"),
         Param("causal", bool, False, "causal attention (their --sequential)"),
     )
-    drops = ("discrete", "saves")
 
     def simulate(self, config, progress):
         norms = placements(config["norm"])

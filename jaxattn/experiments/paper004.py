@@ -1,7 +1,7 @@
 """Paper 004 ("Analogies between transformer layers and the power method"): the
 shared frame of its experiments (`power-shared`, `power-layers`, `steer`,
 `oja-bipartite`): the real model a run's flags ask for, random prompts, and the
-base that drops the flow's parameters."""
+base of its members (their own parameters only)."""
 
 import jax
 import numpy as np
@@ -68,8 +68,6 @@ def random_prompts(config, d, offset=0):
 
 class AbstractPowerExperiment(AbstractExperiment):
     """A paper 004 experiment: its own parameters only (no flow horizon or saves)."""
-
-    drops = ("discrete", "horizon", "saves")
 
 
 #: The family of the random config (default GPT-2).

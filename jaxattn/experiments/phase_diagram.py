@@ -21,7 +21,6 @@ class PhaseDiagram(AbstractExperiment):
              "every β in one program")
     theorem = "Geshkovski et al. 2023, phase diagram (no theorem)"
     params = STUDY
-    drops = ("discrete", "saves")
 
     def simulate(self, config, progress):
         data = density_map(jax.random.PRNGKey(config["seed"]), config, progress=progress,

@@ -1,10 +1,10 @@
-"""Running an experiment into a run folder, and redrawing one.
+"""Running an experiment into a run folder.
 
 `run_experiment` runs a named experiment (`jaxattn run NAME`) with its overrides
 checked by `resolve_config` (each value by `convert`, the one typed check of a
-parameter), through the one writer of run folders (`write_run`); `redraw` draws
-a finished folder's figures again (`jaxattn plot`). The looped-model runs
-(`jaxattn loop`) are `loop_runner.py`'s.
+parameter), through the one writer of run folders (`write_run`). The looped-model
+runs (`jaxattn loop`) are `loop_runner.py`'s; drawing a finished folder again
+(`jaxattn plot`) is `replot.py`'s.
 """
 
 from collections.abc import Callable
@@ -13,12 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from .._app.folders import RunFolderError, folder_path, open_run_folder, read_json, write_run
+from .._app.folders import folder_path, write_run
 from .._horizon import Horizon
 from .._validate import check_seed
-from . import EXPERIMENTS, get_experiment
+from . import get_experiment
 from .base import AbstractExperiment, convert
-from .loop_grid import is_loop_config, redraw_loop
 
 #: The most layers a discrete run takes (the int32 step counter of its scan).
 MAX_LAYERS = 2**31 - 1
@@ -136,27 +135,3 @@ def run_experiment(
     config = resolve_config(experiment, overrides or {}, seed)
     return run_into_folder(experiment, config, command=command_line(config, experiment),
                            out=out, progress=progress, log=log)
-
-
-def redraw(folder) -> list[Path]:
-    """Draw a finished run's figures again from its `config.json` and `data.npz`:
-    a `jaxattn run NAME` folder (`loop --grid` included: it is the `loop-grid`
-    experiment) or a `jaxattn loop` folder. A sweep folder is `ja.sweep.redraw`'s;
-    `jaxattn plot DIR` takes both. Any other folder: `RunFolderError`, one line.
-
-    **Returns:**
-
-    The paths of the figures written.
-    """
-    folder = open_run_folder(folder)
-    config = read_json(folder / "config.json")
-    if not (folder / "data.npz").exists():
-        raise RunFolderError(f"{folder} has no data.npz; it holds no data to draw.")
-    with np.load(folder / "data.npz") as f:
-        data = {k: f[k] for k in f.files}
-    if config.get("experiment") in EXPERIMENTS:
-        return EXPERIMENTS[config["experiment"]].draw(config, data, folder)
-    if is_loop_config(config) and "E" in data:
-        return redraw_loop(config, data, folder)
-    raise RunFolderError(f"{folder} was not made by `jaxattn run`, `jaxattn loop` or "
-                         "`jaxattn sweep` (its config.json names no known experiment).")

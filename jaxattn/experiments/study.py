@@ -31,11 +31,9 @@ STUDY_PARAMS = (
 
 
 class AbstractStudy(AbstractExperiment):
-    """A gradient study: the flow only, so it drops `--discrete` (`jaxattn run NAME
-    --discrete` is refused in one line instead of being silently ignored); a study
-    that drops more says so in `drops`."""
+    """A gradient study: the flow only (no `--discrete`); each member declares its
+    own horizon and saves, as its search needs them."""
 
-    drops = ("discrete",)
     #: The settings searched, by the prefix of their arrays (`""`: one setting).
     settings: ClassVar[dict[str, Any]] = {"": None}
 

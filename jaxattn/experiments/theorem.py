@@ -22,9 +22,17 @@ import numpy as np
 from .._horizon import CONSENSUS_TOL
 from ..metrics import misalignment
 from ..theory import predict
-from .base import AbstractExperiment, Section, Verdict
+from .base import AbstractSweepableExperiment, Param, Section, Verdict
 from .pieces import flow_path, layer_path
 from .verdicts import Trend, convergence_trend, kind_verdict, outcome_words, overall_kind, run_kind
+
+#: The parameters of every theorem member (besides `--seed` and `--out` of `jaxattn
+#: run`); a member may declare one again with its own default (`--horizon`).
+THEOREM_PARAMS = (
+    Param("discrete", bool, False, "run discrete layers (eq. 4) beside the flow (eq. 6)"),
+    Param("horizon", float, 10.0, "final time T (depth in units of τ·layers)", 0.0),
+    Param("saves", int, 1000, "number of saved time intervals of the flow", 1),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,14 +80,17 @@ class Drawn(NamedTuple):
     lw: float
 
 
-class AbstractTheoremExperiment(AbstractExperiment):
+class AbstractTheoremExperiment(AbstractSweepableExperiment):
     """An experiment that tests a theorem of paper 001 on random instances, in the
-    flow and (`--discrete`) in layers; sweepable (`instance`).
+    flow and (`--discrete`) in layers; sweepable (`instance`), with the parameters
+    `THEOREM_PARAMS`.
 
-    A member provides `setup`, `measures`, `evidence` and `describe` (and may
-    override `facts`, `prediction`, `evolve`, `instance`, `check_config`), and
-    declares `reached_words` and, to be swept, `sweepable = True`.
+    A member provides `setup`, `evidence` and `describe`; the hooks `measures`,
+    `facts`, `prediction`, `evolve`, `instance` and `check_config` have defaults a
+    member may replace. It declares `reached_words` and `sweepable = True`.
     """
+
+    base_params = THEOREM_PARAMS
 
     #: How a verdict line names a reached outcome, by kind (`"agrees"`: "consensus, ").
     reached_words: ClassVar[dict[str, str]] = {}

@@ -427,7 +427,6 @@ class VariantsStudy(AbstractExperiment):
         Param("resume", bool, False, "continue the interrupted run in --out DIR, reusing "
               "its saved chunks (run it again with the same settings and --resume)"),
     )
-    drops = ("discrete", "horizon", "saves")
 
     def simulate(self, config, progress, folder: Path | None = None):
         """The study's arrays; its chunks are kept in `folder/chunks` until it is done

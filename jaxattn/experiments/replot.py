@@ -1,0 +1,40 @@
+"""Drawing a finished folder's figures again (`jaxattn plot DIR`): a `jaxattn run NAME`
+folder by its experiment's own `draw`, a `jaxattn loop` folder by the loop figures
+(`loop_grid.redraw_loop`), from their `config.json` and `data.npz` alone. A sweep
+folder is `ja.sweep.redraw`'s; `jaxattn plot DIR` takes all three."""
+
+from pathlib import Path
+
+import numpy as np
+
+from .._app.folders import RunFolderError, open_run_folder, read_json
+from . import EXPERIMENTS
+from .loop_grid import is_loop_config, redraw_loop
+
+
+def redraw(folder) -> list[Path]:
+    """Draw a finished run's figures again from its `config.json` and `data.npz`:
+    a `jaxattn run NAME` folder (`loop --grid` included: it is the `loop-grid`
+    experiment) or a `jaxattn loop` folder. A sweep folder is `ja.sweep.redraw`'s;
+    `jaxattn plot DIR` takes both. Any other folder: `RunFolderError`, one line.
+
+    **Arguments:**
+
+    - `folder`: the run or loop folder.
+
+    **Returns:**
+
+    The paths of the figures written.
+    """
+    folder = open_run_folder(folder)
+    config = read_json(folder / "config.json")
+    if not (folder / "data.npz").exists():
+        raise RunFolderError(f"{folder} has no data.npz; it holds no data to draw.")
+    with np.load(folder / "data.npz") as f:
+        data = {k: f[k] for k in f.files}
+    if config.get("experiment") in EXPERIMENTS:
+        return EXPERIMENTS[config["experiment"]].draw(config, data, folder)
+    if is_loop_config(config) and "E" in data:
+        return redraw_loop(config, data, folder)
+    raise RunFolderError(f"{folder} was not made by `jaxattn run`, `jaxattn loop` or "
+                         "`jaxattn sweep` (its config.json names no known experiment).")

@@ -1,0 +1,109 @@
+"""Densities on a grid and what is read from them: `uniform`, `density` (particles →
+density), `order_parameter`, `free_energy`, `mode_distance`."""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from ._grid import AbstractGrid
+from ._kernels import check_kernel, interaction
+
+
+def area(d: int) -> float:
+    """`|S^{d−1}| = 2 π^{d/2} / Γ(d/2)`."""
+    return 2 * math.pi ** (d / 2) / math.gamma(d / 2)
+
+
+def uniform(grid: AbstractGrid) -> Float[Array, "*grid"]:
+    """The uniform probability density `1/|S^{d−1}|` on the grid."""
+    return jnp.full(grid.weights.shape, 1 / area(grid.dim))
+
+
+def density(grid: AbstractGrid, x: Float[Array, "n d"], *, smoothing: float = 0.0
+            ) -> Float[Array, "*grid"]:
+    """The empirical measure `(1/n) Σ δ_{x_i}` of unit vectors as a density on the
+    grid: its projection onto the grid's band, after Brownian motion for the time
+    `smoothing` (the heat kernel, `e^{smoothing Δ/2}`; `0` keeps the bare projection,
+    which oscillates and is not positive).
+
+    **Arguments:**
+
+    - `grid`: the grid.
+    - `x`: `(n, d)` points, normalised here.
+    - `smoothing`: the heat kernel's time, `≥ 0`.
+
+    **Returns:**
+
+    The density's values at `grid.points`.
+    """
+    x = np.asarray(x, dtype=float)
+    if x.ndim != 2 or x.shape[1] != grid.dim or x.shape[0] < 1:
+        raise ValueError(f"`x` must be (n, {grid.dim}) points of S^{grid.dim - 1}, "
+                         f"got shape {x.shape}.")
+    if not (math.isfinite(smoothing) and smoothing >= 0):
+        raise ValueError(f"`smoothing` must be ≥ 0, got {smoothing!r}.")
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    if not np.all(np.isfinite(x)) or np.any(norms == 0):
+        raise ValueError("`x` must be finite and nonzero (points of the sphere).")
+    c = grid.empirical(jnp.asarray(x / norms)) * jnp.exp(0.5 * smoothing * grid.laplacian)
+    return grid.synthesis(c)
+
+
+def order_parameter(grid: AbstractGrid, mu: Float[Array, "*grid"]) -> Float[Array, ""]:
+    """`r = |∫ x dμ(x)|`, the norm of the mean point (0 for the uniform density, 1 for
+    a point mass)."""
+    m = jnp.tensordot(grid.weights * mu, grid.points, axes=grid.weights.ndim)
+    return jnp.linalg.norm(m)
+
+
+def free_energy(grid: AbstractGrid, mu: Float[Array, "*grid"], beta, coupling,
+                kernel: str = "usa", *, sigma=1.0) -> Float[Array, ""]:
+    """The papers' free energy `F(μ) = σ² ∫ μ log(|S^{d−1}| μ) dS − K ∫∫ W_β(⟨x, y⟩)
+    dμ(x) dμ(y)`, `W_β(t) = (e^{βt} − 1)/β`: the equation with `"usa"` or `"exp"` is
+    its gradient flow, `∂_t μ = ½ div(μ ∇ δF/δμ)`, so `F(μ_t)` does not increase.
+    The uniform density has `F = −K E[W_β(⟨x, y⟩)]`. NaN where `μ ≤ 0`.
+
+    **Arguments:**
+
+    - `grid`, `mu`: a density on the grid.
+    - `beta`, `coupling`: `β > 0` and `K`.
+    - `kernel`: `"usa"` or `"exp"`; `"softmax"` is refused (its normalised equation
+      is no such gradient flow).
+    - `sigma`: the noise (`1`: the papers').
+
+    **Returns:**
+
+    `F(μ)` as a scalar.
+    """
+    if check_kernel(kernel) == "softmax":
+        raise ValueError("free_energy: the softmax equation is not the gradient flow of a "
+                         "free energy; use kernel='usa' or 'exp'.")
+    c = grid.analysis(mu)
+    potential = grid.synthesis(grid.multipliers(interaction(beta)) * c)
+    entropy = jnp.sum(grid.weights * mu * jnp.log(area(grid.dim) * mu))
+    return jnp.asarray(sigma) ** 2 * entropy - coupling * jnp.sum(grid.weights * mu * potential)
+
+
+def mode_distance(grid: AbstractGrid, mu: Float[Array, "*grid"], nu: Float[Array, "*grid"],
+                  degree: int = 4) -> Float[Array, ""]:
+    """The `L²` distance of two densities' parts of degree `1 ≤ ℓ ≤ degree` (Fourier
+    modes `1 ≤ |k| ≤ degree` on the circle): `(∫ |Π(μ − ν)|² dS)^{1/2}`. Between the
+    empirical measure of `n` samples of `μ` and `μ` it is of order `n^{−1/2}`.
+    """
+    ell = grid.degrees()
+    diff = grid.analysis(mu) - grid.analysis(nu)
+    keep = (ell >= 1) & (ell <= degree)
+    # a stored coefficient of order m > 0 stands for m and −m; ∫|e^{ikθ}|² dθ = 2π,
+    # and the Y_ℓm are orthonormal
+    weight = jnp.where(_positive_order(grid), 2.0, 1.0) * (2 * jnp.pi if grid.dim == 2 else 1.0)
+    return jnp.sqrt(jnp.sum(jnp.where(keep, weight * diff**2, 0.0)))
+
+
+def _positive_order(grid: AbstractGrid):
+    """Where a stored coefficient has order `m > 0` (`k > 0` on the circle)."""
+    shape = grid.laplacian.shape
+    if grid.dim == 2:
+        return jnp.broadcast_to(jnp.arange(shape[1]) > 0, shape)
+    return jnp.broadcast_to((jnp.arange(shape[1]) > 0)[:, None], shape)

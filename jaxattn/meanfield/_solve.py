@@ -1,0 +1,128 @@
+"""`solve`: the mean-field equation `∂_t μ = (σ²/2) Δμ − K div(μ X[μ])` on a grid
+(`_kernels.py` states it and its map onto jaxattn), integrated by diffrax with the
+exponential integrator `ETDRK4` on the grid's coefficients."""
+
+import math
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from ._etd import ETDRK4
+from ._grid import AbstractGrid
+from ._kernels import check_kernel, profiles
+
+#: The default step: the transport term's time scale at the couplings of interest
+#: (`K e^{β}` of order 10) is far longer; `tests/test_meanfield.py` measures the order.
+DT0 = 0.01
+
+
+class Drift(eqx.Module):
+    """`−K div(μ X[μ])` on the coefficients of `μ`: `X = ∇(G * μ)` (divided by `Z * μ`
+    for softmax), formed on the grid, its divergence analysed back."""
+
+    grid: AbstractGrid
+    potential: Float[Array, "2 ..."]  # Funk–Hecke multipliers of G
+    normaliser: Float[Array, "2 ..."] | None  # of Z (softmax), else None
+    coupling: Float[Array, ""]
+
+    def __call__(self, c):
+        mu = self.grid.synthesis(c)
+        field = self.grid.gradient(self.potential * c)
+        if self.normaliser is not None:
+            z = self.grid.synthesis(self.normaliser * c)
+            field = tuple(f / z for f in field)
+        return -self.coupling * self.grid.divergence(tuple(mu * f for f in field))
+
+
+def drift(grid: AbstractGrid, beta, coupling, kernel: str) -> Drift:
+    """The transport term of the equation on `grid` (`Drift`)."""
+    g, z = profiles(beta, check_kernel(kernel))
+    return Drift(grid, grid.multipliers(g), None if z is None else grid.multipliers(z),
+                 jnp.asarray(coupling))
+
+
+def step_times(ts: np.ndarray, dt0: float) -> np.ndarray:
+    """The steps: each interval between save times cut into equal steps of at most
+    `dt0`, so that every save time is a step's end."""
+    pieces = [np.linspace(a, b, max(1, math.ceil((b - a) / dt0 - 1e-9)) + 1)[:-1]
+              for a, b in zip(ts[:-1], ts[1:])]
+    return np.concatenate(pieces + [ts[-1:]])
+
+
+def _check(grid, mu0, ts, beta, coupling, sigma, dt0):
+    if not isinstance(grid, AbstractGrid):
+        raise TypeError(f"`grid` must be ja.meanfield.Circle(modes) or Sphere(degree), "
+                        f"got {type(grid).__name__}.")
+    shape = grid.weights.shape
+    if jnp.shape(mu0) != shape:
+        raise ValueError(f"`mu0` must be a density on the grid, shape {shape}, "
+                         f"got {jnp.shape(mu0)} (ja.meanfield.uniform(grid) has the shape).")
+    if isinstance(ts, jax.core.Tracer):
+        raise TypeError("`ts` must be concrete (the steps are laid out on the host).")
+    ts = np.asarray(ts, dtype=float)
+    if ts.ndim != 1 or ts.size < 1 or not np.all(np.isfinite(ts)) or np.any(np.diff(ts) <= 0):
+        raise ValueError(f"`ts` must be a 1-D array of increasing finite times, got {ts!r}.")
+    for name, value, low in (("beta", beta, 0.0), ("sigma", sigma, None), ("dt0", dt0, 0.0)):
+        if not isinstance(value, jax.core.Tracer):
+            v = float(value)
+            if not math.isfinite(v) or (low is not None and v <= low) or v < 0:
+                bound = "> 0" if low is not None else "≥ 0"
+                raise ValueError(f"`{name}` must be finite and {bound}, got {value!r}.")
+    if not isinstance(coupling, jax.core.Tracer) and not math.isfinite(float(coupling)):
+        raise ValueError(f"`coupling` must be finite, got {coupling!r}.")
+    return ts
+
+
+def solve(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, *, beta, coupling,
+          kernel: str = "usa", sigma=1.0, dt0: float = DT0) -> Float[Array, "T ..."]:
+    """The densities `μ_t` at the times `ts` of the mean-field equation
+    `∂_t μ = (σ²/2) Δμ − K div(μ X[μ])` (`X`, the kernels and the map onto jaxattn:
+    `docs/meanfield_equation.md`), from `μ_{ts[0]} = mu0`.
+
+    The density's coefficients are integrated by `diffrax.diffeqsolve` with `ETDRK4`
+    (the diffusion exactly, the transport to fourth order) on steps of at most `dt0`
+    that end on every save time. Mass is conserved to rounding (the transport's mean is
+    0 by construction). Traceable and differentiable in `mu0`, `beta`, `coupling` and
+    `sigma` (vmap over couplings: `jax.vmap(lambda K: solve(grid, mu0, ts, beta=b,
+    coupling=K))`); `ts` must be concrete.
+
+    **Arguments:**
+
+    - `grid`: `Circle(modes)` (`d = 2`) or `Sphere(degree)` (`d = 3`).
+    - `mu0`: the initial density on the grid (values at `grid.points`, with respect to
+      the surface measure: `uniform(grid)`, `density(grid, x)`); it is projected onto
+      the grid's band.
+    - `ts`: increasing save times (`ts[0]` the start).
+    - `beta`: the inverse temperature `β > 0`.
+    - `coupling`: `K` (any real; `0` is Brownian motion alone).
+    - `kernel`: `"usa"` (default), `"exp"` (the same equation) or `"softmax"`.
+    - `sigma`: the noise, `σ ≥ 0` (`1`: the papers' normalisation; `0`: the
+      deterministic flow).
+    - `dt0`: the largest step.
+
+    **Returns:**
+
+    The densities at `ts`, shape `(len(ts),) + grid.weights.shape`.
+    """
+    ts = _check(grid, mu0, ts, beta, coupling, sigma, dt0)
+    check_kernel(kernel)
+    return _solve(grid, jnp.asarray(mu0), jnp.asarray(ts), jnp.asarray(step_times(ts, dt0)),
+                  beta, coupling, sigma, kernel)
+
+
+@eqx.filter_jit
+def _solve(grid, mu0, ts, steps, beta, coupling, sigma, kernel):
+    c0 = grid.analysis(mu0)
+    transport = drift(grid, beta, coupling, kernel)
+    term = dfx.ODETerm(lambda t, c, args: transport(c))
+    solver = ETDRK4(0.5 * jnp.asarray(sigma) ** 2 * grid.laplacian)
+    if ts.shape[0] == 1:
+        return mu0[None]
+    sol = dfx.diffeqsolve(term, solver, ts[0], ts[-1], None, c0,
+                          stepsize_controller=dfx.StepTo(steps), saveat=dfx.SaveAt(ts=ts),
+                          max_steps=steps.shape[0])
+    return jax.vmap(grid.synthesis)(sol.ys)

@@ -1,0 +1,201 @@
+"""The ordered branch of the USA equation and the transition coupling `K_c`
+(`docs/meanfield_equation.md`).
+
+The stationary densities of `∂_t μ = ½Δμ − K div(μ ∇(W_β * μ))` are the critical
+points of `F(ρ) = ∫ ρ log ρ dσ − K ∫∫ W_β(⟨x, y⟩) dρ dρ` (`ρ = dμ/dσ`, `σ` the uniform
+law), `ρ ∝ exp(2K W_β * ρ)`. The ordered ones are zonal, `ρ(x) = ρ(⟨x, e⟩)`, so `F` is
+minimised over functions of `t = ⟨x, e⟩ ∈ [−1, 1]`, on the Gauss–Jacobi nodes of `t`'s
+law (weight `(1 − t²)^{(d−3)/2}`), where `W_β * ρ` is diagonal in the Gegenbauer
+polynomials `P_ℓ` (Funk–Hecke). `K_c` is where the ordered minimiser's free energy
+equals the uniform density's, `−K E[W_β(t)]`: `K_c = K_#` for `β ≤ β*` (a continuous
+transition), `K_c < K_#` above (discontinuous; Mun & Rosenzweig 2026).
+"""
+
+import contextlib
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+try:  # BLAS threads on small matrices only contend for the cores (40× slower when busy)
+    from threadpoolctl import threadpool_limits
+except ImportError:  # pragma: no cover
+    def threadpool_limits(limits=None):
+        return contextlib.nullcontext()
+
+#: Nodes of `t` (Gauss–Jacobi) and the harmonics' degree: the ordered densities of
+#: β ≤ 30 are resolved to rounding.
+NODES, DEGREE = 160, 120
+#: A minimiser is ordered when its `r = E[t ρ]` exceeds this.
+ORDERED = 1e-5
+
+
+class OrderedState(NamedTuple):
+    """The ordered minimiser at one coupling: `nodes` `t` and `density` `ρ(t)`, its
+    order parameter `r = E[t ρ(t)]`, its free energy and the uniform density's.
+    `r < ORDERED` means the minimisation found no ordered state (it fell to uniform)."""
+
+    nodes: np.ndarray
+    density: np.ndarray
+    order: float
+    free_energy: float
+    uniform_free_energy: float
+
+
+def _zonal(beta: float, d: int):
+    from scipy.special import eval_jacobi, roots_jacobi
+
+    a = (d - 3) / 2
+    t, w = roots_jacobi(NODES, a, a)
+    w = w / w.sum()
+    ells = np.arange(DEGREE + 1)
+    p = np.stack([eval_jacobi(ell, a, a, t) / eval_jacobi(ell, a, a, 1.0) for ell in ells], -1)
+    h = w @ p**2
+    e = w @ (np.expm1(beta * t)[:, None] / beta * p)
+    matrix = (p * (e / h)) @ (p * w[:, None]).T  # Φ = matrix @ ρ
+    return t, w, matrix, beta
+
+
+def _apply(matrix, rho):
+    """`matrix @ rho`."""
+    return np.einsum("ij,j->i", matrix, rho)
+
+
+def _parts(u, w):
+    """`ρ = e^u / E[e^u]` and `log ρ`, without overflow or `log 0`."""
+    shifted = u - u.max()
+    log_rho = shifted - math.log(w @ np.exp(shifted))
+    return np.exp(log_rho), log_rho
+
+
+def _free_energies(beta, coupling, u, zonal) -> tuple[float, float]:
+    t, w, matrix, _ = zonal
+    rho, log_rho = _parts(u, w)
+    ordered = w @ (rho * log_rho) - coupling * (w @ (rho * _apply(matrix, rho)))
+    return float(ordered), float(-coupling * (w @ (np.expm1(beta * t) / beta)))
+
+
+def _descend(coupling, zonal) -> np.ndarray:
+    """`log ρ` near a local minimiser of `F`, by L-BFGS from a cap (the basin of the
+    ordered minimiser where there is one; `_newton` polishes it)."""
+    from scipy.optimize import minimize
+
+    t, w, matrix, _ = zonal
+
+    def objective(u):
+        rho, log_rho = _parts(u, w)
+        phi = _apply(matrix, rho)
+        g = w * (log_rho + 1 - 2 * coupling * phi)  # ∂F/∂ρ
+        f = w @ (rho * log_rho) - coupling * (w @ (rho * phi))
+        return f, g * rho - w * rho * (g @ rho)
+
+    beta = zonal[3]
+    u0 = 2 * coupling * np.expm1(beta * t) / beta  # the Gibbs state of a point mass
+    res = minimize(objective, u0, jac=True, method="L-BFGS-B",
+                   options={"maxiter": 2000, "ftol": 1e-12, "gtol": 1e-9})
+    return res.x
+
+
+def _newton(u, coupling, zonal, iterations: int = 60) -> tuple[np.ndarray, bool]:
+    """Newton's method on the stationarity `u = 2K Φ[ρ(u)]` (`u = log ρ` up to a
+    constant), from `u`; whether it converged (to `1e-12`)."""
+    _, w, matrix, _ = zonal
+    eye = np.eye(len(u))
+    for _ in range(iterations):
+        rho, _ = _parts(u, w)
+        residual = u - 2 * coupling * _apply(matrix, rho)
+        jac = eye - 2 * coupling * matrix @ (np.diag(rho) - np.outer(rho, w * rho))
+        step = np.linalg.solve(jac, residual)
+        u = u - step
+        if not np.all(np.isfinite(u)):
+            return u, False
+        if np.max(np.abs(step)) < 1e-12 * max(1.0, np.max(np.abs(u))):
+            return u, True
+    return u, False
+
+
+def _state(beta, coupling, u, zonal) -> OrderedState:
+    t, w, _, _ = zonal
+    rho, _ = _parts(u, w)
+    ordered, uniform = _free_energies(beta, coupling, u, zonal)
+    return OrderedState(t, rho, float(w @ (t * rho)), ordered, uniform)
+
+
+def ordered_state(beta: float, d: int, coupling: float) -> OrderedState:
+    """The ordered minimiser of the papers' free energy at `(β, K)` (module docstring),
+    found from a cap by L-BFGS on `log ρ` and polished by Newton's method on the
+    stationarity condition.
+
+    **Arguments:**
+
+    - `beta`: `β > 0`; `d`: the dimension `≥ 2`; `coupling`: `K > 0`.
+
+    **Returns:**
+
+    An `OrderedState` (`order < ORDERED`: none was found, the minimiser is uniform).
+    """
+    from ..theory import noisy_threshold
+
+    noisy_threshold(beta, d)  # the same checks of β and d
+    if not (math.isfinite(coupling) and coupling > 0):
+        raise ValueError(f"`coupling` must be finite and > 0, got {coupling!r}.")
+    beta, coupling = float(beta), float(coupling)
+    with threadpool_limits(1):
+        zonal = _zonal(beta, d)
+        u, _ = _newton(_descend(coupling, zonal), coupling, zonal)
+        return _state(beta, coupling, u, zonal)
+
+
+def transition_coupling(beta: float, d: int) -> float:
+    """`K_c(β)`: the coupling where the ordered branch's free energy equals the uniform
+    density's (module docstring); `K_#(β)` (`ja.theory.noisy_threshold`) for
+    `β ≤ β*`, where the transition is continuous.
+
+    Above `β*`: the ordered minimiser at `K_#` (L-BFGS from a cap, then Newton),
+    followed down in steps of 2 % (Newton from the previous state) until its free
+    energy passes the uniform one's, then Brent's method between the last two steps
+    (to `1e-12` relative).
+
+    **Arguments:**
+
+    - `beta`: `β > 0`.
+    - `d`: the dimension `≥ 2`.
+
+    **Returns:**
+
+    `K_c` as a float.
+    """
+    from ..theory import noisy_beta_star, noisy_threshold
+
+    k_sharp = noisy_threshold(beta, d)
+    if beta <= noisy_beta_star(d):
+        return k_sharp
+    with threadpool_limits(1):
+        return _transition(float(beta), d, k_sharp)
+
+
+def _transition(beta: float, d: int, k_sharp: float) -> float:
+    from scipy.optimize import brentq
+
+    zonal = _zonal(beta, d)
+    u, ok = _newton(_descend(k_sharp, zonal), k_sharp, zonal)
+    state = _state(beta, k_sharp, u, zonal)
+    if not ok or state.order < ORDERED or state.free_energy >= state.uniform_free_energy:
+        raise RuntimeError(f"no ordered state below the uniform one at K_# (β = {beta}, d = {d}).")
+    warm = {"u": u}
+
+    def gap(k):
+        v, converged = _newton(warm["u"], k, zonal)
+        if not converged:
+            raise RuntimeError(f"the ordered branch was lost at K = {k} (β = {beta}, d = {d}).")
+        warm["u"] = v
+        ordered, uniform = _free_energies(beta, k, v, zonal)
+        return ordered - uniform
+
+    hi = k_sharp
+    while True:
+        lo = 0.98 * hi
+        if gap(lo) > 0:
+            break
+        hi = lo
+    return float(brentq(gap, lo, hi, xtol=1e-14, rtol=1e-12))

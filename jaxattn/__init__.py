@@ -8,21 +8,23 @@ raises a one-line `SimulationError` naming the cause and the fix.
 """
 
 # The names below are imported on first use (PEP 562), so that `import jaxattn`
-# and the `jaxattn` command's help start without loading JAX.
+# and the `jaxattn` command's help start without loading JAX. Each is written once:
+# as its import in the block below, which tools read as it stands and `lazy_names`
+# reads from the source as the map of names to modules.
 
 import importlib
 from typing import TYPE_CHECKING
 
+from ._lazy import lazy_names, load
+
 if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at run time
-    from . import bench as bench
-    from . import cli as cli
-    from . import experiments as experiments
     from . import explore as explore
+    from . import meanfield as meanfield
     from . import metrics as metrics
     from . import models as models
     from . import spectral as spectral
-    from . import sweep as sweep
     from . import theory as theory
+    from ._app.animate import animate as animate  # a movie (above the library: matplotlib)
     from ._determinism import deterministic_xla_flags as deterministic_xla_flags
     from ._dynamics import SelfAttentionDynamics as SelfAttentionDynamics
     from ._dynamics import random_dynamics as random_dynamics
@@ -45,47 +47,24 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from ._schedule import Schedule as Schedule
     from ._solvers import RK4 as RK4
     from ._validate import SimulationError as SimulationError
-    from .metrics._consensus import misalignment as misalignment
-    from ._app.animate import animate as animate
+    from .metrics import misalignment as misalignment
 
-#: Each public name → the module that defines it.
-_ATTRIBUTES = {
-    "SelfAttentionDynamics": "._dynamics",
-    "random_dynamics": "._dynamics",
-    "random_mask": "._dynamics",
-    "FlowResult": "._flow",
-    "FlowSolution": "._flow",
-    "ManifoldSolver": "._flow",
-    "solve_flow": "._flow",
-    "run_layers": "._layers",
-    "manifold_drift": "._manifold",
-    "normalize": "._manifold",
-    "sample_ellipsoid": "._manifold",
-    "w_norm": "._manifold",
-    "TokenNoise": "._noise",
-    "ValueNoise": "._noise",
-    "PRECISIONS": "._precision",
-    "deterministic_xla_flags": "._determinism",
-    "AbstractSchedule": "._schedule",
-    "Constant": "._schedule",
-    "PiecewiseConstant": "._schedule",
-    "Schedule": "._schedule",
-    "RK4": "._solvers",
-    "SimulationError": "._validate",
-    "misalignment": ".metrics._consensus",
-    "animate": "._app.animate",  # a movie of a trajectory (above the library: matplotlib)
-}
-#: The public namespaces `ja.X`, and the two commands' packages (`jaxattn bench`, the CLI).
-_SUBMODULES = ("experiments", "explore", "metrics", "models", "spectral", "sweep", "theory",
-               "bench", "cli")
-__all__ = sorted(_ATTRIBUTES) + ["__version__"] + list(_SUBMODULES)
+#: Each public name → `(module, attribute)` where it is defined (`attribute` `None`:
+#: a namespace `ja.X`), read from the block above.
+_ATTRIBUTES = lazy_names(__file__)
+#: The applications above the library, reachable as `ja.experiments`, `ja.sweep`
+#: and the two commands' packages (`jaxattn bench`, the CLI): imported on first use
+#: like the rest, but named here, not imported above, since they import the
+#: library and no import of this face runs up to them.
+_APPLICATIONS = ("experiments", "sweep", "bench", "cli")
+__all__ = sorted(_ATTRIBUTES) + ["__version__"] + list(_APPLICATIONS)
 
 
 def __getattr__(name: str):
-    if name in _SUBMODULES:
+    if name in _APPLICATIONS:
         value = importlib.import_module(f"{__name__}.{name}")
     elif name in _ATTRIBUTES:
-        value = getattr(importlib.import_module(_ATTRIBUTES[name], __name__), name)
+        value = load(__name__, _ATTRIBUTES[name])
     elif name == "__version__":
         value = _version()
     else:

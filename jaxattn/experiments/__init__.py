@@ -25,14 +25,22 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-if TYPE_CHECKING:  # what tools see; imported on first use at run time
-    from . import paper001 as paper001
-    from .base import BETA, AbstractExperiment, Param, Verdict, convert
-    from .loop_runner import run_loop, run_loop_grid
-    from .replot import redraw
-    from .runner import command_line, resolve_config, run_experiment
+from .._lazy import lazy_names, load
 
-    paper = paper001
+if TYPE_CHECKING:  # what tools see; imported on first use at run time (`lazy_names`)
+    from . import paper001 as paper  # noqa: F401  (the short name; in __all__)
+    from . import paper001 as paper001
+    from .base import BETA as BETA
+    from .base import AbstractExperiment as AbstractExperiment
+    from .base import Param as Param
+    from .base import Verdict as Verdict
+    from .base import convert as convert
+    from .loop_runner import run_loop as run_loop
+    from .loop_runner import run_loop_grid as run_loop_grid
+    from .replot import redraw as redraw
+    from .runner import command_line as command_line
+    from .runner import resolve_config as resolve_config
+    from .runner import run_experiment as run_experiment
 
 #: Every experiment of `jaxattn run NAME`, as `module.Class`, in the order `jaxattn
 #: list` shows them.
@@ -151,22 +159,16 @@ def get_experiment(name: str) -> "AbstractExperiment":
     return EXPERIMENTS[name]
 
 
-#: The names re-exported from the modules below, imported on first use (PEP 562).
-_ATTRIBUTES = {
-    "AbstractExperiment": ".base", "BETA": ".base", "Param": ".base", "Verdict": ".base",
-    "command_line": ".runner", "convert": ".base", "redraw": ".replot",
-    "resolve_config": ".runner",
-    "run_experiment": ".runner", "run_loop": ".loop_runner", "run_loop_grid": ".loop_runner",
-}
-#: Modules reachable by another name: `paper` is the short name of `paper001`.
-_MODULES = {"paper": "paper001"}
+#: The names re-exported from the modules below (`paper` is the short name of
+#: `paper001`), imported on first use (PEP 562): read from the `TYPE_CHECKING` block.
+_ATTRIBUTES = lazy_names(__file__)
 
 
 def __getattr__(name: str):
     if name in _ATTRIBUTES:
-        value = getattr(importlib.import_module(_ATTRIBUTES[name], __name__), name)
-    elif name in _MODULES or (Path(__file__).parent / f"{name}.py").exists():
-        value = importlib.import_module(f"{__name__}.{_MODULES.get(name, name)}")
+        value = load(__name__, _ATTRIBUTES[name])
+    elif (Path(__file__).parent / f"{name}.py").exists():  # a member, by its module
+        value = importlib.import_module(f"{__name__}.{name}")
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
@@ -177,6 +179,5 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-__all__ = ["BETA", "EXPERIMENTS", "MEMBERS", "REGISTRY", "SWEEPABLE", "AbstractExperiment",
-           "Entry", "Param", "Verdict", "command_line", "convert", "get_experiment", "paper",
-           "paper001", "redraw", "resolve_config", "run_experiment", "run_loop", "run_loop_grid"]
+__all__ = sorted(["EXPERIMENTS", "MEMBERS", "REGISTRY", "SWEEPABLE", "Entry", "get_experiment",
+                  *_ATTRIBUTES])

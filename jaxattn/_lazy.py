@@ -1,0 +1,53 @@
+"""Faces that import on first use (PEP 562) from one list: the face's
+`if TYPE_CHECKING:` block, which tools read as imports and which `lazy_names`
+reads from the source (no import, no JAX) as the map from each public name to the
+module that defines it. A name is written once, as its import."""
+
+import ast
+import importlib
+from pathlib import Path
+
+
+def lazy_names(face: str) -> dict[str, tuple[str, str | None]]:
+    """The names a face imports under `if TYPE_CHECKING:`, each with where it lives.
+
+    **Arguments:**
+
+    - `face`: the path of the face's `__init__.py` (its `__file__`).
+
+    **Returns:**
+
+    `{name: (module, attribute)}`, the module relative to the face's package, in the
+    block's order: `from ._flow import solve_flow as solve_flow` gives
+    `("._flow", "solve_flow")`; a subpackage or module, `from . import sweep as
+    sweep` (or under a short name, `from . import paper001 as paper`), gives
+    `(".sweep", None)`. Anything else in the block is a `ValueError`, raised when
+    the face is imported.
+    """
+    tree = ast.parse(Path(face).read_text(encoding="utf-8"), face)
+    block = next((node for node in tree.body if isinstance(node, ast.If)
+                  and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"),
+                 None)
+    if block is None:
+        raise ValueError(f"{face} has no `if TYPE_CHECKING:` block of its lazy names.")
+    names = {}
+    for node in block.body:
+        if not (isinstance(node, ast.ImportFrom) and node.level >= 1):
+            raise ValueError(f"{face}:{node.lineno}: the lazy names are written "
+                             "`from .module import name as name`, one a line.")
+        for alias in node.names:
+            if node.module is None:  # `from . import module as name`
+                names[alias.asname or alias.name] = ("." * node.level + alias.name, None)
+            elif alias.asname == alias.name:
+                names[alias.name] = ("." * node.level + node.module, alias.name)
+            else:
+                raise ValueError(f"{face}:{node.lineno}: write `{alias.name} as "
+                                 f"{alias.name}` (a re-export, as tools read it).")
+    return names
+
+
+def load(package: str, where: tuple[str, str | None]):
+    """The object `lazy_names` placed at `where`, imported now."""
+    module, attribute = where
+    value = importlib.import_module(module, package)
+    return value if attribute is None else getattr(value, attribute)

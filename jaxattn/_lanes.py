@@ -327,10 +327,12 @@ def _rounded(v, dtype, precision, out_dtype, lanes):
     out = np.empty(v.shape, object)
     for idx in np.ndindex(v.shape):
         e = v[idx]
-        e = lanes.vec(e, dtype) if is_lane(e) else jnp.asarray(np.asarray(e, dtype))
-        with jax.ensure_compile_time_eval():
-            r = round_operand(e, precision, out_dtype)
-        out[idx] = r if is_lane(v[idx]) else np.asarray(r)[()]
+        if is_lane(e):
+            out[idx] = round_operand(lanes.vec(e, dtype), precision, out_dtype)
+            continue
+        with jax.ensure_compile_time_eval():  # a constant stays one
+            r = round_operand(jnp.asarray(np.asarray(e, dtype)), precision, out_dtype)
+        out[idx] = np.asarray(r)[()]
     return out
 
 

@@ -110,6 +110,33 @@ def test_flow_refusals(key):
                       solution=True)
 
 
+VARIANTS = [dict(norm=p) for p in ("pre", "peri", "ngpt", "none")] + [
+    dict(kernel=k) for k in ("exp", "usa", "hardmax", "sigmoid")] + [
+    dict(causal=True), dict(window=2), dict(mask=np.array([[1, 0, 1], [1, 1, 0], [0, 1, 1]], bool)),
+    dict(W=np.array([[2.0, 0.3], [0.3, 1.0]])), dict(precision="bfloat16"),
+    dict(precision="tensorfloat32")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", VARIANTS, ids=lambda o: "-".join(
+    f"{k}={v if isinstance(v, str | bool | int) else 'array'}" for k, v in o.items()))
+def test_every_variant_equals_fused(key, options):
+    """Every norm placement, attention kernel, mask, metric and precision (float64)."""
+    k1, k2 = jax.random.split(key)
+    base = _model(k1)
+    dyn = ja.SelfAttentionDynamics(base.P(0.0), base.U(0.0), **options)
+    a, b = _both(dyn, random_tokens(k2, N, D, batch=(B,)))
+    assert _rel(a, b) < 1e-12
+
+
+@pytest.mark.slow
+def test_value_noise_draws_the_same_paths(key):
+    k1, k2 = jax.random.split(key)
+    dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,))
+    a, b = _both(dyn, x0, noise=ja.ValueNoise(0.3), key=key)
+    assert _rel(a, b) < 1e-12
+
+
 def test_block_padding(key):
     """A batch that is not a multiple of the block (the last block padded)."""
     k1, k2 = jax.random.split(key)

@@ -1,0 +1,343 @@
+"""Mean-field attention as Pallas kernels for small head dimensions (flash attention).
+
+At mean-field scale (one system of `n = 10⁶` tokens in R³) attention is the whole
+cost, and neither cuDNN's nor XLA's fused attention takes a head dimension of 3; the
+key-block sweep of `jaxattn._blocks` runs as many XLA kernels per block. Here the
+sweep is one kernel: each program holds `block_q` queries (one lane each) and loops
+over the keys `block_k` at a time, keeping each row's running maximum, normaliser and
+output sum in registers (the online softmax). The head dimension is unrolled: a
+query is `a` vectors of its coordinates, so any `a` from 1 up runs without padding
+to a tensor-core tile (for `a ≥ 16` a `dot` would be the faster choice).
+
+`flash_attention(q, k, v, offset, kernel=…, causal=…, window=…)` computes what
+`jaxattn._blocks.blocked_attention` computes for the kernels `"softmax"`, `"exp"`,
+`"usa"` (an exponential with the caller's offset) and `"sigmoid"`, with causal and
+window masks; boolean masks and `"hardmax"` are refused by name. Reverse mode is a
+custom VJP whose backward pass recomputes the blocks (FlashAttention-2's two
+kernels: one over query blocks for `dq`, one over key blocks for `dk`, `dv`), so a
+gradient costs `O(n)` memory.
+
+Kept in its own module, kernels by their string names: when the kernels become an
+`eqx.Module` family, each member's weight and its derivative (`_weights`) are what it
+provides here.
+
+On CUDA the kernels are compiled with Triton; elsewhere they run in interpret mode
+(the platform chosen at lowering, as in `jaxattn._pallas`).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jaxtyping import Array, Float
+
+KERNELS = ("softmax", "exp", "usa", "sigmoid")
+
+
+def _weights(kernel: str, s):
+    """The unnormalised weight of a score (exp for the softmax family, sigmoid)."""
+    return jax.nn.sigmoid(s) if kernel == "sigmoid" else jnp.exp(s)
+
+
+def _allowed(i, j, m: int, causal: bool, window):
+    """`(bq, bk)`: key `j` exists and query `i` may see it."""
+    ok = j[None, :] < m
+    if causal:
+        ok = ok & (j[None, :] <= i[:, None])
+    if window is not None:
+        ok = ok & (jnp.abs(i[:, None] - j[None, :]) < window)
+    return ok
+
+
+def _scores(qs, ks, off, big):
+    """`(bq, bk)` scores of query lanes `qs` against key lanes `ks`, clipped to the
+    float range, then offset (as `jaxattn._blocks` orders them)."""
+    s = None
+    for qc, kc in zip(qs, ks):
+        term = qc[:, None] * kc[None, :]
+        s = term if s is None else s + term
+    return jnp.clip(s, -big, big) + off
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, off_ref, o_ref, lse_ref, *, a, cv, m, bq, bk,
+                    kernel, causal, window):
+    qi = pl.program_id(1)
+    qs = [q_ref[c, :] for c in range(a)]
+    off = off_ref[0]
+    i = qi * bq + lax.iota(jnp.int32, bq)
+    dtype = qs[0].dtype
+    big = jnp.asarray(jnp.finfo(dtype).max, dtype)
+
+    def body(jb, carry):
+        mx, norm, acc = carry
+        start = jb * bk
+        j = start + lax.iota(jnp.int32, bk)
+        s = _scores(qs, [k_ref[c, pl.ds(start, bk)] for c in range(a)], off, big)
+        ok = _allowed(i, j, m, causal, window)
+        if kernel == "softmax":
+            s = jnp.where(ok, s, -jnp.inf)
+            new = jnp.maximum(mx, jnp.max(s, axis=1))
+            safe = jnp.where(new == -jnp.inf, 0.0, new)
+            p = jnp.exp(s - safe[:, None])
+            scale = jnp.exp(mx - safe)
+            norm = scale * norm + jnp.sum(p, axis=1)
+        else:
+            p = jnp.where(ok, _weights(kernel, s), 0.0)
+            new, scale = mx, 1.0
+        acc = tuple(scale * acc[c] + jnp.sum(p * v_ref[c, pl.ds(start, bk)][None, :], axis=1)
+                    for c in range(cv))
+        return new, norm, acc
+
+    zero = jnp.zeros((bq,), dtype)
+    init = (jnp.full((bq,), -jnp.inf, dtype), zero, tuple(zero for _ in range(cv)))
+    mx, norm, acc = lax.fori_loop(0, pl.cdiv(m, bk), body, init)
+    if kernel == "softmax":
+        # A row that sees no key (only padding rows: a real one sees itself) gives 0.
+        seen = norm > 0
+        for c in range(cv):
+            o_ref[c, :] = jnp.where(seen, acc[c] / jnp.where(seen, norm, 1.0), 0.0)
+        lse_ref[...] = jnp.where(seen, mx + jnp.log(jnp.where(seen, norm, 1.0)), 0.0)
+    else:
+        for c in range(cv):
+            o_ref[c, :] = acc[c]
+        lse_ref[...] = zero
+
+
+def _grad_weights(kernel, s, ok, lse, dp, delta):
+    """`(p, ds)`: the weights and the gradient of the scores, for one block pair."""
+    if kernel == "softmax":
+        p = jnp.where(ok, jnp.exp(s - lse[:, None]), 0.0)
+        return p, p * (dp - delta[:, None])
+    if kernel == "sigmoid":
+        p = jnp.where(ok, jax.nn.sigmoid(s), 0.0)
+        return p, p * (1 - p) * dp
+    p = jnp.where(ok, jnp.exp(s), 0.0)
+    return p, p * dp
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dq_ref, doff_ref, *,
+               a, cv, m, bq, bk, kernel, causal, window):
+    qi = pl.program_id(1)
+    qs = [q_ref[c, :] for c in range(a)]
+    dos = [do_ref[c, :] for c in range(cv)]
+    lse, delta, off = lse_ref[...], delta_ref[...], off_ref[0]
+    i = qi * bq + lax.iota(jnp.int32, bq)
+    dtype = qs[0].dtype
+    big = jnp.asarray(jnp.finfo(dtype).max, dtype)
+
+    def body(jb, carry):
+        dq, doff = carry
+        start = jb * bk
+        j = start + lax.iota(jnp.int32, bk)
+        s = _scores(qs, [k_ref[c, pl.ds(start, bk)] for c in range(a)], off, big)
+        ok = _allowed(i, j, m, causal, window)
+        dp = None
+        for c in range(cv):
+            term = dos[c][:, None] * v_ref[c, pl.ds(start, bk)][None, :]
+            dp = term if dp is None else dp + term
+        _, ds = _grad_weights(kernel, s, ok, lse, dp, delta)
+        dq = tuple(dq[c] + jnp.sum(ds * k_ref[c, pl.ds(start, bk)][None, :], axis=1)
+                   for c in range(a))
+        return dq, doff + jnp.sum(ds, axis=1)
+
+    zero = jnp.zeros((bq,), dtype)
+    dq, doff = lax.fori_loop(0, pl.cdiv(m, bk), body, (tuple(zero for _ in range(a)), zero))
+    for c in range(a):
+        dq_ref[c, :] = dq[c]
+    doff_ref[...] = doff
+
+
+def _dkv_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dk_ref, dv_ref, *,
+                a, cv, m, n, bq, bk, kernel, causal, window):
+    kj = pl.program_id(1)
+    ks = [k_ref[c, :] for c in range(a)]
+    vs = [v_ref[c, :] for c in range(cv)]
+    off = off_ref[0]
+    j = kj * bk + lax.iota(jnp.int32, bk)
+    dtype = ks[0].dtype
+    big = jnp.asarray(jnp.finfo(dtype).max, dtype)
+
+    def body(ib, carry):
+        dk, dv = carry
+        start = ib * bq
+        i = start + lax.iota(jnp.int32, bq)
+        qs = [q_ref[c, pl.ds(start, bq)] for c in range(a)]
+        dos = [do_ref[c, pl.ds(start, bq)] for c in range(cv)]
+        s = _scores(qs, ks, off, big)
+        ok = _allowed(i, j, m, causal, window) & (i[:, None] < n)
+        dp = None
+        for c in range(cv):
+            term = dos[c][:, None] * vs[c][None, :]
+            dp = term if dp is None else dp + term
+        p, ds = _grad_weights(kernel, s, ok, lse_ref[pl.ds(start, bq)], dp,
+                              delta_ref[pl.ds(start, bq)])
+        dv = tuple(dv[c] + jnp.sum(p * dos[c][:, None], axis=0) for c in range(cv))
+        dk = tuple(dk[c] + jnp.sum(ds * qs[c][:, None], axis=0) for c in range(a))
+        return dk, dv
+
+    zero = jnp.zeros((bk,), dtype)
+    dk, dv = lax.fori_loop(0, pl.cdiv(n, bq), body,
+                           (tuple(zero for _ in range(a)), tuple(zero for _ in range(cv))))
+    for c in range(a):
+        dk_ref[c, :] = dk[c]
+    for c in range(cv):
+        dv_ref[c, :] = dv[c]
+
+
+def _call(kernel_fn, grid, in_specs, out_specs, out_shape, num_warps, name, *args):
+    """One `pallas_call`: Triton on CUDA, interpret mode elsewhere (chosen at lowering)."""
+    def run(interpret, *xs):
+        params = None
+        if not interpret:
+            from jax.experimental.pallas import triton as pltriton
+            params = pltriton.CompilerParams(num_warps=num_warps, num_stages=1)
+        return pl.pallas_call(kernel_fn, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                              out_shape=out_shape, interpret=interpret,
+                              compiler_params=params, name=name)(*xs)
+    return lax.platform_dependent(*args, cuda=functools.partial(run, False),
+                                  default=functools.partial(run, True))
+
+
+def _pad_last(x, size):
+    pad = size - x.shape[-1]
+    return x if pad == 0 else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
+
+
+class _Spec:
+    """The static description of one flash attention (hashable, for the custom VJP)."""
+
+    def __init__(self, kernel, causal, window, block_q, block_k, num_warps):
+        if kernel not in KERNELS:
+            raise ValueError(f"the attention kernel runs {', '.join(KERNELS)}; got "
+                             f"{kernel!r}: use the blocked XLA path.")
+        self.key = (kernel, bool(causal), window, int(block_q), int(block_k), int(num_warps))
+        self.kernel, self.causal, self.window, self.bq, self.bk, self.warps = self.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Spec) and self.key == other.key
+
+
+def _layout(q, k, v, spec):
+    """Coordinates first (`(h, a, n)`), sequences padded to whole blocks."""
+    n, m = q.shape[1], k.shape[1]
+    npad, mpad = pl.cdiv(n, spec.bq) * spec.bq, pl.cdiv(m, spec.bk) * spec.bk
+    qt = _pad_last(jnp.swapaxes(q, 1, 2), npad)
+    kt = _pad_last(jnp.swapaxes(k, 1, 2), mpad)
+    vt = _pad_last(jnp.swapaxes(v, 1, 2), mpad)
+    return qt, kt, vt, n, m, npad, mpad
+
+
+def _specs(h, g, a, cv, npad, mpad, spec):
+    group = h // g
+    q_block = pl.BlockSpec((None, a, spec.bq), lambda hh, i: (hh, 0, i))
+    k_all = pl.BlockSpec((None, a, mpad), lambda hh, i: (hh // group, 0, 0))
+    v_all = pl.BlockSpec((None, cv, mpad), lambda hh, i: (hh // group, 0, 0))
+    off = pl.BlockSpec((1,), lambda hh, i: (0,))
+    row = pl.BlockSpec((None, spec.bq), lambda hh, i: (hh, i))
+    return q_block, k_all, v_all, off, row
+
+
+def _fwd(q, k, v, offset, spec):
+    h, g, a, cv = q.shape[0], k.shape[0], q.shape[2], v.shape[2]
+    qt, kt, vt, n, m, npad, mpad = _layout(q, k, v, spec)
+    q_block, k_all, v_all, off, row = _specs(h, g, a, cv, npad, mpad, spec)
+    o_block = pl.BlockSpec((None, cv, spec.bq), lambda hh, i: (hh, 0, i))
+    kernel = functools.partial(_forward_kernel, a=a, cv=cv, m=m, bq=spec.bq, bk=spec.bk,
+                               kernel=spec.kernel, causal=spec.causal, window=spec.window)
+    out, lse = _call(kernel, (h, npad // spec.bq), [q_block, k_all, v_all, off],
+                     [o_block, row],
+                     [jax.ShapeDtypeStruct((h, cv, npad), q.dtype),
+                      jax.ShapeDtypeStruct((h, npad), q.dtype)],
+                     spec.warps, "flash_forward", qt, kt, vt, offset.reshape(1))
+    return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, offset, spec):
+    out, _ = _fwd(q, k, v, offset, spec)
+    return jnp.swapaxes(out, 1, 2)[:, :q.shape[1]]
+
+
+def _flash_fwd(q, k, v, offset, spec):
+    out, lse = _fwd(q, k, v, offset, spec)
+    return jnp.swapaxes(out, 1, 2)[:, :q.shape[1]], (q, k, v, offset, out, lse)
+
+
+def _flash_bwd(spec, res, dout):
+    q, k, v, offset, out, lse = res
+    h, g, a, cv = q.shape[0], k.shape[0], q.shape[2], v.shape[2]
+    qt, kt, vt, n, m, npad, mpad = _layout(q, k, v, spec)
+    dot = _pad_last(jnp.swapaxes(dout, 1, 2), npad)
+    delta = jnp.sum(dot * out, axis=1)  # (h, npad): Σ_c dout·out, softmax's row term
+    q_block, k_all, v_all, off, row = _specs(h, g, a, cv, npad, mpad, spec)
+    do_block = pl.BlockSpec((None, cv, spec.bq), lambda hh, i: (hh, 0, i))
+    common = dict(a=a, cv=cv, m=m, bq=spec.bq, bk=spec.bk, kernel=spec.kernel,
+                  causal=spec.causal, window=spec.window)
+    offs = offset.reshape(1)
+    dq, doff = _call(functools.partial(_dq_kernel, **common), (h, npad // spec.bq),
+                     [q_block, k_all, v_all, off, row, do_block, row],
+                     [pl.BlockSpec((None, a, spec.bq), lambda hh, i: (hh, 0, i)), row],
+                     [jax.ShapeDtypeStruct((h, a, npad), q.dtype),
+                      jax.ShapeDtypeStruct((h, npad), q.dtype)],
+                     spec.warps, "flash_dq", qt, kt, vt, offs, lse, dot, delta)
+    # Keys per head: a group's keys are read by `h / g` heads, their gradients summed.
+    group = h // g
+    q_all = pl.BlockSpec((None, a, npad), lambda hh, j: (hh, 0, 0))
+    k_block = pl.BlockSpec((None, a, spec.bk), lambda hh, j: (hh // group, 0, j))
+    v_block = pl.BlockSpec((None, cv, spec.bk), lambda hh, j: (hh // group, 0, j))
+    rows_all = pl.BlockSpec((None, npad), lambda hh, j: (hh, 0))
+    do_all = pl.BlockSpec((None, cv, npad), lambda hh, j: (hh, 0, 0))
+    dk, dv = _call(functools.partial(_dkv_kernel, n=n, **common), (h, mpad // spec.bk),
+                   [q_all, k_block, v_block, off, rows_all, do_all, rows_all],
+                   [pl.BlockSpec((None, a, spec.bk), lambda hh, j: (hh, 0, j)),
+                    pl.BlockSpec((None, cv, spec.bk), lambda hh, j: (hh, 0, j))],
+                   [jax.ShapeDtypeStruct((h, a, mpad), q.dtype),
+                    jax.ShapeDtypeStruct((h, cv, mpad), q.dtype)],
+                   spec.warps, "flash_dkv", qt, kt, vt, offs, lse, dot, delta)
+    dq = jnp.swapaxes(dq, 1, 2)[:, :n]
+    dk = jnp.swapaxes(dk, 1, 2)[:, :m].reshape(g, group, m, a).sum(1)
+    dv = jnp.swapaxes(dv, 1, 2)[:, :m].reshape(g, group, m, cv).sum(1)
+    doff = jnp.sum(jnp.where(jnp.arange(npad) < n, doff, 0.0)).astype(offset.dtype)
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype), doff.reshape(offset.shape)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def flash_attention(
+    q: Float[Array, "h n a"], k: Float[Array, "g m a"], v: Float[Array, "g m c"],
+    offset: Float[Array, ""] = 0.0, *, kernel: str = "softmax", causal: bool = False,
+    window: int | None = None, block_q: int = 64, block_k: int = 64, num_warps: int = 4,
+) -> Float[Array, "h n c"]:
+    """`Σ_j w_ij v_j` per head as Pallas kernels: `jaxattn._blocks.blocked_attention`'s
+    result for the same arguments (no boolean mask).
+
+    **Arguments:**
+
+    - `q`, `k`, `v`: queries `(h, n, a)` (any factor applied), keys `(g, m, a)` and
+      values `(g, m, c)`, `g` dividing `h`.
+    - `offset`: added to every score after clipping (the sigmoid's bias, usa's `−β`).
+    - `kernel`: `"softmax"` (rows normalised), `"exp"`/`"usa"` (`exp(s)`, unnormalised:
+      `1/n` is the caller's), `"sigmoid"`.
+    - `causal`, `window`: key masks as in `BlockSpec`.
+    - `block_q`, `block_k`, `num_warps`: the layout (powers of two; Triton warps).
+
+    **Returns:** `(h, n, c)`.
+    """
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if not (isinstance(b, int) and b >= 1 and b & (b - 1) == 0):
+            raise ValueError(f"`{name}` must be a power of two, got {b!r}.")
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or q.shape[0] % k.shape[0] \
+            or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"expected q (h, n, a), k (g, m, a), v (g, m, c) with g dividing h; "
+                         f"got {q.shape}, {k.shape}, {v.shape}.")
+    spec = _Spec("exp" if kernel == "usa" else kernel, causal, window, block_q, block_k,
+                 num_warps)
+    dtype = jnp.result_type(q, k, v)
+    return _flash(q.astype(dtype), k.astype(dtype), v.astype(dtype),
+                  jnp.asarray(offset, dtype), spec)

@@ -1,0 +1,95 @@
+"""Mean-field attention as Pallas kernels (`jaxattn._flash`), in interpret mode against
+the blocked XLA path (`jaxattn._blocks`), finite differences, and lowered for CUDA."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.test_util import check_grads
+
+from jaxattn._blocks import block_spec, blocked_attention
+from jaxattn._flash import flash_attention
+
+H, G, N, A = 2, 1, 37, 3  # 37 tokens: neither block size divides them
+
+
+def _inputs(key, h=H, g=G, n=N, a=A, c=A):
+    kq, kk, kv = jax.random.split(key, 3)
+    return (jax.random.normal(kq, (h, n, a)), jax.random.normal(kk, (g, n, a)),
+            jax.random.normal(kv, (g, n, c)), jnp.asarray(-0.3))
+
+
+def _pair(kernel, causal=False, window=None, n=N, h=H):
+    spec = block_spec(kernel, n, n, h, 16, causal=causal, window=window)
+
+    def flash(q, k, v, o):
+        return flash_attention(q, k, v, o, kernel=kernel, causal=causal, window=window,
+                               block_q=16, block_k=8)
+
+    def blocked(q, k, v, o):
+        return blocked_attention(q, k, v, o, None, spec)
+    return jax.jit(flash), jax.jit(blocked)
+
+
+def _rel(a, b) -> float:
+    return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+
+
+@pytest.mark.parametrize("kernel,causal,window", [
+    ("softmax", False, None), ("softmax", True, 7), ("exp", True, None),
+    ("usa", False, None), ("sigmoid", False, 5)])
+def test_equals_blocked_with_gradients(key, kernel, causal, window):
+    """Forward and reverse mode equal the blocked path's (its custom VJP) in float64."""
+    args = _inputs(key)
+    flash, blocked = _pair(kernel, causal, window)
+    assert _rel(flash(*args), blocked(*args)) < 1e-12
+
+    # A linear loss: its gradient is as well conditioned as the attention itself.
+    weights = jax.random.normal(jax.random.fold_in(key, 1), (H, N, A))
+
+    def grads(fn):
+        return jax.jit(jax.grad(lambda *x: jnp.sum(fn(*x) * weights), argnums=(0, 1, 2, 3)))(
+            *args)
+    gf, gb = grads(flash), grads(blocked)
+    for a, b in zip(gf[:3], gb[:3]):
+        assert _rel(a, b) < 1e-12
+    # Softmax is shift-invariant: the offset's gradient is 0 up to rounding on both.
+    scale = max(float(jnp.max(jnp.abs(g))) for g in gb[:3])
+    assert abs(float(gf[3] - gb[3])) < 1e-12 * scale * N
+
+
+def test_float32_and_key_groups(key):
+    """Two query heads reading one key group, in float32 (1e-5 relative)."""
+    with jax.enable_x64(False):
+        args = [a.astype(jnp.float32) for a in _inputs(key, h=2, g=1)]
+        flash, blocked = _pair("softmax")
+        out = flash(*args)
+        assert out.dtype == jnp.float32 and _rel(out, blocked(*args)) < 1e-5
+
+
+def test_finite_differences(key):
+    q, k, v, o = _inputs(key, n=9)
+    check_grads(lambda q, k, v, o: flash_attention(q, k, v, o, block_q=4, block_k=4,
+                                                   causal=True),
+                (q, k, v, o), order=1, modes=("rev",), atol=1e-6, rtol=1e-6)
+
+
+def test_refusals(key):
+    q, k, v, o = _inputs(key)
+    with pytest.raises(ValueError, match="hardmax"):
+        flash_attention(q, k, v, o, kernel="hardmax")
+    with pytest.raises(ValueError, match="power of two"):
+        flash_attention(q, k, v, o, block_q=24)
+    with pytest.raises(ValueError, match="g dividing h"):
+        flash_attention(q, k[:, :5], v, o)
+
+
+def test_lowers_for_cuda(key):
+    """Forward and gradient lower to Triton kernels for CUDA on this CPU machine."""
+    with jax.enable_x64(False):
+        q, k, v, o = [a.astype(jnp.float32) for a in _inputs(key)]
+
+        def loss(q, k, v):
+            return flash_attention(q, k, v, o, kernel="softmax").sum()
+        text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, v).lower(
+            lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 3  # forward, dq, dk/dv

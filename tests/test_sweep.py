@@ -135,7 +135,7 @@ def test_stale_partial_chunk_is_ignored(tmp_path):
     np.testing.assert_array_equal(table["num_steps"], [7] * 4)
 
 
-@pytest.mark.parametrize("name", ja.sweep.EXPERIMENTS)
+@pytest.mark.parametrize("name", ja.sweep.SWEEPABLE)
 def test_instances_are_the_experiments_draws_judged_by_the_theory(name):
     """Instance `i` is `jaxattn run NAME --seed i` drawn by the experiment's `setup` (for
     thm51-causal `--samples 1`, run in the span coordinates of its start), and the
@@ -221,14 +221,20 @@ def test_bad_spec_files(tmp_path):
         ja.sweep.read_spec(tmp_path / "missing.toml")
 
 
-def test_ja_sweep_is_the_module_and_callable():
-    assert callable(ja.sweep) and ja.sweep.run is _run.run_sweep
-    assert set(ja.sweep.EXPERIMENTS) == {"thm41-sphere", "thm51-causal", "thm52-symmetric",
-                                         "thm32-gradient"}
-    with pytest.raises(ValueError, match="--resume needs --out"):
-        ja.sweep("thm41-sphere", resume=True)
-    with pytest.raises(TypeError, match="SweepSpec"):
-        ja.sweep(42)
+def test_ja_sweep_run_is_a_plain_function_and_the_old_spellings_alias_it():
+    import inspect
+
+    assert inspect.isfunction(ja.sweep.run) and ja.sweep.run is _run.run_sweep
+    assert set(ja.sweep.SWEEPABLE) == {"thm41-sphere", "thm51-causal", "thm52-symmetric",
+                                       "thm32-gradient"}
+    assert ja.sweep.SWEEPABLE == ja.experiments.SWEEPABLE
+    assert ja.sweep.EXPERIMENTS == ja.sweep.SWEEPABLE  # the older name
+    assert callable(ja.sweep)  # the older spelling ja.sweep(...)
+    for call in (ja.sweep.run, ja.sweep):
+        with pytest.raises(ValueError, match="--resume needs --out"):
+            call("thm41-sphere", resume=True)
+        with pytest.raises(TypeError, match="SweepSpec"):
+            call(42)
 
 
 def test_existing_folder_needs_resume_and_the_same_spec(tmp_path, capsys):
@@ -290,7 +296,7 @@ def test_report_reads_the_tolerance_recorded_in_sweep_json(tmp_path, monkeypatch
     assert (0.003, 0.003) in [tuple(line.get_ydata()) for line in ax_e.lines]
 
 
-@pytest.mark.parametrize("name", ja.sweep.EXPERIMENTS)
+@pytest.mark.parametrize("name", ja.sweep.SWEEPABLE)
 def test_every_sweep_parameter_is_an_override_of_jaxattn_run(name):
     """One parameter list serves both: a sweep varies exactly what `jaxattn run NAME
     --param v` takes (less `samples`, which its instances replace), `beta` included."""

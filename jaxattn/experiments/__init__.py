@@ -3,7 +3,7 @@
 The experiments are a family, as diffrax's solvers are: `base.py` holds the
 abstract experiment, intermediate bases do the shared work of a kind
 (`theorem.py`: the theorem experiments, flow and `--discrete` layers, judged by
-trend; `study.py`: the gradient studies; `paper004.py`: paper 004's models), and
+trend; `search.py`: the gradient searches; `paper004.py`: paper 004's models), and
 each member is one file that declares its set-up, measures, outcome and panels.
 Helpers two members share live in a module named by their concept (`paper001.py`:
 paper 001's models; `pieces.py`: runs in pieces; `verdicts.py`: trends and verdict

@@ -17,18 +17,18 @@ from ..metrics import misalignment
 from ..theory import predict
 from . import paper001
 from .base import Param
-from .study import STUDY_PARAMS, AbstractStudy, draw_trace, long_run
+from .search import SEARCH_PARAMS, AbstractSearch, draw_trace, long_run
 from .verdicts import convergence_trend, outcome_words, run_kind, short
 
 #: The theorem each setting's starts are judged by.
 _THEOREMS = {"sphere": "4.1", "causal": "5.1"}
 
 
-class AdversarialTokens(AbstractStudy):
+class AdversarialTokens(AbstractSearch):
     name = "adversarial-tokens"
     title = "initial tokens that maximise E(T) (thm41-sphere and thm51-causal settings)"
     theorem = "4.1, 5.1"
-    params = STUDY_PARAMS + (
+    params = SEARCH_PARAMS + (
         Param("tokens", int, 10, "tokens n (sphere setting)", 2),
         Param("horizon", float, 3.0, "horizon T of the objective E(x(T))", 0.0),
         Param("margin", float, 0.05, "tokens kept in ⟨z, x⟩ ≥ margin (sphere)", 0.0),

@@ -17,15 +17,15 @@ from ..metrics import misalignment
 from ..theory import predict
 from . import paper001
 from .base import Param
-from .study import STUDY_PARAMS, AbstractStudy, draw_trace, long_run
+from .search import SEARCH_PARAMS, AbstractSearch, draw_trace, long_run
 from .verdicts import convergence_trend, outcome_words, run_kind, short
 
 
-class AdversarialWeights(AbstractStudy):
+class AdversarialWeights(AbstractSearch):
     name = "adversarial-weights"
     title = "bounded symmetric U and P (causal, one head) that maximise E(T)"
     theorem = "5.2"
-    params = STUDY_PARAMS + (
+    params = SEARCH_PARAMS + (
         Param("tokens", int, 8, "tokens n", 2),
         Param("dim", int, 3, "dimension d", 2),
         Param("horizon", float, 10.0, "horizon T of the objective E(x(T))", 0.0),

@@ -5,8 +5,8 @@ An experiment declares its parameters (the `jaxattn run` overrides), simulates,
 judges the outcome (against a theorem, a paper's figure or a peer's study) and
 draws its figures from the saved data alone, so that `jaxattn plot DIR` redraws
 them without recomputing. The shared work of a kind of experiment lives in an
-intermediate base (`theorem.py`: the theorem experiments; `study.py`: the
-gradient studies); each member only declares what is its own.
+intermediate base (`theorem.py`: the theorem experiments; `search.py`: the
+gradient searches); each member only declares what is its own.
 
 The rule the family keeps, as equinox's abstract/final pattern:
 

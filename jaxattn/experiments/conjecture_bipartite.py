@@ -23,17 +23,17 @@ from ..explore import (
 )
 from ..spectral import layer_matrix
 from .base import Param
-from .study import STUDY_PARAMS, AbstractStudy
+from .search import SEARCH_PARAMS, AbstractSearch
 from .verdicts import short
 
 
-class ConjectureBipartite(AbstractStudy):
+class ConjectureBipartite(AbstractSearch):
     name = "conjecture-bipartite"
     title = "weights that make a bipartite equilibrium of the layer map locally stable"
     theorem = "paper 004 Theorem 3 (h = 1) and its open multi-head case"
     params = (
         Param("steps", int, 300, "optimiser steps", 1),
-        *STUDY_PARAMS[1:],
+        *SEARCH_PARAMS[1:],
         Param("tokens", int, 6, "tokens n", 2),
         Param("split", int, 3, "tokens m at +v (the rest at −v)", 1),
         Param("dim", int, 3, "dimension d", 2),

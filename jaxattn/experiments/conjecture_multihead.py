@@ -15,7 +15,7 @@ from .._horizon import CONSENSUS_TOL
 from ..explore import Constraints, slow_consensus
 from ..spectral import layer_matrix, top_eigenvector
 from .base import Param
-from .study import STUDY_PARAMS, AbstractStudy, draw_trace, long_run
+from .search import SEARCH_PARAMS, AbstractSearch, draw_trace, long_run
 from .verdicts import convergence_trend, short
 
 
@@ -45,14 +45,14 @@ def _multihead_model(key, h, d, p_scale):
     return SelfAttentionDynamics(P, (A + jnp.swapaxes(A, -1, -2)) / 2, causal=True)
 
 
-class ConjectureMultihead(AbstractStudy):
+class ConjectureMultihead(AbstractSearch):
     name = "conjecture-multihead"
     title = "search for multi-head causal models (symmetric U_η) where tokens miss v₁"
     theorem = "5.2 (conjectured for h > 1)"
     params = (
         Param("steps", int, 100, "optimiser steps", 1),
         Param("restarts", int, 8, "restarts, optimised as one vmapped batch", 1),
-        STUDY_PARAMS[2],
+        SEARCH_PARAMS[2],
         Param("tokens", int, 6, "tokens n", 2),
         Param("dim", int, 3, "dimension d", 2),
         Param("horizon", float, 30.0, "horizon T of the distance to v₁", 0.0),

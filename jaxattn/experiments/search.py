@@ -1,9 +1,10 @@
-"""The gradient studies' shared frame (the intermediate base of
+"""The gradient searches' shared frame (the intermediate base of
 `adversarial-tokens`, `adversarial-weights`, `conjecture-multihead` and
 `conjecture-bipartite`): searches with `ja.explore` that try to slow consensus or
-to stabilise what the theory says is unstable.
+to stabilise what the theory says is unstable. ("Study" elsewhere means any
+experiment's measurement; these are the searches.)
 
-A study runs one search per *setting* (the sphere and the causal model; two or
+A search member runs one search per *setting* (the sphere and the causal model; two or
 three heads) and saves each setting's arrays under its prefix (`h2_value`). The
 frame runs the settings, converts the arrays and joins the settings' verdict
 parts; a member declares its settings, its search (`explore`) and its words
@@ -22,16 +23,16 @@ from .._flow import solve_flow
 from .base import AbstractExperiment, Param, Section, Verdict
 from .verdicts import kind_verdict, overall_kind
 
-#: The optimiser's parameters, shared by every study (`steps`, `restarts`, `lr`).
-STUDY_PARAMS = (
+#: The optimiser's parameters, shared by every search (`steps`, `restarts`, `lr`).
+SEARCH_PARAMS = (
     Param("steps", int, 150, "optimiser steps", 1),
     Param("restarts", int, 16, "restarts, optimised as one vmapped batch", 1),
     Param("lr", float, 0.02, "Adam learning rate", 0.0),
 )
 
 
-class AbstractStudy(AbstractExperiment):
-    """A gradient study: the flow only (no `--discrete`); each member declares its
+class AbstractSearch(AbstractExperiment):
+    """A gradient search: the flow only (no `--discrete`); each member declares its
     own horizon and saves, as its search needs them."""
 
     #: The settings searched, by the prefix of their arrays (`""`: one setting).

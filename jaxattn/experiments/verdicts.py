@@ -1,7 +1,7 @@
 """How an experiment's outcome is judged against a theorem: numbers for a verdict
 line, the convergence trend at the end of a run, its kind (`VERDICT_KINDS`) and the
 words that name it. Shared by every experiment that judges a theorem (`theorem.py`,
-`study.py` and their members); nothing here simulates.
+`search.py` and their members); nothing here simulates.
 """
 
 import dataclasses

@@ -1,16 +1,19 @@
 """Parameter sweeps with per-instance outcomes, saved chunk by chunk and resumable.
 
-`ja.sweep` is this module and is also callable: `ja.sweep(...)` is
-`ja.sweep.run(...)`.
+A sweep is the plain function `ja.sweep.run` (`run_sweep`); `SWEEPABLE` names the
+experiments it runs (the objects are `ja.experiments.EXPERIMENTS`).
 
 ```python
 import jaxattn as ja
 
-result = ja.sweep("thm41-sphere", {"beta": [0.5, 1, 2, 4], "heads": [1, 2, 4]},
-                  instances=512, set={"horizon": 5.0}, out="runs/my-sweep")
-result.table["consensus_time"]       # one row per instance
-ja.sweep("runs/my-sweep/spec.toml")  # or from a TOML/JSON spec file
+result = ja.sweep.run("thm41-sphere", {"beta": [0.5, 1, 2, 4], "heads": [1, 2, 4]},
+                      instances=512, set={"horizon": 5.0}, out="runs/my-sweep")
+result.table["consensus_time"]           # one row per instance
+ja.sweep.run("runs/my-sweep/spec.toml")  # or from a TOML/JSON spec file
 ```
+
+The older spellings stay as aliases: `ja.sweep(...)` calls `ja.sweep.run(...)`,
+and `ja.sweep.EXPERIMENTS` is `SWEEPABLE`.
 
 The command line does the same: `jaxattn sweep thm41-sphere --grid beta=0.5,1,2,4
 --grid heads=1,2,4 --instances 512 --out runs/my-sweep`, and `--resume` continues
@@ -62,16 +65,20 @@ from ._spec import check_spec as check_spec
 from ._spec import read_spec as read_spec
 from ._spec import sweep_params as sweep_params
 
-#: The experiments that can be swept.
-EXPERIMENTS: tuple[str, ...] = _SWEEPABLE
+#: The names of the experiments that can be swept (`ja.experiments.SWEEPABLE`).
+SWEEPABLE: tuple[str, ...] = _SWEEPABLE
+#: The older name of `SWEEPABLE` (names, not the objects of `ja.experiments.EXPERIMENTS`).
+EXPERIMENTS = SWEEPABLE
 
-__all__ = ["COLUMNS", "EXPERIMENTS", "SweepResult", "SweepSpec", "check_spec", "format_table",
-           "load_table", "read_spec", "redraw", "run", "sweep_params"]
+__all__ = ["COLUMNS", "EXPERIMENTS", "SWEEPABLE", "SweepResult", "SweepSpec", "check_spec",
+           "format_table", "load_table", "read_spec", "redraw", "run", "sweep_params"]
 
 
-class _CallableModule(_types.ModuleType):
+class _RunOnCall(_types.ModuleType):
+    """The older spelling `ja.sweep(...)`, an alias of `ja.sweep.run(...)`."""
+
     def __call__(self, *args, **kwargs) -> SweepResult:
         return run(*args, **kwargs)
 
 
-_sys.modules[__name__].__class__ = _CallableModule
+_sys.modules[__name__].__class__ = _RunOnCall

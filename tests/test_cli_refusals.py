@@ -125,8 +125,7 @@ def test_the_declared_constants_are_the_modules():
 def test_run_help_lists_every_parameter_of_the_experiment():
     """The parameters read from the source (`jaxattn run NAME --help` without JAX) are
     the experiment's own, for every experiment."""
-    from jaxattn.cli._declared import declared_params
-    from jaxattn.experiments import EXPERIMENTS
+    from jaxattn.experiments import EXPERIMENTS, declared_params
 
     for name, experiment in EXPERIMENTS.items():
         assert declared_params(name) == experiment.all_params(), name

@@ -8,7 +8,8 @@ run that stops on its values (`jaxattn.SimulationError`) likewise.
 
 Only the module of the command being run is imported (`parser(commands)`):
 `jaxattn --help`, `jaxattn list`, `jaxattn run NAME --help` and argument errors
-answer without loading JAX (what they show is read from the source: `_declared`).
+answer without loading JAX (what they show is read from the source:
+`experiments/source.py`).
 
 Ctrl-C ends the `jaxattn` program with exit status 130 at any moment: while it starts
 (`quit_on_sigint`, installed first thing), while a command runs (`_on_sigint`: the

@@ -10,8 +10,8 @@ too, and writes `scaling.json`, `scaling.png` and `scaling.pdf` beside `--out`."
 import argparse
 from pathlib import Path
 
+from ..experiments import declared
 from ._common import CLIError
-from ._declared import declared
 
 # Read from the source: `jaxattn bench --help` and its argument errors answer without
 # loading JAX (the suite's modules import it).

@@ -35,11 +35,10 @@ class Declared(NamedTuple):
 
 def declared_experiment(name: str):
     """The experiment `name` as its parser needs it (name, title, parameters), read
-    from its source without importing it nor JAX (`_declared.declared_params`): help
+    from its source without importing it nor JAX (`ja.experiments.declared_params`): help
     and argument errors answer at once. Imported when its source does not declare its
     parameters plainly; an unknown name is a `ValueError` listing the experiments."""
-    from ..experiments import REGISTRY, get_experiment
-    from ._declared import declared_params
+    from ..experiments import REGISTRY, declared_params, get_experiment
 
     params = declared_params(name) if name in REGISTRY else None
     if params is None:

@@ -5,8 +5,8 @@ import argparse
 
 import numpy as np
 
+from ..experiments import declared
 from ._common import CLIError
-from ._declared import declared
 
 # Read from the source: `jaxattn loop --help` and its argument errors answer without
 # loading JAX (the modules that hold them import it).

@@ -19,13 +19,13 @@ importing it (nor JAX): `REGISTRY`. Adding an experiment is one file and one
 line here (ARCHITECTURE.md, "Where to add").
 """
 
-import ast
 import importlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from .._lazy import lazy_names, load
+from .source import class_head, class_params
 
 if TYPE_CHECKING:  # what tools see; imported on first use at run time (`lazy_names`)
     from . import paper001 as paper  # noqa: F401  (the short name; in __all__)
@@ -41,6 +41,8 @@ if TYPE_CHECKING:  # what tools see; imported on first use at run time (`lazy_na
     from .runner import command_line as command_line
     from .runner import resolve_config as resolve_config
     from .runner import run_experiment as run_experiment
+    from .source import NotDeclared as NotDeclared
+    from .source import declared as declared
 
 #: Every experiment of `jaxattn run NAME`, as `module.Class`, in the order `jaxattn
 #: list` shows them.
@@ -83,31 +85,16 @@ class Entry(NamedTuple):
 
 def _declared(member: str) -> tuple[str, Entry]:
     """`(name, Entry)` of `module.Class`, from the literal class variables at the
-    head of its class body (`name`, `title`, `theorem`, `sweepable`): no import, and
-    only the class's head is parsed."""
+    head of its class body (`name`, `title`, `theorem`, `sweepable`;
+    `source.class_head`): no import, and only the class's head is parsed."""
     module, cls = member.split(".")
-    lines = (Path(__file__).parent / f"{module}.py").read_text(encoding="utf-8").splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith(f"class {cls}(")), None)
-    if start is None:
-        raise ImportError(f"jaxattn.experiments.{module} has no class {cls} (MEMBERS).")
-    end = next((i for i in range(start + 1, len(lines)) if _ends_head(lines[i])), len(lines))
-    head = ast.parse("\n".join(lines[start:end]) + "\n    pass").body[0]
-    found = {target.id: ast.literal_eval(node.value) for node in head.body
-             if isinstance(node, ast.Assign) for target in node.targets
-             if isinstance(target, ast.Name)
-             and target.id in ("name", "title", "theorem", "sweepable")}
+    found = class_head(module, cls, ("name", "title", "theorem", "sweepable"))
     missing = {"name", "title", "theorem"} - set(found)
     if missing:
         raise ImportError(f"{module}.{cls} declares no literal {', '.join(sorted(missing))}: "
                           "write them as strings at the head of its class body.")
     return found["name"], Entry(module, cls, found["theorem"], found["title"],
                                 bool(found.get("sweepable", False)))
-
-
-def _ends_head(line: str) -> bool:
-    """Whether `line` ends a class's head: its first method or the next top-level
-    statement."""
-    return line.startswith(("    def ", "    @")) or (line[:1] not in ("", " ", "#", ")"))
 
 
 #: Every experiment of `jaxattn run NAME`, by name, as its class declares it
@@ -149,6 +136,14 @@ class _Experiments(Mapping):
 EXPERIMENTS: Mapping[str, "AbstractExperiment"] = _Experiments()
 
 
+def declared_params(name: str) -> "tuple[Param, ...] | None":
+    """The parameters of the experiment `name` (its `all_params()`), read from its
+    source and its bases' without importing them (`source.class_params`); `None`
+    when they are not declared plainly (the caller then imports the experiment)."""
+    entry = REGISTRY[name]
+    return class_params(entry.module, entry.cls)
+
+
 def get_experiment(name: str) -> "AbstractExperiment":
     """The experiment called `name`, or a `ValueError` listing the names."""
     if name not in REGISTRY:
@@ -179,5 +174,5 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-__all__ = sorted(["EXPERIMENTS", "MEMBERS", "REGISTRY", "SWEEPABLE", "Entry", "get_experiment",
-                  *_ATTRIBUTES])
+__all__ = sorted(["EXPERIMENTS", "MEMBERS", "REGISTRY", "SWEEPABLE", "Entry", "declared_params",
+                  "get_experiment", *_ATTRIBUTES])

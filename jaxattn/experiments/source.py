@@ -1,9 +1,12 @@
-"""What the command line shows before it loads JAX, read from the source as declared:
-a module's constants (`declared`: the choices of `jaxattn bench --size`, …) and an
-experiment's parameters (`declared_params`: `jaxattn run NAME --help` and its
-argument errors), without importing the modules that hold them (nor JAX: seconds
-under load, BENCHMARKS.md, "Measured claims behind design choices").
-`experiments.REGISTRY` reads the experiments' names the same way.
+"""The members' source as declared, read without importing it (nor JAX: seconds under
+load, BENCHMARKS.md, "Measured claims behind design choices"): the one reader of the
+source for what the command line shows before JAX loads.
+
+- `class_head`: the literals at the head of a member's class body (`name`, `title`,
+  `theorem`, `sweepable`), which `REGISTRY` lists: only the head is parsed.
+- `class_params`: a member's parameters (its `all_params()`), for `jaxattn run NAME
+  --help` and its argument errors.
+- `declared`: a module's constant (the choices of `jaxattn bench --size`, …).
 
 Only plain declarations are read: literals, `Param(…)` calls, names bound at the top
 of a module or imported from a sibling, tuples of them. Anything else says "not
@@ -18,7 +21,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from ..experiments import REGISTRY, base
+from . import base
 
 _ROOT = Path(__file__).resolve().parent.parent  # the jaxattn package
 #: Modules imported for real: they load neither JAX nor the experiments.
@@ -46,22 +49,6 @@ def declared(module: str, name: str, *, keys: bool = False) -> Any:
         return ast.literal_eval(node)
     except ValueError:
         raise NotDeclared(f"{module}.{name} is not a literal.") from None
-
-
-def declared_params(name: str) -> tuple[base.Param, ...] | None:
-    """The parameters of the experiment `name` (its `all_params()`), read from its
-    source and its bases' without importing them; `None` when they are not declared
-    plainly (the caller then imports the experiment)."""
-    entry = REGISTRY[name]
-    module = _Module.of(f"jaxattn.experiments.{entry.module}")
-    try:
-        cls = module.lookup(entry.cls)
-        params = _class_attribute(cls, "params")
-        inherited = _class_attribute(cls, "base_params", ())
-        shape = types.SimpleNamespace(params=tuple(params), base_params=tuple(inherited))
-        return base.AbstractExperiment.all_params(shape)
-    except (NotDeclared, NameError, TypeError, AttributeError, KeyError):
-        return None
 
 
 class _Class:
@@ -186,3 +173,45 @@ def _stdlib(module: str) -> types.ModuleType:
     if module.split(".")[0] not in sys.stdlib_module_names:
         raise NotDeclared(f"import {module}")
     return importlib.import_module(module)
+
+
+def class_head(module: str, cls: str, names: tuple[str, ...]) -> dict[str, Any]:
+    """The literal values bound to `names` at the head of class `cls` in the module
+    `module` of `jaxattn.experiments` (its class body up to its first method): no
+    import, and only the class's head is parsed.
+
+    **Returns:**
+
+    `{name: value}` for the names found; an `ImportError` when the module has no
+    such class.
+    """
+    path = _ROOT / "experiments" / f"{module}.py"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(f"class {cls}(")), None)
+    if start is None:
+        raise ImportError(f"jaxattn.experiments.{module} has no class {cls} (MEMBERS).")
+    end = next((i for i in range(start + 1, len(lines)) if _ends_head(lines[i])), len(lines))
+    node = ast.parse("\n".join(lines[start:end]) + "\n    pass").body[0]
+    return {target.id: ast.literal_eval(statement.value) for statement in node.body
+            if isinstance(statement, ast.Assign) for target in statement.targets
+            if isinstance(target, ast.Name) and target.id in names}
+
+
+def _ends_head(line: str) -> bool:
+    """Whether `line` ends a class's head: its first method or the next top-level
+    statement."""
+    return line.startswith(("    def ", "    @")) or (line[:1] not in ("", " ", "#", ")"))
+
+
+def class_params(module: str, cls: str) -> tuple[base.Param, ...] | None:
+    """The parameters of the experiment class `cls` of `jaxattn.experiments.<module>`
+    (its `all_params()`), read from its source and its bases' without importing them;
+    `None` when they are not declared plainly (the caller then imports it)."""
+    try:
+        found = _Module.of(f"jaxattn.experiments.{module}").lookup(cls)
+        params = _class_attribute(found, "params")
+        inherited = _class_attribute(found, "base_params", ())
+        shape = types.SimpleNamespace(params=tuple(params), base_params=tuple(inherited))
+        return base.AbstractExperiment.all_params(shape)
+    except (NotDeclared, NameError, TypeError, AttributeError, KeyError):
+        return None

@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 
+from ._noisy import check_sphere_args
+
 #: The `u = atanh ρ` grid of the scale function: `[−U_MAX, U_MAX]` in `U_POINTS`.
 U_MAX, U_POINTS = 30.0, 6001
 
@@ -42,7 +44,7 @@ def antipodal_drift(rho, beta, d: int, sigma):
 
     `b(ρ)`, shaped as `rho`.
     """
-    d, sigma = _check(d, sigma)
+    sigma, d = check_sphere_args(sigma, d, name="sigma")
     a, q = _weights(beta, rho)
     return (1.0 - rho**2) * (2.0 * a + sigma**2 * (q * (d - 2) - (1.0 - q) * rho))
 
@@ -59,7 +61,7 @@ def antipodal_diffusion(rho, beta, sigma):
 
     `s²(ρ)`, shaped as `rho`.
     """
-    _, sigma = _check(2, sigma)
+    sigma, _ = check_sphere_args(sigma, 2, name="sigma")
     _, q = _weights(beta, rho)
     return 2.0 * sigma**2 * (1.0 - q) * (1.0 - rho**2) ** 2
 
@@ -79,7 +81,7 @@ def antipodal_rate(beta, d: int, sigma):
 
     `λ`, shaped as `beta`.
     """
-    d, sigma = _check(d, sigma)
+    sigma, d = check_sphere_args(sigma, d, name="sigma")
     a, q = _weights(beta, -1.0)
     return 4.0 * a + 2.0 * sigma**2 * ((d - 1) * q - 1.0)
 
@@ -98,7 +100,7 @@ def antipodal_threshold(d: int, sigma) -> float:
 
     `β_c` as a float; `0.0` when `antipodal_rate < 0` at every `β > 0`.
     """
-    d, sigma = _check(d, sigma)
+    sigma, d = check_sphere_args(sigma, d, name="sigma")
     c = d - 2 + 1 / sigma**2
     disc = c**2 - 1 + 2 / sigma**2
     if disc < 0:
@@ -124,7 +126,7 @@ def antipodal_probability(beta, d: int, sigma) -> float:
 
     The probability as a float; `0.0` when `antipodal_rate ≥ 0`.
     """
-    d, sigma = _check(d, sigma)
+    sigma, d = check_sphere_args(sigma, d, name="sigma")
     if antipodal_rate(beta, d, sigma) >= 0:
         return 0.0
     u = np.linspace(-U_MAX, U_MAX, U_POINTS)
@@ -145,14 +147,3 @@ def antipodal_probability(beta, d: int, sigma) -> float:
     start = np.exp((d - 1) / 2 * log_sech2)
     return float(np.sum(p * start) / np.sum(start))
 
-
-def _check(d, sigma) -> tuple[int, float]:
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2:
-        raise ValueError(f"`d` must be an int ≥ 2 (tokens on the sphere S^(d-1)), got {d!r}.")
-    try:
-        sigma = float(sigma)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"`sigma` must be a real number, got {sigma!r}.") from e
-    if not (math.isfinite(sigma) and sigma > 0):
-        raise ValueError(f"`sigma` must be finite and > 0, got {sigma}.")
-    return int(d), sigma

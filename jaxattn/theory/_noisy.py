@@ -29,7 +29,7 @@ def noisy_threshold(beta: float, d: int) -> float:
     """
     from scipy.special import ive
 
-    beta, d = _check(beta, d)
+    beta, d = check_sphere_args(beta, d)
     nu = d / 2
     return math.exp(nu * math.log(beta / 2) - math.lgamma(nu) - math.log(ive(nu, beta)) - beta)
 
@@ -51,7 +51,7 @@ def noisy_beta_star(d: int) -> float:
     from scipy.optimize import brentq
     from scipy.special import ive
 
-    _, d = _check(1.0, d)
+    _, d = check_sphere_args(1.0, d)
     nu = d / 2
 
     def gap(beta):
@@ -82,8 +82,8 @@ def layer_diffusion(d: int, tau: float, sigma: float) -> float:
     """
     from scipy import integrate, stats
 
-    tau, d = _check(tau, d, name="tau")
-    sigma, _ = _check(sigma, d, name="sigma")
+    tau, d = check_sphere_args(tau, d, name="tau")
+    sigma, _ = check_sphere_args(sigma, d, name="sigma")
     s2, k = sigma**2, d - 1
     mean, _ = integrate.quad(lambda u: stats.chi2.pdf(u, k) / math.sqrt(1 + s2 * tau * u),
                              0, math.inf)
@@ -126,8 +126,10 @@ def fit_threshold(K, rates) -> tuple[float, float, float]:
     return float(Kc), float(np.sqrt(grad @ cov @ grad)), float(a)
 
 
-def _check(beta, d, name: str = "beta") -> tuple[float, int]:
-    if isinstance(d, bool) or not isinstance(d, int) or d < 2:
+def check_sphere_args(beta, d, name: str = "beta") -> tuple[float, int]:
+    """`(value, d)` checked: a finite value `> 0` named `name`, and a dimension `d`, an
+    int `≥ 2` (tokens on `S^{d−1}`); one-line errors otherwise."""
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2:
         raise ValueError(f"`d` must be an int ≥ 2 (tokens on the sphere S^(d-1)), got {d!r}.")
     try:
         beta = float(beta)
@@ -135,4 +137,4 @@ def _check(beta, d, name: str = "beta") -> tuple[float, int]:
         raise TypeError(f"`{name}` must be a real number, got {beta!r}.") from e
     if not (math.isfinite(beta) and beta > 0):
         raise ValueError(f"`{name}` must be finite and > 0, got {beta}.")
-    return beta, d
+    return beta, int(d)

@@ -7,6 +7,8 @@ runs (`jaxattn loop`) are `loop_runner.py`'s; drawing a finished folder again
 (`jaxattn plot`) is `replot.py`'s.
 """
 
+import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,75 @@ from .base import AbstractExperiment, convert
 
 #: The most layers a discrete run takes (the int32 step counter of its scan).
 MAX_LAYERS = 2**31 - 1
+
+#: The largest count any parameter takes: JAX sizes and indexes arrays and loops
+#: with int32.
+MAX_COUNT = 2**31 - 1
+
+#: The arrays a run holds at once, as products of its parameters (names, or constant
+#: factors), in float64 values: the trajectories it saves (saves × tokens × dim, on
+#: the device and again on the host), its ensembles (runs, systems, restarts, prompts
+#: of tokens). A lower bound, enough to refuse a run that cannot fit before it starts
+#: (the measured allocation of noisy-transition: 18 values per token, 144 GB at 10⁹
+#: tokens).
+FOOTPRINT: dict[str, tuple[tuple[str | int, ...], ...]] = {
+    "thm41-sphere": (("saves", "tokens", 3, 2), ("heads", 3, 3)),
+    "thm51-causal": (("saves", "tokens", "dim", 2), ("samples", "tokens", "dim"),
+                     ("heads", "dim", "dim")),
+    "thm52-symmetric": (("saves", "tokens", "dim", 2),),
+    "thm32-gradient": (("saves", "tokens", "dim", 2),),
+    "adversarial-tokens": (("restarts", "tokens", "dim"), ("saves", "tokens", "dim"),
+                           ("restarts", "causal_tokens", "dim")),
+    "adversarial-weights": (("restarts", "tokens", "dim"), ("saves", "tokens", "dim")),
+    "conjecture-multihead": (("restarts", "tokens", "dim"), ("saves", "tokens", "dim")),
+    "conjecture-bipartite": (("restarts", "tokens", "dim"), ("layers", "tokens", "dim")),
+    "loop-grid": (("prompts", "tokens", "passes"), ("prompts", "tokens", 768)),
+    "power-shared": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),
+    "power-layers": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),
+    "steer": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),
+    "oja-bipartite": (("instances", "tokens", "dim"),),
+    "phase-diagram": (("betas", "systems", "tokens", "dim"), ("betas", "times")),
+    "norm-beta": (("betas", "systems", "tokens", "dim"), ("heads", "dim", "dim")),
+    "variants": (("instances", "layers"), ("instances", "heads", 64, 64)),
+    "long-context": (("n_max", "dim", 4), ("gammas", "n_max")),
+    "metastability": (("betas", "saves", "tokens", "dim"),),
+    "hardmax": (("betas", "steps", "tokens", "vertices"), ("nsd_steps", "tokens", "vertices")),
+    "equiangular": (("saves", "tokens", "dim", 12),),
+    "noisy-transition": (("tokens", "max_dim", 6), ("couplings", "rates", "blocks", "seeds")),
+    "antipodal": (("runs", "formation_dim", 4), ("runs", "betas", "dims")),
+}
+
+
+def machine_memory() -> int:
+    """This machine's physical memory in bytes (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
+def _gb(size: float) -> str:
+    return f"{size / 1e9:.3g} GB" if size < 1e12 else f"{size / 1e12:.3g} TB"
+
+
+def check_sizes(name: str, config: dict[str, Any], memory: int | None = None) -> None:
+    """Refuse, in one line naming the flags, a count past `MAX_COUNT` or a run whose
+    arrays (`FOOTPRINT`) cannot fit in the machine's memory: before any folder or
+    any work."""
+    memory = machine_memory() if memory is None else memory
+    for product in FOOTPRINT.get(name, ()) if memory else ():
+        size = 8.0 * math.prod(config[f] if isinstance(f, str) else f for f in product)
+        if size > memory:
+            flags = ", ".join(f"--{f.replace('_', '-')} {config[f]}" for f in product
+                              if isinstance(f, str))
+            raise ValueError(f"{flags}: the run's arrays need at least {_gb(size)}, more "
+                             f"than this machine's memory ({_gb(memory)}); choose smaller "
+                             "values.")
+    for key, value in config.items():
+        if isinstance(value, int) and not isinstance(value, bool) and key != "seed" \
+                and value > MAX_COUNT:
+            raise ValueError(f"--{key.replace('_', '-')} {value} is more than {MAX_COUNT} "
+                             "(JAX counts in int32); choose a smaller value.")
 
 
 def check_layers(config: dict[str, Any]) -> None:
@@ -46,6 +117,7 @@ def resolve_config(experiment: AbstractExperiment, overrides: dict[str, Any], se
             raise ValueError(f"{experiment.name} has no parameter --{key}; it takes {known}.")
         config[key] = convert(params[key], value)
     check_layers(config)
+    check_sizes(experiment.name, config)
     return {"experiment": experiment.name, "seed": check_seed(seed)} | config
 
 

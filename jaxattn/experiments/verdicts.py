@@ -13,8 +13,11 @@ import numpy as np
 from .base import Verdict
 
 
-def short(x: float) -> str:
-    """A number for a verdict line: `3.0e-07`, `0.25`, `inf`; `0` below 1e-15."""
+def short(x: float | None) -> str:
+    """A number for a verdict line: `3.0e-07`, `0.25`, `inf`; `0` below 1e-15; `n/a`
+    for a measure that could not be read (`None`, as NaN is written to JSON)."""
+    if x is None:
+        return "n/a"
     x = float(x)
     if not math.isfinite(x):
         return str(x)

@@ -1,0 +1,135 @@
+"""Every registered experiment at the bounds of its parameters: a result or a
+one-line refusal before any work, never a traceback. Sizes that cannot fit in the
+machine's memory are refused in one line naming the flag and the memory, before a
+folder is made (`runner.check_sizes`)."""
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from jaxattn.cli import main
+from jaxattn.experiments import EXPERIMENTS, get_experiment, resolve_config, runner
+
+FIGURES = Path(__file__).parent / "data" / "figures"
+# the small saved runs of test_figures.py: each experiment's quick settings
+RUN_KEYS = ("dtype", "experiment", "seed", "command", "model", "weights", "precision",
+            "layers_per_pass")
+
+
+def small_config(name: str) -> dict:
+    folder = FIGURES / ("variants-one-cell" if name == "variants" else name)
+    config = json.loads((folder / "config.json").read_text())
+    return {k: v for k, v in config.items() if k not in RUN_KEYS}
+
+
+def _refused_in_one_line(capsys, argv) -> str:
+    start = time.monotonic()
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, (argv, code, err[-2000:])
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert time.monotonic() - start < 30, argv
+    return lines[0]
+
+
+TOO_BIG = [
+    ("noisy-transition", "--tokens", "1000000000"),
+    ("antipodal", "--runs", "1000000000000"),
+    ("thm41-sphere", "--tokens", "100000000"),
+    ("thm41-sphere", "--saves", "100000000"),
+    ("long-context", "--n-max", "1000000000"),
+    ("phase-diagram", "--systems", "1000000000"),
+]
+
+
+def _no_work(*args, **kwargs):
+    raise AssertionError("the run started")
+
+
+@pytest.mark.parametrize(("name", "flag", "value"), TOO_BIG, ids=lambda v: str(v))
+def test_sizes_that_cannot_fit_are_refused_before_a_folder(capsys, tmp_path, monkeypatch,
+                                                           name, flag, value):
+    monkeypatch.chdir(tmp_path)  # the default folder would be runs/NAME/… here
+    monkeypatch.setattr(runner, "machine_memory", lambda: 32 * 10**9)  # the issue's machine
+    monkeypatch.setattr(runner, "run_into_folder", _no_work)
+    line = _refused_in_one_line(capsys, ["run", name, flag, value, "--out",
+                                         str(tmp_path / "out")])
+    assert flag in line and "this machine's memory (32 GB)" in line, line
+    assert list(tmp_path.iterdir()) == [], line
+
+
+def test_counts_past_int32_are_refused_by_name(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "run_into_folder", _no_work)
+    line = _refused_in_one_line(capsys, ["run", "adversarial-tokens", "--steps", str(2**31),
+                                         "--out", str(tmp_path / "out")])
+    assert "--steps 2147483648" in line and "int32" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_memory_check_names_the_machine_and_passes_the_defaults():
+    memory = runner.machine_memory()
+    assert memory > 2**30  # the system reports it
+    for name, experiment in EXPERIMENTS.items():
+        runner.check_sizes(name, experiment.defaults())  # every default run fits
+        assert name in runner.FOOTPRINT, name  # every member is estimated
+        for product in runner.FOOTPRINT[name]:
+            assert all(isinstance(f, int) or f in experiment.defaults() for f in product)
+    with pytest.raises(ValueError, match=r"--tokens 1000000000, --max-dim 3: .* 144 GB, "
+                                         r"more than this machine's memory \(100 GB\)"):
+        runner.check_sizes("noisy-transition", {**EXPERIMENTS["noisy-transition"].defaults(),
+                                                "tokens": 10**9}, memory=10**11)
+
+
+def _bounds(name: str):
+    """(parameter, value) at each declared bound: an int's minimum, and the float
+    just above a float's (exclusive) minimum; past the largest count, int32's."""
+    for p in get_experiment(name).all_params():
+        if p.minimum is None or p.type is bool:
+            continue
+        yield p.name, p.minimum if p.type is int else math.nextafter(p.minimum, math.inf)
+
+
+CASES = [(name, key, value) for name in EXPERIMENTS for key, value in _bounds(name)]
+
+
+def _run_or_refuse(name: str, key: str, value, out: Path) -> None:
+    """A summary, or a ValueError of one line raised before the folder exists."""
+    overrides = small_config(name) | {key: value}
+    try:
+        config = resolve_config(get_experiment(name), overrides, 0)
+    except ValueError as e:
+        assert "\n" not in str(e) and not out.exists(), (name, key, value, str(e))
+        return
+    try:
+        folder, summary = runner.run_into_folder(get_experiment(name), config, command=None,
+                                                 out=out, progress=False, log=None)
+    except ValueError as e:  # refused by the experiment's own check, before any work
+        assert "\n" not in str(e) and not (out / "data.npz").exists(), (name, key, str(e))
+        return
+    assert isinstance(summary["verdict"], str) and summary["verdict"], (name, key)
+
+
+@pytest.mark.slow  # every experiment once per bound: ~150 small runs
+@pytest.mark.parametrize(("name", "key", "value"), CASES, ids=lambda v: str(v))
+def test_every_experiment_at_each_smallest_value(tmp_path, name, key, value):
+    import jax
+
+    jax.config.update("jax_enable_x64", name not in ("loop-grid",))
+    _run_or_refuse(name, key, value, tmp_path / "out")
+
+
+# What the slow property test found; here, fast, as refusals before any work.
+REFUSED_EARLY = [
+    ("equiangular", "saves", 1, "--saves"),
+]
+
+
+@pytest.mark.parametrize(("name", "key", "value", "flag"), REFUSED_EARLY, ids=lambda v: str(v))
+def test_what_a_verdict_cannot_judge_is_refused_before_work(tmp_path, name, key, value, flag):
+    with pytest.raises(ValueError, match=flag) as info:
+        resolve_config(get_experiment(name), small_config(name) | {key: value}, 0)
+    assert "\n" not in str(info.value)

@@ -19,8 +19,12 @@ run leaves what it measured) and printed as it goes:
    with fewer layers; the fastest layout is used below.
 5. `S1`, `S1L`, `RK4`, `SN`: the kernel against the fused XLA path (and PyTorch /
    torchsde where installed), with the largest difference between them.
-6. `MF`: one mean-field layer (n tokens in R³) and its gradient on the blocked XLA
-   path, against the pair floors.
+6. `MF_flash`: MF's attention (n = 10⁶ tokens in R³) as the Pallas flash kernel
+   (`jaxattn._flash`): a layout sweep at n = 2¹⁷ checked against the blocked XLA
+   path (values and gradients), then the forward pass and gradient at n = 10⁶
+   against the pair floors (the exp floor at the register rate).
+7. `MF_forward`, `MF_gradient`: one mean-field layer and its gradient on the blocked
+   XLA path (BENCHMARKS.md's MF), as budget allows.
 
 Every case runs in `try`/`except`: an error is recorded with its message and the
 check goes on; a case is skipped once the budget is spent.
@@ -54,11 +58,14 @@ SIZES = {  # (full GPU sizes, dry-run sizes)
     "RK4": ({"batch": 100_000, "steps": 200}, {"batch": 40, "steps": 2}),
     "SN": ({"batch": 1000, "steps": 1000}, {"batch": 20, "steps": 3}),
     "MF": ({"n": 1_000_000}, {"n": 256}),
+    "flash_sweep": ({"n": 2**17}, {"n": 40}),
     "sweep": ({"batch": 100_000, "layers": 50}, {"batch": 40, "layers": 2}),
 }
 LAYOUTS = [("triton", 32, 1), ("triton", 64, 2), ("triton", 128, 4), ("triton", 256, 8),
            ("triton", 64, 1), ("triton", 128, 2), ("triton", 256, 4), ("triton", 512, 8)]
-SWEEP_S = 100  # the sweep's share of the budget (each layout compiles its own kernel)
+SWEEP_S = 60  # the sweep's share of the budget (each layout compiles its own kernel)
+# Flash attention's layouts: (queries, keys) per block and Triton warps.
+FLASH_LAYOUTS = [(64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 8), (32, 64, 2)]
 DIMS = ((10, 3, 2), (3, 2, 1))  # S1's (n, d, h) on the GPU; in a dry run
 
 
@@ -392,6 +399,76 @@ def stage_mean_field(check: Check, gradient: bool) -> dict:
     return out
 
 
+def _attention_inputs(n: int, seed: int = 0):
+    """MF's attention at d = 3, one head: `q = β Pᵀ x`, keys and values the tokens."""
+    from jaxattn.bench.suite import Problem
+    prob = Problem(n=n, d=3, h=1, batch=1, causal=False, seed=seed)
+    arrays = prob.arrays()
+    x = jnp.asarray(arrays["x0"][0])
+    q = jnp.einsum("hde,id->hie", jnp.asarray(arrays["P"]), x,
+                   precision=jax.lax.Precision.HIGHEST)
+    return q, x[None], x[None], jnp.zeros((), x.dtype)
+
+
+def stage_flash(check: Check) -> dict:
+    """MF's attention as the Pallas flash kernel: a layout sweep, the blocked XLA path's
+    values and gradients at the sweep's size, then n = 10⁶ forward and gradient."""
+    from jaxattn._blocks import block_spec, blocked_attention
+    from jaxattn._flash import flash_attention
+    small = _size(check, "flash_sweep")["n"]
+    args = _attention_inputs(small)
+    weights = jax.random.normal(jax.random.key(1), args[0].shape[:2] + (3,), args[0].dtype)
+
+    def flash_of(bq, bk, warps):
+        return lambda q, k, v, o: flash_attention(q, k, v, o, block_q=bq, block_k=bk,
+                                                  num_warps=warps)
+
+    def grad_of(fn):
+        return jax.grad(lambda *x: jnp.sum(fn(*x) * weights), argnums=(0, 1, 2))
+
+    spec = block_spec("softmax", small, small, 1, 512)
+    blocked = lambda q, k, v, o: blocked_attention(q, k, v, o, None, spec)  # noqa: E731
+    t_ref, _, ref = _time(blocked, *args, repeats=1)
+    out = {"sweep_n": small, "blocked_forward_s": t_ref.median, "layouts": []}
+    layouts = FLASH_LAYOUTS[:1] if check.dry else FLASH_LAYOUTS
+    for bq, bk, warps in layouts:
+        try:
+            timing, comp, res = _time(flash_of(bq, bk, warps), *args)
+            out["layouts"].append(_row(timing, comp, block_q=bq, block_k=bk, num_warps=warps,
+                                       rel_diff_vs_blocked=_rel(res, ref)))
+        except Exception as e:  # noqa: BLE001
+            out["layouts"].append({"block_q": bq, "block_k": bk, "num_warps": warps,
+                                   "error": f"{type(e).__name__}: {e}"[:1000]})
+        print(f"      {_short(out['layouts'][-1])}", flush=True)
+    timed = [r for r in out["layouts"] if "median_s" in r]
+    if not timed:
+        return out
+    best = min(timed, key=lambda r: r["median_s"])
+    layout = (best["block_q"], best["block_k"], best["num_warps"])
+    out["best"] = layout
+    _, _, gf = _time(grad_of(flash_of(*layout)), *args, repeats=1)
+    _, _, gb = _time(grad_of(blocked), *args, repeats=1)
+    out["grad_rel_diff_vs_blocked"] = [_rel(a, b) for a, b in zip(gf, gb)]
+    n = _size(check, "MF")["n"]
+    big = _attention_inputs(n)
+    weights = jax.random.normal(jax.random.key(1), big[0].shape[:2] + (3,), big[0].dtype)
+    timing, comp, _ = _time(flash_of(*layout), *big, repeats=1 if n > 1e5 else 3)
+    out["forward"] = _row(timing, comp, n=n)
+    if check.left() > 40 or check.dry:
+        timing, comp, _ = _time(grad_of(flash_of(*layout)), *big, repeats=1 if n > 1e5 else 3)
+        out["gradient"] = _row(timing, comp, n=n)
+        out["gradient_over_forward"] = out["gradient"]["median_s"] / out["forward"]["median_s"]
+    floors = check.data["stages"].get("floors") or {}
+    peak, rate = floors.get("matmul_peak_gflops_f32"), floors.get("exp_register_per_s")
+    if peak and rate:
+        for name, grad in (("forward", False), ("gradient", True)):
+            if name in out:
+                floor = pair_floor(float(n) ** 2, 3, grad, peak, rate)
+                out[name]["floor"] = floor
+                out[name]["ratio_to_floor"] = out[name]["median_s"] / floor["floor_s"]
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true",
@@ -408,12 +485,13 @@ def main(argv=None) -> int:
     if dry or args.skip_tests:
         check.record("tests", {"skipped": "dry run" if dry else "--skip-tests"})
     else:
-        check.run("tests", lambda: stage_tests(min(150.0, check.left() - 150)), need_s=200)
+        check.run("tests", lambda: stage_tests(min(100.0, check.left() - 200)), need_s=250)
     check.run("floors", lambda: stage_floors(dry), need_s=10)
     check.run("sweep", lambda: stage_sweep(check), need_s=60 if not dry else 0)
     check.run("S1", lambda: stage_layers(check, "S1"), need_s=30 if not dry else 0)
     check.run("SN", lambda: stage_noisy(check), need_s=40 if not dry else 0)
     check.run("RK4", lambda: stage_rk4(check), need_s=30 if not dry else 0)
+    check.run("MF_flash", lambda: stage_flash(check), need_s=40 if not dry else 0)
     check.run("S1L", lambda: stage_layers(check, "S1L"), need_s=40 if not dry else 0)
     check.run("MF_forward", lambda: stage_mean_field(check, False), need_s=60 if not dry else 0)
     check.run("MF_gradient", lambda: stage_mean_field(check, True),

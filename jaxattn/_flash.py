@@ -41,14 +41,24 @@ def _weights(kernel: str, s):
     return jax.nn.sigmoid(s) if kernel == "sigmoid" else jnp.exp(s)
 
 
-def _allowed(i, j, m: int, causal: bool, window):
-    """`(bq, bk)`: key `j` exists and query `i` may see it."""
-    ok = j[None, :] < m
+def _allowed(i, j, *, m, n, causal: bool, window):
+    """Which keys `j` queries `i` may see in a block pair: keys that exist (`j < m`,
+    unless `m` is `None`: no padded keys), queries that exist (`i < n`, likewise), and
+    the causal and window masks; `None` when every pair may (no test at all)."""
+    tests = []
+    if m is not None:
+        tests.append(j[None, :] < m)
+    if n is not None:
+        tests.append(i[:, None] < n)
     if causal:
-        ok = ok & (j[None, :] <= i[:, None])
+        tests.append(j[None, :] <= i[:, None])
     if window is not None:
-        ok = ok & (jnp.abs(i[:, None] - j[None, :]) < window)
-    return ok
+        tests.append(jnp.abs(i[:, None] - j[None, :]) < window)
+    return functools.reduce(jnp.logical_and, tests) if tests else None
+
+
+def _where(ok, x, fill):
+    return x if ok is None else jnp.where(ok, x, fill)
 
 
 def _scores(qs, ks, off, big):
@@ -66,6 +76,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, off_ref, o_ref, lse_ref, *, a, cv, m, b
     qi = pl.program_id(1)
     qs = [q_ref[c, :] for c in range(a)]
     off = off_ref[0]
+    mk = None if m % bk == 0 else m  # padded keys to mask
     i = qi * bq + lax.iota(jnp.int32, bq)
     dtype = qs[0].dtype
     big = jnp.asarray(jnp.finfo(dtype).max, dtype)
@@ -75,16 +86,16 @@ def _forward_kernel(q_ref, k_ref, v_ref, off_ref, o_ref, lse_ref, *, a, cv, m, b
         start = jb * bk
         j = start + lax.iota(jnp.int32, bk)
         s = _scores(qs, [k_ref[c, pl.ds(start, bk)] for c in range(a)], off, big)
-        ok = _allowed(i, j, m, causal, window)
+        ok = _allowed(i, j, m=mk, n=None, causal=causal, window=window)
         if kernel == "softmax":
-            s = jnp.where(ok, s, -jnp.inf)
+            s = _where(ok, s, -jnp.inf)
             new = jnp.maximum(mx, jnp.max(s, axis=1))
             safe = jnp.where(new == -jnp.inf, 0.0, new)
             p = jnp.exp(s - safe[:, None])
             scale = jnp.exp(mx - safe)
             norm = scale * norm + jnp.sum(p, axis=1)
         else:
-            p = jnp.where(ok, _weights(kernel, s), 0.0)
+            p = _where(ok, _weights(kernel, s), 0.0)
             new, scale = mx, 1.0
         acc = tuple(scale * acc[c] + jnp.sum(p * v_ref[c, pl.ds(start, bk)][None, :], axis=1)
                     for c in range(cv))
@@ -108,12 +119,12 @@ def _forward_kernel(q_ref, k_ref, v_ref, off_ref, o_ref, lse_ref, *, a, cv, m, b
 def _grad_weights(kernel, s, ok, lse, dp, delta):
     """`(p, ds)`: the weights and the gradient of the scores, for one block pair."""
     if kernel == "softmax":
-        p = jnp.where(ok, jnp.exp(s - lse[:, None]), 0.0)
+        p = _where(ok, jnp.exp(s - lse[:, None]), 0.0)
         return p, p * (dp - delta[:, None])
     if kernel == "sigmoid":
-        p = jnp.where(ok, jax.nn.sigmoid(s), 0.0)
+        p = _where(ok, jax.nn.sigmoid(s), 0.0)
         return p, p * (1 - p) * dp
-    p = jnp.where(ok, jnp.exp(s), 0.0)
+    p = _where(ok, jnp.exp(s), 0.0)
     return p, p * dp
 
 
@@ -123,6 +134,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dq_ref,
     qs = [q_ref[c, :] for c in range(a)]
     dos = [do_ref[c, :] for c in range(cv)]
     lse, delta, off = lse_ref[...], delta_ref[...], off_ref[0]
+    mk = None if m % bk == 0 else m
     i = qi * bq + lax.iota(jnp.int32, bq)
     dtype = qs[0].dtype
     big = jnp.asarray(jnp.finfo(dtype).max, dtype)
@@ -132,7 +144,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dq_ref,
         start = jb * bk
         j = start + lax.iota(jnp.int32, bk)
         s = _scores(qs, [k_ref[c, pl.ds(start, bk)] for c in range(a)], off, big)
-        ok = _allowed(i, j, m, causal, window)
+        ok = _allowed(i, j, m=mk, n=None, causal=causal, window=window)
         dp = None
         for c in range(cv):
             term = dos[c][:, None] * v_ref[c, pl.ds(start, bk)][None, :]
@@ -155,6 +167,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dk_ref
     ks = [k_ref[c, :] for c in range(a)]
     vs = [v_ref[c, :] for c in range(cv)]
     off = off_ref[0]
+    mk = None if m % bk == 0 else m
     j = kj * bk + lax.iota(jnp.int32, bk)
     dtype = ks[0].dtype
     big = jnp.asarray(jnp.finfo(dtype).max, dtype)
@@ -166,7 +179,8 @@ def _dkv_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dk_ref
         qs = [q_ref[c, pl.ds(start, bq)] for c in range(a)]
         dos = [do_ref[c, pl.ds(start, bq)] for c in range(cv)]
         s = _scores(qs, ks, off, big)
-        ok = _allowed(i, j, m, causal, window) & (i[:, None] < n)
+        ok = _allowed(i, j, m=mk, n=None if n % bq == 0 else n, causal=causal,
+                      window=window)
         dp = None
         for c in range(cv):
             term = dos[c][:, None] * vs[c][None, :]

@@ -206,4 +206,7 @@ def test_gpu_check_dry_run(tmp_path):
     stages = data["stages"]
     assert stages["S1"]["rel_diff_kernel_vs_fused"] < 1e-5
     assert stages["SN"]["rel_diff_kernel_vs_fused"] < 1e-5
+    assert stages["RK4"]["rel_diff_kernel_vs_fused"] < 1e-5
+    assert stages["MF_flash"]["layouts"][0]["rel_diff_vs_blocked"] < 1e-5
+    assert max(stages["MF_flash"]["grad_rel_diff_vs_blocked"]) < 1e-5
     assert not [k for k, v in stages.items() if "error" in v]

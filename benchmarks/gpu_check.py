@@ -10,9 +10,10 @@ Stages, in order, each recorded in `$OUT/gpu_check.json` (`OUT` from the
 environment, default `./gpu_check_out`; rewritten after every stage, so a killed
 run leaves what it measured) and printed as it goes:
 
-1. `env`: JAX, the devices, torch and torchsde if installed.
-2. `tests`: `pytest tests/test_pallas*.py` natively (the kernels compiled for the
-   GPU against the XLA paths); skipped in a dry run (CI runs them itself).
+1. `tests`: `pytest tests/test_pallas*.py` natively (the kernels compiled for the
+   GPU against the XLA paths), in a subprocess started before this process takes
+   the GPU; skipped in a dry run (CI runs them itself).
+2. `env`: JAX, the devices, torch and torchsde if installed.
 3. `floors`: the float32 matmul peak, the copy bandwidth, and the exp rate of a
    kernel with its values in registers beside `jnp.exp` over a large array.
 4. `sweep`: S1's kernel at each layout (`block` systems per program, Triton warps),
@@ -171,10 +172,17 @@ def stage_env() -> dict:
 
 def stage_tests(timeout_s: float) -> dict:
     tests = sorted(f for f in os.listdir("tests") if f.startswith("test_pallas"))
-    cmd = [sys.executable, "-m", "pytest", *[f"tests/{f}" for f in tests], "-q", "-x",
+    cmd = [sys.executable, "-m", "pytest", *[f"tests/{f}" for f in tests], "-q",
            "-n", "0", "-m", "not slow", "-k", "not dry_run", "-p", "no:cacheprovider"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired as e:
+        text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) \
+            else (e.stdout or "")
+        return {"command": " ".join(cmd), "error": f"timed out after {timeout_s:.0f} s",
+                "tail": text[-3000:]}
     return {"command": " ".join(cmd), "returncode": proc.returncode,
             "seconds": time.perf_counter() - t0, "tail": (proc.stdout + proc.stderr)[-3000:]}
 
@@ -479,13 +487,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     dry = args.dry_run
     check = Check(args.out, args.budget, dry)
-    env = check.run("env", stage_env)
-    if not dry and (env or {}).get("backend") != "gpu":
-        print("no GPU: the timings below run the kernels in interpret mode", flush=True)
+    # The tests first, in their own process, before this one starts JAX's backend
+    # (which would hold most of the GPU's memory).
     if dry or args.skip_tests:
         check.record("tests", {"skipped": "dry run" if dry else "--skip-tests"})
     else:
-        check.run("tests", lambda: stage_tests(min(100.0, check.left() - 200)), need_s=250)
+        check.run("tests", lambda: stage_tests(min(120.0, check.left() - 200)), need_s=250)
+    env = check.run("env", stage_env)
+    if not dry and (env or {}).get("backend") != "gpu":
+        print("no GPU: the timings below run the kernels in interpret mode", flush=True)
     check.run("floors", lambda: stage_floors(dry), need_s=10)
     check.run("sweep", lambda: stage_sweep(check), need_s=60 if not dry else 0)
     check.run("S1", lambda: stage_layers(check, "S1"), need_s=30 if not dry else 0)

@@ -142,8 +142,11 @@ def first_missing(path: Path) -> Path | None:
     would make), or `None`."""
     missing = None
     for p in (path, *path.parents):
-        if p.exists():
-            break
+        try:
+            if p.exists():
+                break
+        except OSError as e:  # a name too long, a file where a folder should be
+            raise RunFolderError(f"cannot read the run folder {path}: {e.strerror or e}") from e
         missing = p
     return missing
 

@@ -24,6 +24,7 @@ puts the deterministic GPU flags into `XLA_FLAGS` before JAX's backend starts
 
 import argparse
 import atexit
+import errno
 import importlib
 import os
 import signal
@@ -97,6 +98,10 @@ def _fail(line: str) -> int:
     return 2
 
 
+#: A path the user named that the system cannot use: one line, not a traceback.
+_PATH_ERRORS = (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.ELOOP)
+
+
 def _runtime_message(error: Exception) -> str | None:
     """The one line a command prints for `error`: a `SimulationError` or a check
     that failed inside `jit` (a solver out of steps, a NaN) as "the computation
@@ -104,6 +109,8 @@ def _runtime_message(error: Exception) -> str | None:
     shown with its traceback)."""
     if isinstance(error, CLIError):
         return str(error)
+    if isinstance(error, OSError) and error.errno in _PATH_ERRORS and error.filename:
+        return f"cannot use the path {error.filename}: {error.strerror}"
     if "jax" not in sys.modules:  # nothing computed yet: a mistake in the arguments
         return str(error) if isinstance(error, ValueError | FileNotFoundError) else None
     # Loaded by every command that gets this far with such an error.

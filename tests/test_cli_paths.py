@@ -1,0 +1,31 @@
+"""A path the system cannot use (a name past the file system's limit, a file where a
+folder should be) is one line and exit status 2 in every command that takes one,
+with no folder left behind."""
+
+import pytest
+
+from jaxattn.cli import main
+
+LONG = "a" * 300  # past NAME_MAX (255 on Linux and macOS)
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "thm41-sphere", "--saves", "10", "--out"],
+    ["plot"],
+    ["sweep", "thm41-sphere", "--instances", "2", "--out"],
+], ids=lambda a: a[0])
+def test_a_name_too_long_is_one_line(capsys, tmp_path, argv):
+    code = main([*argv, str(tmp_path / LONG)])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err[-2000:]
+    assert "too long" in lines[0] and "Traceback" not in err, lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_where_a_folder_should_be_is_one_line(capsys, tmp_path):
+    (tmp_path / "file").write_text("x")
+    code = main(["run", "thm41-sphere", "--saves", "10", "--out", str(tmp_path / "file" / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err[-2000:]
+    assert "Traceback" not in err

@@ -173,3 +173,19 @@ def test_bad_settings_are_refused(tmp_path, chunk_root):
             run_experiment("variants", TINY | bad, progress=False, log=None,
                            out=tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
+
+
+def test_figures_carry_no_creation_date(tmp_path):
+    """The heat map's PDF is written with the reproducible metadata of every other
+    figure: no /CreationDate, so a resumed run's PDF equals the uninterrupted one's."""
+    from pathlib import Path
+
+    saved = Path(__file__).parent / "data" / "figures" / "variants"
+    config = json.loads((saved / "config.json").read_text())
+    with np.load(saved / "data.npz") as f:
+        data = {k: f[k] for k in f.files}
+    paths = study.VariantsStudy().draw(config, data, tmp_path)
+    pdfs = [p for p in paths if str(p).endswith(".pdf")]
+    assert pdfs
+    for pdf in pdfs:
+        assert b"/CreationDate" not in Path(pdf).read_bytes(), pdf

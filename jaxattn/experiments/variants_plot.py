@@ -191,12 +191,14 @@ def _title_on_top(fig, title: str) -> None:
 
 
 def _save(fig, stem: Path) -> list[Path]:
-    """`save_figure` without `tight_layout` (the colorbar spans the panels)."""
+    """`save_figure` without `tight_layout` (the colorbar spans the panels); the same
+    reproducible metadata (no creation date), so a resumed run's files equal an
+    uninterrupted one's."""
     plt = figures.pyplot()
     paths = []
     for ext in ("png", "pdf"):
         path = Path(stem).with_suffix(f".{ext}")
         paths.append(atomic_write(path, lambda f, ext=ext: fig.savefig(
-            f, format=ext, bbox_inches="tight")))
+            f, format=ext, bbox_inches="tight", metadata=figures.REPRODUCIBLE[ext])))
     plt.close(fig)
     return paths

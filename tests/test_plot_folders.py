@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn._app.folders import finish_run, write_json
+from jaxattn._app.folders import RunFolderError, finish_run, write_json
 from jaxattn.cli import main
 from jaxattn.experiments import EXPERIMENTS, run_loop
 from jaxattn.experiments.runner import resolve_config, run_into_folder
@@ -95,6 +95,9 @@ def test_plot_redraws_a_sweep(tmp_path, capsys):
     _redrawn(result.folder, capsys, ["sweep.png", "sweep.pdf"])
     assert (result.folder / "sweep.png").read_bytes() == before
     assert [p.name for p in ja.sweep.redraw(result.folder)] == ["sweep.png", "sweep.pdf"]
+    assert [p.name for p in ja.sweep.redraw_sweep(result.folder)] == ["sweep.png", "sweep.pdf"]
+    with pytest.raises(RunFolderError, match="has no config.json"):  # a sweep is no run
+        ja.experiments.redraw(result.folder)
 
 
 def test_plot_refuses_other_folders_in_one_line(tmp_path, capsys):

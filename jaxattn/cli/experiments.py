@@ -103,18 +103,10 @@ def _run(args) -> int:
 def _plot(args) -> int:
     import jax
 
-    from .._app.folders import INCOMPLETE, RunFolderError, check_not_held, folder_kind
-    from ..experiments import redraw
-    from ..sweep import redraw as redraw_sweep
+    from ..sweep import redraw
 
     jax.config.update("jax_enable_x64", True)
-    folder = Path(args.folder)
-    check_not_held(folder)  # a live command's folder is neither finished nor interrupted
-    kind = folder_kind(folder) if folder.is_dir() else "run"  # "run": redraw says why not
-    if kind is None and not (folder / INCOMPLETE).exists():
-        raise RunFolderError(f"{folder} is not a jaxattn folder (no config.json or "
-                             "sweep.json); `jaxattn plot` redraws run, loop and sweep folders.")
-    paths = redraw_sweep(folder) if kind == "sweep" else redraw(folder)
+    paths = redraw(Path(args.folder))
     print(f"redrew {', '.join(str(p) for p in paths)}")
     return 0
 

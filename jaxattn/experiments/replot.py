@@ -1,7 +1,7 @@
 """Drawing a finished folder's figures again (`jaxattn plot DIR`): a `jaxattn run NAME`
 folder by its experiment's own `draw`, a `jaxattn loop` folder by the loop figures
-(`loop_grid.redraw_loop`), from their `config.json` and `data.npz` alone. A sweep
-folder is `ja.sweep.redraw`'s; `jaxattn plot DIR` takes all three."""
+(`loop_grid.redraw_loop`), from their `config.json` and `data.npz` alone.
+`ja.sweep.redraw`, what `jaxattn plot DIR` runs, takes these and sweep folders."""
 
 from pathlib import Path
 
@@ -15,8 +15,8 @@ from .loop_grid import is_loop_config, redraw_loop
 def redraw(folder) -> list[Path]:
     """Draw a finished run's figures again from its `config.json` and `data.npz`:
     a `jaxattn run NAME` folder (`loop --grid` included: it is the `loop-grid`
-    experiment) or a `jaxattn loop` folder. A sweep folder is `ja.sweep.redraw`'s;
-    `jaxattn plot DIR` takes both. Any other folder: `RunFolderError`, one line.
+    experiment) or a `jaxattn loop` folder (`ja.sweep.redraw` takes these and sweep
+    folders). Any other folder: `RunFolderError`, one line.
 
     **Arguments:**
 

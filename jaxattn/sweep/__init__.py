@@ -47,7 +47,8 @@ the theorem's domain) and `outcome_reached`, both by the theorem's own tests
 `jaxattn run`). Its consensus-time quartiles are over the instances that reached
 consensus (`consensus_time` finite in `table.csv`): `null` where none did, each such
 field named under `null_means`. `ja.sweep.redraw(folder)` (`jaxattn plot DIR`)
-draws `sweep.png` again from `table.csv`.
+draws any finished folder's figures again: a sweep's `sweep.png` from `table.csv`
+(`redraw_sweep`), a run or loop folder's through `ja.experiments.redraw`.
 """
 
 import sys as _sys
@@ -58,6 +59,7 @@ from ._driver import COLUMNS as COLUMNS
 from ._driver import SweepResult as SweepResult
 from ._driver import load_table as load_table
 from ._driver import redraw as redraw
+from ._driver import redraw_sweep as redraw_sweep
 from ._driver import run_sweep as run
 from ._report import format_table as format_table
 from ._spec import SweepSpec as SweepSpec
@@ -71,7 +73,8 @@ SWEEPABLE: tuple[str, ...] = _SWEEPABLE
 EXPERIMENTS = SWEEPABLE
 
 __all__ = ["COLUMNS", "EXPERIMENTS", "SWEEPABLE", "SweepResult", "SweepSpec", "check_spec",
-           "format_table", "load_table", "read_spec", "redraw", "run", "sweep_params"]
+           "format_table", "load_table", "read_spec", "redraw", "redraw_sweep", "run",
+           "sweep_params"]
 
 
 class _RunOnCall(_types.ModuleType):

@@ -25,6 +25,7 @@ from .._app.folders import (
     RunFolderError,
     check_not_held,
     finish_run,
+    folder_kind,
     folder_path,
     hold_folder,
     read_json,
@@ -33,6 +34,7 @@ from .._app.folders import (
 from .._files import atomic_write
 from .._horizon import CONSENSUS_TOL
 from .._sharding import as_mesh
+from ..experiments import redraw as redraw_run
 from ..metrics import consensus_time
 from ._instances import simulate_chunk, theorem_of
 from ._report import PREDICTION_HELD, instance_status, summarise, write_figure
@@ -244,8 +246,29 @@ def _assemble(folder: Path, keys, chunks) -> dict[str, np.ndarray]:
 
 
 def redraw(folder) -> list[Path]:
-    """Draw a finished sweep's figure again from its `sweep.json` and `table.csv`
-    (`jaxattn plot DIR`).
+    """Draw any finished jaxattn folder's figures again (`jaxattn plot DIR`): a sweep
+    folder's by `redraw_sweep`, a run or loop folder's by `ja.experiments.redraw`.
+
+    **Arguments:**
+
+    - `folder`: a sweep, run or loop folder.
+
+    **Returns:**
+
+    The paths of the figures written; a `RunFolderError` (one line) for a folder
+    that is no jaxattn folder, is held by a live command or holds no finished run.
+    """
+    folder = Path(folder)
+    check_not_held(folder)  # a live command's folder is neither finished nor interrupted
+    kind = folder_kind(folder) if folder.is_dir() else "run"  # "run": redraw says why not
+    if kind is None and not (folder / INCOMPLETE).exists():
+        raise RunFolderError(f"{folder} is not a jaxattn folder (no config.json or "
+                             "sweep.json); `jaxattn plot` redraws run, loop and sweep folders.")
+    return redraw_sweep(folder) if kind == "sweep" else redraw_run(folder)
+
+
+def redraw_sweep(folder) -> list[Path]:
+    """Draw a finished sweep's figure again from its `sweep.json` and `table.csv`.
 
     **Arguments:**
 

@@ -57,7 +57,7 @@ def _override_parser(experiment) -> OneLineParser:
             p.add_argument(param.flag, dest=param.name, action="store_const", const=True,
                            default=None, help=param.help)
         else:
-            # Read as text, converted and checked by resolve_config (one error style).
+            # Read as text, converted and checked by experiment_config (one error style).
             p.add_argument(param.flag, dest=param.name, default=None, metavar="VALUE",
                            help=f"{param.help} (default {param.default})")
     return p

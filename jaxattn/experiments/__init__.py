@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # what tools see; imported on first use at run time (`lazy_na
     from .loop_runner import run_loop_grid as run_loop_grid
     from .replot import redraw as redraw
     from .runner import command_line as command_line
+    from .runner import experiment_config as experiment_config
     from .runner import resolve_config as resolve_config
     from .runner import run_experiment as run_experiment
     from .source import NotDeclared as NotDeclared
@@ -69,6 +70,7 @@ MEMBERS = (
     "equiangular.Equiangular",
     "noisy_transition.NoisyTransition",
     "antipodal.Antipodal",
+    "mean_field_equation.MeanFieldEquation",
 )
 
 

@@ -51,7 +51,7 @@ from .loop_grid import (
     save_loop_figure,
     settings,
 )
-from .runner import resolve_config, run_into_folder
+from .runner import experiment_config, run_into_folder
 
 #: Tokens per random prompt when none are asked for (the paper's 100 × 200).
 TOKENS = 200
@@ -296,7 +296,7 @@ def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tok
     seed = check_seed(seed)
     weights = tuple(weights)
     nets, ids = load_grid(model, weights, prompts, tokens, seed)  # before the folder
-    config = resolve_config(experiment, {"passes": passes, "prompts": prompts,
+    config = experiment_config(experiment, {"passes": passes, "prompts": prompts,
                                          "tokens": tokens}, seed)
     config |= settings(model, next(iter(nets.values()))) | {
         "weights": list(weights), "dtype": dtype, "precision": precision}

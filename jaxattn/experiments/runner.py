@@ -1,7 +1,7 @@
 """Running an experiment into a run folder.
 
 `run_experiment` runs a named experiment (`jaxattn run NAME`) with its overrides
-checked by `resolve_config` (each value by `convert`, the one typed check of a
+checked by `experiment_config` (each value by `convert`, the one typed check of a
 parameter), through the one writer of run folders (`write_run`). The looped-model
 runs (`jaxattn loop`) are `loop_runner.py`'s; drawing a finished folder again
 (`jaxattn plot`) is `replot.py`'s.
@@ -106,7 +106,7 @@ def check_layers(config: dict[str, Any]) -> None:
     Horizon(config["horizon"]).num_layers(config["tau"])  # its own checks
 
 
-def resolve_config(experiment: AbstractExperiment, overrides: dict[str, Any], seed: int) -> dict:
+def experiment_config(experiment: AbstractExperiment, overrides: dict[str, Any], seed: int) -> dict:
     """The experiment's defaults with `overrides` applied and checked (each value, the
     seed's range and a discrete run's number of layers)."""
     params = {p.name: p for p in experiment.all_params()}
@@ -204,6 +204,11 @@ def run_experiment(
     The run folder and the summary.
     """
     experiment = get_experiment(name)
-    config = resolve_config(experiment, overrides or {}, seed)
+    config = experiment_config(experiment, overrides or {}, seed)
     return run_into_folder(experiment, config, command=command_line(config, experiment),
                            out=out, progress=progress, log=log)
+
+
+#: The older name of `experiment_config` (`ja.models.resolve_config` reads a model's
+#: config file: another thing).
+resolve_config = experiment_config

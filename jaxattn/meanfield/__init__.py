@@ -13,6 +13,7 @@ from ._measures import density as density
 from ._measures import free_energy as free_energy
 from ._measures import mode_distance as mode_distance
 from ._measures import order_parameter as order_parameter
+from ._measures import sample as sample
 from ._measures import uniform as uniform
 from ._solve import solve as solve
 from ._sphere import Sphere as Sphere

@@ -3,6 +3,7 @@ density), `order_parameter`, `free_energy`, `mode_distance`."""
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
@@ -107,3 +108,48 @@ def _positive_order(grid: AbstractGrid):
     if grid.dim == 2:
         return jnp.broadcast_to(jnp.arange(shape[1]) > 0, shape)
     return jnp.broadcast_to((jnp.arange(shape[1]) > 0)[:, None], shape)
+
+
+def sample(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int, key) -> Float[Array, "n d"]:
+    """`n` independent points drawn from the density `mu` (its band-limited form), by
+    inverting its distribution function (bisection to rounding). On the circle only.
+
+    **Arguments:**
+
+    - `grid`: a `Circle`.
+    - `mu`: a positive density on the grid.
+    - `n`: the number of points, `≥ 1`.
+    - `key`: a JAX random key.
+
+    **Returns:**
+
+    `(n, 2)` unit vectors.
+    """
+    from ._circle import Circle
+
+    if not isinstance(grid, Circle):
+        raise ValueError("sample: only on a Circle (the sphere's densities are not inverted).")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"`n` must be an integer ≥ 1, got {n!r}.")
+    if float(jnp.min(mu)) <= 0:
+        raise ValueError("sample: `mu` must be positive on the grid.")
+    c = grid.analysis(mu)
+    z = c[0, 1:] + 1j * c[1, 1:]
+    k = jnp.arange(1.0, grid.modes + 1)
+
+    def cdf(theta):  # ∫_0^θ μ, the series integrated term by term
+        waves = (jnp.exp(1j * k * theta[:, None]) - 1) / (1j * k)
+        return c[0, 0] * theta + 2 * jnp.real(waves @ z)
+
+    u = jax.random.uniform(key, (n,), dtype=mu.dtype) * cdf(jnp.array([2 * jnp.pi]))[0]
+
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = 0.5 * (lo + hi)
+        below = cdf(mid) < u
+        return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
+
+    lo, hi = jax.lax.fori_loop(0, 60, halve, (jnp.zeros(n, mu.dtype),
+                                              jnp.full(n, 2 * jnp.pi, mu.dtype)))
+    theta = 0.5 * (lo + hi)
+    return jnp.stack([jnp.cos(theta), jnp.sin(theta)], -1)

@@ -79,11 +79,10 @@ class Sphere(AbstractGrid):
 
     @property
     def points(self) -> Float[Array, "ntheta nphi 3"]:
-        phi = 2 * jnp.pi * jnp.arange(self.longitudes) / self.longitudes
+        phi = (2 * jnp.pi * jnp.arange(self.longitudes) / self.longitudes)[None, :]
         sin = jnp.sqrt(1 - self.cos_theta**2)[:, None]
         return jnp.stack([sin * jnp.cos(phi), sin * jnp.sin(phi),
-                          jnp.broadcast_to(self.cos_theta[:, None], sin.shape[:1] + phi.shape)],
-                         -1)
+                          jnp.broadcast_to(self.cos_theta[:, None], self.shape)], -1)
 
     @property
     def weights(self) -> Float[Array, "ntheta nphi"]:
@@ -145,8 +144,8 @@ class Sphere(AbstractGrid):
         for chunk in np.array_split(x, max(1, len(x) // 2000)):
             theta = np.arccos(np.clip(chunk[:, 2], -1, 1))
             phi = np.arctan2(chunk[:, 1], chunk[:, 0])
-            p = scipy.special.sph_legendre_p_all(self.degree, self.degree, theta)
-            p = p[:, : self.degree + 1]
+            p = scipy.special.sph_legendre_p_all(self.degree, self.degree, theta, diff_n=0)
+            p = p[0, :, : self.degree + 1]
             m = np.arange(self.degree + 1)
             total += np.einsum("lmi,mi->ml", p, np.exp(-1j * m[:, None] * phi[None, :]))
         total /= len(x)

@@ -147,6 +147,29 @@ def facing(xs: np.ndarray) -> tuple[float, float]:
     return float(best[0]), float(best[1])
 
 
+def lambert_maps(points: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """The density of `points (n, 3)` (screen coordinates, depth last) on the near
+    and the far hemisphere, each as a Lambert azimuthal equal-area map onto the unit
+    disk, histogrammed on a `bins × bins` grid over `[−1, 1]²`: the share of the
+    tokens per unit of the sphere's area, over that of the uniform measure (1
+    everywhere for uniform tokens; the far side is seen from behind)."""
+    points = points / np.linalg.norm(points, axis=-1, keepdims=True)
+    n = points.shape[0]
+    cell = (2.0 / bins) ** 2  # a cell's area on the map, in units where the disk is π
+    maps = []
+    for sign in (1.0, -1.0):
+        half = points[sign * points[:, 2] >= 0] if sign > 0 else points[points[:, 2] < 0]
+        # the hemisphere (area 2π) onto the disk of radius √2, scaled to radius 1
+        flat = half[:, :2] * np.sqrt(1.0 / (1.0 + sign * half[:, 2]))[:, None]
+        if sign < 0:
+            flat[:, 0] = -flat[:, 0]
+        counts, _, _ = np.histogram2d(flat[:, 1], flat[:, 0], bins=bins,
+                                      range=[[-1, 1], [-1, 1]])
+        # map area a ↔ sphere area 2a; uniform: a share 2·cell/(4π) per cell
+        maps.append(counts / n / (2.0 * cell / (4.0 * np.pi)))
+    return maps[0], maps[1]
+
+
 def _rotation(azimuth: float, elevation: float) -> np.ndarray:
     """World → screen: turn about the vertical axis by `azimuth`, then tilt the
     viewer up by `elevation` (degrees). Screen `(u, v, depth)`, depth > 0 is near."""
@@ -188,7 +211,8 @@ class Scene:
         self.note = ""
         if d > 3:
             xs, kept = pca3(xs)
-            self.note = f"PCA of the trajectory: 3 of {d} dimensions keep {100 * kept:.1f}% of Σ‖x‖²"
+            self.note = (f"PCA of the trajectory: 3 of {d} dimensions keep "
+                         f"{100 * kept:.1f}% of Σ‖x‖²")
         scale = float(np.max(np.linalg.norm(xs, axis=-1)))
         self.xs = xs / (scale if scale > 0 else 1.0)
         self.ball = d > 3
@@ -203,7 +227,8 @@ class Scene:
         top = self.fig.add_axes([0.04, 0.30, 0.92, 0.62])
         self.ax = top
         self.ax_e = self.fig.add_axes([0.14, 0.06, 0.80, 0.17])
-        self.fig.text(0.5, 0.975, title or f"{n} tokens in R{_superscript(d)}", ha="center", va="top",
+        self.fig.text(0.5, 0.975, title or f"{n} tokens in R{_superscript(d)}",
+                      ha="center", va="top",
                       fontsize=11)
         self.label = self.fig.text(0.5, 0.935, "", ha="center", va="top", fontsize=10,
                                    family="monospace")
@@ -257,26 +282,34 @@ class Scene:
         self.front = ax.scatter([], [], s=46, edgecolors="0.1", linewidths=0.8, zorder=4)
 
     def _setup_density(self):
+        from matplotlib.colors import LogNorm
+
         ax = self.ax
         ax.axis("off")
         ax.set_xlim(-2.3, 2.3)
         ax.set_ylim(-1.3, 1.3)
         ax.set_aspect("equal")
-        self.bins = 72
-        empty = np.zeros((self.bins, self.bins))
-        side = np.sqrt(2)
+        n = self.xs.shape[1]
+        # about 8 tokens a cell for the uniform measure: coarser cells for fewer tokens
+        self.bins = int(np.clip(np.sqrt(n / 8 / (np.pi / 2)), 12, 72))
+        empty = np.ma.masked_all((self.bins, self.bins))
+        cmap = self.plt.get_cmap("magma_r").copy()
+        cmap.set_bad("white")
         self.maps = []
         for center, name in ((-1.15, "near hemisphere"), (1.15, "far hemisphere")):
             extent = (center - 1, center + 1, -1, 1)
-            image = ax.imshow(empty, extent=extent, origin="lower", cmap="magma_r",
-                              vmin=0, vmax=1, interpolation="nearest")
+            image = ax.imshow(empty, extent=extent, origin="lower", cmap=cmap,
+                              norm=LogNorm(0.1, 100), interpolation="nearest")
             image.set_clip_path(self.plt.Circle((center, 0), 1, transform=ax.transData))
             ax.add_patch(self.plt.Circle((center, 0), 1, fill=False, color="0.4", lw=0.8))
             ax.text(center, -1.12, name, ha="center", va="top", fontsize=8)
             self.maps.append(image)
-        self.side = side
-        ax.text(0, 1.2, "Lambert equal-area maps: colour = share of the tokens per area",
+        ax.text(0, 1.2, "Lambert equal-area maps of the tokens' density (white: none)",
                 ha="center", fontsize=8, color="0.3")
+        bar = self.fig.colorbar(self.maps[0], ax=ax, orientation="horizontal", fraction=0.04,
+                                pad=0.02, shrink=0.5)
+        bar.set_label("density / uniform density", fontsize=8)
+        bar.ax.tick_params(labelsize=7)
 
     def _setup_energy(self):
         ax, ts, E = self.ax_e, self.ts, self.E
@@ -316,20 +349,8 @@ class Scene:
 
     def _draw_density(self, i: int, history: np.ndarray, frac: float):
         R = _rotation(self.azimuth + self.spin * frac, self.elevation)
-        now = history[-1] @ R.T
-        now = now / np.linalg.norm(now, axis=-1, keepdims=True)
-        n = now.shape[0]
-        for image, sign in zip(self.maps, (1.0, -1.0)):
-            half = now[sign * now[:, 2] >= 0]
-            scale = np.sqrt(2.0 / (1.0 + sign * half[:, 2]))[:, None]
-            flat = half[:, :2] * scale / self.side  # the hemisphere → the unit disk
-            if sign < 0:
-                flat[:, 0] = -flat[:, 0]  # the far side as seen from behind
-            counts, _, _ = np.histogram2d(flat[:, 1], flat[:, 0], bins=self.bins,
-                                          range=[[-1, 1], [-1, 1]])
-            share = counts / n / (2.0 / self.bins) ** 2 * np.pi  # 1 = uniform on the disk
-            image.set_data(share)
-            image.set_clim(0, 8)
+        for image, share in zip(self.maps, lambert_maps(history[-1] @ R.T, self.bins)):
+            image.set_data(np.ma.masked_less_equal(share, 0))
 
     def _set_trails(self, points: np.ndarray, near: np.ndarray):
         k = points.shape[0]

@@ -121,8 +121,13 @@ SAVES_TOKENS = {
 }
 
 
-#: The theorem experiments: `setup(key, config)` gives one instance's model and tokens.
-_THEOREMS = ("thm41-sphere", "thm51-causal", "thm52-symmetric", "thm32-gradient")
+#: How to make a trajectory of the experiments whose runs save none, in one line.
+_RECIPES = {
+    "thm51-causal": ("`weights, x0 = ja.experiments.get_experiment('thm51-causal').setup(key, "
+                     "config)`, `dyn = ja.experiments.paper.causal_dynamics(weights)`, "
+                     "`ys = ja.solve_flow(dyn, x0[0], ts)`, `ja.animate(ys, 'movie.mp4', ts)` "
+                     "(d > 3: one PCA)"),
+}
 
 
 def how_to_save(folder) -> str:
@@ -140,11 +145,8 @@ def how_to_save(folder) -> str:
                 "`E, states = ja.models.loop(model, ids, passes=P, save_states=range(0, "
                 "P * L + 1, L))` (L: the model's blocks) and animate them with "
                 "`ja.animate(states, 'loop.mp4')` (d > 3: one PCA).")
-    if name in _THEOREMS:
-        return (f"{name} saves its measures only; simulate one instance with its own "
-                f"set-up and animate the tokens: `dyn, x0 = ja.experiments.get_experiment("
-                f"'{name}').setup(key, config)`, `ys = ja.solve_flow(dyn, x0, ts)`, "
-                "`ja.animate(ys, 'movie.mp4', ts)`.")
+    if name in _RECIPES:
+        return f"{name} saves its measures only; simulate one of its starts: {_RECIPES[name]}."
     return (f"{name or 'this run'} saves its measures only; the runs that save tokens are "
             f"{', '.join(SAVES_TOKENS)} (`jaxattn run thm41-sphere`), and any trajectory "
             "of `ja.solve_flow` or `ja.run_layers` animates with "

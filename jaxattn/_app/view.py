@@ -203,7 +203,9 @@ const DATA = __DATA__;
     label.textContent = (DATA.layers ? "layer " + Math.round(t) : "t = " + t.toFixed(3)) +
       "   E = " + E[frame].toExponential(2);
   }
-  function setFrame(i) { frame = Math.max(0, Math.min(T - 1, i | 0)); slider.value = String(frame); render(); }
+  function setFrame(i) {
+    frame = Math.max(0, Math.min(T - 1, i | 0)); slider.value = String(frame); render();
+  }
   slider.addEventListener("input", () => setFrame(Number(slider.value)));
   play.addEventListener("click", () => {
     if (timer) { clearInterval(timer); timer = null; play.textContent = "play"; return; }
@@ -215,7 +217,10 @@ const DATA = __DATA__;
     }, 50);
   });
   let drag = null;
-  sphere.addEventListener("pointerdown", e => { if (DATA.flat) return; drag = [e.clientX, e.clientY]; sphere.setPointerCapture(e.pointerId); });
+  sphere.addEventListener("pointerdown", e => {
+    if (DATA.flat) return;
+    drag = [e.clientX, e.clientY]; sphere.setPointerCapture(e.pointerId);
+  });
   sphere.addEventListener("pointermove", e => {
     if (!drag) return;
     yaw += (e.clientX - drag[0]) * 0.01;
@@ -226,7 +231,9 @@ const DATA = __DATA__;
   window.jaxattnView = {
     frame: () => frame, setFrame: setFrame, frames: T,
     turn: (dy, dp) => { yaw += dy; pitch += dp; render(); },
-    positions: () => { const out = []; for (let i = 0; i < n; i++) out.push(project(frame, i)); return out; },
+    positions: () => {
+      const out = []; for (let i = 0; i < n; i++) out.push(project(frame, i)); return out;
+    },
   };
   render();
 })();

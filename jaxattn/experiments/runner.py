@@ -59,6 +59,7 @@ FOOTPRINT: dict[str, tuple[tuple[str | int, ...], ...]] = {
     "equiangular": (("saves", "tokens", "dim", 12),),
     "noisy-transition": (("tokens", "max_dim", 6), ("couplings", "rates", "blocks", "seeds")),
     "antipodal": (("runs", "formation_dim", 4), ("runs", "betas", "dims")),
+    "mean-field": (("max_tokens", "modes", 2),),
 }
 
 

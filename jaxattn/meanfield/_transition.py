@@ -12,6 +12,7 @@ transition), `K_c < K_#` above (discontinuous; Mun & Rosenzweig 2026).
 """
 
 import contextlib
+import functools
 import math
 from typing import NamedTuple
 
@@ -75,12 +76,13 @@ def _free_energies(beta, coupling, u, zonal) -> tuple[float, float]:
     return float(ordered), float(-coupling * (w @ (np.expm1(beta * t) / beta)))
 
 
-def _descend(coupling, zonal) -> np.ndarray:
-    """`log ρ` near a local minimiser of `F`, by L-BFGS from a cap (the basin of the
-    ordered minimiser where there is one; `_newton` polishes it)."""
+def _descend(coupling, zonal, start=None) -> np.ndarray:
+    """`log ρ` near a local minimiser of `F`, by L-BFGS from `start` (default: the
+    Gibbs state of a point mass, in the ordered minimiser's basin where there is one;
+    `_newton` polishes it). A descent never stops on the saddle branch."""
     from scipy.optimize import minimize
 
-    t, w, matrix, _ = zonal
+    t, w, matrix, beta = zonal
 
     def objective(u):
         rho, log_rho = _parts(u, w)
@@ -89,8 +91,7 @@ def _descend(coupling, zonal) -> np.ndarray:
         f = w @ (rho * log_rho) - coupling * (w @ (rho * phi))
         return f, g * rho - w * rho * (g @ rho)
 
-    beta = zonal[3]
-    u0 = 2 * coupling * np.expm1(beta * t) / beta  # the Gibbs state of a point mass
+    u0 = 2 * coupling * np.expm1(beta * t) / beta if start is None else start
     res = minimize(objective, u0, jac=True, method="L-BFGS-B",
                    options={"maxiter": 2000, "ftol": 1e-12, "gtol": 1e-9})
     return res.x
@@ -152,9 +153,10 @@ def transition_coupling(beta: float, d: int) -> float:
     `β ≤ β*`, where the transition is continuous.
 
     Above `β*`: the ordered minimiser at `K_#` (L-BFGS from a cap, then Newton),
-    followed down in steps of 2 % (Newton from the previous state) until its free
-    energy passes the uniform one's, then Brent's method between the last two steps
-    (to `1e-12` relative).
+    followed down in steps of 2 % (each descent from the last ordered minimiser) until
+    it no longer beats the uniform density (its free energy is higher, or it fell to
+    uniform), then bisection on the same question to `1e-11` relative. Cached per
+    `(β, d)`.
 
     **Arguments:**
 
@@ -174,28 +176,29 @@ def transition_coupling(beta: float, d: int) -> float:
         return _transition(float(beta), d, k_sharp)
 
 
+@functools.lru_cache(maxsize=256)
 def _transition(beta: float, d: int, k_sharp: float) -> float:
-    from scipy.optimize import brentq
-
     zonal = _zonal(beta, d)
-    u, ok = _newton(_descend(k_sharp, zonal), k_sharp, zonal)
-    state = _state(beta, k_sharp, u, zonal)
-    if not ok or state.order < ORDERED or state.free_energy >= state.uniform_free_energy:
+
+    def minimiser(k, start):
+        """The local minimiser reached from `start`, or None if it is the uniform one
+        or its free energy is not below the uniform one's."""
+        u, ok = _newton(_descend(k, zonal, start), k, zonal)
+        state = _state(beta, k, u, zonal)
+        wins = ok and state.order > ORDERED and state.free_energy < state.uniform_free_energy
+        return u if wins else None
+
+    hi, anchor = k_sharp, minimiser(k_sharp, None)
+    if anchor is None:
         raise RuntimeError(f"no ordered state below the uniform one at K_# (β = {beta}, d = {d}).")
-    warm = {"u": u}
-
-    def gap(k):
-        v, converged = _newton(warm["u"], k, zonal)
-        if not converged:
-            raise RuntimeError(f"the ordered branch was lost at K = {k} (β = {beta}, d = {d}).")
-        warm["u"] = v
-        ordered, uniform = _free_energies(beta, k, v, zonal)
-        return ordered - uniform
-
-    hi = k_sharp
-    while True:
+    while True:  # steps of 2 % down from K_#, each from the last ordered minimiser
         lo = 0.98 * hi
-        if gap(lo) > 0:
+        u = minimiser(lo, anchor)
+        if u is None:
             break
-        hi = lo
-    return float(brentq(gap, lo, hi, xtol=1e-14, rtol=1e-12))
+        hi, anchor = lo, u
+    while hi - lo > 1e-11 * hi:  # bisection: whether the ordered minimiser still wins
+        mid = 0.5 * (lo + hi)
+        u = minimiser(mid, anchor)
+        lo, hi, anchor = (lo, mid, u) if u is not None else (mid, hi, anchor)
+    return 0.5 * (lo + hi)

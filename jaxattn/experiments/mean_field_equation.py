@@ -1,0 +1,233 @@
+"""`mean-field`: the mean-field equation itself (`ja.meanfield`,
+`docs/meanfield_equation.md`), on the circle (`d = 2`).
+
+1. **Particles → the equation.** `n` independent samples of a smooth density `μ_0`
+   (`ja.meanfield.sample`) run under `ja.solve_flow` (one head, `P = I`, `U = I`,
+   kernel `"exp"`, no noise), and the equation with `σ = 0`, `K = 1` runs from `μ_0`
+   itself. At `t = --horizon` the distance of the first modes (`mode_distance`,
+   `1 ≤ |k| ≤ 4`) between the particles' empirical measure and `μ_t`, RMS over
+   `--seeds` samples, for `n = 10², 10³, …` up to `--max-tokens`. Predicted: the
+   sampling error carried by the flow, `∝ n^{−1/2}`.
+2. **The noisy phase diagram at `n = ∞`** (the papers' normalisation, `σ = 1`, kernel
+   USA) over `β/β* ∈ [0.5, 2.5]` and `K/K_# ∈ [0.6, 1.4]`: from the uniform density
+   tilted by `10⁻⁴` (up) and from a cap (down), run for `--settle`. Measured: the first
+   mode's growth rate (log-linear fit over `t ≤ 2`), whose zero crossing in `K` is the
+   threshold `K_#` (against `ja.theory.noisy_threshold`), and, above `β*`, the coupling
+   where the settled caps' free energy (a line through the two smallest couplings
+   where they stayed ordered) meets the uniform density's, `K_c` (against
+   `ja.meanfield.transition_coupling`, an independent zonal minimisation).
+"""
+
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from .. import SelfAttentionDynamics, solve_flow
+from .. import meanfield as mf
+from .._app import figures
+from ..theory import noisy_beta_star, noisy_threshold
+from .base import AbstractExperiment, Param, Verdict
+from .verdicts import short
+
+#: The first modes compared between particles and equation: `1 ≤ |k| ≤ DEGREE`.
+DEGREE = 4
+#: The predicted slope of the distance against `n`, and how far the fit may be.
+SLOPE, SLOPE_TOL = -0.5, 0.15
+#: How closely the growth rates' zero crossing must give `K_#` (relative): the rates
+#: are linear in `K`, so only the solver's accuracy enters.
+SHARP_TOL = 1e-3
+#: How closely the free energies' crossing must give `K_c` (relative): the crossing
+#: is read off a line through two couplings of the grid.
+CRITICAL_TOL = 0.02
+#: The phase diagram's ranges (`β/β*`, `K/K_#`), its tilt and its cap.
+BETA_RANGE, K_RANGE, TILT, CAP = (0.5, 2.5), (0.6, 1.4), 1e-4, 4.0
+#: Times of the growth-rate fit; a down run counts as ordered above `ORDERED`.
+RATE_TIMES, ORDERED = np.linspace(0.0, 2.0, 5), 0.05
+#: The grid of the phase diagram, and its step.
+PHASE_MODES, PHASE_DT = 32, 0.05
+
+
+def initial_density(grid) -> jnp.ndarray:
+    """The particles' and the equation's common start: `(1 + 0.8 x₁ + 0.3 x₂)/2π`."""
+    x = grid.points
+    return mf.uniform(grid) * (1 + 0.8 * x[..., 0] + 0.3 * x[..., 1])
+
+
+def sizes(max_tokens: int) -> list[int]:
+    return [10**k for k in range(2, int(math.log10(max_tokens) + 1e-9) + 1)]
+
+
+def convergence(config, progress) -> dict[str, np.ndarray]:
+    """Part 1: the distances at `t = 0` and `t = horizon`, `(sizes, seeds)`."""
+    grid, beta = mf.Circle(config["modes"]), config["beta"]
+    ts = np.array([0.0, config["horizon"]])
+    mu0 = initial_density(grid)
+    mu = mf.solve(grid, mu0, ts, beta=beta, coupling=1.0, kernel="exp", sigma=0.0)
+    eye = jnp.eye(2)[None]
+    dyn = SelfAttentionDynamics(eye, eye, beta=beta, kernel="exp")
+    ns = sizes(config["max_tokens"])
+    dist = np.zeros((2, len(ns), config["seeds"]))
+    keys = jax.random.split(jax.random.PRNGKey(config["seed"]), len(ns) * config["seeds"])
+    seeds = config["seeds"]
+    for i, n in enumerate(tqdm(ns, desc="particles", disable=not progress, leave=False)):
+        x0 = jnp.stack([mf.sample(grid, mu0, n, k) for k in keys[i * seeds:(i + 1) * seeds]])
+        xs = solve_flow(dyn, x0, jnp.asarray(ts), rtol=1e-9, atol=1e-11)
+        for s in range(seeds):
+            for j in range(2):
+                dist[j, i, s] = float(mf.mode_distance(grid, mf.density(grid, xs[s, j]), mu[j],
+                                                       DEGREE))
+    return {"tokens": np.array(ns), "distance_start": dist[0], "distance": dist[1]}
+
+
+def phase_diagram(config, progress) -> dict[str, np.ndarray]:
+    """Part 2: per `β` (rows) and `K` (columns), the up runs' `r(t)` at `RATE_TIMES`
+    and at `settle`, the down runs' final `r` and free energy, and the uniform's."""
+    grid, d = mf.Circle(PHASE_MODES), 2
+    betas = noisy_beta_star(d) * np.linspace(*BETA_RANGE, config["betas"])
+    ratios = np.linspace(*K_RANGE, config["couplings"])
+    ts = np.append(RATE_TIMES, config["settle"])
+    starts = jnp.stack([mf.uniform(grid) * (1 + TILT * grid.points[..., 0]),
+                        jnp.exp(CAP * grid.points[..., 0]) / (2 * np.pi * float(
+                            jnp.mean(jnp.exp(CAP * grid.points[..., 0]))))])
+    out = {k: np.zeros((len(betas), len(ratios)) + s) for k, s in
+           (("r_up", (len(ts),)), ("r_down", ()), ("f_down", ()), ("f_uniform", ()))}
+    for i, beta in enumerate(tqdm(betas, desc="phase diagram", disable=not progress,
+                                  leave=False)):
+        ks = jnp.asarray(ratios * noisy_threshold(beta, d))
+
+        def run(mu0, k, beta=beta):
+            mus = mf.solve(grid, mu0, ts, beta=beta, coupling=k, dt0=PHASE_DT)
+            r = jax.vmap(lambda m: mf.order_parameter(grid, m))(mus)
+            return r, mf.free_energy(grid, mus[-1], beta, k)
+
+        r, f = jax.vmap(lambda mu0: jax.vmap(lambda k: run(mu0, k))(ks))(starts)
+        out["r_up"][i], out["r_down"][i], out["f_down"][i] = r[0], r[1, :, -1], f[1]
+        out["f_uniform"][i] = np.asarray(mf.free_energy(grid, mf.uniform(grid), beta, ks))
+    return out | {"betas": betas, "ratios": ratios, "times": ts}
+
+
+def measured_sharp(data) -> np.ndarray:
+    """Per `β`: the zero crossing in `K` of the fitted growth rates (a line in `K`)."""
+    t = data["times"][: len(RATE_TIMES)]
+    rates = np.polyfit(t, np.log(data["r_up"][..., : len(RATE_TIMES)]).reshape(-1, len(t)).T,
+                       1)[0].reshape(data["r_up"].shape[:2])
+    out = []
+    for beta, row in zip(data["betas"], rates):
+        ks = data["ratios"] * noisy_threshold(beta, 2)
+        slope, intercept = np.polyfit(ks, row, 1)
+        out.append(-intercept / slope)
+    return np.array(out)
+
+
+def measured_critical(data) -> np.ndarray:
+    """Per `β`: where the settled caps' free energy meets the uniform one's, on the
+    line through the two smallest couplings where the cap stayed ordered (the
+    ordered branch ends a few per cent below `K_c`, so the line extrapolates or
+    interpolates over at most a grid step); NaN with fewer than two."""
+    out = []
+    for beta, gap, r in zip(data["betas"], data["f_down"] - data["f_uniform"], data["r_down"]):
+        ks = data["ratios"] * noisy_threshold(beta, 2)
+        ordered = np.flatnonzero(r > ORDERED)[:2]
+        if ordered.size < 2:
+            out.append(math.nan)
+            continue
+        (k0, k1), (g0, g1) = ks[ordered], gap[ordered]
+        out.append(k0 - g0 * (k1 - k0) / (g1 - g0))
+    return np.array(out)
+
+
+class MeanFieldEquation(AbstractExperiment):
+    name = "mean-field"
+    title = ("The mean-field equation: particles converge to it as n^(-1/2), and its noisy "
+             "phase diagram at n = ∞ has the predicted K_# and K_c")
+    theorem = "Mun & Rosenzweig 2026 (K_#, K_c); the mean-field limit (Geshkovski et al.)"
+    params = (
+        Param("modes", int, 32, "Fourier modes of the particles' comparison", 8),
+        Param("beta", float, 1.0, "β of the particles' comparison (σ = 0)", 0.0),
+        Param("horizon", float, 1.0, "time of the particles' comparison", 0.0),
+        Param("max_tokens", int, 10000, "the largest n (n = 10², 10³, … up to it)", 100),
+        Param("seeds", int, 3, "samples of the initial density per n", 2),
+        Param("betas", int, 5, "temperatures of the phase diagram, β/β* in [0.5, 2.5]", 2),
+        Param("couplings", int, 13, "couplings of the phase diagram, K/K_# in [0.6, 1.4]", 3),
+        Param("settle", float, 40.0, "time the phase diagram's runs settle", 2.0),
+    )
+
+    def simulate(self, config, progress):
+        return convergence(config, progress) | phase_diagram(config, progress)
+
+    def verdict(self, config, data):
+        rms = np.sqrt(np.mean(data["distance"] ** 2, axis=1))
+        slope = float(np.polyfit(np.log(data["tokens"]), np.log(rms), 1)[0])
+        sharp = measured_sharp(data) / np.array([noisy_threshold(b, 2) for b in data["betas"]])
+        above = data["betas"] > noisy_beta_star(2) * (1 + 1e-9)
+        kc = np.array([mf.transition_coupling(b, 2) for b in data["betas"][above]])
+        critical = measured_critical(data)[above] / kc
+        sharp_err = float(np.max(np.abs(sharp - 1)))
+        critical_err = float(np.max(np.abs(critical - 1))) if critical.size else math.nan
+        ok = (abs(slope - SLOPE) <= SLOPE_TOL and sharp_err <= SHARP_TOL
+              and (not critical.size or critical_err <= CRITICAL_TOL))
+        line = (f"particles → equation: distance ∝ n^{slope:.3f} (predicted {SLOPE}, ± "
+                f"{SLOPE_TOL}); K_# from the growth rates to {short(sharp_err)} (asked ≤ "
+                f"{SHARP_TOL:g}); K_c from the free energies to {short(critical_err)} "
+                f"(asked ≤ {CRITICAL_TOL:g}) at β/β* = "
+                + ", ".join(f"{b:.3g}" for b in data["betas"][above] / noisy_beta_star(2)))
+        numbers = {"slope": slope, "sharp_error": sharp_err, "critical_error": critical_err,
+                   "sharp_ratio": sharp.tolist(), "critical_ratio": critical.tolist(),
+                   "K_c": kc.tolist()}
+        return Verdict(bool(ok), line, numbers)
+
+    def draw(self, config, data, folder: Path):
+        plt = figures.pyplot()
+        fig, axes = plt.subplots(1, 3, figsize=(18, 5.6))
+        _draw_convergence(axes[0], config, data)
+        for ax, key, what in ((axes[1], "up", "from uniform (tilt 1e-4)"),
+                              (axes[2], "down", f"from a cap (κ = {CAP:g})")):
+            _draw_phase(fig, ax, data, key, what)
+        return figures.save_figure(
+            fig, self.stem(folder),
+            f"The mean-field equation on the circle: particles against the equation "
+            f"(σ = 0, β = {config['beta']:g}, t = {config['horizon']:g}), and the noisy "
+            f"phase diagram at n = ∞ (t = {config['settle']:g})")
+
+
+def _draw_convergence(ax, config, data):
+    ns = data["tokens"]
+    for key, label, color in (("distance_start", "t = 0 (sampling)", "0.5"),
+                              ("distance", f"t = {config['horizon']:g}", "C0")):
+        rms = np.sqrt(np.mean(data[key] ** 2, axis=1))
+        slope = np.polyfit(np.log(ns), np.log(rms), 1)[0]
+        ax.loglog(ns, rms, "o-", color=color, label=f"{label}: slope {slope:.3f}")
+    ref = np.sqrt(np.mean(data["distance"] ** 2, axis=1))[0] * (ns / ns[0]) ** SLOPE
+    ax.loglog(ns, ref, "k--", lw=0.9, label=r"$n^{-1/2}$")
+    ax.set(xlabel="tokens $n$", ylabel=f"RMS distance of modes $1 \\leq |k| \\leq {DEGREE}$",
+           title="particles (solve_flow) against the equation")
+    figures.legend_below(ax, ncol=1)
+
+
+def _draw_phase(fig, ax, data, key, what):
+    betas, ratios = data["betas"], data["ratios"]
+    sharp = np.array([noisy_threshold(b, 2) for b in betas])
+    k = ratios[None, :] * sharp[:, None]
+    r = data["r_up"][..., -1] if key == "up" else data["r_down"]
+    b = np.broadcast_to(betas[:, None], k.shape)
+    mesh = ax.pcolormesh(b, k, r, shading="nearest", cmap="viridis", vmin=0, vmax=1)
+    fig.colorbar(mesh, ax=ax, label="order parameter $r$ at the end")
+    fine = np.linspace(betas[0], betas[-1], 60)
+    ax.plot(fine, [noisy_threshold(x, 2) for x in fine], "w-", lw=1.6, label=r"$K_\#(\beta)$")
+    star = noisy_beta_star(2)
+    above = betas[betas > star * (1 + 1e-9)]
+    ax.plot(np.r_[star, above], [noisy_threshold(star, 2)]
+            + [mf.transition_coupling(x, 2) for x in above], "r--", lw=1.6, marker="s",
+            label=r"$K_c(\beta)$ (zonal minimisation)")
+    ax.axvline(star, color="0.8", ls=":", lw=1, label=r"$\beta^*$")
+    if key == "up":
+        ax.plot(betas, measured_sharp(data), "wx", ms=8, label=r"$K_\#$ read from the rates")
+    else:
+        ax.plot(betas, measured_critical(data), "r+", ms=10, mew=2,
+                label=r"$K_c$ read from the free energies")
+    ax.set(xlabel=r"$\beta$", ylabel="coupling $K$", title=f"n = ∞, {what}")
+    figures.legend_below(ax, ncol=2)

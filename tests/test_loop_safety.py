@@ -246,3 +246,27 @@ def test_weight_files_are_what_load_reads(model_folder):
     assert model.config.vocab_size == GPT2["vocab_size"]
     assert ja.models.file_sha256(model_folder / "config.json") == hashlib.sha256(
         (model_folder / "config.json").read_bytes()).hexdigest()
+
+
+def test_resume_names_the_same_model_by_another_path(model_folder, tmp_path, monkeypatch):
+    """The model folder given again through a symbolic link (or a relative path): the
+    same model, resumed; the recorded name stays the one the loop began with."""
+    out = tmp_path / "run"
+    interrupted_loop(monkeypatch, model_folder, out, prompts=2, tokens=5)
+    link = tmp_path / "link"
+    link.symlink_to(model_folder)
+    assert main(resume_argv(link, out, "--prompts", "2", "--tokens", "5")) == 0
+    assert json.loads((out / "config.json").read_text())["model"] == str(model_folder)
+    assert (out / "data.npz").exists()
+
+
+def test_run_and_sweep_into_an_unfinished_loop_folder_say_it_is_a_loop(model_folder, tmp_path,
+                                                                       monkeypatch, capsys):
+    out = tmp_path / "run"
+    interrupted_loop(monkeypatch, model_folder, out, prompts=2, tokens=5)
+    for argv in (["run", "thm41-sphere", "--saves", "10", "--out", str(out)],
+                 ["sweep", "thm41-sphere", "--instances", "2", "--out", str(out)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "`jaxattn loop`" in err, err
+        assert "dtype" not in err, err

@@ -268,3 +268,13 @@ def test_loop_chunks_give_the_vmapped_result(key):
                                    rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="chunk"):
         ja.models.loop(m, ids, passes=1, chunk=0)
+
+
+def test_no_prompts_and_a_non_boolean_ffn_are_refused_by_name(key):
+    m = tiny("gpt2", key)
+    with pytest.raises(ValueError, match="at least one prompt"):
+        ja.models.loop(m, np.zeros((0, 5), np.int32), passes=1)
+    for call in (ja.models.loop, ja.models.hidden_states):
+        kw = {"passes": 1} if call is ja.models.loop else {}
+        with pytest.raises(TypeError, match="`ffn` must be True or False, got 'no'"):
+            call(m, ids_for(m, key, (2, 5)), ffn="no", **kw)

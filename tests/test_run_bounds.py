@@ -133,3 +133,11 @@ def test_what_a_verdict_cannot_judge_is_refused_before_work(tmp_path, name, key,
     with pytest.raises(ValueError, match=flag) as info:
         resolve_config(get_experiment(name), small_config(name) | {key: value}, 0)
     assert "\n" not in str(info.value)
+
+
+def test_a_resumed_run_records_the_command_of_the_uninterrupted_one():
+    experiment = get_experiment("variants")
+    config = resolve_config(experiment, small_config("variants") | {"resume": True}, 3)
+    line = runner.command_line(config, experiment)
+    assert "--resume" not in line
+    assert line == runner.command_line(config | {"resume": False}, experiment)

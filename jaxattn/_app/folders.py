@@ -226,8 +226,9 @@ def hold_folder(path, kind: str) -> Iterator[Path]:
     try:
         made_by = folder_kind(path)
         if made_by is not None and made_by != kind:
-            raise RunFolderError(f"{path} holds a `jaxattn {made_by}` folder; `jaxattn {kind}` "
-                                 "does not write into it (choose another --out).")
+            raise RunFolderError(f"{path} holds a {_command_of(path, made_by)} folder; "
+                                 f"`jaxattn {kind}` does not write into it (choose another "
+                                 "--out).")
         yield path
         failed = False
     finally:
@@ -235,6 +236,28 @@ def hold_folder(path, kind: str) -> Iterator[Path]:
         os.close(fd)
         if failed and made is not None:
             _remove_empty(path, made)
+
+
+#: The settings that name the command of a run folder: `jaxattn run NAME` records its
+#: experiment, `jaxattn loop` its model and passes.
+_IDENTITY = ("experiment", "model", "passes")
+
+
+def _command_of(path: Path, kind: str) -> str:
+    """The command that made the folder `path` of `kind`, for messages: `jaxattn loop`
+    writes a run folder (config.json) without an experiment."""
+    try:
+        settings = read_json(path / KINDS[kind]) if kind in KINDS else {}
+    except (OSError, ValueError):
+        settings = {}
+    return _settings_command(settings) if kind == "run" else f"`jaxattn {kind}`"
+
+
+def _settings_command(settings: Any) -> str:
+    if isinstance(settings, dict) and "experiment" not in settings and "model" in settings \
+            and "passes" in settings:
+        return "`jaxattn loop`"
+    return "`jaxattn run`"
 
 
 def _remove_empty(path: Path, top: Path) -> None:
@@ -481,7 +504,13 @@ def reopen_run(folder: Path, config: dict[str, Any], resume: bool | None, *, wha
     old = read_json(folder / filename)
     finished = not (folder / INCOMPLETE).exists() and (folder / "summary.json").exists()
     state = "a finished" if finished else "an unfinished"
-    for key in config if same is None else same:
+    keys = list(config if same is None else same)
+    keys.sort(key=lambda k: k not in _IDENTITY)  # which command first, then its settings
+    made_by, ours = _settings_command(old), _settings_command(config)
+    if filename == KINDS["run"] and made_by != ours:
+        raise RunFolderError(f"{folder} holds {state} {made_by} run; {ours} does not write "
+                             "into it (choose another --out).")
+    for key in keys:
         if key not in old:
             raise RunFolderError(f"{folder} holds {state} run of another command (its {filename} "
                                  f"has no {key}); choose another --out.")

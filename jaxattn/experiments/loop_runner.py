@@ -5,6 +5,7 @@ folders. The study itself (its figures, its verdict) is `loop_grid.py`'s.
 """
 
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -123,6 +124,7 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
         "save_states": save_states, "chunk_passes": chunk_passes} | source
     with hold_folder(folder_path("loop", out), "run") as folder:
         if resume:
+            config["model"] = same_model(folder, config)
             check_same_files(folder, config, log)
         finished, run_id = reopen_run(folder, config, resume, what="loop", command="loop",
                                       same=tuple(k for k in config if k not in FILE_HASHES))
@@ -175,6 +177,30 @@ def file_hashes(model, weights: str, text) -> dict[str, dict[str, str]]:
         path = tokenizer_source(model)
         found["tokenizer_sha256"] = {path.name: digest(path)}
     return found
+
+
+def same_model(folder: Path, config: dict) -> str:
+    """The model's name as the loop in `folder` recorded it, when `config` names the
+    same model another way (another path to the same folder or file, or a copy of
+    its weights: the same architecture and weight hashes); else `config`'s own."""
+    path = folder / "config.json"
+    old = read_json(path) if path.exists() else {}
+    was, now = old.get("model"), config["model"]
+    if not isinstance(was, str) or was == now:
+        return now
+    try:
+        same_path = Path(was).resolve() == Path(now).resolve() and Path(now).exists()
+    except (OSError, RuntimeError):
+        same_path = False
+    same_weights = (bool(config.get("weights_sha256"))
+                    and old.get("weights_sha256") == config.get("weights_sha256")
+                    and _plain(old.get("model_config")) == _plain(config.get("model_config")))
+    return was if same_path or same_weights else now
+
+
+def _plain(value):
+    """`value` as its JSON file reads back (tuples as lists)."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
 def check_same_files(folder: Path, config: dict, log) -> None:

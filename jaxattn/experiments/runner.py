@@ -123,9 +123,13 @@ def experiment_config(experiment: AbstractExperiment, overrides: dict[str, Any],
 
 
 def command_line(config: dict, experiment: AbstractExperiment) -> str:
-    """The `jaxattn run` command that repeats a run (every parameter spelled out)."""
+    """The `jaxattn run` command that repeats a run (every parameter spelled out; not
+    `--resume`, which continues a run and repeats none: a resumed run records the
+    command of the uninterrupted one)."""
     parts = ["jaxattn", "run", config["experiment"], "--seed", str(config["seed"])]
     for p in experiment.all_params():
+        if p.name == "resume":
+            continue
         value = config[p.name]
         if p.type is bool:
             parts += [p.flag] if value else []

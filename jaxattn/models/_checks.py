@@ -17,6 +17,14 @@ def check_model(model) -> AbstractTransformer:
     return model
 
 
+def check_flag(value, name: str) -> bool:
+    """`value` if it is `True` or `False` (a NumPy bool too), else a `TypeError` naming
+    the argument: `ffn="no"` would otherwise be true."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"`{name}` must be True or False, got {value!r}.")
+    return bool(value)
+
+
 def check_ids(model: AbstractTransformer, ids) -> Int[Array, "B n"]:
     """Token ids as an int32 `(B, n)` array; `ValueError` for a wrong shape or ids
     outside the vocabulary / position table."""
@@ -25,6 +33,9 @@ def check_ids(model: AbstractTransformer, ids) -> Int[Array, "B n"]:
         raise TypeError(f"token ids must be integers, got dtype {arr.dtype}.")
     if arr.ndim not in (1, 2) or arr.shape[-1] < 1:
         raise ValueError(f"token ids must be (n,) or (B, n) with n ≥ 1, got shape {arr.shape}.")
+    if arr.shape[0] < 1:
+        raise ValueError(f"token ids must hold at least one prompt (B ≥ 1), got shape "
+                         f"{arr.shape}.")
     cfg = model.config
     n = arr.shape[-1]
     if model.bounded_positions and cfg.max_positions and n > cfg.max_positions:

@@ -26,6 +26,7 @@ from ._checks import (
     MAX_SEGMENTS,
     check_chunk,
     check_dtype,
+    check_flag,
     check_ids,
     check_model,
     default_chunk,
@@ -111,6 +112,7 @@ def hidden_states(
     """
     check_model(model)
     precision = check_precision(precision)
+    ffn = check_flag(ffn, "ffn")
     batch = check_ids(model, ids)
     B, n = batch.shape
     if show_progress(progress, loop_flops(model, B, n, 1), model, ids) and B > 1:
@@ -281,8 +283,8 @@ def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
     ids = check_ids(model, ids)
     chunk = check_chunk(chunk)
     chunk = default_chunk(ids.shape[1], devices) if chunk is None else chunk
-    options = dict(ffn=bool(ffn), weights=weights, dtype=dtype, depths=depths, chunk=chunk,
-                   precision=precision, observe=observe)
+    options = dict(ffn=check_flag(ffn, "ffn"), weights=weights, dtype=dtype, depths=depths,
+                   chunk=chunk, precision=precision, observe=observe)
     return LoopSetup(model, ids, key, int(passes), options)
 
 

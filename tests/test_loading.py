@@ -317,3 +317,34 @@ def test_integer_gguf_tensor_is_refused(tmp_path, cache):
     with pytest.raises(ValueError, match=r"int\.gguf: tensor 'blk\.0\.ffn_up\.weight' has "
                        r"type I32.*floating"):
         ja.models.load(path)
+
+
+@pytest.mark.parametrize("where", ["inner/model.safetensors", "ABSOLUTE", "../model.safetensors"])
+def test_index_names_only_shards_inside_the_folder(tmp_path, where):
+    """A weight_map naming a file in a subfolder, outside the folder or by an absolute
+    path is refused before any of it is read."""
+    elsewhere = gpt2_folder(tmp_path / "elsewhere")
+    folder = gpt2_folder(tmp_path / "m" / "model", tensors=False)
+    gpt2_folder(folder / "inner")
+    shard = str(elsewhere / "model.safetensors") if where == "ABSOLUTE" else where
+    if where.startswith(".."):
+        safetensors_numpy.save_file(gpt2_tensors(0), folder.parent / "model.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: shard for k in gpt2_tensors(0)}}))
+    with pytest.raises(ValueError, match="a shard must be a file name inside the model's "
+                                         "folder") as e:
+        ja.models.load(folder)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("prefix", ["", "transformer."])
+def test_a_stray_tensor_is_refused_with_or_without_the_prefix(tmp_path, prefix):
+    tensors = {prefix + k: v for k, v in gpt2_tensors(0).items()}
+    tensors["h.0.attn.extra"] = np.ones(3, np.float32)  # unprefixed, not a task head
+    tensors["lm_head.weight"] = np.ones((VOCAB, D), np.float32)  # a task head: ignored
+    folder = gpt2_folder(tmp_path / "m", tensors=tensors)
+    with pytest.raises(ValueError, match=r"unexpected tensor 'h\.0\.attn\.extra'"):
+        ja.models.load(folder)
+    del tensors["h.0.attn.extra"]
+    safetensors_numpy.save_file(tensors, folder / "model.safetensors")
+    assert np.array_equal(np.asarray(ja.models.load(folder).wte), gpt2_tensors(0)["wte.weight"])

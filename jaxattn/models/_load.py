@@ -132,8 +132,10 @@ class TensorSource:
 
     def check_all_used(self) -> None:
         for full, (file, _) in sorted(self.readers.items()):
-            name = full[len(self.prefix):] if full.startswith(self.prefix) else None
-            if full in self.used or name is None or _IGNORED.search(name):
+            # a tensor outside the prefix is judged by its own name (a task head's
+            # `lm_head.weight` beside `transformer.…` is ignored, a stray one refused)
+            name = full[len(self.prefix):] if full.startswith(self.prefix) else full
+            if full in self.used or _IGNORED.search(name):
                 continue
             raise ValueError(
                 f"{file}: unexpected tensor {full!r}: the weights do not match config.json "
@@ -265,6 +267,10 @@ def read_index(index: Path) -> dict[str, str]:
             f"{index}: `weight_map` must be a non-empty object mapping tensor names to "
             f"shard files, got {type(weight_map).__name__} {str(weight_map)[:80]}."
         )
+    for name, shard in weight_map.items():
+        if shard in ("", ".", "..") or Path(shard).name != shard or "\\" in shard:
+            raise ValueError(f"{index}: `weight_map` assigns {name!r} to {shard!r}; a shard "
+                             "must be a file name inside the model's folder.")
     return weight_map
 
 

@@ -350,6 +350,16 @@ def stage_noisy(check: Check) -> dict:
                                              noise=noise, key=key, strategy=strategy)[:, -1]
     out, results = _versus(check, fn_of, (dyn, x0))
     out["size"] = size
+    # 1,000 systems fill few programs at S1's best layout: small blocks, one warp each.
+    out["kernel_small_blocks"] = []
+    for block in (() if check.dry or check.left() < 120 else (32, 64)):
+        try:
+            with use_kernel_config(block=block, num_warps=max(1, block // 64)):
+                timing, comp, _ = _time(fn_of("kernel"), dyn, x0)
+            out["kernel_small_blocks"].append(_row(timing, comp, block=block))
+        except Exception as e:  # noqa: BLE001
+            out["kernel_small_blocks"].append({"block": block,
+                                               "error": f"{type(e).__name__}: {e}"[:500]})
     for name, res in results.items():
         res = np.asarray(res, np.float64)
         out[f"{name}_final_mean"] = float(res.mean())

@@ -23,8 +23,16 @@ from ._batch import (
 from ._dynamics import SelfAttentionDynamics
 from ._ensemble import batch_last, choose_strategy, chunk_size, from_batch_last, to_batch_last
 from ._manifold import project
-from ._noise import AbstractNoise, brownian_path, check_noise, map_keyed, sde_terms, system_keys
-from ._pallas import kernel_config, refuse_devices, run_ensemble
+from ._noise import (
+    AbstractNoise,
+    brownian_path,
+    check_noise,
+    layer_normal,
+    map_keyed,
+    sde_terms,
+    system_keys,
+)
+from ._pallas import kernel_config, key_rows, refuse_devices, run_ensemble
 from ._stacked import first_model, map_models, models_last, stack_tokens
 from ._validate import (
     NONFINITE,
@@ -381,6 +389,14 @@ def solve_flow(
       over all systems (as torchdiffeq's), so results differ from per-system steps
       within the tolerances and every system reports the same `num_steps`.
       `"general"` vmaps one diffrax solve per system, each with its own steps.
+      `"kernel"` runs constant steps of Euler or an explicit Runge–Kutta tableau
+      (`ja.RK4`, `diffrax.Heun`; `stepsize_controller=diffrax.ConstantStepSize()`
+      for solvers with an error estimate) as one Pallas kernel (`jaxattn._pallas`,
+      `docs/kernels.md`): `ts` equally spaced, each gap a whole number of `dt0`;
+      one device, not differentiable, no events; never chosen by `"auto"` yet.
+      Its steps are the fused path's to rounding; with `noise`, its `ΔW` come
+      from each system's key inside the kernel (the same law as diffrax's
+      Brownian tree, not the same path).
     - `solution`: return a `FlowSolution` (`ts`, `ys`, `t1`, `y1`, `stats`,
       `result`, `success`, `event`, after diffrax's `Solution`) in place of `ys`
       (default `False`: the array).
@@ -422,14 +438,11 @@ def solve_flow(
                          "without `devices`, or shard the models yourself.")
     shard = check_shard(shard, dyn, one)
     x0 = check_token_shape(one, x0)
-    if noise is not None and strategy == "kernel":
-        raise ValueError("the noisy flow runs on the general path for now (its Brownian "
-                         "tree is diffrax's): take ja.run_layers(noise=..., "
-                         "strategy='kernel') for noisy Euler–Maruyama steps in a kernel.")
     if noise is not None:
         return unflatten(_solve_noisy(dyn, one, x0, ts, solver, rtol, atol, max_steps, dt0,
                                       adjoint, stepsize_controller, on_manifold, throw,
-                                      solution, event, noise, key, devices))
+                                      solution, event, noise, key, devices,
+                                      kernel=strategy == "kernel"))
     solver = dfx.Tsit5() if solver is None else solver
     options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller,
                        on_manifold)
@@ -470,8 +483,9 @@ NOISY_STEPS = 1000
 
 def _solve_noisy(dyn, one, x0, ts, solver, rtol, atol, max_steps, dt0, adjoint,
                  stepsize_controller, on_manifold, throw, solution, event, noise, key,
-                 devices=None):
-    """`solve_flow` with noise: one SDE solve per system, each with its own key."""
+                 devices=None, kernel=False):
+    """`solve_flow` with noise: one SDE solve per system, each with its own key (with
+    `kernel`, constant steps in one Pallas kernel, `ΔW` drawn from the system's key)."""
     solver = noise.default_solver if solver is None else solver
     if dt0 is None:  # constant steps by default: NOISY_STEPS over the horizon
         span = float(np.max(np.asarray(ts)) - np.min(np.asarray(ts))) if is_concrete(ts) else 0
@@ -485,6 +499,9 @@ def _solve_noisy(dyn, one, x0, ts, solver, rtol, atol, max_steps, dt0, adjoint,
     if x0.size == 0:
         raise ValueError("`noise=` needs at least one sequence in `x0`.")
     keys = system_keys(key, x0.shape[:-2])
+    if kernel:
+        return _solve_kernel(dyn, one, x0, options, throw, on_manifold, event, devices,
+                             "batch", noise=noise, keys=keys)
     (ys, solved, finite, steps, result, started), checked = call_batched(
         _solve_batched, dyn, x0, devices, *options, adjoint, bool(throw), bool(on_manifold),
         event=event, noise=noise, keys=keys)
@@ -629,23 +646,36 @@ def _kernel_plan(ts, solver, controller, dt0, max_steps) -> tuple:
     return float(tn[0]), float(gap / per_save), tn.size - 1, per_save, coeffs
 
 
-def _kernel_step(x, k, params, *, coeffs, on_manifold):
-    """One explicit Runge–Kutta step of `dyn.velocity` (`coeffs = (c, a, b)`, the
-    solver's tableau), retracted onto `E_W` as `ManifoldSolver` retracts."""
-    dyn, t0, h = params
+def _kernel_step(x, k, params, *, coeffs, on_manifold, noisy=False):
+    """One explicit Runge–Kutta step (`coeffs = (c, a, b)`, the solver's tableau) of
+    `dyn.velocity`, retracted onto `E_W` as `ManifoldSolver` retracts. With `noise`,
+    every stage's increment is diffrax's for `MultiTerm(ODETerm, ControlTerm)`:
+    `h v + kick(ΔW)`, with `ΔW = √h ξ` drawn from the system's key for step `k`
+    (Euler: Itô Euler–Maruyama; Heun: its Stratonovich form)."""
+    noise = None
+    if not noisy:
+        dyn, t0, h = params
+    else:
+        dyn, t0, h, noise, key = params
+        dW = jnp.sqrt(h) * layer_normal(noise, key, k, *x.shape, x.dtype)
     c, a, b = coeffs
     t = t0 + k * h
-    ks = [dyn.velocity(t, x)]
+
+    def increment(s, y):
+        inc = h * dyn.velocity(s, y)
+        return inc if noise is None else inc + noise.kick(dyn, s, y, dW)
+
+    ks = [increment(t, x)]
     for ci, row in zip(c, a):
         y = x
         for aij, kj in zip(row, ks):
             if aij:
-                y = y + (aij * h) * kj
-        ks.append(dyn.velocity(t + ci * h, y))
+                y = y + aij * kj
+        ks.append(increment(t + ci * h, y))
     y1 = x
     for bj, kj in zip(b, ks):
         if bj:
-            y1 = y1 + (bj * h) * kj
+            y1 = y1 + bj * kj
     return project(y1, dyn.W) if on_manifold else y1
 
 
@@ -654,11 +684,15 @@ def _kernel_saved(x, params, *, on_manifold):
 
 
 @eqx.filter_jit
-def _flow_kernel(dyn, x0, t0, h, saves, per_save, coeffs, on_manifold, config, checks):
+def _flow_kernel(dyn, x0, t0, h, saves, per_save, coeffs, on_manifold, config, checks,
+                 noise=None, keys=None):
     x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     batch = x0.shape[:-2]
     params = (models_last(dyn, batch), jnp.asarray(t0, x0.dtype), jnp.asarray(h, x0.dtype))
-    step = functools.partial(_kernel_step, coeffs=coeffs, on_manifold=on_manifold)
+    if noise is not None:
+        params = params + (noise, key_rows(keys, batch))
+    step = functools.partial(_kernel_step, coeffs=coeffs, on_manifold=on_manifold,
+                             noisy=noise is not None)
     saved = functools.partial(_kernel_saved, on_manifold=on_manifold)
     ys, last = run_ensemble(step, saved, to_batch_last(x0), params, num_saves=saves,
                             steps_per_save=per_save, config=config)
@@ -669,9 +703,11 @@ def _flow_kernel(dyn, x0, t0, h, saves, per_save, coeffs, on_manifold, config, c
     return ys, finite
 
 
-def _solve_kernel(dyn, one, x0, options, throw, on_manifold, event, devices, shard):
+def _solve_kernel(dyn, one, x0, options, throw, on_manifold, event, devices, shard,
+                  noise=None, keys=None):
     """`solve_flow(..., strategy="kernel")`: constant steps of an explicit solver in
-    one Pallas kernel (`jaxattn._pallas`), saved at `ts` on the step grid."""
+    one Pallas kernel (`jaxattn._pallas`), saved at `ts` on the step grid; with
+    `noise`, each system's `ΔW` drawn in the kernel from its key (`keys`)."""
     if event is not None:
         raise ValueError("strategy='kernel' saves at `ts`: drop `solution=`/`event=`, or "
                          "take strategy='general'.")
@@ -681,7 +717,7 @@ def _solve_kernel(dyn, one, x0, options, throw, on_manifold, event, devices, sha
     t0, h, saves, per_save, coeffs = _kernel_plan(ts, solver, controller, dt0, max_steps)
     (ys, finite), checked = call_batched(
         _flow_kernel, dyn, x0, None, t0, h, saves, per_save, coeffs, bool(on_manifold),
-        kernel_config())
+        kernel_config(), noise=noise, keys=keys)
     if throw:
         if not checked:
             raise_unless(finite, NONFINITE)

@@ -393,7 +393,7 @@ def _random_bits(eqn, ins, lanes, bit_width, shape):
     key, = ins
     if key.data.shape != (2,):
         raise KernelUnsupported("strategy='kernel' draws from one key per system.")
-    if not jax.config.jax_threefry_partitionable:
+    if not _partitionable():
         raise KernelUnsupported("strategy='kernel' draws noise with "
                                 "jax_threefry_partitionable=True (JAX's default).")
     k1, k2 = key.data
@@ -413,6 +413,15 @@ def _random_bits(eqn, ins, lanes, bit_width, shape):
             raise KernelUnsupported(f"strategy='kernel' draws 32- or 64-bit noise, not "
                                     f"{bit_width}-bit.")
     return out
+
+
+def _partitionable() -> bool:
+    """JAX's `jax_threefry_partitionable` (its default, and the only mode once the
+    flag is gone)."""
+    try:
+        return bool(jax.config.jax_threefry_partitionable)
+    except AttributeError:
+        return True
 
 
 _RULES = {

@@ -105,7 +105,7 @@ def _stored(dtype):
     return jnp.int32 if dtype == jnp.bool_ else dtype
 
 
-def _load(ref, aval, block: int) -> np.ndarray:
+def _load(ref, aval) -> np.ndarray:
     out = np.empty(aval.shape, object)
     for j, idx in enumerate(np.ndindex(aval.shape)):
         v = ref[j, :]
@@ -201,7 +201,7 @@ def run_ensemble(
         in_refs, out_refs = refs[:len(keep)], refs[len(keep):]
         vals = [np.empty(a.shape, object) for a in in_avals]
         for j, ref in zip(keep, in_refs):
-            vals[j] = _load(ref, in_avals[j], block)
+            vals[j] = _load(ref, in_avals[j])
         x_start = vals[0]
 
         def save(index, x):

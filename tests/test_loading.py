@@ -348,3 +348,13 @@ def test_a_stray_tensor_is_refused_with_or_without_the_prefix(tmp_path, prefix):
     del tensors["h.0.attn.extra"]
     safetensors_numpy.save_file(tensors, folder / "model.safetensors")
     assert np.array_equal(np.asarray(ja.models.load(folder).wte), gpt2_tensors(0)["wte.weight"])
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_a_folder_in_place_of_a_file_is_one_line(tmp_path, name):
+    folder = gpt2_folder(tmp_path / "m")
+    (folder / name).unlink()
+    (folder / name).mkdir()
+    with pytest.raises(ValueError, match=f"{name}.* a folder, not a") as e:
+        ja.models.load(folder)
+    assert "\n" not in str(e.value)

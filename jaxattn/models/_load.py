@@ -75,6 +75,8 @@ def read_config_file(path: Path) -> dict:
             hf = json.load(f)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such config file.") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: a folder, not a config file.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not a valid config.json ({e}).") from None
     if not isinstance(hf, dict):
@@ -299,6 +301,9 @@ def weight_file(folder: Path) -> Path:
     if (folder / "model.safetensors").is_file():
         return folder / "model.safetensors"
     files = sorted(folder.glob("*.safetensors"))
+    folders = [f.name for f in files if f.is_dir()]
+    if folders:
+        raise ValueError(f"{folder}: {', '.join(folders)} is a folder, not a weight file.")
     if len(files) == 1:
         return files[0]
     if files:
@@ -332,6 +337,8 @@ def load_folder(folder: Path) -> AbstractTransformer:
         raise FileNotFoundError(
             f"{folder}: no config.json — a model folder needs config.json and *.safetensors."
         )
+    if config_path.is_dir():
+        raise ValueError(f"{config_path}: a folder, not a config file.")
     cfg, _ = resolve_config(config_path)
     return build(cfg, weight_readers(folder), str(folder))
 

@@ -33,6 +33,13 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from ._flow import FlowSolution as FlowSolution
     from ._flow import ManifoldSolver as ManifoldSolver
     from ._flow import solve_flow as solve_flow
+    from ._kernel import USA as USA
+    from ._kernel import AbstractKernel as AbstractKernel
+    from ._kernel import AbstractPointwiseKernel as AbstractPointwiseKernel
+    from ._kernel import Exp as Exp
+    from ._kernel import Hardmax as Hardmax
+    from ._kernel import Sigmoid as Sigmoid
+    from ._kernel import Softmax as Softmax
     from ._layers import run_layers as run_layers
     from ._manifold import manifold_drift as manifold_drift
     from ._manifold import normalize as normalize
@@ -40,6 +47,12 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from ._manifold import w_norm as w_norm
     from ._noise import TokenNoise as TokenNoise
     from ._noise import ValueNoise as ValueNoise
+    from ._norm import NGPT as NGPT
+    from ._norm import AbstractNorm as AbstractNorm
+    from ._norm import NoNorm as NoNorm
+    from ._norm import PeriNorm as PeriNorm
+    from ._norm import PostNorm as PostNorm
+    from ._norm import PreNorm as PreNorm
     from ._precision import PRECISIONS as PRECISIONS
     from ._schedule import AbstractSchedule as AbstractSchedule
     from ._schedule import Constant as Constant

@@ -1,8 +1,9 @@
 """Attention over key blocks: the online softmax, never the `n × n` matrix.
 
 `blocked_attention(q, k, v, offset, mask, spec)` computes `Σ_j w_ij v_j` for every
-query, head by head, with `w` the attention weights of `spec.kernel` over the keys
-a query may see. Queries are taken `spec.block_q` at a time (`lax.map`) and, for each
+query, head by head, with `w` the attention weights of `spec.kernel` (a member of
+`ja.AbstractKernel`, which owns its pieces of the sweep) over the keys a query may
+see. Queries are taken `spec.block_q` at a time (`lax.map`) and, for each
 such block, keys `spec.block_k` at a time (`lax.scan`): the scores of one block
 pair, `(h, block_q, block_k)`, are all that exists at once. Softmax keeps each row's
 running maximum and normaliser and rescales its partial sum when the maximum grows
@@ -13,8 +14,10 @@ Reverse mode is a custom VJP that recomputes each block's scores from `q` and `k
 instead of storing them (as FlashAttention's backward pass does): the forward pass
 keeps only the output and, for softmax, each row's log-normaliser, so a gradient
 costs `O(n)` memory and about two forward passes. Forward mode (`jax.jvp`,
-`jax.jacfwd`) is not defined through the custom VJP: use the dense path
-(`block_size=None` at small `n`) where a Jacobian is wanted.
+`jax.jacfwd`, the Newton steps of implicit solvers) is not defined through a custom
+VJP, so a spec with `forward_mode=True` runs the same sweep without it: JAX then
+differentiates the sweep itself, in forward mode at `O(n)` memory (a JVP of a scan
+stores nothing), in reverse mode storing each block's weights.
 
 Group layout: `q` is `(h, n, a)`, `k` `(g, m, a)` and `v` `(g, m, c)` with `g`
 dividing `h`; query head `η` reads key–value group `η // (h / g)` (shared keys, as
@@ -30,6 +33,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
+from ._kernel import AbstractKernel, as_kernel, static_part
 from ._precision import einsum
 
 #: Score elements of one block pair (`h × block_q × block_k`) the automatic query
@@ -45,32 +49,38 @@ class BlockSpec(eqx.Module):
 
     **Arguments:**
 
-    - `kernel`: `"softmax"`, `"sigmoid"`, `"exp"`, `"usa"` or `"hardmax"`
-      (`SelfAttentionDynamics`); `exp`'s and `usa`'s `1/n` and `usa`'s `−β` (as the
-      offset) are the caller's.
+    - `kernel`: a member of `ja.AbstractKernel` without its array parameters
+      (`block_spec` strips them: they enter through the offset); its `rescale` (such
+      as `exp`'s `1/n`) and its `offset` are the caller's.
     - `block_q`, `block_k`: queries and keys per block.
     - `causal`: query `i` sees key `j` only when `j ≤ i`.
     - `window`: and only when `|i − j| < window` (`None`: no window).
     - `has_mask`: a boolean `(n, m)` mask is passed (its diagonal forced on).
     - `precision`: of the products (`jaxattn._precision`).
+    - `forward_mode`: differentiate the sweep as JAX does (forward and reverse
+      mode) instead of through the custom VJP (reverse mode only, `O(n)` memory).
     """
 
-    kernel: str = eqx.field(static=True)
+    kernel: AbstractKernel = eqx.field(static=True)
     block_q: int = eqx.field(static=True)
     block_k: int = eqx.field(static=True)
     causal: bool = eqx.field(static=True, default=False)
     window: int | None = eqx.field(static=True, default=None)
     has_mask: bool = eqx.field(static=True, default=False)
     precision: str = eqx.field(static=True, default="float32")
+    forward_mode: bool = eqx.field(static=True, default=False)
 
 
-def block_spec(kernel: str, n: int, m: int, heads: int, block_k: int, *, causal=False,
-               window=None, has_mask=False, precision="float32") -> BlockSpec:
+def block_spec(kernel: AbstractKernel | str, n: int, m: int, heads: int, block_k: int, *,
+               causal=False, window=None, has_mask=False, precision="float32",
+               forward_mode=False) -> BlockSpec:
     """A `BlockSpec` with `block_k` keys per block (at most `m`, the key count) and as
-    many queries per block as keep a block pair near `BLOCK_ELEMENTS` score elements."""
+    many queries per block as keep a block pair near `BLOCK_ELEMENTS` score elements;
+    `kernel` a member of `ja.AbstractKernel` or its name."""
     block_k = max(1, min(block_k, m))
     block_q = max(1, min(n, BLOCK_ELEMENTS // (heads * block_k)))
-    return BlockSpec(kernel, block_q, block_k, causal, window, has_mask, precision)
+    return BlockSpec(static_part(as_kernel(kernel)), block_q, block_k, causal, window, has_mask,
+                     precision, forward_mode)
 
 
 def blocked_attention(
@@ -95,6 +105,8 @@ def blocked_attention(
     """
     if mask is None:
         mask = jnp.zeros((0, 0), bool)
+    if spec.forward_mode:
+        return _forward(q, k, v, jnp.asarray(offset, q.dtype), mask, spec)[0]
     return _attend(q, k, v, jnp.asarray(offset, q.dtype), mask, spec)
 
 
@@ -167,12 +179,6 @@ def _scores(qb, kb, offset, spec: BlockSpec):
     return jnp.clip(s, -big, big) + offset, inside
 
 
-def _weights(s, ok, spec: BlockSpec):
-    """The unnormalised kernels' weights of a block (masked ones 0)."""
-    w = jnp.exp(s) if spec.kernel in ("exp", "usa") else jax.nn.sigmoid(s)
-    return jnp.where(ok, w, 0)
-
-
 def _forward(q, k, v, offset, mask, spec: BlockSpec):
     h, n, _ = q.shape
     g, m, c = v.shape
@@ -211,28 +217,11 @@ def _sweep(state, qs, q_index, k, v, k0, offset, mask, spec: BlockSpec, m: int, 
         def step(carry, blk):
             kb, vb, j = blk
             s, _ = _scores(qb, kb, offset, spec)
-            ok = _visible(spec, mask, i, j, m, row0)
-            top, norm, acc = carry
-            if spec.kernel == "hardmax":
-                s = jnp.where(ok, s, -jnp.inf)
-                new_top = jnp.maximum(top, s.max(-1))
-                keep = (top == new_top).astype(acc.dtype)  # a larger score: start over
-                hit = jnp.where(ok, s == new_top[..., None], False).astype(acc.dtype)
-                acc = acc * keep[..., None] + einsum("grqk,gkc->grqc", hit, vb,
-                                                     precision=spec.precision)
-                return (new_top, norm * keep + hit.sum(-1), acc), None
-            if spec.kernel != "softmax":
-                w = _weights(s, ok, spec)
-                return (top, norm, acc + einsum("grqk,gkc->grqc", w, vb,
-                                                precision=spec.precision)), None
-            s = jnp.where(ok, s, -jnp.inf)
-            new_top = jnp.maximum(top, s.max(-1))
-            shift = jnp.where(jnp.isfinite(new_top), new_top, 0)
-            p = jnp.exp(s - shift[..., None])
-            keep = jnp.exp(top - shift)
-            acc = acc * keep[..., None] + einsum("grqk,gkc->grqc", p, vb,
-                                                 precision=spec.precision)
-            return (new_top, norm * keep + p.sum(-1), acc), None
+            ok = jnp.broadcast_to(_visible(spec, mask, i, j, m, row0), s.shape)
+
+            def mix(w):
+                return einsum("grqk,gkc->grqc", w, vb, precision=spec.precision)
+            return spec.kernel.block_update(carry, s, ok, mix), None
 
         return lax.scan(step, carry, (ks, vs, k_index))[0]
 
@@ -281,14 +270,9 @@ def ring_attention(
 
 def _finish(state, spec: BlockSpec):
     """The outputs of a state after every key, and what the backward pass reads of
-    each row: softmax's log-normaliser, hardmax's top score and tie count."""
-    top, norm, acc = state
-    if spec.kernel not in ("softmax", "hardmax"):
-        return acc, (jnp.zeros_like(norm), norm)
-    # A row that sees no key (only padding rows can) gives 0, not 0/0.
-    norm = jnp.where(norm > 0, norm, 1)
-    out = acc / norm[..., None]
-    return out, ((top + jnp.log(norm)) if spec.kernel == "softmax" else top, norm)
+    each row (the kernel's `block_finish`: softmax's log-normaliser, hardmax's top
+    score and tie count)."""
+    return spec.kernel.block_finish(state)
 
 
 def _backward(q, k, v, offset, mask, out, lse, dout, spec: BlockSpec):
@@ -312,17 +296,9 @@ def _backward(q, k, v, offset, mask, out, lse, dout, spec: BlockSpec):
             dqb, doffb = inner
             kb, vb, j = blk
             s, inside = _scores(qb, kb, offset, spec)
-            ok = _visible(spec, mask, i, j, m)
+            ok = jnp.broadcast_to(_visible(spec, mask, i, j, m), s.shape)
             dp = einsum("grqc,gkc->grqk", dob, vb, precision=prec)
-            if spec.kernel == "softmax":
-                w = jnp.where(ok, jnp.exp(s - lb[..., None]), 0)
-                ds = w * (dp - db[..., None])
-            elif spec.kernel == "hardmax":  # piecewise constant weights: no score gradient
-                w = jnp.where(ok, jnp.where(s == lb[..., None], 1 / cb[..., None], 0), 0)
-                ds = jnp.zeros_like(w)
-            else:
-                w = _weights(s, ok, spec)
-                ds = w * dp if spec.kernel in ("exp", "usa") else w * (1 - w) * dp
+            w, ds = spec.kernel.block_grad(s, ok, lb, cb, db, dp)
             ds = jnp.where(inside, ds, 0)
             dqb = dqb + einsum("grqk,gka->grqa", ds, kb, precision=prec)
             # Key-side sums with the key axis last: XLA's CPU dot is ~15× slower

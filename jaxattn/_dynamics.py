@@ -11,14 +11,16 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, Real
 
 from ._blocks import DEFAULT_BLOCK, block_spec, blocked_attention, blocks_needed, ring_attention
-from ._manifold import project, tangent
+from ._kernel import KERNELS, AbstractKernel, Sigmoid, as_kernel
+from ._manifold import unit_rows
+from ._norm import NORMS, AbstractNorm, as_norm
 from ._precision import Precision, check_precision, einsum
 from ._schedule import AbstractSchedule, as_schedule, schedule_shape
 from ._validate import check_count, check_metric, check_scalar, is_concrete
 
 _Weights = Float[Array, "h a b"] | AbstractSchedule
-
-NORMS = ("post", "pre", "peri", "ngpt", "none")
+__all__ = ["KERNELS", "NORMS", "SelfAttentionDynamics", "random_dynamics", "random_mask",
+           "unit_rows"]
 
 #: Bytes of one `(h, n, n)` weight array above which `block_size=None` takes key
 #: blocks: 1 MiB, n > 512 for one float32 head. Above it the blocks were faster at
@@ -26,7 +28,6 @@ NORMS = ("post", "pre", "peri", "ngpt", "none")
 #: path's memory grows as n² (more under `jax.grad`); below it the dense path keeps
 #: forward-mode autodiff (`jax.jacfwd`), which the blocks' custom VJP does not have.
 DENSE_LIMIT = 2**20
-KERNELS = ("softmax", "sigmoid", "exp", "usa", "hardmax")
 
 
 class SelfAttentionDynamics(eqx.Module):
@@ -40,8 +41,9 @@ class SelfAttentionDynamics(eqx.Module):
     - The discrete layer (paper 001 eq. 4) is `x_i ← N(x_i + τ v_i(t, x))`.
     - The continuous flow (eq. 6) is `dx_i/dt = v_i − ⟨x_i, v_i⟩_W x_i`.
 
-    That is `norm="post"`, the papers' model. The other placements (`docs/variants.md`
-    derives each limit; `N(0)` is taken as `0`, a zero update stays zero):
+    That is `norm=ja.PostNorm()` (`"post"`), the papers' model. The other placements
+    (`ja.AbstractNorm`'s members; `docs/variants.md` derives each limit; `N(0)` is taken
+    as `0`, a zero update stays zero):
 
     | `norm`   | layer `x_i ←`                | velocity `dx_i/dt`                 |
     |----------|------------------------------|------------------------------------|
@@ -67,8 +69,10 @@ class SelfAttentionDynamics(eqx.Module):
       the identity, i.e. the unit sphere.
     - `beta`: inverse temperature `β` (default 1), a finite real.
     - `causal`: causal attention, `M(i) = {j ≤ i}` (default: full attention).
-    - `norm`: where the normalisation sits, one of `"post"` (default), `"pre"`,
-      `"peri"`, `"ngpt"`, `"none"` (table above).
+    - `norm`: where the normalisation sits: a member of `ja.AbstractNorm` —
+      `ja.PostNorm()` (default), `ja.PreNorm()`, `ja.PeriNorm()`, `ja.NGPT()`,
+      `ja.NoNorm()`, or a user's own — or its name `"post"`, `"pre"`, `"peri"`,
+      `"ngpt"`, `"none"` (table above).
     - `window`: a sliding window of width `w ≥ 1` (GPT-Neo's local layers): token
       `i` attends to `j` only when `|i − j| < w` (and `j ≤ i` when `causal`).
       `None` (default): no window.
@@ -78,8 +82,10 @@ class SelfAttentionDynamics(eqx.Module):
       every other token gives `α_ii = 1` under softmax (the token's update is
       `Σ_η U_η x_i`) and never a `0/0`. Masked scores are set to `−∞` before the
       kernel.
-    - `kernel`: the attention weights from the logits `s_ij = β x_iᵀ P_η x_j`:
-      `"softmax"` (default) `softmax_j(s_ij)` over `M(i)`; `"sigmoid"`
+    - `kernel`: the attention weights from the logits `s_ij = β x_iᵀ P_η x_j`: a
+      member of `ja.AbstractKernel` (`ja.Softmax()`, `ja.Sigmoid(bias=…)`, `ja.Exp()`,
+      `ja.USA()`, `ja.Hardmax()`, or a user's own) or its name: `"softmax"` (default)
+      `softmax_j(s_ij)` over `M(i)`; `"sigmoid"`
       `σ(s_ij + b)`, not normalised over `j` (Ramapuram et al. 2024); `"exp"`
       `exp(s_ij) / n`, not normalised over `j` (the unnormalised model of
       Geshkovski et al.'s phase diagrams; its weights overflow once `β x_iᵀ P x_j`
@@ -97,17 +103,18 @@ class SelfAttentionDynamics(eqx.Module):
     - `precision`: of the attention's matrix products: `"float32"` (default, true
       float32 on every backend), or the opt-in `"tensorfloat32"` / `"bfloat16"`
       (reduced operands, float32 accumulation); see `jaxattn._precision`.
-    - `bias`: the sigmoid's bias `b` (only with `kernel="sigmoid"`); `None`
-      (default) is `−log n`.
+    - `bias`: the sigmoid's bias `b` (only with `kernel="sigmoid"`: the same as
+      `kernel=ja.Sigmoid(bias=b)`); `None` (default) is `−log n`.
     - `block_size`: how the attention is computed. `None` (default) chooses by size:
       the dense `(h, n, n)` weights while they take at most `DENSE_LIMIT` bytes
       (faster there), attention in key blocks of `DEFAULT_BLOCK` keys above (the
       online softmax, `jaxattn._blocks`: memory `O(n)`, never the `n × n` matrix,
       gradients by a custom VJP that recomputes the blocks). An integer `b ≥ 1`
       forces blocks of `b` keys at every size, and `0` the dense weights at every
-      size (for `jax.jacfwd` at large `n`). Both paths give the same values to
-      rounding, for every kernel, mask, norm, head layout and metric; the blocked
-      path is reverse-mode only (`jax.grad`, not `jax.jacfwd`).
+      size. Both paths give the same values to rounding, for every kernel, mask,
+      norm, head layout and metric; the blocked path is reverse-mode only
+      (`jax.grad`) unless the model is `dyn.with_forward_mode()` (`jax.jvp`,
+      `jax.jacfwd`; `ja.solve_flow` takes it for implicit solvers).
     """
 
     P: AbstractSchedule | None
@@ -117,14 +124,14 @@ class SelfAttentionDynamics(eqx.Module):
     W: Float[Array, "d d"] | None
     beta: Float[Array, ""]
     mask: Bool[Array, "n n"] | None
-    bias: Float[Array, ""] | None
+    norm: AbstractNorm
+    kernel: AbstractKernel
     causal: bool = eqx.field(static=True)
     precision: str = eqx.field(static=True)
-    norm: str = eqx.field(static=True)
     window: int | None = eqx.field(static=True)
-    kernel: str = eqx.field(static=True)
     block_size: int | None = eqx.field(static=True)
     token_mesh: object = eqx.field(static=True)  # a Mesh: tokens split (`on_tokens`)
+    forward_mode: bool = eqx.field(static=True)  # blocks without the custom VJP
 
     def __init__(
         self,
@@ -133,10 +140,10 @@ class SelfAttentionDynamics(eqx.Module):
         W: Float[Array, "d d"] | None = None,
         beta: float = 1.0,
         causal: bool = False,
-        norm: str = "post",
+        norm: AbstractNorm | str = "post",
         window: int | None = None,
         mask: Bool[Array, "n n"] | None = None,
-        kernel: str = "softmax",
+        kernel: AbstractKernel | str = "softmax",
         *,
         Q: _Weights | None = None,
         K: _Weights | None = None,
@@ -175,18 +182,14 @@ class SelfAttentionDynamics(eqx.Module):
             raise TypeError(f"`causal` must be True or False, got {causal!r}.")
         self.causal = causal
         self.precision = check_precision(precision)
-        self.norm = _check_choice(norm, "norm", NORMS)
-        self.kernel = _check_choice(kernel, "kernel", KERNELS)
+        self.norm = as_norm(norm)
+        self.kernel = as_kernel(kernel, bias)
         self.window = None if window is None else check_count(window, "window", 1)
         self.mask = None if mask is None else _check_mask(mask)
-        if bias is not None and self.kernel != "sigmoid":
-            raise ValueError(f"`bias` is the sigmoid's b: it needs kernel='sigmoid', "
-                             f"got kernel={self.kernel!r}.")
-        self.bias = None if bias is None else jnp.asarray(
-            check_scalar(bias, "bias", dtype=dtype), dtype=dtype)
         self.block_size = None if block_size is None else check_count(
             block_size, "block_size", 0)
         self.token_mesh = None
+        self.forward_mode = False
 
     @classmethod
     def from_factors(cls, Q: _Weights, K: _Weights, U: _Weights, W=None, beta=1.0, causal=False,
@@ -216,6 +219,16 @@ class SelfAttentionDynamics(eqx.Module):
         object.__setattr__(new, "token_mesh", mesh)
         return new
 
+    def with_forward_mode(self) -> "SelfAttentionDynamics":
+        """This model with its key blocks differentiable in forward mode (`jax.jvp`,
+        `jax.jacfwd`): the blocks' sweep without its custom VJP, so JAX differentiates
+        it in both modes (reverse mode then stores each block's weights).
+        `ja.solve_flow` takes it for implicit solvers, whose Newton steps take
+        Jacobian–vector products; the values are the same."""
+        new = copy.copy(self)
+        object.__setattr__(new, "forward_mode", True)
+        return new
+
     @property
     def num_heads(self) -> int:
         return schedule_shape(self.U, "U")[0]
@@ -231,8 +244,14 @@ class SelfAttentionDynamics(eqx.Module):
 
     @property
     def stays_on_manifold(self) -> bool:
-        """Whether the layer and the flow keep tokens on `E_W` (`"post"`, `"ngpt"`)."""
-        return self.norm in ("post", "ngpt")
+        """Whether the layer and the flow keep tokens on `E_W` (`ja.PostNorm()`,
+        `ja.NGPT()`): the norm placement's own `stays_on_manifold`."""
+        return self.norm.stays_on_manifold
+
+    @property
+    def bias(self) -> Float[Array, ""] | None:
+        """The sigmoid's bias `b` (`ja.Sigmoid(bias=…)`), `None` for other kernels."""
+        return self.kernel.bias if isinstance(self.kernel, Sigmoid) else None
 
     def _keys(self, K: Float[Array, "g k d"]) -> Float[Array, "h k d"]:
         """The key factor of every head (a shared group repeated, as Llama's repeat_kv)."""
@@ -292,24 +311,16 @@ class SelfAttentionDynamics(eqx.Module):
         # the max-shift never computes inf − inf; NaN logits stay NaN and are caught.
         s = self.scores(t, x)
         big = jnp.finfo(s.dtype).max
-        s = jnp.clip(s, -big, big)
         n = x.shape[0]
-        if self.kernel == "sigmoid":
-            s = s + (-np.log(n) if self.bias is None else self.bias.astype(s.dtype))
+        s = jnp.clip(s, -big, big)
+        offset = self.kernel.offset(self.beta, n, s.dtype)
+        if offset is not None:
+            s = s + offset
         mask = self.allowed(n)
         if mask is not None:
             # −∞ (not a large negative number): exactly 0 weight, and a zero gradient.
             s = jnp.where(mask, s, -jnp.inf)
-        if self.kernel == "sigmoid":
-            return jax.nn.sigmoid(s)
-        if self.kernel == "exp":
-            return jnp.exp(s) / n
-        if self.kernel == "usa":
-            return jnp.exp(s - self.beta.astype(s.dtype)) / n
-        if self.kernel == "hardmax":
-            hit = s == jnp.max(s, axis=-1, keepdims=True)
-            return hit / jnp.sum(hit, axis=-1, keepdims=True).astype(s.dtype)
-        return jax.nn.softmax(s, axis=-1)
+        return self.kernel.weights(s, n)
 
     def blocked(self, n: int, dtype=None) -> bool:
         """Whether `n` tokens take the blocked path (`block_size`)."""
@@ -344,64 +355,37 @@ class SelfAttentionDynamics(eqx.Module):
             q = beta * einsum("hkd,id->hik", Q, x, precision=self.precision)
             k = einsum("gkd,jd->gjk", K, x, precision=self.precision)
         v = jnp.broadcast_to(x[None], (k.shape[0],) + x.shape)
-        offset = jnp.zeros((), x.dtype)
-        if self.kernel == "sigmoid":
-            offset = -np.log(n) if self.bias is None else self.bias
-        elif self.kernel == "usa":
-            offset = -beta
+        offset = self.kernel.offset(self.beta, n, x.dtype)
+        offset = jnp.zeros((), x.dtype) if offset is None else offset
         devices = 1 if self.token_mesh is None else self.token_mesh.devices.size
         share = n // devices
         spec = block_spec(self.kernel, share, share, self.num_heads,
                           self.block_size or DEFAULT_BLOCK, causal=self.causal,
                           window=self.window, has_mask=self.mask is not None,
-                          precision=self.precision)
-        offset = jnp.asarray(offset, x.dtype)
+                          precision=self.precision, forward_mode=self.forward_mode)
         if self.token_mesh is None:
             mixed = blocked_attention(q, k, v, offset, self.mask, spec)
         else:
             mixed = ring_attention(q, k, v, offset, self.mask, spec, self.token_mesh)
-        return mixed / n if self.kernel in ("exp", "usa") else mixed
-
-    def _euler_field(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        """The velocity of `"pre"`, `"peri"`, `"none"`, whose layers are its Euler steps."""
-        if self.norm == "none":
-            return self.raw_update(t, x)
-        v = self.raw_update(t, project(x, self.W))
-        return unit_rows(v, self.W) if self.norm == "peri" else v
+        return self.kernel.rescale(mixed, n)
 
     def velocity(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        """The continuous-time vector field, the `τ → 0` limit of `layer`.
+        """The continuous-time vector field, the `τ → 0` limit of `layer`: the norm
+        placement's `velocity` of the raw update at time `t`.
 
-        `"post"` (paper 001 eq. 6): `dx_i/dt = v_i − ⟨x_i, v_i⟩_W x_i`, tangent to
-        `E_W` at points of `E_W`; `"ngpt"`: the same with `N(v_i)` for `v_i`; `"pre"`
-        `v_i(N(x))`, `"peri"` `N(v_i(N(x)))`, `"none"` `v_i(x)` (see the class).
+        `ja.PostNorm()` (paper 001 eq. 6): `dx_i/dt = v_i − ⟨x_i, v_i⟩_W x_i`, tangent to
+        `E_W` at points of `E_W`; the other placements as in the class docstring.
         """
-        x = jnp.asarray(x)
-        if self.norm == "post":
-            return tangent(x, self.raw_update(t, x), self.W)
-        if self.norm == "ngpt":
-            return tangent(x, unit_rows(self.raw_update(t, x), self.W), self.W)
-        return self._euler_field(t, x)
+        return self.norm.velocity(functools.partial(self.raw_update, t), jnp.asarray(x), self.W)
 
     def layer(
         self, t: Real[Array, ""], x: Float[Array, "n d"], tau: Real[Array, ""]
     ) -> Float[Array, "n d"]:
         """One discrete layer, with the weights read at time `t` (layer `k` uses
-        `t = kτ`): `"post"` (paper 001 eq. 4) `x_i ← N_W(x_i + τ v_i(t, x))`; the
-        other placements as in the class docstring."""
-        x = jnp.asarray(x)
-        if self.norm == "post":
-            return project(x + tau * self.raw_update(t, x), self.W)
-        if self.norm == "ngpt":
-            return project(x + tau * (unit_rows(self.raw_update(t, x), self.W) - x), self.W)
-        return x + tau * self._euler_field(t, x)
-
-
-def unit_rows(v: Float[Array, "n d"], W: Float[Array, "d d"] | None) -> Float[Array, "n d"]:
-    """`N_W(v_i)` for every row, with `N_W(0) = 0` (and a zero gradient there): the
-    normalisation of an update, which may vanish."""
-    nonzero = jnp.any(v != 0, axis=-1, keepdims=True)
-    return jnp.where(nonzero, project(jnp.where(nonzero, v, 1), W), 0)
+        `t = kτ`): `ja.PostNorm()` (paper 001 eq. 4) `x_i ← N_W(x_i + τ v_i(t, x))`; the
+        other placements as in the class docstring (the norm placement's `step`)."""
+        return self.norm.step(functools.partial(self.raw_update, t), jnp.asarray(x), tau,
+                              self.W)
 
 
 def random_mask(key: PRNGKeyArray, n: int, p: float) -> Bool[Array, "n n"]:
@@ -460,13 +444,6 @@ def random_dynamics(key: PRNGKeyArray, heads: int, d: int, *, scale: float = 1.0
     kP, kU = jax.random.split(key)
     P, U = (std * jax.random.normal(k, (heads, d, d), dtype) for k in (kP, kU))
     return SelfAttentionDynamics(P, U, beta=beta, **options)
-
-
-def _check_choice(value, name: str, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"`{name}` must be one of {', '.join(map(repr, choices))}, "
-                         f"got {value!r}.")
-    return value
 
 
 def _check_factors(q_shape, k_shape, h: int, d: int) -> None:

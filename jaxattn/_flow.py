@@ -250,6 +250,9 @@ def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event
 @eqx.filter_jit
 def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw, project_out,
                    checks, fused=False, chunk=None, event=None, noise=None, keys=None):
+    inner = solver.solver if isinstance(solver, ManifoldSolver) else solver
+    if isinstance(inner, dfx.AbstractImplicitSolver):
+        dyn = dyn.with_forward_mode()  # Newton steps take Jacobian–vector products
     x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     ts = ts.astype(x0.dtype)
     throw_now = throw and checks  # else the caller raises diffrax's message on the host

@@ -134,3 +134,10 @@ def tangent(
     """The differential of `N_W` at a point of `E_W` applied to `v`:
     `v_i − ⟨x_i, v_i⟩_W x_i` (paper 001 eq. 6)."""
     return v - w_inner(x, v, W)[:, None] * x
+
+
+def unit_rows(v: Float[Array, "n d"], W: Float[Array, "d d"] | None) -> Float[Array, "n d"]:
+    """`N_W(v_i)` for every row, with `N_W(0) = 0` (and a zero gradient there): the
+    normalisation of an update, which may vanish."""
+    nonzero = jnp.any(v != 0, axis=-1, keepdims=True)
+    return jnp.where(nonzero, project(jnp.where(nonzero, v, 1), W), 0)

@@ -7,6 +7,7 @@ the tokens along the ellipsoid, and the normalisation keeps them there.
 """
 
 import abc
+import functools
 import math
 
 import diffrax as dfx
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import lineax as lx
 from jaxtyping import Array, Float, PRNGKeyArray, Real
 
-from ._dynamics import SelfAttentionDynamics, unit_rows
+from ._dynamics import SelfAttentionDynamics
 from ._ensemble import from_batch_last, in_chunks, is_batch_last, to_batch_last
 from ._manifold import project, tangent
 from ._precision import einsum
@@ -97,8 +98,7 @@ def attention_mean(dyn: SelfAttentionDynamics, t, x: Float[Array, "n d"]) -> Flo
     h, d = dyn.num_heads, dyn.dim
     eye = jnp.broadcast_to(jnp.eye(d, dtype=x.dtype) / h, (h, d, d))
     model = eqx.tree_at(lambda m: m.U, dyn, _Identity(eye))
-    at = x if dyn.norm in ("post", "ngpt", "none") else project(x, dyn.W)
-    return model.raw_update(t, at)
+    return model.raw_update(t, dyn.norm.reads(x, dyn.W))
 
 
 class ValueNoise(AbstractNoise):
@@ -235,7 +235,8 @@ def sde_terms(noise: AbstractNoise, path: dfx.VirtualBrownianTree, n: int, d: in
 def noisy_layer(dyn: SelfAttentionDynamics, noise: AbstractNoise, t, x: Float[Array, "n d"],
                 tau, xi) -> Float[Array, "n d"]:
     """One layer with noise: the increment `σ √τ P_x ξ (·)` (`noise.kick` of `√τ ξ`,
-    `ξ` standard normal) added where the update enters, before the normalisation:
+    `ξ` standard normal) added where the update enters, before the normalisation (the
+    norm placement's `step` with a `kick`):
 
     | `norm`   | `x_i ←`                                      |
     |----------|----------------------------------------------|
@@ -244,12 +245,7 @@ def noisy_layer(dyn: SelfAttentionDynamics, noise: AbstractNoise, t, x: Float[Ar
     | other    | `dyn.layer(t, x, τ)_i + kick_i` (`P` at `N(x_i)`) |
     """
     kick = noise.kick(dyn, t, x, jnp.sqrt(tau) * xi)
-    if dyn.norm == "post":
-        return project(x + tau * dyn.raw_update(t, x) + kick, dyn.W)
-    if dyn.norm == "ngpt":
-        update = unit_rows(dyn.raw_update(t, x), dyn.W) - x
-        return project(x + tau * update + kick, dyn.W)
-    return dyn.layer(t, x, tau) + kick
+    return dyn.norm.step(functools.partial(dyn.raw_update, t), x, tau, dyn.W, kick)
 
 
 def layer_normal(noise: AbstractNoise, key, k, n: int, d: int, dtype):

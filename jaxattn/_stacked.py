@@ -7,7 +7,7 @@ carry leading batch axes. `ja.run_layers` and `ja.solve_flow` take such a model 
 tokens whose batch axes start with the model's, `x0 (*models, *systems, n, d)`:
 model `m` runs the systems `x0[m]`. The batch axes of a leaf are found from its rank:
 one model's weights are `(h, a, b)` in a `Constant` (`(L, h, a, b)` in a
-`PiecewiseConstant`), `W` and `mask` are matrices, `β`, `bias` and `dt` scalars; a
+`PiecewiseConstant`), `W` and `mask` are matrices, `β`, the sigmoid's `bias` and `dt` scalars; a
 leaf of a `Schedule`'s `params` is batched when it starts with the model's batch
 axes. Leaves without batch axes are shared by every model (a common `W`, one β).
 
@@ -28,8 +28,11 @@ from jaxtyping import Array, Float, PyTree
 from ._ensemble import BatchLast
 
 # One model's rank of each leaf of known role, by its path in the model.
-_TOP_RANK = {"W": 2, "beta": 0, "mask": 2, "bias": 0}
+_TOP_RANK = {"W": 2, "beta": 0, "mask": 2}
 _SCHEDULE_RANK = {"value": 3, "values": 4, "dt": 0}
+# The built-in kernels' parameters (the sigmoid's bias) are scalars; a user kernel's
+# leaves are batched when they start with the models' batch axes.
+_KERNEL_RANK = {"bias": 0}
 
 
 def _base_rank(path) -> int | None:
@@ -39,6 +42,8 @@ def _base_rank(path) -> int | None:
         return _TOP_RANK.get(names[0])
     if len(names) == 2 and names[0] in ("P", "Q", "K", "U"):
         return _SCHEDULE_RANK.get(names[1])
+    if len(names) == 2 and names[0] == "kernel":
+        return _KERNEL_RANK.get(names[1])
     return None
 
 

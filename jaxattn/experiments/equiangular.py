@@ -32,13 +32,17 @@ from tqdm.auto import tqdm
 from .._app import figures
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
+from .._kernel import Exp, Softmax
 from .._manifold import normalize
+from .._norm import NGPT, NoNorm, PeriNorm, PostNorm, PreNorm
 from ..theory import equiangular_asymptotics, equiangular_solution, equiangular_tokens
 from .base import BETA, AbstractExperiment, Param, Verdict
 from .verdicts import short
 
-NORMS = ("post", "ngpt", "pre", "peri", "none")
-KERNELS = ("softmax", "exp")
+#: The members the study runs (in its arrays' order): every placement, and the two
+#: kernels that depend on `⟨x_i, x_j⟩` alone.
+NORMS = (PostNorm(), NGPT(), PreNorm(), PeriNorm(), NoNorm())
+KERNELS = (Softmax(), Exp())
 #: The flow's tolerances (float64): far below the agreement `AGREEMENT` asked of it.
 RTOL, ATOL = 1e-13, 1e-20
 #: How closely the flow's `ρ(t)` must follow the reduced ODE, and its spread stay 0.
@@ -49,9 +53,9 @@ RATE_FLOOR = 1e-20
 COLORS = {"post": "C0", "ngpt": "C3", "pre": "C1", "peri": "C2", "none": "C4"}
 
 
-def skipped(norm: str, kernel: str) -> bool:
-    """Whether the pair is left out of a run: `"none"` with `"exp"` blows up."""
-    return (norm, kernel) == ("none", "exp")
+def skipped(norm, kernel) -> bool:
+    """Whether the pair is left out of a run: no normalisation with `exp` blows up."""
+    return isinstance(norm, NoNorm) and isinstance(kernel, Exp)
 
 
 def off_diagonal(gram: Float[Array, "*T n n"]) -> Float[Array, "*T m"]:
@@ -81,7 +85,7 @@ def measure(ys: Float[Array, "T n d"]) -> dict[str, np.ndarray]:
             "radius": np.asarray(jnp.mean(jnp.linalg.norm(ys, axis=-1), -1))}
 
 
-def flow(config, norm: str, kernel: str, ts) -> dict[str, np.ndarray]:
+def flow(config, norm, kernel, ts) -> dict[str, np.ndarray]:
     """The `n`-particle flow from the equiangular start, measured (`measure`)."""
     n, d = config["tokens"], config["dim"]
     eye = jnp.eye(d)[None]
@@ -169,7 +173,7 @@ class Equiangular(AbstractExperiment):
                               "ode": _json(late_rate(data["ts"], data["gap_ode"][i, j],
                                                      law.kind)),
                               "final_rho": _json(data["rho_ode"][i, j, -1])}
-                out[f"{kernel}_{norm}"] = entry
+                out[f"{kernel.name}_{norm.name}"] = entry
         return out
 
     def verdict(self, config, data):
@@ -198,8 +202,9 @@ class Equiangular(AbstractExperiment):
             for j, norm in enumerate(NORMS):
                 if not skipped(norm, kernel):
                     _draw_pair(ax, ts, data["gap_flow"][i, j], data["gap_ode"][i, j],
-                               norm, rates[f"{kernel}_{norm}"])
-            name = "softmax" if kernel == "softmax" else r"exp: $e^{\beta\langle x,y\rangle}/n$"
+                               norm, rates[f"{kernel.name}_{norm.name}"])
+            name = "softmax" if isinstance(kernel, Softmax) else \
+                r"exp: $e^{\beta\langle x,y\rangle}/n$"
             ax.set(ylabel=r"$1-\rho(t)$", title=f"{name}: flow (wide) and reduced ODE (dashed)")
             figures.legend_below(ax, ncol=2)
         self._draw_algebraic(axes[2], ts, data, rates)
@@ -218,18 +223,21 @@ class Equiangular(AbstractExperiment):
         later = ts >= ts[-1] / 2
         for i, kernel in enumerate(KERNELS):
             for j, norm in enumerate(NORMS):
-                if rates[f"{kernel}_{norm}"]["kind"] != "algebraic" or (
-                        norm == "peri" and kernel == "exp"):
+                # the peri-norm's N(v_i) removes exp's row factor: one curve for both
+                same = isinstance(norm, PeriNorm)
+                if rates[f"{kernel.name}_{norm.name}"]["kind"] != "algebraic" or (
+                        same and isinstance(kernel, Exp)):
                     continue
-                label = f"{norm}, {kernel}" + (" (= exp)" if norm == "peri" else "")
-                style = "-" if kernel == "softmax" else (0, (4, 2))
+                label = f"{norm.name}, {kernel.name}" + (" (= exp)" if same else "")
+                style = "-" if isinstance(kernel, Softmax) else (0, (4, 2))
                 ax.loglog(ts[1:], data["gap_flow"][i, j, 1:], ls=style, lw=3.5, alpha=0.35,
-                          color=COLORS[norm], label=f"{label}: flow")
+                          color=COLORS[norm.name], label=f"{label}: flow")
                 ax.loglog(ts[1:], data["gap_ode"][i, j, 1:], ls=(0, (2, 2)), lw=1.2,
-                          color=COLORS[norm], label=f"{label}: ODE")
+                          color=COLORS[norm.name], label=f"{label}: ODE")
                 end = data["gap_ode"][i, j, -1] * (ts[later] / ts[-1]) ** -2.0
                 ax.loglog(ts[later], end * 3.0, color="k", lw=0.8,
-                          label="predicted slope: $t^{-2}$ (×3)" if i == 0 and norm == "pre"
+                          label="predicted slope: $t^{-2}$ (×3)" if i == 0 and
+                          isinstance(norm, PreNorm)
                           else "_nolegend_")
         ax.set(xlabel="time $t$ (log)", ylabel=r"$1-\rho(t)$",
                title=r"pre and peri: algebraic, $1-\rho \asymp t^{-2}$")
@@ -254,11 +262,11 @@ class Equiangular(AbstractExperiment):
         figures.legend_below(ax, ncol=1)
 
 
-def _draw_pair(ax, ts, gap_flow, gap_ode, norm: str, rate: dict) -> None:
+def _draw_pair(ax, ts, gap_flow, gap_ode, norm, rate: dict) -> None:
     """One placement's `1 − ρ` from the flow (wide, faint) and the ODE (dashed), and
     for an exponential rate the predicted slope over the second half."""
-    color = COLORS[norm]
-    figures.draw_decay(ax, ts, gap_flow, label=f"{norm}: {_tex(rate)}", lw=4, alpha=0.35,
+    color = COLORS[norm.name]
+    figures.draw_decay(ax, ts, gap_flow, label=f"{norm.name}: {_tex(rate)}", lw=4, alpha=0.35,
                        color=color)
     figures.draw_decay(ax, ts, gap_ode, lw=1.2, ls=(0, (2, 2)), color=color)
     valid = np.flatnonzero(gap_ode > RATE_FLOOR)
@@ -267,7 +275,7 @@ def _draw_pair(ax, ts, gap_flow, gap_ode, norm: str, rate: dict) -> None:
         window = (ts <= ts[end]) & (ts >= ts[end] - ts[-1] / 4)
         guide = 3.0 * gap_ode[end] * np.exp(-rate["predicted"] * (ts[window] - ts[end]))
         ax.semilogy(ts[window], guide, color="k", lw=0.8,
-                    label="predicted slope (×3)" if norm == "post" else "_nolegend_")
+                    label="predicted slope (×3)" if isinstance(norm, PostNorm) else "_nolegend_")
 
 
 def _tex(rate: dict) -> str:

@@ -53,7 +53,7 @@ def layer_dynamics(model_or_dyn, layer: int) -> SelfAttentionDynamics:
         P = model_or_dyn.query_key(t)
         d = model_or_dyn  # every option but the weights' time dependence is kept
         return SelfAttentionDynamics(P, d.U(t), d.W, d.beta, d.causal, d.norm, d.window,
-                                     d.mask, d.kernel, precision=d.precision, bias=d.bias)
+                                     d.mask, d.kernel, precision=d.precision)
     raise TypeError(f"expected a model or a ja.SelfAttentionDynamics, got {model_or_dyn!r}.")
 
 

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._dynamics import SelfAttentionDynamics
+from .._kernel import AbstractKernel, Softmax
+from .._norm import AbstractNorm, PostNorm
 from .._schedule import AbstractSchedule, PiecewiseConstant
 from ._report import THEOREMS as THEOREMS
 from ._report import Check, Classification, TheoremReport
@@ -87,8 +89,8 @@ class _Model:
     beta: float
     P: _Reading
     U: _Reading
-    norm: str
-    kernel: str
+    norm: AbstractNorm
+    kernel: AbstractKernel
     window: int | None
     masked: bool
 
@@ -281,36 +283,23 @@ def _check_gradient_pair(m: _Model, tol: float) -> Check:
     return Check("P symmetric positive definite, W U = c P (c > 0), β > 0", ok, detail)
 
 
-# Why each departure from the papers' model leaves their proofs.
-_NORM_WHY = {
-    "pre": "tokens leave E_W (dx/dt = v(N(x)))",
-    "peri": "tokens leave E_W (dx/dt = N(v(N(x))))",
-    "ngpt": "a different flow on E_W (the update normalised: N(v) − ⟨x, N(v)⟩_W x)",
-    "none": "no normalisation: tokens leave E_W (dx/dt = v(x))",
-}
-_KERNEL_WHY = {
-    "sigmoid": "σ(s + b), not normalised over j",
-    "exp": "exp(s)/n, not normalised over j",
-}
-
-
 def _check_form(m: _Model) -> list[Check]:
     """The model of the papers: post-normalisation, softmax, no window or mask.
 
     Every theorem is proved for the flow (eq. 6) on `E_W` with softmax weights over
     all tokens (or all earlier ones); a variant is a different dynamical system.
     """
-    norm = "x ← N_W(x + τ v), the flow on E_W" if m.norm == "post" else (
-        f"norm = {m.norm!r}: {_NORM_WHY[m.norm]}")
-    kernel = "softmax" if m.kernel == "softmax" else (
-        f"kernel = {m.kernel!r}: {_KERNEL_WHY[m.kernel]}")
+    papers_norm, papers_kernel = isinstance(m.norm, PostNorm), isinstance(m.kernel, Softmax)
+    norm = m.norm.description if papers_norm else (
+        f"norm = {m.norm.name!r}: {m.norm.description}")
+    kernel = "softmax" if papers_kernel else f"kernel = {m.kernel.name!r}: {m.kernel.description}"
     limits = [f"a window |i − j| < {m.window}"] if m.window is not None else []
     limits += ["a mask"] if m.masked else []
     scope = (f"attention limited by {' and '.join(limits)}: the proofs average over every "
              "token (or every earlier one)" if limits else "every token (or every earlier one)")
     return [
-        Check("post-normalisation (eq. 4, 6)", m.norm == "post", norm),
-        Check("softmax attention (rows summing to one)", m.kernel == "softmax", kernel),
+        Check("post-normalisation (eq. 4, 6)", papers_norm, norm),
+        Check("softmax attention (rows summing to one)", papers_kernel, kernel),
         Check("no window or mask", not limits, scope),
     ]
 

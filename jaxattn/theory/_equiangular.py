@@ -39,8 +39,15 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Real
 
-NORMS = ("post", "pre", "peri", "ngpt", "none")
-KERNELS = ("softmax", "exp")
+from .._kernel import AbstractKernel, Exp, Softmax, as_kernel
+from .._norm import NGPT, AbstractNorm, NoNorm, PeriNorm, PostNorm, PreNorm, as_norm
+
+#: The placements and kernels the reduction covers (weights that depend on
+#: `⟨x_i, x_j⟩` alone), by member class: its laws below are tables over them.
+NORMS = (PostNorm, PreNorm, PeriNorm, NGPT, NoNorm)
+KERNELS = (Softmax, Exp)
+_Norm = AbstractNorm | str
+_Kernel = AbstractKernel | str
 
 
 class Asymptotics(NamedTuple):
@@ -65,23 +72,32 @@ class EquiangularSolution(eqx.Module):
     radius: Float[Array, " T"]
 
 
-def _check(n: int, beta: float, norm: str, kernel: str) -> None:
+def _members(norm: AbstractNorm | str, kernel: AbstractKernel | str) -> tuple[type, type]:
+    """The member classes of `norm` and `kernel` (strings or members), or an error
+    naming the ones the reduction covers."""
+    norm, kernel = type(as_norm(norm)), type(as_kernel(kernel))
+    if norm not in NORMS:
+        raise ValueError(f"the equiangular reduction covers the placements "
+                         f"{', '.join(c.name for c in NORMS)}, got {norm.__name__}.")
+    if kernel not in KERNELS:
+        raise ValueError(f"`kernel` must be 'softmax' or 'exp' (the reduction needs weights "
+                         f"that depend on ⟨x_i, x_j⟩ alone), got {kernel.name!r}.")
+    return norm, kernel
+
+
+def _check(n: int, beta: float, norm, kernel) -> tuple[type, type]:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
         raise ValueError(f"`n` is the number of tokens: an integer ≥ 2, got {n!r}.")
     if not (isinstance(beta, (int, float, np.number)) and math.isfinite(beta) and beta >= 0):
         raise ValueError(f"`beta` must be a finite number ≥ 0, got {beta!r}.")
-    if norm not in NORMS:
-        raise ValueError(f"`norm` must be one of {', '.join(map(repr, NORMS))}, got {norm!r}.")
-    if kernel not in KERNELS:
-        raise ValueError(f"`kernel` must be 'softmax' or 'exp' (the reduction needs weights "
-                         f"that depend on ⟨x_i, x_j⟩ alone), got {kernel!r}.")
+    return _members(norm, kernel)
 
 
-def _parts(gap, kappa, n: int, beta, kernel: str):
+def _parts(gap, kappa, n: int, beta, kernel: type):
     """`(s, m, g / (1 − ρ))` of the module docstring at `1 − ρ = gap`, scores scaled
     by `κ` (`g` divided by the gap exactly, for the log-gap equation)."""
     rho = 1 - gap
-    if kernel == "softmax":
+    if kernel is Softmax:
         b = 1 / (jnp.exp(beta * kappa * gap) + (n - 1))
         a = 1 - (n - 1) * b
     else:
@@ -97,20 +113,20 @@ def _log_field(t, y, args):
     """`d/dt (log(1 − ρ), log r)`: the reduced ODE in the variables it is solved in."""
     n, beta, norm, kernel = args
     gap, r = jnp.exp(y[0]), jnp.exp(y[1])
-    s, m, per_gap = _parts(gap, r**2 if norm == "none" else 1.0, n, beta, kernel)
+    s, m, per_gap = _parts(gap, r**2 if norm is NoNorm else 1.0, n, beta, kernel)
     # ρ̇ = 2g · speed, so d log(1 − ρ)/dt = −2 (g / (1 − ρ)) · speed
     speed, dlogr = {
-        "post": (1.0, 0.0),
-        "ngpt": (1 / m, 0.0),
-        "pre": (1 / r, s / r),
-        "peri": (1 / (m * r), s / (m * r)),
-        "none": (1.0, s),
+        PostNorm: (1.0, 0.0),
+        NGPT: (1 / m, 0.0),
+        PreNorm: (1 / r, s / r),
+        PeriNorm: (1 / (m * r), s / (m * r)),
+        NoNorm: (1.0, s),
     }[norm]
     return jnp.stack([-2 * per_gap * speed, jnp.asarray(dlogr, y.dtype)])
 
 
-def equiangular_field(rho: Real[Array, "..."], n: int, beta: float, *, norm: str = "post",
-                      kernel: str = "softmax", radius: Real[Array, "..."] = 1.0
+def equiangular_field(rho: Real[Array, "..."], n: int, beta: float, *, norm: _Norm = "post",
+                      kernel: _Kernel = "softmax", radius: Real[Array, "..."] = 1.0
                       ) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
     """The reduced ODE: `(dρ/dt, dr/dt)` for `n` equiangular tokens of cosine `ρ` and
     norm `r` under `SelfAttentionDynamics(P = I, U = I, beta, norm=, kernel=)`.
@@ -120,9 +136,10 @@ def equiangular_field(rho: Real[Array, "..."], n: int, beta: float, *, norm: str
     - `rho`: the common cosine `ρ ∈ [−1/(n − 1), 1]` (an array: elementwise).
     - `n`: the number of tokens, ≥ 2.
     - `beta`: the inverse temperature `β ≥ 0`.
-    - `norm`: the placement, one of `"post"` (default), `"pre"`, `"peri"`, `"ngpt"`,
-      `"none"`.
-    - `kernel`: `"softmax"` (default) or `"exp"` (weights `exp(β⟨x_i, x_j⟩)/n`).
+    - `norm`: the placement, `ja.PostNorm()` (default), `ja.PreNorm()`,
+      `ja.PeriNorm()`, `ja.NGPT()`, `ja.NoNorm()`, or its name (`"post"`, …).
+    - `kernel`: `ja.Softmax()` (default) or `ja.Exp()` (weights `exp(β⟨x_i, x_j⟩)/n`),
+      or its name.
     - `radius`: the common norm `r` (default 1; it moves only for `"pre"`, `"peri"`
       and `"none"`).
 
@@ -130,22 +147,22 @@ def equiangular_field(rho: Real[Array, "..."], n: int, beta: float, *, norm: str
 
     `(dρ/dt, dr/dt)`, arrays of the broadcast shape.
     """
-    _check(n, beta, norm, kernel)
+    norm, kernel = _check(n, beta, norm, kernel)
     rho, r = jnp.asarray(rho, float), jnp.asarray(radius, float)
-    s, m, per_gap = _parts(1 - rho, r**2 if norm == "none" else 1.0, n, beta, kernel)
+    s, m, per_gap = _parts(1 - rho, r**2 if norm is NoNorm else 1.0, n, beta, kernel)
     g = (1 - rho) * per_gap
     drho, dr = {
-        "post": (2 * g, 0 * s),
-        "ngpt": (2 * g / m, 0 * s),
-        "pre": (2 * g / r, s),
-        "peri": (2 * g / (m * r), s / m),
-        "none": (2 * g, r * s),
+        PostNorm: (2 * g, 0 * s),
+        NGPT: (2 * g / m, 0 * s),
+        PreNorm: (2 * g / r, s),
+        PeriNorm: (2 * g / (m * r), s / m),
+        NoNorm: (2 * g, r * s),
     }[norm]
     return drho, dr
 
 
-def equiangular_rate(rho: Real[Array, "..."], n: int, beta: float, *, norm: str = "post",
-                     kernel: str = "softmax", radius: Real[Array, "..."] = 1.0
+def equiangular_rate(rho: Real[Array, "..."], n: int, beta: float, *, norm: _Norm = "post",
+                     kernel: _Kernel = "softmax", radius: Real[Array, "..."] = 1.0
                      ) -> Float[Array, "..."]:
     """`dρ/dt` of the reduced ODE (`equiangular_field`'s first part): for `"post"`
     and softmax, `2 (1 − ρ)(1 + (n − 1) ρ) / (e^{β(1 − ρ)} + n − 1)`.
@@ -160,7 +177,7 @@ def equiangular_rate(rho: Real[Array, "..."], n: int, beta: float, *, norm: str 
 
 
 def equiangular_solution(rho0: float, n: int, beta: float, ts: Real[Array, " T"], *,
-                         norm: str = "post", kernel: str = "softmax", rtol: float = 1e-14,
+                         norm: _Norm = "post", kernel: _Kernel = "softmax", rtol: float = 1e-14,
                          atol: float = 1e-14, max_steps: int = 65536) -> EquiangularSolution:
     """Integrate the reduced ODE (`equiangular_field`) from `ρ(ts[0]) = rho0`,
     `r(ts[0]) = 1`, with diffrax (`Dopri8`, adaptive steps), in the default float
@@ -178,7 +195,7 @@ def equiangular_solution(rho0: float, n: int, beta: float, ts: Real[Array, " T"]
 
     An `EquiangularSolution` at `ts`.
     """
-    _check(n, beta, norm, kernel)
+    norm, kernel = _check(n, beta, norm, kernel)
     lowest = -1 / (n - 1)
     if not (isinstance(rho0, (int, float, np.number)) and lowest <= rho0 < 1):
         raise ValueError(f"`rho0` must lie in [−1/(n − 1), 1) = [{lowest:.4g}, 1) for n = "
@@ -201,8 +218,8 @@ def _solve(y0, ts, n, beta, norm, kernel, rtol, atol, max_steps):
     return sol.ys
 
 
-def equiangular_asymptotics(n: int, beta: float, *, norm: str = "post",
-                            kernel: str = "softmax") -> Asymptotics:
+def equiangular_asymptotics(n: int, beta: float, *, norm: _Norm = "post",
+                            kernel: _Kernel = "softmax") -> Asymptotics:
     """How fast the reduced ODE clusters (`1 − ρ → 0`) from any start `ρ0 > −1/(n−1)`.
 
     Near `ρ = 1`, `b → 1/n` (softmax) or `e^β/n` (exp), so `g ≈ (1 − ρ)·nb`,
@@ -220,14 +237,14 @@ def equiangular_asymptotics(n: int, beta: float, *, norm: str = "post",
 
     An `Asymptotics(kind, rate, law)`.
     """
-    _check(n, beta, norm, kernel)
-    if norm in ("pre", "peri"):
+    norm, kernel = _check(n, beta, norm, kernel)
+    if norm in (PreNorm, PeriNorm):
         return Asymptotics("algebraic", 2.0, "1 − ρ ≍ t^(−2)")
-    if norm == "none":
-        if kernel == "exp":
+    if norm is NoNorm:
+        if kernel is Exp:
             return Asymptotics("blow-up", math.nan, "r blows up in finite time")
         return Asymptotics("none", math.nan, "ρ → ρ∞ < 1 (no clustering)")
-    rate = 2 * math.exp(beta) if (norm, kernel) == ("post", "exp") else 2.0
+    rate = 2 * math.exp(beta) if (norm, kernel) == (PostNorm, Exp) else 2.0
     return Asymptotics("exponential", rate, f"1 − ρ ≍ e^(−{rate:.4g} t)")
 
 

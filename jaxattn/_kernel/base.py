@@ -1,0 +1,71 @@
+"""`AbstractKernel`: how attention turns logits into weights, on both paths.
+
+A kernel owns everything that depends on it: the shift of its logits (`offset`), its
+dense weights (`weights`), the factor applied to the mixed values (`rescale`), and
+its three pieces of the key-block sweep of `jaxattn._blocks` — how a block of keys
+updates a query row's running state (`block_update`), how the state becomes the
+output (`block_finish`), and the scores' gradient of a block in the backward pass
+(`block_grad`). The dynamics, the blocks and the ring never ask which kernel they
+hold; adding one is a subclass (`docs/extending.md`).
+
+The state of a query row in the sweep is `(top, norm, acc)`: a running top score,
+a running normaliser and the running sum of weighted values `(…, c)`, all starting
+at `(−∞, 0, 0)`. Kernels that need less leave the first two as they are.
+"""
+
+import abc
+from collections.abc import Callable
+
+import equinox as eqx
+from jaxtyping import Array, Bool, Float
+
+#: `(top, norm, acc)` of every query row of a block: `(…)`, `(…)`, `(…, c)`.
+State = tuple[Float[Array, "..."], Float[Array, "..."], Float[Array, "... c"]]
+
+
+class AbstractKernel(eqx.Module):
+    """The attention weights `w_ij` of the logits `s_ij = β x_iᵀ P_η x_j`.
+
+    Subclasses declare `name` (the string spelling, `kernel="softmax"`; `None`-free,
+    unique among the built-in ones) and `description` (one line, for reports), and
+    implement every abstract method. Array fields (a bias) are parameters: they enter
+    the blocked path only through `offset`.
+    """
+
+    name: eqx.AbstractClassVar[str]
+    description: eqx.AbstractClassVar[str]
+
+    @abc.abstractmethod
+    def offset(self, beta: Float[Array, ""], n: int, dtype) -> Float[Array, ""] | None:
+        """The scalar added to every (clipped) logit before masking, for `n` tokens;
+        `None` for none (the logits as they are)."""
+
+    @abc.abstractmethod
+    def weights(self, s: Float[Array, "*rows m"], n: int) -> Float[Array, "*rows m"]:
+        """The dense weights from shifted logits, masked logits being `−∞` (their
+        weight must be 0); `n` is the number of tokens."""
+
+    @abc.abstractmethod
+    def rescale(self, mixed: Float[Array, "*rows c"], n: int) -> Float[Array, "*rows c"]:
+        """The blocked path's output from `block_finish`'s (a factor the dense
+        `weights` already hold, such as `1/n`)."""
+
+    @abc.abstractmethod
+    def block_update(self, state: State, s: Float[Array, "*rows k"], ok: Bool[Array, "*rows k"],
+                     mix: Callable[[Array], Array]) -> State:
+        """A row's state after one block of keys: `s` its shifted logits, `ok` where
+        it may see them, `mix(w)` the sum `Σ_k w_k v_k` over the block."""
+
+    @abc.abstractmethod
+    def block_finish(self, state: State) -> tuple[Array, tuple[Array, Array]]:
+        """`(out, (a, b))`: the rows' outputs after every key, and the two per-row
+        quantities the backward pass reads (`block_grad`'s `a`, `b`)."""
+
+    @abc.abstractmethod
+    def block_grad(self, s: Float[Array, "*rows k"], ok: Bool[Array, "*rows k"],
+                   a: Float[Array, "*rows"], b: Float[Array, "*rows"],
+                   delta: Float[Array, "*rows"], dp: Float[Array, "*rows k"]
+                   ) -> tuple[Array, Array]:
+        """`(w, ds)` of a block in the backward pass: the weights (recomputed from `s`
+        and `block_finish`'s `a`, `b`) and the gradient of the logits, given
+        `dp = ∂L/∂w` and `delta = Σ_c dout · out` of each row."""

@@ -160,6 +160,10 @@ def test_text_takes_ordinary_sentences(model_folder, prompts, tmp_path, capsys):
     assert "3×3 tokens" in printed and "'the cat sat'" in printed
     assert "ja.models.detokenize" in printed
     assert ja.models.detokenize(model_folder, ids) == ["the cat sat", "a dog ran", "the dog sat"]
+    # what the cut dropped is said, prompt by prompt
+    assert "prompt 0 cut to 3 tokens: it lost 3 ('on a mat')" in printed, printed
+    assert "prompt 1 cut to 3 tokens: it lost 5 ('far away and then slept')" in printed
+    assert "prompt 2 cut" not in printed
 
 
 def test_pad_pads_shorter_prompts(model_folder, prompts, tmp_path, capsys):

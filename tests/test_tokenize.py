@@ -107,3 +107,28 @@ def test_loop_command_runs_on_text(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "fewer than 60" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "long").exists()  # refused before the folder
+
+
+def test_the_tokenizer_is_built_once_per_file(tmp_path, monkeypatch):
+    """tokenize and detokenize reuse the tokenizer built from a file until the file
+    changes (it took seconds per call to rebuild)."""
+    import tokenizers
+
+    def save(words):
+        tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+            {w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+        tok.save(str(tmp_path / "tokenizer.json"))
+
+    save(["[UNK]", "the", "cat", "sat"])
+    built = []
+    real = tokenizers.Tokenizer.from_file
+    monkeypatch.setattr(tokenizers.Tokenizer, "from_file",
+                        staticmethod(lambda path: built.append(path) or real(path)))
+    for _ in range(3):
+        ids = ja.models.tokenize(tmp_path, "the cat sat")
+        assert ja.models.detokenize(tmp_path, ids) == "the cat sat"
+    assert len(built) == 1
+    save(["[UNK]", "sat", "cat", "the", "on"])  # another vocabulary: built again
+    assert ja.models.tokenize(tmp_path, "the cat").tolist() == [3, 2]
+    assert len(built) == 2

@@ -31,6 +31,7 @@ from .._validate import check_count, check_seed
 from ..models import (
     WEIGHTS,
     check_ids,
+    detokenize,
     file_sha256,
     iterate_loop,
     read_prompts,
@@ -113,7 +114,7 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
     seed = check_seed(seed)
     key = jax.random.PRNGKey(seed)
     net = get_model(model, weights, key)  # before the folder: a bad model leaves none
-    ids, source = loop_prompts(model, net, prompts, tokens, seed, text, pad)
+    ids, source = loop_prompts(model, net, prompts, tokens, seed, text, pad, log=log)
     source |= file_hashes(model, weights, text)
     check_ids(net, ids)  # before the folder too: more tokens than positions leave none
     setup = setup_loop(net, ids, passes=passes, ffn=ffn, weights=weights, key=key,
@@ -144,16 +145,34 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
     return folder
 
 
-def loop_prompts(model, net, prompts: int, tokens: int | None, seed: int, text, pad=None):
+def loop_prompts(model, net, prompts: int, tokens: int | None, seed: int, text, pad=None,
+                 log=None):
     """The ids a loop runs, `(prompts, tokens)` random ones or the lines of the file
     `text` tokenized, and what `config.json` records of them (the SHA-256 of the
-    prompts, blank lines skipped)."""
+    prompts, blank lines skipped). `log` is told which prompts were cut and the
+    words they lost."""
     if text is None:
         return prompt_ids(net.config.vocab_size, prompts, tokens, seed), {}
     lines = read_prompts(text)
     ids = tokenize(model, lines, tokens=tokens, pad=pad)
+    if log is not None:
+        for line in cut_prompts(model, lines, ids.shape[1]):
+            log(line)
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
     return ids, {"text": str(text), "text_sha256": digest, "pad": pad}
+
+
+def cut_prompts(model, lines: list[str], n: int) -> list[str]:
+    """One line per prompt cut to `n` tokens: how many tokens it lost, and their text
+    (the loop has no attention mask, so prompts share one length)."""
+    said = []
+    for i, line in enumerate(lines):
+        full = tokenize(model, line)
+        if len(full) > n:
+            lost = detokenize(model, full[n:], special_tokens=False).strip()
+            said.append(f"prompt {i} cut to {n} tokens: it lost {len(full) - n} "
+                        f"({lost!r}); --pad keeps every prompt whole")
+    return said
 
 
 def file_hashes(model, weights: str, text) -> dict[str, dict[str, str]]:

@@ -2,6 +2,7 @@
 package: a `tokenizer.json` (HuggingFace folders, the packaged MiniLM) or the
 vocabulary and merges stored in a llama.cpp `.gguf` file (the packaged SmolLM2)."""
 
+import functools
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -46,10 +47,20 @@ def tokenizer_source(source) -> Path:
 
 def load_tokenizer(source):
     """A `tokenizers.Tokenizer` for `source` (see `tokenize`), its own truncation and
-    padding switched off."""
+    padding switched off. Built once per file and kept while the file is unchanged
+    (its path, size and modification time): a GPT-2 tokenizer takes seconds to build,
+    a `.gguf` vocabulary longer."""
+    _tokenizers()  # its absence named first
+    path = tokenizer_source(source).resolve()
+    stat = path.stat()
+    return _built_tokenizer(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _built_tokenizer(path: str, size: int, mtime_ns: int):
     tk = _tokenizers()
-    path = tokenizer_source(source)
-    tok = _from_gguf(tk, path) if path.suffix == ".gguf" else tk.Tokenizer.from_file(str(path))
+    tok = (_from_gguf(tk, Path(path)) if path.endswith(".gguf")
+           else tk.Tokenizer.from_file(path))
     tok.no_truncation()
     tok.no_padding()
     return tok

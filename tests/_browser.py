@@ -113,8 +113,15 @@ class Browser:
                                .get("description", result["exceptionDetails"]["text"]))
         return result["result"].get("value")
 
-    def screenshot(self, path) -> Path:
-        data = self.call("Page.captureScreenshot", format="png")["data"]
+    def screenshot(self, path, full: bool = False) -> Path:
+        """A PNG of the viewport, or of the whole page (`full`)."""
+        params = {"format": "png"}
+        if full:
+            size = self.call("Page.getLayoutMetrics")["cssContentSize"]
+            params |= {"captureBeyondViewport": True,
+                       "clip": {"x": 0, "y": 0, "width": size["width"],
+                                "height": min(size["height"], 12000), "scale": 1}}
+        data = self.call("Page.captureScreenshot", **params)["data"]
         Path(path).write_bytes(base64.b64decode(data))
         return Path(path)
 

@@ -293,8 +293,7 @@ class Scene:
         # about 8 tokens a cell for the uniform measure: coarser cells for fewer tokens
         self.bins = int(np.clip(np.sqrt(n / 8 / (np.pi / 2)), 12, 72))
         empty = np.ma.masked_all((self.bins, self.bins))
-        cmap = self.plt.get_cmap("magma_r").copy()
-        cmap.set_bad("white")
+        cmap = self.plt.get_cmap("magma_r").with_extremes(bad="white")
         self.maps = []
         for center, name in ((-1.15, "near hemisphere"), (1.15, "far hemisphere")):
             extent = (center - 1, center + 1, -1, 1)

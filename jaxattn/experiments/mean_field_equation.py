@@ -94,10 +94,12 @@ def phase_diagram(config, progress) -> dict[str, np.ndarray]:
                         jnp.exp(CAP * grid.points[..., 0]) / (2 * np.pi * float(
                             jnp.mean(jnp.exp(CAP * grid.points[..., 0]))))])
     out = {k: np.zeros((len(betas), len(ratios)) + s) for k, s in
-           (("r_up", (len(ts),)), ("r_down", ()), ("f_down", ()), ("f_uniform", ()))}
+           (("r_up", (len(ts),)), ("r_down", ()), ("f_down", ()), ("f_uniform", ()),
+            ("couplings", ()))}
     for i, beta in enumerate(tqdm(betas, desc="phase diagram", disable=not progress,
                                   leave=False)):
         ks = jnp.asarray(ratios * noisy_threshold(beta, d))
+        out["couplings"][i] = ks
 
         def run(mu0, k, beta=beta):
             mus = mf.solve(grid, mu0, ts, beta=beta, coupling=k, dt0=PHASE_DT)
@@ -110,14 +112,22 @@ def phase_diagram(config, progress) -> dict[str, np.ndarray]:
     return out | {"betas": betas, "ratios": ratios, "times": ts}
 
 
+def predictions(betas) -> tuple[np.ndarray, np.ndarray]:
+    """`K_#(β)` (`ja.theory.noisy_threshold`) and `K_c(β)` (`transition_coupling`;
+    NaN at and below `β*`, where it is `K_#`) on the circle."""
+    sharp = np.array([noisy_threshold(b, 2) for b in betas])
+    critical = np.array([mf.transition_coupling(b, 2) if b > noisy_beta_star(2) * (1 + 1e-9)
+                         else math.nan for b in betas])
+    return sharp, critical
+
+
 def measured_sharp(data) -> np.ndarray:
     """Per `β`: the zero crossing in `K` of the fitted growth rates (a line in `K`)."""
     t = data["times"][: len(RATE_TIMES)]
     rates = np.polyfit(t, np.log(data["r_up"][..., : len(RATE_TIMES)]).reshape(-1, len(t)).T,
                        1)[0].reshape(data["r_up"].shape[:2])
     out = []
-    for beta, row in zip(data["betas"], rates):
-        ks = data["ratios"] * noisy_threshold(beta, 2)
+    for ks, row in zip(data["couplings"], rates):
         slope, intercept = np.polyfit(ks, row, 1)
         out.append(-intercept / slope)
     return np.array(out)
@@ -129,8 +139,8 @@ def measured_critical(data) -> np.ndarray:
     ordered branch ends a few per cent below `K_c`, so the line extrapolates or
     interpolates over at most a grid step); NaN with fewer than two."""
     out = []
-    for beta, gap, r in zip(data["betas"], data["f_down"] - data["f_uniform"], data["r_down"]):
-        ks = data["ratios"] * noisy_threshold(beta, 2)
+    for ks, gap, r in zip(data["couplings"], data["f_down"] - data["f_uniform"],
+                          data["r_down"]):
         ordered = np.flatnonzero(r > ORDERED)[:2]
         if ordered.size < 2:
             out.append(math.nan)
@@ -149,7 +159,7 @@ class MeanFieldEquation(AbstractExperiment):
         Param("modes", int, 32, "Fourier modes of the particles' comparison", 8),
         Param("beta", float, 1.0, "β of the particles' comparison (σ = 0)", 0.0),
         Param("horizon", float, 1.0, "time of the particles' comparison", 0.0),
-        Param("max_tokens", int, 10000, "the largest n (n = 10², 10³, … up to it)", 100),
+        Param("max_tokens", int, 10000, "the largest n (n = 10², 10³, … up to it)", 1000),
         Param("seeds", int, 3, "samples of the initial density per n", 2),
         Param("betas", int, 5, "temperatures of the phase diagram, β/β* in [0.5, 2.5]", 2),
         Param("couplings", int, 13, "couplings of the phase diagram, K/K_# in [0.6, 1.4]", 3),
@@ -162,9 +172,10 @@ class MeanFieldEquation(AbstractExperiment):
     def verdict(self, config, data):
         rms = np.sqrt(np.mean(data["distance"] ** 2, axis=1))
         slope = float(np.polyfit(np.log(data["tokens"]), np.log(rms), 1)[0])
-        sharp = measured_sharp(data) / np.array([noisy_threshold(b, 2) for b in data["betas"]])
-        above = data["betas"] > noisy_beta_star(2) * (1 + 1e-9)
-        kc = np.array([mf.transition_coupling(b, 2) for b in data["betas"][above]])
+        k_sharp, k_critical = predictions(data["betas"])
+        sharp = measured_sharp(data) / k_sharp
+        above = np.isfinite(k_critical)
+        kc = k_critical[above]
         critical = measured_critical(data)[above] / kc
         sharp_err = float(np.max(np.abs(sharp - 1)))
         critical_err = float(np.max(np.abs(critical - 1))) if critical.size else math.nan
@@ -209,9 +220,7 @@ def _draw_convergence(ax, config, data):
 
 
 def _draw_phase(fig, ax, data, key, what):
-    betas, ratios = data["betas"], data["ratios"]
-    sharp = np.array([noisy_threshold(b, 2) for b in betas])
-    k = ratios[None, :] * sharp[:, None]
+    betas, k = data["betas"], data["couplings"]
     r = data["r_up"][..., -1] if key == "up" else data["r_down"]
     b = np.broadcast_to(betas[:, None], k.shape)
     mesh = ax.pcolormesh(b, k, r, shading="nearest", cmap="viridis", vmin=0, vmax=1)

@@ -138,7 +138,7 @@ def sample(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int, key) -> Float[
     k = jnp.arange(1.0, grid.modes + 1)
 
     def cdf(theta):  # ∫_0^θ μ, the series integrated term by term
-        waves = (jnp.exp(1j * k * theta[:, None]) - 1) / (1j * k)
+        waves = (jnp.exp(1j * k[None, :] * theta[:, None]) - 1) / (1j * k[None, :])
         return c[0, 0] * theta + 2 * jnp.real(waves @ z)
 
     u = jax.random.uniform(key, (n,), dtype=mu.dtype) * cdf(jnp.array([2 * jnp.pi]))[0]

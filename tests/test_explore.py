@@ -238,3 +238,22 @@ def test_negative_steps_are_refused(key):
     w0 = BipartiteWeights(jnp.zeros((1, 1, 3, 3)), jnp.zeros((1, 1, 3, 3)))
     with pytest.raises(ValueError, match="`steps` must be a whole number ≥ 0, got -1"):
         E.stabilize_bipartite(w0, jnp.array([0.0, 1.0, 0.0]), n=4, m=2, steps=-1)
+
+
+def test_the_default_objective_is_symmetric_and_the_baseline_median_is_reported(key):
+    """slow_consensus maximises the pairwise misalignment by default (the same value
+    whatever the tokens' order, unlike E against token 1), and reports the baseline's
+    median beside its mean."""
+    dyn = random_dynamics(key, h=1, d=3, scale=0.5)
+    x0 = random_tokens(jax.random.fold_in(key, 1), 4, 3)
+    kw = dict(restarts=1, steps=0, horizon=0.5, saves=5)
+    res = E.slow_consensus(dyn, init=x0, **kw)
+    flipped = E.slow_consensus(dyn, init=x0[::-1], **kw)
+    ys = ja.solve_flow(dyn, x0, jnp.linspace(0.0, 0.5, 6))
+    np.testing.assert_allclose(res.value, ja.metrics.pairwise_misalignment(ys[-1]), rtol=1e-6)
+    np.testing.assert_allclose(flipped.value, res.value, rtol=1e-6)
+    final = E.slow_consensus(dyn, init=x0, objective="final", **kw)
+    np.testing.assert_allclose(final.value, ja.misalignment(ys[-1]), rtol=1e-6)
+    assert res.baseline_median == np.median(res.baseline)
+    assert res.baseline_mean == np.mean(res.baseline)
+    np.testing.assert_allclose(res.gain_median, res.value / np.median(res.baseline))

@@ -49,7 +49,7 @@ class AdversarialTokens(AbstractSearch):
         else:
             T, cfg = config["causal_horizon"], config | {"tokens": config["causal_tokens"]}
             dyn, x, cons = _causal_setting(cfg, key)
-        res = slow_consensus(dyn, init=x, horizon=T, steps=config["steps"],
+        res = slow_consensus(dyn, init=x, objective="final", horizon=T, steps=config["steps"],
                              restarts=config["restarts"], saves=config["saves"],
                              optimizer=optax.adam(config["lr"]), constraints=cons,
                              progress=progress)

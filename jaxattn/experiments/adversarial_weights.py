@@ -46,7 +46,8 @@ class AdversarialWeights(AbstractSearch):
         cons = Constraints(train=("P", "U"), norm="spectral",
                            bound={"P": config["p_bound"], "U": config["u_bound"]},
                            symmetric=("U",), top_eigenvector=v1, gap=config["gap"])
-        res = slow_consensus(dyn, init=x0, target="weights", horizon=config["horizon"],
+        res = slow_consensus(dyn, init=x0, target="weights", objective="final",
+                             horizon=config["horizon"],
                              steps=config["steps"], restarts=config["restarts"],
                              saves=config["saves"],
                              weight_noise=0.5, optimizer=optax.adam(config["lr"]),

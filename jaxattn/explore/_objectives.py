@@ -26,9 +26,9 @@ from .._horizon import Horizon
 from .._layers import run_layers_unchecked
 from .._precision import einsum
 from .._validate import check_count, surface_errors
-from ..metrics import misalignment
+from ..metrics import misalignment, pairwise_misalignment
 
-OBJECTIVES = ("final", "integrated", "consensus_time", "lyapunov")
+OBJECTIVES = ("pairwise", "final", "integrated", "consensus_time", "lyapunov")
 
 
 # --- objectives ---------------------------------------------------------------------
@@ -47,13 +47,20 @@ def _lyapunov(x, dyn):
 def builtin_objective(name: str, eps: float = 1e-4, width: float = 1.0) -> Callable:
     """The built-in objectives as functions `(ts, ys, dyn) ↦ value ≥ 0`.
 
-    - `"final"`: the misalignment at the horizon, `E(x(T))` (paper 001 eq. 25).
+    - `"pairwise"`: the symmetric misalignment at the horizon,
+      `pairwise_misalignment(x(T))` (the mean `1 − cos` over all pairs): maximised,
+      it seeks states far from consensus whatever the tokens' order.
+    - `"final"`: the misalignment at the horizon, `E(x(T))` (paper 001 eq. 25),
+      measured against token 1: maximised, the optimiser parks tokens antipodal to
+      token 1 (a two-cluster state, not a slow consensus).
     - `"integrated"`: `∫₀ᵀ E(x(t)) dt` (trapezoid on the saved times).
     - `"consensus_time"`: a smooth consensus time, `∫₀ᵀ σ((log E − log eps) / width) dt`
       (`σ` the logistic function): the time spent with `E` above `eps`, smoothed
       over `width` units of `log E`; it saturates at `T` if `E` never gets there.
     - `"lyapunov"`: the pairwise Lyapunov function `V(x(T)) = 1 − min_ij ⟨x_i, x_j⟩_W`.
     """
+    if name == "pairwise":
+        return lambda ts, ys, dyn: pairwise_misalignment(ys[-1], dyn.W)
     if name == "final":
         return lambda ts, ys, dyn: misalignment(ys[-1])
     if name == "integrated":

@@ -56,7 +56,9 @@ class Exploration(NamedTuple):
 
     - `x0`: the best initial tokens found `(n, d)`; `dyn`: the model they go with
       (the optimised weights when `target` includes `"weights"`).
-    - `value`: the best objective value; `gain = value / mean(baseline)`.
+    - `value`: the best objective value; `gain = value / mean(baseline)`, and
+      `gain_median = value / median(baseline)` (the objective at random starts is
+      heavy-tailed: a few starts far from consensus lift the mean).
     - `trace`: `(steps + 1, R)` the objective at every iterate of every restart
       (row 0: the random starts).
     - `baseline`: the objective at random starts (the restarts' starts and
@@ -78,6 +80,9 @@ class Exploration(NamedTuple):
     values: np.ndarray
     weights: PyTree | None
     violation: np.ndarray
+    baseline_mean: float = float("nan")
+    baseline_median: float = float("nan")
+    gain_median: float = float("nan")
 
 
 # --- set-up of the restarts ---------------------------------------------------------
@@ -318,7 +323,7 @@ def slow_consensus(
     init: PRNGKeyArray | Float[Array, "*R n d"],
     n: int | None = None,
     target: str = "tokens",
-    objective: str | Callable = "final",
+    objective: str | Callable = "pairwise",
     horizon: float = 5.0,
     steps: int = 100,
     optimizer: optax.GradientTransformation | None = None,
@@ -350,7 +355,8 @@ def slow_consensus(
     - `n`: the number of tokens, with a key as `init`.
     - `target`: `"tokens"` (initial tokens), `"weights"` (the fields
       `constraints.train`, from fixed starts) or `"both"`.
-    - `objective`: `"final"` (`E(x(T))`), `"integrated"` (`∫₀ᵀ E dt`),
+    - `objective`: `"pairwise"` (default: the symmetric misalignment at `T`),
+      `"final"` (`E(x(T))`, against token 1), `"integrated"` (`∫₀ᵀ E dt`),
       `"consensus_time"` (smooth), `"lyapunov"` (`V(x(T))`), see
       `builtin_objective`; or a function `(ts, ys) ↦ scalar` or
       `(ts, ys, dyn) ↦ scalar` of one trajectory `ys (T, n, d)`. Maximised.
@@ -411,6 +417,8 @@ def slow_consensus(
         x0=best_x[r], dyn=_combine(w_best, loop.rest), value=float(best_v[r]),
         gain=float(best_v[r] / np.mean(baseline)), trace=trace, baseline=np.asarray(baseline),
         x0s=best_x, values=np.asarray(best_v), weights=best_w, violation=violation,
+        baseline_mean=float(np.mean(baseline)), baseline_median=float(np.median(baseline)),
+        gain_median=float(best_v[r] / np.median(baseline)),
     )
 
 

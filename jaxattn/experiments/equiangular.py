@@ -135,7 +135,6 @@ class Equiangular(AbstractExperiment):
         Param("saves", int, 200, "number of saved time intervals (≥ 4: the late rate "
               "is read from the second half)", 4),
     )
-    drops = ("discrete",)
 
     def simulate(self, config, progress):
         check_config(config)

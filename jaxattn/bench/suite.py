@@ -15,7 +15,9 @@ mode matched to `--precision` (`jaxattn.bench.device`):
   (Tsit5 / torchdiffeq dopri5) to T = 10. jaxattn runs them on its default
   strategy (the fused ensemble path for the layers and RK4, per-system steps for
   Tsit5) and, in the same run, on the general path (`strategy="general"`) and the
-  fused shared-step adaptive mode (`strategy="fused"`).
+  fused shared-step adaptive mode (`strategy="fused"`). On a GPU the layers, RK4
+  and SN also run as one Pallas kernel (`strategy="kernel"`, rows "jaxattn
+  (kernel)"; `docs/kernels.md`).
 - **S1L** S1-large: the S1 system, batch 100,000 (quick 2,000; large 1,000,000),
   200 layers, with its floor beside the time: the larger of its flops at the
   matmul peak and its unavoidable bytes (tokens read once, `E(t)` written once) at
@@ -226,6 +228,12 @@ def _reference(name: str = "reference_torch"):
     return importlib.import_module(f"{__package__}.{name}")
 
 
+def _kernel_rows() -> list[tuple[str, str]]:
+    """`strategy="kernel"` beside the XLA paths where it is compiled (a GPU): on other
+    devices it runs in interpret mode, correct but no speed to measure."""
+    return [("kernel", "jaxattn (kernel)")] if jax.default_backend() == "gpu" else []
+
+
 def _layers_case(name, prob: Problem, num_layers, tau, ctx: Context, *, general=False,
                  torch=True, floor=False) -> list[dict]:
     """`num_layers` layers observed with `misalignment`: jaxattn (its default
@@ -236,7 +244,8 @@ def _layers_case(name, prob: Problem, num_layers, tau, ctx: Context, *, general=
     flops = num_layers * prob.flops()
     variant = f"{num_layers} layers"
     rows, outputs = [], []
-    for strategy, library in (("auto", "jaxattn"), ("general", "jaxattn (general)")):
+    for strategy, library in (("auto", "jaxattn"), ("general", "jaxattn (general)"),
+                              *_kernel_rows()):
         if strategy == "general" and not general:
             continue
         fwd = lambda dyn, x0, s=strategy: run_layers(dyn, x0, num_layers, tau,  # noqa: E731
@@ -289,6 +298,13 @@ def _flow_cases(name, prob: Problem, T, rk4_steps, ctx: Context, *, general=Fals
         ctx.row(name, adapt_v, "jaxattn", t_ad, token_steps=tok * steps_ad,
                 flops=6 * steps_ad * prob.flops(), compile_s=c_ad, memory=m_ad),
     ]
+    for strategy, library in _kernel_rows():
+        def rk4_kernel(dyn, x0, s=strategy):
+            return solve_flow(dyn, x0, ts, solver=RK4(), dt0=dt, stepsize_controller=fixed,
+                              strategy=s)[:, -1]
+        t_k, c_k, m_k, _ = ctx.rep.time_jax(rk4_kernel, dyn, x0)
+        rows.append(ctx.row(name, fixed_v, library, t_k, token_steps=tok * rk4_steps,
+                            flops=rk4_flops, compile_s=c_k, memory=m_k))
     if general:
         t_g, c_g, m_g, _ = ctx.rep.time_jax(rk4_general, dyn, x0)
         rows.append(ctx.row(name, fixed_v, "jaxattn (general)", t_g, token_steps=tok * rk4_steps,
@@ -338,7 +354,8 @@ def _noisy_cases(prob: Problem, steps: int, ctx: Context) -> list[dict]:
     variant = f"Itô EM × {steps}, TokenNoise σ={SN_SIGMA:g}"
     tok, flops = prob.batch * prob.n * steps, steps * prob.flops()
     rows = []
-    for strategy, library in (("auto", "jaxattn"), ("general", "jaxattn (general)")):
+    for strategy, library in (("auto", "jaxattn"), ("general", "jaxattn (general)"),
+                              *_kernel_rows()):
         def fwd(dyn, x0, s=strategy):
             return run_layers(dyn, x0, steps, dt, observe=misalignment, noise=noise, key=key,
                               strategy=s)[:, -1]

@@ -29,3 +29,19 @@ def test_a_file_where_a_folder_should_be_is_one_line(capsys, tmp_path):
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err[-2000:]
     assert "Traceback" not in err
+
+
+def test_an_unknown_experiment_gets_the_closest_name(capsys):
+    assert main(["run", "thm41sphere"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "did you mean 'thm41-sphere'?" in err and len(err.splitlines()) == 1, err
+
+
+def test_demo_help_describes_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    options = capsys.readouterr().out.split("options:")[1]
+    for flag, default in (("--seed", "0"), ("--tokens", "10"), ("--horizon", "10.0"),
+                          ("--out", "runs")):
+        text = " ".join(options[options.index(flag):].split()[:20])
+        assert f"(default: {default})" in text.split(" --")[0], text

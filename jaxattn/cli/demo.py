@@ -50,8 +50,11 @@ def _demo(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     demo = sub.add_parser("demo", help="10 tokens on S² under 2 time-varying heads")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--tokens", type=int, default=10)
-    demo.add_argument("--horizon", type=float, default=10.0)
+    demo.add_argument("--seed", type=int, default=0,
+                      help="random seed of the tokens and the heads (default: 0)")
+    demo.add_argument("--tokens", type=int, default=10,
+                      help="number of tokens on the sphere (default: 10)")
+    demo.add_argument("--horizon", type=float, default=10.0,
+                      help="final time T of the flow (default: 10.0)")
     demo.add_argument("--out", default="runs", help="folder for the figure (default: runs)")
     demo.set_defaults(func=_demo)

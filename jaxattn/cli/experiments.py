@@ -2,6 +2,7 @@
 and `jaxattn plot DIR` (paper 001 §6.1 as one-command experiments)."""
 
 import argparse
+import difflib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -76,9 +77,25 @@ def parse_overrides(experiment, argv: list[str]):
     return opts, overrides
 
 
+def check_name(name: str) -> None:
+    """A `CLIError` for a name no experiment has, with the closest name if one is near
+    (`thm41sphere` → `thm41-sphere`)."""
+    from ..experiments import REGISTRY
+
+    if name in REGISTRY:
+        return
+    close = difflib.get_close_matches(name, list(REGISTRY), n=1, cutoff=0.6)
+    if close:
+        raise CLIError(f"unknown experiment {name!r}; did you mean {close[0]!r}? (`jaxattn "
+                       f"list` shows the {len(REGISTRY)} experiments)")
+    raise CLIError(f"unknown experiment {name!r}; the experiments are {', '.join(REGISTRY)} "
+                   "(see `jaxattn list`).")
+
+
 def _run(args) -> int:
     if args.name is None:
         raise CLIError("name an experiment: jaxattn run NAME (see `jaxattn list`).")
+    check_name(args.name)
     experiment = declared_experiment(args.name)
     opts, overrides = parse_overrides(experiment, args.overrides)
     seed = parse_value(opts.seed, int, "--seed")

@@ -89,9 +89,9 @@ def test_screenshot_is_not_blank(tmp_path, browser):
 
 
 @pytest.mark.parametrize("run, extra, dims", [
-    ("metastability", ["--index", "1"], "R^2"),  # the circle, one of three runs
-    ("hardmax", ["--which", "ys_nsd"], "R^2"),
-    ("oja-bipartite", [], "R^3"),
+    ("metastability", ["--index", "1"], "R²"),  # the circle, one of three runs
+    ("hardmax", ["--which", "ys_nsd"], "R²"),
+    ("oja-bipartite", [], "R³"),
 ])
 def test_other_runs_load(tmp_path, browser, run, extra, dims):
     page = _page(tmp_path, run, *extra)

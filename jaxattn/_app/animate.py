@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from .._files import umask
+from .trajectories import superscript
 
 #: Seconds of movie per frame at the default frame rate.
 FPS = 20
@@ -227,7 +228,7 @@ class Scene:
         top = self.fig.add_axes([0.04, 0.30, 0.92, 0.62])
         self.ax = top
         self.ax_e = self.fig.add_axes([0.14, 0.06, 0.80, 0.17])
-        self.fig.text(0.5, 0.975, title or f"{n} tokens in R{_superscript(d)}",
+        self.fig.text(0.5, 0.975, title or f"{n} tokens in R{superscript(d)}",
                       ha="center", va="top",
                       fontsize=11)
         self.label = self.fig.text(0.5, 0.935, "", ha="center", va="top", fontsize=10,
@@ -394,10 +395,6 @@ class Scene:
 
 #: The artists a frame changes (drawn over the still background), in drawing order.
 _MOVING = ("equator", "trails", "back", "front", "label", "cursor", "marker")
-
-
-def _superscript(d: int) -> str:
-    return str(d).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
 
 
 def _token_colors(n: int, plt) -> np.ndarray:

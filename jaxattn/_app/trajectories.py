@@ -19,6 +19,11 @@ import numpy as np
 _TOKENS = re.compile(r"(^|_)(ys|paths)(_|$)")
 
 
+def superscript(d: int) -> str:
+    """`d` in superscript digits (`R³`)."""
+    return str(d).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+
+
 class NoTrajectory(ValueError):
     """A folder that saved no token trajectory (the message says how to make one)."""
 
@@ -33,11 +38,13 @@ class Trajectory:
     ts: np.ndarray
     E: np.ndarray | None
     layers: bool
+    experiment: str = ""  # the run folder's experiment, when its config.json names one
 
     @property
     def title(self) -> str:
         n, d = self.xs.shape[1:]
-        return f"{self.name}: {n} tokens in R^{d}"
+        where = f"{self.experiment} {self.name}" if self.experiment else self.name
+        return f"{where}: {n} tokens in R{superscript(d)}"
 
 
 def trajectory_names(data) -> list[str]:
@@ -107,9 +114,20 @@ def load(folder, name: str | None = None, index: int = 0) -> Trajectory:
     with np.load(folder / "data.npz") as f:
         data = {k: f[k] for k in f.files}
     try:
-        return pick(data, name, index)
+        track = pick(data, name, index)
     except NoTrajectory:
         raise NoTrajectory(f"{folder} holds no token trajectory: {how_to_save(folder)}") from None
+    experiment = _config(folder).get("experiment", "")
+    return dataclasses.replace(track, experiment=str(experiment))
+
+
+def _config(folder: Path) -> dict:
+    """A run folder's config.json, or `{}` when it has none (or an unreadable one)."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 #: The experiments whose saved runs hold token trajectories, and the arrays.
@@ -133,12 +151,7 @@ _RECIPES = {
 def how_to_save(folder) -> str:
     """What to do when a folder saved no tokens: by the kind of run it is."""
     folder = Path(folder)
-    config = {}
-    if (folder / "config.json").is_file():
-        try:
-            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            config = {}
+    config = _config(folder)
     name = config.get("experiment")
     if name is None and "model" in config:
         return ("`jaxattn loop` records E only; for the states after every pass call "

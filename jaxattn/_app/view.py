@@ -19,6 +19,7 @@ import numpy as np
 
 from .._files import atomic_write
 from .animate import _picks, pca3
+from .trajectories import superscript
 
 #: The most numbers (saves × tokens × 3) a page embeds: its saves are thinned to fit.
 MAX_NUMBERS = 1_500_000
@@ -58,7 +59,7 @@ def view_html(xs, ts=None, *, E=None, title: str = "", layers: bool = False) -> 
         "flat": d == 2, "ts": np.round(ts, 6).tolist(),
         "E": [float(f"{v:.4g}") for v in E], "layers": bool(layers), "note": note,
     }
-    title = title or f"{n} tokens in R^{d}"
+    title = title or f"{n} tokens in R{superscript(d)}"
     return (_PAGE.replace("__TITLE__", html.escape(title))
             .replace("__DATA__", json.dumps(data, separators=(",", ":"))))
 

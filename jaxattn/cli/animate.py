@@ -39,7 +39,7 @@ def _animate(args: argparse.Namespace) -> int:
     n, d = xs.shape[1:]
     print(f"jaxattn animate: {track.name}, {xs.shape[0]} saves of {n} tokens in R^{d}"
           + (" (PCA to 3 dimensions)" if d > 3 else ""))
-    path = animate(xs, out, ts, E=E, title=args.title or track.name, layers=track.layers,
+    path = animate(xs, out, ts, E=E, title=args.title or track.title, layers=track.layers,
                    fps=args.fps, frames=args.frames, trail=args.trail, dpi=args.dpi, spin=args.spin,
                    progress=not args.no_progress)
     print(f"wrote {path}")

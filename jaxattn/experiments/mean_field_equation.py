@@ -6,15 +6,15 @@
    kernel `"exp"`, no noise), and the equation with `σ = 0`, `K = 1` runs from `μ_0`
    itself. At `t = --horizon` the distance of the first modes (`mode_distance`,
    `1 ≤ |k| ≤ 4`) between the particles' empirical measure and `μ_t`, RMS over
-   `--seeds` samples, for `n = 10², 10³, …` up to `--max-tokens`. Predicted: the
-   sampling error carried by the flow, `∝ n^{−1/2}`.
+   `--seeds · n_max / n` samples (at most 32), for `n = 10², 10³, …` up to
+   `--max-tokens`. Predicted: the sampling error carried by the flow, `∝ n^{−1/2}`.
 2. **The noisy phase diagram at `n = ∞`** (the papers' normalisation, `σ = 1`, kernel
    USA) over `β/β* ∈ [0.5, 2.5]` and `K/K_# ∈ [0.6, 1.4]`: from the uniform density
    tilted by `10⁻⁴` (up) and from a cap (down), run for `--settle`. Measured: the first
    mode's growth rate (log-linear fit over `t ≤ 2`), whose zero crossing in `K` is the
    threshold `K_#` (against `ja.theory.noisy_threshold`), and, above `β*`, the coupling
-   where the settled caps' free energy (a line through the two smallest couplings
-   where they stayed ordered) meets the uniform density's, `K_c` (against
+   where the settled caps' free energy (a parabola through the three smallest
+   couplings where they settled ordered) meets the uniform density's, `K_c` (against
    `ja.meanfield.transition_coupling`, an independent zonal minimisation).
 """
 
@@ -35,6 +35,8 @@ from .verdicts import short
 
 #: The first modes compared between particles and equation: `1 ≤ |k| ≤ DEGREE`.
 DEGREE = 4
+#: The most samples of the initial density at one `n`.
+MAX_SAMPLES = 32
 #: The predicted slope of the distance against `n`, and how far the fit may be.
 SLOPE, SLOPE_TOL = -0.5, 0.15
 #: How closely the growth rates' zero crossing must give `K_#` (relative): the rates
@@ -45,8 +47,9 @@ SHARP_TOL = 1e-3
 CRITICAL_TOL = 0.02
 #: The phase diagram's ranges (`β/β*`, `K/K_#`), its tilt and its cap.
 BETA_RANGE, K_RANGE, TILT, CAP = (0.5, 2.5), (0.6, 1.4), 1e-4, 4.0
-#: Times of the growth-rate fit; a down run counts as ordered above `ORDERED`.
-RATE_TIMES, ORDERED = np.linspace(0.0, 2.0, 5), 0.05
+#: Times of the growth-rate fit. A down run is ordered and settled when its `r` at
+#: the end is above `ORDERED` and moved less than `SETTLED` over the second half.
+RATE_TIMES, ORDERED, SETTLED = np.linspace(0.0, 2.0, 5), 0.1, 1e-3
 #: The grid of the phase diagram, and its step.
 PHASE_MODES, PHASE_DT = 32, 0.05
 
@@ -62,7 +65,9 @@ def sizes(max_tokens: int) -> list[int]:
 
 
 def convergence(config, progress) -> dict[str, np.ndarray]:
-    """Part 1: the distances at `t = 0` and `t = horizon`, `(sizes, seeds)`."""
+    """Part 1: per `n`, the RMS distance at `t = 0` and at `t = horizon` over
+    `--seeds · n_max / n` samples (at most `MAX_SAMPLES`: the small `n` are cheap and
+    the noisiest)."""
     grid, beta = mf.Circle(config["modes"]), config["beta"]
     ts = np.array([0.0, config["horizon"]])
     mu0 = initial_density(grid)
@@ -70,17 +75,20 @@ def convergence(config, progress) -> dict[str, np.ndarray]:
     eye = jnp.eye(2)[None]
     dyn = SelfAttentionDynamics(eye, eye, beta=beta, kernel="exp")
     ns = sizes(config["max_tokens"])
-    dist = np.zeros((2, len(ns), config["seeds"]))
-    keys = jax.random.split(jax.random.PRNGKey(config["seed"]), len(ns) * config["seeds"])
-    seeds = config["seeds"]
-    for i, n in enumerate(tqdm(ns, desc="particles", disable=not progress, leave=False)):
-        x0 = jnp.stack([mf.sample(grid, mu0, n, k) for k in keys[i * seeds:(i + 1) * seeds]])
+    counts = [min(MAX_SAMPLES, config["seeds"] * ns[-1] // n) for n in ns]
+    dist = np.zeros((2, len(ns)))
+    key = jax.random.PRNGKey(config["seed"])
+    for i, (n, count) in enumerate(tqdm(list(zip(ns, counts)), desc="particles",
+                                        disable=not progress, leave=False)):
+        keys = jax.random.split(jax.random.fold_in(key, i), count)
+        x0 = jnp.stack([mf.sample(grid, mu0, n, k) for k in keys])
         xs = solve_flow(dyn, x0, jnp.asarray(ts), rtol=1e-9, atol=1e-11)
-        for s in range(seeds):
-            for j in range(2):
-                dist[j, i, s] = float(mf.mode_distance(grid, mf.density(grid, xs[s, j]), mu[j],
-                                                       DEGREE))
-    return {"tokens": np.array(ns), "distance_start": dist[0], "distance": dist[1]}
+        for j in range(2):
+            d2 = [float(mf.mode_distance(grid, mf.density(grid, x), mu[j], DEGREE)) ** 2
+                  for x in xs[:, j]]
+            dist[j, i] = math.sqrt(np.mean(d2))
+    return {"tokens": np.array(ns), "samples": np.array(counts),
+            "distance_start": dist[0], "distance": dist[1]}
 
 
 def phase_diagram(config, progress) -> dict[str, np.ndarray]:
@@ -89,13 +97,13 @@ def phase_diagram(config, progress) -> dict[str, np.ndarray]:
     grid, d = mf.Circle(PHASE_MODES), 2
     betas = noisy_beta_star(d) * np.linspace(*BETA_RANGE, config["betas"])
     ratios = np.linspace(*K_RANGE, config["couplings"])
-    ts = np.append(RATE_TIMES, config["settle"])
+    ts = np.append(RATE_TIMES, [config["settle"] / 2, config["settle"]])
     starts = jnp.stack([mf.uniform(grid) * (1 + TILT * grid.points[..., 0]),
                         jnp.exp(CAP * grid.points[..., 0]) / (2 * np.pi * float(
                             jnp.mean(jnp.exp(CAP * grid.points[..., 0]))))])
     out = {k: np.zeros((len(betas), len(ratios)) + s) for k, s in
-           (("r_up", (len(ts),)), ("r_down", ()), ("f_down", ()), ("f_uniform", ()),
-            ("couplings", ()))}
+           (("r_up", (len(ts),)), ("r_down", ()), ("r_down_half", ()), ("f_down", ()),
+            ("f_uniform", ()), ("couplings", ()))}
     for i, beta in enumerate(tqdm(betas, desc="phase diagram", disable=not progress,
                                   leave=False)):
         ks = jnp.asarray(ratios * noisy_threshold(beta, d))
@@ -108,6 +116,7 @@ def phase_diagram(config, progress) -> dict[str, np.ndarray]:
 
         r, f = jax.vmap(lambda mu0: jax.vmap(lambda k: run(mu0, k))(ks))(starts)
         out["r_up"][i], out["r_down"][i], out["f_down"][i] = r[0], r[1, :, -1], f[1]
+        out["r_down_half"][i] = r[1, :, -2]
         out["f_uniform"][i] = np.asarray(mf.free_energy(grid, mf.uniform(grid), beta, ks))
     return out | {"betas": betas, "ratios": ratios, "times": ts}
 
@@ -135,18 +144,21 @@ def measured_sharp(data) -> np.ndarray:
 
 def measured_critical(data) -> np.ndarray:
     """Per `β`: where the settled caps' free energy meets the uniform one's, on the
-    line through the two smallest couplings where the cap stayed ordered (the
-    ordered branch ends a few per cent below `K_c`, so the line extrapolates or
-    interpolates over at most a grid step); NaN with fewer than two."""
+    parabola through the three smallest couplings where the cap settled ordered (the
+    ordered branch ends a few per cent below `K_c`, so it extrapolates over at most a
+    grid step); NaN with fewer than three."""
     out = []
-    for ks, gap, r in zip(data["couplings"], data["f_down"] - data["f_uniform"],
-                          data["r_down"]):
-        ordered = np.flatnonzero(r > ORDERED)[:2]
-        if ordered.size < 2:
+    settled = (data["r_down"] > ORDERED) & (np.abs(data["r_down"] - data["r_down_half"])
+                                            < SETTLED)
+    for ks, gap, keep in zip(data["couplings"], data["f_down"] - data["f_uniform"], settled):
+        first = np.flatnonzero(keep)[:3]
+        if first.size < 3:
             out.append(math.nan)
             continue
-        (k0, k1), (g0, g1) = ks[ordered], gap[ordered]
-        out.append(k0 - g0 * (k1 - k0) / (g1 - g0))
+        roots = np.roots(np.polyfit(ks[first], gap[first], 2))
+        roots = roots[np.isreal(roots)].real
+        near = roots[np.argmin(np.abs(roots - ks[first[0]]))] if roots.size else math.nan
+        out.append(near)
     return np.array(out)
 
 
@@ -160,7 +172,7 @@ class MeanFieldEquation(AbstractExperiment):
         Param("beta", float, 1.0, "β of the particles' comparison (σ = 0)", 0.0),
         Param("horizon", float, 1.0, "time of the particles' comparison", 0.0),
         Param("max_tokens", int, 10000, "the largest n (n = 10², 10³, … up to it)", 1000),
-        Param("seeds", int, 3, "samples of the initial density per n", 2),
+        Param("seeds", int, 3, "samples of the initial density at the largest n", 1),
         Param("betas", int, 5, "temperatures of the phase diagram, β/β* in [0.5, 2.5]", 2),
         Param("couplings", int, 13, "couplings of the phase diagram, K/K_# in [0.6, 1.4]", 3),
         Param("settle", float, 40.0, "time the phase diagram's runs settle", 2.0),
@@ -170,8 +182,7 @@ class MeanFieldEquation(AbstractExperiment):
         return convergence(config, progress) | phase_diagram(config, progress)
 
     def verdict(self, config, data):
-        rms = np.sqrt(np.mean(data["distance"] ** 2, axis=1))
-        slope = float(np.polyfit(np.log(data["tokens"]), np.log(rms), 1)[0])
+        slope = float(np.polyfit(np.log(data["tokens"]), np.log(data["distance"]), 1)[0])
         k_sharp, k_critical = predictions(data["betas"])
         sharp = measured_sharp(data) / k_sharp
         above = np.isfinite(k_critical)
@@ -209,10 +220,10 @@ def _draw_convergence(ax, config, data):
     ns = data["tokens"]
     for key, label, color in (("distance_start", "t = 0 (sampling)", "0.5"),
                               ("distance", f"t = {config['horizon']:g}", "C0")):
-        rms = np.sqrt(np.mean(data[key] ** 2, axis=1))
+        rms = data[key]
         slope = np.polyfit(np.log(ns), np.log(rms), 1)[0]
         ax.loglog(ns, rms, "o-", color=color, label=f"{label}: slope {slope:.3f}")
-    ref = np.sqrt(np.mean(data["distance"] ** 2, axis=1))[0] * (ns / ns[0]) ** SLOPE
+    ref = data["distance"][0] * (ns / ns[0]) ** SLOPE
     ax.loglog(ns, ref, "k--", lw=0.9, label=r"$n^{-1/2}$")
     ax.set(xlabel="tokens $n$", ylabel=f"RMS distance of modes $1 \\leq |k| \\leq {DEGREE}$",
            title="particles (solve_flow) against the equation")

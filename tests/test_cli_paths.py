@@ -45,3 +45,9 @@ def test_demo_help_describes_every_option(capsys):
                           ("--out", "runs")):
         text = " ".join(options[options.index(flag):].split()[:20])
         assert f"(default: {default})" in text.split(" --")[0], text
+
+
+def test_an_unknown_flag_gets_the_flag_it_abbreviates(capsys):
+    assert main(["sweep", "thm41-sphere", "--inst", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--inst: did you mean --instances?" in err and len(err.splitlines()) == 1, err

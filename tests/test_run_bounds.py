@@ -141,3 +141,25 @@ def test_a_resumed_run_records_the_command_of_the_uninterrupted_one():
     line = runner.command_line(config, experiment)
     assert "--resume" not in line
     assert line == runner.command_line(config | {"resume": False}, experiment)
+
+
+@pytest.mark.parametrize("argv", [["run", "thm41-sphere", "--horizon", "1e308"],
+                                  ["run", "metastability", "--horizon", "1e16"]],
+                         ids=lambda a: a[1])
+def test_a_horizon_no_step_can_advance_is_refused_before_a_folder(capsys, tmp_path,
+                                                                   monkeypatch, argv):
+    monkeypatch.setattr(runner, "run_into_folder", _no_work)
+    line = _refused_in_one_line(capsys, [*argv, "--out", str(tmp_path / "out")])
+    assert "--horizon" in line and "2**52" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_negative_infinity_is_read_as_a_value(capsys, tmp_path, monkeypatch):
+    """`--beta -inf` gets the value's own check (as `--beta inf`), not argparse's
+    "expected one argument"."""
+    monkeypatch.setattr(runner, "run_into_folder", _no_work)
+    for value, words in (("-inf", "must be finite"), ("inf", "must be finite"),
+                         ("-1e3", "must be > 0")):
+        line = _refused_in_one_line(capsys, ["run", "thm41-sphere", "--beta", value,
+                                             "--out", str(tmp_path / "out")])
+        assert f"--beta {words}" in line, line

@@ -5,6 +5,8 @@ Integers are checked by `_validate.check_count`, and a parameter's value by
 `experiments.runner.convert`; this module only turns text into values."""
 
 import argparse
+import difflib
+import re
 
 #: The actions a flag may be given more than once for (`--grid A=… --grid B=…`).
 _REPEATABLE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction,
@@ -25,6 +27,10 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
+_NEGATIVE_NUMBER = re.compile(
+    r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse's mistakes (a bad flag, a missing argument) as a one-line `UsageError`
     instead of the usage text; `--help` still prints the full usage. Every parser
@@ -37,6 +43,9 @@ class OneLineParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self._given: set[int] = set()
+        # A value that starts with "-" and reads as a number is a value, not a flag:
+        # `--beta -inf` and `--beta -1e3` get the value's own check, as `--beta inf`.
+        self._negative_number_matcher = _NEGATIVE_NUMBER
 
     def parse_known_args(self, args=None, namespace=None):
         self._given = set()
@@ -57,7 +66,31 @@ class OneLineParser(argparse.ArgumentParser):
         return super()._get_value(action, arg_string)
 
     def error(self, message):
+        if message.startswith("unrecognized arguments:"):
+            message += _closest_flags(self, message.split(":", 1)[1].split())
         raise UsageError(f"{self.prog}: error: {message} (see `{self.prog} --help`)")
+
+
+def _closest_flags(parser: argparse.ArgumentParser, words: list[str]) -> str:
+    """"; did you mean --instances?" for each unknown flag in `words` that is close to
+    a flag of `parser` or of its commands (the top parser reports a command's
+    unknown flags)."""
+    flags, todo = set(), [parser]
+    while todo:
+        p = todo.pop()
+        for action in p._actions:
+            flags.update(f for f in action.option_strings if f.startswith("--"))
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+    hints = []
+    for word in words:
+        word = word.split("=")[0]
+        if word.startswith("--") and word not in flags:
+            # a flag it begins (abbreviations are refused), else the closest spelling
+            close = sorted(f for f in flags if f.startswith(word))[:3] or \
+                difflib.get_close_matches(word, sorted(flags), n=1, cutoff=0.6)
+            hints += [f"{word}: did you mean {' or '.join(close)}?"] if close else []
+    return f"; {'; '.join(hints)}" if hints else ""
 
 
 def ascii_digits(text: str) -> bool:

@@ -28,6 +28,10 @@ MAX_LAYERS = 2**31 - 1
 #: with int32.
 MAX_COUNT = 2**31 - 1
 
+#: The longest horizon: past 2⁵², consecutive float64 times are more than 1 apart, so a
+#: step of the dynamics' unit time cannot advance the clock (the solver stalls).
+MAX_HORIZON = 2.0**52
+
 #: The arrays a run holds at once, as products of its parameters (names, or constant
 #: factors), in float64 values: the trajectories it saves (saves × tokens × dim, on
 #: the device and again on the host), its ensembles (runs, systems, restarts, prompts
@@ -89,6 +93,10 @@ def check_sizes(name: str, config: dict[str, Any], memory: int | None = None) ->
                              f"than this machine's memory ({_gb(memory)}); choose smaller "
                              "values.")
     for key, value in config.items():
+        if key.endswith("horizon") and isinstance(value, float) and value > MAX_HORIZON:
+            raise ValueError(f"--{key.replace('_', '-')} {value!r} is past 2**52 ≈ 4.5e15, "
+                             "where float64 times are more than 1 apart and no step can "
+                             "advance; choose a shorter horizon.")
         if isinstance(value, int) and not isinstance(value, bool) and key != "seed" \
                 and value > MAX_COUNT:
             raise ValueError(f"--{key.replace('_', '-')} {value} is more than {MAX_COUNT} "

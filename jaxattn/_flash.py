@@ -10,16 +10,15 @@ query is `a` vectors of its coordinates, so any `a` from 1 up runs without paddi
 to a tensor-core tile (for `a ≥ 16` a `dot` would be the faster choice).
 
 `flash_attention(q, k, v, offset, kernel=…, causal=…, window=…)` computes what
-`jaxattn._blocks.blocked_attention` computes for the kernels `"softmax"`, `"exp"`,
-`"usa"` (an exponential with the caller's offset) and `"sigmoid"`, with causal and
-window masks; boolean masks and `"hardmax"` are refused by name. Reverse mode is a
-custom VJP whose backward pass recomputes the blocks (FlashAttention-2's two
-kernels: one over query blocks for `dq`, one over key blocks for `dk`, `dv`), so a
-gradient costs `O(n)` memory.
-
-Kept in its own module, kernels by their string names: when the kernels become an
-`eqx.Module` family, each member's weight and its derivative (`_weights`) are what it
-provides here.
+`jaxattn._blocks.blocked_attention` computes, for `ja.Softmax()` (the online
+softmax, its state in registers) and every pointwise member of the kernel family
+(`ja.Exp()`, `ja.USA()`, `ja.Sigmoid()`, a user's `AbstractPointwiseKernel`: its
+`pointwise` weight), with causal and window masks; the backward pass takes each
+member's own `block_grad`. The offset and `rescale` (`1/n`) stay the caller's, as
+for the blocked path. Boolean masks and `ja.Hardmax()` are refused by name. Reverse
+mode is a custom VJP whose backward pass recomputes the blocks (FlashAttention-2's
+two kernels: one over query blocks for `dq`, one over key blocks for `dk`, `dv`), so
+a gradient costs `O(n)` memory.
 
 On CUDA the kernels are compiled with Triton; elsewhere they run in interpret mode
 (the platform chosen at lowering, as in `jaxattn._pallas`).
@@ -33,12 +32,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float
 
-KERNELS = ("softmax", "exp", "usa", "sigmoid")
-
-
-def _weights(kernel: str, s):
-    """The unnormalised weight of a score (exp for the softmax family, sigmoid)."""
-    return jax.nn.sigmoid(s) if kernel == "sigmoid" else jnp.exp(s)
+from ._kernel import AbstractKernel, AbstractPointwiseKernel, Softmax, as_kernel
 
 
 def _allowed(i, j, *, m, n, causal: bool, window):
@@ -87,7 +81,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, off_ref, o_ref, lse_ref, *, a, cv, m, b
         j = start + lax.iota(jnp.int32, bk)
         s = _scores(qs, [k_ref[c, pl.ds(start, bk)] for c in range(a)], off, big)
         ok = _allowed(i, j, m=mk, n=None, causal=causal, window=window)
-        if kernel == "softmax":
+        if isinstance(kernel, Softmax):  # the online softmax, one row's state in lanes
             s = _where(ok, s, -jnp.inf)
             new = jnp.maximum(mx, jnp.max(s, axis=1))
             safe = jnp.where(new == -jnp.inf, 0.0, new)
@@ -95,7 +89,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, off_ref, o_ref, lse_ref, *, a, cv, m, b
             scale = jnp.exp(mx - safe)
             norm = scale * norm + jnp.sum(p, axis=1)
         else:
-            p = _where(ok, _weights(kernel, s), 0.0)
+            p = _where(ok, kernel.pointwise(s), 0.0)
             new, scale = mx, 1.0
         acc = tuple(scale * acc[c] + jnp.sum(p * v_ref[c, pl.ds(start, bk)][None, :], axis=1)
                     for c in range(cv))
@@ -104,7 +98,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, off_ref, o_ref, lse_ref, *, a, cv, m, b
     zero = jnp.zeros((bq,), dtype)
     init = (jnp.full((bq,), -jnp.inf, dtype), zero, tuple(zero for _ in range(cv)))
     mx, norm, acc = lax.fori_loop(0, pl.cdiv(m, bk), body, init)
-    if kernel == "softmax":
+    if isinstance(kernel, Softmax):
         # A row that sees no key (only padding rows: a real one sees itself) gives 0.
         seen = norm > 0
         for c in range(cv):
@@ -117,15 +111,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, off_ref, o_ref, lse_ref, *, a, cv, m, b
 
 
 def _grad_weights(kernel, s, ok, lse, dp, delta):
-    """`(p, ds)`: the weights and the gradient of the scores, for one block pair."""
-    if kernel == "softmax":
-        p = _where(ok, jnp.exp(s - lse[:, None]), 0.0)
-        return p, p * (dp - delta[:, None])
-    if kernel == "sigmoid":
-        p = _where(ok, jax.nn.sigmoid(s), 0.0)
-        return p, p * (1 - p) * dp
-    p = _where(ok, jnp.exp(s), 0.0)
-    return p, p * dp
+    """`(w, ds)`: the member's `block_grad` of one block pair (its `a` the rows'
+    log-normaliser for softmax, unused by pointwise kernels)."""
+    return kernel.block_grad(s, True if ok is None else ok, lse, lse, delta, dp)
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dq_ref, doff_ref, *,
@@ -220,14 +208,20 @@ def _pad_last(x, size):
 
 
 class _Spec:
-    """The static description of one flash attention (hashable, for the custom VJP)."""
+    """The static description of one flash attention (hashable, for the custom VJP):
+    the kernel is a member of `AbstractKernel`, compared by its class and name (its
+    arrays, a sigmoid's bias, enter through the caller's `offset`)."""
 
     def __init__(self, kernel, causal, window, block_q, block_k, num_warps):
-        if kernel not in KERNELS:
-            raise ValueError(f"the attention kernel runs {', '.join(KERNELS)}; got "
-                             f"{kernel!r}: use the blocked XLA path.")
-        self.key = (kernel, bool(causal), window, int(block_q), int(block_k), int(num_warps))
-        self.kernel, self.causal, self.window, self.bq, self.bk, self.warps = self.key
+        kernel = as_kernel(kernel)
+        if not isinstance(kernel, Softmax | AbstractPointwiseKernel):
+            raise ValueError(f"the attention kernel runs softmax and pointwise kernels "
+                             f"(exp, usa, sigmoid, …); got {kernel.name!r}: use the blocked "
+                             "XLA path.")
+        self.kernel = kernel
+        self.key = (type(kernel), kernel.name, bool(causal), window, int(block_q),
+                    int(block_k), int(num_warps))
+        _, _, self.causal, self.window, self.bq, self.bk, self.warps = self.key
 
     def __hash__(self):
         return hash(self.key)
@@ -325,7 +319,8 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 def flash_attention(
     q: Float[Array, "h n a"], k: Float[Array, "g m a"], v: Float[Array, "g m c"],
-    offset: Float[Array, ""] = 0.0, *, kernel: str = "softmax", causal: bool = False,
+    offset: Float[Array, ""] = 0.0, *, kernel: str | AbstractKernel = "softmax",
+    causal: bool = False,
     window: int | None = None, block_q: int = 64, block_k: int = 64, num_warps: int = 4,
 ) -> Float[Array, "h n c"]:
     """`Σ_j w_ij v_j` per head as Pallas kernels: `jaxattn._blocks.blocked_attention`'s
@@ -336,8 +331,9 @@ def flash_attention(
     - `q`, `k`, `v`: queries `(h, n, a)` (any factor applied), keys `(g, m, a)` and
       values `(g, m, c)`, `g` dividing `h`.
     - `offset`: added to every score after clipping (the sigmoid's bias, usa's `−β`).
-    - `kernel`: `"softmax"` (rows normalised), `"exp"`/`"usa"` (`exp(s)`, unnormalised:
-      `1/n` is the caller's), `"sigmoid"`.
+    - `kernel`: a member of the kernel family or its name: `"softmax"` (rows
+      normalised) or a pointwise kernel (`"exp"`, `"usa"`, `"sigmoid"`, …: `f(s)`,
+      unnormalised; its `rescale`, such as `1/n`, is the caller's).
     - `causal`, `window`: key masks as in `BlockSpec`.
     - `block_q`, `block_k`, `num_warps`: the layout (powers of two; Triton warps).
 
@@ -350,8 +346,7 @@ def flash_attention(
             or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2]:
         raise ValueError(f"expected q (h, n, a), k (g, m, a), v (g, m, c) with g dividing h; "
                          f"got {q.shape}, {k.shape}, {v.shape}.")
-    spec = _Spec("exp" if kernel == "usa" else kernel, causal, window, block_q, block_k,
-                 num_warps)
+    spec = _Spec(kernel, causal, window, block_q, block_k, num_warps)
     dtype = jnp.result_type(q, k, v)
     return _flash(q.astype(dtype), k.astype(dtype), v.astype(dtype),
                   jnp.asarray(offset, dtype), spec)

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import pytest
 from jax.test_util import check_grads
 
+import jaxattn as ja
 from jaxattn._blocks import block_spec, blocked_attention
 from jaxattn._flash import flash_attention
 
@@ -83,6 +84,14 @@ def test_finite_differences(key):
     check_grads(lambda q, k, v, o: flash_attention(q, k, v, o, block_q=4, block_k=4,
                                                    causal=True),
                 (q, k, v, o), order=1, modes=("rev",), atol=1e-6, rtol=1e-6)
+
+
+def test_family_members(key):
+    """A member of the kernel family runs as its name does (its own `pointwise`)."""
+    args = _inputs(key, n=20)
+    by_name = flash_attention(*args, kernel="usa", block_q=8, block_k=8)
+    by_member = flash_attention(*args, kernel=ja.USA(), block_q=8, block_k=8)
+    assert _rel(by_member, by_name) == 0.0
 
 
 def test_refusals(key):

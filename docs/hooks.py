@@ -183,9 +183,16 @@ def _gallery() -> list[dict]:
 
 # --- the API reference ---------------------------------------------------------------
 def _api() -> list[dict]:
+    from jaxattn._lazy import lazy_names
+
+    # the face's names are imported on first use: mkdocstrings is told them by name
+    names = [name for name, (_, attribute) in lazy_names(ROOT / "jaxattn" / "__init__.py").items()
+             if attribute is not None]
     nav = [{"jaxattn": API}]
-    _generated[API] = ("# `jaxattn`\n\nThe top-level names: `import jaxattn as ja`.\n\n"
-                       "::: jaxattn\n    options:\n      show_submodules: false\n")
+    _generated[API] = ("# `jaxattn`\n\nThe top-level names: `import jaxattn as ja`; the "
+                       "namespaces `ja.X` have a page each.\n\n"
+                       "::: jaxattn\n    options:\n      show_submodules: false\n"
+                       "      members:\n" + "".join(f"        - {n}\n" for n in names))
     for ns in NAMESPACES:
         if (ROOT / "jaxattn" / ns / "__init__.py").is_file():
             page = f"api/{ns}.md"

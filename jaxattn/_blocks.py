@@ -301,8 +301,8 @@ def _backward(q, k, v, offset, mask, out, lse, dout, spec: BlockSpec):
             w, ds = spec.kernel.block_grad(s, ok, lb, cb, db, dp)
             ds = jnp.where(inside, ds, 0)
             dqb = dqb + einsum("grqk,gka->grqa", ds, kb, precision=prec)
-            # Key-side sums with the key axis last: XLA's CPU dot is ~15× slower
-            # writing (k, a) than (a, k) here (measured at 1024 × 1024 blocks).
+            # Key-side sums with the key axis last: XLA's CPU dot writes (a, k) far
+            # faster than (k, a) (BENCHMARKS.md, measured claims).
             dkb = einsum("grqk,grqa->gak", ds, qb, precision=prec).swapaxes(-1, -2)
             dvb = einsum("grqk,grqc->gck", w, dob, precision=prec).swapaxes(-1, -2)
             return (dqb, doffb + ds.sum()), (dkb, dvb)

@@ -163,3 +163,23 @@ def test_a_negative_infinity_is_read_as_a_value(capsys, tmp_path, monkeypatch):
         line = _refused_in_one_line(capsys, ["run", "thm41-sphere", "--beta", value,
                                              "--out", str(tmp_path / "out")])
         assert f"--beta {words}" in line, line
+
+
+def test_a_preset_records_what_it_sets_and_refuses_a_flag_it_overrides(capsys, tmp_path,
+                                                                      monkeypatch):
+    """noisy-transition --full: config.json records the settings the run uses (n =
+    4000, τ = 0.01, 23 couplings), and --tokens beside --full is refused by name."""
+    from jaxattn.experiments import noisy_transition
+
+    experiment = get_experiment("noisy-transition")
+    config = resolve_config(experiment, {"full": True}, 0)
+    for key, value in noisy_transition.FULL.items():
+        assert config[key] == value, key
+    assert noisy_transition.settings(config) == config  # what runs is what is recorded
+    line = runner.command_line(config, experiment)  # which repeats the run
+    assert line == "jaxattn run noisy-transition --seed 0 --full", line
+    monkeypatch.setattr(runner, "run_into_folder", _no_work)
+    line = _refused_in_one_line(capsys, ["run", "noisy-transition", "--full", "--tokens", "10",
+                                         "--out", str(tmp_path / "out")])
+    assert "--full sets --tokens itself (tokens 4000)" in line, line
+    assert list(tmp_path.iterdir()) == []

@@ -115,6 +115,22 @@ def check_layers(config: dict[str, Any]) -> None:
     Horizon(config["horizon"]).num_layers(config["tau"])  # its own checks
 
 
+def apply_presets(experiment: AbstractExperiment, config: dict, overrides: dict) -> None:
+    """Put the values of each preset flag that is on (an experiment's `presets`: flag →
+    the parameters it sets) into `config`, so the run records the settings it uses;
+    a parameter given beside the flag that sets it is refused in one line."""
+    for flag, preset in getattr(experiment, "presets", {}).items():
+        if not config.get(flag):
+            continue
+        clash = [key for key in preset if key in overrides]
+        if clash:
+            given = ", ".join(f"--{k.replace('_', '-')}" for k in clash)
+            raise ValueError(f"--{flag.replace('_', '-')} sets {given} itself ("
+                             + ", ".join(f"{k.replace('_', '-')} {preset[k]!r}" for k in clash)
+                             + f"); drop {given} or --{flag.replace('_', '-')}.")
+        config.update(preset)
+
+
 def experiment_config(experiment: AbstractExperiment, overrides: dict[str, Any], seed: int) -> dict:
     """The experiment's defaults with `overrides` applied and checked (each value, the
     seed's range and a discrete run's number of layers)."""
@@ -125,6 +141,7 @@ def experiment_config(experiment: AbstractExperiment, overrides: dict[str, Any],
             known = ", ".join(p.flag for p in params.values())
             raise ValueError(f"{experiment.name} has no parameter --{key}; it takes {known}.")
         config[key] = convert(params[key], value)
+    apply_presets(experiment, config, overrides)
     check_layers(config)
     check_sizes(experiment.name, config)
     return {"experiment": experiment.name, "seed": check_seed(seed)} | config
@@ -135,8 +152,10 @@ def command_line(config: dict, experiment: AbstractExperiment) -> str:
     `--resume`, which continues a run and repeats none: a resumed run records the
     command of the uninterrupted one)."""
     parts = ["jaxattn", "run", config["experiment"], "--seed", str(config["seed"])]
+    preset = {key for flag, values in getattr(experiment, "presets", {}).items()
+              if config.get(flag) for key in values}  # the flag says them
     for p in experiment.all_params():
-        if p.name == "resume":
+        if p.name == "resume" or p.name in preset:
             continue
         value = config[p.name]
         if p.type is bool:

@@ -314,7 +314,7 @@ class NoisyTransition(AbstractExperiment):
         Param("full", bool, False, "the paper-resolution study (n = 4000, τ = 0.01, 23 "
               "couplings, window 40, 17 rates, 8 seeds; over the flags above)"),
     )
-    #: Flags that set other parameters (`runner.resolve_config` records the values used
+    #: Flags that set other parameters (`runner.experiment_config` records the values used
     #: and refuses a flag the preset sets).
     presets = {"full": FULL}
 

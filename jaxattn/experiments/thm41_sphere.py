@@ -11,7 +11,7 @@ from ..metrics import misalignment, pairwise_lyapunov
 from . import paper001
 from .base import BETA, Param
 from .theorem import AbstractTheoremExperiment, Evidence
-from .verdicts import largest_rise, short
+from .verdicts import largest_rise, rise_words, short
 
 
 class SphereExperiment(AbstractTheoremExperiment):
@@ -54,8 +54,8 @@ class SphereExperiment(AbstractTheoremExperiment):
             return (f"the start is in no open hemisphere, so Theorem 4.1 says nothing; "
                     f"final E = {short(run['E'][-1])}")
         return (f"{judged.trend.describe('E')}: {self.words(judged.kind)} (start in a "
-                f"hemisphere, margin {short(run['margin'])}); V(t) largest rise "
-                f"{short(evidence.numbers['V_largest_rise'])}")
+                f"hemisphere, margin {short(run['margin'])}); "
+                f"{rise_words(evidence.numbers['V_largest_rise'], 'V(t)')}")
 
     def draw(self, config, data, folder: Path):
         plt = figures.pyplot()

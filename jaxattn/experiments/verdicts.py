@@ -32,6 +32,13 @@ def largest_rise(values: np.ndarray) -> float:
     return float(np.max(np.diff(values, axis=-1))) if values.shape[-1] > 1 else 0.0
 
 
+def rise_words(rise: float, what: str = "") -> str:
+    """`largest_rise` in words: "largest rise 3.2e-05", or "never rises" when the
+    largest change between samples is a fall (a negative rise is no rise)."""
+    subject = f"{what} " if what else ""
+    return f"{subject}largest rise {short(rise)}" if rise > 0 else f"{subject}never rises"
+
+
 # --- convergence verdicts ----------------------------------------------------------
 
 #: The verdict kinds, in `summary.json` as `verdict_kind`: the outcome was reached;

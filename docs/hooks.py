@@ -277,8 +277,34 @@ def on_config(config):
     fills = {GALLERY: _gallery(), API: _api(), NOTEBOOKS: _notebooks()}
     for source, page in ROOT_PAGES.items():
         _generated[page] = _root_page(source, page)
-    config["nav"] = _fill(config["nav"], Path(config["docs_dir"]), fills)
+    docs_dir = Path(config["docs_dir"])
+    config["nav"] = _fill(config["nav"], docs_dir, fills)
+    extra = _unlisted(config["nav"], docs_dir)
+    if extra:  # a page written since the nav was: shown, not lost
+        config["nav"].append({"More": extra})
     return config
+
+
+def _listed(nav) -> set[str]:
+    out = set()
+    for item in nav:
+        value = item if isinstance(item, str) else next(iter(item.values()))
+        out |= _listed(value) if isinstance(value, list) else {value}
+    return out
+
+
+def _unlisted(nav, docs_dir: Path) -> list[dict]:
+    """The pages of `docs_dir` that the nav does not list, by their first heading."""
+    listed, extra = _listed(nav), []
+    for path in sorted(docs_dir.rglob("*.md")):
+        page = path.relative_to(docs_dir).as_posix()
+        if page in listed:
+            continue
+        heading = next((ln[2:].strip() for ln in path.read_text(encoding="utf-8").splitlines()
+                        if ln.startswith("# ")), path.stem)
+        log.info("nav: %s is in no section of mkdocs.yml; listed under More", page)
+        extra.append({heading.strip("`"): page})
+    return extra
 
 
 def on_files(files, config):

@@ -57,6 +57,14 @@ def test_nav_leaves_out_missing_pages(tmp_path):
     assert hooks._fill(nav, tmp_path, {}) == [{"A": "here.md"}, {"E": [{"F": "here.md"}]}]
 
 
+def test_pages_outside_the_nav_are_listed_under_more(tmp_path):
+    hooks = _hooks()
+    (tmp_path / "here.md").write_text("# Here\n")
+    (tmp_path / "new.md").write_text("Intro.\n\n# A new page\n")
+    nav = hooks._fill([{"A": "here.md"}], tmp_path, {})
+    assert hooks._unlisted(nav, tmp_path) == [{"A new page": "new.md"}]
+
+
 def test_fenced_doctests():
     from importlib.util import module_from_spec, spec_from_file_location
 

@@ -461,6 +461,26 @@ def _repeated_colorbars(fig) -> list[str]:
     return [f"{n} identical colour bars {key[-1]!r}" for key, n in seen.items() if n > 1]
 
 
+DIVERGING = {"RdBu", "RdBu_r", "coolwarm", "bwr", "seismic", "PiYG", "PRGn", "BrBG", "PuOr",
+             "RdGy", "RdYlBu", "RdYlGn", "Spectral"}
+
+
+def _diverging_maps_of_one_sign(fig) -> list[str]:
+    """A diverging colour map (a middle, two directions) over a quantity that never
+    changes sign, such as a density from 0 to 1."""
+    found = []
+    for ax in fig.axes:
+        for m in ax.collections:
+            data = m.get_array() if hasattr(m, "get_cmap") else None
+            if data is None or m.get_cmap().name not in DIVERGING:
+                continue
+            values = np.ma.compressed(np.ma.asarray(data))
+            if values.size and (values.min() >= 0 or values.max() <= 0):
+                found.append(f"diverging map {m.get_cmap().name} over values of one sign "
+                             f"({ax.get_title()!r})")
+    return found
+
+
 def _brackets_read_as_doubled(texts) -> list[str]:
     """A closing angle bracket right before a closing parenthesis (`⟩)`) reads as a
     stray parenthesis `))` at figure size."""
@@ -479,7 +499,7 @@ def test_figure_is_readable(name, tmp_path, drawn):
                 + _dropped_from_log_axes(fig) + _hidden_markers(fig) + _legends_over_data(fig)
                 + _clipped_markers(fig) + _fractional_ticks(fig) + _low_contrast(texts, fig)
                 + _repeated_colorbars(fig) + _lines_under_lines(fig)
-                + _brackets_read_as_doubled(texts))
+                + _brackets_read_as_doubled(texts) + _diverging_maps_of_one_sign(fig))
     assert not problems, f"{name}: " + "; ".join(problems[:8])
 
 
@@ -538,6 +558,27 @@ def test_an_angle_bracket_before_a_parenthesis_is_caught():
     def square(fig, ax):
         ax.set_ylabel(r"$\max_i\,[\,1-\langle x_i(t),\, x_1(0)\rangle\,]$")
     assert not _brackets_read_as_doubled(_rendered_texts(_toy(square)))
+
+
+def test_a_density_map_is_sequential_measured_cells_only_and_marks_half():
+    """phase-diagram's map: no diverging colours for a 0–1 density, no β band below
+    the smallest β measured, and the density ½ (t½ of the verdict) drawn."""
+    from matplotlib.contour import ContourSet
+
+    from jaxattn.experiments import pair_density
+
+    betas, ts = np.array([0.1, 3.0, 6.0, 9.0]), np.linspace(0.0, 30.0, 20)
+    density = np.clip(ts[None, :] / (10 * betas[:, None]), 0, 1)
+    fig = Figure(figsize=(4, 3))
+    ax = fig.add_subplot()
+    pair_density.draw_map(ax, fig, betas, ts, density, log=False, title="t")
+    assert not _diverging_maps_of_one_sign(fig)
+    assert ax.get_ylim() == (0.1, 9.0) and ax.get_xlim() == (0.0, 30.0)
+    assert any(isinstance(c, ContourSet) for c in ax.collections)
+
+    def diverging(fig, ax):
+        ax.pcolormesh(density, cmap="RdBu_r")
+    assert _diverging_maps_of_one_sign(_toy(diverging))
 
 
 def test_hidden_markers_are_caught():

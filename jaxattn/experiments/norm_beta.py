@@ -104,7 +104,8 @@ class NormBeta(AbstractExperiment):
             mesh = draw_map(fig.add_subplot(grid[i // cols, i % cols]), fig, data["betas"],
                             data["ts"], density, log=False, full_scale=True,
                             title=f'norm = "{norm}"', colorbar=False)
-        fig.colorbar(mesh, cax=fig.add_subplot(grid[:, -1]), label="clustered-pair density")
+        fig.colorbar(mesh, cax=fig.add_subplot(grid[:, -1]),
+                     label="clustered-pair density (dashed: ½, reached at t½)")
         return figures.save_figure(fig, folder / "norm_beta",
                                  f"Clustered pairs by placement: {setup_line(config)}, "
                                  f"h = {config['heads']}")

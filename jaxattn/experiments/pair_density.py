@@ -409,6 +409,15 @@ def describe_map(betas, ts, density) -> tuple[str, dict]:
     return "; ".join(parts), numbers
 
 
+def _edges(centres) -> np.ndarray:
+    """Cell edges halfway between the centres, the outer ones at the first and last
+    centre (no cell reaches past the values measured, e.g. β below `--beta-min`)."""
+    c = np.asarray(centres, float)
+    if c.size < 2:
+        return np.array([c[0] - 0.5, c[0] + 0.5]) if c.size else c
+    return np.concatenate([c[:1], (c[1:] + c[:-1]) / 2, c[-1:]])
+
+
 def draw_map(ax, fig, betas, ts, density, *, log: bool, title: str,
              full_scale: bool = False, colorbar: bool = True):
     """One heat map of the density over `(t, β)`, as their `plot_pickle` draws it
@@ -416,12 +425,18 @@ def draw_map(ax, fig, betas, ts, density, *, log: bool, title: str,
     none beside it, for maps that share one). Returns the mesh."""
     shown = np.ma.masked_less_equal(density, 0) if log else density  # log: 0 left blank
     span = {"vmin": 0.0, "vmax": 1.0} if full_scale and not log else {}
-    mesh = ax.pcolormesh(ts, betas, shown, norm="log" if log else "linear", cmap="RdBu_r",
-                         shading="nearest", rasterized=True, **span)
+    # a sequential map (a density runs from 0 to 1: nothing diverges from a middle),
+    # each cell centred on its (t, β) but none past the first or last one measured
+    mesh = ax.pcolormesh(_edges(ts), _edges(betas), shown, norm="log" if log else "linear",
+                         cmap="viridis", shading="flat", rasterized=True, **span)
     ax.grid(False)
+    half = not log and len(ts) > 1 and len(betas) > 1 and np.nanmax(density) >= 0.5
+    if half:  # the density ½ whose first time is the verdict's t½, dashed over the map
+        ax.contour(ts, betas, density, levels=[0.5], colors="white", linestyles="--",
+                   linewidths=1.2)
     if colorbar:
-        fig.colorbar(mesh, ax=ax, label="clustered-pair density" + (" (log)" if log else ""))
-    ax.set_ylim(bottom=max(ax.get_ylim()[0], 0.0))  # β ≥ 0: no cell below it
+        fig.colorbar(mesh, ax=ax, label="clustered-pair density" + (" (log)" if log else "")
+                     + ("\n(dashed: ½, reached at t½)" if half else ""))
     ax.set_xlabel("$t$")
     ax.set_ylabel(r"$\beta$")
     ax.set_title(title, fontsize=10)

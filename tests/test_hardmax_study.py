@@ -99,11 +99,42 @@ def test_quick_run_confirms_the_paper(tmp_path):
     numbers = summary["numbers"]
     assert numbers["voronoi_held"] == numbers["interior_tokens"] == QUICK["tokens"]
     assert numbers["hull_vertices_are_sites"] and numbers["site_move"] == 0
-    assert numbers["gap_exponent"] <= -1
-    assert abs(numbers["one_step_rate"] / numbers["score_gap"] - 1) < 0.05
+    assert numbers["gap_exponent"] <= -1 and numbers["energy_exponent"] <= -1
+    assert numbers["centers_in_initial_hull"] and numbers["one_step_points"] >= 3
+    assert numbers["one_step_rate_error"] <= numbers["rate_tolerance"] < 0.1 / 2
     assert sorted(p.name for p in tmp_path.glob("hardmax.*")) == [
         "hardmax.pdf", "hardmax.png"]
 
 
 def test_step_size_above_one_is_refused(tmp_path):
     assert main(["run", "hardmax", "--tau", "1.5", "--out", str(tmp_path)]) == 2
+
+
+def test_a_score_gap_ten_percent_off_fails_the_verdict(monkeypatch):
+    """The one-step rate, fitted on `ONE_STEP` values of `β`, is judged against the
+    start's score gap: the quick run passes, and with the predicted rate moved by
+    ±10 % (everything else as measured) the verdict fails."""
+    from jaxattn.experiments import hardmax as H
+
+    study = H.Hardmax()
+    config = study.defaults() | QUICK | {"seed": 0}
+    data = study.simulate(config, progress=False)
+    assert study.verdict(config, data).ok
+    for factor in (1.1, 0.9):
+        monkeypatch.setattr(H, "score_gap_of", lambda d, f=factor: f * float(d["score_gap"]))
+        wrong = study.verdict(config, data)
+        assert not wrong.ok and wrong.numbers["voronoi_held"] == QUICK["tokens"]
+        assert wrong.numbers["one_step_rate_error"] > 0.08
+
+
+def test_quadratic_energy_and_initial_hull():
+    """The energy is `−½ xᵀ P x` averaged over the tokens, less its value at the last
+    step's mean; `in_hull` against points known inside and outside a square."""
+    from jaxattn.experiments.hardmax import in_hull, quadratic_energy
+
+    ys = np.array([[[1.0, 0.0], [0.0, 2.0]], [[0.5, 0.5], [0.5, 0.5]]])
+    P = -np.diag([1.0, 3.0])
+    np.testing.assert_allclose(quadratic_energy(ys, P), [(0.5 + 6.0) / 2 - 0.5, 0.0])
+    square = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    np.testing.assert_array_equal(in_hull(np.array([[0.5, 0.5], [1.2, 0.5]]), square),
+                                  [True, False])

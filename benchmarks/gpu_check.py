@@ -1,34 +1,41 @@
-"""One prepared check of the Pallas kernels on a GPU: tests, a layout sweep, timings, floors.
+"""One prepared check of the Pallas kernels on a GPU: timings, a layout sweep, floors.
 
 GPU time is short and rare, so everything a lent GPU should tell about
-`strategy="kernel"` runs in one command within a time budget (default 330 s):
+`strategy="kernel"` and the flash kernel runs in one command within a time budget
+(default 290 s, compiles included):
 
     PYTHONPATH=$PWD python benchmarks/gpu_check.py          # on the GPU
+    PYTHONPATH=$PWD python benchmarks/gpu_check.py --stages tests,env,S1
     python benchmarks/gpu_check.py --dry-run                # tiny, interpret mode, a CPU
 
-Stages, in order, each recorded in `$OUT/gpu_check.json` (`OUT` from the
+Stages (`--stages` picks and orders them; the default order puts first what run 1 on
+an H100 did not reach), each recorded in `$OUT/gpu_check.json` (`OUT` from the
 environment, default `./gpu_check_out`; rewritten after every stage, so a killed
 run leaves what it measured) and printed as it goes:
 
-1. `tests`: `pytest tests/test_pallas*.py` natively (the kernels compiled for the
-   GPU against the XLA paths), in a subprocess started before this process takes
-   the GPU; skipped in a dry run (CI runs them itself).
-2. `env`: JAX, the devices, torch and torchsde if installed.
-3. `floors`: the float32 matmul peak, the copy bandwidth, and the exp rate of a
-   kernel with its values in registers beside `jnp.exp` over a large array.
-4. `sweep`: S1's kernel at each layout (`block` systems per program, Triton warps),
-   with fewer layers; the fastest layout is used below.
-5. `S1`, `S1L`, `RK4`, `SN`: the kernel against the fused XLA path (and PyTorch /
-   torchsde where installed), with the largest difference between them.
-6. `MF_flash`: MF's attention (n = 10⁶ tokens in R³) as the Pallas flash kernel
-   (`jaxattn._flash`): a layout sweep at n = 2¹⁷ checked against the blocked XLA
-   path (values and gradients), then the forward pass and gradient at n = 10⁶
-   against the pair floors (the exp floor at the register rate).
-7. `MF_forward`, `MF_gradient`: one mean-field layer and its gradient on the blocked
-   XLA path (BENCHMARKS.md's MF), as budget allows.
+- `tests` (only when named): `pytest tests/test_pallas*.py` natively, in a
+  subprocess started before this process takes the GPU.
+- `env`: JAX, the devices, torch and torchsde if installed.
+- `floors`: the float32 matmul peak, the copy bandwidth, and the exp rate of a
+  kernel with its values in registers beside `jnp.exp` over a large array.
+- `MF_flash`: MF's attention (n = 10⁶ tokens in R³) as the Pallas flash kernel
+  (`jaxattn._flash`): a layout sweep at n = 2¹⁷ checked against the blocked XLA
+  path (values and gradients), then the forward pass and gradient at n = 10⁶
+  against the pair floors (the exp floor at the register rate).
+- `S1L`, `RK4`: the kernel (at S1's best layout so far, else run 1's 32 systems
+  per program and one warp) against the fused XLA path.
+- `S1`: the kernel at each layout (`block` systems per program, Triton warps) at
+  S1's own size while the budget lasts: the fastest is S1's kernel row (no second
+  compile) and the layout later stages take; the fused XLA path and PyTorch.
+- `SN`: the noisy layers, kernel against fused and torchsde (in law).
+- `MF_forward`, `MF_gradient`: one mean-field layer of the dynamics and its gradient
+  (BENCHMARKS.md's MF) as shipped: on a GPU its blocked attention is the flash
+  kernel (`jaxattn._blocks.use_flash`), where BENCHMARKS.md's 22.0 s ran the XLA sweep.
 
-Every case runs in `try`/`except`: an error is recorded with its message and the
-check goes on; a case is skipped once the budget is spent.
+Every compile is timed apart from the calls (`compile_s` per row, and all of them
+in the record's `compile_s`). Every case runs in `try`/`except`: an error is
+recorded with its message and the check goes on; a stage is skipped once the
+budget left is below what its compiles need (`NEED_S`).
 """
 
 import argparse
@@ -60,13 +67,24 @@ SIZES = {  # (full GPU sizes, dry-run sizes)
     "SN": ({"batch": 1000, "steps": 1000}, {"batch": 20, "steps": 3}),
     "MF": ({"n": 1_000_000}, {"n": 256}),
     "flash_sweep": ({"n": 2**17}, {"n": 40}),
-    "sweep": ({"batch": 100_000, "layers": 50}, {"batch": 40, "layers": 2}),
 }
-LAYOUTS = [("triton", 32, 1), ("triton", 64, 2), ("triton", 128, 4), ("triton", 256, 8),
-           ("triton", 64, 1), ("triton", 128, 2), ("triton", 256, 4), ("triton", 512, 8)]
-SWEEP_S = 60  # the sweep's share of the budget (each layout compiles its own kernel)
+# S1's kernel layouts, in the order they are tried (each layout is its own Triton
+# compile, about 70 s on an H100, so a budgeted run reaches few of them). Run 1 on an
+# H100 measured (32, 1) only: S1L, RK4 and SN take it until S1 has found a faster one.
+LAYOUTS = [("triton", 64, 2), ("triton", 128, 4), ("triton", 32, 1), ("triton", 64, 1),
+           ("triton", 256, 8), ("triton", 128, 2), ("triton", 256, 4), ("triton", 512, 8)]
+FIRST_LAYOUT = {"backend": "triton", "block": 32, "num_warps": 1}
 # Flash attention's layouts: (queries, keys) per block and Triton warps.
 FLASH_LAYOUTS = [(64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 8), (32, 64, 2)]
+# Stages in the order a run takes them: those run 1 (an H100, 330 s) did not reach
+# first. `tests` only when named (24 passed natively in run 1, 94 s of the budget).
+STAGES = ("env", "floors", "MF_flash", "S1L", "RK4", "S1", "SN", "MF_forward",
+          "MF_gradient")
+ALL_STAGES = ("tests",) + STAGES
+# Seconds a stage needs to start (its compiles: run 1 took about 70 s per layer kernel
+# and 140 s for SN's).
+NEED_S = {"tests": 250, "floors": 10, "MF_flash": 40, "S1L": 90, "RK4": 90, "S1": 90,
+          "SN": 150, "MF_forward": 60, "MF_gradient": 120}
 DIMS = ((10, 3, 2), (3, 2, 1))  # S1's (n, d, h) on the GPU; in a dry run
 
 
@@ -105,6 +123,9 @@ class Check:
 
     def record(self, name, result):
         self.data["stages"][name] = result
+        self.write()
+
+    def write(self):
         self.data["elapsed_s"] = time.perf_counter() - self.start
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
@@ -211,35 +232,34 @@ def _layers_fn(L, strategy, observe=ja.misalignment):
     return lambda dyn, x0: ja.run_layers(dyn, x0, L, 1.0, observe=observe, strategy=strategy)
 
 
-def stage_sweep(check: Check) -> dict:
-    size = _size(check, "sweep")
-    _, _, dyn, x0 = _problem(check, size["batch"])
-    rows, ref = [], None
-    _, _, ref = _time(_layers_fn(size["layers"], "fused"), dyn, x0, repeats=1)
-    cap = time.perf_counter() + (1e9 if check.dry else SWEEP_S)
-    for backend, block, warps in LAYOUTS[:1] if check.dry else LAYOUTS:
-        if check.left() < 30 or time.perf_counter() > cap:
+def _kernel_layouts(check: Check, fn_of, args, ref, layouts) -> list:
+    """The kernel at each layout while the budget lasts (one compile per layout):
+    rows with the timing, the compile time and the difference from `ref`, and each
+    timed layout's output (by the row's index)."""
+    rows, outputs = [], {}
+    for i, (backend, block, warps) in enumerate(layouts):
+        if i and check.left() < NEED_S["S1"]:
             rows.append({"backend": backend, "block": block, "num_warps": warps,
-                         "skipped": "budget"})
+                         "skipped": f"budget: {check.left():.0f} s left"})
             continue
         try:
             with use_kernel_config(backend=backend, block=block, num_warps=warps):
-                timing, comp, out = _time(_layers_fn(size["layers"], "kernel"), dyn, x0)
+                timing, comp, out = _time(fn_of("kernel"), *args)
+            outputs[len(rows)] = out
             rows.append(_row(timing, comp, backend=backend, block=block, num_warps=warps,
-                             rel_diff_vs_fused=_rel(out, ref)))
+                             rel_diff_vs_fused=None if ref is None else _rel(out, ref)))
         except Exception as e:  # noqa: BLE001
             rows.append({"backend": backend, "block": block, "num_warps": warps,
                          "error": f"{type(e).__name__}: {e}"[:1000]})
         print(f"      {_short(rows[-1])}", flush=True)
-    timed = [r for r in rows if "median_s" in r]
-    best = min(timed, key=lambda r: r["median_s"]) if timed else None
-    return {"size": size, "layouts": rows, "best": best}
+    return rows, outputs
 
 
 def _best_layout(check: Check) -> dict:
-    best = (check.data["stages"].get("sweep") or {}).get("best")
+    """The fastest layout S1 measured in this run, else run 1's (32 systems, 1 warp)."""
+    best = (check.data["stages"].get("S1") or {}).get("best")
     if not best:
-        return {"backend": "triton", "block": 128, "num_warps": 4}
+        return dict(FIRST_LAYOUT)
     return {k: best[k] for k in ("backend", "block", "num_warps")}
 
 
@@ -254,11 +274,15 @@ def _versus(check: Check, fn_of, args, strategies=("kernel", "fused"), repeats=3
             out[strategy] = _row(timing, comp)
         except Exception as e:  # noqa: BLE001
             out[strategy] = {"error": f"{type(e).__name__}: {e}"[:1500]}
+    _compare(out, results)
+    out["layout"] = _best_layout(check)
+    return out, results
+
+
+def _compare(out: dict, results: dict) -> None:
     if "kernel" in results and "fused" in results:
         out["rel_diff_kernel_vs_fused"] = _rel(results["kernel"], results["fused"])
         out["speedup_kernel_vs_fused"] = out["fused"]["median_s"] / out["kernel"]["median_s"]
-    out["layout"] = _best_layout(check)
-    return out, results
 
 
 def _torch_ref():
@@ -294,7 +318,20 @@ def stage_layers(check: Check, case: str) -> dict:
     size = _size(check, case)
     prob, arrays, dyn, x0 = _problem(check, size["batch"])
     L = size["layers"]
-    out, results = _versus(check, lambda s: _layers_fn(L, s), (dyn, x0))
+    fn_of = lambda s: _layers_fn(L, s)  # noqa: E731
+    if case == "S1":  # the layout sweep at S1's own size: its best row is S1's kernel
+        out, results = _versus(check, fn_of, (dyn, x0), strategies=("fused",))
+        layouts = LAYOUTS[:1] if check.dry else LAYOUTS
+        out["layouts"], outputs = _kernel_layouts(check, fn_of, (dyn, x0),
+                                                  results.get("fused"), layouts)
+        if outputs:
+            i = min(outputs, key=lambda j: out["layouts"][j]["median_s"])
+            out["best"] = out["kernel"] = out["layouts"][i]
+            out["layout"] = {k: out["best"][k] for k in ("backend", "block", "num_warps")}
+            results["kernel"] = outputs[i]
+            _compare(out, results)
+    else:
+        out, results = _versus(check, fn_of, (dyn, x0))
     flops = L * prob.flops()
     moved = 4 * prob.batch * (prob.n * prob.d + L + 1)
     out.update(size=size, flops=flops, moved_bytes=moved)
@@ -407,8 +444,11 @@ def stage_mean_field(check: Check, gradient: bool) -> dict:
     timing, comp, _ = _time(grad if gradient else forward, dyn, x0, repeats=1 if n > 1e5 else 3)
     floors = check.data["stages"].get("floors") or {}
     peak = floors.get("matmul_peak_gflops_f32")
-    out = _row(timing, comp, n=n, d=3, blocked=bool(dyn.blocked(n, x0.dtype)),
-               path="blocked XLA (jaxattn._blocks)")
+    blocked = bool(dyn.blocked(n, x0.dtype))
+    flash = blocked and jax.default_backend() == "gpu"  # use_flash's "auto"
+    out = _row(timing, comp, n=n, d=3, blocked=blocked,
+               path="the flash kernel (jaxattn._blocks, use_flash 'auto')" if flash else
+               "blocked XLA sweep (jaxattn._blocks)" if blocked else "dense XLA")
     for name in ("exp_register_per_s", "exp_stream_per_s"):
         if peak and floors.get(name):
             floor = pair_floor(float(n) ** 2, 3, gradient, peak, floors[name])
@@ -431,7 +471,7 @@ def _attention_inputs(n: int, seed: int = 0):
 def stage_flash(check: Check) -> dict:
     """MF's attention as the Pallas flash kernel: a layout sweep, the blocked XLA path's
     values and gradients at the sweep's size, then n = 10⁶ forward and gradient."""
-    from jaxattn._blocks import block_spec, blocked_attention
+    from jaxattn._blocks import block_spec, blocked_attention, use_flash
     from jaxattn._flash import flash_attention
     small = _size(check, "flash_sweep")["n"]
     args = _attention_inputs(small)
@@ -445,11 +485,18 @@ def stage_flash(check: Check) -> dict:
         return jax.grad(lambda *x: jnp.sum(fn(*x) * weights), argnums=(0, 1, 2))
 
     spec = block_spec("softmax", small, small, 1, 512)
-    blocked = lambda q, k, v, o: blocked_attention(q, k, v, o, None, spec)  # noqa: E731
+
+    def blocked(q, k, v, o):  # the XLA sweep, not the flash kernel it takes on a GPU
+        with use_flash("never"):
+            return blocked_attention(q, k, v, o, None, spec)
     t_ref, _, ref = _time(blocked, *args, repeats=1)
     out = {"sweep_n": small, "blocked_forward_s": t_ref.median, "layouts": []}
-    layouts = FLASH_LAYOUTS[:1] if check.dry else FLASH_LAYOUTS
+    layouts = FLASH_LAYOUTS[:1] if check.dry else FLASH_LAYOUTS[:3]
     for bq, bk, warps in layouts:
+        if out["layouts"] and check.left() < 150:  # n = 10⁶ next, and what follows
+            out["layouts"].append({"block_q": bq, "block_k": bk, "num_warps": warps,
+                                   "skipped": "budget"})
+            continue
         try:
             timing, comp, res = _time(flash_of(bq, bk, warps), *args)
             out["layouts"].append(_row(timing, comp, block_q=bq, block_k=bk, num_warps=warps,
@@ -487,40 +534,76 @@ def stage_flash(check: Check) -> dict:
     return out
 
 
+def _stages(text: str | None, skip_tests: bool) -> list[str]:
+    names = list(STAGES) if not text else [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in names if t not in ALL_STAGES]
+    if unknown:
+        raise SystemExit(f"gpu_check: unknown stage {unknown[0]!r}; stages: "
+                         f"{', '.join(ALL_STAGES)}")
+    return [t for t in names if not (skip_tests and t == "tests")]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny sizes, interpret mode on a CPU (what CI runs)")
-    parser.add_argument("--budget", type=float, default=330.0, help="seconds in all")
+    parser.add_argument("--budget", type=float, default=290.0, help="seconds in all")
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out")
-    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--stages", default=None,
+                        help=f"comma-separated, run in this order (default: "
+                             f"{','.join(STAGES)}; also: tests)")
+    parser.add_argument("--skip-tests", action="store_true",
+                        help="drop `tests` from --stages")
     args = parser.parse_args(argv)
     dry = args.dry_run
+    names = _stages(args.stages, args.skip_tests or dry)
     check = Check(args.out, args.budget, dry)
+    check.data["stage_order"] = names
     # The tests first, in their own process, before this one starts JAX's backend
     # (which would hold most of the GPU's memory).
-    if dry or args.skip_tests:
-        check.record("tests", {"skipped": "dry run" if dry else "--skip-tests"})
-    else:
-        check.run("tests", lambda: stage_tests(min(120.0, check.left() - 200)), need_s=250)
+    if "tests" in names:
+        check.run("tests", lambda: stage_tests(min(120.0, check.left() - 200)),
+                  need_s=NEED_S["tests"])
     env = check.run("env", stage_env)
     if not dry and (env or {}).get("backend") != "gpu":
         print("no GPU: the timings below run the kernels in interpret mode", flush=True)
-    check.run("floors", lambda: stage_floors(dry), need_s=10)
-    check.run("sweep", lambda: stage_sweep(check), need_s=60 if not dry else 0)
-    check.run("S1", lambda: stage_layers(check, "S1"), need_s=30 if not dry else 0)
-    check.run("SN", lambda: stage_noisy(check), need_s=40 if not dry else 0)
-    check.run("RK4", lambda: stage_rk4(check), need_s=30 if not dry else 0)
-    check.run("MF_flash", lambda: stage_flash(check), need_s=40 if not dry else 0)
-    check.run("S1L", lambda: stage_layers(check, "S1L"), need_s=40 if not dry else 0)
-    check.run("MF_forward", lambda: stage_mean_field(check, False), need_s=60 if not dry else 0)
-    check.run("MF_gradient", lambda: stage_mean_field(check, True),
-              need_s=120 if not dry else 0)
+    run = {"floors": lambda: stage_floors(dry),
+           "MF_flash": lambda: stage_flash(check),
+           "S1L": lambda: stage_layers(check, "S1L"),
+           "RK4": lambda: stage_rk4(check),
+           "S1": lambda: stage_layers(check, "S1"),
+           "SN": lambda: stage_noisy(check),
+           "MF_forward": lambda: stage_mean_field(check, False),
+           "MF_gradient": lambda: stage_mean_field(check, True)}
+    for name in names:
+        if name in run:
+            check.run(name, run[name], need_s=0 if dry else NEED_S[name])
+    check.data["compile_s"] = _compile_times(check.data["stages"])
+    check.write()
     print(f"done in {time.perf_counter() - check.start:.0f} s: {check.path}", flush=True)
     errors = [k for k, v in check.data["stages"].items() if isinstance(v, dict) and "error" in v]
     if errors:
         print(f"stages with errors: {', '.join(errors)}", flush=True)
     return 1 if dry and errors else 0
+
+
+def _compile_times(tree, path="", seen=None) -> dict:
+    """Every JAX compile in the record by its path (`S1.layouts.0`), apart from the
+    timings: where a run's seconds went (a row named twice, such as S1's best, once)."""
+    seen = set() if seen is None else seen
+    found = {}
+    if isinstance(tree, dict) and id(tree) not in seen:
+        seen.add(id(tree))
+        for k, v in tree.items():
+            if k == "compile_s":
+                if v:  # PyTorch rows: no compile
+                    found[path] = v
+            else:
+                found.update(_compile_times(v, f"{path}.{k}" if path else str(k), seen))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            found.update(_compile_times(v, f"{path}.{i}", seen))
+    return found
 
 
 if __name__ == "__main__":

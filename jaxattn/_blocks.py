@@ -25,6 +25,7 @@ Llama's `num_key_value_heads`), so the dynamics' values, shared by every head, a
 one group and are never repeated.
 """
 
+import contextlib
 import functools
 
 import equinox as eqx
@@ -102,12 +103,77 @@ def blocked_attention(
 
     `(h, n, c)`: for softmax the weights sum to one over the keys a query sees;
     `sigmoid` and `exp` are not normalised (masked weights are 0).
+
+    On a GPU the sweep is the Pallas flash kernel (`jaxattn._flash`) where it applies
+    (`use_flash`), chosen when the program is lowered for CUDA; elsewhere the XLA
+    sweep below.
     """
     if mask is None:
         mask = jnp.zeros((0, 0), bool)
+    offset = jnp.asarray(offset, q.dtype)
     if spec.forward_mode:
-        return _forward(q, k, v, jnp.asarray(offset, q.dtype), mask, spec)[0]
-    return _attend(q, k, v, jnp.asarray(offset, q.dtype), mask, spec)
+        return _forward(q, k, v, offset, mask, spec)[0]
+    route = _flash_route(spec)
+    if route is None:
+        return _attend(q, k, v, offset, mask, spec)
+    flash = functools.partial(_flash, spec=spec)
+    if route == "always":
+        return flash(q, k, v, offset)
+    return lax.platform_dependent(q, k, v, offset, cuda=flash,
+                                  default=lambda *a: _attend(*a, mask, spec))
+
+
+#: Where `blocked_attention` runs the Pallas flash kernel (`jaxattn._flash`), for the
+#: specs it takes: `"auto"` as `"cuda"` in a process with a GPU backend, else
+#: `"never"` (the CPU traces and runs the XLA sweep alone); `"cuda"`: the kernel on
+#: CUDA, the XLA sweep on every other platform, chosen at lowering
+#: (`lax.platform_dependent`); `"always"`: the kernel everywhere (interpret mode off
+#: CUDA: tests); `"never"`: the XLA sweep. The last entry holds (`use_flash`); it is
+#: read when a program is traced, so a function traced before keeps its choice.
+_FLASH = [{"mode": "auto", "block_q": 64, "block_k": 64, "num_warps": 4}]
+FLASH_MODES = ("auto", "cuda", "always", "never")
+
+
+@contextlib.contextmanager
+def use_flash(mode: str | None = None, **layout):
+    """Within the block, `blocked_attention` takes the flash kernel per `mode` (see
+    `_FLASH`) with its layout changed (`block_q`, `block_k`, `num_warps`)."""
+    if mode is not None and mode not in FLASH_MODES:
+        raise ValueError(f"`mode` must be one of {FLASH_MODES}, got {mode!r}.")
+    unknown = set(layout) - {"block_q", "block_k", "num_warps"}
+    if unknown:
+        raise ValueError(f"unknown flash layout field {sorted(unknown)[0]!r}.")
+    _FLASH.append({**_FLASH[-1], **layout, **({"mode": mode} if mode else {})})
+    try:
+        yield dict(_FLASH[-1])
+    finally:
+        _FLASH.pop()
+
+
+def _flash_route(spec: BlockSpec) -> str | None:
+    """`"always"`, `"cuda"` or `None` (the XLA sweep alone): the flash kernel takes
+    softmax and pointwise kernels with causal and window masks at true float32
+    products, no boolean mask."""
+    from ._kernel import AbstractPointwiseKernel, Softmax
+    mode = _FLASH[-1]["mode"]
+    if mode == "auto":
+        mode = "cuda" if jax.default_backend() == "gpu" else "never"
+    if mode == "never" or spec.has_mask or spec.precision != "float32" \
+            or not isinstance(spec.kernel, Softmax | AbstractPointwiseKernel):
+        return None
+    return mode
+
+
+def _flash(q, k, v, offset, *, spec: BlockSpec):
+    from ._flash import flash_attention  # Pallas imported on the kernel's first use
+    layout = _FLASH[-1]
+
+    def block(size, count):  # no larger than the sequence needs, 16 at least (Triton)
+        return min(size, max(16, 1 << max(0, (count - 1).bit_length())))
+    return flash_attention(q, k, v, offset, kernel=spec.kernel, causal=spec.causal,
+                           window=spec.window, block_q=block(layout["block_q"], q.shape[1]),
+                           block_k=block(layout["block_k"], k.shape[1]),
+                           num_warps=layout["num_warps"])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))

@@ -1,0 +1,115 @@
+"""The dynamics' blocked attention with the Pallas flash kernel (`jaxattn._blocks`'s
+`use_flash`): in interpret mode it equals the XLA key-block sweep, values and
+gradients; a CUDA lowering on this CPU machine takes the kernel, and the CPU path
+stays the XLA sweep alone."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxattn as ja
+from jaxattn._blocks import use_flash
+
+N, D = 23, 3  # 23 tokens in blocks of 8 keys: padding in the last block
+
+
+def _model(kernel, dtype=jnp.float64, **opts):
+    k = jax.random.split(jax.random.PRNGKey(0), 2)
+    P = jax.random.normal(k[0], (2, D, D), dtype) / D
+    U = jax.random.normal(k[1], (2, D, D), dtype) / D
+    return ja.SelfAttentionDynamics(P, U, beta=3.0, kernel=kernel, block_size=8, **opts)
+
+
+def _tokens(dtype=jnp.float64):
+    x = jax.random.normal(jax.random.PRNGKey(1), (N, D), dtype)
+    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _velocity(dyn, x):
+    return dyn.velocity(0.0, x)
+
+
+def _grads(dyn, x, weights):
+    return eqx.filter_grad(lambda dx: jnp.sum(_velocity(*dx) * weights))((dyn, x))
+
+
+def _rel(a, b) -> float:
+    return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+
+
+def _fresh(fn):
+    """A new function object: JAX caches traces by function, and `use_flash` is read
+    when a program is traced (as `use_kernel_config` is)."""
+    return lambda *a: fn(*a)
+
+
+def _uses_kernel(fn, *args) -> bool:
+    return "pallas_call" in str(jax.make_jaxpr(_fresh(fn))(*args))
+
+
+@pytest.mark.parametrize("kernel,opts", [
+    ("softmax", {}), ("softmax", {"causal": True}), ("usa", {"window": 5}),
+    (ja.Sigmoid(bias=-1.0), {"causal": True}), ("exp", {})])
+def test_flash_equals_the_xla_sweep(kernel, opts):
+    """The velocity and its gradient (model and tokens) in float64, to 1e-12."""
+    dyn, x = _model(kernel, **opts), _tokens()
+    assert dyn.blocked(N, x.dtype)
+    weights = jax.random.normal(jax.random.PRNGKey(2), (N, D))
+    out = {}
+    for mode in ("always", "never"):
+        with use_flash(mode):
+            assert _uses_kernel(_velocity, dyn, x) == (mode == "always")
+            out[mode] = (jax.jit(_fresh(_velocity))(dyn, x), _grads(dyn, x, weights))
+    assert _rel(out["always"][0], out["never"][0]) < 1e-12
+    flash, sweep = (jax.tree.leaves(eqx.filter(out[m][1], eqx.is_inexact_array))
+                    for m in ("always", "never"))
+    assert len(flash) == len(sweep) >= 3
+    for a, b in zip(flash, sweep):
+        assert _rel(a, b) < 1e-12
+
+
+def test_float32_layer_and_small_layout():
+    """A float32 layer at a 16 × 16 layout: 1e-5 relative to the sweep."""
+    with jax.enable_x64(False):
+        dyn, x = _model("softmax", jnp.float32), _tokens(jnp.float32)
+        runs = {}
+        for mode in ("always", "never"):
+            with use_flash(mode, block_q=16, block_k=16):
+                runs[mode] = jax.jit(lambda d, y: d.layer(0.0, y, 0.1))(dyn, x)
+        assert runs["always"].dtype == jnp.float32
+        assert _rel(runs["always"], runs["never"]) < 1e-5
+
+
+@pytest.mark.parametrize("kernel,opts", [("hardmax", {}), ("softmax", {"mask": True}),
+                                         ("softmax", {"precision": "bfloat16"})])
+def test_what_the_kernel_does_not_take_keeps_the_sweep(kernel, opts):
+    if opts.pop("mask", False):
+        opts["mask"] = ja.random_mask(jax.random.PRNGKey(3), N, 0.4)
+    dyn, x = _model(kernel, **opts), _tokens()
+    with use_flash("always"):
+        assert not _uses_kernel(_velocity, dyn, x)
+
+
+def _lowered(dyn, x, platform):
+    return jax.jit(_fresh(_velocity)).trace(dyn, x).lower(lowering_platforms=(platform,)).as_text()
+
+
+def test_cuda_lowering_takes_the_kernel_and_the_cpu_keeps_the_sweep():
+    with jax.enable_x64(False):
+        dyn, x = _model("softmax", jnp.float32), _tokens(jnp.float32)
+        with use_flash("cuda"):
+            cuda = _lowered(dyn, x, "cuda")
+            cpu = _lowered(dyn, x, "cpu")
+        assert "__gpu$xla.gpu.triton" in cuda
+        assert "triton" not in cpu
+        # "auto" (the default) on a host without a GPU: the XLA sweep alone is traced.
+        assert not _uses_kernel(_velocity, dyn, x)
+        assert "platform_index" not in str(jax.make_jaxpr(_fresh(_velocity))(dyn, x))
+
+
+def test_use_flash_refuses_unknown_settings():
+    with pytest.raises(ValueError, match="mode"), use_flash("gpu"):
+        pass
+    with pytest.raises(ValueError, match="block_m"), use_flash(block_m=8):
+        pass

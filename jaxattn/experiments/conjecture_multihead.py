@@ -106,7 +106,7 @@ class ConjectureMultihead(AbstractSearch):
         for row, (found, h) in enumerate(self.sections(data)):
             ax = fig.add_subplot(2, 3, 3 * row + 1)
             draw_trace(ax, found["trace"], found["baseline"],
-                       r"$\max_i (1-\langle x_i(T), v_1\rangle)$")
+                       r"$\max_i\,[\,1-\langle x_i(T), v_1\rangle\,]$")
             ax.set_title(f"h = {h}: search over starts and weights")
             ax3 = fig.add_subplot(2, 3, 3 * row + 2, projection="3d")
             figures.draw_ellipsoid_trajectories(ax3, found["ys"], mark=found["v1"],
@@ -116,7 +116,7 @@ class ConjectureMultihead(AbstractSearch):
             # 1 − ⟨x, v₁⟩ as computed resolves ~ε (first order), not ε²
             figures.draw_decay(ax, found["ts"], found["dist"], order=1, color="tab:red")
             ax.axvline(config["horizon"], color="k", ls=":", lw=1, label="horizon $T$")
-            ax.set_ylabel(r"$\max_i (1-\langle x_i(t), v_1\rangle)$")
+            ax.set_ylabel(r"$\max_i\,[\,1-\langle x_i(t), v_1\rangle\,]$")
             ax.set_title(f"h = {h}: distance to $v_1$")
             figures.legend_below(ax, ncol=2)
         return figures.save_figure(fig, self.stem(folder),

@@ -65,3 +65,69 @@ def test_defaults_run_past_the_thresholds():
     for d in A.dims_of(config):
         beta_c = ja.theory.antipodal_threshold(d, config["sigma"])
         assert betas[0] < beta_c < betas[-1]
+
+
+def test_crossing_fit_and_extrapolation_are_exact_on_lines():
+    betas = np.linspace(0.8, 1.2, 5)
+    zero, se = A.crossing_fit(betas, 2.0 * (1.05 - betas), np.full(5, 0.01))
+    assert zero == pytest.approx(1.05, rel=1e-12) and 0 < se < 0.01
+    value, se = A.extrapolate([0.01, 0.02], [1.1, 1.2], [0.003, 0.004])
+    assert value == pytest.approx(1.0, rel=1e-12)
+    assert se == pytest.approx(math.hypot(2 * 0.003, 0.004), rel=1e-9)
+
+
+def _exact_run(config, bias=5.0):
+    """A run's data where every measured exponent is `antipodal_rate` moved by a
+    bias linear in τ (`bias · τ`, as a layer step's): what the verdict judges."""
+    dims, taus = A.dims_of(config), np.asarray(A.taus_of(config))
+    betas = A.betas_of(config)
+    window = np.stack([A.window_of(d, config["sigma"]) for d in dims])
+    rate = np.stack([[ja.theory.antipodal_rate(w, d, config["sigma"]) + bias * t
+                      for t in taus] for d, w in zip(dims, window)])
+    shape = (len(dims), len(betas))
+    return {"dims": np.asarray(dims), "betas": betas, "taus": taus,
+            "p_antipodal": np.full(shape, 0.5), "p_consensus": np.full(shape, 0.5),
+            "rate": np.stack([ja.theory.antipodal_rate(betas, d, config["sigma"])
+                              for d in dims]),
+            "rate_se": np.full(shape, 0.01), "window_betas": window, "window_rate": rate,
+            "window_se": np.full(rate.shape, 0.01),
+            "formation": np.zeros((len(A.FORMATION_TOKENS), 10), dtype=np.int64)}
+
+
+def test_verdict_extrapolates_tau_and_fails_a_threshold_ten_percent_off(monkeypatch):
+    """With exponents biased in proportion to τ, the extrapolated threshold is the
+    predicted one up to the straight-line fit's bias on the curved exponent (≤ 1.1 %
+    for d ≤ 8 across the window), and the verdict passes (the measurement at τ
+    alone is off by more); with the prediction moved by ±10 % it fails."""
+    study = A.Antipodal()
+    config = study.defaults()
+    data = _exact_run(config)
+    verdict = study.verdict(config, data)
+    assert verdict.ok, verdict.line
+    for t in verdict.numbers["thresholds"].values():
+        assert t["relative_error"] < 0.012
+        assert abs(t["at_tau"][-1] / t["predicted"] - 1) > t["relative_error"] + 0.01
+    assert A.THRESHOLD_TOL <= 0.1 / 2
+    for factor in (1.1, 0.9):
+        monkeypatch.setattr(A, "predicted_threshold",
+                            lambda d, s, f=factor: f * ja.theory.antipodal_threshold(d, s))
+        wrong = study.verdict(config, data)
+        assert not wrong.ok
+        assert all(t["relative_error"] > 0.08 for t in wrong.numbers["thresholds"].values())
+
+
+@pytest.mark.slow
+def test_small_run_measures_the_threshold_at_tau_zero(monkeypatch):
+    """d = 2 with the real layers: the extrapolated threshold is within the tolerance
+    of the prediction, and a prediction 10 % off fails."""
+    study = A.Antipodal()
+    config = study.defaults() | {"dims": 1, "betas": 3, "runs": 200, "horizon": 3.0,
+                                 "tau": 0.04, "seed": 0}
+    data = study.simulate(config, progress=False)
+    verdict = study.verdict(config, data)
+    found = verdict.numbers["thresholds"]["d=2"]
+    assert verdict.ok, verdict.line
+    assert found["measured_se"] < A.THRESHOLD_TOL * found["predicted"] / 2
+    monkeypatch.setattr(A, "predicted_threshold",
+                        lambda d, s: 1.1 * ja.theory.antipodal_threshold(d, s))
+    assert not study.verdict(config, data).ok

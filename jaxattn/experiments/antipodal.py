@@ -16,8 +16,15 @@ in `β`. The run measures, per dimension `d`:
   binomial standard error, beside `ja.theory.antipodal_probability` (the scale function's
   `T → ∞` prediction from the same starts);
 - the exponent at the antipodal end: the mean of `log((1 + ρ_T)/(1 + ρ_0))/T_e` from
-  starts at gap `START_GAP` (`T_e = EXPONENT_TIME`), against `antipodal_rate`; the
-  measured threshold is where its linear interpolation over `β` crosses 0;
+  starts at gap `START_GAP` (`T_e = EXPONENT_TIME`), against `antipodal_rate`, on the
+  `β` grid (drawn; it saturates at `log(2/START_GAP)/T_e`, where the gap reaches 2);
+- the threshold: the same exponent from starts at gap `THRESHOLD_GAP`, over
+  `THRESHOLD_TIME`, at `WINDOW_POINTS` values of `β` across `WINDOW · β_c`, with
+  `threshold_runs` pairs, at the layer steps `τ/2` and `τ`. At each step the zero of
+  a weighted straight-line fit of the exponent over `β` is the measured threshold
+  there; a layer is an Euler–Maruyama step, whose bias is `O(τ)`, so the two are
+  extrapolated linearly to `τ → 0`. The verdict asks the extrapolated threshold to
+  be within `THRESHOLD_TOL` (relative) of `antipodal_threshold`: 10 % off fails;
 
 and, for `n = 3, 4, 8` tokens at `--formation-beta` in `--formation-dim`, how often
 the tokens end as one cluster, as two antipodal groups (and of which sizes) or
@@ -50,6 +57,13 @@ from .verdicts import short
 GAP = 1e-2
 #: The exponent runs start at gap `1 + ρ_0 = START_GAP` and last `EXPONENT_TIME`.
 START_GAP, EXPONENT_TIME = 1e-4, 4.0
+#: The threshold runs: starts at gap `THRESHOLD_GAP` (far from saturation: the gap
+#: would have to grow `2/THRESHOLD_GAP`-fold), each `THRESHOLD_TIME` long, at
+#: `WINDOW_POINTS` values of `β` evenly across `WINDOW` times the predicted `β_c`.
+THRESHOLD_GAP, THRESHOLD_TIME = 1e-8, 8.0
+WINDOW, WINDOW_POINTS = (0.85, 1.15), 5
+#: The extrapolated threshold must be within this of the predicted one (relative).
+THRESHOLD_TOL = 0.05
 #: The numbers of tokens of the formations study.
 FORMATION_TOKENS = (3, 4, 8)
 #: Layers per compiled piece of a run (only each piece's last layer is kept).
@@ -121,6 +135,42 @@ def zero_crossing(betas, values) -> float:
     return float(betas[0]) if values.size and values[0] < 0 else math.nan
 
 
+def exponent(beta, sigma, x0, time: float, tau: float, key, gap: float):
+    """Per pair, `log((1 + ρ_T)/(1 + ρ_0))/T` after `time` of noisy layers from `x0`
+    (pairs at gap `1 + ρ_0 = gap`)."""
+    layers = layers_for(time, tau)
+    plus, _ = gaps(noisy_layers(beta, sigma, x0, layers, tau, key))
+    return np.log(np.asarray(plus) / gap) / (layers * tau)
+
+
+def crossing_fit(betas, values, se) -> tuple[float, float]:
+    """The zero in `β` of the weighted least-squares line through `values ± se`, and
+    its standard error (first order in the fit's covariance)."""
+    betas, values, se = (np.asarray(v, float) for v in (betas, values, se))
+    (slope, icept), cov = np.polyfit(betas, values, 1, w=1 / se, cov="unscaled")
+    zero = -icept / slope
+    grad = np.array([icept / slope**2, -1 / slope])
+    return float(zero), float(np.sqrt(grad @ cov @ grad))
+
+
+def extrapolate(taus, values, se) -> tuple[float, float]:
+    """The straight line through `(τ, value ± se)` at `τ = 0`, and its standard error:
+    with two steps `τ/2, τ`, `2 v(τ/2) − v(τ)`."""
+    taus, values, se = (np.asarray(v, float) for v in (taus, values, se))
+    (slope, icept), cov = np.polyfit(taus, values, 1, w=1 / se, cov="unscaled")
+    return float(icept), float(np.sqrt(cov[1, 1]))
+
+
+def window_of(d: int, sigma: float) -> np.ndarray:
+    """The `β` of the threshold runs: `WINDOW_POINTS` values across `WINDOW · β_c`."""
+    return antipodal_threshold(d, sigma) * np.linspace(*WINDOW, WINDOW_POINTS)
+
+
+def taus_of(config) -> tuple[float, float]:
+    """The layer steps of the threshold runs: `τ/2` and `τ`."""
+    return config["tau"] / 2, config["tau"]
+
+
 def dims_of(config) -> list[int]:
     return [2 ** (k + 1) for k in range(config["dims"])]
 
@@ -142,7 +192,9 @@ class Antipodal(AbstractExperiment):
         Param("betas", int, 13, "number of β in (0, --beta-max]", 2),
         Param("beta_max", float, 2.6, "largest β", 0.0),
         Param("runs", int, 1000, "noisy runs per (β, d) and per formation", 10),
-        Param("tau", float, 0.02, "layer step τ (the noise scaled by √τ)", 0.0),
+        Param("tau", float, 0.02, "layer step τ (the noise scaled by √τ); the threshold "
+              "runs take τ/2 and τ and extrapolate to τ → 0", 0.0),
+        Param("threshold_runs", int, 2000, "pairs per β and τ of the threshold runs", 10),
         Param("horizon", float, 12.0, "final time T of the probability runs", 0.0),
         Param("formation_beta", float, 2.5, "β of the n > 2 formations", 0.0),
         Param("formation_dim", int, 4, "dimension d of the n > 2 formations", 2),
@@ -159,7 +211,12 @@ class Antipodal(AbstractExperiment):
         data = {"dims": np.asarray(dims), "betas": betas, "p_antipodal": np.zeros(shape),
                 "p_consensus": np.zeros(shape), "rate": np.zeros(shape),
                 "rate_se": np.zeros(shape)}
-        total = len(dims) * len(betas) * 2 + len(FORMATION_TOKENS)
+        taus = taus_of(config)
+        data |= {"window_betas": np.zeros((len(dims), WINDOW_POINTS)),
+                 "taus": np.asarray(taus),
+                 "window_rate": np.zeros((len(dims), len(taus), WINDOW_POINTS)),
+                 "window_se": np.zeros((len(dims), len(taus), WINDOW_POINTS))}
+        total = len(dims) * (len(betas) * 2 + len(taus)) + len(FORMATION_TOKENS)
         with tqdm(total=total, desc=self.name, disable=not progress, leave=False) as bar:
             for i, d in enumerate(dims):
                 k_start, k_gap, k_run = jax.random.split(jax.random.fold_in(key, d), 3)
@@ -178,6 +235,8 @@ class Antipodal(AbstractExperiment):
                     data["rate"][i, j] = growth.mean()
                     data["rate_se"][i, j] = growth.std(ddof=1) / math.sqrt(runs)
                     bar.update()
+                self._threshold_runs(config, data, i, d, jax.random.fold_in(key, 2000 + d),
+                                     bar)
             data["formation"] = np.zeros((len(FORMATION_TOKENS), runs), dtype=np.int64)
             for i, n in enumerate(FORMATION_TOKENS):
                 k_start, k_run = jax.random.split(jax.random.fold_in(key, 1000 + n))
@@ -188,16 +247,47 @@ class Antipodal(AbstractExperiment):
                 bar.update()
         return data
 
+    @staticmethod
+    def _threshold_runs(config, data, i: int, d: int, key, bar) -> None:
+        """The exponent at the window's `β` for each step of `taus_of`, into `data`."""
+        sigma, runs = config["sigma"], config["threshold_runs"]
+        window = window_of(d, sigma)
+        data["window_betas"][i] = window
+        if not window[-1] > 0:  # β_c = 0: antipodes attract at every β
+            data["window_rate"][i] = data["window_se"][i] = np.nan
+            bar.update(len(data["taus"]))
+            return
+        k_start, k_run = jax.random.split(key)
+        x0 = pair_start(k_start, runs, d, THRESHOLD_GAP)
+        for t, tau in enumerate(data["taus"]):
+            for j, beta in enumerate(window):
+                growth = exponent(beta, sigma, x0, THRESHOLD_TIME, float(tau),
+                                  jax.random.fold_in(k_run, 100 * t + j), THRESHOLD_GAP)
+                data["window_rate"][i, t, j] = growth.mean()
+                data["window_se"][i, t, j] = growth.std(ddof=1) / math.sqrt(runs)
+            bar.update()
+
     def thresholds(self, config, data) -> dict[str, dict]:
-        """Per `d`: the predicted `β_c`, the measured one (the zero crossing of the
-        measured exponent) and the grid step, and `P(antipodal)` at the largest `β`."""
+        """Per `d`: the predicted `β_c` (`predicted_threshold`); the measured one at
+        each layer step (`crossing_fit` over the window) and extrapolated to `τ → 0`,
+        with standard errors, and its relative error; the grid's crossing at `τ`
+        (for reference); `P(antipodal)` at the largest `β`."""
         out = {}
         betas, runs = data["betas"], config["runs"]
         for i, d in enumerate(data["dims"]):
             p = data["p_antipodal"][i, -1]
-            out[f"d={int(d)}"] = {
-                "predicted": antipodal_threshold(int(d), config["sigma"]),
-                "measured": _json(zero_crossing(betas, data["rate"][i])),
+            predicted = predicted_threshold(int(d), config["sigma"])
+            found = {"predicted": predicted, "at_tau": None, "at_tau_se": None,
+                     "measured": None, "measured_se": None, "relative_error": None}
+            if np.all(np.isfinite(data["window_rate"][i])):
+                at = [crossing_fit(data["window_betas"][i], data["window_rate"][i, t],
+                                   data["window_se"][i, t]) for t in range(len(data["taus"]))]
+                zero, zero_se = extrapolate(data["taus"], *zip(*at))
+                found |= {"at_tau": [a[0] for a in at], "at_tau_se": [a[1] for a in at],
+                          "measured": zero, "measured_se": zero_se,
+                          "relative_error": abs(zero / predicted - 1) if predicted else None}
+            out[f"d={int(d)}"] = found | {
+                "grid_crossing": _json(zero_crossing(betas, data["rate"][i])),
                 "step": float(betas[1] - betas[0]),
                 "p_antipodal_at_beta_max": float(p),
                 "p_antipodal_se": float(binomial_se(p, runs)),
@@ -217,13 +307,15 @@ class Antipodal(AbstractExperiment):
 
     def verdict(self, config, data):
         found = self.thresholds(config, data)
-        ok = all(t["measured"] is not None and
-                 abs(t["measured"] - t["predicted"]) <= t["step"]
+        ok = all(t["relative_error"] is not None and t["relative_error"] <= THRESHOLD_TOL
                  and t["p_antipodal_at_beta_max"] > 2 * t["p_antipodal_se"]
-                 for t in found.values() if t["predicted"] < data["betas"][-1])
+                 for t in found.values() if 0 < t["predicted"] < data["betas"][-1])
+        taus = ", ".join(f"{t:g}" for t in data["taus"])
         words = "; ".join(
-            f"{key}: β_c predicted {t['predicted']:.3g}, measured {short(t['measured'])} "
-            f"(grid step {t['step']:.2g}), P(antipodal) at β = {data['betas'][-1]:g}: "
+            f"{key}: β_c predicted {t['predicted']:.4g}, measured {_pm(t)} at τ → 0 "
+            f"(at τ = {taus}: {', '.join(f'{v:.4g}' for v in t['at_tau'] or [])}; "
+            f"off by {short(t['relative_error'])}, asked ≤ {THRESHOLD_TOL:g}), "
+            f"P(antipodal) at β = {data['betas'][-1]:g}: "
             f"{t['p_antipodal_at_beta_max']:.3f} ± {t['p_antipodal_se']:.3f} "
             f"(T → ∞: {t['p_predicted_at_beta_max']:.3f})" for key, t in found.items())
         forms = self.formations(data)
@@ -233,20 +325,26 @@ class Antipodal(AbstractExperiment):
                 f"n > 2 at β = {config['formation_beta']:g}, d = {config['formation_dim']}: "
                 f"{two}")
         numbers = {"thresholds": found, "gap": GAP, "start_gap": START_GAP,
-                   "exponent_time": EXPONENT_TIME}
+                   "exponent_time": EXPONENT_TIME, "threshold_gap": THRESHOLD_GAP,
+                   "threshold_time": THRESHOLD_TIME, "threshold_tolerance": THRESHOLD_TOL,
+                   "saturation": saturation(), "taus": data["taus"].tolist()}
         return Verdict(ok, line, numbers, {"formations": forms})
 
     def draw(self, config, data, folder: Path):
         plt = figures.pyplot()
-        fig, axes = plt.subplots(1, 3, figsize=(18, 5.4))
+        fig, axes = plt.subplots(1, 4, figsize=(23, 5.6))
         self._draw_probability(axes[0], config, data)
         self._draw_rate(axes[1], config, data)
-        self._draw_formations(axes[2], config, data)
+        self._draw_threshold(axes[2], config, data, self.thresholds(config, data))
+        self._draw_formations(axes[3], config, data)
         return figures.save_figure(
             fig, self.stem(folder),
             f"Two tokens under common value noise σ = {config['sigma']:g} ({config['runs']} "
             f"runs per point, T = {config['horizon']:g}, τ = {config['tau']:g}): the antipodal "
-            "end attracts past the predicted $\\beta_c$")
+            "end attracts past the predicted $\\beta_c$. Units: tokens at RMS norm 1 "
+            "($|z| = \\sqrt{d}$) with scores $c\\,\\langle z_i, z_j\\rangle$ give "
+            "$\\beta = c\\,d$; value noise of entry variance $s^2$ per layer of step τ "
+            "gives $\\sigma = s/\\sqrt{\\tau}$")
 
     @staticmethod
     def _draw_probability(ax, config, data):
@@ -276,10 +374,39 @@ class Antipodal(AbstractExperiment):
             ax.plot(fine, antipodal_rate(fine, d, config["sigma"]), color=f"C{i}", lw=1,
                     label=rf"d = {d}: predicted $\lambda$")
         ax.axhline(0, color="k", lw=0.8)
+        ax.axhline(saturation(), color="0.4", ls=(0, (1, 2)), lw=1.0,
+                   label=rf"saturation: $\log(2/10^{{{math.log10(START_GAP):.0f}}})/"
+                         rf"{EXPONENT_TIME:g}$ = {saturation():.3g} (gap reaches 2)")
         ax.set(xlabel=r"$\beta$", ylabel=r"$\log((1+\rho_T)/(1+\rho_0))\,/\,T$",
                title=rf"exponent at $\rho=-1$ ($1+\rho_0$ = {START_GAP:g}, "
                      rf"T = {EXPONENT_TIME:g}): attracts below 0")
         figures.legend_below(ax, ncol=2)
+
+    @staticmethod
+    def _draw_threshold(ax, config, data, found):
+        """The measured threshold over `β_c` at each layer step, the straight line to
+        `τ → 0` and its value there (± 1 s.e.), against the tolerance band."""
+        taus = data["taus"]
+        ax.axhspan(1 - THRESHOLD_TOL, 1 + THRESHOLD_TOL, color="0.9",
+                   label=f"predicted $\\beta_c$ ± {THRESHOLD_TOL:.0%}")
+        ax.axhline(1, color="k", lw=0.8)
+        for i, t in enumerate(found.values()):
+            if t["measured"] is None:
+                continue
+            c, d = t["predicted"], int(data["dims"][i])
+            ax.errorbar(taus, np.asarray(t["at_tau"]) / c, yerr=np.asarray(t["at_tau_se"]) / c,
+                        fmt="o", ms=5, capsize=3, color=f"C{i}",
+                        label=f"d = {d}: measured at τ (± 1 s.e.)")
+            ax.plot([0, taus[-1]], [t["measured"] / c, t["at_tau"][-1] / c], color=f"C{i}",
+                    lw=1, ls="--")
+            ax.errorbar([0], [t["measured"] / c], yerr=[t["measured_se"] / c], fmt="D", ms=7,
+                        capsize=4, color=f"C{i}", mfc="white",
+                        label=f"d = {d}: τ → 0, {t['measured']:.3f} (β_c = {c:.3f})")
+        ax.set(xlabel="layer step τ", ylabel=r"measured threshold / predicted $\beta_c$",
+               xlim=(-0.1 * taus[-1], 1.1 * taus[-1]),
+               title=rf"threshold: zero of the exponent (from $1+\rho_0$ = "
+                     rf"{THRESHOLD_GAP:g}, T = {THRESHOLD_TIME:g}), τ → 0")
+        figures.legend_below(ax, ncol=1)
 
     @staticmethod
     def _draw_formations(ax, config, data):
@@ -298,6 +425,23 @@ class Antipodal(AbstractExperiment):
                title=f"n tokens, β = {config['formation_beta']:g}, d = "
                      f"{config['formation_dim']}: antipodal groups k : n − k")
         figures.legend_below(ax, ncol=3)
+
+
+def predicted_threshold(d: int, sigma: float) -> float:
+    """The threshold the verdict judges against: `ja.theory.antipodal_threshold`."""
+    return antipodal_threshold(d, sigma)
+
+
+def saturation() -> float:
+    """The largest exponent the grid's runs can read: the gap grows from `START_GAP`
+    to at most 2 in `EXPONENT_TIME`."""
+    return math.log(2 / START_GAP) / EXPONENT_TIME
+
+
+def _pm(t: dict) -> str:
+    if t["measured"] is None:
+        return "—"
+    return f"{t['measured']:.4g} ± {t['measured_se']:.2g}"
 
 
 def _json(value) -> float | None:

@@ -35,7 +35,9 @@ run leaves what it measured) and printed as it goes:
 Every compile is timed apart from the calls (`compile_s` per row, and all of them
 in the record's `compile_s`). Every case runs in `try`/`except`: an error is
 recorded with its message and the check goes on; a stage is skipped once the
-budget left is below what its compiles need (`NEED_S`).
+budget left is below what its compiles need (`NEED_S`), and on a GPU a stage still
+running when the budget ends is abandoned (recorded) and the check exits: the
+budget bounds the wall time, compiles included.
 """
 
 import argparse
@@ -45,6 +47,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -98,23 +101,41 @@ class Check:
         self.budget_s = budget_s
         self.dry = dry
         self.data = {"dry_run": dry, "budget_s": budget_s, "stages": {}}
+        self.stopped = False
 
     def left(self) -> float:
         return self.budget_s - (time.perf_counter() - self.start)
 
     def run(self, name: str, fn, *, need_s: float = 0.0):
-        """Run one stage; its result or error goes into the record."""
+        """Run one stage; its result or error goes into the record. On a GPU a stage
+        still running when the budget ends (a compile cannot be interrupted) is
+        abandoned in its thread, recorded as such, and no further stage starts."""
+        if self.stopped:
+            self.record(name, {"skipped": "an earlier stage ran past the budget"})
+            return None
         if self.left() < need_s:
             self.record(name, {"skipped": f"budget: {self.left():.0f} s left, "
                                           f"{need_s:.0f} s wanted"})
             return None
         print(f"[{time.perf_counter() - self.start:6.1f} s] {name} ...", flush=True)
         t0 = time.perf_counter()
-        try:
-            result = fn()
-        except Exception as e:  # noqa: BLE001 - every failure is recorded, the check goes on
-            result = {"error": f"{type(e).__name__}: {e}"[:2000],
-                      "traceback": traceback.format_exc()[-4000:]}
+        box = {}
+
+        def target():
+            try:
+                box["result"] = fn()
+            except Exception as e:  # noqa: BLE001 - every failure is recorded, the check goes on
+                box["result"] = {"error": f"{type(e).__name__}: {e}"[:2000],
+                                 "traceback": traceback.format_exc()[-4000:]}
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        thread.join(timeout=None if self.dry else max(1.0, self.left()))
+        if thread.is_alive():
+            self.stopped = True
+            result = {"error": f"budget: still running after {time.perf_counter() - t0:.0f} s "
+                               "(a compile or a call), abandoned; the check ends here"}
+        else:
+            result = box["result"]
         if isinstance(result, dict):
             result.setdefault("stage_s", time.perf_counter() - t0)
         self.record(name, result)
@@ -584,7 +605,12 @@ def main(argv=None) -> int:
     errors = [k for k, v in check.data["stages"].items() if isinstance(v, dict) and "error" in v]
     if errors:
         print(f"stages with errors: {', '.join(errors)}", flush=True)
-    return 1 if dry and errors else 0
+    code = 1 if dry and errors else 0
+    if check.stopped:  # a stage's thread is still compiling: leave without joining it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _compile_times(tree, path="", seen=None) -> dict:

@@ -113,7 +113,7 @@ def blocked_attention(
     offset = jnp.asarray(offset, q.dtype)
     if spec.forward_mode:
         return _forward(q, k, v, offset, mask, spec)[0]
-    route = _flash_route(spec)
+    route = _flash_route(spec, max(q.shape[2], v.shape[2]))
     if route is None:
         return _attend(q, k, v, offset, mask, spec)
     flash = functools.partial(_flash, spec=spec)
@@ -132,6 +132,9 @@ def blocked_attention(
 #: read when a program is traced, so a function traced before keeps its choice.
 _FLASH = [{"mode": "auto", "block_q": 64, "block_k": 64, "num_warps": 4}]
 FLASH_MODES = ("auto", "cuda", "always", "never")
+#: The largest head dimension the kernel takes on its own (`"cuda"`, `"auto"`): it
+#: unrolls the coordinates, where at larger ones XLA's products run on tensor cores.
+FLASH_MAX_DIM = 16
 
 
 @contextlib.contextmanager
@@ -150,16 +153,18 @@ def use_flash(mode: str | None = None, **layout):
         _FLASH.pop()
 
 
-def _flash_route(spec: BlockSpec) -> str | None:
+def _flash_route(spec: BlockSpec, dim: int) -> str | None:
     """`"always"`, `"cuda"` or `None` (the XLA sweep alone): the flash kernel takes
     softmax and pointwise kernels with causal and window masks at true float32
-    products, no boolean mask."""
+    products, no boolean mask, and (unless `"always"`) head and value dimensions
+    `dim` up to `FLASH_MAX_DIM`."""
     from ._kernel import AbstractPointwiseKernel, Softmax
     mode = _FLASH[-1]["mode"]
     if mode == "auto":
         mode = "cuda" if jax.default_backend() == "gpu" else "never"
     if mode == "never" or spec.has_mask or spec.precision != "float32" \
-            or not isinstance(spec.kernel, Softmax | AbstractPointwiseKernel):
+            or not isinstance(spec.kernel, Softmax | AbstractPointwiseKernel) \
+            or (mode == "cuda" and dim > FLASH_MAX_DIM):
         return None
     return mode
 

@@ -9,20 +9,20 @@ import jax.numpy as jnp
 import pytest
 
 import jaxattn as ja
-from jaxattn._blocks import use_flash
+from jaxattn._blocks import FLASH_MAX_DIM, use_flash
 
 N, D = 23, 3  # 23 tokens in blocks of 8 keys: padding in the last block
 
 
-def _model(kernel, dtype=jnp.float64, **opts):
+def _model(kernel, dtype=jnp.float64, d=D, **opts):
     k = jax.random.split(jax.random.PRNGKey(0), 2)
-    P = jax.random.normal(k[0], (2, D, D), dtype) / D
-    U = jax.random.normal(k[1], (2, D, D), dtype) / D
+    P = jax.random.normal(k[0], (2, d, d), dtype) / d
+    U = jax.random.normal(k[1], (2, d, d), dtype) / d
     return ja.SelfAttentionDynamics(P, U, beta=3.0, kernel=kernel, block_size=8, **opts)
 
 
-def _tokens(dtype=jnp.float64):
-    x = jax.random.normal(jax.random.PRNGKey(1), (N, D), dtype)
+def _tokens(dtype=jnp.float64, d=D):
+    x = jax.random.normal(jax.random.PRNGKey(1), (N, d), dtype)
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
 
@@ -103,6 +103,11 @@ def test_cuda_lowering_takes_the_kernel_and_the_cpu_keeps_the_sweep():
             cpu = _lowered(dyn, x, "cpu")
         assert "__gpu$xla.gpu.triton" in cuda
         assert "triton" not in cpu
+        # Past FLASH_MAX_DIM the kernel's unrolled coordinates lose to XLA's products.
+        wide = _model("softmax", jnp.float32, d=FLASH_MAX_DIM + 1)
+        with use_flash("cuda"):
+            assert "triton" not in _lowered(wide, _tokens(jnp.float32, FLASH_MAX_DIM + 1),
+                                            "cuda")
         # "auto" (the default) on a host without a GPU: the XLA sweep alone is traced.
         assert not _uses_kernel(_velocity, dyn, x)
         assert "platform_index" not in str(jax.make_jaxpr(_fresh(_velocity))(dyn, x))

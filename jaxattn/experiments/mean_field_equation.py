@@ -13,9 +13,9 @@
    tilted by `10⁻⁴` (up) and from a cap (down), run for `--settle`. Measured: the first
    mode's growth rate (log-linear fit over `t ≤ 2`), whose zero crossing in `K` is the
    threshold `K_#` (against `ja.theory.noisy_threshold`), and, above `β*`, the coupling
-   where the settled caps' free energy (a parabola through the three smallest
-   couplings where they settled ordered, on the grid and then on 9 couplings within
-   ±4 % of that first crossing) meets the uniform density's, `K_c` (against
+   where the caps' free energy meets the uniform density's (first read on the grid,
+   on a parabola through the smallest couplings where the caps settled ordered, then
+   between 9 caps within ±4 % of it), the uniform density's, `K_c` (against
    `ja.meanfield.transition_coupling`, an independent zonal minimisation).
 """
 
@@ -44,8 +44,8 @@ SLOPE, SLOPE_TOL = -0.5, 0.15
 #: are linear in `K`, so only the solver's accuracy enters.
 SHARP_TOL = 1e-3
 #: How closely the free energies' crossing must give `K_c` (relative): the crossing
-#: is read off a parabola through three refined couplings.
-CRITICAL_TOL = 0.02
+#: is read between refined couplings 1 % apart.
+CRITICAL_TOL = 0.005
 #: The phase diagram's ranges (`β/β*`, `K/K_#`), its tilt and its cap.
 BETA_RANGE, K_RANGE, TILT, CAP = (0.5, 2.5), (0.6, 1.4), 1e-4, 4.0
 #: Times of the growth-rate fit. A down run is ordered and settled when its `r` at
@@ -184,11 +184,20 @@ def measured_sharp(data) -> np.ndarray:
 
 
 def measured_critical(data) -> np.ndarray:
-    """Per `β`: where the settled caps' free energy meets the uniform one's
-    (`crossing`) among the refined couplings; NaN where there were none."""
-    return np.array([crossing(ks, gap, settled(r, r_half)) for ks, gap, r, r_half in
-                     zip(data["refine_couplings"], data["refine_gap"], data["refine_r"],
-                         data["refine_r_half"])])
+    """Per `β`: where the refined caps' free energy first falls below the uniform one's,
+    interpolated linearly between the two couplings around the sign change (both caps
+    still ordered, `r > ORDERED`); NaN where there is none. The caps near `K_c` are
+    still settling at the end (the ordered branch's saddle-node is close), but the free
+    energy has converged at second order where `r` has at first."""
+    out = []
+    for ks, gap, r in zip(data["refine_couplings"], data["refine_gap"], data["refine_r"]):
+        found = math.nan
+        for j in range(1, len(ks)):
+            if r[j - 1] > ORDERED and r[j] > ORDERED and gap[j - 1] > 0 >= gap[j]:
+                found = ks[j - 1] + gap[j - 1] / (gap[j - 1] - gap[j]) * (ks[j] - ks[j - 1])
+                break
+        out.append(found)
+    return np.array(out)
 
 
 class MeanFieldEquation(AbstractExperiment):
@@ -278,6 +287,6 @@ def _draw_phase(fig, ax, data, key, what):
                 label=r"$K_\#$ read from the growth rates")
     else:
         ax.plot(betas[above], measured_critical(data)[above] / sharp[above], "+", color="magenta",
-                ms=14, mew=2, label=r"$K_c$ read from the settled caps' free energy")
+                ms=14, mew=2, label=r"$K_c$ read from the caps' free energy")
     ax.set(xlabel=r"$\beta$", ylabel=r"coupling $K / K_\#(\beta)$", title=f"n = ∞, {what}")
     figures.legend_below(ax, ncol=2)

@@ -303,3 +303,23 @@ def test_summary_counts_each_status_and_old_tables_still_load(tmp_path):
     assert "status" not in old and list(old["prediction_held"]) == [False, True]
     assert list(_report.statuses(old)) == ["not_reached", "held"]
     assert _report.point_stats(old, 0)["prediction_held"] == 1
+
+
+def test_the_trend_of_a_run_over_a_subnormal_horizon_is_read():
+    """adversarial-tokens --horizon 5e-324 (its smallest allowed value): the times are
+    subnormal, and the least-squares fit on them failed (SVD did not converge)."""
+    import math
+
+    import numpy as np
+
+    from jaxattn.experiments.verdicts import convergence_trend
+
+    ts = np.linspace(0.0, 5e-323, 31)  # the run to 10 T: ten distinct subnormal times
+    trend = convergence_trend(ts, np.full(31, 0.75), 1e-4)
+    assert trend.state == "stalled" and trend.final == 0.75
+    # an ordinary run: the rate and the time the tolerance is reached, exactly
+    ts = np.linspace(0.0, 10.0, 101)
+    trend = convergence_trend(ts, 0.5 * np.exp(-0.3 * ts), 1e-6)
+    assert trend.state == "converging"
+    assert math.isclose(trend.rate, 0.3, rel_tol=1e-9)
+    assert math.isclose(trend.reach, math.log(0.5 / 1e-6) / 0.3, rel_tol=1e-9)

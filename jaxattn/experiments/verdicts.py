@@ -132,10 +132,17 @@ def convergence_trend(ts, values, tol: float, *, fraction: float = 1 / 3,
     keep = np.isfinite(v)
     if keep.sum() < 2 or np.ptp(t[keep]) == 0:
         return Trend("unknown", final, math.nan, math.inf, window, tol)
-    slope, intercept = np.polyfit(t[keep], np.log(np.maximum(v[keep], np.finfo(float).tiny)), 1)
-    change = slope * (window[1] - window[0])
+    # fitted on the window's own scale, x = (t − t0) / span in [0, 1]: well conditioned
+    # for any horizon (times of 1e-300 made the least-squares solve fail)
+    t0, span = float(t[keep][0]), float(np.ptp(t[keep]))
+    per_x, at_t0 = np.polyfit((t[keep] - t0) / span,
+                              np.log(np.maximum(v[keep], np.finfo(float).tiny)), 1)
+    change = per_x * ((window[1] - window[0]) / span)
     state = "stalled" if abs(change) < stall else ("rising" if change > 0 else "converging")
-    reach = (intercept - math.log(tol)) / -slope if state == "converging" else math.inf
+    with np.errstate(over="ignore", divide="ignore"):
+        slope = per_x / span  # inf where the window is subnormal: a rate beyond float64
+        reach = (t0 + (math.log(tol) - at_t0) / per_x * span if state == "converging"
+                 else math.inf)
     return Trend(state, final, float(-slope), float(reach), window, tol)
 
 

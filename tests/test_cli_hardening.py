@@ -46,6 +46,7 @@ BAD = [
     (["run", "antipodal", "--tau", "0.6"], "--tau must be ≤ 0.5"),
     (["run", "antipodal", "--runs", "5"], "--runs must be ≥ 10"),
     (["run", "antipodal", "--saves", "5"], "unrecognized arguments: --saves"),
+    (["run", "mean-field", "--max-tokens", "10"], "--max-tokens must be ≥ 1000"),
     (["plot"], "required: folder"),
     (["plot", "/nonexistent/run"], "not a run folder"),
     (["loop"], "required: --model"),

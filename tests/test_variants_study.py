@@ -189,3 +189,33 @@ def test_figures_carry_no_creation_date(tmp_path):
     assert pdfs
     for pdf in pdfs:
         assert b"/CreationDate" not in Path(pdf).read_bytes(), pdf
+
+
+def test_a_cells_title_names_only_the_settings_it_uses(tmp_path):
+    """One cell of the causal mask: its title names no window width and no sparse
+    share (settings of masks it does not draw); the full grid names both."""
+    from pathlib import Path
+
+    import matplotlib.figure
+
+    titles = []
+    real = matplotlib.figure.Figure.suptitle
+
+    def record(self, t, **kw):
+        titles.append(t)
+        return real(self, t, **kw)
+
+    matplotlib.figure.Figure.suptitle = record
+    try:
+        for name in ("variants-one-cell", "variants"):
+            saved = Path(__file__).parent / "data" / "figures" / name
+            config = json.loads((saved / "config.json").read_text())
+            with np.load(saved / "data.npz") as f:
+                data = {k: f[k] for k in f.files}
+            (tmp_path / name).mkdir()
+            study.VariantsStudy().draw(config, data, tmp_path / name)
+    finally:
+        matplotlib.figure.Figure.suptitle = real
+    one, full = (" ".join(t.split()) for t in titles[:2])
+    assert "window w" not in one and "sparse p" not in one, one
+    assert "window w = 2" in full and "sparse p = 0.3" in full, full

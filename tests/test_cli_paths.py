@@ -51,3 +51,17 @@ def test_an_unknown_flag_gets_the_flag_it_abbreviates(capsys):
     assert main(["sweep", "thm41-sphere", "--inst", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--inst: did you mean --instances?" in err and len(err.splitlines()) == 1, err
+
+
+def test_loop_refuses_a_bad_count_before_jax_loads():
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom jaxattn.cli import main\n"
+             "code = main(['loop', '--model', 'gpt2', '--passes', '0'])\n"
+             "print('jax' in sys.modules, code)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert out.stdout.split() == ["False", "2"], out.stdout + out.stderr[-2000:]
+    assert "`--passes` must be a whole number ≥ 1, got 0" in out.stderr

@@ -56,7 +56,17 @@ def _e(value) -> str:
     return "not finite" if value is None else f"{value:.3e}"
 
 
+def _check_counts(args: argparse.Namespace) -> None:
+    """The counts' own check, before JAX loads (as `run` checks its overrides): a bad
+    value answers at once, not after the seconds JAX takes to start."""
+    for flag, value in (("--passes", args.passes), ("--prompts", args.prompts),
+                        ("--tokens", args.tokens), ("--chunk-passes", args.chunk_passes)):
+        if value is not None and value < 1:
+            raise CLIError(f"`{flag}` must be a whole number ≥ 1, got {value!r}.")
+
+
 def _loop(args: argparse.Namespace) -> int:
+    _check_counts(args)
     if args.grid:
         return _grid(args)
     from .._app.folders import read_json

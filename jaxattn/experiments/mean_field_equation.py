@@ -246,7 +246,8 @@ class MeanFieldEquation(AbstractExperiment):
         _draw_convergence(axes[0], config, data)
         for ax, key, what in ((axes[1], "up", "from uniform (tilt 1e-4)"),
                               (axes[2], "down", f"from a cap (κ = {CAP:g})")):
-            _draw_phase(fig, ax, data, key, what)
+            mesh = _draw_phase(ax, data, key, what)
+        fig.colorbar(mesh, ax=axes[2], label="order parameter $r$ at the end (both maps)")
         return figures.save_figure(
             fig, self.stem(folder),
             f"The mean-field equation on the circle: particles against the equation "
@@ -268,19 +269,18 @@ def _draw_convergence(ax, config, data):
     figures.legend_below(ax, ncol=1)
 
 
-def _draw_phase(fig, ax, data, key, what):
+def _draw_phase(ax, data, key, what):
     """The final order parameter over `(β, K/K_#(β))`, with `K_#` (the line 1), `K_c`
     and what the runs read."""
     betas, ratios = data["betas"], data["ratios"]
     r = data["r_up"][..., -1] if key == "up" else data["r_down"]
     mesh = ax.pcolormesh(betas, ratios, r.T, shading="nearest", cmap="viridis", vmin=0, vmax=1)
-    fig.colorbar(mesh, ax=ax, label="order parameter $r$ at the end")
     star = noisy_beta_star(2)
     sharp, critical = predictions(betas)
     ax.axhline(1.0, color="C1", lw=2, label=r"$K_\#(\beta)$ (linear stability)")
     above = np.isfinite(critical)
     ax.plot(np.r_[star, betas[above]], np.r_[1.0, critical[above] / sharp[above]], color="red",
-            ls="--", lw=1.6, marker="s", label=r"$K_c(\beta)$ (zonal minimisation)")
+            ls="--", lw=1.6, label=r"$K_c(\beta)$ (zonal minimisation, at these $\beta$)")
     ax.axvline(star, color="C2", ls=":", lw=1.4, label=r"$\beta^*$")
     if key == "up":
         ax.plot(betas, measured_sharp(data) / sharp, "o", mfc="none", mec="C1", ms=10, mew=1.5,
@@ -290,3 +290,4 @@ def _draw_phase(fig, ax, data, key, what):
                 ms=14, mew=2, label=r"$K_c$ read from the caps' free energy")
     ax.set(xlabel=r"$\beta$", ylabel=r"coupling $K / K_\#(\beta)$", title=f"n = ∞, {what}")
     figures.legend_below(ax, ncol=2)
+    return mesh

@@ -397,13 +397,16 @@ class Antipodal(AbstractExperiment):
             ax.errorbar(taus, np.asarray(t["at_tau"]) / c, yerr=np.asarray(t["at_tau_se"]) / c,
                         fmt="o", ms=5, capsize=3, color=f"C{i}",
                         label=f"d = {d}: measured at τ (± 1 s.e.)")
-            ax.plot([0, taus[-1]], [t["measured"] / c, t["at_tau"][-1] / c], color=f"C{i}",
-                    lw=1, ls="--")
-            ax.errorbar([0], [t["measured"] / c], yerr=[t["measured_se"] / c], fmt="D", ms=7,
+            ax.plot([taus[0], taus[-1]], np.asarray(t["at_tau"]) / c, color=f"C{i}", lw=1,
+                    ls="--")
+            at = -0.02 * taus[-1] * i  # side by side at τ = 0
+            ax.plot([at, taus[0]], [t["measured"] / c, t["at_tau"][0] / c], color=f"C{i}",
+                    lw=0.6, ls=":")
+            ax.errorbar([at], [t["measured"] / c], yerr=[t["measured_se"] / c], fmt="D", ms=7,
                         capsize=4, color=f"C{i}", mfc="white",
                         label=f"d = {d}: τ → 0, {t['measured']:.3f} (β_c = {c:.3f})")
         ax.set(xlabel="layer step τ", ylabel=r"measured threshold / predicted $\beta_c$",
-               xlim=(-0.1 * taus[-1], 1.1 * taus[-1]),
+               xlim=(-0.12 * taus[-1], 1.08 * taus[-1]),
                title=rf"threshold: zero of the exponent (from $1+\rho_0$ = "
                      rf"{THRESHOLD_GAP:g}, T = {THRESHOLD_TIME:g}), τ → 0")
         figures.legend_below(ax, ncol=1)

@@ -23,8 +23,7 @@ run leaves what it measured) and printed as it goes:
   path (values and gradients), then the forward pass and gradient at n = 10⁶
   against the pair floors (the exp floor at the register rate).
 - `S1L`, `RK4`: the kernel (at S1's best layout so far, else run 1's 32 systems
-  per program and one warp) against the fused XLA path. RK4 starts only with 250 s
-  left (its compile: `NEED_S`).
+  per program and one warp) against the fused XLA path.
 - `MF_forward`, `MF_gradient`: one mean-field layer of the dynamics and its gradient
   (BENCHMARKS.md's MF) as shipped: on a GPU its blocked attention is the flash
   kernel (`jaxattn._blocks.use_flash`), where BENCHMARKS.md's 22.0 s ran the XLA sweep.
@@ -82,15 +81,14 @@ FIRST_LAYOUT = {"backend": "triton", "block": 32, "num_warps": 1}
 FLASH_LAYOUTS = [(64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 8), (32, 64, 2)]
 # Stages in the order a run takes them: those run 1 (an H100, 330 s) did not reach
 # first. `tests` only when named (24 passed natively in run 1, 94 s of the budget).
-STAGES = ("env", "floors", "MF_flash", "S1L", "MF_forward", "MF_gradient", "S1", "RK4",
+STAGES = ("env", "floors", "MF_flash", "S1L", "MF_forward", "MF_gradient", "RK4", "S1",
           "SN")
 ALL_STAGES = ("tests",) + STAGES
 # Seconds a stage needs to start: its compiles. Run 1 took about 70 s for S1's kernel
 # (its body 6.7k jaxpr equations: the layer and misalignment unrolled over the
 # tokens) and 140 s for SN's (11.5k: the threefry hash and normals besides); RK4's
-# step, four velocities, is 20.8k, about 250 s at that rate: it starts only in a run
-# that leaves it that much (`--stages env,floors,RK4`).
-NEED_S = {"tests": 250, "floors": 10, "MF_flash": 40, "S1L": 90, "RK4": 250, "S1": 90,
+# stages run as loop iterations (7.0k; unrolled they were 20.8k, about 250 s).
+NEED_S = {"tests": 250, "floors": 10, "MF_flash": 40, "S1L": 90, "RK4": 90, "S1": 90,
           "SN": 150, "MF_forward": 30, "MF_gradient": 40}
 DIMS = ((10, 3, 2), (3, 2, 1))  # S1's (n, d, h) on the GPU; in a dry run
 

@@ -19,6 +19,7 @@ import pytest
 from _helpers import random_tokens
 
 import jaxattn as ja
+import jaxattn._flow
 from jaxattn._layers import run_layers_unchecked
 from jaxattn._pallas import KernelConfig, use_kernel_config
 
@@ -90,6 +91,76 @@ def test_flow_equal_fused(key, solver):
                           stepsize_controller=dfx.ConstantStepSize())
             for s in ("kernel", "fused")]
     assert a.shape == (B, 3, N, D) and _rel(a, b) < 1e-12
+
+
+def _subjaxprs(eqn):
+    for p in eqn.params.values():
+        for sub in p if isinstance(p, list | tuple) else [p]:
+            sub = getattr(sub, "jaxpr", sub)
+            if hasattr(sub, "eqns"):
+                yield sub
+
+
+def _count(jaxpr) -> int:
+    return sum(1 + sum(_count(s) for s in _subjaxprs(e)) for e in jaxpr.eqns)
+
+
+def _kernel_sizes(jaxpr) -> list[int]:
+    """The equation counts of the Pallas kernels in a program."""
+    sizes = []
+    for e in jaxpr.eqns:
+        if e.primitive.name == "pallas_call":
+            sizes.append(_count(getattr(e.params["jaxpr"], "jaxpr", e.params["jaxpr"])))
+        for s in _subjaxprs(e):
+            sizes += _kernel_sizes(s)
+    return sizes
+
+
+def test_flow_stages_as_a_loop_on_the_manifold(key, monkeypatch):
+    """RK4's stages run as iterations of the kernel's loop (one velocity in its body,
+    not four), each step retracted onto E_W as ManifoldSolver retracts: equal to the
+    fused path in float64, and the kernel's body well under the unrolled step's."""
+    k1, k2 = jax.random.split(key)
+    base = _model(k1)
+    dyn = ja.SelfAttentionDynamics(base.P(0.0), base.U(0.0), W=np.array([[2.0, 0.3],
+                                                                           [0.3, 1.0]]))
+    x0 = random_tokens(k2, N, D, batch=(B,)) @ jnp.linalg.inv(jnp.linalg.cholesky(dyn.W)).T
+    ts = jnp.linspace(0.0, 0.6, 3)
+
+    def flow(dyn, x0, strategy, ts=ts):
+        return ja.solve_flow(dyn, x0, ts, solver=ja.RK4(), dt0=0.1, strategy=strategy,
+                             stepsize_controller=dfx.ConstantStepSize())
+    a, b = flow(dyn, x0, "kernel"), flow(dyn, x0, "fused")
+    assert _rel(a, b) < 1e-12
+
+    # The body at S1's shape (10 tokens in R³, 2 heads): one velocity and the stage's
+    # selects against four velocities (traced, not run).
+    big = ja.random_dynamics(k1, 2, 3)
+    xs = random_tokens(k2, 10, 3, batch=(B,))
+
+    def body_size(ts):
+        run = lambda d, x: flow(d, x, "kernel", ts)  # noqa: E731
+        return max(_kernel_sizes(jax.make_jaxpr(run)(big, xs).jaxpr))
+    staged = body_size(ts)
+    monkeypatch.setattr(jaxattn._flow, "_chained", lambda coeffs: False)
+    # Other save times: a program the jitted run has not traced before.
+    unrolled = body_size(jnp.linspace(0.0, 0.8, 3))
+    assert staged < 0.4 * unrolled
+
+
+def test_flow_stages_lower_for_cuda(key):
+    """RK4's staged loop (its selects and floors on lanes) lowers to one Triton kernel."""
+    from jaxattn._flow import _flow_kernel, _kernel_plan
+    with jax.enable_x64(False):
+        dyn = _model(key)
+        x0 = random_tokens(key, N, D, batch=(B,)).astype(jnp.float32)
+        plan = _kernel_plan(jnp.linspace(0.0, 1.0, 2), ja.RK4(), dfx.ConstantStepSize(),
+                            0.2, 100)
+
+        def run(x):
+            return _flow_kernel(dyn, x, *plan, False, KernelConfig(64, 2), False)[0]
+        text = jax.jit(run).trace(x0).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 1
 
 
 def test_flow_refusals(key):

@@ -209,7 +209,8 @@ class MeanFieldEquation(AbstractExperiment):
         Param("modes", int, 32, "Fourier modes of the particles' comparison", 8),
         Param("beta", float, 1.0, "β of the particles' comparison (σ = 0)", 0.0),
         Param("horizon", float, 1.0, "time of the particles' comparison", 0.0),
-        Param("max_tokens", int, 10000, "the largest n (n = 10², 10³, … up to it)", 1000),
+        Param("max_tokens", int, 1000, "the largest n (n = 10², 10³, … up to it; 10⁴ and "
+              "10⁵ take long on a CPU)", 1000),
         Param("seeds", int, 3, "samples of the initial density at the largest n", 1),
         Param("betas", int, 5, "temperatures of the phase diagram, β/β* in [0.5, 2.5]", 2),
         Param("couplings", int, 13, "couplings of the phase diagram, K/K_# in [0.6, 1.4]", 3),

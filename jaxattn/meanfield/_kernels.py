@@ -27,14 +27,22 @@ import math
 
 import jax.numpy as jnp
 
+from .._kernel import USA, AbstractKernel, Exp, Softmax, as_kernel
+
 KERNELS = ("usa", "exp", "softmax")
 
 
-def check_kernel(kernel) -> str:
-    if kernel not in KERNELS:
-        raise ValueError(f"`kernel` must be one of {', '.join(map(repr, KERNELS))}, "
-                         f"got {kernel!r}.")
-    return kernel
+def check_kernel(kernel) -> AbstractKernel:
+    """The member of `ja.AbstractKernel` that `kernel` names (a name or a member), or
+    an error naming the kernels the equation covers."""
+    try:
+        member = as_kernel(kernel)
+    except ValueError:
+        member = None
+    if not isinstance(member, (USA, Exp, Softmax)):
+        raise ValueError(f"`kernel` must be one of {', '.join(map(repr, KERNELS))} (or "
+                         f"ja.USA(), ja.Exp(), ja.Softmax()), got {kernel!r}.")
+    return member
 
 
 def interaction(beta):
@@ -46,7 +54,7 @@ def profiles(beta, kernel: str):
     """`(G, Z)`: `X = ∇(G * μ)` for `"usa"`/`"exp"` (`Z = None`), `X = ∇(G * μ) /
     (Z * μ)` for `"softmax"` (scaled by `e^{−β}`, which the ratio does not see, so
     that large `β` does not overflow)."""
-    if kernel == "softmax":
+    if isinstance(kernel, Softmax):
         return (lambda t: jnp.exp(beta * (t - 1)) / beta), (lambda t: jnp.exp(beta * (t - 1)))
     return interaction(beta), None
 
@@ -67,9 +75,9 @@ def coupling_of(kappa: float, beta: float, kernel: str = "usa", sigma: float = 1
 
     `K` as a float.
     """
-    check_kernel(kernel)
+    kernel = check_kernel(kernel)
     if not (math.isfinite(sigma) and sigma > 0):
         raise ValueError(f"`sigma` must be > 0 (σ = 0 has no papers' normalisation), "
                          f"got {sigma!r}.")
-    scale = math.exp(-beta) if kernel == "usa" else 1.0
+    scale = math.exp(-beta) if isinstance(kernel, USA) else 1.0
     return kappa * scale / sigma**2

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._kernel import Softmax
 from ._grid import AbstractGrid
 from ._kernels import check_kernel, interaction
 
@@ -78,7 +79,7 @@ def free_energy(grid: AbstractGrid, mu: Float[Array, "*grid"], beta, coupling,
 
     `F(μ)` as a scalar.
     """
-    if check_kernel(kernel) == "softmax":
+    if isinstance(check_kernel(kernel), Softmax):
         raise ValueError("free_energy: the softmax equation is not the gradient flow of a "
                          "free energy; use kernel='usa' or 'exp'.")
     c = grid.analysis(mu)

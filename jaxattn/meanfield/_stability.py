@@ -24,6 +24,7 @@ thresholds are `κ = σ² e^{β} K_#` (`"usa"`), `σ² K_#` (`"exp"`) and
 
 import math
 
+from .._kernel import Softmax
 from ._kernels import check_kernel
 
 
@@ -52,7 +53,7 @@ def multiplier(beta: float, d: int, mode: int, kernel: str = "usa") -> float:
     nu = d / 2 - 1
     log = math.lgamma(d / 2) + nu * math.log(2 / beta) + _log_bessel(mode + nu, beta)
     log -= math.log(beta)
-    if check_kernel(kernel) == "softmax":
+    if isinstance(check_kernel(kernel), Softmax):
         log -= math.lgamma(d / 2) + nu * math.log(2 / beta) + _log_bessel(nu, beta)
     return math.exp(log)
 

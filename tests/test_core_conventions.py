@@ -152,7 +152,7 @@ def test_random_dynamics_draws_its_documented_distribution(key):
     heads, d, scale = 64, 8, 0.5
     dyn = ja.random_dynamics(key, heads, d, scale=scale, causal=True, norm="pre")
     P, U = dyn.query_key(0.0), dyn.U(0.0)
-    assert P.shape == U.shape == (heads, d, d) and dyn.causal and dyn.norm == "pre"
+    assert P.shape == U.shape == (heads, d, d) and dyn.causal and dyn.norm.name == "pre"
     for w in (P, U):
         var = float(jnp.var(w))
         assert abs(var / (scale**2 / d) - 1) < 0.1  # 4096 entries: ~2 % standard error

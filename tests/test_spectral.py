@@ -265,5 +265,5 @@ def test_layer_dynamics_keeps_the_models_variant(key):
                                    mask=ja.random_mask(key, 5, 0.5), kernel="sigmoid", bias=-1.0)
     frozen = ja.spectral.layer_dynamics(dyn, 0)
     x = jax.random.normal(key, (5, 3))
-    assert (frozen.norm, frozen.window, frozen.kernel) == ("pre", 2, "sigmoid")
+    assert (frozen.norm.name, frozen.window, frozen.kernel.name) == ("pre", 2, "sigmoid")
     assert jnp.array_equal(frozen.layer(0.0, x, 0.1), dyn.layer(0.0, x, 0.1))

@@ -231,7 +231,7 @@ def test_bad_input_is_one_clear_error(call, message):
 FIGURE_DATA = Path(__file__).parent / "data" / "figures" / "mean-field"
 #: A run at tiny sizes (`jaxattn run mean-field` with these flags).
 TINY = ["--modes", "8", "--max-tokens", "1000", "--seeds", "2", "--betas", "2",
-        "--couplings", "3", "--settle", "4"]
+        "--couplings", "3", "--settle", "5"]
 
 
 def _saved_run():

@@ -214,7 +214,8 @@ class MeanFieldEquation(AbstractExperiment):
         Param("seeds", int, 3, "samples of the initial density at the largest n", 1),
         Param("betas", int, 5, "temperatures of the phase diagram, β/β* in [0.5, 2.5]", 2),
         Param("couplings", int, 13, "couplings of the phase diagram, K/K_# in [0.6, 1.4]", 3),
-        Param("settle", float, 40.0, "time the phase diagram's runs settle", 2.0),
+        Param("settle", float, 40.0, "time the phase diagram's runs settle (> 4: its half "
+              "comes after the growth-rate fit's last time, 2)", 4.0),
     )
 
     def simulate(self, config, progress):

@@ -103,7 +103,11 @@ def two_cluster_time(x: np.ndarray, beta: float, eps: float) -> tuple[float, flo
     a, b = np.unravel_index(np.argmax(cos), cos.shape)
     delta = float(np.arccos(cos[a, b]))
     n, m = int(np.sum(masses)), int(masses[a] + masses[b])
-    log_t = beta * (1 - cos[a, b]) + math.log(n / (m * beta * math.sin(delta) ** 2))
+    # in logs: at a tiny β the product m β sin²δ underflows to 0
+    sin = abs(math.sin(delta))
+    if sin == 0:
+        return math.inf, delta
+    log_t = beta * (1 - cos[a, b]) + math.log(n) - math.log(m) - math.log(beta) - 2 * math.log(sin)
     return float(log_t), delta
 
 

@@ -139,7 +139,11 @@ def schedule(eta: float, times: np.ndarray) -> tuple[int, np.ndarray]:
     `η + … + η` reaches `times[-1]`, and `at[k] ≥ 1` is the first step whose summed time
     reaches `times[k]`.
     """
-    count = math.ceil(times[-1] / eta) + 2
+    steps = times[-1] / eta
+    if not steps < 2**31 - 2:
+        raise ValueError(f"a step of {eta:g} takes {steps:g} steps to reach t = {times[-1]:g}, "
+                         f"more than 2³¹: raise --step or shorten --horizon.")
+    count = math.ceil(steps) + 2
     clock = np.add.accumulate(np.full(count, eta, dtype=np.float64))  # sequential sums
     at = np.searchsorted(clock, times, side="left") + 1
     return int(at[-1]), at

@@ -133,6 +133,10 @@ def test_every_experiment_at_each_smallest_value(tmp_path, name, key, value):
 # What the slow property test found; here, fast, as refusals before any work.
 REFUSED_EARLY = [
     ("equiangular", "saves", 1, "--saves"),
+    ("noisy-transition", "tau", 5e-324, "--tau"),
+    ("noisy-transition", "sweep_tau", 5e-324, "--sweep-tau"),
+    ("norm-beta", "step", 5e-324, "--step"),
+    ("phase-diagram", "beta_min", 1e6, "--beta-min"),
 ]
 
 

@@ -144,6 +144,11 @@ class AbstractExperiment(abc.ABC):
         """Where its figure goes: `folder/<name, with underscores>` (`.png`, `.pdf`)."""
         return Path(folder) / self.name.replace("-", "_")
 
+    def check_config(self, config: dict[str, Any]) -> None:
+        """Refuse, with a one-line `ValueError`, settings the experiment cannot run or
+        judge that no `Param` minimum catches: `runner.experiment_config` calls it
+        before any folder is made or any work is done."""
+
     @abc.abstractmethod
     def simulate(self, config: dict[str, Any], progress: bool) -> dict[str, np.ndarray]:
         """Run the experiment; the arrays returned are saved as `data.npz`."""

@@ -158,6 +158,9 @@ class Equiangular(AbstractExperiment):
               "is read from the second half)", 4),
     )
 
+    def check_config(self, config):
+        check_config(config)
+
     def simulate(self, config, progress):
         check_config(config)
         ts = jnp.linspace(0.0, config["horizon"], config["saves"] + 1)

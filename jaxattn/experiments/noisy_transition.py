@@ -57,6 +57,7 @@ from .._app import figures
 from .._manifold import normalize
 from ..theory import fit_threshold, layer_diffusion, noisy_beta_star, noisy_threshold
 from .base import AbstractExperiment, Param, Verdict
+from .runner import MAX_LAYERS
 from .verdicts import short
 
 #: The noise's strength: each free token is Brownian motion with generator `Δ`.
@@ -93,6 +94,13 @@ def settings(config: dict) -> dict:
                          f"layers is too "
                          f"few for --blocks {cfg['blocks']} (need two layers a block): "
                          "lengthen --window or take fewer --blocks.")
+    for flags, length, step in (("(--burn + --window) / --sweep-tau",
+                                 cfg["burn"] + cfg["window"], cfg["sweep_tau"]),
+                                ("--quench / --tau", cfg["quench"], cfg["tau"])):
+        if not length / step <= MAX_LAYERS:
+            raise ValueError(f"{flags} = {length / step:.3g} layers is "
+                             f"more than {MAX_LAYERS} (JAX counts in int32): take a larger "
+                             "step.")
     return cfg
 
 
@@ -317,6 +325,9 @@ class NoisyTransition(AbstractExperiment):
     #: Flags that set other parameters (`runner.experiment_config` records the values used
     #: and refuses a flag the preset sets).
     presets = {"full": FULL}
+
+    def check_config(self, config):
+        settings(config)
 
     def simulate(self, config, progress):
         cfg = settings(config)

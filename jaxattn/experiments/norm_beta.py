@@ -30,7 +30,7 @@ import numpy as np
 from .._app import figures
 from .._dynamics import NORMS
 from .base import AbstractExperiment, Param, Verdict
-from .pair_density import STUDY, density_map, describe_map, draw_map, setup_line
+from .pair_density import STUDY, check_config, density_map, describe_map, draw_map, setup_line
 
 #: simuformer's `runner.py` defaults, where they differ from `phase-diagram`'s.
 DEFAULTS = {"betas": 20, "beta_max": 15.0, "systems": 512, "tokens": 64, "dim": 16,
@@ -74,6 +74,9 @@ class NormBeta(AbstractExperiment):
               "5 none"),
         Param("causal", bool, False, "causal attention (their --sequential)"),
     )
+
+    def check_config(self, config):
+        check_config(config)
 
     def simulate(self, config, progress):
         norms = placements(config["norm"])

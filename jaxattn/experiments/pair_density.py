@@ -130,6 +130,16 @@ def step_size(beta: float, step: float, exp_kernel: bool, raw_step: bool) -> flo
     return step / max(math.sqrt(beta) * math.exp(beta - 0.5), 1.0)
 
 
+def step_count(eta: float, end: float) -> float:
+    """`end / eta`, the steps of size `eta` to reach time `end`; a `ValueError` past
+    2³¹ (their loop counts in int32)."""
+    steps = end / eta
+    if not steps < 2**31 - 2:
+        raise ValueError(f"a step of {eta:g} takes {steps:g} steps to reach t = {end:g}, "
+                         f"more than 2³¹: raise --step or shorten --horizon.")
+    return steps
+
+
 def schedule(eta: float, times: np.ndarray) -> tuple[int, np.ndarray]:
     """The steps their loop takes with step `eta` and records at `times` (float64).
 
@@ -139,11 +149,7 @@ def schedule(eta: float, times: np.ndarray) -> tuple[int, np.ndarray]:
     `η + … + η` reaches `times[-1]`, and `at[k] ≥ 1` is the first step whose summed time
     reaches `times[k]`.
     """
-    steps = times[-1] / eta
-    if not steps < 2**31 - 2:
-        raise ValueError(f"a step of {eta:g} takes {steps:g} steps to reach t = {times[-1]:g}, "
-                         f"more than 2³¹: raise --step or shorten --horizon.")
-    count = math.ceil(steps) + 2
+    count = math.ceil(step_count(eta, times[-1])) + 2
     clock = np.add.accumulate(np.full(count, eta, dtype=np.float64))  # sequential sums
     at = np.searchsorted(clock, times, side="left") + 1
     return int(at[-1]), at
@@ -361,6 +367,9 @@ def check_config(cfg: dict) -> None:
                              f"codes); got {cfg[name]!r}.")
     if not 0 < cfg["threshold"] < 1:
         raise ValueError(f"--threshold must be in (0, 1), got {cfg['threshold']!r}.")
+    # the smallest step is the largest β's
+    step_count(step_size(cfg["beta_max"], cfg["step"], cfg["exp_kernel"], cfg["raw_step"]),
+               horizon_of(cfg))
 
 
 #: The parameters of the study, shared by `norm-beta`.

@@ -144,6 +144,7 @@ def experiment_config(experiment: AbstractExperiment, overrides: dict[str, Any],
     apply_presets(experiment, config, overrides)
     check_layers(config)
     check_sizes(experiment.name, config)
+    experiment.check_config(config)
     return {"experiment": experiment.name, "seed": check_seed(seed)} | config
 
 

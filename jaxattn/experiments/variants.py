@@ -428,6 +428,9 @@ class VariantsStudy(AbstractExperiment):
               "its saved chunks (run it again with the same settings and --resume)"),
     )
 
+    def check_config(self, config):
+        check_config(config)
+
     def simulate(self, config, progress, folder: Path | None = None):
         """The study's arrays; its chunks are kept in `folder/chunks` until it is done
         (`folder`: the run folder; `None`: nothing saved, nothing to resume)."""

@@ -105,7 +105,7 @@ def _draw_grid_decades(name, folder):
 #: More runs of an experiment, as `jaxattn run` arguments (the first word names it).
 OTHER_RUNS = {
     # one cell: one placement, one mask, one kernel, one β, one size
-    "variants-one-cell": "variants --size 1 --norm 1 --mask 1 --kernel 1 --beta 1 "
+    "variants-one-cell": "variants --size 1 --norm post --mask full --kernel softmax --beta 1 "
                          "--instances 2 --layers 20",
 }
 FIGURES = {name: _draw_experiment for name in EXPERIMENTS if (DATA / name).is_dir()}

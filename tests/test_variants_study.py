@@ -167,12 +167,29 @@ def test_resume_after_an_interruption_gives_the_same_table(tiny_run, tmp_path, m
 
 
 def test_bad_settings_are_refused(tmp_path, chunk_root):
-    for bad, match in [({"norm": 9}, "--norm must be 0"), ({"beta": -1.0}, "--beta"),
+    for bad, match in [({"norm": 9}, r"--norm must be one of all \(0\), post \(1\)"),
+                       ({"norm": "post-norm"}, "--norm must be one of"), ({"beta": -1.0}, "--beta"),
                        ({"keep": 1.5}, "--keep"), ({"mask": -1}, "--mask")]:
         with pytest.raises(ValueError, match=match):
             run_experiment("variants", TINY | bad, progress=False, log=None,
                            out=tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
+
+
+def test_choices_are_taken_by_name_and_recorded_by_name():
+    """`--norm none` (or its code 5) selects the post-less placement; the command
+    recorded to repeat the run spells the name; the names are the study's own axes."""
+    from jaxattn.experiments import get_experiment, resolve_config, runner
+
+    experiment = get_experiment("variants")
+    names = {p.name: p.names for p in experiment.all_params() if p.names}
+    assert names == {"norm": ("all", *study.NORMS), "mask": ("all", *study.MASKS),
+                     "kernel": ("both", *study.KERNELS)}
+    by_name = resolve_config(experiment, {"norm": "none", "mask": "causal"}, 0)
+    assert by_name == resolve_config(experiment, {"norm": "5", "mask": 2}, 0)
+    assert study.Grid.of(by_name).norms == ("none",)
+    line = runner.command_line(by_name, experiment)
+    assert line.endswith("--norm none --mask causal"), line
 
 
 def test_figures_carry_no_creation_date(tmp_path):

@@ -38,7 +38,9 @@ import numpy as np
 class Param:
     """One parameter of an experiment, settable as `--name VALUE` (`--name` for flags).
 
-    `minimum` is inclusive for ints and exclusive for floats (`horizon > 0`).
+    `minimum` is inclusive for ints and exclusive for floats (`horizon > 0`). An int
+    parameter with `names` is a choice: `--norm none` or its code `--norm 5` (the
+    position in `names`; the config records the code).
     """
 
     name: str
@@ -46,6 +48,7 @@ class Param:
     default: Any
     help: str
     minimum: float | None = None
+    names: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -55,6 +58,8 @@ class Param:
 def convert(param: Param, value: Any) -> Any:
     """`value` as the parameter's type, checked against its minimum, or a `ValueError`
     (no JAX: `jaxattn run NAME` refuses a bad override before JAX loads)."""
+    if param.names:
+        return _choice(param, value)
     want = {int: "an integer", float: "a number", bool: "true or false"}[param.type]
     if param.type is bool:
         if isinstance(value, bool):
@@ -76,6 +81,20 @@ def convert(param: Param, value: Any) -> Any:
             bound = f"≥ {param.minimum:g}" if param.type is int else f"> {param.minimum:g}"
             raise ValueError(f"{param.flag} must be {bound}, got {value!r}.")
     return converted
+
+
+def _choice(param: Param, value: Any) -> int:
+    """The code of a choice given by name or by code, or a `ValueError` listing them."""
+    if isinstance(value, str) and value.strip() in param.names:
+        return param.names.index(value.strip())
+    try:
+        code = int(value) if not isinstance(value, (bool, float)) else None
+    except (TypeError, ValueError):
+        code = None
+    if code is None or not 0 <= code < len(param.names):
+        listed = ", ".join(f"{n} ({i})" for i, n in enumerate(param.names))
+        raise ValueError(f"{param.flag} must be one of {listed}; got {value!r}.")
+    return code
 
 
 #: The inverse temperature of the attention, a parameter of every sweepable experiment

@@ -162,7 +162,8 @@ def command_line(config: dict, experiment: AbstractExperiment) -> str:
         if p.type is bool:
             parts += [p.flag] if value else []
         elif value != p.default:
-            parts += [p.flag, repr(value) if p.type is float else str(value)]
+            text = p.names[value] if p.names else repr(value) if p.type is float else str(value)
+            parts += [p.flag, text]
     return " ".join(parts)
 
 

@@ -414,9 +414,12 @@ class VariantsStudy(AbstractExperiment):
     theorem = "4.1, 5.1 for post + softmax; no theorem for the variants"
     params = (
         Param("size", int, 0, "size: 0 both, 1 n = 10 tokens in R³, 2 n = 32 in R¹⁶"),
-        Param("norm", int, 0, "placement: 0 all, 1 post, 2 pre, 3 peri, 4 ngpt, 5 none"),
-        Param("mask", int, 0, "mask: 0 all, 1 full, 2 causal, 3 window, 4 random sparse"),
-        Param("kernel", int, 0, "kernel: 0 both, 1 softmax, 2 sigmoid"),
+        Param("norm", int, 0, "placement: all, post, pre, peri, ngpt or none (or its code "
+              "0–5)", names=("all", "post", "pre", "peri", "ngpt", "none")),
+        Param("mask", int, 0, "mask: all, full, causal, window or sparse (random; or its "
+              "code 0–4)", names=("all", "full", "causal", "window", "sparse")),
+        Param("kernel", int, 0, "kernel: both, softmax or sigmoid (or its code 0–2)",
+              names=("both", "softmax", "sigmoid")),
         Param("beta", float, 0.0, "β: 0 the grid 0.5, 1, 4, 16; else this β alone"),
         Param("window", int, 2, "width w of the window mask (i attends to |i − j| < w)", 1),
         Param("keep", float, 0.3, "keep-probability p of the random sparse mask"),

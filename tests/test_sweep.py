@@ -340,3 +340,25 @@ def test_a_sweep_row_is_jaxattn_run_with_its_seed_and_values(tmp_path):
         assert bool(row["in_domain"]) == bool(data["in_domain"])
     assert summary["command"] == ("jaxattn run thm41-sphere --seed 6 --tokens 4 --beta 2.0 "
                                   "--horizon 2.0 --saves 1")
+
+
+def _two_point_table(key, values):
+    return {"point": np.array([0, 0, 1, 1]), key: np.repeat(values, 2),
+            "consensus_time": np.array([1.0, np.inf, 2.0, 3.0]),
+            "final_E": np.array([1e-4, 0.1, 1e-5, 1e-6]), "in_domain": np.ones(4, bool),
+            "prediction_held": np.array([True] * 4, object), "solver_success": np.ones(4, bool)}
+
+
+@pytest.mark.parametrize(("key", "values", "noted"), [("heads", [1, 2], True),
+                                                      ("heads", [2, 2], False),
+                                                      ("beta", [1.0, 2.0], False)])
+def test_a_sweep_over_heads_says_that_the_heads_are_summed(key, values, noted):
+    """The heads are summed (U = I each): h heads move the tokens h times as fast, so a
+    sweep whose grid varies `heads` says so under its table and in summary.json."""
+    spec = ja.sweep.SweepSpec("thm41-sphere", {key: values})
+    configs = [{key: v} for v in values]
+    summary = _report.summarise(spec, configs, [key], _two_point_table(key, values))
+    printed = _report.format_table(summary, [key])
+    assert ("h heads move the tokens about h times as fast" in printed) is noted, printed
+    assert summary["notes"] == ([get_experiment("thm41-sphere").grid_notes["heads"]]
+                                if noted else [])

@@ -186,6 +186,11 @@ class AbstractSweepableExperiment(AbstractExperiment):
     simulators run it. A concrete member states `sweepable = True` at the head of its
     class body (what the registry reads)."""
 
+    #: What a sweep over a parameter changes beside the parameter itself, by the
+    #: parameter's name: printed under `jaxattn sweep`'s table and kept in its
+    #: `summary.json` (`notes`) whenever the grid varies that parameter.
+    grid_notes: ClassVar[dict[str, str]] = {}
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if not cls.__name__.startswith("Abstract") and not cls.__dict__.get("sweepable"):

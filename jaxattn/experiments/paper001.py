@@ -57,6 +57,12 @@ def _sphere_P(t, params):
     return einsum("hkd,hk,hke->hde", Q, D, K, precision="float32")
 
 
+#: The heads are summed, each with `U = I`: `h` heads move the tokens about `h` times
+#: as fast as one, so a sweep over `heads` changes the time scale with them.
+HEADS_NOTE = ("heads: the h heads are summed, each with U = I, so h heads move the tokens "
+              "about h times as fast as one; a consensus reached sooner at larger h is this "
+              "scale, not the number of heads (compare consensus times multiplied by h)")
+
 def sphere_dynamics(key: PRNGKeyArray, num_heads: int = 2) -> SelfAttentionDynamics:
     """The time-varying two-head model on S² (paper 001 §6.1.1, Theorem 4.1).
 

@@ -28,6 +28,8 @@ class SphereExperiment(AbstractTheoremExperiment):
     )
     reached_words = {"agrees": "consensus, ", "contradicts": "no consensus, "}
 
+    grid_notes = {"heads": paper001.HEADS_NOTE}
+
     def setup(self, key, config):
         """The `heads`-head model on S² at inverse temperature `beta`, and `tokens`
         unit tokens `(n, 3)` in one open hemisphere."""

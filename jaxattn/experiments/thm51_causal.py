@@ -48,6 +48,8 @@ class CausalExperiment(AbstractTheoremExperiment):
     )
     reached_words = {"agrees": "consensus at the first token, "}
 
+    grid_notes = {"heads": paper001.HEADS_NOTE}
+
     def setup(self, key, config):
         """The `paper001.CausalWeights` of the model (`paper001.causal_dynamics`) and
         `samples` starts `(samples, tokens, dim)` of unit tokens; a sweep's instance

@@ -11,6 +11,7 @@ import numpy as np
 from .._app.figures import legend_below, pyplot, save_figure
 from .._app.folders import read_json
 from .._horizon import CONSENSUS_TOL
+from ..experiments import get_experiment
 from ..experiments.verdicts import convergence_trend, run_kind
 
 
@@ -106,9 +107,15 @@ def summarise(spec, configs, keys, table) -> dict[str, Any]:
     totals = {k: sum(p[k] for p in points)
               for k in ("prediction_held", "in_domain", *STATUSES[1:])}
     kind, line = sweep_verdict(totals)
+    notes = get_experiment(spec.experiment).grid_notes
     return {"experiment": spec.experiment, "instances_per_point": spec.instances,
             "points": points, **totals, "verdict": line, "verdict_kind": kind,
-            "rows": int(len(table["point"]))}
+            "rows": int(len(table["point"])),
+            "notes": [notes[k] for k in keys if k in notes and _varies(configs, k)]}
+
+
+def _varies(configs, key: str) -> bool:
+    return len({c[key] for c in configs}) > 1
 
 
 def _g(x, spec: str = ".3g") -> str:
@@ -134,7 +141,8 @@ def format_table(summary: dict[str, Any], keys) -> str:
                      f"{p['solver_success']}/{p['instances']}"])
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head, *body]]
-    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+    notes = [f"note: {n}" for n in summary.get("notes", ())]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:], *notes])
 
 
 def _axes_of(keys, table):

@@ -54,19 +54,135 @@ def test_autocorrelation_time_of_an_ar1_series(seed):
     assert math.isnan(nt.autocorrelation_time(np.ones(10)))
 
 
-def test_hysteresis_reads_where_each_sweep_orders():
-    n = 2500  # ordered above 5/√n = 0.1
+def _window(mean, se, ok):
+    mean = np.asarray(mean, float)
+    return nt.Window(mean, np.full_like(mean, se), np.zeros_like(mean), np.ones_like(mean),
+                     np.asarray(ok))
+
+
+def test_hysteresis_only_where_both_sweeps_are_equilibrated():
     ratios = np.array([0.4, 0.6, 0.8, 1.0, 1.2])
-    up = np.array([0.02, 0.02, 0.02, 0.5, 0.7])
-    down = np.array([0.02, 0.4, 0.5, 0.6, 0.7])
-    assert nt.hysteresis(ratios, up, down, n) == pytest.approx((1.0, 0.6, 0.4))
-    assert nt.hysteresis(ratios, up, up, n)[2] == 0
-    assert math.isnan(nt.hysteresis(ratios, up * 0, down, n)[0])
+    up = _window([0.02, 0.02, 0.02, 0.5, 0.7], 0.01, [True] * 5)
+    down = _window([0.02, 0.4, 0.5, 0.6, 0.7], 0.01, [True, True, False, True, True])
+    where, width = nt.hysteresis(ratios, up, down)
+    # 0.8 differs as much as 0.6 but is not equilibrated; 1.0 differs by 0.1 = 7 s.e.
+    assert where.tolist() == [False, True, False, True, False]
+    assert width == pytest.approx(0.4)
+    assert nt.hysteresis(ratios, up, up)[1] == 0
+    wide = _window(down.mean, 0.05, down.equilibrated)  # 1.0 within 3 s.e. now
+    assert nt.hysteresis(ratios, _window(up.mean, 0.05, up.equilibrated), wide)[0][3] == False  # noqa: E712
+    never = _window(down.mean, 0.01, [False] * 5)
+    assert math.isnan(nt.hysteresis(ratios, up, never)[1])
+
+
+def test_window_stats_flag_a_drift_and_a_slow_series(seed):
+    """A stationary white series is equilibrated, its error the spread of the block
+    means; the same with a drift fails the halves' check; a moving average over 50
+    steps (autocorrelation time ≈ 50, read as ≥ 15 by Sokal's rule) fails the block
+    check with blocks of 25 steps."""
+    rng = np.random.default_rng(seed)
+    steps, blocks = 1000, 40
+    white = 0.5 + 0.01 * rng.standard_normal((1, 2, steps))
+    drift = white + np.linspace(0, 0.05, steps)
+    noise = rng.standard_normal((2, steps + 49))
+    slow = np.stack([np.convolve(x, np.ones(50) / 50, "valid") for x in noise])[None]
+    w = nt.window_stats(white, steps, blocks)
+    assert w.equilibrated.tolist() == [True] and abs(w.mean[0] - 0.5) < 3 * w.se[0]
+    assert w.se[0] == pytest.approx(0.01 / math.sqrt(2 * steps), rel=0.3)
+    assert nt.window_stats(drift, steps, blocks).equilibrated.tolist() == [False]
+    s = nt.window_stats(0.5 + 0.01 * slow, steps, blocks)
+    assert s.autocorrelation[0] > steps / blocks / nt.BLOCK_TAUS
+    assert s.equilibrated.tolist() == [False]
 
 
 def test_window_blocks_cut_the_tail_per_seed():
-    r = np.arange(2 * 10, dtype=float).reshape(2, 10) ** 0.5  # r² = 0 … 19
-    np.testing.assert_allclose(nt.window_blocks(r, 8, 2), [3.5, 7.5, 13.5, 17.5])
+    r = np.arange(2 * 10, dtype=float).reshape(2, 10)  # two seeds of ten steps
+    np.testing.assert_allclose(nt.window_blocks(r, 8, 2), [[3.5, 7.5], [13.5, 17.5]])
+
+
+def test_free_energy_crossing_interpolates_between_ordered_caps():
+    K = np.linspace(0.6, 1.0, 5)
+    gap = 0.8 - K  # crosses at 0.8, on the grid; the caps at 0.6 fell to uniform
+    r = np.array([1e-3, 0.5, 0.6, 0.7, 0.8])
+    assert nt.free_energy_crossing(K, gap, r) == pytest.approx(0.8)
+    assert nt.free_energy_crossing(K, 0.83 - K, r) == pytest.approx(0.83)
+    assert math.isnan(nt.free_energy_crossing(K, gap, np.full(5, 1e-3)))
+    assert math.isnan(nt.free_energy_crossing(K, 1.5 - K, r))
+
+
+@pytest.fixture(scope="module")
+def exact_run():
+    """d = 2 at the quick settings (two seeds): the equation's runs as `simulate` makes
+    them, and particles whose tilts decay at the linear theory's rate about a
+    threshold biased by the layers' step, `K_#(1 − 3τ)`, with a 1e-3 jitter (the
+    extrapolation's z is then standard normal: mean −0.10, spread 1.04 over 120 draws;
+    this draw's largest is 1.6); sweeps of white noise about 0.1."""
+    config = ja_defaults() | nt.QUICK | {"max_dim": 2, "seeds": 2, "seed": 0}
+    cfg = nt.settings(config)
+    rng = np.random.default_rng(1)
+    data = {"ratios": nt.coupling_grid(cfg), "rate_ratios": nt.rate_grid(cfg),
+            "rate_taus": np.asarray(nt.step_levels(cfg)), "eq_times": nt.EQ_RATE_TIMES,
+            "kc_ratios": nt.KC_RATIOS, "betas_d2": nt.betas_of(2)}
+    data["eq_K_d2"], data["eq_r_d2"] = nt.equation_rates(2, cfg)
+    data |= {f"kc_{k}_d2": v for k, v in nt.equation_caps(2).items()}
+    sharp = np.array([noisy_threshold(b, 2) for b in data["betas_d2"]])
+    data["K_rates_d2"] = K = data["rate_ratios"][None] * sharp[:, None]
+    for j, tau in enumerate(data["rate_taus"]):
+        t = np.arange(math.ceil(cfg["quench"] / tau) + 1) * tau
+        gamma = (nt.SIGMA**2 / 2) * (1 - K / (sharp[:, None] * (1 - 3 * tau)))
+        g = 0.1 * np.exp(-gamma[..., None, None] * t) * np.ones((1, 1, 2, 1))
+        data[f"g{j}_d2"] = g * (1 + 1e-3 * rng.standard_normal(g.shape))
+    steps = math.ceil((cfg["burn"] + cfg["window"]) / cfg["sweep_tau"] / nt.CHUNK) * nt.CHUNK
+    data["r_d2"] = 0.1 + 0.01 * rng.standard_normal((3, 2, cfg["couplings"], 2, steps))
+    return config, data
+
+
+def test_equation_measures_k_sharp_and_k_c_on_the_circle(exact_run):
+    """The equation's growth rates are the linear theory's, crossing zero at `K_#` to
+    `SHARP_TOL`, and the caps' free energy meets the uniform one at
+    `transition_coupling` to `CRITICAL_TOL` (β = 2β*, d = 2; two independent
+    computations of the same numbers)."""
+    _, data = exact_run
+    beta, K = data["betas_d2"][-1], data["eq_K_d2"][-1]
+    rates = nt.fit_rates(nt.EQ_RATE_TIMES, data["eq_r_d2"][-1])
+    # in the papers' units (σ = 1): γ = (d − 1)/2 · (1 − K/K_#) for d = 2
+    np.testing.assert_allclose(rates, 0.5 * (1 - K / noisy_threshold(beta, 2)), atol=1e-6)
+    sharp = ja.theory.fit_threshold(K, rates)[0]
+    assert abs(sharp / noisy_threshold(beta, 2) - 1) < nt.SHARP_TOL
+    assert np.isnan(data["kc_gap_d2"][:2]).all()  # at and below β*: not run
+    kc = nt.free_energy_crossing(data["kc_K_d2"][-1], data["kc_gap_d2"][-1],
+                                 data["kc_r_d2"][-1])
+    assert abs(kc / ja.meanfield.transition_coupling(beta, 2) - 1) < nt.CRITICAL_TOL
+
+
+def test_verdict_extrapolates_tau_and_fails_a_prediction_ten_percent_off(exact_run,
+                                                                         monkeypatch):
+    """With the particles' threshold biased in proportion to τ, the extrapolated one is
+    `K_#` and the verdict passes (the threshold at τ alone is off by more than
+    `TARGET`); with `K_#` or `K_c` moved by ±10 % it fails, on the equation's measure."""
+    config, data = exact_run
+    study = nt.NoisyTransition()
+    verdict = study.verdict(config, data)
+    assert verdict.ok, verdict.line
+    for case in verdict.extra["cases"]:
+        assert abs(case["rel_error"]) < 0.01 and abs(case["z"]) < 3
+        assert abs(case["K_at_tau"][-1] / case["K_theory"] - 1) > nt.TARGET
+    for factor in (1.1, 0.9):
+        with monkeypatch.context() as m:
+            m.setattr(nt, "noisy_threshold", lambda b, d, f=factor: f * noisy_threshold(b, d))
+            wrong = study.verdict(config, data)
+            assert not wrong.ok
+            assert wrong.numbers["max_rel_error_equation_sharp"] > 0.08
+        with monkeypatch.context() as m:
+            m.setattr(nt, "transition_coupling",
+                      lambda b, d, f=factor: f * ja.meanfield.transition_coupling(b, d))
+            wrong = study.verdict(config, data)
+            assert not wrong.ok and wrong.numbers["max_rel_error_equation_sharp"] < 1e-3
+            assert wrong.numbers["max_rel_error_equation_critical"] > 0.08
+
+
+def ja_defaults():
+    return nt.NoisyTransition().defaults()
 
 
 def test_uniform_state_susceptibility_matches_the_threshold(seed):

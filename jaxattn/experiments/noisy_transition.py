@@ -18,33 +18,51 @@ and discontinuous (`K_c < K_#`) above.
 
 What it measures, for d = 2 and 3 (`--max-dim`) and β ∈ {β*/2, β*, 2β*}:
 
-1. Up and down sweeps of the coupling over `K/K_# ∈ [--k-min, --k-max]`: the up
+1. **The equation** (`ja.meanfield`, `n = ∞`, `τ = 0`; `Circle(EQ_MODES)` for d = 2,
+   `Sphere(EQ_DEGREE)` for d = 3, the papers' normalisation `σ = 1`, in which `K` is
+   the same coupling). `K_#`: from the uniform density tilted by `EQ_TILT` along
+   `e₁`, at the couplings of `rate_grid`, the first coordinate of the mean point
+   decays as `e^{−γt}` (log-linear fit over `EQ_RATE_TIMES`); the line through
+   `(K, γ)` crosses 0 at the measured `K_#`, judged against
+   `ja.theory.noisy_threshold` to `SHARP_TOL`. `K_c` (above `β*` only): caps
+   (`e^{CAP x₁}`) settle for `EQ_SETTLE` at `K/K_# ∈ KC_RATIOS`; where the settled
+   caps' free energy (`ja.meanfield.free_energy`) first falls below the uniform
+   density's, interpolated linearly between the two ordered caps around the sign
+   change, is the measured `K_c`, judged against `ja.meanfield.transition_coupling`
+   (an independent zonal minimisation) to `CRITICAL_TOL`. The smallest coupling whose
+   cap stays ordered is the ordered branch's end (recorded, not judged).
+2. **The particles' threshold, extrapolated to τ → 0** (`quench`,
+   `ja.theory.fit_threshold`): at each coupling of `K/K_# ∈ 1 ± --rate-span`
+   (`--rates` of them, all in one batch), two copies of the same uniform tokens tilted
+   by `±TILT` towards `e₁` and driven by the same noise. Half the difference of their
+   mean tokens' first coordinate decays as `e^{−γt}` over `--quench` time units,
+   `γ = (d − 1)(σ²/2)(1 − K/K_#)` in the linear theory. The line through `(K, γ)`
+   crosses 0 at the estimate (its standard error the fit's, `--seeds` pairs per
+   coupling). This runs at the layer steps `τ/2` and `τ`, and the straight line
+   through the two estimates gives `τ = 0` (`2 K(τ/2) − K(τ)`): the layers' step bias
+   (`layer_coupling` corrects it at the uniform state, to first order) grows with `β`.
+   Judged on every side: within `TARGET` of `K_#` and 3 standard errors.
+3. Up and down sweeps of the coupling over `K/K_# ∈ [--k-min, --k-max]`: the up
    sweep starts uniform at the smallest coupling, the down sweep from a tight cap at
    the largest, and every coupling starts from the previous one's final state. The
    order parameter `r = |mean token|` is kept after every layer (`observe=`); each
    coupling runs `--burn` time units, then averages over `--window`. Every β, both
    sweeps and `--seeds` seeds run as one batch: one compiled program per d.
-2. The threshold from the linear growth rate (`quench`, `ja.theory.fit_threshold`): at
-   each coupling of `K/K_# ∈ 1 ± --rate-span` (`--rates` of them, all in one batch), two
-   copies of the same uniform tokens tilted by `±TILT` towards `e₁` and driven by the
-   same noise. Half the difference of their mean tokens' first coordinate decays as
-   `e^{−γt}` over `--quench` time units, with `γ = (d − 1)(σ²/2)(1 − K/K_#)` in the
-   linear theory: the mode `ℓ = 1` of the uniform density. The common noise cancels
-   to first order in the tilt, so `γ` is read to a few per cent from one pair. The
-   line through `(K, γ)` crosses 0 at the estimate; its standard error is the fit's
-   (`--seeds` pairs per coupling). On the continuous side `K_c = K_#`; on the
-   discontinuous side the same line finds where the uniform state itself becomes
-   unstable, above the transition.
-3. Equilibration: per coupling, the difference between the two halves of the
-   averaging window in units of its standard error (`half_gap`), and the integrated
-   autocorrelation time of `r²` against the window (`autocorrelation_time`).
-4. Hysteresis (`hysteresis`): the couplings where the up sweep orders and where the
-   down sweep loses order (`r` above `ORDERED / √n`); their difference over `K_#` is
-   the width, resolved to the grid's spacing.
+4. Equilibration (`equilibrated`): a sweep is equilibrated at a coupling when the two
+   halves of its window differ by at most `GAP_Z` standard errors (`half_gap`, from
+   `--blocks` block means per seed) and each block is at least `BLOCK_TAUS` integrated
+   autocorrelation times of `r` long (`autocorrelation_time`), so that the block
+   means' error is autocorrelation-aware.
+5. Hysteresis (`hysteresis`), only where equilibrated: the couplings where both
+   sweeps are equilibrated and the down sweep's `r` exceeds the up sweep's by more
+   than `HYSTERESIS_Z` standard errors; the width is their count times the grid's
+   step, NaN where no coupling is equilibrated in both sweeps (reported, not judged:
+   the layers' step moves the ordered branch's end, `docs/noise.md`).
 """
 
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -53,9 +71,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .. import SelfAttentionDynamics, TokenNoise, run_layers
+from .. import meanfield as mf
 from .._app import figures
 from .._manifold import normalize
+from ..meanfield import transition_coupling
 from ..theory import fit_threshold, layer_diffusion, noisy_beta_star, noisy_threshold
+from .antipodal import extrapolate
 from .base import AbstractExperiment, Param, Verdict
 from .runner import MAX_LAYERS
 from .verdicts import short
@@ -68,8 +89,28 @@ BETA_RATIOS = (0.5, 1.0, 2.0)
 TILT = 0.15
 #: A sweep is ordered at a coupling when `r > ORDERED / √n` (the floor is `~1/√n`).
 ORDERED = 5.0
-#: The target of the continuous side: `|K_estimate / K_# − 1|` at most this.
+#: The particles' target: `|K(τ → 0) / K_# − 1|` at most this (and 3 standard errors).
 TARGET = 0.05
+#: How closely the equation's growth rates must give `K_#` (relative): the rates are
+#: linear in `K`, so only the solver's accuracy enters (measured: 1e-8).
+SHARP_TOL = 1e-3
+#: How closely the equation's free energies must give `K_c` (relative): the crossing
+#: is interpolated between couplings `0.025 K_#` apart (measured: 9e-4 at d = 2, 5e-4
+#: at d = 3, β = 2β*).
+CRITICAL_TOL = 0.005
+#: The equation's grids: Fourier modes (d = 2) and the harmonics' degree (d = 3).
+EQ_MODES, EQ_DEGREE = 32, 20
+#: The equation's tilt, the times of its growth-rate fit and its largest step.
+EQ_TILT, EQ_RATE_TIMES, EQ_DT = 1e-4, np.linspace(0.0, 2.0, 5), 0.05
+#: The caps of the `K_c` runs (`e^{CAP x₁}`), their couplings `K/K_#` and settling time.
+CAP, KC_RATIOS, EQ_SETTLE = 4.0, np.linspace(0.6, 1.0, 17), 40.0
+#: A cap is ordered at the end when its `r` exceeds this.
+EQ_ORDERED = 0.1
+#: Equilibrated: the window's halves within `GAP_Z` standard errors, and blocks at
+#: least `BLOCK_TAUS` autocorrelation times long.
+GAP_Z, BLOCK_TAUS = 3.0, 2.0
+#: Hysteresis at a coupling: the down sweep above the up sweep by this many errors.
+HYSTERESIS_Z = 3.0
 #: Layers per call of `run_layers` (the states between calls are not kept).
 CHUNK = 20
 #: The paper-resolution study of `--full` (it takes precedence over these flags).
@@ -83,6 +124,9 @@ QUICK = {"tokens": 200, "couplings": 5, "burn": 0.5, "window": 1.0, "rates": 5,
 def settings(config: dict) -> dict:
     """The run's effective settings: `config`, with `FULL` over it for `--full`."""
     cfg = dict(config) | (FULL if config.get("full") else {})
+    if not cfg["max_dim"] <= 3:
+        raise ValueError(f"--max-dim must be 2 or 3 (the mean-field equation's grids are the "
+                         f"circle and S²), got {cfg['max_dim']!r}.")
     if not cfg["rate_span"] < 1:
         raise ValueError(f"--rate-span must be < 1 (the couplings 1 ± span are K/K_# > 0), "
                          f"got {cfg['rate_span']!r}.")
@@ -96,7 +140,7 @@ def settings(config: dict) -> dict:
                          "lengthen --window or take fewer --blocks.")
     for flags, length, step in (("(--burn + --window) / --sweep-tau",
                                  cfg["burn"] + cfg["window"], cfg["sweep_tau"]),
-                                ("--quench / --tau", cfg["quench"], cfg["tau"])):
+                                ("--quench / (--tau / 2)", cfg["quench"], cfg["tau"] / 2)):
         if not length / step <= MAX_LAYERS:
             raise ValueError(f"{flags} = {length / step:.3g} layers is "
                              f"more than {MAX_LAYERS} (JAX counts in int32): take a larger "
@@ -107,6 +151,11 @@ def settings(config: dict) -> dict:
 def coupling_grid(cfg: dict) -> np.ndarray:
     """The couplings `K/K_#` of the sweeps, ascending."""
     return np.linspace(cfg["k_min"], cfg["k_max"], cfg["couplings"])
+
+
+def step_levels(cfg: dict) -> tuple[float, float]:
+    """The layer steps of the growth-rate runs: `τ/2` and `τ`."""
+    return cfg["tau"] / 2, cfg["tau"]
 
 
 def rate_grid(cfg: dict) -> np.ndarray:
@@ -203,36 +252,38 @@ def _observe(x):
 
 
 def window_blocks(r: np.ndarray, window_steps: int, blocks: int) -> np.ndarray:
-    """Block means of `r²` over the last `window_steps` steps: `(..., seeds·blocks)`
+    """Block means of `r` over the last `window_steps` steps: `(..., seeds, blocks)`
     from `r` `(..., seeds, steps)` (the window cut into `blocks` equal blocks per seed;
     a remainder at the window's start is dropped)."""
     size = window_steps // blocks
-    tail = r[..., r.shape[-1] - size * blocks:] ** 2
-    means = tail.reshape(tail.shape[:-1] + (blocks, size)).mean(-1)
-    return means.reshape(means.shape[:-2] + (-1,))
+    tail = r[..., r.shape[-1] - size * blocks:]
+    return tail.reshape(tail.shape[:-1] + (blocks, size)).mean(-1)
 
 
-def quench(d: int, cfg: dict, key) -> np.ndarray:
-    """The decay of a small tilt at every coupling of `rate_grid`: `(betas, couplings,
-    seeds, steps + 1)`, half the difference of the mean token's first coordinate
-    between two systems tilted by `±TILT` towards `e₁` from the same uniform tokens
-    and driven by the same noise (the common noise cancels to first order in the
-    tilt). All couplings run as one batch, one compiled program per d and β."""
-    n, seeds, tau = cfg["tokens"], cfg["seeds"], cfg["tau"]
+def quench(d: int, cfg: dict, key, tau: float) -> tuple[np.ndarray, np.ndarray]:
+    """The decay of a small tilt at every coupling of `rate_grid`, with layers of step
+    `tau`: `(g, K)`, `g` `(betas, couplings, seeds, steps + 1)` half the difference of
+    the mean token's first coordinate between two systems tilted by `±TILT` towards
+    `e₁` from the same uniform tokens and driven by the same noise (the common noise
+    cancels to first order in the tilt), and `K` `(betas, couplings)` the couplings
+    run. All couplings run as one batch, one compiled program per d, β and step."""
+    n, seeds = cfg["tokens"], cfg["seeds"]
     ratios, betas = rate_grid(cfg), betas_of(d)
     steps = math.ceil(cfg["quench"] / tau)
-    out = []
+    out, couplings = [], []
     for i, beta in enumerate(betas):
         threshold = noisy_threshold(float(beta), d)
-        K = layer_coupling(np.repeat(ratios, seeds) * threshold, beta, d, tau, threshold)
+        K = np.repeat(ratios, seeds) * threshold
+        nominal = layer_coupling(K, beta, d, tau, threshold)
         base = normalize(jax.random.normal(jax.random.fold_in(key, i), (len(K), n, d)))
         tilt = TILT * jnp.eye(d)[0][None, None]
         # (K·seeds, 2, n, d)
         x0 = jnp.stack([normalize(base + tilt), normalize(base - tilt)], axis=1)
-        dyn = eqx.filter_vmap(lambda k: usa_model(d, k, beta))(jnp.asarray(K))
+        dyn = eqx.filter_vmap(lambda k: usa_model(d, k, beta))(jnp.asarray(nominal))
         m = _pairs(dyn, x0, jax.random.fold_in(key, 100 + i), steps, tau)
         out.append(np.asarray(m).reshape(len(ratios), seeds, steps + 1))
-    return np.stack(out)
+        couplings.append(ratios * threshold)
+    return np.stack(out), np.stack(couplings)
 
 
 def _pairs(dyn, x0, key, steps, tau):
@@ -248,6 +299,68 @@ def _first_coordinate(x):
     return jnp.mean(x[:, 0])
 
 
+def equation_grid(d: int) -> mf.AbstractGrid:
+    """The mean-field equation's grid of dimension `d`: `Circle(EQ_MODES)` or
+    `Sphere(EQ_DEGREE)`."""
+    return mf.Circle(EQ_MODES) if d == 2 else mf.Sphere(EQ_DEGREE)
+
+
+def equation_rates(d: int, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The equation's growth-rate runs: `(K, r)`, the couplings `(betas, rates)` (the
+    couplings of `rate_grid` times `K_#`) and the order parameter `r` of the uniform
+    density tilted by `EQ_TILT` along `e₁` at `EQ_RATE_TIMES`, `(betas, rates, times)`
+    (`r` is the tilt's amplitude: the mean point stays on `e₁`). One vmapped solve."""
+    grid, betas = equation_grid(d), betas_of(d)
+    mu0 = mf.uniform(grid) * (1 + EQ_TILT * grid.points[..., 0])
+    K = rate_grid(cfg)[None] * np.array([noisy_threshold(float(b), d) for b in betas])[:, None]
+
+    def run(beta, k):
+        mus = mf.solve(grid, mu0, EQ_RATE_TIMES, beta=beta, coupling=k, dt0=EQ_DT)
+        return jax.vmap(lambda m: mf.order_parameter(grid, m))(mus)
+
+    r = jax.jit(jax.vmap(run))(jnp.repeat(jnp.asarray(betas), K.shape[1]), jnp.asarray(K.ravel()))
+    return K, np.asarray(r).reshape(K.shape + (len(EQ_RATE_TIMES),))
+
+
+def equation_caps(d: int) -> dict[str, np.ndarray]:
+    """The equation's `K_c` runs, above `β*` (NaN rows at and below it): caps
+    `e^{CAP x₁}` settled for `EQ_SETTLE` at `K/K_# ∈ KC_RATIOS`; per `(β, coupling)`
+    the coupling `K`, the settled cap's free energy less the uniform density's
+    (`gap`), and its `r` at the end and at half the time."""
+    grid, betas = equation_grid(d), betas_of(d)
+    cap = jnp.exp(CAP * grid.points[..., 0])
+    cap = cap / jnp.sum(grid.weights * cap)
+    uniform = mf.uniform(grid)
+    shape = (len(betas), len(KC_RATIOS))
+    out = {k: np.full(shape, math.nan) for k in ("K", "gap", "r", "r_half")}
+    above = [i for i, b in enumerate(betas) if b > noisy_beta_star(d) * (1 + 1e-9)]
+    if not above:
+        return out
+    K = KC_RATIOS[None] * np.array([noisy_threshold(float(betas[i]), d) for i in above])[:, None]
+
+    def run(beta, k):
+        mus = mf.solve(grid, cap, np.array([0.0, EQ_SETTLE / 2, EQ_SETTLE]), beta=beta,
+                       coupling=k, dt0=EQ_DT)
+        gap = mf.free_energy(grid, mus[-1], beta, k) - mf.free_energy(grid, uniform, beta, k)
+        return gap, mf.order_parameter(grid, mus[-1]), mf.order_parameter(grid, mus[1])
+
+    b = jnp.repeat(jnp.asarray(betas[above]), len(KC_RATIOS))
+    gap, r, r_half = jax.jit(jax.vmap(run))(b, jnp.asarray(K.ravel()))
+    for name, values in (("K", K), ("gap", gap), ("r", r), ("r_half", r_half)):
+        out[name][above] = np.asarray(values).reshape(K.shape)
+    return out
+
+
+def free_energy_crossing(K: np.ndarray, gap: np.ndarray, r: np.ndarray) -> float:
+    """Where the settled caps' free energy first falls below the uniform density's
+    (`gap` from `> 0` to `≤ 0`), interpolated linearly between the two couplings around
+    the sign change, both caps ordered (`r > EQ_ORDERED`); NaN where there is none."""
+    for j in range(1, len(K)):
+        if r[j - 1] > EQ_ORDERED and r[j] > EQ_ORDERED and gap[j - 1] > 0 >= gap[j]:
+            return float(K[j - 1] + gap[j - 1] / (gap[j - 1] - gap[j]) * (K[j] - K[j - 1]))
+    return math.nan
+
+
 def fit_rates(t: np.ndarray, g: np.ndarray) -> np.ndarray:
     """The decay rate `γ` of each series `g(t) ∝ e^{−γ t}` (least squares on `log g`,
     over the times where `g > 0`), for `g` `(..., steps)`; NaN with fewer than 3
@@ -261,12 +374,12 @@ def fit_rates(t: np.ndarray, g: np.ndarray) -> np.ndarray:
     return rates.reshape(g.shape[:-1])
 
 
-def half_gap(r2: np.ndarray) -> np.ndarray:
+def half_gap(blocks: np.ndarray) -> np.ndarray:
     """`(mean of the window's second half − first half) / its standard error`, per
     leading index, from block means `(..., seeds, blocks)` (blocks in time order)."""
-    half = r2.shape[-1] // 2
-    a, b = r2[..., :half].reshape(r2.shape[:-2] + (-1,)), r2[..., -half:].reshape(
-        r2.shape[:-2] + (-1,))
+    half = blocks.shape[-1] // 2
+    a = blocks[..., :half].reshape(blocks.shape[:-2] + (-1,))
+    b = blocks[..., -half:].reshape(blocks.shape[:-2] + (-1,))
     se = np.sqrt(a.var(-1, ddof=1) / a.shape[-1] + b.var(-1, ddof=1) / b.shape[-1])
     return (b.mean(-1) - a.mean(-1)) / np.maximum(se, 1e-300)
 
@@ -287,32 +400,62 @@ def autocorrelation_time(series: np.ndarray) -> float:
     return float(tau[stop[0]] if len(stop) else tau[-1])
 
 
-def hysteresis(ratios: np.ndarray, r_up: np.ndarray, r_down: np.ndarray, n: int
-               ) -> tuple[float, float, float]:
-    """`(on, off, width)`: the smallest `K/K_#` where the up sweep is ordered, the
-    smallest where the down sweep still is (`r > ORDERED/√n`, its mean), and
-    `on − off` (0 when they agree); NaN where a sweep never orders."""
-    cut = ORDERED / math.sqrt(n)
-    up, down = np.nonzero(r_up > cut)[0], np.nonzero(r_down > cut)[0]
-    on = float(ratios[up[0]]) if len(up) else math.nan
-    off = float(ratios[down[0]]) if len(down) else math.nan
-    return on, off, on - off
+class Window(NamedTuple):
+    """One sweep's window at each coupling: the mean `r` and its standard error (from
+    the block means, autocorrelation-aware where `equilibrated`), the halves' gap in
+    standard errors, the largest autocorrelation time (steps) and whether it is
+    equilibrated."""
+
+    mean: np.ndarray
+    se: np.ndarray
+    gap: np.ndarray
+    autocorrelation: np.ndarray
+    equilibrated: np.ndarray
+
+
+def window_stats(r: np.ndarray, window_steps: int, blocks: int) -> Window:
+    """`Window` of `r` `(couplings, seeds, steps)`: equilibrated where `|half_gap| ≤
+    GAP_Z` and a block holds at least `BLOCK_TAUS` autocorrelation times of `r` (then
+    the block means are nearly independent and their spread gives the error)."""
+    means = window_blocks(r, window_steps, blocks)  # (couplings, seeds, blocks)
+    flat = means.reshape(len(means), -1)
+    se = flat.std(-1, ddof=1) / math.sqrt(flat.shape[-1])
+    gap = half_gap(means)
+    tail = r[..., r.shape[-1] - window_steps:]
+    taus = np.array([[autocorrelation_time(s) for s in seeds] for seeds in tail])
+    auto = np.nanmax(np.where(np.isfinite(taus), taus, 1.0), -1)
+    ok = (np.abs(gap) <= GAP_Z) & (window_steps // blocks >= BLOCK_TAUS * auto)
+    return Window(means.mean((-1, -2)), se, gap, auto, ok)
+
+
+def hysteresis(ratios: np.ndarray, up: Window, down: Window) -> tuple[np.ndarray, float]:
+    """`(where, width)`: the couplings where both sweeps are equilibrated and the down
+    sweep's `r` is above the up sweep's by more than `HYSTERESIS_Z` standard errors,
+    and their count times the grid's step; the width is NaN where no coupling is
+    equilibrated in both sweeps."""
+    both = up.equilibrated & down.equilibrated
+    se = np.sqrt(up.se**2 + down.se**2)
+    where = both & (down.mean - up.mean > HYSTERESIS_Z * se)
+    step = float(ratios[1] - ratios[0]) if len(ratios) > 1 else math.nan
+    return where, (float(where.sum() * step) if both.any() else math.nan)
 
 
 class NoisyTransition(AbstractExperiment):
     name = "noisy-transition"
-    title = ("The noisy transformer's phase transition (Mun & Rosenzweig 2026): the order "
-             "parameter against the coupling, its threshold K_# and hysteresis")
+    title = ("The noisy transformer's phase transition (Mun & Rosenzweig 2026): K_# and K_c "
+             "from the mean-field equation, K_# from particles at τ → 0, hysteresis where "
+             "equilibrated")
     theorem = "Mun & Rosenzweig 2026, the noisy USA transition (arXiv 2604.16288, 2606.05140)"
     params = (
         Param("tokens", int, 2000, "tokens n per system", 2),
-        Param("max_dim", int, 3, "the largest dimension d (d = 2 … max-dim)", 2),
+        Param("max_dim", int, 3, "the largest dimension d (d = 2 … max-dim, at most 3)", 2),
         Param("couplings", int, 9, "couplings K/K_# per sweep", 3),
         Param("k_min", float, 0.4, "smallest K/K_#", 0.0),
         Param("k_max", float, 1.5, "largest K/K_#", 0.0),
         Param("burn", float, 3.0, "time per coupling before the averaging window", 0.0),
         Param("window", float, 6.0, "averaging window per coupling (time)", 0.0),
-        Param("tau", float, 0.02, "the layers' step τ of the growth-rate runs", 0.0),
+        Param("tau", float, 0.02, "the larger layer step τ of the growth-rate runs (they "
+              "also run at τ/2, for τ → 0)", 0.0),
         Param("sweep_tau", float, 0.05, "the layers' step τ of the sweeps", 0.0),
         Param("rates", int, 9, "couplings of the growth-rate fit", 4),
         Param("rate_span", float, 0.3, "the growth-rate couplings span K/K_# = 1 ± this", 0.0),
@@ -332,26 +475,45 @@ class NoisyTransition(AbstractExperiment):
     def simulate(self, config, progress):
         cfg = settings(config)
         key = jax.random.PRNGKey(config["seed"])
-        data = {"ratios": coupling_grid(cfg), "rate_ratios": rate_grid(cfg)}
+        data = {"ratios": coupling_grid(cfg), "rate_ratios": rate_grid(cfg),
+                "rate_taus": np.asarray(step_levels(cfg)), "eq_times": EQ_RATE_TIMES,
+                "kc_ratios": KC_RATIOS}
         for d in range(2, cfg["max_dim"] + 1):
-            data[f"g_d{d}"] = quench(d, cfg, jax.random.fold_in(key, 1000 + d))
-            data[f"r_d{d}"] = sweep(d, cfg, jax.random.fold_in(key, d), progress=progress)
             data[f"betas_d{d}"] = betas_of(d)
+            data[f"eq_K_d{d}"], data[f"eq_r_d{d}"] = equation_rates(d, cfg)
+            data |= {f"kc_{k}_d{d}": v for k, v in equation_caps(d).items()}
+            for j, tau in enumerate(step_levels(cfg)):
+                data[f"g{j}_d{d}"], data[f"K_rates_d{d}"] = quench(
+                    d, cfg, jax.random.fold_in(key, 1000 + 10 * d + j), tau)
+            data[f"r_d{d}"] = sweep(d, cfg, jax.random.fold_in(key, d), progress=progress)
         return data
 
     def verdict(self, config, data):
         rows = measure(config, data)
-        continuous = [row for row in rows if row["continuous"]]
-        ok = all(abs(row["rel_error"]) <= TARGET and abs(row["z"]) <= 2 for row in continuous)
-        parts = [f"d={row['d']} β/β*={row['beta_ratio']:g}: K/K_# = "
+        sharp = _worst(row["K_equation"] / row["K_theory"] - 1 for row in rows)
+        critical = _worst(row["K_c_equation"] / row["K_c_theory"] - 1 for row in rows
+                          if not row["continuous"])
+        particles = _worst(row["rel_error"] for row in rows)
+        z = _worst(row["z"] for row in rows)
+        checks = (sharp <= SHARP_TOL, critical <= CRITICAL_TOL, particles <= TARGET and z <= 3)
+        ok = all(checks)  # a NaN (an unread measure) fails
+        parts = [f"d={row['d']} β/β*={row['beta_ratio']:g}: particles K/K_# = "
                  f"{short(row['K_estimate'] / row['K_theory'])} ± "
-                 f"{short(row['K_se'] / row['K_theory'])}, hysteresis "
-                 f"{short(row['hysteresis_width'])}" for row in rows]
-        line = (f"{'within' if ok else 'NOT within'} {TARGET:.0%} of K_# on the continuous "
-                f"side; " + "; ".join(parts))
-        numbers = {"max_rel_error_continuous": max((abs(r["rel_error"]) for r in continuous),
-                                                   default=math.nan)}
-        return Verdict(ok, line, numbers, extra={"cases": rows, "settings": _plain(
+                 f"{short(row['K_se'] / row['K_theory'])}"
+                 + ("" if row["continuous"] else
+                    f", K_c/K_# = {short(row['K_c_equation'] / row['K_theory'])} "
+                    f"(predicted {short(row['K_c_theory'] / row['K_theory'])})")
+                 + f", hysteresis {short(row['hysteresis_width'])} "
+                 f"({row['equilibrated']}/{row['couplings']} equilibrated)" for row in rows]
+        words = ("within" if c else "NOT within" for c in checks)
+        line = (f"equation: K_# {next(words)} {SHARP_TOL:g} ({short(sharp)}), K_c "
+                f"{next(words)} {CRITICAL_TOL:g} ({short(critical)}); particles at τ → 0 "
+                f"{next(words)} {TARGET:.0%} and 3 s.e. of K_# ({short(particles)}, "
+                f"z ≤ {short(z)}); " + "; ".join(parts))
+        numbers = {"max_rel_error_equation_sharp": sharp,
+                   "max_rel_error_equation_critical": critical,
+                   "max_rel_error_particles": particles, "max_z_particles": z}
+        return Verdict(bool(ok), line, numbers, extra={"cases": rows, "settings": _plain(
             settings(config))})
 
     def draw(self, config, data, folder: Path):
@@ -360,13 +522,20 @@ class NoisyTransition(AbstractExperiment):
         return draw_sweeps(settings(config), data, rows, self.stem(folder))
 
 
+def _worst(errors) -> float:
+    """The largest `|error|`; NaN if any is NaN (an unread measure), 0 for none."""
+    errors = np.abs(np.fromiter(errors, float))
+    return float(np.max(errors)) if errors.size else 0.0
+
+
 def _plain(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if isinstance(v, (int, float, bool, str))}
 
 
 def measure(config: dict, data) -> list[dict]:
-    """One row per `(d, β)`: the threshold's estimate, its standard error, the theory,
-    the hysteresis and the equilibration checks."""
+    """One row per `(d, β)`: the equation's `K_#` and `K_c` against the predictions,
+    the particles' threshold at `τ/2`, `τ` and extrapolated to `τ → 0`, the
+    equilibration and the hysteresis where equilibrated."""
     cfg = settings(config)
     rows = []
     for d in range(2, cfg["max_dim"] + 1):
@@ -375,105 +544,165 @@ def measure(config: dict, data) -> list[dict]:
     return rows
 
 
-def rates_of(cfg: dict, g: np.ndarray) -> np.ndarray:
-    """The decay rates `(couplings, seeds)` of one β's tilted pairs `g`."""
-    return fit_rates(np.arange(g.shape[-1]) * cfg["tau"], g)
+def rates_of(cfg: dict, g: np.ndarray, tau: float) -> np.ndarray:
+    """The decay rates `(couplings, seeds)` of one β's tilted pairs `g` (layers of step
+    `tau`)."""
+    return fit_rates(np.arange(g.shape[-1]) * tau, g)
+
+
+def particle_threshold(cfg: dict, data, d: int, i: int) -> dict:
+    """The particles' threshold of `(d, β_i)` at each step of `rate_taus`, and the
+    straight line through them at `τ = 0` (`extrapolate`)."""
+    taus, K = np.asarray(data["rate_taus"]), np.asarray(data[f"K_rates_d{d}"])[i]
+    fits = [fit_threshold(K, rates_of(cfg, np.asarray(data[f"g{j}_d{d}"])[i], tau))
+            for j, tau in enumerate(taus)]
+    values, se = np.array([f[0] for f in fits]), np.array([f[1] for f in fits])
+    if np.all(np.isfinite(values)) and np.all(se > 0):
+        zero, zero_se = extrapolate(taus, values, se)
+    else:
+        zero, zero_se = math.nan, math.nan
+    return {"K_estimate": zero, "K_se": zero_se, "K_at_tau": values.tolist(),
+            "K_se_at_tau": se.tolist(), "rate_at_zero": fits[-1][2]}
 
 
 def _row(cfg, data, d, i, beta) -> dict:
-    n, ratios, star = cfg["tokens"], np.asarray(data["ratios"]), noisy_beta_star(d)
+    ratios, star = np.asarray(data["ratios"]), noisy_beta_star(d)
     steps = int(round(cfg["window"] / cfg["sweep_tau"]))
     K_theory = noisy_threshold(beta, d)
-    rates = rates_of(cfg, np.asarray(data[f"g_d{d}"])[i])
-    K_est, se, gamma0 = fit_threshold(np.asarray(data["rate_ratios"]) * K_theory, rates)
+    continuous = bool(beta <= star * (1 + 1e-9))
+    eq_K = np.asarray(data[f"eq_K_d{d}"])[i]
+    eq_rates = fit_rates(np.asarray(data["eq_times"]), np.asarray(data[f"eq_r_d{d}"])[i])
+    K_eq = fit_threshold(eq_K, eq_rates)[0]
+    kc = {k: np.asarray(data[f"kc_{k}_d{d}"])[i] for k in ("K", "gap", "r")}
+    ordered = np.flatnonzero(kc["r"] > EQ_ORDERED)
+    particles = particle_threshold(cfg, data, d, i)
     r = np.asarray(data[f"r_d{d}"])[i]
-    blocks = window_blocks(r, steps, cfg["blocks"])  # (2, couplings, seeds·blocks)
-    gaps = half_gap(blocks.reshape(blocks.shape[:-1] + (cfg["seeds"], cfg["blocks"])))
-    tail = r[..., r.shape[-1] - steps:] ** 2
-    taus = [autocorrelation_time(s) for s in tail.reshape(-1, steps)]
-    mean_r = r[..., r.shape[-1] - steps:].mean((-1, -2))
-    on, off, width = hysteresis(ratios, mean_r[0], mean_r[1], n)
+    up, down = (window_stats(r[s], steps, cfg["blocks"]) for s in (0, 1))
+    where, width = hysteresis(ratios, up, down)
+    both = up.equilibrated & down.equilibrated
     return {"d": d, "beta": beta, "beta_ratio": round(beta / star, 6), "K_theory": K_theory,
-            "K_estimate": K_est, "K_se": se, "rel_error": K_est / K_theory - 1,
-            "z": (K_est - K_theory) / se if se > 0 else math.nan,
-            "rate_at_zero": gamma0, "rate_at_zero_theory": (d - 1) * SIGMA**2 / 2
+            "continuous": continuous, "K_equation": K_eq,
+            "K_c_theory": K_theory if continuous else transition_coupling(beta, d),
+            "K_c_equation": K_eq if continuous else free_energy_crossing(**kc),
+            "branch_end": (float(kc["K"][ordered[0]] / K_theory) if len(ordered)
+                           else math.nan),
+            **particles, "rel_error": particles["K_estimate"] / K_theory - 1,
+            "z": ((particles["K_estimate"] - K_theory) / particles["K_se"]
+                  if particles["K_se"] > 0 else math.nan),
+            "rate_at_zero_theory": (d - 1) * SIGMA**2 / 2
             * layer_diffusion(d, cfg["tau"], SIGMA),
-            "continuous": bool(beta <= star * (1 + 1e-9)),
-            "hysteresis_on": on, "hysteresis_off": off, "hysteresis_width": width,
-            "grid_step": float(ratios[1] - ratios[0]),
-            "max_half_gap": float(np.nanmax(np.abs(gaps))),
-            "max_autocorrelation_time": float(np.nanmax(taus) * cfg["sweep_tau"]),
+            "hysteresis_width": width, "hysteresis_at": ratios[where].tolist(),
+            "equilibrated": int(both.sum()), "couplings": len(ratios),
+            "grid_step": float(ratios[1] - ratios[0]) if len(ratios) > 1 else math.nan,
+            "max_half_gap": float(np.nanmax(np.abs(np.r_[up.gap, down.gap]))),
+            "max_autocorrelation_time": float(np.nanmax(np.r_[up.autocorrelation,
+                                                              down.autocorrelation])
+                                              * cfg["sweep_tau"]),
             "window": float(cfg["window"])}
 
 
 def _write_table(rows: list[dict], path: Path) -> None:
-    keys = list(rows[0])
+    keys = [k for k in rows[0] if not isinstance(rows[0][k], list)]
     lines = [",".join(keys)] + [",".join(f"{row[k]:.6g}" if isinstance(row[k], float)
                                          else str(row[k]) for k in keys) for row in rows]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def draw_sweeps(cfg: dict, data, rows: list[dict], stem: Path) -> list[Path]:
-    """Per `(d, β)`: `r` against `K/K_#` (up and down sweeps, the floor `1/√n`, `K_#`
-    and the estimate ± its error), and below it the growth rates with the fitted line."""
+    """Per `(d, β)`: `r` against `K/K_#` (up and down sweeps, unequilibrated couplings
+    faded, hysteresis shaded where equilibrated; the floor `1/√n`, `K_#`, the
+    equation's `K_c` and the ordered branch's end), and below it the growth rates: the
+    particles' at `τ/2` and `τ` with their lines, the equation's (in the particles'
+    time), and the estimate at `τ → 0`."""
     plt = figures.pyplot()
     dims = list(range(2, cfg["max_dim"] + 1))
     fig, axes = plt.subplots(2 * len(dims), len(BETA_RATIOS) + 1,
-                             figsize=(14.5, 5.6 * len(dims)),
-                             squeeze=False, width_ratios=[1] * len(BETA_RATIOS) + [0.5])
+                             figsize=(15.5, 5.8 * len(dims)),
+                             squeeze=False, width_ratios=[1] * len(BETA_RATIOS) + [0.55])
     n, ratios = cfg["tokens"], np.asarray(data["ratios"])
     steps = int(round(cfg["window"] / cfg["sweep_tau"]))
     for row in rows:
-        i, j = 2 * dims.index(row["d"]), BETA_RATIOS.index(row["beta_ratio"])
-        r = np.asarray(data[f"r_d{row['d']}"])[j]
-        _draw_order(axes[i, j], row, ratios, r, n, steps)
-        g = np.asarray(data[f"g_d{row['d']}"])[j]
-        _draw_fit(axes[i + 1, j], row, np.asarray(data["rate_ratios"]), rates_of(cfg, g))
+        d, j = row["d"], BETA_RATIOS.index(row["beta_ratio"])
+        i = 2 * dims.index(d)
+        r = np.asarray(data[f"r_d{d}"])[j]
+        windows = [window_stats(r[s], steps, cfg["blocks"]) for s in (0, 1)]
+        _draw_order(axes[i, j], row, ratios, windows, n)
+        _draw_fit(axes[i + 1, j], cfg, data, row, j)
     for ax_row in axes:  # each row's legend in its own column, off the data
         ax_row[-1].axis("off")
-        ax_row[-1].legend(*ax_row[0].get_legend_handles_labels(), loc="center left",
+        handles = {}
+        for ax in ax_row[:-1]:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(lab, h)
+        ax_row[-1].legend(list(handles.values()), list(handles), loc="center left",
                           fontsize=8, frameon=False)
     fig.tight_layout()
+    taus = ", ".join(f"{t:g}" for t in data["rate_taus"])
     return figures.save_figure(fig, stem, f"The noisy USA transition: n = {n}, "
                                f"σ = √2; sweeps: τ = {cfg['sweep_tau']:g}, window "
                                f"{cfg['window']:g} after {cfg['burn']:g} per coupling; rates: "
-                               f"τ = {cfg['tau']:g} over {cfg['quench']:g}; {cfg['seeds']} "
-                               "seed(s)")
+                               f"τ = {taus} over {cfg['quench']:g}; {cfg['seeds']} "
+                               "seed(s); the equation at n = ∞")
 
 
-def _draw_order(ax, row, ratios, r, n, steps) -> None:
-    mean = r[..., r.shape[-1] - steps:].mean((-1, -2))
-    ax.plot(ratios, mean[0], "o-", color="C0", label="up sweep")
-    ax.plot(ratios, mean[1], "s--", mfc="none", color="C3", label="down sweep")
+def _draw_order(ax, row, ratios, windows, n) -> None:
+    up, down = windows
+    for w, marker, ls, color, label in ((up, "o", "-", "C0", "up sweep"),
+                                        (down, "s", "--", "C3", "down sweep")):
+        ax.errorbar(ratios, w.mean, yerr=w.se, fmt="none", ecolor=color, capsize=0)
+        ax.plot(ratios, w.mean, ls, color=color, label=label)
+        face = "none" if color == "C3" else color
+        for keep, alpha, what in ((w.equilibrated, 1.0, ", equilibrated"),
+                                  (~w.equilibrated, 0.3, ", not equilibrated")):
+            if keep.any():
+                ax.plot(ratios[keep], w.mean[keep], marker, color=color, mfc=face, ms=6,
+                        alpha=alpha, label=label + what)
+    step = row["grid_step"]
+    for k, at in enumerate(row["hysteresis_at"]):
+        ax.axvspan(at - step / 2, at + step / 2, color="C3", alpha=0.12,
+                   label="hysteresis (equilibrated)" if k == 0 else None)
     ax.axhline(1 / math.sqrt(n), color="0.5", ls=":", lw=1, label=r"floor $1/\sqrt{n}$")
     ax.axvline(1.0, color="k", lw=1, label=r"$K_\#$")
-    est, se = row["K_estimate"] / row["K_theory"], row["K_se"] / row["K_theory"]
-    if math.isfinite(est):
-        ax.axvline(est, color="C2", ls="--", lw=1.2, label="estimate")
-        if math.isfinite(se):
-            ax.axvspan(max(est - se, ratios[0]), min(est + se, ratios[-1]), color="C2",
-                       alpha=0.2)
+    if not row["continuous"]:
+        ax.axvline(row["K_c_theory"] / row["K_theory"], color="C4", lw=1.2,
+                   label=r"$K_c$ (free energy)")
+        ax.axvline(row["branch_end"], color="C4", ls=":", lw=1.2,
+                   label="ordered branch's end (equation)")
     ax.set_xlim(ratios[0] - 0.02, ratios[-1] + 0.02)
     kind = "continuous" if row["continuous"] else "discontinuous"
-    ax.set_title(f"d = {row['d']}, β = {row['beta_ratio']:g} β* ({kind})", fontsize=10)
+    ax.set_title(f"d = {row['d']}, β = {row['beta_ratio']:g} β* ({kind}); "
+                 f"{row['equilibrated']}/{row['couplings']} equilibrated", fontsize=9)
     ax.set_xlabel(r"$K / K_\#(\beta)$")
     ax.set_ylabel(r"order parameter $|\bar x|$")
     ax.set_ylim(0, 1.02)
 
 
-def _draw_fit(ax, row, ratios, rates) -> None:
-    for k in range(rates.shape[1]):
-        ax.plot(ratios, rates[:, k], "o", color="C0", ms=4, alpha=0.8,
-                label="tilted pairs" if k == 0 else None)
-    est, a = row["K_estimate"] / row["K_theory"], row["rate_at_zero"]
+def _draw_fit(ax, cfg, data, row, j) -> None:
+    d, K_theory = row["d"], row["K_theory"]
+    ratios = np.asarray(data[f"K_rates_d{d}"])[j] / K_theory
     xs = np.linspace(ratios[0], ratios[-1], 50)
-    if math.isfinite(est):
-        ax.plot(xs, a * (1 - xs / est), color="C2", label="fit")
-    ax.plot(xs, row["rate_at_zero_theory"] * (1 - xs), color="k", lw=0.8, ls=":",
-            label=r"theory $(d-1) D (1 - K/K_\#)$")
+    eq = fit_rates(np.asarray(data["eq_times"]), np.asarray(data[f"eq_r_d{d}"])[j])
+    ax.plot(np.asarray(data[f"eq_K_d{d}"])[j] / K_theory, SIGMA**2 * eq, "k-", lw=2.5,
+            alpha=0.35, label=r"equation ($n = \infty$, $\tau = 0$)")
+    for k, tau in enumerate(np.asarray(data["rate_taus"])):
+        rates = rates_of(cfg, np.asarray(data[f"g{k}_d{d}"])[j], tau)
+        color, marker = ("C0", "o") if k == 0 else ("C1", "s")
+        ax.plot(np.repeat(ratios, rates.shape[1]), rates.ravel(), marker, color=color, ms=5,
+                mfc=color if k == 0 else "none", label=f"particles, τ = {tau:g}")
+        finite = np.isfinite(rates).all(-1)
+        if finite.sum() >= 2:
+            ax.plot(xs, np.polyval(np.polyfit(np.repeat(ratios[finite], rates.shape[1]),
+                                              rates[finite].ravel(), 1), xs),
+                    color=color, lw=1)
     ax.axhline(0, color="0.5", lw=0.6)
     ax.axvline(1.0, color="k", lw=1)
+    est, se = row["K_estimate"] / K_theory, row["K_se"] / K_theory
+    if math.isfinite(est):
+        ax.axvline(est, color="C2", ls="--", lw=1.2, label=r"particles at $\tau \to 0$")
+        if math.isfinite(se):
+            ax.axvspan(est - se, est + se, color="C2", alpha=0.2)
+    ax.set_xlim(xs[0] - 0.02, xs[-1] + 0.02)
     ax.set_xlabel(r"$K / K_\#(\beta)$")
     ax.set_ylabel(r"decay rate $\gamma$ of a tilt")
-    ax.set_title(rf"estimate $K/K_\#$ = {short(est)} ± {short(row['K_se'] / row['K_theory'])}",
-                 fontsize=9)
+    ax.set_title(rf"particles at $\tau \to 0$: $K/K_\#$ = {short(est)} ± {short(se)}; equation: "
+                 f"{short(row['K_equation'] / K_theory)}", fontsize=9)

@@ -24,7 +24,7 @@ def check_token_shape(
     """`x0` as a float array of shape `(..., n, d)` in the compute dtype, or an error."""
     if not isinstance(dyn, SelfAttentionDynamics):
         raise TypeError(
-            f"expected a ja.SelfAttentionDynamics as the model, got {type(dyn).__name__}."
+            f"`dyn` must be a ja.SelfAttentionDynamics (the model), got {type(dyn).__name__}."
         )
     x0 = as_float_array(x0, name)
     d = dyn.dim
@@ -159,7 +159,9 @@ def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch"
     x0 = as_float_array(x0, "x0")
     if keys is not None:  # the noise's key per system, split as the batch is
         kwargs["keys"] = keys
-    concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args)))
+    # Every input counts, keyword ones too: a noise whose σ is traced (a `vmap` over σ)
+    # or traced keys need the checks inside the program, as a traced model does.
+    concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args, kwargs)))
     if concrete and x0.size:  # the shape is the caller's to check (a stacked model's)
         check_tokens_now(x0)
     if shard == "tokens":

@@ -16,7 +16,14 @@ from ._manifold import unit_rows
 from ._norm import NORMS, AbstractNorm, as_norm
 from ._precision import Precision, check_precision, einsum
 from ._schedule import AbstractSchedule, as_schedule, schedule_shape
-from ._validate import check_count, check_metric, check_scalar, is_concrete
+from ._validate import (
+    INDEX_MAX,
+    check_count,
+    check_flag,
+    check_metric,
+    check_scalar,
+    is_concrete,
+)
 
 _Weights = Float[Array, "h a b"] | AbstractSchedule
 __all__ = ["KERNELS", "NORMS", "SelfAttentionDynamics", "random_dynamics", "random_mask",
@@ -67,15 +74,18 @@ class SelfAttentionDynamics(eqx.Module):
     - `U`: value matrices `U_η`, `(h, d, d)`, in the same forms as `P`.
     - `W`: the metric, symmetric positive definite `(d, d)`; `None` (default) is
       the identity, i.e. the unit sphere.
-    - `beta`: inverse temperature `β` (default 1), a finite real.
+    - `beta`: inverse temperature `β` (default 1), a finite real; an array leaf of
+      the model, so a traced `β` (`jax.vmap` over a vector of `β`s) gives a batch of
+      models in one compiled program (`docs/usage/model.md`, "Batching over β, τ
+      and σ").
     - `causal`: causal attention, `M(i) = {j ≤ i}` (default: full attention).
     - `norm`: where the normalisation sits: a member of `ja.AbstractNorm` —
       `ja.PostNorm()` (default), `ja.PreNorm()`, `ja.PeriNorm()`, `ja.NGPT()`,
       `ja.NoNorm()`, or a user's own — or its name `"post"`, `"pre"`, `"peri"`,
       `"ngpt"`, `"none"` (table above).
     - `window`: a sliding window of width `w ≥ 1` (GPT-Neo's local layers): token
-      `i` attends to `j` only when `|i − j| < w` (and `j ≤ i` when `causal`).
-      `None` (default): no window.
+      `i` attends to `j` only when `|i − j| < w` (and `j ≤ i` when `causal`), at
+      most `2³¹ − 1`. `None` (default): no window.
     - `mask`: a boolean `(n, n)` array, `True` where `i` attends to `j`; combined
       with `causal` and `window` by logical and (`ja.random_mask` draws one). The
       diagonal is always on: every token attends to itself, so a row that masks
@@ -178,13 +188,13 @@ class SelfAttentionDynamics(eqx.Module):
         self.W = None if W is None else check_metric(W, d)
         dtype = jnp.result_type(float)  # β is stored in the model's float dtype
         self.beta = jnp.asarray(check_scalar(beta, "beta", dtype=dtype), dtype=dtype)
-        if not isinstance(causal, bool):
-            raise TypeError(f"`causal` must be True or False, got {causal!r}.")
-        self.causal = causal
+        self.causal = check_flag(causal, "causal")
         self.precision = check_precision(precision)
         self.norm = as_norm(norm)
         self.kernel = as_kernel(kernel, bias)
-        self.window = None if window is None else check_count(window, "window", 1)
+        # Compared with token distances inside the program (int32): a wider window is
+        # no window (pass None).
+        self.window = None if window is None else check_count(window, "window", 1, INDEX_MAX)
         self.mask = None if mask is None else _check_mask(mask)
         self.block_size = None if block_size is None else check_count(
             block_size, "block_size", 0)

@@ -38,6 +38,7 @@ from ._validate import (
     NONFINITE,
     as_float_array,
     check_count,
+    check_flag,
     check_scalar,
     is_concrete,
     raise_unless,
@@ -265,6 +266,17 @@ def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thr
         started = jnp.all(jnp.isfinite(v0), axis=(-2, -1))
     if throw_now:
         x0 = eqx.error_if(x0, ~jnp.all(started), NONFINITE)
+    # A user's `event` is read at the start too: NaN there would reach the event's root
+    # find as lineax's "non-finite input" (a message that names neither the event nor
+    # the fix).
+    event_ok = jnp.ones(x0.shape[:-2], bool)
+    if isinstance(event, dfx.Event) and isinstance(event.cond_fn, UserEvent):
+        cond = event.cond_fn.cond
+        e0 = map_models(lambda d, x: map_batch(lambda y: jnp.asarray(cond(ts[0], y)), x),
+                        dyn, x0)
+        event_ok = jnp.isfinite(e0.reshape(x0.shape[:-2] + (-1,))).all(-1)
+        if throw_now:
+            x0 = eqx.error_if(x0, ~jnp.all(event_ok), EVENT_START)
     program = _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw_now, event)
     if noise is None:
         out, result, steps = map_systems(program, dyn, x0, fused=fused, chunk=chunk)
@@ -289,18 +301,52 @@ def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thr
         y_end = map_models(lambda d, y: project(y, d.W), dyn, full[3]) if project_out \
             else full[3]
         ys = (full[0], ys, full[2], y_end, full[4])
-    return ys, solved, finite, steps, result, started
+    return ys, solved, finite, steps, result, (started, event_ok)
 
 
-def _raise_failure(solved, finite, result, started) -> None:
+#: The messages of a user's `event` (`solve_flow(event=cond)`) that returned NaN or inf.
+EVENT_START = (
+    "jaxattn: the `event` function returned NaN or inf at the start (t = ts[0], the "
+    "initial tokens): it must return a finite real (or a bool) wherever the run goes."
+)
+EVENT_RUN = (
+    "jaxattn: the `event` function returned NaN or inf during the run (its root find "
+    "met a non-finite value): it must return a finite real (or a bool) wherever the run goes."
+)
+
+
+class UserEvent(eqx.Module):
+    """A user's `cond(t, x)` as diffrax's `cond_fn(t, y, args, **kwargs)`."""
+
+    cond: object = eqx.field(static=True)
+
+    def __call__(self, t, y, args, **kwargs):
+        return self.cond(t, y)
+
+
+def _raise_failure(solved, finite, result, started, event_nonfinite=False) -> None:
     """On the host, after a run of concrete inputs: the error `throw=True` raises
-    inside `jit`, in the same order (the start's vector field, then the solve)."""
-    raise_unless(started, NONFINITE)
+    inside `jit`, in the same order (the start's vector field and event, then the
+    solve). With `event_nonfinite`, a non-finite input to a linear solve is the
+    event's root find (explicit solvers solve nothing else)."""
+    field_ok, event_ok = started
+    raise_unless(field_ok, NONFINITE)
+    raise_unless(event_ok, EVENT_START)
     if not bool(jnp.all(solved)):
         first = jnp.argmin(solved.reshape(-1))
         item = jax.tree.map(lambda a: a.reshape(-1)[first], result)
+        if event_nonfinite and item == dfx.RESULTS.nonfinite_input:
+            raise_unless(False, EVENT_RUN)
         raise eqx.EquinoxRuntimeError(dfx.RESULTS[item])
     raise_unless(finite, NONFINITE)
+
+
+def _names_event(event, solver) -> bool:
+    """Whether a solve's non-finite linear input can only be `event`'s root find: a
+    user's event (`UserEvent`) and an explicit solver (an implicit one solves too)."""
+    inner = solver.solver if isinstance(solver, ManifoldSolver) else solver
+    return (isinstance(event, dfx.Event) and isinstance(event.cond_fn, UserEvent)
+            and not isinstance(inner, dfx.AbstractImplicitSolver))
 
 
 @surface_errors
@@ -433,6 +479,10 @@ def solve_flow(
     `ys` of shape `(..., len(ts), n, d)`, or a `FlowResult` when `throw=False`, or
     a `FlowSolution` when `solution=True`.
     """
+    throw, on_manifold = check_flag(throw, "throw"), check_flag(on_manifold, "on_manifold")
+    if not isinstance(adjoint, dfx.AbstractAdjoint):
+        raise TypeError(f"`adjoint` must be a diffrax adjoint (e.g. "
+                        f"diffrax.RecursiveCheckpointAdjoint()), got {type(adjoint).__name__}.")
     noise, key = check_noise(noise, key, shard=shard, strategy=strategy)
     dyn, x0, unflatten = stack_tokens(dyn, as_float_array(x0, "x0"))
     one = first_model(dyn)
@@ -470,7 +520,7 @@ def solve_flow(
         fused=fused, chunk=chunk_size(devices), event=event, shard=shard
     )
     if throw and not checked:
-        _raise_failure(solved, finite, result, started)
+        _raise_failure(solved, finite, result, started, _names_event(event, options[1]))
     if event is not None:
         saved, ys, t_end, y_end, stats = ys
         stopped = result == dfx.RESULTS.event_occurred
@@ -509,7 +559,7 @@ def _solve_noisy(dyn, one, x0, ts, solver, rtol, atol, max_steps, dt0, adjoint,
         _solve_batched, dyn, x0, devices, *options, adjoint, bool(throw), bool(on_manifold),
         event=event, noise=noise, keys=keys)
     if throw and not checked:
-        _raise_failure(solved, finite, result, started)
+        _raise_failure(solved, finite, result, started, _names_event(event, options[1]))
     if event is not None:
         saved, ys, t_end, y_end, stats = ys
         stopped = result == dfx.RESULTS.event_occurred
@@ -534,7 +584,7 @@ def _event(event, solution, dtype):
     # The root is located on the dense output, smooth in t: Newton converges fast,
     # to a tolerance above the dtype's rounding of t.
     tol = float(jnp.finfo(dtype).eps) ** 0.75
-    return dfx.Event(lambda t, y, args, **kwargs: event(t, y), optx.Newton(rtol=tol, atol=tol))
+    return dfx.Event(UserEvent(event), optx.Newton(rtol=tol, atol=tol))
 
 
 def _empty(x0, ts, throw: bool):
@@ -587,9 +637,13 @@ def _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, o
              fused=False):
     """Checked `(ts, solver, controller, dt0, max_steps)` for `_solve_batched`."""
     if not isinstance(dyn, SelfAttentionDynamics):
-        raise TypeError(f"expected a ja.SelfAttentionDynamics, got {type(dyn).__name__}.")
+        raise TypeError(f"`dyn` must be a ja.SelfAttentionDynamics, got {type(dyn).__name__}.")
     if not isinstance(solver, dfx.AbstractSolver):
         raise TypeError(f"`solver` must be a diffrax solver, got {type(solver).__name__}.")
+    if not isinstance(stepsize_controller, dfx.AbstractStepSizeController | None):
+        raise TypeError(f"`stepsize_controller` must be a diffrax step-size controller (e.g. "
+                        f"diffrax.PIDController(rtol, atol)), got "
+                        f"{type(stepsize_controller).__name__}.")
     ts = _check_ts(ts)
     max_steps = check_count(max_steps, "max_steps", minimum=1)
     if stepsize_controller is not None:

@@ -37,7 +37,9 @@ class AbstractNoise(eqx.Module):
 
     def __init__(self, sigma):
         sigma = check_scalar(sigma, "sigma")
-        if not isinstance(sigma, jax.core.Tracer) and sigma < 0:
+        if isinstance(sigma, jax.core.Tracer):  # one σ of a `vmap` over strengths
+            sigma = eqx.error_if(sigma, sigma < 0, "`sigma` must be ≥ 0 (the noise's strength).")
+        elif sigma < 0:
             raise ValueError(f"`sigma` must be ≥ 0 (the noise's strength), got {sigma}.")
         self.sigma = jnp.asarray(sigma)
 
@@ -145,7 +147,12 @@ def check_noise(noise, key, *, shard="batch", strategy="auto"):
                         f"{type(noise).__name__}.")
     if key is None:
         raise ValueError("`noise=` needs a random key: pass `key=jax.random.key(seed)`.")
-    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    if not isinstance(key, jax.Array):
+        try:
+            key = jnp.asarray(key)
+        except (TypeError, ValueError) as e:
+            raise TypeError("`key` must be one JAX key (jax.random.key(seed) or PRNGKey(seed)), "
+                            f"got {type(key).__name__}.") from e
     typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     if not (typed and key.shape == ()) and not (key.dtype == jnp.uint32 and key.shape == (2,)):
         raise TypeError("`key` must be one JAX key (jax.random.key(seed) or PRNGKey(seed)), "

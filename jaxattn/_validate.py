@@ -27,9 +27,11 @@ def float_dtype(*arrays):
 
 def as_float_array(x, name: str, dtype=None) -> Array:
     """`x` as a floating JAX array, or a `TypeError` that names it."""
+    if isinstance(x, str | bytes):  # jnp.asarray would read "1" as a number
+        raise TypeError(f"`{name}` must be an array of numbers, got the string {x!r}.")
     try:
         arr = jnp.asarray(x)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise TypeError(f"`{name}` must be an array of numbers, got {type(x).__name__}.") from e
     if jnp.issubdtype(arr.dtype, jnp.complexfloating):
         raise TypeError(f"`{name}` must be real, got dtype {arr.dtype}.")
@@ -49,16 +51,23 @@ def check_scalar(value, name: str, *, positive: bool = False, dtype=None):
     `eqx.error_if`.
     """
     if isinstance(value, jax.core.Tracer):
+        if not jnp.issubdtype(value.dtype, jnp.floating) and \
+                not jnp.issubdtype(value.dtype, jnp.integer):
+            raise TypeError(f"`{name}` must be a real number, got a traced {value.dtype}.")
         if value.ndim != 0:
             raise ValueError(f"`{name}` must be a scalar, got shape {value.shape}.")
         bad = ~jnp.isfinite(value)
         if positive:
             bad = bad | (value <= 0)
         return eqx.error_if(value, bad, f"`{name}` must be finite{' and > 0' if positive else ''}.")
+    # Only numbers: not a string ("1" would parse), a bool, None or a complex number.
     try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"`{name}` must be a real number, got {value!r}.") from e
+        kind = "U" if isinstance(value, str | bytes) else np.asarray(value).dtype.kind
+    except (TypeError, ValueError):  # a ragged list
+        kind = "O"
+    if kind not in "iuf":
+        raise TypeError(f"`{name}` must be a real number, got {value!r}.")
+    arr = np.asarray(value, dtype=np.float64)
     if arr.ndim != 0:
         raise ValueError(f"`{name}` must be a scalar, got shape {arr.shape}.")
     v = float(arr)
@@ -105,10 +114,11 @@ def known_nonfinite(x: Array) -> bool:
         return not bool(jnp.all(jnp.isfinite(x)))
 
 
-def check_count(value, name: str, minimum: int = 0) -> int:
-    """A Python int ≥ `minimum` (a loop's length, a number of instances, a seed), or a
-    `ValueError` naming `name`. The one integer check of jaxattn: the library, the
-    experiments, the sweeps and the command line all use it."""
+def check_count(value, name: str, minimum: int = 0, maximum: int | None = None) -> int:
+    """A Python int ≥ `minimum` (and ≤ `maximum` when given: e.g. `INDEX_MAX` for a
+    number compared with token indices inside a program) — a loop's length, a number
+    of instances, a seed — or a `ValueError` naming `name`. The one integer check of
+    jaxattn: the library, the experiments, the sweeps and the command line all use it."""
     if isinstance(value, jax.core.Tracer):
         raise ValueError(f"`{name}` fixes the shape of a compiled program: it must be a "
                          f"Python int known before tracing, got a traced array.")
@@ -118,7 +128,22 @@ def check_count(value, name: str, minimum: int = 0) -> int:
         ok = False
     if not ok:
         raise ValueError(f"`{name}` must be a whole number ≥ {minimum}, got {value!r}.")
+    if maximum is not None and int(value) > maximum:
+        raise ValueError(f"`{name}` must be a whole number in [{minimum}, {maximum}], "
+                         f"got {value!r}.")
     return int(value)
+
+
+def check_flag(value, name: str) -> bool:
+    """`value` if it is `True` or `False` (a NumPy bool too), else a `TypeError` naming
+    `name`: a string such as `"no"` would otherwise count as true."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"`{name}` must be True or False, got {value!r}.")
+    return bool(value)
+
+
+#: The largest integer a compiled program compares token indices with (int32).
+INDEX_MAX = 2**31 - 1
 
 
 def check_metric(W, d: int | None = None, *, rtol: float = 1e-6) -> Float[Array, "d d"]:

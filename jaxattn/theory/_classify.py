@@ -403,9 +403,13 @@ def _check_times(times) -> np.ndarray:
     except (TypeError, ValueError) as e:
         raise TypeError(f"classify: `times` must be a 1-D array of times, got {times!r}; "
                         "pass e.g. np.linspace(0, 10, 201), or None.") from e
-    if times.ndim != 1 or times.size < 1 or not np.all(np.isfinite(times)):
+    if times.ndim != 1 or times.size < 1:
         raise ValueError(f"classify: `times` must be a nonempty 1-D array of finite times, "
                          f"got shape {times.shape}.")
+    if not np.all(np.isfinite(times)):
+        bad = times[~np.isfinite(times)][0]
+        raise ValueError(f"classify: `times` must be finite, got {bad} at index "
+                         f"{int(np.argmin(np.isfinite(times)))}.")
     return times
 
 
@@ -481,7 +485,8 @@ def classify(
     `TheoremReport`s with the statement and domain), `str()` a readable report.
     """
     if not isinstance(dyn, SelfAttentionDynamics):
-        raise TypeError(f"classify needs a ja.SelfAttentionDynamics, got {type(dyn).__name__}.")
+        raise TypeError(f"classify: `dyn` must be a ja.SelfAttentionDynamics, got "
+                        f"{type(dyn).__name__}.")
     times = _check_times(times)
     if tol is None:
         tol = default_tol(_weights_dtype(dyn), dyn.dim)

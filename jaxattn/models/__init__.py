@@ -10,6 +10,10 @@ hs = ja.models.hidden_states(model, ids)         # (L+1, n, d), as output_hidden
 E = ja.models.loop(model, ids, passes=20, ffn=False)
 ids = ja.models.tokenize("path/to/folder", ["a prompt", "another"], tokens=8)
 texts = ja.models.detokenize("path/to/folder", ids)  # the tokens kept
+ids, mask = model.tokenize(["a prompt", "a longer prompt"], pad="auto", return_mask=True)
+E = ja.models.loop(model, ids, passes=20, mask=mask)  # padding kept out of the dynamics
+logits = ja.models.logits(model, ids, passes=[1, 20], mask=mask)  # (B, 2, n, V)
+model.detokenize(ja.models.predict(model, ids, passes=20))  # next tokens after 20 passes
 dyn = ja.models.attention_dynamics(model, 3)     # layer 3 as a ja.SelfAttentionDynamics
 ```
 """
@@ -35,8 +39,10 @@ from ._load import resolve_config as resolve_config
 from ._loop import WEIGHTS as WEIGHTS
 from ._loop import hidden_states as hidden_states
 from ._loop import iterate_loop as iterate_loop
+from ._loop import logits as logits
 from ._loop import loop as loop
 from ._loop import loop_program as loop_program
+from ._loop import predict as predict
 from ._loop import setup_loop as setup_loop
 from ._patterns import attention_patterns as attention_patterns
 from ._patterns import run_with_cache as run_with_cache

@@ -2,6 +2,7 @@
 hub names. Every problem is one `ValueError`/`FileNotFoundError` that names the
 file and, where there is one, the tensor."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -412,6 +413,13 @@ def packaged_path(name: str) -> Path | None:
 # --- the public entry points ---------------------------------------------------------
 
 
+def with_tokenizer(model: AbstractTransformer, file: Path) -> AbstractTransformer:
+    """`model` carrying the tokenizer in `file` (`model.tokenize`), when it is there."""
+    if not file.is_file():
+        return model
+    return dataclasses.replace(model, tokenizer_file=str(file.resolve()))
+
+
 def load(path_or_name: str | os.PathLike) -> AbstractTransformer:
     """A model with trained weights, read without torch.
 
@@ -428,18 +436,22 @@ def load(path_or_name: str | os.PathLike) -> AbstractTransformer:
     **Returns:**
 
     The model (an `AbstractTransformer`: `GPT2`, `GPTNeo`, `Bert`, `Albert` or
-    `Llama`), weights in float32.
+    `Llama`), weights in float32, carrying its tokenizer (`model.tokenize(text)`,
+    `model.detokenize(ids)`) when the folder has a `tokenizer.json` or the file is
+    a `.gguf`.
     """
     path = Path(path_or_name)
     if path.is_dir():
-        return load_folder(path)
+        return with_tokenizer(load_folder(path), path / "tokenizer.json")
     if path.is_file():
         if path.suffix == ".gguf":
             hf, arrays = converted(path)
             cfg = parse_config(hf, str(path))
-            return build(cfg, {k: (str(path), lambda a=a: a) for k, a in arrays.items()}, str(path))
+            model = build(cfg, {k: (str(path), lambda a=a: a) for k, a in arrays.items()},
+                          str(path))
+            return with_tokenizer(model, path)  # its vocabulary, read when first used
         if path.name == "config.json":
-            return load_folder(path.parent)
+            return load(path.parent)
         raise ValueError(
             f"{path}: expected a model folder (config.json + *.safetensors) or a .gguf file."
         )

@@ -14,7 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 from tqdm.auto import tqdm
 
 from .._precision import Precision, check_precision
@@ -22,6 +22,7 @@ from .._sharding import as_mesh, shard_batch, unshard
 from .._validate import surface_errors
 from ..metrics import misalignment
 from ._arch import FAMILIES, AbstractTransformer
+from ._arch._nn import product
 from ._checks import (
     MAX_SEGMENTS,
     check_chunk,
@@ -42,48 +43,93 @@ def _layer_xs(model: AbstractTransformer):
 
 
 def _map_prompts(fn, x: Float[Array, "B n d"], chunk: int | None) -> Float[Array, "B n d"]:
-    """`fn` on every prompt of `x`: vmapped over all of them, or `chunk` at a time."""
-    if chunk is None or chunk >= x.shape[0]:
+    """`fn` on every prompt of `x` (an array, or a tuple of per-prompt arrays):
+    vmapped over all of them, or `chunk` at a time."""
+    if chunk is None or chunk >= jax.tree.leaves(x)[0].shape[0]:
         return jax.vmap(fn)(x)
     return jax.lax.map(fn, x, batch_size=chunk)
 
 
-def _forward(model, x, ctx, blocks, *, ffn: bool, precision: str, emit):
+def _apply(model, block, x, layer, ctx, keys, chunk, **options):
+    """One block on every prompt of `x (B, n, d)`, with the prompts' padding masks
+    `keys (B, n)` (`None`: no padding)."""
+    if keys is None:
+        return _map_prompts(lambda s: model.apply_block(block, s, layer, ctx, **options), x,
+                            chunk)
+    return _map_prompts(lambda sk: model.apply_block(block, sk[0], layer, ctx, keys=sk[1],
+                                                     **options), (x, keys), chunk)
+
+
+def _forward(model, x, ctx, blocks, keys, *, ffn: bool, precision: str, emit):
     """Scan one sequence batch `x (B, n, d)` through every layer; `emit(x)` per layer."""
 
     def body(x, layer_slot):
         layer, slot = layer_slot
         block = jax.tree.map(lambda a: a[slot], blocks)
-        x = jax.vmap(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn,
-                                                 precision=precision))(x)
+        x = _apply(model, block, x, layer, ctx, keys, None, ffn=ffn, precision=precision)
         return x, emit(x)
 
     return jax.lax.scan(body, x, _layer_xs(model))
 
 
 @eqx.filter_jit
-def _hidden_states(model, ids, ffn: bool, precision: str):
+def _hidden_states(model, ids, keys, ffn: bool, precision: str):
     x = jax.vmap(lambda s: model.embed(s, precision=precision))(ids)
-    last, xs = _forward(model, x, model.context(ids.shape[1]), model.blocks, ffn=ffn,
+    last, xs = _forward(model, x, model.context(ids.shape[1]), model.blocks, keys, ffn=ffn,
                         precision=precision, emit=lambda x: x)
     xs = xs.at[-1].set(jax.vmap(model.final_norm)(last))
     return jnp.concatenate([x[None], xs]).swapaxes(0, 1)
 
 
-def _call_sharded(fn, ids, devices, *args, **kwargs):
-    """`fn(ids, ...)` with the prompts `(B, n)` sharded over `devices` (see
-    `ja.run_layers`); padding rows are dropped from every output."""
+def _call_sharded(fn, ids, devices, keys=None):
+    """`fn(ids, keys)` with the prompts `(B, n)` and their padding masks (or `None`)
+    sharded over `devices` (see `ja.run_layers`); padding rows are dropped from
+    every output."""
     mesh = as_mesh(devices)
     if mesh is None:
-        return fn(ids, *args, **kwargs)
-    flat, size = shard_batch(ids, mesh, 1)
-    return unshard(fn(flat, *args, **kwargs), size, (size,))
+        return fn(ids, keys)
+    if keys is None:
+        flat, size = shard_batch(ids, mesh, 1)
+        return unshard(fn(flat, None), size, (size,))
+    n = ids.shape[1]  # ids and masks sharded together, as one array
+    flat, size = shard_batch(jnp.concatenate([ids, keys.astype(ids.dtype)], axis=1), mesh, 1)
+    return unshard(fn(flat[:, :n], flat[:, n:].astype(bool)), size, (size,))
+
+
+def check_mask(mask, ids) -> Bool[Array, "B n"] | None:
+    """The padding mask of `loop`/`hidden_states`/`logits` as a boolean `(B, n)`
+    array (`None` stays `None`), or a one-line error: the shape of the ids, booleans,
+    each prompt's text first (at least one token) and its padding after it."""
+    if mask is None:
+        return None
+    shape = np.shape(ids)
+    what = f"`mask` must be booleans of the ids' shape {shape} (True: text, False: padding)"
+    if isinstance(mask, jax.core.Tracer):
+        raise TypeError(f"{what}, known before the call (not traced).")
+    try:
+        arr = np.asarray(mask)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what}, got {type(mask).__name__}.") from None
+    if arr.dtype != np.bool_:
+        raise TypeError(f"{what}, got dtype {arr.dtype}.")
+    if arr.shape != shape:
+        raise ValueError(f"{what}, got shape {arr.shape}.")
+    rows = arr.reshape(-1, shape[-1])
+    count = rows.sum(axis=1)
+    bad = np.flatnonzero((count == 0) | (rows != (np.arange(rows.shape[1]) < count[:, None]))
+                         .any(axis=1))
+    if bad.size:
+        raise ValueError(f"`mask` row {bad[0]}: each prompt's text comes first (at least one "
+                         "True) and its padding after it (False), as ja.models.tokenize(…, "
+                         "pad=…, return_mask=True) makes it.")
+    return jnp.asarray(rows)
 
 
 @surface_errors
 def hidden_states(
     model: AbstractTransformer, ids: Int[Array, "*B n"], *, ffn: bool = True, devices=None,
     precision: Precision = "float32", progress: bool | None = None,
+    mask: Bool[Array, "*B n"] | None = None,
 ) -> Float[Array, "*B L+1 n d"]:
     """The hidden states after every block, as HuggingFace's `output_hidden_states`.
 
@@ -105,6 +151,11 @@ def hidden_states(
     - `progress`: a progress bar with the time left, the prompts run in groups so
       that it moves: `None` (default) shows one for a big batch (more than about
       `PROGRESS_WORK` multiply-adds), `True` always, `False` never.
+    - `mask`: booleans of the ids' shape, `True` for text and `False` for the
+      padding after it (HuggingFace's `attention_mask`; `ja.models.tokenize(…,
+      pad="auto", return_mask=True)` makes it): padding is never attended to, so
+      the text tokens' states equal those of the unpadded prompt. Default: every
+      id is text.
 
     **Returns:**
 
@@ -113,6 +164,7 @@ def hidden_states(
     check_model(model)
     precision = check_precision(precision)
     ffn = check_flag(ffn, "ffn")
+    keys = check_mask(mask, ids)
     batch = check_ids(model, ids)
     B, n = batch.shape
     if show_progress(progress, loop_flops(model, B, n, 1), model, ids) and B > 1:
@@ -120,13 +172,15 @@ def hidden_states(
         parts = []
         with tqdm(total=B, unit="prompt", desc="hidden states", leave=False) as bar:
             for lo in range(0, B, step):
-                part = _call_sharded(lambda b: _hidden_states(model, b, ffn, precision),
-                                     batch[lo:lo + step], devices)
+                part = _call_sharded(lambda b, k: _hidden_states(model, b, k, ffn, precision),
+                                     batch[lo:lo + step], devices,
+                                     None if keys is None else keys[lo:lo + step])
                 parts.append(jax.block_until_ready(part))
                 bar.update(part.shape[0])
         hs = jnp.concatenate(parts)
     else:
-        hs = _call_sharded(lambda b: _hidden_states(model, b, ffn, precision), batch, devices)
+        hs = _call_sharded(lambda b, k: _hidden_states(model, b, k, ffn, precision), batch,
+                           devices, keys)
     return hs[0] if np.ndim(ids) == 1 else hs
 
 
@@ -139,12 +193,21 @@ def _metric(x):
     return misalignment(_wide(x))
 
 
-def _measure(observe):
+def _measure(observe, keys=None):
     """The per-block measure of a batch `(B, n, d)`: `E` by default (looked up when
-    traced), else `observe` on each prompt."""
+    traced; of the text tokens `keys (B, n)` only, when given), else `observe` on
+    each prompt."""
     if observe is None:
-        return lambda x: _metric(x)
+        return (lambda x: _metric(x)) if keys is None else (lambda x: _text_metric(x, keys))
     return lambda x: jax.vmap(observe)(_wide(x))
+
+
+def _text_metric(x, keys):
+    """`E` of each prompt's text tokens: the padding rows replaced by copies of token
+    1 (each adds exactly 0 to the sum of `E`), the mean taken over the text tokens."""
+    x = jnp.where(keys[..., None], x, x[:, :1])
+    E = _metric(x)
+    return E * (x.shape[1] / keys.sum(axis=-1).astype(E.dtype))
 
 
 def _pass_blocks(model, weights: str, key, p):
@@ -171,12 +234,12 @@ def _embed(model, ids, dtype, precision):
 
 
 def _segment(model, x, key, start, *, passes: int, ffn: bool, weights: str, dtype,
-             depths: tuple, chunk, precision, observe):
+             depths: tuple, chunk, precision, observe, keys=None):
     """`passes` passes from pass `start` on `x (B, n, d)`, the input of block 0:
     `(x after the last pass's final norm, the measure (passes, L, B, …) after every
     block, the states at `depths` (len, B, n, d) reached here, zeros elsewhere)`."""
     n, L = x.shape[1], model.num_layers
-    ctx, measure = model.context(n), _measure(observe)
+    ctx, measure = model.context(n), _measure(observe, keys)
 
     def one_pass(carry, p):
         x, buf = carry
@@ -186,8 +249,7 @@ def _segment(model, x, key, start, *, passes: int, ffn: bool, weights: str, dtyp
             x, buf = carry
             layer, slot = layer_slot
             block = jax.tree.map(lambda a: a[slot], blocks)
-            x = _map_prompts(lambda s: model.apply_block(block, s, layer, ctx, ffn=ffn,
-                                                         precision=precision), x, chunk)
+            x = _apply(model, block, x, layer, ctx, keys, chunk, ffn=ffn, precision=precision)
             return (x, _keep(buf, x, p * L + layer + 1, depths)), measure(x)
 
         (x, buf), values = jax.lax.scan(body, (x, buf), _layer_xs(model))
@@ -208,7 +270,8 @@ def _batch_first(values, first=None):
 
 @eqx.filter_jit
 def loop_program(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype, depths: tuple,
-                 chunk: int | None = None, precision: Precision = "float32", observe=None):
+                 chunk: int | None = None, precision: Precision = "float32", observe=None,
+                 keys=None):
     """The compiled program behind `loop` (one shard of prompts): the measure (`E`
     by default) after every block, `(B, passes·L + 1, …)`, and the states at
     `depths`. Public within the package so that the benchmarks can compile it
@@ -216,16 +279,16 @@ def loop_program(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype
     x0 = _embed(model, ids, dtype, precision)
     _, values, buf = _segment(model, x0, key, 0, passes=passes, ffn=ffn, weights=weights,
                               dtype=dtype, depths=depths, chunk=chunk, precision=precision,
-                              observe=observe)
+                              observe=observe, keys=keys)
     buf = _keep(buf, x0, 0, depths)
-    return _batch_first(values, _measure(observe)(x0)), buf.swapaxes(0, 1)
+    return _batch_first(values, _measure(observe, keys)(x0)), buf.swapaxes(0, 1)
 
 
 @eqx.filter_jit
-def _start(model, ids, *, dtype, depths: tuple, precision, observe):
+def _start(model, ids, *, dtype, depths: tuple, precision, observe, keys=None):
     x0 = _embed(model, ids, dtype, precision)
     buf = _keep(jnp.zeros((len(depths),) + x0.shape, dtype), x0, 0, depths)
-    return x0, _measure(observe)(x0)[:, None], buf.swapaxes(0, 1)
+    return x0, _measure(observe, keys)(x0)[:, None], buf.swapaxes(0, 1)
 
 
 @eqx.filter_jit
@@ -261,9 +324,10 @@ class LoopSetup(NamedTuple):
 
 def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
                dtype=jnp.float32, save_states=None, devices=None, chunk=None,
-               precision="float32", observe=None) -> LoopSetup:
+               precision="float32", observe=None, mask=None) -> LoopSetup:
     """Check `loop`'s arguments (one-line `ValueError`/`TypeError`s) and draw the
-    random model for `"random"`/`"resample"` weights."""
+    random model for `"random"`/`"resample"` weights. The padding mask, if any,
+    travels in the options as `keys (B, n)`."""
     check_model(model)
     precision = check_precision(precision)
     if not isinstance(passes, (int, np.integer)) or isinstance(passes, bool) or passes < 1:
@@ -272,6 +336,10 @@ def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
         raise ValueError(f"`weights` must be one of {WEIGHTS}, got {weights!r}.")
     if observe is not None and not callable(observe):
         raise TypeError(f"`observe` must be a function of one sequence (n, d), got {observe!r}.")
+    keys = check_mask(mask, ids)
+    if keys is not None and observe is not None:
+        raise ValueError("`observe` sees whole sequences, padding included: with `mask` "
+                         "only E (of the text tokens) is recorded; loop without `observe`.")
     dtype = check_dtype(dtype)
     depths = tuple(int(d) for d in (save_states or ()))
     total = int(passes) * model.num_layers
@@ -284,7 +352,7 @@ def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
     chunk = check_chunk(chunk)
     chunk = default_chunk(ids.shape[1], devices) if chunk is None else chunk
     options = dict(ffn=check_flag(ffn, "ffn"), weights=weights, dtype=dtype, depths=depths,
-                   chunk=chunk, precision=precision, observe=observe)
+                   chunk=chunk, precision=precision, observe=observe, keys=keys)
     return LoopSetup(model, ids, key, int(passes), options)
 
 
@@ -301,7 +369,8 @@ def iterate_loop(setup: LoopSetup, *, every: int = 1, start: int = 0,
     model, ids, key, passes, opts = setup
     if start == 0:
         x, values, states = _start(model, ids, dtype=opts["dtype"], depths=opts["depths"],
-                                   precision=opts["precision"], observe=opts["observe"])
+                                   precision=opts["precision"], observe=opts["observe"],
+                                   keys=opts["keys"])
         yield Segment(0, 0, values, x, states, np.asarray([d == 0 for d in opts["depths"]], bool))
     elif x is None:
         raise ValueError("resuming a loop after pass 0 needs its carry `x`.")
@@ -344,6 +413,7 @@ def loop(
     observe: Callable[[Float[Array, "n d"]], Array] | None = None,
     by_pass: bool = False,
     progress: bool | None = None,
+    mask: Bool[Array, "*B n"] | None = None,
 ):
     """Run a model far past its depth (paper 001 §6.2) and record `E` after every block.
 
@@ -402,6 +472,14 @@ def loop(
       segments so that it moves: `None` (default) shows one for a long loop (more
       than about `PROGRESS_WORK` multiply-adds), `True` always, `False` never.
       The values equal the unsegmented run's.
+    - `mask`: booleans of the ids' shape, `True` for text and `False` for the
+      padding after it, so that prompts of different lengths loop together
+      (`ids, mask = ja.models.tokenize(…, pad="auto", return_mask=True)`).
+      Padding is never attended to (HuggingFace's `attention_mask`: a key mask in
+      every block of every pass) and `E` is taken over each prompt's text tokens:
+      a padded prompt's `E` equals the unpadded prompt's to rounding. The padding
+      rows still move (attending to the text) and appear in `save_states`. Not with
+      `observe`. Default: every id is text.
 
     **Returns:**
 
@@ -411,17 +489,123 @@ def loop(
     """
     setup = setup_loop(model, ids, passes=passes, ffn=ffn, weights=weights, key=key,
                        dtype=dtype, save_states=save_states, devices=devices, chunk=chunk,
-                       precision=precision, observe=observe)
+                       precision=precision, observe=observe, mask=mask)
     B, n = setup.ids.shape
     if show_progress(progress, loop_flops(setup.model, B, n, setup.passes), model, ids, key):
-        def run(b):
-            return _segmented(setup._replace(ids=b), "loop")
+        def run(b, k):
+            return _segmented(setup._replace(ids=b, options={**setup.options, "keys": k}),
+                              "loop")
     else:
-        def run(b):
-            return loop_program(setup.model, b, setup.key, passes=setup.passes, **setup.options)
-    E, states = _call_sharded(run, setup.ids, devices)
+        def run(b, k):
+            return loop_program(setup.model, b, setup.key, passes=setup.passes,
+                                **{**setup.options, "keys": k})
+    E, states = _call_sharded(run, setup.ids, devices, setup.options["keys"])
     if by_pass:
         E = E[:, 1:].reshape((B, setup.passes, setup.model.num_layers) + E.shape[2:])
     if np.ndim(ids) == 1:
         E, states = E[0], states[0]
     return (E, states) if save_states is not None else E
+
+
+def _pass_counts(passes) -> tuple[int, ...]:
+    """`logits`' `passes` as a tuple of pass counts ≥ 1 (one-line errors)."""
+    what = "`passes` must be an integer ≥ 1 or a non-empty sequence of them, got"
+    single = isinstance(passes, (int, np.integer)) and not isinstance(passes, (bool, np.bool_))
+    counts = [passes] if single else list(passes) if isinstance(passes, Sequence) and not (
+        isinstance(passes, str)) else None
+    if not counts or any(not isinstance(c, (int, np.integer)) or isinstance(c, (bool, np.bool_))
+                         or c < 1 for c in counts):
+        raise ValueError(f"{what} {passes!r}.")
+    return tuple(int(c) for c in counts)
+
+
+@eqx.filter_jit
+def _logits_program(model, ids, keys, *, passes: int, ffn: bool, dtype, depths: tuple,
+                    chunk: int | None, precision: Precision):
+    """The logits `(B, len(depths), n, V)` after the passes ending at `depths`: each
+    state through the final norm and the model's head."""
+    x0 = _embed(model, ids, dtype, precision)
+    _, _, buf = _segment(model, x0, jax.random.PRNGKey(0), 0, passes=passes, ffn=ffn,
+                         weights="trained", dtype=dtype, depths=depths, chunk=chunk,
+                         precision=precision, observe=None, keys=keys)
+    out = _wide(jax.vmap(jax.vmap(model.final_norm))(buf))
+    logits = product("cbnd,vd->bcnv", out, model.head(), out.dtype, precision)
+    return logits.astype(out.dtype)
+
+
+@surface_errors
+def logits(
+    model: AbstractTransformer,
+    ids: Int[Array, "*B n"],
+    *,
+    passes: int | Sequence[int] = 1,
+    ffn: bool = True,
+    mask: Bool[Array, "*B n"] | None = None,
+    dtype=jnp.float32,
+    devices=None,
+    chunk: int | None = None,
+    precision: Precision = "float32",
+) -> Float[Array, "*BP n V"]:
+    """The next-token logits of a decoder looped `passes` times: does the model still
+    predict after its tokens collapse (paper 001 §6.2)?
+
+    The protocol is `loop`'s: the ids embedded once, every block in order, the final
+    norm after each pass and its output fed to block 0 again; after the last pass
+    the final norm's output goes through the model's head (HuggingFace's
+    `lm_head`: GPT-2's and GPT-Neo's token embedding, a Llama checkpoint's own
+    `lm_head.weight` or, tied as in SmolLM2, its token embedding). `passes=1` is
+    the model's own forward pass (`GPT2LMHeadModel`, `LlamaForCausalLM` logits).
+
+    **Arguments:**
+
+    - `model`: a decoder (`GPT2`, `GPTNeo`, `Llama`) from `ja.models.load` /
+      `ja.models.init`; the encoders (BERT, ALBERT) have no next-token head.
+    - `ids`: token ids `(n,)` or `(B, n)`.
+    - `passes`: the number of passes (default 1), or a sequence of them: the logits
+      after each, from one loop as long as the largest.
+    - `ffn`, `dtype`, `devices`, `chunk`, `precision`: as in `loop` (`dtype`: the
+      compute dtype; the logits are float32, float64 for float64 compute).
+    - `mask`: the padding mask, as in `loop` (padding never attended to; its
+      logits are computed but mean nothing).
+
+    **Returns:**
+
+    Logits `(n, V)` or `(B, n, V)` for one pass count; `(P, n, V)` or
+    `(B, P, n, V)` for a sequence of `P` of them. Row `i` scores the token after
+    token `i`; `predict` takes their argmax.
+    """
+    check_model(model)
+    if model.head() is None:
+        raise ValueError(f"a {type(model).__name__} (an encoder) has no next-token head: "
+                         "logits need a decoder (GPT-2, GPT-Neo or a Llama).")
+    counts = _pass_counts(passes)
+    L = model.num_layers
+    setup = setup_loop(model, ids, passes=max(counts), ffn=ffn, dtype=dtype,
+                       save_states=[c * L for c in counts], devices=devices, chunk=chunk,
+                       precision=precision, mask=mask)
+    opts = {k: setup.options[k] for k in ("ffn", "dtype", "depths", "chunk", "precision")}
+
+    def run(b, k):
+        return _logits_program(setup.model, b, k, passes=setup.passes, **opts)
+
+    out = _call_sharded(run, setup.ids, devices, setup.options["keys"])
+    if isinstance(passes, (int, np.integer)):
+        out = out[:, 0]
+    return out[0] if np.ndim(ids) == 1 else out
+
+
+def predict(model: AbstractTransformer, ids: Int[Array, "*B n"], **options) -> Int[Array, "..."]:
+    """The next-token predictions of a decoder looped `passes` times: the argmax of
+    `logits(model, ids, **options)` over the vocabulary, int32, its shape without
+    the vocabulary axis (`model.detokenize(predict(…))` reads them).
+
+    **Arguments:**
+
+    - `model`, `ids`, `options`: as `logits` takes them (`passes`, `mask`, `ffn`, …).
+
+    **Returns:**
+
+    Token ids `(n,)`, `(B, n)`, `(P, n)` or `(B, P, n)`; entry `i` is the token the
+    model predicts after token `i`.
+    """
+    return jnp.argmax(logits(model, ids, **options), axis=-1).astype(jnp.int32)

@@ -4,6 +4,8 @@ vocabulary and merges stored in a llama.cpp `.gguf` file (the packaged SmolLM2).
 
 import functools
 import os
+import sys
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -113,16 +115,27 @@ def tokenize(
     tokens: int | None = None,
     pad: int | str | None = None,
     special_tokens: bool = True,
-) -> np.ndarray:
+    return_mask: bool = False,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Token ids of `texts` with a model's own tokenizer, for `ja.models.loop`.
 
-    The looped dynamics has no attention mask for padding: every id is a token of
-    the sequence. So by default no padding is made up: every prompt is cut to a
-    common length (`tokens`, or the shortest prompt's), and a prompt shorter than
-    `tokens` is an error unless `pad` names an id to append (appended ids then
-    take part in the dynamics and in `E` like any token; in a causal model they
-    never change the text tokens before them). `ja.models.detokenize` shows the
-    tokens kept.
+    Prompts of different lengths become one `(B, n)` array in one of two ways:
+
+    - **cut** (default, `pad=None`): every prompt is cut to a common length
+      (`tokens`, or the shortest prompt's). A prompt shorter than `tokens` is an
+      error. When the shortest prompt sets the length, a warning names every prompt
+      that lost tokens and the text it lost.
+    - **pad with a mask** (`pad="auto"` or an id, `return_mask=True`): every prompt
+      keeps its tokens (`tokens` defaults to the longest prompt's), shorter ones
+      get padding ids at the end, and the mask `(B, n)` says which positions are
+      text. Given to `ja.models.loop(…, mask=mask)` (or `hidden_states`, `logits`),
+      the padding is never attended to and is left out of `E`: each prompt's text
+      tokens move exactly as they would alone. Without the mask, padding ids take
+      part in the dynamics and in `E` like any token (in a causal model they still
+      never change the text tokens before them).
+
+    `ja.models.detokenize` shows the tokens kept; a loaded model carries its
+    tokenizer (`model.tokenize(texts, …)`, the same options).
 
     **Arguments:**
 
@@ -130,7 +143,8 @@ def tokenize(
       `tokenizer.json` or llama `.gguf` file, or a packaged model's name
       (`"all-MiniLM-L6-v2"`, `"SmolLM2-135M-Instruct"`). A `.gguf` file's
       vocabulary and merges are rebuilt as a byte-level BPE (llama.cpp's `gpt2`
-      and `smollm` pre-tokenizers).
+      and `smollm` pre-tokenizers). The tokenizer is built once per file and kept
+      (see `load_tokenizer`).
     - `texts`: one prompt, or a sequence of prompts.
     - `tokens`: the length `n` of every prompt (default: the shortest prompt's;
       with `pad`, the longest's).
@@ -140,10 +154,13 @@ def tokenize(
     - `special_tokens`: add the tokenizer's own special tokens, as HuggingFace does
       by default (BERT's `[CLS]`/`[SEP]`; nothing for SmolLM2); a cut can drop the
       trailing ones.
+    - `return_mask`: also return the mask of the text tokens (`True`) against the
+      padding (`False`), HuggingFace's `attention_mask`.
 
     **Returns:**
 
-    int32 ids `(n,)` for one prompt, `(B, n)` for a sequence of them.
+    int32 ids `(n,)` for one prompt, `(B, n)` for a sequence of them; with
+    `return_mask`, the pair `(ids, mask)`, the mask boolean of the same shape.
 
     Needs the `tokenizers` package (`pip install tokenizers`, or jaxattn's
     `models` extra).
@@ -155,6 +172,7 @@ def tokenize(
         error = ValueError if _is_int(pad, -(1 << 62)) else TypeError
         raise error(f'`pad` must be None, "auto" or a token id ≥ 0, got {pad!r}.')
     _check_flag(special_tokens, "special_tokens")
+    _check_flag(return_mask, "return_mask")
     tok = load_tokenizer(source)
     pad = _pad_id(tok, source) if pad == "auto" else pad
     if pad is not None and pad >= tok.get_vocab_size():
@@ -169,8 +187,35 @@ def tokenize(
         raise ValueError(f"prompt {i} has {lengths[i]} tokens, fewer than {n or 1}: give "
                          "longer prompts, fewer tokens (`tokens`, --tokens; default: the "
                          "shortest prompt's), or pad them (`pad`, --pad).")
+    if tokens is None and pad is None:
+        _warn_cut(tok, encoded, n)
     ids = np.asarray([e[:n] + [pad] * (n - len(e[:n])) for e in encoded], np.int32)
-    return ids[0] if single else ids
+    mask = np.asarray([[True] * min(len(e), n) + [False] * (n - len(e)) for e in encoded])
+    if single:
+        ids, mask = ids[0], mask[0]
+    return (ids, mask) if return_mask else ids
+
+
+def _warn_cut(tok, encoded: list[list[int]], n: int) -> None:
+    """Warn, naming each prompt and the text it loses, when cutting to `n` drops tokens."""
+    lost = [f"prompt {i} loses {len(e) - n} ({tok.decode(e[n:], skip_special_tokens=False)!r})"
+            for i, e in enumerate(encoded) if len(e) > n]
+    if lost:
+        warnings.warn(f"prompts cut to the shortest one's {n} tokens: {'; '.join(lost)}. Keep "
+                      'every token with pad="auto", return_mask=True and loop(…, mask=mask).',
+                      stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The `stacklevel` of the first frame outside jaxattn (`tokenize` is reached
+    directly or through `model.tokenize`, which Equinox wraps)."""
+    import equinox
+
+    inside = (str(Path(__file__).resolve().parents[1]), str(Path(equinox.__file__).parent))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def detokenize(

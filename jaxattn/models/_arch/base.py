@@ -116,6 +116,9 @@ class AbstractTransformer(eqx.Module):
 
     config: eqx.AbstractVar[TransformerConfig]
     blocks: eqx.AbstractVar[eqx.Module]
+    # The file holding the model's tokenizer (a folder's `tokenizer.json`, a `.gguf`
+    # file), set by `ja.models.load`; `None`: none (random weights, a folder without one).
+    tokenizer_file: str | None = eqx.field(static=True, default=None, kw_only=True)
 
     family: ClassVar[str]
     # The HuggingFace name of a tensor every checkpoint of the family holds (to find
@@ -181,6 +184,34 @@ class AbstractTransformer(eqx.Module):
         keys = jax.random.split(key, cls.num_slots(cfg))
         return eqx.filter_vmap(lambda k: cls.init_block(cfg, k))(keys)
 
+    def head(self) -> Float[Array, "V d"] | None:
+        """The output embedding of the next-token logits (`logits = final_norm(x) ·
+        headᵀ`, HuggingFace's `lm_head`), or `None`: the family has no next-token
+        head (the encoders)."""
+        return None
+
+    def tokenize(self, texts, **options):
+        """Token ids of `texts` with the tokenizer the model was loaded with (as
+        TransformerLens's `to_tokens`): `ja.models.tokenize(model.tokenizer_file,
+        texts, **options)`, same options (`tokens`, `pad`, `return_mask`, …)."""
+        from .._tokenize import tokenize
+
+        return tokenize(self._tokenizer(), texts, **options)
+
+    def detokenize(self, ids, **options):
+        """The text of token ids with the model's own tokenizer (as TransformerLens's
+        `to_string`): `ja.models.detokenize(model.tokenizer_file, ids, **options)`."""
+        from .._tokenize import detokenize
+
+        return detokenize(self._tokenizer(), ids, **options)
+
+    def _tokenizer(self) -> str:
+        if self.tokenizer_file is None:
+            raise ValueError(f"this {type(self).__name__} carries no tokenizer (it was not "
+                             "loaded from a folder with tokenizer.json or a .gguf file): use "
+                             "ja.models.tokenize(SOURCE, texts) with the tokenizer's folder.")
+        return self.tokenizer_file
+
     def context(self, n: int) -> Any:
         """Per-sequence-length constants the blocks need (rotary tables)."""
         return None
@@ -201,13 +232,16 @@ class AbstractTransformer(eqx.Module):
 
     def apply_block(
         self, block, x: Float[Array, "n d"], layer: Int[Array, ""], ctx, *, ffn: bool = True,
-        precision: Precision = "float32",
+        precision: Precision = "float32", keys: Bool[Array, " n"] | None = None,
     ) -> Float[Array, "n d"]:
         """Run one block on one sequence (`ffn=False` drops the feed-forward sub-block
         together with its normalisation, keeping the attention residual; `precision`
         of every matrix product in it). The window goes by index, so that a long
-        sequence's blocked attention never builds an `n × n` mask."""
-        return block(x, None, ctx, ffn=ffn, precision=precision, causal=self.config.causal,
+        sequence's blocked attention never builds an `n × n` mask. `keys` (the
+        attention mask of padding, HuggingFace's `attention_mask`): the tokens every
+        token may attend to (`False`: padding, never attended to); `None`: all."""
+        mask = None if keys is None else jnp.broadcast_to(keys[None, :], (x.shape[0],) * 2)
+        return block(x, mask, ctx, ffn=ffn, precision=precision, causal=self.config.causal,
                      window=self.window(layer))
 
     def block_attention(

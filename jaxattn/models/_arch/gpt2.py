@@ -49,6 +49,9 @@ class AbstractLearnedPositionDecoder(AbstractTransformer):
     def final_norm(self, x):
         return self.ln_f(x)
 
+    def head(self):
+        return self.wte  # HuggingFace's LM-head models tie it to the token embedding
+
     @classmethod
     def init(cls, cfg, key):
         ke, kp, kb = jax.random.split(key, 3)

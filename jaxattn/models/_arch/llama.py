@@ -40,12 +40,17 @@ class Llama(AbstractTransformer):
     any other `rope_type` (`longrope`, …). `tie_word_embeddings` and
     `architectures` are checked; fields of the output head, dropout and
     generation do not change the hidden states and are not read.
+
+    The next-token head (`ja.models.logits`) is the checkpoint's own `lm_head.weight`
+    (llama.cpp's `output.weight`) when it has one, else the token embedding (tied,
+    as in SmolLM2).
     """
 
     config: TransformerConfig = eqx.field(static=True)
     embed_tokens: Float[Array, "V d"]
     blocks: PreNormBlock
     norm: RMSNorm
+    lm_head: Float[Array, "V d"] | None = None  # None: tied to `embed_tokens`
 
     family = "llama"
     hf_classes = ("LlamaModel", "LlamaForCausalLM", "LlamaForSequenceClassification",
@@ -59,6 +64,9 @@ class Llama(AbstractTransformer):
 
     def final_norm(self, x):
         return self.norm(x)
+
+    def head(self):
+        return self.embed_tokens if self.lm_head is None else self.lm_head
 
     def context(self, n: int):
         cfg = self.config
@@ -130,6 +138,10 @@ class Llama(AbstractTransformer):
                                 RMSNorm(src.get(f"{p}.post_attention_layernorm.weight", (d,)), eps),
                                 mlp)
 
+        # an untied head sits beside the `model.` tensors, outside their prefix
+        heads = type(src)(src.readers, "")
+        head = (heads.get("lm_head.weight", (cfg.vocab_size, d))
+                if "lm_head.weight" in src.readers else None)
         return cls(cfg, src.get("embed_tokens.weight", (cfg.vocab_size, d)),
                    stack(map(block, range(cfg.num_layers))),
-                   RMSNorm(src.get("norm.weight", (d,)), eps))
+                   RMSNorm(src.get("norm.weight", (d,)), eps), head)

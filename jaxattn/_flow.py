@@ -454,12 +454,16 @@ def solve_flow(
       `lambda t, x: ja.misalignment(x) - 1e-4` to stop at `E = 10⁻⁴`. A real
       value stops the run where it changes sign, the time located by a Newton root
       find on the solver's dense output; a bool stops it at the end of the first
-      step where it is `True`. A `diffrax.Event` is used as it is (its `cond_fn`
+      step where it is `True`. It must be finite wherever the run goes: NaN or inf
+      at the start (checked before the run) or in a stop's root find is refused in
+      one line naming `event`. A `diffrax.Event` is used as it is (its `cond_fn`
       gets `(t, x, dyn, **kwargs)`). The stop time and tokens are the solution's
       `t1`, `y1`; save times after the stop are `inf`. Runs on the general path
       (each sample stops on its own).
 
-    - `noise`: `None` (default, the ODE) or `ja.TokenNoise(σ)` / `ja.ValueNoise(σ)`:
+    - `noise`: `None` (default, the ODE) or `ja.TokenNoise(σ)` / `ja.ValueNoise(σ)`
+      (a traced `σ` too: `jax.vmap` over strengths, or over the model's `β`, is one
+      compiled program; `docs/noise.md`, "Batching over σ, β and τ"):
       the SDE `dx = velocity dt + σ P_x dB (·)`, one diffrax solve of
       `MultiTerm(ODETerm, ControlTerm)` per system on a `diffrax.VirtualBrownianTree`
       (tolerance `jaxattn._noise.BROWNIAN_TOL`), so that a path depends on the key

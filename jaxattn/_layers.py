@@ -241,7 +241,10 @@ def run_layers(
       NaN/inf entries or zero tokens raise an error; a zero-size batch axis gives
       an empty result.
     - `num_layers`: number of layers `L ≥ 0`.
-    - `tau`: step size `τ > 0` (default 1).
+    - `tau`: step size `τ > 0` (default 1); a traced scalar too, so `jax.vmap` over a
+      vector of `τ`s runs them all in one compiled program
+      (`jax.vmap(lambda t: ja.run_layers(dyn, x0, L, t))(taus)`; `docs/noise.md`,
+      "Batching over σ, β and τ").
     - `observe`: optional function of one sequence's tokens `(n, d)` (e.g.
       `ja.misalignment`), evaluated after every layer inside the same compiled
       program; its outputs are returned instead of the tokens, so a long run

@@ -31,7 +31,14 @@ BROWNIAN_TOL = 2.0**-14
 
 
 class AbstractNoise(eqx.Module):
-    """Noise added to the attention dynamics, of strength `sigma ≥ 0`."""
+    """Noise added to the attention dynamics, of strength `sigma ≥ 0`.
+
+    `sigma` is an array leaf: built from a traced `σ`, a noise batches under `jax.vmap`,
+    so a scan over strengths is one compiled program
+    (`jax.vmap(lambda s: ja.run_layers(dyn, x0, L, tau, noise=ja.TokenNoise(s),
+    key=key))(sigmas)`; `docs/noise.md`, "Batching over σ, β and τ"); a traced `σ` is
+    checked (finite, `≥ 0`) inside the program.
+    """
 
     sigma: Real[Array, ""]
 

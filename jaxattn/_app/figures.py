@@ -67,8 +67,22 @@ def _draw_paths(ax, ys) -> None:
                zorder=END_Z, label="end")
 
 
+#: The symbols of a 3-D panel's markers in its title's key (`title_3d`).
+KEY_SYMBOLS = {"start": "○", "end": "●"}
+
+
+def title_3d(ax, title: str, **kw) -> None:
+    """`title` over a 3-D panel, with its markers' key as a second line (`○ start
+    ● end ☆ v₁`): a legend inside a 3-D axis covers its box, one below it meets the
+    tick labels wherever the view puts them."""
+    labels = [label for label in ax.get_legend_handles_labels()[1] if label]
+    key = "   ".join(f"{KEY_SYMBOLS.get(label, '☆')} {label}" for label in labels)
+    ax.set_title(f"{title}\n{key}" if key else title, **kw)
+
+
 def draw_sphere_trajectories(ax, ys) -> None:
-    """Token paths on S² (start: white circle, end: grey circle) over a wireframe."""
+    """Token paths on S² (start: white circle, end: grey circle) over a wireframe;
+    `title_3d` names the markers."""
     u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
     ax.plot_wireframe(
         np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85", lw=0.4
@@ -76,7 +90,6 @@ def draw_sphere_trajectories(ax, ys) -> None:
     _draw_paths(ax, ys)
     ax.set_box_aspect((1, 1, 1))
     tidy_3d(ax)
-    ax.legend(loc="upper left", fontsize=8)
 
 
 def resolution(dtype, order: int = 2, scale: float = 1.0) -> float:
@@ -170,7 +183,7 @@ def save_sphere_figure(ys, ts, E, path) -> Path:
     fig = plt.figure(figsize=(10, 4.5))
     ax3 = fig.add_subplot(1, 2, 1, projection="3d")
     draw_sphere_trajectories(ax3, ys)
-    ax3.set_title("tokens on $S^2$")
+    title_3d(ax3, "tokens on $S^2$")
     ax = fig.add_subplot(1, 2, 2)
     draw_misalignment(ax, ts, E, color="tab:blue", label="$E(t)$")
     ax.set_title("consensus: $E(t) \\to 0$")
@@ -215,9 +228,9 @@ def draw_ellipsoid_trajectories(ax, ys, W=None, *, mark=None, mark_label=None) -
         tidy_3d(ax)
     if mark is not None:
         mark = np.atleast_2d(np.asarray(mark))
-        ax.scatter(*mark.T, s=150, marker="*", c="tab:red", edgecolors="k", depthshade=False,
-                   zorder=MARK_Z, label=mark_label)
-    ax.legend(loc="upper left", fontsize=8)
+        # hollow, so that the end points it predicts stay visible inside it
+        ax.scatter(*mark.T, s=220, marker="*", facecolors="none", edgecolors="tab:red",
+                   linewidths=1.4, depthshade=False, zorder=MARK_Z, label=mark_label)
 
 
 def draw_sphere_density(ax, density, *, relative: bool = True, cmap: str = "viridis",

@@ -92,7 +92,7 @@ class AdversarialTokens(AbstractSearch):
             if setting == "sphere":
                 ax3 = fig.add_subplot(2, 3, 2, projection="3d")
                 figures.draw_sphere_trajectories(ax3, found["ys_long"][:120])
-                ax3.set_title("optimised start, $t \\in [0, 3T]$")
+                figures.title_3d(ax3, "optimised start, $t \\in [0, 3T]$")
             else:
                 ax = fig.add_subplot(2, 3, 5)
                 im = ax.imshow(found["gram"], cmap="RdBu_r", vmin=-1, vmax=1)

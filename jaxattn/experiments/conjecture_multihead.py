@@ -111,7 +111,7 @@ class ConjectureMultihead(AbstractSearch):
             ax3 = fig.add_subplot(2, 3, 3 * row + 2, projection="3d")
             figures.draw_ellipsoid_trajectories(ax3, found["ys"], mark=found["v1"],
                                               mark_label="$v_1$")
-            ax3.set_title(f"h = {h}: best start, $t \\in [0, {config['long']:g}T]$")
+            figures.title_3d(ax3, f"h = {h}: best start, $t \\in [0, {config['long']:g}T]$")
             ax = fig.add_subplot(2, 3, 3 * row + 3)
             # 1 − ⟨x, v₁⟩ as computed resolves ~ε (first order), not ε²
             figures.draw_decay(ax, found["ts"], found["dist"], order=1, color="tab:red")

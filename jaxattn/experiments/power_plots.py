@@ -10,6 +10,7 @@ from .._app.figures import (
     legend_below,
     pyplot,
     save_figure,
+    title_3d,
     view_towards,
 )
 
@@ -183,7 +184,7 @@ def oja(data, stem):
         ax3 = fig.add_subplot(1, 4, 2 + j, projection="3d")
         draw_sphere_trajectories(ax3, data["fig13_paths"][j])
         view_towards(ax3, [1.0, 0.6, 0.5])
-        ax3.set_title(f"perturbation {data['fig13_eps'][j]:.3g}: {title}", fontsize=9)
+        title_3d(ax3, f"perturbation {data['fig13_eps'][j]:.3g}: {title}", fontsize=9)
     ax = fig.add_subplot(1, 4, 4)
     draw_decay(ax, data["fig13_sizes"], data["fig13_dist"], order=1, stop=False, marker="o",
                ms=3)

@@ -89,7 +89,7 @@ class GradientExperiment(AbstractTheoremExperiment):
             figures.draw_ellipsoid_trajectories(ax3, ys, W)
             figures.view_towards(ax3, ys[-1].mean(0) + 0.6 * ys[0].mean(0))
             where = "$S^2$" if config["sphere"] else "the ellipsoid $E_W$"
-            ax3.set_title(("layers on " if layers else "tokens on ") + where)
+            figures.title_3d(ax3, ("layers on " if layers else "tokens on ") + where)
         ax_p = fig.add_subplot(1, cols, cols - 1)
         ax_v = fig.add_subplot(1, cols, cols)
         for run, label, color, ls, lw in self.drawn_runs(config, data):

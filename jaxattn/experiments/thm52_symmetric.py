@@ -75,7 +75,7 @@ class SymmetricExperiment(AbstractTheoremExperiment):
             figures.draw_ellipsoid_trajectories(ax3, data["ys_layers" if layers else "ys"],
                                               mark=data["v1"], mark_label=r"$v_1$")
             figures.view_towards(ax3, data["v1"] + 0.6 * data["ys"][0].mean(0))
-            ax3.set_title("layers on $S^2$" if layers else "tokens on $S^2$ (Fig. 5)")
+            figures.title_3d(ax3, "layers on $S^2$" if layers else "tokens on $S^2$ (Fig. 5)")
         ax_e = fig.add_subplot(1, cols, cols - 1)
         ax_p = fig.add_subplot(1, cols, cols)
         for run, label, color, ls, lw in self.drawn_runs(config, data):

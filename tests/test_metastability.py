@@ -84,3 +84,79 @@ def test_bad_helper_arguments():
         log_grid(1.0, 0.5, 10)
     with pytest.raises(ValueError, match="eps must be > 0"):
         merged(0.0)
+
+
+def test_merge_time_is_the_two_cluster_integral():
+    """The exact merge time of two point clusters against scipy's ODE solver stopped at
+    the chord `eps`, and Laplace's term as its leading order: 4 % high at β = 10,
+    closer as β grows."""
+    from scipy.integrate import solve_ivp
+
+    from jaxattn.experiments.long_time import merge_time
+
+    delta, eps = 1.87, 1e-2
+    x = np.asarray(_circle(jnp.array([0.0, 0.0, 0.0, delta])))  # masses 3 and 1, n = 4
+    for beta in (0.5, 10.0):
+        def closing(t, d, beta=beta):
+            return -np.exp(-beta * (1 - np.cos(d))) * np.sin(d)  # (m_a + m_b)/n = 1
+
+        def met(t, d):
+            return d[0] - 2 * math.asin(eps / 2)
+
+        met.terminal = True
+        sol = solve_ivp(closing, (0, 1e12), [delta], events=met, rtol=1e-11, atol=1e-14,
+                        method="LSODA")
+        assert merge_time(x, beta, eps) == pytest.approx(math.log(sol.t_events[0][0]),
+                                                         abs=1e-7)
+    laplace = [math.exp(two_cluster_time(x, b, eps)[0] - merge_time(x, b, eps))
+               for b in (10.0, 100.0)]
+    assert 1.03 < laplace[0] < 1.05 and 1 < laplace[1] < 1.01
+
+
+def _saved_run():
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "data" / "figures" / "metastability"
+    config = json.loads((folder / "config.json").read_text())
+    return config, dict(np.load(folder / "data.npz"))
+
+
+def test_the_final_merger_is_recorded_and_transients_are_not_judged():
+    """The saved run: at β = 10 the event stopped the run at the final merger, which
+    ends the last plateau and is in the mergers; the first plateau (8 clusters, index
+    4: the initial scatter) is a transient, and every post-transient k-cluster
+    plateau sits near a saddle of index k − 1."""
+    from jaxattn.experiments import metastability as M
+
+    config, data = _saved_run()
+    per_beta = M.study(data, config)
+    first = per_beta[0]
+    assert first["final_merger"] == float(data["t1"][0]) < config["horizon"]
+    assert first["plateaus"][-1]["end"] == first["final_merger"] == first["mergers"][-1]
+    assert first["plateaus"][-1]["clusters"] == 2 and first["plateaus"][-1]["final"]
+    assert per_beta[-1]["final_merger"] is None  # β = 20: not reached by 10⁵
+    for s in per_beta:
+        assert not s["plateaus"][0]["post_transient"]
+        assert all(p["saddle_index"] == p["clusters"] - 1 for p in s["plateaus"][1:])
+    assert first["plateaus"][0]["saddle_index"] == 4 != first["plateaus"][0]["clusters"] - 1
+
+
+def test_verdict_fails_a_merge_time_ten_percent_off(monkeypatch):
+    """The saved run passes (its final merger within `FINAL_TOL` of the exact integral);
+    the prediction moved by ±10 % fails, and so would Laplace's term (4 % high)."""
+    from jaxattn.experiments import metastability as M
+
+    config, data = _saved_run()
+    study = M.Metastability()
+    verdict = study.verdict(config, data)
+    assert verdict.ok, verdict.line
+    assert verdict.numbers["final_mergers"] == 1
+    assert verdict.numbers["final_rel_error"] < M.FINAL_TOL / 10
+    exact = M.merge_time
+    for factor in (1.1, 0.9):
+        monkeypatch.setattr(M, "merge_time", lambda *a, f=factor: exact(*a) + math.log(f))
+        wrong = study.verdict(config, data)
+        assert not wrong.ok and wrong.numbers["final_rel_error"] > 0.08
+    monkeypatch.setattr(M, "merge_time", lambda x, b, e: two_cluster_time(x, b, e)[0])
+    assert not study.verdict(config, data).ok

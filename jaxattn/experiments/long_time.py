@@ -90,25 +90,67 @@ def cluster_index(x: np.ndarray, beta: float, eps: float) -> int:
         return saddle_index(jnp.asarray(means, jnp.float64), beta, masses.astype(float))
 
 
+def closest_pair(x: np.ndarray, eps: float) -> tuple[float, int, int]:
+    """The angle `δ` of the closest two clusters of `x` at distance `eps`, their
+    combined number of tokens `m_a + m_b` and the number of tokens `n`; `δ = 0` with
+    fewer than two clusters."""
+    means, masses = clusters(x, eps)
+    n = int(np.sum(masses))
+    if len(means) < 2:
+        return 0.0, n, n
+    cos = np.clip(means @ means.T, -1, 1) - 2 * np.eye(len(means))
+    a, b = np.unravel_index(np.argmax(cos), cos.shape)
+    return float(np.arccos(cos[a, b])), int(masses[a] + masses[b]), n
+
+
 def two_cluster_time(x: np.ndarray, beta: float, eps: float) -> tuple[float, float]:
     """The predicted time before the next merger from tokens `x` on a plateau, and the
     angle `δ` of the closest two clusters: those two alone, of `m_a`, `m_b` tokens,
     close at the rate `dδ/dt = −(m_a + m_b)/n · e^{−β(1 − cos δ)} sin δ` (the `usa`
     flow), which takes `n e^{β(1 − cos δ)} / ((m_a + m_b) β sin² δ)` to leading
-    order in `β` (Laplace's method): exponentially long in `β`."""
-    means, masses = clusters(x, eps)
-    if len(means) < 2:
-        return math.inf, 0.0
-    cos = np.clip(means @ means.T, -1, 1) - 2 * np.eye(len(means))
-    a, b = np.unravel_index(np.argmax(cos), cos.shape)
-    delta = float(np.arccos(cos[a, b]))
-    n, m = int(np.sum(masses)), int(masses[a] + masses[b])
+    order in `β` (Laplace's method): exponentially long in `β`. Its logarithm."""
+    delta, m, n = closest_pair(x, eps)
     # in logs: at a tiny β the product m β sin²δ underflows to 0
     sin = abs(math.sin(delta))
     if sin == 0:
         return math.inf, delta
-    log_t = beta * (1 - cos[a, b]) + math.log(n) - math.log(m) - math.log(beta) - 2 * math.log(sin)
+    log_t = beta * (1 - math.cos(delta)) + math.log(n) - math.log(m) - math.log(beta) \
+        - 2 * math.log(sin)
     return float(log_t), delta
+
+
+def merge_time(x: np.ndarray, beta: float, eps: float) -> float:
+    """The logarithm of the exact time the closest two clusters of `x` (alone, as
+    point masses) take to come within `eps` of each other: the integral of
+    `dδ/dt = −(m_a + m_b)/n · e^{−β(1 − cos δ)} sin δ` (`two_cluster_time`) from
+    their angle `δ₀` to `δ_e = 2 arcsin(eps/2)` (chord `eps`),
+
+        T = n/(m_a + m_b) · e^{β(1 − cos δ₀)} ∫_{δ_e}^{δ₀} e^{−β(cos δ − cos δ₀)} / sin δ dδ,
+
+    by scipy's `quad` (the factor `e^{β(1 − cos δ₀)}` kept in the logarithm).
+    Laplace's `two_cluster_time` is its leading term as `β → ∞` (4 % above it at
+    β = 10, δ₀ = 1.87; 0.6 % at β = 100). `inf` with fewer than two clusters, `−inf`
+    when `δ₀ ≤ δ_e`."""
+    from scipy.integrate import quad
+
+    delta, m, n = closest_pair(x, eps)
+    if delta == 0.0:
+        return math.inf
+    end = 2 * math.asin(min(eps / 2, 1.0))
+    if delta <= end:
+        return -math.inf
+    c0 = math.cos(delta)
+
+    def integrand(d):
+        # cos δ − cos δ₀ = 2 sin((δ₀ − δ)/2) sin((δ₀ + δ)/2), without cancellation
+        return math.exp(-2 * beta * math.sin((delta - d) / 2) * math.sin((delta + d) / 2)) \
+            / math.sin(d)
+
+    width = 1 / max(beta * math.sin(delta), 1e-300)  # the peak at δ₀
+    points = [p for p in (delta - width, delta - 10 * width) if end < p < delta]
+    value, _ = quad(integrand, end, delta, points=points or None, limit=200,
+                    epsabs=0, epsrel=1e-10)
+    return float(beta * (1 - c0) + math.log(n) - math.log(m) + math.log(value))
 
 
 def _snap(theta: Float[Array, " n"], dist: float) -> Float[Array, " n"]:

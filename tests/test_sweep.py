@@ -292,7 +292,9 @@ def test_report_reads_the_tolerance_recorded_in_sweep_json(tmp_path, monkeypatch
                          ["beta"], table)
     ax_t, ax_e = figures[0].axes
     assert "E < 3e-3" in ax_t.get_ylabel()
-    assert ax_t.get_legend().get_texts()[0].get_text() == "3/4 reached E < 3e-3"
+    legend, = figures[0].legends  # one legend under both panels: each line is in both
+    assert legend.get_texts()[0].get_text() == "3/4 reached E < 3e-3"
+    assert ax_t.get_xlabel() == ax_e.get_xlabel() == "β"
     assert (0.003, 0.003) in [tuple(line.get_ydata()) for line in ax_e.lines]
 
 

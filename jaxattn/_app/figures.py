@@ -355,6 +355,14 @@ def opaque(legend):
     return legend
 
 
+def legend_under_panels(fig, ax, ncol: int = 2, **kw):
+    """`ax`'s legend centred under all the panels, for lines that every panel draws
+    (`save_figure` makes room for it)."""
+    handles, labels = ax.get_legend_handles_labels()
+    return fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.0),
+                      ncol=ncol, fontsize=kw.pop("fontsize", 8), frameon=False, **kw)
+
+
 def legend_below(ax, ncol: int = 2, **kw):
     """The legend under the axis, off the data (for panels whose curves fill them)."""
     return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol,
@@ -400,6 +408,10 @@ def save_figure(fig, stem, title=None) -> list[Path]:
     if title:
         fig.suptitle(wrap(title, fig.get_figwidth(), 11), fontsize=11)
     fig.tight_layout()
+    if fig.legends:  # a legend under the panels (`legend_under_panels`): room for it
+        fig.canvas.draw()
+        height = max(legend.get_window_extent().height for legend in fig.legends)
+        fig.tight_layout(rect=(0.0, height / fig.bbox.height + 0.01, 1.0, 1.0))
     stem = Path(stem)
     paths = []
     for ext in ("png", "pdf"):

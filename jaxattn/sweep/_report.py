@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .._app.figures import legend_below, pyplot, save_figure
+from .._app.figures import legend_under_panels, pyplot, save_figure
 from .._app.folders import read_json
 from .._horizon import CONSENSUS_TOL
 from ..experiments import get_experiment
@@ -145,6 +145,14 @@ def format_table(summary: dict[str, Any], keys) -> str:
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:], *notes])
 
 
+#: How the figure writes a grid parameter (the others by name).
+SYMBOLS = {"beta": "β", "tau": "τ", "heads": "h", "tokens": "n", "dim": "d", "horizon": "T"}
+
+
+def _symbol(key: str) -> str:
+    return SYMBOLS.get(key, key)
+
+
 def _axes_of(keys, table):
     """The x axis (β if swept, else the first numeric grid parameter) and the rest."""
     numeric = [k for k in keys if np.issubdtype(np.asarray(table[k]).dtype, np.number)]
@@ -165,7 +173,8 @@ def _groups(keys, table) -> tuple[str | None, dict[str, list[int]]]:
     x_key, others = _axes_of(keys, table)
     by_group: dict[str, list[int]] = {}
     for p in np.unique(table["point"]):
-        label = ", ".join(f"{k} = {table[k][table['point'] == p][0]}" for k in others)
+        label = ", ".join(f"{_symbol(k)} = {table[k][table['point'] == p][0]}"
+                          for k in others)
         by_group.setdefault(label, []).append(int(p))
     return x_key, by_group
 
@@ -206,15 +215,15 @@ def write_figure(folder: Path, spec, keys, table) -> list[Path]:
     x_key, by_group = _groups(keys, table)
     for i, (label, pts) in enumerate(by_group.items()):
         _draw_group(ax_t, ax_e, table, x_key, label, pts, f"C{i % 10}", tol)
-    ax_t.set_xlabel(x_key or "grid point")
+    ax_t.set_xlabel(_symbol(x_key) if x_key else "grid point")
     ax_t.set_ylabel(f"consensus time (E < {_sci(tol)}), median and IQR")
     ax_t.set_title("time to consensus")
     ax_e.axhline(tol, color="0.4", lw=0.8, ls="--")
     ax_e.set_yscale("log")
-    ax_e.set_xlabel(x_key or "grid point")
+    ax_e.set_xlabel(_symbol(x_key) if x_key else "grid point")
     ax_e.set_ylabel("final misalignment E(T)")
     ax_e.set_title("every instance's final E")
-    legend_below(ax_t, ncol=1)  # the bands fill the panel
+    legend_under_panels(fig, ax_t, ncol=min(len(by_group), 3))  # each line is in both
     title = (f"sweep {spec.experiment}: {len(np.unique(table['point']))} points × "
              f"{spec.instances} instances, seed {spec.seed}")
     return save_figure(fig, Path(folder) / "sweep", title)

@@ -767,3 +767,19 @@ if __name__ == "__main__" and "--regenerate" in sys.argv:
 
     with tempfile.TemporaryDirectory() as tmp:
         regenerate(Path(tmp))
+
+
+def test_a_loop_draws_the_median_and_a_band_its_prompts_can_fill():
+    """On a log axis the mean sits at the top of the band (the largest prompts pull it
+    there): the line is the median. A 10–90 % band needs ≥ 10 prompts; fewer show
+    their range, and the legend says which."""
+    from jaxattn.experiments.loop_grid import BAND_PROMPTS, draw_loop
+
+    rng = np.random.default_rng(0)
+    for prompts, words in ((3, "range of 3"), (BAND_PROMPTS, "10–90 %")):
+        E = np.exp(rng.normal(-2.0, 2.0, (prompts, 9)))  # spread over decades
+        fig, ax = plt.subplots()
+        draw_loop(ax, E, 4, label="full blocks")
+        line, = [ln for ln in ax.lines if ln.get_label() == f"full blocks: median, {words}"]
+        np.testing.assert_array_equal(line.get_ydata(), np.median(E, axis=0))
+        plt.close(fig)

@@ -19,6 +19,7 @@ import numpy as np
 from .._app.figures import (
     above_floor,
     legend_below,
+    legend_under_panels,
     mark_floor,
     plain_log_labels,
     pyplot,
@@ -198,7 +199,7 @@ class LoopGridExperiment(AbstractExperiment):
                                 Path(folder) / "loop_grid", title=title)
 
 
-# --- figures: mean misalignment with a 10–90 % band versus depth ----------------------
+# --- figures: median misalignment with its spread versus depth ------------------------
 
 COLORS = {"attn": "tab:blue", "full": "tab:orange"}
 LABELS = {"attn": "pure attention (no FFN)", "full": "full blocks"}
@@ -207,29 +208,46 @@ LABELS = {"attn": "pure attention (no FFN)", "full": "full blocks"}
 STROKES = {"attn": (1.1, (0, (4, 2))), "full": (2.4, "-")}
 
 
+#: The fewest prompts whose 10–90 % band is drawn; fewer show their whole range.
+BAND_PROMPTS = 10
+
+
+def spread(E: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    """The band of `E (prompts, depth)` over prompts and its words: 10–90 % from
+    `BAND_PROMPTS` prompts on, else the range (the smallest and the largest)."""
+    if E.shape[0] >= BAND_PROMPTS:
+        lo, hi = np.quantile(E, [0.1, 0.9], axis=0)
+        return lo, hi, "10–90 %"
+    return E.min(axis=0), E.max(axis=0), f"range of {E.shape[0]}"
+
+
 def draw_loop(ax, E, layers_per_pass: int, *, label=None, color="tab:blue", lw=1.6,
               ls="-") -> None:
-    """Mean `E` over prompts versus depth, with the 10–90 % band, on a log axis.
+    """Median `E` over prompts versus depth, with their spread (`spread`), on a log
+    axis: the median, not the mean, which the largest prompts pull to the top of the
+    band on a log scale. The legend's entry reads `label: median, <spread>`.
 
     **Arguments:**
 
     - `ax`: a matplotlib axis.
     - `E`: `(prompts, depth)` misalignment after every block (column 0: input), in
       the dtype it was computed in: below that dtype's resolution of `E`
-      (`_app.figures.resolution`) the mean is not drawn and a dotted line marks the floor.
+      (`_app.figures.resolution`) the median is not drawn and a dotted line marks the
+      floor.
     - `layers_per_pass`: the model's depth `L` (alternate passes are shaded, and the
       top axis counts passes).
-    - `lw`, `ls`: the mean's line width and style.
+    - `lw`, `ls`: the median's line width and style.
     """
     dtype = np.asarray(E).dtype if np.issubdtype(np.asarray(E).dtype, np.floating) else np.float32
     floor = resolution(dtype)
     E = np.asarray(E, dtype=np.float64)
     depth = np.arange(E.shape[1])
-    lo, hi = np.quantile(E, [0.1, 0.9], axis=0)
+    lo, hi, words = spread(E)
     ax.fill_between(depth, np.maximum(lo, floor), np.maximum(hi, floor), color=color,
                     alpha=0.22, lw=0)
-    mean, cut = above_floor(E.mean(axis=0), floor, stop=False)
-    ax.plot(depth, mean, color=color, lw=lw, ls=ls, label=label)
+    median, cut = above_floor(np.median(E, axis=0), floor, stop=False)
+    ax.plot(depth, median, color=color, lw=lw, ls=ls,
+            label=f"{label}: median, {words}" if label else None)
     if cut or lo.min() <= floor:
         mark_floor(ax, floor, dtype)
     ax.set_yscale("log")
@@ -259,11 +277,10 @@ def mark_passes(ax, passes: int, layers_per_pass: int) -> None:
 
 
 def save_loop_figure(E, layers_per_pass: int, stem, *, title: str, variant: str) -> list[Path]:
-    """One looped run: mean `E` with its 10–90 % band versus depth, as `stem.png` and
-    `stem.pdf`; returns their paths."""
+    """One looped run: median `E` with its spread versus depth (`draw_loop`), as
+    `stem.png` and `stem.pdf`; returns their paths."""
     fig, ax = pyplot().subplots(figsize=(6.4, 3.8))
-    draw_loop(ax, E, layers_per_pass, label=f"{LABELS[variant]}: mean, 10–90 %",
-              color=COLORS[variant])
+    draw_loop(ax, E, layers_per_pass, label=LABELS[variant], color=COLORS[variant])
     ax.set_title(wrap(title, fig.get_figwidth(), 10), fontsize=10)
     legend_below(ax, ncol=2)
     return save_figure(fig, stem)
@@ -310,5 +327,5 @@ def save_grid_figure(results: dict, layers_per_pass: int, stem, *, title: str) -
         ax.set_title(f"{kind} weights", fontsize=10)
         if ax is not axes[0][0]:
             ax.set_ylabel("")
-    legend_below(axes[0][0], ncol=2)
+    legend_under_panels(fig, axes[0][0], ncol=2)  # each panel draws both variants
     return save_figure(fig, stem, title)

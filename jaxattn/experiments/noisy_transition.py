@@ -138,11 +138,11 @@ def settings(config: dict) -> dict:
                          f"layers is too "
                          f"few for --blocks {cfg['blocks']} (need two layers a block): "
                          "lengthen --window or take fewer --blocks.")
-    for flags, length, step in (("(--burn + --window) / --sweep-tau",
-                                 cfg["burn"] + cfg["window"], cfg["sweep_tau"]),
-                                ("--quench / (--tau / 2)", cfg["quench"], cfg["tau"] / 2)):
-        if not length / step <= MAX_LAYERS:
-            raise ValueError(f"{flags} = {length / step:.3g} layers is "
+    for flags, layers in (("(--burn + --window) / --sweep-tau",
+                           (cfg["burn"] + cfg["window"]) / cfg["sweep_tau"]),
+                          ("--quench / (--tau / 2)", 2 * cfg["quench"] / cfg["tau"])):
+        if not layers <= MAX_LAYERS:
+            raise ValueError(f"{flags} = {layers:.3g} layers is "
                              f"more than {MAX_LAYERS} (JAX counts in int32): take a larger "
                              "step.")
     return cfg

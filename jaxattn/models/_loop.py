@@ -60,7 +60,7 @@ def _apply(model, block, x, layer, ctx, keys, chunk, **options):
                                                      **options), (x, keys), chunk)
 
 
-def _forward(model, x, ctx, blocks, keys, *, ffn: bool, precision: str, emit):
+def _forward(model, x, ctx, blocks, *, ffn: bool, precision: str, emit, keys=None):
     """Scan one sequence batch `x (B, n, d)` through every layer; `emit(x)` per layer."""
 
     def body(x, layer_slot):
@@ -73,10 +73,10 @@ def _forward(model, x, ctx, blocks, keys, *, ffn: bool, precision: str, emit):
 
 
 @eqx.filter_jit
-def _hidden_states(model, ids, keys, ffn: bool, precision: str):
+def _hidden_states(model, ids, ffn: bool, precision: str, keys=None):
     x = jax.vmap(lambda s: model.embed(s, precision=precision))(ids)
-    last, xs = _forward(model, x, model.context(ids.shape[1]), model.blocks, keys, ffn=ffn,
-                        precision=precision, emit=lambda x: x)
+    last, xs = _forward(model, x, model.context(ids.shape[1]), model.blocks, ffn=ffn,
+                        precision=precision, emit=lambda x: x, keys=keys)
     xs = xs.at[-1].set(jax.vmap(model.final_norm)(last))
     return jnp.concatenate([x[None], xs]).swapaxes(0, 1)
 
@@ -172,14 +172,14 @@ def hidden_states(
         parts = []
         with tqdm(total=B, unit="prompt", desc="hidden states", leave=False) as bar:
             for lo in range(0, B, step):
-                part = _call_sharded(lambda b, k: _hidden_states(model, b, k, ffn, precision),
+                part = _call_sharded(lambda b, k: _hidden_states(model, b, ffn, precision, k),
                                      batch[lo:lo + step], devices,
                                      None if keys is None else keys[lo:lo + step])
                 parts.append(jax.block_until_ready(part))
                 bar.update(part.shape[0])
         hs = jnp.concatenate(parts)
     else:
-        hs = _call_sharded(lambda b, k: _hidden_states(model, b, k, ffn, precision), batch,
+        hs = _call_sharded(lambda b, k: _hidden_states(model, b, ffn, precision, k), batch,
                            devices, keys)
     return hs[0] if np.ndim(ids) == 1 else hs
 

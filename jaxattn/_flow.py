@@ -277,7 +277,11 @@ def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thr
         event_ok = jnp.isfinite(e0.reshape(x0.shape[:-2] + (-1,))).all(-1)
         if throw_now:
             x0 = eqx.error_if(x0, ~jnp.all(event_ok), EVENT_START)
-    program = _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw_now, event)
+    # With a user's event the failures are raised below, after the solve, so that the
+    # event's own (a NaN in its root find) is named; the others keep diffrax's message.
+    name_event = throw_now and _names_event(event, solver)
+    program = _solve_program(ts, solver, controller, dt0, max_steps, adjoint,
+                             throw_now and not name_event, event)
     if noise is None:
         out, result, steps = map_systems(program, dyn, x0, fused=fused, chunk=chunk)
     else:
@@ -295,6 +299,11 @@ def _solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thr
     solved = (result == dfx.RESULTS.successful) | (result == dfx.RESULTS.event_occurred)
     finite = jnp.all(jnp.isfinite(ys) | ~saved[..., None, None],
                      axis=tuple(range(solved.ndim, ys.ndim)))
+    if name_event:
+        ys = eqx.error_if(ys, jnp.any(result == dfx.RESULTS.nonfinite_input), EVENT_RUN)
+        first = jnp.argmin(solved.reshape(-1))
+        item = jax.tree.map(lambda a: a.reshape(-1)[first], result)
+        ys = item.error_if(ys, ~jnp.all(solved))
     if throw_now:
         ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
     if full is not None:
@@ -455,8 +464,9 @@ def solve_flow(
       value stops the run where it changes sign, the time located by a Newton root
       find on the solver's dense output; a bool stops it at the end of the first
       step where it is `True`. It must be finite wherever the run goes: NaN or inf
-      at the start (checked before the run) or in a stop's root find is refused in
-      one line naming `event`. A `diffrax.Event` is used as it is (its `cond_fn`
+      at the start, or in a stop's root find (explicit solvers), is refused in one
+      line naming `event`, inside an outer `jit` too. A `diffrax.Event` is used as
+      it is (its `cond_fn`
       gets `(t, x, dyn, **kwargs)`). The stop time and tokens are the solution's
       `t1`, `y1`; save times after the stop are `inf`. Runs on the general path
       (each sample stops on its own).

@@ -119,6 +119,14 @@ def test_event_returning_nan_is_named(parts, when, event):
         ja.solve_flow(dyn, x0, jnp.array([0.0, 1.0]), solution=True, event=event)
 
 
+def test_event_returning_nan_is_named_inside_jit(parts):
+    dyn, _, _, x0, _ = parts
+    run = jax.jit(lambda x: ja.solve_flow(dyn, x, jnp.array([0.0, 1.0]), solution=True,
+                                          event=lambda t, y: jnp.sqrt(0.25 - t) - 1.0))
+    with pytest.raises(Exception, match="the `event` function returned NaN or inf during"):
+        run(x0)
+
+
 def test_flags_and_numbers_still_accepted(parts):
     dyn, P, U, x0, ts = parts
     ja.SelfAttentionDynamics(P, U, beta=np.float32(2.0), causal=np.bool_(True), window=3)

@@ -692,7 +692,7 @@ RUNS = {
     "phase-diagram": "--betas 4 --systems 8 --tokens 6 --times 20",
     "norm-beta": "--betas 3 --systems 4 --tokens 6 --dim 4 --heads 2 --horizon 5 --times 20",
     "variants": "--instances 2 --layers 20",
-    "long-context": "--n-max 1000 --dim 64 --gammas 9 --gamma-min 1 --gamma-max 3",
+    "long-context": "--n-max 1000 --dim 512 --gammas 9 --gamma-min 1 --gamma-max 3",
     "metastability": "--saves 80",
     "hardmax": "--vertices 5 --tokens 12 --steps 40 --betas 9 --nsd-steps 400",
     "equiangular": "--horizon 12 --saves 60",

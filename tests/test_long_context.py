@@ -13,11 +13,13 @@ import pytest
 import jaxattn as ja
 from jaxattn.cli import main
 from jaxattn.experiments import EXPERIMENTS
+from jaxattn.experiments import long_context as LC
 from jaxattn.experiments.long_context import (
     QUICK,
     check_rho,
     crossing,
     diagonal_weight,
+    dims,
     distance_ratio,
     finite_dim,
     mean_square,
@@ -87,22 +89,57 @@ def test_sizes_and_crossing():
 
 
 def test_quick_run_finds_the_transition_near_the_prediction(tmp_path):
-    """A small run (d = 64): both measured critical γ lie within one grid step of the
-    prediction at its largest n; summary.json holds them beside it for every n."""
+    """A small run (d = 128 at n = 300, growing as log² n): the identity's crossing lies
+    within `TOL` of `γ_n` at the largest n and approaches `γ_c`; summary.json holds
+    each n's dimension and crossings beside the predictions."""
     args = ["--n-min", "30", "--n-max", "300", "--per-decade", "2", "--gammas", "9",
-            "--gamma-min", "1", "--gamma-max", "3", "--dim", "64"]
+            "--gamma-min", "1", "--gamma-max", "3", "--dim", "128"]
     assert main(["run", "long-context", "--out", str(tmp_path), "--no-progress",
                  *args]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["agrees_with_theory"] is True
     assert [row["n"] for row in summary["per_size"]] == [30, 95, 300]
-    step = 2 / 8
+    assert [row["d"] for row in summary["per_size"]] == list(dims(np.array([30, 95, 300]), 128))
     for row in summary["per_size"]:
         assert abs(row["gamma_predicted"] - 2) < 0.05
-        for k in ("gamma_identity", "gamma_collapse"):
-            assert abs(row[k] - row["gamma_predicted_finite_n"]) <= 2 * step, row
+    last = summary["per_size"][-1]
+    assert abs(last["gamma_identity"] / last["gamma_predicted_finite_n"] - 1) <= LC.TOL, last
     assert sorted(p.name for p in tmp_path.glob("long_context.*")) == [
         "long_context.pdf", "long_context.png"]
+
+
+def test_dimension_grows_as_log_squared():
+    d = dims(np.array([100, 1000, 10_000]), 1024)
+    assert d[-1] == 1024 and d[0] == 256 and np.all(np.diff(d / np.log([100, 1000, 10_000])) > 0)
+
+
+def test_logit_crossing_is_exact_on_the_simplex():
+    """On the exact simplex `logit α_ii` is linear in `γ`: the crossing read on a
+    coarse grid is `γ_n` to rounding (a linear read of `α_ii` is off by more)."""
+    n, rho, g = 300, 0.5, np.array([1.0, 1.5, 2.7, 3.0])
+    alpha = 1 / (1 + (n - 1) * n ** (-g * (1 - rho)))
+    want = float(LC.predicted_crossing(np.array([n]), np.array([rho]))[0])
+    assert crossing(g, alpha, logit=True) == pytest.approx(want, rel=1e-12)
+    assert abs(crossing(g, alpha) - want) > 1e-2
+
+
+def test_verdict_fails_a_prediction_ten_percent_off(monkeypatch):
+    """The saved run (n = 100 … 1000, d = 228 … 512) passes; with `γ_n` moved by
+    ±10 % it fails on the relative error."""
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "data" / "figures" / "long-context"
+    config = json.loads((folder / "config.json").read_text())
+    data = dict(np.load(folder / "data.npz"))
+    study = LC.LongContext()
+    verdict = study.verdict(config, data)
+    assert verdict.ok, verdict.line
+    assert verdict.numbers["relative_error"] < LC.TOL / 2
+    exact = LC.predicted_crossing
+    for factor in (1.1, 0.9):
+        monkeypatch.setattr(LC, "predicted_crossing", lambda n, r, f=factor: f * exact(n, r))
+        wrong = study.verdict(config, data)
+        assert not wrong.ok and wrong.numbers["relative_error"] > 0.08
 
 
 def test_quick_settings_are_parameters():

@@ -19,7 +19,7 @@ run leaves what it measured) and printed as it goes:
 - `floors`: the float32 matmul peak, the copy bandwidth, and the exp rate of a
   kernel with its values in registers beside `jnp.exp` over a large array.
 - `MF_flash`: MF's attention (n = 10⁶ tokens in R³) as the Pallas flash kernel
-  (`jaxattn._flash`): a layout sweep at n = 2¹⁷ checked against the blocked XLA
+  (`jaxattn._pallas.flash`): a layout sweep at n = 2¹⁷ checked against the blocked XLA
   path (values and gradients), then the forward pass and gradient at n = 10⁶
   against the pair floors (the exp floor at the register rate).
 - `S1L`, `RK4`: the kernel (at S1's best layout so far, else run 1's 32 systems
@@ -495,7 +495,7 @@ def stage_flash(check: Check) -> dict:
     """MF's attention as the Pallas flash kernel: a layout sweep, the blocked XLA path's
     values and gradients at the sweep's size, then n = 10⁶ forward and gradient."""
     from jaxattn._blocks import block_spec, blocked_attention, use_flash
-    from jaxattn._flash import flash_attention
+    from jaxattn._pallas.flash import flash_attention
     small = _size(check, "flash_sweep")["n"]
     args = _attention_inputs(small)
     weights = jax.random.normal(jax.random.key(1), args[0].shape[:2] + (3,), args[0].dtype)

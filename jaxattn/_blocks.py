@@ -104,7 +104,7 @@ def blocked_attention(
     `(h, n, c)`: for softmax the weights sum to one over the keys a query sees;
     `sigmoid` and `exp` are not normalised (masked weights are 0).
 
-    On a GPU the sweep is the Pallas flash kernel (`jaxattn._flash`) where it applies
+    On a GPU the sweep is the Pallas flash kernel (`jaxattn._pallas.flash`) where it applies
     (`use_flash`), chosen when the program is lowered for CUDA; elsewhere the XLA
     sweep below.
     """
@@ -123,7 +123,7 @@ def blocked_attention(
                                   default=lambda *a: _attend(*a, mask, spec))
 
 
-#: Where `blocked_attention` runs the Pallas flash kernel (`jaxattn._flash`), for the
+#: Where `blocked_attention` runs the Pallas flash kernel (`jaxattn._pallas.flash`), for the
 #: specs it takes: `"auto"` as `"cuda"` in a process with a GPU backend, else
 #: `"never"` (the CPU traces and runs the XLA sweep alone); `"cuda"`: the kernel on
 #: CUDA, the XLA sweep on every other platform, chosen at lowering
@@ -170,7 +170,7 @@ def _flash_route(spec: BlockSpec, dim: int) -> str | None:
 
 
 def _flash(q, k, v, offset, *, spec: BlockSpec):
-    from ._flash import flash_attention  # Pallas imported on the kernel's first use
+    from ._pallas.flash import flash_attention  # Pallas imported on the kernel's first use
     layout = _FLASH[-1]
 
     def block(size, count):  # no larger than the sequence needs, 16 at least (Triton)

@@ -1,4 +1,4 @@
-"""Mean-field attention as Pallas kernels (`jaxattn._flash`), in interpret mode against
+"""Mean-field attention as Pallas kernels (`jaxattn._pallas.flash`), in interpret mode against
 the blocked XLA path (`jaxattn._blocks`), finite differences, and lowered for CUDA."""
 
 import jax
@@ -8,7 +8,7 @@ from jax.test_util import check_grads
 
 import jaxattn as ja
 from jaxattn._blocks import block_spec, blocked_attention
-from jaxattn._flash import flash_attention
+from jaxattn._pallas.flash import flash_attention
 
 H, G, N, A = 2, 1, 37, 3  # 37 tokens: neither block size divides them
 

@@ -35,8 +35,8 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, PyTree
 
-from ._ensemble import BatchLast, is_batch_last
-from ._lanes import Lanes, evaluate, trace
+from .._ensemble import BatchLast, is_batch_last
+from .lanes import Lanes, evaluate, trace
 
 # Mosaic GPU (Pallas's default on CUDA) is not offered: its lane lowering has no
 # `sqrt` (JAX 0.10), which every norm placement needs.

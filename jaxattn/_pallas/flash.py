@@ -32,7 +32,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float
 
-from ._kernel import AbstractKernel, AbstractPointwiseKernel, Softmax, as_kernel
+from .._kernel import AbstractKernel, AbstractPointwiseKernel, Softmax, as_kernel
 
 
 def _allowed(i, j, *, m, n, causal: bool, window):

@@ -32,7 +32,7 @@ import numpy as np
 from jax import lax
 from jax.extend import core as jex
 
-from ._ensemble import round_operand
+from .._ensemble import round_operand
 
 
 class KernelUnsupported(ValueError):

@@ -62,10 +62,10 @@ def check_scalar(value, name: str, *, positive: bool = False, dtype=None):
         return eqx.error_if(value, bad, f"`{name}` must be finite{' and > 0' if positive else ''}.")
     # Only numbers: not a string ("1" would parse), a bool, None or a complex number.
     try:
-        kind = "U" if isinstance(value, str | bytes) else np.asarray(value).dtype.kind
+        dt = np.dtype(object) if isinstance(value, str | bytes) else np.asarray(value).dtype
     except (TypeError, ValueError):  # a ragged list
-        kind = "O"
-    if kind not in "iuf":
+        dt = np.dtype(object)
+    if not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer)):
         raise TypeError(f"`{name}` must be a real number, got {value!r}.")
     arr = np.asarray(value, dtype=np.float64)
     if arr.ndim != 0:

@@ -160,3 +160,15 @@ def test_verdict_fails_a_merge_time_ten_percent_off(monkeypatch):
         assert not wrong.ok and wrong.numbers["final_rel_error"] > 0.08
     monkeypatch.setattr(M, "merge_time", lambda x, b, e: two_cluster_time(x, b, e)[0])
     assert not study.verdict(config, data).ok
+
+
+def test_a_linking_distance_below_float64_resolution_is_refused_before_work():
+    """At `--eps 5e-324` the squared distances underflow and every token is linked at
+    t = 0 (the event fires before the first save): refused in one line."""
+    from jaxattn.experiments import get_experiment, resolve_config
+
+    config, _ = _saved_run()
+    config = {k: v for k, v in config.items() if k not in ("dtype", "experiment", "seed")}
+    with pytest.raises(ValueError, match="--eps must be ≥ 1e-12") as info:
+        resolve_config(get_experiment("metastability"), config | {"eps": 5e-324}, 0)
+    assert "\n" not in str(info.value)

@@ -61,6 +61,9 @@ T_MIN = 1e-3
 FINAL_TOL = 0.01
 #: Other post-transient plateaus: within this many decades of the integral.
 DECADES = 1.0
+#: The smallest linking distance: float64 unit vectors are not resolved closer (and
+#: the squared distances of a smaller one underflow, linking every token at t = 0).
+EPS_MIN = 1e-12
 
 
 def betas(config) -> np.ndarray:
@@ -164,6 +167,12 @@ class Metastability(AbstractExperiment):
         Param("rtol", float, 1e-7, "relative tolerance of the adaptive steps", 0.0),
         Param("max_steps", int, 1_000_000, "step budget of each run", 1),
     )
+
+    def check_config(self, config):
+        betas(config)
+        if not config["eps"] >= EPS_MIN:
+            raise ValueError(f"--eps must be ≥ {EPS_MIN:g} (float64 tokens are not resolved "
+                             f"closer), got {config['eps']!r}.")
 
     def simulate(self, config, progress):
         bs = betas(config)

@@ -154,7 +154,8 @@ def test_text_takes_ordinary_sentences(model_folder, prompts, tmp_path, capsys):
     assert main([*argv, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     ids = np.load(out / "data.npz")["ids"]
-    want = ja.models.tokenize(model_folder, SENTENCES)
+    with pytest.warns(UserWarning, match=r"prompt 0 loses 3 \('on a mat'\)"):
+        want = ja.models.tokenize(model_folder, SENTENCES)
     assert want.shape == (3, 3)
     np.testing.assert_array_equal(ids, want)
     assert "3×3 tokens" in printed and "'the cat sat'" in printed
@@ -191,7 +192,21 @@ def test_pad_pads_shorter_prompts(model_folder, prompts, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["loop", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "--pad [ID]" in help_text and "padding ids are tokens like any other" in help_text
+    assert "--pad [ID]" in help_text and "The padding is masked" in help_text
+
+
+def test_padding_is_masked_out_of_the_loop(model_folder, prompts, tmp_path):
+    """--pad: a padded prompt's E is that of the prompt looped alone (no token attends
+    to the padding, and E counts the text tokens); data.npz keeps the mask."""
+    argv = ["loop", "--model", str(model_folder), "--passes", "2", "--no-progress"]
+    assert main([*argv, "--text", str(prompts), "--pad", "--out", str(tmp_path / "all")]) == 0
+    data = np.load(tmp_path / "all" / "data.npz")
+    np.testing.assert_array_equal(data["mask"], data["ids"] != WORDS.index("[PAD]"))
+    alone = tmp_path / "alone.txt"
+    alone.write_text(SENTENCES[2] + "\n")  # the shortest: padded with 5 [PAD] above
+    assert main([*argv, "--text", str(alone), "--out", str(tmp_path / "one")]) == 0
+    np.testing.assert_allclose(data["E"][2], np.load(tmp_path / "one" / "data.npz")["E"][0],
+                               rtol=1e-5, atol=1e-7)  # float32: two programs
 
 
 def test_grid_no_progress_draws_no_bar(tmp_path, monkeypatch):

@@ -154,11 +154,10 @@ def register(sub) -> None:
                    "ja.models.detokenize shows their text (default: none, random ids)")
     p.add_argument("--pad", nargs="?", const="auto", default=None, type=_pad,
                    metavar="ID", help="with --text, pad prompts shorter than --tokens "
-                   "with token ID (no ID: the tokenizer's own padding token). The loop "
-                   "has no attention mask: padding ids are tokens like any other, they "
-                   "take part in the dynamics and in E (in a causal model they never "
-                   "change the text tokens before them) (default: no padding, shorter "
-                   "prompts refused)")
+                   "with token ID (no ID: the tokenizer's own padding token). The padding "
+                   "is masked: no token attends to it, and E counts the text tokens only "
+                   "(data.npz keeps the mask) (default: no padding, prompts cut to the "
+                   "shortest one's length, the words cut said)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32",
                    help="compute dtype (default: %(default)s)")
     p.add_argument("--precision", choices=list(PRECISIONS), default="float32",

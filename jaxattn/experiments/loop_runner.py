@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -93,8 +94,9 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
       tokenizer (`ja.models.tokenize`) in place of `prompts` random ids; `model`
       must then name a folder, file or packaged model.
     - `pad`: with `text`, the id appended to prompts shorter than `tokens`, or
-      `"auto"` (the tokenizer's padding token); padded ids are tokens like any
-      other (the loop has no attention mask). Default: shorter prompts are refused.
+      `"auto"` (the tokenizer's padding token); the padding is masked: no token
+      attends to it and `E` counts the text tokens only (`ja.models.loop(…, mask=)`).
+      Default: prompts are cut to the shortest one's length (and the cut is said).
     - `resume`: continue the loop in `out` (needs `out`); a finished one is left as it is.
     - `chunk_passes`: passes per saved chunk (what a kill can lose).
     - `progress`, `log`: a progress bar (passes, time left); where messages go
@@ -114,11 +116,12 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
     seed = check_seed(seed)
     key = jax.random.PRNGKey(seed)
     net = get_model(model, weights, key)  # before the folder: a bad model leaves none
-    ids, source = loop_prompts(model, net, prompts, tokens, seed, text, pad, log=log)
+    ids, mask, source = loop_prompts(model, net, prompts, tokens, seed, text, pad, log=log)
     source |= file_hashes(model, weights, text)
     check_ids(net, ids)  # before the folder too: more tokens than positions leave none
     setup = setup_loop(net, ids, passes=passes, ffn=ffn, weights=weights, key=key,
-                       dtype=DTYPES[dtype], save_states=save_states, precision=precision)
+                       dtype=DTYPES[dtype], save_states=save_states, precision=precision,
+                       mask=mask)
     config = settings(model, net) | {
         "weights": weights, "passes": passes, "ffn": ffn, "prompts": int(ids.shape[0]),
         "tokens": int(ids.shape[1]), "dtype": dtype, "precision": precision, "seed": seed,
@@ -133,7 +136,7 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
             log(f"{folder} holds this loop, finished; nothing to run")
             return folder
         seconds = stream_loop(folder, setup, chunk_passes, progress, log)
-        data = gather_loop(folder, setup, ids)
+        data = gather_loop(folder, setup, ids) | ({} if mask is None else {"mask": mask})
         save_npz(folder / "data.npz", **data)
         L = net.num_layers
         figures = save_loop_figure(data["E"], L, folder / "loop", title=loop_title(config),
@@ -148,23 +151,27 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
 def loop_prompts(model, net, prompts: int, tokens: int | None, seed: int, text, pad=None,
                  log=None):
     """The ids a loop runs, `(prompts, tokens)` random ones or the lines of the file
-    `text` tokenized, and what `config.json` records of them (the SHA-256 of the
-    prompts, blank lines skipped). `log` is told which prompts were cut and the
-    words they lost."""
+    `text` tokenized, the mask of their text tokens (`None` without `pad`: no
+    padding), and what `config.json` records of them (the SHA-256 of the prompts,
+    blank lines skipped). `log` is told which prompts were cut and the words they
+    lost."""
     if text is None:
-        return prompt_ids(net.config.vocab_size, prompts, tokens, seed), {}
+        return prompt_ids(net.config.vocab_size, prompts, tokens, seed), None, {}
     lines = read_prompts(text)
-    ids = tokenize(model, lines, tokens=tokens, pad=pad)
+    with warnings.catch_warnings():  # the cut is told below, one line a prompt
+        warnings.simplefilter("ignore", UserWarning)
+        ids, mask = tokenize(model, lines, tokens=tokens, pad=pad, return_mask=True)
     if log is not None:
         for line in cut_prompts(model, lines, ids.shape[1]):
             log(line)
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
-    return ids, {"text": str(text), "text_sha256": digest, "pad": pad}
+    return ids, (mask if pad is not None else None), {"text": str(text),
+                                                       "text_sha256": digest, "pad": pad}
 
 
 def cut_prompts(model, lines: list[str], n: int) -> list[str]:
     """One line per prompt cut to `n` tokens: how many tokens it lost, and their text
-    (the loop has no attention mask, so prompts share one length)."""
+    (without `--pad`, prompts share the shortest one's length)."""
     said = []
     for i, line in enumerate(lines):
         full = tokenize(model, line)

@@ -46,7 +46,7 @@ test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -m slow -q -n $(TEST_WORKERS)
+	$(PY) -m pytest -m slow -q -n $(TEST_WORKERS) --durations=25
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxattn tests benchmarks

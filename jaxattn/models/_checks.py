@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
 
+from .._validate import check_flag as check_flag
 from ._arch import AbstractTransformer
 
 
@@ -15,14 +16,6 @@ def check_model(model) -> AbstractTransformer:
             f"{type(model).__name__}."
         )
     return model
-
-
-def check_flag(value, name: str) -> bool:
-    """`value` if it is `True` or `False` (a NumPy bool too), else a `TypeError` naming
-    the argument: `ffn="no"` would otherwise be true."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"`{name}` must be True or False, got {value!r}.")
-    return bool(value)
 
 
 def check_ids(model: AbstractTransformer, ids) -> Int[Array, "B n"]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._validate import check_flag
 from ._gguf import open_gguf
 from ._load import PACKAGED, packaged_path
 
@@ -171,8 +172,8 @@ def tokenize(
     if pad is not None and pad != "auto" and not _is_int(pad, 0):
         error = ValueError if _is_int(pad, -(1 << 62)) else TypeError
         raise error(f'`pad` must be None, "auto" or a token id ≥ 0, got {pad!r}.')
-    _check_flag(special_tokens, "special_tokens")
-    _check_flag(return_mask, "return_mask")
+    check_flag(special_tokens, "special_tokens")
+    check_flag(return_mask, "return_mask")
     tok = load_tokenizer(source)
     pad = _pad_id(tok, source) if pad == "auto" else pad
     if pad is not None and pad >= tok.get_vocab_size():
@@ -250,7 +251,7 @@ def detokenize(
         raise TypeError(f"{what} {got}.")
     if array.ndim not in (1, 2):
         raise ValueError(f"{what} shape {array.shape}.")
-    _check_flag(special_tokens, "special_tokens")
+    check_flag(special_tokens, "special_tokens")
     tok = load_tokenizer(source)
     size = tok.get_vocab_size()
     if array.size and (array.min() < 0 or array.max() >= size):
@@ -265,11 +266,6 @@ def detokenize(
 def _is_int(value, low: int) -> bool:
     return (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
             and value >= low)
-
-
-def _check_flag(value, name: str) -> None:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"`{name}` must be True or False, got {value!r}.")
 
 
 def _check_texts(texts) -> tuple[bool, list[str]]:

@@ -137,6 +137,9 @@ REFUSED_EARLY = [
     ("noisy-transition", "sweep_tau", 5e-324, "--sweep-tau"),
     ("norm-beta", "step", 5e-324, "--step"),
     ("phase-diagram", "beta_min", 1e6, "--beta-min"),
+    ("antipodal", "tau", 5e-324, "--tau"),
+    ("antipodal", "tau", 0.6, "--tau"),
+    ("hardmax", "tau", 2.0, "--tau"),
 ]
 
 

@@ -51,6 +51,7 @@ from ..theory import (
 )
 from .base import AbstractExperiment, Param, Verdict
 from .pieces import advance
+from .runner import MAX_LAYERS
 from .verdicts import short
 
 #: A pair ends antipodal when `1 + ρ_T < GAP`, in one cluster when `1 − ρ_T < GAP`.
@@ -200,10 +201,17 @@ class Antipodal(AbstractExperiment):
         Param("formation_dim", int, 4, "dimension d of the n > 2 formations", 2),
     )
 
-    def simulate(self, config, progress):
+    def check_config(self, config):
         if config["tau"] > 0.5:
             raise ValueError(f"--tau must be ≤ 0.5 (a layer is one step of the SDE), got "
                              f"{config['tau']!r}.")
+        end = max(config["horizon"], EXPONENT_TIME)
+        if not end / config["tau"] * 2 <= MAX_LAYERS:  # the threshold runs' step is τ/2
+            raise ValueError(f"--tau {config['tau']!r} takes {end / config['tau'] * 2:.3g} "
+                             f"layers of τ/2 to reach T = {end:g}, more than {MAX_LAYERS} (JAX "
+                             "counts in int32): take a larger --tau.")
+
+    def simulate(self, config, progress):
         key = jax.random.PRNGKey(config["seed"])
         dims, betas, runs = dims_of(config), betas_of(config), config["runs"]
         sigma, tau = config["sigma"], config["tau"]

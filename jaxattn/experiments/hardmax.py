@@ -233,10 +233,12 @@ class Hardmax(AbstractExperiment):
         Param("nsd_steps", int, 2000, "steps of the NSD runs", 10),
     )
 
-    def simulate(self, config, progress):
+    def check_config(self, config):
         if config["tau"] > 1:
             raise ValueError(f"--tau is a Frank–Wolfe step size: it must be ≤ 1, got "
                              f"{config['tau']!r}.")
+
+    def simulate(self, config, progress):
         k_p, k_x, k_n = jax.random.split(jax.random.PRNGKey(config["seed"]), 3)
         P = key_query(k_p, config["random_psd"])
         m, tau, steps = config["vertices"], config["tau"], config["steps"]

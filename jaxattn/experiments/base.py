@@ -26,6 +26,7 @@ The rule the family keeps, as equinox's abstract/final pattern:
 import abc
 import dataclasses
 import math
+import sys
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -75,6 +76,9 @@ def convert(param: Param, value: Any) -> Any:
         raise ValueError(f"{param.flag} must be {want}, got {value!r}.") from None
     if param.type is float and not math.isfinite(converted):
         raise ValueError(f"{param.flag} must be finite, got {value!r}.")
+    if param.type is float and 0 < abs(converted) < sys.float_info.min:
+        raise ValueError(f"{param.flag} {value!r} is subnormal, below 2.2e-308, and XLA "
+                         "computes with it as 0: choose a larger value.")
     if param.minimum is not None:
         too_small = converted < param.minimum if param.type is int else converted <= param.minimum
         if too_small:

@@ -145,6 +145,7 @@ REFUSED_EARLY = [
     ("thm41-sphere", "tau", 5e-324, "subnormal"),
     ("antipodal", "tau", 0.6, "--tau"),
     ("hardmax", "tau", 2.0, "--tau"),
+    ("steer", "std", 1e-30, "--std"),
 ]
 
 

@@ -66,8 +66,19 @@ def random_prompts(config, d, offset=0):
     return random_tokens(key, config["prompts"], config["tokens"], d)
 
 
+#: The smallest `--std`: the random weights' products (of order std²) stay above
+#: float32's smallest normal number, where the models compute.
+MIN_STD = float(np.sqrt(np.finfo(np.float32).tiny))
+
+
 class AbstractPowerExperiment(AbstractExperiment):
     """A paper 004 experiment: its own parameters only (no flow horizon or saves)."""
+
+    def check_config(self, config):
+        if "std" in config and config["std"] < MIN_STD:
+            raise ValueError(f"--std {config['std']!r}: the random weights' products (of "
+                             "order std²) underflow float32, where the models compute (all "
+                             f"zero); choose --std ≥ {MIN_STD:.2g}.")
 
 
 #: The family of the random config (default GPT-2).

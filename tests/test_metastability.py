@@ -163,12 +163,13 @@ def test_verdict_fails_a_merge_time_ten_percent_off(monkeypatch):
 
 
 def test_a_linking_distance_below_float64_resolution_is_refused_before_work():
-    """At `--eps 5e-324` the squared distances underflow and every token is linked at
-    t = 0 (the event fires before the first save): refused in one line."""
+    """Unit vectors in float64 are not resolved closer than ~1e-16, so a linking
+    distance of 1e-20 could never see a merger (and at 5e-324 the squared distances
+    underflowed, linking every token at t = 0): refused in one line."""
     from jaxattn.experiments import get_experiment, resolve_config
 
     config, _ = _saved_run()
     config = {k: v for k, v in config.items() if k not in ("dtype", "experiment", "seed")}
     with pytest.raises(ValueError, match="--eps must be ≥ 1e-12") as info:
-        resolve_config(get_experiment("metastability"), config | {"eps": 5e-324}, 0)
+        resolve_config(get_experiment("metastability"), config | {"eps": 1e-20}, 0)
     assert "\n" not in str(info.value)

@@ -229,5 +229,8 @@ def test_quick_run_writes_the_summary(tmp_path):
     for c in cases:
         assert c["K_theory"] == pytest.approx(noisy_threshold(c["beta"], 2))
         assert c["continuous"] == (c["beta_ratio"] <= 1)
-        assert {"K_estimate", "K_se", "hysteresis_width"} <= set(c)
+        assert {"K_estimate", "K_se", "hysteresis_width", "K_equation", "K_c_equation",
+                "K_at_tau", "equilibrated"} <= set(c)
+        assert abs(c["K_equation"] / c["K_theory"] - 1) < nt.SHARP_TOL
+        assert len(c["K_at_tau"]) == 2 and c["equilibrated"] <= c["couplings"]
     assert (out / "noisy_transition.png").exists() and (out / "table.csv").exists()

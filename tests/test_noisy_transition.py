@@ -213,6 +213,7 @@ def eqx_stack(d, K, beta, count):
 @pytest.mark.parametrize("flags, message", [
     (["--k-min", "1.2"], "need --k-min < 1 < --k-max"),
     (["--window", "0.2", "--sweep-tau", "0.1"], "too few for --blocks 4"),
+    (["--max-dim", "4"], "--max-dim must be 2 or 3"),
 ])
 def test_bad_settings_are_one_line(capsys, tmp_path, flags, message):
     assert main(["run", "noisy-transition", "--out", str(tmp_path / "x"), *flags]) == 2

@@ -145,3 +145,16 @@ def test_layer_diffusion_is_the_free_layers_decay(seed, d):
     # it depends on σ and τ only through σ²τ
     assert T.layer_diffusion(d, tau, 1.0) == pytest.approx(
         T.layer_diffusion(d, tau / 2, sigma), rel=1e-12)
+
+
+@pytest.mark.parametrize("d", [2, 3, 16])
+def test_the_antipodal_threshold_stays_finite_as_the_noise_vanishes(d):
+    """β_c = log(√2/σ) + O(σ²) for small σ: the closed form, where (1/σ²)² would
+    overflow, meets the exact one to rounding and stays finite down to 5e-324."""
+    from jaxattn.theory._antipodal import SMALL_SIGMA
+
+    exact = ja.theory.antipodal_threshold(d, SMALL_SIGMA * 1.01)
+    assert math.isclose(exact, math.log(math.sqrt(2) / (SMALL_SIGMA * 1.01)), rel_tol=1e-15)
+    for sigma in (1e-80, 2.3e-308, 5e-324):
+        beta_c = ja.theory.antipodal_threshold(d, sigma)
+        assert math.isclose(beta_c, 0.5 * math.log(2) - math.log(sigma), rel_tol=1e-15), sigma

@@ -86,6 +86,11 @@ def antipodal_rate(beta, d: int, sigma):
     return 4.0 * a + 2.0 * sigma**2 * ((d - 1) * q - 1.0)
 
 
+#: Below this σ, `antipodal_threshold` takes its limit `log(√2/σ)`: the terms it drops
+#: are `O(σ²)`, below float64's rounding, and `(1/σ²)²` overflows further down.
+SMALL_SIGMA = 1e-50
+
+
 def antipodal_threshold(d: int, sigma) -> float:
     """The `β` past which the antipodal end attracts: `β_c = ½ log E`, `E` the larger
     root of `E² − 2cE + 1 − 2/σ² = 0`, `c = d − 2 + 1/σ²` (`antipodal_rate = 0` with
@@ -101,6 +106,8 @@ def antipodal_threshold(d: int, sigma) -> float:
     `β_c` as a float; `0.0` when `antipodal_rate < 0` at every `β > 0`.
     """
     sigma, d = check_sphere_args(sigma, d, name="sigma")
+    if sigma < SMALL_SIGMA:  # (1/σ²)² overflows below ~1e-77; β_c = log(√2/σ) + O(σ²)
+        return 0.5 * math.log(2.0) - math.log(sigma)
     c = d - 2 + 1 / sigma**2
     disc = c**2 - 1 + 2 / sigma**2
     if disc < 0:

@@ -106,7 +106,7 @@ def test_help_and_argument_errors_answer_without_jax(argv, code):
 
 
 def test_the_declared_constants_are_the_modules():
-    from jaxattn._precision import PRECISIONS
+    from jaxattn import PRECISIONS
     from jaxattn.bench import suite
     from jaxattn.cli import bench
 

@@ -10,7 +10,8 @@ from _helpers import random_dynamics, random_tokens
 
 import jaxattn as ja
 from jaxattn.experiments import paper as _paper
-from jaxattn.explore._bipartite import BipartiteWeights, bipartite_log_radius
+from jaxattn.explore import BipartiteWeights
+from jaxattn.explore._bipartite import bipartite_log_radius
 
 E = ja.explore
 

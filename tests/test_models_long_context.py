@@ -241,7 +241,7 @@ def test_blocked_hidden_states_match_hf(family, tmp_path, seed, blocked):
 
 
 def smollm2_path() -> Path | None:
-    from jaxattn.models._load import packaged_path
+    from jaxattn.models import packaged_path
 
     return packaged_path("SmolLM2-135M-Instruct")
 

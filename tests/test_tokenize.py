@@ -11,7 +11,7 @@ import pytest
 
 import jaxattn as ja
 from jaxattn.cli import main
-from jaxattn.models._load import packaged_path
+from jaxattn.models import packaged_path
 
 pytest.importorskip("tokenizers")
 MINILM = "all-MiniLM-L6-v2"

@@ -55,14 +55,20 @@ def _where(ok, x, fill):
     return x if ok is None else jnp.where(ok, x, fill)
 
 
+def _lane_products(rows, cols):
+    """`Σ_c rows[c][:, None] · cols[c][None, :]`, `(bq, bk)`: the product of two blocks
+    stored as lanes (one vector per coordinate), summed coordinate by coordinate."""
+    total = None
+    for r, c in zip(rows, cols):
+        term = r[:, None] * c[None, :]
+        total = term if total is None else total + term
+    return total
+
+
 def _scores(qs, ks, off, big):
     """`(bq, bk)` scores of query lanes `qs` against key lanes `ks`, clipped to the
     float range, then offset (as `jaxattn._blocks` orders them)."""
-    s = None
-    for qc, kc in zip(qs, ks):
-        term = qc[:, None] * kc[None, :]
-        s = term if s is None else s + term
-    return jnp.clip(s, -big, big) + off
+    return jnp.clip(_lane_products(qs, ks), -big, big) + off
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, off_ref, o_ref, lse_ref, *, a, cv, m, bq, bk,
@@ -133,10 +139,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dq_ref,
         j = start + lax.iota(jnp.int32, bk)
         s = _scores(qs, [k_ref[c, pl.ds(start, bk)] for c in range(a)], off, big)
         ok = _allowed(i, j, m=mk, n=None, causal=causal, window=window)
-        dp = None
-        for c in range(cv):
-            term = dos[c][:, None] * v_ref[c, pl.ds(start, bk)][None, :]
-            dp = term if dp is None else dp + term
+        dp = _lane_products(dos, [v_ref[c, pl.ds(start, bk)] for c in range(cv)])
         _, ds = _grad_weights(kernel, s, ok, lse, dp, delta)
         dq = tuple(dq[c] + jnp.sum(ds * k_ref[c, pl.ds(start, bk)][None, :], axis=1)
                    for c in range(a))
@@ -169,10 +172,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dk_ref
         s = _scores(qs, ks, off, big)
         ok = _allowed(i, j, m=mk, n=None if n % bq == 0 else n, causal=causal,
                       window=window)
-        dp = None
-        for c in range(cv):
-            term = dos[c][:, None] * vs[c][None, :]
-            dp = term if dp is None else dp + term
+        dp = _lane_products(dos, vs)
         p, ds = _grad_weights(kernel, s, ok, lse_ref[pl.ds(start, bq)], dp,
                               delta_ref[pl.ds(start, bq)])
         dv = tuple(dv[c] + jnp.sum(p * dos[c][:, None], axis=0) for c in range(cv))

@@ -248,14 +248,18 @@ class Scene:
         self.background = self.fig.canvas.copy_from_bbox(self.fig.bbox)
 
     # --- the picture ---------------------------------------------------------------
+    def _blank(self, half: float, wide: float | None = None):
+        """The axis as a bare canvas `[-wide, wide] × [-half, half]` (square by default)."""
+        self.ax.set_xlim(-(wide or half), wide or half)
+        self.ax.set_ylim(-half, half)
+        self.ax.set_aspect("equal")
+        self.ax.axis("off")
+        return self.ax
+
     def _setup_sphere(self):
         from matplotlib.collections import LineCollection
 
-        ax = self.ax
-        ax.set_xlim(-1.12, 1.12)
-        ax.set_ylim(-1.12, 1.12)
-        ax.set_aspect("equal")
-        ax.axis("off")
+        ax = self._blank(1.12)
         if self.ball:
             ax.add_patch(self.plt.Circle((0, 0), 1, fill=True, color="0.93", zorder=0))
         else:
@@ -272,11 +276,7 @@ class Scene:
     def _setup_circle(self):
         from matplotlib.collections import LineCollection
 
-        ax = self.ax
-        ax.set_xlim(-1.15, 1.15)
-        ax.set_ylim(-1.15, 1.15)
-        ax.set_aspect("equal")
-        ax.axis("off")
+        ax = self._blank(1.15)
         ax.add_patch(self.plt.Circle((0, 0), 1, fill=False, color="0.5", lw=1.2, zorder=1))
         self.trails = LineCollection([], linewidths=1.6, zorder=3, capstyle="round")
         ax.add_collection(self.trails)
@@ -285,11 +285,7 @@ class Scene:
     def _setup_density(self):
         from matplotlib.colors import LogNorm
 
-        ax = self.ax
-        ax.axis("off")
-        ax.set_xlim(-2.3, 2.3)
-        ax.set_ylim(-1.3, 1.3)
-        ax.set_aspect("equal")
+        ax = self._blank(1.3, wide=2.3)
         n = self.xs.shape[1]
         # about 8 tokens a cell for the uniform measure: coarser cells for fewer tokens
         self.bins = int(np.clip(np.sqrt(n / 8 / (np.pi / 2)), 12, 72))

@@ -52,7 +52,7 @@ from ..theory import (
 from .base import AbstractExperiment, Param, Verdict
 from .pieces import advance
 from .runner import MAX_LAYERS
-from .verdicts import short
+from .verdicts import extrapolate, short
 
 #: A pair ends antipodal when `1 + ρ_T < GAP`, in one cluster when `1 − ρ_T < GAP`.
 GAP = 1e-2
@@ -152,14 +152,6 @@ def crossing_fit(betas, values, se) -> tuple[float, float]:
     zero = -icept / slope
     grad = np.array([icept / slope**2, -1 / slope])
     return float(zero), float(np.sqrt(grad @ cov @ grad))
-
-
-def extrapolate(taus, values, se) -> tuple[float, float]:
-    """The straight line through `(τ, value ± se)` at `τ = 0`, and its standard error:
-    with two steps `τ/2, τ`, `2 v(τ/2) − v(τ)`."""
-    taus, values, se = (np.asarray(v, float) for v in (taus, values, se))
-    (slope, icept), cov = np.polyfit(taus, values, 1, w=1 / se, cov="unscaled")
-    return float(icept), float(np.sqrt(cov[1, 1]))
 
 
 def window_of(d: int, sigma: float) -> np.ndarray:

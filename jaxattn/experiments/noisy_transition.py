@@ -76,10 +76,9 @@ from .._app import figures
 from .._manifold import normalize
 from ..meanfield import transition_coupling
 from ..theory import fit_threshold, layer_diffusion, noisy_beta_star, noisy_threshold
-from .antipodal import extrapolate
 from .base import AbstractExperiment, Param, Verdict
 from .runner import MAX_LAYERS
-from .verdicts import short
+from .verdicts import extrapolate, short
 
 #: The noise's strength: each free token is Brownian motion with generator `Δ`.
 SIGMA = math.sqrt(2.0)

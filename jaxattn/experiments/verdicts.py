@@ -1,7 +1,8 @@
 """How an experiment's outcome is judged against a theorem: numbers for a verdict
-line, the convergence trend at the end of a run, its kind (`VERDICT_KINDS`) and the
-words that name it. Shared by every experiment that judges a theorem (`theorem.py`,
-`search.py` and their members); nothing here simulates.
+line, a measurement extrapolated to τ → 0, the convergence trend at the end of a run,
+its kind (`VERDICT_KINDS`) and the words that name it. Shared by every experiment
+that judges a theorem (`theorem.py`, `search.py` and their members); nothing here
+simulates.
 """
 
 import dataclasses
@@ -24,6 +25,15 @@ def short(x: float | None) -> str:
     if abs(x) < 1e-15:  # rounding level of float64: a computed 0 may come out as ±2e-16
         return "0"
     return f"{x:.1e}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.3g}"
+
+
+def extrapolate(taus, values, se) -> tuple[float, float]:
+    """A layered measurement taken to the flow (`τ → 0`): the straight line through
+    `(τ, value ± se)` at `τ = 0`, and its standard error; with two steps `τ/2, τ`,
+    `2 v(τ/2) − v(τ)`."""
+    taus, values, se = (np.asarray(v, float) for v in (taus, values, se))
+    (slope, icept), cov = np.polyfit(taus, values, 1, w=1 / se, cov="unscaled")
+    return float(icept), float(np.sqrt(cov[1, 1]))
 
 
 def largest_rise(values: np.ndarray) -> float:

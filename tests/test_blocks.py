@@ -218,6 +218,26 @@ def test_implicit_solvers_run_on_the_blocked_path():
     assert float(jnp.max(jnp.abs(runs[1] - reference))) < 1e-6
 
 
+def test_an_implicit_solver_takes_a_matrix_free_root_finder_on_the_blocked_path():
+    """Newton with GMRES (no Jacobian materialised: what a large n needs,
+    docs/limits.md) gives the dense default root finder's solution in blocks."""
+    import diffrax as dfx
+    import lineax as lx
+    import optimistix as optx
+
+    eye = jnp.eye(2)[None]
+    x0 = ja.sample_ellipsoid(jax.random.PRNGKey(0), 40, 2)
+    ts = jnp.linspace(0.0, 1.0, 3)
+    free = dfx.Kvaerno3(root_finder=optx.Newton(
+        rtol=1e-9, atol=1e-11, linear_solver=lx.GMRES(rtol=1e-10, atol=1e-12, restart=30,
+                                                      stagnation_iters=30)))
+    blocked = ja.SelfAttentionDynamics(eye, eye, beta=4.0, kernel="usa", block_size=8)
+    ys = ja.solve_flow(blocked, x0, ts, solver=free, rtol=1e-8, atol=1e-10)
+    dense = ja.solve_flow(ja.SelfAttentionDynamics(eye, eye, beta=4.0, kernel="usa"), x0, ts,
+                          solver=dfx.Kvaerno3(), rtol=1e-8, atol=1e-10)
+    assert _rel(ys, dense) < 1e-7
+
+
 @pytest.mark.slow
 def test_implicit_solvers_at_the_size_where_blocks_take_over():
     """n = 600 (float64, one head: past `DENSE_LIMIT`), as `jaxattn run metastability

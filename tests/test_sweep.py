@@ -364,3 +364,21 @@ def test_a_sweep_over_heads_says_that_the_heads_are_summed(key, values, noted):
     assert ("h heads move the tokens about h times as fast" in printed) is noted, printed
     assert summary["notes"] == ([get_experiment("thm41-sphere").grid_notes["heads"]]
                                 if noted else [])
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--instances", "0"], "--instances must be a whole number ≥ 1"),
+    (["--set", "horizon=-1"], "--horizon must be > 0"),
+    (["--grid", "beta=1,x"], "--beta must be a number"),
+], ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_a_bad_value_is_refused_before_jax_loads(argv, words, tmp_path):
+    """As `jaxattn run` does: the values are checked from the experiment's source,
+    so the answer comes at once (JAX's import took ~19 s under load)."""
+    code = ("import sys\nfrom jaxattn.cli import main\n"
+            f"code = main(['sweep', 'thm41-sphere', *{argv!r}, '--out', {str(tmp_path / 'o')!r}])\n"
+            "assert code == 2, code\nassert 'jax' not in sys.modules, 'JAX loaded'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert words in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "o").exists()

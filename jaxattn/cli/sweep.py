@@ -42,7 +42,31 @@ def _typed(experiment: str, fixed: dict[str, str], grid: dict[str, list[str]]):
             {k: [value(k, v) for v in values] for k, values in grid.items()})
 
 
+def _precheck(args: argparse.Namespace) -> None:
+    """The values of `jaxattn sweep NAME` checked as `jaxattn run NAME` checks them,
+    from the experiment's source, before JAX loads (a spec file is read by the sweep)."""
+    from ..experiments import SWEEPABLE, declared_params
+    from ..experiments.base import convert
+
+    for flag in ("instances", "chunk", "devices"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise CLIError(f"--{flag} must be a whole number ≥ 1, got {value}.")
+    if Path(args.name).suffix.lower() in (".toml", ".json") or args.name not in SWEEPABLE:
+        return  # the sweep reads the file, or names the experiments
+    params = {p.name: p for p in declared_params(args.name) or ()}
+    pairs = [_pair(t, "--set") for t in args.set]
+    pairs += [(key, v) for key, values in _grid(args.grid).items() for v in values]
+    for key, text in pairs:
+        if key in params:
+            try:
+                convert(params[key], text)
+            except ValueError as e:
+                raise CLIError(str(e)) from None
+
+
 def _sweep(args: argparse.Namespace) -> int:
+    _precheck(args)
     import jax
 
     from .._validate import check_count, check_seed

@@ -65,9 +65,9 @@ BAD = [
     (["sweep", "thm41-sphere", "--grid", "beta=1", "--grid", "beta=2"], "given twice"),
     (["sweep", "thm41-sphere", "--grid", "gamma=1"], "no parameter 'gamma'"),
     (["sweep", "thm41-sphere", "--set", "heads=two"], "must be an integer"),
-    (["sweep", "thm41-sphere", "--instances", "0"], "`instances` must be a whole number ≥ 1"),
+    (["sweep", "thm41-sphere", "--instances", "0"], "--instances must be a whole number ≥ 1"),
     (["sweep", "thm41-sphere", "--resume"], "--resume needs --out"),
-    (["sweep", "thm41-sphere", "--devices", "0"], "`--devices` must be a whole number ≥ 1"),
+    (["sweep", "thm41-sphere", "--devices", "0"], "--devices must be a whole number ≥ 1"),
     (["sweep", "thm32-gradient", "--set", "sphere=maybe"], "sphere must be true or false"),
     (["sweep", "/nonexistent/spec.toml"], "cannot read the sweep spec"),
     (["doctor", "--size", "0"], "`--size` must be a whole number ≥ 1"),
@@ -133,7 +133,7 @@ def test_real_process_exit_status_and_stderr():
     r = subprocess.run([sys.executable, "-m", "jaxattn", "sweep", "thm41-sphere", "--grid",
                         "beta=0"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip().splitlines() == ["jaxattn sweep: error: --beta must be > 0, got 0.0."]
+    assert r.stderr.strip().splitlines() == ["jaxattn sweep: error: --beta must be > 0, got '0'."]
 
 
 def test_interrupted_run_folder_is_marked_incomplete(tmp_path, monkeypatch, capsys):

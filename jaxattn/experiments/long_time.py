@@ -399,7 +399,7 @@ def rescaled_flow(x0: Float[Array, "n d"], beta: float, ts, *, eps: float, targe
         raise ValueError("rescaled_flow needs finite save times increasing from 0.")
     if not 0 < snap < eps:
         raise ValueError(f"rescaled_flow needs 0 < snap < eps, got {snap!r} and {eps!r}.")
-    if not 0 < rtol <= snap / 1000:
+    if not 0 < rtol <= snap / 1000 * (1 + 1e-9):
         raise ValueError(f"rescaled_flow needs 0 < rtol ≤ snap/1000 = {snap / 1000:g}, got "
                          f"{rtol!r}.")
     x = np.array(x0, float)

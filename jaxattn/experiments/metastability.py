@@ -78,6 +78,9 @@ EPS_MIN = 1e-12
 #: eigenvalues above 1e-8 of the largest, and a float64 Hessian rounds the smaller
 #: couplings' modes away (at β = 500 they span 25 decades and more).
 SPAN_MAX = 6.0
+#: The smallest `--rtol` of the rescaled integrator (which takes at most `SNAP/1000`):
+#: its log-time `τ ≤ 709` is resolved to `10⁻¹³`.
+RTOL_MIN = 1e-13
 #: The largest `--log-horizon`: float64 times end at 1.8·10³⁰⁸.
 LOG_HORIZON_MAX = 308.0
 
@@ -231,6 +234,12 @@ class Metastability(AbstractExperiment):
         if log > math.log10(2.0 ** 52) and not rescaled(config):
             raise ValueError(f"--log-horizon {log!r} is past 2**52, where a solver in t "
                              "cannot step: add --integrator rescaled.")
+        if rescaled(config) and not config["eps"] > 10 * SNAP:
+            raise ValueError(f"--eps must be > {10 * SNAP:g} with --integrator rescaled (its "
+                             f"points join at {SNAP:g}), got {config['eps']!r}.")
+        if rescaled(config) and not config["rtol"] >= RTOL_MIN:
+            raise ValueError(f"--rtol must be ≥ {RTOL_MIN:g} with --integrator rescaled (its "
+                             f"log-time, up to 709, resolves no finer), got {config['rtol']!r}.")
         if not config["eps"] >= EPS_MIN:
             raise ValueError(f"--eps must be ≥ {EPS_MIN:g} (float64 tokens are not resolved "
                              f"closer), got {config['eps']!r}.")

@@ -4,9 +4,16 @@ Koubbi, Polyanskiy, Rigollet, "Dynamic metastability in the self-attention model
 
 `n` tokens drawn uniformly on the sphere `S^{d−1}` follow the `usa` flow (weights
 `exp(β(⟨x_i, x_j⟩ − 1)) / n`, the `exp` dynamics in time rescaled by `e^β`), in
-float64 with adaptive implicit steps (`ja.solve_flow`, Kvaerno3), saved on a logarithmic grid
-up to `--horizon` and stopped by an event once `--target` clusters are left
-(`long_time.merged`). For each `β`: the interaction energy
+float64, saved on a logarithmic grid up to `--horizon` (or `10^{--log-horizon}`) and
+stopped by an event once `--target` clusters are left. Two integrators:
+`--integrator plain` takes adaptive implicit steps in `t` (`ja.solve_flow`,
+Kvaerno3, stopped by `long_time.merged`); its final merger is the end of the step
+where the count dropped, and a solver in `t` stops at `2⁵² ≈ 4.5·10¹⁵`.
+`--integrator rescaled` (`long_time.rescaled_flow`) steps in a rescaled time `s`
+(one unit per unit of `log t` on a plateau, per closing distance in a merger), the
+clusters joined as point masses once their tokens are `1e-7` apart, and locates
+every merger by its event: at β = 500 the eight tokens' last merger, near
+`t = 5·10²⁸³`, in ~10 s. For each `β`: the interaction energy
 `E = (1/n²) Σ_ij e^{β(⟨x_i, x_j⟩ − 1)}` (`ja.metrics.interaction_energy`) and the
 cluster count over time; the plateaus of the count and the mergers between them
 (`ja.metrics.plateaus`); on each plateau the index of the saddle the tokens sit near
@@ -30,7 +37,13 @@ step on the log-time axis, not a quick succession of mergers). Judged:
    pull on the closing pair);
 3. on the circle, the saddle index `k − 1` on each post-transient `k`-cluster
    plateau (`k` clusters on a circle: `k − 1` unstable directions of their relative
-   angles). The indices of the transients are stated, not judged.
+   angles) whose clusters' couplings span at most `SPAN_MAX` decades
+   (`long_time.coupling_span`; past that a float64 Hessian rounds the weak
+   couplings' modes away, as at β = 500). The indices of the transients and of the
+   unresolved plateaus are stated, not judged.
+
+With the rescaled integrator the plateaus end at the mergers its events located;
+with the plain one, between two saves (the staircase's jumps).
 """
 
 import math
@@ -173,7 +186,8 @@ def study(data, config) -> list[dict]:
                          "predicted_laplace": _exp(log_laplace), "delta": delta,
                          "saddle_index": cluster_index(ys[mid], float(beta), config["eps"])})
             start = end
-        mergers = [float(t) for t in stair.jumps] + ([t1] if stopped else [])
+        mergers = ([float(t) for t in exact if math.isfinite(t)] if exact is not None else
+                   [float(t) for t in stair.jumps] + ([t1] if stopped else []))
         out.append({"beta": float(beta), "mergers": mergers, "final_merger":
                     t1 if stopped else None, "plateaus": rows, "t1": t1,
                     "steps": int(data["steps"][b])})

@@ -233,8 +233,10 @@ class Metastability(AbstractExperiment):
         Param("saves", int, 240, "number of log-spaced save times from 10⁻³ to T", 2),
         Param("eps", float, 1e-2, "linking distance of a cluster (Euclidean)", 0.0),
         Param("target", int, 1, "stop once this many clusters are left (1: consensus)", 1),
-        Param("rtol", float, 1e-7, "relative tolerance of the adaptive steps", 0.0),
-        Param("max_steps", int, 1_000_000, "step budget of each run", 1),
+        Param("rtol", float, 1e-7, "relative tolerance of the adaptive steps (the rescaled "
+              "integrator takes at most 1e-10)", 0.0),
+        Param("max_steps", int, 1_000_000, "step budget of each plain run (the rescaled "
+              "integrator: 4096 per segment between two events)", 1),
     )
 
     def check_config(self, config):

@@ -2,7 +2,8 @@
 `∂_t μ = (σ²/2) Δμ − K div(μ X[μ])` (`docs/meanfield_equation.md`), for `d = 2`
 (`Circle`, Fourier) and `d = 3` (`Sphere`, spherical harmonics): its solver, free
 energy and order parameter, the uniform state's linear growth rates, and the
-transition couplings `K_#` and `K_c`."""
+transition couplings `K_#` and `K_c`; on the circle, the particle system itself with its
+field summed in Fourier modes (`circle_particles`, `O(n)` per step)."""
 
 from ._circle import Circle as Circle
 from ._etd import ETDRK4 as ETDRK4
@@ -15,6 +16,9 @@ from ._measures import mode_distance as mode_distance
 from ._measures import order_parameter as order_parameter
 from ._measures import sample as sample
 from ._measures import uniform as uniform
+from ._particles import circle_modes as circle_modes
+from ._particles import circle_particles as circle_particles
+from ._particles import circle_velocity as circle_velocity
 from ._solve import solve as solve
 from ._sphere import Sphere as Sphere
 from ._stability import growth_rate as growth_rate

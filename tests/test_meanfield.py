@@ -256,6 +256,25 @@ def test_the_verdict_fails_when_a_prediction_is_shifted_by_10_percent(monkeypatc
     assert not member.verdict(config, data).ok
 
 
+def test_the_verdict_fails_when_the_particles_are_not_solve_flows():
+    """The particles move under `circle_particles` (the field in Fourier modes); the
+    verdict asks that they end where `ja.solve_flow`'s do (the saved run: 8e-14)."""
+    config, data = _saved_run()
+    member = mfe.MeanFieldEquation()
+    assert member.verdict(config, data).ok
+    assert not member.verdict(config, data | {"pairwise_gap": np.array(1e-8)}).ok
+
+
+def test_the_saved_run_reaches_a_hundred_thousand_particles():
+    """The saved run's slope spans `n = 10²…10⁵` and its standard error is read from
+    the samples (the RMS's spread), within the verdict's tolerance of `−1/2`."""
+    config, data = _saved_run()
+    assert list(data["tokens"]) == [100, 1000, 10_000, 100_000]
+    slope, error = mfe.fitted_slope(data)
+    assert 0 < error < mfe.SLOPE_TOL / 3
+    assert abs(slope - mfe.SLOPE) <= mfe.SLOPE_TOL
+
+
 @pytest.mark.slow
 def test_tiny_run_writes_its_summary(tmp_path):
     out = tmp_path / "run"

@@ -36,8 +36,13 @@ from .verdicts import short
 
 #: The first modes compared between particles and equation: `1 ≤ |k| ≤ DEGREE`.
 DEGREE = 4
-#: The most samples of the initial density at one `n`.
-MAX_SAMPLES = 32
+#: The most samples of the initial density at one `n`, and the most points flowed in
+#: one vmapped program (samples × `n`).
+MAX_SAMPLES, CHUNK = 32, 400_000
+#: The particles' tolerances; the pairwise check's, and how far apart the two particle
+#: solvers may end (the check's tolerances, not the field's rounding, set it).
+RTOL, ATOL = 1e-9, 1e-11
+CHECK_RTOL, CHECK_ATOL, PAIRWISE_TOL = 1e-12, 1e-14, 1e-10
 #: The predicted slope of the distance against `n`, and how far the fit may be.
 SLOPE, SLOPE_TOL = -0.5, 0.15
 #: How closely the growth rates' zero crossing must give `K_#` (relative): the rates
@@ -70,28 +75,60 @@ def sizes(max_tokens: int) -> list[int]:
 def convergence(config, progress) -> dict[str, np.ndarray]:
     """Part 1: per `n`, the RMS distance at `t = 0` and at `t = horizon` over
     `--seeds · n_max / n` samples (at most `MAX_SAMPLES`: the small `n` are cheap and
-    the noisiest)."""
+    the noisiest). The particles move under `ja.meanfield.circle_particles` (the field
+    in Fourier modes, `O(n)` per step); `pairwise_gap` is its largest distance from
+    `ja.solve_flow` (the pairwise sum, `O(n²)`) on one sample of the smallest `n`."""
     grid, beta = mf.Circle(config["modes"]), config["beta"]
     ts = np.array([0.0, config["horizon"]])
     mu0 = initial_density(grid)
     mu = mf.solve(grid, mu0, ts, beta=beta, coupling=1.0, kernel="exp", sigma=0.0)
-    eye = jnp.eye(2)[None]
-    dyn = SelfAttentionDynamics(eye, eye, beta=beta, kernel="exp")
     ns = sizes(config["max_tokens"])
     counts = [min(MAX_SAMPLES, config["seeds"] * ns[-1] // n) for n in ns]
-    dist = np.zeros((2, len(ns)))
+    dist, spread = np.zeros((2, len(ns))), np.zeros(len(ns))
     key = jax.random.PRNGKey(config["seed"])
+    flow = jax.vmap(lambda x: mf.circle_particles(x, jnp.asarray(ts), beta=beta, kernel="exp",
+                                                  rtol=RTOL, atol=ATOL))
     for i, (n, count) in enumerate(tqdm(list(zip(ns, counts)), desc="particles",
                                         disable=not progress, leave=False)):
         keys = jax.random.split(jax.random.fold_in(key, i), count)
-        x0 = jnp.stack([mf.sample(grid, mu0, n, k) for k in keys])
-        xs = solve_flow(dyn, x0, jnp.asarray(ts), rtol=1e-9, atol=1e-11)
-        for j in range(2):
-            d2 = [float(mf.mode_distance(grid, mf.density(grid, x), mu[j], DEGREE)) ** 2
-                  for x in xs[:, j]]
-            dist[j, i] = math.sqrt(np.mean(d2))
+        d2, step = np.zeros((2, count)), max(1, CHUNK // n)
+        for start in range(0, count, step):
+            x0 = draw(n, keys[start:start + step])
+            xs = flow(x0)
+            for j in range(2):
+                d2[j, start:start + len(x0)] = [
+                    float(mf.mode_distance(grid, mf.density(grid, x), mu[j], DEGREE)) ** 2
+                    for x in xs[:, j]]
+        dist[:, i] = np.sqrt(np.mean(d2, axis=1))
+        # the RMS's standard error (delta method): se(mean d²) / (2 RMS)
+        spread[i] = np.std(d2[1], ddof=1) / math.sqrt(count) / (2 * dist[1, i]) \
+            if count > 1 else math.nan
     return {"tokens": np.array(ns), "samples": np.array(counts),
-            "distance_start": dist[0], "distance": dist[1]}
+            "distance_start": dist[0], "distance": dist[1], "distance_error": spread,
+            "pairwise_gap": pairwise_gap(ns[0], key, beta, ts)}
+
+
+def draw(n: int, keys) -> jnp.ndarray:
+    """`n` samples of `μ_0` per key, `(keys, n, 2)`. Its modes are `|k| ≤ 1`, so they
+    are drawn on `Circle(2)`, whose distribution function costs `O(n)` per bisection
+    step where the comparison's grid costs `O(n · modes)` (the same points to
+    rounding)."""
+    band = mf.Circle(2)
+    mu0 = initial_density(band)
+    return jax.vmap(lambda k: mf.sample(band, mu0, n, k))(keys)
+
+
+def pairwise_gap(n, key, beta, ts) -> np.ndarray:
+    """The largest distance between `circle_particles` and `ja.solve_flow` (one head,
+    `P = U = I`, kernel `"exp"`: `K = 1`) from one sample of `n` points, both at the
+    tolerances `CHECK_RTOL`, `CHECK_ATOL`."""
+    x0 = draw(n, jax.random.fold_in(key, 2**31)[None])[0]
+    eye = jnp.eye(2)[None]
+    dyn = SelfAttentionDynamics(eye, eye, beta=beta, kernel="exp")
+    pairwise = solve_flow(dyn, x0, jnp.asarray(ts), rtol=CHECK_RTOL, atol=CHECK_ATOL)
+    fourier = mf.circle_particles(x0, jnp.asarray(ts), beta=beta, kernel="exp",
+                                  rtol=CHECK_RTOL, atol=CHECK_ATOL)
+    return np.asarray(jnp.max(jnp.abs(pairwise - fourier)))
 
 
 def runs(grid, starts, ks, beta, ts):
@@ -162,6 +199,22 @@ def crossing(ks, gap, keep) -> float:
     return float(roots[np.argmin(np.abs(roots - ks[0]))]) if roots.size else math.nan
 
 
+def fitted_slope(data) -> tuple[float, float]:
+    """The least-squares slope of `log distance` against `log n`, and its standard
+    error from the RMS's (`distance_error`, propagated through the fit's weights; NaN
+    where a size had one sample)."""
+    x, y = np.log(data["tokens"]), np.log(data["distance"])
+    weights = (x - x.mean()) / np.sum((x - x.mean()) ** 2)
+    error = math.sqrt(np.sum((weights * data["distance_error"] / data["distance"]) ** 2))
+    return float(np.sum(weights * y)), error
+
+
+def _power(n) -> str:
+    """`10²`-style for a power of ten."""
+    digits = str(round(math.log10(n))).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+    return f"10{digits}"
+
+
 def predictions(betas) -> tuple[np.ndarray, np.ndarray]:
     """`K_#(β)` (`ja.theory.noisy_threshold`) and `K_c(β)` (`transition_coupling`;
     NaN at and below `β*`, where it is `K_#`) on the circle."""
@@ -209,8 +262,8 @@ class MeanFieldEquation(AbstractExperiment):
         Param("modes", int, 32, "Fourier modes of the particles' comparison", 8),
         Param("beta", float, 1.0, "β of the particles' comparison (σ = 0)", 0.0),
         Param("horizon", float, 1.0, "time of the particles' comparison", 0.0),
-        Param("max_tokens", int, 1000, "the largest n (n = 10², 10³, … up to it; 10⁴ and "
-              "10⁵ take long on a CPU)", 1000),
+        Param("max_tokens", int, 100_000, "the largest n (n = 10², 10³, … up to it; "
+              "10⁶ takes minutes on a CPU)", 1000),
         Param("seeds", int, 3, "samples of the initial density at the largest n", 1),
         Param("betas", int, 5, "temperatures of the phase diagram, β/β* in [0.5, 2.5]", 2),
         Param("couplings", int, 13, "couplings of the phase diagram, K/K_# in [0.6, 1.4]", 3),
@@ -222,7 +275,8 @@ class MeanFieldEquation(AbstractExperiment):
         return convergence(config, progress) | phase_diagram(config, progress)
 
     def verdict(self, config, data):
-        slope = float(np.polyfit(np.log(data["tokens"]), np.log(data["distance"]), 1)[0])
+        slope, slope_err = fitted_slope(data)
+        gap = float(data["pairwise_gap"])
         k_sharp, k_critical = predictions(data["betas"])
         sharp = measured_sharp(data) / k_sharp
         above = np.isfinite(k_critical)
@@ -230,14 +284,17 @@ class MeanFieldEquation(AbstractExperiment):
         critical = measured_critical(data)[above] / kc
         sharp_err = float(np.max(np.abs(sharp - 1)))
         critical_err = float(np.max(np.abs(critical - 1))) if critical.size else math.nan
-        ok = (abs(slope - SLOPE) <= SLOPE_TOL and sharp_err <= SHARP_TOL
+        ok = (abs(slope - SLOPE) <= SLOPE_TOL and gap <= PAIRWISE_TOL and sharp_err <= SHARP_TOL
               and (not critical.size or critical_err <= CRITICAL_TOL))
-        line = (f"particles → equation: distance ∝ n^{slope:.3f} (predicted {SLOPE}, ± "
-                f"{SLOPE_TOL}); K_# from the growth rates to {short(sharp_err)} (asked ≤ "
+        line = (f"particles → equation: distance ∝ n^{slope:.3f} ± {slope_err:.3f} over n = "
+                f"{_power(data['tokens'][0])}…{_power(data['tokens'][-1])} (predicted {SLOPE}, "
+                f"± {SLOPE_TOL}); Fourier-mode particles = solve_flow's to {short(gap)} (asked "
+                f"≤ {PAIRWISE_TOL:g}); K_# from the growth rates to {short(sharp_err)} (asked ≤ "
                 f"{SHARP_TOL:g}); K_c from the free energies to {short(critical_err)} "
                 f"(asked ≤ {CRITICAL_TOL:g}) at β/β* = "
                 + ", ".join(f"{b:.3g}" for b in data["betas"][above] / noisy_beta_star(2)))
-        numbers = {"slope": slope, "sharp_error": sharp_err, "critical_error": critical_err,
+        numbers = {"slope": slope, "slope_error": slope_err, "pairwise_gap": gap,
+                   "sharp_error": sharp_err, "critical_error": critical_err,
                    "sharp_ratio": sharp.tolist(), "critical_ratio": critical.tolist(),
                    "K_c": kc.tolist()}
         return Verdict(bool(ok), line, numbers)
@@ -263,11 +320,19 @@ def _draw_convergence(ax, config, data):
                               ("distance", f"t = {config['horizon']:g}", "C0")):
         rms = data[key]
         slope = np.polyfit(np.log(ns), np.log(rms), 1)[0]
-        ax.loglog(ns, rms, "o-", color=color, label=f"{label}: slope {slope:.3f}")
+        bars, error = None, ""
+        if key == "distance":
+            bars, error = data["distance_error"], f" ± {fitted_slope(data)[1]:.3f}"
+        ax.errorbar(ns, rms, yerr=bars, fmt="o-", color=color, capsize=3,
+                    label=f"{label}: slope {slope:.3f}{error}")
+    ax.set(xscale="log", yscale="log")
     ref = data["distance"][0] * (ns / ns[0]) ** SLOPE
     ax.loglog(ns, ref, "k--", lw=0.9, label=r"$n^{-1/2}$")
-    ax.set(xlabel="tokens $n$", ylabel=f"RMS distance of modes $1 \\leq |k| \\leq {DEGREE}$",
-           title="particles (solve_flow) against the equation")
+    counts = data["samples"]
+    ax.set(xlabel=f"tokens $n$ (RMS over {int(counts[0])} … {int(counts[-1])} samples)",
+           ylabel=f"RMS distance of modes $1 \\leq |k| \\leq {DEGREE}$",
+           title=f"particles against the equation\n(circle_particles; = solve_flow to "
+                 f"{float(data['pairwise_gap']):.0e} at n = {int(ns[0])})")
     figures.legend_below(ax, ncol=1)
 
 

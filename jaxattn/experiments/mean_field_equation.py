@@ -2,9 +2,11 @@
 `docs/meanfield_equation.md`), on the circle (`d = 2`).
 
 1. **Particles → the equation.** `n` independent samples of a smooth density `μ_0`
-   (`ja.meanfield.sample`) run under `ja.solve_flow` (one head, `P = I`, `U = I`,
-   kernel `"exp"`, no noise), and the equation with `σ = 0`, `K = 1` runs from `μ_0`
-   itself. At `t = --horizon` the distance of the first modes (`mode_distance`,
+   (`ja.meanfield.sample`) run under `ja.meanfield.circle_particles` (one head,
+   `P = I`, `U = I`, kernel `"exp"`, no noise: `ja.solve_flow`'s flow with its field
+   summed in Fourier modes, `O(n)` per step, so `n = 10⁵` by default; the first sample
+   is checked against `solve_flow`), and the equation with `σ = 0`, `K = 1` runs from
+   `μ_0` itself. At `t = --horizon` the distance of the first modes (`mode_distance`,
    `1 ≤ |k| ≤ 4`) between the particles' empirical measure and `μ_t`, RMS over
    `--seeds · n_max / n` samples (at most 32), for `n = 10², 10³, …` up to
    `--max-tokens`. Predicted: the sampling error carried by the flow, `∝ n^{−1/2}`.

@@ -21,6 +21,11 @@ os.environ["XLA_FLAGS"] = deterministic_xla_flags()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from _callback_cache import install  # noqa: E402
+
+# Programs with host callbacks (every diffrax solve) cached too, in this process: the
+# warm suite no longer compiles each `solve_flow` program again (_callback_cache.py).
+install()
 from hypothesis import settings  # noqa: E402
 
 # The same examples on every run (`HYPOTHESIS_PROFILE=explore` draws new ones).

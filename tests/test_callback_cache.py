@@ -1,0 +1,71 @@
+"""The test suite's persistent cache for programs with host callbacks
+(`tests/_callback_cache.py`): a program with an `eqx.error_if` is written by one
+process and read by the next, whose result is bit-equal and whose check still
+raises its own message."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from _callback_cache import needed
+
+HERE = Path(__file__).resolve().parent
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    import _callback_cache
+    _callback_cache.install()
+    import logging
+    import equinox as eqx, jax, jax.numpy as jnp
+    hits = []
+
+    class Hits(logging.Handler):  # JAX logs each cache hit by the program's name
+        def emit(self, record):
+            message = record.getMessage()
+            if "cache hit" in message and "'jit_checked'" in message:
+                hits.append(message)
+
+    log = logging.getLogger("jax._src.compiler")
+    log.setLevel(logging.DEBUG)
+    log.addHandler(Hits())
+
+    @jax.jit
+    def checked(x):
+        x = eqx.error_if(x, x < 0, "x must be at least 0: take its absolute value")
+        return jnp.cumsum(jnp.sin(x) * 3.0)
+
+    out = {"value": checked(jnp.arange(5.0)).tolist()}
+    try:
+        checked(-jnp.arange(1.0, 6.0)).block_until_ready()
+        out["error"] = None
+    except Exception as e:
+        out["error"] = str(e)
+    out["hits"] = len(hits)
+    print(json.dumps(out))
+    """
+)
+
+
+def _run(cache: Path) -> dict:
+    env = os.environ | {"JAX_COMPILATION_CACHE_DIR": str(cache),
+                        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                        "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(HERE)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not needed(), reason="this JAX caches programs with callbacks itself")
+def test_a_cached_program_keeps_its_callbacks(tmp_path):
+    first, second = _run(tmp_path), _run(tmp_path)
+    assert first["hits"] == 0 and second["hits"] == 1  # written, then read
+    assert second["value"] == first["value"]
+    for run in (first, second):
+        assert "x must be at least 0: take its absolute value" in run["error"]

@@ -10,7 +10,11 @@ test suite). The callbacks are not part of the compiled program: the program cal
 the `index`-th entry of the list the executable is loaded with. Upstream JAX lifted
 the restriction the same way (jax-ml/jax pull request 38405): write the program, and
 load a cached one with the callbacks of the program just traced, which are the same
-ones in the same order (the cache key is the traced module itself).
+ones in the same order (the cache key is the traced module itself). Such programs
+are kept under their key with `SUFFIX` appended: a process without this patch (the
+`jaxattn` commands the tests start share the cache folder) never finds them, since
+JAX would load one without its callbacks, and the first callback it reached would
+crash the process.
 
 `install()` does that for the test process alone, and only on a JAX whose
 `_cache_write` still refuses callbacks. The library and the `jaxattn` commands the
@@ -22,19 +26,23 @@ import inspect
 import threading
 
 _current = threading.local()
+#: Appended to the cache key of a program with callbacks.
+SUFFIX = "-with-callbacks"
 
 
 def needed() -> bool:
     from jax._src import compiler
 
-    return "because it uses host" in inspect.getsource(compiler._cache_write)
+    """Whether this JAX refuses to cache programs with callbacks (patched or not)."""
+    return (getattr(compiler, "_jaxattn_callback_cache", False)
+            or "because it uses host" in inspect.getsource(compiler._cache_write))
 
 
 def install() -> bool:
     """Patch the cache once; True where it was needed (and now done)."""
     from jax._src import compilation_cache, compiler
 
-    if getattr(compiler, "_jaxattn_callback_cache", False) or not needed():
+    if not needed() or getattr(compiler, "_jaxattn_callback_cache", False):
         return False
     compile_or_get_cached = compiler.compile_or_get_cached
     cache_write = compiler._cache_write
@@ -51,14 +59,15 @@ def install() -> bool:
 
     def write_with_callbacks(cache_key, compile_time, module_name, backend, executable,
                              host_callbacks):
-        return cache_write(cache_key, compile_time, module_name, backend, executable, ())
+        key = cache_key + SUFFIX if host_callbacks else cache_key
+        return cache_write(key, compile_time, module_name, backend, executable, ())
 
     def read_with_callbacks(cache_key, compile_options, backend, executable_devices):
         callbacks = getattr(_current, "callbacks", [])
         if not callbacks:
             return read(cache_key, compile_options, backend, executable_devices)
         cache = compilation_cache._get_cache(backend)
-        entry = None if cache is None else cache.get(cache_key)
+        entry = None if cache is None else cache.get(cache_key + SUFFIX)
         if entry is None:
             return None, None
         serialized, compile_time = compilation_cache.extract_executable_and_time(

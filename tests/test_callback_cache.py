@@ -20,7 +20,8 @@ SCRIPT = textwrap.dedent(
     import json, sys
     sys.path.insert(0, sys.argv[1])
     import _callback_cache
-    _callback_cache.install()
+    if sys.argv[2] == "patched":
+        _callback_cache.install()
     import logging
     import equinox as eqx, jax, jax.numpy as jnp
     hits = []
@@ -52,11 +53,11 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(cache: Path) -> dict:
+def _run(cache: Path, how: str = "patched") -> dict:
     env = os.environ | {"JAX_COMPILATION_CACHE_DIR": str(cache),
                         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
                         "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(HERE)], env=env,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(HERE), how], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -64,8 +65,13 @@ def _run(cache: Path) -> dict:
 
 @pytest.mark.skipif(not needed(), reason="this JAX caches programs with callbacks itself")
 def test_a_cached_program_keeps_its_callbacks(tmp_path):
+    """Written by one patched process, read by the next; a process without the patch
+    (a `jaxattn` command a test starts) sharing the folder compiles its own (JAX
+    would load the cached one without its callbacks, and crash on the first)."""
     first, second = _run(tmp_path), _run(tmp_path)
     assert first["hits"] == 0 and second["hits"] == 1  # written, then read
-    assert second["value"] == first["value"]
-    for run in (first, second):
+    plain = _run(tmp_path, "plain")
+    assert plain["hits"] == 0
+    for run in (first, second, plain):
+        assert run["value"] == first["value"]
         assert "x must be at least 0: take its absolute value" in run["error"]

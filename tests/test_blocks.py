@@ -42,6 +42,7 @@ def _rel(a, b):
     return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(a)))
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("kernel", ["softmax", "sigmoid", "exp"])
 def test_blocks_equal_dense_for_every_mask_and_head_layout(kernel):
     x64, x32 = _tokens(jnp.float64), _tokens(jnp.float32)
@@ -201,6 +202,7 @@ def test_forward_mode_through_the_blocks_equals_the_dense_jvp(kernel):
     assert _rel(g[1], g[0]) < 1e-12 and _rel(g[2], g[0]) < 1e-12
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_implicit_solvers_run_on_the_blocked_path():
     """Kvaerno3's Newton steps take Jacobian–vector products: `solve_flow` gives the
     blocks a forward mode (a custom VJP alone raised a TypeError here)."""

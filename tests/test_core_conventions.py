@@ -164,6 +164,7 @@ def test_random_dynamics_draws_its_documented_distribution(key):
         ja.random_dynamics(key, 0, 3)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_solve_flow_solution_and_event_stop_at_the_dense_crossing(key):
     n, d, eps = 5, 3, 1e-4
     dyn = ja.SelfAttentionDynamics(ja.random_dynamics(key, 2, d).query_key(0.0),

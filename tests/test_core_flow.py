@@ -170,6 +170,7 @@ print(json.dumps(res))
 """
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_sharded_float32_runs_equal_the_unsharded_runs_of_each_share():
     """`devices=`: each device's share agrees with the unsharded run of that share to
     a few ulps (two compiled programs agree to rounding, not to the bit, on every

@@ -117,6 +117,7 @@ _SHARDED = ULPS_APART_SOURCE + textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_sharded_batch_equals_unsharded():
     res = run_on_forced_devices(_SHARDED, timeout=600)
     assert res["shape"] == [6, 11, 5, 3]

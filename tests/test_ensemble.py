@@ -259,6 +259,7 @@ STACKED = [
 ]
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize(("models", "systems", "n", "d", "h", "W", "causal", "schedule"),
                          STACKED)
 def test_stacked_models_fused_equal_each_model_alone(key, models, systems, n, d, h, W,

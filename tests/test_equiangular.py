@@ -50,6 +50,7 @@ def test_post_softmax_rate_is_the_closed_form():
     np.testing.assert_allclose(equiangular_rate(rho, n, beta), want, rtol=1e-13)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("norm, kernel", [(n, "softmax") for n in NORMS]
                          + [("post", "exp")])
 def test_flow_follows_the_reduced_ode(norm, kernel):
@@ -72,6 +73,7 @@ def _late_slope(ts, gap, kind):
     return -np.diff(np.log(gap))[-1] / np.diff(x)[-1]
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("kernel", ["softmax", "exp"])
 @pytest.mark.parametrize("norm", ["post", "ngpt", "pre", "peri"])
 def test_predicted_rates_are_the_odes_late_slopes(norm, kernel):

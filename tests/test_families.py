@@ -160,6 +160,7 @@ def test_a_users_kernel_runs_dense_and_in_blocks(kernel, options):
     assert jnp.allclose(dyn.attention(0.0, x), expected, rtol=1e-14, atol=0)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("kernel", [ReLU(), Cosine()])
 def test_a_users_kernel_in_layers_flow_and_grad(kernel):
     xs = _tokens(batch=(4,))

@@ -488,6 +488,7 @@ def _brackets_read_as_doubled(texts) -> list[str]:
             if re.search(r"(\\rangle|⟩)\s*\\?\)", t.get_text())]
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_figure_is_readable(name, tmp_path, drawn):
     paths = FIGURES[name](name, tmp_path)

@@ -92,6 +92,7 @@ def test_softmax_tends_to_hardmax_at_the_score_gap_rate():
     np.testing.assert_allclose(rate, g, rtol=0.05)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_quick_run_confirms_the_paper(tmp_path):
     args = [f"--{k.replace('_', '-')}={v}" for k, v in QUICK.items()]
     assert main(["run", "hardmax", "--out", str(tmp_path), "--no-progress", *args]) == 0

@@ -32,6 +32,7 @@ def test_make_run_installs_only_the_package():
     assert any(line.endswith("-e '.[dev]'") for line in _planned("test"))
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_the_demo_runs_without_the_optional_packages(tmp_path):
     # as if not installed: the import system finds none of them
     script = f"""

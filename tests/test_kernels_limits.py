@@ -92,6 +92,7 @@ def test_softmax_approaches_hardmax_as_beta_grows():
     assert errors[-1] < 1e-3, errors
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_an_implicit_solver_reaches_metastable_horizons():
     """`solve_flow` with an implicit solver (the retraction wraps it): the usa flow of 8
     tokens at β = 20 reaches t = 10¹⁰ on the circle (~10⁴ steps), where the

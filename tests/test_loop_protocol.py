@@ -189,6 +189,7 @@ def test_float64_compute_returns_float64_E(neo):
 ON_GPU = jax.default_backend() == "gpu"
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("implementation", [
     "xla", pytest.param("cudnn", marks=pytest.mark.skipif(not ON_GPU, reason="cuDNN: a GPU"))])
 @pytest.mark.parametrize("config", [TINY_GPT2, TINY_NEO], ids=["gpt2", "gpt_neo"])

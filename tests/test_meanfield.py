@@ -75,6 +75,7 @@ def test_softmax_threshold_is_its_closed_form_and_d_over_2_at_small_beta(d):
     assert mf.linear_threshold(1e-6, d, "softmax") == pytest.approx(d / 2, rel=1e-6)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("grid", [CIRCLE, SPHERE], ids=["circle", "sphere"])
 @pytest.mark.parametrize("kernel", ["usa", "softmax"])
 def test_solver_grows_at_the_predicted_rate_on_each_side_of_the_threshold(grid, kernel):
@@ -154,6 +155,7 @@ def test_zero_coupling_decays_the_mean_as_brownian_motion_on_the_sphere():
     np.testing.assert_allclose(r, r[0] * np.exp(-ts), rtol=1e-12)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_particle_flow_approaches_the_equation_as_n_grows():
     """σ = 0: the particles of `n` samples of `μ_0` (kernel `"exp"`, `U = I`, so
     `K = 1`; moved by `circle_particles`, which is `ja.solve_flow`'s flow to 1e-10,

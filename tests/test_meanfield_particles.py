@@ -74,6 +74,7 @@ def test_modes_stop_where_the_dropped_terms_fall_below_rounding(beta, key):
     assert err(m // 2) > 1e-9
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("kernel, beta, n", [("exp", 1.0, 500), ("softmax", 4.0, 200)])
 def test_particles_are_solve_flows_particles(kernel, beta, n, key):
     """The same particle system, two algorithms: at tight tolerances they end within

@@ -142,6 +142,7 @@ def test_the_final_merger_is_recorded_and_transients_are_not_judged():
     assert first["plateaus"][0]["saddle_index"] == 4 != first["plateaus"][0]["clusters"] - 1
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_verdict_fails_a_merge_time_ten_percent_off(monkeypatch):
     """The saved run passes (its final merger within `FINAL_TOL` of the exact integral);
     the prediction moved by ±10 % fails, and so would Laplace's term (4 % high)."""

@@ -92,6 +92,7 @@ def test_attention_entropy_limits(key):
     assert M.attention_entropy(zero, 0.0, jnp.stack([x, x, x])).shape == (3, 2)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_metrics_compose_with_jit_vmap_grad(key):
     x = random_tokens(key, 5, 3, batch=(4,))
     P = jnp.eye(3)

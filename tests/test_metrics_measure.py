@@ -44,6 +44,7 @@ def _scipy_labels(x, eps):
     return np.array([first[c] for c in component])
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("block", [3, 64, 300])
 def test_blocked_cluster_count_equals_dense(key, block):
     """Random groups at several eps, long shuffled chains (which need many merges)

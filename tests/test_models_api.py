@@ -119,6 +119,7 @@ def test_shapes_single_and_batch(family, key):
     assert E.shape == (3, 2 * m.num_layers + 1) and E.dtype == jnp.float32
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("family", ["gpt2", "bert", "llama"])
 def test_loop_agrees_with_hidden_states(family, key):
     m = tiny(family, key)
@@ -133,6 +134,7 @@ def test_loop_agrees_with_hidden_states(family, key):
     np.testing.assert_allclose(last, hs[:, L], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_jit_and_grad_compose(key):
     m = tiny("gpt2", key)
     ids = ids_for(m, key, (2, 5))
@@ -199,6 +201,7 @@ def zero_biases(attn):
                                None, attn.scale)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("family, layer", [("gpt2", 1), ("bert", -1), ("llama", 0),
                                            ("albert", 2), ("gpt_neo", 0), ("gpt_neo", 1)])
 def test_attention_dynamics_is_the_layer_without_biases(family, layer, key):

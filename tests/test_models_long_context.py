@@ -92,6 +92,7 @@ def blocked(monkeypatch):
     jax.clear_caches()
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("family", list(TINY))
 def test_blocked_hidden_states_equal_dense_float64(family, seed, dense, blocked):
     model = cast(ja.models.init(TINY[family], jax.random.PRNGKey(seed)), jnp.float64)

@@ -168,6 +168,7 @@ def tiny(model_type: str, key):
     return ja.models.init(cfg, key)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("model_type", ["gpt2", "bert"])
 def test_masked_padding_leaves_the_text_tokens_as_if_alone(model_type, key, seed):
     """Prompts of 6 and 1 tokens padded to 9 with random ids: with the mask, each

@@ -64,6 +64,7 @@ def test_noise_none_is_the_deterministic_run(norm, key):
                                    ja.run_layers(dyn, x0, 5, 0.1), rtol=0, atol=1e-13)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("d", [2, 3])
 def test_free_brownian_motion_on_the_sphere(d, key):
     """`E⟨x(t), x(0)⟩ = exp(−(d − 1) σ² t / 2)` for Brownian motion on `S^{d−1}`,

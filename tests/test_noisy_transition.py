@@ -220,6 +220,7 @@ def test_bad_settings_are_one_line(capsys, tmp_path, flags, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_quick_run_writes_the_summary(tmp_path):
     out = tmp_path / "run"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in nt.QUICK.items()] + ["--max-dim", "2"]

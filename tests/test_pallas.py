@@ -116,6 +116,7 @@ def _kernel_sizes(jaxpr) -> list[int]:
     return sizes
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_flow_stages_as_a_loop_on_the_manifold(key, monkeypatch):
     """RK4's stages run as iterations of the kernel's loop (one velocity in its body,
     not four), each step retracted onto E_W as ManifoldSolver retracts: equal to the
@@ -287,6 +288,7 @@ def test_lowers_for_cuda():
     assert "__gpu$xla.gpu.triton" in text
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_gpu_check_dry_run(tmp_path):
     """`benchmarks/gpu_check.py --dry-run`: every stage at tiny sizes in interpret
     mode, no stage with an error."""

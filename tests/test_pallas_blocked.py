@@ -48,6 +48,7 @@ def _uses_kernel(fn, *args) -> bool:
     return "pallas_call" in str(jax.make_jaxpr(_fresh(fn))(*args))
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("kernel,opts", [
     ("softmax", {}), ("softmax", {"causal": True}), ("usa", {"window": 5}),
     (ja.Sigmoid(bias=-1.0), {"causal": True}), ("exp", {})])

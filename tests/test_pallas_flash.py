@@ -35,6 +35,7 @@ def _rel(a, b) -> float:
     return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("kernel,causal,window", [
     ("softmax", False, None), ("softmax", True, 7), ("exp", True, None),
     ("usa", False, None), ("sigmoid", False, 5)])

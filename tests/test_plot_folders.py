@@ -86,6 +86,7 @@ def test_plot_redraws_a_loop_grid(tmp_path, capsys):
     _redrawn(folder, capsys, ["loop_grid.png", "loop_grid.pdf"])
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_plot_redraws_a_sweep(tmp_path, capsys):
     # the sizes of tests/test_sweep.py, whose compiled chunk this shares
     result = ja.sweep("thm41-sphere", {"beta": [1.0, 2.0]}, instances=3, chunk=3,

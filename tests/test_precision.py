@@ -158,6 +158,7 @@ def _tokens(key, W):
     return ja.sample_ellipsoid(key, N, D, W, dtype=F32)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("factored", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 def test_solve_flow_states_its_precision(key, factored, causal):
@@ -189,6 +190,7 @@ def as_if_on_a_gpu(monkeypatch):
     jax.clear_caches()
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize(("factored", "causal"), [(False, True), (True, False)])
 def test_tensorfloat32_takes_the_gpus_algorithm_on_a_gpu(key, factored, causal, as_if_on_a_gpu):
     """A layer and the flow's velocity (programs without value checks: a host callback

@@ -46,6 +46,7 @@ def _on_manifold(out, W):
     np.testing.assert_allclose(norms, 1.0, atol=1e-6)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @SETTINGS
 @given(sizes=sizes, sP=scales, sU=scales, beta=st.sampled_from([0.0, -2.0, 1.0, 1e6, 1e30]),
        tau=st.sampled_from([1e-30, 0.1, 1.0, 1e30]), special=specials, causal=st.booleans(),

@@ -52,6 +52,7 @@ def _wait_for(path, proc, seconds=120):
         time.sleep(0.02)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_a_second_command_into_the_same_folder_fails_at_once(tmp_path):
     """A long `jaxattn run` holds its folder; a second `jaxattn run --out SAME` (another
     real process) is refused in one line while the first goes on, and leaves the

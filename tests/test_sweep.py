@@ -135,6 +135,7 @@ def test_stale_partial_chunk_is_ignored(tmp_path):
     np.testing.assert_array_equal(table["num_steps"], [7] * 4)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @pytest.mark.parametrize("name", ja.sweep.SWEEPABLE)
 def test_instances_are_the_experiments_draws_judged_by_the_theory(name):
     """Instance `i` is `jaxattn run NAME --seed i` drawn by the experiment's `setup` (for

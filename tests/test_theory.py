@@ -95,6 +95,7 @@ def test_theorem_52_convergence_to_v1(key):
     assert 0 < mixed.in_domain.sum() < B  # random starts straddle the two sides
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_theorem_52_needs_a_positive_top_eigenvalue(key):
     """With λ₁ < 0 the consensus at v₁ is unstable for token 2: classify refuses."""
     d = 3

@@ -5,6 +5,7 @@ check's `holds`) is the same for `P → cP, β → β/c` and `U → cU`."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -124,6 +125,7 @@ def _schedule(rng, M, times, c):
     return ja.PiecewiseConstant(c * np.stack([M, M + step]), dt=0.7)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @SETTINGS
 @given(h=st.sampled_from([1, 2]), d=st.sampled_from([1, 2, 3, 4]),
        kinds=st.tuples(st.sampled_from(MATRICES), st.sampled_from(U_MATRICES)),

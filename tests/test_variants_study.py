@@ -192,6 +192,7 @@ def test_choices_are_taken_by_name_and_recorded_by_name():
     assert line.endswith("--norm none --mask causal"), line
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_figures_carry_no_creation_date(tmp_path):
     """The heat map's PDF is written with the reproducible metadata of every other
     figure: no /CreationDate, so a resumed run's PDF equals the uninterrupted one's."""

@@ -187,6 +187,7 @@ def test_tokens_split_over_devices_equal_one_device():
     assert "multiple of 4" in res["refused"]
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @pytest.mark.parametrize("kernel", ["softmax", "usa", "sigmoid"])
 def test_forward_mode_through_the_blocks_equals_the_dense_jvp(kernel):
     x = _tokens(jnp.float64, n=13)
@@ -220,6 +221,7 @@ def test_implicit_solvers_run_on_the_blocked_path():
     assert float(jnp.max(jnp.abs(runs[1] - reference))) < 1e-6
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_an_implicit_solver_takes_a_matrix_free_root_finder_on_the_blocked_path():
     """Newton with GMRES (no Jacobian materialised: what a large n needs,
     docs/limits.md) gives the dense default root finder's solution in blocks."""

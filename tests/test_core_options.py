@@ -40,6 +40,7 @@ def test_recursive_checkpointing_same_gradient(key):
     np.testing.assert_allclose(g_rec, g_all, rtol=1e-10, atol=1e-14)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @pytest.mark.parametrize("num_layers", [0, 1, 49, 50])
 def test_sqrt_checkpointing_same_values_and_gradient(key, num_layers):
     dyn = random_dynamics(key, 2, 4, causal=True)
@@ -79,6 +80,7 @@ def test_checkpoints_rejects_unknown_mode(key):
         ja.run_layers(dyn, random_tokens(key, 4, 3), 5, checkpoints="log")
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_rk4_is_fourth_order_on_the_flow(key):
     dyn = random_dynamics(key, 2, 3)
     x0 = random_tokens(key, 5, 3)

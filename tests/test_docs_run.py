@@ -21,7 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # README's blocks load two packaged models and compile a dozen programs: ~90 s here
-SLOW = {"README.md"}
+SLOW = {"README.md", "determinism.md", "index.md", "meanfield_equation.md", "noise.md",
+        "precision.md"}  # over ~7 s warm each: the slow tests
 FACES = ["jaxattn"] + sorted(
     f"jaxattn.{p.parent.name}" for p in (ROOT / "jaxattn").glob("*/__init__.py")
 )

@@ -58,6 +58,7 @@ def test_fused_layers_equal_general(key, n, d, h, batch, W, causal, schedule):
     np.testing.assert_allclose(first, general[..., 0, :], atol=1e-12)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @pytest.mark.parametrize(("solver", "n", "d", "h", "batch", "W", "causal", "schedule"),
                          [(ja.RK4(), *CASES[0]), (dfx.Euler(), *CASES[1])], ids=["rk4", "euler"])
 def test_fused_fixed_step_flow_equals_general(key, solver, n, d, h, batch, W, causal, schedule):

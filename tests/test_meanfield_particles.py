@@ -32,6 +32,7 @@ def coupling(kernel, beta, kappa):
     return mf.coupling_of(kappa, beta, kernel) if beta > 0 else kappa
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @pytest.mark.parametrize("kernel, beta", [("exp", 0.0), ("exp", 1.0), ("exp", 6.0),
                                           ("usa", 1.0), ("usa", 30.0), ("softmax", 1.0),
                                           ("softmax", 30.0)])
@@ -54,6 +55,7 @@ def test_coefficients_are_bessel_functions(beta):
                                atol=1e-15)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @pytest.mark.parametrize("beta", [0.5, 3.0, 40.0])
 def test_modes_stop_where_the_dropped_terms_fall_below_rounding(beta, key):
     m = mf.circle_modes(beta)
@@ -104,6 +106,7 @@ def test_jit_and_vmap_compose(key):
         np.testing.assert_allclose(batch[i], ending(x0[i], 2.0, 0.8), rtol=0, atol=1e-13)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_gradients_match_finite_differences(key):
     """In `β` (with `modes` given), `K` and the points (along the circle)."""
     x0 = points(key, 30)

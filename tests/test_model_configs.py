@@ -209,6 +209,7 @@ def hf_attentions(model, ids) -> np.ndarray:
     return np.stack([a.numpy() for a in out.attentions], axis=1)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @pytest.mark.parametrize("family", ["gpt2", "gpt_neo", "bert", "albert", "llama"])
 def test_attention_patterns_match_hf(tmp_path, family, seed):
     hf = tiny(family)
@@ -229,6 +230,7 @@ def test_attention_patterns_want_one_sequence():
         ja.models.attention_patterns(model, np.zeros((2, 3), int))
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_run_with_cache_is_the_loop_with_its_attention(seed):
     model = ja.models.init({**ja.models.PRESETS["gpt2"], "n_layer": 2, "n_embd": 24,
                             "n_head": 3, "vocab_size": 31, "n_positions": 16},

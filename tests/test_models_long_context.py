@@ -124,6 +124,7 @@ def test_blocked_loop_equals_dense(family, seed, dense, blocked):
     np.testing.assert_allclose(E, E_ref, rtol=1e-10)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @pytest.mark.parametrize("family", ["gpt_neo", "llama"])
 def test_blocked_hidden_states_equal_dense_float32(family, seed, dense, blocked):
     model = ja.models.init(TINY[family], jax.random.PRNGKey(seed))

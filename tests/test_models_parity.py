@@ -170,6 +170,7 @@ def test_reduced_precision_loop_matches_hf_in_the_same_precision(tmp_path, dtype
     assert ours_vs_ref <= 8 * eps
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_loop_rejects_non_float_dtype():
     model = ja.models.init("gpt2", jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="floating dtype"):

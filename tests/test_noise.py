@@ -26,6 +26,7 @@ def _free(d, h=1):
     return ja.SelfAttentionDynamics(jnp.zeros((h, d, d)), jnp.zeros((h, d, d)))
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @pytest.mark.parametrize("Noise", SECOND_SLOW)
 def test_same_key_same_path_and_batch_members(Noise, key):
     k1, k2, k3 = jax.random.split(key, 3)
@@ -146,6 +147,7 @@ def test_layers_converge_weakly(key):
     assert -slope >= 0.7
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @pytest.mark.parametrize("Noise", SECOND_SLOW)
 def test_gradient_on_a_fixed_path_matches_finite_differences(Noise, key):
     k1, k2, k3 = jax.random.split(key, 3)

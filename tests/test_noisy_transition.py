@@ -137,6 +137,7 @@ def exact_run():
     return config, data
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_equation_measures_k_sharp_and_k_c_on_the_circle(exact_run):
     """The equation's growth rates are the linear theory's, crossing zero at `K_#` to
     `SHARP_TOL`, and the caps' free energy meets the uniform one at

@@ -59,6 +59,7 @@ def test_equals_blocked_with_gradients(key, kernel, causal, window):
     assert abs(float(gf[3] - gb[3])) < 1e-12 * scale * N
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @pytest.mark.parametrize("kernel", ["softmax", "exp"])
 def test_whole_blocks(key, kernel):
     """n a multiple of both block sizes: the kernels test no padding at all."""

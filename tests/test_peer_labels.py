@@ -177,6 +177,7 @@ def _old_pair_counts(P, U, betas, taus, x, num_steps: int, kernel, norm, causal,
     return jax.lax.map(block, args).reshape(B, G // k, -1).sum(1)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @pytest.mark.parametrize("norm, causal, key_query, value", [
     ("post", False, 0, 0), ("pre", True, 1, 2)])
 def test_counts_at_recorded_times_equal_the_old_counts(norm, causal, key_query, value):

@@ -278,6 +278,7 @@ VARIANTS = [  # each placement, with one attention variant each
 ]
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
 def test_gradients_match_finite_differences(key, variant):
     variant = dict(variant)

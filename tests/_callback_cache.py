@@ -44,6 +44,8 @@ def install() -> bool:
 
     if not needed() or getattr(compiler, "_jaxattn_callback_cache", False):
         return False
+    if not _same_signatures(compiler, compilation_cache):
+        return False  # another JAX's internals: leave its cache as it is
     compile_or_get_cached = compiler.compile_or_get_cached
     cache_write = compiler._cache_write
     read = compilation_cache.get_executable_and_time
@@ -81,3 +83,17 @@ def install() -> bool:
     compilation_cache.get_executable_and_time = read_with_callbacks
     compiler._jaxattn_callback_cache = True
     return True
+
+
+def _same_signatures(compiler, compilation_cache) -> bool:
+    """Whether the three functions patched take the arguments this patch passes on."""
+    expected = (
+        (compiler.compile_or_get_cached,
+         ("backend", "computation", "devices", "compile_options", "host_callbacks")),
+        (compiler._cache_write, ("cache_key", "compile_time_secs", "module_name", "backend",
+                                 "executable", "host_callbacks")),
+        (compilation_cache.get_executable_and_time,
+         ("cache_key", "compile_options", "backend", "executable_devices")),
+    )
+    return all(tuple(inspect.signature(f).parameters)[:len(names)] == names
+               for f, names in expected)

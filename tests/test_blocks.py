@@ -287,4 +287,4 @@ def matrix_free_kvaerno3():
 def test_implicit_solvers_at_five_thousand_tokens():
     """n = 5,000 (float64: 200 MB of dense weights, so blocks): a matrix-free Kvaerno3
     equals an explicit solve."""
-    _implicit_against_explicit(5000, matrix_free_kvaerno3(), 0.01)
+    _implicit_against_explicit(5000, matrix_free_kvaerno3(), 0.03)

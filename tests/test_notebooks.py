@@ -23,13 +23,8 @@ def test_the_five_notebooks_exist():
                      "04_power_method", "05_adversarial"]
 
 
-# All five in `make test-slow` (the quickstart took 16 s warm: the fast loop skips it).
-_DEFAULT: tuple[str, ...] = ()
-
-
-@pytest.mark.parametrize("path", [
-    p if p.stem in _DEFAULT else pytest.param(p, marks=pytest.mark.slow) for p in NOTEBOOKS
-], ids=lambda p: p.stem)
+@pytest.mark.slow  # all five in `make test-slow` (the quickstart alone took 16 s warm)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_matches_its_pair(path, tmp_path, monkeypatch):
     paired = path.with_suffix(".ipynb")
     assert paired.exists(), f"run: jupytext --to ipynb {path}"

@@ -13,19 +13,21 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
+from _suite_start import start  # noqa: E402  (imports no JAX)
+
 from jaxattn._determinism import deterministic_xla_flags  # noqa: E402  (does not start a backend)
 
+# The suite's XLA flags (compiled for compile time), the compilation cache for programs
+# with host callbacks (every diffrax solve: the warm suite compiles no `solve_flow`
+# program again), and both in every Python the tests start (`jaxattn` commands,
+# documentation pages, notebook kernels, 4-device scripts): _suite_start.py.
+start()
 # The same deterministic XLA flags as the `jaxattn` commands, set before any
 # computation, so that on a GPU in-process results equal the CLI's bit for bit.
 os.environ["XLA_FLAGS"] = deterministic_xla_flags()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
-from _callback_cache import install  # noqa: E402
-
-# Programs with host callbacks (every diffrax solve) cached too, in this process: the
-# warm suite no longer compiles each `solve_flow` program again (_callback_cache.py).
-install()
 from hypothesis import settings  # noqa: E402
 
 # The same examples on every run (`HYPOTHESIS_PROFILE=explore` draws new ones).

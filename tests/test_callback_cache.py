@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     import _callback_cache
     if sys.argv[2] == "patched":
-        _callback_cache.install()
+        _callback_cache.install()  # (or, "started", by the tests' sitecustomize)
     import logging
     import equinox as eqx, jax, jax.numpy as jnp
     hits = []
@@ -56,7 +56,8 @@ SCRIPT = textwrap.dedent(
 def _run(cache: Path, how: str = "patched") -> dict:
     env = os.environ | {"JAX_COMPILATION_CACHE_DIR": str(cache),
                         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                        "JAX_PLATFORMS": "cpu"}
+                        "JAX_PLATFORMS": "cpu",
+                        "JAXATTN_TEST_CALLBACK_CACHE": "1" if how == "started" else "0"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(HERE), how], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -75,3 +76,4 @@ def test_a_cached_program_keeps_its_callbacks(tmp_path):
     for run in (first, second, plain):
         assert run["value"] == first["value"]
         assert "x must be at least 0: take its absolute value" in run["error"]
+

@@ -110,7 +110,9 @@ def _run(tmp_path, *global_flags, env=None):
             "--tokens", "3", "--horizon", "1", "--saves", "4"]
     r = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True,
                        timeout=300, env=os.environ | {"MPLBACKEND": "Agg", "XLA_FLAGS":
-                                                      "--xla_force_host_platform_device_count=1"}
+                                                      "--xla_force_host_platform_device_count=1",
+                                         # the flags exactly as given: none of the suite's
+                                         "JAXATTN_TEST_XLA_FLAGS": ""}
                        | (env or {}))
     assert r.returncode == 130, r.stderr[-2000:]  # stopped once config.json is written
     seen = json.loads(r.stdout.strip().splitlines()[-1])

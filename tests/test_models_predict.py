@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import MINILM, SMOLLM, needs_minilm, needs_smollm
+from _helpers import MINILM, SMOLLM, assert_same_values, needs_minilm, needs_smollm
 
 import jaxattn as ja
 from jaxattn.models import _tokenize
@@ -103,7 +103,64 @@ def test_one_pass_logits_are_huggingfaces(tmp_path, family, tied, seed):
     print(f"{family} (tied {tied}): max relative error {err:.2e}")
     assert err <= TOL
     np.testing.assert_array_equal(ja.models.predict(model, ids), ref.argmax(-1))
-    np.testing.assert_array_equal(ja.models.logits(model, ids[0]), ours[0])
+    # one prompt and a batch of two are two programs: equal to rounding
+    assert_same_values(ja.models.logits(model, ids[0]), ours[0])
+
+
+def _rewrite_checkpoint(folder, change) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    change(tensors)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_a_tied_llama_with_a_head_of_its_own_reads_it_as_huggingface(tmp_path, seed):
+    """A tied checkpoint with an `lm_head.weight` that differs from the embedding:
+    HuggingFace does not tie them and reads the head, and so does jaxattn."""
+    import torch
+    import transformers
+
+    hf = hf_lm("llama", tied=True)
+    hf.save_pretrained(tmp_path)
+    rng = np.random.default_rng(seed)
+    _rewrite_checkpoint(tmp_path, lambda t: t.__setitem__(
+        "lm_head.weight", rng.normal(size=t["model.embed_tokens.weight"].shape)
+        .astype(np.float32)))
+    ref_model = transformers.LlamaForCausalLM.from_pretrained(tmp_path,
+                                                              attn_implementation="eager")
+    ids = rng.integers(0, hf.config.vocab_size, (1, 9))
+    with torch.no_grad():
+        ref = ref_model(torch.from_numpy(ids)).logits.numpy()
+    model = ja.models.load(tmp_path)
+    assert model.lm_head is not None
+    assert rel_error(ja.models.logits(model, ids), ref) <= TOL
+
+
+def test_an_untied_llama_without_its_head_loads_and_refuses_logits(tmp_path, seed):
+    """Untied (`tie_word_embeddings` false, or missing: HuggingFace's default for
+    Llama) and no `lm_head.weight`: the hidden states load; `logits` says why not."""
+    hf = hf_lm("llama", tied=False)
+    hf.save_pretrained(tmp_path)
+    _rewrite_checkpoint(tmp_path, lambda t: t.pop("lm_head.weight"))
+    model = ja.models.load(tmp_path)
+    ids = np.random.default_rng(seed).integers(0, hf.config.vocab_size, (1, 7))
+    assert ja.models.hidden_states(model, ids).shape[-2:] == (7, 96)
+    with pytest.raises(ValueError, match=r"no lm_head\.weight .* tie_word_embeddings: "
+                                         r"false") as e:
+        ja.models.logits(model, ids)
+    assert "\n" not in str(e.value)
+
+
+def test_an_initialised_llama_has_the_head_its_config_asks_for(key):
+    cfg = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 16,
+           "num_attention_heads": 2, "intermediate_size": 24, "vocab_size": 31,
+           "max_position_embeddings": 16}
+    untied = ja.models.init(cfg, key)  # HuggingFace's default for Llama: untied
+    tied = ja.models.init(cfg | {"tie_word_embeddings": True}, key)
+    assert tied.lm_head is None and untied.lm_head.shape == (31, 16)
+    assert not np.array_equal(untied.lm_head, untied.embed_tokens)
+    assert np.array_equal(untied.embed_tokens, tied.embed_tokens)
 
 
 @pytest.mark.parametrize("family,tied", [("gpt2", True), ("llama", False)])

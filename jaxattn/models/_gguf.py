@@ -99,6 +99,8 @@ def gguf_config(reader, path: Path) -> dict:
         "rope_theta": float(_field(reader, "llama.rope.freq_base", 10000.0)),
         "max_position_embeddings": int(_field(reader, "llama.context_length", 2048)),
         "head_dim": head_dim,
+        # llama.cpp ties the head to the embedding when it has no `output.weight`
+        "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
         **_rope_scaling(reader, path),
     }
 

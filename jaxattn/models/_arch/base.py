@@ -47,6 +47,10 @@ class TransformerConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     causal: bool = True
+    # Llama: the next-token head is the token embedding (`config.json`'s
+    # `tie_word_embeddings`; HuggingFace's default for Llama is false). GPT-2 and
+    # GPT-Neo always tie theirs.
+    tie_word_embeddings: bool = True
 
     @property
     def kv_heads(self) -> int:

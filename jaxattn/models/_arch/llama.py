@@ -41,16 +41,19 @@ class Llama(AbstractTransformer):
     `architectures` are checked; fields of the output head, dropout and
     generation do not change the hidden states and are not read.
 
-    The next-token head (`ja.models.logits`) is the checkpoint's own `lm_head.weight`
-    (llama.cpp's `output.weight`) when it has one, else the token embedding (tied,
-    as in SmolLM2).
+    The next-token head (`ja.models.logits`) is, as in HuggingFace, the checkpoint's
+    own `lm_head.weight` (llama.cpp's `output.weight`) when it has one, else the token
+    embedding if `tie_word_embeddings` is true (SmolLM2; a gguf without
+    `output.weight`). An untied checkpoint without its head loads (the hidden states
+    do not use it), and `logits` refuses it by name: HuggingFace would draw a random
+    head.
     """
 
     config: TransformerConfig = eqx.field(static=True)
     embed_tokens: Float[Array, "V d"]
     blocks: PreNormBlock
     norm: RMSNorm
-    lm_head: Float[Array, "V d"] | None = None  # None: tied to `embed_tokens`
+    lm_head: Float[Array, "V d"] | None = None  # None: tied, or untied and missing
 
     family = "llama"
     hf_classes = ("LlamaModel", "LlamaForCausalLM", "LlamaForSequenceClassification",
@@ -66,7 +69,16 @@ class Llama(AbstractTransformer):
         return self.norm(x)
 
     def head(self):
-        return self.embed_tokens if self.lm_head is None else self.lm_head
+        if self.lm_head is not None:
+            return self.lm_head
+        if not self.config.tie_word_embeddings:
+            raise ValueError(
+                "this Llama's checkpoint has no lm_head.weight and its config.json says "
+                "tie_word_embeddings: false (HuggingFace's default when the key is "
+                "missing), so it has no next-token head: add the checkpoint's "
+                "lm_head.weight, or set tie_word_embeddings: true if the head is the "
+                "token embedding.")
+        return self.embed_tokens
 
     def context(self, n: int):
         cfg = self.config
@@ -88,6 +100,7 @@ class Llama(AbstractTransformer):
             rope_scaling=scaling,
             attention_bias=bool(hf.get("attention_bias", False)),
             mlp_bias=bool(hf.get("mlp_bias", False)), pad_token_id=hf.get("pad_token_id"),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         ))
 
     @classmethod
@@ -105,11 +118,15 @@ class Llama(AbstractTransformer):
     @classmethod
     def init(cls, cfg, key):
         ke, kb = jax.random.split(key)
-        table = normal(ke, (cfg.vocab_size, cfg.hidden_size), cfg.initializer_range)
+        shape = (cfg.vocab_size, cfg.hidden_size)
+        table = normal(ke, shape, cfg.initializer_range)
         if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.vocab_size:
             table = table.at[cfg.pad_token_id].set(0.0)
         norm = RMSNorm.init(cfg.hidden_size, cfg.norm_eps)
-        return cls(cfg, table, cls.init_blocks(cfg, kb), norm)
+        # an untied head of its own, as HuggingFace draws one (from a key of its own)
+        head = None if cfg.tie_word_embeddings else normal(
+            jax.random.fold_in(ke, 1), shape, cfg.initializer_range)
+        return cls(cfg, table, cls.init_blocks(cfg, kb), norm, head)
 
     @classmethod
     def from_state(cls, cfg, src):
@@ -138,7 +155,8 @@ class Llama(AbstractTransformer):
                                 RMSNorm(src.get(f"{p}.post_attention_layernorm.weight", (d,)), eps),
                                 mlp)
 
-        # an untied head sits beside the `model.` tensors, outside their prefix
+        # an untied head sits beside the `model.` tensors, outside their prefix; one saved
+        # in a tied checkpoint is read too (HuggingFace does not tie a head that differs)
         heads = type(src)(src.readers, "")
         head = (heads.get("lm_head.weight", (cfg.vocab_size, d))
                 if "lm_head.weight" in src.readers else None)

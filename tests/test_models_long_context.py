@@ -290,16 +290,25 @@ def test_smollm2_full_context_compiles_in_bounded_memory(smollm2):
     assert temp < scores / 8 < scores <= temp_dense
 
 
-@pytest.mark.slow  # two forwards of the 135M model at 1,024 tokens
+@pytest.mark.slow  # three forwards of the 135M model at 1,024 tokens
 @needs_smollm2
 def test_smollm2_blocked_equals_dense_at_1024_tokens(smollm2, seed, dense):
+    """The blocked path is as accurate as the dense one against the float64 forward,
+    and the two agree within float32's own error. (Two float32 programs agree to
+    rounding, whose size depends on how XLA compiles each: measured 1.2e-6 and 1.7e-6
+    apart for two prompts, each 3e-6 to 1e-5 from float64.)"""
     ids = np.random.default_rng(seed).integers(0, smollm2.config.vocab_size, (1, 1024))
     assert smollm2.layer_block(0).attn.blocked(1024, jnp.float32)
     ours = ja.models.hidden_states(smollm2, ids)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_nn, "DENSE_LIMIT", 2**62)
         ref = dense(lambda: ja.models.hidden_states(smollm2, ids))
+        exact = ja.models.hidden_states(cast(smollm2, jnp.float64), ids)
     jax.clear_caches()
-    err = rel_error(ours, ref)
-    print(f"SmolLM2, 1,024 tokens: blocked vs dense {err:.1e}")
-    assert err <= 10 * np.finfo(np.float32).eps
+    assert exact.dtype == jnp.float64
+    err, err_dense = rel_error(ours, exact), rel_error(ref, exact)
+    apart = rel_error(ours, ref)
+    print(f"SmolLM2, 1,024 tokens, from float64: blocked {err:.1e}, dense {err_dense:.1e}; "
+          f"blocked vs dense {apart:.1e}")
+    assert err <= 1.5 * err_dense  # measured 1.1–1.2 times
+    assert apart <= 2 * err_dense

@@ -14,7 +14,8 @@ import numpy as np
 
 from .._files import atomic_write
 
-_FORMAT = "jaxattn-gguf-1"  # bump when the conversion changes: old caches are ignored
+_FORMAT = "jaxattn-gguf-2"  # bump when the conversion changes: old caches are ignored
+# (2: the config records `tie_word_embeddings`)
 _INTEGER_TYPES = ("I8", "I16", "I32", "I64")  # never weights (IQ* are quantised floats)
 _NAMES = [
     (r"token_embd\.weight", "embed_tokens.weight"),

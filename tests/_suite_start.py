@@ -31,7 +31,12 @@ HOOK = Path(__file__).resolve().parent / "_subprocesses"
 
 
 def with_flags(flags: str, extra: str) -> str:
-    """`flags` with each flag of `extra` appended unless one of its name is given."""
+    """`flags` with each flag of `extra` appended unless one of its name is given.
+
+    The rule of `jaxattn._determinism.deterministic_xla_flags`, not imported from it:
+    this runs in `sitecustomize`, before the child's own path entry (its script's
+    folder, or the working directory) is on `sys.path`, so importing `jaxattn` here
+    could load another checkout than the one the child imports."""
     given = {f.split("=")[0] for f in flags.split()}
     return " ".join(flags.split() + [f for f in extra.split() if f.split("=")[0] not in given])
 

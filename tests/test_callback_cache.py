@@ -76,4 +76,3 @@ def test_a_cached_program_keeps_its_callbacks(tmp_path):
     for run in (first, second, plain):
         assert run["value"] == first["value"]
         assert "x must be at least 0: take its absolute value" in run["error"]
-

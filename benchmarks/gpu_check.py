@@ -23,7 +23,11 @@ run leaves what it measured) and printed as it goes:
   path (values and gradients), then the forward pass and gradient at n = 10⁶
   against the pair floors (the exp floor at the register rate).
 - `S1L`, `RK4`: the kernel (at S1's best layout so far, else run 1's 32 systems
-  per program and one warp) against the fused XLA path.
+  per program and one warp) against the fused XLA path. The verdict on their values
+  (and S1's) is `law`: each path against float64 on `LAW_SAMPLE` systems
+  (`jaxattn.bench.agreement`), since over 10⁶ systems the largest difference
+  between any two float32 programs is O(1) (`rel_diff_kernel_vs_fused`, kept beside
+  it, is not a verdict for many-layer runs).
 - `MF_forward`, `MF_gradient`: one mean-field layer of the dynamics and its gradient
   (BENCHMARKS.md's MF) as shipped: on a GPU its blocked attention is the flash
   kernel (`jaxattn._blocks.use_flash`), where BENCHMARKS.md's 22.0 s ran the XLA sweep.
@@ -58,6 +62,7 @@ import numpy as np
 
 import jaxattn as ja
 from jaxattn._pallas import use_kernel_config
+from jaxattn.bench.agreement import agreement_in_law
 from jaxattn.bench.device import copy_bandwidth, exp_rate, jax_matmul_peak
 from jaxattn.bench.floors import register_exp_rate
 from jaxattn.bench.suite import pair_floor
@@ -91,6 +96,9 @@ ALL_STAGES = ("tests",) + STAGES
 NEED_S = {"tests": 250, "floors": 10, "MF_flash": 40, "S1L": 90, "RK4": 90, "S1": 90,
           "SN": 150, "MF_forward": 30, "MF_gradient": 40}
 DIMS = ((10, 3, 2), (3, 2, 1))  # S1's (n, d, h) on the GPU; in a dry run
+# Systems of S1, S1L and RK4 rerun in float64 to judge the kernel against the fused
+# path in law (`jaxattn.bench.agreement`; every system in a dry run).
+LAW_SAMPLE = 100_000
 
 
 class Check:
@@ -308,6 +316,26 @@ def _compare(out: dict, results: dict) -> None:
         out["speedup_kernel_vs_fused"] = out["fused"]["median_s"] / out["kernel"]["median_s"]
 
 
+def _law(fn_of, prob, arrays, results: dict) -> dict:
+    """The kernel and the fused path, each against float64 on a sample of the systems
+    (`LAW_SAMPLE`): the verdict for many-layer runs, where the largest difference over
+    10⁶ systems is O(1) between any two float32 programs (`jaxattn.bench.agreement`)."""
+    if "kernel" not in results or "fused" not in results:
+        return {"skipped": "the kernel or the fused path did not run"}
+    B = prob.batch
+    idx = (np.arange(B) if B <= LAW_SAMPLE else
+           np.sort(np.random.default_rng(0).choice(B, LAW_SAMPLE, replace=False)))
+    try:
+        with jax.enable_x64(True):
+            wide = {k: v.astype(np.float64) for k, v in arrays.items()}
+            ref = jax.jit(fn_of("fused"))(prob.dynamics(wide), jnp.asarray(wide["x0"][idx]))
+            ref = np.asarray(ref)
+        return agreement_in_law(np.asarray(results["kernel"])[idx],
+                                np.asarray(results["fused"])[idx], ref)
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"[:1000]}
+
+
 def _torch_ref():
     try:
         import torch  # noqa: F401
@@ -355,6 +383,7 @@ def stage_layers(check: Check, case: str) -> dict:
             _compare(out, results)
     else:
         out, results = _versus(check, fn_of, (dyn, x0))
+    out["law"] = _law(fn_of, prob, arrays, results)
     flops = L * prob.flops()
     moved = 4 * prob.batch * (prob.n * prob.d + L + 1)
     out.update(size=size, flops=flops, moved_bytes=moved)
@@ -386,7 +415,7 @@ def stage_layers(check: Check, case: str) -> dict:
 
 def stage_rk4(check: Check) -> dict:
     size = _size(check, "RK4")
-    _, _, dyn, x0 = _problem(check, size["batch"])
+    prob, arrays, dyn, x0 = _problem(check, size["batch"])
     steps, T = size["steps"], 10.0
     ts = jnp.linspace(0.0, T, 2)
 
@@ -394,7 +423,8 @@ def stage_rk4(check: Check) -> dict:
         return lambda dyn, x0: ja.solve_flow(dyn, x0, ts, solver=ja.RK4(), dt0=T / steps,
                                              stepsize_controller=dfx.ConstantStepSize(),
                                              strategy=strategy)[:, -1]
-    out, _ = _versus(check, fn_of, (dyn, x0))
+    out, results = _versus(check, fn_of, (dyn, x0))
+    out["law"] = _law(fn_of, prob, arrays, results)
     out["size"] = size
     return out
 

@@ -306,6 +306,9 @@ def test_gpu_check_dry_run(tmp_path):
     assert stages["S1"]["rel_diff_kernel_vs_fused"] < 1e-5
     assert stages["SN"]["rel_diff_kernel_vs_fused"] < 1e-5
     assert stages["RK4"]["rel_diff_kernel_vs_fused"] < 1e-5
+    for case in ("S1", "S1L", "RK4"):  # judged against float64, every system
+        law = stages[case]["law"]
+        assert law["agree"] and law["systems"] == data["stages"][case]["size"]["batch"], law
     assert stages["MF_flash"]["layouts"][0]["rel_diff_vs_blocked"] < 1e-5
     assert max(stages["MF_flash"]["grad_rel_diff_vs_blocked"]) < 1e-5
     assert not [k for k, v in stages.items() if "error" in v]

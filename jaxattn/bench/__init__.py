@@ -8,6 +8,8 @@ like `jaxattn.experiments` and `jaxattn.sweep`; nothing in the library imports i
   per precision and the copy bandwidth.
 - `timing.py`: `Timing`, `Repeats`, ahead-of-time compilation (`compile_jax`).
 - `table.py`: the suite's result as a text table (`format_table`).
+- `agreement.py`: two float32 runs of many layers judged in law against float64
+  (`agreement_in_law`, what `benchmarks/gpu_check.py` checks the kernel with).
 - `scaling.py`: time of `run_layers` versus n, d, batch and devices
   (`run_scaling`, `write_figure`).
 - `reference_torch.py`, `loop_vs_hf.py`: the PyTorch and HuggingFace references.

@@ -1,0 +1,61 @@
+"""Whether two float32 runs of a clustering dynamics agree, judged against float64.
+
+The dynamics amplify rounding. Among 10⁶ random S1 systems (n = 10, d = 3, h = 2,
+200 layers) a few dozen sit near a split between clusters: there a perturbation of
+1e-12 in float64 moves the misalignment by 1e-6, and a float32 run lands anywhere in
+an O(1) range. Two correct float32 programs that round differently (the fused path
+compiled for 10⁵ or 10⁶ systems, or the kernel beside it) therefore differ by O(1)
+on those systems, and "the largest difference over the systems" stops telling a
+correct path from a wrong one as the batch grows (BENCHMARKS.md, "Agreement at 10⁶
+systems"). Judged here instead: each path's error against a float64 run of the same
+systems, as a distribution. A path agrees with the other when its typical and its
+99th-percentile error are no larger than the other's beyond rounding, and no more
+of its systems are far off (`tail`) than chance allows.
+"""
+
+import math
+
+import numpy as np
+
+
+def system_errors(result, reference) -> np.ndarray:
+    """Per system (axis 0) the largest absolute difference, over everything saved of
+    it, relative to the largest `|reference|` of the whole batch."""
+    a = np.asarray(result, np.float64).reshape(len(result), -1)
+    b = np.asarray(reference, np.float64).reshape(len(reference), -1)
+    if a.shape != b.shape:
+        raise ValueError(f"result {a.shape} and reference {b.shape} differ in shape.")
+    return np.max(np.abs(a - b), axis=1) / max(float(np.max(np.abs(b))), 1e-30)
+
+
+def _summary(err: np.ndarray, tail: float) -> dict:
+    return {"median": float(np.median(err)), "q99": float(np.quantile(err, 0.99)),
+            "max": float(np.max(err)), "over_tail": int(np.sum(err > tail))}
+
+
+def agreement_in_law(candidate, baseline, reference, *, floor: float = 1e-6,
+                     tail: float = 1e-3, factor: float = 2.0, z_max: float = 4.0) -> dict:
+    """Does `candidate` agree with `baseline`, both judged against `reference`?
+
+    **Arguments:**
+
+    - `candidate`, `baseline`: two float32 runs of the same systems (axis 0).
+    - `reference`: the same systems in float64.
+    - `floor`: errors below it are rounding (float32's ε is 1.2e-7).
+    - `tail`: an error above it is a system "far off".
+    - `factor`, `z_max`: how much larger the candidate's median and 99th-percentile
+      error may be (`factor × baseline's + floor`), and how many standard deviations
+      its count of far-off systems may exceed the baseline's (Poisson).
+
+    **Returns:**
+
+    A dict: each path's error summary (`median`, `q99`, `max`, `over_tail`), `z` of
+    the far-off counts, `systems`, and the verdict `agree`.
+    """
+    c = _summary(system_errors(candidate, reference), tail)
+    b = _summary(system_errors(baseline, reference), tail)
+    z = (c["over_tail"] - b["over_tail"]) / math.sqrt(c["over_tail"] + b["over_tail"] + 1)
+    agree = (c["median"] <= factor * b["median"] + floor
+             and c["q99"] <= factor * b["q99"] + floor and z < z_max)
+    return {"candidate": c, "baseline": b, "z_over_tail": z, "systems": len(candidate),
+            "floor": floor, "tail": tail, "agree": bool(agree)}

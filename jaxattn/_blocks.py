@@ -169,16 +169,22 @@ def _flash_route(spec: BlockSpec, dim: int) -> str | None:
     return mode
 
 
-def _flash(q, k, v, offset, *, spec: BlockSpec):
-    from ._pallas.flash import flash_attention  # Pallas imported on the kernel's first use
+def _flash_options(spec: BlockSpec, n: int, m: int) -> dict:
+    """The flash kernel's keywords for `n` queries and `m` keys: `spec`'s kernel and
+    masks, `use_flash`'s layout with blocks no larger than the sequences need (16 at
+    least: Triton)."""
     layout = _FLASH[-1]
 
-    def block(size, count):  # no larger than the sequence needs, 16 at least (Triton)
+    def block(size, count):
         return min(size, max(16, 1 << max(0, (count - 1).bit_length())))
-    return flash_attention(q, k, v, offset, kernel=spec.kernel, causal=spec.causal,
-                           window=spec.window, block_q=block(layout["block_q"], q.shape[1]),
-                           block_k=block(layout["block_k"], k.shape[1]),
-                           num_warps=layout["num_warps"])
+    return dict(kernel=spec.kernel, causal=spec.causal, window=spec.window,
+                block_q=block(layout["block_q"], n), block_k=block(layout["block_k"], m),
+                num_warps=layout["num_warps"])
+
+
+def _flash(q, k, v, offset, *, spec: BlockSpec):
+    from ._pallas.flash import flash_attention  # Pallas imported on the kernel's first use
+    return flash_attention(q, k, v, offset, **_flash_options(spec, q.shape[1], k.shape[1]))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -309,15 +315,20 @@ def ring_attention(
     `lax.ppermute`), folding each share into the running state of its queries. The
     token count must be a multiple of `D`; `spec`'s blocks are a device's share at
     most. Memory per device: `O(n / D)`. Reverse mode differentiates through the
-    ring (its blocks' scores are then stored, not recomputed)."""
+    ring (its blocks' scores are then stored, not recomputed).
+
+    Where `blocked_attention` takes the flash kernel (`use_flash`), each device runs
+    it on every share it receives (`_ring_flash`), and reverse mode recomputes the
+    blocks as the kernel's own backward pass does."""
     axis = mesh.axis_names[0]
     devices = mesh.devices.size
     split = jax.sharding.PartitionSpec(None, axis)
     rows = jax.sharding.PartitionSpec(axis, None)
+    offset = jnp.asarray(offset, q.dtype)
     if mask is None:
         mask = jnp.zeros((devices, 0), bool)
 
-    def local(q, k, v, offset, mask):
+    def sweep(q, k, v, offset, mask):
         p = lax.axis_index(axis)
         g, share, c = v.shape
         qs = _query_blocks(q, g, spec.block_q)
@@ -334,9 +345,39 @@ def ring_attention(
         (state, _, _), _ = lax.scan(step, (_empty(qs, c), k, v), jnp.arange(devices))
         return _from_query_blocks(_finish(state, spec)[0], q.shape[1])
 
+    local = sweep
+    route = None if spec.forward_mode else _flash_route(spec, max(q.shape[2], v.shape[2]))
+    if route is not None:
+        flash = functools.partial(_ring_flash, spec=spec, axis=axis, devices=devices)
+        local = flash if route == "always" else (
+            lambda *a: lax.platform_dependent(*a, cuda=flash, default=sweep))
     return jax.shard_map(local, mesh=mesh, in_specs=(split, split, split,
                                                      jax.sharding.PartitionSpec(), rows),
                          out_specs=split, check_vma=False)(q, k, v, offset, mask)
+
+
+def _ring_flash(q, k, v, offset, mask, *, spec: BlockSpec, axis, devices: int):
+    """One device's part of `ring_attention` with the flash kernel: its own share of
+    keys first (every query sees itself there, so each row's log-normaliser is finite
+    from the start), then each share passed around the ring, merged by the kernel's
+    log-normalisers (`flash_partial`, `merge_partial`)."""
+    from ._pallas.flash import flash_partial, merge_partial
+    del mask  # the flash route takes no boolean mask
+    p = lax.axis_index(axis)
+    share = k.shape[1]
+    options = _flash_options(spec, q.shape[1], share)
+    ring = [(i, (i + 1) % devices) for i in range(devices)]
+
+    def attend(k, v, owner):
+        return flash_partial(q, k, v, offset, (p - owner) * share, **options)
+
+    def step(carry, hop):
+        acc, k, v = carry
+        k, v = lax.ppermute(k, axis, ring), lax.ppermute(v, axis, ring)
+        return (merge_partial(acc, attend(k, v, (p - hop) % devices), spec.kernel), k, v), None
+
+    (acc, _, _), _ = lax.scan(step, (attend(k, v, p), k, v), jnp.arange(1, devices))
+    return acc[0]
 
 
 def _finish(state, spec: BlockSpec):

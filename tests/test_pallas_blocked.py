@@ -3,6 +3,8 @@
 gradients; a CUDA lowering on this CPU machine takes the kernel, and the CPU path
 stays the XLA sweep alone."""
 
+import textwrap
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,8 @@ import pytest
 
 import jaxattn as ja
 from jaxattn._blocks import FLASH_MAX_DIM, use_flash
+
+from _helpers import run_on_forced_devices
 
 N, D = 23, 3  # 23 tokens in blocks of 8 keys: padding in the last block
 
@@ -120,3 +124,69 @@ def test_use_flash_refuses_unknown_settings():
         pass
     with pytest.raises(ValueError, match="block_m"), use_flash(block_m=8):
         pass
+
+
+def test_the_ring_of_one_device_takes_the_kernel_where_blocks_do():
+    """`shard="tokens"` on one device (a ring of one): `"cuda"` traces the kernel beside
+    the sweep (chosen at lowering: the CPU runs the sweep), `"always"` runs it (in
+    interpret mode); both equal the unsplit run."""
+    dyn, x = _model("softmax", causal=True), _tokens()
+    one = ja.run_layers(dyn, x, 2, 0.1)
+
+    def ring(y):
+        return ja.run_layers(dyn, y, 2, 0.1, shard="tokens")
+    for mode in ("cuda", "always"):
+        with use_flash(mode, block_q=16, block_k=16):
+            text = str(jax.make_jaxpr(_fresh(ring))(x))
+            assert "pallas_call" in text
+            assert _rel(jax.jit(_fresh(ring))(x), one) < 1e-12
+    with jax.enable_x64(False):  # lowered for CUDA on this CPU: the compiled kernel
+        dyn, x = _model("softmax", jnp.float32, causal=True), _tokens(jnp.float32)
+        mesh = jax.sharding.Mesh(jax.devices()[:1], ("tokens",))
+        with use_flash("cuda"):
+            assert "__gpu$xla.gpu.triton" in _lowered(dyn.on_tokens(mesh), x, "cuda")
+
+
+@pytest.mark.slow  # 4 forced devices, the kernel in interpret mode: about a minute
+def test_the_ring_runs_the_kernel_on_each_device():
+    """Tokens split over 4 devices, every share attended by the flash kernel and merged
+    by log-normalisers: the layers and the velocity's gradient (model and tokens)
+    equal one device's XLA sweep in float64, with causal and window masks (shares a
+    query sees in part, or not at all) and a pointwise kernel."""
+    script = textwrap.dedent("""
+        import json, jax, jax.numpy as jnp, equinox as eqx
+        jax.config.update("jax_enable_x64", True)
+        import jaxattn as ja
+        from jaxattn._batch import on_tokens
+        from jaxattn._blocks import use_flash
+        n, d = 64, 3
+        x = jax.random.normal(jax.random.PRNGKey(1), (n, d))
+        x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+        w = jax.random.normal(jax.random.PRNGKey(2), (n, d))
+
+        def grads(dyn, y):
+            g = eqx.filter_grad(lambda m: jnp.sum(m[0].velocity(0.0, m[1]) * w))((dyn, y))
+            return jax.tree.leaves(eqx.filter(g, eqx.is_inexact_array))
+
+        res = {"devices": len(jax.devices())}
+        for name, opts in [("causal", dict(causal=True)), ("window", dict(window=7)),
+                           ("exp", dict(kernel="exp"))]:
+            dyn = ja.random_dynamics(jax.random.PRNGKey(0), 2, d, beta=2.0, block_size=8,
+                                     **opts)
+            one, g1 = ja.run_layers(dyn, x, 2, 0.2), grads(dyn, x)
+            with use_flash("always", block_q=16, block_k=16):
+                four = ja.run_layers(dyn, x, 2, 0.2, devices=4, shard="tokens")
+                ring, xs = on_tokens(dyn, x, 4)
+                text = str(jax.make_jaxpr(lambda y: ring.velocity(0.0, y))(xs))
+                g4 = grads(ring, xs)
+            res[name] = {"layers": float(jnp.abs(one - four).max() / jnp.abs(one).max()),
+                         "grads": max(float(jnp.abs(a - b).max() / jnp.abs(b).max())
+                                      for a, b in zip(g4, g1)),
+                         "leaves": len(g4), "kernels": text.count("pallas_call")}
+        print(json.dumps(res))
+    """)
+    res = run_on_forced_devices(script, timeout=400)
+    for name in ("causal", "window", "exp"):
+        r = res[name]
+        assert r["layers"] < 1e-12 and r["grads"] < 1e-12, (name, r)
+        assert r["leaves"] >= 3 and r["kernels"] >= 1, (name, r)

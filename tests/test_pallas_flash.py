@@ -8,7 +8,7 @@ from jax.test_util import check_grads
 
 import jaxattn as ja
 from jaxattn._blocks import block_spec, blocked_attention
-from jaxattn._pallas.flash import flash_attention
+from jaxattn._pallas.flash import flash_attention, flash_partial, merge_partial
 
 H, G, N, A = 2, 1, 37, 3  # 37 tokens: neither block size divides them
 
@@ -86,6 +86,44 @@ def test_finite_differences(key):
     check_grads(lambda q, k, v, o: flash_attention(q, k, v, o, block_q=4, block_k=4,
                                                    causal=True),
                 (q, k, v, o), order=1, modes=("rev",), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kernel,window", [
+    (ja.Softmax(), 5),
+    # warm: over ~4 s each (make test stays the fast loop)
+    pytest.param(ja.Softmax(), None, marks=pytest.mark.slow),
+    pytest.param(ja.Exp(), None, marks=pytest.mark.slow)], ids=["softmax-window", "softmax", "exp"])
+def test_shares_of_keys_merge_to_the_whole(key, kernel, window):
+    """A ring's arithmetic on one device: the later half of the queries against each half
+    of the keys (`shift` their distance), merged by log-normalisers, equals attention
+    over all keys, causal, with the gradient through both outputs (finite differences
+    and the whole kernel's)."""
+    n, half = 16, 8
+    q, k, v, o = _inputs(key, n=n)
+    opts = dict(kernel=kernel, causal=True, window=window, block_q=4, block_k=4)
+
+    def merged(q2, k, v, o):
+        own = flash_partial(q2, k[:, half:], v[:, half:], o, 0, **opts)
+        earlier = flash_partial(q2, k[:, :half], v[:, :half], o, half, **opts)
+        return merge_partial(own, earlier, kernel)[0]
+
+    whole = flash_attention(q, k, v, o, **opts)[:, half:]
+    assert _rel(merged(q[:, half:], k, v, o), whole) < 1e-12
+    # Causal: the first half of the queries sees none of the later keys (log-normaliser −∞).
+    out, lse = flash_partial(q[:, :half], k[:, half:], v[:, half:], o, -half, **opts)
+    assert float(jnp.max(jnp.abs(out))) == 0.0
+    if isinstance(kernel, ja.Softmax):
+        assert bool(jnp.all(lse == -jnp.inf))
+    check_grads(merged, (q[:, half:], k, v, o), order=1, modes=("rev",), atol=1e-6,
+                rtol=1e-6)
+    weights = jax.random.normal(jax.random.fold_in(key, 2), whole.shape)
+
+    def grads(fn, *args):
+        return jax.grad(lambda *x: jnp.sum(fn(*x) * weights), argnums=(0, 1, 2))(*args)
+    g_whole = grads(lambda q, k, v: flash_attention(q, k, v, o, **opts)[:, half:], q, k, v)
+    g_merged = grads(lambda q, k, v: merged(q[:, half:], k, v, o), q, k, v)
+    for a, b in zip(g_merged, g_whole):
+        assert _rel(a, b) < 1e-12
 
 
 def test_family_members(key):

@@ -30,24 +30,27 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 from .._kernel import AbstractKernel, AbstractPointwiseKernel, Softmax, as_kernel
 
 
-def _allowed(i, j, *, m, n, causal: bool, window):
+def _allowed(i, j, *, m, n, causal: bool, window, shift=0):
     """Which keys `j` queries `i` may see in a block pair: keys that exist (`j < m`,
     unless `m` is `None`: no padded keys), queries that exist (`i < n`, likewise), and
-    the causal and window masks; `None` when every pair may (no test at all)."""
+    the causal and window masks between the global positions `i + shift` and `j`
+    (`shift`: how far the queries' first position lies past the keys'); `None` when
+    every pair may (no test at all)."""
     tests = []
     if m is not None:
         tests.append(j[None, :] < m)
     if n is not None:
         tests.append(i[:, None] < n)
+    lag = (i + shift)[:, None] - j[None, :]
     if causal:
-        tests.append(j[None, :] <= i[:, None])
+        tests.append(lag >= 0)
     if window is not None:
-        tests.append(jnp.abs(i[:, None] - j[None, :]) < window)
+        tests.append(jnp.abs(lag) < window)
     return functools.reduce(jnp.logical_and, tests) if tests else None
 
 
@@ -71,11 +74,11 @@ def _scores(qs, ks, off, big):
     return jnp.clip(_lane_products(qs, ks), -big, big) + off
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, off_ref, o_ref, lse_ref, *, a, cv, m, bq, bk,
-                    kernel, causal, window):
+def _forward_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, o_ref, lse_ref, *, a, cv, m,
+                    bq, bk, kernel, causal, window):
     qi = pl.program_id(1)
     qs = [q_ref[c, :] for c in range(a)]
-    off = off_ref[0]
+    off, shift = off_ref[0], shift_ref[0]
     mk = None if m % bk == 0 else m  # padded keys to mask
     i = qi * bq + lax.iota(jnp.int32, bq)
     dtype = qs[0].dtype
@@ -86,7 +89,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, off_ref, o_ref, lse_ref, *, a, cv, m, b
         start = jb * bk
         j = start + lax.iota(jnp.int32, bk)
         s = _scores(qs, [k_ref[c, pl.ds(start, bk)] for c in range(a)], off, big)
-        ok = _allowed(i, j, m=mk, n=None, causal=causal, window=window)
+        ok = _allowed(i, j, m=mk, n=None, causal=causal, window=window, shift=shift)
         if isinstance(kernel, Softmax):  # the online softmax, one row's state in lanes
             s = _where(ok, s, -jnp.inf)
             new = jnp.maximum(mx, jnp.max(s, axis=1))
@@ -105,11 +108,12 @@ def _forward_kernel(q_ref, k_ref, v_ref, off_ref, o_ref, lse_ref, *, a, cv, m, b
     init = (jnp.full((bq,), -jnp.inf, dtype), zero, tuple(zero for _ in range(cv)))
     mx, norm, acc = lax.fori_loop(0, pl.cdiv(m, bk), body, init)
     if isinstance(kernel, Softmax):
-        # A row that sees no key (only padding rows: a real one sees itself) gives 0.
+        # A row that sees no key (a padding row, or in a ring a share of keys all
+        # masked for it) gives 0, its log-normaliser −∞ (it adds nothing when merged).
         seen = norm > 0
         for c in range(cv):
             o_ref[c, :] = jnp.where(seen, acc[c] / jnp.where(seen, norm, 1.0), 0.0)
-        lse_ref[...] = jnp.where(seen, mx + jnp.log(jnp.where(seen, norm, 1.0)), 0.0)
+        lse_ref[...] = jnp.where(seen, mx + jnp.log(jnp.where(seen, norm, 1.0)), -jnp.inf)
     else:
         for c in range(cv):
             o_ref[c, :] = acc[c]
@@ -122,12 +126,12 @@ def _grad_weights(kernel, s, ok, lse, dp, delta):
     return kernel.block_grad(s, True if ok is None else ok, lse, lse, delta, dp)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dq_ref, doff_ref, *,
-               a, cv, m, bq, bk, kernel, causal, window):
+def _dq_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, lse_ref, do_ref, delta_ref, dq_ref,
+               doff_ref, *, a, cv, m, bq, bk, kernel, causal, window):
     qi = pl.program_id(1)
     qs = [q_ref[c, :] for c in range(a)]
     dos = [do_ref[c, :] for c in range(cv)]
-    lse, delta, off = lse_ref[...], delta_ref[...], off_ref[0]
+    lse, delta, off, shift = lse_ref[...], delta_ref[...], off_ref[0], shift_ref[0]
     mk = None if m % bk == 0 else m
     i = qi * bq + lax.iota(jnp.int32, bq)
     dtype = qs[0].dtype
@@ -138,7 +142,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dq_ref,
         start = jb * bk
         j = start + lax.iota(jnp.int32, bk)
         s = _scores(qs, [k_ref[c, pl.ds(start, bk)] for c in range(a)], off, big)
-        ok = _allowed(i, j, m=mk, n=None, causal=causal, window=window)
+        ok = _allowed(i, j, m=mk, n=None, causal=causal, window=window, shift=shift)
         dp = _lane_products(dos, [v_ref[c, pl.ds(start, bk)] for c in range(cv)])
         _, ds = _grad_weights(kernel, s, ok, lse, dp, delta)
         dq = tuple(dq[c] + jnp.sum(ds * k_ref[c, pl.ds(start, bk)][None, :], axis=1)
@@ -152,12 +156,12 @@ def _dq_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dq_ref,
     doff_ref[...] = doff
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dk_ref, dv_ref, *,
-                a, cv, m, n, bq, bk, kernel, causal, window):
+def _dkv_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, lse_ref, do_ref, delta_ref, dk_ref,
+                dv_ref, *, a, cv, m, n, bq, bk, kernel, causal, window):
     kj = pl.program_id(1)
     ks = [k_ref[c, :] for c in range(a)]
     vs = [v_ref[c, :] for c in range(cv)]
-    off = off_ref[0]
+    off, shift = off_ref[0], shift_ref[0]
     mk = None if m % bk == 0 else m
     j = kj * bk + lax.iota(jnp.int32, bk)
     dtype = ks[0].dtype
@@ -171,7 +175,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, off_ref, lse_ref, do_ref, delta_ref, dk_ref
         dos = [do_ref[c, pl.ds(start, bq)] for c in range(cv)]
         s = _scores(qs, ks, off, big)
         ok = _allowed(i, j, m=mk, n=None if n % bq == 0 else n, causal=causal,
-                      window=window)
+                      window=window, shift=shift)
         dp = _lane_products(dos, vs)
         p, ds = _grad_weights(kernel, s, ok, lse_ref[pl.ds(start, bq)], dp,
                               delta_ref[pl.ds(start, bq)])
@@ -245,54 +249,67 @@ def _specs(h, g, a, cv, npad, mpad, spec):
     q_block = pl.BlockSpec((None, a, spec.bq), lambda hh, i: (hh, 0, i))
     k_all = pl.BlockSpec((None, a, mpad), lambda hh, i: (hh // group, 0, 0))
     v_all = pl.BlockSpec((None, cv, mpad), lambda hh, i: (hh // group, 0, 0))
-    off = pl.BlockSpec((1,), lambda hh, i: (0,))
+    scalar = pl.BlockSpec((1,), lambda hh, i: (0,))  # the offset, the shift
     row = pl.BlockSpec((None, spec.bq), lambda hh, i: (hh, i))
-    return q_block, k_all, v_all, off, row
+    return q_block, k_all, v_all, scalar, row
 
 
-def _fwd(q, k, v, offset, spec):
+def _fwd(q, k, v, offset, shift, spec):
     h, g, a, cv = q.shape[0], k.shape[0], q.shape[2], v.shape[2]
     qt, kt, vt, n, m, npad, mpad = _layout(q, k, v, spec)
-    q_block, k_all, v_all, off, row = _specs(h, g, a, cv, npad, mpad, spec)
+    q_block, k_all, v_all, scalar, row = _specs(h, g, a, cv, npad, mpad, spec)
     o_block = pl.BlockSpec((None, cv, spec.bq), lambda hh, i: (hh, 0, i))
     kernel = functools.partial(_forward_kernel, a=a, cv=cv, m=m, bq=spec.bq, bk=spec.bk,
                                kernel=spec.kernel, causal=spec.causal, window=spec.window)
-    out, lse = _call(kernel, (h, npad // spec.bq), [q_block, k_all, v_all, off],
+    out, lse = _call(kernel, (h, npad // spec.bq), [q_block, k_all, v_all, scalar, scalar],
                      [o_block, row],
                      [jax.ShapeDtypeStruct((h, cv, npad), q.dtype),
                       jax.ShapeDtypeStruct((h, npad), q.dtype)],
-                     spec.warps, "flash_forward", qt, kt, vt, offset.reshape(1))
+                     spec.warps, "flash_forward", qt, kt, vt, offset.reshape(1),
+                     shift.reshape(1))
     return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(q, k, v, offset, spec):
-    out, _ = _fwd(q, k, v, offset, spec)
-    return jnp.swapaxes(out, 1, 2)[:, :q.shape[1]]
+def _outputs(out, lse, n):
+    """The kernel's `(h, c, npad)` outputs and `(h, npad)` log-normalisers as `(h, n, c)`
+    and `(h, n)`."""
+    return jnp.swapaxes(out, 1, 2)[:, :n], lse[:, :n]
 
 
-def _flash_fwd(q, k, v, offset, spec):
-    out, lse = _fwd(q, k, v, offset, spec)
-    return jnp.swapaxes(out, 1, 2)[:, :q.shape[1]], (q, k, v, offset, out, lse)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _flash(q, k, v, offset, shift, spec):
+    return _outputs(*_fwd(q, k, v, offset, shift, spec), q.shape[1])
 
 
-def _flash_bwd(spec, res, dout):
-    q, k, v, offset, out, lse = res
+def _flash_fwd(q, k, v, offset, shift, spec):
+    out, lse = _fwd(q, k, v, offset, shift, spec)
+    return _outputs(out, lse, q.shape[1]), (q, k, v, offset, shift, out, lse)
+
+
+def _flash_bwd(spec, res, cotangents):
+    """FlashAttention-2's backward pass, with a cotangent on the log-normaliser too (a
+    ring merges partial results by it): `∂lse/∂s = w`, so it enters as `Δ − dlse` in
+    softmax's `w (dp − Δ)`; pointwise kernels have no log-normaliser."""
+    q, k, v, offset, shift, out, lse = res
+    dout, dlse = cotangents
     h, g, a, cv = q.shape[0], k.shape[0], q.shape[2], v.shape[2]
     qt, kt, vt, n, m, npad, mpad = _layout(q, k, v, spec)
     dot = _pad_last(jnp.swapaxes(dout, 1, 2), npad)
     delta = jnp.sum(dot * out, axis=1)  # (h, npad): Σ_c dout·out, softmax's row term
-    q_block, k_all, v_all, off, row = _specs(h, g, a, cv, npad, mpad, spec)
+    if isinstance(spec.kernel, Softmax):
+        delta = delta - _pad_last(dlse, npad)
+    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)  # rows that saw no key: every weight 0
+    q_block, k_all, v_all, scalar, row = _specs(h, g, a, cv, npad, mpad, spec)
     do_block = pl.BlockSpec((None, cv, spec.bq), lambda hh, i: (hh, 0, i))
     common = dict(a=a, cv=cv, m=m, bq=spec.bq, bk=spec.bk, kernel=spec.kernel,
                   causal=spec.causal, window=spec.window)
-    offs = offset.reshape(1)
+    offs, shifts = offset.reshape(1), shift.reshape(1)
     dq, doff = _call(functools.partial(_dq_kernel, **common), (h, npad // spec.bq),
-                     [q_block, k_all, v_all, off, row, do_block, row],
+                     [q_block, k_all, v_all, scalar, scalar, row, do_block, row],
                      [pl.BlockSpec((None, a, spec.bq), lambda hh, i: (hh, 0, i)), row],
                      [jax.ShapeDtypeStruct((h, a, npad), q.dtype),
                       jax.ShapeDtypeStruct((h, npad), q.dtype)],
-                     spec.warps, "flash_dq", qt, kt, vt, offs, lse, dot, delta)
+                     spec.warps, "flash_dq", qt, kt, vt, offs, shifts, lse, dot, delta)
     # Keys per head: a group's keys are read by `h / g` heads, their gradients summed.
     group = h // g
     q_all = pl.BlockSpec((None, a, npad), lambda hh, j: (hh, 0, 0))
@@ -301,20 +318,35 @@ def _flash_bwd(spec, res, dout):
     rows_all = pl.BlockSpec((None, npad), lambda hh, j: (hh, 0))
     do_all = pl.BlockSpec((None, cv, npad), lambda hh, j: (hh, 0, 0))
     dk, dv = _call(functools.partial(_dkv_kernel, n=n, **common), (h, mpad // spec.bk),
-                   [q_all, k_block, v_block, off, rows_all, do_all, rows_all],
+                   [q_all, k_block, v_block, scalar, scalar, rows_all, do_all, rows_all],
                    [pl.BlockSpec((None, a, spec.bk), lambda hh, j: (hh, 0, j)),
                     pl.BlockSpec((None, cv, spec.bk), lambda hh, j: (hh, 0, j))],
                    [jax.ShapeDtypeStruct((h, a, mpad), q.dtype),
                     jax.ShapeDtypeStruct((h, cv, mpad), q.dtype)],
-                   spec.warps, "flash_dkv", qt, kt, vt, offs, lse, dot, delta)
+                   spec.warps, "flash_dkv", qt, kt, vt, offs, shifts, lse, dot, delta)
     dq = jnp.swapaxes(dq, 1, 2)[:, :n]
     dk = jnp.swapaxes(dk, 1, 2)[:, :m].reshape(g, group, m, a).sum(1)
     dv = jnp.swapaxes(dv, 1, 2)[:, :m].reshape(g, group, m, cv).sum(1)
     doff = jnp.sum(jnp.where(jnp.arange(npad) < n, doff, 0.0)).astype(offset.dtype)
-    return dq, dk.astype(k.dtype), dv.astype(v.dtype), doff.reshape(offset.shape)
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype), doff.reshape(offset.shape), None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _checked(q, k, v, offset, kernel, causal, window, block_q, block_k, num_warps):
+    """The arguments in one dtype and the static `_Spec`, or a one-line error."""
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if not (isinstance(b, int) and b >= 1 and b & (b - 1) == 0):
+            raise ValueError(f"`{name}` must be a power of two, got {b!r}.")
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or q.shape[0] % k.shape[0] \
+            or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"expected q (h, n, a), k (g, m, a), v (g, m, c) with g dividing h; "
+                         f"got {q.shape}, {k.shape}, {v.shape}.")
+    spec = _Spec(kernel, causal, window, block_q, block_k, num_warps)
+    dtype = jnp.result_type(q, k, v)
+    return (q.astype(dtype), k.astype(dtype), v.astype(dtype), jnp.asarray(offset, dtype),
+            spec)
 
 
 def flash_attention(
@@ -339,14 +371,35 @@ def flash_attention(
 
     **Returns:** `(h, n, c)`.
     """
-    for name, b in (("block_q", block_q), ("block_k", block_k)):
-        if not (isinstance(b, int) and b >= 1 and b & (b - 1) == 0):
-            raise ValueError(f"`{name}` must be a power of two, got {b!r}.")
-    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or q.shape[0] % k.shape[0] \
-            or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2]:
-        raise ValueError(f"expected q (h, n, a), k (g, m, a), v (g, m, c) with g dividing h; "
-                         f"got {q.shape}, {k.shape}, {v.shape}.")
-    spec = _Spec(kernel, causal, window, block_q, block_k, num_warps)
-    dtype = jnp.result_type(q, k, v)
-    return _flash(q.astype(dtype), k.astype(dtype), v.astype(dtype),
-                  jnp.asarray(offset, dtype), spec)
+    return flash_partial(q, k, v, offset, 0, kernel=kernel, causal=causal, window=window,
+                         block_q=block_q, block_k=block_k, num_warps=num_warps)[0]
+
+
+def flash_partial(
+    q: Float[Array, "h n a"], k: Float[Array, "g m a"], v: Float[Array, "g m c"],
+    offset: Float[Array, ""], shift: Int[Array, ""], *,
+    kernel: str | AbstractKernel = "softmax", causal: bool = False,
+    window: int | None = None, block_q: int = 64, block_k: int = 64, num_warps: int = 4,
+) -> tuple[Float[Array, "h n c"], Float[Array, "h n"]]:
+    """`flash_attention` over one share of the keys, for a ring (`jaxattn._blocks`'s
+    `ring_attention`): the queries' global positions lie `shift` past the keys' (a
+    traced int: `(query device − key device) × share`), for the causal and window
+    masks. Returns the share's output and, for softmax, each row's log-normaliser
+    (`−∞` where the row sees no key of the share; 0 for pointwise kernels), both
+    differentiable: shares merge by `merge_partial`."""
+    q, k, v, offset, spec = _checked(q, k, v, offset, kernel, causal, window, block_q,
+                                     block_k, num_warps)
+    return _flash(q, k, v, offset, jnp.asarray(shift, jnp.int32), spec)
+
+
+def merge_partial(a: tuple[Array, Array], b: tuple[Array, Array], kernel: AbstractKernel
+                  ) -> tuple[Array, Array]:
+    """Two shares' `(output, log-normaliser)` as one: softmax's outputs weighted by
+    their normalisers (`exp(lse − lse_total)`); pointwise kernels' outputs summed.
+    `a`'s rows must each have seen a key (its `lse` finite): the ring starts from the
+    device's own share, where every query sees itself."""
+    (oa, la), (ob, lb) = a, b
+    if not isinstance(kernel, Softmax):
+        return oa + ob, la
+    lse = jnp.logaddexp(la, lb)
+    return (oa * jnp.exp(la - lse)[..., None] + ob * jnp.exp(lb - lse)[..., None], lse)

@@ -131,8 +131,8 @@ def choose_strategy(dyn, shape: tuple[int, ...], strategy: str, operands=None) -
 
     `"kernel"` (one Pallas kernel for the whole run, `jaxattn._pallas`) is never
     chosen by `"auto"`: on an H100 its calls were 8–13× faster than the fused path's
-    but its Triton compile took 66–141 s against 1–2 s, repaid only after some 70
-    calls of one program (docs/kernels.md, "auto"); asked for, it
+    but its Triton compile took 66–141 s against 1–2 s, repaid only after 73 (10⁶
+    systems) to 1,200 (10⁵) calls of one program (docs/kernels.md, "auto"); asked for, it
     is refused in one line for what it does not run: key blocks, tokens split over
     devices, and differentiation (a kernel has no derivative rule)."""
     if not isinstance(strategy, str) or strategy not in STRATEGIES:

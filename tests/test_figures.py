@@ -700,7 +700,7 @@ RUNS = {
     "antipodal": "--dims 2 --betas 4 --runs 100 --horizon 4 --tau 0.05",
     "noisy-transition": "--tokens 200 --couplings 5 --burn 0.5 --window 1 --rates 5 "
                         "--quench 0.5 --seeds 1 --blocks 4",
-    "mean-field": "--modes 16 --max-tokens 100000 --seeds 4 --betas 3",
+    "mean-field": "--modes 16 --max-tokens 100000 --seeds 24 --betas 3",
 }
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 4, "n_embd": 24, "n_head": 3, "vocab_size": 37,
              "n_positions": 16}

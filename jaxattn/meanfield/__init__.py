@@ -15,6 +15,7 @@ from ._measures import free_energy as free_energy
 from ._measures import mode_distance as mode_distance
 from ._measures import order_parameter as order_parameter
 from ._measures import sample as sample
+from ._measures import sampling_distance as sampling_distance
 from ._measures import uniform as uniform
 from ._particles import circle_modes as circle_modes
 from ._particles import circle_particles as circle_particles

@@ -1,5 +1,5 @@
 """Densities on a grid and what is read from them: `uniform`, `density` (particles →
-density), `order_parameter`, `free_energy`, `mode_distance`."""
+density), `order_parameter`, `free_energy`, `mode_distance`, `sampling_distance`."""
 
 import math
 
@@ -101,6 +101,26 @@ def mode_distance(grid: AbstractGrid, mu: Float[Array, "*grid"], nu: Float[Array
     # and the Y_ℓm are orthonormal
     weight = jnp.where(_positive_order(grid), 2.0, 1.0) * (2 * jnp.pi if grid.dim == 2 else 1.0)
     return jnp.sqrt(jnp.sum(jnp.where(keep, weight * diff**2, 0.0)))
+
+
+def sampling_distance(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int,
+                      degree: int = 4) -> Float[Array, ""]:
+    """The root-mean-square `mode_distance` between the empirical measure of `n`
+    independent samples of `mu` and `mu` itself, exactly:
+    `E‖Π(μ_n − μ)‖² = (K − ‖Πμ‖²)/n`, where `Π` keeps the degrees `1…degree` and
+    `K = N/|S^{d−1}|` is its kernel on the diagonal (`N` harmonics: `2·degree` on
+    the circle, `(degree + 1)² − 1` on S², by the addition theorem). `mu` must be
+    band-limited to the grid; `degree` at most the grid's."""
+    top = int(np.max(np.asarray(grid.degrees())))
+    if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)) \
+            or not 1 <= degree <= top:
+        raise ValueError(f"`degree` must be an integer in 1…{top} (the grid's), got "
+                         f"{degree!r}.")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"`n` must be a positive integer (samples), got {n!r}.")
+    count = 2 * degree if grid.dim == 2 else (degree + 1) ** 2 - 1
+    projected = mode_distance(grid, mu, jnp.zeros_like(mu), degree)
+    return jnp.sqrt((count / area(grid.dim) - projected**2) / n)
 
 
 def _positive_order(grid: AbstractGrid):

@@ -31,6 +31,8 @@ run leaves what it measured) and printed as it goes:
 - `MF_forward`, `MF_gradient`: one mean-field layer of the dynamics and its gradient
   (BENCHMARKS.md's MF) as shipped: on a GPU its blocked attention is the flash
   kernel (`jaxattn._blocks.use_flash`), where BENCHMARKS.md's 22.0 s ran the XLA sweep.
+- `MF_wide`: one layer at d = 128 (n = 2¹⁷, the XLA sweep: past `FLASH_MAX_DIM`)
+  against the float32 peak's floor (the target: within 3×).
 - `S1`: the kernel at each layout (`block` systems per program, Triton warps) at
   S1's own size while the budget lasts: the fastest is S1's kernel row (no second
   compile) and the layout later stages take; the fused XLA path and PyTorch.
@@ -74,6 +76,8 @@ SIZES = {  # (full GPU sizes, dry-run sizes)
     "RK4": ({"batch": 100_000, "steps": 200}, {"batch": 40, "steps": 2}),
     "SN": ({"batch": 1000, "steps": 1000}, {"batch": 20, "steps": 3}),
     "MF": ({"n": 1_000_000}, {"n": 256}),
+    # MF's target at a large head dimension: the XLA sweep on tensor-core-free float32
+    "MF_wide": ({"n": 2**17, "d": 128}, {"n": 256, "d": 20}),
     "flash_sweep": ({"n": 2**17}, {"n": 40}),
 }
 # S1's kernel layouts, in the order they are tried (each layout is its own Triton
@@ -89,7 +93,7 @@ FLASH_LAYOUTS = [(64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 8), (32, 64
 # outran run 2's budget); then what they did. `tests` only when named (24 passed
 # natively in run 1, 94 s of the budget).
 STAGES = ("env", "floors", "S1L", "S1", "RK4", "SN", "MF_flash", "MF_forward",
-          "MF_gradient")
+          "MF_gradient", "MF_wide")
 ALL_STAGES = ("tests",) + STAGES
 # Seconds a stage needs to start: its compiles. Run 1 took about 70 s for S1's kernel
 # (its body 6.7k jaxpr equations: the layer and misalignment unrolled over the
@@ -97,7 +101,7 @@ ALL_STAGES = ("tests",) + STAGES
 # stages run as loop iterations (7.0k; unrolled they were 20.8k, about 250 s), yet
 # its compile outran run 2's last 137 s.
 NEED_S = {"tests": 250, "floors": 10, "MF_flash": 40, "S1L": 90, "RK4": 150, "S1": 90,
-          "SN": 150, "MF_forward": 30, "MF_gradient": 40}
+          "SN": 150, "MF_forward": 30, "MF_gradient": 40, "MF_wide": 20}
 DIMS = ((10, 3, 2), (3, 2, 1))  # S1's (n, d, h) on the GPU; in a dry run
 # Systems of S1, S1L and RK4 rerun in float64 to judge the kernel against the fused
 # path in law (`jaxattn.bench.agreement`; every system in a dry run).
@@ -482,10 +486,11 @@ def stage_noisy(check: Check) -> dict:
     return out
 
 
-def stage_mean_field(check: Check, gradient: bool) -> dict:
-    n = _size(check, "MF")["n"]
+def stage_mean_field(check: Check, gradient: bool, case: str = "MF") -> dict:
+    size = _size(check, case)
+    n, d = size["n"], size.get("d", 3)
     from jaxattn.bench.suite import Problem
-    prob = Problem(n=n, d=3, h=1, batch=1, causal=False)
+    prob = Problem(n=n, d=d, h=1, batch=1, causal=False)
     arrays = prob.arrays()
     dyn, x0 = prob.dynamics(arrays), jnp.asarray(arrays["x0"][0])
     tau = 0.1
@@ -501,13 +506,14 @@ def stage_mean_field(check: Check, gradient: bool) -> dict:
     floors = check.data["stages"].get("floors") or {}
     peak = floors.get("matmul_peak_gflops_f32")
     blocked = bool(dyn.blocked(n, x0.dtype))
-    flash = blocked and jax.default_backend() == "gpu"  # use_flash's "auto"
-    out = _row(timing, comp, n=n, d=3, blocked=blocked,
+    from jaxattn._blocks import FLASH_MAX_DIM
+    flash = blocked and jax.default_backend() == "gpu" and d <= FLASH_MAX_DIM  # "auto"
+    out = _row(timing, comp, n=n, d=d, blocked=blocked,
                path="the flash kernel (jaxattn._blocks, use_flash 'auto')" if flash else
                "blocked XLA sweep (jaxattn._blocks)" if blocked else "dense XLA")
     for name in ("exp_register_per_s", "exp_stream_per_s"):
         if peak and floors.get(name):
-            floor = pair_floor(float(n) ** 2, 3, gradient, peak, floors[name])
+            floor = pair_floor(float(n) ** 2, d, gradient, peak, floors[name])
             out[f"floor_with_{name}"] = floor
             out[f"ratio_to_floor_{name}"] = timing.median / floor["floor_s"]
     return out
@@ -630,7 +636,8 @@ def main(argv=None) -> int:
            "S1": lambda: stage_layers(check, "S1"),
            "SN": lambda: stage_noisy(check),
            "MF_forward": lambda: stage_mean_field(check, False),
-           "MF_gradient": lambda: stage_mean_field(check, True)}
+           "MF_gradient": lambda: stage_mean_field(check, True),
+           "MF_wide": lambda: stage_mean_field(check, False, "MF_wide")}
     for name in names:
         if name in run:
             check.run(name, run[name], need_s=0 if dry else NEED_S[name])

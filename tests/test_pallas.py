@@ -311,4 +311,5 @@ def test_gpu_check_dry_run(tmp_path):
         assert law["agree"] and law["systems"] == data["stages"][case]["size"]["batch"], law
     assert stages["MF_flash"]["layouts"][0]["rel_diff_vs_blocked"] < 1e-5
     assert max(stages["MF_flash"]["grad_rel_diff_vs_blocked"]) < 1e-5
+    assert stages["MF_wide"]["d"] == 20 and stages["MF_wide"]["median_s"] > 0
     assert not [k for k, v in stages.items() if "error" in v]

@@ -88,16 +88,13 @@ def test_finite_differences(key):
                 (q, k, v, o), order=1, modes=("rev",), atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("kernel,window", [
-    (ja.Softmax(), 5),
-    # warm: over ~4 s each (make test stays the fast loop)
-    pytest.param(ja.Softmax(), None, marks=pytest.mark.slow),
-    pytest.param(ja.Exp(), None, marks=pytest.mark.slow)], ids=["softmax-window", "softmax", "exp"])
-def test_shares_of_keys_merge_to_the_whole(key, kernel, window):
-    """A ring's arithmetic on one device: the later half of the queries against each half
-    of the keys (`shift` their distance), merged by log-normalisers, equals attention
-    over all keys, causal, with the gradient through both outputs (finite differences
-    and the whole kernel's)."""
+_SHARE_KERNELS = [(ja.Softmax(), 5), (ja.Softmax(), None), (ja.Exp(), None)]
+_SHARE_IDS = ["softmax-window", "softmax", "exp"]
+
+
+def _shares(key, kernel, window):
+    """A ring's arithmetic on one device: the later half of 16 queries against each
+    half of the keys (`shift` their distance), causal, merged by log-normalisers."""
     n, half = 16, 8
     q, k, v, o = _inputs(key, n=n)
     opts = dict(kernel=kernel, causal=True, window=window, block_q=4, block_k=4)
@@ -107,20 +104,36 @@ def test_shares_of_keys_merge_to_the_whole(key, kernel, window):
         earlier = flash_partial(q2, k[:, :half], v[:, :half], o, half, **opts)
         return merge_partial(own, earlier, kernel)[0]
 
-    whole = flash_attention(q, k, v, o, **opts)[:, half:]
-    assert _rel(merged(q[:, half:], k, v, o), whole) < 1e-12
-    # Causal: the first half of the queries sees none of the later keys (log-normaliser −∞).
+    def whole(q, k, v, o):
+        return flash_attention(q, k, v, o, **opts)[:, half:]
+    return (q, k, v, o), half, merged, whole, opts
+
+
+@pytest.mark.parametrize("kernel,window", _SHARE_KERNELS, ids=_SHARE_IDS)
+def test_shares_of_keys_merge_to_the_whole(key, kernel, window):
+    """Merged shares equal attention over all keys; a share all masked for its rows
+    gives 0 and, for softmax, a log-normaliser of −∞."""
+    (q, k, v, o), half, merged, whole, opts = _shares(key, kernel, window)
+    assert _rel(merged(q[:, half:], k, v, o), whole(q, k, v, o)) < 1e-12
     out, lse = flash_partial(q[:, :half], k[:, half:], v[:, half:], o, -half, **opts)
     assert float(jnp.max(jnp.abs(out))) == 0.0
     if isinstance(kernel, ja.Softmax):
         assert bool(jnp.all(lse == -jnp.inf))
+
+
+@pytest.mark.slow  # warm: over ~4 s each (make test stays the fast loop)
+@pytest.mark.parametrize("kernel,window", _SHARE_KERNELS, ids=_SHARE_IDS)
+def test_merged_shares_have_the_wholes_gradient(key, kernel, window):
+    """Through both outputs of each share (the log-normaliser's cotangent enters the
+    backward pass): finite differences, and the whole kernel's gradient."""
+    (q, k, v, o), half, merged, whole, _ = _shares(key, kernel, window)
     check_grads(merged, (q[:, half:], k, v, o), order=1, modes=("rev",), atol=1e-6,
                 rtol=1e-6)
-    weights = jax.random.normal(jax.random.fold_in(key, 2), whole.shape)
+    weights = jax.random.normal(jax.random.fold_in(key, 2), (H, 16 - half, A))
 
     def grads(fn, *args):
         return jax.grad(lambda *x: jnp.sum(fn(*x) * weights), argnums=(0, 1, 2))(*args)
-    g_whole = grads(lambda q, k, v: flash_attention(q, k, v, o, **opts)[:, half:], q, k, v)
+    g_whole = grads(lambda q, k, v: whole(q, k, v, o), q, k, v)
     g_merged = grads(lambda q, k, v: merged(q[:, half:], k, v, o), q, k, v)
     for a, b in zip(g_merged, g_whole):
         assert _rel(a, b) < 1e-12

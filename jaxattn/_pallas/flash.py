@@ -20,6 +20,10 @@ mode is a custom VJP whose backward pass recomputes the blocks (FlashAttention-2
 two kernels: one over query blocks for `dq`, one over key blocks for `dk`, `dv`), so
 a gradient costs `O(n)` memory.
 
+For `shard="tokens"`'s ring, `flash_partial` attends one share of the keys (the
+queries' positions shifted past the share's for the masks) and returns each row's
+log-normaliser beside the output, both differentiable; `merge_partial` merges shares.
+
 On CUDA the kernels are compiled with Triton; elsewhere they run in interpret mode
 (the platform chosen at lowering, as in `jaxattn._pallas`).
 """

@@ -9,11 +9,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
+from _helpers import run_on_forced_devices
 
 import jaxattn as ja
 from jaxattn._blocks import FLASH_MAX_DIM, use_flash
-
-from _helpers import run_on_forced_devices
 
 N, D = 23, 3  # 23 tokens in blocks of 8 keys: padding in the last block
 

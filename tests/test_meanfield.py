@@ -330,9 +330,9 @@ def test_sampling_distance_is_the_samples_rms():
                                                  tilt(grid), degree) ** 2)(xs)
         exact = float(mf.sampling_distance(grid, tilt(grid), 50, degree)) ** 2
         assert abs(float(d2.mean()) - exact) < 4 * float(d2.std()) / np.sqrt(len(d2))
-    with pytest.raises(ValueError, match="degree"):
+    with pytest.raises(ValueError, match=r"`degree` must be a whole number in \[1, 8\]"):
         mf.sampling_distance(grid, tilt(grid), 50, 9)
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ValueError, match="`n` must be a whole number ≥ 1"):
         mf.sampling_distance(grid, tilt(grid), 0, 4)
 
 

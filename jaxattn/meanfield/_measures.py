@@ -9,6 +9,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._kernel import Softmax
+from .._validate import check_count
 from ._grid import AbstractGrid
 from ._kernels import check_kernel, interaction
 
@@ -111,13 +112,8 @@ def sampling_distance(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int,
     `K = N/|S^{d−1}|` is its kernel on the diagonal (`N` harmonics: `2·degree` on
     the circle, `(degree + 1)² − 1` on S², by the addition theorem). `mu` must be
     band-limited to the grid; `degree` at most the grid's."""
-    top = int(np.max(np.asarray(grid.degrees())))
-    if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)) \
-            or not 1 <= degree <= top:
-        raise ValueError(f"`degree` must be an integer in 1…{top} (the grid's), got "
-                         f"{degree!r}.")
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"`n` must be a positive integer (samples), got {n!r}.")
+    degree = check_count(degree, "degree", 1, int(np.max(np.asarray(grid.degrees()))))
+    n = check_count(n, "n", 1)
     count = 2 * degree if grid.dim == 2 else (degree + 1) ** 2 - 1
     projected = mode_distance(grid, mu, jnp.zeros_like(mu), degree)
     return jnp.sqrt((count / area(grid.dim) - projected**2) / n)

@@ -44,7 +44,7 @@ def best(fn, x0, repeats: int = 2) -> tuple[float, int]:
 
 
 def main() -> None:
-    prob = SIZES["S2"]
+    prob = SIZES["paper_causal"]  # S2
     arrays = prob.arrays()
     dyn, x0 = prob.dynamics(arrays), jnp.asarray(arrays["x0"])
     forward, _ = best(loss_fn(dyn, dfx.RecursiveCheckpointAdjoint(), 16384), x0)

@@ -2,7 +2,7 @@
 general path (`strategy=`) over growing systems, batches of equal total work.
 
 `strategy="auto"` fuses a batch when one sequence's raw update costs at most
-`jaxattn._ensemble.FUSED_MAX_FLOPS`; this script is the measurement behind it.
+`jaxattn._strategy.FUSED_MAX_FLOPS`; this script is the measurement behind it.
 CPU time of the process (`time.process_time`, best of 3 after compilation), which
 is steadier than wall time on a shared machine.
 
@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 import jaxattn as ja
-from jaxattn._ensemble import FUSED_MAX_FLOPS, sequence_flops
+from jaxattn._strategy import FUSED_MAX_FLOPS, sequence_flops
 
 SHAPES = [(10, 3, 2), (16, 4, 2), (16, 8, 2), (32, 8, 4), (32, 16, 4), (64, 16, 4), (64, 32, 8)]
 

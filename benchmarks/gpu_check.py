@@ -8,35 +8,39 @@ GPU time is short and rare, so everything a lent GPU should tell about
     PYTHONPATH=$PWD python benchmarks/gpu_check.py --stages tests,env,S1
     python benchmarks/gpu_check.py --dry-run                # tiny, interpret mode, a CPU
 
-Stages (`--stages` picks and orders them; the default order puts first what runs 1
-and 2 on an H100 did not measure), each recorded in `$OUT/gpu_check.json` (`OUT` from the
+Stages (`--stages` picks and orders them, by name or by the short name in brackets;
+the default order puts first what runs 1 and 2 on an H100 did not measure), each
+recorded in `$OUT/gpu_check.json` under its short name (`LABELS`; `OUT` from the
 environment, default `./gpu_check_out`; rewritten after every stage, so a killed
 run leaves what it measured) and printed as it goes:
 
-- `tests` (only when named): `pytest tests/test_pallas*.py` natively, in a
-  subprocess started before this process takes the GPU.
+- `tests` (only when named): `pytest tests/test_pallas*.py` natively, in a subprocess
+  started before this process takes the GPU.
 - `env`: JAX, the devices, torch and torchsde if installed.
-- `floors`: the float32 matmul peak, the copy bandwidth, and the exp rate of a
-  kernel with its values in registers beside `jnp.exp` over a large array.
-- `MF_flash`: MF's attention (n = 10⁶ tokens in R³) as the Pallas flash kernel
-  (`jaxattn._pallas.flash`): a layout sweep at n = 2¹⁷ checked against the blocked XLA
-  path (values and gradients), then the forward pass and gradient at n = 10⁶
-  against the pair floors (the exp floor at the register rate).
-- `S1L`, `RK4`: the kernel (at S1's best layout so far, else run 1's 32 systems
-  per program and one warp) against the fused XLA path. The verdict on their values
-  (and S1's) is `law`: each path against float64 on `LAW_SAMPLE` systems
-  (`jaxattn.bench.agreement`), since over 10⁶ systems the largest difference
-  between any two float32 programs is O(1) (`rel_diff_kernel_vs_fused`, kept beside
-  it, is not a verdict for many-layer runs).
-- `MF_forward`, `MF_gradient`: one mean-field layer of the dynamics and its gradient
-  (BENCHMARKS.md's MF) as shipped: on a GPU its blocked attention is the flash
-  kernel (`jaxattn._blocks.use_flash`), where BENCHMARKS.md's 22.0 s ran the XLA sweep.
-- `MF_wide`: one layer at d = 128 (n = 2¹⁷, the XLA sweep: past `FLASH_MAX_DIM`)
-  against the float32 peak's floor (the target: within 3×).
-- `S1`: the kernel at each layout (`block` systems per program, Triton warps) at
-  S1's own size while the budget lasts: the fastest is S1's kernel row (no second
-  compile) and the layout later stages take; the fused XLA path and PyTorch.
-- `SN`: the noisy layers, kernel against fused and torchsde (in law).
+- `floors`: the float32 matmul peak, the copy bandwidth, and the exp rate of a kernel
+  with its values in registers beside `jnp.exp` over a large array.
+- `meanfield_flash` (`MF_flash`): MF's attention (n = 10⁶ tokens in R³) as the Pallas
+  flash kernel (`jaxattn._pallas.flash`): a layout sweep at n = 2¹⁷ checked against
+  the blocked XLA path (values and gradients), then the forward pass and gradient at
+  n = 10⁶ against the pair floors (the exp floor at the register rate).
+- `small_systems_large_batch` (`S1L`), `small_systems_rk4` (`RK4`): the kernel (at
+  S1's best layout so far, else run 1's 32 systems per program and one warp) against
+  the fused XLA path. The verdict on their values (and S1's) is `law`: each path
+  against float64 on `LAW_SAMPLE` systems (`jaxattn.bench.agreement`), since over 10⁶
+  systems the largest difference between any two float32 programs is O(1)
+  (`rel_diff_kernel_vs_fused`, kept beside it, is not a verdict for many-layer runs).
+- `meanfield_forward` (`MF_forward`), `meanfield_gradient` (`MF_gradient`): one
+  mean-field layer of the dynamics and its gradient (BENCHMARKS.md's MF) as shipped:
+  on a GPU its blocked attention is the flash kernel (`jaxattn._blocks.use_flash`),
+  where BENCHMARKS.md's 22.0 s ran the XLA sweep.
+- `meanfield_wide` (`MF_wide`): one layer at d = 128 (n = 2¹⁷, the XLA sweep: past
+  `FLASH_MAX_DIM`) against the float32 peak's floor (the target: within 3×).
+- `small_systems` (`S1`): the kernel at each layout (`block` systems per program,
+  Triton warps) at S1's own size while the budget lasts: the fastest is S1's kernel
+  row (no second compile) and the layout later stages take; the fused XLA path and
+  PyTorch.
+- `noisy_small_systems` (`SN`): the noisy layers, kernel against fused and torchsde
+  (in law).
 
 Every compile is timed apart from the calls (`compile_s` per row, and all of them
 in the record's `compile_s`). Every case runs in `try`/`except`: an error is
@@ -67,17 +71,31 @@ from jaxattn._pallas import use_kernel_config
 from jaxattn.bench.agreement import agreement_in_law
 from jaxattn.bench.device import copy_bandwidth, exp_rate, jax_matmul_peak
 from jaxattn.bench.floors import register_exp_rate
-from jaxattn.bench.suite import pair_floor
+from jaxattn.bench.suite import CASES, pair_floor
 from jaxattn.bench.timing import Timing
 
+#: Each stage's key in `gpu_check.json` by its name, the short names of BENCHMARKS.md
+#: and of runs 1 and 2 (`--stages` takes either): the suite's labels (`suite.CASES`)
+#: and this check's own. A stage not named here is its own key (`env`, `floors`).
+LABELS = {
+    "small_systems": CASES["small_systems"],
+    "small_systems_large_batch": CASES["small_systems_large_batch"],
+    "small_systems_rk4": "RK4",
+    "noisy_small_systems": CASES["noisy_small_systems"],
+    "meanfield_flash": "MF_flash",
+    "meanfield_forward": "MF_forward",
+    "meanfield_gradient": "MF_gradient",
+    "meanfield_wide": "MF_wide",
+}
 SIZES = {  # (full GPU sizes, dry-run sizes)
-    "S1": ({"batch": 100_000, "layers": 200}, {"batch": 40, "layers": 3}),
-    "S1L": ({"batch": 1_000_000, "layers": 200}, {"batch": 70, "layers": 2}),
-    "RK4": ({"batch": 100_000, "steps": 200}, {"batch": 40, "steps": 2}),
-    "SN": ({"batch": 1000, "steps": 1000}, {"batch": 20, "steps": 3}),
-    "MF": ({"n": 1_000_000}, {"n": 256}),
+    "small_systems": ({"batch": 100_000, "layers": 200}, {"batch": 40, "layers": 3}),
+    "small_systems_large_batch": ({"batch": 1_000_000, "layers": 200},
+                                  {"batch": 70, "layers": 2}),
+    "small_systems_rk4": ({"batch": 100_000, "steps": 200}, {"batch": 40, "steps": 2}),
+    "noisy_small_systems": ({"batch": 1000, "steps": 1000}, {"batch": 20, "steps": 3}),
+    "meanfield": ({"n": 1_000_000}, {"n": 256}),
     # MF's target at a large head dimension: the XLA sweep on tensor-core-free float32
-    "MF_wide": ({"n": 2**17, "d": 128}, {"n": 256, "d": 20}),
+    "meanfield_wide": ({"n": 2**17, "d": 128}, {"n": 256, "d": 20}),
     "flash_sweep": ({"n": 2**17}, {"n": 40}),
 }
 # S1's kernel layouts, in the order they are tried (each layout is its own Triton
@@ -92,16 +110,18 @@ FLASH_LAYOUTS = [(64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 8), (32, 64
 # did not measure first: S1L judged in law, S1's other layouts, RK4 (its compile
 # outran run 2's budget); then what they did. `tests` only when named (24 passed
 # natively in run 1, 94 s of the budget).
-STAGES = ("env", "floors", "S1L", "S1", "RK4", "SN", "MF_flash", "MF_forward",
-          "MF_gradient", "MF_wide")
+STAGES = ("env", "floors", "small_systems_large_batch", "small_systems", "small_systems_rk4",
+          "noisy_small_systems", "meanfield_flash", "meanfield_forward", "meanfield_gradient",
+          "meanfield_wide")
 ALL_STAGES = ("tests",) + STAGES
 # Seconds a stage needs to start: its compiles. Run 1 took about 70 s for S1's kernel
 # (its body 6.7k jaxpr equations: the layer and misalignment unrolled over the
 # tokens) and 140 s for SN's (11.5k: the threefry hash and normals besides); RK4's
 # stages run as loop iterations (7.0k; unrolled they were 20.8k, about 250 s), yet
 # its compile outran run 2's last 137 s.
-NEED_S = {"tests": 250, "floors": 10, "MF_flash": 40, "S1L": 90, "RK4": 150, "S1": 90,
-          "SN": 150, "MF_forward": 30, "MF_gradient": 40, "MF_wide": 20}
+NEED_S = {"tests": 250, "floors": 10, "meanfield_flash": 40, "small_systems_large_batch": 90,
+          "small_systems_rk4": 150, "small_systems": 90, "noisy_small_systems": 150,
+          "meanfield_forward": 30, "meanfield_gradient": 40, "meanfield_wide": 20}
 DIMS = ((10, 3, 2), (3, 2, 1))  # S1's (n, d, h) on the GPU; in a dry run
 # Systems of S1, S1L and RK4 rerun in float64 to judge the kernel against the fused
 # path in law (`jaxattn.bench.agreement`; every system in a dry run).
@@ -134,7 +154,8 @@ class Check:
             self.record(name, {"skipped": f"budget: {self.left():.0f} s left, "
                                           f"{need_s:.0f} s wanted"})
             return None
-        print(f"[{time.perf_counter() - self.start:6.1f} s] {name} ...", flush=True)
+        print(f"[{time.perf_counter() - self.start:6.1f} s] {LABELS.get(name, name)} ...",
+              flush=True)
         t0 = time.perf_counter()
         box = {}
 
@@ -160,8 +181,12 @@ class Check:
         return result
 
     def record(self, name, result):
-        self.data["stages"][name] = result
+        self.data["stages"][LABELS.get(name, name)] = result
         self.write()
+
+    def stage(self, name) -> dict:
+        """The record of the stage `name` so far (empty before it ran)."""
+        return self.data["stages"].get(LABELS.get(name, name)) or {}
 
     def write(self):
         self.data["elapsed_s"] = time.perf_counter() - self.start
@@ -276,7 +301,7 @@ def _kernel_layouts(check: Check, fn_of, args, ref, layouts) -> list:
     timed layout's output (by the row's index)."""
     rows, outputs = [], {}
     for i, (backend, block, warps) in enumerate(layouts):
-        if i and check.left() < NEED_S["S1"]:
+        if i and check.left() < NEED_S["small_systems"]:
             rows.append({"backend": backend, "block": block, "num_warps": warps,
                          "skipped": f"budget: {check.left():.0f} s left"})
             continue
@@ -295,7 +320,7 @@ def _kernel_layouts(check: Check, fn_of, args, ref, layouts) -> list:
 
 def _best_layout(check: Check) -> dict:
     """The fastest layout S1 measured in this run, else run 1's (32 systems, 1 warp)."""
-    best = (check.data["stages"].get("S1") or {}).get("best")
+    best = check.stage("small_systems").get("best")
     if not best:
         return dict(FIRST_LAYOUT)
     return {k: best[k] for k in ("backend", "block", "num_warps")}
@@ -377,7 +402,7 @@ def stage_layers(check: Check, case: str) -> dict:
     prob, arrays, dyn, x0 = _problem(check, size["batch"])
     L = size["layers"]
     fn_of = lambda s: _layers_fn(L, s)  # noqa: E731
-    if case == "S1":  # the layout sweep at S1's own size: its best row is S1's kernel
+    if case == "small_systems":  # the layout sweep at S1's own size: its best row is S1's kernel
         out, results = _versus(check, fn_of, (dyn, x0), strategies=("fused",))
         layouts = LAYOUTS[:1] if check.dry else LAYOUTS
         out["layouts"], outputs = _kernel_layouts(check, fn_of, (dyn, x0),
@@ -394,8 +419,8 @@ def stage_layers(check: Check, case: str) -> dict:
     flops = L * prob.flops()
     moved = 4 * prob.batch * (prob.n * prob.d + L + 1)
     out.update(size=size, flops=flops, moved_bytes=moved)
-    peak = (check.data["stages"].get("floors") or {}).get("matmul_peak_gflops_f32")
-    bw = (check.data["stages"].get("floors") or {}).get("copy_bandwidth") or {}
+    peak = check.stage("floors").get("matmul_peak_gflops_f32")
+    bw = check.stage("floors").get("copy_bandwidth") or {}
     bandwidth = max((v for k, v in bw.items() if k != "bytes"), default=None)
     if peak:
         out["floor_flops_s"] = flops / (peak * 1e9)
@@ -405,7 +430,7 @@ def stage_layers(check: Check, case: str) -> dict:
     if floor and "median_s" in out.get("kernel", {}):
         out["kernel_over_floor"] = out["kernel"]["median_s"] / floor
     ref, why = _torch_ref()
-    if ref is None or case != "S1":
+    if ref is None or case != "small_systems":
         out["torch"] = why or "not run for this case"
         return out
     try:
@@ -421,7 +446,7 @@ def stage_layers(check: Check, case: str) -> dict:
 
 
 def stage_rk4(check: Check) -> dict:
-    size = _size(check, "RK4")
+    size = _size(check, "small_systems_rk4")
     prob, arrays, dyn, x0 = _problem(check, size["batch"])
     steps, T = size["steps"], 10.0
     ts = jnp.linspace(0.0, T, 2)
@@ -437,7 +462,7 @@ def stage_rk4(check: Check) -> dict:
 
 
 def stage_noisy(check: Check) -> dict:
-    size = _size(check, "SN")
+    size = _size(check, "noisy_small_systems")
     prob, arrays, dyn, x0 = _problem(check, size["batch"])
     steps, dt, sigma = size["steps"], 0.01, 0.5
     noise, key = ja.TokenNoise(sigma), jax.random.key(0)
@@ -486,7 +511,7 @@ def stage_noisy(check: Check) -> dict:
     return out
 
 
-def stage_mean_field(check: Check, gradient: bool, case: str = "MF") -> dict:
+def stage_mean_field(check: Check, gradient: bool, case: str = "meanfield") -> dict:
     size = _size(check, case)
     n, d = size["n"], size.get("d", 3)
     from jaxattn.bench.suite import Problem
@@ -503,7 +528,7 @@ def stage_mean_field(check: Check, gradient: bool, case: str = "MF") -> dict:
         return eqx.filter_grad(lambda dx: forward(*dx)[:, 0].sum())((dyn, x))
 
     timing, comp, _ = _time(grad if gradient else forward, dyn, x0, repeats=1 if n > 1e5 else 3)
-    floors = check.data["stages"].get("floors") or {}
+    floors = check.stage("floors")
     peak = floors.get("matmul_peak_gflops_f32")
     blocked = bool(dyn.blocked(n, x0.dtype))
     from jaxattn._blocks import FLASH_MAX_DIM
@@ -576,7 +601,7 @@ def stage_flash(check: Check) -> dict:
     _, _, gf = _time(grad_of(flash_of(*layout)), *args, repeats=1)
     _, _, gb = _time(grad_of(blocked), *args, repeats=1)
     out["grad_rel_diff_vs_blocked"] = [_rel(a, b) for a, b in zip(gf, gb)]
-    n = _size(check, "MF")["n"]
+    n = _size(check, "meanfield")["n"]
     big = _attention_inputs(n)
     weights = jax.random.normal(jax.random.key(1), big[0].shape[:2] + (3,), big[0].dtype)
     timing, comp, _ = _time(flash_of(*layout), *big, repeats=1 if n > 1e5 else 3)
@@ -585,7 +610,7 @@ def stage_flash(check: Check) -> dict:
         timing, comp, _ = _time(grad_of(flash_of(*layout)), *big, repeats=1 if n > 1e5 else 3)
         out["gradient"] = _row(timing, comp, n=n)
         out["gradient_over_forward"] = out["gradient"]["median_s"] / out["forward"]["median_s"]
-    floors = check.data["stages"].get("floors") or {}
+    floors = check.stage("floors")
     peak, rate = floors.get("matmul_peak_gflops_f32"), floors.get("exp_register_per_s")
     if peak and rate:
         for name, grad in (("forward", False), ("gradient", True)):
@@ -597,12 +622,15 @@ def stage_flash(check: Check) -> dict:
 
 
 def _stages(text: str | None, skip_tests: bool) -> list[str]:
-    names = list(STAGES) if not text else [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [t for t in names if t not in ALL_STAGES]
+    """The stages `--stages` names, by name or short name (`LABELS`), as names."""
+    names = {label: name for name, label in LABELS.items()} | {n: n for n in ALL_STAGES}
+    given = list(STAGES) if not text else [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in given if t not in names]
     if unknown:
         raise SystemExit(f"gpu_check: unknown stage {unknown[0]!r}; stages: "
-                         f"{', '.join(ALL_STAGES)}")
-    return [t for t in names if not (skip_tests and t == "tests")]
+                         f"{', '.join(ALL_STAGES)} (or their short names: "
+                         f"{', '.join(LABELS.values())})")
+    return [names[t] for t in given if not (skip_tests and t == "tests")]
 
 
 def main(argv=None) -> int:
@@ -620,7 +648,7 @@ def main(argv=None) -> int:
     dry = args.dry_run
     names = _stages(args.stages, args.skip_tests or dry)
     check = Check(args.out, args.budget, dry)
-    check.data["stage_order"] = names
+    check.data["stage_order"] = [LABELS.get(name, name) for name in names]
     # The tests first, in their own process, before this one starts JAX's backend
     # (which would hold most of the GPU's memory).
     if "tests" in names:
@@ -630,14 +658,14 @@ def main(argv=None) -> int:
     if not dry and (env or {}).get("backend") != "gpu":
         print("no GPU: the timings below run the kernels in interpret mode", flush=True)
     run = {"floors": lambda: stage_floors(dry),
-           "MF_flash": lambda: stage_flash(check),
-           "S1L": lambda: stage_layers(check, "S1L"),
-           "RK4": lambda: stage_rk4(check),
-           "S1": lambda: stage_layers(check, "S1"),
-           "SN": lambda: stage_noisy(check),
-           "MF_forward": lambda: stage_mean_field(check, False),
-           "MF_gradient": lambda: stage_mean_field(check, True),
-           "MF_wide": lambda: stage_mean_field(check, False, "MF_wide")}
+           "meanfield_flash": lambda: stage_flash(check),
+           "small_systems_large_batch": lambda: stage_layers(check, "small_systems_large_batch"),
+           "small_systems_rk4": lambda: stage_rk4(check),
+           "small_systems": lambda: stage_layers(check, "small_systems"),
+           "noisy_small_systems": lambda: stage_noisy(check),
+           "meanfield_forward": lambda: stage_mean_field(check, False),
+           "meanfield_gradient": lambda: stage_mean_field(check, True),
+           "meanfield_wide": lambda: stage_mean_field(check, False, "meanfield_wide")}
     for name in names:
         if name in run:
             check.run(name, run[name], need_s=0 if dry else NEED_S[name])

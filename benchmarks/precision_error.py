@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxattn as ja
-from jaxattn.bench.suite import SIZES
+from jaxattn.bench.suite import SIZES, case_names
 
 CASES = {"S2": (100, 0.1), "S3": (12, 1.0)}  # (layers, τ), as `jaxattn bench` runs them
 
@@ -84,12 +84,14 @@ def table(results: dict[str, dict], cases: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch-s2", type=int, default=SIZES["S2"].batch, help="sequences of S2")
-    parser.add_argument("--batch-s3", type=int, default=SIZES["S3"].batch, help="sequences of S3")
+    s2, s3 = (SIZES[name] for name in case_names(["S2", "S3"]))
+    parser.add_argument("--batch-s2", type=int, default=s2.batch, help="sequences of S2")
+    parser.add_argument("--batch-s3", type=int, default=s3.batch, help="sequences of S3")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     args = parser.parse_args()
     batch = {"S2": args.batch_s2, "S3": args.batch_s3}
-    cases = {name: dataclasses.replace(SIZES[name], batch=batch[name]) for name in args.cases}
+    cases = {label: dataclasses.replace(SIZES[name], batch=batch[label])
+             for label, name in zip(args.cases, case_names(args.cases))}
     results = {}
     for name, prob in cases.items():
         results[name] = errors(name, prob)

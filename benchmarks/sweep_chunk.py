@@ -15,13 +15,13 @@ jax.config.update("jax_enable_x64", len(sys.argv) < 4)
 
 import numpy as np  # noqa: E402
 
-from jaxattn.experiments import get_experiment, resolve_config  # noqa: E402
+from jaxattn.experiments import experiment_config, get_experiment  # noqa: E402
 from jaxattn.sweep import _instances, sweep_params  # noqa: E402
 
 
 def main(name: str, count: int) -> None:
     sizes = {"discrete": True, "horizon": 2.0, "tau": 0.01}
-    config = resolve_config(get_experiment(name), sizes, 0) | {"beta": 1.0}
+    config = experiment_config(get_experiment(name), sizes, 0) | {"beta": 1.0}
     params, seeds = sweep_params(name), list(range(count))
     best, outs = {}, {}
     for strategy in ("general", "auto"):  # compile both

@@ -76,7 +76,7 @@ def best(fn, *args):
 a = jnp.asarray(np.random.default_rng(0).standard_normal((4096, 4096), np.float32))
 out["matmul_gflops"] = 2 * 4096**3 / best(jnp.matmul, a, a) / 1e9
 for name, layers in (("S1", None), ("S2", 100)):
-    prob = suite.SIZES[name]
+    prob = suite.SIZES[suite.case_names([name])[0]]  # S1, S2: the suite's labels
     arr = prob.arrays()
     dyn, x0 = prob.dynamics(arr), jnp.asarray(arr["x0"])
     if layers is None:

@@ -22,7 +22,7 @@ CACHE = ROOT / ".docs-cache" / "gallery"
 
 #: What draws and judges a saved run: the experiments, the figures' style, and the
 #: library parts verdicts read (a change elsewhere does not draw the gallery again).
-DRAWN_BY = ("experiments", "_app", "metrics", "theory", "spectral")
+DRAWN_BY = ("experiments", "_artifacts", "metrics", "theory", "spectral")
 
 
 def _source_hash() -> str:

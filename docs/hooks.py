@@ -99,7 +99,7 @@ def _command(name: str, config: dict, experiment) -> str:
 
 
 def _gallery_page(name: str, entry, experiment, index: int) -> str:
-    from jaxattn._app.trajectories import SAVES_TOKENS, how_to_save
+    from jaxattn._artifacts.trajectories import SAVES_TOKENS, how_to_save
 
     doc = (type(experiment).__doc__ or "").strip()
     lines = [f"# {entry.title}", "",

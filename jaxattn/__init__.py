@@ -12,7 +12,6 @@ raises a one-line `SimulationError` naming the cause and the fix.
 # as its import in the block below, which tools read as it stands and `lazy_names`
 # reads from the source as the map of names to modules.
 
-import importlib
 from typing import TYPE_CHECKING
 
 from ._lazy import lazy_names, load
@@ -24,7 +23,7 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from . import models as models
     from . import spectral as spectral
     from . import theory as theory
-    from ._app.animate import animate as animate  # a movie (above the library: matplotlib)
+    from ._artifacts.animate import animate as animate  # a movie (above the library: matplotlib)
     from ._determinism import deterministic_xla_flags as deterministic_xla_flags
     from ._dynamics import SelfAttentionDynamics as SelfAttentionDynamics
     from ._dynamics import random_dynamics as random_dynamics
@@ -59,24 +58,26 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from ._schedule import PiecewiseConstant as PiecewiseConstant
     from ._schedule import Schedule as Schedule
     from ._solvers import RK4 as RK4
+    from ._strategy import AbstractStrategy as AbstractStrategy
+    from ._strategy import BatchLast as BatchLast
+    from ._strategy import PallasKernel as PallasKernel
+    from ._strategy import Vmap as Vmap
     from ._validate import SimulationError as SimulationError
     from .metrics import misalignment as misalignment
 
-#: Each public name → `(module, attribute)` where it is defined (`attribute` `None`:
-#: a namespace `ja.X`), read from the block above.
-_ATTRIBUTES = lazy_names(__file__)
 #: The applications above the library, reachable as `ja.experiments`, `ja.sweep`
 #: and the two commands' packages (`jaxattn bench`, the CLI): imported on first use
 #: like the rest, but named here, not imported above, since they import the
 #: library and no import of this face runs up to them.
 _APPLICATIONS = ("experiments", "sweep", "bench", "cli")
-__all__ = sorted(_ATTRIBUTES) + ["__version__"] + list(_APPLICATIONS)
+#: Each public name → `(module, attribute)` where it is defined (`attribute` `None`:
+#: a namespace `ja.X`): the block above, read from the source, and the applications.
+_ATTRIBUTES = lazy_names(__file__) | {name: (f".{name}", None) for name in _APPLICATIONS}
+__all__ = sorted(_ATTRIBUTES) + ["__version__"]
 
 
 def __getattr__(name: str):
-    if name in _APPLICATIONS:
-        value = importlib.import_module(f"{__name__}.{name}")
-    elif name in _ATTRIBUTES:
+    if name in _ATTRIBUTES:
         value = load(__name__, _ATTRIBUTES[name])
     elif name == "__version__":
         value = _version()
@@ -91,6 +92,7 @@ def __dir__() -> list[str]:
 
 
 def _version() -> str:
+    # Imported here: importlib.metadata is half the start-up of `jaxattn --help` (15 ms).
     from importlib.metadata import PackageNotFoundError, version
 
     try:

@@ -76,11 +76,11 @@ def map_systems(
     - `program`: one run, `program(model, x, fused)`. With `fused=False`: one model
       and one sequence `x` `(n, d)`, vmapped over the batch. With `fused=True`: a
       chunk of systems `x` `(n, d, B)`, stored last, and the model with its batched
-      leaves as `BatchLast` values `(..., B)` (one per system); every output leaf
+      leaves as `LastAxis` values `(..., B)` (one per system); every output leaf
       then carries the systems last too.
     - `dyn`: the model, or a flattened stacked model (`jaxattn._stacked.stack_tokens`).
     - `x0`: the tokens, `(..., n, d)` (`(M, ..., n, d)` for a stacked model).
-    - `fused`: whether to take the fused path (`jaxattn._ensemble.choose_strategy`).
+    - `fused`: whether to take the fused path (`jaxattn._strategy.choose_strategy`).
     - `chunk`: systems per chunk of the fused path (`jaxattn._ensemble.chunk_size`).
 
     **Returns:**

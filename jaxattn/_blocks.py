@@ -155,15 +155,14 @@ def use_flash(mode: str | None = None, **layout):
 
 def _flash_route(spec: BlockSpec, dim: int) -> str | None:
     """`"always"`, `"cuda"` or `None` (the XLA sweep alone): the flash kernel takes
-    softmax and pointwise kernels with causal and window masks at true float32
-    products, no boolean mask, and (unless `"always"`) head and value dimensions
-    `dim` up to `FLASH_MAX_DIM`."""
-    from ._kernel import AbstractPointwiseKernel, Softmax
+    the kernels that declare `flash` (softmax and the pointwise ones) with causal and
+    window masks at true float32 products, no boolean mask, and (unless `"always"`)
+    head and value dimensions `dim` up to `FLASH_MAX_DIM`."""
     mode = _FLASH[-1]["mode"]
     if mode == "auto":
         mode = "cuda" if jax.default_backend() == "gpu" else "never"
     if mode == "never" or spec.has_mask or spec.precision != "float32" \
-            or not isinstance(spec.kernel, Softmax | AbstractPointwiseKernel) \
+            or not spec.kernel.flash \
             or (mode == "cuda" and dim > FLASH_MAX_DIM):
         return None
     return mode

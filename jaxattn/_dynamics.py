@@ -1,7 +1,7 @@
 """Self-attention dynamics on the ellipsoid: the model of paper 001 §2.2–2.3, and its
 variants (normalisation placements, masks, kernels, shared keys)."""
 
-import copy
+import dataclasses
 import functools
 
 import equinox as eqx
@@ -11,13 +11,14 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, Real
 
 from ._blocks import DEFAULT_BLOCK, block_spec, blocked_attention, blocks_needed, ring_attention
-from ._kernel import KERNELS, AbstractKernel, Sigmoid, as_kernel
+from ._kernel import KERNELS, AbstractKernel, as_kernel, bias_of
 from ._manifold import unit_rows
 from ._norm import NORMS, AbstractNorm, as_norm
 from ._precision import Precision, check_precision, einsum
 from ._schedule import AbstractSchedule, as_schedule, schedule_shape
 from ._validate import (
     INDEX_MAX,
+    as_float_array,
     check_count,
     check_flag,
     check_metric,
@@ -127,46 +128,55 @@ class SelfAttentionDynamics(eqx.Module):
       `jax.jacfwd`; `ja.solve_flow` takes it for implicit solvers).
     """
 
-    P: AbstractSchedule | None
-    Q: AbstractSchedule | None
-    K: AbstractSchedule | None
-    U: AbstractSchedule
-    W: Float[Array, "d d"] | None
-    beta: Float[Array, ""]
-    mask: Bool[Array, "n n"] | None
-    norm: AbstractNorm
-    kernel: AbstractKernel
-    causal: bool = eqx.field(static=True)
-    precision: str = eqx.field(static=True)
-    window: int | None = eqx.field(static=True)
-    block_size: int | None = eqx.field(static=True)
-    token_mesh: object = eqx.field(static=True)  # a Mesh: tokens split (`on_tokens`)
-    forward_mode: bool = eqx.field(static=True)  # blocks without the custom VJP
+    # The fields in the order of the positional arguments; a string or an array is
+    # turned into its member or schedule by the field's converter, the sigmoid's
+    # `bias` goes into the kernel (`__post_init__`), and `__check_init__` checks the
+    # fields against each other: the dataclass `__init__` stays, so `eqx.tree_at`
+    # and `dataclasses.replace` work (and `replace` checks again).
+    P: AbstractSchedule | None = eqx.field(converter=lambda P: _schedule(P, "P"))
+    U: AbstractSchedule = eqx.field(converter=lambda U: as_schedule(U, "U"))
+    W: Float[Array, "d d"] | None = eqx.field(
+        default=None, converter=lambda W: None if W is None else as_float_array(W, "W"))
+    beta: Float[Array, ""] = eqx.field(default=1.0, converter=lambda b: _beta(b))
+    causal: bool = eqx.field(default=False, static=True,
+                             converter=lambda c: check_flag(c, "causal"))
+    norm: AbstractNorm = eqx.field(default="post", converter=as_norm)
+    window: int | None = eqx.field(
+        default=None, static=True,
+        # Compared with token distances inside the program (int32): a wider window is
+        # no window (pass None).
+        converter=lambda w: None if w is None else check_count(w, "window", 1, INDEX_MAX))
+    mask: Bool[Array, "n n"] | None = eqx.field(
+        default=None, converter=lambda m: None if m is None else _check_mask(m))
+    kernel: AbstractKernel = "softmax"  # a member after `__post_init__`
+    Q: AbstractSchedule | None = eqx.field(default=None, kw_only=True,
+                                           converter=lambda Q: _schedule(Q, "Q"))
+    K: AbstractSchedule | None = eqx.field(default=None, kw_only=True,
+                                           converter=lambda K: _schedule(K, "K"))
+    precision: str = eqx.field(default="float32", kw_only=True, static=True,
+                               converter=check_precision)
+    bias: dataclasses.InitVar[float | None] = dataclasses.field(default=None, kw_only=True)
+    block_size: int | None = eqx.field(
+        default=None, kw_only=True, static=True,
+        converter=lambda b: None if b is None else check_count(b, "block_size", 0))
+    token_mesh: object = eqx.field(default=None, kw_only=True, static=True)  # a Mesh:
+    # tokens split (`on_tokens`)
+    forward_mode: bool = eqx.field(default=False, kw_only=True, static=True)  # blocks
+    # without the custom VJP
 
-    def __init__(
-        self,
-        P: _Weights | None,
-        U: _Weights,
-        W: Float[Array, "d d"] | None = None,
-        beta: float = 1.0,
-        causal: bool = False,
-        norm: AbstractNorm | str = "post",
-        window: int | None = None,
-        mask: Bool[Array, "n n"] | None = None,
-        kernel: AbstractKernel | str = "softmax",
-        *,
-        Q: _Weights | None = None,
-        K: _Weights | None = None,
-        precision: Precision = "float32",
-        bias: float | None = None,
-        block_size: int | None = None,
-    ):
-        if (P is None) == (Q is None or K is None):
+    def __post_init__(self, bias):
+        if bias is not None and bias is bias_of(self.kernel):
+            # `dataclasses.replace` passes back `dyn.bias`, the kernel's own (so a new
+            # kernel in place of a biased sigmoid takes `replace(..., bias=None)`)
+            bias = None
+        self.kernel = as_kernel(self.kernel, bias)
+
+    def __check_init__(self):
+        if (self.P is None) == (self.Q is None or self.K is None):
             raise ValueError(
                 "SelfAttentionDynamics needs either `P` (h, d, d) or both factors "
                 "`Q` and `K` (h, k, d) — use SelfAttentionDynamics.from_factors(Q, K, U)."
             )
-        self.U = as_schedule(U, "U")
         u_shape = schedule_shape(self.U, "U")
         if len(u_shape) != 3 or u_shape[1] != u_shape[2]:
             raise ValueError(
@@ -175,31 +185,16 @@ class SelfAttentionDynamics(eqx.Module):
         h, d = u_shape[0], u_shape[1]
         if h < 1 or d < 1:
             raise ValueError(f"`U` {u_shape} must have at least one head and d ≥ 1.")
-        if P is not None:
-            self.P, self.Q, self.K = as_schedule(P, "P"), None, None
+        if self.P is not None:
             p_shape = schedule_shape(self.P, "P")
             if p_shape != (h, d, d):
                 raise ValueError(
                     f"`P` must be (h, d, d) = {(h, d, d)} to match `U` {u_shape}, got {p_shape}."
                 )
         else:
-            self.P, self.Q, self.K = None, as_schedule(Q, "Q"), as_schedule(K, "K")
             _check_factors(schedule_shape(self.Q, "Q"), schedule_shape(self.K, "K"), h, d)
-        self.W = None if W is None else check_metric(W, d)
-        dtype = jnp.result_type(float)  # β is stored in the model's float dtype
-        self.beta = jnp.asarray(check_scalar(beta, "beta", dtype=dtype), dtype=dtype)
-        self.causal = check_flag(causal, "causal")
-        self.precision = check_precision(precision)
-        self.norm = as_norm(norm)
-        self.kernel = as_kernel(kernel, bias)
-        # Compared with token distances inside the program (int32): a wider window is
-        # no window (pass None).
-        self.window = None if window is None else check_count(window, "window", 1, INDEX_MAX)
-        self.mask = None if mask is None else _check_mask(mask)
-        self.block_size = None if block_size is None else check_count(
-            block_size, "block_size", 0)
-        self.token_mesh = None
-        self.forward_mode = False
+        if self.W is not None:
+            check_metric(self.W, d)
 
     @classmethod
     def from_factors(cls, Q: _Weights, K: _Weights, U: _Weights, W=None, beta=1.0, causal=False,
@@ -225,9 +220,7 @@ class SelfAttentionDynamics(eqx.Module):
         every other step token by token where the tokens are. `run_layers` and
         `solve_flow` call it for `shard="tokens"`; the token count must be a multiple
         of the device count."""
-        new = copy.copy(self)
-        object.__setattr__(new, "token_mesh", mesh)
-        return new
+        return dataclasses.replace(self, token_mesh=mesh)
 
     def with_forward_mode(self) -> "SelfAttentionDynamics":
         """This model with its key blocks differentiable in forward mode (`jax.jvp`,
@@ -235,9 +228,7 @@ class SelfAttentionDynamics(eqx.Module):
         it in both modes (reverse mode then stores each block's weights).
         `ja.solve_flow` takes it for implicit solvers, whose Newton steps take
         Jacobian–vector products; the values are the same."""
-        new = copy.copy(self)
-        object.__setattr__(new, "forward_mode", True)
-        return new
+        return dataclasses.replace(self, forward_mode=True)
 
     @property
     def num_heads(self) -> int:
@@ -257,11 +248,6 @@ class SelfAttentionDynamics(eqx.Module):
         """Whether the layer and the flow keep tokens on `E_W` (`ja.PostNorm()`,
         `ja.NGPT()`): the norm placement's own `stays_on_manifold`."""
         return self.norm.stays_on_manifold
-
-    @property
-    def bias(self) -> Float[Array, ""] | None:
-        """The sigmoid's bias `b` (`ja.Sigmoid(bias=…)`), `None` for other kernels."""
-        return self.kernel.bias if isinstance(self.kernel, Sigmoid) else None
 
     def _keys(self, K: Float[Array, "g k d"]) -> Float[Array, "h k d"]:
         """The key factor of every head (a shared group repeated, as Llama's repeat_kv)."""
@@ -454,6 +440,25 @@ def random_dynamics(key: PRNGKeyArray, heads: int, d: int, *, scale: float = 1.0
     kP, kU = jax.random.split(key)
     P, U = (std * jax.random.normal(k, (heads, d, d), dtype) for k in (kP, kU))
     return SelfAttentionDynamics(P, U, beta=beta, **options)
+
+
+def _bias(dyn: SelfAttentionDynamics) -> Float[Array, ""] | None:
+    """The sigmoid's bias `b` (`ja.Sigmoid(bias=…)`), `None` for other kernels."""
+    return bias_of(dyn.kernel)
+
+
+# Set after the class: in its body the name is the init-only `bias=` (default `None`).
+SelfAttentionDynamics.bias = property(_bias, doc=_bias.__doc__)
+
+
+def _schedule(value, name: str) -> AbstractSchedule | None:
+    return None if value is None else as_schedule(value, name)
+
+
+def _beta(beta) -> Float[Array, ""]:
+    """`β`, checked, in the model's float dtype."""
+    dtype = jnp.result_type(float)
+    return jnp.asarray(check_scalar(beta, "beta", dtype=dtype), dtype=dtype)
 
 
 def _check_factors(q_shape, k_shape, h: int, d: int) -> None:

@@ -27,7 +27,7 @@ written with elementwise products, that layout was slower than the general path
 (see BENCHMARKS.md, Measured claims behind design choices).
 
 A model may be one per system (a stacked model, `jaxattn._stacked`): its batched
-leaves enter as `BatchLast` values, `(..., B)` with the systems last like the tokens,
+leaves enter as `LastAxis` values, `(..., B)` with the systems last like the tokens,
 and every operation on them is batched the same way.
 
 `strategy="auto"` (`choose_strategy`) fuses a batch of at least two sequences whose
@@ -47,23 +47,17 @@ float32, as the general path computes them. Sums run in another order than a
 `dot_general`'s: the two paths agree to rounding, not bit for bit.
 """
 
+import abc
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax._src.interpreters import ad as _ad
 from jax.extend import core as jex
 from jaxtyping import Array, Float, PyTree
-
-# The tracers of a value being differentiated (forward mode, and reverse mode's
-# linearisation), for `choose_strategy`; JAX exports no public test for them.
-_DIFFERENTIATING = tuple(getattr(_ad, name) for name in ("JVPTracer", "LinearizeTracer")
-                         if hasattr(_ad, name))
 
 # Contractions over at most this many index values are unrolled into a chain of
 # multiply–adds (which XLA fuses with their neighbours); larger ones multiply
@@ -84,75 +78,19 @@ _ALONG_AXES = frozenset("""
 reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax
 argmin cumsum cumprod cummax cummin cumlogsumexp rev squeeze split sort
 """.split())
-# Calls whose body is inlined (custom derivatives are then taken through the body).
-_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr",
-          "core_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr",
-          "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
-          "checkpoint": "jaxpr", "remat": "jaxpr"}
+# Calls whose body `interpret` evaluates in place (custom derivatives are then taken
+# through the body).
+CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr",
+         "core_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr",
+         "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
+         "checkpoint": "jaxpr", "remat": "jaxpr"}
 
 
-STRATEGIES = ("auto", "fused", "general", "kernel")
-# "auto" fuses a batch when one sequence's raw update costs at most this many flops
-# (`4 h n d² + 4 h n² d`, the benchmark suite's count). Measured on the CPU (see
-# BENCHMARKS.md, "The fused ensemble path"): fused is faster up to about this size.
-FUSED_MAX_FLOPS = 50_000
 # Systems per chunk on the CPU: S1's intermediates for 100,000 systems (80 MB of
 # attention logits) left the caches and ran far slower per system than 1000 at a
 # time; 512 was the fastest chunk measured
 # (see BENCHMARKS.md, Measured claims behind design choices).
 CPU_CHUNK = 512
-
-
-def sequence_flops(h: int, n: int, d: int) -> int:
-    """The flops of one raw update `v` of one sequence (unfactored weights)."""
-    return 4 * h * n * d * d + 4 * h * n * n * d
-
-
-def fused_applies(dyn, shape: tuple[int, ...]) -> bool:
-    """Whether `strategy="auto"` runs tokens of `shape` `(..., n, d)` on the fused
-    path: a batch of at least two sequences, each of at most `FUSED_MAX_FLOPS`."""
-    if len(shape) < 3:
-        return False
-    n, d = shape[-2], shape[-1]
-    if getattr(dyn, "block_size", None):
-        return False  # key blocks are a scan: the general path runs them
-    return math.prod(shape[:-2]) >= 2 and sequence_flops(dyn.num_heads, n, d) <= FUSED_MAX_FLOPS
-
-
-def choose_strategy(dyn, shape: tuple[int, ...], strategy: str, operands=None) -> str:
-    """`"fused"` or `"general"` for `strategy` (one of `STRATEGIES`), or a `ValueError`.
-
-    `"auto"` keeps a run that is being differentiated (any leaf of `operands`, e.g.
-    `(dyn, x0)`, is a JVP or linearize tracer) on the general path: XLA's CPU scheduler
-    (`--xla_cpu_enable_concurrency_optimized_scheduler`, on by default) was measured
-    to miscompute a fused run differentiated inside an outer `lax.scan` (256 systems
-    and more, post-norm, two layers or more: values off by ~0.1 and different on each
-    run; correct with that flag off). `strategy="fused"` still differentiates.
-
-    `"kernel"` (one Pallas kernel for the whole run, `jaxattn._pallas`) is never
-    chosen by `"auto"`: on an H100 its calls were 8–13× faster than the fused path's
-    but its Triton compile took 66–141 s against 1–2 s, repaid only after 73 (10⁶
-    systems) to 1,200 (10⁵) calls of one program (docs/kernels.md, "auto"); asked for, it
-    is refused in one line for what it does not run: key blocks, tokens split over
-    devices, and differentiation (a kernel has no derivative rule)."""
-    if not isinstance(strategy, str) or strategy not in STRATEGIES:
-        raise ValueError(f"`strategy` must be one of {', '.join(map(repr, STRATEGIES))}, "
-                         f"got {strategy!r}.")
-    if strategy == "auto":
-        if any(isinstance(leaf, _DIFFERENTIATING) for leaf in jax.tree.leaves(operands)):
-            return "general"
-        return "fused" if fused_applies(dyn, tuple(shape)) else "general"
-    if strategy in ("fused", "kernel") and getattr(dyn, "block_size", None):
-        raise ValueError(f"strategy={strategy!r} runs dense attention: a model with "
-                         "`block_size` takes strategy='general' (or 'auto').")
-    if strategy == "kernel":
-        if getattr(dyn, "token_mesh", None) is not None:
-            raise ValueError("strategy='kernel' runs whole systems: tokens split over "
-                             "devices take strategy='general'.")
-        if any(isinstance(leaf, _DIFFERENTIATING) for leaf in jax.tree.leaves(operands)):
-            raise ValueError("strategy='kernel' is not differentiable (the kernel has no "
-                             "derivative rule): differentiate with strategy='fused'.")
-    return strategy
 
 
 def to_batch_last(x: Float[Array, "*batch n d"]) -> Float[Array, "n d B"]:
@@ -178,7 +116,7 @@ def chunk_size(devices=None) -> int | None:
     return CPU_CHUNK
 
 
-class BatchLast(eqx.Module):
+class LastAxis(eqx.Module):
     """A value with one entry per system on its last axis, `(..., B)`: a batched leaf
     of a model (one model per system) as `batch_last` takes it."""
 
@@ -186,7 +124,7 @@ class BatchLast(eqx.Module):
 
 
 def is_batch_last(v) -> bool:
-    return isinstance(v, BatchLast)
+    return isinstance(v, LastAxis)
 
 
 def in_chunks(fn: Callable, xb: PyTree[Array], chunk: int | None) -> PyTree[Array]:
@@ -218,7 +156,7 @@ def batch_last(fn: Callable) -> Callable:
 
     - `fn`: a function `fn(x, *rest)` of one system's array `x` (e.g. tokens
       `(n, d)`) and arguments `rest` (any pytrees: the model, times), unbatched
-      except for their `BatchLast` leaves (one value per system, last).
+      except for their `LastAxis` leaves (one value per system, last).
 
     **Returns:**
 
@@ -242,54 +180,89 @@ def batch_last(fn: Callable) -> Callable:
 
         avals = [jax.ShapeDtypeStruct(v.shape[:-1] if b else v.shape, v.dtype) for v, b in ins]
         closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*avals)
-        outs = evaluate(closed.jaxpr, closed.consts, ins, size)
+        outs = interpret(closed.jaxpr, closed.consts, ins, _LastAxisValues(size))
         outs = [v if b else _broadcast(v, size) for v, b in outs]
         return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
     return mapped
 
 
-def evaluate(jaxpr, consts, ins: list[tuple[Any, bool]], size: int) -> list[tuple[Any, bool]]:
-    """Evaluate `jaxpr` on `(value, batched)` pairs; batched values carry `size`
-    systems on their last axis. **Returns:** the outputs as such pairs."""
+class AbstractValues(abc.ABC):
+    """A value type of `interpret`: how a one-system program's values are held (arrays
+    with the systems last here; lanes inside a Pallas kernel, `jaxattn._pallas.lanes`)
+    and its table of rules, one per operation."""
+
+    @abc.abstractmethod
+    def constant(self, value):
+        """A literal or a closed-over constant, as a value."""
+
+    @abc.abstractmethod
+    def fold(self, eqn, ins) -> list | None:
+        """The outputs of `eqn` computed now when no input varies by system, else `None`."""
+
+    @abc.abstractmethod
+    def apply(self, eqn, ins) -> list:
+        """The outputs of `eqn` (not a call) by the value type's rule."""
+
+
+def interpret(jaxpr, consts, ins: list, values: AbstractValues) -> list:
+    """Evaluate a one-system `jaxpr` on values of one type: the one evaluation loop of
+    both `batch_last` and the ensemble kernel. Calls (`CALLS`) are evaluated in place.
+    **Returns:** the outputs, as values."""
     env: dict = {}
 
     def read(v):
-        return (v.val, False) if isinstance(v, jex.Literal) else env[v]
+        return values.constant(v.val) if isinstance(v, jex.Literal) else env[v]
 
-    for var, val in zip(jaxpr.constvars, consts):
-        env[var] = (val, False)
-    for var, val in zip(jaxpr.invars, ins):
-        env[var] = val
+    env.update(zip(jaxpr.constvars, [values.constant(c) for c in consts]))
+    env.update(zip(jaxpr.invars, ins))
     for eqn in jaxpr.eqns:
-        outs = _apply(eqn, [read(v) for v in eqn.invars], size)
+        args = [read(v) for v in eqn.invars]
+        outs = values.fold(eqn, args)
+        if outs is None:
+            body = CALLS.get(eqn.primitive.name)
+            if body in eqn.params:
+                sub = eqn.params[body]
+                outs = interpret(getattr(sub, "jaxpr", sub), getattr(sub, "consts", ()), args,
+                                 values)
+            else:
+                outs = values.apply(eqn, args)
         for var, out in zip(eqn.outvars, outs):
             if not isinstance(var, jex.DropVar):
                 env[var] = out
     return [read(v) for v in jaxpr.outvars]
 
 
-def _apply(eqn, ins, size):
-    prim, name = eqn.primitive, eqn.primitive.name
-    if not any(b for _, b in ins):
+class _LastAxisValues(AbstractValues):
+    """`(value, batched)` pairs; a batched value carries `size` systems last."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def constant(self, value):
+        return value, False
+
+    def fold(self, eqn, ins):
+        if any(b for _, b in ins):
+            return None
+        prim = eqn.primitive
         out = prim.bind(*[v for v, _ in ins], **prim.get_bind_params(eqn.params))
         return [(o, False) for o in (out if prim.multiple_results else [out])]
-    if name in _CALLS and _CALLS[name] in eqn.params:
-        sub = eqn.params[_CALLS[name]]
-        consts = sub.consts if hasattr(sub, "consts") else ()
-        return evaluate(getattr(sub, "jaxpr", sub), consts, ins, size)
-    rule = _RULES.get(name)
-    if rule is None and (name in _ELEMENTWISE or name in _ALONG_AXES):
-        rule = _elementwise if name in _ELEMENTWISE else _along_axes
-    if rule is None:
-        return _fallback(eqn, ins)
-    if rule in (_elementwise, _along_axes):
-        rule = functools.partial(rule, shape=eqn.outvars[0].aval.shape)
-    try:
-        out = rule(prim, ins, size, **eqn.params)
-    except NotImplementedError:  # a case the rule does not cover (e.g. batched indices)
-        return _fallback(eqn, ins)
-    return [(o, True) for o in (out if prim.multiple_results else [out])]
+
+    def apply(self, eqn, ins):
+        prim, name = eqn.primitive, eqn.primitive.name
+        rule = _RULES.get(name)
+        if rule is None and (name in _ELEMENTWISE or name in _ALONG_AXES):
+            rule = _elementwise if name in _ELEMENTWISE else _along_axes
+        if rule is None:
+            return _fallback(eqn, ins)
+        if rule in (_elementwise, _along_axes):
+            rule = functools.partial(rule, shape=eqn.outvars[0].aval.shape)
+        try:
+            out = rule(prim, ins, self.size, **eqn.params)
+        except NotImplementedError:  # a case the rule does not cover (e.g. batched indices)
+            return _fallback(eqn, ins)
+        return [(o, True) for o in (out if prim.multiple_results else [out])]
 
 
 def _fallback(eqn, ins):

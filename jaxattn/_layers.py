@@ -1,28 +1,18 @@
-"""The discrete model: a stack of attention layers (paper 001 eq. 4) as a `lax.scan`."""
+"""The discrete model: a stack of attention layers (paper 001 eq. 4). How a batch runs
+is its strategy's (`jaxattn._strategy`); here the arguments are checked once and
+handed over."""
 
-import math
 from collections.abc import Callable
 from typing import Any
 
-import equinox as eqx
-import equinox.internal as eqxi
-import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PyTree, Real
+from jaxtyping import Array, Float, PyTree
 
-from ._batch import call_batched, check_shard, check_token_shape, map_systems, prepare_tokens
+from ._batch import check_shard, check_token_shape
 from ._dynamics import SelfAttentionDynamics
-from ._ensemble import (
-    BatchLast,
-    batch_last,
-    choose_strategy,
-    chunk_size,
-    from_batch_last,
-    to_batch_last,
-)
-from ._noise import AbstractNoise, check_noise, layer_normal, map_keyed, noisy_layer, system_keys
-from ._pallas import kernel_config, key_rows, refuse_devices, run_ensemble
-from ._stacked import first_model, map_models, models_last, stack_tokens
+from ._noise import AbstractNoise, check_noise, system_keys
+from ._stacked import first_model, stack_tokens
+from ._strategy import AbstractStrategy, choose_strategy
 from ._validate import NONFINITE, check_count, check_scalar, raise_unless, surface_errors
 
 
@@ -30,172 +20,19 @@ def _identity(x):
     return x
 
 
-def _layer(x, dyn, t, tau):
-    return dyn.layer(t, x, tau)
-
-
-def _run(
-    layer: Callable,
-    x0: Float[Array, "n d"],
-    num_layers: int,
-    tau: Real[Array, ""],
-    observe: Callable,
-    checkpoints: int | None,
-) -> PyTree[Array]:
-    """The layers from `x0` with `layer(x, k, tau)` (`k` the layer's index, a float):
-    one sequence (general path) or the ensemble with the systems on the last axis
-    (fused path)."""
-    def step(x, k):
-        x_next = layer(x, k, tau)
-        return x_next, observe(x_next)
-
-    ks = jnp.arange(num_layers, dtype=x0.dtype)
-    if checkpoints is None:
-        # Checkpointing the body keeps only each layer's tokens for the backward
-        # pass, not its (h, n, n) attention matrices.
-        last, ys = jax.lax.scan(jax.checkpoint(step, prevent_cse=False), x0, ks)
-    elif checkpoints == "sqrt":
-        last, ys = _segmented_scan(step, x0, ks)
-    else:
-        # Recursive (treeverse) checkpointing: memory O(checkpoints), not O(layers).
-        last, ys = eqxi.scan(step, x0, ks, kind="checkpointed", checkpoints=checkpoints)
-    first = observe(x0)
-    return last, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, ys)
-
-
-def _segmented_scan(step, x0, ks):
-    """`lax.scan(step, x0, ks)` in segments of `s = ⌈√L⌉` layers, each segment
-    checkpointed as a whole: reverse mode stores the tokens at segment boundaries
-    and, while it differentiates one segment, that segment's intermediates —
-    `O(√L)` memory — and recomputes every layer once, as per-layer checkpointing
-    does (the layers inside a segment are not checkpointed again: that would
-    recompute each layer twice)."""
-    L = ks.shape[0]
-    seg = max(1, math.isqrt(L - 1) + 1) if L else 1
-    body = L - L % seg
-
-    def segment(x, k_seg):
-        return jax.lax.scan(step, x, k_seg)
-
-    # prevent_cse=False: inside a scan CSE cannot merge the recomputation away.
-    x, ys = jax.lax.scan(jax.checkpoint(segment, prevent_cse=False), x0,
-                         ks[:body].reshape(-1, seg))
-    ys = jax.tree.map(lambda a: a.reshape((body,) + a.shape[2:]), ys)
-    if body == L:
-        return x, ys
-    x, tail = jax.lax.scan(jax.checkpoint(step, prevent_cse=False), x, ks[body:])
-    return x, jax.tree.map(lambda a, b: jnp.concatenate([a, b]), ys, tail)
-
-
-@eqx.filter_jit
-def _run_batched(dyn, x0, num_layers, tau, observe, checkpoints, checks, fused=False,
-                 chunk=None):
-    x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
-    tau = tau.astype(x0.dtype)
-
-    def program(d, x, fused):
-        layer, watch = (batch_last(_layer), batch_last(observe)) if fused else (_layer, observe)
-        return _run(lambda z, k, tau: layer(z, d, k * tau, tau), x, num_layers, tau, watch,
-                    checkpoints)
-
-    last, ys = map_systems(program, dyn, x0, fused=fused, chunk=chunk)
-    # NaN propagates through the layers, so the last tokens tell whether any appeared.
-    finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
-    if checks:
-        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
-    return ys, finite
-
-
-def _noisy(x, dyn, noise, t, tau, xi):
-    return noisy_layer(dyn, noise, t, x, tau, xi)
-
-
-def _fused_normal(noise, keys, k, n, d, dtype):
-    """Layer `k`'s `ξ` of a chunk of systems, `(*noise.shape(n, d), B)`: each system's
-    `layer_normal` from its own key, as the general path draws it."""
-    xi = jax.vmap(lambda key: layer_normal(noise, key, k, n, d, dtype))(keys)
-    return BatchLast(jnp.moveaxis(xi, 0, -1))
-
-
-@eqx.filter_jit
-def _run_noisy(dyn, x0, num_layers, tau, observe, checkpoints, checks, fused=False,
-               chunk=None, noise=None, keys=None):
-    """`_run_batched` with noise: each system its own key (`system_keys`), layer `k`
-    drawing its `ξ` from `fold_in(key, k)`, on either path."""
-    x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
-    tau = tau.astype(x0.dtype)
-
-    def program(d, x, key):
-        if fused:
-            n, dim = x.shape[:2]
-            fused_layer, watch = batch_last(_noisy), batch_last(observe)
-
-            def layer(z, k, tau):
-                xi = _fused_normal(noise, key, k, n, dim, z.dtype)
-                return fused_layer(z, d, noise, k * tau, tau, xi)
-            return _run(layer, x, num_layers, tau, watch, checkpoints)
-
-        def layer(z, k, tau):
-            xi = layer_normal(noise, key, k, *z.shape, z.dtype)
-            return noisy_layer(d, noise, k * tau, z, tau, xi)
-        return _run(layer, x, num_layers, tau, observe, checkpoints)
-
-    last, ys = map_keyed(program, dyn, x0, keys, fused=fused, chunk=chunk)
-    finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
-    if checks:
-        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
-    return ys, finite
-
-
-def _kernel_layer(x, k, params):
-    dyn, tau = params
-    return dyn.layer(k * tau, x, tau)
-
-
-def _kernel_noisy_layer(x, k, params):
-    """A noisy layer as the other paths run it, `ξ` drawn from the system's key."""
-    dyn, noise, tau, key = params
-    xi = layer_normal(noise, key, k, *x.shape, x.dtype)
-    return noisy_layer(dyn, noise, k * tau, x, tau, xi)
-
-
-@eqx.filter_jit
-def _run_kernel(dyn, x0, num_layers, tau, observe, config, checks, noise=None, keys=None):
-    """`_run_batched` as one Pallas kernel (`strategy="kernel"`, `jaxattn._pallas`):
-    the same layer (`dyn.layer`, or `noisy_layer` with each system's `ξ` drawn in the
-    kernel from its key as the other paths draw it) and `observe`."""
-    x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
-    tau = tau.astype(x0.dtype)
-    batch = x0.shape[:-2]
-    model = models_last(dyn, batch)
-    if noise is None:
-        step, params = _kernel_layer, (model, tau)
-    else:
-        step, params = _kernel_noisy_layer, (model, noise, tau, key_rows(keys, batch))
-    ys, last = run_ensemble(step, lambda x, _: observe(x), to_batch_last(x0), params,
-                            num_saves=num_layers, steps_per_save=1, config=config)
-    ys, last = from_batch_last(ys, batch), from_batch_last(last, batch)
-    finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
-    if checks:
-        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
-    return ys, finite
-
-
-def run_layers_unchecked(dyn, x0, num_layers: int, tau, *, strategy: str = "auto"
-                         ) -> tuple[Array, Array]:
+def run_layers_unchecked(dyn, x0, num_layers: int, tau, *,
+                         strategy: str | AbstractStrategy = "auto") -> tuple[Array, Array]:
     """`run_layers` without value checks, for batches that are vmapped or sharded
     by the caller: the tokens after each layer and, per sequence, whether they
     stayed finite. `x0` must be finite and have no zero token, `tau` > 0; `dyn` may
     be a stacked model (as in `run_layers`)."""
     tau = jnp.asarray(tau)
     dyn, x0, unflatten = stack_tokens(dyn, x0)
-    chosen = choose_strategy(first_model(dyn), jnp.shape(x0), strategy, (dyn, x0))
-    if chosen == "kernel":
-        return unflatten(_run_kernel(dyn, x0, check_count(num_layers, "num_layers"), tau,
-                                     _identity, kernel_config(), False))
-    fused = chosen == "fused"
-    return unflatten(_run_batched(dyn, x0, check_count(num_layers, "num_layers"), tau,
-                                  _identity, None, False, fused, chunk_size()))
+    member = choose_strategy(first_model(dyn), jnp.shape(x0), strategy, (dyn, x0))
+    out, _ = member.run_layers(dyn, x0, check_count(num_layers, "num_layers"), tau,
+                               _identity, None, devices=None, shard="batch", noise=None,
+                               keys=None, checked=False)
+    return unflatten(out)
 
 
 @surface_errors
@@ -208,7 +45,7 @@ def run_layers(
     observe: Callable[[Float[Array, "n d"]], PyTree[Any]] | None = None,
     checkpoints: int | str | None = None,
     devices=None,
-    strategy: str = "auto",
+    strategy: str | AbstractStrategy = "auto",
     shard: str = "batch",
     noise: AbstractNoise | None = None,
     key=None,
@@ -264,8 +101,11 @@ def run_layers(
       of that share (other batch sizes agree to rounding: XLA compiles each size
       separately); bad tokens raise a `ValueError` before the run and non-finite
       results an error after it.
-    - `strategy`: how a batch is executed. `"auto"` (default) takes the fused
-      ensemble path for a batch of small systems (`jaxattn._ensemble.fused_applies`:
+    - `strategy`: how a batch is executed, a member of `ja.AbstractStrategy` (as
+      diffrax takes `solver=`) or its shorthand: `ja.Vmap()` (`"general"`),
+      `ja.BatchLast()` (`"fused"`), `ja.PallasKernel(block=…, num_warps=…)`
+      (`"kernel"`; `docs/strategies.md`). `"auto"` (default) takes the fused
+      ensemble path for a batch of small systems (`jaxattn._strategy.fused_applies`:
       at least two sequences, each of at most `FUSED_MAX_FLOPS` flops per layer), else
       `"general"`. `"fused"` puts the batch on the last axis and runs each layer
       as a few elementwise kernels over all systems (`jaxattn._ensemble`; S1 of
@@ -318,41 +158,20 @@ def run_layers(
         raise TypeError(f"`observe` must be a function of (n, d) tokens, got {observe!r}.")
     noise, key = check_noise(noise, key, shard=shard)
     dyn, x0, unflatten = stack_tokens(dyn, x0)
-    if devices is not None and dyn is not first_model(dyn):
+    one = first_model(dyn)
+    if devices is not None and dyn is not one:
         raise ValueError("`devices=` shards one model's batch: run a stacked model "
                          "without `devices`, or shard the models yourself.")
+    keys = None
     if noise is not None:
-        x0 = check_token_shape(first_model(dyn), x0)
+        x0 = check_token_shape(one, x0)
         keys = system_keys(key, x0.shape[:-2])
-        chosen = choose_strategy(first_model(dyn), x0.shape, strategy, (dyn, x0))
-        if chosen == "kernel":
-            refuse_devices(devices)
-            (ys, finite), checked = call_batched(_run_kernel, dyn, x0, None, num_layers, tau,
-                                                 observe, kernel_config(), noise=noise,
-                                                 keys=keys)
-            if not checked:
-                raise_unless(finite, NONFINITE)
-            return unflatten(ys)
-        fused = chosen == "fused"
-        (ys, finite), checked = call_batched(
-            _run_noisy, dyn, x0, devices, num_layers, tau, observe, checkpoints, fused=fused,
-            chunk=chunk_size(devices) if fused else None, noise=noise, keys=keys)
-        if not checked:
-            raise_unless(finite, NONFINITE)
-        return unflatten(ys)
-    shard = check_shard(shard, dyn, first_model(dyn))
-    chosen = choose_strategy(first_model(dyn), jnp.shape(x0), strategy, (dyn, x0))
-    if chosen == "kernel":
-        refuse_devices(devices, shard)
-        (ys, finite), checked = call_batched(_run_kernel, dyn, x0, None, num_layers, tau,
-                                             observe, kernel_config())
-        if not checked:
-            raise_unless(finite, NONFINITE)
-        return unflatten(ys)
-    fused = shard == "batch" and chosen == "fused"
-    (ys, finite), checked = call_batched(_run_batched, dyn, x0, devices, num_layers, tau,
-                                         observe, checkpoints, fused=fused,
-                                         chunk=chunk_size(devices), shard=shard)
+    else:
+        shard = check_shard(shard, dyn, one)
+    member = choose_strategy(one, jnp.shape(x0), strategy, (dyn, x0), shard=shard)
+    (ys, finite), checked = member.run_layers(
+        dyn, x0, num_layers, tau, observe, checkpoints, devices=devices, shard=shard,
+        noise=noise, keys=keys)
     if not checked:
         raise_unless(finite, NONFINITE)
     return unflatten(ys)

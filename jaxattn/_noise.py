@@ -142,7 +142,7 @@ class ValueNoise(AbstractNoise):
         return dfx.Euler()
 
 
-def check_noise(noise, key, *, shard="batch", strategy="auto"):
+def check_noise(noise, key, *, shard="batch"):
     """`(noise, key)` checked, or `(None, None)` for the deterministic dynamics."""
     if noise is None:
         if key is not None:
@@ -167,9 +167,6 @@ def check_noise(noise, key, *, shard="batch", strategy="auto"):
     if shard != "batch":
         raise ValueError("noise splits systems over devices (shard=\"batch\"), not one "
                          "system's tokens: drop shard=\"tokens\".")
-    if strategy == "fused":
-        raise ValueError("the noisy flow runs on the general path for now: use "
-                         "strategy=\"auto\" or \"general\".")
     return noise, key
 
 
@@ -188,7 +185,7 @@ def map_keyed(fn, dyn, x0: Float[Array, "*batch n d"], keys, *, fused: bool = Fa
     vmapped program; outputs get the batch axes of `x0` in front.
 
     With `fused=True`, as `jaxattn._batch.map_systems` runs its fused path: `fn` gets
-    a chunk of systems `(n, d, B)`, the model with its batched leaves as `BatchLast`
+    a chunk of systems `(n, d, B)`, the model with its batched leaves as `LastAxis`
     values, and the chunk's `B` keys (a key array `(B,)`, or `(B, 2)` raw keys), and
     returns leaves with the systems last."""
     if fused:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
-from ._ensemble import BatchLast
+from ._ensemble import LastAxis
 
 # One model's rank of each leaf of known role, by its path in the model.
 _TOP_RANK = {"W": 2, "beta": 0, "mask": 2}
@@ -121,7 +121,7 @@ def map_models(fn: Callable, dyn, x: Float[Array, "M ..."], *rest):
 def models_last(dyn, batch: tuple[int, ...]):
     """A flattened stacked model for the fused path over tokens with batch axes
     `batch = (M, ...)`: each batched leaf `(M, ...)` repeated for its model's systems
-    and stored `(..., B)` with the systems last, as a `BatchLast`; one model as is."""
+    and stored `(..., B)` with the systems last, as a `LastAxis`; one model as is."""
     flags = batched_leaves(dyn, model_batch(dyn))
 
     def spread(a, b):
@@ -130,5 +130,5 @@ def models_last(dyn, batch: tuple[int, ...]):
         a = jnp.reshape(a, a.shape[:1] + (1,) * (len(batch) - 1) + a.shape[1:])
         a = jnp.broadcast_to(a, tuple(batch) + a.shape[len(batch):])
         a = a.reshape((-1,) + a.shape[len(batch):])
-        return BatchLast(jnp.moveaxis(a, 0, -1))
+        return LastAxis(jnp.moveaxis(a, 0, -1))
     return jax.tree.map(spread, dyn, flags)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn._app.animate import _rotation, facing, lambert_maps, pca3
-from jaxattn._app.trajectories import SAVES_TOKENS, load, trajectory_names
+from jaxattn._artifacts.animate import _rotation, facing, lambert_maps, pca3
+from jaxattn._artifacts.trajectories import SAVES_TOKENS, load, trajectory_names
 from jaxattn.cli import main
 
 RUNS = Path(__file__).parent / "data" / "figures"
@@ -152,7 +152,7 @@ def test_the_view_faces_the_tokens_and_rotations_are_rotations():
 
 
 def test_misalignment_is_the_librarys_when_not_given(tmp_path, monkeypatch):
-    import jaxattn._app.animate as animate_module
+    import jaxattn._artifacts.animate as animate_module
 
     seen = {}
     real = animate_module.Scene.__init__

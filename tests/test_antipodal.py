@@ -35,14 +35,6 @@ def test_formation_reads_clusters_and_antipodal_groups():
     np.testing.assert_array_equal(A.formation(ends), [0, 1, 2, -1, 1])
 
 
-def test_zero_crossing_and_standard_error():
-    betas = np.array([0.5, 1.0, 1.5, 2.0])
-    assert A.zero_crossing(betas, 1.2 - betas) == pytest.approx(1.2)
-    assert math.isnan(A.zero_crossing(betas, betas))
-    assert A.zero_crossing(betas, -betas) == 0.5
-    np.testing.assert_allclose(A.binomial_se([0.5, 0.0, 0.1], 100), [0.05, 0.0, 0.03])
-
-
 def test_noisy_layers_give_each_run_its_own_noise(key):
     """Two identical starts end apart (their own keys), and the same key repeats."""
     x0 = jnp.broadcast_to(A.pair_start(jax.random.fold_in(key, 1), 1, 3, 0.5), (2, 2, 3))
@@ -70,7 +62,7 @@ def test_defaults_run_past_the_thresholds():
 
 def test_crossing_fit_and_extrapolation_are_exact_on_lines():
     betas = np.linspace(0.8, 1.2, 5)
-    zero, se = A.crossing_fit(betas, 2.0 * (1.05 - betas), np.full(5, 0.01))
+    zero, se = ja.metrics.fit_crossing(betas, 2.0 * (1.05 - betas), se=np.full(5, 0.01))
     assert zero == pytest.approx(1.05, rel=1e-12) and 0 < se < 0.01
     value, se = extrapolate([0.01, 0.02], [1.1, 1.2], [0.003, 0.004])
     assert value == pytest.approx(1.0, rel=1e-12)

@@ -89,7 +89,7 @@ def test_s1_large_prints_its_floor():
         result = suite.run_suite(size="quick", repeats=1, cases=("peak", "S1L"), torch=False,
                                  progress=lambda line: None)
     (row,) = [r for r in result["rows"] if r["case"] == "S1L"]
-    prob = suite.QUICK["S1L"]
+    prob = suite.QUICK["small_systems_large_batch"]
     assert row["moved_bytes"] == 4 * prob.batch * (prob.n * prob.d + 20 + 1)
     assert row["floor_flops_s"] > 0 and row["floor_bytes_s"] > 0
     assert "floor" in table.format_table(result)

@@ -15,8 +15,8 @@ def tiny_mf(monkeypatch):
     """`--quick` runs MF at n = 2,000 (blocked: one float32 head's n² weights pass
     `DENSE_LIMIT`) with a small exp array, to keep the test fast."""
     quick = suite.PRESETS["quick"]
-    prob = dataclasses.replace(quick.problems["MF"], n=2000)
-    monkeypatch.setitem(quick.problems, "MF", prob)
+    prob = dataclasses.replace(quick.problems["meanfield"], n=2000)
+    monkeypatch.setitem(quick.problems, "meanfield", prob)
     monkeypatch.setitem(suite.PRESETS, "quick", dataclasses.replace(quick, copy_bytes=2**20))
     return prob
 
@@ -62,5 +62,14 @@ def test_pair_floor_is_the_larger_of_its_two_floors():
 
 def test_mf_is_a_case_of_the_cli():
     assert "MF" in suite.ALL_CASES
-    from jaxattn.cli.bench import ALL_CASES
+    from jaxattn.cli.bench import ALL_CASES, CASES
     assert "MF" in ALL_CASES
+    assert CASES == suite.CASES and CASES["meanfield"] == "MF"
+
+
+def test_cases_are_taken_by_name_or_label():
+    """`--cases` and `run_suite(cases=)` take a case's name or its short label."""
+    assert suite.case_names(["MF", "meanfield", "S1L", "peak"]) == (
+        "meanfield", "meanfield", "small_systems_large_batch", "peak")
+    with pytest.raises(ValueError, match="unknown case"):
+        suite.case_names(["S9"])

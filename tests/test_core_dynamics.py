@@ -115,3 +115,30 @@ def test_misalignment_values():
     assert ja.misalignment(jnp.stack([e1, e2])) == pytest.approx(0.5)
     batch = jnp.stack([jnp.stack([e1, e2]), jnp.stack([e1, e1])])
     np.testing.assert_allclose(ja.misalignment(batch), [0.5, 0.0])
+
+
+def test_replace_and_tree_at_keep_the_model_checked():
+    """The dataclass `__init__` stays (validation in `__check_init__`): `dataclasses.replace`
+    and `eqx.tree_at` give a new model, and `replace` refuses what the constructor does."""
+    import dataclasses
+
+    import equinox as eqx
+
+    eye = jnp.eye(3)[None]
+    dyn = ja.SelfAttentionDynamics(eye, eye, beta=2.0, norm="pre", kernel="sigmoid", bias=0.5)
+    hot = dataclasses.replace(dyn, beta=3.0)
+    assert float(hot.beta) == 3.0 and float(hot.bias) == 0.5 and isinstance(hot.norm, ja.PreNorm)
+    # `replace` passes the init-only `bias=` back as `dyn.bias`: drop it with the sigmoid
+    assert isinstance(dataclasses.replace(dyn, kernel="exp", bias=None).kernel, ja.Exp)
+    with pytest.raises(ValueError, match="needs kernel='sigmoid'"):
+        dataclasses.replace(dyn, kernel="exp")
+    assert isinstance(dataclasses.replace(dyn, norm="post").norm, ja.PostNorm)
+    assert dyn.with_forward_mode().forward_mode and not dyn.forward_mode
+    swapped = eqx.tree_at(lambda m: m.beta, dyn, jnp.asarray(4.0))
+    assert float(swapped.beta) == 4.0 and float(dyn.beta) == 2.0
+    with pytest.raises(ValueError, match="`beta` must be finite"):
+        dataclasses.replace(dyn, beta=float("inf"))
+    with pytest.raises(ValueError, match="must be \\(h, d, d\\)"):
+        dataclasses.replace(dyn, U=jnp.eye(4)[None])
+    with pytest.raises(ValueError, match="`norm` must be one of"):
+        dataclasses.replace(dyn, norm="mid")

@@ -13,7 +13,7 @@ import jax
 import pytest
 
 from jaxattn import _determinism
-from jaxattn._app import folders
+from jaxattn._artifacts import folders
 from jaxattn.cli import COMPUTING, parser
 
 DETERMINISTIC = "--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0"

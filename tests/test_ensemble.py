@@ -11,9 +11,10 @@ import pytest
 from _helpers import random_spd, random_tokens
 
 import jaxattn as ja
-from jaxattn._ensemble import FUSED_MAX_FLOPS, batch_last, choose_strategy, fused_applies
+from jaxattn._ensemble import batch_last
 from jaxattn._flow import solve_flow_unchecked
 from jaxattn._stacked import models_last
+from jaxattn._strategy import FUSED_MAX_FLOPS, choose_strategy, fused_applies
 
 CONSTANT_STEPS = dfx.ConstantStepSize()
 
@@ -136,10 +137,10 @@ def test_fused_under_vmap_over_stacked_models(key):
 
 def test_auto_strategy_choice(key):
     small = _model(key, 2, 3, W=False, causal=False, schedule="constant")
-    assert choose_strategy(small, (1000, 10, 3), "auto") == "fused"
-    assert choose_strategy(small, (10, 3), "auto") == "general"  # one sequence
-    assert choose_strategy(small, (1, 10, 3), "auto") == "general"
-    assert choose_strategy(small, (10, 3), "fused") == "fused"
+    assert choose_strategy(small, (1000, 10, 3), "auto") == ja.BatchLast()
+    assert choose_strategy(small, (10, 3), "auto") == ja.Vmap()  # one sequence
+    assert choose_strategy(small, (1, 10, 3), "auto") == ja.Vmap()
+    assert choose_strategy(small, (10, 3), "fused") == ja.BatchLast()
     big = _model(key, 8, 64, W=False, causal=False, schedule="constant")
     assert not fused_applies(big, (16, 64, 64))
     assert 4 * 2 * 10 * 9 + 4 * 2 * 100 * 3 <= FUSED_MAX_FLOPS
@@ -344,11 +345,11 @@ def test_sweep_chunk_runs_its_instances_fused_with_the_same_outcomes(monkeypatch
     `"auto"`), with the verdicts and, to rounding, the numbers of the vmapped general
     path (the table it wrote before)."""
     import jaxattn._batch as layers
-    from jaxattn.experiments import get_experiment, resolve_config
+    from jaxattn.experiments import experiment_config, get_experiment
     from jaxattn.sweep import _instances, sweep_params
 
     name = "thm52-symmetric"
-    config = resolve_config(get_experiment(name), {"discrete": True, "horizon": 0.2,
+    config = experiment_config(get_experiment(name), {"discrete": True, "horizon": 0.2,
                                                    "tau": 0.1, "tokens": 4}, 0) | {"beta": 1.5}
     spread = []
     monkeypatch.setattr(layers, "models_last", lambda *a: spread.append(a) or models_last(*a))
@@ -412,4 +413,4 @@ def test_auto_keeps_a_differentiated_run_on_the_general_path(key):
     np.testing.assert_array_equal(first, again)
     seen = []
     jax.grad(lambda x: seen.append(choose_strategy(dyn, x.shape, "auto", (dyn, x))) or 0.0)(x)
-    assert seen == ["general"] and choose_strategy(dyn, x.shape, "auto", (dyn, x)) == "fused"
+    assert seen == [ja.Vmap()] and choose_strategy(dyn, x.shape, "auto", (dyn, x)) == ja.BatchLast()

@@ -9,7 +9,7 @@ import jaxattn as ja
 from jaxattn.experiments import (
     EXPERIMENTS,
     command_line,
-    resolve_config,
+    experiment_config,
     thm32_gradient,
     thm41_sphere,
     thm51_causal,
@@ -49,7 +49,7 @@ def test_pieces_match_one_call(key):
 
 def test_config_resolution_and_the_command_that_repeats_it():
     exp = EXPERIMENTS["thm51-causal"]
-    config = resolve_config(exp, {"tokens": 7, "discrete": True, "horizon": 3}, seed=5)
+    config = experiment_config(exp, {"tokens": 7, "discrete": True, "horizon": 3}, seed=5)
     assert config["tokens"] == 7 and config["horizon"] == 3.0 and config["seed"] == 5
     cmd = command_line(config, exp)
     assert cmd == "jaxattn run thm51-causal --seed 5 --tokens 7 --horizon 3.0 --discrete"
@@ -58,9 +58,9 @@ def test_config_resolution_and_the_command_that_repeats_it():
                        ({"heads": 0}, "≥ 1"), ({"colour": 1}, "no parameter --colour"),
                        ({"discrete": "yes"}, "true or false")]:
         with pytest.raises(ValueError, match=match):
-            resolve_config(exp, bad, seed=0)
+            experiment_config(exp, bad, seed=0)
     with pytest.raises(ValueError, match="seed"):
-        resolve_config(exp, {}, seed=-1)
+        experiment_config(exp, {}, seed=-1)
 
 
 def test_every_experiment_declares_a_theorem_and_defaults():
@@ -80,7 +80,7 @@ def test_setup_draws_one_instance_per_key_and_vmaps(module):
     sweep vmaps over its instances' keys: the batched draw is each key's draw."""
     exp = next(e for e in EXPERIMENTS.values() if type(e).__module__ == module.__name__)
     small = {"tokens": 4, "dim": 5, "samples": 1} if module is thm51_causal else {"tokens": 4}
-    config = resolve_config(exp, small, seed=2) | {"beta": 1.0}
+    config = experiment_config(exp, small, seed=2) | {"beta": 1.0}
     keys = jax.random.split(jax.random.PRNGKey(2), 3)
     x_batch = jax.vmap(lambda k: exp.setup(k, config)[1])(keys)
     for k, x in zip(keys, x_batch):

@@ -20,6 +20,9 @@ class ReLU(ja.AbstractKernel):
 
     name = "relu"
     description = "max(s, 0)/n, not normalised over j"
+    normalised = False
+    flash = False  # not pointwise-derived: the flash kernel cannot run it
+    exponent_shift = None
 
     def offset(self, beta, n, dtype):
         return None
@@ -48,6 +51,7 @@ class Cosine(ja.AbstractPointwiseKernel):
 
     name = "tanh"
     description = "(1 + tanh s)/2, not normalised over j"
+    exponent_shift = None
 
     def offset(self, beta, n, dtype):
         return None
@@ -68,6 +72,7 @@ class HalfPost(ja.AbstractNorm):
     name = "half-post"
     description = "x ← N_W(x + τ v / 2)"
     stays_on_manifold = True
+    papers_default = False
 
     def reads(self, x, W):
         return x
@@ -80,6 +85,9 @@ class HalfPost(ja.AbstractNorm):
         y = x + tau * update(x) / 2
         y = y if kick is None else y + kick
         return y / jnp.linalg.norm(y, axis=-1, keepdims=True)
+
+    def equiangular(self, s, m, r):
+        return 0.5, 0.0  # post-normalisation's ρ̇ = 2g, halved
 
 
 N, D, H = 11, 3, 2
@@ -232,3 +240,24 @@ def test_no_module_branches_on_a_kernel_or_norm_name():
             if NAME_BRANCH.search(line.split("#")[0]):
                 found.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
     assert not found, "branches on a kernel's or norm's name:\n" + "\n".join(found)
+
+
+def test_a_users_members_answer_the_capabilities():
+    """What the library asks of a member it asks of the member's capabilities, so a
+    user's members get them too: `HalfPost` clusters at half post's equiangular rate,
+    the flash route refuses `ReLU` and takes `Cosine`, `classify` reads neither as
+    the papers' model, and `ja.meanfield` refuses a kernel with no `exponent_shift`."""
+    post = ja.theory.equiangular_asymptotics(4, 1.0, norm="post")
+    half = ja.theory.equiangular_asymptotics(4, 1.0, norm=HalfPost())
+    assert half.kind == "exponential" and half.rate == post.rate / 2
+    rho = jnp.asarray([0.2, 0.7])
+    np.testing.assert_allclose(ja.theory.equiangular_rate(rho, 4, 1.0, norm=HalfPost()),
+                               ja.theory.equiangular_rate(rho, 4, 1.0) / 2, rtol=1e-14)
+    assert not ReLU().flash and Cosine().flash and ja.Softmax().flash
+    assert not ja.Hardmax().flash
+    assert ja.Softmax().normalised and ja.Hardmax().normalised and not Cosine().normalised
+    report = ja.theory.classify(_model("softmax", HalfPost()))
+    assert not report.reports[0].checks[0].holds
+    with pytest.raises(ValueError, match="`kernel` must be one of"):
+        ja.meanfield.coupling_of(1.0, 1.0, Cosine())
+    assert ja.meanfield.coupling_of(2.0, 1.5, ja.USA()) == pytest.approx(2.0 * np.exp(-1.5))

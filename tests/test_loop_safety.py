@@ -16,7 +16,7 @@ tokenizers = pytest.importorskip("tokenizers")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 import jaxattn as ja  # noqa: E402
-from jaxattn._app.folders import RunFolderError  # noqa: E402
+from jaxattn._artifacts.folders import RunFolderError  # noqa: E402
 from jaxattn.cli import main  # noqa: E402
 from jaxattn.experiments import loop_grid, loop_runner  # noqa: E402
 

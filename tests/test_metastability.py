@@ -167,12 +167,12 @@ def test_a_linking_distance_below_float64_resolution_is_refused_before_work():
     """Unit vectors in float64 are not resolved closer than ~1e-16, so a linking
     distance of 1e-20 could never see a merger (and at 5e-324 the squared distances
     underflowed, linking every token at t = 0): refused in one line."""
-    from jaxattn.experiments import get_experiment, resolve_config
+    from jaxattn.experiments import experiment_config, get_experiment
 
     config, _ = _saved_run()
     config = {k: v for k, v in config.items() if k not in ("dtype", "experiment", "seed")}
     with pytest.raises(ValueError, match="--eps must be ≥ 1e-12") as info:
-        resolve_config(get_experiment("metastability"), config | {"eps": 1e-20}, 0)
+        experiment_config(get_experiment("metastability"), config | {"eps": 1e-20}, 0)
     assert "\n" not in str(info.value)
 
 
@@ -249,9 +249,9 @@ def test_rescaled_flow_reaches_the_two_cluster_integral_at_beta_500():
 
 
 def _beta_500_config(**extra):
-    from jaxattn.experiments import get_experiment, resolve_config
+    from jaxattn.experiments import experiment_config, get_experiment
 
-    return resolve_config(get_experiment("metastability"),
+    return experiment_config(get_experiment("metastability"),
                           {"beta": 500.0, "integrator": "rescaled", "log_horizon": 300.0,
                            "saves": 120} | extra, 0)
 

@@ -244,7 +244,7 @@ def test_sphere_density_collapsed_batched_and_refusals(key):
 
 
 def test_draw_sphere_density(key):
-    from jaxattn._app.figures import draw_sphere_density, pyplot
+    from jaxattn._artifacts.figures import draw_sphere_density, pyplot
 
     plt = pyplot()
     s = M.sphere_density(jax.random.normal(key, (2, 500, 3)), cells=(4, 6))

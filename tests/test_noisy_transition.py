@@ -1,6 +1,7 @@
 """`jaxattn run noisy-transition`: the coupling's mapping onto the USA model, the
-equilibration and hysteresis measures (the layers' diffusion and the threshold's
-estimator are `ja.theory`'s: tests/test_theory_noise.py), and the uniform state's
+hysteresis measure (the layers' diffusion and the threshold's estimator are
+`ja.theory`'s: tests/test_theory_noise.py; the window's equilibration statistics are
+`ja.metrics`': tests/metrics/test_statistics.py), and the uniform state's
 susceptibility `n ⟨r²⟩ = 1/(1 − K/K_#)` in a small noisy simulation."""
 
 import json
@@ -35,29 +36,10 @@ def test_fit_rates_of_exponentials():
     assert math.isnan(nt.fit_rates(t, g)[2])
 
 
-def test_half_gap_flags_a_drifting_window(seed):
-    rng = np.random.default_rng(seed)
-    still = 1 + 0.1 * rng.standard_normal((3, 2, 8))
-    drift = still + np.linspace(0, 1, 8)
-    assert np.all(np.abs(nt.half_gap(still)) < 4)
-    assert np.all(nt.half_gap(drift) > 4)
-
-
-def test_autocorrelation_time_of_an_ar1_series(seed):
-    """AR(1) with coefficient φ: `τ_int = (1 + φ)/(1 − φ)` steps."""
-    rng = np.random.default_rng(seed)
-    phi, x = 0.8, np.zeros(200_000)
-    noise = rng.standard_normal(len(x))
-    for i in range(1, len(x)):
-        x[i] = phi * x[i - 1] + noise[i]
-    assert nt.autocorrelation_time(x) == pytest.approx((1 + phi) / (1 - phi), rel=0.1)
-    assert math.isnan(nt.autocorrelation_time(np.ones(10)))
-
-
 def _window(mean, se, ok):
     mean = np.asarray(mean, float)
-    return nt.Window(mean, np.full_like(mean, se), np.zeros_like(mean), np.ones_like(mean),
-                     np.asarray(ok))
+    return ja.metrics.WindowStatistics(mean, np.full_like(mean, se), np.zeros_like(mean),
+                                       np.ones_like(mean), np.asarray(ok))
 
 
 def test_hysteresis_only_where_both_sweeps_are_equilibrated():
@@ -73,41 +55,6 @@ def test_hysteresis_only_where_both_sweeps_are_equilibrated():
     assert nt.hysteresis(ratios, _window(up.mean, 0.05, up.equilibrated), wide)[0][3] == False  # noqa: E712
     never = _window(down.mean, 0.01, [False] * 5)
     assert math.isnan(nt.hysteresis(ratios, up, never)[1])
-
-
-def test_window_stats_flag_a_drift_and_a_slow_series(seed):
-    """A stationary white series is equilibrated, its error the spread of the block
-    means; the same with a drift fails the halves' check; a moving average over 50
-    steps (autocorrelation time ≈ 50, read as ≥ 15 by Sokal's rule) fails the block
-    check with blocks of 25 steps."""
-    rng = np.random.default_rng(seed)
-    steps, blocks = 1000, 40
-    white = 0.5 + 0.01 * rng.standard_normal((1, 2, steps))
-    drift = white + np.linspace(0, 0.05, steps)
-    noise = rng.standard_normal((2, steps + 49))
-    slow = np.stack([np.convolve(x, np.ones(50) / 50, "valid") for x in noise])[None]
-    w = nt.window_stats(white, steps, blocks)
-    assert w.equilibrated.tolist() == [True] and abs(w.mean[0] - 0.5) < 3 * w.se[0]
-    assert w.se[0] == pytest.approx(0.01 / math.sqrt(2 * steps), rel=0.3)
-    assert nt.window_stats(drift, steps, blocks).equilibrated.tolist() == [False]
-    s = nt.window_stats(0.5 + 0.01 * slow, steps, blocks)
-    assert s.autocorrelation[0] > steps / blocks / nt.BLOCK_TAUS
-    assert s.equilibrated.tolist() == [False]
-
-
-def test_window_blocks_cut_the_tail_per_seed():
-    r = np.arange(2 * 10, dtype=float).reshape(2, 10)  # two seeds of ten steps
-    np.testing.assert_allclose(nt.window_blocks(r, 8, 2), [[3.5, 7.5], [13.5, 17.5]])
-
-
-def test_free_energy_crossing_interpolates_between_ordered_caps():
-    K = np.linspace(0.6, 1.0, 5)
-    gap = 0.8 - K  # crosses at 0.8, on the grid; the caps at 0.6 fell to uniform
-    r = np.array([1e-3, 0.5, 0.6, 0.7, 0.8])
-    assert nt.free_energy_crossing(K, gap, r) == pytest.approx(0.8)
-    assert nt.free_energy_crossing(K, 0.83 - K, r) == pytest.approx(0.83)
-    assert math.isnan(nt.free_energy_crossing(K, gap, np.full(5, 1e-3)))
-    assert math.isnan(nt.free_energy_crossing(K, 1.5 - K, r))
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +98,8 @@ def test_equation_measures_k_sharp_and_k_c_on_the_circle(exact_run):
     sharp = ja.theory.fit_threshold(K, rates)[0]
     assert abs(sharp / noisy_threshold(beta, 2) - 1) < nt.SHARP_TOL
     assert np.isnan(data["kc_gap_d2"][:2]).all()  # at and below β*: not run
-    kc = nt.free_energy_crossing(data["kc_K_d2"][-1], data["kc_gap_d2"][-1],
-                                 data["kc_r_d2"][-1])
+    kc = ja.metrics.level_crossing(data["kc_K_d2"][-1], data["kc_gap_d2"][-1], falling=True,
+                                   keep=data["kc_r_d2"][-1] > nt.EQ_ORDERED)
     assert abs(kc / ja.meanfield.transition_coupling(beta, 2) - 1) < nt.CRITICAL_TOL
 
 

@@ -19,9 +19,9 @@ import pytest
 from _helpers import random_tokens
 
 import jaxattn as ja
-import jaxattn._flow
 from jaxattn._layers import run_layers_unchecked
 from jaxattn._pallas import KernelConfig, use_kernel_config
+from jaxattn._strategy import pallas_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 N, D, B, L = 3, 2, 5, 4
@@ -143,7 +143,7 @@ def test_flow_stages_as_a_loop_on_the_manifold(key, monkeypatch):
         run = lambda d, x: flow(d, x, "kernel", ts)  # noqa: E731
         return max(_kernel_sizes(jax.make_jaxpr(run)(big, xs).jaxpr))
     staged = body_size(ts)
-    monkeypatch.setattr(jaxattn._flow, "_chained", lambda coeffs: False)
+    monkeypatch.setattr(pallas_kernel, "chained", lambda coeffs: False)
     # Other save times: a program the jitted run has not traced before.
     unrolled = body_size(jnp.linspace(0.0, 0.8, 3))
     assert staged < 0.4 * unrolled
@@ -151,11 +151,12 @@ def test_flow_stages_as_a_loop_on_the_manifold(key, monkeypatch):
 
 def test_flow_stages_lower_for_cuda(key):
     """RK4's staged loop (its selects and floors on lanes) lowers to one Triton kernel."""
-    from jaxattn._flow import _flow_kernel, _kernel_plan
+    from jaxattn._strategy.pallas_kernel import _flow_kernel
+    from jaxattn._strategy.stepping import kernel_plan
     with jax.enable_x64(False):
         dyn = _model(key)
         x0 = random_tokens(key, N, D, batch=(B,)).astype(jnp.float32)
-        plan = _kernel_plan(jnp.linspace(0.0, 1.0, 2), ja.RK4(), dfx.ConstantStepSize(),
+        plan = kernel_plan(jnp.linspace(0.0, 1.0, 2), ja.RK4(), dfx.ConstantStepSize(),
                             0.2, 100)
 
         def run(x):
@@ -270,9 +271,9 @@ def test_unsupported_operation_is_named(key):
 
 
 def test_auto_never_picks_the_kernel(key):
-    from jaxattn._ensemble import choose_strategy
+    from jaxattn._strategy import choose_strategy
     dyn = _model(key)
-    assert choose_strategy(dyn, (B, N, D), "auto") == "fused"
+    assert choose_strategy(dyn, (B, N, D), "auto") == ja.BatchLast()
 
 
 def _lowered_for_cuda(config: KernelConfig) -> str:

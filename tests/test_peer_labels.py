@@ -17,7 +17,7 @@ import pytest
 import jaxattn as ja
 from jaxattn.cli import main
 from jaxattn.experiments import EXPERIMENTS, norm_beta, pair_density
-from jaxattn.experiments.runner import resolve_config
+from jaxattn.experiments.runner import experiment_config
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "variants.md"
 
@@ -184,7 +184,7 @@ def test_counts_at_recorded_times_equal_the_old_counts(norm, causal, key_query, 
     """The exp kernel's map on a small grid: counting only at the recorded layers gives
     the counts the old every-layer counting gave there, bit for bit (shared weights in
     groups of systems; per-system weights with two heads, off the sphere, causal)."""
-    cfg = resolve_config(EXPERIMENTS["phase-diagram"], {
+    cfg = experiment_config(EXPERIMENTS["phase-diagram"], {
         "betas": 3, "beta_min": 0.5, "beta_max": 3.0, "systems": 4, "tokens": 6, "dim": 3,
         "key_query": key_query, "value": value, "exp_kernel": True, "times": 7,
         "threshold": 0.99}, seed=2)

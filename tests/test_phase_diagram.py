@@ -13,7 +13,7 @@ from jaxattn._dynamics import NORMS
 from jaxattn.cli import main
 from jaxattn.experiments import EXPERIMENTS, norm_beta, pair_density
 from jaxattn.experiments import phase_diagram as pd
-from jaxattn.experiments.runner import resolve_config, run_experiment
+from jaxattn.experiments.runner import experiment_config, run_experiment
 
 
 def _their_step(M, BF, V, beta, eta, softmax):
@@ -54,7 +54,7 @@ def test_density_map_equals_their_script(exp_kernel, key_query, value):
     """The whole study against the transcription, system by system, with the
     experiment's own draws: softmax with identity weights (one model per β, systems in
     groups), the exp kernel with a Gaussian B and V = +KQ per system."""
-    cfg = resolve_config(EXPERIMENTS["phase-diagram"], {
+    cfg = experiment_config(EXPERIMENTS["phase-diagram"], {
         "betas": 2, "beta_min": 0.5, "beta_max": 2.0, "systems": 3, "tokens": 6, "dim": 3,
         "key_query": key_query, "value": value, "exp_kernel": exp_kernel,
         "horizon": 0.0 if exp_kernel else 3.0, "times": 9}, seed=5)

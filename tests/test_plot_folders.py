@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn._app.folders import RunFolderError, finish_run, write_json
+from jaxattn._artifacts.folders import RunFolderError, finish_run, write_json
 from jaxattn.cli import main
 from jaxattn.experiments import EXPERIMENTS, run_loop
-from jaxattn.experiments.runner import resolve_config, run_into_folder
+from jaxattn.experiments.runner import experiment_config, run_into_folder
 from jaxattn.sweep import _report
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never download weights
@@ -50,7 +50,7 @@ def _saved_run(name: str, keys, folder: Path, **extra) -> Path:
         data = {k: f[k] for k in f.files}
     saved = json.loads((DATA / name / "config.json").read_text())
     experiment = EXPERIMENTS[name]
-    config = resolve_config(experiment, {k: saved[k] for k in keys}, saved["seed"]) | extra
+    config = experiment_config(experiment, {k: saved[k] for k in keys}, saved["seed"]) | extra
     return run_into_folder(experiment, config, command=None, simulate=lambda: data,
                            out=folder, log=None)[0]
 
@@ -99,6 +99,7 @@ def test_plot_redraws_a_sweep(tmp_path, capsys):
     assert [p.name for p in ja.sweep.redraw_sweep(result.folder)] == ["sweep.png", "sweep.pdf"]
     with pytest.raises(RunFolderError, match="has no config.json"):  # a sweep is no run
         ja.experiments.redraw(result.folder)
+    assert ja.experiments.redraw is ja.experiments.redraw_run  # the older name
 
 
 def test_plot_refuses_other_folders_in_one_line(tmp_path, capsys):

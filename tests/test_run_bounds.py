@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jaxattn.cli import main
-from jaxattn.experiments import EXPERIMENTS, get_experiment, resolve_config, runner
+from jaxattn.experiments import EXPERIMENTS, experiment_config, get_experiment, runner
 
 FIGURES = Path(__file__).parent / "data" / "figures"
 # the small saved runs of test_figures.py: each experiment's quick settings
@@ -128,7 +128,7 @@ def _run_or_refuse(name: str, key: str, value, out: Path) -> None:
     """A summary, or a ValueError of one line raised before the folder exists."""
     overrides = small_config(name) | {key: value}
     try:
-        config = resolve_config(get_experiment(name), overrides, 0)
+        config = experiment_config(get_experiment(name), overrides, 0)
     except ValueError as e:
         assert "\n" not in str(e) and not out.exists(), (name, key, value, str(e))
         return
@@ -180,13 +180,13 @@ REFUSED_EARLY = [
 @pytest.mark.parametrize(("name", "key", "value", "flag"), REFUSED_EARLY, ids=lambda v: str(v))
 def test_what_a_verdict_cannot_judge_is_refused_before_work(tmp_path, name, key, value, flag):
     with pytest.raises(ValueError, match=flag) as info:
-        resolve_config(get_experiment(name), small_config(name) | {key: value}, 0)
+        experiment_config(get_experiment(name), small_config(name) | {key: value}, 0)
     assert "\n" not in str(info.value)
 
 
 def test_a_resumed_run_records_the_command_of_the_uninterrupted_one():
     experiment = get_experiment("variants")
-    config = resolve_config(experiment, small_config("variants") | {"resume": True}, 3)
+    config = experiment_config(experiment, small_config("variants") | {"resume": True}, 3)
     line = runner.command_line(config, experiment)
     assert "--resume" not in line
     assert line == runner.command_line(config | {"resume": False}, experiment)
@@ -221,7 +221,7 @@ def test_a_preset_records_what_it_sets_and_refuses_a_flag_it_overrides(capsys, t
     from jaxattn.experiments import noisy_transition
 
     experiment = get_experiment("noisy-transition")
-    config = resolve_config(experiment, {"full": True}, 0)
+    config = experiment_config(experiment, {"full": True}, 0)
     for key, value in noisy_transition.FULL.items():
         assert config[key] == value, key
     assert noisy_transition.settings(config) == config  # what runs is what is recorded

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from jaxattn._app import folders as _runs
+from jaxattn._artifacts import folders as _runs
 from jaxattn.cli import main
 from jaxattn.experiments import run_experiment
 from jaxattn.experiments import variants as study

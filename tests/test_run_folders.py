@@ -14,7 +14,7 @@ import time
 import jax
 import pytest
 
-from jaxattn._app import folders as _runs
+from jaxattn._artifacts import folders as _runs
 from jaxattn.cli import main
 from jaxattn.sweep import _driver as sweep_run
 

@@ -15,7 +15,8 @@ _PRELUDE = ULPS_APART_SOURCE + textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
     import jaxattn as ja
-    from jaxattn import _flow, _layers
+    from jaxattn import _layers
+    from jaxattn._strategy import xla as _xla
     from jaxattn.explore import _search
     from jaxattn.experiments import paper as _paper
     from jaxattn.models import _loop
@@ -47,8 +48,8 @@ _PRELUDE = ULPS_APART_SOURCE + textwrap.dedent(
 _SPLIT = _PRELUDE + textwrap.dedent(
     """
     shapes = {}
-    spy(_layers, "_run_batched", shapes)
-    spy(_flow, "_solve_batched", shapes)
+    spy(_xla, "layers_program", shapes)
+    spy(_xla, "solve_batched", shapes)
     spy(_loop, "loop_program", shapes)
     spy(_search, "_run_chunk", shapes)
 
@@ -145,9 +146,9 @@ def test_work_is_split_across_devices(sharded):
     shapes = sharded["shapes"]
     print({k: v[:2] for k, v in shapes.items()})
     # tokens (batch, n, d), or (n, batch, d) on the fused path: 12 sequences → 3 per device
-    assert _local(shapes["_run_batched"], ("f64[3,5,3]", "f64[5,3,3]"),
+    assert _local(shapes["layers_program"], ("f64[3,5,3]", "f64[5,3,3]"),
                   ("f64[12,5,3]", "f64[5,12,3]"))
-    assert _local(shapes["_solve_batched"], "f64[3,5,3]", "f64[12,5,3]")
+    assert _local(shapes["solve_batched"], "f64[3,5,3]", "f64[12,5,3]")
     # hidden states (prompts, n, hidden): 8 padded prompts → 2 per device
     assert _local(shapes["loop_program"], "f32[2,7,40]", "f32[8,7,40]")
     # restarts (R, n, d): 8 padded restarts → 2 per device

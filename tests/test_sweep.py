@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn.experiments import get_experiment, paper, resolve_config
+from jaxattn.experiments import experiment_config, get_experiment, paper
 from jaxattn.sweep import _driver as _run
 from jaxattn.sweep import _instances, _report
 
@@ -144,7 +144,7 @@ def test_instances_are_the_experiments_draws_judged_by_the_theory(name):
     the verdicts of `ja.theory.predict` on the experiment's tokens."""
     small = {"thm51-causal": {"tokens": 4, "dim": 6, "samples": 1}}.get(name, {})
     experiment = get_experiment(name)
-    config = resolve_config(experiment, small, 3) | {"beta": 1.0}
+    config = experiment_config(experiment, small, 3) | {"beta": 1.0}
     dyn, y0, _ = experiment.instance(jax.random.PRNGKey(3), config)
     drawn, x0 = experiment.setup(jax.random.PRNGKey(3), config)
     if name == "thm51-causal":
@@ -315,7 +315,7 @@ def test_every_sweep_parameter_is_an_override_of_jaxattn_run(name):
         argv = [p.flag] if p.type is bool else [p.flag, str(value)]
         _, overrides = parse_overrides(experiment, argv)
         assert overrides == {p.name: value}
-        assert resolve_config(experiment, overrides, 0)[p.name] == value
+        assert experiment_config(experiment, overrides, 0)[p.name] == value
         config = ja.sweep.check_spec(ja.sweep.SweepSpec(name, {p.name: [value]}))[0]
         assert config[p.name] == value
 

@@ -179,14 +179,14 @@ def test_bad_settings_are_refused(tmp_path, chunk_root):
 def test_choices_are_taken_by_name_and_recorded_by_name():
     """`--norm none` (or its code 5) selects the post-less placement; the command
     recorded to repeat the run spells the name; the names are the study's own axes."""
-    from jaxattn.experiments import get_experiment, resolve_config, runner
+    from jaxattn.experiments import experiment_config, get_experiment, runner
 
     experiment = get_experiment("variants")
     names = {p.name: p.names for p in experiment.all_params() if p.names}
     assert names == {"norm": ("all", *study.NORMS), "mask": ("all", *study.MASKS),
                      "kernel": ("both", *study.KERNELS)}
-    by_name = resolve_config(experiment, {"norm": "none", "mask": "causal"}, 0)
-    assert by_name == resolve_config(experiment, {"norm": "5", "mask": 2}, 0)
+    by_name = experiment_config(experiment, {"norm": "none", "mask": "causal"}, 0)
+    assert by_name == experiment_config(experiment, {"norm": "5", "mask": 2}, 0)
     assert study.Grid.of(by_name).norms == ("none",)
     line = runner.command_line(by_name, experiment)
     assert line.endswith("--norm none --mask causal"), line
@@ -202,7 +202,7 @@ def test_figures_carry_no_creation_date(tmp_path):
     config = json.loads((saved / "config.json").read_text())
     with np.load(saved / "data.npz") as f:
         data = {k: f[k] for k in f.files}
-    paths = study.VariantsStudy().draw(config, data, tmp_path)
+    paths = study.VariantsExperiment().draw(config, data, tmp_path)
     pdfs = [p for p in paths if str(p).endswith(".pdf")]
     assert pdfs
     for pdf in pdfs:
@@ -231,7 +231,7 @@ def test_a_cells_title_names_only_the_settings_it_uses(tmp_path):
             with np.load(saved / "data.npz") as f:
                 data = {k: f[k] for k in f.files}
             (tmp_path / name).mkdir()
-            study.VariantsStudy().draw(config, data, tmp_path / name)
+            study.VariantsExperiment().draw(config, data, tmp_path / name)
     finally:
         matplotlib.figure.Figure.suptitle = real
     one, full = (" ".join(t.split()) for t in titles[:2])

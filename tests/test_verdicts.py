@@ -10,7 +10,7 @@ import pytest
 
 import jaxattn as ja
 from jaxattn.cli import main
-from jaxattn.experiments import EXPERIMENTS, resolve_config
+from jaxattn.experiments import EXPERIMENTS, experiment_config
 from jaxattn.experiments.verdicts import convergence_trend, overall_kind, run_kind
 from jaxattn.sweep import _driver as _run
 from jaxattn.sweep import _report
@@ -90,7 +90,7 @@ def test_short_horizon_is_not_yet_converged_not_against(name):
     """At a horizon too short for the outcome, but with the run still converging,
     the verdict says so and agrees with the theory."""
     experiment = EXPERIMENTS[name]
-    config = resolve_config(experiment, SHORT[name], seed=1)
+    config = experiment_config(experiment, SHORT[name], seed=1)
     data = experiment.simulate(config, False)
     verdict = experiment.verdict(config, data)
     print(verdict.line)
@@ -143,7 +143,7 @@ def _thm51(gap):
 ])
 def test_theorem_verdicts_on_a_falling_and_a_stalled_curve(name, make):
     experiment = EXPERIMENTS[name]
-    config = resolve_config(experiment, {}, seed=0)
+    config = experiment_config(experiment, {}, seed=0)
     slow = experiment.verdict(config, make(FALLING))
     assert slow.ok and slow.extra["verdict_kind"] == "not_converged", slow.line
     assert "not yet converged" in slow.line and "would reach 0.0001 by t ≈ 28.4" in slow.line
@@ -156,7 +156,7 @@ def test_theorem_verdicts_on_a_falling_and_a_stalled_curve(name, make):
 
 def test_thm32_speed_rising_is_no_contradiction_but_a_falling_potential_is():
     experiment = EXPERIMENTS["thm32-gradient"]
-    config = resolve_config(experiment, {}, seed=0)
+    config = experiment_config(experiment, {}, seed=0)
     leaving_saddle = experiment.verdict(config, _thm32(0.01 * np.exp(0.05 * TS)))
     assert leaving_saddle.ok and leaving_saddle.extra["verdict_kind"] == "not_converged"
     falling_EP = experiment.verdict(config, _thm32(FALLING, EP=10 - TS))
@@ -165,11 +165,11 @@ def test_thm32_speed_rising_is_no_contradiction_but_a_falling_potential_is():
 
 def test_outside_the_hypotheses_nothing_is_contradicted():
     exp = EXPERIMENTS["thm52-symmetric"]
-    config = resolve_config(exp, {}, seed=0)
+    config = experiment_config(exp, {}, seed=0)
     v = exp.verdict(config, _thm52(STALLED) | {"in_domain": np.asarray(False)})
     assert v.ok and v.extra["verdict_kind"] == "not_applicable" and "does not cover" in v.line
     v = EXPERIMENTS["thm41-sphere"].verdict(
-        resolve_config(EXPERIMENTS["thm41-sphere"], {}, seed=0),
+        experiment_config(EXPERIMENTS["thm41-sphere"], {}, seed=0),
         _thm41(STALLED) | {"in_domain": np.asarray(False)})
     assert v.ok and v.extra["verdict_kind"] == "not_applicable"
 
@@ -188,7 +188,7 @@ def _weights(dist):
 
 def test_adversarial_weights_slow_convergence_is_not_a_contradiction():
     exp = EXPERIMENTS["adversarial-weights"]
-    config = resolve_config(exp, {}, seed=0)
+    config = experiment_config(exp, {}, seed=0)
     slow = exp.verdict(config, _weights(0.5 * np.exp(-0.04 * TS * 10)))  # rate 2 × gap
     assert slow.ok and slow.extra["verdict_kind"] == "not_converged", slow.line
     assert "not yet converged at t = 100" in slow.line and "rate 0.04" in slow.line
@@ -212,7 +212,7 @@ def _tokens(sphere, causal):
 
 def test_adversarial_tokens_slow_then_stalled():
     exp = EXPERIMENTS["adversarial-tokens"]
-    config = resolve_config(exp, {}, seed=0)
+    config = experiment_config(exp, {}, seed=0)
     slow = exp.verdict(config, _tokens(FALLING, np.exp(-3 * TS)))
     assert slow.ok and slow.extra["verdict_kind"] == "not_converged", slow.line
     assert "not yet converged" in slow.line and "as Theorem 5.1 predicts" in slow.line
@@ -234,7 +234,7 @@ def test_conjecture_multihead_slow_approach_is_no_counterexample():
     """Falling from 0.049 at T to 0.041 at 10T at a steady rate: slow, not stuck (the
     old rule, "above 1e-2 and half its value at T", called it a candidate)."""
     exp = EXPERIMENTS["conjecture-multihead"]
-    config = resolve_config(exp, {}, seed=0)
+    config = experiment_config(exp, {}, seed=0)
     slow = exp.verdict(config, _multihead(0.05 * np.exp(-0.02 * TS)))
     assert slow.numbers["counterexample_found"] is False and "CANDIDATE" not in slow.line
     stuck = exp.verdict(config, _multihead(STALLED))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from _browser import Browser, need_browser
 
-from jaxattn._app.view import view_html
+from jaxattn._artifacts.view import view_html
 from jaxattn.cli import main
 
 RUNS = Path(__file__).parent / "data" / "figures"

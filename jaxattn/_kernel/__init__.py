@@ -39,6 +39,12 @@ def as_kernel(kernel, bias=None) -> AbstractKernel:
                      f"ja.AbstractKernel (e.g. ja.Softmax()), got {kernel!r}.")
 
 
+def bias_of(kernel: AbstractKernel):
+    """The sigmoid's bias `b` (what `kernel="sigmoid", bias=b` set; `None` for its
+    default `−log n` and for every other kernel)."""
+    return kernel.bias if isinstance(kernel, Sigmoid) else None
+
+
 def static_part(kernel: AbstractKernel) -> AbstractKernel:
     """The kernel without its array parameters (hashable: a static argument of the
     blocks' custom VJP; the parameters reach the blocks through `offset`)."""

@@ -27,13 +27,28 @@ class AbstractKernel(eqx.Module):
     """The attention weights `w_ij` of the logits `s_ij = β x_iᵀ P_η x_j`.
 
     Subclasses declare `name` (the string spelling, `kernel="softmax"`; `None`-free,
-    unique among the built-in ones) and `description` (one line, for reports), and
-    implement every abstract method. Array fields (a bias) are parameters: they enter
-    the blocked path only through `offset`.
+    unique among the built-in ones), `description` (one line, for reports) and the
+    capabilities other code asks of a kernel (never its class):
+
+    - `normalised`: whether each row's weights sum to one (softmax, hardmax), rather
+      than being a function of each logit alone, rescaled (the pointwise kernels);
+    - `flash`: whether the Pallas flash kernel (`jaxattn._pallas.flash`) runs it: the
+      online softmax if `normalised`, else its `pointwise` weight;
+    - `exponent_shift`: `c` when the weights of unit tokens are
+      `e^{β(⟨x_i, x_j⟩ − c)}` (over `n`, or normalised over the row, where `c = 0`),
+      `None` when they are not exponential in the logit. The mean-field equation
+      (`ja.meanfield`, interaction `e^{β⟨x, y⟩}` scaled by `e^{−βc}`) takes the kernels
+      that have one, the equiangular reduction (`ja.theory`) those with `c = 0`;
+
+    and implement every abstract method. Array fields (a bias) are parameters: they
+    enter the blocked path only through `offset`.
     """
 
     name: eqx.AbstractClassVar[str]
     description: eqx.AbstractClassVar[str]
+    normalised: eqx.AbstractClassVar[bool]
+    flash: eqx.AbstractClassVar[bool]
+    exponent_shift: eqx.AbstractClassVar[float | None]
 
     @abc.abstractmethod
     def offset(self, beta: Float[Array, ""], n: int, dtype) -> Float[Array, ""] | None:

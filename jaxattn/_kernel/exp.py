@@ -15,6 +15,7 @@ class Exp(AbstractExponentialKernel):
 
     name = "exp"
     description = "exp(s)/n, not normalised over j"
+    exponent_shift = 0.0
 
     def offset(self, beta, n, dtype):
         return None

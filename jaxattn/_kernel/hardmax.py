@@ -17,6 +17,9 @@ class Hardmax(AbstractKernel):
 
     name = "hardmax"
     description = "1/|C_i| on the largest logits (β → ∞)"
+    normalised = True
+    flash = False
+    exponent_shift = None
 
     def offset(self, beta, n, dtype):
         return None

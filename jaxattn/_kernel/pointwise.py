@@ -13,8 +13,11 @@ class AbstractPointwiseKernel(AbstractKernel):
 
     The key-block sweep only accumulates `Σ_j f(s_ij) v_j`; the backward term is
     `f'(s) · ∂L/∂w`. Members give `f` (`pointwise`), `f'` from `f` (`derivative`),
-    `offset` and `rescale`.
+    `offset` and `rescale` (and `exponent_shift`); the flash kernel runs them all.
     """
+
+    normalised = False
+    flash = True
 
     @abc.abstractmethod
     def pointwise(self, s: Float[Array, "*shape"]) -> Float[Array, "*shape"]:

@@ -24,6 +24,7 @@ class Sigmoid(AbstractPointwiseKernel):
     bias: Float[Array, ""] | None = None
     name = "sigmoid"
     description = "σ(s + b), not normalised over j"
+    exponent_shift = None
 
     def __init__(self, bias: float | None = None):
         if bias is None or isinstance(bias, jax.core.Tracer):

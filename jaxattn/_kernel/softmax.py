@@ -18,6 +18,9 @@ class Softmax(AbstractKernel):
 
     name = "softmax"
     description = "softmax over j (rows summing to one)"
+    normalised = True
+    flash = True
+    exponent_shift = 0.0
 
     def offset(self, beta, n, dtype):
         return None

@@ -13,6 +13,7 @@ class USA(AbstractExponentialKernel):
 
     name = "usa"
     description = "exp(s − β)/n, not normalised over j"
+    exponent_shift = 1.0
 
     def offset(self, beta, n, dtype):
         return -beta.astype(dtype)

@@ -20,14 +20,17 @@ class AbstractNorm(eqx.Module):
     """A normalisation placement: a layer `x ← step(x)` and a flow `dx/dt = velocity(x)`.
 
     Subclasses declare `name` (the string spelling, `norm="post"`), `description`
-    (one line, for reports) and `stays_on_manifold` (whether the layer and the flow
+    (one line, for reports), `stays_on_manifold` (whether the layer and the flow
     keep tokens on `E_W`; those that do not are solved with
-    `ja.solve_flow(..., on_manifold=False)`), and implement every abstract method.
+    `ja.solve_flow(..., on_manifold=False)`) and `papers_default` (whether it is the
+    papers' placement, for which paper 001's theorems are proved:
+    `ja.theory.classify`), and implement every abstract method.
     """
 
     name: eqx.AbstractClassVar[str]
     description: eqx.AbstractClassVar[str]
     stays_on_manifold: eqx.AbstractClassVar[bool]
+    papers_default: eqx.AbstractClassVar[bool]
 
     @abc.abstractmethod
     def reads(self, x: Float[Array, "n d"], W: Float[Array, "d d"] | None
@@ -44,3 +47,10 @@ class AbstractNorm(eqx.Module):
              kick: Float[Array, "n d"] | None = None) -> Float[Array, "n d"]:
         """One layer of step `tau` from `x`; `kick`, a noise increment, is added where
         the update enters (before the normalisation, if any)."""
+
+    @abc.abstractmethod
+    def equiangular(self, s, m, r) -> tuple:
+        """The flow of equiangular tokens (`ja.theory.equiangular_field`): for tokens
+        of norm `r` whose raw update at the unit tokens has radial part `s` and norm
+        `m`, `(ρ̇ / 2g, ṙ)` (`g` its tangential part along another token). Plain
+        arithmetic on floats or arrays."""

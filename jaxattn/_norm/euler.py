@@ -8,6 +8,7 @@ class AbstractEulerNorm(AbstractNorm):
     tokens off `E_W`. Members give `reads` and `velocity`."""
 
     stays_on_manifold = False
+    papers_default = False
 
     def step(self, update, x, tau, W, kick=None):
         y = x + tau * self.velocity(update, x, W)

@@ -11,12 +11,16 @@ class NGPT(AbstractNorm):
     name = "ngpt"
     description = "a different flow on E_W (the update normalised: N(v) − ⟨x, N(v)⟩_W x)"
     stays_on_manifold = True
+    papers_default = False
 
     def reads(self, x, W):
         return x
 
     def velocity(self, update, x, W):
         return tangent(x, unit_rows(update(x), W), W)
+
+    def equiangular(self, s, m, r):
+        return 1 / m, 0.0
 
     def step(self, update, x, tau, W, kick=None):
         y = x + tau * (unit_rows(update(x), W) - x)

@@ -14,3 +14,6 @@ class NoNorm(AbstractEulerNorm):
 
     def velocity(self, update, x, W):
         return update(x)
+
+    def equiangular(self, s, m, r):
+        return 1.0, r * s

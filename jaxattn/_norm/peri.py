@@ -16,3 +16,6 @@ class PeriNorm(AbstractEulerNorm):
 
     def velocity(self, update, x, W):
         return unit_rows(update(self.reads(x, W)), W)
+
+    def equiangular(self, s, m, r):
+        return 1 / (m * r), s / m

@@ -11,12 +11,16 @@ class PostNorm(AbstractNorm):
     name = "post"
     description = "x ← N_W(x + τ v), the flow on E_W"
     stays_on_manifold = True
+    papers_default = True
 
     def reads(self, x, W):
         return x
 
     def velocity(self, update, x, W):
         return tangent(x, update(x), W)
+
+    def equiangular(self, s, m, r):
+        return 1.0, 0.0
 
     def step(self, update, x, tau, W, kick=None):
         y = x + tau * update(x)

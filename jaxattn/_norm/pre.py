@@ -15,3 +15,6 @@ class PreNorm(AbstractEulerNorm):
 
     def velocity(self, update, x, W):
         return update(self.reads(x, W))
+
+    def equiangular(self, s, m, r):
+        return 1 / r, s

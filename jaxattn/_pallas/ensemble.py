@@ -35,7 +35,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, PyTree
 
-from .._ensemble import BatchLast, is_batch_last
+from .._ensemble import LastAxis, is_batch_last
 from .lanes import Lanes, evaluate, trace
 
 # Mosaic GPU (Pallas's default on CUDA) is not offered: its lane lowering has no
@@ -147,7 +147,7 @@ def run_ensemble(
       step's index as a float of `x`'s dtype).
     - `observe`: what is saved of one system, `observe(x, params) -> pytree of arrays`.
     - `x0`: the systems' tokens, stored last, `(n, d, B)`.
-    - `params`: a pytree passed to `step`: its `BatchLast` leaves are per system
+    - `params`: a pytree passed to `step`: its `LastAxis` leaves are per system
       `(..., B)`, other arrays shared, anything else static.
     - `num_saves`, `steps_per_save`: `observe` runs at the start and after every
       `steps_per_save` steps, `num_saves` times.
@@ -186,7 +186,7 @@ def run_ensemble(
 
     block = config.block
     padded = -(-size // block) * block
-    inputs = [_rows(BatchLast(x0), size)]
+    inputs = [_rows(LastAxis(x0), size)]
     inputs += [_rows(leaves[i], size) for i in dynamic]
     in_avals = [x_aval] + avals
     keep = [j for j, a in enumerate(inputs) if a.shape[0] > 0]
@@ -265,7 +265,7 @@ def _pad(a: Array, padded: int) -> Array:
 
 
 
-def key_rows(keys, batch: tuple[int, ...]) -> BatchLast:
+def key_rows(keys, batch: tuple[int, ...]) -> LastAxis:
     """Per-system threefry keys `(*batch,)` (typed) or `(*batch, 2)` (raw) as the
     kernel's rows `(2, B)` of `uint32`; other key implementations are refused."""
     if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
@@ -277,7 +277,7 @@ def key_rows(keys, batch: tuple[int, ...]) -> BatchLast:
     if keys.shape[len(batch):] != (2,):
         raise ValueError("strategy='kernel' draws noise with threefry keys (2 words), got "
                          f"raw keys of shape {keys.shape[len(batch):]}.")
-    return BatchLast(jnp.moveaxis(keys.reshape((-1, 2)), 0, -1))
+    return LastAxis(jnp.moveaxis(keys.reshape((-1, 2)), 0, -1))
 
 
 def refuse_devices(devices, shard: str = "batch") -> None:

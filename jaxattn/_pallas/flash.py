@@ -10,12 +10,13 @@ query is `a` vectors of its coordinates, so any `a` from 1 up runs without paddi
 to a tensor-core tile (for `a ≥ 16` a `dot` would be the faster choice).
 
 `flash_attention(q, k, v, offset, kernel=…, causal=…, window=…)` computes what
-`jaxattn._blocks.blocked_attention` computes, for `ja.Softmax()` (the online
-softmax, its state in registers) and every pointwise member of the kernel family
-(`ja.Exp()`, `ja.USA()`, `ja.Sigmoid()`, a user's `AbstractPointwiseKernel`: its
-`pointwise` weight), with causal and window masks; the backward pass takes each
-member's own `block_grad`. The offset and `rescale` (`1/n`) stay the caller's, as
-for the blocked path. Boolean masks and `ja.Hardmax()` are refused by name. Reverse
+`jaxattn._blocks.blocked_attention` computes, for the kernels that declare `flash`:
+the softmax (`normalised`: the online softmax, its state in registers) and every
+pointwise member of the kernel family (`ja.Exp()`, `ja.USA()`, `ja.Sigmoid()`, a
+user's `AbstractPointwiseKernel`: its `pointwise` weight), with causal and window
+masks; the backward pass takes each member's own `block_grad`. The offset and
+`rescale` (`1/n`) stay the caller's, as for the blocked path. Boolean masks and the
+other kernels (`ja.Hardmax()`) are refused by name. Reverse
 mode is a custom VJP whose backward pass recomputes the blocks (FlashAttention-2's
 two kernels: one over query blocks for `dq`, one over key blocks for `dk`, `dv`), so
 a gradient costs `O(n)` memory.
@@ -36,7 +37,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
-from .._kernel import AbstractKernel, AbstractPointwiseKernel, Softmax, as_kernel
+from .._kernel import AbstractKernel, as_kernel
 
 
 def _allowed(i, j, *, m, n, causal: bool, window, shift=0):
@@ -94,7 +95,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, o_ref, lse_ref, *, 
         j = start + lax.iota(jnp.int32, bk)
         s = _scores(qs, [k_ref[c, pl.ds(start, bk)] for c in range(a)], off, big)
         ok = _allowed(i, j, m=mk, n=None, causal=causal, window=window, shift=shift)
-        if isinstance(kernel, Softmax):  # the online softmax, one row's state in lanes
+        if kernel.normalised:  # the online softmax, one row's state in lanes
             s = _where(ok, s, -jnp.inf)
             new = jnp.maximum(mx, jnp.max(s, axis=1))
             safe = jnp.where(new == -jnp.inf, 0.0, new)
@@ -111,7 +112,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, o_ref, lse_ref, *, 
     zero = jnp.zeros((bq,), dtype)
     init = (jnp.full((bq,), -jnp.inf, dtype), zero, tuple(zero for _ in range(cv)))
     mx, norm, acc = lax.fori_loop(0, pl.cdiv(m, bk), body, init)
-    if isinstance(kernel, Softmax):
+    if kernel.normalised:
         # A row that sees no key (a padding row, or in a ring a share of keys all
         # masked for it) gives 0, its log-normaliser −∞ (it adds nothing when merged).
         seen = norm > 0
@@ -222,7 +223,7 @@ class _Spec:
 
     def __init__(self, kernel, causal, window, block_q, block_k, num_warps):
         kernel = as_kernel(kernel)
-        if not isinstance(kernel, Softmax | AbstractPointwiseKernel):
+        if not kernel.flash:
             raise ValueError(f"the attention kernel runs softmax and pointwise kernels "
                              f"(exp, usa, sigmoid, …); got {kernel.name!r}: use the blocked "
                              "XLA path.")
@@ -300,7 +301,7 @@ def _flash_bwd(spec, res, cotangents):
     qt, kt, vt, n, m, npad, mpad = _layout(q, k, v, spec)
     dot = _pad_last(jnp.swapaxes(dout, 1, 2), npad)
     delta = jnp.sum(dot * out, axis=1)  # (h, npad): Σ_c dout·out, softmax's row term
-    if isinstance(spec.kernel, Softmax):
+    if spec.kernel.normalised:
         delta = delta - _pad_last(dlse, npad)
     lse = jnp.where(jnp.isfinite(lse), lse, 0.0)  # rows that saw no key: every weight 0
     q_block, k_all, v_all, scalar, row = _specs(h, g, a, cv, npad, mpad, spec)
@@ -403,7 +404,7 @@ def merge_partial(a: tuple[Array, Array], b: tuple[Array, Array], kernel: Abstra
     `a`'s rows must each have seen a key (its `lse` finite): the ring starts from the
     device's own share, where every query sees itself."""
     (oa, la), (ob, lb) = a, b
-    if not isinstance(kernel, Softmax):
+    if not kernel.normalised:
         return oa + ob, la
     lse = jnp.logaddexp(la, lb)
     return (oa * jnp.exp(la - lse)[..., None] + ob * jnp.exp(lb - lse)[..., None], lse)

@@ -30,9 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend import core as jex
 
-from .._ensemble import round_operand
+from .._ensemble import CALLS, AbstractValues, interpret, round_operand
 
 
 class KernelUnsupported(ValueError):
@@ -48,10 +47,6 @@ square sub tan tanh xor bitcast_convert_type
 """.split())
 _REDUCE = {"reduce_sum": lax.add, "reduce_max": lax.max, "reduce_min": lax.min,
            "reduce_prod": lax.mul, "reduce_and": lax.bitwise_and, "reduce_or": lax.bitwise_or}
-_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr",
-          "core_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr",
-          "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
-          "checkpoint": "jaxpr", "remat": "jaxpr"}
 
 
 class Key:
@@ -95,29 +90,7 @@ def trace(fn: Callable, *args) -> tuple[Any, Any]:
 def evaluate(closed, ins: list, lanes: Lanes) -> list:
     """Outputs of a closed jaxpr from inputs held as object arrays of lanes (or NumPy
     constants), as such object arrays."""
-    return _eval(closed.jaxpr, [_const(c) for c in closed.consts], ins, lanes)
-
-
-def _const(c):
-    return np.asarray(c)
-
-
-def _eval(jaxpr, consts, ins, lanes):
-    env: dict = {}
-
-    def read(v):
-        return np.asarray(v.val) if isinstance(v, jex.Literal) else env[v]
-
-    for var, val in zip(jaxpr.constvars, consts):
-        env[var] = val
-    for var, val in zip(jaxpr.invars, ins):
-        env[var] = val
-    for eqn in jaxpr.eqns:
-        outs = _apply(eqn, [read(v) for v in eqn.invars], lanes)
-        for var, out in zip(eqn.outvars, outs):
-            if not isinstance(var, jex.DropVar):
-                env[var] = out
-    return [read(v) for v in jaxpr.outvars]
+    return interpret(closed.jaxpr, closed.consts, ins, _LaneValues(lanes))
 
 
 def _constant(value) -> bool:
@@ -126,29 +99,39 @@ def _constant(value) -> bool:
     return value.dtype != object or not any(is_lane(e) for e in value.flat)
 
 
-def _apply(eqn, ins, lanes):
-    prim, name = eqn.primitive, eqn.primitive.name
-    if name in _CALLS and _CALLS[name] in eqn.params:
-        sub = eqn.params[_CALLS[name]]
-        consts = [_const(c) for c in getattr(sub, "consts", ())]
-        return _eval(getattr(sub, "jaxpr", sub), consts, ins, lanes)
-    if all(_constant(v) for v in ins) and not name.startswith("random_"):
+class _LaneValues(AbstractValues):
+    """Object arrays of one system's shape whose entries are lanes or NumPy constants."""
+
+    def __init__(self, lanes: Lanes):
+        self.lanes = lanes
+
+    def constant(self, value):
+        return np.asarray(value)
+
+    def fold(self, eqn, ins):
+        prim, name = eqn.primitive, eqn.primitive.name
+        # Calls are evaluated in place; random draws always run on lanes.
+        if name in CALLS or name.startswith("random_") or not all(map(_constant, ins)):
+            return None
         with jax.ensure_compile_time_eval():
             args = [np.asarray(v, dtype=var.aval.dtype) for v, var in zip(ins, eqn.invars)]
             out = prim.bind(*args, **prim.get_bind_params(eqn.params))
         return [np.asarray(o) for o in (out if prim.multiple_results else [out])]
-    if name == "is_finite":  # as a comparison, which every Pallas GPU backend lowers
-        return [_map(eqn, ins, lanes, _is_finite)]
-    if name in _ELEMENTWISE:
-        return [_elementwise(eqn, ins, lanes)]
-    if name in _REDUCE:
-        return [_reduce(eqn, ins[0], _REDUCE[name], lanes)]
-    rule = _RULES.get(name)
-    if rule is None:
-        raise KernelUnsupported(f"strategy='kernel' has no rule for the operation "
-                                f"`{name}` of this model's program: use strategy='fused'.")
-    out = rule(eqn, ins, lanes, **eqn.params)
-    return out if prim.multiple_results else [out]
+
+    def apply(self, eqn, ins):
+        lanes, name = self.lanes, eqn.primitive.name
+        if name == "is_finite":  # as a comparison, which every Pallas GPU backend lowers
+            return [_map(eqn, ins, lanes, _is_finite)]
+        if name in _ELEMENTWISE:
+            return [_elementwise(eqn, ins, lanes)]
+        if name in _REDUCE:
+            return [_reduce(eqn, ins[0], _REDUCE[name], lanes)]
+        rule = _RULES.get(name)
+        if rule is None:
+            raise KernelUnsupported(f"strategy='kernel' has no rule for the operation "
+                                    f"`{name}` of this model's program: use strategy='fused'.")
+        out = rule(eqn, ins, lanes, **eqn.params)
+        return out if eqn.primitive.multiple_results else [out]
 
 
 def _entries(value, shape):

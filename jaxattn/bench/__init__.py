@@ -1,9 +1,10 @@
 """The benchmark suite behind `jaxattn bench`: an application above the library,
 like `jaxattn.experiments` and `jaxattn.sweep`; nothing in the library imports it.
 
-- `suite.py`: cases S1–S4, SN and G against PyTorch (SN against torchsde) on JAX's
-  device, compiled ahead of time, with a per-figure time budget and size presets
-  (`run_suite`, `PRESETS`).
+- `suite.py`: the cases, named by what they measure (`CASES`: `small_systems`,
+  `meanfield`, …, with the short labels S1–S4, S1L, SN, G and MF their rows carry),
+  against PyTorch (SN against torchsde) on JAX's device, compiled ahead of time,
+  with a per-figure time budget and size presets (`run_suite`, `PRESETS`).
 - `device.py`: the device's name, where PyTorch runs (`TorchSide`), matmul peaks
   per precision and the copy bandwidth.
 - `timing.py`: `Timing`, `Repeats`, ahead-of-time compilation (`compile_jax`).

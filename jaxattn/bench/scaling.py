@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._app.figures import pyplot, save_figure
+from .._artifacts.figures import pyplot, save_figure
 from .._layers import run_layers
-from ..metrics import misalignment
+from ..metrics import fit_slope, misalignment
 from .suite import Problem, flops_raw_update, run_meta
 from .timing import Timing, time_jax
 
@@ -140,8 +140,9 @@ def measure(name: str, sizes, setup: Setup, repeats: int,
     return out
 
 
-def _fit_slope(x, y) -> float:
-    return float(np.polyfit(np.log(x), np.log(y), 1)[0]) if len(x) > 1 else float("nan")
+def _log_slope(x, y) -> float:
+    """The least-squares slope of `log y` against `log x` (NaN under two points)."""
+    return fit_slope(np.log(x), np.log(y))[0]
 
 
 def _upper(values):
@@ -157,7 +158,7 @@ def ideal(name: str, sizes, medians, setup: Setup, ncores: int) -> dict:
         ends = [(s.d + 2 * v) / (s.d + v) if name == "n" else (2 * v + s.n) / (v + s.n)
                 for v in (x[0], x[-1])]
         out = {"proportional_to": "flops L·B·(4 h n d² + 4 h n² d)",
-               "slope": _fit_slope(x, model), "local_slope": ends}
+               "slope": _log_slope(x, model), "local_slope": ends}
     elif name == "batch":
         model, out = x, {"proportional_to": "B (once the machine is saturated)", "slope": 1.0}
     else:
@@ -176,8 +177,8 @@ def ideal(name: str, sizes, medians, setup: Setup, ncores: int) -> dict:
 
 
 def _summarise(name, data, setup, ncores) -> dict:
-    data["fitted_slope"] = _fit_slope(data["sizes"], data["median_s"])
-    data["fitted_slope_upper_half"] = _fit_slope(_upper(data["sizes"]), _upper(data["median_s"]))
+    data["fitted_slope"] = _log_slope(data["sizes"], data["median_s"])
+    data["fitted_slope_upper_half"] = _log_slope(_upper(data["sizes"]), _upper(data["median_s"]))
     data["ideal"] = ideal(name, data["sizes"], data["median_s"], setup, ncores)
     data["fixed"] = {k: v for k, v in dataclasses.asdict(setup).items()
                      if k != name and not (k == "devices" and v is None)}

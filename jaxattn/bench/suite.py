@@ -6,11 +6,14 @@ PyTorch references run on JAX's device (CUDA when JAX is on a GPU and torch can
 reach it; otherwise the CPU, and the table says so) with their float32 matmul
 mode matched to `--precision` (`jaxattn.bench.device`):
 
-- **peaks**: the best `4096²` product per precision (float32, tensorfloat32,
+Each case is named by what it measures (`CASES`); its rows, the table, the JSON
+and BENCHMARKS.md carry its short label (in brackets), and `--cases` takes either.
+
+- **peak** (`peak`): the best `4096²` product per precision (float32, tensorfloat32,
   bfloat16) of JAX and PyTorch on that device (and NumPy on a CPU); TF32 is not
   applicable on a CPU. `%peak` divides by the peak of the precision a row ran at.
   Beside them, the device-to-device copy bandwidth (GB/s, read + write).
-- **S1** many tiny systems: n = 10, d = 3, h = 2, batch 1000; 200 layers (τ = 1,
+- **small_systems** (`S1`), many tiny systems: n = 10, d = 3, h = 2, batch 1000; 200 layers (τ = 1,
   observed with `misalignment`), 200 RK4 steps to T = 10, and the adaptive solve
   (Tsit5 / torchdiffeq dopri5) to T = 10. jaxattn runs them on its default
   strategy (the fused ensemble path for the layers and RK4, per-system steps for
@@ -18,23 +21,25 @@ mode matched to `--precision` (`jaxattn.bench.device`):
   fused shared-step adaptive mode (`strategy="fused"`). On a GPU the layers, RK4
   and SN also run as one Pallas kernel (`strategy="kernel"`, rows "jaxattn
   (kernel)"; `docs/kernels.md`).
-- **S1L** S1-large: the S1 system, batch 100,000 (quick 2,000; large 1,000,000),
-  200 layers, with its floor beside the time: the larger of its flops at the
-  matmul peak and its unavoidable bytes (tokens read once, `E(t)` written once) at
-  the copy bandwidth (both need the `peak` case). PyTorch only off the CPU.
-- **SN** noisy ensembles: the S1 systems with `ja.TokenNoise(0.5)`, 1,000 Itô
-  Euler–Maruyama steps of `dt = 0.01` to T = 10 (quick: batch 64, 20 steps): jaxattn's noisy
-  layers (default strategy, the fused path, and the general path) against
-  `torchsde.sdeint(method="euler")` on the Itô form of the same SDE
-  (`reference_torch.noisy_euler`), the batch as one state. The rows carry the mean
-  final misalignment with its standard error, and the torch row `z_vs_jax` (the
-  difference of the means over their joint standard error) and `jaxattn_speedup`.
-- **S2** paper-size causal: n = 50, d = 500, h = 2, batch 16, 100 layers.
-- **S3** GPT-2-small-sized dynamics: n = 200, d = 768, h = 12, factored
+- **small_systems_large_batch** (`S1L`), S1-large: the S1 system, batch 100,000
+  (quick 2,000; large 1,000,000), 200 layers, with its floor beside the time: the
+  larger of its flops at the matmul peak and its unavoidable bytes (tokens read
+  once, `E(t)` written once) at the copy bandwidth (both need the `peak` case).
+  PyTorch only off the CPU.
+- **noisy_small_systems** (`SN`), noisy ensembles: the S1 systems with
+  `ja.TokenNoise(0.5)`, 1,000 Itô Euler–Maruyama steps of `dt = 0.01` to T = 10
+  (quick: batch 64, 20 steps): jaxattn's noisy layers (default strategy, the fused
+  path, and the general path) against `torchsde.sdeint(method="euler")` on the Itô
+  form of the same SDE (`reference_torch.noisy_euler`), the batch as one state. The
+  rows carry the mean final misalignment with its standard error, and the torch row
+  `z_vs_jax` (the difference of the means over their joint standard error) and
+  `jaxattn_speedup`.
+- **paper_causal** (`S2`), paper-size causal: n = 50, d = 500, h = 2, batch 16, 100 layers.
+- **gpt2_sized** (`S3`), GPT-2-small-sized dynamics: n = 200, d = 768, h = 12, factored
   `P_η = Q_ηᵀ K_η` with k = 64, batch 8, 12 layers.
-- **G** gradient of the final misalignment through 100 steps of S2 (discrete
+- **gradient** (`G`): gradient of the final misalignment through 100 steps of S2 (discrete
   layers, and RK4 flow steps), time and memory relative to the forward pass.
-- **MF** mean-field scale: one system of n = 100,000 tokens in R³, one head
+- **meanfield** (`MF`), mean-field scale: one system of n = 100,000 tokens in R³, one head
   (quick 10,000; large 1,000,000), float32, on the blocked path: one layer, and
   the gradient of a scalar of one layer with respect to the tokens and the weights
   (reverse mode through the blocks' custom VJP). Beside each, its peak memory
@@ -43,7 +48,7 @@ mode matched to `--precision` (`jaxattn.bench.device`):
   of `pairs × flops per pair ÷ matmul peak` and `pairs × exps per pair ÷ exp
   rate`, measured in the same run: `jnp.exp` once over `copy_bytes / 4` elements
   and 4096 times over 16,384 (in cache), the faster of the two.
-- **S4** the looped-model protocol: GPT-2 small and GPT-Neo 125M configs, random
+- **looped_models** (`S4`), the looped-model protocol: GPT-2 small and GPT-Neo 125M configs, random
   weights, 100 prompts × 200 tokens, one pass, pure attention and full model,
   against the HuggingFace blocks looped by hand (`jaxattn.bench.loop_vs_hf`).
   Flops per token and block: `8 d² + 4 n d` (attention) and `24 d² + 4 n d` (full).
@@ -78,7 +83,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._app.folders import package_versions
+from .._artifacts.folders import package_versions
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
 from .._layers import run_layers
@@ -234,10 +239,12 @@ def _kernel_rows() -> list[tuple[str, str]]:
     return [("kernel", "jaxattn (kernel)")] if jax.default_backend() == "gpu" else []
 
 
-def _layers_case(name, prob: Problem, num_layers, tau, ctx: Context, *, general=False,
+def _layers_case(case, prob: Problem, num_layers, tau, ctx: Context, *, general=False,
                  torch=True, floor=False) -> list[dict]:
     """`num_layers` layers observed with `misalignment`: jaxattn (its default
-    strategy; with `general`, also the general path), and the PyTorch reference."""
+    strategy; with `general`, also the general path), and the PyTorch reference.
+    `case`: its name in `CASES`."""
+    name = CASES[case]
     arrays = prob.arrays()
     dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"])
     steps = prob.batch * prob.n * num_layers
@@ -268,7 +275,9 @@ def _layers_case(name, prob: Problem, num_layers, tau, ctx: Context, *, general=
     return rows
 
 
-def _flow_cases(name, prob: Problem, T, rk4_steps, ctx: Context, *, general=False) -> list[dict]:
+def _flow_cases(case, prob: Problem, T, rk4_steps, ctx: Context, *, general=False) -> list[dict]:
+    """RK4 steps and the adaptive solve to `T` (`case`: its name in `CASES`)."""
+    name = CASES[case]
     arrays = prob.arrays()
     dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"])
     ts = jnp.array([0.0, T], jnp.float32)
@@ -353,6 +362,7 @@ def _noisy_cases(prob: Problem, steps: int, ctx: Context) -> list[dict]:
     dt, key, noise = SN_DT, jax.random.key(prob.seed), TokenNoise(SN_SIGMA)
     variant = f"Itô EM × {steps}, TokenNoise σ={SN_SIGMA:g}"
     tok, flops = prob.batch * prob.n * steps, steps * prob.flops()
+    label = CASES["noisy_small_systems"]
     rows = []
     for strategy, library in (("auto", "jaxattn"), ("general", "jaxattn (general)"),
                               *_kernel_rows()):
@@ -360,14 +370,14 @@ def _noisy_cases(prob: Problem, steps: int, ctx: Context) -> list[dict]:
             return run_layers(dyn, x0, steps, dt, observe=misalignment, noise=noise, key=key,
                               strategy=s)[:, -1]
         timing, comp, mem, out = ctx.rep.time_jax(fwd, dyn, x0)
-        rows.append({**ctx.row("SN", variant, library, timing, token_steps=tok, flops=flops,
+        rows.append({**ctx.row(label, variant, library, timing, token_steps=tok, flops=flops,
                                compile_s=comp, memory=mem), **_final_stats(out)})
     if ctx.ref is not None and importlib.util.find_spec("torchsde") is not None:
         xt, Qt, Kt, Ut = prob.torch_args(arrays, ctx.side)
         run = lambda: ctx.ref.noisy_euler(xt, Qt, Kt, Ut, 1.0, prob.causal, SN_SIGMA,  # noqa: E731
                                           dt, steps, prob.seed)
         t_ref, final = ctx.time_torch(run)
-        row = {**ctx.row("SN", variant, ctx.library("torch (torchsde)"), t_ref,
+        row = {**ctx.row(label, variant, ctx.library("torch (torchsde)"), t_ref,
                          token_steps=tok, flops=flops), **_final_stats(ctx.side.numpy(final))}
         jx = rows[0]
         joint = math.hypot(row["se_final_misalignment"], jx["se_final_misalignment"])
@@ -402,7 +412,8 @@ def _gradient_cases(prob: Problem, steps, ctx: Context) -> list[dict]:
         t_g, c_g, m_g, _ = ctx.rep.time_jax(jax.grad(make(steps)), x0)
         _, _, m_g4 = compile_jax(jax.grad(make(4 * steps)), x0)
         rows.append({
-            "case": "G", "variant": f"{variant}, {steps} steps", "library": "jaxattn",
+            "case": CASES["gradient"], "variant": f"{variant}, {steps} steps",
+            "library": "jaxattn",
             "device": jax.default_backend(), "precision": ctx.precision,
             "forward_s": t_f.median, "gradient_s": t_g.median, "min_s": t_g.min, "max_s": t_g.max,
             "calls": t_g.calls,
@@ -417,7 +428,7 @@ def _gradient_cases(prob: Problem, steps, ctx: Context) -> list[dict]:
         fwd = lambda: ctx.ref.run_layers(xt, Qt, Kt, Ut, 1.0, prob.causal, tau, steps)  # noqa: E731
         grad = lambda: ctx.ref.grad_layers(xt, Qt, Kt, Ut, 1.0, prob.causal, tau, steps)  # noqa: E731
         t_f, t_g = ctx.time_torch(fwd)[0], ctx.time_torch(grad)[0]
-        rows.append({"case": "G", "variant": f"layers, autograd, {steps} steps",
+        rows.append({"case": CASES["gradient"], "variant": f"layers, autograd, {steps} steps",
                      "library": ctx.library("torch"), "device": ctx.side.device,
                      "precision": ctx.side.precision,
                      "forward_s": t_f.median, "gradient_s": t_g.median,
@@ -504,7 +515,7 @@ def _mean_field_cases(prob: Problem, preset: "Preset", ctx: Context) -> list[dic
         # Beside it, the memory-bound exp floor of `jnp.exp` streamed over a large array.
         floor["floor_exp_stream_s"] = pair_work(prob.d, grad)[1] * pairs / rates[
             "exp_stream_per_s"]
-        row = ctx.row("MF", f"{variant}, n={prob.n:,}", "jaxattn", timing,
+        row = ctx.row(CASES["meanfield"], f"{variant}, n={prob.n:,}", "jaxattn", timing,
                       token_steps=prob.n, flops=2 * floor["madds_per_pair"] * pairs,
                       compile_s=comp, memory=mem)
         row.update(floor, **rates, n=prob.n, d=prob.d, heads=prob.h,
@@ -535,7 +546,8 @@ def _looped_cases(preset: "Preset", ctx: Context) -> list[dict]:
             flops = prompts * tokens * L * per_token
             for lib, key in (("jaxattn", "jax_s_per_pass"),
                              (ctx.library("HuggingFace torch"), "hf_s_per_pass")):
-                row = ctx.row("S4", f"{name} {r['variant']}, 1 pass", lib, Timing(**r[key]),
+                row = ctx.row(CASES["looped_models"], f"{name} {r['variant']}, 1 pass", lib,
+                              Timing(**r[key]),
                               token_steps=prompts * tokens * L, flops=flops,
                               compile_s=r["jax_compile_s"] if lib == "jaxattn" else None)
                 if lib != "jaxattn":
@@ -544,36 +556,53 @@ def _looped_cases(preset: "Preset", ctx: Context) -> list[dict]:
     return rows
 
 
+#: The suite's cases in the order they run, each named by what it measures, with the
+#: short label its rows carry (`case` in the JSON and the table, BENCHMARKS.md's
+#: names); `run_suite(cases=)` and `jaxattn bench --cases` take either.
+CASES = {
+    "peak": "peak",
+    "small_systems": "S1",
+    "small_systems_large_batch": "S1L",
+    "noisy_small_systems": "SN",
+    "paper_causal": "S2",
+    "gpt2_sized": "S3",
+    "gradient": "G",
+    "meanfield": "MF",
+    "looped_models": "S4",
+}
+#: The cases' short labels (`CASES`' values), in the order they run.
+ALL_CASES = tuple(CASES.values())
+
 SIZES = {
     # the default sizes, as in the benchmark issue; QUICK shrinks, LARGE fills a GPU.
-    "S1": Problem(n=10, d=3, h=2, batch=1000, causal=False),
-    "S1L": Problem(n=10, d=3, h=2, batch=100_000, causal=False),
-    "SN": Problem(n=10, d=3, h=2, batch=1000, causal=False),
-    "S2": Problem(n=50, d=500, h=2, batch=16, causal=True),
-    "S3": Problem(n=200, d=768, h=12, batch=8, causal=False, k=64),
-    "MF": Problem(n=100_000, d=3, h=1, batch=1, causal=False),
+    "small_systems": Problem(n=10, d=3, h=2, batch=1000, causal=False),
+    "small_systems_large_batch": Problem(n=10, d=3, h=2, batch=100_000, causal=False),
+    "noisy_small_systems": Problem(n=10, d=3, h=2, batch=1000, causal=False),
+    "paper_causal": Problem(n=50, d=500, h=2, batch=16, causal=True),
+    "gpt2_sized": Problem(n=200, d=768, h=12, batch=8, causal=False, k=64),
+    "meanfield": Problem(n=100_000, d=3, h=1, batch=1, causal=False),
 }
 QUICK = {
-    "S1": Problem(n=10, d=3, h=2, batch=64, causal=False),
-    "S1L": Problem(n=10, d=3, h=2, batch=2000, causal=False),
-    "SN": Problem(n=10, d=3, h=2, batch=64, causal=False),
-    "S2": Problem(n=20, d=64, h=2, batch=4, causal=True),
-    "S3": Problem(n=32, d=96, h=4, batch=2, causal=False, k=24),
-    "MF": Problem(n=10_000, d=3, h=1, batch=1, causal=False),
+    "small_systems": Problem(n=10, d=3, h=2, batch=64, causal=False),
+    "small_systems_large_batch": Problem(n=10, d=3, h=2, batch=2000, causal=False),
+    "noisy_small_systems": Problem(n=10, d=3, h=2, batch=64, causal=False),
+    "paper_causal": Problem(n=20, d=64, h=2, batch=4, causal=True),
+    "gpt2_sized": Problem(n=32, d=96, h=4, batch=2, causal=False, k=24),
+    "meanfield": Problem(n=10_000, d=3, h=1, batch=1, causal=False),
 }
 LARGE = {
-    "S1": dataclasses.replace(SIZES["S1"], batch=100_000),
-    "S1L": dataclasses.replace(SIZES["S1"], batch=1_000_000),
-    "SN": SIZES["SN"],
-    "S2": dataclasses.replace(SIZES["S2"], batch=1024),
-    "S3": dataclasses.replace(SIZES["S3"], batch=256),
-    "MF": dataclasses.replace(SIZES["MF"], n=1_000_000),
+    "small_systems": dataclasses.replace(SIZES["small_systems"], batch=100_000),
+    "small_systems_large_batch": dataclasses.replace(SIZES["small_systems"], batch=1_000_000),
+    "noisy_small_systems": SIZES["noisy_small_systems"],
+    "paper_causal": dataclasses.replace(SIZES["paper_causal"], batch=1024),
+    "gpt2_sized": dataclasses.replace(SIZES["gpt2_sized"], batch=256),
+    "meanfield": dataclasses.replace(SIZES["meanfield"], n=1_000_000),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    """One size of the suite: the problems (`G` is the gradient's S2), the layer and
+    """One size of the suite: the problems by case (`gradient`'s is S2's), the layer and
     RK4 step counts, the peak product's side, the copied bytes, S4's models
     and prompts × tokens, and SN's Euler–Maruyama steps."""
 
@@ -590,15 +619,13 @@ class Preset:
 
 _SMALL_MODELS = ("gpt2", "gpt-neo-125M")
 PRESETS = {
-    "quick": Preset({**QUICK, "G": QUICK["S2"]}, 10, 20, 512, 2**24, _SMALL_MODELS, 4, 32,
-                    noisy_steps=20),
-    "default": Preset({**SIZES, "G": SIZES["S2"]}, 100, 200, 4096, 2**28, _SMALL_MODELS,
-                      100, 200),
-    "large": Preset({**LARGE, "G": SIZES["S2"]}, 100, 200, 8192, 2**30,
+    "quick": Preset({**QUICK, "gradient": QUICK["paper_causal"]}, 10, 20, 512, 2**24,
+                    _SMALL_MODELS, 4, 32, noisy_steps=20),
+    "default": Preset({**SIZES, "gradient": SIZES["paper_causal"]}, 100, 200, 4096, 2**28,
+                      _SMALL_MODELS, 100, 200),
+    "large": Preset({**LARGE, "gradient": SIZES["paper_causal"]}, 100, 200, 8192, 2**30,
                     ("gpt2-xl", "gpt-neo-2.7B"), 100, 200),
 }
-
-ALL_CASES = ("peak", "S1", "S1L", "SN", "S2", "S3", "G", "MF", "S4")
 
 
 def _context(rep: Repeats, precision: str, torch: bool) -> Context:
@@ -620,7 +647,8 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
     - `repeats`, `budget_s`: each figure is the median of `repeats` calls after
       compilation, fewer where another call would take it past `budget_s` seconds
       (at least one; each row records its `calls`).
-    - `cases`: a subset of `ALL_CASES`; `torch`: time the PyTorch references.
+    - `cases`: which cases to run, by name or short label (`CASES`); `torch`: time
+      the PyTorch references.
     - `precision`: of JAX's products (`jaxattn._precision`); PyTorch's float32
       matmul mode is matched to it on a GPU.
     - `progress`: called with a line as each case starts.
@@ -632,11 +660,12 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
     """
     size = size or ("quick" if quick else "default")
     preset, precision = PRESETS[size], check_precision(precision)
+    cases = case_names(cases)
     ctx = _context(Repeats(repeats, budget_s), precision, torch)
     start, seconds, bandwidth = time.perf_counter(), {}, None
 
     def stage(case, message):
-        seconds[case] = time.perf_counter()
+        seconds[CASES[case]] = time.perf_counter()
         progress(f"{message}  [{time.perf_counter() - start:.0f} s]")
 
     if "peak" in cases:
@@ -646,26 +675,31 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
         ctx = dataclasses.replace(ctx, peaks=peaks, bandwidth=bandwidth)
     rows, p = [], preset.problems
     stages = (
-        ("S1", "S1: many tiny systems (layers and flow; fused and general paths)",
-         lambda: _layers_case("S1", p["S1"], preset.rk4_steps, 1.0, ctx, general=True)
-         + _flow_cases("S1", p["S1"], 10.0, preset.rk4_steps, ctx, general=True)),
-        ("S1L", f"S1-large: {p['S1L'].batch:,} tiny systems, {preset.rk4_steps} layers, "
-                "against the floor",
-         lambda: _layers_case("S1L", p["S1L"], preset.rk4_steps, 1.0, ctx,
+        ("small_systems", "S1: many tiny systems (layers and flow; fused and general paths)",
+         lambda: _layers_case("small_systems", p["small_systems"], preset.rk4_steps, 1.0, ctx,
+                              general=True)
+         + _flow_cases("small_systems", p["small_systems"], 10.0, preset.rk4_steps, ctx,
+                       general=True)),
+        ("small_systems_large_batch",
+         f"S1-large: {p['small_systems_large_batch'].batch:,} tiny systems, "
+         f"{preset.rk4_steps} layers, against the floor",
+         lambda: _layers_case("small_systems_large_batch", p["small_systems_large_batch"],
+                              preset.rk4_steps, 1.0, ctx,
                               torch=jax.default_backend() != "cpu", floor=True)),
-        ("SN", f"SN: {p['SN'].batch:,} noisy tiny systems, {preset.noisy_steps} "
-               f"Euler–Maruyama steps (jaxattn and torchsde)",
-         lambda: _noisy_cases(p["SN"], preset.noisy_steps, ctx)),
-        ("S2", "S2: paper-size causal (layers)",
-         lambda: _layers_case("S2", p["S2"], preset.steps, 0.1, ctx)),
-        ("S3", "S3: GPT-2-small-sized dynamics (layers)",
-         lambda: _layers_case("S3", p["S3"], 12, 1.0, ctx)),
-        ("G", "G: gradient through the S2 dynamics",
-         lambda: _gradient_cases(p["G"], preset.steps, ctx)),
-        ("MF", f"MF: one layer and its gradient at n = {p['MF'].n:,} (mean-field scale), "
-               "against the floor",
-         lambda: _mean_field_cases(p["MF"], preset, ctx)),
-        ("S4", f"S4: looped {' / '.join(preset.models)}, one pass (jaxattn and HuggingFace)",
+        ("noisy_small_systems", f"SN: {p['noisy_small_systems'].batch:,} noisy tiny systems, "
+                                f"{preset.noisy_steps} Euler–Maruyama steps (jaxattn and torchsde)",
+         lambda: _noisy_cases(p["noisy_small_systems"], preset.noisy_steps, ctx)),
+        ("paper_causal", "S2: paper-size causal (layers)",
+         lambda: _layers_case("paper_causal", p["paper_causal"], preset.steps, 0.1, ctx)),
+        ("gpt2_sized", "S3: GPT-2-small-sized dynamics (layers)",
+         lambda: _layers_case("gpt2_sized", p["gpt2_sized"], 12, 1.0, ctx)),
+        ("gradient", "G: gradient through the S2 dynamics",
+         lambda: _gradient_cases(p["gradient"], preset.steps, ctx)),
+        ("meanfield", f"MF: one layer and its gradient at n = {p['meanfield'].n:,} "
+                      "(mean-field scale), against the floor",
+         lambda: _mean_field_cases(p["meanfield"], preset, ctx)),
+        ("looped_models", f"S4: looped {' / '.join(preset.models)}, one pass "
+                          "(jaxattn and HuggingFace)",
          lambda: _looped_cases(preset, ctx)),
     )
     for case, message, run in stages:
@@ -683,6 +717,17 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
             "case_s": {c: marks[i + 1][1] - t for i, (c, t) in enumerate(marks[:-1])}}
     # Without the peak case there is no peak (null in the JSON, not NaN).
     return {"peak_gflops": ctx.peaks, "bandwidth": bandwidth, "rows": rows, "meta": meta}
+
+
+def case_names(cases) -> tuple[str, ...]:
+    """`cases`, each a name or a short label of `CASES`, as names; a `ValueError`
+    for any other."""
+    names = {label: name for name, label in CASES.items()} | {name: name for name in CASES}
+    unknown = [c for c in cases if c not in names]
+    if unknown:
+        raise ValueError(f"unknown case(s) {unknown}; choose from {list(ALL_CASES)} "
+                         f"(or their names {list(CASES)}).")
+    return tuple(names[c] for c in cases)
 
 
 def run_meta(quick: bool, repeats: int, **extra) -> dict:

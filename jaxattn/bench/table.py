@@ -124,7 +124,7 @@ def format_table(result: dict) -> str:
             f"{'max':>8} {'n':>2} {'tok-steps/s':>11} {'GFLOP/s':>8} {'%peak':>6} "
             f"{'compile':>7}")
     lines = header(result) + [head, "-" * len(head)]
-    lines += [_gradient_line(r) if r["case"] == "G" else _line(r) for r in result["rows"]]
+    lines += [_gradient_line(r) if "gradient_s" in r else _line(r) for r in result["rows"]]
     lines += _exp_rate(result["rows"])
     meta = result.get("meta", {})
     if "suite_s" in meta:

@@ -114,7 +114,7 @@ def _runtime_message(error: Exception) -> str | None:
     if "jax" not in sys.modules:  # nothing computed yet: a mistake in the arguments
         return str(error) if isinstance(error, ValueError | FileNotFoundError) else None
     # Loaded by every command that gets this far with such an error.
-    from .._app.folders import RunFolderError
+    from .._artifacts.folders import RunFolderError
     from .._validate import runtime_message
 
     text = runtime_message(error)

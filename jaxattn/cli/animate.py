@@ -21,8 +21,8 @@ def _animate(args: argparse.Namespace) -> int:
         raise CLIError(f"--spin must be a finite number of degrees, got {args.spin}.")
     if args.until is not None and not args.until > 0:
         raise CLIError(f"--until must be > 0, got {args.until}.")
-    from .._app.animate import animate
-    from .._app.trajectories import load
+    from .._artifacts.animate import animate
+    from .._artifacts.trajectories import load
 
     track = load(args.folder, args.which, args.index)
     xs, ts, E = track.xs, track.ts, track.E

@@ -15,16 +15,19 @@ from ._common import CLIError
 
 # Read from the source: `jaxattn bench --help` and its argument errors answer without
 # loading JAX (the suite's modules import it).
-ALL_CASES = declared("jaxattn.bench.suite", "ALL_CASES")
+#: The suite's cases by name → their short labels (`suite.CASES`); `--cases` takes either.
+CASES = declared("jaxattn.bench.suite", "CASES")
+ALL_CASES = tuple(CASES.values())
 PRESETS = declared("jaxattn.bench.suite", "PRESETS", keys=True)
 PRECISIONS = declared("jaxattn._precision", "PRECISIONS")
 
 
 def _bench(args: argparse.Namespace) -> int:
     cases = args.cases or list(ALL_CASES)
-    unknown = sorted(set(cases) - set(ALL_CASES))
+    unknown = sorted(set(cases) - set(ALL_CASES) - set(CASES))
     if unknown:
-        raise CLIError(f"unknown case(s) {unknown}; choose from {list(ALL_CASES)}.")
+        raise CLIError(f"unknown case(s) {unknown}; choose from {list(ALL_CASES)} (or their "
+                       f"names: {', '.join(CASES)}).")
     if not args.budget > 0:
         raise CLIError("--budget must be > 0 seconds.")
     if args.quick and args.size not in (None, "quick"):
@@ -32,7 +35,7 @@ def _bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.parent and not out.parent.exists():
         raise CLIError(f"cannot write {out}: folder {out.parent} does not exist.")
-    from .._app.folders import write_json
+    from .._artifacts.folders import write_json
     from .._validate import check_count
     from ..bench import suite, table
 
@@ -51,7 +54,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _scaling(args: argparse.Namespace, folder: Path) -> None:
-    from .._app.folders import write_json
+    from .._artifacts.folders import write_json
     from ..bench import scaling
 
     result = scaling.run_scaling(quick=args.quick or args.size == "quick", repeats=args.repeats,
@@ -78,7 +81,9 @@ def register(sub) -> None:
                    help="no call that would take a figure past this many seconds "
                         "(default 30; at least one call; the JSON records the count)")
     p.add_argument("--cases", nargs="+", metavar="CASE",
-                   help="subset of: peak S1 S1L SN S2 S3 G MF S4 (default: all; MF: one "
+                   help="subset of: peak S1 S1L SN S2 S3 G MF S4, or their names (small_systems, "
+                        "small_systems_large_batch, noisy_small_systems, paper_causal, "
+                        "gpt2_sized, gradient, meanfield, looped_models; default: all; MF: one "
                         "layer and its gradient at mean-field scale against its floor; SN: "
                         "noisy S1 ensembles against torchsde)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch references")

@@ -10,7 +10,7 @@ def _demo(args: argparse.Namespace) -> int:
     import jax
     import jax.numpy as jnp
 
-    from .._app.figures import resolution, save_sphere_figure
+    from .._artifacts.figures import resolution, save_sphere_figure
     from .._flow import solve_flow
     from .._manifold import manifold_drift
     from .._validate import check_count, check_seed

@@ -100,7 +100,7 @@ def _doctor(args: argparse.Namespace) -> int:
     size = check_count(args.size, "--size", 1)
     import jax
 
-    from .._app.folders import package_versions
+    from .._artifacts.folders import package_versions
     from .._determinism import OPT_OUT, is_deterministic
     from ..bench.device import device_label
 

@@ -34,7 +34,7 @@ def _grid(args: argparse.Namespace) -> int:
              if getattr(args, name) is not None and getattr(args, name) is not False]
     if given:
         raise CLIError(f"jaxattn loop: {given[0]} applies to a single loop, not to --grid.")
-    from .._app.folders import read_json
+    from .._artifacts.folders import read_json
     from ..experiments import run_loop_grid
     from ..experiments.loop_grid import grid_weights
 
@@ -69,7 +69,7 @@ def _loop(args: argparse.Namespace) -> int:
     _check_counts(args)
     if args.grid:
         return _grid(args)
-    from .._app.folders import read_json
+    from .._artifacts.folders import read_json
     from ..experiments import run_loop
 
     try:

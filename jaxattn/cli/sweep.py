@@ -96,7 +96,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _keys(result) -> list[str]:
-    from .._app.folders import read_json
+    from .._artifacts.folders import read_json
 
     return read_json(result.folder / "sweep.json")["grid_keys"]
 

@@ -14,8 +14,8 @@ def _view(args: argparse.Namespace) -> int:
         raise CLIError(f"--out must end in .html, got {args.out!r}.")
     if not out.parent.is_dir():
         raise CLIError(f"cannot write {out}: {out.parent} is not a folder.")
-    from .._app.trajectories import load
-    from .._app.view import write_view
+    from .._artifacts.trajectories import load
+    from .._artifacts.view import write_view
 
     track = load(args.folder, args.which, args.index)
     n, d = track.xs.shape[1:]

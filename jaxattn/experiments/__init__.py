@@ -9,7 +9,8 @@ Helpers two members share live in a module named by their concept (`paper001.py`
 paper 001's models; `pieces.py`: runs in pieces; `verdicts.py`: trends and verdict
 kinds; `pair_density.py`: the clustered-pair map; `power_plots.py`,
 `variants_plot.py`: figures). `runner.py` runs one into a run folder,
-`loop_runner.py` loops a real model, `replot.py` draws a finished folder again.
+`loop_runner.py` loops a real model, `replot.py` draws a finished run folder again
+(`redraw_run`; `ja.sweep.redraw` draws any folder).
 
 `MEMBERS` lists every experiment, one line each, explicitly: nothing registers
 itself on import, and the library below never imports this package. What
@@ -38,9 +39,9 @@ if TYPE_CHECKING:  # what tools see; imported on first use at run time (`lazy_na
     from .loop_runner import run_loop as run_loop
     from .loop_runner import run_loop_grid as run_loop_grid
     from .replot import redraw as redraw
+    from .replot import redraw_run as redraw_run
     from .runner import command_line as command_line
     from .runner import experiment_config as experiment_config
-    from .runner import resolve_config as resolve_config
     from .runner import run_experiment as run_experiment
     from .source import NotDeclared as NotDeclared
     from .source import declared as declared
@@ -63,7 +64,7 @@ MEMBERS = (
     "oja_bipartite.OjaBipartite",
     "phase_diagram.PhaseDiagram",
     "norm_beta.NormBeta",
-    "variants.VariantsStudy",
+    "variants.VariantsExperiment",
     "long_context.LongContext",
     "metastability.Metastability",
     "hardmax.Hardmax",

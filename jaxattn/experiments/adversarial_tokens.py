@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .._app import figures
+from .._artifacts import figures
 from .._horizon import CONSENSUS_TOL
 from .._manifold import normalize
 from ..explore import Constraints, compare_adjoints, slow_consensus

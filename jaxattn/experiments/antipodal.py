@@ -39,11 +39,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._app import figures
+from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
 from .._layers import run_layers
 from .._manifold import normalize
 from .._noise import ValueNoise
+from ..metrics import binomial_error, fit_crossing, level_crossing
 from ..theory import (
     antipodal_probability,
     antipodal_rate,
@@ -119,39 +120,12 @@ def formation(x, gap: float = GAP):
     return np.where(settled, np.minimum(k, n - k), -1)
 
 
-def binomial_se(p, runs: int):
-    """The standard error `√(p(1 − p)/runs)` of a share `p` of `runs`."""
-    p = np.asarray(p, dtype=float)
-    return np.sqrt(p * (1 - p) / runs)
-
-
-def zero_crossing(betas, values) -> float:
-    """The first `β` where the linear interpolation of `values` over `betas` goes from
-    `≥ 0` to `< 0`; NaN if it never does."""
-    betas, values = np.asarray(betas, float), np.asarray(values, float)
-    for i in range(len(betas) - 1):
-        v0, v1 = values[i], values[i + 1]
-        if v0 >= 0 > v1:
-            return float(betas[i] + (betas[i + 1] - betas[i]) * v0 / (v0 - v1))
-    return float(betas[0]) if values.size and values[0] < 0 else math.nan
-
-
 def exponent(beta, sigma, x0, time: float, tau: float, key, gap: float):
     """Per pair, `log((1 + ρ_T)/(1 + ρ_0))/T` after `time` of noisy layers from `x0`
     (pairs at gap `1 + ρ_0 = gap`)."""
     layers = layers_for(time, tau)
     plus, _ = gaps(noisy_layers(beta, sigma, x0, layers, tau, key))
     return np.log(np.asarray(plus) / gap) / (layers * tau)
-
-
-def crossing_fit(betas, values, se) -> tuple[float, float]:
-    """The zero in `β` of the weighted least-squares line through `values ± se`, and
-    its standard error (first order in the fit's covariance)."""
-    betas, values, se = (np.asarray(v, float) for v in (betas, values, se))
-    (slope, icept), cov = np.polyfit(betas, values, 1, w=1 / se, cov="unscaled")
-    zero = -icept / slope
-    grad = np.array([icept / slope**2, -1 / slope])
-    return float(zero), float(np.sqrt(grad @ cov @ grad))
 
 
 def window_of(d: int, sigma: float) -> np.ndarray:
@@ -269,7 +243,7 @@ class Antipodal(AbstractExperiment):
 
     def thresholds(self, config, data) -> dict[str, dict]:
         """Per `d`: the predicted `β_c` (`predicted_threshold`); the measured one at
-        each layer step (`crossing_fit` over the window) and extrapolated to `τ → 0`,
+        each layer step (`ja.metrics.fit_crossing` over the window) and extrapolated to `τ → 0`,
         with standard errors, and its relative error; the grid's crossing at `τ`
         (for reference); `P(antipodal)` at the largest `β`."""
         out = {}
@@ -280,17 +254,19 @@ class Antipodal(AbstractExperiment):
             found = {"predicted": predicted, "at_tau": None, "at_tau_se": None,
                      "measured": None, "measured_se": None, "relative_error": None}
             if np.all(np.isfinite(data["window_rate"][i])):
-                at = [crossing_fit(data["window_betas"][i], data["window_rate"][i, t],
-                                   data["window_se"][i, t]) for t in range(len(data["taus"]))]
+                at = [fit_crossing(data["window_betas"][i], data["window_rate"][i, t],
+                                   se=data["window_se"][i, t])
+                      for t in range(len(data["taus"]))]
                 zero, zero_se = extrapolate(data["taus"], *zip(*at))
                 found |= {"at_tau": [a[0] for a in at], "at_tau_se": [a[1] for a in at],
                           "measured": zero, "measured_se": zero_se,
                           "relative_error": abs(zero / predicted - 1) if predicted else None}
             out[f"d={int(d)}"] = found | {
-                "grid_crossing": _json(zero_crossing(betas, data["rate"][i])),
+                "grid_crossing": _json(level_crossing(betas, data["rate"][i], falling=True,
+                                                      at_start=True)),
                 "step": float(betas[1] - betas[0]),
                 "p_antipodal_at_beta_max": float(p),
-                "p_antipodal_se": float(binomial_se(p, runs)),
+                "p_antipodal_se": float(binomial_error(p, runs)),
                 "p_predicted_at_beta_max": antipodal_probability(betas[-1], int(d),
                                                                  config["sigma"])}
         return out
@@ -353,7 +329,7 @@ class Antipodal(AbstractExperiment):
         for i, d in enumerate(data["dims"]):
             d = int(d)
             p = data["p_antipodal"][i]
-            ax.errorbar(betas, p, yerr=binomial_se(p, runs), fmt="o", ms=4, capsize=3,
+            ax.errorbar(betas, p, yerr=binomial_error(p, runs), fmt="o", ms=4, capsize=3,
                         color=f"C{i}", label=f"d = {d}: measured (± 1 s.e.)")
             ax.plot(fine, [antipodal_probability(b, d, config["sigma"]) for b in fine],
                     color=f"C{i}", lw=1, ls="--", label=f"d = {d}: predicted, T → ∞")
@@ -421,7 +397,7 @@ class Antipodal(AbstractExperiment):
         for i, (n, ends) in enumerate(zip(FORMATION_TOKENS, data["formation"])):
             codes = [0] + list(range(1, max(FORMATION_TOKENS) // 2 + 1)) + [-1]
             share = np.array([np.mean(ends == c) if c <= n // 2 else np.nan for c in codes])
-            ax.bar(xs + (i - 1) * width, share, width, yerr=binomial_se(share, runs),
+            ax.bar(xs + (i - 1) * width, share, width, yerr=binomial_error(share, runs),
                    capsize=2, color=f"C{i + 3}", label=f"n = {n}")
         ax.set_xticks(xs, labels)
         ax.set(ylabel="share of runs", ylim=(0, 1),

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .._app import figures
+from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
 from .._horizon import CONSENSUS_TOL
 from ..explore import Constraints, slow_consensus

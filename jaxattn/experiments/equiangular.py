@@ -34,20 +34,22 @@ import numpy as np
 from jaxtyping import Array, Float
 from tqdm.auto import tqdm
 
-from .._app import figures
+from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
-from .._kernel import Exp, Softmax
+from .._kernel import BUILTIN as KERNEL_BUILTIN
 from .._manifold import normalize
-from .._norm import NGPT, NoNorm, PeriNorm, PostNorm, PreNorm
+from .._norm import BUILTIN as NORM_BUILTIN
 from ..theory import equiangular_asymptotics, equiangular_solution, equiangular_tokens
 from .base import BETA, AbstractExperiment, Param, Verdict
 from .verdicts import short
 
-#: The members the study runs (in its arrays' order): every placement, and the two
-#: kernels that depend on `⟨x_i, x_j⟩` alone.
-NORMS = (PostNorm(), NGPT(), PreNorm(), PeriNorm(), NoNorm())
-KERNELS = (Softmax(), Exp())
+#: The members the study runs (in its arrays' order): every built-in placement, those
+#: on `E_W` first, and the built-in kernels the reduction covers (weights
+#: `e^{β⟨x_i, x_j⟩}`, over `n` or normalised: an `exponent_shift` of 0).
+NORMS = tuple(sorted((cls() for cls in NORM_BUILTIN.values()),
+                     key=lambda norm: not norm.stays_on_manifold))
+KERNELS = tuple(cls() for cls in KERNEL_BUILTIN.values() if cls.exponent_shift == 0)
 #: The flow's tolerances (float64): far below the agreement `AGREEMENT` asked of it.
 RTOL, ATOL = 1e-13, 1e-20
 #: How closely the flow's `ρ(t)` must follow the reduced ODE, and its spread stay 0.
@@ -59,11 +61,15 @@ RATE_FLOOR = 1e-20
 #: rate (relative): a prediction 10 % off fails it.
 RATE_TOL = 0.02
 COLORS = {"post": "C0", "ngpt": "C3", "pre": "C1", "peri": "C2", "none": "C4"}
+#: Each kernel's panel title and line style in the algebraic panel, by name.
+TITLES = {"softmax": "softmax", "exp": r"exp: $e^{\beta\langle x,y\rangle}/n$"}
+STYLES = {"softmax": "-", "exp": (0, (4, 2))}
 
 
 def skipped(norm, kernel) -> bool:
-    """Whether the pair is left out of a run: no normalisation with `exp` blows up."""
-    return isinstance(norm, NoNorm) and isinstance(kernel, Exp)
+    """Whether the pair is left out of a run: those whose norms blow up in finite
+    time (no normalisation with `exp`; the kind depends on neither `n` nor `β`)."""
+    return equiangular_asymptotics(2, 1.0, norm=norm, kernel=kernel).kind == "blow-up"
 
 
 def off_diagonal(gram: Float[Array, "*T n n"]) -> Float[Array, "*T m"]:
@@ -229,12 +235,12 @@ class Equiangular(AbstractExperiment):
         fig, axes = plt.subplots(1, 4, figsize=(20, 5.6))
         ts = data["ts"]
         for ax, (i, kernel) in zip(axes, enumerate(KERNELS)):
+            guided = False  # the predicted slope's legend entry, once per panel
             for j, norm in enumerate(NORMS):
                 if not skipped(norm, kernel):
-                    _draw_pair(ax, ts, data["gap_flow"][i, j], data["gap_ode"][i, j],
-                               norm, rates[f"{kernel.name}_{norm.name}"])
-            name = "softmax" if isinstance(kernel, Softmax) else \
-                r"exp: $e^{\beta\langle x,y\rangle}/n$"
+                    guided |= _draw_pair(ax, ts, data["gap_flow"][i, j], data["gap_ode"][i, j],
+                                         norm, rates[f"{kernel.name}_{norm.name}"], not guided)
+            name = TITLES.get(kernel.name, kernel.name)
             ax.set(ylabel=r"$1-\rho(t)$", title=f"{name}: flow (wide) and reduced ODE (dashed)")
             figures.legend_below(ax, ncol=2)
         self._draw_algebraic(axes[2], ts, data, rates)
@@ -249,26 +255,32 @@ class Equiangular(AbstractExperiment):
     def _draw_algebraic(ax, ts, data, rates):
         """The algebraic placements on log–log axes, with the predicted slope `t^−2`.
         `"peri"` is drawn once: `N(v_i)` removes the exp kernel's row factor, so both
-        kernels give the same flow."""
+        kernels give the same flow (a kernel whose ODE curve an earlier one's
+        matches is named beside it)."""
         later = ts >= ts[-1] / 2
+        gaps = data["gap_ode"]
+
+        def same(k, i, j):
+            return bool(np.allclose(gaps[k, j], gaps[i, j], rtol=1e-6, atol=0))
+
+        labelled = False
         for i, kernel in enumerate(KERNELS):
             for j, norm in enumerate(NORMS):
-                # the peri-norm's N(v_i) removes exp's row factor: one curve for both
-                same = isinstance(norm, PeriNorm)
-                if rates[f"{kernel.name}_{norm.name}"]["kind"] != "algebraic" or (
-                        same and isinstance(kernel, Exp)):
+                if rates[f"{kernel.name}_{norm.name}"]["kind"] != "algebraic" or any(
+                        same(k, i, j) for k in range(i)):
                     continue
-                label = f"{norm.name}, {kernel.name}" + (" (= exp)" if same else "")
-                style = "-" if isinstance(kernel, Softmax) else (0, (4, 2))
+                twins = [KERNELS[k].name for k in range(i + 1, len(KERNELS)) if same(k, i, j)]
+                label = f"{norm.name}, {kernel.name}" + (
+                    f" (= {', '.join(twins)})" if twins else "")
+                style = STYLES.get(kernel.name, "-")
                 ax.loglog(ts[1:], data["gap_flow"][i, j, 1:], ls=style, lw=3.5, alpha=0.35,
                           color=COLORS[norm.name], label=f"{label}: flow")
                 ax.loglog(ts[1:], data["gap_ode"][i, j, 1:], ls=(0, (2, 2)), lw=1.2,
                           color=COLORS[norm.name], label=f"{label}: ODE")
                 end = data["gap_ode"][i, j, -1] * (ts[later] / ts[-1]) ** -2.0
                 ax.loglog(ts[later], end * 3.0, color="k", lw=0.8,
-                          label="predicted slope: $t^{-2}$ (×3)" if i == 0 and
-                          isinstance(norm, PreNorm)
-                          else "_nolegend_")
+                          label="_nolegend_" if labelled else "predicted slope: $t^{-2}$ (×3)")
+                labelled = True
         ax.set(xlabel="time $t$ (log)", ylabel=r"$1-\rho(t)$",
                title=r"pre and peri: algebraic, $1-\rho \asymp t^{-2}$")
         figures.legend_below(ax, ncol=2)
@@ -292,9 +304,10 @@ class Equiangular(AbstractExperiment):
         figures.legend_below(ax, ncol=1)
 
 
-def _draw_pair(ax, ts, gap_flow, gap_ode, norm, rate: dict) -> None:
+def _draw_pair(ax, ts, gap_flow, gap_ode, norm, rate: dict, label_guide: bool) -> bool:
     """One placement's `1 − ρ` from the flow (wide, faint) and the ODE (dashed), and
-    for an exponential rate the predicted slope over the second half."""
+    for an exponential rate the predicted slope over the second half (in the legend
+    if `label_guide`); whether it drew that slope."""
     color = COLORS[norm.name]
     figures.draw_decay(ax, ts, gap_flow, label=f"{norm.name}: {_tex(rate)}", lw=4, alpha=0.35,
                        color=color)
@@ -305,7 +318,9 @@ def _draw_pair(ax, ts, gap_flow, gap_ode, norm, rate: dict) -> None:
         window = (ts <= ts[end]) & (ts >= ts[end] - ts[-1] / 4)
         guide = 3.0 * gap_ode[end] * np.exp(-rate["predicted"] * (ts[window] - ts[end]))
         ax.semilogy(ts[window], guide, color="k", lw=0.8,
-                    label="predicted slope (×3)" if isinstance(norm, PostNorm) else "_nolegend_")
+                    label="predicted slope (×3)" if label_guide else "_nolegend_")
+        return True
+    return False
 
 
 def _tex(rate: dict) -> str:

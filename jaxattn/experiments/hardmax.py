@@ -52,8 +52,9 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 from tqdm.auto import tqdm
 
-from .._app import figures
+from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
+from ..metrics import fit_slope
 from .base import AbstractExperiment, Param, Verdict
 from .verdicts import short
 
@@ -177,11 +178,6 @@ def voronoi_checks(data, tau: float) -> dict[str, np.ndarray]:
     }
 
 
-def fit_slope(x: np.ndarray, y: np.ndarray, keep: np.ndarray) -> float:
-    """The least-squares slope of `y` against `x` on `keep`; NaN with under 2 points."""
-    return float(np.polyfit(x[keep], y[keep], 1)[0]) if keep.sum() >= 2 else math.nan
-
-
 def rates(data) -> dict[str, float]:
     """The fitted rates: the one-step distance `∝ e^{−β r}` on `one_step_betas`
     (`r` beside the start's score gap `score_gap`), the local slopes
@@ -196,18 +192,18 @@ def rates(data) -> dict[str, float]:
     half = (t >= t[-1] / 2) & (data["gap_fw"] > 1e-15)
     early = (t >= t[-1] / 20) & (t <= t[-1] / 4) & (data["energy_fw"] > 1e-15)
     const = (t >= 1) & (data["gap_const"] > 1e-13)
+    log_t = np.log(np.maximum(t, 1))
+    gap, energy, gap_const = (np.log(np.maximum(data[k], 1e-300))
+                              for k in ("gap_fw", "energy_fw", "gap_const"))
     return {
-        "one_step_rate": -fit_slope(data["betas_one"], np.log(np.where(keep, one, 1)), keep),
+        "one_step_rate": -fit_slope(data["betas_one"][keep], np.log(one[keep]))[0],
         "one_step_points": int(keep.sum()),
         "score_gap": float(data["score_gap"]),
         "run_local_slopes": (np.diff(np.log(np.maximum(run, 1e-300)))
                              / np.diff(np.log(betas))).tolist(),
-        "gap_exponent": fit_slope(np.log(np.maximum(t, 1)), np.log(np.maximum(
-            data["gap_fw"], 1e-300)), half),
-        "energy_exponent": fit_slope(np.log(np.maximum(t, 1)), np.log(np.maximum(
-            data["energy_fw"], 1e-300)), early),
-        "gap_factor_constant": math.exp(fit_slope(t, np.log(np.maximum(
-            data["gap_const"], 1e-300)), const)),
+        "gap_exponent": fit_slope(log_t[half], gap[half])[0],
+        "energy_exponent": fit_slope(log_t[early], energy[early])[0],
+        "gap_factor_constant": math.exp(fit_slope(t[const], gap_const[const])[0]),
         "center_fw": float(np.linalg.norm(data["ys_nsd_fw"][-1].mean(0))),
         "center_constant": float(np.linalg.norm(data["ys_nsd"][-1].mean(0))),
         "centers_in_initial_hull": bool(np.all(in_hull(

@@ -36,13 +36,13 @@ and `γ` it measures:
   `mean_ij |x_i − x_j|² = 2 (1 − r²)`), `λ → 0` when they collapse and `λ → 1` when
   they do not move.
 
-Each `n`'s critical `γ` is read where `α_ii` crosses 1/2 (interpolated in
-`logit α_ii`, which is linear in `γ` on the exact simplex) and where `λ` does, and set
-beside the prediction `1 / (1 − ρ̂)` (`ρ̂` the tokens' measured mean inner product)
-and its finite-`n` value `γ_n` (`predicted_crossing`). Judged: at the largest `n`,
-the identity's crossing within `TOL` of `γ_n`, and closer to `γ_c` than at the
-smallest `n` (the approach to `n → ∞`). `λ`'s crossing is reported, not judged. The
-equations and their sources: `docs/long_context.md`.
+Each `n`'s critical `γ` is read where `α_ii` crosses 1/2 (`ja.metrics.level_crossing`,
+interpolated in `logit α_ii`, which is linear in `γ` on the exact simplex) and where
+`λ` does, and set beside the prediction `1 / (1 − ρ̂)` (`ρ̂` the tokens' measured
+mean inner product) and its finite-`n` value `γ_n` (`predicted_crossing`). Judged: at
+the largest `n`, the identity's crossing within `TOL` of `γ_n`, and closer to `γ_c`
+than at the smallest `n` (the approach to `n → ∞`). `λ`'s crossing is reported, not
+judged. The equations and their sources: `docs/long_context.md`.
 """
 
 import math
@@ -55,11 +55,12 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 from tqdm.auto import tqdm
 
-from .._app import figures
+from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
 from .._layers import run_layers
 from .._manifold import sample_ellipsoid
 from .._precision import einsum
+from ..metrics import level_crossing
 from .base import AbstractExperiment, Param, Verdict
 from .verdicts import short
 
@@ -162,24 +163,6 @@ def _alpha(dyn, x):
     return jnp.mean(diagonal_weight(dyn, x))
 
 
-def crossing(gammas: np.ndarray, values: np.ndarray, level: float = 0.5, *,
-             logit: bool = False) -> float:
-    """The first `γ` where `values` rises through `level` (linear between grid
-    points, in `log(v/(1 − v))` with `logit`); NaN if it never does."""
-    if logit:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            v = np.clip(np.asarray(values, float), 1e-300, 1 - 1e-16)
-            return crossing(gammas, np.log(v) - np.log1p(-v), math.log(level / (1 - level)))
-    above = np.flatnonzero(values >= level)
-    if not above.size:
-        return float("nan")
-    k = above[0]
-    if k == 0:
-        return float(gammas[0]) if values[0] == level else float("nan")
-    g0, g1, v0, v1 = gammas[k - 1], gammas[k], values[k - 1], values[k]
-    return float(g0 + (level - v0) * (g1 - g0) / (v1 - v0))
-
-
 def estimates(data) -> dict[str, np.ndarray]:
     """Per size: the measured critical `γ` (identity: `α_ii = 1/2`; collapse:
     `λ = 1/2`), the predictions `1/(1 − ρ̂)` and `γ_n`, and `γ_n` in the size's
@@ -187,8 +170,9 @@ def estimates(data) -> dict[str, np.ndarray]:
     n, gammas, rho = data["sizes"], data["gammas"], data["rho_hat"]
     lam = distance_ratio(data["r2"])
     return {
-        "gamma_identity": np.array([crossing(gammas, a, logit=True) for a in data["alpha"]]),
-        "gamma_collapse": np.array([crossing(gammas, v) for v in lam]),
+        "gamma_identity": np.array([level_crossing(gammas, a, 0.5, logit=True)
+                                   for a in data["alpha"]]),
+        "gamma_collapse": np.array([level_crossing(gammas, v, 0.5) for v in lam]),
         "gamma_predicted": 1 / (1 - rho),
         "gamma_predicted_finite_n": predicted_crossing(n, rho),
         "gamma_finite_dim": np.array([finite_dim(np.array([m]), int(d), np.array([r]))[0]

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._app.figures import (
+from .._artifacts.figures import (
     above_floor,
     legend_below,
     legend_under_panels,
@@ -232,7 +232,7 @@ def draw_loop(ax, E, layers_per_pass: int, *, label=None, color="tab:blue", lw=1
     - `ax`: a matplotlib axis.
     - `E`: `(prompts, depth)` misalignment after every block (column 0: input), in
       the dtype it was computed in: below that dtype's resolution of `E`
-      (`_app.figures.resolution`) the median is not drawn and a dotted line marks the
+      (`_artifacts.figures.resolution`) the median is not drawn and a dotted line marks the
       floor.
     - `layers_per_pass`: the model's depth `L` (alternate passes are shaded, and the
       top axis counts passes).

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._app.folders import (
+from .._artifacts.folders import (
     RunFolderError,
     clear_partial_writes,
     finish_run,

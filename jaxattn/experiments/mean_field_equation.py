@@ -34,7 +34,8 @@ from tqdm.auto import tqdm
 
 from .. import SelfAttentionDynamics, solve_flow
 from .. import meanfield as mf
-from .._app import figures
+from .._artifacts import figures
+from ..metrics import fit_crossing, fit_slope, level_crossing
 from ..theory import noisy_beta_star, noisy_threshold
 from .base import AbstractExperiment, Param, Verdict
 from .verdicts import short
@@ -198,7 +199,9 @@ def phase_diagram(config, progress) -> dict[str, np.ndarray]:
         out["couplings"][i], out["f_uniform"][i] = ks, f_uniform
         out["r_up"][i], out["r_down"][i], out["f_down"][i] = r[0], r[1, :, -1], f[1]
         out["r_down_half"][i] = r[1, :, -2]
-        guess = crossing(ks, f[1] - f_uniform, settled(r[1, :, -1], r[1, :, -2]))
+        # on the parabola through the three smallest couplings where the caps settled
+        first = np.flatnonzero(settled(r[1, :, -1], r[1, :, -2]))[:3]
+        guess = fit_crossing(ks[first], (f[1] - f_uniform)[first], degree=2)[0]
         if math.isfinite(guess):
             fine = guess * np.linspace(1 - REFINE_SPAN, 1 + REFINE_SPAN, REFINE)
             r, f = runs(grid, cap[None], jnp.asarray(fine), beta, ts)
@@ -216,26 +219,12 @@ def settled(r, r_half) -> np.ndarray:
     return (r > ORDERED) & (np.abs(r - r_half) < SETTLED)
 
 
-def crossing(ks, gap, keep) -> float:
-    """Where `gap` (the caps' free energy less the uniform's) vanishes, on the parabola
-    through its three smallest couplings in `keep`; NaN with fewer than three."""
-    first = np.flatnonzero(np.asarray(keep))[:3]
-    if first.size < 3:
-        return math.nan
-    ks, gap = np.asarray(ks)[first], np.asarray(gap)[first]
-    roots = np.roots(np.polyfit(ks, gap, 2))
-    roots = roots[np.isreal(roots)].real
-    return float(roots[np.argmin(np.abs(roots - ks[0]))]) if roots.size else math.nan
-
-
 def fitted_slope(data) -> tuple[float, float]:
     """The least-squares slope of `log distance` against `log n`, and its standard
-    error from the RMS's (`distance_error`, propagated through the fit's weights; NaN
-    where a size had one sample)."""
-    x, y = np.log(data["tokens"]), np.log(data["distance"])
-    weights = (x - x.mean()) / np.sum((x - x.mean()) ** 2)
-    error = math.sqrt(np.sum((weights * data["distance_error"] / data["distance"]) ** 2))
-    return float(np.sum(weights * y)), error
+    error from the RMS's (`distance_error`, carried through the fit; NaN where a size
+    had one sample)."""
+    return fit_slope(np.log(data["tokens"]), np.log(data["distance"]),
+                     se=data["distance_error"] / data["distance"], weighted=False)
 
 
 def _power(n) -> str:
@@ -256,13 +245,9 @@ def predictions(betas) -> tuple[np.ndarray, np.ndarray]:
 def measured_sharp(data) -> np.ndarray:
     """Per `β`: the zero crossing in `K` of the fitted growth rates (a line in `K`)."""
     t = data["times"][: len(RATE_TIMES)]
-    rates = np.polyfit(t, np.log(data["r_up"][..., : len(RATE_TIMES)]).reshape(-1, len(t)).T,
-                       1)[0].reshape(data["r_up"].shape[:2])
-    out = []
-    for ks, row in zip(data["couplings"], rates):
-        slope, intercept = np.polyfit(ks, row, 1)
-        out.append(-intercept / slope)
-    return np.array(out)
+    logs = np.log(data["r_up"][..., : len(RATE_TIMES)])
+    return np.array([fit_crossing(ks, [fit_slope(t, series)[0] for series in row])[0]
+                     for ks, row in zip(data["couplings"], logs)])
 
 
 def measured_critical(data) -> np.ndarray:
@@ -271,15 +256,8 @@ def measured_critical(data) -> np.ndarray:
     still ordered, `r > ORDERED`); NaN where there is none. The caps near `K_c` are
     still settling at the end (the ordered branch's saddle-node is close), but the free
     energy has converged at second order where `r` has at first."""
-    out = []
-    for ks, gap, r in zip(data["refine_couplings"], data["refine_gap"], data["refine_r"]):
-        found = math.nan
-        for j in range(1, len(ks)):
-            if r[j - 1] > ORDERED and r[j] > ORDERED and gap[j - 1] > 0 >= gap[j]:
-                found = ks[j - 1] + gap[j - 1] / (gap[j - 1] - gap[j]) * (ks[j] - ks[j - 1])
-                break
-        out.append(found)
-    return np.array(out)
+    return np.array([level_crossing(ks, gap, falling=True, keep=r > ORDERED) for ks, gap, r
+                     in zip(data["refine_couplings"], data["refine_gap"], data["refine_r"])])
 
 
 class MeanFieldEquation(AbstractExperiment):
@@ -355,7 +333,7 @@ def _draw_convergence(ax, config, data):
                               ("distance", f"t = {config['horizon']:g} (t = 0 its control "
                                            "variate)", "C0")):
         rms = data[key]
-        slope = np.polyfit(np.log(ns), np.log(rms), 1)[0]
+        slope = fit_slope(np.log(ns), np.log(rms))[0]
         bars, error = None, ""
         if key == "distance":
             bars, error = data["distance_error"], f" ± {fitted_slope(data)[1]:.3f}"

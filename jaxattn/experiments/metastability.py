@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._app import figures
+from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
 from .._manifold import sample_ellipsoid

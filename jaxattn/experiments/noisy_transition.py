@@ -48,11 +48,12 @@ What it measures, for d = 2 and 3 (`--max-dim`) and β ∈ {β*/2, β*, 2β*}:
    order parameter `r = |mean token|` is kept after every layer (`observe=`); each
    coupling runs `--burn` time units, then averages over `--window`. Every β, both
    sweeps and `--seeds` seeds run as one batch: one compiled program per d.
-4. Equilibration (`equilibrated`): a sweep is equilibrated at a coupling when the two
-   halves of its window differ by at most `GAP_Z` standard errors (`half_gap`, from
-   `--blocks` block means per seed) and each block is at least `BLOCK_TAUS` integrated
-   autocorrelation times of `r` long (`autocorrelation_time`), so that the block
-   means' error is autocorrelation-aware.
+4. Equilibration (`windows`, `ja.metrics.window_statistics`): a sweep is equilibrated
+   at a coupling when the two halves of its window differ by at most `GAP_Z` standard
+   errors (`ja.metrics.half_gap`, from `--blocks` block means per seed) and each block
+   is at least `BLOCK_TAUS` integrated autocorrelation times of `r` long
+   (`ja.metrics.autocorrelation_time`), so that the block means' error is
+   autocorrelation-aware.
 5. Hysteresis (`hysteresis`), only where equilibrated: the couplings where both
    sweeps are equilibrated and the down sweep's `r` exceeds the up sweep's by more
    than `HYSTERESIS_Z` standard errors; the width is their count times the grid's
@@ -62,7 +63,6 @@ What it measures, for d = 2 and 3 (`--max-dim`) and β ∈ {β*/2, β*, 2β*}:
 
 import math
 from pathlib import Path
-from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -72,9 +72,10 @@ from tqdm.auto import tqdm
 
 from .. import SelfAttentionDynamics, TokenNoise, run_layers
 from .. import meanfield as mf
-from .._app import figures
+from .._artifacts import figures
 from .._manifold import normalize
 from ..meanfield import transition_coupling
+from ..metrics import WindowStatistics, fit_slope, level_crossing, window_statistics
 from ..theory import fit_threshold, layer_diffusion, noisy_beta_star, noisy_threshold
 from .base import AbstractExperiment, Param, Verdict
 from .runner import MAX_LAYERS
@@ -250,15 +251,6 @@ def _observe(x):
     return _mean_token(x), x
 
 
-def window_blocks(r: np.ndarray, window_steps: int, blocks: int) -> np.ndarray:
-    """Block means of `r` over the last `window_steps` steps: `(..., seeds, blocks)`
-    from `r` `(..., seeds, steps)` (the window cut into `blocks` equal blocks per seed;
-    a remainder at the window's start is dropped)."""
-    size = window_steps // blocks
-    tail = r[..., r.shape[-1] - size * blocks:]
-    return tail.reshape(tail.shape[:-1] + (blocks, size)).mean(-1)
-
-
 def quench(d: int, cfg: dict, key, tau: float) -> tuple[np.ndarray, np.ndarray]:
     """The decay of a small tilt at every coupling of `rate_grid`, with layers of step
     `tau`: `(g, K)`, `g` `(betas, couplings, seeds, steps + 1)` half the difference of
@@ -350,16 +342,6 @@ def equation_caps(d: int) -> dict[str, np.ndarray]:
     return out
 
 
-def free_energy_crossing(K: np.ndarray, gap: np.ndarray, r: np.ndarray) -> float:
-    """Where the settled caps' free energy first falls below the uniform density's
-    (`gap` from `> 0` to `≤ 0`), interpolated linearly between the two couplings around
-    the sign change, both caps ordered (`r > EQ_ORDERED`); NaN where there is none."""
-    for j in range(1, len(K)):
-        if r[j - 1] > EQ_ORDERED and r[j] > EQ_ORDERED and gap[j - 1] > 0 >= gap[j]:
-            return float(K[j - 1] + gap[j - 1] / (gap[j - 1] - gap[j]) * (K[j] - K[j - 1]))
-    return math.nan
-
-
 def fit_rates(t: np.ndarray, g: np.ndarray) -> np.ndarray:
     """The decay rate `γ` of each series `g(t) ∝ e^{−γ t}` (least squares on `log g`,
     over the times where `g > 0`), for `g` `(..., steps)`; NaN with fewer than 3
@@ -369,65 +351,21 @@ def fit_rates(t: np.ndarray, g: np.ndarray) -> np.ndarray:
     for i, series in enumerate(flat):
         keep = series > 0
         if keep.sum() >= 3:
-            rates[i] = -np.polyfit(t[keep], np.log(series[keep]), 1)[0]
+            rates[i] = -fit_slope(t[keep], np.log(series[keep]))[0]
     return rates.reshape(g.shape[:-1])
 
 
-def half_gap(blocks: np.ndarray) -> np.ndarray:
-    """`(mean of the window's second half − first half) / its standard error`, per
-    leading index, from block means `(..., seeds, blocks)` (blocks in time order)."""
-    half = blocks.shape[-1] // 2
-    a = blocks[..., :half].reshape(blocks.shape[:-2] + (-1,))
-    b = blocks[..., -half:].reshape(blocks.shape[:-2] + (-1,))
-    se = np.sqrt(a.var(-1, ddof=1) / a.shape[-1] + b.var(-1, ddof=1) / b.shape[-1])
-    return (b.mean(-1) - a.mean(-1)) / np.maximum(se, 1e-300)
+def windows(cfg: dict, r: np.ndarray) -> list[WindowStatistics]:
+    """The up and the down sweep's window at each coupling, from `r` `(2, couplings,
+    seeds, steps)` (`ja.metrics.window_statistics`, judged by `GAP_Z` and
+    `BLOCK_TAUS`)."""
+    steps = int(round(cfg["window"] / cfg["sweep_tau"]))
+    return [window_statistics(r[s], steps, cfg["blocks"], gap_z=GAP_Z, block_taus=BLOCK_TAUS)
+            for s in (0, 1)]
 
 
-def autocorrelation_time(series: np.ndarray) -> float:
-    """The integrated autocorrelation time of a series, in steps: `1 + 2 Σ_k ρ_k`
-    summed up to the first window `M ≥ 5 τ(M)` (Sokal's rule); NaN for a constant
-    series."""
-    x = np.asarray(series, float) - np.mean(series)
-    var = x @ x / len(x)
-    if not var > 0:
-        return math.nan
-    f = np.fft.rfft(x, 2 * len(x))
-    acf = np.fft.irfft(f * np.conj(f))[: len(x)] / (var * len(x))
-    tau = 2 * np.cumsum(acf) - 1
-    m = np.arange(len(x))
-    stop = np.nonzero(m >= 5 * tau)[0]
-    return float(tau[stop[0]] if len(stop) else tau[-1])
-
-
-class Window(NamedTuple):
-    """One sweep's window at each coupling: the mean `r` and its standard error (from
-    the block means, autocorrelation-aware where `equilibrated`), the halves' gap in
-    standard errors, the largest autocorrelation time (steps) and whether it is
-    equilibrated."""
-
-    mean: np.ndarray
-    se: np.ndarray
-    gap: np.ndarray
-    autocorrelation: np.ndarray
-    equilibrated: np.ndarray
-
-
-def window_stats(r: np.ndarray, window_steps: int, blocks: int) -> Window:
-    """`Window` of `r` `(couplings, seeds, steps)`: equilibrated where `|half_gap| ≤
-    GAP_Z` and a block holds at least `BLOCK_TAUS` autocorrelation times of `r` (then
-    the block means are nearly independent and their spread gives the error)."""
-    means = window_blocks(r, window_steps, blocks)  # (couplings, seeds, blocks)
-    flat = means.reshape(len(means), -1)
-    se = flat.std(-1, ddof=1) / math.sqrt(flat.shape[-1])
-    gap = half_gap(means)
-    tail = r[..., r.shape[-1] - window_steps:]
-    taus = np.array([[autocorrelation_time(s) for s in seeds] for seeds in tail])
-    auto = np.nanmax(np.where(np.isfinite(taus), taus, 1.0), -1)
-    ok = (np.abs(gap) <= GAP_Z) & (window_steps // blocks >= BLOCK_TAUS * auto)
-    return Window(means.mean((-1, -2)), se, gap, auto, ok)
-
-
-def hysteresis(ratios: np.ndarray, up: Window, down: Window) -> tuple[np.ndarray, float]:
+def hysteresis(ratios: np.ndarray, up: WindowStatistics,
+               down: WindowStatistics) -> tuple[np.ndarray, float]:
     """`(where, width)`: the couplings where both sweeps are equilibrated and the down
     sweep's `r` is above the up sweep's by more than `HYSTERESIS_Z` standard errors,
     and their count times the grid's step; the width is NaN where no coupling is
@@ -566,7 +504,6 @@ def particle_threshold(cfg: dict, data, d: int, i: int) -> dict:
 
 def _row(cfg, data, d, i, beta) -> dict:
     ratios, star = np.asarray(data["ratios"]), noisy_beta_star(d)
-    steps = int(round(cfg["window"] / cfg["sweep_tau"]))
     K_theory = noisy_threshold(beta, d)
     continuous = bool(beta <= star * (1 + 1e-9))
     eq_K = np.asarray(data[f"eq_K_d{d}"])[i]
@@ -575,14 +512,14 @@ def _row(cfg, data, d, i, beta) -> dict:
     kc = {k: np.asarray(data[f"kc_{k}_d{d}"])[i] for k in ("K", "gap", "r")}
     ordered = np.flatnonzero(kc["r"] > EQ_ORDERED)
     particles = particle_threshold(cfg, data, d, i)
-    r = np.asarray(data[f"r_d{d}"])[i]
-    up, down = (window_stats(r[s], steps, cfg["blocks"]) for s in (0, 1))
+    up, down = windows(cfg, np.asarray(data[f"r_d{d}"])[i])
     where, width = hysteresis(ratios, up, down)
     both = up.equilibrated & down.equilibrated
     return {"d": d, "beta": beta, "beta_ratio": round(beta / star, 6), "K_theory": K_theory,
             "continuous": continuous, "K_equation": K_eq,
             "K_c_theory": K_theory if continuous else transition_coupling(beta, d),
-            "K_c_equation": K_eq if continuous else free_energy_crossing(**kc),
+            "K_c_equation": K_eq if continuous else level_crossing(
+                kc["K"], kc["gap"], falling=True, keep=kc["r"] > EQ_ORDERED),
             "branch_end": (float(kc["K"][ordered[0]] / K_theory) if len(ordered)
                            else math.nan),
             **particles, "rel_error": particles["K_estimate"] / K_theory - 1,
@@ -619,13 +556,10 @@ def draw_sweeps(cfg: dict, data, rows: list[dict], stem: Path) -> list[Path]:
                              figsize=(15.5, 5.8 * len(dims)),
                              squeeze=False, width_ratios=[1] * len(BETA_RATIOS) + [0.55])
     n, ratios = cfg["tokens"], np.asarray(data["ratios"])
-    steps = int(round(cfg["window"] / cfg["sweep_tau"]))
     for row in rows:
         d, j = row["d"], BETA_RATIOS.index(row["beta_ratio"])
         i = 2 * dims.index(d)
-        r = np.asarray(data[f"r_d{d}"])[j]
-        windows = [window_stats(r[s], steps, cfg["blocks"]) for s in (0, 1)]
-        _draw_order(axes[i, j], row, ratios, windows, n)
+        _draw_order(axes[i, j], row, ratios, windows(cfg, np.asarray(data[f"r_d{d}"])[j]), n)
         _draw_fit(axes[i + 1, j], cfg, data, row, j)
     for ax_row in axes:  # each row's legend in its own column, off the data
         ax_row[-1].axis("off")

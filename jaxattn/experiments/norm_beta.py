@@ -27,7 +27,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .._app import figures
+from .._artifacts import figures
 from .._dynamics import NORMS
 from .base import AbstractExperiment, Param, Verdict
 from .pair_density import STUDY, check_config, density_map, describe_map, draw_map, setup_line

@@ -48,10 +48,11 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from .._batch import map_systems
 from .._dynamics import SelfAttentionDynamics
-from .._ensemble import batch_last, choose_strategy, chunk_size
+from .._ensemble import batch_last, chunk_size
 from .._manifold import project
 from .._precision import matmul
 from .._stacked import first_model, map_models, stack_tokens
+from .._strategy import choose_strategy
 from .._validate import NONFINITE, surface_errors
 from .base import Param
 from .pieces import advance
@@ -238,7 +239,7 @@ def observe_at(dyn, x0: Float[Array, "*batch n d"], at: Int[Array, " K"], tau,
     """
     dyn, x0, unflatten = stack_tokens(dyn, x0)
     x0 = map_models(lambda d, x: project(x, d.W), dyn, x0)
-    fused = choose_strategy(first_model(dyn), x0.shape, "auto", (dyn, x0)) == "fused"
+    fused = choose_strategy(first_model(dyn), x0.shape, "auto", (dyn, x0)).fused
 
     def program(d, x, fused):
         layer, watch, ok = ((batch_last(_layer), batch_last(observe), batch_last(_finite))

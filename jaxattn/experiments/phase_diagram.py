@@ -7,7 +7,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .._app import figures
+from .._artifacts import figures
 from .base import AbstractExperiment, Verdict
 from .pair_density import STUDY, check_config, density_map, describe_map, draw_map, setup_line
 

@@ -3,7 +3,7 @@
 
 import numpy as np
 
-from .._app.figures import (
+from .._artifacts.figures import (
     draw_decay,
     draw_sphere_trajectories,
     integer_ticks,

@@ -1,22 +1,23 @@
-"""Drawing a finished folder's figures again (`jaxattn plot DIR`): a `jaxattn run NAME`
+"""Drawing a finished run folder's figures again (`redraw_run`): a `jaxattn run NAME`
 folder by its experiment's own `draw`, a `jaxattn loop` folder by the loop figures
 (`loop_grid.redraw_loop`), from their `config.json` and `data.npz` alone.
-`ja.sweep.redraw`, what `jaxattn plot DIR` runs, takes these and sweep folders."""
+`ja.sweep.redraw`, the one `redraw` of any folder (what `jaxattn plot DIR` runs),
+takes these through `redraw_run` and sweep folders through `redraw_sweep`."""
 
 from pathlib import Path
 
 import numpy as np
 
-from .._app.folders import RunFolderError, open_run_folder, read_json
+from .._artifacts.folders import RunFolderError, open_run_folder, read_json
 from . import EXPERIMENTS
 from .loop_grid import is_loop_config, redraw_loop
 
 
-def redraw(folder) -> list[Path]:
+def redraw_run(folder) -> list[Path]:
     """Draw a finished run's figures again from its `config.json` and `data.npz`:
     a `jaxattn run NAME` folder (`loop --grid` included: it is the `loop-grid`
     experiment) or a `jaxattn loop` folder (`ja.sweep.redraw` takes these and sweep
-    folders). Any other folder: `RunFolderError`, one line.
+    folders). Any other folder, a sweep's included: `RunFolderError`, one line.
 
     **Arguments:**
 
@@ -38,3 +39,8 @@ def redraw(folder) -> list[Path]:
         return redraw_loop(config, data, folder)
     raise RunFolderError(f"{folder} was not made by `jaxattn run`, `jaxattn loop` or "
                          "`jaxattn sweep` (its config.json names no known experiment).")
+
+
+#: The older name of `redraw_run`: run and loop folders only (`ja.sweep.redraw`
+#: draws any folder).
+redraw = redraw_run

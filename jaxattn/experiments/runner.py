@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .._app.folders import folder_path, write_run
+from .._artifacts.folders import folder_path, write_run
 from .._horizon import Horizon
 from .._validate import check_seed
 from . import get_experiment
@@ -177,7 +177,7 @@ def run_into_folder(
     progress: bool = True,
     log: Callable[[str], object] | None = print,
 ) -> tuple[Path, dict]:
-    """Run `experiment` with a checked `config` into a run folder (`_app.folders.write_run`).
+    """Run `experiment` with a checked `config` into a run folder (`_artifacts.folders.write_run`).
 
     **Arguments:**
 
@@ -241,8 +241,3 @@ def run_experiment(
     config = experiment_config(experiment, overrides or {}, seed)
     return run_into_folder(experiment, config, command=command_line(config, experiment),
                            out=out, progress=progress, log=log)
-
-
-#: The older name of `experiment_config` (`ja.models.resolve_config` reads a model's
-#: config file: another thing).
-resolve_config = experiment_config

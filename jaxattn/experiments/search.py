@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import jax.numpy as jnp
 import numpy as np
 
-from .._app import figures
+from .._artifacts import figures
 from .._flow import solve_flow
 from .base import AbstractExperiment, Param, Section, Verdict
 from .verdicts import kind_verdict, overall_kind

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._app import figures
+from .._artifacts import figures
 from .._horizon import CONSENSUS_TOL
 from ..metrics import misalignment, pairwise_lyapunov
 from . import paper001

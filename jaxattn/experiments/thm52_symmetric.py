@@ -6,7 +6,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .._app import figures
+from .._artifacts import figures
 from .._horizon import CONSENSUS_TOL
 from .._precision import matmul
 from ..metrics import misalignment

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from .._app.folders import RunFolderError, clear_partial_writes, save_npz
+from .._artifacts.folders import RunFolderError, clear_partial_writes, save_npz
 from .._dynamics import NORMS, SelfAttentionDynamics, random_mask
 from .._horizon import CONSENSUS_TOL
 from .._manifold import project
@@ -400,14 +400,14 @@ def cell_command(config: dict, grid: Grid, at: tuple[int, ...]) -> str:
              "kernel": KERNELS.index(grid.kernels[k]) + 1}
     parts = ["jaxattn run variants", f"--seed {config['seed']}"]
     parts += [f"--{key} {v}" for key, v in codes.items()] + [f"--beta {grid.betas[b]!r}"]
-    for p in VariantsStudy.params:
+    for p in VariantsExperiment.params:
         if p.name not in codes and p.name not in ("beta", "resume") and \
                 config[p.name] != p.default:
             parts.append(f"{p.flag} {config[p.name]!r}")
     return " ".join(parts)
 
 
-class VariantsStudy(AbstractExperiment):
+class VariantsExperiment(AbstractExperiment):
     name = "variants"
     title = ("which variants escape consensus: norm × mask × kernel × β on random weights, "
              "at a fixed depth")

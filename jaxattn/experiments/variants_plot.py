@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._app import figures
+from .._artifacts import figures
 from .._files import atomic_write
 
 #: The columns of `table.csv`, one row per cell.

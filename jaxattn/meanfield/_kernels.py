@@ -27,21 +27,25 @@ import math
 
 import jax.numpy as jnp
 
-from .._kernel import USA, AbstractKernel, Exp, Softmax, as_kernel
+from .._kernel import BUILTIN, AbstractKernel, as_kernel
 
-KERNELS = ("usa", "exp", "softmax")
+#: The built-in kernels the equation covers: those exponential in the logit (an
+#: `exponent_shift`).
+KERNELS = tuple(name for name, cls in BUILTIN.items() if cls.exponent_shift is not None)
 
 
-def check_kernel(kernel) -> AbstractKernel:
+def check_kernel(kernel: str | AbstractKernel) -> AbstractKernel:
     """The member of `ja.AbstractKernel` that `kernel` names (a name or a member), or
-    an error naming the kernels the equation covers."""
+    an error naming the kernels the equation covers: it is turned into its member
+    here, once, at each public entry."""
     try:
         member = as_kernel(kernel)
     except ValueError:
         member = None
-    if not isinstance(member, (USA, Exp, Softmax)):
+    if member is None or member.exponent_shift is None:
+        members = ", ".join(f"ja.{BUILTIN[name].__name__}()" for name in KERNELS)
         raise ValueError(f"`kernel` must be one of {', '.join(map(repr, KERNELS))} (or "
-                         f"ja.USA(), ja.Exp(), ja.Softmax()), got {kernel!r}.")
+                         f"{members}), got {kernel!r}.")
     return member
 
 
@@ -50,16 +54,17 @@ def interaction(beta):
     return lambda t: jnp.expm1(beta * t) / beta
 
 
-def profiles(beta, kernel: str):
+def profiles(beta, kernel: AbstractKernel):
     """`(G, Z)`: `X = ∇(G * μ)` for `"usa"`/`"exp"` (`Z = None`), `X = ∇(G * μ) /
-    (Z * μ)` for `"softmax"` (scaled by `e^{−β}`, which the ratio does not see, so
-    that large `β` does not overflow)."""
-    if isinstance(kernel, Softmax):
+    (Z * μ)` for the `normalised` `"softmax"` (scaled by `e^{−β}`, which the ratio does
+    not see, so that large `β` does not overflow)."""
+    if kernel.normalised:
         return (lambda t: jnp.exp(beta * (t - 1)) / beta), (lambda t: jnp.exp(beta * (t - 1)))
     return interaction(beta), None
 
 
-def coupling_of(kappa: float, beta: float, kernel: str = "usa", sigma: float = 1.0) -> float:
+def coupling_of(kappa: float, beta: float, kernel: str | AbstractKernel = "usa",
+                sigma: float = 1.0) -> float:
     """The papers' coupling `K` (`σ = 1`) of jaxattn's model `U = κ I` with
     `TokenNoise(σ)`: `κ e^{−β}/σ²` (`"usa"`), `κ/σ²` (`"exp"`, `"softmax"`); its
     time is `σ² t` (module docstring).
@@ -68,7 +73,7 @@ def coupling_of(kappa: float, beta: float, kernel: str = "usa", sigma: float = 1
 
     - `kappa`: the value matrix's scale, `U = κ I`.
     - `beta`: the inverse temperature.
-    - `kernel`: jaxattn's kernel.
+    - `kernel`: jaxattn's kernel, a member (`ja.USA()`) or its name.
     - `sigma`: the noise's strength, `TokenNoise(σ)`, `> 0`.
 
     **Returns:**
@@ -79,5 +84,5 @@ def coupling_of(kappa: float, beta: float, kernel: str = "usa", sigma: float = 1
     if not (math.isfinite(sigma) and sigma > 0):
         raise ValueError(f"`sigma` must be > 0 (σ = 0 has no papers' normalisation), "
                          f"got {sigma!r}.")
-    scale = math.exp(-beta) if isinstance(kernel, USA) else 1.0
+    scale = math.exp(-beta * kernel.exponent_shift)  # weights e^{β(⟨x, y⟩ − c)}/n
     return kappa * scale / sigma**2

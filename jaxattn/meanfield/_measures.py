@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._kernel import Softmax
+from .._kernel import AbstractKernel
 from .._validate import check_count
 from ._grid import AbstractGrid
 from ._kernels import check_kernel, interaction
@@ -62,7 +62,7 @@ def order_parameter(grid: AbstractGrid, mu: Float[Array, "*grid"]) -> Float[Arra
 
 
 def free_energy(grid: AbstractGrid, mu: Float[Array, "*grid"], beta, coupling,
-                kernel: str = "usa", *, sigma=1.0) -> Float[Array, ""]:
+                kernel: str | AbstractKernel = "usa", *, sigma=1.0) -> Float[Array, ""]:
     """The papers' free energy `F(μ) = σ² ∫ μ log(|S^{d−1}| μ) dS − K ∫∫ W_β(⟨x, y⟩)
     dμ(x) dμ(y)`, `W_β(t) = (e^{βt} − 1)/β`: the equation with `"usa"` or `"exp"` is
     its gradient flow, `∂_t μ = ½ div(μ ∇ δF/δμ)`, so `F(μ_t)` does not increase.
@@ -72,15 +72,15 @@ def free_energy(grid: AbstractGrid, mu: Float[Array, "*grid"], beta, coupling,
 
     - `grid`, `mu`: a density on the grid.
     - `beta`, `coupling`: `β > 0` and `K`.
-    - `kernel`: `"usa"` or `"exp"`; `"softmax"` is refused (its normalised equation
-      is no such gradient flow).
+    - `kernel`: `"usa"` or `"exp"` (or their members); `"softmax"` is refused (its
+      normalised equation is no such gradient flow).
     - `sigma`: the noise (`1`: the papers').
 
     **Returns:**
 
     `F(μ)` as a scalar.
     """
-    if isinstance(check_kernel(kernel), Softmax):
+    if check_kernel(kernel).normalised:
         raise ValueError("free_energy: the softmax equation is not the gradient flow of a "
                          "free energy; use kernel='usa' or 'exp'.")
     c = grid.analysis(mu)

@@ -27,7 +27,7 @@ import numpy as np
 from jaxtyping import Array, Float, Real
 from scipy import special
 
-from .._kernel import Softmax
+from .._kernel import AbstractKernel
 from ._kernels import check_kernel
 
 #: The most modes `circle_modes` returns (`I_k(β)/I_0(β) ≈ e^{−k²/2β}` below
@@ -125,7 +125,7 @@ def _check(x, beta, coupling, modes, kernel, dtype):
     if x.ndim != 2 or x.shape[1] != 2 or x.shape[0] < 1:
         raise ValueError(f"`x` must be (n, 2) points of the circle (vmap for a batch), "
                          f"got shape {x.shape}.")
-    softmax = isinstance(check_kernel(kernel), Softmax)
+    softmax = check_kernel(kernel).normalised
     if modes is None:
         modes = circle_modes(beta, dtype)
     elif isinstance(modes, bool) or not isinstance(modes, (int, np.integer)) or modes < 1:
@@ -145,7 +145,8 @@ def _angles(x):
     return jnp.arctan2(x[:, 1], x[:, 0])
 
 
-def circle_velocity(x: Float[Array, "n 2"], *, beta, coupling=1.0, kernel="usa",
+def circle_velocity(x: Float[Array, "n 2"], *, beta, coupling=1.0,
+                    kernel: str | AbstractKernel = "usa",
                     modes: int | None = None) -> Float[Array, "n 2"]:
     """The particles' velocity `K P_{x_i} (1/n) Σ_j k_β(x_i, x_j) x_j` on the circle
     (the equation's `K X[μ_n](x_i)` for the empirical measure `μ_n`), summed in `modes`
@@ -158,7 +159,8 @@ def circle_velocity(x: Float[Array, "n 2"], *, beta, coupling=1.0, kernel="usa",
     - `x`: `(n, 2)` points of the circle (normalised here).
     - `beta`: the inverse temperature `β ≥ 0`.
     - `coupling`: `K` in the papers' normalisation (`_kernels.py`).
-    - `kernel`: `"usa"` (default), `"exp"` (the same field) or `"softmax"`.
+    - `kernel`: `"usa"` (default), `"exp"` (the same field) or `"softmax"`, or its
+      member.
     - `modes`: the Fourier modes kept; `None` (default): `circle_modes(β)`, which needs
       a concrete `β`.
 
@@ -173,7 +175,7 @@ def circle_velocity(x: Float[Array, "n 2"], *, beta, coupling=1.0, kernel="usa",
 
 
 def circle_particles(x0: Float[Array, "n 2"], ts: Real[Array, " T"], *, beta, coupling=1.0,
-                     kernel="usa", modes: int | None = None,
+                     kernel: str | AbstractKernel = "usa", modes: int | None = None,
                      solver: dfx.AbstractSolver = dfx.Tsit5(), rtol: float = 1e-6,
                      atol: float = 1e-8, max_steps: int = 16384,
                      adjoint: dfx.AbstractAdjoint = dfx.RecursiveCheckpointAdjoint()

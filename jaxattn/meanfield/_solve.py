@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._kernel import AbstractKernel
 from ._etd import ETDRK4
 from ._grid import AbstractGrid
 from ._kernels import check_kernel, profiles
@@ -38,9 +39,9 @@ class Drift(eqx.Module):
         return -self.coupling * self.grid.divergence(tuple(mu * f for f in field))
 
 
-def drift(grid: AbstractGrid, beta, coupling, kernel: str) -> Drift:
+def drift(grid: AbstractGrid, beta, coupling, kernel: AbstractKernel) -> Drift:
     """The transport term of the equation on `grid` (`Drift`)."""
-    g, z = profiles(beta, check_kernel(kernel))
+    g, z = profiles(beta, kernel)
     return Drift(grid, grid.multipliers(g), None if z is None else grid.multipliers(z),
                  jnp.asarray(coupling))
 
@@ -78,7 +79,8 @@ def _check(grid, mu0, ts, beta, coupling, sigma, dt0):
 
 
 def solve(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, *, beta, coupling,
-          kernel: str = "usa", sigma=1.0, dt0: float = DT0) -> Float[Array, "T ..."]:
+          kernel: str | AbstractKernel = "usa", sigma=1.0, dt0: float = DT0
+          ) -> Float[Array, "T ..."]:
     """The densities `μ_t` at the times `ts` of the mean-field equation
     `∂_t μ = (σ²/2) Δμ − K div(μ X[μ])` (`X`, the kernels and the map onto jaxattn:
     `docs/meanfield_equation.md`), from `μ_{ts[0]} = mu0`.
@@ -99,7 +101,8 @@ def solve(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, *, beta, coupling,
     - `ts`: increasing save times (`ts[0]` the start).
     - `beta`: the inverse temperature `β > 0`.
     - `coupling`: `K` (any real; `0` is Brownian motion alone).
-    - `kernel`: `"usa"` (default), `"exp"` (the same equation) or `"softmax"`.
+    - `kernel`: `"usa"` (default), `"exp"` (the same equation) or `"softmax"`, or its
+      member (`ja.USA()`, …).
     - `sigma`: the noise, `σ ≥ 0` (`1`: the papers' normalisation; `0`: the
       deterministic flow).
     - `dt0`: the largest step.
@@ -109,7 +112,7 @@ def solve(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, *, beta, coupling,
     The densities at `ts`, shape `(len(ts),) + grid.weights.shape`.
     """
     ts = _check(grid, mu0, ts, beta, coupling, sigma, dt0)
-    check_kernel(kernel)
+    kernel = check_kernel(kernel)
     return _solve(grid, jnp.asarray(mu0), jnp.asarray(ts), jnp.asarray(step_times(ts, dt0)),
                   beta, coupling, sigma, kernel)
 

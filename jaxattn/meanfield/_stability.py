@@ -24,7 +24,7 @@ thresholds are `κ = σ² e^{β} K_#` (`"usa"`), `σ² K_#` (`"exp"`) and
 
 import math
 
-from .._kernel import Softmax
+from .._kernel import AbstractKernel
 from ._kernels import check_kernel
 
 
@@ -46,19 +46,19 @@ def _log_bessel(nu: float, beta: float) -> float:
     return math.log(ive(nu, beta)) + beta
 
 
-def multiplier(beta: float, d: int, mode: int, kernel: str = "usa") -> float:
+def multiplier(beta: float, d: int, mode: int, kernel: AbstractKernel) -> float:
     """`λ_ℓ` of the module docstring (the force's Funk–Hecke eigenvalue on degree `ℓ`,
     with the uniform density's factor; softmax's divided by `E[e^{βt}]`)."""
     beta = _check(beta, d, mode)
     nu = d / 2 - 1
     log = math.lgamma(d / 2) + nu * math.log(2 / beta) + _log_bessel(mode + nu, beta)
     log -= math.log(beta)
-    if isinstance(check_kernel(kernel), Softmax):
+    if kernel.normalised:
         log -= math.lgamma(d / 2) + nu * math.log(2 / beta) + _log_bessel(nu, beta)
     return math.exp(log)
 
 
-def growth_rate(beta, coupling, d: int, mode: int = 1, kernel: str = "usa", *,
+def growth_rate(beta, coupling, d: int, mode: int = 1, kernel: str | AbstractKernel = "usa", *,
                 sigma: float = 1.0) -> float:
     """The linear growth rate `γ_ℓ = ℓ(ℓ + d − 2)(K λ_ℓ − σ²/2)` of a degree-`ℓ`
     harmonic perturbation of the uniform density (module docstring): negative below
@@ -70,19 +70,20 @@ def growth_rate(beta, coupling, d: int, mode: int = 1, kernel: str = "usa", *,
     - `coupling`: `K`.
     - `d`: the dimension (`S^{d−1}`).
     - `mode`: the degree `ℓ ≥ 1`.
-    - `kernel`: `"usa"`, `"exp"` (the same) or `"softmax"`.
+    - `kernel`: `"usa"`, `"exp"` (the same) or `"softmax"`, or its member.
     - `sigma`: the noise (`1`: the papers' normalisation).
 
     **Returns:**
 
     `γ_ℓ` as a float (per unit time).
     """
-    lam = multiplier(beta, d, mode, kernel)
+    lam = multiplier(beta, d, mode, check_kernel(kernel))
     return mode * (mode + d - 2) * (float(coupling) * lam - float(sigma) ** 2 / 2)
 
 
-def linear_threshold(beta, d: int, kernel: str = "usa", *, sigma: float = 1.0) -> float:
+def linear_threshold(beta, d: int, kernel: str | AbstractKernel = "usa", *,
+                     sigma: float = 1.0) -> float:
     """The coupling where the uniform density turns linearly unstable (its first
     harmonic's `γ₁ = 0`): `σ² K_#(β)` for `"usa"`/`"exp"`, `σ² β I_{d/2−1}(β) /
     (2 I_{d/2}(β))` for `"softmax"` (module docstring)."""
-    return float(sigma) ** 2 / (2 * multiplier(beta, d, 1, kernel))
+    return float(sigma) ** 2 / (2 * multiplier(beta, d, 1, check_kernel(kernel)))

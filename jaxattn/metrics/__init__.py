@@ -8,6 +8,12 @@ and `grad`; `hemisphere` solves its convex program on the host through
 tokens); `order_parameter` and `sphere_density` see the tokens as a measure (its
 mean, its density on S²). `interaction_energy`, `saddle_index` and `plateaus` read
 the metastable staircase of the unnormalised flow.
+The statistics the experiments' verdicts rest on are host functions of NumPy arrays:
+`level_crossing` (where a sampled curve crosses a level), `fit_slope` and
+`fit_crossing` (least squares, with standard errors), `binomial_error`,
+`autocorrelation_time` and a time window's `window_statistics` (`block_means`,
+`half_gap`). `rescaled_flow` and `rescaled_euler` integrate the flow to horizons of
+`10³⁰⁰` and beyond, the clusters snapped to point masses (`RESCALED_SNAP`).
 `CONSENSUS_TOL` is the tolerance at which jaxattn calls tokens in consensus
 (`E < CONSENSUS_TOL`), used by the experiments, the sweeps and `ja.theory`.
 """
@@ -29,23 +35,44 @@ from ._energy import tangent_hessian as tangent_hessian
 from ._hemisphere import Hemisphere as Hemisphere
 from ._hemisphere import hemisphere as hemisphere
 from ._hemisphere import wendel_probability as wendel_probability
+from ._long_time import RESCALED_SNAP as RESCALED_SNAP
+from ._long_time import rescaled_euler as rescaled_euler
+from ._long_time import rescaled_flow as rescaled_flow
 from ._measure import SphereDensity as SphereDensity
 from ._measure import order_parameter as order_parameter
 from ._measure import sphere_density as sphere_density
 from ._staircase import Staircase as Staircase
 from ._staircase import plateaus as plateaus
+from ._statistics import WindowStatistics as WindowStatistics
+from ._statistics import autocorrelation_time as autocorrelation_time
+from ._statistics import binomial_error as binomial_error
+from ._statistics import block_means as block_means
+from ._statistics import fit_crossing as fit_crossing
+from ._statistics import fit_slope as fit_slope
+from ._statistics import half_gap as half_gap
+from ._statistics import level_crossing as level_crossing
+from ._statistics import window_statistics as window_statistics
 
 __all__ = [
     "CONSENSUS_TOL",
+    "RESCALED_SNAP",
     "Hemisphere",
     "SphereDensity",
     "Staircase",
+    "WindowStatistics",
     "attention_entropy",
+    "autocorrelation_time",
+    "binomial_error",
+    "block_means",
     "cluster_count",
     "cluster_labels",
     "consensus_time",
+    "fit_crossing",
+    "fit_slope",
+    "half_gap",
     "hemisphere",
     "interaction_energy",
+    "level_crossing",
     "misalignment",
     "misalignment_floor",
     "order_parameter",
@@ -54,8 +81,11 @@ __all__ = [
     "plateaus",
     "potential",
     "rank_collapse_residual",
+    "rescaled_euler",
+    "rescaled_flow",
     "saddle_index",
     "sphere_density",
     "tangent_hessian",
     "wendel_probability",
+    "window_statistics",
 ]

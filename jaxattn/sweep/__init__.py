@@ -46,9 +46,10 @@ the theorem's domain) and `outcome_reached`, both by the theorem's own tests
 `verdict` and its `verdict_kind` (`agrees`, `not_converged`, `contradicts`, as for
 `jaxattn run`). Its consensus-time quartiles are over the instances that reached
 consensus (`consensus_time` finite in `table.csv`): `null` where none did, each such
-field named under `null_means`. `ja.sweep.redraw(folder)` (`jaxattn plot DIR`)
-draws any finished folder's figures again: a sweep's `sweep.png` from `table.csv`
-(`redraw_sweep`), a run or loop folder's through `ja.experiments.redraw`.
+field named under `null_means`. `ja.sweep.redraw(folder)` (`jaxattn plot DIR`) is
+jaxattn's one `redraw`: it draws any finished folder's figures again, by its kind: a
+sweep's `sweep.png` from `table.csv` (`redraw_sweep`), a run or loop folder's through
+`ja.experiments.redraw_run`.
 """
 
 import sys as _sys

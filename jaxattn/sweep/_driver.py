@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._app.folders import (
+from .._artifacts.folders import (
     INCOMPLETE,
     RunFolderError,
     check_not_held,
@@ -34,7 +34,7 @@ from .._app.folders import (
 from .._files import atomic_write
 from .._horizon import CONSENSUS_TOL
 from .._sharding import as_mesh
-from ..experiments import redraw as redraw_run
+from ..experiments import redraw_run
 from ..metrics import consensus_time
 from ._instances import simulate_chunk, theorem_of
 from ._report import PREDICTION_HELD, instance_status, summarise, write_figure
@@ -246,8 +246,9 @@ def _assemble(folder: Path, keys, chunks) -> dict[str, np.ndarray]:
 
 
 def redraw(folder) -> list[Path]:
-    """Draw any finished jaxattn folder's figures again (`jaxattn plot DIR`): a sweep
-    folder's by `redraw_sweep`, a run or loop folder's by `ja.experiments.redraw`.
+    """Draw any finished jaxattn folder's figures again (`jaxattn plot DIR`), by its
+    kind: a sweep folder's by `redraw_sweep`, a run or loop folder's by
+    `ja.experiments.redraw_run`. It lives here, the lowest layer that knows both.
 
     **Arguments:**
 

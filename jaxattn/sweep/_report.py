@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .._app.figures import legend_under_panels, pyplot, save_figure
-from .._app.folders import read_json
+from .._artifacts.figures import legend_under_panels, pyplot, save_figure
+from .._artifacts.folders import read_json
 from .._horizon import CONSENSUS_TOL
 from ..experiments import get_experiment
 from ..experiments.verdicts import convergence_trend, run_kind

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._dynamics import SelfAttentionDynamics
-from .._kernel import AbstractKernel, Softmax
-from .._norm import AbstractNorm, PostNorm
+from .._kernel import AbstractKernel
+from .._norm import AbstractNorm
 from .._schedule import AbstractSchedule, PiecewiseConstant
 from ._report import THEOREMS as THEOREMS
 from ._report import Check, Classification, TheoremReport
@@ -289,7 +289,9 @@ def _check_form(m: _Model) -> list[Check]:
     Every theorem is proved for the flow (eq. 6) on `E_W` with softmax weights over
     all tokens (or all earlier ones); a variant is a different dynamical system.
     """
-    papers_norm, papers_kernel = isinstance(m.norm, PostNorm), isinstance(m.kernel, Softmax)
+    # softmax: the normalised kernel exponential in the logit
+    papers_norm = m.norm.papers_default
+    papers_kernel = m.kernel.normalised and m.kernel.exponent_shift is not None
     norm = m.norm.description if papers_norm else (
         f"norm = {m.norm.name!r}: {m.norm.description}")
     kernel = "softmax" if papers_kernel else f"kernel = {m.kernel.name!r}: {m.kernel.description}"

@@ -39,13 +39,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Real
 
-from .._kernel import AbstractKernel, Exp, Softmax, as_kernel
-from .._norm import NGPT, AbstractNorm, NoNorm, PeriNorm, PostNorm, PreNorm, as_norm
+from .._kernel import BUILTIN, AbstractKernel, as_kernel
+from .._norm import AbstractNorm, as_norm
 
-#: The placements and kernels the reduction covers (weights that depend on
-#: `⟨x_i, x_j⟩` alone), by member class: its laws below are tables over them.
-NORMS = (PostNorm, PreNorm, PeriNorm, NGPT, NoNorm)
-KERNELS = (Softmax, Exp)
+#: The built-in kernels the reduction covers: weights `e^{β⟨x_i, x_j⟩}`, over `n` or
+#: normalised (`exponent_shift == 0`). Every placement is covered: each states its
+#: reduced flow (`AbstractNorm.equiangular`).
+KERNELS = tuple(name for name, cls in BUILTIN.items() if cls.exponent_shift == 0)
 _Norm = AbstractNorm | str
 _Kernel = AbstractKernel | str
 
@@ -72,20 +72,17 @@ class EquiangularSolution(eqx.Module):
     radius: Float[Array, " T"]
 
 
-def _members(norm: AbstractNorm | str, kernel: AbstractKernel | str) -> tuple[type, type]:
-    """The member classes of `norm` and `kernel` (strings or members), or an error
-    naming the ones the reduction covers."""
-    norm, kernel = type(as_norm(norm)), type(as_kernel(kernel))
-    if norm not in NORMS:
-        raise ValueError(f"the equiangular reduction covers the placements "
-                         f"{', '.join(c.name for c in NORMS)}, got {norm.__name__}.")
-    if kernel not in KERNELS:
-        raise ValueError(f"`kernel` must be 'softmax' or 'exp' (the reduction needs weights "
-                         f"that depend on ⟨x_i, x_j⟩ alone), got {kernel.name!r}.")
+def _members(norm: _Norm, kernel: _Kernel) -> tuple[AbstractNorm, AbstractKernel]:
+    """The members `norm` and `kernel` name (strings or members), or an error naming
+    the kernels the reduction covers."""
+    norm, kernel = as_norm(norm), as_kernel(kernel)
+    if kernel.exponent_shift != 0:
+        raise ValueError(f"`kernel` must be {' or '.join(map(repr, KERNELS))} (the reduction "
+                         f"needs weights that depend on ⟨x_i, x_j⟩ alone), got {kernel.name!r}.")
     return norm, kernel
 
 
-def _check(n: int, beta: float, norm, kernel) -> tuple[type, type]:
+def _check(n: int, beta: float, norm, kernel) -> tuple[AbstractNorm, AbstractKernel]:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
         raise ValueError(f"`n` is the number of tokens: an integer ≥ 2, got {n!r}.")
     if not (isinstance(beta, (int, float, np.number)) and math.isfinite(beta) and beta >= 0):
@@ -93,11 +90,20 @@ def _check(n: int, beta: float, norm, kernel) -> tuple[type, type]:
     return _members(norm, kernel)
 
 
-def _parts(gap, kappa, n: int, beta, kernel: type):
+def _kappa(norm: AbstractNorm, r):
+    """`κ`, the factor of the scores `βκ⟨u_i, u_j⟩` at tokens of norm `r`: `|y|²` of
+    the tokens `y` the placement's attention reads (`norm.reads`: `r²` for the raw
+    tokens, 1 for `N(x)`); 1 on `E_W`."""
+    if norm.stays_on_manifold:
+        return 1.0
+    return norm.reads(jnp.asarray(r)[..., None], None)[..., 0] ** 2
+
+
+def _parts(gap, kappa, n: int, beta, kernel: AbstractKernel):
     """`(s, m, g / (1 − ρ))` of the module docstring at `1 − ρ = gap`, scores scaled
     by `κ` (`g` divided by the gap exactly, for the log-gap equation)."""
     rho = 1 - gap
-    if kernel is Softmax:
+    if kernel.normalised:  # softmax
         b = 1 / (jnp.exp(beta * kappa * gap) + (n - 1))
         a = 1 - (n - 1) * b
     else:
@@ -113,16 +119,10 @@ def _log_field(t, y, args):
     """`d/dt (log(1 − ρ), log r)`: the reduced ODE in the variables it is solved in."""
     n, beta, norm, kernel = args
     gap, r = jnp.exp(y[0]), jnp.exp(y[1])
-    s, m, per_gap = _parts(gap, r**2 if norm is NoNorm else 1.0, n, beta, kernel)
+    s, m, per_gap = _parts(gap, _kappa(norm, r), n, beta, kernel)
     # ρ̇ = 2g · speed, so d log(1 − ρ)/dt = −2 (g / (1 − ρ)) · speed
-    speed, dlogr = {
-        PostNorm: (1.0, 0.0),
-        NGPT: (1 / m, 0.0),
-        PreNorm: (1 / r, s / r),
-        PeriNorm: (1 / (m * r), s / (m * r)),
-        NoNorm: (1.0, s),
-    }[norm]
-    return jnp.stack([-2 * per_gap * speed, jnp.asarray(dlogr, y.dtype)])
+    speed, dr = norm.equiangular(s, m, r)
+    return jnp.stack([-2 * per_gap * speed, jnp.asarray(dr / r, y.dtype)])
 
 
 def equiangular_field(rho: Real[Array, "..."], n: int, beta: float, *, norm: _Norm = "post",
@@ -149,15 +149,9 @@ def equiangular_field(rho: Real[Array, "..."], n: int, beta: float, *, norm: _No
     """
     norm, kernel = _check(n, beta, norm, kernel)
     rho, r = jnp.asarray(rho, float), jnp.asarray(radius, float)
-    s, m, per_gap = _parts(1 - rho, r**2 if norm is NoNorm else 1.0, n, beta, kernel)
-    g = (1 - rho) * per_gap
-    drho, dr = {
-        PostNorm: (2 * g, 0 * s),
-        NGPT: (2 * g / m, 0 * s),
-        PreNorm: (2 * g / r, s),
-        PeriNorm: (2 * g / (m * r), s / m),
-        NoNorm: (2 * g, r * s),
-    }[norm]
+    s, m, per_gap = _parts(1 - rho, _kappa(norm, r), n, beta, kernel)
+    speed, dr = norm.equiangular(s, m, r)
+    drho, dr = jnp.broadcast_arrays(2 * (1 - rho) * per_gap * speed, jnp.asarray(dr, s.dtype))
     return drho, dr
 
 
@@ -229,7 +223,10 @@ def equiangular_asymptotics(n: int, beta: float, *, norm: _Norm = "post",
     `t^{−2}`. `"none"` with softmax: `q = r²(1 − ρ)` obeys `d log q/dt = 2(1 − nb)`
     with `nb = n / (e^{βq} + n − 1) < 1`, so `q` grows, the attention tends to the
     identity and `ρ` stops short of 1; with `exp`, `ṙ ≥ r e^{βr²}/n` blows up in
-    finite time.
+    finite time. So for any placement, from its own `equiangular(s, m, r)` at
+    `s = m = nb`, `r = 1`: on `E_W` the rate `2nb · ρ̇/2g`; off it, with scores that
+    read `N(x)`, the exponent `2nb · (ρ̇/2g) / ṙ` in `r ≍ t`; with raw scores, no
+    clustering (softmax) or a blow-up.
 
     **Arguments:** `n`, `beta`, `norm`, `kernel` as `equiangular_field`.
 
@@ -238,14 +235,17 @@ def equiangular_asymptotics(n: int, beta: float, *, norm: _Norm = "post",
     An `Asymptotics(kind, rate, law)`.
     """
     norm, kernel = _check(n, beta, norm, kernel)
-    if norm in (PreNorm, PeriNorm):
-        return Asymptotics("algebraic", 2.0, "1 − ρ ≍ t^(−2)")
-    if norm is NoNorm:
-        if kernel is Exp:
-            return Asymptotics("blow-up", math.nan, "r blows up in finite time")
-        return Asymptotics("none", math.nan, "ρ → ρ∞ < 1 (no clustering)")
-    rate = 2 * math.exp(beta) if (norm, kernel) == (PostNorm, Exp) else 2.0
-    return Asymptotics("exponential", rate, f"1 − ρ ≍ e^(−{rate:.4g} t)")
+    nb = 1.0 if kernel.normalised else math.exp(beta)  # n·b at ρ = 1 (κ = 1)
+    speed, dr = norm.equiangular(nb, nb, 1.0)  # s, m → nb
+    if norm.stays_on_manifold:  # d log(1 − ρ)/dt → −2 nb · speed
+        rate = 2 * nb * speed
+        return Asymptotics("exponential", rate, f"1 − ρ ≍ e^(−{rate:.4g} t)")
+    if float(_kappa(norm, 2.0)) == 1.0:  # the scores read N(x): r grows as t
+        rate = 2 * nb * speed / dr  # d log(1 − ρ)/d log r, speed and ṙ/r both ∝ 1/r
+        return Asymptotics("algebraic", rate, f"1 − ρ ≍ t^(−{rate:.4g})")
+    if not kernel.normalised:
+        return Asymptotics("blow-up", math.nan, "r blows up in finite time")
+    return Asymptotics("none", math.nan, "ρ → ρ∞ < 1 (no clustering)")
 
 
 def equiangular_tokens(rho0: float, n: int, d: int, dtype=None) -> Float[Array, "n d"]:

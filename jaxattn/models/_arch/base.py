@@ -13,6 +13,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from ..._precision import Precision
+from .._tokenize import detokenize, tokenize
 from ._nn import Window, dense_mask
 
 
@@ -198,15 +199,11 @@ class AbstractTransformer(eqx.Module):
         """Token ids of `texts` with the tokenizer the model was loaded with (as
         TransformerLens's `to_tokens`): `ja.models.tokenize(model.tokenizer_file,
         texts, **options)`, same options (`tokens`, `pad`, `return_mask`, …)."""
-        from .._tokenize import tokenize
-
         return tokenize(self._tokenizer(), texts, **options)
 
     def detokenize(self, ids, **options):
         """The text of token ids with the model's own tokenizer (as TransformerLens's
         `to_string`): `ja.models.detokenize(model.tokenizer_file, ids, **options)`."""
-        from .._tokenize import detokenize
-
         return detokenize(self._tokenizer(), ids, **options)
 
     def _tokenizer(self) -> str:

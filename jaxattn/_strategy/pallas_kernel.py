@@ -1,0 +1,147 @@
+"""`PallasKernel`: a whole run of a block of systems in one Pallas kernel."""
+
+import functools
+from typing import ClassVar
+
+import equinox as eqx
+import jax.numpy as jnp
+
+from .._batch import call_batched, prepare_tokens
+from .._ensemble import from_batch_last, to_batch_last
+from .._noise import layer_normal, noisy_layer
+from .._pallas import KernelConfig, key_rows, refuse_devices, run_ensemble
+from .._stacked import map_models, models_last
+from .._validate import NONFINITE, raise_unless
+from .base import AbstractStrategy
+from .solve import FlowResult
+from .stepping import (
+    chained,
+    kernel_plan,
+    kernel_saved,
+    kernel_stage,
+    kernel_stage_saved,
+    kernel_step,
+)
+
+
+class PallasKernel(AbstractStrategy):
+    """The whole run of a block of systems as one Pallas kernel (`docs/kernels.md`):
+    the tokens read once and carried through the steps in registers, only the saved
+    values written. Compiled with Triton on CUDA, interpreted elsewhere (correct,
+    slow); one device, not differentiable, dense attention only. Layers, and constant
+    steps of Euler or an explicit Runge–Kutta solver saved on their step grid; with
+    noise, each system's `ξ` drawn in the kernel from its key.
+
+    **Arguments:**
+
+    - `block`: systems per program (one lane each), a power of two.
+    - `num_warps`: warps per program.
+    - `backend`: the Pallas GPU backend, `"triton"`.
+    """
+
+    block: int = eqx.field(static=True, default=128)
+    num_warps: int = eqx.field(static=True, default=4)
+    backend: str = eqx.field(static=True, default="triton")
+
+    name: ClassVar[str] = "kernel"
+    runs_blocks: ClassVar[bool] = False
+    differentiable: ClassVar[bool] = False
+    splits_tokens: ClassVar[bool] = False
+    one_device: ClassVar[bool] = True
+    fused: ClassVar[bool] = False
+
+    def __check_init__(self):
+        KernelConfig(self.block, self.num_warps, self.backend)  # its one check
+
+    @property
+    def config(self) -> KernelConfig:
+        return KernelConfig(self.block, self.num_warps, self.backend)
+
+    def run_layers(self, dyn, x0, num_layers, tau, observe, checkpoints, *, devices,
+                   shard, noise, keys, checked=True):
+        refuse_devices(devices, shard)
+        if not checked:
+            return _layers_kernel(dyn, x0, num_layers, tau, observe, self.config,
+                                  False), False
+        return call_batched(_layers_kernel, dyn, x0, None, num_layers, tau, observe,
+                            self.config, noise=noise, keys=keys)
+
+    def solve_flow(self, dyn, x0, options, *, adjoint, throw, on_manifold, event,
+                   devices, shard, noise, keys, checked=True):
+        if not checked:
+            raise ValueError("strategy='kernel' solves with ja.solve_flow (checked "
+                             "inputs): take strategy='fused' here.")
+        if event is not None:
+            raise ValueError("strategy='kernel' saves at `ts`: drop `solution=`/`event=`, "
+                             "or take strategy='general'.")
+        refuse_devices(devices, shard)
+        t0, h, saves, per_save, coeffs = kernel_plan(*options)
+        (ys, finite), checked = call_batched(
+            _flow_kernel, dyn, x0, None, t0, h, saves, per_save, coeffs, bool(on_manifold),
+            self.config, noise=noise, keys=keys)
+        if throw:
+            if not checked:
+                raise_unless(finite, NONFINITE)
+            return ys
+        steps = jnp.full(finite.shape, saves * per_save, jnp.int32)
+        return FlowResult(ys, finite, steps)
+
+
+def _layer(x, k, params):
+    dyn, tau = params
+    return dyn.layer(k * tau, x, tau)
+
+
+def _noisy_layer(x, k, params):
+    """A noisy layer as the other members run it, `ξ` drawn from the system's key."""
+    dyn, noise, tau, key = params
+    xi = layer_normal(noise, key, k, *x.shape, x.dtype)
+    return noisy_layer(dyn, noise, k * tau, x, tau, xi)
+
+
+@eqx.filter_jit
+def _layers_kernel(dyn, x0, num_layers, tau, observe, config, checks, noise=None,
+                   keys=None):
+    """The layers as one Pallas kernel: the same layer (`dyn.layer`, or `noisy_layer`
+    with each system's `ξ` drawn in the kernel from its key) and `observe`."""
+    x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
+    tau = tau.astype(x0.dtype)
+    batch = x0.shape[:-2]
+    model = models_last(dyn, batch)
+    if noise is None:
+        step, params = _layer, (model, tau)
+    else:
+        step, params = _noisy_layer, (model, noise, tau, key_rows(keys, batch))
+    ys, last = run_ensemble(step, lambda x, _: observe(x), to_batch_last(x0), params,
+                            num_saves=num_layers, steps_per_save=1, config=config)
+    ys, last = from_batch_last(ys, batch), from_batch_last(last, batch)
+    finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
+    if checks:
+        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
+    return ys, finite
+
+
+@eqx.filter_jit
+def _flow_kernel(dyn, x0, t0, h, saves, per_save, coeffs, on_manifold, config, checks,
+                 noise=None, keys=None):
+    x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
+    batch = x0.shape[:-2]
+    params = (models_last(dyn, batch), jnp.asarray(t0, x0.dtype), jnp.asarray(h, x0.dtype))
+    if noise is not None:
+        params = params + (noise, key_rows(keys, batch))
+    xb = to_batch_last(x0)
+    if noise is None and chained(coeffs):
+        step = functools.partial(kernel_stage, coeffs=coeffs, on_manifold=on_manifold)
+        saved = functools.partial(kernel_stage_saved, on_manifold=on_manifold)
+        xb, per_save = jnp.stack([xb, xb, xb]), per_save * len(coeffs[2])
+    else:
+        step = functools.partial(kernel_step, coeffs=coeffs, on_manifold=on_manifold,
+                                 noisy=noise is not None)
+        saved = functools.partial(kernel_saved, on_manifold=on_manifold)
+    ys, last = run_ensemble(step, saved, xb, params, num_saves=saves,
+                            steps_per_save=per_save, config=config)
+    ys = from_batch_last(ys, batch)
+    finite = jnp.all(jnp.isfinite(ys), axis=tuple(range(len(batch), ys.ndim)))
+    if checks:
+        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
+    return ys, finite

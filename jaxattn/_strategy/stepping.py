@@ -1,0 +1,127 @@
+"""Constant steps of an explicit Runge–Kutta solver, read from diffrax's own tableau,
+as `PallasKernel` runs a flow: one step (or one stage) of one system, which the kernel
+evaluates on lanes (`jaxattn._pallas.lanes`)."""
+
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._manifold import project
+from .._noise import layer_normal
+from .._validate import is_concrete
+
+
+def kernel_plan(ts, solver, controller, dt0, max_steps) -> tuple:
+    """`(t0, h, saves, steps per save, (c, a, b))` of a constant-step run whose steps land
+    on the save times, for `strategy="kernel"`; anything else refused in one line."""
+    inner = solver.solver if isinstance(solver, dfx.AbstractWrappedSolver) else solver
+    if isinstance(inner, dfx.Euler):
+        coeffs = ((), (), (1.0,))
+    elif isinstance(inner, dfx.AbstractERK) and inner.tableau.a_diagonal is None \
+            and not inner.tableau.implicit:
+        tab = inner.tableau
+        coeffs = (tuple(map(float, tab.c)), tuple(tuple(map(float, a)) for a in tab.a_lower),
+                  tuple(map(float, tab.b_sol)))
+    else:
+        raise ValueError(f"strategy='kernel' runs Euler and explicit Runge–Kutta solvers "
+                         f"(ja.RK4, Heun, …), got {type(inner).__name__}.")
+    if not isinstance(controller, dfx.ConstantStepSize):
+        raise ValueError("strategy='kernel' takes constant steps: pass `dt0=` and no "
+                         "adaptive `stepsize_controller`.")
+    if not is_concrete(ts):
+        raise ValueError("strategy='kernel' plans its steps from concrete `ts`: call it "
+                         "outside jit, or take strategy='fused'.")
+    tn = np.asarray(ts, np.float64)
+    if tn.size == 1:
+        return float(tn[0]), float(dt0), 0, 1, coeffs
+    gap = (tn[-1] - tn[0]) / (tn.size - 1)
+    per_save = max(1, round(gap / dt0))
+    tol = 1e-6 * max(gap, np.finfo(np.float32).tiny)
+    if np.any(np.abs(np.diff(tn) - gap) > tol) or abs(per_save * dt0 - gap) > 1e-6 * gap:
+        raise ValueError("strategy='kernel' saves on its step grid: `ts` equally spaced, "
+                         "each gap a whole number of steps `dt0`.")
+    if per_save * (tn.size - 1) > max_steps:
+        raise ValueError(f"strategy='kernel': {per_save * (tn.size - 1)} steps exceed "
+                         f"max_steps={max_steps}.")
+    return float(tn[0]), float(gap / per_save), tn.size - 1, per_save, coeffs
+
+
+def kernel_step(x, k, params, *, coeffs, on_manifold, noisy=False):
+    """One explicit Runge–Kutta step (`coeffs = (c, a, b)`, the solver's tableau) of
+    `dyn.velocity`, retracted onto `E_W` as `ManifoldSolver` retracts. With `noise`,
+    every stage's increment is diffrax's for `MultiTerm(ODETerm, ControlTerm)`:
+    `h v + kick(ΔW)`, with `ΔW = √h ξ` drawn from the system's key for step `k`
+    (Euler: Itô Euler–Maruyama; Heun: its Stratonovich form)."""
+    noise = None
+    if not noisy:
+        dyn, t0, h = params
+    else:
+        dyn, t0, h, noise, key = params
+        dW = jnp.sqrt(h) * layer_normal(noise, key, k, *x.shape, x.dtype)
+    c, a, b = coeffs
+    t = t0 + k * h
+
+    def increment(s, y):
+        inc = h * dyn.velocity(s, y)
+        return inc if noise is None else inc + noise.kick(dyn, s, y, dW)
+
+    ks = [increment(t, x)]
+    for ci, row in zip(c, a):
+        y = x
+        for aij, kj in zip(row, ks):
+            if aij:
+                y = y + aij * kj
+        ks.append(increment(t + ci * h, y))
+    y1 = x
+    for bj, kj in zip(b, ks):
+        if bj:
+            y1 = y1 + bj * kj
+    return project(y1, dyn.W) if on_manifold else y1
+
+
+def kernel_saved(x, params, *, on_manifold):
+    return project(x, params[0].W) if on_manifold else x
+
+
+def chained(coeffs) -> bool:
+    """Whether each stage reads only the one before it (`ja.RK4`, Heun, midpoint): the
+    stages then run as iterations of the kernel's loop (`kernel_stage`), so its body
+    holds one velocity instead of every stage's (RK4 at S1's shape: 7.0k jaxpr equations
+    against 20.8k unrolled; Triton's compile time grows with it)."""
+    _, a, _ = coeffs
+    return len(a) >= 1 and all(not any(row[:-1]) for row in a)
+
+
+def _pick(table, s, dtype):
+    """`table[s]` for a stage index `s` held as a float: a chain of selects."""
+    out = jnp.zeros((), dtype)
+    for j, value in enumerate(table):
+        out = jnp.where(s == j, jnp.asarray(value, dtype), out)
+    return out
+
+
+def kernel_stage(z, k, params, *, coeffs, on_manifold):
+    """One stage of a chained explicit Runge–Kutta step (`chained`), `k` the stage's
+    index over the run: `z = (x, y, acc)`, the step's start, this stage's input and
+    `x + Σ b_j k_j` so far (summed in `kernel_step`'s order, so the two agree to the
+    last bit). The last stage of a step writes the new tokens into all three."""
+    dyn, t0, h = params
+    c, a, b = coeffs
+    stages = len(b)
+    x, y, acc = z[0], z[1], z[2]
+    step = jnp.floor(k / stages)
+    s = k - stages * step
+    t = t0 + step * h
+    inc = h * dyn.velocity(t + _pick((0.0,) + tuple(c), s, x.dtype) * h, y)
+    acc = acc + _pick(b, s, x.dtype) * inc
+    nxt = x + _pick(tuple(row[-1] for row in a), s, x.dtype) * inc
+    new = project(acc, dyn.W) if on_manifold else acc
+    last = s == stages - 1
+    parts = (jnp.where(last, new, x), jnp.where(last, new, nxt), jnp.where(last, new, acc))
+    return jax.lax.concatenate([p[None] for p in parts], 0)
+
+
+def kernel_stage_saved(z, params, *, on_manifold):
+    return kernel_saved(z[0], params, on_manifold=on_manifold)
+

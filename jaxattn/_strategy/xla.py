@@ -1,0 +1,79 @@
+"""`AbstractXlaStrategy`: the members that run the one-system program through XLA,
+`Vmap` and `BatchLast`; they differ only in where the systems sit (`fused`)."""
+
+from typing import ClassVar
+
+import diffrax as dfx
+import jax.numpy as jnp
+
+from .._batch import call_batched
+from .._ensemble import chunk_size
+from .base import AbstractStrategy
+from .layers import layers_program
+from .solve import (
+    FlowResult,
+    FlowSolution,
+    ManifoldSolver,
+    names_event,
+    raise_failure,
+    solve_batched,
+)
+
+
+class AbstractXlaStrategy(AbstractStrategy):
+    """Layers as a checkpointed `lax.scan`, flows as diffrax solves, both of the
+    model's one-system `layer`/`velocity`: vmapped over the systems (`fused = False`)
+    or with the systems on the last axis of every array (`fused = True`, in chunks of
+    `chunk_size` systems on the CPU)."""
+
+    runs_blocks: ClassVar[bool]
+    differentiable: ClassVar[bool] = True
+    one_device: ClassVar[bool] = False
+
+    def _chunk(self, devices):
+        return chunk_size(devices) if self.fused else None
+
+    def run_layers(self, dyn, x0, num_layers, tau, observe, checkpoints, *, devices,
+                   shard, noise, keys, checked=True):
+        options = dict(fused=self.fused, chunk=self._chunk(devices), noise=noise)
+        if not checked:
+            return layers_program(dyn, x0, num_layers, tau, observe, checkpoints, False,
+                                  keys=keys, **options), False
+        return call_batched(layers_program, dyn, x0, devices, num_layers, tau, observe,
+                            checkpoints, shard=shard, keys=keys, **options)
+
+    def solve_flow(self, dyn, x0, options, *, adjoint, throw, on_manifold, event,
+                   devices, shard, noise, keys, checked=True):
+        ts, solver, *rest = options
+        if on_manifold:
+            solver = ManifoldSolver(solver, dyn.W, fused=self.fused)
+        options = (ts, solver, *rest)
+        if x0.size == 0:  # an empty batch: diffrax cannot vmap over it
+            if event is not None:
+                raise ValueError("`solution=True` needs at least one sequence in `x0`.")
+            return _empty(x0, ts, throw)
+        args = (*options, adjoint, bool(throw) and checked, bool(on_manifold))
+        kw = dict(fused=self.fused, chunk=self._chunk(devices), event=event, noise=noise)
+        if not checked:
+            ys, solved, finite, steps, *_ = solve_batched(dyn, x0, *args, False, keys=keys,
+                                                          **kw)
+            return FlowResult(ys, solved & finite, steps)
+        (ys, solved, finite, steps, result, started), checked = call_batched(
+            solve_batched, dyn, x0, devices, *args, shard=shard, keys=keys, **kw)
+        if throw and not checked:
+            raise_failure(solved, finite, result, started, names_event(event, solver))
+        if event is not None:
+            saved, ys, t_end, y_end, stats = ys
+            stopped = result == dfx.RESULTS.event_occurred
+            return FlowSolution(saved, ys, t_end, y_end, stats, result, solved & finite,
+                                stopped)
+        return ys if throw else FlowResult(ys, solved & finite, steps)
+
+
+def _empty(x0, ts, throw: bool):
+    """What `solve_flow` returns for a batch with no sequence in it."""
+    batch = x0.shape[:-2]
+    ys = jnp.zeros(batch + (ts.shape[0],) + x0.shape[-2:], x0.dtype)
+    if throw:
+        return ys
+    return FlowResult(ys, jnp.zeros(batch, bool), jnp.zeros(batch, jnp.int32))

@@ -1,0 +1,250 @@
+"""The statistics the experiments' verdicts rest on, on the host (NumPy floats): where a
+curve crosses a level, least-squares slopes and crossings with their standard errors,
+binomial errors, integrated autocorrelation times and a time window's block statistics.
+"""
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+
+def binomial_error(p, n: int):
+    """The standard error `√(p(1 − p)/n)` of a share `p` of `n` independent trials.
+
+    **Arguments:**
+
+    - `p`: the observed share(s), in `[0, 1]`; any shape.
+    - `n`: the number of trials behind each share, `≥ 1`.
+
+    **Returns:**
+
+    The standard error(s), the shape of `p`.
+    """
+    p = np.asarray(p, dtype=float)
+    return np.sqrt(p * (1 - p) / n)
+
+
+def level_crossing(x, y, level: float = 0.0, *, falling: bool = False, keep=None,
+                   logit: bool = False, at_start: bool = False) -> float:
+    """Where the piecewise-linear curve through `(x, y)` first crosses `level`.
+
+    The crossing is the first segment `[x_i, x_{i+1}]`, both ends kept, whose `y_i` is
+    short of `level` and whose `y_{i+1}` is at or past it (past: above, or below with
+    `falling`), read by linear interpolation on that segment.
+
+    **Arguments:**
+
+    - `x`: the abscissae `(k,)`, increasing.
+    - `y`: the curve there `(k,)`; NaN samples never cross.
+    - `level`: the level.
+    - `falling`: cross from above `level` to at or below it (default: from below).
+    - `keep`: a mask `(k,)`: only segments with both ends kept count (default: all).
+    - `logit`: interpolate `log(y/(1 − y))` against `log(level/(1 − level))`, for a
+      `y` in `(0, 1)` that is a logistic function of `x` (then read exactly).
+    - `at_start`: with no crossing, a curve already at or past `level` at its first
+      kept sample crosses there (otherwise NaN).
+
+    **Returns:**
+
+    The crossing's `x`; NaN where there is none.
+    """
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if logit:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = np.clip(y, 1e-300, 1 - 1e-16)
+            y, level = np.log(v) - np.log1p(-v), math.log(level / (1 - level))
+    past = y <= level if falling else y >= level
+    short = y > level if falling else y < level
+    kept = np.ones(y.shape, bool) if keep is None else np.asarray(keep, bool)
+    hits = np.flatnonzero(kept[:-1] & kept[1:] & short[:-1] & past[1:])
+    if hits.size:
+        i = hits[0]
+        return float(x[i] + (level - y[i]) * (x[i + 1] - x[i]) / (y[i + 1] - y[i]))
+    first = np.flatnonzero(kept)[:1]
+    return float(x[first[0]]) if at_start and first.size and past[first[0]] else math.nan
+
+
+def _polyfit(x, y, degree: int, se, weighted: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A least-squares polynomial's coefficients (highest power first) and their
+    covariance; NaN where too few points determine them."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    nan = np.full((degree + 1, degree + 1), math.nan)
+    if len(x) < degree + 1:
+        return np.full(degree + 1, math.nan), nan
+    if se is None:  # the residuals give the error: it needs a spare point
+        if len(x) == degree + 1:
+            return np.polyfit(x, y, degree), nan
+        return np.polyfit(x, y, degree, cov=True)
+    se = np.asarray(se, float)
+    if weighted:
+        return np.polyfit(x, y, degree, w=1 / se, cov="unscaled")
+    # ordinary least squares, the known errors carried through its linear map
+    pinv = np.linalg.pinv(np.vander(x, degree + 1))
+    return np.polyfit(x, y, degree), (pinv * se**2) @ pinv.T
+
+
+def fit_slope(x, y, *, se=None, weighted: bool = True) -> tuple[float, float]:
+    """The least-squares slope of `y` against `x`, and its standard error.
+
+    **Arguments:**
+
+    - `x`, `y`: the points `(k,)`.
+    - `se`: the standard errors of `y` `(k,)`, if known. Without them the error is the
+      textbook one, from the residuals (`scipy.stats.linregress`'s `stderr`).
+    - `weighted`: with `se`, weight each point by `1/se²` (the error then follows
+      from `se` alone); `False` keeps the ordinary least-squares slope and carries
+      `se` through it.
+
+    **Returns:**
+
+    `(slope, standard error)`: both NaN under two points, the error NaN with two
+    points and no `se`.
+    """
+    coef, cov = _polyfit(x, y, 1, se, weighted)
+    return float(coef[0]), float(np.sqrt(cov[0, 0]))
+
+
+def fit_crossing(x, y, level: float = 0.0, *, degree: int = 1, se=None,
+                 weighted: bool = True) -> tuple[float, float]:
+    """Where a least-squares polynomial through `(x, y)` crosses `level`, and the
+    standard error of that crossing (first order in the fit's covariance).
+
+    **Arguments:**
+
+    - `x`, `y`: the points `(k,)`.
+    - `level`: the level.
+    - `degree`: the polynomial's degree (1: a straight line); of several real
+      crossings, the one nearest `x[0]`.
+    - `se`, `weighted`: the errors of `y` and how the fit uses them, as in
+      `fit_slope`.
+
+    **Returns:**
+
+    `(crossing, standard error)`: NaN with under `degree + 1` points or no real
+    crossing, the error NaN where the fit gives no covariance.
+    """
+    coef, cov = _polyfit(x, y, degree, se, weighted)
+    if not np.all(np.isfinite(coef)):
+        return math.nan, math.nan
+    roots = np.roots(coef - np.eye(degree + 1)[-1] * level)
+    roots = roots[np.isreal(roots)].real
+    if not roots.size:
+        return math.nan, math.nan
+    root = roots[np.argmin(np.abs(roots - np.asarray(x, float)[0]))]
+    # ∂root/∂c_k = −root^(degree − k) / p′(root)
+    grad = -root ** np.arange(degree, -1, -1.0) / np.polyval(np.polyder(coef), root)
+    return float(root), float(np.sqrt(grad @ cov @ grad))
+
+
+def autocorrelation_time(series) -> float:
+    """The integrated autocorrelation time of a series, in steps.
+
+    `1 + 2 Σ_k ρ_k`, the autocorrelations `ρ_k` summed up to the first window `M ≥
+    5 τ(M)` (Sokal's rule); an AR(1) series `x_{t+1} = φ x_t + ξ` has `(1 + φ)/(1 − φ)`.
+
+    **Arguments:**
+
+    - `series`: the samples `(steps,)`, in time order.
+
+    **Returns:**
+
+    The time; NaN for a constant series.
+    """
+    x = np.asarray(series, float) - np.mean(series)
+    var = x @ x / len(x)
+    if not var > 0:
+        return math.nan
+    f = np.fft.rfft(x, 2 * len(x))
+    acf = np.fft.irfft(f * np.conj(f))[: len(x)] / (var * len(x))
+    tau = 2 * np.cumsum(acf) - 1
+    m = np.arange(len(x))
+    stop = np.nonzero(m >= 5 * tau)[0]
+    return float(tau[stop[0]] if len(stop) else tau[-1])
+
+
+def block_means(r: np.ndarray, window: int, blocks: int) -> np.ndarray:
+    """The means of `blocks` equal blocks of the last `window` steps of each series.
+
+    **Arguments:**
+
+    - `r`: the series `(..., steps)`.
+    - `window`: the steps of the window, at most `steps`; a remainder of
+      `window/blocks` is dropped at the window's start.
+    - `blocks`: the number of blocks.
+
+    **Returns:**
+
+    The block means `(..., blocks)`, in time order.
+    """
+    size = window // blocks
+    tail = r[..., r.shape[-1] - size * blocks:]
+    return tail.reshape(tail.shape[:-1] + (blocks, size)).mean(-1)
+
+
+def half_gap(blocks: np.ndarray) -> np.ndarray:
+    """How far a window's second half lies from its first, in standard errors.
+
+    **Arguments:**
+
+    - `blocks`: block means `(..., seeds, blocks)` (`block_means` of each seed), in
+      time order.
+
+    **Returns:**
+
+    `(mean of the second half − mean of the first) / its standard error`, `(...)`,
+    the error from the blocks' spread in each half.
+    """
+    half = blocks.shape[-1] // 2
+    a = blocks[..., :half].reshape(blocks.shape[:-2] + (-1,))
+    b = blocks[..., -half:].reshape(blocks.shape[:-2] + (-1,))
+    se = np.sqrt(a.var(-1, ddof=1) / a.shape[-1] + b.var(-1, ddof=1) / b.shape[-1])
+    return (b.mean(-1) - a.mean(-1)) / np.maximum(se, 1e-300)
+
+
+class WindowStatistics(NamedTuple):
+    """A time window's statistics at each point `(k,)` (`window_statistics`)."""
+
+    #: the mean over the window, seeds and time
+    mean: np.ndarray
+    #: its standard error, from the block means' spread
+    se: np.ndarray
+    #: the window's halves apart, in standard errors (`half_gap`)
+    gap: np.ndarray
+    #: the largest autocorrelation time of the seeds' series (steps)
+    autocorrelation: np.ndarray
+    #: the halves within `gap_z` errors, and a block `block_taus` times long
+    equilibrated: np.ndarray
+
+
+def window_statistics(r: np.ndarray, window: int, blocks: int, *, gap_z: float,
+                      block_taus: float) -> WindowStatistics:
+    """The mean of the last `window` steps of series `r`, its error, and whether the
+    series is equilibrated there.
+
+    Equilibrated where the window's halves are within `gap_z` standard errors
+    (`half_gap`) and a block holds at least `block_taus` autocorrelation times of the
+    slowest seed (`autocorrelation_time`): then the block means are nearly independent
+    and their spread gives the error.
+
+    **Arguments:**
+
+    - `r`: the series `(k, seeds, steps)` at `k` points (couplings, say).
+    - `window`: the steps averaged, at the end; at least two per block.
+    - `blocks`: the blocks per seed, `≥ 2`.
+    - `gap_z`: the largest `|half_gap|` of an equilibrated window.
+    - `block_taus`: the fewest autocorrelation times in a block of one.
+
+    **Returns:**
+
+    A `WindowStatistics`.
+    """
+    means = block_means(r, window, blocks)  # (k, seeds, blocks)
+    flat = means.reshape(len(means), -1)
+    se = flat.std(-1, ddof=1) / math.sqrt(flat.shape[-1])
+    gap = half_gap(means)
+    tail = r[..., r.shape[-1] - window:]
+    taus = np.array([[autocorrelation_time(s) for s in seeds] for seeds in tail])
+    auto = np.nanmax(np.where(np.isfinite(taus), taus, 1.0), -1)
+    ok = (np.abs(gap) <= gap_z) & (window // blocks >= block_taus * auto)
+    return WindowStatistics(means.mean((-1, -2)), se, gap, auto, ok)

@@ -1,0 +1,196 @@
+"""`ja.metrics`' statistics against closed forms and independent references: a line's
+crossing, scipy's `linregress`, the textbook and propagated standard errors (and
+their Monte Carlo spread), an AR(1) series' autocorrelation time `(1 + φ)/(1 − φ)`,
+the binomial error; each also refuses a prediction 10 % off."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import signal, stats
+
+import jaxattn as ja
+
+M = ja.metrics
+
+
+def _far(value, want, rel):
+    """`value` is not within `rel` of `want` (a prediction that must fail)."""
+    return abs(value - want) > rel * abs(want)
+
+
+def test_level_crossing_of_a_line_rising_and_falling():
+    x = np.linspace(0.3, 2.1, 7)
+    for level in (0.0, 0.4):
+        want = 1.27 + level / 2  # y = 2(x − 1.27) crosses `level` there
+        got = M.level_crossing(x, 2 * (x - 1.27), level)
+        assert got == pytest.approx(want, rel=1e-12) and _far(got, 1.1 * want, 0.05)
+        down = M.level_crossing(x, -2 * (x - 1.27), -level, falling=True)
+        assert down == pytest.approx(want, rel=1e-12)
+    assert math.isnan(M.level_crossing(x, 2 * (x - 1.27), falling=True))
+    assert math.isnan(M.level_crossing(x, -2 * (x - 1.27)))
+
+
+def test_level_crossing_reads_the_first_segment_and_the_start():
+    betas = np.array([0.5, 1.0, 1.5, 2.0])
+    assert M.level_crossing(betas, 1.2 - betas, falling=True) == pytest.approx(1.2)
+    assert math.isnan(M.level_crossing(betas, betas, falling=True))
+    # a curve already past the level: at the start with `at_start`, else none
+    assert M.level_crossing(betas, -betas, falling=True, at_start=True) == 0.5
+    assert math.isnan(M.level_crossing(betas, -betas, falling=True))
+    g = np.array([1.0, 2.0, 3.0])
+    assert M.level_crossing(g, np.array([0.0, 0.25, 0.75]), 0.5) == 2.5
+    assert math.isnan(M.level_crossing(g, np.array([0.0, 0.1, 0.2]), 0.5))
+    # the first of two crossings
+    assert M.level_crossing(g, np.array([-1.0, 1.0, -1.0]), falling=True) == 2.5
+
+
+def test_level_crossing_keeps_only_segments_with_both_ends_kept():
+    """A free energy gap between ordered caps (`r > 0.1`): the crossing at 0.8 on the
+    grid, between grid points at 0.83; none where no cap is ordered or none crosses."""
+    K = np.linspace(0.6, 1.0, 5)
+    gap = 0.8 - K  # crosses at 0.8, on the grid; the caps at 0.6 fell to uniform
+    r = np.array([1e-3, 0.5, 0.6, 0.7, 0.8])
+
+    def crossing(gap, r):
+        return M.level_crossing(K, gap, falling=True, keep=r > 0.1)
+
+    assert crossing(gap, r) == pytest.approx(0.8)
+    assert crossing(0.83 - K, r) == pytest.approx(0.83)
+    assert math.isnan(crossing(gap, np.full(5, 1e-3)))
+    assert math.isnan(crossing(1.5 - K, r))
+    # the cap at 0.8 is not ordered: the sign change 0.7 → 0.8 does not count
+    assert math.isnan(crossing(0.75 - K, np.array([0.5, 0.5, 1e-3, 0.5, 0.5])))
+
+
+def test_level_crossing_in_logit_is_exact_on_a_logistic_curve():
+    x = np.array([0.0, 0.7, 1.9, 3.0])
+    y = 1 / (1 + np.exp(-1.3 * (x - 1.6)))
+    assert M.level_crossing(x, y, 0.5, logit=True) == pytest.approx(1.6, rel=1e-12)
+    assert M.level_crossing(x, y, 0.2, logit=True) == pytest.approx(
+        1.6 + math.log(0.25) / 1.3, rel=1e-12)
+    assert _far(M.level_crossing(x, y, 0.5), 1.6, 1e-3)  # a linear read is off
+
+
+def test_fit_slope_is_linregress(seed):
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.uniform(0, 5, 11))
+    y = -0.8 * x + 2.0 + 0.3 * rng.standard_normal(11)
+    slope, se = M.fit_slope(x, y)
+    ref = stats.linregress(x, y)
+    assert slope == pytest.approx(ref.slope, rel=1e-12)
+    assert se == pytest.approx(ref.stderr, rel=1e-10)
+    # the textbook error: √(Σ r² / (k − 2) / Σ (x − x̄)²)
+    resid = y - np.polyval(np.polyfit(x, y, 1), x)
+    assert se == pytest.approx(math.sqrt(resid @ resid / 9 / np.sum((x - x.mean()) ** 2)),
+                               rel=1e-10)
+    assert _far(se, 1.1 * ref.stderr, 0.05) and _far(slope, 1.1 * ref.slope, 0.05)
+    exact, zero = M.fit_slope(x, 2.5 * x - 1)
+    assert exact == pytest.approx(2.5, rel=1e-12) and zero < 1e-12
+    two = M.fit_slope([1.0, 2.0], [3.0, 5.0])
+    assert two[0] == pytest.approx(2.0) and math.isnan(two[1])  # no residual left
+    assert all(math.isnan(v) for v in M.fit_slope([1.0], [2.0]))
+
+
+def test_fit_slope_errors_from_known_errors(seed):
+    """With the errors of `y` known: the weighted fit's error is `√(S/Δ)` (`S = Σ w`,
+    `Δ = S Σ w x² − (Σ w x)²`, `w = 1/se²`); the ordinary fit carries them as
+    `√Σ (c_i se_i)²`, `c_i = (x_i − x̄)/Σ (x − x̄)²`; both the spread of their slopes
+    over 4000 draws (to 5 %, which a 10 % error misses)."""
+    rng = np.random.default_rng(seed)
+    x = np.linspace(0.0, 3.0, 9)
+    se = 0.05 + 0.1 * x
+    w = 1 / se**2
+    S, Sx, Sxx = w.sum(), w @ x, w @ x**2
+    c = (x - x.mean()) / np.sum((x - x.mean()) ** 2)
+    draws = 1.5 * x - 0.5 + se * rng.standard_normal((4000, 9))
+    for weighted, want in ((True, math.sqrt(S / (S * Sxx - Sx**2))),
+                           (False, math.sqrt(np.sum((c * se) ** 2)))):
+        slope, got = M.fit_slope(x, draws[0], se=se, weighted=weighted)
+        assert got == pytest.approx(want, rel=1e-10)
+        spread = np.std([M.fit_slope(x, y, se=se, weighted=weighted)[0] for y in draws])
+        assert spread == pytest.approx(got, rel=0.05) and _far(spread, 1.1 * got, 0.05)
+
+
+def test_fit_crossing_of_a_line_and_its_error(seed):
+    """A line's zero, exactly; its delta-method error the spread of the zeros of
+    noisy copies (to 5 %: a 10 % error misses)."""
+    betas = np.linspace(0.8, 1.2, 5)
+    zero, se = M.fit_crossing(betas, 2.0 * (1.05 - betas), se=np.full(5, 0.01))
+    assert zero == pytest.approx(1.05, rel=1e-12) and 0 < se < 0.01
+    assert M.fit_crossing(betas, 2.0 * (1.05 - betas), 0.2)[0] == pytest.approx(0.95)
+    rng = np.random.default_rng(seed)
+    sigma = np.full(5, 0.004)
+    draws = 2.0 * (1.05 - betas) + sigma * rng.standard_normal((4000, 5))
+    se = M.fit_crossing(betas, draws[0], se=sigma)[1]
+    spread = np.std([M.fit_crossing(betas, y, se=sigma)[0] for y in draws])
+    assert spread == pytest.approx(se, rel=0.05) and _far(spread, 1.1 * se, 0.05)
+
+
+def test_fit_crossing_of_a_parabola_takes_the_root_nearest_the_start():
+    x = np.array([0.5, 2.2, 3.5])
+    y = (x - 1.0) * (x - 3.0)
+    root, se = M.fit_crossing(x, y, degree=2)
+    assert root == pytest.approx(1.0, rel=1e-12) and math.isnan(se)  # no spare point
+    assert M.fit_crossing(x[::-1], y[::-1], degree=2)[0] == pytest.approx(3.0, rel=1e-12)
+    assert all(math.isnan(v) for v in M.fit_crossing(x, y + 5, degree=2))  # no real root
+    assert all(math.isnan(v) for v in M.fit_crossing(x[:2], y[:2], degree=2))
+
+
+def test_binomial_error(seed):
+    np.testing.assert_allclose(M.binomial_error([0.5, 0.0, 0.1], 100), [0.05, 0.0, 0.03])
+    p, n = 0.3, 250
+    assert M.binomial_error(p, n) == pytest.approx(math.sqrt(p * (1 - p) / n), rel=1e-15)
+    shares = np.random.default_rng(seed).binomial(n, p, 20_000) / n
+    assert np.std(shares) == pytest.approx(M.binomial_error(p, n), rel=0.03)
+    assert _far(np.std(shares), 1.1 * M.binomial_error(p, n), 0.03)
+
+
+def _ar1(rng, phi: float, steps: int) -> np.ndarray:
+    """`x_{t+1} = φ x_t + ξ_t`, standard normal `ξ`."""
+    return signal.lfilter([1.0], [1.0, -phi], rng.standard_normal(steps))
+
+
+@pytest.mark.parametrize("phi", [0.5, 0.8])
+def test_autocorrelation_time_of_an_ar1_series(seed, phi):
+    """AR(1) with coefficient φ: `τ_int = (1 + φ)/(1 − φ)` steps, to 10 % at 2·10⁵
+    steps and to 4 % at 2·10⁶ (its error there ~1 %), where a 10 % error fails."""
+    rng = np.random.default_rng(seed)
+    want = (1 + phi) / (1 - phi)
+    assert M.autocorrelation_time(_ar1(rng, phi, 200_000)) == pytest.approx(want, rel=0.1)
+    long = M.autocorrelation_time(_ar1(rng, phi, 2_000_000))
+    assert long == pytest.approx(want, rel=0.04) and _far(long, 1.1 * want, 0.04)
+    assert math.isnan(M.autocorrelation_time(np.ones(10)))
+
+
+def test_block_means_cut_the_tail_per_seed():
+    r = np.arange(2 * 10, dtype=float).reshape(2, 10)  # two seeds of ten steps
+    np.testing.assert_allclose(M.block_means(r, 8, 2), [[3.5, 7.5], [13.5, 17.5]])
+
+
+def test_half_gap_flags_a_drifting_window(seed):
+    rng = np.random.default_rng(seed)
+    still = 1 + 0.1 * rng.standard_normal((3, 2, 8))
+    drift = still + np.linspace(0, 1, 8)
+    assert np.all(np.abs(M.half_gap(still)) < 4)
+    assert np.all(M.half_gap(drift) > 4)
+
+
+def test_window_statistics_flag_a_drift_and_a_slow_series(seed):
+    """A stationary white series is equilibrated, its error the spread of the block
+    means; the same with a drift fails the halves' check; a moving average over 50
+    steps (autocorrelation time ≈ 50, read as ≥ 15 by Sokal's rule) fails the block
+    check with blocks of 25 steps."""
+    rng = np.random.default_rng(seed)
+    steps, blocks, judge = 1000, 40, {"gap_z": 3.0, "block_taus": 2.0}
+    white = 0.5 + 0.01 * rng.standard_normal((1, 2, steps))
+    drift = white + np.linspace(0, 0.05, steps)
+    noise = rng.standard_normal((2, steps + 49))
+    slow = np.stack([np.convolve(x, np.ones(50) / 50, "valid") for x in noise])[None]
+    w = M.window_statistics(white, steps, blocks, **judge)
+    assert w.equilibrated.tolist() == [True] and abs(w.mean[0] - 0.5) < 3 * w.se[0]
+    assert w.se[0] == pytest.approx(0.01 / math.sqrt(2 * steps), rel=0.3)
+    assert M.window_statistics(drift, steps, blocks, **judge).equilibrated.tolist() == [False]
+    s = M.window_statistics(0.5 + 0.01 * slow, steps, blocks, **judge)
+    assert s.autocorrelation[0] > steps / blocks / judge["block_taus"]
+    assert s.equilibrated.tolist() == [False]

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from ._dynamics import SelfAttentionDynamics as SelfAttentionDynamics
     from ._dynamics import random_dynamics as random_dynamics
     from ._dynamics import random_mask as random_mask
+    from ._flow import RK4 as RK4
     from ._flow import FlowResult as FlowResult
     from ._flow import FlowSolution as FlowSolution
     from ._flow import ManifoldSolver as ManifoldSolver
@@ -57,7 +58,6 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from ._schedule import Constant as Constant
     from ._schedule import PiecewiseConstant as PiecewiseConstant
     from ._schedule import Schedule as Schedule
-    from ._solvers import RK4 as RK4
     from ._strategy import AbstractStrategy as AbstractStrategy
     from ._strategy import BatchLast as BatchLast
     from ._strategy import PallasKernel as PallasKernel

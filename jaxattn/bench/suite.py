@@ -85,11 +85,10 @@ import numpy as np
 
 from .._artifacts.folders import package_versions
 from .._dynamics import SelfAttentionDynamics
-from .._flow import solve_flow
+from .._flow import RK4, solve_flow
 from .._layers import run_layers
 from .._noise import TokenNoise
 from .._precision import check_precision
-from .._solvers import RK4
 from ..metrics import misalignment
 from .device import (
     TorchSide,

@@ -27,10 +27,10 @@ import optax
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 from tqdm.auto import tqdm
 
+from .._batch import as_mesh, shard_batch
 from .._dynamics import SelfAttentionDynamics
 from .._horizon import Horizon
 from .._manifold import project, sample_ellipsoid, w_inner
-from .._sharding import as_mesh, shard_batch
 from .._validate import check_count, surface_errors
 from ..metrics import hemisphere
 from ._constraints import (

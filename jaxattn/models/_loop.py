@@ -17,8 +17,8 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 from tqdm.auto import tqdm
 
+from .._batch import as_mesh, shard_batch, unshard
 from .._precision import Precision, check_precision
-from .._sharding import as_mesh, shard_batch, unshard
 from .._validate import surface_errors
 from ..metrics import misalignment
 from ._arch import FAMILIES, AbstractTransformer

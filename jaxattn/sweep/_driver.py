@@ -31,9 +31,9 @@ from .._artifacts.folders import (
     read_json,
     reopen_run,
 )
+from .._batch import as_mesh
 from .._files import atomic_write
 from .._horizon import CONSENSUS_TOL
-from .._sharding import as_mesh
 from ..experiments import redraw_run
 from ..metrics import consensus_time
 from ._instances import simulate_chunk, theorem_of

@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._batch import as_mesh, shard_batch, unshard
 from .._flow import solve_flow_unchecked
 from .._horizon import CONSENSUS_TOL, Horizon
 from .._layers import run_layers_unchecked
 from .._manifold import w_inner
-from .._sharding import as_mesh, shard_batch, unshard
 from ..experiments import BETA as BETA  # each sweepable experiment's `--beta`
 from ..experiments import Param, get_experiment, paper001
 from ..theory import theorem_test

@@ -15,8 +15,8 @@ from ._common import CLIError
 
 # Read from the source: `jaxattn bench --help` and its argument errors answer without
 # loading JAX (the suite's modules import it).
-#: The suite's cases by name → their short labels (`suite.CASES`); `--cases` takes either.
-CASES = declared("jaxattn.bench.suite", "CASES")
+#: The suite's cases by name → their short labels (`bench.cases.CASES`); `--cases` takes either.
+CASES = declared("jaxattn.bench.cases", "CASES")
 ALL_CASES = tuple(CASES.values())
 PRESETS = declared("jaxattn.bench.suite", "PRESETS", keys=True)
 PRECISIONS = declared("jaxattn._precision", "PRECISIONS")

@@ -104,7 +104,7 @@ def run_layers(
     - `strategy`: how a batch is executed, a member of `ja.AbstractStrategy` (as
       diffrax takes `solver=`) or its shorthand: `ja.Vmap()` (`"general"`),
       `ja.BatchLast()` (`"fused"`), `ja.PallasKernel(block=…, num_warps=…)`
-      (`"kernel"`; `docs/strategies.md`). `"auto"` (default) takes the fused
+      (`"kernel"`; `docs/usage/strategies.md`). `"auto"` (default) takes the fused
       ensemble path for a batch of small systems (`jaxattn._strategy.fused_applies`:
       at least two sequences, each of at most `FUSED_MAX_FLOPS` flops per layer), else
       `"general"`. `"fused"` puts the batch on the last axis and runs each layer

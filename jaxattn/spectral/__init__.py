@@ -24,7 +24,6 @@ On a single-head map (`d = 3`):
 Experiments: `jaxattn run power-shared | power-layers | steer | oja-bipartite`.
 """
 
-from .._linalg import top_eigenvector as top_eigenvector
 from ._equilibria import Equilibria as Equilibria
 from ._equilibria import bipartite_closed_form as bipartite_closed_form
 from ._equilibria import bipartite_point as bipartite_point
@@ -49,3 +48,4 @@ from ._spectrum import increment as increment
 from ._spectrum import layer_alignment as layer_alignment
 from ._spectrum import layer_matrix as layer_matrix
 from ._spectrum import spectrum as spectrum
+from ._spectrum import top_eigenvector as top_eigenvector

@@ -21,10 +21,10 @@ from jaxtyping import Array, Bool, Float
 from .._batch import map_batch, prepare_tokens
 from .._dynamics import SelfAttentionDynamics
 from .._horizon import CONSENSUS_TOL
-from .._linalg import top_eigenvector
 from .._manifold import w_inner, w_norm
 from .._precision import einsum
 from ..metrics import hemisphere, misalignment
+from ..spectral import top_eigenvector
 from ._classify import Classification, classify, top_eigen
 
 # --- the traceable tests, one sequence at a time ---------------------------------

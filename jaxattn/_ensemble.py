@@ -1,4 +1,5 @@
-"""The fused ensemble strategy: many small systems with the batch as the last axis.
+"""The batch on the last axis (what `ja.BatchLast()` runs), and `interpret`, the one
+evaluation loop of a one-system program for every value type.
 
 `jax.vmap` puts the batch axis first. For a system of a few tokens in a few
 dimensions that leaves XLA's CPU kernels vectorising along axes of size 2–10 and
@@ -30,8 +31,8 @@ A model may be one per system (a stacked model, `jaxattn._stacked`): its batched
 leaves enter as `LastAxis` values, `(..., B)` with the systems last like the tokens,
 and every operation on them is batched the same way.
 
-`strategy="auto"` (`choose_strategy`) fuses a batch of at least two sequences whose
-raw update costs at most `FUSED_MAX_FLOPS`: on the CPU the fused path's gain falls
+`strategy="auto"` (`jaxattn._strategy.choose_strategy`) fuses a batch of at least two
+sequences whose raw update costs at most `FUSED_MAX_FLOPS`: on the CPU the fused path's gain falls
 as the sequences grow, and past about that size it loses
 (`benchmarks/fused_threshold.py`;
 see BENCHMARKS.md, Measured claims behind design choices).

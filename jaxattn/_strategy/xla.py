@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from .._batch import call_batched
 from .._ensemble import chunk_size
+from .._stacked import first_model
 from .base import AbstractStrategy
 from .layers import layers_program
 from .solve import (
@@ -45,8 +46,8 @@ class AbstractXlaStrategy(AbstractStrategy):
     def solve_flow(self, dyn, x0, options, *, adjoint, throw, on_manifold, event,
                    devices, shard, noise, keys, checked=True):
         ts, solver, *rest = options
-        if on_manifold:
-            solver = ManifoldSolver(solver, dyn.W, fused=self.fused)
+        if on_manifold:  # its metric is each system's own in the run (`solve._with_metric`)
+            solver = ManifoldSolver(solver, first_model(dyn).W, fused=self.fused)
         options = (ts, solver, *rest)
         if x0.size == 0:  # an empty batch: diffrax cannot vmap over it
             if event is not None:

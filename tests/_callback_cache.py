@@ -18,7 +18,7 @@ crash the process.
 
 `install()` does that for the test process alone, and only on a JAX whose
 `_cache_write` still refuses callbacks. The library and the `jaxattn` commands the
-tests start keep JAX's own behaviour. `tests/test_callback_cache.py` checks that a
+tests start keep JAX's own behaviour. `tests/core/test_callback_cache.py` checks that a
 cached program's error check still raises its message and its result is bit-equal.
 """
 

@@ -2,7 +2,12 @@
 themselves in `jax.enable_x64(False)`), strict rank promotion, a seeded key."""
 
 import os
+import sys
 from pathlib import Path
+
+# The tests mirror the package in folders; their shared helpers (`_helpers.py`, …) live
+# here, importable from every folder.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 # JAX's persistent compilation cache, shared by both pytest workers and by the

@@ -48,7 +48,7 @@ MAX_SAMPLES, CHUNK = 64, 400_000
 #: The particles' tolerances, and how far the Fourier-mode particles may end from
 #: `solve_flow`'s from the same sample: ten times `RTOL`, the integrators' accuracy (the
 #: fields agree to rounding; at `rtol = 1e-12` the two end within 1e-13,
-#: `tests/test_meanfield_particles.py`). At `n = 10⁵` the sampling distance is 8e-3:
+#: `tests/meanfield/test_meanfield_particles.py`). At `n = 10⁵` the sampling distance is 8e-3:
 #: `RTOL` is four orders below it.
 RTOL, ATOL, PAIRWISE_TOL = 1e-7, 1e-9, 1e-6
 #: The predicted slope of the distance against `n`; the fit must agree with it within

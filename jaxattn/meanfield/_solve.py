@@ -17,7 +17,7 @@ from ._grid import AbstractGrid
 from ._kernels import check_kernel, profiles
 
 #: The default step: the transport term's time scale at the couplings of interest
-#: (`K e^{β}` of order 10) is far longer; `tests/test_meanfield.py` measures the order.
+#: (`K e^{β}` of order 10) is far longer; `tests/meanfield/test_meanfield.py` measures the order.
 DT0 = 0.01
 
 

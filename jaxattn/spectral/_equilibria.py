@@ -12,7 +12,7 @@ A bipartite point puts `m` tokens at `v` and `n − m` at `−v` (`m = n`: conse
 `v` a unit eigenvector of the symmetric `U` (`U v = μ v`).
 
 Closed form (a reconstruction of Lemma 14 / Theorem 3, whose formulas were lost
-from our copy of the paper; `tests/test_spectral_oja.py` checks it against
+from our copy of the paper; `tests/spectral/test_spectral_oja.py` checks it against
 `jax.jacfwd`). With `q = β vᵀ P v`, the attention at the point takes four values,
 `a_AA = e^q / D_A`, `a_AB = e^{−q} / D_A`, `a_BA = e^{−q} / D_B`, `a_BB = e^q / D_B`
 (`D_A = m e^q + (n−m) e^{−q}`, `D_B = m e^{−q} + (n−m) e^q`). Every token moves

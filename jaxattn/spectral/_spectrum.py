@@ -8,7 +8,7 @@ tokens as rows of `x (n, d)` but every matrix acts on a token *vector*: the
 simulator's update is `v_i = Σ_η Σ_j α^η_ij U_η x_j`, computed on rows as
 `α x U_ηᵀ`. So `Ω` here is the paper's `Ω` unchanged, its *right* eigenvectors
 (`Ω v = λ v`) are the directions tokens align with, and a row-stored batch is
-mapped as `x Ωᵀ`. `tests/test_spectral.py` checks this against a hand-written
+mapped as `x Ωᵀ`. `tests/spectral/test_spectral.py` checks this against a hand-written
 row-vector (`x W_V W_O`) transformer layer.
 
 Precision. Every matrix product of `ja.spectral` states it (`jaxattn._precision`):

@@ -1,0 +1,157 @@
+"""`long-context`: the critical attention scaling study (Chen et al. 2025): its
+measures against closed forms on an exact simplex, its blocks against the full
+attention matrix, its grid and its run."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxattn as ja
+from jaxattn.cli import main
+from jaxattn.experiments import EXPERIMENTS
+from jaxattn.experiments import long_context as LC
+from jaxattn.experiments.long_context import (
+    QUICK,
+    check_rho,
+    diagonal_weight,
+    dims,
+    distance_ratio,
+    finite_dim,
+    mean_square,
+    simplex_tokens,
+    sizes,
+)
+
+
+def _simplex(n: int, rho: float) -> jnp.ndarray:
+    """An exact simplex in R^{n+1}: `⟨y_i, y_j⟩ = ρ` for `i ≠ j` (Assumption 1)."""
+    return jnp.concatenate([jnp.full((n, 1), math.sqrt(rho)),
+                            math.sqrt(1 - rho) * jnp.eye(n)], axis=1)
+
+
+def _model(d: int, beta: float) -> ja.SelfAttentionDynamics:
+    eye = jnp.eye(d)[None]
+    return ja.SelfAttentionDynamics(eye, eye, beta=beta, norm="ngpt")
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, None])
+def test_diagonal_weight_is_the_simplex_closed_form(block):
+    """On the simplex `α_ii = 1/(1 + (n − 1) e^{−β(1−ρ)})`, whatever the block (7 does
+    not divide n = 9: the padded rows are dropped)."""
+    n, rho, beta = 9, 0.3, 2.5
+    alpha = diagonal_weight(_model(n + 1, beta), _simplex(n, rho), block=block)
+    expected = 1 / (1 + (n - 1) * math.exp(-beta * (1 - rho)))
+    np.testing.assert_allclose(alpha, expected, rtol=1e-12)
+
+
+def test_diagonal_weight_is_the_attention_matrix_diagonal(key):
+    """Random tokens and a random P with two heads: the blocks give the diagonal of
+    the model's own `attention` (averaged over heads)."""
+    dyn = ja.random_dynamics(key, 2, 5, beta=1.7)
+    x = jax.random.normal(jax.random.fold_in(key, 1), (11, 5))
+    full = jnp.mean(jnp.diagonal(dyn.attention(0.0, x), axis1=1, axis2=2), axis=0)
+    np.testing.assert_allclose(diagonal_weight(dyn, x, block=4), full, rtol=1e-12)
+
+
+def test_one_layer_on_the_simplex_is_the_papers_layer():
+    """τ = 1: one "ngpt" layer is `N(Σ_j α_ij y_j)`, whose tokens form a simplex again
+    with `r² = |mean|²` in closed form; `λ` compares it with the input's."""
+    n, rho, beta = 6, 0.4, 3.0
+    x = _simplex(n, rho)
+    out = ja.run_layers(_model(n + 1, beta), x, 1, 1.0, observe=mean_square)
+    a = 1 / (1 + (n - 1) * math.exp(-beta * (1 - rho)))
+    y = a * x + (1 - a) / (n - 1) * (jnp.sum(x, 0, keepdims=True) - x)  # Σ_j α_ij y_j
+    y = y / jnp.linalg.norm(y, axis=1, keepdims=True)
+    np.testing.assert_allclose(out, [mean_square(x), mean_square(y)], rtol=1e-12)
+    lam = distance_ratio(np.asarray(out))
+    assert 0 < lam < 1
+
+
+def test_tokens_have_the_asked_mean_inner_product(key):
+    x = simplex_tokens(key, 400, 64, 0.5)
+    np.testing.assert_allclose(jnp.linalg.norm(x, axis=1), 1.0, rtol=1e-12)
+    gram = x @ x.T
+    off = (jnp.sum(gram) - jnp.trace(gram)) / (400 * 399)
+    assert abs(off - 0.5) < 0.02
+
+
+def test_sizes():
+    assert list(sizes(100, 10_000, 2)) == [100, 316, 1000, 3162, 10_000]
+    assert list(sizes(5, 5, 3)) == [5]
+
+
+def test_quick_run_finds_the_transition_near_the_prediction(tmp_path):
+    """A small run (d = 128 at n = 300, growing as log² n): the identity's crossing lies
+    within `TOL` of `γ_n` at the largest n and approaches `γ_c`; summary.json holds
+    each n's dimension and crossings beside the predictions."""
+    args = ["--n-min", "30", "--n-max", "300", "--per-decade", "2", "--gammas", "9",
+            "--gamma-min", "1", "--gamma-max", "3", "--dim", "128"]
+    assert main(["run", "long-context", "--out", str(tmp_path), "--no-progress",
+                 *args]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["agrees_with_theory"] is True
+    assert [row["n"] for row in summary["per_size"]] == [30, 95, 300]
+    assert [row["d"] for row in summary["per_size"]] == list(dims(np.array([30, 95, 300]), 128))
+    for row in summary["per_size"]:
+        assert abs(row["gamma_predicted"] - 2) < 0.05
+    last = summary["per_size"][-1]
+    assert abs(last["gamma_identity"] / last["gamma_predicted_finite_n"] - 1) <= LC.TOL, last
+    assert sorted(p.name for p in tmp_path.glob("long_context.*")) == [
+        "long_context.pdf", "long_context.png"]
+
+
+def test_dimension_grows_as_log_squared():
+    d = dims(np.array([100, 1000, 10_000]), 1024)
+    assert d[-1] == 1024 and d[0] == 256 and np.all(np.diff(d / np.log([100, 1000, 10_000])) > 0)
+
+
+def test_logit_crossing_is_exact_on_the_simplex():
+    """On the exact simplex `logit α_ii` is linear in `γ`: the crossing read on a
+    coarse grid is `γ_n` to rounding (a linear read of `α_ii` is off by more)."""
+    n, rho, g = 300, 0.5, np.array([1.0, 1.5, 2.7, 3.0])
+    alpha = 1 / (1 + (n - 1) * n ** (-g * (1 - rho)))
+    want = float(LC.predicted_crossing(np.array([n]), np.array([rho]))[0])
+    assert ja.metrics.level_crossing(g, alpha, 0.5, logit=True) == pytest.approx(want,
+                                                                             rel=1e-12)
+    assert abs(ja.metrics.level_crossing(g, alpha, 0.5) - want) > 1e-2
+
+
+def test_verdict_fails_a_prediction_ten_percent_off(monkeypatch):
+    """The saved run (n = 100 … 1000, d = 228 … 512) passes; with `γ_n` moved by
+    ±10 % it fails on the relative error."""
+    from pathlib import Path
+
+    folder = Path(__file__).parents[1] / "data" / "figures" / "long-context"
+    config = json.loads((folder / "config.json").read_text())
+    data = dict(np.load(folder / "data.npz"))
+    study = LC.LongContext()
+    verdict = study.verdict(config, data)
+    assert verdict.ok, verdict.line
+    assert verdict.numbers["relative_error"] < LC.TOL / 2
+    exact = LC.predicted_crossing
+    for factor in (1.1, 0.9):
+        monkeypatch.setattr(LC, "predicted_crossing", lambda n, r, f=factor: f * exact(n, r))
+        wrong = study.verdict(config, data)
+        assert not wrong.ok and wrong.numbers["relative_error"] > 0.08
+
+
+def test_quick_settings_are_parameters():
+    params = {p.name for p in EXPERIMENTS["long-context"].all_params()}
+    assert set(QUICK) <= params and not {"horizon", "saves", "discrete"} & params
+
+
+def test_finite_dimension_estimate_tends_to_the_simplex_value():
+    n, rho = np.array([100, 10_000]), np.array([0.5, 0.5])
+    simplex = np.log(n - 1) / ((1 - rho) * np.log(n))
+    np.testing.assert_allclose(finite_dim(n, 10**9, rho), simplex, rtol=1e-6)
+    assert np.all(finite_dim(n, 128, rho) > simplex)
+    assert np.isnan(finite_dim(np.array([10**6]), 20, np.array([0.0]))).all()
+
+
+def test_rho_outside_its_range_is_refused():
+    with pytest.raises(ValueError, match=r"--rho .* must lie in \[0, 1\)"):
+        check_rho(1.0)

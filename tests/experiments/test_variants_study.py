@@ -1,0 +1,239 @@
+"""The `variants` study (`jaxattn run variants`): the grid end to end, one cell alone,
+its measurements against NumPy, and resuming after an interruption."""
+
+import csv
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxattn as ja
+from jaxattn.cli import main
+from jaxattn.experiments import run_experiment
+from jaxattn.experiments import variants as study
+from jaxattn.metrics import CONSENSUS_TOL
+
+#: A tiny grid: one placement (pre), both kernels (two programs), every mask and the
+#: default β (4 of them), 3 instances of 10 tokens in R³, 12 layers.
+TINY = {"size": 1, "norm": 2, "kernel": 0, "instances": 3, "layers": 12, "tau": 0.5}
+
+
+@pytest.fixture(scope="module")
+def chunk_root(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        root = tmp_path_factory.mktemp("cwd")
+        mp.chdir(root)  # the chunks live in the run folder, never in ./runs
+        yield root
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, chunk_root):
+    out = tmp_path_factory.mktemp("variants") / "run"
+    folder, summary = run_experiment("variants", TINY, seed=3, out=out, progress=False,
+                                     log=None)
+    with np.load(folder / "data.npz") as f:
+        data = {k: f[k] for k in f.files}
+    return folder, summary, data
+
+
+def _table(folder):
+    with open(folder / "table.csv", newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_tiny_grid_end_to_end(tiny_run, chunk_root):
+    folder, summary, data = tiny_run
+    rows = _table(folder)
+    assert len(rows) == 1 * 1 * 4 * 2 * 4  # sizes × norms × masks × kernels × β
+    assert data["final_E"].shape == (1, 1, 4, 2, 4, 3)
+    assert data["E_median"].shape == (1, 1, 4, 2, 4, 13)
+    assert {r["outcome"] for r in rows} <= set(study.OUTCOMES)
+    assert {r["theorem"] for r in rows} == {"none"}  # pre-LN: no theorem covers it
+    assert all("norm = 'pre'" in r["no_theorem_because"] for r in rows)
+    assert set(summary["verdicts"]) == {f"pre · {m} · {k}" for m in study.MASKS
+                                        for k in study.KERNELS}
+    assert (folder / "variants.png").exists() and (folder / "variants.pdf").exists()
+    assert not any(chunk_root.iterdir())  # the chunks go once the study is done
+
+
+def test_a_cell_alone_equals_its_cell_of_the_grid(tiny_run, tmp_path, chunk_root):
+    folder, _, data = tiny_run
+    row = next(r for r in _table(folder)
+               if (r["mask"], r["kernel"], r["beta"]) == ("window", "sigmoid", "4.0"))
+    out = tmp_path / "cell"
+    assert main(row["command"].split()[1:] + ["--out", str(out), "--no-progress"]) == 0
+    with np.load(out / "data.npz") as f:
+        cell = {k: f[k] for k in f.files}
+    at = (0, 0, study.MASKS.index("window"), study.KERNELS.index("sigmoid"),
+          study.BETAS.index(4.0))
+    for name in study.MEASURES:
+        assert cell[name].shape == (1, 1, 1, 1, 1, 3)
+        np.testing.assert_allclose(cell[name][0, 0, 0, 0, 0], data[name][at], rtol=1e-12,
+                                   atol=0, err_msg=name)
+    alone = _table(out)[0]
+    assert alone.keys() == row.keys()
+    for name in row.keys() - {"command"}:  # the same cell; numbers as the data above
+        try:
+            ours, grid = float(alone[name]), float(row[name])
+        except ValueError:
+            assert alone[name] == row[name], name
+            continue
+        np.testing.assert_allclose(ours, grid, rtol=1e-12, atol=0, err_msg=name)
+
+
+def test_measurements_against_numpy(tiny_run):
+    # The tiny grid's own program (pre-LN, softmax; compiled once), on other keys.
+    n, d, L, tau = 10, 3, TINY["layers"], TINY["tau"]
+    keys = jax.random.split(jax.random.PRNGKey(7), TINY["instances"])
+    drawn = study.draw_batch(keys, size=(n, d), heads=2, masks=study.MASKS, window=2,
+                             keep=0.3)
+    betas = jnp.asarray(study.BETAS)
+    E, clusters, residual, finite = study.run_program(*drawn, betas, num_layers=L, tau=tau,
+                                                      norm="pre", kernel="softmax")
+    P, U, x0, masks = (np.asarray(a) for a in drawn)
+    i, j = np.indices((n, n))
+    assert np.array_equal(masks[1, 0], j <= i) and np.array_equal(masks[2, 0], abs(i - j) < 2)
+    assert masks[3].all(axis=0).diagonal().all() and not masks[3].all()
+    for m, b, k in [(1, 0, 1), (3, 3, 2), (2, 1, 0)]:
+        dyn = ja.SelfAttentionDynamics(P[k], U[k], beta=float(betas[b]), norm="pre",
+                                       mask=masks[m, k])
+        xs = np.asarray(ja.run_layers(dyn, x0[k], L, tau))  # the library's own entry point
+        u = xs / np.linalg.norm(xs, axis=-1, keepdims=True)
+        E_np = np.mean(1 - np.einsum("td,tjd->tj", u[:, 0], u), axis=-1)
+        np.testing.assert_allclose(E[m, b, k], E_np, atol=1e-12)
+        last = u[-1]
+        res = np.linalg.norm(last - last.mean(0)) / np.linalg.norm(last)
+        np.testing.assert_allclose(residual[m, b, k], res, rtol=1e-10)
+        assert clusters[m, b, k] == _components(last, study.CLUSTER_EPS)
+        assert finite[m, b, k]
+    below = np.asarray(E) < CONSENSUS_TOL
+    first = np.where(below.any(-1), below.argmax(-1), np.inf)
+    np.testing.assert_array_equal(study.consensus_layer(np.asarray(E)), first)
+
+
+def _components(u: np.ndarray, eps: float) -> int:
+    """Single-linkage clusters by union–find (an independent count)."""
+    parent = list(range(len(u)))
+
+    def root(i):
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for i in range(len(u)):
+        for j in range(i):
+            if np.linalg.norm(u[i] - u[j]) < eps:
+                parent[root(i)] = root(j)
+    return len({root(i) for i in range(len(u))})
+
+
+def test_cluster_count_sees_separated_groups():
+    u = np.array([[1.0, 0, 0], [1.0, 0.01, 0], [0, 1.0, 0], [0, 1.0, 0.02], [0, 0, 1.0]])
+    u /= np.linalg.norm(u, axis=-1, keepdims=True)
+    count = jax.jit(study.measure)(jnp.asarray(u))[0]
+    assert int(count) == 3 == _components(u, study.CLUSTER_EPS)
+
+
+def test_resume_after_an_interruption_gives_the_same_table(tiny_run, tmp_path, monkeypatch,
+                                                           chunk_root):
+    reference, _, _ = tiny_run
+    real, calls = study.simulate_chunk, []
+
+    def interrupted(config, grid, program):
+        if calls:
+            raise KeyboardInterrupt  # a kill after the first chunk was saved
+        calls.append(program)
+        return real(config, grid, program)
+
+    monkeypatch.setattr(study, "simulate_chunk", interrupted)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("variants", TINY, seed=3, out=out, progress=False, log=None)
+    assert len(list((out / study.CHUNKS).glob("*.npz"))) == 1
+
+    def counted(config, grid, program):
+        calls.append(program)
+        return real(config, grid, program)
+
+    monkeypatch.setattr(study, "simulate_chunk", counted)
+    folder, _ = run_experiment("variants", TINY | {"resume": True}, seed=3, out=out,
+                               progress=False, log=None)
+    assert len(calls) == 2  # the saved chunk was not computed again
+    assert (folder / "table.csv").read_bytes() == (reference / "table.csv").read_bytes()
+    verdict = json.loads((folder / "summary.json").read_text())["verdict"]
+    assert verdict == json.loads((reference / "summary.json").read_text())["verdict"]
+
+
+def test_bad_settings_are_refused(tmp_path, chunk_root):
+    for bad, match in [({"norm": 9}, r"--norm must be one of all \(0\), post \(1\)"),
+                       ({"norm": "post-norm"}, "--norm must be one of"), ({"beta": -1.0}, "--beta"),
+                       ({"keep": 1.5}, "--keep"), ({"mask": -1}, "--mask")]:
+        with pytest.raises(ValueError, match=match):
+            run_experiment("variants", TINY | bad, progress=False, log=None,
+                           out=tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+
+
+def test_choices_are_taken_by_name_and_recorded_by_name():
+    """`--norm none` (or its code 5) selects the post-less placement; the command
+    recorded to repeat the run spells the name; the names are the study's own axes."""
+    from jaxattn.experiments import experiment_config, get_experiment, runner
+
+    experiment = get_experiment("variants")
+    names = {p.name: p.names for p in experiment.all_params() if p.names}
+    assert names == {"norm": ("all", *study.NORMS), "mask": ("all", *study.MASKS),
+                     "kernel": ("both", *study.KERNELS)}
+    by_name = experiment_config(experiment, {"norm": "none", "mask": "causal"}, 0)
+    assert by_name == experiment_config(experiment, {"norm": "5", "mask": 2}, 0)
+    assert study.Grid.of(by_name).norms == ("none",)
+    line = runner.command_line(by_name, experiment)
+    assert line.endswith("--norm none --mask causal"), line
+
+
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
+def test_figures_carry_no_creation_date(tmp_path):
+    """The heat map's PDF is written with the reproducible metadata of every other
+    figure: no /CreationDate, so a resumed run's PDF equals the uninterrupted one's."""
+    from pathlib import Path
+
+    saved = Path(__file__).parents[1] / "data" / "figures" / "variants"
+    config = json.loads((saved / "config.json").read_text())
+    with np.load(saved / "data.npz") as f:
+        data = {k: f[k] for k in f.files}
+    paths = study.VariantsExperiment().draw(config, data, tmp_path)
+    pdfs = [p for p in paths if str(p).endswith(".pdf")]
+    assert pdfs
+    for pdf in pdfs:
+        assert b"/CreationDate" not in Path(pdf).read_bytes(), pdf
+
+
+def test_a_cells_title_names_only_the_settings_it_uses(tmp_path):
+    """One cell of the causal mask: its title names no window width and no sparse
+    share (settings of masks it does not draw); the full grid names both."""
+    from pathlib import Path
+
+    import matplotlib.figure
+
+    titles = []
+    real = matplotlib.figure.Figure.suptitle
+
+    def record(self, t, **kw):
+        titles.append(t)
+        return real(self, t, **kw)
+
+    matplotlib.figure.Figure.suptitle = record
+    try:
+        for name in ("variants-one-cell", "variants"):
+            saved = Path(__file__).parents[1] / "data" / "figures" / name
+            config = json.loads((saved / "config.json").read_text())
+            with np.load(saved / "data.npz") as f:
+                data = {k: f[k] for k in f.files}
+            (tmp_path / name).mkdir()
+            study.VariantsExperiment().draw(config, data, tmp_path / name)
+    finally:
+        matplotlib.figure.Figure.suptitle = real
+    one, full = (" ".join(t.split()) for t in titles[:2])
+    assert "window w" not in one and "sparse p" not in one, one
+    assert "window w = 2" in full and "sparse p = 0.3" in full, full

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from jaxattn.cli import main, parser
 
 COMMANDS = sorted(parser()._subparsers._group_actions[0].choices)
-_RUNS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "figures")  # saved small runs
+_RUNS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "figures")  # small runs
 
 BAD = [
     ([], "required: COMMAND"),

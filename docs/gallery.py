@@ -53,7 +53,8 @@ def draw(name: str, source: str) -> Path:
 
     out = entry(name, source)
     experiment = EXPERIMENTS[name]
-    config = json.loads((RUNS / name / "config.json").read_text(encoding="utf-8"))
+    saved = json.loads((RUNS / name / "config.json").read_text(encoding="utf-8"))
+    config = experiment.config(saved)  # the experiment's Config
     with np.load(RUNS / name / "data.npz") as f:
         data = {k: f[k] for k in f.files}
     tmp = Path(tempfile.mkdtemp(dir=CACHE, prefix=f".{name}-"))

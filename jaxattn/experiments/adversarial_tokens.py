@@ -42,20 +42,20 @@ class AdversarialTokens(AbstractSearch):
     settings = {"sphere_": "sphere", "causal_": "causal"}
 
     def explore(self, config, setting, progress):
-        key = jax.random.fold_in(jax.random.PRNGKey(config["seed"]), len(setting))
+        key = jax.random.fold_in(jax.random.PRNGKey(config.seed), len(setting))
         if setting == "sphere":
-            T, cfg = config["horizon"], config
+            T, cfg = config.horizon, config
             dyn, x, cons = _sphere_setting(cfg, key)
         else:
-            T, cfg = config["causal_horizon"], config | {"tokens": config["causal_tokens"]}
+            T, cfg = config.causal_horizon, config | {"tokens": config.causal_tokens}
             dyn, x, cons = _causal_setting(cfg, key)
-        res = slow_consensus(dyn, init=x, objective="final", horizon=T, steps=config["steps"],
-                             restarts=config["restarts"], saves=config["saves"],
-                             optimizer=optax.adam(config["lr"]), constraints=cons,
+        res = slow_consensus(dyn, init=x, objective="final", horizon=T, steps=config.steps,
+                             restarts=config.restarts, saves=config.saves,
+                             optimizer=optax.adam(config.lr), constraints=cons,
                              progress=progress)
-        found = _token_outcome(setting, dyn, x, res, T, config["long"])
+        found = _token_outcome(setting, dyn, x, res, T, config.long)
         if setting == "causal":
-            cmp = compare_adjoints(dyn, res.x0, horizon=T, saves=config["saves"])
+            cmp = compare_adjoints(dyn, res.x0, horizon=T, saves=config.saves)
             found["backsolve_rel_error"] = cmp["relative_error"]
         return found
 
@@ -75,7 +75,7 @@ class AdversarialTokens(AbstractSearch):
         return kind, (
             f"{setting} ({size}): E(T) {short(found['value'])} vs random mean "
             f"{short(np.mean(found['baseline']))} (×{gain:.3g}); run to "
-            f"{config['long']:g}T: {trend.describe('E')} ({outcome_words(kind, thm)}); "
+            f"{config.long:g}T: {trend.describe('E')} ({outcome_words(kind, thm)}); "
             f"min ⟨x_i, x_j⟩ at the start {found['min_inner']:.3f}")
 
     def closing(self, config, data):
@@ -88,7 +88,7 @@ class AdversarialTokens(AbstractSearch):
         for row, (found, setting) in enumerate(self.sections(data)):
             ax = fig.add_subplot(2, 3, 3 * row + 1)
             draw_trace(ax, found["trace"], found["baseline"], "$E(x(T))$")
-            ax.set_title(f"{setting}: optimisation of $E(T)$ ({config['restarts']} restarts)")
+            ax.set_title(f"{setting}: optimisation of $E(T)$ ({config.restarts} restarts)")
             if setting == "sphere":
                 ax3 = fig.add_subplot(2, 3, 2, projection="3d")
                 figures.draw_sphere_trajectories(ax3, found["ys_long"][:120])
@@ -113,7 +113,7 @@ class AdversarialTokens(AbstractSearch):
                              label="random starts")
             ax.axvline(found["horizon"], color="k", ls=":", lw=1, label="horizon $T$")
             ax.set_ylabel("misalignment $E(t)$")
-            ax.set_title(f"{setting}: run to {config['long']:g}$T$")
+            ax.set_title(f"{setting}: run to {config.long:g}$T$")
             ax.legend(fontsize=8)
         return figures.save_figure(fig, self.stem(folder),
                                  "Initial tokens that slow consensus (gradient ascent on $E(T)$)")
@@ -122,15 +122,15 @@ class AdversarialTokens(AbstractSearch):
 def _sphere_setting(config, key):
     km, kx = jax.random.split(key)
     dyn = paper001.sphere_dynamics(km)
-    x = jax.vmap(lambda k: paper001.hemisphere_tokens(k, config["tokens"], 3))(
-        jax.random.split(kx, config["restarts"]))
-    return dyn, x, Constraints(hemisphere="start", margin=config["margin"])
+    x = jax.vmap(lambda k: paper001.hemisphere_tokens(k, config.tokens, 3))(
+        jax.random.split(kx, config.restarts))
+    return dyn, x, Constraints(hemisphere="start", margin=config.margin)
 
 
 def _causal_setting(config, key):
     km, kx = jax.random.split(key)
-    w = paper001.causal_weights(km, config["dim"], 2)
-    shape = (config["restarts"], config["tokens"], config["dim"])
+    w = paper001.causal_weights(km, config.dim, 2)
+    shape = (config.restarts, config.tokens, config.dim)
     x = normalize(jax.random.uniform(kx, shape, jnp.result_type(float), -1.0, 1.0))
     return paper001.causal_dynamics(w), x, Constraints()
 

@@ -37,26 +37,26 @@ class AdversarialWeights(AbstractSearch):
     )
 
     def explore(self, config, setting, progress):
-        kq, ku, kx = jax.random.split(jax.random.PRNGKey(config["seed"]), 3)
-        d = config["dim"]
+        kq, ku, kx = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+        d = config.dim
         U, v1 = _symmetric(ku, np.linspace(1.0, -0.5, d))
         P = jax.random.uniform(kq, (1, d, d), jnp.result_type(float), -1.0, 1.0)
         dyn = SelfAttentionDynamics(P, U[None], causal=True)
-        x0 = paper001.hemisphere_of(kx, v1, config["tokens"])
+        x0 = paper001.hemisphere_of(kx, v1, config.tokens)
         cons = Constraints(train=("P", "U"), norm="spectral",
-                           bound={"P": config["p_bound"], "U": config["u_bound"]},
-                           symmetric=("U",), top_eigenvector=v1, gap=config["gap"])
+                           bound={"P": config.p_bound, "U": config.u_bound},
+                           symmetric=("U",), top_eigenvector=v1, gap=config.gap)
         res = slow_consensus(dyn, init=x0, target="weights", objective="final",
-                             horizon=config["horizon"],
-                             steps=config["steps"], restarts=config["restarts"],
-                             saves=config["saves"],
-                             weight_noise=0.5, optimizer=optax.adam(config["lr"]),
+                             horizon=config.horizon,
+                             steps=config.steps, restarts=config.restarts,
+                             saves=config.saves,
+                             weight_noise=0.5, optimizer=optax.adam(config.lr),
                              constraints=cons, key=kq, progress=progress)
         U_all = np.asarray(res.weights.U.value[:, 0])
         gaps, lam1 = _gap(U_all)
-        ts, ys = long_run(res.dyn, jnp.stack([x0, x0]).at[1].set(x0), config["long"] *
-                           config["horizon"])
-        _, ys0 = long_run(dyn, x0, config["long"] * config["horizon"])
+        ts, ys = long_run(res.dyn, jnp.stack([x0, x0]).at[1].set(x0), config.long *
+                           config.horizon)
+        _, ys0 = long_run(dyn, x0, config.long * config.horizon)
         pred = predict(res.dyn, x0)
         best_U = np.asarray(res.dyn.U.value[0])
         dist = _distance_to(v1, x0, ys[0])
@@ -79,8 +79,8 @@ class AdversarialWeights(AbstractSearch):
             f"E(T) {short(found['value'])} vs start {short(np.mean(found['baseline']))} "
             f"(×{gain:.3g}); spectral gap λ₁−λ₂: {float(found['gap0']):.3f} → {best_gap:.3f} "
             f"(all restarts: {np.min(found['gaps']):.3f}–{np.max(found['gaps']):.3f}; floor "
-            f"{config['gap']:g}); eigenvalues of U {eig}; ‖P‖₂ {float(found['P_norm']):.3f}; "
-            f"run to {config['long']:g}T: {trend.describe('max(1 − ⟨x_i, v₁⟩)')} "
+            f"{config.gap:g}); eigenvalues of U {eig}; ‖P‖₂ {float(found['P_norm']):.3f}; "
+            f"run to {config.long:g}T: {trend.describe('max(1 − ⟨x_i, v₁⟩)')} "
             f"({'consensus at v₁, ' if kind == 'agrees' else ''}"
             f"{outcome_words(kind, '5.2')})")
 
@@ -100,16 +100,16 @@ class AdversarialWeights(AbstractSearch):
         axs[1].bar(x + 0.2, data["eig_best"][::-1], 0.4, label="optimised")
         axs[1].set_xticks(x, [f"$\\lambda_{i + 1}$" for i in x])
         axs[1].axhline(0, color="k", lw=0.6)
-        axs[1].set_title(f"eigenvalues of $U$ ($\\|U\\|_2 \\leq {config['u_bound']:g}$, "
-                         f"gap $\\geq {config['gap']:g}$)")
+        axs[1].set_title(f"eigenvalues of $U$ ($\\|U\\|_2 \\leq {config.u_bound:g}$, "
+                         f"gap $\\geq {config.gap:g}$)")
         axs[1].legend(fontsize=8)
         figures.draw_decay(axs[2], data["ts_long"], data["E_long0"], color="0.5",
                          label="start weights")
         figures.draw_decay(axs[2], data["ts_long"], data["E_long"], color="tab:red",
                          label="optimised weights")
-        axs[2].axvline(config["horizon"], color="k", ls=":", lw=1, label="horizon $T$")
+        axs[2].axvline(config.horizon, color="k", ls=":", lw=1, label="horizon $T$")
         axs[2].set_ylabel("misalignment $E(t)$")
-        axs[2].set_title(f"same start, run to {config['long']:g}$T$")
+        axs[2].set_title(f"same start, run to {config.long:g}$T$")
         axs[2].legend(fontsize=8)
         return figures.save_figure(fig, self.stem(folder),
                                  "Weights that slow consensus (causal, one head, symmetric $U$)")

@@ -135,16 +135,16 @@ def window_of(d: int, sigma: float) -> np.ndarray:
 
 def taus_of(config) -> tuple[float, float]:
     """The layer steps of the threshold runs: `τ/2` and `τ`."""
-    return config["tau"] / 2, config["tau"]
+    return config.tau / 2, config.tau
 
 
 def dims_of(config) -> list[int]:
-    return [2 ** (k + 1) for k in range(config["dims"])]
+    return [2 ** (k + 1) for k in range(config.dims)]
 
 
 def betas_of(config) -> np.ndarray:
-    return np.linspace(config["beta_max"] / config["betas"], config["beta_max"],
-                       config["betas"])
+    return np.linspace(config.beta_max / config.betas, config.beta_max,
+                       config.betas)
 
 
 class Antipodal(AbstractExperiment):
@@ -168,19 +168,19 @@ class Antipodal(AbstractExperiment):
     )
 
     def check_config(self, config):
-        if config["tau"] > 0.5:
+        if config.tau > 0.5:
             raise ValueError(f"--tau must be ≤ 0.5 (a layer is one step of the SDE), got "
-                             f"{config['tau']!r}.")
-        end = max(config["horizon"], EXPONENT_TIME)
-        if not end / config["tau"] * 2 <= MAX_LAYERS:  # the threshold runs' step is τ/2
-            raise ValueError(f"--tau {config['tau']!r} takes {end / config['tau'] * 2:.3g} "
+                             f"{config.tau!r}.")
+        end = max(config.horizon, EXPONENT_TIME)
+        if not end / config.tau * 2 <= MAX_LAYERS:  # the threshold runs' step is τ/2
+            raise ValueError(f"--tau {config.tau!r} takes {end / config.tau * 2:.3g} "
                              f"layers of τ/2 to reach T = {end:g}, more than {MAX_LAYERS} (JAX "
                              "counts in int32): take a larger --tau.")
 
     def simulate(self, config, progress):
-        key = jax.random.PRNGKey(config["seed"])
-        dims, betas, runs = dims_of(config), betas_of(config), config["runs"]
-        sigma, tau = config["sigma"], config["tau"]
+        key = jax.random.PRNGKey(config.seed)
+        dims, betas, runs = dims_of(config), betas_of(config), config.runs
+        sigma, tau = config.sigma, config.tau
         shape = (len(dims), len(betas))
         data = {"dims": np.asarray(dims), "betas": betas, "p_antipodal": np.zeros(shape),
                 "p_consensus": np.zeros(shape), "rate": np.zeros(shape),
@@ -199,7 +199,7 @@ class Antipodal(AbstractExperiment):
                 for j, beta in enumerate(betas):
                     k_p, k_e = jax.random.split(jax.random.fold_in(k_run, j))
                     plus, minus = gaps(noisy_layers(beta, sigma, x0,
-                                                    layers_for(config["horizon"], tau), tau, k_p))
+                                                    layers_for(config.horizon, tau), tau, k_p))
                     data["p_antipodal"][i, j] = float(jnp.mean(plus < GAP))
                     data["p_consensus"][i, j] = float(jnp.mean(minus < GAP))
                     bar.update()
@@ -214,9 +214,9 @@ class Antipodal(AbstractExperiment):
             data["formation"] = np.zeros((len(FORMATION_TOKENS), runs), dtype=np.int64)
             for i, n in enumerate(FORMATION_TOKENS):
                 k_start, k_run = jax.random.split(jax.random.fold_in(key, 1000 + n))
-                x = normalize(jax.random.normal(k_start, (runs, n, config["formation_dim"])))
-                x = noisy_layers(config["formation_beta"], sigma, x,
-                                 layers_for(config["horizon"], tau), tau, k_run)
+                x = normalize(jax.random.normal(k_start, (runs, n, config.formation_dim)))
+                x = noisy_layers(config.formation_beta, sigma, x,
+                                 layers_for(config.horizon, tau), tau, k_run)
                 data["formation"][i] = formation(x)
                 bar.update()
         return data
@@ -224,7 +224,7 @@ class Antipodal(AbstractExperiment):
     @staticmethod
     def _threshold_runs(config, data, i: int, d: int, key, bar) -> None:
         """The exponent at the window's `β` for each step of `taus_of`, into `data`."""
-        sigma, runs = config["sigma"], config["threshold_runs"]
+        sigma, runs = config.sigma, config.threshold_runs
         window = window_of(d, sigma)
         data["window_betas"][i] = window
         if not window[-1] > 0:  # β_c = 0: antipodes attract at every β
@@ -247,10 +247,10 @@ class Antipodal(AbstractExperiment):
         with standard errors, and its relative error; the grid's crossing at `τ`
         (for reference); `P(antipodal)` at the largest `β`."""
         out = {}
-        betas, runs = data["betas"], config["runs"]
+        betas, runs = data["betas"], config.runs
         for i, d in enumerate(data["dims"]):
             p = data["p_antipodal"][i, -1]
-            predicted = predicted_threshold(int(d), config["sigma"])
+            predicted = predicted_threshold(int(d), config.sigma)
             found = {"predicted": predicted, "at_tau": None, "at_tau_se": None,
                      "measured": None, "measured_se": None, "relative_error": None}
             if np.all(np.isfinite(data["window_rate"][i])):
@@ -268,7 +268,7 @@ class Antipodal(AbstractExperiment):
                 "p_antipodal_at_beta_max": float(p),
                 "p_antipodal_se": float(binomial_error(p, runs)),
                 "p_predicted_at_beta_max": antipodal_probability(betas[-1], int(d),
-                                                                 config["sigma"])}
+                                                                 config.sigma)}
         return out
 
     def formations(self, data) -> dict[str, dict]:
@@ -297,8 +297,8 @@ class Antipodal(AbstractExperiment):
         forms = self.formations(data)
         two = "; ".join(f"{key}: {1 - s['one cluster'] - s['other']:.2f} antipodal"
                         for key, s in forms.items())
-        line = (f"σ = {config['sigma']:g}, {config['runs']} runs per point: {words}. "
-                f"n > 2 at β = {config['formation_beta']:g}, d = {config['formation_dim']}: "
+        line = (f"σ = {config.sigma:g}, {config.runs} runs per point: {words}. "
+                f"n > 2 at β = {config.formation_beta:g}, d = {config.formation_dim}: "
                 f"{two}")
         numbers = {"thresholds": found, "gap": GAP, "start_gap": START_GAP,
                    "exponent_time": EXPONENT_TIME, "threshold_gap": THRESHOLD_GAP,
@@ -315,8 +315,8 @@ class Antipodal(AbstractExperiment):
         self._draw_formations(axes[3], config, data)
         return figures.save_figure(
             fig, self.stem(folder),
-            f"Two tokens under common value noise σ = {config['sigma']:g} ({config['runs']} "
-            f"runs per point, T = {config['horizon']:g}, τ = {config['tau']:g}): the antipodal "
+            f"Two tokens under common value noise σ = {config.sigma:g} ({config.runs} "
+            f"runs per point, T = {config.horizon:g}, τ = {config.tau:g}): the antipodal "
             "end attracts past the predicted $\\beta_c$. Units: tokens at RMS norm 1 "
             "($|z| = \\sqrt{d}$) with scores $c\\,\\langle z_i, z_j\\rangle$ give "
             "$\\beta = c\\,d$; value noise of entry variance $s^2$ per layer of step τ "
@@ -324,16 +324,16 @@ class Antipodal(AbstractExperiment):
 
     @staticmethod
     def _draw_probability(ax, config, data):
-        betas, runs = data["betas"], config["runs"]
+        betas, runs = data["betas"], config.runs
         fine = np.linspace(betas[0] / 4, betas[-1], 200)
         for i, d in enumerate(data["dims"]):
             d = int(d)
             p = data["p_antipodal"][i]
             ax.errorbar(betas, p, yerr=binomial_error(p, runs), fmt="o", ms=4, capsize=3,
                         color=f"C{i}", label=f"d = {d}: measured (± 1 s.e.)")
-            ax.plot(fine, [antipodal_probability(b, d, config["sigma"]) for b in fine],
+            ax.plot(fine, [antipodal_probability(b, d, config.sigma) for b in fine],
                     color=f"C{i}", lw=1, ls="--", label=f"d = {d}: predicted, T → ∞")
-            ax.axvline(antipodal_threshold(d, config["sigma"]), color=f"C{i}", lw=0.8,
+            ax.axvline(antipodal_threshold(d, config.sigma), color=f"C{i}", lw=0.8,
                        ls=":")
         ax.set(xlabel=r"$\beta$", ylabel=r"P(antipodal): $1+\rho_T$ < " + f"{GAP:g}",
                title=r"P(antipodal), uniform starts; dotted: predicted $\beta_c$")
@@ -347,7 +347,7 @@ class Antipodal(AbstractExperiment):
             d = int(d)
             ax.errorbar(betas, data["rate"][i], yerr=data["rate_se"][i], fmt="o", ms=4,
                         capsize=3, color=f"C{i}", label=f"d = {d}: measured (± 1 s.e.)")
-            ax.plot(fine, antipodal_rate(fine, d, config["sigma"]), color=f"C{i}", lw=1,
+            ax.plot(fine, antipodal_rate(fine, d, config.sigma), color=f"C{i}", lw=1,
                     label=rf"d = {d}: predicted $\lambda$")
         ax.axhline(0, color="k", lw=0.8)
         ax.axhline(saturation(), color="0.4", ls=(0, (1, 2)), lw=1.0,
@@ -389,7 +389,7 @@ class Antipodal(AbstractExperiment):
 
     @staticmethod
     def _draw_formations(ax, config, data):
-        runs = config["runs"]
+        runs = config.runs
         width = 0.8 / (len(FORMATION_TOKENS))
         labels = ["one cluster"] + [f"k = {k}" for k in range(1, max(FORMATION_TOKENS) // 2 + 1)]
         labels += ["other"]
@@ -401,8 +401,8 @@ class Antipodal(AbstractExperiment):
                    capsize=2, color=f"C{i + 3}", label=f"n = {n}")
         ax.set_xticks(xs, labels)
         ax.set(ylabel="share of runs", ylim=(0, 1),
-               title=f"n tokens, β = {config['formation_beta']:g}, d = "
-                     f"{config['formation_dim']}: antipodal groups k : n − k")
+               title=f"n tokens, β = {config.formation_beta:g}, d = "
+                     f"{config.formation_dim}: antipodal groups k : n − k")
         figures.legend_below(ax, ncol=3)
 
 

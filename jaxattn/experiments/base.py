@@ -116,6 +116,39 @@ class Verdict:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+class Config(Mapping):
+    """The settings of one run of an experiment: a frozen dataclass built from the
+    experiment's `Param`s (`AbstractExperiment.config_type`), read by attribute
+    (`config.tau`). It is also a read-only mapping of its fields, for code that reads
+    settings by name (`FOOTPRINT`, the sweep's tables, `config.json`), and
+    `config | {"tau": 0.1}` is a new config with those settings changed.
+
+    Its post-init is the experiment's `check_config`, run when the settings are
+    concrete: inside a sweep's program the floats are traced scalars, whose point was
+    checked before the program.
+    """
+
+    _experiment: ClassVar["AbstractExperiment"]
+
+    def __post_init__(self):
+        if all(isinstance(v, (bool, int, float, str)) for v in self.values()):
+            self._experiment.check_config(self)
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.__dataclass_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __iter__(self):
+        return iter(self.__dataclass_fields__)
+
+    def __len__(self) -> int:
+        return len(self.__dataclass_fields__)
+
+    def __or__(self, changes: Mapping[str, Any]) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+
 class AbstractExperiment(abc.ABC):
     """One experiment, run by `jaxattn run NAME`.
 
@@ -136,6 +169,10 @@ class AbstractExperiment(abc.ABC):
     #: Parameters an intermediate base declares for all its members, listed after
     #: theirs (a member that declares one again gives it its own default and help).
     base_params: ClassVar[tuple[Param, ...]] = ()
+    #: Settings a run records beside its parameters that no flag sets, as `(name,
+    #: default)`: fields of its `Config` (`loop-grid`'s `model`, given by `jaxattn
+    #: loop --grid`).
+    recorded: ClassVar[tuple[tuple[str, Any], ...]] = ()
     #: Whether `jaxattn sweep NAME` can run it: a literal at the head of the
     #: member's class body (the registry reads it without importing the member),
     #: true exactly for the members of `AbstractSweepableExperiment`.
@@ -158,9 +195,36 @@ class AbstractExperiment(abc.ABC):
         return self.params + tuple(p for p in self.base_params if p.name not in own)
 
     @typing.final
-    def defaults(self) -> dict[str, Any]:
-        """Every parameter's default value, by name."""
-        return {p.name: p.default for p in self.all_params()}
+    def config_type(self) -> type["Config"]:
+        """The experiment's settings as a type: a frozen dataclass whose fields are
+        `experiment`, `seed` and each parameter (`all_params`), with the parameters'
+        defaults, and `check_config` as its post-init. Built once per class."""
+        cls = type(self)
+        if "_config_type" not in cls.__dict__:
+            fields = [("experiment", str, dataclasses.field(default=self.name)),
+                      ("seed", int, dataclasses.field(default=0))]
+            fields += [(p.name, p.type if not p.names else int,
+                        dataclasses.field(default=p.default)) for p in self.all_params()]
+            fields += [(name, Any, dataclasses.field(default=default))
+                       for name, default in self.recorded]
+            cls._config_type = dataclasses.make_dataclass(
+                f"{cls.__name__}Config", fields, bases=(Config,), frozen=True,
+                namespace={"_experiment": self, "__module__": cls.__module__})
+        return cls._config_type
+
+    @typing.final
+    def config(self, values: Mapping[str, Any] = {}, /, **changes) -> "Config":
+        """The experiment's settings: the defaults, then `values` and `changes` (names
+        the experiment lacks, such as a run record's `command`, are left out), checked
+        by `check_config`."""
+        kind = self.config_type()
+        names = {f.name for f in dataclasses.fields(kind)}
+        return kind(**{k: v for k, v in {**values, **changes}.items() if k in names})
+
+    @typing.final
+    def defaults(self) -> "Config":
+        """Every parameter's default value (and seed 0), as the experiment's `Config`."""
+        return self.config()
 
     @typing.final
     def stem(self, folder) -> Path:

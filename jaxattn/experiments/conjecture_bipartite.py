@@ -45,18 +45,18 @@ class ConjectureBipartite(AbstractSearch):
     settings = {"h1_": 1, "h2_": 2, "h3_": 3}
 
     def explore(self, config, h, progress):
-        n, m, d, R = config["tokens"], config["split"], config["dim"], config["restarts"]
+        n, m, d, R = config.tokens, config.split, config.dim, config.restarts
         if not 0 < m < n:
             raise ValueError(f"--split must be in 1..{n - 1}, got {m}.")
         v = jnp.zeros(d).at[0].set(1.0)
-        k1, k2 = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(config["seed"]), h))
+        k1, k2 = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(config.seed), h))
         dtype = jnp.result_type(float)
         w0 = BipartiteWeights(2 * jax.random.normal(k1, (R, h, d, d), dtype),
                               jax.random.normal(k2, (R, h, d, d), dtype))
         w, trace, viol = stabilize_bipartite(
-            w0, v, n=n, m=m, tau=config["tau"], p_bound=config["p_bound"],
-            u_bound=config["u_bound"], steps=config["steps"],
-            optimizer=optax.adam(config["lr"]))
+            w0, v, n=n, m=m, tau=config.tau, p_bound=config.p_bound,
+            u_bound=config.u_bound, steps=config.steps,
+            optimizer=optax.adam(config.lr))
         return _bipartite_check(w, trace, viol, v, n, m, config, k1)
 
     def judge_setting(self, config, found, h):
@@ -125,8 +125,8 @@ def _bipartite_check(w, trace, viol, v, n, m, config, key):
     rho, valid, residual = np.zeros(R), np.zeros(R, bool), np.zeros(R)
     for r in range(R):
         dyn = SelfAttentionDynamics(w.P[r], w.U[r])
-        rho[r] = float(spectral_radius(tangent_jacobian(dyn, x, config["tau"])))
-        residual[r] = float(jnp.max(jnp.abs(dyn.layer(0.0, x, config["tau"]) - x)))
+        rho[r] = float(spectral_radius(tangent_jacobian(dyn, x, config.tau)))
+        residual[r] = float(jnp.max(jnp.abs(dyn.layer(0.0, x, config.tau) - x)))
         valid[r] = residual[r] < 1e-10 and _assumption_1(np.asarray(layer_matrix(dyn)))
     rho0 = np.exp(trace[0])  # smooth bound at the start (≥ ρ)
     best = int(np.argmin(np.where(valid, rho, np.inf)))
@@ -134,7 +134,7 @@ def _bipartite_check(w, trace, viol, v, n, m, config, key):
     dist = []
     for scale in (1e-3, 1e-1):
         kick = scale * jax.random.normal(key, x.shape, x.dtype)
-        ys = run_layers(dyn, normalize(x + kick), config["layers"], config["tau"])
+        ys = run_layers(dyn, normalize(x + kick), config.layers, config.tau)
         dist.append(np.max(np.linalg.norm(np.asarray(ys) - np.asarray(x), axis=-1), axis=-1))
     out = {"trace": trace, "violation": np.max(viol), "rho": rho, "rho0": rho0, "valid": valid,
            "residual": residual, "dist_small": dist[0], "dist_large": dist[1],

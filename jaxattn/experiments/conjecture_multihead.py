@@ -66,18 +66,18 @@ class ConjectureMultihead(AbstractSearch):
     settings = {"h2_": 2, "h3_": 3}
 
     def explore(self, config, h, progress):
-        key = jax.random.fold_in(jax.random.PRNGKey(config["seed"]), h)
-        dyn = _multihead_model(key, h, config["dim"], config["p_bound"] / 2)
+        key = jax.random.fold_in(jax.random.PRNGKey(config.seed), h)
+        dyn = _multihead_model(key, h, config.dim, config.p_bound / 2)
         cons = Constraints(train=("P", "U"), norm="spectral",
-                           bound={"P": config["p_bound"], "U": config["u_bound"]},
+                           bound={"P": config.p_bound, "U": config.u_bound},
                            symmetric=("U",), hemisphere=_top_of_sum,
-                           margin=config["margin"], sum_gap=config["gap"])
-        res = slow_consensus(dyn, init=jax.random.fold_in(key, 1), n=config["tokens"],
+                           margin=config.margin, sum_gap=config.gap)
+        res = slow_consensus(dyn, init=jax.random.fold_in(key, 1), n=config.tokens,
                              target="both", objective=_distance_to_v1, log=True,
-                             horizon=config["horizon"], steps=config["steps"],
-                             restarts=config["restarts"], saves=config["saves"],
+                             horizon=config.horizon, steps=config.steps,
+                             restarts=config.restarts, saves=config.saves,
                              weight_noise=1.0,
-                             optimizer=optax.adam(config["lr"]), constraints=cons,
+                             optimizer=optax.adam(config.lr), constraints=cons,
                              key=key, progress=progress)
         return _multihead_check(res, config)
 
@@ -87,7 +87,7 @@ class ConjectureMultihead(AbstractSearch):
         # a counterexample stops approaching v₁; a slow approach is none
         return None, (
             f"h={h}: best max(1 − ⟨x_i(T), v₁⟩) {short(d_T)} (random starts mean "
-            f"{short(np.mean(found['baseline']))}); at {config['long']:g}T {short(d_long)}, "
+            f"{short(np.mean(found['baseline']))}); at {config.long:g}T {short(d_long)}, "
             f"|velocity| {short(float(found['speed_end']))}, gap of ΣU "
             f"{float(found['gap']):.3f}, start margin {float(found['margin']):.3f}; "
             f"{trend.describe('distance')} → "
@@ -111,11 +111,11 @@ class ConjectureMultihead(AbstractSearch):
             ax3 = fig.add_subplot(2, 3, 3 * row + 2, projection="3d")
             figures.draw_ellipsoid_trajectories(ax3, found["ys"], mark=found["v1"],
                                               mark_label="$v_1$")
-            figures.title_3d(ax3, f"h = {h}: best start, $t \\in [0, {config['long']:g}T]$")
+            figures.title_3d(ax3, f"h = {h}: best start, $t \\in [0, {config.long:g}T]$")
             ax = fig.add_subplot(2, 3, 3 * row + 3)
             # 1 − ⟨x, v₁⟩ as computed resolves ~ε (first order), not ε²
             figures.draw_decay(ax, found["ts"], found["dist"], order=1, color="tab:red")
-            ax.axvline(config["horizon"], color="k", ls=":", lw=1, label="horizon $T$")
+            ax.axvline(config.horizon, color="k", ls=":", lw=1, label="horizon $T$")
             ax.set_ylabel(r"$\max_i\,[\,1-\langle x_i(t), v_1\rangle\,]$")
             ax.set_title(f"h = {h}: distance to $v_1$")
             figures.legend_below(ax, ncol=2)
@@ -125,7 +125,7 @@ class ConjectureMultihead(AbstractSearch):
 
 def _multihead_check(res, config):
     dyn = res.dyn
-    ts, ys = long_run(dyn, res.x0, config["long"] * config["horizon"])
+    ts, ys = long_run(dyn, res.x0, config.long * config.horizon)
     v1 = np.asarray(_top_of_sum(dyn))
     v1 = v1 * np.sign(np.sum(np.asarray(res.x0) @ v1))
     lam = np.linalg.eigvalsh(np.asarray(layer_matrix(dyn)))

@@ -101,23 +101,23 @@ def measure(ys: Float[Array, "T n d"]) -> dict[str, np.ndarray]:
 
 def flow(config, norm, kernel, ts) -> dict[str, np.ndarray]:
     """The `n`-particle flow from the equiangular start, measured (`measure`)."""
-    n, d = config["tokens"], config["dim"]
+    n, d = config.tokens, config.dim
     eye = jnp.eye(d)[None]
-    dyn = SelfAttentionDynamics(eye, eye, beta=config["beta"], norm=norm, kernel=kernel)
-    x0 = equiangular_tokens(config["rho0"], n, d)
+    dyn = SelfAttentionDynamics(eye, eye, beta=config.beta, norm=norm, kernel=kernel)
+    x0 = equiangular_tokens(config.rho0, n, d)
     ys = solve_flow(dyn, x0, ts, solver=dfx.Dopri8(), rtol=RTOL, atol=ATOL,
                     max_steps=2**18, on_manifold=dyn.stays_on_manifold)
     return measure(ys)
 
 
 def check_config(config) -> None:
-    n = config["tokens"]
-    if config["dim"] < n:
+    n = config.tokens
+    if config.dim < n:
         raise ValueError(f"--dim must be ≥ --tokens ({n}): {n} equiangular tokens span "
-                         f"{n} dimensions; got --dim {config['dim']}.")
-    if not -1 / (n - 1) <= config["rho0"] < 1:
+                         f"{n} dimensions; got --dim {config.dim}.")
+    if not -1 / (n - 1) <= config.rho0 < 1:
         raise ValueError(f"--rho0 must lie in [−1/(n − 1), 1) = [{-1 / (n - 1):.4g}, 1) for "
-                         f"--tokens {n}, got {config['rho0']!r}.")
+                         f"--tokens {n}, got {config.rho0!r}.")
 
 
 def late_rate(ts: np.ndarray, gap: np.ndarray, kind: str,
@@ -169,7 +169,7 @@ class Equiangular(AbstractExperiment):
 
     def simulate(self, config, progress):
         check_config(config)
-        ts = jnp.linspace(0.0, config["horizon"], config["saves"] + 1)
+        ts = jnp.linspace(0.0, config.horizon, config.saves + 1)
         shape = (len(KERNELS), len(NORMS), len(ts))
         data = {f"{k}_{w}": np.full(shape, np.nan) for k in ("rho", "gap", "radius")
                 for w in ("flow", "ode")} | {"spread": np.full(shape, np.nan)}
@@ -179,7 +179,7 @@ class Equiangular(AbstractExperiment):
             for i, j in pairs:
                 norm, kernel = NORMS[j], KERNELS[i]
                 measured = flow(config, norm, kernel, ts)
-                ode = equiangular_solution(config["rho0"], config["tokens"], config["beta"],
+                ode = equiangular_solution(config.rho0, config.tokens, config.beta,
                                            ts, norm=norm, kernel=kernel)
                 for k in ("rho", "gap", "radius"):
                     data[f"{k}_flow"][i, j] = measured[k]
@@ -195,7 +195,7 @@ class Equiangular(AbstractExperiment):
         out = {}
         for i, kernel in enumerate(KERNELS):
             for j, norm in enumerate(NORMS):
-                law = equiangular_asymptotics(config["tokens"], config["beta"], norm=norm,
+                law = equiangular_asymptotics(config.tokens, config.beta, norm=norm,
                                               kernel=kernel)
                 entry = {"kind": law.kind, "law": law.law, "predicted": _json(law.rate)}
                 if not skipped(norm, kernel):
@@ -219,7 +219,7 @@ class Equiangular(AbstractExperiment):
         words = "; ".join(f"{key.replace('_', ' ')}: {_law(r)} (read {short(r['flow'])})"
                           if r["kind"] in ("exponential", "algebraic") else
                           f"{key.replace('_', ' ')}: {r['law']}" for key, r in rates.items())
-        line = (f"n = {config['tokens']}, β = {config['beta']:g}, ρ0 = {config['rho0']:g}: the "
+        line = (f"n = {config.tokens}, β = {config.beta:g}, ρ0 = {config.rho0:g}: the "
                 f"flow follows the reduced ODE to max |Δρ| = {error:.2g} (asked: ≤ "
                 f"{AGREEMENT:g}), spread of the cosines ≤ {spread:.2g}, norms to "
                 f"{radius:.2g} (relative); late rates read from the flow within "
@@ -247,8 +247,8 @@ class Equiangular(AbstractExperiment):
         self._draw_agreement(axes[3], ts, data)
         return figures.save_figure(
             fig, self.stem(folder),
-            f"Equiangular tokens: n = {config['tokens']}, d = {config['dim']}, "
-            f"β = {config['beta']:g}, ρ0 = {config['rho0']:g}: the n-particle flow against "
+            f"Equiangular tokens: n = {config.tokens}, d = {config.dim}, "
+            f"β = {config.beta:g}, ρ0 = {config.rho0:g}: the n-particle flow against "
             "the reduced ODE for ρ(t), per normalisation placement")
 
     @staticmethod

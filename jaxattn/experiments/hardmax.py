@@ -230,22 +230,22 @@ class Hardmax(AbstractExperiment):
     )
 
     def check_config(self, config):
-        if config["tau"] > 1:
+        if config.tau > 1:
             raise ValueError(f"--tau is a Frank–Wolfe step size: it must be ≤ 1, got "
-                             f"{config['tau']!r}.")
+                             f"{config.tau!r}.")
 
     def simulate(self, config, progress):
-        k_p, k_x, k_n = jax.random.split(jax.random.PRNGKey(config["seed"]), 3)
-        P = key_query(k_p, config["random_psd"])
-        m, tau, steps = config["vertices"], config["tau"], config["steps"]
-        x0 = voronoi_start(k_x, P, m, config["tokens"])
+        k_p, k_x, k_n = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+        P = key_query(k_p, config.random_psd)
+        m, tau, steps = config.vertices, config.tau, config.steps
+        x0 = voronoi_start(k_x, P, m, config.tokens)
         eye = jnp.eye(2)[None]
 
         def model(sign, **kw):
             return SelfAttentionDynamics(jnp.asarray(sign * P)[None], eye, norm="none", **kw)
 
         ys = np.asarray(frank_wolfe(model(1, kernel="hardmax"), jnp.asarray(x0), steps, tau))
-        betas = np.geomspace(1, config["beta_max"], config["betas"])
+        betas = np.geomspace(1, config.beta_max, config.betas)
         one, run = np.zeros(len(betas)), np.zeros(len(betas))
         at = np.zeros(len(betas), dtype=np.int64)
         for b, beta in enumerate(tqdm(betas, desc=self.name, disable=not progress,
@@ -257,11 +257,11 @@ class Hardmax(AbstractExperiment):
         one_fit = np.array([np.abs(np.asarray(frank_wolfe(
             model(1, beta=beta), jnp.asarray(x0), 1, tau))[1] - ys[1]).max()
             for beta in betas_one])
-        n = m + config["tokens"]
+        n = m + config.tokens
         z = np.asarray(jax.random.normal(k_n, (n, 2)))
         z = z - z.mean(0)  # the origin inside the hull
         nsd = model(-1, kernel="hardmax")
-        T = config["nsd_steps"]
+        T = config.nsd_steps
         ys_fw = np.asarray(frank_wolfe(nsd, jnp.asarray(z), T, tau, schedule=True))
         ys_c = np.asarray(frank_wolfe(nsd, jnp.asarray(z), T, tau))
         return {"P": P, "vertices": np.asarray(m), "ys_psd": ys,
@@ -275,7 +275,7 @@ class Hardmax(AbstractExperiment):
                 "ys_nsd": ys_c[:steps + 1], "ys_nsd_fw": ys_fw[-1:]}
 
     def verdict(self, config, data):
-        c, r = voronoi_checks(data, config["tau"]), rates(data)
+        c, r = voronoi_checks(data, config.tau), rates(data)
         held = (c["in_cell"] & (c["straight"] < TOL) & (c["ratio_error"] < TOL))
         hull_ok = sorted(data["hull"].tolist()) == list(range(int(data["vertices"])))
         n_held, n = int(held.sum()), len(held)
@@ -288,7 +288,7 @@ class Hardmax(AbstractExperiment):
         slopes = ", ".join(f"{v:.2g}" for v in r["run_local_slopes"])
         line = (f"PSD: sites stationary (moved {short(c['site_move'])}), the Voronoi "
                 f"prediction held for {n_held}/{n} interior tokens (in their cell, on a "
-                f"straight line, distance × {1 - config['tau']:g} per step); NSD: quadratic "
+                f"straight line, distance × {1 - config.tau:g} per step); NSD: quadratic "
                 f"energy ∝ t^{short(r['energy_exponent'])} and mean FW gap ∝ "
                 f"t^{short(r['gap_exponent'])} with γ = 2/(t+2) (paper: O(t^-1)), × "
                 f"{short(r['gap_factor_constant'])} per step with γ = τ, collapse points "
@@ -315,13 +315,13 @@ class Hardmax(AbstractExperiment):
         fig, axes = plt.subplots(1, 4, figsize=(18, 4.9))
         _draw_cells(axes[0], data)
         _draw_nsd(axes[1], data["ys_nsd"])
-        _draw_gaps(axes[2], data, config["tau"])
+        _draw_gaps(axes[2], data, config.tau)
         _draw_betas(axes[3], data, rates(data))
-        P = "I" if not config["random_psd"] else "random PD"
+        P = "I" if not config.random_psd else "random PD"
         return figures.save_figure(fig, self.stem(folder),
                                    f"Hardmax attention as Frank–Wolfe: P = ±{P}, τ = "
-                                   f"{config['tau']:g}, {int(data['vertices'])} sites, "
-                                   f"{config['tokens']} interior tokens")
+                                   f"{config.tau:g}, {int(data['vertices'])} sites, "
+                                   f"{config.tokens} interior tokens")
 
 
 def score_gap_of(data) -> float:

@@ -101,10 +101,10 @@ def predicted_crossing(n: np.ndarray, rho: np.ndarray) -> np.ndarray:
 def gamma_grid(config) -> np.ndarray:
     """The scalings `γ` of `β_n = γ log n`: `--gammas` values from `--gamma-min` to
     `--gamma-max`."""
-    if config["gamma_max"] <= config["gamma_min"]:
-        raise ValueError(f"--gamma-max ({config['gamma_max']!r}) must be > --gamma-min "
-                         f"({config['gamma_min']!r}).")
-    return np.linspace(config["gamma_min"], config["gamma_max"], config["gammas"])
+    if config.gamma_max <= config.gamma_min:
+        raise ValueError(f"--gamma-max ({config.gamma_max!r}) must be > --gamma-min "
+                         f"({config.gamma_min!r}).")
+    return np.linspace(config.gamma_min, config.gamma_max, config.gammas)
 
 
 def check_rho(rho: float) -> float:
@@ -218,13 +218,13 @@ class LongContext(AbstractExperiment):
     )
 
     def simulate(self, config, progress):
-        rho, gammas = check_rho(config["rho"]), gamma_grid(config)
-        ns = sizes(config["n_min"], config["n_max"], config["per_decade"])
-        ds = dims(ns, config["dim"])
+        rho, gammas = check_rho(config.rho), gamma_grid(config)
+        ns = sizes(config.n_min, config.n_max, config.per_decade)
+        ds = dims(ns, config.dim)
         alpha = np.zeros((len(ns), len(gammas)))
-        r2 = np.zeros((len(ns), len(gammas), config["layers"] + 1))
+        r2 = np.zeros((len(ns), len(gammas), config.layers + 1))
         rho_hat = np.zeros(len(ns))
-        keys = jax.random.split(jax.random.PRNGKey(config["seed"]), len(ns))
+        keys = jax.random.split(jax.random.PRNGKey(config.seed), len(ns))
         with tqdm(total=alpha.size, desc=self.name, disable=not progress, leave=False) as bar:
             for i, (n, key) in enumerate(zip(ns, keys)):
                 eye = jnp.eye(int(ds[i]))[None]
@@ -234,7 +234,7 @@ class LongContext(AbstractExperiment):
                 for k, gamma in enumerate(gammas):
                     dyn = SelfAttentionDynamics(eye, eye, beta=gamma * math.log(n), norm="ngpt")
                     alpha[i, k] = float(_alpha(dyn, x0))
-                    r2[i, k] = np.asarray(run_layers(dyn, x0, config["layers"], config["tau"],
+                    r2[i, k] = np.asarray(run_layers(dyn, x0, config.layers, config.tau,
                                                      observe=mean_square))
                     bar.update()
         return {"sizes": ns, "dims": ds, "gammas": gammas, "alpha": alpha, "r2": r2,
@@ -248,8 +248,8 @@ class LongContext(AbstractExperiment):
         gap = np.abs(found - est["gamma_predicted"])
         closer = len(n) < 2 or gap[-1] < gap[0]
         ok = bool(error <= TOL and closer)  # NaN fails
-        line = (f"n = {n[0]}…{n[-1]} with d = {d[0]}…{d[-1]}, ρ = {config['rho']:g}, "
-                f"L = {config['layers']}: attention is the identity (α_ii = 1/2) from "
+        line = (f"n = {n[0]}…{n[-1]} with d = {d[0]}…{d[-1]}, ρ = {config.rho:g}, "
+                f"L = {config.layers}: attention is the identity (α_ii = 1/2) from "
                 f"γ = {short(found[0])} at n = {n[0]} to {short(found[-1])} at n = {n[-1]}, "
                 f"{'within' if error <= TOL else 'NOT within'} {TOL:.0%} of γ_n = "
                 f"{short(want[-1])} ({short(error)}) and "
@@ -273,7 +273,7 @@ class LongContext(AbstractExperiment):
         panels = ((data["alpha"], r"mean self-attention $\alpha_{ii}$",
                    "attention → identity"),
                   (distance_ratio(data["r2"]), r"our distance ratio $\lambda$ after "
-                   f"{config['layers']} layer" + ("s" if config["layers"] > 1 else ""),
+                   f"{config.layers} layer" + ("s" if config.layers > 1 else ""),
                    "tokens collapse (λ → 0; not the paper's angle ratio)"))
         for ax, (values, label, title) in zip(axes, panels):
             # each line thinner than the one before: where they coincide, all show
@@ -287,9 +287,9 @@ class LongContext(AbstractExperiment):
         figures.legend_below(axes[0], ncol=3)  # the same colours on the right
         self._draw_critical(axes[2], est, n)
         return figures.save_figure(fig, self.stem(folder),
-                                   f"Critical attention scaling: d = ⌈{config['dim']} "
+                                   f"Critical attention scaling: d = ⌈{config.dim} "
                                    "(log n / log n_max)²⌉, "
-                                   f"ρ = {config['rho']:g}, τ = {config['tau']:g}")
+                                   f"ρ = {config.rho:g}, τ = {config.tau:g}")
 
     @staticmethod
     def _draw_critical(ax, est, n):

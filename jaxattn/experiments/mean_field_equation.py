@@ -90,15 +90,15 @@ def convergence(config, progress) -> dict[str, np.ndarray]:
     `ja.solve_flow`'s (the pairwise sum, `O(n²)`) on the first sample of the smallest
     `n`. `distance` is the RMS at the horizon with the distance at `t = 0` as a control
     variate (`controlled_rms`); `distance_plain` without it."""
-    grid, beta = mf.Circle(config["modes"]), config["beta"]
-    ts = np.array([0.0, config["horizon"]])
+    grid, beta = mf.Circle(config.modes), config.beta
+    ts = np.array([0.0, config.horizon])
     mu0 = initial_density(grid)
     mu = mf.solve(grid, mu0, ts, beta=beta, coupling=1.0, kernel="exp", sigma=0.0)
-    ns = sizes(config["max_tokens"])
-    counts = [min(MAX_SAMPLES, config["seeds"] * ns[-1] // n) for n in ns]
+    ns = sizes(config.max_tokens)
+    counts = [min(MAX_SAMPLES, config.seeds * ns[-1] // n) for n in ns]
     dist, spread = np.zeros((2, len(ns))), np.zeros(len(ns))
     plain, exact = np.zeros(len(ns)), np.zeros(len(ns))
-    key = jax.random.PRNGKey(config["seed"])
+    key = jax.random.PRNGKey(config.seed)
     flow = jax.vmap(lambda x: mf.circle_particles(x, jnp.asarray(ts), beta=beta, kernel="exp",
                                                   rtol=RTOL, atol=ATOL))
     for i, (n, count) in enumerate(tqdm(list(zip(ns, counts)), desc="particles",
@@ -179,9 +179,9 @@ def phase_diagram(config, progress) -> dict[str, np.ndarray]:
     the uniform's. Where the caps' free energy crosses the uniform one's on the grid,
     `REFINE` more caps over `±REFINE_SPAN` of that crossing (`refine_*`)."""
     grid, d = mf.Circle(PHASE_MODES), 2
-    betas = noisy_beta_star(d) * np.linspace(*BETA_RANGE, config["betas"])
-    ratios = np.linspace(*K_RANGE, config["couplings"])
-    ts = np.append(RATE_TIMES, [config["settle"] / 2, config["settle"]])
+    betas = noisy_beta_star(d) * np.linspace(*BETA_RANGE, config.betas)
+    ratios = np.linspace(*K_RANGE, config.couplings)
+    ts = np.append(RATE_TIMES, [config.settle / 2, config.settle])
     cap = jnp.exp(CAP * grid.points[..., 0])
     cap = cap / jnp.sum(grid.weights * cap)
     starts = jnp.stack([mf.uniform(grid) * (1 + TILT * grid.points[..., 0]), cap])
@@ -323,14 +323,14 @@ class MeanFieldEquation(AbstractExperiment):
         return figures.save_figure(
             fig, self.stem(folder),
             f"The mean-field equation on the circle: particles against the equation "
-            f"(σ = 0, β = {config['beta']:g}, t = {config['horizon']:g}), and the noisy "
-            f"phase diagram at n = ∞ (t = {config['settle']:g})")
+            f"(σ = 0, β = {config.beta:g}, t = {config.horizon:g}), and the noisy "
+            f"phase diagram at n = ∞ (t = {config.settle:g})")
 
 
 def _draw_convergence(ax, config, data):
     ns = data["tokens"]
     for key, label, color in (("distance_start", "t = 0 (sampling)", "0.5"),
-                              ("distance", f"t = {config['horizon']:g} (t = 0 its control "
+                              ("distance", f"t = {config.horizon:g} (t = 0 its control "
                                            "variate)", "C0")):
         rms = data[key]
         slope = fit_slope(np.log(ns), np.log(rms))[0]

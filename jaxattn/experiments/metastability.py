@@ -102,7 +102,7 @@ def final_time(config) -> float:
     """The run's final time: `10^{--log-horizon}` where it is set (the rescaled
     integrator), else `--horizon`."""
     log = config.get("log_horizon", 0.0)
-    return 10.0 ** log if log else config["horizon"]
+    return 10.0 ** log if log else config.horizon
 
 
 def rescaled(config) -> bool:
@@ -114,23 +114,23 @@ def betas(config) -> np.ndarray:
     """`--betas` inverse temperatures from `--beta-min` to `--beta-max` (linear: the
     plateaus' logarithms are linear in β), or `--beta` alone where it is set."""
     if config.get("beta", 0.0):
-        return np.array([config["beta"]])
-    if config["beta_max"] < config["beta_min"]:
-        raise ValueError(f"--beta-max ({config['beta_max']!r}) must be ≥ --beta-min "
-                         f"({config['beta_min']!r}).")
-    return np.linspace(config["beta_min"], config["beta_max"], config["betas"])
+        return np.array([config.beta])
+    if config.beta_max < config.beta_min:
+        raise ValueError(f"--beta-max ({config.beta_max!r}) must be ≥ --beta-min "
+                         f"({config.beta_min!r}).")
+    return np.linspace(config.beta_min, config.beta_max, config.betas)
 
 
 def run_beta(x0, beta: float, ts, config) -> dict[str, np.ndarray]:
     """One `β`'s run: its save times (`inf` after the stop), tokens, energy, count
     (and with the rescaled integrator every merger's time, located by its event)."""
     if rescaled(config):
-        out = rescaled_flow(x0, beta, ts, eps=config["eps"], target=config["target"],
-                            rtol=min(config["rtol"], SNAP / 1000))
+        out = rescaled_flow(x0, beta, ts, eps=config.eps, target=config.target,
+                            rtol=min(config.rtol, SNAP / 1000))
         finite = np.isfinite(out["ts"])
         return out | {"E": np.where(finite, np.asarray(interaction_energy(
             jnp.asarray(out["ys"]), beta)), np.nan),
-            "count": np.asarray(cluster_count(jnp.asarray(out["ys"]), config["eps"]))}
+            "count": np.asarray(cluster_count(jnp.asarray(out["ys"]), config.eps))}
     eye = jnp.eye(x0.shape[-1])[None]
     dyn = SelfAttentionDynamics(eye, eye, beta=beta, kernel="usa")
     # Kvaerno3, implicit: the modes inside a cluster decay at rate ~1 while clusters
@@ -138,13 +138,13 @@ def run_beta(x0, beta: float, ts, config) -> dict[str, np.ndarray]:
     # stability (Tsit5: ~10⁴ steps per decade past t = 10⁴); the implicit one takes
     # ~10³ steps to t = 10¹⁰ (measured at n = 8, β = 20, rtol 1e-6).
     sol = solve_flow(dyn, x0, jnp.asarray(ts), solver=diffrax.Kvaerno3(), solution=True,
-                     event=merged(config["eps"], config["target"]), rtol=config["rtol"],
-                     atol=config["rtol"] * 1e-2, max_steps=config["max_steps"])
+                     event=merged(config.eps, config.target), rtol=config.rtol,
+                     atol=config.rtol * 1e-2, max_steps=config.max_steps)
     ys = jnp.where(jnp.isfinite(sol.ts)[:, None, None], sol.ys, x0)  # inf → placeholders
     return {"ts": np.asarray(sol.ts), "ys": np.asarray(ys),
             "E": np.where(np.isfinite(sol.ts), np.asarray(interaction_energy(ys, beta)),
                           np.nan),
-            "count": np.asarray(cluster_count(ys, config["eps"])),
+            "count": np.asarray(cluster_count(ys, config.eps)),
             "t1": np.asarray(sol.t1), "steps": np.asarray(sol.stats["num_steps"])}
 
 
@@ -173,10 +173,10 @@ def study(data, config) -> list[dict]:
             end = float(stair.jumps[k]) if k < len(stair.jumps) else (t1 if final else math.inf)
             if exact is not None and k < len(stair.jumps):
                 end = float(exact[np.searchsorted(exact, stair.ends[k], side="right")])
-            log_laplace, delta = two_cluster_time(ys[first], float(beta), config["eps"])
-            log_exact = merge_time(ys[first], float(beta), config["eps"])
+            log_laplace, delta = two_cluster_time(ys[first], float(beta), config.eps)
+            log_exact = merge_time(ys[first], float(beta), config.eps)
             length = end - start
-            span = coupling_span(ys[mid], float(beta), config["eps"])
+            span = coupling_span(ys[mid], float(beta), config.eps)
             rows.append({"clusters": int(stair.levels[k]), "start": start, "end": end,
                          "coupling_span": span, "resolved": span <= SPAN_MAX,
                          "length": length, "final": final,
@@ -184,7 +184,7 @@ def study(data, config) -> list[dict]:
                          "from": float(ts[first]), "measured": end - float(ts[first]),
                          "predicted_exact": _exp(log_exact),
                          "predicted_laplace": _exp(log_laplace), "delta": delta,
-                         "saddle_index": cluster_index(ys[mid], float(beta), config["eps"])})
+                         "saddle_index": cluster_index(ys[mid], float(beta), config.eps)})
             start = end
         mergers = ([float(t) for t in exact if math.isfinite(t)] if exact is not None else
                    [float(t) for t in stair.jumps] + ([t1] if stopped else []))
@@ -241,32 +241,32 @@ class Metastability(AbstractExperiment):
 
     def check_config(self, config):
         betas(config)
-        if config["beta"] < 0:
-            raise ValueError(f"--beta must be ≥ 0 (0: the grid), got {config['beta']!r}.")
-        log = config["log_horizon"]
+        if config.beta < 0:
+            raise ValueError(f"--beta must be ≥ 0 (0: the grid), got {config.beta!r}.")
+        log = config.log_horizon
         if log and not math.log10(T_MIN) < log <= LOG_HORIZON_MAX:
             raise ValueError(f"--log-horizon must be in ({math.log10(T_MIN):g}, "
                              f"{LOG_HORIZON_MAX:g}] (or 0: --horizon), got {log!r}.")
         if log > math.log10(2.0 ** 52) and not rescaled(config):
             raise ValueError(f"--log-horizon {log!r} is past 2**52, where a solver in t "
                              "cannot step: add --integrator rescaled.")
-        if rescaled(config) and not config["eps"] > 10 * SNAP:
+        if rescaled(config) and not config.eps > 10 * SNAP:
             raise ValueError(f"--eps must be > {10 * SNAP:g} with --integrator rescaled (its "
-                             f"points join at {SNAP:g}), got {config['eps']!r}.")
-        if rescaled(config) and not config["rtol"] >= RTOL_MIN:
+                             f"points join at {SNAP:g}), got {config.eps!r}.")
+        if rescaled(config) and not config.rtol >= RTOL_MIN:
             raise ValueError(f"--rtol must be ≥ {RTOL_MIN:g} with --integrator rescaled (its "
-                             f"log-time, up to 709, resolves no finer), got {config['rtol']!r}.")
-        if not config["eps"] >= EPS_MIN:
+                             f"log-time, up to 709, resolves no finer), got {config.rtol!r}.")
+        if not config.eps >= EPS_MIN:
             raise ValueError(f"--eps must be ≥ {EPS_MIN:g} (float64 tokens are not resolved "
-                             f"closer), got {config['eps']!r}.")
+                             f"closer), got {config.eps!r}.")
 
     def simulate(self, config, progress):
         bs = betas(config)
         if final_time(config) <= T_MIN:
-            raise ValueError(f"--horizon must be > {T_MIN:g}, got {config['horizon']!r}.")
-        ts = log_grid(T_MIN, final_time(config), config["saves"])
-        x0 = sample_ellipsoid(jax.random.PRNGKey(config["seed"]), config["tokens"],
-                              config["dim"], dtype=jnp.float64)
+            raise ValueError(f"--horizon must be > {T_MIN:g}, got {config.horizon!r}.")
+        ts = log_grid(T_MIN, final_time(config), config.saves)
+        x0 = sample_ellipsoid(jax.random.PRNGKey(config.seed), config.tokens,
+                              config.dim, dtype=jnp.float64)
         runs = []
         for beta in tqdm(bs, desc=self.name, disable=not progress, leave=False):
             runs.append(run_beta(x0, float(beta), ts, config))
@@ -282,7 +282,7 @@ class Metastability(AbstractExperiment):
                         default=math.nan)
         worst = max((abs(math.log10(p["measured"] / p["predicted_exact"])) for p in others),
                     default=0.0)
-        circle = config["dim"] == 2
+        circle = config.dim == 2
         post = [p for s in per_beta for p in s["plateaus"] if p["post_transient"]]
         resolved = [p for p in post if p["resolved"]]
         saddles_ok = not circle or all(p["saddle_index"] == p["clusters"] - 1 for p in resolved)
@@ -297,7 +297,7 @@ class Metastability(AbstractExperiment):
             f"β = {short(p['beta'])} at t = {short(p['end'])}: {short(p['measured'])} from "
             f"t = {short(p['from'])} against {short(p['predicted_exact'])} exact "
             f"(Laplace {short(p['predicted_laplace'])})" for p in finals) or "none reached"
-        line = (f"n = {config['tokens']}, d = {config['dim']}: final mergers "
+        line = (f"n = {config.tokens}, d = {config.dim}: final mergers "
                 f"{'within' if finals and final_err <= FINAL_TOL else 'NOT within'} "
                 f"{FINAL_TOL:.0%} of the exact two-cluster integral ({finals_text}); "
                 f"{len(others)} other post-transient plateaus within 10^{short(worst)} of it; "
@@ -324,8 +324,8 @@ class Metastability(AbstractExperiment):
             keep = np.isfinite(ts) & (ts > 0)
             t, E, count = ts[keep], data["E"][b][keep], data["count"][b][keep]
             if s["final_merger"] is not None:  # the run stops at the final merger
-                t, count = np.append(t, s["final_merger"]), np.append(count, config["target"])
-                axes[1].plot([s["final_merger"]], [config["target"]], "*", color=c, ms=12,
+                t, count = np.append(t, s["final_merger"]), np.append(count, config.target)
+                axes[1].plot([s["final_merger"]], [config.target], "*", color=c, ms=12,
                              label="final merger (the run's stop)" if b == 0 else None)
             axes[0].plot(t[: len(E)], E, "-", color=c, label=f"β = {s['beta']:g}")
             # later lines thinner: the counts share their first steps
@@ -337,7 +337,7 @@ class Metastability(AbstractExperiment):
                     ylim=(0, 1.05), xlim=(T_MIN, final_time(config)))
         # the limits stated: autoscaling's margin past 10³⁰⁰ overflows the log ticks
         axes[1].set(xscale="log", xlabel="time t (usa flow)", xlim=(T_MIN, final_time(config)),
-                    ylabel=f"clusters (link distance {config['eps']:g})",
+                    ylabel=f"clusters (link distance {config.eps:g})",
                     title="cluster count")
         figures.integer_ticks(axes[1].yaxis)
         for ax in axes[:2]:
@@ -348,7 +348,7 @@ class Metastability(AbstractExperiment):
         self._draw_lengths(axes[2], judged(per_beta))
         return figures.save_figure(
             fig, self.stem(folder),
-            f"Dynamic metastability: n = {config['tokens']} tokens on $S^{{{config['dim'] - 1}}}$, "
+            f"Dynamic metastability: n = {config.tokens} tokens on $S^{{{config.dim - 1}}}$, "
             f"usa kernel, float64, log-spaced saves to t = {final_time(config):g}")
 
     @staticmethod

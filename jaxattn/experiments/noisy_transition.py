@@ -121,26 +121,28 @@ QUICK = {"tokens": 200, "couplings": 5, "burn": 0.5, "window": 1.0, "rates": 5,
          "quench": 0.5, "seeds": 1, "blocks": 4}
 
 
-def settings(config: dict) -> dict:
-    """The run's effective settings: `config`, with `FULL` over it for `--full`."""
-    cfg = dict(config) | (FULL if config.get("full") else {})
-    if not cfg["max_dim"] <= 3:
+def settings(config):
+    """The run's effective settings, checked: `config`, with `FULL` over it for `--full`
+    (the runner has put it there already; a config built by hand gets it here)."""
+    full = config.full and any(config[k] != v for k, v in FULL.items())
+    cfg = config | FULL if full else config
+    if not cfg.max_dim <= 3:
         raise ValueError(f"--max-dim must be 2 or 3 (the mean-field equation's grids are the "
-                         f"circle and S²), got {cfg['max_dim']!r}.")
-    if not cfg["rate_span"] < 1:
+                         f"circle and S²), got {cfg.max_dim!r}.")
+    if not cfg.rate_span < 1:
         raise ValueError(f"--rate-span must be < 1 (the couplings 1 ± span are K/K_# > 0), "
-                         f"got {cfg['rate_span']!r}.")
-    if not cfg["k_min"] < 1 < cfg["k_max"]:
+                         f"got {cfg.rate_span!r}.")
+    if not cfg.k_min < 1 < cfg.k_max:
         raise ValueError(f"need --k-min < 1 < --k-max (the couplings K/K_# must straddle the "
-                         f"threshold), got {cfg['k_min']!r} and {cfg['k_max']!r}.")
-    if cfg["window"] / cfg["sweep_tau"] < 2 * cfg["blocks"]:
-        raise ValueError(f"--window / --sweep-tau = {cfg['window'] / cfg['sweep_tau']:.3g} "
+                         f"threshold), got {cfg.k_min!r} and {cfg.k_max!r}.")
+    if cfg.window / cfg.sweep_tau < 2 * cfg.blocks:
+        raise ValueError(f"--window / --sweep-tau = {cfg.window / cfg.sweep_tau:.3g} "
                          f"layers is too "
-                         f"few for --blocks {cfg['blocks']} (need two layers a block): "
+                         f"few for --blocks {cfg.blocks} (need two layers a block): "
                          "lengthen --window or take fewer --blocks.")
     for flags, layers in (("(--burn + --window) / --sweep-tau",
-                           (cfg["burn"] + cfg["window"]) / cfg["sweep_tau"]),
-                          ("--quench / (--tau / 2)", 2 * cfg["quench"] / cfg["tau"])):
+                           (cfg.burn + cfg.window) / cfg.sweep_tau),
+                          ("--quench / (--tau / 2)", 2 * cfg.quench / cfg.tau)):
         if not layers <= MAX_LAYERS:
             raise ValueError(f"{flags} = {layers:.3g} layers is "
                              f"more than {MAX_LAYERS} (JAX counts in int32): take a larger "
@@ -150,17 +152,17 @@ def settings(config: dict) -> dict:
 
 def coupling_grid(cfg: dict) -> np.ndarray:
     """The couplings `K/K_#` of the sweeps, ascending."""
-    return np.linspace(cfg["k_min"], cfg["k_max"], cfg["couplings"])
+    return np.linspace(cfg.k_min, cfg.k_max, cfg.couplings)
 
 
 def step_levels(cfg: dict) -> tuple[float, float]:
     """The layer steps of the growth-rate runs: `τ/2` and `τ`."""
-    return cfg["tau"] / 2, cfg["tau"]
+    return cfg.tau / 2, cfg.tau
 
 
 def rate_grid(cfg: dict) -> np.ndarray:
     """The couplings `K/K_#` of the growth-rate runs: `1 ± --rate-span`."""
-    return np.linspace(1 - cfg["rate_span"], 1 + cfg["rate_span"], cfg["rates"])
+    return np.linspace(1 - cfg.rate_span, 1 + cfg.rate_span, cfg.rates)
 
 
 def betas_of(d: int) -> np.ndarray:
@@ -216,9 +218,9 @@ def starts(key, batch: tuple[int, ...], n: int, d: int) -> jnp.ndarray:
 def sweep(d: int, cfg: dict, key, *, progress: bool) -> np.ndarray:
     """`r` after every layer: `(betas, 2, couplings, seeds, steps)`, the second axis
     the up and the down sweep (the down sweep stored in ascending `K` as well)."""
-    n, seeds, tau = cfg["tokens"], cfg["seeds"], cfg["sweep_tau"]
+    n, seeds, tau = cfg.tokens, cfg.seeds, cfg.sweep_tau
     ratios, betas = coupling_grid(cfg), betas_of(d)
-    chunks = math.ceil((cfg["burn"] + cfg["window"]) / tau / CHUNK)
+    chunks = math.ceil((cfg.burn + cfg.window) / tau / CHUNK)
     nb, nk = len(betas), len(ratios)
     k_start, k_run = jax.random.split(key)
     x = starts(k_start, (nb, seeds), n, d).transpose(0, 2, 1, 3, 4)  # (β, 2, seeds, n, d)
@@ -258,9 +260,9 @@ def quench(d: int, cfg: dict, key, tau: float) -> tuple[np.ndarray, np.ndarray]:
     `e₁` from the same uniform tokens and driven by the same noise (the common noise
     cancels to first order in the tilt), and `K` `(betas, couplings)` the couplings
     run. All couplings run as one batch, one compiled program per d, β and step."""
-    n, seeds = cfg["tokens"], cfg["seeds"]
+    n, seeds = cfg.tokens, cfg.seeds
     ratios, betas = rate_grid(cfg), betas_of(d)
-    steps = math.ceil(cfg["quench"] / tau)
+    steps = math.ceil(cfg.quench / tau)
     out, couplings = [], []
     for i, beta in enumerate(betas):
         threshold = noisy_threshold(float(beta), d)
@@ -359,8 +361,8 @@ def windows(cfg: dict, r: np.ndarray) -> list[WindowStatistics]:
     """The up and the down sweep's window at each coupling, from `r` `(2, couplings,
     seeds, steps)` (`ja.metrics.window_statistics`, judged by `GAP_Z` and
     `BLOCK_TAUS`)."""
-    steps = int(round(cfg["window"] / cfg["sweep_tau"]))
-    return [window_statistics(r[s], steps, cfg["blocks"], gap_z=GAP_Z, block_taus=BLOCK_TAUS)
+    steps = int(round(cfg.window / cfg.sweep_tau))
+    return [window_statistics(r[s], steps, cfg.blocks, gap_z=GAP_Z, block_taus=BLOCK_TAUS)
             for s in (0, 1)]
 
 
@@ -411,11 +413,11 @@ class NoisyTransition(AbstractExperiment):
 
     def simulate(self, config, progress):
         cfg = settings(config)
-        key = jax.random.PRNGKey(config["seed"])
+        key = jax.random.PRNGKey(config.seed)
         data = {"ratios": coupling_grid(cfg), "rate_ratios": rate_grid(cfg),
                 "rate_taus": np.asarray(step_levels(cfg)), "eq_times": EQ_RATE_TIMES,
                 "kc_ratios": KC_RATIOS}
-        for d in range(2, cfg["max_dim"] + 1):
+        for d in range(2, cfg.max_dim + 1):
             data[f"betas_d{d}"] = betas_of(d)
             data[f"eq_K_d{d}"], data[f"eq_r_d{d}"] = equation_rates(d, cfg)
             data |= {f"kc_{k}_d{d}": v for k, v in equation_caps(d).items()}
@@ -475,7 +477,7 @@ def measure(config: dict, data) -> list[dict]:
     equilibration and the hysteresis where equilibrated."""
     cfg = settings(config)
     rows = []
-    for d in range(2, cfg["max_dim"] + 1):
+    for d in range(2, cfg.max_dim + 1):
         for i, beta in enumerate(np.asarray(data[f"betas_d{d}"])):
             rows.append(_row(cfg, data, d, i, float(beta)))
     return rows
@@ -526,15 +528,15 @@ def _row(cfg, data, d, i, beta) -> dict:
             "z": ((particles["K_estimate"] - K_theory) / particles["K_se"]
                   if particles["K_se"] > 0 else math.nan),
             "rate_at_zero_theory": (d - 1) * SIGMA**2 / 2
-            * layer_diffusion(d, cfg["tau"], SIGMA),
+            * layer_diffusion(d, cfg.tau, SIGMA),
             "hysteresis_width": width, "hysteresis_at": ratios[where].tolist(),
             "equilibrated": int(both.sum()), "couplings": len(ratios),
             "grid_step": float(ratios[1] - ratios[0]) if len(ratios) > 1 else math.nan,
             "max_half_gap": float(np.nanmax(np.abs(np.r_[up.gap, down.gap]))),
             "max_autocorrelation_time": float(np.nanmax(np.r_[up.autocorrelation,
                                                               down.autocorrelation])
-                                              * cfg["sweep_tau"]),
-            "window": float(cfg["window"])}
+                                              * cfg.sweep_tau),
+            "window": float(cfg.window)}
 
 
 def _write_table(rows: list[dict], path: Path) -> None:
@@ -551,11 +553,11 @@ def draw_sweeps(cfg: dict, data, rows: list[dict], stem: Path) -> list[Path]:
     particles' at `τ/2` and `τ` with their lines, the equation's (in the particles'
     time), and the estimate at `τ → 0`."""
     plt = figures.pyplot()
-    dims = list(range(2, cfg["max_dim"] + 1))
+    dims = list(range(2, cfg.max_dim + 1))
     fig, axes = plt.subplots(2 * len(dims), len(BETA_RATIOS) + 1,
                              figsize=(15.5, 5.8 * len(dims)),
                              squeeze=False, width_ratios=[1] * len(BETA_RATIOS) + [0.55])
-    n, ratios = cfg["tokens"], np.asarray(data["ratios"])
+    n, ratios = cfg.tokens, np.asarray(data["ratios"])
     for row in rows:
         d, j = row["d"], BETA_RATIOS.index(row["beta_ratio"])
         i = 2 * dims.index(d)
@@ -572,9 +574,9 @@ def draw_sweeps(cfg: dict, data, rows: list[dict], stem: Path) -> list[Path]:
     fig.tight_layout()
     taus = ", ".join(f"{t:g}" for t in data["rate_taus"])
     return figures.save_figure(fig, stem, f"The noisy USA transition: n = {n}, "
-                               f"σ = √2; sweeps: τ = {cfg['sweep_tau']:g}, window "
-                               f"{cfg['window']:g} after {cfg['burn']:g} per coupling; rates: "
-                               f"τ = {taus} over {cfg['quench']:g}; {cfg['seeds']} "
+                               f"σ = √2; sweeps: τ = {cfg.sweep_tau:g}, window "
+                               f"{cfg.window:g} after {cfg.burn:g} per coupling; rates: "
+                               f"τ = {taus} over {cfg.quench:g}; {cfg.seeds} "
                                "seed(s); the equation at n = ∞")
 
 

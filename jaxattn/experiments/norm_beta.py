@@ -79,10 +79,10 @@ class NormBeta(AbstractExperiment):
         check_config(config)
 
     def simulate(self, config, progress):
-        norms = placements(config["norm"])
-        key = jax.random.PRNGKey(config["seed"])
-        maps = [density_map(key, config, heads=config["heads"], norm=norm,
-                            causal=config["causal"], progress=progress,
+        norms = placements(config.norm)
+        key = jax.random.PRNGKey(config.seed)
+        maps = [density_map(key, config, heads=config.heads, norm=norm,
+                            causal=config.causal, progress=progress,
                             desc=f"{self.name}: {norm}") for norm in norms]
         return {"betas": maps[0]["betas"], "ts": maps[0]["ts"], "steps": maps[0]["steps"],
                 "norms": np.array(norms), "density": np.stack([m["density"] for m in maps])}
@@ -93,7 +93,7 @@ class NormBeta(AbstractExperiment):
             line, nums = describe_map(data["betas"], data["ts"], density)
             parts.append(f"{norm}: {line}")
             numbers |= {f"{norm}_{k}": v for k, v in nums.items()}
-        return Verdict(True, f"{setup_line(config)}, h = {config['heads']}; " + " | ".join(parts),
+        return Verdict(True, f"{setup_line(config)}, h = {config.heads}; " + " | ".join(parts),
                        numbers)
 
     def draw(self, config, data, folder: Path):
@@ -111,4 +111,4 @@ class NormBeta(AbstractExperiment):
                      label="clustered-pair density (dashed: ½, reached at t½)")
         return figures.save_figure(fig, folder / "norm_beta",
                                  f"Clustered pairs by placement: {setup_line(config)}, "
-                                 f"h = {config['heads']}")
+                                 f"h = {config.heads}")

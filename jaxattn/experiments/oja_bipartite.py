@@ -35,8 +35,8 @@ class OjaBipartite(AbstractPowerExperiment):
     )
 
     def simulate(self, config, progress):
-        key = jax.random.PRNGKey(config["seed"])
-        rows = [_instance(k, config) for k in jax.random.split(key, config["instances"])]
+        key = jax.random.PRNGKey(config.seed)
+        rows = [_instance(k, config) for k in jax.random.split(key, config.instances)]
         table = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
         return table | _fig13(config)
 
@@ -79,7 +79,7 @@ def _random_symmetric(key, d, scale):
 def _instance(key, config):
     """Both maps on one random instance: the Oja system with `U`, and the single-head
     map with the same `U` and a random symmetric `P` of larger scale."""
-    d, n, tau = config["dim"], config["tokens"], config["tau"]
+    d, n, tau = config.dim, config.tokens, config.tau
     ku, kp, ks = jax.random.split(key, 3)
     U = _random_symmetric(ku, d, 1.0)
     P = _random_symmetric(kp, d, 2.0)
@@ -100,13 +100,13 @@ def _fig13(config):
     chosen (bisection on the closed form) so that 8 tokens at `e₁` and 2 at `−e₁`
     form a stable bipartite point of spectral radius `--radius`; perturbations of
     growing size, the smallest escaping one drawn beside a small absorbed one."""
-    n, m, tau = 10, 8, config["tau"]
+    n, m, tau = 10, 8, config.tau
     lam = jnp.array([1.0, 0.5, -0.3])
-    q = _bisect(lambda q: float(bipartite_closed_form(lam, 0, m, n, q, tau)[0]) - config["radius"],
+    q = _bisect(lambda q: float(bipartite_closed_form(lam, 0, m, n, q, tau)[0]) - config.radius,
                 0.0, 10.0)
     dyn = single_head(jnp.diag(lam), q * jnp.eye(3))
     x = bipartite_point(jnp.eye(3)[0], n, m)
-    z = jax.random.normal(jax.random.PRNGKey(config["seed"] + 13), x.shape)
+    z = jax.random.normal(jax.random.PRNGKey(config.seed + 13), x.shape)
     z = z - jnp.sum(z * x, -1, keepdims=True) * x
     z = z / jnp.max(jnp.linalg.norm(z, axis=-1))
     sizes = np.logspace(-3, 0.3, 34)

@@ -285,17 +285,17 @@ def density_map(key: PRNGKeyArray, cfg: dict, *, heads: int = 1, norm: str = "po
     `betas (B,)`, `ts (K,)`, `density (B, K)`, `steps (B,)` (steps per β), `tau (B,)`.
     """
     check_config(cfg)
-    B, S, n = cfg["betas"], cfg["systems"], cfg["tokens"]
-    betas = np.linspace(cfg["beta_min"], cfg["beta_max"], B)
-    ts = np.linspace(0.0, horizon_of(cfg), cfg["times"])
-    taus = np.array([step_size(b, cfg["step"], cfg["exp_kernel"], cfg["raw_step"])
+    B, S, n = cfg.betas, cfg.systems, cfg.tokens
+    betas = np.linspace(cfg.beta_min, cfg.beta_max, B)
+    ts = np.linspace(0.0, horizon_of(cfg), cfg.times)
+    taus = np.array([step_size(b, cfg.step, cfg.exp_kernel, cfg.raw_step)
                      for b in betas])
     plans = [schedule(eta, ts) for eta in taus]
     steps = np.array([p[0] for p in plans])
     x0, P, U = draw_systems(key, cfg, heads)
     G, s = x0.shape[1:3]
-    run = functools.partial(pair_counts, kernel="exp" if cfg["exp_kernel"] else "softmax",
-                            norm=norm, causal=causal, threshold=cfg["threshold"])
+    run = functools.partial(pair_counts, kernel="exp" if cfg.exp_kernel else "softmax",
+                            norm=norm, causal=causal, threshold=cfg.threshold)
     at = np.stack([p[1] for p in plans]).astype(np.int32)
     pieces = [(g, c) for g in step_groups(steps) for c in _chunks(G, s * len(g) * len(ts))]
 
@@ -322,14 +322,14 @@ def draw_systems(key: PRNGKeyArray, cfg: dict, heads: int = 1):
     draw): then the `S` systems of a β share it, in groups of `s ≤ BLOCK` (a divisor
     of `S`) run together on the fused ensemble path.
     """
-    B, S, n, d = cfg["betas"], cfg["systems"], cfg["tokens"], cfg["dim"]
+    B, S, n, d = cfg.betas, cfg.systems, cfg.tokens, cfg.dim
     k_x, k_w = jax.random.split(key)
     x0 = jax.random.normal(k_x, (B, S, n, d))
-    shared = cfg["key_query"] == 0 and cfg["value"] == 0
+    shared = cfg.key_query == 0 and cfg.value == 0
     s = max(k for k in range(1, min(S, BLOCK) + 1) if S % k == 0) if shared else 1
     keys = jax.random.split(k_w, B * (1 if shared else S)).reshape(B, 1 if shared else S, -1)
-    draw = functools.partial(draw_weights, dim=d, heads=heads, key_query=cfg["key_query"],
-                             value=cfg["value"], codes=codes_of(cfg))
+    draw = functools.partial(draw_weights, dim=d, heads=heads, key_query=cfg.key_query,
+                             value=cfg.value, codes=codes_of(cfg))
     P, U = jax.vmap(jax.vmap(draw))(keys)
     P, U = (jnp.broadcast_to(w, (B, S // s) + w.shape[2:]) for w in (P, U))
     return x0.reshape(B, S // s, s, n, d), P, U
@@ -350,26 +350,26 @@ def codes_of(cfg: dict) -> str:
 
 def horizon_of(cfg: dict) -> float:
     """`T`: `horizon`, or their default for 0 (30 with softmax, 1 with the exp kernel)."""
-    return cfg["horizon"] or (1.0 if cfg["exp_kernel"] else 30.0)
+    return cfg.horizon or (1.0 if cfg.exp_kernel else 30.0)
 
 
 def check_config(cfg: dict) -> None:
     """`ValueError` for settings no `Param` minimum catches."""
-    if not 0 <= cfg["beta_min"] <= cfg["beta_max"]:
-        raise ValueError(f"need 0 ≤ --beta-min ≤ --beta-max, got {cfg['beta_min']!r} and "
-                         f"{cfg['beta_max']!r}.")
-    if cfg["horizon"] < 0:
-        raise ValueError(f"--horizon must be ≥ 0 (0: the peers' default), got {cfg['horizon']!r}.")
+    if not 0 <= cfg.beta_min <= cfg.beta_max:
+        raise ValueError(f"need 0 ≤ --beta-min ≤ --beta-max, got {cfg.beta_min!r} and "
+                         f"{cfg.beta_max!r}.")
+    if cfg.horizon < 0:
+        raise ValueError(f"--horizon must be ≥ 0 (0: the peers' default), got {cfg.horizon!r}.")
     source = codes_of(cfg)
     for name, table in (("key_query", KEY_QUERY[source]), ("value", VALUE[source])):
         if not 0 <= cfg[name] < len(table):
             codes = ", ".join(f"{i} {w}" for i, w in enumerate(table))
             raise ValueError(f"--{name.replace('_', '-')} must be one of {codes} ({source}'s "
                              f"codes); got {cfg[name]!r}.")
-    if not 0 < cfg["threshold"] < 1:
-        raise ValueError(f"--threshold must be in (0, 1), got {cfg['threshold']!r}.")
+    if not 0 < cfg.threshold < 1:
+        raise ValueError(f"--threshold must be in (0, 1), got {cfg.threshold!r}.")
     # the smallest step is the largest β's
-    step_count(step_size(cfg["beta_max"], cfg["step"], cfg["exp_kernel"], cfg["raw_step"]),
+    step_count(step_size(cfg.beta_max, cfg.step, cfg.exp_kernel, cfg.raw_step),
                horizon_of(cfg))
 
 
@@ -459,7 +459,7 @@ def draw_map(ax, fig, betas, ts, density, *, log: bool, title: str,
 
 def setup_line(cfg: dict) -> str:
     """The model in words, for titles."""
-    kernel = "exp/n" if cfg["exp_kernel"] else "softmax"
+    kernel = "exp/n" if cfg.exp_kernel else "softmax"
     codes = codes_of(cfg)
-    return (f"d = {cfg['dim']}, n = {cfg['tokens']}, {cfg['systems']} systems, {kernel}, "
+    return (f"d = {cfg.dim}, n = {cfg.tokens}, {cfg.systems} systems, {kernel}, "
             f"KQ = {KEY_QUERY[codes][cfg['key_query']]}, V = {VALUE[codes][cfg['value']]}")

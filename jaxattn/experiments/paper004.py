@@ -37,21 +37,21 @@ def model_from_flags(config, default: str):
     if trained:
         return load(_TRAINED[trained[0]]), _TRAINED[trained[0]] + " (trained)"
     preset = _RANDOM[chosen[0]] if chosen else default
-    cfg = dict(PRESETS[preset], initializer_range=config["std"])
+    cfg = dict(PRESETS[preset], initializer_range=config.std)
     width, heads = _width_keys(cfg)
-    if config["hidden"]:
-        cfg[width] = config["hidden"]
-    if config["heads"]:
-        cfg[heads] = config["heads"]
-    key = jax.random.PRNGKey(config["seed"] + 1000)
-    return init(cfg, key), (f"{preset} config, random N(0, {config['std']:g}²), "
+    if config.hidden:
+        cfg[width] = config.hidden
+    if config.heads:
+        cfg[heads] = config.heads
+    key = jax.random.PRNGKey(config.seed + 1000)
+    return init(cfg, key), (f"{preset} config, random N(0, {config.std:g}²), "
                             f"d={cfg[width]}, h={cfg[heads]}")
 
 
 def _width_keys(cfg):
-    if cfg["model_type"] == "gpt2":
+    if cfg.model_type == "gpt2":
         return "n_embd", "n_head"
-    if cfg["model_type"] == "gpt_neo":
+    if cfg.model_type == "gpt_neo":
         return "hidden_size", "num_heads"
     return "hidden_size", "num_attention_heads"
 
@@ -62,8 +62,8 @@ def stats_arrays(stats: LayerAlignment) -> dict[str, np.ndarray]:
 
 
 def random_prompts(config, d, offset=0):
-    key = jax.random.PRNGKey(config["seed"] + offset)
-    return random_tokens(key, config["prompts"], config["tokens"], d)
+    key = jax.random.PRNGKey(config.seed + offset)
+    return random_tokens(key, config.prompts, config.tokens, d)
 
 
 #: The smallest `--std`: the random weights' products (of order std²) stay above
@@ -75,8 +75,8 @@ class AbstractPowerExperiment(AbstractExperiment):
     """A paper 004 experiment: its own parameters only (no flow horizon or saves)."""
 
     def check_config(self, config):
-        if "std" in config and config["std"] < MIN_STD:
-            raise ValueError(f"--std {config['std']!r}: the random weights' products (of "
+        if "std" in config and config.std < MIN_STD:
+            raise ValueError(f"--std {config.std!r}: the random weights' products (of "
                              "order std²) underflow float32, where the models compute (all "
                              f"zero); choose --std ≥ {MIN_STD:.2g}.")
 

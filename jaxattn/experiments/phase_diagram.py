@@ -26,7 +26,7 @@ class PhaseDiagram(AbstractExperiment):
         check_config(config)
 
     def simulate(self, config, progress):
-        data = density_map(jax.random.PRNGKey(config["seed"]), config, progress=progress,
+        data = density_map(jax.random.PRNGKey(config.seed), config, progress=progress,
                            desc=self.name)
         return {k: np.asarray(v) for k, v in data.items()}
 
@@ -45,5 +45,5 @@ class PhaseDiagram(AbstractExperiment):
                      title="log colour scale" if log else "linear colour scale")
         return figures.save_figure(fig, self.stem(folder),
                                  rf"Clustered pairs ($\langle x_i, x_j\rangle$ > "
-                                 f"{config['threshold']:g}): "
+                                 f"{config.threshold:g}): "
                                  f"{setup_line(config)}")

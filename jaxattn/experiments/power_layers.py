@@ -31,8 +31,8 @@ class PowerLayers(AbstractPowerExperiment):
     def simulate(self, config, progress):
         model, label = model_from_flags(config, "gpt2")
         x0 = random_prompts(config, model.config.hidden_size)
-        order = config["tau"] if config["step_order"] else None
-        stats, eigs, _ = layerwise(model, x0, tau=config["tau"], order_tau=order)
+        order = config.tau if config.step_order else None
+        stats, eigs, _ = layerwise(model, x0, tau=config.tau, order_tau=order)
         return stats_arrays(stats) | {"eigenvalues": np.asarray(eigs),
                                      "label": np.asarray(label)}
 

@@ -24,8 +24,8 @@ class PowerShared(AbstractPowerExperiment):
     def simulate(self, config, progress):
         model, label = model_from_flags(config, "albert-base-v2")
         d, L = model.config.hidden_size, model.num_layers
-        specs, cos = shared_alignment(model, random_prompts(config, d), config["depth"] * L,
-                                      layer=config["layer"], tau=config["tau"])
+        specs, cos = shared_alignment(model, random_prompts(config, d), config.depth * L,
+                                      layer=config.layer, tau=config.tau)
         out = {"native_depth": np.asarray(L), "label": np.asarray(label)}
         for i, (tag, s) in enumerate((("modulus", specs[0]), ("step", specs[1]))):
             out |= {f"cos_{tag}": np.asarray(cos[..., i, :]),

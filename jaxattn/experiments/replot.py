@@ -34,7 +34,8 @@ def redraw_run(folder) -> list[Path]:
     with np.load(folder / "data.npz") as f:
         data = {k: f[k] for k in f.files}
     if config.get("experiment") in EXPERIMENTS:
-        return EXPERIMENTS[config["experiment"]].draw(config, data, folder)
+        experiment = EXPERIMENTS[config["experiment"]]
+        return experiment.draw(experiment.config(config), data, folder)
     if is_loop_config(config) and "E" in data:
         return redraw_loop(config, data, folder)
     raise RunFolderError(f"{folder} was not made by `jaxattn run`, `jaxattn loop` or "

@@ -19,7 +19,7 @@ from .._artifacts.folders import folder_path, write_run
 from .._horizon import Horizon
 from .._validate import check_seed
 from . import get_experiment
-from .base import AbstractExperiment, convert
+from .base import AbstractExperiment, Config, convert
 
 #: The most layers a discrete run takes (the int32 step counter of its scan).
 MAX_LAYERS = 2**31 - 1
@@ -131,11 +131,13 @@ def apply_presets(experiment: AbstractExperiment, config: dict, overrides: dict)
         config.update(preset)
 
 
-def experiment_config(experiment: AbstractExperiment, overrides: dict[str, Any], seed: int) -> dict:
-    """The experiment's defaults with `overrides` applied and checked (each value, the
-    seed's range and a discrete run's number of layers)."""
+def experiment_config(experiment: AbstractExperiment, overrides: dict[str, Any],
+                      seed: int) -> Config:
+    """The experiment's `Config`: its defaults with `overrides` applied and checked (each
+    value, the seed's range, a discrete run's number of layers, the memory its arrays
+    need, and the experiment's own `check_config`)."""
     params = {p.name: p for p in experiment.all_params()}
-    config = experiment.defaults()
+    config = dict(experiment.defaults())
     for key, value in overrides.items():
         if key not in params:
             known = ", ".join(p.flag for p in params.values())
@@ -144,8 +146,7 @@ def experiment_config(experiment: AbstractExperiment, overrides: dict[str, Any],
     apply_presets(experiment, config, overrides)
     check_layers(config)
     check_sizes(experiment.name, config)
-    experiment.check_config(config)
-    return {"experiment": experiment.name, "seed": check_seed(seed)} | config
+    return experiment.config(config, seed=check_seed(seed))
 
 
 def command_line(config: dict, experiment: AbstractExperiment) -> str:
@@ -176,6 +177,7 @@ def run_into_folder(
     out=None,
     progress: bool = True,
     log: Callable[[str], object] | None = print,
+    record: dict[str, Any] | None = None,
 ) -> tuple[Path, dict]:
     """Run `experiment` with a checked `config` into a run folder (`_artifacts.folders.write_run`).
 
@@ -188,6 +190,8 @@ def run_into_folder(
       where it keeps its resumable pieces).
     - `out`, `progress`: the folder (default `runs/NAME/<timestamp>/`), a progress bar.
     - `log`: where the folder's name is announced (`None`: nowhere).
+    - `record`: what `config.json` records beside the config (the looped model's
+      settings of `jaxattn loop --grid`).
 
     **Returns:**
 
@@ -208,7 +212,7 @@ def run_into_folder(
         raise ValueError("--resume needs --out DIR: the folder of the run to continue.")
     folder = folder_path(experiment.name, out)
     pieces = {} if resume is None else {"folder": folder}
-    record = {"dtype": "float64"} | config | noted
+    record = {"dtype": "float64", **config, **(record or {}), **noted}
     return write_run(
         experiment.name, record,
         simulate or (lambda: experiment.simulate(config, progress, **pieces)),

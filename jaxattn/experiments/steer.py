@@ -37,15 +37,15 @@ class Steer(AbstractPowerExperiment):
         model, label = model_from_flags(config, "gpt2")
         d = model.config.hidden_size
         x0 = random_prompts(config, d)
-        u = normalize(jax.random.normal(jax.random.PRNGKey(config["seed"] + 7), (d,), x0.dtype))
-        w = _calibrated_w(model, config, d) if config["calibrate"] else u
+        u = normalize(jax.random.normal(jax.random.PRNGKey(config.seed + 7), (d,), x0.dtype))
+        w = _calibrated_w(model, config, d) if config.calibrate else u
         scale = float(jnp.linalg.norm(layer_matrix(model, -1).astype(x0.dtype), 2))
-        gammas = config["gamma"] * np.logspace(-7, 0, 15)
-        xs = run_model(model, x0, tau=config["tau"])
+        gammas = config.gamma * np.logspace(-7, 0, 15)
+        xs = run_model(model, x0, tau=config.tau)
         before = xs[-2]
-        ends = [_last_layer(steer(model, u, g, w=w), before, config["tau"], u) for g in gammas]
-        steered = steer(model, u, config["gamma"], w=w)
-        stats, eigs, xs_s = layerwise(steered, x0, tau=config["tau"])
+        ends = [_last_layer(steer(model, u, g, w=w), before, config.tau, u) for g in gammas]
+        steered = steer(model, u, config.gamma, w=w)
+        stats, eigs, xs_s = layerwise(steered, x0, tau=config.tau)
         d_ = xs.shape[-1]
         c_u = np.asarray([cosines(x.reshape(-1, d_), u).mean() for x in xs_s])
         c_u0 = np.asarray([cosines(x.reshape(-1, d_), u).mean() for x in xs])
@@ -60,7 +60,7 @@ class Steer(AbstractPowerExperiment):
         rising = bool(np.all(np.diff(data["end_alignment"]) > -1e-3))
         ok = end > 0.99 and rising
         line = (f"alignment with u after the steered last layer: {short(end)} at γ = "
-                f"{config['gamma']:g} = {short(config['gamma'] / float(data['norm']))}‖Ω_L‖₂ "
+                f"{config.gamma:g} = {short(config.gamma / float(data['norm']))}‖Ω_L‖₂ "
                 f"(unsteered {short(data['c_u_plain'][-1])}); "
                 f"rises with γ: {rising}")
         return Verdict(ok, line, {"end_alignment": end, "unsteered": float(data["c_u_plain"][-1]),
@@ -78,6 +78,6 @@ def _last_layer(model, before, tau, u):
 def _calibrated_w(model, config, d):
     """The top right singular vector of the tokens entering the last layer, on
     prompts drawn with another seed (not the evaluation prompts)."""
-    xs = run_model(model, random_prompts(config, d, offset=10_000), tau=config["tau"])
+    xs = run_model(model, random_prompts(config, d, offset=10_000), tau=config.tau)
     X = xs[-2].reshape(-1, d)
     return jnp.linalg.svd(X, full_matrices=False)[2][0]

@@ -136,21 +136,21 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
         """One run, the flow or the layers: `ts`, `ys` and the `measures`."""
         desc = f"{self.name}: {'layers' if discrete else 'flow'}"
         if discrete:
-            ts, ys = layer_path(model, x0, config["horizon"], config["tau"],
+            ts, ys = layer_path(model, x0, config.horizon, config.tau,
                                 progress=progress, desc=desc)
         else:
-            ts, ys = flow_path(model, x0, config["horizon"], config["saves"],
+            ts, ys = flow_path(model, x0, config.horizon, config.saves,
                                progress=progress, desc=desc)
         return {"ts": ts, "ys": ys} | self.measures(model, pred, ts, ys)
 
     @typing.final
     def simulate(self, config, progress):
         self.check_config(config)
-        model, x0 = self.setup(jax.random.PRNGKey(config["seed"]), config)
+        model, x0 = self.setup(jax.random.PRNGKey(config.seed), config)
         pred = self.prediction(config, model, x0)
         flow = self.evolve(config, model, x0, pred, discrete=False, progress=progress)
         data = flow | self.facts(config, model, x0, pred, flow)
-        if config["discrete"]:
+        if config.discrete:
             layers = self.evolve(config, model, x0, pred, discrete=True, progress=progress)
             data |= {f"{k}_layers": v for k, v in layers.items()}
         return {k: np.asarray(v) for k, v in data.items()}
@@ -166,12 +166,12 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
     @typing.final
     def judged_run(self, config, data) -> Section:
         """The run a verdict judges: the layers with `--discrete`, else the flow."""
-        return Section(data, suffix="_layers" if config["discrete"] else "")
+        return Section(data, suffix="_layers" if config.discrete else "")
 
     @typing.final
     def where(self, config, run: Section) -> str:
         """`flow`, or `L layers, τ = …`: which run a verdict line speaks of."""
-        return f"{len(run['ts']) - 1} layers, τ = {config['tau']}" if config["discrete"] else "flow"
+        return f"{len(run['ts']) - 1} layers, τ = {config.tau}" if config.discrete else "flow"
 
     @typing.final
     def words(self, kind: str) -> str:
@@ -184,9 +184,9 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
         layers after the flow, black, dashed and thinner, so that where the two curves
         coincide the flow's shows on both sides of the layers'."""
         runs = [Drawn(Section(data), "flow", "tab:blue", "-", 2.4)]
-        if config["discrete"]:
+        if config.discrete:
             runs.append(Drawn(Section(data, suffix="_layers"),
-                              rf"layers, $\tau$ = {config['tau']:g}", "k", (0, (4, 2)), 1.1))
+                              rf"layers, $\tau$ = {config.tau:g}", "k", (0, (4, 2)), 1.1))
         return runs
 
 

@@ -39,9 +39,9 @@ class GradientExperiment(AbstractTheoremExperiment):
         """The gradient-flow model (`W U = P`) at inverse temperature `beta`, and
         `tokens` tokens `(n, dim)` uniform on its ellipsoid."""
         k_model, k_x = jax.random.split(key)
-        dyn = paper001.gradient_dynamics(k_model, config["dim"], ellipsoid=not config["sphere"])
-        dyn = paper001.with_beta(dyn, config["beta"])
-        return dyn, sample_ellipsoid(k_x, config["tokens"], config["dim"], dyn.W)
+        dyn = paper001.gradient_dynamics(k_model, config.dim, ellipsoid=not config.sphere)
+        dyn = paper001.with_beta(dyn, config.beta)
+        return dyn, sample_ellipsoid(k_x, config.tokens, config.dim, dyn.W)
 
     def measures(self, dyn, pred, ts, ys):
         P = dyn.query_key(0.0)[0]
@@ -50,7 +50,7 @@ class GradientExperiment(AbstractTheoremExperiment):
                 "agrees": pred.check(ys[-1], ts[-1], tol=CONSENSUS_TOL)}
 
     def facts(self, config, dyn, x0, pred, flow):
-        W = np.eye(config["dim"]) if dyn.W is None else dyn.W
+        W = np.eye(config.dim) if dyn.W is None else dyn.W
         return {"W": W, "P": dyn.query_key(0.0)[0], "clusters": cluster_count(flow["ys"][-1], 1e-3),
                 "theorem": np.asarray(pred.theorem or "none")}
 
@@ -62,7 +62,7 @@ class GradientExperiment(AbstractTheoremExperiment):
                    "final_E": float(run["E"][-1]), "clusters": int(run["clusters"])}
         # E_P falling along the flow contradicts (the layers need not ascend E_P);
         # the speed is judged on a stall only (`run_kind`)
-        against = not drop <= _RISE and not config["discrete"]  # NaN: against
+        against = not drop <= _RISE and not config.discrete  # NaN: against
         return Evidence(speed, bool(run["agrees"]), str(run["theorem"]) == "3.2", numbers,
                         against)
 
@@ -78,17 +78,17 @@ class GradientExperiment(AbstractTheoremExperiment):
 
     def draw(self, config, data, folder: Path):
         plt = figures.pyplot()
-        layers = config["discrete"]
+        layers = config.discrete
         three_d = data["ys"].shape[-1] == 3
         cols = 3 if three_d else 2
         fig = plt.figure(figsize=(13 if three_d else 9, 4.2))
         if three_d:
             ax3 = fig.add_subplot(1, cols, 1, projection="3d")
-            W = None if config["sphere"] else data["W"]
+            W = None if config.sphere else data["W"]
             ys = data["ys_layers" if layers else "ys"]
             figures.draw_ellipsoid_trajectories(ax3, ys, W)
             figures.view_towards(ax3, ys[-1].mean(0) + 0.6 * ys[0].mean(0))
-            where = "$S^2$" if config["sphere"] else "the ellipsoid $E_W$"
+            where = "$S^2$" if config.sphere else "the ellipsoid $E_W$"
             figures.title_3d(ax3, ("layers on " if layers else "tokens on ") + where)
         ax_p = fig.add_subplot(1, cols, cols - 1)
         ax_v = fig.add_subplot(1, cols, cols)
@@ -104,8 +104,8 @@ class GradientExperiment(AbstractTheoremExperiment):
         ax_v.set_title("speed → 0: an equilibrium")
         for ax in (ax_p, ax_v):
             ax.legend(fontsize=8)
-        title = (f"Theorem 3.2 — gradient flow, {config['tokens']} tokens, d = {config['dim']}, "
-                 f"β = {config['beta']:g}, seed {config['seed']}")
+        title = (f"Theorem 3.2 — gradient flow, {config.tokens} tokens, d = {config.dim}, "
+                 f"β = {config.beta:g}, seed {config.seed}")
         return figures.save_figure(fig, self.stem(folder), title)
 
 

@@ -36,9 +36,9 @@ class SphereExperiment(AbstractTheoremExperiment):
         """The `heads`-head model on S² at inverse temperature `beta`, and `tokens`
         unit tokens `(n, 3)` in one open hemisphere."""
         k_model, k_x = jax.random.split(key)
-        dyn = paper001.with_beta(paper001.sphere_dynamics(k_model, config["heads"]),
-                                 config["beta"])
-        return dyn, paper001.hemisphere_tokens(k_x, config["tokens"], 3)
+        dyn = paper001.with_beta(paper001.sphere_dynamics(k_model, config.heads),
+                                 config.beta)
+        return dyn, paper001.hemisphere_tokens(k_x, config.tokens, 3)
 
     def measures(self, dyn, pred, ts, ys):
         return {"E": misalignment(ys), "V": pairwise_lyapunov(ys)}
@@ -67,7 +67,7 @@ class SphereExperiment(AbstractTheoremExperiment):
 
     def draw(self, config, data, folder: Path):
         plt = figures.pyplot()
-        layers = config["discrete"]
+        layers = config.discrete
         fig = plt.figure(figsize=(13, 4.2))
         ax3 = fig.add_subplot(1, 3, 1, projection="3d")
         ys = data["ys_layers" if layers else "ys"]
@@ -86,5 +86,5 @@ class SphereExperiment(AbstractTheoremExperiment):
         ax.set_title("Lyapunov function $V$ (eq. 10), $E$")
         ax.legend(fontsize=8)
         return figures.save_figure(fig, self.stem(folder),
-                                 f"Theorem 4.1 — {config['tokens']} tokens, h = {config['heads']}, "
-                                 f"seed {config['seed']}")
+                                 f"Theorem 4.1 — {config.tokens} tokens, h = {config.heads}, "
+                                 f"seed {config.seed}")

@@ -56,18 +56,18 @@ class CausalExperiment(AbstractTheoremExperiment):
         is the run with `--samples 1`. `amplitude` and `max_freq` may be traced."""
         k_w, k_x = jax.random.split(key)
         weights = paper001.causal_weights(
-            k_w, config["dim"], config["heads"], config["amplitude"], config["max_freq"]
+            k_w, config.dim, config.heads, config.amplitude, config.max_freq
         )
-        shape = (config["samples"], config["tokens"], config["dim"])
+        shape = (config.samples, config.tokens, config.dim)
         x0 = normalize(jax.random.uniform(k_x, shape, jnp.result_type(float), -1.0, 1.0))
         return weights, x0
 
     def check_config(self, config):
         """Refuse more tokens than dimensions: the span coordinates need linearly
         independent tokens."""
-        if config["tokens"] > config["dim"]:
+        if config.tokens > config.dim:
             raise ValueError(
-                f"tokens {config['tokens']} > dim {config['dim']}: the tokens must be linearly "
+                f"tokens {config.tokens} > dim {config.dim}: the tokens must be linearly "
                 "independent for the span coordinates; use at most as many tokens as "
                 "dimensions."
             )
@@ -81,8 +81,8 @@ class CausalExperiment(AbstractTheoremExperiment):
         return dyn, y0, lambda ys: paper001.span_misalignment(ys, G)
 
     def prediction(self, config, weights, x0):
-        return predict(causal_model(weights, config["beta"]), x0,
-                       times=np.linspace(0.0, config["horizon"], 21))
+        return predict(causal_model(weights, config.beta), x0,
+                       times=np.linspace(0.0, config.horizon, 21))
 
     def evolve(self, config, weights, x0, pred, *, discrete, progress):
         desc = f"{self.name}: {'layers' if discrete else 'flow'}"
@@ -145,8 +145,8 @@ class CausalExperiment(AbstractTheoremExperiment):
         for ax in axes[:2]:
             figures.opaque_legend(ax, fontsize=8)
         figures.legend_below(axes[2], ncol=2)  # over the bars it would hide them
-        title = (f"Theorem 5.1 — causal, {config['tokens']} tokens on $S^{{{config['dim'] - 1}}}$, "
-                 f"h = {config['heads']}, seed {config['seed']}")
+        title = (f"Theorem 5.1 — causal, {config.tokens} tokens on $S^{{{config.dim - 1}}}$, "
+                 f"h = {config.heads}, seed {config.seed}")
         return figures.save_figure(fig, self.stem(folder), title)
 
 
@@ -191,20 +191,20 @@ def _layer_piece(weights, x0, y, t0, num_layers: int, tau, beta):
 def _run(config, weights, x0, *, discrete, progress, desc):
     B, n, _ = x0.shape
     y0 = jnp.broadcast_to(jnp.eye(n, dtype=x0.dtype), (B, n, n))
-    horizon = Horizon(config["horizon"])
+    horizon = Horizon(config.horizon)
     if discrete:
-        steps = horizon.num_layers(config["tau"])
-        ts = horizon.layer_times(config["tau"])
+        steps = horizon.num_layers(config.tau)
+        ts = horizon.layer_times(config.tau)
     else:
-        steps = config["saves"]
+        steps = config.saves
         ts = horizon.save_times(steps)
     pieces = Horizon.pieces(steps)
     m = steps // pieces
-    beta = jnp.asarray(config["beta"], x0.dtype)
+    beta = jnp.asarray(config.beta, x0.dtype)
 
     def step(k, y):
         if discrete:
-            tau = jnp.asarray(config["tau"], x0.dtype)  # arrays, so that one compile serves all
+            tau = jnp.asarray(config.tau, x0.dtype)  # arrays, so that one compile serves all
             return _layer_piece(weights, x0, y, k * m * tau, m, tau, beta)
         return _flow_piece(weights, x0, y, jnp.asarray(ts[k * m : (k + 1) * m + 1]), beta)
 

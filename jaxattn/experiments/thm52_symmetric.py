@@ -35,9 +35,9 @@ class SymmetricExperiment(AbstractTheoremExperiment):
         `beta`, and `tokens` unit tokens `(n, dim)` in the hemisphere `⟨v₁, x⟩ > 0` of
         its top eigenvector."""
         k_model, k_x = jax.random.split(key)
-        dyn = paper001.with_beta(paper001.symmetric_dynamics(k_model, config["dim"]),
-                                 config["beta"])
-        return dyn, paper001.hemisphere_of(k_x, _top_eigenvector(dyn), config["tokens"])
+        dyn = paper001.with_beta(paper001.symmetric_dynamics(k_model, config.dim),
+                                 config.beta)
+        return dyn, paper001.hemisphere_of(k_x, _top_eigenvector(dyn), config.tokens)
 
     def measures(self, dyn, pred, ts, ys):
         return {"E": misalignment(ys), "proj": matmul(ys, _top_eigenvector(dyn), "float32").min(-1),
@@ -66,7 +66,7 @@ class SymmetricExperiment(AbstractTheoremExperiment):
 
     def draw(self, config, data, folder: Path):
         plt = figures.pyplot()
-        layers = config["discrete"]
+        layers = config.discrete
         three_d = data["ys"].shape[-1] == 3
         fig = plt.figure(figsize=(13 if three_d else 9, 4.2))
         cols = 3 if three_d else 2
@@ -90,9 +90,9 @@ class SymmetricExperiment(AbstractTheoremExperiment):
         for ax in (ax_e, ax_p):
             ax.legend(fontsize=8)
         lam = np.linalg.eigvalsh(data["U"])[::-1]
-        title = (f"Theorem 5.2 — causal, {config['tokens']} tokens, d = {config['dim']}, "
+        title = (f"Theorem 5.2 — causal, {config.tokens} tokens, d = {config.dim}, "
                  f"U symmetric, λ = ({', '.join(f'{v:.2g}' for v in lam[:4])}), "
-                 f"seed {config['seed']}")
+                 f"seed {config.seed}")
         return figures.save_figure(fig, self.stem(folder), title)
 
 

@@ -89,11 +89,11 @@ class Grid:
     def of(cls, config: dict) -> "Grid":
         """The grid of a checked `config` (`--size`, `--norm`, … codes; `--beta 0`: `BETAS`)."""
         check_config(config)
-        return cls(choices(config["size"], SIZES, "--size"),
-                   choices(config["norm"], NORMS, "--norm"),
-                   choices(config["mask"], MASKS, "--mask"),
-                   choices(config["kernel"], KERNELS, "--kernel"),
-                   BETAS if config["beta"] == 0 else (float(config["beta"]),))
+        return cls(choices(config.size, SIZES, "--size"),
+                   choices(config.norm, NORMS, "--norm"),
+                   choices(config.mask, MASKS, "--mask"),
+                   choices(config.kernel, KERNELS, "--kernel"),
+                   BETAS if config.beta == 0 else (float(config.beta),))
 
     def programs(self) -> list[tuple[int, int, int]]:
         """The static variants, one compiled program and one chunk each: indices
@@ -110,11 +110,11 @@ class Grid:
 
 def check_config(config: dict) -> None:
     """`ValueError` for settings no `Param` minimum catches."""
-    if not config["beta"] >= 0:
+    if not config.beta >= 0:
         raise ValueError(f"--beta must be ≥ 0 (0: the grid {', '.join(map(str, BETAS))}), "
-                         f"got {config['beta']!r}.")
-    if not 0 < config["keep"] <= 1:
-        raise ValueError(f"--keep is a keep-probability in (0, 1], got {config['keep']!r}.")
+                         f"got {config.beta!r}.")
+    if not 0 < config.keep <= 1:
+        raise ValueError(f"--keep is a keep-probability in (0, 1], got {config.keep!r}.")
 
 
 # --- one instance ------------------------------------------------------------------
@@ -212,17 +212,17 @@ def simulate_chunk(config: dict, grid: Grid, program: tuple[int, int, int]) -> d
     it to per-instance measurements (`MEASURES`, each `(M, B, I)`) and the median `E`
     over instances after every layer, `E_median (M, B, L+1)`."""
     s, a, k = program
-    keys = jnp.stack([jax.random.PRNGKey(config["seed"] + i)
-                      for i in range(config["instances"])])
-    drawn = draw_batch(keys, size=tuple(grid.sizes[s]), heads=config["heads"],
-                       masks=grid.masks, window=config["window"], keep=config["keep"])
+    keys = jnp.stack([jax.random.PRNGKey(config.seed + i)
+                      for i in range(config.instances)])
+    drawn = draw_batch(keys, size=tuple(grid.sizes[s]), heads=config.heads,
+                       masks=grid.masks, window=config.window, keep=config.keep)
     E, clusters, residual, finite = run_program(
-        *drawn, jnp.asarray(grid.betas, float), num_layers=config["layers"],
-        tau=config["tau"], norm=grid.norms[a], kernel=grid.kernels[k])
+        *drawn, jnp.asarray(grid.betas, float), num_layers=config.layers,
+        tau=config.tau, norm=grid.norms[a], kernel=grid.kernels[k])
     E = np.asarray(E)
     return {"final_E": E[..., -1], "consensus_layer": consensus_layer(E),
             "clusters": np.asarray(clusters), "residual": np.asarray(residual),
-            "stalled": stalled(E, config["tau"]), "finite": np.asarray(finite),
+            "stalled": stalled(E, config.tau), "finite": np.asarray(finite),
             "E_median": np.median(E, axis=-2)}
 
 
@@ -254,7 +254,7 @@ def run_chunks(config: dict, grid: Grid, folder: Path | None, *, progress: bool,
     if folder is not None:
         folder.mkdir(exist_ok=True)
         clear_partial_writes(folder)
-        if not config["resume"]:  # a fresh run does not mix in an old one's chunks
+        if not config.resume:  # a fresh run does not mix in an old one's chunks
             for old in folder.glob("*.npz"):
                 old.unlink()
     programs = grid.programs()
@@ -366,15 +366,15 @@ def cell_rows(config: dict, grid: Grid, data: dict) -> list[dict]:
     the outcome, the theorems and the verdict, and the command that repeats it."""
     rows = []
     for s, a, m, k in itertools.product(*(range(x) for x in grid.shape[:4])):
-        theorems, why = theorems_for(tuple(grid.sizes[s]), config["heads"], grid.norms[a],
-                                   grid.masks[m], grid.kernels[k], config["window"],
-                                   config["keep"], config["seed"])
+        theorems, why = theorems_for(tuple(grid.sizes[s]), config.heads, grid.norms[a],
+                                   grid.masks[m], grid.kernels[k], config.window,
+                                   config.keep, config.seed)
         for b, beta in enumerate(grid.betas):
             at = (s, a, m, k, b)
             reached = np.isfinite(data["consensus_layer"][at])
             result = outcome(reached, data["stalled"][at], data["clusters"][at],
                              data["finite"][at])
-            kind, words = verdict_words(theorems, result, config["layers"])
+            kind, words = verdict_words(theorems, result, config.layers)
             n, d = grid.sizes[s]
             rows.append({
                 "size": SIZES.index(grid.sizes[s]) + 1, "tokens": n, "dim": d,
@@ -398,7 +398,7 @@ def cell_command(config: dict, grid: Grid, at: tuple[int, ...]) -> str:
     codes = {"size": SIZES.index(grid.sizes[s]) + 1, "norm": NORMS.index(grid.norms[a]) + 1,
              "mask": MASKS.index(grid.masks[m]) + 1,
              "kernel": KERNELS.index(grid.kernels[k]) + 1}
-    parts = ["jaxattn run variants", f"--seed {config['seed']}"]
+    parts = ["jaxattn run variants", f"--seed {config.seed}"]
     parts += [f"--{key} {v}" for key, v in codes.items()] + [f"--beta {grid.betas[b]!r}"]
     for p in VariantsExperiment.params:
         if p.name not in codes and p.name not in ("beta", "resume") and \

@@ -143,17 +143,17 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
         _label_axes(ax, norms, masks, kernels, betas, covered, rows_labelled=p == 0)
         ax.set_title(f"n = {size[0]} tokens in R{_superscript(size[1])}", fontsize=10, pad=16)
     # only the settings of the masks drawn (a window's width, a sparse mask's share)
-    used = ([f"window w = {config['window']}"] if "window" in masks else []) + \
-        ([f"sparse p = {config['keep']:g}"] if "sparse" in masks else [])
-    title = (f"Which variants collapse, how fast, which do not ({config['instances']} random "
-             f"instances per cell, h = {config['heads']}, P Gaussian, U = I/h, "
-             f"τ = {config['tau']:g}{''.join(', ' + u for u in used)}). Number: median layer "
+    used = ([f"window w = {config.window}"] if "window" in masks else []) + \
+        ([f"sparse p = {config.keep:g}"] if "sparse" in masks else [])
+    title = (f"Which variants collapse, how fast, which do not ({config.instances} random "
+             f"instances per cell, h = {config.heads}, P Gaussian, U = I/h, "
+             f"τ = {config.tau:g}{''.join(', ' + u for u in used)}). Number: median layer "
              "at which E < 1e-4; kN: tokens kept apart in N clusters; p%: still converging, "
              "p % of the instances in consensus (…: none); ∞: overflow; ★: a theorem covers "
              "the row")
     _title_on_top(fig, title)  # before the colorbar, which takes its room from the panels
     fig.colorbar(mesh, ax=list(axes[0]), shrink=0.6, pad=0.02,
-                 label=f"median log₁₀ E at layer {config['layers']}")
+                 label=f"median log₁₀ E at layer {config.layers}")
     return _save(fig, stem)
 
 

@@ -84,7 +84,7 @@ def _chunk(name: str, p: dict[str, Any], s: tuple, keys, strategy: str = "auto")
     experiment = get_experiment(name)
 
     def instance(key):
-        dyn, y0, misalign = experiment.instance(key, s | p)
+        dyn, y0, misalign = experiment.instance(key, experiment.config(s | p))
         return paper001.with_beta(dyn, p["beta"]), y0, misalign
 
     # The instances' models stacked (leaves with a leading instance axis): one

@@ -63,12 +63,6 @@ def grid_keys(spec: SweepSpec) -> list[str]:
     return list(dict.fromkeys(k for pt in spec.points for k in pt))
 
 
-def _value(param: Param, value):
-    """A grid or fixed value checked as the parameter's type (`convert`, the one check
-    of a parameter value; the command line turns its text into values first)."""
-    return convert(param, value)
-
-
 def _check_counts(spec: SweepSpec) -> None:
     check_count(spec.instances, "instances", 1)
     check_seed(spec.seed, "seed", spec.instances)
@@ -76,15 +70,14 @@ def _check_counts(spec: SweepSpec) -> None:
         check_count(spec.chunk, "chunk", 1)
 
 
-def _points(spec: SweepSpec, param) -> list[dict[str, Any]]:
-    """The grid points, each `{parameter: value}` in the parameters' types."""
+def _points(spec: SweepSpec, params: dict[str, Param]) -> list[dict[str, Any]]:
+    """The grid points, each `{parameter: value}` in the parameters' types (`convert`,
+    the one check of a parameter value)."""
     if spec.points:
-        return [{k: _value(param(k), v) for k, v in pt.items()} for pt in spec.points]
+        return [{k: convert(params[k], v) for k, v in pt.items()} for pt in spec.points]
     axes = {}
     for k, values in spec.grid.items():
-        if not isinstance(values, (list, tuple)) or not values:
-            raise ValueError(f"grid {k} needs a non-empty list of values, got {values!r}.")
-        axes[k] = [_value(param(k), v) for v in values]
+        axes[k] = [convert(params[k], v) for v in values]
         if len(set(axes[k])) != len(axes[k]):
             raise ValueError(f"grid {k} repeats a value: {values!r}.")
     return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
@@ -104,22 +97,23 @@ def check_spec(spec: SweepSpec) -> list[dict[str, Any]]:
     """
     params = {p.name: p for p in sweep_params(spec.experiment)}
     _check_counts(spec)
-    if spec.grid and spec.points:
-        raise ValueError("give either a grid or a list of points, not both.")
-
-    def param(name: str) -> Param:
-        if name in EXCLUDED:
-            raise ValueError(f"{name} is set by the sweep's instances (use --instances).")
-        if name not in params:
-            raise ValueError(f"{spec.experiment} has no parameter {name!r}; a sweep can vary "
-                             f"{', '.join(params)}.")
-        return params[name]
-
-    fixed = {k: _value(param(k), v) for k, v in spec.set.items()}
+    names = [*spec.set, *grid_keys(spec)]
+    checks = [(spec.grid and spec.points, "give either a grid or a list of points, not both.")]
+    checks += [(name in EXCLUDED, f"{name} is set by the sweep's instances (use --instances).")
+               for name in names]
+    checks += [(name not in params, f"{spec.experiment} has no parameter {name!r}; a sweep "
+                f"can vary {', '.join(params)}.") for name in names]
+    checks += [(not isinstance(values, (list, tuple)) or not values,
+                f"grid {k} needs a non-empty list of values, got {values!r}.")
+               for k, values in spec.grid.items()]
+    for bad, message in checks:
+        if bad:
+            raise ValueError(message)
+    fixed = {k: convert(params[k], v) for k, v in spec.set.items()}
     base = {p.name: p.default for p in params.values()} | fixed
-    configs = [base | pt | {"seed": int(spec.seed)} for pt in _points(spec, param)]
+    configs = [base | pt | {"seed": int(spec.seed)} for pt in _points(spec, params)]
     for c in configs:
-        get_experiment(spec.experiment).check_config(c)
+        get_experiment(spec.experiment).config(c)  # checked as the experiment's Config
     return configs
 
 
@@ -157,9 +151,12 @@ def read_spec(path) -> SweepSpec:
         raw = _load(path, text)
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid {path.suffix.lstrip('.').upper()}: {e}") from None
-    if not isinstance(raw, dict) or "experiment" not in raw:
-        raise ValueError(f"{path} must name an experiment (experiment = \"thm41-sphere\").")
-    unknown = sorted(set(raw) - set(_SPEC_KEYS))
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; a spec takes {list(_SPEC_KEYS)}.")
+    unknown = sorted(set(raw) - set(_SPEC_KEYS)) if isinstance(raw, dict) else []
+    for bad, message in (
+        (not isinstance(raw, dict) or "experiment" not in raw,
+         f"{path} must name an experiment (experiment = \"thm41-sphere\")."),
+        (unknown, f"{path}: unknown key(s) {unknown}; a spec takes {list(_SPEC_KEYS)}."),
+    ):
+        if bad:
+            raise ValueError(message)
     return SweepSpec(**raw)

@@ -40,6 +40,8 @@ SLACK = 1.0
 
 def _load(name: str) -> tuple[dict, dict]:
     config = json.loads((DATA / name / "config.json").read_text())
+    if config.get("experiment") in EXPERIMENTS:  # as the experiment's Config
+        config = EXPERIMENTS[config["experiment"]].config(config)
     with np.load(DATA / name / "data.npz") as f:
         return config, {k: f[k] for k in f.files}
 
@@ -651,7 +653,8 @@ def test_cell_labels_contrast_with_their_cells(tmp_path, drawn):
                                ["consensus"] * 4 + ["apart", "overflow"])]
     grid = SimpleNamespace(norms=["post"], masks=["full"], kernels=["softmax"], betas=betas,
                            sizes=[(10, 3)])
-    config = dict(instances=2, heads=2, tau=0.25, window=2, keep=0.3, layers=20)
+    config = EXPERIMENTS["variants"].config(instances=2, heads=2, tau=0.25, window=2, keep=0.3,
+                                            layers=20)
     draw_study(config, grid, {}, rows, tmp_path / "variants")
     texts = _rendered_texts(drawn[0])
     assert sorted(t.get_text() for t, _ in texts if t.get_fontsize() == 7) == sorted(

@@ -50,9 +50,10 @@ def _saved_run(name: str, keys, folder: Path, **extra) -> Path:
         data = {k: f[k] for k in f.files}
     saved = json.loads((DATA / name / "config.json").read_text())
     experiment = EXPERIMENTS[name]
-    config = experiment_config(experiment, {k: saved[k] for k in keys}, saved["seed"]) | extra
+    config = experiment_config(experiment, {k: saved[k] for k in keys}, saved["seed"])
+    config |= {k: v for k, v in extra.items() if k in config}  # the rest is recorded
     return run_into_folder(experiment, config, command=None, simulate=lambda: data,
-                           out=folder, log=None)[0]
+                           out=folder, log=None, record=extra)[0]
 
 
 def test_plot_redraws_an_experiment_run(tmp_path, capsys):

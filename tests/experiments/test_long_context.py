@@ -126,9 +126,9 @@ def test_verdict_fails_a_prediction_ten_percent_off(monkeypatch):
     from pathlib import Path
 
     folder = Path(__file__).parents[1] / "data" / "figures" / "long-context"
-    config = json.loads((folder / "config.json").read_text())
-    data = dict(np.load(folder / "data.npz"))
     study = LC.LongContext()
+    config = study.config(json.loads((folder / "config.json").read_text()))
+    data = dict(np.load(folder / "data.npz"))
     verdict = study.verdict(config, data)
     assert verdict.ok, verdict.line
     assert verdict.numbers["relative_error"] < LC.TOL / 2

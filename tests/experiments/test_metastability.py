@@ -117,8 +117,10 @@ def _saved_run():
     import json
     from pathlib import Path
 
+    from jaxattn.experiments import metastability as M
+
     folder = Path(__file__).parents[1] / "data" / "figures" / "metastability"
-    config = json.loads((folder / "config.json").read_text())
+    config = M.Metastability().config(json.loads((folder / "config.json").read_text()))
     return config, dict(np.load(folder / "data.npz"))
 
 

@@ -199,7 +199,7 @@ def test_figures_carry_no_creation_date(tmp_path):
     from pathlib import Path
 
     saved = Path(__file__).parents[1] / "data" / "figures" / "variants"
-    config = json.loads((saved / "config.json").read_text())
+    config = study.VariantsExperiment().config(json.loads((saved / "config.json").read_text()))
     with np.load(saved / "data.npz") as f:
         data = {k: f[k] for k in f.files}
     paths = study.VariantsExperiment().draw(config, data, tmp_path)
@@ -227,7 +227,8 @@ def test_a_cells_title_names_only_the_settings_it_uses(tmp_path):
     try:
         for name in ("variants-one-cell", "variants"):
             saved = Path(__file__).parents[1] / "data" / "figures" / name
-            config = json.loads((saved / "config.json").read_text())
+            config = study.VariantsExperiment().config(
+                json.loads((saved / "config.json").read_text()))
             with np.load(saved / "data.npz") as f:
                 data = {k: f[k] for k in f.files}
             (tmp_path / name).mkdir()

@@ -241,7 +241,7 @@ TINY = ["--modes", "8", "--max-tokens", "1000", "--seeds", "2", "--betas", "2",
 
 
 def _saved_run():
-    config = json.loads((FIGURE_DATA / "config.json").read_text())
+    config = mfe.MeanFieldEquation().config(json.loads((FIGURE_DATA / "config.json").read_text()))
     with np.load(FIGURE_DATA / "data.npz") as f:
         return config, dict(f)
 

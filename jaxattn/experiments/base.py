@@ -57,48 +57,53 @@ class Param:
 
 
 def convert(param: Param, value: Any) -> Any:
-    """`value` as the parameter's type, checked against its minimum, or a `ValueError`
-    (no JAX: `jaxattn run NAME` refuses a bad override before JAX loads)."""
+    """`value` as the parameter's type (a choice: its code), checked against its
+    minimum, or a one-line `ValueError` (no JAX: `jaxattn run NAME` refuses a bad
+    override before JAX loads)."""
     if param.names:
-        return _choice(param, value)
-    want = {int: "an integer", float: "a number", bool: "true or false"}[param.type]
-    if param.type is bool:
-        if isinstance(value, bool):
-            return value
-        raise ValueError(f"{param.flag} must be {want}, got {value!r}.")
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        converted = param.type(value)
-        if param.type is int and isinstance(value, float) and value != converted:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise ValueError(f"{param.flag} must be {want}, got {value!r}.") from None
-    if param.type is float and not math.isfinite(converted):
-        raise ValueError(f"{param.flag} must be finite, got {value!r}.")
-    if param.type is float and 0 < abs(converted) < sys.float_info.min:
-        raise ValueError(f"{param.flag} {value!r} is subnormal, below 2.2e-308, and XLA "
-                         "computes with it as 0: choose a larger value.")
-    if param.minimum is not None:
-        too_small = converted < param.minimum if param.type is int else converted <= param.minimum
-        if too_small:
-            bound = f"≥ {param.minimum:g}" if param.type is int else f"> {param.minimum:g}"
-            raise ValueError(f"{param.flag} must be {bound}, got {value!r}.")
+        converted = _choice(param.names, value)
+        want = "one of " + ", ".join(f"{n} ({i})" for i, n in enumerate(param.names))
+    else:
+        converted = _typed(param.type, value)
+        want = {int: "an integer", float: "a number", bool: "true or false"}[param.type]
+    real = param.type is float and converted is not None
+    low = param.minimum is not None and converted is not None and (
+        converted < param.minimum if param.type is int else converted <= param.minimum)
+    bound = "≥" if param.type is int else ">"
+    for bad, message in (
+        (converted is None, f"must be {want}, got {value!r}"),
+        (real and not math.isfinite(converted), f"must be finite, got {value!r}"),
+        (real and 0 < abs(converted) < sys.float_info.min,
+         f"{value!r} is subnormal, below 2.2e-308, and XLA computes with it as 0: choose a "
+         "larger value"),
+        (low, f"must be {bound} {param.minimum or 0:g}, got {value!r}"),
+    ):
+        if bad:
+            raise ValueError(f"{param.flag} {message}.")
     return converted
 
 
-def _choice(param: Param, value: Any) -> int:
-    """The code of a choice given by name or by code, or a `ValueError` listing them."""
-    if isinstance(value, str) and value.strip() in param.names:
-        return param.names.index(value.strip())
+def _typed(kind: type, value: Any) -> Any:
+    """`value` as `kind` (an int only from a whole number, a bool only from a bool), or
+    `None`."""
+    if isinstance(value, bool) != (kind is bool):
+        return None
     try:
-        code = int(value) if not isinstance(value, (bool, float)) else None
+        converted = kind(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None if kind is int and isinstance(value, float) and value != converted else converted
+
+
+def _choice(names: tuple[str, ...], value: Any) -> int | None:
+    """The code of a choice given by name or by code, or `None`."""
+    if isinstance(value, str) and value.strip() in names:
+        return names.index(value.strip())
+    try:
+        code = None if isinstance(value, (bool, float)) else int(value)
     except (TypeError, ValueError):
-        code = None
-    if code is None or not 0 <= code < len(param.names):
-        listed = ", ".join(f"{n} ({i})" for i, n in enumerate(param.names))
-        raise ValueError(f"{param.flag} must be one of {listed}; got {value!r}.")
-    return code
+        return None
+    return code if code is not None and 0 <= code < len(names) else None
 
 
 #: The inverse temperature of the attention, a parameter of every sweepable experiment
@@ -131,13 +136,11 @@ class Config(Mapping):
     _experiment: ClassVar["AbstractExperiment"]
 
     def __post_init__(self):
-        if all(isinstance(v, (bool, int, float, str)) for v in self.values()):
+        if all(_concrete(v) for v in self.values()):
             self._experiment.check_config(self)
 
     def __getitem__(self, name: str) -> Any:
-        if name not in self.__dataclass_fields__:
-            raise KeyError(name)
-        return getattr(self, name)
+        return getattr(self, self.__dataclass_fields__[name].name)  # KeyError: no such field
 
     def __iter__(self):
         return iter(self.__dataclass_fields__)
@@ -146,7 +149,15 @@ class Config(Mapping):
         return len(self.__dataclass_fields__)
 
     def __or__(self, changes: Mapping[str, Any]) -> "Config":
-        return dataclasses.replace(self, **changes)
+        unknown = set(changes) - set(self)
+        if unknown:
+            raise TypeError(f"{self.experiment} has no setting {', '.join(sorted(unknown))}.")
+        return self._experiment.config(self, **changes)
+
+
+def _concrete(value: Any) -> bool:
+    """Whether a setting is a Python value (not an array traced in a sweep's program)."""
+    return value is None or isinstance(value, (bool, int, float, str, list, tuple, dict))
 
 
 class AbstractExperiment(abc.ABC):
@@ -180,12 +191,20 @@ class AbstractExperiment(abc.ABC):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if cls.__dict__.get("sweepable") and not issubclass(cls, AbstractSweepableExperiment):
-            raise TypeError(f"{cls.__name__} says sweepable = True but is no "
-                            "AbstractSweepableExperiment (which declares instance(key, config)).")
-        if "drops" in cls.__dict__:
-            raise TypeError(f"{cls.__name__} drops parameters of its base: declare them on "
-                            "the base of the members that take them (base_params).")
+        said = bool(cls.__dict__.get("sweepable"))
+        sweepable = (cls.__name__ == "AbstractSweepableExperiment"  # being made: not bound yet
+                     or issubclass(cls, AbstractSweepableExperiment))
+        for wrong, why in (
+            (said and not sweepable, "says sweepable = True but is no "
+             "AbstractSweepableExperiment (which declares instance(key, config))"),
+            (sweepable and not said and not cls.__name__.startswith("Abstract"),
+             "is an AbstractSweepableExperiment: state `sweepable = True` at the head of its "
+             "class body"),
+            ("drops" in cls.__dict__, "drops parameters of its base: declare them on the base "
+             "of the members that take them (base_params)"),
+        ):
+            if wrong:
+                raise TypeError(f"{cls.__name__} {why}.")
 
     @typing.final
     def all_params(self) -> tuple[Param, ...]:
@@ -215,11 +234,15 @@ class AbstractExperiment(abc.ABC):
     @typing.final
     def config(self, values: Mapping[str, Any] = {}, /, **changes) -> "Config":
         """The experiment's settings: the defaults, then `values` and `changes` (names
-        the experiment lacks, such as a run record's `command`, are left out), checked
-        by `check_config`."""
-        kind = self.config_type()
+        the experiment lacks, such as a run record's `command`, are left out), each
+        parameter's value by `convert`, then the whole by `check_config`. (Traced
+        values, inside a sweep's program, are taken as they are: their point was
+        checked before.)"""
+        kind, params = self.config_type(), {p.name: p for p in self.all_params()}
         names = {f.name for f in dataclasses.fields(kind)}
-        return kind(**{k: v for k, v in {**values, **changes}.items() if k in names})
+        given = {k: v for k, v in {**values, **changes}.items() if k in names}
+        return kind(**{k: convert(params[k], v) if k in params and _concrete(v) else v
+                       for k, v in given.items()})
 
     @typing.final
     def defaults(self) -> "Config":
@@ -258,12 +281,6 @@ class AbstractSweepableExperiment(AbstractExperiment):
     #: parameter's name: printed under `jaxattn sweep`'s table and kept in its
     #: `summary.json` (`notes`) whenever the grid varies that parameter.
     grid_notes: ClassVar[dict[str, str]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if not cls.__name__.startswith("Abstract") and not cls.__dict__.get("sweepable"):
-            raise TypeError(f"{cls.__name__} is an AbstractSweepableExperiment: state "
-                            "`sweepable = True` at the head of its class body.")
 
     @abc.abstractmethod
     def instance(self, key, config: dict[str, Any]) -> tuple[Any, Any, Any]:

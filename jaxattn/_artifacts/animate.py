@@ -78,42 +78,62 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
     `path`, written whole or not at all.
     """
     path = Path(path)
-    kind = path.suffix.lower()
-    if kind not in (".mp4", ".gif"):
-        raise ValueError(f"the movie's name must end in .mp4 or .gif, got {path.name!r}.")
-    xs = np.asarray(xs, dtype=np.float64)
-    if xs.ndim != 3 or xs.shape[0] < 1 or xs.shape[1] < 1 or xs.shape[2] < 2:
-        raise ValueError(f"xs must be (T, n, d) with d ≥ 2, got shape {xs.shape}.")
-    if not np.all(np.isfinite(xs)):
-        raise ValueError("xs holds NaN or infinite values; nothing to draw.")
-    count = xs.shape[0]
     layers = layers or ts is None
-    ts = np.arange(count, dtype=np.float64) if ts is None else np.asarray(ts, np.float64)
-    if ts.shape != (count,):
-        raise ValueError(f"ts must hold one time per frame, shape ({count},), got {ts.shape}.")
-    if E is None:
-        E = _misalignment(xs)
-    E = np.asarray(E, dtype=np.float64)
-    if E.shape != (count,):
-        raise ValueError(f"E must hold one value per frame, shape ({count},), got {E.shape}.")
-    for name, value, low in (("fps", fps, 1), ("trail", trail, 0), ("dpi", dpi, 20)):
-        if not isinstance(value, int | np.integer) or value < low:
-            raise ValueError(f"{name} must be a whole number ≥ {low}, got {value!r}.")
-    if frames is not None and (not isinstance(frames, int | np.integer) or frames < 1):
-        raise ValueError(f"frames must be a whole number ≥ 1, got {frames!r}.")
-    if not path.parent.is_dir():
-        raise ValueError(f"{path.parent} is not a folder; cannot write {path.name}.")
-    picks = _picks(count, frames)
+    xs, ts, E = trajectory_arrays(xs, ts, E, per="frame")
+    counts = (("fps", fps, 1), ("trail", trail, 0), ("dpi", dpi, 20),
+              ("frames", 1 if frames is None else frames, 1))
+    checks = [(path.suffix.lower() not in (".mp4", ".gif"),
+               f"the movie's name must end in .mp4 or .gif, got {path.name!r}.")]
+    checks += [(not isinstance(value, int | np.integer) or value < low,
+                f"{name} must be a whole number ≥ {low}, got {value!r}.")
+               for name, value, low in counts]
+    checks.append((not path.parent.is_dir(),
+                   f"{path.parent} is not a folder; cannot write {path.name}."))
+    for bad, message in checks:
+        if bad:
+            raise ValueError(message)
+    picks = _picks(len(xs), frames)
     scene = Scene(xs, ts, E, title=title, layers=layers, trail=trail, spin=spin,
                   elevation=elevation, dpi=dpi, density_above=density_above)
     images = scene.frames(picks, progress=progress)
     return _encode(images, path, fps, scene.size, scene.colors)
 
 
-def _misalignment(xs: np.ndarray) -> np.ndarray:
-    from ..metrics import misalignment
+def trajectory_arrays(xs, ts=None, E=None, *, per: str = "frame"):
+    """`xs (T, n, d)` (`d ≥ 2`, finite), its `T` times (default `0, 1, …`) and its
+    misalignment (default `ja.misalignment(xs)`) as float64 arrays: the one check of
+    a trajectory to draw (`ja.animate`, `jaxattn view`); a `ValueError` names the
+    first mistake (`per`: what one save is called in it)."""
+    xs = np.asarray(xs, dtype=np.float64)
+    for bad, message in (
+        (xs.ndim != 3 or min(xs.shape) < 1 or xs.shape[2] < 2,
+         f"xs must be (T, n, d) with d ≥ 2, got shape {xs.shape}."),
+        (not np.all(np.isfinite(xs)), "xs holds NaN or infinite values; nothing to draw."),
+    ):
+        if bad:
+            raise ValueError(message)
+    if E is None:
+        from ..metrics import misalignment
 
-    return np.asarray(misalignment(xs))
+        E = misalignment(xs)
+    ts = np.arange(len(xs), dtype=np.float64) if ts is None else ts
+    ts, E = np.asarray(ts, np.float64), np.asarray(E, np.float64)
+    for name, array, what in (("ts", ts, "time"), ("E", E, "value")):
+        if array.shape != (len(xs),):
+            raise ValueError(f"{name} must hold one {what} per {per}, shape ({len(xs)},), "
+                             f"got {array.shape}.")
+    return xs, ts, E
+
+
+def unit_ball(xs: np.ndarray) -> tuple[np.ndarray, str]:
+    """The tokens `(T, n, d)` scaled into the unit ball (`d > 3`: on the three
+    leading directions, `pca3`), and a note of the share a PCA kept (`""` if none)."""
+    note, d = "", xs.shape[-1]
+    if d > 3:
+        xs, kept = pca3(xs)
+        note = f"PCA of the trajectory: 3 of {d} dimensions keep {100 * kept:.1f}% of Σ‖x‖²"
+    scale = float(np.max(np.linalg.norm(xs, axis=-1)))
+    return xs / (scale if scale > 0 else 1.0), note
 
 
 def _picks(count: int, frames: int | None) -> np.ndarray:
@@ -209,13 +229,7 @@ class Scene:
         self.ts, self.E, self.layers, self.trail = ts, E, layers, trail
         self.spin, self.elevation = spin, 20.0 if elevation is None else elevation
         n, d = xs.shape[1:]
-        self.note = ""
-        if d > 3:
-            xs, kept = pca3(xs)
-            self.note = (f"PCA of the trajectory: 3 of {d} dimensions keep "
-                         f"{100 * kept:.1f}% of Σ‖x‖²")
-        scale = float(np.max(np.linalg.norm(xs, axis=-1)))
-        self.xs = xs / (scale if scale > 0 else 1.0)
+        self.xs, self.note = unit_ball(xs)
         self.ball = d > 3
         if self.xs.shape[-1] == 3:
             azimuth, height = facing(self.xs)
@@ -225,12 +239,10 @@ class Scene:
         self.fig = self.plt.figure(figsize=(6.4, 7.2), dpi=dpi)
         self.size = tuple(int(round(v)) for v in self.fig.get_size_inches() * dpi)
         self.fig.patch.set_facecolor("white")
-        top = self.fig.add_axes([0.04, 0.30, 0.92, 0.62])
-        self.ax = top
+        self.ax = self.fig.add_axes([0.04, 0.30, 0.92, 0.62])
         self.ax_e = self.fig.add_axes([0.14, 0.06, 0.80, 0.17])
-        self.fig.text(0.5, 0.975, title or f"{n} tokens in R{superscript(d)}",
-                      ha="center", va="top",
-                      fontsize=11)
+        self.fig.text(0.5, 0.975, title or f"{n} tokens in R{superscript(d)}", ha="center",
+                      va="top", fontsize=11)
         self.label = self.fig.text(0.5, 0.935, "", ha="center", va="top", fontsize=10,
                                    family="monospace")
         if self.note:
@@ -443,9 +455,7 @@ def _write_gif(images, tmp: str, fps: int, colors: np.ndarray) -> None:
     from PIL import Image
 
     images = iter(images)
-    first = next(images, None)
-    if first is None:
-        raise ValueError("no frames to write.")
+    first = next(images)  # `animate` draws one frame at least
     tokens = np.round(255 * np.asarray(colors)[:, :3]).astype(int)[:64]
     base = Image.fromarray(first).quantize(colors=GIF_COLORS - len(tokens),
                                            method=Image.Quantize.MEDIANCUT)

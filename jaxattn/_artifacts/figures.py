@@ -170,13 +170,6 @@ def draw_decay(ax, ts, values, *, label=None, order: int = 2, scale: float = 1.0
     ax.set_xlabel("time $t$ (depth)")
 
 
-def draw_misalignment(ax, ts, E, *, label=None, **kw) -> None:
-    """`E(t)` on a log scale, down to the resolution of its dtype (`draw_decay`)."""
-    draw_decay(ax, ts, E, label=label, **kw)
-    ax.set_xlabel("time $t$")
-    ax.set_ylabel(r"misalignment $E(x(t))$")
-
-
 def save_sphere_figure(ys, ts, E, path) -> Path:
     """Trajectories on the sphere beside `E(t)`, written as PNG."""
     plt = pyplot()
@@ -185,7 +178,9 @@ def save_sphere_figure(ys, ts, E, path) -> Path:
     draw_sphere_trajectories(ax3, ys)
     title_3d(ax3, "tokens on $S^2$")
     ax = fig.add_subplot(1, 2, 2)
-    draw_misalignment(ax, ts, E, color="tab:blue", label="$E(t)$")
+    draw_decay(ax, ts, E, color="tab:blue", label="$E(t)$")  # down to E's resolution
+    ax.set_xlabel("time $t$")
+    ax.set_ylabel(r"misalignment $E(x(t))$")
     ax.set_title("consensus: $E(t) \\to 0$")
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()

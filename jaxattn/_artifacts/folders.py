@@ -64,6 +64,16 @@ class RunFolderError(RuntimeError):
     """A run folder that cannot be created, read or is incomplete."""
 
 
+@contextlib.contextmanager
+def os_errors(path, verb: str) -> Iterator[None]:
+    """An `OSError` in the block (a name too long, a file where a folder should be,
+    no permission) as the one-line `RunFolderError` "cannot `verb` the run folder"."""
+    try:
+        yield
+    except OSError as e:
+        raise RunFolderError(f"cannot {verb} the run folder {path}: {e.strerror or e}") from e
+
+
 def package_versions() -> dict[str, str]:
     """Versions of jaxattn and the packages its results depend on."""
     out = {"python": platform.python_version()}
@@ -127,9 +137,13 @@ def save_npz(path, **arrays) -> Path:
     return atomic_write(Path(path), lambda f: np.savez_compressed(f, **arrays))
 
 
-def folder_path(name: str, out: str | os.PathLike | None = None, root="runs") -> Path:
+def folder_path(name: str, out: str | os.PathLike | None = None, root="runs", *,
+                resume: bool | None = False) -> Path:
     """`out`, or a new `runs/NAME/<timestamp>/` when `out` is not given; an empty
-    `out` (which would be the current directory) is a `RunFolderError`."""
+    `out` (which would be the current directory) is a `RunFolderError`, and so is
+    `resume` without `out` (a `ValueError`: the arguments are refused)."""
+    if resume and out is None:
+        raise ValueError("--resume needs --out DIR: the folder of the run to continue.")
     if out is not None:
         if not str(out).strip():
             raise RunFolderError("--out is empty; name the run folder (e.g. --out runs/mine).")
@@ -141,13 +155,11 @@ def first_missing(path: Path) -> Path | None:
     """The outermost folder of `path` that does not exist yet (what `mkdir -p`
     would make), or `None`."""
     missing = None
-    for p in (path, *path.parents):
-        try:
+    with os_errors(path, "read"):
+        for p in (path, *path.parents):
             if p.exists():
                 break
-        except OSError as e:  # a name too long, a file where a folder should be
-            raise RunFolderError(f"cannot read the run folder {path}: {e.strerror or e}") from e
-        missing = p
+            missing = p
     return missing
 
 
@@ -156,10 +168,7 @@ def folder_kind(path: Path) -> str | None:
     whose settings file it holds; `None` for a folder no command has written."""
     for kind, name in KINDS.items():
         if (path / name).is_file():
-            try:
-                recorded = read_json(path / name).get("kind", kind)
-            except (OSError, ValueError, AttributeError):
-                recorded = kind
+            recorded = read_settings(path / name).get("kind", kind)
             return recorded if recorded in KINDS else kind
     return None
 
@@ -178,12 +187,8 @@ def written_by_jaxattn(path: Path) -> bool:
     if INCOMPLETE in names or all(_ours(name) for name in names):
         return True
     for name in KINDS.values():
-        try:
-            record = read_json(path / name)
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and (
-                (record.get("kind") in KINDS and "run_id" in record)
+        record = read_settings(path / name)
+        if ((record.get("kind") in KINDS and "run_id" in record)
                 or "jaxattn" in (record.get("versions") or {})):
             return True
     return False
@@ -193,10 +198,8 @@ def check_writable_place(path: Path) -> None:
     """Refuse, before anything is written, to write into an existing folder that is
     neither empty nor jaxattn's (`written_by_jaxattn`): a model's folder, the
     current directory, any user's files."""
-    try:
+    with os_errors(path, "read"):
         foreign = path.is_dir() and not written_by_jaxattn(path)
-    except OSError as e:
-        raise RunFolderError(f"cannot read the run folder {path}: {e.strerror or e}") from e
     if foreign:
         raise RunFolderError(f"{path} holds files jaxattn did not write; a run writes only "
                              "into a new or empty folder or its own (choose another --out).")
@@ -215,10 +218,8 @@ def hold_folder(path, kind: str) -> Iterator[Path]:
     path = Path(path)
     check_writable_place(path)
     made = first_missing(path)
-    try:
+    with os_errors(path, "write"):
         path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise RunFolderError(f"cannot write the run folder {path}: {e.strerror or e}") from e
     if not os.access(path, os.W_OK | os.X_OK):
         raise RunFolderError(f"cannot write the run folder {path}: permission denied.")
     fd = _lock(path)
@@ -246,10 +247,7 @@ _IDENTITY = ("experiment", "model", "passes")
 def _command_of(path: Path, kind: str) -> str:
     """The command that made the folder `path` of `kind`, for messages: `jaxattn loop`
     writes a run folder (config.json) without an experiment."""
-    try:
-        settings = read_json(path / KINDS[kind]) if kind in KINDS else {}
-    except (OSError, ValueError):
-        settings = {}
+    settings = read_settings(path / KINDS[kind]) if kind in KINDS else {}
     return _settings_command(settings) if kind == "run" else f"`jaxattn {kind}`"
 
 
@@ -299,10 +297,8 @@ def check_not_held(path) -> None:
 def _lock(path: Path) -> int:
     """An exclusive `flock` on `path/LOCK`, or `RunFolderError` naming the holder."""
     while True:
-        try:
+        with os_errors(path, "write"):
             fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~umask())
-        except OSError as e:
-            raise RunFolderError(f"cannot write the run folder {path}: {e.strerror or e}") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -323,14 +319,9 @@ def _lock(path: Path) -> int:
 
 
 def start_run(path: Path) -> Path:
-    """Mark the held folder `path` `INCOMPLETE`; `RunFolderError` if it already holds
-    a finished run (results are never overwritten)."""
-    if (path / "summary.json").exists() and not (path / INCOMPLETE).exists():
-        raise RunFolderError(f"{path} already holds a finished run; choose another --out.")
-    try:
+    """Mark the held folder `path` `INCOMPLETE` (`reopen_run` refuses a finished run)."""
+    with os_errors(path, "write"):
         (path / INCOMPLETE).write_text("this run has not finished; its results are partial\n")
-    except OSError as e:
-        raise RunFolderError(f"cannot write the run folder {path}: {e.strerror or e}") from e
     return path
 
 
@@ -425,9 +416,7 @@ def write_run(
 
     The folder and the summary as written.
     """
-    if resume and out is None:
-        raise ValueError("--resume needs --out DIR: the folder of the run to continue.")
-    path = folder_path(name, out)
+    path = folder_path(name, out, resume=resume)
     made = first_missing(path)
     with hold_folder(path, "run") as folder:
         finished, run_id = reopen_run(folder, config, resume, what="run", command="run",
@@ -453,20 +442,30 @@ def write_run(
                                   run_id=run_id)
 
 
-def open_run_folder(path) -> Path:
-    """A finished run folder, or `RunFolderError` saying why it cannot be used."""
+#: What to do with an unfinished folder, by its kind.
+_UNFINISHED = {"run": "is an incomplete run (it was interrupted); re-run it.",
+               "sweep": "is an unfinished sweep; continue it with `jaxattn sweep … --resume "
+                        "--out DIR`."}
+
+
+def open_run_folder(path, kind: str = "run", needs: tuple[str, ...] = ()) -> Path:
+    """A finished folder of `kind` (`"run"`, `"sweep"`: its settings file, then
+    `summary.json` of the same `run_id`, and the files `needs`), or a `RunFolderError`
+    saying why it cannot be used."""
     path = Path(path)
-    if not path.is_dir():
-        raise RunFolderError(f"{path} is not a run folder (no such directory).")
     check_not_held(path)
-    if (path / INCOMPLETE).exists():
-        raise RunFolderError(f"{path} is an incomplete run (it was interrupted); re-run it.")
-    for required in ("config.json", "summary.json"):
-        if not (path / required).exists():
-            raise RunFolderError(f"{path} has no {required}; it is not a finished jaxattn run.")
-    ids = [read_json(path / name).get("run_id") for name in ("config.json", "summary.json")]
+    files = (KINDS[kind], "summary.json", *needs)
+    missing = [name for name in files if not (path / name).exists()]
+    for bad, message in (
+        (not path.is_dir(), f"{path} is not a {kind} folder (no such directory)."),
+        ((path / INCOMPLETE).exists(), f"{path} {_UNFINISHED[kind]}"),
+        (missing, f"{path} has no {', '.join(missing)}; it is not a finished jaxattn {kind}."),
+    ):
+        if bad:
+            raise RunFolderError(message)
+    ids = [read_json(path / name).get("run_id") for name in files[:2]]
     if ids[0] != ids[1]:
-        raise RunFolderError(f"{path} mixes two runs (config.json and summary.json have run "
+        raise RunFolderError(f"{path} mixes two {kind}s ({files[0]} and summary.json have run "
                              f"ids {ids[0]} and {ids[1]}); re-run it into a new folder.")
     return path
 
@@ -475,6 +474,16 @@ def read_json(path) -> Any:
     """The JSON value in the file `path`."""
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def read_settings(path) -> dict[str, Any]:
+    """The JSON object in the file `path`: `{}` when it is missing, unreadable or no
+    object (a folder's settings file, read to tell who made the folder)."""
+    try:
+        value = read_json(path)
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def reopen_run(folder: Path, config: dict[str, Any], resume: bool | None, *, what: str,
@@ -511,20 +520,22 @@ def reopen_run(folder: Path, config: dict[str, Any], resume: bool | None, *, wha
         raise RunFolderError(f"{folder} holds {state} {made_by} run; {ours} does not write "
                              "into it (choose another --out).")
     for key in keys:
-        if key not in old:
-            raise RunFolderError(f"{folder} holds {state} run of another command (its {filename} "
-                                 f"has no {key}); choose another --out.")
         was, now = _jsonable(old.get(key)), _jsonable(config[key])
-        if json.dumps(was, sort_keys=True) != json.dumps(now, sort_keys=True):
+        if key not in old:
+            why = f"run of another command (its {filename} has no {key}); choose another --out."
+        elif json.dumps(was, sort_keys=True) != json.dumps(now, sort_keys=True):
             values = f" ({was!r}, not {now!r})" if len(repr(was) + repr(now)) < 60 else ""
-            raise RunFolderError(f"{folder} holds {state} {what} with another {key}{values}; "
-                                 f"one folder holds one {what} (choose another --out).")
-    if resume is None:
-        start_run(folder)  # refuses a finished run
+            why = (f"{what} with another {key}{values}; one folder holds one {what} (choose "
+                   "another --out).")
+        else:
+            continue
+        raise RunFolderError(f"{folder} holds {state} {why}")
+    if resume is None and not finished:
+        start_run(folder)
         return False, read_json(write_config(folder, config, filename))["run_id"]
-    if not resume:
-        raise RunFolderError(f"{folder} holds {state} {what}; pass --resume to continue it "
-                             "or choose another --out.")
+    if not resume:  # results are never overwritten
+        advice = "pass --resume to continue it or " if resume is False else ""
+        raise RunFolderError(f"{folder} holds {state} {what}; {advice}choose another --out.")
     if not finished:
         check_same_computer(folder, old, command)
     return finished, old.get("run_id")
@@ -536,16 +547,18 @@ def check_same_computer(folder: Path, old: dict[str, Any], command: str) -> None
     parts computed two ways (`command`: the `jaxattn` command that resumes it)."""
     now = computed_on()
     backend = old.get("backend", now["backend"])
-    if backend != now["backend"]:
-        raise RunFolderError(f"{folder} was computed on {backend}, this process runs on "
-                             f"{now['backend']}; resume it on {backend} (or choose another --out).")
     deterministic = old.get("deterministic", now["deterministic"])
-    if backend != "cpu" and deterministic != now["deterministic"]:
+    if backend != now["backend"]:
+        how = (f"on {backend}, this process runs on {now['backend']}; resume it on {backend} "
+               "(or choose another --out)")
+    elif backend != "cpu" and deterministic != now["deterministic"]:
         how = (f"with XLA's deterministic GPU flags: resume it with `jaxattn {command} "
                "--resume` (in Python, set XLA_FLAGS=ja.deterministic_xla_flags() first)"
                if deterministic else "without XLA's deterministic GPU flags: resume it with "
                f"`jaxattn --nondeterministic {command} --resume`")
-        raise RunFolderError(f"{folder} was computed {how}.")
+    else:
+        return
+    raise RunFolderError(f"{folder} was computed {how}.")
 
 
 def clear_partial_writes(directory: Path) -> None:

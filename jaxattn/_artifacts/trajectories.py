@@ -9,11 +9,12 @@ no tokens gets a line saying how to make a trajectory to animate.
 """
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 
 import numpy as np
+
+from .folders import read_settings
 
 #: Where the tokens are: `ys` or `paths` as the whole name or one of its `_` parts.
 _TOKENS = re.compile(r"(^|_)(ys|paths)(_|$)")
@@ -63,32 +64,30 @@ def _partner(data, name: str, key: str, shape: tuple) -> np.ndarray | None:
     return None
 
 
-def pick(data, name: str | None = None, index: int = 0) -> Trajectory:
+def pick(data, name: str | None = None, index: int = 0, *,
+         none: str = "no token trajectory in data.npz") -> Trajectory:
     """One trajectory of `data` (a `data.npz`'s arrays): `name` (default: the first
-    found), run `index` of a batch of runs. A `ValueError` names what there is."""
+    found), run `index` of a batch of runs. A `ValueError` names what there is
+    (`NoTrajectory`, saying `none`, when there is none)."""
     names = trajectory_names(data)
     if not names:
-        raise NoTrajectory("no token trajectory in data.npz")
+        raise NoTrajectory(none)
     if name is None:
         name = names[0]
     elif name not in names:
         raise ValueError(f"no trajectory {name!r} in data.npz; it has {', '.join(names)}.")
     xs = np.asarray(data[name], dtype=np.float64)
-    if xs.ndim == 4:
-        if not 0 <= index < xs.shape[0]:
-            raise ValueError(f"--index must be in 0 … {xs.shape[0] - 1} ({name} holds "
-                             f"{xs.shape[0]} runs), got {index}.")
-        runs = xs.shape[:2]
-        ts = _partner(data, name, "ts", runs)
-        E = _partner(data, name, "E", runs)
-        xs, ts, E = xs[index], None if ts is None else ts[index], None if E is None else E[index]
-        label = f"{name}[{index}]"
+    ts, E = (_partner(data, name, key, xs.shape[:-2]) for key in ("ts", "E"))
+    label = name
+    if xs.ndim == 3:  # one run: a batch of one
+        xs, ts, E = xs[None], None if ts is None else ts[None], None if E is None else E[None]
     else:
-        if index != 0:
-            raise ValueError(f"--index must be 0: {name} holds one run, got {index}.")
-        ts = _partner(data, name, "ts", xs.shape[:1])
-        E = _partner(data, name, "E", xs.shape[:1])
-        label = name
+        label = f"{name}[{index}]"
+    if not 0 <= index < len(xs):
+        which = (f"be in 0 … {len(xs) - 1} ({name} holds {len(xs)} runs)" if len(xs) > 1
+                 else f"be 0: {name} holds one run")
+        raise ValueError(f"--index must {which}, got {index}.")
+    xs, ts, E = xs[index], None if ts is None else ts[index], None if E is None else E[index]
     layers = ts is None or name.endswith("_layers")
     if ts is None:
         ts = np.arange(xs.shape[0], dtype=np.float64)
@@ -106,28 +105,20 @@ def load(folder, name: str | None = None, index: int = 0) -> Trajectory:
     """The trajectory `name` (default: the first) of a run folder's `data.npz`; a
     `ValueError` (one line) when the folder has none, saying how to make one."""
     folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} is not a folder (give a run folder of "
-                                "`jaxattn run` or `jaxattn demo`).")
-    if not (folder / "data.npz").is_file():
-        raise ValueError(f"{folder} has no data.npz: not a run folder.")
+    for bad, error, message in (
+        (not folder.is_dir(), FileNotFoundError,
+         f"{folder} is not a folder (give a run folder of `jaxattn run` or `jaxattn demo`)."),
+        (not (folder / "data.npz").is_file(), ValueError,
+         f"{folder} has no data.npz: not a run folder."),
+    ):
+        if bad:
+            raise error(message)
     with np.load(folder / "data.npz") as f:
         data = {k: f[k] for k in f.files}
-    try:
-        track = pick(data, name, index)
-    except NoTrajectory:
-        raise NoTrajectory(f"{folder} holds no token trajectory: {how_to_save(folder)}") from None
-    experiment = _config(folder).get("experiment", "")
+    track = pick(data, name, index,
+                 none=f"{folder} holds no token trajectory: {how_to_save(folder)}")
+    experiment = read_settings(folder / "config.json").get("experiment", "")
     return dataclasses.replace(track, experiment=str(experiment))
-
-
-def _config(folder: Path) -> dict:
-    """A run folder's config.json, or `{}` when it has none (or an unreadable one)."""
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return config if isinstance(config, dict) else {}
 
 
 #: The experiments whose saved runs hold token trajectories, and the arrays.
@@ -151,7 +142,7 @@ _RECIPES = {
 def how_to_save(folder) -> str:
     """What to do when a folder saved no tokens: by the kind of run it is."""
     folder = Path(folder)
-    config = _config(folder)
+    config = read_settings(folder / "config.json")
     name = config.get("experiment")
     if name is None and "model" in config:
         return ("`jaxattn loop` records E only; for the states after every pass call "

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .._files import atomic_write
-from .animate import _picks, pca3
+from .animate import _picks, trajectory_arrays, unit_ball
 from .trajectories import superscript
 
 #: The most numbers (saves × tokens × 3) a page embeds: its saves are thinned to fit.
@@ -27,29 +27,10 @@ MAX_NUMBERS = 1_500_000
 
 def view_html(xs, ts=None, *, E=None, title: str = "", layers: bool = False) -> str:
     """The page for the trajectory `xs (T, n, d)` at times `ts` (default: layers)."""
-    xs = np.asarray(xs, dtype=np.float64)
-    if xs.ndim != 3 or xs.shape[2] < 2 or xs.shape[0] < 1 or xs.shape[1] < 1:
-        raise ValueError(f"xs must be (T, n, d) with d ≥ 2, got shape {xs.shape}.")
-    if not np.all(np.isfinite(xs)):
-        raise ValueError("xs holds NaN or infinite values; nothing to draw.")
-    count, n, d = xs.shape
     layers = layers or ts is None
-    ts = np.arange(count, dtype=np.float64) if ts is None else np.asarray(ts, np.float64)
-    if ts.shape != (count,):
-        raise ValueError(f"ts must hold one time per save, shape ({count},), got {ts.shape}.")
-    if E is None:
-        from ..metrics import misalignment
-
-        E = np.asarray(misalignment(xs))
-    E = np.asarray(E, dtype=np.float64)
-    if E.shape != (count,):
-        raise ValueError(f"E must hold one value per save, shape ({count},), got {E.shape}.")
-    note = ""
-    if d > 3:
-        xs, kept = pca3(xs)
-        note = f"PCA of the trajectory: 3 of {d} dimensions keep {100 * kept:.1f}% of Σ‖x‖²"
-    scale = float(np.max(np.linalg.norm(xs, axis=-1)))
-    xs = xs / (scale if scale > 0 else 1.0)
+    xs, ts, E = trajectory_arrays(xs, ts, E, per="save")
+    count, n, d = xs.shape
+    xs, note = unit_ball(xs)
     picks = _picks(count, max(2, MAX_NUMBERS // (n * min(d, 3))))
     xs, ts, E = xs[picks], ts[picks], E[picks]
     if xs.shape[2] == 2:

@@ -1,18 +1,9 @@
 """The device a benchmark runs on and what it can do, so that every figure compares
-like with like: the PyTorch references on JAX's device, matrix-product peaks per
-precision on that device, and its memory bandwidth.
-
-- `device_label`, `device_meta`: the device's name (`NVIDIA H100 80GB HBM3 (gpu)`,
-  `cpu (2 cores)`), for the table, the JSON and `jaxattn demo`.
-- `TorchSide`: where the PyTorch references run (CUDA when JAX is on a GPU and
-  torch can reach one; otherwise the CPU, and the table says so) and at which
-  matmul precision (`torch.set_float32_matmul_precision`, matched to JAX's mode).
-- `matmul_peaks`: GFLOP/s of a square product per precision (float32,
-  tensorfloat32, bfloat16). A CPU has no TF32 units, so that precision is not
-  applicable there (`None`), not a number.
-- `copy_bandwidth`: GB/s of a device-to-device copy (bytes read + written).
-- `jax_matmul_peak`, `exp_rate`: JAX's product peak at one precision, and the rate
-  of `jnp.exp` (the mean-field case's two floors).
+like with like: its name (`device_label`, `device_meta`: `NVIDIA H100 80GB HBM3 (gpu)`,
+`cpu (2 cores)`), where and at which matmul precision the PyTorch references run
+(`TorchSide`), the matmul peak per precision (`matmul_peaks`, `jax_matmul_peak`; a
+CPU has no TF32 units, so that precision is not applicable there), the copy
+bandwidth (`copy_bandwidth`) and the rate of `jnp.exp` (`exp_rate`).
 """
 
 import contextlib
@@ -116,19 +107,25 @@ class TorchSide:
         return tensor.detach().float().cpu().numpy()
 
 
+def best_seconds(fn, *args, repeats: int, budget_s: float = math.inf) -> float:
+    """The fastest of `repeats` calls (fewer past `budget_s`) of `jax.jit(fn)(*args)`,
+    after one call that compiles it."""
+    fn = jax.jit(fn)
+    call = lambda: jax.block_until_ready(fn(*args))  # noqa: E731
+    call()
+    return Timing.of(call, repeats, budget_s).min
+
+
 def _jax_peak(a, b, precision: str, repeats: int, budget_s: float) -> float:
-    f = jax.jit(lambda a, b: matmul(a, b, precision))
-    aj, bj = jnp.asarray(a), jnp.asarray(b)
-    jax.block_until_ready(f(aj, bj))
-    return Timing.of(lambda: jax.block_until_ready(f(aj, bj)), repeats, budget_s).min
+    return best_seconds(lambda a, b: matmul(a, b, precision), jnp.asarray(a), jnp.asarray(b),
+                        repeats=repeats, budget_s=budget_s)
 
 
 def jax_matmul_peak(size: int, precision: str, repeats: int,
                     budget_s: float = math.inf) -> float:
     """GFLOP/s of JAX's best `size`² product at `precision` (JAX alone: what a case
     that needs the peak measures when the `peak` case did not run)."""
-    rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal((size, size), dtype=np.float32) for _ in range(2))
+    a, b = _operands(size)
     return 2 * size**3 / _jax_peak(a, b, precision, repeats, budget_s) / 1e9
 
 
@@ -138,9 +135,14 @@ def exp_rate(count: int, repeats: int, sweeps: int = 1) -> float:
     compilation. One sweep over a large array measures the memory as much as the
     exp units; many over an array that stays in cache measure the units alone."""
     x = jnp.linspace(0.0, 1.0, count, dtype=jnp.float32)
-    f = jax.jit(lambda x: lax.fori_loop(0, sweeps, lambda _, y: jnp.exp(-y), x))
-    jax.block_until_ready(f(x))
-    return count * sweeps / Timing.of(lambda: jax.block_until_ready(f(x)), repeats).min
+    seconds = best_seconds(lambda x: lax.fori_loop(0, sweeps, lambda _, y: jnp.exp(-y), x), x,
+                           repeats=repeats)
+    return count * sweeps / seconds
+
+
+def _operands(size: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return tuple(rng.standard_normal((size, size), dtype=np.float32) for _ in range(2))
 
 
 def _torch_peak(side: TorchSide, a, b, precision: str, repeats: int, budget_s: float) -> float:
@@ -169,9 +171,7 @@ def matmul_peaks(size: int, repeats: int, side: TorchSide | None = None,
     only) on a CPU device and for float32 only; `None` for `"tensorfloat32"` off
     the GPU (a CPU has no TF32 units: jaxattn only emulates its rounding there).
     """
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((size, size), dtype=np.float32)
-    b = rng.standard_normal((size, size), dtype=np.float32)
+    a, b = _operands(size)
     flops = 2 * size**3
     out: dict[str, dict | None] = {}
     for precision in PRECISIONS:
@@ -193,12 +193,9 @@ def copy_bandwidth(nbytes: int, repeats: int, side: TorchSide | None = None) -> 
     read and written (`2 nbytes` per copy): JAX (`x + 1` into a new buffer) and,
     on the same device, torch (`y.copy_(x)`)."""
     count = nbytes // 4
-    x = jnp.zeros((count,), jnp.float32)
-    f = jax.jit(lambda x: x + 1)
-    jax.block_until_ready(f(x))
     moved = 2 * 4 * count / 1e9
-    out = {"bytes": 4 * count,
-           "jax": moved / Timing.of(lambda: jax.block_until_ready(f(x)), repeats).min}
+    out = {"bytes": 4 * count, "jax": moved / best_seconds(
+        lambda x: x + 1, jnp.zeros((count,), jnp.float32), repeats=repeats)}
     if side is not None and side.same_device:
         xt = side.torch.zeros(count, dtype=side.torch.float32, device=side.device)
         yt = side.torch.empty_like(xt)

@@ -16,8 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .device import exp_rate
-from .timing import Timing
+from .device import best_seconds, exp_rate
 
 #: Programs, lanes per program and sweeps of the register kernel on a GPU: 16,384
 #: programs of 256 lanes (4M values, enough to fill every SM) × 4096 exps each.
@@ -56,10 +55,9 @@ def register_exp_rate(repeats: int, sizes: tuple[int, int, int] = REGISTER_EXP,
         return {"exp_register_per_s": rate,
                 "exp_register_method": "jnp.exp in cache (no Pallas compiler here)"}
     programs, block, sweeps = sizes
-    f = jax.jit(register_exp_call(programs, block, sweeps, interpret=False))
-    x = jnp.linspace(0.0, 1.0, programs * block, dtype=jnp.float32)
-    jax.block_until_ready(f(x))
-    best = Timing.of(lambda: jax.block_until_ready(f(x)), repeats).min
+    best = best_seconds(register_exp_call(programs, block, sweeps, interpret=False),
+                        jnp.linspace(0.0, 1.0, programs * block, dtype=jnp.float32),
+                        repeats=repeats)
     return {"exp_register_per_s": programs * block * sweeps / best,
             "exp_register_method": f"Pallas (Triton) kernel, {programs}×{block} lanes × "
                                    f"{sweeps} exps in registers"}

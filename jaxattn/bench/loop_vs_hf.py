@@ -4,30 +4,20 @@ the HuggingFace PyTorch blocks looped by hand, in the same run, on the same weig
     .venv/bin/python benchmarks/loop_vs_hf.py                       # 100 × 200, both models
     .venv/bin/python benchmarks/loop_vs_hf.py --prompts 8 --tokens 64 --repeats 1   # quick
 
-Protocol (both sides): random weights of the GPT-2 small / GPT-Neo 125M config
-(drawn once by HuggingFace, saved as safetensors, loaded by jaxattn), token ids
-uniform over the vocabulary, embedded once; one pass = every block; `E` (eq. 25)
-recorded after every block; the final LayerNorm applied after the pass. "attn" is
-pure attention (`ln_2` and the MLP removed), "full" the whole block. float32;
-`--precision` sets jaxattn's products and, on a GPU, torch's float32 matmul mode
-to match. Models: GPT-2 small, GPT-Neo 125M, and the GPT-2 XL and GPT-Neo 2.7B
-configs (`jaxattn bench --size large`).
+Both sides: random weights of the config (GPT-2 small, GPT-Neo 125M, or GPT-2 XL and
+GPT-Neo 2.7B for `jaxattn bench --size large`), drawn once by HuggingFace, saved as
+safetensors and loaded by jaxattn; token ids uniform over the vocabulary, embedded
+once; one pass = every block, `E` (eq. 25) after every block, the final LayerNorm
+after the pass. "attn" is pure attention (`ln_2` and the MLP removed), "full" the
+whole block. `--precision` sets jaxattn's products and, on a GPU, torch's float32
+matmul mode. HuggingFace runs where JAX does (`device.TorchSide`), its logging and
+progress bars silenced, and follows the paper's public script (GPT-Consensus): each
+`block(hidden)` called with an explicit causal mask (GPT-2 blocks of transformers ≥ 5
+do not mask when called directly), `E` in torch for the whole batch at once.
 
-Device: HuggingFace runs where JAX does (CUDA when JAX is on a GPU and torch can
-reach it, else the CPU; `jaxattn.bench.device.TorchSide`). HuggingFace's logging
-and progress bars are silenced while a model is built and loaded.
-
-The HuggingFace side follows the paper's public script (GPT-Consensus): call each
-`block(hidden)`, with `E` computed in torch for the whole batch at once (the
-original loops over prompts in Python, which would only slow it down). GPT-2
-blocks of transformers ≥ 5 do not mask by themselves when called directly, so the
-causal mask is passed explicitly; attention runs through HF's default (SDPA).
-
-Timing: the JAX program is compiled ahead of time (`lower().compile()`, reported
-separately, no pass run), then
-each side is timed `--repeats` times, interleaved (fewer with `--budget-s`); the
-median is reported, with min and max. The largest relative difference between the two `E` curves is
-printed as a check that both computed the same thing.
+The JAX program is compiled ahead of time (reported apart); the two sides are then
+timed in interleaved pairs, `--repeats` of them (fewer with `--budget-s`): median,
+min and max per pass, and the largest relative difference of the two `E` curves.
 """
 
 import argparse

@@ -1,32 +1,24 @@
 """Scaling sweeps behind `jaxattn bench --scaling`: time of `ja.run_layers` versus
 the number of tokens `n`, the dimension `d`, the batch `B` and the number of devices.
 
-Every point times the core discrete dynamics the way the suite's S2/S3 cases do:
-`run_layers(dyn, x0, layers, tau, observe=misalignment)`, full attention,
-unfactored `P`, float32, the median of `repeats` calls after compilation with min
-and max (`timing.Timing`). One sweep varies one size; the others stay at the
-middle values of `SETUP` (`QUICK_SETUP` with tiny sizes for a smoke test).
+Every point times `run_layers(dyn, x0, layers, tau, observe=misalignment)` as the
+suite's S2/S3 cases do (full attention, unfactored `P`, float32, median of `repeats`
+calls after compilation, with min and max). One sweep varies one size, the others
+stay at `SETUP`'s (`QUICK_SETUP`'s for a smoke test). The ideal curve (dashed):
 
-What each sweep is compared with (the "ideal" curve, drawn dashed):
-
-- **n and d**: time ∝ the flop count `L · B · (4 h n d² + 4 h n² d)`
-  (`suite.flops_raw_update`). This is not a power law: its local log-log slope is
-  `(d + 2n) / (d + n)` in `n` and `(2d + n) / (d + n)` in `d`, between 1 and 2.
-  The ideal slope reported is the straight-line fit to the flop count itself over
-  the measured sizes, with the local slopes at both ends beside it.
-- **batch**: time ∝ `B` (slope 1) once the machine is saturated; small batches
-  leave cores idle and pay a fixed cost per call, so the measured slope over the
-  whole range is below 1. The slope over the upper half of the sizes is reported
-  too.
-- **devices**: time ∝ 1/devices, relative to one device. The sweep runs in a
-  subprocess with `XLA_FLAGS=--xla_force_host_platform_device_count=N` (the flag
-  must be set before jax is imported) and `JAX_PLATFORMS=cpu`: forced CPU devices
-  share the machine's cores, and one CPU device already runs its matrix products
-  on all of them, so no speed-up is possible beyond as many devices as cores.
+- **n and d**: time ∝ the flops `L · B · (4 h n d² + 4 h n² d)`, not a power law: its
+  local log-log slope is `(d + 2n) / (d + n)` in `n` and `(2d + n) / (d + n)` in `d`,
+  between 1 and 2; reported: the straight-line fit to the flop count over the sizes,
+  with the local slopes at both ends.
+- **batch**: time ∝ `B` once the machine is saturated; small batches leave cores idle
+  and pay a fixed cost per call, so the slope over the upper half is reported too.
+- **devices**: time ∝ 1/devices, from the one-device point, in a subprocess with
+  `XLA_FLAGS=--xla_force_host_platform_device_count=N` (set before jax is imported)
+  and `JAX_PLATFORMS=cpu`: forced CPU devices share the cores, and one device already
+  uses all of them, so no speed-up is possible beyond as many devices as cores.
 
 For n, d and batch the ideal curve's constant is fitted (in log space) to the upper
-half of the sizes, where fixed per-call costs matter least; the device curve starts
-at the one-device point.
+half of the sizes, where fixed per-call costs matter least.
 """
 
 import dataclasses
@@ -134,10 +126,7 @@ def measure(name: str, sizes, setup: Setup, repeats: int,
     for size in sizes:
         progress(f"{name} = {size}")
         points.append(time_point(dataclasses.replace(setup, **{name: size}), repeats))
-    out = {"sizes": list(sizes)}
-    for key in ("median_s", "min_s", "max_s", "compile_s", "gflops"):
-        out[key] = [p[key] for p in points]
-    return out
+    return {"sizes": list(sizes), **{key: [p[key] for p in points] for key in points[0]}}
 
 
 def _log_slope(x, y) -> float:
@@ -299,11 +288,7 @@ def write_figure(result: dict, stem) -> list[Path]:
 def _worker(spec: str) -> None:
     """The device sweep's subprocess: measure, print the result as one JSON line."""
     spec = json.loads(spec)
-    setup = Setup(**spec["setup"])
-    needed = max(spec["sizes"])
-    if len(jax.devices()) < needed:
-        raise SystemExit(f"the device sweep needs {needed} devices, found {jax.devices()}")
-    data = measure("devices", spec["sizes"], setup, spec["repeats"],
+    data = measure("devices", spec["sizes"], Setup(**spec["setup"]), spec["repeats"],
                    progress=lambda m: print(f"· scaling: {m}", file=sys.stderr, flush=True))
     print(json.dumps(data))
 

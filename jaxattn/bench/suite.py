@@ -1,69 +1,53 @@
 """The benchmark suite behind `jaxattn bench`.
 
-Every figure is the median of repeated runs after compilation, with min and max,
-measured in one process so that ratios are comparable on a noisy machine. The
-PyTorch references run on JAX's device (CUDA when JAX is on a GPU and torch can
-reach it; otherwise the CPU, and the table says so) with their float32 matmul
-mode matched to `--precision` (`jaxattn.bench.device`):
+Every figure is the median of repeated runs after compilation, with min and max, in
+one process so that ratios are comparable on a noisy machine. The PyTorch references
+run on JAX's device (CUDA when JAX is on a GPU and torch reaches it; else the CPU,
+and the table says so), their float32 matmul mode matched to `--precision`
+(`jaxattn.bench.device`). Each case is named by what it measures (`CASES`); its rows,
+the table, the JSON and BENCHMARKS.md carry its short label, and `--cases` takes either.
 
-Each case is named by what it measures (`CASES`); its rows, the table, the JSON
-and BENCHMARKS.md carry its short label (in brackets), and `--cases` takes either.
-
-- **peak** (`peak`): the best `4096²` product per precision (float32, tensorfloat32,
-  bfloat16) of JAX and PyTorch on that device (and NumPy on a CPU); TF32 is not
-  applicable on a CPU. `%peak` divides by the peak of the precision a row ran at.
-  Beside them, the device-to-device copy bandwidth (GB/s, read + write).
-- **small_systems** (`S1`), many tiny systems: n = 10, d = 3, h = 2, batch 1000; 200 layers (τ = 1,
-  observed with `misalignment`), 200 RK4 steps to T = 10, and the adaptive solve
-  (Tsit5 / torchdiffeq dopri5) to T = 10. jaxattn runs them on its default
-  strategy (the fused ensemble path for the layers and RK4, per-system steps for
-  Tsit5) and, in the same run, on the general path (`strategy="general"`) and the
-  fused shared-step adaptive mode (`strategy="fused"`). On a GPU the layers, RK4
-  and SN also run as one Pallas kernel (`strategy="kernel"`, rows "jaxattn
-  (kernel)"; `docs/kernels.md`).
-- **small_systems_large_batch** (`S1L`), S1-large: the S1 system, batch 100,000
-  (quick 2,000; large 1,000,000), 200 layers, with its floor beside the time: the
-  larger of its flops at the matmul peak and its unavoidable bytes (tokens read
-  once, `E(t)` written once) at the copy bandwidth (both need the `peak` case).
-  PyTorch only off the CPU.
-- **noisy_small_systems** (`SN`), noisy ensembles: the S1 systems with
-  `ja.TokenNoise(0.5)`, 1,000 Itô Euler–Maruyama steps of `dt = 0.01` to T = 10
-  (quick: batch 64, 20 steps): jaxattn's noisy layers (default strategy, the fused
-  path, and the general path) against `torchsde.sdeint(method="euler")` on the Itô
-  form of the same SDE (`reference_torch.noisy_euler`), the batch as one state. The
-  rows carry the mean final misalignment with its standard error, and the torch row
-  `z_vs_jax` (the difference of the means over their joint standard error) and
+- **peak**: the best `4096²` product per precision (float32, tensorfloat32, bfloat16)
+  of JAX and PyTorch (and NumPy on a CPU; TF32 is not applicable there), and the
+  device-to-device copy bandwidth (GB/s, read + write). `%peak` divides by the peak
+  of the precision a row ran at.
+- **small_systems** (S1): n = 10, d = 3, h = 2, batch 1000; 200 layers (τ = 1,
+  observed with `misalignment`), 200 RK4 steps to T = 10 and the adaptive solve
+  (Tsit5 / torchdiffeq dopri5), on the default strategy, the general path and the
+  fused shared-step mode; on a GPU also `strategy="kernel"` (`docs/kernels.md`).
+- **small_systems_large_batch** (S1L): S1 at batch 100,000 (quick 2,000; large 10⁶),
+  200 layers, beside its floor: its flops at the matmul peak or its unavoidable bytes
+  (tokens read once, `E(t)` written once) at the copy bandwidth, the larger (both
+  need `peak`). PyTorch only off the CPU.
+- **noisy_small_systems** (SN): S1 with `ja.TokenNoise(0.5)`, 1,000 Itô
+  Euler–Maruyama steps of `dt = 0.01` (quick: batch 64, 20 steps), against
+  `torchsde.sdeint(method="euler")` on the Itô form of the same SDE; rows carry the
+  mean final misalignment ± its standard error, the torch row `z_vs_jax` and
   `jaxattn_speedup`.
-- **paper_causal** (`S2`), paper-size causal: n = 50, d = 500, h = 2, batch 16, 100 layers.
-- **gpt2_sized** (`S3`), GPT-2-small-sized dynamics: n = 200, d = 768, h = 12, factored
-  `P_η = Q_ηᵀ K_η` with k = 64, batch 8, 12 layers.
-- **gradient** (`G`): gradient of the final misalignment through 100 steps of S2 (discrete
-  layers, and RK4 flow steps), time and memory relative to the forward pass.
-- **meanfield** (`MF`), mean-field scale: one system of n = 100,000 tokens in R³, one head
-  (quick 10,000; large 1,000,000), float32, on the blocked path: one layer, and
-  the gradient of a scalar of one layer with respect to the tokens and the weights
-  (reverse mode through the blocks' custom VJP). Beside each, its peak memory
-  (the compiled program's temp + argument + output bytes; on a GPU also the
-  device's `peak_bytes_in_use`, a process-wide figure) and its floor: the larger
-  of `pairs × flops per pair ÷ matmul peak` and `pairs × exps per pair ÷ exp
-  rate`, measured in the same run: `jnp.exp` once over `copy_bytes / 4` elements
-  and 4096 times over 16,384 (in cache), the faster of the two.
-- **looped_models** (`S4`), the looped-model protocol: GPT-2 small and GPT-Neo 125M configs, random
-  weights, 100 prompts × 200 tokens, one pass, pure attention and full model,
-  against the HuggingFace blocks looped by hand (`jaxattn.bench.loop_vs_hf`).
-  Flops per token and block: `8 d² + 4 n d` (attention) and `24 d² + 4 n d` (full).
+- **paper_causal** (S2): n = 50, d = 500, h = 2, batch 16, 100 causal layers.
+- **gpt2_sized** (S3): n = 200, d = 768, h = 12, `P_η = Q_ηᵀ K_η` with k = 64,
+  batch 8, 12 layers.
+- **gradient** (G): the gradient of the final misalignment through 100 steps of S2
+  (layers, and RK4 flow steps): time and memory against the forward pass.
+- **meanfield** (MF): one system of n = 100,000 tokens in R³, one head (quick 10,000;
+  large 10⁶), float32, blocked path: one layer and the gradient of one layer (tokens
+  and weights), each with its peak memory and its floor, the larger of
+  `pairs × flops per pair ÷ matmul peak` and `pairs × exps per pair ÷ exp rate`
+  (`jnp.exp` streamed, in cache and, on a GPU, in registers: the fastest counts).
+- **looped_models** (S4): GPT-2 small and GPT-Neo 125M configs, random weights,
+  100 prompts × 200 tokens, one pass, pure attention and full blocks, against the
+  HuggingFace blocks looped by hand (`loop_vs_hf`); flops per token and block
+  `8 d² + 4 n d` (attention), `24 d² + 4 n d` (full).
 
-Sizes (`PRESETS`): `"default"` as above; `"quick"` shrinks everything for a smoke
-test; `"large"` fills an accelerator: S1 batch 100,000, S1L 1,000,000, S2 batch 1024, S3 batch
-256, MF n = 1,000,000, S4 the GPT-2 XL and GPT-Neo 2.7B configs at 100 × 200 (G keeps the default
-S2, whose 4×-steps gradient would not fit at batch 1024).
+Sizes (`PRESETS`): `"quick"` for a smoke test; `"large"` fills an accelerator (S1
+batch 100,000, S2 1024, S3 256, S4 the GPT-2 XL and GPT-Neo 2.7B configs; G keeps S2's
+default size).
 
-Flop counts (multiply–adds count 2; softmax, normalisation and the metric are
-left out, so achieved GFLOP/s are lower bounds), per sequence and per
-evaluation of the raw update `v`:
-  unfactored `P`: `4 h n d² + 4 h n² d`;  factored (`k`): `4 h n k d + 2 h n² k
-  + 2 h n² d + 2 h n d²`. A layer is one evaluation, an RK4 step four, a Tsit5
-  step six (FSAL) per accepted step (rejected steps not counted).
+Flop counts (multiply–adds count 2; softmax, normalisation and the metric left out,
+so GFLOP/s are lower bounds), per sequence and evaluation of the raw update `v`:
+unfactored `P`: `4 h n d² + 4 h n² d`; factored (`k`): `4 h n k d + 2 h n² k +
+2 h n² d + 2 h n d²`. A layer is one evaluation, an RK4 step four, an accepted Tsit5
+step six (FSAL; rejected steps not counted).
 """
 
 import argparse
@@ -89,13 +73,7 @@ from .._layers import run_layers
 from .._noise import TokenNoise
 from .._precision import check_precision
 from ..metrics import misalignment
-from .cases import ALL_CASES as ALL_CASES
-from .cases import CASES as CASES
-from .cases import LARGE as LARGE
-from .cases import QUICK as QUICK
-from .cases import SIZES as SIZES
-from .cases import Problem as Problem
-from .cases import case_names as case_names
+from .cases import ALL_CASES, CASES, LARGE, QUICK, SIZES, Problem, case_names
 from .cases import flops_raw_update as flops_raw_update
 from .device import (
     TorchSide,
@@ -107,10 +85,7 @@ from .device import (
     peak_of,
 )
 from .floors import register_exp_rate
-from .timing import Repeats as Repeats
-from .timing import Timing as Timing
-from .timing import compile_jax as compile_jax
-from .timing import time_jax as time_jax
+from .timing import Repeats, Timing, compile_jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +123,12 @@ class Context:
             "compile_s": compile_s, "memory_bytes": memory, "max_abs_diff_vs_jax": agreement,
         }
 
+    def jax_row(self, case, variant, library, fn, *args, token_steps, flops):
+        """Time `fn(*args)` compiled (`Repeats.time_jax`): its row and its output."""
+        timing, compile_s, memory, out = self.rep.time_jax(fn, *args)
+        return self.row(case, variant, library, timing, token_steps=token_steps, flops=flops,
+                        compile_s=compile_s, memory=memory), out
+
     def floor(self, flops: float, moved_bytes: float) -> dict:
         """The run's floor on this device: its flops at the measured matmul peak of
         its precision, and its unavoidable bytes at the best measured copy bandwidth
@@ -167,31 +148,28 @@ class Context:
             return self.rep.time(self.side.call(fn))
 
 
-def _torch():
-    """torch, or `None` when it is not installed: imported on first use, so that
-    jaxattn itself never needs it."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
-
-
 def _reference(name: str = "reference_torch"):
     """The PyTorch reference module `jaxattn.bench.NAME`, or `None` without torch
     (or, for `loop_vs_hf`, without transformers): imported on first use, so that
     jaxattn itself never needs torch."""
-    if _torch() is None:
-        return None
-    if name == "loop_vs_hf" and importlib.util.find_spec("transformers") is None:
+    needs = ("torch", "transformers") if name == "loop_vs_hf" else ("torch",)
+    if any(importlib.util.find_spec(module) is None for module in needs):
         return None
     return importlib.import_module(f"{__package__}.{name}")
 
 
-def _kernel_rows() -> list[tuple[str, str]]:
-    """`strategy="kernel"` beside the XLA paths where it is compiled (a GPU): on other
-    devices it runs in interpret mode, correct but no speed to measure."""
-    return [("kernel", "jaxattn (kernel)")] if jax.default_backend() == "gpu" else []
+def _strategies(general: bool = True) -> list[tuple[str, str]]:
+    """The strategies a case times, with their rows' library: the default, the general
+    path, and `strategy="kernel"` where it is compiled (a GPU; elsewhere it runs in
+    interpret mode, correct but with no speed to measure)."""
+    out = [("auto", "jaxattn")] + ([("general", "jaxattn (general)")] if general else [])
+    return out + ([("kernel", "jaxattn (kernel)")] if jax.default_backend() == "gpu" else [])
+
+
+def _setup(prob: Problem, ctx: Context):
+    """`prob`'s arrays, its dynamics at the context's precision and its tokens."""
+    arrays = prob.arrays()
+    return arrays, prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"])
 
 
 def _layers_case(case, prob: Problem, num_layers, tau, ctx: Context, *, general=False,
@@ -199,99 +177,77 @@ def _layers_case(case, prob: Problem, num_layers, tau, ctx: Context, *, general=
     """`num_layers` layers observed with `misalignment`: jaxattn (its default
     strategy; with `general`, also the general path), and the PyTorch reference.
     `case`: its name in `CASES`."""
-    name = CASES[case]
-    arrays = prob.arrays()
-    dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"])
-    steps = prob.batch * prob.n * num_layers
-    flops = num_layers * prob.flops()
-    variant = f"{num_layers} layers"
+    name, variant = CASES[case], f"{num_layers} layers"
+    arrays, dyn, x0 = _setup(prob, ctx)
+    steps, flops = prob.batch * prob.n * num_layers, num_layers * prob.flops()
     rows, outputs = [], []
-    for strategy, library in (("auto", "jaxattn"), ("general", "jaxattn (general)"),
-                              *_kernel_rows()):
-        if strategy == "general" and not general:
-            continue
-        fwd = lambda dyn, x0, s=strategy: run_layers(dyn, x0, num_layers, tau,  # noqa: E731
-                                                     observe=misalignment, strategy=s)
-        timing, comp, mem, out = ctx.rep.time_jax(fwd, dyn, x0)
+    for strategy, library in _strategies(general):
+        def fwd(dyn, x0, s=strategy):
+            return run_layers(dyn, x0, num_layers, tau, observe=misalignment, strategy=s)
+
+        row, out = ctx.jax_row(name, variant, library, fwd, dyn, x0, token_steps=steps,
+                               flops=flops)
+        rows.append(row)
         outputs.append(out)
-        rows.append(ctx.row(name, variant, library, timing, token_steps=steps, flops=flops,
-                            compile_s=comp, memory=mem))
     if floor:
         # The least a run must move: the tokens read once, E(t) written once.
-        moved = 4 * prob.batch * (prob.n * prob.d + num_layers + 1)
-        rows[0].update(ctx.floor(flops, moved))
-    E = outputs[0]
+        rows[0].update(ctx.floor(flops, 4 * prob.batch * (prob.n * prob.d + num_layers + 1)))
     if ctx.ref is not None and torch:
         xt, Qt, Kt, Ut = prob.torch_args(arrays, ctx.side)
         run = lambda: ctx.ref.run_layers(xt, Qt, Kt, Ut, 1.0, prob.causal, tau, num_layers)  # noqa: E731
         t_ref, E_t = ctx.time_torch(run)
         rows.append(ctx.row(name, variant, ctx.library("torch"), t_ref, token_steps=steps,
-                            flops=flops, agreement=ctx.diff(E_t, E)))
+                            flops=flops, agreement=ctx.diff(E_t, outputs[0])))
     return rows
 
 
 def _flow_cases(case, prob: Problem, T, rk4_steps, ctx: Context, *, general=False) -> list[dict]:
-    """RK4 steps and the adaptive solve to `T` (`case`: its name in `CASES`)."""
+    """RK4 steps and the adaptive solve to `T` (`case`: its name in `CASES`); with
+    `general`, also RK4 on the general path and the fused shared-step adaptive mode."""
     name = CASES[case]
-    arrays = prob.arrays()
-    dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"])
-    ts = jnp.array([0.0, T], jnp.float32)
-    dt = T / rk4_steps
-    fixed = dfx.ConstantStepSize()
-
-    def rk4(dyn, x0):
-        return solve_flow(dyn, x0, ts, solver=RK4(), dt0=dt, stepsize_controller=fixed)[:, -1]
-
-    def rk4_general(dyn, x0):
-        return solve_flow(dyn, x0, ts, solver=RK4(), dt0=dt, stepsize_controller=fixed,
-                          strategy="general")[:, -1]
-
-    def tsit5(dyn, x0, strategy="auto"):
-        res = solve_flow(dyn, x0, ts, throw=False, strategy=strategy)
-        return res.ys[:, -1], res.num_steps
-
-    t_rk4, c_rk4, m_rk4, y_rk4 = ctx.rep.time_jax(rk4, dyn, x0)
-    t_ad, c_ad, m_ad, (y_ad, nsteps) = ctx.rep.time_jax(tsit5, dyn, x0)
-    steps_ad = float(np.mean(nsteps))
-    tok = prob.batch * prob.n
+    arrays, dyn, x0 = _setup(prob, ctx)
+    ts, dt = jnp.array([0.0, T], jnp.float32), T / rk4_steps
     fixed_v, adapt_v = f"RK4 × {rk4_steps}", f"adaptive to T={T:g}"
-    rk4_flops = 4 * rk4_steps * prob.flops()
-    rows = [
-        ctx.row(name, fixed_v, "jaxattn", t_rk4, token_steps=tok * rk4_steps, flops=rk4_flops,
-                compile_s=c_rk4, memory=m_rk4),
-        ctx.row(name, adapt_v, "jaxattn", t_ad, token_steps=tok * steps_ad,
-                flops=6 * steps_ad * prob.flops(), compile_s=c_ad, memory=m_ad),
-    ]
-    for strategy, library in _kernel_rows():
-        def rk4_kernel(dyn, x0, s=strategy):
-            return solve_flow(dyn, x0, ts, solver=RK4(), dt0=dt, stepsize_controller=fixed,
-                              strategy=s)[:, -1]
-        t_k, c_k, m_k, _ = ctx.rep.time_jax(rk4_kernel, dyn, x0)
-        rows.append(ctx.row(name, fixed_v, library, t_k, token_steps=tok * rk4_steps,
-                            flops=rk4_flops, compile_s=c_k, memory=m_k))
+
+    def rk4(strategy):
+        def run(dyn, x0):
+            return solve_flow(dyn, x0, ts, solver=RK4(), dt0=dt, strategy=strategy,
+                              stepsize_controller=dfx.ConstantStepSize())[:, -1]
+        return run
+
+    def tsit5(strategy):
+        def run(dyn, x0):
+            res = solve_flow(dyn, x0, ts, throw=False, strategy=strategy)
+            return res.ys[:, -1], res.num_steps
+        return run
+
+    runs = [(fixed_v, "jaxattn", rk4("auto")), (adapt_v, "jaxattn", tsit5("auto")),
+            *((fixed_v, library, rk4(s)) for s, library in _strategies(False)[1:])]
     if general:
-        t_g, c_g, m_g, _ = ctx.rep.time_jax(rk4_general, dyn, x0)
-        rows.append(ctx.row(name, fixed_v, "jaxattn (general)", t_g, token_steps=tok * rk4_steps,
-                            flops=rk4_flops, compile_s=c_g, memory=m_g))
-        shared = lambda dyn, x0: tsit5(dyn, x0, "fused")  # noqa: E731
-        t_s, c_s, m_s, (_, n_s) = ctx.rep.time_jax(shared, dyn, x0)
-        n_s = float(np.mean(n_s))
-        rows.append(ctx.row(name, adapt_v, "jaxattn (shared step)", t_s,
-                            token_steps=tok * n_s, flops=6 * n_s * prob.flops(), compile_s=c_s,
-                            memory=m_s))
+        runs += [(fixed_v, "jaxattn (general)", rk4("general")),
+                 (adapt_v, "jaxattn (shared step)", tsit5("fused"))]
+    rows, first = [], {}
+    for variant, library, fn in runs:
+        timing, compile_s, memory, out = ctx.rep.time_jax(fn, dyn, x0)
+        y, steps = (out, rk4_steps) if variant == fixed_v else (out[0], float(np.mean(out[1])))
+        evaluations = 4 if variant == fixed_v else 6  # per step: RK4's stages, Tsit5's (FSAL)
+        rows.append(ctx.row(name, variant, library, timing, token_steps=prob.batch * prob.n * steps,
+                            flops=evaluations * steps * prob.flops(), compile_s=compile_s,
+                            memory=memory))
+        first.setdefault(variant, (y, steps))
     if ctx.ref is not None:
         xt, Qt, Kt, Ut = prob.torch_args(arrays, ctx.side)
-        run = lambda: ctx.ref.rk4(xt, Qt, Kt, Ut, 1.0, prob.causal, dt, rk4_steps)  # noqa: E731
-        t_ref, y_ref = ctx.time_torch(run)
-        rows.append(ctx.row(name, fixed_v, ctx.library("torch"), t_ref,
-                            token_steps=tok * rk4_steps, flops=rk4_flops,
-                            agreement=ctx.diff(y_ref, y_rk4)))
+        refs = [(fixed_v, "torch", lambda: ctx.ref.rk4(xt, Qt, Kt, Ut, 1.0, prob.causal, dt,
+                                                       rk4_steps), 4)]
         if importlib.util.find_spec("torchdiffeq") is not None:
-            run = lambda: ctx.ref.adaptive(xt, Qt, Kt, Ut, 1.0, prob.causal, T)  # noqa: E731
-            t_ref, y_ref = ctx.time_torch(run)
-            rows.append(ctx.row(name, adapt_v, ctx.library("torch (torchdiffeq)"), t_ref,
-                                token_steps=tok * steps_ad, flops=None,
-                                agreement=ctx.diff(y_ref, y_ad)))
+            refs.append((adapt_v, "torch (torchdiffeq)",
+                         lambda: ctx.ref.adaptive(xt, Qt, Kt, Ut, 1.0, prob.causal, T), None))
+        for variant, library, run, evaluations in refs:
+            (y, steps), (t_ref, y_ref) = first[variant], ctx.time_torch(run)
+            rows.append(ctx.row(name, variant, ctx.library(library), t_ref,
+                                token_steps=prob.batch * prob.n * steps,
+                                flops=evaluations and evaluations * steps * prob.flops(),
+                                agreement=ctx.diff(y_ref, y)))
     return rows
 
 
@@ -312,25 +268,23 @@ def _final_stats(final) -> dict:
 def _noisy_cases(prob: Problem, steps: int, ctx: Context) -> list[dict]:
     """SN: `steps` noisy layers (`TokenNoise(SN_SIGMA)`, `dt = SN_DT`) of the
     batch, observed with `misalignment`, on both paths and with torchsde."""
-    arrays = prob.arrays()
-    dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"])
-    dt, key, noise = SN_DT, jax.random.key(prob.seed), TokenNoise(SN_SIGMA)
+    arrays, dyn, x0 = _setup(prob, ctx)
+    key, noise = jax.random.key(prob.seed), TokenNoise(SN_SIGMA)
     variant = f"Itô EM × {steps}, TokenNoise σ={SN_SIGMA:g}"
     tok, flops = prob.batch * prob.n * steps, steps * prob.flops()
     label = CASES["noisy_small_systems"]
     rows = []
-    for strategy, library in (("auto", "jaxattn"), ("general", "jaxattn (general)"),
-                              *_kernel_rows()):
+    for strategy, library in _strategies():
         def fwd(dyn, x0, s=strategy):
-            return run_layers(dyn, x0, steps, dt, observe=misalignment, noise=noise, key=key,
+            return run_layers(dyn, x0, steps, SN_DT, observe=misalignment, noise=noise, key=key,
                               strategy=s)[:, -1]
-        timing, comp, mem, out = ctx.rep.time_jax(fwd, dyn, x0)
-        rows.append({**ctx.row(label, variant, library, timing, token_steps=tok, flops=flops,
-                               compile_s=comp, memory=mem), **_final_stats(out)})
+        row, out = ctx.jax_row(label, variant, library, fwd, dyn, x0, token_steps=tok,
+                               flops=flops)
+        rows.append({**row, **_final_stats(out)})
     if ctx.ref is not None and importlib.util.find_spec("torchsde") is not None:
         xt, Qt, Kt, Ut = prob.torch_args(arrays, ctx.side)
         run = lambda: ctx.ref.noisy_euler(xt, Qt, Kt, Ut, 1.0, prob.causal, SN_SIGMA,  # noqa: E731
-                                          dt, steps, prob.seed)
+                                          SN_DT, steps, prob.seed)
         t_ref, final = ctx.time_torch(run)
         row = {**ctx.row(label, variant, ctx.library("torch (torchsde)"), t_ref,
                          token_steps=tok, flops=flops), **_final_stats(ctx.side.numpy(final))}
@@ -342,53 +296,50 @@ def _noisy_cases(prob: Problem, steps: int, ctx: Context) -> list[dict]:
     return rows
 
 
+def _gradient_row(variant, library, device, precision, forward: Timing, gradient: Timing):
+    return {"case": CASES["gradient"], "variant": variant, "library": library, "device": device,
+            "precision": precision, "forward_s": forward.median, "gradient_s": gradient.median,
+            "min_s": gradient.min, "max_s": gradient.max, "calls": gradient.calls,
+            "gradient_over_forward": gradient.median / forward.median}
+
+
 def _gradient_cases(prob: Problem, steps, ctx: Context) -> list[dict]:
     """Gradient of the final misalignment through `steps` steps vs the forward pass."""
-    arrays = prob.arrays()
-    dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"])
-    fixed = dfx.ConstantStepSize()
+    arrays, dyn, x0 = _setup(prob, ctx)
     tau = 0.1
 
-    def layers(checkpoints, num):
-        return lambda x0: run_layers(dyn, x0, num, tau, observe=misalignment,
-                                     checkpoints=checkpoints)[:, -1].sum()
+    def layers(checkpoints):
+        return lambda num: lambda x0: run_layers(dyn, x0, num, tau, observe=misalignment,
+                                                 checkpoints=checkpoints)[:, -1].sum()
 
     def flow(num):
         ts = jnp.array([0.0, num * tau], jnp.float32)
-        return lambda x0: misalignment(solve_flow(dyn, x0, ts, solver=RK4(), dt0=tau,
-                                                  stepsize_controller=fixed)[:, -1]).sum()
+        return lambda x0: misalignment(solve_flow(
+            dyn, x0, ts, solver=RK4(), dt0=tau,
+            stepsize_controller=dfx.ConstantStepSize())[:, -1]).sum()
 
     rows = []
-    for variant, make in (("layers, checkpoint every layer", lambda m: layers(None, m)),
-                          ("layers, √L segment checkpoints", lambda m: layers("sqrt", m)),
-                          ("layers, recursive checkpoints", lambda m: layers(10, m)),
+    for variant, make in (("layers, checkpoint every layer", layers(None)),
+                          ("layers, √L segment checkpoints", layers("sqrt")),
+                          ("layers, recursive checkpoints", layers(10)),
                           ("RK4 flow, diffrax adjoint", flow)):
-        t_f, c_f, m_f, _ = ctx.rep.time_jax(make(steps), x0)
+        t_f, _, m_f, _ = ctx.rep.time_jax(make(steps), x0)
         t_g, c_g, m_g, _ = ctx.rep.time_jax(jax.grad(make(steps)), x0)
         _, _, m_g4 = compile_jax(jax.grad(make(4 * steps)), x0)
         rows.append({
-            "case": CASES["gradient"], "variant": f"{variant}, {steps} steps",
-            "library": "jaxattn",
-            "device": jax.default_backend(), "precision": ctx.precision,
-            "forward_s": t_f.median, "gradient_s": t_g.median, "min_s": t_g.min, "max_s": t_g.max,
-            "calls": t_g.calls,
-            "gradient_over_forward": t_g.median / t_f.median,
+            **_gradient_row(f"{variant}, {steps} steps", "jaxattn", jax.default_backend(),
+                            ctx.precision, t_f, t_g),
             "memory_forward_bytes": m_f, "memory_gradient_bytes": m_g,
             f"memory_gradient_{4 * steps}_steps_bytes": m_g4,
             "memory_growth_4x_steps": (m_g4 / m_g) if m_g and m_g4 else None,
             "compile_s": c_g,
         })
     if ctx.ref is not None:
-        xt, Qt, Kt, Ut = prob.torch_args(arrays, ctx.side)
-        fwd = lambda: ctx.ref.run_layers(xt, Qt, Kt, Ut, 1.0, prob.causal, tau, steps)  # noqa: E731
-        grad = lambda: ctx.ref.grad_layers(xt, Qt, Kt, Ut, 1.0, prob.causal, tau, steps)  # noqa: E731
-        t_f, t_g = ctx.time_torch(fwd)[0], ctx.time_torch(grad)[0]
-        rows.append({"case": CASES["gradient"], "variant": f"layers, autograd, {steps} steps",
-                     "library": ctx.library("torch"), "device": ctx.side.device,
-                     "precision": ctx.side.precision,
-                     "forward_s": t_f.median, "gradient_s": t_g.median,
-                     "min_s": t_g.min, "max_s": t_g.max, "calls": t_g.calls,
-                     "gradient_over_forward": t_g.median / t_f.median})
+        args = (*prob.torch_args(arrays, ctx.side), 1.0, prob.causal, tau, steps)
+        t_f = ctx.time_torch(lambda: ctx.ref.run_layers(*args))[0]
+        t_g = ctx.time_torch(lambda: ctx.ref.grad_layers(*args))[0]
+        rows.append(_gradient_row(f"layers, autograd, {steps} steps", ctx.library("torch"),
+                                  ctx.side.device, ctx.side.precision, t_f, t_g))
     return rows
 
 
@@ -450,9 +401,8 @@ def _floor_rates(preset: "Preset", ctx: Context) -> dict:
 
 def _mean_field_cases(prob: Problem, preset: "Preset", ctx: Context) -> list[dict]:
     """MF: one layer and its gradient at mean-field scale against their floors."""
-    arrays = prob.arrays()
-    dyn, x0 = prob.dynamics(arrays, ctx.precision), jnp.asarray(arrays["x0"][0])
-    rates = _floor_rates(preset, ctx)
+    _, dyn, x0 = _setup(prob, ctx)
+    x0, rates = x0[0], _floor_rates(preset, ctx)
     peak, tau = rates["matmul_peak_gflops"], 0.1
 
     def forward(dyn, x):
@@ -465,19 +415,16 @@ def _mean_field_cases(prob: Problem, preset: "Preset", ctx: Context) -> list[dic
     rows = []
     for variant, fn, grad in (("one layer", forward, False),
                               ("gradient of one layer (tokens, weights)", gradient, True)):
-        timing, comp, mem, _ = ctx.rep.time_jax(fn, dyn, x0)
         floor = pair_floor(pairs, prob.d, grad, peak, rates["exp_per_s"])
         # Beside it, the memory-bound exp floor of `jnp.exp` streamed over a large array.
-        floor["floor_exp_stream_s"] = pair_work(prob.d, grad)[1] * pairs / rates[
-            "exp_stream_per_s"]
-        row = ctx.row(CASES["meanfield"], f"{variant}, n={prob.n:,}", "jaxattn", timing,
-                      token_steps=prob.n, flops=2 * floor["madds_per_pair"] * pairs,
-                      compile_s=comp, memory=mem)
+        floor["floor_exp_stream_s"] = floor["exps_per_pair"] * pairs / rates["exp_stream_per_s"]
+        row, _ = ctx.jax_row(CASES["meanfield"], f"{variant}, n={prob.n:,}", "jaxattn", fn,
+                             dyn, x0, token_steps=prob.n, flops=2 * floor["madds_per_pair"] * pairs)
         row.update(floor, **rates, n=prob.n, d=prob.d, heads=prob.h,
                    blocked=dyn.blocked(prob.n, x0.dtype),
                    memory_source="compiled: temp + argument + output bytes",
                    device_peak_bytes=_device_peak_bytes(),
-                   ratio_to_floor=timing.median / floor["floor_s"],
+                   ratio_to_floor=row["median_s"] / floor["floor_s"],
                    fraction_of_peak=row["gflops"] / peak)
         rows.append(row)
     rows[1]["gradient_over_forward"] = rows[1]["median_s"] / rows[0]["median_s"]
@@ -541,7 +488,7 @@ PRESETS = {
 
 def _context(rep: Repeats, precision: str, torch: bool) -> Context:
     ref = _reference() if torch else None
-    side = TorchSide.choose(_torch(), precision) if ref is not None else None
+    side = TorchSide.choose(ref.torch, precision) if ref is not None else None
     return Context(rep, precision, None, side, ref)
 
 

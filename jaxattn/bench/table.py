@@ -93,22 +93,17 @@ def _exp_rate(rows: list[dict]) -> list[str]:
             f" matmul peak {r['matmul_peak_gflops']:.4g} GFLOP/s"]
 
 
-def _stream(r: dict) -> str:
-    """The memory-bound exp floor (`jnp.exp` streamed), where the row has it."""
-    if r.get("floor_exp_stream_s") is None:
-        return ""
-    return f"; streamed exp {r['floor_exp_stream_s']:.4g}"
-
-
 def _pair_floor(r: dict) -> str:
     """` floor …` beside a mean-field row (MF): its pairs' flops at the matmul peak and
     their exps at the measured exp rate, the time over the larger, the peak memory
     (and where it was read), and the gradient's time over the forward's."""
     if "floor_s" not in r:
         return ""
+    stream = r.get("floor_exp_stream_s")  # the memory-bound exp floor (`jnp.exp` streamed)
+    stream = "" if stream is None else f"; streamed exp {stream:.4g}"
     line = (f"  floor {r['floor_s']:.4g} s (matmul {r['floor_matmul_s']:.4g} at "
             f"{r['madds_per_pair']} madd/pair, exp {r['floor_exp_s']:.4g} at "
-            f"{r['exps_per_pair']}/pair{_stream(r)}); ×{r['ratio_to_floor']:.2f}; memory "
+            f"{r['exps_per_pair']}/pair{stream}); ×{r['ratio_to_floor']:.2f}; memory "
             f"{_fmt(r['memory_bytes'] and r['memory_bytes'] / 1e6, '.4g')} MB compiled")
     if r.get("device_peak_bytes"):
         line += f", device peak {r['device_peak_bytes'] / 1e6:.4g} MB"

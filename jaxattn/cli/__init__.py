@@ -1,25 +1,19 @@
 """The `jaxattn` command line.
 
-Each command lives in a module with a `register(subparsers)` function that adds
-its parser and sets `func`; `COMMANDS` lists every command with its module and
-its one-line help. A command returns an exit code; user mistakes raise
-`CLIError` (or `ValueError`) and are printed as one line with exit status 2; a
-run that stops on its values (`jaxattn.SimulationError`) likewise.
+Each command lives in a module with a `register(subparsers)` function that adds its
+parser and sets `func`; `COMMANDS` lists them with their one-line help, and only the
+module of the command being run is imported (`parser(commands)`): `jaxattn --help`,
+`jaxattn list`, `jaxattn run NAME --help` and argument errors answer without loading
+JAX. A command returns an exit code; a user mistake (`CLIError`, `ValueError`) or a
+run that stops on its values (`jaxattn.SimulationError`) is one line, exit status 2.
 
-Only the module of the command being run is imported (`parser(commands)`):
-`jaxattn --help`, `jaxattn list`, `jaxattn run NAME --help` and argument errors
-answer without loading JAX (what they show is read from the source:
-`experiments/source.py`).
-
-Ctrl-C ends the `jaxattn` program with exit status 130 at any moment: while it starts
+Ctrl-C ends the program with exit status 130 at any moment: while it starts
 (`quit_on_sigint`, installed first thing), while a command runs (`_on_sigint`: the
 command catches `KeyboardInterrupt` and marks what it leaves incomplete) and while it
-exits (`_exit`).
-
-The commands that compute results (`COMPUTING`) run XLA deterministically: `main`
-puts the deterministic GPU flags into `XLA_FLAGS` before JAX's backend starts
-(`_determinism.use_deterministic_xla`), unless `--nondeterministic` or
-`JAXATTN_NONDETERMINISTIC=1` says not to (docs/determinism.md).
+exits (`_exit`). The commands that compute results (`COMPUTING`) run XLA
+deterministically (`_determinism.use_deterministic_xla`, set before JAX's backend
+starts) unless `--nondeterministic` or `JAXATTN_NONDETERMINISTIC=1` says not to
+(docs/determinism.md).
 """
 
 import argparse
@@ -99,7 +93,8 @@ def _fail(line: str) -> int:
 
 
 #: A path the user named that the system cannot use: one line, not a traceback.
-_PATH_ERRORS = (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.ELOOP)
+_PATH_ERRORS = (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.ELOOP,
+                errno.EEXIST, errno.EROFS, errno.EPERM)
 
 
 def _runtime_message(error: Exception) -> str | None:
@@ -118,10 +113,9 @@ def _runtime_message(error: Exception) -> str | None:
     from .._validate import runtime_message
 
     text = runtime_message(error)
-    if text is None:
-        if isinstance(error, RunFolderError | ValueError | FileNotFoundError):
-            return str(error)
-        return None
+    if text is None:  # not a failed computation: a mistake, or a bug (its traceback)
+        mistake = isinstance(error, RunFolderError | ValueError | FileNotFoundError)
+        return str(error) if mistake else None
     if "`max_steps`" in text:  # the library's fix names arguments the CLI has not
         text = ("the flow solver reached its step budget before the final time; choose a "
                 "shorter --horizon (or --discrete)")

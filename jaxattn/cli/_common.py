@@ -1,8 +1,8 @@
-"""What every command shares: `CLIError`, the one argument parser (`OneLineParser`)
-and the one reading of a command-line text as a parameter's value (`parse_value`).
-
-Integers are checked by `_validate.check_count`, and a parameter's value by
-`experiments.runner.convert`; this module only turns text into values."""
+"""What every command shares: `CLIError`, the one argument parser (`OneLineParser`),
+the one check of a command's arguments (`refuse_first` over a table of mistakes, with
+`count_checks` for its count flags) and the one reading of a command-line text as a
+parameter's value (`parse_value`; the value itself is checked by
+`experiments.base.convert`)."""
 
 import argparse
 import difflib
@@ -20,6 +20,24 @@ class CLIError(Exception):
 class UsageError(CLIError):
     """A mistake argparse found: its message is already the whole line, with the
     command's name (`jaxattn run thm41-sphere: error: …`)."""
+
+
+def refuse_first(checks) -> None:
+    """Refuse the first mistake of a command's arguments: `checks` is its table of
+    `(wrong, line)` pairs, checked in order; the first wrong one is a `CLIError`."""
+    for wrong, line in checks:
+        if wrong:
+            raise CLIError(line)
+
+
+def count_checks(args, minimums: dict[str, int]) -> list[tuple[bool, str]]:
+    """The checks of a command's count flags (flag → least value; a flag not given
+    passes), worded as `_validate.check_count` words them, for `refuse_first`: they
+    answer before JAX loads."""
+    values = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in minimums}
+    return [(values[flag] is not None and values[flag] < low,
+             f"`{flag}` must be a whole number ≥ {low}, got {values[flag]!r}.")
+            for flag, low in minimums.items()]
 
 
 def printable(text: str) -> str:

@@ -3,24 +3,23 @@
 import argparse
 from pathlib import Path
 
-from ._common import CLIError
+from ._common import CLIError, count_checks, refuse_first
 
 HELP = "a run folder's token trajectories as a movie (MP4 or GIF)"
 
 
 def _animate(args: argparse.Namespace) -> int:
-    from .._validate import check_count
-
-    check_count(args.fps, "--fps", 1)
-    check_count(args.frames, "--frames", 1)
-    check_count(args.trail, "--trail", 0)
-    out = Path(args.out) if args.out else None
-    if out is not None and out.suffix.lower() not in (".mp4", ".gif"):
-        raise CLIError(f"--out must end in .mp4 or .gif, got {args.out!r}.")
-    if not abs(args.spin) < 1e6:
-        raise CLIError(f"--spin must be a finite number of degrees, got {args.spin}.")
-    if args.until is not None and not args.until > 0:
-        raise CLIError(f"--until must be > 0, got {args.until}.")
+    out = Path(args.out) if args.out else None  # the default is named after the trajectory
+    folder = out.parent if out else None
+    refuse_first([
+        *count_checks(args, {"--fps": 1, "--frames": 1, "--trail": 0}),
+        (out is not None and out.suffix.lower() not in (".mp4", ".gif"),
+         f"--out must end in .mp4 or .gif, got {args.out!r}."),
+        (not abs(args.spin) < 1e6, f"--spin must be a finite number of degrees, got {args.spin}."),
+        (args.until is not None and not args.until > 0, f"--until must be > 0, got {args.until}."),
+        (folder is not None and not folder.is_dir(),
+         f"cannot write {out}: {folder} is not a folder."),
+    ])
     from .._artifacts.animate import animate
     from .._artifacts.trajectories import load
 
@@ -29,13 +28,10 @@ def _animate(args: argparse.Namespace) -> int:
     if args.until is not None:
         keep = ts <= args.until
         if keep.sum() < 2:
-            raise CLIError(f"--until {args.until:g} keeps fewer than 2 saves "
-                           f"(the run starts at {ts[0]:g}).")
+            raise CLIError(f"--until {args.until:g} keeps fewer than 2 saves (the run starts "
+                           f"at {ts[0]:g}).")
         xs, ts, E = xs[keep], ts[keep], None if E is None else E[keep]
-    if out is None:
-        out = Path(args.folder) / f"{track.name.replace('[', '_').rstrip(']')}.mp4"
-    if not out.parent.is_dir():
-        raise CLIError(f"cannot write {out}: {out.parent} is not a folder.")
+    out = out or Path(args.folder) / f"{track.name.replace('[', '_').rstrip(']')}.mp4"
     n, d = xs.shape[1:]
     print(f"jaxattn animate: {track.name}, {xs.shape[0]} saves of {n} tokens in R^{d}"
           + (" (PCA to 3 dimensions)" if d > 3 else ""))

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from ..experiments import declared
-from ._common import CLIError
+from ._common import count_checks, refuse_first
 
 # Read from the source: `jaxattn bench --help` and its argument errors answer without
 # loading JAX (the suite's modules import it).
@@ -25,21 +25,20 @@ PRECISIONS = declared("jaxattn._precision", "PRECISIONS")
 def _bench(args: argparse.Namespace) -> int:
     cases = args.cases or list(ALL_CASES)
     unknown = sorted(set(cases) - set(ALL_CASES) - set(CASES))
-    if unknown:
-        raise CLIError(f"unknown case(s) {unknown}; choose from {list(ALL_CASES)} (or their "
-                       f"names: {', '.join(CASES)}).")
-    if not args.budget > 0:
-        raise CLIError("--budget must be > 0 seconds.")
-    if args.quick and args.size not in (None, "quick"):
-        raise CLIError(f"--quick and --size {args.size} disagree: give one of them.")
     out = Path(args.out)
-    if out.parent and not out.parent.exists():
-        raise CLIError(f"cannot write {out}: folder {out.parent} does not exist.")
+    refuse_first([
+        (unknown, f"unknown case(s) {unknown}; choose from {list(ALL_CASES)} (or their "
+                  f"names: {', '.join(CASES)})."),
+        (not args.budget > 0, "--budget must be > 0 seconds."),
+        (args.quick and args.size not in (None, "quick"),
+         f"--quick and --size {args.size} disagree: give one of them."),
+        (out.parent and not out.parent.exists(),
+         f"cannot write {out}: folder {out.parent} does not exist."),
+        *count_checks(args, {"--repeats": 1}),
+    ])
     from .._artifacts.folders import write_json
-    from .._validate import check_count
     from ..bench import suite, table
 
-    check_count(args.repeats, "--repeats", 1)
     if args.cases or not args.scaling:
         result = suite.run_suite(quick=args.quick, size=args.size, repeats=args.repeats,
                                  budget_s=args.budget, cases=cases, torch=not args.no_torch,

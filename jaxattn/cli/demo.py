@@ -3,24 +3,23 @@
 import argparse
 from pathlib import Path
 
-from ._common import CLIError
+from ._common import count_checks, refuse_first
 
 
 def _demo(args: argparse.Namespace) -> int:
+    refuse_first([*count_checks(args, {"--tokens": 1}),
+                  (not args.horizon > 0, f"--horizon must be > 0, got {args.horizon}.")])
     import jax
     import jax.numpy as jnp
 
     from .._artifacts.figures import resolution, save_sphere_figure
     from .._flow import solve_flow
     from .._manifold import manifold_drift
-    from .._validate import check_count, check_seed
+    from .._validate import check_seed
     from ..bench.device import device_label
     from ..experiments import paper001 as paper
     from ..metrics import misalignment
 
-    check_count(args.tokens, "--tokens", 1)
-    if not args.horizon > 0:
-        raise CLIError(f"--horizon must be > 0, got {args.horizon}.")
     key_model, key_x = jax.random.split(jax.random.PRNGKey(check_seed(args.seed)))
     dyn = paper.sphere_dynamics(key_model)
     x0 = paper.hemisphere_tokens(key_x, args.tokens, 3)
@@ -39,10 +38,7 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"* below the {E.dtype} resolution of E ({floor:.1e}): rounding noise, not data")
     print(f"max drift from the sphere: {float(manifold_drift(ys)):.2e}")
     out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise CLIError(f"cannot write to {out}: {e.strerror or e}") from e
+    out.mkdir(parents=True, exist_ok=True)  # a path it cannot use: one line (`cli.main`)
     path = save_sphere_figure(ys, ts, E, out / "demo_sphere.png")
     print(f"wrote {path}")
     return 0

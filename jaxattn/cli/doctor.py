@@ -10,6 +10,8 @@ import importlib.util
 import os
 from importlib.metadata import PackageNotFoundError, version
 
+from ._common import count_checks, refuse_first
+
 #: The optional packages and what jaxattn uses them for.
 OPTIONAL = {
     "torch": "the PyTorch references of `jaxattn bench`",
@@ -61,8 +63,6 @@ def faithful_float32(seed: int = 0, precision: str = "float32") -> float:
                 jnp.asarray(P, dtype), jnp.asarray(U, dtype),
                 precision=precision if dtype == jnp.float32 else "float32")
             xs = run_layers(dyn, jnp.asarray(x0, dtype), CHECK["layers"], CHECK["tau"])
-            if xs.dtype != dtype:
-                raise RuntimeError(f"the {dtype.__name__} check ran in {xs.dtype}.")
             final[dtype] = np.asarray(xs[-1], np.float64)
     return float(np.max(np.abs(final[jnp.float32] - final[jnp.float64])))
 
@@ -82,22 +82,20 @@ def matmul_gflops(size: int, repeats: int = 5) -> dict[str, float | None]:
 def optional_parts() -> dict[str, str | None]:
     """The version of each `OPTIONAL` package installed, `None` for one that is not
     (found, not imported)."""
-    found = {}
-    for name in OPTIONAL:
-        if importlib.util.find_spec(name) is None:
-            found[name] = None
-            continue
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = "installed"
-    return found
+    return {name: _installed(name) for name in OPTIONAL}
+
+
+def _installed(name: str) -> str | None:
+    if importlib.util.find_spec(name) is None:
+        return None
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "installed"
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .._validate import check_count
-
-    size = check_count(args.size, "--size", 1)
+    refuse_first(count_checks(args, {"--size": 1}))
     import jax
 
     from .._artifacts.folders import package_versions
@@ -118,8 +116,8 @@ def _doctor(args: argparse.Namespace) -> int:
     print(f"float32: {CHECK['layers']} layers of run_layers ({CHECK['tokens']} tokens in "
           f"R^{CHECK['dim']}, {CHECK['heads']} heads) differ from float64 by {error:.1e} "
           f"(threshold {THRESHOLD:.1e}): {'faithful' if faithful else 'NOT faithful'}")
-    peaks = matmul_gflops(size)
-    print(f"matmul {size}×{size} of float32 operands: " + ", ".join(
+    peaks = matmul_gflops(args.size)
+    print(f"matmul {args.size}×{args.size} of float32 operands: " + ", ".join(
         f"{name} {'n/a (no TF32 units)' if gf is None else f'{gf:,.1f} GFLOP/s'}"
         for name, gf in peaks.items()))
     for name, found in optional_parts().items():

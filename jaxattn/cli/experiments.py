@@ -77,25 +77,27 @@ def parse_overrides(experiment, argv: list[str]):
     return opts, overrides
 
 
-def check_name(name: str) -> None:
-    """A `CLIError` for a name no experiment has, with the closest name if one is near
-    (`thm41sphere` → `thm41-sphere`)."""
+def _name_mistake(name: str | None) -> str | None:
+    """What is wrong with `jaxattn run NAME`'s name, if anything: none given, or one no
+    experiment has (with the closest name if one is near: `thm41sphere` → `thm41-sphere`)."""
     from ..experiments import REGISTRY
 
+    if name is None:
+        return "name an experiment: jaxattn run NAME (see `jaxattn list`)."
     if name in REGISTRY:
-        return
+        return None
     close = difflib.get_close_matches(name, list(REGISTRY), n=1, cutoff=0.6)
     if close:
-        raise CLIError(f"unknown experiment {name!r}; did you mean {close[0]!r}? (`jaxattn "
-                       f"list` shows the {len(REGISTRY)} experiments)")
-    raise CLIError(f"unknown experiment {name!r}; the experiments are {', '.join(REGISTRY)} "
-                   "(see `jaxattn list`).")
+        return (f"unknown experiment {name!r}; did you mean {close[0]!r}? (`jaxattn list` "
+                f"shows the {len(REGISTRY)} experiments)")
+    return (f"unknown experiment {name!r}; the experiments are {', '.join(REGISTRY)} (see "
+            "`jaxattn list`).")
 
 
 def _run(args) -> int:
-    if args.name is None:
-        raise CLIError("name an experiment: jaxattn run NAME (see `jaxattn list`).")
-    check_name(args.name)
+    mistake = _name_mistake(args.name)
+    if mistake:
+        raise CLIError(mistake)
     experiment = declared_experiment(args.name)
     opts, overrides = parse_overrides(experiment, args.overrides)
     seed = parse_value(opts.seed, int, "--seed")

@@ -6,7 +6,7 @@ import argparse
 import numpy as np
 
 from ..experiments import declared
-from ._common import CLIError
+from ._common import CLIError, count_checks, refuse_first
 
 # Read from the source: `jaxattn loop --help` and its argument errors answer without
 # loading JAX (the modules that hold them import it).
@@ -30,10 +30,6 @@ def _depths(text: str) -> list[int]:
 
 
 def _grid(args: argparse.Namespace) -> int:
-    given = [flag for name, flag in NOT_GRID.items()
-             if getattr(args, name) is not None and getattr(args, name) is not False]
-    if given:
-        raise CLIError(f"jaxattn loop: {given[0]} applies to a single loop, not to --grid.")
     from .._artifacts.folders import read_json
     from ..experiments import run_loop_grid
     from ..experiments.loop_grid import grid_weights
@@ -56,17 +52,16 @@ def _e(value) -> str:
     return "not finite" if value is None else f"{value:.3e}"
 
 
-def _check_counts(args: argparse.Namespace) -> None:
-    """The counts' own check, before JAX loads (as `run` checks its overrides): a bad
-    value answers at once, not after the seconds JAX takes to start."""
-    for flag, value in (("--passes", args.passes), ("--prompts", args.prompts),
-                        ("--tokens", args.tokens), ("--chunk-passes", args.chunk_passes)):
-        if value is not None and value < 1:
-            raise CLIError(f"`{flag}` must be a whole number ≥ 1, got {value!r}.")
-
-
 def _loop(args: argparse.Namespace) -> int:
-    _check_counts(args)
+    # Checked before JAX loads (as `run` checks its overrides): a bad value answers at
+    # once, not after the seconds JAX takes to start.
+    single = [flag for name, flag in NOT_GRID.items()
+              if getattr(args, name) is not None and getattr(args, name) is not False]
+    refuse_first([
+        *count_checks(args, {"--passes": 1, "--prompts": 1, "--tokens": 1, "--chunk-passes": 1}),
+        (args.grid and single,
+         f"jaxattn loop: {next(iter(single), '')} applies to a single loop, not to --grid."),
+    ])
     if args.grid:
         return _grid(args)
     from .._artifacts.folders import read_json

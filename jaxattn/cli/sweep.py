@@ -4,7 +4,7 @@
 import argparse
 from pathlib import Path
 
-from ._common import CLIError, parse_value
+from ._common import CLIError, parse_value, refuse_first
 
 
 def _pair(text: str, flag: str) -> tuple[str, str]:
@@ -19,11 +19,9 @@ def _grid(items: list[str]) -> dict[str, list[str]]:
     grid: dict[str, list[str]] = {}
     for text in items:
         key, values = _pair(text, "--grid")
-        if key in grid:
-            raise CLIError(f"--grid {key} is given twice; list all its values once.")
         parts = [v.strip() for v in values.split(",")]
-        if any(not v for v in parts):
-            raise CLIError(f"--grid {key}: empty value in {values!r}.")
+        refuse_first([(key in grid, f"--grid {key} is given twice; list all its values once."),
+                      (not all(parts), f"--grid {key}: empty value in {values!r}.")])
         grid[key] = parts
     return grid
 
@@ -42,44 +40,41 @@ def _typed(experiment: str, fixed: dict[str, str], grid: dict[str, list[str]]):
             {k: [value(k, v) for v in values] for k, values in grid.items()})
 
 
-def _precheck(args: argparse.Namespace) -> None:
+def _precheck(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, list[str]]]:
     """The values of `jaxattn sweep NAME` checked as `jaxattn run NAME` checks them,
-    from the experiment's source, before JAX loads (a spec file is read by the sweep)."""
+    from the experiment's source, before JAX loads (a spec file is read by the sweep).
+
+    **Returns:** the texts of `--set` and of `--grid`, by parameter."""
     from ..experiments import SWEEPABLE, declared_params
     from ..experiments.base import convert
 
-    for flag in ("instances", "chunk", "devices"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise CLIError(f"--{flag} must be a whole number ≥ 1, got {value}.")
+    counts = {flag: getattr(args, flag) for flag in ("instances", "chunk", "devices")}
+    refuse_first((value is not None and value < 1,
+                  f"--{flag} must be a whole number ≥ 1, got {value}.")
+                 for flag, value in counts.items())
+    sets = [_pair(t, "--set") for t in args.set]
+    grid = _grid(args.grid)
     if Path(args.name).suffix.lower() in (".toml", ".json") or args.name not in SWEEPABLE:
-        return  # the sweep reads the file, or names the experiments
+        return dict(sets), grid  # the sweep reads the file, or names the experiments
     params = {p.name: p for p in declared_params(args.name) or ()}
-    pairs = [_pair(t, "--set") for t in args.set]
-    pairs += [(key, v) for key, values in _grid(args.grid).items() for v in values]
-    for key, text in pairs:
-        if key in params:
-            try:
-                convert(params[key], text)
-            except ValueError as e:
-                raise CLIError(str(e)) from None
+    for key, text in sets + [(key, text) for key, texts in grid.items() for text in texts]:
+        if key in params:  # a ValueError is the one line the user gets (`cli.main`)
+            convert(params[key], text)
+    return dict(sets), grid
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    _precheck(args)
+    fixed, grid = _precheck(args)
     import jax
 
-    from .._validate import check_count, check_seed
+    from .._validate import check_seed
     from ..sweep import SweepSpec, format_table, read_spec
     from ..sweep import run as run_sweep
 
     jax.config.update("jax_enable_x64", True)
     is_file = Path(args.name).suffix.lower() in (".toml", ".json")
     spec = read_spec(args.name) if is_file else SweepSpec(args.name)
-    fixed, grid = _typed(spec.experiment, dict(_pair(t, "--set") for t in args.set),
-                         _grid(args.grid))
-    if args.devices is not None:
-        check_count(args.devices, "--devices", 1)
+    fixed, grid = _typed(spec.experiment, fixed, grid)
     if args.seed is not None:  # instance i is drawn from seed + i
         check_seed(args.seed, "--seed", count=args.instances or spec.instances)
     result = run_sweep(

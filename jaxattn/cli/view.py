@@ -3,17 +3,18 @@
 import argparse
 from pathlib import Path
 
-from ._common import CLIError
+from ._common import refuse_first
 
 HELP = "a run folder's token trajectories as one HTML page to turn and scrub"
 
 
 def _view(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise CLIError(f"--out must end in .html, got {args.out!r}.")
-    if not out.parent.is_dir():
-        raise CLIError(f"cannot write {out}: {out.parent} is not a folder.")
+    refuse_first([
+        (out.suffix.lower() not in (".html", ".htm"),
+         f"--out must end in .html, got {args.out!r}."),
+        (not out.parent.is_dir(), f"cannot write {out}: {out.parent} is not a folder."),
+    ])
     from .._artifacts.trajectories import load
     from .._artifacts.view import write_view
 

@@ -63,20 +63,23 @@ class Constraints(eqx.Module):
     margin: float = eqx.field(static=True, default=0.05)
 
     def __check_init__(self):
-        for name in self.train + self.symmetric:
-            if name not in _FIELDS:
-                raise ValueError(f"unknown weight {name!r}: use names among {_FIELDS}.")
-        if self.norm not in _NORMS:
-            raise ValueError(f"`norm` must be one of {_NORMS}, got {self.norm!r}.")
-        if self.norm is not None and self.bound is None:
-            raise ValueError(f"norm={self.norm!r} needs a `bound` (a number or a dict).")
-        if isinstance(self.hemisphere, str) and self.hemisphere != "start":
-            raise ValueError(f"`hemisphere` must be an array, 'start' or a function, "
-                             f"got {self.hemisphere!r}.")
-        if self.sum_gap is not None and not self.sum_gap > 0:
-            raise ValueError(f"`sum_gap` must be > 0, got {self.sum_gap}.")
-        if self.hemisphere is not None and not 0 <= self.margin < 1:
-            raise ValueError(f"`margin` must be in [0, 1), got {self.margin}.")
+        unknown = [name for name in self.train + self.symmetric if name not in _FIELDS]
+        checks = (
+            (unknown,
+             f"unknown weight {', '.join(map(repr, unknown))}: use names among {_FIELDS}."),
+            (self.norm not in _NORMS, f"`norm` must be one of {_NORMS}, got {self.norm!r}."),
+            (self.norm is not None and self.bound is None,
+             f"norm={self.norm!r} needs a `bound` (a number or a dict)."),
+            (isinstance(self.hemisphere, str) and self.hemisphere != "start",
+             f"`hemisphere` must be an array, 'start' or a function, got {self.hemisphere!r}."),
+            (self.sum_gap is not None and not self.sum_gap > 0,
+             f"`sum_gap` must be > 0, got {self.sum_gap}."),
+            (self.hemisphere is not None and not 0 <= self.margin < 1,
+             f"`margin` must be in [0, 1), got {self.margin}."),
+        )
+        for bad, message in checks:
+            if bad:
+                raise ValueError(message)
 
     def bound_of(self, name: str) -> float | None:
         if self.norm is None:
@@ -177,25 +180,29 @@ def constrain_weights(dyn, constraints: Constraints):
 
 def check_weight_constraints(dyn, constraints: Constraints) -> None:
     """Trace-time refusal of constraint requests the model cannot honour."""
-    if constraints.top_eigenvector is not None:
-        if not isinstance(dyn.U, Constant) or dyn.U.value.shape[0] != 1:
-            raise ValueError("`top_eigenvector` needs a one-head time-invariant `U` "
-                             "(a ja.Constant of shape (1, d, d)).")
-        if "U" not in constraints.symmetric:
-            raise ValueError("`top_eigenvector` needs `symmetric=('U', ...)`.")
-        v = np.asarray(constraints.top_eigenvector)
-        if v.shape != (dyn.dim,) or not np.isclose(np.linalg.norm(v), 1.0):
-            raise ValueError(f"`top_eigenvector` must be a unit vector of shape ({dyn.dim},).")
-    if constraints.sum_gap is not None:
-        if not isinstance(dyn.U, Constant) or "U" not in constraints.symmetric:
-            raise ValueError("`sum_gap` needs a time-invariant `U` (a ja.Constant) kept "
-                             "symmetric (`symmetric=('U', ...)`).")
-    for name in constraints.symmetric:
-        field = getattr(dyn, name, None)
-        if field is not None and name in constraints.train:
-            leaves = [a for a in jax.tree.leaves(field) if eqx.is_inexact_array(a) and a.ndim >= 2]
-            if any(a.shape[-1] != a.shape[-2] for a in leaves):
-                raise ValueError(f"`{name}` cannot be kept symmetric: its matrices are not square.")
+    v = constraints.top_eigenvector
+    fixed_u = isinstance(dyn.U, Constant)
+    symmetric_u = "U" in constraints.symmetric
+    checks = [
+        (v is not None and not (fixed_u and dyn.U.value.shape[0] == 1),
+         "`top_eigenvector` needs a one-head time-invariant `U` (a ja.Constant of shape "
+         "(1, d, d))."),
+        (v is not None and not symmetric_u, "`top_eigenvector` needs `symmetric=('U', ...)`."),
+        (v is not None and (np.shape(v) != (dyn.dim,)
+                            or not np.isclose(np.linalg.norm(np.asarray(v)), 1.0)),
+         f"`top_eigenvector` must be a unit vector of shape ({dyn.dim},)."),
+        (constraints.sum_gap is not None and not (fixed_u and symmetric_u),
+         "`sum_gap` needs a time-invariant `U` (a ja.Constant) kept symmetric "
+         "(`symmetric=('U', ...)`)."),
+    ]
+    for name in [n for n in constraints.symmetric if n in constraints.train]:
+        leaves = [a for a in jax.tree.leaves(getattr(dyn, name, None))
+                  if eqx.is_inexact_array(a) and a.ndim >= 2]
+        checks.append((any(a.shape[-1] != a.shape[-2] for a in leaves),
+                       f"`{name}` cannot be kept symmetric: its matrices are not square."))
+    for bad, message in checks:
+        if bad:
+            raise ValueError(message)
 
 
 def weight_violation(dyn, constraints: Constraints) -> Float[Array, ""]:

@@ -29,6 +29,8 @@ from .._validate import check_count, surface_errors
 from ..metrics import misalignment, pairwise_misalignment
 
 OBJECTIVES = ("pairwise", "final", "integrated", "consensus_time", "lyapunov")
+#: The adjoints of the flow by name.
+_ADJOINTS = {"checkpoint": dfx.RecursiveCheckpointAdjoint, "backsolve": dfx.BacksolveAdjoint}
 
 
 # --- objectives ---------------------------------------------------------------------
@@ -59,20 +61,20 @@ def builtin_objective(name: str, eps: float = 1e-4, width: float = 1.0) -> Calla
       over `width` units of `log E`; it saturates at `T` if `E` never gets there.
     - `"lyapunov"`: the pairwise Lyapunov function `V(x(T)) = 1 − min_ij ⟨x_i, x_j⟩_W`.
     """
-    if name == "pairwise":
-        return lambda ts, ys, dyn: pairwise_misalignment(ys[-1], dyn.W)
-    if name == "final":
-        return lambda ts, ys, dyn: misalignment(ys[-1])
-    if name == "integrated":
-        return lambda ts, ys, dyn: jnp.trapezoid(misalignment(ys), ts)
-    if name == "consensus_time":
-        def soft_time(ts, ys, dyn):
-            logE = jnp.log(jnp.maximum(misalignment(ys), 1e-300))
-            return jnp.trapezoid(jax.nn.sigmoid((logE - jnp.log(eps)) / width), ts)
-        return soft_time
-    if name == "lyapunov":
-        return lambda ts, ys, dyn: _lyapunov(ys[-1], dyn)
-    raise ValueError(f"unknown objective {name!r}: use one of {OBJECTIVES} or a function.")
+    def soft_time(ts, ys, dyn):
+        logE = jnp.log(jnp.maximum(misalignment(ys), 1e-300))
+        return jnp.trapezoid(jax.nn.sigmoid((logE - jnp.log(eps)) / width), ts)
+
+    objectives = {
+        "pairwise": lambda ts, ys, dyn: pairwise_misalignment(ys[-1], dyn.W),
+        "final": lambda ts, ys, dyn: misalignment(ys[-1]),
+        "integrated": lambda ts, ys, dyn: jnp.trapezoid(misalignment(ys), ts),
+        "consensus_time": soft_time,
+        "lyapunov": lambda ts, ys, dyn: _lyapunov(ys[-1], dyn),
+    }
+    if name not in objectives:
+        raise ValueError(f"unknown objective {name!r}: use one of {OBJECTIVES} or a function.")
+    return objectives[name]
 
 
 def as_objective(objective) -> tuple[Callable, bool]:
@@ -142,25 +144,21 @@ def make_trajectory(horizon, *, model="flow", saves=100, tau=0.1, adjoint="check
     A `Trajectory`, or a `ValueError` naming the bad option.
     """
     hz = Horizon(float(horizon))
-    if model not in ("flow", "layers"):
-        raise ValueError(f"`model` must be 'flow' or 'layers', got {model!r}.")
+    named = not isinstance(adjoint, dfx.AbstractAdjoint)
+    for bad, message in (
+        (model not in ("flow", "layers"), f"`model` must be 'flow' or 'layers', got {model!r}."),
+        (named and adjoint not in tuple(_ADJOINTS), "`adjoint` must be 'checkpoint', "
+         f"'backsolve' or a diffrax adjoint, got {adjoint!r}."),
+    ):
+        if bad:
+            raise ValueError(message)
     saves = check_count(saves, "saves", 1)
     num_layers = hz.num_layers(float(tau))
     ts = jnp.asarray(hz.save_times(saves) if model == "flow" else hz.layer_times(float(tau)),
                      jnp.result_type(float))
-    return Trajectory(model, ts, num_layers, float(tau), _as_adjoint(adjoint),
-                      solver or dfx.Tsit5(), float(rtol), float(atol), int(max_steps))
-
-
-def _as_adjoint(adjoint) -> dfx.AbstractAdjoint:
-    if isinstance(adjoint, dfx.AbstractAdjoint):
-        return adjoint
-    if adjoint == "checkpoint":
-        return dfx.RecursiveCheckpointAdjoint()
-    if adjoint == "backsolve":
-        return dfx.BacksolveAdjoint()
-    raise ValueError(f"`adjoint` must be 'checkpoint', 'backsolve' or a diffrax adjoint, "
-                     f"got {adjoint!r}.")
+    return Trajectory(model, ts, num_layers, float(tau),
+                      _ADJOINTS[adjoint]() if named else adjoint, solver or dfx.Tsit5(),
+                      float(rtol), float(atol), int(max_steps))
 
 
 @surface_errors

@@ -98,8 +98,6 @@ def _start_tokens(dyn, init, restarts, n, z_fixed, margin) -> Float[Array, "R n 
             raise ValueError(f"`init` tokens must be (n, d) or (restarts={restarts}, n, d) "
                              f"with d={dyn.dim}, got {x.shape}.")
         return project(x, dyn.W)
-    if n is None:
-        raise ValueError("with a random `init` (a key), give the number of tokens `n`.")
     keys = jax.random.split(init, restarts)
     return jax.vmap(lambda k: _sample(k, n, dyn, z_fixed, margin))(keys)
 
@@ -116,8 +114,9 @@ def _sample(key, n, dyn, z, margin):
     return retract_tokens(x, z, margin, dyn.W)
 
 
-def _hemisphere_directions(dyn, x, constraints: Constraints, weights, rest):
-    """Each restart's cap direction `z` `(R, d)` on `E_W`, or `None`."""
+def _hemisphere_directions(dyn, x, constraints: Constraints, weights, rest, z_fixed):
+    """Each restart's cap direction `z` `(R, d)` on `E_W`, or `None` (`z_fixed`: the
+    direction of the model's own weights, `_fixed_direction`)."""
     hemi = constraints.hemisphere
     if hemi is None:
         return None
@@ -126,15 +125,15 @@ def _hemisphere_directions(dyn, x, constraints: Constraints, weights, rest):
         if not bool(np.all(np.asarray(h.inside))):
             raise ValueError("hemisphere='start' needs every start inside an open hemisphere.")
         return project(jnp.asarray(h.z, x.dtype), dyn.W)
-    if callable(hemi):
-        z = jax.vmap(lambda w: hemi(_combine(w, rest)))(weights) if weights is not None \
-            else jnp.broadcast_to(hemi(dyn), (x.shape[0], dyn.dim))
-        z = project(z, dyn.W)
-        # Orient each direction towards its start (eigenvectors have no sign).
-        side = jnp.sum(w_inner(x, z[:, None, :], dyn.W), axis=-1)
-        return z * jnp.where(side >= 0, 1.0, -1.0)[:, None]
-    z = project(jnp.asarray(hemi, x.dtype), dyn.W)
-    return jnp.broadcast_to(z, (x.shape[0], dyn.dim))
+    if callable(hemi) and weights is not None:
+        z = project(jax.vmap(lambda w: hemi(_combine(w, rest)))(weights), dyn.W)
+    else:
+        z = jnp.broadcast_to(z_fixed, (x.shape[0], dyn.dim))
+    if not callable(hemi):
+        return z
+    # Orient each direction towards its start (eigenvectors have no sign).
+    side = jnp.sum(w_inner(x, z[:, None, :], dyn.W), axis=-1)
+    return z * jnp.where(side >= 0, 1.0, -1.0)[:, None]
 
 
 def _combine(w, rest):
@@ -255,14 +254,9 @@ def _keep_best(best, state, v):
 
 @eqx.filter_jit
 def _evaluate(loop: _Loop, x, w, z):
-    """Objective and constraint violation of a batch of configurations."""
-    if w is None:
-        v = jax.vmap(lambda xi: loop.value(xi, None))(x)
-        viol = jax.vmap(lambda xi, zi: loop.violation(xi, None, zi))(x, z)
-    else:
-        v = jax.vmap(loop.value)(x, w)
-        viol = jax.vmap(loop.violation)(x, w, z)
-    return v, viol
+    """Objective and constraint violation of a batch of configurations (`w`, `z`:
+    `None` or batched)."""
+    return jax.vmap(loop.value)(x, w), jax.vmap(loop.violation)(x, w, z)
 
 
 def _run_loop(loop, state, steps, progress, desc):
@@ -385,6 +379,16 @@ def slow_consensus(
 
     An `Exploration` (best `x0`, `dyn`, `value`, `gain`, `trace`, `baseline`, ...).
     """
+    for bad, error, message in (
+        (not isinstance(dyn, SelfAttentionDynamics), TypeError,
+         f"expected a ja.SelfAttentionDynamics, got {type(dyn).__name__}."),
+        (target not in TARGETS, ValueError,
+         f"`target` must be one of {TARGETS}, got {target!r}."),
+        (not _is_tokens(init) and n is None, ValueError,
+         "with a random `init` (a key), give the number of tokens `n`."),
+    ):
+        if bad:
+            raise error(message)
     restarts = check_count(restarts, "restarts", 1)
     steps = check_count(steps, "steps")
     baseline_samples = check_count(baseline_samples, "baseline_samples")
@@ -423,16 +427,12 @@ def slow_consensus(
 
 
 def _make_loop(dyn, *, target, objective, traj: Trajectory, optimizer, constraints, log):
-    """Check the request and build one restart's loop (see `slow_consensus`).
+    """Build one restart's loop (see `slow_consensus`; it checked the request).
 
     **Returns:**
 
     `(dyn, loop)`: the model with its weight constraints applied, and the `_Loop`.
     """
-    if not isinstance(dyn, SelfAttentionDynamics):
-        raise TypeError(f"expected a ja.SelfAttentionDynamics, got {type(dyn).__name__}.")
-    if target not in TARGETS:
-        raise ValueError(f"`target` must be one of {TARGETS}, got {target!r}.")
     constraints = constraints or Constraints()
     fn, builtin = as_objective(objective)
     train_w = target in ("weights", "both")
@@ -465,7 +465,7 @@ def _make_starts(loop: _Loop, dyn, init, *, n, restarts: int, weight_noise, key)
         weights = _feasible_starts(weights, loop.rest, constraints)
     z_fixed = _fixed_direction(dyn, constraints)
     x = _start_tokens(dyn, init, restarts, n, z_fixed, constraints.margin)
-    z = _hemisphere_directions(dyn, x, constraints, weights, loop.rest)
+    z = _hemisphere_directions(dyn, x, constraints, weights, loop.rest, z_fixed)
     if z is not None:
         x = jax.vmap(lambda xi, zi: retract_tokens(xi, zi, constraints.margin, dyn.W))(x, z)
     return x, weights, z

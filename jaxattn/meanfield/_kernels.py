@@ -28,6 +28,7 @@ import math
 import jax.numpy as jnp
 
 from .._kernel import BUILTIN, AbstractKernel, as_kernel
+from .._validate import check_scalar
 
 #: The built-in kernels the equation covers: those exponential in the logit (an
 #: `exponent_shift`).
@@ -81,8 +82,6 @@ def coupling_of(kappa: float, beta: float, kernel: str | AbstractKernel = "usa",
     `K` as a float.
     """
     kernel = check_kernel(kernel)
-    if not (math.isfinite(sigma) and sigma > 0):
-        raise ValueError(f"`sigma` must be > 0 (σ = 0 has no papers' normalisation), "
-                         f"got {sigma!r}.")
+    sigma = check_scalar(sigma, "sigma", positive=True)  # σ = 0 has no papers' normalisation
     scale = math.exp(-beta * kernel.exponent_shift)  # weights e^{β(⟨x, y⟩ − c)}/n
     return kappa * scale / sigma**2

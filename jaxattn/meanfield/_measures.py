@@ -42,14 +42,17 @@ def density(grid: AbstractGrid, x: Float[Array, "n d"], *, smoothing: float = 0.
     The density's values at `grid.points`.
     """
     x = np.asarray(x, dtype=float)
-    if x.ndim != 2 or x.shape[1] != grid.dim or x.shape[0] < 1:
-        raise ValueError(f"`x` must be (n, {grid.dim}) points of S^{grid.dim - 1}, "
-                         f"got shape {x.shape}.")
-    if not (math.isfinite(smoothing) and smoothing >= 0):
-        raise ValueError(f"`smoothing` must be ≥ 0, got {smoothing!r}.")
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    if not np.all(np.isfinite(x)) or np.any(norms == 0):
-        raise ValueError("`x` must be finite and nonzero (points of the sphere).")
+    norms = np.linalg.norm(np.atleast_1d(x), axis=-1, keepdims=True)
+    for bad, message in (
+        (x.ndim != 2 or x.shape[-1] != grid.dim or x.shape[0] < 1,
+         f"`x` must be (n, {grid.dim}) points of S^{grid.dim - 1}, got shape {x.shape}."),
+        (not (math.isfinite(smoothing) and smoothing >= 0),
+         f"`smoothing` must be ≥ 0, got {smoothing!r}."),
+        (not np.all(np.isfinite(x)) or np.any(norms == 0),
+         "`x` must be finite and nonzero (points of the sphere)."),
+    ):
+        if bad:
+            raise ValueError(message)
     c = grid.empirical(jnp.asarray(x / norms)) * jnp.exp(0.5 * smoothing * grid.laplacian)
     return grid.synthesis(c)
 
@@ -144,12 +147,15 @@ def sample(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int, key) -> Float[
     """
     from ._circle import Circle
 
-    if not isinstance(grid, Circle):
-        raise ValueError("sample: only on a Circle (the sphere's densities are not inverted).")
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"`n` must be an integer ≥ 1, got {n!r}.")
-    if float(jnp.min(mu)) <= 0:
-        raise ValueError("sample: `mu` must be positive on the grid.")
+    for bad, message in (
+        (not isinstance(grid, Circle),
+         "sample: only on a Circle (the sphere's densities are not inverted)."),
+        (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1,
+         f"`n` must be an integer ≥ 1, got {n!r}."),
+        (float(jnp.min(mu)) <= 0, "sample: `mu` must be positive on the grid."),
+    ):
+        if bad:
+            raise ValueError(message)
     c = grid.analysis(mu)
     z = c[0, 1:] + 1j * c[1, 1:]
     k = jnp.arange(1.0, grid.modes + 1)

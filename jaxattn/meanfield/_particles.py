@@ -62,12 +62,12 @@ def circle_modes(beta: float, dtype=jnp.float64) -> int:
 
 
 def _concrete_beta(beta) -> float:
-    if isinstance(beta, jax.core.Tracer):
-        raise ValueError("`beta` is traced: pass `modes=` (e.g. circle_modes(β) at the "
-                         "value of β), the truncation is read from β's value.")
-    value = float(beta)
+    traced = isinstance(beta, jax.core.Tracer)
+    value = math.nan if traced else float(beta)
     if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"`beta` must be finite and ≥ 0, got {beta!r}.")
+        raise ValueError("`beta` is traced: pass `modes=` (e.g. circle_modes(β) at the value "
+                         "of β), the truncation is read from β's value." if traced else
+                         f"`beta` must be finite and ≥ 0, got {beta!r}.")
     return value
 
 
@@ -120,22 +120,34 @@ def angular_velocity(theta: Float[Array, " n"], beta, coupling, modes: int,
     return -coupling * jnp.exp(beta) * field
 
 
-def _check(x, beta, coupling, modes, kernel, dtype):
+def _check(x, beta, coupling, modes, kernel, ts=None, solver=dfx.Tsit5()):
+    """The entry checks of `circle_velocity` and `circle_particles`: `(x, modes,
+    softmax)`, or the first refusal."""
     x = jnp.asarray(x)
-    if x.ndim != 2 or x.shape[1] != 2 or x.shape[0] < 1:
-        raise ValueError(f"`x` must be (n, 2) points of the circle (vmap for a batch), "
-                         f"got shape {x.shape}.")
     softmax = check_kernel(kernel).normalised
+    concrete = not isinstance(ts, jax.core.Tracer) and ts is not None
+    t = np.asarray(ts, dtype=float) if concrete else np.zeros(1)
+    bad_modes = isinstance(modes, bool) or not isinstance(modes, (int, np.integer, type(None)))
+    refusals = [
+        (x.ndim != 2 or x.shape[-1] != 2 or x.shape[0] < 1,
+         f"`x` must be (n, 2) points of the circle (vmap for a batch), got shape {x.shape}."),
+        (bad_modes or (modes is not None and modes < 1),
+         f"`modes` must be an integer ≥ 1 (or None: circle_modes(β)), got {modes!r}."),
+        (not isinstance(coupling, jax.core.Tracer) and not math.isfinite(float(coupling)),
+         f"`coupling` must be finite, got {coupling!r}."),
+        (t.ndim != 1 or t.size < 1 or not np.all(np.isfinite(t)) or np.any(np.diff(t) < 0),
+         f"`ts` must be a 1-D array of nondecreasing finite times, got {ts!r}."),
+        (not isinstance(solver, dfx.AbstractAdaptiveSolver),
+         f"`solver` must be an adaptive diffrax solver (error estimates for the step-size "
+         f"controller), got {type(solver).__name__}."),
+    ]
+    for bad, message in refusals:
+        if bad:
+            raise ValueError(message)
     if modes is None:
-        modes = circle_modes(beta, dtype)
-    elif isinstance(modes, bool) or not isinstance(modes, (int, np.integer)) or modes < 1:
-        raise ValueError(f"`modes` must be an integer ≥ 1 (or None: circle_modes(β)), "
-                         f"got {modes!r}.")
-    else:
-        if not isinstance(beta, jax.core.Tracer):
-            _concrete_beta(beta)
-    if not isinstance(coupling, jax.core.Tracer) and not math.isfinite(float(coupling)):
-        raise ValueError(f"`coupling` must be finite, got {coupling!r}.")
+        modes = circle_modes(beta, jnp.result_type(x, float))
+    elif not isinstance(beta, jax.core.Tracer):
+        _concrete_beta(beta)
     return x, int(modes), softmax
 
 
@@ -168,7 +180,7 @@ def circle_velocity(x: Float[Array, "n 2"], *, beta, coupling=1.0,
 
     `(n, 2)` tangent vectors.
     """
-    x, modes, softmax = _check(x, beta, coupling, modes, kernel, jnp.result_type(x, float))
+    x, modes, softmax = _check(x, beta, coupling, modes, kernel)
     theta = _angles(x)
     speed = angular_velocity(theta, beta, coupling, modes, softmax)
     return speed[:, None] * jnp.stack([-jnp.sin(theta), jnp.cos(theta)], -1)
@@ -202,16 +214,7 @@ def circle_particles(x0: Float[Array, "n 2"], ts: Real[Array, " T"], *, beta, co
 
     The points at `ts`, `(len(ts), n, 2)`.
     """
-    x0, modes, softmax = _check(x0, beta, coupling, modes, kernel,
-                                jnp.result_type(x0, float))
-    if not isinstance(ts, jax.core.Tracer):
-        t = np.asarray(ts, dtype=float)
-        if t.ndim != 1 or t.size < 1 or not np.all(np.isfinite(t)) or np.any(np.diff(t) < 0):
-            raise ValueError(f"`ts` must be a 1-D array of nondecreasing finite times, "
-                             f"got {ts!r}.")
-    if not isinstance(solver, dfx.AbstractAdaptiveSolver):
-        raise ValueError(f"`solver` must be an adaptive diffrax solver (error estimates "
-                         f"for the step-size controller), got {type(solver).__name__}.")
+    x0, modes, softmax = _check(x0, beta, coupling, modes, kernel, ts, solver)
     dtype = jnp.result_type(x0, float)
     ts = jnp.asarray(ts, dtype=dtype)
     if ts.shape[0] == 1:

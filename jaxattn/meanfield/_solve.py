@@ -55,27 +55,32 @@ def step_times(ts: np.ndarray, dt0: float) -> np.ndarray:
 
 
 def _check(grid, mu0, ts, beta, coupling, sigma, dt0):
-    if not isinstance(grid, AbstractGrid):
-        raise TypeError(f"`grid` must be ja.meanfield.Circle(modes) or Sphere(degree), "
-                        f"got {type(grid).__name__}.")
-    shape = grid.weights.shape
-    if jnp.shape(mu0) != shape:
-        raise ValueError(f"`mu0` must be a density on the grid, shape {shape}, "
-                         f"got {jnp.shape(mu0)} (ja.meanfield.uniform(grid) has the shape).")
-    if isinstance(ts, jax.core.Tracer):
-        raise TypeError("`ts` must be concrete (the steps are laid out on the host).")
-    ts = np.asarray(ts, dtype=float)
-    if ts.ndim != 1 or ts.size < 1 or not np.all(np.isfinite(ts)) or np.any(np.diff(ts) <= 0):
-        raise ValueError(f"`ts` must be a 1-D array of increasing finite times, got {ts!r}.")
-    for name, value, low in (("beta", beta, 0.0), ("sigma", sigma, None), ("dt0", dt0, 0.0)):
+    is_grid, traced = isinstance(grid, AbstractGrid), isinstance(ts, jax.core.Tracer)
+    shape = grid.weights.shape if is_grid else None
+    times = np.zeros(1) if traced else np.asarray(ts, dtype=float)
+    refusals = [
+        (not is_grid, f"`grid` must be ja.meanfield.Circle(modes) or Sphere(degree), got "
+         f"{type(grid).__name__}."),
+        (traced, "`ts` must be concrete (the steps are laid out on the host)."),
+        (jnp.shape(mu0) != shape, f"`mu0` must be a density on the grid, shape {shape}, got "
+         f"{jnp.shape(mu0)} (ja.meanfield.uniform(grid) has the shape)."),
+        (times.ndim != 1 or times.size < 1 or not np.all(np.isfinite(times))
+         or np.any(np.diff(times) <= 0),
+         f"`ts` must be a 1-D array of increasing finite times, got {ts!r}."),
+    ]
+    # the scalars known now, each finite and within its bound
+    for name, value, bound in (("beta", beta, "> 0"), ("sigma", sigma, "≥ 0"),
+                               ("dt0", dt0, "> 0"), ("coupling", coupling, "")):
         if not isinstance(value, jax.core.Tracer):
             v = float(value)
-            if not math.isfinite(v) or (low is not None and v <= low) or v < 0:
-                bound = "> 0" if low is not None else "≥ 0"
-                raise ValueError(f"`{name}` must be finite and {bound}, got {value!r}.")
-    if not isinstance(coupling, jax.core.Tracer) and not math.isfinite(float(coupling)):
-        raise ValueError(f"`coupling` must be finite, got {coupling!r}.")
-    return ts
+            within = {"> 0": v > 0, "≥ 0": v >= 0, "": True}[bound]
+            refusals.append((not (math.isfinite(v) and within),
+                             f"`{name}` must be finite{' and ' + bound if bound else ''}, "
+                             f"got {value!r}."))
+    for i, (bad, message) in enumerate(refusals):
+        if bad:  # a wrong type (the grid, a traced `ts`) first
+            raise (TypeError if i < 2 else ValueError)(message)
+    return times
 
 
 def solve(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, *, beta, coupling,

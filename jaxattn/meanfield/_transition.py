@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._validate import check_scalar
+
 try:  # BLAS threads on small matrices only contend for the cores (40× slower when busy)
     from threadpoolctl import threadpool_limits
 except ImportError:  # pragma: no cover
@@ -138,9 +140,7 @@ def ordered_state(beta: float, d: int, coupling: float) -> OrderedState:
     from ..theory import noisy_threshold
 
     noisy_threshold(beta, d)  # the same checks of β and d
-    if not (math.isfinite(coupling) and coupling > 0):
-        raise ValueError(f"`coupling` must be finite and > 0, got {coupling!r}.")
-    beta, coupling = float(beta), float(coupling)
+    beta, coupling = float(beta), check_scalar(coupling, "coupling", positive=True)
     with threadpool_limits(1):
         zonal = _zonal(beta, d)
         u, _ = _newton(_descend(coupling, zonal), coupling, zonal)

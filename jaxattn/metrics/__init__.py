@@ -1,19 +1,11 @@
 """Measures of consensus (paper 001 §3–6): `import jaxattn as ja; ja.metrics.…`.
 
-All take tokens with any leading (batch, time) axes and work under `jit`, `vmap`
-and `grad`; `hemisphere` solves its convex program on the host through
-`jax.pure_callback` and `wendel_probability` is a plain Python function.
-`cluster_labels` (single linkage; `cluster_count` counts its clusters) and
-`potential` work in blocks of rows above small n (no n × n array at 10⁵–10⁶
-tokens); `order_parameter` and `sphere_density` see the tokens as a measure (its
-mean, its density on S²). `interaction_energy`, `saddle_index` and `plateaus` read
-the metastable staircase of the unnormalised flow.
-The statistics the experiments' verdicts rest on are host functions of NumPy arrays:
-`level_crossing` (where a sampled curve crosses a level), `fit_slope` and
-`fit_crossing` (least squares, with standard errors), `binomial_error`,
-`autocorrelation_time` and a time window's `window_statistics` (`block_means`,
-`half_gap`). `rescaled_flow` and `rescaled_euler` integrate the flow to horizons of
-`10³⁰⁰` and beyond, the clusters snapped to point masses (`RESCALED_SNAP`).
+The token measures take any leading (batch, time) axes and work under `jit`, `vmap`
+and `grad` (`hemisphere` solves its convex program on the host through
+`jax.pure_callback`); `cluster_labels` and `potential` work in blocks of rows, never an
+n × n array at 10⁵–10⁶ tokens. The statistics the verdicts rest on (`level_crossing`,
+`fit_slope`, `fit_crossing`, `window_statistics`, …) are host functions of NumPy
+arrays; `rescaled_flow` and `rescaled_euler` integrate the flow to horizons of `10³⁰⁰`.
 `CONSENSUS_TOL` is the tolerance at which jaxattn calls tokens in consensus
 (`E < CONSENSUS_TOL`), used by the experiments, the sweeps and `ja.theory`.
 """

@@ -66,12 +66,7 @@ def misalignment(
 def _some_tokens(x, where: str) -> Float[Array, "*batch n d"]:
     """`x` as tokens `(..., n, d)` with `n, d ≥ 1`, checked when concrete, or a
     one-line error naming `x` and the fix."""
-    x = as_float_array(x, "x")
-    if x.ndim < 2:
-        raise ValueError(f"{where} needs tokens `x` of shape (..., n, d), got {x.shape}.")
-    if x.shape[-2] == 0 or x.shape[-1] == 0:
-        raise ValueError(f"{where}: `x` {x.shape} is empty (n = {x.shape[-2]} tokens, d = "
-                         f"{x.shape[-1]}); pass at least one token of dimension d ≥ 1.")
+    x = _tokens(x, where=where)
     check_rows_now(x, "x", where)
     return x
 
@@ -165,10 +160,15 @@ def _batched(fn, core_ndim: int):
     return wrapped
 
 
-def _tokens(x, name: str = "x") -> Float[Array, "*batch n d"]:
+def _tokens(x, name: str = "x", *, where: str | None = None) -> Float[Array, "*batch n d"]:
+    """`x` as tokens `(..., n, d)`; with `where` (the function's name), also `n, d ≥ 1`."""
     x = as_float_array(x, name)
-    if x.ndim < 2:
-        raise ValueError(f"`{name}` must be tokens of shape (..., n, d), got {x.shape}.")
+    empty = x.ndim >= 2 and where is not None and 0 in x.shape[-2:]
+    if x.ndim < 2 or empty:
+        raise ValueError(f"{where}: `x` {x.shape} is empty (n = {x.shape[-2]} tokens, d = "
+                         f"{x.shape[-1]}); pass at least one token of dimension d ≥ 1."
+                         if empty else f"{where + ': ' if where else ''}`{name}` must be "
+                         f"tokens of shape (..., n, d), got {x.shape}.")
     return x
 
 

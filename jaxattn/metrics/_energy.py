@@ -11,6 +11,7 @@ from jaxtyping import Array, Float
 
 from .._precision import einsum
 from .._validate import as_float_array
+from ._consensus import _tokens
 
 
 def interaction_energy(x: Float[Array, "*batch n d"], beta, weights=None) -> Float[Array, "*batch"]:
@@ -33,9 +34,7 @@ def interaction_energy(x: Float[Array, "*batch n d"], beta, weights=None) -> Flo
 
     `E` with the shape of the leading axes.
     """
-    x = as_float_array(x, "x")
-    if x.ndim < 2:
-        raise ValueError(f"`x` must be tokens of shape (..., n, d), got {x.shape}.")
+    x = _tokens(x)
     diff = x[..., :, None, :] - x[..., None, :, :]
     gap = -0.5 * jnp.sum(diff * diff, axis=-1)
     m = jnp.ones(x.shape[-2], x.dtype) if weights is None else jnp.asarray(weights, x.dtype)

@@ -16,7 +16,7 @@ import scipy.optimize
 from jaxtyping import Array, Bool, Float
 
 from .._manifold import w_inner, w_norm
-from .._validate import as_float_array, check_metric, known_nonfinite
+from .._validate import as_float_array, check_count, check_metric, known_nonfinite
 
 # The origin counts as inside the hull of the tokens (no open hemisphere) when the
 # nearest hull point is this close to it, relative to the largest token.
@@ -112,10 +112,10 @@ def hemisphere(x: Float[Array, "*batch n d"], W: Float[Array, "d d"] | None = No
     A `Hemisphere(inside, z, margin)` with the leading axes of `x`.
     """
     x = as_float_array(x, "x")
-    if x.ndim < 2 or x.shape[-2] < 1:
-        raise ValueError(f"`x` must be tokens of shape (..., n, d), got {x.shape}.")
-    if known_nonfinite(x):
-        raise ValueError("hemisphere: the tokens `x` contain NaN or inf; pass finite tokens.")
+    if x.ndim < 2 or x.shape[-2] < 1 or known_nonfinite(x):
+        raise ValueError("hemisphere: the tokens `x` contain NaN or inf; pass finite tokens."
+                         if x.ndim >= 2 and x.shape[-2] else
+                         f"`x` must be tokens of shape (..., n, d), got {x.shape}.")
     d = x.shape[-1]
     Wm = jnp.eye(d, dtype=x.dtype) if W is None else check_metric(W, d).astype(x.dtype)
     batch, n = x.shape[:-2], x.shape[-2]
@@ -156,9 +156,6 @@ def wendel_probability(n: int, d: int) -> float:
 
     The probability, a Python float.
     """
-    for name, value in (("n", n), ("d", d)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"wendel_probability: `{name}` must be an int ≥ 1, got {value!r}.")
-    n, d = int(n), int(d)
+    n, d = check_count(n, "n", 1), check_count(d, "d", 1)
     total = sum(comb(n - 1, k) for k in range(min(d, n)))
     return total / 2 ** (n - 1)

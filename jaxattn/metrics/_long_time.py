@@ -236,13 +236,15 @@ def rescaled_flow(x0: Float[Array, "n d"], beta: float, ts, *, eps: float,
     segment's).
     """
     ts = np.asarray(ts, float)
-    if not (ts[0] == 0 and np.all(np.diff(ts) > 0) and np.isfinite(ts[-1])):
-        raise ValueError("rescaled_flow needs finite save times increasing from 0.")
-    if not 0 < snap < eps:
-        raise ValueError(f"rescaled_flow needs 0 < snap < eps, got {snap!r} and {eps!r}.")
-    if not 0 < rtol <= snap / 1000 * (1 + 1e-9):
-        raise ValueError(f"rescaled_flow needs 0 < rtol ≤ snap/1000 = {snap / 1000:g}, got "
-                         f"{rtol!r}.")
+    for bad, message in (
+        (not (ts[0] == 0 and np.all(np.diff(ts) > 0) and np.isfinite(ts[-1])),
+         "finite save times increasing from 0"),
+        (not 0 < snap < eps, f"0 < snap < eps, got {snap!r} and {eps!r}"),
+        (not 0 < rtol <= snap / 1000 * (1 + 1e-9),
+         f"0 < rtol ≤ snap/1000 = {snap / 1000:g}, got {rtol!r}"),
+    ):
+        if bad:
+            raise ValueError(f"rescaled_flow needs {message}.")
     x = np.array(x0, float)
     x /= np.linalg.norm(x, axis=-1, keepdims=True)
     n = len(x)

@@ -76,10 +76,16 @@ def sphere_density(
     cell boundaries.
     """
     x = _some_tokens(x, "sphere_density")
-    if x.shape[-1] != 3:
-        raise ValueError(f"sphere_density needs tokens in R³ for a map of S², got d = "
-                         f"{x.shape[-1]}; pass three coordinates, e.g. x @ V with V (d, 3).")
-    bands, sectors = _check_cells(cells)
+    for bad, message in (
+        (x.shape[-1] != 3, f"sphere_density needs tokens in R³ for a map of S², got d = "
+         f"{x.shape[-1]}; pass three coordinates, e.g. x @ V with V (d, 3)."),
+        (not (isinstance(cells, tuple | list) and len(cells) == 2), f"sphere_density: `cells` "
+         f"must be (bands, sectors), two whole numbers ≥ 1 such as (12, 24), got {cells!r}."),
+    ):
+        if bad:
+            raise ValueError(message)
+    bands = check_count(cells[0], "cells[0] (bands)", 1)
+    sectors = check_count(cells[1], "cells[1] (sectors)", 1)
     n = x.shape[-2]
     counts = _batched(lambda xi: _cell_counts(xi, bands, sectors), 2)(x)
     area = 4 * math.pi / (bands * sectors)
@@ -90,14 +96,6 @@ def sphere_density(
         z_edges=(2 * jnp.arange(bands + 1, dtype=x.dtype) / bands - 1),
         lon_edges=(2 * jnp.arange(sectors + 1, dtype=x.dtype) / sectors - 1) * math.pi,
     )
-
-
-def _check_cells(cells) -> tuple[int, int]:
-    if not isinstance(cells, tuple | list) or len(cells) != 2:
-        raise ValueError(f"sphere_density: `cells` must be (bands, sectors), two whole "
-                         f"numbers ≥ 1 such as (12, 24), got {cells!r}.")
-    return check_count(cells[0], "cells[0] (bands)", 1), check_count(cells[1],
-                                                                     "cells[1] (sectors)", 1)
 
 
 def _cell_counts(x: Float[Array, "n 3"], bands: int, sectors: int) -> Int[Array, "bands sectors"]:

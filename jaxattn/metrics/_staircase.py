@@ -36,15 +36,17 @@ def plateaus(ts, values, jump: float) -> Staircase:
     A `Staircase`.
     """
     ts, values = np.asarray(ts, float), np.asarray(values, float)
-    if ts.ndim != 1 or ts.shape != values.shape:
-        raise ValueError(f"plateaus needs `ts` and `values` of one shape (T,), got "
-                         f"{ts.shape} and {values.shape}.")
-    if not jump > 0:
-        raise ValueError(f"`jump` must be > 0, got {jump!r}.")
-    keep = np.isfinite(ts) & np.isfinite(values)
+    same = ts.ndim == 1 and ts.shape == values.shape
+    keep = np.isfinite(ts) & np.isfinite(values) if same else np.zeros(0, bool)
+    for bad, message in (
+        (not same, f"plateaus needs `ts` and `values` of one shape (T,), got {ts.shape} and "
+                   f"{values.shape}."),
+        (not jump > 0, f"`jump` must be > 0, got {jump!r}."),
+        (not keep.any(), "plateaus needs at least one finite save."),
+    ):
+        if bad:
+            raise ValueError(message)
     ts, values = ts[keep], values[keep]
-    if not ts.size:
-        raise ValueError("plateaus needs at least one finite save.")
     moving = np.abs(np.diff(values)) > jump
     cuts = np.flatnonzero(np.diff(np.concatenate([[0], moving.astype(int), [0]])))
     rises, falls = cuts[::2], cuts[1::2]  # jump k spans saves rises[k] … falls[k]

@@ -21,25 +21,25 @@ def check_model(model) -> AbstractTransformer:
 def check_ids(model: AbstractTransformer, ids) -> Int[Array, "B n"]:
     """Token ids as an int32 `(B, n)` array; `ValueError` for a wrong shape or ids
     outside the vocabulary / position table."""
-    arr = np.asarray(ids) if not isinstance(ids, jax.core.Tracer) else ids
-    if not jnp.issubdtype(arr.dtype, jnp.integer):
-        raise TypeError(f"token ids must be integers, got dtype {arr.dtype}.")
-    if arr.ndim not in (1, 2) or arr.shape[-1] < 1:
-        raise ValueError(f"token ids must be (n,) or (B, n) with n ≥ 1, got shape {arr.shape}.")
-    if arr.shape[0] < 1:
-        raise ValueError(f"token ids must hold at least one prompt (B ≥ 1), got shape "
-                         f"{arr.shape}.")
-    cfg = model.config
-    n = arr.shape[-1]
-    if model.bounded_positions and cfg.max_positions and n > cfg.max_positions:
-        raise ValueError(
-            f"{n} tokens exceed the model's {cfg.max_positions} learned positions."
-        )
-    if isinstance(arr, np.ndarray) and arr.size and (arr.min() < 0 or arr.max() >= cfg.vocab_size):
-        raise ValueError(
-            f"token ids must lie in [0, {cfg.vocab_size}) (the vocabulary), got "
-            f"[{arr.min()}, {arr.max()}]."
-        )
+    arr = ids if isinstance(ids, jax.core.Tracer) else np.asarray(ids)
+    cfg, shape = model.config, arr.shape
+    n = shape[-1] if shape else 0
+    integers = jnp.issubdtype(arr.dtype, jnp.integer)
+    known = integers and isinstance(arr, np.ndarray) and arr.size > 0
+    low, high = (arr.min(), arr.max()) if known else (0, 0)
+    for bad, error, message in (
+        (not integers, TypeError, f"token ids must be integers, got dtype {arr.dtype}."),
+        (arr.ndim not in (1, 2) or n < 1, ValueError,
+         f"token ids must be (n,) or (B, n) with n ≥ 1, got shape {shape}."),
+        (shape[:1] == (0,), ValueError,
+         f"token ids must hold at least one prompt (B ≥ 1), got shape {shape}."),
+        (model.bounded_positions and cfg.max_positions and n > cfg.max_positions, ValueError,
+         f"{n} tokens exceed the model's {cfg.max_positions} learned positions."),
+        (low < 0 or high >= cfg.vocab_size, ValueError, f"token ids must lie in "
+         f"[0, {cfg.vocab_size}) (the vocabulary), got [{low}, {high}]."),
+    ):
+        if bad:
+            raise error(message)
     return jnp.asarray(arr, jnp.int32).reshape(-1, n)
 
 
@@ -55,14 +55,6 @@ def default_chunk(n: int, devices) -> int | None:
     if devices is not None or jax.default_backend() != "cpu":
         return None
     return max(1, CHUNK_TOKENS // n)
-
-
-def check_chunk(chunk) -> int | None:
-    if chunk is None:
-        return None
-    if not isinstance(chunk, (int, np.integer)) or isinstance(chunk, bool) or chunk < 1:
-        raise ValueError(f"`chunk` must be None or an integer ≥ 1 (prompts), got {chunk!r}.")
-    return int(chunk)
 
 
 #: Multiply-adds above which `progress=None` shows a bar (seconds of work on a CPU
@@ -100,10 +92,10 @@ def check_dtype(dtype) -> jnp.dtype:
     except TypeError:
         dtype = None
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(
-            "`dtype` must be a floating dtype (jnp.float32, jnp.bfloat16 or jnp.float16)."
-        )
-    if dtype == jnp.float64 and not jax.config.read("jax_enable_x64"):
-        raise ValueError("`dtype=float64` needs 64-bit JAX: "
-                         "jax.config.update('jax_enable_x64', True) first.")
-    return dtype
+        problem = "`dtype` must be a floating dtype (jnp.float32, jnp.bfloat16 or jnp.float16)."
+    elif dtype == jnp.float64 and not jax.config.read("jax_enable_x64"):
+        problem = ("`dtype=float64` needs 64-bit JAX: "
+                   "jax.config.update('jax_enable_x64', True) first.")
+    else:
+        return dtype
+    raise ValueError(problem)

@@ -33,22 +33,18 @@ _NAMES = [
 ]
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("JAXATTN_CACHE_DIR")
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "jaxattn"
-
-
 def cache_file(path: Path) -> Path:
-    """The cache entry for `path`, keyed by its content: a SHA-256 of every byte
+    """The cache entry for `path` (under `$JAXATTN_CACHE_DIR`, default
+    `$XDG_CACHE_HOME/jaxattn`), keyed by its content: a SHA-256 of every byte
     (streamed), so a file rewritten in place is never served stale, whatever its
     size and mtime say."""
+    root = os.environ.get("JAXATTN_CACHE_DIR") or Path(
+        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "jaxattn"
     digest = hashlib.sha256(_FORMAT.encode())
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             digest.update(chunk)
-    return cache_dir() / f"{path.stem}-{digest.hexdigest()[:32]}.npz"
+    return Path(root) / f"{path.stem}-{digest.hexdigest()[:32]}.npz"
 
 
 def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -72,33 +68,39 @@ def _field(reader, key: str, default=None):
     return default if field is None else field.contents()
 
 
+#: The llama metadata a gguf file must hold (`llama.…`).
+_REQUIRED = ("embedding_length", "attention.head_count", "block_count", "feed_forward_length",
+             "attention.layer_norm_rms_epsilon")
+
+
 def gguf_config(reader, path: Path) -> dict:
     """A HuggingFace-style `config.json` dict from the gguf metadata."""
+
+    def llama(key, default=None):
+        return _field(reader, f"llama.{key}", default)
+
     arch = _field(reader, "general.architecture")
+    missing = [key for key in _REQUIRED if llama(key) is None]
     if arch != "llama":
-        raise ValueError(
-            f"{path}: gguf architecture {arch!r} is not supported (jaxattn reads 'llama' "
-            f"gguf files: Llama, SmolLM2, …)."
-        )
-
-    def need(key):
-        value = _field(reader, f"llama.{key}")
-        if value is None:
-            raise ValueError(f"{path}: gguf metadata has no 'llama.{key}'.")
-        return value
-
-    d, heads = int(need("embedding_length")), int(need("attention.head_count"))
-    head_dim = int(_field(reader, "llama.attention.key_length", d // heads))
-    if int(_field(reader, "llama.rope.dimension_count", head_dim)) != head_dim:
-        raise ValueError(f"{path}: partial rotary embeddings are not supported.")
+        problem = (f"gguf architecture {arch!r} is not supported (jaxattn reads 'llama' gguf "
+                   "files: Llama, SmolLM2, …)")
+    elif missing:
+        problem = f"gguf metadata has no 'llama.{missing[0]}'"
+    else:
+        d, heads = int(llama("embedding_length")), int(llama("attention.head_count"))
+        head_dim = int(llama("attention.key_length", d // heads))
+        problem = (None if int(llama("rope.dimension_count", head_dim)) == head_dim
+                   else "partial rotary embeddings are not supported")
+    if problem:
+        raise ValueError(f"{path}: {problem}.")
     return {
         "model_type": "llama", "hidden_size": d, "num_attention_heads": heads,
-        "num_key_value_heads": int(_field(reader, "llama.attention.head_count_kv", heads)),
-        "num_hidden_layers": int(need("block_count")),
-        "intermediate_size": int(need("feed_forward_length")),
-        "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(_field(reader, "llama.context_length", 2048)),
+        "num_key_value_heads": int(llama("attention.head_count_kv", heads)),
+        "num_hidden_layers": int(llama("block_count")),
+        "intermediate_size": int(llama("feed_forward_length")),
+        "rms_norm_eps": float(llama("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(llama("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(llama("context_length", 2048)),
         "head_dim": head_dim,
         # llama.cpp ties the head to the embedding when it has no `output.weight`
         "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
@@ -118,15 +120,14 @@ def _rope_scaling(reader, path: Path) -> dict:
     if kind in (None, "none"):
         return {}
     if kind != "linear":
-        raise ValueError(
-            f"{path}: gguf rope scaling {kind!r} (llama.rope.scaling.type) is not "
-            f"implemented for gguf files (jaxattn reads 'linear'); convert the model to a "
-            f"HuggingFace folder, whose rope_scaling jaxattn reads in full."
-        )
-    if factor is None or not float(factor) > 0:
-        raise ValueError(f"{path}: gguf linear rope scaling needs llama.rope.scaling.factor > 0, "
-                         f"got {factor!r}.")
-    return {"rope_scaling": {"rope_type": "linear", "factor": float(factor)}}
+        problem = (f"gguf rope scaling {kind!r} (llama.rope.scaling.type) is not implemented "
+                   "for gguf files (jaxattn reads 'linear'); convert the model to a "
+                   "HuggingFace folder, whose rope_scaling jaxattn reads in full.")
+    elif factor is None or not float(factor) > 0:
+        problem = f"gguf linear rope scaling needs llama.rope.scaling.factor > 0, got {factor!r}."
+    else:
+        return {"rope_scaling": {"rope_type": "linear", "factor": float(factor)}}
+    raise ValueError(f"{path}: {problem}")
 
 
 class _Truncated(ValueError):
@@ -159,10 +160,10 @@ def open_gguf(path: Path):
 
     try:
         return _checked_reader(gguf)(str(path))
-    except _Truncated as e:
-        raise ValueError(f"{path}: {e}") from None
     except Exception as e:  # gguf raises ValueError / struct errors on bad files
-        raise ValueError(f"{path}: not a readable gguf file ({type(e).__name__}: {e}).") from None
+        why = e if isinstance(e, _Truncated) else (
+            f"not a readable gguf file ({type(e).__name__}: {e}).")
+        raise ValueError(f"{path}: {why}") from None
 
 
 def _dequantise(t, path: Path) -> np.ndarray:
@@ -213,15 +214,10 @@ def converted(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
         except Exception:  # a damaged cache entry is rebuilt, never trusted
             cache.unlink(missing_ok=True)
     hf, arrays = convert(path)
-    try:
+    try:  # uncompressed: compressing float32 weights gains little, costs seconds a load
         cache.parent.mkdir(parents=True, exist_ok=True)
-        save_npz_plain(cache, __config__=np.asarray(json.dumps(hf)), **arrays)
+        atomic_write(cache, lambda f: np.savez(f, __config__=np.asarray(json.dumps(hf)),
+                                               **arrays))
     except OSError:
         pass  # caching is an optimisation; an unwritable cache dir is not an error
     return hf, arrays
-
-
-def save_npz_plain(path: Path, **arrays) -> None:
-    """Uncompressed `.npz`, written atomically (compression of float32 weights gains
-    little and costs seconds on every load)."""
-    atomic_write(path, lambda f: np.savez(f, **arrays))

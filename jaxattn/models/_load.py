@@ -19,14 +19,7 @@ import numpy as np
 from ._arch import FAMILIES, AbstractTransformer, TransformerConfig
 from ._gguf import converted
 from ._packaged import PACKAGED, installed_path
-from ._presets import (
-    ALIASES,
-    PRESETS,
-    canonical_names,
-    check_architectures,
-    check_fields,
-    check_real,
-)
+from ._presets import ALIASES, PRESETS, canonical_names, check_fields
 
 # Tensors that hold no weights (buffers) or belong to task heads: never loaded.
 _IGNORED = re.compile(
@@ -38,51 +31,34 @@ _IGNORED = re.compile(
 _PREFIXES = ("", *dict.fromkeys(family.prefix for family in FAMILIES.values()))
 
 
-def check_parsed(cfg: TransformerConfig) -> TransformerConfig:
-    """The fields a family computes or reads from nested entries
-    (`rope_parameters`), checked once parsed."""
-    check_real("rope_theta", cfg.rope_theta)
-    return cfg
-
-
-def family_of(hf: dict, where: str) -> type[AbstractTransformer]:
-    """The family class for a HuggingFace config dict (`ValueError` if unsupported)."""
-    kind = hf.get("model_type")
-    if kind not in FAMILIES:
-        raise ValueError(
-            f"{where}: model_type {kind!r} is not supported; jaxattn.models implements "
-            f"{sorted(FAMILIES)}."
-        )
-    return FAMILIES[kind]
-
-
 def parse_config(hf: dict, where: str = "config") -> TransformerConfig:
     """A `TransformerConfig` from a HuggingFace `config.json` dict, every field it
     uses checked (one `ValueError` naming `where` and the field)."""
-    if not isinstance(hf, dict):
-        raise TypeError(f"{where}: a config must be a dict, got {type(hf).__name__}.")
-    family = family_of(hf, where)
+    family = FAMILIES.get(hf.get("model_type"))
+    if family is None:
+        raise ValueError(
+            f"{where}: model_type {hf.get('model_type')!r} is not supported; jaxattn.models "
+            f"implements {sorted(FAMILIES)}."
+        )
     try:
         hf = canonical_names(hf, family.hf_aliases)
-        check_fields(hf)
-        check_architectures(hf, family.hf_classes)
-        return check_parsed(family.config_from_hf(hf))
+        check_fields(hf, family.hf_classes)
+        return family.config_from_hf(hf)
     except (ValueError, TypeError, AttributeError, OverflowError) as e:  # a bad field
         raise ValueError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
 
 
 def read_config_file(path: Path) -> dict:
+    """The JSON object of an existing `config.json` (a one-line `ValueError` else)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            hf = json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such config file.") from None
+        hf = json.loads(path.read_text(encoding="utf-8"))
+        problem = None if isinstance(hf, dict) else "a config.json must hold a JSON object"
     except IsADirectoryError:
-        raise ValueError(f"{path}: a folder, not a config file.") from None
+        problem = "a folder, not a config file"
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a valid config.json ({e}).") from None
-    if not isinstance(hf, dict):
-        raise ValueError(f"{path}: a config.json must hold a JSON object.")
+        problem = f"not a valid config.json ({e})"
+    if problem:
+        raise ValueError(f"{path}: {problem}.")
     return hf
 
 
@@ -121,16 +97,14 @@ class TensorSource:
 
     def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         full = self.prefix + name
-        if full not in self.readers:
-            files = sorted({f for f, _ in self.readers.values()})
-            raise ValueError(f"{', '.join(files)}: missing tensor {full!r} (shape {shape}).")
-        file, read = self.readers[full]
-        array = read()
+        file, read = self.readers.get(full, (None, None))
+        array = None if read is None else read()
+        if array is None:
+            files = ", ".join(sorted({f for f, _ in self.readers.values()}))
+            raise ValueError(f"{files}: missing tensor {full!r} (shape {shape}).")
         if tuple(array.shape) != tuple(shape):
-            raise ValueError(
-                f"{file}: tensor {full!r} has shape {tuple(array.shape)}, but the config "
-                f"implies {tuple(shape)}."
-            )
+            raise ValueError(f"{file}: tensor {full!r} has shape {tuple(array.shape)}, but the "
+                             f"config implies {tuple(shape)}.")
         self.used.add(full)
         return float32_weights(array, full, file)
 
@@ -151,42 +125,33 @@ def float32_weights(array: np.ndarray, name: str, file: str) -> np.ndarray:
     """`array` as float32, or a `ValueError` naming the tensor when it is not
     floating-point or holds NaN/inf (also after the cast: 1e300 in float64)."""
     if not np.issubdtype(array.dtype, np.floating):
-        raise ValueError(
-            f"{file}: tensor {name!r} has dtype {array.dtype}; weights must be "
-            f"floating-point (float16, bfloat16, float32 or float64)."
-        )
-    with np.errstate(over="ignore"):
-        out = np.asarray(array, dtype=np.float32)
-    # One float64 sum is finite exactly when every float32 entry is (no overflow:
-    # at most 2^64 entries of at most 3.4e38), and needs no boolean copy.
-    if np.isfinite(out.sum(dtype=np.float64)):
-        return out
-    bad = np.flatnonzero(~np.isfinite(out))
-    where = np.unravel_index(bad[0], out.shape)
-    first = array[where]
-    what = f"{first} overflows float32" if np.isfinite(first) else str(first)
-    raise ValueError(
-        f"{file}: tensor {name!r} has {bad.size} non-finite entries (at {tuple(map(int, where))}: "
-        f"{what}); weights must be finite."
-    )
-
-
-def find_prefix(names, family: type[AbstractTransformer], where: str) -> str:
-    """The prefix before the family's tensors in `names` (`ValueError` if none fits)."""
-    probe = family.probe
-    for prefix in _PREFIXES:
-        if prefix + probe in names:
-            return prefix
-    raise ValueError(
-        f"{where}: no tensor named {probe!r} (with any of the prefixes {list(_PREFIXES[1:])}); "
-        f"these are not {family.family} weights."
-    )
+        problem = (f"has dtype {array.dtype}; weights must be floating-point (float16, "
+                   "bfloat16, float32 or float64)")
+    else:
+        with np.errstate(over="ignore"):
+            out = np.asarray(array, dtype=np.float32)
+        # One float64 sum is finite exactly when every float32 entry is (no overflow:
+        # at most 2^64 entries of at most 3.4e38), and needs no boolean copy.
+        if np.isfinite(out.sum(dtype=np.float64)):
+            return out
+        bad = np.flatnonzero(~np.isfinite(out))
+        where = np.unravel_index(bad[0], out.shape)
+        first = array[where]
+        what = f"{first} overflows float32" if np.isfinite(first) else str(first)
+        problem = (f"has {bad.size} non-finite entries (at {tuple(map(int, where))}: {what}); "
+                   "weights must be finite")
+    raise ValueError(f"{file}: tensor {name!r} {problem}.")
 
 
 def build(cfg: TransformerConfig, readers, where: str) -> AbstractTransformer:
-    """The model from HuggingFace-named tensors; every tensor must be used."""
+    """The model from HuggingFace-named tensors, found after the first of `_PREFIXES`
+    before the family's `probe` tensor; every tensor must be used."""
     family = FAMILIES[cfg.model_type]
-    src = TensorSource(readers, find_prefix(readers, family, where))
+    prefix = next((p for p in _PREFIXES if p + family.probe in readers), None)
+    if prefix is None:
+        raise ValueError(f"{where}: no tensor named {family.probe!r} (with any of the prefixes "
+                         f"{list(_PREFIXES[1:])}); these are not {family.family} weights.")
+    src = TensorSource(readers, prefix)
     model = family.from_state(cfg, src)
     src.check_all_used()
     return jax.tree.map(jnp.asarray, model)
@@ -195,36 +160,36 @@ def build(cfg: TransformerConfig, readers, where: str) -> AbstractTransformer:
 # --- safetensors -------------------------------------------------------------------
 
 
-def safetensors_header(path: Path) -> dict:
-    """The JSON header of a `.safetensors` file, checked against the file size so a
-    truncated file names the first tensor it cuts off."""
+def safetensors_header(path: Path) -> tuple[dict, int]:
+    """The JSON header of a `.safetensors` file and where its data start, checked
+    against the file size so a truncated file names the first tensor it cuts off."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         raw = f.read(8)
-        if len(raw) < 8:
-            raise ValueError(f"{path}: truncated safetensors file (no header).")
-        (length,) = struct.unpack("<Q", raw)
-        if 8 + length > size:
-            raise ValueError(f"{path}: truncated safetensors file (header cut off).")
+        start = 8 + struct.unpack("<Q", raw)[0] if len(raw) == 8 else None
+        if start is None or start > size:
+            cut = "no header" if start is None else "header cut off"
+            raise ValueError(f"{path}: truncated safetensors file ({cut}).")
         try:
-            header = json.loads(f.read(length))
+            header = json.loads(f.read(start - 8))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ValueError(f"{path}: not a safetensors file (unreadable header).") from None
     header.pop("__metadata__", None)
-    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][1]):
-        if 8 + length + info["data_offsets"][1] > size:
-            raise ValueError(
-                f"{path}: truncated file: tensor {name!r} ends at byte "
-                f"{8 + length + info['data_offsets'][1]} but the file has {size} bytes."
-            )
-    return header
+    ends = {name: start + info["data_offsets"][1] for name, info in header.items()}
+    cut = [name for name in sorted(ends, key=ends.get) if ends[name] > size]
+    if cut:
+        raise ValueError(f"{path}: truncated file: tensor {cut[0]!r} ends at byte "
+                         f"{ends[cut[0]]} but the file has {size} bytes.")
+    return header, start
 
 
-def _reader(handle, path: Path, name: str, info: dict):
+def _reader(handle, path: Path, name: str, info: dict, start: int):
     def read() -> np.ndarray:
         try:
             if info["dtype"] == "BF16":  # NumPy has no bfloat16: read the bits via ml_dtypes
-                return _read_bf16(path, name).reshape(info["shape"]).astype(np.float32)
+                lo, hi = info["data_offsets"]
+                bits = np.fromfile(path, ml_dtypes.bfloat16, (hi - lo) // 2, offset=start + lo)
+                return bits.reshape(info["shape"]).astype(np.float32)
             return handle.get_tensor(name)
         except Exception as e:  # the Rust reader raises its own error types
             raise ValueError(f"{path}: cannot read tensor {name!r}: {e}") from None
@@ -232,32 +197,25 @@ def _reader(handle, path: Path, name: str, info: dict):
     return read
 
 
-def _read_bf16(path: Path, name: str) -> np.ndarray:
-    header = safetensors_header(path)
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        start, end = header[name]["data_offsets"]
-        f.seek(8 + length + start)
-        return np.frombuffer(f.read(end - start), dtype=ml_dtypes.bfloat16)
-
-
 def safetensors_readers(path: Path) -> dict:
     """Name → (file, reader) for every tensor of one `.safetensors` file."""
     from safetensors import safe_open
 
-    header = safetensors_header(path)
+    header, start = safetensors_header(path)
     try:
         handle = safe_open(str(path), framework="numpy")
     except Exception as e:
         raise ValueError(f"{path}: not a readable safetensors file ({e}).") from None
-    return {name: (str(path), _reader(handle, path, name, info)) for name, info in header.items()}
+    return {name: (str(path), _reader(handle, path, name, info, start))
+            for name, info in header.items()}
 
 
 INDEX = "model.safetensors.index.json"
 
 
 def read_index(index: Path) -> dict[str, str]:
-    """The `weight_map` (tensor name → shard file) of a sharded model's index."""
+    """The `weight_map` (tensor name → shard file) of a sharded model's index, every
+    shard a file name inside the model's folder."""
     try:
         raw = json.loads(index.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -265,14 +223,15 @@ def read_index(index: Path) -> dict[str, str]:
     weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
     if not (isinstance(weight_map, dict) and weight_map and all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())):
-        raise ValueError(
-            f"{index}: `weight_map` must be a non-empty object mapping tensor names to "
-            f"shard files, got {type(weight_map).__name__} {str(weight_map)[:80]}."
-        )
-    for name, shard in weight_map.items():
-        if shard in ("", ".", "..") or Path(shard).name != shard or "\\" in shard:
-            raise ValueError(f"{index}: `weight_map` assigns {name!r} to {shard!r}; a shard "
-                             "must be a file name inside the model's folder.")
+        problem = (f"`weight_map` must be a non-empty object mapping tensor names to shard "
+                   f"files, got {type(weight_map).__name__} {str(weight_map)[:80]}")
+    else:
+        outside = [(name, shard) for name, shard in weight_map.items()
+                   if shard in ("", ".", "..") or Path(shard).name != shard or "\\" in shard]
+        problem = outside and (f"`weight_map` assigns {outside[0][0]!r} to {outside[0][1]!r}; "
+                               "a shard must be a file name inside the model's folder")
+    if problem:
+        raise ValueError(f"{index}: {problem}.")
     return weight_map
 
 
@@ -302,12 +261,11 @@ def weight_file(folder: Path) -> Path:
         return folder / "model.safetensors"
     files = sorted(folder.glob("*.safetensors"))
     folders = [f.name for f in files if f.is_dir()]
-    if folders:
-        raise ValueError(f"{folder}: {', '.join(folders)} is a folder, not a weight file.")
-    if len(files) == 1:
+    if len(files) == 1 and not folders:
         return files[0]
     if files:
         raise ValueError(
+            f"{folder}: {', '.join(folders)} is a folder, not a weight file." if folders else
             f"{folder}: {len(files)} weight files ({', '.join(f.name for f in files)}) and no "
             f"model.safetensors or {INDEX}, so which holds the model is ambiguous; keep "
             f"one, or add the index of a sharded model."
@@ -337,24 +295,11 @@ def load_folder(folder: Path) -> AbstractTransformer:
         raise FileNotFoundError(
             f"{folder}: no config.json — a model folder needs config.json and *.safetensors."
         )
-    if config_path.is_dir():
-        raise ValueError(f"{config_path}: a folder, not a config file.")
-    cfg, _ = resolve_config(config_path)
+    cfg = parse_config(read_config_file(config_path), str(config_path))
     return build(cfg, weight_readers(folder), str(folder))
 
 
 # --- hub names ----------------------------------------------------------------------
-
-
-def _offline_message(name: str, why: str) -> str:
-    return (
-        f"{name!r} is not a local path, and it cannot be downloaded from the HuggingFace "
-        f"hub ({why}). Point at a local copy instead: a folder with config.json and "
-        f"*.safetensors (e.g. `huggingface-cli download {name} --local-dir DIR` on a machine "
-        f"with a network, then `ja.models.load('DIR')`), or a .gguf file. For random "
-        f"weights without a download use `ja.models.init({name!r}, key)` or "
-        f"`jaxattn loop --weights random` (presets: {', '.join(PRESETS)})."
-    )
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -367,25 +312,38 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 def download(name: str) -> Path:
     """A local snapshot of hub repository `name` (config + safetensors), downloading
-    only when the hub is reachable; `FileNotFoundError` at once otherwise."""
+    only when the hub is reachable; `FileNotFoundError` at once otherwise, saying
+    how to point at a local copy."""
     try:
         import huggingface_hub as hub
     except ImportError:
-        why = "huggingface_hub is not installed"
-        raise FileNotFoundError(_offline_message(name, why)) from None
+        hub = None
     patterns = ["config.json", "*.safetensors", INDEX]
-    try:  # a copy already in the hub cache needs no network
-        return Path(hub.snapshot_download(name, allow_patterns=patterns, local_files_only=True))
-    except Exception:
-        pass
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        raise FileNotFoundError(_offline_message(name, "HF_HUB_OFFLINE is set"))
-    if not _hub_reachable():
-        raise FileNotFoundError(_offline_message(name, "huggingface.co is unreachable"))
-    try:
-        return Path(hub.snapshot_download(name, allow_patterns=patterns))
-    except Exception as e:
-        raise FileNotFoundError(_offline_message(name, f"download failed: {e}")) from None
+    if hub is not None:
+        try:  # a copy already in the hub cache needs no network
+            return Path(hub.snapshot_download(name, allow_patterns=patterns,
+                                              local_files_only=True))
+        except Exception:
+            pass
+    if hub is None:
+        why = "huggingface_hub is not installed"
+    elif os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        why = "HF_HUB_OFFLINE is set"
+    elif not _hub_reachable():
+        why = "huggingface.co is unreachable"
+    else:
+        try:
+            return Path(hub.snapshot_download(name, allow_patterns=patterns))
+        except Exception as e:
+            why = f"download failed: {e}"
+    raise FileNotFoundError(
+        f"{name!r} is not a local path, and it cannot be downloaded from the HuggingFace "
+        f"hub ({why}). Point at a local copy instead: a folder with config.json and "
+        f"*.safetensors (e.g. `huggingface-cli download {name} --local-dir DIR` on a machine "
+        f"with a network, then `ja.models.load('DIR')`), or a .gguf file. For random "
+        f"weights without a download use `ja.models.init({name!r}, key)` or "
+        f"`jaxattn loop --weights random` (presets: {', '.join(PRESETS)})."
+    )
 
 
 # --- the public entry points ---------------------------------------------------------

@@ -19,13 +19,12 @@ from tqdm.auto import tqdm
 
 from .._batch import as_mesh, shard_batch, unshard
 from .._precision import Precision, check_precision
-from .._validate import surface_errors
+from .._validate import check_count, surface_errors
 from ..metrics import misalignment
 from ._arch import FAMILIES, AbstractTransformer
 from ._arch._nn import product
 from ._checks import (
     MAX_SEGMENTS,
-    check_chunk,
     check_dtype,
     check_flag,
     check_ids,
@@ -104,14 +103,15 @@ def check_mask(mask, ids) -> Bool[Array, "B n"] | None:
         return None
     shape = np.shape(ids)
     what = f"`mask` must be booleans of the ids' shape {shape} (True: text, False: padding)"
-    if isinstance(mask, jax.core.Tracer):
-        raise TypeError(f"{what}, known before the call (not traced).")
+    traced = isinstance(mask, jax.core.Tracer)
     try:
-        arr = np.asarray(mask)
+        arr = None if traced else np.asarray(mask)
     except (TypeError, ValueError):
-        raise TypeError(f"{what}, got {type(mask).__name__}.") from None
-    if arr.dtype != np.bool_:
-        raise TypeError(f"{what}, got dtype {arr.dtype}.")
+        arr = None
+    if arr is None or arr.dtype != np.bool_:
+        got = ("known before the call (not traced)" if traced else
+               f"got {type(mask).__name__}" if arr is None else f"got dtype {arr.dtype}")
+        raise TypeError(f"{what}, {got}.")
     if arr.shape != shape:
         raise ValueError(f"{what}, got shape {arr.shape}.")
     rows = arr.reshape(-1, shape[-1])
@@ -330,30 +330,35 @@ def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
     travels in the options as `keys (B, n)`."""
     check_model(model)
     precision = check_precision(precision)
-    if not isinstance(passes, (int, np.integer)) or isinstance(passes, bool) or passes < 1:
-        raise ValueError(f"`passes` must be an integer ≥ 1, got {passes!r}.")
-    if weights not in WEIGHTS:
-        raise ValueError(f"`weights` must be one of {WEIGHTS}, got {weights!r}.")
-    if observe is not None and not callable(observe):
-        raise TypeError(f"`observe` must be a function of one sequence (n, d), got {observe!r}.")
+    passes = check_count(passes, "passes", 1)
     keys = check_mask(mask, ids)
-    if keys is not None and observe is not None:
-        raise ValueError("`observe` sees whole sequences, padding included: with `mask` "
-                         "only E (of the text tokens) is recorded; loop without `observe`.")
     dtype = check_dtype(dtype)
     depths = tuple(int(d) for d in (save_states or ()))
-    total = int(passes) * model.num_layers
-    if any(not 0 <= d <= total for d in depths):
-        raise ValueError(f"save_states depths must lie in [0, {total}], got {list(depths)}.")
+    total = passes * model.num_layers
+    for bad, error, message in (
+        (weights not in WEIGHTS, ValueError,
+         f"`weights` must be one of {WEIGHTS}, got {weights!r}."),
+        (observe is not None and not callable(observe), TypeError,
+         f"`observe` must be a function of one sequence (n, d), got {observe!r}."),
+        (keys is not None and observe is not None, ValueError, "`observe` sees whole sequences, "
+         "padding included: with `mask` only E (of the text tokens) is recorded; loop without "
+         "`observe`."),
+        (any(not 0 <= d <= total for d in depths), ValueError,
+         f"save_states depths must lie in [0, {total}], got {list(depths)}."),
+    ):
+        if bad:
+            raise error(message)
     key = jax.random.PRNGKey(0) if key is None else key
     if weights != "trained":
         model = FAMILIES[model.config.model_type].init(model.config, key)
     ids = check_ids(model, ids)
-    chunk = check_chunk(chunk)
-    chunk = default_chunk(ids.shape[1], devices) if chunk is None else chunk
+    if chunk is None:
+        chunk = default_chunk(ids.shape[1], devices)
+    else:
+        chunk = check_count(chunk, "chunk", 1)
     options = dict(ffn=check_flag(ffn, "ffn"), weights=weights, dtype=dtype, depths=depths,
                    chunk=chunk, precision=precision, observe=observe, keys=keys)
-    return LoopSetup(model, ids, key, int(passes), options)
+    return LoopSetup(model, ids, key, passes, options)
 
 
 def iterate_loop(setup: LoopSetup, *, every: int = 1, start: int = 0,

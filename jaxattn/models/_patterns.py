@@ -9,10 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from .._precision import Precision, check_precision
+from .._precision import Precision
 from ._arch import AbstractTransformer
-from ._checks import check_ids, check_model
-from ._loop import hidden_states, loop
+from ._loop import hidden_states, loop, setup_loop
 
 
 @eqx.filter_jit
@@ -48,11 +47,9 @@ def attention_patterns(
     every `n`, as the patterns are `n × n` by definition (one layer at a time), while
     the forward passes behind them take key blocks at long context.
     """
-    check_model(model)
     if np.ndim(ids) != 1:
         raise ValueError(f"`ids` must be one sequence (n,), got shape {np.shape(ids)}; "
                          f"use jax.vmap for a batch.")
-    precision = check_precision(precision)
     hs = hidden_states(model, ids, precision=precision, progress=False)
     return _patterns(model, hs[:-1], jnp.arange(model.num_layers), precision=precision)
 
@@ -80,14 +77,10 @@ def run_with_cache(
       block on its input (after the final norm at the start of a later pass);
     - `"E"`: `(T + 1,)`, `loop`'s measure at the same depths.
     """
-    check_model(model)
-    precision = check_precision(precision)
-    batch = check_ids(model, ids)
+    setup = setup_loop(model, ids, passes=passes, ffn=ffn, precision=precision)
     L = model.num_layers
-    if not isinstance(passes, (int, np.integer)) or isinstance(passes, bool) or passes < 1:
-        raise ValueError(f"`passes` must be an integer ≥ 1, got {passes!r}.")
-    T = int(passes) * L
-    E, states = loop(model, batch, passes=passes, ffn=ffn, precision=precision,
+    T = setup.passes * L
+    E, states = loop(model, setup.ids, passes=setup.passes, ffn=ffn, precision=precision,
                      save_states=range(T + 1), progress=False)
     depth = np.arange(T)
     again = jnp.asarray((depth % L == 0) & (depth > 0))[:, None, None]

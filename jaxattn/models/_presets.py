@@ -6,9 +6,8 @@ Only architecture fields are kept (dropout, task heads and tokenizer ids do not
 change the hidden states).
 """
 
-import math
-
-from ._arch._nn import activation
+from ._arch._nn import ACTIVATIONS
+from ._arch._rope import real_problem
 
 _GPT2 = {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_inner": None,
          "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05,
@@ -91,49 +90,40 @@ _FLAGS = ("scale_attn_weights", "attention_bias", "mlp_bias", "tie_word_embeddin
 _ACTIVATION_KEYS = ("activation_function", "hidden_act")
 
 
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _field_problem(key: str, value) -> str | None:
+    """What is wrong with the config field `key` = `value`, or None."""
+    if key in _INTEGERS:
+        least = _INTEGERS[key]
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        if (value is None and key in _NULLABLE) or (
+                integer and (least is None or value >= least)):
+            return None
+        return f"`{key}` must be an integer{'' if least is None else f' ≥ {least}'}, got {value!r}."
+    if key in _POSITIVE or key == "initializer_range":
+        return real_problem(key, value, strict=key != "initializer_range")
+    if key in _FLAGS and not isinstance(value, bool):
+        return f"`{key}` must be true or false, got {value!r}."
+    if key in _ACTIVATION_KEYS and not (isinstance(value, str) and value in ACTIVATIONS):
+        return f"`{key}`: unsupported activation {value!r}; jaxattn knows {sorted(ACTIVATIONS)}."
+    return None
 
 
-def _check_integer(key: str, value) -> None:
-    if value is None and key in _NULLABLE:
-        return
-    least = _INTEGERS[key]
-    if not (isinstance(value, int) and not isinstance(value, bool)) or (
-            least is not None and value < least):
-        bound = "" if least is None else f" ≥ {least}"
-        raise ValueError(f"`{key}` must be an integer{bound}, got {value!r}.")
-
-
-def check_real(key: str, value, least: float = 0.0, strict: bool = True) -> None:
-    """`ValueError` unless `value` is a finite real number `> least` (`≥` when not
-    `strict`); a boolean or a string is not a number."""
-    if not (_is_real(value) and (isinstance(value, int) or math.isfinite(value))
-            and (value > least if strict else value >= least)):
-        bound = f"> {least:g}" if strict else f"≥ {least:g}"
-        raise ValueError(f"`{key}` must be a finite number {bound}, got {value!r}.")
-
-
-def check_fields(hf: dict) -> None:
+def check_fields(hf: dict, classes: tuple[str, ...]) -> None:
     """`ValueError` for a config field of the wrong type or range (a null size, a
     boolean head count, a negative or NaN epsilon, an unknown activation), before
-    anything is built from it."""
-    for key, value in hf.items():
-        if key in _INTEGERS:
-            _check_integer(key, value)
-        elif key in _POSITIVE:
-            check_real(key, value)
-        elif key == "initializer_range":
-            check_real(key, value, strict=False)
-        elif key in _FLAGS and not isinstance(value, bool):
-            raise ValueError(f"`{key}` must be true or false, got {value!r}.")
-        elif key in _ACTIVATION_KEYS:
-            try:
-                activation(value)
-            except ValueError as e:
-                raise ValueError(f"`{key}`: {e}") from None
-            except TypeError:  # an unhashable value
-                raise ValueError(f"`{key}` must be an activation name, got {value!r}.") from None
+    anything is built from it; or for `architectures` (when given) not a list of
+    HuggingFace class names of the config's `model_type`, `classes`."""
+    problems = [_field_problem(key, value) for key, value in hf.items()]
+    names = [] if hf.get("architectures") is None else hf["architectures"]
+    if not (isinstance(names, list) and all(isinstance(v, str) for v in names)):
+        problems.append(f"`architectures` must be a list of class names, got {names!r}.")
+    else:
+        problems += [f"`architectures` names {name!r}, not a class of model_type "
+                     f"{hf.get('model_type')!r} ({', '.join(classes)}); fix `architectures` "
+                     f"or `model_type`." for name in names if name not in classes]
+    problem = next(filter(None, problems), None)
+    if problem:
+        raise ValueError(problem)
 
 
 def canonical_names(hf: dict, aliases: dict[str, str]) -> dict:
@@ -152,17 +142,3 @@ def canonical_names(hf: dict, aliases: dict[str, str]) -> dict:
     return out
 
 
-def check_architectures(hf: dict, classes: tuple[str, ...]) -> None:
-    """`ValueError` unless `architectures` (when given) is a list of HuggingFace class
-    names of the config's `model_type`, `classes`."""
-    value = hf.get("architectures")
-    if value is None:
-        return
-    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-        raise ValueError(f"`architectures` must be a list of class names, got {value!r}.")
-    for name in value:
-        if name not in classes:
-            raise ValueError(
-                f"`architectures` names {name!r}, not a class of model_type "
-                f"{hf.get('model_type')!r} ({', '.join(classes)}); fix `architectures` or "
-                f"`model_type`.")

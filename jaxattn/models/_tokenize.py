@@ -12,7 +12,7 @@ from pathlib import Path
 import equinox
 import numpy as np
 
-from .._validate import check_flag
+from .._validate import check_count, check_flag
 from ._gguf import open_gguf
 from ._packaged import PACKAGED, installed_path
 
@@ -166,8 +166,7 @@ def tokenize(
     `models` extra).
     """
     single, texts = _check_texts(texts)
-    if tokens is not None and not _is_int(tokens, 1):
-        raise ValueError(f"`tokens` must be None or an integer ≥ 1, got {tokens!r}.")
+    tokens = None if tokens is None else check_count(tokens, "tokens", 1)
     if pad is not None and pad != "auto" and not _is_int(pad, 0):
         error = ValueError if _is_int(pad, -(1 << 62)) else TypeError
         raise error(f'`pad` must be None, "auto" or a token id ≥ 0, got {pad!r}.')
@@ -269,15 +268,18 @@ def _check_texts(texts) -> tuple[bool, list[str]]:
     """Whether `texts` is one prompt, and its prompts as a list."""
     if isinstance(texts, str):
         return True, [texts]
-    what = "`texts` must be a string or a non-empty sequence of strings, got"
-    if not isinstance(texts, Iterable) or isinstance(texts, (bytes, bytearray)):
-        raise TypeError(f"{what} a {type(texts).__name__}.")
-    texts = list(texts)
-    if not texts:
-        raise ValueError(f"{what} an empty sequence.")
-    bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
-    if bad:
-        raise TypeError(f"{what} a sequence holding a {bad[0]}.")
+    many = isinstance(texts, Iterable) and not isinstance(texts, (bytes, bytearray))
+    texts = list(texts) if many else texts
+    if not many:
+        got = f"a {type(texts).__name__}"
+    elif not texts:
+        got = "an empty sequence"
+    else:
+        got = next((f"a sequence holding a {type(t).__name__}" for t in texts
+                    if not isinstance(t, str)), None)
+    if got:
+        error = ValueError if got == "an empty sequence" else TypeError
+        raise error(f"`texts` must be a string or a non-empty sequence of strings, got {got}.")
     return False, texts
 
 
@@ -294,10 +296,11 @@ def _pad_id(tok, source) -> int:
 def read_prompts(path) -> list[str]:
     """The prompts of a text file, one per line (blank lines skipped)."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        prompts = [line for line in Path(path).read_text(encoding="utf-8").splitlines()
+                   if line.strip()]
+        problem = None if prompts else "holds no prompts (one per line)"
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"--text {path}: cannot read it ({e}).") from None
-    prompts = [line for line in lines if line.strip()]
-    if not prompts:
-        raise ValueError(f"--text {path} holds no prompts (one per line).")
+        problem = f"cannot read it ({e})"
+    if problem:
+        raise ValueError(f"--text {path}: {problem}.")
     return prompts

@@ -12,7 +12,7 @@ from .._dynamics import SelfAttentionDynamics
 from .._precision import Precision, check_precision, einsum
 from ._arch import AbstractTransformer
 from ._arch._nn import Attention
-from ._loop import check_model
+from ._checks import check_model
 
 
 def _check_layer(model: AbstractTransformer, layer) -> int:

@@ -179,16 +179,6 @@ class Equilibria(eqx.Module):
         return jnp.where(self.is_fixed, s, -2)
 
 
-def _symmetric_eig(Omega):
-    if not np.allclose(np.asarray(Omega), np.asarray(Omega).T, rtol=1e-10, atol=1e-12):
-        raise ValueError(
-            "equilibria needs a symmetric layer matrix Ω = Σ_η U_η (paper 004 "
-            "Assumption 1); symmetrise U with (U + Uᵀ)/2."
-        )
-    lam, vecs = jnp.linalg.eigh(Omega)
-    return lam[::-1], vecs[:, ::-1].T
-
-
 def equilibria(dyn: SelfAttentionDynamics, n: int, *, tau=1.0) -> Equilibria:
     """Enumerate consensus and bipartite equilibria along eigenvectors and classify
     them with `jax.jacfwd` (paper 004 Lemmas 1, 8; Theorems 2, 3).
@@ -205,9 +195,14 @@ def equilibria(dyn: SelfAttentionDynamics, n: int, *, tau=1.0) -> Equilibria:
 
     `Equilibria` with `d (n − ⌈n/2⌉ + 1)` entries.
     """
-    if dyn.causal:
-        raise ValueError("equilibria enumerates full-attention maps; got causal=True.")
-    lam, vecs = _symmetric_eig(layer_matrix(dyn))
+    Omega = layer_matrix(dyn)
+    symmetric = np.allclose(np.asarray(Omega), np.asarray(Omega).T, rtol=1e-10, atol=1e-12)
+    if dyn.causal or not symmetric:
+        raise ValueError("equilibria enumerates full-attention maps; got causal=True."
+                         if dyn.causal else "equilibria needs a symmetric layer matrix Ω = "
+                         "Σ_η U_η (paper 004 Assumption 1); symmetrise U with (U + Uᵀ)/2.")
+    lam, vecs = jnp.linalg.eigh(Omega)
+    lam, vecs = lam[::-1], vecs[:, ::-1].T
     d = lam.shape[0]
     ms = np.arange((n + 1) // 2, n + 1)
     idx = np.repeat(np.arange(d), len(ms))

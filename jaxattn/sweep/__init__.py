@@ -21,34 +21,16 @@ a sweep that was interrupted, with exactly the table of an uninterrupted one.
 
 Each grid point's instances run as one `jax.vmap`ped batch (sharded over the
 devices when there are several); instance `i` is drawn from seed `seed + i`
-exactly as `jaxattn run NAME --seed seed+i` draws it. Every row of `table.csv`
-holds the grid parameters, `point`, `instance`, `seed`, `theorem`, `final_E`,
-`consensus_time` (first time with `E < ja.metrics.CONSENSUS_TOL`, `inf` if never;
-the tolerance is recorded in `sweep.json`), `in_domain` (whether the start lies in
-the theorem's domain) and `outcome_reached`, both by the theorem's own tests
-(`ja.theory.theorem_test`), `prediction_held`, `solver_success`, `num_steps` and
-`status`, the instance's verdict:
+exactly as `jaxattn run NAME --seed seed+i` draws it. `table.csv` holds one row per
+instance (`COLUMNS` after the grid parameters), judged by the theorem's own tests
+(`ja.theory.theorem_test`) at the tolerance `ja.metrics.CONSENSUS_TOL` (recorded in
+`sweep.json`); its `status` is `held`, `not_converged` (still converging at `T`: not
+counted against the theorem), `contradicted`, `solver_failed` or `outside_domain`
+(docs/usage/sweeps.md). `summary.json` counts each status per point and in total,
+with a one-line `verdict` and its `verdict_kind` (as for `jaxattn run`).
 
-- `held`: inside the domain, the predicted outcome was reached by `T`
-  (`prediction_held` true);
-- `not_converged`: not reached by `T`, but the distance to the predicted outcome
-  (`E`, the distance to the named limit, or the speed for an equilibrium) was still
-  falling over the last third of the run: slow, which the theorem allows
-  (`prediction_held` empty);
-- `contradicted`: not reached and that distance stalled or rose over the last third
-  (`prediction_held` false);
-- `solver_failed`: the solver did not finish (`prediction_held` empty: a failure is
-  no verdict);
-- `outside_domain`: the theorem says nothing about this start (`prediction_held`
-  empty).
-
-`summary.json` counts each status per point and in total, with a one-line
-`verdict` and its `verdict_kind` (`agrees`, `not_converged`, `contradicts`, as for
-`jaxattn run`). Its consensus-time quartiles are over the instances that reached
-consensus (`consensus_time` finite in `table.csv`): `null` where none did, each such
-field named under `null_means`. `ja.sweep.redraw(folder)` (`jaxattn plot DIR`) is
-jaxattn's one `redraw`: it draws any finished folder's figures again, by its kind: a
-sweep's `sweep.png` from `table.csv` (`redraw_sweep`), a run or loop folder's through
+`ja.sweep.redraw(folder)` (`jaxattn plot DIR`) is jaxattn's one `redraw`: a sweep's
+`sweep.png` from `table.csv` (`redraw_sweep`), a run or loop folder's figures through
 `ja.experiments.redraw_run`.
 """
 

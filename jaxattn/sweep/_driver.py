@@ -28,6 +28,7 @@ from .._artifacts.folders import (
     folder_kind,
     folder_path,
     hold_folder,
+    open_run_folder,
     read_json,
     reopen_run,
 )
@@ -78,7 +79,8 @@ def _rows(spec, config, keys, point, lo, out, theorem) -> list[list[str]]:
 
 
 def _csv(header, rows) -> bytes:
-    lines = [",".join(header)] + [",".join(r) for r in rows]
+    """The text of a CSV file: `header` and `rows` (lists of cells, or joined lines)."""
+    lines = [",".join(header)] + [r if isinstance(r, str) else ",".join(r) for r in rows]
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -116,18 +118,6 @@ def _sidecar(spec: SweepSpec, configs, keys, chunks) -> dict[str, Any]:
             "devices": jax.device_count()}
 
 
-def _open_folder(folder: Path, resume: bool, sidecar: dict) -> tuple[bool, str | None]:
-    """Start or reopen the sweep in the held folder (`hold_folder`): the check for an
-    existing sweep and the write of `sweep.json` happen under its lock.
-
-    **Returns:**
-
-    Whether it already holds the finished sweep, and its run id.
-    """
-    return reopen_run(folder, sidecar, resume, what="sweep", command="sweep",
-                      filename="sweep.json", same=("spec", "points", "dtype"))
-
-
 def run_sweep(
     spec: SweepSpec | str | Path,
     grid: dict[str, list] | None = None,
@@ -162,18 +152,19 @@ def run_sweep(
 
     A `SweepResult(folder, table, summary)`.
     """
-    if resume and out is None:
-        raise ValueError("--resume needs --out DIR: the folder of the sweep to continue.")
     spec = _as_spec(spec, grid=grid, points=points, set=set, instances=instances, seed=seed,
                     chunk=chunk)
+    path = folder_path(f"sweep-{spec.experiment}", out, resume=resume)
     configs = check_spec(spec)
     params = sweep_params(spec.experiment)
     keys = grid_keys(spec)
     chunks = plan(spec, configs)
     sidecar = _sidecar(spec, configs, keys, chunks)
     as_mesh(devices)  # every argument is checked before the folder is made
-    with hold_folder(folder_path(f"sweep-{spec.experiment}", out), "sweep") as folder:
-        finished, run_id = _open_folder(folder, resume, sidecar)
+    with hold_folder(path, "sweep") as folder:
+        # the check for an existing sweep and the write of sweep.json, under the lock
+        finished, run_id = reopen_run(folder, sidecar, resume, what="sweep", command="sweep",
+                                      filename="sweep.json", same=("spec", "points", "dtype"))
         if finished:
             log(f"{folder} holds this sweep, finished; nothing to run")
         else:
@@ -234,13 +225,10 @@ def _run_chunks(folder, spec, configs, params, keys, chunks, devices, progress, 
 def _assemble(folder: Path, keys, chunks) -> dict[str, np.ndarray]:
     """Concatenate the chunks, in plan order, into `table.csv` (atomically)."""
     header = _header(keys)
-    lines = [",".join(header)]
-    for i, (_, lo, hi) in enumerate(chunks):
-        rows = _read_rows(_chunk_path(folder, i), header, hi - lo)
-        if rows is None:
-            raise RunFolderError(f"{_chunk_path(folder, i)} does not fit the sweep's plan.")
-        lines += rows
-    data = ("\n".join(lines) + "\n").encode()
+    lines = []
+    for i, (_, lo, hi) in enumerate(chunks):  # each fits the plan: `_run_chunks` made sure
+        lines += _read_rows(_chunk_path(folder, i), header, hi - lo)
+    data = _csv(header, lines)
     atomic_write(folder / "table.csv", lambda f: f.write(data))
     return load_table(folder)
 
@@ -280,20 +268,8 @@ def redraw_sweep(folder) -> list[Path]:
     The paths of `sweep.png` and `sweep.pdf`; a `RunFolderError` (one line) for a
     folder that holds no finished sweep.
     """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise RunFolderError(f"{folder} is not a sweep folder (no such directory).")
-    check_not_held(folder)
-    if (folder / INCOMPLETE).exists():
-        raise RunFolderError(f"{folder} is an unfinished sweep; continue it with "
-                             "`jaxattn sweep … --resume --out DIR`.")
-    for required in ("sweep.json", "summary.json", "table.csv"):
-        if not (folder / required).exists():
-            raise RunFolderError(f"{folder} has no {required}; it is not a finished sweep.")
+    folder = open_run_folder(folder, "sweep", needs=("table.csv",))
     sidecar = read_json(folder / "sweep.json")
-    if sidecar.get("run_id") != read_json(folder / "summary.json").get("run_id"):
-        raise RunFolderError(f"{folder} mixes two sweeps (sweep.json and summary.json have "
-                             "different run ids); run it again into a new folder.")
     spec = SweepSpec(**sidecar["spec"])
     return write_figure(folder, spec, sidecar["grid_keys"], load_table(folder))
 

@@ -24,10 +24,6 @@ def _quantiles(x) -> tuple[float, float, float]:
     return float(q[0]), float(q[1]), float(q[2])
 
 
-def _point_rows(table, point: int) -> np.ndarray:
-    return table["point"] == point
-
-
 #: The statuses of a sweep's instances (`table.csv`'s `status` column), in the order
 #: the report counts them.
 STATUSES = ("held", "not_converged", "contradicted", "solver_failed", "outside_domain")
@@ -68,7 +64,7 @@ def point_stats(table: dict[str, np.ndarray], point: int) -> dict[str, Any]:
     """Statistics of one grid point's instances, with how many of them held, are
     still converging at T, contradict the theorem, failed in the solver, or lie
     outside the theorem's domain (`STATUSES`)."""
-    m = _point_rows(table, point)
+    m = table["point"] == point
     t = table["consensus_time"][m]
     inside = table["in_domain"][m]
     status = statuses(table)[m]
@@ -111,11 +107,7 @@ def summarise(spec, configs, keys, table) -> dict[str, Any]:
     return {"experiment": spec.experiment, "instances_per_point": spec.instances,
             "points": points, **totals, "verdict": line, "verdict_kind": kind,
             "rows": int(len(table["point"])),
-            "notes": [notes[k] for k in keys if k in notes and _varies(configs, k)]}
-
-
-def _varies(configs, key: str) -> bool:
-    return len({c[key] for c in configs}) > 1
+            "notes": [notes[k] for k in keys if k in notes and len({c[k] for c in configs}) > 1]}
 
 
 def _g(x, spec: str = ".3g") -> str:
@@ -149,19 +141,6 @@ def format_table(summary: dict[str, Any], keys) -> str:
 SYMBOLS = {"beta": "β", "tau": "τ", "heads": "h", "tokens": "n", "dim": "d", "horizon": "T"}
 
 
-def _symbol(key: str) -> str:
-    return SYMBOLS.get(key, key)
-
-
-def _axes_of(keys, table):
-    """The x axis (β if swept, else the first numeric grid parameter) and the rest."""
-    numeric = [k for k in keys if np.issubdtype(np.asarray(table[k]).dtype, np.number)]
-    if not numeric:
-        return None, list(keys)
-    x = "beta" if "beta" in numeric else numeric[0]
-    return x, [k for k in keys if k != x]
-
-
 def _sci(x: float) -> str:
     """`1e-4` for 0.0001: a tolerance as it is written."""
     mantissa, exponent = f"{x:e}".split("e")
@@ -169,11 +148,14 @@ def _sci(x: float) -> str:
 
 
 def _groups(keys, table) -> tuple[str | None, dict[str, list[int]]]:
-    """The x axis and the grid points of each line, by the line's label."""
-    x_key, others = _axes_of(keys, table)
+    """The x axis (β if swept, else the first numeric grid parameter, else none) and
+    the grid points of each line (a value of the others), by the line's label."""
+    numeric = [k for k in keys if np.issubdtype(np.asarray(table[k]).dtype, np.number)]
+    x_key = ("beta" if "beta" in numeric else numeric[0]) if numeric else None
+    others = [k for k in keys if k != x_key]
     by_group: dict[str, list[int]] = {}
     for p in np.unique(table["point"]):
-        label = ", ".join(f"{_symbol(k)} = {table[k][table['point'] == p][0]}"
+        label = ", ".join(f"{SYMBOLS.get(k, k)} = {table[k][table['point'] == p][0]}"
                           for k in others)
         by_group.setdefault(label, []).append(int(p))
     return x_key, by_group
@@ -215,13 +197,13 @@ def write_figure(folder: Path, spec, keys, table) -> list[Path]:
     x_key, by_group = _groups(keys, table)
     for i, (label, pts) in enumerate(by_group.items()):
         _draw_group(ax_t, ax_e, table, x_key, label, pts, f"C{i % 10}", tol)
-    ax_t.set_xlabel(_symbol(x_key) if x_key else "grid point")
     ax_t.set_ylabel(f"consensus time (E < {_sci(tol)}), median and IQR")
     ax_t.set_title("time to consensus")
     ax_e.axhline(tol, color="0.4", lw=0.8, ls="--")
     ax_e.set_yscale("log")
-    ax_e.set_xlabel(_symbol(x_key) if x_key else "grid point")
     ax_e.set_ylabel("final misalignment E(T)")
+    for ax in (ax_t, ax_e):
+        ax.set_xlabel(SYMBOLS.get(x_key, x_key) if x_key else "grid point")
     ax_e.set_title("every instance's final E")
     legend_under_panels(fig, ax_t, ncol=min(len(by_group), 3))  # each line is in both
     title = (f"sweep {spec.experiment}: {len(np.unique(table['point']))} points × "

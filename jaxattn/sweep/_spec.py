@@ -144,13 +144,11 @@ def read_spec(path) -> SweepSpec:
     """
     path = Path(path)
     try:
-        text = path.read_bytes()
-    except OSError as e:
-        raise ValueError(f"cannot read the sweep spec {path}: {e.strerror or e}") from None
-    try:
-        raw = _load(path, text)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid {path.suffix.lstrip('.').upper()}: {e}") from None
+        raw = _load(path, path.read_bytes())
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        why = (f"cannot read the sweep spec {path}: {e.strerror or e}" if isinstance(e, OSError)
+               else f"{path} is not valid {path.suffix.lstrip('.').upper()}: {e}")
+        raise ValueError(why) from None
     unknown = sorted(set(raw) - set(_SPEC_KEYS)) if isinstance(raw, dict) else []
     for bad, message in (
         (not isinstance(raw, dict) or "experiment" not in raw,

@@ -1,19 +1,13 @@
 """Which theorem of paper 001 covers a model, and what it predicts:
-`ja.theory.classify(dyn)`, `ja.theory.predict(dyn, x0)`.
+`ja.theory.classify(dyn)`, `ja.theory.predict(dyn, x0)`; both run on the host, with
+tolerances relative to each weight's own scale (`classify`, `default_tol`). Each
+theorem's domain and outcome tests, traceable under `jit` and `vmap`, are
+`ja.theory.theorem_test(theorem, dyn)`.
 
-`classify` and `predict` run on the host (they read concrete weights); see
-`classify` for the tolerances, which are relative to each weight's own scale (the
-verdict does not change under `P → cP, β → β/c` or `U → cU`) and by default scale
-with the weights' dtype (`default_tol`). Each theorem's
-domain and outcome tests are also available for one sequence at a time, traceable
-under `jit` and `vmap`: `ja.theory.theorem_test(theorem, dyn)`; `predict` and the
-sweeps use them.
-
-The reductions of the noisy dynamics are host functions of floats: the two-token
-diffusion under the common value noise (`antipodal_drift`, `antipodal_diffusion`,
-its exponent `antipodal_rate`, threshold `antipodal_threshold` and scale function
-`antipodal_probability`) and the noisy USA transition (`noisy_threshold`,
-`noisy_beta_star`, the finite-step `layer_diffusion` and `fit_threshold`).
+The closed forms and reductions are host functions of floats: the equiangular
+reduction (`equiangular_*`), two tokens under the common value noise (`antipodal_*`)
+and the noisy USA transition (`noisy_threshold`, `noisy_beta_star`, `layer_diffusion`,
+`fit_threshold`).
 """
 
 from ._antipodal import antipodal_diffusion as antipodal_diffusion

@@ -401,13 +401,13 @@ def _check_times(times) -> np.ndarray:
     if times is None:
         return np.linspace(0.0, 10.0, 201)
     try:
-        times = np.asarray(times, np.float64)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"classify: `times` must be a 1-D array of times, got {times!r}; "
-                        "pass e.g. np.linspace(0, 10, 201), or None.") from e
-    if times.ndim != 1 or times.size < 1:
+        array = np.asarray(times, np.float64)
+    except (TypeError, ValueError):
+        array = np.zeros(())
+    if array.ndim != 1 or array.size < 1:
         raise ValueError(f"classify: `times` must be a nonempty 1-D array of finite times, "
-                         f"got shape {times.shape}.")
+                         f"got {times!r}; pass e.g. np.linspace(0, 10, 201), or None.")
+    times = array
     if not np.all(np.isfinite(times)):
         bad = times[~np.isfinite(times)][0]
         raise ValueError(f"classify: `times` must be finite, got {bad} at index "
@@ -492,10 +492,9 @@ def classify(
     times = _check_times(times)
     if tol is None:
         tol = default_tol(_weights_dtype(dyn), dyn.dim)
-    elif isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating, np.integer)):
-        raise TypeError(f"classify: `tol` must be a positive number, got {tol!r}.")
-    if not tol > 0:
-        raise ValueError(f"classify: `tol` must be > 0, got {tol}.")
+    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating, np.integer)) \
+            or not tol > 0:
+        raise ValueError(f"classify: `tol` must be a number > 0, got {tol!r}.")
     tol = float(tol)
     m = _read(dyn, times)
     builders = (_theorem_32, _theorem_41, _theorem_51, _theorem_52, _theorem_53)

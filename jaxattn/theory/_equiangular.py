@@ -72,22 +72,39 @@ class EquiangularSolution(eqx.Module):
     radius: Float[Array, " T"]
 
 
-def _members(norm: _Norm, kernel: _Kernel) -> tuple[AbstractNorm, AbstractKernel]:
-    """The members `norm` and `kernel` name (strings or members), or an error naming
-    the kernels the reduction covers."""
+def _check(n: int, beta: float = 0.0, norm: _Norm = "post", kernel: _Kernel = "softmax", *,
+           rho0=None, closed: bool = True, d=None, ts=None
+           ) -> tuple[AbstractNorm, AbstractKernel]:
+    """The members `norm` and `kernel` name (strings or members), or a one-line refusal:
+    a kernel the reduction does not cover, a token count `n` below 2, a `beta` that is
+    not a finite number `≥ 0`, a `rho0` outside `[−1/(n − 1), 1]` (`[…, 1)` unless
+    `closed`), a dimension `d` below `n` and save times `ts` that are not 1-D."""
     norm, kernel = as_norm(norm), as_kernel(kernel)
-    if kernel.exponent_shift != 0:
-        raise ValueError(f"`kernel` must be {' or '.join(map(repr, KERNELS))} (the reduction "
-                         f"needs weights that depend on ⟨x_i, x_j⟩ alone), got {kernel.name!r}.")
+    int_n = not isinstance(n, bool) and isinstance(n, (int, np.integer))
+    lowest = -1 / (n - 1) if int_n and n >= 2 else -1.0
+    top = "1]" if closed else "1)"
+    number = (int, float, np.number)
+    refusals = (
+        (kernel.exponent_shift != 0, f"`kernel` must be {' or '.join(map(repr, KERNELS))} (the "
+         f"reduction needs weights that depend on ⟨x_i, x_j⟩ alone), got {kernel.name!r}."),
+        (not int_n or n < 2, f"`n` is the number of tokens: an integer ≥ 2, got {n!r}."),
+        (not (isinstance(beta, number) and math.isfinite(beta) and beta >= 0),
+         f"`beta` must be a finite number ≥ 0, got {beta!r}."),
+        (rho0 is not None and not (isinstance(rho0, number) and lowest <= rho0
+                                   and (rho0 <= 1 if closed else rho0 < 1)),
+         f"`rho0` must lie in [−1/(n − 1), {top} = [{lowest:.4g}, {top} for n = {n} tokens"
+         + ("" if closed else " (ρ = 1 is one point, which never moves)") + f", got {rho0!r}."),
+        (d is not None and (isinstance(d, bool) or not isinstance(d, (int, np.integer))
+                            or not int_n or d < n),
+         f"`d` must be an integer ≥ n = {n}: {n} equiangular tokens span {n} dimensions; "
+         f"got d = {d!r}."),
+        (ts is not None and (ts.ndim != 1 or ts.size < 1),
+         f"`ts` must be a 1-D array of save times, got shape {jnp.shape(ts)}."),
+    )
+    for bad, message in refusals:
+        if bad:
+            raise ValueError(message)
     return norm, kernel
-
-
-def _check(n: int, beta: float, norm, kernel) -> tuple[AbstractNorm, AbstractKernel]:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
-        raise ValueError(f"`n` is the number of tokens: an integer ≥ 2, got {n!r}.")
-    if not (isinstance(beta, (int, float, np.number)) and math.isfinite(beta) and beta >= 0):
-        raise ValueError(f"`beta` must be a finite number ≥ 0, got {beta!r}.")
-    return _members(norm, kernel)
 
 
 def _kappa(norm: AbstractNorm, r):
@@ -189,14 +206,8 @@ def equiangular_solution(rho0: float, n: int, beta: float, ts: Real[Array, " T"]
 
     An `EquiangularSolution` at `ts`.
     """
-    norm, kernel = _check(n, beta, norm, kernel)
-    lowest = -1 / (n - 1)
-    if not (isinstance(rho0, (int, float, np.number)) and lowest <= rho0 < 1):
-        raise ValueError(f"`rho0` must lie in [−1/(n − 1), 1) = [{lowest:.4g}, 1) for n = "
-                         f"{n} tokens (ρ = 1 is one point, which never moves), got {rho0!r}.")
     ts = jnp.asarray(ts, float)
-    if ts.ndim != 1 or ts.size < 1:
-        raise ValueError(f"`ts` must be a 1-D array of save times, got shape {ts.shape}.")
+    norm, kernel = _check(n, beta, norm, kernel, rho0=rho0, closed=False, ts=ts)
     y0 = jnp.asarray([math.log1p(-rho0), 0.0], ts.dtype)
     ys = _solve(y0, ts, n, float(beta), norm, kernel, rtol, atol, max_steps)
     gap = jnp.exp(ys[:, 0])
@@ -265,15 +276,7 @@ def equiangular_tokens(rho0: float, n: int, d: int, dtype=None) -> Float[Array, 
 
     The tokens, `(n, d)`.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
-        raise ValueError(f"`n` is the number of tokens: an integer ≥ 2, got {n!r}.")
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < n:
-        raise ValueError(f"`d` must be an integer ≥ n = {n}: {n} equiangular tokens span "
-                         f"{n} dimensions; got d = {d!r}.")
-    lowest = -1 / (n - 1)
-    if not (isinstance(rho0, (int, float, np.number)) and lowest <= rho0 <= 1):
-        raise ValueError(f"`rho0` must lie in [−1/(n − 1), 1] = [{lowest:.4g}, 1] for "
-                         f"n = {n} tokens, got {rho0!r}.")
+    _check(n, rho0=rho0, d=d)
     c2 = (1 + (n - 1) * rho0) / n
     e = np.full(n, 1 / math.sqrt(n))
     f = math.sqrt(n / (n - 1)) * (np.eye(n) - 1 / n)

@@ -129,12 +129,16 @@ def fit_threshold(K, rates) -> tuple[float, float, float]:
 def check_sphere_args(beta, d, name: str = "beta") -> tuple[float, int]:
     """`(value, d)` checked: a finite value `> 0` named `name`, and a dimension `d`, an
     int `≥ 2` (tokens on `S^{d−1}`); one-line errors otherwise."""
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2:
-        raise ValueError(f"`d` must be an int ≥ 2 (tokens on the sphere S^(d-1)), got {d!r}.")
     try:
-        beta = float(beta)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"`{name}` must be a real number, got {beta!r}.") from e
-    if not (math.isfinite(beta) and beta > 0):
-        raise ValueError(f"`{name}` must be finite and > 0, got {beta}.")
-    return beta, int(d)
+        value = float(beta)
+    except (TypeError, ValueError):
+        value = math.nan
+    for bad, message in (
+        (isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2,
+         f"`d` must be an int ≥ 2 (tokens on the sphere S^(d-1)), got {d!r}."),
+        (not (math.isfinite(value) and value > 0),
+         f"`{name}` must be finite and > 0 (a real number), got {beta!r}."),
+    ):
+        if bad:
+            raise ValueError(message)
+    return value, int(d)

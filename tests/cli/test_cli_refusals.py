@@ -3,6 +3,7 @@ a number in other than ASCII digits is one line and exit status 2 in every comma
 help and argument errors answer without loading JAX; Ctrl-C at any moment, start-up
 and exit included, ends the program with exit status 130."""
 
+import json
 import os
 import subprocess
 import sys
@@ -60,14 +61,21 @@ def test_repeatable_flags_stay_repeatable():
     assert args.grid == ["a=1", "b=2"]
 
 
+# Every `LIGHT` command line in one fresh process, each in turn: JAX, once loaded, stays
+# loaded, so the first line that loads it fails and none can hide it.
 _PROBE = """
-import sys
+import contextlib, io, json, sys
 from jaxattn.cli import main
-try:
-    code = main({argv!r})
-except SystemExit as e:  # --help
-    code = e.code
-print("CODE", code, "JAX", "jax" in sys.modules)
+answers = []
+for argv in {argvs!r}:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as e:  # --help
+            code = e.code
+    answers.append([code, "jax" in sys.modules, err.getvalue()])
+print(json.dumps(answers))
 """
 
 LIGHT = [  # (argv, exit status)
@@ -94,15 +102,24 @@ LIGHT = [  # (argv, exit status)
 ]
 
 
-@pytest.mark.parametrize("argv, code", LIGHT, ids=[" ".join(a) for a, _ in LIGHT])
-def test_help_and_argument_errors_answer_without_jax(argv, code):
-    out = subprocess.run([sys.executable, "-c", _PROBE.format(argv=argv)],
-                         capture_output=True, text=True, timeout=120,
+@pytest.fixture(scope="module")
+def light_answers() -> dict:
+    """`(exit status, JAX loaded, stderr)` of each `LIGHT` command line."""
+    argvs = [argv for argv, _ in LIGHT]
+    out = subprocess.run([sys.executable, "-c", _PROBE.format(argvs=argvs)],
+                         capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    last = out.stdout.strip().splitlines()[-1]
-    assert last == f"CODE {code} JAX False", out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.returncode == 0 and out.stderr == "", out.stdout[-2000:] + out.stderr[-2000:]
+    answers = json.loads(out.stdout.strip().splitlines()[-1])
+    return {" ".join(argv): answer for argv, answer in zip(argvs, answers)}
+
+
+@pytest.mark.parametrize("argv, code", LIGHT, ids=[" ".join(a) for a, _ in LIGHT])
+def test_help_and_argument_errors_answer_without_jax(light_answers, argv, code):
+    status, jax_loaded, err = light_answers[" ".join(argv)]
+    assert (status, jax_loaded) == (code, False), err[-2000:]
     if code == 2:
-        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert len(err.strip().splitlines()) == 1, err
 
 
 def test_the_declared_constants_are_the_modules():

@@ -31,7 +31,8 @@ from ..._precision import Precision
 #: keeps HuggingFace's rounding and forward-mode autodiff.
 DENSE_LIMIT = 2**20
 
-_ACTIVATIONS = {
+#: HuggingFace's activation names (a config's `activation_function` / `hidden_act`).
+ACTIVATIONS = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
@@ -40,16 +41,6 @@ _ACTIVATIONS = {
     "silu": jax.nn.silu,
     "swish": jax.nn.silu,
 }
-
-
-def activation(name: str):
-    """The activation function HuggingFace calls `name` (`ValueError` if unknown)."""
-    try:
-        return _ACTIVATIONS[name]
-    except KeyError:
-        raise ValueError(
-            f"unsupported activation {name!r}; jaxattn knows {sorted(_ACTIVATIONS)}."
-        ) from None
 
 
 def normal(key, shape, std: float, dtype=jnp.float32) -> Array:
@@ -101,6 +92,12 @@ class Linear(eqx.Module):
         b = jnp.zeros((d_out,), jnp.float32) if bias else None
         return Linear(normal(key, (d_out, d_in), std), b)
 
+    @staticmethod
+    def load(src, name: str, d_in: int, d_out: int, bias: bool = True) -> "Linear":
+        """From the HuggingFace tensors `{name}.weight` and `{name}.bias` of `src`."""
+        b = src.get(f"{name}.bias", (d_out,)) if bias else None
+        return Linear(src.get(f"{name}.weight", (d_out, d_in)), b)
+
 
 class LayerNorm(eqx.Module):
     """LayerNorm over the features of each token (biased variance, as PyTorch)."""
@@ -119,6 +116,10 @@ class LayerNorm(eqx.Module):
     @staticmethod
     def init(d: int, eps: float) -> "LayerNorm":
         return LayerNorm(jnp.ones((d,), jnp.float32), jnp.zeros((d,), jnp.float32), eps)
+
+    @staticmethod
+    def load(src, name: str, d: int, eps: float) -> "LayerNorm":
+        return LayerNorm(src.get(f"{name}.weight", (d,)), src.get(f"{name}.bias", (d,)), eps)
 
 
 class RMSNorm(eqx.Module):
@@ -189,6 +190,13 @@ class Attention(eqx.Module):
         y = product("hkd,nd->hnk", w, x, x.dtype, precision).astype(x.dtype)
         return y if b is None else y + b[:, None, :].astype(x.dtype)
 
+    def _queries_keys(self, x, rotary, precision):
+        q = self._project(self.query, self.query_bias, x, precision)
+        k = self._project(self.key, self.key_bias, x, precision)
+        if rotary is None:
+            return q, k
+        return apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+
     def __call__(
         self,
         x: Float[Array, "n d"],
@@ -199,11 +207,8 @@ class Attention(eqx.Module):
         causal: bool = False,
         window: "Window | None" = None,
     ) -> Float[Array, "n d"]:
-        q = self._project(self.query, self.query_bias, x, precision)
-        k = self._project(self.key, self.key_bias, x, precision)
+        q, k = self._queries_keys(x, rotary, precision)
         v = self._project(self.value, self.value_bias, x, precision)
-        if rotary is not None:
-            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         n = x.shape[0]
         kernel = attention_kernel(x.dtype, q.shape[-1])
         if kernel is not None and mask is None and (causal or window is None):
@@ -272,10 +277,7 @@ class Attention(eqx.Module):
         """The attention probabilities of every head on `x` (the arguments of
         `__call__`): HuggingFace's `output_attentions`. Always the dense `(h, n, n)`
         array, which is what they are, at any `n` (`__call__` takes key blocks)."""
-        q = self._project(self.query, self.query_bias, x, precision)
-        k = self._project(self.key, self.key_bias, x, precision)
-        if rotary is not None:
-            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        q, k = self._queries_keys(x, rotary, precision)
         return self._weights(q, k, dense_mask(x.shape[0], causal, mask), precision)
 
     @staticmethod
@@ -411,7 +413,7 @@ class MLP(eqx.Module):
 
     def __call__(self, x: Float[Array, "n d"], *,
                  precision: Precision = "float32") -> Float[Array, "n d"]:
-        h = activation(self.act)(self.fc(x, precision=precision))
+        h = ACTIVATIONS[self.act](self.fc(x, precision=precision))
         return self.proj(h, precision=precision)
 
 
@@ -425,7 +427,7 @@ class GatedMLP(eqx.Module):
 
     def __call__(self, x: Float[Array, "n d"], *,
                  precision: Precision = "float32") -> Float[Array, "n d"]:
-        gate = activation(self.act)(self.gate(x, precision=precision))
+        gate = ACTIVATIONS[self.act](self.gate(x, precision=precision))
         return self.down(gate * self.up(x, precision=precision), precision=precision)
 
 

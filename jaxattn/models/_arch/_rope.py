@@ -27,11 +27,15 @@ _REQUIRED = {"linear": ("factor",), "dynamic": ("factor",),
              "llama3": ("factor", "low_freq_factor", "high_freq_factor")}
 
 
-def _number(field: str, value, *, least: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > least):
-        raise ValueError(f"`{field}` must be a finite number > {least:g}, got {value!r}.")
-    return value
+def real_problem(key: str, value, least: float = 0.0, strict: bool = True) -> str | None:
+    """What is wrong with config field `key` unless `value` is a finite real number
+    `> least` (`≥` when not `strict`), else None; a boolean or a string is not a number."""
+    if (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and (isinstance(value, int) or math.isfinite(value))
+            and (value > least if strict else value >= least)):
+        return None
+    bound = f"> {least:g}" if strict else f"≥ {least:g}"
+    return f"`{key}` must be a finite number {bound}, got {value!r}."
 
 
 def read_rope(hf: dict) -> tuple[float, tuple]:
@@ -59,29 +63,28 @@ def read_rope(hf: dict) -> tuple[float, tuple]:
     if not isinstance(params, dict):
         raise ValueError(f"`{field}` must be an object, got {params!r}.")
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ROPE_KEYS:
-        raise ValueError(
-            f"config: {field}.rope_type={kind!r}: jaxattn does not implement the rotary "
-            f"scaling {kind!r} (it implements {', '.join(ROPE_KEYS)}).")
     partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise ValueError(f"config: partial_rotary_factor={partial!r}: jaxattn does not "
-                         f"implement partial rotary positions (only 1.0).")
     theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
-    if kind == "default":
-        return theta, ()
-    scaling = {k: params[k] for k in ROPE_KEYS[kind] if params.get(k) is not None}
+    scaling = {k: params[k] for k in ROPE_KEYS.get(kind, ()) if params.get(k) is not None}
     if hf.get("original_max_position_embeddings") is not None and kind in ("llama3", "yarn"):
         scaling["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
-    for key in _REQUIRED.get(kind, ()):
-        if key not in scaling:
-            raise ValueError(f"config: {field} of rope_type {kind!r} needs `{key}`.")
-    for key, value in scaling.items():
-        if key != "truncate":
-            _number(f"{field}.{key}", value)
-    if "truncate" in scaling and not isinstance(scaling["truncate"], bool):
-        raise ValueError(f"`{field}.truncate` must be true or false, got {scaling['truncate']!r}.")
-    return theta, tuple(sorted({"rope_type": kind, **scaling}.items()))
+    missing = [f"`{key}`" for key in _REQUIRED.get(kind, ()) if key not in scaling]
+    numbers = {"rope_theta": theta, **{f"{field}.{k}": v for k, v in scaling.items()
+                                       if k != "truncate"}}
+    problems = [
+        kind not in ROPE_KEYS and f"config: {field}.rope_type={kind!r}: jaxattn does not "
+        f"implement the rotary scaling {kind!r} (it implements {', '.join(ROPE_KEYS)}).",
+        partial != 1.0 and f"config: partial_rotary_factor={partial!r}: jaxattn does not "
+        "implement partial rotary positions (only 1.0).",
+        missing and f"config: {field} of rope_type {kind!r} needs {', '.join(missing)}.",
+        *(real_problem(key, value) for key, value in numbers.items()),
+        not isinstance(scaling.get("truncate", True), bool)
+        and f"`{field}.truncate` must be true or false, got {scaling['truncate']!r}.",
+    ]
+    problem = next((p for p in problems if p), None)
+    if problem:
+        raise ValueError(problem)
+    return theta, () if kind == "default" else tuple(sorted({"rope_type": kind, **scaling}.items()))
 
 
 def _llama3(inv_freq: Array, p: dict, max_positions: int) -> Array:

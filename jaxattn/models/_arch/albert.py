@@ -6,17 +6,14 @@ import jax
 from jaxtyping import Array, Float, Int
 
 from ._nn import MLP, LayerNorm, Linear, PostNormBlock
-from .base import AbstractTransformer, TransformerConfig, stack
+from .base import AbstractTransformer, TransformerConfig, reject, stack
 from .bert import (
     encoder_config,
     init_embeddings,
     init_encoder_block,
-    layer_norm,
     load_attention,
     load_embeddings,
-    load_linear,
 )
-from .gpt2 import reject
 
 
 class Albert(AbstractTransformer):
@@ -83,9 +80,10 @@ class Albert(AbstractTransformer):
         attn = load_attention(cfg, src, {
             "query": f"{p}.attention.query", "key": f"{p}.attention.key",
             "value": f"{p}.attention.value", "output": f"{p}.attention.dense"})
-        mlp = MLP(load_linear(src, f"{p}.ffn", d, inner),
-                  load_linear(src, f"{p}.ffn_output", inner, d), cfg.activation)
-        block = PostNormBlock(attn, layer_norm(src, f"{p}.attention.LayerNorm", d, cfg.norm_eps),
-                              mlp, layer_norm(src, f"{p}.full_layer_layer_norm", d, cfg.norm_eps))
-        project = load_linear(src, "encoder.embedding_hidden_mapping_in", e, d)
+        mlp = MLP(Linear.load(src, f"{p}.ffn", d, inner),
+                  Linear.load(src, f"{p}.ffn_output", inner, d), cfg.activation)
+        eps = cfg.norm_eps
+        block = PostNormBlock(attn, LayerNorm.load(src, f"{p}.attention.LayerNorm", d, eps),
+                              mlp, LayerNorm.load(src, f"{p}.full_layer_layer_norm", d, eps))
+        project = Linear.load(src, "encoder.embedding_hidden_mapping_in", e, d)
         return cls(cfg, *load_embeddings(cfg, src, e), project, stack([block]))

@@ -86,22 +86,24 @@ class TransformerConfig:
         return self.max_positions
 
 
+def reject(hf: dict, key: str, ok, what: str) -> None:
+    """`ValueError` when `hf[key]` holds a value jaxattn does not implement."""
+    if key in hf and not ok(hf[key]):
+        raise ValueError(f"config: {key}={hf[key]!r} is not supported ({what}).")
+
+
 def check_sizes(cfg: TransformerConfig) -> TransformerConfig:
-    """`ValueError` for sizes that cannot describe a model."""
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
-        value = getattr(cfg, name)
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"config: `{name}` must be a positive integer, got {value!r}.")
-    if cfg.head_dim is None and cfg.hidden_size % cfg.num_heads:
-        raise ValueError(
-            f"config: hidden size {cfg.hidden_size} is not a multiple of the "
-            f"{cfg.num_heads} attention heads."
-        )
-    if cfg.num_heads % cfg.kv_heads:
-        raise ValueError(
-            f"config: {cfg.num_heads} attention heads are not a multiple of the "
-            f"{cfg.kv_heads} key-value heads."
-        )
+    """`ValueError` for head counts that do not divide the sizes (each size itself
+    was checked in `config.json`)."""
+    for bad, message in (
+        (cfg.head_dim is None and cfg.hidden_size % cfg.num_heads,
+         f"hidden size {cfg.hidden_size} is not a multiple of the {cfg.num_heads} attention "
+         "heads"),
+        (cfg.num_heads % cfg.kv_heads, f"{cfg.num_heads} attention heads are not a multiple "
+         f"of the {cfg.kv_heads} key-value heads"),
+    ):
+        if bad:
+            raise ValueError(f"config: {message}.")
     return cfg
 
 

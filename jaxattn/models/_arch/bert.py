@@ -6,8 +6,7 @@ import jax
 from jaxtyping import Array, Float, Int
 
 from ._nn import MLP, Attention, LayerNorm, Linear, PostNormBlock, bias_heads, heads_in, normal
-from .base import AbstractTransformer, TransformerConfig, check_sizes, stack
-from .gpt2 import layer_norm, reject
+from .base import AbstractTransformer, TransformerConfig, check_sizes, reject, stack
 
 
 def encoder_config(hf: dict, model_type: str, **extra) -> TransformerConfig:
@@ -53,17 +52,13 @@ def load_embeddings(cfg: TransformerConfig, src, width: int):
     return (src.get(f"{p}.word_embeddings.weight", (cfg.vocab_size, width)),
             src.get(f"{p}.position_embeddings.weight", (cfg.max_positions, width)),
             src.get(f"{p}.token_type_embeddings.weight", (cfg.type_vocab_size, width)),
-            layer_norm(src, f"{p}.LayerNorm", width, cfg.norm_eps))
-
-
-def load_linear(src, name: str, d_in: int, d_out: int) -> Linear:
-    return Linear(src.get(f"{name}.weight", (d_out, d_in)), src.get(f"{name}.bias", (d_out,)))
+            LayerNorm.load(src, f"{p}.LayerNorm", width, cfg.norm_eps))
 
 
 def load_attention(cfg: TransformerConfig, src, names: dict[str, str]) -> Attention:
     """Per-head attention from the `query`, `key`, `value`, `output` linear layers."""
     d, h = cfg.hidden_size, cfg.num_heads
-    q, k, v, o = (load_linear(src, names[n], d, d) for n in ("query", "key", "value", "output"))
+    q, k, v, o = (Linear.load(src, names[n], d, d) for n in ("query", "key", "value", "output"))
     return Attention(heads_in(q.weight, h), heads_in(k.weight, h), heads_in(v.weight, h),
                      o.weight.reshape(d, h, d // h), bias_heads(q.bias, h), bias_heads(k.bias, h),
                      bias_heads(v.bias, h), o.bias, cfg.scale)
@@ -121,10 +116,10 @@ class Bert(AbstractTransformer):
             attn = load_attention(cfg, src, {
                 "query": f"{p}.attention.self.query", "key": f"{p}.attention.self.key",
                 "value": f"{p}.attention.self.value", "output": f"{p}.attention.output.dense"})
-            mlp = MLP(load_linear(src, f"{p}.intermediate.dense", d, inner),
-                      load_linear(src, f"{p}.output.dense", inner, d), cfg.activation)
+            mlp = MLP(Linear.load(src, f"{p}.intermediate.dense", d, inner),
+                      Linear.load(src, f"{p}.output.dense", inner, d), cfg.activation)
             return PostNormBlock(
-                attn, layer_norm(src, f"{p}.attention.output.LayerNorm", d, cfg.norm_eps), mlp,
-                layer_norm(src, f"{p}.output.LayerNorm", d, cfg.norm_eps))
+                attn, LayerNorm.load(src, f"{p}.attention.output.LayerNorm", d, cfg.norm_eps), mlp,
+                LayerNorm.load(src, f"{p}.output.LayerNorm", d, cfg.norm_eps))
 
         return cls(cfg, *load_embeddings(cfg, src, d), stack(map(block, range(cfg.num_layers))))

@@ -18,17 +18,7 @@ from ._nn import (
     heads_out,
     normal,
 )
-from .base import AbstractTransformer, TransformerConfig, check_sizes, stack
-
-
-def reject(hf: dict, key: str, ok, what: str) -> None:
-    """`ValueError` when `hf[key]` holds a value jaxattn does not implement."""
-    if key in hf and not ok(hf[key]):
-        raise ValueError(f"config: {key}={hf[key]!r} is not supported ({what}).")
-
-
-def layer_norm(src, name: str, d: int, eps: float) -> LayerNorm:
-    return LayerNorm(src.get(f"{name}.weight", (d,)), src.get(f"{name}.bias", (d,)), eps)
+from .base import AbstractTransformer, TransformerConfig, check_sizes, reject, stack
 
 
 class AbstractLearnedPositionDecoder(AbstractTransformer):
@@ -124,9 +114,9 @@ class GPT2(AbstractLearnedPositionDecoder):
                              bias_heads(bv, h), out.bias, cfg.scale)
             mlp = MLP(conv(f"{p}.mlp.c_fc", d, inner), conv(f"{p}.mlp.c_proj", inner, d),
                       cfg.activation)
-            return PreNormBlock(layer_norm(src, f"{p}.ln_1", d, eps), attn,
-                                layer_norm(src, f"{p}.ln_2", d, eps), mlp)
+            return PreNormBlock(LayerNorm.load(src, f"{p}.ln_1", d, eps), attn,
+                                LayerNorm.load(src, f"{p}.ln_2", d, eps), mlp)
 
         return cls(cfg, src.get("wte.weight", (cfg.vocab_size, d)),
                    src.get("wpe.weight", (cfg.max_positions, d)),
-                   stack(map(block, range(cfg.num_layers))), layer_norm(src, "ln_f", d, eps))
+                   stack(map(block, range(cfg.num_layers))), LayerNorm.load(src, "ln_f", d, eps))

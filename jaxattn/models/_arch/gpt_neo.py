@@ -18,19 +18,21 @@ from ._nn import (
     normal,
 )
 from .base import TransformerConfig, check_sizes, stack
-from .gpt2 import AbstractLearnedPositionDecoder, layer_norm
+from .gpt2 import AbstractLearnedPositionDecoder
 
 
-def expand_attention_types(types) -> tuple[str, ...]:
-    """`[[["global", "local"], 6]]` → `("global", "local", …)` (12 entries)."""
+def expand_attention_types(types, layers: int) -> tuple[str, ...]:
+    """`[[["global", "local"], 6]]` → `("global", "local", …)` (12 entries), one
+    `"global"` or `"local"` for each of the `layers` layers."""
     try:
         out = tuple(kind for kinds, repeat in types for _ in range(repeat) for kind in kinds)
     except (TypeError, ValueError):
+        out = None
+    if out is None or not set(out) <= {"global", "local"} or len(out) != layers:
         raise ValueError(
-            f"config: attention_types must look like [[['global', 'local'], 6]], got {types!r}."
-        ) from None
-    if not set(out) <= {"global", "local"}:
-        raise ValueError(f"config: attention types must be 'global' or 'local', got {set(out)}.")
+            f"config: attention_types must look like [[['global', 'local'], 6]] and describe "
+            f"num_layers={layers} layers, each 'global' or 'local', got {types!r}."
+        )
     return out
 
 
@@ -61,11 +63,8 @@ class GPTNeo(AbstractLearnedPositionDecoder):
     def config_from_hf(cls, hf):
         d = hf.get("hidden_size", 2048)
         layers = hf.get("num_layers", 24)
-        kinds = expand_attention_types(hf.get("attention_types", [[["global", "local"], 12]]))
-        if len(kinds) != layers:
-            raise ValueError(
-                f"config: attention_types describe {len(kinds)} layers but num_layers={layers}."
-            )
+        kinds = expand_attention_types(hf.get("attention_types", [[["global", "local"], 12]]),
+                                       layers)
         return check_sizes(TransformerConfig(
             model_type="gpt_neo", vocab_size=hf.get("vocab_size", 50257), hidden_size=d,
             num_layers=layers, num_heads=hf.get("num_heads", 16),
@@ -95,21 +94,17 @@ class GPTNeo(AbstractLearnedPositionDecoder):
     def from_state(cls, cfg, src):
         d, h, inner, eps = cfg.hidden_size, cfg.num_heads, cfg.intermediate_size, cfg.norm_eps
 
-        def linear(name, d_in, d_out, bias=True):
-            b = src.get(f"{name}.bias", (d_out,)) if bias else None
-            return Linear(src.get(f"{name}.weight", (d_out, d_in)), b)
-
         def block(i):
             p = f"h.{i}.attn.attention"
-            q, k, v = (linear(f"{p}.{n}_proj", d, d, bias=False).weight for n in "qkv")
-            out = linear(f"{p}.out_proj", d, d)
+            q, k, v = (Linear.load(src, f"{p}.{n}_proj", d, d, bias=False).weight for n in "qkv")
+            out = Linear.load(src, f"{p}.out_proj", d, d)
             attn = Attention(heads_in(q, h), heads_in(k, h), heads_in(v, h),
                              heads_out(out.weight, h), None, None, None, out.bias, cfg.scale)
-            mlp = MLP(linear(f"h.{i}.mlp.c_fc", d, inner), linear(f"h.{i}.mlp.c_proj", inner, d),
-                      cfg.activation)
-            return PreNormBlock(layer_norm(src, f"h.{i}.ln_1", d, eps), attn,
-                                layer_norm(src, f"h.{i}.ln_2", d, eps), mlp)
+            mlp = MLP(Linear.load(src, f"h.{i}.mlp.c_fc", d, inner),
+                      Linear.load(src, f"h.{i}.mlp.c_proj", inner, d), cfg.activation)
+            return PreNormBlock(LayerNorm.load(src, f"h.{i}.ln_1", d, eps), attn,
+                                LayerNorm.load(src, f"h.{i}.ln_2", d, eps), mlp)
 
         return cls(cfg, src.get("wte.weight", (cfg.vocab_size, d)),
                    src.get("wpe.weight", (cfg.max_positions, d)),
-                   stack(map(block, range(cfg.num_layers))), layer_norm(src, "ln_f", d, eps))
+                   stack(map(block, range(cfg.num_layers))), LayerNorm.load(src, "ln_f", d, eps))

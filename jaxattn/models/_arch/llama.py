@@ -17,8 +17,7 @@ from ._nn import (
     normal,
 )
 from ._rope import read_rope, rotary_tables
-from .base import AbstractTransformer, TransformerConfig, check_sizes, stack
-from .gpt2 import reject
+from .base import AbstractTransformer, TransformerConfig, check_sizes, reject, stack
 
 
 class Llama(AbstractTransformer):
@@ -133,24 +132,20 @@ class Llama(AbstractTransformer):
         d, h, g, k = cfg.hidden_size, cfg.num_heads, cfg.kv_heads, cfg.dim_head
         inner, eps = cfg.intermediate_size, cfg.norm_eps
 
-        def linear(name, d_in, d_out, bias):
-            b = src.get(f"{name}.bias", (d_out,)) if bias else None
-            return Linear(src.get(f"{name}.weight", (d_out, d_in)), b)
-
         def block(i):
             p = f"layers.{i}"
             ab = cfg.attention_bias
-            q = linear(f"{p}.self_attn.q_proj", d, h * k, ab)
-            kk = linear(f"{p}.self_attn.k_proj", d, g * k, ab)
-            v = linear(f"{p}.self_attn.v_proj", d, g * k, ab)
-            o = linear(f"{p}.self_attn.o_proj", h * k, d, ab)
+            q = Linear.load(src, f"{p}.self_attn.q_proj", d, h * k, ab)
+            kk = Linear.load(src, f"{p}.self_attn.k_proj", d, g * k, ab)
+            v = Linear.load(src, f"{p}.self_attn.v_proj", d, g * k, ab)
+            o = Linear.load(src, f"{p}.self_attn.o_proj", h * k, d, ab)
             attn = Attention(heads_in(q.weight, h), heads_in(kk.weight, g), heads_in(v.weight, g),
                              heads_out(o.weight, h), bias_heads(q.bias, h), bias_heads(kk.bias, g),
                              bias_heads(v.bias, g), o.bias, cfg.scale)
             mb = cfg.mlp_bias
-            mlp = GatedMLP(linear(f"{p}.mlp.gate_proj", d, inner, mb),
-                           linear(f"{p}.mlp.up_proj", d, inner, mb),
-                           linear(f"{p}.mlp.down_proj", inner, d, mb), cfg.activation)
+            mlp = GatedMLP(Linear.load(src, f"{p}.mlp.gate_proj", d, inner, mb),
+                           Linear.load(src, f"{p}.mlp.up_proj", d, inner, mb),
+                           Linear.load(src, f"{p}.mlp.down_proj", inner, d, mb), cfg.activation)
             return PreNormBlock(RMSNorm(src.get(f"{p}.input_layernorm.weight", (d,)), eps), attn,
                                 RMSNorm(src.get(f"{p}.post_attention_layernorm.weight", (d,)), eps),
                                 mlp)

@@ -14,17 +14,13 @@ keys enter as per-system rows `(size, B)` (a shared leaf is repeated per system:
 once, as the tokens are). Noise is drawn inside the kernel by the threefry hash of
 each system's key, the numbers `jax.random` draws outside it: no noise array exists.
 
-Where it runs: on CUDA the kernel is compiled with Triton
-(`jax.experimental.pallas.triton`); on every other platform it runs in Pallas's
-interpret mode (correct, slow), so the tests check the same kernel on the CPU.
-The choice is made when the program is lowered (`lax.platform_dependent`), not
-from the host's default backend: a program traced on a CPU host and lowered for
-CUDA gets the compiled kernel.
+On CUDA the kernel is compiled with Triton, elsewhere it runs in Pallas's interpret
+mode (correct, slow: the tests check the same kernel on the CPU), chosen at lowering
+(`jaxattn._pallas.call`).
 """
 
 import contextlib
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 
@@ -36,6 +32,7 @@ from jax import lax
 from jaxtyping import Array, Float, PyTree
 
 from .._ensemble import LastAxis, is_batch_last
+from .call import pallas_run, power_of_two
 from .lanes import Lanes, evaluate, trace
 
 # Mosaic GPU (Pallas's default on CUDA) is not offered: its lane lowering has no
@@ -53,13 +50,15 @@ class KernelConfig:
     backend: str = "triton"
 
     def __post_init__(self):
-        if not (isinstance(self.block, int) and self.block >= 1
-                and self.block & (self.block - 1) == 0):
-            raise ValueError(f"`block` must be a power of two, got {self.block!r}.")
-        if not (isinstance(self.num_warps, int) and self.num_warps >= 1):
-            raise ValueError(f"`num_warps` must be a positive int, got {self.num_warps!r}.")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"`backend` must be one of {BACKENDS}, got {self.backend!r}.")
+        for refused, message in (
+                (not power_of_two(self.block),
+                 f"`block` must be a power of two, got {self.block!r}."),
+                (not (isinstance(self.num_warps, int) and self.num_warps >= 1),
+                 f"`num_warps` must be a positive int, got {self.num_warps!r}."),
+                (self.backend not in BACKENDS,
+                 f"`backend` must be one of {BACKENDS}, got {self.backend!r}.")):
+            if refused:
+                raise ValueError(message)
 
 
 _CONFIG = [KernelConfig()]
@@ -79,11 +78,6 @@ def use_kernel_config(**changes):
         yield _CONFIG[-1]
     finally:
         _CONFIG.pop()
-
-
-def _compiler_params(config: KernelConfig):
-    from jax.experimental.pallas import triton as pltriton
-    return pltriton.CompilerParams(num_warps=config.num_warps, num_stages=1)
 
 
 def _rows(leaf, size: int) -> Array:
@@ -169,20 +163,13 @@ def run_ensemble(
             full[i] = a
         return jax.tree.unflatten(tree, full)
 
-    def one(x, k, *arrays):
-        return step(x, k, rebuild(arrays))
-
-    def watch(x, *arrays):
-        return observe(x, rebuild(arrays))
-
     x_aval = jax.ShapeDtypeStruct(x0.shape[:-1], dtype)
-    k_aval = jax.ShapeDtypeStruct((), dtype)
     avals = [_core(leaves[i]) for i in dynamic]
-    step_jaxpr, _ = trace(one, x_aval, k_aval, *avals)
-    watch_jaxpr, watch_tree = trace(watch, x_aval, *avals)
-    watch_avals = watch_jaxpr.out_avals
-    if [(a.shape, a.dtype) for a in step_jaxpr.out_avals] != [(x_aval.shape, dtype)]:
-        raise ValueError("a kernel step must return the tokens' shape and dtype.")
+    step_jaxpr, _ = trace(lambda x, k, *arrays: step(x, k, rebuild(arrays)), x_aval,
+                          jax.ShapeDtypeStruct((), dtype), *avals)
+    watch_jaxpr, watch_tree = trace(lambda x, *arrays: observe(x, rebuild(arrays)), x_aval,
+                                    *avals)
+    out_avals = watch_jaxpr.out_avals
 
     block = config.block
     padded = -(-size // block) * block
@@ -191,7 +178,6 @@ def run_ensemble(
     in_avals = [x_aval] + avals
     keep = [j for j, a in enumerate(inputs) if a.shape[0] > 0]
     inputs = [_pad(inputs[j], padded) for j in keep]
-    out_avals = list(watch_avals)
     out_shapes = [jax.ShapeDtypeStruct((num_saves + 1, max(1, math.prod(a.shape)), padded),
                                        _stored(a.dtype)) for a in out_avals]
     out_shapes.append(jax.ShapeDtypeStruct((max(1, math.prod(x_aval.shape)), padded), dtype))
@@ -201,7 +187,6 @@ def run_ensemble(
         vals = [np.empty(a.shape, object) for a in in_avals]
         for j, ref in zip(keep, in_refs):
             vals[j] = _load(ref, in_avals[j])
-        x_start = vals[0]
 
         def save(index, x):
             lanes = Lanes(block)  # one per loop body: its splats live in that trace
@@ -225,30 +210,19 @@ def run_ensemble(
             save(s + 1, _unflat(carry, x_aval.shape))
             return carry
 
-        save(0, x_start)
-        last = lax.fori_loop(0, num_saves, saving, _flat(x_start, Lanes(block), dtype))
+        save(0, vals[0])
+        last = lax.fori_loop(0, num_saves, saving, _flat(vals[0], Lanes(block), dtype))
         for j, v in enumerate(last):
             out_refs[-1][j, :] = v
 
-    def call(interpret, *args):
-        # Pallas is imported here, on the kernel's first use: importing it costs every
-        # `run_layers` user about 0.3 s (JAX 0.10), and only this strategy needs it.
-        from jax.experimental import pallas as pl
-        return pl.pallas_call(
-            kernel,
-            grid=(padded // block,),
-            in_specs=[pl.BlockSpec((a.shape[0], block), lambda i: (0, i)) for a in args],
-            out_specs=[pl.BlockSpec(s.shape[:-1] + (block,),
-                                    lambda i, r=len(s.shape): (0,) * (r - 1) + (i,))
-                       for s in out_shapes],
-            out_shape=out_shapes,
-            interpret=interpret,
-            compiler_params=None if interpret else _compiler_params(config),
-            name="ensemble_run",
-        )(*args)
-
-    outs = lax.platform_dependent(*inputs, cuda=functools.partial(call, False),
-                                  default=functools.partial(call, True))
+    from jax.experimental import pallas as pl  # on the kernel's first use (`call.py`)
+    outs = pallas_run(
+        kernel, inputs, grid=(padded // block,),
+        in_specs=[pl.BlockSpec((a.shape[0], block), lambda i: (0, i)) for a in inputs],
+        out_specs=[pl.BlockSpec(s.shape[:-1] + (block,),
+                                lambda i, r=len(s.shape): (0,) * (r - 1) + (i,))
+                   for s in out_shapes],
+        out_shape=out_shapes, num_warps=config.num_warps, name="ensemble_run")
     saved = [o[..., :size].reshape((num_saves + 1,) + a.shape + (size,))
              for o, a in zip(outs[:-1], out_avals)]
     saved = [o != 0 if a.dtype == jnp.bool_ else o for o, a in zip(saved, out_avals)]
@@ -264,24 +238,14 @@ def _pad(a: Array, padded: int) -> Array:
     return jnp.concatenate([a, jnp.broadcast_to(a[:, :1], (a.shape[0], pad))], axis=-1)
 
 
-
 def key_rows(keys, batch: tuple[int, ...]) -> LastAxis:
-    """Per-system threefry keys `(*batch,)` (typed) or `(*batch, 2)` (raw) as the
-    kernel's rows `(2, B)` of `uint32`; other key implementations are refused."""
+    """Per-system threefry keys `(*batch,)` (typed) or `(*batch, 2)` (raw, as
+    `jaxattn._noise.check_noise` takes them) as the kernel's rows `(2, B)` of `uint32`;
+    other key implementations are refused."""
     if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
         impl = str(jax.random.key_impl(keys))
         if "threefry" not in impl:
             raise ValueError(f"strategy='kernel' draws noise with threefry keys only, got "
                              f"{impl!r}: use jax.random.key(seed).")
         keys = jax.random.key_data(keys)
-    if keys.shape[len(batch):] != (2,):
-        raise ValueError("strategy='kernel' draws noise with threefry keys (2 words), got "
-                         f"raw keys of shape {keys.shape[len(batch):]}.")
     return LastAxis(jnp.moveaxis(keys.reshape((-1, 2)), 0, -1))
-
-
-def refuse_devices(devices, shard: str = "batch") -> None:
-    """`strategy="kernel"` runs on one device: `devices=` and `shard=` refused by name."""
-    if devices is not None or shard != "batch":
-        raise ValueError("strategy='kernel' runs on one device: drop `devices=`/`shard=`, "
-                         "or take strategy='fused' to split the systems over devices.")

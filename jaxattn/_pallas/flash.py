@@ -9,27 +9,20 @@ output sum in registers (the online softmax). The head dimension is unrolled: a
 query is `a` vectors of its coordinates, so any `a` from 1 up runs without padding
 to a tensor-core tile (for `a ≥ 16` a `dot` would be the faster choice).
 
-`flash_attention(q, k, v, offset, kernel=…, causal=…, window=…)` computes what
-`jaxattn._blocks.blocked_attention` computes, for the kernels that declare `flash`:
-the softmax (`normalised`: the online softmax, its state in registers) and every
-pointwise member of the kernel family (`ja.Exp()`, `ja.USA()`, `ja.Sigmoid()`, a
-user's `AbstractPointwiseKernel`: its `pointwise` weight), with causal and window
-masks; the backward pass takes each member's own `block_grad`. The offset and
-`rescale` (`1/n`) stay the caller's, as for the blocked path. Boolean masks and the
-other kernels (`ja.Hardmax()`) are refused by name. Reverse
-mode is a custom VJP whose backward pass recomputes the blocks (FlashAttention-2's
-two kernels: one over query blocks for `dq`, one over key blocks for `dk`, `dv`), so
-a gradient costs `O(n)` memory.
-
-For `shard="tokens"`'s ring, `flash_partial` attends one share of the keys (the
-queries' positions shifted past the share's for the masks) and returns each row's
-log-normaliser beside the output, both differentiable; `merge_partial` merges shares.
-
-On CUDA the kernels are compiled with Triton; elsewhere they run in interpret mode
-(the platform chosen at lowering, as in `jaxattn._pallas`).
+`flash_attention` computes what `jaxattn._blocks.blocked_attention` computes for the
+kernels that declare `flash` (the softmax, with the online softmax's state in registers,
+and every pointwise member: its `pointwise` weight), with causal and window masks; the
+offset and `rescale` stay the caller's. Reverse mode is a custom VJP recomputing the
+blocks (FlashAttention-2's two kernels: `dq` over query blocks, `dk`, `dv` over key
+blocks, each member's own `block_grad`): a gradient costs `O(n)` memory. For
+`shard="tokens"`'s ring, `flash_partial` attends one share of the keys and returns each
+row's log-normaliser too; `merge_partial` merges shares. Triton on CUDA, interpret
+mode elsewhere (`call.py`).
 """
 
+import dataclasses
 import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +31,22 @@ from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
 from .._kernel import AbstractKernel, as_kernel
+from .call import pallas_run, power_of_two
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """The static description of one flash attention (hashable, for the custom VJP):
+    the kernel is a member of `AbstractKernel`, compared by its class and name (`kind`;
+    its arrays, a sigmoid's bias, enter through the caller's `offset`)."""
+
+    kernel: AbstractKernel = dataclasses.field(compare=False)
+    kind: tuple
+    causal: bool
+    window: int | None
+    bq: int
+    bk: int
+    warps: int
 
 
 def _allowed(i, j, *, m, n, causal: bool, window, shift=0):
@@ -66,35 +75,32 @@ def _where(ok, x, fill):
 def _lane_products(rows, cols):
     """`Σ_c rows[c][:, None] · cols[c][None, :]`, `(bq, bk)`: the product of two blocks
     stored as lanes (one vector per coordinate), summed coordinate by coordinate."""
-    total = None
-    for r, c in zip(rows, cols):
-        term = r[:, None] * c[None, :]
-        total = term if total is None else total + term
-    return total
+    return functools.reduce(operator.add, (r[:, None] * c[None, :] for r, c in zip(rows, cols)))
 
 
-def _scores(qs, ks, off, big):
-    """`(bq, bk)` scores of query lanes `qs` against key lanes `ks`, clipped to the
-    float range, then offset (as `jaxattn._blocks` orders them)."""
-    return jnp.clip(_lane_products(qs, ks), -big, big) + off
+def _pair(qs, ks, i, j, off, shift, spec, m, n=None):
+    """`(s, ok)` of a block pair: the scores of query lanes `qs` against key lanes `ks`,
+    clipped to the float range, then offset (as `jaxattn._blocks` orders them), and
+    which pairs are allowed (`_allowed`; `m` keys and `n` queries before padding)."""
+    big = float(jnp.finfo(qs[0].dtype).max)  # a literal: Triton negates no constant
+    s = jnp.clip(_lane_products(qs, ks), -big, big) + off
+    return s, _allowed(i, j, m=None if m % spec.bk == 0 else m,
+                       n=None if n is None or n % spec.bq == 0 else n,
+                       causal=spec.causal, window=spec.window, shift=shift)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, o_ref, lse_ref, *, a, cv, m,
-                    bq, bk, kernel, causal, window):
-    qi = pl.program_id(1)
+def _forward_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, o_ref, lse_ref, *, spec, a, cv,
+                    m):
+    bq, bk, kernel = spec.bq, spec.bk, spec.kernel
     qs = [q_ref[c, :] for c in range(a)]
     off, shift = off_ref[0], shift_ref[0]
-    mk = None if m % bk == 0 else m  # padded keys to mask
-    i = qi * bq + lax.iota(jnp.int32, bq)
-    dtype = qs[0].dtype
-    big = jnp.asarray(jnp.finfo(dtype).max, dtype)
+    i = pl.program_id(1) * bq + lax.iota(jnp.int32, bq)
 
     def body(jb, carry):
         mx, norm, acc = carry
-        start = jb * bk
-        j = start + lax.iota(jnp.int32, bk)
-        s = _scores(qs, [k_ref[c, pl.ds(start, bk)] for c in range(a)], off, big)
-        ok = _allowed(i, j, m=mk, n=None, causal=causal, window=window, shift=shift)
+        keys = pl.ds(jb * bk, bk)
+        s, ok = _pair(qs, [k_ref[c, keys] for c in range(a)], i,
+                      jb * bk + lax.iota(jnp.int32, bk), off, shift, spec, m)
         if kernel.normalised:  # the online softmax, one row's state in lanes
             s = _where(ok, s, -jnp.inf)
             new = jnp.maximum(mx, jnp.max(s, axis=1))
@@ -105,13 +111,13 @@ def _forward_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, o_ref, lse_ref, *, 
         else:
             p = _where(ok, kernel.pointwise(s), 0.0)
             new, scale = mx, 1.0
-        acc = tuple(scale * acc[c] + jnp.sum(p * v_ref[c, pl.ds(start, bk)][None, :], axis=1)
+        acc = tuple(scale * acc[c] + jnp.sum(p * v_ref[c, keys][None, :], axis=1)
                     for c in range(cv))
         return new, norm, acc
 
-    zero = jnp.zeros((bq,), dtype)
-    init = (jnp.full((bq,), -jnp.inf, dtype), zero, tuple(zero for _ in range(cv)))
-    mx, norm, acc = lax.fori_loop(0, pl.cdiv(m, bk), body, init)
+    zero = jnp.zeros((bq,), qs[0].dtype)
+    mx, norm, acc = lax.fori_loop(0, pl.cdiv(m, bk), body,
+                                  (jnp.full((bq,), -jnp.inf, zero.dtype), zero, (zero,) * cv))
     if kernel.normalised:
         # A row that sees no key (a padding row, or in a ring a share of keys all
         # masked for it) gives 0, its log-normaliser −∞ (it adds nothing when merged).
@@ -132,83 +138,56 @@ def _grad_weights(kernel, s, ok, lse, dp, delta):
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, lse_ref, do_ref, delta_ref, dq_ref,
-               doff_ref, *, a, cv, m, bq, bk, kernel, causal, window):
-    qi = pl.program_id(1)
+               doff_ref, *, spec, a, cv, m):
+    bq, bk = spec.bq, spec.bk
     qs = [q_ref[c, :] for c in range(a)]
     dos = [do_ref[c, :] for c in range(cv)]
     lse, delta, off, shift = lse_ref[...], delta_ref[...], off_ref[0], shift_ref[0]
-    mk = None if m % bk == 0 else m
-    i = qi * bq + lax.iota(jnp.int32, bq)
-    dtype = qs[0].dtype
-    big = jnp.asarray(jnp.finfo(dtype).max, dtype)
+    i = pl.program_id(1) * bq + lax.iota(jnp.int32, bq)
 
     def body(jb, carry):
         dq, doff = carry
-        start = jb * bk
-        j = start + lax.iota(jnp.int32, bk)
-        s = _scores(qs, [k_ref[c, pl.ds(start, bk)] for c in range(a)], off, big)
-        ok = _allowed(i, j, m=mk, n=None, causal=causal, window=window, shift=shift)
-        dp = _lane_products(dos, [v_ref[c, pl.ds(start, bk)] for c in range(cv)])
-        _, ds = _grad_weights(kernel, s, ok, lse, dp, delta)
-        dq = tuple(dq[c] + jnp.sum(ds * k_ref[c, pl.ds(start, bk)][None, :], axis=1)
-                   for c in range(a))
+        keys = pl.ds(jb * bk, bk)
+        s, ok = _pair(qs, [k_ref[c, keys] for c in range(a)], i,
+                      jb * bk + lax.iota(jnp.int32, bk), off, shift, spec, m)
+        dp = _lane_products(dos, [v_ref[c, keys] for c in range(cv)])
+        _, ds = _grad_weights(spec.kernel, s, ok, lse, dp, delta)
+        dq = tuple(dq[c] + jnp.sum(ds * k_ref[c, keys][None, :], axis=1) for c in range(a))
         return dq, doff + jnp.sum(ds, axis=1)
 
-    zero = jnp.zeros((bq,), dtype)
-    dq, doff = lax.fori_loop(0, pl.cdiv(m, bk), body, (tuple(zero for _ in range(a)), zero))
+    zero = jnp.zeros((bq,), qs[0].dtype)
+    dq, doff = lax.fori_loop(0, pl.cdiv(m, bk), body, ((zero,) * a, zero))
     for c in range(a):
         dq_ref[c, :] = dq[c]
     doff_ref[...] = doff
 
 
 def _dkv_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, lse_ref, do_ref, delta_ref, dk_ref,
-                dv_ref, *, a, cv, m, n, bq, bk, kernel, causal, window):
-    kj = pl.program_id(1)
+                dv_ref, *, spec, a, cv, m, n):
+    bq, bk = spec.bq, spec.bk
     ks = [k_ref[c, :] for c in range(a)]
     vs = [v_ref[c, :] for c in range(cv)]
     off, shift = off_ref[0], shift_ref[0]
-    mk = None if m % bk == 0 else m
-    j = kj * bk + lax.iota(jnp.int32, bk)
-    dtype = ks[0].dtype
-    big = jnp.asarray(jnp.finfo(dtype).max, dtype)
+    j = pl.program_id(1) * bk + lax.iota(jnp.int32, bk)
 
     def body(ib, carry):
         dk, dv = carry
-        start = ib * bq
-        i = start + lax.iota(jnp.int32, bq)
-        qs = [q_ref[c, pl.ds(start, bq)] for c in range(a)]
-        dos = [do_ref[c, pl.ds(start, bq)] for c in range(cv)]
-        s = _scores(qs, ks, off, big)
-        ok = _allowed(i, j, m=mk, n=None if n % bq == 0 else n, causal=causal,
-                      window=window, shift=shift)
-        dp = _lane_products(dos, vs)
-        p, ds = _grad_weights(kernel, s, ok, lse_ref[pl.ds(start, bq)], dp,
-                              delta_ref[pl.ds(start, bq)])
+        rows = pl.ds(ib * bq, bq)
+        qs = [q_ref[c, rows] for c in range(a)]
+        dos = [do_ref[c, rows] for c in range(cv)]
+        s, ok = _pair(qs, ks, ib * bq + lax.iota(jnp.int32, bq), j, off, shift, spec, m, n)
+        p, ds = _grad_weights(spec.kernel, s, ok, lse_ref[rows], _lane_products(dos, vs),
+                              delta_ref[rows])
         dv = tuple(dv[c] + jnp.sum(p * dos[c][:, None], axis=0) for c in range(cv))
         dk = tuple(dk[c] + jnp.sum(ds * qs[c][:, None], axis=0) for c in range(a))
         return dk, dv
 
-    zero = jnp.zeros((bk,), dtype)
-    dk, dv = lax.fori_loop(0, pl.cdiv(n, bq), body,
-                           (tuple(zero for _ in range(a)), tuple(zero for _ in range(cv))))
+    zero = jnp.zeros((bk,), ks[0].dtype)
+    dk, dv = lax.fori_loop(0, pl.cdiv(n, bq), body, ((zero,) * a, (zero,) * cv))
     for c in range(a):
         dk_ref[c, :] = dk[c]
     for c in range(cv):
         dv_ref[c, :] = dv[c]
-
-
-def _call(kernel_fn, grid, in_specs, out_specs, out_shape, num_warps, name, *args):
-    """One `pallas_call`: Triton on CUDA, interpret mode elsewhere (chosen at lowering)."""
-    def run(interpret, *xs):
-        params = None
-        if not interpret:
-            from jax.experimental.pallas import triton as pltriton
-            params = pltriton.CompilerParams(num_warps=num_warps, num_stages=1)
-        return pl.pallas_call(kernel_fn, grid=grid, in_specs=in_specs, out_specs=out_specs,
-                              out_shape=out_shape, interpret=interpret,
-                              compiler_params=params, name=name)(*xs)
-    return lax.platform_dependent(*args, cuda=functools.partial(run, False),
-                                  default=functools.partial(run, True))
 
 
 def _pad_last(x, size):
@@ -216,63 +195,35 @@ def _pad_last(x, size):
     return x if pad == 0 else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
 
 
-class _Spec:
-    """The static description of one flash attention (hashable, for the custom VJP):
-    the kernel is a member of `AbstractKernel`, compared by its class and name (its
-    arrays, a sigmoid's bias, enter through the caller's `offset`)."""
-
-    def __init__(self, kernel, causal, window, block_q, block_k, num_warps):
-        kernel = as_kernel(kernel)
-        if not kernel.flash:
-            raise ValueError(f"the attention kernel runs softmax and pointwise kernels "
-                             f"(exp, usa, sigmoid, …); got {kernel.name!r}: use the blocked "
-                             "XLA path.")
-        self.kernel = kernel
-        self.key = (type(kernel), kernel.name, bool(causal), window, int(block_q),
-                    int(block_k), int(num_warps))
-        _, _, self.causal, self.window, self.bq, self.bk, self.warps = self.key
-
-    def __hash__(self):
-        return hash(self.key)
-
-    def __eq__(self, other):
-        return isinstance(other, _Spec) and self.key == other.key
-
-
 def _layout(q, k, v, spec):
-    """Coordinates first (`(h, a, n)`), sequences padded to whole blocks."""
-    n, m = q.shape[1], k.shape[1]
+    """Coordinates first (`(h, a, n)`), sequences padded to whole blocks; the block
+    specs every kernel reads, by query block (`q_block`, `row`) with all keys."""
+    h, n, a = q.shape
+    g, m, cv = v.shape
     npad, mpad = pl.cdiv(n, spec.bq) * spec.bq, pl.cdiv(m, spec.bk) * spec.bk
-    qt = _pad_last(jnp.swapaxes(q, 1, 2), npad)
-    kt = _pad_last(jnp.swapaxes(k, 1, 2), mpad)
-    vt = _pad_last(jnp.swapaxes(v, 1, 2), mpad)
-    return qt, kt, vt, n, m, npad, mpad
-
-
-def _specs(h, g, a, cv, npad, mpad, spec):
+    qt, kt, vt = (_pad_last(jnp.swapaxes(x, 1, 2), p) for x, p in ((q, npad), (k, mpad),
+                                                                     (v, mpad)))
     group = h // g
-    q_block = pl.BlockSpec((None, a, spec.bq), lambda hh, i: (hh, 0, i))
-    k_all = pl.BlockSpec((None, a, mpad), lambda hh, i: (hh // group, 0, 0))
-    v_all = pl.BlockSpec((None, cv, mpad), lambda hh, i: (hh // group, 0, 0))
-    scalar = pl.BlockSpec((1,), lambda hh, i: (0,))  # the offset, the shift
-    row = pl.BlockSpec((None, spec.bq), lambda hh, i: (hh, i))
-    return q_block, k_all, v_all, scalar, row
+    specs = dict(
+        q_block=pl.BlockSpec((None, a, spec.bq), lambda hh, i: (hh, 0, i)),
+        v_block=pl.BlockSpec((None, cv, spec.bq), lambda hh, i: (hh, 0, i)),
+        k_all=pl.BlockSpec((None, a, mpad), lambda hh, i: (hh // group, 0, 0)),
+        v_all=pl.BlockSpec((None, cv, mpad), lambda hh, i: (hh // group, 0, 0)),
+        scalar=pl.BlockSpec((1,), lambda hh, i: (0,)),  # the offset, the shift
+        row=pl.BlockSpec((None, spec.bq), lambda hh, i: (hh, i)))
+    return qt, kt, vt, (h, g, a, cv, n, m, npad, mpad), specs
 
 
 def _fwd(q, k, v, offset, shift, spec):
-    h, g, a, cv = q.shape[0], k.shape[0], q.shape[2], v.shape[2]
-    qt, kt, vt, n, m, npad, mpad = _layout(q, k, v, spec)
-    q_block, k_all, v_all, scalar, row = _specs(h, g, a, cv, npad, mpad, spec)
-    o_block = pl.BlockSpec((None, cv, spec.bq), lambda hh, i: (hh, 0, i))
-    kernel = functools.partial(_forward_kernel, a=a, cv=cv, m=m, bq=spec.bq, bk=spec.bk,
-                               kernel=spec.kernel, causal=spec.causal, window=spec.window)
-    out, lse = _call(kernel, (h, npad // spec.bq), [q_block, k_all, v_all, scalar, scalar],
-                     [o_block, row],
-                     [jax.ShapeDtypeStruct((h, cv, npad), q.dtype),
-                      jax.ShapeDtypeStruct((h, npad), q.dtype)],
-                     spec.warps, "flash_forward", qt, kt, vt, offset.reshape(1),
-                     shift.reshape(1))
-    return out, lse
+    qt, kt, vt, (h, g, a, cv, n, m, npad, mpad), sp = _layout(q, k, v, spec)
+    return pallas_run(
+        functools.partial(_forward_kernel, spec=spec, a=a, cv=cv, m=m),
+        (qt, kt, vt, offset.reshape(1), shift.reshape(1)), grid=(h, npad // spec.bq),
+        in_specs=[sp["q_block"], sp["k_all"], sp["v_all"], sp["scalar"], sp["scalar"]],
+        out_specs=[sp["v_block"], sp["row"]],
+        out_shape=[jax.ShapeDtypeStruct((h, cv, npad), q.dtype),
+                   jax.ShapeDtypeStruct((h, npad), q.dtype)],
+        num_warps=spec.warps, name="flash_forward")
 
 
 def _outputs(out, lse, n):
@@ -297,38 +248,39 @@ def _flash_bwd(spec, res, cotangents):
     softmax's `w (dp − Δ)`; pointwise kernels have no log-normaliser."""
     q, k, v, offset, shift, out, lse = res
     dout, dlse = cotangents
-    h, g, a, cv = q.shape[0], k.shape[0], q.shape[2], v.shape[2]
-    qt, kt, vt, n, m, npad, mpad = _layout(q, k, v, spec)
+    qt, kt, vt, (h, g, a, cv, n, m, npad, mpad), sp = _layout(q, k, v, spec)
     dot = _pad_last(jnp.swapaxes(dout, 1, 2), npad)
     delta = jnp.sum(dot * out, axis=1)  # (h, npad): Σ_c dout·out, softmax's row term
     if spec.kernel.normalised:
         delta = delta - _pad_last(dlse, npad)
     lse = jnp.where(jnp.isfinite(lse), lse, 0.0)  # rows that saw no key: every weight 0
-    q_block, k_all, v_all, scalar, row = _specs(h, g, a, cv, npad, mpad, spec)
-    do_block = pl.BlockSpec((None, cv, spec.bq), lambda hh, i: (hh, 0, i))
-    common = dict(a=a, cv=cv, m=m, bq=spec.bq, bk=spec.bk, kernel=spec.kernel,
-                  causal=spec.causal, window=spec.window)
-    offs, shifts = offset.reshape(1), shift.reshape(1)
-    dq, doff = _call(functools.partial(_dq_kernel, **common), (h, npad // spec.bq),
-                     [q_block, k_all, v_all, scalar, scalar, row, do_block, row],
-                     [pl.BlockSpec((None, a, spec.bq), lambda hh, i: (hh, 0, i)), row],
-                     [jax.ShapeDtypeStruct((h, a, npad), q.dtype),
-                      jax.ShapeDtypeStruct((h, npad), q.dtype)],
-                     spec.warps, "flash_dq", qt, kt, vt, offs, shifts, lse, dot, delta)
+    args = (qt, kt, vt, offset.reshape(1), shift.reshape(1), lse, dot, delta)
+    common = dict(spec=spec, a=a, cv=cv, m=m)
+    dq, doff = pallas_run(
+        functools.partial(_dq_kernel, **common), args, grid=(h, npad // spec.bq),
+        in_specs=[sp["q_block"], sp["k_all"], sp["v_all"], sp["scalar"], sp["scalar"],
+                  sp["row"], sp["v_block"], sp["row"]],
+        out_specs=[sp["q_block"], sp["row"]],
+        out_shape=[jax.ShapeDtypeStruct((h, a, npad), q.dtype),
+                   jax.ShapeDtypeStruct((h, npad), q.dtype)],
+        num_warps=spec.warps, name="flash_dq")
     # Keys per head: a group's keys are read by `h / g` heads, their gradients summed.
     group = h // g
-    q_all = pl.BlockSpec((None, a, npad), lambda hh, j: (hh, 0, 0))
-    k_block = pl.BlockSpec((None, a, spec.bk), lambda hh, j: (hh // group, 0, j))
-    v_block = pl.BlockSpec((None, cv, spec.bk), lambda hh, j: (hh // group, 0, j))
-    rows_all = pl.BlockSpec((None, npad), lambda hh, j: (hh, 0))
-    do_all = pl.BlockSpec((None, cv, npad), lambda hh, j: (hh, 0, 0))
-    dk, dv = _call(functools.partial(_dkv_kernel, n=n, **common), (h, mpad // spec.bk),
-                   [q_all, k_block, v_block, scalar, scalar, rows_all, do_all, rows_all],
-                   [pl.BlockSpec((None, a, spec.bk), lambda hh, j: (hh, 0, j)),
-                    pl.BlockSpec((None, cv, spec.bk), lambda hh, j: (hh, 0, j))],
-                   [jax.ShapeDtypeStruct((h, a, mpad), q.dtype),
-                    jax.ShapeDtypeStruct((h, cv, mpad), q.dtype)],
-                   spec.warps, "flash_dkv", qt, kt, vt, offs, shifts, lse, dot, delta)
+
+    def key_block(c, of_group=False):  # one block of keys (of the head's group)
+        return pl.BlockSpec((None, c, spec.bk),
+                            lambda hh, j: (hh // group if of_group else hh, 0, j))
+
+    def every_query(*c):
+        return pl.BlockSpec((None, *c, npad), lambda hh, j: (hh,) + (0,) * (len(c) + 1))
+    dk, dv = pallas_run(
+        functools.partial(_dkv_kernel, n=n, **common), args, grid=(h, mpad // spec.bk),
+        in_specs=[every_query(a), key_block(a, True), key_block(cv, True), sp["scalar"],
+                  sp["scalar"], every_query(), every_query(cv), every_query()],
+        out_specs=[key_block(a), key_block(cv)],
+        out_shape=[jax.ShapeDtypeStruct((h, a, mpad), q.dtype),
+                   jax.ShapeDtypeStruct((h, cv, mpad), q.dtype)],
+        num_warps=spec.warps, name="flash_dkv")
     dq = jnp.swapaxes(dq, 1, 2)[:, :n]
     dk = jnp.swapaxes(dk, 1, 2)[:, :m].reshape(g, group, m, a).sum(1)
     dv = jnp.swapaxes(dv, 1, 2)[:, :m].reshape(g, group, m, cv).sum(1)
@@ -341,14 +293,21 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 def _checked(q, k, v, offset, kernel, causal, window, block_q, block_k, num_warps):
     """The arguments in one dtype and the static `_Spec`, or a one-line error."""
-    for name, b in (("block_q", block_q), ("block_k", block_k)):
-        if not (isinstance(b, int) and b >= 1 and b & (b - 1) == 0):
-            raise ValueError(f"`{name}` must be a power of two, got {b!r}.")
-    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or q.shape[0] % k.shape[0] \
-            or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2]:
-        raise ValueError(f"expected q (h, n, a), k (g, m, a), v (g, m, c) with g dividing h; "
-                         f"got {q.shape}, {k.shape}, {v.shape}.")
-    spec = _Spec(kernel, causal, window, block_q, block_k, num_warps)
+    kernel = as_kernel(kernel)
+    refusals = [(not power_of_two(b), f"`{name}` must be a power of two, got {b!r}.")
+                for name, b in (("block_q", block_q), ("block_k", block_k))]
+    refusals += [
+        (q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or q.shape[0] % k.shape[0]
+         or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2],
+         f"expected q (h, n, a), k (g, m, a), v (g, m, c) with g dividing h; got {q.shape}, "
+         f"{k.shape}, {v.shape}."),
+        (not kernel.flash, f"the attention kernel runs softmax and pointwise kernels (exp, "
+                           f"usa, sigmoid, …); got {kernel.name!r}: use the blocked XLA path.")]
+    for refused, message in refusals:
+        if refused:
+            raise ValueError(message)
+    spec = _Spec(kernel, (type(kernel), kernel.name), bool(causal), window, int(block_q),
+                 int(block_k), int(num_warps))
     dtype = jnp.result_type(q, k, v)
     return (q.astype(dtype), k.astype(dtype), v.astype(dtype), jnp.asarray(offset, dtype),
             spec)

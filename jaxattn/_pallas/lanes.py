@@ -119,27 +119,21 @@ class _LaneValues(AbstractValues):
         return [np.asarray(o) for o in (out if prim.multiple_results else [out])]
 
     def apply(self, eqn, ins):
-        lanes, name = self.lanes, eqn.primitive.name
-        if name == "is_finite":  # as a comparison, which every Pallas GPU backend lowers
-            return [_map(eqn, ins, lanes, _is_finite)]
-        if name in _ELEMENTWISE:
-            return [_elementwise(eqn, ins, lanes)]
-        if name in _REDUCE:
-            return [_reduce(eqn, ins[0], _REDUCE[name], lanes)]
-        rule = _RULES.get(name)
-        if rule is None:
+        name = eqn.primitive.name
+        if name not in _RULES:
             raise KernelUnsupported(f"strategy='kernel' has no rule for the operation "
                                     f"`{name}` of this model's program: use strategy='fused'.")
-        out = rule(eqn, ins, lanes, **eqn.params)
+        out = _RULES[name](eqn, ins, self.lanes, **eqn.params)
         return out if eqn.primitive.multiple_results else [out]
 
 
-def _entries(value, shape):
-    """`value` (object or constant array) broadcast to `shape`, as an object array."""
+def _entries(value, shape=None):
+    """`value` (object or constant array) broadcast to `shape` (its own by default), as
+    an object array."""
     arr = np.asarray(value)
     if arr.dtype != object:
         arr = _objects(arr)
-    return np.broadcast_to(arr, shape)
+    return arr if shape is None else np.broadcast_to(arr, shape)
 
 
 def _objects(arr: np.ndarray) -> np.ndarray:
@@ -148,11 +142,6 @@ def _objects(arr: np.ndarray) -> np.ndarray:
     for idx in np.ndindex(arr.shape):
         out[idx] = arr[idx]
     return out
-
-
-def bind_entry(prim, args, dtypes, lanes, params):
-    """One scalar operation of the program on lanes (or on constants, folded now)."""
-    return call_entry(lambda *a: prim.bind(*a, **params), args, dtypes, lanes)
 
 
 def call_entry(fn, args, dtypes, lanes):
@@ -165,40 +154,36 @@ def call_entry(fn, args, dtypes, lanes):
     return fn(*[lanes.vec(a, dt) for a, dt in zip(args, dtypes)])
 
 
-def _elementwise(eqn, ins, lanes):
+def _elementwise(eqn, ins, lanes, fn):
+    """An elementwise operation, `fn` of lax functions, entry by entry."""
     shape = eqn.outvars[0].aval.shape
-    prim, params = eqn.primitive, eqn.primitive.get_bind_params(eqn.params)
     dtypes = [v.aval.dtype for v in eqn.invars]
     ops = [_entries(v, shape) for v in ins]
     out = np.empty(shape, object)
     for idx in np.ndindex(shape):
         args = [o[idx] for o in ops]
-        if prim is lax.select_n_p and not is_lane(args[0]):
+        if eqn.primitive is lax.select_n_p and not is_lane(args[0]):
             out[idx] = args[1 + int(args[0])]  # a constant predicate picks its case now
             continue
-        out[idx] = bind_entry(prim, args, dtypes, lanes, params)
+        out[idx] = call_entry(fn, args, dtypes, lanes)
     return out
 
 
-def _is_finite(x):
-    return lax.le(lax.abs(x), jnp.asarray(jnp.finfo(x.dtype).max, x.dtype))
+def _bound(eqn, ins, lanes, **params):
+    """An elementwise primitive of the program, entry by entry."""
+    params = eqn.primitive.get_bind_params(params)
+    return _elementwise(eqn, ins, lanes, lambda *a: eqn.primitive.bind(*a, **params))
 
 
-def _map(eqn, ins, lanes, fn):
-    """A one-operand elementwise operation written as `fn` of lax functions."""
-    shape = eqn.outvars[0].aval.shape
-    dtype = eqn.invars[0].aval.dtype
-    op = _entries(ins[0], shape)
-    out = np.empty(shape, object)
-    for idx in np.ndindex(shape):
-        out[idx] = call_entry(fn, [op[idx]], [dtype], lanes)
-    return out
+def _is_finite(eqn, ins, lanes):
+    """`is_finite` as a comparison, which every Pallas GPU backend lowers."""
+    return _elementwise(eqn, ins, lanes, lambda x: lax.le(
+        lax.abs(x), jnp.asarray(jnp.finfo(x.dtype).max, x.dtype)))
 
 
-def _reduce(eqn, value, binary, lanes, **_):
-    axes = tuple(eqn.params["axes"])
+def _reduce(eqn, ins, lanes, *, binary, axes, **_):
     dtype = eqn.outvars[0].aval.dtype
-    arr = _entries(value, np.shape(value))
+    arr = _entries(ins[0])
     keep = [a for a in range(arr.ndim) if a not in axes]
     arr = np.transpose(arr, keep + list(axes))
     out_shape = arr.shape[:len(keep)]
@@ -211,7 +196,7 @@ def _reduce(eqn, value, binary, lanes, **_):
 
 
 def _broadcast_in_dim(eqn, ins, lanes, shape, broadcast_dimensions, **_):
-    v = _entries(ins[0], np.shape(ins[0]))
+    v = _entries(ins[0])
     expanded = np.ones(len(shape), int)
     for i, d in enumerate(broadcast_dimensions):
         expanded[d] = v.shape[i]
@@ -219,61 +204,36 @@ def _broadcast_in_dim(eqn, ins, lanes, shape, broadcast_dimensions, **_):
 
 
 def _reshape(eqn, ins, lanes, new_sizes, dimensions=None, **_):
-    v = _entries(ins[0], np.shape(ins[0]))
+    v = _entries(ins[0])
     if dimensions is not None:
         v = np.transpose(v, dimensions)
     return v.reshape(tuple(new_sizes))
 
 
-def _transpose(eqn, ins, lanes, permutation):
-    return np.transpose(_entries(ins[0], np.shape(ins[0])), permutation)
-
-
-def _squeeze(eqn, ins, lanes, dimensions):
-    return np.squeeze(_entries(ins[0], np.shape(ins[0])), tuple(dimensions))
-
-
-def _rev(eqn, ins, lanes, dimensions):
-    return np.flip(_entries(ins[0], np.shape(ins[0])), tuple(dimensions))
-
-
 def _slice(eqn, ins, lanes, start_indices, limit_indices, strides):
     strides = strides or (1,) * len(start_indices)
     index = tuple(slice(a, b, s) for a, b, s in zip(start_indices, limit_indices, strides))
-    return _entries(ins[0], np.shape(ins[0]))[index]
+    return _entries(ins[0])[index]
 
 
-def _concatenate(eqn, ins, lanes, dimension):
-    return np.concatenate([_entries(v, np.shape(v)) for v in ins], axis=dimension)
-
-
-def _static_index(ins, what):
-    if not all(_constant(i) for i in ins):
+def _window(idx, shape, sizes, what) -> tuple:
+    """The slices of a dynamic slice or update at fixed indices, clamped as XLA clamps."""
+    if not all(_constant(i) for i in idx):
         raise KernelUnsupported(f"strategy='kernel' takes {what} at fixed indices only: "
                                 "use strategy='fused'.")
-    return [int(np.asarray(i)) for i in ins]
+    start = [min(max(int(np.asarray(i)), 0), n - k) for i, n, k in zip(idx, shape, sizes)]
+    return tuple(slice(s, s + k) for s, k in zip(start, sizes))
 
 
 def _dynamic_slice(eqn, ins, lanes, slice_sizes):
-    v, *idx = ins
-    start = _static_index(idx, "dynamic slices")
-    v = _entries(v, np.shape(v))
-    start = [min(max(s, 0), n - k) for s, n, k in zip(start, v.shape, slice_sizes)]
-    return v[tuple(slice(s, s + k) for s, k in zip(start, slice_sizes))]
+    v = _entries(ins[0])
+    return v[_window(ins[1:], v.shape, slice_sizes, "dynamic slices")]
 
 
 def _dynamic_update_slice(eqn, ins, lanes):
-    v, u, *idx = ins
-    start = _static_index(idx, "dynamic updates")
-    out = np.array(_entries(v, np.shape(v)))
-    u = _entries(u, np.shape(u))
-    start = [min(max(s, 0), n - k) for s, n, k in zip(start, out.shape, u.shape)]
-    out[tuple(slice(s, s + k) for s, k in zip(start, u.shape))] = u
+    out, u = np.array(_entries(ins[0])), _entries(ins[1])
+    out[_window(ins[2:], out.shape, u.shape, "dynamic updates")] = u
     return out
-
-
-def _copy(eqn, ins, lanes, **_):
-    return ins[0]
 
 
 def _dot_general(eqn, ins, lanes, dimension_numbers, precision=None,
@@ -281,7 +241,7 @@ def _dot_general(eqn, ins, lanes, dimension_numbers, precision=None,
     """Products summed over the contracted index, in order, at the named precision."""
     (lc, rc), (lb, rb) = dimension_numbers
     out_dtype = eqn.outvars[0].aval.dtype
-    a, c = (_entries(v, np.shape(v)) for v in ins)
+    a, c = (_entries(v) for v in ins)
     a = _rounded(a, eqn.invars[0].aval.dtype, precision, out_dtype, lanes)
     c = _rounded(c, eqn.invars[1].aval.dtype, precision, out_dtype, lanes)
     lfree = [i for i in range(a.ndim) if i not in lc and i not in lb]
@@ -306,16 +266,11 @@ def _dot_general(eqn, ins, lanes, dimension_numbers, precision=None,
 
 
 def _rounded(v, dtype, precision, out_dtype, lanes):
-    """Each entry as `round_operand` presents it to a product."""
+    """Each entry as `round_operand` presents it to a product (a constant stays one)."""
     out = np.empty(v.shape, object)
     for idx in np.ndindex(v.shape):
-        e = v[idx]
-        if is_lane(e):
-            out[idx] = round_operand(lanes.vec(e, dtype), precision, out_dtype)
-            continue
-        with jax.ensure_compile_time_eval():  # a constant stays one
-            r = round_operand(jnp.asarray(np.asarray(e, dtype)), precision, out_dtype)
-        out[idx] = np.asarray(r)[()]
+        out[idx] = call_entry(lambda e: round_operand(e, precision, out_dtype), [v[idx]],
+                              [dtype], lanes)
     return out
 
 
@@ -342,16 +297,12 @@ def _bin(fn, lanes, a, b):
     return call_entry(fn, [a, b], [jnp.uint32, jnp.uint32], lanes)
 
 
-def _key_impl(impl) -> None:
+def _random_wrap(eqn, ins, lanes, impl):
     name = str(getattr(impl, "name", impl))
     if "fry" not in name:
         raise KernelUnsupported(f"strategy='kernel' draws noise with threefry keys only, got "
                                 f"key implementation {name!r}: use jax.random.key (default).")
-
-
-def _random_wrap(eqn, ins, lanes, impl):
-    _key_impl(impl)
-    return Key(_entries(ins[0], np.shape(ins[0])))
+    return Key(_entries(ins[0]))
 
 
 def _random_unwrap(eqn, ins, lanes):
@@ -374,45 +325,48 @@ def _random_bits(eqn, ins, lanes, bit_width, shape):
     """`jax.random.bits` of a threefry key (partitionable counters: the row-major index
     as high and low words)."""
     key, = ins
-    if key.data.shape != (2,):
-        raise KernelUnsupported("strategy='kernel' draws from one key per system.")
-    if not _partitionable():
-        raise KernelUnsupported("strategy='kernel' draws noise with "
-                                "jax_threefry_partitionable=True (JAX's default).")
+    for refused, message in (
+            (key.data.shape != (2,), "draws from one key per system."),
+            # JAX's default, and the only mode once the flag is gone.
+            (not getattr(jax.config, "jax_threefry_partitionable", True),
+             "draws noise with jax_threefry_partitionable=True (JAX's default)."),
+            (bit_width not in (32, 64), f"draws 32- or 64-bit noise, not {bit_width}-bit.")):
+        if refused:
+            raise KernelUnsupported(f"strategy='kernel' {message}")
     k1, k2 = key.data
     out = np.empty(tuple(shape), object)
     for i, idx in enumerate(np.ndindex(tuple(shape))):
         y1, y2 = threefry2x32(k1, k2, np.uint32(i >> 32), np.uint32(i & 0xFFFFFFFF), lanes)
         if bit_width == 32:
             out[idx] = _bin(lax.bitwise_xor, lanes, y1, y2)
-        elif bit_width == 64:
+        else:
             u64 = jnp.uint64
             wide = functools.partial(lax.convert_element_type, new_dtype=u64)
             hi = call_entry(wide, [y1], [jnp.uint32], lanes)
             lo = call_entry(wide, [y2], [jnp.uint32], lanes)
             hi = call_entry(lax.shift_left, [hi, np.uint64(32)], [u64, u64], lanes)
             out[idx] = call_entry(lax.bitwise_or, [hi, lo], [u64, u64], lanes)
-        else:
-            raise KernelUnsupported(f"strategy='kernel' draws 32- or 64-bit noise, not "
-                                    f"{bit_width}-bit.")
     return out
 
 
-def _partitionable() -> bool:
-    """JAX's `jax_threefry_partitionable` (its default, and the only mode once the
-    flag is gone)."""
-    try:
-        return bool(jax.config.jax_threefry_partitionable)
-    except AttributeError:
-        return True
+def _copy(eqn, ins, lanes, **_):
+    return ins[0]
 
 
 _RULES = {
-    "broadcast_in_dim": _broadcast_in_dim, "reshape": _reshape, "transpose": _transpose,
-    "squeeze": _squeeze, "rev": _rev, "slice": _slice, "concatenate": _concatenate,
+    "broadcast_in_dim": _broadcast_in_dim, "reshape": _reshape, "slice": _slice,
+    "transpose": lambda eqn, ins, lanes, permutation: np.transpose(_entries(ins[0]),
+                                                                   permutation),
+    "squeeze": lambda eqn, ins, lanes, dimensions: np.squeeze(_entries(ins[0]),
+                                                              tuple(dimensions)),
+    "rev": lambda eqn, ins, lanes, dimensions: np.flip(_entries(ins[0]), tuple(dimensions)),
+    "concatenate": lambda eqn, ins, lanes, dimension: np.concatenate(
+        [_entries(v) for v in ins], axis=dimension),
     "dynamic_slice": _dynamic_slice, "dynamic_update_slice": _dynamic_update_slice,
     # A kernel is not differentiated: stop_gradient is the identity in it.
     "copy": _copy, "copy_p": _copy, "stop_gradient": _copy, "dot_general": _dot_general,
     "random_wrap": _random_wrap, "random_unwrap": _random_unwrap,
-    "random_fold_in": _random_fold_in, "random_bits": _random_bits,
+    "random_fold_in": _random_fold_in, "random_bits": _random_bits, "is_finite": _is_finite,
+    **{name: _bound for name in _ELEMENTWISE - {"is_finite"}},
+    **{name: functools.partial(_reduce, binary=binary) for name, binary in _REDUCE.items()},
 }

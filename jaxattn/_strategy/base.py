@@ -52,15 +52,17 @@ class AbstractStrategy(eqx.Module):
 
     def refuse(self, dyn, operands=None) -> None:
         """A `ValueError` naming what this member does not run (`dyn` one model)."""
-        if not self.runs_blocks and dyn.block_size:
-            raise ValueError(f"strategy={self.name!r} runs dense attention: a model with "
-                             "`block_size` takes strategy='general' (or 'auto').")
-        if not self.splits_tokens and dyn.token_mesh is not None:
-            raise ValueError(f"strategy={self.name!r} runs whole systems: tokens split over "
-                             "devices take strategy='general'.")
-        if not self.differentiable and differentiating(operands):
-            raise ValueError(f"strategy={self.name!r} is not differentiable (the kernel has "
-                             "no derivative rule): differentiate with strategy='fused'.")
+        for refused, why in (
+                (not self.runs_blocks and dyn.block_size,
+                 "runs dense attention: a model with `block_size` takes strategy='general' "
+                 "(or 'auto')."),
+                (not self.splits_tokens and dyn.token_mesh is not None,
+                 "runs whole systems: tokens split over devices take strategy='general'."),
+                (not self.differentiable and differentiating(operands),
+                 "is not differentiable (the kernel has no derivative rule): differentiate "
+                 "with strategy='fused'.")):
+            if refused:
+                raise ValueError(f"strategy={self.name!r} {why}")
 
     @abc.abstractmethod
     def run_layers(self, dyn, x0, num_layers, tau, observe, checkpoints, *, devices,

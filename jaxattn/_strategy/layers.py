@@ -86,23 +86,17 @@ def _fused_normal(noise, keys, k, n, d, dtype):
     return LastAxis(jnp.moveaxis(xi, 0, -1))
 
 
-def _layer_of(d, noise, key, fused: bool) -> Callable:
+def layer_of(d, noise, key, fused: bool) -> Callable:
     """`layer(z, k, tau)` of one model `d` (a chunk's, on the last axis, when `fused`):
     `dyn.layer`, or with `noise` the noisy layer drawing `ξ` from the system's key."""
     if noise is None:
         step = batch_last(_layer) if fused else _layer
         return lambda z, k, tau: step(z, d, k * tau, tau)
-    if fused:
-        step = batch_last(_noisy)
-
-        def layer(z, k, tau):
-            xi = _fused_normal(noise, key, k, *z.shape[:2], z.dtype)
-            return step(z, d, noise, k * tau, tau, xi)
-        return layer
+    step, normal = (batch_last(_noisy), _fused_normal) if fused else (_noisy, layer_normal)
 
     def layer(z, k, tau):
-        xi = layer_normal(noise, key, k, *z.shape, z.dtype)
-        return noisy_layer(d, noise, k * tau, z, tau, xi)
+        xi = normal(noise, key, k, *z.shape[:2], z.dtype)
+        return step(z, d, noise, k * tau, tau, xi)
     return layer
 
 
@@ -117,7 +111,7 @@ def layers_program(dyn, x0, num_layers, tau, observe, checkpoints, checks, fused
     watch = batch_last(observe) if fused else observe
 
     def program(d, x, key=None):
-        return scan_layers(_layer_of(d, noise, key, fused), x, num_layers, tau, watch,
+        return scan_layers(layer_of(d, noise, key, fused), x, num_layers, tau, watch,
                            checkpoints)
 
     if noise is None:

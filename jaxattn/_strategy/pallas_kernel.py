@@ -8,11 +8,11 @@ import jax.numpy as jnp
 
 from .._batch import call_batched, prepare_tokens
 from .._ensemble import from_batch_last, to_batch_last
-from .._noise import layer_normal, noisy_layer
-from .._pallas import KernelConfig, key_rows, refuse_devices, run_ensemble
+from .._pallas import KernelConfig, key_rows, run_ensemble
 from .._stacked import map_models, models_last
 from .._validate import NONFINITE, raise_unless
 from .base import AbstractStrategy
+from .layers import layer_of
 from .solve import FlowResult
 from .stepping import (
     chained,
@@ -59,7 +59,7 @@ class PallasKernel(AbstractStrategy):
 
     def run_layers(self, dyn, x0, num_layers, tau, observe, checkpoints, *, devices,
                    shard, noise, keys, checked=True):
-        refuse_devices(devices, shard)
+        _refuse(devices, shard)
         if not checked:
             return _layers_kernel(dyn, x0, num_layers, tau, observe, self.config,
                                   False), False
@@ -68,13 +68,7 @@ class PallasKernel(AbstractStrategy):
 
     def solve_flow(self, dyn, x0, options, *, adjoint, throw, on_manifold, event,
                    devices, shard, noise, keys, checked=True):
-        if not checked:
-            raise ValueError("strategy='kernel' solves with ja.solve_flow (checked "
-                             "inputs): take strategy='fused' here.")
-        if event is not None:
-            raise ValueError("strategy='kernel' saves at `ts`: drop `solution=`/`event=`, "
-                             "or take strategy='general'.")
-        refuse_devices(devices, shard)
+        _refuse(devices, shard, checked, event)
         t0, h, saves, per_save, coeffs = kernel_plan(*options)
         (ys, finite), checked = call_batched(
             _flow_kernel, dyn, x0, None, t0, h, saves, per_save, coeffs, bool(on_manifold),
@@ -87,32 +81,42 @@ class PallasKernel(AbstractStrategy):
         return FlowResult(ys, finite, steps)
 
 
+def _refuse(devices, shard, checked=True, event=None) -> None:
+    """What `strategy="kernel"` does not run, refused by name."""
+    for refused, message in (
+            (not checked, "solves with ja.solve_flow (checked inputs): take "
+                          "strategy='fused' here."),
+            (event is not None, "saves at `ts`: drop `solution=`/`event=`, or take "
+                                "strategy='general'."),
+            (devices is not None or shard != "batch",
+             "runs on one device: drop `devices=`/`shard=`, or take strategy='fused' to "
+             "split the systems over devices.")):
+        if refused:
+            raise ValueError(f"strategy='kernel' {message}")
+
+
 def _layer(x, k, params):
-    dyn, tau = params
-    return dyn.layer(k * tau, x, tau)
+    """A layer as the other members run it (`layers.layer_of`: with noise, `ξ` drawn
+    from the system's key)."""
+    dyn, noise, key, tau = params
+    return layer_of(dyn, noise, key, False)(x, k, tau)
 
 
-def _noisy_layer(x, k, params):
-    """A noisy layer as the other members run it, `ξ` drawn from the system's key."""
-    dyn, noise, tau, key = params
-    xi = layer_normal(noise, key, k, *x.shape, x.dtype)
-    return noisy_layer(dyn, noise, k * tau, x, tau, xi)
+def _systems(dyn, x0, checks, keys):
+    """The tokens prepared, their batch, the models on the last axis and the keys'
+    rows (`None` without noise)."""
+    x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
+    batch = x0.shape[:-2]
+    return x0, batch, models_last(dyn, batch), None if keys is None else key_rows(keys, batch)
 
 
 @eqx.filter_jit
 def _layers_kernel(dyn, x0, num_layers, tau, observe, config, checks, noise=None,
                    keys=None):
-    """The layers as one Pallas kernel: the same layer (`dyn.layer`, or `noisy_layer`
-    with each system's `ξ` drawn in the kernel from its key) and `observe`."""
-    x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
-    tau = tau.astype(x0.dtype)
-    batch = x0.shape[:-2]
-    model = models_last(dyn, batch)
-    if noise is None:
-        step, params = _layer, (model, tau)
-    else:
-        step, params = _noisy_layer, (model, noise, tau, key_rows(keys, batch))
-    ys, last = run_ensemble(step, lambda x, _: observe(x), to_batch_last(x0), params,
+    """The layers as one Pallas kernel: the layer the other members run, and `observe`."""
+    x0, batch, model, rows = _systems(dyn, x0, checks, keys)
+    ys, last = run_ensemble(_layer, lambda x, _: observe(x), to_batch_last(x0),
+                            (model, noise, rows, tau.astype(x0.dtype)),
                             num_saves=num_layers, steps_per_save=1, config=config)
     ys, last = from_batch_last(ys, batch), from_batch_last(last, batch)
     finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
@@ -124,11 +128,10 @@ def _layers_kernel(dyn, x0, num_layers, tau, observe, config, checks, noise=None
 @eqx.filter_jit
 def _flow_kernel(dyn, x0, t0, h, saves, per_save, coeffs, on_manifold, config, checks,
                  noise=None, keys=None):
-    x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
-    batch = x0.shape[:-2]
-    params = (models_last(dyn, batch), jnp.asarray(t0, x0.dtype), jnp.asarray(h, x0.dtype))
+    x0, batch, model, rows = _systems(dyn, x0, checks, keys)
+    params = (model, jnp.asarray(t0, x0.dtype), jnp.asarray(h, x0.dtype))
     if noise is not None:
-        params = params + (noise, key_rows(keys, batch))
+        params = params + (noise, rows)
     xb = to_batch_last(x0)
     if noise is None and chained(coeffs):
         step = functools.partial(kernel_stage, coeffs=coeffs, on_manifold=on_manifold)

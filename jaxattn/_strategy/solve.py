@@ -140,45 +140,6 @@ def _ensemble_velocity(t, x, dyn):
 _STATS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
 
 
-def _solve_one(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw,
-               field=_velocity, event=None, noisy=None):
-    """One diffrax solve: `(ys, result, accepted steps)`, and with an `event` (or when
-    the full solution is asked for) `(ts, ys, t1, y1, stats)` in place of `ys`. With
-    `noisy = (noise, key)` the SDE of that noise on the Brownian path of `key`."""
-    # The model goes in as `args`, not a closure: BacksolveAdjoint differentiates
-    # only through `args`, and a closed-over traced model breaks it.
-    if noisy is None:
-        term = dfx.ODETerm(field)
-    else:
-        noise, key = noisy
-        path = brownian_path(noise, key, ts[0], ts[-1], *x0.shape, x0.dtype)
-        term = sde_terms(noise, path, *x0.shape, x0.dtype, field)
-    full = event is not None
-    saveat = (dfx.SaveAt(subs=[dfx.SubSaveAt(ts=ts), dfx.SubSaveAt(t1=True)]) if full
-              else dfx.SaveAt(ts=ts))
-    sol = dfx.diffeqsolve(
-        term,
-        solver,
-        t0=ts[0],
-        t1=ts[-1],
-        dt0=dt0,
-        y0=x0,
-        saveat=saveat,
-        stepsize_controller=controller,
-        max_steps=max_steps,
-        adjoint=adjoint,
-        throw=throw,
-        args=dyn,
-        event=None if event is None or event is True else event,
-    )
-    steps = sol.stats["num_accepted_steps"]
-    if not full:
-        return sol.ys, sol.result, steps
-    (ts_saved, t_end), (ys, y_end) = sol.ts, sol.ys
-    stats = {k: sol.stats[k] for k in _STATS}
-    return (ts_saved, ys, t_end[0], y_end[0], stats), sol.result, steps
-
-
 def _with_metric(solver, W):
     """`solver` retracting onto `E_W` of the model it solves (one of a stacked model)."""
     if not isinstance(solver, ManifoldSolver):
@@ -187,19 +148,41 @@ def _with_metric(solver, W):
 
 
 def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event=None):
-    """`program(model, x, fused)` for `map_systems`: one diffrax solve of a system, or
-    on the fused path of a chunk of systems as the state `(n, d, B)`, its status given
-    to each of them. With constant steps every system takes the steps it would take
-    alone; adaptive controllers share one step size per chunk (the `"fused"`
-    strategy's labelled shared-step mode)."""
+    """`program(model, x, fused, noisy=None)` for `map_systems`: one diffrax solve of a
+    system, or on the fused path of a chunk of systems as the state `(n, d, B)`, its
+    status given to each of them: `(ys, result, accepted steps)`, and with an `event`
+    (or when the full solution is asked for) `(ts, ys, t1, y1, stats)` in place of `ys`.
+    With `noisy = (noise, key)` the SDE of that noise on the Brownian path of `key`.
+    With constant steps every system takes the steps it would take alone; adaptive
+    controllers share one step size per chunk (the `"fused"` strategy's labelled
+    shared-step mode)."""
+    full = event is not None
+    saveat = (dfx.SaveAt(subs=[dfx.SubSaveAt(ts=ts), dfx.SubSaveAt(t1=True)]) if full
+              else dfx.SaveAt(ts=ts))
+
     def program(dyn, x, fused, noisy=None):
         field = _ensemble_velocity if fused else _velocity
-        ys, result, steps = _solve_one(dyn, x, ts, _with_metric(solver, dyn.W), controller,
-                                       dt0, max_steps, adjoint, throw, field, event, noisy)
+        if noisy is None:
+            term = dfx.ODETerm(field)
+        else:
+            noise, key = noisy
+            path = brownian_path(noise, key, ts[0], ts[-1], *x.shape, x.dtype)
+            term = sde_terms(noise, path, *x.shape, x.dtype, field)
+        # The model goes in as `args`, not a closure: BacksolveAdjoint differentiates
+        # only through `args`, and a closed-over traced model breaks it.
+        sol = dfx.diffeqsolve(
+            term, _with_metric(solver, dyn.W), t0=ts[0], t1=ts[-1], dt0=dt0, y0=x,
+            saveat=saveat, stepsize_controller=controller, max_steps=max_steps,
+            adjoint=adjoint, throw=throw, args=dyn,
+            event=None if event is None or event is True else event)
+        ys, result, steps = sol.ys, sol.result, sol.stats["num_accepted_steps"]
+        if full:
+            (ts_saved, t_end), (ys, y_end) = sol.ts, sol.ys
+            ys = (ts_saved, ys, t_end[0], y_end[0], {k: sol.stats[k] for k in _STATS})
         if not fused:
             return ys, result, steps
         same = lambda a: jnp.broadcast_to(a, a.shape + x.shape[-1:])  # noqa: E731
-        if event is not None:  # the full solution: times and counts shared by the chunk
+        if full:  # the full solution: times and counts shared by the chunk
             saved, ys, t_end, y_end, stats = ys
             ys = (same(saved), ys, same(t_end), y_end, jax.tree.map(same, stats))
         return ys, jax.tree.map(same, result), same(steps)
@@ -216,13 +199,16 @@ def solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thro
     x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     ts = ts.astype(x0.dtype)
     throw_now = throw and checks  # else the caller raises diffrax's message on the host
+    def at_start(fn):  # fn(model, y) of every system at ts[0], finite per system
+        out = map_models(lambda d, x: map_batch(lambda y: jnp.asarray(fn(d, y)), x), dyn, x0)
+        return jnp.isfinite(out.reshape(x0.shape[:-2] + (-1,))).all(-1)
+
     # NaN/inf weights make every step fail, which diffrax reports as "out of steps":
     # name the cause instead, from the vector field at the start (per system). Only
     # an error needs it: with throw=False the per-system success says it already.
     started = jnp.ones(x0.shape[:-2], bool)
     if throw:
-        v0 = map_models(lambda d, x: map_batch(lambda y: d.velocity(ts[0], y), x), dyn, x0)
-        started = jnp.all(jnp.isfinite(v0), axis=(-2, -1))
+        started = at_start(lambda d, y: d.velocity(ts[0], y))
     if throw_now:
         x0 = eqx.error_if(x0, ~jnp.all(started), NONFINITE)
     # A user's `event` is read at the start too: NaN there would reach the event's root
@@ -230,10 +216,7 @@ def solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thro
     # the fix).
     event_ok = jnp.ones(x0.shape[:-2], bool)
     if isinstance(event, dfx.Event) and isinstance(event.cond_fn, UserEvent):
-        cond = event.cond_fn.cond
-        e0 = map_models(lambda d, x: map_batch(lambda y: jnp.asarray(cond(ts[0], y)), x),
-                        dyn, x0)
-        event_ok = jnp.isfinite(e0.reshape(x0.shape[:-2] + (-1,))).all(-1)
+        event_ok = at_start(lambda d, y: event.cond_fn.cond(ts[0], y))
         if throw_now:
             x0 = eqx.error_if(x0, ~jnp.all(event_ok), EVENT_START)
     # With a user's event the failures are raised below, after the solve, so that the
@@ -246,29 +229,29 @@ def solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thro
     else:
         out, result, steps = map_keyed(lambda d, x, k: program(d, x, False, (noise, k)),
                                        dyn, x0, keys)
-    full = out if event is not None else None
-    ys = out if full is None else full[1]
+    if event is None:
+        ys, saved = out, jnp.ones(out.shape[:-2], bool)
+    else:
+        ts_saved, ys, t_end, y_end, stats = out
+        saved = jnp.isfinite(ts_saved)
     # Saved values between steps come from the solver's dense interpolant, which
     # leaves E_W by up to the local error; retract them like the steps. After an
     # event's stop the saved entries are inf (diffrax's convention): left as they are.
-    saved = jnp.ones(ys.shape[:-2], bool) if full is None else jnp.isfinite(full[0])
-    if project_out:
-        ys = map_models(lambda d, y: project(y, d.W), dyn, ys)
+    def retract(y):
+        return map_models(lambda d, z: project(z, d.W), dyn, y) if project_out else y
+
+    ys = retract(ys)
     ys = jnp.where(saved[..., None, None], ys, jnp.inf)
     solved = (result == dfx.RESULTS.successful) | (result == dfx.RESULTS.event_occurred)
     finite = jnp.all(jnp.isfinite(ys) | ~saved[..., None, None],
                      axis=tuple(range(solved.ndim, ys.ndim)))
     if name_event:
         ys = eqx.error_if(ys, jnp.any(result == dfx.RESULTS.nonfinite_input), EVENT_RUN)
-        first = jnp.argmin(solved.reshape(-1))
-        item = jax.tree.map(lambda a: a.reshape(-1)[first], result)
-        ys = item.error_if(ys, ~jnp.all(solved))
+        ys = _first_failure(solved, result).error_if(ys, ~jnp.all(solved))
     if throw_now:
         ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
-    if full is not None:
-        y_end = map_models(lambda d, y: project(y, d.W), dyn, full[3]) if project_out \
-            else full[3]
-        ys = (full[0], ys, full[2], y_end, full[4])
+    if event is not None:
+        ys = (ts_saved, ys, t_end, retract(y_end), stats)
     return ys, solved, finite, steps, result, (started, event_ok)
 
 
@@ -301,12 +284,17 @@ def raise_failure(solved, finite, result, started, event_nonfinite=False) -> Non
     raise_unless(field_ok, NONFINITE)
     raise_unless(event_ok, EVENT_START)
     if not bool(jnp.all(solved)):
-        first = jnp.argmin(solved.reshape(-1))
-        item = jax.tree.map(lambda a: a.reshape(-1)[first], result)
+        item = _first_failure(solved, result)
         if event_nonfinite and item == dfx.RESULTS.nonfinite_input:
             raise_unless(False, EVENT_RUN)
         raise eqx.EquinoxRuntimeError(dfx.RESULTS[item])
     raise_unless(finite, NONFINITE)
+
+
+def _first_failure(solved, result):
+    """The `RESULTS` of the first system that did not solve."""
+    first = jnp.argmin(solved.reshape(-1))
+    return jax.tree.map(lambda a: a.reshape(-1)[first], result)
 
 
 def names_event(event, solver) -> bool:

@@ -16,35 +16,38 @@ def kernel_plan(ts, solver, controller, dt0, max_steps) -> tuple:
     """`(t0, h, saves, steps per save, (c, a, b))` of a constant-step run whose steps land
     on the save times, for `strategy="kernel"`; anything else refused in one line."""
     inner = solver.solver if isinstance(solver, dfx.AbstractWrappedSolver) else solver
+    explicit = isinstance(inner, dfx.Euler) or (isinstance(inner, dfx.AbstractERK) and (
+        inner.tableau.a_diagonal is None and not inner.tableau.implicit))
+    constant = isinstance(controller, dfx.ConstantStepSize)
+    tn = np.asarray(ts, np.float64) if is_concrete(ts) else None
+    on_grid, steps, gap, per_save = True, 0, 0.0, 1
+    if explicit and constant and tn is not None and tn.size > 1:
+        gap = (tn[-1] - tn[0]) / (tn.size - 1)
+        per_save = max(1, round(gap / dt0))
+        tol = 1e-6 * max(gap, np.finfo(np.float32).tiny)
+        on_grid = not (np.any(np.abs(np.diff(tn) - gap) > tol)
+                       or abs(per_save * dt0 - gap) > 1e-6 * gap)
+        steps = per_save * (tn.size - 1)
+    for refused, message in (
+            (not explicit, "runs Euler and explicit Runge–Kutta solvers (ja.RK4, Heun, …), "
+                           f"got {type(inner).__name__}."),
+            (not constant, "takes constant steps: pass `dt0=` and no adaptive "
+                           "`stepsize_controller`."),
+            (tn is None, "plans its steps from concrete `ts`: call it outside jit, or take "
+                         "strategy='fused'."),
+            (not on_grid, "saves on its step grid: `ts` equally spaced, each gap a whole "
+                          "number of steps `dt0`."),
+            (steps > max_steps, f"{steps} steps exceed max_steps={max_steps}.")):
+        if refused:
+            raise ValueError(f"strategy='kernel' {message}")
     if isinstance(inner, dfx.Euler):
         coeffs = ((), (), (1.0,))
-    elif isinstance(inner, dfx.AbstractERK) and inner.tableau.a_diagonal is None \
-            and not inner.tableau.implicit:
+    else:
         tab = inner.tableau
         coeffs = (tuple(map(float, tab.c)), tuple(tuple(map(float, a)) for a in tab.a_lower),
                   tuple(map(float, tab.b_sol)))
-    else:
-        raise ValueError(f"strategy='kernel' runs Euler and explicit Runge–Kutta solvers "
-                         f"(ja.RK4, Heun, …), got {type(inner).__name__}.")
-    if not isinstance(controller, dfx.ConstantStepSize):
-        raise ValueError("strategy='kernel' takes constant steps: pass `dt0=` and no "
-                         "adaptive `stepsize_controller`.")
-    if not is_concrete(ts):
-        raise ValueError("strategy='kernel' plans its steps from concrete `ts`: call it "
-                         "outside jit, or take strategy='fused'.")
-    tn = np.asarray(ts, np.float64)
-    if tn.size == 1:
-        return float(tn[0]), float(dt0), 0, 1, coeffs
-    gap = (tn[-1] - tn[0]) / (tn.size - 1)
-    per_save = max(1, round(gap / dt0))
-    tol = 1e-6 * max(gap, np.finfo(np.float32).tiny)
-    if np.any(np.abs(np.diff(tn) - gap) > tol) or abs(per_save * dt0 - gap) > 1e-6 * gap:
-        raise ValueError("strategy='kernel' saves on its step grid: `ts` equally spaced, "
-                         "each gap a whole number of steps `dt0`.")
-    if per_save * (tn.size - 1) > max_steps:
-        raise ValueError(f"strategy='kernel': {per_save * (tn.size - 1)} steps exceed "
-                         f"max_steps={max_steps}.")
-    return float(tn[0]), float(gap / per_save), tn.size - 1, per_save, coeffs
+    h = gap / per_save if tn.size > 1 else dt0
+    return float(tn[0]), float(h), tn.size - 1, per_save, coeffs
 
 
 def kernel_step(x, k, params, *, coeffs, on_manifold, noisy=False):
@@ -66,17 +69,17 @@ def kernel_step(x, k, params, *, coeffs, on_manifold, noisy=False):
         inc = h * dyn.velocity(s, y)
         return inc if noise is None else inc + noise.kick(dyn, s, y, dW)
 
+    def combined(weights, ks):  # x + Σ_j w_j k_j, zero weights skipped
+        y = x
+        for w, kj in zip(weights, ks):
+            if w:
+                y = y + w * kj
+        return y
+
     ks = [increment(t, x)]
     for ci, row in zip(c, a):
-        y = x
-        for aij, kj in zip(row, ks):
-            if aij:
-                y = y + aij * kj
-        ks.append(increment(t + ci * h, y))
-    y1 = x
-    for bj, kj in zip(b, ks):
-        if bj:
-            y1 = y1 + bj * kj
+        ks.append(increment(t + ci * h, combined(row, ks)))
+    y1 = combined(b, ks)
     return project(y1, dyn.W) if on_manifold else y1
 
 

@@ -1,0 +1,33 @@
+"""One `pallas_call` of the core's kernels: compiled with Triton on CUDA, in Pallas's
+interpret mode elsewhere. The platform is chosen when the program is lowered
+(`lax.platform_dependent`), not from the host's default backend: a program traced on
+a CPU host and lowered for CUDA gets the compiled kernel."""
+
+import functools
+
+from jax import lax
+
+
+def pallas_run(kernel, args, *, grid, in_specs, out_specs, out_shape, num_warps: int,
+               name: str):
+    """`kernel` over `grid` applied to `args`, as `pl.pallas_call` takes the rest."""
+    # Pallas is imported here, on a kernel's first use: importing it costs every
+    # `run_layers` user about 0.3 s (JAX 0.10).
+    from jax.experimental import pallas as pl
+
+    def run(interpret, *xs):
+        params = None
+        if not interpret:
+            from jax.experimental.pallas import triton as pltriton
+            params = pltriton.CompilerParams(num_warps=num_warps, num_stages=1)
+        return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                              out_shape=out_shape, interpret=interpret,
+                              compiler_params=params, name=name)(*xs)
+
+    return lax.platform_dependent(*args, cuda=functools.partial(run, False),
+                                  default=functools.partial(run, True))
+
+
+def power_of_two(b) -> bool:
+    """Whether a layout size (`block`, `block_q`, …) is a power of two."""
+    return isinstance(b, int) and b >= 1 and b & (b - 1) == 0

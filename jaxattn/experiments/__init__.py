@@ -1,25 +1,19 @@
 """The named experiments of `jaxattn list/run/plot/sweep`: the one registry.
 
-The experiments are a family, as diffrax's solvers are: `base.py` holds the
-abstract experiment, intermediate bases do the shared work of a kind
-(`theorem.py`: the theorem experiments, flow and `--discrete` layers, judged by
-trend; `search.py`: the gradient searches; `paper004.py`: paper 004's models), and
-each member is one file that declares its set-up, measures, outcome and panels.
-Helpers two members share live in a module named by their concept (`paper001.py`:
-paper 001's models; `pieces.py`: runs in pieces; `verdicts.py`: trends and verdict
-kinds; `pair_density.py`: the clustered-pair map; `power_plots.py`,
-`variants_plot.py`: figures). `runner.py` runs one into a run folder,
-`loop_runner.py` loops a real model, `replot.py` draws a finished run folder again
-(`redraw_run`; `ja.sweep.redraw` draws any folder).
+The experiments are a family, as diffrax's solvers are: `base.py` holds the abstract
+experiment, intermediate bases do the shared work of a kind (`theorem.py`, `search.py`,
+`paper004.py`), and each member is one file. Helpers two members share live in a
+module named by their concept (`paper001.py`, `pieces.py`, `verdicts.py`, …).
+`runner.py` runs one into a run folder, `loop_runner.py` loops a real model,
+`replot.py` draws a finished run folder again.
 
-`MEMBERS` lists every experiment, one line each, explicitly: nothing registers
-itself on import, and the library below never imports this package. What
-`jaxattn list` and the sweeps need to know of a member (its name, title, theorem
-and whether it is sweepable) is read from the member's own class body, without
-importing it (nor JAX): `REGISTRY`. Adding an experiment is one file and one
-line here (ARCHITECTURE.md, "Where to add").
+`MEMBERS` lists every experiment, explicitly: nothing registers itself on import.
+What `jaxattn list` and the sweeps need of a member (its name, title, theorem, whether
+it is sweepable) is read from its class body without importing it (nor JAX):
+`REGISTRY`. Adding an experiment is one file and one line here.
 """
 
+import functools
 import importlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -94,8 +88,9 @@ def _declared(member: str) -> tuple[str, Entry]:
     found = class_head(module, cls, ("name", "title", "theorem", "sweepable"))
     missing = {"name", "title", "theorem"} - set(found)
     if missing:
-        raise ImportError(f"{module}.{cls} declares no literal {', '.join(sorted(missing))}: "
-                          "write them as strings at the head of its class body.")
+        raise ImportError(f"{module}.{cls} (MEMBERS) is no class declaring the literal "
+                          f"{', '.join(sorted(missing))}: write them as strings at the head "
+                          "of its class body.")
     return found["name"], Entry(module, cls, found["theorem"], found["title"],
                                 bool(found.get("sweepable", False)))
 
@@ -108,19 +103,16 @@ REGISTRY: dict[str, Entry] = dict(_declared(member) for member in MEMBERS)
 SWEEPABLE: tuple[str, ...] = tuple(name for name, e in REGISTRY.items() if e.sweepable)
 
 
-class _Experiments(Mapping):
-    """`REGISTRY` as experiment objects: each module imported, and its one object
-    made, when first asked for."""
+@functools.cache
+def _made(entry: Entry) -> "AbstractExperiment":
+    return getattr(importlib.import_module(f"{__name__}.{entry.module}"), entry.cls)()
 
-    def __init__(self):
-        self._made: dict[str, AbstractExperiment] = {}
+
+class _Experiments(Mapping):
+    """`REGISTRY` as experiment objects: each imported and made when first asked for."""
 
     def __getitem__(self, name: str) -> "AbstractExperiment":
-        if name not in self._made:
-            entry = REGISTRY[name]
-            module = importlib.import_module(f"{__name__}.{entry.module}")
-            self._made[name] = getattr(module, entry.cls)()
-        return self._made[name]
+        return _made(REGISTRY[name])
 
     def __contains__(self, name) -> bool:  # without importing the experiment
         return name in REGISTRY

@@ -44,11 +44,9 @@ class AdversarialTokens(AbstractSearch):
     def explore(self, config, setting, progress):
         key = jax.random.fold_in(jax.random.PRNGKey(config.seed), len(setting))
         if setting == "sphere":
-            T, cfg = config.horizon, config
-            dyn, x, cons = _sphere_setting(cfg, key)
+            T, (dyn, x, cons) = config.horizon, _sphere_setting(config, key)
         else:
-            T, cfg = config.causal_horizon, config | {"tokens": config.causal_tokens}
-            dyn, x, cons = _causal_setting(cfg, key)
+            T, (dyn, x, cons) = config.causal_horizon, _causal_setting(config, key)
         res = slow_consensus(dyn, init=x, objective="final", horizon=T, steps=config.steps,
                              restarts=config.restarts, saves=config.saves,
                              optimizer=optax.adam(config.lr), constraints=cons,
@@ -67,9 +65,8 @@ class AdversarialTokens(AbstractSearch):
         kind = (run_kind(float(E_long[-1]) < CONSENSUS_TOL, trend)
                 if bool(found["in_domain"]) else "not_applicable")
         n, d = np.shape(found["x0"])
-        # The causal search runs at reduced size (the paper's 50 tokens in R^500 cost
-        # many times the flops per solver step even in span coordinates: BENCHMARKS.md,
-        # "Measured claims behind design choices"); say so in the result.
+        # the causal search runs at reduced size (the paper's costs many times the flops
+        # per solver step, even in span coordinates: BENCHMARKS.md); the result says so
         size = (f"{n} tokens on S^{d - 1}" if setting == "sphere"
                 else f"{n} tokens in R^{d}, reduced from the paper's 50 in R^500")
         return kind, (
@@ -130,7 +127,7 @@ def _sphere_setting(config, key):
 def _causal_setting(config, key):
     km, kx = jax.random.split(key)
     w = paper001.causal_weights(km, config.dim, 2)
-    shape = (config.restarts, config.tokens, config.dim)
+    shape = (config.restarts, config.causal_tokens, config.dim)
     x = normalize(jax.random.uniform(kx, shape, jnp.result_type(float), -1.0, 1.0))
     return paper001.causal_dynamics(w), x, Constraints()
 

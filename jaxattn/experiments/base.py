@@ -1,26 +1,15 @@
 """The abstract experiment of `jaxattn run NAME`: its parameters, its verdict and
-the methods every member provides.
+the methods every member provides. An experiment simulates, judges the outcome
+(against a theorem, a paper's figure or a peer's study) and draws its figures from the
+saved data alone (`jaxattn plot DIR` redraws them); the shared work of a kind lives in
+an intermediate base (`theorem.py`, `search.py`), each member declares its own.
 
-An experiment declares its parameters (the `jaxattn run` overrides), simulates,
-judges the outcome (against a theorem, a paper's figure or a peer's study) and
-draws its figures from the saved data alone, so that `jaxattn plot DIR` redraws
-them without recomputing. The shared work of a kind of experiment lives in an
-intermediate base (`theorem.py`: the theorem experiments; `search.py`: the
-gradient searches); each member only declares what is its own.
-
-The rule the family keeps, as equinox's abstract/final pattern:
-
-- a method is abstract (`abc.abstractmethod`: every member provides it) or final
-  (`typing.final`: no class below overrides it); an intermediate base may offer a
-  hook with a default, named as such in its docstring (`theorem.py`'s `facts`);
-- what a member may provide is declared on a base, never probed for (no
-  `getattr`/`hasattr`): a sweepable experiment is an `AbstractSweepableExperiment`,
-  whose `instance(key, config)` is abstract;
-- a parameter is declared once: in the member's `params`, or in its base's
-  `base_params` for every member of that base (the theorem base's `--discrete`,
-  `--horizon`, `--saves`). A member may give a base parameter its own default and
-  help by declaring it again, but never removes one its base declares, so
-  `jaxattn run NAME --help` lists exactly what the run reads.
+The family keeps equinox's abstract/final rule: a method is abstract or `typing.final`
+(an intermediate base may offer a hook with a default, named so in its docstring);
+what a member may provide is declared on a base, never probed for (a sweepable
+experiment is an `AbstractSweepableExperiment`); a parameter is declared once, in the
+member's `params` or its base's `base_params`, which a member may declare again with
+its own default but never removes: `jaxattn run NAME --help` lists what the run reads.
 """
 
 import abc
@@ -188,6 +177,9 @@ class AbstractExperiment(abc.ABC):
     #: member's class body (the registry reads it without importing the member),
     #: true exactly for the members of `AbstractSweepableExperiment`.
     sweepable: ClassVar[bool] = False
+    #: Flags that set several parameters at once: flag → `{parameter: value}` (`jaxattn
+    #: run noisy-transition --full`); a parameter given beside its flag is refused.
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -44,10 +44,12 @@ class ConjectureBipartite(AbstractSearch):
     )
     settings = {"h1_": 1, "h2_": 2, "h3_": 3}
 
+    def check_config(self, config):
+        if not config.split < config.tokens:
+            raise ValueError(f"--split must be in 1..{config.tokens - 1}, got {config.split}.")
+
     def explore(self, config, h, progress):
         n, m, d, R = config.tokens, config.split, config.dim, config.restarts
-        if not 0 < m < n:
-            raise ValueError(f"--split must be in 1..{n - 1}, got {m}.")
         v = jnp.zeros(d).at[0].set(1.0)
         k1, k2 = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(config.seed), h))
         dtype = jnp.result_type(float)
@@ -136,7 +138,6 @@ def _bipartite_check(w, trace, viol, v, n, m, config, key):
         kick = scale * jax.random.normal(key, x.shape, x.dtype)
         ys = run_layers(dyn, normalize(x + kick), config.layers, config.tau)
         dist.append(np.max(np.linalg.norm(np.asarray(ys) - np.asarray(x), axis=-1), axis=-1))
-    out = {"trace": trace, "violation": np.max(viol), "rho": rho, "rho0": rho0, "valid": valid,
-           "residual": residual, "dist_small": dist[0], "dist_large": dist[1],
-           "absorbed": dist[0][-1] < 1e-6, "P": w.P[best], "U": w.U[best]}
-    return out
+    return {"trace": trace, "violation": np.max(viol), "rho": rho, "rho0": rho0, "valid": valid,
+            "residual": residual, "dist_small": dist[0], "dist_large": dist[1],
+            "absorbed": dist[0][-1] < 1e-6, "P": w.P[best], "U": w.U[best]}

@@ -131,9 +131,8 @@ def _multihead_check(res, config):
     lam = np.linalg.eigvalsh(np.asarray(layer_matrix(dyn)))
     dist = 1 - np.min(np.asarray(ys) @ v1, axis=-1)
     speed = float(jnp.max(jnp.abs(dyn.velocity(ts[-1], ys[-1]))))
-    out = {"trace": res.trace, "baseline": res.baseline, "value": res.value, "x0": res.x0,
-           "ts": ts, "ys": ys, "dist": dist, "dist_long": dist[-1], "v1": v1,
-           "gap": lam[-1] - lam[-2], "lam": lam, "speed_end": speed,
-           "margin": float(np.min(np.asarray(res.x0) @ v1)),
-           "violation": np.max(res.violation), "P": dyn.P.value, "U": dyn.U.value}
-    return out
+    return {"trace": res.trace, "baseline": res.baseline, "value": res.value, "x0": res.x0,
+            "ts": ts, "ys": ys, "dist": dist, "dist_long": dist[-1], "v1": v1,
+            "gap": lam[-1] - lam[-2], "lam": lam, "speed_end": speed,
+            "margin": float(np.min(np.asarray(res.x0) @ v1)),
+            "violation": np.max(res.violation), "P": dyn.P.value, "U": dyn.U.value}

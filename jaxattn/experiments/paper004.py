@@ -28,12 +28,10 @@ TOKENS = (
 
 
 def model_from_flags(config, default: str):
-    """The model a config asks for, and a name for it."""
+    """The model a config asks for (at most one model flag: `check_config`), and a
+    name for it."""
     trained = [k for k in _TRAINED if config.get(k)]
     chosen = trained + [k for k in _RANDOM if config.get(k)]
-    if len(chosen) > 1:
-        raise ValueError("choose at most one model flag (" + ", ".join(
-            "--" + k.replace("_", "-") for k in chosen) + ").")
     if trained:
         return load(_TRAINED[trained[0]]), _TRAINED[trained[0]] + " (trained)"
     preset = _RANDOM[chosen[0]] if chosen else default
@@ -49,9 +47,9 @@ def model_from_flags(config, default: str):
 
 
 def _width_keys(cfg):
-    if cfg.model_type == "gpt2":
+    if cfg["model_type"] == "gpt2":
         return "n_embd", "n_head"
-    if cfg.model_type == "gpt_neo":
+    if cfg["model_type"] == "gpt_neo":
         return "hidden_size", "num_heads"
     return "hidden_size", "num_attention_heads"
 
@@ -75,10 +73,16 @@ class AbstractPowerExperiment(AbstractExperiment):
     """A paper 004 experiment: its own parameters only (no flow horizon or saves)."""
 
     def check_config(self, config):
-        if "std" in config and config.std < MIN_STD:
-            raise ValueError(f"--std {config.std!r}: the random weights' products (of "
-                             "order std²) underflow float32, where the models compute (all "
-                             f"zero); choose --std ≥ {MIN_STD:.2g}.")
+        chosen = ["--" + k.replace("_", "-") for k in (*_TRAINED, *_RANDOM) if config.get(k)]
+        for bad, message in (
+            (len(chosen) > 1, f"choose at most one model flag ({', '.join(chosen)})."),
+            ("std" in config and config.get("std") < MIN_STD,
+             f"--std {config.get('std')!r}: the random weights' products (of order std²) "
+             "underflow float32, where the models compute (all zero); choose --std ≥ "
+             f"{MIN_STD:.2g}."),
+        ):
+            if bad:
+                raise ValueError(message)
 
 
 #: The family of the random config (default GPT-2).

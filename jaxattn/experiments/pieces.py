@@ -18,20 +18,10 @@ from .._layers import run_layers
 from .._schedule import AbstractSchedule
 
 
-def advance(
-    step: Callable[[int, Any], tuple[Any, Any]],
-    state,
-    num_pieces: int,
-    *,
-    desc: str,
-    progress: bool,
-):
-    """Run `state, out_k = step(k, state)` for `k < num_pieces` under a progress bar.
-
-    **Returns:**
-
-    The final state and the list of outputs.
-    """
+def advance(step: Callable[[int, Any], tuple[Any, Any]], state, num_pieces: int, *,
+            desc: str, progress: bool):
+    """Run `state, out_k = step(k, state)` for `k < num_pieces` under a progress bar;
+    the final state and the list of outputs."""
     outs = []
     with tqdm(total=num_pieces, desc=desc, unit="piece", disable=not progress, leave=False) as bar:
         for k in range(num_pieces):
@@ -42,33 +32,23 @@ def advance(
     return state, outs
 
 
-def flow_path(
-    dyn, x0, horizon: float, saves: int, *, progress: bool, desc: str, reduce=None, **solve_kw
-):
-    """Solve the flow (eq. 6) on `saves + 1` equally spaced times of `[0, horizon]`.
-
-    Integrated in up to 20 equal pieces (`Horizon.pieces`; restarting the adaptive
-    solver at each piece's start, which is also a save time) so that a progress bar
-    can follow it.
-    `reduce(ys)` maps each piece's `(..., m, n, d)` states to what is kept
-    (default: the states).
+def flow_path(dyn, x0, horizon: float, saves: int, *, progress: bool, desc: str, reduce=None,
+              **solve_kw):
+    """Solve the flow (eq. 6) on `saves + 1` equally spaced times of `[0, horizon]`, in
+    up to 20 equal pieces (`Horizon.pieces`; the adaptive solver restarts at each
+    piece's start, a save time) so that a progress bar can follow it. `reduce(ys)` maps
+    each piece's `(..., m, n, d)` states to what is kept (default: the states).
 
     **Returns:**
 
     `ts (saves + 1,)` and the kept outputs concatenated along the time axis.
     """
-    pieces = Horizon.pieces(saves)
-    m = saves // pieces
     ts = Horizon(horizon).save_times(saves)
-    reduce = reduce or (lambda ys: ys)
 
-    def step(k, x):
-        ys = solve_flow(dyn, x, jnp.asarray(ts[k * m : (k + 1) * m + 1]), **solve_kw)
-        kept = ys if k == 0 else ys[..., 1:, :, :]
-        return ys[..., -1, :, :], reduce(kept)
+    def piece(k, x, m):
+        return solve_flow(dyn, x, jnp.asarray(ts[k * m : (k + 1) * m + 1]), **solve_kw)
 
-    _, outs = advance(step, x0, pieces, desc=desc, progress=progress)
-    return ts, jnp.concatenate(outs, axis=_time_axis(x0))
+    return ts, _in_pieces(piece, x0, saves, progress=progress, desc=desc, reduce=reduce)
 
 
 def layer_path(dyn, x0, horizon: float, tau: float, *, progress: bool, desc: str, reduce=None):
@@ -78,22 +58,27 @@ def layer_path(dyn, x0, horizon: float, tau: float, *, progress: bool, desc: str
 
     `ts = kτ (L + 1,)` and the kept outputs (as in `flow_path`).
     """
-    num_layers = Horizon(horizon).num_layers(tau)
-    pieces = Horizon.pieces(num_layers)
-    m = num_layers // pieces
+    def piece(k, x, m):
+        return run_layers(shift_time(dyn, k * m * tau), x, m, tau)
+
+    kept = _in_pieces(piece, x0, Horizon(horizon).num_layers(tau), progress=progress,
+                      desc=desc, reduce=reduce)
+    return Horizon(horizon).layer_times(tau), kept
+
+
+def _in_pieces(piece, x0, steps: int, *, progress: bool, desc: str, reduce):
+    """`steps` steps from `x0` as `Horizon.pieces(steps)` calls `piece(k, x, m)` of `m`
+    steps each (its states `(..., m + 1, n, d)`), `reduce`d and joined in time."""
+    pieces = Horizon.pieces(steps)
+    m = steps // pieces
     reduce = reduce or (lambda ys: ys)
 
     def step(k, x):
-        ys = run_layers(shift_time(dyn, k * m * tau), x, m, tau)
-        kept = ys if k == 0 else ys[..., 1:, :, :]
-        return ys[..., -1, :, :], reduce(kept)
+        ys = piece(k, x, m)
+        return ys[..., -1, :, :], reduce(ys if k == 0 else ys[..., 1:, :, :])
 
     _, outs = advance(step, x0, pieces, desc=desc, progress=progress)
-    return Horizon(horizon).layer_times(tau), jnp.concatenate(outs, axis=_time_axis(x0))
-
-
-def _time_axis(x0) -> int:
-    return jnp.ndim(x0) - 2
+    return jnp.concatenate(outs, axis=jnp.ndim(x0) - 2)
 
 
 # --- a model's clock restarted at a piece's start -------------------------------

@@ -3,25 +3,12 @@
 
 import numpy as np
 
-from .._artifacts.figures import (
-    draw_decay,
-    draw_sphere_trajectories,
-    integer_ticks,
-    legend_below,
-    pyplot,
-    save_figure,
-    title_3d,
-    view_towards,
-)
-
-
-def _label(data) -> str:
-    return str(data["label"])
+from .._artifacts import figures
 
 
 def power_shared(data, stem):
     """Eigenvalues, final-alignment histograms and alignment over prolonged depth."""
-    plt = pyplot()
+    plt = figures.pyplot()
     L = int(data["native_depth"])
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 3.9))
     lam = data["eig_modulus"]
@@ -42,7 +29,7 @@ def power_shared(data, stem):
     ax.set_xlabel(r"Re $\lambda$")
     ax.set_ylabel(r"Im $\lambda$")
     ax.set_title(r"eigenvalues of $\Omega$")
-    legend_below(ax, ncol=1)
+    figures.legend_below(ax, ncol=1)
     ax = axes[1]
     bins = np.linspace(0, 1, 41)
     cs = data["cos_step"][:, L].reshape(-1, 2)
@@ -56,9 +43,9 @@ def power_shared(data, stem):
             label=rf"$v_1$ ({modulus} order)")
     ax.set_xlabel(f"alignment after the native {L} layers")
     ax.set_ylabel("tokens")
-    integer_ticks(ax.yaxis)  # a count of tokens
+    figures.integer_ticks(ax.yaxis)  # a count of tokens
     ax.set_title("final alignment (paper 004 Fig. 2a b)")
-    legend_below(ax, ncol=1)
+    figures.legend_below(ax, ncol=1)
     ax = axes[2]
     c = data["cos_step"][..., 0].mean(axis=2)  # (B, layers)
     ks = np.arange(c.shape[1])
@@ -73,8 +60,8 @@ def power_shared(data, stem):
     ax.set_xlabel("layer")
     ax.set_ylabel(r"$|\cos(x, v_1)|$ (per prompt, grey)")
     ax.set_title("prolonged depth (paper 004 Fig. 6c)")
-    legend_below(ax, ncol=1)
-    return save_figure(fig, stem, title=f"power-shared: {_label(data)}")
+    figures.legend_below(ax, ncol=1)
+    return figures.save_figure(fig, stem, title=f"power-shared: {data['label']}")
 
 
 def _band(ax, x, mean, std, color, label):
@@ -104,12 +91,12 @@ def layer_stats(axes, data):
     axes[2].set_ylabel("P(increment > 0)")
     for ax in axes:
         ax.set_xlabel(r"layer $\ell$")
-        integer_ticks(ax.xaxis)
-        legend_below(ax, ncol=1)
+        figures.integer_ticks(ax.xaxis)
+        figures.legend_below(ax, ncol=1)
 
 
 def power_layers(data, stem):
-    plt = pyplot()
+    plt = figures.pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))
     layer_stats(axes[:3], data)
     eig = data["eigenvalues"]
@@ -118,14 +105,14 @@ def power_layers(data, stem):
         axes[3].plot(ell, eig[:, k].real, "o-", ms=4, mfc="none", lw=1,
                      label=rf"Re $\lambda_{k + 1}$")  # open: crossing curves all show
     axes[3].set_xlabel(r"layer $\ell$")
-    integer_ticks(axes[3].xaxis)
+    figures.integer_ticks(axes[3].xaxis)
     axes[3].set_title("leading eigenvalues (Fig. 6)", fontsize=9)
-    legend_below(axes[3], ncol=3)
-    return save_figure(fig, stem, title=f"power-layers: {_label(data)}")
+    figures.legend_below(axes[3], ncol=3)
+    return figures.save_figure(fig, stem, title=f"power-layers: {data['label']}")
 
 
 def steer(data, stem):
-    plt = pyplot()
+    plt = figures.pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.7))
     ell = np.arange(len(data["c_u"]))
     ax = axes[0]
@@ -137,9 +124,9 @@ def steer(data, stem):
     ax.set_ylim(0, 1.06)
     ax.set_xlabel("layer (0 = input)")
     ax.set_ylabel(r"mean $|\cos(x, u)|$")
-    integer_ticks(ax.xaxis)
+    figures.integer_ticks(ax.xaxis)
     ax.set_title(r"alignment with the target $u$")
-    legend_below(ax)
+    figures.legend_below(ax)
     ax = axes[1]
     ax.semilogx(data["gammas"], data["end_alignment"], "o-", color="tab:red", ms=4)
     ax.set_ylim(0, 1.06)
@@ -153,14 +140,14 @@ def steer(data, stem):
             label=r"$\bar c_\ell$ (all eigenvectors)")
     ax.set_ylim(0, 1.06)
     ax.set_xlabel(r"layer $\ell$")
-    integer_ticks(ax.xaxis)
+    figures.integer_ticks(ax.xaxis)
     ax.set_title(r"steered model: $c_\ell$ vs $\bar c_\ell$ (Fig. 2/9)")
-    legend_below(ax)
-    return save_figure(fig, stem, title=f"steer: {_label(data)}")
+    figures.legend_below(ax)
+    return figures.save_figure(fig, stem, title=f"steer: {data['label']}")
 
 
 def oja(data, stem):
-    plt = pyplot()
+    plt = figures.pyplot()
     fig = plt.figure(figsize=(15, 4.2))
     ax = fig.add_subplot(1, 4, 1)
     fixed = data["residual"] < 1e-9
@@ -179,19 +166,17 @@ def oja(data, stem):
     ax.set_ylabel(r"$\rho$(tangent jacfwd)")
     ax.set_title("stability of equilibria", fontsize=9)
     ax.legend(fontsize=6)
-    x = data["fig13_point"]
     for j, title in ((0, "absorbed"), (1, "escapes to consensus")):
         ax3 = fig.add_subplot(1, 4, 2 + j, projection="3d")
-        draw_sphere_trajectories(ax3, data["fig13_paths"][j])
-        view_towards(ax3, [1.0, 0.6, 0.5])
-        title_3d(ax3, f"perturbation {data['fig13_eps'][j]:.3g}: {title}", fontsize=9)
+        figures.draw_sphere_trajectories(ax3, data["fig13_paths"][j])
+        figures.view_towards(ax3, [1.0, 0.6, 0.5])
+        figures.title_3d(ax3, f"perturbation {data['fig13_eps'][j]:.3g}: {title}", fontsize=9)
     ax = fig.add_subplot(1, 4, 4)
-    draw_decay(ax, data["fig13_sizes"], data["fig13_dist"], order=1, stop=False, marker="o",
+    figures.draw_decay(ax, data["fig13_sizes"], data["fig13_dist"], order=1, stop=False, marker="o",
                ms=3)
     ax.set_xscale("log")
     ax.axhline(0.5, color="k", ls=":", lw=0.8)
     ax.set_xlabel("perturbation size")
     ax.set_ylabel("distance to the bipartite point after 400 layers")
     ax.set_title(f"Fig. 13 basin (q = {float(data['fig13_q']):.3g}, n=10, m=8)", fontsize=9)
-    del x
-    return save_figure(fig, stem, title="oja-bipartite: equilibria of eqs. 8–9")
+    return figures.save_figure(fig, stem, title="oja-bipartite: equilibria of eqs. 8–9")

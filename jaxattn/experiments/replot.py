@@ -29,16 +29,18 @@ def redraw_run(folder) -> list[Path]:
     """
     folder = open_run_folder(folder)
     config = read_json(folder / "config.json")
-    if not (folder / "data.npz").exists():
-        raise RunFolderError(f"{folder} has no data.npz; it holds no data to draw.")
-    with np.load(folder / "data.npz") as f:
-        data = {k: f[k] for k in f.files}
-    if config.get("experiment") in EXPERIMENTS:
+    saved = (folder / "data.npz").exists()
+    data = {}
+    if saved:
+        with np.load(folder / "data.npz") as f:
+            data = {k: f[k] for k in f.files}
+    if saved and config.get("experiment") in EXPERIMENTS:
         experiment = EXPERIMENTS[config["experiment"]]
         return experiment.draw(experiment.config(config), data, folder)
     if is_loop_config(config) and "E" in data:
         return redraw_loop(config, data, folder)
-    raise RunFolderError(f"{folder} was not made by `jaxattn run`, `jaxattn loop` or "
+    raise RunFolderError(f"{folder} has no data.npz; it holds no data to draw." if not saved
+                         else f"{folder} was not made by `jaxattn run`, `jaxattn loop` or "
                          "`jaxattn sweep` (its config.json names no known experiment).")
 
 

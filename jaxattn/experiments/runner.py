@@ -1,10 +1,6 @@
-"""Running an experiment into a run folder.
-
-`run_experiment` runs a named experiment (`jaxattn run NAME`) with its overrides
-checked by `experiment_config` (each value by `convert`, the one typed check of a
-parameter), through the one writer of run folders (`write_run`). The looped-model
-runs (`jaxattn loop`) are `loop_runner.py`'s; drawing a finished folder again
-(`jaxattn plot`) is `replot.py`'s.
+"""Running an experiment into a run folder: `run_experiment` (`jaxattn run NAME`), its
+overrides checked by `experiment_config` (each value by `convert`), through the one
+writer of run folders (`write_run`).
 """
 
 import math
@@ -80,46 +76,44 @@ def _gb(size: float) -> str:
 
 
 def check_sizes(name: str, config: dict[str, Any], memory: int | None = None) -> None:
-    """Refuse, in one line naming the flags, a count past `MAX_COUNT` or a run whose
-    arrays (`FOOTPRINT`) cannot fit in the machine's memory: before any folder or
-    any work."""
+    """Refuse, in one line naming the flags, a run whose arrays (`FOOTPRINT`) cannot fit
+    in the machine's memory, a horizon past `MAX_HORIZON`, a count past `MAX_COUNT` or a
+    discrete run of more than `MAX_LAYERS` layers (`--horizon / --tau`): before any
+    folder or any work."""
     memory = machine_memory() if memory is None else memory
+    refused = []
     for product in FOOTPRINT.get(name, ()) if memory else ():
         size = 8.0 * math.prod(config[f] if isinstance(f, str) else f for f in product)
         if size > memory:
             flags = ", ".join(f"--{f.replace('_', '-')} {config[f]}" for f in product
                               if isinstance(f, str))
-            raise ValueError(f"{flags}: the run's arrays need at least {_gb(size)}, more "
-                             f"than this machine's memory ({_gb(memory)}); choose smaller "
-                             "values.")
+            refused.append(f"{flags}: the run's arrays need at least {_gb(size)}, more than "
+                           f"this machine's memory ({_gb(memory)}); choose smaller values.")
     for key, value in config.items():
+        flag = f"--{key.replace('_', '-')}"
         if key.endswith("horizon") and isinstance(value, float) and value > MAX_HORIZON:
-            raise ValueError(f"--{key.replace('_', '-')} {value!r} is past 2**52 ≈ 4.5e15, "
-                             "where float64 times are more than 1 apart and no step can "
-                             "advance; choose a shorter horizon.")
-        if isinstance(value, int) and not isinstance(value, bool) and key != "seed" \
-                and value > MAX_COUNT:
-            raise ValueError(f"--{key.replace('_', '-')} {value} is more than {MAX_COUNT} "
-                             "(JAX counts in int32); choose a smaller value.")
-
-
-def check_layers(config: dict[str, Any]) -> None:
-    """Refuse a discrete run of more than `MAX_LAYERS` layers (`--horizon / --tau`)."""
-    if not (config.get("discrete") and "tau" in config and "horizon" in config):
-        return
-    ratio = config["horizon"] / config["tau"]
+            refused.append(f"{flag} {value!r} is past 2**52 ≈ 4.5e15, where float64 times are "
+                           "more than 1 apart and no step can advance; choose a shorter horizon.")
+        if type(value) is int and key != "seed" and value > MAX_COUNT:
+            refused.append(f"{flag} {value} is more than {MAX_COUNT} (JAX counts in int32); "
+                           "choose a smaller value.")
+    layered = config.get("discrete") and "tau" in config and "horizon" in config
+    ratio = config["horizon"] / config["tau"] if layered else 0.0
     if not ratio < MAX_LAYERS:
-        raise ValueError(f"--horizon {config['horizon']!r} with --tau {config['tau']!r} is "
-                         f"{ratio:.3g} layers, more than {MAX_LAYERS}; choose a larger --tau "
-                         "or a shorter --horizon.")
-    Horizon(config["horizon"]).num_layers(config["tau"])  # its own checks
+        refused.append(f"--horizon {config['horizon']!r} with --tau {config['tau']!r} is "
+                       f"{ratio:.3g} layers, more than {MAX_LAYERS}; choose a larger --tau "
+                       "or a shorter --horizon.")
+    if refused:
+        raise ValueError(refused[0])
+    if layered:
+        Horizon(config["horizon"]).num_layers(config["tau"])  # its own checks
 
 
 def apply_presets(experiment: AbstractExperiment, config: dict, overrides: dict) -> None:
     """Put the values of each preset flag that is on (an experiment's `presets`: flag →
     the parameters it sets) into `config`, so the run records the settings it uses;
     a parameter given beside the flag that sets it is refused in one line."""
-    for flag, preset in getattr(experiment, "presets", {}).items():
+    for flag, preset in experiment.presets.items():
         if not config.get(flag):
             continue
         clash = [key for key in preset if key in overrides]
@@ -144,7 +138,6 @@ def experiment_config(experiment: AbstractExperiment, overrides: dict[str, Any],
             raise ValueError(f"{experiment.name} has no parameter --{key}; it takes {known}.")
         config[key] = convert(params[key], value)
     apply_presets(experiment, config, overrides)
-    check_layers(config)
     check_sizes(experiment.name, config)
     return experiment.config(config, seed=check_seed(seed))
 
@@ -154,7 +147,7 @@ def command_line(config: dict, experiment: AbstractExperiment) -> str:
     `--resume`, which continues a run and repeats none: a resumed run records the
     command of the uninterrupted one)."""
     parts = ["jaxattn", "run", config["experiment"], "--seed", str(config["seed"])]
-    preset = {key for flag, values in getattr(experiment, "presets", {}).items()
+    preset = {key for flag, values in experiment.presets.items()
               if config.get(flag) for key in values}  # the flag says them
     for p in experiment.all_params():
         if p.name == "resume" or p.name in preset:
@@ -168,35 +161,29 @@ def command_line(config: dict, experiment: AbstractExperiment) -> str:
     return " ".join(parts)
 
 
-def run_into_folder(
-    experiment: AbstractExperiment,
-    config: dict[str, Any],
-    *,
-    command: str | None,
-    simulate: Callable[[], dict[str, np.ndarray]] | None = None,
-    out=None,
-    progress: bool = True,
-    log: Callable[[str], object] | None = print,
-    record: dict[str, Any] | None = None,
-) -> tuple[Path, dict]:
-    """Run `experiment` with a checked `config` into a run folder (`_artifacts.folders.write_run`).
+def run_into_folder(experiment: AbstractExperiment, config: dict[str, Any], *,
+                    command: str | None,
+                    simulate: Callable[[], dict[str, np.ndarray]] | None = None, out=None,
+                    progress: bool = True, log: Callable[[str], object] | None = print,
+                    record: dict[str, Any] | None = None) -> tuple[Path, dict]:
+    """Run `experiment` with a checked `config` into a run folder (`write_run`).
 
     **Arguments:**
 
-    - `command`: the command line that repeats the run, recorded in `config.json`
-      and `summary.json` (`None`: not recorded).
+    - `command`: the command that repeats the run, recorded in `config.json` and
+      `summary.json` (`None`: not recorded).
     - `simulate`: computes the data (default `experiment.simulate(config, progress)`;
-      an experiment with a `resume` parameter also gets `folder=`, the run folder,
-      where it keeps its resumable pieces).
+      an experiment with a `resume` parameter also gets `folder=`, where it keeps its
+      resumable pieces).
     - `out`, `progress`: the folder (default `runs/NAME/<timestamp>/`), a progress bar.
     - `log`: where the folder's name is announced (`None`: nowhere).
-    - `record`: what `config.json` records beside the config (the looped model's
-      settings of `jaxattn loop --grid`).
+    - `record`: what `config.json` records beside the config (`jaxattn loop --grid`'s
+      model).
 
     **Returns:**
 
-    The run folder and the summary: the verdict, its numbers (and `extra`
-    entries), the simulation time and the figures.
+    The run folder and the summary (the verdict, its numbers and `extra` entries, the
+    simulation time, the figures).
     """
     noted = {} if command is None else {"command": command}
 
@@ -208,9 +195,7 @@ def run_into_folder(
                 **noted, **verdict.extra}
 
     resume = config.get("resume")  # None: the experiment cannot resume
-    if resume and out is None:
-        raise ValueError("--resume needs --out DIR: the folder of the run to continue.")
-    folder = folder_path(experiment.name, out)
+    folder = folder_path(experiment.name, out, resume=resume)
     pieces = {} if resume is None else {"folder": folder}
     record = {"dtype": "float64", **config, **(record or {}), **noted}
     return write_run(
@@ -222,24 +207,14 @@ def run_into_folder(
     )
 
 
-def run_experiment(
-    name: str,
-    overrides: dict[str, Any] | None = None,
-    *,
-    seed: int = 0,
-    out=None,
-    progress: bool = True,
-    log=print,
-) -> tuple[Path, dict]:
-    """Run an experiment into a run folder (`runs/NAME/<timestamp>/` or `out`).
+def run_experiment(name: str, overrides: dict[str, Any] | None = None, *, seed: int = 0,
+                   out=None, progress: bool = True, log=print) -> tuple[Path, dict]:
+    """Run an experiment into a run folder (`runs/NAME/<timestamp>/` or `out`); returns
+    the folder and the summary.
 
-    Writes `config.json` first, then `data.npz`, the figures (PNG and PDF) and,
-    last, `summary.json` with the verdict; the folder is marked `INCOMPLETE` until
-    then. Bad names or overrides raise `ValueError` before anything is written.
-
-    **Returns:**
-
-    The run folder and the summary.
+    Writes `config.json` first, then `data.npz`, the figures (PNG and PDF) and, last,
+    `summary.json` with the verdict; the folder is marked `INCOMPLETE` until then. Bad
+    names or overrides raise `ValueError` before anything is written.
     """
     experiment = get_experiment(name)
     config = experiment_config(experiment, overrides or {}, seed)

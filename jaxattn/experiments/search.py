@@ -1,14 +1,9 @@
-"""The gradient searches' shared frame (the intermediate base of
-`adversarial-tokens`, `adversarial-weights`, `conjecture-multihead` and
-`conjecture-bipartite`): searches with `ja.explore` that try to slow consensus or
-to stabilise what the theory says is unstable. ("Study" elsewhere means any
-experiment's measurement; these are the searches.)
-
-A search member runs one search per *setting* (the sphere and the causal model; two or
-three heads) and saves each setting's arrays under its prefix (`h2_value`). The
-frame runs the settings, converts the arrays and joins the settings' verdict
-parts; a member declares its settings, its search (`explore`) and its words
-(`judge_setting`), and its panels.
+"""The gradient searches' shared frame (the base of `adversarial-tokens`,
+`adversarial-weights`, `conjecture-multihead`, `conjecture-bipartite`): searches with
+`ja.explore` that try to slow consensus or to stabilise what the theory says is
+unstable. A member runs one search per *setting* (the sphere and the causal model; two
+or three heads), saved under the setting's prefix (`h2_value`); the frame runs the
+settings and joins their verdict parts.
 """
 
 import abc
@@ -49,12 +44,12 @@ class AbstractSearch(AbstractExperiment):
         judges no theorem) and its part of the verdict line."""
 
     def numbers(self, config: dict[str, Any], data: dict[str, np.ndarray]) -> dict[str, Any]:
-        """The verdict's numbers (default: every scalar saved)."""
+        """The verdict's numbers (a hook; default: every scalar saved)."""
         return {k: float(np.asarray(v).ravel()[0]) for k, v in data.items()
                 if np.asarray(v).size == 1}
 
     def closing(self, config: dict[str, Any], data: dict[str, np.ndarray]) -> list[str]:
-        """Parts of the verdict line after the settings' own (default: none)."""
+        """Parts of the verdict line after the settings' own (a hook; default: none)."""
         return []
 
     @typing.final
@@ -67,12 +62,9 @@ class AbstractSearch(AbstractExperiment):
 
     @typing.final
     def verdict(self, config, data) -> Verdict:
-        kinds, parts = [], []
-        for prefix, setting in self.settings.items():
-            kind, part = self.judge_setting(config, Section(data, prefix=prefix), setting)
-            kinds.append(kind)
-            parts.append(part)
-        line = "; ".join(parts + self.closing(config, data))
+        kinds, parts = zip(*(self.judge_setting(config, found, setting)
+                             for found, setting in self.sections(data)))
+        line = "; ".join([*parts, *self.closing(config, data)])
         numbers = self.numbers(config, data)
         if all(kind is None for kind in kinds):  # a search with no theorem to judge
             return Verdict(True, line, numbers)
@@ -85,12 +77,8 @@ class AbstractSearch(AbstractExperiment):
 
 
 def long_run(dyn, x0, T, saves=400):
-    """The flow from `x0` on `saves + 1` equally spaced times of `[0, T]`.
-
-    **Returns:**
-
-    `(ts, ys)`: the times (NumPy) and the tokens `(..., saves + 1, n, d)`.
-    """
+    """The flow from `x0` on `saves + 1` equally spaced times of `[0, T]`: the times
+    (NumPy) and the tokens `(..., saves + 1, n, d)`."""
     ts = jnp.linspace(0.0, T, saves + 1)
     return np.asarray(ts), solve_flow(dyn, x0, ts, max_steps=200000)
 

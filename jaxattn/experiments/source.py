@@ -15,11 +15,12 @@ checks that every experiment's parameters read here are its own."""
 
 import ast
 import builtins
+import functools
 import importlib
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import base
 
@@ -42,7 +43,7 @@ def declared(module: str, name: str, *, keys: bool = False) -> Any:
     The value, or a `NotDeclared` error when the source does not bind `name` to a
     literal (a test compares it with the imported value).
     """
-    node = _Module.of(module).binding(name)
+    node = _module(module).binding(name)
     if keys and isinstance(node, ast.Dict):
         node = ast.Tuple([k for k in node.keys if k is not None], ast.Load())
     try:
@@ -51,35 +52,27 @@ def declared(module: str, name: str, *, keys: bool = False) -> Any:
         raise NotDeclared(f"{module}.{name} is not a literal.") from None
 
 
-class _Class:
+class _Class(NamedTuple):
     """A class as its source declares it: its module and its `ast.ClassDef`."""
 
-    def __init__(self, module: "_Module", node: ast.ClassDef):
-        self.module, self.node = module, node
+    module: "_Module"
+    node: ast.ClassDef
 
 
-_MISSING = object()
-
-
-def _class_attribute(cls, attr: str, default=_MISSING):
-    """`cls.attr` as the class body (or its bases', first base first) binds it."""
+def _class_attribute(cls, attr: str) -> Any:
+    """`cls.attr` as the class body (or its bases', first base first) binds it, or a
+    `NotDeclared` (an `AttributeError` from a class imported for real)."""
     if not isinstance(cls, _Class):  # a class imported for real (`AbstractExperiment`)
-        value = getattr(cls, attr, default)
-    else:
-        value = _MISSING
-        for node in cls.node.body:
-            target = _bound_name(node)
-            if target == attr and node.value is not None:
-                return cls.module.evaluate(node.value)
-        for parent in cls.node.bases:
-            value = _class_attribute(cls.module.evaluate(parent), attr, _MISSING)
-            if value is not _MISSING:
-                break
-    if value is _MISSING:
-        if default is _MISSING:
-            raise NotDeclared(f"no {attr} declared")
-        return default
-    return value
+        return getattr(cls, attr)
+    for node in cls.node.body:
+        if _bound_name(node) == attr and node.value is not None:
+            return cls.module.evaluate(node.value)
+    for parent in cls.node.bases:
+        try:
+            return _class_attribute(cls.module.evaluate(parent), attr)
+        except (NotDeclared, AttributeError):
+            pass
+    raise NotDeclared(f"no {attr} declared")
 
 
 def _bound_name(node: ast.stmt) -> str | None:
@@ -95,19 +88,10 @@ def _bound_name(node: ast.stmt) -> str | None:
 
 class _Module:
     """One module of `jaxattn` as its source declares it: its top-level names
-    evaluated on demand."""
-
-    _parsed: dict[str, "_Module"] = {}
-
-    @classmethod
-    def of(cls, dotted: str) -> "_Module":
-        if dotted not in cls._parsed:
-            cls._parsed[dotted] = cls(dotted)
-        return cls._parsed[dotted]
+    evaluated on demand (`_module`: each parsed once)."""
 
     def __init__(self, dotted: str):
-        parts = dotted.split(".")[1:]
-        path = _ROOT.joinpath(*parts)
+        path = _ROOT.joinpath(*dotted.split(".")[1:])
         self.path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
         self.dotted = dotted
         self.package = dotted if path.is_dir() else dotted.rpartition(".")[0]
@@ -127,37 +111,36 @@ class _Module:
         raise NotDeclared(f"{self.dotted} binds no {name}")
 
     def lookup(self, name: str) -> Any:
-        """The value of the top-level `name`: evaluated, imported from a sibling read
-        the same way, or a `_Class`."""
+        """The value of the top-level `name`: evaluated, imported (from the standard
+        library, or from a sibling read the same way), or a `_Class`."""
         node = self.binding(name)
         if isinstance(node, ast.ClassDef):
             return _Class(self, node)
-        if isinstance(node, ast.ImportFrom):
-            alias = next(a for a in node.names if (a.asname or a.name) == name)
-            return self._imported(node, alias.name)
-        if isinstance(node, ast.Import):
-            return _stdlib(name)
-        return self.evaluate(node)
-
-    def _imported(self, node: ast.ImportFrom, name: str) -> Any:
-        if node.level == 0:
-            return getattr(_stdlib(node.module), name)
-        package = self.package.rsplit(".", node.level - 1)[0] if node.level > 1 else self.package
-        if not package.startswith("jaxattn") or node.module is None:
-            raise NotDeclared(f"from {'.' * node.level} import {name}")
-        dotted = f"{package}.{node.module}"
+        if not isinstance(node, ast.Import | ast.ImportFrom):
+            return self.evaluate(node)
+        if isinstance(node, ast.Import):  # `import math`: the module itself
+            dotted, original = name, None
+        else:
+            original = next(a.name for a in node.names if (a.asname or a.name) == name)
+            package = self.package.rsplit(".", node.level - 1)[0]
+            dotted = node.module if node.level == 0 else f"{package}.{node.module}"
         if dotted in _LIGHT:
-            return getattr(_LIGHT[dotted], name)
-        return _Module.of(dotted).lookup(name)
+            return getattr(_LIGHT[dotted], original)
+        if isinstance(node, ast.ImportFrom) and node.level and node.module:  # a sibling
+            return _module(dotted).lookup(original)
+        # the standard library's modules are imported (never a third-party one: JAX)
+        if str(dotted).split(".")[0] not in sys.stdlib_module_names:
+            raise NotDeclared(f"import {dotted}")
+        module = importlib.import_module(dotted)
+        return module if original is None else getattr(module, original)
 
     def evaluate(self, expr: ast.expr) -> Any:
         """`expr` evaluated with the top-level names it uses (a name it binds itself,
         as a comprehension's, is left to it)."""
         names = {}
         for node in ast.walk(expr):
-            if isinstance(node, ast.Name) and node.id not in names:
-                if hasattr(builtins, node.id):
-                    continue
+            if isinstance(node, ast.Name) and node.id not in names and not hasattr(builtins,
+                                                                                   node.id):
                 try:
                     names[node.id] = self.lookup(node.id)
                 except NotDeclared:
@@ -168,11 +151,9 @@ class _Module:
         return eval(code, {"__builtins__": builtins, **names})  # our own source
 
 
-def _stdlib(module: str) -> types.ModuleType:
-    """A module of Python's standard library (never a third-party one: it could be JAX)."""
-    if module.split(".")[0] not in sys.stdlib_module_names:
-        raise NotDeclared(f"import {module}")
-    return importlib.import_module(module)
+@functools.cache
+def _module(dotted: str) -> _Module:
+    return _Module(dotted)
 
 
 def class_head(module: str, cls: str, names: tuple[str, ...]) -> dict[str, Any]:
@@ -182,14 +163,13 @@ def class_head(module: str, cls: str, names: tuple[str, ...]) -> dict[str, Any]:
 
     **Returns:**
 
-    `{name: value}` for the names found; an `ImportError` when the module has no
-    such class.
+    `{name: value}` for the names found (none when the module has no such class).
     """
     path = _ROOT / "experiments" / f"{module}.py"
     lines = path.read_text(encoding="utf-8").splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith(f"class {cls}(")), None)
     if start is None:
-        raise ImportError(f"jaxattn.experiments.{module} has no class {cls} (MEMBERS).")
+        return {}
     end = next((i for i in range(start + 1, len(lines)) if _ends_head(lines[i])), len(lines))
     node = ast.parse("\n".join(lines[start:end]) + "\n    pass").body[0]
     return {target.id: ast.literal_eval(statement.value) for statement in node.body
@@ -208,10 +188,9 @@ def class_params(module: str, cls: str) -> tuple[base.Param, ...] | None:
     (its `all_params()`), read from its source and its bases' without importing them;
     `None` when they are not declared plainly (the caller then imports it)."""
     try:
-        found = _Module.of(f"jaxattn.experiments.{module}").lookup(cls)
-        params = _class_attribute(found, "params")
-        inherited = _class_attribute(found, "base_params", ())
-        shape = types.SimpleNamespace(params=tuple(params), base_params=tuple(inherited))
+        found = _module(f"jaxattn.experiments.{module}").lookup(cls)
+        shape = types.SimpleNamespace(params=tuple(_class_attribute(found, "params")),
+                                      base_params=tuple(_class_attribute(found, "base_params")))
         return base.AbstractExperiment.all_params(shape)
     except (NotDeclared, NameError, TypeError, AttributeError, KeyError):
         return None

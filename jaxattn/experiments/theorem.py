@@ -1,14 +1,10 @@
-"""The theorem experiments' shared frame (the intermediate base of `thm41-sphere`,
-`thm51-causal`, `thm52-symmetric`, `thm32-gradient`), as diffrax's `AbstractERK`
-is the frame of its Runge–Kutta tableaux.
+"""The theorem experiments' shared frame (the base of `thm41-sphere`, `thm51-causal`,
+`thm52-symmetric`, `thm32-gradient`), as diffrax's `AbstractERK` is its tableaux'.
 
-The frame runs the flow (eq. 6) and, with `--discrete`, the layers (eq. 4) from
-the member's `setup`, saves each run's measures under the same names (the layers'
-with the suffix `_layers`), and judges the run asked for: the member states what
-it observed (`Evidence`: the quantity the theorem drives to 0, whether the
-predicted outcome was reached, whether the start is inside the hypotheses); the
+The frame runs the flow (eq. 6) and, with `--discrete`, the layers (eq. 4) from the
+member's `setup`, saves each run's measures (the layers' with the suffix `_layers`)
+and judges the run asked for: the member states what it observed (`Evidence`); the
 frame fits its trend, decides the verdict's kind and writes the line's frame.
-A member declares its set-up, its measures, its evidence, its words and its panels.
 """
 
 import abc
@@ -26,8 +22,7 @@ from .base import AbstractSweepableExperiment, Param, Section, Verdict
 from .pieces import flow_path, layer_path
 from .verdicts import Trend, convergence_trend, kind_verdict, outcome_words, overall_kind, run_kind
 
-#: The parameters of every theorem member (besides `--seed` and `--out` of `jaxattn
-#: run`); a member may declare one again with its own default (`--horizon`).
+#: The parameters of every theorem member; one may declare one again (`--horizon`).
 THEOREM_PARAMS = (
     Param("discrete", bool, False, "run discrete layers (eq. 4) beside the flow (eq. 6)"),
     Param("horizon", float, 10.0, "final time T (depth in units of τ·layers)", 0.0),
@@ -57,16 +52,14 @@ class Evidence:
 
 @dataclasses.dataclass(frozen=True)
 class Judged:
-    """The frame's judgement: the kind (`VERDICT_KINDS`), the run's trend (over
-    several starts: the slowest start not yet arrived, `None` if all have) and, over
-    several starts, each start's kind."""
+    """The kind (`VERDICT_KINDS`), the trend (over several starts: the slowest not yet
+    arrived, `None` if all have) and, over several starts, each start's kind."""
 
     kind: str
     trend: Trend | None
     kinds: np.ndarray | None = None
 
     def count(self, kind: str) -> int:
-        """How many starts are of kind `kind` (over several starts)."""
         return int(np.sum(self.kinds == kind))
 
 
@@ -81,14 +74,10 @@ class Drawn(NamedTuple):
 
 
 class AbstractTheoremExperiment(AbstractSweepableExperiment):
-    """An experiment that tests a theorem of paper 001 on random instances, in the
-    flow and (`--discrete`) in layers; sweepable (`instance`), with the parameters
-    `THEOREM_PARAMS`.
-
-    A member provides `setup`, `evidence` and `describe`; the hooks `measures`,
-    `facts`, `prediction`, `evolve`, `instance` and `check_config` have defaults a
-    member may replace. It declares `reached_words` and `sweepable = True`.
-    """
+    """A test of a theorem of paper 001 on random instances, in the flow and
+    (`--discrete`) in layers. A member provides `setup`, `evidence` and `describe`;
+    the hooks `measures`, `facts`, `prediction`, `evolve` and `instance` have
+    defaults it may replace."""
 
     base_params = THEOREM_PARAMS
 
@@ -119,16 +108,11 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
         """Arrays saved once, not per run (the start, the domain test, …)."""
         return {}
 
-    def check_config(self, config: dict[str, Any]) -> None:
-        """Refuse parameters the experiment cannot run (`ValueError`)."""
-
     def prediction(self, config, model, x0):
         """What `ja.theory.predict` says of the instance."""
         return predict(model, x0)
 
     def instance(self, key, config: dict[str, Any]):
-        """One sweep instance as the simulators run it: `(dyn, y0, misalign)`, the
-        model, its start and `misalign(ys)`, the misalignment of its states."""
         dyn, x0 = self.setup(key, config)
         return dyn, x0, misalignment
 
@@ -145,7 +129,6 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
 
     @typing.final
     def simulate(self, config, progress):
-        self.check_config(config)
         model, x0 = self.setup(jax.random.PRNGKey(config.seed), config)
         pred = self.prediction(config, model, x0)
         flow = self.evolve(config, model, x0, pred, discrete=False, progress=progress)
@@ -170,7 +153,7 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
 
     @typing.final
     def where(self, config, run: Section) -> str:
-        """`flow`, or `L layers, τ = …`: which run a verdict line speaks of."""
+        """Which run a verdict line speaks of: `flow`, or `L layers, τ = …`."""
         return f"{len(run['ts']) - 1} layers, τ = {config.tau}" if config.discrete else "flow"
 
     @typing.final
@@ -180,9 +163,8 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
 
     @typing.final
     def drawn_runs(self, config, data) -> list[Drawn]:
-        """The flow and, with `--discrete`, the layers, as their panels draw them: the
-        layers after the flow, black, dashed and thinner, so that where the two curves
-        coincide the flow's shows on both sides of the layers'."""
+        """The flow and, with `--discrete`, the layers after it, black, dashed and
+        thinner: where the two curves coincide, the flow's shows on both sides."""
         runs = [Drawn(Section(data), "flow", "tab:blue", "-", 2.4)]
         if config.discrete:
             runs.append(Drawn(Section(data, suffix="_layers"),

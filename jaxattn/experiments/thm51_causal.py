@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._artifacts import figures
-from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
 from .._horizon import CONSENSUS_TOL, Horizon
 from .._layers import run_layers
@@ -63,9 +62,7 @@ class CausalExperiment(AbstractTheoremExperiment):
         return weights, x0
 
     def check_config(self, config):
-        """Refuse more tokens than dimensions: the span coordinates need linearly
-        independent tokens."""
-        if config.tokens > config.dim:
+        if config.tokens > config.dim:  # the span coordinates need independent tokens
             raise ValueError(
                 f"tokens {config.tokens} > dim {config.dim}: the tokens must be linearly "
                 "independent for the span coordinates; use at most as many tokens as "
@@ -81,7 +78,7 @@ class CausalExperiment(AbstractTheoremExperiment):
         return dyn, y0, lambda ys: paper001.span_misalignment(ys, G)
 
     def prediction(self, config, weights, x0):
-        return predict(causal_model(weights, config.beta), x0,
+        return predict(paper001.with_beta(paper001.causal_dynamics(weights), config.beta), x0,
                        times=np.linspace(0.0, config.horizon, 21))
 
     def evolve(self, config, weights, x0, pred, *, discrete, progress):
@@ -114,8 +111,7 @@ class CausalExperiment(AbstractTheoremExperiment):
                 f"; tolerance {CONSENSUS_TOL:g})")
         if judged.trend is not None:
             line += (f"; {judged.count('not_converged')} still converging, "
-                     f"{judged.count('contradicts')}"
-                     f" stalled or reversed (slowest: "
+                     f"{judged.count('contradicts')} stalled or reversed (slowest: "
                      f"{judged.trend.describe('1 − ⟨x_i, x₁(0)⟩')})")
         line += f": {self.words(judged.kind)}"
         if np.isfinite(n["consensus_time_max"]):
@@ -157,32 +153,16 @@ def _measures(ys, G):
     return paper001.span_misalignment(ys, G), 1 - jnp.min(to_first, axis=-1)
 
 
-def causal_model(weights, beta) -> SelfAttentionDynamics:
-    """The causal model of `weights` (`paper001.causal_dynamics`) at inverse temperature
-    `beta`, as `jaxattn run thm51-causal --beta` and its sweep run it."""
-    return paper001.with_beta(paper001.causal_dynamics(weights), beta)
-
-
-def _span(weights, x0, beta):
-    dyn, G = paper001.span_dynamics(weights, x0)
-    return paper001.with_beta(dyn, beta), G
-
-
 @eqx.filter_jit
-def _flow_piece(weights, x0, y, ts, beta):
+def _piece(weights, x0, y, beta, ts, tau, num_layers: int | None):
+    """One piece of every start's run in its span coordinates, from the states `y`: the
+    flow on the times `ts`, or `num_layers` layers of step `tau` from `ts[0]`; the
+    final states and the `_measures`."""
     def one(x0_s, y_s):
-        dyn, G = _span(weights, x0_s, beta)
-        ys = solve_flow(dyn, y_s, ts)
-        return ys[-1], _measures(ys, G)
-
-    return jax.vmap(one)(x0, y)
-
-
-@eqx.filter_jit
-def _layer_piece(weights, x0, y, t0, num_layers: int, tau, beta):
-    def one(x0_s, y_s):
-        dyn, G = _span(weights, x0_s, beta)
-        ys = run_layers(shift_time(dyn, t0), y_s, num_layers, tau)
+        dyn, G = paper001.span_dynamics(weights, x0_s)
+        dyn = paper001.with_beta(dyn, beta)
+        ys = (solve_flow(dyn, y_s, ts) if num_layers is None
+              else run_layers(shift_time(dyn, ts[0]), y_s, num_layers, tau))
         return ys[-1], _measures(ys, G)
 
     return jax.vmap(one)(x0, y)
@@ -192,25 +172,19 @@ def _run(config, weights, x0, *, discrete, progress, desc):
     B, n, _ = x0.shape
     y0 = jnp.broadcast_to(jnp.eye(n, dtype=x0.dtype), (B, n, n))
     horizon = Horizon(config.horizon)
-    if discrete:
-        steps = horizon.num_layers(config.tau)
-        ts = horizon.layer_times(config.tau)
-    else:
-        steps = config.saves
-        ts = horizon.save_times(steps)
+    steps = horizon.num_layers(config.tau) if discrete else config.saves
+    ts = horizon.layer_times(config.tau) if discrete else horizon.save_times(steps)
     pieces = Horizon.pieces(steps)
     m = steps // pieces
-    beta = jnp.asarray(config.beta, x0.dtype)
+    # arrays, so that one compile serves every piece
+    beta, tau = (jnp.asarray(v, x0.dtype) for v in (config.beta, config.tau))
 
     def step(k, y):
         if discrete:
-            tau = jnp.asarray(config.tau, x0.dtype)  # arrays, so that one compile serves all
-            return _layer_piece(weights, x0, y, k * m * tau, m, tau, beta)
-        return _flow_piece(weights, x0, y, jnp.asarray(ts[k * m : (k + 1) * m + 1]), beta)
+            return _piece(weights, x0, y, beta, (k * m * tau)[None], tau, m)
+        return _piece(weights, x0, y, beta, jnp.asarray(ts[k * m : (k + 1) * m + 1]), tau, None)
 
     y_final, outs = advance(step, y0, pieces, desc=desc, progress=progress)
-    E = jnp.concatenate([o[0][:, (k > 0) :] for k, o in enumerate(outs)], axis=1)
-    gap = jnp.concatenate([o[1][:, (k > 0) :] for k, o in enumerate(outs)], axis=1)
+    E, gap = (jnp.concatenate([o[i][:, (k > 0) :] for k, o in enumerate(outs)], axis=1)
+              for i in (0, 1))
     return ts, E, gap, matmul(y_final, x0, "float32")  # x(T) = Y(T) X₀
-
-

@@ -31,8 +31,9 @@ def extrapolate(taus, values, se) -> tuple[float, float]:
     """A layered measurement taken to the flow (`τ → 0`): the straight line through
     `(τ, value ± se)` at `τ = 0`, and its standard error; with two steps `τ/2, τ`,
     `2 v(τ/2) − v(τ)`."""
-    taus, values, se = (np.asarray(v, float) for v in (taus, values, se))
-    (slope, icept), cov = np.polyfit(taus, values, 1, w=1 / se, cov="unscaled")
+    se = np.asarray(se, float)
+    (_, icept), cov = np.polyfit(np.asarray(taus, float), np.asarray(values, float), 1,
+                                 w=1 / se, cov="unscaled")
     return float(icept), float(np.sqrt(cov[1, 1]))
 
 
@@ -48,8 +49,6 @@ def rise_words(rise: float, what: str = "") -> str:
     subject = f"{what} " if what else ""
     return f"{subject}largest rise {short(rise)}" if rise > 0 else f"{subject}never rises"
 
-
-# --- convergence verdicts ----------------------------------------------------------
 
 #: The verdict kinds, in `summary.json` as `verdict_kind`: the outcome was reached;
 #: not reached yet but still converging (which the theorem allows); measurably
@@ -85,22 +84,18 @@ class Trend:
 
     def describe(self, what: str = "E") -> str:
         """One phrase for a verdict line: what was observed at the end of the run."""
-        t0, t1 = (short(t) for t in self.window)
-        over = f"t ∈ [{t0}, {t1}]"
-        if self.state == "converged":
-            return (f"{what} = {short(self.final)} < {self.tol:g} (below it from "
-                    f"t = {short(self.reach)})")
-        if self.state == "converging":
-            return (f"not yet converged at t = {t1}: {what} = {short(self.final)}, falling at rate "
-                    f"{short(self.rate)} per unit time (fitted on {over}), would reach "
-                    f"{self.tol:g} by t ≈ {short(self.reach)}")
-        if self.state == "stalled":
-            return (f"{what} stalled at {short(self.final)} ≥ {self.tol:g} over {over} (fitted "
-                    f"rate {short(self.rate)} per unit time)")
-        if self.state == "rising":
-            return (f"{what} rising at rate {short(-self.rate)} per unit time over {over}, to "
-                    f"{short(self.final)} ≥ {self.tol:g}")
-        return f"{what} = {short(self.final)}: too few finite samples to judge a trend"
+        t1, final, rate, tol = short(self.window[1]), short(self.final), short(self.rate), self.tol
+        over = f"t ∈ [{short(self.window[0])}, {t1}]"
+        return {
+            "converged": f"{what} = {final} < {tol:g} (below it from t = {short(self.reach)})",
+            "converging": f"not yet converged at t = {t1}: {what} = {final}, falling at rate "
+                          f"{rate} per unit time (fitted on {over}), would reach {tol:g} by "
+                          f"t ≈ {short(self.reach)}",
+            "stalled": f"{what} stalled at {final} ≥ {tol:g} over {over} (fitted rate {rate} "
+                       "per unit time)",
+            "rising": f"{what} rising at rate {short(-self.rate)} per unit time over {over}, "
+                      f"to {final} ≥ {tol:g}",
+        }.get(self.state, f"{what} = {final}: too few finite samples to judge a trend")
 
     def numbers(self, prefix: str = "") -> dict[str, float]:
         """The fitted rate and the projected time, for a verdict's numbers."""
@@ -132,8 +127,9 @@ def convergence_trend(ts, values, tol: float, *, fraction: float = 1 / 3,
     """
     ts, values = np.asarray(ts, np.float64), np.asarray(values, np.float64)
     final = float(values[-1])
-    if final < tol:  # False for NaN
-        first = _last_run_start(values < tol)
+    if final < tol:  # False for NaN; reached where the final run below `tol` begins
+        above = np.flatnonzero(~(values < tol))
+        first = int(above[-1]) + 1 if above.size else 0
         return Trend("converged", final, math.nan, float(ts[first]),
                      (float(ts[0]), float(ts[-1])), tol)
     start = min(int(np.searchsorted(ts, ts[-1] - fraction * (ts[-1] - ts[0]))), len(ts) - 3)
@@ -154,12 +150,6 @@ def convergence_trend(ts, values, tol: float, *, fraction: float = 1 / 3,
         reach = (t0 + (math.log(tol) - at_t0) / per_x * span if state == "converging"
                  else math.inf)
     return Trend(state, final, float(-slope), float(reach), window, tol)
-
-
-def _last_run_start(mask: np.ndarray) -> int:
-    """The index where the final run of `True` in `mask` begins."""
-    off = np.flatnonzero(~mask)
-    return int(off[-1]) + 1 if off.size else 0
 
 
 def overall_kind(kinds) -> str:
@@ -198,6 +188,4 @@ def kind_verdict(kind: str, line: str, numbers: dict[str, Any],
                  extra: dict[str, Any] | None = None) -> Verdict:
     """A `Verdict` of kind `kind` (`VERDICT_KINDS`): it agrees with the theory unless it
     contradicts it, and `summary.json` records the kind as `verdict_kind`."""
-    if kind not in VERDICT_KINDS:
-        raise ValueError(f"unknown verdict kind {kind!r}; expected one of {VERDICT_KINDS}.")
     return Verdict(kind != "contradicts", line, numbers, {"verdict_kind": kind} | (extra or {}))

@@ -103,6 +103,7 @@ def noisy_layers(beta, sigma, x, layers: int, tau, key, piece: int = PIECE):
 
 
 def layers_for(time: float, tau: float) -> int:
+    """The layers of step `tau` that reach `time` (at least one)."""
     return max(1, round(time / tau))
 
 
@@ -168,14 +169,17 @@ class Antipodal(AbstractExperiment):
     )
 
     def check_config(self, config):
-        if config.tau > 0.5:
-            raise ValueError(f"--tau must be ≤ 0.5 (a layer is one step of the SDE), got "
-                             f"{config.tau!r}.")
         end = max(config.horizon, EXPONENT_TIME)
-        if not end / config.tau * 2 <= MAX_LAYERS:  # the threshold runs' step is τ/2
-            raise ValueError(f"--tau {config.tau!r} takes {end / config.tau * 2:.3g} "
-                             f"layers of τ/2 to reach T = {end:g}, more than {MAX_LAYERS} (JAX "
-                             "counts in int32): take a larger --tau.")
+        layers = end / config.tau * 2  # the threshold runs' step is τ/2
+        refusals = (
+            (config.tau > 0.5, f"--tau must be ≤ 0.5 (a layer is one step of the SDE), got "
+             f"{config.tau!r}."),
+            (not layers <= MAX_LAYERS, f"--tau {config.tau!r} takes {layers:.3g} layers of τ/2 "
+             f"to reach T = {end:g}, more than {MAX_LAYERS} (JAX counts in int32): take a "
+             "larger --tau."))
+        for refused, message in refusals:
+            if refused:
+                raise ValueError(message)
 
     def simulate(self, config, progress):
         key = jax.random.PRNGKey(config.seed)
@@ -203,11 +207,8 @@ class Antipodal(AbstractExperiment):
                     data["p_antipodal"][i, j] = float(jnp.mean(plus < GAP))
                     data["p_consensus"][i, j] = float(jnp.mean(minus < GAP))
                     bar.update()
-                    layers = layers_for(EXPONENT_TIME, tau)
-                    plus, _ = gaps(noisy_layers(beta, sigma, x0_gap, layers, tau, k_e))
-                    growth = np.log(np.asarray(plus) / START_GAP) / (layers * tau)
-                    data["rate"][i, j] = growth.mean()
-                    data["rate_se"][i, j] = growth.std(ddof=1) / math.sqrt(runs)
+                    growth = exponent(beta, sigma, x0_gap, EXPONENT_TIME, tau, k_e, START_GAP)
+                    data["rate"][i, j], data["rate_se"][i, j] = _mean_se(growth)
                     bar.update()
                 self._threshold_runs(config, data, i, d, jax.random.fold_in(key, 2000 + d),
                                      bar)
@@ -237,8 +238,7 @@ class Antipodal(AbstractExperiment):
             for j, beta in enumerate(window):
                 growth = exponent(beta, sigma, x0, THRESHOLD_TIME, float(tau),
                                   jax.random.fold_in(k_run, 100 * t + j), THRESHOLD_GAP)
-                data["window_rate"][i, t, j] = growth.mean()
-                data["window_se"][i, t, j] = growth.std(ddof=1) / math.sqrt(runs)
+                data["window_rate"][i, t, j], data["window_se"][i, t, j] = _mean_se(growth)
             bar.update()
 
     def thresholds(self, config, data) -> dict[str, dict]:
@@ -390,12 +390,10 @@ class Antipodal(AbstractExperiment):
     @staticmethod
     def _draw_formations(ax, config, data):
         runs = config.runs
-        width = 0.8 / (len(FORMATION_TOKENS))
-        labels = ["one cluster"] + [f"k = {k}" for k in range(1, max(FORMATION_TOKENS) // 2 + 1)]
-        labels += ["other"]
-        xs = np.arange(len(labels))
+        width, groups = 0.8 / len(FORMATION_TOKENS), range(1, max(FORMATION_TOKENS) // 2 + 1)
+        labels = ["one cluster"] + [f"k = {k}" for k in groups] + ["other"]
+        codes, xs = [0, *groups, -1], np.arange(len(labels))
         for i, (n, ends) in enumerate(zip(FORMATION_TOKENS, data["formation"])):
-            codes = [0] + list(range(1, max(FORMATION_TOKENS) // 2 + 1)) + [-1]
             share = np.array([np.mean(ends == c) if c <= n // 2 else np.nan for c in codes])
             ax.bar(xs + (i - 1) * width, share, width, yerr=binomial_error(share, runs),
                    capsize=2, color=f"C{i + 3}", label=f"n = {n}")
@@ -415,6 +413,11 @@ def saturation() -> float:
     """The largest exponent the grid's runs can read: the gap grows from `START_GAP`
     to at most 2 in `EXPONENT_TIME`."""
     return math.log(2 / START_GAP) / EXPONENT_TIME
+
+
+def _mean_se(samples: np.ndarray) -> tuple[float, float]:
+    """The mean of `samples` and its standard error."""
+    return samples.mean(), samples.std(ddof=1) / math.sqrt(len(samples))
 
 
 def _pm(t: dict) -> str:

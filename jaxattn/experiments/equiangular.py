@@ -40,6 +40,7 @@ from .._flow import solve_flow
 from .._kernel import BUILTIN as KERNEL_BUILTIN
 from .._manifold import normalize
 from .._norm import BUILTIN as NORM_BUILTIN
+from ..metrics import fit_slope
 from ..theory import equiangular_asymptotics, equiangular_solution, equiangular_tokens
 from .base import BETA, AbstractExperiment, Param, Verdict
 from .verdicts import short
@@ -77,21 +78,17 @@ def off_diagonal(gram: Float[Array, "*T n n"]) -> Float[Array, "*T m"]:
     return gram[..., ~np.eye(gram.shape[-1], dtype=bool)]
 
 
-def directions(ys: Float[Array, "*T n d"]) -> Float[Array, "*T n d"]:
-    return normalize(ys)
-
-
 def cosine_gaps(ys: Float[Array, "*T n d"]) -> Float[Array, "*T m"]:
     """`1 − cos(x_i, x_j)` for every ordered pair `i ≠ j`, as `|u_i − u_j|²/2`
     (`u = x/|x|`): no cancellation, so gaps far below the float's epsilon resolve."""
-    u = directions(ys)
+    u = normalize(ys)
     return off_diagonal(0.5 * jnp.sum((u[..., :, None, :] - u[..., None, :, :]) ** 2, -1))
 
 
 def measure(ys: Float[Array, "T n d"]) -> dict[str, np.ndarray]:
     """`ρ` (mean off-diagonal cosine), its spread (max − min), `1 − ρ` and the mean
     norm, at every saved time."""
-    u = directions(ys)
+    u = normalize(ys)
     cos = off_diagonal(jnp.einsum("tid,tjd->tij", u, u))
     return {"rho": np.asarray(jnp.mean(cos, -1)),
             "spread": np.asarray(jnp.max(cos, -1) - jnp.min(cos, -1)),
@@ -110,16 +107,6 @@ def flow(config, norm, kernel, ts) -> dict[str, np.ndarray]:
     return measure(ys)
 
 
-def check_config(config) -> None:
-    n = config.tokens
-    if config.dim < n:
-        raise ValueError(f"--dim must be ≥ --tokens ({n}): {n} equiangular tokens span "
-                         f"{n} dimensions; got --dim {config.dim}.")
-    if not -1 / (n - 1) <= config.rho0 < 1:
-        raise ValueError(f"--rho0 must lie in [−1/(n − 1), 1) = [{-1 / (n - 1):.4g}, 1) for "
-                         f"--tokens {n}, got {config.rho0!r}.")
-
-
 def late_rate(ts: np.ndarray, gap: np.ndarray, kind: str,
               radius: np.ndarray | None = None) -> float:
     """The slope of `−log(1 − ρ)` against `t` (`"exponential"`) or against `log r`
@@ -131,11 +118,8 @@ def late_rate(ts: np.ndarray, gap: np.ndarray, kind: str,
     keep &= ts >= (ts[keep].max() / 2 if keep.any() else 0)
     if keep.sum() < 3:
         return math.nan
-    if kind == "exponential":
-        x = ts[keep]
-    else:
-        x = np.log(ts[keep] if radius is None else radius[keep])
-    return float(-np.polyfit(x, np.log(gap[keep]), 1)[0])
+    x = ts[keep] if kind == "exponential" else np.log((ts if radius is None else radius)[keep])
+    return -fit_slope(x, np.log(gap[keep]))[0]
 
 
 def rate_error(rate: dict) -> float:
@@ -165,10 +149,17 @@ class Equiangular(AbstractExperiment):
     )
 
     def check_config(self, config):
-        check_config(config)
+        n = config.tokens
+        refusals = (
+            (config.dim < n, f"--dim must be ≥ --tokens ({n}): {n} equiangular tokens span {n} "
+             f"dimensions; got --dim {config.dim}."),
+            (not -1 / (n - 1) <= config.rho0 < 1, f"--rho0 must lie in [−1/(n − 1), 1) = "
+             f"[{-1 / (n - 1):.4g}, 1) for --tokens {n}, got {config.rho0!r}."))
+        for refused, message in refusals:
+            if refused:
+                raise ValueError(message)
 
     def simulate(self, config, progress):
-        check_config(config)
         ts = jnp.linspace(0.0, config.horizon, config.saves + 1)
         shape = (len(KERNELS), len(NORMS), len(ts))
         data = {f"{k}_{w}": np.full(shape, np.nan) for k in ("rho", "gap", "radius")

@@ -235,6 +235,8 @@ class Hardmax(AbstractExperiment):
                              f"{config.tau!r}.")
 
     def simulate(self, config, progress):
+        from scipy.spatial import ConvexHull
+
         k_p, k_x, k_n = jax.random.split(jax.random.PRNGKey(config.seed), 3)
         P = key_query(k_p, config.random_psd)
         m, tau, steps = config.vertices, config.tau, config.steps
@@ -265,7 +267,7 @@ class Hardmax(AbstractExperiment):
         ys_fw = np.asarray(frank_wolfe(nsd, jnp.asarray(z), T, tau, schedule=True))
         ys_c = np.asarray(frank_wolfe(nsd, jnp.asarray(z), T, tau))
         return {"P": P, "vertices": np.asarray(m), "ys_psd": ys,
-                "cell": voronoi_cells(x0[m:], x0[:m], P), "hull": _hull(x0),
+                "cell": voronoi_cells(x0[m:], x0[:m], P), "hull": ConvexHull(x0).vertices,
                 "betas": betas, "dist_one": one, "dist_run": run, "run_step": at,
                 "betas_one": betas_one, "dist_one_fit": one_fit,
                 "score_gap": np.asarray(score_gap(x0, P)),
@@ -329,14 +331,10 @@ def score_gap_of(data) -> float:
     return float(data["score_gap"])
 
 
-def _hull(x: np.ndarray) -> np.ndarray:
-    from scipy.spatial import ConvexHull
-
-    return np.asarray(ConvexHull(x).vertices)
-
-
 def _draw_cells(ax, data) -> None:
     """The PSD run over the Voronoi cells (nearest site in the `P`-metric) in the hull."""
+    import matplotlib
+    from matplotlib.colors import ListedColormap
     from matplotlib.path import Path as Outline
 
     ys, P, m = data["ys_psd"], data["P"], int(data["vertices"])
@@ -348,9 +346,7 @@ def _draw_cells(ax, data) -> None:
     hull = ys[0, data["hull"]]  # counterclockwise (scipy)
     inside = Outline(np.concatenate([hull, hull[:1]])).contains_points(grid)
     cell[~inside] = np.nan
-    colors = _colors(m)
-    from matplotlib.colors import ListedColormap
-
+    colors = [matplotlib.colormaps["tab10"](k % 10) for k in range(m)]
     ax.pcolormesh(gx, gy, cell.reshape(gx.shape), cmap=ListedColormap(colors), alpha=0.25,
                   vmin=-0.5, vmax=m - 0.5, shading="auto")
     ax.plot(*np.concatenate([hull, hull[:1]]).T, color="0.4", lw=0.8)
@@ -365,12 +361,6 @@ def _draw_cells(ax, data) -> None:
     ax.set(aspect="equal", xlabel="$x_1$", ylabel="$x_2$",
            title="PSD: straight to the cell's site")
     figures.legend_below(ax, ncol=1)
-
-
-def _colors(m: int):
-    import matplotlib
-
-    return [matplotlib.colormaps["tab10"](k % 10) for k in range(m)]
 
 
 def _draw_nsd(ax, ys) -> None:

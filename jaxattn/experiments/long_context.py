@@ -77,8 +77,6 @@ TOL = 0.03
 def sizes(n_min: int, n_max: int, per_decade: int) -> np.ndarray:
     """Context lengths from `n_min` to `n_max`, `per_decade` of them per decade
     (log-spaced, rounded, both ends included)."""
-    if n_max < n_min:
-        raise ValueError(f"--n-max ({n_max}) must be ≥ --n-min ({n_min}).")
     count = max(2, round(per_decade * math.log10(n_max / n_min)) + 1)
     return np.unique(np.round(np.geomspace(n_min, n_max, count)).astype(int))
 
@@ -101,18 +99,7 @@ def predicted_crossing(n: np.ndarray, rho: np.ndarray) -> np.ndarray:
 def gamma_grid(config) -> np.ndarray:
     """The scalings `γ` of `β_n = γ log n`: `--gammas` values from `--gamma-min` to
     `--gamma-max`."""
-    if config.gamma_max <= config.gamma_min:
-        raise ValueError(f"--gamma-max ({config.gamma_max!r}) must be > --gamma-min "
-                         f"({config.gamma_min!r}).")
     return np.linspace(config.gamma_min, config.gamma_max, config.gammas)
-
-
-def check_rho(rho: float) -> float:
-    """`ρ ∈ [0, 1)`, or a `ValueError` naming the range."""
-    if not 0 <= rho < 1:
-        raise ValueError(f"--rho is the tokens' mean inner product: it must lie in [0, 1), "
-                         f"got {rho!r}.")
-    return rho
 
 
 def simplex_tokens(key: PRNGKeyArray, n: int, d: int, rho: float) -> Float[Array, "n d"]:
@@ -217,8 +204,20 @@ class LongContext(AbstractExperiment):
               0.0),
     )
 
+    def check_config(self, config):
+        refusals = (
+            (config.n_max < config.n_min, f"--n-max ({config.n_max}) must be ≥ --n-min "
+             f"({config.n_min})."),
+            (config.gamma_max <= config.gamma_min, f"--gamma-max ({config.gamma_max!r}) must "
+             f"be > --gamma-min ({config.gamma_min!r})."),
+            (not 0 <= config.rho < 1, "--rho is the tokens' mean inner product: it must lie "
+             f"in [0, 1), got {config.rho!r}."))
+        for refused, message in refusals:
+            if refused:
+                raise ValueError(message)
+
     def simulate(self, config, progress):
-        rho, gammas = check_rho(config.rho), gamma_grid(config)
+        rho, gammas = config.rho, gamma_grid(config)
         ns = sizes(config.n_min, config.n_max, config.per_decade)
         ds = dims(ns, config.dim)
         alpha = np.zeros((len(ns), len(gammas)))

@@ -31,43 +31,16 @@ SNAP = RESCALED_SNAP
 
 
 def log_grid(t_min: float, t_max: float, count: int) -> np.ndarray:
-    """Save times `0, t_min, …, t_max`: `0` then `count` log-spaced times.
-
-    **Arguments:**
-
-    - `t_min`: the first positive time, `> 0`.
-    - `t_max`: the last time, `> t_min`.
-    - `count`: log-spaced times, `≥ 2`.
-
-    **Returns:**
-
-    The `count + 1` times, float64.
-    """
-    if not 0 < t_min < t_max:
-        raise ValueError(f"a log grid needs 0 < t_min < t_max, got {t_min!r} and {t_max!r}.")
-    if count < 2:
-        raise ValueError(f"a log grid needs at least 2 times, got {count!r}.")
+    """Save times `0, t_min, …, t_max` (float64): `0` then `count ≥ 2` log-spaced times,
+    `0 < t_min < t_max` (`metastability`'s `check_config` refuses others)."""
     return np.concatenate([[0.0], np.geomspace(t_min, t_max, count)])
 
 
 def merged(eps: float, target: int = 1):
     """The event of `ja.solve_flow(..., solution=True, event=merged(eps, target))`:
     true once the tokens form at most `target` clusters at linking distance `eps`
-    (`ja.metrics.cluster_count`); the run stops at the end of that step.
-
-    **Arguments:**
-
-    - `eps`: the linking distance of the clusters, `> 0`.
-    - `target`: the number of clusters that stops the run, `≥ 1` (1: consensus).
-
-    **Returns:**
-
-    `cond(t, x) -> bool` for one sequence `x (n, d)`.
-    """
-    if not eps > 0:
-        raise ValueError(f"the merging distance eps must be > 0, got {eps!r}.")
-    if target < 1:
-        raise ValueError(f"the target cluster count must be ≥ 1, got {target!r}.")
+    (`ja.metrics.cluster_count`, `eps > 0`; `target ≥ 1`, 1: consensus), as `cond(t, x)`
+    of one sequence `x (n, d)`; the run stops at the end of that step."""
     return lambda t, x: cluster_count(x, eps) <= target
 
 

@@ -115,9 +115,6 @@ def betas(config) -> np.ndarray:
     plateaus' logarithms are linear in β), or `--beta` alone where it is set."""
     if config.get("beta", 0.0):
         return np.array([config.beta])
-    if config.beta_max < config.beta_min:
-        raise ValueError(f"--beta-max ({config.beta_max!r}) must be ≥ --beta-min "
-                         f"({config.beta_min!r}).")
     return np.linspace(config.beta_min, config.beta_max, config.betas)
 
 
@@ -240,30 +237,31 @@ class Metastability(AbstractExperiment):
     )
 
     def check_config(self, config):
-        betas(config)
-        if config.beta < 0:
-            raise ValueError(f"--beta must be ≥ 0 (0: the grid), got {config.beta!r}.")
-        log = config.log_horizon
-        if log and not math.log10(T_MIN) < log <= LOG_HORIZON_MAX:
-            raise ValueError(f"--log-horizon must be in ({math.log10(T_MIN):g}, "
-                             f"{LOG_HORIZON_MAX:g}] (or 0: --horizon), got {log!r}.")
-        if log > math.log10(2.0 ** 52) and not rescaled(config):
-            raise ValueError(f"--log-horizon {log!r} is past 2**52, where a solver in t "
-                             "cannot step: add --integrator rescaled.")
-        if rescaled(config) and not config.eps > 10 * SNAP:
-            raise ValueError(f"--eps must be > {10 * SNAP:g} with --integrator rescaled (its "
-                             f"points join at {SNAP:g}), got {config.eps!r}.")
-        if rescaled(config) and not config.rtol >= RTOL_MIN:
-            raise ValueError(f"--rtol must be ≥ {RTOL_MIN:g} with --integrator rescaled (its "
-                             f"log-time, up to 709, resolves no finer), got {config.rtol!r}.")
-        if not config.eps >= EPS_MIN:
-            raise ValueError(f"--eps must be ≥ {EPS_MIN:g} (float64 tokens are not resolved "
-                             f"closer), got {config.eps!r}.")
+        log, eps, plain = config.log_horizon, config.eps, not rescaled(config)
+        refusals = (
+            (not config.beta and config.beta_max < config.beta_min, f"--beta-max "
+             f"({config.beta_max!r}) must be ≥ --beta-min ({config.beta_min!r})."),
+            (config.beta < 0, f"--beta must be ≥ 0 (0: the grid), got {config.beta!r}."),
+            (log and not math.log10(T_MIN) < log <= LOG_HORIZON_MAX,
+             f"--log-horizon must be in ({math.log10(T_MIN):g}, {LOG_HORIZON_MAX:g}] (or 0: "
+             f"--horizon), got {log!r}."),
+            (log > math.log10(2.0 ** 52) and plain, f"--log-horizon {log!r} is past 2**52, "
+             "where a solver in t cannot step: add --integrator rescaled."),
+            (not plain and not eps > 10 * SNAP, f"--eps must be > {10 * SNAP:g} with "
+             f"--integrator rescaled (its points join at {SNAP:g}), got {eps!r}."),
+            (not plain and not config.rtol >= RTOL_MIN, f"--rtol must be ≥ {RTOL_MIN:g} with "
+             f"--integrator rescaled (its log-time, up to 709, resolves no finer), got "
+             f"{config.rtol!r}."),
+            (not eps >= EPS_MIN, f"--eps must be ≥ {EPS_MIN:g} (float64 tokens are not "
+             f"resolved closer), got {eps!r}."),
+            (not log and config.horizon <= T_MIN, f"--horizon must be > {T_MIN:g}, got "
+             f"{config.horizon!r}."))
+        for refused, message in refusals:
+            if refused:
+                raise ValueError(message)
 
     def simulate(self, config, progress):
         bs = betas(config)
-        if final_time(config) <= T_MIN:
-            raise ValueError(f"--horizon must be > {T_MIN:g}, got {config.horizon!r}.")
         ts = log_grid(T_MIN, final_time(config), config.saves)
         x0 = sample_ellipsoid(jax.random.PRNGKey(config.seed), config.tokens,
                               config.dim, dtype=jnp.float64)

@@ -122,32 +122,10 @@ QUICK = {"tokens": 200, "couplings": 5, "burn": 0.5, "window": 1.0, "rates": 5,
 
 
 def settings(config):
-    """The run's effective settings, checked: `config`, with `FULL` over it for `--full`
-    (the runner has put it there already; a config built by hand gets it here)."""
+    """The run's effective settings: `config`, with `FULL` over it for `--full` (the
+    runner has put it there already; a config built by hand gets it here)."""
     full = config.full and any(config[k] != v for k, v in FULL.items())
-    cfg = config | FULL if full else config
-    if not cfg.max_dim <= 3:
-        raise ValueError(f"--max-dim must be 2 or 3 (the mean-field equation's grids are the "
-                         f"circle and S²), got {cfg.max_dim!r}.")
-    if not cfg.rate_span < 1:
-        raise ValueError(f"--rate-span must be < 1 (the couplings 1 ± span are K/K_# > 0), "
-                         f"got {cfg.rate_span!r}.")
-    if not cfg.k_min < 1 < cfg.k_max:
-        raise ValueError(f"need --k-min < 1 < --k-max (the couplings K/K_# must straddle the "
-                         f"threshold), got {cfg.k_min!r} and {cfg.k_max!r}.")
-    if cfg.window / cfg.sweep_tau < 2 * cfg.blocks:
-        raise ValueError(f"--window / --sweep-tau = {cfg.window / cfg.sweep_tau:.3g} "
-                         f"layers is too "
-                         f"few for --blocks {cfg.blocks} (need two layers a block): "
-                         "lengthen --window or take fewer --blocks.")
-    for flags, layers in (("(--burn + --window) / --sweep-tau",
-                           (cfg.burn + cfg.window) / cfg.sweep_tau),
-                          ("--quench / (--tau / 2)", 2 * cfg.quench / cfg.tau)):
-        if not layers <= MAX_LAYERS:
-            raise ValueError(f"{flags} = {layers:.3g} layers is "
-                             f"more than {MAX_LAYERS} (JAX counts in int32): take a larger "
-                             "step.")
-    return cfg
+    return config | FULL if full else config
 
 
 def coupling_grid(cfg: dict) -> np.ndarray:
@@ -201,10 +179,6 @@ def usa_model(d: int, K, beta) -> SelfAttentionDynamics:
                                  kernel="usa")
 
 
-def _mean_token(x):
-    return jnp.mean(x, axis=0)
-
-
 def starts(key, batch: tuple[int, ...], n: int, d: int) -> jnp.ndarray:
     """`(*batch, 2, n, d)`: uniform tokens (the up sweep) and a tight cap around
     `e₁` (the down sweep)."""
@@ -250,7 +224,8 @@ def sweep(d: int, cfg: dict, key, *, progress: bool) -> np.ndarray:
 
 
 def _observe(x):
-    return _mean_token(x), x
+    """The mean token and the tokens (`run_layers`' `observe`)."""
+    return jnp.mean(x, axis=0), x
 
 
 def quench(d: int, cfg: dict, key, tau: float) -> tuple[np.ndarray, np.ndarray]:
@@ -409,7 +384,25 @@ class NoisyTransition(AbstractExperiment):
     presets = {"full": FULL}
 
     def check_config(self, config):
-        settings(config)
+        cfg = settings(config)
+        sweep_layers = (cfg.burn + cfg.window) / cfg.sweep_tau
+        refusals = (
+            (not cfg.max_dim <= 3, f"--max-dim must be 2 or 3 (the mean-field equation's grids "
+             f"are the circle and S²), got {cfg.max_dim!r}."),
+            (not cfg.rate_span < 1, f"--rate-span must be < 1 (the couplings 1 ± span are "
+             f"K/K_# > 0), got {cfg.rate_span!r}."),
+            (not cfg.k_min < 1 < cfg.k_max, f"need --k-min < 1 < --k-max (the couplings K/K_# "
+             f"must straddle the threshold), got {cfg.k_min!r} and {cfg.k_max!r}."),
+            (cfg.window / cfg.sweep_tau < 2 * cfg.blocks, f"--window / --sweep-tau = "
+             f"{cfg.window / cfg.sweep_tau:.3g} layers is too few for --blocks {cfg.blocks} "
+             "(need two layers a block): lengthen --window or take fewer --blocks."),
+            *((not layers <= MAX_LAYERS, f"{flags} = {layers:.3g} layers is more than "
+               f"{MAX_LAYERS} (JAX counts in int32): take a larger step.")
+              for flags, layers in (("(--burn + --window) / --sweep-tau", sweep_layers),
+                                    ("--quench / (--tau / 2)", 2 * cfg.quench / cfg.tau))))
+        for refused, message in refusals:
+            if refused:
+                raise ValueError(message)
 
     def simulate(self, config, progress):
         cfg = settings(config)
@@ -476,24 +469,21 @@ def measure(config: dict, data) -> list[dict]:
     the particles' threshold at `τ/2`, `τ` and extrapolated to `τ → 0`, the
     equilibration and the hysteresis where equilibrated."""
     cfg = settings(config)
-    rows = []
-    for d in range(2, cfg.max_dim + 1):
-        for i, beta in enumerate(np.asarray(data[f"betas_d{d}"])):
-            rows.append(_row(cfg, data, d, i, float(beta)))
-    return rows
+    return [_row(cfg, data, d, i, float(beta)) for d in range(2, cfg.max_dim + 1)
+            for i, beta in enumerate(np.asarray(data[f"betas_d{d}"]))]
 
 
-def rates_of(cfg: dict, g: np.ndarray, tau: float) -> np.ndarray:
+def rates_of(g: np.ndarray, tau: float) -> np.ndarray:
     """The decay rates `(couplings, seeds)` of one β's tilted pairs `g` (layers of step
     `tau`)."""
     return fit_rates(np.arange(g.shape[-1]) * tau, g)
 
 
-def particle_threshold(cfg: dict, data, d: int, i: int) -> dict:
+def particle_threshold(data, d: int, i: int) -> dict:
     """The particles' threshold of `(d, β_i)` at each step of `rate_taus`, and the
     straight line through them at `τ = 0` (`extrapolate`)."""
     taus, K = np.asarray(data["rate_taus"]), np.asarray(data[f"K_rates_d{d}"])[i]
-    fits = [fit_threshold(K, rates_of(cfg, np.asarray(data[f"g{j}_d{d}"])[i], tau))
+    fits = [fit_threshold(K, rates_of(np.asarray(data[f"g{j}_d{d}"])[i], tau))
             for j, tau in enumerate(taus)]
     values, se = np.array([f[0] for f in fits]), np.array([f[1] for f in fits])
     if np.all(np.isfinite(values)) and np.all(se > 0):
@@ -513,7 +503,7 @@ def _row(cfg, data, d, i, beta) -> dict:
     K_eq = fit_threshold(eq_K, eq_rates)[0]
     kc = {k: np.asarray(data[f"kc_{k}_d{d}"])[i] for k in ("K", "gap", "r")}
     ordered = np.flatnonzero(kc["r"] > EQ_ORDERED)
-    particles = particle_threshold(cfg, data, d, i)
+    particles = particle_threshold(data, d, i)
     up, down = windows(cfg, np.asarray(data[f"r_d{d}"])[i])
     where, width = hysteresis(ratios, up, down)
     both = up.equilibrated & down.equilibrated
@@ -562,7 +552,7 @@ def draw_sweeps(cfg: dict, data, rows: list[dict], stem: Path) -> list[Path]:
         d, j = row["d"], BETA_RATIOS.index(row["beta_ratio"])
         i = 2 * dims.index(d)
         _draw_order(axes[i, j], row, ratios, windows(cfg, np.asarray(data[f"r_d{d}"])[j]), n)
-        _draw_fit(axes[i + 1, j], cfg, data, row, j)
+        _draw_fit(axes[i + 1, j], data, row, j)
     for ax_row in axes:  # each row's legend in its own column, off the data
         ax_row[-1].axis("off")
         handles = {}
@@ -612,7 +602,7 @@ def _draw_order(ax, row, ratios, windows, n) -> None:
     ax.set_ylim(0, 1.02)
 
 
-def _draw_fit(ax, cfg, data, row, j) -> None:
+def _draw_fit(ax, data, row, j) -> None:
     d, K_theory = row["d"], row["K_theory"]
     ratios = np.asarray(data[f"K_rates_d{d}"])[j] / K_theory
     xs = np.linspace(ratios[0], ratios[-1], 50)
@@ -620,7 +610,7 @@ def _draw_fit(ax, cfg, data, row, j) -> None:
     ax.plot(np.asarray(data[f"eq_K_d{d}"])[j] / K_theory, SIGMA**2 * eq, "k-", lw=2.5,
             alpha=0.35, label=r"equation ($n = \infty$, $\tau = 0$)")
     for k, tau in enumerate(np.asarray(data["rate_taus"])):
-        rates = rates_of(cfg, np.asarray(data[f"g{k}_d{d}"])[j], tau)
+        rates = rates_of(np.asarray(data[f"g{k}_d{d}"])[j], tau)
         color, marker = ("C0", "o") if k == 0 else ("C1", "s")
         ax.plot(np.repeat(ratios, rates.shape[1]), rates.ravel(), marker, color=color, ms=5,
                 mfc=color if k == 0 else "none", label=f"particles, τ = {tau:g}")

@@ -53,10 +53,7 @@ QUICK = {"betas": 2, "beta_max": 4.0, "systems": 2, "tokens": 4, "dim": 3, "head
 
 def placements(code: int) -> tuple[str, ...]:
     """The placements `--norm code` names: every one of `NORMS` for 0, else the
-    `code`-th (1-based), or a `ValueError` listing them."""
-    if not 0 <= code <= len(NORMS):
-        listed = ", ".join(f"{i + 1} {n}" for i, n in enumerate(NORMS))
-        raise ValueError(f"--norm must be 0 (every placement) or one of {listed}; got {code!r}.")
+    `code`-th (1-based; `check_config` refuses others)."""
     return NORMS if code == 0 else (NORMS[code - 1],)
 
 
@@ -76,7 +73,9 @@ class NormBeta(AbstractExperiment):
     )
 
     def check_config(self, config):
-        check_config(config)
+        listed = ", ".join(f"{i + 1} {n}" for i, n in enumerate(NORMS))
+        check_config(config, (not 0 <= config.norm <= len(NORMS), "--norm must be 0 (every "
+                              f"placement) or one of {listed}; got {config.norm!r}."))
 
     def simulate(self, config, progress):
         norms = placements(config.norm)

@@ -131,16 +131,6 @@ def step_size(beta: float, step: float, exp_kernel: bool, raw_step: bool) -> flo
     return step / max(math.sqrt(beta) * math.exp(beta - 0.5), 1.0)
 
 
-def step_count(eta: float, end: float) -> float:
-    """`end / eta`, the steps of size `eta` to reach time `end`; a `ValueError` past
-    2³¹ (their loop counts in int32)."""
-    steps = end / eta
-    if not steps < 2**31 - 2:
-        raise ValueError(f"a step of {eta:g} takes {steps:g} steps to reach t = {end:g}, "
-                         f"more than 2³¹: raise --step or shorten --horizon.")
-    return steps
-
-
 def schedule(eta: float, times: np.ndarray) -> tuple[int, np.ndarray]:
     """The steps their loop takes with step `eta` and records at `times` (float64).
 
@@ -150,7 +140,7 @@ def schedule(eta: float, times: np.ndarray) -> tuple[int, np.ndarray]:
     `η + … + η` reaches `times[-1]`, and `at[k] ≥ 1` is the first step whose summed time
     reaches `times[k]`.
     """
-    count = math.ceil(step_count(eta, times[-1])) + 2
+    count = math.ceil(times[-1] / eta) + 2
     clock = np.add.accumulate(np.full(count, eta, dtype=np.float64))  # sequential sums
     at = np.searchsorted(clock, times, side="left") + 1
     return int(at[-1]), at
@@ -275,7 +265,7 @@ def density_map(key: PRNGKeyArray, cfg: dict, *, heads: int = 1, norm: str = "po
     - `key`: draws the tokens and the weights.
     - `cfg`: `betas`, `beta_min`, `beta_max`, `systems`, `tokens`, `dim`, `key_query`,
       `value`, `exp_kernel`, `horizon` (0: 30 with softmax, 1 with the exp kernel),
-      `step`, `raw_step`, `times`, `threshold` (the experiment's parameters), and
+      `step`, `raw_step`, `times`, `threshold` (the experiment's `Config`, checked), and
       optionally `simuformer_codes` (read `key_query` and `value` as simuformer's codes,
       not rotf's: `codes_of`).
     - `heads`, `norm`, `causal`: of the model.
@@ -284,7 +274,6 @@ def density_map(key: PRNGKeyArray, cfg: dict, *, heads: int = 1, norm: str = "po
 
     `betas (B,)`, `ts (K,)`, `density (B, K)`, `steps (B,)` (steps per β), `tau (B,)`.
     """
-    check_config(cfg)
     B, S, n = cfg.betas, cfg.systems, cfg.tokens
     betas = np.linspace(cfg.beta_min, cfg.beta_max, B)
     ts = np.linspace(0.0, horizon_of(cfg), cfg.times)
@@ -353,24 +342,29 @@ def horizon_of(cfg: dict) -> float:
     return cfg.horizon or (1.0 if cfg.exp_kernel else 30.0)
 
 
-def check_config(cfg: dict) -> None:
-    """`ValueError` for settings no `Param` minimum catches."""
-    if not 0 <= cfg.beta_min <= cfg.beta_max:
-        raise ValueError(f"need 0 ≤ --beta-min ≤ --beta-max, got {cfg.beta_min!r} and "
-                         f"{cfg.beta_max!r}.")
-    if cfg.horizon < 0:
-        raise ValueError(f"--horizon must be ≥ 0 (0: the peers' default), got {cfg.horizon!r}.")
+def check_config(cfg: dict, *refusals: tuple[bool, str]) -> None:
+    """`ValueError` for settings no `Param` minimum catches, then for the caller's own
+    `refusals` (`(refused, message)` pairs: `norm-beta`'s)."""
     source = codes_of(cfg)
-    for name, table in (("key_query", KEY_QUERY[source]), ("value", VALUE[source])):
-        if not 0 <= cfg[name] < len(table):
-            codes = ", ".join(f"{i} {w}" for i, w in enumerate(table))
-            raise ValueError(f"--{name.replace('_', '-')} must be one of {codes} ({source}'s "
-                             f"codes); got {cfg[name]!r}.")
-    if not 0 < cfg.threshold < 1:
-        raise ValueError(f"--threshold must be in (0, 1), got {cfg.threshold!r}.")
-    # the smallest step is the largest β's
-    step_count(step_size(cfg.beta_max, cfg.step, cfg.exp_kernel, cfg.raw_step),
-               horizon_of(cfg))
+    codes = [(name, table, ", ".join(f"{i} {w}" for i, w in enumerate(table)))
+             for name, table in (("key_query", KEY_QUERY[source]), ("value", VALUE[source]))]
+    refusals = (
+        (not 0 <= cfg.beta_min <= cfg.beta_max, f"need 0 ≤ --beta-min ≤ --beta-max, got "
+         f"{cfg.beta_min!r} and {cfg.beta_max!r}."),
+        (cfg.horizon < 0, f"--horizon must be ≥ 0 (0: the peers' default), got "
+         f"{cfg.horizon!r}."),
+        *((not 0 <= cfg[name] < len(table), f"--{name.replace('_', '-')} must be one of "
+           f"{listed} ({source}'s codes); got {cfg[name]!r}.") for name, table, listed in codes),
+        (not 0 < cfg.threshold < 1, f"--threshold must be in (0, 1), got {cfg.threshold!r}."),
+        *refusals)
+    for refused, message in refusals:
+        if refused:
+            raise ValueError(message)
+    # their loop counts in int32; the smallest step is the largest β's
+    eta, end = step_size(cfg.beta_max, cfg.step, cfg.exp_kernel, cfg.raw_step), horizon_of(cfg)
+    if not end / eta < 2**31 - 2:
+        raise ValueError(f"a step of {eta:g} takes {end / eta:g} steps to reach t = {end:g}, "
+                         f"more than 2³¹: raise --step or shorten --horizon.")
 
 
 #: The parameters of the study, shared by `norm-beta`.
@@ -404,17 +398,14 @@ def half_times(ts: np.ndarray, density: np.ndarray, level: float = 0.5) -> np.nd
 def describe_map(betas, ts, density) -> tuple[str, dict]:
     """What a density map shows, in words and numbers: the time to reach density ½ as β
     grows and where it is not reached by `T`."""
-    t_half = half_times(ts, density)
-    final = density[:, -1]
-    never = betas[~np.isfinite(t_half)]
+    t_half, final = half_times(ts, density), density[:, -1]
     reached = np.isfinite(t_half)
+    never = betas[~reached]
     parts = [f"density at T = {short(ts[-1])}: {short(final.min())} to {short(final.max())}"]
     if reached.any():
-        i, j = np.flatnonzero(reached)[[0, -1]]
+        (i, j), k = np.flatnonzero(reached)[[0, -1]], np.argmin(t_half)
         parts.append(f"t½ (density ≥ 0.5) from {short(t_half[i])} at β = {short(betas[i])} to "
                      f"{short(t_half[j])} at β = {short(betas[j])}")
-    if reached.any():
-        k = np.argmin(t_half)
         parts.append(f"fastest t½ = {short(t_half[k])} at β = {short(betas[k])}")
     parts.append(f"density ½ not reached by T for β ≥ {short(never.min())}" if never.size
                  else "density ½ reached for every β")

@@ -66,12 +66,9 @@ CHUNKS = "chunks"
 MEASURES = ("final_E", "consensus_layer", "clusters", "residual", "stalled", "finite")
 
 
-def choices(code: int, names: tuple, flag: str) -> tuple:
-    """The values `--flag code` selects: all of `names` for 0, else the `code`-th
-    (1-based), or a `ValueError` listing them."""
-    if not isinstance(code, int) or not 0 <= code <= len(names):
-        listed = ", ".join(f"{i + 1} {n}" for i, n in enumerate(names))
-        raise ValueError(f"{flag} must be 0 (all) or one of {listed}; got {code!r}.")
+def choices(code: int, names: tuple) -> tuple:
+    """The values a choice's `code` selects: all of `names` for 0, else the `code`-th
+    (1-based; `check_config` refuses others)."""
     return tuple(names) if code == 0 else (names[code - 1],)
 
 
@@ -88,11 +85,8 @@ class Grid:
     @classmethod
     def of(cls, config: dict) -> "Grid":
         """The grid of a checked `config` (`--size`, `--norm`, … codes; `--beta 0`: `BETAS`)."""
-        check_config(config)
-        return cls(choices(config.size, SIZES, "--size"),
-                   choices(config.norm, NORMS, "--norm"),
-                   choices(config.mask, MASKS, "--mask"),
-                   choices(config.kernel, KERNELS, "--kernel"),
+        return cls(choices(config.size, SIZES), choices(config.norm, NORMS),
+                   choices(config.mask, MASKS), choices(config.kernel, KERNELS),
                    BETAS if config.beta == 0 else (float(config.beta),))
 
     def programs(self) -> list[tuple[int, int, int]]:
@@ -106,15 +100,6 @@ class Grid:
         """`(sizes, norms, masks, kernels, betas)`."""
         return (len(self.sizes), len(self.norms), len(self.masks), len(self.kernels),
                 len(self.betas))
-
-
-def check_config(config: dict) -> None:
-    """`ValueError` for settings no `Param` minimum catches."""
-    if not config.beta >= 0:
-        raise ValueError(f"--beta must be ≥ 0 (0: the grid {', '.join(map(str, BETAS))}), "
-                         f"got {config.beta!r}.")
-    if not 0 < config.keep <= 1:
-        raise ValueError(f"--keep is a keep-probability in (0, 1], got {config.keep!r}.")
 
 
 # --- one instance ------------------------------------------------------------------
@@ -380,12 +365,9 @@ def cell_rows(config: dict, grid: Grid, data: dict) -> list[dict]:
                 "size": SIZES.index(grid.sizes[s]) + 1, "tokens": n, "dim": d,
                 "norm": grid.norms[a], "mask": grid.masks[m], "kernel": grid.kernels[k],
                 "beta": beta, "reached": float(np.mean(reached)),
-                "consensus_layer_median": float(np.median(data["consensus_layer"][at])),
-                "final_E_median": float(np.median(data["final_E"][at])),
-                "clusters_median": float(np.median(data["clusters"][at])),
-                "residual_median": float(np.median(data["residual"][at])),
-                "stalled": float(np.mean(data["stalled"][at])),
-                "finite": float(np.mean(data["finite"][at])),
+                **{f"{key}_median": float(np.median(data[key][at]))
+                   for key in ("consensus_layer", "final_E", "clusters", "residual")},
+                **{key: float(np.mean(data[key][at])) for key in ("stalled", "finite")},
                 "theorem": " ".join(theorems) or "none", "no_theorem_because": why,
                 "outcome": result, "kind": kind,
                 "verdict": words, "command": cell_command(config, grid, at)})
@@ -432,7 +414,20 @@ class VariantsExperiment(AbstractExperiment):
     )
 
     def check_config(self, config):
-        check_config(config)
+        # a choice's code given by hand (`config(norm=9)`) passes no `Param` check
+        refusals = [(not config.beta >= 0, f"--beta must be ≥ 0 (0: the grid "
+                     f"{', '.join(map(str, BETAS))}), got {config.beta!r}."),
+                    (not 0 < config.keep <= 1, f"--keep is a keep-probability in (0, 1], got "
+                     f"{config.keep!r}.")]
+        for flag, names in (("size", SIZES), ("norm", NORMS), ("mask", MASKS),
+                            ("kernel", KERNELS)):
+            code = config[flag]
+            listed = ", ".join(f"{i + 1} {n}" for i, n in enumerate(names))
+            refusals.append((not isinstance(code, int) or not 0 <= code <= len(names),
+                             f"--{flag} must be 0 (all) or one of {listed}; got {code!r}."))
+        for refused, message in refusals:
+            if refused:
+                raise ValueError(message)
 
     def simulate(self, config, progress, folder: Path | None = None):
         """The study's arrays; its chunks are kept in `folder/chunks` until it is done

@@ -60,8 +60,7 @@ def format_verdicts(rows: list[dict]) -> tuple[str, dict[str, str]]:
         cover = (f"Theorem {theorem}" if theorem != "none" else
                  f"no theorem ({mine[0]['no_theorem_because']})")
         per_variant[name] = f"{cover}. " + " | ".join(parts)
-    line = _line(rows)
-    return line, per_variant
+    return _line(rows), per_variant
 
 
 def _line(rows: list[dict]) -> str:

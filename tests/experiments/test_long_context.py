@@ -16,7 +16,6 @@ from jaxattn.experiments import EXPERIMENTS
 from jaxattn.experiments import long_context as LC
 from jaxattn.experiments.long_context import (
     QUICK,
-    check_rho,
     diagonal_weight,
     dims,
     distance_ratio,
@@ -154,4 +153,4 @@ def test_finite_dimension_estimate_tends_to_the_simplex_value():
 
 def test_rho_outside_its_range_is_refused():
     with pytest.raises(ValueError, match=r"--rho .* must lie in \[0, 1\)"):
-        check_rho(1.0)
+        EXPERIMENTS["long-context"].config(rho=1.0)

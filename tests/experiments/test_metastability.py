@@ -80,10 +80,14 @@ def test_rescaled_euler_matches_the_angle_update():
 
 
 def test_bad_helper_arguments():
-    with pytest.raises(ValueError, match="0 < t_min < t_max"):
-        log_grid(1.0, 0.5, 10)
+    """The helpers trust their caller: `jaxattn run metastability` refuses a final time
+    at or before the log grid's first save and a linking distance of 0."""
+    from jaxattn.experiments import experiment_config, get_experiment
+
+    with pytest.raises(ValueError, match="--horizon must be > 0.001"):
+        get_experiment("metastability").config(horizon=5e-4)
     with pytest.raises(ValueError, match="eps must be > 0"):
-        merged(0.0)
+        experiment_config(get_experiment("metastability"), {"eps": 0.0}, 0)
 
 
 def test_merge_time_is_the_two_cluster_integral():

@@ -149,7 +149,7 @@ def test_norm_beta_runs_a_placement_and_names_them(tmp_path):
     assert norm_beta.placements(0) == NORMS
     assert norm_beta.placements(2) == ("pre",)
     with pytest.raises(ValueError, match="--norm"):
-        norm_beta.placements(len(norm_beta.NORMS) + 1)
+        EXPERIMENTS["norm-beta"].config(norm=len(norm_beta.NORMS) + 1)
     folder, summary = run_experiment("norm-beta", norm_beta.QUICK | {"norm": 2}, seed=1,
                                      out=tmp_path / "nb", progress=False, log=None)
     data = np.load(folder / "data.npz")

@@ -1,28 +1,8 @@
 """Movies of the tokens: `ja.animate(xs, path, ts)` and `jaxattn animate DIR`.
 
-A trajectory `(T, n, d)` becomes an MP4 (the ffmpeg of the `imageio-ffmpeg` wheel:
-no system install) or a GIF (Pillow). Each frame is drawn once into one reused
-matplotlib figure and handed to the encoder at once, so an MP4's memory does not
-grow with its length (a GIF's palette frames, one byte a pixel, are kept by Pillow
-until it writes the file).
-
-What a frame shows:
-
-- `d = 3`: the sphere, shaded, turning slowly (`spin`) so that depth reads; tokens
-  on the near side are filled dots with a dark rim, tokens behind it hollow, faded
-  rings, and each draws a short trail (`trail` frames) faded where it runs behind.
-- `d = 2`: the circle, the tokens on it with their trails.
-- `d > 3`: one PCA of the whole trajectory (the second moment about the origin, so
-  that consensus on the sphere stays consensus): the tokens' coordinates on its
-  three leading directions, inside the unit ball, and the share of the variance
-  these keep printed on every frame.
-- many tokens (`n > density_above`, `d = 3`): the empirical measure as two Lambert
-  azimuthal equal-area maps (near and far hemisphere): equal areas of the sphere
-  are equal areas of the map, so the colour is the density.
-
-Under the picture the misalignment `E(t)` (`ja.misalignment`, or the `E` given)
-is drawn along with a marker at the frame's time; the time (or layer) is on every
-frame.
+A trajectory `(T, n, d)` becomes an MP4 (through `imageio-ffmpeg`) or a GIF
+(Pillow), each frame drawn into one reused figure and streamed to the encoder. What
+a frame shows for each `d` and many tokens: see docs/usage/animations.md.
 """
 
 import os

@@ -1,14 +1,9 @@
 """`jaxattn view DIR --out FILE.html`: a trajectory as one self-contained web page.
 
-The page holds its data and a small canvas renderer (no library, nothing fetched:
-it works offline, from a file): the sphere turns with the mouse (drag), a slider
-scrubs the time, a button plays it, and `E(t)` is drawn under the sphere with the
-slider's time marked. Tokens on the near side are filled dots, those behind the
-sphere faded rings, as in `ja.animate`'s movies; `d = 2` is the circle, `d > 3` one
-PCA of the whole trajectory (`animate.pca3`, the share kept printed).
-
-The page exposes `window.jaxattnView` (`frame()`, `setFrame(i)`, `positions()`: the
-tokens' screen coordinates) for the tests that drive it in a headless browser.
+The page holds its data and a small canvas renderer (nothing fetched); what it shows:
+see docs/usage/animations.md. It exposes `window.jaxattnView` (`frame()`,
+`setFrame(i)`, `positions()`: the tokens' screen coordinates) for the tests that
+drive it in a headless browser.
 """
 
 import html

@@ -1,16 +1,9 @@
 """Whether two float32 runs of a clustering dynamics agree, judged against float64.
 
-The dynamics amplify rounding. Among 10⁶ random S1 systems (n = 10, d = 3, h = 2,
-200 layers) a few dozen sit near a split between clusters: there a perturbation of
-1e-12 in float64 moves the misalignment by 1e-6, and a float32 run lands anywhere in
-an O(1) range. Two correct float32 programs that round differently (the fused path
-compiled for 10⁵ or 10⁶ systems, or the kernel beside it) therefore differ by O(1)
-on those systems, and "the largest difference over the systems" stops telling a
-correct path from a wrong one as the batch grows (BENCHMARKS.md, "Agreement at 10⁶
-systems"). Judged here instead: each path's error against a float64 run of the same
-systems, as a distribution. A path agrees with the other when its typical and its
-99th-percentile error are no larger than the other's beyond rounding, and no more
-of its systems are far off (`tail`) than chance allows.
+The dynamics amplify rounding, so over many systems the largest difference cannot
+tell a wrong path from a right one; each path's per-system error against a float64
+run is compared as a distribution instead. Why, and the measurements: see
+docs/kernels.md ("Agreement at 10⁶ systems").
 """
 
 import math

@@ -1,9 +1,7 @@
 """The device a benchmark runs on and what it can do, so that every figure compares
-like with like: its name (`device_label`, `device_meta`: `NVIDIA H100 80GB HBM3 (gpu)`,
-`cpu (2 cores)`), where and at which matmul precision the PyTorch references run
-(`TorchSide`), the matmul peak per precision (`matmul_peaks`, `jax_matmul_peak`; a
-CPU has no TF32 units, so that precision is not applicable there), the copy
-bandwidth (`copy_bandwidth`) and the rate of `jnp.exp` (`exp_rate`).
+like with like: its name, where and at which matmul precision the PyTorch references
+run (`TorchSide`), the matmul peaks per precision, the copy bandwidth and the rate of
+`jnp.exp`. See BENCHMARKS.md ("The device-aware suite").
 """
 
 import contextlib

@@ -1,12 +1,8 @@
 """Physical floors: how fast a device evaluates exponentials when memory is not involved.
 
-`jnp.exp` over a large array measures the memory as much as the exp units (on a GPU
-a 256 MiB sweep is bound by HBM, three orders of magnitude below the special
-function units). The register rate here runs `x ← exp(−x)` many times on values that
-never leave the registers: one Pallas kernel, each program a `(block,)` vector
-iterated `sweeps` times and stored once (compiled with Triton on CUDA). Off a GPU
-there is no Pallas compiler, and the in-cache rate of `jnp.exp` (many sweeps over a
-small array, `jaxattn.bench.device.exp_rate`) stands for it.
+The register rate runs `x ← exp(−x)` many times in one Pallas kernel (Triton on
+CUDA); off a GPU the in-cache rate of `jnp.exp` (`jaxattn.bench.device.exp_rate`)
+stands for it. See docs/kernels.md ("Floors").
 """
 
 import functools

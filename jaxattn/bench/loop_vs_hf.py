@@ -4,20 +4,13 @@ the HuggingFace PyTorch blocks looped by hand, in the same run, on the same weig
     .venv/bin/python benchmarks/loop_vs_hf.py                       # 100 × 200, both models
     .venv/bin/python benchmarks/loop_vs_hf.py --prompts 8 --tokens 64 --repeats 1   # quick
 
-Both sides: random weights of the config (GPT-2 small, GPT-Neo 125M, or GPT-2 XL and
-GPT-Neo 2.7B for `jaxattn bench --size large`), drawn once by HuggingFace, saved as
-safetensors and loaded by jaxattn; token ids uniform over the vocabulary, embedded
-once; one pass = every block, `E` (eq. 25) after every block, the final LayerNorm
-after the pass. "attn" is pure attention (`ln_2` and the MLP removed), "full" the
-whole block. `--precision` sets jaxattn's products and, on a GPU, torch's float32
-matmul mode. HuggingFace runs where JAX does (`device.TorchSide`), its logging and
-progress bars silenced, and follows the paper's public script (GPT-Consensus): each
-`block(hidden)` called with an explicit causal mask (GPT-2 blocks of transformers ≥ 5
-do not mask when called directly), `E` in torch for the whole batch at once.
-
-The JAX program is compiled ahead of time (reported apart); the two sides are then
-timed in interleaved pairs, `--repeats` of them (fewer with `--budget-s`): median,
-min and max per pass, and the largest relative difference of the two `E` curves.
+Both sides load the same random weights of a config; one pass = every block, `E`
+(eq. 25) after every block. "attn" is pure attention (`ln_2` and the MLP removed),
+"full" the whole block. HuggingFace runs where JAX does (`device.TorchSide`) and
+follows the paper's public script, with the causal mask passed explicitly
+(docs/usage/models.md). The JAX program is compiled ahead of time; the two sides are
+timed in interleaved pairs: median, min and max per pass, and the largest relative
+difference of the two `E` curves. Measurements: BENCHMARKS.md.
 """
 
 import argparse

@@ -2,23 +2,12 @@
 the number of tokens `n`, the dimension `d`, the batch `B` and the number of devices.
 
 Every point times `run_layers(dyn, x0, layers, tau, observe=misalignment)` as the
-suite's S2/S3 cases do (full attention, unfactored `P`, float32, median of `repeats`
-calls after compilation, with min and max). One sweep varies one size, the others
-stay at `SETUP`'s (`QUICK_SETUP`'s for a smoke test). The ideal curve (dashed):
-
-- **n and d**: time ∝ the flops `L · B · (4 h n d² + 4 h n² d)`, not a power law: its
-  local log-log slope is `(d + 2n) / (d + n)` in `n` and `(2d + n) / (d + n)` in `d`,
-  between 1 and 2; reported: the straight-line fit to the flop count over the sizes,
-  with the local slopes at both ends.
-- **batch**: time ∝ `B` once the machine is saturated; small batches leave cores idle
-  and pay a fixed cost per call, so the slope over the upper half is reported too.
-- **devices**: time ∝ 1/devices, from the one-device point, in a subprocess with
-  `XLA_FLAGS=--xla_force_host_platform_device_count=N` (set before jax is imported)
-  and `JAX_PLATFORMS=cpu`: forced CPU devices share the cores, and one device already
-  uses all of them, so no speed-up is possible beyond as many devices as cores.
-
-For n, d and batch the ideal curve's constant is fitted (in log space) to the upper
-half of the sizes, where fixed per-call costs matter least.
+suite's S2/S3 cases do. One sweep varies one size, the others stay at `SETUP`'s
+(`QUICK_SETUP`'s for a smoke test). The ideal curve (dashed): for n and d the flop
+count `L · B · (4 h n d² + 4 h n² d)`, for the batch time ∝ `B`, its constant fitted
+in log space to the upper half of the sizes; for devices time ∝ 1/devices, in a
+subprocess with `XLA_FLAGS=--xla_force_host_platform_device_count=N` (forced CPU
+devices share the cores). The measured figure: BENCHMARKS.md ("Scaling").
 """
 
 import dataclasses

@@ -1,47 +1,11 @@
 """The benchmark suite behind `jaxattn bench`.
 
 Every figure is the median of repeated runs after compilation, with min and max, in
-one process so that ratios are comparable on a noisy machine. The PyTorch references
-run on JAX's device (CUDA when JAX is on a GPU and torch reaches it; else the CPU,
-and the table says so), their float32 matmul mode matched to `--precision`
-(`jaxattn.bench.device`). Each case is named by what it measures (`CASES`); its rows,
-the table, the JSON and BENCHMARKS.md carry its short label, and `--cases` takes either.
-
-- **peak**: the best `4096²` product per precision (float32, tensorfloat32, bfloat16)
-  of JAX and PyTorch (and NumPy on a CPU; TF32 is not applicable there), and the
-  device-to-device copy bandwidth (GB/s, read + write). `%peak` divides by the peak
-  of the precision a row ran at.
-- **small_systems** (S1): n = 10, d = 3, h = 2, batch 1000; 200 layers (τ = 1,
-  observed with `misalignment`), 200 RK4 steps to T = 10 and the adaptive solve
-  (Tsit5 / torchdiffeq dopri5), on the default strategy, the general path and the
-  fused shared-step mode; on a GPU also `strategy="kernel"` (`docs/kernels.md`).
-- **small_systems_large_batch** (S1L): S1 at batch 100,000 (quick 2,000; large 10⁶),
-  200 layers, beside its floor: its flops at the matmul peak or its unavoidable bytes
-  (tokens read once, `E(t)` written once) at the copy bandwidth, the larger (both
-  need `peak`). PyTorch only off the CPU.
-- **noisy_small_systems** (SN): S1 with `ja.TokenNoise(0.5)`, 1,000 Itô
-  Euler–Maruyama steps of `dt = 0.01` (quick: batch 64, 20 steps), against
-  `torchsde.sdeint(method="euler")` on the Itô form of the same SDE; rows carry the
-  mean final misalignment ± its standard error, the torch row `z_vs_jax` and
-  `jaxattn_speedup`.
-- **paper_causal** (S2): n = 50, d = 500, h = 2, batch 16, 100 causal layers.
-- **gpt2_sized** (S3): n = 200, d = 768, h = 12, `P_η = Q_ηᵀ K_η` with k = 64,
-  batch 8, 12 layers.
-- **gradient** (G): the gradient of the final misalignment through 100 steps of S2
-  (layers, and RK4 flow steps): time and memory against the forward pass.
-- **meanfield** (MF): one system of n = 100,000 tokens in R³, one head (quick 10,000;
-  large 10⁶), float32, blocked path: one layer and the gradient of one layer (tokens
-  and weights), each with its peak memory and its floor, the larger of
-  `pairs × flops per pair ÷ matmul peak` and `pairs × exps per pair ÷ exp rate`
-  (`jnp.exp` streamed, in cache and, on a GPU, in registers: the fastest counts).
-- **looped_models** (S4): GPT-2 small and GPT-Neo 125M configs, random weights,
-  100 prompts × 200 tokens, one pass, pure attention and full blocks, against the
-  HuggingFace blocks looped by hand (`loop_vs_hf`); flops per token and block
-  `8 d² + 4 n d` (attention), `24 d² + 4 n d` (full).
-
-Sizes (`PRESETS`): `"quick"` for a smoke test; `"large"` fills an accelerator (S1
-batch 100,000, S2 1024, S3 256, S4 the GPT-2 XL and GPT-Neo 2.7B configs; G keeps S2's
-default size).
+one process so that ratios are comparable. The PyTorch references run on JAX's
+device where torch reaches it, their float32 matmul mode matched to `--precision`
+(`jaxattn.bench.device`). Each case is named by what it measures (`CASES`, sizes in
+`jaxattn.bench.cases`); `--cases` takes a name or its short label. What each case
+times, the sizes of `PRESETS` and the measured tables: see BENCHMARKS.md.
 
 Flop counts (multiply–adds count 2; softmax, normalisation and the metric left out,
 so GFLOP/s are lower bounds), per sequence and evaluation of the raw update `v`:
@@ -346,15 +310,8 @@ def _gradient_cases(prob: Problem, steps, ctx: Context) -> list[dict]:
 #: The in-cache exp rate's array (64 KiB of float32) and sweeps per call.
 EXP_CACHED = (2**14, 4096)
 
-# Work per (query, key) pair of one head on the blocked path (`jaxattn._blocks`),
-# in multiply-adds and exponentials; the per-token products (`β Pᵀ x_i`, `U`, the
-# projection) are O(n d²) and left out, as are the running max and the normaliser's
-# adds, so both floors are lower bounds.
-# Forward: the score `q_i · x_j` (d) and the mixing `p_ij x_j` (d): 2d; one exp.
-# Reverse (`_backward`, on top of the forward): the score again (d), `dout_i · v_j`
-# (d), `dq_i += ds_ij k_j` (d), `dk_j += ds_ij q_i` (d), `dv_j += p_ij dout_i` (d):
-# 5d more, 7d in all; and the exp again: two.
-
+# Work per (query, key) pair of one head on the blocked path; the O(n d²) per-token
+# products are left out, so both floors are lower bounds (BENCHMARKS.md, "Mean-field scale").
 def pair_work(d: int, gradient: bool) -> tuple[int, int]:
     """`(multiply-adds, exponentials)` per pair of one head: forward or gradient."""
     return (7 * d, 2) if gradient else (2 * d, 1)
@@ -385,13 +342,10 @@ def _floor_rates(preset: "Preset", ctx: Context) -> dict:
     peak = peak_of(ctx.peaks, ctx.precision)
     if not math.isfinite(peak):
         peak = jax_matmul_peak(preset.peak_size, ctx.precision, repeats, ctx.rep.budget_s)
-    # The floor takes the faster exp: one sweep over a large array is memory-bound
-    # on a CPU (0.5-0.9 G/s against ~3 G/s in cache on the 2-core machine).
+    # The floor takes the fastest exp: streamed, in cache, or in registers.
     elements = preset.copy_bytes // 4
     stream = exp_rate(elements, repeats)
     cached = exp_rate(EXP_CACHED[0], repeats, EXP_CACHED[1])
-    # The physical floor: exps in registers (a Pallas kernel on a GPU, the SFU rate);
-    # on a CPU the in-cache rate stands for it (`jaxattn.bench.floors`).
     register = register_exp_rate(repeats, cached=cached)
     return {"matmul_peak_gflops": peak,
             "exp_per_s": max(stream, cached, register["exp_register_per_s"]), **register,
@@ -416,7 +370,6 @@ def _mean_field_cases(prob: Problem, preset: "Preset", ctx: Context) -> list[dic
     for variant, fn, grad in (("one layer", forward, False),
                               ("gradient of one layer (tokens, weights)", gradient, True)):
         floor = pair_floor(pairs, prob.d, grad, peak, rates["exp_per_s"])
-        # Beside it, the memory-bound exp floor of `jnp.exp` streamed over a large array.
         floor["floor_exp_stream_s"] = floor["exps_per_pair"] * pairs / rates["exp_stream_per_s"]
         row, _ = ctx.jax_row(CASES["meanfield"], f"{variant}, n={prob.n:,}", "jaxattn", fn,
                              dyn, x0, token_steps=prob.n, flops=2 * floor["madds_per_pair"] * pairs)

@@ -1,17 +1,9 @@
 """Gradient-based exploration: initial tokens and weights that slow consensus.
 
 `slow_consensus` maximises a measure of non-consensus at a horizon `T` by
-differentiating through the flow (`solve_flow`, diffrax adjoints) or the layers
-(`run_layers`, a checkpointed scan), from several random restarts run as one
-vmapped batch.
-
-**Tokens stay on `E_W` by reparametrisation and retraction.** The token iterate
-`y` is a point of `E_W`; the model is started at `x0 = N_W(y)` (the identity on
-`E_W`), so the gradient the optimiser sees is that of `f ∘ N_W`, which has no
-radial component, and after every step the new iterate is retracted with `N_W`
-(and, with a hemisphere constraint, moved into the cap). Every iterate is
-therefore on `E_W` up to rounding, whatever the optimiser (Adam rescales
-coordinates, so a tangent-space projection alone would not keep it there).
+differentiating through the flow or the layers, from several random restarts run as
+one vmapped batch. Token iterates stay on `E_W` by reparametrisation (`x0 = N_W(y)`)
+and retraction after every step; see docs/usage/explore.md.
 """
 
 import warnings

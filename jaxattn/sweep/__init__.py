@@ -15,19 +15,11 @@ ja.sweep.run("runs/my-sweep/spec.toml")  # or from a TOML/JSON spec file
 The older spellings stay as aliases: `ja.sweep(...)` calls `ja.sweep.run(...)`,
 and `ja.sweep.EXPERIMENTS` is `SWEEPABLE`.
 
-The command line does the same: `jaxattn sweep thm41-sphere --grid beta=0.5,1,2,4
---grid heads=1,2,4 --instances 512 --out runs/my-sweep`, and `--resume` continues
-a sweep that was interrupted, with exactly the table of an uninterrupted one.
-
-Each grid point's instances run as one `jax.vmap`ped batch (sharded over the
-devices when there are several); instance `i` is drawn from seed `seed + i`
-exactly as `jaxattn run NAME --seed seed+i` draws it. `table.csv` holds one row per
-instance (`COLUMNS` after the grid parameters), judged by the theorem's own tests
-(`ja.theory.theorem_test`) at the tolerance `ja.metrics.CONSENSUS_TOL` (recorded in
-`sweep.json`); its `status` is `held`, `not_converged` (still converging at `T`: not
-counted against the theorem), `contradicted`, `solver_failed` or `outside_domain`
-(docs/usage/sweeps.md). `summary.json` counts each status per point and in total,
-with a one-line `verdict` and its `verdict_kind` (as for `jaxattn run`).
+Each grid point's instances run as one `jax.vmap`ped batch; instance `i` is drawn
+from seed `seed + i` exactly as `jaxattn run NAME --seed seed+i` draws it.
+`table.csv` holds one row per instance (`COLUMNS` after the grid parameters), with
+its `status`; `summary.json` counts them. The command line (`jaxattn sweep`,
+`--resume`), the columns and the statuses: see docs/usage/sweeps.md.
 
 `ja.sweep.redraw(folder)` (`jaxattn plot DIR`) is jaxattn's one `redraw`: a sweep's
 `sweep.png` from `table.csv` (`redraw_sweep`), a run or loop folder's figures through

@@ -2,14 +2,11 @@
 by chunk so that a killed sweep resumes where it stopped (`run_sweep`), and reading
 its table back (`load_table`). What a sweep runs is `_spec.py`.
 
-A sweep folder holds `sweep.json` (the spec, every grid point's full config,
-the columns, the consensus tolerance, dtype and package versions, written first),
-`chunks/NNNNN.csv` (one per batch of instances, each written to a temporary name
-and renamed), and, once every chunk is there, `table.csv` (the chunks in order),
-the summary figure `sweep.png`/`.pdf` and `summary.json`. The folder is marked
-`INCOMPLETE` until then. Instance `i` of a point is drawn from the seed `seed + i`,
-whatever the chunking, so a resumed sweep writes byte for byte the table of one
-that was left alone.
+A sweep folder holds `sweep.json` (written first), `chunks/NNNNN.csv` (one per batch
+of instances, each written to a temporary name and renamed), and, once every chunk is
+there, `table.csv`, `sweep.png`/`.pdf` and `summary.json`; it is marked `INCOMPLETE`
+until then. The columns, and why a resumed table is byte for byte the same:
+docs/usage/sweeps.md.
 """
 
 import dataclasses

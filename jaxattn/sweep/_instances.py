@@ -2,16 +2,12 @@
 per-instance outcomes for sweeps.
 
 An *instance* is one random model and one random start, drawn by the experiment's
-own `instance(key, config)` (its `setup`) with `key = PRNGKey(seed + instance)`, exactly as
-`jaxattn run NAME --seed seed+instance` draws them (for `thm51-causal` with
-`--samples 1`), so any row of a sweep table can be re-run alone. Each instance is
-judged by its theorem's own tests (`ja.theory.theorem_test`): whether the start
-lies in the theorem's domain and whether the outcome was reached, on the states
-the simulator ran; beside them the distance to the predicted outcome at every
-saved time, whose trend tells a run still converging from one that stalled. A
-chunk's instances run as one vmapped program; the domain test of Theorem 4.1 (a
-convex program solved on the host, `ja.metrics.hemisphere`) runs after it on the
-chunk's starts, so that no host callback sits in the (possibly sharded) program.
+own `instance(key, config)` with `key = PRNGKey(seed + instance)`, exactly as
+`jaxattn run NAME --seed seed+instance` draws them (docs/usage/sweeps.md), and judged
+by its theorem's own tests (`ja.theory.theorem_test`). A chunk's instances run as one
+vmapped program; the domain test of Theorem 4.1 (a convex program on the host,
+`ja.metrics.hemisphere`) runs after it, so that no host callback sits in the
+(possibly sharded) program.
 """
 
 from typing import Any

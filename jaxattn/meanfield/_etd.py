@@ -1,17 +1,12 @@
 """`ETDRK4`: the exponential time-differencing Runge–Kutta method of Cox & Matthews
 (2002), as a diffrax solver, for a semilinear system `y' = L y + N(t, y)` whose linear
-part `L` is diagonal: the solver holds `L`, the term (`diffrax.ODETerm`) is `N`.
+part `L` is diagonal: the solver holds `L`, the term (`diffrax.ODETerm`) is `N`. Why (a
+stiff, diagonal diffusion): docs/meanfield_equation.md, "The integrator".
 
-The diffusion `½Δ` is stiff (its rate `ℓ(ℓ + d − 2)/2` reaches 2,000 at degree 64), and
-diagonal on the grid's coefficients: the method integrates it exactly, with the
-`φ`-functions of `hL` on the diagonal, so its step is set by the transport term alone.
 Stages: `a = e^{hL/2} y + (h/2) φ₁(hL/2) N(y)`, `b = e^{hL/2} y + (h/2) φ₁ N(a)`,
 `c = e^{hL/2} a + (h/2) φ₁ (2N(b) − N(y))`, and
 `y₁ = e^{hL} y + h [(φ₁ − 3φ₂ + 4φ₃) N(y) + 2(φ₂ − 2φ₃)(N(a) + N(b)) + (4φ₃ − φ₂) N(c)]`
-(`φ` at `hL`). Order 4 for non-stiff `N`; `L = 0` gives the classical RK4. A diagonal
-`L` needs no linear solve, where an IMEX method (`diffrax.KenCarp4`) would factor a
-dense Jacobian of the full state at every step.
-"""
+(`φ` at `hL`). Order 4 for non-stiff `N`; `L = 0` gives the classical RK4."""
 
 from typing import ClassVar
 

@@ -2,12 +2,9 @@
 
 A density on `S^{d−1}` is an array of its values at the grid's points (`grid.points`,
 `grid.weights`: `∫ f dS ≈ Σ weights · f`), with respect to the surface measure, so the
-uniform density is `1/|S^{d−1}|`. Inside, the solver works on its band-limited
-coefficients (`analysis`, `synthesis`): the Laplacian and every rotation-invariant
-convolution act on them diagonally (`laplacian`, `multipliers`), and the transport term
-`div(μ X)` is formed on the grid (`gradient`, `divergence`) with enough points that a
-product of two band-limited fields is integrated exactly (the 3/2 rule).
-"""
+uniform density is `1/|S^{d−1}|`. The solver works on its band-limited coefficients
+(`analysis`, `synthesis`), where the Laplacian and rotation-invariant convolutions are
+diagonal; `div(μ X)` is formed on the grid with the 3/2 rule (no aliasing)."""
 
 import abc
 from collections.abc import Callable

@@ -1,27 +1,8 @@
-"""The interaction of the mean-field equation, in the papers' normalisation, and its map
-onto jaxattn's models (the one place that states it; `docs/meanfield_equation.md`).
-
-The equation (Geshkovski, Letrouit, Polyanskiy, Rigollet; with noise, Mun & Rosenzweig
-2026) for a probability density `μ_t` on `S^{d−1}`:
-
-    ∂_t μ = (σ²/2) Δμ − K div(μ X[μ]),     X[μ](x) = P_x ∫ k_β(x, y) y dμ(y),
-
-`σ = 1` in the papers (unit Brownian motion), `K` the coupling, `P_x = I − x xᵀ`, and
-
-- `"usa"` and `"exp"`: `k_β(x, y) = e^{β⟨x, y⟩}`, so `X = ∇(W_β * μ)` with
-  `W_β(t) = (e^{βt} − 1)/β`: the gradient flow of `∫ μ log μ − K ∫∫ W_β dμ dμ`
-  (`σ = 1`). The two names are one equation; they differ in the map below.
-- `"softmax"`: the normalised form `k_β(x, y) = e^{β⟨x, y⟩} / ∫ e^{β⟨x, z⟩} dμ(z)`.
-
-**The map onto jaxattn** (`coupling_of`). `SelfAttentionDynamics(P = I, U = κ I, β,
-kernel=…)` (one head) with `noise=TokenNoise(σ)` is, as `n → ∞`, this equation at the
-same `β`, `σ` and time `t`, with `K = κ` for `"exp"` (`e^{β⟨x, y⟩}/n`) and `"softmax"`,
-and `K = κ e^{−β}` for `"usa"` (jaxattn's weights `e^{β(⟨x, y⟩ − 1)}/n`). In the papers'
-normalisation (`σ = 1`) the same run has the coupling `K/σ²` at the time `σ² t`.
-`run_layers` with step `τ` is the flow at `t = Lτ` only as `τ → 0` (with noise its
-step biases the coupling: `noisy-transition`'s `layer_coupling`). `σ = 0` is the
-deterministic flow, `ja.solve_flow` of the same model.
-"""
+"""The interaction of the mean-field equation (kernels `"usa"`, `"exp"`, `"softmax"`), in
+the papers' normalisation (`σ = 1`), and its map onto jaxattn's models (`coupling_of`):
+`K = κ` for `"exp"` and `"softmax"`, `K = κ e^{−β}` for `"usa"`, for
+`SelfAttentionDynamics(P = I, U = κ I, β)` with `TokenNoise(σ)`. The equation, the
+kernels' forces and the map's derivation: docs/meanfield_equation.md."""
 
 import math
 
@@ -68,7 +49,7 @@ def coupling_of(kappa: float, beta: float, kernel: str | AbstractKernel = "usa",
                 sigma: float = 1.0) -> float:
     """The papers' coupling `K` (`σ = 1`) of jaxattn's model `U = κ I` with
     `TokenNoise(σ)`: `κ e^{−β}/σ²` (`"usa"`), `κ/σ²` (`"exp"`, `"softmax"`); its
-    time is `σ² t` (module docstring).
+    time is `σ² t` (docs/meanfield_equation.md).
 
     **Arguments:**
 

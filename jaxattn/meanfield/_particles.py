@@ -1,21 +1,11 @@
 """The particle system of the equation on the circle, its field summed in Fourier modes:
-`circle_velocity`, `circle_particles`, `circle_modes` (`docs/meanfield_equation.md`).
-
-`n` tokens `x_i = (cos θ_i, sin θ_i)` of one head (`P = I`, `U = κ I`, no noise) move by
-`θ_i' = (K/n) Σ_j f(cos(θ_i − θ_j)) sin(θ_j − θ_i)`, `f(t) = e^{βt}` (`"usa"`, `"exp"`
-in the papers' normalisation, `_kernels.py`), or that sum divided by
-`(1/n) Σ_j f(cos(θ_i − θ_j))` (`"softmax"`). Summed pair by pair it costs `O(n²)`; but
-`f(cos u) sin u = Σ_{k≥1} b_k sin(ku)` with `b_k = I_{k−1}(β) − I_{k+1}(β)`, and
-`f(cos u) = a_0 + 2 Σ_{k≥1} a_k cos(ku)` with `a_k = I_k(β)`, so with the particles'
-modes `c_k = (1/n) Σ_j e^{−ikθ_j}`
+`circle_velocity`, `circle_particles`, `circle_modes` (the derivation:
+docs/meanfield_equation.md, "The particles on the circle"). With the particles' modes
+`c_k = (1/n) Σ_j e^{−ikθ_j}`, `b_k = I_{k−1}(β) − I_{k+1}(β)` and `a_k = I_k(β)`:
 
     θ_i' = −K Σ_{k=1}^{M} b_k Im(e^{ikθ_i} c_k)       [÷ (a_0 + 2 Σ_k a_k Re(e^{ikθ_i} c_k))],
 
-`O(nM)`: the same particle system, evaluated by another algorithm. The sum stops at
-`M = circle_modes(β)`, where what it drops, at most `Σ_{k>M} b_k + 2 Σ_{k>M} a_k ≤
-2 Σ_{k≥M} I_k(β)` (the `b_k` telescope), is below the dtype's rounding of `I_0(β)`,
-the size of one dense sum's rounding.
-"""
+the bracket for `"softmax"`; `O(nM)`, with `M = circle_modes(β)`."""
 
 import math
 

@@ -1,16 +1,11 @@
-"""`Sphere(degree)`: spherical harmonics on `S² ⊂ R³`, by our own quadrature
-(`docs/meanfield_equation.md` compares it with `s2fft`).
+"""`Sphere(degree)`: spherical harmonics on `S² ⊂ R³`, by our own quadrature on a
+Gauss–Legendre × equispaced grid (docs/meanfield_equation.md, "Grids and the solver",
+also compares it with `s2fft`).
 
-A density is its values on a Gauss–Legendre × equispaced grid: `nθ ≥ (3L + 1)/2`
-colatitudes (Gauss–Legendre nodes in `cos θ`) and `nφ ≥ 3L + 1` longitudes, so a
-product of two fields of degree `L` is integrated exactly against a third. Its
-coefficients are `a_ℓm = ∫ f Ȳ_ℓm dS` for `0 ≤ m ≤ ℓ ≤ L` (`a_ℓ,−m = (−1)^m ā_ℓm`), with
+Coefficients are `a_ℓm = ∫ f Ȳ_ℓm dS` for `0 ≤ m ≤ ℓ ≤ L` (`a_ℓ,−m = (−1)^m ā_ℓm`), with
 the orthonormal `Y_ℓm = P̃_ℓ^m(cos θ) e^{imφ}` (Condon–Shortley phase; scipy's
-`sph_legendre_p_all`). The transforms are a real FFT in `φ` and, for every `m`, a
-product with the matrix `P̃_ℓ^m(cos θ_j)`; the gradient and the divergence use the
-matrices of `∂_θ P̃` and `m P̃ / sin θ` (never evaluated at a pole: the nodes are
-interior).
-"""
+`sph_legendre_p_all`). The nodes are interior: `m P̃ / sin θ` is never evaluated at a
+pole."""
 
 import math
 

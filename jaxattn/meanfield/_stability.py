@@ -1,26 +1,7 @@
-"""The uniform density's linear stability: `growth_rate` of a mode and the coupling
-`linear_threshold` where the first mode turns unstable (`docs/meanfield_equation.md`).
-
-Linearised at `μ = 1/|S^{d−1}|`, the equation `∂_t μ = (σ²/2) Δμ − K div(μ X[μ])` is
-diagonal in spherical harmonics (Funk–Hecke): a harmonic of degree `ℓ` grows at
-
-    γ_ℓ = ℓ(ℓ + d − 2) (K λ_ℓ − σ²/2),    λ_ℓ = E[W_β(t) P_ℓ(t)]
-                                         = Γ(d/2) (2/β)^{d/2−1} I_{ℓ+d/2−1}(β) / β
-
-(`t = ⟨x, y⟩` with `y` uniform, `P_ℓ` the Gegenbauer polynomial with `P_ℓ(1) = 1`,
-`I_ν` the modified Bessel function). For softmax the force is
-divided by `E[e^{βt}] = Γ(d/2) (2/β)^{d/2−1} I_{d/2−1}(β)` at the uniform state. So the
-first mode turns unstable at
-
-- `"usa"`, `"exp"`: `K = 1/(2λ₁) = β^{d/2} / (2^{d/2} Γ(d/2) I_{d/2}(β)) = K_#(β)`
-  (`ja.theory.noisy_threshold`);
-- `"softmax"`: `K = β I_{d/2−1}(β) / (2 I_{d/2}(β))`, `d/2` at `β → 0`, `≈ β/2` at
-  large `β`;
-
-times `σ²` for other noise. In jaxattn's units (`U = κ I`, `TokenNoise(σ)`) the
-thresholds are `κ = σ² e^{β} K_#` (`"usa"`), `σ² K_#` (`"exp"`) and
-`σ² β I_{d/2−1}/(2 I_{d/2})` (`"softmax"`).
-"""
+"""The uniform density's linear stability: `growth_rate` of a spherical-harmonic mode and
+the coupling `linear_threshold` where the first mode turns unstable, per kernel. The
+Funk–Hecke formulas for `γ_ℓ`, `λ_ℓ` and the thresholds in both units:
+docs/meanfield_equation.md, "Linear stability and the thresholds of every kernel"."""
 
 import math
 
@@ -50,7 +31,7 @@ def _log_bessel(nu: float, beta: float) -> float:
 
 
 def multiplier(beta: float, d: int, mode: int, kernel: AbstractKernel) -> float:
-    """`λ_ℓ` of the module docstring (the force's Funk–Hecke eigenvalue on degree `ℓ`,
+    """`λ_ℓ` of docs/meanfield_equation.md (the force's Funk–Hecke eigenvalue on degree `ℓ`,
     with the uniform density's factor; softmax's divided by `E[e^{βt}]`)."""
     beta = _check(beta, d, mode)
     nu = d / 2 - 1
@@ -64,7 +45,7 @@ def multiplier(beta: float, d: int, mode: int, kernel: AbstractKernel) -> float:
 def growth_rate(beta, coupling, d: int, mode: int = 1, kernel: str | AbstractKernel = "usa", *,
                 sigma: float = 1.0) -> float:
     """The linear growth rate `γ_ℓ = ℓ(ℓ + d − 2)(K λ_ℓ − σ²/2)` of a degree-`ℓ`
-    harmonic perturbation of the uniform density (module docstring): negative below
+    harmonic perturbation of the uniform density (docs/meanfield_equation.md): negative below
     `linear_threshold`, positive above.
 
     **Arguments:**
@@ -88,5 +69,5 @@ def linear_threshold(beta, d: int, kernel: str | AbstractKernel = "usa", *,
                      sigma: float = 1.0) -> float:
     """The coupling where the uniform density turns linearly unstable (its first
     harmonic's `γ₁ = 0`): `σ² K_#(β)` for `"usa"`/`"exp"`, `σ² β I_{d/2−1}(β) /
-    (2 I_{d/2}(β))` for `"softmax"` (module docstring)."""
+    (2 I_{d/2}(β))` for `"softmax"` (docs/meanfield_equation.md)."""
     return float(sigma) ** 2 / (2 * multiplier(beta, d, 1, check_kernel(kernel)))

@@ -1,15 +1,7 @@
-"""The ordered branch of the USA equation and the transition coupling `K_c`
-(`docs/meanfield_equation.md`).
-
-The stationary densities of `∂_t μ = ½Δμ − K div(μ ∇(W_β * μ))` are the critical
-points of `F(ρ) = ∫ ρ log ρ dσ − K ∫∫ W_β(⟨x, y⟩) dρ dρ` (`ρ = dμ/dσ`, `σ` the uniform
-law), `ρ ∝ exp(2K W_β * ρ)`. The ordered ones are zonal, `ρ(x) = ρ(⟨x, e⟩)`, so `F` is
-minimised over functions of `t = ⟨x, e⟩ ∈ [−1, 1]`, on the Gauss–Jacobi nodes of `t`'s
-law (weight `(1 − t²)^{(d−3)/2}`), where `W_β * ρ` is diagonal in the Gegenbauer
-polynomials `P_ℓ` (Funk–Hecke). `K_c` is where the ordered minimiser's free energy
-equals the uniform density's, `−K E[W_β(t)]`: `K_c = K_#` for `β ≤ β*` (a continuous
-transition), `K_c < K_#` above (discontinuous; Mun & Rosenzweig 2026).
-"""
+"""The ordered branch of the USA equation (`ordered_state`: the zonal minimiser of the
+free energy on the Gauss–Jacobi nodes of `t = ⟨x, e⟩`) and the transition coupling
+`K_c` (`transition_coupling`): docs/meanfield_equation.md, "The ordered branch and
+`K_c`"."""
 
 import contextlib
 import functools
@@ -125,7 +117,7 @@ def _state(beta, coupling, u, zonal) -> OrderedState:
 
 
 def ordered_state(beta: float, d: int, coupling: float) -> OrderedState:
-    """The ordered minimiser of the papers' free energy at `(β, K)` (module docstring),
+    """The ordered minimiser of the papers' free energy at `(β, K)` (docs/meanfield_equation.md),
     found from a cap by L-BFGS on `log ρ` and polished by Newton's method on the
     stationarity condition.
 
@@ -149,7 +141,7 @@ def ordered_state(beta: float, d: int, coupling: float) -> OrderedState:
 
 def transition_coupling(beta: float, d: int) -> float:
     """`K_c(β)`: the coupling where the ordered branch's free energy equals the uniform
-    density's (module docstring); `K_#(β)` (`ja.theory.noisy_threshold`) for
+    density's (docs/meanfield_equation.md); `K_#(β)` (`ja.theory.noisy_threshold`) for
     `β ≤ β*`, where the transition is continuous.
 
     Above `β*`: the ordered minimiser at `K_#` (L-BFGS from a cap, then Newton),

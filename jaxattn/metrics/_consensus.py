@@ -307,9 +307,7 @@ def cluster_labels(
 
     **Large n.** Up to 64 tokens the labels come from the n × n reachability
     matrix; above, from parent pointers merged by sweeps over blocks of rows
-    (Shiloach–Vishkin hooking and pointer jumping: O(block · n) memory, a number of
-    sweeps that grows like log n even along a chain). Both read the same links, so
-    they give the same labels exactly.
+    (Shiloach–Vishkin; O(block · n) memory). Both give the same labels exactly.
 
     **Arguments:**
 

@@ -5,26 +5,11 @@ Their plateaus and mergers are judged by `cluster_labels`, `interaction_energy`,
 `plateaus` and `saddle_index`.
 
 `rescaled_euler` is the paper's own scheme: Euler steps of constant length in the
-rescaled time of its figures. `rescaled_flow` reaches the mergers that an adaptive
-solver in `t` cannot: at β = 500 the plateaus last `e^{β(1 − cos δ)}` (10⁶³ to 10²⁸⁴
-for eight tokens), and a solver stepping in `t` is held on them by the tokens'
-contraction inside each cluster (rate ~1, while the clusters drift at
-`e^{−β(1 − cos δ)}`). It steps in a rescaled time `s` with
-
-    dt/ds = (1 + t) / (1 + (1 + t) ‖v‖/ρ),
-
-`v` the velocity of all the tokens, `ρ ≤ 1` the smallest distance between two of
-them: `s` advances by one per unit of `log(1 + t)` on a plateau (`(1 + t)‖v‖ ≪ ρ`)
-and by one per distance `ρ` travelled in a merger (`(1 + t)‖v‖ ≫ ρ`: a closing pair
-is followed in `log ρ`, never stepped through), so a run to `t = 10³⁰⁰` takes `s` ≈
-700 plus a few units per merger. The time is a state component, `τ = log(1 + t)`, and
-the velocity's scale `e^{max}` of its largest weight is kept apart in logarithms, so
-that neither `t` nor `e^{−β(1 − cos δ)}` over- or underflows. Tokens closer than
-`snap` become one point mass (their mean direction, the masses adding up): the
-contraction inside a cluster, the only fast mode of the flow, then leaves the state,
-and what remains is the clusters' own motion, non-stiff for the explicit
-`diffrax.Tsit5`.
-"""
+rescaled time of its figures. `rescaled_flow` steps in a rescaled time `s` with
+`dt/ds = (1 + t) / (1 + (1 + t) ‖v‖/ρ)` (`v` the tokens' velocity, `ρ ≤ 1` their
+smallest distance), the time a state component `τ = log(1 + t)`, and tokens closer
+than `snap` merged into one point mass; why, and what it measures at β = 500:
+docs/limits.md, "The last merger at β = 500"."""
 
 import math
 

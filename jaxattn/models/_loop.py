@@ -1,10 +1,7 @@
 """Running models: hidden states (HuggingFace's convention) and the looped-model
-protocol of paper 001 §6.2, both one compiled program scanned over blocks.
-
-A long loop runs as segments of passes (`iterate_loop`: one compiled program whose
-first pass is an argument, the hidden state carried from one segment to the
-next), so that `loop`'s progress bar moves and `jaxattn loop` can save every
-chunk with its carry and resume a killed run exactly."""
+protocol of paper 001 §6.2 (docs/usage/models.md), both one compiled program scanned
+over blocks; a long loop runs as segments of passes (`iterate_loop`), so that its
+progress bar moves and `jaxattn loop` can save and resume it."""
 
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -133,29 +130,21 @@ def hidden_states(
 ) -> Float[Array, "*B L+1 n d"]:
     """The hidden states after every block, as HuggingFace's `output_hidden_states`.
 
-    Index 0 is the embedding output (the input of block 0); index `l` the output of
-    block `l`; the last one has the model's final norm applied (GPT-2/GPT-Neo
-    `ln_f`, Llama `norm`; BERT/ALBERT have none), exactly as HuggingFace returns it.
+    Index 0 is the embedding output; index `l` the output of block `l`; the last one has
+    the model's final norm applied (none for BERT/ALBERT), as HuggingFace returns it.
 
     **Arguments:**
 
     - `model`: from `ja.models.load` or `ja.models.init`.
     - `ids`: token ids `(n,)` or `(B, n)`.
     - `ffn`: `False` drops every block's feed-forward sub-block with its norm.
-    - `devices`: shard the prompts over devices (`None`, an int, a list of
-      devices or a `Mesh`, as in `ja.run_layers`); results equal the unsharded run.
-    - `precision`: of every matrix product: `"float32"` (default; true float32 on
-      every backend, whatever `jax_default_matmul_precision` says),
-      `"tensorfloat32"` or `"bfloat16"` (reduced operands, float32 accumulation);
-      see `jaxattn._precision`.
-    - `progress`: a progress bar with the time left, the prompts run in groups so
-      that it moves: `None` (default) shows one for a big batch (more than about
-      `PROGRESS_WORK` multiply-adds), `True` always, `False` never.
-    - `mask`: booleans of the ids' shape, `True` for text and `False` for the
-      padding after it (HuggingFace's `attention_mask`; `ja.models.tokenize(…,
-      pad="auto", return_mask=True)` makes it): padding is never attended to, so
-      the text tokens' states equal those of the unpadded prompt. Default: every
-      id is text.
+    - `devices`: shard the prompts over devices (as in `ja.run_layers`); results equal
+      the unsharded run.
+    - `precision`: of every matrix product: `"float32"` (default), `"tensorfloat32"` or
+      `"bfloat16"` (docs/precision.md).
+    - `progress`: a progress bar (`None`: for a big batch; `True`; `False`).
+    - `mask`: the padding mask, as in `loop` (`True` for text): the text tokens' states
+      equal those of the unpadded prompt. Default: every id is text.
 
     **Returns:**
 
@@ -422,69 +411,44 @@ def loop(
 ):
     """Run a model far past its depth (paper 001 §6.2) and record `E` after every block.
 
-    The ids are embedded once. One pass runs every block in order; after a pass the
-    model's final norm is applied and the result fed to block 0 again (no
-    re-embedding). `E` (paper 001 eq. 25, `1 − mean_i cos(x_1, x_i)`) is recorded
-    at the input and after every block of every pass (before the final norm).
-    One compiled program: `lax.scan` over passes and blocks, prompts batched;
-    memory does not grow with `passes` (only `E` is kept).
+    The ids are embedded once; after each pass the final norm is applied and the result
+    fed to block 0 again. `E` (eq. 25) is recorded at the input and after every block
+    (before the final norm). One compiled program; memory does not grow with `passes`.
+    The protocol, padding and timings: docs/usage/models.md.
 
     **Arguments:**
 
     - `model`: from `ja.models.load` / `ja.models.init`.
-    - `ids`: token ids `(n,)` or `(B, n)` (drawn uniformly from the vocabulary, or
-      text through `ja.models.tokenize`).
+    - `ids`: token ids `(n,)` or `(B, n)` (random, or text through `ja.models.tokenize`).
     - `passes`: number of passes through the whole model (≥ 1).
-    - `ffn`: `False` removes each block's feed-forward sub-block together with its
-      normalisation, keeping the attention residual (pure self-attention).
-    - `weights`: `"trained"` (the model's own), `"random"` (one draw of
-      `ja.models.init(model.config, key)`, embeddings included) or `"resample"`
-      (embeddings from that draw; fresh blocks before every pass `p`, drawn with
-      `fold_in(key, p)`).
+    - `ffn`: `False` removes each block's feed-forward sub-block with its norm, keeping
+      the attention residual (pure self-attention).
+    - `weights`: `"trained"`, `"random"` (one draw of `ja.models.init(model.config, key)`,
+      embeddings included) or `"resample"` (fresh blocks before every pass `p`, drawn
+      with `fold_in(key, p)`).
     - `key`: the random key for `"random"`/`"resample"` (default `PRNGKey(0)`).
-    - `dtype`: compute dtype: `jnp.float32` (default), or `jnp.bfloat16` /
-      `jnp.float16` for reduced-precision compute with float32 accumulation in
-      every matrix product and float32 softmax and normalisation statistics (as
-      HuggingFace does; on a GPU the attention is then cuDNN's fused kernel); `E` is
-      float32. `jnp.float64` (with x64 enabled) computes everything in float64, `E`
-      included: a reference for the float32 modes.
-    - `save_states`: depths (0 = embeddings, `p·L + l` = after block `l` of pass
-      `p`) whose hidden states to return as well.
-    - `devices`: shard the prompts over devices (`None`, an int, a list of
-      devices or a `Mesh`, as in `ja.run_layers`): each device loops its share of
-      the prompts. Results equal the unsharded run with the same `chunk`.
-    - `chunk`: prompts run through a block together (`lax.map` over chunks);
-      `None` (default) picks about 1024 tokens per chunk on CPU without `devices`
-      (activations stay in cache;
-      see BENCHMARKS.md, Measured claims behind design choices)
-      and the whole batch otherwise. Results
-      do not depend on it beyond float rounding.
-    - `precision`: of every matrix product, for float32 (or float64) compute:
-      `"float32"` (default; true float32 on every backend, whatever
-      `jax_default_matmul_precision` says), `"tensorfloat32"` (TF32 on NVIDIA GPUs,
-      its operand rounding emulated elsewhere) or `"bfloat16"` (bfloat16 operands,
-      float32 accumulation); see `jaxattn._precision`. Orthogonal to `dtype`: a
-      reduced `dtype` already has narrow operands.
-    - `observe`: the measure recorded after every block in place of `E`: a function
-      of one sequence's hidden state `(n, d)` (in float32, or float64 for float64
-      compute) returning an array, e.g. `ja.metrics.rank_collapse_residual` or
-      `lambda x: ja.metrics.cluster_count(x, 1e-3)`. Pass the same function
-      object again to reuse the compiled program.
-    - `by_pass`: return the measure after the blocks as `(B, passes, L, …)` (pass
-      `p`, block `l`), without the input's value; default: `(B, passes·L + 1, …)`
-      with the input first.
-    - `progress`: a progress bar with the time left, the passes run in up to 100
-      segments so that it moves: `None` (default) shows one for a long loop (more
-      than about `PROGRESS_WORK` multiply-adds), `True` always, `False` never.
-      The values equal the unsegmented run's.
-    - `mask`: booleans of the ids' shape, `True` for text and `False` for the
-      padding after it, so that prompts of different lengths loop together
-      (`ids, mask = ja.models.tokenize(…, pad="auto", return_mask=True)`).
-      Padding is never attended to (HuggingFace's `attention_mask`: a key mask in
-      every block of every pass) and `E` is taken over each prompt's text tokens:
-      a padded prompt's `E` equals the unpadded prompt's to rounding. The padding
-      rows still move (attending to the text) and appear in `save_states`. Not with
-      `observe`. Default: every id is text.
+    - `dtype`: compute dtype: `jnp.float32` (default), `jnp.bfloat16` / `jnp.float16`
+      (float32 accumulation, softmax and norm statistics; `E` is float32), or
+      `jnp.float64` (x64 on: everything in float64, a reference).
+    - `save_states`: depths (0 = embeddings, `p·L + l` = after block `l` of pass `p`)
+      whose hidden states to return as well.
+    - `devices`: shard the prompts over devices (as in `ja.run_layers`); results equal
+      the unsharded run with the same `chunk`.
+    - `chunk`: prompts run through a block together; `None` (default) picks about 1024
+      tokens per chunk on CPU without `devices`, the whole batch otherwise. Results do
+      not depend on it beyond rounding.
+    - `precision`: of every matrix product for float32/float64 compute: `"float32"`
+      (default), `"tensorfloat32"` or `"bfloat16"` (docs/precision.md).
+    - `observe`: a measure of one sequence `(n, d)` recorded in place of `E`, e.g.
+      `ja.metrics.rank_collapse_residual`; pass the same function object again to reuse
+      the compiled program.
+    - `by_pass`: values as `(B, passes, L, …)`, without the input's; default
+      `(B, passes·L + 1, …)`, the input first.
+    - `progress`: a progress bar (`None`: for long loops; `True`; `False`); the values
+      do not change.
+    - `mask`: booleans of the ids' shape, `True` for text, `False` for the padding after
+      it (`ja.models.tokenize(…, pad="auto", return_mask=True)`): padding is never
+      attended to and `E` is taken over the text tokens. Not with `observe`.
 
     **Returns:**
 
@@ -551,15 +515,10 @@ def logits(
     chunk: int | None = None,
     precision: Precision = "float32",
 ) -> Float[Array, "*BP n V"]:
-    """The next-token logits of a decoder looped `passes` times: does the model still
-    predict after its tokens collapse (paper 001 §6.2)?
-
-    The protocol is `loop`'s: the ids embedded once, every block in order, the final
-    norm after each pass and its output fed to block 0 again; after the last pass
-    the final norm's output goes through the model's head (HuggingFace's
-    `lm_head`: GPT-2's and GPT-Neo's token embedding, a Llama checkpoint's own
-    `lm_head.weight` or, tied as in SmolLM2, its token embedding). `passes=1` is
-    the model's own forward pass (`GPT2LMHeadModel`, `LlamaForCausalLM` logits).
+    """The next-token logits of a decoder looped `passes` times (paper 001 §6.2): `loop`'s
+    protocol, then the last pass's final norm through the model's head (HuggingFace's
+    `lm_head`). `passes=1` is the model's own forward pass. See docs/usage/models.md,
+    "Real text, padding, and predictions after k passes".
 
     **Arguments:**
 
@@ -568,10 +527,9 @@ def logits(
     - `ids`: token ids `(n,)` or `(B, n)`.
     - `passes`: the number of passes (default 1), or a sequence of them: the logits
       after each, from one loop as long as the largest.
-    - `ffn`, `dtype`, `devices`, `chunk`, `precision`: as in `loop` (`dtype`: the
-      compute dtype; the logits are float32, float64 for float64 compute).
-    - `mask`: the padding mask, as in `loop` (padding never attended to; its
-      logits are computed but mean nothing).
+    - `ffn`, `dtype`, `devices`, `chunk`, `precision`: as in `loop` (the logits are
+      float32, float64 for float64 compute).
+    - `mask`: the padding mask, as in `loop` (padding's logits mean nothing).
 
     **Returns:**
 

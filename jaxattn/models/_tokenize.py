@@ -119,41 +119,26 @@ def tokenize(
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Token ids of `texts` with a model's own tokenizer, for `ja.models.loop`.
 
-    Prompts of different lengths become one `(B, n)` array in one of two ways:
-
-    - **cut** (default, `pad=None`): every prompt is cut to a common length
-      (`tokens`, or the shortest prompt's). A prompt shorter than `tokens` is an
-      error. When the shortest prompt sets the length, a warning names every prompt
-      that lost tokens and the text it lost.
-    - **pad with a mask** (`pad="auto"` or an id, `return_mask=True`): every prompt
-      keeps its tokens (`tokens` defaults to the longest prompt's), shorter ones
-      get padding ids at the end, and the mask `(B, n)` says which positions are
-      text. Given to `ja.models.loop(…, mask=mask)` (or `hidden_states`, `logits`),
-      the padding is never attended to and is left out of `E`: each prompt's text
-      tokens move exactly as they would alone. Without the mask, padding ids take
-      part in the dynamics and in `E` like any token (in a causal model they still
-      never change the text tokens before them).
-
-    `ja.models.detokenize` shows the tokens kept; a loaded model carries its
-    tokenizer (`model.tokenize(texts, …)`, the same options).
+    Prompts of different lengths are either **cut** to a common length (default; a
+    warning names what each prompt lost) or **padded with a mask** (`pad="auto"`,
+    `return_mask=True`) that `ja.models.loop(…, mask=mask)` keeps out of the dynamics
+    (docs/usage/models.md, "Real text, padding, and predictions after k passes"). A
+    loaded model carries its tokenizer (`model.tokenize(texts, …)`, the same options).
+    Needs the `tokenizers` package (jaxattn's `models` extra).
 
     **Arguments:**
 
     - `source`: the folder a model was loaded from (with its `tokenizer.json`), a
-      `tokenizer.json` or llama `.gguf` file, or a packaged model's name
-      (`"all-MiniLM-L6-v2"`, `"SmolLM2-135M-Instruct"`). A `.gguf` file's
-      vocabulary and merges are rebuilt as a byte-level BPE (llama.cpp's `gpt2`
-      and `smollm` pre-tokenizers). The tokenizer is built once per file and kept
-      (see `load_tokenizer`).
+      `tokenizer.json` or llama `.gguf` file (its vocabulary rebuilt as a byte-level
+      BPE), or a packaged model's name (`"all-MiniLM-L6-v2"`, `"SmolLM2-135M-Instruct"`).
     - `texts`: one prompt, or a sequence of prompts.
-    - `tokens`: the length `n` of every prompt (default: the shortest prompt's;
-      with `pad`, the longest's).
+    - `tokens`: the length `n` of every prompt (default: the shortest prompt's; with
+      `pad`, the longest's); a shorter prompt is refused unless padded.
     - `pad`: the id appended to prompts shorter than `tokens`, or `"auto"`: the
       tokenizer's own padding token (`[PAD]`, `<pad>`, else its end of text)
       (default: refuse them).
     - `special_tokens`: add the tokenizer's own special tokens, as HuggingFace does
-      by default (BERT's `[CLS]`/`[SEP]`; nothing for SmolLM2); a cut can drop the
-      trailing ones.
+      by default (BERT's `[CLS]`/`[SEP]`); a cut can drop the trailing ones.
     - `return_mask`: also return the mask of the text tokens (`True`) against the
       padding (`False`), HuggingFace's `attention_mask`.
 
@@ -161,9 +146,6 @@ def tokenize(
 
     int32 ids `(n,)` for one prompt, `(B, n)` for a sequence of them; with
     `return_mask`, the pair `(ids, mask)`, the mask boolean of the same shape.
-
-    Needs the `tokenizers` package (`pip install tokenizers`, or jaxattn's
-    `models` extra).
     """
     single, texts = _check_texts(texts)
     tokens = None if tokens is None else check_count(tokens, "tokens", 1)

@@ -161,12 +161,8 @@ def steer(model_or_dyn, u: Float[Array, " d"], gamma: float, *, w=None, layer: i
     `ja.SelfAttentionDynamics` (constant or piecewise-constant `U`), `γ u wᵀ / h`
     is added to every head's `U_η` of that layer.
 
-    Choice of `w`: the default `w = u` gives `Ω + γ u uᵀ`, whose principal
-    eigenvector tends to `u` as `γ → ∞`, with an error `≈ |(I − uuᵀ)Ω u| / γ`,
-    and whose eigenvalue `≈ γ` dominates once `γ ≫ ‖Ω‖`. A token reaching the layer
-    is pushed towards `u` by `γ (wᵀ x̄)`, `x̄` its attention-weighted average, so a
-    `w` along the directions the incoming tokens occupy (see the `steer`
-    experiment's `--calibrate`) needs a smaller `γ` than `w = u`.
+    Choice of `w` (default `u`; a `w` along the incoming tokens needs a smaller `γ`):
+    docs/usage/spectral.md.
 
     **Arguments:**
 

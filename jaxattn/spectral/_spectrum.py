@@ -1,20 +1,12 @@
 """Layer matrices and their spectra, and how tokens align with their eigenvectors
 (paper 004 §2, eqs. 4–7).
 
-Convention. Paper 004 stores tokens as columns and writes the layer matrix as
-`Ω = Σ_η U_η`, `U_η = W_O^η W_V^η` with the PyTorch (out, in) weight layouts
-(the transposes of the row-vector matrices of the ML literature). jaxattn stores
-tokens as rows of `x (n, d)` but every matrix acts on a token *vector*: the
-simulator's update is `v_i = Σ_η Σ_j α^η_ij U_η x_j`, computed on rows as
-`α x U_ηᵀ`. So `Ω` here is the paper's `Ω` unchanged, its *right* eigenvectors
-(`Ω v = λ v`) are the directions tokens align with, and a row-stored batch is
-mapped as `x Ωᵀ`. `tests/spectral/test_spectral.py` checks this against a hand-written
-row-vector (`x W_V W_O`) transformer layer.
+Convention: `Ω = Σ_η U_η` is paper 004's (column-token) matrix, acting on token
+vectors; its *right* eigenvectors are the directions tokens align with, and a
+row-stored batch `x (n, d)` is mapped as `x Ωᵀ` (docs/usage/spectral.md).
 
-Precision. Every matrix product of `ja.spectral` states it (`jaxattn._precision`):
-the dynamics' own `precision` where a `SelfAttentionDynamics` is at hand (its
-layers, the tangent Jacobian), true float32 elsewhere (alignment, bases).
-"""
+Precision: the dynamics' own `precision` where a `SelfAttentionDynamics` is at hand
+(its layers, the tangent Jacobian), true float32 elsewhere (alignment, bases)."""
 
 import equinox as eqx
 import jax

@@ -2,33 +2,11 @@
 arXiv 2512.01868): `n` tokens with equal pairwise inner products stay so, and the
 `n`-particle flow of `SelfAttentionDynamics(P = I, U = I, β)` becomes an ODE for their
 common cosine `ρ(t)` (and, for the placements that leave the sphere, their common
-norm `r(t)`).
-
-With `u_i = x_i / |x_i|`, `⟨u_i, u_j⟩ = ρ` for `i ≠ j` and `|x_i| = r`, every token
-gives itself the weight `a` and each other token `b` (softmax:
-`b = 1 / (e^{βκ(1−ρ)} + n − 1)`, `a = 1 − (n − 1) b`; `kernel="exp"`:
-`a = e^{βκ}/n`, `b = e^{βκρ}/n`; `κ = r²` for `norm="none"`, whose scores see the
-raw tokens, 1 otherwise). The raw update at the unit tokens is
-`v_i = a u_i + b Σ_{j≠i} u_j`, with
-
-- `s = ⟨u_i, v_i⟩ = a + (n − 1) b ρ` (its radial part),
-- `m = |v_i|`, `m² = a² + 2(n − 1) a b ρ + (n − 1) b² (1 + (n − 2) ρ)`,
-- `g = ⟨v_i − s u_i, u_k⟩ = b (1 − ρ)(1 + (n − 1) ρ)` (its tangential part along
-  another token `u_k`), and `ρ̇ = 2 ⟨u̇_i, u_k⟩` by symmetry.
-
-So (`docs/limits.md`, "The equiangular reduction"):
-
-| `norm`   | `ρ̇`         | `ṙ`     | as `t → ∞`, softmax      | `kernel="exp"`          |
-|----------|--------------|---------|--------------------------|-------------------------|
-| `"post"` | `2g`         | 0       | `1 − ρ ≍ e^{−2t}`        | `1 − ρ ≍ e^{−2e^β t}`   |
-| `"ngpt"` | `2g / m`     | 0       | `1 − ρ ≍ e^{−2t}`        | `1 − ρ ≍ e^{−2t}`       |
-| `"pre"`  | `2g / r`     | `s`     | `1 − ρ ≍ t^{−2}`         | `1 − ρ ≍ t^{−2}`        |
-| `"peri"` | `2g / (m r)` | `s / m` | `1 − ρ ≍ t^{−2}`         | `1 − ρ ≍ t^{−2}`        |
-| `"none"` | `2g` (κ = r²) | `r s`  | `ρ → ρ∞ < 1`: no cluster | `r` blows up in finite time |
+norm `r(t)`). The weights `a`, `b`, the quantities `s`, `m`, `g` and the table of `ρ̇`,
+`ṙ` and rates per `norm`: docs/limits.md, "The equiangular reduction".
 
 The solution is integrated in `(log(1 − ρ), log r)`, so that `1 − ρ` keeps its
-relative accuracy down to the smallest floats as the tokens cluster.
-"""
+relative accuracy down to the smallest floats as the tokens cluster."""
 
 import math
 from typing import NamedTuple
@@ -117,7 +95,7 @@ def _kappa(norm: AbstractNorm, r):
 
 
 def _parts(gap, kappa, n: int, beta, kernel: AbstractKernel):
-    """`(s, m, g / (1 − ρ))` of the module docstring at `1 − ρ = gap`, scores scaled
+    """`(s, m, g / (1 − ρ))` of docs/limits.md (equiangular) at `1 − ρ = gap`, scores scaled
     by `κ` (`g` divided by the gap exactly, for the log-gap equation)."""
     rho = 1 - gap
     if kernel.normalised:  # softmax
@@ -225,19 +203,11 @@ def _solve(y0, ts, n, beta, norm, kernel, rtol, atol, max_steps):
 
 def equiangular_asymptotics(n: int, beta: float, *, norm: _Norm = "post",
                             kernel: _Kernel = "softmax") -> Asymptotics:
-    """How fast the reduced ODE clusters (`1 − ρ → 0`) from any start `ρ0 > −1/(n−1)`.
-
-    Near `ρ = 1`, `b → 1/n` (softmax) or `e^β/n` (exp), so `g ≈ (1 − ρ)·nb`,
-    `s, m → nb`: `"post"` gives `d(1 − ρ)/dt ≈ −2nb (1 − ρ)`; `"ngpt"` divides by
-    `m`, rate 2 for both kernels; `"pre"` and `"peri"` slow each token by its norm,
-    which grows linearly (`ṙ → nb` and `1`), so `d(1 − ρ)/dt ≈ −2(1 − ρ)/t`:
-    `t^{−2}`. `"none"` with softmax: `q = r²(1 − ρ)` obeys `d log q/dt = 2(1 − nb)`
-    with `nb = n / (e^{βq} + n − 1) < 1`, so `q` grows, the attention tends to the
-    identity and `ρ` stops short of 1; with `exp`, `ṙ ≥ r e^{βr²}/n` blows up in
-    finite time. So for any placement, from its own `equiangular(s, m, r)` at
-    `s = m = nb`, `r = 1`: on `E_W` the rate `2nb · ρ̇/2g`; off it, with scores that
-    read `N(x)`, the exponent `2nb · (ρ̇/2g) / ṙ` in `r ≍ t`; with raw scores, no
-    clustering (softmax) or a blow-up.
+    """How fast the reduced ODE clusters (`1 − ρ → 0`) from any start `ρ0 > −1/(n−1)`:
+    read from the placement's own `equiangular(s, m, r)` at `s = m = nb`, `r = 1` (the
+    derivation per `norm`: docs/limits.md, "The rates"). On `E_W` the rate
+    `2nb · ρ̇/2g`; off it, with scores that read `N(x)`, the exponent
+    `2nb · (ρ̇/2g) / ṙ` in `r ≍ t`; with raw scores, no clustering (softmax) or a blow-up.
 
     **Arguments:** `n`, `beta`, `norm`, `kernel` as `equiangular_field`.
 

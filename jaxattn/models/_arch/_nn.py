@@ -3,15 +3,8 @@
 Weights follow PyTorch's `(out, in)` layout, so HuggingFace tensors load without
 a transpose (GPT-2's `Conv1D` is the one exception, transposed at load time).
 Broadcasts are written out (`b[None]`), so the layers also run under
-`jax_numpy_rank_promotion="raise"`.
-
-Every matrix product goes through `product`, which states its precision: the
-layers take a keyword `precision` (`"float32"`, the default, is true float32 on
-every backend; `"tensorfloat32"` and `"bfloat16"` are opt-in, see
-`jaxattn._precision`). It is orthogonal to the compute dtype (the dtype of `x`):
-it says how float32 (or float64) operands are multiplied, while a reduced compute
-dtype (bfloat16, float16) already has narrow operands and sums in float32.
-"""
+`jax_numpy_rank_promotion="raise"`. Every matrix product goes through `product`,
+which states its `precision` (docs/precision.md), orthogonal to the compute dtype."""
 
 import equinox as eqx
 import jax
@@ -157,15 +150,13 @@ class Attention(eqx.Module):
 
     Called with `mask` (which tokens each token may attend to, or `None`: all),
     `causal` (also only `j ≤ i`), `window` (a `Window` by index, GPT-Neo's local
-    layers) and `precision=` (see `product`), which every product of the layer uses.
-    With bfloat16/float16 compute on an NVIDIA GPU the scores, softmax and mixing
-    are cuDNN's fused kernel (`attention_kernel`). Elsewhere the scores are dense
-    `(h, n, n)` einsums while they take at most `DENSE_LIMIT` bytes, and above it
-    attention in key blocks (`jaxattn._blocks.blocked_attention`: the online
-    softmax, memory `O(n)`, causality and the window by index, never an `n × n`
-    array). Both compute scores and softmax in float32 for reduced precisions, as
-    HuggingFace does; the blocks also mix the values in float32 (as fused kernels
-    do) where the dense path first rounds the probabilities to the compute dtype.
+    layers) and `precision=` (see `product`). With bfloat16/float16 compute on an
+    NVIDIA GPU the attention is cuDNN's fused kernel (`attention_kernel`); elsewhere
+    dense `(h, n, n)` einsums up to `DENSE_LIMIT` bytes, key blocks above it
+    (`jaxattn._blocks.blocked_attention`; docs/usage/models.md, "Long context").
+    Both compute scores and softmax in float32 for reduced precisions, as
+    HuggingFace does; the blocks also mix the values in float32 where the dense
+    path first rounds the probabilities to the compute dtype.
     """
 
     query: Float[Array, "h k d"]

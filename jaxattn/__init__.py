@@ -7,10 +7,8 @@ A run that stops on its values (tokens that became NaN, a solver out of steps)
 raises a one-line `SimulationError` naming the cause and the fix.
 """
 
-# The names below are imported on first use (PEP 562), so that `import jaxattn`
-# and the `jaxattn` command's help start without loading JAX. Each is written once:
-# as its import in the block below, which tools read as it stands and `lazy_names`
-# reads from the source as the map of names to modules.
+# The names below are imported on first use (PEP 562, `jaxattn._lazy`), so that
+# `import jaxattn` and `jaxattn --help` start without loading JAX.
 
 from typing import TYPE_CHECKING
 

@@ -2,31 +2,29 @@
 leading batch axes mapped with `jax.vmap` (the general path) or carried last (the
 fused path, `jaxattn._ensemble`), one model or one per instance (`jaxattn._stacked`).
 
-The batch spread over several devices with `jax.sharding`: every batched entry point
-takes `devices=`: `None` (one device, the default), an int (the first that many
-devices), a sequence of devices, or a `jax.sharding.Mesh` (its first axis shards the
-batch). The batch is flattened, padded to a multiple of the device count with copies of
-its first sample, placed with a `NamedSharding`, run by the same compiled program, and
-the padding is dropped. XLA partitions the program, so each device computes its own
-share of the batch; the program must contain no host callback (`eqx.error_if`), which
-XLA would place on one device with the whole batch (see `call_batched`). Results equal
-the single-device run. On several hosts, call `jax.distributed.initialize()` first and
-pass a `Mesh` over `jax.devices()`.
+`devices=` spreads the batch over devices: `None` (one device), an int (the first
+that many), a sequence of devices, or a `jax.sharding.Mesh` (its first axis shards
+the batch). The batch is flattened, padded to a multiple of the device count with
+copies of its first sample, placed with a `NamedSharding`, run by the same program
+(no host callback in it: see `call_batched`), and the padding dropped. On several
+hosts, call `jax.distributed.initialize()` first and pass a `Mesh` over
+`jax.devices()`.
 """
 
 from collections.abc import Callable, Sequence
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from jaxtyping import Array, Float, PyTree
+from jaxtyping import Array, Float
 
 from ._dynamics import SelfAttentionDynamics
-from ._ensemble import from_batch_last, in_chunks, is_batch_last, to_batch_last
 from ._manifold import project
-from ._stacked import map_models, models_last
+from ._noise import check_noise, system_keys
+from ._stacked import first_model, stack_tokens
+from ._stacked import map_batch as map_batch  # the simulators' maps, imported from here
+from ._stacked import map_systems as map_systems
 from ._validate import as_float_array, check_tokens, check_tokens_now, is_concrete
 
 
@@ -35,17 +33,17 @@ def as_mesh(devices) -> Mesh | None:
     if devices is None or isinstance(devices, Mesh):
         return devices
     available = jax.devices()
-    if isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
-        if not 1 <= devices <= len(available):
-            raise ValueError(
-                f"devices={devices}, but {len(available)} device(s) are available "
-                f"({available[0].platform}). For several CPU devices set "
-                "XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax."
-            )
+    count = isinstance(devices, (int, np.integer)) and not isinstance(devices, bool)
+    if count and 1 <= devices <= len(available):
         devices = available[:devices]
-    ok = isinstance(devices, Sequence) and not isinstance(devices, str) and len(devices) > 0
-    if not ok or not all(isinstance(d, jax.Device) for d in devices):
-        raise TypeError(
+    ok = isinstance(devices, Sequence) and not isinstance(devices, str) and len(devices) > 0 \
+        and all(isinstance(d, jax.Device) for d in devices)
+    if not ok:
+        raise ValueError(
+            f"devices={devices}, but {len(available)} device(s) are available "
+            f"({available[0].platform}). For several CPU devices set "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax."
+        ) if count else TypeError(
             "devices= takes None, an int, a non-empty sequence of jax devices or a "
             f"jax.sharding.Mesh; got {devices!r}."
         )
@@ -80,12 +78,9 @@ def check_token_shape(
             f"`dyn` must be a ja.SelfAttentionDynamics (the model), got {type(dyn).__name__}."
         )
     x0 = as_float_array(x0, name)
-    d = dyn.dim
-    if x0.ndim < 2 or x0.shape[-1] != d or x0.shape[-2] < 1:
-        raise ValueError(
-            f"`{name}` must have shape (..., n, d) with d={d} (the model's dimension), "
-            f"got {x0.shape}."
-        )
+    if x0.ndim < 2 or x0.shape[-1] != dyn.dim or x0.shape[-2] < 1:
+        raise ValueError(f"`{name}` must have shape (..., n, d) with d={dyn.dim} (the model's "
+                         f"dimension), got {x0.shape}.")
     return x0.astype(jnp.result_type(x0.dtype, jnp.result_type(float)))
 
 
@@ -103,54 +98,6 @@ def prepare_tokens(
     if checks:
         x0 = check_tokens(x0)
     return project(x0, dyn.W)
-
-
-def map_batch(fn: Callable, x0: Float[Array, "*batch n d"]):
-    """Apply `fn(x: (n, d))` to every sequence of `x0`, one vmapped program.
-
-    Outputs get the batch axes of `x0` in front.
-    """
-    batch = x0.shape[:-2]
-    if not batch:
-        return fn(x0)
-    flat = x0.reshape((-1,) + x0.shape[-2:])
-    out = jax.vmap(fn)(flat)
-    return jax.tree.map(lambda a: a.reshape(batch + a.shape[1:]), out)
-
-
-def map_systems(
-    program: Callable, dyn, x0: Float[Array, "*batch n d"], *, fused: bool,
-    chunk: int | None
-) -> PyTree[Array]:
-    """Run `program` on every system of `x0`, on the general or the fused path.
-
-    **Arguments:**
-
-    - `program`: one run, `program(model, x, fused)`. With `fused=False`: one model
-      and one sequence `x` `(n, d)`, vmapped over the batch. With `fused=True`: a
-      chunk of systems `x` `(n, d, B)`, stored last, and the model with its batched
-      leaves as `LastAxis` values `(..., B)` (one per system); every output leaf
-      then carries the systems last too.
-    - `dyn`: the model, or a flattened stacked model (`jaxattn._stacked.stack_tokens`).
-    - `x0`: the tokens, `(..., n, d)` (`(M, ..., n, d)` for a stacked model).
-    - `fused`: whether to take the fused path (`jaxattn._strategy.choose_strategy`).
-    - `chunk`: systems per chunk of the fused path (`jaxattn._ensemble.chunk_size`).
-
-    **Returns:**
-
-    `program`'s outputs, each leaf with the batch axes of `x0` in front.
-    """
-    if not fused:
-        return map_models(lambda d, x: map_batch(lambda y: program(d, y, False), x), dyn, x0)
-    batch = x0.shape[:-2]
-    spread, model = eqx.partition(models_last(dyn, batch), is_batch_last,
-                                  is_leaf=is_batch_last)
-
-    def run_chunk(args):
-        xb, part = args
-        return program(eqx.combine(part, model, is_leaf=is_batch_last), xb, True)
-
-    return from_batch_last(in_chunks(run_chunk, (to_batch_last(x0), spread), chunk), batch)
 
 
 SHARDS = ("batch", "tokens")
@@ -177,43 +124,60 @@ def on_tokens(dyn, x0, devices):
     return dyn.on_tokens(mesh), jax.device_put(x0, NamedSharding(mesh, spec))
 
 
-def check_shard(shard, dyn, one) -> str:
-    """`shard` if it names a split (`SHARDS`) the model allows, else an error."""
-    if not isinstance(shard, str) or shard not in SHARDS:
-        raise ValueError(f"`shard` must be one of {', '.join(map(repr, SHARDS))}, got "
-                         f"{shard!r}.")
-    if shard == "tokens" and dyn is not one:
-        raise ValueError("shard='tokens' splits one model's tokens: run a stacked model "
-                         "with shard='batch'.")
+def check_shard(shard, dyn, one, devices) -> str:
+    """`shard` if it names a split (`SHARDS`) that the model (`dyn`, stacked unless it
+    is its first model `one`) allows over `devices`, else an error."""
+    stacked = dyn is not one
+    for bad, message in (
+        (not isinstance(shard, str) or shard not in SHARDS,
+         f"`shard` must be one of {', '.join(map(repr, SHARDS))}, got {shard!r}."),
+        (stacked and devices is not None, "`devices=` shards one model's batch: run a stacked "
+                                          "model without `devices`, or shard the models yourself."),
+        (stacked and shard == "tokens", "shard='tokens' splits one model's tokens: run a stacked "
+                                        "model with shard='batch'."),
+    ):
+        if bad:
+            raise ValueError(message)
     return shard
+
+
+def check_run(dyn, x0, devices, shard, noise, key) -> tuple:
+    """The arguments `ja.run_layers` and `ja.solve_flow` share, checked once.
+
+    **Returns:**
+
+    `(dyn, x0, unflatten, one, shard, noise, keys)`: the model and its tokens with a
+    stacked model's batch axes flattened (`jaxattn._stacked.stack_tokens`), `unflatten`
+    for the outputs, the first model, the split, and the noise with one key per system
+    (`None`, `None` without noise).
+    """
+    noise, key = check_noise(noise, key, shard=shard)
+    dyn, x0, unflatten = stack_tokens(dyn, as_float_array(x0, "x0"))
+    one = first_model(dyn)
+    shard = check_shard(shard, dyn, one, devices)
+    x0 = check_token_shape(one, x0)
+    keys = None if noise is None else system_keys(key, x0.shape[:-2])
+    return dyn, x0, unflatten, one, shard, noise, keys
 
 
 def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch", keys=None,
                  **kwargs):
-    """Call `jitted(dyn, x0, *args, checks, **kwargs)`, sharding the batch axes of `x0` over
-    `devices`.
+    """Call `jitted(dyn, x0, *args, checks, **kwargs)`, sharding the batch axes of `x0`
+    (and `keys`, one noise key per system) over `devices`.
 
-    When an input is traced (an outer `jit`/`grad`), the value checks run inside
-    the program (`checks=True`, `eqx.error_if`). A run of concrete inputs leaves
-    them out (`checks=False`): the tokens are checked here, before the run, and the
-    caller checks the outputs after it. `eqx.error_if` is a host callback, and a
-    program with one is compiled again in every process (JAX's persistent
-    compilation cache does not store programs with host callbacks); sharded, XLA
-    would also place it on one device, so the whole batch would be gathered there
-    and an error raised by that device would leave the others waiting in a
-    collective.
-
-    `keys` (one noise key per system, `(*batch,)`) are split over the devices with the
-    batch and passed on as `keys=`.
+    With a traced input (an outer `jit`/`grad`) the value checks run inside the
+    program (`checks=True`, `eqx.error_if`). Concrete inputs are checked here before
+    the run and the program has none: a host callback makes JAX's persistent cache
+    skip the program, and sharded, XLA would gather the whole batch on one device
+    for it.
 
     **Returns:** `(out, checked)`; with `checked=False` the caller must check `out`
     on the host.
     """
     x0 = as_float_array(x0, "x0")
-    if keys is not None:  # the noise's key per system, split as the batch is
+    if keys is not None:
         kwargs["keys"] = keys
-    # Every input counts, keyword ones too: a noise whose σ is traced (a `vmap` over σ)
-    # or traced keys need the checks inside the program, as a traced model does.
+    # Keyword inputs count too: a traced σ or traced keys need the checks inside.
     concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args, kwargs)))
     if concrete and x0.size:  # the shape is the caller's to check (a stacked model's)
         check_tokens_now(x0)

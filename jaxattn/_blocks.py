@@ -1,23 +1,20 @@
 """Attention over key blocks: the online softmax, never the `n × n` matrix.
 
 `blocked_attention(q, k, v, offset, mask, spec)` computes `Σ_j w_ij v_j` for every
-query, head by head, with `w` the attention weights of `spec.kernel` (a member of
+query, head by head, with `w` the weights of `spec.kernel` (a member of
 `ja.AbstractKernel`, which owns its pieces of the sweep) over the keys a query may
-see. Queries are taken `spec.block_q` at a time (`lax.map`) and, for each
-such block, keys `spec.block_k` at a time (`lax.scan`): the scores of one block
-pair, `(h, block_q, block_k)`, are all that exists at once. Softmax keeps each row's
-running maximum and normaliser and rescales its partial sum when the maximum grows
-(the online softmax of fused attention kernels), so its weights are those of the
-max-shifted dense softmax to rounding.
+see. Queries are taken `spec.block_q` at a time (`lax.map`), keys `spec.block_k` at
+a time (`lax.scan`): one block pair's scores `(h, block_q, block_k)` are all that
+exists at once. Softmax keeps each row's running maximum and normaliser and
+rescales its partial sum when the maximum grows (the online softmax of fused
+attention kernels): the max-shifted dense softmax to rounding.
 
-Reverse mode is a custom VJP that recomputes each block's scores from `q` and `k`
-instead of storing them (as FlashAttention's backward pass does): the forward pass
-keeps only the output and, for softmax, each row's log-normaliser, so a gradient
-costs `O(n)` memory and about two forward passes. Forward mode (`jax.jvp`,
-`jax.jacfwd`, the Newton steps of implicit solvers) is not defined through a custom
-VJP, so a spec with `forward_mode=True` runs the same sweep without it: JAX then
-differentiates the sweep itself, in forward mode at `O(n)` memory (a JVP of a scan
-stores nothing), in reverse mode storing each block's weights.
+Reverse mode is a custom VJP that recomputes each block's scores instead of
+storing them (as FlashAttention's backward pass does): a gradient costs `O(n)`
+memory and about two forward passes. Forward mode (`jax.jvp`, the Newton steps of
+implicit solvers) is not defined through a custom VJP: with `forward_mode=True` JAX
+differentiates the sweep itself, in forward mode at `O(n)` memory, in reverse mode
+storing each block's weights.
 
 Group layout: `q` is `(h, n, a)`, `k` `(g, m, a)` and `v` `(g, m, c)` with `g`
 dividing `h`; query head `η` reads key–value group `η // (h / g)` (shared keys, as
@@ -102,11 +99,8 @@ def blocked_attention(
     **Returns:**
 
     `(h, n, c)`: for softmax the weights sum to one over the keys a query sees;
-    `sigmoid` and `exp` are not normalised (masked weights are 0).
-
-    On a GPU the sweep is the Pallas flash kernel (`jaxattn._pallas.flash`) where it applies
-    (`use_flash`), chosen when the program is lowered for CUDA; elsewhere the XLA
-    sweep below.
+    `sigmoid` and `exp` are not normalised (masked weights are 0). On CUDA the sweep
+    is the Pallas flash kernel where it applies (`use_flash`).
     """
     if mask is None:
         mask = jnp.zeros((0, 0), bool)
@@ -141,11 +135,12 @@ FLASH_MAX_DIM = 16
 def use_flash(mode: str | None = None, **layout):
     """Within the block, `blocked_attention` takes the flash kernel per `mode` (see
     `_FLASH`) with its layout changed (`block_q`, `block_k`, `num_warps`)."""
-    if mode is not None and mode not in FLASH_MODES:
-        raise ValueError(f"`mode` must be one of {FLASH_MODES}, got {mode!r}.")
-    unknown = set(layout) - {"block_q", "block_k", "num_warps"}
-    if unknown:
-        raise ValueError(f"unknown flash layout field {sorted(unknown)[0]!r}.")
+    unknown = sorted(set(layout) - {"block_q", "block_k", "num_warps"})
+    for bad, message in ((mode is not None and mode not in FLASH_MODES,
+                          f"`mode` must be one of {FLASH_MODES}, got {mode!r}."),
+                         (unknown, f"unknown flash layout field {', '.join(map(repr, unknown))}.")):
+        if bad:
+            raise ValueError(message)
     _FLASH.append({**_FLASH[-1], **layout, **({"mode": mode} if mode else {})})
     try:
         yield dict(_FLASH[-1])
@@ -261,7 +256,9 @@ def _forward(q, k, v, offset, mask, spec: BlockSpec):
     qs, q_index = _query_blocks(q, g, spec.block_q), _block_index(n, spec.block_q)
     state = _sweep(_empty(qs, c), qs, q_index, k, v, jnp.zeros((), jnp.int32), offset, mask,
                    spec, m)
-    out, (lse, norm) = _finish(state, spec)
+    # The outputs, and what the backward pass reads of each row (softmax's
+    # log-normaliser, hardmax's top score and tie count).
+    out, (lse, norm) = spec.kernel.block_finish(state)
     return _from_query_blocks(out, n), (_from_query_blocks(lse, n),
                                         _from_query_blocks(norm, n))
 
@@ -342,7 +339,7 @@ def ring_attention(
             return (state, lax.ppermute(k, axis, ring), lax.ppermute(v, axis, ring)), None
 
         (state, _, _), _ = lax.scan(step, (_empty(qs, c), k, v), jnp.arange(devices))
-        return _from_query_blocks(_finish(state, spec)[0], q.shape[1])
+        return _from_query_blocks(spec.kernel.block_finish(state)[0], q.shape[1])
 
     local = sweep
     route = None if spec.forward_mode else _flash_route(spec, max(q.shape[2], v.shape[2]))
@@ -377,13 +374,6 @@ def _ring_flash(q, k, v, offset, mask, *, spec: BlockSpec, axis, devices: int):
 
     (acc, _, _), _ = lax.scan(step, (attend(k, v, p), k, v), jnp.arange(1, devices))
     return acc[0]
-
-
-def _finish(state, spec: BlockSpec):
-    """The outputs of a state after every key, and what the backward pass reads of
-    each row (the kernel's `block_finish`: softmax's log-normaliser, hardmax's top
-    score and tie count)."""
-    return spec.kernel.block_finish(state)
 
 
 def _backward(q, k, v, offset, mask, out, lse, dout, spec: BlockSpec):

@@ -75,10 +75,8 @@ class SelfAttentionDynamics(eqx.Module):
     - `U`: value matrices `U_η`, `(h, d, d)`, in the same forms as `P`.
     - `W`: the metric, symmetric positive definite `(d, d)`; `None` (default) is
       the identity, i.e. the unit sphere.
-    - `beta`: inverse temperature `β` (default 1), a finite real; an array leaf of
-      the model, so a traced `β` (`jax.vmap` over a vector of `β`s) gives a batch of
-      models in one compiled program (`docs/usage/model.md`, "Batching over β, τ
-      and σ").
+    - `beta`: inverse temperature `β` (default 1), a finite real; an array leaf, so
+      a `jax.vmap` over `β`s is a batch of models in one compiled program.
     - `causal`: causal attention, `M(i) = {j ≤ i}` (default: full attention).
     - `norm`: where the normalisation sits: a member of `ja.AbstractNorm` —
       `ja.PostNorm()` (default), `ja.PreNorm()`, `ja.PeriNorm()`, `ja.NGPT()`,
@@ -95,44 +93,29 @@ class SelfAttentionDynamics(eqx.Module):
       kernel.
     - `kernel`: the attention weights from the logits `s_ij = β x_iᵀ P_η x_j`: a
       member of `ja.AbstractKernel` (`ja.Softmax()`, `ja.Sigmoid(bias=…)`, `ja.Exp()`,
-      `ja.USA()`, `ja.Hardmax()`, or a user's own) or its name: `"softmax"` (default)
-      `softmax_j(s_ij)` over `M(i)`; `"sigmoid"`
-      `σ(s_ij + b)`, not normalised over `j` (Ramapuram et al. 2024); `"exp"`
-      `exp(s_ij) / n`, not normalised over `j` (the unnormalised model of
-      Geshkovski et al.'s phase diagrams; its weights overflow once `β x_iᵀ P x_j`
-      passes the dtype's exponent range, ≈ 88 in float32 and 709 in float64, and the
-      run then stops with an error naming `"usa"`); `"usa"`
-      `exp(β (x_iᵀ P_η x_j − 1)) / n`, the same dynamics in time rescaled by `e^β`
-      (the metastability papers' unnormalised self-attention: finite for any `β`
-      when `x_iᵀ P x_j ≤ 1`; its exponent `β(⟨x, y⟩ − 1)` carries an absolute rounding
-      of about `β` ulps, so take float64 for `β ≳ 10³`); `"hardmax"` the `β → ∞`
-      limit of softmax (Alcalde, Geshkovski, Ruiz-Balet 2025): `α_ij = 1/|C_i|` on
-      the tokens `C_i` of `M(i)` with the largest score `x_iᵀ P_η x_j` (ties, exactly
-      equal scores, split equally), 0 elsewhere, for any `β > 0`; its weights are
-      piecewise constant, so gradients flow through the values only. Masked
-      weights are 0; `n` is the number of tokens (not of those attended to).
+      `ja.USA()`, `ja.Hardmax()`, or a user's own; each member's docstring gives its
+      weights and range) or its name: `"softmax"` (default) `softmax_j(s_ij)` over
+      `M(i)`; `"sigmoid"` `σ(s_ij + b)` and `"exp"` `exp(s_ij) / n`, not normalised
+      over `j`; `"usa"` `exp(β (x_iᵀ P_η x_j − 1)) / n`, the `"exp"` dynamics in time
+      rescaled by `e^β` (finite where `"exp"` overflows); `"hardmax"` the `β → ∞`
+      limit of softmax. Masked weights are 0; `n` counts all tokens.
     - `precision`: of the attention's matrix products: `"float32"` (default, true
       float32 on every backend), or the opt-in `"tensorfloat32"` / `"bfloat16"`
       (reduced operands, float32 accumulation); see `jaxattn._precision`.
     - `bias`: the sigmoid's bias `b` (only with `kernel="sigmoid"`: the same as
       `kernel=ja.Sigmoid(bias=b)`); `None` (default) is `−log n`.
-    - `block_size`: how the attention is computed. `None` (default) chooses by size:
-      the dense `(h, n, n)` weights while they take at most `DENSE_LIMIT` bytes
-      (faster there), attention in key blocks of `DEFAULT_BLOCK` keys above (the
-      online softmax, `jaxattn._blocks`: memory `O(n)`, never the `n × n` matrix,
-      gradients by a custom VJP that recomputes the blocks). An integer `b ≥ 1`
-      forces blocks of `b` keys at every size, and `0` the dense weights at every
-      size. Both paths give the same values to rounding, for every kernel, mask,
-      norm, head layout and metric; the blocked path is reverse-mode only
-      (`jax.grad`) unless the model is `dyn.with_forward_mode()` (`jax.jvp`,
-      `jax.jacfwd`; `ja.solve_flow` takes it for implicit solvers).
+    - `block_size`: how the attention is computed. `None` (default): the dense
+      `(h, n, n)` weights up to `DENSE_LIMIT` bytes, key blocks of `DEFAULT_BLOCK`
+      above (the online softmax, `jaxattn._blocks`: memory `O(n)`, gradients by a
+      custom VJP recomputing the blocks). An integer `b ≥ 1` forces blocks of `b`
+      keys, `0` the dense weights. Both give the same values to rounding; the
+      blocked path is reverse-mode only unless the model is
+      `dyn.with_forward_mode()`.
     """
 
-    # The fields in the order of the positional arguments; a string or an array is
-    # turned into its member or schedule by the field's converter, the sigmoid's
-    # `bias` goes into the kernel (`__post_init__`), and `__check_init__` checks the
-    # fields against each other: the dataclass `__init__` stays, so `eqx.tree_at`
-    # and `dataclasses.replace` work (and `replace` checks again).
+    # Converters turn strings and arrays into members and schedules, `__post_init__`
+    # puts the sigmoid's `bias` into the kernel, `__check_init__` checks the fields
+    # together: the dataclass `__init__` stays (`eqx.tree_at`, `dataclasses.replace`).
     P: AbstractSchedule | None = eqx.field(converter=lambda P: _schedule(P, "P"))
     U: AbstractSchedule = eqx.field(converter=lambda U: as_schedule(U, "U"))
     W: Float[Array, "d d"] | None = eqx.field(
@@ -172,27 +155,23 @@ class SelfAttentionDynamics(eqx.Module):
         self.kernel = as_kernel(self.kernel, bias)
 
     def __check_init__(self):
-        if (self.P is None) == (self.Q is None or self.K is None):
-            raise ValueError(
-                "SelfAttentionDynamics needs either `P` (h, d, d) or both factors "
-                "`Q` and `K` (h, k, d) — use SelfAttentionDynamics.from_factors(Q, K, U)."
-            )
         u_shape = schedule_shape(self.U, "U")
-        if len(u_shape) != 3 or u_shape[1] != u_shape[2]:
-            raise ValueError(
-                f"`U` must be (h, d, d) (one d×d value matrix per head), got {u_shape}."
-            )
-        h, d = u_shape[0], u_shape[1]
-        if h < 1 or d < 1:
-            raise ValueError(f"`U` {u_shape} must have at least one head and d ≥ 1.")
-        if self.P is not None:
+        h, d = u_shape[:2] if len(u_shape) >= 2 else (0, 0)
+        if (self.P is None) == (self.Q is None or self.K is None):
+            problem = ("SelfAttentionDynamics needs either `P` (h, d, d) or both factors `Q` "
+                       "and `K` (h, k, d) — use SelfAttentionDynamics.from_factors(Q, K, U).")
+        elif len(u_shape) != 3 or u_shape[1] != u_shape[2] or min(u_shape) < 1:
+            problem = (f"`U` must be (h, d, d) (one d×d value matrix per head, at least one "
+                       f"head and d ≥ 1), got {u_shape}.")
+        elif self.P is not None:
             p_shape = schedule_shape(self.P, "P")
-            if p_shape != (h, d, d):
-                raise ValueError(
-                    f"`P` must be (h, d, d) = {(h, d, d)} to match `U` {u_shape}, got {p_shape}."
-                )
+            problem = None if p_shape == (h, d, d) else (
+                f"`P` must be (h, d, d) = {(h, d, d)} to match `U` {u_shape}, got {p_shape}.")
         else:
-            _check_factors(schedule_shape(self.Q, "Q"), schedule_shape(self.K, "K"), h, d)
+            problem = _factor_problem(schedule_shape(self.Q, "Q"), schedule_shape(self.K, "K"),
+                                      h, d)
+        if problem:
+            raise ValueError(problem)
         if self.W is not None:
             check_metric(self.W, d)
 
@@ -262,16 +241,17 @@ class SelfAttentionDynamics(eqx.Module):
                       precision=self.precision)
 
     def _check_x(self, x: Float[Array, "n d"]) -> None:
+        n = x.shape[0] if x.ndim else 0
         if x.ndim != 2 or x.shape[1] != self.dim:
             hint = " For a batch, map over it with jax.vmap." if x.ndim > 2 else ""
-            raise ValueError(
-                f"tokens must be one sequence of shape (n, d) with d={self.dim}, "
-                f"got {x.shape}.{hint}"
-            )
-        n = x.shape[0]
-        if self.mask is not None and self.mask.shape != (n, n):
-            raise ValueError(f"`mask` has shape {self.mask.shape} but there are n={n} "
-                             f"tokens: pass an ({n}, {n}) boolean mask.")
+            problem = (f"tokens must be one sequence of shape (n, d) with d={self.dim}, "
+                       f"got {x.shape}.{hint}")
+        elif self.mask is not None and self.mask.shape != (n, n):
+            problem = (f"`mask` has shape {self.mask.shape} but there are n={n} tokens: pass "
+                       f"an ({n}, {n}) boolean mask.")
+        else:
+            return
+        raise ValueError(problem)
 
     def scores(self, t: Real[Array, ""], x: Float[Array, "n d"]) -> Float[Array, "h n n"]:
         """The attention logits `β x_iᵀ P_η x_j`."""
@@ -461,28 +441,30 @@ def _beta(beta) -> Float[Array, ""]:
     return jnp.asarray(check_scalar(beta, "beta", dtype=dtype), dtype=dtype)
 
 
-def _check_factors(q_shape, k_shape, h: int, d: int) -> None:
-    """`Q` `(h, k, d)` and `K` `(g, k, d)` with `g` dividing `h`, or a `ValueError`."""
+def _factor_problem(q_shape, k_shape, h: int, d: int) -> str | None:
+    """What is wrong with `Q` `(h, k, d)` and `K` `(g, k, d)` (`g` dividing `h`), or `None`."""
     if len(q_shape) != 3 or len(k_shape) != 3 or q_shape[0] != h or q_shape[2] != d \
             or k_shape[1:] != q_shape[1:] or k_shape[0] < 1:
-        raise ValueError(
-            f"`Q` must be (h, k, d) and `K` (h, k, d) or (g, k, d) with h={h}, d={d} from "
-            f"`U`; got Q {q_shape} and K {k_shape}."
-        )
+        return (f"`Q` must be (h, k, d) and `K` (h, k, d) or (g, k, d) with h={h}, d={d} "
+                f"from `U`; got Q {q_shape} and K {k_shape}.")
     if h % k_shape[0]:
-        raise ValueError(f"shared keys: `K` has g={k_shape[0]} groups, which must divide "
-                         f"the h={h} heads of `Q` and `U`; pass g among the divisors of {h}.")
+        return (f"shared keys: `K` has g={k_shape[0]} groups, which must divide the h={h} "
+                f"heads of `Q` and `U`; pass g among the divisors of {h}.")
+    return None
 
 
 def _check_mask(mask) -> Bool[Array, "n n"]:
     """A square boolean array, or an error naming the fix."""
     if not hasattr(mask, "dtype"):
         mask = np.asarray(mask)
-    if mask.dtype != bool:
-        raise TypeError(f"`mask` must be a boolean (n, n) array (True = attends), got dtype "
-                        f"{mask.dtype}; pass mask.astype(bool).")
-    if mask.ndim != 2 or mask.shape[0] != mask.shape[1]:
-        raise ValueError(f"`mask` must be a boolean (n, n) array, got shape {mask.shape}.")
+    for bad, error, detail in (
+        (mask.dtype != bool, TypeError,
+         f" (True = attends), got dtype {mask.dtype}; pass mask.astype(bool)."),
+        (mask.ndim != 2 or mask.shape[:1] != mask.shape[1:], ValueError,
+         f", got shape {mask.shape}."),
+    ):
+        if bad:
+            raise error(f"`mask` must be a boolean (n, n) array{detail}")
     return jnp.asarray(mask)
 
 

@@ -3,49 +3,29 @@ evaluation loop of a one-system program for every value type.
 
 `jax.vmap` puts the batch axis first. For a system of a few tokens in a few
 dimensions that leaves XLA's CPU kernels vectorising along axes of size 2–10 and
-running each tiny contraction as a batched `dot_general`: S1 of the benchmark
-suite (1000 systems of 10 tokens in R³, 2 heads) runs markedly slower than the
-same layer written with the 1000 systems on the vectorised axis
-(see BENCHMARKS.md, Measured claims behind design choices).
+running each tiny contraction as a batched `dot_general`; with the systems on the
+vectorised axis, S1 of the benchmarks (1000 systems of 10 tokens in R³, 2 heads)
+runs markedly faster. `jax.vmap(fn, in_axes=-1, out_axes=-1)` does not get there:
+its batching rules move the batch axis to the front wherever operands disagree.
 
 `batch_last(fn)` is that layout as a transformation: `fn` is written for one
-system (the dynamics' own `layer`, `velocity`, a user's `observe`: one
-implementation of the formulas) and traced once; its program is then evaluated
-with every batched value carrying the systems as its last axis. Elementwise
-operations, reductions and shape operations keep that axis last (their
-parameters refer to the leading axes, unchanged); every `dot_general` becomes a
-sum of elementwise products, unrolled over the contracted index when it is small
-(`UNROLL`), so a whole layer is a few fused elementwise kernels that stream over
-the systems. Anything else (gathers, control flow, …) falls back to `jax.vmap` for
-that one operation, so every program runs, only perhaps slower. On S1 the unrolled
-products beat multiply-then-reduce; reductions stay XLA reduces (unrolled into
-slices, XLA recomputed their inputs in every slice, which was slower;
-see BENCHMARKS.md, Measured claims behind design choices).
-
-Why not `jax.vmap(fn, in_axes=-1, out_axes=-1)`: vmap's batching rules move the
-batch axis to the front wherever operands disagree, so XLA still sees it first;
-written with elementwise products, that layout was slower than the general path
-(see BENCHMARKS.md, Measured claims behind design choices).
-
-A model may be one per system (a stacked model, `jaxattn._stacked`): its batched
-leaves enter as `LastAxis` values, `(..., B)` with the systems last like the tokens,
-and every operation on them is batched the same way.
-
-`strategy="auto"` (`jaxattn._strategy.choose_strategy`) fuses a batch of at least two
-sequences whose raw update costs at most `FUSED_MAX_FLOPS`: on the CPU the fused path's gain falls
-as the sequences grow, and past about that size it loses
-(`benchmarks/fused_threshold.py`;
-see BENCHMARKS.md, Measured claims behind design choices).
-On a GPU the
-same layout is what makes a layer one kernel over all systems (the threshold there
-is not yet measured).
+system (the dynamics' own `layer`, `velocity`, a user's `observe`) and traced
+once; its program is then evaluated with every batched value carrying the systems
+as its last axis. Elementwise operations, reductions and shape operations keep
+that axis last; every `dot_general` becomes a sum of elementwise products,
+unrolled over the contracted index when it is small (`UNROLL`), so a layer is a few
+fused elementwise kernels streaming over the systems; reductions stay XLA reduces.
+Anything else (gathers, control flow, …) falls back to `jax.vmap` for that one
+operation. A stacked model's batched leaves enter as `LastAxis` values `(..., B)`.
+`strategy="auto"` fuses batches of at least two sequences of at most
+`FUSED_MAX_FLOPS` each (`benchmarks/fused_threshold.py`). The figures behind each
+choice: BENCHMARKS.md, "Measured claims behind design choices".
 
 Precision is kept as named (`jaxattn._precision`): the products of an elementwise
-contraction are exact in the accumulation dtype, so `"float32"` (HIGHEST) is true
-float32 (float64 stays float64); `"bfloat16"` products see bfloat16 operands,
-`"tensorfloat32"` operands rounded to 10 mantissa bits, both accumulated in
-float32, as the general path computes them. Sums run in another order than a
-`dot_general`'s: the two paths agree to rounding, not bit for bit.
+contraction are exact in the accumulation dtype, `"bfloat16"` and
+`"tensorfloat32"` operands are rounded as the general path rounds them. Sums run in
+another order than a `dot_general`'s: the two paths agree to rounding, not bit for
+bit.
 """
 
 import abc
@@ -87,10 +67,8 @@ CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr",
          "checkpoint": "jaxpr", "remat": "jaxpr"}
 
 
-# Systems per chunk on the CPU: S1's intermediates for 100,000 systems (80 MB of
-# attention logits) left the caches and ran far slower per system than 1000 at a
-# time; 512 was the fastest chunk measured
-# (see BENCHMARKS.md, Measured claims behind design choices).
+# Systems per chunk on the CPU: 100,000 systems of S1 at once (80 MB of logits) left
+# the caches; 512 was the fastest chunk measured (BENCHMARKS.md).
 CPU_CHUNK = 512
 
 
@@ -259,9 +237,8 @@ class _LastAxisValues(AbstractValues):
             return _fallback(eqn, ins)
         if rule in (_elementwise, _along_axes):
             rule = functools.partial(rule, shape=eqn.outvars[0].aval.shape)
-        try:
-            out = rule(prim, ins, self.size, **eqn.params)
-        except NotImplementedError:  # a case the rule does not cover (e.g. batched indices)
+        out = rule(prim, ins, self.size, **eqn.params)
+        if out is None:  # a case the rule does not cover (e.g. batched indices)
             return _fallback(eqn, ins)
         return [(o, True) for o in (out if prim.multiple_results else [out])]
 
@@ -309,7 +286,7 @@ def _along_axes(prim, ins, size, shape, **params):
 def _broadcast_in_dim(prim, ins, size, shape, broadcast_dimensions, sharding=None, **params):
     (v, _), *dyn_shape = ins
     if dyn_shape:
-        raise NotImplementedError("dynamic shapes")
+        return None
     return lax.broadcast_in_dim(v, tuple(shape) + (size,),
                                 tuple(broadcast_dimensions) + (len(shape),))
 
@@ -340,7 +317,7 @@ def _concatenate(prim, ins, size, dimension):
 def _pad(prim, ins, size, padding_config):
     (v, b), (pad, pad_b) = ins
     if pad_b:
-        raise NotImplementedError
+        return None
     v = v if b else _broadcast(v, size)
     return lax.pad(v, pad, tuple(padding_config) + ((0, 0, 0),))
 
@@ -348,7 +325,7 @@ def _pad(prim, ins, size, padding_config):
 def _dynamic_slice(prim, ins, size, slice_sizes):
     (v, b), *idx = ins
     if any(ib for _, ib in idx):
-        raise NotImplementedError
+        return None
     zero = jnp.zeros((), jnp.result_type(idx[0][0]) if idx else jnp.int32)
     return lax.dynamic_slice(v, [i for i, _ in idx] + [zero], tuple(slice_sizes) + (size,))
 
@@ -356,7 +333,7 @@ def _dynamic_slice(prim, ins, size, slice_sizes):
 def _dynamic_update_slice(prim, ins, size):
     (v, b), (u, ub), *idx = ins
     if any(ib for _, ib in idx):
-        raise NotImplementedError
+        return None
     v, u = (v if b else _broadcast(v, size)), (u if ub else _broadcast(u, size))
     zero = jnp.zeros((), jnp.result_type(idx[0][0]) if idx else jnp.int32)
     return lax.dynamic_update_slice(v, u, [i for i, _ in idx] + [zero])

@@ -11,9 +11,9 @@ import numpy as np
 import optimistix as optx
 from jaxtyping import Array, Float, Real
 
-from ._batch import check_shard, check_token_shape
+from ._batch import check_run
 from ._dynamics import SelfAttentionDynamics
-from ._noise import AbstractNoise, check_noise, system_keys
+from ._noise import AbstractNoise
 from ._stacked import first_model, stack_tokens
 from ._strategy import (
     AbstractStrategy,
@@ -63,15 +63,16 @@ class RK4(dfx.AbstractERK):
 
 def _check_ts(ts) -> Real[Array, " T"]:
     ts = as_float_array(ts, "ts")
+    tn = np.asarray(ts) if is_concrete(ts) else None
     if ts.ndim != 1 or ts.shape[0] < 1:
-        raise ValueError(f"`ts` must be a 1-D array of save times, got shape {ts.shape}.")
-    if is_concrete(ts):
-        tn = np.asarray(ts)
-        if not np.all(np.isfinite(tn)):
-            raise ValueError("`ts` must be finite.")
-        if np.any(np.diff(tn) < 0):
-            raise ValueError("`ts` must be nondecreasing (the flow is integrated forwards).")
-    return ts
+        problem = f"`ts` must be a 1-D array of save times, got shape {ts.shape}."
+    elif tn is not None and not np.all(np.isfinite(tn)):
+        problem = "`ts` must be finite."
+    elif tn is not None and np.any(np.diff(tn) < 0):
+        problem = "`ts` must be nondecreasing (the flow is integrated forwards)."
+    else:
+        return ts
+    raise ValueError(problem)
 
 
 @surface_errors
@@ -106,105 +107,69 @@ def solve_flow(
 
     **Arguments:**
 
-    - `dyn`: the model; or a stacked model, one per instance (its array leaves with
-      leading batch axes `(*models,)`, as `ja.run_layers` takes it), solving tokens
-      `(*models, ..., n, d)`, model `m` from `x0[m]`.
+    - `dyn`: the model; or a stacked model, one per instance (as `ja.run_layers`
+      takes it), solving tokens `(*models, ..., n, d)`, model `m` from `x0[m]`.
     - `x0`: initial tokens `(..., n, d)`, normalised onto `E_W` first; NaN/inf or
-      zero tokens raise an error. A batch with no sequence (a zero-size batch axis)
-      gives an empty result.
+      zero tokens raise an error; a zero-size batch axis gives an empty result.
     - `ts`: nondecreasing save times; integration starts at `ts[0]`.
     - `solver`: any diffrax ODE solver (default `diffrax.Tsit5()`); with `noise`, an
       SDE solver (default the noise's: `diffrax.Heun()` for `TokenNoise`,
       Stratonovich; `diffrax.Euler()` for `ValueNoise`, Itô; see `docs/noise.md`).
-    - `rtol`, `atol`: tolerances of the adaptive step-size controller (used when
-      the solver gives error estimates).
-    - `max_steps`: step budget per sample; reaching it is an error (raise it).
-      Reverse-mode gradients size diffrax's checkpoint buffers by it: when the
-      number of steps is known (fixed steps), pass it here: the temporaries of a
-      gradient shrink by an order of magnitude on the S2 benchmark
-      (`benchmarks/flow_gradient.py`;
-      see BENCHMARKS.md, Measured claims behind design choices).
+    - `rtol`, `atol`: tolerances of the adaptive step-size controller.
+    - `max_steps`: step budget per sample; reaching it is an error. Reverse-mode
+      gradients size diffrax's checkpoint buffers by it: with fixed steps pass their
+      number, and a gradient's temporaries shrink by an order of magnitude
+      (`benchmarks/flow_gradient.py`, BENCHMARKS.md).
     - `dt0`: initial step; required for solvers without error estimates, which
       then take constant steps of `dt0`.
-    - `adjoint`: how gradients are taken (default: checkpointed reverse mode,
-      `diffrax.RecursiveCheckpointAdjoint`). `BacksolveAdjoint` integrates the
-      reversed flow, which is unstable for this contracting system: avoid it.
+    - `adjoint`: how gradients are taken (default: checkpointed reverse mode).
+      `BacksolveAdjoint` integrates the reversed flow, unstable for this
+      contracting system: avoid it.
     - `stepsize_controller`: `None` (default) picks `diffrax.PIDController(rtol,
       atol)` for solvers with error estimates and constant steps of `dt0`
-      otherwise; pass e.g. `diffrax.ConstantStepSize()` to force fixed steps.
-    - `on_manifold`: retract steps and saved values onto `E_W` (default `True`).
+      otherwise; e.g. `diffrax.ConstantStepSize()` forces fixed steps.
+    - `on_manifold`: retract steps and saved values onto `E_W` (default `True`);
       `False` integrates the ambient ODE as is, to measure the drift.
-    - `throw`: raise if any sample fails (default). With `False` nothing is raised
-      and a `FlowResult(ys, success, num_steps)` with a per-sample status is
-      returned instead of `ys`.
+    - `throw`: raise if any sample fails (default). With `False`, a
+      `FlowResult(ys, success, num_steps)` with a per-sample status is returned.
     - `devices`: shard the batch over devices (`None`, an int, a list of devices
-      or a `Mesh`; see `docs/multihost.md`): each device integrates its share of
-      the batch. Its results are bit for bit those of an unsharded run of that
-      share (other batch sizes agree to rounding: XLA compiles each size
-      separately); bad tokens raise a `ValueError` before the run, and with
-      `throw=True` a failed solve raises the same error as unsharded after it.
+      or a `Mesh`; `docs/multihost.md`), each device integrating its share, bit for
+      bit as an unsharded run of that share; bad tokens raise before the run, a
+      failed solve (`throw=True`) after it.
     - `shard`: what `devices` split: `"batch"` (default) the systems; `"tokens"`
       each system's tokens (`n` a multiple of the device count), attention then a
-      ring over the devices (as in `ja.run_layers`); the adaptive steps are the
-      same on every device (the error norm is taken over all tokens).
-    - `strategy`: how a batch is executed, a member of `ja.AbstractStrategy` (as
-      diffrax takes `solver=`) or its shorthand: `ja.Vmap()` (`"general"`),
-      `ja.BatchLast()` (`"fused"`), `ja.PallasKernel(block=…, num_warps=…)`
-      (`"kernel"`). `"auto"` (default) takes `BatchLast` for constant steps of an
-      explicit solver (`ja.RK4`, `diffrax.Euler`, any explicit Runge–Kutta method)
-      over a batch of small systems (`jaxattn._strategy.fused_applies`: at least
-      two sequences, each of at most `FUSED_MAX_FLOPS` flops per evaluation), and
-      `Vmap` otherwise. The fused path is one diffrax solve of the whole batch stored `(n, d, B)`,
-      the systems on the last axis, its vector field `dyn.velocity` run as a few
-      elementwise kernels over all systems (`jaxattn._ensemble`): the same steps
-      and the same results as the general path to rounding, with per-system
-      `success` (faster on S1 of the benchmarks, 200 RK4 steps of 1000 systems:
-      see BENCHMARKS.md, Measured claims behind design choices).
-      `"fused"` forces it; with an adaptive controller it is a
-      **shared-step mode**: one step size for the whole batch, its error the RMS
-      over all systems (as torchdiffeq's), so results differ from per-system steps
-      within the tolerances and every system reports the same `num_steps`.
-      `"general"` vmaps one diffrax solve per system, each with its own steps.
-      `"kernel"` runs constant steps of Euler or an explicit Runge–Kutta tableau
-      (`ja.RK4`, `diffrax.Heun`; `stepsize_controller=diffrax.ConstantStepSize()`
-      for solvers with an error estimate) as one Pallas kernel (`jaxattn._pallas`,
-      `docs/kernels.md`): `ts` equally spaced, each gap a whole number of `dt0`;
-      one device, not differentiable, no events; never chosen by `"auto"` yet.
-      Its steps are the fused path's to rounding; with `noise`, its `ΔW` come
-      from each system's key inside the kernel (the same law as diffrax's
-      Brownian tree, not the same path).
+      ring over the devices, the adaptive steps the same on every device.
+    - `strategy`: how a batch is executed (`docs/usage/strategies.md`): a member of
+      `ja.AbstractStrategy` or its shorthand, `ja.Vmap()` (`"general"`: one diffrax
+      solve per system, each with its own steps), `ja.BatchLast()` (`"fused"`: one
+      solve of the batch stored `(n, d, B)`, the same steps and results to
+      rounding; with an adaptive controller a **shared-step mode**, one step size
+      for the batch, its error the RMS over all systems, every system reporting the
+      same `num_steps`) or `ja.PallasKernel(...)` (`"kernel"`: constant steps of an
+      explicit tableau in one Pallas kernel, `ts` equally spaced by whole numbers of
+      `dt0`; one device, not differentiable, no events; with `noise` its `ΔW` are
+      drawn inside the kernel, the same law as the Brownian tree, not the same
+      path). `"auto"` (default) takes `BatchLast` for constant steps of an explicit
+      solver over a batch of small systems (`FUSED_MAX_FLOPS`), else `Vmap`.
     - `solution`: return a `FlowSolution` (`ts`, `ys`, `t1`, `y1`, `stats`,
-      `result`, `success`, `event`, after diffrax's `Solution`) in place of `ys`
-      (default `False`: the array).
+      `result`, `success`, `event`, after diffrax's `Solution`) in place of `ys`.
     - `event`: stop each sample's run on a condition (needs `solution=True`): a
-      function `cond(t, x)` of the time and one sequence's tokens `(n, d)`, e.g.
-      `lambda t, x: ja.misalignment(x) - 1e-4` to stop at `E = 10⁻⁴`. A real
-      value stops the run where it changes sign, the time located by a Newton root
-      find on the solver's dense output; a bool stops it at the end of the first
-      step where it is `True`. It must be finite wherever the run goes: NaN or inf
-      at the start, or in a stop's root find (explicit solvers), is refused in one
-      line naming `event`, inside an outer `jit` too. A `diffrax.Event` is used as
-      it is (its `cond_fn`
-      gets `(t, x, dyn, **kwargs)`). The stop time and tokens are the solution's
-      `t1`, `y1`; save times after the stop are `inf`. Runs on the general path
-      (each sample stops on its own).
-
+      function `cond(t, x)` of one sequence's tokens `(n, d)`, e.g.
+      `lambda t, x: ja.misalignment(x) - 1e-4`. A real value stops the run where it
+      changes sign (a Newton root find on the dense output), a bool at the end of
+      the first step where it is `True`; it must be finite wherever the run goes
+      (else a one-line error naming `event`). A `diffrax.Event` is used as it is
+      (its `cond_fn` gets `(t, x, dyn, **kwargs)`). The stop is the solution's `t1`,
+      `y1`; save times after it are `inf`. Runs on the general path.
     - `noise`: `None` (default, the ODE) or `ja.TokenNoise(σ)` / `ja.ValueNoise(σ)`
-      (a traced `σ` too: `jax.vmap` over strengths, or over the model's `β`, is one
-      compiled program; `docs/noise.md`, "Batching over σ, β and τ"):
-      the SDE `dx = velocity dt + σ P_x dB (·)`, one diffrax solve of
-      `MultiTerm(ODETerm, ControlTerm)` per system on a `diffrax.VirtualBrownianTree`
-      (tolerance `jaxattn._noise.BROWNIAN_TOL`), so that a path depends on the key
-      and the interval `[ts[0], ts[-1]]`, not on the step. Constant steps of `dt0`
-      (default `NOISY_STEPS` = 1000 steps over `[ts[0], ts[-1]]`) unless a
-      `stepsize_controller` is passed (`diffrax.PIDController` works with the tree,
-      for solvers with an error estimate such as `Heun`; `dt0` is then its first
-      step). Steps
-      are retracted onto `E_W` as without noise. Runs on the general path; `devices=`
-      splits the systems with their keys.
-    - `key`: the JAX key of the noise (required with `noise`): one system uses it as
-      is, a batch gives system `b` (in the order of the flattened batch, models
-      first) `jax.random.split(key, B)[b]`. One key gives one path, bit for bit.
+      (`σ` may be traced: a `jax.vmap` over strengths is one program): the SDE
+      `dx = velocity dt + σ P_x dB (·)` on a `diffrax.VirtualBrownianTree`
+      (`BROWNIAN_TOL`), a path depending on the key and `[ts[0], ts[-1]]` only.
+      Constant steps of `dt0` (default `NOISY_STEPS` over the horizon) unless a
+      `stepsize_controller` is passed; steps retracted onto `E_W`; general path;
+      `devices=` splits the systems with their keys (`docs/noise.md`).
+    - `key`: the noise's JAX key (required with `noise`): one system uses it as is,
+      system `b` of a batch (flattened, models first) `jax.random.split(key, B)[b]`.
 
     **Returns:**
 
@@ -212,28 +177,13 @@ def solve_flow(
     a `FlowSolution` when `solution=True`.
     """
     throw, on_manifold = check_flag(throw, "throw"), check_flag(on_manifold, "on_manifold")
-    if not isinstance(adjoint, dfx.AbstractAdjoint):
-        raise TypeError(f"`adjoint` must be a diffrax adjoint (e.g. "
-                        f"diffrax.RecursiveCheckpointAdjoint()), got {type(adjoint).__name__}.")
-    noise, key = check_noise(noise, key, shard=shard)
-    dyn, x0, unflatten = stack_tokens(dyn, as_float_array(x0, "x0"))
-    one = first_model(dyn)
-    if devices is not None and dyn is not one:
-        raise ValueError("`devices=` shards one model's batch: solve a stacked model "
-                         "without `devices`, or shard the models yourself.")
-    shard = check_shard(shard, dyn, one)
-    x0 = check_token_shape(one, x0)
-    keys = None
+    dyn, x0, unflatten, one, shard, noise, keys = check_run(dyn, x0, devices, shard, noise, key)
     if noise is not None:
         solver, dt0, stepsize_controller = _noisy_steps(noise, ts, solver, dt0,
-                                                        stepsize_controller)
+                                                        stepsize_controller, x0.size)
     solver = dfx.Tsit5() if solver is None else solver
-    options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller)
+    options = _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint)
     event = _event(event, solution, x0.dtype)
-    if noise is not None:
-        if x0.size == 0:
-            raise ValueError("`noise=` needs at least one sequence in `x0`.")
-        keys = system_keys(key, x0.shape[:-2])
     member = _flow_strategy(one, x0.shape, strategy, options, event, noise, shard, (dyn, x0))
     return unflatten(member.solve_flow(
         dyn, x0, options, adjoint=adjoint, throw=throw, on_manifold=on_manifold,
@@ -245,16 +195,20 @@ def solve_flow(
 NOISY_STEPS = 1000
 
 
-def _noisy_steps(noise, ts, solver, dt0, controller):
+def _noisy_steps(noise, ts, solver, dt0, controller, size: int):
     """The noisy flow's defaults: the noise's solver, constant steps, `NOISY_STEPS`
-    of them over the horizon."""
+    of them over the horizon (for `size` tokens)."""
+    concrete = dt0 is None and is_concrete(ts)
+    span = float(np.max(np.asarray(ts)) - np.min(np.asarray(ts))) if concrete else 0
+    for bad, message in (
+        (size == 0, "`noise=` needs at least one sequence in `x0`."),
+        (dt0 is None and not span > 0, "`noise=` takes steps of `dt0`: pass `dt0=...` (the "
+         "horizon is empty or traced, so no default step can be drawn from it)."),
+    ):
+        if bad:
+            raise ValueError(message)
     solver = noise.default_solver if solver is None else solver
-    if dt0 is None:  # constant steps by default: NOISY_STEPS over the horizon
-        span = float(np.max(np.asarray(ts)) - np.min(np.asarray(ts))) if is_concrete(ts) else 0
-        if not span > 0:
-            raise ValueError("`noise=` takes steps of `dt0`: pass `dt0=...` (the horizon "
-                             "is empty or traced, so no default step can be drawn from it).")
-        dt0 = span / NOISY_STEPS
+    dt0 = span / NOISY_STEPS if dt0 is None else dt0
     return solver, dt0, dfx.ConstantStepSize() if controller is None else controller
 
 
@@ -264,13 +218,14 @@ def _flow_strategy(one, shape, strategy, options, event, noise, shard, operands
     member that shares one run over a chunk (noise, events that stop one system)."""
     member = as_strategy(strategy)
     stops_each = event is not None and event is not True
-    if member is not None and member.fused:
-        if noise is not None:
-            raise ValueError("the noisy flow runs on the general path for now: use "
-                             "strategy=\"auto\" or \"general\".")
-        if stops_each:
-            raise ValueError("`event=` stops each sample on its own: use strategy=\"general\" "
-                             "or \"auto\" (the fused path shares one run over the batch).")
+    for bad, message in (
+        (noise is not None, "the noisy flow runs on the general path for now: use "
+                            "strategy=\"auto\" or \"general\"."),
+        (stops_each, "`event=` stops each sample on its own: use strategy=\"general\" or "
+                     "\"auto\" (the fused path shares one run over the batch)."),
+    ):
+        if bad and member is not None and member.fused:
+            raise ValueError(message)
     if member is None and (noise is not None or stops_each):
         return Vmap()
     return choose_strategy(one, shape, strategy, operands, solver=options[1],
@@ -279,18 +234,19 @@ def _flow_strategy(one, shape, strategy, options, event, noise, shard, operands
 
 def _event(event, solution, dtype):
     """`None` (the array), `True` (the full solution, no event) or a `diffrax.Event`."""
-    if not isinstance(solution, bool):
-        raise TypeError(f"`solution` must be True or False, got {solution!r}.")
+    solution = check_flag(solution, "solution")
     if event is None:
         return True if solution else None
-    if not solution:
-        raise ValueError("`event=` needs `solution=True`: the stop time and tokens are "
-                         "the solution's `t1` and `y1`.")
+    for bad, error, message in (
+        (not solution, ValueError, "`event=` needs `solution=True`: the stop time and tokens "
+                                   "are the solution's `t1` and `y1`."),
+        (not callable(event), TypeError, "`event` must be a function cond(t, x) or a "
+                                         f"diffrax.Event, got {type(event).__name__}."),
+    ):
+        if bad:
+            raise error(message)
     if isinstance(event, dfx.Event):
         return event
-    if not callable(event):
-        raise TypeError(f"`event` must be a function cond(t, x) or a diffrax.Event, got "
-                        f"{type(event).__name__}.")
     # The root is located on the dense output, smooth in t: Newton converges fast,
     # to a tolerance above the dtype's rounding of t.
     tol = float(jnp.finfo(dtype).eps) ** 0.75
@@ -306,7 +262,7 @@ def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-
     be finite and have no zero token; `dyn` may be a stacked model (as in `solve_flow`)."""
     dyn, x0, unflatten = stack_tokens(dyn, x0)
     one = first_model(dyn)
-    options = _options(one, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller)
+    options = _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint)
     member = choose_strategy(one, jnp.shape(x0), strategy, (dyn, x0), solver=options[1],
                              controller=options[2])
     return unflatten(member.solve_flow(
@@ -314,16 +270,26 @@ def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-
         devices=None, shard="batch", noise=None, keys=None, checked=False))
 
 
-def _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller):
+def _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint):
     """Checked `(ts, solver, controller, dt0, max_steps)` for a strategy's `solve_flow`."""
-    if not isinstance(dyn, SelfAttentionDynamics):
-        raise TypeError(f"`dyn` must be a ja.SelfAttentionDynamics, got {type(dyn).__name__}.")
-    if not isinstance(solver, dfx.AbstractSolver):
-        raise TypeError(f"`solver` must be a diffrax solver, got {type(solver).__name__}.")
-    if not isinstance(stepsize_controller, dfx.AbstractStepSizeController | None):
-        raise TypeError(f"`stepsize_controller` must be a diffrax step-size controller (e.g. "
-                        f"diffrax.PIDController(rtol, atol)), got "
-                        f"{type(stepsize_controller).__name__}.")
+    # Constant steps: asked for, or the default for a solver without error estimates.
+    constant = isinstance(stepsize_controller, dfx.ConstantStepSize) or (
+        stepsize_controller is None and not isinstance(solver, dfx.AbstractAdaptiveSolver))
+    for bad, error, message in (
+        (not isinstance(solver, dfx.AbstractSolver), TypeError,
+         f"`solver` must be a diffrax solver, got {type(solver).__name__}."),
+        (not isinstance(stepsize_controller, dfx.AbstractStepSizeController | None), TypeError,
+         "`stepsize_controller` must be a diffrax step-size controller (e.g. "
+         f"diffrax.PIDController(rtol, atol)), got {type(stepsize_controller).__name__}."),
+        (not isinstance(adjoint, dfx.AbstractAdjoint), TypeError,
+         "`adjoint` must be a diffrax adjoint (e.g. diffrax.RecursiveCheckpointAdjoint()), "
+         f"got {type(adjoint).__name__}."),
+        (constant and dt0 is None, ValueError,
+         f"constant steps ({type(solver).__name__} gives no error estimate, or a "
+         "ConstantStepSize controller was passed) need a step: pass `dt0=...`."),
+    ):
+        if bad:
+            raise error(message)
     ts = _check_ts(ts)
     max_steps = check_count(max_steps, "max_steps", minimum=1)
     if stepsize_controller is not None:
@@ -335,11 +301,6 @@ def _options(dyn, ts, solver, rtol, atol, max_steps, dt0, stepsize_controller):
         )
     else:
         controller = dfx.ConstantStepSize()
-    if isinstance(controller, dfx.ConstantStepSize) and dt0 is None:
-        raise ValueError(
-            f"constant steps ({type(solver).__name__} gives no error estimate, or a "
-            "ConstantStepSize controller was passed) need a step: pass `dt0=...`."
-        )
     if dt0 is not None:
         dt0 = float(check_scalar(dt0, "dt0", positive=True))
     return ts, solver, controller, dt0, max_steps

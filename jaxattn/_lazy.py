@@ -32,17 +32,17 @@ def lazy_names(face: str) -> dict[str, tuple[str, str | None]]:
         raise ValueError(f"{face} has no `if TYPE_CHECKING:` block of its lazy names.")
     names = {}
     for node in block.body:
-        if not (isinstance(node, ast.ImportFrom) and node.level >= 1):
-            raise ValueError(f"{face}:{node.lineno}: the lazy names are written "
-                             "`from .module import name as name`, one a line.")
-        for alias in node.names:
+        for alias in getattr(node, "names", [None]):
+            if not (isinstance(node, ast.ImportFrom) and node.level >= 1
+                    and (node.module is None or alias.asname == alias.name)):
+                name = alias.name if alias else "name"
+                raise ValueError(f"{face}:{node.lineno}: the lazy names are written `from "
+                                 f".module import {name} as {name}` (a re-export, as tools "
+                                 "read it), one a line.")
             if node.module is None:  # `from . import module as name`
                 names[alias.asname or alias.name] = ("." * node.level + alias.name, None)
-            elif alias.asname == alias.name:
-                names[alias.name] = ("." * node.level + node.module, alias.name)
             else:
-                raise ValueError(f"{face}:{node.lineno}: write `{alias.name} as "
-                                 f"{alias.name}` (a re-export, as tools read it).")
+                names[alias.name] = ("." * node.level + node.module, alias.name)
     return names
 
 

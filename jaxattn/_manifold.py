@@ -2,11 +2,10 @@
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._precision import einsum
-from ._validate import check_metric
+from ._validate import check_count, check_metric
 
 
 def w_inner(
@@ -120,11 +119,9 @@ def sample_ellipsoid(
 
     An `(n, d)` array whose rows lie on `E_W`.
     """
-    for name, value in (("n", n), ("d", d)):
-        if not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"sample_ellipsoid: `{name}` must be a positive int, got {value!r}.")
+    shape = (check_count(n, "n", 1), check_count(d, "d", 1))
     dtype = jnp.result_type(float) if dtype is None else dtype
-    y = jax.random.normal(key, (int(n), int(d)), dtype=dtype)
+    y = jax.random.normal(key, shape, dtype=dtype)
     return normalize(y, W)
 
 

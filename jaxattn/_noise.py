@@ -18,11 +18,10 @@ import lineax as lx
 from jaxtyping import Array, Float, PRNGKeyArray, Real
 
 from ._dynamics import SelfAttentionDynamics
-from ._ensemble import from_batch_last, in_chunks, is_batch_last, to_batch_last
 from ._manifold import project, tangent
 from ._precision import einsum
 from ._schedule import AbstractSchedule
-from ._stacked import map_models, models_last
+from ._stacked import map_systems
 from ._validate import check_scalar
 
 #: The Brownian tree's tolerance: its path is exact at every time on a grid this
@@ -149,24 +148,25 @@ def check_noise(noise, key, *, shard="batch"):
             raise ValueError("`key=` draws the noise: pass `noise=ja.TokenNoise(sigma)` or "
                              "`ja.ValueNoise(sigma)`, or drop `key`.")
         return None, None
-    if not isinstance(noise, AbstractNoise):
-        raise TypeError(f"`noise` must be ja.TokenNoise(sigma) or ja.ValueNoise(sigma), got "
-                        f"{type(noise).__name__}.")
-    if key is None:
-        raise ValueError("`noise=` needs a random key: pass `key=jax.random.key(seed)`.")
-    if not isinstance(key, jax.Array):
-        try:
-            key = jnp.asarray(key)
-        except (TypeError, ValueError) as e:
-            raise TypeError("`key` must be one JAX key (jax.random.key(seed) or PRNGKey(seed)), "
-                            f"got {type(key).__name__}.") from e
-    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-    if not (typed and key.shape == ()) and not (key.dtype == jnp.uint32 and key.shape == (2,)):
-        raise TypeError("`key` must be one JAX key (jax.random.key(seed) or PRNGKey(seed)), "
-                        f"got dtype {key.dtype} and shape {key.shape}.")
-    if shard != "batch":
-        raise ValueError("noise splits systems over devices (shard=\"batch\"), not one "
-                         "system's tokens: drop shard=\"tokens\".")
+    try:
+        key = key if key is None or isinstance(key, jax.Array) else jnp.asarray(key)
+    except (TypeError, ValueError):
+        pass
+    array = hasattr(key, "dtype")
+    typed = array and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    one_key = array and key.shape == (() if typed else (2,)) and (typed or key.dtype == jnp.uint32)
+    for bad, error, message in (
+        (not isinstance(noise, AbstractNoise), TypeError, "`noise` must be ja.TokenNoise(sigma) "
+         f"or ja.ValueNoise(sigma), got {type(noise).__name__}."),
+        (key is None, ValueError, "`noise=` needs a random key: pass `key=jax.random.key(seed)`."),
+        (not one_key, TypeError, "`key` must be one JAX key (jax.random.key(seed) or "
+         "PRNGKey(seed)), got " + (f"dtype {key.dtype} and shape {key.shape}." if array
+                                   else f"{type(key).__name__}.")),
+        (shard != "batch", ValueError, "noise splits systems over devices (shard=\"batch\"), not "
+         "one system's tokens: drop shard=\"tokens\"."),
+    ):
+        if bad:
+            raise error(message)
     return noise, key
 
 
@@ -184,43 +184,21 @@ def map_keyed(fn, dyn, x0: Float[Array, "*batch n d"], keys, *, fused: bool = Fa
     """`fn(model, x, key)` for every system `x` `(n, d)` of `x0` with its key, one
     vmapped program; outputs get the batch axes of `x0` in front.
 
-    With `fused=True`, as `jaxattn._batch.map_systems` runs its fused path: `fn` gets
+    With `fused=True`, as `jaxattn._stacked.map_systems` runs its fused path: `fn` gets
     a chunk of systems `(n, d, B)`, the model with its batched leaves as `LastAxis`
     values, and the chunk's `B` keys (a key array `(B,)`, or `(B, 2)` raw keys), and
     returns leaves with the systems last."""
-    if fused:
-        return _map_keyed_fused(fn, dyn, x0, keys, chunk)
-
-    def per_model(d, xk):
-        x, k = xk
-        batch = x.shape[:-2]
-        if not batch:
-            return fn(d, x, k)
-        flat = x.reshape((-1,) + x.shape[-2:])
-        flat_keys = k.reshape((-1,) + k.shape[len(batch):])
-        out = jax.vmap(lambda y, kk: fn(d, y, kk))(flat, flat_keys)
-        return jax.tree.map(lambda a: a.reshape(batch + a.shape[1:]), out)
-
-    return map_models(per_model, dyn, (x0, keys))
-
-
-def _map_keyed_fused(fn, dyn, x0, keys, chunk):
-    batch = x0.shape[:-2]
     typed = jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)
     impl = jax.random.key_impl(keys) if typed else None
-    data = jax.random.key_data(keys) if typed else keys
-    data = jnp.moveaxis(data.reshape((-1,) + data.shape[len(batch):]), 0, -1)
-    spread, model = eqx.partition(models_last(dyn, batch), is_batch_last,
-                                  is_leaf=is_batch_last)
 
-    def run_chunk(args):
-        xb, kb, part = args
-        kb = jnp.moveaxis(kb, -1, 0)
-        kb = jax.random.wrap_key_data(kb, impl=impl) if typed else kb
-        return fn(eqx.combine(part, model, is_leaf=is_batch_last), xb, kb)
+    def program(model, x, key, fused):
+        if fused:  # the key data of the chunk, systems last: back to `B` keys
+            key = jnp.moveaxis(key, -1, 0)
+            key = jax.random.wrap_key_data(key, impl=impl) if typed else key
+        return fn(model, x, key)
 
-    return from_batch_last(in_chunks(run_chunk, (to_batch_last(x0), data, spread), chunk),
-                           batch)
+    data = jax.random.key_data(keys) if typed and fused else keys
+    return map_systems(program, dyn, x0, data, fused=fused, chunk=chunk)
 
 
 def brownian_path(noise: AbstractNoise, key, t0, t1, n: int, d: int, dtype

@@ -1,17 +1,14 @@
 """The precision of every matrix product jaxattn issues.
 
 JAX lowers a float32 product at `Precision.DEFAULT`, which GPUs and TPUs run with
-TensorFloat-32 or bfloat16 passes: float32 in name only. jaxattn states the
-precision of each product instead, so results do not depend on the backend or on
-`jax_default_matmul_precision`:
+TensorFloat-32 or bfloat16 passes. jaxattn states the precision of each product, so
+results depend neither on the backend nor on `jax_default_matmul_precision`:
 
 - `"float32"` (the default): true float32 products (`Precision.HIGHEST`; float64
   stays float64).
 - `"tensorfloat32"`: operands rounded to TF32 (8 exponent bits, 10 mantissa bits),
-  float32 accumulation. On NVIDIA GPUs this is the TF32 dot algorithm; elsewhere
-  (CPU, which has no TF32 units) the operand rounding is emulated with
-  `lax.reduce_precision` before a float32 product, so its error can be measured
-  on any machine.
+  float32 accumulation: the TF32 dot algorithm on NVIDIA GPUs, emulated with
+  `lax.reduce_precision` elsewhere, so its error can be measured on any machine.
 - `"bfloat16"`: operands cast to bfloat16, products accumulated in float32.
 
 The reduced modes are opt-in, by name (`precision=` on `SelfAttentionDynamics`,
@@ -48,16 +45,12 @@ def _on_gpu() -> bool:
 
 def einsum(subscripts: str, *operands, precision: Precision = "float32"):
     """`jnp.einsum` at the named precision (see the module docstring); the result has
-    the operands' common dtype."""
+    the operands' common dtype. The reduced modes take two operands (a chained
+    product's intermediate would be float32 at an unstated precision)."""
     operands = [jnp.asarray(x) for x in operands]
     dtype = jnp.result_type(*operands)
     if precision == "float32":
         return jnp.einsum(subscripts, *operands, precision=lax.Precision.HIGHEST)
-    if len(operands) > 2:
-        # The intermediate of a chained product would be float32 at an unstated
-        # precision; reduced modes contract two operands at a time.
-        raise ValueError(f"a {precision} product takes two operands, got {len(operands)}; "
-                         "contract them pairwise.")
     if precision == "bfloat16":
         low = [x.astype(jnp.bfloat16) for x in operands]
         # Stated, so that `jax_default_matmul_precision` cannot change it either. Float32
@@ -65,13 +58,11 @@ def einsum(subscripts: str, *operands, precision: Precision = "float32"):
         out = jnp.einsum(subscripts, *low, precision=lax.Precision.DEFAULT,
                          preferred_element_type=jnp.float32)
         return out.astype(dtype)
-    if precision == "tensorfloat32":
-        if _on_gpu() and dtype == jnp.float32:
-            return jnp.einsum(subscripts, *operands,
-                              precision=lax.DotAlgorithmPreset.TF32_TF32_F32)
-        rounded = [lax.reduce_precision(x, **_TF32_BITS) for x in operands]
-        return jnp.einsum(subscripts, *rounded, precision=lax.Precision.HIGHEST)
-    raise ValueError(check_precision(precision))
+    # "tensorfloat32" (the model's `precision` was checked where it was built)
+    if _on_gpu() and dtype == jnp.float32:
+        return jnp.einsum(subscripts, *operands, precision=lax.DotAlgorithmPreset.TF32_TF32_F32)
+    rounded = [lax.reduce_precision(x, **_TF32_BITS) for x in operands]
+    return jnp.einsum(subscripts, *rounded, precision=lax.Precision.HIGHEST)
 
 
 def matmul(a, b, precision: Precision = "float32"):

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree, Real
 
-from ._validate import as_float_array, check_finite, check_scalar
+from ._validate import as_float_array, check_finite, check_scalar, is_real
 
 
 class AbstractSchedule(eqx.Module):
@@ -129,8 +129,7 @@ def schedule_shape(sched: AbstractSchedule, name: str) -> tuple[int, ...]:
         out = jax.eval_shape(sched, jnp.zeros((), jnp.result_type(float)))
     except Exception as e:  # a user function that fails to trace
         raise ValueError(f"the `{name}` schedule failed when called at t = 0: {e}") from e
-    if not hasattr(out, "shape"):
-        raise ValueError(f"the `{name}` schedule must return an array, got {out!r}.")
-    if not jnp.issubdtype(out.dtype, jnp.floating) and not jnp.issubdtype(out.dtype, jnp.integer):
-        raise TypeError(f"the `{name}` schedule must return real weights, got dtype {out.dtype}.")
+    if not (hasattr(out, "shape") and is_real(out.dtype)):
+        got = f"dtype {out.dtype}" if hasattr(out, "dtype") else repr(out)
+        raise TypeError(f"the `{name}` schedule must return real weights (an array), got {got}.")
     return tuple(out.shape)

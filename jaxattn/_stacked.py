@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
-from ._ensemble import LastAxis
+from ._ensemble import LastAxis, from_batch_last, in_chunks, is_batch_last
 
 # One model's rank of each leaf of known role, by its path in the model.
 _TOP_RANK = {"W": 2, "beta": 0, "mask": 2}
@@ -108,6 +108,18 @@ def stack_tokens(dyn, x0) -> tuple:
     return flat, x0, unflatten
 
 
+def map_batch(fn: Callable, x0: Float[Array, "*batch n d"], *rest):
+    """`fn(x, *rest_b)` for every sequence `x` `(n, d)` of `x0`, one vmapped program;
+    each of `rest` (a system's keys) has the batch axes of `x0` in front, as do the
+    outputs."""
+    batch = x0.shape[:-2]
+    if not batch:
+        return fn(x0, *rest)
+    flat = [a.reshape((-1,) + a.shape[len(batch):]) for a in (x0, *rest)]
+    out = jax.vmap(fn)(*flat)
+    return jax.tree.map(lambda a: a.reshape(batch + a.shape[1:]), out)
+
+
 def map_models(fn: Callable, dyn, x: Float[Array, "M ..."], *rest):
     """`fn(model, x[m], *rest)` for every model `m` of a flattened stacked model
     (`stack_tokens`), one vmapped program; `fn(dyn, x, *rest)` for one model."""
@@ -132,3 +144,41 @@ def models_last(dyn, batch: tuple[int, ...]):
         a = a.reshape((-1,) + a.shape[len(batch):])
         return LastAxis(jnp.moveaxis(a, 0, -1))
     return jax.tree.map(spread, dyn, flags)
+
+
+def map_systems(program: Callable, dyn, x0: Float[Array, "*batch n d"], *rest, fused: bool,
+                chunk: int | None) -> PyTree[Array]:
+    """Run `program` on every system of `x0`, on the general or the fused path.
+
+    **Arguments:**
+
+    - `program`: one run, `program(model, x, *rest_b, fused)`. With `fused=False`: one
+      model, one sequence `x` `(n, d)` and its entries of `rest`, vmapped over the
+      batch. With `fused=True`: a chunk of systems `x` `(n, d, B)` and their entries
+      of `rest`, stored last, and the model with its batched leaves as `LastAxis`
+      values `(..., B)` (one per system); every output leaf then carries the systems
+      last too.
+    - `dyn`: the model, or a flattened stacked model (`stack_tokens`).
+    - `x0`: the tokens, `(..., n, d)` (`(M, ..., n, d)` for a stacked model).
+    - `rest`: arrays with the batch axes of `x0` in front, one entry per system (the
+      data of its noise key).
+    - `fused`: whether to take the fused path (`jaxattn._strategy.choose_strategy`).
+    - `chunk`: systems per chunk of the fused path (`jaxattn._ensemble.chunk_size`).
+
+    **Returns:**
+
+    `program`'s outputs, each leaf with the batch axes of `x0` in front.
+    """
+    if not fused:
+        return map_models(lambda d, xr: map_batch(lambda *a: program(d, *a, False), *xr), dyn,
+                          (x0, *rest))
+    batch = x0.shape[:-2]
+    spread, model = eqx.partition(models_last(dyn, batch), is_batch_last,
+                                  is_leaf=is_batch_last)
+    last = [jnp.moveaxis(a.reshape((-1,) + a.shape[len(batch):]), 0, -1) for a in (x0, *rest)]
+
+    def run_chunk(args):
+        *arrays, part = args
+        return program(eqx.combine(part, model, is_leaf=is_batch_last), *arrays, True)
+
+    return from_batch_last(in_chunks(run_chunk, (*last, spread), chunk), batch)

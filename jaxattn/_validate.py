@@ -25,19 +25,23 @@ def float_dtype(*arrays):
     return jnp.result_type(*dtypes) if dtypes else jnp.result_type(float)
 
 
+def is_real(dtype) -> bool:
+    """Whether `dtype` is a real number type (floating, bfloat16 too, or integer)."""
+    return jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)
+
+
 def as_float_array(x, name: str, dtype=None) -> Array:
     """`x` as a floating JAX array, or a `TypeError` that names it."""
-    if isinstance(x, str | bytes):  # jnp.asarray would read "1" as a number
-        raise TypeError(f"`{name}` must be an array of numbers, got the string {x!r}.")
-    try:
-        arr = jnp.asarray(x)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"`{name}` must be an array of numbers, got {type(x).__name__}.") from e
-    if jnp.issubdtype(arr.dtype, jnp.complexfloating):
-        raise TypeError(f"`{name}` must be real, got dtype {arr.dtype}.")
-    if not (jnp.issubdtype(arr.dtype, jnp.floating) or jnp.issubdtype(arr.dtype, jnp.integer)
-            or arr.dtype == jnp.bool_):
-        raise TypeError(f"`{name}` must be an array of numbers, got dtype {arr.dtype}.")
+    try:  # not a string: jnp.asarray would read "1" as a number
+        arr = None if isinstance(x, str | bytes) else jnp.asarray(x)
+    except (TypeError, ValueError):
+        arr = None
+    if arr is None or not (is_real(arr.dtype) or arr.dtype == jnp.bool_):
+        got = (f"the string {x!r}" if isinstance(x, str | bytes) else type(x).__name__
+               if arr is None else f"dtype {arr.dtype}")
+        complex_ = arr is not None and jnp.issubdtype(arr.dtype, jnp.complexfloating)
+        raise TypeError(f"`{name}` must be {'real' if complex_ else 'an array of numbers'}, "
+                        f"got {got}.")
     return arr.astype(dtype or float_dtype(arr))
 
 
@@ -50,54 +54,45 @@ def check_scalar(value, name: str, *, positive: bool = False, dtype=None):
     `β = 1e40` is `inf` in float32). A traced value is returned checked through
     `eqx.error_if`.
     """
-    if isinstance(value, jax.core.Tracer):
-        if not jnp.issubdtype(value.dtype, jnp.floating) and \
-                not jnp.issubdtype(value.dtype, jnp.integer):
-            raise TypeError(f"`{name}` must be a real number, got a traced {value.dtype}.")
-        if value.ndim != 0:
-            raise ValueError(f"`{name}` must be a scalar, got shape {value.shape}.")
+    traced = isinstance(value, jax.core.Tracer)
+    # Only numbers: not a string ("1" would parse), a bool, None or a complex number.
+    try:
+        arr = value if traced else np.asarray(None if isinstance(value, str | bytes) else value)
+    except (TypeError, ValueError):  # a ragged list
+        arr = np.asarray(None)
+    for bad, error, message in (
+        (not is_real(arr.dtype), TypeError,
+         f"must be a real number, got {f'a traced {arr.dtype}' if traced else repr(value)}"),
+        (arr.ndim != 0, ValueError, f"must be a scalar, got shape {arr.shape}"),
+    ):
+        if bad:
+            raise error(f"`{name}` {message}.")
+    if traced:
         bad = ~jnp.isfinite(value)
         if positive:
             bad = bad | (value <= 0)
         return eqx.error_if(value, bad, f"`{name}` must be finite{' and > 0' if positive else ''}.")
-    # Only numbers: not a string ("1" would parse), a bool, None or a complex number.
-    try:
-        dt = np.dtype(object) if isinstance(value, str | bytes) else np.asarray(value).dtype
-    except (TypeError, ValueError):  # a ragged list
-        dt = np.dtype(object)
-    if not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer)):
-        raise TypeError(f"`{name}` must be a real number, got {value!r}.")
-    arr = np.asarray(value, dtype=np.float64)
-    if arr.ndim != 0:
-        raise ValueError(f"`{name}` must be a scalar, got shape {arr.shape}.")
     v = float(arr)
-    if not np.isfinite(v):
-        raise ValueError(f"`{name}` must be finite, got {v}.")
-    if positive and v <= 0:
-        raise ValueError(f"`{name}` must be > 0, got {v}.")
-    if dtype is not None:
-        _check_representable(v, name, positive, jnp.dtype(dtype))
+    info = jnp.finfo(dtype or np.float64)
+    big, tiny = float(info.max), float(info.smallest_subnormal)
+    for bad, message in (
+        (not np.isfinite(v), f"must be finite, got {v}"),
+        (positive and v <= 0, f"must be > 0, got {v}"),
+        # Stored in `dtype`: it must stay finite (and > 0 if `positive`) there.
+        (abs(v) > big, f"= {v:g} overflows {info.dtype.name} (largest {big:.3g}); use a "
+                       "smaller value or float64 (jax_enable_x64)"),
+        (positive and v < tiny, f"= {v:g} is 0 in {info.dtype.name}; use a larger value or "
+                                "float64 (jax_enable_x64)"),
+    ):
+        if bad:
+            raise ValueError(f"`{name}` {message}.")
     return v
 
 
-def _check_representable(v: float, name: str, positive: bool, dtype) -> None:
-    """`ValueError` unless `v` stays finite (and > 0 if `positive`) in `dtype`."""
-    info = jnp.finfo(dtype)
-    if abs(v) > float(info.max):
-        raise ValueError(f"`{name}` = {v:g} overflows {dtype.name} (largest "
-                         f"{float(info.max):.3g}); use a smaller value or float64 "
-                         "(jax_enable_x64).")
-    if positive and v < float(info.smallest_subnormal):
-        raise ValueError(f"`{name}` = {v:g} is 0 in {dtype.name}; use a larger value or float64 "
-                         "(jax_enable_x64).")
-
-
 def check_finite(x: Array, name: str) -> Array:
-    """Refuse NaN or inf in `x` (weights): a one-line `ValueError` naming `name` when
-    `x` is concrete; a traced `x` is returned unchanged (the simulators turn
-    non-finite weights into NaN tokens and raise `NONFINITE`, see
-    `SelfAttentionDynamics.scores`), so that no host callback enters programs
-    that are sharded or vmapped by the caller."""
+    """Refuse NaN or inf in concrete weights `x` with a `ValueError` naming `name`. A
+    traced `x` passes (no host callback in the caller's program): the simulators turn
+    non-finite weights into NaN tokens and raise `NONFINITE`."""
     if known_nonfinite(x):
         raise ValueError(f"`{name}` contains NaN or inf; weights must be finite.")
     return x
@@ -115,23 +110,21 @@ def known_nonfinite(x: Array) -> bool:
 
 
 def check_count(value, name: str, minimum: int = 0, maximum: int | None = None) -> int:
-    """A Python int ≥ `minimum` (and ≤ `maximum` when given: e.g. `INDEX_MAX` for a
-    number compared with token indices inside a program) — a loop's length, a number
-    of instances, a seed — or a `ValueError` naming `name`. The one integer check of
-    jaxattn: the library, the experiments, the sweeps and the command line all use it."""
-    if isinstance(value, jax.core.Tracer):
-        raise ValueError(f"`{name}` fixes the shape of a compiled program: it must be a "
-                         f"Python int known before tracing, got a traced array.")
+    """A Python int ≥ `minimum` (and ≤ `maximum` when given, e.g. `INDEX_MAX`), or a
+    `ValueError` naming `name`: the one integer check of jaxattn, from the library
+    to the command line."""
+    traced = isinstance(value, jax.core.Tracer)
     try:
-        ok = not isinstance(value, bool) and int(value) == value and int(value) >= minimum
+        number = None if traced or isinstance(value, bool) or int(value) != value else int(value)
     except (TypeError, ValueError, OverflowError):
-        ok = False
-    if not ok:
-        raise ValueError(f"`{name}` must be a whole number ≥ {minimum}, got {value!r}.")
-    if maximum is not None and int(value) > maximum:
-        raise ValueError(f"`{name}` must be a whole number in [{minimum}, {maximum}], "
-                         f"got {value!r}.")
-    return int(value)
+        number = None
+    if number is None or number < minimum or (maximum is not None and number > maximum):
+        low = number is None or number < minimum
+        bound = f"≥ {minimum}" if low else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"`{name}` fixes the shape of a compiled program: it must be a Python "
+                         "int known before tracing, got a traced array." if traced else
+                         f"`{name}` must be a whole number {bound}, got {value!r}.")
+    return number
 
 
 def check_flag(value, name: str) -> bool:
@@ -151,54 +144,46 @@ def check_metric(W, d: int | None = None, *, rtol: float = 1e-6) -> Float[Array,
     `ValueError`."""
     W = as_float_array(W, "W")
     if W.ndim != 2 or W.shape[0] != W.shape[1]:
-        raise ValueError(f"`W` must be a square (d, d) matrix, got shape {W.shape}.")
-    if d is not None and W.shape[0] != d:
-        raise ValueError(
-            f"`W` has shape {W.shape} but the tokens have dimension d={d}; "
-            f"pass a ({d}, {d}) metric."
-        )
-    if is_concrete(W):
-        Wn = np.asarray(W, dtype=np.float64)
-        if not np.all(np.isfinite(Wn)):
-            raise ValueError("`W` contains NaN or inf; it must be a finite SPD matrix.")
-        scale = max(np.abs(Wn).max(), np.finfo(np.float64).tiny)
-        if np.abs(Wn - Wn.T).max() > rtol * scale:
-            raise ValueError(
-                "`W` must be symmetric (max |W − Wᵀ| = "
-                f"{np.abs(Wn - Wn.T).max():.3g}); symmetrise it with (W + W.T) / 2."
-            )
-        _check_positive_definite(Wn, jnp.finfo(W.dtype).eps)
+        problem = f"`W` must be a square (d, d) matrix, got shape {W.shape}."
+    elif d is not None and W.shape[0] != d:
+        problem = (f"`W` has shape {W.shape} but the tokens have dimension d={d}; pass a "
+                   f"({d}, {d}) metric.")
+    else:
+        problem = _metric_defect(W, rtol) if is_concrete(W) else None
+    if problem:
+        raise ValueError(problem)
     return W
 
 
-def _check_positive_definite(W: np.ndarray, eps: float) -> None:
-    """`ValueError` unless the smallest eigenvalue of `W` exceeds `√d · eps · λ_max`:
-    relative to the largest (an SPD `diag(1e6, 1, 1)` passes), with the margin by
-    which rounding `W` to its dtype (`eps`) can move an eigenvalue (Weyl), below
-    which `|y|²_W` is not reliably positive in that dtype."""
-    lam = np.linalg.eigvalsh(W)
-    floor = np.sqrt(W.shape[0]) * eps * max(lam.max(), 0.0)
-    if lam.min() <= floor:
-        raise ValueError(
-            f"`W` must be positive definite, but its smallest eigenvalue is "
-            f"{lam.min():.3g} (largest {lam.max():.3g}); the ellipsoid |y|_W = 1 needs an "
-            "SPD metric whose condition number stays well below 1/eps of its dtype."
-        )
+def _metric_defect(W: Array, rtol: float) -> str | None:
+    """What keeps a concrete square `W` from being a finite symmetric positive-definite
+    metric, or `None`. Positive definite: the smallest eigenvalue exceeds
+    `√d · eps · λ_max`, relative to the largest (an SPD `diag(1e6, 1, 1)` passes),
+    with the margin by which rounding `W` to its dtype (`eps`) can move an eigenvalue
+    (Weyl), below which `|y|²_W` is not reliably positive in that dtype."""
+    Wn = np.asarray(W, dtype=np.float64)
+    if not np.all(np.isfinite(Wn)):
+        return "`W` contains NaN or inf; it must be a finite SPD matrix."
+    asymmetry = np.abs(Wn - Wn.T).max()
+    if asymmetry > rtol * max(np.abs(Wn).max(), np.finfo(np.float64).tiny):
+        return (f"`W` must be symmetric (max |W − Wᵀ| = {asymmetry:.3g}); symmetrise it "
+                "with (W + W.T) / 2.")
+    lam = np.linalg.eigvalsh(Wn)
+    if lam.min() <= np.sqrt(Wn.shape[0]) * jnp.finfo(W.dtype).eps * max(lam.max(), 0.0):
+        return (f"`W` must be positive definite, but its smallest eigenvalue is "
+                f"{lam.min():.3g} (largest {lam.max():.3g}); the ellipsoid |y|_W = 1 needs an "
+                "SPD metric whose condition number stays well below 1/eps of its dtype.")
+    return None
 
 
 # --- runtime errors, one line first ---------------------------------------------------
 
 
 class SimulationError(ValueError, eqx.EquinoxRuntimeError):
-    """A run stopped on its values: tokens that became NaN or inf, a zero or
-    non-finite initial token, a flow solver out of steps. Its message is one line
-    that says what happened and how to fix it.
-
-    A `ValueError` (bad values, like every other mistake jaxattn refuses) and an
-    `eqx.EquinoxRuntimeError` (what the checks inside `jit` raised before, so
-    `except eqx.EquinoxRuntimeError` still catches it). Raised the same way by
-    sharded and unsharded runs.
-    """
+    """A run stopped on its values (tokens that became NaN or inf, a zero or
+    non-finite initial token, a flow solver out of steps), in one line that says
+    what happened and how to fix it. A `ValueError`, and an `eqx.EquinoxRuntimeError`
+    as the checks inside `jit` raise; the same from sharded and unsharded runs."""
 
 
 # `jaxattn.SimulationError: …` in tracebacks, the name users import it by.
@@ -245,10 +230,9 @@ def runtime_message(error: BaseException) -> str | None:
 
 def surface_errors(fn: _FN) -> _FN:
     """Decorate an entry point so that a value check failing inside its compiled
-    program raises a one-line `SimulationError` (jaxattn's message and the fix)
-    in place of equinox's 30–50 lines, whose "inside JIT" stack points at the
-    call that compiled the program, not the one that failed. The same error as a
-    sharded run's host-side check (`raise_unless`). Idempotent."""
+    program raises a one-line `SimulationError` (as a sharded run's `raise_unless`
+    does) in place of equinox's 30–50 lines, whose "inside JIT" stack points at the
+    call that compiled the program. Idempotent."""
     if getattr(fn, "__surfaces_errors__", False):
         return fn
 
@@ -286,13 +270,9 @@ TOKENS_ZERO = (
 
 
 def _token_defects(x) -> tuple[Array, Array]:
-    """Whether `x` has a NaN/inf entry, and whether it has a zero token.
-
-    A token is zero when its largest entry is: the test is scale-aware (tokens of
-    size `1e-20` are valid; `N_W` rescales them exactly before squaring) and needs
-    no metric (an SPD `W` vanishes only at 0). Subnormal tokens count as zero: CPUs
-    flush them to 0.
-    """
+    """Whether `x` has a NaN/inf entry, and whether it has a zero token: one whose
+    largest entry is zero or subnormal (CPUs flush those to 0). Scale-aware (`N_W`
+    rescales tiny tokens exactly) and metric-free (an SPD `W` vanishes only at 0)."""
     bad_value = ~jnp.all(jnp.isfinite(x))
     zero = jnp.any(jnp.max(jnp.abs(x), axis=-1) < jnp.finfo(x.dtype).tiny)
     return bad_value, zero
@@ -316,10 +296,8 @@ def check_tokens_now(x: Float[Array, "*batch n d"]) -> None:
     """`check_tokens` on concrete tokens, before a run: the `SimulationError` (a
     `ValueError`) that the check inside `jit` surfaces as."""
     bad_value, zero = jax.device_get(_token_defects_jit(x))
-    if bad_value:
-        raise SimulationError(short_message(TOKENS_NONFINITE))
-    if zero:
-        raise SimulationError(short_message(TOKENS_ZERO))
+    raise_unless(not bad_value, TOKENS_NONFINITE)
+    raise_unless(not zero, TOKENS_ZERO)
 
 
 def check_rows_now(x: Float[Array, "*batch n d"], name: str, where: str) -> None:
@@ -330,13 +308,14 @@ def check_rows_now(x: Float[Array, "*batch n d"], name: str, where: str) -> None
     result is NaN for such rows, as documented by each caller."""
     if not is_concrete(x) or x.size == 0:
         return
-    bad_value, zero = jax.device_get(_token_defects_jit(x))
-    if bad_value:
-        raise ValueError(f"{where}: `{name}` contains NaN or inf; pass finite tokens (the "
-                         "tokens of a failed run are not meaningful: check its `success`).")
-    if zero:
-        raise ValueError(f"{where}: a token (row) of `{name}` is zero, so it has no direction; "
-                         "every token needs a nonzero entry.")
+    for bad, message in zip(jax.device_get(_token_defects_jit(x)), (
+        f"`{name}` contains NaN or inf; pass finite tokens (the tokens of a failed run are "
+        "not meaningful: check its `success`).",
+        f"a token (row) of `{name}` is zero, so it has no direction; every token needs a "
+        "nonzero entry.",
+    )):
+        if bad:
+            raise ValueError(f"{where}: {message}")
 
 
 def raise_unless(ok, message: str) -> None:

@@ -344,7 +344,7 @@ def test_sweep_chunk_runs_its_instances_fused_with_the_same_outcomes(monkeypatch
     """A sweep chunk simulates its instances' stacked models once (the fused path under
     `"auto"`), with the verdicts and, to rounding, the numbers of the vmapped general
     path (the table it wrote before)."""
-    import jaxattn._batch as layers
+    import jaxattn._stacked as layers
     from jaxattn.experiments import experiment_config, get_experiment
     from jaxattn.sweep import _instances, sweep_params
 

@@ -23,8 +23,6 @@ from ._dynamics import SelfAttentionDynamics
 from ._manifold import project
 from ._noise import check_noise, system_keys
 from ._stacked import first_model, stack_tokens
-from ._stacked import map_batch as map_batch  # the simulators' maps, imported from here
-from ._stacked import map_systems as map_systems
 from ._validate import as_float_array, check_tokens, check_tokens_now, is_concrete
 
 

@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree, Real
 
-from .._batch import map_systems, prepare_tokens
+from .._batch import prepare_tokens
 from .._ensemble import LastAxis, batch_last
 from .._noise import layer_normal, map_keyed, noisy_layer
-from .._stacked import map_models
+from .._stacked import map_models, map_systems
 from .._validate import NONFINITE
 
 

@@ -10,11 +10,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, Real
 
-from .._batch import map_batch, map_systems, prepare_tokens
+from .._batch import prepare_tokens
 from .._ensemble import batch_last
 from .._manifold import project
 from .._noise import brownian_path, map_keyed, sde_terms
-from .._stacked import map_models
+from .._stacked import map_batch, map_models, map_systems
 from .._validate import NONFINITE, raise_unless
 
 

@@ -46,12 +46,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from .._batch import map_systems
 from .._dynamics import SelfAttentionDynamics
 from .._ensemble import batch_last, chunk_size
 from .._manifold import project
 from .._precision import matmul
-from .._stacked import first_model, map_models, stack_tokens
+from .._stacked import first_model, map_models, map_systems, stack_tokens
 from .._strategy import choose_strategy
 from .._validate import NONFINITE, surface_errors
 from .base import Param

@@ -18,11 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from .._batch import map_batch, prepare_tokens
+from .._batch import prepare_tokens
 from .._dynamics import SelfAttentionDynamics
 from .._horizon import CONSENSUS_TOL
 from .._manifold import w_inner, w_norm
 from .._precision import einsum
+from .._stacked import map_batch
 from ..metrics import hemisphere, misalignment
 from ..spectral import top_eigenvector
 from ._classify import Classification, classify, top_eigen

@@ -1,34 +1,18 @@
 """`antipodal`: antipodal clusters under the common value noise (Fedorov, Sander, Elie,
 Marion, Laurière, "Clustering in Deep Stochastic Transformers", arXiv 2601.21942).
 
-Tokens on the unit sphere `S^{d−1}` under `ja.SelfAttentionDynamics(P = I, U = I, β)`
-with `noise=ja.ValueNoise(σ)`: one matrix Brownian motion per system, shared by its
-tokens (`dx_i = v_i dt + σ P_{x_i} dB_t m_i`, Itô, `m_i = Σ_j α_ij x_j`), run as
-`ja.run_layers` (the noise scaled by `√τ`). For two tokens the cosine `ρ = ⟨x_1, x_2⟩`
-is a one-dimensional diffusion (`ja.theory.antipodal_drift`, `antipodal_diffusion`;
-`docs/noise.md`, "Antipodal clusters"): consensus `ρ = 1` always attracts, and the
-antipodal end `ρ = −1` attracts with positive probability exactly when its exponent
-`ja.theory.antipodal_rate(β, d, σ) < 0`, i.e. past `ja.theory.antipodal_threshold(d, σ)`
-in `β`. The run measures, per dimension `d`:
-
-- `P(antipodal)`: the share of `runs` pairs from independent uniform starts whose
-  gap `1 + ρ` (as `|x_1 + x_2|²/2`, no cancellation) ends below `GAP`, with its
-  binomial standard error, beside `ja.theory.antipodal_probability` (the scale function's
-  `T → ∞` prediction from the same starts);
-- the exponent at the antipodal end: the mean of `log((1 + ρ_T)/(1 + ρ_0))/T_e` from
-  starts at gap `START_GAP` (`T_e = EXPONENT_TIME`), against `antipodal_rate`, on the
-  `β` grid (drawn; it saturates at `log(2/START_GAP)/T_e`, where the gap reaches 2);
-- the threshold: the same exponent from starts at gap `THRESHOLD_GAP`, over
-  `THRESHOLD_TIME`, at `WINDOW_POINTS` values of `β` across `WINDOW · β_c`, with
-  `threshold_runs` pairs, at the layer steps `τ/2` and `τ`. At each step the zero of
-  a weighted straight-line fit of the exponent over `β` is the measured threshold
-  there; a layer is an Euler–Maruyama step, whose bias is `O(τ)`, so the two are
-  extrapolated linearly to `τ → 0`. The verdict asks the extrapolated threshold to
-  be within `THRESHOLD_TOL` (relative) of `antipodal_threshold`: 10 % off fails;
-
-and, for `n = 3, 4, 8` tokens at `--formation-beta` in `--formation-dim`, how often
-the tokens end as one cluster, as two antipodal groups (and of which sizes) or
-otherwise (`formation`).
+Tokens on `S^{d−1}` under `ja.SelfAttentionDynamics(P = I, U = I, β)` with
+`noise=ja.ValueNoise(σ)` (one matrix Brownian motion per system, shared by its
+tokens), run as `ja.run_layers`. For two tokens the antipodal end `ρ = −1` attracts
+with positive probability exactly when `ja.theory.antipodal_rate(β, d, σ) < 0`, past
+`ja.theory.antipodal_threshold(d, σ)`. Per dimension `d` it measures `P(antipodal)`
+(gap `1 + ρ` below `GAP`, binomial errors) beside `ja.theory.antipodal_probability`;
+the exponent at the antipodal end (`START_GAP`, `EXPONENT_TIME`) against
+`antipodal_rate`; and the threshold, the zero of the exponent's line over `β`
+(`THRESHOLD_GAP`, `THRESHOLD_TIME`, `WINDOW_POINTS` across `WINDOW · β_c`) at the
+layer steps `τ/2` and `τ`, extrapolated to `τ → 0` and judged within `THRESHOLD_TOL`
+of `antipodal_threshold`. For `n = 3, 4, 8` tokens it counts how they end
+(`formation`). The diffusion, the measures and the numbers: `docs/antipodal.md`.
 """
 
 import math
@@ -53,7 +37,7 @@ from ..theory import (
 from .base import AbstractExperiment, Param, Verdict
 from .pieces import advance
 from .runner import MAX_LAYERS
-from .verdicts import extrapolate, short
+from .verdicts import extrapolate, finite_or_none, short
 
 #: A pair ends antipodal when `1 + ρ_T < GAP`, in one cluster when `1 − ρ_T < GAP`.
 GAP = 1e-2
@@ -168,18 +152,15 @@ class Antipodal(AbstractExperiment):
         Param("formation_dim", int, 4, "dimension d of the n > 2 formations", 2),
     )
 
-    def check_config(self, config):
+    def refusals(self, config):
         end = max(config.horizon, EXPONENT_TIME)
         layers = end / config.tau * 2  # the threshold runs' step is τ/2
-        refusals = (
+        return (
             (config.tau > 0.5, f"--tau must be ≤ 0.5 (a layer is one step of the SDE), got "
              f"{config.tau!r}."),
             (not layers <= MAX_LAYERS, f"--tau {config.tau!r} takes {layers:.3g} layers of τ/2 "
              f"to reach T = {end:g}, more than {MAX_LAYERS} (JAX counts in int32): take a "
              "larger --tau."))
-        for refused, message in refusals:
-            if refused:
-                raise ValueError(message)
 
     def simulate(self, config, progress):
         key = jax.random.PRNGKey(config.seed)
@@ -262,7 +243,7 @@ class Antipodal(AbstractExperiment):
                           "measured": zero, "measured_se": zero_se,
                           "relative_error": abs(zero / predicted - 1) if predicted else None}
             out[f"d={int(d)}"] = found | {
-                "grid_crossing": _json(level_crossing(betas, data["rate"][i], falling=True,
+                "grid_crossing": finite_or_none(level_crossing(betas, data["rate"][i], falling=True,
                                                       at_start=True)),
                 "step": float(betas[1] - betas[0]),
                 "p_antipodal_at_beta_max": float(p),
@@ -426,6 +407,3 @@ def _pm(t: dict) -> str:
     return f"{t['measured']:.4g} ± {t['measured_se']:.2g}"
 
 
-def _json(value) -> float | None:
-    value = float(value)
-    return value if math.isfinite(value) else None

@@ -17,7 +17,7 @@ import dataclasses
 import math
 import sys
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -246,10 +246,21 @@ class AbstractExperiment(abc.ABC):
         """Where its figure goes: `folder/<name, with underscores>` (`.png`, `.pdf`)."""
         return Path(folder) / self.name.replace("-", "_")
 
-    def check_config(self, config: dict[str, Any]) -> None:
-        """Refuse, with a one-line `ValueError`, settings the experiment cannot run or
-        judge that no `Param` minimum catches: `runner.experiment_config` calls it
-        before any folder is made or any work is done."""
+    def refusals(self, config: "Config") -> Iterable[tuple[bool, str]]:
+        """The settings the experiment cannot run or judge that no `Param` minimum
+        catches, as `(refused, one-line message)` pairs in the order they are checked
+        (a generator may compute a later pair assuming the earlier ones passed). A hook:
+        none by default."""
+        return ()
+
+    @typing.final
+    def check_config(self, config: "Config") -> None:
+        """Refuse, with the one-line `ValueError` of the first of `refusals` that
+        applies: the config's post-init, so `runner.experiment_config` refuses before
+        any folder is made or any work is done."""
+        for refused, message in self.refusals(config):
+            if refused:
+                raise ValueError(message)
 
     @abc.abstractmethod
     def simulate(self, config: dict[str, Any], progress: bool) -> dict[str, np.ndarray]:

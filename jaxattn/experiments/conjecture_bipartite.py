@@ -44,9 +44,9 @@ class ConjectureBipartite(AbstractSearch):
     )
     settings = {"h1_": 1, "h2_": 2, "h3_": 3}
 
-    def check_config(self, config):
-        if not config.split < config.tokens:
-            raise ValueError(f"--split must be in 1..{config.tokens - 1}, got {config.split}.")
+    def refusals(self, config):
+        return ((not config.split < config.tokens,
+                 f"--split must be in 1..{config.tokens - 1}, got {config.split}."),)
 
     def explore(self, config, h, progress):
         n, m, d, R = config.tokens, config.split, config.dim, config.restarts

@@ -1,28 +1,17 @@
 """`equiangular`: the equiangular reduction (Rigollet, "The Mean-Field Dynamics of
 Transformers", arXiv 2512.01868).
 
-`n` unit tokens with `⟨x_i, x_j⟩ = ρ0` for every `i ≠ j` (`ja.theory.equiangular_tokens`)
-run under `ja.SelfAttentionDynamics(P = I, U = I, β)` for each normalisation placement
-and both kernels that depend on `⟨x_i, x_j⟩` alone (softmax and `"exp"`,
-`exp(β⟨x_i, x_j⟩)/n`). Symmetry keeps them equiangular, so the `n`-particle flow
-(`ja.solve_flow`, float64, tolerances `RTOL`/`ATOL`) must follow the reduced ODE
-(`ja.theory.equiangular_solution`) for the common cosine `ρ(t)` (and the common norm
-`r(t)` of `"pre"`, `"peri"`, `"none"`). The run measures, per placement and kernel:
-
-- `ρ` as the mean off-diagonal entry of the Gram matrix of the unit directions, and
-  the spread of those entries (max − min: 0 while the tokens stay equiangular);
-- `1 − ρ` as the mean of `|u_i − u_j|²/2` (no cancellation, down to ~1e-29);
-- the late-time rate: the slope of `log(1 − ρ)` against `t` (exponential placements)
-  or against `log r` (algebraic ones: `"pre"` and `"peri"`, whose norm `r` grows as
-  `t`) over the second half of the run, beside `ja.theory.equiangular_asymptotics`;
-  the slope against `log t` is reported too, but it still carries the norm's offset
-  `r − t` at the horizon, so it is not judged.
-
-The verdict asks both: the flow on the ODE to `AGREEMENT`, and every rate read from
-the flow within `RATE_TOL` (relative) of the predicted one.
-
-`"none"` with `"exp"` blows up in finite time, and is not run. The derivation:
-`docs/limits.md`, "The equiangular reduction".
+`n` unit tokens with `⟨x_i, x_j⟩ = ρ0` (`ja.theory.equiangular_tokens`) run under
+`ja.SelfAttentionDynamics(P = I, U = I, β)` for each normalisation placement with
+softmax and `"exp"` (`ja.solve_flow`, float64, `RTOL`/`ATOL`); symmetry keeps them
+equiangular, so the flow must follow the reduced ODE
+(`ja.theory.equiangular_solution`) for the common cosine `ρ(t)` (and norm `r(t)`).
+Per placement and kernel it measures `ρ` and the spread of the Gram matrix's
+off-diagonal entries, `1 − ρ` without cancellation, and the late-time rate of
+`log(1 − ρ)` (against `t`, or `log r` for `"pre"` and `"peri"`) beside
+`ja.theory.equiangular_asymptotics`. Judged: the flow on the ODE to `AGREEMENT` and
+every rate within `RATE_TOL`. `"none"` with `"exp"` blows up in finite time and is not
+run. The derivation and the numbers: `docs/limits.md`, "The equiangular reduction".
 """
 
 import math
@@ -43,7 +32,7 @@ from .._norm import BUILTIN as NORM_BUILTIN
 from ..metrics import fit_slope
 from ..theory import equiangular_asymptotics, equiangular_solution, equiangular_tokens
 from .base import BETA, AbstractExperiment, Param, Verdict
-from .verdicts import short
+from .verdicts import finite_or_none, short
 
 #: The members the study runs (in its arrays' order): every built-in placement, those
 #: on `E_W` first, and the built-in kernels the reduction covers (weights
@@ -148,16 +137,13 @@ class Equiangular(AbstractExperiment):
               "is read from the second half)", 4),
     )
 
-    def check_config(self, config):
+    def refusals(self, config):
         n = config.tokens
-        refusals = (
+        return (
             (config.dim < n, f"--dim must be ≥ --tokens ({n}): {n} equiangular tokens span {n} "
              f"dimensions; got --dim {config.dim}."),
             (not -1 / (n - 1) <= config.rho0 < 1, f"--rho0 must lie in [−1/(n − 1), 1) = "
              f"[{-1 / (n - 1):.4g}, 1) for --tokens {n}, got {config.rho0!r}."))
-        for refused, message in refusals:
-            if refused:
-                raise ValueError(message)
 
     def simulate(self, config, progress):
         ts = jnp.linspace(0.0, config.horizon, config.saves + 1)
@@ -188,15 +174,15 @@ class Equiangular(AbstractExperiment):
             for j, norm in enumerate(NORMS):
                 law = equiangular_asymptotics(config.tokens, config.beta, norm=norm,
                                               kernel=kernel)
-                entry = {"kind": law.kind, "law": law.law, "predicted": _json(law.rate)}
+                entry = {"kind": law.kind, "law": law.law, "predicted": finite_or_none(law.rate)}
                 if not skipped(norm, kernel):
                     ts, flow, ode = data["ts"], data["gap_flow"][i, j], data["gap_ode"][i, j]
-                    entry |= {"flow": _json(late_rate(ts, flow, law.kind,
+                    entry |= {"flow": finite_or_none(late_rate(ts, flow, law.kind,
                                                       data["radius_flow"][i, j])),
-                              "ode": _json(late_rate(ts, ode, law.kind,
+                              "ode": finite_or_none(late_rate(ts, ode, law.kind,
                                                      data["radius_ode"][i, j])),
-                              "flow_in_t": _json(late_rate(ts, flow, law.kind)),
-                              "final_rho": _json(data["rho_ode"][i, j, -1])}
+                              "flow_in_t": finite_or_none(late_rate(ts, flow, law.kind)),
+                              "final_rho": finite_or_none(data["rho_ode"][i, j, -1])}
                 out[f"{kernel.name}_{norm.name}"] = entry
         return out
 
@@ -330,7 +316,4 @@ def _law(rate: dict) -> str:
     return rate["law"]
 
 
-def _json(value) -> float | None:
-    value = float(value)
-    return value if math.isfinite(value) else None
 

@@ -1,45 +1,24 @@
 """`hardmax`: the `β → ∞` limit of attention as Frank–Wolfe (Alcalde, Geshkovski,
 Ruiz-Balet, "Attention's forward pass and Frank–Wolfe", arXiv 2508.09628, revised
-abstract: for NSD `P` "the dynamics converge with the standard sublinear rate
-O(t^−1) on the quadratic energy", and at finite `β` the tokens collapse "to some
-point within the initial convex hull").
+abstract).
 
-The update (`frank_wolfe`): each token takes a step towards what it attends to,
+The update (`frank_wolfe`, built from `dyn.attention` in a `lax.scan`: the library's
+`norm="none"` layer lacks the residual `−x_i`):
 
     x_i ← x_i + γ_t (Σ_j α_ij x_j − x_i),    γ_t = τ (constant) or 2/(t + 2),
 
-with `α` the weights of `ja.SelfAttentionDynamics.attention` (one head, `U = I`):
-softmax at `β`, or `kernel="hardmax"`, `α_ij = 1/|C_i|` on the tokens `C_i` of
-largest score `x_iᵀ P x_j` (exactly equal scores split equally). It has the
-residual `−x_i`, which the library's `norm="none"` layer `x_i + τ Σ_j α_ij U x_j`
-lacks, so it is built here from `dyn.attention` in a `lax.scan` (dense: the sizes
-are small). With hardmax it is a Frank–Wolfe step for `f(y) = −½ yᵀ P y` over the
-convex hull of the current tokens: the linear minimiser of `⟨∇f(x_i), s⟩ =
-−x_iᵀ P s` over the hull is a vertex of largest score, and `γ_t` is the step size.
-
-What it measures, in 2-D and float64:
-
-1. PSD `P` (the identity, or a random positive definite matrix, `--random-psd`):
-   `--vertices` sites on the ellipse `vᵀ P v = 1` and `--tokens` interior tokens
-   (random convex combinations). Every site is then its own unique maximiser of
-   `vᵀ P y` over the hull, and `argmax_k xᵀ P v_k` is the nearest site in the
-   `P`-metric (`|x − v|²_P = |x|²_P − 2 xᵀ P v + 1`): the cells are the Voronoi
-   cells of the sites (`scipy.spatial`, in whitened coordinates `Lᵀ x`,
-   `P = L Lᵀ`). Checked per token: the sites never move, each interior token stays
-   in its initial cell, moves on the straight line to its site, and its distance to
-   it shrinks by `1 − τ` each step.
-2. NSD `P` (`−` the same matrix), centred Gaussian tokens: the tokens collapse; the
-   paper's quadratic energy `f(x_i) = −½ x_iᵀ P x_i` (mean over the tokens, less its
-   value at the collapse point: `energy`) and the mean Frank–Wolfe gap
-   `g_i = max_j x_iᵀ P x_j − x_iᵀ P x_i` (`≥ 0`, zero at consensus) against `t` for
-   `γ_t = 2/(t + 2)` (the `O(1/t)` rate) and for constant `τ`, and where the cluster
-   ends: its distance from the origin, and whether it lies in the initial hull.
-3. Softmax at `β` against hardmax, same start and steps (case 1): the largest
-   distance after one step on `ONE_STEP` values of `β` from `4/g` to `18/g`, whose
-   fitted rate must be `g` (the start's smallest score gap: `exp(−β g)`) to
-   `RATE_TOL`; and on `β` from 1 to `--beta-max` the largest distance over the run,
-   the step where it is reached, and its local slopes in `log β` (it crosses over
-   between regimes, so no single power is fitted).
+with `α` softmax at `β` or `kernel="hardmax"`: with hardmax, a Frank–Wolfe step for
+`f(y) = −½ yᵀ P y` over the hull of the tokens. In 2-D and float64 it measures:
+(1) PSD `P` (`--random-psd`), `--vertices` sites on `vᵀ P v = 1` and `--tokens`
+interior tokens: the sites never move, each token stays in its Voronoi cell (in the
+`P`-metric), moves on the line to its site and shrinks its distance by `1 − τ` a step;
+(2) NSD `P`: the collapse, the paper's quadratic energy (`energy`) and the mean
+Frank–Wolfe gap against `t`, and whether the collapse point lies in the initial hull;
+(3) softmax against hardmax: the one-step distance on `ONE_STEP` values of `β`, whose
+fitted rate must be the start's smallest score gap `g` to `RATE_TOL`, and on `β` up to
+`--beta-max` the largest distance over the run with its local slopes in `log β`.
+The reading, the measured numbers and what changed: `docs/limits.md` ("The hardmax
+limit").
 """
 
 import math
@@ -229,10 +208,9 @@ class Hardmax(AbstractExperiment):
         Param("nsd_steps", int, 2000, "steps of the NSD runs", 10),
     )
 
-    def check_config(self, config):
-        if config.tau > 1:
-            raise ValueError(f"--tau is a Frank–Wolfe step size: it must be ≤ 1, got "
-                             f"{config.tau!r}.")
+    def refusals(self, config):
+        return ((config.tau > 1, f"--tau is a Frank–Wolfe step size: it must be ≤ 1, got "
+                 f"{config.tau!r}."),)
 
     def simulate(self, config, progress):
         from scipy.spatial import ConvexHull

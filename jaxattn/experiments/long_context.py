@@ -1,48 +1,18 @@
 """`long-context`: critical attention scaling (Chen, Lin, Polyanskiy, Rigollet, "Critical
 attention scaling in long-context transformers", arXiv 2510.05554, ICLR 2026).
 
-The paper's model (§2, the layer (2.2); all weights the identity): tokens `x_i ∈ R^d`
-are normalised, `y_i = x_i / |x_i|`, and one attention layer maps them to
-`x'_i = Σ_j A_ij y_j + α x_i` with `A_ij = softmax_j(β_n ⟨y_i, y_j⟩)` and the
-attention scaling `β_n = γ log n`. Its tokens form a simplex (Assumption 1: equal
-norms and `⟨y_i, y_j⟩ = ρ` for `i ≠ j`; Assumption 2 lets both vary in a range).
-Its main result (Theorem 2.1, with the angle ratio λ of (3.2)) is a phase transition
-at
-
-    γ_c = 1 / (1 − ρ):
-
-below it the attention is spread over all tokens and they collapse onto one
-direction; above it the attention reduces to the identity (`A_ii → 1`). On the
-simplex the reason is one line: `A_ii = 1 / (1 + (n − 1) n^{−γ(1−ρ)})`, so that
-`A_ii = 1/2` at the finite-`n` value `γ_n = log(n − 1) / ((1 − ρ) log n) → γ_c`.
-
-Here the layer is `ja.SelfAttentionDynamics(P = I, U = I, β = γ log n, norm="ngpt")`:
-with `τ = 1` its layer is `x_i ← N(Σ_j α_ij x_j)`, the paper's layer without the
-residual (as in its figure of λ) followed by the next layer's normalisation, which
-changes no angle; `τ < 1` adds a residual, `N((1 − τ) x_i + τ N(Σ_j α_ij x_j))`.
-The tokens are an almost-simplex in high dimension: `y_i = √ρ e + √(1 − ρ) g_i` with
-`g_i` uniform on the unit sphere orthogonal to `e` (for `ρ = 0`, uniform tokens), so
-`⟨y_i, y_j⟩ = ρ + O((1 − ρ)/√d)`. The dimension grows with `n`:
-`d(n) = ⌈--dim · (log n / log n_max)²⌉` (`dims`), so `d / log n` grows like `log n`
-and the fluctuations' shift of the crossing (relative `≈ log n / (2d)`, `finite_dim`)
-falls as `n` grows: the study tests `n → ∞`, not one `d`. For every `n` (log-spaced)
-and `γ` it measures:
-
-- the identity: the mean diagonal attention weight `α_ii` of the input tokens,
-  computed in blocks of rows (never the `n × n` matrix);
-- the collapse, by a measure of our own (not the paper's angle ratio (3.2)): the
-  mean squared distance between tokens after `L` layers over its value before,
-  `λ = (1 − r_L²) / (1 − r_0²)` with `r = |mean_i x_i|` (unit tokens:
-  `mean_ij |x_i − x_j|² = 2 (1 − r²)`), `λ → 0` when they collapse and `λ → 1` when
-  they do not move.
-
-Each `n`'s critical `γ` is read where `α_ii` crosses 1/2 (`ja.metrics.level_crossing`,
-interpolated in `logit α_ii`, which is linear in `γ` on the exact simplex) and where
-`λ` does, and set beside the prediction `1 / (1 − ρ̂)` (`ρ̂` the tokens' measured
-mean inner product) and its finite-`n` value `γ_n` (`predicted_crossing`). Judged: at
-the largest `n`, the identity's crossing within `TOL` of `γ_n`, and closer to `γ_c`
-than at the smallest `n` (the approach to `n → ∞`). `λ`'s crossing is reported, not
-judged. The equations and their sources: `docs/long_context.md`.
+The paper predicts a phase transition of one attention layer with scaling
+`β_n = γ log n` on a simplex of tokens (`⟨y_i, y_j⟩ = ρ`) at `γ_c = 1 / (1 − ρ)`: below
+it the tokens collapse, above it `A_ii → 1`; on the simplex `A_ii = 1/2` at
+`γ_n = log(n − 1) / ((1 − ρ) log n)` (`predicted_crossing`). Here the layer is
+`ja.SelfAttentionDynamics(P = I, U = I, β = γ log n, norm="ngpt")` (`τ < 1` adds a
+residual), the tokens an almost-simplex in the dimension `d(n)` (`dims`, growing with
+`n`; `finite_dim`). For every `n` and `γ` it measures the mean `α_ii` (in blocks of
+rows) and our collapse measure `λ = (1 − r_L²) / (1 − r_0²)`, `r = |mean_i x_i|`; each
+`n`'s critical `γ` is where `α_ii` (in logit) and `λ` cross 1/2
+(`ja.metrics.level_crossing`). Judged: at the largest `n` the identity's crossing
+within `TOL` of `γ_n` and closer to `γ_c` than at the smallest `n`; `λ`'s crossing is
+reported. The model, the equations and their sources: `docs/long_context.md`.
 """
 
 import math
@@ -62,7 +32,7 @@ from .._manifold import sample_ellipsoid
 from .._precision import einsum
 from ..metrics import level_crossing
 from .base import AbstractExperiment, Param, Verdict
-from .verdicts import short
+from .verdicts import finite_or_none, short
 
 #: A small run for tests and smoke checks: `jaxattn run long-context` with these.
 QUICK = {"n_min": 20, "n_max": 200, "per_decade": 2, "gammas": 5, "dim": 16}
@@ -204,17 +174,14 @@ class LongContext(AbstractExperiment):
               0.0),
     )
 
-    def check_config(self, config):
-        refusals = (
+    def refusals(self, config):
+        return (
             (config.n_max < config.n_min, f"--n-max ({config.n_max}) must be ≥ --n-min "
              f"({config.n_min})."),
             (config.gamma_max <= config.gamma_min, f"--gamma-max ({config.gamma_max!r}) must "
              f"be > --gamma-min ({config.gamma_min!r})."),
             (not 0 <= config.rho < 1, "--rho is the tokens' mean inner product: it must lie "
              f"in [0, 1), got {config.rho!r}."))
-        for refused, message in refusals:
-            if refused:
-                raise ValueError(message)
 
     def simulate(self, config, progress):
         rho, gammas = config.rho, gamma_grid(config)
@@ -257,10 +224,10 @@ class LongContext(AbstractExperiment):
                 f"{short(gap[-1])}); our distance ratio λ (not the paper's angle ratio) "
                 f"crosses 1/2 at γ = {short(est['gamma_collapse'][0])} … "
                 f"{short(est['gamma_collapse'][-1])}")
-        per_size = [{"n": int(m), "d": int(d[i]), **{k: _json(v[i]) for k, v in est.items()}}
-                    for i, m in enumerate(n)]
-        numbers = {k: _json(v[-1]) for k, v in est.items()} | {
-            "n": int(n[-1]), "d": int(d[-1]), "relative_error": _json(error),
+        per_size = [{"n": int(m), "d": int(d[i]),
+                     **{k: finite_or_none(v[i]) for k, v in est.items()}} for i, m in enumerate(n)]
+        numbers = {k: finite_or_none(v[-1]) for k, v in est.items()} | {
+            "n": int(n[-1]), "d": int(d[-1]), "relative_error": finite_or_none(error),
             "approaches_gamma_c": bool(closer)}
         return Verdict(ok, line, numbers, {"per_size": per_size})
 
@@ -306,6 +273,3 @@ class LongContext(AbstractExperiment):
         figures.legend_below(ax, ncol=1)
 
 
-def _json(value) -> float | None:
-    value = float(value)
-    return value if math.isfinite(value) else None

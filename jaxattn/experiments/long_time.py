@@ -1,18 +1,13 @@
-"""Long horizons of the attention flow: what a run to `t = 10⁸` and beyond needs.
+"""Long horizons of the attention flow: what a run to `t = 10⁸` and beyond needs
+(`metastability`; the mechanism: `docs/limits.md`, "Metastability and long horizons").
 
-The tokens of the unnormalised dynamics (`kernel="usa"`, weights
-`exp(β(⟨x_i, x_j⟩ − 1)) / n`) sit near a configuration of a few clusters for a time
-exponentially long in `β`, then two clusters merge quickly, and so on (Geshkovski,
-Koubbi, Polyanskiy, Rigollet, "Dynamic metastability in the self-attention model",
-2024). The flow is then saved on a logarithmic grid (`log_grid`), stopped by an
-event when the tokens have merged (`merged`), and read as a staircase of its
-interaction energy (`ja.metrics.interaction_energy`, `ja.metrics.plateaus`); each
-plateau sits near a saddle of the energy whose index (`ja.metrics.saddle_index`) is
-the number of its unstable directions, read here with the clusters as point masses
-(`cluster_index`, on `ja.metrics.cluster_labels`). The integrators that reach
-those horizons, the paper's `rescaled_euler` and `rescaled_flow` (stepping in a
-rescaled time, the clusters snapped to point masses), are `ja.metrics`'; they are
-re-exported here, with `SNAP` (`ja.metrics.RESCALED_SNAP`).
+The flow is saved on a logarithmic grid (`log_grid`), stopped by an event when the
+tokens have merged (`merged`), and read as a staircase of plateaus
+(`ja.metrics.interaction_energy`, `ja.metrics.plateaus`), each plateau's saddle index
+read with the clusters as point masses (`cluster_index`, on
+`ja.metrics.cluster_labels`). The integrators that reach those horizons, the paper's
+`rescaled_euler` and `rescaled_flow`, are `ja.metrics`'; they are re-exported here,
+with `SNAP` (`ja.metrics.RESCALED_SNAP`).
 """
 
 import math

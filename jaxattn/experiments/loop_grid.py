@@ -148,13 +148,15 @@ class LoopGridExperiment(AbstractExperiment):
 
     recorded = (("model", None),)
 
+    def refusals(self, config):
+        return ((config.model is None and sum(bool(config[k]) for k in _MODELS) > 1,
+                 "choose at most one of --gpt-neo, --minilm, --smollm2."),)
+
     def model(self, config) -> str:
         """The name of the model `config` loops."""
         if config.model is not None:
             return config.model
         chosen = [_MODELS[k] for k in _MODELS if config[k]]
-        if len(chosen) > 1:
-            raise ValueError("choose at most one of --gpt-neo, --minilm, --smollm2.")
         return chosen[0] if chosen else "gpt2"
 
     def simulate(self, config, progress):

@@ -63,13 +63,8 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
     `data.npz` (`E` `(prompts, passes·L+1)`, the ids, saved states),
     `loop.png`/`loop.pdf` and `summary.json`. Returns the folder.
 
-    The loop runs one pass at a time under a progress bar and streams to disk: every
-    `chunk_passes` passes, `E` of those passes goes to `chunks/NNNNNN.npz` and the
-    hidden state after them (the carry) to `chunks/carry.npz`, each written
-    atomically. With `resume`, a folder whose run was killed continues from its last
-    chunk, to the same `data.npz` as a run left alone (bit for bit on the CPU); its
-    settings must be the same. At the end the chunks are gathered into `data.npz`
-    and removed.
+    The loop streams to disk in chunks of `chunk_passes` passes (`chunks/`), from which
+    `resume` continues a killed run to the same `data.npz` (`docs/usage/models.md`).
 
     `config.json` records the SHA-256 of the files the loop reads (the weight files
     of trained weights, the tokenizer and the prompts of `text`), and a resume

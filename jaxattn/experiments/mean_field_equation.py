@@ -1,27 +1,17 @@
-"""`mean-field`: the mean-field equation itself (`ja.meanfield`,
-`docs/meanfield_equation.md`), on the circle (`d = 2`).
+"""`mean-field`: the mean-field equation itself (`ja.meanfield`), on the circle (`d = 2`).
 
-1. **Particles → the equation.** `n` independent samples of a smooth density `μ_0`
-   (`ja.meanfield.sample`) run under `ja.meanfield.circle_particles` (one head,
-   `P = I`, `U = I`, kernel `"exp"`, no noise: `ja.solve_flow`'s flow with its field
-   summed in Fourier modes, `O(n)` per step, so `n = 10⁵` by default; the first sample
-   is checked against `solve_flow`), and the equation with `σ = 0`, `K = 1` runs from
-   `μ_0` itself. At `t = --horizon` the distance of the first modes (`mode_distance`,
-   `1 ≤ |k| ≤ 4`) between the particles' empirical measure and `μ_t`, RMS over
-   `--seeds · n_max / n` samples (at most 64), for `n = 10², 10³, …` up to
-   `--max-tokens`, with the distance at `t = 0` as a control variate (its mean is
-   known exactly: `ja.meanfield.sampling_distance`). Predicted: the sampling error
-   carried by the flow, `∝ n^{−1/2}`; the fit must resolve a 10 % error in that
-   slope (three standard errors at most 0.05) and agree with it within them.
-2. **The noisy phase diagram at `n = ∞`** (the papers' normalisation, `σ = 1`, kernel
-   USA) over `β/β* ∈ [0.5, 2.5]` and `K/K_# ∈ [0.6, 1.4]`: from the uniform density
-   tilted by `10⁻⁴` (up) and from a cap (down), run for `--settle`. Measured: the first
-   mode's growth rate (log-linear fit over `t ≤ 2`), whose zero crossing in `K` is the
-   threshold `K_#` (against `ja.theory.noisy_threshold`), and, above `β*`, the coupling
-   where the caps' free energy meets the uniform density's (first read on the grid,
-   on a parabola through the smallest couplings where the caps settled ordered, then
-   between 9 caps within ±4 % of it), the uniform density's, `K_c` (against
-   `ja.meanfield.transition_coupling`, an independent zonal minimisation).
+1. **Particles → the equation**: `n` samples of `μ_0` (`ja.meanfield.sample`) moved by
+   `ja.meanfield.circle_particles` against the equation from `μ_0`; at `t = --horizon`
+   the RMS `mode_distance` over samples, for `n = 10², 10³, …` up to `--max-tokens`,
+   with the distance at `t = 0` as a control variate
+   (`ja.meanfield.sampling_distance`). Predicted `∝ n^{−1/2}`; the fit must resolve a
+   10 % error in the slope and agree with it.
+2. **The noisy phase diagram at `n = ∞`** (USA, `σ = 1`) over `β/β*` and `K/K_#`: the
+   threshold `K_#` from the first mode's growth rate (against
+   `ja.theory.noisy_threshold`) and, above `β*`, `K_c` where the settled caps' free
+   energy meets the uniform density's (against `ja.meanfield.transition_coupling`).
+
+The setup, the tolerances and the measured numbers: `docs/meanfield_equation.md`.
 """
 
 import math

@@ -2,48 +2,21 @@
 Koubbi, Polyanskiy, Rigollet, "Dynamic metastability in the self-attention model",
 2024; their script `staircase.py`).
 
-`n` tokens drawn uniformly on the sphere `S^{d−1}` follow the `usa` flow (weights
-`exp(β(⟨x_i, x_j⟩ − 1)) / n`, the `exp` dynamics in time rescaled by `e^β`), in
-float64, saved on a logarithmic grid up to `--horizon` (or `10^{--log-horizon}`) and
-stopped by an event once `--target` clusters are left. Two integrators:
-`--integrator plain` takes adaptive implicit steps in `t` (`ja.solve_flow`,
-Kvaerno3, stopped by `long_time.merged`); its final merger is the end of the step
-where the count dropped, and a solver in `t` stops at `2⁵² ≈ 4.5·10¹⁵`.
-`--integrator rescaled` (`long_time.rescaled_flow`) steps in a rescaled time `s`
-(one unit per unit of `log t` on a plateau, per closing distance in a merger), the
-clusters joined as point masses once their tokens are `1e-7` apart, and locates
-every merger by its event: at β = 500 the eight tokens' last merger, near
-`t = 5·10²⁸³`, in ~10 s. For each `β`: the interaction energy
-`E = (1/n²) Σ_ij e^{β(⟨x_i, x_j⟩ − 1)}` (`ja.metrics.interaction_energy`) and the
-cluster count over time; the plateaus of the count and the mergers between them
-(`ja.metrics.plateaus`); on each plateau the index of the saddle the tokens sit near
-(`long_time.cluster_index`: `ja.metrics.saddle_index`, the number of unstable
-directions of the tangent Hessian of `E`, the clusters taken as point masses) and
-the length the paper's mechanism predicts, the two closest clusters alone: the
-exact two-cluster integral (`long_time.merge_time`, to a chord `eps`) and beside it
-Laplace's leading term (`long_time.two_cluster_time`: `n e^{β(1 − cos δ)} /
-((m_a + m_b) β sin² δ)`, exponential in `β`; 4 % high at β = 10), both from the
-first save on the plateau, against the measured time from that save to the merger.
-
-The final merger (two clusters → `--target`) is where the event stops the run: its
-time is the run's `t1` (recorded and drawn as the staircase's last step). A plateau
-is **post-transient** when it is not the first (the initial scatter settling into
-clusters) and lasts at least as long as the time before it (`length ≥ start`: a
-step on the log-time axis, not a quick succession of mergers). Judged:
-
-1. each final merger's time within `FINAL_TOL` of the exact two-cluster integral (two
-   clusters alone are the integral's setting; a run that reaches none fails);
-2. every other post-transient plateau within a decade of it (the other clusters
-   pull on the closing pair);
-3. on the circle, the saddle index `k − 1` on each post-transient `k`-cluster
-   plateau (`k` clusters on a circle: `k − 1` unstable directions of their relative
-   angles) whose clusters' couplings span at most `SPAN_MAX` decades
-   (`long_time.coupling_span`; past that a float64 Hessian rounds the weak
-   couplings' modes away, as at β = 500). The indices of the transients and of the
-   unresolved plateaus are stated, not judged.
-
-With the rescaled integrator the plateaus end at the mergers its events located;
-with the plain one, between two saves (the staircase's jumps).
+`n` uniform tokens on `S^{d−1}` follow the `usa` flow in float64, saved on a
+logarithmic grid up to `--horizon` (or `10^{--log-horizon}`) and stopped by an event
+once `--target` clusters are left; `--integrator plain` solves in `t` (`ja.solve_flow`,
+Kvaerno3), `--integrator rescaled` steps in a rescaled time (`long_time.rescaled_flow`).
+For each `β` it records the energy `ja.metrics.interaction_energy`, the cluster count's
+plateaus and mergers (`ja.metrics.plateaus`), each plateau's saddle index
+(`long_time.cluster_index`) and the two-cluster merge time, exact
+(`long_time.merge_time`) and Laplace's term (`long_time.two_cluster_time`). A plateau
+is post-transient when it is not the first and `length ≥ start`. Judged: each final
+merger (the run's `t1`) within `FINAL_TOL` of the exact integral; the other
+post-transient plateaus within a decade of it; on the circle, the saddle index `k − 1`
+on each post-transient `k`-cluster plateau whose couplings span at most `SPAN_MAX`
+decades (`long_time.coupling_span`). Everything else is stated, not judged. The
+mechanism, the integrators and the measured numbers: `docs/limits.md` ("Metastability
+and long horizons").
 """
 
 import math
@@ -71,7 +44,7 @@ from .long_time import (
     rescaled_flow,
     two_cluster_time,
 )
-from .verdicts import short
+from .verdicts import finite_or_none, short
 
 #: A small run for tests and smoke checks: `jaxattn run metastability` with these.
 QUICK = {"tokens": 8, "betas": 2, "beta_min": 20.0, "beta_max": 30.0, "saves": 80}
@@ -236,9 +209,9 @@ class Metastability(AbstractExperiment):
               "integrator: 4096 per segment between two events)", 1),
     )
 
-    def check_config(self, config):
+    def refusals(self, config):
         log, eps, plain = config.log_horizon, config.eps, not rescaled(config)
-        refusals = (
+        return (
             (not config.beta and config.beta_max < config.beta_min, f"--beta-max "
              f"({config.beta_max!r}) must be ≥ --beta-min ({config.beta_min!r})."),
             (config.beta < 0, f"--beta must be ≥ 0 (0: the grid), got {config.beta!r}."),
@@ -256,9 +229,6 @@ class Metastability(AbstractExperiment):
              f"resolved closer), got {eps!r}."),
             (not log and config.horizon <= T_MIN, f"--horizon must be > {T_MIN:g}, got "
              f"{config.horizon!r}."))
-        for refused, message in refusals:
-            if refused:
-                raise ValueError(message)
 
     def simulate(self, config, progress):
         bs = betas(config)
@@ -310,7 +280,7 @@ class Metastability(AbstractExperiment):
         numbers = {"mergers": len(last["mergers"]), "final_mergers": len(finals),
                    "final_rel_error": final_err, "worst_log10_ratio": worst,
                    "long_plateaus": len(others), "steps": int(np.sum(data["steps"]))}
-        return Verdict(ok, line, numbers, {"per_beta": _finite(per_beta)})
+        return Verdict(ok, line, numbers, {"per_beta": finite_or_none(per_beta)})
 
     def draw(self, config, data, folder: Path):
         plt = figures.pyplot()
@@ -392,12 +362,3 @@ def _decade_ticks(axis, lo: float, hi: float, most: int = 8) -> None:
     axis.set_minor_locator(mticker.NullLocator())
 
 
-def _finite(value):
-    """`value` with infinite and NaN floats as `None` (JSON)."""
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

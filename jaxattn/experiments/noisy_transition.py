@@ -1,64 +1,20 @@
 """`noisy-transition`: the phase transition of the noisy transformer on the sphere
 (Mun & Rosenzweig 2026: arXiv 2604.16288 for d = 2, 2606.05140 for every d ≥ 2).
 
-The model: `n` tokens on `S^{d−1}`, the unnormalised self-attention (`kernel="usa"`,
-`P = I`, `U = c I`) and independent noise on every token (`ja.TokenNoise(σ)`, the
-layers of `ja.run_layers` with noise `σ √τ`):
+`n` tokens on `S^{d−1}`, kernel `"usa"`, `P = I`, `U = c I`, `ja.TokenNoise(σ)`:
 
-    dx_i = c e^{−β} P_{x_i} (1/n) Σ_j e^{β⟨x_i, x_j⟩} x_j dt + σ P_{x_i} ∘ dB^i_t.
+    dx_i = c e^{−β} P_{x_i} (1/n) Σ_j e^{β⟨x_i, x_j⟩} x_j dt + σ P_{x_i} ∘ dB^i_t,
 
-Its mean-field limit is the gradient flow of the papers' free energy
-`∫ ρ log ρ − K ∫∫ W_β(⟨x, y⟩) dρ dρ`, `W_β(t) = (e^{βt} − 1)/β`, with the coupling
-`K = c e^{−β} / σ²` (the stationary densities solve `ρ ∝ exp(2K W_β * ρ)`, the
-papers' normalisation: `K_#(0⁺) = d/2`, the von Mises–Fisher threshold). We take
-`σ = √2` (each free token is Brownian motion with generator `Δ`), so `c = 2 K e^β`.
-The uniform density loses linear stability at `K_#(β)` (`ja.theory.noisy_threshold`);
-the transition is continuous (`K_c = K_#`) for `β ≤ β*` (`ja.theory.noisy_beta_star`)
-and discontinuous (`K_c < K_#`) above.
-
-What it measures, for d = 2 and 3 (`--max-dim`) and β ∈ {β*/2, β*, 2β*}:
-
-1. **The equation** (`ja.meanfield`, `n = ∞`, `τ = 0`; `Circle(EQ_MODES)` for d = 2,
-   `Sphere(EQ_DEGREE)` for d = 3, the papers' normalisation `σ = 1`, in which `K` is
-   the same coupling). `K_#`: from the uniform density tilted by `EQ_TILT` along
-   `e₁`, at the couplings of `rate_grid`, the first coordinate of the mean point
-   decays as `e^{−γt}` (log-linear fit over `EQ_RATE_TIMES`); the line through
-   `(K, γ)` crosses 0 at the measured `K_#`, judged against
-   `ja.theory.noisy_threshold` to `SHARP_TOL`. `K_c` (above `β*` only): caps
-   (`e^{CAP x₁}`) settle for `EQ_SETTLE` at `K/K_# ∈ KC_RATIOS`; where the settled
-   caps' free energy (`ja.meanfield.free_energy`) first falls below the uniform
-   density's, interpolated linearly between the two ordered caps around the sign
-   change, is the measured `K_c`, judged against `ja.meanfield.transition_coupling`
-   (an independent zonal minimisation) to `CRITICAL_TOL`. The smallest coupling whose
-   cap stays ordered is the ordered branch's end (recorded, not judged).
-2. **The particles' threshold, extrapolated to τ → 0** (`quench`,
-   `ja.theory.fit_threshold`): at each coupling of `K/K_# ∈ 1 ± --rate-span`
-   (`--rates` of them, all in one batch), two copies of the same uniform tokens tilted
-   by `±TILT` towards `e₁` and driven by the same noise. Half the difference of their
-   mean tokens' first coordinate decays as `e^{−γt}` over `--quench` time units,
-   `γ = (d − 1)(σ²/2)(1 − K/K_#)` in the linear theory. The line through `(K, γ)`
-   crosses 0 at the estimate (its standard error the fit's, `--seeds` pairs per
-   coupling). This runs at the layer steps `τ/2` and `τ`, and the straight line
-   through the two estimates gives `τ = 0` (`2 K(τ/2) − K(τ)`): the layers' step bias
-   (`layer_coupling` corrects it at the uniform state, to first order) grows with `β`.
-   Judged on every side: within `TARGET` of `K_#` and 3 standard errors.
-3. Up and down sweeps of the coupling over `K/K_# ∈ [--k-min, --k-max]`: the up
-   sweep starts uniform at the smallest coupling, the down sweep from a tight cap at
-   the largest, and every coupling starts from the previous one's final state. The
-   order parameter `r = |mean token|` is kept after every layer (`observe=`); each
-   coupling runs `--burn` time units, then averages over `--window`. Every β, both
-   sweeps and `--seeds` seeds run as one batch: one compiled program per d.
-4. Equilibration (`windows`, `ja.metrics.window_statistics`): a sweep is equilibrated
-   at a coupling when the two halves of its window differ by at most `GAP_Z` standard
-   errors (`ja.metrics.half_gap`, from `--blocks` block means per seed) and each block
-   is at least `BLOCK_TAUS` integrated autocorrelation times of `r` long
-   (`ja.metrics.autocorrelation_time`), so that the block means' error is
-   autocorrelation-aware.
-5. Hysteresis (`hysteresis`), only where equilibrated: the couplings where both
-   sweeps are equilibrated and the down sweep's `r` exceeds the up sweep's by more
-   than `HYSTERESIS_Z` standard errors; the width is their count times the grid's
-   step, NaN where no coupling is equilibrated in both sweeps (reported, not judged:
-   the layers' step moves the ordered branch's end, `docs/noise.md`).
+with the papers' coupling `K = c e^{−β} / σ²`, `σ = √2` (so `c = 2 K e^β`), the
+threshold `K_#(β)` (`ja.theory.noisy_threshold`) and `β*` (`ja.theory.noisy_beta_star`).
+For d = 2, 3 (`--max-dim`) and β ∈ {β*/2, β*, 2β*} it measures: (1) `K_#` and, above
+`β*`, `K_c` from the equation (`ja.meanfield`; `EQ_*`, `KC_RATIOS`, judged to
+`SHARP_TOL`, `CRITICAL_TOL`); (2) the particles' threshold from tilted pairs (`TILT`,
+`quench`) at the layer steps `τ/2` and `τ`, extrapolated to `τ → 0` and judged within
+`TARGET` of `K_#`; (3) up and down sweeps of `K` (`r = |mean token|`); (4) which
+sweeps are equilibrated (`windows`: `GAP_Z`, `BLOCK_TAUS`); (5) the hysteresis where
+both are (`hysteresis`, `HYSTERESIS_Z`; reported, not judged). The mapping, what each
+step does and the measured numbers: `docs/noise.md` ("The noisy transition").
 """
 
 import math
@@ -383,10 +339,10 @@ class NoisyTransition(AbstractExperiment):
     #: and refuses a flag the preset sets).
     presets = {"full": FULL}
 
-    def check_config(self, config):
+    def refusals(self, config):
         cfg = settings(config)
         sweep_layers = (cfg.burn + cfg.window) / cfg.sweep_tau
-        refusals = (
+        return (
             (not cfg.max_dim <= 3, f"--max-dim must be 2 or 3 (the mean-field equation's grids "
              f"are the circle and S²), got {cfg.max_dim!r}."),
             (not cfg.rate_span < 1, f"--rate-span must be < 1 (the couplings 1 ± span are "
@@ -400,9 +356,6 @@ class NoisyTransition(AbstractExperiment):
                f"{MAX_LAYERS} (JAX counts in int32): take a larger step.")
               for flags, layers in (("(--burn + --window) / --sweep-tau", sweep_layers),
                                     ("--quench / (--tau / 2)", 2 * cfg.quench / cfg.tau))))
-        for refused, message in refusals:
-            if refused:
-                raise ValueError(message)
 
     def simulate(self, config, progress):
         cfg = settings(config)

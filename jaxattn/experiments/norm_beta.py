@@ -1,24 +1,11 @@
 """`norm-beta`: the normalisation/β study of Karagodin et al. (their `simuformer`,
 `runner.py` defaults): the clustered-pair density over `(t, β)` of `phase-diagram`, for
-each placement of the normalisation.
-
-At their size: 512 systems of 64 tokens in R¹⁶, 8 heads averaged (`U_η = V_ηᵀ / 8`), a
-Gaussian key–query `B_η = G₁G₂/√d` per head and system and the identity value, softmax,
-20 values of β in `[0.1, 15]`, step 0.1 to `T = 50`, 200 recorded times. Each placement
-is `ja.SelfAttentionDynamics(norm=…)` (`"post"`, `"pre"`, `"peri"`, `"ngpt"`, `"none"`:
-the library's discrete layers, whose `τ → 0` limits are the continuous models of
-Karagodin et al.; their script discretises pre- and peri-LN with a separate radius and
-nGPT with a factor 0.2, so its steps differ from these at finite `τ`). Tokens that leave
-the sphere (`"pre"`, `"peri"`, `"none"`) are clustered by direction. Every placement
-runs from the same draws (tokens and weights), so the maps differ by the placement
-alone.
-
-`--key-query` and `--value` are rotf's codes (Geshkovski et al.'s `phase-diagrams.py`
-`--randomKQ`/`--randomV`, as in `phase-diagram`), which simuformer numbers differently
-for key–query 2 (rotf's Wigner, simuformer's GOE with the value scale √d) and value 1
-(rotf's `GGᵀ/√d`, simuformer's `G/√d`), and code 4 (`0.02·G`) is simuformer's alone:
-`--simuformer-codes` reads both as simuformer's codes (`pair_density.KEY_QUERY`).
-Simuformer's default, key–query 1 and value 0, is the same draw in both.
+each placement of the normalisation (`ja.SelfAttentionDynamics(norm=…)`), every
+placement from the same draws of tokens and weights, off-sphere tokens clustered by
+direction. Their sizes, and how their script's layers differ from the library's at
+finite `τ`: `docs/usage/experiments.md`; the weight codes (`--key-query`, `--value`,
+rotf's or, with `--simuformer-codes`, simuformer's: `pair_density.KEY_QUERY`) and the
+other differences: `docs/variants.md`.
 """
 
 import dataclasses
@@ -30,7 +17,7 @@ import numpy as np
 from .._artifacts import figures
 from .._dynamics import NORMS
 from .base import AbstractExperiment, Param, Verdict
-from .pair_density import STUDY, check_config, density_map, describe_map, draw_map, setup_line
+from .pair_density import STUDY, density_map, describe_map, draw_map, refusals, setup_line
 
 #: simuformer's `runner.py` defaults, where they differ from `phase-diagram`'s.
 DEFAULTS = {"betas": 20, "beta_max": 15.0, "systems": 512, "tokens": 64, "dim": 16,
@@ -72,10 +59,10 @@ class NormBeta(AbstractExperiment):
         Param("causal", bool, False, "causal attention (their --sequential)"),
     )
 
-    def check_config(self, config):
+    def refusals(self, config):
         listed = ", ".join(f"{i + 1} {n}" for i, n in enumerate(NORMS))
-        check_config(config, (not 0 <= config.norm <= len(NORMS), "--norm must be 0 (every "
-                              f"placement) or one of {listed}; got {config.norm!r}."))
+        return refusals(config, (not 0 <= config.norm <= len(NORMS), "--norm must be 0 (every "
+                                 f"placement) or one of {listed}; got {config.norm!r}."))
 
     def simulate(self, config, progress):
         norms = placements(config.norm)

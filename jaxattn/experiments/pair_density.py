@@ -3,42 +3,28 @@ phase diagram ("A mathematical perspective on Transformers", 2023; their script
 `phase-diagrams.py`), every β in one batched program. Shared by `phase-diagram`,
 `norm-beta` (the same map per normalisation) and `variants` (its random weights).
 
-For each of `betas` values of β in `[beta_min, beta_max]`, `systems` independent
-systems of `tokens` uniform tokens on `S^{dim−1}` run the discrete dynamics their
-script runs, and the density of clustered pairs, the fraction of ordered pairs
-`i ≠ j` with `⟨x_i, x_j⟩ > threshold`, is recorded at `times` equally spaced times
-of `[0, T]`: a map over `(t, β)`.
-
-Their update (`simu_xform.step_1`) is, for every token at once,
+For each of `betas` values of β in `[beta_min, beta_max]`, `systems` systems of
+`tokens` uniform tokens on `S^{dim−1}` run their script's update (`simu_xform.step_1`),
 
     x_i ← N(x_i + η Vᵀ Σ_j α_ij x_j),   α_ij = softmax_j(β x_iᵀ B x_j)   or   exp(β x_iᵀ B x_j)/n,
 
-the raw (untangential) update followed by the normalisation `N(y) = y/|y|`: exactly
-the post-norm layer `ja.SelfAttentionDynamics(P=B, U=Vᵀ, beta=β).layer` with step `τ = η`
-(their `M @ V` multiplies rows, hence `U = Vᵀ`), `kernel="exp"` for the unnormalised
-weights. So the study runs those layers and counts clustered pairs only after the
-layers their loop records (`observe_at`, the layers of `ja.run_layers` on its paths:
-counting after every layer, as `run_layers(observe=)` does, made the exp kernel's runs
-slower; see BENCHMARKS.md, Measured claims behind design choices).
-Their step is `η = step` with softmax (`--use_softmax`, to `T = 30`) and,
-for the unnormalised kernel (their default), `η = step / max(√β e^{β−1/2}, 1)` (unless
-`--raw-step`) to `T = 1`. Their time is the float64 sum `η + η + …`; checkpoint `k` (at
-`t_k`, `linspace(0, T, times)`) records the state after the first step whose summed time
-reaches `t_k` (never the initial state), and the run stops at the first step reaching
-`T`: `schedule` reproduces both.
-
-The key–query matrix `B` and the value `V` are drawn per system and per β as their
-`--randomKQ` / `--randomV` draw them (`KEY_QUERY`, `VALUE`: rotf's codes, or
-simuformer's where `norm-beta` asks for them; the two scripts number some draws
-differently). All β of one step count run as one vmapped program (the softmax mode: one
-program for all); the unnormalised kernel's step counts differ by β (10 to ~1.5·10⁵ at
-the defaults), so its β are grouped by step count, within a factor 2, one program per
-group. float64 when `jax_enable_x64` is on (`jaxattn run` turns it on), as their script.
+which is the post-norm layer `ja.SelfAttentionDynamics(P=B, U=Vᵀ, beta=β).layer` with
+`τ = η` (`kernel="exp"` for the unnormalised weights), and the fraction of ordered
+pairs `i ≠ j` with `⟨x_i, x_j⟩ > threshold` is recorded at `times` equally spaced
+times of `[0, T]`, after the layers their loop records (`observe_at`; why not after
+every layer: BENCHMARKS.md, Measured claims behind design choices). Their step is
+`η = step` with softmax (to `T = 30`), `η = step / max(√β e^{β−1/2}, 1)` for the
+unnormalised kernel (unless `--raw-step`, to `T = 1`); their time is the float64 sum
+`η + η + …`, and checkpoint `k` is the state after the first step whose summed time
+reaches `t_k`: `schedule` reproduces both. `B` and `V` are drawn per system and per β
+as their `--randomKQ` / `--randomV` (`KEY_QUERY`, `VALUE`). The unnormalised kernel's
+β are grouped by step count (within a factor 2), one program per group. float64 when
+`jax_enable_x64` is on. The study and its numbers: `docs/usage/experiments.md`.
 """
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import equinox as eqx
 import jax
@@ -58,14 +44,10 @@ from .pieces import advance
 from .verdicts import short
 
 #: The peers' codes for the key–query draw (`--randomKQ`) and the value draw
-#: (`--randomV`), by script: `"rotf"`, Geshkovski et al.'s `phase-diagrams.py`
-#: (`phase-diagram`, and `norm-beta` by default), and `"simuformer"`, Karagodin et al.'s
-#: `simuxform.py` (`norm-beta --simuformer-codes`). They agree on key–query codes 0, 1, 3
-#: (the identity, `G₁G₂/√d`, GOE `(G + Gᵀ)/√2`) and value codes 0, 2, 3 (the identity,
-#: `±B/c`, `c` the key–query's scale: 1, √d, √d, √(d + 1), 1). They differ on key–query 2
-#: (rotf: `G + Gᵀ` over 2 on the diagonal and √2 off it; simuformer: GOE with `c = √d`),
-#: value 1 (rotf: `GGᵀ/√d`, symmetric; simuformer: `G/√d`), and code 4 (simuformer's
-#: alone: `0.02·G`, GPT-2's initialisation, for either).
+#: (`--randomV`), by script: `"rotf"`, Geshkovski et al.'s `phase-diagrams.py`, and
+#: `"simuformer"`, Karagodin et al.'s `simuxform.py` (`norm-beta --simuformer-codes`);
+#: code 4 (`0.02·G`, GPT-2's initialisation) is simuformer's alone. What each code
+#: draws and where the scripts differ: `docs/variants.md` ("Weight codes").
 KEY_QUERY = {"rotf": ("identity", "Gaussian", "Wigner", "GOE"),
              "simuformer": ("identity", "Gaussian", "symmetric", "GOE", "GPT-2")}
 VALUE = {"rotf": ("identity", "Gaussian", "+KQ", "-KQ"),
@@ -341,13 +323,14 @@ def horizon_of(cfg: dict) -> float:
     return cfg.horizon or (1.0 if cfg.exp_kernel else 30.0)
 
 
-def check_config(cfg: dict, *refusals: tuple[bool, str]) -> None:
-    """`ValueError` for settings no `Param` minimum catches, then for the caller's own
-    `refusals` (`(refused, message)` pairs: `norm-beta`'s)."""
+def refusals(cfg: dict, *extra: tuple[bool, str]) -> Iterator[tuple[bool, str]]:
+    """The study's refusals (`AbstractExperiment.refusals`) of settings no `Param`
+    minimum catches, then the caller's `extra` ones (`norm-beta`'s), then the step
+    count."""
     source = codes_of(cfg)
     codes = [(name, table, ", ".join(f"{i} {w}" for i, w in enumerate(table)))
              for name, table in (("key_query", KEY_QUERY[source]), ("value", VALUE[source]))]
-    refusals = (
+    yield from (
         (not 0 <= cfg.beta_min <= cfg.beta_max, f"need 0 ≤ --beta-min ≤ --beta-max, got "
          f"{cfg.beta_min!r} and {cfg.beta_max!r}."),
         (cfg.horizon < 0, f"--horizon must be ≥ 0 (0: the peers' default), got "
@@ -355,15 +338,11 @@ def check_config(cfg: dict, *refusals: tuple[bool, str]) -> None:
         *((not 0 <= cfg[name] < len(table), f"--{name.replace('_', '-')} must be one of "
            f"{listed} ({source}'s codes); got {cfg[name]!r}.") for name, table, listed in codes),
         (not 0 < cfg.threshold < 1, f"--threshold must be in (0, 1), got {cfg.threshold!r}."),
-        *refusals)
-    for refused, message in refusals:
-        if refused:
-            raise ValueError(message)
+        *extra)
     # their loop counts in int32; the smallest step is the largest β's
     eta, end = step_size(cfg.beta_max, cfg.step, cfg.exp_kernel, cfg.raw_step), horizon_of(cfg)
-    if not end / eta < 2**31 - 2:
-        raise ValueError(f"a step of {eta:g} takes {end / eta:g} steps to reach t = {end:g}, "
-                         f"more than 2³¹: raise --step or shorten --horizon.")
+    yield (not end / eta < 2**31 - 2, f"a step of {eta:g} takes {end / eta:g} steps to reach "
+           f"t = {end:g}, more than 2³¹: raise --step or shorten --horizon.")
 
 
 #: The parameters of the study, shared by `norm-beta`.

@@ -72,17 +72,13 @@ MIN_STD = float(np.sqrt(np.finfo(np.float32).tiny))
 class AbstractPowerExperiment(AbstractExperiment):
     """A paper 004 experiment: its own parameters only (no flow horizon or saves)."""
 
-    def check_config(self, config):
+    def refusals(self, config):
         chosen = ["--" + k.replace("_", "-") for k in (*_TRAINED, *_RANDOM) if config.get(k)]
-        for bad, message in (
-            (len(chosen) > 1, f"choose at most one model flag ({', '.join(chosen)})."),
-            ("std" in config and config.get("std") < MIN_STD,
-             f"--std {config.get('std')!r}: the random weights' products (of order std²) "
-             "underflow float32, where the models compute (all zero); choose --std ≥ "
-             f"{MIN_STD:.2g}."),
-        ):
-            if bad:
-                raise ValueError(message)
+        return ((len(chosen) > 1, f"choose at most one model flag ({', '.join(chosen)})."),
+                ("std" in config and config.get("std") < MIN_STD,
+                 f"--std {config.get('std')!r}: the random weights' products (of order std²) "
+                 "underflow float32, where the models compute (all zero); choose --std ≥ "
+                 f"{MIN_STD:.2g}."))
 
 
 #: The family of the random config (default GPT-2).

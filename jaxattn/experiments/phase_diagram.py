@@ -9,7 +9,7 @@ import numpy as np
 
 from .._artifacts import figures
 from .base import AbstractExperiment, Verdict
-from .pair_density import STUDY, check_config, density_map, describe_map, draw_map, setup_line
+from .pair_density import STUDY, density_map, describe_map, draw_map, refusals, setup_line
 
 #: A small run for tests and smoke checks: `jaxattn run phase-diagram` with these.
 QUICK = {"betas": 3, "beta_max": 3.0, "systems": 4, "tokens": 5, "horizon": 2.0, "times": 11}
@@ -22,8 +22,8 @@ class PhaseDiagram(AbstractExperiment):
     theorem = "Geshkovski et al. 2023, phase diagram (no theorem)"
     params = STUDY
 
-    def check_config(self, config):
-        check_config(config)
+    def refusals(self, config):
+        return refusals(config)
 
     def simulate(self, config, progress):
         data = density_map(jax.random.PRNGKey(config.seed), config, progress=progress,

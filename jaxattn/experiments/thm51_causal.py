@@ -61,13 +61,10 @@ class CausalExperiment(AbstractTheoremExperiment):
         x0 = normalize(jax.random.uniform(k_x, shape, jnp.result_type(float), -1.0, 1.0))
         return weights, x0
 
-    def check_config(self, config):
-        if config.tokens > config.dim:  # the span coordinates need independent tokens
-            raise ValueError(
-                f"tokens {config.tokens} > dim {config.dim}: the tokens must be linearly "
-                "independent for the span coordinates; use at most as many tokens as "
-                "dimensions."
-            )
+    def refusals(self, config):
+        return ((config.tokens > config.dim, f"tokens {config.tokens} > dim {config.dim}: "
+                 "the tokens must be linearly independent for the span coordinates; use at "
+                 "most as many tokens as dimensions."),)
 
     def instance(self, key, config):
         """`--samples 1`, run in the span coordinates of its start, as the experiment

@@ -1,31 +1,20 @@
 """`variants`: which variants of the model escape consensus (issue 17).
 
-A grid of variants — normalisation placement (`"post" "pre" "peri" "ngpt" "none"`) ×
-attention mask (full, causal, a sliding window `|i − j| < w`, random sparse with
-keep-probability `p`) × kernel (softmax, sigmoid) × β — each run on the same random
-instances at two sizes: `n = 10` tokens in R³ (thm41-sphere's size) and `n = 32` in
-R¹⁶. Instance `i` is drawn from the seed `seed + i` alone (the same start, weights and
-sparse mask for every variant, so two variants differ by the variant only): `h = 2`
-heads, Gaussian key–query products `P_η = G₁G₂/√d` and `U_η = I/h` (the values for
-which Theorems 4.1 and 5.1 are stated), a uniform start on the sphere.
+A grid of variants (normalisation placement × attention mask: full, causal, sliding
+window, random sparse × kernel: softmax, sigmoid × β), each run on the same random
+instances at two sizes (`n = 10` in R³, `n = 32` in R¹⁶): instance `i` is drawn from
+the seed `seed + i` alone, `h = 2` heads, Gaussian `P_η = G₁G₂/√d`, `U_η = I/h`, a
+uniform start on the sphere. Every instance runs `layers` layers of step `tau` and is
+measured on its tokens' directions: the misalignment `E` after every layer, the
+consensus layer (`E < CONSENSUS_TOL`), the final `E`, the clusters (single linkage at
+`CLUSTER_EPS`), `ja.metrics.rank_collapse_residual` and the trend of `E` over the
+last third (`verdicts.convergence_trend`).
 
-Every instance runs `layers` discrete layers of step `tau` (`dyn.layer`, eq. 4 and its
-variants), and is measured at that fixed depth on its tokens' directions
-(`x̂_i = x_i/|x_i|`, the normalised tokens): the misalignment `E` after every layer,
-the consensus layer (the first with `E < CONSENSUS_TOL`), the final `E`, the number
-of clusters (single linkage at distance `CLUSTER_EPS` on the sphere), the residual
-`‖X̂ − 1 x̄ᵀ‖_F / ‖X̂‖_F` (`ja.metrics.rank_collapse_residual` of the normalised
-tokens: 0 exactly when all tokens coincide) and the trend of `E` over the last
-third of the run (`verdicts.convergence_trend`: still falling, or stalled).
-
-One compiled program per static variant (size, norm, kernel): the masks are arrays,
-and masks × β × instances are one vmapped batch. Each program's results are saved
-as one chunk (atomically) in the run folder's `chunks/`, removed once the study
-finishes; `jaxattn run variants --resume --out DIR` reuses the finished chunks of
-the interrupted run in DIR (with the same settings: `reopen_run`), so the table is
-that of a run left alone. Each cell is reproducible
-alone: `jaxattn run variants --size S --norm N --mask M --kernel K --beta B --seed s`
-computes the same numbers (the `command` column of `table.csv`).
+One compiled program per (size, norm, kernel), masks × β × instances one vmapped
+batch; each program's results are one chunk in the run folder's `chunks/`, which
+`jaxattn run variants --resume --out DIR` reuses (`reopen_run`). Each cell is
+reproducible alone: `jaxattn run variants --size S --norm N --mask M --kernel K --beta
+B --seed s` (the `command` column of `table.csv`). The study: `docs/usage/variants_study.md`.
 """
 
 import dataclasses
@@ -413,7 +402,7 @@ class VariantsExperiment(AbstractExperiment):
               "its saved chunks (run it again with the same settings and --resume)"),
     )
 
-    def check_config(self, config):
+    def refusals(self, config):
         # a choice's code given by hand (`config(norm=9)`) passes no `Param` check
         refusals = [(not config.beta >= 0, f"--beta must be ≥ 0 (0: the grid "
                      f"{', '.join(map(str, BETAS))}), got {config.beta!r}."),
@@ -425,9 +414,7 @@ class VariantsExperiment(AbstractExperiment):
             listed = ", ".join(f"{i + 1} {n}" for i, n in enumerate(names))
             refusals.append((not isinstance(code, int) or not 0 <= code <= len(names),
                              f"--{flag} must be 0 (all) or one of {listed}; got {code!r}."))
-        for refused, message in refusals:
-            if refused:
-                raise ValueError(message)
+        return refusals
 
     def simulate(self, config, progress, folder: Path | None = None):
         """The study's arrays; its chunks are kept in `folder/chunks` until it is done

@@ -7,6 +7,7 @@ simulates.
 
 import dataclasses
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,20 @@ def short(x: float | None) -> str:
     if abs(x) < 1e-15:  # rounding level of float64: a computed 0 may come out as ±2e-16
         return "0"
     return f"{x:.1e}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.3g}"
+
+
+def finite_or_none(value: Any) -> Any:
+    """`value` for `summary.json`: a real number as a float, or `None` where it is
+    infinite or NaN (which JSON cannot write); a dict or list entry by entry; an
+    integer, a bool or anything else as it is."""
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_or_none(v) for v in value]
+    if isinstance(value, numbers.Integral) or not isinstance(value, numbers.Real):
+        return value
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def extrapolate(taus, values, se) -> tuple[float, float]:

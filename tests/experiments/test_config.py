@@ -47,3 +47,5 @@ def test_check_config_is_the_post_init():
         experiment.config(max_dim=4)
     with pytest.raises(ValueError, match="--max-dim must be 2 or 3"):
         experiment_config(experiment, {"max_dim": 4}, seed=0)
+    with pytest.raises(ValueError, match="choose at most one of --gpt-neo"):
+        get_experiment("loop-grid").config(minilm=True, smollm2=True)

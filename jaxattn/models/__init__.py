@@ -29,8 +29,8 @@ from ._arch import TransformerConfig as TransformerConfig
 from ._arch._nn import Attention as Attention
 from ._checks import check_ids as check_ids
 from ._checks import default_chunk as default_chunk
-from ._files import file_sha256 as file_sha256
 from ._files import weight_files as weight_files
+from ._gguf import file_sha256 as file_sha256
 from ._load import init as init
 from ._load import load as load
 from ._load import resolve_config as resolve_config

@@ -1,23 +1,12 @@
-"""The files a model's weights are read from, and content hashes of files: what a
-resumed loop checks to be sure it continues with the same weights, tokenizer and
-prompts (a file rewritten in place keeps its name, not its bytes)."""
+"""The files a model's weights are read from: what a resumed loop hashes
+(`file_sha256`) to be sure it continues with the same weights (a file rewritten in
+place keeps its name, not its bytes)."""
 
-import hashlib
 import os
 from pathlib import Path
 
 from ._load import INDEX, download, read_index, weight_file
 from ._packaged import PACKAGED, installed_path
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """The SHA-256 of every byte of `path`, read in 4 MiB pieces (a file of any size
-    in constant memory)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def weight_files(source: str | os.PathLike) -> list[Path]:

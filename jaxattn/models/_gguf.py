@@ -33,18 +33,24 @@ _NAMES = [
 ]
 
 
-def cache_file(path: Path) -> Path:
-    """The cache entry for `path` (under `$JAXATTN_CACHE_DIR`, default
-    `$XDG_CACHE_HOME/jaxattn`), keyed by its content: a SHA-256 of every byte
-    (streamed), so a file rewritten in place is never served stale, whatever its
-    size and mtime say."""
-    root = os.environ.get("JAXATTN_CACHE_DIR") or Path(
-        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "jaxattn"
-    digest = hashlib.sha256(_FORMAT.encode())
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of every byte of `path`, read in 4 MiB pieces (a file of any size
+    in constant memory)."""
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             digest.update(chunk)
-    return Path(root) / f"{path.stem}-{digest.hexdigest()[:32]}.npz"
+    return digest.hexdigest()
+
+
+def cache_file(path: Path) -> Path:
+    """The cache entry for `path` (under `$JAXATTN_CACHE_DIR`, default
+    `$XDG_CACHE_HOME/jaxattn`), keyed by the conversion's version and the file's
+    content, so a file rewritten in place is never served stale, whatever its size
+    and mtime say."""
+    root = os.environ.get("JAXATTN_CACHE_DIR") or Path(
+        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "jaxattn"
+    return Path(root) / f"{path.stem}-{_FORMAT}-{file_sha256(path)[:32]}.npz"
 
 
 def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -166,21 +172,20 @@ def open_gguf(path: Path):
         raise ValueError(f"{path}: {why}") from None
 
 
-def _dequantise(t, path: Path) -> np.ndarray:
+def _dequantise(t) -> tuple[np.ndarray | None, str | None]:
+    """Tensor `t` as float32, or `None` and why it cannot be."""
     import gguf
 
-    if t.tensor_type.name in _INTEGER_TYPES:
-        raise ValueError(
-            f"{path}: tensor {t.name!r} has type {t.tensor_type.name}; weights must be "
-            f"floating-point or quantised floating-point."
-        )
+    kind = t.tensor_type.name
+    if kind in _INTEGER_TYPES:
+        return None, (f"tensor {t.name!r} has type {kind}; weights must be floating-point "
+                      "or quantised floating-point.")
     try:
         w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
     except Exception as e:
-        raise ValueError(
-            f"{path}: cannot dequantise tensor {t.name!r} ({t.tensor_type.name}): {e}"
-        ) from None
-    return np.ascontiguousarray(w, dtype=np.float32).reshape(tuple(int(s) for s in t.shape[::-1]))
+        return None, f"cannot dequantise tensor {t.name!r} ({kind}): {e}"
+    shape = tuple(int(s) for s in t.shape[::-1])
+    return np.ascontiguousarray(w, dtype=np.float32).reshape(shape), None
 
 
 def convert(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -190,9 +195,10 @@ def convert(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     arrays = {}
     for t in reader.tensors:
         name = hf_name(t.name)
-        if name is None:
-            raise ValueError(f"{path}: unexpected tensor {t.name!r} for a llama gguf file.")
-        w = _dequantise(t, path)
+        w, problem = _dequantise(t) if name else (
+            None, f"unexpected tensor {t.name!r} for a llama gguf file.")
+        if problem:
+            raise ValueError(f"{path}: {problem}")
         if name.endswith("q_proj.weight"):
             w = unpermute(w, hf["num_attention_heads"])
         elif name.endswith("k_proj.weight"):

@@ -35,17 +35,16 @@ def parse_config(hf: dict, where: str = "config") -> TransformerConfig:
     """A `TransformerConfig` from a HuggingFace `config.json` dict, every field it
     uses checked (one `ValueError` naming `where` and the field)."""
     family = FAMILIES.get(hf.get("model_type"))
-    if family is None:
-        raise ValueError(
-            f"{where}: model_type {hf.get('model_type')!r} is not supported; jaxattn.models "
-            f"implements {sorted(FAMILIES)}."
-        )
-    try:
-        hf = canonical_names(hf, family.hf_aliases)
-        check_fields(hf, family.hf_classes)
-        return family.config_from_hf(hf)
-    except (ValueError, TypeError, AttributeError, OverflowError) as e:  # a bad field
-        raise ValueError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
+    problem = (f"model_type {hf.get('model_type')!r} is not supported; jaxattn.models "
+               f"implements {sorted(FAMILIES)}.")
+    if family is not None:
+        try:
+            hf = canonical_names(hf, family.hf_aliases)
+            check_fields(hf, family.hf_classes)
+            return family.config_from_hf(hf)
+        except (ValueError, TypeError, AttributeError, OverflowError) as e:  # a bad field
+            problem = str(e)
+    raise ValueError(problem if problem.startswith(where) else f"{where}: {problem}")
 
 
 def read_config_file(path: Path) -> dict:
@@ -70,20 +69,19 @@ def resolve_config(config) -> tuple[TransformerConfig, dict]:
     if isinstance(config, dict):
         return parse_config(config), config
     if not isinstance(config, (str, os.PathLike)):
-        raise TypeError(f"config must be a dict, a path or a preset name, got {config!r}.")
-    name = ALIASES.get(str(config), str(config))
-    if name in PRESETS:
-        return parse_config(PRESETS[name], f"preset {name!r}"), PRESETS[name]
-    path = Path(config)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.exists():
-        raise ValueError(
-            f"{config!r} is neither a preset ({', '.join(PRESETS)}) nor an existing "
-            f"config.json or model folder."
-        )
-    hf = read_config_file(path)
-    return parse_config(hf, str(path)), hf
+        error = TypeError
+        problem = f"config must be a dict, a path or a preset name, got {config!r}."
+    else:
+        name = ALIASES.get(str(config), str(config))
+        if name in PRESETS:
+            return parse_config(PRESETS[name], f"preset {name!r}"), PRESETS[name]
+        path = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
+        if path.exists():
+            hf = read_config_file(path)
+            return parse_config(hf, str(path)), hf
+        error, problem = ValueError, (f"{config!r} is neither a preset ({', '.join(PRESETS)}) "
+                                      "nor an existing config.json or model folder.")
+    raise error(problem)
 
 
 class TensorSource:
@@ -99,14 +97,16 @@ class TensorSource:
         full = self.prefix + name
         file, read = self.readers.get(full, (None, None))
         array = None if read is None else read()
+        if array is not None and tuple(array.shape) == tuple(shape):
+            self.used.add(full)
+            return float32_weights(array, full, file)
         if array is None:
             files = ", ".join(sorted({f for f, _ in self.readers.values()}))
-            raise ValueError(f"{files}: missing tensor {full!r} (shape {shape}).")
-        if tuple(array.shape) != tuple(shape):
-            raise ValueError(f"{file}: tensor {full!r} has shape {tuple(array.shape)}, but the "
-                             f"config implies {tuple(shape)}.")
-        self.used.add(full)
-        return float32_weights(array, full, file)
+            problem = f"{files}: missing tensor {full!r} (shape {shape})."
+        else:
+            problem = (f"{file}: tensor {full!r} has shape {tuple(array.shape)}, but the "
+                       f"config implies {tuple(shape)}.")
+        raise ValueError(problem)
 
     def check_all_used(self) -> None:
         for full, (file, _) in sorted(self.readers.items()):
@@ -169,18 +169,21 @@ def safetensors_header(path: Path) -> tuple[dict, int]:
         start = 8 + struct.unpack("<Q", raw)[0] if len(raw) == 8 else None
         if start is None or start > size:
             cut = "no header" if start is None else "header cut off"
-            raise ValueError(f"{path}: truncated safetensors file ({cut}).")
-        try:
-            header = json.loads(f.read(start - 8))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ValueError(f"{path}: not a safetensors file (unreadable header).") from None
-    header.pop("__metadata__", None)
-    ends = {name: start + info["data_offsets"][1] for name, info in header.items()}
-    cut = [name for name in sorted(ends, key=ends.get) if ends[name] > size]
-    if cut:
-        raise ValueError(f"{path}: truncated file: tensor {cut[0]!r} ends at byte "
-                         f"{ends[cut[0]]} but the file has {size} bytes.")
-    return header, start
+            problem = f"truncated safetensors file ({cut})"
+        else:
+            try:
+                header, problem = json.loads(f.read(start - 8)), None
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                problem = "not a safetensors file (unreadable header)"
+    if problem is None:
+        header.pop("__metadata__", None)
+        ends = {name: start + info["data_offsets"][1] for name, info in header.items()}
+        cut = [name for name in sorted(ends, key=ends.get) if ends[name] > size]
+        if not cut:
+            return header, start
+        problem = (f"truncated file: tensor {cut[0]!r} ends at byte {ends[cut[0]]} but the "
+                   f"file has {size} bytes")
+    raise ValueError(f"{path}: {problem}.")
 
 
 def _reader(handle, path: Path, name: str, info: dict, start: int):
@@ -218,10 +221,13 @@ def read_index(index: Path) -> dict[str, str]:
     shard a file name inside the model's folder."""
     try:
         raw = json.loads(index.read_text(encoding="utf-8"))
+        invalid = None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{index}: not a valid index file ({e}).") from None
+        raw, invalid = None, f"not a valid index file ({e})"
     weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
-    if not (isinstance(weight_map, dict) and weight_map and all(
+    if invalid:
+        problem = invalid
+    elif not (isinstance(weight_map, dict) and weight_map and all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())):
         problem = (f"`weight_map` must be a non-empty object mapping tensor names to shard "
                    f"files, got {type(weight_map).__name__} {str(weight_map)[:80]}")
@@ -243,14 +249,15 @@ def index_readers(folder: Path) -> dict:
     readers = {}
     for shard in sorted(set(weight_map.values())):
         path = folder / shard
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: weight shard listed in {index} is missing.")
-        held = safetensors_readers(path)
-        for name in sorted(k for k, v in weight_map.items() if v == shard):
-            if name not in held:
-                raise ValueError(f"{path}: {index.name} assigns tensor {name!r} to this "
-                                 f"shard, but it does not hold it.")
-            readers[name] = held[name]
+        held = safetensors_readers(path) if path.is_file() else {}
+        names = sorted(k for k, v in weight_map.items() if v == shard)
+        absent = [name for name in names if name not in held]
+        if absent:
+            error, problem = (ValueError, f"{index.name} assigns tensor {absent[0]!r} to this "
+                              "shard, but it does not hold it") if path.is_file() else (
+                FileNotFoundError, f"weight shard listed in {index} is missing")
+            raise error(f"{path}: {problem}.")
+        readers.update((name, held[name]) for name in names)
     return readers
 
 
@@ -388,16 +395,17 @@ def load(path_or_name: str | os.PathLike) -> AbstractTransformer:
             return with_tokenizer(model, path)  # its vocabulary, read when first used
         if path.name == "config.json":
             return load(path.parent)
-        raise ValueError(
-            f"{path}: expected a model folder (config.json + *.safetensors) or a .gguf file."
-        )
-    name = str(path_or_name)
-    if name in PACKAGED:
-        return load(installed_path(name))
-    if name.endswith((".gguf", ".json", ".safetensors")) or os.sep in name.rstrip(os.sep) and (
-            name.startswith((".", os.sep, "~"))):
-        raise FileNotFoundError(f"{name}: no such file or folder.")
-    return load_folder(download(name))
+        error, problem = ValueError, (f"{path}: expected a model folder (config.json + "
+                                      "*.safetensors) or a .gguf file.")
+    else:
+        name = str(path_or_name)
+        if name in PACKAGED:
+            return load(installed_path(name))
+        if not (name.endswith((".gguf", ".json", ".safetensors")) or os.sep in name.rstrip(
+                os.sep) and name.startswith((".", os.sep, "~"))):
+            return load_folder(download(name))
+        error, problem = FileNotFoundError, f"{name}: no such file or folder."
+    raise error(problem)
 
 
 def init(config, key) -> AbstractTransformer:

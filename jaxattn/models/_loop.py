@@ -105,21 +105,25 @@ def check_mask(mask, ids) -> Bool[Array, "B n"] | None:
         arr = None if traced else np.asarray(mask)
     except (TypeError, ValueError):
         arr = None
+    error = ValueError
     if arr is None or arr.dtype != np.bool_:
-        got = ("known before the call (not traced)" if traced else
-               f"got {type(mask).__name__}" if arr is None else f"got dtype {arr.dtype}")
-        raise TypeError(f"{what}, {got}.")
-    if arr.shape != shape:
-        raise ValueError(f"{what}, got shape {arr.shape}.")
-    rows = arr.reshape(-1, shape[-1])
-    count = rows.sum(axis=1)
-    bad = np.flatnonzero((count == 0) | (rows != (np.arange(rows.shape[1]) < count[:, None]))
-                         .any(axis=1))
-    if bad.size:
-        raise ValueError(f"`mask` row {bad[0]}: each prompt's text comes first (at least one "
-                         "True) and its padding after it (False), as ja.models.tokenize(…, "
-                         "pad=…, return_mask=True) makes it.")
-    return jnp.asarray(rows)
+        error, problem = TypeError, (
+            f"{what}, known before the call (not traced)." if traced else
+            f"{what}, got {type(mask).__name__}." if arr is None else
+            f"{what}, got dtype {arr.dtype}.")
+    elif arr.shape != shape:
+        problem = f"{what}, got shape {arr.shape}."
+    else:
+        rows = arr.reshape(-1, shape[-1])
+        count = rows.sum(axis=1)
+        bad = np.flatnonzero((count == 0) | (rows != (np.arange(rows.shape[1]) < count[:, None]))
+                             .any(axis=1))
+        if not bad.size:
+            return jnp.asarray(rows)
+        problem = (f"`mask` row {bad[0]}: each prompt's text comes first (at least one True) "
+                   "and its padding after it (False), as ja.models.tokenize(…, pad=…, "
+                   "return_mask=True) makes it.")
+    raise error(problem)
 
 
 @surface_errors
@@ -477,14 +481,13 @@ def loop(
 
 
 def _pass_counts(passes) -> tuple[int, ...]:
-    """`logits`' `passes` as a tuple of pass counts ≥ 1 (one-line errors)."""
-    what = "`passes` must be an integer ≥ 1 or a non-empty sequence of them, got"
+    """`logits`' `passes` as a tuple of pass counts ≥ 1, or `None` when it is not one."""
     single = isinstance(passes, (int, np.integer)) and not isinstance(passes, (bool, np.bool_))
     counts = [passes] if single else list(passes) if isinstance(passes, Sequence) and not (
         isinstance(passes, str)) else None
     if not counts or any(not isinstance(c, (int, np.integer)) or isinstance(c, (bool, np.bool_))
                          or c < 1 for c in counts):
-        raise ValueError(f"{what} {passes!r}.")
+        return None
     return tuple(int(c) for c in counts)
 
 
@@ -538,10 +541,15 @@ def logits(
     token `i`; `predict` takes their argmax.
     """
     check_model(model)
-    if model.head() is None:
-        raise ValueError(f"a {type(model).__name__} (an encoder) has no next-token head: "
-                         "logits need a decoder (GPT-2, GPT-Neo or a Llama).")
     counts = _pass_counts(passes)
+    for bad, message in (
+        (model.head() is None, f"a {type(model).__name__} (an encoder) has no next-token "
+         "head: logits need a decoder (GPT-2, GPT-Neo or a Llama)."),
+        (counts is None, "`passes` must be an integer ≥ 1 or a non-empty sequence of them, "
+         f"got {passes!r}."),
+    ):
+        if bad:
+            raise ValueError(message)
     L = model.num_layers
     setup = setup_loop(model, ids, passes=max(counts), ffn=ffn, dtype=dtype,
                        save_states=[c * L for c in counts], devices=devices, chunk=chunk,

@@ -34,17 +34,21 @@ def tokenizer_source(source) -> Path:
     """The file holding the tokenizer of `source`: a model folder's `tokenizer.json`,
     a `tokenizer.json` or `.gguf` file itself, or a packaged model's (by name)."""
     if not isinstance(source, (str, os.PathLike)):
-        raise TypeError("`source` must be the folder, file or packaged name a model was "
-                        f"loaded from (a str or path), not a {type(source).__name__}.")
-    path = Path(source)
-    if not path.exists() and str(source) in PACKAGED:
-        path = installed_path(str(source))
-    if path.is_dir():
-        path = path / "tokenizer.json"
-    if not path.is_file() or path.suffix not in (".json", ".gguf"):
-        raise FileNotFoundError(f"{source}: no tokenizer.json there (give a model folder, a "
-                                "tokenizer.json or .gguf file, or a packaged model's name).")
-    return path
+        error, problem = TypeError, ("`source` must be the folder, file or packaged name a "
+                                     "model was loaded from (a str or path), not a "
+                                     f"{type(source).__name__}.")
+    else:
+        path = Path(source)
+        if not path.exists() and str(source) in PACKAGED:
+            path = installed_path(str(source))
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if path.is_file() and path.suffix in (".json", ".gguf"):
+            return path
+        error, problem = FileNotFoundError, (f"{source}: no tokenizer.json there (give a model "
+                                             "folder, a tokenizer.json or .gguf file, or a "
+                                             "packaged model's name).")
+    raise error(problem)
 
 
 def load_tokenizer(source):
@@ -155,19 +159,26 @@ def tokenize(
     check_flag(special_tokens, "special_tokens")
     check_flag(return_mask, "return_mask")
     tok = load_tokenizer(source)
-    pad = _pad_id(tok, source) if pad == "auto" else pad
-    if pad is not None and pad >= tok.get_vocab_size():
-        raise ValueError(f"`pad` {pad} is not an id of {source}'s tokenizer "
-                         f"(0 to {tok.get_vocab_size() - 1}).")
+    size = tok.get_vocab_size()
+    if pad == "auto":  # the tokenizer's own padding token, if it has one
+        pad = next((tok.token_to_id(t) for t in PAD_TOKENS if tok.token_to_id(t) is not None),
+                   "auto")
     encoded = [e.ids for e in tok.encode_batch(texts, add_special_tokens=special_tokens)]
     lengths = [len(e) for e in encoded]
     n = tokens if tokens is not None else min(lengths) if pad is None else max(lengths)
-    short = [i for i, e in enumerate(encoded) if len(e) < n]
-    if n == 0 or (short and pad is None):
-        i = short[0] if short else lengths.index(0)
-        raise ValueError(f"prompt {i} has {lengths[i]} tokens, fewer than {n or 1}: give "
-                         "longer prompts, fewer tokens (`tokens`, --tokens; default: the "
-                         "shortest prompt's), or pad them (`pad`, --pad).")
+    short = [i for i, e in enumerate(encoded) if len(e) < n] or [lengths.index(min(lengths))]
+    for bad, message in (
+        (pad == "auto", f"{source}'s tokenizer has no padding token ({', '.join(PAD_TOKENS)}); "
+         "give the id to pad with (`pad=ID`, --pad ID)."),
+        (pad not in (None, "auto") and pad >= size,
+         f"`pad` {pad} is not an id of {source}'s tokenizer (0 to {size - 1})."),
+        (n == 0 or (len(encoded[short[0]]) < n and pad is None),
+         f"prompt {short[0]} has {lengths[short[0]]} tokens, fewer than {n or 1}: give longer "
+         "prompts, fewer tokens (`tokens`, --tokens; default: the shortest prompt's), or pad "
+         "them (`pad`, --pad)."),
+    ):
+        if bad:
+            raise ValueError(message)
     if tokens is None and pad is None:
         _warn_cut(tok, encoded, n)
     ids = np.asarray([e[:n] + [pad] * (n - len(e[:n])) for e in encoded], np.int32)
@@ -218,17 +229,18 @@ def detokenize(
 
     The text of one prompt, or a list of `B` texts.
     """
-    what = "`ids` must be integer token ids of shape (n,) or (B, n), got"
     try:
         array = np.asarray(ids) if isinstance(ids, (np.ndarray, list, tuple)) or hasattr(
             ids, "__array__") else None
-    except ValueError:  # rows of different lengths
-        raise ValueError(f"{what} rows of different lengths.") from None
-    if array is None or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
-        got = type(ids).__name__ if array is None else f"dtype {array.dtype}"
-        raise TypeError(f"{what} {got}.")
-    if array.ndim not in (1, 2):
-        raise ValueError(f"{what} shape {array.shape}.")
+        error, got = TypeError, None if array is not None else type(ids).__name__
+    except ValueError:
+        array, error, got = None, ValueError, "rows of different lengths"
+    if array is not None and not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
+        got = f"dtype {array.dtype}"
+    elif array is not None and array.ndim not in (1, 2):
+        error, got = ValueError, f"shape {array.shape}"
+    if got:
+        raise error(f"`ids` must be integer token ids of shape (n,) or (B, n), got {got}.")
     check_flag(special_tokens, "special_tokens")
     tok = load_tokenizer(source)
     size = tok.get_vocab_size()
@@ -263,16 +275,6 @@ def _check_texts(texts) -> tuple[bool, list[str]]:
         error = ValueError if got == "an empty sequence" else TypeError
         raise error(f"`texts` must be a string or a non-empty sequence of strings, got {got}.")
     return False, texts
-
-
-def _pad_id(tok, source) -> int:
-    """The id of the tokenizer's own padding token (`PAD_TOKENS`)."""
-    for token in PAD_TOKENS:
-        found = tok.token_to_id(token)
-        if found is not None:
-            return int(found)
-    raise ValueError(f"{source}'s tokenizer has no padding token ({', '.join(PAD_TOKENS)}); "
-                     "give the id to pad with (`pad=ID`, --pad ID).")
 
 
 def read_prompts(path) -> list[str]:

@@ -60,8 +60,8 @@ def read_rope(hf: dict) -> tuple[float, tuple]:
     """
     field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
     params = hf.get(field) or {}
-    if not isinstance(params, dict):
-        raise ValueError(f"`{field}` must be an object, got {params!r}.")
+    not_object = not isinstance(params, dict) and f"`{field}` must be an object, got {params!r}."
+    params = {} if not_object else params
     kind = params.get("rope_type", params.get("type", "default"))
     partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
@@ -72,6 +72,7 @@ def read_rope(hf: dict) -> tuple[float, tuple]:
     numbers = {"rope_theta": theta, **{f"{field}.{k}": v for k, v in scaling.items()
                                        if k != "truncate"}}
     problems = [
+        not_object,
         kind not in ROPE_KEYS and f"config: {field}.rope_type={kind!r}: jaxattn does not "
         f"implement the rotary scaling {kind!r} (it implements {', '.join(ROPE_KEYS)}).",
         partial != 1.0 and f"config: partial_rotary_factor={partial!r}: jaxattn does not "

@@ -85,23 +85,22 @@ def trajectory_arrays(xs, ts=None, E=None, *, per: str = "frame"):
     a trajectory to draw (`ja.animate`, `jaxattn view`); a `ValueError` names the
     first mistake (`per`: what one save is called in it)."""
     xs = np.asarray(xs, dtype=np.float64)
-    for bad, message in (
-        (xs.ndim != 3 or min(xs.shape) < 1 or xs.shape[2] < 2,
-         f"xs must be (T, n, d) with d ≥ 2, got shape {xs.shape}."),
-        (not np.all(np.isfinite(xs)), "xs holds NaN or infinite values; nothing to draw."),
-    ):
+    T = len(xs) if xs.ndim else 0
+    ts, E = (None if a is None else np.asarray(a, np.float64) for a in (ts, E))
+    checks = [(xs.ndim != 3 or min(xs.shape) < 1 or xs.shape[2] < 2,
+               f"xs must be (T, n, d) with d ≥ 2, got shape {xs.shape}."),
+              (not np.all(np.isfinite(xs)), "xs holds NaN or infinite values; nothing to draw.")]
+    checks += [(a is not None and a.shape != (T,), f"{name} must hold one {what} per {per}, "
+                f"shape ({T},), got {np.shape(a)}.")
+               for name, a, what in (("ts", ts, "time"), ("E", E, "value"))]
+    for bad, message in checks:
         if bad:
             raise ValueError(message)
     if E is None:
         from ..metrics import misalignment
 
-        E = misalignment(xs)
-    ts = np.arange(len(xs), dtype=np.float64) if ts is None else ts
-    ts, E = np.asarray(ts, np.float64), np.asarray(E, np.float64)
-    for name, array, what in (("ts", ts, "time"), ("E", E, "value")):
-        if array.shape != (len(xs),):
-            raise ValueError(f"{name} must hold one {what} per {per}, shape ({len(xs)},), "
-                             f"got {array.shape}.")
+        E = np.asarray(misalignment(xs), np.float64)
+    ts = np.arange(T, dtype=np.float64) if ts is None else ts
     return xs, ts, E
 
 

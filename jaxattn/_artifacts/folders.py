@@ -1,35 +1,7 @@
-"""Run folders: every command that computes something saves it the same way.
-
-A run folder holds `config.json` (everything needed to re-run it, with the seed,
-package versions, start time and command-line arguments), `data.npz`, figures
-(PNG and PDF) and, written last, `summary.json` (with the computing time and the
-figures' names). While a run is in progress the folder holds a file named
-`INCOMPLETE`; it is removed only after everything else is written, so a folder
-without it is complete. Every file is written to a temporary name and renamed,
-so no file is ever half-written.
-
-A command holds an exclusive lock on its folder for its whole life
-(`hold_folder`: `fcntl.flock` on a `.lock` file inside it): a second command
-pointed at the same folder is refused at once, and so is a folder made by
-another kind of command (`kind`: `"run"` or `"sweep"`, recorded in the
-folder's `config.json`/`sweep.json`). `config.json` and `summary.json` carry the
-same `run_id`, so a folder mixed from two runs is recognised. Files get the
-user's normal permissions (`0o666` less the umask).
-
-`write_run` is the one writer of these stages; a resumable command (the sweep:
-`sweep.json`, chunks, `table.csv`; `jaxattn loop`: E streamed in chunks with the
-carry) calls them one by one: `hold_folder`, `start_run`, `write_config`,
-`finish_run`, and `reopen_run` with `check_same_computer` to continue a folder.
-
-No command mixes two runs in one folder or writes beside files it did not make:
-`hold_folder` refuses a non-empty folder jaxattn did not write
-(`written_by_jaxattn`: a model's folder, the current directory), and
-`reopen_run` a folder of another command or other settings, finished or not
-(`--resume` continues only the same run, and refuses a folder that holds none).
-
-Every folder also records how its numbers were computed: the JAX backend and
-whether XLA ran with the deterministic GPU flags (`deterministic_xla_flags`,
-set by the `jaxattn` commands: `_determinism.py`, docs/determinism.md).
+"""Run folders: every command that computes something saves it the same way, through
+`write_run` (or, for a resumable command, its stages one by one: `hold_folder`,
+`start_run`, `write_config`, `finish_run`, `reopen_run`). What a folder holds, its
+`INCOMPLETE` marker, lock, `run_id` and the rules of `--resume`: docs/usage/experiments.md.
 """
 
 import contextlib
@@ -142,11 +114,15 @@ def folder_path(name: str, out: str | os.PathLike | None = None, root="runs", *,
     """`out`, or a new `runs/NAME/<timestamp>/` when `out` is not given; an empty
     `out` (which would be the current directory) is a `RunFolderError`, and so is
     `resume` without `out` (a `ValueError`: the arguments are refused)."""
-    if resume and out is None:
-        raise ValueError("--resume needs --out DIR: the folder of the run to continue.")
+    for bad, error, message in (
+        (resume and out is None, ValueError,
+         "--resume needs --out DIR: the folder of the run to continue."),
+        (out is not None and not str(out).strip(), RunFolderError,
+         "--out is empty; name the run folder (e.g. --out runs/mine)."),
+    ):
+        if bad:
+            raise error(message)
     if out is not None:
-        if not str(out).strip():
-            raise RunFolderError("--out is empty; name the run folder (e.g. --out runs/mine).")
         return Path(out)
     return Path(root) / name / _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
 
@@ -196,13 +172,18 @@ def written_by_jaxattn(path: Path) -> bool:
 
 def check_writable_place(path: Path) -> None:
     """Refuse, before anything is written, to write into an existing folder that is
-    neither empty nor jaxattn's (`written_by_jaxattn`): a model's folder, the
-    current directory, any user's files."""
+    neither empty nor jaxattn's (`written_by_jaxattn`: a model's folder, the current
+    directory, any user's files) or that this process may not write."""
     with os_errors(path, "read"):
         foreign = path.is_dir() and not written_by_jaxattn(path)
-    if foreign:
-        raise RunFolderError(f"{path} holds files jaxattn did not write; a run writes only "
-                             "into a new or empty folder or its own (choose another --out).")
+    for bad, message in (
+        (foreign, f"{path} holds files jaxattn did not write; a run writes only into a new "
+                  "or empty folder or its own (choose another --out)."),
+        (path.is_dir() and not os.access(path, os.W_OK | os.X_OK),
+         f"cannot write the run folder {path}: permission denied."),
+    ):
+        if bad:
+            raise RunFolderError(message)
 
 
 @contextlib.contextmanager
@@ -220,16 +201,15 @@ def hold_folder(path, kind: str) -> Iterator[Path]:
     made = first_missing(path)
     with os_errors(path, "write"):
         path.mkdir(parents=True, exist_ok=True)
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise RunFolderError(f"cannot write the run folder {path}: permission denied.")
     fd = _lock(path)
     failed = True
     try:
         made_by = folder_kind(path)
         if made_by is not None and made_by != kind:
-            raise RunFolderError(f"{path} holds a {_command_of(path, made_by)} folder; "
-                                 f"`jaxattn {kind}` does not write into it (choose another "
-                                 "--out).")
+            command = (_settings_command(read_settings(path / KINDS["run"]))
+                       if made_by == "run" else f"`jaxattn {made_by}`")
+            raise RunFolderError(f"{path} holds a {command} folder; `jaxattn {kind}` does not "
+                                 "write into it (choose another --out).")
         yield path
         failed = False
     finally:
@@ -244,16 +224,10 @@ def hold_folder(path, kind: str) -> Iterator[Path]:
 _IDENTITY = ("experiment", "model", "passes")
 
 
-def _command_of(path: Path, kind: str) -> str:
-    """The command that made the folder `path` of `kind`, for messages: `jaxattn loop`
-    writes a run folder (config.json) without an experiment."""
-    settings = read_settings(path / KINDS[kind]) if kind in KINDS else {}
-    return _settings_command(settings) if kind == "run" else f"`jaxattn {kind}`"
-
-
-def _settings_command(settings: Any) -> str:
-    if isinstance(settings, dict) and "experiment" not in settings and "model" in settings \
-            and "passes" in settings:
+def _settings_command(settings: dict[str, Any]) -> str:
+    """The command that wrote a run folder's `settings`: `jaxattn loop` writes a
+    config.json without an experiment, for its model and passes."""
+    if "experiment" not in settings and "model" in settings and "passes" in settings:
         return "`jaxattn loop`"
     return "`jaxattn run`"
 
@@ -456,17 +430,16 @@ def open_run_folder(path, kind: str = "run", needs: tuple[str, ...] = ()) -> Pat
     check_not_held(path)
     files = (KINDS[kind], "summary.json", *needs)
     missing = [name for name in files if not (path / name).exists()]
+    ids = [read_settings(path / name).get("run_id") for name in files[:2]]
     for bad, message in (
         (not path.is_dir(), f"{path} is not a {kind} folder (no such directory)."),
         ((path / INCOMPLETE).exists(), f"{path} {_UNFINISHED[kind]}"),
         (missing, f"{path} has no {', '.join(missing)}; it is not a finished jaxattn {kind}."),
+        (ids[0] != ids[1], f"{path} mixes two {kind}s ({files[0]} and summary.json have run "
+                           f"ids {ids[0]} and {ids[1]}); re-run it into a new folder."),
     ):
         if bad:
             raise RunFolderError(message)
-    ids = [read_json(path / name).get("run_id") for name in files[:2]]
-    if ids[0] != ids[1]:
-        raise RunFolderError(f"{path} mixes two {kind}s ({files[0]} and summary.json have run "
-                             f"ids {ids[0]} and {ids[1]}); re-run it into a new folder.")
     return path
 
 
@@ -516,26 +489,26 @@ def reopen_run(folder: Path, config: dict[str, Any], resume: bool | None, *, wha
     keys = list(config if same is None else same)
     keys.sort(key=lambda k: k not in _IDENTITY)  # which command first, then its settings
     made_by, ours = _settings_command(old), _settings_command(config)
+    why = []  # what the folder holds that this run is not, the command first
     if filename == KINDS["run"] and made_by != ours:
-        raise RunFolderError(f"{folder} holds {state} {made_by} run; {ours} does not write "
-                             "into it (choose another --out).")
+        why.append(f"{made_by} run; {ours} does not write into it (choose another --out).")
     for key in keys:
         was, now = _jsonable(old.get(key)), _jsonable(config[key])
         if key not in old:
-            why = f"run of another command (its {filename} has no {key}); choose another --out."
+            why.append(f"run of another command (its {filename} has no {key}); choose "
+                       "another --out.")
         elif json.dumps(was, sort_keys=True) != json.dumps(now, sort_keys=True):
             values = f" ({was!r}, not {now!r})" if len(repr(was) + repr(now)) < 60 else ""
-            why = (f"{what} with another {key}{values}; one folder holds one {what} (choose "
-                   "another --out).")
-        else:
-            continue
-        raise RunFolderError(f"{folder} holds {state} {why}")
+            why.append(f"{what} with another {key}{values}; one folder holds one {what} "
+                       "(choose another --out).")
+    if not resume and (resume is False or finished):  # results are never overwritten
+        advice = "pass --resume to continue it or " if resume is False else ""
+        why.append(f"{what}; {advice}choose another --out.")
+    if why:
+        raise RunFolderError(f"{folder} holds {state} {why[0]}")
     if resume is None and not finished:
         start_run(folder)
         return False, read_json(write_config(folder, config, filename))["run_id"]
-    if not resume:  # results are never overwritten
-        advice = "pass --resume to continue it or " if resume is False else ""
-        raise RunFolderError(f"{folder} holds {state} {what}; {advice}choose another --out.")
     if not finished:
         check_same_computer(folder, old, command)
     return finished, old.get("run_id")

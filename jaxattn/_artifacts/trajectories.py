@@ -70,12 +70,14 @@ def pick(data, name: str | None = None, index: int = 0, *,
     found), run `index` of a batch of runs. A `ValueError` names what there is
     (`NoTrajectory`, saying `none`, when there is none)."""
     names = trajectory_names(data)
-    if not names:
-        raise NoTrajectory(none)
-    if name is None:
-        name = names[0]
-    elif name not in names:
-        raise ValueError(f"no trajectory {name!r} in data.npz; it has {', '.join(names)}.")
+    name = names[0] if name is None and names else name
+    for bad, error, message in (
+        (not names, NoTrajectory, none),
+        (name not in names, ValueError,
+         f"no trajectory {name!r} in data.npz; it has {', '.join(names)}."),
+    ):
+        if bad:
+            raise error(message)
     xs = np.asarray(data[name], dtype=np.float64)
     ts, E = (_partner(data, name, key, xs.shape[:-2]) for key in ("ts", "E"))
     label = name

@@ -179,7 +179,8 @@ def constrain_weights(dyn, constraints: Constraints):
 
 
 def check_weight_constraints(dyn, constraints: Constraints) -> None:
-    """Trace-time refusal of constraint requests the model cannot honour."""
+    """Trace-time refusal of constraint requests the model cannot honour (and of a
+    model with none of the weights to train)."""
     v = constraints.top_eigenvector
     fixed_u = isinstance(dyn.U, Constant)
     symmetric_u = "U" in constraints.symmetric
@@ -200,6 +201,8 @@ def check_weight_constraints(dyn, constraints: Constraints) -> None:
                   if eqx.is_inexact_array(a) and a.ndim >= 2]
         checks.append((any(a.shape[-1] != a.shape[-2] for a in leaves),
                        f"`{name}` cannot be kept symmetric: its matrices are not square."))
+    checks.append((not jax.tree.leaves(eqx.filter(dyn, trainable_filter(dyn, constraints))),
+                   f"no weights to train: the model has none of {constraints.train}."))
     for bad, message in checks:
         if bad:
             raise ValueError(message)

@@ -432,8 +432,6 @@ def _make_loop(dyn, *, target, objective, traj: Trajectory, optimizer, constrain
     if train_w:
         check_weight_constraints(dyn, constraints)
         dyn = constrain_weights(dyn, constraints)
-        if not jax.tree.leaves(eqx.filter(dyn, mask)):
-            raise ValueError(f"no weights to train: the model has none of {constraints.train}.")
     rest = eqx.filter(dyn, mask, inverse=True) if train_w else dyn
     loop = _Loop(fn, traj, rest, mask, constraints, optimizer or optax.adam(0.02),
                  target in ("tokens", "both"), train_w, builtin if log is None else bool(log))

@@ -4,7 +4,7 @@ The token measures take any leading (batch, time) axes and work under `jit`, `vm
 and `grad` (`hemisphere` solves its convex program on the host through
 `jax.pure_callback`); `cluster_labels` and `potential` work in blocks of rows, never an
 n × n array at 10⁵–10⁶ tokens. The statistics the verdicts rest on (`level_crossing`,
-`fit_slope`, `fit_crossing`, `window_statistics`, …) are host functions of NumPy
+`fit_slope`, `fit_intercept`, `fit_crossing`, `window_statistics`, …) are host functions of NumPy
 arrays; `rescaled_flow` and `rescaled_euler` integrate the flow to horizons of `10³⁰⁰`.
 `CONSENSUS_TOL` is the tolerance at which jaxattn calls tokens in consensus
 (`E < CONSENSUS_TOL`), used by the experiments, the sweeps and `ja.theory`.
@@ -40,6 +40,7 @@ from ._statistics import autocorrelation_time as autocorrelation_time
 from ._statistics import binomial_error as binomial_error
 from ._statistics import block_means as block_means
 from ._statistics import fit_crossing as fit_crossing
+from ._statistics import fit_intercept as fit_intercept
 from ._statistics import fit_slope as fit_slope
 from ._statistics import half_gap as half_gap
 from ._statistics import level_crossing as level_crossing
@@ -60,6 +61,7 @@ __all__ = [
     "cluster_labels",
     "consensus_time",
     "fit_crossing",
+    "fit_intercept",
     "fit_slope",
     "half_gap",
     "hemisphere",

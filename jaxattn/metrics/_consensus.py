@@ -26,14 +26,11 @@ def misalignment(
     Zero exactly when every token points along the first one (consensus).
     Computed over the last two axes; leading axes (batch, time) are kept.
 
-    **Reading E.** As in the papers, `E` is measured against token 1: it is not
-    symmetric in the tokens (permuting them changes it) and it lies in `[0, 2]`,
-    above 1 when tokens point away from the first one. `pairwise_misalignment` is
-    its symmetric companion, the mean `1 − cos` over all pairs. Rounding alone
-    leaves a collapsed configuration at `E ≤ misalignment_floor(dtype, n, d)`
-    (`(n − 1)/n · 2r²` with `r` a few units in the last place, ~1e-13 in float32,
-    ~5e-31 in float64): a run whose `E` sits at or below it has reached consensus
-    to the precision of its dtype, and no smaller `E` is meaningful.
+    **Reading E** (docs/usage/model.md): as in the papers, `E` is measured against
+    token 1, so it is not symmetric in the tokens and lies in `[0, 2]`;
+    `pairwise_misalignment` is its symmetric companion. Below
+    `misalignment_floor(dtype, n, d)` (~1e-13 in float32, ~5e-31 in float64) `E` is
+    rounding alone: a run that reaches it is in consensus to its dtype's precision.
 
     Evaluated without cancellation as `(1/n) Σ_i |x̂_i − x̂_1|²_W / 2`, with
     `x̂ = N_W(x)` (each row brought to unit scale by a power of two first, so

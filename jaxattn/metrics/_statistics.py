@@ -1,5 +1,5 @@
 """The statistics the experiments' verdicts rest on, on the host (NumPy floats): where a
-curve crosses a level, least-squares slopes and crossings with their standard errors,
+curve crosses a level, least-squares slopes, intercepts and crossings with their standard errors,
 binomial errors, integrated autocorrelation times and a time window's block statistics.
 """
 
@@ -103,6 +103,25 @@ def fit_slope(x, y, *, se=None, weighted: bool = True) -> tuple[float, float]:
     """
     coef, cov = _polyfit(x, y, 1, se, weighted)
     return float(coef[0]), float(np.sqrt(cov[0, 0]))
+
+
+def fit_intercept(x, y, *, se=None, weighted: bool = True) -> tuple[float, float]:
+    """The value at `x = 0` of the least-squares line through `(x, y)`, and its
+    standard error.
+
+    **Arguments:**
+
+    - `x`, `y`: the points `(k,)`.
+    - `se`, `weighted`: the errors of `y` and how the fit uses them, as in
+      `fit_slope`.
+
+    **Returns:**
+
+    `(intercept, standard error)`: both NaN under two points, the error NaN with two
+    points and no `se`.
+    """
+    coef, cov = _polyfit(x, y, 1, se, weighted)
+    return float(coef[1]), float(np.sqrt(cov[1, 1]))
 
 
 def fit_crossing(x, y, level: float = 0.0, *, degree: int = 1, se=None,

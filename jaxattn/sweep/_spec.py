@@ -143,14 +143,16 @@ def read_spec(path) -> SweepSpec:
     The `SweepSpec`; a `ValueError` if the file cannot be read or has unknown keys.
     """
     path = Path(path)
+    unreadable = None
     try:
         raw = _load(path, path.read_bytes())
     except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
-        why = (f"cannot read the sweep spec {path}: {e.strerror or e}" if isinstance(e, OSError)
-               else f"{path} is not valid {path.suffix.lstrip('.').upper()}: {e}")
-        raise ValueError(why) from None
+        raw, unreadable = None, (
+            f"cannot read the sweep spec {path}: {e.strerror or e}" if isinstance(e, OSError)
+            else f"{path} is not valid {path.suffix.lstrip('.').upper()}: {e}")
     unknown = sorted(set(raw) - set(_SPEC_KEYS)) if isinstance(raw, dict) else []
     for bad, message in (
+        (unreadable, unreadable),
         (not isinstance(raw, dict) or "experiment" not in raw,
          f"{path} must name an experiment (experiment = \"thm41-sphere\")."),
         (unknown, f"{path}: unknown key(s) {unknown}; a spec takes {list(_SPEC_KEYS)}."),

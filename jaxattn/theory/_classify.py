@@ -397,22 +397,20 @@ def _weights_dtype(dyn: SelfAttentionDynamics):
     return max((a.dtype for a in arrays), key=lambda dt: jnp.finfo(dt).eps)
 
 
-def _check_times(times) -> np.ndarray:
+def _times(times) -> tuple[np.ndarray, str | None]:
+    """The sampling grid of `classify`, and why `times` is refused (`None`: it is not)."""
     if times is None:
-        return np.linspace(0.0, 10.0, 201)
+        return np.linspace(0.0, 10.0, 201), None
     try:
         array = np.asarray(times, np.float64)
     except (TypeError, ValueError):
         array = np.zeros(())
-    if array.ndim != 1 or array.size < 1:
-        raise ValueError(f"classify: `times` must be a nonempty 1-D array of finite times, "
-                         f"got {times!r}; pass e.g. np.linspace(0, 10, 201), or None.")
-    times = array
-    if not np.all(np.isfinite(times)):
-        bad = times[~np.isfinite(times)][0]
-        raise ValueError(f"classify: `times` must be finite, got {bad} at index "
-                         f"{int(np.argmin(np.isfinite(times)))}.")
-    return times
+    bad = np.flatnonzero(~np.isfinite(array)) if array.ndim == 1 else []
+    if array.ndim != 1 or array.size < 1 or len(bad):
+        return array, (f"must be finite, got {array[bad[0]]} at index {bad[0]}." if len(bad)
+                       else f"must be a nonempty 1-D array of finite times, got {times!r}; "
+                       "pass e.g. np.linspace(0, 10, 201), or None.")
+    return array, None
 
 
 def classify(
@@ -486,16 +484,18 @@ def classify(
     A `Classification`: `.theorems` (those that apply), `.applicable` (their
     `TheoremReport`s with the statement and domain), `str()` a readable report.
     """
-    if not isinstance(dyn, SelfAttentionDynamics):
-        raise TypeError(f"classify: `dyn` must be a ja.SelfAttentionDynamics, got "
-                        f"{type(dyn).__name__}.")
-    times = _check_times(times)
-    if tol is None:
-        tol = default_tol(_weights_dtype(dyn), dyn.dim)
-    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating, np.integer)) \
-            or not tol > 0:
-        raise ValueError(f"classify: `tol` must be a number > 0, got {tol!r}.")
-    tol = float(tol)
+    times, why = _times(times)
+    number = isinstance(tol, (int, float, np.floating, np.integer)) and not isinstance(tol, bool)
+    for bad, error, message in (
+        (not isinstance(dyn, SelfAttentionDynamics), TypeError,
+         f"classify: `dyn` must be a ja.SelfAttentionDynamics, got {type(dyn).__name__}."),
+        (why, ValueError, f"classify: `times` {why}"),
+        (tol is not None and not (number and tol > 0), ValueError,
+         f"classify: `tol` must be a number > 0, got {tol!r}."),
+    ):
+        if bad:
+            raise error(message)
+    tol = default_tol(_weights_dtype(dyn), dyn.dim) if tol is None else float(tol)
     m = _read(dyn, times)
     builders = (_theorem_32, _theorem_41, _theorem_51, _theorem_52, _theorem_53)
     return Classification(tuple(b(m, tol) for b in builders), tol, times)

@@ -291,15 +291,11 @@ class Prediction:
         return np.asarray(side)[..., None] * self._followed_v1(t)
 
     def check(self, x, t: float | None = None, tol: float = CONSENSUS_TOL) -> np.ndarray:
-        """Whether tokens `x` (`(*batch, n, d)`, at time `t`) show the predicted outcome.
-
-        The theorem's own test (`self.test.reached`) on each sequence. Consensus:
-        misalignment `E(x) < tol`. A named limit: every `1 − ⟨x_i, limit_i⟩_W < tol`
-        (`False` outside the domain, where there is no limit). Near `v₁(t)` (5.3):
-        every `1 − ⟨x_i, v₁(t)⟩ < tol`, with `tol` the ball's size. Equilibrium:
-        the largest entry of the velocity at `t` at most `tol` times the largest
-        entry of the raw update it is the tangent part of (`Theorem32Test`). `False` where the
-        theorem says nothing (`outcome == "none"`).
+        """Whether tokens `x` (`(*batch, n, d)`, at time `t`) show the predicted outcome:
+        the theorem's own test (`self.test.reached`, each `Theorem*Test` says what it
+        checks) on each sequence; `False` outside the domain where the theorem names a
+        limit, and where it says nothing (`outcome == "none"`). `t` is needed for
+        Theorems 3.2 and 5.3.
         """
         x = jnp.asarray(x)
         if self.outcome == "none":

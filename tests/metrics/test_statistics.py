@@ -112,6 +112,31 @@ def test_fit_slope_errors_from_known_errors(seed):
         assert spread == pytest.approx(got, rel=0.05) and _far(spread, 1.1 * got, 0.05)
 
 
+def test_fit_intercept_is_linregress_and_the_weighted_closed_form(seed):
+    """The line's value at 0 and its error: scipy's `linregress` (`intercept`,
+    `intercept_stderr`) without errors; with them, the weighted fit's `√(Σ w x²/Δ)`
+    (as in `test_fit_slope_errors_from_known_errors`). A 10 % error misses."""
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.uniform(0.5, 5, 11))
+    y = -0.8 * x + 2.0 + 0.3 * rng.standard_normal(11)
+    value, se = M.fit_intercept(x, y)
+    ref = stats.linregress(x, y)
+    assert value == pytest.approx(ref.intercept, rel=1e-12)
+    assert se == pytest.approx(ref.intercept_stderr, rel=1e-10)
+    assert _far(value, 1.1 * ref.intercept, 0.05) and _far(se, 1.1 * ref.intercept_stderr, 0.05)
+    sigma = 0.05 + 0.1 * x
+    w = 1 / sigma**2
+    S, Sx, Sxx = w.sum(), w @ x, w @ x**2
+    want_value = (Sxx * (w @ y) - Sx * (w @ (x * y))) / (S * Sxx - Sx**2)
+    value, se = M.fit_intercept(x, y, se=sigma)
+    assert value == pytest.approx(want_value, rel=1e-10)
+    assert se == pytest.approx(math.sqrt(Sxx / (S * Sxx - Sx**2)), rel=1e-10)
+    assert _far(se, 1.1 * math.sqrt(Sxx / (S * Sxx - Sx**2)), 0.05)
+    two = M.fit_intercept([1.0, 2.0], [3.0, 5.0])
+    assert two[0] == pytest.approx(1.0) and math.isnan(two[1])  # no residual left
+    assert all(math.isnan(v) for v in M.fit_intercept([1.0], [2.0]))
+
+
 def test_fit_crossing_of_a_line_and_its_error(seed):
     """A line's zero, exactly; its delta-method error the spread of the zeros of
     noisy copies (to 5 %: a 10 % error misses)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..metrics import fit_intercept
 from .base import Verdict
 
 
@@ -46,10 +47,7 @@ def extrapolate(taus, values, se) -> tuple[float, float]:
     """A layered measurement taken to the flow (`τ → 0`): the straight line through
     `(τ, value ± se)` at `τ = 0`, and its standard error; with two steps `τ/2, τ`,
     `2 v(τ/2) − v(τ)`."""
-    se = np.asarray(se, float)
-    (_, icept), cov = np.polyfit(np.asarray(taus, float), np.asarray(values, float), 1,
-                                 w=1 / se, cov="unscaled")
-    return float(icept), float(np.sqrt(cov[1, 1]))
+    return fit_intercept(taus, values, se=se)
 
 
 def largest_rise(values: np.ndarray) -> float:

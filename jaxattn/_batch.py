@@ -71,14 +71,17 @@ def check_token_shape(
     dyn: SelfAttentionDynamics, x0, name: str = "x0"
 ) -> Float[Array, "*batch n d"]:
     """`x0` as a float array of shape `(..., n, d)` in the compute dtype, or an error."""
-    if not isinstance(dyn, SelfAttentionDynamics):
-        raise TypeError(
-            f"`dyn` must be a ja.SelfAttentionDynamics (the model), got {type(dyn).__name__}."
-        )
-    x0 = as_float_array(x0, name)
-    if x0.ndim < 2 or x0.shape[-1] != dyn.dim or x0.shape[-2] < 1:
-        raise ValueError(f"`{name}` must have shape (..., n, d) with d={dyn.dim} (the model's "
-                         f"dimension), got {x0.shape}.")
+    d = dyn.dim if isinstance(dyn, SelfAttentionDynamics) else None
+    x0 = as_float_array(x0, name) if d else x0
+    for bad, error, message in (
+        (d is None, TypeError,
+         f"`dyn` must be a ja.SelfAttentionDynamics (the model), got {type(dyn).__name__}."),
+        (d and (x0.ndim < 2 or x0.shape[-1] != d or x0.shape[-2] < 1), ValueError,
+         f"`{name}` must have shape (..., n, d) with d={d} (the model's dimension), got "
+         f"{jnp.shape(x0) if d else None}."),
+    ):
+        if bad:
+            raise error(message)
     return x0.astype(jnp.result_type(x0.dtype, jnp.result_type(float)))
 
 
@@ -112,20 +115,18 @@ def on_tokens(dyn, x0, devices):
     mesh = as_mesh(1 if devices is None else devices)
     if not isinstance(devices, Mesh):
         mesh = Mesh(mesh.devices, ("tokens",))
-    count = mesh.devices.size
-    n = x0.shape[-2]
-    if n % count:
-        raise ValueError(f"shard='tokens' splits the n={n} tokens over {count} devices: n "
-                         f"must be a multiple of {count}; pick n or devices so.")
     axis = mesh.axis_names[0]
     spec = PartitionSpec(*([None] * (x0.ndim - 2)), axis, None)
     return dyn.on_tokens(mesh), jax.device_put(x0, NamedSharding(mesh, spec))
 
 
-def check_shard(shard, dyn, one, devices) -> str:
+def check_shard(shard, dyn, one, devices, x0) -> str:
     """`shard` if it names a split (`SHARDS`) that the model (`dyn`, stacked unless it
-    is its first model `one`) allows over `devices`, else an error."""
+    is its first model `one`) allows over `devices` for tokens `x0`, else an error."""
     stacked = dyn is not one
+    tokens = shard == "tokens" and not stacked and x0.ndim >= 2
+    count = as_mesh(1 if devices is None else devices).devices.size if tokens else 1
+    n = x0.shape[-2] if tokens else 0
     for bad, message in (
         (not isinstance(shard, str) or shard not in SHARDS,
          f"`shard` must be one of {', '.join(map(repr, SHARDS))}, got {shard!r}."),
@@ -133,6 +134,8 @@ def check_shard(shard, dyn, one, devices) -> str:
                                           "model without `devices`, or shard the models yourself."),
         (stacked and shard == "tokens", "shard='tokens' splits one model's tokens: run a stacked "
                                         "model with shard='batch'."),
+        (n % count, f"shard='tokens' splits the n={n} tokens over {count} devices: n must be "
+                    f"a multiple of {count}; pick n or devices so."),
     ):
         if bad:
             raise ValueError(message)
@@ -152,7 +155,7 @@ def check_run(dyn, x0, devices, shard, noise, key) -> tuple:
     noise, key = check_noise(noise, key, shard=shard)
     dyn, x0, unflatten = stack_tokens(dyn, as_float_array(x0, "x0"))
     one = first_model(dyn)
-    shard = check_shard(shard, dyn, one, devices)
+    shard = check_shard(shard, dyn, one, devices, x0)
     x0 = check_token_shape(one, x0)
     keys = None if noise is None else system_keys(key, x0.shape[:-2])
     return dyn, x0, unflatten, one, shard, noise, keys

@@ -1,25 +1,12 @@
 """Attention over key blocks: the online softmax, never the `n × n` matrix.
 
 `blocked_attention(q, k, v, offset, mask, spec)` computes `Σ_j w_ij v_j` for every
-query, head by head, with `w` the weights of `spec.kernel` (a member of
-`ja.AbstractKernel`, which owns its pieces of the sweep) over the keys a query may
-see. Queries are taken `spec.block_q` at a time (`lax.map`), keys `spec.block_k` at
-a time (`lax.scan`): one block pair's scores `(h, block_q, block_k)` are all that
-exists at once. Softmax keeps each row's running maximum and normaliser and
-rescales its partial sum when the maximum grows (the online softmax of fused
-attention kernels): the max-shifted dense softmax to rounding.
-
-Reverse mode is a custom VJP that recomputes each block's scores instead of
-storing them (as FlashAttention's backward pass does): a gradient costs `O(n)`
-memory and about two forward passes. Forward mode (`jax.jvp`, the Newton steps of
-implicit solvers) is not defined through a custom VJP: with `forward_mode=True` JAX
-differentiates the sweep itself, in forward mode at `O(n)` memory, in reverse mode
-storing each block's weights.
-
-Group layout: `q` is `(h, n, a)`, `k` `(g, m, a)` and `v` `(g, m, c)` with `g`
-dividing `h`; query head `η` reads key–value group `η // (h / g)` (shared keys, as
-Llama's `num_key_value_heads`), so the dynamics' values, shared by every head, are
-one group and are never repeated.
+query with `w` the weights of `spec.kernel` (which owns its pieces of the sweep):
+queries `spec.block_q` at a time (`lax.map`), keys `spec.block_k` at a time
+(`lax.scan`). Reverse mode is a custom VJP recomputing each block's scores (`O(n)`
+memory); `forward_mode=True` differentiates the sweep itself. `q` is `(h, n, a)`, `k`
+`(g, m, a)` and `v` `(g, m, c)` with `g` dividing `h` (shared keys). How and why, with
+the measured equality to the dense path: `docs/mean_field.md`.
 """
 
 import contextlib

@@ -31,10 +31,7 @@ __all__ = ["KERNELS", "NORMS", "SelfAttentionDynamics", "random_dynamics", "rand
            "unit_rows"]
 
 #: Bytes of one `(h, n, n)` weight array above which `block_size=None` takes key
-#: blocks: 1 MiB, n > 512 for one float32 head. Above it the blocks were faster at
-#: every size measured on the CPU (BENCHMARKS.md, "blocked attention"), and the dense
-#: path's memory grows as n² (more under `jax.grad`); below it the dense path keeps
-#: forward-mode autodiff (`jax.jacfwd`), which the blocks' custom VJP does not have.
+#: blocks: 1 MiB, n > 512 for one float32 head (why: `docs/mean_field.md`).
 DENSE_LIMIT = 2**20
 
 
@@ -87,30 +84,21 @@ class SelfAttentionDynamics(eqx.Module):
       most `2³¹ − 1`. `None` (default): no window.
     - `mask`: a boolean `(n, n)` array, `True` where `i` attends to `j`; combined
       with `causal` and `window` by logical and (`ja.random_mask` draws one). The
-      diagonal is always on: every token attends to itself, so a row that masks
-      every other token gives `α_ii = 1` under softmax (the token's update is
-      `Σ_η U_η x_i`) and never a `0/0`. Masked scores are set to `−∞` before the
-      kernel.
+      diagonal is always on (a fully masked row gives `α_ii = 1`, never `0/0`).
     - `kernel`: the attention weights from the logits `s_ij = β x_iᵀ P_η x_j`: a
-      member of `ja.AbstractKernel` (`ja.Softmax()`, `ja.Sigmoid(bias=…)`, `ja.Exp()`,
-      `ja.USA()`, `ja.Hardmax()`, or a user's own; each member's docstring gives its
-      weights and range) or its name: `"softmax"` (default) `softmax_j(s_ij)` over
-      `M(i)`; `"sigmoid"` `σ(s_ij + b)` and `"exp"` `exp(s_ij) / n`, not normalised
-      over `j`; `"usa"` `exp(β (x_iᵀ P_η x_j − 1)) / n`, the `"exp"` dynamics in time
-      rescaled by `e^β` (finite where `"exp"` overflows); `"hardmax"` the `β → ∞`
-      limit of softmax. Masked weights are 0; `n` counts all tokens.
-    - `precision`: of the attention's matrix products: `"float32"` (default, true
-      float32 on every backend), or the opt-in `"tensorfloat32"` / `"bfloat16"`
-      (reduced operands, float32 accumulation); see `jaxattn._precision`.
+      member of `ja.AbstractKernel` (`ja.Softmax()` default, `ja.Sigmoid(bias=…)`,
+      `ja.Exp()`, `ja.USA()`, `ja.Hardmax()`, or a user's own; each member's
+      docstring gives its weights) or its name (`KERNELS`). Masked weights are 0;
+      `n` counts all tokens.
+    - `precision`: of the attention's matrix products: `"float32"` (default), or the
+      opt-in `"tensorfloat32"` / `"bfloat16"` (`docs/precision.md`).
     - `bias`: the sigmoid's bias `b` (only with `kernel="sigmoid"`: the same as
       `kernel=ja.Sigmoid(bias=b)`); `None` (default) is `−log n`.
-    - `block_size`: how the attention is computed. `None` (default): the dense
-      `(h, n, n)` weights up to `DENSE_LIMIT` bytes, key blocks of `DEFAULT_BLOCK`
-      above (the online softmax, `jaxattn._blocks`: memory `O(n)`, gradients by a
-      custom VJP recomputing the blocks). An integer `b ≥ 1` forces blocks of `b`
-      keys, `0` the dense weights. Both give the same values to rounding; the
-      blocked path is reverse-mode only unless the model is
-      `dyn.with_forward_mode()`.
+    - `block_size`: `None` (default): the dense `(h, n, n)` weights up to
+      `DENSE_LIMIT` bytes, key blocks of `DEFAULT_BLOCK` above (`jaxattn._blocks`,
+      memory `O(n)`); an integer `b ≥ 1` forces blocks of `b` keys, `0` the dense
+      weights. Both agree to rounding; the blocked path is reverse-mode only unless
+      the model is `dyn.with_forward_mode()`.
     """
 
     # Converters turn strings and arrays into members and schedules, `__post_init__`
@@ -130,7 +118,7 @@ class SelfAttentionDynamics(eqx.Module):
         # no window (pass None).
         converter=lambda w: None if w is None else check_count(w, "window", 1, INDEX_MAX))
     mask: Bool[Array, "n n"] | None = eqx.field(
-        default=None, converter=lambda m: None if m is None else _check_mask(m))
+        default=None, converter=lambda m: None if m is None else _as_mask(m))
     kernel: AbstractKernel = "softmax"  # a member after `__post_init__`
     Q: AbstractSchedule | None = eqx.field(default=None, kw_only=True,
                                            converter=lambda Q: _schedule(Q, "Q"))
@@ -170,8 +158,17 @@ class SelfAttentionDynamics(eqx.Module):
         else:
             problem = _factor_problem(schedule_shape(self.Q, "Q"), schedule_shape(self.K, "K"),
                                       h, d)
-        if problem:
-            raise ValueError(problem)
+        mask = self.mask
+        for bad, error, message in (
+            (problem is not None, ValueError, problem),
+            (mask is not None and mask.dtype != bool, TypeError, "`mask` must be a boolean (n, n) "
+             f"array (True = attends), got dtype {getattr(mask, 'dtype', None)}; pass "
+             "mask.astype(bool)."),
+            (mask is not None and (mask.ndim != 2 or mask.shape[:1] != mask.shape[1:]), ValueError,
+             f"`mask` must be a boolean (n, n) array, got shape {getattr(mask, 'shape', None)}."),
+        ):
+            if bad:
+                raise error(message)
         if self.W is not None:
             check_metric(self.W, d)
 
@@ -453,19 +450,11 @@ def _factor_problem(q_shape, k_shape, h: int, d: int) -> str | None:
     return None
 
 
-def _check_mask(mask) -> Bool[Array, "n n"]:
-    """A square boolean array, or an error naming the fix."""
-    if not hasattr(mask, "dtype"):
-        mask = np.asarray(mask)
-    for bad, error, detail in (
-        (mask.dtype != bool, TypeError,
-         f" (True = attends), got dtype {mask.dtype}; pass mask.astype(bool)."),
-        (mask.ndim != 2 or mask.shape[:1] != mask.shape[1:], ValueError,
-         f", got shape {mask.shape}."),
-    ):
-        if bad:
-            raise error(f"`mask` must be a boolean (n, n) array{detail}")
-    return jnp.asarray(mask)
+def _as_mask(mask) -> Bool[Array, "n n"]:
+    """A boolean mask as a JAX array; anything else as it is, for `__check_init__` to
+    refuse by name."""
+    mask = mask if hasattr(mask, "dtype") else np.asarray(mask)
+    return jnp.asarray(mask) if mask.dtype == bool else mask
 
 
 def _nan_unless_finite(w: Float[Array, "h a b"]) -> Float[Array, "h a b"]:

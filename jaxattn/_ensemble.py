@@ -1,31 +1,17 @@
 """The batch on the last axis (what `ja.BatchLast()` runs), and `interpret`, the one
 evaluation loop of a one-system program for every value type.
 
-`jax.vmap` puts the batch axis first. For a system of a few tokens in a few
-dimensions that leaves XLA's CPU kernels vectorising along axes of size 2–10 and
-running each tiny contraction as a batched `dot_general`; with the systems on the
-vectorised axis, S1 of the benchmarks (1000 systems of 10 tokens in R³, 2 heads)
-runs markedly faster. `jax.vmap(fn, in_axes=-1, out_axes=-1)` does not get there:
-its batching rules move the batch axis to the front wherever operands disagree.
+`batch_last(fn)` traces `fn`, written for one system (`layer`, `velocity`, a user's
+`observe`), once and evaluates its program with every batched value carrying the
+systems as its last axis (`jax.vmap(fn, in_axes=-1)` does not: its rules move the
+batch to the front where operands disagree). Elementwise, reduction and shape
+operations keep that axis last; every `dot_general` becomes elementwise products,
+unrolled over a small contracted index (`UNROLL`); anything else falls back to
+`jax.vmap` for that operation. A stacked model's batched leaves enter as `LastAxis`
+values `(..., B)`. Why and how fast: BENCHMARKS.md, "The fused ensemble path".
 
-`batch_last(fn)` is that layout as a transformation: `fn` is written for one
-system (the dynamics' own `layer`, `velocity`, a user's `observe`) and traced
-once; its program is then evaluated with every batched value carrying the systems
-as its last axis. Elementwise operations, reductions and shape operations keep
-that axis last; every `dot_general` becomes a sum of elementwise products,
-unrolled over the contracted index when it is small (`UNROLL`), so a layer is a few
-fused elementwise kernels streaming over the systems; reductions stay XLA reduces.
-Anything else (gathers, control flow, …) falls back to `jax.vmap` for that one
-operation. A stacked model's batched leaves enter as `LastAxis` values `(..., B)`.
-`strategy="auto"` fuses batches of at least two sequences of at most
-`FUSED_MAX_FLOPS` each (`benchmarks/fused_threshold.py`). The figures behind each
-choice: BENCHMARKS.md, "Measured claims behind design choices".
-
-Precision is kept as named (`jaxattn._precision`): the products of an elementwise
-contraction are exact in the accumulation dtype, `"bfloat16"` and
-`"tensorfloat32"` operands are rounded as the general path rounds them. Sums run in
-another order than a `dot_general`'s: the two paths agree to rounding, not bit for
-bit.
+Precision is kept as named (`jaxattn._precision`); sums run in another order than a
+`dot_general`'s, so the two paths agree to rounding, not bit for bit.
 """
 
 import abc

@@ -61,20 +61,6 @@ class RK4(dfx.AbstractERK):
         return 4
 
 
-def _check_ts(ts) -> Real[Array, " T"]:
-    ts = as_float_array(ts, "ts")
-    tn = np.asarray(ts) if is_concrete(ts) else None
-    if ts.ndim != 1 or ts.shape[0] < 1:
-        problem = f"`ts` must be a 1-D array of save times, got shape {ts.shape}."
-    elif tn is not None and not np.all(np.isfinite(tn)):
-        problem = "`ts` must be finite."
-    elif tn is not None and np.any(np.diff(tn) < 0):
-        problem = "`ts` must be nondecreasing (the flow is integrated forwards)."
-    else:
-        return ts
-    raise ValueError(problem)
-
-
 @surface_errors
 def solve_flow(
     dyn: SelfAttentionDynamics,
@@ -132,42 +118,27 @@ def solve_flow(
       `False` integrates the ambient ODE as is, to measure the drift.
     - `throw`: raise if any sample fails (default). With `False`, a
       `FlowResult(ys, success, num_steps)` with a per-sample status is returned.
-    - `devices`: shard the batch over devices (`None`, an int, a list of devices
-      or a `Mesh`; `docs/multihost.md`), each device integrating its share, bit for
-      bit as an unsharded run of that share; bad tokens raise before the run, a
-      failed solve (`throw=True`) after it.
+    - `devices`: shard the batch over devices (`None`, an int, a list of devices or a
+      `Mesh`; `docs/multihost.md`), bit for bit as an unsharded run of each share.
     - `shard`: what `devices` split: `"batch"` (default) the systems; `"tokens"`
-      each system's tokens (`n` a multiple of the device count), attention then a
-      ring over the devices, the adaptive steps the same on every device.
+      each system's tokens (`n` a multiple of the device count), attention a ring.
     - `strategy`: how a batch is executed (`docs/usage/strategies.md`): a member of
-      `ja.AbstractStrategy` or its shorthand, `ja.Vmap()` (`"general"`: one diffrax
-      solve per system, each with its own steps), `ja.BatchLast()` (`"fused"`: one
-      solve of the batch stored `(n, d, B)`, the same steps and results to
-      rounding; with an adaptive controller a **shared-step mode**, one step size
-      for the batch, its error the RMS over all systems, every system reporting the
-      same `num_steps`) or `ja.PallasKernel(...)` (`"kernel"`: constant steps of an
-      explicit tableau in one Pallas kernel, `ts` equally spaced by whole numbers of
-      `dt0`; one device, not differentiable, no events; with `noise` its `ΔW` are
-      drawn inside the kernel, the same law as the Brownian tree, not the same
-      path). `"auto"` (default) takes `BatchLast` for constant steps of an explicit
-      solver over a batch of small systems (`FUSED_MAX_FLOPS`), else `Vmap`.
+      `ja.AbstractStrategy` or its shorthand: `ja.Vmap()` (`"general"`),
+      `ja.BatchLast()` (`"fused"`; with an adaptive controller one step size for the
+      batch, its error the RMS over all systems, the same `num_steps` for each) or
+      `ja.PallasKernel(...)` (`"kernel"`, `docs/kernels.md`). `"auto"` (default).
     - `solution`: return a `FlowSolution` (`ts`, `ys`, `t1`, `y1`, `stats`,
       `result`, `success`, `event`, after diffrax's `Solution`) in place of `ys`.
     - `event`: stop each sample's run on a condition (needs `solution=True`): a
       function `cond(t, x)` of one sequence's tokens `(n, d)`, e.g.
-      `lambda t, x: ja.misalignment(x) - 1e-4`. A real value stops the run where it
-      changes sign (a Newton root find on the dense output), a bool at the end of
-      the first step where it is `True`; it must be finite wherever the run goes
-      (else a one-line error naming `event`). A `diffrax.Event` is used as it is
-      (its `cond_fn` gets `(t, x, dyn, **kwargs)`). The stop is the solution's `t1`,
-      `y1`; save times after it are `inf`. Runs on the general path.
-    - `noise`: `None` (default, the ODE) or `ja.TokenNoise(σ)` / `ja.ValueNoise(σ)`
-      (`σ` may be traced: a `jax.vmap` over strengths is one program): the SDE
-      `dx = velocity dt + σ P_x dB (·)` on a `diffrax.VirtualBrownianTree`
-      (`BROWNIAN_TOL`), a path depending on the key and `[ts[0], ts[-1]]` only.
-      Constant steps of `dt0` (default `NOISY_STEPS` over the horizon) unless a
-      `stepsize_controller` is passed; steps retracted onto `E_W`; general path;
-      `devices=` splits the systems with their keys (`docs/noise.md`).
+      `lambda t, x: ja.misalignment(x) - 1e-4`, stopping where a real value changes
+      sign (a Newton root find on the dense output) or a bool turns `True`; or a
+      `diffrax.Event` (its `cond_fn` gets `(t, x, dyn, **kwargs)`). The stop is the
+      solution's `t1`, `y1`; save times after it are `inf`. Runs on the general path.
+    - `noise`: `None` (default, the ODE) or `ja.TokenNoise(σ)` / `ja.ValueNoise(σ)`:
+      the SDE on a `diffrax.VirtualBrownianTree`, constant steps of `dt0` (default
+      `NOISY_STEPS` over the horizon) unless a `stepsize_controller` is passed;
+      general path (`docs/noise.md`).
     - `key`: the noise's JAX key (required with `noise`): one system uses it as is,
       system `b` of a batch (flattened, models first) `jax.random.split(key, B)[b]`.
 
@@ -177,14 +148,47 @@ def solve_flow(
     a `FlowSolution` when `solution=True`.
     """
     throw, on_manifold = check_flag(throw, "throw"), check_flag(on_manifold, "on_manifold")
+    solution = check_flag(solution, "solution")
     dyn, x0, unflatten, one, shard, noise, keys = check_run(dyn, x0, devices, shard, noise, key)
+    member = as_strategy(strategy)
+    fused = member is not None and member.fused
+    span = _span(ts) if noise is not None and dt0 is None else 0
+    for bad, error, message in (
+        (noise is not None and x0.size == 0, ValueError,
+         "`noise=` needs at least one sequence in `x0`."),
+        (noise is not None and dt0 is None and not span > 0, ValueError,
+         "`noise=` takes steps of `dt0`: pass `dt0=...` (the horizon is empty or traced, so "
+         "no default step can be drawn from it)."),
+        (solution and x0.size == 0, ValueError,
+         "`solution=True` needs at least one sequence in `x0`."),
+        (event is not None and not solution, ValueError,
+         "`event=` needs `solution=True`: the stop time and tokens are the solution's `t1` "
+         "and `y1`."),
+        (event is not None and not callable(event), TypeError,
+         f"`event` must be a function cond(t, x) or a diffrax.Event, got "
+         f"{type(event).__name__}."),
+        (fused and noise is not None, ValueError,
+         "the noisy flow runs on the general path for now: use strategy=\"auto\" or "
+         "\"general\"."),
+        (fused and event is not None, ValueError,
+         "`event=` stops each sample on its own: use strategy=\"general\" or \"auto\" (the "
+         "fused path shares one run over the batch)."),
+    ):
+        if bad:
+            raise error(message)
     if noise is not None:
-        solver, dt0, stepsize_controller = _noisy_steps(noise, ts, solver, dt0,
-                                                        stepsize_controller, x0.size)
+        solver = noise.default_solver if solver is None else solver
+        dt0 = span / NOISY_STEPS if dt0 is None else dt0
+        if stepsize_controller is None:
+            stepsize_controller = dfx.ConstantStepSize()
     solver = dfx.Tsit5() if solver is None else solver
     options = _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint)
     event = _event(event, solution, x0.dtype)
-    member = _flow_strategy(one, x0.shape, strategy, options, event, noise, shard, (dyn, x0))
+    if member is None and (noise is not None or event not in (None, True)):
+        member = Vmap()
+    else:
+        member = choose_strategy(one, x0.shape, strategy, (dyn, x0), solver=options[1],
+                                 controller=options[2], shard=shard)
     return unflatten(member.solve_flow(
         dyn, x0, options, adjoint=adjoint, throw=throw, on_manifold=on_manifold,
         event=event, devices=devices, shard=shard, noise=noise, keys=keys))
@@ -195,56 +199,15 @@ def solve_flow(
 NOISY_STEPS = 1000
 
 
-def _noisy_steps(noise, ts, solver, dt0, controller, size: int):
-    """The noisy flow's defaults: the noise's solver, constant steps, `NOISY_STEPS`
-    of them over the horizon (for `size` tokens)."""
-    concrete = dt0 is None and is_concrete(ts)
-    span = float(np.max(np.asarray(ts)) - np.min(np.asarray(ts))) if concrete else 0
-    for bad, message in (
-        (size == 0, "`noise=` needs at least one sequence in `x0`."),
-        (dt0 is None and not span > 0, "`noise=` takes steps of `dt0`: pass `dt0=...` (the "
-         "horizon is empty or traced, so no default step can be drawn from it)."),
-    ):
-        if bad:
-            raise ValueError(message)
-    solver = noise.default_solver if solver is None else solver
-    dt0 = span / NOISY_STEPS if dt0 is None else dt0
-    return solver, dt0, dfx.ConstantStepSize() if controller is None else controller
-
-
-def _flow_strategy(one, shape, strategy, options, event, noise, shard, operands
-                   ) -> AbstractStrategy:
-    """The member that solves this flow: what `"auto"` picks, and the refusals of a
-    member that shares one run over a chunk (noise, events that stop one system)."""
-    member = as_strategy(strategy)
-    stops_each = event is not None and event is not True
-    for bad, message in (
-        (noise is not None, "the noisy flow runs on the general path for now: use "
-                            "strategy=\"auto\" or \"general\"."),
-        (stops_each, "`event=` stops each sample on its own: use strategy=\"general\" or "
-                     "\"auto\" (the fused path shares one run over the batch)."),
-    ):
-        if bad and member is not None and member.fused:
-            raise ValueError(message)
-    if member is None and (noise is not None or stops_each):
-        return Vmap()
-    return choose_strategy(one, shape, strategy, operands, solver=options[1],
-                           controller=options[2], shard=shard)
+def _span(ts) -> float:
+    """The length of the horizon `[min ts, max ts]`, or 0 when `ts` is traced."""
+    return float(np.max(np.asarray(ts)) - np.min(np.asarray(ts))) if is_concrete(ts) else 0
 
 
 def _event(event, solution, dtype):
     """`None` (the array), `True` (the full solution, no event) or a `diffrax.Event`."""
-    solution = check_flag(solution, "solution")
     if event is None:
         return True if solution else None
-    for bad, error, message in (
-        (not solution, ValueError, "`event=` needs `solution=True`: the stop time and tokens "
-                                   "are the solution's `t1` and `y1`."),
-        (not callable(event), TypeError, "`event` must be a function cond(t, x) or a "
-                                         f"diffrax.Event, got {type(event).__name__}."),
-    ):
-        if bad:
-            raise error(message)
     if isinstance(event, dfx.Event):
         return event
     # The root is located on the dense output, smooth in t: Newton converges fast,
@@ -275,6 +238,8 @@ def _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoin
     # Constant steps: asked for, or the default for a solver without error estimates.
     constant = isinstance(stepsize_controller, dfx.ConstantStepSize) or (
         stepsize_controller is None and not isinstance(solver, dfx.AbstractAdaptiveSolver))
+    ts = as_float_array(ts, "ts")
+    tn = np.asarray(ts).ravel() if is_concrete(ts) else None
     for bad, error, message in (
         (not isinstance(solver, dfx.AbstractSolver), TypeError,
          f"`solver` must be a diffrax solver, got {type(solver).__name__}."),
@@ -287,10 +252,14 @@ def _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoin
         (constant and dt0 is None, ValueError,
          f"constant steps ({type(solver).__name__} gives no error estimate, or a "
          "ConstantStepSize controller was passed) need a step: pass `dt0=...`."),
+        (ts.ndim != 1 or ts.shape[0] < 1, ValueError,
+         f"`ts` must be a 1-D array of save times, got shape {ts.shape}."),
+        (tn is not None and not np.all(np.isfinite(tn)), ValueError, "`ts` must be finite."),
+        (tn is not None and np.any(np.diff(tn) < 0), ValueError,
+         "`ts` must be nondecreasing (the flow is integrated forwards)."),
     ):
         if bad:
             raise error(message)
-    ts = _check_ts(ts)
     max_steps = check_count(max_steps, "max_steps", minimum=1)
     if stepsize_controller is not None:
         controller = stepsize_controller

@@ -80,39 +80,27 @@ def run_layers(
     - `tau`: step size `τ > 0` (default 1); a traced scalar too: `jax.vmap` over
       `τ`s is one compiled program.
     - `observe`: optional function of one sequence's tokens `(n, d)` (e.g.
-      `ja.misalignment`), evaluated after every layer inside the same compiled
-      program; its outputs are returned instead of the tokens, so a long run
-      keeps only what is observed. Pass one function object (it is part of the
-      compiled program's identity).
+      `ja.misalignment`), evaluated after every layer in the same program; its
+      outputs are returned instead of the tokens (pass one function object: it
+      keys the compiled program).
     - `checkpoints`: `None` (default) checkpoints every layer: reverse mode stores
       each layer's tokens, not its attention matrices. An int `c`: recursive
       checkpointing with `c` stored states, gradient memory independent of `L` at
       the price of recomputation (no forward mode then). `"sqrt"`: segments of
       `⌈√L⌉` layers, memory `O(√L)`, each layer recomputed once as with `None`.
-    - `devices`: shard the batch over devices (`None`, an int, a list of devices
-      or a `Mesh`; `docs/multihost.md`), each device running its share, bit for bit
-      as an unsharded run of that share; bad tokens raise before the run,
-      non-finite results after it.
+    - `devices`: shard the batch over devices (`None`, an int, a list of devices or a
+      `Mesh`; `docs/multihost.md`), bit for bit as an unsharded run of each share.
     - `strategy`: how a batch is executed (`docs/usage/strategies.md`): a member of
-      `ja.AbstractStrategy` or its shorthand, `ja.Vmap()` (`"general"`: `dyn.layer`
-      vmapped), `ja.BatchLast()` (`"fused"`: the batch on the last axis, a layer a
-      few elementwise kernels over all systems) or `ja.PallasKernel(...)`
-      (`"kernel"`: a whole run of a block of systems in one Pallas kernel,
-      `docs/kernels.md`; one device, not differentiable). `"auto"` (default) takes
-      `BatchLast` for a batch of small systems (`FUSED_MAX_FLOPS`), else `Vmap`.
-      All agree to rounding, with noise drawing the same `ξ`.
+      `ja.AbstractStrategy` or its shorthand, `ja.Vmap()` (`"general"`),
+      `ja.BatchLast()` (`"fused"`) or `ja.PallasKernel(...)` (`"kernel"`,
+      `docs/kernels.md`); `"auto"` (default). All agree to rounding.
     - `shard`: what `devices` split: `"batch"` (default) the systems; `"tokens"`
-      each system's tokens (`n` a multiple of the device count), for one system too
-      large for one device: attention runs as a ring over the devices, equal to
-      the one-device blocked run to rounding.
+      each system's tokens (`n` a multiple of the device count), attention a ring.
     - `noise`: `None` (default) or `ja.TokenNoise(σ)` / `ja.ValueNoise(σ)`: each layer
-      adds `σ √τ P_x ξ` (`ξ` standard normal per token, or one `d × d` Gaussian
-      matrix per system applied to the attention's mean token) where the update
-      enters, before the normalisation (`docs/noise.md`); `devices=` splits the
-      systems with their keys.
+      adds `σ √τ` times a Gaussian kick where the update enters (`docs/noise.md`).
     - `key`: the noise's JAX key (required with `noise`): one system uses it as is,
       system `b` of a batch `jax.random.split(key, B)[b]`; layer `k` draws from
-      `fold_in(key_b, k)`. One key gives one path, bit for bit.
+      `fold_in(key_b, k)`.
 
     **Returns:**
 

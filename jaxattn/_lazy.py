@@ -28,21 +28,25 @@ def lazy_names(face: str) -> dict[str, tuple[str, str | None]]:
     block = next((node for node in tree.body if isinstance(node, ast.If)
                   and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"),
                  None)
-    if block is None:
-        raise ValueError(f"{face} has no `if TYPE_CHECKING:` block of its lazy names.")
+    imports = [(node, alias) for node in getattr(block, "body", [])
+               for alias in getattr(node, "names", [None])]
+    wrong = next(((node.lineno, alias.name if alias else "name") for node, alias in imports
+                  if not (isinstance(node, ast.ImportFrom) and node.level >= 1
+                          and (node.module is None or alias.asname == alias.name))), None)
+    for bad, message in (
+        (block is None, f"{face} has no `if TYPE_CHECKING:` block of its lazy names."),
+        (wrong is not None, f"{face}:{wrong and wrong[0]}: the lazy names are written `from "
+                            f".module import {wrong and wrong[1]} as {wrong and wrong[1]}` (a "
+                            "re-export, as tools read it), one a line."),
+    ):
+        if bad:
+            raise ValueError(message)
     names = {}
-    for node in block.body:
-        for alias in getattr(node, "names", [None]):
-            if not (isinstance(node, ast.ImportFrom) and node.level >= 1
-                    and (node.module is None or alias.asname == alias.name)):
-                name = alias.name if alias else "name"
-                raise ValueError(f"{face}:{node.lineno}: the lazy names are written `from "
-                                 f".module import {name} as {name}` (a re-export, as tools "
-                                 "read it), one a line.")
-            if node.module is None:  # `from . import module as name`
-                names[alias.asname or alias.name] = ("." * node.level + alias.name, None)
-            else:
-                names[alias.name] = ("." * node.level + node.module, alias.name)
+    for node, alias in imports:
+        if node.module is None:  # `from . import module as name`
+            names[alias.asname or alias.name] = ("." * node.level + alias.name, None)
+        else:
+            names[alias.name] = ("." * node.level + node.module, alias.name)
     return names
 
 

@@ -42,12 +42,8 @@ class AbstractNoise(eqx.Module):
     sigma: Real[Array, ""]
 
     def __init__(self, sigma):
-        sigma = check_scalar(sigma, "sigma")
-        if isinstance(sigma, jax.core.Tracer):  # one σ of a `vmap` over strengths
-            sigma = eqx.error_if(sigma, sigma < 0, "`sigma` must be ≥ 0 (the noise's strength).")
-        elif sigma < 0:
-            raise ValueError(f"`sigma` must be ≥ 0 (the noise's strength), got {sigma}.")
-        self.sigma = jnp.asarray(sigma)
+        # A traced σ (one of a `vmap` over strengths) is checked inside the program.
+        self.sigma = jnp.asarray(check_scalar(sigma, "sigma", nonnegative=True))
 
     @abc.abstractmethod
     def shape(self, n: int, d: int) -> tuple[int, ...]:
@@ -64,14 +60,9 @@ class AbstractNoise(eqx.Module):
 
 
 class TokenNoise(AbstractNoise):
-    """Independent noise on every token: `dx_i = v_i dt + σ P_{x_i} ∘ dB^i_t`.
-
-    With the interaction off each token is Brownian motion on the sphere, generator
-    `(σ²/2) Δ`: in Itô form `dx = −(d − 1)(σ²/2) x dt + σ P_x dB` (the drift is the
-    normalisation's). `ja.solve_flow` integrates the Stratonovich form with
-    `diffrax.Heun()` by default (it converges to Stratonovich solutions, strong order
-    1/2 for this non-commutative noise, weak order 1); a layer of `ja.run_layers` adds
-    `σ √τ P_x ξ` (`ξ` standard normal per token and layer) where the update enters.
+    """Independent noise on every token: `dx_i = v_i dt + σ P_{x_i} ∘ dB^i_t`
+    (Stratonovich; `ja.solve_flow` takes `diffrax.Heun()` by default); a layer of
+    `ja.run_layers` adds `σ √τ P_x ξ`. The Itô form and the orders: `docs/noise.md`.
 
     **Arguments:**
 
@@ -112,16 +103,10 @@ def attention_mean(dyn: SelfAttentionDynamics, t, x: Float[Array, "n d"]) -> Flo
 class ValueNoise(AbstractNoise):
     """Common noise through the value matrix: one matrix Brownian motion `B_t ∈ R^{d×d}`
     per system, shared by its tokens: `dx_i = v_i dt + σ P_{x_i} dB_t m_i` (Itô), with
-    `m_i` the heads' mean attention-weighted token (`attention_mean`).
-
-    It is the diffusion limit of layers whose value matrices carry a Gaussian part
-    `σ √τ G_ℓ` drawn afresh in each layer (Fedorov et al. 2026, random value matrices
-    at initialisation): a layer of `ja.run_layers` adds `σ √τ P_{x_i} G_ℓ m_i`. Because
-    `m_i` depends on the tokens, the Itô and Stratonovich forms differ by more than the
-    normalisation's drift; the layers converge to the Itô form, which `ja.solve_flow`
-    integrates by default with Euler–Maruyama retracted onto `E_W` (`diffrax.Euler()`
-    inside `ManifoldSolver`, strong order 1/2): its steps of `dt0 = τ` are the layers
-    themselves to `O(τ²)`. A Stratonovich solver (`Heun`) solves the other form.
+    `m_i` the heads' mean attention-weighted token (`attention_mean`). A layer of
+    `ja.run_layers` adds `σ √τ P_{x_i} G_ℓ m_i` (`G_ℓ` Gaussian, drawn per layer);
+    `ja.solve_flow` takes Euler–Maruyama (`diffrax.Euler()`) by default, the layers'
+    Itô limit. Derivation and references: `docs/noise.md`.
 
     **Arguments:**
 
@@ -143,10 +128,7 @@ class ValueNoise(AbstractNoise):
 
 def check_noise(noise, key, *, shard="batch"):
     """`(noise, key)` checked, or `(None, None)` for the deterministic dynamics."""
-    if noise is None:
-        if key is not None:
-            raise ValueError("`key=` draws the noise: pass `noise=ja.TokenNoise(sigma)` or "
-                             "`ja.ValueNoise(sigma)`, or drop `key`.")
+    if noise is None and key is None:
         return None, None
     try:
         key = key if key is None or isinstance(key, jax.Array) else jnp.asarray(key)
@@ -156,6 +138,8 @@ def check_noise(noise, key, *, shard="batch"):
     typed = array and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     one_key = array and key.shape == (() if typed else (2,)) and (typed or key.dtype == jnp.uint32)
     for bad, error, message in (
+        (noise is None, ValueError, "`key=` draws the noise: pass `noise=ja.TokenNoise(sigma)` "
+         "or `ja.ValueNoise(sigma)`, or drop `key`."),
         (not isinstance(noise, AbstractNoise), TypeError, "`noise` must be ja.TokenNoise(sigma) "
          f"or ja.ValueNoise(sigma), got {type(noise).__name__}."),
         (key is None, ValueError, "`noise=` needs a random key: pass `key=jax.random.key(seed)`."),

@@ -1,21 +1,10 @@
-"""The precision of every matrix product jaxattn issues.
-
-JAX lowers a float32 product at `Precision.DEFAULT`, which GPUs and TPUs run with
-TensorFloat-32 or bfloat16 passes. jaxattn states the precision of each product, so
-results depend neither on the backend nor on `jax_default_matmul_precision`:
-
-- `"float32"` (the default): true float32 products (`Precision.HIGHEST`; float64
-  stays float64).
-- `"tensorfloat32"`: operands rounded to TF32 (8 exponent bits, 10 mantissa bits),
-  float32 accumulation: the TF32 dot algorithm on NVIDIA GPUs, emulated with
-  `lax.reduce_precision` elsewhere, so its error can be measured on any machine.
-- `"bfloat16"`: operands cast to bfloat16, products accumulated in float32.
-
-The reduced modes are opt-in, by name (`precision=` on `SelfAttentionDynamics`,
-`ja.models.loop`, `ja.models.hidden_states`, …). Only the attention follows them:
-the metric (`⟨a, b⟩_W`, hence `N_W` and the tangent projection) and every measure
-(Gram matrices, `potential`, the theory's tests) are always `"float32"`.
-`docs/precision.md` has the policy and the error each mode costs.
+"""The precision of every matrix product jaxattn issues, stated so that results depend
+neither on the backend nor on `jax_default_matmul_precision`: `"float32"` (default,
+`Precision.HIGHEST`; float64 stays float64), or the opt-in `"tensorfloat32"` (TF32
+operands, float32 accumulation; emulated with `lax.reduce_precision` off NVIDIA GPUs)
+and `"bfloat16"` (bfloat16 operands, float32 accumulation). Only the attention
+follows them; the metric and every measure are always `"float32"`. The policy and
+each mode's measured error: `docs/precision.md`.
 """
 
 from typing import Literal

@@ -126,10 +126,16 @@ def as_schedule(value, name: str) -> AbstractSchedule:
 def schedule_shape(sched: AbstractSchedule, name: str) -> tuple[int, ...]:
     """The shape of the weights a schedule returns, found without computing them."""
     try:
-        out = jax.eval_shape(sched, jnp.zeros((), jnp.result_type(float)))
+        out, failure = jax.eval_shape(sched, jnp.zeros((), jnp.result_type(float))), None
     except Exception as e:  # a user function that fails to trace
-        raise ValueError(f"the `{name}` schedule failed when called at t = 0: {e}") from e
-    if not (hasattr(out, "shape") and is_real(out.dtype)):
-        got = f"dtype {out.dtype}" if hasattr(out, "dtype") else repr(out)
-        raise TypeError(f"the `{name}` schedule must return real weights (an array), got {got}.")
+        out, failure = None, e
+    for bad, error, message in (
+        (failure is not None, ValueError,
+         f"the `{name}` schedule failed when called at t = 0: {failure}"),
+        (not (hasattr(out, "shape") and is_real(out.dtype)), TypeError,
+         f"the `{name}` schedule must return real weights (an array), got "
+         f"{f'dtype {out.dtype}' if hasattr(out, 'dtype') else repr(out)}."),
+    ):
+        if bad:
+            raise error(message) from failure
     return tuple(out.shape)

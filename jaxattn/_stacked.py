@@ -47,17 +47,21 @@ def _base_rank(path) -> int | None:
     return None
 
 
-def model_batch(dyn) -> tuple[int, ...]:
-    """The batch axes of a stacked model (see the module doc); `()` for one model."""
+def _batches(dyn) -> list[tuple[int, ...]]:
+    """The distinct batch axes of a stacked model's leaves (one entry when consistent)."""
     found = set()
     for path, leaf in jax.tree_util.tree_flatten_with_path(dyn)[0]:
         rank = _base_rank(path)
         if rank is not None and eqx.is_array(leaf) and leaf.ndim > rank:
             found.add(tuple(leaf.shape[:leaf.ndim - rank]))
-    if len(found) > 1:
-        raise ValueError(f"a stacked model's leaves must share their batch axes, got "
-                         f"{sorted(found)}; build it with eqx.filter_vmap(make_model)(keys).")
-    return found.pop() if found else ()
+    return sorted(found)
+
+
+def model_batch(dyn) -> tuple[int, ...]:
+    """The batch axes of a stacked model (see the module doc, checked by
+    `stack_tokens`); `()` for one model."""
+    found = _batches(dyn)
+    return found[0] if found else ()
 
 
 def batched_leaves(dyn, batch: tuple[int, ...]) -> PyTree[bool]:
@@ -90,13 +94,20 @@ def stack_tokens(dyn, x0) -> tuple:
     d)` and `unflatten(tree)`, which gives every output leaf `(M, ...)` back its
     models' batch axes. For one model, `dyn`, `x0` and the identity.
     """
-    batch = model_batch(dyn)
+    found = _batches(dyn)
+    batch = found[0] if found else ()
+    shape = tuple(jnp.shape(x0))
+    for bad, message in (
+        (len(found) > 1, f"a stacked model's leaves must share their batch axes, got {found}; "
+                         "build it with eqx.filter_vmap(make_model)(keys)."),
+        (batch and (len(shape) < len(batch) + 2 or shape[:len(batch)] != batch),
+         f"a stacked model with batch axes {batch} runs tokens (*{batch}, ..., n, d), one "
+         f"batch per model; got x0 of shape {shape}."),
+    ):
+        if bad:
+            raise ValueError(message)
     if not batch:
         return dyn, x0, lambda tree: tree
-    shape = tuple(jnp.shape(x0))
-    if len(shape) < len(batch) + 2 or shape[:len(batch)] != batch:
-        raise ValueError(f"a stacked model with batch axes {batch} runs tokens (*{batch}, "
-                         f"..., n, d), one batch per model; got x0 of shape {shape}.")
     size = math.prod(batch)
     flags = batched_leaves(dyn, batch)
     flat = jax.tree.map(lambda a, b: a.reshape((size,) + a.shape[len(batch):]) if b else a,

@@ -45,8 +45,9 @@ def as_float_array(x, name: str, dtype=None) -> Array:
     return arr.astype(dtype or float_dtype(arr))
 
 
-def check_scalar(value, name: str, *, positive: bool = False, dtype=None):
-    """A finite (optionally positive) real scalar.
+def check_scalar(value, name: str, *, positive: bool = False, nonnegative: bool = False,
+                 dtype=None):
+    """A finite (optionally positive, or nonnegative) real scalar.
 
     A value known now (a Python or NumPy number, a concrete array) is checked in
     Python and returned as a float: `ValueError` if it is bad, or if it is not
@@ -60,32 +61,33 @@ def check_scalar(value, name: str, *, positive: bool = False, dtype=None):
         arr = value if traced else np.asarray(None if isinstance(value, str | bytes) else value)
     except (TypeError, ValueError):  # a ragged list
         arr = np.asarray(None)
+    shaped = is_real(arr.dtype) and arr.ndim == 0
+    v = float(arr) if shaped and not traced else 0.0
+    info = jnp.finfo(dtype or np.float64)
+    big, tiny = float(info.max), float(info.smallest_subnormal)
+    now = shaped and not traced
     for bad, error, message in (
         (not is_real(arr.dtype), TypeError,
          f"must be a real number, got {f'a traced {arr.dtype}' if traced else repr(value)}"),
         (arr.ndim != 0, ValueError, f"must be a scalar, got shape {arr.shape}"),
+        (now and not np.isfinite(v), ValueError, f"must be finite, got {v}"),
+        (now and positive and v <= 0, ValueError, f"must be > 0, got {v}"),
+        (now and nonnegative and v < 0, ValueError, f"must be ≥ 0, got {v}"),
+        # Stored in `dtype`: it must stay finite (and > 0 if `positive`) there.
+        (now and abs(v) > big, ValueError, f"= {v:g} overflows {info.dtype.name} (largest "
+                                           f"{big:.3g}); use a smaller value or float64 "
+                                           "(jax_enable_x64)"),
+        (now and positive and v < tiny, ValueError, f"= {v:g} is 0 in {info.dtype.name}; use "
+                                                    "a larger value or float64 (jax_enable_x64)"),
     ):
         if bad:
             raise error(f"`{name}` {message}.")
     if traced:
         bad = ~jnp.isfinite(value)
-        if positive:
-            bad = bad | (value <= 0)
-        return eqx.error_if(value, bad, f"`{name}` must be finite{' and > 0' if positive else ''}.")
-    v = float(arr)
-    info = jnp.finfo(dtype or np.float64)
-    big, tiny = float(info.max), float(info.smallest_subnormal)
-    for bad, message in (
-        (not np.isfinite(v), f"must be finite, got {v}"),
-        (positive and v <= 0, f"must be > 0, got {v}"),
-        # Stored in `dtype`: it must stay finite (and > 0 if `positive`) there.
-        (abs(v) > big, f"= {v:g} overflows {info.dtype.name} (largest {big:.3g}); use a "
-                       "smaller value or float64 (jax_enable_x64)"),
-        (positive and v < tiny, f"= {v:g} is 0 in {info.dtype.name}; use a larger value or "
-                                "float64 (jax_enable_x64)"),
-    ):
-        if bad:
-            raise ValueError(f"`{name}` {message}.")
+        bad = bad | (value <= 0) if positive else bad | (value < 0) if nonnegative else bad
+        sign = "≥ 0 and " if nonnegative else ""
+        return eqx.error_if(value, bad, f"`{name}` must be {sign}finite"
+                                        f"{' and > 0' if positive else ''}.")
     return v
 
 
@@ -133,6 +135,24 @@ def check_flag(value, name: str) -> bool:
     if not isinstance(value, bool | np.bool_):
         raise TypeError(f"`{name}` must be True or False, got {value!r}.")
     return bool(value)
+
+
+def check_sphere(beta, d, name: str = "beta") -> tuple[float, int]:
+    """`(value, d)` checked: a finite value `> 0` named `name`, and a dimension `d`, an
+    int `≥ 2` (tokens on `S^{d−1}`); one-line `ValueError`s otherwise."""
+    try:
+        value = float(beta)
+    except (TypeError, ValueError):
+        value = float("nan")
+    for bad, message in (
+        (isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 2,
+         f"`d` must be an int ≥ 2 (tokens on the sphere S^(d-1)), got {d!r}."),
+        (not (np.isfinite(value) and value > 0),
+         f"`{name}` must be finite and > 0 (a real number), got {beta!r}."),
+    ):
+        if bad:
+            raise ValueError(message)
+    return value, int(d)
 
 
 #: The largest integer a compiled program compares token indices with (int32).
@@ -241,12 +261,11 @@ def surface_errors(fn: _FN) -> _FN:
         try:
             return fn(*args, **kwargs)
         except (eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError) as error:
-            message = runtime_message(error)  # a SimulationError is one too
-            if message is None:
-                raise
+            failed = error
+        message = runtime_message(failed)  # a SimulationError is one too
         # Outside the `except`: the traceback shows no equinox error as context, and
         # ends here, not in the host-side check that raised it.
-        raise SimulationError(message)
+        raise failed if message is None else SimulationError(message)
 
     wrapper.__surfaces_errors__ = True
     return wrapper

@@ -23,20 +23,21 @@ def as_kernel(kernel, bias=None) -> AbstractKernel:
     """The kernel a model's `kernel=` names: a member of `AbstractKernel` as given, or
     a built-in one by name; `bias=` is the sigmoid's (kept for `kernel="sigmoid",
     bias=b`)."""
-    if isinstance(kernel, str) and kernel in BUILTIN:
-        if bias is None:
-            return BUILTIN[kernel]()
-        if kernel != "sigmoid":
-            raise ValueError(f"`bias` is the sigmoid's b: it needs kernel='sigmoid', "
-                             f"got kernel={kernel!r}.")
-        return Sigmoid(bias)
-    if isinstance(kernel, AbstractKernel):
-        if bias is not None:
-            raise ValueError("`bias` goes into the kernel: pass kernel=ja.Sigmoid(bias=b) "
-                             "and no `bias=`.")
+    named = isinstance(kernel, str) and kernel in BUILTIN
+    member = isinstance(kernel, AbstractKernel)
+    for bad, message in (
+        (not (named or member), f"`kernel` must be one of {', '.join(map(repr, KERNELS))} or "
+                                f"a ja.AbstractKernel (e.g. ja.Softmax()), got {kernel!r}."),
+        (named and bias is not None and kernel != "sigmoid",
+         f"`bias` is the sigmoid's b: it needs kernel='sigmoid', got kernel={kernel!r}."),
+        (member and bias is not None, "`bias` goes into the kernel: pass "
+                                      "kernel=ja.Sigmoid(bias=b) and no `bias=`."),
+    ):
+        if bad:
+            raise ValueError(message)
+    if member:
         return kernel
-    raise ValueError(f"`kernel` must be one of {', '.join(map(repr, KERNELS))} or a "
-                     f"ja.AbstractKernel (e.g. ja.Softmax()), got {kernel!r}.")
+    return BUILTIN[kernel]() if bias is None else Sigmoid(bias)
 
 
 def bias_of(kernel: AbstractKernel):

@@ -1,22 +1,11 @@
-"""`strategy="kernel"`: a whole ensemble run as one Pallas kernel.
+"""`strategy="kernel"`: a whole ensemble run as one Pallas kernel (`docs/kernels.md`).
 
-For many tiny systems (S1: 10 tokens in R³, 2 heads) the fused path still runs each
-layer as several XLA kernels whose intermediates (the `B × h × n × n` scores) go
-through memory every layer. Here one kernel runs the whole run of a block of systems
-(`KernelConfig.block`, one lane per system): the tokens are read once, carried through
-a `fori_loop` over the steps as a tuple of `(block,)` vectors (registers), and only
-the saved values (`observe`, or the tokens) are written, once per save.
-
-The step is the model's own one-system code (`dyn.layer`, `noisy_layer`, a solver
-step of `dyn.velocity`), traced once and evaluated on lanes (`jaxattn._lanes`): one
-implementation of the formulas, as on the fused path. Model leaves, `τ` and the noise
-keys enter as per-system rows `(size, B)` (a shared leaf is repeated per system: read
-once, as the tokens are). Noise is drawn inside the kernel by the threefry hash of
-each system's key, the numbers `jax.random` draws outside it: no noise array exists.
-
-On CUDA the kernel is compiled with Triton, elsewhere it runs in Pallas's interpret
-mode (correct, slow: the tests check the same kernel on the CPU), chosen at lowering
-(`jaxattn._pallas.call`).
+One kernel runs the whole run of a block of systems (`KernelConfig.block`, one lane
+each): the tokens read once, carried through a `fori_loop` over the steps as `(block,)`
+vectors, only the saved values written. The step is the model's own one-system code
+evaluated on lanes (`jaxattn._pallas.lanes`); model leaves, `τ` and the noise keys
+enter as per-system rows `(size, B)`; noise is drawn inside by the threefry hash of
+each system's key. Triton on CUDA, interpret mode elsewhere (`jaxattn._pallas.call`).
 """
 
 import contextlib

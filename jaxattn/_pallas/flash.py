@@ -1,23 +1,15 @@
 """Mean-field attention as Pallas kernels for small head dimensions (flash attention).
 
-At mean-field scale (one system of `n = 10⁶` tokens in R³) attention is the whole
-cost, and neither cuDNN's nor XLA's fused attention takes a head dimension of 3; the
-key-block sweep of `jaxattn._blocks` runs as many XLA kernels per block. Here the
-sweep is one kernel: each program holds `block_q` queries (one lane each) and loops
-over the keys `block_k` at a time, keeping each row's running maximum, normaliser and
-output sum in registers (the online softmax). The head dimension is unrolled: a
-query is `a` vectors of its coordinates, so any `a` from 1 up runs without padding
-to a tensor-core tile (for `a ≥ 16` a `dot` would be the faster choice).
-
-`flash_attention` computes what `jaxattn._blocks.blocked_attention` computes for the
-kernels that declare `flash` (the softmax, with the online softmax's state in registers,
-and every pointwise member: its `pointwise` weight), with causal and window masks; the
+`flash_attention` computes what `jaxattn._blocks.blocked_attention` computes, as one
+kernel: each program holds `block_q` queries (one lane each) and sweeps the keys
+`block_k` at a time with each row's running state in registers, the head dimension
+unrolled. It takes the kernels that declare `flash`, causal and window masks; the
 offset and `rescale` stay the caller's. Reverse mode is a custom VJP recomputing the
-blocks (FlashAttention-2's two kernels: `dq` over query blocks, `dk`, `dv` over key
-blocks, each member's own `block_grad`): a gradient costs `O(n)` memory. For
-`shard="tokens"`'s ring, `flash_partial` attends one share of the keys and returns each
-row's log-normaliser too; `merge_partial` merges shares. Triton on CUDA, interpret
-mode elsewhere (`call.py`).
+blocks (FlashAttention-2's `dq` and `dk`, `dv` kernels, each member's `block_grad`).
+For `shard="tokens"`'s ring, `flash_partial` attends one share of the keys and
+returns each row's log-normaliser too; `merge_partial` merges shares. Triton on
+CUDA, interpret mode elsewhere (`call.py`). Why and what it covers: `docs/kernels.md`,
+"Mean-field attention as a kernel".
 """
 
 import dataclasses

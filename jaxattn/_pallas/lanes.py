@@ -1,25 +1,15 @@
 """A one-system program evaluated on lanes: every scalar a vector over a block of systems.
 
-The fused path (`jaxattn._ensemble.batch_last`) evaluates a one-system program with
-the systems on the last axis of every array. Inside a Pallas kernel arrays of odd
-shapes (`(10, 3, 128)`) do not lower; vectors of one block of systems do. So here the
-same program (`dyn.layer`, `dyn.velocity`, a user's `observe`: one implementation of
-the formulas) is traced once for one system and its jaxpr is evaluated with every
-array value held as a NumPy object array of its one-system shape, whose entries are
-`(block,)` vectors, one lane per system ("scalarised"): a token of R³ is three
-vectors, a layer of S1 a few hundred vector operations, all in registers.
-
-Entries that do not depend on the inputs (masks built from `iota`, `-inf` where a
-mask forbids a pair, `finfo` bounds) stay NumPy constants and fold at trace time; a
-`select_n` whose predicate is constant picks its branch then, so a masked pair costs
-nothing. Products (`dot_general`) are unrolled multiply-adds over the contracted
-index, at the named precision (`jaxattn._ensemble.round_operand`), as on the fused
-path. Keys (`jax.random` with a threefry key) are pairs of `uint32` lanes, and
-`random_bits` / `random_fold_in` run the threefry-2x32 hash on them: a kernel draws
-the same numbers as `jax.random` outside it, from a counter, storing none.
-
-A primitive without a rule here raises `KernelUnsupported` naming it, at trace time:
-the caller refuses `strategy="kernel"` for that model in one line.
+A Pallas kernel lowers `(block,)` vectors, not arrays of odd shapes; so the model's
+own one-system program (`dyn.layer`, `dyn.velocity`, a user's `observe`) is traced
+once and its jaxpr evaluated with every array held as a NumPy object array of its
+one-system shape whose entries are `(block,)` vectors, one lane per system. Values
+that do not depend on the inputs stay NumPy constants and fold at trace time;
+products are unrolled multiply-adds at the named precision
+(`jaxattn._ensemble.round_operand`); threefry keys are pairs of `uint32` lanes, hashed
+here as `jax.random` hashes them. A primitive without a rule raises
+`KernelUnsupported` naming it, at trace time. The design: `docs/kernels.md`, "One
+implementation of the formulas".
 """
 
 import functools

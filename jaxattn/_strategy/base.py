@@ -28,6 +28,14 @@ def differentiating(operands) -> bool:
     return any(isinstance(leaf, _DIFFERENTIATING) for leaf in jax.tree.leaves(operands))
 
 
+def refuse_first(name: str, refusals) -> None:
+    """The one wording of a member's refusal: a `ValueError` `strategy='name' why` for
+    the first `(refused, why)` of `refusals` that is refused."""
+    for refused, why in refusals:
+        if refused:
+            raise ValueError(f"strategy={name!r} {why}")
+
+
 class AbstractStrategy(eqx.Module):
     """How `ja.run_layers` and `ja.solve_flow` execute a batch of systems.
 
@@ -52,7 +60,7 @@ class AbstractStrategy(eqx.Module):
 
     def refuse(self, dyn, operands=None) -> None:
         """A `ValueError` naming what this member does not run (`dyn` one model)."""
-        for refused, why in (
+        refuse_first(self.name, (
                 (not self.runs_blocks and dyn.block_size,
                  "runs dense attention: a model with `block_size` takes strategy='general' "
                  "(or 'auto')."),
@@ -60,9 +68,7 @@ class AbstractStrategy(eqx.Module):
                  "runs whole systems: tokens split over devices take strategy='general'."),
                 (not self.differentiable and differentiating(operands),
                  "is not differentiable (the kernel has no derivative rule): differentiate "
-                 "with strategy='fused'.")):
-            if refused:
-                raise ValueError(f"strategy={self.name!r} {why}")
+                 "with strategy='fused'.")))
 
     @abc.abstractmethod
     def run_layers(self, dyn, x0, num_layers, tau, observe, checkpoints, *, devices,

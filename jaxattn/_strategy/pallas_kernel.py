@@ -11,7 +11,7 @@ from .._ensemble import from_batch_last, to_batch_last
 from .._pallas import KernelConfig, key_rows, run_ensemble
 from .._stacked import map_models, models_last
 from .._validate import NONFINITE, raise_unless
-from .base import AbstractStrategy
+from .base import AbstractStrategy, refuse_first
 from .layers import layer_of
 from .solve import FlowResult
 from .stepping import (
@@ -83,16 +83,14 @@ class PallasKernel(AbstractStrategy):
 
 def _refuse(devices, shard, checked=True, event=None) -> None:
     """What `strategy="kernel"` does not run, refused by name."""
-    for refused, message in (
+    refuse_first("kernel", (
             (not checked, "solves with ja.solve_flow (checked inputs): take "
                           "strategy='fused' here."),
             (event is not None, "saves at `ts`: drop `solution=`/`event=`, or take "
                                 "strategy='general'."),
             (devices is not None or shard != "batch",
              "runs on one device: drop `devices=`/`shard=`, or take strategy='fused' to "
-             "split the systems over devices.")):
-        if refused:
-            raise ValueError(f"strategy='kernel' {message}")
+             "split the systems over devices.")))
 
 
 def _layer(x, k, params):

@@ -21,19 +21,12 @@ from .._validate import NONFINITE, raise_unless
 class ManifoldSolver(dfx.AbstractWrappedSolver):
     """Wraps any diffrax solver and retracts each step back onto `E_W` with `N_W`.
 
-    Why a projection after each step: the flow (eq. 6) is tangent to `E_W`, but
-    its extension off the manifold is not attracting (`d/dt |x|²_W =
-    2⟨x, v⟩_W (1 − |x|²_W)` grows the error where `⟨x, v⟩_W < 0`), so an
-    unprojected solver's local errors accumulate into a drift from `E_W` over
-    long horizons. Normalising `y1` is a retraction: it changes the step by less
-    than its own local error, keeps the solver's order, leaves the error
-    estimate and step-size control untouched, and works for every solver
-    (explicit, implicit, adaptive or not) because it touches only the accepted
-    state. FSAL solvers reuse `f(y1)` from before the projection; the mismatch is
-    of the size of the drift removed, below the local error.
-
-    With `fused=True` the state is an ensemble `(n, d, B)`, the systems on the
-    last axis (the fused path of `solve_flow`), each system retracted alike.
+    The flow (eq. 6) is tangent to `E_W` but its extension off it is not attracting
+    (`d/dt |x|²_W = 2⟨x, v⟩_W (1 − |x|²_W)`), so an unprojected solver drifts from
+    `E_W` over long horizons. Normalising the accepted `y1` is a retraction: it moves
+    the step by less than its local error, keeps the order and the step-size control,
+    and works for every solver. FSAL solvers reuse `f(y1)` from before it (a mismatch
+    below the local error). With `fused=True` the state is an ensemble `(n, d, B)`.
     """
 
     solver: dfx.AbstractSolver

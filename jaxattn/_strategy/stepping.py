@@ -10,6 +10,7 @@ import numpy as np
 from .._manifold import project
 from .._noise import layer_normal
 from .._validate import is_concrete
+from .base import refuse_first
 
 
 def kernel_plan(ts, solver, controller, dt0, max_steps) -> tuple:
@@ -28,7 +29,7 @@ def kernel_plan(ts, solver, controller, dt0, max_steps) -> tuple:
         on_grid = not (np.any(np.abs(np.diff(tn) - gap) > tol)
                        or abs(per_save * dt0 - gap) > 1e-6 * gap)
         steps = per_save * (tn.size - 1)
-    for refused, message in (
+    refuse_first("kernel", (
             (not explicit, "runs Euler and explicit Runge–Kutta solvers (ja.RK4, Heun, …), "
                            f"got {type(inner).__name__}."),
             (not constant, "takes constant steps: pass `dt0=` and no adaptive "
@@ -37,9 +38,7 @@ def kernel_plan(ts, solver, controller, dt0, max_steps) -> tuple:
                          "strategy='fused'."),
             (not on_grid, "saves on its step grid: `ts` equally spaced, each gap a whole "
                           "number of steps `dt0`."),
-            (steps > max_steps, f"{steps} steps exceed max_steps={max_steps}.")):
-        if refused:
-            raise ValueError(f"strategy='kernel' {message}")
+            (steps > max_steps, f"{steps} steps exceed max_steps={max_steps}.")))
     if isinstance(inner, dfx.Euler):
         coeffs = ((), (), (1.0,))
     else:

@@ -6,21 +6,14 @@ docs/meanfield_equation.md, "Linear stability and the thresholds of every kernel
 import math
 
 from .._kernel import AbstractKernel
+from .._validate import check_sphere
 from ._kernels import check_kernel
 
 
 def _check(beta, d, mode=1):
-    value = float(beta)
-    for bad, message in (
-        (isinstance(d, bool) or not isinstance(d, int) or d < 2,
-         f"`d` must be an int ≥ 2 (the sphere S^(d-1)), got {d!r}."),
-        (isinstance(mode, bool) or not isinstance(mode, int) or mode < 1,
-         f"`mode` must be an int ≥ 1 (the degree of a harmonic), got {mode!r}."),
-        (not (math.isfinite(value) and value > 0), f"`beta` must be finite and > 0, got {beta!r}."),
-    ):
-        if bad:
-            raise ValueError(message)
-    return value
+    if isinstance(mode, bool) or not isinstance(mode, int) or mode < 1:
+        raise ValueError(f"`mode` must be an int ≥ 1 (the degree of a harmonic), got {mode!r}.")
+    return check_sphere(beta, d)[0]
 
 
 def _log_bessel(nu: float, beta: float) -> float:

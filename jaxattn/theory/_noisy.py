@@ -8,6 +8,9 @@ import math
 
 import numpy as np
 
+from .._validate import check_sphere as check_sphere_args
+from ..metrics import fit_crossing, fit_intercept, fit_slope
+
 
 def noisy_threshold(beta: float, d: int) -> float:
     """The linear-stability threshold of the uniform density on `S^{d−1}`,
@@ -93,8 +96,9 @@ def layer_diffusion(d: int, tau: float, sigma: float) -> float:
 def fit_threshold(K, rates) -> tuple[float, float, float]:
     """The threshold where the decay rate of the uniform state's first mode vanishes:
     where the least-squares line through `(K, γ)` crosses 0, its standard error (the
-    delta method on `−a/b` with the fit's covariance) and the line's value at `K = 0`
-    (the linear theory: `γ = (d − 1)(σ²/2) D (1 − K/K_#)`, `D` the `layer_diffusion`).
+    delta method: `ja.metrics.fit_crossing`) and the line's value at `K = 0`
+    (`ja.metrics.fit_intercept`; the linear theory: `γ = (d − 1)(σ²/2) D (1 − K/K_#)`,
+    `D` the `layer_diffusion`).
 
     **Arguments:**
 
@@ -118,27 +122,7 @@ def fit_threshold(K, rates) -> tuple[float, float, float]:
     keep = np.isfinite(y)
     if keep.sum() < 4 or len(np.unique(x[keep])) < 3:
         return math.nan, math.nan, math.nan
-    (b, a), cov = np.polyfit(x[keep], y[keep], 1, cov=True)
-    if not b < 0:
+    x, y = x[keep], y[keep]
+    if not fit_slope(x, y)[0] < 0:
         return math.nan, math.nan, math.nan
-    Kc = -a / b
-    grad = np.array([a / b**2, -1 / b])  # ∂K_c/∂(b, a)
-    return float(Kc), float(np.sqrt(grad @ cov @ grad)), float(a)
-
-
-def check_sphere_args(beta, d, name: str = "beta") -> tuple[float, int]:
-    """`(value, d)` checked: a finite value `> 0` named `name`, and a dimension `d`, an
-    int `≥ 2` (tokens on `S^{d−1}`); one-line errors otherwise."""
-    try:
-        value = float(beta)
-    except (TypeError, ValueError):
-        value = math.nan
-    for bad, message in (
-        (isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2,
-         f"`d` must be an int ≥ 2 (tokens on the sphere S^(d-1)), got {d!r}."),
-        (not (math.isfinite(value) and value > 0),
-         f"`{name}` must be finite and > 0 (a real number), got {beta!r}."),
-    ):
-        if bad:
-            raise ValueError(message)
-    return value, int(d)
+    return *fit_crossing(x, y), fit_intercept(x, y)[0]

@@ -337,7 +337,8 @@ def test_stacked_model_shares_unbatched_leaves_and_refuses_mismatches(key):
     with pytest.raises(ValueError, match="devices"):
         ja.run_layers(stacked, x0, 3, 0.2, devices=1)
     with pytest.raises(ValueError, match="batch axes"):
-        model_batch(eqx.tree_at(lambda m: m.U.value, stacked, jnp.ones((2, 2, 3, 3))))
+        ja.run_layers(eqx.tree_at(lambda m: m.U.value, stacked, jnp.ones((2, 2, 3, 3))), x0, 3,
+                      0.2)
 
 
 def test_sweep_chunk_runs_its_instances_fused_with_the_same_outcomes(monkeypatch):

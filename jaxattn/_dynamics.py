@@ -11,7 +11,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, Real
 
 from ._blocks import DEFAULT_BLOCK, block_spec, blocked_attention, blocks_needed, ring_attention
-from ._kernel import KERNELS, AbstractKernel, as_kernel, bias_of
+from ._kernel import KERNELS, AbstractKernel, as_kernel, bias_of, check_kernel
 from ._manifold import unit_rows
 from ._norm import NORMS, AbstractNorm, as_norm
 from ._precision import Precision, check_precision, einsum
@@ -141,6 +141,7 @@ class SelfAttentionDynamics(eqx.Module):
             # kernel in place of a biased sigmoid takes `replace(..., bias=None)`)
             bias = None
         self.kernel = as_kernel(self.kernel, bias)
+        check_kernel(self.kernel)  # once, on a tiny input: shapes and NaN by name
 
     def __check_init__(self):
         u_shape = schedule_shape(self.U, "U")

@@ -6,7 +6,9 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import diffrax as dfx
+import equinox as eqx
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 import optimistix as optx
 from jaxtyping import Array, Float, Real
@@ -183,6 +185,7 @@ def solve_flow(
             stepsize_controller = dfx.ConstantStepSize()
     solver = dfx.Tsit5() if solver is None else solver
     options = _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint)
+    options = _matrix_free(options, x0.shape[-2:], x0.dtype)
     event = _event(event, solution, x0.dtype)
     if member is None and (noise is not None or event not in (None, True)):
         member = Vmap()
@@ -226,11 +229,54 @@ def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-
     dyn, x0, unflatten = stack_tokens(dyn, x0)
     one = first_model(dyn)
     options = _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint)
+    options = _matrix_free(options, jnp.shape(x0)[-2:], jnp.result_type(x0))
     member = choose_strategy(one, jnp.shape(x0), strategy, (dyn, x0), solver=options[1],
                              controller=options[2])
     return unflatten(member.solve_flow(
         dyn, x0, options, adjoint=adjoint, throw=False, on_manifold=on_manifold, event=None,
         devices=None, shard="batch", noise=None, keys=None, checked=False))
+
+
+#: Bytes of one system's dense Jacobian `(n d)²` above which an implicit solver's
+#: default root finder (diffrax's `VeryChord`, which builds and factors it from `n d`
+#: Jacobian–vector products) gives way to a matrix-free Newton–GMRES: 4 MiB, n d > 724
+#: in float64 (n > 362 tokens in d = 2). At n = 600 the dense one peaked near 8 GB.
+JACOBIAN_LIMIT = 2**22
+
+#: diffrax's default root finder of its implicit solvers: tolerances from the controller.
+_DEFAULT_ROOT_FINDER = dfx.Kvaerno3().root_finder
+
+
+def matrix_free_root_finder(rtol: float, atol: float) -> optx.AbstractRootFinder:
+    """Newton's method with GMRES for its linear solves (`docs/limits.md`): the tolerances
+    of Newton from the step-size controller (as diffrax's default), GMRES a tenth of the
+    controller's and a small `restart` (lineax builds the whole Krylov basis before it
+    checks convergence; an implicit step's `I − γhJ` is near the identity)."""
+    tol = _DEFAULT_ROOT_FINDER.rtol  # diffrax's "take it from the controller"
+    return optx.Newton(rtol=tol, atol=tol, norm=tol, linear_solver=lx.GMRES(
+        rtol=rtol / 10, atol=atol / 10, restart=4, stagnation_iters=30))
+
+
+def choose_root_finder(solver: dfx.AbstractSolver, controller: dfx.AbstractStepSizeController,
+                       nd: tuple[int, int], dtype) -> dfx.AbstractSolver:
+    """`solver`, or, for an implicit one left with diffrax's default (dense) root finder
+    under an adaptive controller, the same solver with `matrix_free_root_finder` when one
+    system's dense Jacobian `(n d)²` would pass `JACOBIAN_LIMIT` bytes. A root finder the
+    user gave is kept, and so is a small system's default."""
+    n, d = nd
+    dense = (n * d) ** 2 * np.dtype(dtype).itemsize
+    if (not isinstance(solver, dfx.AbstractImplicitSolver) or dense <= JACOBIAN_LIMIT
+            or not isinstance(controller, dfx.PIDController)
+            or not eqx.tree_equal(solver.root_finder, _DEFAULT_ROOT_FINDER)):
+        return solver
+    return eqx.tree_at(lambda s: s.root_finder, solver,
+                       matrix_free_root_finder(controller.rtol, controller.atol))
+
+
+def _matrix_free(options, nd, dtype):
+    """`_options`' tuple with its solver through `choose_root_finder`."""
+    ts, solver, controller, dt0, max_steps = options
+    return ts, choose_root_finder(solver, controller, nd, dtype), controller, dt0, max_steps
 
 
 def _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint):

@@ -22,7 +22,7 @@ from ._manifold import project, tangent
 from ._precision import einsum
 from ._schedule import AbstractSchedule
 from ._stacked import map_systems
-from ._validate import check_scalar
+from ._validate import check_final, check_scalar
 
 #: The Brownian tree's tolerance: its path is exact at every time on a grid this
 #: fine, whatever step the solver takes (keep `dt0` well above it).
@@ -44,6 +44,10 @@ class AbstractNoise(eqx.Module):
     def __init__(self, sigma):
         # A traced σ (one of a `vmap` over strengths) is checked inside the program.
         self.sigma = jnp.asarray(check_scalar(sigma, "sigma", nonnegative=True))
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        check_final(cls, AbstractNoise)  # members implement abstract methods only
 
     @abc.abstractmethod
     def shape(self, n: int, d: int) -> tuple[int, ...]:

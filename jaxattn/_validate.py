@@ -18,6 +18,30 @@ def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+def check_final(cls: type, base: type) -> None:
+    """Refuse, when `cls` is created, a method of `cls` that a class of `base`'s
+    family above it already made concrete: members implement abstract methods only
+    (equinox's abstract/final rule, which equinox 0.13 no longer enforces through
+    `strict=True`). A family base calls it from `__init_subclass__`; dunder methods
+    (`__init__`, `__check_init__`) and class variables are free."""
+    for name, value in vars(cls).items():
+        if name.startswith("__") or not (callable(value) or isinstance(
+                value, property | classmethod | staticmethod)):
+            continue
+        for parent in cls.__mro__[1:]:
+            if not issubclass(parent, base) or name not in vars(parent):
+                continue
+            if not getattr(vars(parent)[name], "__isabstractmethod__", False):
+                home = next((p for p in parent.__mro__ if issubclass(p, base) and getattr(
+                    vars(p).get(name), "__isabstractmethod__", False)), base)
+                raise TypeError(
+                    f"{cls.__name__} overrides `{name}`, which {parent.__name__} already makes "
+                    f"concrete: a member of {base.__name__} implements only abstract methods "
+                    f"(the library's other paths rely on the concrete ones); subclass "
+                    f"{home.__name__} and implement `{name}` there.")
+            break
+
+
 def float_dtype(*arrays):
     """The floating dtype to compute in: the inputs' own, or the default one."""
     dtypes = [a.dtype for a in arrays if hasattr(a, "dtype")]
@@ -275,8 +299,9 @@ NONFINITE = (
     "jaxattn: the tokens became NaN or inf during the run: the weights overflow this "
     "floating-point type (e.g. |τ U| or β|P| near its largest value; kernel='exp' once "
     "β xᵀPy passes ≈ 88 in float32, 709 in float64: kernel='usa' is the same dynamics "
-    "with time rescaled by e^β, finite there) or contain NaN or inf. Use smaller or "
-    "finite weights, or float64 (jax_enable_x64)."
+    "with time rescaled by e^β, finite there) or contain NaN or inf, or the kernel's own "
+    "weights (a user kernel's `weights`/`pointwise` of the logits) are NaN or inf. Use "
+    "smaller or finite weights, a kernel finite at every logit, or float64 (jax_enable_x64)."
 )
 
 

@@ -6,6 +6,7 @@ import equinox as eqx
 
 from .base import AbstractKernel as AbstractKernel
 from .base import State as State
+from .check import check_kernel as check_kernel
 from .exp import Exp as Exp
 from .exponential import AbstractExponentialKernel as AbstractExponentialKernel
 from .hardmax import Hardmax as Hardmax

@@ -19,6 +19,8 @@ from collections.abc import Callable
 import equinox as eqx
 from jaxtyping import Array, Bool, Float
 
+from .._validate import check_final
+
 #: `(top, norm, acc)` of every query row of a block: `(…)`, `(…)`, `(…, c)`.
 State = tuple[Float[Array, "..."], Float[Array, "..."], Float[Array, "... c"]]
 
@@ -49,6 +51,10 @@ class AbstractKernel(eqx.Module):
     normalised: eqx.AbstractClassVar[bool]
     flash: eqx.AbstractClassVar[bool]
     exponent_shift: eqx.AbstractClassVar[float | None]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        check_final(cls, AbstractKernel)  # members implement abstract methods only
 
     @abc.abstractmethod
     def offset(self, beta: Float[Array, ""], n: int, dtype) -> Float[Array, ""] | None:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 import equinox as eqx
 from jaxtyping import Array, Float
 
+from .._validate import check_final
+
 #: The raw update `v` as a function of the tokens it reads, `(n, d) → (n, d)`.
 Update = Callable[[Float[Array, "n d"]], Float[Array, "n d"]]
 
@@ -31,6 +33,10 @@ class AbstractNorm(eqx.Module):
     description: eqx.AbstractClassVar[str]
     stays_on_manifold: eqx.AbstractClassVar[bool]
     papers_default: eqx.AbstractClassVar[bool]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        check_final(cls, AbstractNorm)  # members implement abstract methods only
 
     @abc.abstractmethod
     def reads(self, x: Float[Array, "n d"], W: Float[Array, "d d"] | None

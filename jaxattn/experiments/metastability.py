@@ -32,6 +32,7 @@ from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
 from .._manifold import sample_ellipsoid
+from .._validate import SimulationError
 from ..metrics import cluster_count, interaction_energy, plateaus
 from .base import AbstractExperiment, Param, Verdict
 from .long_time import (
@@ -109,13 +110,29 @@ def run_beta(x0, beta: float, ts, config) -> dict[str, np.ndarray]:
     # ~10³ steps to t = 10¹⁰ (measured at n = 8, β = 20, rtol 1e-6).
     sol = solve_flow(dyn, x0, jnp.asarray(ts), solver=diffrax.Kvaerno3(), solution=True,
                      event=merged(config.eps, config.target), rtol=config.rtol,
-                     atol=config.rtol * 1e-2, max_steps=config.max_steps)
+                     atol=config.rtol * 1e-2, max_steps=config.max_steps, throw=False)
+    if not bool(sol.success):  # in the flags of this command, not `solve_flow`'s arguments
+        raise SimulationError(plain_failure(sol.result, beta, config))
     ys = jnp.where(jnp.isfinite(sol.ts)[:, None, None], sol.ys, x0)  # inf → placeholders
     return {"ts": np.asarray(sol.ts), "ys": np.asarray(ys),
             "E": np.where(np.isfinite(sol.ts), np.asarray(interaction_energy(ys, beta)),
                           np.nan),
             "count": np.asarray(cluster_count(ys, config.eps)),
             "t1": np.asarray(sol.t1), "steps": np.asarray(sol.stats["num_steps"])}
+
+
+def plain_failure(result, beta: float, config) -> str:
+    """The one line for a plain run that did not reach its final time or its event:
+    out of `--max-steps`, or another failure (tokens that became NaN or inf), with
+    the fix in this command's flags."""
+    if result == diffrax.RESULTS.max_steps_reached:
+        return (f"the plain integrator used its --max-steps {config.max_steps} before "
+                f"t = {final_time(config):g} at β = {beta:g}: raise --max-steps, shorten "
+                "--horizon (or --log-horizon), or add --integrator rescaled.")
+    what = ("the tokens became NaN or inf" if result == diffrax.RESULTS.successful
+            else diffrax.RESULTS[result].split(". ")[0].rstrip("."))
+    return (f"the plain integrator failed at β = {beta:g} ({what}): lower --rtol, or add "
+            "--integrator rescaled.")
 
 
 def study(data, config) -> list[dict]:

@@ -25,12 +25,12 @@ DEFAULTS = {"betas": 20, "beta_max": 15.0, "systems": 512, "tokens": 64, "dim": 
 
 #: The help of `--key-query` and `--value`: each code and whose it is.
 HELP = {
-    "key_query": "key–query B, rotf's --randomKQ codes: 0 identity, 1 Gaussian G₁G₂/√d, "
-                 "2 Wigner, 3 GOE; with --simuformer-codes simuformer's: 2 GOE (value scale "
-                 "√d), 4 GPT-2 0.02·G, 0, 1, 3 as rotf's",
-    "value": "value V, rotf's --randomV codes: 0 identity, 1 Gaussian GGᵀ/√d, 2 +KQ, 3 −KQ; "
-             "with --simuformer-codes simuformer's: 1 Gaussian G/√d, 4 GPT-2 0.02·G, 0, 2, 3 "
-             "as rotf's",
+    "key_query": "key–query B, the codes of rotf's randomKQ option: 0 identity, 1 Gaussian "
+                 "G₁G₂/√d, 2 Wigner, 3 GOE; with --simuformer-codes simuformer's: 2 GOE (value "
+                 "scale √d), 4 GPT-2 0.02·G, 0, 1, 3 as rotf's",
+    "value": "value V, the codes of rotf's randomV option: 0 identity, 1 Gaussian GGᵀ/√d, "
+             "2 +KQ, 3 −KQ; with --simuformer-codes simuformer's: 1 Gaussian G/√d, 4 GPT-2 "
+             "0.02·G, 0, 2, 3 as rotf's",
 }
 
 #: A small run for tests and smoke checks.
@@ -52,11 +52,11 @@ class NormBeta(AbstractExperiment):
     params = tuple(dataclasses.replace(p, default=DEFAULTS.get(p.name, p.default),
                                        help=HELP.get(p.name, p.help)) for p in STUDY) + (
         Param("simuformer_codes", bool, False, "read --key-query and --value as simuformer's "
-              "--randomKQ/--randomV codes (0–4) instead of rotf's (0–3)"),
+              "randomKQ/randomV codes (0–4) instead of rotf's (0–3)"),
         Param("heads", int, 8, "heads h (averaged, U = Vᵀ/h)", 1),
         Param("norm", int, 0, "placement: 0 every one, else 1 post, 2 pre, 3 peri, 4 ngpt, "
               "5 none"),
-        Param("causal", bool, False, "causal attention (their --sequential)"),
+        Param("causal", bool, False, "causal attention (their sequential option)"),
     )
 
     def refusals(self, config):

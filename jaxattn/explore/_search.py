@@ -76,6 +76,11 @@ class Exploration(NamedTuple):
     baseline_median: float = float("nan")
     gain_median: float = float("nan")
 
+    def __repr__(self) -> str:
+        """Each field by name, arrays as their dtype and shape (`f64[8,3]`), as
+        equinox prints a module: `print(result)` is a summary, not the data."""
+        return eqx.tree_pformat(self, short_arrays=True)
+
 
 # --- set-up of the restarts ---------------------------------------------------------
 

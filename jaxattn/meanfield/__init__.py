@@ -2,8 +2,9 @@
 `∂_t μ = (σ²/2) Δμ − K div(μ X[μ])` (`docs/meanfield_equation.md`), for `d = 2`
 (`Circle`, Fourier) and `d = 3` (`Sphere`, spherical harmonics): its solver, free
 energy and order parameter, the uniform state's linear growth rates, and the
-transition couplings `K_#` and `K_c`; on the circle, the particle system itself with its
-field summed in Fourier modes (`circle_particles`, `O(n)` per step)."""
+transition couplings `K_#` and `K_c`, and the ordered branch's end `K_f`
+(`fold_coupling`); on the circle, the particle system itself with its field summed
+in Fourier modes (`circle_particles`, `O(n)` per step)."""
 
 from ._circle import Circle as Circle
 from ._etd import ETDRK4 as ETDRK4
@@ -24,5 +25,6 @@ from ._solve import solve as solve
 from ._sphere import Sphere as Sphere
 from ._stability import growth_rate as growth_rate
 from ._stability import linear_threshold as linear_threshold
+from ._transition import fold_coupling as fold_coupling
 from ._transition import ordered_state as ordered_state
 from ._transition import transition_coupling as transition_coupling

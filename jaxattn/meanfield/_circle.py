@@ -18,6 +18,9 @@ from ._grid import AbstractGrid
 #: Points of the fine periodic grid on which a kernel's Funk–Hecke multipliers are
 #: read (trapezoid rule: exact to the size of `I_Q(β)`, far below rounding for β ≤ 100).
 PROFILE_POINTS = 512
+#: The largest band: it represents the kernel of β up to about 10⁸ (`_checks.KERNEL_TAIL`),
+#: far past the β any kernel takes in float64; a larger one only costs memory and time.
+MAX_MODES = 2**16
 
 
 class Circle(AbstractGrid):
@@ -25,7 +28,7 @@ class Circle(AbstractGrid):
 
     **Arguments:**
 
-    - `modes`: the highest Fourier mode `M ≥ 2`; the grid has `N = 3M + 1` points
+    - `modes`: the highest Fourier mode, `2 ≤ M ≤ 2**16`; the grid has `N = 3M + 1` points
       (rounded up to even).
     """
 
@@ -33,8 +36,10 @@ class Circle(AbstractGrid):
     size: int = eqx.field(static=True)
 
     def __init__(self, modes: int):
-        if isinstance(modes, bool) or not isinstance(modes, (int, np.integer)) or modes < 2:
-            raise ValueError(f"Circle(modes): `modes` must be an integer ≥ 2, got {modes!r}.")
+        if isinstance(modes, bool) or not isinstance(modes, (int, np.integer)) or not (
+                2 <= modes <= MAX_MODES):
+            raise ValueError(f"Circle(modes): `modes` must be an integer ≥ 2 and ≤ {MAX_MODES} "
+                             f"(2**16: it resolves every β's kernel), got {modes!r}.")
         self.modes = int(modes)
         self.size = 2 * math.ceil((3 * self.modes + 1) / 2)
 

@@ -63,6 +63,7 @@ def coupling_of(kappa: float, beta: float, kernel: str | AbstractKernel = "usa",
     `K` as a float.
     """
     kernel = check_kernel(kernel)
+    kappa, beta = check_scalar(kappa, "kappa"), check_scalar(beta, "beta", nonnegative=True)
     sigma = check_scalar(sigma, "sigma", positive=True)  # σ = 0 has no papers' normalisation
     scale = math.exp(-beta * kernel.exponent_shift)  # weights e^{β(⟨x, y⟩ − c)}/n
     return kappa * scale / sigma**2

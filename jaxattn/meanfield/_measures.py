@@ -9,7 +9,8 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._kernel import AbstractKernel
-from .._validate import check_count
+from .._validate import check_count, check_scalar
+from ._checks import check_beta, check_density, check_grid, check_memory
 from ._grid import AbstractGrid
 from ._kernels import check_kernel, interaction
 
@@ -21,6 +22,7 @@ def area(d: int) -> float:
 
 def uniform(grid: AbstractGrid) -> Float[Array, "*grid"]:
     """The uniform probability density `1/|S^{d−1}|` on the grid."""
+    check_grid(grid)
     return jnp.full(grid.weights.shape, 1 / area(grid.dim))
 
 
@@ -41,7 +43,12 @@ def density(grid: AbstractGrid, x: Float[Array, "n d"], *, smoothing: float = 0.
 
     The density's values at `grid.points`.
     """
-    x = np.asarray(x, dtype=float)
+    check_grid(grid)
+    smoothing = check_scalar(smoothing, "smoothing", nonnegative=True)
+    try:
+        x = np.asarray(x, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(f"`x` must be an array of numbers, got {type(x).__name__}.") from None
     norms = np.linalg.norm(np.atleast_1d(x), axis=-1, keepdims=True)
     for bad, message in (
         (x.ndim != 2 or x.shape[-1] != grid.dim or x.shape[0] < 1,
@@ -53,13 +60,16 @@ def density(grid: AbstractGrid, x: Float[Array, "n d"], *, smoothing: float = 0.
     ):
         if bad:
             raise ValueError(message)
+    check_memory(16.0 * x.shape[0] * np.asarray(grid.degrees()).size,
+                 f"density of {x.shape[0]} points (their modes; pass fewer points)")
     c = grid.empirical(jnp.asarray(x / norms)) * jnp.exp(0.5 * smoothing * grid.laplacian)
     return grid.synthesis(c)
 
 
 def order_parameter(grid: AbstractGrid, mu: Float[Array, "*grid"]) -> Float[Array, ""]:
     """`r = |∫ x dμ(x)|`, the norm of the mean point (0 for the uniform density, 1 for
-    a point mass)."""
+    a point mass). `mu`: a density on the grid (finite, `≥ 0`, of positive mass)."""
+    mu = check_density(grid, mu)
     m = jnp.tensordot(grid.weights * mu, grid.points, axes=grid.weights.ndim)
     return jnp.linalg.norm(m)
 
@@ -69,7 +79,8 @@ def free_energy(grid: AbstractGrid, mu: Float[Array, "*grid"], beta, coupling,
     """The papers' free energy `F(μ) = σ² ∫ μ log(|S^{d−1}| μ) dS − K ∫∫ W_β(⟨x, y⟩)
     dμ(x) dμ(y)`, `W_β(t) = (e^{βt} − 1)/β`: the equation with `"usa"` or `"exp"` is
     its gradient flow, `∂_t μ = ½ div(μ ∇ δF/δμ)`, so `F(μ_t)` does not increase.
-    The uniform density has `F = −K E[W_β(⟨x, y⟩)]`. NaN where `μ ≤ 0`.
+    The uniform density has `F = −K E[W_β(⟨x, y⟩)]`. `μ` must be finite
+    and `> 0` (a logarithm is taken).
 
     **Arguments:**
 
@@ -83,9 +94,18 @@ def free_energy(grid: AbstractGrid, mu: Float[Array, "*grid"], beta, coupling,
 
     `F(μ)` as a scalar.
     """
-    if check_kernel(kernel).normalised:
+    kernel = check_kernel(kernel)
+    if kernel.normalised:
         raise ValueError("free_energy: the softmax equation is not the gradient flow of a "
                          "free energy; use kernel='usa' or 'exp'.")
+    mu = check_density(grid, mu, strict=True)
+    for name, value, positive in (("beta", beta, True), ("sigma", sigma, False)):
+        if not isinstance(value, jax.core.Tracer):
+            check_scalar(value, name, positive=positive, nonnegative=not positive)
+    if not isinstance(coupling, jax.core.Tracer) and not np.all(
+            np.isfinite(np.asarray(coupling, dtype=float))):
+        raise ValueError(f"`coupling` must be finite, got {coupling!r}.")
+    check_beta(grid, beta, kernel, jnp.result_type(mu, float))
     c = grid.analysis(mu)
     potential = grid.synthesis(grid.multipliers(interaction(beta)) * c)
     entropy = jnp.sum(grid.weights * mu * jnp.log(area(grid.dim) * mu))
@@ -97,7 +117,10 @@ def mode_distance(grid: AbstractGrid, mu: Float[Array, "*grid"], nu: Float[Array
     """The `L²` distance of two densities' parts of degree `1 ≤ ℓ ≤ degree` (Fourier
     modes `1 ≤ |k| ≤ degree` on the circle): `(∫ |Π(μ − ν)|² dS)^{1/2}`. Between the
     empirical measure of `n` samples of `μ` and `μ` it is of order `n^{−1/2}`.
+    `mu`, `nu`: finite arrays on the grid (any sign: a bare projection too).
     """
+    mu, nu = (check_density(grid, m, name, signed=True) for m, name in ((mu, "mu"), (nu, "nu")))
+    degree = check_count(degree, "degree", 1)
     ell = grid.degrees()
     diff = grid.analysis(mu) - grid.analysis(nu)
     keep = (ell >= 1) & (ell <= degree)
@@ -115,8 +138,9 @@ def sampling_distance(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int,
     `K = N/|S^{d−1}|` is its kernel on the diagonal (`N` harmonics: `2·degree` on
     the circle, `(degree + 1)² − 1` on S², by the addition theorem). `mu` must be
     band-limited to the grid; `degree` at most the grid's."""
-    degree = check_count(degree, "degree", 1, int(np.max(np.asarray(grid.degrees()))))
+    degree = check_count(degree, "degree", 1, int(np.max(np.asarray(check_grid(grid).degrees()))))
     n = check_count(n, "n", 1)
+    mu = check_density(grid, mu, signed=True)
     count = 2 * degree if grid.dim == 2 else (degree + 1) ** 2 - 1
     projected = mode_distance(grid, mu, jnp.zeros_like(mu), degree)
     return jnp.sqrt((count / area(grid.dim) - projected**2) / n)
@@ -152,10 +176,11 @@ def sample(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int, key) -> Float[
          "sample: only on a Circle (the sphere's densities are not inverted)."),
         (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1,
          f"`n` must be an integer ≥ 1, got {n!r}."),
-        (float(jnp.min(mu)) <= 0, "sample: `mu` must be positive on the grid."),
     ):
         if bad:
             raise ValueError(message)
+    mu = check_density(grid, mu, strict=True)
+    check_memory(16.0 * n * grid.modes, f"sample of n = {n} points (pass a smaller n)")
     c = grid.analysis(mu)
     z = c[0, 1:] + 1j * c[1, 1:]
     k = jnp.arange(1.0, grid.modes + 1)

@@ -12,6 +12,8 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._kernel import AbstractKernel
+from .._validate import surface_errors
+from ._checks import check_beta, check_density, check_grid, check_size
 from ._etd import ETDRK4
 from ._grid import AbstractGrid
 from ._kernels import check_kernel, profiles
@@ -54,35 +56,40 @@ def step_times(ts: np.ndarray, dt0: float) -> np.ndarray:
     return np.concatenate(pieces + [ts[-1:]])
 
 
-def _check(grid, mu0, ts, beta, coupling, sigma, dt0):
-    is_grid, traced = isinstance(grid, AbstractGrid), isinstance(ts, jax.core.Tracer)
-    shape = grid.weights.shape if is_grid else None
-    times = np.zeros(1) if traced else np.asarray(ts, dtype=float)
-    refusals = [
-        (not is_grid, f"`grid` must be ja.meanfield.Circle(modes) or Sphere(degree), got "
-         f"{type(grid).__name__}."),
-        (traced, "`ts` must be concrete (the steps are laid out on the host)."),
-        (jnp.shape(mu0) != shape, f"`mu0` must be a density on the grid, shape {shape}, got "
-         f"{jnp.shape(mu0)} (ja.meanfield.uniform(grid) has the shape)."),
-        (times.ndim != 1 or times.size < 1 or not np.all(np.isfinite(times))
-         or np.any(np.diff(times) <= 0),
-         f"`ts` must be a 1-D array of increasing finite times, got {ts!r}."),
-    ]
+def _check(grid, mu0, ts, beta, coupling, sigma, dt0, kernel):
+    traced = isinstance(ts, jax.core.Tracer)
+    check_grid(grid)
+    if traced:
+        raise TypeError("`ts` must be concrete (the steps are laid out on the host).")
+    mu0 = check_density(grid, mu0, "mu0")
+    try:
+        times = np.asarray(ts, dtype=float)
+    except (TypeError, ValueError):
+        times = np.full(1, np.nan)
+    if (times.ndim != 1 or times.size < 1 or not np.all(np.isfinite(times))
+            or np.any(np.diff(times) <= 0)):
+        raise ValueError(f"`ts` must be a 1-D array of increasing finite times, got {ts!r}.")
     # the scalars known now, each finite and within its bound
     for name, value, bound in (("beta", beta, "> 0"), ("sigma", sigma, "≥ 0"),
                                ("dt0", dt0, "> 0"), ("coupling", coupling, "")):
         if not isinstance(value, jax.core.Tracer):
-            v = float(value)
+            try:
+                v = float(value)
+            except (TypeError, ValueError):
+                v = math.nan
             within = {"> 0": v > 0, "≥ 0": v >= 0, "": True}[bound]
-            refusals.append((not (math.isfinite(v) and within),
-                             f"`{name}` must be finite{' and ' + bound if bound else ''}, "
-                             f"got {value!r}."))
-    for i, (bad, message) in enumerate(refusals):
-        if bad:  # a wrong type (the grid, a traced `ts`) first
-            raise (TypeError if i < 2 else ValueError)(message)
-    return times
+            if not (math.isfinite(v) and within):
+                raise ValueError(f"`{name}` must be finite{' and ' + bound if bound else ''}"
+                                 f" (a real number), got {value!r}.")
+    kernel = check_kernel(kernel)
+    dtype = jnp.result_type(mu0, float)
+    check_beta(grid, beta, kernel, dtype)
+    steps = int(np.sum(np.maximum(1, np.ceil(np.diff(times) / float(dt0) - 1e-9))))
+    check_size(grid, times.size, steps, dtype)
+    return mu0, times, kernel
 
 
+@surface_errors
 def solve(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, *, beta, coupling,
           kernel: str | AbstractKernel = "usa", sigma=1.0, dt0: float = DT0
           ) -> Float[Array, "T ..."]:
@@ -116,9 +123,8 @@ def solve(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, *, beta, coupling,
 
     The densities at `ts`, shape `(len(ts),) + grid.weights.shape`.
     """
-    ts = _check(grid, mu0, ts, beta, coupling, sigma, dt0)
-    kernel = check_kernel(kernel)
-    return _solve(grid, jnp.asarray(mu0), jnp.asarray(ts), jnp.asarray(step_times(ts, dt0)),
+    mu0, ts, kernel = _check(grid, mu0, ts, beta, coupling, sigma, dt0, kernel)
+    return _solve(grid, mu0, jnp.asarray(ts), jnp.asarray(step_times(ts, dt0)),
                   beta, coupling, sigma, kernel)
 
 
@@ -133,4 +139,6 @@ def _solve(grid, mu0, ts, steps, beta, coupling, sigma, kernel):
     sol = dfx.diffeqsolve(term, solver, ts[0], ts[-1], None, c0,
                           stepsize_controller=dfx.StepTo(steps), saveat=dfx.SaveAt(ts=ts),
                           max_steps=steps.shape[0])
-    return jax.vmap(grid.synthesis)(sol.ys)
+    return eqx.error_if(jax.vmap(grid.synthesis)(sol.ys), ~jnp.all(jnp.isfinite(sol.ys)),
+                        "jaxattn: solve: the density became NaN or inf: the transport is "
+                        "too stiff for `dt0` at this coupling (lower `dt0` or |coupling|).")

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._validate import check_scalar
+from .._validate import check_scalar, check_sphere
 
 try:  # BLAS threads on small matrices only contend for the cores (40× slower when busy)
     from threadpoolctl import threadpool_limits
@@ -23,6 +23,9 @@ except ImportError:  # pragma: no cover
 NODES, DEGREE = 160, 120
 #: A minimiser is ordered when its `r = E[t ρ]` exceeds this.
 ORDERED = 1e-5
+#: The largest `β` (and `d`) of the ordered branch: `NODES` resolve its densities to
+#: rounding up to `β = 30`; past it they are refused, not silently wrong.
+BETA_MAX, DIM_MAX = 30.0, 64
 
 
 class OrderedState(NamedTuple):
@@ -35,6 +38,15 @@ class OrderedState(NamedTuple):
     order: float
     free_energy: float
     uniform_free_energy: float
+
+
+def check_branch(beta, d) -> tuple[float, int]:
+    """`(β, d)` of the ordered branch: `0 < β ≤ BETA_MAX`, `2 ≤ d ≤ DIM_MAX`."""
+    beta, d = check_sphere(beta, d)
+    if beta > BETA_MAX or d > DIM_MAX:
+        raise ValueError(f"the ordered branch is resolved for β ≤ {BETA_MAX:g} and d ≤ "
+                         f"{DIM_MAX} ({NODES} nodes), got β = {beta:g}, d = {d}.")
+    return beta, d
 
 
 def _zonal(beta: float, d: int):
@@ -129,10 +141,8 @@ def ordered_state(beta: float, d: int, coupling: float) -> OrderedState:
 
     An `OrderedState` (`order < ORDERED`: none was found, the minimiser is uniform).
     """
-    from ..theory import noisy_threshold
-
-    noisy_threshold(beta, d)  # the same checks of β and d
-    beta, coupling = float(beta), check_scalar(coupling, "coupling", positive=True)
+    beta, d = check_branch(beta, d)
+    coupling = check_scalar(coupling, "coupling", positive=True)
     with threadpool_limits(1):
         zonal = _zonal(beta, d)
         u, _ = _newton(_descend(coupling, zonal), coupling, zonal)
@@ -161,11 +171,12 @@ def transition_coupling(beta: float, d: int) -> float:
     """
     from ..theory import noisy_beta_star, noisy_threshold
 
+    beta, d = check_branch(beta, d)
     k_sharp = noisy_threshold(beta, d)
     if beta <= noisy_beta_star(d):
         return k_sharp
     with threadpool_limits(1):
-        return _transition(float(beta), d, k_sharp)
+        return _transition(beta, d, k_sharp)
 
 
 @functools.lru_cache(maxsize=256)
@@ -194,3 +205,89 @@ def _transition(beta: float, d: int, k_sharp: float) -> float:
         u = minimiser(mid, anchor)
         lo, hi, anchor = (lo, mid, u) if u is not None else (mid, hi, anchor)
     return 0.5 * (lo + hi)
+
+
+def fold_coupling(beta: float, d: int) -> float:
+    """`K_f(β)`: the lowest coupling of the ordered branch, where it ends in a
+    saddle-node (the ordered minimiser meets the saddle branch); below it the uniform
+    density is the only stationary state (docs/meanfield_equation.md). `K_#(β)` for
+    `β ≤ β*`, where the branch leaves the uniform state upwards; below `K_c` above `β*`.
+
+    By continuation: the branch is followed in its order parameter `r = E[t ρ]` from
+    the uniform state (`r → 0` at `K_#`), each point by Newton's method on the
+    stationarity `u = 2K Φ[ρ(u)]` with `E[t ρ] = r`, unknowns `(u, K)`, from the last;
+    the fold is the minimum of `K(r)`, bracketed on the steps and refined by Brent's
+    method (`K` to rounding, as `dK/dr = 0` there). Cached per `(β, d)`.
+
+    **Arguments:**
+
+    - `beta`: `0 < β ≤ 30`.
+    - `d`: the dimension, `2 ≤ d ≤ 64`.
+
+    **Returns:**
+
+    `K_f` as a float.
+    """
+    from ..theory import noisy_beta_star, noisy_threshold
+
+    beta, d = check_branch(beta, d)
+    k_sharp = noisy_threshold(beta, d)
+    if beta <= noisy_beta_star(d):
+        return k_sharp
+    with threadpool_limits(1):
+        return _fold(beta, d, k_sharp)
+
+
+def _on_branch(r, start, zonal, iterations: int = 60):
+    """`(u, K)` on the branch at order parameter `r`: Newton's method on
+    `u − 2K Φ[ρ(u)] = 0`, `E[t ρ(u)] = r`, from `start = (u, K)`; None if it fails."""
+    t, w, matrix, _ = zonal
+    u, k = start
+    n = len(u)
+    for _ in range(iterations):
+        rho, _ = _parts(u, w)
+        phi = _apply(matrix, rho)
+        drho = np.diag(rho) - np.outer(rho, w * rho)  # ∂ρ/∂u
+        jac = np.zeros((n + 1, n + 1))
+        jac[:n, :n] = np.eye(n) - 2 * k * matrix @ drho
+        jac[:n, n] = -2 * phi
+        jac[n, :n] = (w * t) @ drho
+        residual = np.append(u - 2 * k * phi, w @ (t * rho) - r)
+        step = np.linalg.solve(jac, residual)
+        u, k = u - step[:n], k - step[n]
+        if not (np.all(np.isfinite(u)) and np.isfinite(k)):
+            return None
+        if np.max(np.abs(step)) < 1e-13 * max(1.0, np.max(np.abs(u)), k):
+            return u, k
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _fold(beta: float, d: int, k_sharp: float) -> float:
+    from scipy.optimize import minimize_scalar
+
+    zonal = _zonal(beta, d)
+    t = zonal[0]
+    # the branch near the uniform state: ρ ≈ 1 + d r t (E[t²] = 1/d), at K_#
+    rs = np.linspace(0.0, 1.0, 101)[1:-1]
+    points = [_on_branch(rs[0], (np.log1p(d * rs[0] * t), k_sharp), zonal)]
+    for r in rs[1:]:
+        nxt = _on_branch(r, points[-1], zonal)
+        if nxt is None:
+            break
+        points.append(nxt)
+        if len(points) > 2 and points[-1][1] > points[-2][1]:
+            break  # past the minimum
+    ks = [k for _, k in points]
+    i = int(np.argmin(ks))
+    if i == 0 or i == len(ks) - 1:
+        raise RuntimeError(f"fold_coupling: no interior minimum of the branch's K(r) "
+                           f"(β = {beta}, d = {d}).")
+
+    def coupling(r):
+        found = _on_branch(r, points[i], zonal)
+        return np.inf if found is None else found[1]
+
+    best = minimize_scalar(coupling, bracket=(rs[i - 1], rs[i], rs[i + 1]),
+                           options={"xtol": 1e-10})
+    return float(best.fun)

@@ -21,6 +21,7 @@ import optimistix as optx
 from jaxtyping import Array, Float
 
 from .._precision import einsum
+from .._validate import SimulationError
 from ._consensus import cluster_labels
 
 
@@ -248,8 +249,9 @@ def rescaled_flow(x0: Float[Array, "n d"], beta: float, ts, *, eps: float,
                 beta, eps, snap, tau_max, rtol, jnp.asarray(grid))
             steps += int(taken)
             if result != dfx.RESULTS.event_occurred:
-                raise RuntimeError(f"rescaled_flow at β = {beta:g}: {result} (a segment "
-                                   f"past {SEGMENT_STEPS} steps or a failed event).")
+                raise SimulationError(f"rescaled_flow at β = {beta:g} stopped: a segment "
+                                      f"took more than {SEGMENT_STEPS} steps or its event "
+                                      f"failed ({result}); loosen rtol or raise eps.")
             new = np.asarray(inside) & ~filled
             ys[new], filled = np.asarray(points)[new][:, owner], filled | new
             x, tau = np.asarray(x1) / np.linalg.norm(np.asarray(x1), axis=-1,

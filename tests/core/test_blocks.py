@@ -259,8 +259,8 @@ def _implicit_against_explicit(n, solver, t1):
 @pytest.mark.slow
 def test_implicit_solvers_at_the_size_where_blocks_take_over():
     """n = 600 (float64, one head: past `DENSE_LIMIT`), as `jaxattn run metastability
-    --tokens 600` integrates it (the default root finder: the dense Jacobian from
-    n·d Jacobian–vector products), against an explicit solve."""
+    --tokens 600` integrates it (past `JACOBIAN_LIMIT`, so `solve_flow` swaps
+    diffrax's default root finder for Newton–GMRES), against an explicit solve."""
     import diffrax as dfx
 
     _implicit_against_explicit(600, dfx.Kvaerno3(), 0.1)

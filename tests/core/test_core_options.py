@@ -134,3 +134,47 @@ def test_bad_devices(key):
         ja.run_layers(dyn, xb, 2, 0.1, devices=len(jax.devices()) + 1)
     with pytest.raises(TypeError, match="devices="):
         ja.run_layers(dyn, xb, 2, 0.1, devices="gpu")
+
+
+def test_implicit_solvers_take_a_matrix_free_root_finder_for_a_large_state():
+    """Issue 43, point 3: past `JACOBIAN_LIMIT` bytes of dense Jacobian an implicit
+    solver left with diffrax's default root finder gets Newton–GMRES (small restart);
+    a small state, a root finder the user gave and constant steps keep theirs. Only
+    the choice is made here (no big solve)."""
+    import equinox as eqx
+    import lineax as lx
+    import optimistix as optx
+
+    from jaxattn._flow import JACOBIAN_LIMIT, choose_root_finder
+
+    pid = dfx.PIDController(rtol=1e-6, atol=1e-8)
+    default = dfx.Kvaerno3().root_finder
+    n_big = int(np.sqrt(JACOBIAN_LIMIT / 8) / 3) + 1  # (3 n)² float64 past the limit
+    big = choose_root_finder(dfx.Kvaerno3(), pid, (n_big, 3), jnp.float64)
+    assert isinstance(big.root_finder, optx.Newton)
+    assert isinstance(big.root_finder.linear_solver, lx.GMRES)
+    assert big.root_finder.linear_solver.restart <= 8
+    assert big.root_finder.rtol is default.rtol  # tolerances from the controller
+    assert isinstance(choose_root_finder(dfx.Kvaerno5(), pid, (n_big, 3), jnp.float64).root_finder,
+                      optx.Newton)
+    small = choose_root_finder(dfx.Kvaerno3(), pid, (n_big // 2, 3), jnp.float64)
+    assert eqx.tree_equal(small.root_finder, default)
+    own = dfx.Kvaerno3(root_finder=dfx.VeryChord(rtol=1e-5, atol=1e-7, norm=optx.max_norm))
+    assert choose_root_finder(own, pid, (n_big, 3), jnp.float64) is own
+    assert choose_root_finder(dfx.Tsit5(), pid, (n_big, 3), jnp.float64) == dfx.Tsit5()
+    fixed = choose_root_finder(dfx.Kvaerno3(), dfx.ConstantStepSize(), (n_big, 3), jnp.float64)
+    assert eqx.tree_equal(fixed.root_finder, default)  # diffrax asks for tolerances itself
+
+
+def test_the_matrix_free_root_finder_solves_the_flow(key, monkeypatch):
+    """The chosen Newton–GMRES runs inside `solve_flow` (a tiny state, the limit
+    lowered to force it) and agrees with Tsit5."""
+    import jaxattn._flow as flow
+
+    monkeypatch.setattr(flow, "JACOBIAN_LIMIT", 0)
+    dyn = random_dynamics(key, 1, 2)
+    x0 = random_tokens(key, 4, 2)
+    ts = jnp.array([0.0, 0.5])
+    implicit = ja.solve_flow(dyn, x0, ts, solver=dfx.Kvaerno3(), rtol=1e-8, atol=1e-10)
+    explicit = ja.solve_flow(dyn, x0, ts, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(implicit, explicit, atol=1e-6)

@@ -1,0 +1,130 @@
+"""Refusals found by trying the command line (issue 43): a loop too large for the
+machine's memory, a folder still being written given to `animate`/`view`, an
+output path that cannot be written, a number written with underscores, a resumed
+loop with another `--chunk-passes`: each one line on stderr, exit status 2, before
+any work."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from jaxattn.cli import main
+from jaxattn.experiments import runner
+
+_RUNS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "figures")
+TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 24, "n_head": 3, "vocab_size": 37,
+             "n_positions": 16}
+
+
+def _one_line(capsys, argv) -> str:
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 2, (argv, code, captured)
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, (argv, captured.err)
+    assert lines[0].startswith("jaxattn") and "error" in lines[0], lines[0]
+    assert "Traceback" not in captured.err
+    return lines[0]
+
+
+def _track_folder(path):
+    """A small run folder holding a token trajectory `ys (T, n, d)`."""
+    path.mkdir()
+    ys = np.random.default_rng(0).normal(size=(4, 3, 3))
+    np.savez(path / "data.npz", ys=ys / np.linalg.norm(ys, axis=-1, keepdims=True))
+    return path
+
+
+# --- point 2: a loop too large for the machine is refused up front -------------------
+
+
+def test_a_loop_too_large_for_memory_is_refused_before_any_work(tmp_path, capsys,
+                                                                 monkeypatch):
+    """The issue's command: 10¹⁰ random ids (80 GB of int64 alone) on a machine with
+    less; refused naming the flags and the memory, and no folder is made."""
+    prompts = tokens = 100_000
+    memory = 8 * prompts * tokens // 4  # less than the ids alone
+    monkeypatch.setattr(runner, "machine_memory", lambda: memory)
+    out = tmp_path / "loop"
+    line = _one_line(capsys, ["loop", "--model", "gpt2", "--weights", "random", "--tokens",
+                              str(tokens), "--prompts", str(prompts), "--out", str(out),
+                              "--no-progress"])
+    assert f"--prompts {prompts}" in line and f"--tokens {tokens}" in line, line
+    assert "machine's memory" in line and f"{memory / 1e9:.3g} GB" in line, line
+    assert "choose smaller values" in line
+    assert not out.exists()
+
+
+def test_a_loop_that_fits_is_not_refused_for_memory(tmp_path, capsys, monkeypatch):
+    """The check counts the loop's arrays: a machine with room for them runs it."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_GPT2))
+    monkeypatch.setattr(runner, "machine_memory", lambda: 10**9)
+    out = tmp_path / "loop"
+    assert main(["loop", "--model", str(config), "--weights", "random", "--passes", "2",
+                 "--prompts", "2", "--tokens", "4", "--out", str(out), "--no-progress"]) == 0
+    assert (out / "summary.json").is_file()
+
+
+# --- point 11: animate/view of a folder being written, a bad --out, 1_0, --chunk-passes
+
+
+@pytest.mark.parametrize("command", [["animate"], ["view"]])
+def test_a_folder_being_written_is_said_to_be(tmp_path, capsys, command):
+    from jaxattn._artifacts import folders
+
+    folder = tmp_path / "run"
+    out = ["--out", str(tmp_path / ("movie.gif" if command == ["animate"] else "page.html"))]
+    with folders.hold_folder(folder, "run"):
+        folders.start_run(folder)
+        line = _one_line(capsys, [*command, str(folder), *out])
+        assert line.endswith(f"{folder} is being written by a running jaxattn command "
+                             f"(process {os.getpid()}); wait for it to end."), line
+    line = _one_line(capsys, [*command, str(folder), *out])  # released: interrupted
+    assert "incomplete run" in line and "no data.npz" not in line, line
+
+
+@pytest.mark.parametrize("command,name", [(["animate"], "x.gif"), (["view"], "x.html")])
+def test_an_unwritable_out_names_the_users_path(tmp_path, capsys, command, name):
+    folder = _track_folder(tmp_path / "run")
+    target = os.path.join("/proc", name)
+    line = _one_line(capsys, [*command, str(folder), "--out", target, *(
+        ["--frames", "2", "--no-progress"] if command == ["animate"] else [])])
+    assert target in line, line
+    assert "/proc/." not in line, line  # no temporary file of ours
+    assert not [p for p in os.listdir(folder) if p.startswith(".")]
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "thm41-sphere", "--beta", "1_0"],
+    ["run", "thm41-sphere", "--tokens", "1_0"],
+    ["run", "thm41-sphere", "--seed", "1_0"],
+    ["sweep", "thm41-sphere", "--grid", "beta=1,1_0"],
+    ["demo", "--tokens", "1_0"],
+    ["loop", "--model", "gpt2", "--weights", "random", "--passes", "1_0"],
+    ["loop", "--model", "gpt2", "--weights", "random", "--save-states", "0,1_0"],
+])
+def test_numbers_with_underscores_are_refused(tmp_path, capsys, argv):
+    """Python reads `1_0` as 10; a user who types it has made a typo."""
+    line = _one_line(capsys, [*argv, "--out", str(tmp_path / "out")])
+    assert "'1_0'" in line or "'0,1_0'" in line, line
+    assert "underscore" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_resumed_loop_with_another_chunk_passes_names_the_flag(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_GPT2))
+    out = tmp_path / "loop"
+    argv = ["loop", "--model", str(config), "--weights", "random", "--passes", "2",
+            "--prompts", "2", "--tokens", "4", "--out", str(out), "--no-progress"]
+    assert main([*argv, "--chunk-passes", "1"]) == 0
+    (out / "summary.json").unlink()
+    (out / "INCOMPLETE").write_text("")  # as a killed loop leaves it
+    capsys.readouterr()
+    line = _one_line(capsys, [*argv, "--chunk-passes", "2", "--resume"])
+    assert "another --chunk-passes (1, not 2)" in line, line
+    assert "--chunk-passes 1" in line.split("not 2")[1], line  # the fix: as it began
+    assert "chunk_passes" not in line

@@ -5,6 +5,7 @@ diffusion of noisy layers of a finite step (`layer_diffusion`) and the threshold
 off measured growth rates (`fit_threshold`)."""
 
 import math
+import sys
 
 import numpy as np
 
@@ -34,7 +35,12 @@ def noisy_threshold(beta: float, d: int) -> float:
 
     beta, d = check_sphere_args(beta, d)
     nu = d / 2
-    return math.exp(nu * math.log(beta / 2) - math.lgamma(nu) - math.log(ive(nu, beta)) - beta)
+    log_k = nu * math.log(beta / 2) - math.lgamma(nu) - math.log(ive(nu, beta)) - beta
+    if log_k < math.log(sys.float_info.min):
+        raise ValueError(f"K_#(β = {beta:g}, d = {d}) = e^{log_k:.4g} is below float64's "
+                         "smallest normal number (it would read as 0): choose a smaller "
+                         "`beta`.")
+    return math.exp(log_k)
 
 
 def noisy_beta_star(d: int) -> float:

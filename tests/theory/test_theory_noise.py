@@ -158,3 +158,13 @@ def test_the_antipodal_threshold_stays_finite_as_the_noise_vanishes(d):
     for sigma in (1e-80, 2.3e-308, 5e-324):
         beta_c = ja.theory.antipodal_threshold(d, sigma)
         assert math.isclose(beta_c, 0.5 * math.log(2) - math.log(sigma), rel_tol=1e-15), sigma
+
+
+def test_a_threshold_below_float64s_range_is_refused_not_zero():
+    """K_#(β) ~ β^{d/2} e^{−β}: past β ≈ 700 it leaves float64's range; it was returned
+    as 0.0 (a coupling threshold of zero), now it is refused in one line."""
+    import jaxattn as ja
+
+    assert 0 < ja.theory.noisy_threshold(700.0, 3) < 1e-290
+    with pytest.raises(ValueError, match="below float64's smallest normal number"):
+        ja.theory.noisy_threshold(1e5, 3)

@@ -5,12 +5,14 @@
   `tests/data/figures/NAME/` (the command that made it, its figure drawn again by the
   experiment's own `draw`, its verdict by its own `verdict`, and how to animate it);
 - the API reference: one page per public namespace (`jaxattn/X/__init__.py`), for
-  mkdocstrings;
+  mkdocstrings, naming every public name (`__all__`, or the face's bindings) so that
+  each is rendered under its own anchor (`jaxattn.models.load`);
 - the notebooks (`notebooks/*.ipynb`) as pages, and BENCHMARKS.md and ARCHITECTURE.md;
 - the nav: `mkdocs.yml`'s, less the pages that do not exist (pages other work adds
   appear once their file does), with the gallery and the API pages filled in.
 """
 
+import importlib
 import importlib.util
 import json
 import logging
@@ -18,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 from mkdocs.structure.files import File
@@ -196,9 +199,32 @@ def _api() -> list[dict]:
     for ns in NAMESPACES:
         if (ROOT / "jaxattn" / ns / "__init__.py").is_file():
             page = f"api/{ns}.md"
-            _generated[page] = f"# `ja.{ns}`\n\n::: jaxattn.{ns}\n"
+            names, aliases = _public(ns)
+            notes = "".join(f'<span id="jaxattn.{ns}.{a}"></span>`ja.{ns}.{a}` is '
+                            f"`ja.{ns}.{n}` under a short name.\n\n"
+                            for a, n in aliases.items())
+            _generated[page] = (f"# `ja.{ns}`\n\n{notes}::: jaxattn.{ns}\n    options:\n"
+                                "      show_submodules: true\n      members:\n"
+                                + "".join(f"        - {n}\n" for n in names))
             nav.append({f"ja.{ns}": page})
     return nav
+
+
+def _public(ns: str) -> tuple[list[str], dict[str, str]]:
+    """The public names of `jaxattn.<ns>`, for mkdocstrings to render each under its
+    own anchor (a name a face imports from a private module is rendered only when
+    named): its `__all__`, or, for a face without one, the names it binds that are not
+    private. A second name of a module already listed (`experiments.paper` for
+    `paper001`) is returned apart, `{alias: name}`, to be noted, not rendered twice."""
+    module = importlib.import_module(f"jaxattn.{ns}")
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [n for n in vars(module) if not n.startswith("_")]
+    values = {n: getattr(module, n) for n in names if not n.startswith("_")}
+    aliases = {n: v.__name__.rpartition(".")[2] for n, v in values.items()
+               if isinstance(v, types.ModuleType) and v.__name__.rpartition(".")[2] != n
+               and values.get(v.__name__.rpartition(".")[2]) is v}
+    return [n for n in values if n not in aliases], aliases
 
 
 # --- notebooks and repository pages --------------------------------------------------

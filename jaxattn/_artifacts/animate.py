@@ -5,6 +5,7 @@ A trajectory `(T, n, d)` becomes an MP4 (through `imageio-ffmpeg`) or a GIF
 a frame shows for each `d` and many tokens: see docs/usage/animations.md.
 """
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -398,19 +399,32 @@ def _faded(colors: np.ndarray, alpha: float) -> np.ndarray:
 
 def _encode(images: Iterator[np.ndarray], path: Path, fps: int, size, colors) -> Path:
     """Stream the frames to the encoder under a temporary name, then rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        if path.suffix.lower() == ".mp4":
-            _write_mp4(images, tmp, fps, size)
-        else:
-            _write_gif(images, tmp, fps, colors)
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600, whatever the umask
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with as_written(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+        os.close(fd)
+        try:
+            if path.suffix.lower() == ".mp4":
+                _write_mp4(images, tmp, fps, size)
+            else:
+                _write_gif(images, tmp, fps, colors)
+            os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600, whatever the umask
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return path
+
+
+@contextlib.contextmanager
+def as_written(path: Path):
+    """An `OSError` of writing `path` (through a temporary file beside it) names
+    `path`, the file the caller asked for, not the temporary one."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno is None or e.filename in (None, str(path)):
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def _write_mp4(images, tmp: str, fps: int, size) -> None:

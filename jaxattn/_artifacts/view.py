@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .._files import atomic_write
-from .animate import _picks, trajectory_arrays, unit_ball
+from .animate import _picks, as_written, trajectory_arrays, unit_ball
 from .trajectories import superscript
 
 #: The most numbers (saves × tokens × 3) a page embeds: its saves are thinned to fit.
@@ -43,7 +43,8 @@ def view_html(xs, ts=None, *, E=None, title: str = "", layers: bool = False) -> 
 def write_view(path, xs, ts=None, **kwargs) -> Path:
     """Write `view_html(xs, ts, …)` to `path` (whole or not at all)."""
     page = view_html(xs, ts, **kwargs).encode("utf-8")
-    return atomic_write(path, lambda f: f.write(page))
+    with as_written(Path(path)):
+        return atomic_write(path, lambda f: f.write(page))
 
 
 _PAGE = r"""<!DOCTYPE html>

@@ -94,7 +94,7 @@ def _fail(line: str) -> int:
 
 #: A path the user named that the system cannot use: one line, not a traceback.
 _PATH_ERRORS = (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.ELOOP,
-                errno.EEXIST, errno.EROFS, errno.EPERM)
+                errno.EEXIST, errno.EROFS, errno.EPERM, errno.ENOENT)
 
 
 def _runtime_message(error: Exception) -> str | None:

@@ -7,6 +7,7 @@ parameter's value (`parse_value`; the value itself is checked by
 import argparse
 import difflib
 import re
+from pathlib import Path
 
 #: The actions a flag may be given more than once for (`--grid A=… --grid B=…`).
 _REPEATABLE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction,
@@ -45,6 +46,9 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
+#: Python reads `1_0` as 10; on a command line it is a typo.
+UNDERSCORES = "write numbers without underscores (10, not 1_0)"
+
 _NEGATIVE_NUMBER = re.compile(
     r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
 
@@ -78,9 +82,13 @@ class OneLineParser(argparse.ArgumentParser):
         return super()._get_values(action, arg_strings)
 
     def _get_value(self, action, arg_string):
-        if action.type not in (None, str) and not ascii_digits(arg_string):
-            self.error(f"argument {'/'.join(action.option_strings) or action.dest}: "
-                       f"write numbers in ASCII digits 0-9, got {arg_string!r}")
+        if action.type not in (None, str):
+            name = "/".join(action.option_strings) or action.dest
+            if not ascii_digits(arg_string):
+                self.error(f"argument {name}: write numbers in ASCII digits 0-9, "
+                           f"got {arg_string!r}")
+            if "_" in arg_string:
+                self.error(f"argument {name}: {UNDERSCORES}, got {arg_string!r}")
         return super()._get_value(action, arg_string)
 
     def error(self, message):
@@ -122,8 +130,9 @@ _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
 def parse_value(text: str, kind: type, name: str | None = None):
     """A command-line text as a value of `kind` (`int`, `float` or `bool`: true/false,
-    yes/no, 1/0, any case); a number in other than ASCII digits is a `CLIError`
-    (naming `name`, the flag, when given).
+    yes/no, 1/0, any case); a number in other than ASCII digits or with underscores
+    (Python's `float("1_0")` is 10) is a `CLIError` (naming `name`, the flag, when
+    given).
 
     **Returns:**
 
@@ -135,6 +144,8 @@ def parse_value(text: str, kind: type, name: str | None = None):
     if not ascii_digits(word):
         raise CLIError(f"{name or 'a number'} must be written in ASCII digits 0-9, "
                        f"got {text!r}.")
+    if kind in (int, float) and "_" in word:
+        raise CLIError(f"{name + ': ' if name else ''}{UNDERSCORES}, got {text!r}.")
     if kind is bool:
         low = word.lower()
         return True if low in _TRUE else False if low in _FALSE else text
@@ -142,3 +153,16 @@ def parse_value(text: str, kind: type, name: str | None = None):
         return kind(word)
     except ValueError:
         return text
+
+
+def check_written(folder) -> None:
+    """Refuse a run folder whose `data.npz` is not there to read (`jaxattn animate`,
+    `jaxattn view`) as `jaxattn plot` refuses it: a folder a running command holds
+    is being written, one marked `INCOMPLETE` was interrupted before its data.npz."""
+    from .._artifacts.folders import INCOMPLETE, check_not_held
+
+    folder = Path(folder)
+    check_not_held(folder)  # its files are still being written
+    if (folder / INCOMPLETE).exists() and not (folder / "data.npz").exists():
+        raise CLIError(f"{folder} is an incomplete run (it was interrupted before it "
+                       "saved data.npz); re-run it.")

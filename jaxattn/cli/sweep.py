@@ -34,7 +34,7 @@ def _typed(experiment: str, fixed: dict[str, str], grid: dict[str, list[str]]):
     params = {p.name: p for p in sweep_params(experiment)}
 
     def value(key: str, text: str):
-        return parse_value(text, params[key].type) if key in params else text
+        return parse_value(text, params[key].type, params[key].flag) if key in params else text
 
     return ({k: value(k, v) for k, v in fixed.items()},
             {k: [value(k, v) for v in values] for k, values in grid.items()})

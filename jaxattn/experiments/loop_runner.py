@@ -18,6 +18,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .._artifacts.folders import (
+    INCOMPLETE,
     RunFolderError,
     clear_partial_writes,
     finish_run,
@@ -31,19 +32,22 @@ from .._files import atomic_write
 from .._precision import check_precision
 from .._validate import check_count, check_seed
 from ..models import (
+    ALIASES,
+    PRESETS,
     WEIGHTS,
     check_ids,
     detokenize,
     file_sha256,
     iterate_loop,
     read_prompts,
+    resolve_config,
     setup_loop,
     tokenize,
     tokenizer_source,
     weight_files,
 )
 from . import get_experiment, loop_grid
-from .runner import experiment_config, run_into_folder
+from .runner import check_sizes, experiment_config, run_into_folder
 
 #: Tokens per random prompt when none are asked for (the paper's 100 × 200).
 TOKENS = 200
@@ -52,6 +56,9 @@ TOKENS = 200
 FILE_HASHES = {"weights_sha256": ("weight file", "two models"),
                "tokenizer_sha256": ("tokenizer file", "two tokenizations"),
                "text_sha256": ("prompts file", "two sets of prompts")}
+#: The config entries a loop records under another name than the flag that sets
+#: them, for the message that refuses another value in an existing loop's folder.
+FLAGS = {"chunk_passes": "--chunk-passes", "save_states": "--save-states", "ffn": "--no-ffn"}
 
 
 def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ffn=True,
@@ -94,6 +101,9 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
     check_count(chunk_passes, "--chunk-passes", 1)
     check_precision(precision)
     seed = check_seed(seed)
+    if text is None:  # random ids: the arrays follow from the flags (and the model's sizes)
+        check_sizes("loop", {"prompts": prompts, "tokens": tokens, "passes": passes},
+                    footprint=loop_footprint(model, dtype, save_states))
     key = jax.random.PRNGKey(seed)
     net = loop_grid.get_model(model, weights, key)  # before the folder: a bad model leaves none
     ids, mask, source = loop_prompts(model, net, prompts, tokens, seed, text, pad, log=log)
@@ -110,6 +120,7 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
         if resume:
             config["model"] = same_model(folder, config)
             check_same_files(folder, config, log)
+        check_same_flags(folder, config)
         finished, run_id = reopen_run(folder, config, resume, what="loop", command="loop",
                                       same=tuple(k for k in config if k not in FILE_HASHES))
         if finished:
@@ -127,6 +138,36 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
         finish_run(folder, summary, figures=figures, seconds=seconds, run_id=run_id)
         shutil.rmtree(folder / "chunks", ignore_errors=True)
     return folder
+
+
+def loop_footprint(model, dtype: str, save_states) -> tuple[tuple, ...]:
+    """The arrays a loop of random prompts holds, as `runner.FOOTPRINT` writes them
+    (products of `prompts`, `tokens`, `passes` and constants, in 8-byte values): the
+    hidden state, the saved states and `E` when the model's sizes are known without
+    loading it (a preset, a config.json, a model folder, a model), and the ids."""
+    config = _sizes(model)
+    ids = (("prompts", "tokens"),)  # int64
+    if config is None:
+        return ids
+    width = config.hidden_size * np.dtype(loop_grid.DTYPES[dtype]).itemsize / 8
+    saved = config.hidden_size * len(save_states or ()) / 2  # float32
+    return (("prompts", "tokens", width), *ids, ("prompts", "passes", config.num_layers / 2),
+            *((("prompts", "tokens", saved),) if saved else ()))
+
+
+def _sizes(model):
+    """The config of `model` when it can be read without loading weights or a
+    download (a preset, a config.json or model folder, a model); else `None`."""
+    if not isinstance(model, (str, os.PathLike)):
+        return model.config
+    path = Path(model)
+    if str(model) not in {**PRESETS, **ALIASES} and not (path / "config.json").is_file() \
+            and not (path.suffix == ".json" and path.is_file()):
+        return None
+    try:
+        return resolve_config(model)[0]
+    except (ValueError, TypeError, OSError):  # reported where the model is loaded
+        return None
 
 
 def loop_prompts(model, net, prompts: int, tokens: int | None, seed: int, text, pad, log):
@@ -228,6 +269,41 @@ def check_same_files(folder: Path, config: dict, log) -> None:
             f"{folder}: the {what} {where} {change} since this loop began; resuming would "
             f"mix {mix} in one data.npz: restore the file, or start afresh with "
             "another --out.")
+
+
+def check_same_flags(folder: Path, config: dict) -> None:
+    """Refuse, naming the flag (`FLAGS`), a loop whose first difference from the loop
+    already in `folder` is a setting recorded under another name than its flag
+    (`chunk_passes` is `--chunk-passes`); `reopen_run` words every other difference."""
+    path = folder / "config.json"
+    old = read_json(path) if path.exists() else {}
+    if "experiment" in old or "model" not in old or "passes" not in old:
+        return  # no loop's folder: `reopen_run` says whose it is
+    keys = sorted((k for k in config if k not in FILE_HASHES),
+                  key=lambda k: k not in ("model", "passes"))
+    key = next((k for k in keys if _plain(old.get(k)) != _plain(config[k])), None)
+    if key not in FLAGS:
+        return
+    flag, was, now = FLAGS[key], old[key], config[key]
+
+    def shown(value) -> str:  # the flag's value as a command line gives it
+        if key == "ffn":
+            return "off" if value else "on"
+        if key == "save_states":
+            return ",".join(map(str, value)) if value else "none"
+        return str(value)
+
+    def given(value) -> str:
+        if key == "ffn":
+            return f"{'without' if value else 'with'} {flag}"
+        return f"with {flag} {shown(value)}" if value else f"without {flag}"
+
+    finished = not (folder / INCOMPLETE).exists() and (folder / "summary.json").exists()
+    raise RunFolderError(
+        f"{folder} holds {'a finished' if finished else 'an unfinished'} loop with another "
+        f"{flag} ({shown(was)}, not {shown(now)}); "
+        + ("one folder holds one loop (choose another --out)." if finished else
+           f"resume it {given(was)}, as it began, or choose another --out."))
 
 
 def _chunk_file(folder: Path, start: int) -> Path:

@@ -75,14 +75,17 @@ def _gb(size: float) -> str:
     return f"{size / 1e9:.3g} GB" if size < 1e12 else f"{size / 1e12:.3g} TB"
 
 
-def check_sizes(name: str, config: dict[str, Any], memory: int | None = None) -> None:
+def check_sizes(name: str, config: dict[str, Any], memory: int | None = None, *,
+                footprint: tuple[tuple, ...] | None = None) -> None:
     """Refuse, in one line naming the flags, a run whose arrays (`FOOTPRINT`) cannot fit
     in the machine's memory, a horizon past `MAX_HORIZON`, a count past `MAX_COUNT` or a
     discrete run of more than `MAX_LAYERS` layers (`--horizon / --tau`): before any
-    folder or any work."""
+    folder or any work. `footprint`: the run's arrays as `FOOTPRINT` writes them, for a
+    command whose arrays depend on more than its flags (`jaxattn loop`: the model's)."""
     memory = machine_memory() if memory is None else memory
+    products = FOOTPRINT.get(name, ()) if footprint is None else footprint
     refused = []
-    for product in FOOTPRINT.get(name, ()) if memory else ():
+    for product in products if memory else ():
         size = 8.0 * math.prod(config[f] if isinstance(f, str) else f for f in product)
         if size > memory:
             flags = ", ".join(f"--{f.replace('_', '-')} {config[f]}" for f in product

@@ -58,7 +58,8 @@ def check_density(grid, mu, name: str = "mu", *, strict: bool = False, signed: b
         return arr
     values = np.asarray(arr, dtype=np.float64)
     low = values.min()
-    mass = float(np.sum(np.asarray(grid.weights) * values))
+    with jax.ensure_compile_time_eval():  # a grid built inside a jit: its weights now
+        mass = float(np.sum(np.asarray(grid.weights) * values))
     finite = bool(np.all(np.isfinite(values)))
     for bad, problem in ((not finite, "has NaN or inf values"),
                          (signed and finite, ""),
@@ -96,7 +97,8 @@ def check_beta(grid: AbstractGrid, beta, kernel: AbstractKernel, dtype) -> None:
                          f"kernel in {jnp.dtype(dtype).name} (β ≤ {limit:.4g}: its force "
                          "grows as e^β/β); use kernel='softmax'"
                          f"{'' if limit > 100 else ', or float64 (jax_enable_x64)'}.")
-    top = int(np.max(np.asarray(grid.degrees())))
+    with jax.ensure_compile_time_eval():  # static, even for a grid built inside a jit
+        top = int(np.max(np.asarray(grid.degrees())))
     nu = grid.dim / 2 - 1
     tail = float(ive(top + 1 + nu, beta) / ive(nu, beta))
     if tail > KERNEL_TAIL:

@@ -16,6 +16,9 @@ from jaxattn.experiments import runner
 _RUNS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "figures")
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 24, "n_head": 3, "vocab_size": 37,
              "n_positions": 16}
+#: A loop of the tiny model (its config.json written by the test as CONFIG).
+_TINY_LOOP = ["loop", "--model", "CONFIG", "--weights", "random", "--prompts", "1", "--tokens",
+              "2", "--no-progress"]
 
 
 def _one_line(capsys, argv) -> str:
@@ -103,11 +106,14 @@ def test_an_unwritable_out_names_the_users_path(tmp_path, capsys, command, name)
     ["run", "thm41-sphere", "--seed", "1_0"],
     ["sweep", "thm41-sphere", "--grid", "beta=1,1_0"],
     ["demo", "--tokens", "1_0"],
-    ["loop", "--model", "gpt2", "--weights", "random", "--passes", "1_0"],
-    ["loop", "--model", "gpt2", "--weights", "random", "--save-states", "0,1_0"],
+    [*_TINY_LOOP, "--passes", "1_0"],
+    [*_TINY_LOOP, "--save-states", "0,1_0"],
 ])
 def test_numbers_with_underscores_are_refused(tmp_path, capsys, argv):
     """Python reads `1_0` as 10; a user who types it has made a typo."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_GPT2))
+    argv = [str(config) if word == "CONFIG" else word for word in argv]
     line = _one_line(capsys, [*argv, "--out", str(tmp_path / "out")])
     assert "'1_0'" in line or "'0,1_0'" in line, line
     assert "underscore" in line, line
@@ -128,3 +134,8 @@ def test_a_resumed_loop_with_another_chunk_passes_names_the_flag(tmp_path, capsy
     assert "another --chunk-passes (1, not 2)" in line, line
     assert "--chunk-passes 1" in line.split("not 2")[1], line  # the fix: as it began
     assert "chunk_passes" not in line
+    line = _one_line(capsys, [*argv, "--chunk-passes", "1", "--no-ffn", "--resume"])
+    assert "another --no-ffn (off, not on); resume it without --no-ffn" in line, line
+    line = _one_line(capsys, [*argv, "--chunk-passes", "1", "--save-states", "0,3",
+                              "--resume"])
+    assert "another --save-states (none, not 0,3); resume it without --save-states" in line

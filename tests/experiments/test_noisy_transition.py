@@ -98,8 +98,10 @@ def test_equation_measures_k_sharp_and_k_c_on_the_circle(exact_run):
     sharp = ja.theory.fit_threshold(K, rates)[0]
     assert abs(sharp / noisy_threshold(beta, 2) - 1) < nt.SHARP_TOL
     assert np.isnan(data["kc_gap_d2"][:2]).all()  # at and below β*: not run
+    K_fold = ja.meanfield.fold_coupling(beta, 2)
+    _, on_branch = nt.branch_caps(data["kc_K_d2"][-1], data["kc_r_d2"][-1], K_fold)
     kc = ja.metrics.level_crossing(data["kc_K_d2"][-1], data["kc_gap_d2"][-1], falling=True,
-                                   keep=data["kc_r_d2"][-1] > nt.EQ_ORDERED)
+                                   keep=on_branch)
     assert abs(kc / ja.meanfield.transition_coupling(beta, 2) - 1) < nt.CRITICAL_TOL
 
 
@@ -127,6 +129,88 @@ def test_verdict_extrapolates_tau_and_fails_a_prediction_ten_percent_off(exact_r
             wrong = study.verdict(config, data)
             assert not wrong.ok and wrong.numbers["max_rel_error_equation_sharp"] < 1e-3
             assert wrong.numbers["max_rel_error_equation_critical"] > 0.08
+
+
+def _discontinuous(verdict):
+    return next(case for case in verdict.extra["cases"] if not case["continuous"])
+
+
+def test_the_ordered_branch_ends_at_the_fold_not_at_a_finite_time_cap(exact_run):
+    """The branch's end is `ja.meanfield.fold_coupling`'s continuation: caps below it
+    that are still ordered after `EQ_SETTLE` (a slow decay past the saddle-node) are
+    counted as such and neither end the branch nor enter `K_c`."""
+    config, data = exact_run
+    case = _discontinuous(nt.NoisyTransition().verdict(config, data))
+    beta = case["beta"]
+    assert case["K_fold"] == ja.meanfield.fold_coupling(beta, 2)
+    K, r = data["kc_K_d2"][-1], data["kc_r_d2"][-1]
+    finite_time_end = K[np.flatnonzero(r > nt.EQ_ORDERED)[0]]
+    assert finite_time_end < case["K_fold"] < case["K_c_theory"]  # the artefact lies below
+    assert case["caps_ordered_below_fold"] == np.sum((K < case["K_fold"]) & (r > nt.EQ_ORDERED))
+    assert case["caps_ordered_below_fold"] > 0
+    assert case["caps_ordered_above_fold"] == case["caps_above_fold"] > 0
+
+
+def test_k_c_is_not_interpolated_through_a_cap_below_the_fold(exact_run):
+    """With the caps 0.025 K_# apart (the old grid) the free-energy gap changes sign
+    between 0.9 K_# (below the fold, 0.902 at d = 2, β = 2β*: a cap still decaying)
+    and 0.925 K_#: interpolating there reads 0.918, but that cap is not on the ordered
+    branch, so `K_c` is left unread and the verdict fails rather than pass on it."""
+    config, data = exact_run
+    coarse = dict(data) | {f"kc_{k}_d2": data[f"kc_{k}_d2"][:, ::2]
+                           for k in ("K", "gap", "r", "r_half")}
+    K, gap, r = (coarse[f"kc_{k}_d2"][-1] for k in ("K", "gap", "r"))
+    through = ja.metrics.level_crossing(K, gap, falling=True, keep=r > nt.EQ_ORDERED)
+    K_fold = ja.meanfield.fold_coupling(data["betas_d2"][-1], 2)
+    below = K[K < K_fold].max()
+    assert r[K == below] > nt.EQ_ORDERED and gap[K == below] > 0  # ordered, on the right side
+    assert below < through < K[K > K_fold].min()  # the crossing uses it
+    verdict = nt.NoisyTransition().verdict(config, coarse)
+    assert math.isnan(_discontinuous(verdict)["K_c_equation"])
+    assert not verdict.ok and "K_c from the caps above the fold NOT within" in verdict.line
+    assert nt.NoisyTransition().verdict(config, data).ok  # the fine grid brackets it
+
+
+@pytest.mark.parametrize("factor", [0.9, 1.1])
+def test_a_fold_ten_percent_off_fails_the_verdict(exact_run, monkeypatch, factor):
+    """Too low, the fold leaves caps above it unordered; too high, no two caps on its
+    branch bracket `K_c`."""
+    config, data = exact_run
+    monkeypatch.setattr(nt, "fold_coupling",
+                        lambda b, d: factor * ja.meanfield.fold_coupling(b, d))
+    verdict = nt.NoisyTransition().verdict(config, data)
+    assert not verdict.ok
+    assert verdict.numbers["max_rel_error_equation_sharp"] < nt.SHARP_TOL
+    if factor < 1:
+        assert verdict.numbers["caps_unordered_above_fold"] > 0
+        assert "caps above the fold NOT all ordered" in verdict.line
+    else:
+        assert math.isnan(verdict.numbers["max_rel_error_equation_critical"])
+
+
+@pytest.mark.parametrize("continuous", [True, False])
+def test_hysteresis_is_shaded_only_where_the_transition_is_discontinuous(continuous):
+    """Above `β*` a hysteresis is drawn; at or below it the transition is continuous and
+    a gap between the sweeps is the finite window's, not shaded."""
+    from jaxattn._artifacts import figures
+
+    plt = figures.pyplot()
+    ratios = np.array([0.4, 0.6, 0.8, 1.0, 1.2])
+    up = _window([0.02, 0.02, 0.02, 0.5, 0.7], 0.01, [True] * 5)
+    down = _window([0.02, 0.4, 0.5, 0.6, 0.7], 0.01, [True] * 5)
+    row = {"d": 2, "beta_ratio": 1.0 if continuous else 2.0, "continuous": continuous,
+           "K_theory": 1.0, "K_c_theory": 0.92, "K_fold": 0.9, "grid_step": 0.2,
+           "hysteresis_at": ratios[nt.hysteresis(ratios, up, down)[0]].tolist(),
+           "equilibrated": 5, "couplings": 5}
+    assert row["hysteresis_at"]
+    fig, ax = plt.subplots()
+    try:
+        nt._draw_order(ax, row, ratios, (up, down), 200)
+        labels = ax.get_legend_handles_labels()[1]
+    finally:
+        plt.close(fig)
+    assert ("hysteresis (equilibrated)" in labels) != continuous
+    assert any("fold" in label for label in labels) != continuous
 
 
 def ja_defaults():

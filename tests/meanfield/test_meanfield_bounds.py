@@ -199,3 +199,20 @@ def test_a_fold_10_percent_off_fails(factor):
 def test_fold_is_k_sharp_below_beta_star():
     beta = 0.8 * noisy_beta_star(3)
     assert mf.fold_coupling(beta, 3) == noisy_threshold(beta, 3)
+
+
+def test_a_solve_inside_jit_takes_a_concrete_density_on_a_traced_grid():
+    """A grid built inside a `jax.jit` (as a study's compiled step builds it) has traced
+    weights: a concrete density's value checks are left to the caller there, not turned
+    into a tracer conversion error."""
+    import jax
+
+    import jaxattn as ja
+
+    mu = np.asarray(ja.meanfield.uniform(ja.meanfield.Circle(16)))
+    ts = np.linspace(0.0, 0.5, 3)
+
+    def run():
+        return ja.meanfield.solve(ja.meanfield.Circle(16), mu, ts, beta=1.0, coupling=1.0)
+
+    assert np.allclose(jax.jit(run)(), run())

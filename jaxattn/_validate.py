@@ -2,6 +2,7 @@
 errors through `eqx.error_if` when the values are only known inside `jit`."""
 
 import functools
+import os
 import re
 from collections.abc import Callable
 from typing import TypeVar
@@ -221,6 +222,14 @@ def _metric_defect(W: Array, rtol: float) -> str | None:
 
 
 # --- runtime errors, one line first ---------------------------------------------------
+
+
+def machine_memory() -> int:
+    """This machine's physical memory in bytes (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return 0
 
 
 class SimulationError(ValueError, eqx.EquinoxRuntimeError):

@@ -97,7 +97,21 @@ _PATH_ERRORS = (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EACCES, e
                 errno.EEXIST, errno.EROFS, errno.EPERM, errno.ENOENT)
 
 
-def _runtime_message(error: Exception) -> str | None:
+def _step_budget_fix(words: list[str]) -> str:
+    """What a run out of flow steps can change, in the flags its experiment has."""
+    flags: set[str] = set()
+    if len(words) > 1 and words[0] in ("run", "sweep"):
+        from ..experiments import EXPERIMENTS
+
+        if words[1] in EXPERIMENTS:
+            flags = {p.flag for p in EXPERIMENTS[words[1]].all_params()}
+    ways = [way for flag, way in (("--horizon", "a shorter --horizon"),
+                                  ("--max-steps", "a larger --max-steps"),
+                                  ("--discrete", "--discrete (layers)")) if flag in flags]
+    return "choose " + " or ".join(ways) if ways else "shorten the run"
+
+
+def _runtime_message(error: Exception, words: list[str] = ()) -> str | None:
     """The one line a command prints for `error`: a `SimulationError` or a check
     that failed inside `jit` (a solver out of steps, a NaN) as "the computation
     stopped: …", a user mistake as its message; `None` for anything else (a bug,
@@ -116,9 +130,9 @@ def _runtime_message(error: Exception) -> str | None:
     if text is None:  # not a failed computation: a mistake, or a bug (its traceback)
         mistake = isinstance(error, RunFolderError | ValueError | FileNotFoundError)
         return str(error) if mistake else None
-    if "`max_steps`" in text:  # the library's fix names arguments the CLI has not
-        text = ("the flow solver reached its step budget before the final time; choose a "
-                "shorter --horizon (or --discrete)")
+    if "`max_steps`" in text:  # the library's fix names arguments: say the command's flags
+        text = ("the flow solver reached its step budget before the final time; "
+                + _step_budget_fix(words))
     return f"the computation stopped: {text}"
 
 
@@ -246,7 +260,7 @@ def _main(words: list[str]) -> int:
         print(f"jaxattn {args.command}: interrupted", file=sys.stderr)
         return INTERRUPTED
     except Exception as e:
-        line = _runtime_message(e)
+        line = _runtime_message(e, words)
         if line is None:
             raise
         return _fail(f"jaxattn {args.command}: error: {line}")

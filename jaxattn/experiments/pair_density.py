@@ -353,10 +353,10 @@ STUDY = (
     Param("systems", int, 2048, "independent systems per β", 1),
     Param("tokens", int, 32, "tokens n per system", 2),
     Param("dim", int, 2, "dimension d (tokens on S^{d−1})", 1),
-    Param("key_query", int, 0, "key–query B, rotf's --randomKQ codes: 0 identity, "
+    Param("key_query", int, 0, "key–query B, the codes of rotf's randomKQ option: 0 identity, "
           "1 Gaussian G₁G₂/√d, 2 Wigner, 3 GOE"),
-    Param("value", int, 0, "value V, rotf's --randomV codes: 0 identity, 1 Gaussian GGᵀ/√d, "
-          "2 +KQ, 3 −KQ"),
+    Param("value", int, 0, "value V, the codes of rotf's randomV option: 0 identity, "
+          "1 Gaussian GGᵀ/√d, 2 +KQ, 3 −KQ"),
     Param("exp_kernel", bool, False, "unnormalised weights exp(β⟨x_i, B x_j⟩)/n (their default) "
           "with the step step/max(√β e^{β−1/2}, 1), to T = 1, instead of softmax to T = 30"),
     Param("horizon", float, 0.0, "final time T (0: 30 with softmax, 1 with --exp-kernel)"),

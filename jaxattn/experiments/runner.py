@@ -4,7 +4,6 @@ writer of run folders (`write_run`).
 """
 
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import numpy as np
 
 from .._artifacts.folders import folder_path, write_run
 from .._horizon import Horizon
-from .._validate import check_seed
+from .._validate import check_seed, machine_memory
 from . import get_experiment
 from .base import AbstractExperiment, Config, convert
 
@@ -61,14 +60,6 @@ FOOTPRINT: dict[str, tuple[tuple[str | int, ...], ...]] = {
     "antipodal": (("runs", "formation_dim", 4), ("runs", "betas", "dims")),
     "mean-field": (("max_tokens", "modes", 2),),
 }
-
-
-def machine_memory() -> int:
-    """This machine's physical memory in bytes (0 where the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError):
-        return 0
 
 
 def _gb(size: float) -> str:

@@ -3,7 +3,6 @@ the range its kernel and its grid can represent, and a solve's size (its steps a
 memory) before any work. The ranges: docs/meanfield_equation.md, "Ranges"."""
 
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +10,7 @@ import numpy as np
 from scipy.special import ive
 
 from .._kernel import AbstractKernel
+from .._validate import machine_memory
 from ._grid import AbstractGrid
 
 #: The largest first dropped Funk–Hecke multiplier of the kernel `e^{βt}`, relative to
@@ -19,14 +19,6 @@ from ._grid import AbstractGrid
 KERNEL_TAIL = 1e-2
 #: The most steps one `solve` takes (at `dt0 = 0.01`, `t = 10⁴`).
 MAX_STEPS = 10**6
-
-
-def machine_memory() -> int:
-    """This machine's physical memory in bytes (0 where the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError):
-        return 0
 
 
 def check_grid(grid) -> AbstractGrid:

@@ -139,3 +139,20 @@ def test_a_resumed_loop_with_another_chunk_passes_names_the_flag(tmp_path, capsy
     line = _one_line(capsys, [*argv, "--chunk-passes", "1", "--save-states", "0,3",
                               "--resume"])
     assert "another --save-states (none, not 0,3); resume it without --save-states" in line
+
+
+def test_the_step_budget_fix_names_only_the_commands_flags():
+    """A run out of flow steps is told what to change in flags its experiment has
+    (metastability has --max-steps and no --discrete; thm41-sphere both others)."""
+    import re
+
+    from jaxattn.cli import _step_budget_fix
+    from jaxattn.experiments import EXPERIMENTS
+
+    for name, experiment in EXPERIMENTS.items():
+        flags = {p.flag for p in experiment.all_params()}
+        named = set(re.findall(r"--[a-z][a-z-]*", _step_budget_fix(["run", name])))
+        assert named <= flags, (name, named - flags)
+    assert "--discrete" in _step_budget_fix(["run", "thm41-sphere"])
+    assert "--discrete" not in _step_budget_fix(["run", "metastability"])
+    assert _step_budget_fix(["demo"]) == "shorten the run"

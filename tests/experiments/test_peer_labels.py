@@ -60,7 +60,8 @@ def test_help_names_whose_codes(capsys):
     """`phase-diagram` reads rotf's codes and says so; `norm-beta` names both scripts
     and takes `--simuformer-codes`."""
     study = {p.name: p.help for p in EXPERIMENTS["phase-diagram"].params}
-    assert "rotf's --randomKQ" in study["key_query"] and "rotf's --randomV" in study["value"]
+    assert "rotf's randomKQ" in study["key_query"] and "rotf's randomV" in study["value"]
+    assert "--random" not in study["key_query"] + study["value"]  # not a jaxattn flag
     params = {p.name: p for p in EXPERIMENTS["norm-beta"].all_params()}
     for name in ("key_query", "value"):
         assert "rotf's" in params[name].help and "simuformer's" in params[name].help

@@ -218,8 +218,9 @@ def _public(ns: str) -> tuple[list[str], dict[str, str]]:
     `paper001`) is returned apart, `{alias: name}`, to be noted, not rendered twice."""
     module = importlib.import_module(f"jaxattn.{ns}")
     names = getattr(module, "__all__", None)
-    if names is None:
-        names = [n for n in vars(module) if not n.startswith("_")]
+    if names is None:  # its own submodules are bound by whatever imported them: not names
+        names = [n for n, v in vars(module).items() if not n.startswith("_") and not (
+            isinstance(v, types.ModuleType) and v.__name__.startswith(f"{module.__name__}."))]
     values = {n: getattr(module, n) for n in names if not n.startswith("_")}
     aliases = {n: v.__name__.rpartition(".")[2] for n, v in values.items()
                if isinstance(v, types.ModuleType) and v.__name__.rpartition(".")[2] != n

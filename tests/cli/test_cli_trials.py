@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import pytest
+from _helpers import one_line
 
 from jaxattn.cli import main
 from jaxattn.experiments import runner
@@ -21,15 +22,6 @@ _TINY_LOOP = ["loop", "--model", "CONFIG", "--weights", "random", "--prompts", "
               "2", "--no-progress"]
 
 
-def _one_line(capsys, argv) -> str:
-    code = main(argv)
-    captured = capsys.readouterr()
-    assert code == 2, (argv, code, captured)
-    lines = captured.err.splitlines()
-    assert len(lines) == 1, (argv, captured.err)
-    assert lines[0].startswith("jaxattn") and "error" in lines[0], lines[0]
-    assert "Traceback" not in captured.err
-    return lines[0]
 
 
 def _track_folder(path):
@@ -51,7 +43,7 @@ def test_a_loop_too_large_for_memory_is_refused_before_any_work(tmp_path, capsys
     memory = 8 * prompts * tokens // 4  # less than the ids alone
     monkeypatch.setattr(runner, "machine_memory", lambda: memory)
     out = tmp_path / "loop"
-    line = _one_line(capsys, ["loop", "--model", "gpt2", "--weights", "random", "--tokens",
+    line = one_line(capsys, ["loop", "--model", "gpt2", "--weights", "random", "--tokens",
                               str(tokens), "--prompts", str(prompts), "--out", str(out),
                               "--no-progress"])
     assert f"--prompts {prompts}" in line and f"--tokens {tokens}" in line, line
@@ -82,10 +74,10 @@ def test_a_folder_being_written_is_said_to_be(tmp_path, capsys, command):
     out = ["--out", str(tmp_path / ("movie.gif" if command == ["animate"] else "page.html"))]
     with folders.hold_folder(folder, "run"):
         folders.start_run(folder)
-        line = _one_line(capsys, [*command, str(folder), *out])
+        line = one_line(capsys, [*command, str(folder), *out])
         assert line.endswith(f"{folder} is being written by a running jaxattn command "
                              f"(process {os.getpid()}); wait for it to end."), line
-    line = _one_line(capsys, [*command, str(folder), *out])  # released: interrupted
+    line = one_line(capsys, [*command, str(folder), *out])  # released: interrupted
     assert "incomplete run" in line and "no data.npz" not in line, line
 
 
@@ -93,7 +85,7 @@ def test_a_folder_being_written_is_said_to_be(tmp_path, capsys, command):
 def test_an_unwritable_out_names_the_users_path(tmp_path, capsys, command, name):
     folder = _track_folder(tmp_path / "run")
     target = os.path.join("/proc", name)
-    line = _one_line(capsys, [*command, str(folder), "--out", target, *(
+    line = one_line(capsys, [*command, str(folder), "--out", target, *(
         ["--frames", "2", "--no-progress"] if command == ["animate"] else [])])
     assert target in line, line
     assert "/proc/." not in line, line  # no temporary file of ours
@@ -114,7 +106,7 @@ def test_numbers_with_underscores_are_refused(tmp_path, capsys, argv):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_GPT2))
     argv = [str(config) if word == "CONFIG" else word for word in argv]
-    line = _one_line(capsys, [*argv, "--out", str(tmp_path / "out")])
+    line = one_line(capsys, [*argv, "--out", str(tmp_path / "out")])
     assert "'1_0'" in line or "'0,1_0'" in line, line
     assert "underscore" in line, line
     assert not (tmp_path / "out").exists()
@@ -130,13 +122,13 @@ def test_a_resumed_loop_with_another_chunk_passes_names_the_flag(tmp_path, capsy
     (out / "summary.json").unlink()
     (out / "INCOMPLETE").write_text("")  # as a killed loop leaves it
     capsys.readouterr()
-    line = _one_line(capsys, [*argv, "--chunk-passes", "2", "--resume"])
+    line = one_line(capsys, [*argv, "--chunk-passes", "2", "--resume"])
     assert "another --chunk-passes (1, not 2)" in line, line
     assert "--chunk-passes 1" in line.split("not 2")[1], line  # the fix: as it began
     assert "chunk_passes" not in line
-    line = _one_line(capsys, [*argv, "--chunk-passes", "1", "--no-ffn", "--resume"])
+    line = one_line(capsys, [*argv, "--chunk-passes", "1", "--no-ffn", "--resume"])
     assert "another --no-ffn (off, not on); resume it without --no-ffn" in line, line
-    line = _one_line(capsys, [*argv, "--chunk-passes", "1", "--save-states", "0,3",
+    line = one_line(capsys, [*argv, "--chunk-passes", "1", "--save-states", "0,3",
                               "--resume"])
     assert "another --save-states (none, not 0,3); resume it without --save-states" in line
 

@@ -169,6 +169,13 @@ def transition_coupling(beta: float, d: int) -> float:
 
     `K_c` as a float.
     """
+    return _above_beta_star(beta, d, _transition)
+
+
+def _above_beta_star(beta, d, find) -> float:
+    """`K_#(β)` at or below `β*` (the transition is continuous there), else
+    `find(beta, d, K_#)` on one BLAS thread: the shared entry of `transition_coupling`
+    and `fold_coupling`."""
     from ..theory import noisy_beta_star, noisy_threshold
 
     beta, d = check_branch(beta, d)
@@ -176,7 +183,7 @@ def transition_coupling(beta: float, d: int) -> float:
     if beta <= noisy_beta_star(d):
         return k_sharp
     with threadpool_limits(1):
-        return _transition(beta, d, k_sharp)
+        return find(beta, d, k_sharp)
 
 
 @functools.lru_cache(maxsize=256)
@@ -228,14 +235,7 @@ def fold_coupling(beta: float, d: int) -> float:
 
     `K_f` as a float.
     """
-    from ..theory import noisy_beta_star, noisy_threshold
-
-    beta, d = check_branch(beta, d)
-    k_sharp = noisy_threshold(beta, d)
-    if beta <= noisy_beta_star(d):
-        return k_sharp
-    with threadpool_limits(1):
-        return _fold(beta, d, k_sharp)
+    return _above_beta_star(beta, d, _fold)
 
 
 def _on_branch(r, start, zonal, iterations: int = 60):

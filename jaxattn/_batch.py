@@ -4,11 +4,7 @@ fused path, `jaxattn._ensemble`), one model or one per instance (`jaxattn._stack
 
 `devices=` spreads the batch over devices: `None` (one device), an int (the first
 that many), a sequence of devices, or a `jax.sharding.Mesh` (its first axis shards
-the batch). The batch is flattened, padded to a multiple of the device count with
-copies of its first sample, placed with a `NamedSharding`, run by the same program
-(no host callback in it: see `call_batched`), and the padding dropped. On several
-hosts, call `jax.distributed.initialize()` first and pass a `Mesh` over
-`jax.devices()`.
+the batch); how the batch is padded and placed, and several hosts: `docs/multihost.md`.
 """
 
 from collections.abc import Callable, Sequence

@@ -369,10 +369,8 @@ def _backward(q, k, v, offset, mask, out, lse, dout, spec: BlockSpec):
     qs, ks, vs = _query_blocks(q, g, spec.block_q), _key_blocks(k, spec.block_k), \
         _key_blocks(v, spec.block_k)
     dos = _query_blocks(dout, g, spec.block_q)
-    lse, count = lse
-    lses = _query_blocks(lse[..., None], g, spec.block_q)[..., 0]
-    counts = _query_blocks(count[..., None], g, spec.block_q)[..., 0]
-    deltas = _query_blocks(jnp.sum(dout * out, -1, keepdims=True), g, spec.block_q)[..., 0]
+    lses, counts, deltas = (_query_blocks(row[..., None], g, spec.block_q)[..., 0]
+                            for row in (*lse, jnp.sum(dout * out, -1)))
     key_index, query_index = _block_index(m, spec.block_k), _block_index(n, spec.block_q)
     prec = spec.precision
 

@@ -47,21 +47,11 @@ class SelfAttentionDynamics(eqx.Module):
     - The continuous flow (eq. 6) is `dx_i/dt = v_i − ⟨x_i, v_i⟩_W x_i`.
 
     That is `norm=ja.PostNorm()` (`"post"`), the papers' model. The other placements
-    (`ja.AbstractNorm`'s members; `docs/variants.md` derives each limit; `N(0)` is taken
-    as `0`, a zero update stays zero):
-
-    | `norm`   | layer `x_i ←`                | velocity `dx_i/dt`                 |
-    |----------|------------------------------|------------------------------------|
-    | `"pre"`  | `x_i + τ v_i(N(x))`          | `v_i(N(x))`                        |
-    | `"peri"` | `x_i + τ N(v_i(N(x)))`       | `N(v_i(N(x)))`                     |
-    | `"ngpt"` | `N(x_i + τ (N(v_i(x)) − x_i))` | `N(v_i) − ⟨x_i, N(v_i)⟩_W x_i`   |
-    | `"none"` | `x_i + τ v_i(x)`             | `v_i(x)`                           |
-
-    `"post"` and `"ngpt"` keep tokens on `E_W` (their velocity is tangent there:
-    `stays_on_manifold`); `"pre"`, `"peri"` and `"none"` move them off it, so solve
-    their flow with `ja.solve_flow(..., on_manifold=False)` (its retraction would
-    otherwise put them back). The simulators normalise `x0` onto `E_W` first, for
-    every placement.
+    (`ja.AbstractNorm`'s members, `N(0)` taken as `0`): their layers and velocities are
+    tabled and derived in `docs/variants.md`. `"post"` and `"ngpt"` keep tokens on
+    `E_W` (`stays_on_manifold`); `"pre"`, `"peri"` and `"none"` move them off it, so
+    solve their flow with `ja.solve_flow(..., on_manifold=False)`. The simulators
+    normalise `x0` onto `E_W` first, for every placement.
 
     **Arguments:**
 
@@ -348,7 +338,7 @@ class SelfAttentionDynamics(eqx.Module):
         placement's `velocity` of the raw update at time `t`.
 
         `ja.PostNorm()` (paper 001 eq. 6): `dx_i/dt = v_i − ⟨x_i, v_i⟩_W x_i`, tangent to
-        `E_W` at points of `E_W`; the other placements as in the class docstring.
+        `E_W` at points of `E_W`; the other placements: `docs/variants.md`.
         """
         return self.norm.velocity(functools.partial(self.raw_update, t), jnp.asarray(x), self.W)
 
@@ -357,7 +347,7 @@ class SelfAttentionDynamics(eqx.Module):
     ) -> Float[Array, "n d"]:
         """One discrete layer, with the weights read at time `t` (layer `k` uses
         `t = kτ`): `ja.PostNorm()` (paper 001 eq. 4) `x_i ← N_W(x_i + τ v_i(t, x))`; the
-        other placements as in the class docstring (the norm placement's `step`)."""
+        other placements by their `step` (`docs/variants.md`)."""
         return self.norm.step(functools.partial(self.raw_update, t), jnp.asarray(x), tau,
                               self.W)
 

@@ -217,14 +217,11 @@ class _LastAxisValues(AbstractValues):
     def apply(self, eqn, ins):
         prim, name = eqn.primitive, eqn.primitive.name
         rule = _RULES.get(name)
-        if rule is None and (name in _ELEMENTWISE or name in _ALONG_AXES):
-            rule = _elementwise if name in _ELEMENTWISE else _along_axes
-        if rule is None:
-            return _fallback(eqn, ins)
-        if rule in (_elementwise, _along_axes):
-            rule = functools.partial(rule, shape=eqn.outvars[0].aval.shape)
-        out = rule(prim, ins, self.size, **eqn.params)
-        if out is None:  # a case the rule does not cover (e.g. batched indices)
+        if name in _ELEMENTWISE or name in _ALONG_AXES:
+            rule = functools.partial(_elementwise if name in _ELEMENTWISE else _along_axes,
+                                     shape=eqn.outvars[0].aval.shape)
+        out = None if rule is None else rule(prim, ins, self.size, **eqn.params)
+        if out is None:  # no rule, or a case it does not cover (e.g. batched indices)
             return _fallback(eqn, ins)
         return [(o, True) for o in (out if prim.multiple_results else [out])]
 
@@ -252,10 +249,7 @@ def _to_batched(v, b, shape, size):
     full = tuple(shape) + (size,)
     if b and v.shape == full:
         return v
-    if b:
-        dims = (len(shape),) if v.ndim == 1 else tuple(range(v.ndim))
-    else:
-        dims = tuple(range(v.ndim))
+    dims = (len(shape),) if b and v.ndim == 1 else tuple(range(v.ndim))
     return lax.broadcast_in_dim(v, full, dims)
 
 
@@ -265,8 +259,7 @@ def _elementwise(prim, ins, size, shape, **params):
 
 def _along_axes(prim, ins, size, shape, **params):
     # Operands share one core shape: that of any batched one.
-    shape = next(v.shape[:-1] for v, b in ins if b)
-    return prim.bind(*[_to_batched(v, b, shape, size) for v, b in ins], **params)
+    return _elementwise(prim, ins, size, next(v.shape[:-1] for v, b in ins if b), **params)
 
 
 def _broadcast_in_dim(prim, ins, size, shape, broadcast_dimensions, sharding=None, **params):

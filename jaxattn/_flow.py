@@ -184,8 +184,8 @@ def solve_flow(
         if stepsize_controller is None:
             stepsize_controller = dfx.ConstantStepSize()
     solver = dfx.Tsit5() if solver is None else solver
-    options = _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint)
-    options = _matrix_free(options, x0.shape[-2:], x0.dtype)
+    options = _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint,
+                       x0.shape[-2:], x0.dtype)
     event = _event(event, solution, x0.dtype)
     if member is None and (noise is not None or event not in (None, True)):
         member = Vmap()
@@ -228,8 +228,8 @@ def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-
     be finite and have no zero token; `dyn` may be a stacked model (as in `solve_flow`)."""
     dyn, x0, unflatten = stack_tokens(dyn, x0)
     one = first_model(dyn)
-    options = _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint)
-    options = _matrix_free(options, jnp.shape(x0)[-2:], jnp.result_type(x0))
+    options = _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint,
+                       jnp.shape(x0)[-2:], jnp.result_type(x0))
     member = choose_strategy(one, jnp.shape(x0), strategy, (dyn, x0), solver=options[1],
                              controller=options[2])
     return unflatten(member.solve_flow(
@@ -273,14 +273,9 @@ def choose_root_finder(solver: dfx.AbstractSolver, controller: dfx.AbstractStepS
                        matrix_free_root_finder(controller.rtol, controller.atol))
 
 
-def _matrix_free(options, nd, dtype):
-    """`_options`' tuple with its solver through `choose_root_finder`."""
-    ts, solver, controller, dt0, max_steps = options
-    return ts, choose_root_finder(solver, controller, nd, dtype), controller, dt0, max_steps
-
-
-def _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint):
-    """Checked `(ts, solver, controller, dt0, max_steps)` for a strategy's `solve_flow`."""
+def _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint, nd, dtype):
+    """Checked `(ts, solver, controller, dt0, max_steps)` for a strategy's `solve_flow`, the
+    solver through `choose_root_finder` for systems `nd = (n, d)` of `dtype`."""
     # Constant steps: asked for, or the default for a solver without error estimates.
     constant = isinstance(stepsize_controller, dfx.ConstantStepSize) or (
         stepsize_controller is None and not isinstance(solver, dfx.AbstractAdaptiveSolver))
@@ -318,4 +313,4 @@ def _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoin
         controller = dfx.ConstantStepSize()
     if dt0 is not None:
         dt0 = float(check_scalar(dt0, "dt0", positive=True))
-    return ts, solver, controller, dt0, max_steps
+    return ts, choose_root_finder(solver, controller, nd, dtype), controller, dt0, max_steps

@@ -249,8 +249,6 @@ class Scene:
         return self.ax
 
     def _setup_sphere(self):
-        from matplotlib.collections import LineCollection
-
         ax = self._blank(1.12)
         if self.ball:
             ax.add_patch(self.plt.Circle((0, 0), 1, fill=True, color="0.93", zorder=0))
@@ -258,21 +256,23 @@ class Scene:
             ax.imshow(shaded_disk(), extent=(-1, 1, -1, 1), zorder=0, interpolation="bilinear")
         ax.add_patch(self.plt.Circle((0, 0), 1, fill=False, color="0.45", lw=1.0, zorder=1))
         (self.equator,) = ax.plot([], [], color="0.55", lw=0.7, zorder=1)
-        self.trails = LineCollection([], linewidths=1.6, zorder=3, capstyle="round")
-        ax.add_collection(self.trails)
+        self._tokens(ax)
         self.back = ax.scatter([], [], s=40, facecolors="none", linewidths=1.6, zorder=2)
-        self.front = ax.scatter([], [], s=46, edgecolors="0.1", linewidths=0.8, zorder=4)
         ax.text(1.1, -1.1, "filled: near side\nrings: far side", ha="right", va="bottom",
                 fontsize=7, color="0.35")
 
-    def _setup_circle(self):
+    def _tokens(self, ax):
+        """The moving tokens of the sphere and the circle: their trails and markers."""
         from matplotlib.collections import LineCollection
 
-        ax = self._blank(1.15)
-        ax.add_patch(self.plt.Circle((0, 0), 1, fill=False, color="0.5", lw=1.2, zorder=1))
         self.trails = LineCollection([], linewidths=1.6, zorder=3, capstyle="round")
         ax.add_collection(self.trails)
         self.front = ax.scatter([], [], s=46, edgecolors="0.1", linewidths=0.8, zorder=4)
+
+    def _setup_circle(self):
+        ax = self._blank(1.15)
+        ax.add_patch(self.plt.Circle((0, 0), 1, fill=False, color="0.5", lw=1.2, zorder=1))
+        self._tokens(ax)
 
     def _setup_density(self):
         from matplotlib.colors import LogNorm
@@ -323,7 +323,7 @@ class Scene:
         self.front.set_offsets(now[near, :2])
         self.front.set_facecolors(self.colors[near])
         self.back.set_offsets(now[~near, :2] if (~near).any() else np.zeros((0, 2)))
-        self.back.set_edgecolors(_faded(self.colors[~near], 0.7))
+        self.back.set_edgecolors(self.colors[~near] * [1, 1, 1, 0] + [0, 0, 0, 0.7])
         a = np.linspace(0, 2 * np.pi, 181)
         ring = np.stack([np.cos(a), np.sin(a), np.zeros_like(a)], -1) @ R.T
         ring = np.where(ring[:, 2:] >= 0, ring, np.nan)
@@ -389,12 +389,6 @@ def _token_colors(n: int, plt) -> np.ndarray:
     cmap = plt.get_cmap("tab10" if n <= 10 else "turbo")
     values = np.arange(n) if n <= 10 else np.linspace(0.05, 0.95, n)
     return np.asarray(cmap(values), dtype=float)
-
-
-def _faded(colors: np.ndarray, alpha: float) -> np.ndarray:
-    out = colors.copy()
-    out[:, 3] = alpha
-    return out
 
 
 def _encode(images: Iterator[np.ndarray], path: Path, fps: int, size, colors) -> Path:

@@ -295,10 +295,6 @@ def _random_wrap(eqn, ins, lanes, impl):
     return Key(_entries(ins[0]))
 
 
-def _random_unwrap(eqn, ins, lanes):
-    return ins[0].data
-
-
 def _random_fold_in(eqn, ins, lanes):
     key, data = ins
     data = _entries(data, key.data.shape[:-1])
@@ -355,7 +351,7 @@ _RULES = {
     "dynamic_slice": _dynamic_slice, "dynamic_update_slice": _dynamic_update_slice,
     # A kernel is not differentiated: stop_gradient is the identity in it.
     "copy": _copy, "copy_p": _copy, "stop_gradient": _copy, "dot_general": _dot_general,
-    "random_wrap": _random_wrap, "random_unwrap": _random_unwrap,
+    "random_wrap": _random_wrap, "random_unwrap": lambda eqn, ins, lanes: ins[0].data,
     "random_fold_in": _random_fold_in, "random_bits": _random_bits, "is_finite": _is_finite,
     **{name: _bound for name in _ELEMENTWISE - {"is_finite"}},
     **{name: functools.partial(_reduce, binary=binary) for name, binary in _REDUCE.items()},

@@ -60,16 +60,13 @@ def choose_strategy(dyn, shape: tuple[int, ...], strategy="auto", operands=None,
     `controller`), whose steps do not depend on the rest of the batch — and `Vmap`
     otherwise. It keeps a run that is being differentiated (any leaf of `operands`,
     e.g. `(dyn, x0)`, is a JVP or linearize tracer) on `Vmap`: XLA's CPU scheduler
-    (`--xla_cpu_enable_concurrency_optimized_scheduler`, on by default) was measured
-    to miscompute a fused run differentiated inside an outer `lax.scan` (256 systems
-    and more, post-norm, two layers or more: values off by ~0.1 and different on each
-    run; correct with that flag off). `strategy="fused"` still differentiates.
+    miscomputes a fused run differentiated inside an outer `lax.scan` (BENCHMARKS.md,
+    "Gradients stay on the general path"). `strategy="fused"` still differentiates.
 
-    `PallasKernel` is never chosen by `"auto"`: on an H100 its calls were 8–13× faster
-    than the fused path's but its Triton compile took 66–141 s against 1–2 s, repaid
-    only after 73 (10⁶ systems) to 1,200 (10⁵) calls of one program (docs/kernels.md,
-    "auto"). With `shard="tokens"` (one system's tokens split over devices) a member
-    that fuses a batch gives way to `Vmap`; `PallasKernel` refuses in its run.""" 
+    `PallasKernel` is never chosen by `"auto"`: its Triton compile pays back only after
+    many calls of one program (docs/kernels.md, "auto"). With `shard="tokens"` (one
+    system's tokens split over devices) a member that fuses a batch gives way to
+    `Vmap`; `PallasKernel` refuses in its run."""
     member = as_strategy(strategy)
     if member is not None:
         member.refuse(dyn, operands)

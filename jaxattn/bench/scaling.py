@@ -148,8 +148,7 @@ def ideal(name: str, sizes, medians, setup: Setup, ncores: int) -> dict:
     if name == "devices":
         scale, anchor = medians[0] / model[0], "the one-device point"
     else:
-        upper = slice(len(x) // 2, None)
-        scale = float(np.exp(np.mean(np.log(np.asarray(medians)[upper]) - np.log(model[upper]))))
+        scale = float(np.exp(np.mean(np.log(_upper(medians)) - np.log(_upper(model)))))
         anchor = "constant fitted (log space) to the upper half of the sizes"
     return {**out, "anchor": anchor, "curve_s": list(scale * model)}
 

@@ -1,16 +1,9 @@
 """The named experiments of `jaxattn list/run/plot/sweep`: the one registry.
 
-The experiments are a family, as diffrax's solvers are: `base.py` holds the abstract
-experiment, intermediate bases do the shared work of a kind (`theorem.py`, `search.py`,
-`paper004.py`), and each member is one file. Helpers two members share live in a
-module named by their concept (`paper001.py`, `pieces.py`, `verdicts.py`, …).
-`runner.py` runs one into a run folder, `loop_runner.py` loops a real model,
-`replot.py` draws a finished run folder again.
-
-`MEMBERS` lists every experiment, explicitly: nothing registers itself on import.
-What `jaxattn list` and the sweeps need of a member (its name, title, theorem, whether
-it is sweepable) is read from its class body without importing it (nor JAX):
-`REGISTRY`. Adding an experiment is one file and one line here.
+`MEMBERS` lists every experiment explicitly (nothing registers itself on import);
+`REGISTRY` reads what `jaxattn list` and the sweeps need of a member (name, title,
+theorem, sweepable) from its class body, without importing it (nor JAX). The family's
+layout and the recipe for a new member: ARCHITECTURE.md ("An experiment").
 """
 
 import functools

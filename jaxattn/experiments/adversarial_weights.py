@@ -54,19 +54,18 @@ class AdversarialWeights(AbstractSearch):
                              constraints=cons, key=kq, progress=progress)
         U_all = np.asarray(res.weights.U.value[:, 0])
         gaps, lam1 = _gap(U_all)
-        ts, ys = long_run(res.dyn, jnp.stack([x0, x0]).at[1].set(x0), config.long *
-                           config.horizon)
+        ts, ys = long_run(res.dyn, x0, config.long * config.horizon)
         _, ys0 = long_run(dyn, x0, config.long * config.horizon)
         pred = predict(res.dyn, x0)
         best_U = np.asarray(res.dyn.U.value[0])
-        dist = _distance_to(v1, x0, ys[0])
+        dist = _distance_to(v1, x0, ys)
         return {
             "trace": res.trace, "baseline": res.baseline, "value": res.value,
             "gaps": gaps, "lam1": lam1, "gap0": _gap(np.asarray(U))[0],
             "eig_best": np.linalg.eigvalsh(best_U), "eig0": np.linalg.eigvalsh(np.asarray(U)),
             "P_norm": np.linalg.norm(np.asarray(res.dyn.P.value[0]), 2),
             "violation": np.max(res.violation), "ts_long": ts,
-            "E_long": misalignment(ys[0]), "E_long0": misalignment(ys0),
+            "E_long": misalignment(ys), "E_long0": misalignment(ys0),
             "dist_long": dist, "limit_gap": dist[-1],
             "in_domain": bool(np.asarray(pred.in_domain)), "values": res.values,
         }

@@ -2,17 +2,11 @@
 Marion, Laurière, "Clustering in Deep Stochastic Transformers", arXiv 2601.21942).
 
 Tokens on `S^{d−1}` under `ja.SelfAttentionDynamics(P = I, U = I, β)` with
-`noise=ja.ValueNoise(σ)` (one matrix Brownian motion per system, shared by its
-tokens), run as `ja.run_layers`. For two tokens the antipodal end `ρ = −1` attracts
-with positive probability exactly when `ja.theory.antipodal_rate(β, d, σ) < 0`, past
-`ja.theory.antipodal_threshold(d, σ)`. Per dimension `d` it measures `P(antipodal)`
-(gap `1 + ρ` below `GAP`, binomial errors) beside `ja.theory.antipodal_probability`;
-the exponent at the antipodal end (`START_GAP`, `EXPONENT_TIME`) against
-`antipodal_rate`; and the threshold, the zero of the exponent's line over `β`
-(`THRESHOLD_GAP`, `THRESHOLD_TIME`, `WINDOW_POINTS` across `WINDOW · β_c`) at the
-layer steps `τ/2` and `τ`, extrapolated to `τ → 0` and judged within `THRESHOLD_TOL`
-of `antipodal_threshold`. For `n = 3, 4, 8` tokens it counts how they end
-(`formation`). The diffusion, the measures and the numbers: `docs/antipodal.md`.
+`noise=ja.ValueNoise(σ)`, run as `ja.run_layers`. Per dimension `d` it measures
+`P(antipodal)` beside `ja.theory.antipodal_probability`, the exponent at the antipodal
+end against `ja.theory.antipodal_rate`, and the threshold at `τ → 0`, judged within
+`THRESHOLD_TOL` of `ja.theory.antipodal_threshold`; for `n = 3, 4, 8` tokens, how they
+end (`formation`). The diffusion, the measures and the numbers: `docs/antipodal.md`.
 """
 
 import math

@@ -1,15 +1,10 @@
 """The abstract experiment of `jaxattn run NAME`: its parameters, its verdict and
 the methods every member provides. An experiment simulates, judges the outcome
 (against a theorem, a paper's figure or a peer's study) and draws its figures from the
-saved data alone (`jaxattn plot DIR` redraws them); the shared work of a kind lives in
-an intermediate base (`theorem.py`, `search.py`), each member declares its own.
+saved data alone (`jaxattn plot DIR` redraws them).
 
-The family keeps equinox's abstract/final rule: a method is abstract or `typing.final`
-(an intermediate base may offer a hook with a default, named so in its docstring);
-what a member may provide is declared on a base, never probed for (a sweepable
-experiment is an `AbstractSweepableExperiment`); a parameter is declared once, in the
-member's `params` or its base's `base_params`, which a member may declare again with
-its own default but never removes: `jaxattn run NAME --help` lists what the run reads.
+The family keeps equinox's abstract/final rule, and a member declares its parameters
+once, never dropping its base's: ARCHITECTURE.md ("An experiment").
 """
 
 import abc

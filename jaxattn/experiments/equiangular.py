@@ -1,17 +1,12 @@
 """`equiangular`: the equiangular reduction (Rigollet, "The Mean-Field Dynamics of
 Transformers", arXiv 2512.01868).
 
-`n` unit tokens with `⟨x_i, x_j⟩ = ρ0` (`ja.theory.equiangular_tokens`) run under
-`ja.SelfAttentionDynamics(P = I, U = I, β)` for each normalisation placement with
-softmax and `"exp"` (`ja.solve_flow`, float64, `RTOL`/`ATOL`); symmetry keeps them
-equiangular, so the flow must follow the reduced ODE
-(`ja.theory.equiangular_solution`) for the common cosine `ρ(t)` (and norm `r(t)`).
-Per placement and kernel it measures `ρ` and the spread of the Gram matrix's
-off-diagonal entries, `1 − ρ` without cancellation, and the late-time rate of
-`log(1 − ρ)` (against `t`, or `log r` for `"pre"` and `"peri"`) beside
-`ja.theory.equiangular_asymptotics`. Judged: the flow on the ODE to `AGREEMENT` and
-every rate within `RATE_TOL`. `"none"` with `"exp"` blows up in finite time and is not
-run. The derivation and the numbers: `docs/limits.md`, "The equiangular reduction".
+Equiangular unit tokens (`ja.theory.equiangular_tokens`) under `ja.SelfAttentionDynamics(P
+= I, U = I, β)`, each placement with softmax and `"exp"` (`ja.solve_flow`, float64), must
+follow the reduced ODE (`ja.theory.equiangular_solution`) to `AGREEMENT`, with late
+rates within `RATE_TOL` of `ja.theory.equiangular_asymptotics`. `"none"` with `"exp"`
+blows up in finite time and is not run. The derivation and the numbers:
+`docs/limits.md`, "The equiangular reduction".
 """
 
 import math

@@ -7,18 +7,10 @@ The update (`frank_wolfe`, built from `dyn.attention` in a `lax.scan`: the libra
 
     x_i ← x_i + γ_t (Σ_j α_ij x_j − x_i),    γ_t = τ (constant) or 2/(t + 2),
 
-with `α` softmax at `β` or `kernel="hardmax"`: with hardmax, a Frank–Wolfe step for
-`f(y) = −½ yᵀ P y` over the hull of the tokens. In 2-D and float64 it measures:
-(1) PSD `P` (`--random-psd`), `--vertices` sites on `vᵀ P v = 1` and `--tokens`
-interior tokens: the sites never move, each token stays in its Voronoi cell (in the
-`P`-metric), moves on the line to its site and shrinks its distance by `1 − τ` a step;
-(2) NSD `P`: the collapse, the paper's quadratic energy (`energy`) and the mean
-Frank–Wolfe gap against `t`, and whether the collapse point lies in the initial hull;
-(3) softmax against hardmax: the one-step distance on `ONE_STEP` values of `β`, whose
-fitted rate must be the start's smallest score gap `g` to `RATE_TOL`, and on `β` up to
-`--beta-max` the largest distance over the run with its local slopes in `log β`.
-The reading, the measured numbers and what changed: `docs/limits.md` ("The hardmax
-limit").
+with `α` softmax at `β` or `kernel="hardmax"`. In 2-D and float64 it measures PSD `P`
+(Voronoi cells, `voronoi_checks`), NSD `P` (the collapse, `energy`, the Frank–Wolfe
+gap) and softmax against hardmax (`ONE_STEP`, `RATE_TOL`). The reading, the measured
+numbers and what changed: `docs/limits.md` ("The hardmax limit").
 """
 
 import math
@@ -131,11 +123,6 @@ def in_hull(points: np.ndarray, hull_of: np.ndarray) -> np.ndarray:
     return Delaunay(hull_of).find_simplex(points) >= 0
 
 
-def one_step_betas(gap: float) -> np.ndarray:
-    """The `β` of the one-step fit: `ONE_STEP` values from `4/g` to `18/g`."""
-    return np.linspace(4.0, 18.0, ONE_STEP) / gap
-
-
 def voronoi_checks(data, tau: float) -> dict[str, np.ndarray]:
     """Per interior token: the prediction's parts, from the saved PSD run."""
     ys, P, m = data["ys_psd"], data["P"], int(data["vertices"])
@@ -158,7 +145,7 @@ def voronoi_checks(data, tau: float) -> dict[str, np.ndarray]:
 
 
 def rates(data) -> dict[str, float]:
-    """The fitted rates: the one-step distance `∝ e^{−β r}` on `one_step_betas`
+    """The fitted rates: the one-step distance `∝ e^{−β r}` on `ONE_STEP` values of β
     (`r` beside the start's score gap `score_gap`), the local slopes
     `Δ log(distance)/Δ log β` of the whole run's largest distance, the NSD gap and
     energy `∝ t^q` for `γ_t = 2/(t + 2)` (gap: second half of the run; energy: `t`
@@ -233,7 +220,8 @@ class Hardmax(AbstractExperiment):
             soft = np.asarray(frank_wolfe(model(1, beta=beta), jnp.asarray(x0), steps, tau))
             gap = np.linalg.norm(soft - ys, axis=-1).max(-1)
             one[b], run[b], at[b] = gap[1], gap.max(), np.argmax(gap)
-        betas_one = one_step_betas(score_gap(x0, P))
+        gap0 = score_gap(x0, P)
+        betas_one = np.linspace(4.0, 18.0, ONE_STEP) / gap0  # from 4/g to 18/g
         one_fit = np.array([np.abs(np.asarray(frank_wolfe(
             model(1, beta=beta), jnp.asarray(x0), 1, tau))[1] - ys[1]).max()
             for beta in betas_one])
@@ -248,7 +236,7 @@ class Hardmax(AbstractExperiment):
                 "cell": voronoi_cells(x0[m:], x0[:m], P), "hull": ConvexHull(x0).vertices,
                 "betas": betas, "dist_one": one, "dist_run": run, "run_step": at,
                 "betas_one": betas_one, "dist_one_fit": one_fit,
-                "score_gap": np.asarray(score_gap(x0, P)),
+                "score_gap": np.asarray(gap0),
                 "gap_fw": fw_gap(ys_fw, -P), "gap_const": fw_gap(ys_c, -P),
                 "energy_fw": quadratic_energy(ys_fw, -P),
                 "energy_const": quadratic_energy(ys_c, -P),

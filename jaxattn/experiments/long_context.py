@@ -1,18 +1,12 @@
 """`long-context`: critical attention scaling (Chen, Lin, Polyanskiy, Rigollet, "Critical
 attention scaling in long-context transformers", arXiv 2510.05554, ICLR 2026).
 
-The paper predicts a phase transition of one attention layer with scaling
-`β_n = γ log n` on a simplex of tokens (`⟨y_i, y_j⟩ = ρ`) at `γ_c = 1 / (1 − ρ)`: below
-it the tokens collapse, above it `A_ii → 1`; on the simplex `A_ii = 1/2` at
-`γ_n = log(n − 1) / ((1 − ρ) log n)` (`predicted_crossing`). Here the layer is
-`ja.SelfAttentionDynamics(P = I, U = I, β = γ log n, norm="ngpt")` (`τ < 1` adds a
-residual), the tokens an almost-simplex in the dimension `d(n)` (`dims`, growing with
-`n`; `finite_dim`). For every `n` and `γ` it measures the mean `α_ii` (in blocks of
-rows) and our collapse measure `λ = (1 − r_L²) / (1 − r_0²)`, `r = |mean_i x_i|`; each
-`n`'s critical `γ` is where `α_ii` (in logit) and `λ` cross 1/2
-(`ja.metrics.level_crossing`). Judged: at the largest `n` the identity's crossing
-within `TOL` of `γ_n` and closer to `γ_c` than at the smallest `n`; `λ`'s crossing is
-reported. The model, the equations and their sources: `docs/long_context.md`.
+One layer `ja.SelfAttentionDynamics(P = I, U = I, β = γ log n, norm="ngpt")` on an
+almost-simplex of tokens (`⟨y_i, y_j⟩ = ρ`, dimension `dims(n)`); per `n` and `γ` the
+mean `α_ii` and the collapse `λ = (1 − r_L²) / (1 − r_0²)`, each `n`'s critical `γ`
+where they cross 1/2. Judged: at the largest `n` the identity's crossing within `TOL`
+of `γ_n` (`predicted_crossing`) and closer to `γ_c = 1/(1 − ρ)` than at the smallest.
+The model, the equations and their sources: `docs/long_context.md`.
 """
 
 import math
@@ -61,15 +55,9 @@ def dims(ns: np.ndarray, dim: int) -> np.ndarray:
 
 def predicted_crossing(n: np.ndarray, rho: np.ndarray) -> np.ndarray:
     """`γ_n = log(n − 1) / ((1 − ρ) log n)`: where `α_ii = 1/2` on the exact simplex
-    (module docstring), `→ γ_c = 1/(1 − ρ)` as `n → ∞`."""
+    (`docs/long_context.md`), `→ γ_c = 1/(1 − ρ)` as `n → ∞`."""
     n = np.asarray(n, float)
     return np.log(n - 1) / ((1 - np.asarray(rho)) * np.log(n))
-
-
-def gamma_grid(config) -> np.ndarray:
-    """The scalings `γ` of `β_n = γ log n`: `--gammas` values from `--gamma-min` to
-    `--gamma-max`."""
-    return np.linspace(config.gamma_min, config.gamma_max, config.gammas)
 
 
 def simplex_tokens(key: PRNGKeyArray, n: int, d: int, rho: float) -> Float[Array, "n d"]:
@@ -184,7 +172,8 @@ class LongContext(AbstractExperiment):
              f"in [0, 1), got {config.rho!r}."))
 
     def simulate(self, config, progress):
-        rho, gammas = config.rho, gamma_grid(config)
+        rho, gammas = config.rho, np.linspace(config.gamma_min, config.gamma_max,
+                                              config.gammas)
         ns = sizes(config.n_min, config.n_max, config.per_decade)
         ds = dims(ns, config.dim)
         alpha = np.zeros((len(ns), len(gammas)))

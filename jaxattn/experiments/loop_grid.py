@@ -164,8 +164,7 @@ class LoopGridExperiment(AbstractExperiment):
         weights = grid_weights(name)
         nets, ids = load_grid(name, weights, config.prompts, config.tokens, config.seed)
         return grid_data(nets, ids, config.seed, passes=config.passes, dtype="float32",
-                         weights=weights,
-                         progress=None if progress else False)
+                         weights=weights, progress=None if progress else False)
 
     def verdict(self, config, data) -> Verdict:
         grid = _grid(data)

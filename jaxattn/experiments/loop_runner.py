@@ -117,10 +117,12 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
         "tokens": int(ids.shape[1]), "dtype": dtype, "precision": precision, "seed": seed,
         "save_states": save_states, "chunk_passes": chunk_passes} | source
     with hold_folder(out, "run") as folder:
+        path = folder / "config.json"
+        old = read_json(path) if path.exists() else {}  # the loop already there, if any
         if resume:
-            config["model"] = same_model(folder, config)
-            check_same_files(folder, config, log)
-        check_same_flags(folder, config)
+            config["model"] = same_model(old, config)
+            check_same_files(folder, old, config, log)
+        check_same_flags(folder, old, config)
         finished, run_id = reopen_run(folder, config, resume, what="loop", command="loop",
                                       same=tuple(k for k in config if k not in FILE_HASHES))
         if finished:
@@ -219,12 +221,10 @@ def file_hashes(model, weights: str, text) -> dict[str, dict[str, str]]:
     return found
 
 
-def same_model(folder: Path, config: dict) -> str:
-    """The model's name as the loop in `folder` recorded it, when `config` names the
-    same model another way (another path to the same folder or file, or a copy of
+def same_model(old: dict, config: dict) -> str:
+    """The model's name as the loop's recorded config `old` has it, when `config` names
+    the same model another way (another path to the same folder or file, or a copy of
     its weights: the same architecture and weight hashes); else `config`'s own."""
-    path = folder / "config.json"
-    old = read_json(path) if path.exists() else {}
     was, now = old.get("model"), config["model"]
     if not isinstance(was, str) or was == now:
         return now
@@ -243,17 +243,13 @@ def _plain(value):
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
-def check_same_files(folder: Path, config: dict, log) -> None:
-    """Refuse, in one line, to resume the loop in `folder` when a file it reads
-    (weights, tokenizer, prompts) has other contents than when the loop began; a
-    loop recorded before these hashes is resumed with a warning."""
-    path = folder / "config.json"
-    if not path.exists():
-        return
-    old = read_json(path)
+def check_same_files(folder: Path, old: dict, config: dict, log) -> None:
+    """Refuse, in one line, to resume the loop in `folder` (its recorded config `old`)
+    when a file it reads (weights, tokenizer, prompts) has other contents than when the
+    loop began; a loop recorded before these hashes is resumed with a warning."""
     for key, (what, mix) in FILE_HASHES.items():
         was, now = old.get(key), config.get(key)
-        if was == now or now is None:
+        if not old or was == now or now is None:
             continue
         if was is None:
             log(f"warning: {folder} records no {key} (begun by an older jaxattn): resuming "
@@ -271,12 +267,11 @@ def check_same_files(folder: Path, config: dict, log) -> None:
             "another --out.")
 
 
-def check_same_flags(folder: Path, config: dict) -> None:
+def check_same_flags(folder: Path, old: dict, config: dict) -> None:
     """Refuse, naming the flag (`FLAGS`), a loop whose first difference from the loop
-    already in `folder` is a setting recorded under another name than its flag
-    (`chunk_passes` is `--chunk-passes`); `reopen_run` words every other difference."""
-    path = folder / "config.json"
-    old = read_json(path) if path.exists() else {}
+    already in `folder` (its recorded config `old`) is a setting recorded under another
+    name than its flag (`chunk_passes` is `--chunk-passes`); `reopen_run` words every
+    other difference."""
     if "experiment" in old or "model" not in old or "passes" not in old:
         return  # no loop's folder: `reopen_run` says whose it is
     keys = sorted((k for k in config if k not in FILE_HASHES),

@@ -1,15 +1,10 @@
 """`mean-field`: the mean-field equation itself (`ja.meanfield`), on the circle (`d = 2`).
 
-1. **Particles → the equation**: `n` samples of `μ_0` (`ja.meanfield.sample`) moved by
-   `ja.meanfield.circle_particles` against the equation from `μ_0`; at `t = --horizon`
-   the RMS `mode_distance` over samples, for `n = 10², 10³, …` up to `--max-tokens`,
-   with the distance at `t = 0` as a control variate
-   (`ja.meanfield.sampling_distance`). Predicted `∝ n^{−1/2}`; the fit must resolve a
-   10 % error in the slope and agree with it.
-2. **The noisy phase diagram at `n = ∞`** (USA, `σ = 1`) over `β/β*` and `K/K_#`: the
-   threshold `K_#` from the first mode's growth rate (against
-   `ja.theory.noisy_threshold`) and, above `β*`, `K_c` where the settled caps' free
-   energy meets the uniform density's (against `ja.meanfield.transition_coupling`).
+1. **Particles → the equation**: `n` samples of `μ_0` moved by
+   `ja.meanfield.circle_particles` against the equation, the RMS `mode_distance` at
+   `t = --horizon` for `n = 10², 10³, …` (predicted `∝ n^{−1/2}`).
+2. **The noisy phase diagram at `n = ∞`** (USA, `σ = 1`): `K_#` from the first mode's
+   growth rate and, above `β*`, `K_c` from the settled caps' free energy.
 
 The setup, the tolerances and the measured numbers: `docs/meanfield_equation.md`.
 """
@@ -25,6 +20,7 @@ from tqdm.auto import tqdm
 from .. import SelfAttentionDynamics, solve_flow
 from .. import meanfield as mf
 from .._artifacts import figures
+from .._artifacts.trajectories import superscript
 from ..metrics import fit_crossing, fit_slope, level_crossing
 from ..theory import noisy_beta_star, noisy_threshold
 from .base import AbstractExperiment, Param, Verdict
@@ -219,8 +215,7 @@ def fitted_slope(data) -> tuple[float, float]:
 
 def _power(n) -> str:
     """`10²`-style for a power of ten."""
-    digits = str(round(math.log10(n))).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
-    return f"10{digits}"
+    return f"10{superscript(round(math.log10(n)))}"
 
 
 def predictions(betas) -> tuple[np.ndarray, np.ndarray]:

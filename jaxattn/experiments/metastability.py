@@ -2,21 +2,14 @@
 Koubbi, Polyanskiy, Rigollet, "Dynamic metastability in the self-attention model",
 2024; their script `staircase.py`).
 
-`n` uniform tokens on `S^{d−1}` follow the `usa` flow in float64, saved on a
-logarithmic grid up to `--horizon` (or `10^{--log-horizon}`) and stopped by an event
-once `--target` clusters are left; `--integrator plain` solves in `t` (`ja.solve_flow`,
-Kvaerno3), `--integrator rescaled` steps in a rescaled time (`long_time.rescaled_flow`).
-For each `β` it records the energy `ja.metrics.interaction_energy`, the cluster count's
-plateaus and mergers (`ja.metrics.plateaus`), each plateau's saddle index
-(`long_time.cluster_index`) and the two-cluster merge time, exact
-(`long_time.merge_time`) and Laplace's term (`long_time.two_cluster_time`). A plateau
-is post-transient when it is not the first and `length ≥ start`. Judged: each final
-merger (the run's `t1`) within `FINAL_TOL` of the exact integral; the other
-post-transient plateaus within a decade of it; on the circle, the saddle index `k − 1`
-on each post-transient `k`-cluster plateau whose couplings span at most `SPAN_MAX`
-decades (`long_time.coupling_span`). Everything else is stated, not judged. The
-mechanism, the integrators and the measured numbers: `docs/limits.md` ("Metastability
-and long horizons").
+`n` uniform tokens on `S^{d−1}` follow the `usa` flow in float64 on a logarithmic grid
+(`--integrator plain`: `ja.solve_flow`, Kvaerno3; `rescaled`: `long_time.rescaled_flow`),
+read as plateaus and mergers (`ja.metrics.plateaus`) against the two-cluster merge time
+(`long_time`). Judged: each final merger within `FINAL_TOL` of the exact integral, the
+other post-transient plateaus within a decade, and on the circle the saddle index
+`k − 1` where the couplings span at most `SPAN_MAX` decades. The mechanism, the
+integrators and the measured numbers: `docs/limits.md` ("Metastability and long
+horizons").
 """
 
 import math
@@ -104,10 +97,8 @@ def run_beta(x0, beta: float, ts, config) -> dict[str, np.ndarray]:
             "count": np.asarray(cluster_count(jnp.asarray(out["ys"]), config.eps))}
     eye = jnp.eye(x0.shape[-1])[None]
     dyn = SelfAttentionDynamics(eye, eye, beta=beta, kernel="usa")
-    # Kvaerno3, implicit: the modes inside a cluster decay at rate ~1 while clusters
-    # drift at e^{−β(1 − cos δ)}, so an explicit solver is held to steps of ~1 by
-    # stability (Tsit5: ~10⁴ steps per decade past t = 10⁴); the implicit one takes
-    # ~10³ steps to t = 10¹⁰ (measured at n = 8, β = 20, rtol 1e-6).
+    # implicit: an explicit solver is held to steps of ~1 by the clusters' stiffness
+    # (docs/limits.md, "Stiffness, and the implicit solver")
     sol = solve_flow(dyn, x0, jnp.asarray(ts), solver=diffrax.Kvaerno3(), solution=True,
                      event=merged(config.eps, config.target), rtol=config.rtol,
                      atol=config.rtol * 1e-2, max_steps=config.max_steps, throw=False)
@@ -252,9 +243,8 @@ class Metastability(AbstractExperiment):
         ts = log_grid(T_MIN, final_time(config), config.saves)
         x0 = sample_ellipsoid(jax.random.PRNGKey(config.seed), config.tokens,
                               config.dim, dtype=jnp.float64)
-        runs = []
-        for beta in tqdm(bs, desc=self.name, disable=not progress, leave=False):
-            runs.append(run_beta(x0, float(beta), ts, config))
+        runs = [run_beta(x0, float(beta), ts, config)
+                for beta in tqdm(bs, desc=self.name, disable=not progress, leave=False)]
         data = {k: np.stack([r[k] for r in runs]) for k in runs[0]}
         return data | {"betas": bs, "x0": np.asarray(x0)}
 

@@ -1,22 +1,12 @@
 """`noisy-transition`: the phase transition of the noisy transformer on the sphere
 (Mun & Rosenzweig 2026: arXiv 2604.16288 for d = 2, 2606.05140 for every d ≥ 2).
 
-`n` tokens on `S^{d−1}`, kernel `"usa"`, `P = I`, `U = c I`, `ja.TokenNoise(σ)`:
-
-    dx_i = c e^{−β} P_{x_i} (1/n) Σ_j e^{β⟨x_i, x_j⟩} x_j dt + σ P_{x_i} ∘ dB^i_t,
-
-with the papers' coupling `K = c e^{−β} / σ²`, `σ = √2` (so `c = 2 K e^β`), the
-threshold `K_#(β)` (`ja.theory.noisy_threshold`) and `β*` (`ja.theory.noisy_beta_star`).
-For d = 2, 3 (`--max-dim`) and β ∈ {β*/2, β*, 2β*} it measures: (1) `K_#` and, above
-`β*`, `K_c` from the equation (`ja.meanfield`; `EQ_*`, `KC_RATIOS`, judged to
-`SHARP_TOL`, `CRITICAL_TOL`), `K_c` read only from caps on the ordered branch, at or
-above its fold (`ja.meanfield.fold_coupling`; every cap there must be ordered); (2) the
-particles' threshold from tilted pairs (`TILT`, `quench`) at the layer steps `τ/2` and
-`τ`, extrapolated to `τ → 0` and judged within `TARGET` of `K_#`; (3) up and down
-sweeps of `K` (`r = |mean token|`); (4) which sweeps are equilibrated (`windows`:
-`GAP_Z`, `BLOCK_TAUS`); (5) the hysteresis where both are (`hysteresis`,
-`HYSTERESIS_Z`; reported, not judged, and drawn only above `β*`). The mapping, what each
-step does and the measured numbers: `docs/noise.md` ("The noisy transition").
+`n` tokens on `S^{d−1}`, kernel `"usa"`, `P = I`, `U = c I`, `ja.TokenNoise(σ)`, with the
+papers' coupling `K = c e^{−β} / σ²`, `σ = √2` (so `c = 2 K e^β`). For d = 2, 3 and
+β ∈ {β*/2, β*, 2β*} it measures `K_#` and `K_c` from the equation (`ja.meanfield`), the
+particles' threshold at `τ → 0` from tilted pairs, and up and down sweeps of `K` with
+their equilibration and hysteresis. The mapping, each step and the measured numbers:
+`docs/noise.md` ("The noisy transition").
 """
 
 import math

@@ -134,8 +134,9 @@ def _bisect(f, lo, hi, iters=60):
     flo = f(lo)
     for _ in range(iters):
         mid = (lo + hi) / 2
-        if (f(mid) > 0) == (flo > 0):
-            lo, flo = mid, f(mid)
+        fmid = f(mid)
+        if (fmid > 0) == (flo > 0):
+            lo, flo = mid, fmid
         else:
             hi = mid
     return (lo + hi) / 2

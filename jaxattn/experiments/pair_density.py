@@ -3,23 +3,12 @@ phase diagram ("A mathematical perspective on Transformers", 2023; their script
 `phase-diagrams.py`), every β in one batched program. Shared by `phase-diagram`,
 `norm-beta` (the same map per normalisation) and `variants` (its random weights).
 
-For each of `betas` values of β in `[beta_min, beta_max]`, `systems` systems of
-`tokens` uniform tokens on `S^{dim−1}` run their script's update (`simu_xform.step_1`),
-
-    x_i ← N(x_i + η Vᵀ Σ_j α_ij x_j),   α_ij = softmax_j(β x_iᵀ B x_j)   or   exp(β x_iᵀ B x_j)/n,
-
-which is the post-norm layer `ja.SelfAttentionDynamics(P=B, U=Vᵀ, beta=β).layer` with
-`τ = η` (`kernel="exp"` for the unnormalised weights), and the fraction of ordered
-pairs `i ≠ j` with `⟨x_i, x_j⟩ > threshold` is recorded at `times` equally spaced
-times of `[0, T]`, after the layers their loop records (`observe_at`; why not after
-every layer: BENCHMARKS.md, Measured claims behind design choices). Their step is
-`η = step` with softmax (to `T = 30`), `η = step / max(√β e^{β−1/2}, 1)` for the
-unnormalised kernel (unless `--raw-step`, to `T = 1`); their time is the float64 sum
-`η + η + …`, and checkpoint `k` is the state after the first step whose summed time
-reaches `t_k`: `schedule` reproduces both. `B` and `V` are drawn per system and per β
-as their `--randomKQ` / `--randomV` (`KEY_QUERY`, `VALUE`). The unnormalised kernel's
-β are grouped by step count (within a factor 2), one program per group. float64 when
-`jax_enable_x64` is on. The study and its numbers: `docs/usage/experiments.md`.
+Their update `x_i ← N(x_i + η Vᵀ Σ_j α_ij x_j)` is the post-norm layer
+`ja.SelfAttentionDynamics(P=B, U=Vᵀ, beta=β).layer` with `τ = η` (`kernel="exp"` for
+their unnormalised weights); the fraction of ordered pairs `i ≠ j` with
+`⟨x_i, x_j⟩ > threshold` is recorded at `times` times of `[0, T]` as their loop records
+them (`schedule`, `observe_at`). float64 when `jax_enable_x64` is on. The study, its
+steps and its numbers: `docs/usage/experiments.md` (`jaxattn run phase-diagram`).
 """
 
 import functools

@@ -12,6 +12,8 @@ from .base import AbstractExperiment, Param
 
 _TRAINED = {"minilm": "all-MiniLM-L6-v2", "smollm2": "SmolLM2-135M-Instruct"}
 _RANDOM = {"bert": "bert-base-uncased", "gpt_neo": "gpt-neo-125M"}
+#: The config keys of the width and the head count, by `model_type` (else BERT's).
+_WIDTH_KEYS = {"gpt2": ("n_embd", "n_head"), "gpt_neo": ("hidden_size", "num_heads")}
 
 MODEL_FLAGS = (
     Param("minilm", bool, False, "all-MiniLM-L6-v2, trained weights (pip package)"),
@@ -30,13 +32,12 @@ TOKENS = (
 def model_from_flags(config, default: str):
     """The model a config asks for (at most one model flag: `check_config`), and a
     name for it."""
-    trained = [k for k in _TRAINED if config.get(k)]
-    chosen = trained + [k for k in _RANDOM if config.get(k)]
+    trained = [_TRAINED[k] for k in _TRAINED if config.get(k)]
     if trained:
-        return load(_TRAINED[trained[0]]), _TRAINED[trained[0]] + " (trained)"
-    preset = _RANDOM[chosen[0]] if chosen else default
+        return load(trained[0]), trained[0] + " (trained)"
+    preset = next((_RANDOM[k] for k in _RANDOM if config.get(k)), default)
     cfg = dict(PRESETS[preset], initializer_range=config.std)
-    width, heads = _width_keys(cfg)
+    width, heads = _WIDTH_KEYS.get(cfg["model_type"], ("hidden_size", "num_attention_heads"))
     if config.hidden:
         cfg[width] = config.hidden
     if config.heads:
@@ -44,14 +45,6 @@ def model_from_flags(config, default: str):
     key = jax.random.PRNGKey(config.seed + 1000)
     return init(cfg, key), (f"{preset} config, random N(0, {config.std:g}²), "
                             f"d={cfg[width]}, h={cfg[heads]}")
-
-
-def _width_keys(cfg):
-    if cfg["model_type"] == "gpt2":
-        return "n_embd", "n_head"
-    if cfg["model_type"] == "gpt_neo":
-        return "hidden_size", "num_heads"
-    return "hidden_size", "num_attention_heads"
 
 
 def stats_arrays(stats: LayerAlignment) -> dict[str, np.ndarray]:

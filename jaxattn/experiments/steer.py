@@ -42,15 +42,12 @@ class Steer(AbstractPowerExperiment):
         scale = float(jnp.linalg.norm(layer_matrix(model, -1).astype(x0.dtype), 2))
         gammas = config.gamma * np.logspace(-7, 0, 15)
         xs = run_model(model, x0, tau=config.tau)
-        before = xs[-2]
-        ends = [_last_layer(steer(model, u, g, w=w), before, config.tau, u) for g in gammas]
-        steered = steer(model, u, config.gamma, w=w)
-        stats, eigs, xs_s = layerwise(steered, x0, tau=config.tau)
-        d_ = xs.shape[-1]
-        c_u = np.asarray([cosines(x.reshape(-1, d_), u).mean() for x in xs_s])
-        c_u0 = np.asarray([cosines(x.reshape(-1, d_), u).mean() for x in xs])
+        ends = [_last_layer(steer(model, u, g, w=w), xs[-2], config.tau, u) for g in gammas]
+        stats, eigs, xs_s = layerwise(steer(model, u, config.gamma, w=w), x0, tau=config.tau)
         return stats_arrays(stats) | {
-            "gammas": gammas, "end_alignment": np.asarray(ends), "c_u": c_u, "c_u_plain": c_u0,
+            "gammas": gammas, "end_alignment": np.asarray(ends),
+            "c_u": np.asarray([_alignment(x, u) for x in xs_s]),
+            "c_u_plain": np.asarray([_alignment(x, u) for x in xs]),
             "eigenvalues": np.asarray(eigs), "norm": np.asarray(scale), "u": np.asarray(u),
             "w": np.asarray(w), "label": np.asarray(label),
         }
@@ -70,9 +67,13 @@ class Steer(AbstractPowerExperiment):
         return plots.steer(data, self.stem(folder))
 
 
-def _last_layer(model, before, tau, u):
-    x = run_model(model, before, layers=[model.num_layers - 1], tau=tau)[-1]
+def _alignment(x, u) -> float:
+    """The tokens' `x (..., d)` mean cosine with `u`."""
     return float(cosines(x.reshape(-1, x.shape[-1]), u).mean())
+
+
+def _last_layer(model, before, tau, u):
+    return _alignment(run_model(model, before, layers=[model.num_layers - 1], tau=tau)[-1], u)
 
 
 def _calibrated_w(model, config, d):

@@ -48,8 +48,7 @@ class SphereExperiment(AbstractTheoremExperiment):
         ts = np.asarray(flow["ts"])
         P_ts = np.concatenate([np.linspace(0.0, min(ts[-1], 2.0), 401), ts[ts > 2.0]])
         return {"P_norm": paper001.sphere_query_key(dyn, jnp.asarray(P_ts)), "P_ts": P_ts,
-                "x0": x0,
-                "in_domain": pred.in_domain, "margin": pred.margin}
+                "x0": x0, "in_domain": pred.in_domain, "margin": pred.margin}
 
     def evidence(self, config, run):
         E = run["E"]

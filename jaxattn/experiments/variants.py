@@ -1,20 +1,11 @@
 """`variants`: which variants of the model escape consensus (issue 17).
 
-A grid of variants (normalisation placement × attention mask: full, causal, sliding
-window, random sparse × kernel: softmax, sigmoid × β), each run on the same random
-instances at two sizes (`n = 10` in R³, `n = 32` in R¹⁶): instance `i` is drawn from
-the seed `seed + i` alone, `h = 2` heads, Gaussian `P_η = G₁G₂/√d`, `U_η = I/h`, a
-uniform start on the sphere. Every instance runs `layers` layers of step `tau` and is
-measured on its tokens' directions: the misalignment `E` after every layer, the
-consensus layer (`E < CONSENSUS_TOL`), the final `E`, the clusters (single linkage at
-`CLUSTER_EPS`), `ja.metrics.rank_collapse_residual` and the trend of `E` over the
-last third (`verdicts.convergence_trend`).
-
-One compiled program per (size, norm, kernel), masks × β × instances one vmapped
-batch; each program's results are one chunk in the run folder's `chunks/`, which
-`jaxattn run variants --resume --out DIR` reuses (`reopen_run`). Each cell is
-reproducible alone: `jaxattn run variants --size S --norm N --mask M --kernel K --beta
-B --seed s` (the `command` column of `table.csv`). The study: `docs/usage/variants_study.md`.
+A grid of variants (normalisation placement × attention mask × kernel × β), each run on
+the same random instances at two sizes (`SIZES`; instance `i` drawn from the seed
+`seed + i` alone) and measured on its tokens' directions after `layers` layers. One
+compiled program per (size, norm, kernel), saved as one chunk in the run folder's
+`chunks/` (`--resume` reuses them); each cell's `command` in `table.csv` repeats it
+alone. The study and its findings: `docs/usage/variants_study.md`.
 """
 
 import dataclasses

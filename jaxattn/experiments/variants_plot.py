@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from .._artifacts import figures
+from .._artifacts.trajectories import superscript
 from .._files import atomic_write
 
 #: The columns of `table.csv`, one row per cell.
@@ -140,7 +141,7 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
             ax.text(j, i, label, ha="center", va="center", fontsize=7,
                     color=figures.text_color_on(under))
         _label_axes(ax, norms, masks, kernels, betas, covered, rows_labelled=p == 0)
-        ax.set_title(f"n = {size[0]} tokens in R{_superscript(size[1])}", fontsize=10, pad=16)
+        ax.set_title(f"n = {size[0]} tokens in R{superscript(size[1])}", fontsize=10, pad=16)
     # only the settings of the masks drawn (a window's width, a sparse mask's share)
     used = ([f"window w = {config.window}"] if "window" in masks else []) + \
         ([f"sparse p = {config.keep:g}"] if "sparse" in masks else [])
@@ -154,10 +155,6 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
     fig.colorbar(mesh, ax=list(axes[0]), shrink=0.6, pad=0.02,
                  label=f"median log₁₀ E at layer {config.layers}")
     return _save(fig, stem)
-
-
-def _superscript(k: int) -> str:
-    return str(k).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
 
 
 def _label_axes(ax, norms, masks, kernels, betas, covered, *, rows_labelled: bool) -> None:

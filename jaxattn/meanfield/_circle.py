@@ -10,9 +10,9 @@ import math
 
 import equinox as eqx
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float
 
+from .._validate import check_count
 from ._grid import AbstractGrid
 
 #: Points of the fine periodic grid on which a kernel's Funk–Hecke multipliers are
@@ -36,11 +36,7 @@ class Circle(AbstractGrid):
     size: int = eqx.field(static=True)
 
     def __init__(self, modes: int):
-        if isinstance(modes, bool) or not isinstance(modes, (int, np.integer)) or not (
-                2 <= modes <= MAX_MODES):
-            raise ValueError(f"Circle(modes): `modes` must be an integer ≥ 2 and ≤ {MAX_MODES} "
-                             f"(2**16: it resolves every β's kernel), got {modes!r}.")
-        self.modes = int(modes)
+        self.modes = check_count(modes, "modes", 2, MAX_MODES)
         self.size = 2 * math.ceil((3 * self.modes + 1) / 2)
 
     @property

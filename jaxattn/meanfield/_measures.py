@@ -53,8 +53,6 @@ def density(grid: AbstractGrid, x: Float[Array, "n d"], *, smoothing: float = 0.
     for bad, message in (
         (x.ndim != 2 or x.shape[-1] != grid.dim or x.shape[0] < 1,
          f"`x` must be (n, {grid.dim}) points of S^{grid.dim - 1}, got shape {x.shape}."),
-        (not (math.isfinite(smoothing) and smoothing >= 0),
-         f"`smoothing` must be ≥ 0, got {smoothing!r}."),
         (not np.all(np.isfinite(x)) or np.any(norms == 0),
          "`x` must be finite and nonzero (points of the sphere)."),
     ):
@@ -171,14 +169,9 @@ def sample(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int, key) -> Float[
     """
     from ._circle import Circle
 
-    for bad, message in (
-        (not isinstance(grid, Circle),
-         "sample: only on a Circle (the sphere's densities are not inverted)."),
-        (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1,
-         f"`n` must be an integer ≥ 1, got {n!r}."),
-    ):
-        if bad:
-            raise ValueError(message)
+    if not isinstance(grid, Circle):
+        raise ValueError("sample: only on a Circle (the sphere's densities are not inverted).")
+    n = check_count(n, "n", 1)
     mu = check_density(grid, mu, strict=True)
     check_memory(16.0 * n * grid.modes, f"sample of n = {n} points (pass a smaller n)")
     c = grid.analysis(mu)

@@ -16,6 +16,7 @@ import scipy.special
 from jaxtyping import Array, Float
 
 from .._precision import einsum
+from .._validate import check_count
 from ._grid import AbstractGrid
 
 #: Gauss–Legendre nodes in `t = ⟨x, y⟩` for a kernel's Funk–Hecke multipliers, beyond
@@ -42,11 +43,7 @@ class Sphere(AbstractGrid):
     profile_legendre: Float[Array, "Q L1"]  # P_ℓ(t_q)
 
     def __init__(self, degree: int):
-        if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)) or not (
-                2 <= degree <= 512):
-            raise ValueError(f"Sphere(degree): `degree` must be an integer in [2, 512], "
-                             f"got {degree!r}.")
-        self.degree = L = int(degree)
+        self.degree = L = check_count(degree, "degree", 2, 512)
         x, w = np.polynomial.legendre.leggauss(math.ceil((3 * L + 2) / 2))
         theta = np.arccos(x)
         p, dp = scipy.special.sph_legendre_p_all(L, L, theta, diff_n=1)  # [ℓ, m, j]

@@ -9,15 +9,8 @@ import numpy as np
 from scipy.special import ive
 
 from .._kernel import AbstractKernel
-from .._validate import check_scalar, check_sphere
+from .._validate import check_count, check_scalar, check_sphere
 from ._kernels import check_kernel
-
-
-def _check(beta, d, mode=1):
-    if isinstance(mode, bool) or not isinstance(mode, int | np.integer) or mode < 1:
-        raise ValueError(f"`mode` must be an int ≥ 1 (the degree of a harmonic), got {mode!r}.")
-    return check_sphere(beta, d)[0]
-
 
 #: Below this `ive(ν, β)` (near float64's smallest normal number) `log I_ν(β)` is taken
 #: from Debye's expansion instead.
@@ -47,7 +40,7 @@ def log_multiplier(beta: float, d: int, mode: int, kernel: AbstractKernel) -> fl
     degree `ℓ`, with the uniform density's factor; softmax's divided by `E[e^{βt}]`),
     finite for every `β > 0`, `d`, `ℓ`: `λ_ℓ` itself over- or underflows float64 past
     `β ≈ 700` (`"usa"`) or at high degrees."""
-    beta = _check(beta, d, mode)
+    beta, mode = check_sphere(beta, d)[0], check_count(mode, "mode", 1)
     nu = d / 2 - 1
     log = math.lgamma(d / 2) + nu * math.log(2 / beta) + _log_bessel(mode + nu, beta)
     log -= math.log(beta)

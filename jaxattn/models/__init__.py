@@ -1,19 +1,12 @@
 """Real transformers in Equinox: GPT-2, GPT-Neo, BERT, ALBERT and Llama-family
 decoders, loaded from HuggingFace safetensors or gguf files without torch, run
 far past their depth (paper 001 §6.2), and viewed layer by layer in the
-simulator's terms.
+simulator's terms. A tour: docs/usage/models.md.
 
 ```python
 model = ja.models.load("path/to/folder")         # or a .gguf file, or a hub name
-model = ja.models.init("gpt2", key)              # random weights, HF's initialisation
-hs = ja.models.hidden_states(model, ids)         # (L+1, n, d), as output_hidden_states
-E = ja.models.loop(model, ids, passes=20, ffn=False)
-ids = ja.models.tokenize("path/to/folder", ["a prompt", "another"], tokens=8)
-texts = ja.models.detokenize("path/to/folder", ids)  # the tokens kept
 ids, mask = model.tokenize(["a prompt", "a longer prompt"], pad="auto", return_mask=True)
 E = ja.models.loop(model, ids, passes=20, mask=mask)  # padding kept out of the dynamics
-logits = ja.models.logits(model, ids, passes=[1, 20], mask=mask)  # (B, 2, n, V)
-model.detokenize(ja.models.predict(model, ids, passes=20))  # next tokens after 20 passes
 dyn = ja.models.attention_dynamics(model, 3)     # layer 3 as a ja.SelfAttentionDynamics
 ```
 """

@@ -5,7 +5,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
 
-from .._validate import check_flag as check_flag
 from ._arch import AbstractTransformer
 
 

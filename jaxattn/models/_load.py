@@ -241,11 +241,43 @@ def read_index(index: Path) -> dict[str, str]:
     return weight_map
 
 
-def index_readers(folder: Path) -> dict:
-    """Each tensor the index names, read from the shard it assigns (a copy in
-    another shard is never read); tensors the index does not name are not loaded."""
+def weight_file(folder: Path) -> Path:
+    """The one weight file of an unsharded folder: `model.safetensors`, or the only
+    `*.safetensors`; several others are ambiguous and refused."""
+    if (folder / "model.safetensors").is_file():
+        return folder / "model.safetensors"
+    files = sorted(folder.glob("*.safetensors"))
+    folders = [f.name for f in files if f.is_dir()]
+    if len(files) == 1 and not folders:
+        return files[0]
+    if folders:
+        error, problem = ValueError, f"{', '.join(folders)} is a folder, not a weight file"
+    elif files:
+        error, problem = ValueError, (
+            f"{len(files)} weight files ({', '.join(f.name for f in files)}) and no "
+            f"model.safetensors or {INDEX}, so which holds the model is ambiguous; keep one, "
+            "or add the index of a sharded model")
+    else:
+        other = [p.name for p in folder.iterdir()
+                 if p.suffix in (".bin", ".pt", ".h5", ".msgpack")]
+        hint = (f" (found {', '.join(other)}: jaxattn reads safetensors only — save with "
+                f"`model.save_pretrained(dir, safe_serialization=True)`)") if other else ""
+        error, problem = FileNotFoundError, f"no *.safetensors weight file{hint}"
+    raise error(f"{folder}: {problem}.")
+
+
+def weight_readers(folder: Path) -> dict:
+    """Name → (file, reader) for exactly the tensors a model folder designates: those
+    of its one weight file, or each tensor its index `model.safetensors.index.json`
+    names, read from the shard it assigns (a copy in another shard is never read)."""
     index = folder / INDEX
+    if not index.exists():
+        return safetensors_readers(weight_file(folder))
     weight_map = read_index(index)
+    if (folder / "model.safetensors").is_file() and "model.safetensors" not in weight_map.values():
+        raise ValueError(
+            f"{folder}: both {INDEX} and a model.safetensors it does not list, so which "
+            f"holds the model is ambiguous; remove one of them.")
     readers = {}
     for shard in sorted(set(weight_map.values())):
         path = folder / shard
@@ -259,41 +291,6 @@ def index_readers(folder: Path) -> dict:
             raise error(f"{path}: {problem}.")
         readers.update((name, held[name]) for name in names)
     return readers
-
-
-def weight_file(folder: Path) -> Path:
-    """The one weight file of an unsharded folder: `model.safetensors`, or the only
-    `*.safetensors`; several others are ambiguous and refused."""
-    if (folder / "model.safetensors").is_file():
-        return folder / "model.safetensors"
-    files = sorted(folder.glob("*.safetensors"))
-    folders = [f.name for f in files if f.is_dir()]
-    if len(files) == 1 and not folders:
-        return files[0]
-    if files:
-        raise ValueError(
-            f"{folder}: {', '.join(folders)} is a folder, not a weight file." if folders else
-            f"{folder}: {len(files)} weight files ({', '.join(f.name for f in files)}) and no "
-            f"model.safetensors or {INDEX}, so which holds the model is ambiguous; keep "
-            f"one, or add the index of a sharded model."
-        )
-    other = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".h5", ".msgpack")]
-    hint = (f" (found {', '.join(other)}: jaxattn reads safetensors only — save with "
-            f"`model.save_pretrained(dir, safe_serialization=True)`)") if other else ""
-    raise FileNotFoundError(f"{folder}: no *.safetensors weight file{hint}.")
-
-
-def weight_readers(folder: Path) -> dict:
-    """Name → (file, reader) for exactly the tensors a model folder designates: those
-    of its index `model.safetensors.index.json`, else of its one weight file."""
-    if (folder / INDEX).exists():
-        stray = folder / "model.safetensors"
-        if stray.is_file() and stray.name not in read_index(folder / INDEX).values():
-            raise ValueError(
-                f"{folder}: both {INDEX} and a model.safetensors it does not list, so which "
-                f"holds the model is ambiguous; remove one of them.")
-        return index_readers(folder)
-    return safetensors_readers(weight_file(folder))
 
 
 def load_folder(folder: Path) -> AbstractTransformer:

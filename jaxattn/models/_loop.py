@@ -16,14 +16,13 @@ from tqdm.auto import tqdm
 
 from .._batch import as_mesh, shard_batch, unshard
 from .._precision import Precision, check_precision
-from .._validate import check_count, surface_errors
+from .._validate import check_count, check_flag, surface_errors
 from ..metrics import misalignment
 from ._arch import FAMILIES, AbstractTransformer
 from ._arch._nn import product
 from ._checks import (
     MAX_SEGMENTS,
     check_dtype,
-    check_flag,
     check_ids,
     check_model,
     default_chunk,
@@ -160,20 +159,17 @@ def hidden_states(
     keys = check_mask(mask, ids)
     batch = check_ids(model, ids)
     B, n = batch.shape
-    if show_progress(progress, loop_flops(model, B, n, 1), model, ids) and B > 1:
-        step = math.ceil(B / min(B, MAX_SEGMENTS))
-        parts = []
-        with tqdm(total=B, unit="prompt", desc="hidden states", leave=False) as bar:
-            for lo in range(0, B, step):
-                part = _call_sharded(lambda b, k: _hidden_states(model, b, ffn, precision, k),
-                                     batch[lo:lo + step], devices,
-                                     None if keys is None else keys[lo:lo + step])
-                parts.append(jax.block_until_ready(part))
-                bar.update(part.shape[0])
-        hs = jnp.concatenate(parts)
-    else:
-        hs = _call_sharded(lambda b, k: _hidden_states(model, b, ffn, precision, k), batch,
-                           devices, keys)
+    bar = show_progress(progress, loop_flops(model, B, n, 1), model, ids) and B > 1
+    step = math.ceil(B / min(B, MAX_SEGMENTS)) if bar else B  # one group of prompts per step
+    parts = []
+    with tqdm(total=B, unit="prompt", desc="hidden states", leave=False, disable=not bar) as t:
+        for lo in range(0, B, step):
+            part = _call_sharded(lambda b, k: _hidden_states(model, b, ffn, precision, k),
+                                 batch[lo:lo + step], devices,
+                                 None if keys is None else keys[lo:lo + step])
+            parts.append(jax.block_until_ready(part) if bar else part)
+            t.update(part.shape[0])
+    hs = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
     return hs[0] if np.ndim(ids) == 1 else hs
 
 
@@ -187,19 +183,20 @@ def _metric(x):
 
 
 def _measure(observe, keys=None):
-    """The per-block measure of a batch `(B, n, d)`: `E` by default (looked up when
-    traced; of the text tokens `keys (B, n)` only, when given), else `observe` on
+    """The per-block measure of a batch `(B, n, d)`: `E` by default (`_metric`, looked up
+    when traced; of the text tokens `keys (B, n)` only, when given), else `observe` on
     each prompt."""
-    if observe is None:
-        return (lambda x: _metric(x)) if keys is None else (lambda x: _text_metric(x, keys))
-    return lambda x: jax.vmap(observe)(_wide(x))
+    if observe is not None:
+        return lambda x: jax.vmap(observe)(_wide(x))
+    if keys is None:
+        return lambda x: _metric(x)
+    return lambda x: _text_metric(x, keys)
 
 
 def _text_metric(x, keys):
     """`E` of each prompt's text tokens: the padding rows replaced by copies of token
     1 (each adds exactly 0 to the sum of `E`), the mean taken over the text tokens."""
-    x = jnp.where(keys[..., None], x, x[:, :1])
-    E = _metric(x)
+    E = _metric(jnp.where(keys[..., None], x, x[:, :1]))
     return E * (x.shape[1] / keys.sum(axis=-1).astype(E.dtype))
 
 
@@ -345,10 +342,8 @@ def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
     if weights != "trained":
         model = FAMILIES[model.config.model_type].init(model.config, key)
     ids = check_ids(model, ids)
-    if chunk is None:
-        chunk = default_chunk(ids.shape[1], devices)
-    else:
-        chunk = check_count(chunk, "chunk", 1)
+    chunk = (default_chunk(ids.shape[1], devices) if chunk is None
+             else check_count(chunk, "chunk", 1))
     options = dict(ffn=check_flag(ffn, "ffn"), weights=weights, dtype=dtype, depths=depths,
                    chunk=chunk, precision=precision, observe=observe, keys=keys)
     return LoopSetup(model, ids, key, passes, options)
@@ -464,14 +459,13 @@ def loop(
                        dtype=dtype, save_states=save_states, devices=devices, chunk=chunk,
                        precision=precision, observe=observe, mask=mask)
     B, n = setup.ids.shape
-    if show_progress(progress, loop_flops(setup.model, B, n, setup.passes), model, ids, key):
-        def run(b, k):
-            return _segmented(setup._replace(ids=b, options={**setup.options, "keys": k}),
-                              "loop")
-    else:
-        def run(b, k):
-            return loop_program(setup.model, b, setup.key, passes=setup.passes,
-                                **{**setup.options, "keys": k})
+    bar = show_progress(progress, loop_flops(setup.model, B, n, setup.passes), model, ids, key)
+
+    def run(b, k):
+        shard = setup._replace(ids=b, options={**setup.options, "keys": k})
+        if bar:
+            return _segmented(shard, "loop")
+        return loop_program(shard.model, b, shard.key, passes=shard.passes, **shard.options)
     E, states = _call_sharded(run, setup.ids, devices, setup.options["keys"])
     if by_pass:
         E = E[:, 1:].reshape((B, setup.passes, setup.model.num_layers) + E.shape[2:])
@@ -482,13 +476,12 @@ def loop(
 
 def _pass_counts(passes) -> tuple[int, ...]:
     """`logits`' `passes` as a tuple of pass counts ≥ 1, or `None` when it is not one."""
-    single = isinstance(passes, (int, np.integer)) and not isinstance(passes, (bool, np.bool_))
-    counts = [passes] if single else list(passes) if isinstance(passes, Sequence) and not (
-        isinstance(passes, str)) else None
-    if not counts or any(not isinstance(c, (int, np.integer)) or isinstance(c, (bool, np.bool_))
-                         or c < 1 for c in counts):
-        return None
-    return tuple(int(c) for c in counts)
+    many = isinstance(passes, Sequence) and not isinstance(passes, str)
+    counts = list(passes) if many else [passes]
+    if counts and all(isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_))
+                      and c >= 1 for c in counts):
+        return tuple(int(c) for c in counts)
+    return None
 
 
 @eqx.filter_jit

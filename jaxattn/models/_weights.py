@@ -81,7 +81,7 @@ def attention_dynamics(
     """
     precision = check_precision(precision)
     layer = _check_layer(model, layer)
-    attn = attention_weights(model, layer)
+    attn = model.layer_block(layer).attn
     return SelfAttentionDynamics.from_factors(
         attn.query, attn.key, value_output(attn), beta=attn.scale,
         causal=model.config.causal, window=_window(model.config, layer), precision=precision,

@@ -15,11 +15,9 @@ ja.sweep.run("runs/my-sweep/spec.toml")  # or from a TOML/JSON spec file
 The older spellings stay as aliases: `ja.sweep(...)` calls `ja.sweep.run(...)`,
 and `ja.sweep.EXPERIMENTS` is `SWEEPABLE`.
 
-Each grid point's instances run as one `jax.vmap`ped batch; instance `i` is drawn
-from seed `seed + i` exactly as `jaxattn run NAME --seed seed+i` draws it.
-`table.csv` holds one row per instance (`COLUMNS` after the grid parameters), with
-its `status`; `summary.json` counts them. The command line (`jaxattn sweep`,
-`--resume`), the columns and the statuses: see docs/usage/sweeps.md.
+Each grid point's instances run as one `jax.vmap`ped batch, instance `i` as
+`jaxattn run NAME --seed seed+i`. The command line, the table's `COLUMNS` and its
+statuses: docs/usage/sweeps.md.
 
 `ja.sweep.redraw(folder)` (`jaxattn plot DIR`) is jaxattn's one `redraw`: a sweep's
 `sweep.png` from `table.csv` (`redraw_sweep`), a run or loop folder's figures through

@@ -222,18 +222,14 @@ def theorem_test(
 
     An `AbstractTheoremTest`: `.domain(x0)`, `.limit(x0)`, `.reached(x0, x, t, tol)`.
     """
-    if theorem in ("5.2", "5.3"):
-        v1 = top_eigenvector(dyn.U(0.0)[0]) if v1 is None else v1
-        if theorem == "5.2":
-            return Theorem52Test(v1, dyn.W)
-        return Theorem53Test(v1, v1, dyn.W)
-    if theorem == "3.2":
-        return Theorem32Test(dyn)
-    if theorem == "4.1":
-        return Theorem41Test(dyn.W)
-    if theorem == "5.1":
-        return Theorem51Test(dyn.W, tol)
-    raise ValueError(f"no Theorem {theorem!r}; the theorems are 3.2, 4.1, 5.1, 5.2, 5.3.")
+    if v1 is None and theorem in ("5.2", "5.3"):
+        v1 = top_eigenvector(dyn.U(0.0)[0])
+    tests = {"3.2": lambda: Theorem32Test(dyn), "4.1": lambda: Theorem41Test(dyn.W),
+             "5.1": lambda: Theorem51Test(dyn.W, tol), "5.2": lambda: Theorem52Test(v1, dyn.W),
+             "5.3": lambda: Theorem53Test(v1, v1, dyn.W)}
+    if theorem not in tests:
+        raise ValueError(f"no Theorem {theorem!r}; the theorems are {', '.join(tests)}.")
+    return tests[theorem]()
 
 
 # --- predictions on the host, for any batch ------------------------------------------

@@ -214,8 +214,9 @@ def test_coupling_map_onto_jaxattn():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: mf.Circle(1), "integer ≥ 2"),
-    (lambda: mf.Sphere(True), "integer in [2, 512]"),
+    (lambda: mf.Circle(1), "`modes` must be a whole number ≥ 2"),
+    (lambda: mf.Sphere(True), "`degree` must be a whole number"),
+    (lambda: mf.Sphere(513), "`degree` must be a whole number in [2, 512]"),
     (lambda: mf.solve(CIRCLE, jnp.ones(3), [0.0, 1.0], beta=1.0, coupling=1.0), "shape"),
     (lambda: mf.solve(CIRCLE, mf.uniform(CIRCLE), [1.0, 0.0], beta=1.0, coupling=1.0),
      "increasing"),
@@ -226,7 +227,7 @@ def test_coupling_map_onto_jaxattn():
     (lambda: mf.free_energy(CIRCLE, mf.uniform(CIRCLE), 1.0, 1.0, "softmax"), "not the gradient"),
     (lambda: mf.sample(SPHERE, mf.uniform(SPHERE), 3, jax.random.PRNGKey(0)), "only on a Circle"),
     (lambda: mf.density(SPHERE, np.ones((4, 2))), "must be (n, 3)"),
-    (lambda: mf.growth_rate(1.0, 1.0, 3, mode=0), "`mode` must be an int ≥ 1"),
+    (lambda: mf.growth_rate(1.0, 1.0, 3, mode=0), "`mode` must be a whole number ≥ 1"),
 ])
 def test_bad_input_is_one_clear_error(call, message):
     with pytest.raises(ValueError, match=None) as info:

@@ -17,11 +17,9 @@ from ..._blocks import DEFAULT_BLOCK, block_spec, blocked_attention, blocks_need
 from ..._precision import Precision
 
 #: Bytes of one layer's `(h, n, n)` float32 scores above which `Attention` takes key
-#: blocks (`jaxattn._blocks`, the simulator's own) instead of dense scores, off the
-#: cuDNN path: 1 MiB, n > 170 for SmolLM2's 9 heads. Past it the blocks are faster on
-#: the CPU and their advantage grows with n, as the dense scores grow as n²
-#: (BENCHMARKS.md, "Measured claims behind design choices"). Below it the dense path
-#: keeps HuggingFace's rounding and forward-mode autodiff.
+#: blocks (`jaxattn._blocks`) off the cuDNN path: 1 MiB, n > 170 for SmolLM2's 9 heads,
+#: where the blocks get faster (BENCHMARKS.md, "Measured claims behind design choices").
+#: Below it the dense path keeps HuggingFace's rounding and forward-mode autodiff.
 DENSE_LIMIT = 2**20
 
 #: HuggingFace's activation names (a config's `activation_function` / `hidden_act`).
@@ -208,8 +206,7 @@ class Attention(eqx.Module):
         elif self.blocked(n, x.dtype):
             o = self._blocked_mix(q, k, v, mask, window, causal, precision)
         else:
-            o = self._mix(q, k, v, dense_mask(n, causal, with_window(mask, window, n)),
-                          precision)
+            o = self._mix(q, k, v, dense_mask(n, causal, mask, window), precision)
         y = product("ihk,dhk->id", o, self.output, x.dtype, precision).astype(x.dtype)
         return y if self.output_bias is None else y + self.output_bias[None].astype(x.dtype)
 
@@ -291,14 +288,6 @@ def apply_rotary(x: Float[Array, "h n k"], cos: Array, sin: Array) -> Float[Arra
     return x * cos[None].astype(x.dtype) + rotated * sin[None].astype(x.dtype)
 
 
-def causal_mask(n: int, window: Array | int | None = None) -> Bool[Array, "n n"]:
-    """`j ≤ i` (and `i − j < window` when a window is given)."""
-    i = jnp.arange(n)[:, None]
-    j = jnp.arange(n)[None, :]
-    mask = j <= i
-    return mask if window is None else mask & (i - j < window)
-
-
 class Window(eqx.Module):
     """A sliding window by index: query `i` sees key `j` only when `i − j < size`,
     in the layers where `on` (GPT-Neo's `local` layers; a traced flag, as the layer
@@ -319,22 +308,14 @@ class Window(eqx.Module):
         return i - j < jnp.where(self.on, self.size, n)
 
 
-def with_window(mask: Bool[Array, "n n"] | None, window: Window | None,
-                n: int) -> Bool[Array, "n n"] | None:
-    """`mask` and `window` as one dense mask (`None`: neither restricts)."""
-    if window is None:
-        return mask
-    return window.mask(n) if mask is None else mask & window.mask(n)
-
-
-def full_mask(n: int) -> Bool[Array, "n n"]:
-    return jnp.ones((n, n), dtype=bool)
-
-
-def dense_mask(n: int, causal: bool, mask: Bool[Array, "n n"] | None) -> Bool[Array, "n n"]:
-    """`mask` (default: all pairs), restricted to `j ≤ i` when `causal`."""
-    base = causal_mask(n) if causal else full_mask(n)
-    return base if mask is None else base & mask
+def dense_mask(n: int, causal: bool, mask: Bool[Array, "n n"] | None,
+               window: Window | None = None) -> Bool[Array, "n n"]:
+    """`mask` (default: all pairs), restricted to `j ≤ i` when `causal` and to the
+    keys of `window` when given."""
+    base = jnp.ones((n, n), bool)
+    base = jnp.tril(base) if causal else base
+    base = base if mask is None else base & mask
+    return base if window is None else base & window.mask(n)
 
 
 #: Compute dtypes whose attention runs as cuDNN's fused kernel on an NVIDIA GPU.
@@ -456,10 +437,8 @@ class PreNormBlock(eqx.Module):
         return x + self.mlp(self.ln_2(x), precision=precision) if ffn else x
 
     def attention_probabilities(self, x: Float[Array, "n d"], mask, rotary=None, *,
-                                precision: Precision = "float32",
-                                causal: bool = False) -> Float[Array, "h n n"]:
-        return self.attn.probabilities(self.ln_1(x), mask, rotary, precision=precision,
-                                       causal=causal)
+                                precision: Precision = "float32") -> Float[Array, "h n n"]:
+        return self.attn.probabilities(self.ln_1(x), mask, rotary, precision=precision)
 
 
 class PostNormBlock(eqx.Module):
@@ -482,6 +461,5 @@ class PostNormBlock(eqx.Module):
         return self.ln_out(x + self.mlp(x, precision=precision)) if ffn else x
 
     def attention_probabilities(self, x: Float[Array, "n d"], mask, rotary=None, *,
-                                precision: Precision = "float32",
-                                causal: bool = False) -> Float[Array, "h n n"]:
-        return self.attn.probabilities(x, mask, precision=precision, causal=causal)
+                                precision: Precision = "float32") -> Float[Array, "h n n"]:
+        return self.attn.probabilities(x, mask, precision=precision)

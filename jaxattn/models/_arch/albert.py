@@ -6,17 +6,11 @@ import jax
 from jaxtyping import Array, Float, Int
 
 from ._nn import MLP, LayerNorm, Linear, PostNormBlock
-from .base import AbstractTransformer, TransformerConfig, reject, stack
-from .bert import (
-    encoder_config,
-    init_embeddings,
-    init_encoder_block,
-    load_attention,
-    load_embeddings,
-)
+from .base import TransformerConfig, reject, stack
+from .bert import AbstractEncoder, encoder_config, init_embeddings, load_attention, load_embeddings
 
 
-class Albert(AbstractTransformer):
+class Albert(AbstractEncoder):
     """ALBERT (`model_type: albert`): base, large, xlarge, xxlarge (v1 and v2).
 
     `blocks` holds one block (slot 0) that all `num_hidden_layers` layers apply.
@@ -35,9 +29,7 @@ class Albert(AbstractTransformer):
     hf_classes = ("AlbertModel", "AlbertForMaskedLM", "AlbertForMultipleChoice",
                   "AlbertForPreTraining", "AlbertForQuestionAnswering",
                   "AlbertForSequenceClassification", "AlbertForTokenClassification")
-    probe = "embeddings.word_embeddings.weight"
     prefix = "albert."
-    bounded_positions = True
 
     @property
     def slots(self) -> tuple[int, ...]:
@@ -48,11 +40,7 @@ class Albert(AbstractTransformer):
         return 1
 
     def embed(self, ids: Int[Array, " n"], *, precision="float32") -> Float[Array, "n d"]:
-        x = self.word[ids] + self.segment[0][None] + self.position[: ids.shape[0]]
-        return self.project(self.ln_embed(x), precision=precision)
-
-    def final_norm(self, x):
-        return x
+        return self.project(self.embeddings(ids), precision=precision)
 
     @classmethod
     def config_from_hf(cls, hf) -> TransformerConfig:
@@ -61,10 +49,6 @@ class Albert(AbstractTransformer):
         hf = {"vocab_size": 30000, "hidden_size": 4096, "num_attention_heads": 64,
               "intermediate_size": 16384, "hidden_act": "gelu_new", **hf}
         return encoder_config(hf, "albert", embedding_size=hf.get("embedding_size", 128))
-
-    @classmethod
-    def init_block(cls, cfg, key):
-        return init_encoder_block(cfg, key)
 
     @classmethod
     def init(cls, cfg, key):

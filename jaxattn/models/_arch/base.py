@@ -223,15 +223,9 @@ class AbstractTransformer(eqx.Module):
         """`layer`'s sliding window by index (GPT-Neo's local layers), or `None`."""
         return None
 
-    def window_mask(self, n: int, layer: Int[Array, ""]) -> Bool[Array, "n n"] | None:
-        """What `layer` restricts attention to beyond causality (GPT-Neo's local
-        window) as a dense mask, or `None`: nothing."""
-        window = self.window(layer)
-        return None if window is None else window.mask(n)
-
     def mask(self, n: int, layer: Int[Array, ""]) -> Bool[Array, "n n"]:
         """The attention mask of `layer` (which tokens each token may attend to)."""
-        return dense_mask(n, self.config.causal, self.window_mask(n, layer))
+        return dense_mask(n, self.config.causal, None, self.window(layer))
 
     def apply_block(
         self, block, x: Float[Array, "n d"], layer: Int[Array, ""], ctx, *, ffn: bool = True,
@@ -253,8 +247,8 @@ class AbstractTransformer(eqx.Module):
     ) -> Float[Array, "h n n"]:
         """The attention probabilities of one block on its input `x` (one sequence),
         per head: HuggingFace's `output_attentions`."""
-        return block.attention_probabilities(x, self.window_mask(x.shape[0], layer), ctx,
-                                             precision=precision, causal=self.config.causal)
+        return block.attention_probabilities(x, self.mask(x.shape[0], layer), ctx,
+                                             precision=precision)
 
     def layer_block(self, layer: int) -> eqx.Module:
         """The block (weights) used by `layer`, unstacked."""
@@ -263,16 +257,7 @@ class AbstractTransformer(eqx.Module):
 
 
 def stack(blocks: Iterable) -> Any:
-    """Blocks of one structure stacked along a new leading (layer) axis, as JAX
-    arrays. The leaves are stacked by NumPy first: weights read from files stay on
-    the host until the one transfer of each stacked array.
-
-    **Arguments:**
-
-    - `blocks`: the block of each layer (or slot), in order.
-
-    **Returns:**
-
-    One block whose arrays carry the leading layer axis.
-    """
+    """The block of each layer (or slot), in order, as one block whose arrays carry a
+    leading layer axis. Stacked by NumPy first: weights read from files stay on the
+    host until the one transfer of each stacked array."""
     return jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs)), *blocks)

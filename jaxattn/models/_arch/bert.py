@@ -26,16 +26,6 @@ def encoder_config(hf: dict, model_type: str, **extra) -> TransformerConfig:
     ))
 
 
-def init_encoder_block(cfg: TransformerConfig, key) -> PostNormBlock:
-    d, std = cfg.hidden_size, cfg.initializer_range
-    ka, kf, kp = jax.random.split(key, 3)
-    attn = Attention.init(ka, d, cfg.num_heads, cfg.num_heads, cfg.dim_head, std, True, cfg.scale)
-    mlp = MLP(Linear.init(kf, d, cfg.intermediate_size, std),
-              Linear.init(kp, cfg.intermediate_size, d, std), cfg.activation)
-    ln = LayerNorm.init(d, cfg.norm_eps)
-    return PostNormBlock(attn, ln, mlp, ln)
-
-
 def init_embeddings(cfg: TransformerConfig, key, width: int):
     """Word, position and segment tables (`N(0, std²)`, padding row zeroed, as HF does)."""
     kw, kp, kt = jax.random.split(key, 3)
@@ -64,12 +54,41 @@ def load_attention(cfg: TransformerConfig, src, names: dict[str, str]) -> Attent
                      bias_heads(v.bias, h), o.bias, cfg.scale)
 
 
-class Bert(AbstractTransformer):
-    """BERT (`model_type: bert`): base, large, and checkpoints such as all-MiniLM-L6-v2.
+class AbstractEncoder(AbstractTransformer):
+    """What BERT and ALBERT share: word + position + segment embeddings (segment ids
+    all 0, HuggingFace's default) through a LayerNorm, post-norm blocks with
+    HuggingFace's initialisation, and no final norm (the last block ends with its
+    own LayerNorm)."""
 
-    Segment ids are all 0 (HuggingFace's default). There is no final norm: the
-    last block ends with its own LayerNorm.
-    """
+    word: eqx.AbstractVar[Float[Array, "V e"]]
+    position: eqx.AbstractVar[Float[Array, "P e"]]
+    segment: eqx.AbstractVar[Float[Array, "T e"]]
+    ln_embed: eqx.AbstractVar[LayerNorm]
+
+    probe = "embeddings.word_embeddings.weight"
+    bounded_positions = True
+
+    def embeddings(self, ids: Int[Array, " n"]) -> Float[Array, "n e"]:
+        """The normalised sum of the word, segment and position embeddings."""
+        return self.ln_embed(self.word[ids] + self.segment[0][None] + self.position[: ids.shape[0]])
+
+    def final_norm(self, x):
+        return x
+
+    @classmethod
+    def init_block(cls, cfg, key):
+        d, std = cfg.hidden_size, cfg.initializer_range
+        ka, kf, kp = jax.random.split(key, 3)
+        attn = Attention.init(ka, d, cfg.num_heads, cfg.num_heads, cfg.dim_head, std, True,
+                              cfg.scale)
+        mlp = MLP(Linear.init(kf, d, cfg.intermediate_size, std),
+                  Linear.init(kp, cfg.intermediate_size, d, std), cfg.activation)
+        ln = LayerNorm.init(d, cfg.norm_eps)
+        return PostNormBlock(attn, ln, mlp, ln)
+
+
+class Bert(AbstractEncoder):
+    """BERT (`model_type: bert`): base, large, and checkpoints such as all-MiniLM-L6-v2."""
 
     config: TransformerConfig = eqx.field(static=True)
     word: Float[Array, "V d"]
@@ -83,24 +102,14 @@ class Bert(AbstractTransformer):
                   "BertForNextSentencePrediction", "BertForPreTraining",
                   "BertForQuestionAnswering", "BertForSequenceClassification",
                   "BertForTokenClassification", "BertLMHeadModel")
-    probe = "embeddings.word_embeddings.weight"
     prefix = "bert."
-    bounded_positions = True
 
     def embed(self, ids: Int[Array, " n"], *, precision="float32") -> Float[Array, "n d"]:
-        x = self.word[ids] + self.segment[0][None] + self.position[: ids.shape[0]]
-        return self.ln_embed(x)
-
-    def final_norm(self, x):
-        return x
+        return self.embeddings(ids)
 
     @classmethod
     def config_from_hf(cls, hf):
         return encoder_config(hf, "bert")
-
-    @classmethod
-    def init_block(cls, cfg, key):
-        return init_encoder_block(cfg, key)
 
     @classmethod
     def init(cls, cfg, key):

@@ -40,12 +40,9 @@ class Llama(AbstractTransformer):
     `architectures` are checked; fields of the output head, dropout and
     generation do not change the hidden states and are not read.
 
-    The next-token head (`ja.models.logits`) is, as in HuggingFace, the checkpoint's
-    own `lm_head.weight` (llama.cpp's `output.weight`) when it has one, else the token
-    embedding if `tie_word_embeddings` is true (SmolLM2; a gguf without
-    `output.weight`). An untied checkpoint without its head loads (the hidden states
-    do not use it), and `logits` refuses it by name: HuggingFace would draw a random
-    head.
+    The next-token head (`ja.models.logits`) is the checkpoint's `lm_head.weight`
+    (llama.cpp's `output.weight`), else the tied token embedding: docs/usage/models.md,
+    "Logits after k passes".
     """
 
     config: TransformerConfig = eqx.field(static=True)

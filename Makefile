@@ -43,7 +43,7 @@ run: $(RUN_STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --durations=15
+	$(PY) -m pytest -m "not slow" -q -rs -n $(TEST_WORKERS) --durations=15
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow -q -n $(TEST_WORKERS) --durations=25

@@ -130,7 +130,7 @@ def _gallery_page(name: str, entry, experiment, index: int) -> str:
         _generated[f"examples/figures/{name}-{k}.png"] = (cached / figure).read_bytes()
         lines += [f"![{entry.title}](figures/{name}-{k}.png)", ""]
     lines += ["Its verdict, from the saved data (`summary.json` of a run holds the same):",
-              "", "```text", ("ok: " if drawn["ok"] else "NOT ok: ") + drawn["line"], "```", ""]
+              "", "```text", _verdict_word(name, drawn["ok"]) + drawn["line"], "```", ""]
     full = ROOT / "docs" / "figures" / f"{name.replace('-', '_')}.png"
     if full.exists():
         lines += ["## At full size", "",
@@ -340,3 +340,8 @@ def on_files(files, config):
             files.remove(files.get_file_from_path(path))
         files.append(File.generated(config, path, content=content))
     return files
+
+
+def _verdict_word(name: str, ok: bool) -> str:
+    """"ok: "/"NOT ok: " before a saved run's verdict; nothing for a run too small to judge."""
+    return "" if name in gallery.NO_NUMBERS else "ok: " if ok else "NOT ok: "

@@ -24,10 +24,10 @@ starts 2 processes on localhost, each with 2 CPU devices
 
 import argparse
 import os
-import socket
-import subprocess
 import sys
 import time
+
+from jaxattn._distributed import gather, initialize, launch_argv, launch_local
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -86,14 +86,10 @@ def simulate(args, devices):
 def worker(args) -> None:
     import jax
 
-    if os.environ.get("JAX_PLATFORMS") == "cpu":
-        # Cross-process collectives on CPU (gloo is already the default in
-        # recent JAX; older versions need this line).
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    # gloo between CPU processes, a one-line error for a coordinator out of reach
+    initialize(args.coordinator, args.num_processes, args.process_id)
 
     import numpy as np
-    from jax.experimental import multihost_utils
     from jax.sharding import Mesh
 
     import jaxattn as ja
@@ -105,7 +101,7 @@ def worker(args) -> None:
     start = time.perf_counter()
     xs = simulate(args, mesh)
     # A global array: every process must take part in gathering it.
-    xs = multihost_utils.process_allgather(xs, tiled=True)
+    xs = gather(xs)
     seconds = time.perf_counter() - start
     if me == 0:
         E = np.asarray(ja.misalignment(xs[:, -1]))
@@ -119,45 +115,14 @@ def worker(args) -> None:
     jax.distributed.shutdown()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def launch_local(args, argv) -> int:
-    """Start `args.launch_local` workers on localhost; if one fails, stop the rest."""
-    n = args.launch_local
-    if n < 1:
-        raise SystemExit(f"--launch-local must be ≥ 1, got {n}.")
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={args.devices_per_process}")
-    i = next(k for k, a in enumerate(argv) if a.startswith("--launch-local"))
-    rest = argv[:i] + argv[i + (1 if "=" in argv[i] else 2):]
-    common = [sys.executable, os.path.abspath(__file__), *rest,
-              "--coordinator", f"localhost:{free_port()}", "--num-processes", str(n)]
-    procs = [subprocess.Popen([*common, "--process-id", str(k)], env=env) for k in range(n)]
-    try:
-        while any(p.poll() is None for p in procs):
-            if any(p.returncode for p in procs):
-                break  # the others would wait for it forever
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    failed = [k for k, p in enumerate(procs) if p.returncode]
-    if failed:
-        print(f"process(es) {failed} failed", file=sys.stderr)
-    return 1 if failed else 0
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.launch_local is not None:
-        return launch_local(args, argv)
+        if args.launch_local < 1:
+            raise SystemExit(f"--launch-local must be ≥ 1, got {args.launch_local}.")
+        return launch_local([sys.executable, os.path.abspath(__file__), *launch_argv(argv)],
+                            args.launch_local, devices_per_process=args.devices_per_process)
     worker(args)
     return 0
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from . import spectral as spectral
     from . import theory as theory
     from ._artifacts.animate import animate as animate  # a movie (above the library: matplotlib)
+    from ._cache import enable_cache as enable_cache
     from ._determinism import deterministic_xla_flags as deterministic_xla_flags
     from ._dynamics import SelfAttentionDynamics as SelfAttentionDynamics
     from ._dynamics import random_dynamics as random_dynamics

@@ -58,6 +58,28 @@ def shard_batch(x: Array, mesh: Mesh, batch_ndim: int) -> tuple[Array, int]:
     return jax.device_put(flat, NamedSharding(mesh, spec)), size
 
 
+def map_blocks(fn: Callable, xs, mesh: Mesh | None = None, shared=()):
+    """`jax.lax.map`: `fn(block, *shared)` over the leading (block) axis of `xs`'s
+    leaves, one block after another, each block the same program. With `mesh`, the
+    blocks are split over its devices (`shard_map`; their number a multiple of the
+    devices'): each device maps its own, so that a block's numbers do not depend on
+    how many devices, or processes, share the batch. Called inside `jit`."""
+    if mesh is None:
+        return jax.lax.map(lambda x: fn(x, *shared), xs)
+    split, whole = PartitionSpec(mesh.axis_names[0]), PartitionSpec()
+    # check_vma=False: the value checks inside (`eqx.error_if`'s `cond`) are typed
+    # for one device
+    return jax.shard_map(lambda x, s: jax.lax.map(lambda b: fn(b, *s), x), mesh=mesh,
+                         in_specs=(split, whole), out_specs=split,
+                         check_vma=False)(xs, tuple(shared))
+
+
+def replicate(tree, mesh: Mesh):
+    """Every leaf of `tree` whole on every device of `mesh` (of every process: each
+    process holds the same values), as the input of a program over `mesh`."""
+    return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+
+
 def unshard(out, size: int, batch_shape: tuple[int, ...]):
     """Drop the padding and restore the batch shape on every output leaf."""
     return jax.tree.map(lambda a: a[:size].reshape(batch_shape + a.shape[1:]), out)

@@ -85,13 +85,18 @@ def solve_flow(
     shard: str = "batch",
     noise: AbstractNoise | None = None,
     key=None,
+    progress: bool = False,
 ) -> Float[Array, "*batch T n d"] | FlowResult | FlowSolution:
     """Integrate the continuous attention flow (paper 001 eq. 6) with diffrax.
 
     `dx_i/dt = v_i(t, x) − ⟨x_i, v_i(t, x)⟩_W x_i` from `t = ts[0]`, saving at
     each time of `ts`. Tokens are kept on `E_W` by `ManifoldSolver` (a retraction
     after every step; see its docstring for why). Leading axes of `x0` are a
-    batch, solved as one vmapped program (each sample with its own steps).
+    batch, solved as one vmapped program (each sample with its own steps). Concrete
+    inputs are checked on the host and solved by diffeqsolve's loop without its
+    in-program checks (host callbacks, which JAX's persistent cache refuses): the same
+    steps and tokens; `event=`, `noise=`, `progress=True`, implicit solvers and other
+    step-size controllers keep diffrax's solve (`docs/usage/strategies.md`).
 
     **Arguments:**
 
@@ -143,6 +148,9 @@ def solve_flow(
       general path (`docs/noise.md`).
     - `key`: the noise's JAX key (required with `noise`): one system uses it as is,
       system `b` of a batch (flattened, models first) `jax.random.split(key, B)[b]`.
+    - `progress`: show a progress bar over `[ts[0], ts[-1]]` (`diffrax.TqdmProgressMeter`;
+      default `False`). It is a host callback in the program, so JAX's persistent cache
+      does not keep that program: a run without the bar compiles its own.
 
     **Returns:**
 
@@ -150,7 +158,7 @@ def solve_flow(
     a `FlowSolution` when `solution=True`.
     """
     throw, on_manifold = check_flag(throw, "throw"), check_flag(on_manifold, "on_manifold")
-    solution = check_flag(solution, "solution")
+    solution, progress = check_flag(solution, "solution"), check_flag(progress, "progress")
     dyn, x0, unflatten, one, shard, noise, keys = check_run(dyn, x0, devices, shard, noise, key)
     member = as_strategy(strategy)
     fused = member is not None and member.fused
@@ -194,7 +202,7 @@ def solve_flow(
                                  controller=options[2], shard=shard)
     return unflatten(member.solve_flow(
         dyn, x0, options, adjoint=adjoint, throw=throw, on_manifold=on_manifold,
-        event=event, devices=devices, shard=shard, noise=noise, keys=keys))
+        event=event, devices=devices, shard=shard, noise=noise, keys=keys, progress=progress))
 
 
 #: Constant steps of a noisy `solve_flow` over `[ts[0], ts[-1]]` when `dt0` is not given:

@@ -133,7 +133,10 @@ def known_nonfinite(x: Array) -> bool:
     if not is_concrete(x):
         return False
     with jax.ensure_compile_time_eval():
-        return not bool(jnp.all(jnp.isfinite(x)))
+        return not bool(_all_finite(x))
+
+
+_all_finite = jax.jit(lambda x: jnp.all(jnp.isfinite(x)))  # one program, not two
 
 
 def check_count(value, name: str, minimum: int = 0, maximum: int | None = None) -> int:
@@ -375,7 +378,7 @@ def raise_unless(ok, message: str) -> None:
     """After a sharded run: raise `message` as a `SimulationError` (what a check
     inside `jit` surfaces as, see `surface_errors`) unless every entry of `ok` is
     true."""
-    if not bool(jnp.all(ok)):
+    if not np.all(jax.device_get(ok)):  # on the host: no program for a check
         raise SimulationError(short_message(message))
 
 

@@ -14,14 +14,16 @@ from pathlib import Path
 import numpy as np
 
 from .._files import umask
-from .trajectories import superscript
+from .figures import above_floor, mark_floor, resolution
+from .trajectories import tokens_title
 
 #: Seconds of movie per frame at the default frame rate.
 FPS = 20
 #: The most frames a movie gets by default (the trajectory's saves are thinned to it).
 MAX_FRAMES = 200
-#: Above this many tokens a 3-D trajectory is drawn as a density (Lambert maps).
-DENSITY_ABOVE = 2000
+#: Above this many tokens a trajectory is drawn as a density: Lambert maps on S² (and
+#: the ball), a ring on S¹ (whose circumference holds about 250 of the frame's dots).
+DENSITY_ABOVE = {3: 2000, 2: 200}
 #: The colours of a GIF's one palette (fewer compress better; the sphere's shading
 #: needs a few dozen).
 GIF_COLORS = 64
@@ -32,7 +34,7 @@ _LIGHT = np.array([-0.45, 0.55, 0.70]) / np.linalg.norm([-0.45, 0.55, 0.70])
 def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool = False,
             fps: int = FPS, frames: int | None = MAX_FRAMES, trail: int = 8,
             spin: float = 60.0, elevation: float | None = None, dpi: int = 100,
-            density_above: int = DENSITY_ABOVE, progress: bool = True) -> Path:
+            density_above: int | None = None, progress: bool = True) -> Path:
     """Write a movie of a token trajectory.
 
     **Arguments:**
@@ -40,7 +42,7 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
     - `xs`: the tokens, `(T, n, d)` with `d ≥ 2` (a `solve_flow` or `run_layers`
       result saved at `T` times).
     - `path`: the movie, `.mp4` (H.264 through `imageio-ffmpeg`) or `.gif` (Pillow).
-    - `ts`: the `T` times (default: `0, 1, …`, read as layers).
+    - `ts`: the `T` times (default: `0, 1, …`, labelled as steps `step k`).
     - `E`: the misalignment at the `T` times (default: `ja.misalignment(xs)`).
     - `title`: a line over the picture.
     - `layers`: label the frames by layer (`layer k`) instead of time.
@@ -51,7 +53,9 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
       viewer's height above the equator, in degrees (default: facing the tokens'
       mean direction, within ±70°).
     - `dpi`: pixels per inch of the 6.4 × 7.2 in frame (100 → 640 × 720).
-    - `density_above`: more tokens than this (on S²) are drawn as a density.
+    - `density_above`: more tokens than this are drawn as a density (default: 200
+      on S¹, as a ring with the order parameter `|mean x|` under it; 2,000 on S²
+      and above, as Lambert maps).
     - `progress`: a progress bar on stderr.
 
     **Returns:**
@@ -59,8 +63,8 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
     `path`, written whole or not at all.
     """
     path = Path(path)
-    layers = layers or ts is None
-    xs, ts, E = trajectory_arrays(xs, ts, E, per="frame")
+    unit = frame_unit(ts, layers)
+    xs, ts, E, dtype = trajectory_arrays(xs, ts, E, per="frame")
     counts = (("fps", fps, 1), ("trail", trail, 0), ("dpi", dpi, 20),
               ("frames", 1 if frames is None else frames, 1))
     checks = [(path.suffix.lower() not in (".mp4", ".gif"),
@@ -74,7 +78,7 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
         if bad:
             raise ValueError(message)
     picks = _picks(len(xs), frames)
-    scene = Scene(xs, ts, E, title=title, layers=layers, trail=trail, spin=spin,
+    scene = Scene(xs, ts, E, dtype, title=title, unit=unit, trail=trail, spin=spin,
                   elevation=elevation, dpi=dpi, density_above=density_above)
     images = scene.frames(picks, progress=progress)
     return _encode(images, path, fps, scene.size, scene.colors)
@@ -82,9 +86,11 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
 
 def trajectory_arrays(xs, ts=None, E=None, *, per: str = "frame"):
     """`xs (T, n, d)` (`d ≥ 2`, finite), its `T` times (default `0, 1, …`) and its
-    misalignment (default `ja.misalignment(xs)`) as float64 arrays: the one check of
-    a trajectory to draw (`ja.animate`, `jaxattn view`); a `ValueError` names the
-    first mistake (`per`: what one save is called in it)."""
+    misalignment (default `ja.misalignment(xs)`) as float64 arrays, and the coarser
+    float dtype of the tokens and `E` (below its `resolution` `E` is rounding noise):
+    the one check of a trajectory to draw (`ja.animate`, `jaxattn view`); a
+    `ValueError` names the first mistake (`per`: what one save is called in it)."""
+    given = [np.asarray(a).dtype for a in (xs, E) if a is not None]
     xs = np.asarray(xs, dtype=np.float64)
     T = len(xs) if xs.ndim else 0
     ts, E = (None if a is None else np.asarray(a, np.float64) for a in (ts, E))
@@ -100,9 +106,18 @@ def trajectory_arrays(xs, ts=None, E=None, *, per: str = "frame"):
     if E is None:
         from ..metrics import misalignment
 
-        E = np.asarray(misalignment(xs), np.float64)
+        E = misalignment(xs)
+        given.append(E.dtype)
+        E = np.asarray(E, np.float64)
     ts = np.arange(T, dtype=np.float64) if ts is None else ts
-    return xs, ts, E
+    floats = [t for t in given if np.issubdtype(t, np.floating)] or [np.dtype(np.float64)]
+    return xs, ts, E, max(floats, key=lambda t: np.finfo(t).eps)
+
+
+def frame_unit(ts, layers: bool) -> str:
+    """What a save is labelled by: `layer` (asked for), `step` (no times given: the
+    saves' index) or `t` (flow time)."""
+    return "layer" if layers else ("step" if ts is None else "t")
 
 
 def unit_ball(xs: np.ndarray) -> tuple[np.ndarray, str]:
@@ -198,15 +213,17 @@ def shaded_disk(pixels: int = 400) -> np.ndarray:
 
 
 class Scene:
-    """One reused figure: the picture (sphere, circle, ball or density maps), the
-    E(t) panel under it and the frame's label; `frames` yields RGB arrays."""
+    """One reused figure: the picture (sphere, circle, ball, ring or density maps),
+    the E(t) panel under it and the frame's label; `frames` yields RGB arrays."""
 
-    def __init__(self, xs, ts, E, *, title, layers, trail, spin, elevation, dpi,
+    def __init__(self, xs, ts, E, dtype, *, title, unit, trail, spin, elevation, dpi,
                  density_above):
         from .figures import pyplot
 
         self.plt = pyplot()
-        self.ts, self.E, self.layers, self.trail = ts, E, layers, trail
+        self.ts, self.E, self.unit, self.trail = ts, E, unit, trail
+        self.dtype, self.floor = np.dtype(dtype), resolution(dtype)
+        title = title or tokens_title(xs)
         self.spin, self.elevation = spin, 20.0 if elevation is None else elevation
         n, d = xs.shape[1:]
         self.xs, self.note = unit_ball(xs)
@@ -215,14 +232,15 @@ class Scene:
             azimuth, height = facing(self.xs)
             self.azimuth = azimuth - spin / 2
             self.elevation = height if elevation is None else elevation
-        self.mode = "circle" if d == 2 else ("density" if n > density_above else "sphere")
+        many = n > (density_above or DENSITY_ABOVE[min(d, 3)])
+        self.mode = ("ring" if many else "circle") if d == 2 else (
+            "density" if many else "sphere")
         self.fig = self.plt.figure(figsize=(6.4, 7.2), dpi=dpi)
         self.size = tuple(int(round(v)) for v in self.fig.get_size_inches() * dpi)
         self.fig.patch.set_facecolor("white")
         self.ax = self.fig.add_axes([0.04, 0.30, 0.92, 0.62])
         self.ax_e = self.fig.add_axes([0.14, 0.06, 0.80, 0.17])
-        self.fig.text(0.5, 0.975, title or f"{n} tokens in R{superscript(d)}", ha="center",
-                      va="top", fontsize=11)
+        self.fig.text(0.5, 0.975, title, ha="center", va="top", fontsize=11)
         self.label = self.fig.text(0.5, 0.935, "", ha="center", va="top", fontsize=10,
                                    family="monospace")
         if self.note:
@@ -274,6 +292,34 @@ class Scene:
         ax.add_patch(self.plt.Circle((0, 0), 1, fill=False, color="0.5", lw=1.2, zorder=1))
         self._tokens(ax)
 
+    def _setup_ring(self):
+        from matplotlib.collections import LineCollection
+        from matplotlib.colors import LogNorm
+
+        ax = self._blank(1.3)
+        n = self.xs.shape[1]
+        # about 8 tokens an arc for the uniform measure, as the sphere's maps
+        self.bins = int(np.clip(n / 8, 36, 360))
+        edges = np.linspace(-np.pi, np.pi, self.bins + 1)
+        arcs = [np.stack([np.cos(a), np.sin(a)], -1)
+                for a in np.linspace(edges[:-1], edges[1:], 4).T]
+        cmap = self.plt.get_cmap("magma_r").with_extremes(bad="white")
+        self.ring = LineCollection(arcs, linewidths=14, cmap=cmap, norm=LogNorm(0.1, 100),
+                                   capstyle="butt", zorder=2)
+        self.ring.set_array(np.ma.masked_all(self.bins))
+        ax.add_collection(self.ring)
+        # the empty band under the arcs (drawn with the arcs' width, in points)
+        ax.add_patch(self.plt.Circle((0, 0), 1, fill=False, color="0.93", lw=16, zorder=1))
+        (self.arrow,) = ax.plot([], [], color="0.2", lw=1.6, marker="o", markevery=[1],
+                                ms=5, zorder=3)
+        self.order = ax.text(0, -1.2, "", ha="center", va="top", fontsize=9)
+        ax.text(0, 1.2, "the tokens' density on the circle (grey: none); "
+                "arrow: their mean", ha="center", fontsize=8, color="0.3")
+        bar = self.fig.colorbar(self.ring, ax=ax, orientation="horizontal", fraction=0.04,
+                                pad=0.02, shrink=0.5)
+        bar.set_label("density / uniform density", fontsize=8)
+        bar.ax.tick_params(labelsize=7)
+
     def _setup_density(self):
         from matplotlib.colors import LogNorm
 
@@ -300,16 +346,23 @@ class Scene:
         bar.ax.tick_params(labelsize=7)
 
     def _setup_energy(self):
-        ax, ts, E = self.ax_e, self.ts, self.E
+        # E ends where it reaches the resolution of its dtype: below, rounding noise
+        ax, ts = self.ax_e, self.ts
+        E, cut = above_floor(self.E, self.floor)
+        self.shown = E
         positive = E[E > 0]
         ax.plot(ts, E, color="0.25", lw=1.2)
-        if positive.size and positive.max() / positive.min() > 100:
+        if cut:
+            mark_floor(ax, self.floor, self.dtype)
+            ax.legend(fontsize=7, loc="upper right", frameon=False)
+        low = min(positive.min(), self.floor) if cut and positive.size else None
+        if positive.size and (cut or positive.max() / positive.min() > 100):
             ax.set_yscale("log")
-            ax.set_ylim(positive.min() / 2, positive.max() * 2)
+            ax.set_ylim((low or positive.min()) / 2, positive.max() * 2)
         ax.set_xlim(ts[0], ts[-1] if ts[-1] > ts[0] else ts[0] + 1)
         if len(ts) > 2 and ts[0] >= 0 and ts[1] > 0 and ts[-1] / ts[1] > 1e3:  # a log grid
             ax.set_xscale("symlog", linthresh=float(ts[1]))
-        ax.set_xlabel("layer" if self.layers else "t")
+        ax.set_xlabel(self.unit)
         ax.set_ylabel("E(t)")
         (self.marker,) = ax.plot([], [], "o", color="tab:red", ms=6, zorder=5)
         self.cursor = ax.axvline(ts[0], color="tab:red", lw=0.8, alpha=0.6)
@@ -334,6 +387,15 @@ class Scene:
         self.front.set_offsets(history[-1])
         self.front.set_facecolors(self.colors)
         self._set_trails(history, np.ones(history.shape[:2], bool))
+
+    def _draw_ring(self, i: int, history: np.ndarray, frac: float):
+        now = history[-1]
+        angles = np.arctan2(now[:, 1], now[:, 0])
+        counts, _ = np.histogram(angles, bins=self.bins, range=(-np.pi, np.pi))
+        self.ring.set_array(np.ma.masked_less_equal(counts / len(now) * self.bins, 0))
+        mean = now.mean(axis=0)
+        self.arrow.set_data([0, mean[0]], [0, mean[1]])
+        self.order.set_text(f"order parameter |mean x| = {np.linalg.norm(mean):.3f}")
 
     def _draw_density(self, i: int, history: np.ndarray, frac: float):
         R = _rotation(self.azimuth + self.spin * frac, self.elevation)
@@ -368,9 +430,11 @@ class Scene:
                 history = history[::-1][::step][::-1]  # ends on the frame itself
                 draw(i, history, j / last)
                 t = self.ts[i]
-                when = f"layer {int(round(t))}" if self.layers else f"t = {t:7.3f}"
-                self.label.set_text(f"{when}    E = {self.E[i]:.2e}")
-                self.marker.set_data([t], [self.E[i]])
+                when = f"t = {t:7.3f}" if self.unit == "t" else f"{self.unit} {int(round(t))}"
+                value = (f"E = {self.E[i]:.2e}" if self.E[i] > self.floor else
+                         f"E < {self.floor:.1e} ({self.dtype.name} resolution)")
+                self.label.set_text(f"{when}    {value}")
+                self.marker.set_data([t], [self.shown[i]])
                 self.cursor.set_xdata([t, t])
                 canvas = self.fig.canvas
                 canvas.restore_region(self.background)
@@ -382,7 +446,8 @@ class Scene:
 
 
 #: The artists a frame changes (drawn over the still background), in drawing order.
-_MOVING = ("equator", "trails", "back", "front", "label", "cursor", "marker")
+_MOVING = ("equator", "ring", "arrow", "trails", "back", "front", "label", "order", "cursor",
+           "marker")
 
 
 def _token_colors(n: int, plt) -> np.ndarray:
@@ -427,12 +492,26 @@ def _write_mp4(images, tmp: str, fps: int, size) -> None:
     writer = imageio_ffmpeg.write_frames(tmp, size, fps=fps, codec="libx264",
                                          pix_fmt_out="yuv420p", quality=7,
                                          macro_block_size=16, ffmpeg_log_level="error")
-    writer.send(None)  # start ffmpeg
+    # imageio-ffmpeg would fork this (multithreaded, JAX) process to run os.setpgrp
+    # in the child; without that hook Python spawns ffmpeg with vfork/posix_spawn
+    previous = os.environ.get(_NO_FORK)
+    os.environ[_NO_FORK] = "1"
+    try:
+        writer.send(None)  # start ffmpeg
+    finally:
+        if previous is None:
+            del os.environ[_NO_FORK]
+        else:
+            os.environ[_NO_FORK] = previous
     try:
         for image in images:
             writer.send(np.ascontiguousarray(image))
     finally:
         writer.close()
+
+
+#: imageio-ffmpeg's switch that starts ffmpeg without a `preexec_fn` (no fork).
+_NO_FORK = "IMAGEIO_FFMPEG_NO_PREVENT_SIGINT"
 
 
 def _write_gif(images, tmp: str, fps: int, colors: np.ndarray) -> None:
@@ -443,7 +522,7 @@ def _write_gif(images, tmp: str, fps: int, colors: np.ndarray) -> None:
 
     images = iter(images)
     first = next(images)  # `animate` draws one frame at least
-    tokens = np.round(255 * np.asarray(colors)[:, :3]).astype(int)[:64]
+    tokens = np.round(255 * np.asarray(colors)[:, :3]).astype(int)[:GIF_COLORS // 2]
     base = Image.fromarray(first).quantize(colors=GIF_COLORS - len(tokens),
                                            method=Image.Quantize.MEDIANCUT)
     palette = base.getpalette()[:3 * (GIF_COLORS - len(tokens))] + tokens.reshape(-1).tolist()

@@ -55,20 +55,21 @@ START_Z, MARK_Z, END_Z = 5, 6, 7
 
 
 def _draw_paths(ax, ys) -> None:
-    """Token paths `(T, n, 3)`: start a white ring, end a smaller dark dot drawn over
-    it (a token that hardly moves shows both)."""
+    """Token paths `(T, n, 3)`: start a white ring, end a red dot drawn over it (a
+    token that hardly moves shows both; a consensus, one dot among the start rings,
+    stands out by its colour)."""
     ys = np.asarray(ys)
     ax.computed_zorder = False  # markers by zorder, not by depth: the ends stay on top
     for i in range(ys.shape[1]):
         ax.plot(*ys[:, i].T, color="tab:blue", lw=1.2)
     ax.scatter(*ys[0].T, s=60, c="white", edgecolors="k", depthshade=False, zorder=START_Z,
                label="start")
-    ax.scatter(*ys[-1].T, s=22, c="0.25", edgecolors="k", lw=0.5, depthshade=False,
-               zorder=END_Z, label="end")
+    ax.scatter(*ys[-1].T, s=30, c="tab:red", edgecolors="k", lw=0.6, depthshade=False,
+               zorder=END_Z, label="end (red)")
 
 
 #: The symbols of a 3-D panel's markers in its title's key (`title_3d`).
-KEY_SYMBOLS = {"start": "○", "end": "●"}
+KEY_SYMBOLS = {"start": "○", "end (red)": "●"}
 
 
 def title_3d(ax, title: str, **kw) -> None:
@@ -81,7 +82,7 @@ def title_3d(ax, title: str, **kw) -> None:
 
 
 def draw_sphere_trajectories(ax, ys) -> None:
-    """Token paths on S² (start: white circle, end: grey circle) over a wireframe;
+    """Token paths on S² (start: white circle, end: red dot) over a wireframe;
     `title_3d` names the markers."""
     u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
     ax.plot_wireframe(
@@ -176,6 +177,9 @@ def save_sphere_figure(ys, ts, E, path) -> Path:
     fig = plt.figure(figsize=(10, 4.5))
     ax3 = fig.add_subplot(1, 2, 1, projection="3d")
     draw_sphere_trajectories(ax3, ys)
+    # the box fills its half: at zoom 1 matplotlib leaves 40 % of it blank (at this
+    # view the zoomed box's labels stay inside; a panel among others may not)
+    ax3.set_box_aspect((1, 1, 1), zoom=1.25)
     title_3d(ax3, "tokens on $S^2$")
     ax = fig.add_subplot(1, 2, 2)
     draw_decay(ax, ts, E, color="tab:blue", label="$E(t)$")  # down to E's resolution
@@ -207,7 +211,7 @@ def draw_head_norms(ax, ts, norms, *, upto=None) -> None:
 
 
 def draw_ellipsoid_trajectories(ax, ys, W=None, *, mark=None, mark_label=None) -> None:
-    """Token paths on `E_W` (start: white, end: grey) over its wireframe, in the style
+    """Token paths on `E_W` (start: white, end: red) over its wireframe, in the style
     of `draw_sphere_trajectories`; `mark` (a point or `(k, 3)` points) is drawn as
     red stars, e.g. the eigenvector `v₁`."""
     if W is None:

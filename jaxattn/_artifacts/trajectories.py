@@ -43,9 +43,16 @@ class Trajectory:
 
     @property
     def title(self) -> str:
-        n, d = self.xs.shape[1:]
         where = f"{self.experiment} {self.name}" if self.experiment else self.name
-        return f"{where}: {n} tokens in R{superscript(d)}"
+        return f"{where}: {tokens_title(self.xs)}"
+
+
+def tokens_title(xs: np.ndarray) -> str:
+    """`n tokens on S^{d−1}` for unit tokens `xs (T, n, d)`, else `n tokens in R^d`."""
+    n, d = xs.shape[1:]
+    if np.all(np.abs(np.linalg.norm(xs, axis=-1) - 1) < 1e-3):
+        return f"{n} tokens on S{superscript(d - 1)}"
+    return f"{n} tokens in R{superscript(d)}"
 
 
 def trajectory_names(data) -> list[str]:

@@ -13,17 +13,19 @@ from pathlib import Path
 import numpy as np
 
 from .._files import atomic_write
-from .animate import _picks, as_written, trajectory_arrays, unit_ball
-from .trajectories import superscript
+from .animate import _picks, as_written, frame_unit, trajectory_arrays, unit_ball
+from .figures import resolution
+from .trajectories import tokens_title
 
 #: The most numbers (saves × tokens × 3) a page embeds: its saves are thinned to fit.
 MAX_NUMBERS = 1_500_000
 
 
 def view_html(xs, ts=None, *, E=None, title: str = "", layers: bool = False) -> str:
-    """The page for the trajectory `xs (T, n, d)` at times `ts` (default: layers)."""
-    layers = layers or ts is None
-    xs, ts, E = trajectory_arrays(xs, ts, E, per="save")
+    """The page for the trajectory `xs (T, n, d)` at times `ts` (default: steps)."""
+    unit = frame_unit(ts, layers)
+    xs, ts, E, dtype = trajectory_arrays(xs, ts, E, per="save")
+    title = title or tokens_title(xs)
     count, n, d = xs.shape
     xs, note = unit_ball(xs)
     picks = _picks(count, max(2, MAX_NUMBERS // (n * min(d, 3))))
@@ -33,10 +35,12 @@ def view_html(xs, ts=None, *, E=None, title: str = "", layers: bool = False) -> 
     data = {
         "xs": np.round(xs, 4).reshape(-1).tolist(), "T": int(xs.shape[0]), "n": int(n),
         "flat": d == 2, "ts": np.round(ts, 6).tolist(),
-        "E": [float(f"{v:.4g}") for v in E], "layers": bool(layers), "note": note,
+        "E": [float(f"{v:.4g}") for v in E], "unit": unit, "note": note,
+        "floor": resolution(dtype), "dtype": np.dtype(dtype).name,
     }
-    title = title or f"{n} tokens in R{superscript(d)}"
-    return (_PAGE.replace("__TITLE__", html.escape(title))
+    hint = ("Filled dots: the tokens on the circle." if d == 2 else
+            "Drag the sphere to turn it. Filled dots: near side; rings: far side.")
+    return (_PAGE.replace("__TITLE__", html.escape(title)).replace("__HINT__", hint)
             .replace("__DATA__", json.dumps(data, separators=(",", ":"))))
 
 
@@ -70,7 +74,7 @@ _PAGE = r"""<!DOCTYPE html>
 <span id="label"></span></div>
 <canvas id="energy" width="560" height="150" aria-label="E(t)"></canvas>
 <p class="note" id="note"></p>
-<p class="note">Drag the sphere to turn it. Filled dots: near side; rings: far side.</p>
+<p class="note">__HINT__</p>
 </main>
 <script>
 "use strict";
@@ -147,7 +151,11 @@ const DATA = __DATA__;
       }
     }
   }
-  const E = DATA.E, positive = E.filter(v => v > 0);
+  // E ends at the resolution of its dtype: below, rounding noise
+  const E = DATA.E.map(v => v > DATA.floor ? v : NaN), positive = E.filter(v => v > 0);
+  function when(t) {
+    return DATA.unit === "t" ? "t = " + t : DATA.unit + " " + Math.round(t);
+  }
   const logScale = positive.length > 1 && Math.max(...positive) / Math.min(...positive) > 100;
   const eLow = logScale ? Math.log10(Math.min(...positive)) : Math.min(0, ...E);
   const eHigh = logScale ? Math.log10(Math.max(...positive)) : Math.max(...E, 1e-300);
@@ -163,23 +171,28 @@ const DATA = __DATA__;
     c.moveTo(50, 10); c.lineTo(50, h - 25); c.lineTo(energy.width - 15, h - 25); c.stroke();
     c.fillStyle = "#333"; c.font = "12px sans-serif";
     c.fillText(logScale ? "log E" : "E", 8, 20);
-    c.fillText((DATA.layers ? "layer " : "t = ") + DATA.ts[0], 50, h - 8);
+    c.fillText(when(DATA.ts[0]), 50, h - 8);
     c.fillText("(by save)", energy.width / 2 - 20, h - 8);
-    const end = (DATA.layers ? "layer " : "t = ") + Number(DATA.ts[T - 1].toPrecision(4));
+    const end = when(Number(DATA.ts[T - 1].toPrecision(4)));
     c.fillText(end, energy.width - 15 - c.measureText(end).width, h - 8);
     c.strokeStyle = "#333"; c.lineWidth = 1.4; c.beginPath();
-    for (let t = 0; t < T; t++) { t ? c.lineTo(ex(t), ey(E[t])) : c.moveTo(ex(t), ey(E[t])); }
+    for (let t = 0; t < T && E[t] > 0; t++) {
+      t ? c.lineTo(ex(t), ey(E[t])) : c.moveTo(ex(t), ey(E[t]));
+    }
     c.stroke();
     c.strokeStyle = "rgba(214,39,40,0.6)"; c.beginPath();
     c.moveTo(ex(frame), 10); c.lineTo(ex(frame), h - 25); c.stroke();
-    c.fillStyle = "#d62728"; c.beginPath(); c.arc(ex(frame), ey(E[frame]), 5, 0, 2 * Math.PI);
-    c.fill();
+    if (E[frame] > 0) {
+      c.fillStyle = "#d62728"; c.beginPath(); c.arc(ex(frame), ey(E[frame]), 5, 0, 2 * Math.PI);
+      c.fill();
+    }
   }
   function render() {
     drawSphere(); drawTokens(); drawEnergy();
     const t = DATA.ts[frame];
-    label.textContent = (DATA.layers ? "layer " + Math.round(t) : "t = " + t.toFixed(3)) +
-      "   E = " + E[frame].toExponential(2);
+    label.textContent = (DATA.unit === "t" ? "t = " + t.toFixed(3) : when(t)) + "   " +
+      (E[frame] > 0 ? "E = " + E[frame].toExponential(2)
+       : "E < " + DATA.floor.toExponential(1) + " (" + DATA.dtype + " resolution)");
   }
   function setFrame(i) {
     frame = Math.max(0, Math.min(T - 1, i | 0)); slider.value = String(frame); render();

@@ -2,6 +2,7 @@
 that a member whose output has the wrong shape (which would broadcast silently) or is
 NaN at ordinary logits is refused by name before any run."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,11 +23,19 @@ def _refuse(kernel, message: str):
     raise ValueError(f"kernel {type(kernel).__name__}: {message}")
 
 
-def _same_shape(kernel, what: str, out, shape) -> None:
-    got = jnp.shape(out)
+def _same_shape(kernel, what: str, piece, shape) -> None:
+    """`piece()` (traced for its shape alone: no program is compiled) of `shape`."""
+    got = jax.eval_shape(piece).shape
     if got != tuple(shape):
         _refuse(kernel, f"{what} must return shape {tuple(shape)} on logits {_SHAPE}, got "
                         f"{got}: fix its shape (a wrong one would broadcast silently in a run).")
+
+
+@eqx.filter_jit
+def _values(kernel: AbstractKernel, s):
+    """The weights (and pointwise weights) on the logits `s`: one program per member."""
+    pointwise = kernel.pointwise(s) if isinstance(kernel, AbstractPointwiseKernel) else None
+    return pointwise, kernel.weights(s, s.shape[-1])
 
 
 def _finite(kernel, method: str, out, s) -> None:
@@ -55,32 +64,42 @@ def check_kernel(kernel: AbstractKernel) -> None:
 
 
 def _check(kernel: AbstractKernel) -> None:
+    """Every piece's shape by tracing alone, then the weights' values from one program
+    (the checks run on the host: no piece is run eagerly, op by op)."""
     dtype = jnp.result_type(float)
-    s = jnp.asarray(_LOGITS, dtype)
+    s = np.asarray(_LOGITS, dtype)
     rows, m = s.shape
-    offset = kernel.offset(jnp.ones((), dtype), m, dtype)
-    if offset is not None and jnp.shape(offset) != ():
-        _refuse(kernel, f"`offset` must return None or a scalar, got shape {jnp.shape(offset)}.")
-    if isinstance(kernel, AbstractPointwiseKernel):
-        w = kernel.pointwise(s)
-        _same_shape(kernel, "`pointwise`", w, s.shape)
-        _finite(kernel, "pointwise", w, s)
-        _same_shape(kernel, "`derivative`", kernel.derivative(s, w), s.shape)
-    w = kernel.weights(s, m)
-    _same_shape(kernel, "`weights`", w, s.shape)
+    offset = jax.eval_shape(lambda: kernel.offset(np.ones((), dtype), m, dtype))
+    if offset is not None and offset.shape != ():
+        _refuse(kernel, f"`offset` must return None or a scalar, got shape {offset.shape}.")
+    pointwise = isinstance(kernel, AbstractPointwiseKernel)
+    if pointwise:
+        _same_shape(kernel, "`pointwise`", lambda: kernel.pointwise(s), s.shape)
+    _same_shape(kernel, "`weights`", lambda: kernel.weights(s, m), s.shape)
+    wp, w = _values(kernel, s)
+    if pointwise:
+        _finite(kernel, "pointwise", wp, s)
+        _same_shape(kernel, "`derivative`", lambda: kernel.derivative(s, wp), s.shape)
     _finite(kernel, "weights", w, s)
-    values = jnp.ones((m, 3), dtype)
-    _same_shape(kernel, "`rescale`", kernel.rescale(jnp.ones((rows, 3), dtype), m), (rows, 3))
-    state = (jnp.full((rows,), -jnp.inf, dtype), jnp.zeros((rows,), dtype),
-             jnp.zeros((rows, 3), dtype))
-    ok = jnp.isfinite(s)
-    top, norm, acc = kernel.block_update(state, s, ok, lambda p: p @ values)
-    for part, got, shape in (("top", top, (rows,)), ("norm", norm, (rows,)),
-                             ("acc", acc, (rows, 3))):
-        _same_shape(kernel, f"`block_update`'s `{part}`", got, shape)
-    out, (a, b) = kernel.block_finish((top, norm, acc))
-    _same_shape(kernel, "`block_finish`", out, (rows, 3))
-    zero = jnp.zeros((rows,), dtype)
-    w, ds = kernel.block_grad(s, ok, a, b, zero, jnp.ones_like(s))
-    _same_shape(kernel, "`block_grad`", w, s.shape)
-    _same_shape(kernel, "`block_grad`", ds, s.shape)
+    values = np.ones((m, 3), dtype)
+    _same_shape(kernel, "`rescale`", lambda: kernel.rescale(np.ones((rows, 3), dtype), m),
+                (rows, 3))
+    state = (np.full((rows,), -np.inf, dtype), np.zeros((rows,), dtype),
+             np.zeros((rows, 3), dtype))
+    ok = np.isfinite(s)
+    for k, (part, shape) in enumerate((("top", (rows,)), ("norm", (rows,)),
+                                       ("acc", (rows, 3)))):
+        _same_shape(kernel, f"`block_update`'s `{part}`",
+                    lambda k=k: kernel.block_update(state, s, ok, lambda p: p @ values)[k], shape)
+    done = jax.eval_shape(lambda: kernel.block_update(state, s, ok, lambda p: p @ values))
+    _same_shape(kernel, "`block_finish`",
+                lambda: kernel.block_finish(tuple(np.zeros(d.shape, d.dtype) for d in done))[0],
+                (rows, 3))
+    zero = np.zeros((rows,), dtype)
+
+    def grad(k):
+        _, (a, b) = kernel.block_finish(tuple(np.zeros(d.shape, d.dtype) for d in done))
+        return kernel.block_grad(s, ok, a, b, zero, np.ones_like(s))[k]
+
+    _same_shape(kernel, "`block_grad`", lambda: grad(0), s.shape)
+    _same_shape(kernel, "`block_grad`", lambda: grad(1), s.shape)

@@ -79,7 +79,8 @@ class AbstractStrategy(eqx.Module):
 
     @abc.abstractmethod
     def solve_flow(self, dyn, x0, options, *, adjoint, throw, on_manifold, event,
-                   devices, shard, noise, keys, checked: bool = True):
+                   devices, shard, noise, keys, checked: bool = True, progress: bool = False):
         """The flow of a (flattened, stacked) batch: the tokens at `ts`, a `FlowResult`
         (`throw=False`) or a `FlowSolution` (`event`). `options` are
-        `(ts, solver, controller, dt0, max_steps)`, the solver unwrapped."""
+        `(ts, solver, controller, dt0, max_steps)`, the solver unwrapped; `progress`
+        shows a progress bar."""

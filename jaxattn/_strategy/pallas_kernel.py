@@ -67,8 +67,8 @@ class PallasKernel(AbstractStrategy):
                             self.config, noise=noise, keys=keys)
 
     def solve_flow(self, dyn, x0, options, *, adjoint, throw, on_manifold, event,
-                   devices, shard, noise, keys, checked=True):
-        _refuse(devices, shard, checked, event)
+                   devices, shard, noise, keys, checked=True, progress=False):
+        _refuse(devices, shard, checked, event, progress)
         t0, h, saves, per_save, coeffs = kernel_plan(*options)
         (ys, finite), checked = call_batched(
             _flow_kernel, dyn, x0, None, t0, h, saves, per_save, coeffs, bool(on_manifold),
@@ -81,7 +81,7 @@ class PallasKernel(AbstractStrategy):
         return FlowResult(ys, finite, steps)
 
 
-def _refuse(devices, shard, checked=True, event=None) -> None:
+def _refuse(devices, shard, checked=True, event=None, progress=False) -> None:
     """What `strategy="kernel"` does not run, refused by name."""
     refuse_first("kernel", (
             (not checked, "solves with ja.solve_flow (checked inputs): take "
@@ -90,7 +90,9 @@ def _refuse(devices, shard, checked=True, event=None) -> None:
                                 "strategy='general'."),
             (devices is not None or shard != "batch",
              "runs on one device: drop `devices=`/`shard=`, or take strategy='fused' to "
-             "split the systems over devices.")))
+             "split the systems over devices."),
+            (progress, "runs a flow in one kernel, with no progress bar: drop `progress=`, "
+                       "or take strategy='fused'.")))
 
 
 def _layer(x, k, params):

@@ -16,6 +16,7 @@ from .._manifold import project
 from .._noise import brownian_path, map_keyed, sde_terms
 from .._stacked import map_batch, map_models, map_systems
 from .._validate import NONFINITE, raise_unless
+from .stepping import stepped
 
 
 class ManifoldSolver(dfx.AbstractWrappedSolver):
@@ -140,7 +141,19 @@ def _with_metric(solver, W):
     return eqx.tree_at(lambda s: s.W, solver, W, is_leaf=lambda v: v is None)
 
 
-def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event=None):
+def _on_host(solver, controller, event, noise, progress) -> bool:
+    """Whether a solve of concrete inputs (checked on the host) runs as
+    `stepping.stepped`, without diffrax's in-program checks: an explicit solver (an
+    implicit one's root finder takes its tolerances inside diffeqsolve) under constant
+    steps or diffrax's PID controller (others, e.g. with `jump_ts`, check their times in
+    the program); no event, noise or progress bar (they keep diffrax's solve)."""
+    return (type(controller) in (dfx.ConstantStepSize, dfx.PIDController)
+            and not isinstance(solver, dfx.AbstractImplicitSolver)
+            and event in (None, True) and noise is None and not progress)
+
+
+def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event=None,
+                   progress=False, host=False):
     """`program(model, x, fused, noisy=None)` for `map_systems`: one diffrax solve of a
     system, or on the fused path of a chunk of systems as the state `(n, d, B)`, its
     status given to each of them: `(ys, result, accepted steps)`, and with an `event`
@@ -148,8 +161,11 @@ def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event
     With `noisy = (noise, key)` the SDE of that noise on the Brownian path of `key`.
     With constant steps every system takes the steps it would take alone; adaptive
     controllers share one step size per chunk (the `"fused"` strategy's labelled
-    shared-step mode)."""
+    shared-step mode). With `progress`, diffrax's progress bar (a host callback). With
+    `host` (concrete inputs, checked on the host: `_on_host`), a program with no host
+    callback: `stepping.stepped`."""
     full = event is not None
+    meter = dfx.TqdmProgressMeter() if progress else dfx.NoProgressMeter()
     saveat = (dfx.SaveAt(subs=[dfx.SubSaveAt(ts=ts), dfx.SubSaveAt(t1=True)]) if full
               else dfx.SaveAt(ts=ts))
 
@@ -163,18 +179,24 @@ def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event
             term = sde_terms(noise, path, *x.shape, x.dtype, field)
         # The model goes in as `args`, not a closure: BacksolveAdjoint differentiates
         # only through `args`, and a closed-over traced model breaks it.
-        sol = dfx.diffeqsolve(
-            term, _with_metric(solver, dyn.W), t0=ts[0], t1=ts[-1], dt0=dt0, y0=x,
-            saveat=saveat, stepsize_controller=controller, max_steps=max_steps,
-            adjoint=adjoint, throw=throw, args=dyn,
-            event=None if event is None or event is True else event)
-        ys, result, steps = sol.ys, sol.result, sol.stats["num_accepted_steps"]
+        if host:
+            ys, result, stats = stepped(term, _with_metric(solver, dyn.W), controller, ts,
+                                        dt0, max_steps, x, dyn)
+            saved = (ts, ts[-1:]), (ys, ys[-1:])
+        else:
+            sol = dfx.diffeqsolve(
+                term, _with_metric(solver, dyn.W), t0=ts[0], t1=ts[-1], dt0=dt0, y0=x,
+                saveat=saveat, stepsize_controller=controller, max_steps=max_steps,
+                adjoint=adjoint, throw=throw, args=dyn, progress_meter=meter,
+                event=None if event is None or event is True else event)
+            ys, result, stats, saved = sol.ys, sol.result, sol.stats, (sol.ts, sol.ys)
+        steps = stats["num_accepted_steps"]
         if full:
-            (ts_saved, t_end), (ys, y_end) = sol.ts, sol.ys
-            ys = (ts_saved, ys, t_end[0], y_end[0], {k: sol.stats[k] for k in _STATS})
+            (ts_saved, t_end), (ys, y_end) = saved
+            ys = (ts_saved, ys, t_end[0], y_end[0], {k: stats[k] for k in _STATS})
         if not fused:
             return ys, result, steps
-        same = lambda a: jnp.broadcast_to(a, a.shape + x.shape[-1:])  # noqa: E731
+        same = lambda a: jnp.broadcast_to(a[..., None], a.shape + x.shape[-1:])  # noqa: E731
         if full:  # the full solution: times and counts shared by the chunk
             saved, ys, t_end, y_end, stats = ys
             ys = (same(saved), ys, same(t_end), y_end, jax.tree.map(same, stats))
@@ -185,7 +207,8 @@ def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event
 
 @eqx.filter_jit
 def solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw, project_out,
-                   checks, fused=False, chunk=None, event=None, noise=None, keys=None):
+                   checks, fused=False, chunk=None, event=None, noise=None, keys=None,
+                   progress=False, host=False):
     inner = solver.solver if isinstance(solver, ManifoldSolver) else solver
     if isinstance(inner, dfx.AbstractImplicitSolver):
         dyn = dyn.with_forward_mode()  # Newton steps take Jacobian–vector products
@@ -215,8 +238,9 @@ def solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thro
     # With a user's event the failures are raised below, after the solve, so that the
     # event's own (a NaN in its root find) is named; the others keep diffrax's message.
     name_event = throw_now and names_event(event, solver)
+    host = host and not checks and _on_host(inner, controller, event, noise, progress)
     program = _solve_program(ts, solver, controller, dt0, max_steps, adjoint,
-                             throw_now and not name_event, event)
+                             throw_now and not name_event, event, progress, host)
     if noise is None:
         out, result, steps = map_systems(program, dyn, x0, fused=fused, chunk=chunk)
     else:

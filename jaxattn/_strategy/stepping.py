@@ -3,6 +3,7 @@ as `PallasKernel` runs a flow: one step (or one stage) of one system, which the 
 evaluates on lanes (`jaxattn._pallas.lanes`)."""
 
 import diffrax as dfx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +12,64 @@ from .._manifold import project
 from .._noise import layer_normal
 from .._validate import is_concrete
 from .base import refuse_first
+
+
+def stepped(term, solver, controller, ts, dt0, max_steps, y0, args):
+    """`diffeqsolve(term, solver, ts[0], ts[-1], dt0, y0, args, SaveAt(ts=ts),
+    stepsize_controller=controller, max_steps=max_steps, throw=False)`'s loop without
+    its checks: diffeqsolve checks the sign of `dt0` and `SaveAt(ts)` in the program
+    (host callbacks JAX's persistent cache refuses), whatever `ts` is. Its loop: the
+    solver's steps, sized by the controller and clipped to `ts[-1]` as diffrax
+    clips them, each accepted step saving the times it covers from the solver's
+    interpolation; a `while_loop` (not reverse-differentiable: for concrete inputs).
+    For an explicit solver under `ConstantStepSize` or `PIDController` (they never
+    report a jump). Returns `(ys, result, stats)` as one solve gives them."""
+    t0, t1 = ts[0], ts[-1]
+    floor = t1  # diffrax's: a step ending within 100 ULPs of t1 ends on it
+    for _ in range(100):
+        floor = eqxi.prevbefore(floor)
+    # diffeqsolve hands its controller the term wrapped (`WrapTerm`), for which the PID
+    # controller's choice of a first step returns 0.01 whatever the term: the same here.
+    dt0 = 0.01 if dt0 is None else dt0
+    order = solver.error_order(term)
+    tnext, cstate = controller.init(term, t0, t1, y0, dt0, args, solver.func, order)
+    tnext = jnp.minimum(tnext, t1)
+    sstate = solver.init(term, t0, tnext, y0, args)
+    ok = lambda r: r == dfx.RESULTS.successful  # noqa: E731
+
+    def save(ys, a, b, dense):  # the save times in the accepted step (a, b]
+        inside = (ts > a) & (ts <= b)
+        at = jax.vmap(solver.interpolation_cls(t0=a, t1=b, **dense).evaluate)(ts)
+        mask = lambda v: inside.reshape(ts.shape + (1,) * (v.ndim - 1))  # noqa: E731
+        return jax.tree.map(lambda u, v: jnp.where(mask(v), u, v), at, ys)
+
+    def step(c):
+        y, tprev, tnext, sstate, cstate, result, (steps, accepted), saved = c
+        y1, error, dense, sstate1, solved = solver.step(term, tprev, tnext, y, args, sstate,
+                                                         False)
+        error = jax.tree.map(lambda e: jnp.where(jnp.isnan(e), jnp.inf, e), error)
+        keep, tp, tn, _, cstate, adapted = controller.adapt_step_size(
+            tprev, tnext, y, y1, args, error, order, cstate)
+        tp = jnp.minimum(tp, t1)
+        tn = jnp.where(tn > floor, jnp.where(keep, t1, tp + 0.5 * (t1 - tp)), tn)
+        kept = lambda a, b: jax.tree.map(lambda u, v: jnp.where(keep, u, v), a, b)  # noqa: E731
+        result = dfx.RESULTS.where(ok(result) & keep, solved, result)
+        result = dfx.RESULTS.where(ok(result), adapted, result)
+        saved = kept(save(saved, tprev, tnext, dense), saved)
+        return (kept(y1, y), tp, tn, kept(sstate1, sstate), cstate, result,
+                (steps + 1, accepted + keep), saved)
+
+    zero = jnp.zeros((), jnp.int32)
+    ys = jax.tree.map(lambda v: jnp.broadcast_to(v, ts.shape + v.shape), y0)  # ts[0] = t0
+    c = jax.lax.while_loop(
+        lambda c: (c[1] < t1) & ok(c[5]) & (c[6][0] < max_steps), step,
+        (y0, t0, tnext, sstate, cstate, dfx.RESULTS.successful, (zero, zero), ys))
+    tprev, result, (steps, accepted), ys = c[1], c[5], c[6], c[7]
+    result = dfx.RESULTS.where(ok(result) & (tprev < t1), dfx.RESULTS.max_steps_reached,
+                               result)
+    stats = dict(num_steps=steps, num_accepted_steps=accepted,
+                 num_rejected_steps=steps - accepted)
+    return ys, result, stats
 
 
 def kernel_plan(ts, solver, controller, dt0, max_steps) -> tuple:

@@ -44,7 +44,7 @@ class AbstractXlaStrategy(AbstractStrategy):
                             checkpoints, shard=shard, keys=keys, **options)
 
     def solve_flow(self, dyn, x0, options, *, adjoint, throw, on_manifold, event,
-                   devices, shard, noise, keys, checked=True):
+                   devices, shard, noise, keys, checked=True, progress=False):
         ts, solver, *rest = options
         if on_manifold:  # its metric is each system's own in the run (`solve._with_metric`)
             solver = ManifoldSolver(solver, first_model(dyn).W, fused=self.fused)
@@ -52,13 +52,14 @@ class AbstractXlaStrategy(AbstractStrategy):
         if x0.size == 0:  # an empty batch (`solve_flow` refuses it with `solution=True`)
             return _empty(x0, ts, throw)
         args = (*options, adjoint, bool(throw) and checked, bool(on_manifold))
-        kw = dict(fused=self.fused, chunk=self._chunk(devices), event=event, noise=noise)
+        kw = dict(fused=self.fused, chunk=self._chunk(devices), event=event, noise=noise,
+                  progress=progress)
         if not checked:
             ys, solved, finite, steps, *_ = solve_batched(dyn, x0, *args, False, keys=keys,
                                                           **kw)
             return FlowResult(ys, solved & finite, steps)
         (ys, solved, finite, steps, result, started), checked = call_batched(
-            solve_batched, dyn, x0, devices, *args, shard=shard, keys=keys, **kw)
+            solve_batched, dyn, x0, devices, *args, shard=shard, keys=keys, host=True, **kw)
         if throw and not checked:
             raise_failure(solved, finite, result, started, names_event(event, solver))
         if event is not None:

@@ -13,7 +13,9 @@ command catches `KeyboardInterrupt` and marks what it leaves incomplete) and whi
 exits (`_exit`). The commands that compute results (`COMPUTING`) run XLA
 deterministically (`_determinism.use_deterministic_xla`, set before JAX's backend
 starts) unless `--nondeterministic` or `JAXATTN_NONDETERMINISTIC=1` says not to
-(docs/determinism.md).
+(docs/determinism.md). The commands that compile programs (`COMPILING`) keep them in
+the compilation cache for the next run (`JAXATTN_CACHE_DIR=off` turns it off:
+docs/usage/speed.md).
 """
 
 import argparse
@@ -46,10 +48,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "speed"),
     "animate": ("animate", "a run folder's token trajectories as a movie (MP4 or GIF)"),
     "view": ("view", "a run folder's token trajectories as one HTML page to turn and scrub"),
+    "cache": ("cache", "the compilation cache: where it is and its size, or clear it"),
 }
 #: The commands whose results are bit-identical from run to run on a GPU too (and
 #: `doctor`, which checks the device as they use it).
 COMPUTING = ("demo", "loop", "run", "sweep", "doctor")
+#: The commands that compile programs, which they keep in the compilation cache
+#: (`_cache.enable_cache`: docs/usage/speed.md).
+COMPILING = (*COMPUTING, "bench")
 
 
 def parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
@@ -252,6 +258,10 @@ def _main(words: list[str]) -> int:
 
         use_deterministic_xla(not args.nondeterministic)
     try:
+        if args.command in COMPILING:
+            from .._cache import enable_cache
+
+            enable_cache()
         return args.func(args)
     except UsageError as e:  # from a command's own parser (`jaxattn run NAME` overrides)
         return _fail(str(e))

@@ -166,3 +166,50 @@ def check_written(folder) -> None:
     if (folder / INCOMPLETE).exists() and not (folder / "data.npz").exists():
         raise CLIError(f"{folder} is an incomplete run (it was interrupted before it "
                        "saved data.npz); re-run it.")
+
+
+def add_distributed_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of a run across processes (`jaxattn sweep`, the batched studies of
+    `jaxattn run`): docs/usage/distributed.md."""
+    p.add_argument("--distributed", action="store_true",
+                   help="one of several processes (jax.distributed; SLURM, Open MPI or "
+                   "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID, or the flags "
+                   "below): each batch sharded over every process's devices, process 0 writes")
+    p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="process 0's address (with --distributed)")
+    p.add_argument("--num-processes", type=int, default=None, metavar="N",
+                   help="how many processes (with --distributed)")
+    p.add_argument("--process-id", type=int, default=None, metavar="K",
+                   help="this process's number, 0 … N-1 (with --distributed)")
+    p.add_argument("--launch-local", type=int, default=None, metavar="N",
+                   help="start N processes on this machine, 2 CPU devices each (gloo), "
+                   "for trying a distributed run")
+
+
+def distributed_checks(args) -> list[tuple[bool, str]]:
+    """How the distributed flags go together, for `refuse_first` (their values, and
+    `--devices` beside them: `_distributed.check_flags`)."""
+    joined = [f for f, v in (("--coordinator", args.coordinator),
+                             ("--num-processes", args.num_processes),
+                             ("--process-id", args.process_id)) if v is not None]
+    launch = args.launch_local
+    return [
+        (launch is not None and launch < 1,
+         f"--launch-local must be a whole number ≥ 1, got {launch}."),
+        (launch is not None and joined,
+         f"--launch-local numbers its processes itself; drop {', '.join(joined)}."),
+        (joined and launch is None and not args.distributed,
+         f"{', '.join(joined)} go with --distributed (or use --launch-local N)."),
+    ]
+
+
+def launch_local(args, words: list[str]) -> int:
+    """Run `jaxattn WORDS --distributed` as `args.launch_local` processes on this
+    machine (`_distributed.launch_local`)."""
+    import sys
+
+    from .._distributed import launch_local as launch
+
+    words = [*words, *([] if args.distributed else ["--distributed"])]
+    return launch([sys.executable, "-m", "jaxattn", *words], args.launch_local,
+                  log=lambda line: print(line, file=sys.stderr))

@@ -3,7 +3,8 @@
 It prints the versions and the device, runs a small model in float32 against float64
 (`faithful_float32`: exit status 1 when float32 is not faithful there), names the
 determinism flags in force, times a matrix product at each of JAX's precisions and
-says which optional parts are installed (without importing them)."""
+says which optional parts are installed (without importing them) and where the
+compilation cache is, with its size."""
 
 import argparse
 import importlib.util
@@ -11,6 +12,7 @@ import os
 from importlib.metadata import PackageNotFoundError, version
 
 from ._common import count_checks, refuse_first
+from .cache import describe
 
 #: The optional packages and what jaxattn uses them for.
 OPTIONAL = {
@@ -111,6 +113,7 @@ def _doctor(args: argparse.Namespace) -> int:
     print(f"determinism: XLA's deterministic GPU mode {state} "
           f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}); off with --nondeterministic "
           f"or {OPT_OUT}=1")
+    print(describe())
     error = faithful_float32()
     faithful = error <= THRESHOLD
     print(f"float32: {CHECK['layers']} layers of run_layers ({CHECK['tokens']} tokens in "
@@ -134,9 +137,10 @@ def register(sub) -> None:
         "doctor", help="check the install on this machine: versions, device, float32, speed",
         description="Check the install on this machine: the versions and the device, "
         "whether float32 is faithful here (a small run against float64; exit status 1 "
-        "when it is not), the determinism flags in force, the matmul speed at "
-        "jaxattn's precisions (float32, tensorfloat32 on a GPU, bfloat16; measured as "
-        "`jaxattn bench` measures its peaks), and the optional parts installed.")
+        "when it is not), the determinism flags in force, the compilation cache (its "
+        "folder and size), the matmul speed at jaxattn's precisions (float32, "
+        "tensorfloat32 on a GPU, bfloat16; measured as `jaxattn bench` measures its "
+        "peaks), and the optional parts installed.")
     p.add_argument("--size", type=int, default=1024,
                    help="side of the timed matrix product (default: %(default)s)")
     p.set_defaults(func=_doctor)

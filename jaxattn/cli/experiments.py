@@ -6,7 +6,15 @@ import difflib
 from pathlib import Path
 from typing import NamedTuple
 
-from ._common import CLIError, OneLineParser, parse_value
+from ._common import (
+    CLIError,
+    OneLineParser,
+    add_distributed_flags,
+    distributed_checks,
+    launch_local,
+    parse_value,
+    refuse_first,
+)
 
 _EXIT_AGAINST = 3  # the run finished but its outcome contradicts the theorem
 
@@ -53,6 +61,7 @@ def _override_parser(experiment) -> OneLineParser:
     p.add_argument("--out", default=None, help="run folder (default: runs/NAME/<timestamp>/)")
     p.add_argument("--seed", default="0", help="random seed (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_distributed_flags(p)  # the batched studies alone take them (`_distributed_run`)
     for param in experiment.all_params():
         if param.type is bool:
             p.add_argument(param.flag, dest=param.name, action="store_const", const=True,
@@ -106,17 +115,48 @@ def _run(args) -> int:
     params = {param.name: param for param in experiment.all_params()}
     for name, value in overrides.items():  # each value's own check, before JAX loads
         convert(params[name], value)
+    if _distributed_run(args, opts):
+        from .._distributed import launch_argv
+
+        return launch_local(opts, [*(["--nondeterministic"] if args.nondeterministic else []),
+                                   "run", args.name, *launch_argv(args.overrides)])
     import jax
 
     from ..experiments import run_experiment
 
     jax.config.update("jax_enable_x64", True)
+    if opts.distributed:
+        from .._distributed import initialize
+
+        initialize(opts.coordinator, opts.num_processes, opts.process_id)
     folder, summary = run_experiment(args.name, overrides, seed=seed, out=opts.out,
                                      progress=not opts.no_progress)
+    if folder is None:  # a process other than 0 of a distributed run
+        print(f"process {jax.process_index()} of {jax.process_count()}: done "
+              "(process 0 wrote the run)")
+        return 0
     print(f"verdict: {summary['verdict']}")
     print(f"wrote {folder}/: config.json, data.npz, {', '.join(summary['figures'])}, "
           f"summary.json ({summary['simulation_seconds']:.1f} s)")
     return 0 if summary["agrees_with_theory"] else _EXIT_AGAINST
+
+
+def _distributed_run(args, opts) -> bool:
+    """Refuse distributed flags that do not go together, or that name an experiment
+    that does not batch, in one line before any work.
+
+    **Returns:** whether `--launch-local N` asks to start the processes here."""
+    refuse_first(distributed_checks(opts))
+    if not (opts.distributed or opts.launch_local is not None):
+        return False
+    from .._distributed import check_flags
+    from ..experiments import get_experiment
+    from ..experiments.runner import refuse_distributed
+
+    refuse_first([(not get_experiment(args.name).distributable,
+                   refuse_distributed(args.name))])
+    check_flags(opts.coordinator, opts.num_processes, opts.process_id)
+    return opts.launch_local is not None
 
 
 def _plot(args) -> int:

@@ -4,7 +4,14 @@
 import argparse
 from pathlib import Path
 
-from ._common import CLIError, parse_value, refuse_first
+from ._common import (
+    CLIError,
+    add_distributed_flags,
+    distributed_checks,
+    launch_local,
+    parse_value,
+    refuse_first,
+)
 
 
 def _pair(text: str, flag: str) -> tuple[str, str]:
@@ -52,6 +59,7 @@ def _precheck(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, list[
     refuse_first((value is not None and value < 1,
                   f"--{flag} must be a whole number ≥ 1, got {value}.")
                  for flag, value in counts.items())
+    refuse_first(distributed_checks(args))
     sets = [_pair(t, "--set") for t in args.set]
     grid = _grid(args.grid)
     if Path(args.name).suffix.lower() in (".toml", ".json") or args.name not in SWEEPABLE:
@@ -63,8 +71,25 @@ def _precheck(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, list[
     return dict(sets), grid
 
 
+def _words(args: argparse.Namespace) -> list[str]:
+    """The command line of `args` (for the processes `--launch-local` starts)."""
+    flags = [(f"--{k}", v) for k in ("instances", "seed", "chunk", "out")
+             if (v := getattr(args, k)) is not None]
+    switches = [f"--{k.replace('_', '-')}" for k in ("resume", "no_progress") if getattr(args, k)]
+    return [*(["--nondeterministic"] if args.nondeterministic else []), "sweep", args.name,
+            *(w for g in args.grid for w in ("--grid", g)),
+            *(w for t in args.set for w in ("--set", t)),
+            *(w for k, v in flags for w in (k, str(v))), *switches]
+
+
 def _sweep(args: argparse.Namespace) -> int:
     fixed, grid = _precheck(args)
+    from .._distributed import check_flags, initialize
+
+    if args.distributed or args.launch_local is not None:
+        check_flags(args.coordinator, args.num_processes, args.process_id, devices=args.devices)
+    if args.launch_local is not None:
+        return launch_local(args, _words(args))
     import jax
 
     from .._validate import check_seed
@@ -72,6 +97,8 @@ def _sweep(args: argparse.Namespace) -> int:
     from ..sweep import run as run_sweep
 
     jax.config.update("jax_enable_x64", True)
+    if args.distributed:
+        initialize(args.coordinator, args.num_processes, args.process_id)
     is_file = Path(args.name).suffix.lower() in (".toml", ".json")
     spec = read_spec(args.name) if is_file else SweepSpec(args.name)
     fixed, grid = _typed(spec.experiment, fixed, grid)
@@ -80,8 +107,13 @@ def _sweep(args: argparse.Namespace) -> int:
     result = run_sweep(
         spec, grid or None, set=(spec.set | fixed) or None,
         instances=args.instances, seed=args.seed, chunk=args.chunk, out=args.out,
-        resume=args.resume, devices=args.devices, progress=not args.no_progress,
+        resume=args.resume, devices=args.devices, distributed=args.distributed,
+        progress=not args.no_progress,
     )
+    if result is None:  # a process other than 0 of a distributed sweep
+        print(f"process {jax.process_index()} of {jax.process_count()}: done "
+              "(process 0 wrote the sweep)")
+        return 0
     s = result.summary
     print(format_table(s, _keys(result)))
     print(s["verdict"])
@@ -122,4 +154,5 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue the sweep in --out, skipping its finished chunks")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_distributed_flags(p)
     p.set_defaults(func=_sweep)

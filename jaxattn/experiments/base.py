@@ -172,6 +172,9 @@ class AbstractExperiment(abc.ABC):
     #: member's class body (the registry reads it without importing the member),
     #: true exactly for the members of `AbstractSweepableExperiment`.
     sweepable: ClassVar[bool] = False
+    #: Whether `jaxattn run NAME --distributed` can run it: its batches are programs
+    #: over every process's devices (`_distributed.global_mesh`), process 0 writes.
+    distributable: ClassVar[bool] = False
     #: Flags that set several parameters at once: flag → `{parameter: value}` (`jaxattn
     #: run noisy-transition --full`); a parameter given beside its flag is refused.
     presets: ClassVar[dict[str, dict[str, Any]]] = {}

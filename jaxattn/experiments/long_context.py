@@ -5,7 +5,10 @@ One layer `ja.SelfAttentionDynamics(P = I, U = I, β = γ log n, norm="ngpt")` o
 almost-simplex of tokens (`⟨y_i, y_j⟩ = ρ`, dimension `dims(n)`); per `n` and `γ` the
 mean `α_ii` and the collapse `λ = (1 − r_L²) / (1 − r_0²)`, each `n`'s critical `γ`
 where they cross 1/2. Judged: at the largest `n` the identity's crossing within `TOL`
-of `γ_n` (`predicted_crossing`) and closer to `γ_c = 1/(1 − ρ)` than at the smallest.
+of `γ_n` (`predicted_crossing`) and closer to `γ_c = 1/(1 − ρ)` than at the smallest;
+for the paper's layer (`L = 1`, `τ = 1`) the collapse side too: `λ`'s crossing within
+`TOL` of the simplex's (`predicted_collapse`) and closer to `γ_c`, and below
+`COLLAPSE_BELOW · γ_c` `λ` falling as `n` grows.
 The model, the equations and their sources: `docs/long_context.md`.
 """
 
@@ -17,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
+from scipy.optimize import brentq
 from tqdm.auto import tqdm
 
 from .._artifacts import figures
@@ -36,6 +40,9 @@ BLOCK_SCORES = 2**24
 #: The identity's crossing at the largest `n` against `γ_n`: at most this apart
 #: (relative; the fluctuations add `≈ log n / (2d)`, 0.9 % at n = 10⁴, d = 512).
 TOL = 0.03
+#: The collapse side: at every `γ ≤ COLLAPSE_BELOW · γ_c` of the grid `λ` must be smaller
+#: at the largest `n` than at the smallest (the tokens collapse as `n → ∞`).
+COLLAPSE_BELOW = 0.9
 
 
 def sizes(n_min: int, n_max: int, per_decade: int) -> np.ndarray:
@@ -58,6 +65,26 @@ def predicted_crossing(n: np.ndarray, rho: np.ndarray) -> np.ndarray:
     (`docs/long_context.md`), `→ γ_c = 1/(1 − ρ)` as `n → ∞`."""
     n = np.asarray(n, float)
     return np.log(n - 1) / ((1 - np.asarray(rho)) * np.log(n))
+
+
+def simplex_collapse(n, rho, gamma):
+    """`λ` after one layer (`τ = 1`) on the exact simplex: with `a = α_ii` and
+    `b = (1 − a)/(n − 1)`, `z_i = (a − b) y_i + b Σ_j y_j`, so `|z_i|²` and `|mean z|²`
+    follow from `⟨y_i, y_j⟩ = ρ`; `→ 0` for `γ < γ_c`, `→ 1` above, as `n → ∞`."""
+    n, rho, gamma = (np.asarray(v, float) for v in (n, rho, gamma))
+    a = 1 / (1 + (n - 1) * n ** (-gamma * (1 - rho)))
+    b, row = (1 - a) / (n - 1), 1 + (n - 1) * rho  # row: ⟨y_i, Σ_j y_j⟩
+    r0 = row / n
+    z2 = (a - b) ** 2 + 2 * (a - b) * b * row + b**2 * n * row
+    return (1 - (a - b + b * n) ** 2 * r0 / z2) / (1 - r0)
+
+
+def predicted_collapse(n: np.ndarray, rho: np.ndarray) -> np.ndarray:
+    """Where `simplex_collapse` is 1/2 (per `n`): `> γ_n`, `→ γ_c` as `n → ∞` (slowly:
+    2.14 at `n = 100`, 2.07 at 10⁴, 2.03 at 10⁹ for `ρ = 1/2`)."""
+    return np.array([brentq(lambda g, m=m, r=r: simplex_collapse(m, r, g) - 0.5,
+                            1e-3, 1e3 / (1 - r)) for m, r in zip(np.atleast_1d(n),
+                                                                  np.atleast_1d(rho))])
 
 
 def simplex_tokens(key: PRNGKeyArray, n: int, d: int, rho: float) -> Float[Array, "n d"]:
@@ -120,6 +147,7 @@ def estimates(data) -> dict[str, np.ndarray]:
         "gamma_collapse": np.array([level_crossing(gammas, v, 0.5) for v in lam]),
         "gamma_predicted": 1 / (1 - rho),
         "gamma_predicted_finite_n": predicted_crossing(n, rho),
+        "gamma_collapse_predicted": predicted_collapse(n, rho),
         "gamma_finite_dim": np.array([finite_dim(np.array([m]), int(d), np.array([r]))[0]
                                       for m, d, r in zip(n, data["dims"], rho)]),
     }
@@ -202,7 +230,8 @@ class LongContext(AbstractExperiment):
         error = abs(found[-1] / want[-1] - 1)
         gap = np.abs(found - est["gamma_predicted"])
         closer = len(n) < 2 or gap[-1] < gap[0]
-        ok = bool(error <= TOL and closer)  # NaN fails
+        collapse_ok, collapse_line, collapse = self._collapse(config, data, est)
+        ok = bool(error <= TOL and closer and collapse_ok)  # NaN fails
         line = (f"n = {n[0]}…{n[-1]} with d = {d[0]}…{d[-1]}, ρ = {config.rho:g}, "
                 f"L = {config.layers}: attention is the identity (α_ii = 1/2) from "
                 f"γ = {short(found[0])} at n = {n[0]} to {short(found[-1])} at n = {n[-1]}, "
@@ -210,15 +239,39 @@ class LongContext(AbstractExperiment):
                 f"{short(want[-1])} ({short(error)}) and "
                 f"{'closer to' if closer else 'NOT closer to'} γ_c = 1/(1 − ρ̂) = "
                 f"{short(est['gamma_predicted'][-1])} as n grows ({short(gap[0])} → "
-                f"{short(gap[-1])}); our distance ratio λ (not the paper's angle ratio) "
-                f"crosses 1/2 at γ = {short(est['gamma_collapse'][0])} … "
-                f"{short(est['gamma_collapse'][-1])}")
+                f"{short(gap[-1])}); {collapse_line}")
         per_size = [{"n": int(m), "d": int(d[i]),
                      **{k: finite_or_none(v[i]) for k, v in est.items()}} for i, m in enumerate(n)]
         numbers = {k: finite_or_none(v[-1]) for k, v in est.items()} | {
             "n": int(n[-1]), "d": int(d[-1]), "relative_error": finite_or_none(error),
-            "approaches_gamma_c": bool(closer)}
+            "approaches_gamma_c": bool(closer)} | collapse
         return Verdict(ok, line, numbers, {"per_size": per_size})
+
+    @staticmethod
+    def _collapse(config, data, est):
+        """The collapse side, judged for the paper's layer (`L = 1`, `τ = 1`), where
+        the simplex's `λ` is known: `(ok, line, numbers)`."""
+        found, n = est["gamma_collapse"], data["sizes"]
+        line = (f"our distance ratio λ (not the paper's angle ratio) crosses 1/2 at "
+                f"γ = {short(found[0])} … {short(found[-1])}")
+        if config.layers != 1 or config.tau != 1:
+            return True, line + " (judged only for L = 1, τ = 1)", {}
+        want = est["gamma_collapse_predicted"]
+        error = abs(found[-1] / want[-1] - 1)
+        gap = np.abs(found - est["gamma_predicted"])
+        closer = len(n) < 2 or gap[-1] < gap[0]
+        below = data["gammas"] <= COLLAPSE_BELOW * est["gamma_predicted"][-1]
+        lam = distance_ratio(data["r2"])[:, below]
+        deepens = bool(below.any() and np.all(lam[-1] < lam[0]))
+        near = "closer to" if closer else "NOT closer to"
+        falls = (f"falls as n grows at all {int(below.sum())} γ of the grid" if deepens else
+                 "does NOT fall as n grows at every γ of the grid (or none is there)")
+        line += (f", {'within' if error <= TOL else 'NOT within'} {TOL:.0%} of the simplex's "
+                 f"{short(want[-1])} ({short(error)}) and {near} γ_c; below "
+                 f"{COLLAPSE_BELOW:g} γ_c λ {falls}")
+        numbers = {"collapse_relative_error": finite_or_none(error),
+                   "collapse_approaches_gamma_c": bool(closer), "collapse_deepens": deepens}
+        return bool(error <= TOL and closer and deepens), line, numbers
 
     def draw(self, config, data, folder: Path):
         plt = figures.pyplot()

@@ -45,6 +45,7 @@ def placements(code: int) -> tuple[str, ...]:
 
 
 class NormBeta(AbstractExperiment):
+    distributable = True
     name = "norm-beta"
     title = ("Karagodin et al.'s normalisation study: clustered pairs over (t, β) for each "
              "placement of the normalisation")

@@ -19,8 +19,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
+from .._batch import map_blocks, replicate
+from .._distributed import gather, global_mesh
 from .._dynamics import SelfAttentionDynamics
 from .._ensemble import batch_last, chunk_size
 from .._manifold import project
@@ -142,7 +145,7 @@ def clustered_pairs(x: Float[Array, "n d"], threshold: float, *,
 @surface_errors
 @eqx.filter_jit
 def pair_counts(P, U, betas, taus, x, at, kernel: str, norm: str, causal: bool,
-                threshold: float) -> Int[Array, "B K"]:
+                threshold: float, mesh: Mesh | None = None) -> Int[Array, "B K"]:
     """Clustered ordered pairs after the layers `at`, summed over systems.
 
     **Arguments:**
@@ -153,6 +156,8 @@ def pair_counts(P, U, betas, taus, x, at, kernel: str, norm: str, causal: bool,
       start).
     - `kernel`, `norm`, `causal`: of `ja.SelfAttentionDynamics`; `threshold`: as in
       `clustered_pairs`.
+    - `mesh`: the devices the blocks are split over (`None`: one device); the counts
+      do not depend on it.
 
     **Returns:**
 
@@ -174,12 +179,18 @@ def pair_counts(P, U, betas, taus, x, at, kernel: str, norm: str, causal: bool,
     def blocks(a):
         return a.reshape((B * G // k, k) + a.shape[2:])
 
+    count = B * G // k
+    cycle = jnp.arange(-(-count // _devices(mesh)) * _devices(mesh)) % count  # whole shares
     args = (blocks(P), blocks(U), jnp.repeat(betas, G // k), jnp.repeat(taus, G // k),
             blocks(x), jnp.repeat(at, G // k, axis=0))
     # Block by block, all steps of a block at once: its intermediates stay in cache.
-    counts, finite = jax.lax.map(block, args)
-    counts = eqx.error_if(counts, ~jnp.all(finite), NONFINITE)
+    counts, finite = map_blocks(block, [a[cycle] for a in args], mesh)
+    counts = eqx.error_if(counts[:count], ~jnp.all(finite), NONFINITE)
     return counts.reshape(B, G // k, -1).sum(1)
+
+
+def _devices(mesh: Mesh | None) -> int:
+    return 1 if mesh is None else mesh.devices.size
 
 
 def observe_at(dyn, x0: Float[Array, "*batch n d"], at: Int[Array, " K"], tau,
@@ -253,8 +264,14 @@ def density_map(key: PRNGKeyArray, cfg: dict, *, heads: int = 1, norm: str = "po
     steps = np.array([p[0] for p in plans])
     x0, P, U = draw_systems(key, cfg, heads)
     G, s = x0.shape[1:3]
-    run = functools.partial(pair_counts, kernel="exp" if cfg.exp_kernel else "softmax",
-                            norm=norm, causal=causal, threshold=cfg.threshold)
+    mesh = global_mesh()  # a distributed run: its blocks over every process's devices
+    place = (lambda *a: a) if mesh is None else (lambda *a: replicate(a, mesh))
+    counting = functools.partial(pair_counts, kernel="exp" if cfg.exp_kernel else "softmax",
+                                 norm=norm, causal=causal, threshold=cfg.threshold, mesh=mesh)
+
+    def run(*args):
+        return gather(counting(*place(*args)))
+
     at = np.stack([p[1] for p in plans]).astype(np.int32)
     pieces = [(g, c) for g in step_groups(steps) for c in _chunks(G, s * len(g) * len(ts))]
 

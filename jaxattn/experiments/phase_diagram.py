@@ -16,6 +16,7 @@ QUICK = {"betas": 3, "beta_max": 3.0, "systems": 4, "tokens": 5, "horizon": 2.0,
 
 
 class PhaseDiagram(AbstractExperiment):
+    distributable = True
     name = "phase-diagram"
     title = ("Geshkovski et al.'s phase diagram: density of clustered pairs over (t, β), "
              "every β in one program")

@@ -3,14 +3,17 @@ overrides checked by `experiment_config` (each value by `convert`), through the 
 writer of run folders (`write_run`).
 """
 
+import functools
 import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from .._artifacts.folders import folder_path, write_run
+from .._distributed import agree, is_writer
 from .._horizon import Horizon
 from .._validate import check_seed, machine_memory
 from . import get_experiment
@@ -177,7 +180,8 @@ def run_into_folder(experiment: AbstractExperiment, config: dict[str, Any], *,
     **Returns:**
 
     The run folder and the summary (the verdict, its numbers and `extra` entries, the
-    simulation time, the figures).
+    simulation time, the figures); `(None, None)` on a process other than 0 of a
+    distributed run, which computes beside process 0 and writes nothing.
     """
     noted = {} if command is None else {"command": command}
 
@@ -191,14 +195,48 @@ def run_into_folder(experiment: AbstractExperiment, config: dict[str, Any], *,
     resume = config.get("resume")  # None: the experiment cannot resume
     folder = folder_path(experiment.name, out, resume=resume)
     pieces = {} if resume is None else {"folder": folder}
-    record = {"dtype": "float64", **config, **(record or {}), **noted}
-    return write_run(
-        experiment.name, record,
-        simulate or (lambda: experiment.simulate(config, progress, **pieces)),
-        lambda data, folder: experiment.draw(config, data, folder), summarise, out=folder,
-        announce=None if log is None else lambda f: log(f"jaxattn run {experiment.name} → {f}"),
-        resume=resume, same=tuple(k for k in record if k not in ("resume", "command")),
-    )
+    record = {"dtype": "float64", **config, **(record or {}), **noted, **_counts()}
+    compute = simulate or (lambda: experiment.simulate(config, progress, **pieces))
+    if not is_writer():  # process 0 holds the folder and says when to start
+        if not agree(lambda: [])[0]:
+            compute()
+        return None, None
+    started = False
+
+    def start():  # the folder is ready: the other processes start too
+        nonlocal started
+        started = not agree(lambda: [0])[0]
+        return compute()
+
+    try:
+        done = write_run(
+            experiment.name, record, start,
+            lambda data, folder: experiment.draw(config, data, folder), summarise, out=folder,
+            announce=None if log is None else
+            lambda f: log(f"jaxattn run {experiment.name} → {f}"),
+            resume=resume, same=tuple(k for k in record if k not in _NOT_SAME))
+    except Exception as error:
+        if not started:  # refused before the work: every process stops with it
+            agree(functools.partial(_raise, error))
+        raise
+    if not started:  # resumed, and nothing was left to run
+        agree(lambda: [1])
+    return done
+
+
+#: What a resumed run need not share with the interrupted one (`--resume` continues it
+#: with any number of processes).
+_NOT_SAME = ("resume", "command", "processes", "devices")
+
+
+def _counts() -> dict[str, int]:
+    """The processes and devices of a distributed run, as its `config.json` records them."""
+    return {"processes": jax.process_count(), "devices": jax.device_count()} \
+        if jax.process_count() > 1 else {}
+
+
+def _raise(error: Exception):
+    raise error
 
 
 def run_experiment(name: str, overrides: dict[str, Any] | None = None, *, seed: int = 0,
@@ -208,9 +246,22 @@ def run_experiment(name: str, overrides: dict[str, Any] | None = None, *, seed: 
 
     Writes `config.json` first, then `data.npz`, the figures (PNG and PDF) and, last,
     `summary.json` with the verdict; the folder is marked `INCOMPLETE` until then. Bad
-    names or overrides raise `ValueError` before anything is written.
+    names or overrides raise `ValueError` before anything is written. In a distributed
+    run (`jax.distributed` joined: the batched studies alone) process 0 writes, and
+    the others return `(None, None)` (docs/usage/distributed.md).
     """
     experiment = get_experiment(name)
+    if jax.process_count() > 1 and not experiment.distributable:
+        raise ValueError(refuse_distributed(name))
     config = experiment_config(experiment, overrides or {}, seed)
     return run_into_folder(experiment, config, command=command_line(config, experiment),
                            out=out, progress=progress, log=log)
+
+
+def refuse_distributed(name: str) -> str:
+    """The one line refusing a distributed run of an experiment that does not batch."""
+    from . import REGISTRY
+
+    takers = [n for n in REGISTRY if get_experiment(n).distributable]
+    return (f"{name} does not run across processes; --distributed is for the batched "
+            f"studies ({', '.join(takers)}): drop --distributed.")

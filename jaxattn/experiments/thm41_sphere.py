@@ -67,22 +67,24 @@ class SphereExperiment(AbstractTheoremExperiment):
     def draw(self, config, data, folder: Path):
         plt = figures.pyplot()
         layers = config.discrete
-        fig = plt.figure(figsize=(13, 4.2))
-        ax3 = fig.add_subplot(1, 3, 1, projection="3d")
+        fig = plt.figure(figsize=(13, 4.4))
+        grid = fig.add_gridspec(1, 3, width_ratios=(1.3, 1, 1))
+        ax3 = fig.add_subplot(grid[0], projection="3d")
         ys = data["ys_layers" if layers else "ys"]
         figures.draw_sphere_trajectories(ax3, ys)
+        ax3.set_box_aspect((1, 1, 1), zoom=1.15)
         figures.view_towards(ax3, ys[-1].mean(0) + 0.6 * ys[0].mean(0))
         figures.title_3d(ax3, "layers on $S^2$" if layers else "tokens on $S^2$")
-        ax = fig.add_subplot(1, 3, 2)
+        ax = fig.add_subplot(grid[1])
         figures.draw_head_norms(ax, data.get("P_ts", data["ts"]), data["P_norm"], upto=2.0)
-        ax = fig.add_subplot(1, 3, 3)
+        ax = fig.add_subplot(grid[2])
         figures.draw_decay(ax, data["ts"], data["E"], label="$E(t)$, flow", color="tab:orange",
                            ls="--")
         for run, label, color, ls, lw in self.drawn_runs(config, data):  # V over E
             figures.draw_decay(ax, run["ts"], run["V"], label=f"$V(t)$, {label}", color=color,
                                ls=ls, lw=lw)
-        ax.set_ylabel(r"$V = 1-\min_{ij}\langle x_i,x_j\rangle$,  $E$")
-        ax.set_title("Lyapunov function $V$ (eq. 10), $E$")
+        ax.set_ylabel("$V$ and $E$")
+        ax.set_title(r"$V = 1-\min_{ij}\langle x_i,x_j\rangle$ (eq. 10) and $E$")
         ax.legend(fontsize=8)
         return figures.save_figure(fig, self.stem(folder),
                                  f"Theorem 4.1 — {config.tokens} tokens, h = {config.heads}, "

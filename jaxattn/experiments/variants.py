@@ -18,9 +18,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .._artifacts.folders import RunFolderError, clear_partial_writes, save_npz
+from .._batch import map_blocks, replicate
+from .._distributed import agree, global_mesh, is_writer
+from .._distributed import gather as gather_all
 from .._dynamics import NORMS, SelfAttentionDynamics, random_mask
 from .._horizon import CONSENSUS_TOL
 from .._manifold import project
@@ -145,15 +149,23 @@ def draw_batch(keys: PRNGKeyArray, *, size: tuple[int, int], heads: int,
     return P, U, x0, M
 
 
+#: Instances run together as one block (`run_program`): a program runs its instances
+#: block by block, so that an instance's numbers do not depend on how many there are
+#: or how many devices share them (`--distributed`).
+BLOCK = 8
+
+
 @eqx.filter_jit
 def run_program(P, U, x0, masks, betas, *, num_layers: int, tau: float, norm: str,
-                kernel: str):
-    """One static variant over a batch: every mask × β × instance, vmapped.
+                kernel: str, mesh: Mesh | None = None):
+    """One static variant over a batch: every mask × β × instance, vmapped over
+    blocks of `BLOCK` instances (the blocks split over `mesh`'s devices, if given).
 
     **Arguments:**
 
     - `P`, `U`, `x0`, `masks`: as `draw_batch` returns them; `betas`: `(B,)`.
     - `num_layers`, `tau`, `norm`, `kernel`: the depth, step and static variant.
+    - `mesh`: the devices the blocks are split over (`None`: this process's first).
 
     **Returns:**
 
@@ -164,9 +176,19 @@ def run_program(P, U, x0, masks, betas, *, num_layers: int, tau: float, norm: st
         E, last = depth_run(dyn, x0, num_layers, tau)
         return (E, *measure(last))
 
-    over_i = jax.vmap(one, in_axes=(0, 0, 0, 0, None))
-    over_b = jax.vmap(over_i, in_axes=(None, None, None, None, 0))
-    return jax.vmap(over_b, in_axes=(None, None, None, 0, None))(P, U, x0, masks, betas)
+    def block(args, betas):  # BLOCK instances, their masks (BLOCK, M, n, n)
+        over_i = jax.vmap(one, in_axes=(0, 0, 0, 0, None))
+        over_b = jax.vmap(over_i, in_axes=(None, None, None, None, 0))
+        return jax.vmap(over_b, in_axes=(None, None, None, 1, None))(*args, betas)
+
+    size = x0.shape[0]
+    step = BLOCK * (1 if mesh is None else mesh.devices.size)
+    cycle = jnp.arange(-(-size // step) * step) % size  # padded as np.resize pads
+    args = [a[cycle].reshape(-1, BLOCK, *a.shape[1:])
+            for a in (P, U, x0, jnp.moveaxis(masks, 0, 1))]
+    out = map_blocks(block, args, mesh, (betas,))  # each (blocks, M, B, BLOCK, …)
+    return tuple(jnp.moveaxis(a, 0, 2).reshape(*a.shape[1:3], -1, *a.shape[4:])[:, :, :size]
+                 for a in out)
 
 
 # --- one chunk -----------------------------------------------------------------------
@@ -175,15 +197,19 @@ def run_program(P, U, x0, masks, betas, *, num_layers: int, tau: float, norm: st
 def simulate_chunk(config: dict, grid: Grid, program: tuple[int, int, int]) -> dict:
     """Run one static variant of the grid (all its masks, β and instances) and reduce
     it to per-instance measurements (`MEASURES`, each `(M, B, I)`) and the median `E`
-    over instances after every layer, `E_median (M, B, L+1)`."""
+    over instances after every layer, `E_median (M, B, L+1)`. In a distributed run
+    (`--distributed`) its blocks are split over every process's devices."""
     s, a, k = program
     keys = jnp.stack([jax.random.PRNGKey(config.seed + i)
                       for i in range(config.instances)])
-    drawn = draw_batch(keys, size=tuple(grid.sizes[s]), heads=config.heads,
-                       masks=grid.masks, window=config.window, keep=config.keep)
-    E, clusters, residual, finite = run_program(
-        *drawn, jnp.asarray(grid.betas, float), num_layers=config.layers,
-        tau=config.tau, norm=grid.norms[a], kernel=grid.kernels[k])
+    drawn = (*draw_batch(keys, size=tuple(grid.sizes[s]), heads=config.heads,
+                         masks=grid.masks, window=config.window, keep=config.keep),
+             jnp.asarray(grid.betas, float))
+    mesh = global_mesh()
+    out = run_program(*(drawn if mesh is None else replicate(drawn, mesh)),
+                      num_layers=config.layers, tau=config.tau, norm=grid.norms[a],
+                      kernel=grid.kernels[k], mesh=mesh)
+    E, clusters, residual, finite = gather_all(out)
     E = np.asarray(E)
     return {"final_E": E[..., -1], "consensus_layer": consensus_layer(E),
             "clusters": np.asarray(clusters), "residual": np.asarray(residual),
@@ -215,22 +241,26 @@ def run_chunks(config: dict, grid: Grid, folder: Path | None, *, progress: bool,
     """Every program's chunk: loaded from `folder` when an earlier, interrupted run
     saved it there (`--resume`), else computed and saved atomically into it (`None`:
     computed, not saved). The run folder is held and its settings checked
-    (`write_run`): a chunk in it belongs to this study."""
-    if folder is not None:
+    (`write_run`): a chunk in it belongs to this study. In a distributed run process 0
+    alone reads and writes the folder, and tells the others which chunks to compute
+    (they return those alone)."""
+    programs = grid.programs()
+    if folder is not None and is_writer():
         folder.mkdir(exist_ok=True)
         clear_partial_writes(folder)
         if not config.resume:  # a fresh run does not mix in an old one's chunks
             for old in folder.glob("*.npz"):
                 old.unlink()
-    programs = grid.programs()
+    todo = set(agree(lambda: [i for i in range(len(programs)) if folder is None
+                              or not (folder / f"{i:04d}.npz").exists()]))
     width = jnp.result_type(float)
 
     def piece(index, chunks):
-        if folder is None:
-            chunks.append(simulate_chunk(config, grid, programs[index]))
+        if folder is None or not is_writer():
+            chunks += [simulate_chunk(config, grid, programs[index])] if index in todo else []
             return chunks, None
         path = folder / f"{index:04d}.npz"
-        if not path.exists():
+        if index in todo:
             save_npz(path, **simulate_chunk(config, grid, programs[index]))
         with np.load(path) as f:
             chunk = {key: f[key] for key in f.files}
@@ -370,6 +400,7 @@ def cell_command(config: dict, grid: Grid, at: tuple[int, ...]) -> str:
 
 
 class VariantsExperiment(AbstractExperiment):
+    distributable = True
     name = "variants"
     title = ("which variants escape consensus: norm × mask × kernel × β on random weights, "
              "at a fixed depth")
@@ -412,8 +443,10 @@ class VariantsExperiment(AbstractExperiment):
         (`folder`: the run folder; `None`: nothing saved, nothing to resume)."""
         grid = Grid.of(config)
         chunks = None if folder is None else Path(folder) / CHUNKS
-        data = gather(grid, run_chunks(config, grid, chunks, progress=progress,
-                                       desc=self.name))
+        computed = run_chunks(config, grid, chunks, progress=progress, desc=self.name)
+        if not is_writer():  # process 0 has every chunk
+            return {}
+        data = gather(grid, computed)
         if chunks is not None:
             shutil.rmtree(chunks, ignore_errors=True)
         return data | {"betas": np.asarray(grid.betas), "norms": np.asarray(grid.norms),

@@ -118,12 +118,15 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
     """The study at a glance: per size, a heat map of the median final `log₁₀ E` with
     variants (norm · mask) as rows and kernel · β as columns, each cell annotated
     with its consensus layer, its cluster count or `…`; `★` marks the rows a theorem
-    covers."""
+    covers. A study of one cell is its median `E` over the layers instead (a map of one
+    cell says nothing)."""
     plt = figures.pyplot()
     norms, masks, kernels, betas = (list(v) for v in (grid.norms, grid.masks, grid.kernels,
                                                       grid.betas))
     R, C = len(norms) * len(masks), len(kernels) * len(betas)
     S = len(grid.sizes)
+    if R * C * S == 1:
+        return _draw_one_cell(config, data, rows[0], stem)
     # at least 6 inches: a single cell would otherwise leave the title a narrow column;
     # 1.3 inches on the left for the row labels
     width = max(6.0, 2.2 + (0.6 * C + 0.6) * S)
@@ -142,18 +145,47 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
                     color=figures.text_color_on(under))
         _label_axes(ax, norms, masks, kernels, betas, covered, rows_labelled=p == 0)
         ax.set_title(f"n = {size[0]} tokens in R{superscript(size[1])}", fontsize=10, pad=16)
-    # only the settings of the masks drawn (a window's width, a sparse mask's share)
-    used = ([f"window w = {config.window}"] if "window" in masks else []) + \
-        ([f"sparse p = {config.keep:g}"] if "sparse" in masks else [])
-    title = (f"Which variants collapse, how fast, which do not ({config.instances} random "
-             f"instances per cell, h = {config.heads}, P Gaussian, U = I/h, "
-             f"τ = {config.tau:g}{''.join(', ' + u for u in used)}). Number: median layer "
+    title = (f"Which variants collapse, how fast, which do not ({_setup(config, masks)} "
+             "per cell). Number: median layer "
              "at which E < 1e-4; kN: tokens kept apart in N clusters; p%: still converging, "
              "p % of the instances in consensus (…: none); ∞: overflow; ★: a theorem covers "
              "the row")
     _title_on_top(fig, title)  # before the colorbar, which takes its room from the panels
     fig.colorbar(mesh, ax=list(axes[0]), shrink=0.6, pad=0.02,
                  label=f"median log₁₀ E at layer {config.layers}")
+    return _save(fig, stem)
+
+
+def _setup(config, masks) -> str:
+    """The instances' set-up, in words (only the settings of the masks drawn)."""
+    used = ([f"window w = {config.window}"] if "window" in masks else []) + \
+        ([f"sparse p = {config.keep:g}"] if "sparse" in masks else [])
+    return (f"{config.instances} random instances, h = {config.heads}, P Gaussian, U = I/h, "
+            f"τ = {config.tau:g}{''.join(', ' + u for u in used)}")
+
+
+def _draw_one_cell(config, data: dict, row: dict, stem: Path) -> list[Path]:
+    """One cell: its median `E` over the layers, its outcome in the title."""
+    plt = figures.pyplot()
+    E = np.asarray(data["E_median"]).reshape(-1)
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    figures.draw_decay(ax, np.arange(len(E)), E, color="C0", label="median E")
+    ax.axhline(1e-4, color="C3", ls="--", lw=1, label="consensus: E < 1e-4")
+    ax.set_xlabel("layer")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel("misalignment E")
+    ax.legend(fontsize=8, loc="upper right")
+    outcome = {"consensus": f"consensus at layer {row['consensus_layer_median']:.0f} "
+                            "(median)",
+               "apart": f"tokens kept apart in {row['clusters_median']:.0f} clusters",
+               "overflow": "overflow"}.get(row["outcome"], f"still converging at layer "
+                                           f"{config.layers}: {row['reached']:.0%} of the "
+                                           "instances in consensus")
+    cover = (f"Theorem {row['theorem']}" if row["theorem"] != "none" else "no theorem")
+    ax.set_title(f"{_variant(row)}, β = {row['beta']:g}, n = {row['tokens']} tokens in "
+                 f"R{superscript(row['dim'])} ({cover})\n{outcome}\n"
+                 f"{_setup(config, [row['mask']])}", fontsize=9)
+    fig.tight_layout()
     return _save(fig, stem)
 
 

@@ -21,6 +21,7 @@ from ._measures import uniform as uniform
 from ._particles import circle_modes as circle_modes
 from ._particles import circle_particles as circle_particles
 from ._particles import circle_velocity as circle_velocity
+from ._solve import fluctuation_distance as fluctuation_distance
 from ._solve import solve as solve
 from ._sphere import Sphere as Sphere
 from ._stability import growth_rate as growth_rate

@@ -12,11 +12,12 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._kernel import AbstractKernel
-from .._validate import surface_errors
+from .._validate import check_count, surface_errors
 from ._checks import check_beta, check_density, check_size
 from ._etd import ETDRK4
 from ._grid import AbstractGrid
 from ._kernels import check_kernel, profiles
+from ._measures import mode_distance
 
 #: The default step: the transport term's time scale at the couplings of interest
 #: (`K e^{β}` of order 10) is far longer; `tests/meanfield/test_meanfield.py` measures the order.
@@ -127,7 +128,8 @@ def solve(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, *, beta, coupling,
 
 
 @eqx.filter_jit
-def _solve(grid, mu0, ts, steps, beta, coupling, sigma, kernel):
+def _solve(grid, mu0, ts, steps, beta, coupling, sigma, kernel,
+           adjoint=dfx.RecursiveCheckpointAdjoint()):
     c0 = grid.analysis(mu0)
     transport = drift(grid, beta, coupling, kernel)
     term = dfx.ODETerm(lambda t, c, args: transport(c))
@@ -136,7 +138,54 @@ def _solve(grid, mu0, ts, steps, beta, coupling, sigma, kernel):
         return mu0[None]
     sol = dfx.diffeqsolve(term, solver, ts[0], ts[-1], None, c0,
                           stepsize_controller=dfx.StepTo(steps), saveat=dfx.SaveAt(ts=ts),
-                          max_steps=steps.shape[0])
+                          max_steps=steps.shape[0], adjoint=adjoint)
     return eqx.error_if(jax.vmap(grid.synthesis)(sol.ys), ~jnp.all(jnp.isfinite(sol.ys)),
                         "jaxattn: solve: the density became NaN or inf: the transport is "
                         "too stiff for `dt0` at this coupling (lower `dt0` or |coupling|).")
+
+
+@surface_errors
+def fluctuation_distance(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, n: int,
+                         degree: int = 4, *, beta, coupling,
+                         kernel: str | AbstractKernel = "usa", dt0: float = DT0
+                         ) -> Float[Array, " T"]:
+    """The root-mean-square `mode_distance` at the times `ts` between `n` particles
+    drawn independently from `mu0` and moved by the deterministic flow (`σ = 0`), and
+    the equation's solution from `mu0`, to leading order in `1/n`: the initial sampling
+    error carried by the linearised equation. With `δ_x` the band's projection of a
+    point mass and `J_t` the derivative of `mu0 ↦ μ_t`,
+    `E‖Π(μ_t^n − μ_t)‖² = E_{x∼μ_0} ‖Π J_t (δ_x − μ_0)‖² / n + O(n^{−2})`; at `ts[0]`
+    it is `sampling_distance`. The expectation is the grid's quadrature (exact for a
+    band-limited `mu0`); `J_t` acts on all the grid's points at once (one vmapped
+    linearised solve).
+
+    **Arguments:**
+
+    - `grid`, `mu0`, `ts`, `beta`, `coupling`, `kernel`, `dt0`: as for `solve`.
+    - `n`: the number of particles, `≥ 1`.
+    - `degree`: the modes compared, `1 ≤ ℓ ≤ degree` (at most the grid's).
+
+    **Returns:**
+
+    The predicted RMS distances at `ts`, `(len(ts),)`.
+    """
+    mu0, ts, kernel = _check(grid, mu0, ts, beta, coupling, 0.0, dt0, kernel)
+    degree = check_count(degree, "degree", 1, int(np.max(np.asarray(grid.degrees()))))
+    n = check_count(n, "n", 1)
+    return _fluctuation(grid, mu0, jnp.asarray(ts), jnp.asarray(step_times(ts, dt0)),
+                        beta, coupling, kernel, degree) / math.sqrt(n)
+
+
+@eqx.filter_jit
+def _fluctuation(grid, mu0, ts, steps, beta, coupling, kernel, degree):
+    points = grid.points.reshape(-1, grid.dim)
+    probability = (grid.weights * mu0).reshape(-1)
+    deltas = jax.vmap(lambda p: grid.synthesis(grid.empirical(p[None])))(points)
+    # forward mode: one tangent per point, carried with the solution
+    _, carried = jax.linearize(
+        lambda m: _solve(grid, m, ts, steps, beta, coupling, 0.0, kernel, dfx.ForwardMode()),
+        mu0)
+    moved = jax.vmap(carried)(deltas - mu0[None])  # (points, T, *grid)
+    zero = jnp.zeros_like(mu0)
+    square = jax.vmap(jax.vmap(lambda m: mode_distance(grid, m, zero, degree) ** 2))(moved)
+    return jnp.sqrt(jnp.sum(probability[:, None] * square, axis=0))

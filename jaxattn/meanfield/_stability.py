@@ -10,7 +10,7 @@ from scipy.special import ive
 
 from .._kernel import AbstractKernel
 from .._validate import check_count, check_scalar, check_sphere
-from ._kernels import check_kernel
+from ._kernels import check_kernel, coupling_of
 
 #: Below this `ive(ν, β)` (near float64's smallest normal number) `log I_ν(β)` is taken
 #: from Debye's expansion instead.
@@ -85,15 +85,31 @@ def growth_rate(beta, coupling, d: int, mode: int = 1, kernel: str | AbstractKer
 
 
 def linear_threshold(beta, d: int, kernel: str | AbstractKernel = "usa", *,
-                     sigma: float = 1.0) -> float:
+                     sigma: float | None = None) -> float:
     """The coupling where the uniform density turns linearly unstable (its first
-    harmonic's `γ₁ = 0`): `σ² K_#(β)` for `"usa"`/`"exp"`, `σ² β I_{d/2−1}(β) /
-    (2 I_{d/2}(β))` for `"softmax"` (docs/meanfield_equation.md)."""
-    log = log_multiplier(beta, d, 1, check_kernel(kernel))
-    sigma = check_scalar(sigma, "sigma", positive=True)
-    threshold = 2 * math.log(sigma) - math.log(2) - log
+    harmonic's `γ₁ = 0`; docs/meanfield_equation.md).
+
+    **Arguments:**
+
+    - `beta`: `β > 0`.
+    - `d`: the dimension (`S^{d−1}`).
+    - `kernel`: `"usa"`, `"exp"` or `"softmax"`, or its member.
+    - `sigma`: `None` for the papers' coupling `K_#`; a noise `σ > 0` for jaxattn's
+      `κ_#` (`U = κ I` with `TokenNoise(σ)`), the `κ` whose `coupling_of` is `K_#`.
+
+    **Returns:**
+
+    `K_#(β) = β^{d/2} / (2^{d/2} Γ(d/2) I_{d/2}(β))` for `"usa"`/`"exp"`,
+    `β I_{d/2−1}(β) / (2 I_{d/2}(β))` for `"softmax"`; with `sigma`, that over
+    `coupling_of(1, β, kernel, σ)`.
+    """
+    kernel = check_kernel(kernel)
+    log = log_multiplier(beta, d, 1, kernel)
+    per_kappa = 1.0 if sigma is None else coupling_of(1.0, beta, kernel, sigma)
+    # e^{−β} of "usa" underflows past β ≈ 745: the range check below refuses it
+    threshold = -math.log(2) - log - (math.log(per_kappa) if per_kappa > 0 else -math.inf)
     if not -_LOG_MAX < threshold < _LOG_MAX or not -_LOG_MAX < log < _LOG_MAX:
         raise ValueError(f"linear_threshold: the threshold is e^{threshold:.4g}, past "
                          f"float64's range at β = {beta:g}, d = {d}; use a smaller β or "
                          "kernel='softmax'.")
-    return sigma**2 / (2 * math.exp(log))
+    return 1 / (2 * math.exp(log) * per_kappa)

@@ -16,7 +16,13 @@ import scipy.optimize
 from jaxtyping import Array, Bool, Float
 
 from .._manifold import w_inner, w_norm
-from .._validate import as_float_array, check_count, check_metric, known_nonfinite
+from .._validate import (
+    as_float_array,
+    check_count,
+    check_metric,
+    is_concrete,
+    known_nonfinite,
+)
 
 # The origin counts as inside the hull of the tokens (no open hemisphere) when the
 # nearest hull point is this close to it, relative to the largest token.
@@ -96,8 +102,9 @@ def hemisphere(x: Float[Array, "*batch n d"], W: Float[Array, "d d"] | None = No
     (the duality of the max–min and the hull distance); if `p = 0` (relative
     tolerance `1e-10`), no open hemisphere contains the tokens. The hull distance
     is a quadratic program, solved exactly as a nonnegative least-squares problem
-    with SciPy on the host (`jax.pure_callback`), one sequence at a time; it works
-    under `jit` and `vmap`. Gradients of `margin` (envelope theorem: the optimal
+    with SciPy on the host, one sequence at a time: directly for concrete tokens (no
+    callback in a program, so JAX's persistent cache keeps them), through
+    `jax.pure_callback` under `jit` and `vmap`. Gradients of `margin` (envelope theorem: the optimal
     `z` and hull weights held fixed) flow into `x` and `W`; `z` has none.
 
     **Arguments:**
@@ -117,8 +124,12 @@ def hemisphere(x: Float[Array, "*batch n d"], W: Float[Array, "d d"] | None = No
                          if x.ndim >= 2 and x.shape[-2] else
                          f"`x` must be tokens of shape (..., n, d), got {x.shape}.")
     d = x.shape[-1]
-    Wm = jnp.eye(d, dtype=x.dtype) if W is None else check_metric(W, d).astype(x.dtype)
+    Wm = np.eye(d, dtype=x.dtype) if W is None else check_metric(W, d).astype(x.dtype)
     batch, n = x.shape[:-2], x.shape[-2]
+    if is_concrete(x) and is_concrete(Wm):  # on the host: no callback in a program
+        inside, z, lam = _host_hemisphere(x, Wm)
+        return _margin(inside, z.astype(x.dtype), lam.astype(x.dtype), x,
+                       None if W is None else Wm)
     shapes = (
         jax.ShapeDtypeStruct(batch, jnp.bool_),
         jax.ShapeDtypeStruct(batch + (d,), x.dtype),
@@ -128,7 +139,12 @@ def hemisphere(x: Float[Array, "*batch n d"], W: Float[Array, "d d"] | None = No
         _host_hemisphere, shapes, jax.lax.stop_gradient(x), jax.lax.stop_gradient(Wm),
         vmap_method="sequential",
     )
-    Wz = None if W is None else Wm
+    return _margin(inside, z, lam, x, None if W is None else Wm)
+
+
+@jax.jit
+def _margin(inside, z, lam, x, Wz) -> Hemisphere:
+    """The `Hemisphere` of the host's answer `(inside, z, λ)`, differentiable in `x`, `W`."""
     # Value |p|_W, gradient by the envelope theorem: Σ λ_i ⟨z, x_i⟩_W / |z|_W at fixed z, λ.
     scores = w_inner(z[..., None, :], x, Wz)
     norm = jnp.where(inside, w_norm(z, Wz), 1.0)

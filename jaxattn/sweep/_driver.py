@@ -9,6 +9,7 @@ until then. The columns, and why a resumed table is byte for byte the same:
 docs/usage/sweeps.md.
 """
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from .._artifacts.folders import (
     reopen_run,
 )
 from .._batch import as_mesh
+from .._distributed import agree, check_flags, initialize, is_writer
 from .._files import atomic_write
 from .._horizon import CONSENSUS_TOL
 from ..experiments import redraw_run
@@ -112,7 +114,7 @@ def _sidecar(spec: SweepSpec, configs, keys, chunks) -> dict[str, Any]:
     return {"spec": spec.to_json(), "points": configs, "grid_keys": keys,
             "columns": _header(keys), "chunks": [list(c) for c in chunks],
             "tolerance": CONSENSUS_TOL, "dtype": str(jax.numpy.result_type(float)),
-            "devices": jax.device_count()}
+            "devices": jax.device_count(), "processes": jax.process_count()}
 
 
 def run_sweep(
@@ -127,9 +129,10 @@ def run_sweep(
     out=None,
     resume: bool = False,
     devices=None,
+    distributed: bool = False,
     progress: bool = True,
     log=print,
-) -> SweepResult:
+) -> SweepResult | None:
     """Run a sweep: every grid point's instances as vmapped batches, saved chunk by chunk.
 
     **Arguments:**
@@ -142,12 +145,16 @@ def run_sweep(
       (its spec must be the same); without it an existing sweep is an error.
     - `devices`: shard each batch over devices (`None`: all of them when there are
       several); results equal the one-device run.
+    - `distributed`: run as one of several processes (`jax.distributed`, joined from
+      the environment unless joined already): each batch is sharded over the devices
+      of every process, process 0 alone writes (docs/usage/distributed.md).
     - `progress`: show a progress bar (instances, rate, time left); `log`: where
       messages go.
 
     **Returns:**
 
-    A `SweepResult(folder, table, summary)`.
+    A `SweepResult(folder, table, summary)`; `None` on a process other than 0 of a
+    distributed sweep.
     """
     spec = _as_spec(spec, grid=grid, points=points, set=set, instances=instances, seed=seed,
                     chunk=chunk)
@@ -156,17 +163,32 @@ def run_sweep(
     params = sweep_params(spec.experiment)
     keys = grid_keys(spec)
     chunks = plan(spec, configs)
-    sidecar = _sidecar(spec, configs, keys, chunks)
     as_mesh(devices)  # every argument is checked before the folder is made
-    with hold_folder(path, "sweep") as folder:
-        # the check for an existing sweep and the write of sweep.json, under the lock
+    if distributed:
+        check_flags(devices=devices)
+        initialize()
+        devices = as_mesh(jax.devices())  # every process's devices
+    writer = is_writer()
+    log, progress = (log, progress) if writer else (lambda *_: None, False)
+    sidecar = _sidecar(spec, configs, keys, chunks)
+    run_id = None
+
+    def reopen():  # on process 0: the check for an existing sweep, sweep.json written
+        nonlocal run_id
         finished, run_id = reopen_run(folder, sidecar, resume, what="sweep", command="sweep",
                                       filename="sweep.json", same=("spec", "points", "dtype"))
+        return [finished]
+
+    # process 0 alone holds and writes the folder; the others follow its plan
+    with hold_folder(path, "sweep") if writer else contextlib.nullcontext(path) as folder:
+        finished = agree(reopen)[0]
         if finished:
             log(f"{folder} holds this sweep, finished; nothing to run")
         else:
             _run_chunks(folder, spec, configs, params, keys, chunks, devices, progress, log,
                         simulate_chunk)
+        if not writer:
+            return None
         table = load_table(folder) if finished else _assemble(folder, keys, chunks)
         summary = summarise(spec, configs, keys, table)
         if not finished:
@@ -190,14 +212,10 @@ def _as_spec(spec, **overrides) -> SweepSpec:
 
 
 def _run_chunks(folder, spec, configs, params, keys, chunks, devices, progress, log, simulate):
-    """Run and save every chunk of the plan that is not saved yet."""
-    (folder / "chunks").mkdir(exist_ok=True)
-    for stale in (folder / "chunks").glob(".*.tmp"):  # a write cut off by a kill
-        stale.unlink(missing_ok=True)
+    """Run and save every chunk of the plan that is not saved yet (which ones: process
+    0 reads its folder and tells the others)."""
     header = _header(keys)
-    todo = [(i, c) for i, c in enumerate(chunks)
-            if not (_chunk_path(folder, i).exists()
-                    and _read_rows(_chunk_path(folder, i), header, c[2] - c[1]) is not None)]
+    todo = [(i, chunks[i]) for i in agree(lambda: _unsaved(folder, header, chunks))]
     done = sum(c[2] - c[1] for c in chunks) - sum(c[2] - c[1] for _, c in todo)
     if len(todo) < len(chunks):
         log(f"resuming {folder}: {len(chunks) - len(todo)} of {len(chunks)} chunks done")
@@ -215,8 +233,19 @@ def _run_chunks(folder, spec, configs, params, keys, chunks, devices, progress, 
                            devices)
             rows = _rows(spec, config, keys, point, lo, out, theorem_of(spec.experiment))
             data = _csv(header, rows)
-            atomic_write(_chunk_path(folder, index), lambda f, data=data: f.write(data))
+            if is_writer():
+                atomic_write(_chunk_path(folder, index), lambda f, data=data: f.write(data))
             bar.update(hi - lo)
+
+
+def _unsaved(folder: Path, header: list[str], chunks) -> list[int]:
+    """The indexes of the chunks not saved (or not fitting the plan) in `folder`."""
+    (folder / "chunks").mkdir(exist_ok=True)
+    for stale in (folder / "chunks").glob(".*.tmp"):  # a write cut off by a kill
+        stale.unlink(missing_ok=True)
+    return [i for i, (_, lo, hi) in enumerate(chunks)
+            if not (_chunk_path(folder, i).exists()
+                    and _read_rows(_chunk_path(folder, i), header, hi - lo) is not None)]
 
 
 def _assemble(folder: Path, keys, chunks) -> dict[str, np.ndarray]:

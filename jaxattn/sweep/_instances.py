@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._batch import as_mesh, shard_batch, unshard
+from .._distributed import gather
 from .._flow import solve_flow_unchecked
 from .._horizon import CONSENSUS_TOL, Horizon
 from .._layers import run_layers_unchecked
@@ -29,6 +30,12 @@ from ..theory import theorem_test
 #: How a chunk's instances are simulated (`ja.run_layers`' `strategy`): `"auto"` takes
 #: the fused ensemble path for small systems.
 STRATEGY = "auto"
+#: The instances of a block on a CPU (`_chunk`): a chunk runs block by block, so that an
+#: instance's numbers do not depend on the batch or its split over devices (a vectorised
+#: loop rounds the lanes of its remainder differently). A GPU runs a device's whole
+#: share as one block (a thread per instance: no remainder lanes; blocks of 16 would
+#: leave it idle).
+LANES = 16
 #: Experiment parameters that a sweep replaces (`--instances`).
 EXCLUDED = ("samples",)
 
@@ -73,7 +80,15 @@ def _residual(test, dyn, y0, ts, ys, E):
 
 
 @eqx.filter_jit
-def _chunk(name: str, p: dict[str, Any], s: tuple, keys, strategy: str = "auto"):
+def _chunk(name: str, p: dict[str, Any], s: tuple, keys, block: int, strategy: str = "auto"):
+    """Every instance of `keys` (a multiple of `block`), in blocks of `block` run one
+    after the other (`LANES`)."""
+    blocks = keys.reshape(-1, block, *keys.shape[1:])
+    out = jax.lax.map(lambda k: _block(name, p, s, k, strategy), blocks)
+    return jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), out)
+
+
+def _block(name: str, p: dict[str, Any], s: tuple, keys, strategy: str):
     s = dict(s)
     theorem = theorem_of(name)
 
@@ -116,7 +131,8 @@ def simulate_chunk(name: str, config: dict[str, Any], params: tuple[Param, ...],
 
     `config` holds every parameter of the point; ints and flags are compiled in,
     floats are passed as arrays (a sweep over β or T compiles once). With
-    `devices`, the instances are sharded over them.
+    `devices`, the instances are sharded over them (over other processes' devices
+    too: every process then gets every instance's outcome).
 
     **Arguments:**
 
@@ -136,14 +152,15 @@ def simulate_chunk(name: str, config: dict[str, Any], params: tuple[Param, ...],
         static["layers"] = Horizon(config["horizon"]).num_layers(config["tau"])
     dynamic = {q.name: jnp.asarray(config[q.name], dtype) for q in params if q.type is float}
     seeds = np.asarray(seeds, np.int64)
-    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds))
     mesh = as_mesh(devices)
-    if mesh is not None and mesh.devices.size > 1:
-        keys, size = shard_batch(keys, mesh, 1)
-        out = unshard(_chunk(name, dynamic, tuple(sorted(static.items())), keys, STRATEGY), size,
-                      (len(seeds),))
-    else:
-        out = _chunk(name, dynamic, tuple(sorted(static.items())), keys, STRATEGY)
+    count = 1 if mesh is None else mesh.devices.size
+    block = LANES if jax.default_backend() == "cpu" else -(-len(seeds) // count)
+    padded = np.resize(seeds, -(-len(seeds) // (count * block)) * count * block)
+    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(padded))
+    if count > 1:
+        keys, _ = shard_batch(keys, mesh, 1)
+    out = _chunk(name, dynamic, tuple(sorted(static.items())), keys, block, STRATEGY)
+    out = unshard(gather(out), len(seeds), (len(seeds),))  # whole on every process
     tests = out.pop("test", None)
     out = {k: np.asarray(v) for k, v in out.items()}
     if tests is not None:

@@ -119,7 +119,7 @@ def _g(x, spec: str = ".3g") -> str:
 
 def format_table(summary: dict[str, Any], keys) -> str:
     """The per-point table that `jaxattn sweep` prints."""
-    head = [*keys, "n", "median E(T)", "t_cons median [IQR]", "E<tol", "held/in domain",
+    head = [*keys, "instances", "median E(T)", "t_cons median [IQR]", "E<tol", "held/in domain",
             "converging", "against", "solver ok"]
     body = []
     for p in summary["points"]:
@@ -162,16 +162,18 @@ def _groups(keys, table) -> tuple[str | None, dict[str, list[int]]]:
 
 
 def _draw_group(ax_t, ax_e, table, x_key, label, pts, color, tol) -> None:
-    """One line of each panel: consensus time (median, IQR) and every final `E`."""
+    """One line of each panel: consensus time (median, the interquartile range as bars)
+    and every final `E`."""
     xs = ([float(table[x_key][table["point"] == p][0]) for p in pts] if x_key
           else list(range(len(pts))))
     stats = [point_stats(table, p) for p in pts]
     reached = sum(st["reached_consensus"] for st in stats)
     count = sum(st["instances"] for st in stats)
-    ax_t.plot(xs, [s["consensus_time_median"] for s in stats], "o-", color=color,
-              label=f"{label + ': ' if label else ''}{reached}/{count} reached E < {_sci(tol)}")
-    ax_t.fill_between(xs, [s["consensus_time_q25"] for s in stats],
-                      [s["consensus_time_q75"] for s in stats], color=color, alpha=0.2)
+    median = np.asarray([s["consensus_time_median"] for s in stats])
+    spread = [median - [s["consensus_time_q25"] for s in stats],
+              np.asarray([s["consensus_time_q75"] for s in stats]) - median]
+    ax_t.errorbar(xs, median, yerr=spread, fmt="o-", color=color, capsize=3,
+                  label=f"{label + ': ' if label else ''}{reached}/{count} reached E < {_sci(tol)}")
     for p, xv in zip(pts, xs):
         E = np.maximum(table["final_E"][table["point"] == p], 1e-300)
         jitter = np.linspace(-0.04, 0.04, E.size) * (np.ptp(xs) if len(xs) > 1 else 1)
@@ -193,13 +195,20 @@ def write_figure(folder: Path, spec, keys, table) -> list[Path]:
     The paths of `sweep.png` and `sweep.pdf`.
     """
     tol = float(read_json(Path(folder) / "sweep.json")["tolerance"])
-    fig, (ax_t, ax_e) = pyplot().subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_t, ax_e) = pyplot().subplots(1, 2, figsize=(11, 4.2), sharex=True)
     x_key, by_group = _groups(keys, table)
     for i, (label, pts) in enumerate(by_group.items()):
         _draw_group(ax_t, ax_e, table, x_key, label, pts, f"C{i % 10}", tol)
-    ax_t.set_ylabel(f"consensus time (E < {_sci(tol)}), median and IQR")
+    ax_t.set_ylabel(f"consensus time (E < {_sci(tol)}): median, bars IQR")
     ax_t.set_title("time to consensus")
+    # from 0: a flat line reads as flat, not as a trend magnified by a narrow range
+    ax_t.set_ylim(bottom=0)
+    if not np.isfinite(table["consensus_time"]).any():
+        ax_t.text(0.5, 0.5, f"no instance reached E < {_sci(tol)} by T", ha="center",
+                  transform=ax_t.transAxes)
     ax_e.axhline(tol, color="0.4", lw=0.8, ls="--")
+    ax_e.annotate(f"consensus tolerance {_sci(tol)}", (0.01, tol), xycoords=("axes fraction",
+                  "data"), xytext=(0, 3), textcoords="offset points", fontsize=8, color="0.3")
     ax_e.set_yscale("log")
     ax_e.set_ylabel("final misalignment E(T)")
     for ax in (ax_t, ax_e):

@@ -18,12 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from .._batch import prepare_tokens
+from .._batch import check_token_shape, prepare_tokens
 from .._dynamics import SelfAttentionDynamics
 from .._horizon import CONSENSUS_TOL
 from .._manifold import w_inner, w_norm
 from .._precision import einsum
 from .._stacked import map_batch
+from .._validate import check_tokens_now
 from ..metrics import hemisphere, misalignment
 from ..spectral import top_eigenvector
 from ._classify import Classification, classify, top_eigen
@@ -241,9 +242,14 @@ _PRIORITY = ("5.2", "5.1", "4.1", "5.3", "3.2")
 class Prediction:
     """What a theorem predicts for given initial tokens (`predict` returns it).
 
+    `outcome` is what the theorem promises for the starts inside its domain of
+    attraction; `in_domain` says which starts those are. `outcome="consensus"`
+    with `in_domain=False` is no contradiction: the theorem says nothing about that
+    start (it may still reach consensus, or not). `str(prediction)` says it in a line.
+
     - `theorem`: the theorem used (`"5.2"`, …) or `None` when none applies.
     - `outcome`: `"consensus"`, `"consensus at x₁(0)"`, `"consensus at v₁"`,
-      `"near v₁(t)"`, `"equilibrium"` or `"none"`.
+      `"near v₁(t)"`, `"equilibrium"` or `"none"`: the promise inside the domain.
     - `in_domain`: `(*batch)` bool, whether the start lies in the theorem's
       domain of attraction (where it does not, the theorem says nothing).
     - `margin`: `(*batch)` how deep inside the domain (the hemisphere margin, the
@@ -266,6 +272,18 @@ class Prediction:
     others: tuple["Prediction", ...] = ()
     test: AbstractTheoremTest | None = dataclasses.field(default=None, repr=False)
     _x0: np.ndarray | None = dataclasses.field(default=None, repr=False)
+
+    def __str__(self) -> str:
+        """One line: what the theorem promises, and for how many of the starts."""
+        if self.theorem is None:
+            return "No theorem of paper 001 applies to this model: no prediction."
+        inside, total = int(np.sum(self.in_domain)), int(np.size(self.in_domain))
+        line = (f"Theorem {self.theorem}: {self.outcome}, for the starts in its domain of "
+                f"attraction ({inside} of {total})")
+        if inside < total:
+            line += ("; about the others it says nothing (they may reach it or not: "
+                     "run them to see)")
+        return line + "."
 
     def _followed_v1(self, t: float) -> np.ndarray:
         """`v₁(t)`, the top eigenvector of `U(t)`, followed continuously from `v₁(0)`."""
@@ -350,7 +368,9 @@ def predict(dyn: SelfAttentionDynamics, x0, *, times=None, tol: float | None = N
     where the theorem names the limit, `.check(x_T, t, tol)` to test an outcome.
     """
     cls = classify(dyn, times=times, tol=tol)
-    x = np.asarray(prepare_tokens(dyn, x0), np.float64)
+    x0 = check_token_shape(dyn, x0, "x0")
+    check_tokens_now(x0)  # on the host: `prepare_tokens` need not check in a program
+    x = np.asarray(prepare_tokens(dyn, x0, checks=False), np.float64)
     batch = x.shape[:-2]
     found = [t for t in _PRIORITY if t in cls.theorems]
     if not found:

@@ -157,9 +157,9 @@ def test_misalignment_is_the_librarys_when_not_given(tmp_path, monkeypatch):
     seen = {}
     real = animate_module.Scene.__init__
 
-    def spy(self, xs, ts, E, **kwargs):
+    def spy(self, xs, ts, E, *args, **kwargs):
         seen["E"] = E
-        real(self, xs, ts, E, **kwargs)
+        real(self, xs, ts, E, *args, **kwargs)
 
     monkeypatch.setattr(animate_module.Scene, "__init__", spy)
     xs, ts = _trajectory(T=8, n=4)
@@ -220,3 +220,77 @@ def test_runs_without_tokens_say_how_to_make_them():
             assert not trajectory_names({k: f[k] for k in f.files}), folder.name
         with pytest.raises(ValueError, match="ja.animate|jaxattn run thm41-sphere"):
             load(folder)
+
+
+def test_the_encoder_starts_without_forking_this_process(tmp_path):
+    """imageio-ffmpeg's `preexec_fn` forked the JAX process (and JAX warned of a
+    deadlock) on every MP4: the encoder is spawned without one."""
+    import warnings
+
+    xs, ts = _trajectory(T=4, n=3)
+    ja.misalignment(xs)  # JAX started: its threads and its fork warning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ja.animate(xs, tmp_path / "m.mp4", ts, progress=False, dpi=32)
+    forks = [w for w in caught if "fork" in str(w.message)]
+    assert not forks, forks[0].message
+    assert "IMAGEIO_FFMPEG_NO_PREVENT_SIGINT" not in __import__("os").environ
+
+
+def _first_frame(xs, ts=None, **kwargs):
+    """The scene of `ja.animate` with its first frame drawn (its figure still open)."""
+    from jaxattn._artifacts.animate import Scene, frame_unit, trajectory_arrays
+
+    unit = frame_unit(ts, False)
+    xs, ts, E, dtype = trajectory_arrays(xs, ts, kwargs.pop("E", None))
+    scene = Scene(xs, ts, E, dtype, title=None, unit=unit, trail=8, spin=60.0,
+                  elevation=None, dpi=30, density_above=kwargs.pop("density_above", None))
+    frames = scene.frames(np.array([len(xs) - 1]), progress=False)
+    next(frames)
+    return scene, frames
+
+
+def test_a_movie_without_times_counts_steps_and_E_stops_at_its_resolution():
+    xs, _ = _trajectory(T=60, n=5)
+    s = np.linspace(0.0, 40.0, 60)[:, None, None]
+    xs = (np.eye(3)[2] + xs[:1] * np.exp(-s)).astype(np.float32)  # consensus in float32
+    xs /= np.linalg.norm(xs, axis=-1, keepdims=True)
+    scene, frames = _first_frame(xs)
+    from jaxattn._artifacts.figures import resolution
+
+    floor = resolution(np.float32)
+    assert scene.fig.texts[0].get_text() == "5 tokens on S²"
+    assert scene.label.get_text().startswith("step 59")
+    assert f"E < {floor:.1e} (float32 resolution)" in scene.label.get_text()
+    assert scene.ax_e.get_xlabel() == "step"
+    curve = scene.ax_e.lines[0].get_ydata()
+    drawn = curve[np.isfinite(curve)]
+    assert drawn.size and np.all(drawn > floor) and np.isnan(curve[-1])
+    assert scene.ax_e.get_ylim()[0] < floor  # the floor's dotted line is on the axis
+    frames.close()
+
+
+def test_many_tokens_on_the_circle_are_a_density_ring_with_the_order_parameter():
+    rng = np.random.default_rng(3)
+    angle = rng.vonmises(0.5, 2.0, size=(3, 2000))
+    xs = np.stack([np.cos(angle), np.sin(angle)], -1)
+    scene, frames = _first_frame(xs, np.arange(3.0))
+    assert scene.mode == "ring" and not hasattr(scene, "trails")
+    r = np.linalg.norm(xs[-1].mean(0))
+    assert scene.order.get_text() == f"order parameter |mean x| = {r:.3f}"
+    density = scene.ring.get_array()
+    assert abs(density.sum() / scene.bins - 1) < 1e-12  # every token in one arc
+    assert scene.fig.texts[0].get_text() == "2000 tokens on S¹"
+    frames.close()
+    few, frames = _first_frame(xs[:, :150], np.arange(3.0))
+    assert few.mode == "circle"
+    frames.close()
+
+
+def test_a_gif_of_many_tokens_keeps_a_palette(tmp_path):
+    from PIL import Image
+
+    xs, ts = _trajectory(T=6, n=70)
+    path = ja.animate(xs, tmp_path / "many.gif", ts, frames=3, dpi=30, progress=False)
+    with Image.open(path) as im:
+        assert im.n_frames == 3

@@ -703,7 +703,7 @@ RUNS = {
     "antipodal": "--dims 2 --betas 4 --runs 100 --horizon 4 --tau 0.05",
     "noisy-transition": "--tokens 200 --couplings 5 --burn 0.5 --window 1 --rates 5 "
                         "--quench 0.5 --seeds 1 --blocks 4",
-    "mean-field": "--modes 16 --max-tokens 100000 --seeds 24 --betas 3",
+    "mean-field": "--modes 16 --max-tokens 100000 --seeds 48 --betas 3 --couplings 13 --settle 40",
 }
 TINY_GPT2 = {"model_type": "gpt2", "n_layer": 4, "n_embd": 24, "n_head": 3, "vocab_size": 37,
              "n_positions": 16}
@@ -787,3 +787,58 @@ def test_a_loop_draws_the_median_and_a_band_its_prompts_can_fill():
         line, = [ln for ln in ax.lines if ln.get_label() == f"full blocks: median, {words}"]
         np.testing.assert_array_equal(line.get_ydata(), np.median(E, axis=0))
         plt.close(fig)
+
+
+def test_a_study_of_one_cell_draws_its_curve_not_a_one_cell_map(tmp_path, drawn):
+    _draw_other_run("variants-one-cell", tmp_path)
+    fig = drawn[0]
+    (ax,) = fig.axes  # no colour bar: nothing to scale
+    assert not ax.images and ax.get_yscale() == "log" and ax.get_xlabel() == "layer"
+    _, data = _load("variants-one-cell")
+    curve = ax.lines[0].get_ydata()
+    np.testing.assert_allclose(curve, np.asarray(data["E_median"]).ravel())
+    assert ax.get_title().count("\n") <= 2 and "still converging" in ax.get_title()
+
+
+def test_the_demo_end_dot_stands_out_and_the_sphere_fills_its_panel(tmp_path, drawn):
+    from matplotlib.colors import to_rgba
+
+    _draw_demo("demo", tmp_path)
+    ax3 = drawn[0].axes[0]
+    starts, ends = ax3.collections[-2:]
+    assert np.allclose(ends.get_facecolors()[0], to_rgba("tab:red"))
+    assert ends.get_sizes()[0] >= 0.5 * starts.get_sizes()[0]
+    plain = Figure().add_subplot(projection="3d")
+    plain.set_box_aspect((1, 1, 1))  # matplotlib's own size leaves a third blank
+    assert np.linalg.norm(ax3._box_aspect) > 1.2 * np.linalg.norm(plain._box_aspect)
+
+
+def test_the_gallery_prints_no_numbers_from_a_run_too_small_for_them(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "gallery", Path(__file__).parents[2] / "docs" / "gallery.py")
+    gallery = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gallery)
+    monkeypatch.setattr(gallery, "CACHE", tmp_path)
+    for name in gallery.NO_NUMBERS:
+        line = json.loads((gallery.draw(name, "source") / "verdict.json").read_text())["line"]
+        assert not re.search(r"\d|nan|±", line.replace(gallery.NO_NUMBERS[name], "")), line
+        assert gallery.NO_NUMBERS[name] in line
+    # the saved run is on the current grid: its transition couplings are numbers
+    config, data = _load("noisy-transition")
+    verdict = EXPERIMENTS["noisy-transition"].verdict(
+        EXPERIMENTS["noisy-transition"].config(config), data)
+    assert "K_c/K_# = nan" not in verdict.line
+
+
+def test_thm41_gives_its_sphere_room_and_a_short_y_label(tmp_path, drawn):
+    _draw_experiment("thm41-sphere", tmp_path)
+    fig = drawn[0]
+    ax3, _, decay = fig.axes[:3]
+    assert ax3.name == "3d"
+    # wider than an equal third (0.23 of the figure before), zoomed past matplotlib's own
+    assert ax3.get_position(original=True).width > 1.2 * decay.get_position(original=True).width
+    assert ax3._box_aspect is not None and np.linalg.norm(ax3._box_aspect) > 1.1 * 3**0.5
+    assert len(decay.get_ylabel()) <= 12, decay.get_ylabel()  # the formula is in the title
+    assert "min" in decay.get_title()

@@ -89,9 +89,9 @@ def test_screenshot_is_not_blank(tmp_path, browser):
 
 
 @pytest.mark.parametrize("run, extra, dims", [
-    ("metastability", ["--index", "1"], "R²"),  # the circle, one of three runs
-    ("hardmax", ["--which", "ys_nsd"], "R²"),
-    ("oja-bipartite", [], "R³"),
+    ("metastability", ["--index", "1"], "on S¹"),  # the circle, one of three runs
+    ("hardmax", ["--which", "ys_nsd"], "in R²"),  # not on the circle
+    ("oja-bipartite", [], "on S²"),
 ])
 def test_other_runs_load(tmp_path, browser, run, extra, dims):
     page = _page(tmp_path, run, *extra)
@@ -118,3 +118,30 @@ def test_pca_pages_say_what_is_kept(tmp_path, browser):
 def test_bad_input_is_refused(xs, ts, message):
     with pytest.raises(ValueError, match=message):
         view_html(xs, ts)
+
+
+def test_a_page_says_what_its_picture_is():
+    """On the circle no sphere to drag; without times the saves are steps; the title
+    names the sphere the tokens are on; E stops at its dtype's resolution."""
+    import json
+
+    from jaxattn._artifacts.figures import resolution
+
+    angle = np.linspace(0.0, 1.0, 4)[:, None] * np.arange(1.0, 6.0)
+    circle = np.stack([np.cos(angle), np.sin(angle)], -1).astype(np.float32)
+    page = view_html(circle)
+    data = json.loads(re.search(r"const DATA = (\{.*?\});", page).group(1))
+    assert "Drag the sphere" not in page and "tokens on the circle" in page
+    assert data["unit"] == "step" and data["dtype"] == "float32"
+    assert data["floor"] == resolution(np.float32)
+    assert "<h1>5 tokens on S¹</h1>" in page
+    sphere = view_html(np.concatenate([circle, np.zeros((4, 5, 1))], -1), np.arange(4.0))
+    assert "Drag the sphere" in sphere and '"unit":"t"' in sphere
+
+
+def test_make_test_says_why_tests_skip():
+    """`make test` lists skipped tests with their reason (the view's need chromium,
+    which `.ci/run` installs) instead of a bare count."""
+    makefile = (Path(__file__).parents[2] / "Makefile").read_text()
+    recipe = re.search(r"^test: .*\n\t(.*)$", makefile, re.M).group(1)
+    assert re.search(r"\s-r\w*s", recipe), recipe

@@ -1,10 +1,13 @@
 """`jaxattn doctor`: versions, device, whether float32 is faithful (exit status 1 when
-not), the determinism flags, matmul speed per precision and the optional parts."""
+not), the determinism flags, the compilation cache, matmul speed per precision and the
+optional parts."""
 
 import functools
+import re
 import subprocess
 import sys
 
+from jaxattn._cache import cache_dir
 from jaxattn.cli import doctor, main
 
 
@@ -16,6 +19,9 @@ def test_doctor_reports_every_part_and_passes(capsys):
                  "tensorfloat32 ", "bfloat16 ", "GFLOP/s"):
         assert part in out, part
     assert "NOT faithful" not in out
+    # The folder in force (the test suite's, which other test processes may be filling).
+    assert re.search(rf"compilation cache: {re.escape(str(cache_dir()))}, [1-9]\d* entries, "
+                     r"\d+\.\d MB\n", out), out
     for name in doctor.OPTIONAL:
         assert f"optional {name}: " in out
 

@@ -55,6 +55,7 @@ BAD = [
     (["loop", "--model", "/nonexistent/model"], "no such file or folder"),
     (["loop", "--model", "gpt2", "--weights", "odd"], "invalid choice"),
     (["bench", "--cases", "nope"], "unknown case"),
+    (["cache", "wipe"], "invalid choice: 'wipe'"),
     (["bench", "--repeats", "0"], "`--repeats` must be a whole number ≥ 1"),
     (["bench", "--quick", "--size", "large"], "--quick and --size large disagree"),
     (["loop", "--model", "gpt2", "--precision", "float16"], "invalid choice: 'float16'"),

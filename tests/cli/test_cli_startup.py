@@ -51,6 +51,16 @@ def test_list_does_not_import_jax():
         assert name in body
 
 
+def test_cache_does_not_import_jax(tmp_path):
+    """`jaxattn cache` reads the folder: no JAX, and no folder made."""
+    out = subprocess.run([sys.executable, "-c", _PROBE.format(argv=["cache"])],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, JAXATTN_CACHE_DIR=str(tmp_path / "c")))
+    assert out.stdout.startswith(f"compilation cache: {tmp_path / 'c'}, 0 entries, ")
+    assert "LOADED: - CODE: 0" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert not (tmp_path / "c").exists()
+
+
 def test_import_jaxattn_is_lazy():
     code = "import sys, jaxattn, jaxattn.experiments; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

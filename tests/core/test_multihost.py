@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
+from jaxattn._distributed import free_port
 
 _EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multihost.py"
 _ARGS = ["--batch", "6", "--tokens", "5", "--dim", "3", "--heads", "2", "--layers", "12",
@@ -29,7 +30,7 @@ def _example():
 def _run_workers(example, out: Path, processes: int = 2, timeout: float = 120, args=_ARGS):
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    address = f"localhost:{example.free_port()}"
+    address = f"localhost:{free_port()}"
     procs = [
         subprocess.Popen(
             [sys.executable, str(_EXAMPLE), *args, "--out", str(out), "--coordinator",

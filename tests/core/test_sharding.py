@@ -193,3 +193,58 @@ def test_bad_input_in_a_sharded_batch_raises_at_once():
     kind, message, seconds = res["layers_overflow"]
     assert kind == "SimulationError" and "NaN or inf during the run" in message
     assert seconds < 30
+
+
+_BLOCKS = textwrap.dedent(
+    """
+    import json
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    from jaxattn._batch import as_mesh
+    from jaxattn.experiments import pair_density, variants
+
+    keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(11))
+    drawn = variants.draw_batch(keys, size=(5, 3), heads=2, masks=("full", "causal"),
+                                window=2, keep=0.3)
+    betas = jnp.asarray([0.5, 4.0])
+
+    def study(mesh):
+        out = variants.run_program(*drawn, betas, num_layers=6, tau=0.25, norm="post",
+                                   kernel="softmax", mesh=mesh)
+        return [np.asarray(a) for a in out]
+
+    cfg = dict(betas=3, beta_min=0.5, beta_max=4.0, systems=6, tokens=5, dim=3,
+               key_query=1, value=1, exp_kernel=False, horizon=2.0, step=0.1,
+               raw_step=False, times=4, threshold=0.99)
+    cfg = type("Cfg", (dict,), {"__getattr__": dict.__getitem__})(cfg)
+    x0, P, U = pair_density.draw_systems(jax.random.PRNGKey(3), cfg)
+    at = jnp.asarray(np.tile([0, 3, 7, 12], (3, 1)), jnp.int32)
+    taus = jnp.full((3,), 0.1)
+
+    def pairs(mesh):
+        return np.asarray(pair_density.pair_counts(
+            P, U, jnp.asarray([0.5, 1.0, 4.0]), taus, x0, at, "softmax", "post", False,
+            0.99, mesh=mesh))
+
+    one, many = study(None), [study(as_mesh(k)) for k in (2, 3, 4)]
+    print(json.dumps({
+        "devices": jax.device_count(),
+        "study_bitwise": [all(a.tobytes() == b.tobytes() for a, b in zip(one, m))
+                          for m in many],
+        "study_shape": list(one[0].shape),
+        "pairs_equal": [bool(np.array_equal(pairs(None), pairs(as_mesh(k))))
+                        for k in (2, 3, 4)],
+        "pairs_total": int(pairs(None).sum()),
+    }))
+    """
+)
+
+
+def test_block_programs_give_the_same_bits_on_any_number_of_devices():
+    """The batched studies' programs (`variants.run_program`, `pair_counts`) split
+    their blocks over 2, 3 or 4 devices (`_batch.map_blocks`) with the bits of one
+    device: what `--distributed` runs equal one process's byte for byte."""
+    res = run_on_forced_devices(_BLOCKS, timeout=240)
+    assert res["study_bitwise"] == [True, True, True], res
+    assert res["study_shape"] == [2, 2, 11, 7]
+    assert res["pairs_equal"] == [True, True, True] and res["pairs_total"] > 0, res

@@ -92,3 +92,24 @@ def test_capabilities_refuse_by_what_a_member_runs(key):
 def test_the_base_is_abstract():
     with pytest.raises(TypeError):
         ja.AbstractStrategy()
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["concrete", "traced"])
+def test_fused_solution_is_the_general_one(key, traced):
+    """`solution=True` on the fused path gives each system the chunk's times and counts
+    (it used to fail broadcasting the save times `(T,)` to the chunk `(T, B)`)."""
+    dyn = ja.random_dynamics(key, 2, 3)
+    x0 = random_tokens(jax.random.fold_in(key, 1), 5, 3, batch=(2,))
+    ts = jnp.linspace(0.0, 1.0, 5)
+    kw = dict(solver=ja.RK4(), dt0=0.05, stepsize_controller=dfx.ConstantStepSize(),
+              solution=True)
+
+    def run(strategy):
+        solve = lambda x: ja.solve_flow(dyn, x, ts, strategy=strategy, **kw)  # noqa: E731
+        return (jax.jit(solve) if traced else solve)(x0)
+
+    fused, general = run("fused"), run("general")
+    assert fused.ts.shape == general.ts.shape == (2, 5)
+    np.testing.assert_array_equal(fused.ts, general.ts)
+    np.testing.assert_array_equal(fused.stats["num_steps"], general.stats["num_steps"])
+    np.testing.assert_allclose(fused.ys, general.ys, rtol=0, atol=1e-12)

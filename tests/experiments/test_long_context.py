@@ -68,6 +68,7 @@ def test_one_layer_on_the_simplex_is_the_papers_layer():
     np.testing.assert_allclose(out, [mean_square(x), mean_square(y)], rtol=1e-12)
     lam = distance_ratio(np.asarray(out))
     assert 0 < lam < 1
+    assert LC.simplex_collapse(n, rho, beta / math.log(n)) == pytest.approx(lam, rel=1e-12)
 
 
 def test_tokens_have_the_asked_mean_inner_product(key):
@@ -154,3 +155,51 @@ def test_finite_dimension_estimate_tends_to_the_simplex_value():
 def test_rho_outside_its_range_is_refused():
     with pytest.raises(ValueError, match=r"--rho .* must lie in \[0, 1\)"):
         EXPERIMENTS["long-context"].config(rho=1.0)
+
+
+def _saved():
+    from pathlib import Path
+
+    folder = Path(__file__).parents[1] / "data" / "figures" / "long-context"
+    study = LC.LongContext()
+    config = study.config(json.loads((folder / "config.json").read_text()))
+    return study, config, dict(np.load(folder / "data.npz"))
+
+
+@pytest.mark.parametrize("factor", [0.9, 1.1])
+def test_verdict_fails_a_collapse_prediction_ten_percent_off(monkeypatch, factor):
+    """The collapse side below `γ_c`: the saved run's `λ` crosses 1/2 within `TOL` of
+    the simplex's crossing; moved by ±10 % the verdict fails on it alone."""
+    study, config, data = _saved()
+    verdict = study.verdict(config, data)
+    assert verdict.ok and verdict.numbers["collapse_relative_error"] < LC.TOL / 2
+    exact = LC.predicted_collapse
+    monkeypatch.setattr(LC, "predicted_collapse", lambda n, r: factor * exact(n, r))
+    wrong = study.verdict(config, data)
+    assert not wrong.ok and wrong.numbers["collapse_relative_error"] > 0.08
+    assert wrong.numbers["relative_error"] == verdict.numbers["relative_error"]
+
+
+def test_verdict_fails_when_the_tokens_do_not_collapse_further_as_n_grows():
+    """Below `COLLAPSE_BELOW · γ_c`, `λ` must fall from the smallest `n` to the largest:
+    the saved run's sizes in reverse order (λ growing with `n` there) fail."""
+    study, config, data = _saved()
+    lam = distance_ratio(data["r2"])
+    below = data["gammas"] <= LC.COLLAPSE_BELOW * 2
+    assert np.all(lam[-1, below] < lam[0, below]) and below.sum() >= 3
+    flipped = data | {"r2": data["r2"].copy()}
+    flipped["r2"][:, below] = data["r2"][::-1, below]
+    wrong = study.verdict(config, flipped)
+    assert not wrong.ok and not wrong.numbers["collapse_deepens"]
+
+
+def test_simplex_collapse_tends_to_the_two_phases():
+    """`λ` of the simplex → 0 below `γ_c = 2` and → 1 above as `n` grows; its crossing
+    falls towards `γ_c` from above."""
+    n = np.array([1e2, 1e4, 1e8])
+    assert np.all(np.diff(LC.simplex_collapse(n, 0.5, 1.6)) < 0)
+    assert LC.simplex_collapse(1e8, 0.5, 1.6) < 0.01
+    assert LC.simplex_collapse(1e8, 0.5, 2.5) > 0.98
+    crossing = LC.predicted_collapse(n, np.full(3, 0.5))
+    assert np.all(np.diff(crossing) < 0) and np.all(crossing > 2)
+

@@ -299,3 +299,43 @@ def test_the_rescaled_settings_are_refused_in_one_line():
         with pytest.raises(ValueError, match=words.replace("*", r"\*")) as info:
             _beta_500_config(**extra)
         assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("factor", [0.9, 1.1])
+def test_plateaus_predicted_from_the_initial_tokens_alone_and_wrong_ones_fail(
+        monkeypatch, factor):
+    """The cascade of closest-pair mergers, from `x(0)` and `β` only, predicts the saved
+    run's post-transient plateaus (log-lengths within `CASCADE_TOL`, their growth in
+    `β` within `RATE_TOL`); exponents `c` of `e^{cβ}` 10 % off fail."""
+    from jaxattn.experiments import metastability as M
+
+    config, data = _saved_run()
+    study = M.Metastability()
+    verdict = study.verdict(config, data)
+    assert verdict.ok, verdict.line
+    assert verdict.numbers["cascade_rates"] >= 1
+    assert verdict.numbers["cascade_log_error"] < M.CASCADE_TOL / 2
+    assert verdict.numbers["cascade_rate_error"] < M.RATE_TOL / 2
+    exact = M.cascade
+    monkeypatch.setattr(M, "cascade", lambda *a: {k: factor * v for k, v in exact(*a).items()})
+    wrong = study.verdict(config, data)
+    assert not wrong.ok and wrong.numbers["cascade_rate_error"] > 0.08
+    assert wrong.numbers["cascade_log_error"] > 0.08
+    assert wrong.numbers["final_rel_error"] == verdict.numbers["final_rel_error"]
+
+
+def test_cascade_of_two_clusters_is_their_merge_time_and_then_merges_the_closest():
+    """Two clusters: one plateau, the exact two-cluster integral. Three tokens at
+    angles 0, 0.5, 2: the pair 0, 0.5 merges first (at 0.25, equal masses); then the
+    two clusters (masses 2 and 1) at angle 1.75."""
+    from jaxattn.experiments import metastability as M
+    from jaxattn.experiments.long_time import merge_time
+
+    two = np.asarray(_circle(jnp.array([0.0, 1.2])))
+    assert M.cascade(two, 12.0, 1e-2) == {2: merge_time(two, 12.0, 1e-2)}
+    three = np.asarray(_circle(jnp.array([0.0, 0.5, 2.0])))
+    out = M.cascade(three, 12.0, 1e-2)
+    after = np.asarray(_circle(jnp.array([0.25, 0.25, 2.0])))
+    assert out == {3: merge_time(three, 12.0, 1e-2),
+                   2: pytest.approx(merge_time(after, 12.0, 1e-2), rel=1e-12)}
+    assert out[2] > out[3]  # the wider pair waits exponentially longer

@@ -214,16 +214,20 @@ def test_a_cells_title_names_only_the_settings_it_uses(tmp_path):
     share (settings of masks it does not draw); the full grid names both."""
     from pathlib import Path
 
+    import matplotlib.axes
     import matplotlib.figure
 
-    titles = []
-    real = matplotlib.figure.Figure.suptitle
+    titles = {}
+    real = matplotlib.figure.Figure.suptitle, matplotlib.axes.Axes.set_title
 
-    def record(self, t, **kw):
-        titles.append(t)
-        return real(self, t, **kw)
+    def record(real):
+        def titled(self, t, *args, **kw):
+            titles[name] = titles.get(name, "") + " " + t  # the figure's or a panel's
+            return real(self, t, *args, **kw)
+        return titled
 
-    matplotlib.figure.Figure.suptitle = record
+    matplotlib.figure.Figure.suptitle = record(real[0])
+    matplotlib.axes.Axes.set_title = record(real[1])
     try:
         for name in ("variants-one-cell", "variants"):
             saved = Path(__file__).parents[1] / "data" / "figures" / name
@@ -234,7 +238,7 @@ def test_a_cells_title_names_only_the_settings_it_uses(tmp_path):
             (tmp_path / name).mkdir()
             study.VariantsExperiment().draw(config, data, tmp_path / name)
     finally:
-        matplotlib.figure.Figure.suptitle = real
-    one, full = (" ".join(t.split()) for t in titles[:2])
+        matplotlib.figure.Figure.suptitle, matplotlib.axes.Axes.set_title = real
+    one, full = (" ".join(titles[n].split()) for n in ("variants-one-cell", "variants"))
     assert "window w" not in one and "sparse p" not in one, one
     assert "window w = 2" in full and "sparse p = 0.3" in full, full

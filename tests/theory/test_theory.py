@@ -39,6 +39,11 @@ def test_theorem_41_consensus_from_a_hemisphere(key):
     ok = pred.check(xT, tol=1e-6)
     print(f"{inside.sum()}/{B} starts in a hemisphere; all converge: {ok[inside].all()}")
     assert ok[inside].all()
+    # outcome 'consensus' beside in_domain False: the prediction says what that means
+    line = str(pred)
+    assert line.startswith("Theorem 4.1: consensus, for the starts in its domain")
+    assert f"({inside.sum()} of {B})" in line and "about the others it says nothing" in line
+    assert "says nothing" not in str(T.predict(dyn, x0[np.flatnonzero(inside)[:1]]))
 
 
 @pytest.mark.slow
@@ -184,6 +189,7 @@ def test_no_theorem_applies(key):
     pred = T.predict(dyn, _batch(key, 4, d))
     assert pred.theorem is None and pred.outcome == "none" and not pred.in_domain.any()
     assert not pred.check(_batch(key, 4, d)).any()
+    assert str(pred).startswith("No theorem of paper 001 applies")
     assert "does not apply" in str(cls)
 
 

@@ -1,0 +1,123 @@
+"""The persistent compilation cache: XLA's compiled programs kept on disk, so that a
+second process loads what the first compiled (docs/usage/speed.md).
+
+The folder, first that applies: `enable_cache(path)`'s `path`; `JAXATTN_CACHE_DIR`
+(`off` turns the cache off, even over JAX's own variable); JAX's
+`JAX_COMPILATION_CACHE_DIR`; `$XDG_CACHE_HOME/jaxattn`; `~/.cache/jaxattn`. No JAX at
+import: `jaxattn cache` reads and clears the folder without loading it."""
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+#: The environment variable of the folder, and its value that turns the cache off.
+VARIABLE, OFF = "JAXATTN_CACHE_DIR", "off"
+#: JAX's own variables, which keep precedence over jaxattn's defaults.
+JAX_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
+JAX_MIN_TIME = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
+#: Programs that compiled faster than this are not kept: 0, every program (a second
+#: `jaxattn run` compiled 4 programs again, 69–82 at 0.1 s: docs/usage/speed.md).
+MIN_COMPILE_TIME_S = 0.0
+#: What JAX and XLA write in a cache folder: the entries (`{key}-cache`, with an
+#: `-atime` beside each where JAX evicts), JAX's lock file and XLA's GPU autotuning
+#: and kernel caches.
+_SUFFIXES = ("-cache", "-atime")
+_OTHERS = (".lockfile", "xla_gpu_per_fusion_autotune_cache_dir", "xla_gpu_kernel_cache_file")
+
+
+def cache_dir(path: str | os.PathLike | None = None) -> Path | None:
+    """The cache folder by the rule above (the module's docstring); `None` when off."""
+    if path is None:
+        setting = os.environ.get(VARIABLE, "").strip()
+        if setting.lower() == OFF:
+            return None
+        path = (setting or os.environ.get(JAX_VARIABLE)
+                or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jaxattn")
+    return Path(path).expanduser().absolute()
+
+
+def enable_cache(path: str | os.PathLike | None = None) -> Path | None:
+    """Keep the programs JAX compiles from now on in a folder, and load them from it
+    instead of compiling them again: in this process and every later one that uses
+    the folder. What the `jaxattn` commands do; worth it where the programs take
+    longer to compile than to run (docs/usage/speed.md).
+
+    **Arguments:**
+
+    - `path`: the folder (made with the first program kept). Default: `JAXATTN_CACHE_DIR` (`off`
+      turns the cache off), else `JAX_COMPILATION_CACHE_DIR`, else
+      `$XDG_CACHE_HOME/jaxattn` (`~/.cache/jaxattn`).
+
+    **Returns:**
+
+    The folder, or `None` when the cache is off.
+    """
+    if path is not None and not isinstance(path, str | os.PathLike):
+        raise TypeError(f"`path` must be a folder (a str or a path), got {type(path).__name__}.")
+    folder = cache_dir(path)
+    if folder is not None:
+        _check_folder(folder)
+    options = {"jax_enable_compilation_cache": folder is not None}
+    if folder is not None:
+        options["jax_compilation_cache_dir"] = str(folder)
+        if JAX_MIN_TIME not in os.environ:  # a user's own choice stays
+            options["jax_persistent_cache_min_compile_time_secs"] = MIN_COMPILE_TIME_S
+    if "jax" not in sys.modules:  # read by JAX when it loads: `jaxattn` loads it late
+        os.environ.update({name.upper(): str(value) for name, value in options.items()})
+        return folder
+    import jax
+    from jax._src import compilation_cache
+
+    compilation_cache.reset_cache()  # JAX opens its cache once per process
+    for name, value in options.items():
+        jax.config.update(name, value)
+    return folder
+
+
+def _check_folder(folder: Path) -> None:
+    """A folder JAX can make (on its first program) and write to, or a `ValueError`."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    problem = ("is not a folder" if not existing.is_dir() else None
+               if os.access(existing, os.W_OK | os.X_OK) else "is not writable")
+    if problem:
+        raise ValueError(f"cannot use {folder} for the compilation cache: {existing} "
+                         f"{problem}; choose another folder ({VARIABLE}=DIR) or turn the "
+                         f"cache off ({VARIABLE}={OFF}).")
+
+
+def is_entry(path: Path) -> bool:
+    """Whether `path`, in a cache folder, is something JAX or XLA wrote there."""
+    return path.name in _OTHERS or (path.is_file() and path.name.endswith(_SUFFIXES))
+
+
+def cache_size(folder: Path) -> tuple[int, int]:
+    """The number of entries (`{key}-cache` files) in `folder` and the bytes of all
+    it holds; `(0, 0)` for a folder that does not exist."""
+    if not folder.is_dir():
+        return 0, 0
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    return (sum(p.name.endswith("-cache") for p in files),
+            sum(p.stat().st_size for p in files))
+
+
+def clear_cache(folder: Path) -> tuple[int, int]:
+    """Delete the entries of the cache `folder`, refusing (`ValueError`, nothing
+    deleted) a folder that holds anything else: a mistaken `JAXATTN_CACHE_DIR`
+    never costs a user's files.
+
+    **Returns:**
+
+    The entries and bytes deleted (`cache_size` before).
+    """
+    if not folder.is_dir():
+        return 0, 0
+    foreign = sorted(p.name for p in folder.iterdir() if not is_entry(p))
+    if foreign:
+        raise ValueError(f"{folder} holds files that are not compilation cache entries "
+                         f"({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''}); "
+                         f"nothing deleted: is {VARIABLE} the folder you meant?")
+    size = cache_size(folder)
+    for p in folder.iterdir():
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+    return size

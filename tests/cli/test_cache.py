@@ -1,0 +1,226 @@
+"""The compilation cache: the `jaxattn` commands keep their compiled programs in a
+folder (`JAXATTN_CACHE_DIR`, …), a second run loads them instead of compiling (counted
+from JAX's own cache events), processes share the folder at once, a corrupt entry is
+compiled again, `off` writes nothing, `jaxattn cache clear` empties only a cache."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jaxattn as ja
+from jaxattn._cache import cache_dir
+from jaxattn.cli import main
+
+#: A `jaxattn` command in a fresh Python, counting JAX's cache events: programs looked
+#: up in the cache (`requests`), loaded from it (`hits`), compiled and written
+#: (`misses`), and compiled but refused by JAX for their host callbacks (`refused`,
+#: from its log message: none once the library's programs hold no callbacks).
+_PROBE = """
+import json, logging, sys
+import jax
+
+counts = dict(hits=0, misses=0, requests=0, refused=0)
+names = {"/jax/compilation_cache/cache_hits": "hits",
+         "/jax/compilation_cache/cache_misses": "misses",
+         "/jax/compilation_cache/compile_requests_use_cache": "requests"}
+
+def count(event, **kwargs):
+    if event in names:
+        counts[names[event]] += 1
+
+class Refused(logging.Handler):
+    def emit(self, record):
+        counts["refused"] += "because it uses host callbacks" in record.getMessage()
+
+jax.monitoring.register_event_listener(count)
+log = logging.getLogger("jax._src.compiler")
+log.setLevel(logging.DEBUG)
+log.propagate = False
+log.addHandler(Refused())
+from jaxattn.cli import main
+code = main(sys.argv[1:])
+print("COUNTS", json.dumps(counts))
+sys.exit(code)
+"""
+#: A cheap command: 5 tokens, a short flow, few saves.
+_RUN = ["run", "thm41-sphere", "--no-progress", "--tokens", "5", "--horizon", "1",
+        "--saves", "10"]
+
+
+def _start(cache: str | Path, out: Path, **env) -> subprocess.Popen:
+    """`_RUN` into `out` in a fresh Python with the cache folder `cache`, JAX's own
+    cache (the suite's patch for programs with callbacks off)."""
+    env = os.environ | {"JAXATTN_CACHE_DIR": str(cache), "JAXATTN_TEST_CALLBACK_CACHE": "0",
+                        "JAX_PLATFORMS": "cpu"} | env
+    return subprocess.Popen([sys.executable, "-c", _PROBE, *_RUN, "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def _finish(process: subprocess.Popen) -> tuple[dict, str]:
+    """The event counts of a `_start`ed run and its stderr, once it succeeded."""
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, out[-2000:] + err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    return json.loads(out.rpartition("COUNTS ")[2].splitlines()[0]), err
+
+
+def _data(folder: Path) -> dict:
+    with np.load(folder / "data.npz") as data:
+        return {name: data[name] for name in data.files}
+
+
+def _same_results(a: Path, b: Path) -> None:
+    """One program run twice: the same arrays, bit for bit, and the same numbers."""
+    da, db = _data(a), _data(b)
+    assert sorted(da) == sorted(db)
+    for name in da:
+        np.testing.assert_array_equal(da[name], db[name], err_msg=name)
+    numbers = [json.loads((f / "summary.json").read_text())["numbers"] for f in (a, b)]
+    assert numbers[0] == numbers[1]
+
+
+def _entries(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*-cache"))
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory):
+    """A first run in a fresh cache folder: the folder, its run folder and counts."""
+    root = tmp_path_factory.mktemp("cache")
+    counts, _ = _finish(_start(root / "cache", root / "run"))
+    return root / "cache", root / "run", counts
+
+
+@pytest.mark.slow
+def test_a_second_run_loads_what_the_first_compiled(first, tmp_path):
+    cache, run, before = first
+    assert before["misses"] > 0 and len(_entries(cache)) == before["misses"]
+    after, _ = _finish(_start(cache, tmp_path / "again"))
+    assert after["misses"] == 0, after  # nothing compiled that JAX could keep
+    assert after["hits"] >= before["misses"], (before, after)
+    # Compiled again: only what JAX refuses to keep (programs with host callbacks).
+    assert after["requests"] - after["hits"] == after["refused"], after
+    _same_results(run, tmp_path / "again")
+
+
+@pytest.mark.slow
+def test_a_corrupt_entry_is_compiled_again(first, tmp_path):
+    """In place: an entry's key holds the folder's path (JAX passes XLA's GPU autotune
+    folder inside it in the compile options), so a copied folder would miss them all."""
+    cache, run, _ = first
+    truncated, garbage = _entries(cache)[:2]
+    kept = {path: path.read_bytes() for path in (truncated, garbage)}
+    try:
+        truncated.write_bytes(kept[truncated][:100])
+        garbage.write_bytes(os.urandom(len(kept[garbage])))
+        counts, err = _finish(_start(cache, tmp_path / "run"))
+    finally:
+        for path, data in kept.items():
+            path.write_bytes(data)
+    assert counts["misses"] == 2, counts  # the two compiled again, the others loaded
+    assert counts["hits"] == counts["requests"] - counts["refused"] - 2, counts
+    assert err.count("Error reading persistent compilation cache entry") == 2
+    _same_results(run, tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_two_processes_share_a_fresh_folder_at_once(first, tmp_path):
+    both = [_start(tmp_path / "cache", tmp_path / f"run{i}") for i in range(2)]
+    for i, process in enumerate(both):
+        counts, _ = _finish(process)
+        assert counts["hits"] + counts["misses"] + counts["refused"] == counts["requests"]
+        _same_results(first[1], tmp_path / f"run{i}")
+    assert len(_entries(tmp_path / "cache")) == len(_entries(first[0]))
+
+
+@pytest.mark.slow
+def test_off_writes_nothing_and_computes_the_same(first, tmp_path):
+    """`off` wins over JAX's own variable, and over the default folder."""
+    jax_folder = tmp_path / "jax"
+    counts, _ = _finish(_start("off", tmp_path / "run", JAX_COMPILATION_CACHE_DIR=str(jax_folder),
+                               XDG_CACHE_HOME=str(tmp_path / "xdg")))
+    assert counts["requests"] == 0
+    assert not jax_folder.exists() and not (tmp_path / "xdg" / "jaxattn").exists()
+    _same_results(first[1], tmp_path / "run")
+
+
+def test_the_folder_rule(monkeypatch, tmp_path):
+    for name in ("JAXATTN_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "jaxattn"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "jaxattn"
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
+    assert cache_dir() == tmp_path / "jax"
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine"
+    assert cache_dir(tmp_path / "given") == tmp_path / "given"
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", "OFF")
+    assert cache_dir() is None
+
+
+def test_enable_cache_refuses_a_folder_it_cannot_use(tmp_path):
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(ValueError, match=r"file is not a folder; choose another folder "
+                                         r"\(JAXATTN_CACHE_DIR=DIR\) or turn the cache off"):
+        ja.enable_cache(tmp_path / "file" / "cache")
+    with pytest.raises(TypeError, match="`path` must be a folder"):
+        ja.enable_cache(3)
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def _cache_command(capsys, *words) -> tuple[int, str, str]:
+    code = main(["cache", *words])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cache_info_and_clear(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path))
+    (tmp_path / "jit_f-0a1b-cache").write_bytes(b"x" * 3000)
+    (tmp_path / "jit_f-0a1b-atime").write_bytes(b"t" * 8)
+    (tmp_path / "xla_gpu_per_fusion_autotune_cache_dir").mkdir()
+    (tmp_path / "xla_gpu_per_fusion_autotune_cache_dir" / "fusion").write_bytes(b"y" * 1000)
+    for words in ([], ["info"]):
+        assert _cache_command(capsys, *words)[:2] == (
+            0, f"compilation cache: {tmp_path}, 1 entries, 0.0 MB\n")
+    code, out, _ = _cache_command(capsys, "clear")
+    assert (code, out) == (0, f"cleared {tmp_path}: 1 entries, 0.0 MB\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cache_clear_refuses_a_folder_with_other_files(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path))
+    (tmp_path / "jit_f-0a1b-cache").write_bytes(b"x")
+    (tmp_path / "thesis.tex").write_text("mine")
+    code, out, err = _cache_command(capsys, "clear")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert "holds files that are not compilation cache entries (thesis.tex); nothing " \
+           "deleted: is JAXATTN_CACHE_DIR the folder you meant?" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jit_f-0a1b-cache", "thesis.tex"]
+
+
+def test_cache_off(capsys, monkeypatch):
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", "off")
+    for words in ([], ["clear"]):
+        assert _cache_command(capsys, *words)[:2] == (
+            0, "compilation cache: off (JAXATTN_CACHE_DIR=off)\n")
+
+
+def test_a_command_refuses_a_cache_folder_it_cannot_use(capsys, monkeypatch, tmp_path):
+    """Before any work: one line, and no run folder made."""
+    (tmp_path / "file").write_text("mine")
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path / "file"))
+    assert main(["run", "thm41-sphere", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"jaxattn run: error: cannot use {tmp_path / 'file'} for the "
+                          "compilation cache") and "(JAXATTN_CACHE_DIR=off)" in err
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,221 @@
+"""On concrete inputs the programs of `solve_flow` and `run_layers` hold no host
+callback (JAX's persistent cache keeps no program that holds one): the checks run on
+the host, with the same messages as the in-program checks of traced inputs."""
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers import random_dynamics, random_tokens
+
+import jaxattn as ja
+from jaxattn._strategy import xla
+
+#: The custom calls of JAX's host callbacks (pure_callback, io_callback, debug).
+CALLBACK_TARGETS = ("xla_python_cpu_callback", "xla_ffi_python_cpu_callback",
+                    "xla_python_gpu_callback", "xla_ffi_python_gpu_callback")
+STEPS = "the flow solver reached `max_steps` before the last save time"
+
+
+def lowered_text(monkeypatch, module, name, run) -> list[str]:
+    """The StableHLO text of every call `run()` makes of the jitted `module.name`."""
+    jitted, texts = getattr(module, name), []
+
+    def recording(*args, **kwargs):
+        texts.append(jitted.lower(*args, **kwargs).as_text())
+        return jitted(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, recording)
+    run()
+    assert texts, f"{name} was not called"
+    return texts
+
+
+def holds_callback(text: str) -> bool:
+    return any(target in text for target in CALLBACK_TARGETS)
+
+
+@pytest.fixture
+def system(key):
+    k1, k2 = jax.random.split(key)
+    return random_dynamics(k1, h=2, d=3), random_tokens(k2, 5, 3, batch=(2,))
+
+
+# diffrax's checks of `SaveAt(ts)` multiply the save times by a direction computed in
+# the program (`jnp.where(t0 < t1, 1, -1)`), so their predicate is traced whatever `ts`
+# is, and `eqx.error_if` leaves a host callback: concrete inputs are solved by the loop
+# of diffeqsolve without its checks (`_strategy.stepping.stepped`).
+@pytest.mark.parametrize("options", [
+    {},
+    {"solver": ja.RK4(), "dt0": 0.05, "stepsize_controller": dfx.ConstantStepSize()},
+    {"solution": True},
+    {"strategy": "fused"},
+], ids=["adaptive", "constant", "solution", "fused"])
+def test_solve_flow_program_holds_no_callback(monkeypatch, system, options):
+    dyn, x0 = system
+    ts = jnp.linspace(0.0, 1.0, 4)
+    texts = lowered_text(monkeypatch, xla, "solve_batched",
+                         lambda: ja.solve_flow(dyn, x0, ts, **options))
+    assert not any(map(holds_callback, texts))
+
+
+CONSTANT = {"stepsize_controller": dfx.ConstantStepSize()}
+HOST_RUNS = {
+    "adaptive": {},
+    "on-grid": {"solver": ja.RK4(), "dt0": 0.05, **CONSTANT},
+    "off-grid": {"solver": ja.RK4(), "dt0": 0.07, **CONSTANT},  # saves interpolated
+    "fused": {"strategy": "fused"},
+}
+
+
+@pytest.mark.parametrize("name", HOST_RUNS)
+def test_host_program_agrees_with_the_checked_program(system, name):
+    """Concrete inputs run diffeqsolve's loop without its checks, traced ones diffrax's
+    solve with them: two programs, the same steps and the same tokens to rounding."""
+    options = HOST_RUNS[name]
+    dyn, x0 = system
+    ts = jnp.linspace(0.0, 2.0, 9)
+    host = ja.solve_flow(dyn, x0, ts, throw=False, **options)
+    inside = jax.jit(lambda x: ja.solve_flow(dyn, x, ts, throw=False, **options))(x0)
+    assert host.success.all() and inside.success.all()
+    np.testing.assert_array_equal(host.num_steps, inside.num_steps)
+    np.testing.assert_allclose(host.ys, inside.ys, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["adaptive", "off-grid"])
+def test_max_steps_counts_every_step_of_the_run(system, name):
+    """The step budget is the whole run's, as for one diffrax solve; the run stops at it."""
+    options = HOST_RUNS[name]
+    dyn, x0 = system
+    ts = jnp.linspace(0.0, 2.0, 9)
+    stats = ja.solve_flow(dyn, x0, ts, solution=True, **options).stats
+    steps = int(np.max(stats["num_steps"]))
+    assert ja.solve_flow(dyn, x0, ts, max_steps=steps, throw=False, **options).success.all()
+    with pytest.raises(ja.SimulationError, match=STEPS.replace("`", ".")):
+        ja.solve_flow(dyn, x0, ts, max_steps=steps - 1, **options)
+
+
+def test_run_layers_program_holds_no_callback(monkeypatch, system):
+    dyn, x0 = system
+    texts = lowered_text(monkeypatch, xla, "layers_program",
+                         lambda: ja.run_layers(dyn, x0, 6, 0.1, observe=ja.misalignment))
+    assert not any(map(holds_callback, texts))
+
+
+def test_traced_inputs_keep_the_checks_in_the_program(monkeypatch, system):
+    """Inside a user's `jit` the checks stay in the program (and so do callbacks)."""
+    dyn, x0 = system
+    ts = jnp.linspace(0.0, 1.0, 4)
+    texts = []
+    jitted = xla.solve_batched
+
+    def recording(*args, **kwargs):
+        texts.append(jax.make_jaxpr(lambda: jitted(*args, **kwargs))())
+        return jitted(*args, **kwargs)
+
+    monkeypatch.setattr(xla, "solve_batched", recording)
+    jax.jit(lambda x: ja.solve_flow(dyn, x, ts))(x0)
+    assert "callback" in str(texts[0])
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["concrete", "traced"])
+@pytest.mark.parametrize("ts, message", [
+    (np.array([0.0, 2.0, 1.0]), "`ts` must be nondecreasing"),
+    (np.array([0.0, np.inf]), "`ts` must be finite"),
+])
+def test_bad_ts_raise_the_same_message(system, traced, ts, message):
+    dyn, x0 = system
+    if traced and not np.all(np.isfinite(ts)):
+        pytest.skip("the host check of finite `ts` needs concrete `ts`")
+    run = (lambda: jax.jit(lambda t: ja.solve_flow(dyn, x0, t))(jnp.asarray(ts))) if traced \
+        else (lambda: ja.solve_flow(dyn, x0, ts))
+    with pytest.raises(Exception, match="saveat.ts must be increasing" if traced
+                       else message):
+        run()
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["concrete", "traced"])
+def test_out_of_steps_raises_the_same_message(system, traced):
+    dyn, x0 = system
+    ts = jnp.linspace(0.0, 5.0, 3)
+    run = (lambda: eqx.filter_jit(lambda x: ja.solve_flow(dyn, x, ts, max_steps=2))(x0)) if traced \
+        else (lambda: ja.solve_flow(dyn, x0, ts, max_steps=2))
+    # inside a user's jit the in-program check raises diffrax's own message
+    error, message = ((Exception, "maximum number of solver steps") if traced
+                      else (ja.SimulationError, STEPS.replace("`", ".")))
+    with pytest.raises(error, match=message):
+        run()
+
+
+
+def test_progress_shows_a_bar_only_when_asked(system, capsys):
+    """`progress=True` draws diffrax's bar; the tokens agree with a run without it (a
+    different program: diffrax's solve against its loop without checks) to rounding."""
+    dyn, x0 = system
+    ts = jnp.linspace(0.0, 1.0, 4)
+    shown = ja.solve_flow(dyn, x0, ts, progress=True)
+    assert "100.00%" in capsys.readouterr().err
+    np.testing.assert_allclose(shown, ja.solve_flow(dyn, x0, ts), rtol=0, atol=1e-12)
+    assert "100.00%" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"progress": "yes"}, "`progress` must be True or False"),
+    ({"progress": True, "strategy": "kernel", "solver": ja.RK4(), "dt0": 0.25,
+      "stepsize_controller": dfx.ConstantStepSize()}, "no progress bar"),
+])
+def test_bad_progress_is_refused(system, bad, message):
+    dyn, x0 = system
+    with pytest.raises((TypeError, ValueError), match=message):
+        ja.solve_flow(dyn, x0, jnp.linspace(0.0, 1.0, 4), **bad)
+
+
+def test_hemisphere_of_concrete_tokens_calls_no_callback(monkeypatch, system):
+    """`ja.metrics.hemisphere` (what `ja.theory.predict` asks of Theorem 4.1's domain) decides
+    concrete tokens on the host, with the answer a traced call gets through its
+    callback."""
+    from jaxattn.metrics import _hemisphere
+
+    _, x0 = system
+    traced = jax.jit(ja.metrics.hemisphere)(x0)
+    monkeypatch.setattr(_hemisphere.jax, "pure_callback", None)  # any call fails
+    here = ja.metrics.hemisphere(x0)
+    np.testing.assert_array_equal(here.inside, traced.inside)
+    np.testing.assert_allclose(here.margin, traced.margin, rtol=1e-12)
+
+
+@pytest.fixture
+def compiles():
+    """A counter of the programs XLA compiles (or loads from a cache) while it is held."""
+    count = [0]
+
+    def listen(event, seconds, **kwargs):
+        count[0] += event == "/jax/core/compile/backend_compile_duration"
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    yield count
+    jax.monitoring.unregister_event_duration_listener(listen)
+
+
+def test_a_new_beta_tau_sigma_horizon_or_seed_compiles_nothing(key, compiles):
+    """The values a study varies are traced: after a first run, a new β, τ, σ, horizon
+    or seed runs the same programs (`solve_flow`, `run_layers`, with and without noise)."""
+    x0 = random_tokens(key, 5, 3, batch=(2,))
+
+    def run(beta=1.0, T=1.0, tau=0.1, sigma=0.1, seed=0):
+        dyn = random_dynamics(jax.random.PRNGKey(seed), beta=beta)
+        noise = {"noise": ja.TokenNoise(sigma), "key": jax.random.PRNGKey(seed)}
+        ja.solve_flow(dyn, x0, jnp.linspace(0.0, T, 5))
+        ja.solve_flow(dyn, x0, jnp.linspace(0.0, T, 5), dt0=0.05, **noise)
+        ja.run_layers(dyn, x0, 7, tau)
+        ja.run_layers(dyn, x0, 7, tau, **noise)
+
+    run()
+    first = compiles[0]
+    assert first > 0  # the counter sees programs
+    for change in ({"beta": 2.0}, {"T": 3.0}, {"tau": 0.2}, {"sigma": 0.3}, {"seed": 5}):
+        compiles[0] = 0
+        run(**change)
+        assert compiles[0] == 0, change

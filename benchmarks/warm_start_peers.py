@@ -57,7 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxattn._cache import VARIABLE, cache_size
+from jaxattn._process.cache import VARIABLE, cache_size
 from jaxattn.cli._common import CLIError, OneLineParser
 
 SCRIPT = Path(__file__).resolve()

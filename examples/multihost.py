@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from jaxattn._distributed import gather, initialize, launch_argv, launch_local
+from jaxattn._process.distributed import gather, initialize, launch_argv, launch_local
 
 
 def parse_args(argv=None) -> argparse.Namespace:

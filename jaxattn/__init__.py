@@ -22,8 +22,6 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from . import spectral as spectral
     from . import theory as theory
     from ._artifacts.animate import animate as animate  # a movie (above the library: matplotlib)
-    from ._cache import enable_cache as enable_cache
-    from ._determinism import deterministic_xla_flags as deterministic_xla_flags
     from ._dynamics import SelfAttentionDynamics as SelfAttentionDynamics
     from ._dynamics import random_dynamics as random_dynamics
     from ._dynamics import random_mask as random_mask
@@ -53,6 +51,8 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
     from ._norm import PostNorm as PostNorm
     from ._norm import PreNorm as PreNorm
     from ._precision import PRECISIONS as PRECISIONS
+    from ._process.cache import enable_cache as enable_cache
+    from ._process.determinism import deterministic_xla_flags as deterministic_xla_flags
     from ._schedule import AbstractSchedule as AbstractSchedule
     from ._schedule import Constant as Constant
     from ._schedule import PiecewiseConstant as PiecewiseConstant

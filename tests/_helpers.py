@@ -6,8 +6,10 @@ import importlib.util
 import inspect
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -106,3 +108,22 @@ def one_line(capsys, argv) -> str:
     assert lines[0].startswith("jaxattn") and "error" in lines[0], lines[0]
     assert "Traceback" not in captured.err
     return lines[0]
+
+
+def kill_one_worker(proc: subprocess.Popen, ready, *, wait: float = 300) -> str:
+    """Kill process 1 (started last) of a `--launch-local 2` run `proc` once `ready()`
+    holds, and check that the launcher stops the other with one line; its stderr."""
+    deadline = time.monotonic() + wait
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"not ready within {wait} s"
+        time.sleep(0.02)
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+    pids = [int(p) for p in workers.stdout.split()]
+    assert len(pids) == 2, workers
+    os.kill(max(pids), signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    stopped = [line for line in stderr.splitlines() if "the others were stopped" in line]
+    assert len(stopped) == 1, stderr[-3000:]
+    return stderr

@@ -20,12 +20,11 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 from _suite_start import start  # noqa: E402  (imports no JAX)
 
-from jaxattn._determinism import deterministic_xla_flags  # noqa: E402  (does not start a backend)
+from jaxattn._process.determinism import deterministic_xla_flags  # noqa: E402  (does not start a backend)
 
-# The suite's XLA flags (compiled for compile time), the compilation cache for programs
-# with host callbacks (every diffrax solve: the warm suite compiles no `solve_flow`
-# program again), and both in every Python the tests start (`jaxattn` commands,
-# documentation pages, notebook kernels, 4-device scripts): _suite_start.py.
+# The suite's XLA flags (compiled for compile time), in every Python the tests start
+# (`jaxattn` commands, documentation pages, notebook kernels, 4-device scripts):
+# _suite_start.py.
 start()
 # The same deterministic XLA flags as the `jaxattn` commands, set before any
 # computation, so that on a GPU in-process results equal the CLI's bit for bit.

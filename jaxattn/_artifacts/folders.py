@@ -22,8 +22,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._determinism import is_deterministic
 from .._files import atomic_write, umask
+from .._process.determinism import is_deterministic
 from .._validate import SimulationError
 
 INCOMPLETE = "INCOMPLETE"

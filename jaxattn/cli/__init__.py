@@ -11,7 +11,7 @@ Ctrl-C ends the program with exit status 130 at any moment: while it starts
 (`quit_on_sigint`, installed first thing), while a command runs (`_on_sigint`: the
 command catches `KeyboardInterrupt` and marks what it leaves incomplete) and while it
 exits (`_exit`). The commands that compute results (`COMPUTING`) run XLA
-deterministically (`_determinism.use_deterministic_xla`, set before JAX's backend
+deterministically (`_process.determinism.use_deterministic_xla`, set before JAX's backend
 starts) unless `--nondeterministic` or `JAXATTN_NONDETERMINISTIC=1` says not to
 (docs/determinism.md). The commands that compile programs (`COMPILING`) keep them in
 the compilation cache for the next run (`JAXATTN_CACHE_DIR=off` turns it off:
@@ -28,7 +28,7 @@ import sys
 import threading
 from collections.abc import Iterable
 
-from .._determinism import OPT_OUT
+from .._process.determinism import OPT_OUT
 from ._common import CLIError, OneLineParser, UsageError, printable
 
 #: Every command, in `jaxattn --help` order: the module of `jaxattn.cli` whose
@@ -254,12 +254,12 @@ def _main(words: list[str]) -> int:
     except UsageError as e:
         return _fail(str(e))
     if args.command in COMPUTING:  # before the backend starts, or it has no effect
-        from .._determinism import use_deterministic_xla
+        from .._process.determinism import use_deterministic_xla
 
         use_deterministic_xla(not args.nondeterministic)
     try:
         if args.command in COMPILING:
-            from .._cache import enable_cache
+            from .._process.cache import enable_cache
 
             enable_cache()
         return args.func(args)

@@ -208,7 +208,7 @@ def launch_local(args, words: list[str]) -> int:
     machine (`_distributed.launch_local`)."""
     import sys
 
-    from .._distributed import launch_local as launch
+    from .._process.distributed import launch_local as launch
 
     words = [*words, *([] if args.distributed else ["--distributed"])]
     return launch([sys.executable, "-m", "jaxattn", *words], args.launch_local,

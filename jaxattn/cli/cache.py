@@ -3,7 +3,7 @@ default), or empty it (`clear`). Reads the folder only: no JAX."""
 
 import argparse
 
-from .._cache import OFF, VARIABLE, cache_dir, cache_size, clear_cache
+from .._process.cache import OFF, VARIABLE, cache_dir, cache_size, clear_cache
 
 
 def describe() -> str:

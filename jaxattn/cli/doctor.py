@@ -101,7 +101,7 @@ def _doctor(args: argparse.Namespace) -> int:
     import jax
 
     from .._artifacts.folders import package_versions
-    from .._determinism import OPT_OUT, is_deterministic
+    from .._process.determinism import OPT_OUT, is_deterministic
     from ..bench.device import device_label
 
     v = package_versions()

@@ -116,7 +116,7 @@ def _run(args) -> int:
     for name, value in overrides.items():  # each value's own check, before JAX loads
         convert(params[name], value)
     if _distributed_run(args, opts):
-        from .._distributed import launch_argv
+        from .._process.distributed import launch_argv
 
         return launch_local(opts, [*(["--nondeterministic"] if args.nondeterministic else []),
                                    "run", args.name, *launch_argv(args.overrides)])
@@ -126,7 +126,7 @@ def _run(args) -> int:
 
     jax.config.update("jax_enable_x64", True)
     if opts.distributed:
-        from .._distributed import initialize
+        from .._process.distributed import initialize
 
         initialize(opts.coordinator, opts.num_processes, opts.process_id)
     folder, summary = run_experiment(args.name, overrides, seed=seed, out=opts.out,
@@ -149,7 +149,7 @@ def _distributed_run(args, opts) -> bool:
     refuse_first(distributed_checks(opts))
     if not (opts.distributed or opts.launch_local is not None):
         return False
-    from .._distributed import check_flags
+    from .._process.distributed import check_flags
     from ..experiments import get_experiment
     from ..experiments.runner import refuse_distributed
 

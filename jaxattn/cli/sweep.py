@@ -84,7 +84,7 @@ def _words(args: argparse.Namespace) -> list[str]:
 
 def _sweep(args: argparse.Namespace) -> int:
     fixed, grid = _precheck(args)
-    from .._distributed import check_flags, initialize
+    from .._process.distributed import check_flags, initialize
 
     if args.distributed or args.launch_local is not None:
         check_flags(args.coordinator, args.num_processes, args.process_id, devices=args.devices)

@@ -3,15 +3,18 @@ Marion, Laurière, "Clustering in Deep Stochastic Transformers", arXiv 2601.2194
 
 Tokens on `S^{d−1}` under `ja.SelfAttentionDynamics(P = I, U = I, β)` with
 `noise=ja.ValueNoise(σ)`, run as `ja.run_layers`. Per dimension `d` it measures
-`P(antipodal)` beside `ja.theory.antipodal_probability`, the exponent at the antipodal
-end against `ja.theory.antipodal_rate`, and the threshold at `τ → 0`, judged within
-`THRESHOLD_TOL` of `ja.theory.antipodal_threshold`; for `n = 3, 4, 8` tokens, how they
+`P(antipodal)` at the horizon and a quarter before it, judged where it has settled and
+the theorem says it is positive against `ja.theory.antipodal_probability` (within
+`PROBABILITY_TOL`), the exponent at the antipodal end against `ja.theory.antipodal_rate`,
+and the threshold at `τ → 0`, judged within `THRESHOLD_TOL` of
+`ja.theory.antipodal_threshold`; for `n = 3, 4, 8` tokens, how they
 end (`formation`). The diffusion, the measures and the numbers: `docs/antipodal.md`.
 """
 
 import math
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,7 +22,6 @@ from tqdm.auto import tqdm
 
 from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
-from .._layers import run_layers
 from .._manifold import normalize
 from .._noise import ValueNoise
 from ..metrics import binomial_error, fit_crossing, level_crossing
@@ -29,7 +31,7 @@ from ..theory import (
     antipodal_threshold,
 )
 from .base import AbstractExperiment, Param, Verdict
-from .pieces import advance
+from .pieces import advance, keyed_layers
 from .runner import MAX_LAYERS
 from .verdicts import extrapolate, finite_or_none, short
 
@@ -44,10 +46,20 @@ THRESHOLD_GAP, THRESHOLD_TIME = 1e-8, 8.0
 WINDOW, WINDOW_POINTS = (0.85, 1.15), 5
 #: The extrapolated threshold must be within this of the predicted one (relative).
 THRESHOLD_TOL = 0.05
+#: P(antipodal) has settled at a `(d, β)` when its change over the last `SETTLE_PART`
+#: of the horizon is within its binomial error (`ja.metrics.binomial_error`).
+SETTLE_PART = 0.25
+#: Where settled and past `β_c`, the measured P(antipodal) summed over `β` must be within
+#: this of the theorem's `T → ∞` prediction summed alike (relative, per `d`); judged where
+#: its standard error is at most half of it (so a prediction 10 % off fails).
+PROBABILITY_TOL = 0.05
 #: The numbers of tokens of the formations study.
 FORMATION_TOKENS = (3, 4, 8)
 #: Layers per compiled piece of a run (only each piece's last layer is kept).
 PIECE = 100
+#: Runs per block (`keyed_layers`): a program runs its systems block by block, so that
+#: a run's numbers do not depend on how many runs, devices or processes share it.
+BLOCK = 64
 
 
 def pair_start(key, runs: int, d: int, gap: float):
@@ -67,15 +79,20 @@ def gaps(x):
 
 def noisy_layers(beta, sigma, x, layers: int, tau, key, piece: int = PIECE):
     """The tokens `x` (`(runs, n, d)`) after `layers` noisy layers (`ja.run_layers`,
-    `ValueNoise(σ)`, each run its own key), in pieces of at most `piece` layers (each
-    with its key `fold_in(key, i)`), keeping only each piece's last layer."""
+    `ValueNoise(σ)`, run `b` with the key `jax.random.split(key_i, runs)[b]` of piece
+    `i`, `key_i = fold_in(key, i)`), in pieces of at most `piece` layers, keeping only
+    each piece's last layer. In a distributed run (`--distributed`) the runs' blocks
+    are split over every process's devices."""
     eye = jnp.eye(x.shape[-1], dtype=x.dtype)[None]
-    dyn = SelfAttentionDynamics(eye, eye, beta=beta)
+    runs = x.shape[0]
+    dyn = eqx.filter_vmap(lambda b: SelfAttentionDynamics(eye, eye, beta=b))(
+        jnp.full(runs, beta, x.dtype))
 
     def step(i, x):
         count = min(piece, layers - i * piece)
-        return run_layers(dyn, x, count, tau, noise=ValueNoise(sigma),
-                          key=jax.random.fold_in(key, i))[:, -1], None
+        keys = jax.random.split(jax.random.fold_in(key, i), runs)
+        return keyed_layers(dyn, x, keys, count, tau, noise=ValueNoise(sigma),
+                            block=BLOCK)[:, -1], None
 
     return advance(step, x, -(-layers // piece), desc="", progress=False)[0]
 
@@ -128,6 +145,7 @@ def betas_of(config) -> np.ndarray:
 
 class Antipodal(AbstractExperiment):
     name = "antipodal"
+    distributable = True
     title = ("Antipodal clusters under common value noise (Fedorov et al. 2026): "
              "P(antipodal) of two tokens against β and d, the predicted threshold, and the "
              "formations of n > 2 tokens")
@@ -162,8 +180,8 @@ class Antipodal(AbstractExperiment):
         sigma, tau = config.sigma, config.tau
         shape = (len(dims), len(betas))
         data = {"dims": np.asarray(dims), "betas": betas, "p_antipodal": np.zeros(shape),
-                "p_consensus": np.zeros(shape), "rate": np.zeros(shape),
-                "rate_se": np.zeros(shape)}
+                "p_antipodal_early": np.zeros(shape), "p_consensus": np.zeros(shape),
+                "rate": np.zeros(shape), "rate_se": np.zeros(shape)}
         taus = taus_of(config)
         data |= {"window_betas": np.zeros((len(dims), WINDOW_POINTS)),
                  "taus": np.asarray(taus),
@@ -177,8 +195,13 @@ class Antipodal(AbstractExperiment):
                 x0_gap = pair_start(k_gap, runs, d, START_GAP)
                 for j, beta in enumerate(betas):
                     k_p, k_e = jax.random.split(jax.random.fold_in(k_run, j))
-                    plus, minus = gaps(noisy_layers(beta, sigma, x0,
-                                                    layers_for(config.horizon, tau), tau, k_p))
+                    early = layers_for((1 - SETTLE_PART) * config.horizon, tau)
+                    x = noisy_layers(beta, sigma, x0, early, tau, k_p)
+                    data["p_antipodal_early"][i, j] = float(np.mean(gaps(x)[0] < GAP))
+                    late = layers_for(config.horizon, tau) - early
+                    x = x if late < 1 else noisy_layers(beta, sigma, x, late, tau,
+                                                        jax.random.fold_in(k_p, 1))
+                    plus, minus = gaps(x)
                     data["p_antipodal"][i, j] = float(jnp.mean(plus < GAP))
                     data["p_consensus"][i, j] = float(jnp.mean(minus < GAP))
                     bar.update()
@@ -243,7 +266,10 @@ class Antipodal(AbstractExperiment):
                 "p_antipodal_at_beta_max": float(p),
                 "p_antipodal_se": float(binomial_error(p, runs)),
                 "p_predicted_at_beta_max": antipodal_probability(betas[-1], int(d),
-                                                                 config.sigma)}
+                                                                 config.sigma),
+                **probability_check(betas, data["p_antipodal"][i],
+                                    data["p_antipodal_early"][i], runs, int(d),
+                                    config.sigma)}
         return out
 
     def formations(self, data) -> dict[str, dict]:
@@ -260,6 +286,7 @@ class Antipodal(AbstractExperiment):
         found = self.thresholds(config, data)
         ok = all(t["relative_error"] is not None and t["relative_error"] <= THRESHOLD_TOL
                  and t["p_antipodal_at_beta_max"] > 2 * t["p_antipodal_se"]
+                 and t["p_within"]
                  for t in found.values() if 0 < t["predicted"] < data["betas"][-1])
         taus = ", ".join(f"{t:g}" for t in data["taus"])
         words = "; ".join(
@@ -268,7 +295,12 @@ class Antipodal(AbstractExperiment):
             f"off by {short(t['relative_error'])}, asked ≤ {THRESHOLD_TOL:g}), "
             f"P(antipodal) at β = {data['betas'][-1]:g}: "
             f"{t['p_antipodal_at_beta_max']:.3f} ± {t['p_antipodal_se']:.3f} "
-            f"(T → ∞: {t['p_predicted_at_beta_max']:.3f})" for key, t in found.items())
+            f"(T → ∞: {t['p_predicted_at_beta_max']:.3f}); P(antipodal) settled at "
+            f"{t['p_settled']}/{t['p_points']} β past β_c, their sum "
+            f"{short(t['p_ratio'])} ± {short(t['p_ratio_se'])} of the theorem's ("
+            + (("" if t["p_within"] else "NOT ") + f"within {PROBABILITY_TOL:g}"
+               if t["p_judged"] else "too few runs to judge") + ")"
+            for key, t in found.items())
         forms = self.formations(data)
         two = "; ".join(f"{key}: {1 - s['one cluster'] - s['other']:.2f} antipodal"
                         for key, s in forms.items())
@@ -382,6 +414,35 @@ class Antipodal(AbstractExperiment):
 def predicted_threshold(d: int, sigma: float) -> float:
     """The threshold the verdict judges against: `ja.theory.antipodal_threshold`."""
     return antipodal_threshold(d, sigma)
+
+
+def predicted_probability(beta, d: int, sigma: float) -> float:
+    """The `T → ∞` P(antipodal) the verdict judges against:
+    `ja.theory.antipodal_probability`."""
+    return antipodal_probability(beta, d, sigma)
+
+
+def probability_check(betas, p, p_early, runs: int, d: int, sigma: float) -> dict:
+    """P(antipodal) of one `d` against the theorem's `T → ∞` prediction, where the
+    theorem says it is positive (`β > β_c`) and it has settled (its change over the
+    last `SETTLE_PART` of the horizon within `ja.metrics.binomial_error`): the sum of
+    the measured shares over those `β` divided by the sum of the predictions, its
+    standard error, whether it is judged (settled points past `β_c`, and an error at
+    most half of `PROBABILITY_TOL`: enough runs to tell a prediction 10 % off) and
+    whether it is within `PROBABILITY_TOL` of 1 (within when not judged)."""
+    se = binomial_error(p, runs)
+    settled = np.abs(np.asarray(p) - np.asarray(p_early)) <= se
+    predicted = np.array([predicted_probability(b, d, sigma) for b in betas])
+    judged = settled & (predicted > 0)
+    total = predicted[judged].sum()
+    ratio = float(np.asarray(p)[judged].sum() / total) if total > 0 else math.nan
+    ratio_se = float(np.sqrt(np.sum(se[judged] ** 2)) / total) if total > 0 else math.nan
+    judge = bool(judged.any()) and ratio_se <= PROBABILITY_TOL / 2
+    return {"p_judged": judge, "p_within": not judge or abs(ratio - 1) <= PROBABILITY_TOL,
+            "p_settled": int(settled[predicted > 0].sum()),
+            "p_points": int((predicted > 0).sum()), "p_unsettled_at": [
+                float(b) for b in np.asarray(betas)[~settled]],
+            "p_ratio": finite_or_none(ratio), "p_ratio_se": finite_or_none(ratio_se)}
 
 
 def saturation() -> float:

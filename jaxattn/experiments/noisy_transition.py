@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from .. import SelfAttentionDynamics, TokenNoise, run_layers
+from .. import SelfAttentionDynamics, TokenNoise
 from .. import meanfield as mf
 from .._artifacts import figures
 from .._manifold import normalize
@@ -26,6 +26,7 @@ from ..meanfield import fold_coupling, transition_coupling
 from ..metrics import WindowStatistics, fit_slope, level_crossing, window_statistics
 from ..theory import fit_threshold, layer_diffusion, noisy_beta_star, noisy_threshold
 from .base import AbstractExperiment, Param, Verdict
+from .pieces import keyed_layers
 from .runner import MAX_LAYERS
 from .verdicts import extrapolate, short
 
@@ -65,6 +66,9 @@ GAP_Z, BLOCK_TAUS = 3.0, 2.0
 HYSTERESIS_Z = 3.0
 #: Layers per call of `run_layers` (the states between calls are not kept).
 CHUNK = 20
+#: Systems per block (`pieces.keyed_layers`): each block is one program, so that a
+#: system's numbers are the same bits on any number of devices or processes.
+BLOCK = 2
 #: The paper-resolution study of `--full` (it takes precedence over these flags).
 FULL = {"tokens": 4000, "couplings": 23, "k_min": 0.3, "k_max": 1.4, "burn": 10.0,
         "window": 40.0, "rates": 17, "seeds": 8, "tau": 0.01, "sweep_tau": 0.02}
@@ -164,9 +168,9 @@ def sweep(d: int, cfg: dict, key, *, progress: bool) -> np.ndarray:
             flat = x.reshape((-1, n, d))
             for c in range(chunks):
                 chunk_key = jax.random.fold_in(k_run, s * chunks + c)
-                m, xs = run_layers(dyn, flat, CHUNK, tau, observe=_observe, noise=noise,
-                                   key=chunk_key)
-                r = np.linalg.norm(np.asarray(m[:, 1:]), axis=-1).reshape(nb, 2, seeds, CHUNK)
+                m, xs = keyed_layers(dyn, flat, jax.random.split(chunk_key, len(flat)),
+                                     CHUNK, tau, noise=noise, observe=_observe, block=BLOCK)
+                r = np.linalg.norm(m[:, 1:], axis=-1).reshape(nb, 2, seeds, CHUNK)
                 out[:, 0, s, :, c * CHUNK:(c + 1) * CHUNK] = r[:, 0]
                 out[:, 1, nk - 1 - s, :, c * CHUNK:(c + 1) * CHUNK] = r[:, 1]
                 flat = xs[:, -1]
@@ -209,10 +213,10 @@ def quench(d: int, cfg: dict, key, tau: float) -> tuple[np.ndarray, np.ndarray]:
 def _pairs(dyn, x0, key, steps, tau):
     """`(m₊ − m₋)/2` along `e₁` per step for each pair of systems `x0[:, 0]`,
     `x0[:, 1]`: one key for both halves, so system `b` of each draws the same noise."""
-    noise = TokenNoise(SIGMA)
-    m = [run_layers(dyn, x0[:, side], steps, tau, observe=_first_coordinate, noise=noise,
-                    key=key) for side in (0, 1)]
-    return (np.asarray(m[0]) - np.asarray(m[1])) / 2
+    keys = jax.random.split(key, x0.shape[0])
+    m = [keyed_layers(dyn, x0[:, side], keys, steps, tau, noise=TokenNoise(SIGMA),
+                      observe=_first_coordinate, block=BLOCK) for side in (0, 1)]
+    return (m[0] - m[1]) / 2
 
 
 def _first_coordinate(x):
@@ -308,6 +312,7 @@ def hysteresis(ratios: np.ndarray, up: WindowStatistics,
 
 class NoisyTransition(AbstractExperiment):
     name = "noisy-transition"
+    distributable = True
     title = ("The noisy transformer's phase transition (Mun & Rosenzweig 2026): K_# and K_c "
              "from the mean-field equation, K_# from particles at τ → 0, hysteresis where "
              "equilibrated")

@@ -23,11 +23,11 @@ from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from .._batch import map_blocks, replicate
-from .._distributed import gather, global_mesh
 from .._dynamics import SelfAttentionDynamics
 from .._ensemble import batch_last, chunk_size
 from .._manifold import project
 from .._precision import matmul
+from .._process.distributed import gather, global_mesh
 from .._stacked import first_model, map_models, map_systems, stack_tokens
 from .._strategy import choose_strategy
 from .._validate import NONFINITE, surface_errors

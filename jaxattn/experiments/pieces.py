@@ -1,6 +1,8 @@
 """Running a simulation in pieces under a progress bar: the flow (eq. 6) on equally
 spaced save times and the discrete layers (eq. 4), each cut by `Horizon` into up to
-20 pieces, and `shift_time`, which restarts a model's clock at a piece's start."""
+20 pieces, and `shift_time`, which restarts a model's clock at a piece's start; and
+`keyed_layers`, noisy layers in fixed blocks of systems (the same bits on any number
+of devices or processes)."""
 
 from collections.abc import Callable
 from typing import Any
@@ -8,14 +10,21 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
 from jaxtyping import Array, Float
 from tqdm.auto import tqdm
 
+from .._batch import map_blocks, replicate
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
 from .._horizon import Horizon
 from .._layers import run_layers
+from .._process.distributed import gather, global_mesh
 from .._schedule import AbstractSchedule
+from .._stacked import first_model
+from .._strategy import choose_strategy
+from .._validate import NONFINITE, raise_unless
 
 
 def advance(step: Callable[[int, Any], tuple[Any, Any]], state, num_pieces: int, *,
@@ -106,3 +115,47 @@ def shift_time(dyn: SelfAttentionDynamics, t0) -> SelfAttentionDynamics:
             dyn = eqx.tree_at(lambda m, name=name: getattr(m, name), dyn,
                               _Shifted(getattr(dyn, name), t0))
     return dyn
+
+
+def keyed_layers(dyn, x, keys, num_layers: int, tau, *, noise, block: int,
+                 observe=None):
+    """`ja.run_layers(dyn_b, x_b, num_layers, tau, noise=noise, key=keys_b)` for every
+    system `b` of the stacked model `dyn` (leaves `(B, …)`) and tokens `x` `(B, n, d)`
+    (on the sphere already), as NumPy arrays `(B, L + 1, …)` (`observe`'s outputs, if
+    given): in blocks of `block` systems (padded by repeating systems), each block one
+    program, so that a system's numbers are the same bits whatever the batch, device
+    or process count. In a distributed run the blocks are split over every process's
+    devices and gathered on each. A non-finite run raises as `run_layers` does."""
+    mesh = global_mesh()
+    arrays, static = eqx.partition(dyn, eqx.is_array)
+    args = (arrays, x, keys)
+    out, finite = gather(_keyed_program(*(args if mesh is None else replicate(args, mesh)),
+                                        static, num_layers, tau, noise, observe, block,
+                                        mesh))
+    raise_unless(finite, NONFINITE)
+    return jax.tree.map(np.asarray, out)
+
+
+@eqx.filter_jit
+def _keyed_program(arrays, x, keys, static, num_layers, tau, noise, observe, block: int,
+                   mesh: Mesh | None):
+    size = x.shape[0]
+    step = block * (1 if mesh is None else mesh.devices.size)
+    cycle = jnp.arange(-(-size // step) * step) % size  # padded as np.resize pads
+    blocks = jax.tree.map(lambda a: a[cycle].reshape(-1, block, *a.shape[1:]),
+                          (arrays, x, keys))
+
+    def run(b):  # one block: what `run_layers` runs, with the systems' own keys
+        arrays, x, keys = b
+        dyn = eqx.combine(arrays, static)
+        member = choose_strategy(first_model(dyn), x.shape, "auto", (dyn, x))
+        return member.run_layers(dyn, x, num_layers, jnp.asarray(tau, x.dtype),
+                                 observe or _tokens, None, devices=None, shard="batch",
+                                 noise=noise, keys=keys, checked=False)[0]
+
+    out = map_blocks(run, blocks, mesh)
+    return jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:])[:size], out)
+
+
+def _tokens(x):
+    return x

@@ -13,8 +13,8 @@ import jax
 import numpy as np
 
 from .._artifacts.folders import folder_path, write_run
-from .._distributed import agree, is_writer
 from .._horizon import Horizon
+from .._process.distributed import agree, is_writer
 from .._validate import check_seed, machine_memory
 from . import get_experiment
 from .base import AbstractExperiment, Config, convert

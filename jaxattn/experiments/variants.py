@@ -23,11 +23,11 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .._artifacts.folders import RunFolderError, clear_partial_writes, save_npz
 from .._batch import map_blocks, replicate
-from .._distributed import agree, global_mesh, is_writer
-from .._distributed import gather as gather_all
 from .._dynamics import NORMS, SelfAttentionDynamics, random_mask
 from .._horizon import CONSENSUS_TOL
 from .._manifold import project
+from .._process.distributed import agree, global_mesh, is_writer
+from .._process.distributed import gather as gather_all
 from ..metrics import cluster_count, misalignment, rank_collapse_residual
 from ..theory import Classification, classify
 from .base import AbstractExperiment, Param, Verdict

@@ -31,9 +31,9 @@ from .._artifacts.folders import (
     reopen_run,
 )
 from .._batch import as_mesh
-from .._distributed import agree, check_flags, initialize, is_writer
 from .._files import atomic_write
 from .._horizon import CONSENSUS_TOL
+from .._process.distributed import agree, check_flags, initialize, is_writer
 from ..experiments import redraw_run
 from ..metrics import consensus_time
 from ._instances import simulate_chunk, theorem_of

@@ -18,11 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._batch import as_mesh, shard_batch, unshard
-from .._distributed import gather
 from .._flow import solve_flow_unchecked
 from .._horizon import CONSENSUS_TOL, Horizon
 from .._layers import run_layers_unchecked
 from .._manifold import w_inner
+from .._process.distributed import gather
 from ..experiments import BETA as BETA  # each sweepable experiment's `--beta`
 from ..experiments import Param, get_experiment, paper001
 from ..theory import theorem_test

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from jaxattn._cache import cache_dir
+from jaxattn._process.cache import cache_dir
 from jaxattn.cli import doctor, main
 
 

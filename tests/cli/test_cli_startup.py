@@ -10,7 +10,8 @@ import sys
 import pytest
 
 import jaxattn as ja
-from jaxattn import _determinism, cli
+from jaxattn import cli
+from jaxattn._process import determinism as _determinism
 from jaxattn.experiments import EXPERIMENTS, REGISTRY, get_experiment
 
 _PROBE = """

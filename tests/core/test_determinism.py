@@ -12,8 +12,8 @@ import sys
 import jax
 import pytest
 
-from jaxattn import _determinism
 from jaxattn._artifacts import folders
+from jaxattn._process import determinism as _determinism
 from jaxattn.cli import COMPUTING, parser
 
 DETERMINISTIC = "--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0"
@@ -80,7 +80,7 @@ _PROBE = r"""
 import json, os, sys
 from jax._src import xla_bridge
 import jaxattn.cli as cli
-import jaxattn._determinism as runs
+import jaxattn._process.determinism as runs
 from jaxattn.experiments import EXPERIMENTS
 
 seen = {}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn._distributed import free_port
+from jaxattn._process.distributed import free_port
 
 _EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multihost.py"
 _ARGS = ["--batch", "6", "--tokens", "5", "--dim", "3", "--heads", "2", "--layers", "12",

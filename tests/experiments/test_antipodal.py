@@ -1,15 +1,19 @@
 """The `antipodal` experiment's set-up and estimators (its theory, the two-token
 reduction, is `ja.theory`'s: tests/theory/test_theory_noise.py)."""
 
+import functools
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import assert_same_values
 
 import jaxattn as ja
 from jaxattn.experiments import antipodal as A
+from jaxattn.experiments.pieces import keyed_layers
 from jaxattn.experiments.verdicts import extrapolate
 
 
@@ -46,9 +50,27 @@ def test_noisy_layers_give_each_run_its_own_noise(key):
     eye = jnp.eye(3)[None]
     direct = ja.run_layers(ja.SelfAttentionDynamics(eye, eye, beta=2.0), x0, 30, 0.05,
                            noise=ja.ValueNoise(1.0), key=jax.random.fold_in(key, 0))[:, -1]
-    np.testing.assert_array_equal(one, direct)
+    assert_same_values(one, direct)  # blocks of runs against one batch: two programs
     assert float(jnp.max(jnp.abs(first[0] - first[1]))) > 1e-3
     assert first.shape == x0.shape
+
+
+def test_a_run_is_the_same_bits_whatever_shares_its_block(key):
+    """A run's numbers do not depend on how many runs there are (its block is padded to
+    `BLOCK` runs), nor on the batch's size past one block."""
+    x0 = A.pair_start(key, A.BLOCK + 3, 4, 0.5)
+    keys = jax.random.split(jax.random.fold_in(key, 2), A.BLOCK + 3)
+    eye = jnp.eye(4)[None]
+    dyn = eqx.filter_vmap(lambda b: ja.SelfAttentionDynamics(eye, eye, beta=b))(
+        jnp.full(A.BLOCK + 3, 1.5))
+    run = functools.partial(keyed_layers, num_layers=7, tau=0.05,
+                            noise=ja.ValueNoise(1.0), block=A.BLOCK)
+    whole = run(dyn, x0, keys)
+    for part in (slice(0, 1), slice(A.BLOCK, A.BLOCK + 3), slice(2, 5)):
+        np.testing.assert_array_equal(run(jax.tree.map(
+            lambda a: a[part] if eqx.is_array(a) else a, dyn), x0[part], keys[part]),
+            whole[part])
+    assert whole.shape == (A.BLOCK + 3, 8, 2, 4)
 
 
 def test_defaults_run_past_the_thresholds():
@@ -78,8 +100,10 @@ def _exact_run(config, bias=5.0):
     rate = np.stack([[ja.theory.antipodal_rate(w, d, config["sigma"]) + bias * t
                       for t in taus] for d, w in zip(dims, window)])
     shape = (len(dims), len(betas))
+    p = np.array([[A.predicted_probability(b, d, config["sigma"]) for b in betas]
+                  for d in dims])
     return {"dims": np.asarray(dims), "betas": betas, "taus": taus,
-            "p_antipodal": np.full(shape, 0.5), "p_consensus": np.full(shape, 0.5),
+            "p_antipodal": p, "p_antipodal_early": p, "p_consensus": 1 - p,
             "rate": np.stack([ja.theory.antipodal_rate(betas, d, config["sigma"])
                               for d in dims]),
             "rate_se": np.full(shape, 0.01), "window_betas": window, "window_rate": rate,
@@ -124,3 +148,33 @@ def test_small_run_measures_the_threshold_at_tau_zero(monkeypatch):
     monkeypatch.setattr(A, "predicted_threshold",
                         lambda d, s: 1.1 * ja.theory.antipodal_threshold(d, s))
     assert not study.verdict(config, data).ok
+
+
+def test_p_antipodal_is_judged_where_settled_and_fails_a_prediction_ten_percent_off(
+        monkeypatch):
+    """Measured shares equal to the theorem's `T → ∞` prediction pass; with the
+    prediction moved by ±10 % they fail; a share still moving over the horizon's last
+    part (by more than its binomial error) is not judged, and is reported."""
+    study = A.Antipodal()
+    config = study.defaults()
+    data = _exact_run(config)
+    found = study.thresholds(config, data)
+    for t in found.values():
+        assert t["p_within"] and t["p_ratio"] == pytest.approx(1.0, rel=1e-12)
+        assert t["p_settled"] == t["p_points"] > 3 and t["p_unsettled_at"] == []
+        # 1000 runs tell 5 % where P(antipodal) is large (d = 2, 4), not at d = 8
+        assert t["p_judged"] == (t["p_ratio_se"] <= A.PROBABILITY_TOL / 2)
+    assert found["d=2"]["p_judged"] and found["d=4"]["p_judged"]
+    for factor in (1.1, 0.9):
+        with monkeypatch.context() as m:
+            m.setattr(A, "predicted_probability", lambda b, d, s, f=factor:
+                      f * ja.theory.antipodal_probability(b, d, s))
+            wrong = study.verdict(config, data)
+            assert not wrong.ok, wrong.line
+            assert all(not t["p_within"] for t in wrong.numbers["thresholds"].values()
+                       if t["p_judged"])
+    moving = data | {"p_antipodal_early": data["p_antipodal"] - 0.05}
+    moving["p_antipodal"] = data["p_antipodal"] * 1.2  # off, but not settled: not judged
+    for t in study.thresholds(config, moving).values():
+        assert t["p_settled"] == 0 and not t["p_judged"] and t["p_ratio"] is None
+        assert len(t["p_unsettled_at"]) == len(data["betas"])

@@ -26,8 +26,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from ._batch import as_mesh
+from .._batch import as_mesh
+from .._validate import SimulationError
 
+#: The statuses of a finished run: 0, or 3 (`jaxattn run`: its verdict disagrees).
+FINISHED = (0, 3)
 #: Seconds a process waits for the coordinator (and the others) at start-up.
 TIMEOUT_S = 60
 #: Seconds without a heartbeat after which the coordination service gives up on a
@@ -37,6 +40,11 @@ HEARTBEAT_S = 30
 
 class DistributedError(ValueError):
     """A distributed run that cannot start or go on: one line."""
+
+
+class ProcessLost(DistributedError, SimulationError):
+    """Another process stopped while the run went on: the run folder stays, marked
+    `INCOMPLETE` (a `SimulationError`: the run failed, its arguments were not refused)."""
 
 
 def check_flags(coordinator=None, num_processes=None, process_id=None, *, devices=None) -> None:
@@ -159,7 +167,7 @@ def _others_gone():
         yield
     except jax.errors.JaxRuntimeError as e:
         reason = str(e).strip().splitlines()[0][:160]
-        raise DistributedError(f"another process stopped or cannot be reached ({reason}); "
+        raise ProcessLost(f"another process stopped or cannot be reached ({reason}); "
                                "this process stops too.") from None
 
 
@@ -176,7 +184,8 @@ def launch_local(command: Sequence[str], n: int, *, devices_per_process: int = 2
     CPU devices, talking through gloo; wait for them. When one fails, the others
     are stopped (they would wait for it) and one line says which.
 
-    **Returns:** 0 when every process succeeded, else the first failure's status."""
+    **Returns:** the run's status when every process finished (0, or 3: its verdict
+    disagrees), else the first failure's."""
     flags = os.environ.get("XLA_FLAGS", "")
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
         f"{flags} --xla_force_host_platform_device_count={devices_per_process}").strip())
@@ -185,17 +194,18 @@ def launch_local(command: Sequence[str], n: int, *, devices_per_process: int = 2
     first = None
     try:
         while first is None and any(p.poll() is None for p in procs):
-            first = next((k for k, p in enumerate(procs) if p.returncode), None)
+            first = next((k for k, p in enumerate(procs) if p.returncode not in (None, *FINISHED)),
+                         None)
             time.sleep(0.1)
-        first = next((k for k, p in enumerate(procs) if p.returncode), None) \
-            if first is None else first
+        failed = [k for k, p in enumerate(procs) if p.poll() not in (None, *FINISHED)]
+        first = failed[0] if first is None and failed else first
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
             p.wait()
-    if first is None:
-        return 0
+    if first is None:  # every process finished: the run's status
+        return max(p.returncode for p in procs)
     code = procs[first].returncode
     log(f"process {first} of {n} exited with status {code}; the others were stopped "
         "(a --resume run continues from the saved chunks).")

@@ -14,7 +14,8 @@ The rows, each side run as its own process from a scratch folder:
 - The same with the unnormalised kernel exp(β⟨x_i, x_j⟩)/n, β ≤ 5, T = 1 and their
   corrected step: `--betamax 5 --maxtime 1` (no `--use_softmax`) against
   `--exp-kernel --beta-max 5`.
-- The looped 4-layer GPT-2 (64 wide, 4 heads, as docs/usage/models.md's offline example;
+- The looped 4-layer GPT-2 (64 wide by default, `--width`; 4 heads, as
+  docs/usage/models.md's offline example;
   random weights, torch seeded, saved with `save_pretrained`), 8 prompts × 32 random
   ids, 20 passes: GPT-Consensus's
   `consensus` on the HuggingFace model against `ja.models.loop` on the same folder
@@ -74,7 +75,9 @@ ROWS = ("thm41-sphere", "phase-softmax", "phase-exp", "gpt2-loop")
 #: The looped GPT-2: layers, width, heads, prompts, tokens, passes. Not GPT-2 small's
 #: width: 80 of its blocks on 256 tokens are ~290 GFLOP, seconds on 2 cores, where
 #: the issue's compiled call took 0.10 s (at 768 wide here: 1.1 s, theirs 12 s).
-LAYERS, WIDTH, HEADS, PROMPTS, TOKENS, PASSES, SEED = 4, 64, 4, 8, 32, 20, 0
+#: `--width` (passed to the children as `WARM_START_WIDTH`) sets another width.
+LAYERS, HEADS, PROMPTS, TOKENS, PASSES, SEED = 4, 4, 8, 32, 20, 0
+WIDTH = int(os.environ.get("WARM_START_WIDTH", "64"))
 #: Their hidden states and `E` against jaxattn's, relative to the largest value: the
 #: looped protocol's agreement with the HuggingFace blocks (docs/usage/models.md).
 AGREE = 1e-4
@@ -324,6 +327,8 @@ def parse(argv):
     p.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS),
                    help="the rows to run (default: all)")
     p.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    p.add_argument("--width", type=int, default=WIDTH,
+                   help=f"the looped GPT-2's width, a multiple of {HEADS} (default {WIDTH})")
     try:
         args = p.parse_args(argv)
     except CLIError as e:
@@ -343,6 +348,8 @@ def parse(argv):
                              f"{'GPTConsensus.py' if flag != '--rotf' else ''}.")
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be a whole number ≥ 1, got {args.repeats}.")
+    if args.width < HEADS or args.width % HEADS:
+        raise SystemExit(f"--width must be a positive multiple of {HEADS}, got {args.width}.")
     return args
 
 
@@ -354,6 +361,7 @@ def main(argv=None) -> None:
             print(json.dumps(result), flush=True)
         return
     args = parse(argv)
+    os.environ["WARM_START_WIDTH"] = str(args.width)  # the children's
     paths = {"rotf": str(Path(args.rotf).resolve()),
              "gpt": str(Path(args.gpt_consensus).resolve())}
     rows = [r for r in ROWS if r in args.rows]
@@ -365,8 +373,9 @@ def main(argv=None) -> None:
             model.mkdir()
             _, _, agree = runner.execute(child("gpt-check", paths["gpt"], str(model)),
                                          reports=True)
-            print(f"GPT-2 loop, GPT-Consensus vs jaxattn, relative: final hidden states "
-                  f"{agree['hidden']:.2g}, E {agree['E']:.2g} (≤ {AGREE:g} needed)", flush=True)
+            print(f"GPT-2 loop ({args.width} wide), GPT-Consensus vs jaxattn, relative: final "
+                  f"hidden states {agree['hidden']:.2g}, E {agree['E']:.2g} (≤ {AGREE:g} "
+                  "needed)", flush=True)
             if max(agree.values()) > AGREE:
                 raise SystemExit("GPT-Consensus's loop and jaxattn's disagree: not timed.")
         for k in range(args.repeats):

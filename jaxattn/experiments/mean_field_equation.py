@@ -372,8 +372,8 @@ def _draw_convergence(ax, config, data):
                 label=f"t = {config.horizon:g} linearised equation (fluctuation_distance, "
                       f"×{growth:.3f})", zorder=1.5)
     ax.set(xscale="log", yscale="log")
-    ref = data["distance"][0] * (ns / ns[0]) ** SLOPE
-    ax.loglog(ns, ref, "k--", lw=0.9, label=r"$n^{-1/2}$")
+    ref = 2 * data["distance"][0] * (ns / ns[0]) ** SLOPE  # above the data, not on it
+    ax.loglog(ns, ref, "k--", lw=0.9, label=r"$\propto n^{-1/2}$")
     counts = data["samples"]
     ax.set(xlabel=f"tokens $n$ (RMS over {int(counts[0])} … {int(counts[-1])} samples)",
            ylabel=f"RMS distance of modes $1 \\leq |k| \\leq {DEGREE}$",

@@ -178,3 +178,17 @@ def test_p_antipodal_is_judged_where_settled_and_fails_a_prediction_ten_percent_
     for t in study.thresholds(config, moving).values():
         assert t["p_settled"] == 0 and not t["p_judged"] and t["p_ratio"] is None
         assert len(t["p_unsettled_at"]) == len(data["betas"])
+
+
+def test_a_folder_written_before_the_early_reading_is_judged_without_it():
+    """An older run folder (no `p_antipodal_early`) replots: P(antipodal) not judged."""
+    import json
+    from pathlib import Path
+
+    saved = Path(__file__).parents[1] / "data" / "figures" / "antipodal"
+    with np.load(saved / "data.npz") as f:
+        data = {k: f[k] for k in f.files if k != "p_antipodal_early"}
+    experiment = A.Antipodal()
+    config = experiment.config(json.loads((saved / "config.json").read_text()))
+    verdict = experiment.verdict(config, data)
+    assert "settled at 0/" in verdict.line and "too few runs to judge" in verdict.line

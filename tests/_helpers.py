@@ -127,3 +127,10 @@ def kill_one_worker(proc: subprocess.Popen, ready, *, wait: float = 300) -> str:
     stopped = [line for line in stderr.splitlines() if "the others were stopped" in line]
     assert len(stopped) == 1, stderr[-3000:]
     return stderr
+
+
+def start_jaxattn(argv) -> subprocess.Popen:
+    """`jaxattn argv` in a new process (no display), its output captured as text."""
+    env = os.environ | {"MPLBACKEND": "Agg"}
+    return subprocess.Popen([sys.executable, "-m", "jaxattn", *argv], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -6,13 +6,10 @@ line; an experiment that does not batch refuses `--distributed` in one line befo
 work."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from _helpers import kill_one_worker, one_line
+from _helpers import kill_one_worker, one_line, start_jaxattn
 
 import jaxattn as ja
 from jaxattn.experiments import noisy_transition as nt
@@ -31,12 +28,6 @@ def _argv(out, *extra, name="variants", settings=SMALL):
     for k, v in settings.items():
         words += [f"--{k.replace('_', '-')}", str(v)]
     return words + list(extra)
-
-
-def _jaxattn(argv):
-    env = os.environ | {"MPLBACKEND": "Agg"}
-    return subprocess.Popen([sys.executable, "-m", "jaxattn", *argv], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +53,7 @@ def _same_run(folder, alone):
 @pytest.mark.slow  # two processes start, join and compile
 def test_two_processes_write_the_run_of_one(tmp_path, alone):
     out = tmp_path / "two"
-    proc = _jaxattn(_argv(out, "--launch-local", "2"))
+    proc = start_jaxattn(_argv(out, "--launch-local", "2"))
     stdout, stderr = proc.communicate(timeout=400)
     assert proc.returncode == 0, stderr[-3000:]
     assert "process 1 of 2: done" in stdout
@@ -74,13 +65,13 @@ def test_two_processes_write_the_run_of_one(tmp_path, alone):
 @pytest.mark.slow  # two processes, killed, then one
 def test_killed_on_one_process_resumes_on_one_process(tmp_path, alone):
     out = tmp_path / "killed"
-    proc = _jaxattn(_argv(out, "--launch-local", "2"))
+    proc = start_jaxattn(_argv(out, "--launch-local", "2"))
     chunks = out / "chunks"
     kill_one_worker(proc, lambda: chunks.exists() and any(chunks.glob("*.npz")))
     done = len(list(chunks.glob("*.npz")))
     assert (out / "INCOMPLETE").exists() and 1 <= done < 10
 
-    resumed = _jaxattn(_argv(out, "--resume"))
+    resumed = start_jaxattn(_argv(out, "--resume"))
     _, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr[-3000:]
     _same_run(out, alone)
@@ -105,7 +96,7 @@ def noisy_alone(tmp_path_factory):
 @pytest.mark.parametrize("name", sorted(NOISY))
 def test_two_processes_write_the_noisy_run_of_one(name, tmp_path, noisy_alone):
     out = tmp_path / "two"
-    proc = _jaxattn(_argv(out, "--launch-local", "2", name=name, settings=NOISY[name]))
+    proc = start_jaxattn(_argv(out, "--launch-local", "2", name=name, settings=NOISY[name]))
     _, stderr = proc.communicate(timeout=500)
     alone = json.loads((noisy_alone(name) / "summary.json").read_text())
     # at these sizes the verdict may disagree: the command's exit is then 3, as alone
@@ -122,7 +113,7 @@ def test_two_processes_write_the_noisy_run_of_one(name, tmp_path, noisy_alone):
 def test_a_noisy_run_killed_on_one_process_stops_both(tmp_path):
     out = tmp_path / "killed"
     name = "antipodal"
-    proc = _jaxattn(_argv(out, "--launch-local", "2", name=name, settings=NOISY[name]))
+    proc = start_jaxattn(_argv(out, "--launch-local", "2", name=name, settings=NOISY[name]))
     kill_one_worker(proc, lambda: (out / "config.json").exists())
     assert not (out / "summary.json").exists()
     assert (out / "INCOMPLETE").exists()  # a lost process is a failed run, not a refusal

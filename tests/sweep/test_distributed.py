@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from _helpers import kill_one_worker, one_line
+from _helpers import kill_one_worker, one_line, start_jaxattn
 from matplotlib.collections import PolyCollection
 
 import jaxattn as ja
@@ -29,12 +29,6 @@ def _argv(out, *extra):
     return args + list(extra)
 
 
-def _jaxattn(argv):
-    env = os.environ | {"MPLBACKEND": "Agg"}
-    return subprocess.Popen([sys.executable, "-m", "jaxattn", *argv], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 @pytest.fixture(scope="module")
 def alone(tmp_path_factory):
     """The one-process sweep, in this process."""
@@ -46,7 +40,7 @@ def alone(tmp_path_factory):
 @pytest.mark.slow  # two processes start, join and compile
 def test_two_processes_write_the_table_of_one(tmp_path, alone):
     out = tmp_path / "two"
-    proc = _jaxattn(_argv(out, "--launch-local", "2"))
+    proc = start_jaxattn(_argv(out, "--launch-local", "2"))
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
     assert "process 1 of 2: done" in stdout
@@ -58,13 +52,13 @@ def test_two_processes_write_the_table_of_one(tmp_path, alone):
 @pytest.mark.slow  # two processes, killed, then one
 def test_killed_on_one_process_resumes_on_one_process(tmp_path, alone):
     out = tmp_path / "killed"
-    proc = _jaxattn(_argv(out, "--launch-local", "2"))
+    proc = start_jaxattn(_argv(out, "--launch-local", "2"))
     chunks = out / "chunks"
     kill_one_worker(proc, lambda: chunks.exists() and any(chunks.glob("*.csv")))
     done = len(list(chunks.glob("*.csv")))
     assert (out / "INCOMPLETE").exists() and 1 <= done < 4
 
-    resumed = _jaxattn(_argv(out, "--resume"))
+    resumed = start_jaxattn(_argv(out, "--resume"))
     stdout, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr[-3000:]
     assert f"{done} of 4 chunks done" in stdout + stderr
@@ -106,7 +100,7 @@ def test_mismatched_process_counts_are_one_line_each_and_no_folder(tmp_path):
     from jaxattn._process.distributed import free_port
 
     out, address = tmp_path / "never", f"localhost:{free_port()}"
-    procs = [_jaxattn(_argv(out, "--distributed", "--coordinator", address,
+    procs = [start_jaxattn(_argv(out, "--distributed", "--coordinator", address,
                             "--num-processes", str(count), "--process-id", str(k)))
              for k, count in ((0, 2), (1, 3))]
     errors = [p.communicate(timeout=200)[1] for p in procs]

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._batch import as_mesh, shard_batch, unshard
+from .._batch import as_mesh, map_blocks, shard_batch, unshard
 from .._flow import solve_flow_unchecked
 from .._horizon import CONSENSUS_TOL, Horizon
 from .._layers import run_layers_unchecked
@@ -80,11 +80,13 @@ def _residual(test, dyn, y0, ts, ys, E):
 
 
 @eqx.filter_jit
-def _chunk(name: str, p: dict[str, Any], s: tuple, keys, block: int, strategy: str = "auto"):
-    """Every instance of `keys` (a multiple of `block`), in blocks of `block` run one
-    after the other (`LANES`)."""
+def _chunk(name: str, p: dict[str, Any], s: tuple, keys, block: int, mesh=None,
+           strategy: str = "auto"):
+    """Every instance of `keys` (a multiple of `block` and of `mesh`'s devices), in
+    blocks of `block` (`LANES`), each device running its own blocks one after the
+    other (`map_blocks`)."""
     blocks = keys.reshape(-1, block, *keys.shape[1:])
-    out = jax.lax.map(lambda k: _block(name, p, s, k, strategy), blocks)
+    out = map_blocks(lambda k: _block(name, p, s, k, strategy), blocks, mesh)
     return jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), out)
 
 
@@ -159,7 +161,8 @@ def simulate_chunk(name: str, config: dict[str, Any], params: tuple[Param, ...],
     keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(padded))
     if count > 1:
         keys, _ = shard_batch(keys, mesh, 1)
-    out = _chunk(name, dynamic, tuple(sorted(static.items())), keys, block, STRATEGY)
+    out = _chunk(name, dynamic, tuple(sorted(static.items())), keys, block,
+                 mesh if count > 1 else None, STRATEGY)
     out = unshard(gather(out), len(seeds), (len(seeds),))  # whole on every process
     tests = out.pop("test", None)
     out = {k: np.asarray(v) for k, v in out.items()}

@@ -67,7 +67,7 @@ def enable_cache(path: str | os.PathLike | None = None) -> Path | None:
         os.environ.update({name.upper(): str(value) for name, value in options.items()})
         return folder
     import jax
-    from jax._src import compilation_cache
+    from jax.experimental.compilation_cache import compilation_cache
 
     compilation_cache.reset_cache()  # JAX opens its cache once per process
     for name, value in options.items():

@@ -64,7 +64,6 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
     """
     path = Path(path)
     unit = frame_unit(ts, layers)
-    xs, ts, E, dtype = trajectory_arrays(xs, ts, E, per="frame")
     counts = (("fps", fps, 1), ("trail", trail, 0), ("dpi", dpi, 20),
               ("frames", 1 if frames is None else frames, 1))
     checks = [(path.suffix.lower() not in (".mp4", ".gif"),
@@ -74,22 +73,21 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
                for name, value, low in counts]
     checks.append((not path.parent.is_dir(),
                    f"{path.parent} is not a folder; cannot write {path.name}."))
-    for bad, message in checks:
-        if bad:
-            raise ValueError(message)
-    picks = _picks(len(xs), frames)
+    xs, ts, E, dtype = trajectory_arrays(xs, ts, E, per="frame", also=checks)
+    picks = thinned(len(xs), frames)
     scene = Scene(xs, ts, E, dtype, title=title, unit=unit, trail=trail, spin=spin,
                   elevation=elevation, dpi=dpi, density_above=density_above)
     images = scene.frames(picks, progress=progress)
     return _encode(images, path, fps, scene.size, scene.colors)
 
 
-def trajectory_arrays(xs, ts=None, E=None, *, per: str = "frame"):
+def trajectory_arrays(xs, ts=None, E=None, *, per: str = "frame", also=()):
     """`xs (T, n, d)` (`d ≥ 2`, finite), its `T` times (default `0, 1, …`) and its
     misalignment (default `ja.misalignment(xs)`) as float64 arrays, and the coarser
     float dtype of the tokens and `E` (below its `resolution` `E` is rounding noise):
-    the one check of a trajectory to draw (`ja.animate`, `jaxattn view`); a
-    `ValueError` names the first mistake (`per`: what one save is called in it)."""
+    the one check of a trajectory to draw (`ja.animate`, `jaxattn view`) and of the
+    caller's `(wrong, message)` pairs `also`; a `ValueError` names the first mistake
+    (`per`: what one save is called in it)."""
     given = [np.asarray(a).dtype for a in (xs, E) if a is not None]
     xs = np.asarray(xs, dtype=np.float64)
     T = len(xs) if xs.ndim else 0
@@ -100,7 +98,7 @@ def trajectory_arrays(xs, ts=None, E=None, *, per: str = "frame"):
     checks += [(a is not None and a.shape != (T,), f"{name} must hold one {what} per {per}, "
                 f"shape ({T},), got {np.shape(a)}.")
                for name, a, what in (("ts", ts, "time"), ("E", E, "value"))]
-    for bad, message in checks:
+    for bad, message in [*checks, *also]:
         if bad:
             raise ValueError(message)
     if E is None:
@@ -131,7 +129,7 @@ def unit_ball(xs: np.ndarray) -> tuple[np.ndarray, str]:
     return xs / (scale if scale > 0 else 1.0), note
 
 
-def _picks(count: int, frames: int | None) -> np.ndarray:
+def thinned(count: int, frames: int | None) -> np.ndarray:
     """The indices of the saves that become frames: all, or `frames` spread evenly."""
     if frames is None or frames >= count:
         return np.arange(count)
@@ -292,9 +290,21 @@ class Scene:
         ax.add_patch(self.plt.Circle((0, 0), 1, fill=False, color="0.5", lw=1.2, zorder=1))
         self._tokens(ax)
 
+    def _density_scale(self) -> dict:
+        """The colours of a density (ring, maps): over the uniform one, 0.1 to 100."""
+        from matplotlib.colors import LogNorm
+
+        return {"cmap": self.plt.get_cmap("magma_r").with_extremes(bad="white"),
+                "norm": LogNorm(0.1, 100)}
+
+    def _density_bar(self, mappable, ax) -> None:
+        bar = self.fig.colorbar(mappable, ax=ax, orientation="horizontal", fraction=0.04,
+                                pad=0.02, shrink=0.5)
+        bar.set_label("density / uniform density", fontsize=8)
+        bar.ax.tick_params(labelsize=7)
+
     def _setup_ring(self):
         from matplotlib.collections import LineCollection
-        from matplotlib.colors import LogNorm
 
         ax = self._blank(1.3)
         n = self.xs.shape[1]
@@ -303,9 +313,8 @@ class Scene:
         edges = np.linspace(-np.pi, np.pi, self.bins + 1)
         arcs = [np.stack([np.cos(a), np.sin(a)], -1)
                 for a in np.linspace(edges[:-1], edges[1:], 4).T]
-        cmap = self.plt.get_cmap("magma_r").with_extremes(bad="white")
-        self.ring = LineCollection(arcs, linewidths=14, cmap=cmap, norm=LogNorm(0.1, 100),
-                                   capstyle="butt", zorder=2)
+        self.ring = LineCollection(arcs, linewidths=14, capstyle="butt", zorder=2,
+                                   **self._density_scale())
         self.ring.set_array(np.ma.masked_all(self.bins))
         ax.add_collection(self.ring)
         # the empty band under the arcs (drawn with the arcs' width, in points)
@@ -315,35 +324,26 @@ class Scene:
         self.order = ax.text(0, -1.2, "", ha="center", va="top", fontsize=9)
         ax.text(0, 1.2, "the tokens' density on the circle (grey: none); "
                 "arrow: their mean", ha="center", fontsize=8, color="0.3")
-        bar = self.fig.colorbar(self.ring, ax=ax, orientation="horizontal", fraction=0.04,
-                                pad=0.02, shrink=0.5)
-        bar.set_label("density / uniform density", fontsize=8)
-        bar.ax.tick_params(labelsize=7)
+        self._density_bar(self.ring, ax)
 
     def _setup_density(self):
-        from matplotlib.colors import LogNorm
-
         ax = self._blank(1.3, wide=2.3)
         n = self.xs.shape[1]
         # about 8 tokens a cell for the uniform measure: coarser cells for fewer tokens
         self.bins = int(np.clip(np.sqrt(n / 8 / (np.pi / 2)), 12, 72))
         empty = np.ma.masked_all((self.bins, self.bins))
-        cmap = self.plt.get_cmap("magma_r").with_extremes(bad="white")
         self.maps = []
         for center, name in ((-1.15, "near hemisphere"), (1.15, "far hemisphere")):
             extent = (center - 1, center + 1, -1, 1)
-            image = ax.imshow(empty, extent=extent, origin="lower", cmap=cmap,
-                              norm=LogNorm(0.1, 100), interpolation="nearest")
+            image = ax.imshow(empty, extent=extent, origin="lower", interpolation="nearest",
+                              **self._density_scale())
             image.set_clip_path(self.plt.Circle((center, 0), 1, transform=ax.transData))
             ax.add_patch(self.plt.Circle((center, 0), 1, fill=False, color="0.4", lw=0.8))
             ax.text(center, -1.12, name, ha="center", va="top", fontsize=8)
             self.maps.append(image)
         ax.text(0, 1.2, "Lambert equal-area maps of the tokens' density (white: none)",
                 ha="center", fontsize=8, color="0.3")
-        bar = self.fig.colorbar(self.maps[0], ax=ax, orientation="horizontal", fraction=0.04,
-                                pad=0.02, shrink=0.5)
-        bar.set_label("density / uniform density", fontsize=8)
-        bar.ax.tick_params(labelsize=7)
+        self._density_bar(self.maps[0], ax)
 
     def _setup_energy(self):
         # E ends where it reaches the resolution of its dtype: below, rounding noise
@@ -436,8 +436,7 @@ class Scene:
                 self.label.set_text(f"{when}    {value}")
                 self.marker.set_data([t], [self.shown[i]])
                 self.cursor.set_xdata([t, t])
-                canvas = self.fig.canvas
-                canvas.restore_region(self.background)
+                self.fig.canvas.restore_region(self.background)
                 for artist in self.moving:
                     self.fig.draw_artist(artist)
                 yield np.asarray(self.fig.canvas.buffer_rgba())[..., :3].copy()
@@ -468,9 +467,8 @@ def _encode(images: Iterator[np.ndarray], path: Path, fps: int, size, colors) ->
                 _write_gif(images, tmp, fps, colors)
             os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600, whatever the umask
             os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        finally:
+            Path(tmp).unlink(missing_ok=True)  # gone already when the rename succeeded
     return path
 
 

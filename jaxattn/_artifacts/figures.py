@@ -21,17 +21,9 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update(
-        {
-            "figure.dpi": 110,
-            "savefig.dpi": 150,
-            "font.size": 10,
-            "axes.grid": True,
-            "grid.alpha": 0.3,
-            "axes.spines.top": False,
-            "axes.spines.right": False,
-        }
-    )
+    plt.rcParams.update({"figure.dpi": 110, "savefig.dpi": 150, "font.size": 10,
+                         "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
+                         "axes.spines.right": False})
     return plt
 
 
@@ -54,10 +46,15 @@ def tidy_3d(ax, labels=("$x_1$", "$x_2$", "$x_3$")) -> None:
 START_Z, MARK_Z, END_Z = 5, 6, 7
 
 
-def _draw_paths(ax, ys) -> None:
-    """Token paths `(T, n, 3)`: start a white ring, end a red dot drawn over it (a
-    token that hardly moves shows both; a consensus, one dot among the start rings,
-    stands out by its colour)."""
+def _trajectories_3d(ax, ys, axes=None) -> None:
+    """Token paths `(T, n, 3)` over the wireframe of the unit sphere mapped by `axes`
+    (its columns; default: the sphere itself). Start a white ring, end a red dot drawn
+    over it (a token that hardly moves shows both; a consensus, one dot among the
+    start rings, stands out by its colour)."""
+    u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
+    pts = np.stack([np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v)], -1)
+    pts = pts if axes is None else pts @ axes.T
+    ax.plot_wireframe(pts[..., 0], pts[..., 1], pts[..., 2], color="0.85", lw=0.4)
     ys = np.asarray(ys)
     ax.computed_zorder = False  # markers by zorder, not by depth: the ends stay on top
     for i in range(ys.shape[1]):
@@ -66,6 +63,8 @@ def _draw_paths(ax, ys) -> None:
                label="start")
     ax.scatter(*ys[-1].T, s=30, c="tab:red", edgecolors="k", lw=0.6, depthshade=False,
                zorder=END_Z, label="end (red)")
+    ax.set_box_aspect((1, 1, 1) if axes is None else np.ptp(pts.reshape(-1, 3), axis=0))
+    tidy_3d(ax)
 
 
 #: The symbols of a 3-D panel's markers in its title's key (`title_3d`).
@@ -84,13 +83,7 @@ def title_3d(ax, title: str, **kw) -> None:
 def draw_sphere_trajectories(ax, ys) -> None:
     """Token paths on S² (start: white circle, end: red dot) over a wireframe;
     `title_3d` names the markers."""
-    u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
-    ax.plot_wireframe(
-        np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85", lw=0.4
-    )
-    _draw_paths(ax, ys)
-    ax.set_box_aspect((1, 1, 1))
-    tidy_3d(ax)
+    _trajectories_3d(ax, ys)
 
 
 def resolution(dtype, order: int = 2, scale: float = 1.0) -> float:
@@ -218,13 +211,7 @@ def draw_ellipsoid_trajectories(ax, ys, W=None, *, mark=None, mark_label=None) -
         draw_sphere_trajectories(ax, ys)
     else:
         lam, vec = np.linalg.eigh(np.asarray(W))
-        u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
-        sphere = np.stack([np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v)], -1)
-        pts = sphere @ (vec / np.sqrt(lam)).T  # W^{-1/2} maps S² onto E_W
-        ax.plot_wireframe(pts[..., 0], pts[..., 1], pts[..., 2], color="0.85", lw=0.4)
-        _draw_paths(ax, ys)
-        ax.set_box_aspect(np.ptp(pts.reshape(-1, 3), axis=0))
-        tidy_3d(ax)
+        _trajectories_3d(ax, ys, vec / np.sqrt(lam))  # W^{-1/2} maps S² onto E_W
     if mark is not None:
         mark = np.atleast_2d(np.asarray(mark))
         # hollow, so that the end points it predicts stay visible inside it

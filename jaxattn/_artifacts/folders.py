@@ -259,13 +259,16 @@ def holder(path) -> str | None:
     return None
 
 
-def check_not_held(path) -> None:
+def check_not_held(path, *, writing: bool = False) -> None:
     """`RunFolderError` when a live command holds the folder `path`: its files are
-    still being written (so it is neither finished nor interrupted)."""
+    still being written (so it is neither finished nor interrupted), or, `writing`
+    into it, it is in use."""
     pid = holder(path)
     if pid is not None:
-        raise RunFolderError(f"{path} is being written by a running jaxattn command (process "
-                             f"{pid}); wait for it to end.")
+        raise RunFolderError(
+            f"{path} is in use by another jaxattn command (process {pid}); wait for it to end "
+            "or choose another --out." if writing else f"{path} is being written by a "
+            f"running jaxattn command (process {pid}); wait for it to end.")
 
 
 def _lock(path: Path) -> int:
@@ -276,11 +279,9 @@ def _lock(path: Path) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise RunFolderError(f"{path} is in use by another jaxattn command (process "
-                                 f"{holder}); wait for it to end or choose another "
-                                 "--out.") from None
+            check_not_held(path, writing=True)  # else its holder has just let it go
+            continue
         try:  # the holder before us may have removed the file while we opened it
             same = os.fstat(fd).st_ino == os.stat(path / LOCK).st_ino
         except FileNotFoundError:
@@ -468,7 +469,7 @@ def reopen_run(folder: Path, config: dict[str, Any], resume: bool | None, *, wha
     run's settings; only the keys `same` when given) in its settings file `filename`:
     a folder of another command or other settings is refused, finished or not. A
     resumable command (`resume` a bool) refuses it without `resume`, and continues
-    an unfinished one on the same backend (`check_same_computer`); with `resume`, a
+    an unfinished one on the same backend (`computed_elsewhere`); with `resume`, a
     folder that holds no run is refused. A command that cannot resume (`resume`
     `None`) starts an unfinished run of the same settings over, and refuses a
     finished one. `what`, `command`: its name in messages (`"loop"`, `"sweep"`).
@@ -477,61 +478,58 @@ def reopen_run(folder: Path, config: dict[str, Any], resume: bool | None, *, wha
 
     Whether the folder holds the finished run, and the run's id.
     """
-    if not (folder / filename).exists():
-        if resume:
-            raise RunFolderError(f"{folder} holds no {what} to resume (no {filename}); run it "
-                                 "without --resume.")
-        start_run(folder)
-        return False, read_json(write_config(folder, config, filename))["run_id"]
-    old = read_json(folder / filename)
-    finished = not (folder / INCOMPLETE).exists() and (folder / "summary.json").exists()
-    state = "a finished" if finished else "an unfinished"
-    keys = list(config if same is None else same)
-    keys.sort(key=lambda k: k not in _IDENTITY)  # which command first, then its settings
-    made_by, ours = _settings_command(old), _settings_command(config)
-    why = []  # what the folder holds that this run is not, the command first
-    if filename == KINDS["run"] and made_by != ours:
-        why.append(f"{made_by} run; {ours} does not write into it (choose another --out).")
-    for key in keys:
-        was, now = _jsonable(old.get(key)), _jsonable(config[key])
-        if key not in old:
-            why.append(f"run of another command (its {filename} has no {key}); choose "
-                       "another --out.")
-        elif json.dumps(was, sort_keys=True) != json.dumps(now, sort_keys=True):
-            values = f" ({was!r}, not {now!r})" if len(repr(was) + repr(now)) < 60 else ""
-            why.append(f"{what} with another {key}{values}; one folder holds one {what} "
-                       "(choose another --out).")
-    if not resume and (resume is False or finished):  # results are never overwritten
-        advice = "pass --resume to continue it or " if resume is False else ""
-        why.append(f"{what}; {advice}choose another --out.")
+    why, finished, old = [], False, {}  # what the folder holds that this run is not
+    held = (folder / filename).exists()
+    if not held and resume:
+        why.append(f"{folder} holds no {what} to resume (no {filename}); run it without "
+                   "--resume.")
+    if held:
+        old = read_json(folder / filename)
+        finished = not (folder / INCOMPLETE).exists() and (folder / "summary.json").exists()
+        holds = f"{folder} holds {'a finished' if finished else 'an unfinished'}"
+        made_by, ours = _settings_command(old), _settings_command(config)
+        if filename == KINDS["run"] and made_by != ours:  # which command first
+            why.append(f"{holds} {made_by} run; {ours} does not write into it (choose "
+                       "another --out).")
+        for key in sorted(config if same is None else same, key=lambda k: k not in _IDENTITY):
+            was, now = _jsonable(old.get(key)), _jsonable(config[key])
+            if key not in old:
+                why.append(f"{holds} run of another command (its {filename} has no {key}); "
+                           "choose another --out.")
+            elif json.dumps(was, sort_keys=True) != json.dumps(now, sort_keys=True):
+                values = f" ({was!r}, not {now!r})" if len(repr(was) + repr(now)) < 60 else ""
+                why.append(f"{holds} {what} with another {key}{values}; one folder holds one "
+                           f"{what} (choose another --out).")
+        if not resume and (resume is False or finished):  # results are never overwritten
+            advice = "pass --resume to continue it or " if resume is False else ""
+            why.append(f"{holds} {what}; {advice}choose another --out.")
+        if resume is not None and not finished and (how := computed_elsewhere(old, command)):
+            why.append(f"{folder} was computed {how}.")
     if why:
-        raise RunFolderError(f"{folder} holds {state} {why[0]}")
-    if resume is None and not finished:
-        start_run(folder)
-        return False, read_json(write_config(folder, config, filename))["run_id"]
-    if not finished:
-        check_same_computer(folder, old, command)
-    return finished, old.get("run_id")
+        raise RunFolderError(why[0])
+    if held and (finished or resume is not None):
+        return finished, old.get("run_id")
+    start_run(folder)
+    return False, read_json(write_config(folder, config, filename))["run_id"]
 
 
-def check_same_computer(folder: Path, old: dict[str, Any], command: str) -> None:
-    """Refuse to continue a run recorded in `old` (its settings file) on another
-    backend, or on a GPU with the other determinism setting: its results would mix
-    parts computed two ways (`command`: the `jaxattn` command that resumes it)."""
+def computed_elsewhere(old: dict[str, Any], command: str) -> str | None:
+    """How a run recorded in `old` (its settings file) was computed, when it cannot
+    be continued here (else `None`): on another backend, or on a GPU with the other
+    determinism setting, its results would mix parts computed two ways (`command`:
+    the `jaxattn` command that resumes it)."""
     now = computed_on()
     backend = old.get("backend", now["backend"])
     deterministic = old.get("deterministic", now["deterministic"])
     if backend != now["backend"]:
-        how = (f"on {backend}, this process runs on {now['backend']}; resume it on {backend} "
-               "(or choose another --out)")
-    elif backend != "cpu" and deterministic != now["deterministic"]:
-        how = (f"with XLA's deterministic GPU flags: resume it with `jaxattn {command} "
-               "--resume` (in Python, set XLA_FLAGS=ja.deterministic_xla_flags() first)"
-               if deterministic else "without XLA's deterministic GPU flags: resume it with "
-               f"`jaxattn --nondeterministic {command} --resume`")
-    else:
-        return
-    raise RunFolderError(f"{folder} was computed {how}.")
+        return (f"on {backend}, this process runs on {now['backend']}; resume it on {backend} "
+                "(or choose another --out)")
+    if backend != "cpu" and deterministic != now["deterministic"]:
+        return (f"with XLA's deterministic GPU flags: resume it with `jaxattn {command} "
+                "--resume` (in Python, set XLA_FLAGS=ja.deterministic_xla_flags() first)"
+                if deterministic else "without XLA's deterministic GPU flags: resume it with "
+                f"`jaxattn --nondeterministic {command} --resume`")
+    return None
 
 
 def clear_partial_writes(directory: Path) -> None:

@@ -78,10 +78,15 @@ def pick(data, name: str | None = None, index: int = 0, *,
     (`NoTrajectory`, saying `none`, when there is none)."""
     names = trajectory_names(data)
     name = names[0] if name is None and names else name
+    shape = np.shape(data[name]) if name in names else (0, 0, 0)
+    runs = shape[0] if len(shape) == 4 else 1
+    which = (f"be in 0 … {runs - 1} ({name} holds {runs} runs)" if runs > 1
+             else f"be 0: {name} holds one run")
     for bad, error, message in (
         (not names, NoTrajectory, none),
         (name not in names, ValueError,
          f"no trajectory {name!r} in data.npz; it has {', '.join(names)}."),
+        (not 0 <= index < runs, ValueError, f"--index must {which}, got {index}."),
     ):
         if bad:
             raise error(message)
@@ -92,10 +97,6 @@ def pick(data, name: str | None = None, index: int = 0, *,
         xs, ts, E = xs[None], None if ts is None else ts[None], None if E is None else E[None]
     else:
         label = f"{name}[{index}]"
-    if not 0 <= index < len(xs):
-        which = (f"be in 0 … {len(xs) - 1} ({name} holds {len(xs)} runs)" if len(xs) > 1
-                 else f"be 0: {name} holds one run")
-        raise ValueError(f"--index must {which}, got {index}.")
     xs, ts, E = xs[index], None if ts is None else ts[index], None if E is None else E[index]
     layers = ts is None or name.endswith("_layers")
     if ts is None:

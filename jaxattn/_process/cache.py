@@ -53,11 +53,18 @@ def enable_cache(path: str | os.PathLike | None = None) -> Path | None:
 
     The folder, or `None` when the cache is off.
     """
-    if path is not None and not isinstance(path, str | os.PathLike):
-        raise TypeError(f"`path` must be a folder (a str or a path), got {type(path).__name__}.")
-    folder = cache_dir(path)
-    if folder is not None:
-        _check_folder(folder)
+    typed = path is None or isinstance(path, str | os.PathLike)
+    folder = cache_dir(path) if typed else None
+    problem = folder and _unusable(folder)
+    for bad, error, message in (
+        (not typed, TypeError, f"`path` must be a folder (a str or a path), got "
+                               f"{type(path).__name__}."),
+        (problem, ValueError, f"cannot use {folder} for the compilation cache: {problem}; "
+                              f"choose another folder ({VARIABLE}=DIR) or turn the "
+                              f"cache off ({VARIABLE}={OFF})."),
+    ):
+        if bad:
+            raise error(message)
     options = {"jax_enable_compilation_cache": folder is not None}
     if folder is not None:
         options["jax_compilation_cache_dir"] = str(folder)
@@ -75,15 +82,12 @@ def enable_cache(path: str | os.PathLike | None = None) -> Path | None:
     return folder
 
 
-def _check_folder(folder: Path) -> None:
-    """A folder JAX can make (on its first program) and write to, or a `ValueError`."""
+def _unusable(folder: Path) -> str | None:
+    """Why JAX cannot make `folder` (on its first program) or write to it; None if it can."""
     existing = next(p for p in (folder, *folder.parents) if p.exists())
-    problem = ("is not a folder" if not existing.is_dir() else None
-               if os.access(existing, os.W_OK | os.X_OK) else "is not writable")
-    if problem:
-        raise ValueError(f"cannot use {folder} for the compilation cache: {existing} "
-                         f"{problem}; choose another folder ({VARIABLE}=DIR) or turn the "
-                         f"cache off ({VARIABLE}={OFF}).")
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    return None if os.access(existing, os.W_OK | os.X_OK) else f"{existing} is not writable"
 
 
 def is_entry(path: Path) -> bool:

@@ -1,18 +1,8 @@
 """Runs across processes (hosts) through `jax.distributed`: what the sweep, the
-batched studies and `examples/multihost.py` share (docs/usage/distributed.md).
-
-- `check_flags`: the flags of a distributed run, checked before any work.
-- `initialize`: `jax.distributed.initialize` from the flags or the environment
-  (SLURM, Open MPI, `JAX_COORDINATOR_ADDRESS`/`JAX_NUM_PROCESSES`/`JAX_PROCESS_ID`),
-  with a timeout: a coordinator that cannot be reached is one line, not a hang.
-- `agree`: process 0 decides (reads its folder) and every process gets its answer
-  (`broadcast_one_to_all`); a refusal on process 0 stops every process.
-- `is_writer`: only process 0 writes files.
-- `gather`: a result sharded over every process's devices, whole on every process.
-- `global_mesh`: every process's devices, what a batched study shards over.
-- `launch_local`: N processes on this machine, CPU devices over gloo, for trying
-  and testing; one that fails stops the others.
-"""
+batched studies and `examples/multihost.py` share (docs/usage/distributed.md). The flags
+are checked before any work (`check_flags`), joining has a timeout (`initialize`),
+process 0 decides and writes (`agree`, `is_writer`), and a process that stops or is
+refused stops the others with one line."""
 
 import contextlib
 import os
@@ -131,11 +121,9 @@ def agree(decide: Callable[[], Sequence[int]]) -> list[int]:
         except Exception as e:  # raised below, once the others know
             error = e
     head = _broadcast(np.asarray([error is not None, len(answer)], np.int64))
-    if error is not None:
-        raise error
-    if head[0]:
-        raise DistributedError("process 0 refused the run (its output says why); "
-                               "this process stops too.")
+    if head[0]:  # process 0 refused: its own error there, one line on the others
+        raise error or DistributedError("process 0 refused the run (its output says why); "
+                                        "this process stops too.")
     return [int(v) for v in _broadcast(np.asarray(answer or [0] * int(head[1]), np.int64))]
 
 
@@ -191,14 +179,14 @@ def launch_local(command: Sequence[str], n: int, *, devices_per_process: int = 2
         f"{flags} --xla_force_host_platform_device_count={devices_per_process}").strip())
     common = [*command, "--coordinator", f"localhost:{free_port()}", "--num-processes", str(n)]
     procs = [subprocess.Popen([*common, "--process-id", str(k)], env=env) for k in range(n)]
-    first = None
+
+    def failed() -> int | None:
+        return next((k for k, p in enumerate(procs) if p.poll() not in (None, *FINISHED)), None)
+
     try:
-        while first is None and any(p.poll() is None for p in procs):
-            first = next((k for k, p in enumerate(procs) if p.returncode not in (None, *FINISHED)),
-                         None)
+        while failed() is None and any(p.poll() is None for p in procs):
             time.sleep(0.1)
-        failed = [k for k, p in enumerate(procs) if p.poll() not in (None, *FINISHED)]
-        first = failed[0] if first is None and failed else first
+        first = failed()
     finally:
         for p in procs:
             if p.poll() is None:

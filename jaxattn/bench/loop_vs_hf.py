@@ -31,6 +31,7 @@ from .. import models as jm
 from .._precision import PRECISIONS
 from ..models import default_chunk, loop_program
 from .device import TorchSide, device_label
+from .reference_torch import misalignment
 from .timing import Timing
 
 CONFIGS = {
@@ -74,12 +75,6 @@ class ZeroMLP(torch.nn.Module):
         return torch.zeros_like(x)
 
 
-def hf_misalignment(h: torch.Tensor) -> torch.Tensor:
-    h = h.float()
-    unit = h / h.norm(dim=-1, keepdim=True)
-    return 1 - (unit[:, :1] * unit).sum(-1).mean(-1)
-
-
 def hf_loop(model, ids: torch.Tensor, passes: int, ffn: bool) -> np.ndarray:
     """The paper's loop on HuggingFace blocks: (B, passes·L + 1) misalignment, in the
     model's dtype (`E` in float32)."""
@@ -93,12 +88,12 @@ def hf_loop(model, ids: torch.Tensor, passes: int, ffn: bool) -> np.ndarray:
                       device=device).triu(1)[None, None]
     with torch.no_grad():
         hidden = model.wte(ids) + model.wpe(torch.arange(n, device=device)[None])
-        out = [hf_misalignment(hidden)]
+        out = [misalignment(hidden.float())]
         for _ in range(passes):
             for block in blocks:
                 res = block(hidden, attention_mask=mask)
                 hidden = res[0] if isinstance(res, (tuple, list)) else res
-                out.append(hf_misalignment(hidden))
+                out.append(misalignment(hidden.float()))
             hidden = model.ln_f(hidden)
     return torch.stack(out, 1).cpu().numpy()  # waits for the device
 

@@ -1,11 +1,6 @@
-"""The benchmark suite behind `jaxattn bench`.
-
-Every figure is the median of repeated runs after compilation, with min and max, in
-one process so that ratios are comparable. The PyTorch references run on JAX's
-device where torch reaches it, their float32 matmul mode matched to `--precision`
-(`jaxattn.bench.device`). Each case is named by what it measures (`CASES`, sizes in
-`jaxattn.bench.cases`); `--cases` takes a name or its short label. What each case
-times, the sizes of `PRESETS` and the measured tables: see BENCHMARKS.md.
+"""The benchmark suite behind `jaxattn bench`: each case (`CASES`, sizes in
+`jaxattn.bench.cases`) timed in one process against the PyTorch references. How it
+times, where PyTorch runs, what each case times and the measured tables: BENCHMARKS.md.
 
 Flop counts (multiply–adds count 2; softmax, normalisation and the metric left out,
 so GFLOP/s are lower bounds), per sequence and evaluation of the raw update `v`:
@@ -329,12 +324,6 @@ def pair_floor(pairs: float, d: int, gradient: bool, peak_gflops: float,
             "floor_s": max(matmul_s, exp_s)}
 
 
-def _device_peak_bytes() -> int | None:
-    """The device's peak bytes in use since the process started (GPUs), else `None`."""
-    stats = jax.devices()[0].memory_stats()
-    return (stats or {}).get("peak_bytes_in_use")
-
-
 def _floor_rates(preset: "Preset", ctx: Context) -> dict:
     """The matmul peak (the `peak` case's, else JAX's alone, measured now) and the
     exp rates of the mean-field floors, measured in this run."""
@@ -376,7 +365,9 @@ def _mean_field_cases(prob: Problem, preset: "Preset", ctx: Context) -> list[dic
         row.update(floor, **rates, n=prob.n, d=prob.d, heads=prob.h,
                    blocked=dyn.blocked(prob.n, x0.dtype),
                    memory_source="compiled: temp + argument + output bytes",
-                   device_peak_bytes=_device_peak_bytes(),
+                   # the peak bytes in use since the process started (GPUs), else None
+                   device_peak_bytes=(jax.devices()[0].memory_stats() or {}).get(
+                       "peak_bytes_in_use"),
                    ratio_to_floor=row["median_s"] / floor["floor_s"],
                    fraction_of_peak=row["gflops"] / peak)
         rows.append(row)
@@ -439,12 +430,6 @@ PRESETS = {
 }
 
 
-def _context(rep: Repeats, precision: str, torch: bool) -> Context:
-    ref = _reference() if torch else None
-    side = TorchSide.choose(ref.torch, precision) if ref is not None else None
-    return Context(rep, precision, None, side, ref)
-
-
 def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
               budget_s: float = 30.0, cases=ALL_CASES, torch: bool = True,
               precision: str = "float32",
@@ -472,7 +457,9 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
     size = size or ("quick" if quick else "default")
     preset, precision = PRESETS[size], check_precision(precision)
     cases = case_names(cases)
-    ctx = _context(Repeats(repeats, budget_s), precision, torch)
+    ref = _reference() if torch else None
+    side = TorchSide.choose(ref.torch, precision) if ref is not None else None
+    ctx = Context(Repeats(repeats, budget_s), precision, None, side, ref)
     start, seconds, bandwidth = time.perf_counter(), {}, None
 
     def stage(case, message):

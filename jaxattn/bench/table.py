@@ -38,21 +38,22 @@ def header(result: dict) -> list[str]:
     return lines
 
 
-def _gradient_line(r: dict) -> str:
-    return (f"{r['case']:4} {r['variant'][:42]:42} {r['library'][:22]:22} "
-            f"{SHORT.get(r.get('precision'), ''):4} {r['gradient_s']:9.4f} {r['min_s']:8.4f} "
-            f"{r['max_s']:8.4f} {r['calls']:2d} grad/fwd {r['gradient_over_forward']:.2f}"
-            + (f", memory ×{r['memory_growth_4x_steps']:.2f} for 4× steps"
-               if r.get("memory_growth_4x_steps") else ""))
-
-
 def _line(r: dict) -> str:
+    """A row: case, variant, library, precision and its times (a gradient row, `G`:
+    the gradient's, over the forward's), then what the row's case adds."""
+    gradient = "gradient_s" in r
+    seconds = r["gradient_s"] if gradient else r["median_s"]
+    line = (f"{r['case']:4} {r['variant'][:42]:42} {r['library'][:22]:22} "
+            f"{SHORT.get(r.get('precision'), ''):4} {seconds:9.4f} "
+            f"{r['min_s']:8.4f} {r['max_s']:8.4f} {r['calls']:2d}")
+    if gradient:
+        return (f"{line} grad/fwd {r['gradient_over_forward']:.2f}"
+                + (f", memory ×{r['memory_growth_4x_steps']:.2f} for 4× steps"
+                   if r.get("memory_growth_4x_steps") else ""))
     pct = None if r["fraction_of_peak"] is None else 100 * r["fraction_of_peak"]
-    return (f"{r['case']:4} {r['variant'][:42]:42} {r['library'][:22]:22} "
-            f"{SHORT.get(r.get('precision'), ''):4} {r['median_s']:9.4f} "
-            f"{r['min_s']:8.4f} {r['max_s']:8.4f} {r['calls']:2d} {r['token_steps_per_s']:11.3g} "
-            f"{_fmt(r['gflops'], '8.1f'):>8} {_fmt(pct, '6.1f'):>6} "
-            f"{_fmt(r['compile_s'], '7.2f'):>7}" + _floor(r) + _pair_floor(r) + _noisy(r))
+    return (f"{line} {r['token_steps_per_s']:11.3g} {_fmt(r['gflops'], '8.1f'):>8} "
+            f"{_fmt(pct, '6.1f'):>6} {_fmt(r['compile_s'], '7.2f'):>7}"
+            + _floor(r) + _pair_floor(r) + _noisy(r))
 
 
 def _noisy(r: dict) -> str:
@@ -119,7 +120,7 @@ def format_table(result: dict) -> str:
             f"{'max':>8} {'n':>2} {'tok-steps/s':>11} {'GFLOP/s':>8} {'%peak':>6} "
             f"{'compile':>7}")
     lines = header(result) + [head, "-" * len(head)]
-    lines += [_gradient_line(r) if "gradient_s" in r else _line(r) for r in result["rows"]]
+    lines += [_line(r) for r in result["rows"]]
     lines += _exp_rate(result["rows"])
     meta = result.get("meta", {})
     if "suite_s" in meta:

@@ -1,21 +1,13 @@
 """The `jaxattn` command line.
 
-Each command lives in a module with a `register(subparsers)` function that adds its
-parser and sets `func`; `COMMANDS` lists them with their one-line help, and only the
-module of the command being run is imported (`parser(commands)`): `jaxattn --help`,
-`jaxattn list`, `jaxattn run NAME --help` and argument errors answer without loading
-JAX. A command returns an exit code; a user mistake (`CLIError`, `ValueError`) or a
-run that stops on its values (`jaxattn.SimulationError`) is one line, exit status 2.
-
-Ctrl-C ends the program with exit status 130 at any moment: while it starts
-(`quit_on_sigint`, installed first thing), while a command runs (`_on_sigint`: the
-command catches `KeyboardInterrupt` and marks what it leaves incomplete) and while it
-exits (`_exit`). The commands that compute results (`COMPUTING`) run XLA
-deterministically (`_process.determinism.use_deterministic_xla`, set before JAX's backend
-starts) unless `--nondeterministic` or `JAXATTN_NONDETERMINISTIC=1` says not to
-(docs/determinism.md). The commands that compile programs (`COMPILING`) keep them in
-the compilation cache for the next run (`JAXATTN_CACHE_DIR=off` turns it off:
-docs/usage/speed.md).
+Each command lives in a module with a `register(subparsers)` function; `COMMANDS`
+lists them, and only the module of the command being run is imported, so `--help`,
+`list` and argument errors answer without loading JAX. A user mistake (`CLIError`,
+`ValueError`) or a run that stops on its values (`SimulationError`) is one line, exit
+status 2; Ctrl-C at any moment (start-up, the command, exit) is exit status 130
+(`quit_on_sigint`, `_on_sigint`, `_exit`). `COMPUTING` commands run XLA
+deterministically unless `--nondeterministic` (docs/determinism.md); `COMPILING`
+commands keep their programs in the compilation cache (docs/usage/speed.md).
 """
 
 import argparse

@@ -141,11 +141,12 @@ def parse_value(text: str, kind: type, name: str | None = None):
     parameter's name.
     """
     word = text.strip()
-    if not ascii_digits(word):
-        raise CLIError(f"{name or 'a number'} must be written in ASCII digits 0-9, "
-                       f"got {text!r}.")
-    if kind in (int, float) and "_" in word:
-        raise CLIError(f"{name + ': ' if name else ''}{UNDERSCORES}, got {text!r}.")
+    refuse_first([
+        (not ascii_digits(word),
+         f"{name or 'a number'} must be written in ASCII digits 0-9, got {text!r}."),
+        (kind in (int, float) and "_" in word,
+         f"{name + ': ' if name else ''}{UNDERSCORES}, got {text!r}."),
+    ])
     if kind is bool:
         low = word.lower()
         return True if low in _TRUE else False if low in _FALSE else text

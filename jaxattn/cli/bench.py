@@ -1,11 +1,6 @@
-"""`jaxattn bench`: run the benchmark suite on JAX's device, print its table, save
-it as JSON. `--size default|large` picks the sizes (`large` fills an accelerator),
-`--quick` the smoke-test ones (MF: n = 10,000 instead of 100,000); `--precision`
-the JAX side's matrix products.
-
-`--scaling` runs the scaling sweeps (`bench.scaling`: time of `run_layers` versus
-n, d, batch and devices) instead of the cases, or after them when `--cases` is given
-too, and writes `scaling.json`, `scaling.png` and `scaling.pdf` beside `--out`."""
+"""`jaxattn bench`: run the benchmark suite (or, with `--scaling`, the scaling sweeps
+of `bench.scaling`) on JAX's device, print its table, save it as JSON; the flags are
+described in `register`."""
 
 import argparse
 from pathlib import Path

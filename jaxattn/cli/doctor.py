@@ -1,10 +1,7 @@
-"""`jaxattn doctor`: what a user runs on a new machine or GPU to trust the install.
-
-It prints the versions and the device, runs a small model in float32 against float64
-(`faithful_float32`: exit status 1 when float32 is not faithful there), names the
-determinism flags in force, times a matrix product at each of JAX's precisions and
-says which optional parts are installed (without importing them) and where the
-compilation cache is, with its size."""
+"""`jaxattn doctor`: what a user runs on a new machine or GPU to trust the install
+(what it checks: its `register`'s description); exit status 1 when float32 is not
+faithful there (`faithful_float32`).
+"""
 
 import argparse
 import importlib.util

@@ -7,6 +7,7 @@ from pathlib import Path
 from ._common import (
     CLIError,
     add_distributed_flags,
+    count_checks,
     distributed_checks,
     launch_local,
     parse_value,
@@ -55,11 +56,8 @@ def _precheck(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, list[
     from ..experiments import SWEEPABLE, declared_params
     from ..experiments.base import convert
 
-    counts = {flag: getattr(args, flag) for flag in ("instances", "chunk", "devices")}
-    refuse_first((value is not None and value < 1,
-                  f"--{flag} must be a whole number ≥ 1, got {value}.")
-                 for flag, value in counts.items())
-    refuse_first(distributed_checks(args))
+    refuse_first([*count_checks(args, {"--instances": 1, "--chunk": 1, "--devices": 1}),
+                  *distributed_checks(args)])
     sets = [_pair(t, "--set") for t in args.set]
     grid = _grid(args.grid)
     if Path(args.name).suffix.lower() in (".toml", ".json") or args.name not in SWEEPABLE:

@@ -2,13 +2,9 @@
 Marion, Laurière, "Clustering in Deep Stochastic Transformers", arXiv 2601.21942).
 
 Tokens on `S^{d−1}` under `ja.SelfAttentionDynamics(P = I, U = I, β)` with
-`noise=ja.ValueNoise(σ)`, run as `ja.run_layers`. Per dimension `d` it measures
-`P(antipodal)` at the horizon and a quarter before it, judged where it has settled and
-the theorem says it is positive against `ja.theory.antipodal_probability` (within
-`PROBABILITY_TOL`), the exponent at the antipodal end against `ja.theory.antipodal_rate`,
-and the threshold at `τ → 0`, judged within `THRESHOLD_TOL` of
-`ja.theory.antipodal_threshold`; for `n = 3, 4, 8` tokens, how they
-end (`formation`). The diffusion, the measures and the numbers: `docs/antipodal.md`.
+`noise=ja.ValueNoise(σ)`, run as `ja.run_layers`; per `d`, P(antipodal), the exponent at
+the antipodal end and the threshold at `τ → 0` against `ja.theory`'s, and how `n > 2`
+tokens end. The diffusion, each measure, its judgement and the numbers: `docs/antipodal.md`.
 """
 
 import math
@@ -24,7 +20,7 @@ from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
 from .._manifold import normalize
 from .._noise import ValueNoise
-from ..metrics import binomial_error, fit_crossing, level_crossing
+from ..metrics import binomial_error, fit_crossing, fit_intercept, level_crossing
 from ..theory import (
     antipodal_probability,
     antipodal_rate,
@@ -33,7 +29,7 @@ from ..theory import (
 from .base import AbstractExperiment, Param, Verdict
 from .pieces import advance, keyed_layers
 from .runner import MAX_LAYERS
-from .verdicts import extrapolate, finite_or_none, short
+from .verdicts import finite_or_none, short
 
 #: A pair ends antipodal when `1 + ρ_T < GAP`, in one cluster when `1 − ρ_T < GAP`.
 GAP = 1e-2
@@ -255,7 +251,8 @@ class Antipodal(AbstractExperiment):
                 at = [fit_crossing(data["window_betas"][i], data["window_rate"][i, t],
                                    se=data["window_se"][i, t])
                       for t in range(len(data["taus"]))]
-                zero, zero_se = extrapolate(data["taus"], *zip(*at))
+                value, se = zip(*at)  # the line through (τ, value ± se) at τ = 0
+                zero, zero_se = fit_intercept(data["taus"], value, se=se)
                 found |= {"at_tau": [a[0] for a in at], "at_tau_se": [a[1] for a in at],
                           "measured": zero, "measured_se": zero_se,
                           "relative_error": abs(zero / predicted - 1) if predicted else None}
@@ -424,13 +421,10 @@ def predicted_probability(beta, d: int, sigma: float) -> float:
 
 
 def probability_check(betas, p, p_early, runs: int, d: int, sigma: float) -> dict:
-    """P(antipodal) of one `d` against the theorem's `T → ∞` prediction, where the
-    theorem says it is positive (`β > β_c`) and it has settled (its change over the
-    last `SETTLE_PART` of the horizon within `ja.metrics.binomial_error`): the sum of
-    the measured shares over those `β` divided by the sum of the predictions, its
-    standard error, whether it is judged (settled points past `β_c`, and an error at
-    most half of `PROBABILITY_TOL`: enough runs to tell a prediction 10 % off) and
-    whether it is within `PROBABILITY_TOL` of 1 (within when not judged)."""
+    """P(antipodal) of one `d` against the theorem's `T → ∞` prediction where it is
+    positive and the measure has settled: the ratio of their sums, its standard error,
+    whether it is judged and whether within `PROBABILITY_TOL` (`docs/antipodal.md`, "Has
+    P(antipodal) settled, and is it the theorem's?")."""
     se = binomial_error(p, runs)
     settled = np.abs(np.asarray(p) - np.asarray(p_early)) <= se
     predicted = np.array([predicted_probability(b, d, sigma) for b in betas])

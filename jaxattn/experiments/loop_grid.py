@@ -280,7 +280,7 @@ def loop_title(config: dict[str, Any]) -> str:
 
 
 def redraw_loop(config: dict[str, Any], data: dict[str, np.ndarray], folder) -> list[Path]:
-    """The figure of a `jaxattn loop` folder again, from its config and `data["E"]`."""
+    """The figure of a `jaxattn loop` folder (again), from its config and `data["E"]`."""
     return save_loop_figure(data["E"], int(config["model_config"]["num_layers"]),
                             Path(folder) / "loop", title=loop_title(config),
                             variant="full" if config["ffn"] else "attn")

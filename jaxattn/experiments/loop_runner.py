@@ -131,12 +131,9 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
         seconds = stream_loop(folder, setup, chunk_passes, progress, log)
         data = gather_loop(folder, setup, ids) | ({} if mask is None else {"mask": mask})
         save_npz(folder / "data.npz", **data)
-        L = net.num_layers
-        figures = loop_grid.save_loop_figure(data["E"], L, folder / "loop",
-                                             title=loop_grid.loop_title(config),
-                                             variant="full" if ffn else "attn")
-        summary = loop_grid.describe(data["E"], L) | {
-            "layers_per_pass": L, "seconds_per_pass_incl_compile": seconds / passes}
+        figures = loop_grid.redraw_loop(config, data, folder)  # the figure `jaxattn plot` redraws
+        summary = loop_grid.describe(data["E"], net.num_layers) | {
+            "layers_per_pass": net.num_layers, "seconds_per_pass_incl_compile": seconds / passes}
         finish_run(folder, summary, figures=figures, seconds=seconds, run_id=run_id)
         shutil.rmtree(folder / "chunks", ignore_errors=True)
     return folder

@@ -23,12 +23,12 @@ from .. import meanfield as mf
 from .._artifacts import figures
 from .._manifold import normalize
 from ..meanfield import fold_coupling, transition_coupling
-from ..metrics import WindowStatistics, fit_slope, level_crossing, window_statistics
+from ..metrics import WindowStatistics, fit_intercept, fit_slope, level_crossing, window_statistics
 from ..theory import fit_threshold, layer_diffusion, noisy_beta_star, noisy_threshold
 from .base import AbstractExperiment, Param, Verdict
 from .pieces import keyed_layers
 from .runner import MAX_LAYERS
-from .verdicts import extrapolate, short
+from .verdicts import short
 
 #: The noise's strength: each free token is Brownian motion with generator `Δ`.
 SIGMA = math.sqrt(2.0)
@@ -106,13 +106,9 @@ def betas_of(d: int) -> np.ndarray:
 
 def layer_coupling(K, beta, d: int, tau, threshold):
     """The coupling to give `usa_model` so that layers of step `τ` realise `K` at the
-    uniform state.
-
-    A noisy layer `x ← N(x + τ v + σ√τ P_x ξ)` is the SDE only as `τ → 0`: its
-    diffusion is `σ² ja.theory.layer_diffusion(d, τ, σ)`, and the radial part `τ⟨x, v⟩`
-    (`= σ² β K / (2 K_#)` at the uniform state) divides both the drift and the noise's
-    step, the coupling `drift/σ²` growing by `1 + τ⟨x, v⟩` (first order in `τ`).
-    Uncorrected, `τ = 0.05` moves `K/K_#` from 0.5 to 0.63 (d = 3, β = β*).
+    uniform state: the diffusion `σ² ja.theory.layer_diffusion(d, τ, σ)` exactly, the
+    radial part `τ⟨x, v⟩ = σ² β K / (2 K_#)` to first order (`docs/noise.md`, "The
+    layers' step moves the coupling").
 
     **Arguments:**
 
@@ -446,13 +442,13 @@ def rates_of(g: np.ndarray, tau: float) -> np.ndarray:
 
 def particle_threshold(data, d: int, i: int) -> dict:
     """The particles' threshold of `(d, β_i)` at each step of `rate_taus`, and the
-    straight line through them at `τ = 0` (`extrapolate`)."""
+    straight line through them at `τ = 0` (`ja.metrics.fit_intercept`)."""
     taus, K = np.asarray(data["rate_taus"]), np.asarray(data[f"K_rates_d{d}"])[i]
     fits = [fit_threshold(K, rates_of(np.asarray(data[f"g{j}_d{d}"])[i], tau))
             for j, tau in enumerate(taus)]
     values, se = np.array([f[0] for f in fits]), np.array([f[1] for f in fits])
     if np.all(np.isfinite(values)) and np.all(se > 0):
-        zero, zero_se = extrapolate(taus, values, se)
+        zero, zero_se = fit_intercept(taus, values, se=se)
     else:
         zero, zero_se = math.nan, math.nan
     return {"K_estimate": zero, "K_se": zero_se, "K_at_tau": values.tolist(),
@@ -462,9 +458,7 @@ def particle_threshold(data, d: int, i: int) -> dict:
 def branch_caps(K: np.ndarray, r: np.ndarray, K_fold: float) -> tuple[np.ndarray, np.ndarray]:
     """`(above, on_branch)`: the settled caps at couplings `K` (NaN: not run) at or above
     the fold `K_fold`, and those of them ordered (`r > EQ_ORDERED`): the caps on the
-    ordered branch, the only ones the `K_c` interpolation reads. A cap below the fold
-    that is still ordered after `EQ_SETTLE` is decaying slowly past the saddle-node,
-    not on the branch."""
+    ordered branch, the only ones the `K_c` interpolation reads."""
     above = np.asarray(K) >= K_fold
     return above, above & (np.asarray(r) > EQ_ORDERED)
 

@@ -425,18 +425,14 @@ class VariantsExperiment(AbstractExperiment):
     )
 
     def refusals(self, config):
-        # a choice's code given by hand (`config(norm=9)`) passes no `Param` check
-        refusals = [(not config.beta >= 0, f"--beta must be ≥ 0 (0: the grid "
-                     f"{', '.join(map(str, BETAS))}), got {config.beta!r}."),
-                    (not 0 < config.keep <= 1, f"--keep is a keep-probability in (0, 1], got "
-                     f"{config.keep!r}.")]
-        for flag, names in (("size", SIZES), ("norm", NORMS), ("mask", MASKS),
-                            ("kernel", KERNELS)):
-            code = config[flag]
-            listed = ", ".join(f"{i + 1} {n}" for i, n in enumerate(names))
-            refusals.append((not isinstance(code, int) or not 0 <= code <= len(names),
-                             f"--{flag} must be 0 (all) or one of {listed}; got {code!r}."))
-        return refusals
+        # `convert` checks the named choices (norm, mask, kernel); --size has no names
+        listed = ", ".join(f"{i + 1} {n}" for i, n in enumerate(SIZES))
+        return ((not config.beta >= 0, f"--beta must be ≥ 0 (0: the grid "
+                 f"{', '.join(map(str, BETAS))}), got {config.beta!r}."),
+                (not 0 < config.keep <= 1, f"--keep is a keep-probability in (0, 1], got "
+                 f"{config.keep!r}."),
+                (not 0 <= config.size <= len(SIZES), f"--size must be 0 (all) or one of "
+                 f"{listed}; got {config.size!r}."))
 
     def simulate(self, config, progress, folder: Path | None = None):
         """The study's arrays; its chunks are kept in `folder/chunks` until it is done

@@ -1,5 +1,5 @@
 """How an experiment's outcome is judged against a theorem: numbers for a verdict
-line, a measurement extrapolated to τ → 0, the convergence trend at the end of a run,
+line, the convergence trend at the end of a run,
 its kind (`VERDICT_KINDS`) and the words that name it. Shared by every experiment
 that judges a theorem (`theorem.py`, `search.py` and their members); nothing here
 simulates.
@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from ..metrics import fit_intercept
 from .base import Verdict
 
 
@@ -41,13 +40,6 @@ def finite_or_none(value: Any) -> Any:
         return value
     value = float(value)
     return value if math.isfinite(value) else None
-
-
-def extrapolate(taus, values, se) -> tuple[float, float]:
-    """A layered measurement taken to the flow (`τ → 0`): the straight line through
-    `(τ, value ± se)` at `τ = 0`, and its standard error; with two steps `τ/2, τ`,
-    `2 v(τ/2) − v(τ)`."""
-    return fit_intercept(taus, values, se=se)
 
 
 def largest_rise(values: np.ndarray) -> float:

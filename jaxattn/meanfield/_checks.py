@@ -39,51 +39,41 @@ def check_density(grid, mu, name: str = "mu", *, strict: bool = False, signed: b
         arr = None if isinstance(mu, str | bytes) else jnp.asarray(mu)
     except (TypeError, ValueError):
         arr = None
-    if arr is None or not (jnp.issubdtype(arr.dtype, jnp.floating)
-                           or jnp.issubdtype(arr.dtype, jnp.integer)):
-        raise TypeError(f"`{name}` must be a real array of densities on the grid, got "
-                        f"{type(mu).__name__ if arr is None else arr.dtype}.")
-    if arr.shape != shape:
-        raise ValueError(f"`{name}` must be a density on the grid, shape {shape}, got "
-                         f"{arr.shape} (ja.meanfield.uniform(grid) has the shape).")
-    if isinstance(arr, jax.core.Tracer):
-        return arr
-    values = np.asarray(arr, dtype=np.float64)
-    low = values.min()
+    real = arr is not None and (jnp.issubdtype(arr.dtype, jnp.floating)
+                                or jnp.issubdtype(arr.dtype, jnp.integer))
+    known = real and arr.shape == shape and not isinstance(arr, jax.core.Tracer)
+    values = np.asarray(arr, dtype=np.float64) if known else np.ones(1)
     with jax.ensure_compile_time_eval():  # a grid built inside a jit: its weights now
-        mass = float(np.sum(np.asarray(grid.weights) * values))
-    finite = bool(np.all(np.isfinite(values)))
-    for bad, problem in ((not finite, "has NaN or inf values"),
-                         (signed and finite, ""),
-                         (strict and low <= 0, f"must be > 0 everywhere, its minimum is {low:g}"),
-                         (low < 0, f"must be ≥ 0, its minimum is {low:g}"),
-                         (not mass > 0, f"must have a positive mass, got {mass:g}")):
-        if bad and not problem:
-            break
+        mass = float(np.sum(np.asarray(grid.weights) * values)) if known else 1.0
+    low, finite, density = values.min(), bool(np.all(np.isfinite(values))), not signed
+    fix = (": pass a probability density on the grid (e.g. ja.meanfield.uniform(grid) or "
+           "density(grid, x, smoothing=…)).")
+    for bad, error, message in (
+        (not real, TypeError, f"must be a real array of densities on the grid, got "
+         f"{type(mu).__name__ if arr is None else arr.dtype}."),
+        (real and arr.shape != shape, ValueError, f"must be a density on the grid, shape "
+         f"{shape}, got {arr.shape if real else ()} (ja.meanfield.uniform(grid) has the shape)."),
+        (not finite, ValueError, "has NaN or inf values" + fix),
+        (density and strict and low <= 0, ValueError, f"must be > 0 everywhere, its minimum is "
+         f"{low:g}" + fix),
+        (density and low < 0, ValueError, f"must be ≥ 0, its minimum is {low:g}" + fix),
+        (density and not mass > 0, ValueError, f"must have a positive mass, got {mass:g}" + fix),
+    ):
         if bad:
-            raise ValueError(f"`{name}` {problem}: pass a probability density on the grid "
-                             "(e.g. ja.meanfield.uniform(grid) or density(grid, x, "
-                             "smoothing=…)).")
+            raise error(f"`{name}` {message}")
     return arr
 
 
-def beta_limit(kernel: AbstractKernel, dtype) -> float:
-    """The largest `β` of `kernel` in `dtype`: `"usa"`/`"exp"`'s force grows as
-    `e^{β}/β`, finite up to `log` of the dtype's largest number (less 2 %); softmax's
-    normalised force has no such limit."""
-    if kernel.normalised:
-        return math.inf
-    return 0.98 * math.log(float(jnp.finfo(dtype).max))
-
-
 def check_beta(grid: AbstractGrid, beta, kernel: AbstractKernel, dtype) -> None:
-    """Refuse a concrete `β` past `beta_limit`, or one whose kernel the grid cannot
-    represent (its first dropped multiplier above `KERNEL_TAIL` of the mean's), naming
-    the grid that would. A traced `β` is trusted."""
+    """Refuse a concrete `β` past the range of `kernel` in `dtype` (`"usa"`/`"exp"`'s force
+    grows as `e^β/β`: `β` up to `log` of the dtype's largest number, less 2 %; softmax's
+    normalised force has no limit), or one whose kernel the grid cannot represent (its
+    first dropped multiplier above `KERNEL_TAIL` of the mean's), naming the grid that
+    would. A traced `β` is trusted."""
     if isinstance(beta, jax.core.Tracer):
         return
     beta = float(beta)
-    limit = beta_limit(kernel, dtype)
+    limit = math.inf if kernel.normalised else 0.98 * math.log(float(jnp.finfo(dtype).max))
     if beta > limit:
         raise ValueError(f"`beta` = {beta:g} is past the range of the {type(kernel).__name__} "
                          f"kernel in {jnp.dtype(dtype).name} (β ≤ {limit:.4g}: its force "

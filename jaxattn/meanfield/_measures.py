@@ -45,19 +45,21 @@ def density(grid: AbstractGrid, x: Float[Array, "n d"], *, smoothing: float = 0.
     """
     check_grid(grid)
     smoothing = check_scalar(smoothing, "smoothing", nonnegative=True)
+    kind = type(x).__name__
     try:
-        x = np.asarray(x, dtype=float)
+        x, numeric = np.asarray(x, dtype=float), True
     except (TypeError, ValueError):
-        raise TypeError(f"`x` must be an array of numbers, got {type(x).__name__}.") from None
+        x, numeric = np.zeros(()), False
     norms = np.linalg.norm(np.atleast_1d(x), axis=-1, keepdims=True)
-    for bad, message in (
-        (x.ndim != 2 or x.shape[-1] != grid.dim or x.shape[0] < 1,
+    for bad, error, message in (
+        (not numeric, TypeError, f"`x` must be an array of numbers, got {kind}."),
+        (x.ndim != 2 or x.shape[-1] != grid.dim or x.shape[0] < 1, ValueError,
          f"`x` must be (n, {grid.dim}) points of S^{grid.dim - 1}, got shape {x.shape}."),
-        (not np.all(np.isfinite(x)) or np.any(norms == 0),
+        (not np.all(np.isfinite(x)) or np.any(norms == 0), ValueError,
          "`x` must be finite and nonzero (points of the sphere)."),
     ):
         if bad:
-            raise ValueError(message)
+            raise error(message)
     check_memory(16.0 * x.shape[0] * np.asarray(grid.degrees()).size,
                  f"density of {x.shape[0]} points (their modes; pass fewer points)")
     c = grid.empirical(jnp.asarray(x / norms)) * jnp.exp(0.5 * smoothing * grid.laplacian)
@@ -93,16 +95,19 @@ def free_energy(grid: AbstractGrid, mu: Float[Array, "*grid"], beta, coupling,
     `F(μ)` as a scalar.
     """
     kernel = check_kernel(kernel)
-    if kernel.normalised:
-        raise ValueError("free_energy: the softmax equation is not the gradient flow of a "
-                         "free energy; use kernel='usa' or 'exp'.")
+    known = not isinstance(coupling, jax.core.Tracer)
+    for bad, message in (
+        (kernel.normalised, "free_energy: the softmax equation is not the gradient flow of a "
+                            "free energy; use kernel='usa' or 'exp'."),
+        (known and not np.all(np.isfinite(np.asarray(coupling, dtype=float))),
+         f"`coupling` must be finite, got {coupling!r}."),
+    ):
+        if bad:
+            raise ValueError(message)
     mu = check_density(grid, mu, strict=True)
     for name, value, positive in (("beta", beta, True), ("sigma", sigma, False)):
         if not isinstance(value, jax.core.Tracer):
             check_scalar(value, name, positive=positive, nonnegative=not positive)
-    if not isinstance(coupling, jax.core.Tracer) and not np.all(
-            np.isfinite(np.asarray(coupling, dtype=float))):
-        raise ValueError(f"`coupling` must be finite, got {coupling!r}.")
     check_beta(grid, beta, kernel, jnp.result_type(mu, float))
     c = grid.analysis(mu)
     potential = grid.synthesis(grid.multipliers(interaction(beta)) * c)
@@ -122,9 +127,11 @@ def mode_distance(grid: AbstractGrid, mu: Float[Array, "*grid"], nu: Float[Array
     ell = grid.degrees()
     diff = grid.analysis(mu) - grid.analysis(nu)
     keep = (ell >= 1) & (ell <= degree)
-    # a stored coefficient of order m > 0 stands for m and −m; ∫|e^{ikθ}|² dθ = 2π,
-    # and the Y_ℓm are orthonormal
-    weight = jnp.where(_positive_order(grid), 2.0, 1.0) * (2 * jnp.pi if grid.dim == 2 else 1.0)
+    # a stored coefficient of order m > 0 (k > 0 on the circle) stands for m and −m;
+    # ∫|e^{ikθ}|² dθ = 2π, and the Y_ℓm are orthonormal
+    order = jnp.arange(diff.shape[1]) > 0
+    positive = jnp.broadcast_to(order if grid.dim == 2 else order[:, None], diff.shape)
+    weight = jnp.where(positive, 2.0, 1.0) * (2 * jnp.pi if grid.dim == 2 else 1.0)
     return jnp.sqrt(jnp.sum(jnp.where(keep, weight * diff**2, 0.0)))
 
 
@@ -142,14 +149,6 @@ def sampling_distance(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int,
     count = 2 * degree if grid.dim == 2 else (degree + 1) ** 2 - 1
     projected = mode_distance(grid, mu, jnp.zeros_like(mu), degree)
     return jnp.sqrt((count / area(grid.dim) - projected**2) / n)
-
-
-def _positive_order(grid: AbstractGrid):
-    """Where a stored coefficient has order `m > 0` (`k > 0` on the circle)."""
-    shape = grid.laplacian.shape
-    if grid.dim == 2:
-        return jnp.broadcast_to(jnp.arange(shape[1]) > 0, shape)
-    return jnp.broadcast_to((jnp.arange(shape[1]) > 0)[:, None], shape)
 
 
 def sample(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int, key) -> Float[Array, "n d"]:

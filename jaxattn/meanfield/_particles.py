@@ -39,26 +39,24 @@ def circle_modes(beta: float, dtype=jnp.float64) -> int:
 
     `M` as an int (15 at `β = 1` in float64, 89 at `β = 100`).
     """
-    beta = _concrete_beta(beta)
-    eps = float(jnp.finfo(dtype).eps)
-    k = np.arange(MAX_MODES + 2)
-    scaled = special.ive(k, beta)  # I_k(β) e^{−β}, no overflow
-    tail = 2 * np.cumsum(scaled[::-1])[::-1]  # 2 Σ_{j ≥ k} I_j
-    small = np.flatnonzero((tail <= eps * scaled[0]) & (k >= 1))
-    if small.size == 0:
-        raise ValueError(f"circle_modes: β = {beta!r} needs more than {MAX_MODES} Fourier "
-                         f"modes; the pairwise sum (ja.solve_flow) has no such limit.")
-    return int(small[0])
-
-
-def _concrete_beta(beta) -> float:
     traced = isinstance(beta, jax.core.Tracer)
     value = math.nan if traced else float(beta)
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError("`beta` is traced: pass `modes=` (e.g. circle_modes(β) at the value "
-                         "of β), the truncation is read from β's value." if traced else
-                         f"`beta` must be finite and ≥ 0, got {beta!r}.")
-    return value
+    valid = math.isfinite(value) and value >= 0
+    eps = float(jnp.finfo(dtype).eps)
+    k = np.arange(MAX_MODES + 2)
+    scaled = special.ive(k, value if valid else 0.0)  # I_k(β) e^{−β}, no overflow
+    tail = 2 * np.cumsum(scaled[::-1])[::-1]  # 2 Σ_{j ≥ k} I_j
+    small = np.flatnonzero((tail <= eps * scaled[0]) & (k >= 1))
+    for bad, message in (
+        (traced, "`beta` is traced: pass `modes=` (e.g. circle_modes(β) at the value of β), "
+                 "the truncation is read from β's value."),
+        (not valid, f"`beta` must be finite and ≥ 0, got {beta!r}."),
+        (small.size == 0, f"circle_modes: β = {beta!r} needs more than {MAX_MODES} Fourier "
+                          "modes; the pairwise sum (ja.solve_flow) has no such limit."),
+    ):
+        if bad:
+            raise ValueError(message)
+    return int(small[0])
 
 
 def coefficients(beta, modes: int):
@@ -118,11 +116,14 @@ def _check(x, beta, coupling, modes, kernel, ts=None, solver=dfx.Tsit5()):
     concrete = not isinstance(ts, jax.core.Tracer) and ts is not None
     t = np.asarray(ts, dtype=float) if concrete else np.zeros(1)
     bad_modes = isinstance(modes, bool) or not isinstance(modes, (int, np.integer, type(None)))
+    known_beta = modes is not None and not isinstance(beta, jax.core.Tracer)
     refusals = [
         (x.ndim != 2 or x.shape[-1] != 2 or x.shape[0] < 1,
          f"`x` must be (n, 2) points of the circle (vmap for a batch), got shape {x.shape}."),
         (bad_modes or (modes is not None and modes < 1),
          f"`modes` must be an integer ≥ 1 (or None: circle_modes(β)), got {modes!r}."),
+        (known_beta and not (math.isfinite(float(beta)) and float(beta) >= 0),
+         f"`beta` must be finite and ≥ 0, got {beta!r}."),
         (not isinstance(coupling, jax.core.Tracer) and not math.isfinite(float(coupling)),
          f"`coupling` must be finite, got {coupling!r}."),
         (t.ndim != 1 or t.size < 1 or not np.all(np.isfinite(t)) or np.any(np.diff(t) < 0),
@@ -136,8 +137,6 @@ def _check(x, beta, coupling, modes, kernel, ts=None, solver=dfx.Tsit5()):
             raise ValueError(message)
     if modes is None:
         modes = circle_modes(beta, jnp.result_type(x, float))
-    elif not isinstance(beta, jax.core.Tracer):
-        _concrete_beta(beta)
     return x, int(modes), softmax
 
 

@@ -42,13 +42,6 @@ class Drift(eqx.Module):
         return -self.coupling * self.grid.divergence(tuple(mu * f for f in field))
 
 
-def drift(grid: AbstractGrid, beta, coupling, kernel: AbstractKernel) -> Drift:
-    """The transport term of the equation on `grid` (`Drift`)."""
-    g, z = profiles(beta, kernel)
-    return Drift(grid, grid.multipliers(g), None if z is None else grid.multipliers(z),
-                 jnp.asarray(coupling))
-
-
 def step_times(ts: np.ndarray, dt0: float) -> np.ndarray:
     """The steps: each interval between save times cut into equal steps of at most
     `dt0`, so that every save time is a step's end."""
@@ -58,28 +51,33 @@ def step_times(ts: np.ndarray, dt0: float) -> np.ndarray:
 
 
 def _check(grid, mu0, ts, beta, coupling, sigma, dt0, kernel):
-    if isinstance(ts, jax.core.Tracer):
-        raise TypeError("`ts` must be concrete (the steps are laid out on the host).")
+    traced = isinstance(ts, jax.core.Tracer)
     mu0 = check_density(grid, mu0, "mu0")
     try:
-        times = np.asarray(ts, dtype=float)
+        times = np.full(1, np.nan) if traced else np.asarray(ts, dtype=float)
     except (TypeError, ValueError):
         times = np.full(1, np.nan)
-    if (times.ndim != 1 or times.size < 1 or not np.all(np.isfinite(times))
-            or np.any(np.diff(times) <= 0)):
-        raise ValueError(f"`ts` must be a 1-D array of increasing finite times, got {ts!r}.")
+    refusals = [
+        (traced, TypeError, "`ts` must be concrete (the steps are laid out on the host)."),
+        (times.ndim != 1 or times.size < 1 or not np.all(np.isfinite(times))
+         or np.any(np.diff(times) <= 0), ValueError,
+         f"`ts` must be a 1-D array of increasing finite times, got {ts!r}."),
+    ]
     # the scalars known now, each finite and within its bound
     for name, value, bound in (("beta", beta, "> 0"), ("sigma", sigma, "≥ 0"),
                                ("dt0", dt0, "> 0"), ("coupling", coupling, "")):
-        if not isinstance(value, jax.core.Tracer):
-            try:
-                v = float(value)
-            except (TypeError, ValueError):
-                v = math.nan
-            within = {"> 0": v > 0, "≥ 0": v >= 0, "": True}[bound]
-            if not (math.isfinite(v) and within):
-                raise ValueError(f"`{name}` must be finite{' and ' + bound if bound else ''}"
-                                 f" (a real number), got {value!r}.")
+        known = not isinstance(value, jax.core.Tracer)
+        try:
+            v = float(value) if known else 0.0
+        except (TypeError, ValueError):
+            v = math.nan
+        within = {"> 0": v > 0, "≥ 0": v >= 0, "": True}[bound]
+        refusals.append((known and not (math.isfinite(v) and within), ValueError,
+                         f"`{name}` must be finite{' and ' + bound if bound else ''}"
+                         f" (a real number), got {value!r}."))
+    for bad, error, message in refusals:
+        if bad:
+            raise error(message)
     kernel = check_kernel(kernel)
     dtype = jnp.result_type(mu0, float)
     check_beta(grid, beta, kernel, dtype)
@@ -96,12 +94,9 @@ def solve(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, *, beta, coupling,
     `∂_t μ = (σ²/2) Δμ − K div(μ X[μ])` (`X`, the kernels and the map onto jaxattn:
     `docs/meanfield_equation.md`), from `μ_{ts[0]} = mu0`.
 
-    The density's coefficients are integrated by `diffrax.diffeqsolve` with `ETDRK4`
-    (the diffusion exactly, the transport to fourth order) on steps of at most `dt0`
-    that end on every save time. Mass is conserved to rounding (the transport's mean is
-    0 by construction). Traceable and differentiable in `mu0`, `beta`, `coupling` and
-    `sigma` (vmap over couplings: `jax.vmap(lambda K: solve(grid, mu0, ts, beta=b,
-    coupling=K))`); `ts` must be concrete.
+    `ETDRK4` on the coefficients, steps of at most `dt0` ending on every save time (the
+    page's "The integrator"). Traceable and differentiable in `mu0`, `beta`, `coupling`
+    and `sigma` (vmap over couplings); `ts` must be concrete.
 
     **Arguments:**
 
@@ -131,7 +126,9 @@ def solve(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, *, beta, coupling,
 def _solve(grid, mu0, ts, steps, beta, coupling, sigma, kernel,
            adjoint=dfx.RecursiveCheckpointAdjoint()):
     c0 = grid.analysis(mu0)
-    transport = drift(grid, beta, coupling, kernel)
+    g, z = profiles(beta, kernel)
+    transport = Drift(grid, grid.multipliers(g), None if z is None else grid.multipliers(z),
+                      jnp.asarray(coupling))
     term = dfx.ODETerm(lambda t, c, args: transport(c))
     solver = ETDRK4(0.5 * jnp.asarray(sigma) ** 2 * grid.laplacian)
     if ts.shape[0] == 1:
@@ -151,13 +148,9 @@ def fluctuation_distance(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, n: 
                          ) -> Float[Array, " T"]:
     """The root-mean-square `mode_distance` at the times `ts` between `n` particles
     drawn independently from `mu0` and moved by the deterministic flow (`σ = 0`), and
-    the equation's solution from `mu0`, to leading order in `1/n`: the initial sampling
-    error carried by the linearised equation. With `δ_x` the band's projection of a
-    point mass and `J_t` the derivative of `mu0 ↦ μ_t`,
-    `E‖Π(μ_t^n − μ_t)‖² = E_{x∼μ_0} ‖Π J_t (δ_x − μ_0)‖² / n + O(n^{−2})`; at `ts[0]`
-    it is `sampling_distance`. The expectation is the grid's quadrature (exact for a
-    band-limited `mu0`); `J_t` acts on all the grid's points at once (one vmapped
-    linearised solve).
+    the equation's solution from `mu0`, to leading order in `1/n`:
+    `E‖Π(μ_t^n − μ_t)‖² = E_{x∼μ_0} ‖Π J_t (δ_x − μ_0)‖² / n` (`J_t` the derivative of
+    `mu0 ↦ μ_t`; docs/meanfield_equation.md, "Grids and the solver").
 
     **Arguments:**
 

@@ -75,11 +75,13 @@ def _parts(u, w):
     return np.exp(log_rho), log_rho
 
 
-def _free_energies(beta, coupling, u, zonal) -> tuple[float, float]:
-    t, w, matrix, _ = zonal
+def _energy(u, coupling, zonal):
+    """`ρ(u)`, the free energy `F[ρ]` and its gradient `∂F/∂ρ` on the nodes."""
+    _, w, matrix, _ = zonal
     rho, log_rho = _parts(u, w)
-    ordered = w @ (rho * log_rho) - coupling * (w @ (rho * _apply(matrix, rho)))
-    return float(ordered), float(-coupling * (w @ (np.expm1(beta * t) / beta)))
+    phi = _apply(matrix, rho)
+    f = w @ (rho * log_rho) - coupling * (w @ (rho * phi))
+    return rho, f, w * (log_rho + 1 - 2 * coupling * phi)
 
 
 def _descend(coupling, zonal, start=None) -> np.ndarray:
@@ -88,13 +90,10 @@ def _descend(coupling, zonal, start=None) -> np.ndarray:
     `_newton` polishes it). A descent never stops on the saddle branch."""
     from scipy.optimize import minimize
 
-    t, w, matrix, beta = zonal
+    t, w, _, beta = zonal
 
     def objective(u):
-        rho, log_rho = _parts(u, w)
-        phi = _apply(matrix, rho)
-        g = w * (log_rho + 1 - 2 * coupling * phi)  # ∂F/∂ρ
-        f = w @ (rho * log_rho) - coupling * (w @ (rho * phi))
+        rho, f, g = _energy(u, coupling, zonal)
         return f, g * rho - w * rho * (g @ rho)
 
     u0 = 2 * coupling * np.expm1(beta * t) / beta if start is None else start
@@ -121,11 +120,11 @@ def _newton(u, coupling, zonal, iterations: int = 60) -> tuple[np.ndarray, bool]
     return u, False
 
 
-def _state(beta, coupling, u, zonal) -> OrderedState:
-    t, w, _, _ = zonal
-    rho, _ = _parts(u, w)
-    ordered, uniform = _free_energies(beta, coupling, u, zonal)
-    return OrderedState(t, rho, float(w @ (t * rho)), ordered, uniform)
+def _state(coupling, u, zonal) -> OrderedState:
+    t, w, _, beta = zonal
+    rho, f, _ = _energy(u, coupling, zonal)
+    uniform = -coupling * (w @ (np.expm1(beta * t) / beta))
+    return OrderedState(t, rho, float(w @ (t * rho)), float(f), float(uniform))
 
 
 def ordered_state(beta: float, d: int, coupling: float) -> OrderedState:
@@ -146,7 +145,7 @@ def ordered_state(beta: float, d: int, coupling: float) -> OrderedState:
     with threadpool_limits(1):
         zonal = _zonal(beta, d)
         u, _ = _newton(_descend(coupling, zonal), coupling, zonal)
-        return _state(beta, coupling, u, zonal)
+        return _state(coupling, u, zonal)
 
 
 def transition_coupling(beta: float, d: int) -> float:
@@ -154,11 +153,9 @@ def transition_coupling(beta: float, d: int) -> float:
     density's (docs/meanfield_equation.md); `K_#(β)` (`ja.theory.noisy_threshold`) for
     `β ≤ β*`, where the transition is continuous.
 
-    Above `β*`: the ordered minimiser at `K_#` (L-BFGS from a cap, then Newton),
-    followed down in steps of 2 % (each descent from the last ordered minimiser) until
-    it no longer beats the uniform density (its free energy is higher, or it fell to
-    uniform), then bisection on the same question to `1e-11` relative. Cached per
-    `(β, d)`.
+    Above `β*`: the ordered minimiser followed down from `K_#` in steps of 2 % until
+    it no longer beats the uniform density, then bisection to `1e-11` relative.
+    Cached per `(β, d)`.
 
     **Arguments:**
 
@@ -194,7 +191,7 @@ def _transition(beta: float, d: int, k_sharp: float) -> float:
         """The local minimiser reached from `start`, or None if it is the uniform one
         or its free energy is not below the uniform one's."""
         u, ok = _newton(_descend(k, zonal, start), k, zonal)
-        state = _state(beta, k, u, zonal)
+        state = _state(k, u, zonal)
         wins = ok and state.order > ORDERED and state.free_energy < state.uniform_free_energy
         return u if wins else None
 
@@ -220,11 +217,9 @@ def fold_coupling(beta: float, d: int) -> float:
     density is the only stationary state (docs/meanfield_equation.md). `K_#(β)` for
     `β ≤ β*`, where the branch leaves the uniform state upwards; below `K_c` above `β*`.
 
-    By continuation: the branch is followed in its order parameter `r = E[t ρ]` from
-    the uniform state (`r → 0` at `K_#`), each point by Newton's method on the
-    stationarity `u = 2K Φ[ρ(u)]` with `E[t ρ] = r`, unknowns `(u, K)`, from the last;
-    the fold is the minimum of `K(r)`, bracketed on the steps and refined by Brent's
-    method (`K` to rounding, as `dK/dr = 0` there). Cached per `(β, d)`.
+    By continuation in the order parameter `r = E[t ρ]` (the page's "The ordered branch
+    and `K_c`"); the fold is the minimum of `K(r)`, refined by Brent's method (`K` to
+    rounding, as `dK/dr = 0` there). Cached per `(β, d)`.
 
     **Arguments:**
 

@@ -54,8 +54,7 @@ def misalignment(
     `E` with the shape of the leading axes.
     """
     x = _some_tokens(x, "misalignment")
-    if W is not None:
-        W = check_metric(W, x.shape[-1])
+    W = None if W is None else check_metric(W, x.shape[-1])
     unit = project(x, W)
     return jnp.mean(_half_sq_norm(unit - unit[..., :1, :], W), axis=-1)
 
@@ -94,8 +93,7 @@ def pairwise_misalignment(
     The mean over pairs, with the shape of the leading axes.
     """
     x = _some_tokens(x, "pairwise_misalignment")
-    if W is not None:
-        W = check_metric(W, x.shape[-1])
+    W = None if W is None else check_metric(W, x.shape[-1])
     n = x.shape[-2]
     unit = project(x, W)
     r = unit - unit[..., :1, :]
@@ -191,8 +189,7 @@ def pairwise_lyapunov(
     `V` with the shape of the leading axes.
     """
     x = _tokens(x)
-    if W is not None:
-        W = check_metric(W, x.shape[-1])
+    W = None if W is None else check_metric(W, x.shape[-1])
     return _batched(lambda xi: _largest_half_sq_distance(xi, W), 2)(x)
 
 

@@ -87,18 +87,20 @@ def gguf_config(reader, path: Path) -> dict:
 
     arch = _field(reader, "general.architecture")
     missing = [key for key in _REQUIRED if llama(key) is None]
+    rope, problem = {}, None
     if arch != "llama":
         problem = (f"gguf architecture {arch!r} is not supported (jaxattn reads 'llama' gguf "
-                   "files: Llama, SmolLM2, …)")
+                   "files: Llama, SmolLM2, …).")
     elif missing:
-        problem = f"gguf metadata has no 'llama.{missing[0]}'"
+        problem = f"gguf metadata has no 'llama.{missing[0]}'."
     else:
         d, heads = int(llama("embedding_length")), int(llama("attention.head_count"))
         head_dim = int(llama("attention.key_length", d // heads))
-        problem = (None if int(llama("rope.dimension_count", head_dim)) == head_dim
-                   else "partial rotary embeddings are not supported")
+        rope, problem = _rope_scaling(reader)
+        if int(llama("rope.dimension_count", head_dim)) != head_dim:
+            problem = "partial rotary embeddings are not supported."
     if problem:
-        raise ValueError(f"{path}: {problem}.")
+        raise ValueError(f"{path}: {problem}")
     return {
         "model_type": "llama", "hidden_size": d, "num_attention_heads": heads,
         "num_key_value_heads": int(llama("attention.head_count_kv", heads)),
@@ -110,30 +112,29 @@ def gguf_config(reader, path: Path) -> dict:
         "head_dim": head_dim,
         # llama.cpp ties the head to the embedding when it has no `output.weight`
         "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
-        **_rope_scaling(reader, path),
+        **rope,
     }
 
 
-def _rope_scaling(reader, path: Path) -> dict:
+def _rope_scaling(reader) -> tuple[dict, str | None]:
     """The config's `rope_scaling` from llama.cpp's `llama.rope.scaling.*` metadata (or
-    the older `llama.rope.scale_linear`): linear scaling is read (llama.cpp's is
-    HuggingFace's); any other kind is refused by name, never ignored."""
+    the older `llama.rope.scale_linear`), and the problem with it: linear scaling is
+    read (llama.cpp's is HuggingFace's); any other kind is refused by name, never
+    ignored."""
     kind = _field(reader, "llama.rope.scaling.type")
     factor = _field(reader, "llama.rope.scaling.factor")
     old = _field(reader, "llama.rope.scale_linear")
     if kind in (None, "none") and old not in (None, 1.0):
         kind, factor = "linear", old
     if kind in (None, "none"):
-        return {}
+        return {}, None
     if kind != "linear":
-        problem = (f"gguf rope scaling {kind!r} (llama.rope.scaling.type) is not implemented "
-                   "for gguf files (jaxattn reads 'linear'); convert the model to a "
-                   "HuggingFace folder, whose rope_scaling jaxattn reads in full.")
-    elif factor is None or not float(factor) > 0:
-        problem = f"gguf linear rope scaling needs llama.rope.scaling.factor > 0, got {factor!r}."
-    else:
-        return {"rope_scaling": {"rope_type": "linear", "factor": float(factor)}}
-    raise ValueError(f"{path}: {problem}")
+        return {}, (f"gguf rope scaling {kind!r} (llama.rope.scaling.type) is not implemented "
+                    "for gguf files (jaxattn reads 'linear'); convert the model to a "
+                    "HuggingFace folder, whose rope_scaling jaxattn reads in full.")
+    if factor is None or not float(factor) > 0:
+        return {}, f"gguf linear rope scaling needs llama.rope.scaling.factor > 0, got {factor!r}."
+    return {"rope_scaling": {"rope_type": "linear", "factor": float(factor)}}, None
 
 
 class _Truncated(ValueError):

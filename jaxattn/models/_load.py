@@ -19,7 +19,7 @@ import numpy as np
 from ._arch import FAMILIES, AbstractTransformer, TransformerConfig
 from ._gguf import converted
 from ._packaged import PACKAGED, installed_path
-from ._presets import ALIASES, PRESETS, canonical_names, check_fields
+from ._presets import ALIASES, PRESETS, canonical_names, fields_problem
 
 # Tensors that hold no weights (buffers) or belong to task heads: never loaded.
 _IGNORED = re.compile(
@@ -39,25 +39,31 @@ def parse_config(hf: dict, where: str = "config") -> TransformerConfig:
                f"implements {sorted(FAMILIES)}.")
     if family is not None:
         try:
-            hf = canonical_names(hf, family.hf_aliases)
-            check_fields(hf, family.hf_classes)
-            return family.config_from_hf(hf)
+            hf, problem = canonical_names(hf, family.hf_aliases)
+            problem = problem or fields_problem(hf, family.hf_classes)
+            if problem is None:
+                return family.config_from_hf(hf)
         except (ValueError, TypeError, AttributeError, OverflowError) as e:  # a bad field
             problem = str(e)
     raise ValueError(problem if problem.startswith(where) else f"{where}: {problem}")
 
 
 def read_config_file(path: Path) -> dict:
-    """The JSON object of an existing `config.json` (a one-line `ValueError` else)."""
+    """The JSON object of a `config.json` (a one-line `ValueError` else, or a
+    `FileNotFoundError` when there is none)."""
+    error = ValueError
     try:
         hf = json.loads(path.read_text(encoding="utf-8"))
         problem = None if isinstance(hf, dict) else "a config.json must hold a JSON object"
+    except FileNotFoundError:
+        error, problem = FileNotFoundError, ("no config.json — a model folder needs config.json "
+                                             "and *.safetensors")
     except IsADirectoryError:
         problem = "a folder, not a config file"
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         problem = f"not a valid config.json ({e})"
     if problem:
-        raise ValueError(f"{path}: {problem}.")
+        raise error(f"{path}: {problem}.")
     return hf
 
 
@@ -97,15 +103,18 @@ class TensorSource:
         full = self.prefix + name
         file, read = self.readers.get(full, (None, None))
         array = None if read is None else read()
-        if array is not None and tuple(array.shape) == tuple(shape):
-            self.used.add(full)
-            return float32_weights(array, full, file)
         if array is None:
             files = ", ".join(sorted({f for f, _ in self.readers.values()}))
             problem = f"{files}: missing tensor {full!r} (shape {shape})."
-        else:
+        elif tuple(array.shape) != tuple(shape):
             problem = (f"{file}: tensor {full!r} has shape {tuple(array.shape)}, but the "
                        f"config implies {tuple(shape)}.")
+        else:
+            out, problem = float32_weights(array)
+            if problem is None:
+                self.used.add(full)
+                return out
+            problem = f"{file}: tensor {full!r} {problem}."
         raise ValueError(problem)
 
     def check_all_used(self) -> None:
@@ -121,26 +130,24 @@ class TensorSource:
             )
 
 
-def float32_weights(array: np.ndarray, name: str, file: str) -> np.ndarray:
-    """`array` as float32, or a `ValueError` naming the tensor when it is not
-    floating-point or holds NaN/inf (also after the cast: 1e300 in float64)."""
+def float32_weights(array: np.ndarray) -> tuple[np.ndarray | None, str | None]:
+    """`array` as float32, or None and why not: it is not floating-point, or holds
+    NaN/inf (also after the cast: 1e300 in float64)."""
     if not np.issubdtype(array.dtype, np.floating):
-        problem = (f"has dtype {array.dtype}; weights must be floating-point (float16, "
-                   "bfloat16, float32 or float64)")
-    else:
-        with np.errstate(over="ignore"):
-            out = np.asarray(array, dtype=np.float32)
-        # One float64 sum is finite exactly when every float32 entry is (no overflow:
-        # at most 2^64 entries of at most 3.4e38), and needs no boolean copy.
-        if np.isfinite(out.sum(dtype=np.float64)):
-            return out
-        bad = np.flatnonzero(~np.isfinite(out))
-        where = np.unravel_index(bad[0], out.shape)
-        first = array[where]
-        what = f"{first} overflows float32" if np.isfinite(first) else str(first)
-        problem = (f"has {bad.size} non-finite entries (at {tuple(map(int, where))}: {what}); "
-                   "weights must be finite")
-    raise ValueError(f"{file}: tensor {name!r} {problem}.")
+        return None, (f"has dtype {array.dtype}; weights must be floating-point (float16, "
+                      "bfloat16, float32 or float64)")
+    with np.errstate(over="ignore"):
+        out = np.asarray(array, dtype=np.float32)
+    # One float64 sum is finite exactly when every float32 entry is (no overflow:
+    # at most 2^64 entries of at most 3.4e38), and needs no boolean copy.
+    if np.isfinite(out.sum(dtype=np.float64)):
+        return out, None
+    bad = np.flatnonzero(~np.isfinite(out))
+    where = np.unravel_index(bad[0], out.shape)
+    first = array[where]
+    what = f"{first} overflows float32" if np.isfinite(first) else str(first)
+    return None, (f"has {bad.size} non-finite entries (at {tuple(map(int, where))}: {what}); "
+                  "weights must be finite")
 
 
 def build(cfg: TransformerConfig, readers, where: str) -> AbstractTransformer:
@@ -295,10 +302,6 @@ def weight_readers(folder: Path) -> dict:
 
 def load_folder(folder: Path) -> AbstractTransformer:
     config_path = folder / "config.json"
-    if not config_path.exists():
-        raise FileNotFoundError(
-            f"{folder}: no config.json — a model folder needs config.json and *.safetensors."
-        )
     cfg = parse_config(read_config_file(config_path), str(config_path))
     return build(cfg, weight_readers(folder), str(folder))
 

@@ -108,11 +108,11 @@ def _field_problem(key: str, value) -> str | None:
     return None
 
 
-def check_fields(hf: dict, classes: tuple[str, ...]) -> None:
-    """`ValueError` for a config field of the wrong type or range (a null size, a
-    boolean head count, a negative or NaN epsilon, an unknown activation), before
-    anything is built from it; or for `architectures` (when given) not a list of
-    HuggingFace class names of the config's `model_type`, `classes`."""
+def fields_problem(hf: dict, classes: tuple[str, ...]) -> str | None:
+    """The first config field of the wrong type or range (a null size, a boolean
+    head count, a negative or NaN epsilon, an unknown activation), before anything
+    is built from it; or `architectures` (when given) not a list of HuggingFace
+    class names of the config's `model_type`, `classes`. None when all are right."""
     problems = [_field_problem(key, value) for key, value in hf.items()]
     names = [] if hf.get("architectures") is None else hf["architectures"]
     if not (isinstance(names, list) and all(isinstance(v, str) for v in names)):
@@ -121,24 +121,20 @@ def check_fields(hf: dict, classes: tuple[str, ...]) -> None:
         problems += [f"`architectures` names {name!r}, not a class of model_type "
                      f"{hf.get('model_type')!r} ({', '.join(classes)}); fix `architectures` "
                      f"or `model_type`." for name in names if name not in classes]
-    problem = next(filter(None, problems), None)
-    if problem:
-        raise ValueError(problem)
+    return next(filter(None, problems), None)
 
 
-def canonical_names(hf: dict, aliases: dict[str, str]) -> dict:
+def canonical_names(hf: dict, aliases: dict[str, str]) -> tuple[dict, str | None]:
     """`hf` with HuggingFace's other spellings of a field (a config class's
     `attribute_map`, e.g. GPT-2's `num_hidden_layers` for `n_layer`) renamed to the
-    one the family reads; `ValueError` when both spellings are given, differently."""
+    one the family reads, and the problem when both spellings are given, differently."""
     out = dict(hf)
     for alias, name in aliases.items():
         if alias not in out:
             continue
         value = out.pop(alias)
         if name in out and (out[name] != value or type(out[name]) is not type(value)):
-            raise ValueError(f"`{alias}`={value!r} and `{name}`={out[name]!r} are two "
-                             f"spellings of one field with different values; give one.")
+            return out, (f"`{alias}`={value!r} and `{name}`={out[name]!r} are two "
+                         f"spellings of one field with different values; give one.")
         out[name] = value
-    return out
-
-
+    return out, None

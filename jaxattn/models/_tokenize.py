@@ -153,9 +153,7 @@ def tokenize(
     """
     single, texts = _check_texts(texts)
     tokens = None if tokens is None else check_count(tokens, "tokens", 1)
-    if pad is not None and pad != "auto" and not _is_int(pad, 0):
-        error = ValueError if _is_int(pad, -(1 << 62)) else TypeError
-        raise error(f'`pad` must be None, "auto" or a token id ≥ 0, got {pad!r}.')
+    wrong_pad = pad is not None and pad != "auto" and not _is_int(pad, 0)
     check_flag(special_tokens, "special_tokens")
     check_flag(return_mask, "return_mask")
     tok = load_tokenizer(source)
@@ -167,18 +165,20 @@ def tokenize(
     lengths = [len(e) for e in encoded]
     n = tokens if tokens is not None else min(lengths) if pad is None else max(lengths)
     short = [i for i, e in enumerate(encoded) if len(e) < n] or [lengths.index(min(lengths))]
-    for bad, message in (
-        (pad == "auto", f"{source}'s tokenizer has no padding token ({', '.join(PAD_TOKENS)}); "
-         "give the id to pad with (`pad=ID`, --pad ID)."),
-        (pad not in (None, "auto") and pad >= size,
+    for bad, error, message in (
+        (wrong_pad, ValueError if _is_int(pad, -(1 << 62)) else TypeError,
+         f'`pad` must be None, "auto" or a token id ≥ 0, got {pad!r}.'),
+        (pad == "auto", ValueError, f"{source}'s tokenizer has no padding token "
+         f"({', '.join(PAD_TOKENS)}); give the id to pad with (`pad=ID`, --pad ID)."),
+        (_is_int(pad, 0) and pad >= size, ValueError,
          f"`pad` {pad} is not an id of {source}'s tokenizer (0 to {size - 1})."),
-        (n == 0 or (len(encoded[short[0]]) < n and pad is None),
+        (n == 0 or (len(encoded[short[0]]) < n and pad is None), ValueError,
          f"prompt {short[0]} has {lengths[short[0]]} tokens, fewer than {n or 1}: give longer "
          "prompts, fewer tokens (`tokens`, --tokens; default: the shortest prompt's), or pad "
          "them (`pad`, --pad)."),
     ):
         if bad:
-            raise ValueError(message)
+            raise error(message)
     if tokens is None and pad is None:
         _warn_cut(tok, encoded, n)
     ids = np.asarray([e[:n] + [pad] * (n - len(e[:n])) for e in encoded], np.int32)
@@ -229,6 +229,9 @@ def detokenize(
 
     The text of one prompt, or a list of `B` texts.
     """
+    check_flag(special_tokens, "special_tokens")
+    tok = load_tokenizer(source)
+    size = tok.get_vocab_size()
     try:
         array = np.asarray(ids) if isinstance(ids, (np.ndarray, list, tuple)) or hasattr(
             ids, "__array__") else None
@@ -239,15 +242,13 @@ def detokenize(
         got = f"dtype {array.dtype}"
     elif array is not None and array.ndim not in (1, 2):
         error, got = ValueError, f"shape {array.shape}"
-    if got:
-        raise error(f"`ids` must be integer token ids of shape (n,) or (B, n), got {got}.")
-    check_flag(special_tokens, "special_tokens")
-    tok = load_tokenizer(source)
-    size = tok.get_vocab_size()
-    if array.size and (array.min() < 0 or array.max() >= size):
+    problem = got and f"`ids` must be integer token ids of shape (n,) or (B, n), got {got}."
+    if not got and array.size and (array.min() < 0 or array.max() >= size):
         bad = array.min() if array.min() < 0 else array.max()
-        raise ValueError(f"`ids` holds {bad}, not an id of {source}'s tokenizer "
-                         f"(0 to {size - 1}).")
+        error, problem = ValueError, (f"`ids` holds {bad}, not an id of {source}'s tokenizer "
+                                      f"(0 to {size - 1}).")
+    if problem:
+        raise error(problem)
     rows = [row.tolist() for row in np.atleast_2d(array)]
     texts = tok.decode_batch(rows, skip_special_tokens=not special_tokens)
     return texts[0] if array.ndim == 1 else texts

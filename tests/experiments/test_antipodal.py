@@ -14,7 +14,6 @@ from _helpers import assert_same_values
 import jaxattn as ja
 from jaxattn.experiments import antipodal as A
 from jaxattn.experiments.pieces import keyed_layers
-from jaxattn.experiments.verdicts import extrapolate
 
 
 def test_pair_start_has_the_asked_gap_on_the_sphere(key):
@@ -86,7 +85,7 @@ def test_crossing_fit_and_extrapolation_are_exact_on_lines():
     betas = np.linspace(0.8, 1.2, 5)
     zero, se = ja.metrics.fit_crossing(betas, 2.0 * (1.05 - betas), se=np.full(5, 0.01))
     assert zero == pytest.approx(1.05, rel=1e-12) and 0 < se < 0.01
-    value, se = extrapolate([0.01, 0.02], [1.1, 1.2], [0.003, 0.004])
+    value, se = ja.metrics.fit_intercept([0.01, 0.02], [1.1, 1.2], se=[0.003, 0.004])
     assert value == pytest.approx(1.0, rel=1e-12)
     assert se == pytest.approx(math.hypot(2 * 0.003, 0.004), rel=1e-9)
 

@@ -46,7 +46,7 @@ def edit_config(folder, **changes):
 def test_folder_without_config(gpt2_folder, tmp_path):
     folder = copy_folder(gpt2_folder, tmp_path / "m")
     (folder / "config.json").unlink()
-    with pytest.raises(FileNotFoundError, match=r"m: no config\.json"):
+    with pytest.raises(FileNotFoundError, match=r"m/config\.json: no config\.json"):
         ja.models.load(folder)
 
 

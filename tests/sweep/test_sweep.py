@@ -368,7 +368,7 @@ def test_a_sweep_over_heads_says_that_the_heads_are_summed(key, values, noted):
 
 
 @pytest.mark.parametrize(("argv", "words"), [
-    (["--instances", "0"], "--instances must be a whole number ≥ 1"),
+    (["--instances", "0"], "`--instances` must be a whole number ≥ 1"),
     (["--set", "horizon=-1"], "--horizon must be > 0"),
     (["--grid", "beta=1,x"], "--beta must be a number"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v))

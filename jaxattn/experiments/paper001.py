@@ -207,6 +207,7 @@ def symmetric_dynamics(key: PRNGKeyArray, d: int = 3) -> SelfAttentionDynamics:
     return SelfAttentionDynamics(P, symmetric_value(ku, d)[None], causal=True)
 
 
+@jax.jit  # one program where a model is read on the host (`classify`); inlined under jit
 def _cyclic_query_key(t, params):
     """`Qᵀ D(t) K` per head, `D(t)` the diagonal of `sphere_diagonals` repeated
     cyclically over the dimension (itself for `d = 3`)."""

@@ -12,7 +12,9 @@ import dataclasses
 import typing
 from typing import Any, ClassVar, NamedTuple
 
+import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .._horizon import CONSENSUS_TOL
@@ -99,13 +101,19 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
                  judged: Judged) -> str:
         """The verdict line after `where: ` (use `words(kind)` for the outcome)."""
 
-    def measures(self, dyn, pred, ts, ys) -> dict[str, Any]:
+    def measures(self, config, dyn, test, x0, ts, ys) -> dict[str, Any]:
         """What a run of `evolve` keeps besides `ts` and `ys`, from its states
-        `ys (T, n, d)` (a member that measures inside its own `evolve` has none)."""
+        `ys (T, n, d)`, traced: the frame runs it as one program (`config` static,
+        `test`: the prediction's traceable `AbstractTheoremTest`, for `reached`). A
+        member that measures inside its own `evolve` has none."""
         return {}
 
     def facts(self, config, model, x0, pred, flow: dict[str, Any]) -> dict[str, Any]:
-        """Arrays saved once, not per run (the start, the domain test, …)."""
+        """Arrays saved once, not per run (the start, the domain test, …), on the host."""
+        return {}
+
+    def flow_facts(self, dyn, x0, ys) -> dict[str, Any]:
+        """Arrays saved once, traced: measured in the flow's `measures` program."""
         return {}
 
     def prediction(self, config, model, x0):
@@ -125,11 +133,15 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
         else:
             ts, ys = flow_path(model, x0, config.horizon, config.saves,
                                progress=progress, desc=desc)
-        return {"ts": ts, "ys": ys} | self.measures(model, pred, ts, ys)
+        return {"ts": ts, "ys": ys} | _measured(self, config, model, pred.test, x0,
+                                                 np.asarray(ts), ys, flow=not discrete)
 
     @typing.final
     def simulate(self, config, progress):
-        model, x0 = self.setup(jax.random.PRNGKey(config.seed), config)
+        floats = {p.name for p in self.all_params() if p.type is float}
+        model, x0 = _setup(self, np.asarray(config.seed),
+                           {k: np.asarray(config[k]) for k in floats},
+                           {k: v for k, v in config.items() if k not in floats | {"seed"}})
         pred = self.prediction(config, model, x0)
         flow = self.evolve(config, model, x0, pred, discrete=False, progress=progress)
         data = flow | self.facts(config, model, x0, pred, flow)
@@ -170,6 +182,30 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
             runs.append(Drawn(Section(data, suffix="_layers"),
                               rf"layers, $\tau$ = {config.tau:g}", "k", (0, (4, 2)), 1.1))
         return runs
+
+
+@eqx.filter_jit
+def _setup(experiment, seed, floats, static):
+    """`experiment.setup(PRNGKey(seed), config)` as one program, the seed and the float
+    settings traced (the same program for every seed, β, T, τ)."""
+    return experiment.setup(jax.random.PRNGKey(seed), experiment.config(static | floats))
+
+
+@eqx.filter_jit
+def _measured(experiment, config, dyn, test, x0, ts, ys, *, flow: bool):
+    """A run's `measures` (and the flow's `flow_facts`), one program."""
+    facts = experiment.flow_facts(dyn, x0, ys) if flow else {}
+    return experiment.measures(config, dyn, test, x0, ts, ys) | facts
+
+
+def reached(test, x0, ts, ys):
+    """`Prediction.check(ys[-1], ts[-1])`, traced: the theorem's own test of the last
+    states (`False` where no theorem applies, and outside the domain where the theorem
+    names a limit)."""
+    if test is None:
+        return jnp.asarray(False)
+    ok = test.reached(x0, ys[-1], ts[-1], CONSENSUS_TOL)
+    return ok & test.domain(x0)[0] if test.limit(x0) is not None else ok
 
 
 def _judge(ts, evidence: Evidence, theorem: str) -> tuple[Judged, dict[str, Any]]:

@@ -8,12 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._artifacts import figures
-from .._horizon import CONSENSUS_TOL
 from .._manifold import sample_ellipsoid
 from ..metrics import cluster_count, misalignment, potential
 from . import paper001
 from .base import BETA, Param
-from .theorem import AbstractTheoremExperiment, Evidence
+from .theorem import AbstractTheoremExperiment, Evidence, reached
 from .verdicts import short
 
 # An equilibrium: the largest velocity entry below CONSENSUS_TOL (`Prediction.check`).
@@ -43,16 +42,17 @@ class GradientExperiment(AbstractTheoremExperiment):
         dyn = paper001.with_beta(dyn, config.beta)
         return dyn, sample_ellipsoid(k_x, config.tokens, config.dim, dyn.W)
 
-    def measures(self, dyn, pred, ts, ys):
+    def measures(self, config, dyn, test, x0, ts, ys):
         P = dyn.query_key(0.0)[0]
-        return {"E_P": potential(ys, P, dyn.beta), "E": misalignment(ys),
-                "speed": _speed(dyn, ts, ys),
-                "agrees": pred.check(ys[-1], ts[-1], tol=CONSENSUS_TOL)}
+        return {"E_P": potential(ys, P, config.beta), "E": misalignment(ys),
+                "speed": _speed(dyn, ts, ys), "agrees": reached(test, x0, ts, ys)}
+
+    def flow_facts(self, dyn, x0, ys):
+        W = jnp.eye(x0.shape[-1], dtype=x0.dtype) if dyn.W is None else dyn.W
+        return {"W": W, "P": dyn.query_key(0.0)[0], "clusters": cluster_count(ys[-1], 1e-3)}
 
     def facts(self, config, dyn, x0, pred, flow):
-        W = np.eye(config.dim) if dyn.W is None else dyn.W
-        return {"W": W, "P": dyn.query_key(0.0)[0], "clusters": cluster_count(flow["ys"][-1], 1e-3),
-                "theorem": np.asarray(pred.theorem or "none")}
+        return {"theorem": np.asarray(pred.theorem or "none")}
 
     def evidence(self, config, run):
         EP, speed = run["E_P"], run["speed"]
@@ -110,5 +110,5 @@ class GradientExperiment(AbstractTheoremExperiment):
 
 
 def _speed(dyn, ts, ys):
-    v = jax.vmap(dyn.velocity)(jnp.asarray(ts), ys)
+    v = jax.vmap(dyn.velocity)(ts, ys)
     return jnp.max(jnp.abs(v), axis=(-2, -1))

@@ -4,7 +4,6 @@
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .._artifacts import figures
@@ -40,14 +39,14 @@ class SphereExperiment(AbstractTheoremExperiment):
                                  config.beta)
         return dyn, paper001.hemisphere_tokens(k_x, config.tokens, 3)
 
-    def measures(self, dyn, pred, ts, ys):
+    def measures(self, config, dyn, test, x0, ts, ys):
         return {"E": misalignment(ys), "V": pairwise_lyapunov(ys)}
 
     def facts(self, config, dyn, x0, pred, flow):
         # the drawn first 2 time units at 200 points each (the saves alone are jagged)
         ts = np.asarray(flow["ts"])
         P_ts = np.concatenate([np.linspace(0.0, min(ts[-1], 2.0), 401), ts[ts > 2.0]])
-        return {"P_norm": paper001.sphere_query_key(dyn, jnp.asarray(P_ts)), "P_ts": P_ts,
+        return {"P_norm": paper001.sphere_query_key(dyn, P_ts), "P_ts": P_ts,
                 "x0": x0, "in_domain": pred.in_domain, "margin": pred.margin}
 
     def evidence(self, config, run):

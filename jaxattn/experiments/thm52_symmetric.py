@@ -7,12 +7,11 @@ import jax
 import numpy as np
 
 from .._artifacts import figures
-from .._horizon import CONSENSUS_TOL
 from .._precision import matmul
 from ..metrics import misalignment
 from . import paper001
 from .base import BETA, Param
-from .theorem import AbstractTheoremExperiment, Evidence
+from .theorem import AbstractTheoremExperiment, Evidence, reached
 from .verdicts import short
 
 
@@ -39,13 +38,15 @@ class SymmetricExperiment(AbstractTheoremExperiment):
                                  config.beta)
         return dyn, paper001.hemisphere_of(k_x, _top_eigenvector(dyn), config.tokens)
 
-    def measures(self, dyn, pred, ts, ys):
+    def measures(self, config, dyn, test, x0, ts, ys):
         return {"E": misalignment(ys), "proj": matmul(ys, _top_eigenvector(dyn), "float32").min(-1),
-                "agrees": pred.check(ys[-1], tol=CONSENSUS_TOL)}
+                "agrees": reached(test, x0, ts, ys)}
+
+    def flow_facts(self, dyn, x0, ys):
+        return {"v1": _top_eigenvector(dyn), "U": dyn.U(0.0)[0]}
 
     def facts(self, config, dyn, x0, pred, flow):
-        return {"v1": _top_eigenvector(dyn), "U": dyn.U(0.0)[0], "in_domain": pred.in_domain,
-                "theorem": np.asarray(pred.theorem or "none")}
+        return {"in_domain": pred.in_domain, "theorem": np.asarray(pred.theorem or "none")}
 
     def evidence(self, config, run):
         proj = run["proj"]

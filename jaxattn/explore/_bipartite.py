@@ -127,19 +127,20 @@ def stabilize_bipartite(
     steps = check_count(steps, "steps")
     optimizer = optimizer or optax.adam(0.02)
     proj = jax.vmap(lambda w: project_bipartite(w, v, p_bound, u_bound))
-    objective = jax.vmap(lambda w: bipartite_log_radius(w, v, n, m, tau, beta))
     violation = jax.vmap(lambda w: bipartite_violation(w, v, p_bound, u_bound))
     w = proj(w0)
 
+    def radius(w):
+        return bipartite_log_radius(w, v, n, m, tau, beta)
+
     def step(carry, _):
         w, opt = carry
-        val, g = jax.vmap(jax.value_and_grad(
-            lambda wi: bipartite_log_radius(wi, v, n, m, tau, beta)))(w)
+        val, g = jax.vmap(jax.value_and_grad(radius))(w)
         upd, opt = jax.vmap(optimizer.update)(g, opt, w)
         return (proj(optax.apply_updates(w, upd)), opt), (val, violation(w))
 
     run = eqx.filter_jit(lambda w, opt: jax.lax.scan(step, (w, opt), None, length=steps))
     (w, _), (trace, viol) = run(w, jax.vmap(optimizer.init)(w))
-    last, last_viol = objective(w), violation(w)
+    last, last_viol = jax.vmap(radius)(w), violation(w)
     return (w, np.concatenate([np.asarray(trace), np.asarray(last)[None]]),
             np.concatenate([np.asarray(viol), np.asarray(last_viol)[None]]))

@@ -92,14 +92,22 @@ class Constraints(eqx.Module):
 # --- weights ------------------------------------------------------------------------
 
 
+def _is_matrix(a) -> bool:
+    """Whether `a` is a trainable matrix (an inexact array of two or more axes)."""
+    return eqx.is_inexact_array(a) and a.ndim >= 2
+
+
+def _trained(dyn, constraints: Constraints):
+    """`(name, field)` of each trained field the model has."""
+    return [(name, getattr(dyn, name)) for name in constraints.train
+            if getattr(dyn, name, None) is not None]
+
+
 def trainable_filter(dyn, constraints: Constraints):
     """A pytree of bools over `dyn`: the arrays optimised (see `Constraints.train`)."""
     mask = jax.tree.map(lambda _: False, dyn)
-    for name in constraints.train:
-        field = getattr(dyn, name, None)
-        if field is None:
-            continue
-        sub = jax.tree.map(lambda a: eqx.is_inexact_array(a) and a.ndim >= 2, field)
+    for name, field in _trained(dyn, constraints):
+        sub = jax.tree.map(_is_matrix, field)
         mask = eqx.tree_at(lambda m, name=name: getattr(m, name), mask, sub)
     return mask
 
@@ -127,8 +135,8 @@ def _top_eigen_projection(U, v, gap, b):
     basis = _complement_basis(v)  # (d, d-1), orthonormal, ⟂ v
     M = U[0]
     lam = einsum("d,de,e->", v, M, v)
-    lo = -jnp.inf if b is None else -b
     hi = jnp.inf if b is None else b
+    lo = -hi
     lam = jnp.clip(lam, lo + gap, hi)
     C = _symmetrize(einsum("dp,de,eq->pq", basis, M, basis))
     mu, E = jnp.linalg.eigh(C)
@@ -149,7 +157,7 @@ def _constrain_field(name, field, constraints: Constraints):
     b = constraints.bound_of(name)
 
     def one(a):
-        if not (eqx.is_inexact_array(a) and a.ndim >= 2):
+        if not _is_matrix(a):
             return a
         if symmetric:
             a = _symmetrize(a)
@@ -170,55 +178,48 @@ def _constrain_field(name, field, constraints: Constraints):
 
 def constrain_weights(dyn, constraints: Constraints):
     """`dyn` with its trained weights mapped into the constraint set."""
-    for name in constraints.train:
-        if getattr(dyn, name, None) is None:
-            continue
-        new = _constrain_field(name, getattr(dyn, name), constraints)
+    for name, field in _trained(dyn, constraints):
+        new = _constrain_field(name, field, constraints)
         dyn = eqx.tree_at(lambda m, name=name: getattr(m, name), dyn, new)
     return dyn
 
 
-def check_weight_constraints(dyn, constraints: Constraints) -> None:
-    """Trace-time refusal of constraint requests the model cannot honour (and of a
-    model with none of the weights to train)."""
+def weight_refusals(dyn, constraints: Constraints):
+    """Why the model cannot honour the constraint requests (or has none of the weights
+    to train), as `(bad, message)`, each read once those before it hold; the last:
+    the start must satisfy `sum_gap`, which is kept by rejection."""
     v = constraints.top_eigenvector
     fixed_u = isinstance(dyn.U, Constant)
     symmetric_u = "U" in constraints.symmetric
-    checks = [
-        (v is not None and not (fixed_u and dyn.U.value.shape[0] == 1),
-         "`top_eigenvector` needs a one-head time-invariant `U` (a ja.Constant of shape "
-         "(1, d, d))."),
-        (v is not None and not symmetric_u, "`top_eigenvector` needs `symmetric=('U', ...)`."),
-        (v is not None and (np.shape(v) != (dyn.dim,)
-                            or not np.isclose(np.linalg.norm(np.asarray(v)), 1.0)),
-         f"`top_eigenvector` must be a unit vector of shape ({dyn.dim},)."),
-        (constraints.sum_gap is not None and not (fixed_u and symmetric_u),
-         "`sum_gap` needs a time-invariant `U` (a ja.Constant) kept symmetric "
-         "(`symmetric=('U', ...)`)."),
-    ]
+    yield (v is not None and not (fixed_u and dyn.U.value.shape[0] == 1),
+           "`top_eigenvector` needs a one-head time-invariant `U` (a ja.Constant of shape "
+           "(1, d, d)).")
+    yield v is not None and not symmetric_u, "`top_eigenvector` needs `symmetric=('U', ...)`."
+    yield (v is not None and (np.shape(v) != (dyn.dim,)
+                              or not np.isclose(np.linalg.norm(np.asarray(v)), 1.0)),
+           f"`top_eigenvector` must be a unit vector of shape ({dyn.dim},).")
+    yield (constraints.sum_gap is not None and not (fixed_u and symmetric_u),
+           "`sum_gap` needs a time-invariant `U` (a ja.Constant) kept symmetric "
+           "(`symmetric=('U', ...)`).")
     for name in [n for n in constraints.symmetric if n in constraints.train]:
-        leaves = [a for a in jax.tree.leaves(getattr(dyn, name, None))
-                  if eqx.is_inexact_array(a) and a.ndim >= 2]
-        checks.append((any(a.shape[-1] != a.shape[-2] for a in leaves),
-                       f"`{name}` cannot be kept symmetric: its matrices are not square."))
-    checks.append((not jax.tree.leaves(eqx.filter(dyn, trainable_filter(dyn, constraints))),
-                   f"no weights to train: the model has none of {constraints.train}."))
-    for bad, message in checks:
-        if bad:
-            raise ValueError(message)
+        leaves = [a for a in jax.tree.leaves(getattr(dyn, name, None)) if _is_matrix(a)]
+        yield (any(a.shape[-1] != a.shape[-2] for a in leaves),
+               f"`{name}` cannot be kept symmetric: its matrices are not square.")
+    yield (not jax.tree.leaves(eqx.filter(dyn, trainable_filter(dyn, constraints))),
+           f"no weights to train: the model has none of {constraints.train}.")
+    if constraints.sum_gap is not None:
+        defect = sum_gap_defect(constrain_weights(dyn, constraints), constraints.sum_gap)
+        yield (not float(defect) <= 0,
+               f"the model breaks `sum_gap={constraints.sum_gap:g}`: the top eigenvalue of "
+               "Σ_η U_η must be simple and positive, ahead by sum_gap; start from such U.")
 
 
 def weight_violation(dyn, constraints: Constraints) -> Float[Array, ""]:
     """The largest violation of the weight constraints (0 when all hold)."""
     out = jnp.zeros((), jnp.result_type(float))
-    for name in constraints.train:
-        field = getattr(dyn, name, None)
-        if field is None:
-            continue
+    for name, field in _trained(dyn, constraints):
         b = constraints.bound_of(name)
-        for a in jax.tree.leaves(field):
-            if not (eqx.is_inexact_array(a) and a.ndim >= 2):
-                continue
+        for a in filter(_is_matrix, jax.tree.leaves(field)):
             if name in constraints.symmetric:
                 out = jnp.maximum(out, jnp.max(jnp.abs(a - jnp.swapaxes(a, -1, -2))))
             if b is not None:

@@ -27,15 +27,15 @@ from .._validate import check_count, surface_errors
 from ..metrics import hemisphere
 from ._constraints import (
     Constraints,
-    check_weight_constraints,
     constrain_weights,
     retract_tokens,
     sum_gap_defect,
     token_violation,
     trainable_filter,
+    weight_refusals,
     weight_violation,
 )
-from ._objectives import Trajectory, as_objective, make_trajectory
+from ._objectives import Trajectory, as_objective, make_trajectory, relative_difference
 
 TARGETS = ("tokens", "weights", "both")
 
@@ -89,12 +89,7 @@ def _start_tokens(dyn, init, restarts, n, z_fixed, margin) -> Float[Array, "R n 
     """`R` starting token sets: given (broadcast), or random on `E_W` / in a cap."""
     if _is_tokens(init):
         x = jnp.asarray(init, jnp.result_type(float))
-        if x.ndim == 2:
-            x = jnp.broadcast_to(x, (restarts,) + x.shape)
-        if x.ndim != 3 or x.shape[0] != restarts or x.shape[-1] != dyn.dim:
-            raise ValueError(f"`init` tokens must be (n, d) or (restarts={restarts}, n, d) "
-                             f"with d={dyn.dim}, got {x.shape}.")
-        return project(x, dyn.W)
+        return project(jnp.broadcast_to(x, (restarts,) + x.shape[-2:]), dyn.W)
     keys = jax.random.split(init, restarts)
     return jax.vmap(lambda k: _sample(k, n, dyn, z_fixed, margin))(keys)
 
@@ -284,11 +279,8 @@ def _check_backsolve(loop: _Loop, x, w, rtol: float) -> None:
         train = (x if lp.train_x else None, w if lp.train_w else None)
         return eqx.filter_jit(jax.grad(lambda t: lp._loss(t, (x, w))[0]))(train)
 
-    g_bs = grad_with(dfx.BacksolveAdjoint())
-    g_cp = grad_with(dfx.RecursiveCheckpointAdjoint())
-    diff = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.sum((a - b) ** 2), g_bs, g_cp))
-    ref = jax.tree.leaves(jax.tree.map(lambda b: jnp.sum(b**2), g_cp))
-    rel = float(jnp.sqrt(sum(diff)) / jnp.maximum(jnp.sqrt(sum(ref)), 1e-300))
+    rel = relative_difference(grad_with(dfx.BacksolveAdjoint()),
+                              grad_with(dfx.RecursiveCheckpointAdjoint()))
     if not rel <= rtol:
         raise ValueError(
             f"adjoint='backsolve' is unreliable here: at the first start its gradient "
@@ -305,6 +297,24 @@ def _check_backsolve(loop: _Loop, x, w, rtol: float) -> None:
 
 
 # --- the entry point ----------------------------------------------------------------
+
+
+def _refusals(dyn, init, n, target, restarts, constraints):
+    """Why `slow_consensus` refuses the request, as `(bad, error, message)`, each read
+    once those before it hold."""
+    yield (not isinstance(dyn, SelfAttentionDynamics), TypeError,
+           f"expected a ja.SelfAttentionDynamics, got {type(dyn).__name__}.")
+    yield target not in TARGETS, ValueError, f"`target` must be one of {TARGETS}, got {target!r}."
+    shape = np.shape(init) if _is_tokens(init) else None
+    yield (shape is None and n is None, ValueError,
+           "with a random `init` (a key), give the number of tokens `n`.")
+    yield (shape is not None and (len(shape) not in (2, 3) or shape[-1] != dyn.dim
+                                  or len(shape) == 3 and shape[0] != restarts), ValueError,
+           f"`init` tokens must be (n, d) or (restarts={restarts}, n, d) with d={dyn.dim}, "
+           f"got {shape}.")
+    if target != "tokens":
+        refusals = weight_refusals(dyn, constraints or Constraints())
+        yield from ((bad, ValueError, message) for bad, message in refusals)
 
 
 @surface_errors
@@ -376,19 +386,12 @@ def slow_consensus(
 
     An `Exploration` (best `x0`, `dyn`, `value`, `gain`, `trace`, `baseline`, ...).
     """
-    for bad, error, message in (
-        (not isinstance(dyn, SelfAttentionDynamics), TypeError,
-         f"expected a ja.SelfAttentionDynamics, got {type(dyn).__name__}."),
-        (target not in TARGETS, ValueError,
-         f"`target` must be one of {TARGETS}, got {target!r}."),
-        (not _is_tokens(init) and n is None, ValueError,
-         "with a random `init` (a key), give the number of tokens `n`."),
-    ):
-        if bad:
-            raise error(message)
     restarts = check_count(restarts, "restarts", 1)
     steps = check_count(steps, "steps")
     baseline_samples = check_count(baseline_samples, "baseline_samples")
+    for bad, error, message in _refusals(dyn, init, n, target, restarts, constraints):
+        if bad:
+            raise error(message)
     traj = make_trajectory(horizon, model=model, saves=saves, tau=tau, adjoint=adjoint)
     start, loop = _make_loop(dyn, target=target, objective=objective, traj=traj,
                              optimizer=optimizer, constraints=constraints, log=log)
@@ -424,18 +427,13 @@ def slow_consensus(
 
 
 def _make_loop(dyn, *, target, objective, traj: Trajectory, optimizer, constraints, log):
-    """Build one restart's loop (see `slow_consensus`; it checked the request).
-
-    **Returns:**
-
-    `(dyn, loop)`: the model with its weight constraints applied, and the `_Loop`.
-    """
+    """`(dyn, loop)`: the model with its weight constraints applied, and one restart's
+    `_Loop` (see `slow_consensus`; it checked the request)."""
     constraints = constraints or Constraints()
     fn, builtin = as_objective(objective)
     train_w = target in ("weights", "both")
     mask = trainable_filter(dyn, constraints)
     if train_w:
-        check_weight_constraints(dyn, constraints)
         dyn = constrain_weights(dyn, constraints)
     rest = eqx.filter(dyn, mask, inverse=True) if train_w else dyn
     loop = _Loop(fn, traj, rest, mask, constraints, optimizer or optax.adam(0.02),
@@ -444,13 +442,9 @@ def _make_loop(dyn, *, target, objective, traj: Trajectory, optimizer, constrain
 
 
 def _make_starts(loop: _Loop, dyn, init, *, n, restarts: int, weight_noise, key):
-    """Every restart's start, feasible for the constraints.
-
-    **Returns:**
-
-    `(x, weights, z)`: tokens `(R, n, d)`, the trained arrays (leading axis `R`;
-    `None` unless weights are trained) and the cap directions `(R, d)` or `None`.
-    """
+    """Every restart's start, feasible for the constraints: `(x, weights, z)`, tokens
+    `(R, n, d)`, the trained arrays (leading axis `R`; `None` unless weights are
+    trained) and the cap directions `(R, d)` or `None`."""
     constraints = loop.constraints
     weights = None
     if loop.train_w:
@@ -467,15 +461,11 @@ def _make_starts(loop: _Loop, dyn, init, *, n, restarts: int, weight_noise, key)
 
 
 def _feasible_starts(weights, rest, constraints: Constraints):
-    """With `sum_gap` (kept by rejection, so the start must satisfy it): restarts
-    whose perturbed weights break it start from the unperturbed weights instead."""
+    """With `sum_gap` (kept by rejection; the entry checked that the model satisfies
+    it): restarts whose perturbed weights break it start from the unperturbed ones."""
     if constraints.sum_gap is None:
         return weights
     defect = jax.vmap(lambda w: sum_gap_defect(_combine(w, rest), constraints.sum_gap))(weights)
-    if not float(defect[0]) <= 0:
-        raise ValueError(
-            f"the model breaks `sum_gap={constraints.sum_gap:g}`: the top eigenvalue of "
-            "Σ_η U_η must be simple and positive, ahead by sum_gap; start from such U.")
     ok = np.asarray(defect) <= 0
     return jax.tree.map(lambda a: jnp.where(ok.reshape((-1,) + (1,) * (a.ndim - 1)), a, a[:1]),
                         weights)

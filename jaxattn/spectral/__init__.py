@@ -2,15 +2,7 @@
 matrices `Ω = Σ_η U_η`, their spectra, token alignment with their eigenvectors,
 shared-weight dynamics, rank-1 steering, and the Oja / single-head equilibria.
 
-```python
-Omega = ja.spectral.layer_matrix(model, 3)          # (d, d), acts on token vectors
-spec = ja.spectral.spectrum(Omega)                  # ordered by |λ|; tau=1.0: by |1 + λ|
-c = ja.spectral.alignment(x, spec.principal)        # mean |cos(x_i, v₁)| (2-D if complex)
-stats, eigs, xs = ja.spectral.layerwise(model, x0)  # c_ℓ, Δ_ℓ, p_ℓ and baselines per layer
-steered = ja.spectral.steer(model, u, gamma)        # last layer: Ω + γ u uᵀ
-eq = ja.spectral.equilibria(ja.spectral.single_head(U, P), n=6)
-v1 = ja.spectral.top_eigenvector(Omega)             # unit, of the largest eigenvalue
-```
+The objects and their use: `docs/usage/spectral.md`.
 
 On a single-head map (`d = 3`):
 

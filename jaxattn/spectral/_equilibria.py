@@ -275,6 +275,7 @@ def bipartite_closed_form(lam, k, m, n, q, tau):
     return radius, fixed & groups & jnp.all(jnp.where(others, schur, True))
 
 
+@eqx.filter_jit
 def perturbation_growth(
     dyn: SelfAttentionDynamics,
     points: Float[Array, "E n d"],
@@ -287,16 +288,11 @@ def perturbation_growth(
     """Direct simulation: move each point by a random tangent perturbation of size
     `eps`, run `layers` layers, and return the final distance over the initial one
     (`max_i |x_i − x*_i|`). Below 1: the perturbation was absorbed."""
-    E, n, d = points.shape
     z = jax.random.normal(key, points.shape, points.dtype)
     z = z - jnp.sum(z * points, -1, keepdims=True) * points
     z = eps * z / jnp.max(jnp.linalg.norm(z, axis=-1), axis=-1)[:, None, None]
     x0 = project(points + z, None)
-    return _growth(dyn, points, x0, layers, tau)
 
-
-@eqx.filter_jit
-def _growth(dyn, points, x0, layers, tau):
     def run(x):
         return jax.lax.scan(lambda y, _: (dyn.layer(0.0, y, tau), None), x, None,
                             length=layers)[0]
@@ -304,5 +300,4 @@ def _growth(dyn, points, x0, layers, tau):
     def dist(x, p):
         return jnp.max(jnp.linalg.norm(x - p, axis=-1))
 
-    xs = jax.vmap(run)(x0)
-    return jax.vmap(dist)(xs, points) / jax.vmap(dist)(x0, points)
+    return jax.vmap(dist)(jax.vmap(run)(x0), points) / jax.vmap(dist)(x0, points)

@@ -57,23 +57,21 @@ def layer_dynamics(model_or_dyn, layer: int) -> SelfAttentionDynamics:
     raise TypeError(f"expected a model or a ja.SelfAttentionDynamics, got {model_or_dyn!r}.")
 
 
-def _per_layer(model_or_dyn, layers) -> list[SelfAttentionDynamics]:
-    """The requested layers (default: all of a model's), each converted once."""
+def _propagate(model_or_dyn, layers, x0, tau):
+    """The requested layers (default: all of a model's), each converted once, and the
+    normalised input then the tokens after each layer in turn `(L + 1, B, n, d)`: one
+    compiled program, reused (same shapes at every layer)."""
     if layers is None:
         if not isinstance(model_or_dyn, AbstractTransformer):
             raise TypeError("a ja.SelfAttentionDynamics has no depth of its own: pass "
                             "`layers`, the layers to run.")
         layers = range(model_or_dyn.num_layers)
-    return [layer_dynamics(model_or_dyn, ell) for ell in layers]
-
-
-def _propagate(start: SelfAttentionDynamics, dyns, x0, tau) -> Float[Array, "L+1 B n d"]:
-    """The normalised input (by `start`'s metric), then the tokens after each of
-    `dyns` in turn: one compiled program, reused (same shapes at every layer)."""
+    dyns = [layer_dynamics(model_or_dyn, ell) for ell in layers]
+    start = dyns[0] if dyns else layer_dynamics(model_or_dyn, 0)  # its metric normalises
     xs = [run_layers(start, x0, 0)[:, 0]]
     for dyn in dyns:
         xs.append(run_layers(dyn, xs[-1], 1, tau)[:, 1])
-    return jnp.stack(xs)
+    return dyns, jnp.stack(xs)
 
 
 def run_model(model, x0: Float[Array, "B n d"], *, layers=None, tau: float = 1.0):
@@ -90,8 +88,7 @@ def run_model(model, x0: Float[Array, "B n d"], *, layers=None, tau: float = 1.0
 
     `(len(layers) + 1, B, n, d)`; index 0 the normalised input.
     """
-    dyns = _per_layer(model, layers)
-    return _propagate(dyns[0] if dyns else layer_dynamics(model, 0), dyns, x0, tau)
+    return _propagate(model, layers, x0, tau)[1]
 
 
 def layerwise(model, x0: Float[Array, "B n d"], *, tau: float = 1.0, order_tau=None,
@@ -110,8 +107,7 @@ def layerwise(model, x0: Float[Array, "B n d"], *, tau: float = 1.0, order_tau=N
     `(stats, eigenvalues, xs)`: a `LayerAlignment` with a leading layer axis, the
     `(L, top)` leading eigenvalues, and the tokens `(L + 1, B, n, d)`.
     """
-    dyns = _per_layer(model, layers)
-    xs = _propagate(dyns[0] if dyns else layer_dynamics(model, 0), dyns, x0, tau)
+    dyns, xs = _propagate(model, layers, x0, tau)
     d = xs.shape[-1]
     stats, eigs = [], []
     for i, dyn in enumerate(dyns):

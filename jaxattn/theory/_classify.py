@@ -27,15 +27,10 @@ from ._report import Check, Classification, TheoremReport
 
 @dataclasses.dataclass(frozen=True)
 class _Reading:
-    """How the values one weight takes for `t ≥ 0` were read.
-
-    - `kind`: `"constant"`, `"piecewise"` or `"smooth"` (a function).
-    - `times`: times at which the schedule shows every value it takes (one for a
-      constant, one inside each piece), or, when `exact` is false, the grid it was
-      sampled on.
-    - `where`: the same in words, for the report.
-    - `exact`: whether `times` show every value (no sampling).
-    """
+    """How the values one weight takes for `t ≥ 0` were read: its `kind` (`"constant"`,
+    `"piecewise"` or `"smooth"`, a function), the `times` that show every value it
+    takes (one for a constant, one inside each piece; when not `exact`, the grid it
+    was sampled on), and `where`, the same in words for the report."""
 
     kind: str
     times: np.ndarray
@@ -434,11 +429,8 @@ def classify(
     - 5.3: as 5.2 with `U(t)` time-varying and differentiable, `λ₁(t)` simple and
       positive → convergence to a ball around `v₁(t)`.
 
-    Every theorem is about the papers' model: post-normalisation
-    (`norm="post"`), softmax weights and no `window` or `mask`. A variant
-    (`docs/variants.md`) fails these three checks, each with the reason, so no
-    theorem covers it; `summary()` then lists, for each theorem, the hypotheses the
-    model fails.
+    Every theorem is about the papers' model (`norm="post"`, softmax weights, no
+    `window` or `mask`): a variant fails these checks (`docs/variants.md`).
 
     The paper states 4.1 and 5.1 for `U = I`; `U = u·I` with `u > 0` is the same
     flow with time rescaled by `u`, so it is covered too.
@@ -457,10 +449,8 @@ def classify(
     against its terms: `|W U − c P| ≤ tol·max(|W| |U|)` (entrywise absolute values,
     `= |U|` without `W`), the scale its rounding is relative to.
 
-    The default `tol` follows the weights' dtype, `default_tol(dtype, d) =
-    max(1e-8, 16 d eps)`: `1e-8` in float64, `~6e-6` in float32 for `d = 3`, so a
-    float32 model built to satisfy a hypothesis (`U = c·P`, a symmetrised `U`) is
-    not refused for its rounding (`~eps`).
+    The default `tol` follows the weights' dtype (`default_tol`), so a float32 model
+    built to satisfy a hypothesis is not refused for its rounding.
 
     **Times.** The values a weight takes for `t ≥ 0` are read from its schedule
     where it has structure: an array or `ja.Constant` has one value, a

@@ -58,18 +58,10 @@ def _everywhere(x0) -> tuple[Bool[Array, ""], Float[Array, ""]]:
 class AbstractTheoremTest(eqx.Module):
     """The domain and outcome tests of one theorem, for one sequence of tokens `(n, d)`.
 
-    Every method is traceable (`jit`, `vmap`); batch with `jax.vmap`.
-
-    - `domain(x0)`: `(inside, margin)`, whether the start lies in the theorem's
-      domain of attraction and how deep (`≤ 0` or below the theorem's threshold
-      outside).
-    - `limit(x0)`: the predicted limit `(n, d)` where the theorem names one
-      (5.1, 5.2), else `None`.
-    - `reached(x0, x, t, tol)`: whether the tokens `x` at time `t` of the run
-      started at `x0` show the predicted outcome, to tolerance `tol`.
-    - `host_domain`: `True` where `domain` solves a program on the host
-      (`jax.pure_callback`): it composes with `jit` and `vmap`, but inside a
-      sharded program the callback would gather the batch on one device.
+    Every method is traceable (`jit`, `vmap`); batch with `jax.vmap`. `host_domain`
+    is `True` where `domain` solves a program on the host (`jax.pure_callback`): it
+    composes with `jit` and `vmap`, but inside a sharded program the callback would
+    gather the batch on one device.
     """
 
     theorem: eqx.AbstractClassVar[str]
@@ -78,15 +70,18 @@ class AbstractTheoremTest(eqx.Module):
 
     @abc.abstractmethod
     def domain(self, x0: Float[Array, "n d"]) -> tuple[Bool[Array, ""], Float[Array, ""]]:
-        """Whether `x0` lies in the domain of attraction, and the margin."""
+        """`(inside, margin)`: whether `x0` lies in the theorem's domain of attraction,
+        and how deep (`≤ 0` or below the theorem's threshold outside)."""
 
     @abc.abstractmethod
     def limit(self, x0: Float[Array, "n d"]) -> Float[Array, "n d"] | None:
-        """The predicted limit of the tokens started at `x0`, or `None`."""
+        """The predicted limit `(n, d)` of the tokens started at `x0` where the theorem
+        names one (5.1, 5.2), else `None`."""
 
     @abc.abstractmethod
     def reached(self, x0, x, t, tol=CONSENSUS_TOL) -> Bool[Array, ""]:
-        """Whether `x` (at time `t`, started at `x0`) shows the predicted outcome."""
+        """Whether the tokens `x` at time `t` of the run started at `x0` show the
+        predicted outcome, to tolerance `tol`."""
 
 
 class Theorem32Test(AbstractTheoremTest):
@@ -320,13 +315,10 @@ class Prediction:
         test = self.test
         if self.theorem == "5.3":
             test = eqx.tree_at(lambda s: s.v1_t, test, self._followed_v1(t))
-        batch = x.shape[:-2]
-        flat = x.reshape((-1,) + x.shape[-2:])
-        x0 = jnp.broadcast_to(jnp.asarray(self._x0, x.dtype), x.shape).reshape(flat.shape)
-        ok = np.asarray(jax.vmap(lambda a, b: test.reached(a, b, t, tol))(x0, flat))
-        ok = ok.reshape(batch)
+        x0 = jnp.broadcast_to(jnp.asarray(self._x0, x.dtype), x.shape)
+        ok = np.asarray(map_batch(lambda b, a: test.reached(a, b, t, tol), x, x0))
         if self.limit is not None:
-            ok = ok & np.broadcast_to(self.in_domain, batch)
+            ok = ok & np.broadcast_to(self.in_domain, x.shape[:-2])
         return ok
 
 

@@ -86,3 +86,38 @@ def test_setup_draws_one_instance_per_key_and_vmaps(module):
     for k, x in zip(keys, x_batch):
         np.testing.assert_array_equal(x, exp.setup(k, config)[1])
     assert x_batch.shape[-2] == 4 and not np.array_equal(x_batch[0], x_batch[1])
+
+
+@pytest.mark.parametrize("name", ["thm41-sphere", "thm52-symmetric", "thm32-gradient"])
+def test_theorem_setup_and_measures_are_single_programs(name):
+    """The frame draws an instance as one program (seed and floats traced: the same
+    instance as `setup`, to rounding) and measures a run as one program holding no host
+    callback (which the persistent cache refuses)."""
+    import equinox as eqx
+
+    from jaxattn.experiments import get_experiment
+    from jaxattn.experiments.theorem import _measured, _setup
+    from jaxattn.theory import predict
+
+    with jax.enable_x64(True):
+        experiment = get_experiment(name)
+        config = experiment.config(seed=3)
+        floats = {p.name for p in experiment.all_params() if p.type is float}
+        static = {k: v for k, v in config.items() if k not in floats | {"seed"}}
+        dyn, x0 = _setup(experiment, np.asarray(config.seed),
+                         {k: np.asarray(config[k]) for k in floats}, static)
+        ref_dyn, ref_x0 = experiment.setup(jax.random.PRNGKey(3), config)
+        arrays = [jax.tree.leaves(eqx.filter(t, eqx.is_array))
+                  for t in ((dyn, x0), (ref_dyn, ref_x0))]
+        assert len(arrays[0]) == len(arrays[1])
+        for a, b in zip(*arrays):
+            np.testing.assert_allclose(a, b, rtol=1e-14, atol=1e-15)
+        ts = np.linspace(0.0, 1.0, 5)
+        ys = jnp.stack([x0] * 5)
+        test = predict(dyn, x0).test
+        for flow in (True, False):
+            lowered = _measured.lower(experiment, config, dyn, test, x0, ts, ys, flow=flow)
+            assert "callback" not in lowered.as_text()
+        out = _measured(experiment, config, dyn, test, x0, ts, ys, flow=True)
+        assert set(experiment.measures(config, dyn, test, x0, ts, ys)) <= set(out)
+        assert eqx.is_array(out["E"]) and out["E"].shape == (5,)

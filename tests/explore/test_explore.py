@@ -168,6 +168,11 @@ def test_bad_requests_raise(key):
         E.slow_consensus(dyn, init=key, n=3, target="bias")
     with pytest.raises(ValueError, match="objective"):
         E.slow_consensus(dyn, init=key, n=3, objective="speed")
+    with pytest.raises(ValueError, match="`init` tokens must be"):
+        E.slow_consensus(dyn, init=jnp.ones((2, 3, 3)), restarts=3)
+    with pytest.raises(ValueError, match="breaks `sum_gap=1e"):  # checked at the entry
+        E.slow_consensus(dyn, init=key, n=3, target="weights",
+                         constraints=E.Constraints(symmetric=("U",), sum_gap=1e6))
     with pytest.raises(ValueError, match="bound"):
         E.Constraints(norm="spectral")
     with pytest.raises(ValueError, match="top_eigenvector"):

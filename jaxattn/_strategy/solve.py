@@ -16,7 +16,7 @@ from .._manifold import project
 from .._noise import brownian_path, map_keyed, sde_terms
 from .._stacked import map_batch, map_models, map_systems
 from .._validate import NONFINITE, raise_unless
-from .stepping import stepped
+from .stepping import root_tolerances, stepped
 
 
 class ManifoldSolver(dfx.AbstractWrappedSolver):
@@ -141,14 +141,12 @@ def _with_metric(solver, W):
     return eqx.tree_at(lambda s: s.W, solver, W, is_leaf=lambda v: v is None)
 
 
-def _on_host(solver, controller, event, noise, progress) -> bool:
+def _on_host(controller, event, noise, progress) -> bool:
     """Whether a solve of concrete inputs (checked on the host) runs as
-    `stepping.stepped`, without diffrax's in-program checks: an explicit solver (an
-    implicit one's root finder takes its tolerances inside diffeqsolve) under constant
-    steps or diffrax's PID controller (others, e.g. with `jump_ts`, check their times in
-    the program); no event, noise or progress bar (they keep diffrax's solve)."""
+    `stepping.stepped`, without diffrax's in-program checks: constant steps or diffrax's
+    PID controller (others, e.g. with `jump_ts`, check their times in the program); no
+    event, noise or progress bar (they keep diffrax's solve)."""
     return (type(controller) in (dfx.ConstantStepSize, dfx.PIDController)
-            and not isinstance(solver, dfx.AbstractImplicitSolver)
             and event in (None, True) and noise is None and not progress)
 
 
@@ -211,7 +209,11 @@ def solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thro
                    progress=False, host=False):
     inner = solver.solver if isinstance(solver, ManifoldSolver) else solver
     if isinstance(inner, dfx.AbstractImplicitSolver):
-        dyn = dyn.with_forward_mode()  # Newton steps take Jacobian–vector products
+        # Newton steps take Jacobian–vector products. (`with_forward_mode` re-runs the
+        # model's checks, callbacks on a traced `beta`: a model given in forward mode
+        # skips it.)
+        dyn = dyn if dyn.forward_mode else dyn.with_forward_mode()
+        solver = root_tolerances(solver, controller)  # diffeqsolve's, refused in one line
     x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     ts = ts.astype(x0.dtype)
     throw_now = throw and checks  # else the caller raises diffrax's message on the host
@@ -238,7 +240,7 @@ def solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thro
     # With a user's event the failures are raised below, after the solve, so that the
     # event's own (a NaN in its root find) is named; the others keep diffrax's message.
     name_event = throw_now and names_event(event, solver)
-    host = host and not checks and _on_host(inner, controller, event, noise, progress)
+    host = host and not checks and _on_host(controller, event, noise, progress)
     program = _solve_program(ts, solver, controller, dt0, max_steps, adjoint,
                              throw_now and not name_event, event, progress, host)
     if noise is None:

@@ -3,6 +3,7 @@ as `PallasKernel` runs a flow: one step (or one stage) of one system, which the 
 evaluates on lanes (`jaxattn._pallas.lanes`)."""
 
 import diffrax as dfx
+import equinox as eqx
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
@@ -22,8 +23,10 @@ def stepped(term, solver, controller, ts, dt0, max_steps, y0, args):
     solver's steps, sized by the controller and clipped to `ts[-1]` as diffrax
     clips them, each accepted step saving the times it covers from the solver's
     interpolation; a `while_loop` (not reverse-differentiable: for concrete inputs).
-    For an explicit solver under `ConstantStepSize` or `PIDController` (they never
-    report a jump). Returns `(ys, result, stats)` as one solve gives them."""
+    For a solver under `ConstantStepSize` or `PIDController` (they never report a jump),
+    an implicit one's root finder given its tolerances as diffeqsolve gives them
+    (`root_tolerances`). Returns `(ys, result, stats)` as one solve gives them."""
+    solver = root_tolerances(solver, controller)
     t0, t1 = ts[0], ts[-1]
     floor = t1  # diffrax's: a step ending within 100 ULPs of t1 ends on it
     for _ in range(100):
@@ -70,6 +73,30 @@ def stepped(term, solver, controller, ts, dt0, max_steps, y0, args):
     stats = dict(num_steps=steps, num_accepted_steps=accepted,
                  num_rejected_steps=steps - accepted)
     return ys, result, stats
+
+
+#: diffrax's "taken from the step-size controller" (`use_stepsize_tol`), an implicit
+#: solver's default root finder's tolerances.
+_FROM_CONTROLLER = dfx.Kvaerno3().root_finder.rtol
+_TOLERANCES = ("rtol", "atol", "norm")
+
+
+def root_tolerances(solver, controller):
+    """`solver` with the tolerances its root finder takes from the step-size controller
+    filled from `controller`, as diffeqsolve fills them; an implicit solver left without
+    them under constant steps is refused in one line (diffeqsolve: a paragraph)."""
+    if not isinstance(solver, dfx.AbstractImplicitSolver):
+        return solver
+    unset = [a for a in _TOLERANCES if getattr(solver.root_finder, a) is _FROM_CONTROLLER]
+    if not unset:
+        return solver
+    if not isinstance(controller, dfx.AbstractAdaptiveStepSizeController):
+        raise ValueError(
+            "An implicit solver under constant steps needs its root finder's tolerances: "
+            "pass an adaptive stepsize_controller (diffrax.PIDController(rtol, atol)), or a "
+            "root finder with rtol, atol and norm set (diffrax.VeryChord(rtol, atol, norm)).")
+    return eqx.tree_at(lambda s: [getattr(s.root_finder, a) for a in unset], solver,
+                       [getattr(controller, a) for a in unset])
 
 
 def kernel_plan(ts, solver, controller, dt0, max_steps) -> tuple:

@@ -15,7 +15,7 @@ from jaxtyping import Array, Bool, Complex, Float, Int
 
 from .._dynamics import SelfAttentionDynamics
 from .._precision import einsum, matmul
-from .._validate import surface_errors
+from .._validate import is_concrete, raise_unless, surface_errors
 from ..models import AbstractTransformer, Attention, attention_weights, value_output
 
 
@@ -128,7 +128,6 @@ def eigen_bases(spec: Spectrum) -> Float[Array, "d d 2"]:
 
 
 @surface_errors
-@eqx.filter_jit
 def spectrum(Omega: Float[Array, "d d"], *, tau=None, rtol: float = 1e-6) -> Spectrum:
     """Eigenvalues, principal eigenpair, gap and principal subspace of `Ω`.
 
@@ -149,9 +148,21 @@ def spectrum(Omega: Float[Array, "d d"], *, tau=None, rtol: float = 1e-6) -> Spe
     Omega = jnp.asarray(Omega)
     if Omega.ndim != 2 or Omega.shape[0] != Omega.shape[1]:
         raise ValueError(f"`Omega` must be a square (d, d) matrix, got {Omega.shape}.")
-    # A NaN/inf Ω has no spectrum: without this it would read as "case 3".
-    Omega = eqx.error_if(Omega, ~jnp.all(jnp.isfinite(Omega)),
-                         "spectrum: `Omega` contains NaN or inf; pass a finite layer matrix.")
+    # A NaN/inf Ω has no spectrum: without this it would read as "case 3". Checked on
+    # the host where Ω is concrete, so that the program holds no callback (issue 42).
+    concrete = is_concrete(Omega)
+    if concrete:
+        raise_unless(jnp.all(jnp.isfinite(Omega)), _NONFINITE)
+    return _spectrum(Omega, tau, rtol, not concrete)
+
+
+_NONFINITE = "spectrum: `Omega` contains NaN or inf; pass a finite layer matrix."
+
+
+@eqx.filter_jit
+def _spectrum(Omega, tau, rtol, check: bool) -> Spectrum:
+    if check:
+        Omega = eqx.error_if(Omega, ~jnp.all(jnp.isfinite(Omega)), _NONFINITE)
     lam, vecs = jnp.linalg.eig(Omega)
     key = jnp.abs(lam) if tau is None else jnp.abs(1 + tau * lam)
     order = _order(lam, key)

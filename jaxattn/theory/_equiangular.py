@@ -19,6 +19,8 @@ from jaxtyping import Array, Float, Real
 
 from .._kernel import BUILTIN, AbstractKernel, as_kernel
 from .._norm import AbstractNorm, as_norm
+from .._strategy.stepping import stepped
+from .._validate import is_concrete
 
 #: The built-in kernels the reduction covers: weights `e^{β⟨x_i, x_j⟩}`, over `n` or
 #: normalised (`exponent_shift == 0`). Every placement is covered: each states its
@@ -186,19 +188,29 @@ def equiangular_solution(rho0: float, n: int, beta: float, ts: Real[Array, " T"]
     """
     ts = jnp.asarray(ts, float)
     norm, kernel = _check(n, beta, norm, kernel, rho0=rho0, closed=False, ts=ts)
+    concrete = is_concrete(ts)
+    if concrete and np.any(np.diff(np.asarray(ts)) < 0):
+        raise ValueError("`ts` must be nondecreasing (the reduced ODE is integrated forwards).")
     y0 = jnp.asarray([math.log1p(-rho0), 0.0], ts.dtype)
-    ys = _solve(y0, ts, n, float(beta), norm, kernel, rtol, atol, max_steps)
+    ys, result = _solve(y0, ts, n, float(beta), norm, kernel, rtol, atol, max_steps)
+    if concrete:  # checked on the host: the program holds no callback (issue 42)
+        if result != dfx.RESULTS.successful:
+            raise eqx.EquinoxRuntimeError(dfx.RESULTS[result])
+    else:  # inside a user's jit: diffrax's checks, in the program
+        ys = eqx.error_if(ys, ts[1:] < ts[:-1], "saveat.ts must be increasing or decreasing.")
+        ys = result.error_if(ys, result != dfx.RESULTS.successful)
     gap = jnp.exp(ys[:, 0])
     return EquiangularSolution(ts, 1 - gap, gap, jnp.exp(ys[:, 1]))
 
 
 @eqx.filter_jit
 def _solve(y0, ts, n, beta, norm, kernel, rtol, atol, max_steps):
-    sol = dfx.diffeqsolve(
-        dfx.ODETerm(_log_field), dfx.Dopri8(), ts[0], ts[-1], None, y0,
-        args=(n, beta, norm, kernel), saveat=dfx.SaveAt(ts=ts),
-        stepsize_controller=dfx.PIDController(rtol=rtol, atol=atol), max_steps=max_steps)
-    return sol.ys
+    """`diffeqsolve(ODETerm(_log_field), Dopri8(), …, SaveAt(ts=ts))`'s loop without its
+    in-program checks (`stepping.stepped`): `(ys, result)`."""
+    ys, result, _ = stepped(dfx.ODETerm(_log_field), dfx.Dopri8(),
+                            dfx.PIDController(rtol=rtol, atol=atol), ts, None, max_steps, y0,
+                            (n, beta, norm, kernel))
+    return ys, result
 
 
 def equiangular_asymptotics(n: int, beta: float, *, norm: _Norm = "post",

@@ -7,6 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optimistix as optx
 import pytest
 from _helpers import random_dynamics, random_tokens
 
@@ -52,9 +53,14 @@ def system(key):
     {"solver": ja.RK4(), "dt0": 0.05, "stepsize_controller": dfx.ConstantStepSize()},
     {"solution": True},
     {"strategy": "fused"},
-], ids=["adaptive", "constant", "solution", "fused"])
+    {"solver": dfx.Kvaerno3()},
+], ids=["adaptive", "constant", "solution", "fused", "implicit"])
 def test_solve_flow_program_holds_no_callback(monkeypatch, system, options):
     dyn, x0 = system
+    if "solver" in options and isinstance(options["solver"], dfx.AbstractImplicitSolver):
+        # implicit solvers need the model in forward mode; made in the program, it
+        # re-runs the model's checks (issue 42: to be made on the host by the caller)
+        dyn = dyn.with_forward_mode()
     ts = jnp.linspace(0.0, 1.0, 4)
     texts = lowered_text(monkeypatch, xla, "solve_batched",
                          lambda: ja.solve_flow(dyn, x0, ts, **options))
@@ -67,6 +73,10 @@ HOST_RUNS = {
     "on-grid": {"solver": ja.RK4(), "dt0": 0.05, **CONSTANT},
     "off-grid": {"solver": ja.RK4(), "dt0": 0.07, **CONSTANT},  # saves interpolated
     "fused": {"strategy": "fused"},
+    # an implicit solver's root finder takes the controller's tolerances, as in diffeqsolve
+    "implicit": {"solver": dfx.Kvaerno3()},
+    "implicit-constant": {"solver": dfx.Kvaerno3(root_finder=dfx.VeryChord(
+        rtol=1e-6, atol=1e-8, norm=optx.max_norm)), "dt0": 0.05, **CONSTANT},
 }
 
 
@@ -77,10 +87,11 @@ def test_host_program_agrees_with_the_checked_program(system, name):
     options = HOST_RUNS[name]
     dyn, x0 = system
     ts = jnp.linspace(0.0, 2.0, 9)
-    host = ja.solve_flow(dyn, x0, ts, throw=False, **options)
-    inside = jax.jit(lambda x: ja.solve_flow(dyn, x, ts, throw=False, **options))(x0)
+    host = ja.solve_flow(dyn, x0, ts, solution=True, **options)
+    inside = jax.jit(lambda x: ja.solve_flow(dyn, x, ts, solution=True, **options))(x0)
     assert host.success.all() and inside.success.all()
-    np.testing.assert_array_equal(host.num_steps, inside.num_steps)
+    for count in host.stats:  # accepted and rejected steps
+        np.testing.assert_array_equal(host.stats[count], inside.stats[count])
     np.testing.assert_allclose(host.ys, inside.ys, rtol=0, atol=1e-12)
 
 
@@ -95,6 +106,41 @@ def test_max_steps_counts_every_step_of_the_run(system, name):
     assert ja.solve_flow(dyn, x0, ts, max_steps=steps, throw=False, **options).success.all()
     with pytest.raises(ja.SimulationError, match=STEPS.replace("`", ".")):
         ja.solve_flow(dyn, x0, ts, max_steps=steps - 1, **options)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["concrete", "traced"])
+def test_implicit_solver_without_tolerances_under_constant_steps_is_one_line(system, traced):
+    dyn, x0 = system
+    ts = jnp.linspace(0.0, 1.0, 4)
+    options = {"solver": dfx.Kvaerno3(), "dt0": 0.1, **CONSTANT}
+    run = (lambda: jax.jit(lambda x: ja.solve_flow(dyn, x, ts, **options))(x0)) if traced \
+        else (lambda: ja.solve_flow(dyn, x0, ts, **options))
+    with pytest.raises(ValueError, match="implicit solver under constant steps") as info:
+        run()
+    assert "\n" not in str(info.value)
+
+
+def test_equiangular_solution_holds_no_callback(monkeypatch):
+    from jaxattn.theory import _equiangular
+
+    ts = jnp.linspace(0.0, 2.0, 5)
+    texts = lowered_text(monkeypatch, _equiangular, "_solve",
+                         lambda: ja.theory.equiangular_solution(0.2, 4, 1.0, ts, norm="pre"))
+    assert not any(map(holds_callback, texts))
+
+
+def test_equiangular_solution_keeps_its_errors():
+    """Out of steps: diffrax's message, checked on the host (or in a user's jit)."""
+    ts = jnp.linspace(0.0, 2.0, 5)
+    solve = ja.theory.equiangular_solution
+    for run in (lambda: solve(0.2, 4, 1.0, ts, max_steps=2),
+                lambda: eqx.filter_jit(lambda t: solve(0.2, 4, 1.0, t, max_steps=2).gap)(ts)):
+        with pytest.raises(eqx.EquinoxRuntimeError, match="maximum number of solver steps"):
+            run()
+    with pytest.raises(ValueError, match="`ts` must be nondecreasing"):
+        solve(0.2, 4, 1.0, ts[::-1])
+    with pytest.raises(Exception, match="saveat.ts must be increasing"):
+        jax.jit(lambda t: solve(0.2, 4, 1.0, t).gap)(ts[::-1])
 
 
 def test_run_layers_program_holds_no_callback(monkeypatch, system):
@@ -219,3 +265,16 @@ def test_a_new_beta_tau_sigma_horizon_or_seed_compiles_nothing(key, compiles):
         compiles[0] = 0
         run(**change)
         assert compiles[0] == 0, change
+
+
+def test_spectrum_of_a_concrete_matrix_holds_no_callback(monkeypatch):
+    """`ja.spectral.spectrum` checks a concrete `Ω` on the host (the eig is LAPACK, no
+    callback); a NaN `Ω` keeps its one-line error."""
+    from jaxattn.spectral import _spectrum
+
+    Omega = np.diag([3.0, -2.0, 0.5])
+    texts = lowered_text(monkeypatch, _spectrum, "_spectrum",
+                         lambda: ja.spectral.spectrum(Omega))
+    assert not any(map(holds_callback, texts))
+    with pytest.raises(ja.SimulationError, match="`Omega` contains NaN or inf"):
+        ja.spectral.spectrum(Omega * np.nan)

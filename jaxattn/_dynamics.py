@@ -1,6 +1,7 @@
 """Self-attention dynamics on the ellipsoid: the model of paper 001 §2.2–2.3, and its
 variants (normalisation placements, masks, kernels, shared keys)."""
 
+import copy
 import dataclasses
 import functools
 
@@ -195,7 +196,12 @@ class SelfAttentionDynamics(eqx.Module):
         it in both modes (reverse mode then stores each block's weights).
         `ja.solve_flow` takes it for implicit solvers, whose Newton steps take
         Jacobian–vector products; the values are the same."""
-        return dataclasses.replace(self, forward_mode=True)
+        # A copy, not `dataclasses.replace`: the fields are checked already, and the
+        # converters would check them again (a traced `β` inside a solve's program: a
+        # host callback; a stacked model's β: refused as not a scalar).
+        model = copy.copy(self)
+        object.__setattr__(model, "forward_mode", True)
+        return model
 
     @property
     def num_heads(self) -> int:

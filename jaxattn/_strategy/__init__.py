@@ -14,4 +14,5 @@ from .pallas_kernel import PallasKernel as PallasKernel
 from .solve import FlowResult as FlowResult
 from .solve import FlowSolution as FlowSolution
 from .solve import ManifoldSolver as ManifoldSolver
+from .stepping import stepped as stepped
 from .vmap import Vmap as Vmap

@@ -141,13 +141,25 @@ def _with_metric(solver, W):
     return eqx.tree_at(lambda s: s.W, solver, W, is_leaf=lambda v: v is None)
 
 
-def _on_host(controller, event, noise, progress) -> bool:
+def _on_host(controller, event, noise, progress, x) -> bool:
     """Whether a solve of concrete inputs (checked on the host) runs as
     `stepping.stepped`, without diffrax's in-program checks: constant steps or diffrax's
     PID controller (others, e.g. with `jump_ts`, check their times in the program); no
-    event, noise or progress bar (they keep diffrax's solve)."""
+    event but a user's boolean one (`boolean_event`, of one system `x`), no noise or
+    progress bar (they keep diffrax's solve)."""
     return (type(controller) in (dfx.ConstantStepSize, dfx.PIDController)
-            and event in (None, True) and noise is None and not progress)
+            and (event in (None, True) or boolean_event(event, x)) and noise is None
+            and not progress)
+
+
+def boolean_event(event, x) -> bool:
+    """Whether `event` is a user's `cond(t, x)` (`UserEvent`) that returns a bool on the
+    tokens `x` `(..., n, d)` of one system: diffrax stops at the end of the step after
+    which it holds (a real one's crossing is located by a root find: diffrax's)."""
+    if not (isinstance(event, dfx.Event) and isinstance(event.cond_fn, UserEvent)):
+        return False
+    one = jax.ShapeDtypeStruct(x.shape[-2:], x.dtype)
+    return jax.eval_shape(event.cond_fn.cond, 0.0, one).dtype == jnp.bool_
 
 
 def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event=None,
@@ -162,7 +174,7 @@ def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event
     shared-step mode). With `progress`, diffrax's progress bar (a host callback). With
     `host` (concrete inputs, checked on the host: `_on_host`), a program with no host
     callback: `stepping.stepped`."""
-    full = event is not None
+    full, stop = event is not None, None if event is True else event
     meter = dfx.TqdmProgressMeter() if progress else dfx.NoProgressMeter()
     saveat = (dfx.SaveAt(subs=[dfx.SubSaveAt(ts=ts), dfx.SubSaveAt(t1=True)]) if full
               else dfx.SaveAt(ts=ts))
@@ -179,19 +191,21 @@ def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event
         # only through `args`, and a closed-over traced model breaks it.
         if host:
             ys, result, stats = stepped(term, _with_metric(solver, dyn.W), controller, ts,
-                                        dt0, max_steps, x, dyn)
-            saved = (ts, ts[-1:]), (ys, ys[-1:])
+                                        dt0, max_steps, x, dyn, stop)
+            if full and stop is None:  # the full solution, no event
+                ys = (ts, ys, ts[-1], ys[-1])
         else:
             sol = dfx.diffeqsolve(
                 term, _with_metric(solver, dyn.W), t0=ts[0], t1=ts[-1], dt0=dt0, y0=x,
                 saveat=saveat, stepsize_controller=controller, max_steps=max_steps,
-                adjoint=adjoint, throw=throw, args=dyn, progress_meter=meter,
-                event=None if event is None or event is True else event)
-            ys, result, stats, saved = sol.ys, sol.result, sol.stats, (sol.ts, sol.ys)
+                adjoint=adjoint, throw=throw, args=dyn, progress_meter=meter, event=stop)
+            ys, result, stats = sol.ys, sol.result, sol.stats
+            if full:
+                (ts_saved, t_end), (ys, y_end) = sol.ts, sol.ys
+                ys = (ts_saved, ys, t_end[0], y_end[0])
         steps = stats["num_accepted_steps"]
         if full:
-            (ts_saved, t_end), (ys, y_end) = saved
-            ys = (ts_saved, ys, t_end[0], y_end[0], {k: stats[k] for k in _STATS})
+            ys = (*ys, {k: stats[k] for k in _STATS})
         if not fused:
             return ys, result, steps
         same = lambda a: jnp.broadcast_to(a[..., None], a.shape + x.shape[-1:])  # noqa: E731
@@ -209,10 +223,8 @@ def solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thro
                    progress=False, host=False):
     inner = solver.solver if isinstance(solver, ManifoldSolver) else solver
     if isinstance(inner, dfx.AbstractImplicitSolver):
-        # Newton steps take Jacobian–vector products. (`with_forward_mode` re-runs the
-        # model's checks, callbacks on a traced `beta`: a model given in forward mode
-        # skips it.)
-        dyn = dyn if dyn.forward_mode else dyn.with_forward_mode()
+        # Newton steps take Jacobian–vector products.
+        dyn = dyn.with_forward_mode()
         solver = root_tolerances(solver, controller)  # diffeqsolve's, refused in one line
     x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     ts = ts.astype(x0.dtype)
@@ -240,7 +252,7 @@ def solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thro
     # With a user's event the failures are raised below, after the solve, so that the
     # event's own (a NaN in its root find) is named; the others keep diffrax's message.
     name_event = throw_now and names_event(event, solver)
-    host = host and not checks and _on_host(controller, event, noise, progress)
+    host = host and not checks and _on_host(controller, event, noise, progress, x0)
     program = _solve_program(ts, solver, controller, dt0, max_steps, adjoint,
                              throw_now and not name_event, event, progress, host)
     if noise is None:

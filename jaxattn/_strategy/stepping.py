@@ -1,6 +1,10 @@
-"""Constant steps of an explicit Runge–Kutta solver, read from diffrax's own tableau,
-as `PallasKernel` runs a flow: one step (or one stage) of one system, which the kernel
-evaluates on lanes (`jaxattn._pallas.lanes`)."""
+"""Stepping a flow outside `diffeqsolve`. `stepped`: diffrax's own solver step,
+controller and interpolation in a loop without diffeqsolve's in-program checks
+(explicit or implicit solvers, constant or PID steps, boolean events), so that a run
+on concrete inputs holds no host callback. `kernel_*`: constant steps of an explicit
+Runge–Kutta solver, read from diffrax's own tableau, as `PallasKernel` runs a flow: one
+step (or one stage) of one system, which the kernel evaluates on lanes
+(`jaxattn._pallas.lanes`)."""
 
 import diffrax as dfx
 import equinox as eqx
@@ -15,7 +19,7 @@ from .._validate import is_concrete
 from .base import refuse_first
 
 
-def stepped(term, solver, controller, ts, dt0, max_steps, y0, args):
+def stepped(term, solver, controller, ts, dt0, max_steps, y0, args, event=None):
     """`diffeqsolve(term, solver, ts[0], ts[-1], dt0, y0, args, SaveAt(ts=ts),
     stepsize_controller=controller, max_steps=max_steps, throw=False)`'s loop without
     its checks: diffeqsolve checks the sign of `dt0` and `SaveAt(ts)` in the program
@@ -25,7 +29,15 @@ def stepped(term, solver, controller, ts, dt0, max_steps, y0, args):
     interpolation; a `while_loop` (not reverse-differentiable: for concrete inputs).
     For a solver under `ConstantStepSize` or `PIDController` (they never report a jump),
     an implicit one's root finder given its tolerances as diffeqsolve gives them
-    (`root_tolerances`). Returns `(ys, result, stats)` as one solve gives them."""
+    (`root_tolerances`). Returns `(ys, result, stats)` as one solve gives them.
+
+    With `event`, a `diffrax.Event` of one condition `cond_fn(t, y, args)` that returns
+    a bool (`boolean_event`), the run stops as diffeqsolve stops it: at the end of the
+    step after which the condition holds (before the first step when it holds at
+    `ts[0]`), `result` `event_occurred`; `ys` is then `(ts, ys, t1, y1)`: the save times
+    and tokens, `inf` where the run did not reach them, and the time and state where it
+    ended (diffrax's `y1` with a root finder is the step's interpolation there: the
+    same to rounding, up to a `ManifoldSolver`'s retraction)."""
     solver = root_tolerances(solver, controller)
     t0, t1 = ts[0], ts[-1]
     floor = t1  # diffrax's: a step ending within 100 ULPs of t1 ends on it
@@ -39,6 +51,11 @@ def stepped(term, solver, controller, ts, dt0, max_steps, y0, args):
     tnext = jnp.minimum(tnext, t1)
     sstate = solver.init(term, t0, tnext, y0, args)
     ok = lambda r: r == dfx.RESULTS.successful  # noqa: E731
+
+    def stop(result, t, y):  # diffrax's: the event's result replaces any other
+        if event is None:
+            return result
+        return dfx.RESULTS.where(event.cond_fn(t, y, args), dfx.RESULTS.event_occurred, result)
 
     def save(ys, a, b, dense):  # the save times in the accepted step (a, b]
         inside = (ts > a) & (ts <= b)
@@ -59,20 +76,27 @@ def stepped(term, solver, controller, ts, dt0, max_steps, y0, args):
         result = dfx.RESULTS.where(ok(result) & keep, solved, result)
         result = dfx.RESULTS.where(ok(result), adapted, result)
         saved = kept(save(saved, tprev, tnext, dense), saved)
-        return (kept(y1, y), tp, tn, kept(sstate1, sstate), cstate, result,
+        y = kept(y1, y)
+        return (y, tp, tn, kept(sstate1, sstate), cstate, stop(result, tp, y),
                 (steps + 1, accepted + keep), saved)
 
     zero = jnp.zeros((), jnp.int32)
     ys = jax.tree.map(lambda v: jnp.broadcast_to(v, ts.shape + v.shape), y0)  # ts[0] = t0
     c = jax.lax.while_loop(
         lambda c: (c[1] < t1) & ok(c[5]) & (c[6][0] < max_steps), step,
-        (y0, t0, tnext, sstate, cstate, dfx.RESULTS.successful, (zero, zero), ys))
-    tprev, result, (steps, accepted), ys = c[1], c[5], c[6], c[7]
+        (y0, t0, tnext, sstate, cstate, stop(dfx.RESULTS.successful, t0, y0), (zero, zero),
+         ys))
+    y1, tprev, result, (steps, accepted), ys = c[0], c[1], c[5], c[6], c[7]
     result = dfx.RESULTS.where(ok(result) & (tprev < t1), dfx.RESULTS.max_steps_reached,
                                result)
     stats = dict(num_steps=steps, num_accepted_steps=accepted,
                  num_rejected_steps=steps - accepted)
-    return ys, result, stats
+    if event is None:
+        return ys, result, stats
+    reached = (ts <= tprev) & (accepted > 0)  # saved by an accepted step
+    unreached = lambda v: jnp.where(reached.reshape(ts.shape + (1,) * (v.ndim - 1)),  # noqa: E731
+                                    v, jnp.inf)
+    return (unreached(ts), jax.tree.map(unreached, ys), tprev, y1), result, stats
 
 
 #: diffrax's "taken from the step-size controller" (`use_stepsize_tol`), an implicit

@@ -19,7 +19,7 @@ from jaxtyping import Array, Float, Real
 
 from .._kernel import BUILTIN, AbstractKernel, as_kernel
 from .._norm import AbstractNorm, as_norm
-from .._strategy.stepping import stepped
+from .._strategy import stepped
 from .._validate import is_concrete
 
 #: The built-in kernels the reduction covers: weights `e^{β⟨x_i, x_j⟩}`, over `n` or

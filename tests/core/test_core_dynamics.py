@@ -142,3 +142,20 @@ def test_replace_and_tree_at_keep_the_model_checked():
         dataclasses.replace(dyn, U=jnp.eye(4)[None])
     with pytest.raises(ValueError, match="`norm` must be one of"):
         dataclasses.replace(dyn, norm="mid")
+
+
+def test_with_forward_mode_checks_nothing_again():
+    """The fields are checked already: in forward mode inside a program (a traced β) no
+    check is added, and a stacked model (β batched) keeps its leaves."""
+    import equinox as eqx
+
+    eye = jnp.eye(3)[None]
+    dyn = ja.SelfAttentionDynamics(eye, eye, beta=2.0)
+    at = lambda b: eqx.tree_at(lambda m: m.beta, dyn, b)  # noqa: E731
+    text = jax.jit(lambda b: at(b).with_forward_mode().velocity(0.0, jnp.eye(3))).lower(
+        1.0).as_text()
+    assert "callback" not in text
+    stacked = jax.vmap(at)(jnp.arange(1.0, 4.0))
+    forward = stacked.with_forward_mode()
+    assert forward.forward_mode and not stacked.forward_mode
+    assert all(a is b for a, b in zip(jax.tree.leaves(forward), jax.tree.leaves(stacked)))

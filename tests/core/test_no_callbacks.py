@@ -54,13 +54,10 @@ def system(key):
     {"solution": True},
     {"strategy": "fused"},
     {"solver": dfx.Kvaerno3()},
-], ids=["adaptive", "constant", "solution", "fused", "implicit"])
+    {"solution": True, "event": lambda t, x: t > 0.5},  # a boolean event
+], ids=["adaptive", "constant", "solution", "fused", "implicit", "event"])
 def test_solve_flow_program_holds_no_callback(monkeypatch, system, options):
     dyn, x0 = system
-    if "solver" in options and isinstance(options["solver"], dfx.AbstractImplicitSolver):
-        # implicit solvers need the model in forward mode; made in the program, it
-        # re-runs the model's checks (issue 42: to be made on the host by the caller)
-        dyn = dyn.with_forward_mode()
     ts = jnp.linspace(0.0, 1.0, 4)
     texts = lowered_text(monkeypatch, xla, "solve_batched",
                          lambda: ja.solve_flow(dyn, x0, ts, **options))
@@ -93,6 +90,45 @@ def test_host_program_agrees_with_the_checked_program(system, name):
     for count in host.stats:  # accepted and rejected steps
         np.testing.assert_array_equal(host.stats[count], inside.stats[count])
     np.testing.assert_allclose(host.ys, inside.ys, rtol=0, atol=1e-12)
+
+
+#: Boolean events (diffrax stops at the end of the step after which one holds), by when
+#: they hold: `mid` the largest misalignment of the systems halfway (each system stops
+#: at its own step).
+EVENTS = {"time": lambda mid: lambda t, x: t > 0.7,
+          "tokens": lambda mid: lambda t, x: ja.misalignment(x) < mid,
+          "start": lambda mid: lambda t, x: t >= 0.0,
+          "never": lambda mid: lambda t, x: t < 0.0}
+
+
+@pytest.mark.parametrize("solver", [dfx.Tsit5(), dfx.Kvaerno3()], ids=["explicit", "implicit"])
+@pytest.mark.parametrize("when", EVENTS)
+def test_host_boolean_event_agrees_with_diffrax(system, when, solver):
+    """A boolean event on concrete inputs runs `stepped`, in a user's jit diffrax's
+    diffeqsolve with the same event: the same stop, steps, times and tokens."""
+    dyn, x0 = system
+    ts = jnp.linspace(0.0, 2.0, 9)
+    mid = ja.misalignment(ja.solve_flow(dyn, x0, ts, solver=solver)[:, 4]).max()
+    options = dict(solver=solver, solution=True, event=EVENTS[when](mid))
+    host = ja.solve_flow(dyn, x0, ts, **options)
+    inside = jax.jit(lambda x: ja.solve_flow(dyn, x, ts, **options))(x0)
+    assert host.success.all() and inside.success.all()
+    stopped = np.asarray(host.event)
+    np.testing.assert_array_equal(stopped, when != "never")
+    np.testing.assert_array_equal(stopped, inside.event)
+    np.testing.assert_array_equal(host.result == dfx.RESULTS.event_occurred, stopped)
+    for count in host.stats:
+        np.testing.assert_array_equal(host.stats[count], inside.stats[count])
+    np.testing.assert_array_equal(host.ts, inside.ts)  # inf after the stop
+    np.testing.assert_array_equal(host.t1, inside.t1)
+    reached = np.isfinite(np.asarray(host.ts))
+    if when == "start":
+        assert not reached.any() and (np.asarray(host.t1) == 0).all()
+    elif when != "never":  # stopped between the save times
+        assert reached[:, 1].all() if when == "time" else reached.any()
+        assert not reached[:, -1].any()
+    np.testing.assert_allclose(host.ys, inside.ys, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(host.y1, inside.y1, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", ["adaptive", "off-grid"])

@@ -232,8 +232,9 @@ def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-
                          stepsize_controller=None, on_manifold=True,
                          strategy: str | AbstractStrategy = "auto") -> FlowResult:
     """`solve_flow(..., throw=False)` without value checks, for batches that are
-    vmapped or sharded by the caller (no host callback in the program). `x0` must
-    be finite and have no zero token; `dyn` may be a stacked model (as in `solve_flow`)."""
+    vmapped or sharded by the caller (no host callback in the program: `CheckedTimes`).
+    `x0` must be finite and have no zero token, `ts` nondecreasing (traced is fine);
+    `dyn` may be a stacked model (as in `solve_flow`)."""
     dyn, x0, unflatten = stack_tokens(dyn, x0)
     one = first_model(dyn)
     options = _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint,
@@ -241,8 +242,30 @@ def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-
     member = choose_strategy(one, jnp.shape(x0), strategy, (dyn, x0), solver=options[1],
                              controller=options[2])
     return unflatten(member.solve_flow(
-        dyn, x0, options, adjoint=adjoint, throw=False, on_manifold=on_manifold, event=None,
-        devices=None, shard="batch", noise=None, keys=None, checked=False))
+        dyn, x0, options, adjoint=CheckedTimes(adjoint, options[0]), throw=False,
+        on_manifold=on_manifold, event=None, devices=None, shard="batch", noise=None,
+        keys=None, checked=False))
+
+
+class CheckedTimes(dfx.AbstractAdjoint):
+    """`adjoint`, its loop saving at the times `ts` as its caller checked them.
+
+    `diffeqsolve` checks `SaveAt(ts)` in the program (increasing, inside `[t0, t1]`)
+    with `eqx.error_if`, whose predicate is traced whatever `ts` is (the times are
+    multiplied by a direction computed in the program): a host callback, which JAX's
+    persistent cache refuses. The loop is handed the same times, `ts` times the same
+    direction, so the checked copy goes unused and is dropped with its callback; the
+    steps, saves and gradients (the adjoint's own loop) are unchanged.
+    """
+
+    adjoint: dfx.AbstractAdjoint
+    ts: Real[Array, " T"]
+
+    def loop(self, *, saveat, **kwargs):
+        ts = self.ts.astype(saveat.subs.ts.dtype)
+        ts = ts * jnp.where(ts[0] < ts[-1], 1, -1)  # diffeqsolve's direction
+        return self.adjoint.loop(saveat=eqx.tree_at(lambda s: s.subs.ts, saveat, ts),
+                                 **kwargs)
 
 
 #: Bytes of one system's dense Jacobian `(n d)²` above which an implicit solver's

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree, Real
 
-from .._batch import prepare_tokens
+from .._batch import call_batched, check_token_shape, prepare_tokens
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow_unchecked
 from .._horizon import Horizon
@@ -187,13 +187,23 @@ def consensus_objective(
     The objective, a scalar.
     """
     fn, _ = as_objective(objective)
-    return _objective_jit(fn, make_trajectory(horizon, **horizon_kw), dyn, x0)
+    return _objective(dyn, x0, fn, make_trajectory(horizon, **horizon_kw))
+
+
+def _objective(dyn, x0, fn, traj: Trajectory, grad: bool = False):
+    """The objective of one start, or with `grad` its gradient in `x0`: concrete tokens
+    checked here (the program holds no check), traced ones inside the program."""
+    x0 = check_token_shape(dyn, x0)
+    return call_batched(_objective_jit, dyn, x0, None, fn, traj, grad=grad)[0]
 
 
 @eqx.filter_jit
-def _objective_jit(fn, traj: Trajectory, dyn, x0):
-    ys = traj.run(dyn, prepare_tokens(dyn, x0))
-    return fn(traj.ts.astype(ys.dtype), ys, dyn)
+def _objective_jit(dyn, x0, fn, traj: Trajectory, checks: bool, grad: bool = False):
+    def value(x):
+        ys = traj.run(dyn, prepare_tokens(dyn, x, checks=checks))
+        return fn(traj.ts.astype(ys.dtype), ys, dyn)
+
+    return jax.grad(value)(x0) if grad else value(x0)
 
 
 # --- adjoints -----------------------------------------------------------------------
@@ -223,8 +233,9 @@ def compare_adjoints(
     horizon_kw = {k: v for k, v in horizon_kw.items() if k != "adjoint"}
 
     def grad(adjoint):
-        return jax.grad(lambda x: consensus_objective(
-            dyn, x, objective=objective, horizon=horizon, adjoint=adjoint, **horizon_kw))(x0)
+        fn, _ = as_objective(objective)
+        return _objective(dyn, x0, fn, make_trajectory(horizon, adjoint=adjoint, **horizon_kw),
+                          grad=True)
 
     g_cp, g_bs = grad("checkpoint"), grad("backsolve")
     rel = relative_difference(g_bs, g_cp)

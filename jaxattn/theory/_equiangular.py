@@ -79,7 +79,7 @@ def _check(n: int, beta: float = 0.0, norm: _Norm = "post", kernel: _Kernel = "s
          f"`d` must be an integer ≥ n = {n}: {n} equiangular tokens span {n} dimensions; "
          f"got d = {d!r}."),
         (ts is not None and (ts.ndim != 1 or ts.size < 1),
-         f"`ts` must be a 1-D array of save times, got shape {jnp.shape(ts)}."),
+         f"`ts` must be a 1-D array of save times, got shape {getattr(ts, 'shape', None)}."),
     )
     for bad, message in refusals:
         if bad:

@@ -13,6 +13,7 @@ gap) and softmax against hardmax (`ONE_STEP`, `RATE_TOL`). The reading, the meas
 numbers and what changed: `docs/limits.md` ("The hardmax limit").
 """
 
+import functools
 import math
 from pathlib import Path
 
@@ -78,12 +79,26 @@ def key_query(key: PRNGKeyArray, random_psd: bool) -> np.ndarray:
 def voronoi_start(key: PRNGKeyArray, P: np.ndarray, m: int, n: int) -> np.ndarray:
     """`m` sites on the ellipse `vᵀ P v = 1` (angles jittered about an even spread)
     then `n` interior tokens, random convex combinations of them: `(m + n, 2)`."""
-    k_angle, k_weight = jax.random.split(key)
-    angle = 2 * np.pi * (np.arange(m) + 0.5 * np.asarray(jax.random.uniform(k_angle, (m,)))) / m
+    jitter, weights = map(np.asarray, _voronoi_draws(key, m, n))
+    angle = 2 * np.pi * (np.arange(m) + 0.5 * jitter) / m
     L = np.linalg.cholesky(P)
     sites = np.linalg.solve(L.T, np.stack([np.cos(angle), np.sin(angle)])).T
-    weights = np.asarray(jax.random.dirichlet(k_weight, jnp.ones(m), (n,)))
     return np.concatenate([sites, weights @ sites])
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _voronoi_draws(key, m: int, n: int):
+    """`voronoi_start`'s random numbers, one program: the angles' jitter `(m,)` and the
+    interior tokens' convex weights `(n, m)`."""
+    k_angle, k_weight = jax.random.split(key)
+    return jax.random.uniform(k_angle, (m,)), jax.random.dirichlet(k_weight, jnp.ones(m), (n,))
+
+
+@jax.jit
+def _keys(seed):
+    """The keys of `P`, of the start and of the NSD start, one program (a list: iterating
+    over a device array would compile a program)."""
+    return list(jax.random.split(jax.random.PRNGKey(seed), 3))
 
 
 def voronoi_cells(x: np.ndarray, sites: np.ndarray, P: np.ndarray) -> np.ndarray:
@@ -202,36 +217,36 @@ class Hardmax(AbstractExperiment):
     def simulate(self, config, progress):
         from scipy.spatial import ConvexHull
 
-        k_p, k_x, k_n = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+        k_p, k_x, k_n = _keys(config.seed)
         P = key_query(k_p, config.random_psd)
         m, tau, steps = config.vertices, config.tau, config.steps
         x0 = voronoi_start(k_x, P, m, config.tokens)
-        eye = jnp.eye(2)[None]
+        eye = jax.device_put(np.eye(2)[None])  # device_put: jnp.asarray may compile a copy
 
         def model(sign, **kw):
-            return SelfAttentionDynamics(jnp.asarray(sign * P)[None], eye, norm="none", **kw)
+            return SelfAttentionDynamics(jax.device_put(sign * P[None]), eye, norm="none", **kw)
 
-        ys = np.asarray(frank_wolfe(model(1, kernel="hardmax"), jnp.asarray(x0), steps, tau))
+        ys = np.asarray(frank_wolfe(model(1, kernel="hardmax"), x0, steps, tau))
         betas = np.geomspace(1, config.beta_max, config.betas)
         one, run = np.zeros(len(betas)), np.zeros(len(betas))
         at = np.zeros(len(betas), dtype=np.int64)
         for b, beta in enumerate(tqdm(betas, desc=self.name, disable=not progress,
                                       leave=False)):
-            soft = np.asarray(frank_wolfe(model(1, beta=beta), jnp.asarray(x0), steps, tau))
+            soft = np.asarray(frank_wolfe(model(1, beta=beta), x0, steps, tau))
             gap = np.linalg.norm(soft - ys, axis=-1).max(-1)
             one[b], run[b], at[b] = gap[1], gap.max(), np.argmax(gap)
         gap0 = score_gap(x0, P)
         betas_one = np.linspace(4.0, 18.0, ONE_STEP) / gap0  # from 4/g to 18/g
         one_fit = np.array([np.abs(np.asarray(frank_wolfe(
-            model(1, beta=beta), jnp.asarray(x0), 1, tau))[1] - ys[1]).max()
+            model(1, beta=beta), x0, 1, tau))[1] - ys[1]).max()
             for beta in betas_one])
         n = m + config.tokens
         z = np.asarray(jax.random.normal(k_n, (n, 2)))
         z = z - z.mean(0)  # the origin inside the hull
         nsd = model(-1, kernel="hardmax")
         T = config.nsd_steps
-        ys_fw = np.asarray(frank_wolfe(nsd, jnp.asarray(z), T, tau, schedule=True))
-        ys_c = np.asarray(frank_wolfe(nsd, jnp.asarray(z), T, tau))
+        ys_fw = np.asarray(frank_wolfe(nsd, z, T, tau, schedule=True))
+        ys_c = np.asarray(frank_wolfe(nsd, z, T, tau))
         return {"P": P, "vertices": np.asarray(m), "ys_psd": ys,
                 "cell": voronoi_cells(x0[m:], x0[:m], P), "hull": ConvexHull(x0).vertices,
                 "betas": betas, "dist_one": one, "dist_run": run, "run_step": at,

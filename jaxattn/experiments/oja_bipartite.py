@@ -2,6 +2,8 @@
 single-head map, their stability by `jacfwd`, by the closed form and by simulation
 (paper 004 App. D, Theorems 2, 3, Fig. 13)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,8 +37,8 @@ class OjaBipartite(AbstractPowerExperiment):
     )
 
     def simulate(self, config, progress):
-        key = jax.random.PRNGKey(config.seed)
-        rows = [_instance(k, config) for k in jax.random.split(key, config.instances)]
+        draws = _draws(config.seed, config.instances, config.dim)
+        rows = [_instance(*draw, config) for draw in draws]
         table = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
         return table | _fig13(config)
 
@@ -76,13 +78,22 @@ def _random_symmetric(key, d, scale):
     return scale * (A + A.T) / 2
 
 
-def _instance(key, config):
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _draws(seed, instances: int, d: int):
+    """Each instance's random symmetric `U`, `P` of larger scale, and the key of its
+    perturbations, drawn from `PRNGKey(seed)` in one program (one triple per
+    instance: iterating over a device array would compile a program)."""
+    draws = []
+    for key in jax.random.split(jax.random.PRNGKey(seed), instances):
+        ku, kp, ks = jax.random.split(key, 3)
+        draws.append((_random_symmetric(ku, d, 1.0), _random_symmetric(kp, d, 2.0), ks))
+    return draws
+
+
+def _instance(U, P, ks, config):
     """Both maps on one random instance: the Oja system with `U`, and the single-head
-    map with the same `U` and a random symmetric `P` of larger scale."""
-    d, n, tau = config.dim, config.tokens, config.tau
-    ku, kp, ks = jax.random.split(key, 3)
-    U = _random_symmetric(ku, d, 1.0)
-    P = _random_symmetric(kp, d, 2.0)
+    map with the same `U` and `P`."""
+    n, tau = config.tokens, config.tau
     out = []
     for kind, dyn in (("oja", oja_system(U)), ("head", single_head(U, P))):
         eq = equilibria(dyn, n, tau=tau)
@@ -101,17 +112,15 @@ def _fig13(config):
     form a stable bipartite point of spectral radius `--radius`; perturbations of
     growing size, the smallest escaping one drawn beside a small absorbed one."""
     n, m, tau = 10, 8, config.tau
-    lam = jnp.array([1.0, 0.5, -0.3])
-    q = _bisect(lambda q: float(bipartite_closed_form(lam, 0, m, n, q, tau)[0]) - config.radius,
+    lam = np.array([1.0, 0.5, -0.3])
+    q = _bisect(lambda q: float(_closed_form(lam, 0, m, n, q, tau)[0]) - config.radius,
                 0.0, 10.0)
-    dyn = single_head(jnp.diag(lam), q * jnp.eye(3))
-    x = bipartite_point(jnp.eye(3)[0], n, m)
-    z = jax.random.normal(jax.random.PRNGKey(config.seed + 13), x.shape)
-    z = z - jnp.sum(z * x, -1, keepdims=True) * x
-    z = z / jnp.max(jnp.linalg.norm(z, axis=-1))
     sizes = np.logspace(-3, 0.3, 34)
-    paths = [_path(dyn, x, s * z, tau) for s in sizes]
-    final = np.asarray([float(jnp.max(jnp.linalg.norm(p[-1] - x, axis=-1))) for p in paths])
+    U, P, x, starts = _fig13_arrays(config.seed + 13, lam, q, sizes, n, m)
+    dyn = single_head(U, P)
+    paths = [np.asarray(run_layers(dyn, start, 400, tau)) for start in starts]
+    x = np.asarray(x)
+    final = np.asarray([np.max(np.linalg.norm(p[-1] - x, axis=-1)) for p in paths], float)
     escaped = np.nonzero(final > 0.5)[0]
     big = int(escaped[0]) if escaped.size else len(sizes) - 1
     small = max(big - 4, 0)
@@ -121,13 +130,25 @@ def _fig13(config):
             "fig13_spread": np.asarray(_spread(paths[big][-1])), "fig13_point": np.asarray(x)}
 
 
+#: The closed form as one program (the bisection calls it 61 times).
+_closed_form = jax.jit(bipartite_closed_form)
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _fig13_arrays(seed, lam, q, sizes, n: int, m: int):
+    """Fig. 13's weights `U = diag(λ)`, `P = q I`, its bipartite point `x` and the
+    starts `x + s z` for each size `s`, `z` a random tangent perturbation of largest
+    row norm 1 (one program; a list, as in `_draws`)."""
+    x = bipartite_point(jnp.eye(3)[0], n, m)
+    z = jax.random.normal(jax.random.PRNGKey(seed), x.shape)
+    z = z - jnp.sum(z * x, -1, keepdims=True) * x
+    z = z / jnp.max(jnp.linalg.norm(z, axis=-1))
+    return jnp.diag(lam), q * jnp.eye(3), x, [x + s * z for s in sizes]
+
+
 def _spread(x):
     """`max_i |x_i − x_0|`: zero at consensus."""
     return float(np.max(np.linalg.norm(x - x[:1], axis=-1)))
-
-
-def _path(dyn, x, z, tau, layers=400):
-    return np.asarray(run_layers(dyn, x + z, layers, tau))
 
 
 def _bisect(f, lo, hi, iters=60):

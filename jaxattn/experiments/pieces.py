@@ -41,53 +41,52 @@ def advance(step: Callable[[int, Any], tuple[Any, Any]], state, num_pieces: int,
     return state, outs
 
 
-def flow_path(dyn, x0, horizon: float, saves: int, *, progress: bool, desc: str, reduce=None,
-              **solve_kw):
+def flow_path(dyn, x0, horizon: float, saves: int, *, progress: bool, desc: str, **solve_kw):
     """Solve the flow (eq. 6) on `saves + 1` equally spaced times of `[0, horizon]`, in
     up to 20 equal pieces (`Horizon.pieces`; the adaptive solver restarts at each
-    piece's start, a save time) so that a progress bar can follow it. `reduce(ys)` maps
-    each piece's `(..., m, n, d)` states to what is kept (default: the states).
+    piece's start, a save time) so that a progress bar can follow it; `solve_kw` go to
+    `solve_flow`.
 
     **Returns:**
 
-    `ts (saves + 1,)` and the kept outputs concatenated along the time axis.
+    `ts (saves + 1,)` and the states `(..., saves + 1, n, d)`, NumPy arrays.
     """
     ts = Horizon(horizon).save_times(saves)
 
     def piece(k, x, m):
-        return solve_flow(dyn, x, jnp.asarray(ts[k * m : (k + 1) * m + 1]), **solve_kw)
+        return solve_flow(dyn, x, jax.device_put(ts[k * m : (k + 1) * m + 1]), **solve_kw)
 
-    return ts, _in_pieces(piece, x0, saves, progress=progress, desc=desc, reduce=reduce)
+    return ts, _in_pieces(piece, x0, saves, progress=progress, desc=desc)
 
 
-def layer_path(dyn, x0, horizon: float, tau: float, *, progress: bool, desc: str, reduce=None):
+def layer_path(dyn, x0, horizon: float, tau: float, *, progress: bool, desc: str):
     """Run `Horizon(horizon).num_layers(τ)` discrete layers (eq. 4) in up to 20 pieces.
 
     **Returns:**
 
-    `ts = kτ (L + 1,)` and the kept outputs (as in `flow_path`).
+    `ts = kτ (L + 1,)` and the states (as in `flow_path`).
     """
     def piece(k, x, m):
         return run_layers(shift_time(dyn, k * m * tau), x, m, tau)
 
-    kept = _in_pieces(piece, x0, Horizon(horizon).num_layers(tau), progress=progress,
-                      desc=desc, reduce=reduce)
-    return Horizon(horizon).layer_times(tau), kept
+    ys = _in_pieces(piece, x0, Horizon(horizon).num_layers(tau), progress=progress, desc=desc)
+    return Horizon(horizon).layer_times(tau), ys
 
 
-def _in_pieces(piece, x0, steps: int, *, progress: bool, desc: str, reduce):
+def _in_pieces(piece, x0, steps: int, *, progress: bool, desc: str):
     """`steps` steps from `x0` as `Horizon.pieces(steps)` calls `piece(k, x, m)` of `m`
-    steps each (its states `(..., m + 1, n, d)`), `reduce`d and joined in time."""
+    steps each (its states `(..., m + 1, n, d)`), joined in time on the host (slicing
+    and joining device arrays would compile a program each, as can `jnp.asarray` of a
+    host array: the next piece's start is moved by `jax.device_put`)."""
     pieces = Horizon.pieces(steps)
     m = steps // pieces
-    reduce = reduce or (lambda ys: ys)
 
     def step(k, x):
-        ys = piece(k, x, m)
-        return ys[..., -1, :, :], reduce(ys if k == 0 else ys[..., 1:, :, :])
+        ys = np.asarray(piece(k, x, m))
+        return jax.device_put(ys[..., -1, :, :]), ys if k == 0 else ys[..., 1:, :, :]
 
     _, outs = advance(step, x0, pieces, desc=desc, progress=progress)
-    return jnp.concatenate(outs, axis=jnp.ndim(x0) - 2)
+    return np.concatenate(outs, axis=np.ndim(x0) - 2)
 
 
 # --- a model's clock restarted at a piece's start -------------------------------

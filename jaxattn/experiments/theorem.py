@@ -14,7 +14,6 @@ from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .._horizon import CONSENSUS_TOL
@@ -104,15 +103,16 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
     def measures(self, config, dyn, test, x0, ts, ys) -> dict[str, Any]:
         """What a run of `evolve` keeps besides `ts` and `ys`, from its states
         `ys (T, n, d)`, traced: the frame runs it as one program (`config` static,
-        `test`: the prediction's traceable `AbstractTheoremTest`, for `reached`). A
-        member that measures inside its own `evolve` has none."""
+        `test`: the prediction's traceable `AbstractTheoremTest`, for its `check`;
+        `None` where no theorem applies). A member that measures inside its own
+        `evolve` has none."""
         return {}
 
     def facts(self, config, model, x0, pred, flow: dict[str, Any]) -> dict[str, Any]:
         """Arrays saved once, not per run (the start, the domain test, …), on the host."""
         return {}
 
-    def flow_facts(self, dyn, x0, ys) -> dict[str, Any]:
+    def flow_facts(self, config, dyn, x0, ys) -> dict[str, Any]:
         """Arrays saved once, traced: measured in the flow's `measures` program."""
         return {}
 
@@ -194,18 +194,8 @@ def _setup(experiment, seed, floats, static):
 @eqx.filter_jit
 def _measured(experiment, config, dyn, test, x0, ts, ys, *, flow: bool):
     """A run's `measures` (and the flow's `flow_facts`), one program."""
-    facts = experiment.flow_facts(dyn, x0, ys) if flow else {}
+    facts = experiment.flow_facts(config, dyn, x0, ys) if flow else {}
     return experiment.measures(config, dyn, test, x0, ts, ys) | facts
-
-
-def reached(test, x0, ts, ys):
-    """`Prediction.check(ys[-1], ts[-1])`, traced: the theorem's own test of the last
-    states (`False` where no theorem applies, and outside the domain where the theorem
-    names a limit)."""
-    if test is None:
-        return jnp.asarray(False)
-    ok = test.reached(x0, ys[-1], ts[-1], CONSENSUS_TOL)
-    return ok & test.domain(x0)[0] if test.limit(x0) is not None else ok
 
 
 def _judge(ts, evidence: Evidence, theorem: str) -> tuple[Judged, dict[str, Any]]:

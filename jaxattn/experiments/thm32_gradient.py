@@ -12,7 +12,7 @@ from .._manifold import sample_ellipsoid
 from ..metrics import cluster_count, misalignment, potential
 from . import paper001
 from .base import BETA, Param
-from .theorem import AbstractTheoremExperiment, Evidence, reached
+from .theorem import AbstractTheoremExperiment, Evidence
 from .verdicts import short
 
 # An equilibrium: the largest velocity entry below CONSENSUS_TOL (`Prediction.check`).
@@ -45,9 +45,10 @@ class GradientExperiment(AbstractTheoremExperiment):
     def measures(self, config, dyn, test, x0, ts, ys):
         P = dyn.query_key(0.0)[0]
         return {"E_P": potential(ys, P, config.beta), "E": misalignment(ys),
-                "speed": _speed(dyn, ts, ys), "agrees": reached(test, x0, ts, ys)}
+                "speed": _speed(dyn, ts, ys),
+                "agrees": test is not None and test.check(x0, ys[-1], ts[-1])}
 
-    def flow_facts(self, dyn, x0, ys):
+    def flow_facts(self, config, dyn, x0, ys):
         W = jnp.eye(x0.shape[-1], dtype=x0.dtype) if dyn.W is None else dyn.W
         return {"W": W, "P": dyn.query_key(0.0)[0], "clusters": cluster_count(ys[-1], 1e-3)}
 

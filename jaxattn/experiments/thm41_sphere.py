@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 from .._artifacts import figures
-from .._horizon import CONSENSUS_TOL
+from .._horizon import CONSENSUS_TOL, Horizon
 from ..metrics import misalignment, pairwise_lyapunov
 from . import paper001
 from .base import BETA, Param
@@ -42,12 +42,12 @@ class SphereExperiment(AbstractTheoremExperiment):
     def measures(self, config, dyn, test, x0, ts, ys):
         return {"E": misalignment(ys), "V": pairwise_lyapunov(ys)}
 
+    def flow_facts(self, config, dyn, x0, ys):
+        return {"P_norm": paper001.sphere_query_key(dyn, _drawn_times(config))}
+
     def facts(self, config, dyn, x0, pred, flow):
-        # the drawn first 2 time units at 200 points each (the saves alone are jagged)
-        ts = np.asarray(flow["ts"])
-        P_ts = np.concatenate([np.linspace(0.0, min(ts[-1], 2.0), 401), ts[ts > 2.0]])
-        return {"P_norm": paper001.sphere_query_key(dyn, P_ts), "P_ts": P_ts,
-                "x0": x0, "in_domain": pred.in_domain, "margin": pred.margin}
+        return {"P_ts": _drawn_times(config), "x0": x0, "in_domain": pred.in_domain,
+                "margin": pred.margin}
 
     def evidence(self, config, run):
         E = run["E"]
@@ -88,3 +88,10 @@ class SphereExperiment(AbstractTheoremExperiment):
         return figures.save_figure(fig, self.stem(folder),
                                  f"Theorem 4.1 — {config.tokens} tokens, h = {config.heads}, "
                                  f"seed {config.seed}")
+
+
+def _drawn_times(config) -> np.ndarray:
+    """The times `‖P_η(t)‖` is drawn at: the first 2 time units at 200 points each (the
+    saves alone are jagged), then the flow's save times."""
+    ts = Horizon(config.horizon).save_times(config.saves)
+    return np.concatenate([np.linspace(0.0, min(ts[-1], 2.0), 401), ts[ts > 2.0]])

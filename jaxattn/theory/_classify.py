@@ -110,10 +110,8 @@ def _rel_diff(A, B):
     return jnp.max(jnp.abs(jnp.ldexp(A, -e) - jnp.ldexp(B, -e)) / m)
 
 
-@eqx.filter_jit
 def _stats(fn, dyn, ref, times) -> dict:
-    """`fn(dyn, ref, t) -> dict of scalars`, maximised over `times` (compiled once per
-    model structure, so that classifying many models of one kind is quick)."""
+    """`fn(dyn, ref, t) -> dict of scalars`, maximised over `times` (one time at a time)."""
     out = jax.lax.map(lambda t: fn(dyn, ref, t), times)
     return {k: jnp.max(v) for k, v in out.items()}
 
@@ -146,20 +144,29 @@ def _u_stats(dyn, ref, t):
     }
 
 
-def _read(dyn: SelfAttentionDynamics, grid: np.ndarray) -> _Model:
-    t0 = jnp.zeros((), jnp.result_type(float))
+@eqx.filter_jit
+def _weights(dyn, p_times, u_times):
+    """`P(0)`, `U(0)`, `u` and the statistics over the times read, one program
+    (compiled once per model structure, so that classifying many models of one kind
+    is quick)."""
+    t0 = jnp.zeros((), p_times.dtype)
     P0, U0 = dyn.query_key(t0), dyn.U(t0)
     u = U0[0, 0, 0]  # U = u·I exactly when every head is this u times I
+    stats = _stats(_p_stats, dyn, P0, p_times) | _stats(_u_stats, dyn, (U0, u), u_times)
+    return P0, U0, u, stats
+
+
+def _read(dyn: SelfAttentionDynamics, grid: np.ndarray) -> _Model:
     p_read = _reading([dyn.P] if dyn.P is not None else [dyn.Q, dyn.K], grid)
     u_read = _reading([dyn.U], grid)
-    ts = [jnp.asarray(r.times, jnp.result_type(float)) for r in (p_read, u_read)]
-    stats = _stats(_p_stats, dyn, P0, ts[0]) | _stats(_u_stats, dyn, (U0, u), ts[1])
+    P0, U0, u, stats = _weights(dyn, *(np.asarray(r.times, jnp.result_type(float))
+                                       for r in (p_read, u_read)))
     stats = {k: float(v) for k, v in stats.items()}
     stats["lam1"], stats["gap"] = -stats.pop("neg_lam1"), -stats.pop("neg_gap")
     return _Model(
         np.asarray(P0, np.float64), np.asarray(U0, np.float64), float(u), stats,
         None if dyn.W is None else np.asarray(dyn.W, np.float64),
-        dyn.num_heads, dyn.dim, dyn.causal, float(dyn.beta), p_read, u_read,
+        *U0.shape[:2], dyn.causal, float(dyn.beta), p_read, u_read,
         dyn.norm, dyn.kernel, dyn.window, dyn.mask is not None,
     )
 
@@ -387,8 +394,9 @@ def default_tol(dtype, d: int) -> float:
 
 def _weights_dtype(dyn: SelfAttentionDynamics):
     """The least precise floating dtype among the model's weights at `t = 0`."""
-    t0 = jnp.zeros((), jnp.result_type(float))
-    arrays = [dyn.query_key(t0), dyn.U(t0)] + ([] if dyn.W is None else [dyn.W])
+    t0 = np.zeros((), jnp.result_type(float))
+    arrays = eqx.filter_eval_shape(lambda d, t: [d.query_key(t), d.U(t)], dyn, t0)
+    arrays += [] if dyn.W is None else [dyn.W]
     return max((a.dtype for a in arrays), key=lambda dt: jnp.finfo(dt).eps)
 
 
@@ -485,7 +493,7 @@ def classify(
     ):
         if bad:
             raise error(message)
-    tol = default_tol(_weights_dtype(dyn), dyn.dim) if tol is None else float(tol)
     m = _read(dyn, times)
+    tol = default_tol(_weights_dtype(dyn), m.d) if tol is None else float(tol)
     builders = (_theorem_32, _theorem_41, _theorem_51, _theorem_52, _theorem_53)
     return Classification(tuple(b(m, tol) for b in builders), tol, times)

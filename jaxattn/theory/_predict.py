@@ -83,6 +83,12 @@ class AbstractTheoremTest(eqx.Module):
         """Whether the tokens `x` at time `t` of the run started at `x0` show the
         predicted outcome, to tolerance `tol`."""
 
+    def check(self, x0, x, t, tol=CONSENSUS_TOL) -> Bool[Array, ""]:
+        """`reached`, and, where the theorem names a limit, `x0` in its domain (outside
+        it there is no limit to reach): `Prediction.check` of one sequence."""
+        ok = self.reached(x0, x, t, tol)
+        return ok & self.domain(x0)[0] if self.limit(x0) is not None else ok
+
 
 class Theorem32Test(AbstractTheoremTest):
     """Theorem 3.2: every start reaches an equilibrium: the velocity is small against
@@ -301,10 +307,10 @@ class Prediction:
 
     def check(self, x, t: float | None = None, tol: float = CONSENSUS_TOL) -> np.ndarray:
         """Whether tokens `x` (`(*batch, n, d)`, at time `t`) show the predicted outcome:
-        the theorem's own test (`self.test.reached`, each `Theorem*Test` says what it
-        checks) on each sequence; `False` outside the domain where the theorem names a
-        limit, and where it says nothing (`outcome == "none"`). `t` is needed for
-        Theorems 3.2 and 5.3.
+        the theorem's own test (`self.test.check`, each `Theorem*Test` says what it
+        checks) on each sequence, one program; `False` outside the domain where the
+        theorem names a limit, and where it says nothing (`outcome == "none"`). `t` is
+        needed for Theorems 3.2 and 5.3.
         """
         x = jnp.asarray(x)
         if self.outcome == "none":
@@ -315,25 +321,39 @@ class Prediction:
         test = self.test
         if self.theorem == "5.3":
             test = eqx.tree_at(lambda s: s.v1_t, test, self._followed_v1(t))
-        x0 = jnp.broadcast_to(jnp.asarray(self._x0, x.dtype), x.shape)
-        ok = np.asarray(map_batch(lambda b, a: test.reached(a, b, t, tol), x, x0))
-        if self.limit is not None:
-            ok = ok & np.broadcast_to(self.in_domain, x.shape[:-2])
-        return ok
+        # t and tol traced, weakly typed as Python floats are: one program for every value
+        t = None if t is None else jnp.asarray(t)
+        return np.asarray(_checked(test, np.asarray(self._x0, x.dtype), x, t, jnp.asarray(tol)))
 
 
-def _predict_one(theorem, dyn, x, cls) -> Prediction:
-    report = cls[theorem]
-    test = theorem_test(theorem, dyn, v1=report.data.get("v1"), tol=cls.tol)
-    xj = jnp.asarray(x)
-    inside, margin = map_batch(test.domain, xj)
+@eqx.filter_jit
+def _checked(test, x0, x, t, tol):
+    x0 = jnp.broadcast_to(x0, x.shape)
+    return map_batch(lambda b, a: test.check(a, b, t, tol), x, x0)
+
+
+def _domain(test, x):
+    inside, margin = map_batch(test.domain, x)
+    return inside, margin, map_batch(test.limit, x)
+
+
+@eqx.filter_jit
+def _placed(dyn, x0, tests):
+    """The tokens put on `E_W` (checked already) and the domain and limit of each of
+    `tests`, in the default float dtype: one program. A test with a host domain is
+    left out (the persistent cache refuses a program holding a callback)."""
+    x = prepare_tokens(dyn, x0, checks=False)
+    return x, [_domain(test, x.astype(jnp.result_type(float))) for test in tests]
+
+
+def _prediction(theorem, test, domain, dyn, x, cls) -> Prediction:
+    inside, margin, limit = domain
     inside, margin = np.asarray(inside, bool), np.asarray(margin, np.float64)
-    limit = map_batch(test.limit, xj)
     if limit is not None:
         limit = np.array(limit, np.float64)
         limit[~inside] = np.nan
-    return Prediction(theorem, test.outcome, inside, margin, limit, report.statement, dyn, cls,
-                      (), test, x)
+    return Prediction(theorem, test.outcome, inside, margin, limit, cls[theorem].statement,
+                      dyn, cls, (), test, x)
 
 
 def predict(dyn: SelfAttentionDynamics, x0, *, times=None, tol: float | None = None
@@ -362,13 +382,17 @@ def predict(dyn: SelfAttentionDynamics, x0, *, times=None, tol: float | None = N
     cls = classify(dyn, times=times, tol=tol)
     x0 = check_token_shape(dyn, x0, "x0")
     check_tokens_now(x0)  # on the host: `prepare_tokens` need not check in a program
-    x = np.asarray(prepare_tokens(dyn, x0, checks=False), np.float64)
-    batch = x.shape[:-2]
     found = [t for t in _PRIORITY if t in cls.theorems]
+    tests = [theorem_test(t, dyn, v1=cls[t].data.get("v1"), tol=cls.tol) for t in found]
+    x, domains = _placed(dyn, x0, [test for test in tests if not test.host_domain])
+    x, domains = np.asarray(x, np.float64), iter(domains)
     if not found:
+        batch = x.shape[:-2]
         return Prediction(
             None, "none", np.zeros(batch, bool), np.full(batch, -np.inf), None,
             cls.summary(), dyn, cls, (), None, x,
         )
-    preds = [_predict_one(t, dyn, x, cls) for t in found]
+    preds = [_prediction(t, test, _domain(test, jax.device_put(x))
+                         if test.host_domain else next(domains), dyn, x, cls)
+             for t, test in zip(found, tests)]
     return dataclasses.replace(preds[0], others=tuple(preds[1:]))

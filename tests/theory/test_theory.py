@@ -272,6 +272,9 @@ def _agree(pred, test, x0, xT, t=None, tol=1e-4):
     # Where the theorem names a limit, `check` is False outside the domain (no limit).
     expected = reached & pred.in_domain if pred.limit is not None else reached
     np.testing.assert_array_equal(expected, pred.check(xT, t, tol))
+    # ... which is the theorem's traceable `check` of each sequence
+    checked = jax.jit(jax.vmap(lambda a, b: test.check(a, b, t, tol)))(x0, xT)
+    np.testing.assert_array_equal(expected, np.asarray(checked))
     return np.asarray(inside), reached
 
 
@@ -335,3 +338,28 @@ def test_traceable_tests_theorem_32_equilibrium(key):
     assert inside.all() and 0 < reached.sum() < B
     with pytest.raises(ValueError, match="no Theorem"):
         T.theorem_test("9.9", dyn)
+
+
+def test_check_is_one_program_for_every_time_and_tolerance(key):
+    """`Prediction.check` traces once: a second check at a new `t`, `tol` and tokens of
+    the same shape reuses the program (t and tol are traced, not baked in)."""
+    n, d = 6, 4
+    S = random_spd(key, d)
+    traces = []
+
+    def P_of_t(t, P):
+        traces.append(1)  # runs only when JAX traces the schedule
+        return P
+
+    dyn = ja.SelfAttentionDynamics(ja.Schedule(P_of_t, S[None]), S[None])  # W U = P
+    x0 = random_tokens(jax.random.fold_in(key, 1), n, d, batch=(3,))
+    pred = T.predict(dyn, x0)
+    assert pred.theorem == "3.2"
+    first = pred.check(x0, 0.5, 1e-3)
+    before = len(traces)
+    assert before > 0
+    second = pred.check(x0 + 0.0, 0.25, 0.5)
+    assert len(traces) == before
+    test = pred.test
+    for got, t, tol in ((first, 0.5, 1e-3), (second, 0.25, 0.5)):
+        np.testing.assert_array_equal(got, [bool(test.check(x, x, t, tol)) for x in x0])

@@ -39,6 +39,8 @@ def check_ids(model: AbstractTransformer, ids) -> Int[Array, "B n"]:
     ):
         if bad:
             raise error(message)
+    if isinstance(arr, np.ndarray):  # cast on the host: no program to trace and lower
+        return jax.device_put(arr.astype(np.int32).reshape(-1, n))
     return jnp.asarray(arr, jnp.int32).reshape(-1, n)
 
 

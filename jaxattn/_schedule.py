@@ -126,7 +126,7 @@ def as_schedule(value, name: str) -> AbstractSchedule:
 def schedule_shape(sched: AbstractSchedule, name: str) -> tuple[int, ...]:
     """The shape of the weights a schedule returns, found without computing them."""
     try:
-        out, failure = jax.eval_shape(sched, jnp.zeros((), jnp.result_type(float))), None
+        out, failure = jax.eval_shape(sched, jax.ShapeDtypeStruct((), jnp.result_type(float))), None
     except Exception as e:  # a user function that fails to trace
         out, failure = None, e
     for bad, error, message in (

@@ -56,18 +56,38 @@ def is_real(dtype) -> bool:
 
 
 def as_float_array(x, name: str, dtype=None) -> Array:
-    """`x` as a floating JAX array, or a `TypeError` that names it."""
-    try:  # not a string: jnp.asarray would read "1" as a number
-        arr = None if isinstance(x, str | bytes) else jnp.asarray(x)
-    except (TypeError, ValueError):
-        arr = None
+    """`x` as a floating JAX array, or a `TypeError` that names it. Host input is
+    converted by NumPy and placed with `jax.device_put` (`jnp.asarray` of a host array
+    compiles a copy program per shape)."""
+    arr = None
+    if not isinstance(x, str | bytes):  # jnp.asarray would read "1" as a number
+        try:
+            arr = _host_numbers(x)
+            arr = jnp.asarray(x) if arr is None else arr
+        except (TypeError, ValueError):
+            pass
     if arr is None or not (is_real(arr.dtype) or arr.dtype == jnp.bool_):
         got = (f"the string {x!r}" if isinstance(x, str | bytes) else type(x).__name__
                if arr is None else f"dtype {arr.dtype}")
         complex_ = arr is not None and jnp.issubdtype(arr.dtype, jnp.complexfloating)
         raise TypeError(f"`{name}` must be {'real' if complex_ else 'an array of numbers'}, "
                         f"got {got}.")
-    return arr.astype(dtype or float_dtype(arr))
+    if isinstance(arr, jax.Array):
+        return arr.astype(dtype or float_dtype(arr))
+    with np.errstate(over="ignore"):  # an overflow to inf is refused by the callers' checks
+        return jax.device_put(arr.astype(dtype or float_dtype(arr)))
+
+
+def _host_numbers(x) -> np.ndarray | None:
+    """`x`, not a JAX array, as a NumPy array of numbers (or bools); `None` for anything
+    else (a list holding tracers, objects, strings: `jnp.asarray` judges those)."""
+    if isinstance(x, jax.Array):
+        return None
+    try:
+        arr = np.asarray(x)
+    except Exception:  # e.g. a list of tracers
+        return None
+    return arr if is_real(arr.dtype) or arr.dtype == np.bool_ else None
 
 
 def check_scalar(value, name: str, *, positive: bool = False, nonnegative: bool = False,
@@ -128,15 +148,11 @@ def check_finite(x: Array, name: str) -> Array:
 def known_nonfinite(x: Array) -> bool:
     """Whether `x` is concrete and has a NaN or inf entry (`False` when traced).
 
-    Evaluated on the array's device, also when called while another function is
-    being traced (a constant closed over by a `jit`)."""
+    Evaluated on the host, also when called while another function is being traced
+    (a constant closed over by a `jit`)."""
     if not is_concrete(x):
         return False
-    with jax.ensure_compile_time_eval():
-        return not bool(_all_finite(x))
-
-
-_all_finite = jax.jit(lambda x: jnp.all(jnp.isfinite(x)))  # one program, not two
+    return not np.all(np.isfinite(np.asarray(x)))  # on the host: no program
 
 
 def check_count(value, name: str, minimum: int = 0, maximum: int | None = None) -> int:
@@ -325,12 +341,13 @@ TOKENS_ZERO = (
 )
 
 
-def _token_defects(x) -> tuple[Array, Array]:
+def _token_defects(x, xp=jnp) -> tuple[Array, Array]:
     """Whether `x` has a NaN/inf entry, and whether it has a zero token: one whose
     largest entry is zero or subnormal (CPUs flush those to 0). Scale-aware (`N_W`
-    rescales tiny tokens exactly) and metric-free (an SPD `W` vanishes only at 0)."""
-    bad_value = ~jnp.all(jnp.isfinite(x))
-    zero = jnp.any(jnp.max(jnp.abs(x), axis=-1) < jnp.finfo(x.dtype).tiny)
+    rescales tiny tokens exactly) and metric-free (an SPD `W` vanishes only at 0).
+    With `xp=np`, on the host (concrete tokens: no program)."""
+    bad_value = ~xp.all(xp.isfinite(x))
+    zero = xp.any(xp.max(xp.abs(x), axis=-1, initial=-xp.inf) < jnp.finfo(x.dtype).tiny)
     return bad_value, zero
 
 
@@ -345,13 +362,10 @@ def check_tokens(x: Float[Array, "*batch n d"]) -> Float[Array, "*batch n d"]:
     return eqx.error_if(x, zero, TOKENS_ZERO)
 
 
-_token_defects_jit = jax.jit(_token_defects)
-
-
 def check_tokens_now(x: Float[Array, "*batch n d"]) -> None:
     """`check_tokens` on concrete tokens, before a run: the `SimulationError` (a
     `ValueError`) that the check inside `jit` surfaces as."""
-    bad_value, zero = jax.device_get(_token_defects_jit(x))
+    bad_value, zero = _token_defects(np.asarray(x), np)
     raise_unless(not bad_value, TOKENS_NONFINITE)
     raise_unless(not zero, TOKENS_ZERO)
 
@@ -364,7 +378,7 @@ def check_rows_now(x: Float[Array, "*batch n d"], name: str, where: str) -> None
     result is NaN for such rows, as documented by each caller."""
     if not is_concrete(x) or x.size == 0:
         return
-    for bad, message in zip(jax.device_get(_token_defects_jit(x)), (
+    for bad, message in zip(_token_defects(np.asarray(x), np), (
         f"`{name}` contains NaN or inf; pass finite tokens (the tokens of a failed run are "
         "not meaningful: check its `success`).",
         f"a token (row) of `{name}` is zero, so it has no direction; every token needs a "

@@ -43,21 +43,31 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from .._dynamics import SelfAttentionDynamics
 from .._manifold import project
 from .._precision import einsum, matmul
+from .._validate import is_concrete
 from ._spectrum import layer_matrix
 
 
 def oja_system(U: Float[Array, "d d"]) -> SelfAttentionDynamics:
     """The multi-agent discrete-time Oja system (paper 004 eq. 9) as a one-head
     `ja.SelfAttentionDynamics` with `P = 0` (uniform attention)."""
-    U = jnp.asarray(U, dtype=jnp.result_type(float))
-    return SelfAttentionDynamics(jnp.zeros_like(U)[None], U[None])
+    (U,) = _one_head(U)
+    return SelfAttentionDynamics(np.zeros_like(U) if isinstance(U, np.ndarray)
+                                 else jnp.zeros_like(U), U)
 
 
 def single_head(U: Float[Array, "d d"], P: Float[Array, "d d"], *, beta: float = 1.0):
     """The single-head self-attention map (paper 004 eq. 8) as a one-head
     `ja.SelfAttentionDynamics`."""
-    U = jnp.asarray(U, dtype=jnp.result_type(float))
-    return SelfAttentionDynamics(jnp.asarray(P, U.dtype)[None], U[None], beta=beta)
+    U, P = _one_head(U, P)
+    return SelfAttentionDynamics(P, U, beta=beta)
+
+
+def _one_head(*weights):
+    """`(d, d)` weights as one head `(1, d, d)` in the default float dtype: NumPy's when
+    all are concrete (eager JAX would compile a program per operation), JAX's when one
+    is traced."""
+    xp = np if all(map(is_concrete, weights)) else jnp
+    return [xp.asarray(w, dtype=jnp.result_type(float))[None] for w in weights]
 
 
 def _householder_basis(x: Float[Array, " d"]) -> Float[Array, "d d-1"]:
@@ -195,12 +205,19 @@ def equilibria(dyn: SelfAttentionDynamics, n: int, *, tau=1.0) -> Equilibria:
 
     `Equilibria` with `d (n − ⌈n/2⌉ + 1)` entries.
     """
+    if dyn.causal:
+        raise ValueError("equilibria enumerates full-attention maps; got causal=True.")
+    eq, Omega = _enumerate(dyn, n, tau)  # one program; Ω checked on its return
+    if not np.allclose(np.asarray(Omega), np.asarray(Omega).T, rtol=1e-10, atol=1e-12):
+        raise ValueError("equilibria needs a symmetric layer matrix Ω = Σ_η U_η (paper 004 "
+                         "Assumption 1); symmetrise U with (U + Uᵀ)/2.")
+    return eq
+
+
+@eqx.filter_jit
+def _enumerate(dyn, n, tau) -> tuple[Equilibria, Float[Array, "d d"]]:
+    """`equilibria`'s entries and the layer matrix `Ω` they are read from."""
     Omega = layer_matrix(dyn)
-    symmetric = np.allclose(np.asarray(Omega), np.asarray(Omega).T, rtol=1e-10, atol=1e-12)
-    if dyn.causal or not symmetric:
-        raise ValueError("equilibria enumerates full-attention maps; got causal=True."
-                         if dyn.causal else "equilibria needs a symmetric layer matrix Ω = "
-                         "Σ_η U_η (paper 004 Assumption 1); symmetrise U with (U + Uᵀ)/2.")
     lam, vecs = jnp.linalg.eigh(Omega)
     lam, vecs = lam[::-1], vecs[:, ::-1].T
     d = lam.shape[0]
@@ -208,10 +225,9 @@ def equilibria(dyn: SelfAttentionDynamics, n: int, *, tau=1.0) -> Equilibria:
     idx = np.repeat(np.arange(d), len(ms))
     mm = np.tile(ms, d)
     points = jax.vmap(lambda v, m: bipartite_point(v, n, m))(vecs[idx], jnp.asarray(mm))
-    return _classify(dyn, points, jnp.asarray(idx), lam, jnp.asarray(mm), tau)
+    return _classify(dyn, points, jnp.asarray(idx), lam, jnp.asarray(mm), tau), Omega
 
 
-@eqx.filter_jit
 def _classify(dyn, points, idx, lam, mm, tau) -> Equilibria:
     step = jax.vmap(lambda x: dyn.layer(0.0, x, tau))
     residual = jnp.max(jnp.abs(step(points) - points), axis=(1, 2))

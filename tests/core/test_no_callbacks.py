@@ -314,3 +314,27 @@ def test_spectrum_of_a_concrete_matrix_holds_no_callback(monkeypatch):
     assert not any(map(holds_callback, texts))
     with pytest.raises(ja.SimulationError, match="`Omega` contains NaN or inf"):
         ja.spectral.spectrum(Omega * np.nan)
+
+
+def test_checks_of_concrete_inputs_compile_nothing(compiles):
+    """Conversions and checks of concrete inputs run on the host (NumPy, `device_put`,
+    `eval_shape`): no one-op program per shape, which would cost JAX's tracing and lowering
+    in every new process, cache or not (#42). Shapes no other test uses, so that an
+    eager `jnp` call would compile here."""
+    from jaxattn import _schedule, _validate
+
+    x = np.random.default_rng(0).normal(size=(2, 11, 13))
+    weights = _validate.as_float_array(x[:1, :, :11], "weights")
+    assert isinstance(weights, jax.Array) and weights.dtype == jnp.result_type(float)
+    assert _schedule.schedule_shape(_schedule.Constant(weights), "U") == (1, 11, 11)
+    _validate.check_tokens_now(x)
+    _validate.check_rows_now(x, "x", "here")
+    assert not _validate.known_nonfinite(x)
+    x[1, 4, 2] = np.nan
+    assert _validate.known_nonfinite(x)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        _validate.check_tokens_now(x)
+    x[1, 4] = 0.0
+    with pytest.raises(ValueError, match="zero"):
+        _validate.check_rows_now(np.nan_to_num(x), "x", "here")
+    assert compiles[0] == 0

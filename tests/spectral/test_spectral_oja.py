@@ -106,3 +106,24 @@ def test_equilibria_refuses_asymmetric_or_causal(key):
     causal = ja.SelfAttentionDynamics(jnp.zeros((1, 3, 3)), (A + A.T)[None], causal=True)
     with pytest.raises(ValueError, match="causal"):
         equilibria(causal, 4)
+
+
+def test_equilibria_is_one_program():
+    """`equilibria` of a concrete map compiles one program (no eager one-op programs,
+    each of which costs tracing and lowering in every new process, #42), and still
+    refuses a non-symmetric `Ω`."""
+    compiled = []
+
+    def listen(event, seconds, **kwargs):
+        compiled.append(event == "/jax/core/compile/backend_compile_duration")
+
+    U = np.diag([1.0, 0.5, -0.3, 0.2, 0.1])  # d = 5 and n = 9: shapes no other test uses
+    dyn = oja_system(U)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        eq = equilibria(dyn, 9)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert sum(compiled) == 1 and eq.points.shape == (5 * 5, 9, 5)
+    with pytest.raises(ValueError, match="symmetric layer matrix"):
+        equilibria(oja_system(U + np.triu(U, 1) + np.eye(5, k=1)), 9)

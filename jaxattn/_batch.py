@@ -58,12 +58,25 @@ def shard_batch(x: Array, mesh: Mesh, batch_ndim: int) -> tuple[Array, int]:
     return jax.device_put(flat, NamedSharding(mesh, spec)), size
 
 
-def map_blocks(fn: Callable, xs, mesh: Mesh | None = None, shared=()):
+def map_blocks(fn: Callable, xs, mesh: Mesh | None = None, shared=(), *,
+               block: int | None = None):
     """`jax.lax.map`: `fn(block, *shared)` over the leading (block) axis of `xs`'s
     leaves, one block after another, each block the same program. With `mesh`, the
     blocks are split over its devices (`shard_map`; their number a multiple of the
     devices'): each device maps its own, so that a block's numbers do not depend on
-    how many devices, or processes, share the batch. Called inside `jit`."""
+    how many devices, or processes, share the batch. Called inside `jit`.
+
+    With `block`, the leading axis of `xs`'s leaves holds items instead: they are
+    padded by repeating them from the first (as `np.resize` pads) to whole blocks of
+    `block` items on every device, `fn` gets `block` items and returns one row per
+    item, and the result holds one row per item of `xs`, the padding dropped."""
+    if block is not None:
+        size = jax.tree.leaves(xs)[0].shape[0]
+        step = block * (1 if mesh is None else mesh.devices.size)
+        cycle = jnp.arange(-(-size // step) * step) % size
+        xs = jax.tree.map(lambda a: a[cycle].reshape(-1, block, *a.shape[1:]), xs)
+        out = map_blocks(fn, xs, mesh, shared)
+        return jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:])[:size], out)
     if mesh is None:
         return jax.lax.map(lambda x: fn(x, *shared), xs)
     split, whole = PartitionSpec(mesh.axis_names[0]), PartitionSpec()

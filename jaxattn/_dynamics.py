@@ -432,7 +432,7 @@ def _schedule(value, name: str) -> AbstractSchedule | None:
 def _beta(beta) -> Float[Array, ""]:
     """`β`, checked, in the model's float dtype."""
     dtype = jnp.result_type(float)
-    return jnp.asarray(check_scalar(beta, "beta", dtype=dtype), dtype=dtype)
+    return as_float_array(check_scalar(beta, "beta", dtype=dtype), "beta", dtype)
 
 
 def _factor_problem(q_shape, k_shape, h: int, d: int) -> str | None:

@@ -327,14 +327,9 @@ def integer_ticks(axis) -> None:
     axis.set_major_locator(MaxNLocator(integer=True))
 
 
-def opaque_legend(ax, **kw):
-    """`ax.legend(**kw)` with its line and patch keys drawn opaque (faint bundles of
-    curves would otherwise give faint keys)."""
-    return opaque(ax.legend(**kw))
-
-
 def opaque(legend):
-    """`legend` with its line and patch keys drawn opaque; returns it."""
+    """`legend` with its line and patch keys drawn opaque (faint bundles of curves
+    would otherwise give faint keys); returns it."""
     for handle in legend.legend_handles:
         if handle is not None:
             handle.set_alpha(1.0)
@@ -382,9 +377,26 @@ def wrap(text: str, width_inches: float, fontsize: float = 10) -> str:
 REPRODUCIBLE = {"pdf": {"CreationDate": None}, "png": {}}
 
 
-def save_figure(fig, stem, title=None) -> list[Path]:
+def title_above(fig, title: str, fontsize: float = 10) -> None:
+    """`title`, wrapped to the figure's width, above the panels: the figure grows by
+    the title's height and room below it for the panels' titles and labels, and the
+    panels keep their height. Call it before adding a colorbar, which takes its room
+    from the panels' places."""
+    title = wrap(title, fig.get_figwidth(), fontsize)
+    room = (title.count("\n") + 1) * fontsize * 1.3 / 72 + 0.75  # inches
+    height = fig.get_figheight()
+    fig.set_figheight(height + room)
+    fig.subplots_adjust(top=1 - room / (height + room))
+    fig.suptitle(title, fontsize=fontsize, y=0.99, va="top")
+
+
+def save_figure(fig, stem, title=None, *, tight: bool = True) -> list[Path]:
     """Write `fig` as `stem.png` and `stem.pdf` (each atomically) and close it; `title`
     (wrapped to the figure's width) goes above the panels.
+
+    With `tight=False` the figure keeps the caller's layout (`tight_layout` cannot
+    place a colorbar that spans several panels) and each image is cropped to what is
+    drawn.
 
     **Returns:**
 
@@ -393,8 +405,9 @@ def save_figure(fig, stem, title=None) -> list[Path]:
     plt = pyplot()
     if title:
         fig.suptitle(wrap(title, fig.get_figwidth(), 11), fontsize=11)
-    fig.tight_layout()
-    if fig.legends:  # a legend under the panels (`legend_under_panels`): room for it
+    if tight:
+        fig.tight_layout()
+    if tight and fig.legends:  # a legend under the panels (`legend_under_panels`)
         fig.canvas.draw()
         height = max(legend.get_window_extent().height for legend in fig.legends)
         fig.tight_layout(rect=(0.0, height / fig.bbox.height + 0.01, 1.0, 1.0))
@@ -403,6 +416,7 @@ def save_figure(fig, stem, title=None) -> list[Path]:
     for ext in ("png", "pdf"):
         path = stem.with_suffix(f".{ext}")
         paths.append(atomic_write(path, lambda f, ext=ext: fig.savefig(
-            f, format=ext, metadata=REPRODUCIBLE[ext])))
+            f, format=ext, bbox_inches=None if tight else "tight",
+            metadata=REPRODUCIBLE[ext])))
     plt.close(fig)
     return paths

@@ -1,8 +1,6 @@
 """Seconds per pass of the looped-model protocol (paper 001 §6.2): jaxattn against
-the HuggingFace PyTorch blocks looped by hand, in the same run, on the same weights.
-
-    .venv/bin/python benchmarks/loop_vs_hf.py                       # 100 × 200, both models
-    .venv/bin/python benchmarks/loop_vs_hf.py --prompts 8 --tokens 64 --repeats 1   # quick
+the HuggingFace PyTorch blocks looped by hand, in the same run, on the same weights
+(`benchmarks/loop_vs_hf.py` runs it; S4 of the suite too).
 
 Both sides load the same random weights of a config; one pass = every block, `E`
 (eq. 25) after every block. "attn" is pure attention (`ln_2` and the MLP removed),
@@ -13,7 +11,6 @@ timed in interleaved pairs: median, min and max per pass, and the largest relati
 difference of the two `E` curves. Measurements: BENCHMARKS.md.
 """
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -28,9 +25,8 @@ import transformers as tf
 from huggingface_hub import utils as hub_utils
 
 from .. import models as jm
-from .._precision import PRECISIONS
 from ..models import default_chunk, loop_program
-from .device import TorchSide, device_label
+from .device import TorchSide
 from .reference_torch import misalignment
 from .timing import Timing
 
@@ -150,7 +146,8 @@ def bench_variant(name, folder, model, ids, ffn: bool, args, side: TorchSide) ->
 
 
 def bench_model(name: str, args, rng, log=print) -> list[dict]:
-    """Both variants of one model (`args` as `main`'s options); `log` (None: silent)
+    """Both variants of one model (`args`: the options of `benchmarks/loop_vs_hf.py`,
+    `args.variants` of them); `log` (None: silent)
     gets each row as a JSON line as soon as it is measured."""
     torch.manual_seed(args.seed)
     side = TorchSide.choose(torch, args.precision)
@@ -164,45 +161,3 @@ def bench_model(name: str, args, rng, log=print) -> list[dict]:
             if log is not None:
                 log(json.dumps(rows[-1]))
     return rows
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    p.add_argument("--prompts", type=int, default=100)
-    p.add_argument("--tokens", type=int, default=200)
-    p.add_argument("--passes", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--budget-s", type=float, default=float("inf"),
-                   help="no further pair that would take a variant's pairs past 2× this")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="compute dtype of both sides (reduced precisions: float32 "
-                        "accumulation in jaxattn)")
-    p.add_argument("--variants", nargs="+", default=["attn", "full"], choices=["attn", "full"])
-    p.add_argument("--precision", default="float32", choices=list(PRECISIONS),
-                   help="jaxattn's matrix products (torch's float32 matmul mode matched on a GPU)")
-    p.add_argument("--chunk", type=int, default=None,
-                   help="jaxattn prompts per block call (default: jm.loop's; 0: all at once)")
-    p.add_argument("--json", help="also write the rows to this file")
-    args = p.parse_args()
-    side = TorchSide.choose(torch, args.precision)
-    print(f"jax {jax.__version__} ({device_label()}), torch {torch.__version__} on "
-          f"{side.device} ({torch.get_num_threads()} threads), transformers {tf.__version__}",
-          flush=True)
-    rng = np.random.default_rng(args.seed)
-    log = lambda line: print(line, flush=True)  # noqa: E731
-    rows = [r for name in args.models for r in bench_model(name, args, rng, log)]
-    print(f"\n{'model':<14}{'variant':<8}{'jaxattn s/pass':>16}{'HF s/pass':>12}{'speed-up':>10}"
-          f"{'max rel ΔE':>12}")
-    for r in rows:
-        print(f"{r['model']:<14}{r['variant']:<8}{r['jax_s_per_pass']['median']:>16.2f}"
-              f"{r['hf_s_per_pass']['median']:>12.2f}{r['speedup']:>9.2f}×"
-              f"{r['max_rel_diff_E']:>12.1e}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
-
-
-if __name__ == "__main__":
-    main()

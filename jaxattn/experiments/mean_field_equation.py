@@ -179,8 +179,7 @@ def phase_diagram(config, progress) -> dict[str, np.ndarray]:
     betas = noisy_beta_star(d) * np.linspace(*BETA_RANGE, config.betas)
     ratios = np.linspace(*K_RANGE, config.couplings)
     ts = np.append(RATE_TIMES, [config.settle / 2, config.settle])
-    cap = jnp.exp(CAP * grid.points[..., 0])
-    cap = cap / jnp.sum(grid.weights * cap)
+    cap = mf.cap(grid, CAP)
     starts = jnp.stack([mf.uniform(grid) * (1 + TILT * grid.points[..., 0]), cap])
     shape = (len(betas), len(ratios))
     out = {k: np.zeros(shape + s) for k, s in

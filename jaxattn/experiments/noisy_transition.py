@@ -248,8 +248,7 @@ def equation_caps(d: int) -> dict[str, np.ndarray]:
     the coupling `K`, the settled cap's free energy less the uniform density's
     (`gap`), and its `r` at the end and at half the time."""
     grid, betas = equation_grid(d), betas_of(d)
-    cap = jnp.exp(CAP * grid.points[..., 0])
-    cap = cap / jnp.sum(grid.weights * cap)
+    cap = mf.cap(grid, CAP)
     uniform = mf.uniform(grid)
     shape = (len(betas), len(KC_RATIOS))
     out = {k: np.full(shape, math.nan) for k in ("K", "gap", "r", "r_half")}

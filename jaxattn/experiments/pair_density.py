@@ -168,29 +168,23 @@ def pair_counts(P, U, betas, taus, x, at, kernel: str, norm: str, causal: bool,
     k = max(k for k in range(1, min(G, max(1, BLOCK // s)) + 1) if G % k == 0)
 
     def block(args):
-        P, U, beta, tau, x, at = args  # k models (h, d, d), k × s systems (n, d)
+        P, U, beta, tau, x, at = args  # k models (h, d, d) of one β, k × s systems (n, d)
         dyn = eqx.filter_vmap(lambda P, U: SelfAttentionDynamics(
-            P, U, beta=beta, causal=causal, norm=norm, kernel=kernel))(P, U)
+            P, U, beta=beta[0], causal=causal, norm=norm, kernel=kernel))(P, U)
         observe = functools.partial(clustered_pairs, threshold=threshold,
                                     unit=dyn.stays_on_manifold)
-        counts, finite = observe_at(dyn, x, at, tau, observe)
-        return counts.sum((0, 1)), jnp.all(finite)
+        counts, finite = observe_at(dyn, x, at[0], tau[0], observe)
+        return counts.sum(1), jnp.all(finite, 1)  # per model
 
-    def blocks(a):
-        return a.reshape((B * G // k, k) + a.shape[2:])
+    def models(a):
+        return a.reshape(B * G, *a.shape[2:])
 
-    count = B * G // k
-    cycle = jnp.arange(-(-count // _devices(mesh)) * _devices(mesh)) % count  # whole shares
-    args = (blocks(P), blocks(U), jnp.repeat(betas, G // k), jnp.repeat(taus, G // k),
-            blocks(x), jnp.repeat(at, G // k, axis=0))
+    args = (models(P), models(U), jnp.repeat(betas, G), jnp.repeat(taus, G), models(x),
+            jnp.repeat(at, G, axis=0))
     # Block by block, all steps of a block at once: its intermediates stay in cache.
-    counts, finite = map_blocks(block, [a[cycle] for a in args], mesh)
-    counts = eqx.error_if(counts[:count], ~jnp.all(finite), NONFINITE)
-    return counts.reshape(B, G // k, -1).sum(1)
-
-
-def _devices(mesh: Mesh | None) -> int:
-    return 1 if mesh is None else mesh.devices.size
+    counts, finite = map_blocks(block, args, mesh, block=k)
+    counts = eqx.error_if(counts, ~jnp.all(finite), NONFINITE)
+    return counts.reshape(B, G, -1).sum(1)
 
 
 def observe_at(dyn, x0: Float[Array, "*batch n d"], at: Int[Array, " K"], tau,

@@ -138,12 +138,6 @@ def keyed_layers(dyn, x, keys, num_layers: int, tau, *, noise, block: int,
 @eqx.filter_jit
 def _keyed_program(arrays, x, keys, static, num_layers, tau, noise, observe, block: int,
                    mesh: Mesh | None):
-    size = x.shape[0]
-    step = block * (1 if mesh is None else mesh.devices.size)
-    cycle = jnp.arange(-(-size // step) * step) % size  # padded as np.resize pads
-    blocks = jax.tree.map(lambda a: a[cycle].reshape(-1, block, *a.shape[1:]),
-                          (arrays, x, keys))
-
     def run(b):  # one block: what `run_layers` runs, with the systems' own keys
         arrays, x, keys = b
         dyn = eqx.combine(arrays, static)
@@ -152,8 +146,7 @@ def _keyed_program(arrays, x, keys, static, num_layers, tau, noise, observe, blo
                                  observe or _tokens, None, devices=None, shard="batch",
                                  noise=noise, keys=keys, checked=False)[0]
 
-    out = map_blocks(run, blocks, mesh)
-    return jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:])[:size], out)
+    return map_blocks(run, (arrays, x, keys), mesh, block=block)
 
 
 def _tokens(x):

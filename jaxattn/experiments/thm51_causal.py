@@ -136,7 +136,7 @@ class CausalExperiment(AbstractTheoremExperiment):
         axes[2].set_ylabel("number of starts")
         axes[2].set_title("consensus time")
         for ax in axes[:2]:
-            figures.opaque_legend(ax, fontsize=8)
+            figures.opaque(ax.legend(fontsize=8))
         figures.legend_below(axes[2], ncol=2)  # over the bars it would hide them
         title = (f"Theorem 5.1 — causal, {config.tokens} tokens on $S^{{{config.dim - 1}}}$, "
                  f"h = {config.heads}, seed {config.seed}")

@@ -176,19 +176,14 @@ def run_program(P, U, x0, masks, betas, *, num_layers: int, tau: float, norm: st
         E, last = depth_run(dyn, x0, num_layers, tau)
         return (E, *measure(last))
 
-    def block(args, betas):  # BLOCK instances, their masks (BLOCK, M, n, n)
+    def block(args, betas):  # BLOCK instances and their masks (BLOCK, M, n, n)
         over_i = jax.vmap(one, in_axes=(0, 0, 0, 0, None))
-        over_b = jax.vmap(over_i, in_axes=(None, None, None, None, 0))
-        return jax.vmap(over_b, in_axes=(None, None, None, 1, None))(*args, betas)
+        over_b = jax.vmap(over_i, in_axes=(None, None, None, None, 0), out_axes=1)
+        return jax.vmap(over_b, in_axes=(None, None, None, 1, None), out_axes=1)(*args, betas)
 
-    size = x0.shape[0]
-    step = BLOCK * (1 if mesh is None else mesh.devices.size)
-    cycle = jnp.arange(-(-size // step) * step) % size  # padded as np.resize pads
-    args = [a[cycle].reshape(-1, BLOCK, *a.shape[1:])
-            for a in (P, U, x0, jnp.moveaxis(masks, 0, 1))]
-    out = map_blocks(block, args, mesh, (betas,))  # each (blocks, M, B, BLOCK, …)
-    return tuple(jnp.moveaxis(a, 0, 2).reshape(*a.shape[1:3], -1, *a.shape[4:])[:, :, :size]
-                 for a in out)
+    out = map_blocks(block, (P, U, x0, jnp.moveaxis(masks, 0, 1)), mesh, (betas,),
+                     block=BLOCK)  # each (I, M, B, …)
+    return tuple(jnp.moveaxis(a, 0, 2) for a in out)
 
 
 # --- one chunk -----------------------------------------------------------------------

@@ -150,10 +150,10 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
              "at which E < 1e-4; kN: tokens kept apart in N clusters; p%: still converging, "
              "p % of the instances in consensus (…: none); ∞: overflow; ★: a theorem covers "
              "the row")
-    _title_on_top(fig, title)  # before the colorbar, which takes its room from the panels
+    figures.title_above(fig, title)  # before the colorbar
     fig.colorbar(mesh, ax=list(axes[0]), shrink=0.6, pad=0.02,
                  label=f"median log₁₀ E at layer {config.layers}")
-    return _save(fig, stem)
+    return figures.save_figure(fig, stem, tight=False)
 
 
 def _setup(config, masks) -> str:
@@ -186,7 +186,7 @@ def _draw_one_cell(config, data: dict, row: dict, stem: Path) -> list[Path]:
                  f"R{superscript(row['dim'])} ({cover})\n{outcome}\n"
                  f"{_setup(config, [row['mask']])}", fontsize=9)
     fig.tight_layout()
-    return _save(fig, stem)
+    return figures.save_figure(fig, stem, tight=False)
 
 
 def _label_axes(ax, norms, masks, kernels, betas, covered, *, rows_labelled: bool) -> None:
@@ -208,28 +208,3 @@ def _label_axes(ax, norms, masks, kernels, betas, covered, *, rows_labelled: boo
         ax.annotate(kernel, ((k + 0.5) * len(betas) - 0.5, 1.0), xytext=(0, 2),
                     xycoords=ax.get_xaxis_transform(), textcoords="offset points",
                     ha="center", va="bottom", fontsize=9)
-
-
-def _title_on_top(fig, title: str) -> None:
-    """`title`, wrapped to the figure's width, with room below it for the panels'
-    titles and kernel labels."""
-    title = figures.wrap(title, fig.get_figwidth(), 10)
-    room = (title.count("\n") + 1) * 10 * 1.3 / 72 + 0.75  # inches: title, then labels
-    height = fig.get_figheight()
-    fig.set_figheight(height + room)  # the panels keep their height
-    fig.subplots_adjust(top=1 - room / (height + room))
-    fig.suptitle(title, fontsize=10, y=0.99, va="top")
-
-
-def _save(fig, stem: Path) -> list[Path]:
-    """`save_figure` without `tight_layout` (the colorbar spans the panels); the same
-    reproducible metadata (no creation date), so a resumed run's files equal an
-    uninterrupted one's."""
-    plt = figures.pyplot()
-    paths = []
-    for ext in ("png", "pdf"):
-        path = Path(stem).with_suffix(f".{ext}")
-        paths.append(atomic_write(path, lambda f, ext=ext: fig.savefig(
-            f, format=ext, bbox_inches="tight", metadata=figures.REPRODUCIBLE[ext])))
-    plt.close(fig)
-    return paths

@@ -11,6 +11,7 @@ from ._etd import ETDRK4 as ETDRK4
 from ._grid import AbstractGrid as AbstractGrid
 from ._kernels import KERNELS as KERNELS
 from ._kernels import coupling_of as coupling_of
+from ._measures import cap as cap
 from ._measures import density as density
 from ._measures import free_energy as free_energy
 from ._measures import mode_distance as mode_distance

@@ -1,4 +1,4 @@
-"""Densities on a grid and what is read from them: `uniform`, `density` (particles →
+"""Densities on a grid and what is read from them: `uniform`, `cap`, `density` (particles →
 density), `order_parameter`, `free_energy`, `mode_distance`, `sampling_distance`."""
 
 import math
@@ -24,6 +24,16 @@ def uniform(grid: AbstractGrid) -> Float[Array, "*grid"]:
     """The uniform probability density `1/|S^{d−1}|` on the grid."""
     check_grid(grid)
     return jnp.full(grid.weights.shape, 1 / area(grid.dim))
+
+
+def cap(grid: AbstractGrid, kappa) -> Float[Array, "*grid"]:
+    """The von Mises–Fisher cap `e^{κ x₁} / ∫ e^{κ x₁} dS` about `e₁`, a probability
+    density on the grid (a start near the ordered branch). `kappa`: its concentration
+    `κ ≥ 0` (`0`: the uniform density)."""
+    check_grid(grid)
+    kappa = check_scalar(kappa, "kappa", nonnegative=True)
+    c = jnp.exp(kappa * (grid.points[..., 0] - 1))  # ≤ 1: no overflow at large κ
+    return c / jnp.sum(grid.weights * c)
 
 
 def density(grid: AbstractGrid, x: Float[Array, "n d"], *, smoothing: float = 0.0

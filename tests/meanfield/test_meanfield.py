@@ -28,12 +28,6 @@ def tilted(grid, eps, along=0):
     return mf.uniform(grid) * (1 + eps * grid.points[..., along])
 
 
-def cap(grid, kappa):
-    """A von Mises–Fisher density of concentration `kappa` about `e_1`."""
-    w = jnp.exp(kappa * (grid.points[..., 0] - 1))
-    return w / jnp.sum(grid.weights * w)
-
-
 @pytest.mark.parametrize("grid", [CIRCLE, SPHERE], ids=["circle", "sphere"])
 def test_transforms_are_inverse_and_div_grad_is_the_laplacian(grid, key):
     c = jax.random.normal(key, grid.laplacian.shape) * (grid.degrees() >= 0)
@@ -150,7 +144,7 @@ def test_zero_coupling_is_the_heat_kernel_on_the_circle():
 def test_zero_coupling_decays_the_mean_as_brownian_motion_on_the_sphere():
     """`E x_t = e^{−(d − 1)t/2} E x_0` for Brownian motion on `S^{d−1}`."""
     grid, ts = SPHERE, np.linspace(0, 2, 5)
-    mus = mf.solve(grid, cap(grid, 3.0), ts, beta=1.0, coupling=0.0)
+    mus = mf.solve(grid, mf.cap(grid, 3.0), ts, beta=1.0, coupling=0.0)
     r = np.array([float(mf.order_parameter(grid, m)) for m in mus])
     np.testing.assert_allclose(r, r[0] * np.exp(-ts), rtol=1e-12)
 
@@ -198,7 +192,7 @@ def test_ordered_state_is_the_equations_stationary_state():
     beta = 2 * noisy_beta_star(d)
     k = 1.05 * mf.transition_coupling(beta, d)
     grid = mf.Circle(32)
-    mu = mf.solve(grid, cap(grid, 4.0), np.array([0.0, 100.0]), beta=beta, coupling=k,
+    mu = mf.solve(grid, mf.cap(grid, 4.0), np.array([0.0, 100.0]), beta=beta, coupling=k,
                   dt0=0.05)[-1]
     state = mf.ordered_state(beta, d, k)
     assert float(mf.free_energy(grid, mu, beta, k)) == pytest.approx(state.free_energy,
@@ -231,6 +225,19 @@ def test_linear_threshold_in_jaxattns_kappa_is_where_its_model_turns_unstable(ke
     assert rate(0.99 * kappa) < 0 < rate(1.01 * kappa)
 
 
+def test_a_cap_is_a_probability_density_at_any_concentration():
+    """`mf.cap`: the uniform density at `κ = 0`, mass 1 and finite at any `κ`, and on
+    the circle the von Mises law, whose mean point has length `I₁(κ)/I₀(κ)`."""
+    for grid in (CIRCLE, SPHERE):
+        np.testing.assert_allclose(mf.cap(grid, 0.0), mf.uniform(grid), rtol=1e-12)
+        for kappa in (4.0, 2000.0):
+            mu = mf.cap(grid, kappa)
+            assert np.all(np.isfinite(mu))
+            assert float(jnp.sum(grid.weights * mu)) == pytest.approx(1.0)
+    r = mf.order_parameter(CIRCLE, mf.cap(CIRCLE, 4.0))
+    assert float(r) == pytest.approx(iv(1, 4.0) / iv(0, 4.0), rel=1e-8)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: mf.Circle(1), "`modes` must be a whole number ≥ 2"),
     (lambda: mf.Sphere(True), "`degree` must be a whole number"),
@@ -251,6 +258,7 @@ def test_linear_threshold_in_jaxattns_kappa_is_where_its_model_turns_unstable(ke
     (lambda: mf.fluctuation_distance(CIRCLE, mf.uniform(CIRCLE), [0.0, 1.0], 9, 17, beta=1.0,
                                      coupling=1.0), "`degree` must be a whole number in"),
     (lambda: mf.linear_threshold(1.0, 3, sigma=0.0), "`sigma` must be > 0"),
+    (lambda: mf.cap(CIRCLE, -1.0), "`kappa` must be"),
 ])
 def test_bad_input_is_one_clear_error(call, message):
     with pytest.raises(ValueError, match=None) as info:

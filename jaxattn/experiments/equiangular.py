@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import diffrax as dfx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
@@ -69,21 +70,21 @@ def cosine_gaps(ys: Float[Array, "*T n d"]) -> Float[Array, "*T m"]:
     return off_diagonal(0.5 * jnp.sum((u[..., :, None, :] - u[..., None, :, :]) ** 2, -1))
 
 
-def measure(ys: Float[Array, "T n d"]) -> dict[str, np.ndarray]:
+@jax.jit  # one program for every pair (op by op, ~20)
+def measure(ys: Float[Array, "T n d"]) -> dict[str, Float[Array, " T"]]:
     """`ρ` (mean off-diagonal cosine), its spread (max − min), `1 − ρ` and the mean
     norm, at every saved time."""
     u = normalize(ys)
     cos = off_diagonal(jnp.einsum("tid,tjd->tij", u, u))
-    return {"rho": np.asarray(jnp.mean(cos, -1)),
-            "spread": np.asarray(jnp.max(cos, -1) - jnp.min(cos, -1)),
-            "gap": np.asarray(jnp.mean(cosine_gaps(ys), -1)),
-            "radius": np.asarray(jnp.mean(jnp.linalg.norm(ys, axis=-1), -1))}
+    return {"rho": jnp.mean(cos, -1), "spread": jnp.max(cos, -1) - jnp.min(cos, -1),
+            "gap": jnp.mean(cosine_gaps(ys), -1),
+            "radius": jnp.mean(jnp.linalg.norm(ys, axis=-1), -1)}
 
 
 def flow(config, norm, kernel, ts) -> dict[str, np.ndarray]:
     """The `n`-particle flow from the equiangular start, measured (`measure`)."""
     n, d = config.tokens, config.dim
-    eye = jnp.eye(d)[None]
+    eye = np.eye(d)[None]
     dyn = SelfAttentionDynamics(eye, eye, beta=config.beta, norm=norm, kernel=kernel)
     x0 = equiangular_tokens(config.rho0, n, d)
     ys = solve_flow(dyn, x0, ts, solver=dfx.Dopri8(), rtol=RTOL, atol=ATOL,

@@ -15,6 +15,7 @@ horizons").
 """
 
 import math
+from functools import partial
 from pathlib import Path
 
 import diffrax
@@ -99,31 +100,38 @@ def betas(config) -> np.ndarray:
     return np.linspace(config.beta_min, config.beta_max, config.betas)
 
 
-def run_beta(x0, beta: float, ts, config) -> dict[str, np.ndarray]:
+def run_beta(x0, beta: float, ts, config, stop) -> dict[str, np.ndarray]:
     """One `β`'s run: its save times (`inf` after the stop), tokens, energy, count
-    (and with the rescaled integrator every merger's time, located by its event)."""
+    (and with the rescaled integrator every merger's time, located by its event).
+    `stop` is the plain run's event (`merged`), one function for every `β`: its
+    solve is then one program, traced once (`β` is a leaf of the model)."""
     if rescaled(config):
         out = rescaled_flow(x0, beta, ts, eps=config.eps, target=config.target,
                             rtol=min(config.rtol, SNAP / 1000))
-        finite = np.isfinite(out["ts"])
-        return out | {"E": np.where(finite, np.asarray(interaction_energy(
-            jnp.asarray(out["ys"]), beta)), np.nan),
-            "count": np.asarray(cluster_count(jnp.asarray(out["ys"]), config.eps))}
-    eye = jnp.eye(x0.shape[-1])[None]
+        _, E, count = readings(out["ts"], out["ys"], out["ys"], beta, eps=config.eps)
+        return out | {"E": np.asarray(E), "count": np.asarray(count)}
+    eye = np.eye(x0.shape[-1])[None]
     dyn = SelfAttentionDynamics(eye, eye, beta=beta, kernel="usa")
     # implicit: an explicit solver is held to steps of ~1 by the clusters' stiffness
     # (docs/limits.md, "Stiffness, and the implicit solver")
-    sol = solve_flow(dyn, x0, jnp.asarray(ts), solver=diffrax.Kvaerno3(), solution=True,
-                     event=merged(config.eps, config.target), rtol=config.rtol,
-                     atol=config.rtol * 1e-2, max_steps=config.max_steps, throw=False)
+    sol = solve_flow(dyn, x0, ts, solver=diffrax.Kvaerno3(), solution=True, event=stop,
+                     rtol=config.rtol, atol=config.rtol * 1e-2, max_steps=config.max_steps,
+                     throw=False)
     if not bool(sol.success):  # in the flags of this command, not `solve_flow`'s arguments
         raise SimulationError(plain_failure(sol.result, beta, config))
-    ys = jnp.where(jnp.isfinite(sol.ts)[:, None, None], sol.ys, x0)  # inf → placeholders
-    return {"ts": np.asarray(sol.ts), "ys": np.asarray(ys),
-            "E": np.where(np.isfinite(sol.ts), np.asarray(interaction_energy(ys, beta)),
-                          np.nan),
-            "count": np.asarray(cluster_count(ys, config.eps)),
-            "t1": np.asarray(sol.t1), "steps": np.asarray(sol.stats["num_steps"])}
+    ys, E, count = readings(sol.ts, sol.ys, x0, beta, eps=config.eps)
+    return {"ts": np.asarray(sol.ts), "ys": np.asarray(ys), "E": np.asarray(E),
+            "count": np.asarray(count), "t1": np.asarray(sol.t1),
+            "steps": np.asarray(sol.stats["num_steps"])}
+
+
+@partial(jax.jit, static_argnames="eps")
+def readings(ts, ys, fill, beta, *, eps: float):
+    """The saves after the stop (`ts` inf) replaced by `fill`, the energy at each
+    save (NaN after the stop) and the cluster count: one program for every `β`."""
+    finite = jnp.isfinite(ts)
+    ys = jnp.where(finite[:, None, None], ys, fill)
+    return ys, jnp.where(finite, interaction_energy(ys, beta), jnp.nan), cluster_count(ys, eps)
 
 
 def plain_failure(result, beta: float, config) -> str:
@@ -304,7 +312,8 @@ class Metastability(AbstractExperiment):
         ts = log_grid(T_MIN, final_time(config), config.saves)
         x0 = sample_ellipsoid(jax.random.PRNGKey(config.seed), config.tokens,
                               config.dim, dtype=jnp.float64)
-        runs = [run_beta(x0, float(beta), ts, config)
+        stop = merged(config.eps, config.target)
+        runs = [run_beta(x0, float(beta), ts, config, stop)
                 for beta in tqdm(bs, desc=self.name, disable=not progress, leave=False)]
         data = {k: np.stack([r[k] for r in runs]) for k in runs[0]}
         return data | {"betas": bs, "x0": np.asarray(x0)}

@@ -9,15 +9,18 @@ The solution is integrated in `(log(1 − ρ), log r)`, so that `1 − ρ` keeps
 relative accuracy down to the smallest floats as the tokens cluster."""
 
 import math
+from functools import partial
 from typing import NamedTuple
 
 import diffrax as dfx
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Real
 
 from .._kernel import BUILTIN, AbstractKernel, as_kernel
+from .._norm import BUILTIN as NORM_BUILTIN
 from .._norm import AbstractNorm, as_norm
 from .._strategy import stepped
 from .._validate import is_concrete
@@ -29,6 +32,9 @@ KERNELS = tuple(name for name, cls in BUILTIN.items() if cls.exponent_shift == 0
 _Norm = AbstractNorm | str
 _Kernel = AbstractKernel | str
 
+#: The pairs whose reduced ODEs share one program, traced once (issue 42): every
+#: built-in placement with every covered kernel, one chosen by a traced index.
+PAIRS = tuple((norm(), BUILTIN[kernel]()) for norm in NORM_BUILTIN.values() for kernel in KERNELS)
 
 class Asymptotics(NamedTuple):
     """How fast `1 − ρ(t) → 0`: `kind` is `"exponential"` (`1 − ρ ≍ e^{−rate·t}`),
@@ -113,13 +119,19 @@ def _parts(gap, kappa, n: int, beta, kernel: AbstractKernel):
 
 
 def _log_field(t, y, args):
-    """`d/dt (log(1 − ρ), log r)`: the reduced ODE in the variables it is solved in."""
-    n, beta, norm, kernel = args
+    """`d/dt (log(1 − ρ), log r)`: the reduced ODE in the variables it is solved in, of
+    the pair `pairs[index]` (a switch on the traced `index`)."""
+    index, n, beta, pairs = args
+    return jax.lax.switch(index, [partial(_pair_field, norm, kernel) for norm, kernel in pairs],
+                          y, n, beta)
+
+
+def _pair_field(norm: AbstractNorm, kernel: AbstractKernel, y, n: int, beta):
     gap, r = jnp.exp(y[0]), jnp.exp(y[1])
     s, m, per_gap = _parts(gap, _kappa(norm, r), n, beta, kernel)
     # ρ̇ = 2g · speed, so d log(1 − ρ)/dt = −2 (g / (1 − ρ)) · speed
     speed, dr = norm.equiangular(s, m, r)
-    return jnp.stack([-2 * per_gap * speed, jnp.asarray(dr / r, y.dtype)])
+    return jnp.stack([-2 * per_gap * speed, jnp.asarray(dr / r, y.dtype)]).astype(y.dtype)
 
 
 def equiangular_field(rho: Real[Array, "..."], n: int, beta: float, *, norm: _Norm = "post",
@@ -192,25 +204,30 @@ def equiangular_solution(rho0: float, n: int, beta: float, ts: Real[Array, " T"]
     if concrete and np.any(np.diff(np.asarray(ts)) < 0):
         raise ValueError("`ts` must be nondecreasing (the reduced ODE is integrated forwards).")
     y0 = jnp.asarray([math.log1p(-rho0), 0.0], ts.dtype)
-    ys, result = _solve(y0, ts, n, float(beta), norm, kernel, rtol, atol, max_steps)
+    pairs = PAIRS if (norm, kernel) in PAIRS else ((norm, kernel),)
+    index = jnp.asarray(pairs.index((norm, kernel)))
+    solution, result = _solve(y0, ts, index, float(beta), n, pairs, rtol, atol, max_steps)
     if concrete:  # checked on the host: the program holds no callback (issue 42)
         if result != dfx.RESULTS.successful:
             raise eqx.EquinoxRuntimeError(dfx.RESULTS[result])
     else:  # inside a user's jit: diffrax's checks, in the program
-        ys = eqx.error_if(ys, ts[1:] < ts[:-1], "saveat.ts must be increasing or decreasing.")
-        ys = result.error_if(ys, result != dfx.RESULTS.successful)
-    gap = jnp.exp(ys[:, 0])
-    return EquiangularSolution(ts, 1 - gap, gap, jnp.exp(ys[:, 1]))
+        solution = eqx.error_if(solution, ts[1:] < ts[:-1],
+                                "saveat.ts must be increasing or decreasing.")
+        solution = result.error_if(solution, result != dfx.RESULTS.successful)
+    return solution
 
 
 @eqx.filter_jit
-def _solve(y0, ts, n, beta, norm, kernel, rtol, atol, max_steps):
+def _solve(y0, ts, index, beta, n, pairs, rtol, atol, max_steps):
     """`diffeqsolve(ODETerm(_log_field), Dopri8(), …, SaveAt(ts=ts))`'s loop without its
-    in-program checks (`stepping.stepped`): `(ys, result)`."""
+    in-program checks (`stepping.stepped`), for the pair `pairs[index]` (traced: one
+    program for every built-in pair; `β` static, as folding `e^β` keeps today's last bits):
+    `(solution, result)`."""
     ys, result, _ = stepped(dfx.ODETerm(_log_field), dfx.Dopri8(),
                             dfx.PIDController(rtol=rtol, atol=atol), ts, None, max_steps, y0,
-                            (n, beta, norm, kernel))
-    return ys, result
+                            (index, n, beta, pairs))
+    gap = jnp.exp(ys[:, 0])
+    return EquiangularSolution(ts, 1 - gap, gap, jnp.exp(ys[:, 1])), result
 
 
 def equiangular_asymptotics(n: int, beta: float, *, norm: _Norm = "post",

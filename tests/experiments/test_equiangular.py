@@ -162,3 +162,19 @@ def test_verdict_judges_the_rates_and_fails_a_rate_ten_percent_off(monkeypatch):
         wrong = study.verdict(config, data)
         assert not wrong.ok and wrong.numbers["max_rho_error"] == 0.0
         assert wrong.numbers["max_rate_error"] > 0.08
+
+
+def test_every_builtin_pairs_ode_is_one_program(monkeypatch):
+    """The reduced ODEs of every built-in placement and kernel share one program,
+    traced once (issue 42): the solver loop (`stepped`) is traced for the first pair
+    only, and each pair's solution is still its own (distinct gaps)."""
+    from jaxattn.theory import _equiangular
+
+    traced, stepped = [], _equiangular.stepped
+    monkeypatch.setattr(_equiangular, "stepped", lambda *a: traced.append(1) or stepped(*a))
+    ts = jnp.linspace(0.0, 0.7, 6)  # a shape of its own: no program cached yet
+    gaps = [np.asarray(equiangular_solution(RHO0, 5, 0.7, ts, norm=norm, kernel=kernel).gap)
+            for norm, kernel in _equiangular.PAIRS
+            if equiangular_asymptotics(5, 0.7, norm=norm, kernel=kernel).kind != "blow-up"]
+    assert len(traced) == 1 and len(gaps) == len(_equiangular.PAIRS) - 1
+    assert len({g.tobytes() for g in gaps}) > len(NORMS)  # not one pair's, repeated

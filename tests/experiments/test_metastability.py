@@ -117,6 +117,35 @@ def test_merge_time_is_the_two_cluster_integral():
     assert 1.03 < laplace[0] < 1.05 and 1 < laplace[1] < 1.01
 
 
+def test_every_betas_plain_run_is_one_program(monkeypatch):
+    """The plain runs of every `β` share one solve, traced once (issue 42): the event
+    is one function for the run and `β` a leaf of the model, so the event's
+    condition is traced during the first `β`'s run only."""
+    from jaxattn.experiments import experiment_config, get_experiment
+    from jaxattn.experiments import metastability as M
+
+    traced, per_beta, run_beta = [], [], M.run_beta
+
+    def counted(eps, target):
+        cond = merged(eps, target)
+        return lambda t, x: traced.append(1) or cond(t, x)
+
+    def run(*args):
+        before = len(traced)
+        out = run_beta(*args)
+        per_beta.append(len(traced) - before)
+        return out
+
+    monkeypatch.setattr(M, "merged", counted)
+    monkeypatch.setattr(M, "run_beta", run)
+    config = experiment_config(get_experiment("metastability"), {
+        "tokens": 5, "betas": 3, "beta_min": 3.0, "beta_max": 4.0, "horizon": 3.0,
+        "saves": 7}, 0)
+    data = M.Metastability().simulate(config, False)
+    assert per_beta[0] > 0 and per_beta[1:] == [0, 0]
+    assert data["E"].shape == (3, 8) and not np.array_equal(data["E"][0], data["E"][2])
+
+
 def _saved_run():
     import json
     from pathlib import Path

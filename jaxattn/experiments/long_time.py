@@ -23,6 +23,9 @@ from ..metrics import rescaled_flow as rescaled_flow
 
 #: The snapping distance of `rescaled_flow` (chord): points this close become one.
 SNAP = RESCALED_SNAP
+#: `cluster_labels` as one program per shape and `eps` (called eagerly, its dense
+#: path's loop was traced anew on every call: 115 programs per `metastability` run).
+_labels = jax.jit(cluster_labels, static_argnames="eps")
 
 
 def log_grid(t_min: float, t_max: float, count: int) -> np.ndarray:
@@ -45,7 +48,7 @@ def clusters(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
     number of tokens `(k,)`, in the order of their first tokens."""
     x = np.asarray(x, float)
     with jax.enable_x64(True):
-        label = np.asarray(cluster_labels(jnp.asarray(x, jnp.float64), eps))
+        label = np.asarray(_labels(jnp.asarray(x, jnp.float64), eps=float(eps)))
         ids = np.unique(label)
         means = np.stack([x[label == i].mean(axis=0) for i in ids])
         return np.asarray(normalize(jnp.asarray(means))), np.array(

@@ -3,6 +3,7 @@ map locally stable (paper 004 Theorem 3 for one head, and its open multi-head
 case), searched by `ja.explore.stabilize_bipartite` and checked by kicking the
 point."""
 
+import functools
 from pathlib import Path
 
 import jax
@@ -49,17 +50,14 @@ class ConjectureBipartite(AbstractSearch):
                  f"--split must be in 1..{config.tokens - 1}, got {config.split}."),)
 
     def explore(self, config, h, progress):
-        n, m, d, R = config.tokens, config.split, config.dim, config.restarts
-        v = jnp.zeros(d).at[0].set(1.0)
-        k1, k2 = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(config.seed), h))
-        dtype = jnp.result_type(float)
-        w0 = BipartiteWeights(2 * jax.random.normal(k1, (R, h, d, d), dtype),
-                              jax.random.normal(k2, (R, h, d, d), dtype))
+        d = config.dim
+        v = np.eye(d, dtype=jnp.result_type(float))[0]
+        w0, key = _start_weights(config.seed, h=h, R=config.restarts, d=d)
         w, trace, viol = stabilize_bipartite(
-            w0, v, n=n, m=m, tau=config.tau, p_bound=config.p_bound,
+            w0, v, n=config.tokens, m=config.split, tau=config.tau, p_bound=config.p_bound,
             u_bound=config.u_bound, steps=config.steps,
             optimizer=optax.adam(config.lr))
-        return _bipartite_check(w, trace, viol, v, n, m, config, k1)
+        return _bipartite_check(w, trace, viol, v, config, key)
 
     def judge_setting(self, config, found, h):
         ok, rho = found["valid"], found["rho"]
@@ -121,23 +119,46 @@ def _assumption_1(U_sum, tol=1e-6):
     return lam[-1] > tol and lam[-1] - np.max(np.abs(lam[:-1])) > tol and mags[0] > tol
 
 
-def _bipartite_check(w, trace, viol, v, n, m, config, key):
+@functools.partial(jax.jit, static_argnames=("h", "R", "d"))
+def _start_weights(seed, *, h, R, d):
+    """Every restart's random start `(R, h, d, d)` and the key of the kicks."""
+    k1, k2 = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), h))
+    dtype = jnp.result_type(float)
+    return BipartiteWeights(2 * jax.random.normal(k1, (R, h, d, d), dtype),
+                            jax.random.normal(k2, (R, h, d, d), dtype)), k1
+
+
+@functools.partial(jax.jit, static_argnames="n")
+def _restart_readings(w, v, tau, *, n, m):
+    """The bipartite point `x`, and per restart the spectral radius of the tangent
+    Jacobian at `x`, the fixed-point residual and `ΣU`."""
     x = bipartite_point(v, n, m)
-    R = w.P.shape[0]
-    rho, valid, residual = np.zeros(R), np.zeros(R, bool), np.zeros(R)
-    for r in range(R):
-        dyn = SelfAttentionDynamics(w.P[r], w.U[r])
-        rho[r] = float(spectral_radius(tangent_jacobian(dyn, x, config.tau)))
-        residual[r] = float(jnp.max(jnp.abs(dyn.layer(0.0, x, config.tau) - x)))
-        valid[r] = residual[r] < 1e-10 and _assumption_1(np.asarray(layer_matrix(dyn)))
+
+    def one(P, U):
+        dyn = SelfAttentionDynamics(P, U)
+        return (spectral_radius(tangent_jacobian(dyn, x, tau)),
+                jnp.max(jnp.abs(dyn.layer(0.0, x, tau) - x)), layer_matrix(dyn))
+
+    return x, *jax.vmap(one)(w.P, w.U)
+
+
+@jax.jit
+def _kicked(x, key):
+    """The point kicked by a small (`1e-3`) and a larger (`1e-1`) Gaussian kick, `(2, n, d)`."""
+    scale = jnp.asarray([1e-3, 1e-1], x.dtype)[:, None, None]
+    return normalize(x[None] + scale * jax.random.normal(key, x.shape, x.dtype)[None])
+
+
+def _bipartite_check(w, trace, viol, v, config, key):
+    x, rho, residual, U_sum = _restart_readings(w, v, jnp.asarray(config.tau), n=config.tokens,
+                                                m=config.split)
+    rho, residual = np.asarray(rho), np.asarray(residual)
+    valid = (residual < 1e-10) & np.array([_assumption_1(M) for M in np.asarray(U_sum)], bool)
     rho0 = np.exp(trace[0])  # smooth bound at the start (≥ ρ)
     best = int(np.argmin(np.where(valid, rho, np.inf)))
-    dyn = SelfAttentionDynamics(w.P[best], w.U[best])
-    dist = []
-    for scale in (1e-3, 1e-1):
-        kick = scale * jax.random.normal(key, x.shape, x.dtype)
-        ys = run_layers(dyn, normalize(x + kick), config.layers, config.tau)
-        dist.append(np.max(np.linalg.norm(np.asarray(ys) - np.asarray(x), axis=-1), axis=-1))
+    P, U = np.asarray(w.P)[best], np.asarray(w.U)[best]
+    ys = run_layers(SelfAttentionDynamics(P, U), _kicked(x, key), config.layers, config.tau)
+    dist = np.max(np.linalg.norm(np.asarray(ys) - np.asarray(x), axis=-1), axis=-1)
     return {"trace": trace, "violation": np.max(viol), "rho": rho, "rho0": rho0, "valid": valid,
             "residual": residual, "dist_small": dist[0], "dist_large": dist[1],
-            "absorbed": dist[0][-1] < 1e-6, "P": w.P[best], "U": w.U[best]}
+            "absorbed": dist[0][-1] < 1e-6, "P": P, "U": U}

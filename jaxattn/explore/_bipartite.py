@@ -52,9 +52,10 @@ class BipartiteWeights(eqx.Module):
         return SelfAttentionDynamics(self.P, self.U, beta=beta)
 
 
-def project_bipartite(w: BipartiteWeights, v, p_bound: float, u_bound: float):
+def project_bipartite(w: BipartiteWeights, v, p_bound: float, u_bound: float, *,
+                      norm=jnp.linalg.norm):
     """Keep `U_η` symmetric, `v` an eigenvector of `Σ_η U_η`, `vᵀP_η v` equal over
-    heads, and the Frobenius norms of the stacks `P`, `U` bounded (a common
+    heads, and the Frobenius norms (`norm`) of the stacks `P`, `U` bounded (a common
     rescaling, which keeps the linear conditions)."""
     h = w.U.shape[0]
     U = (w.U + jnp.swapaxes(w.U, -1, -2)) / 2
@@ -63,8 +64,8 @@ def project_bipartite(w: BipartiteWeights, v, p_bound: float, u_bound: float):
     U = U - (jnp.outer(r, v) + jnp.outer(v, r))[None] / h
     pv = einsum("d,hde,e->h", v, w.P, v)
     P = w.P - (pv - jnp.mean(pv))[:, None, None] * jnp.outer(v, v)[None]
-    P = P * jnp.minimum(1.0, p_bound / jnp.linalg.norm(P))
-    U = U * jnp.minimum(1.0, u_bound / jnp.linalg.norm(U))
+    P = P * jnp.minimum(1.0, p_bound / norm(P))
+    U = U * jnp.minimum(1.0, u_bound / norm(U))
     return BipartiteWeights(P, U)
 
 
@@ -125,10 +126,22 @@ def stabilize_bipartite(
     radius at every iterate `(steps + 1, R)` and the constraint defect there.
     """
     steps = check_count(steps, "steps")
-    optimizer = optimizer or optax.adam(0.02)
+    # the bounds and the step traced (weakly typed, as the Python floats were)
+    w, trace, viol = _stabilize(w0, v, *map(jnp.asarray, (tau, p_bound, u_bound)), n=n, m=m,
+                                beta=beta, steps=steps, optimizer=optimizer or optax.adam(0.02))
+    return w, np.asarray(trace), np.asarray(viol)
+
+
+def _whole_norm(a):
+    return jax.lax.optimization_barrier(jnp.linalg.norm(a))
+
+
+@eqx.filter_jit
+def _stabilize(w0, v, tau, p_bound, u_bound, *, n, m, beta, steps, optimizer):
+    """`stabilize_bipartite`'s search, one program: the projected start, the optimiser
+    steps and the radius and defect of the last iterate appended."""
     proj = jax.vmap(lambda w: project_bipartite(w, v, p_bound, u_bound))
     violation = jax.vmap(lambda w: bipartite_violation(w, v, p_bound, u_bound))
-    w = proj(w0)
 
     def radius(w):
         return bipartite_log_radius(w, v, n, m, tau, beta)
@@ -139,8 +152,11 @@ def stabilize_bipartite(
         upd, opt = jax.vmap(optimizer.update)(g, opt, w)
         return (proj(optax.apply_updates(w, upd)), opt), (val, violation(w))
 
-    run = eqx.filter_jit(lambda w, opt: jax.lax.scan(step, (w, opt), None, length=steps))
-    (w, _), (trace, viol) = run(w, jax.vmap(optimizer.init)(w))
-    last, last_viol = jax.vmap(radius)(w), violation(w)
-    return (w, np.concatenate([np.asarray(trace), np.asarray(last)[None]]),
-            np.concatenate([np.asarray(viol), np.asarray(last_viol)[None]]))
+    # The start's bounds read `‖P‖` whole, as the start projected op by op did (in one
+    # program XLA turns `p_bound / ‖P‖` into an rsqrt: other last bits, and the search's
+    # optimum moves with them).
+    w = jax.vmap(lambda w: project_bipartite(w, v, p_bound, u_bound, norm=_whole_norm))(w0)
+    (w, _), (trace, viol) = jax.lax.scan(step, (w, jax.vmap(optimizer.init)(w)), None,
+                                         length=steps)
+    return (w, jnp.concatenate([trace, jax.vmap(radius)(w)[None]]),
+            jnp.concatenate([viol, violation(w)[None]]))

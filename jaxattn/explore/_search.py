@@ -251,9 +251,16 @@ def _evaluate(loop: _Loop, x, w, z):
     return jax.vmap(loop.value)(x, w), jax.vmap(loop.violation)(x, w, z)
 
 
+@eqx.filter_jit
+def _finish(loop: _Loop, state, best):
+    """The last iterate's objective and violation, and the best with it."""
+    v, viol = _evaluate(loop, state[0], state[1], state[3])
+    return _keep_best(best, state, v), v, viol
+
+
 def _run_loop(loop, state, steps, progress, desc):
     R = state[0].shape[0]
-    best = (jnp.full((R,), -jnp.inf, state[0].dtype), state[0], state[1])
+    best = (np.full((R,), -np.inf, state[0].dtype), state[0], state[1])
     chunk = Horizon.pieces(steps, most=10) if steps else 0  # equal chunks compile once
     vs, viols = [], []
     with tqdm(total=steps, desc=desc, unit="step", disable=not progress, leave=False) as bar:
@@ -262,8 +269,7 @@ def _run_loop(loop, state, steps, progress, desc):
             vs.append(np.asarray(v))
             viols.append(np.asarray(viol))
             bar.update(chunk)
-    v_last, viol_last = _evaluate(loop, state[0], state[1], state[3])
-    best = _keep_best(best, state, v_last)
+    best, v_last, viol_last = _finish(loop, state, best)
     vs.append(np.asarray(v_last)[None])
     viols.append(np.asarray(viol_last)[None])
     return best, np.concatenate(vs), np.concatenate(viols)

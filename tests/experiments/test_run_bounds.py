@@ -146,8 +146,12 @@ def _run_or_refuse(name: str, key: str, value, out: Path) -> None:
 def test_every_experiment_at_each_smallest_value(tmp_path, name, key, value):
     import jax
 
+    before = jax.config.read("jax_enable_x64")
     jax.config.update("jax_enable_x64", name not in ("loop-grid",))
-    _run_or_refuse(name, key, value, tmp_path / "out")
+    try:
+        _run_or_refuse(name, key, value, tmp_path / "out")
+    finally:  # the rest of this worker's tests run as the suite set them
+        jax.config.update("jax_enable_x64", before)
 
 
 def test_the_daily_draws_cover_every_experiment_and_every_bound():

@@ -54,3 +54,16 @@ def seed(request) -> int:
 @pytest.fixture
 def key(seed):
     return jax.random.PRNGKey(seed)
+
+
+@pytest.fixture
+def compiles():
+    """A counter of the programs XLA compiles (or loads from a cache) while it is held."""
+    count = [0]
+
+    def listen(event, seconds, **kwargs):
+        count[0] += event == "/jax/core/compile/backend_compile_duration"
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    yield count
+    jax.monitoring.unregister_event_duration_listener(listen)

@@ -268,19 +268,6 @@ def test_hemisphere_of_concrete_tokens_calls_no_callback(monkeypatch, system):
     np.testing.assert_allclose(here.margin, traced.margin, rtol=1e-12)
 
 
-@pytest.fixture
-def compiles():
-    """A counter of the programs XLA compiles (or loads from a cache) while it is held."""
-    count = [0]
-
-    def listen(event, seconds, **kwargs):
-        count[0] += event == "/jax/core/compile/backend_compile_duration"
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    yield count
-    jax.monitoring.unregister_event_duration_listener(listen)
-
-
 def test_a_new_beta_tau_sigma_horizon_or_seed_compiles_nothing(key, compiles):
     """The values a study varies are traced: after a first run, a new β, τ, σ, horizon
     or seed runs the same programs (`solve_flow`, `run_layers`, with and without noise)."""

@@ -5,24 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 
 import jaxattn as ja
 from jaxattn.explore import BipartiteWeights
 from jaxattn.explore._bipartite import bipartite_log_radius, project_bipartite
-
-
-@pytest.fixture
-def compiles():
-    """A counter of the programs XLA compiles (or loads from a cache) while it is held."""
-    count = [0]
-
-    def listen(event, seconds, **kwargs):
-        count[0] += event == "/jax/core/compile/backend_compile_duration"
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    yield count
-    jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def test_stabilize_bipartite_is_one_program(key, compiles):

@@ -5,8 +5,9 @@ Each experiment (all of `jaxattn list`, or the names given) runs twice, each tim
 fresh process, sharing one fresh JAX cache folder: the first run fills the cache, the
 second should read every program from it. Per run the table gives the programs XLA
 compiled, those JAX refused to keep because they hold a host callback (by name), the
-cache hits, and the share of the wall time spent tracing, lowering and compiling (JAX's
-monitoring duration events).
+cache hits, the programs loaded whole (`_programs.kept_jit`, neither traced nor
+lowered), and the share of the wall time spent tracing, lowering and compiling or
+loading (JAX's monitoring duration events, and jaxattn's for a load).
 
     python benchmarks/programs.py [NAME ...]
 """
@@ -31,14 +32,17 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 COMPILE = ("/jax/core/compile/backend_compile_duration",
            "/jax/core/compile/jaxpr_trace_duration",
-           "/jax/core/compile/jaxpr_to_mlir_module_duration")
-stats = {"programs": 0, "hits": 0, "compile_s": 0.0, "refused": [], "names": []}
+           "/jax/core/compile/jaxpr_to_mlir_module_duration",
+           "/jaxattn/programs/load_duration")
+stats = {"programs": 0, "hits": 0, "loaded": 0, "compile_s": 0.0, "refused": [], "names": []}
 
 def on_duration(event, seconds, **kw):
     if event in COMPILE:
         stats["compile_s"] += seconds
     if event == COMPILE[0]:
         stats["programs"] += 1
+    if event == COMPILE[3]:
+        stats["loaded"] += 1
 
 def on_event(event, **kw):
     if event == "/jax/compilation_cache/cache_hits":
@@ -97,13 +101,14 @@ def row(name: str, run: int, s: dict) -> str:
     share = 100 * s["compile_s"] / s["wall_s"]
     compiled = s["programs"] - s["hits"]
     return (f"| {name} | {run} | {s['programs']} ({compiled}) | {len(s['refused'])} {names} | "
-            f"{s['hits']} | {s['wall_s']:.1f} | {s['compile_s']:.1f} | {share:.0f} % |")
+            f"{s['hits']} | {s['loaded']} | {s['wall_s']:.1f} | {s['compile_s']:.1f} | "
+            f"{share:.0f} % |")
 
 
 def main(names: list[str], names_out: str | None = None) -> None:
     print("| experiment | run | programs (compiled) | refused (host callbacks) | cache hits "
-          "| wall s | compile s | compile share |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| kept, loaded | wall s | compile s | compile share |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in names or experiments():
         with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as out:
             for run in (1, 2):

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._precision import einsum
+from ._programs import kept_jit
 from ._validate import check_count, check_metric
 
 
@@ -49,7 +50,7 @@ def normalize(
     return project(x, W)
 
 
-@jax.jit  # one program per shape when called on concrete tokens; inlined under jit
+@kept_jit(static_argnames=())  # one program per shape on concrete tokens; inlined under jit
 def project(x: Float[Array, "... d"], W: Float[Array, "d d"] | None) -> Float[Array, "... d"]:
     """`N_W` without input checks, for use inside the simulators.
 
@@ -120,9 +121,12 @@ def sample_ellipsoid(
     An `(n, d)` array whose rows lie on `E_W`.
     """
     shape = (check_count(n, "n", 1), check_count(d, "d", 1))
-    dtype = jnp.result_type(float) if dtype is None else dtype
-    y = jax.random.normal(key, shape, dtype=dtype)
-    return normalize(y, W)
+    return _sample(key, W, shape=shape, dtype=jnp.result_type(float) if dtype is None else dtype)
+
+
+@kept_jit(static_argnames=("shape", "dtype"))  # one program, not three per call
+def _sample(key, W, *, shape, dtype):
+    return normalize(jax.random.normal(key, shape, dtype=dtype), W)
 
 
 def tangent(

@@ -42,6 +42,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "derandomized"))
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
+from jaxattn import _programs  # noqa: E402
+
+# Programs kept whole (`_programs.kept_jit`) are loaded without tracing: tests that
+# patch the library's internals must trace them. tests/core/test_programs.py turns
+# them on.
+_programs.ENABLED = False
+
 
 @pytest.fixture
 def seed(request) -> int:

@@ -2,11 +2,11 @@
 that a member whose output has the wrong shape (which would broadcast silently) or is
 NaN at ordinary logits is refused by name before any run."""
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._programs import kept_jit
 from .._validate import is_concrete
 from .base import AbstractKernel
 from .pointwise import AbstractPointwiseKernel
@@ -31,7 +31,7 @@ def _same_shape(kernel, what: str, piece, shape) -> None:
                         f"{got}: fix its shape (a wrong one would broadcast silently in a run).")
 
 
-@eqx.filter_jit
+@kept_jit
 def _values(kernel: AbstractKernel, s):
     """The weights (and pointwise weights) on the logits `s`: one program per member."""
     pointwise = kernel.pointwise(s) if isinstance(kernel, AbstractPointwiseKernel) else None

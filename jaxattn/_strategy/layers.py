@@ -14,6 +14,7 @@ from jaxtyping import Array, Float, PyTree, Real
 from .._batch import prepare_tokens
 from .._ensemble import LastAxis, batch_last
 from .._noise import layer_normal, map_keyed, noisy_layer
+from .._programs import kept_jit
 from .._stacked import map_models, map_systems
 from .._validate import NONFINITE
 
@@ -100,7 +101,7 @@ def layer_of(d, noise, key, fused: bool) -> Callable:
     return layer
 
 
-@eqx.filter_jit
+@kept_jit
 def layers_program(dyn, x0, num_layers, tau, observe, checkpoints, checks, fused=False,
                    chunk=None, noise=None, keys=None):
     """Every layer of a batch, on the general (`vmap`) or the fused path: `(ys,

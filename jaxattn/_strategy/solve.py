@@ -15,6 +15,7 @@ from .._batch import prepare_tokens
 from .._ensemble import batch_last
 from .._manifold import project
 from .._noise import brownian_path, map_keyed, sde_terms
+from .._programs import kept_jit
 from .._stacked import map_batch, map_models, map_systems
 from .._validate import NONFINITE, raise_unless
 from .stepping import root_tolerances, stepped
@@ -218,7 +219,7 @@ def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event
     return program
 
 
-@eqx.filter_jit
+@kept_jit
 def solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, throw, project_out,
                    checks, fused=False, chunk=None, event=None, noise=None, keys=None,
                    progress=False, host=False):

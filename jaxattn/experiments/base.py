@@ -197,6 +197,12 @@ class AbstractExperiment(abc.ABC):
                 raise TypeError(f"{cls.__name__} {why}.")
 
     @typing.final
+    def __repr__(self) -> str:
+        """Its class: an experiment holds no state (a program kept in the cache folder
+        is named by it, `_programs.kept_jit`)."""
+        return f"{type(self).__module__}.{type(self).__qualname__}()"
+
+    @typing.final
     def all_params(self) -> tuple[Param, ...]:
         """The experiment's parameters, then its base's that it does not declare
         again."""

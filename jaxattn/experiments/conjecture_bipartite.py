@@ -3,7 +3,6 @@ map locally stable (paper 004 Theorem 3 for one head, and its open multi-head
 case), searched by `ja.explore.stabilize_bipartite` and checked by kicking the
 point."""
 
-import functools
 from pathlib import Path
 
 import jax
@@ -15,6 +14,7 @@ from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
 from .._layers import run_layers
 from .._manifold import normalize
+from .._programs import kept_jit
 from ..explore import (
     BipartiteWeights,
     bipartite_point,
@@ -119,7 +119,7 @@ def _assumption_1(U_sum, tol=1e-6):
     return lam[-1] > tol and lam[-1] - np.max(np.abs(lam[:-1])) > tol and mags[0] > tol
 
 
-@functools.partial(jax.jit, static_argnames=("h", "R", "d"))
+@kept_jit(static_argnames=("h", "R", "d"))
 def _start_weights(seed, *, h, R, d):
     """Every restart's random start `(R, h, d, d)` and the key of the kicks."""
     k1, k2 = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), h))
@@ -128,7 +128,7 @@ def _start_weights(seed, *, h, R, d):
                             jax.random.normal(k2, (R, h, d, d), dtype)), k1
 
 
-@functools.partial(jax.jit, static_argnames="n")
+@kept_jit(static_argnames=("n",))
 def _restart_readings(w, v, tau, *, n, m):
     """The bipartite point `x`, and per restart the spectral radius of the tangent
     Jacobian at `x`, the fixed-point residual and `ΣU`."""
@@ -142,7 +142,7 @@ def _restart_readings(w, v, tau, *, n, m):
     return x, *jax.vmap(one)(w.P, w.U)
 
 
-@jax.jit
+@kept_jit(static_argnames=())
 def _kicked(x, key):
     """The point kicked by a small (`1e-3`) and a larger (`1e-1`) Gaussian kick, `(2, n, d)`."""
     scale = jnp.asarray([1e-3, 1e-1], x.dtype)[:, None, None]

@@ -13,7 +13,6 @@ import math
 from pathlib import Path
 
 import diffrax as dfx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
@@ -25,6 +24,7 @@ from .._flow import solve_flow
 from .._kernel import BUILTIN as KERNEL_BUILTIN
 from .._manifold import normalize
 from .._norm import BUILTIN as NORM_BUILTIN
+from .._programs import kept_jit
 from ..metrics import fit_slope
 from ..theory import equiangular_asymptotics, equiangular_solution, equiangular_tokens
 from .base import BETA, AbstractExperiment, Param, Verdict
@@ -70,7 +70,7 @@ def cosine_gaps(ys: Float[Array, "*T n d"]) -> Float[Array, "*T m"]:
     return off_diagonal(0.5 * jnp.sum((u[..., :, None, :] - u[..., None, :, :]) ** 2, -1))
 
 
-@jax.jit  # one program for every pair (op by op, ~20)
+@kept_jit(static_argnames=())  # one program for every pair (op by op, ~20)
 def measure(ys: Float[Array, "T n d"]) -> dict[str, Float[Array, " T"]]:
     """`ρ` (mean off-diagonal cosine), its spread (max − min), `1 − ρ` and the mean
     norm, at every saved time."""

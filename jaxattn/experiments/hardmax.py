@@ -13,11 +13,9 @@ gap) and softmax against hardmax (`ONE_STEP`, `RATE_TOL`). The reading, the meas
 numbers and what changed: `docs/limits.md` ("The hardmax limit").
 """
 
-import functools
 import math
 from pathlib import Path
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +24,7 @@ from tqdm.auto import tqdm
 
 from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
+from .._programs import kept_jit
 from ..metrics import fit_slope
 from .base import AbstractExperiment, Param, Verdict
 from .verdicts import short
@@ -40,7 +39,7 @@ TOL = 1e-9
 ONE_STEP, RATE_TOL = 8, 0.03
 
 
-@eqx.filter_jit
+@kept_jit
 def frank_wolfe(dyn: SelfAttentionDynamics, x0: Float[Array, "n d"], steps: int,
                 tau: float, schedule: bool = False) -> Float[Array, "s n d"]:
     """The attention step as Frank–Wolfe, `x_i ← x_i + γ_t (Σ_j α_ij x_j − x_i)`.
@@ -86,7 +85,7 @@ def voronoi_start(key: PRNGKeyArray, P: np.ndarray, m: int, n: int) -> np.ndarra
     return np.concatenate([sites, weights @ sites])
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
+@kept_jit(static_argnames=("m", "n"))
 def _voronoi_draws(key, m: int, n: int):
     """`voronoi_start`'s random numbers, one program: the angles' jitter `(m,)` and the
     interior tokens' convex weights `(n, m)`."""
@@ -94,7 +93,7 @@ def _voronoi_draws(key, m: int, n: int):
     return jax.random.uniform(k_angle, (m,)), jax.random.dirichlet(k_weight, jnp.ones(m), (n,))
 
 
-@jax.jit
+@kept_jit(static_argnames=())
 def _keys(seed):
     """The keys of `P`, of the start and of the NSD start, one program (a list: iterating
     over a device array would compile a program)."""

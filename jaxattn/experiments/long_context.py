@@ -15,7 +15,6 @@ The model, the equations and their sources: `docs/long_context.md`.
 import math
 from pathlib import Path
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +27,7 @@ from .._dynamics import SelfAttentionDynamics
 from .._layers import run_layers
 from .._manifold import sample_ellipsoid
 from .._precision import einsum
+from .._programs import kept_jit
 from ..metrics import level_crossing
 from .base import AbstractExperiment, Param, Verdict
 from .verdicts import finite_or_none, short
@@ -130,7 +130,7 @@ def mean_square(x: Float[Array, "n d"]) -> Float[Array, ""]:
     return jnp.sum(jnp.mean(x, axis=0) ** 2)
 
 
-@eqx.filter_jit
+@kept_jit
 def _alpha(dyn, x):
     return jnp.mean(diagonal_weight(dyn, x))
 

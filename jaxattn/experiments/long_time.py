@@ -12,11 +12,13 @@ with `SNAP` (`ja.metrics.RESCALED_SNAP`).
 
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._manifold import normalize
+from .._programs import kept_jit
 from ..metrics import RESCALED_SNAP, cluster_count, cluster_labels, saddle_index
 from ..metrics import rescaled_euler as rescaled_euler
 from ..metrics import rescaled_flow as rescaled_flow
@@ -25,7 +27,7 @@ from ..metrics import rescaled_flow as rescaled_flow
 SNAP = RESCALED_SNAP
 #: `cluster_labels` as one program per shape and `eps` (called eagerly, its dense
 #: path's loop was traced anew on every call: 115 programs per `metastability` run).
-_labels = jax.jit(cluster_labels, static_argnames="eps")
+_labels = kept_jit(cluster_labels, static_argnames=("eps",))
 
 
 def log_grid(t_min: float, t_max: float, count: int) -> np.ndarray:
@@ -34,12 +36,23 @@ def log_grid(t_min: float, t_max: float, count: int) -> np.ndarray:
     return np.concatenate([[0.0], np.geomspace(t_min, t_max, count)])
 
 
-def merged(eps: float, target: int = 1):
+def merged(eps: float, target: int = 1) -> "Merged":
     """The event of `ja.solve_flow(..., solution=True, event=merged(eps, target))`:
     true once the tokens form at most `target` clusters at linking distance `eps`
     (`ja.metrics.cluster_count`, `eps > 0`; `target ≥ 1`, 1: consensus), as `cond(t, x)`
     of one sequence `x (n, d)`; the run stops at the end of that step."""
-    return lambda t, x: cluster_count(x, eps) <= target
+    return Merged(eps, target)
+
+
+class Merged(eqx.Module):
+    """`merged`'s condition: a module, not a closure, so that another process names
+    the solve that holds it the same (its program is kept: `_programs.kept_jit`)."""
+
+    eps: float
+    target: int
+
+    def __call__(self, t, x):
+        return cluster_count(x, self.eps) <= self.target
 
 
 def clusters(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:

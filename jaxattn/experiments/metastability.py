@@ -15,7 +15,6 @@ horizons").
 """
 
 import math
-from functools import partial
 from pathlib import Path
 
 import diffrax
@@ -28,6 +27,7 @@ from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
 from .._flow import solve_flow
 from .._manifold import sample_ellipsoid
+from .._programs import kept_jit
 from .._validate import SimulationError
 from ..metrics import cluster_count, fit_slope, interaction_energy, plateaus
 from .base import AbstractExperiment, Param, Verdict
@@ -125,7 +125,7 @@ def run_beta(x0, beta: float, ts, config, stop) -> dict[str, np.ndarray]:
             "steps": np.asarray(sol.stats["num_steps"])}
 
 
-@partial(jax.jit, static_argnames="eps")
+@kept_jit(static_argnames=("eps",))
 def readings(ts, ys, fill, beta, *, eps: float):
     """The saves after the stop (`ts` inf) replaced by `fill`, the energy at each
     save (NaN after the stop) and the cluster count: one program for every `β`."""

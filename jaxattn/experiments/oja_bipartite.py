@@ -2,13 +2,13 @@
 single-head map, their stability by `jacfwd`, by the closed form and by simulation
 (paper 004 App. D, Theorems 2, 3, Fig. 13)."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._layers import run_layers
+from .._programs import kept_jit
 from ..spectral import (
     bipartite_closed_form,
     bipartite_point,
@@ -78,7 +78,7 @@ def _random_symmetric(key, d, scale):
     return scale * (A + A.T) / 2
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
+@kept_jit(static_argnames=("instances", "d"))
 def _draws(seed, instances: int, d: int):
     """Each instance's random symmetric `U`, `P` of larger scale, and the key of its
     perturbations, drawn from `PRNGKey(seed)` in one program (one triple per
@@ -131,10 +131,10 @@ def _fig13(config):
 
 
 #: The closed form as one program (the bisection calls it 61 times).
-_closed_form = jax.jit(bipartite_closed_form)
+_closed_form = kept_jit(bipartite_closed_form, static_argnames=())
 
 
-@functools.partial(jax.jit, static_argnums=(4, 5))
+@kept_jit(static_argnames=("n", "m"))
 def _fig13_arrays(seed, lam, q, sizes, n: int, m: int):
     """Fig. 13's weights `U = diag(λ)`, `P = q I`, its bipartite point `x` and the
     starts `x + s z` for each size `s`, `z` a random tangent perturbation of largest

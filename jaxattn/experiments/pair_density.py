@@ -28,6 +28,7 @@ from .._ensemble import batch_last, chunk_size
 from .._manifold import project
 from .._precision import matmul
 from .._process.distributed import gather, global_mesh
+from .._programs import kept_jit
 from .._stacked import first_model, map_models, map_systems, stack_tokens
 from .._strategy import choose_strategy
 from .._validate import NONFINITE, surface_errors
@@ -143,7 +144,7 @@ def clustered_pairs(x: Float[Array, "n d"], threshold: float, *,
 
 
 @surface_errors
-@eqx.filter_jit
+@kept_jit
 def pair_counts(P, U, betas, taus, x, at, kernel: str, norm: str, causal: bool,
                 threshold: float, mesh: Mesh | None = None) -> Int[Array, "B K"]:
     """Clustered ordered pairs after the layers `at`, summed over systems.

@@ -34,6 +34,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, Real
 from .._dynamics import SelfAttentionDynamics
 from .._manifold import normalize, sample_ellipsoid
 from .._precision import einsum, matmul
+from .._programs import kept_jit
 from .._schedule import Schedule
 from .._validate import check_count
 from ..metrics import misalignment
@@ -56,7 +57,7 @@ HEADS_NOTE = ("heads: the h heads are summed, each with U = I, so h heads move t
               "about h times as fast as one; a consensus reached sooner at larger h is this "
               "scale, not the number of heads (compare consensus times multiplied by h)")
 
-@eqx.filter_jit  # one program, not one per operation
+@kept_jit  # one program, not one per operation
 def sphere_dynamics(key: PRNGKeyArray, num_heads: int = 2) -> SelfAttentionDynamics:
     """The time-varying model on S² (paper 001 §6.1.1, Theorem 4.1), `num_heads ≥ 1`
     heads (2 in the paper): `U_η = I`, `P_η(t) = Q_ηᵀ D_η(t) K_η` with `Q_η, K_η`
@@ -74,7 +75,7 @@ def sphere_dynamics(key: PRNGKeyArray, num_heads: int = 2) -> SelfAttentionDynam
     return SelfAttentionDynamics(Schedule(_cyclic_query_key, (Q, K, omegas)), U)
 
 
-@eqx.filter_jit  # one program, not one per operation
+@kept_jit  # one program, not one per operation
 def hemisphere_tokens(key: PRNGKeyArray, n: int, d: int) -> Float[Array, "n d"]:
     """`n` random unit tokens `(n, d)`, all in the open hemisphere of a random
     direction (the domain of Theorem 4.1)."""
@@ -84,7 +85,7 @@ def hemisphere_tokens(key: PRNGKeyArray, n: int, d: int) -> Float[Array, "n d"]:
     return x * jnp.sign(matmul(x, z, "float32"))[:, None]
 
 
-@eqx.filter_jit  # one program, not one per operation
+@kept_jit  # one program, not one per operation
 def sphere_query_key(dyn: SelfAttentionDynamics, ts: Real[Array, " T"]) -> Float[Array, "T h"]:
     """`‖P_η(t)‖_F` per head at each time (paper 001 Fig. 1)."""
     return jax.vmap(lambda t: jnp.linalg.norm(dyn.query_key(t), axis=(-2, -1)))(ts)

@@ -21,6 +21,7 @@ from .._flow import solve_flow
 from .._horizon import Horizon
 from .._layers import run_layers
 from .._process.distributed import gather, global_mesh
+from .._programs import kept_jit
 from .._schedule import AbstractSchedule
 from .._stacked import first_model
 from .._strategy import choose_strategy
@@ -135,7 +136,7 @@ def keyed_layers(dyn, x, keys, num_layers: int, tau, *, noise, block: int,
     return jax.tree.map(np.asarray, out)
 
 
-@eqx.filter_jit
+@kept_jit
 def _keyed_program(arrays, x, keys, static, num_layers, tau, noise, observe, block: int,
                    mesh: Mesh | None):
     def run(b):  # one block: what `run_layers` runs, with the systems' own keys

@@ -12,11 +12,11 @@ import dataclasses
 import typing
 from typing import Any, ClassVar, NamedTuple
 
-import equinox as eqx
 import jax
 import numpy as np
 
 from .._horizon import CONSENSUS_TOL
+from .._programs import kept_jit
 from ..metrics import misalignment
 from ..theory import predict
 from .base import AbstractSweepableExperiment, Param, Section, Verdict
@@ -184,14 +184,14 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
         return runs
 
 
-@eqx.filter_jit
+@kept_jit
 def _setup(experiment, seed, floats, static):
     """`experiment.setup(PRNGKey(seed), config)` as one program, the seed and the float
     settings traced (the same program for every seed, β, T, τ)."""
     return experiment.setup(jax.random.PRNGKey(seed), experiment.config(static | floats))
 
 
-@eqx.filter_jit
+@kept_jit
 def _measured(experiment, config, dyn, test, x0, ts, ys, *, flow: bool):
     """A run's `measures` (and the flow's `flow_facts`), one program."""
     facts = experiment.flow_facts(config, dyn, x0, ys) if flow else {}

@@ -14,7 +14,6 @@ import itertools
 import shutil
 from pathlib import Path
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +27,7 @@ from .._horizon import CONSENSUS_TOL
 from .._manifold import project
 from .._process.distributed import agree, global_mesh, is_writer
 from .._process.distributed import gather as gather_all
+from .._programs import kept_jit
 from ..metrics import cluster_count, misalignment, rank_collapse_residual
 from ..theory import Classification, classify
 from .base import AbstractExperiment, Param, Verdict
@@ -89,7 +89,7 @@ class Grid:
 # --- one instance ------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+@kept_jit(static_argnames=("n", "d", "heads"))
 def draw_instance(key: PRNGKeyArray, n: int, d: int, heads: int):
     """One instance: `P`, `U` `(h, d, d)` (Gaussian key–query, `U_η = I/h`), a start
     `(n, d)` and the key of its sparse mask."""
@@ -98,7 +98,7 @@ def draw_instance(key: PRNGKeyArray, n: int, d: int, heads: int):
     return P, U, jax.random.normal(k_x, (n, d)), k_m
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 3, 4))
+@kept_jit(static_argnames=("kind", "n", "window", "keep"))
 def make_mask(kind: str, n: int, key: PRNGKeyArray, window: int, keep: float
               ) -> Bool[Array, "n n"]:
     """The boolean attention mask of `kind` (one of `MASKS`; True = attends)."""
@@ -132,7 +132,7 @@ def measure(x: Float[Array, "n d"]):
     return cluster_count(u, CLUSTER_EPS), rank_collapse_residual(u), jnp.all(jnp.isfinite(x))
 
 
-@eqx.filter_jit
+@kept_jit
 def draw_batch(keys: PRNGKeyArray, *, size: tuple[int, int], heads: int,
                masks: tuple[str, ...], window: int, keep: float):
     """Every instance of a cell (`draw_instance`, one key each `(I,)`) and its masks.
@@ -155,7 +155,7 @@ def draw_batch(keys: PRNGKeyArray, *, size: tuple[int, int], heads: int,
 BLOCK = 8
 
 
-@eqx.filter_jit
+@kept_jit
 def run_program(P, U, x0, masks, betas, *, num_layers: int, tau: float, norm: str,
                 kernel: str, mesh: Mesh | None = None):
     """One static variant over a batch: every mask × β × instance, vmapped over

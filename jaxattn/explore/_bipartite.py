@@ -19,6 +19,7 @@ from jaxtyping import Array, Float
 
 from .._dynamics import SelfAttentionDynamics
 from .._precision import einsum, matmul
+from .._programs import kept_jit
 from .._validate import check_count, surface_errors
 from ..spectral import bipartite_point, tangent_jacobian
 
@@ -128,7 +129,7 @@ def stabilize_bipartite(
     steps = check_count(steps, "steps")
     # the bounds and the step traced (weakly typed, as the Python floats were)
     w, trace, viol = _stabilize(w0, v, *map(jnp.asarray, (tau, p_bound, u_bound)), n=n, m=m,
-                                beta=beta, steps=steps, optimizer=optimizer or optax.adam(0.02))
+                                beta=beta, steps=steps, optimizer=optimizer)
     return w, np.asarray(trace), np.asarray(viol)
 
 
@@ -136,10 +137,13 @@ def _whole_norm(a):
     return jax.lax.optimization_barrier(jnp.linalg.norm(a))
 
 
-@eqx.filter_jit
+@kept_jit
 def _stabilize(w0, v, tau, p_bound, u_bound, *, n, m, beta, steps, optimizer):
     """`stabilize_bipartite`'s search, one program: the projected start, the optimiser
-    steps and the radius and defect of the last iterate appended."""
+    steps and the radius and defect of the last iterate appended. The default
+    optimiser is made here, so that the program is kept (`kept_jit`: an optimiser's
+    functions print with addresses)."""
+    optimizer = optimizer or optax.adam(0.02)
     proj = jax.vmap(lambda w: project_bipartite(w, v, p_bound, u_bound))
     violation = jax.vmap(lambda w: bipartite_violation(w, v, p_bound, u_bound))
 

@@ -19,6 +19,7 @@ from .._flow import solve_flow_unchecked
 from .._horizon import Horizon
 from .._layers import run_layers_unchecked
 from .._precision import einsum
+from .._programs import kept_jit
 from .._validate import check_count, surface_errors
 from ..metrics import misalignment, pairwise_misalignment
 
@@ -197,7 +198,7 @@ def _objective(dyn, x0, fn, traj: Trajectory, grad: bool = False):
     return call_batched(_objective_jit, dyn, x0, None, fn, traj, grad=grad)[0]
 
 
-@eqx.filter_jit
+@kept_jit
 def _objective_jit(dyn, x0, fn, traj: Trajectory, checks: bool, grad: bool = False):
     def value(x):
         ys = traj.run(dyn, prepare_tokens(dyn, x, checks=checks))

@@ -23,6 +23,7 @@ from .._batch import as_mesh, shard_batch
 from .._dynamics import SelfAttentionDynamics
 from .._horizon import Horizon
 from .._manifold import project, sample_ellipsoid, w_inner
+from .._programs import kept_jit
 from .._validate import check_count, surface_errors
 from ..metrics import hemisphere
 from ._constraints import (
@@ -220,7 +221,7 @@ def _all_finite(tree) -> Bool[Array, ""]:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
-@eqx.filter_jit
+@kept_jit
 def _run_chunk(loop: _Loop, state, best, length: int):
     def body(carry, _):
         state, best = carry
@@ -244,14 +245,14 @@ def _keep_best(best, state, v):
             None if best_w is None else jax.tree.map(pick, state[1], best_w))
 
 
-@eqx.filter_jit
+@kept_jit
 def _evaluate(loop: _Loop, x, w, z):
     """Objective and constraint violation of a batch of configurations (`w`, `z`:
     `None` or batched)."""
     return jax.vmap(loop.value)(x, w), jax.vmap(loop.violation)(x, w, z)
 
 
-@eqx.filter_jit
+@kept_jit
 def _finish(loop: _Loop, state, best):
     """The last iterate's objective and violation, and the best with it."""
     v, viol = _evaluate(loop, state[0], state[1], state[3])

@@ -18,6 +18,7 @@ from jaxtyping import Array, Float, Real
 from scipy import special
 
 from .._kernel import AbstractKernel
+from .._programs import kept_jit
 from ._kernels import check_kernel
 
 #: The most modes `circle_modes` returns (`I_k(β)/I_0(β) ≈ e^{−k²/2β}` below
@@ -212,7 +213,7 @@ def circle_particles(x0: Float[Array, "n 2"], ts: Real[Array, " T"], *, beta, co
                  softmax, solver, rtol, atol, max_steps, adjoint)
 
 
-@eqx.filter_jit
+@kept_jit
 def _flow(x0, ts, beta, coupling, modes, softmax, solver, rtol, atol, max_steps, adjoint):
     theta0 = _angles(x0)
     term = dfx.ODETerm(lambda t, th, args: angular_velocity(th, beta, coupling, modes,

@@ -12,6 +12,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._kernel import AbstractKernel
+from .._programs import kept_jit
 from .._validate import check_count, surface_errors
 from ._checks import check_beta, check_density, check_size
 from ._etd import ETDRK4
@@ -122,7 +123,7 @@ def solve(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, *, beta, coupling,
                   beta, coupling, sigma, kernel)
 
 
-@eqx.filter_jit
+@kept_jit
 def _solve(grid, mu0, ts, steps, beta, coupling, sigma, kernel,
            adjoint=dfx.RecursiveCheckpointAdjoint()):
     c0 = grid.analysis(mu0)
@@ -169,7 +170,7 @@ def fluctuation_distance(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, n: 
                         beta, coupling, kernel, degree) / math.sqrt(n)
 
 
-@eqx.filter_jit
+@kept_jit
 def _fluctuation(grid, mu0, ts, steps, beta, coupling, kernel, degree):
     points = grid.points.reshape(-1, grid.dim)
     probability = (grid.weights * mu0).reshape(-1)

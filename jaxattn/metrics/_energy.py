@@ -10,6 +10,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._precision import einsum
+from .._programs import kept_jit
 from .._validate import as_float_array
 from ._consensus import _tokens
 
@@ -81,7 +82,7 @@ def tangent_hessian(x: Float[Array, "n d"], beta, weights=None) -> Float[Array, 
     return _tangent_hessian(x, beta, weights)
 
 
-@jax.jit  # one program per shape (op by op, the Hessian compiled ~50 programs)
+@kept_jit(static_argnames=())  # one program per shape (op by op: ~50 programs)
 def _tangent_hessian(x: Float[Array, "n d"], beta, weights) -> Float[Array, "m m"]:
     n, d = x.shape
 

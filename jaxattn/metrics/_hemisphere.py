@@ -16,6 +16,7 @@ import scipy.optimize
 from jaxtyping import Array, Bool, Float
 
 from .._manifold import w_inner, w_norm
+from .._programs import kept_jit
 from .._validate import (
     as_float_array,
     check_count,
@@ -142,7 +143,7 @@ def hemisphere(x: Float[Array, "*batch n d"], W: Float[Array, "d d"] | None = No
     return _margin(inside, z, lam, x, None if W is None else Wm)
 
 
-@jax.jit
+@kept_jit(static_argnames=())
 def _margin(inside, z, lam, x, Wz) -> Hemisphere:
     """The `Hemisphere` of the host's answer `(inside, z, λ)`, differentiable in `x`, `W`."""
     # Value |p|_W, gradient by the envelope theorem: Σ λ_i ⟨z, x_i⟩_W / |z|_W at fixed z, λ.

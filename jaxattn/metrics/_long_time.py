@@ -21,6 +21,7 @@ import optimistix as optx
 from jaxtyping import Array, Float
 
 from .._precision import einsum
+from .._programs import kept_jit
 from .._validate import SimulationError
 from ._consensus import cluster_labels
 
@@ -127,7 +128,7 @@ def _rescaled_field(s, y, args):
     return dx, jnp.where(moving, jax.nn.sigmoid(-log_speed), 1.0)
 
 
-@jax.jit
+@kept_jit(static_argnames=())
 def _segment(x, tau, mass, labels, beta, eps, snap, tau_max, rtol, grid):
     """One diffrax solve in `s` from `(x, τ)` to the first event: two points of
     different `labels` (the clusters at `eps`) within `eps` (located by bisection),

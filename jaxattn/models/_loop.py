@@ -3,28 +3,20 @@ protocol of paper 001 §6.2 (docs/usage/models.md), both one compiled program sc
 over blocks; a long loop runs as segments of passes (`iterate_loop`), so that its
 progress bar moves and `jaxattn loop` can save and resume it."""
 
-import functools
-import hashlib
 import math
-import os
-import pickle
-import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import serialize_executable
-from jax.experimental.compilation_cache import compilation_cache
 from jaxtyping import Array, Bool, Float, Int
 from tqdm.auto import tqdm
 
 from .._batch import as_mesh, shard_batch, unshard
-from .._files import atomic_write
 from .._precision import Precision, check_precision
+from .._programs import kept_jit
 from .._validate import check_count, check_flag, surface_errors
 from ..metrics import misalignment
 from ._arch import FAMILIES, AbstractTransformer
@@ -76,7 +68,7 @@ def _forward(model, x, ctx, blocks, *, ffn: bool, precision: str, emit, keys=Non
     return jax.lax.scan(body, x, _layer_xs(model))
 
 
-@eqx.filter_jit
+@kept_jit
 def _hidden_states(model, ids, ffn: bool, precision: str, keys=None):
     x = jax.vmap(lambda s: model.embed(s, precision=precision))(ids)
     last, xs = _forward(model, x, model.context(ids.shape[1]), model.blocks, ffn=ffn,
@@ -267,7 +259,7 @@ def _batch_first(values, first=None):
     return jnp.moveaxis(flat, 1, 0)
 
 
-@eqx.filter_jit
+@kept_jit  # its executable kept in the cache folder: a warm process does not trace it
 def loop_program(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype, depths: tuple,
                  chunk: int | None = None, precision: Precision = "float32", observe=None,
                  keys=None):
@@ -283,99 +275,15 @@ def loop_program(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype
     return _batch_first(values, _measure(observe, keys)(x0)), buf.swapaxes(0, 1)
 
 
-#: `loop`'s compiled programs of this process, by `_program_key`.
-_STORED: dict[str, Callable] = {}
-#: JAX settings that change what a traced program is (its dtypes, products, keys).
-_TRACE_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl",
-                   "jax_threefry_partitionable", "jax_numpy_dtype_promotion")
 
-
-@functools.cache
-def _source_stamp() -> str:
-    """The versions of JAX and Equinox, and the names, sizes and times of jaxattn's
-    sources: a program kept before an upgrade or an edit is never loaded."""
-    root = Path(__file__).parents[1]
-    stats = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
-             for p in sorted(root.rglob("*.py"))]
-    versions = (jax.__version__, jax.lib.__version__, eqx.__version__)
-    return hashlib.sha256(repr((versions, stats)).encode()).hexdigest()
-
-
-def _program_key(treedef, leaves, options) -> str:
-    """What `loop_program`'s compiled program depends on, hashed: the arguments'
-    structure (static fields included) and their types and placements, the options,
-    the device, the JAX settings, the XLA flags and `_source_stamp`."""
-    device = jax.devices()[0]
-    parts = (treedef, [(jax.typeof(a), a.sharding) for a in leaves], sorted(options.items()),
-             device.platform, device.device_kind, jax.device_count(),
-             [getattr(jax.config, name) for name in _TRACE_SETTINGS],
-             os.environ.get("XLA_FLAGS"), _source_stamp())
-    return hashlib.sha256(repr(parts).encode()).hexdigest()
-
-
-def _stored_program(folder: Path, key: str, fn, leaves):
-    """`jax.jit(fn)` compiled for `leaves`: loaded from the entry `key` names in
-    JAX's cache `folder`, or compiled and kept there (with the access time JAX's
-    eviction reads beside it, as JAX's own entries)."""
-    path = folder / f"jaxattn_loop-{key}-cache"
-    try:
-        return serialize_executable.deserialize_and_load(*pickle.loads(path.read_bytes()))
-    except Exception:  # missing, or unreadable by this JAX: compiled again below
-        pass
-    # Compiled by XLA, past JAX's cache: an executable JAX loaded from its cache
-    # serializes without its kernels on the CPU ("Function … not found" when run).
-    jax.config.update("jax_enable_compilation_cache", False)
-    compilation_cache.reset_cache()  # JAX reads the setting once per process
-    try:
-        compiled = jax.jit(fn).lower(*leaves).compile()
-    finally:
-        jax.config.update("jax_enable_compilation_cache", True)
-        compilation_cache.reset_cache()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda f: pickle.dump(serialize_executable.serialize(compiled), f))
-        path.with_name(f"jaxattn_loop-{key}-atime").write_bytes(
-            time.time_ns().to_bytes(8, "little"))
-    except OSError:  # an unwritable folder costs the next process a trace, nothing more
-        pass
-    return compiled
-
-
-def _run_program(model, ids, key, *, keys, **options):
-    """`loop_program`'s outputs. With JAX's persistent cache on, concrete arrays and
-    no `observe` (a user's function has no name another process could look up), on one
-    device (a compiled executable takes its arguments' placements as they were), the
-    compiled program itself is kept in the cache folder: a warm process loads it
-    without tracing and lowering `loop_program` again, which JAX's cache cannot skip
-    (a 4-block GPT-2: ~0.35 s against a 0.065 s call). The same program: the same bits.
-    Tests that patch the library's internals call `loop_program` instead."""
-    dynamic, static = eqx.partition((model, ids, key, keys), eqx.is_array)
-    leaves, treedef = jax.tree.flatten(dynamic)
-    if (options["observe"] is not None or not jax.config.jax_enable_compilation_cache
-            or not jax.config.jax_compilation_cache_dir
-            or not all(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
-                       and len(a.sharding.device_set) == 1 for a in leaves)):
-        return loop_program(model, ids, key, keys=keys, **options)
-    name = _program_key((treedef, jax.tree.structure(static), jax.tree.leaves(static)), leaves,
-                        options)
-    if name not in _STORED:
-        def fn(*leaves):
-            args = eqx.combine(jax.tree.unflatten(treedef, leaves), static)
-            return loop_program(*args[:3], keys=args[3], **options)
-
-        folder = Path(jax.config.jax_compilation_cache_dir)
-        _STORED[name] = _stored_program(folder, name, fn, leaves)
-    return _STORED[name](*leaves)
-
-
-@eqx.filter_jit
+@kept_jit
 def _start(model, ids, *, dtype, depths: tuple, precision, observe, keys=None):
     x0 = _embed(model, ids, dtype, precision)
     buf = _keep(jnp.zeros((len(depths),) + x0.shape, dtype), x0, 0, depths)
     return x0, _measure(observe, keys)(x0)[:, None], buf.swapaxes(0, 1)
 
 
-@eqx.filter_jit
+@kept_jit
 def _continue(model, x, key, start, **options):
     x, values, buf = _segment(model, x, key, start, **options)
     return x, _batch_first(values), buf.swapaxes(0, 1)
@@ -562,7 +470,7 @@ def loop(
         shard = setup._replace(ids=b, options={**setup.options, "keys": k})
         if bar:
             return _segmented(shard, "loop")
-        return _run_program(shard.model, b, shard.key, passes=shard.passes, **shard.options)
+        return loop_program(shard.model, b, shard.key, passes=shard.passes, **shard.options)
     E, states = _call_sharded(run, setup.ids, devices, setup.options["keys"])
     if by_pass:
         E = E[:, 1:].reshape((B, setup.passes, setup.model.num_layers) + E.shape[2:])
@@ -581,7 +489,7 @@ def _pass_counts(passes) -> tuple[int, ...]:
     return None
 
 
-@eqx.filter_jit
+@kept_jit
 def _logits_program(model, ids, keys, *, passes: int, ffn: bool, dtype, depths: tuple,
                     chunk: int | None, precision: Precision):
     """The logits `(B, len(depths), n, V)` after the passes ending at `depths`: each

@@ -3,18 +3,18 @@ every head (HuggingFace's `output_attentions`), and a cache of the named
 activations of a looped model, both computed from the hidden states that
 `hidden_states` and `loop` return."""
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
 from .._precision import Precision
+from .._programs import kept_jit
 from ._arch import AbstractTransformer
 from ._loop import hidden_states, loop, setup_loop
 
 
-@eqx.filter_jit
+@kept_jit
 def _patterns(model, inputs, layers, *, precision: str):
     """The attention probabilities `(T, h, n, n)` of the blocks of `layers (T,)` on
     their inputs `(T, n, d)`, one block at a time (no copy of the weights per step)."""

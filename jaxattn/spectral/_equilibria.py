@@ -43,6 +43,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from .._dynamics import SelfAttentionDynamics
 from .._manifold import project
 from .._precision import einsum, matmul
+from .._programs import kept_jit
 from .._validate import is_concrete
 from ._spectrum import layer_matrix
 
@@ -214,7 +215,7 @@ def equilibria(dyn: SelfAttentionDynamics, n: int, *, tau=1.0) -> Equilibria:
     return eq
 
 
-@eqx.filter_jit
+@kept_jit
 def _enumerate(dyn, n, tau) -> tuple[Equilibria, Float[Array, "d d"]]:
     """`equilibria`'s entries and the layer matrix `Ω` they are read from."""
     Omega = layer_matrix(dyn)
@@ -291,7 +292,7 @@ def bipartite_closed_form(lam, k, m, n, q, tau):
     return radius, fixed & groups & jnp.all(jnp.where(others, schur, True))
 
 
-@eqx.filter_jit
+@kept_jit
 def perturbation_growth(
     dyn: SelfAttentionDynamics,
     points: Float[Array, "E n d"],

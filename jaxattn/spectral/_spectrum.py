@@ -15,6 +15,7 @@ from jaxtyping import Array, Bool, Complex, Float, Int
 
 from .._dynamics import SelfAttentionDynamics
 from .._precision import einsum, matmul
+from .._programs import kept_jit
 from .._validate import is_concrete, raise_unless, surface_errors
 from ..models import AbstractTransformer, Attention, attention_weights, value_output
 
@@ -159,7 +160,7 @@ def spectrum(Omega: Float[Array, "d d"], *, tau=None, rtol: float = 1e-6) -> Spe
 _NONFINITE = "spectrum: `Omega` contains NaN or inf; pass a finite layer matrix."
 
 
-@eqx.filter_jit
+@kept_jit
 def _spectrum(Omega, tau, rtol, check: bool) -> Spectrum:
     if check:
         Omega = eqx.error_if(Omega, ~jnp.all(jnp.isfinite(Omega)), _NONFINITE)

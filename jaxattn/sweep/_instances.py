@@ -23,6 +23,7 @@ from .._horizon import CONSENSUS_TOL, Horizon
 from .._layers import run_layers_unchecked
 from .._manifold import w_inner
 from .._process.distributed import gather
+from .._programs import kept_jit
 from ..experiments import BETA as BETA  # each sweepable experiment's `--beta`
 from ..experiments import Param, get_experiment, paper001
 from ..theory import theorem_test
@@ -79,7 +80,7 @@ def _residual(test, dyn, y0, ts, ys, E):
     return E
 
 
-@eqx.filter_jit
+@kept_jit
 def _chunk(name: str, p: dict[str, Any], s: tuple, keys, block: int, mesh=None,
            strategy: str = "auto"):
     """Every instance of `keys` (a multiple of `block` and of `mesh`'s devices), in

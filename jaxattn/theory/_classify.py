@@ -18,6 +18,7 @@ import numpy as np
 from .._dynamics import SelfAttentionDynamics
 from .._kernel import AbstractKernel
 from .._norm import AbstractNorm
+from .._programs import kept_jit
 from .._schedule import AbstractSchedule, PiecewiseConstant
 from ._report import THEOREMS as THEOREMS
 from ._report import Check, Classification, TheoremReport
@@ -144,7 +145,7 @@ def _u_stats(dyn, ref, t):
     }
 
 
-@eqx.filter_jit
+@kept_jit
 def _weights(dyn, p_times, u_times):
     """`P(0)`, `U(0)`, `u` and the statistics over the times read, one program
     (compiled once per model structure, so that classifying many models of one kind

@@ -22,6 +22,7 @@ from jaxtyping import Array, Float, Real
 from .._kernel import BUILTIN, AbstractKernel, as_kernel
 from .._norm import BUILTIN as NORM_BUILTIN
 from .._norm import AbstractNorm, as_norm
+from .._programs import kept_jit
 from .._strategy import stepped
 from .._validate import is_concrete
 
@@ -217,7 +218,7 @@ def equiangular_solution(rho0: float, n: int, beta: float, ts: Real[Array, " T"]
     return solution
 
 
-@eqx.filter_jit
+@kept_jit
 def _solve(y0, ts, index, beta, n, pairs, rtol, atol, max_steps):
     """`diffeqsolve(ODETerm(_log_field), Dopri8(), …, SaveAt(ts=ts))`'s loop without its
     in-program checks (`stepping.stepped`), for the pair `pairs[index]` (traced: one

@@ -23,6 +23,7 @@ from .._dynamics import SelfAttentionDynamics
 from .._horizon import CONSENSUS_TOL
 from .._manifold import w_inner, w_norm
 from .._precision import einsum
+from .._programs import kept_jit
 from .._stacked import map_batch
 from .._validate import check_tokens_now
 from ..metrics import hemisphere, misalignment
@@ -326,7 +327,7 @@ class Prediction:
         return np.asarray(_checked(test, np.asarray(self._x0, x.dtype), x, t, jnp.asarray(tol)))
 
 
-@eqx.filter_jit
+@kept_jit
 def _checked(test, x0, x, t, tol):
     x0 = jnp.broadcast_to(x0, x.shape)
     return map_batch(lambda b, a: test.check(a, b, t, tol), x, x0)
@@ -337,7 +338,7 @@ def _domain(test, x):
     return inside, margin, map_batch(test.limit, x)
 
 
-@eqx.filter_jit
+@kept_jit
 def _placed(dyn, x0, tests):
     """The tokens put on `E_W` (checked already) and the domain and limit of each of
     `tests`, in the default float dtype: one program. A test with a host domain is

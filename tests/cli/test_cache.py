@@ -19,17 +19,19 @@ from jaxattn.cli import main
 #: A `jaxattn` command in a fresh Python, counting JAX's cache events: programs looked
 #: up in the cache (`requests`), loaded from it (`hits`), compiled and written
 #: (`misses`), and compiled but refused by JAX for their host callbacks (`refused`,
-#: from its log message: none once the library's programs hold no callbacks).
+#: from its log message: none once the library's programs hold no callbacks); and
+#: jaxattn's programs kept whole and loaded without tracing (`loaded`, `kept_jit`).
 _PROBE = """
 import json, logging, sys
 import jax
 
-counts = dict(hits=0, misses=0, requests=0, refused=0)
+counts = dict(hits=0, misses=0, requests=0, refused=0, loaded=0)
 names = {"/jax/compilation_cache/cache_hits": "hits",
          "/jax/compilation_cache/cache_misses": "misses",
-         "/jax/compilation_cache/compile_requests_use_cache": "requests"}
+         "/jax/compilation_cache/compile_requests_use_cache": "requests",
+         "/jaxattn/programs/load_duration": "loaded"}
 
-def count(event, **kwargs):
+def count(event, *args, **kwargs):
     if event in names:
         counts[names[event]] += 1
 
@@ -38,6 +40,7 @@ class Refused(logging.Handler):
         counts["refused"] += "because it uses host callbacks" in record.getMessage()
 
 jax.monitoring.register_event_listener(count)
+jax.monitoring.register_event_duration_secs_listener(count)
 log = logging.getLogger("jax._src.compiler")
 log.setLevel(logging.DEBUG)
 log.propagate = False
@@ -84,7 +87,13 @@ def _same_results(a: Path, b: Path) -> None:
 
 
 def _entries(folder: Path) -> list[Path]:
-    return sorted(folder.glob("*-cache"))
+    """JAX's own entries."""
+    return sorted(p for p in folder.glob("*-cache") if not p.name.startswith("jaxattn_"))
+
+
+def _kept(folder: Path) -> list[Path]:
+    """jaxattn's programs kept whole (`_programs.kept_jit`)."""
+    return sorted(folder.glob("jaxattn_program-*-cache"))
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +108,15 @@ def first(tmp_path_factory):
 def test_a_second_run_loads_what_the_first_compiled(first, tmp_path):
     cache, run, before = first
     assert before["misses"] > 0 and len(_entries(cache)) == before["misses"]
+    assert before["loaded"] == 0 and len(_kept(cache)) > 0
+    entries = {p: p.stat().st_mtime_ns for p in cache.iterdir()}
     after, _ = _finish(_start(cache, tmp_path / "again"))
     assert after["misses"] == 0, after  # nothing compiled that JAX could keep
-    assert after["hits"] >= before["misses"], (before, after)
+    # Loaded whole, neither traced nor lowered: the programs the first run called from
+    # inside those (while tracing them) are not even asked for.
+    assert after["loaded"] > 0, after
+    assert {p: p.stat().st_mtime_ns for p in cache.glob("*-cache")} == {
+        p: t for p, t in entries.items() if p.name.endswith("-cache")}  # nothing new
     # The library's programs hold no host callback: JAX keeps them all.
     assert before["refused"] == after["refused"] == 0, (before, after)
     assert after["requests"] == after["hits"], after
@@ -114,14 +129,19 @@ def test_a_corrupt_entry_is_compiled_again(first, tmp_path):
     folder inside it in the compile options), so a copied folder would miss them all."""
     cache, run, _ = first
     truncated, garbage = _entries(cache)[:2]
-    kept = {path: path.read_bytes() for path in (truncated, garbage)}
+    programs = _kept(cache)  # jaxattn's, all cut short: compiled again and replaced
+    kept = {path: path.read_bytes() for path in (truncated, garbage, *programs)}
     try:
         truncated.write_bytes(kept[truncated][:100])
         garbage.write_bytes(os.urandom(len(kept[garbage])))
+        for path in programs:
+            path.write_bytes(kept[path][:100])
         counts, err = _finish(_start(cache, tmp_path / "run"))
+        replaced = [p.read_bytes() != kept[p][:100] for p in programs]
     finally:
         for path, data in kept.items():
             path.write_bytes(data)
+    assert counts["loaded"] == 0 and any(replaced), (counts, replaced)
     assert counts["misses"] == 2, counts  # the two compiled again, the others loaded
     assert counts["hits"] == counts["requests"] - counts["refused"] - 2, counts
     assert err.count("Error reading persistent compilation cache entry") == 2
@@ -136,6 +156,7 @@ def test_two_processes_share_a_fresh_folder_at_once(first, tmp_path):
         assert counts["hits"] + counts["misses"] + counts["refused"] == counts["requests"]
         _same_results(first[1], tmp_path / f"run{i}")
     assert len(_entries(tmp_path / "cache")) == len(_entries(first[0]))
+    assert len(_kept(tmp_path / "cache")) == len(_kept(first[0]))
 
 
 @pytest.mark.slow

@@ -20,7 +20,6 @@ import jaxattn as ja
 from jaxattn.cli import main
 from jaxattn.experiments import loop_runner as run_module
 from jaxattn.experiments.loop_runner import run_loop
-from jaxattn.models import _loop
 from jaxattn.models._arch import _nn
 from jaxattn.models._arch._nn import fused_attention
 
@@ -201,7 +200,6 @@ def test_fused_attention_agrees_with_the_einsums(config, implementation, monkeyp
     causal masks and GPT-Neo's local window (3 of 12 tokens) included."""
     model = ja.models.init(config, jax.random.PRNGKey(2))
     ids = ids_of(model, (3, 12))
-    monkeypatch.setattr(_loop, "_run_program", _loop.loop_program)  # traced, never loaded
     with jax.enable_x64(False):
         monkeypatch.setattr(_nn, "attention_kernel", lambda dtype, k: None)
         jax.clear_caches()  # the einsums on every backend

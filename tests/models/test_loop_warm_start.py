@@ -7,6 +7,7 @@ import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
 import jaxattn as ja
+from jaxattn import _programs
 from jaxattn._process.cache import cache_size, clear_cache
 from jaxattn.models import _loop
 
@@ -18,7 +19,8 @@ TINY_NEO = {"model_type": "gpt_neo", "num_layers": 2, "hidden_size": 24, "num_he
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
     """A fresh cache folder for this test, no program of this process remembered."""
-    monkeypatch.setattr(_loop, "_STORED", {})
+    monkeypatch.setattr(_programs, "ENABLED", True)
+    monkeypatch.setattr(_programs, "_LOADED", {})
     before = jax.config.jax_compilation_cache_dir
     jax.config.update("jax_compilation_cache_dir", str(tmp_path))
     compilation_cache.reset_cache()
@@ -28,7 +30,7 @@ def folder(tmp_path, monkeypatch):
 
 
 def stored(folder):
-    return sorted(p.name.rsplit("-", 1)[1] for p in folder.glob("jaxattn_loop-*"))
+    return sorted(p.name.rsplit("-", 1)[1] for p in folder.glob("jaxattn_program-*"))
 
 
 def test_a_warm_process_loads_the_program_and_gets_the_same_bits(folder, monkeypatch):
@@ -45,7 +47,7 @@ def test_a_warm_process_loads_the_program_and_gets_the_same_bits(folder, monkeyp
     np.testing.assert_allclose(E, want[0], rtol=1e-6)
     np.testing.assert_allclose(states, want[1], rtol=1e-6, atol=1e-6)
 
-    monkeypatch.setattr(_loop, "_STORED", {})  # a new process: only the folder
+    monkeypatch.setattr(_programs, "_LOADED", {})  # a new process: only the folder
     del traces[:]
     again, states_again = ja.models.loop(model, ids, passes=3, save_states=[0, 4],
                                          progress=False)
@@ -54,9 +56,9 @@ def test_a_warm_process_loads_the_program_and_gets_the_same_bits(folder, monkeyp
     np.testing.assert_array_equal(states_again, states)
 
     # an entry this JAX cannot read is compiled again (and replaced), not trusted
-    entry = next(folder.glob("jaxattn_loop-*-cache"))
+    entry = next(folder.glob("jaxattn_program-*-cache"))
     entry.write_bytes(b"not a program")
-    monkeypatch.setattr(_loop, "_STORED", {})
+    monkeypatch.setattr(_programs, "_LOADED", {})
     np.testing.assert_array_equal(ja.models.loop(model, ids, passes=3, save_states=[0, 4],
                                                  progress=False)[0], E)
     assert entry.read_bytes() != b"not a program" and stored(folder) == ["atime", "cache"]

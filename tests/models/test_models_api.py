@@ -155,7 +155,6 @@ def test_loop_does_not_recompile(key, monkeypatch):
     traces = []
     real = _loop._metric
     monkeypatch.setattr(_loop, "_metric", lambda x: traces.append(1) or real(x))
-    monkeypatch.setattr(_loop, "_run_program", _loop.loop_program)  # traced, never loaded
     m = tiny("gpt_neo", key)
     ja.models.loop(m, ids_for(m, key, (2, 6)), passes=3)
     before = len(traces)

@@ -70,7 +70,6 @@ def dense(monkeypatch):
     kernel for bfloat16 (tested in test_loop_protocol.py)."""
     def run(fn):
         monkeypatch.setattr(_nn, "attention_kernel", lambda dtype, head_dim: None)
-        monkeypatch.setattr(_loop, "_run_program", _loop.loop_program)  # traced, not loaded
         jax.clear_caches()
         return fn()
     yield run
@@ -87,7 +86,6 @@ def blocked(monkeypatch):
         monkeypatch.setattr(_nn, "DENSE_LIMIT", 0)
         monkeypatch.setattr(_nn, "DEFAULT_BLOCK", 4)
         monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 60)
-        monkeypatch.setattr(_loop, "_run_program", _loop.loop_program)  # traced, not loaded
         jax.clear_caches()
         return fn(), spy.calls
     yield run

@@ -1,0 +1,246 @@
+"""Compiled programs kept whole in the cache folder (docs/usage/speed.md).
+
+JAX's persistent cache skips compiling, not tracing and lowering: a program loaded
+from it is still traced and lowered in every new process (0.1–0.8 s for a batched
+solve). `kept_jit(fn)` is `eqx.filter_jit(fn)` that keeps the compiled executable
+itself (`jax.experimental.serialize_executable`) in JAX's cache folder, under a key
+computed without tracing: a warm process calls it straight away. The same program:
+the same bits.
+
+A call takes the kept program only where another process could name it the same:
+JAX's cache on, every array argument concrete and on one device (an executable takes
+its arguments' placements as they were), and every other argument printed without an
+address (a user's function, `observe=` or `event=`, prints one: those calls go to
+`eqx.filter_jit`). A program that holds a host callback, or takes its inputs split
+over devices, is never kept (a marker `…-traced` says so to the next process). The key holds `fn`'s name, the arguments' structure (static
+values included) and types, the device, the JAX settings, `XLA_FLAGS` and
+`source_stamp` (an edit or an upgrade starts cold). An entry that cannot be read is
+compiled again and replaced."""
+
+import functools
+import hashlib
+import importlib
+import inspect
+import io
+import os
+import pickle
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import numpy as np
+from jax.experimental import serialize_executable
+from jax.experimental.compilation_cache import compilation_cache
+
+from ._files import atomic_write
+
+#: Whether calls may take kept programs (the test suite turns it off: tests that patch
+#: the library's internals must trace them).
+ENABLED = True
+#: JAX settings that change what a traced program is (its dtypes, products, keys).
+TRACE_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl",
+                  "jax_threefry_partitionable", "jax_numpy_dtype_promotion")
+#: JAX's monitoring event of a kept program's load (its duration; the benchmarks read it).
+LOAD_EVENT = "/jaxattn/programs/load_duration"
+#: The programs of this process, by key (`None`: not keepable, `eqx.filter_jit`'s).
+_LOADED: dict[str, tuple[Callable, object] | None] = {}
+
+
+@functools.cache
+def source_stamp() -> str:
+    """The versions of JAX and Equinox, and the names, sizes and times of jaxattn's
+    sources: a program kept before an upgrade or an edit is never loaded."""
+    root = Path(__file__).parent
+    stats = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
+             for p in sorted(root.rglob("*.py"))]
+    versions = (jax.__version__, jax.lib.__version__, eqx.__version__)
+    return hashlib.sha256(repr((versions, stats)).encode()).hexdigest()
+
+
+def _name(obj) -> str | None:
+    """`module:qualname` of a module-level function or class (jitted or not), which
+    another process imports as the same object; else `None`."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        return None
+    found = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return f"{module}:{qualname}" if found is obj else None
+
+
+def _load_name(name: str):
+    module, qualname = name.split(":")
+    found = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+class _Pickler(pickle.Pickler):
+    """Module-level functions and classes by name (a jitted one does not pickle)."""
+
+    def persistent_id(self, obj):
+        return _name(obj) if callable(obj) else None
+
+
+class _Unpickler(pickle.Unpickler):
+    def persistent_load(self, name):
+        return _load_name(name)
+
+
+def _describe(treedef, static) -> str | None:
+    """The arguments' structure and static values as text another process writes the
+    same, or `None` where it holds an address (a function not at a module's top)."""
+    named = [("function", _name(x)) if callable(x) and _name(x) else x
+             for x in jax.tree.leaves(static)]
+    described = repr((treedef, jax.tree.structure(static), named))
+    return None if " at 0x" in described else described
+
+
+def _key(fn, static: str, leaves) -> str:
+    device = jax.devices()[0]
+    parts = (fn.__module__, fn.__qualname__, static,
+             [(jax.typeof(a), getattr(a, "sharding", None)) for a in leaves],
+             device.platform, device.device_kind, jax.device_count(),
+             [getattr(jax.config, name) for name in TRACE_SETTINGS],
+             os.environ.get("XLA_FLAGS"), source_stamp())
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def _keepable(leaves) -> bool:
+    return all(isinstance(a, np.ndarray | np.generic | bool | int | float | complex) or (
+        isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
+        and len(a.sharding.device_set) == 1) for a in leaves)
+
+
+def _compile(fn, leaves):
+    """`fn` compiled by XLA past JAX's cache (an executable JAX loaded from its cache
+    serializes without its kernels on the CPU: "Function … not found" when run); `None`
+    for a program that holds a host callback, or that takes its inputs split over
+    devices (a mesh inside: `jit` reshards the arguments, a compiled program does not)."""
+    lowered = jax.jit(fn).lower(*leaves)
+    if "callback" in lowered.as_text():
+        return None
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # JAX reads the setting once per process
+    try:
+        compiled = lowered.compile()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        compilation_cache.reset_cache()
+    shardings = jax.tree.leaves(compiled.input_shardings)
+    return compiled if all(len(s.device_set) == 1 for s in shardings) else None
+
+
+@functools.cache
+def _loadable() -> bool:
+    """Whether programs can be kept here: on the CPU (the only backend they were tried
+    on), LAPACK's kernels registered first, as `jax.export` does before it runs a
+    program read from bytes (a loaded program that calls them crashes otherwise)."""
+    if jax.default_backend() != "cpu":
+        return False
+    try:
+        from jax._src.lax.linalg import initialize_lapack
+    except ImportError:  # another JAX: programs are traced as usual
+        return False
+    initialize_lapack()
+    return True
+
+
+def _program(fn, key: str, treedef, static, leaves):
+    """The compiled program of the entry `key` and its outputs' structure: loaded from
+    JAX's cache folder, or compiled and kept there (with the access time JAX's
+    eviction reads beside it, as JAX's own entries); `None` if it cannot be kept."""
+    folder = Path(jax.config.jax_compilation_cache_dir)
+    path = folder / f"jaxattn_program-{key}-cache"
+    if not _loadable() or path.with_name(f"jaxattn_program-{key}-traced").exists():
+        return None
+    start = time.perf_counter()
+    try:
+        payload, skeleton = _Unpickler(io.BytesIO(path.read_bytes())).load()
+        loaded = serialize_executable.deserialize_and_load(*payload), _outputs(skeleton)
+        jax.monitoring.record_event_duration_secs(LOAD_EVENT, time.perf_counter() - start)
+        return loaded
+    except Exception:  # missing, or unreadable by this JAX: compiled again below
+        pass
+    out = []
+
+    def flat(*leaves):
+        dynamic = jax.tree.unflatten(treedef, leaves)
+        if isinstance(static, dict):  # by name (`static_argnames`)
+            outputs = fn(**dynamic, **static)
+        else:
+            args, kwargs = eqx.combine(dynamic, static)
+            outputs = fn(*args, **kwargs)
+        # the outputs with shapes for arrays: pickled whole (a treedef of Modules is not)
+        out.append(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
+                                if eqx.is_array(a) else a, outputs))
+        return jax.tree.leaves(eqx.filter(outputs, eqx.is_array))
+
+    compiled = _compile(flat, leaves)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if compiled is None:
+            path.with_name(f"jaxattn_program-{key}-traced").touch()
+            return None
+        entry = io.BytesIO()
+        _Pickler(entry).dump((serialize_executable.serialize(compiled), out[0]))
+        atomic_write(path, lambda f: f.write(entry.getvalue()))
+        path.with_name(f"jaxattn_program-{key}-atime").write_bytes(
+            time.time_ns().to_bytes(8, "little"))
+    except Exception:  # unwritable, or outputs another process could not rebuild:
+        pass  # this process keeps it, the next compiles it again
+    return compiled, _outputs(out[0])
+
+
+def _outputs(skeleton):
+    """The structure of a program's array outputs, and its other outputs."""
+    shaped, rest = eqx.partition(skeleton, lambda a: isinstance(a, jax.ShapeDtypeStruct))
+    return jax.tree.structure(shaped), rest
+
+
+def kept_jit(fn: Callable | None = None, *, static_argnames: tuple[str, ...] | None = None):
+    """`eqx.filter_jit(fn)` whose compiled programs are kept in JAX's cache folder and
+    loaded by later processes without tracing (the module's docstring). With
+    `static_argnames`, `jax.jit(fn, static_argnames=…)` instead: every other argument
+    traced, Python numbers too. `fn` is a module-level function: its name, with its
+    arguments, names its program."""
+    if fn is None:
+        return functools.partial(kept_jit, static_argnames=static_argnames)
+    if static_argnames is None:
+        jitted = eqx.filter_jit(fn)
+
+        def split(args, kwargs):  # (dynamic, static), as `eqx.filter_jit` splits them
+            return eqx.partition((args, kwargs), eqx.is_array)
+    else:
+        jitted, signature = jax.jit(fn, static_argnames=static_argnames), inspect.signature(fn)
+
+        def split(args, kwargs):  # every argument by name, the static ones apart
+            named = signature.bind(*args, **kwargs).arguments
+            return ({k: v for k, v in named.items() if k not in static_argnames},
+                    {k: v for k, v in named.items() if k in static_argnames})
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not (ENABLED and jax.config.jax_enable_compilation_cache
+                and jax.config.jax_compilation_cache_dir):
+            return jitted(*args, **kwargs)
+        dynamic, static = split(args, kwargs)
+        leaves, treedef = jax.tree.flatten(dynamic)
+        described = _describe(treedef, static)
+        if described is None or not _keepable(leaves):
+            return jitted(*args, **kwargs)
+        key = _key(fn, described, leaves)
+        if key not in _LOADED:
+            _LOADED[key] = _program(fn, key, treedef, static, leaves)
+        if _LOADED[key] is None:
+            return jitted(*args, **kwargs)
+        compiled, (structure, rest) = _LOADED[key]
+        return eqx.combine(jax.tree.unflatten(structure, compiled(*leaves)), rest)
+
+    call.lower = jitted.lower  # ahead-of-time compilation, as the jitted function's
+    return call

@@ -1,0 +1,203 @@
+"""Programs kept whole in the cache folder (`_programs.kept_jit`, issue #42): a later
+process loads them without tracing and gets the same bits; what another process could
+not name, traced arguments and programs with host callbacks go to `eqx.filter_jit`;
+an unreadable entry is compiled again."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.compilation_cache import compilation_cache
+
+from jaxattn import _programs
+from jaxattn._process.cache import clear_cache
+from jaxattn._programs import kept_jit
+
+TRACES = []
+
+
+class Scaled(eqx.Module):
+    """A model with an array, a static number and a module-level function."""
+
+    w: jax.Array
+    power: int = eqx.field(static=True)
+    act: object = jnp.tanh
+
+
+@kept_jit
+def _apply(model: Scaled, x, n: int):
+    TRACES.append(n)
+    y = model.act(model.w * x) ** model.power
+    return {"y": y * n, "shape": x.shape, "model": eqx.tree_at(lambda m: m.w, model, y.sum())}
+
+
+@kept_jit(static_argnames=("n",))
+def _scaled(x, scale, *, n):
+    TRACES.append(n)
+    return jnp.tile(x * scale, n)
+
+
+@kept_jit
+def _checked(x):
+    return eqx.error_if(x, jnp.any(x < 0), "negative")  # a host callback
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    """A fresh cache folder, kept programs on, none of this process remembered."""
+    monkeypatch.setattr(_programs, "ENABLED", True)
+    monkeypatch.setattr(_programs, "_LOADED", {})
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    compilation_cache.reset_cache()
+    yield tmp_path
+    jax.config.update("jax_compilation_cache_dir", before)
+    compilation_cache.reset_cache()
+
+
+def kept(folder):
+    return sorted(p.name.rsplit("-", 1)[1] for p in folder.glob("jaxattn_program-*"))
+
+
+def test_a_new_process_loads_the_program_without_tracing_and_gets_the_same_bits(
+        folder, monkeypatch):
+    model, x = Scaled(jnp.linspace(-1.0, 1.0, 5), 3), np.linspace(0.0, 2.0, 5)
+    del TRACES[:]
+    out = _apply(model, x, 2)
+    assert TRACES == [2] and kept(folder) == ["atime", "cache"]
+    want = eqx.filter_jit(_apply.__wrapped__)(model, x, 2)  # traced on its own
+    np.testing.assert_allclose(out["y"], want["y"], rtol=1e-15)
+    monkeypatch.setattr(_programs, "_LOADED", {})  # a new process: only the folder
+    del TRACES[:]
+    again = _apply(model, x, 2)
+    assert TRACES == []  # loaded, neither traced nor lowered
+    np.testing.assert_array_equal(again["y"], out["y"])
+    assert again["shape"] == (5,) and again["model"].power == 3
+    assert again["model"].act is jnp.tanh  # a module-level function, by name
+    np.testing.assert_array_equal(again["model"].w, out["y"].sum() / 2)
+    # another static value, another program; another dtype, another program
+    _apply(model, x, 3)
+    _apply(model, x.astype(np.float32), 2)
+    assert kept(folder) == ["atime"] * 3 + ["cache"] * 3
+
+
+def test_with_static_argnames_numbers_are_traced_as_under_jax_jit(folder, monkeypatch):
+    x = np.arange(3.0)
+    del TRACES[:]
+    np.testing.assert_array_equal(_scaled(x, 2.0, n=2), np.tile(2 * x, 2))
+    np.testing.assert_array_equal(_scaled(x, 3.0, n=2), np.tile(3 * x, 2))  # same program
+    assert TRACES == [2] and kept(folder) == ["atime", "cache"]
+    monkeypatch.setattr(_programs, "_LOADED", {})
+    np.testing.assert_array_equal(_scaled(x, scale=0.5, n=2), np.tile(x / 2, 2))
+    assert TRACES == [2]  # loaded: by name or by place, the same arguments
+    _scaled(x, 1.0, n=3)
+    assert TRACES == [2, 3] and kept(folder) == ["atime"] * 2 + ["cache"] * 2
+
+
+def test_what_another_process_could_not_name_goes_to_filter_jit(folder):
+    x = jnp.linspace(0.0, 1.0, 4)
+    local = Scaled(x, 1, act=lambda v: v + 1)  # its repr holds an address
+    np.testing.assert_allclose(_apply(local, x, 1)["y"], x * x + 1)
+    # traced arguments (under the caller's jit) take the traced program
+    traced = jax.jit(lambda v: _apply(Scaled(v, 1), v, 1)["y"])(x)
+    np.testing.assert_allclose(traced, jnp.tanh(x * x))
+    assert kept(folder) == []
+
+
+def test_a_program_with_a_host_callback_is_not_kept(folder, monkeypatch):
+    x = jnp.arange(3.0)
+    np.testing.assert_array_equal(_checked(x), x)
+    assert kept(folder) == ["traced"]  # the marker: later processes trace it
+    monkeypatch.setattr(_programs, "_LOADED", {})
+    with pytest.raises(eqx.EquinoxRuntimeError, match="negative"):
+        _checked(-x - 1)
+    assert kept(folder) == ["traced"]
+    clear_cache(folder)  # `jaxattn cache clear` takes the marker as an entry
+    assert kept(folder) == []
+
+
+def test_an_unreadable_entry_is_compiled_again(folder, monkeypatch):
+    model, x = Scaled(jnp.ones(3), 2), np.arange(3.0)
+    want = _apply(model, x, 1)["y"]
+    entry = next(folder.glob("jaxattn_program-*-cache"))
+    for bad in (b"not a program", entry.read_bytes()[:200]):
+        entry.write_bytes(bad)
+        monkeypatch.setattr(_programs, "_LOADED", {})
+        del TRACES[:]
+        np.testing.assert_array_equal(_apply(model, x, 1)["y"], want)
+        assert TRACES == [1] and entry.read_bytes() != bad  # traced, and replaced
+
+
+def test_a_loaded_program_that_calls_lapack_runs_in_a_fresh_process(tmp_path):
+    """A CPU program calling LAPACK (eigenvalues) crashed the process when loaded
+    before any LAPACK call had been lowered: the kernels register first."""
+    script = textwrap.dedent(f"""
+        import json, jax, jax.numpy as jnp, numpy as np
+        jax.config.update("jax_compilation_cache_dir", {str(tmp_path)!r})
+        from jaxattn import _programs
+        loaded = []
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda event, s, **kw: loaded.append(event) if event == _programs.LOAD_EVENT else 0)
+
+        @_programs.kept_jit
+        def eig(a):
+            return jnp.linalg.eigvalsh(a + a.T)
+
+        a = np.arange(9.0).reshape(3, 3) / 7
+        values = np.asarray(eig(a)).tolist()
+        print(len(loaded), json.dumps(values))
+    """)
+    path = tmp_path / "eig.py"
+    path.write_text(script)
+    runs = [subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                           timeout=300) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[1].stderr[-2000:]
+    (n0, first), (n1, second) = (r.stdout.split(" ", 1) for r in runs)
+    assert (n0, n1) == ("0", "1") and first == second  # compiled, then loaded: same bits
+    a = np.arange(9.0).reshape(3, 3) / 7
+    np.testing.assert_allclose(json.loads(first), np.linalg.eigvalsh(a + a.T), atol=1e-5)  # float32
+
+
+def test_the_library_s_solves_and_layer_runs_are_kept(folder, monkeypatch):
+    """`ja.solve_flow` (with an event of `merged`, a module) and `ja.run_layers` on
+    concrete inputs: kept, loaded by a new process with the same bits, equal to the
+    traced programs to rounding."""
+    import jaxattn as ja
+    from jaxattn.experiments.long_time import merged
+
+    dyn = ja.random_dynamics(jax.random.PRNGKey(0), 1, 3)
+    x0 = ja.sample_ellipsoid(jax.random.PRNGKey(1), 6, 3)
+
+    ts = jnp.linspace(0.0, 2.0, 5)
+
+    def runs():
+        flow = ja.solve_flow(dyn, x0, ts, solution=True, event=merged(0.05))
+        return flow.ys, ja.run_layers(dyn, x0, num_layers=4, tau=0.1)
+
+    first = runs()
+    count = len(list(folder.glob("jaxattn_program-*-cache")))
+    monkeypatch.setattr(_programs, "_LOADED", {})
+    traced = []
+
+    def listen(event, seconds, **kwargs):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            traced.append(kwargs.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        again = runs()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert "solve_batched" not in traced and "layers_program" not in traced, traced
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert len(list(folder.glob("jaxattn_program-*-cache"))) == count  # nothing new
+    monkeypatch.setattr(_programs, "ENABLED", False)
+    for a, b in zip(first, runs(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)

@@ -7,15 +7,16 @@ itself (`jax.experimental.serialize_executable`) in JAX's cache folder, under a 
 computed without tracing: a warm process calls it straight away. The same program:
 the same bits.
 
-A call takes the kept program only where another process could name it the same:
-JAX's cache on, every array argument concrete and on one device (an executable takes
-its arguments' placements as they were), and every other argument printed without an
-address (a user's function, `observe=` or `event=`, prints one: those calls go to
-`eqx.filter_jit`). A program that holds a host callback, or takes its inputs split
-over devices, is never kept (a marker `…-traced` says so to the next process). The key holds `fn`'s name, the arguments' structure (static
-values included) and types, the device, the JAX settings, `XLA_FLAGS` and
-`source_stamp` (an edit or an upgrade starts cold). An entry that cannot be read is
-compiled again and replaced."""
+A call takes the kept program only where another process could name it the same: on
+the CPU, with JAX's cache on, every array argument concrete and on one device (an
+executable takes its arguments' placements as they were), and every other argument
+printed without an address (a user's function, `observe=` or `event=`, prints one;
+module-level functions go by name): other calls go to `eqx.filter_jit`. A program
+that holds a host callback, or takes its inputs split over devices, is never kept (a
+marker `…-traced` says so to the next process). The key holds `fn`'s name, the
+arguments' structure (static values included) and types, the device, the JAX
+settings, `XLA_FLAGS` and `source_stamp` (an edit or an upgrade starts cold). An entry
+that cannot be read is compiled again and replaced."""
 
 import functools
 import hashlib
@@ -27,6 +28,7 @@ import pickle
 import sys
 import time
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 
 import equinox as eqx
@@ -49,22 +51,35 @@ LOAD_EVENT = "/jaxattn/programs/load_duration"
 _LOADED: dict[str, tuple[Callable, object] | None] = {}
 
 
+#: The packages whose functions a key may name (their versions are in `source_stamp`):
+#: a user's own function may change between two runs under the same name.
+NAMED = ("jaxattn", "jax", "jaxlib", "equinox", "diffrax", "lineax", "optimistix", "optax",
+         "numpy")
+
+
 @functools.cache
 def source_stamp() -> str:
-    """The versions of JAX and Equinox, and the names, sizes and times of jaxattn's
-    sources: a program kept before an upgrade or an edit is never loaded."""
+    """The versions of the `NAMED` packages, and the names, sizes and times of
+    jaxattn's sources: a program kept before an upgrade or an edit is never loaded."""
     root = Path(__file__).parent
     stats = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
              for p in sorted(root.rglob("*.py"))]
-    versions = (jax.__version__, jax.lib.__version__, eqx.__version__)
+    versions = []
+    for name in NAMED:  # installed, imported yet or not
+        try:
+            versions.append(metadata.version(name))
+        except metadata.PackageNotFoundError:
+            versions.append(None)
     return hashlib.sha256(repr((versions, stats)).encode()).hexdigest()
 
 
 def _name(obj) -> str | None:
-    """`module:qualname` of a module-level function or class (jitted or not), which
-    another process imports as the same object; else `None`."""
+    """`module:qualname` of a module-level function or class (jitted or not) of one of
+    the `NAMED` packages, which another process imports as the same object; else
+    `None`."""
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+    if (not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname
+            or module.partition(".")[0] not in NAMED):
         return None
     found = sys.modules.get(module)
     for part in qualname.split("."):
@@ -95,19 +110,25 @@ class _Unpickler(pickle.Unpickler):
 def _describe(treedef, static) -> str | None:
     """The arguments' structure and static values as text another process writes the
     same, or `None` where it holds an address (a function not at a module's top)."""
-    named = [("function", _name(x)) if callable(x) and _name(x) else x
-             for x in jax.tree.leaves(static)]
+    leaves = jax.tree.leaves(static)
+    if any(isinstance(x, set | frozenset) for x in leaves):  # printed in a random order
+        return None
+    named = [("function", _name(x)) if callable(x) and _name(x) else x for x in leaves]
     described = repr((treedef, jax.tree.structure(static), named))
     return None if " at 0x" in described else described
 
 
 def _key(fn, static: str, leaves) -> str:
+    return _hashed(f"{fn.__module__}.{fn.__qualname__}", static,
+                   tuple((jax.typeof(a), getattr(a, "sharding", None)) for a in leaves),
+                   tuple(getattr(jax.config, name) for name in TRACE_SETTINGS),
+                   os.environ.get("XLA_FLAGS"))
+
+
+@functools.lru_cache(maxsize=4096)  # once per process (a call then costs ~20 µs over jit)
+def _hashed(*parts) -> str:
     device = jax.devices()[0]
-    parts = (fn.__module__, fn.__qualname__, static,
-             [(jax.typeof(a), getattr(a, "sharding", None)) for a in leaves],
-             device.platform, device.device_kind, jax.device_count(),
-             [getattr(jax.config, name) for name in TRACE_SETTINGS],
-             os.environ.get("XLA_FLAGS"), source_stamp())
+    parts += (device.platform, device.device_kind, jax.device_count(), source_stamp())
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 

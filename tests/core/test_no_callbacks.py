@@ -108,7 +108,8 @@ def test_host_boolean_event_agrees_with_diffrax(system, when, solver):
     diffeqsolve with the same event: the same stop, steps, times and tokens."""
     dyn, x0 = system
     ts = jnp.linspace(0.0, 2.0, 9)
-    mid = ja.misalignment(ja.solve_flow(dyn, x0, ts, solver=solver)[:, 4]).max()
+    mid = ja.misalignment(ja.solve_flow(dyn, x0, ts, solver=solver)[:, 4]).max() \
+        if when == "tokens" else None  # a solve only the tokens' event reads
     options = dict(solver=solver, solution=True, event=EVENTS[when](mid))
     host = ja.solve_flow(dyn, x0, ts, **options)
     inside = jax.jit(lambda x: ja.solve_flow(dyn, x, ts, **options))(x0)

@@ -184,7 +184,8 @@ def _program(fn, key: str, treedef, static, leaves):
     try:
         payload, skeleton = _Unpickler(io.BytesIO(path.read_bytes())).load()
         loaded = serialize_executable.deserialize_and_load(*payload), _outputs(skeleton)
-        jax.monitoring.record_event_duration_secs(LOAD_EVENT, time.perf_counter() - start)
+        jax.monitoring.record_event_duration_secs(LOAD_EVENT, time.perf_counter() - start,
+                                                  fun_name=fn.__qualname__)
         return loaded
     except Exception:  # missing, or unreadable by this JAX: compiled again below
         pass

@@ -37,7 +37,8 @@ class OjaBipartite(AbstractPowerExperiment):
     )
 
     def simulate(self, config, progress):
-        draws = _draws(config.seed, config.instances, config.dim)
+        # rows on the host: iterating over a device array would compile a program
+        draws = zip(*map(np.asarray, _draws(config.seed, config.instances, config.dim)))
         rows = [_instance(*draw, config) for draw in draws]
         table = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
         return table | _fig13(config)
@@ -81,13 +82,13 @@ def _random_symmetric(key, d, scale):
 @kept_jit(static_argnames=("instances", "d"))
 def _draws(seed, instances: int, d: int):
     """Each instance's random symmetric `U`, `P` of larger scale, and the key of its
-    perturbations, drawn from `PRNGKey(seed)` in one program (one triple per
-    instance: iterating over a device array would compile a program)."""
-    draws = []
-    for key in jax.random.split(jax.random.PRNGKey(seed), instances):
+    perturbations, drawn from `PRNGKey(seed)` and stacked over the instances (one
+    small program: a loop over the keys made one as large as 4 MB)."""
+    def draw(key):
         ku, kp, ks = jax.random.split(key, 3)
-        draws.append((_random_symmetric(ku, d, 1.0), _random_symmetric(kp, d, 2.0), ks))
-    return draws
+        return _random_symmetric(ku, d, 1.0), _random_symmetric(kp, d, 2.0), ks
+
+    return jax.vmap(draw)(jax.random.split(jax.random.PRNGKey(seed), instances))
 
 
 def _instance(U, P, ks, config):

@@ -94,6 +94,7 @@ def _check(n: int, beta: float = 0.0, norm: _Norm = "post", kernel: _Kernel = "s
     return norm, kernel
 
 
+@kept_jit  # one program where `r` is a number (op by op: five)
 def _kappa(norm: AbstractNorm, r):
     """`κ`, the factor of the scores `βκ⟨u_i, u_j⟩` at tokens of norm `r`: `|y|²` of
     the tokens `y` the placement's attention reads (`norm.reads`: `r²` for the raw
@@ -209,8 +210,8 @@ def equiangular_solution(rho0: float, n: int, beta: float, ts: Real[Array, " T"]
     index = jnp.asarray(pairs.index((norm, kernel)))
     solution, result = _solve(y0, ts, index, float(beta), n, pairs, rtol, atol, max_steps)
     if concrete:  # checked on the host: the program holds no callback (issue 42)
-        if result != dfx.RESULTS.successful:
-            raise eqx.EquinoxRuntimeError(dfx.RESULTS[result])
+        if message := dfx.RESULTS[result]:  # "" for success, read with NumPy
+            raise eqx.EquinoxRuntimeError(message)
     else:  # inside a user's jit: diffrax's checks, in the program
         solution = eqx.error_if(solution, ts[1:] < ts[:-1],
                                 "saveat.ts must be increasing or decreasing.")

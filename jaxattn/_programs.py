@@ -61,9 +61,13 @@ NAMED = ("jaxattn", "jax", "jaxlib", "equinox", "diffrax", "lineax", "optimistix
 def source_stamp() -> str:
     """The versions of the `NAMED` packages, and the names, sizes and times of
     jaxattn's sources: a program kept before an upgrade or an edit is never loaded."""
-    root = Path(__file__).parent
-    stats = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
-             for p in sorted(root.rglob("*.py"))]
+    root, stats = os.path.dirname(__file__), []
+    for folder, folders, files in os.walk(root):  # not pathlib's rglob: 10× slower here
+        folders.sort()
+        for name in sorted(f for f in files if f.endswith(".py")):
+            info = os.stat(os.path.join(folder, name))
+            stats.append((os.path.relpath(os.path.join(folder, name), root), info.st_size,
+                          info.st_mtime_ns))
     versions = []
     for name in NAMED:  # installed, imported yet or not
         try:

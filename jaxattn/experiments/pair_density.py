@@ -31,7 +31,7 @@ from .._process.distributed import gather, global_mesh
 from .._programs import kept_jit
 from .._stacked import first_model, map_models, map_systems, stack_tokens
 from .._strategy import choose_strategy
-from .._validate import NONFINITE, surface_errors
+from .._validate import NONFINITE, is_concrete, raise_unless, surface_errors
 from .base import Param
 from .pieces import advance
 from .verdicts import short
@@ -144,7 +144,6 @@ def clustered_pairs(x: Float[Array, "n d"], threshold: float, *,
 
 
 @surface_errors
-@kept_jit
 def pair_counts(P, U, betas, taus, x, at, kernel: str, norm: str, causal: bool,
                 threshold: float, mesh: Mesh | None = None) -> Int[Array, "B K"]:
     """Clustered ordered pairs after the layers `at`, summed over systems.
@@ -164,6 +163,17 @@ def pair_counts(P, U, betas, taus, x, at, kernel: str, norm: str, causal: bool,
 
     `(B, K)` int32 counts.
     """
+    counts, finite = _pair_counts(P, U, betas, taus, x, at, kernel, norm, causal, threshold,
+                                  mesh)
+    if mesh is None and is_concrete(finite):  # on the host: the program holds no callback
+        raise_unless(finite, NONFINITE)
+        return counts
+    return eqx.error_if(counts, ~finite, NONFINITE)
+
+
+@kept_jit
+def _pair_counts(P, U, betas, taus, x, at, kernel, norm, causal, threshold, mesh):
+    """`pair_counts` and whether every token stayed finite, one program."""
     B, G, s = x.shape[:3]
     # Blocks of `k` groups (models) of one β, at most `BLOCK` systems in all.
     k = max(k for k in range(1, min(G, max(1, BLOCK // s)) + 1) if G % k == 0)
@@ -184,8 +194,7 @@ def pair_counts(P, U, betas, taus, x, at, kernel: str, norm: str, causal: bool,
             jnp.repeat(at, G, axis=0))
     # Block by block, all steps of a block at once: its intermediates stay in cache.
     counts, finite = map_blocks(block, args, mesh, block=k)
-    counts = eqx.error_if(counts, ~jnp.all(finite), NONFINITE)
-    return counts.reshape(B, G, -1).sum(1)
+    return counts.reshape(B, G, -1).sum(1), jnp.all(finite)
 
 
 def observe_at(dyn, x0: Float[Array, "*batch n d"], at: Int[Array, " K"], tau,

@@ -415,3 +415,19 @@ def test_auto_keeps_a_differentiated_run_on_the_general_path(key):
     seen = []
     jax.grad(lambda x: seen.append(choose_strategy(dyn, x.shape, "auto", (dyn, x))) or 0.0)(x)
     assert seen == [ja.Vmap()] and choose_strategy(dyn, x.shape, "auto", (dyn, x)) == ja.BatchLast()
+
+
+def test_phase_diagram_counts_refuse_nonfinite_tokens_on_the_host_and_in_a_jit(key):
+    """`pair_counts` checks its run on the host for concrete inputs (its program holds
+    no callback) and inside the program under a caller's `jit`: one message."""
+    from jaxattn._validate import SimulationError
+    from jaxattn.experiments import pair_density
+
+    x0 = jax.random.normal(key, (1, 2, 1, 4, 2)).at[0, 1, 0, 0, 0].set(jnp.nan)
+    P = U = jnp.broadcast_to(jnp.eye(2), (1, 2, 1, 2, 2))
+    args = (P, U, jnp.array([1.0]), jnp.array([0.1]), x0, jnp.array([[0, 3]]))
+    with pytest.raises(SimulationError, match="NaN or inf"):
+        pair_density.pair_counts(*args, "softmax", "post", False, 0.9)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="NaN or inf"):  # raised by JAX
+        jax.jit(lambda x: pair_density.pair_counts(*args[:4], x, args[5], "softmax", "post",
+                                                   False, 0.9))(x0)

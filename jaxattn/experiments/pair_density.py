@@ -33,6 +33,7 @@ from .._stacked import first_model, map_models, map_systems, stack_tokens
 from .._strategy import choose_strategy
 from .._validate import NONFINITE, is_concrete, raise_unless, surface_errors
 from .base import Param
+from .paper001 import with_beta
 from .pieces import advance
 from .verdicts import short
 
@@ -180,8 +181,8 @@ def _pair_counts(P, U, betas, taus, x, at, kernel, norm, causal, threshold, mesh
 
     def block(args):
         P, U, beta, tau, x, at = args  # k models (h, d, d) of one β, k × s systems (n, d)
-        dyn = eqx.filter_vmap(lambda P, U: SelfAttentionDynamics(
-            P, U, beta=beta[0], causal=causal, norm=norm, kernel=kernel))(P, U)
+        dyn = eqx.filter_vmap(lambda P, U: with_beta(SelfAttentionDynamics(
+            P, U, causal=causal, norm=norm, kernel=kernel), beta[0]))(P, U)
         observe = functools.partial(clustered_pairs, threshold=threshold,
                                     unit=dyn.stays_on_manifold)
         counts, finite = observe_at(dyn, x, at[0], tau[0], observe)

@@ -32,6 +32,7 @@ from ..metrics import cluster_count, misalignment, rank_collapse_residual
 from ..theory import Classification, classify
 from .base import AbstractExperiment, Param, Verdict
 from .pair_density import draw_weights
+from .paper001 import with_beta
 from .pieces import advance
 from .variants_plot import draw_study, format_verdicts, table_csv
 from .verdicts import convergence_trend
@@ -172,7 +173,7 @@ def run_program(P, U, x0, masks, betas, *, num_layers: int, tau: float, norm: st
     `E (M, B, I, L+1)`, `clusters`, `residual`, `finite` `(M, B, I)`.
     """
     def one(P, U, x0, mask, beta):
-        dyn = SelfAttentionDynamics(P, U, beta=beta, norm=norm, kernel=kernel, mask=mask)
+        dyn = with_beta(SelfAttentionDynamics(P, U, norm=norm, kernel=kernel, mask=mask), beta)
         E, last = depth_run(dyn, x0, num_layers, tau)
         return (E, *measure(last))
 

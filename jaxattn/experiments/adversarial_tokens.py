@@ -7,7 +7,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from .._artifacts import figures
 from .._horizon import CONSENSUS_TOL
@@ -17,7 +16,7 @@ from ..metrics import misalignment
 from ..theory import predict
 from . import paper001
 from .base import Param
-from .search import SEARCH_PARAMS, AbstractSearch, draw_trace, long_run
+from .search import SEARCH_PARAMS, AbstractSearch, adam, draw_trace, long_run
 from .verdicts import convergence_trend, outcome_words, run_kind, short
 
 #: The theorem each setting's starts are judged by.
@@ -49,7 +48,7 @@ class AdversarialTokens(AbstractSearch):
             T, (dyn, x, cons) = config.causal_horizon, _causal_setting(config, key)
         res = slow_consensus(dyn, init=x, objective="final", horizon=T, steps=config.steps,
                              restarts=config.restarts, saves=config.saves,
-                             optimizer=optax.adam(config.lr), constraints=cons,
+                             optimizer=adam(config), constraints=cons,
                              progress=progress)
         found = _token_outcome(setting, dyn, x, res, T, config.long)
         if setting == "causal":

@@ -7,7 +7,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
@@ -17,7 +16,7 @@ from ..metrics import misalignment
 from ..theory import predict
 from . import paper001
 from .base import Param
-from .search import SEARCH_PARAMS, AbstractSearch, draw_trace, long_run
+from .search import SEARCH_PARAMS, AbstractSearch, adam, draw_trace, long_run
 from .verdicts import convergence_trend, outcome_words, run_kind, short
 
 
@@ -50,7 +49,7 @@ class AdversarialWeights(AbstractSearch):
                              horizon=config.horizon,
                              steps=config.steps, restarts=config.restarts,
                              saves=config.saves,
-                             weight_noise=0.5, optimizer=optax.adam(config.lr),
+                             weight_noise=0.5, optimizer=adam(config),
                              constraints=cons, key=kq, progress=progress)
         U_all = np.asarray(res.weights.U.value[:, 0])
         gaps, lam1 = _gap(U_all)

@@ -7,7 +7,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
@@ -15,7 +14,7 @@ from .._horizon import CONSENSUS_TOL
 from ..explore import Constraints, slow_consensus
 from ..spectral import layer_matrix, top_eigenvector
 from .base import Param
-from .search import SEARCH_PARAMS, AbstractSearch, draw_trace, long_run
+from .search import SEARCH_PARAMS, AbstractSearch, adam, draw_trace, long_run
 from .verdicts import convergence_trend, short
 
 
@@ -77,7 +76,7 @@ class ConjectureMultihead(AbstractSearch):
                              horizon=config.horizon, steps=config.steps,
                              restarts=config.restarts, saves=config.saves,
                              weight_noise=1.0,
-                             optimizer=optax.adam(config.lr), constraints=cons,
+                             optimizer=adam(config), constraints=cons,
                              key=key, progress=progress)
         return _multihead_check(res, config)
 

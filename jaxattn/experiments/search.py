@@ -12,9 +12,11 @@ from typing import Any, ClassVar
 
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from .._artifacts import figures
 from .._flow import solve_flow
+from ..explore import NamedOptimizer
 from .base import AbstractExperiment, Param, Section, Verdict
 from .verdicts import kind_verdict, overall_kind
 
@@ -24,6 +26,12 @@ SEARCH_PARAMS = (
     Param("restarts", int, 16, "restarts, optimised as one vmapped batch", 1),
     Param("lr", float, 0.02, "Adam learning rate", 0.0),
 )
+
+
+def adam(config) -> NamedOptimizer:
+    """The searches' optimiser, Adam at the rate `lr`, by name: a warm process loads
+    the search's compiled programs."""
+    return NamedOptimizer(optax.adam, learning_rate=config.lr)
 
 
 class AbstractSearch(AbstractExperiment):

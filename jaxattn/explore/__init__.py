@@ -25,6 +25,7 @@ from ._objectives import builtin_objective as builtin_objective
 from ._objectives import compare_adjoints as compare_adjoints
 from ._objectives import consensus_objective as consensus_objective
 from ._search import Exploration as Exploration
+from ._search import NamedOptimizer as NamedOptimizer
 from ._search import slow_consensus as slow_consensus
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "BipartiteWeights",
     "Constraints",
     "Exploration",
+    "NamedOptimizer",
     "builtin_objective",
     "compare_adjoints",
     "consensus_objective",

@@ -2,7 +2,6 @@
 trajectory `ys (T, n, d)`, and the trajectory they are read from: the flow
 (`solve_flow`, a diffrax adjoint) or the layers (`run_layers`, a checkpointed scan)."""
 
-import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -40,19 +39,37 @@ def _lyapunov(x, dyn):
     return 1 - jnp.min(gram)
 
 
-@functools.cache  # one function object per objective: jit reuses it
-def _builtins(eps: float, width: float) -> dict[str, Callable]:
-    def soft_time(ts, ys, dyn):
-        logE = jnp.log(jnp.maximum(misalignment(ys), 1e-300))
-        return jnp.trapezoid(jax.nn.sigmoid((logE - jnp.log(eps)) / width), ts)
+# Module-level functions (and a module with fields): a search's programs name them, so
+# another process loads those programs whole (`kept_jit`); a closure would be traced anew.
+def _pairwise(ts, ys, dyn):
+    return pairwise_misalignment(ys[-1], dyn.W)
 
-    return {
-        "pairwise": lambda ts, ys, dyn: pairwise_misalignment(ys[-1], dyn.W),
-        "final": lambda ts, ys, dyn: misalignment(ys[-1]),
-        "integrated": lambda ts, ys, dyn: jnp.trapezoid(misalignment(ys), ts),
-        "consensus_time": soft_time,
-        "lyapunov": lambda ts, ys, dyn: _lyapunov(ys[-1], dyn),
-    }
+
+def _final(ts, ys, dyn):
+    return misalignment(ys[-1])
+
+
+def _integrated(ts, ys, dyn):
+    return jnp.trapezoid(misalignment(ys), ts)
+
+
+def _lyapunov_final(ts, ys, dyn):
+    return _lyapunov(ys[-1], dyn)
+
+
+class _SoftTime(eqx.Module):
+    """The smooth consensus time of `builtin_objective("consensus_time", eps, width)`."""
+
+    eps: float
+    width: float
+
+    def __call__(self, ts, ys, dyn):
+        logE = jnp.log(jnp.maximum(misalignment(ys), 1e-300))
+        return jnp.trapezoid(jax.nn.sigmoid((logE - jnp.log(self.eps)) / self.width), ts)
+
+
+_BUILTINS = {"pairwise": _pairwise, "final": _final, "integrated": _integrated,
+             "lyapunov": _lyapunov_final}
 
 
 def builtin_objective(name: str, eps: float = 1e-4, width: float = 1.0) -> Callable:
@@ -73,7 +90,7 @@ def builtin_objective(name: str, eps: float = 1e-4, width: float = 1.0) -> Calla
     if name not in OBJECTIVES:
         raise ValueError(f"unknown objective {name!r}: use one of {OBJECTIVES} or a function "
                          "(ts, ys[, dyn]) ↦ scalar.")
-    return _builtins(eps, width)[name]
+    return _SoftTime(eps, width) if name == "consensus_time" else _BUILTINS[name]
 
 
 def as_objective(objective) -> tuple[Callable, bool]:

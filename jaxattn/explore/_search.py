@@ -86,15 +86,6 @@ class Exploration(NamedTuple):
 # --- set-up of the restarts ---------------------------------------------------------
 
 
-def _start_tokens(dyn, init, restarts, n, z_fixed, margin) -> Float[Array, "R n d"]:
-    """`R` starting token sets: given (broadcast), or random on `E_W` / in a cap."""
-    if _is_tokens(init):
-        x = jnp.asarray(init, jnp.result_type(float))
-        return project(jnp.broadcast_to(x, (restarts,) + x.shape[-2:]), dyn.W)
-    keys = jax.random.split(init, restarts)
-    return jax.vmap(lambda k: _sample(k, n, dyn, z_fixed, margin))(keys)
-
-
 def _is_tokens(init) -> bool:
     return hasattr(init, "dtype") and jnp.issubdtype(init.dtype, jnp.floating)
 
@@ -109,15 +100,10 @@ def _sample(key, n, dyn, z, margin):
 
 def _hemisphere_directions(dyn, x, constraints: Constraints, weights, rest, z_fixed):
     """Each restart's cap direction `z` `(R, d)` on `E_W`, or `None` (`z_fixed`: the
-    direction of the model's own weights, `_fixed_direction`)."""
+    direction of the model's own weights, `_fixed_direction`; "start": `_start_directions`)."""
     hemi = constraints.hemisphere
     if hemi is None:
         return None
-    if isinstance(hemi, str):  # "start": the certificate of each start
-        h = hemisphere(x, dyn.W)
-        if not bool(np.all(np.asarray(h.inside))):
-            raise ValueError("hemisphere='start' needs every start inside an open hemisphere.")
-        return project(jnp.asarray(h.z, x.dtype), dyn.W)
     if callable(hemi) and weights is not None:
         z = project(jax.vmap(lambda w: hemi(_combine(w, rest)))(weights), dyn.W)
     else:
@@ -134,7 +120,9 @@ def _combine(w, rest):
 
 
 def _perturbed_weights(weights, restarts, noise, key):
-    """`R` copies of the trained arrays; restarts after the first get relative noise."""
+    """`R` copies of the trained arrays; restarts after the first get relative noise.
+    Run op by op, outside `_starts`: fused there, XLA's CPU backend contracts the
+    squares and their sum into FMAs, and the searches' starts change in their last bits."""
     leaves, treedef = jax.tree.flatten(weights)
     keys = jax.random.split(key, len(leaves))
     out = []
@@ -148,6 +136,34 @@ def _perturbed_weights(weights, restarts, noise, key):
 # --- the optimisation loop ----------------------------------------------------------
 
 
+class NamedOptimizer(eqx.Module):
+    """An optax optimizer by its factory and keywords, built inside the search's
+    programs: `NamedOptimizer(optax.adam, learning_rate=0.02)` is `optax.adam(0.02)`.
+    An optax optimizer's own functions are closures, which no other process can name:
+    a search given one is traced in every process, one given this loads its compiled
+    programs whole from the cache folder (`kept_jit`).
+
+    **Arguments:**
+
+    - `factory`: a module-level function of optax (or of another package the cache
+      names: equinox, jax, ...) returning an `optax.GradientTransformation`.
+    - `**options`: its keyword arguments (numbers, strings: printable values).
+    """
+
+    factory: Callable
+    options: dict
+
+    def __init__(self, factory: Callable, **options):
+        self.factory, self.options = factory, options
+
+    def init(self, params):
+        return self.factory(**self.options).init(params)
+
+    def update(self, updates, state, params=None):
+        return self.factory(**self.options).update(updates, state, params)
+
+
+
 class _Loop(eqx.Module):
     """One restart's objective, gradient step and constraint map (vmapped over `R`)."""
 
@@ -156,7 +172,7 @@ class _Loop(eqx.Module):
     rest: PyTree
     mask: PyTree
     constraints: Constraints
-    optimizer: optax.GradientTransformation
+    optimizer: optax.GradientTransformation | NamedOptimizer
     train_x: bool = eqx.field(static=True)
     train_w: bool = eqx.field(static=True)
     log: bool = eqx.field(static=True)
@@ -334,7 +350,7 @@ def slow_consensus(
     objective: str | Callable = "pairwise",
     horizon: float = 5.0,
     steps: int = 100,
-    optimizer: optax.GradientTransformation | None = None,
+    optimizer: optax.GradientTransformation | NamedOptimizer | None = None,
     restarts: int = 8,
     constraints: Constraints | None = None,
     model: str = "flow",
@@ -370,7 +386,9 @@ def slow_consensus(
       `(ts, ys, dyn) ↦ scalar` of one trajectory `ys (T, n, d)`. Maximised.
     - `horizon`: the final time `T`.
     - `steps`: optimiser steps, ≥ 0 (0 evaluates the starts); `optimizer`: an
-      optax transformation (default `optax.adam(0.02)`), applied per restart.
+      optax transformation (default `optax.adam(0.02)`), applied per restart; as a
+      `NamedOptimizer` (the default is one), a later process loads the search's
+      compiled programs instead of tracing them.
     - `restarts`: the number `R` of starts optimised together.
     - `constraints`: a `Constraints` (tokens always stay on `E_W`).
     - `model`: `"flow"` (`solve_flow`, saved at `saves + 1` times) or `"layers"`
@@ -402,32 +420,36 @@ def slow_consensus(
     traj = make_trajectory(horizon, model=model, saves=saves, tau=tau, adjoint=adjoint)
     start, loop = _make_loop(dyn, target=target, objective=objective, traj=traj,
                              optimizer=optimizer, constraints=constraints, log=log)
-    x, state_w, z = _make_starts(loop, start, init, n=n, restarts=restarts,
-                                 weight_noise=weight_noise, key=key)
+    x = _start_tokens(start, init, n, restarts, loop.constraints)
+    z = _start_directions(start, x) if isinstance(loop.constraints.hemisphere, str) else None
+    weights = None
+    if loop.train_w:
+        key = jax.random.PRNGKey(0) if key is None else key
+        weights = _perturbed_weights(eqx.filter(start, loop.mask), restarts, weight_noise, key)
+    x, state_w, z, opt_state = _starts(loop, start, x, z, weights)
     if isinstance(traj.adjoint, dfx.BacksolveAdjoint) and traj.model == "flow":
         w0 = None if state_w is None else jax.tree.map(lambda a: a[0], state_w)
         _check_backsolve(loop, x[0], w0, adjoint_rtol)
-    train = (x if loop.train_x else None, state_w if loop.train_w else None)
-    opt_state = jax.vmap(loop.optimizer.init)(train)
     state = (x, state_w, opt_state, z)
     mesh = as_mesh(devices)
     if mesh is not None:  # pad the restarts with copies of restart 0, dropped below
         state = jax.tree.map(lambda a: shard_batch(a, mesh, 1)[0], state)
     (best_v, best_x, best_w), trace, violation = _run_loop(
         loop, state, steps, progress, "slow_consensus")
-    R = x.shape[0]
-    best_v, best_x, best_w = jax.tree.map(lambda a: a[:R], (best_v, best_x, best_w))
+    R = x.shape[0]  # on the host: indexing device arrays would compile a program per index
+    best_v, best_x, best_w = jax.tree.map(lambda a: np.asarray(a)[:R], (best_v, best_x, best_w))
     trace, violation = trace[:, :R], violation[:, :R]
     baseline = trace[0]
     if baseline_samples and not _is_tokens(init):
         baseline = np.concatenate([baseline, _baseline(loop, dyn, init, n, baseline_samples,
                                                        state_w, z)])
-    r = int(np.argmax(np.asarray(best_v)))
-    w_best = None if best_w is None else jax.tree.map(lambda a: a[r], best_w)
+    r = int(np.argmax(best_v))
+    w_best = None if best_w is None else jax.tree.map(lambda a: jnp.asarray(a[r]), best_w)
     return Exploration(
-        x0=best_x[r], dyn=_combine(w_best, loop.rest), value=float(best_v[r]),
+        x0=jnp.asarray(best_x[r]), dyn=_combine(w_best, loop.rest), value=float(best_v[r]),
         gain=float(best_v[r] / np.mean(baseline)), trace=trace, baseline=np.asarray(baseline),
-        x0s=best_x, values=np.asarray(best_v), weights=best_w, violation=violation,
+        x0s=jnp.asarray(best_x), values=best_v, weights=jax.tree.map(jnp.asarray, best_w),
+        violation=violation,
         baseline_mean=float(np.mean(baseline)), baseline_median=float(np.median(baseline)),
         gain_median=float(best_v[r] / np.median(baseline)),
     )
@@ -443,28 +465,50 @@ def _make_loop(dyn, *, target, objective, traj: Trajectory, optimizer, constrain
     if train_w:
         dyn = constrain_weights(dyn, constraints)
     rest = eqx.filter(dyn, mask, inverse=True) if train_w else dyn
-    loop = _Loop(fn, traj, rest, mask, constraints, optimizer or optax.adam(0.02),
+    optimizer = optimizer or NamedOptimizer(optax.adam, learning_rate=0.02)
+    loop = _Loop(fn, traj, rest, mask, constraints, optimizer,
                  target in ("tokens", "both"), train_w, builtin if log is None else bool(log))
     return dyn, loop
 
 
-def _make_starts(loop: _Loop, dyn, init, *, n, restarts: int, weight_noise, key):
-    """Every restart's start, feasible for the constraints: `(x, weights, z)`, tokens
-    `(R, n, d)`, the trained arrays (leading axis `R`; `None` unless weights are
-    trained) and the cap directions `(R, d)` or `None`."""
+@kept_jit
+def _start_tokens(dyn, init, n, restarts: int, constraints: Constraints) -> Float[Array, "R n d"]:
+    """`R` starting token sets: given (broadcast), or random on `E_W` / in the cap of
+    a fixed `constraints.hemisphere`."""
+    if _is_tokens(init):
+        x = jnp.asarray(init, jnp.result_type(float))
+        return project(jnp.broadcast_to(x, (restarts,) + x.shape[-2:]), dyn.W)
+    keys = jax.random.split(init, restarts)
+    z_fixed = _fixed_direction(dyn, constraints)
+    return jax.vmap(lambda k: _sample(k, n, dyn, z_fixed, constraints.margin))(keys)
+
+
+@kept_jit
+def _starts(loop: _Loop, dyn, x, z, weights):
+    """Every restart's start, feasible for the constraints, and its optimiser state:
+    `(x, weights, z, opt_state)`, tokens `(R, n, d)`, the trained arrays (leading axis
+    `R`; `None` unless weights are trained; given perturbed), the cap directions
+    `(R, d)` or `None` (`z`: given for `hemisphere="start"`, else `None`)."""
     constraints = loop.constraints
-    weights = None
     if loop.train_w:
-        key = jax.random.PRNGKey(0) if key is None else key
-        weights = _perturbed_weights(eqx.filter(dyn, loop.mask), restarts, weight_noise, key)
         weights = jax.vmap(lambda w: loop.project(jnp.zeros((1, dyn.dim)), w, None)[1])(weights)
         weights = _feasible_starts(weights, loop.rest, constraints)
-    z_fixed = _fixed_direction(dyn, constraints)
-    x = _start_tokens(dyn, init, restarts, n, z_fixed, constraints.margin)
-    z = _hemisphere_directions(dyn, x, constraints, weights, loop.rest, z_fixed)
+    if z is None:
+        z = _hemisphere_directions(dyn, x, constraints, weights, loop.rest,
+                                   _fixed_direction(dyn, constraints))
     if z is not None:
         x = jax.vmap(lambda xi, zi: retract_tokens(xi, zi, constraints.margin, dyn.W))(x, z)
-    return x, weights, z
+    train = (x if loop.train_x else None, weights if loop.train_w else None)
+    return x, weights, z, jax.vmap(loop.optimizer.init)(train)
+
+
+def _start_directions(dyn, x) -> Float[Array, "R d"]:
+    """Each start's own cap direction (`hemisphere="start"`: its certificate, found on
+    the host)."""
+    h = hemisphere(x, dyn.W)
+    if not bool(np.all(np.asarray(h.inside))):
+        raise ValueError("hemisphere='start' needs every start inside an open hemisphere.")
+    return project(jnp.asarray(h.z, x.dtype), dyn.W)
 
 
 def _feasible_starts(weights, rest, constraints: Constraints):
@@ -473,7 +517,7 @@ def _feasible_starts(weights, rest, constraints: Constraints):
     if constraints.sum_gap is None:
         return weights
     defect = jax.vmap(lambda w: sum_gap_defect(_combine(w, rest), constraints.sum_gap))(weights)
-    ok = np.asarray(defect) <= 0
+    ok = defect <= 0
     return jax.tree.map(lambda a: jnp.where(ok.reshape((-1,) + (1,) * (a.ndim - 1)), a, a[:1]),
                         weights)
 

@@ -1,5 +1,5 @@
 """The searches' programs hold no host callback (JAX's persistent cache keeps no program
-that holds one): `slow_consensus`'s steps and evaluations, `consensus_objective` and
+that holds one): `slow_consensus`'s starts, steps and evaluations, `consensus_objective` and
 `compare_adjoints` of concrete tokens, checked on the host with the messages the
 in-program checks of traced tokens give."""
 
@@ -29,7 +29,8 @@ def lowered(monkeypatch):
     """`{name: [callbacks in each lowered program]}` of the search's jitted functions,
     recorded while the test calls them."""
     found = {}
-    for module, name in ((_search, "_run_chunk"), (_search, "_evaluate"),
+    for module, name in ((_search, "_start_tokens"), (_search, "_starts"),
+                         (_search, "_run_chunk"), (_search, "_evaluate"),
                          (_objectives, "_objective_jit")):
         def recording(*args, jitted=getattr(module, name), name=name, **kwargs):
             found.setdefault(name, []).append(callbacks(jitted.lower(*args, **kwargs).as_text()))
@@ -49,7 +50,7 @@ def test_search_programs_hold_no_callback(lowered, key, system, model, target):
     dyn, _ = system
     res = E.slow_consensus(dyn, init=key, n=4, model=model, target=target, **SEARCH)
     assert np.isfinite(res.value)
-    assert set(lowered) == {"_run_chunk", "_evaluate"}
+    assert set(lowered) == {"_start_tokens", "_starts", "_run_chunk", "_evaluate"}
     assert lowered == {name: [0] * len(counts) for name, counts in lowered.items()}
 
 

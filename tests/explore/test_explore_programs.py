@@ -1,12 +1,17 @@
 """The searches run as few programs as they can: `stabilize_bipartite` is one program
-whatever its step and bounds, and its start is the projection of `w0`."""
+whatever its step and bounds, and its start is the projection of `w0`; `slow_consensus`
+with a `NamedOptimizer` is loaded whole by a new process."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
+from _helpers import random_dynamics
+from jax.experimental.compilation_cache import compilation_cache
 
 import jaxattn as ja
+from jaxattn import _programs
 from jaxattn.explore import BipartiteWeights
 from jaxattn.explore._bipartite import bipartite_log_radius, project_bipartite
 
@@ -27,3 +32,48 @@ def test_stabilize_bipartite_is_one_program(key, compiles):
     start = jax.vmap(lambda w: project_bipartite(w, jnp.asarray(v), 4.0, 2.0))(w0)
     expected = jax.vmap(lambda w: bipartite_log_radius(w, jnp.asarray(v), 5, 2, 0.7))(start)
     np.testing.assert_allclose(trace[0], expected, rtol=1e-12)
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    """A fresh cache folder, kept programs on, none of this process remembered."""
+    monkeypatch.setattr(_programs, "ENABLED", True)
+    monkeypatch.setattr(_programs, "_LOADED", {})
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    compilation_cache.reset_cache()
+    yield tmp_path
+    jax.config.update("jax_compilation_cache_dir", before)
+    compilation_cache.reset_cache()
+
+
+def test_a_search_with_a_named_optimizer_is_loaded_whole_by_a_new_process(
+        key, folder, monkeypatch):
+    """Built-in objectives and `NamedOptimizer` name the search's programs: a new
+    process loads them (no `-traced` marker) and gets the bits of the optax optimizer
+    object's traced run."""
+    dyn = random_dynamics(key, h=2, d=3)
+    kw = dict(init=jax.random.fold_in(key, 1), n=4, target="both", steps=2, restarts=2,
+              horizon=0.5, saves=4, objective="consensus_time")
+    named = ja.explore.NamedOptimizer(optax.adam, learning_rate=0.05)
+    first = ja.explore.slow_consensus(dyn, optimizer=named, **kw)
+    names = {p.name.rsplit("-", 1)[1] for p in folder.glob("jaxattn_program-*")}
+    assert names == {"atime", "cache"}  # every program kept, none traced
+    loads = []
+
+    def listen(event, seconds, fun_name=None, **_):
+        if event == _programs.LOAD_EVENT:
+            loads.append(fun_name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    monkeypatch.setattr(_programs, "_LOADED", {})  # a new process: only the folder
+    try:
+        again = ja.explore.slow_consensus(dyn, optimizer=named, **kw)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert {"_start_tokens", "_starts", "_run_chunk", "_finish"} <= set(loads)
+    np.testing.assert_array_equal(again.trace, first.trace)
+    monkeypatch.setattr(_programs, "ENABLED", False)  # the traced programs
+    closure = ja.explore.slow_consensus(dyn, optimizer=optax.adam(0.05), **kw)
+    np.testing.assert_allclose(closure.trace, first.trace, rtol=1e-12)
+    np.testing.assert_allclose(closure.x0, first.x0, rtol=1e-12)

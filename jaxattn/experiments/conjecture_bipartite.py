@@ -8,7 +8,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
@@ -24,7 +23,7 @@ from ..explore import (
 )
 from ..spectral import layer_matrix
 from .base import Param
-from .search import SEARCH_PARAMS, AbstractSearch
+from .search import SEARCH_PARAMS, AbstractSearch, adam
 from .verdicts import short
 
 
@@ -56,7 +55,7 @@ class ConjectureBipartite(AbstractSearch):
         w, trace, viol = stabilize_bipartite(
             w0, v, n=config.tokens, m=config.split, tau=config.tau, p_bound=config.p_bound,
             u_bound=config.u_bound, steps=config.steps,
-            optimizer=optax.adam(config.lr))
+            optimizer=adam(config))
         return _bipartite_check(w, trace, viol, v, config, key)
 
     def judge_setting(self, config, found, h):

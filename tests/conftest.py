@@ -74,3 +74,19 @@ def compiles():
     jax.monitoring.register_event_duration_secs_listener(listen)
     yield count
     jax.monitoring.unregister_event_duration_listener(listen)
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    """A fresh cache folder with kept programs on (`_programs.kept_jit`), none of this
+    process remembered: what a new process with that folder sees."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    monkeypatch.setattr(_programs, "ENABLED", True)
+    monkeypatch.setattr(_programs, "_LOADED", {})
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    compilation_cache.reset_cache()
+    yield tmp_path
+    jax.config.update("jax_compilation_cache_dir", before)
+    compilation_cache.reset_cache()

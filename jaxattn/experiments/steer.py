@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._manifold import normalize
+from .._programs import kept_jit
 from ..spectral import cosines, layer_matrix, layerwise, run_model, steer
 from . import power_plots as plots
 from .base import Param, Verdict
@@ -39,14 +40,14 @@ class Steer(AbstractPowerExperiment):
         x0 = random_prompts(config, d)
         u = normalize(jax.random.normal(jax.random.PRNGKey(config.seed + 7), (d,), x0.dtype))
         w = _calibrated_w(model, config, d) if config.calibrate else u
-        scale = float(jnp.linalg.norm(layer_matrix(model, -1).astype(x0.dtype), 2))
+        scale = float(_norm(model, x0.dtype))
         gammas = config.gamma * np.logspace(-7, 0, 15)
-        xs = run_model(model, x0, tau=config.tau)
+        xs = np.asarray(run_model(model, x0, tau=config.tau))  # iterated on the host
         ends = [_last_layer(steer(model, u, g, w=w), xs[-2], config.tau, u) for g in gammas]
         stats, eigs, xs_s = layerwise(steer(model, u, config.gamma, w=w), x0, tau=config.tau)
         return stats_arrays(stats) | {
             "gammas": gammas, "end_alignment": np.asarray(ends),
-            "c_u": np.asarray([_alignment(x, u) for x in xs_s]),
+            "c_u": np.asarray([_alignment(x, u) for x in np.asarray(xs_s)]),
             "c_u_plain": np.asarray([_alignment(x, u) for x in xs]),
             "eigenvalues": np.asarray(eigs), "norm": np.asarray(scale), "u": np.asarray(u),
             "w": np.asarray(w), "label": np.asarray(label),
@@ -67,13 +68,20 @@ class Steer(AbstractPowerExperiment):
         return plots.steer(data, self.stem(folder))
 
 
+@kept_jit
+def _norm(model, dtype):
+    """`‖Ω_L‖₂` of the last layer."""
+    return jnp.linalg.norm(layer_matrix(model, -1).astype(dtype), 2)
+
+
 def _alignment(x, u) -> float:
     """The tokens' `x (..., d)` mean cosine with `u`."""
     return float(cosines(x.reshape(-1, x.shape[-1]), u).mean())
 
 
 def _last_layer(model, before, tau, u):
-    return _alignment(run_model(model, before, layers=[model.num_layers - 1], tau=tau)[-1], u)
+    xs = run_model(model, before, layers=[model.num_layers - 1], tau=tau)
+    return _alignment(np.asarray(xs)[-1], u)
 
 
 def _calibrated_w(model, config, d):

@@ -11,11 +11,13 @@ dropped), run with `ja.run_layers`.
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from .._dynamics import SelfAttentionDynamics
 from .._layers import run_layers
 from .._precision import matmul
+from .._programs import kept_jit
 from .._schedule import Constant, PiecewiseConstant
 from ..models import (
     AbstractTransformer,
@@ -57,21 +59,29 @@ def layer_dynamics(model_or_dyn, layer: int) -> SelfAttentionDynamics:
     raise TypeError(f"expected a model or a ja.SelfAttentionDynamics, got {model_or_dyn!r}.")
 
 
+@kept_jit
+def _layer_maps(model_or_dyn, layers: tuple) -> tuple[list, list]:
+    """The dynamics of `layers` (at least one) and their layer matrices, in one program."""
+    dyns = [layer_dynamics(model_or_dyn, ell) for ell in layers]
+    return dyns, [layer_matrix(dyn) for dyn in dyns]
+
+
 def _propagate(model_or_dyn, layers, x0, tau):
-    """The requested layers (default: all of a model's), each converted once, and the
-    normalised input then the tokens after each layer in turn `(L + 1, B, n, d)`: one
-    compiled program, reused (same shapes at every layer)."""
+    """The requested layers (default: all of a model's), each converted once, their
+    layer matrices, and the normalised input then the tokens after each layer in turn
+    `(L + 1, B, n, d)`: one compiled program, reused (same shapes at every layer); the
+    tokens on the host (NumPy: no program per slice)."""
     if layers is None:
         if not isinstance(model_or_dyn, AbstractTransformer):
             raise TypeError("a ja.SelfAttentionDynamics has no depth of its own: pass "
                             "`layers`, the layers to run.")
         layers = range(model_or_dyn.num_layers)
-    dyns = [layer_dynamics(model_or_dyn, ell) for ell in layers]
-    start = dyns[0] if dyns else layer_dynamics(model_or_dyn, 0)  # its metric normalises
-    xs = [run_layers(start, x0, 0)[:, 0]]
-    for dyn in dyns:
-        xs.append(run_layers(dyn, xs[-1], 1, tau)[:, 1])
-    return dyns, jnp.stack(xs)
+    layers = tuple(layers)
+    dyns, Omegas = _layer_maps(model_or_dyn, layers or (0,))  # dyns[0] normalises
+    xs = [np.asarray(run_layers(dyns[0], x0, 0))[:, 0]]
+    for dyn in dyns[:len(layers)]:
+        xs.append(np.asarray(run_layers(dyn, xs[-1], 1, tau))[:, 1])
+    return dyns[:len(layers)], Omegas[:len(layers)], np.stack(xs)
 
 
 def run_model(model, x0: Float[Array, "B n d"], *, layers=None, tau: float = 1.0):
@@ -88,7 +98,7 @@ def run_model(model, x0: Float[Array, "B n d"], *, layers=None, tau: float = 1.0
 
     `(len(layers) + 1, B, n, d)`; index 0 the normalised input.
     """
-    return _propagate(model, layers, x0, tau)[1]
+    return jax.device_put(_propagate(model, layers, x0, tau)[2])
 
 
 def layerwise(model, x0: Float[Array, "B n d"], *, tau: float = 1.0, order_tau=None,
@@ -107,15 +117,16 @@ def layerwise(model, x0: Float[Array, "B n d"], *, tau: float = 1.0, order_tau=N
     `(stats, eigenvalues, xs)`: a `LayerAlignment` with a leading layer axis, the
     `(L, top)` leading eigenvalues, and the tokens `(L + 1, B, n, d)`.
     """
-    dyns, xs = _propagate(model, layers, x0, tau)
+    _, Omegas, xs = _propagate(model, layers, x0, tau)
     d = xs.shape[-1]
     stats, eigs = [], []
-    for i, dyn in enumerate(dyns):
-        spec = spectrum(_f64(layer_matrix(dyn)), tau=order_tau)
+    for i, Omega in enumerate(Omegas):  # op by op: the same bits as before (issue 42)
+        spec = spectrum(_f64(Omega), tau=order_tau)
         stats.append(layer_alignment(xs[i].reshape(-1, d), xs[i + 1].reshape(-1, d), spec))
-        eigs.append(spec.eigenvalues[:top])
-    stats = jax.tree.map(lambda *a: jnp.stack(a), *stats)
-    return stats, jnp.stack(eigs), xs
+        eigs.append(np.asarray(spec.eigenvalues)[:top])
+    # `device_put`, not `jnp.asarray` (a program per shape): arrays of the host's values
+    stats = jax.tree.map(lambda *a: jax.device_put(np.stack(a)), *stats)
+    return stats, jax.device_put(np.stack(eigs)), jax.device_put(xs)
 
 
 def shared_alignment(model_or_dyn, x0: Float[Array, "B n d"], num_layers: int, *,
@@ -130,16 +141,21 @@ def shared_alignment(model_or_dyn, x0: Float[Array, "B n d"], num_layers: int, *
     two orders, the alignment with `v₁` (`spec.principal`: the projection on
     `span(Re v₁, Im v₁)` for complex `λ₁`) and with `spec.plane`.
     """
-    dyn = layer_dynamics(model_or_dyn, layer)
-    Omega = layer_matrix(dyn)
+    (dyn,), (Omega,) = _layer_maps(model_or_dyn, (layer,))
     specs = (spectrum(Omega), spectrum(Omega, tau=tau))
-    bases = [b for s in specs for b in (s.principal, s.plane)]
-
-    def observe(x):
-        c = jnp.stack([cosines(x, b) for b in bases], axis=-1)
-        return c.reshape(c.shape[:-1] + (2, 2))
-
+    observe = _Alignments(tuple(b for s in specs for b in (s.principal, s.plane)))
     return specs, run_layers(dyn, x0, num_layers, tau, observe=observe)
+
+
+class _Alignments(eqx.Module):
+    """`shared_alignment`'s observation: a module, not a closure, so that its program
+    is named by its arguments and kept (`_programs.kept_jit`)."""
+
+    bases: tuple[Float[Array, "d 2"], ...]
+
+    def __call__(self, x):
+        c = jnp.stack([cosines(x, b) for b in self.bases], axis=-1)
+        return c.reshape(c.shape[:-1] + (2, 2))
 
 
 # --- rank-1 steering (paper 004 §2.3) ----------------------------------------------
@@ -173,6 +189,11 @@ def steer(model_or_dyn, u: Float[Array, " d"], gamma: float, *, w=None, layer: i
 
     The edited model or dynamics.
     """
+    return _steer(model_or_dyn, u, jax.device_put(gamma), w, layer)  # γ traced: one program
+
+
+@kept_jit  # one program for every `γ` (op by op, a program per operation)
+def _steer(model_or_dyn, u, gamma, w, layer):
     u = jnp.asarray(u) / jnp.linalg.norm(u)
     w = u if w is None else jnp.asarray(w) / jnp.linalg.norm(w)
     if isinstance(model_or_dyn, SelfAttentionDynamics):
@@ -201,6 +222,7 @@ def _steer_dynamics(dyn, u, gamma, w, layer):
     return eqx.tree_at(lambda d: d.U, dyn, new)
 
 
+@kept_jit(static_argnames=("prompts", "tokens", "d"))  # one program, not three
 def random_tokens(key, prompts: int, tokens: int, d: int) -> Float[Array, "B n d"]:
     """Initial tokens `N(0, I)` (paper 004 App. B), `(prompts, tokens, d)`."""
     return jax.random.normal(key, (prompts, tokens, d), jnp.result_type(float))

@@ -11,6 +11,7 @@ Precision: the dynamics' own `precision` where a `SelfAttentionDynamics` is at h
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Complex, Float, Int
 
 from .._dynamics import SelfAttentionDynamics
@@ -153,7 +154,7 @@ def spectrum(Omega: Float[Array, "d d"], *, tau=None, rtol: float = 1e-6) -> Spe
     # the host where Ω is concrete, so that the program holds no callback (issue 42).
     concrete = is_concrete(Omega)
     if concrete:
-        raise_unless(jnp.all(jnp.isfinite(Omega)), _NONFINITE)
+        raise_unless(np.isfinite(np.asarray(Omega)), _NONFINITE)
     return _spectrum(Omega, tau, rtol, not concrete)
 
 

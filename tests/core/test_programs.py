@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.experimental.compilation_cache import compilation_cache
 
 from jaxattn import _programs
 from jaxattn._process.cache import clear_cache
@@ -47,18 +46,6 @@ def _scaled(x, scale, *, n):
 def _checked(x):
     return eqx.error_if(x, jnp.any(x < 0), "negative")  # a host callback
 
-
-@pytest.fixture
-def folder(tmp_path, monkeypatch):
-    """A fresh cache folder, kept programs on, none of this process remembered."""
-    monkeypatch.setattr(_programs, "ENABLED", True)
-    monkeypatch.setattr(_programs, "_LOADED", {})
-    before = jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
-    compilation_cache.reset_cache()
-    yield tmp_path
-    jax.config.update("jax_compilation_cache_dir", before)
-    compilation_cache.reset_cache()
 
 
 def kept(folder):

@@ -6,9 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 from _helpers import random_dynamics
-from jax.experimental.compilation_cache import compilation_cache
 
 import jaxattn as ja
 from jaxattn import _programs
@@ -33,18 +31,6 @@ def test_stabilize_bipartite_is_one_program(key, compiles):
     expected = jax.vmap(lambda w: bipartite_log_radius(w, jnp.asarray(v), 5, 2, 0.7))(start)
     np.testing.assert_allclose(trace[0], expected, rtol=1e-12)
 
-
-@pytest.fixture
-def folder(tmp_path, monkeypatch):
-    """A fresh cache folder, kept programs on, none of this process remembered."""
-    monkeypatch.setattr(_programs, "ENABLED", True)
-    monkeypatch.setattr(_programs, "_LOADED", {})
-    before = jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
-    compilation_cache.reset_cache()
-    yield tmp_path
-    jax.config.update("jax_compilation_cache_dir", before)
-    compilation_cache.reset_cache()
 
 
 def test_a_search_with_a_named_optimizer_is_loaded_whole_by_a_new_process(

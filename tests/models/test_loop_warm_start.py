@@ -3,8 +3,6 @@ starts): a later process loads it without tracing, and gets the same bits."""
 
 import jax
 import numpy as np
-import pytest
-from jax.experimental.compilation_cache import compilation_cache
 
 import jaxattn as ja
 from jaxattn import _programs
@@ -15,18 +13,6 @@ TINY_NEO = {"model_type": "gpt_neo", "num_layers": 2, "hidden_size": 24, "num_he
             "vocab_size": 41, "max_position_embeddings": 16, "window_size": 3,
             "attention_types": [[["global", "local"], 1]]}
 
-
-@pytest.fixture
-def folder(tmp_path, monkeypatch):
-    """A fresh cache folder for this test, no program of this process remembered."""
-    monkeypatch.setattr(_programs, "ENABLED", True)
-    monkeypatch.setattr(_programs, "_LOADED", {})
-    before = jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
-    compilation_cache.reset_cache()
-    yield tmp_path
-    jax.config.update("jax_compilation_cache_dir", before)
-    compilation_cache.reset_cache()
 
 
 def stored(folder):

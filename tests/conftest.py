@@ -90,3 +90,18 @@ def folder(tmp_path, monkeypatch):
     yield tmp_path
     jax.config.update("jax_compilation_cache_dir", before)
     compilation_cache.reset_cache()
+
+
+@pytest.fixture
+def traced():
+    """The names of the functions JAX traces while the test runs (from JAX's
+    monitoring events): a program loaded whole is not among them."""
+    names = []
+
+    def listen(event, seconds, **kwargs):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            names.append(kwargs.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    yield names
+    jax.monitoring.unregister_event_duration_listener(listen)

@@ -151,7 +151,7 @@ def test_a_loaded_program_that_calls_lapack_runs_in_a_fresh_process(tmp_path):
     np.testing.assert_allclose(json.loads(first), np.linalg.eigvalsh(a + a.T), atol=1e-5)  # float32
 
 
-def test_the_library_s_solves_and_layer_runs_are_kept(folder, monkeypatch):
+def test_the_library_s_solves_and_layer_runs_are_kept(folder, monkeypatch, traced):
     """`ja.solve_flow` (with an event of `merged`, a module) and `ja.run_layers` on
     concrete inputs: kept, loaded by a new process with the same bits, equal to the
     traced programs to rounding."""
@@ -170,17 +170,8 @@ def test_the_library_s_solves_and_layer_runs_are_kept(folder, monkeypatch):
     first = runs()
     count = len(list(folder.glob("jaxattn_program-*-cache")))
     monkeypatch.setattr(_programs, "_LOADED", {})
-    traced = []
-
-    def listen(event, seconds, **kwargs):
-        if event == "/jax/core/compile/jaxpr_trace_duration":
-            traced.append(kwargs.get("fun_name"))
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        again = runs()
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
+    del traced[:]
+    again = runs()
     assert "solve_batched" not in traced and "layers_program" not in traced, traced
     for a, b in zip(first, again, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -12,7 +12,7 @@ KEPT = ("layers_program", "_layer_maps", "_steer", "_spectrum", "random_tokens")
 
 
 
-def test_a_warm_process_traces_none_of_paper_004_s_programs(folder, monkeypatch):
+def test_a_warm_process_traces_none_of_paper_004_s_programs(folder, monkeypatch, traced):
     cfg = {**ja.models.PRESETS["gpt2"], "n_embd": 12, "n_head": 3, "n_layer": 2,
            "vocab_size": 13, "n_positions": 16}
     model = ja.models.init(cfg, jax.random.PRNGKey(0))
@@ -24,23 +24,13 @@ def test_a_warm_process_traces_none_of_paper_004_s_programs(folder, monkeypatch)
         stats, eigs, xs = ja.spectral.layerwise(ja.spectral.steer(model, u, 10.0), x0)
         return cos, stats, eigs, xs
 
-    traced = []
-
-    def listen(event, seconds, **kwargs):
-        if event == "/jax/core/compile/jaxpr_trace_duration":
-            traced.append(kwargs.get("fun_name"))
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        first = runs()  # the kept programs traced as `flat`: none of them by its name
-        assert not set(KEPT) & set(traced) and "flat" in traced, traced
-        count = len(list(folder.glob("jaxattn_program-*-cache")))
-        assert count >= len(KEPT)
-        monkeypatch.setattr(_programs, "_LOADED", {})  # a new process: only the folder
-        del traced[:]
-        again = runs()
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
+    first = runs()  # the kept programs traced as `flat`: none of them by its name
+    assert not set(KEPT) & set(traced) and "flat" in traced, traced
+    count = len(list(folder.glob("jaxattn_program-*-cache")))
+    assert count >= len(KEPT)
+    monkeypatch.setattr(_programs, "_LOADED", {})  # a new process: only the folder
+    del traced[:]
+    again = runs()
     assert not {*KEPT, "flat"} & set(traced), traced
     for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(again), strict=True):
         np.testing.assert_array_equal(a, b)  # one program run twice

@@ -420,7 +420,7 @@ def test_auto_keeps_a_differentiated_run_on_the_general_path(key):
 def test_phase_diagram_counts_refuse_nonfinite_tokens_on_the_host_and_in_a_jit(key):
     """`pair_counts` checks its run on the host for concrete inputs (its program holds
     no callback) and inside the program under a caller's `jit`: one message."""
-    from jaxattn._validate import SimulationError
+    from jaxattn import SimulationError
     from jaxattn.experiments import pair_density
 
     x0 = jax.random.normal(key, (1, 2, 1, 4, 2)).at[0, 1, 0, 0, 0].set(jnp.nan)

@@ -8,10 +8,11 @@ computed without tracing: a warm process calls it straight away. The same progra
 the same bits.
 
 A call takes the kept program only where another process could name it the same: on
-the CPU, with JAX's cache on, every array argument concrete and on one device (an
-executable takes its arguments' placements as they were), and every other argument
-printed without an address (a user's function, `observe=` or `event=`, prints one;
-module-level functions go by name): other calls go to `eqx.filter_jit`. A program
+the CPU, in a run of one process (not `jax.distributed`), with JAX's cache on, every
+array argument concrete and on one device (an executable takes its arguments'
+placements as they were), and every other argument printed without an address (a
+user's function, `observe=` or `event=`, prints one; module-level functions go by
+name): other calls go to `eqx.filter_jit`. A program
 that holds a host callback, or takes its inputs split over devices, is never kept (a
 marker `…-traced` says so to the next process). The key holds `fn`'s name, the
 arguments' structure (static values included) and types, the device, the JAX
@@ -182,12 +183,15 @@ def _program(fn, key: str, treedef, static, leaves):
     eviction reads beside it, as JAX's own entries); `None` if it cannot be kept."""
     folder = Path(jax.config.jax_compilation_cache_dir)
     path = folder / f"jaxattn_program-{key}-cache"
-    if not _loadable() or path.with_name(f"jaxattn_program-{key}-traced").exists():
+    if (jax.process_count() > 1 or not _loadable()  # one process: the case tried
+            or path.with_name(f"jaxattn_program-{key}-traced").exists()):
         return None
     start = time.perf_counter()
     try:
-        payload, skeleton = _Unpickler(io.BytesIO(path.read_bytes())).load()
-        loaded = serialize_executable.deserialize_and_load(*payload), _outputs(skeleton)
+        payload, skeleton, ids = _Unpickler(io.BytesIO(path.read_bytes())).load()
+        devices = {d.id: d for d in jax.devices()}  # its own: JAX's default is every device
+        loaded = serialize_executable.deserialize_and_load(
+            *payload, execution_devices=[devices[i] for i in ids]), _outputs(skeleton)
         jax.monitoring.record_event_duration_secs(LOAD_EVENT, time.perf_counter() - start,
                                                   fun_name=fn.__qualname__)
         return loaded
@@ -214,7 +218,9 @@ def _program(fn, key: str, treedef, static, leaves):
             path.with_name(f"jaxattn_program-{key}-traced").touch()
             return None
         entry = io.BytesIO()
-        _Pickler(entry).dump((serialize_executable.serialize(compiled), out[0]))
+        ids = sorted({d.id for s in jax.tree.leaves(compiled.input_shardings)
+                      for d in s.device_set} or {jax.devices()[0].id})
+        _Pickler(entry).dump((serialize_executable.serialize(compiled), out[0], ids))
         atomic_write(path, lambda f: f.write(entry.getvalue()))
         path.with_name(f"jaxattn_program-{key}-atime").write_bytes(
             time.time_ns().to_bytes(8, "little"))

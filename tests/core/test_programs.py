@@ -4,6 +4,7 @@ not name, traced arguments and programs with host callbacks go to `eqx.filter_ji
 an unreadable entry is compiled again."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -179,3 +180,34 @@ def test_the_library_s_solves_and_layer_runs_are_kept(folder, monkeypatch, trace
     monkeypatch.setattr(_programs, "ENABLED", False)
     for a, b in zip(first, runs(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_a_process_with_several_devices_loads_programs_for_one(tmp_path):
+    """On 4 devices a program compiled for one (device 0, or device 1 by its input)
+    is loaded for that device only: JAX's default loads it for every device, and the
+    call then wants 4 shards of each argument."""
+    script = textwrap.dedent(f"""
+        import jax, numpy as np
+        import jaxattn as ja
+        from jaxattn import _programs
+        ja.enable_cache({str(tmp_path)!r})
+        loaded = []
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda event, s, **kw: loaded.append(event) if event == _programs.LOAD_EVENT else 0)
+        dyn = ja.random_dynamics(jax.random.PRNGKey(0), 1, 3)
+        x0 = np.asarray(ja.sample_ellipsoid(jax.random.PRNGKey(1), 6, 3))
+        y = [ja.run_layers(dyn, x, num_layers=3, tau=0.1)
+             for x in (x0, jax.device_put(x0, jax.devices()[1]))]
+        print(jax.device_count(), len(loaded), np.asarray(y[0]).tobytes().hex(),
+              np.asarray(y[1]).tobytes().hex())
+    """)
+    path = tmp_path / "devices.py"
+    path.write_text(script)
+    env = os.environ | {"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+                        "JAX_PLATFORMS": "cpu"}
+    runs = [subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                           timeout=300, env=env) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr[-2000:]
+    (d0, n0, a0, b0), (d1, n1, a1, b1) = (r.stdout.split() for r in runs)
+    assert d0 == d1 == "4" and n0 == "0" and int(n1) >= 2  # compiled, then loaded
+    assert a0 == b0 == a1 == b1  # on either device, compiled or loaded: the same bits

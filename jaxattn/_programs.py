@@ -86,18 +86,15 @@ def _name(obj) -> str | None:
     if (not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname
             or module.partition(".")[0] not in NAMED):
         return None
-    found = sys.modules.get(module)
-    for part in qualname.split("."):
-        found = getattr(found, part, None)
+    found = _attribute(sys.modules.get(module), qualname)
     return f"{module}:{qualname}" if found is obj else None
 
 
-def _load_name(name: str):
-    module, qualname = name.split(":")
-    found = importlib.import_module(module)
+def _attribute(module, qualname: str):
+    """`module.qualname` (dotted), or `None` where a part is missing."""
     for part in qualname.split("."):
-        found = getattr(found, part)
-    return found
+        module = getattr(module, part, None)
+    return module
 
 
 class _Pickler(pickle.Pickler):
@@ -109,7 +106,11 @@ class _Pickler(pickle.Pickler):
 
 class _Unpickler(pickle.Unpickler):
     def persistent_load(self, name):
-        return _load_name(name)
+        module, qualname = name.split(":")
+        found = _attribute(importlib.import_module(module), qualname)
+        if found is None:  # gone since the entry was written: compiled again
+            raise pickle.UnpicklingError(f"{name} is not there")
+        return found
 
 
 def _describe(treedef, static) -> str | None:
@@ -118,7 +119,7 @@ def _describe(treedef, static) -> str | None:
     leaves = jax.tree.leaves(static)
     if any(isinstance(x, set | frozenset) for x in leaves):  # printed in a random order
         return None
-    named = [("function", _name(x)) if callable(x) and _name(x) else x for x in leaves]
+    named = [("function", n) if callable(x) and (n := _name(x)) else x for x in leaves]
     described = repr((treedef, jax.tree.structure(static), named))
     return None if " at 0x" in described else described
 

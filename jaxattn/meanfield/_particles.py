@@ -17,8 +17,11 @@ import numpy as np
 from jaxtyping import Array, Float, Real
 from scipy import special
 
+from .._flow import CheckedTimes
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
+from .._validate import is_concrete
+from ._checks import checked
 from ._kernels import check_kernel
 
 #: The most modes `circle_modes` returns (`I_k(β)/I_0(β) ≈ e^{−k²/2β}` below
@@ -142,8 +145,11 @@ def _check(x, beta, coupling, modes, kernel, ts=None, solver=dfx.Tsit5()):
 
 
 def _angles(x):
-    x = eqx.error_if(x, ~jnp.all(jnp.isfinite(x)) | jnp.any(jnp.sum(x**2, -1) == 0),
-                     "`x` must be finite and nonzero (points of the circle).")
+    """The angles of the points `x`, refused where one is not finite or is zero (on the
+    host where `x` is concrete: no callback in a program)."""
+    xp = np if is_concrete(x) else jnp
+    ok = xp.all(xp.isfinite(x)) & ~xp.any(xp.sum(xp.asarray(x) ** 2, -1) == 0)
+    x = checked(x, ok, "`x` must be finite and nonzero (points of the circle).")
     return jnp.arctan2(x[:, 1], x[:, 0])
 
 
@@ -207,18 +213,26 @@ def circle_particles(x0: Float[Array, "n 2"], ts: Real[Array, " T"], *, beta, co
     x0, modes, softmax = _check(x0, beta, coupling, modes, kernel, ts, solver)
     dtype = jnp.result_type(x0, float)
     ts = jnp.asarray(ts, dtype=dtype)
+    theta0 = _angles(x0)
     if ts.shape[0] == 1:
         return (x0 / jnp.linalg.norm(x0, axis=1, keepdims=True))[None]
-    return _flow(x0, ts, jnp.asarray(beta, dtype), jnp.asarray(coupling, dtype), modes,
-                 softmax, solver, rtol, atol, max_steps, adjoint)
+    points, result = _flow(theta0, ts, jnp.asarray(beta, dtype), jnp.asarray(coupling, dtype),
+                           modes, softmax, solver, rtol, atol, max_steps, adjoint)
+    if is_concrete(points):  # on the host: the program holds no callback (issue 42)
+        if message := dfx.RESULTS[result]:  # "" for success
+            raise eqx.EquinoxRuntimeError(message)
+        return points
+    return result.error_if(points, result != dfx.RESULTS.successful)
 
 
 @kept_jit
-def _flow(x0, ts, beta, coupling, modes, softmax, solver, rtol, atol, max_steps, adjoint):
-    theta0 = _angles(x0)
+def _flow(theta0, ts, beta, coupling, modes, softmax, solver, rtol, atol, max_steps, adjoint):
+    """The points at `ts` and diffrax's result (checked by the caller, `ts` too:
+    `CheckedTimes`)."""
     term = dfx.ODETerm(lambda t, th, args: angular_velocity(th, beta, coupling, modes,
                                                             softmax))
     sol = dfx.diffeqsolve(term, solver, ts[0], ts[-1], None, theta0,
                           stepsize_controller=dfx.PIDController(rtol=rtol, atol=atol),
-                          saveat=dfx.SaveAt(ts=ts), max_steps=max_steps, adjoint=adjoint)
-    return jnp.stack([jnp.cos(sol.ys), jnp.sin(sol.ys)], -1)
+                          saveat=dfx.SaveAt(ts=ts), max_steps=max_steps,
+                          adjoint=CheckedTimes(adjoint, ts), throw=False)
+    return jnp.stack([jnp.cos(sol.ys), jnp.sin(sol.ys)], -1), sol.result

@@ -11,10 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._flow import CheckedTimes
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
 from .._validate import check_count, surface_errors
-from ._checks import check_beta, check_density, check_size
+from ._checks import check_beta, check_density, check_size, checked
 from ._etd import ETDRK4
 from ._grid import AbstractGrid
 from ._kernels import check_kernel, profiles
@@ -119,13 +120,21 @@ def solve(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, *, beta, coupling,
     The densities at `ts`, shape `(len(ts),) + grid.weights.shape`.
     """
     mu0, ts, kernel = _check(grid, mu0, ts, beta, coupling, sigma, dt0, kernel)
-    return _solve(grid, mu0, jnp.asarray(ts), jnp.asarray(step_times(ts, dt0)),
-                  beta, coupling, sigma, kernel)
+    return checked(*_solve(grid, mu0, jnp.asarray(ts), jnp.asarray(step_times(ts, dt0)),
+                           beta, coupling, sigma, kernel), NONFINITE)
+
+
+#: The refusal of a solve whose density left the floating-point range.
+NONFINITE = ("jaxattn: solve: the density became NaN or inf: the transport is too stiff "
+             "for `dt0` at this coupling (lower `dt0` or |coupling|).")
 
 
 @kept_jit
 def _solve(grid, mu0, ts, steps, beta, coupling, sigma, kernel,
            adjoint=dfx.RecursiveCheckpointAdjoint()):
+    """The densities at `ts` and whether they are finite (checked by the caller: the
+    program holds no callback, `CheckedTimes`), `ts` checked and `steps` laid out by
+    the caller."""
     c0 = grid.analysis(mu0)
     g, z = profiles(beta, kernel)
     transport = Drift(grid, grid.multipliers(g), None if z is None else grid.multipliers(z),
@@ -133,13 +142,13 @@ def _solve(grid, mu0, ts, steps, beta, coupling, sigma, kernel,
     term = dfx.ODETerm(lambda t, c, args: transport(c))
     solver = ETDRK4(0.5 * jnp.asarray(sigma) ** 2 * grid.laplacian)
     if ts.shape[0] == 1:
-        return mu0[None]
+        return mu0[None], jnp.all(jnp.isfinite(mu0))
+    # StepTo's steps, all within `max_steps`: the solve cannot fail but by overflowing
     sol = dfx.diffeqsolve(term, solver, ts[0], ts[-1], None, c0,
                           stepsize_controller=dfx.StepTo(steps), saveat=dfx.SaveAt(ts=ts),
-                          max_steps=steps.shape[0], adjoint=adjoint)
-    return eqx.error_if(jax.vmap(grid.synthesis)(sol.ys), ~jnp.all(jnp.isfinite(sol.ys)),
-                        "jaxattn: solve: the density became NaN or inf: the transport is "
-                        "too stiff for `dt0` at this coupling (lower `dt0` or |coupling|).")
+                          max_steps=steps.shape[0], adjoint=CheckedTimes(adjoint, ts),
+                          throw=False)
+    return jax.vmap(grid.synthesis)(sol.ys), jnp.all(jnp.isfinite(sol.ys))
 
 
 @surface_errors
@@ -166,8 +175,8 @@ def fluctuation_distance(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, n: 
     mu0, ts, kernel = _check(grid, mu0, ts, beta, coupling, 0.0, dt0, kernel)
     degree = check_count(degree, "degree", 1, int(np.max(np.asarray(grid.degrees()))))
     n = check_count(n, "n", 1)
-    return _fluctuation(grid, mu0, jnp.asarray(ts), jnp.asarray(step_times(ts, dt0)),
-                        beta, coupling, kernel, degree) / math.sqrt(n)
+    return checked(*_fluctuation(grid, mu0, jnp.asarray(ts), jnp.asarray(step_times(ts, dt0)),
+                                 beta, coupling, kernel, degree), NONFINITE) / math.sqrt(n)
 
 
 @kept_jit
@@ -176,10 +185,10 @@ def _fluctuation(grid, mu0, ts, steps, beta, coupling, kernel, degree):
     probability = (grid.weights * mu0).reshape(-1)
     deltas = jax.vmap(lambda p: grid.synthesis(grid.empirical(p[None])))(points)
     # forward mode: one tangent per point, carried with the solution
-    _, carried = jax.linearize(
+    _, carried, finite = jax.linearize(
         lambda m: _solve(grid, m, ts, steps, beta, coupling, 0.0, kernel, dfx.ForwardMode()),
-        mu0)
+        mu0, has_aux=True)
     moved = jax.vmap(carried)(deltas - mu0[None])  # (points, T, *grid)
     zero = jnp.zeros_like(mu0)
     square = jax.vmap(jax.vmap(lambda m: mode_distance(grid, m, zero, degree) ** 2))(moved)
-    return jnp.sqrt(jnp.sum(probability[:, None] * square, axis=0))
+    return jnp.sqrt(jnp.sum(probability[:, None] * square, axis=0)), finite

@@ -79,8 +79,7 @@ class AdversarialTokens(AbstractSearch):
                 f"{short(data['causal_backsolve_rel_error'])}"]
 
     def draw(self, config, data, folder: Path):
-        plt = figures.pyplot()
-        fig = plt.figure(figsize=(14, 8))
+        fig = figures.pyplot().figure(figsize=(14, 8))
         for row, (found, setting) in enumerate(self.sections(data)):
             ax = fig.add_subplot(2, 3, 3 * row + 1)
             draw_trace(ax, found["trace"], found["baseline"], "$E(x(T))$")

@@ -89,8 +89,7 @@ class AdversarialWeights(AbstractSearch):
                 "limit_gap": float(data["limit_gap"])} | trend.numbers()
 
     def draw(self, config, data, folder: Path):
-        plt = figures.pyplot()
-        fig, axs = plt.subplots(1, 3, figsize=(14, 4.2))
+        fig, axs = figures.pyplot().subplots(1, 3, figsize=(14, 4.2))
         draw_trace(axs[0], data["trace"], data["baseline"], "$E(x(T))$")
         axs[0].set_title("optimisation over $(U, P)$")
         x = np.arange(len(data["eig0"]))

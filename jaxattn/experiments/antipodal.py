@@ -21,11 +21,7 @@ from .._dynamics import SelfAttentionDynamics
 from .._manifold import normalize
 from .._noise import ValueNoise
 from ..metrics import binomial_error, fit_crossing, fit_intercept, level_crossing
-from ..theory import (
-    antipodal_probability,
-    antipodal_rate,
-    antipodal_threshold,
-)
+from ..theory import antipodal_probability, antipodal_rate, antipodal_threshold
 from .base import AbstractExperiment, Param, Verdict
 from .pieces import advance, keyed_layers
 from .runner import MAX_LAYERS
@@ -174,15 +170,13 @@ class Antipodal(AbstractExperiment):
         key = jax.random.PRNGKey(config.seed)
         dims, betas, runs = dims_of(config), betas_of(config), config.runs
         sigma, tau = config.sigma, config.tau
-        shape = (len(dims), len(betas))
-        data = {"dims": np.asarray(dims), "betas": betas, "p_antipodal": np.zeros(shape),
-                "p_antipodal_early": np.zeros(shape), "p_consensus": np.zeros(shape),
-                "rate": np.zeros(shape), "rate_se": np.zeros(shape)}
         taus = taus_of(config)
-        data |= {"window_betas": np.zeros((len(dims), WINDOW_POINTS)),
-                 "taus": np.asarray(taus),
-                 "window_rate": np.zeros((len(dims), len(taus), WINDOW_POINTS)),
-                 "window_se": np.zeros((len(dims), len(taus), WINDOW_POINTS))}
+        data = {"dims": np.asarray(dims), "betas": betas, "taus": np.asarray(taus),
+                "window_betas": np.zeros((len(dims), WINDOW_POINTS))}
+        data |= {k: np.zeros((len(dims), len(betas))) for k in
+                 ("p_antipodal", "p_antipodal_early", "p_consensus", "rate", "rate_se")}
+        data |= {k: np.zeros((len(dims), len(taus), WINDOW_POINTS))
+                 for k in ("window_rate", "window_se")}
         total = len(dims) * (len(betas) * 2 + len(taus)) + len(FORMATION_TOKENS)
         with tqdm(total=total, desc=self.name, disable=not progress, leave=False) as bar:
             for i, d in enumerate(dims):
@@ -236,15 +230,17 @@ class Antipodal(AbstractExperiment):
             bar.update()
 
     def thresholds(self, config, data) -> dict[str, dict]:
-        """Per `d`: the predicted `β_c` (`predicted_threshold`); the measured one at
+        """Per `d`: the predicted `β_c` (`ja.theory.antipodal_threshold`); the measured one at
         each layer step (`ja.metrics.fit_crossing` over the window) and extrapolated to `τ → 0`,
         with standard errors, and its relative error; the grid's crossing at `τ`
         (for reference); `P(antipodal)` at the largest `β`."""
         out = {}
         betas, runs = data["betas"], config.runs
+        # a folder written before the early reading: NaN, never settled, so not judged
+        early = data.get("p_antipodal_early", np.full_like(data["p_antipodal"], np.nan))
         for i, d in enumerate(data["dims"]):
             p = data["p_antipodal"][i, -1]
-            predicted = predicted_threshold(int(d), config.sigma)
+            predicted = antipodal_threshold(int(d), config.sigma)
             found = {"predicted": predicted, "at_tau": None, "at_tau_se": None,
                      "measured": None, "measured_se": None, "relative_error": None}
             if np.all(np.isfinite(data["window_rate"][i])):
@@ -265,7 +261,7 @@ class Antipodal(AbstractExperiment):
                 "p_predicted_at_beta_max": antipodal_probability(betas[-1], int(d),
                                                                  config.sigma),
                 **probability_check(betas, data["p_antipodal"][i],
-                                    _early(data)[i], runs, int(d), config.sigma)}
+                                    early[i], runs, int(d), config.sigma)}
         return out
 
     def formations(self, data) -> dict[str, dict]:
@@ -312,8 +308,7 @@ class Antipodal(AbstractExperiment):
     def draw(self, config, data, folder: Path):
         plt = figures.pyplot()
         fig, axes = plt.subplots(1, 4, figsize=(23, 5.6))
-        self._draw_probability(axes[0], config, data)
-        self._draw_rate(axes[1], config, data)
+        self._draw_betas(axes[:2], config, data)
         self._draw_threshold(axes[2], config, data, self.thresholds(config, data))
         self._draw_formations(axes[3], config, data)
         return figures.save_figure(
@@ -326,42 +321,35 @@ class Antipodal(AbstractExperiment):
             "gives $\\sigma = s/\\sqrt{\\tau}$")
 
     @staticmethod
-    def _draw_probability(ax, config, data):
-        betas, runs = data["betas"], config.runs
+    def _draw_betas(axes, config, data):
+        """P(antipodal) and the exponent at the antipodal end against `β`, per `d`:
+        measured and predicted."""
+        betas, sigma = data["betas"], config.sigma
         fine = np.linspace(betas[0] / 4, betas[-1], 200)
         dodge = 0.012 * (betas[-1] - betas[0])  # equal shares of two d stay both in sight
-        for i, d in enumerate(data["dims"]):
-            d = int(d)
-            p = data["p_antipodal"][i]
+        for i, d in enumerate(int(d) for d in data["dims"]):
+            p, color, measured = data["p_antipodal"][i], f"C{i}", f"d = {d}: measured (± 1 s.e.)"
             shift = (i - (len(data["dims"]) - 1) / 2) * dodge
-            ax.errorbar(betas + shift, p, yerr=binomial_error(p, runs), fmt="o", ms=4, capsize=3,
-                        color=f"C{i}", label=f"d = {d}: measured (± 1 s.e.)")
-            ax.plot(fine, [antipodal_probability(b, d, config.sigma) for b in fine],
-                    color=f"C{i}", lw=1, ls="--", label=f"d = {d}: predicted, T → ∞")
-            ax.axvline(antipodal_threshold(d, config.sigma), color=f"C{i}", lw=0.8,
-                       ls=":")
-        ax.set(xlabel=r"$\beta$", ylabel=r"P(antipodal): $1+\rho_T$ < " + f"{GAP:g}",
-               title=r"P(antipodal), uniform starts; dotted: predicted $\beta_c$")
-        figures.legend_below(ax, ncol=2)
-
-    @staticmethod
-    def _draw_rate(ax, config, data):
-        betas = data["betas"]
-        fine = np.linspace(betas[0] / 4, betas[-1], 200)
-        for i, d in enumerate(data["dims"]):
-            d = int(d)
-            ax.errorbar(betas, data["rate"][i], yerr=data["rate_se"][i], fmt="o", ms=4,
-                        capsize=3, color=f"C{i}", label=f"d = {d}: measured (± 1 s.e.)")
-            ax.plot(fine, antipodal_rate(fine, d, config.sigma), color=f"C{i}", lw=1,
-                    label=rf"d = {d}: predicted $\lambda$")
-        ax.axhline(0, color="k", lw=0.8)
-        ax.axhline(saturation(), color="0.4", ls=(0, (1, 2)), lw=1.0,
-                   label=rf"saturation: $\log(2/10^{{{math.log10(START_GAP):.0f}}})/"
-                         rf"{EXPONENT_TIME:g}$ = {saturation():.3g} (gap reaches 2)")
-        ax.set(xlabel=r"$\beta$", ylabel=r"$\log((1+\rho_T)/(1+\rho_0))\,/\,T$",
-               title=rf"exponent at $\rho=-1$ ($1+\rho_0$ = {START_GAP:g}, "
-                     rf"T = {EXPONENT_TIME:g}): attracts below 0")
-        figures.legend_below(ax, ncol=2)
+            axes[0].errorbar(betas + shift, p, yerr=binomial_error(p, config.runs), fmt="o",
+                             ms=4, capsize=3, color=color, label=measured)
+            axes[0].plot(fine, [antipodal_probability(b, d, sigma) for b in fine], color=color,
+                         lw=1, ls="--", label=f"d = {d}: predicted, T → ∞")
+            axes[0].axvline(antipodal_threshold(d, sigma), color=color, lw=0.8, ls=":")
+            axes[1].errorbar(betas, data["rate"][i], yerr=data["rate_se"][i], fmt="o", ms=4,
+                             capsize=3, color=color, label=measured)
+            axes[1].plot(fine, antipodal_rate(fine, d, sigma), color=color, lw=1,
+                         label=rf"d = {d}: predicted $\lambda$")
+        axes[0].set(xlabel=r"$\beta$", ylabel=r"P(antipodal): $1+\rho_T$ < " + f"{GAP:g}",
+                    title=r"P(antipodal), uniform starts; dotted: predicted $\beta_c$")
+        axes[1].axhline(0, color="k", lw=0.8)
+        axes[1].axhline(saturation(), color="0.4", ls=(0, (1, 2)), lw=1.0,
+                        label=rf"saturation: $\log(2/10^{{{math.log10(START_GAP):.0f}}})/"
+                              rf"{EXPONENT_TIME:g}$ = {saturation():.3g} (gap reaches 2)")
+        axes[1].set(xlabel=r"$\beta$", ylabel=r"$\log((1+\rho_T)/(1+\rho_0))\,/\,T$",
+                    title=rf"exponent at $\rho=-1$ ($1+\rho_0$ = {START_GAP:g}, "
+                          rf"T = {EXPONENT_TIME:g}): attracts below 0")
+        for ax in axes:
+            figures.legend_below(ax, ncol=2)
 
     @staticmethod
     def _draw_threshold(ax, config, data, found):
@@ -409,17 +397,6 @@ class Antipodal(AbstractExperiment):
         figures.legend_below(ax, ncol=3)
 
 
-def predicted_threshold(d: int, sigma: float) -> float:
-    """The threshold the verdict judges against: `ja.theory.antipodal_threshold`."""
-    return antipodal_threshold(d, sigma)
-
-
-def predicted_probability(beta, d: int, sigma: float) -> float:
-    """The `T → ∞` P(antipodal) the verdict judges against:
-    `ja.theory.antipodal_probability`."""
-    return antipodal_probability(beta, d, sigma)
-
-
 def probability_check(betas, p, p_early, runs: int, d: int, sigma: float) -> dict:
     """P(antipodal) of one `d` against the theorem's `T → ∞` prediction where it is
     positive and the measure has settled: the ratio of their sums, its standard error,
@@ -427,7 +404,7 @@ def probability_check(betas, p, p_early, runs: int, d: int, sigma: float) -> dic
     P(antipodal) settled, and is it the theorem's?")."""
     se = binomial_error(p, runs)
     settled = np.abs(np.asarray(p) - np.asarray(p_early)) <= se
-    predicted = np.array([predicted_probability(b, d, sigma) for b in betas])
+    predicted = np.array([antipodal_probability(b, d, sigma) for b in betas])
     judged = settled & (predicted > 0)
     total = predicted[judged].sum()
     ratio = float(np.asarray(p)[judged].sum() / total) if total > 0 else math.nan
@@ -438,12 +415,6 @@ def probability_check(betas, p, p_early, runs: int, d: int, sigma: float) -> dic
             "p_points": int((predicted > 0).sum()), "p_unsettled_at": [
                 float(b) for b in np.asarray(betas)[~settled]],
             "p_ratio": finite_or_none(ratio), "p_ratio_se": finite_or_none(ratio_se)}
-
-
-def _early(data) -> np.ndarray:
-    """P(antipodal) a quarter-horizon early: NaN (never settled, so not judged) in a
-    folder written before the study read it."""
-    return data.get("p_antipodal_early", np.full_like(data["p_antipodal"], np.nan))
 
 
 def saturation() -> float:

@@ -90,6 +90,12 @@ def _choice(names: tuple[str, ...], value: Any) -> int | None:
     return code if code is not None and 0 <= code < len(names) else None
 
 
+def choices(code: int, names: tuple) -> tuple:
+    """The values a choice's `code` selects: all of `names` for 0, else the `code`-th
+    (1-based; `check_config` refuses others)."""
+    return tuple(names) if code == 0 else (names[code - 1],)
+
+
 #: The inverse temperature of the attention, a parameter of every sweepable experiment
 #: (`jaxattn run NAME --beta 2` runs what `jaxattn sweep NAME --grid beta=…,2` does).
 BETA = Param("beta", float, 1.0, "inverse temperature β of the attention", 0.0)

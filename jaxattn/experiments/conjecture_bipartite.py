@@ -74,8 +74,7 @@ class ConjectureBipartite(AbstractSearch):
                 for s, h in self.sections(data)}
 
     def draw(self, config, data, folder: Path):
-        plt = figures.pyplot()
-        fig, axs = plt.subplots(1, 3, figsize=(14, 4.2))
+        fig, axs = figures.pyplot().subplots(1, 3, figsize=(14, 4.2))
         colors = {1: "tab:blue", 2: "tab:orange", 3: "tab:green"}
         for found, h in self.sections(data):
             rho = np.exp(np.minimum.accumulate(found["trace"], axis=0))

@@ -100,8 +100,7 @@ class ConjectureMultihead(AbstractSearch):
                 | {"counterexample_found": bool(found)})
 
     def draw(self, config, data, folder: Path):
-        plt = figures.pyplot()
-        fig = plt.figure(figsize=(14, 8))
+        fig = figures.pyplot().figure(figsize=(14, 8))
         for row, (found, h) in enumerate(self.sections(data)):
             ax = fig.add_subplot(2, 3, 3 * row + 1)
             draw_trace(ax, found["trace"], found["baseline"],

@@ -203,9 +203,8 @@ class Equiangular(AbstractExperiment):
         return Verdict(ok, line, numbers, {"rates": rates})
 
     def draw(self, config, data, folder: Path):
-        plt = figures.pyplot()
         rates = self.rates(config, data)
-        fig, axes = plt.subplots(1, 4, figsize=(20, 5.6))
+        fig, axes = figures.pyplot().subplots(1, 4, figsize=(20, 5.6))
         ts = data["ts"]
         for ax, (i, kernel) in zip(axes, enumerate(KERNELS)):
             guided = False  # the predicted slope's legend entry, once per panel

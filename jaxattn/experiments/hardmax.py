@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
+from scipy.spatial import ConvexHull, Delaunay, cKDTree
 from tqdm.auto import tqdm
 
 from .._artifacts import figures
@@ -103,8 +104,6 @@ def _keys(seed):
 def voronoi_cells(x: np.ndarray, sites: np.ndarray, P: np.ndarray) -> np.ndarray:
     """The index of the nearest site in the `P`-metric (scipy's k-d tree in whitened
     coordinates `Lᵀ x`): the Voronoi cell of each row of `x`."""
-    from scipy.spatial import cKDTree
-
     L = np.linalg.cholesky(P)
     return cKDTree(sites @ L).query(x @ L)[1]
 
@@ -132,8 +131,6 @@ def quadratic_energy(ys: np.ndarray, P: np.ndarray) -> np.ndarray:
 
 def in_hull(points: np.ndarray, hull_of: np.ndarray) -> np.ndarray:
     """Whether each of `points` lies in the convex hull of `hull_of` (scipy)."""
-    from scipy.spatial import Delaunay
-
     return Delaunay(hull_of).find_simplex(points) >= 0
 
 
@@ -173,17 +170,15 @@ def rates(data) -> dict[str, float]:
     early = (t >= t[-1] / 20) & (t <= t[-1] / 4) & (data["energy_fw"] > 1e-15)
     const = (t >= 1) & (data["gap_const"] > 1e-13)
     log_t = np.log(np.maximum(t, 1))
-    gap, energy, gap_const = (np.log(np.maximum(data[k], 1e-300))
-                              for k in ("gap_fw", "energy_fw", "gap_const"))
     return {
         "one_step_rate": -fit_slope(data["betas_one"][keep], np.log(one[keep]))[0],
         "one_step_points": int(keep.sum()),
         "score_gap": float(data["score_gap"]),
         "run_local_slopes": (np.diff(np.log(np.maximum(run, 1e-300)))
                              / np.diff(np.log(betas))).tolist(),
-        "gap_exponent": fit_slope(log_t[half], gap[half])[0],
-        "energy_exponent": fit_slope(log_t[early], energy[early])[0],
-        "gap_factor_constant": math.exp(fit_slope(t[const], gap_const[const])[0]),
+        "gap_exponent": fit_slope(log_t[half], np.log(data["gap_fw"][half]))[0],
+        "energy_exponent": fit_slope(log_t[early], np.log(data["energy_fw"][early]))[0],
+        "gap_factor_constant": math.exp(fit_slope(t[const], np.log(data["gap_const"][const]))[0]),
         "center_fw": float(np.linalg.norm(data["ys_nsd_fw"][-1].mean(0))),
         "center_constant": float(np.linalg.norm(data["ys_nsd"][-1].mean(0))),
         "centers_in_initial_hull": bool(np.all(in_hull(
@@ -214,8 +209,6 @@ class Hardmax(AbstractExperiment):
                  f"{config.tau!r}."),)
 
     def simulate(self, config, progress):
-        from scipy.spatial import ConvexHull
-
         k_p, k_x, k_n = _keys(config.seed)
         P = key_query(k_p, config.random_psd)
         m, tau, steps = config.vertices, config.tau, config.steps
@@ -261,7 +254,7 @@ class Hardmax(AbstractExperiment):
         held = (c["in_cell"] & (c["straight"] < TOL) & (c["ratio_error"] < TOL))
         hull_ok = sorted(data["hull"].tolist()) == list(range(int(data["vertices"])))
         n_held, n = int(held.sum()), len(held)
-        rate_error = abs(r["one_step_rate"] / score_gap_of(data) - 1)
+        rate_error = abs(r["one_step_rate"] / r["score_gap"] - 1)
         first = data["run_step"] == 1
         ok = (c["site_move"] == 0 and hull_ok and n_held == n
               and r["gap_exponent"] <= -1 and r["energy_exponent"] <= -1
@@ -277,7 +270,7 @@ class Hardmax(AbstractExperiment):
                 f"{'inside' if r['centers_in_initial_hull'] else 'OUTSIDE'} the initial hull; "
                 f"softmax → hardmax: one step e^(−{short(r['one_step_rate'])} β) fitted on "
                 f"{r['one_step_points']} β, against the start's score gap "
-                f"{short(score_gap_of(data))} (off by {rate_error:.2g}, asked ≤ {RATE_TOL:g}); "
+                f"{short(r['score_gap'])} (off by {rate_error:.2g}, asked ≤ {RATE_TOL:g}); "
                 f"the run's largest distance has local slopes in log β of [{slopes}] "
                 f"(reached at the first step for {int(first.sum())} of {first.size} β)")
         numbers = r | {"one_step_rate_error": rate_error, "rate_tolerance": RATE_TOL,
@@ -304,11 +297,6 @@ class Hardmax(AbstractExperiment):
                                    f"Hardmax attention as Frank–Wolfe: P = ±{P}, τ = "
                                    f"{config.tau:g}, {int(data['vertices'])} sites, "
                                    f"{config.tokens} interior tokens")
-
-
-def score_gap_of(data) -> float:
-    """The predicted one-step rate: the start's smallest score gap, as saved."""
-    return float(data["score_gap"])
 
 
 def _draw_cells(ax, data) -> None:

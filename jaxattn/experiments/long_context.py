@@ -4,12 +4,9 @@ attention scaling in long-context transformers", arXiv 2510.05554, ICLR 2026).
 One layer `ja.SelfAttentionDynamics(P = I, U = I, β = γ log n, norm="ngpt")` on an
 almost-simplex of tokens (`⟨y_i, y_j⟩ = ρ`, dimension `dims(n)`); per `n` and `γ` the
 mean `α_ii` and the collapse `λ = (1 − r_L²) / (1 − r_0²)`, each `n`'s critical `γ`
-where they cross 1/2. Judged: at the largest `n` the identity's crossing within `TOL`
-of `γ_n` (`predicted_crossing`) and closer to `γ_c = 1/(1 − ρ)` than at the smallest;
-for the paper's layer (`L = 1`, `τ = 1`) the collapse side too: `λ`'s crossing within
-`TOL` of the simplex's (`predicted_collapse`) and closer to `γ_c`, and below
-`COLLAPSE_BELOW · γ_c` `λ` falling as `n` grows.
-The model, the equations and their sources: `docs/long_context.md`.
+where they cross 1/2, against `γ_n` (`predicted_crossing`), the simplex's collapse
+(`predicted_collapse`) and `γ_c = 1/(1 − ρ)`. The model, the equations, their sources
+and what the verdict asks: `docs/long_context.md`.
 """
 
 import math
@@ -148,12 +145,11 @@ def estimates(data) -> dict[str, np.ndarray]:
         "gamma_predicted": 1 / (1 - rho),
         "gamma_predicted_finite_n": predicted_crossing(n, rho),
         "gamma_collapse_predicted": predicted_collapse(n, rho),
-        "gamma_finite_dim": np.array([finite_dim(np.array([m]), int(d), np.array([r]))[0]
-                                      for m, d, r in zip(n, data["dims"], rho)]),
+        "gamma_finite_dim": finite_dim(n, np.asarray(data["dims"]), rho),
     }
 
 
-def finite_dim(n: np.ndarray, d: int, rho: np.ndarray) -> np.ndarray:
+def finite_dim(n: np.ndarray, d: int | np.ndarray, rho: np.ndarray) -> np.ndarray:
     """`α_ii = 1/2` for tokens `√ρ e + √(1 − ρ) g_i` in dimension `d` (a mean-field
     estimate, ours, not the paper's): the off-diagonal scores have variance
     `σ² = β² (1 − ρ)² / (d − 1)`, which adds `σ²/2` to the log of the row's sum, so

@@ -5,13 +5,9 @@ Koubbi, Polyanskiy, Rigollet, "Dynamic metastability in the self-attention model
 `n` uniform tokens on `S^{d−1}` follow the `usa` flow in float64 on a logarithmic grid
 (`--integrator plain`: `ja.solve_flow`, Kvaerno3; `rescaled`: `long_time.rescaled_flow`),
 read as plateaus and mergers (`ja.metrics.plateaus`) against the two-cluster merge time
-(`long_time`). Judged: each final merger within `FINAL_TOL` of the exact integral, the
-other post-transient plateaus within a decade; every post-transient plateau's length
-against `cascade`'s, predicted from `x(0)` and `β` alone, within `CASCADE_TOL` (in the log),
-and their growth in `β` within `RATE_TOL`; and on the circle the saddle index
-`k − 1` where the couplings span at most `SPAN_MAX` decades. The mechanism, the
-integrators and the measured numbers: `docs/limits.md` ("Metastability and long
-horizons").
+(`long_time`) and `cascade`'s prediction from `x(0)` and `β` alone, with each plateau's
+saddle index. What is judged (`verdict`), the mechanism, the integrators and the
+measured numbers: `docs/limits.md` ("Metastability and long horizons").
 """
 
 import math
@@ -55,23 +51,19 @@ FINAL_TOL = 0.01
 #: Other post-transient plateaus: within this many decades of the integral.
 DECADES = 1.0
 #: A post-transient plateau's log-length against `cascade`'s prediction from `x(0)`:
-#: at most this apart, relative (the exponent `β(1 − cos δ)` and the prefactor's log;
-#: measured ≤ 1.8 % on the saved run: the cascade's transient positions are the greedy
-#: merger's, not the flow's). Relative in the log, so that it holds at β = 500, where
-#: a plateau lasts 10²⁸³.
+#: at most this apart, relative in the log (so that it holds at β = 500, where a
+#: plateau lasts 10²⁸³; measured ≤ 1.9 %, `docs/limits.md`).
 CASCADE_TOL = 0.05
 #: The growth of a plateau's log-length in `β` (the `c` of `e^{cβ}`, fitted over the
-#: `β` where it ended) against `cascade`'s: at most this apart (relative; measured 1.2 %
-#: for three clusters, 4.6 % for two in the default run, where the cascade's last pair
-#: sits at the greedy merger's positions; an exponent 10 % off is past it).
+#: `β` where it ended) against `cascade`'s: at most this apart (relative; measured
+#: 1.2 % and 4.6 %, `docs/limits.md`; an exponent 10 % off is past it).
 RATE_TOL = 0.075
 #: The smallest linking distance: float64 unit vectors are not resolved closer (and
 #: the squared distances of a smaller one underflow, linking every token at t = 0).
 EPS_MIN = 1e-12
 #: A plateau's saddle index is judged where its clusters' couplings span at most this
-#: many decades (`long_time.coupling_span`): `ja.metrics.saddle_index` counts the
-#: eigenvalues above 1e-8 of the largest, and a float64 Hessian rounds the smaller
-#: couplings' modes away (at β = 500 they span 25 decades and more).
+#: many decades (`long_time.coupling_span`): a float64 Hessian rounds the weaker
+#: couplings' modes away (`docs/limits.md`).
 SPAN_MAX = 6.0
 #: The smallest `--rtol` of the rescaled integrator (which takes at most `SNAP/1000`):
 #: its log-time `τ ≤ 709` is resolved to `10⁻¹³`.
@@ -253,11 +245,6 @@ def judged(per_beta) -> list[dict]:
             and 0 < p["predicted_exact"] < math.inf]
 
 
-def long_plateaus(per_beta) -> list[tuple[float, float, float]]:
-    """`(β, measured, exact prediction)` of the `judged` plateaus."""
-    return [(p["beta"], p["measured"], p["predicted_exact"]) for p in judged(per_beta)]
-
-
 class Metastability(AbstractExperiment):
     name = "metastability"
     title = ("Dynamic metastability (Geshkovski et al. 2024): the energy staircase of the usa "
@@ -387,15 +374,13 @@ class Metastability(AbstractExperiment):
             axes[1].step(t, count, where="post", color=c, lw=2.4 - 1.6 * b / max(1, len(colors)))
             for m in s["mergers"]:
                 axes[0].axvline(m, color=c, lw=0.6, ls=":")
-        axes[0].set(xscale="log", xlabel="time t (usa flow)", ylabel="energy E",
-                    title="the energy staircase (dotted: mergers, the final one included)",
-                    ylim=(0, 1.05), xlim=(T_MIN, final_time(config)))
-        # the limits stated: autoscaling's margin past 10³⁰⁰ overflows the log ticks
-        axes[1].set(xscale="log", xlabel="time t (usa flow)", xlim=(T_MIN, final_time(config)),
-                    ylabel=f"clusters (link distance {config.eps:g})",
-                    title="cluster count")
+        axes[0].set(ylabel="energy E", ylim=(0, 1.05),
+                    title="the energy staircase (dotted: mergers, the final one included)")
+        axes[1].set(ylabel=f"clusters (link distance {config.eps:g})", title="cluster count")
         figures.integer_ticks(axes[1].yaxis)
         for ax in axes[:2]:
+            # the limits stated: autoscaling's margin past 10³⁰⁰ overflows the log ticks
+            ax.set(xscale="log", xlabel="time t (usa flow)", xlim=(T_MIN, final_time(config)))
             _decade_ticks(ax.xaxis, T_MIN, final_time(config))
         figures.legend_below(axes[0], ncol=3)
         if axes[1].get_legend_handles_labels()[0]:
@@ -413,9 +398,8 @@ class Metastability(AbstractExperiment):
         ax.axhspan(1 - FINAL_TOL, 1 + FINAL_TOL, color="C3", alpha=0.12,
                    label=f"±{FINAL_TOL:.0%}: the final mergers' tolerance")
         ax.axhline(1.0, color="k", lw=0.8)
-        span = max((p["beta"] for p in rows), default=1.0) - min(
-            (p["beta"] for p in rows), default=0.0)
-        dodge = 0.02 * (span or 1.0)
+        betas = sorted({p["beta"] for p in rows})
+        dodge = 0.02 * ((betas[-1] - betas[0] if betas else 0.0) or 1.0)
         for final, marker, what in ((False, "o", "post-transient plateau"),
                                     (True, "*", "final merger")):
             sel = [p for p in rows if p["final"] == final]
@@ -426,7 +410,6 @@ class Metastability(AbstractExperiment):
                                             ("predicted_laplace", dodge, "C2", "Laplace")):
                 ax.plot(beta + shift, [p["measured"] / p[key] for p in sel], marker,
                         color=color, ms=9 if final else 6, label=f"{what}, {name}")
-        betas = sorted({p["beta"] for p in rows})
         if 0 < len(betas) <= 6:  # each β its tick (one β alone: no offset notation)
             ax.set_xticks(betas, [f"{b:g}" for b in betas])
             if len(betas) == 1:

@@ -43,17 +43,15 @@ TARGET = 0.05
 #: How closely the equation's growth rates must give `K_#` (relative): the rates are
 #: linear in `K`, so only the solver's accuracy enters (measured: 1e-8).
 SHARP_TOL = 1e-3
-#: How closely the equation's free energies must give `K_c` (relative): the crossing
-#: is interpolated between caps `0.0125 K_#` apart, both on the ordered branch (at or
-#: above the fold; measured: 2.4e-4 at d = 2, 6e-5 at d = 3, β = 2β*).
+#: How closely the equation's free energies must give `K_c` (relative; interpolated
+#: between caps on the ordered branch, measured 2.4e-4 and 6e-5: `docs/noise.md`).
 CRITICAL_TOL = 0.005
 #: The equation's grids: Fourier modes (d = 2) and the harmonics' degree (d = 3).
 EQ_MODES, EQ_DEGREE = 32, 20
 #: The equation's tilt, the times of its growth-rate fit and its largest step.
 EQ_TILT, EQ_RATE_TIMES, EQ_DT = 1e-4, np.linspace(0.0, 2.0, 5), 0.05
-#: The caps of the `K_c` runs (`e^{CAP x₁}`), their couplings `K/K_#` and settling time.
-#: The step is fine enough that two caps lie between the fold and `K_c` (d = 2, β = 2β*:
-#: the fold 0.902, `K_c` 0.919).
+#: The caps of the `K_c` runs (`e^{CAP x₁}`), their couplings `K/K_#` and settling time:
+#: two caps lie between the fold and `K_c` (d = 2, β = 2β*: 0.902 and 0.919).
 CAP, KC_RATIOS, EQ_SETTLE = 4.0, np.linspace(0.7, 1.0, 25), 40.0
 #: A cap is ordered at the end when its `r` exceeds this. Below the fold
 #: (`ja.meanfield.fold_coupling`) a cap is not on the ordered branch even when its `r`
@@ -190,28 +188,26 @@ def quench(d: int, cfg: dict, key, tau: float) -> tuple[np.ndarray, np.ndarray]:
     n, seeds = cfg.tokens, cfg.seeds
     ratios, betas = rate_grid(cfg), betas_of(d)
     steps = math.ceil(cfg.quench / tau)
-    out, couplings = [], []
+    out, couplings, tilt = [], [], TILT * jnp.eye(d)[0][None, None]
     for i, beta in enumerate(betas):
         threshold = noisy_threshold(float(beta), d)
         K = np.repeat(ratios, seeds) * threshold
         nominal = layer_coupling(K, beta, d, tau, threshold)
         base = normalize(jax.random.normal(jax.random.fold_in(key, i), (len(K), n, d)))
-        tilt = TILT * jnp.eye(d)[0][None, None]
-        # (K·seeds, 2, n, d)
-        x0 = jnp.stack([normalize(base + tilt), normalize(base - tilt)], axis=1)
         dyn = eqx.filter_vmap(lambda k: usa_model(d, k, beta))(jnp.asarray(nominal))
-        m = _pairs(dyn, x0, jax.random.fold_in(key, 100 + i), steps, tau)
+        m = _pairs(dyn, normalize(base + tilt), normalize(base - tilt),
+                   jax.random.fold_in(key, 100 + i), steps, tau)
         out.append(np.asarray(m).reshape(len(ratios), seeds, steps + 1))
         couplings.append(ratios * threshold)
     return np.stack(out), np.stack(couplings)
 
 
-def _pairs(dyn, x0, key, steps, tau):
-    """`(m₊ − m₋)/2` along `e₁` per step for each pair of systems `x0[:, 0]`,
-    `x0[:, 1]`: one key for both halves, so system `b` of each draws the same noise."""
-    keys = jax.random.split(key, x0.shape[0])
-    m = [keyed_layers(dyn, x0[:, side], keys, steps, tau, noise=TokenNoise(SIGMA),
-                      observe=_first_coordinate, block=BLOCK) for side in (0, 1)]
+def _pairs(dyn, plus, minus, key, steps, tau):
+    """`(m₊ − m₋)/2` along `e₁` per step for each pair of systems `plus[b]`, `minus[b]`:
+    one key for both, so system `b` of each draws the same noise."""
+    keys = jax.random.split(key, plus.shape[0])
+    m = [keyed_layers(dyn, x, keys, steps, tau, noise=TokenNoise(SIGMA),
+                      observe=_first_coordinate, block=BLOCK) for x in (plus, minus)]
     return (m[0] - m[1]) / 2
 
 
@@ -248,13 +244,9 @@ def equation_caps(d: int) -> dict[str, np.ndarray]:
     the coupling `K`, the settled cap's free energy less the uniform density's
     (`gap`), and its `r` at the end and at half the time."""
     grid, betas = equation_grid(d), betas_of(d)
-    cap = mf.cap(grid, CAP)
-    uniform = mf.uniform(grid)
-    shape = (len(betas), len(KC_RATIOS))
-    out = {k: np.full(shape, math.nan) for k in ("K", "gap", "r", "r_half")}
+    cap, uniform = mf.cap(grid, CAP), mf.uniform(grid)
+    out = {k: np.full((len(betas), len(KC_RATIOS)), math.nan) for k in ("K", "gap", "r", "r_half")}
     above = [i for i, b in enumerate(betas) if b > noisy_beta_star(d) * (1 + 1e-9)]
-    if not above:
-        return out
     K = KC_RATIOS[None] * np.array([noisy_threshold(float(betas[i]), d) for i in above])[:, None]
 
     def run(beta, k):
@@ -301,8 +293,7 @@ def hysteresis(ratios: np.ndarray, up: WindowStatistics,
     both = up.equilibrated & down.equilibrated
     se = np.sqrt(up.se**2 + down.se**2)
     where = both & (down.mean - up.mean > HYSTERESIS_Z * se)
-    step = float(ratios[1] - ratios[0]) if len(ratios) > 1 else math.nan
-    return where, (float(where.sum() * step) if both.any() else math.nan)
+    return where, (float(where.sum() * (ratios[1] - ratios[0])) if both.any() else math.nan)
 
 
 class NoisyTransition(AbstractExperiment):
@@ -405,8 +396,9 @@ class NoisyTransition(AbstractExperiment):
                    "max_rel_error_equation_critical": critical,
                    "caps_unordered_above_fold": off_branch,
                    "max_rel_error_particles": particles, "max_z_particles": z}
-        return Verdict(bool(ok), line, numbers, extra={"cases": rows, "settings": _plain(
-            settings(config))})
+        plain = {k: v for k, v in settings(config).items()
+                 if isinstance(v, (int, float, bool, str))}
+        return Verdict(bool(ok), line, numbers, extra={"cases": rows, "settings": plain})
 
     def draw(self, config, data, folder: Path):
         rows = measure(config, data)
@@ -418,10 +410,6 @@ def _worst(errors) -> float:
     """The largest `|error|`; NaN if any is NaN (an unread measure), 0 for none."""
     errors = np.abs(np.fromiter(errors, float))
     return float(np.max(errors)) if errors.size else 0.0
-
-
-def _plain(cfg: dict) -> dict:
-    return {k: v for k, v in cfg.items() if isinstance(v, (int, float, bool, str))}
 
 
 def measure(config: dict, data) -> list[dict]:
@@ -491,7 +479,7 @@ def _row(cfg, data, d, i, beta) -> dict:
             * layer_diffusion(d, cfg.tau, SIGMA),
             "hysteresis_width": width, "hysteresis_at": ratios[where].tolist(),
             "equilibrated": int(both.sum()), "couplings": len(ratios),
-            "grid_step": float(ratios[1] - ratios[0]) if len(ratios) > 1 else math.nan,
+            "grid_step": float(ratios[1] - ratios[0]),
             "max_half_gap": float(np.nanmax(np.abs(np.r_[up.gap, down.gap]))),
             "max_autocorrelation_time": float(np.nanmax(np.r_[up.autocorrelation,
                                                               down.autocorrelation])

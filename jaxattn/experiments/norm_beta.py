@@ -16,7 +16,7 @@ import numpy as np
 
 from .._artifacts import figures
 from .._dynamics import NORMS
-from .base import AbstractExperiment, Param, Verdict
+from .base import AbstractExperiment, Param, Verdict, choices
 from .pair_density import STUDY, density_map, describe_map, draw_map, refusals, setup_line
 
 #: simuformer's `runner.py` defaults, where they differ from `phase-diagram`'s.
@@ -36,12 +36,6 @@ HELP = {
 #: A small run for tests and smoke checks.
 QUICK = {"betas": 2, "beta_max": 4.0, "systems": 2, "tokens": 4, "dim": 3, "heads": 2,
          "horizon": 1.0, "times": 6}
-
-
-def placements(code: int) -> tuple[str, ...]:
-    """The placements `--norm code` names: every one of `NORMS` for 0, else the
-    `code`-th (1-based; `check_config` refuses others)."""
-    return NORMS if code == 0 else (NORMS[code - 1],)
 
 
 class NormBeta(AbstractExperiment):
@@ -66,7 +60,7 @@ class NormBeta(AbstractExperiment):
                                  f"placement) or one of {listed}; got {config.norm!r}."))
 
     def simulate(self, config, progress):
-        norms = placements(config.norm)
+        norms = choices(config.norm, NORMS)
         key = jax.random.PRNGKey(config.seed)
         maps = [density_map(key, config, heads=config.heads, norm=norm,
                             causal=config.causal, progress=progress,
@@ -84,11 +78,10 @@ class NormBeta(AbstractExperiment):
                        numbers)
 
     def draw(self, config, data, folder: Path):
-        plt = figures.pyplot()
         k = len(data["norms"])
         rows, cols = -(-k // 3), min(k, 3)
         # every map spans 0 to 1 (`full_scale`): one colour bar, in a column of its own
-        fig = plt.figure(figsize=(4.2 * cols + 1.0, 3.9 * rows))
+        fig = figures.pyplot().figure(figsize=(4.2 * cols + 1.0, 3.9 * rows))
         grid = fig.add_gridspec(rows, cols + 1, width_ratios=[1.0] * cols + [0.05])
         for i, (norm, density) in enumerate(zip(data["norms"], data["density"])):
             mesh = draw_map(fig.add_subplot(grid[i // cols, i % cols]), fig, data["betas"],

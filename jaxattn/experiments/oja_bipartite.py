@@ -124,11 +124,12 @@ def _fig13(config):
     final = np.asarray([np.max(np.linalg.norm(p[-1] - x, axis=-1)) for p in paths], float)
     escaped = np.nonzero(final > 0.5)[0]
     big = int(escaped[0]) if escaped.size else len(sizes) - 1
-    small = max(big - 4, 0)
+    small, end = max(big - 4, 0), paths[big][-1]
     return {"fig13_q": np.asarray(q), "fig13_sizes": sizes, "fig13_dist": final,
             "fig13_paths": np.stack([paths[small], paths[big]]),
             "fig13_eps": sizes[[small, big]], "fig13_final": final[[small, big]],
-            "fig13_spread": np.asarray(_spread(paths[big][-1])), "fig13_point": np.asarray(x)}
+            "fig13_spread": np.float64(np.max(np.linalg.norm(end - end[:1], axis=-1))),
+            "fig13_point": np.asarray(x)}
 
 
 #: The closed form as one program (the bisection calls it 61 times).
@@ -145,11 +146,6 @@ def _fig13_arrays(seed, lam, q, sizes, n: int, m: int):
     z = z - jnp.sum(z * x, -1, keepdims=True) * x
     z = z / jnp.max(jnp.linalg.norm(z, axis=-1))
     return jnp.diag(lam), q * jnp.eye(3), x, [x + s * z for s in sizes]
-
-
-def _spread(x):
-    """`max_i |x_i − x_0|`: zero at consensus."""
-    return float(np.max(np.linalg.norm(x - x[:1], axis=-1)))
 
 
 def _bisect(f, lo, hi, iters=60):

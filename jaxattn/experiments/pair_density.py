@@ -218,8 +218,7 @@ def observe_at(dyn, x0: Float[Array, "*batch n d"], at: Int[Array, " K"], tau,
     fused = choose_strategy(first_model(dyn), x0.shape, "auto", (dyn, x0)).fused
 
     def program(d, x, fused):
-        layer, watch, ok = ((batch_last(_layer), batch_last(observe), batch_last(_finite))
-                            if fused else (_layer, observe, _finite))
+        layer, watch, ok = (batch_last(f) if fused else f for f in (_layer, observe, _finite))
 
         def record(carry, stop):
             x, done = carry
@@ -270,20 +269,17 @@ def density_map(key: PRNGKeyArray, cfg: dict, *, heads: int = 1, norm: str = "po
     x0, P, U = draw_systems(key, cfg, heads)
     G, s = x0.shape[1:3]
     mesh = global_mesh()  # a distributed run: its blocks over every process's devices
-    place = (lambda *a: a) if mesh is None else (lambda *a: replicate(a, mesh))
-    counting = functools.partial(pair_counts, kernel="exp" if cfg.exp_kernel else "softmax",
-                                 norm=norm, causal=causal, threshold=cfg.threshold, mesh=mesh)
-
-    def run(*args):
-        return gather(counting(*place(*args)))
-
     at = np.stack([p[1] for p in plans]).astype(np.int32)
     pieces = [(g, c) for g in step_groups(steps) for c in _chunks(G, s * len(g) * len(ts))]
 
     def piece(k, counts):
         g, (lo, hi) = pieces[k]
-        counts[g] += np.asarray(run(P[g, lo:hi], U[g, lo:hi], jnp.asarray(betas[g]),
-                                    jnp.asarray(taus[g]), x0[g, lo:hi], jnp.asarray(at[g])))
+        args = (P[g, lo:hi], U[g, lo:hi], jnp.asarray(betas[g]), jnp.asarray(taus[g]),
+                x0[g, lo:hi], jnp.asarray(at[g]))
+        args = args if mesh is None else replicate(args, mesh)
+        counts[g] += np.asarray(gather(pair_counts(
+            *args, kernel="exp" if cfg.exp_kernel else "softmax", norm=norm, causal=causal,
+            threshold=cfg.threshold, mesh=mesh)))
         return counts, None
 
     counts, _ = advance(piece, np.zeros((B, len(ts)), np.int64), len(pieces), desc=desc,
@@ -378,16 +374,11 @@ STUDY = (
 )
 
 
-def half_times(ts: np.ndarray, density: np.ndarray, level: float = 0.5) -> np.ndarray:
-    """Per β, the first recorded time the density reaches `level` (`inf`: never)."""
-    hit = density >= level
-    return np.where(hit.any(-1), ts[np.argmax(hit, -1)], np.inf)
-
-
 def describe_map(betas, ts, density) -> tuple[str, dict]:
     """What a density map shows, in words and numbers: the time to reach density ½ as β
     grows and where it is not reached by `T`."""
-    t_half, final = half_times(ts, density), density[:, -1]
+    hit = density >= 0.5  # t½ per β: the first recorded time at density ½ (inf: never)
+    t_half, final = np.where(hit.any(-1), ts[np.argmax(hit, -1)], np.inf), density[:, -1]
     reached = np.isfinite(t_half)
     never = betas[~reached]
     parts = [f"density at T = {short(ts[-1])}: {short(final.min())} to {short(final.max())}"]

@@ -39,8 +39,7 @@ class PhaseDiagram(AbstractExperiment):
         return Verdict(True, line, numbers | {"total_steps": int(steps.sum())})
 
     def draw(self, config, data, folder: Path):
-        plt = figures.pyplot()
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+        fig, axes = figures.pyplot().subplots(1, 2, figsize=(12, 4.4))
         for ax, log in zip(axes, (False, True)):
             draw_map(ax, fig, data["betas"], data["ts"], data["density"], log=log,
                      title="log colour scale" if log else "linear colour scale")

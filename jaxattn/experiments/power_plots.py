@@ -8,9 +8,8 @@ from .._artifacts import figures
 
 def power_shared(data, stem):
     """Eigenvalues, final-alignment histograms and alignment over prolonged depth."""
-    plt = figures.pyplot()
     L = int(data["native_depth"])
-    fig, axes = plt.subplots(1, 3, figsize=(13.5, 3.9))
+    fig, axes = figures.pyplot().subplots(1, 3, figsize=(13.5, 3.9))
     lam = data["eig_modulus"]
     ax = axes[0]
     firsts = [data[f"eig_{tag}"][0] for tag in ("modulus", "step")]
@@ -96,8 +95,7 @@ def layer_stats(axes, data):
 
 
 def power_layers(data, stem):
-    plt = figures.pyplot()
-    fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))
+    fig, axes = figures.pyplot().subplots(1, 4, figsize=(15, 3.6))
     layer_stats(axes[:3], data)
     eig = data["eigenvalues"]
     ell = np.arange(eig.shape[0])
@@ -112,8 +110,7 @@ def power_layers(data, stem):
 
 
 def steer(data, stem):
-    plt = figures.pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.7))
+    fig, axes = figures.pyplot().subplots(1, 3, figsize=(13, 3.7))
     ell = np.arange(len(data["c_u"]))
     ax = axes[0]
     ax.plot(ell, data["c_u"], "o-", color="tab:red", ms=4, lw=2.4, label="last layer steered")
@@ -147,8 +144,7 @@ def steer(data, stem):
 
 
 def oja(data, stem):
-    plt = figures.pyplot()
-    fig = plt.figure(figsize=(15, 4.2))
+    fig = figures.pyplot().figure(figsize=(15, 4.2))
     ax = fig.add_subplot(1, 4, 1)
     fixed = data["residual"] < 1e-9
     for kind, marker in (("oja", "o"), ("head", "^")):

@@ -13,7 +13,6 @@ import jax
 import numpy as np
 
 from .._artifacts.folders import folder_path, write_run
-from .._horizon import Horizon
 from .._process.distributed import agree, is_writer
 from .._validate import check_seed, machine_memory
 from . import get_experiment
@@ -102,8 +101,6 @@ def check_sizes(name: str, config: dict[str, Any], memory: int | None = None, *,
                        "or a shorter --horizon.")
     if refused:
         raise ValueError(refused[0])
-    if layered:
-        Horizon(config["horizon"]).num_layers(config["tau"])  # its own checks
 
 
 def apply_presets(experiment: AbstractExperiment, config: dict, overrides: dict) -> None:
@@ -195,7 +192,9 @@ def run_into_folder(experiment: AbstractExperiment, config: dict[str, Any], *,
     resume = config.get("resume")  # None: the experiment cannot resume
     folder = folder_path(experiment.name, out, resume=resume)
     pieces = {} if resume is None else {"folder": folder}
-    record = {"dtype": "float64", **config, **(record or {}), **noted, **_counts()}
+    record = {"dtype": "float64", **config, **(record or {}), **noted}
+    if jax.process_count() > 1:  # a distributed run records its processes and devices
+        record |= {"processes": jax.process_count(), "devices": jax.device_count()}
     compute = simulate or (lambda: experiment.simulate(config, progress, **pieces))
     if not is_writer():  # process 0 holds the folder and says when to start
         if not agree(lambda: [])[0]:
@@ -227,12 +226,6 @@ def run_into_folder(experiment: AbstractExperiment, config: dict[str, Any], *,
 #: What a resumed run need not share with the interrupted one (`--resume` continues it
 #: with any number of processes).
 _NOT_SAME = ("resume", "command", "processes", "devices")
-
-
-def _counts() -> dict[str, int]:
-    """The processes and devices of a distributed run, as its `config.json` records them."""
-    return {"processes": jax.process_count(), "devices": jax.device_count()} \
-        if jax.process_count() > 1 else {}
 
 
 def _raise(error: Exception):

@@ -1,12 +1,7 @@
 """The members' source as declared, read without importing it (nor JAX: seconds under
 load, BENCHMARKS.md, "Measured claims behind design choices"): the one reader of the
-source for what the command line shows before JAX loads.
-
-- `class_head`: the literals at the head of a member's class body (`name`, `title`,
-  `theorem`, `sweepable`), which `REGISTRY` lists: only the head is parsed.
-- `class_params`: a member's parameters (its `all_params()`), for `jaxattn run NAME
-  --help` and its argument errors.
-- `declared`: a module's constant (the choices of `jaxattn bench --size`, …).
+source for what the command line shows before JAX loads (`class_head`, `class_params`,
+`declared`).
 
 Only plain declarations are read: literals, `Param(…)` calls, names bound at the top
 of a module or imported from a sibling, tuples of them. Anything else says "not

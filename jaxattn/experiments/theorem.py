@@ -15,6 +15,7 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import numpy as np
 
+from .._artifacts import figures
 from .._horizon import CONSENSUS_TOL
 from .._programs import kept_jit
 from ..metrics import misalignment
@@ -152,21 +153,13 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
 
     @typing.final
     def verdict(self, config, data) -> Verdict:
-        run = self.judged_run(config, data)
+        """Judges the layers with `--discrete`, else the flow; the line says which."""
+        run = Section(data, suffix="_layers" if config.discrete else "")
         evidence = self.evidence(config, run)
         judged, numbers = _judge(run["ts"], evidence, self.theorem)
-        line = f"{self.where(config, run)}: {self.describe(config, run, evidence, judged)}"
+        where = f"{len(run['ts']) - 1} layers, τ = {config.tau}" if config.discrete else "flow"
+        line = f"{where}: {self.describe(config, run, evidence, judged)}"
         return kind_verdict(judged.kind, line, evidence.numbers | numbers)
-
-    @typing.final
-    def judged_run(self, config, data) -> Section:
-        """The run a verdict judges: the layers with `--discrete`, else the flow."""
-        return Section(data, suffix="_layers" if config.discrete else "")
-
-    @typing.final
-    def where(self, config, run: Section) -> str:
-        """Which run a verdict line speaks of: `flow`, or `L layers, τ = …`."""
-        return f"{len(run['ts']) - 1} layers, τ = {config.tau}" if config.discrete else "flow"
 
     @typing.final
     def words(self, kind: str) -> str:
@@ -182,6 +175,23 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
             runs.append(Drawn(Section(data, suffix="_layers"),
                               rf"layers, $\tau$ = {config.tau:g}", "k", (0, (4, 2)), 1.1))
         return runs
+
+    @typing.final
+    def token_figure(self, config, data, title: str, *, toward=None, W=None, **marks):
+        """A figure and its last two panels, after a 3-D panel of the run's token paths
+        (`figures.draw_ellipsoid_trajectories` on `E_W`, `marks` as it takes them) titled
+        `title` when the tokens live in R³, seen from `toward` (default: the final
+        tokens' mean) tilted towards the start."""
+        ys = data["ys_layers" if config.discrete else "ys"]
+        cols = 3 if ys.shape[-1] == 3 else 2
+        fig = figures.pyplot().figure(figsize=(13 if cols == 3 else 9, 4.2))
+        if cols == 3:
+            ax3 = fig.add_subplot(1, cols, 1, projection="3d")
+            figures.draw_ellipsoid_trajectories(ax3, ys, W, **marks)
+            look = ys[-1].mean(0) if toward is None else toward
+            figures.view_towards(ax3, look + 0.6 * ys[0].mean(0))
+            figures.title_3d(ax3, title)
+        return fig, fig.add_subplot(1, cols, cols - 1), fig.add_subplot(1, cols, cols)
 
 
 @kept_jit

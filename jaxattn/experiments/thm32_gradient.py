@@ -45,7 +45,7 @@ class GradientExperiment(AbstractTheoremExperiment):
     def measures(self, config, dyn, test, x0, ts, ys):
         P = dyn.query_key(0.0)[0]
         return {"E_P": potential(ys, P, config.beta), "E": misalignment(ys),
-                "speed": _speed(dyn, ts, ys),
+                "speed": jnp.max(jnp.abs(jax.vmap(dyn.velocity)(ts, ys)), axis=(-2, -1)),
                 "agrees": test is not None and test.check(x0, ys[-1], ts[-1])}
 
     def flow_facts(self, config, dyn, x0, ys):
@@ -78,21 +78,10 @@ class GradientExperiment(AbstractTheoremExperiment):
                 f"(final E = {short(n['final_E'])}, {n['clusters']} cluster(s))")
 
     def draw(self, config, data, folder: Path):
-        plt = figures.pyplot()
-        layers = config.discrete
-        three_d = data["ys"].shape[-1] == 3
-        cols = 3 if three_d else 2
-        fig = plt.figure(figsize=(13 if three_d else 9, 4.2))
-        if three_d:
-            ax3 = fig.add_subplot(1, cols, 1, projection="3d")
-            W = None if config.sphere else data["W"]
-            ys = data["ys_layers" if layers else "ys"]
-            figures.draw_ellipsoid_trajectories(ax3, ys, W)
-            figures.view_towards(ax3, ys[-1].mean(0) + 0.6 * ys[0].mean(0))
-            where = "$S^2$" if config.sphere else "the ellipsoid $E_W$"
-            figures.title_3d(ax3, ("layers on " if layers else "tokens on ") + where)
-        ax_p = fig.add_subplot(1, cols, cols - 1)
-        ax_v = fig.add_subplot(1, cols, cols)
+        where = "$S^2$" if config.sphere else "the ellipsoid $E_W$"
+        fig, ax_p, ax_v = self.token_figure(
+            config, data, ("layers on " if config.discrete else "tokens on ") + where,
+            W=None if config.sphere else data["W"])
         for run, label, color, ls, lw in self.drawn_runs(config, data):
             ax_p.plot(run["ts"], run["E_P"], color=color, ls=ls, lw=lw, label=label)
             # a speed is linear in the token differences: rounding noise below ~16 ε
@@ -108,8 +97,3 @@ class GradientExperiment(AbstractTheoremExperiment):
         title = (f"Theorem 3.2 — gradient flow, {config.tokens} tokens, d = {config.dim}, "
                  f"β = {config.beta:g}, seed {config.seed}")
         return figures.save_figure(fig, self.stem(folder), title)
-
-
-def _speed(dyn, ts, ys):
-    v = jax.vmap(dyn.velocity)(ts, ys)
-    return jnp.max(jnp.abs(v), axis=(-2, -1))

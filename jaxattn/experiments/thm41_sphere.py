@@ -64,9 +64,8 @@ class SphereExperiment(AbstractTheoremExperiment):
                 f"{rise_words(evidence.numbers['V_largest_rise'], 'V(t)')}")
 
     def draw(self, config, data, folder: Path):
-        plt = figures.pyplot()
         layers = config.discrete
-        fig = plt.figure(figsize=(13, 4.4))
+        fig = figures.pyplot().figure(figsize=(13, 4.4))
         grid = fig.add_gridspec(1, 3, width_ratios=(1.3, 1, 1))
         ax3 = fig.add_subplot(grid[0], projection="3d")
         ys = data["ys_layers" if layers else "ys"]

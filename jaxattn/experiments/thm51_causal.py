@@ -116,8 +116,7 @@ class CausalExperiment(AbstractTheoremExperiment):
         return line
 
     def draw(self, config, data, folder: Path):
-        plt = figures.pyplot()
-        fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+        fig, axes = figures.pyplot().subplots(1, 3, figsize=(14, 4.2))
         for run, label, color, *_ in self.drawn_runs(config, data):
             ts, E, gap = run["ts"], run["E"], run["gap"]
             # the gap 1 − ⟨x_i, x₁(0)⟩ as computed resolves ~ε (first order), E ~ε²

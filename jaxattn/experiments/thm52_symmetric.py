@@ -66,19 +66,9 @@ class SymmetricExperiment(AbstractTheoremExperiment):
                 f"{self.words(judged.kind)}{note}")
 
     def draw(self, config, data, folder: Path):
-        plt = figures.pyplot()
-        layers = config.discrete
-        three_d = data["ys"].shape[-1] == 3
-        fig = plt.figure(figsize=(13 if three_d else 9, 4.2))
-        cols = 3 if three_d else 2
-        if three_d:
-            ax3 = fig.add_subplot(1, cols, 1, projection="3d")
-            figures.draw_ellipsoid_trajectories(ax3, data["ys_layers" if layers else "ys"],
-                                              mark=data["v1"], mark_label=r"$v_1$")
-            figures.view_towards(ax3, data["v1"] + 0.6 * data["ys"][0].mean(0))
-            figures.title_3d(ax3, "layers on $S^2$" if layers else "tokens on $S^2$ (Fig. 5)")
-        ax_e = fig.add_subplot(1, cols, cols - 1)
-        ax_p = fig.add_subplot(1, cols, cols)
+        fig, ax_e, ax_p = self.token_figure(
+            config, data, "layers on $S^2$" if config.discrete else "tokens on $S^2$ (Fig. 5)",
+            toward=data["v1"], mark=data["v1"], mark_label=r"$v_1$")
         for run, label, color, ls, lw in self.drawn_runs(config, data):
             figures.draw_decay(ax_e, run["ts"], run["E"], label=label, color=color, ls=ls, lw=lw)
             ax_p.plot(run["ts"], run["proj"], color=color, ls=ls, lw=lw, label=label)

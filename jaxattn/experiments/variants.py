@@ -30,10 +30,11 @@ from .._process.distributed import gather as gather_all
 from .._programs import kept_jit
 from ..metrics import cluster_count, misalignment, rank_collapse_residual
 from ..theory import Classification, classify
-from .base import AbstractExperiment, Param, Verdict
+from .base import AbstractExperiment, Param, Verdict, choices
 from .pair_density import draw_weights
 from .paper001 import with_beta
 from .pieces import advance
+from .runner import command_line
 from .variants_plot import draw_study, format_verdicts, table_csv
 from .verdicts import convergence_trend
 
@@ -49,12 +50,6 @@ CLUSTER_EPS = 0.1
 CHUNKS = "chunks"
 #: The per-instance measurements of a chunk, each `(masks, betas, instances)`.
 MEASURES = ("final_E", "consensus_layer", "clusters", "residual", "stalled", "finite")
-
-
-def choices(code: int, names: tuple) -> tuple:
-    """The values a choice's `code` selects: all of `names` for 0, else the `code`-th
-    (1-based; `check_config` refuses others)."""
-    return tuple(names) if code == 0 else (names[code - 1],)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,16 +378,10 @@ def cell_rows(config: dict, grid: Grid, data: dict) -> list[dict]:
 def cell_command(config: dict, grid: Grid, at: tuple[int, ...]) -> str:
     """The `jaxattn run variants` command that computes the cell `at` alone."""
     s, a, m, k, b = at
-    codes = {"size": SIZES.index(grid.sizes[s]) + 1, "norm": NORMS.index(grid.norms[a]) + 1,
-             "mask": MASKS.index(grid.masks[m]) + 1,
-             "kernel": KERNELS.index(grid.kernels[k]) + 1}
-    parts = ["jaxattn run variants", f"--seed {config.seed}"]
-    parts += [f"--{key} {v}" for key, v in codes.items()] + [f"--beta {grid.betas[b]!r}"]
-    for p in VariantsExperiment.params:
-        if p.name not in codes and p.name not in ("beta", "resume") and \
-                config[p.name] != p.default:
-            parts.append(f"{p.flag} {config[p.name]!r}")
-    return " ".join(parts)
+    cell = {"size": SIZES.index(grid.sizes[s]) + 1, "norm": NORMS.index(grid.norms[a]) + 1,
+            "mask": MASKS.index(grid.masks[m]) + 1,
+            "kernel": KERNELS.index(grid.kernels[k]) + 1, "beta": grid.betas[b]}
+    return command_line(config | cell, VariantsExperiment())
 
 
 class VariantsExperiment(AbstractExperiment):

@@ -120,7 +120,6 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
     with its consensus layer, its cluster count or `…`; `★` marks the rows a theorem
     covers. A study of one cell is its median `E` over the layers instead (a map of one
     cell says nothing)."""
-    plt = figures.pyplot()
     norms, masks, kernels, betas = (list(v) for v in (grid.norms, grid.masks, grid.kernels,
                                                       grid.betas))
     R, C = len(norms) * len(masks), len(kernels) * len(betas)
@@ -130,9 +129,9 @@ def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> 
     # at least 6 inches: a single cell would otherwise leave the title a narrow column;
     # 1.3 inches on the left for the row labels
     width = max(6.0, 2.2 + (0.6 * C + 0.6) * S)
-    fig, axes = plt.subplots(1, S, figsize=(width, 2.2 + 0.32 * R), squeeze=False,
-                             sharey=True, gridspec_kw={"wspace": 0.08,
-                                                       "left": max(0.125, 1.3 / width)})
+    fig, axes = figures.pyplot().subplots(
+        1, S, figsize=(width, 2.2 + 0.32 * R), squeeze=False, sharey=True,
+        gridspec_kw={"wspace": 0.08, "left": max(0.125, 1.3 / width)})
     mesh = None
     for p, (ax, size) in enumerate(zip(axes[0], grid.sizes)):
         logE, text, covered = _panel_grid(rows, tuple(size), norms, masks, kernels, betas)
@@ -166,9 +165,8 @@ def _setup(config, masks) -> str:
 
 def _draw_one_cell(config, data: dict, row: dict, stem: Path) -> list[Path]:
     """One cell: its median `E` over the layers, its outcome in the title."""
-    plt = figures.pyplot()
     E = np.asarray(data["E_median"]).reshape(-1)
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = figures.pyplot().subplots(figsize=(6.4, 3.8))
     figures.draw_decay(ax, np.arange(len(E)), E, color="C0", label="median E")
     ax.axhline(1e-4, color="C3", ls="--", lw=1, label="consensus: E < 1e-4")
     ax.set_xlabel("layer")

@@ -99,7 +99,7 @@ def _exact_run(config, bias=5.0):
     rate = np.stack([[ja.theory.antipodal_rate(w, d, config["sigma"]) + bias * t
                       for t in taus] for d, w in zip(dims, window)])
     shape = (len(dims), len(betas))
-    p = np.array([[A.predicted_probability(b, d, config["sigma"]) for b in betas]
+    p = np.array([[ja.theory.antipodal_probability(b, d, config["sigma"]) for b in betas]
                   for d in dims])
     return {"dims": np.asarray(dims), "betas": betas, "taus": taus,
             "p_antipodal": p, "p_antipodal_early": p, "p_consensus": 1 - p,
@@ -125,7 +125,7 @@ def test_verdict_extrapolates_tau_and_fails_a_threshold_ten_percent_off(monkeypa
         assert abs(t["at_tau"][-1] / t["predicted"] - 1) > t["relative_error"] + 0.01
     assert A.THRESHOLD_TOL <= 0.1 / 2
     for factor in (1.1, 0.9):
-        monkeypatch.setattr(A, "predicted_threshold",
+        monkeypatch.setattr(A, "antipodal_threshold",
                             lambda d, s, f=factor: f * ja.theory.antipodal_threshold(d, s))
         wrong = study.verdict(config, data)
         assert not wrong.ok
@@ -144,7 +144,7 @@ def test_small_run_measures_the_threshold_at_tau_zero(monkeypatch):
     found = verdict.numbers["thresholds"]["d=2"]
     assert verdict.ok, verdict.line
     assert found["measured_se"] < A.THRESHOLD_TOL * found["predicted"] / 2
-    monkeypatch.setattr(A, "predicted_threshold",
+    monkeypatch.setattr(A, "antipodal_threshold",
                         lambda d, s: 1.1 * ja.theory.antipodal_threshold(d, s))
     assert not study.verdict(config, data).ok
 
@@ -166,7 +166,7 @@ def test_p_antipodal_is_judged_where_settled_and_fails_a_prediction_ten_percent_
     assert found["d=2"]["p_judged"] and found["d=4"]["p_judged"]
     for factor in (1.1, 0.9):
         with monkeypatch.context() as m:
-            m.setattr(A, "predicted_probability", lambda b, d, s, f=factor:
+            m.setattr(A, "antipodal_probability", lambda b, d, s, f=factor:
                       f * ja.theory.antipodal_probability(b, d, s))
             wrong = study.verdict(config, data)
             assert not wrong.ok, wrong.line

@@ -123,12 +123,7 @@ def test_logit_crossing_is_exact_on_the_simplex():
 def test_verdict_fails_a_prediction_ten_percent_off(monkeypatch):
     """The saved run (n = 100 … 1000, d = 228 … 512) passes; with `γ_n` moved by
     ±10 % it fails on the relative error."""
-    from pathlib import Path
-
-    folder = Path(__file__).parents[1] / "data" / "figures" / "long-context"
-    study = LC.LongContext()
-    config = study.config(json.loads((folder / "config.json").read_text()))
-    data = dict(np.load(folder / "data.npz"))
+    study, config, data = _saved()
     verdict = study.verdict(config, data)
     assert verdict.ok, verdict.line
     assert verdict.numbers["relative_error"] < LC.TOL / 2

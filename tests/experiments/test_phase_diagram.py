@@ -13,6 +13,7 @@ from jaxattn._dynamics import NORMS
 from jaxattn.cli import main
 from jaxattn.experiments import EXPERIMENTS, norm_beta, pair_density
 from jaxattn.experiments import phase_diagram as pd
+from jaxattn.experiments.base import choices
 from jaxattn.experiments.runner import experiment_config, run_experiment
 
 
@@ -146,8 +147,8 @@ def test_listed_and_run_by_the_cli(tmp_path, capsys):
 
 
 def test_norm_beta_runs_a_placement_and_names_them(tmp_path):
-    assert norm_beta.placements(0) == NORMS
-    assert norm_beta.placements(2) == ("pre",)
+    assert choices(0, NORMS) == NORMS
+    assert choices(2, NORMS) == ("pre",)
     with pytest.raises(ValueError, match="--norm"):
         EXPERIMENTS["norm-beta"].config(norm=len(norm_beta.NORMS) + 1)
     folder, summary = run_experiment("norm-beta", norm_beta.QUICK | {"norm": 2}, seed=1,

@@ -22,11 +22,11 @@ from ._arch import TransformerConfig as TransformerConfig
 from ._arch._nn import Attention as Attention
 from ._checks import check_ids as check_ids
 from ._checks import default_chunk as default_chunk
-from ._files import weight_files as weight_files
 from ._gguf import file_sha256 as file_sha256
 from ._load import init as init
 from ._load import load as load
 from ._load import resolve_config as resolve_config
+from ._load import weight_files as weight_files
 from ._loop import WEIGHTS as WEIGHTS
 from ._loop import hidden_states as hidden_states
 from ._loop import iterate_loop as iterate_loop

@@ -49,10 +49,8 @@ CHUNK_TOKENS = 1024
 
 def default_chunk(n: int, devices) -> int | None:
     """Prompts per chunk when `chunk=None`: on CPU, unsharded, about `CHUNK_TOKENS`
-    tokens at a time (a block's activations then stay in cache, and a GPT-2-small
-    pass on 100 × 200 tokens ran faster in chunks of 4–10 prompts than vmapped over
-    all 100: see BENCHMARKS.md, Measured claims behind design choices);
-    elsewhere the whole batch at once."""
+    tokens at a time (a block's activations stay in cache: BENCHMARKS.md, Measured
+    claims behind design choices); elsewhere the whole batch at once."""
     if devices is not None or jax.default_backend() != "cpu":
         return None
     return max(1, CHUNK_TOKENS // n)

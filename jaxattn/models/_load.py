@@ -75,8 +75,7 @@ def resolve_config(config) -> tuple[TransformerConfig, dict]:
     if isinstance(config, dict):
         return parse_config(config), config
     if not isinstance(config, (str, os.PathLike)):
-        error = TypeError
-        problem = f"config must be a dict, a path or a preset name, got {config!r}."
+        error, problem = TypeError, f"config must be a dict, a path or preset name, got {config!r}."
     else:
         name = ALIASES.get(str(config), str(config))
         if name in PRESETS:
@@ -298,6 +297,31 @@ def weight_readers(folder: Path) -> dict:
             raise error(f"{path}: {problem}.")
         readers.update((name, held[name]) for name in names)
     return readers
+
+
+def weight_files(source: str | os.PathLike) -> list[Path]:
+    """The files `ja.models.load(source)` reads the weights from: a `.gguf` file, a
+    folder's index and the shards it names, or its one `*.safetensors` file (what a
+    resumed loop hashes: a file rewritten in place keeps its name, not its bytes).
+
+    **Arguments:**
+
+    - `source`: as `ja.models.load` takes it (a folder, its `config.json`, a `.gguf`
+      file, a packaged model's name, or a hub name already in the local cache).
+
+    **Returns:**
+
+    The paths, the index first when there is one.
+    """
+    path = Path(source)
+    if not path.exists():
+        path = installed_path(str(source)) if str(source) in PACKAGED else download(str(source))
+    if path.is_file():
+        return [path] if path.suffix == ".gguf" else weight_files(path.parent)
+    if (path / INDEX).exists():
+        shards = sorted(set(read_index(path / INDEX).values()))
+        return [path / INDEX] + [path / shard for shard in shards]
+    return [weight_file(path)]
 
 
 def load_folder(folder: Path) -> AbstractTransformer:

@@ -19,8 +19,8 @@ from .._precision import Precision, check_precision
 from .._programs import kept_jit
 from .._validate import check_count, check_flag, surface_errors
 from ..metrics import misalignment
-from ._arch import FAMILIES, AbstractTransformer
-from ._arch._nn import product
+from ._arch import AbstractTransformer
+from ._arch._nn import accumulation_dtype, product
 from ._checks import (
     MAX_SEGMENTS,
     check_dtype,
@@ -30,6 +30,7 @@ from ._checks import (
     loop_flops,
     show_progress,
 )
+from ._tokenize import is_int
 
 WEIGHTS = ("trained", "random", "resample")
 
@@ -48,11 +49,8 @@ def _map_prompts(fn, x: Float[Array, "B n d"], chunk: int | None) -> Float[Array
 
 def _apply(model, block, x, layer, ctx, keys, chunk, **options):
     """One block on every prompt of `x (B, n, d)`, with the prompts' padding masks
-    `keys (B, n)` (`None`: no padding)."""
-    if keys is None:
-        return _map_prompts(lambda s: model.apply_block(block, s, layer, ctx, **options), x,
-                            chunk)
-    return _map_prompts(lambda sk: model.apply_block(block, sk[0], layer, ctx, keys=sk[1],
+    `keys (B, n)` (`None`: no padding, an empty tree to map over)."""
+    return _map_prompts(lambda xk: model.apply_block(block, xk[0], layer, ctx, keys=xk[1],
                                                      **options), (x, keys), chunk)
 
 
@@ -154,20 +152,18 @@ def hidden_states(
 
     `(L + 1, n, d)`, or `(B, L + 1, n, d)` for a batch.
     """
-    check_model(model)
-    precision = check_precision(precision)
-    ffn = check_flag(ffn, "ffn")
-    keys = check_mask(mask, ids)
-    batch = check_ids(model, ids)
+    setup = setup_loop(model, ids, passes=1, ffn=ffn, precision=precision, mask=mask)
+    batch, opts = setup.ids, setup.options
     B, n = batch.shape
     bar = show_progress(progress, loop_flops(model, B, n, 1), model, ids) and B > 1
     step = math.ceil(B / min(B, MAX_SEGMENTS)) if bar else B  # one group of prompts per step
     parts = []
     with tqdm(total=B, unit="prompt", desc="hidden states", leave=False, disable=not bar) as t:
         for lo in range(0, B, step):
-            part = _call_sharded(lambda b, k: _hidden_states(model, b, ffn, precision, k),
-                                 batch[lo:lo + step], devices,
-                                 None if keys is None else keys[lo:lo + step])
+            keys = None if opts["keys"] is None else opts["keys"][lo:lo + step]
+            part = _call_sharded(
+                lambda b, k: _hidden_states(model, b, opts["ffn"], opts["precision"], k),
+                batch[lo:lo + step], devices, keys)
             parts.append(jax.block_until_ready(part) if bar else part)
             t.update(part.shape[0])
     hs = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
@@ -175,8 +171,7 @@ def hidden_states(
 
 
 def _wide(x):
-    # float32 for float32 and reduced compute, float64 for float64 compute
-    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    return x.astype(accumulation_dtype(x.dtype))
 
 
 def _metric(x):
@@ -201,19 +196,6 @@ def _text_metric(x, keys):
     return E * (x.shape[1] / keys.sum(axis=-1).astype(E.dtype))
 
 
-def _pass_blocks(model, weights: str, key, p):
-    if weights == "resample":  # a fresh draw before every pass, seeded by the pass
-        family = FAMILIES[model.config.model_type]
-        return family.init_blocks(model.config, jax.random.fold_in(key, p))
-    return model.blocks
-
-
-def _cast(tree, dtype):
-    return jax.tree.map(
-        lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree
-    )
-
-
 def _keep(buf, x, depth, depths: tuple):
     """Write `x` into the slots of `buf` whose depth is `depth`."""
     hit = (jnp.asarray(depths, jnp.int32).reshape(-1) == depth)[:, None, None, None]
@@ -234,7 +216,11 @@ def _segment(model, x, key, start, *, passes: int, ffn: bool, weights: str, dtyp
 
     def one_pass(carry, p):
         x, buf = carry
-        blocks = _cast(_pass_blocks(model, weights, key, p), dtype)
+        blocks = model.blocks
+        if weights == "resample":  # a fresh draw before every pass, seeded by the pass
+            blocks = type(model).init_blocks(model.config, jax.random.fold_in(key, p))
+        blocks = jax.tree.map(lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a,
+                              blocks)
 
         def body(carry, layer_slot):
             x, buf = carry
@@ -345,7 +331,7 @@ def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
         key = None  # drawn with nothing: no key, not even PRNGKey(0)'s own small program
     else:
         key = jax.random.PRNGKey(0) if key is None else key
-        model = FAMILIES[model.config.model_type].init(model.config, key)
+        model = type(model).init(model.config, key)
     ids = check_ids(model, ids)
     chunk = (default_chunk(ids.shape[1], devices) if chunk is None
              else check_count(chunk, "chunk", 1))
@@ -483,10 +469,7 @@ def _pass_counts(passes) -> tuple[int, ...]:
     """`logits`' `passes` as a tuple of pass counts ≥ 1, or `None` when it is not one."""
     many = isinstance(passes, Sequence) and not isinstance(passes, str)
     counts = list(passes) if many else [passes]
-    if counts and all(isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_))
-                      and c >= 1 for c in counts):
-        return tuple(int(c) for c in counts)
-    return None
+    return tuple(map(int, counts)) if counts and all(is_int(c, 1) for c in counts) else None
 
 
 @kept_jit

@@ -121,13 +121,9 @@ def tokenize(
     special_tokens: bool = True,
     return_mask: bool = False,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-    """Token ids of `texts` with a model's own tokenizer, for `ja.models.loop`.
-
-    Prompts of different lengths are either **cut** to a common length (default; a
-    warning names what each prompt lost) or **padded with a mask** (`pad="auto"`,
-    `return_mask=True`) that `ja.models.loop(…, mask=mask)` keeps out of the dynamics
-    (docs/usage/models.md, "Real text, padding, and predictions after k passes"). A
-    loaded model carries its tokenizer (`model.tokenize(texts, …)`, the same options).
+    """Token ids of `texts` with a model's own tokenizer, for `ja.models.loop`: cut to
+    a common length (a warning names what each prompt lost) or padded with a mask
+    (docs/usage/models.md, "Real text, padding, and predictions after k passes").
     Needs the `tokenizers` package (jaxattn's `models` extra).
 
     **Arguments:**
@@ -153,7 +149,7 @@ def tokenize(
     """
     single, texts = _check_texts(texts)
     tokens = None if tokens is None else check_count(tokens, "tokens", 1)
-    wrong_pad = pad is not None and pad != "auto" and not _is_int(pad, 0)
+    wrong_pad = pad is not None and pad != "auto" and not is_int(pad, 0)
     check_flag(special_tokens, "special_tokens")
     check_flag(return_mask, "return_mask")
     tok = load_tokenizer(source)
@@ -166,11 +162,11 @@ def tokenize(
     n = tokens if tokens is not None else min(lengths) if pad is None else max(lengths)
     short = [i for i, e in enumerate(encoded) if len(e) < n] or [lengths.index(min(lengths))]
     for bad, error, message in (
-        (wrong_pad, ValueError if _is_int(pad, -(1 << 62)) else TypeError,
+        (wrong_pad, ValueError if is_int(pad, -(1 << 62)) else TypeError,
          f'`pad` must be None, "auto" or a token id ≥ 0, got {pad!r}.'),
         (pad == "auto", ValueError, f"{source}'s tokenizer has no padding token "
          f"({', '.join(PAD_TOKENS)}); give the id to pad with (`pad=ID`, --pad ID)."),
-        (_is_int(pad, 0) and pad >= size, ValueError,
+        (is_int(pad, 0) and pad >= size, ValueError,
          f"`pad` {pad} is not an id of {source}'s tokenizer (0 to {size - 1})."),
         (n == 0 or (len(encoded[short[0]]) < n and pad is None), ValueError,
          f"prompt {short[0]} has {lengths[short[0]]} tokens, fewer than {n or 1}: give longer "
@@ -254,7 +250,8 @@ def detokenize(
     return texts[0] if array.ndim == 1 else texts
 
 
-def _is_int(value, low: int) -> bool:
+def is_int(value, low: int) -> bool:
+    """Whether `value` is an integer `≥ low` (a NumPy one too; a bool is not)."""
     return (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
             and value >= low)
 

@@ -81,17 +81,11 @@ def attention_dynamics(
     """
     precision = check_precision(precision)
     layer = _check_layer(model, layer)
-    attn = model.layer_block(layer).attn
+    attn, window = model.layer_block(layer).attn, model.window(layer)
     return SelfAttentionDynamics.from_factors(
-        attn.query, attn.key, value_output(attn), beta=attn.scale,
-        causal=model.config.causal, window=_window(model.config, layer), precision=precision,
+        attn.query, attn.key, value_output(attn), beta=attn.scale, causal=model.config.causal,
+        window=window.size if window is not None and window.on else None, precision=precision,
     )
-
-
-def _window(config, layer: int) -> int | None:
-    """GPT-Neo's sliding window on its `local` layers (`i − j < window_size`), else None."""
-    kinds = config.attention_layers
-    return config.window_size if kinds and kinds[layer] == "local" else None
 
 
 def replace_attention(model: AbstractTransformer, layer: int, attn: Attention):

@@ -148,13 +148,10 @@ class Attention(eqx.Module):
 
     Called with `mask` (which tokens each token may attend to, or `None`: all),
     `causal` (also only `j ≤ i`), `window` (a `Window` by index, GPT-Neo's local
-    layers) and `precision=` (see `product`). With bfloat16/float16 compute on an
-    NVIDIA GPU the attention is cuDNN's fused kernel (`attention_kernel`); elsewhere
-    dense `(h, n, n)` einsums up to `DENSE_LIMIT` bytes, key blocks above it
-    (`jaxattn._blocks.blocked_attention`; docs/usage/models.md, "Long context").
-    Both compute scores and softmax in float32 for reduced precisions, as
-    HuggingFace does; the blocks also mix the values in float32 where the dense
-    path first rounds the probabilities to the compute dtype.
+    layers) and `precision=` (see `product`). The attention runs as cuDNN's fused
+    kernel (`attention_kernel`), dense einsums up to `DENSE_LIMIT` bytes, or key blocks
+    above it (docs/usage/models.md); scores and softmax are float32 for reduced
+    precisions, as in HuggingFace.
     """
 
     query: Float[Array, "h k d"]
@@ -354,10 +351,8 @@ def fused_attention(
     **Returns:**
 
     The mixed values `(n, h, k)`, in the dtype of `q` (scores and softmax in float32).
-
-    A dense mask is not taken: under `vmap` (one sequence per call, prompts
-    vmapped), cuDNN's batching rule reshapes a mask to one per query head, which
-    fails for the `(1, 1, n, n)` mask of a window, and would cost `h n²` memory.
+    No dense mask is taken: cuDNN's batching rule fails on a window's mask under `vmap`
+    (BENCHMARKS.md, "cuDNN attention under `vmap`").
     """
     q, k, v = (a.swapaxes(0, 1) for a in (q, k, v))
 

@@ -31,10 +31,6 @@ class Albert(AbstractEncoder):
                   "AlbertForSequenceClassification", "AlbertForTokenClassification")
     prefix = "albert."
 
-    @property
-    def slots(self) -> tuple[int, ...]:
-        return (0,) * self.config.num_layers
-
     @classmethod
     def num_slots(cls, cfg) -> int:
         return 1

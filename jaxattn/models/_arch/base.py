@@ -14,7 +14,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from ..._precision import Precision
 from .._tokenize import detokenize, tokenize
-from ._nn import Window, dense_mask
+from ._nn import Window, dense_mask, normal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +90,15 @@ def reject(hf: dict, key: str, ok, what: str) -> None:
     """`ValueError` when `hf[key]` holds a value jaxattn does not implement."""
     if key in hf and not ok(hf[key]):
         raise ValueError(f"config: {key}={hf[key]!r} is not supported ({what}).")
+
+
+def token_table(cfg: TransformerConfig, key, width: int) -> Float[Array, "V e"]:
+    """A token embedding `(vocab_size, width)` drawn `N(0, std²)`, the row of
+    `pad_token_id` zeroed (HuggingFace's initialisation)."""
+    table = normal(key, (cfg.vocab_size, width), cfg.initializer_range)
+    if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.vocab_size:
+        table = table.at[cfg.pad_token_id].set(0.0)
+    return table
 
 
 def check_sizes(cfg: TransformerConfig) -> TransformerConfig:
@@ -178,8 +187,8 @@ class AbstractTransformer(eqx.Module):
 
     @property
     def slots(self) -> tuple[int, ...]:
-        """The block slot each layer uses."""
-        return tuple(range(self.config.num_layers))
+        """The block slot each layer uses (layer `l`: slot `l mod num_slots`)."""
+        return tuple(layer % self.num_slots(self.config) for layer in range(self.num_layers))
 
     @classmethod
     def num_slots(cls, cfg: TransformerConfig) -> int:

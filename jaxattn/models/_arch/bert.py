@@ -6,7 +6,7 @@ import jax
 from jaxtyping import Array, Float, Int
 
 from ._nn import MLP, Attention, LayerNorm, Linear, PostNormBlock, bias_heads, heads_in, normal
-from .base import AbstractTransformer, TransformerConfig, check_sizes, reject, stack
+from .base import AbstractTransformer, TransformerConfig, check_sizes, reject, stack, token_table
 
 
 def encoder_config(hf: dict, model_type: str, **extra) -> TransformerConfig:
@@ -30,10 +30,7 @@ def init_embeddings(cfg: TransformerConfig, key, width: int):
     """Word, position and segment tables (`N(0, std²)`, padding row zeroed, as HF does)."""
     kw, kp, kt = jax.random.split(key, 3)
     std = cfg.initializer_range
-    word = normal(kw, (cfg.vocab_size, width), std)
-    if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.vocab_size:
-        word = word.at[cfg.pad_token_id].set(0.0)
-    return (word, normal(kp, (cfg.max_positions, width), std),
+    return (token_table(cfg, kw, width), normal(kp, (cfg.max_positions, width), std),
             normal(kt, (cfg.type_vocab_size, width), std), LayerNorm.init(width, cfg.norm_eps))
 
 

@@ -17,7 +17,7 @@ from ._nn import (
     normal,
 )
 from ._rope import read_rope, rotary_tables
-from .base import AbstractTransformer, TransformerConfig, check_sizes, reject, stack
+from .base import AbstractTransformer, TransformerConfig, check_sizes, reject, stack, token_table
 
 
 class Llama(AbstractTransformer):
@@ -26,19 +26,10 @@ class Llama(AbstractTransformer):
     The last hidden state (and the input of every later pass) goes through the
     final RMSNorm `norm`, as in HuggingFace's `LlamaModel`.
 
-    The `config.json` fields read: `vocab_size`, `hidden_size`, `num_hidden_layers`,
-    `num_attention_heads`, `num_key_value_heads`, `head_dim`, `intermediate_size`,
-    `max_position_embeddings`, `rms_norm_eps`, `hidden_act`, `initializer_range`,
-    `attention_bias`, `mlp_bias`, `pad_token_id` (its embedding row is 0 at
-    `init`), `rope_theta`, and `rope_parameters` (transformers ≥ 5) or
-    `rope_scaling`: `rope_type` `default`, `linear`, `dynamic` (NTK), `llama3` or
-    `yarn` with their parameters (`factor`, `low_freq_factor`, `high_freq_factor`,
-    `original_max_position_embeddings`, `attention_factor`, `beta_fast`,
-    `beta_slow`, `mscale`, `mscale_all_dim`, `truncate`). Checked and refused
-    unless inert: `pretraining_tp` (only 1), `partial_rotary_factor` (only 1.0),
-    any other `rope_type` (`longrope`, …). `tie_word_embeddings` and
-    `architectures` are checked; fields of the output head, dropout and
-    generation do not change the hidden states and are not read.
+    `config_from_hf` and `read_rope` say which `config.json` fields are read (rotary
+    scalings: `default`, `linear`, `dynamic`, `llama3`, `yarn`); a field that would
+    change the forward pass and that jaxattn does not implement (`pretraining_tp` ≠ 1,
+    `partial_rotary_factor` ≠ 1, another `rope_type`) is refused by name.
 
     The next-token head (`ja.models.logits`) is the checkpoint's `lm_head.weight`
     (llama.cpp's `output.weight`), else the tied token embedding: docs/usage/models.md,
@@ -114,15 +105,11 @@ class Llama(AbstractTransformer):
     @classmethod
     def init(cls, cfg, key):
         ke, kb = jax.random.split(key)
-        shape = (cfg.vocab_size, cfg.hidden_size)
-        table = normal(ke, shape, cfg.initializer_range)
-        if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.vocab_size:
-            table = table.at[cfg.pad_token_id].set(0.0)
         norm = RMSNorm.init(cfg.hidden_size, cfg.norm_eps)
         # an untied head of its own, as HuggingFace draws one (from a key of its own)
         head = None if cfg.tie_word_embeddings else normal(
-            jax.random.fold_in(ke, 1), shape, cfg.initializer_range)
-        return cls(cfg, table, cls.init_blocks(cfg, kb), norm, head)
+            jax.random.fold_in(ke, 1), (cfg.vocab_size, cfg.hidden_size), cfg.initializer_range)
+        return cls(cfg, token_table(cfg, ke, cfg.hidden_size), cls.init_blocks(cfg, kb), norm, head)
 
     @classmethod
     def from_state(cls, cfg, src):

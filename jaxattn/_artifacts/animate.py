@@ -219,10 +219,9 @@ class Scene:
         from .figures import pyplot
 
         self.plt = pyplot()
-        self.ts, self.E, self.unit, self.trail = ts, E, unit, trail
+        self.ts, self.E, self.unit, self.trail, self.spin = ts, E, unit, trail, spin
         self.dtype, self.floor = np.dtype(dtype), resolution(dtype)
         title = title or tokens_title(xs)
-        self.spin, self.elevation = spin, 20.0 if elevation is None else elevation
         n, d = xs.shape[1:]
         self.xs, self.note = unit_ball(xs)
         self.ball = d > 3

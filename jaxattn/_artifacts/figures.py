@@ -46,11 +46,11 @@ def tidy_3d(ax, labels=("$x_1$", "$x_2$", "$x_3$")) -> None:
 START_Z, MARK_Z, END_Z = 5, 6, 7
 
 
-def _trajectories_3d(ax, ys, axes=None) -> None:
+def draw_sphere_trajectories(ax, ys, axes=None) -> None:
     """Token paths `(T, n, 3)` over the wireframe of the unit sphere mapped by `axes`
-    (its columns; default: the sphere itself). Start a white ring, end a red dot drawn
-    over it (a token that hardly moves shows both; a consensus, one dot among the
-    start rings, stands out by its colour)."""
+    (its columns; default: S² itself). Start a white ring, end a red dot drawn over
+    it (a token that hardly moves shows both; a consensus, one dot among the start
+    rings, stands out by its colour); `title_3d` names the markers."""
     u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
     pts = np.stack([np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v)], -1)
     pts = pts if axes is None else pts @ axes.T
@@ -78,12 +78,6 @@ def title_3d(ax, title: str, **kw) -> None:
     labels = [label for label in ax.get_legend_handles_labels()[1] if label]
     key = "   ".join(f"{KEY_SYMBOLS.get(label, '☆')} {label}" for label in labels)
     ax.set_title(f"{title}\n{key}" if key else title, **kw)
-
-
-def draw_sphere_trajectories(ax, ys) -> None:
-    """Token paths on S² (start: white circle, end: red dot) over a wireframe;
-    `title_3d` names the markers."""
-    _trajectories_3d(ax, ys)
 
 
 def resolution(dtype, order: int = 2, scale: float = 1.0) -> float:
@@ -207,11 +201,11 @@ def draw_ellipsoid_trajectories(ax, ys, W=None, *, mark=None, mark_label=None) -
     """Token paths on `E_W` (start: white, end: red) over its wireframe, in the style
     of `draw_sphere_trajectories`; `mark` (a point or `(k, 3)` points) is drawn as
     red stars, e.g. the eigenvector `v₁`."""
-    if W is None:
-        draw_sphere_trajectories(ax, ys)
-    else:
+    axes = None
+    if W is not None:
         lam, vec = np.linalg.eigh(np.asarray(W))
-        _trajectories_3d(ax, ys, vec / np.sqrt(lam))  # W^{-1/2} maps S² onto E_W
+        axes = vec / np.sqrt(lam)  # W^{-1/2} maps S² onto E_W
+    draw_sphere_trajectories(ax, ys, axes)
     if mark is not None:
         mark = np.atleast_2d(np.asarray(mark))
         # hollow, so that the end points it predicts stay visible inside it

@@ -1,7 +1,7 @@
 """Run folders: every command that computes something saves it the same way, through
 `write_run` (or, for a resumable command, its stages one by one: `hold_folder`,
-`start_run`, `write_config`, `finish_run`, `reopen_run`). What a folder holds, its
-`INCOMPLETE` marker, lock, `run_id` and the rules of `--resume`: docs/usage/experiments.md.
+`reopen_run`, `finish_run`). What a folder holds, its `INCOMPLETE` marker, lock,
+`run_id` and the rules of `--resume`: docs/usage/experiments.md.
 """
 
 import contextlib
@@ -109,7 +109,7 @@ def save_npz(path, **arrays) -> Path:
     return atomic_write(Path(path), lambda f: np.savez_compressed(f, **arrays))
 
 
-def folder_path(name: str, out: str | os.PathLike | None = None, root="runs", *,
+def folder_path(name: str, out: str | os.PathLike | None = None, *,
                 resume: bool | None = False) -> Path:
     """`out`, or a new `runs/NAME/<timestamp>/` when `out` is not given; an empty
     `out` (which would be the current directory) is a `RunFolderError`, and so is
@@ -124,7 +124,7 @@ def folder_path(name: str, out: str | os.PathLike | None = None, root="runs", *,
             raise error(message)
     if out is not None:
         return Path(out)
-    return Path(root) / name / _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return Path("runs") / name / _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
 
 
 def first_missing(path: Path) -> Path | None:
@@ -243,27 +243,21 @@ def _remove_empty(path: Path, top: Path) -> None:
             return
 
 
-def holder(path) -> str | None:
-    """The process id of the live command that holds the folder `path`
-    (`hold_folder`), or `None` when none does."""
+def check_not_held(path, *, writing: bool = False) -> None:
+    """`RunFolderError`, naming its process id, when a live command holds the folder
+    `path` (`hold_folder`): its files are still being written (so it is neither
+    finished nor interrupted), or, `writing` into it, it is in use."""
     try:
         fd = os.open(Path(path) / LOCK, os.O_RDONLY)
     except OSError:
-        return None
+        return
+    pid = None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return os.read(fd, 64).decode(errors="replace").strip() or "?"
+        pid = os.read(fd, 64).decode(errors="replace").strip() or "?"
     finally:
         os.close(fd)  # releases the shared lock taken when nobody held it
-    return None
-
-
-def check_not_held(path, *, writing: bool = False) -> None:
-    """`RunFolderError` when a live command holds the folder `path`: its files are
-    still being written (so it is neither finished nor interrupted), or, `writing`
-    into it, it is in use."""
-    pid = holder(path)
     if pid is not None:
         raise RunFolderError(
             f"{path} is in use by another jaxattn command (process {pid}); wait for it to end "
@@ -298,28 +292,6 @@ def start_run(path: Path) -> Path:
     with os_errors(path, "write"):
         (path / INCOMPLETE).write_text("this run has not finished; its results are partial\n")
     return path
-
-
-def write_config(folder, config: dict[str, Any], filename: str = "config.json", *,
-                 run_id: str | None = None) -> Path:
-    """Write a run's settings with what the folder records of every run added: the
-    package versions, the start time, the command-line arguments, the command's
-    `kind` (from `filename`: `config.json` a run, `sweep.json` a sweep), the
-    `run_id`, and `backend` and `deterministic` (`computed_on`).
-
-    **Arguments:**
-
-    - `run_id`: the id `finish_run` writes into `summary.json` (default: a new one).
-
-    **Returns:**
-
-    The path written.
-    """
-    kind = {name: k for k, name in KINDS.items()}.get(filename, "run")
-    record = config | {"versions": package_versions(), "started": stamp(),
-                       "argv": sys.argv[1:], "kind": kind,
-                       "run_id": run_id or uuid.uuid4().hex} | computed_on()
-    return write_json(Path(folder) / filename, record)
 
 
 def finish_run(folder, summary: dict[str, Any], *, figures=None,
@@ -510,7 +482,14 @@ def reopen_run(folder: Path, config: dict[str, Any], resume: bool | None, *, wha
     if held and (finished or resume is not None):
         return finished, old.get("run_id")
     start_run(folder)
-    return False, read_json(write_config(folder, config, filename))["run_id"]
+    # the settings with what every run records: the command's `kind` (by its settings
+    # file), the id `finish_run` writes into summary.json, how it computes
+    run_id = uuid.uuid4().hex
+    kind = {name: k for k, name in KINDS.items()}.get(filename, "run")
+    write_json(folder / filename, config | {
+        "versions": package_versions(), "started": stamp(), "argv": sys.argv[1:],
+        "kind": kind, "run_id": run_id} | computed_on())
+    return False, run_id
 
 
 def computed_elsewhere(old: dict[str, Any], command: str) -> str | None:

@@ -1,11 +1,8 @@
-"""The token trajectories a run folder saved, for `jaxattn animate` and `jaxattn view`.
-
-A run's `data.npz` holds its tokens under names that end in `ys` or `paths`
-(`ys`, `ys_layers`, `h2_ys`, `sphere_ys_long`, `fig13_paths`): `(T, n, d)`, or
-`(B, T, n, d)` for `B` runs side by side. Their times are the array of the same
-name with `ts` for `ys` (`ts_layers`), their misalignment the one with `E`; a
-trajectory without saved times is a sequence of layers. An experiment that saves
-no tokens gets a line saying how to make a trajectory to animate.
+"""The token trajectories a run folder saved, for `jaxattn animate` and `jaxattn view`:
+the arrays of its `data.npz` named by `ys` or `paths` (docs/usage/animations.md),
+`(T, n, d)` or `(B, T, n, d)` for `B` runs side by side. Their times and misalignment
+are the arrays named with `ts` and `E` in their place (`ts_layers`); without saved
+times a trajectory is a sequence of layers.
 """
 
 import dataclasses
@@ -14,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .folders import read_settings
+from .folders import INCOMPLETE, RunFolderError, check_not_held, read_settings
 
 #: Where the tokens are: `ys` or `paths` as the whole name or one of its `_` parts.
 _TOKENS = re.compile(r"(^|_)(ys|paths)(_|$)")
@@ -23,10 +20,6 @@ _TOKENS = re.compile(r"(^|_)(ys|paths)(_|$)")
 def superscript(d: int) -> str:
     """`d` in superscript digits (`R³`)."""
     return str(d).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
-
-
-class NoTrajectory(ValueError):
-    """A folder that saved no token trajectory (the message says how to make one)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,29 +68,25 @@ def pick(data, name: str | None = None, index: int = 0, *,
          none: str = "no token trajectory in data.npz") -> Trajectory:
     """One trajectory of `data` (a `data.npz`'s arrays): `name` (default: the first
     found), run `index` of a batch of runs. A `ValueError` names what there is
-    (`NoTrajectory`, saying `none`, when there is none)."""
+    (saying `none` when there is none)."""
     names = trajectory_names(data)
     name = names[0] if name is None and names else name
     shape = np.shape(data[name]) if name in names else (0, 0, 0)
     runs = shape[0] if len(shape) == 4 else 1
     which = (f"be in 0 … {runs - 1} ({name} holds {runs} runs)" if runs > 1
              else f"be 0: {name} holds one run")
-    for bad, error, message in (
-        (not names, NoTrajectory, none),
-        (name not in names, ValueError,
-         f"no trajectory {name!r} in data.npz; it has {', '.join(names)}."),
-        (not 0 <= index < runs, ValueError, f"--index must {which}, got {index}."),
+    for bad, message in (
+        (not names, none),
+        (name not in names, f"no trajectory {name!r} in data.npz; it has {', '.join(names)}."),
+        (not 0 <= index < runs, f"--index must {which}, got {index}."),
     ):
         if bad:
-            raise error(message)
+            raise ValueError(message)
     xs = np.asarray(data[name], dtype=np.float64)
     ts, E = (_partner(data, name, key, xs.shape[:-2]) for key in ("ts", "E"))
-    label = name
-    if xs.ndim == 3:  # one run: a batch of one
-        xs, ts, E = xs[None], None if ts is None else ts[None], None if E is None else E[None]
-    else:
-        label = f"{name}[{index}]"
-    xs, ts, E = xs[index], None if ts is None else ts[index], None if E is None else E[index]
+    label = f"{name}[{index}]" if xs.ndim == 4 else name
+    if xs.ndim == 4:  # run `index` of a batch (one run: `index` is 0)
+        xs, ts, E = (None if a is None else a[index] for a in (xs, ts, E))
     layers = ts is None or name.endswith("_layers")
     if ts is None:
         ts = np.arange(xs.shape[0], dtype=np.float64)
@@ -113,13 +102,19 @@ def pick(data, name: str | None = None, index: int = 0, *,
 
 def load(folder, name: str | None = None, index: int = 0) -> Trajectory:
     """The trajectory `name` (default: the first) of a run folder's `data.npz`; a
-    `ValueError` (one line) when the folder has none, saying how to make one."""
+    `ValueError` (one line) when the folder has none, saying how to make one, and a
+    `RunFolderError` when a running command holds it (its files are still being
+    written) or its run was interrupted before it saved `data.npz`."""
     folder = Path(folder)
+    check_not_held(folder)
+    saved = (folder / "data.npz").is_file()
     for bad, error, message in (
         (not folder.is_dir(), FileNotFoundError,
          f"{folder} is not a folder (give a run folder of `jaxattn run` or `jaxattn demo`)."),
-        (not (folder / "data.npz").is_file(), ValueError,
-         f"{folder} has no data.npz: not a run folder."),
+        ((folder / INCOMPLETE).exists() and not saved, RunFolderError,
+         f"{folder} is an incomplete run (it was interrupted before it saved data.npz); "
+         "re-run it."),
+        (not saved, ValueError, f"{folder} has no data.npz: not a run folder."),
     ):
         if bad:
             raise error(message)

@@ -7,7 +7,6 @@ parameter's value (`parse_value`; the value itself is checked by
 import argparse
 import difflib
 import re
-from pathlib import Path
 
 #: The actions a flag may be given more than once for (`--grid A=… --grid B=…`).
 _REPEATABLE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction,
@@ -46,9 +45,6 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
-#: Python reads `1_0` as 10; on a command line it is a typo.
-UNDERSCORES = "write numbers without underscores (10, not 1_0)"
-
 _NEGATIVE_NUMBER = re.compile(
     r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
 
@@ -82,13 +78,9 @@ class OneLineParser(argparse.ArgumentParser):
         return super()._get_values(action, arg_strings)
 
     def _get_value(self, action, arg_string):
-        if action.type not in (None, str):
-            name = "/".join(action.option_strings) or action.dest
-            if not ascii_digits(arg_string):
-                self.error(f"argument {name}: write numbers in ASCII digits 0-9, "
-                           f"got {arg_string!r}")
-            if "_" in arg_string:
-                self.error(f"argument {name}: {UNDERSCORES}, got {arg_string!r}")
+        mistake = number_mistake(arg_string) if action.type not in (None, str) else None
+        if mistake:
+            self.error(f"argument {'/'.join(action.option_strings) or action.dest}: {mistake}")
         return super()._get_value(action, arg_string)
 
     def error(self, message):
@@ -119,10 +111,16 @@ def _closest_flags(parser: argparse.ArgumentParser, words: list[str]) -> str:
     return f"; {'; '.join(hints)}" if hints else ""
 
 
-def ascii_digits(text: str) -> bool:
-    """Whether every digit of `text` is one of 0-9 (`int()` and `float()` also read
-    Arabic-Indic, Devanagari, full-width … digits, which a user rarely means)."""
-    return not any(c.isdigit() and not c.isascii() for c in text)
+def number_mistake(text: str, numeric: bool = True) -> str | None:
+    """What is wrong with `text` written as a value on a command line, if anything: a
+    digit other than 0-9 (`int()` and `float()` also read Arabic-Indic, Devanagari,
+    full-width … digits, which a user rarely means) or, for a `numeric` value, an
+    underscore (Python reads `1_0` as 10; on a command line it is a typo)."""
+    if any(c.isdigit() and not c.isascii() for c in text):
+        return f"write numbers in ASCII digits 0-9, got {text!r}"
+    if numeric and "_" in text:
+        return f"write numbers without underscores (10, not 1_0), got {text!r}"
+    return None
 
 
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
@@ -141,12 +139,8 @@ def parse_value(text: str, kind: type, name: str | None = None):
     parameter's name.
     """
     word = text.strip()
-    refuse_first([
-        (not ascii_digits(word),
-         f"{name or 'a number'} must be written in ASCII digits 0-9, got {text!r}."),
-        (kind in (int, float) and "_" in word,
-         f"{name + ': ' if name else ''}{UNDERSCORES}, got {text!r}."),
-    ])
+    mistake = number_mistake(word, kind in (int, float))
+    refuse_first([(mistake, f"{name or 'a number'}: {mistake}.")])
     if kind is bool:
         low = word.lower()
         return True if low in _TRUE else False if low in _FALSE else text
@@ -154,19 +148,6 @@ def parse_value(text: str, kind: type, name: str | None = None):
         return kind(word)
     except ValueError:
         return text
-
-
-def check_written(folder) -> None:
-    """Refuse a run folder whose `data.npz` is not there to read (`jaxattn animate`,
-    `jaxattn view`) as `jaxattn plot` refuses it: a folder a running command holds
-    is being written, one marked `INCOMPLETE` was interrupted before its data.npz."""
-    from .._artifacts.folders import INCOMPLETE, check_not_held
-
-    folder = Path(folder)
-    check_not_held(folder)  # its files are still being written
-    if (folder / INCOMPLETE).exists() and not (folder / "data.npz").exists():
-        raise CLIError(f"{folder} is an incomplete run (it was interrupted before it "
-                       "saved data.npz); re-run it.")
 
 
 def add_distributed_flags(p: argparse.ArgumentParser) -> None:

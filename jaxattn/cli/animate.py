@@ -3,7 +3,7 @@
 import argparse
 from pathlib import Path
 
-from ._common import CLIError, check_written, count_checks, refuse_first
+from ._common import CLIError, count_checks, refuse_first
 
 HELP = "a run folder's token trajectories as a movie (MP4 or GIF)"
 
@@ -23,7 +23,6 @@ def _animate(args: argparse.Namespace) -> int:
     from .._artifacts.animate import animate
     from .._artifacts.trajectories import load
 
-    check_written(args.folder)
     track = load(args.folder, args.which, args.index)
     xs, ts, E = track.xs, track.ts, track.E
     if args.until is not None:

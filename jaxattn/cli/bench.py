@@ -43,20 +43,16 @@ def _bench(args: argparse.Namespace) -> int:
         write_json(out, result)
         print(f"wrote {out}")
     if args.scaling:
-        _scaling(args, out.parent)
+        from ..bench import scaling
+
+        result = scaling.run_scaling(quick=args.quick or args.size == "quick",
+                                     repeats=args.repeats,
+                                     progress=lambda m: print(f"· {m}", flush=True))
+        print(scaling.format_summary(result))
+        path = write_json(out.parent / "scaling.json", result)
+        figures = scaling.write_figure(result, out.parent / "scaling")
+        print(f"wrote {path}, " + ", ".join(map(str, figures)))
     return 0
-
-
-def _scaling(args: argparse.Namespace, folder: Path) -> None:
-    from .._artifacts.folders import write_json
-    from ..bench import scaling
-
-    result = scaling.run_scaling(quick=args.quick or args.size == "quick", repeats=args.repeats,
-                                 progress=lambda m: print(f"· {m}", flush=True))
-    print(scaling.format_summary(result))
-    path = write_json(folder / "scaling.json", result)
-    figures = scaling.write_figure(result, folder / "scaling")
-    print(f"wrote {path}, " + ", ".join(map(str, figures)))
 
 
 def register(sub) -> None:

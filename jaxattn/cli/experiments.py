@@ -56,8 +56,7 @@ def declared_experiment(name: str):
 
 
 def _override_parser(experiment) -> OneLineParser:
-    p = OneLineParser(prog=f"jaxattn run {experiment.name}", description=experiment.title,
-                      allow_abbrev=False)
+    p = OneLineParser(prog=f"jaxattn run {experiment.name}", description=experiment.title)
     p.add_argument("--out", default=None, help="run folder (default: runs/NAME/<timestamp>/)")
     p.add_argument("--seed", default="0", help="random seed (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

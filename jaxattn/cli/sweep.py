@@ -90,6 +90,7 @@ def _sweep(args: argparse.Namespace) -> int:
         return launch_local(args, _words(args))
     import jax
 
+    from .._artifacts.folders import read_json
     from .._validate import check_seed
     from ..sweep import SweepSpec, format_table, read_spec
     from ..sweep import run as run_sweep
@@ -113,17 +114,11 @@ def _sweep(args: argparse.Namespace) -> int:
               "(process 0 wrote the sweep)")
         return 0
     s = result.summary
-    print(format_table(s, _keys(result)))
+    print(format_table(s, read_json(result.folder / "sweep.json")["grid_keys"]))
     print(s["verdict"])
     print(f"wrote {result.folder}/: sweep.json, table.csv, {', '.join(s['figures'])}, "
           "summary.json")
     return 0
-
-
-def _keys(result) -> list[str]:
-    from .._artifacts.folders import read_json
-
-    return read_json(result.folder / "sweep.json")["grid_keys"]
 
 
 def register(sub) -> None:

@@ -3,7 +3,7 @@
 import argparse
 from pathlib import Path
 
-from ._common import check_written, refuse_first
+from ._common import refuse_first
 
 HELP = "a run folder's token trajectories as one HTML page to turn and scrub"
 
@@ -18,7 +18,6 @@ def _view(args: argparse.Namespace) -> int:
     from .._artifacts.trajectories import load
     from .._artifacts.view import write_view
 
-    check_written(args.folder)
     track = load(args.folder, args.which, args.index)
     n, d = track.xs.shape[1:]
     path = write_view(out, track.xs, track.ts, E=track.E, title=args.title or track.title,

@@ -222,6 +222,20 @@ def test_runs_without_tokens_say_how_to_make_them():
             load(folder)
 
 
+def test_a_folder_being_written_or_interrupted_before_its_data_is_refused(tmp_path):
+    """`load` (`jaxattn animate`, `jaxattn view`) refuses a folder a running command
+    holds, and one whose run was interrupted before it saved data.npz."""
+    from jaxattn._artifacts import folders
+
+    out = tmp_path / "run"
+    with folders.hold_folder(out, "run"):
+        folders.start_run(out)
+        with pytest.raises(folders.RunFolderError, match="is being written by a running"):
+            load(out)
+    with pytest.raises(folders.RunFolderError, match="interrupted before it saved data.npz"):
+        load(out)
+
+
 def test_the_encoder_starts_without_forking_this_process(tmp_path):
     """imageio-ffmpeg's `preexec_fn` forked the JAX process (and JAX warned of a
     deadlock) on every MP4: the encoder is spawned without one."""

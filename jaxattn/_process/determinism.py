@@ -14,14 +14,9 @@ OPT_OUT = "JAXATTN_NONDETERMINISTIC"
 
 
 def deterministic_xla_flags(flags: str | None = None) -> str:
-    """`XLA_FLAGS` with the deterministic GPU flags (`DETERMINISTIC_FLAGS`) appended.
-
-    Set it before JAX's first computation (the backend reads `XLA_FLAGS` once,
-    when it starts) to get the bit-identical results the `jaxattn` commands get:
-
-    ```python
-    os.environ["XLA_FLAGS"] = ja.deterministic_xla_flags()
-    ```
+    """`XLA_FLAGS` with the deterministic GPU flags (`DETERMINISTIC_FLAGS`) appended:
+    set before JAX's first computation, the `jaxattn` commands' bit-identical results
+    (how, and when it takes effect: docs/determinism.md).
 
     **Arguments:**
 

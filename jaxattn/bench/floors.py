@@ -17,6 +17,8 @@ from .device import best_seconds, exp_rate
 #: Programs, lanes per program and sweeps of the register kernel on a GPU: 16,384
 #: programs of 256 lanes (4M values, enough to fill every SM) × 4096 exps each.
 REGISTER_EXP = (16_384, 256, 4096)
+#: The in-cache exp rate's array (64 KiB of float32) and sweeps per call.
+EXP_CACHED = (2**14, 4096)
 
 
 def _exp_kernel(x_ref, o_ref, *, sweeps: int):
@@ -47,7 +49,7 @@ def register_exp_rate(repeats: int, sizes: tuple[int, int, int] = REGISTER_EXP,
     `cached`, when already measured). **Returns:** `{"exp_register_per_s",
     "exp_register_method"}`."""
     if jax.default_backend() != "gpu":
-        rate = exp_rate(2**14, repeats, 4096) if cached is None else cached
+        rate = exp_rate(EXP_CACHED[0], repeats, EXP_CACHED[1]) if cached is None else cached
         return {"exp_register_per_s": rate,
                 "exp_register_method": "jnp.exp in cache (no Pallas compiler here)"}
     programs, block, sweeps = sizes

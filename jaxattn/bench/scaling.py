@@ -145,12 +145,11 @@ def ideal(name: str, sizes, medians, setup: Setup, ncores: int) -> dict:
                "core_limited_s": [medians[0] / min(v, ncores) for v in sizes],
                "note": (f"forced CPU devices share {ncores} cores (one device already uses "
                         f"all of them), so no speed-up is possible beyond {ncores} devices")}
-    if name == "devices":
-        scale, anchor = medians[0] / model[0], "the one-device point"
-    else:
-        scale = float(np.exp(np.mean(np.log(_upper(medians)) - np.log(_upper(model)))))
-        anchor = "constant fitted (log space) to the upper half of the sizes"
-    return {**out, "anchor": anchor, "curve_s": list(scale * model)}
+        return {**out, "anchor": "the one-device point",
+                "curve_s": list(medians[0] / model[0] * model)}
+    scale = float(np.exp(np.mean(np.log(_upper(medians)) - np.log(_upper(model)))))
+    return {**out, "anchor": "constant fitted (log space) to the upper half of the sizes",
+            "curve_s": list(scale * model)}
 
 
 def _summarise(name, data, setup, ncores) -> dict:

@@ -43,7 +43,7 @@ from .device import (
     matmul_peaks,
     peak_of,
 )
-from .floors import register_exp_rate
+from .floors import EXP_CACHED, register_exp_rate
 from .timing import Repeats, Timing, compile_jax
 
 
@@ -302,9 +302,6 @@ def _gradient_cases(prob: Problem, steps, ctx: Context) -> list[dict]:
     return rows
 
 
-#: The in-cache exp rate's array (64 KiB of float32) and sweeps per call.
-EXP_CACHED = (2**14, 4096)
-
 # Work per (query, key) pair of one head on the blocked path; the O(n d²) per-token
 # products are left out, so both floors are lower bounds (BENCHMARKS.md, "Mean-field scale").
 def pair_work(d: int, gradient: bool) -> tuple[int, int]:
@@ -459,8 +456,8 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
     cases = case_names(cases)
     ref = _reference() if torch else None
     side = TorchSide.choose(ref.torch, precision) if ref is not None else None
-    ctx = Context(Repeats(repeats, budget_s), precision, None, side, ref)
-    start, seconds, bandwidth = time.perf_counter(), {}, None
+    ctx = Context(Repeats(repeats, budget_s), precision, side=side, ref=ref)
+    start, seconds = time.perf_counter(), {}
 
     def stage(case, message):
         seconds[CASES[case]] = time.perf_counter()
@@ -468,9 +465,9 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
 
     if "peak" in cases:
         stage("peak", f"matmul peaks ({preset.peak_size}² per precision) and copy bandwidth")
-        peaks = matmul_peaks(preset.peak_size, max(repeats, 3), ctx.side, budget_s)
-        bandwidth = copy_bandwidth(preset.copy_bytes, max(repeats, 3), ctx.side)
-        ctx = dataclasses.replace(ctx, peaks=peaks, bandwidth=bandwidth)
+        ctx = dataclasses.replace(
+            ctx, peaks=matmul_peaks(preset.peak_size, max(repeats, 3), side, budget_s),
+            bandwidth=copy_bandwidth(preset.copy_bytes, max(repeats, 3), side))
     rows, p = [], preset.problems
     stages = (
         ("small_systems", "S1: many tiny systems (layers and flow; fused and general paths)",
@@ -508,13 +505,12 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
     marks = list(seconds.items()) + [("end", end)]
     meta = {**run_meta(size == "quick", repeats, size=size, precision=precision),
             "peak_size": preset.peak_size,
-            "torch_device": ctx.side.device if ctx.side else None,
-            "torch_precision": ctx.side.precision if ctx.side else None,
-            "torch_note": ctx.side.note if ctx.side else "", "budget_s": budget_s,
+            "torch_device": side and side.device, "torch_precision": side and side.precision,
+            "torch_note": side.note if side else "", "budget_s": budget_s,
             "suite_s": end - start,
             "case_s": {c: marks[i + 1][1] - t for i, (c, t) in enumerate(marks[:-1])}}
     # Without the peak case there is no peak (null in the JSON, not NaN).
-    return {"peak_gflops": ctx.peaks, "bandwidth": bandwidth, "rows": rows, "meta": meta}
+    return {"peak_gflops": ctx.peaks, "bandwidth": ctx.bandwidth, "rows": rows, "meta": meta}
 
 
 def run_meta(quick: bool, repeats: int, **extra) -> dict:

@@ -55,9 +55,8 @@ def compile_jax(fn: Callable, *args):
     compiled = jax.jit(fn).lower(*args).compile()
     seconds = time.perf_counter() - t0
     mem = compiled.memory_analysis()
-    nbytes = None
-    if mem is not None:
-        nbytes = mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes
+    nbytes = None if mem is None else (
+        mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes)
     return compiled, seconds, nbytes
 
 

@@ -205,9 +205,7 @@ def _as_spec(spec, **overrides) -> SweepSpec:
     elif not isinstance(spec, SweepSpec):
         raise TypeError(f"a sweep takes a SweepSpec, an experiment name or a spec file, "
                         f"got {type(spec).__name__}.")
-    given = {k: v for k, v in overrides.items() if v is not None}
-    if "grid" in given and not given["grid"]:
-        given.pop("grid")
+    given = {k: v for k, v in overrides.items() if v is not None and (k != "grid" or v)}
     return with_counts(dataclasses.replace(spec, **given))
 
 
@@ -301,6 +299,15 @@ def redraw_sweep(folder) -> list[Path]:
 
 
 _BOOL = {"true": True, "false": False, "": None}
+#: How `load_table` reads a column, by name; any other column by `_parse`.
+_READERS = {
+    **dict.fromkeys(("theorem", "status"), lambda v: np.asarray(v, dtype=object)),
+    **dict.fromkeys(("in_domain", "outcome_reached", "solver_success"),
+                    lambda v: np.asarray([_BOOL[x] for x in v], bool)),
+    "prediction_held": lambda v: np.asarray([_BOOL[x] for x in v], dtype=object),
+    **dict.fromkeys(("point", "instance", "seed", "num_steps"),
+                    lambda v: np.asarray(v, np.int64)),
+}
 
 
 def load_table(folder) -> dict[str, np.ndarray]:
@@ -313,20 +320,8 @@ def load_table(folder) -> dict[str, np.ndarray]:
         raise RunFolderError(f"{folder} has no table.csv; it is not a finished sweep.")
     lines = path.read_text(encoding="utf-8").splitlines()
     header, rows = lines[0].split(","), [line.split(",") for line in lines[1:]]
-    cols = {h: [r[i] for r in rows] for i, h in enumerate(header)}
-    table = {}
-    for name, values in cols.items():
-        if name in ("theorem", "status"):
-            table[name] = np.asarray(values, dtype=object)
-        elif name in ("in_domain", "outcome_reached", "solver_success"):
-            table[name] = np.asarray([_BOOL[v] for v in values], bool)
-        elif name == "prediction_held":
-            table[name] = np.asarray([_BOOL[v] for v in values], dtype=object)
-        elif name in ("point", "instance", "seed", "num_steps"):
-            table[name] = np.asarray(values, np.int64)
-        else:
-            table[name] = _parse(values)
-    return table
+    return {name: _READERS.get(name, _parse)([r[i] for r in rows])
+            for i, name in enumerate(header)}
 
 
 def _parse(values: list[str]) -> np.ndarray:

@@ -93,8 +93,6 @@ def _chunk(name: str, p: dict[str, Any], s: tuple, keys, block: int, mesh=None,
 
 def _block(name: str, p: dict[str, Any], s: tuple, keys, strategy: str):
     s = dict(s)
-    theorem = theorem_of(name)
-
     experiment = get_experiment(name)
 
     def instance(key):
@@ -109,7 +107,7 @@ def _block(name: str, p: dict[str, Any], s: tuple, keys, strategy: str):
 
     def one(key, ys, ok, steps):
         dyn, y0, misalign = instance(key)
-        test = theorem_test(theorem, dyn)
+        test = theorem_test(experiment.theorem, dyn)
         E = misalign(ys)
         out = {"E": E, "y0": y0, "success": ok, "num_steps": steps, "ts": ts,
                "residual": _residual(test, dyn, y0, ts, ys, E),

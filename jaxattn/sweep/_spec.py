@@ -63,13 +63,6 @@ def grid_keys(spec: SweepSpec) -> list[str]:
     return list(dict.fromkeys(k for pt in spec.points for k in pt))
 
 
-def _check_counts(spec: SweepSpec) -> None:
-    check_count(spec.instances, "instances", 1)
-    check_seed(spec.seed, "seed", spec.instances)
-    if spec.chunk is not None:
-        check_count(spec.chunk, "chunk", 1)
-
-
 def _points(spec: SweepSpec, params: dict[str, Param]) -> list[dict[str, Any]]:
     """The grid points, each `{parameter: value}` in the parameters' types (`convert`,
     the one check of a parameter value)."""
@@ -96,7 +89,7 @@ def check_spec(spec: SweepSpec) -> list[dict[str, Any]]:
     the order the points run. A `ValueError` names any mistake.
     """
     params = {p.name: p for p in sweep_params(spec.experiment)}
-    _check_counts(spec)
+    spec = with_counts(spec)
     names = [*spec.set, *grid_keys(spec)]
     checks = [(spec.grid and spec.points, "give either a grid or a list of points, not both.")]
     checks += [(name in EXCLUDED, f"{name} is set by the sweep's instances (use --instances).")
@@ -111,24 +104,18 @@ def check_spec(spec: SweepSpec) -> list[dict[str, Any]]:
             raise ValueError(message)
     fixed = {k: convert(params[k], v) for k, v in spec.set.items()}
     base = {p.name: p.default for p in params.values()} | fixed
-    configs = [base | pt | {"seed": int(spec.seed)} for pt in _points(spec, params)]
+    configs = [base | pt | {"seed": spec.seed} for pt in _points(spec, params)]
     for c in configs:
         get_experiment(spec.experiment).config(c)  # checked as the experiment's Config
     return configs
 
 
 def with_counts(spec: SweepSpec) -> SweepSpec:
-    """`spec` with `instances`, `seed` and `chunk` as Python ints (checked)."""
-    _check_counts(spec)
-    chunk = None if spec.chunk is None else int(spec.chunk)
-    return dataclasses.replace(spec, instances=int(spec.instances), seed=int(spec.seed),
-                               chunk=chunk)
-
-
-def _load(path: Path, text: bytes):
-    if path.suffix.lower() == ".json":
-        return json.loads(text)
-    return tomllib.loads(text.decode())
+    """`spec` with `instances`, `seed` and `chunk` checked, as Python ints."""
+    instances = check_count(spec.instances, "instances", 1)
+    return dataclasses.replace(
+        spec, instances=instances, seed=check_seed(spec.seed, "seed", instances),
+        chunk=None if spec.chunk is None else check_count(spec.chunk, "chunk", 1))
 
 
 def read_spec(path) -> SweepSpec:
@@ -145,7 +132,8 @@ def read_spec(path) -> SweepSpec:
     path = Path(path)
     unreadable = None
     try:
-        raw = _load(path, path.read_bytes())
+        text = path.read_bytes()
+        raw = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text.decode())
     except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
         raw, unreadable = None, (
             f"cannot read the sweep spec {path}: {e.strerror or e}" if isinstance(e, OSError)

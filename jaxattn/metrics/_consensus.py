@@ -2,12 +2,12 @@
 
 import math
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Real
 
 from .._manifold import project, scale_rows, w_inner
 from .._precision import matmul
+from .._stacked import map_batch
 from .._validate import as_float_array, check_count, check_metric, check_rows_now, check_scalar
 from ._pairs import (
     DENSE_COUNT_MAX,
@@ -23,14 +23,10 @@ def misalignment(
 ) -> Float[Array, "*batch"]:
     """The misalignment `E(x) = 1 − (1/n) Σ_i cos(x_1, x_i)` (paper 001 eq. 25).
 
-    Zero exactly when every token points along the first one (consensus).
-    Computed over the last two axes; leading axes (batch, time) are kept.
-
-    **Reading E** (docs/usage/model.md): as in the papers, `E` is measured against
-    token 1, so it is not symmetric in the tokens and lies in `[0, 2]`;
-    `pairwise_misalignment` is its symmetric companion. Below
-    `misalignment_floor(dtype, n, d)` (~1e-13 in float32, ~5e-31 in float64) `E` is
-    rounding alone: a run that reaches it is in consensus to its dtype's precision.
+    Zero exactly when every token points along the first one (consensus); leading
+    axes (batch, time) are kept. Measured against token 1, as in the papers, and in
+    `[0, 2]` (`pairwise_misalignment` is its symmetric companion); below
+    `misalignment_floor` it is rounding alone (docs/usage/model.md, "Reading E").
 
     Evaluated without cancellation as `(1/n) Σ_i |x̂_i − x̂_1|²_W / 2`, with
     `x̂ = N_W(x)` (each row brought to unit scale by a power of two first, so
@@ -53,18 +49,10 @@ def misalignment(
 
     `E` with the shape of the leading axes.
     """
-    x = _some_tokens(x, "misalignment")
+    x = _tokens(x, "misalignment")
     W = None if W is None else check_metric(W, x.shape[-1])
     unit = project(x, W)
     return jnp.mean(_half_sq_norm(unit - unit[..., :1, :], W), axis=-1)
-
-
-def _some_tokens(x, where: str) -> Float[Array, "*batch n d"]:
-    """`x` as tokens `(..., n, d)` with `n, d ≥ 1`, checked when concrete, or a
-    one-line error naming `x` and the fix."""
-    x = _tokens(x, where=where)
-    check_rows_now(x, "x", where)
-    return x
 
 
 def pairwise_misalignment(
@@ -92,7 +80,7 @@ def pairwise_misalignment(
 
     The mean over pairs, with the shape of the leading axes.
     """
-    x = _some_tokens(x, "pairwise_misalignment")
+    x = _tokens(x, "pairwise_misalignment")
     W = None if W is None else check_metric(W, x.shape[-1])
     n = x.shape[-2]
     unit = project(x, W)
@@ -139,31 +127,23 @@ def misalignment_floor(dtype, n: int, d: int) -> float:
 
 
 def _half_sq_norm(r: Float[Array, "... d"], W: Float[Array, "d d"] | None) -> Float[Array, "..."]:
-    """`|r|²_W / 2`, clipped at 0 (a rounding below it is possible only with `W`)."""
+    """`|r|²_W / 2`, clipped at 0 (with `W` rounding can go below)."""
     return jnp.maximum(w_inner(r, r, W), 0) / 2
 
 
-def _batched(fn, core_ndim: int):
-    """Apply `fn` (written for one sample with `core_ndim` axes) over leading axes."""
-
-    def wrapped(x, *args):
-        batch = x.shape[: x.ndim - core_ndim]
-        flat = x.reshape((-1,) + x.shape[x.ndim - core_ndim :])
-        out = jax.vmap(lambda xi: fn(xi, *args))(flat)
-        return out.reshape(batch + out.shape[1:])
-
-    return wrapped
-
-
-def _tokens(x, name: str = "x", *, where: str | None = None) -> Float[Array, "*batch n d"]:
-    """`x` as tokens `(..., n, d)`; with `where` (the function's name), also `n, d ≥ 1`."""
-    x = as_float_array(x, name)
+def _tokens(x, where: str | None = None) -> Float[Array, "*batch n d"]:
+    """`x` as tokens `(..., n, d)`, or a one-line error naming `x` and the fix; with
+    `where` (the function's name), also `n, d ≥ 1` and, when concrete, nonzero finite
+    rows."""
+    x = as_float_array(x, "x")
     empty = x.ndim >= 2 and where is not None and 0 in x.shape[-2:]
     if x.ndim < 2 or empty:
         raise ValueError(f"{where}: `x` {x.shape} is empty (n = {x.shape[-2]} tokens, d = "
                          f"{x.shape[-1]}); pass at least one token of dimension d ≥ 1."
-                         if empty else f"{where + ': ' if where else ''}`{name}` must be "
+                         if empty else f"{where + ': ' if where else ''}`x` must be "
                          f"tokens of shape (..., n, d), got {x.shape}.")
+    if where is not None:
+        check_rows_now(x, "x", where)
     return x
 
 
@@ -190,7 +170,7 @@ def pairwise_lyapunov(
     """
     x = _tokens(x)
     W = None if W is None else check_metric(W, x.shape[-1])
-    return _batched(lambda xi: _largest_half_sq_distance(xi, W), 2)(x)
+    return map_batch(lambda xi: _largest_half_sq_distance(xi, W), x)
 
 
 def _largest_half_sq_distance(x: Float[Array, "n d"], W) -> Float[Array, ""]:
@@ -245,7 +225,7 @@ def potential(
         )
     beta = check_scalar(beta, "beta")
     block = block_rows(n, block_size)
-    return _batched(lambda xi: 0.5 * exp_score_sum(xi, P, beta, block), 2)(x)
+    return map_batch(lambda xi: 0.5 * exp_score_sum(xi, P, beta, block), x)
 
 
 def consensus_time(
@@ -272,7 +252,7 @@ def consensus_time(
     if ts.ndim != 1 or E.ndim < 1 or E.shape[-1] != ts.shape[0]:
         raise ValueError(f"`E` must be (..., T) with T = len(ts); got E {E.shape}, ts {ts.shape}.")
     eps = check_scalar(eps, "eps", positive=True)
-    return _batched(lambda e: _crossing(ts, e, eps), 1)(E)
+    return jnp.vectorize(lambda e: _crossing(ts, e, eps), signature="(t)->()")(E)
 
 
 def _crossing(ts, e, eps):
@@ -319,18 +299,16 @@ def cluster_labels(
     eps = check_scalar(eps, "eps", positive=True)
     n = x.shape[-2]
     if block_size is None and n <= DENSE_COUNT_MAX:
-        return _batched(lambda xi: dense_labels(xi, eps), 2)(x)
+        return map_batch(lambda xi: dense_labels(xi, eps), x)
     block = block_rows(n, block_size)
-    return _batched(lambda xi: component_roots(xi, eps, block)[0], 2)(x)
+    return map_batch(lambda xi: component_roots(xi, eps, block)[0], x)
 
 
 def cluster_count(
     x: Float[Array, "*batch n d"], eps: float, *, block_size: int | None = None
 ) -> Int[Array, "*batch"]:
-    """The number of clusters: tokens joined by chains of steps shorter than `eps`.
-
-    The clusters of `cluster_labels` (single linkage; consensus is one cluster),
-    counted by the tokens whose label is their own index.
+    """The number of clusters of `cluster_labels` (single linkage at `eps`; consensus
+    is one cluster).
 
     **Arguments:**
 
@@ -368,7 +346,7 @@ def rank_collapse_residual(x: Float[Array, "*batch n d"]) -> Float[Array, "*batc
         xi = scale_rows(xi.reshape(1, -1)).reshape(xi.shape)
         return jnp.linalg.norm(xi - jnp.mean(xi, axis=0, keepdims=True)) / jnp.linalg.norm(xi)
 
-    return _batched(one, 2)(x)
+    return map_batch(one, x)
 
 
 def attention_entropy(dyn, t: Real[Array, ""], x: Float[Array, "*batch n d"]):
@@ -394,4 +372,4 @@ def attention_entropy(dyn, t: Real[Array, ""], x: Float[Array, "*batch n d"]):
         log_A = jnp.log(jnp.where(A > 0, A, 1.0))  # 0 log 0 = 0 (masked causal entries)
         return -jnp.mean(jnp.sum(A * log_A, axis=-1), axis=-1)
 
-    return _batched(one, 2)(x)
+    return map_batch(one, x)

@@ -1,10 +1,6 @@
 """Do the tokens lie in one open hemisphere? The domain of Theorem 4.1 (paper 001
-§4) and Wendel's probability that random tokens do (Remark 4.3).
-
-The test is a small convex program solved exactly on the host (NumPy/SciPy)
-through `jax.pure_callback`, so it composes with `jit` and `vmap`; its margin is
-differentiable through the envelope theorem.
-"""
+§4), decided by a convex program on the host (`hemisphere`), and Wendel's probability
+that random tokens do (Remark 4.3)."""
 
 from math import comb
 from typing import NamedTuple
@@ -56,9 +52,7 @@ def _nearest_hull_point(u: np.ndarray) -> np.ndarray:
     """
     n, d = u.shape
     A = np.vstack([u.T, np.ones((1, n))])
-    b = np.zeros(d + 1)
-    b[-1] = 1.0
-    mu, _ = scipy.optimize.nnls(A, b, maxiter=50 * (n + d + 1))
+    mu, _ = scipy.optimize.nnls(A, np.eye(d + 1)[-1], maxiter=50 * (n + d + 1))  # b = e_{d+1}
     return mu / mu.sum()
 
 

@@ -7,8 +7,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from .._stacked import map_batch
 from .._validate import check_count
-from ._consensus import _batched, _some_tokens, _tokens
+from ._consensus import _tokens
 
 
 def order_parameter(x: Float[Array, "*batch n d"]) -> Float[Array, "*batch"]:
@@ -75,7 +76,7 @@ def sphere_density(
     A `SphereDensity`: counts and density per cell `(..., bands, sectors)`, and the
     cell boundaries.
     """
-    x = _some_tokens(x, "sphere_density")
+    x = _tokens(x, "sphere_density")
     for bad, message in (
         (x.shape[-1] != 3, f"sphere_density needs tokens in R³ for a map of S², got d = "
          f"{x.shape[-1]}; pass three coordinates, e.g. x @ V with V (d, 3)."),
@@ -87,7 +88,7 @@ def sphere_density(
     bands = check_count(cells[0], "cells[0] (bands)", 1)
     sectors = check_count(cells[1], "cells[1] (sectors)", 1)
     n = x.shape[-2]
-    counts = _batched(lambda xi: _cell_counts(xi, bands, sectors), 2)(x)
+    counts = map_batch(lambda xi: _cell_counts(xi, bands, sectors), x)
     area = 4 * math.pi / (bands * sectors)
     return SphereDensity(
         counts=counts,

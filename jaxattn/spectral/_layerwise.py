@@ -165,16 +165,11 @@ def steer(model_or_dyn, u: Float[Array, " d"], gamma: float, *, w=None, layer: i
     """Rank-1 steering: edit one layer so that its layer matrix becomes
     `Ω + γ u wᵀ` (paper 004 §2.3).
 
-    For a model the output projection is replaced by `W_O + γ u wᵀ V⁺`, `V` the
-    stacked per-head value projections `(h k, d)` and `V⁺` its pseudo-inverse:
-    exact when `V` has full column rank (`h k ≥ d`, every model of paper 004);
-    with grouped key–value heads (`rank V < d`) the layer matrix becomes
-    `Ω + γ u (Π w)ᵀ`, `Π` the projection on the row space of `V`. For a
+    For a model the output projection becomes `W_O + γ u wᵀ V⁺` (`V` the stacked
+    value projections `(h k, d)`: exact when `V` has full column rank; grouped
+    key–value heads and the choice of `w`: docs/usage/spectral.md). For a
     `ja.SelfAttentionDynamics` (constant or piecewise-constant `U`), `γ u wᵀ / h`
     is added to every head's `U_η` of that layer.
-
-    Choice of `w` (default `u`; a `w` along the incoming tokens needs a smaller `γ`):
-    docs/usage/spectral.md.
 
     **Arguments:**
 

@@ -15,7 +15,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Complex, Float, Int
 
 from .._dynamics import SelfAttentionDynamics
-from .._precision import einsum, matmul
+from .._precision import matmul
 from .._programs import kept_jit
 from .._validate import is_concrete, raise_unless, surface_errors
 from ..models import AbstractTransformer, Attention, attention_weights, value_output
@@ -95,11 +95,6 @@ class Spectrum(eqx.Module):
         return jnp.imag(self.eigenvalues) == 0
 
 
-def _order(lam: Complex[Array, " d"], key: Float[Array, " d"]) -> Int[Array, " d"]:
-    # Ties in the key (conjugate pairs are exact ties in LAPACK's output): Im λ > 0 first.
-    return jnp.lexsort((-jnp.imag(lam), -key))
-
-
 def _fix_sign(vecs: Complex[Array, "d d"]) -> Complex[Array, "d d"]:
     """Make each eigenvector's largest entry real positive (a deterministic phase)."""
     idx = jnp.argmax(jnp.abs(vecs), axis=0)
@@ -167,7 +162,8 @@ def _spectrum(Omega, tau, rtol, check: bool) -> Spectrum:
         Omega = eqx.error_if(Omega, ~jnp.all(jnp.isfinite(Omega)), _NONFINITE)
     lam, vecs = jnp.linalg.eig(Omega)
     key = jnp.abs(lam) if tau is None else jnp.abs(1 + tau * lam)
-    order = _order(lam, key)
+    # By the key; its ties (conjugate pairs are exact ties in LAPACK's output): Im λ > 0 first.
+    order = jnp.lexsort((-jnp.imag(lam), -key))
     lam, vecs, key = lam[order], _fix_sign(vecs[:, order]), key[order]
     return _summarise(lam, vecs, key, rtol)
 
@@ -281,9 +277,8 @@ def layer_alignment(
     after = cosines(x_after, spec.principal)
     diff = after - before
     bases = eigen_bases(spec)  # (K, d, 2)
-    all_before = _cosines_many(x_before, bases)  # (K, N)
-    all_after = _cosines_many(x_after, bases)
-    all_diff = all_after - all_before
+    all_after = jax.vmap(cosines, (None, 0))(x_after, bases)  # (K, N)
+    all_diff = all_after - jax.vmap(cosines, (None, 0))(x_before, bases)
     return LayerAlignment(
         c=jnp.mean(after), c_std=jnp.std(after), c_in=jnp.mean(before),
         delta=jnp.mean(diff), delta_std=jnp.std(diff),
@@ -292,11 +287,6 @@ def layer_alignment(
         delta_bar_std=jnp.std(jnp.mean(all_diff, axis=0)),
         p_bar=jnp.mean((all_diff > 0).astype(diff.dtype)),
     )
-
-
-def _cosines_many(x: Float[Array, "N d"], bases: Float[Array, "K d 2"]) -> Float[Array, "K N"]:
-    xn = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
-    return jnp.linalg.norm(einsum("nd,kdj->knj", xn, bases), axis=-1)
 
 
 def top_eigenvector(M: Float[Array, "d d"]) -> Float[Array, " d"]:

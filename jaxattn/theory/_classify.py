@@ -182,8 +182,7 @@ def _unit(A: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def _check_heads(m: _Model, one: bool) -> Check:
-    ok = m.h == 1 if one else True
-    return Check("one head" if one else "any number of heads", ok, f"h = {m.h}")
+    return Check("one head" if one else "any number of heads", m.h == 1 or not one, f"h = {m.h}")
 
 
 def _check_causal(m: _Model, causal: bool) -> Check:
@@ -246,8 +245,7 @@ def _check_regular(m: _Model, name: str, tol: float, what: str) -> Check:
 
 def _check_symmetric(m: _Model, name: str, tol: float) -> Check:
     dev = m.stats[f"{name}_asym"]
-    read = getattr(m, name)
-    detail = f"max |{name} − {name}ᵀ| / |{name}| = {dev:.2g} ({read.where})"
+    detail = f"max |{name} − {name}ᵀ| / |{name}| = {dev:.2g} ({getattr(m, name).where})"
     return Check(f"{name} symmetric", dev <= tol, detail)
 
 

@@ -65,7 +65,8 @@ def _check(n: int, beta: float = 0.0, norm: _Norm = "post", kernel: _Kernel = "s
     """The members `norm` and `kernel` name (strings or members), or a one-line refusal:
     a kernel the reduction does not cover, a token count `n` below 2, a `beta` that is
     not a finite number `≥ 0`, a `rho0` outside `[−1/(n − 1), 1]` (`[…, 1)` unless
-    `closed`), a dimension `d` below `n` and save times `ts` that are not 1-D."""
+    `closed`), a dimension `d` below `n` and save times `ts` that are not 1-D
+    and (when concrete) nondecreasing."""
     norm, kernel = as_norm(norm), as_kernel(kernel)
     int_n = not isinstance(n, bool) and isinstance(n, (int, np.integer))
     lowest = -1 / (n - 1) if int_n and n >= 2 else -1.0
@@ -87,6 +88,9 @@ def _check(n: int, beta: float = 0.0, norm: _Norm = "post", kernel: _Kernel = "s
          f"got d = {d!r}."),
         (ts is not None and (ts.ndim != 1 or ts.size < 1),
          f"`ts` must be a 1-D array of save times, got shape {getattr(ts, 'shape', None)}."),
+        (ts is not None and ts.ndim == 1 and is_concrete(ts)
+         and np.any(np.diff(np.asarray(ts)) < 0),
+         "`ts` must be nondecreasing (the reduced ODE is integrated forwards)."),
     )
     for bad, message in refusals:
         if bad:
@@ -203,8 +207,6 @@ def equiangular_solution(rho0: float, n: int, beta: float, ts: Real[Array, " T"]
     ts = jnp.asarray(ts, float)
     norm, kernel = _check(n, beta, norm, kernel, rho0=rho0, closed=False, ts=ts)
     concrete = is_concrete(ts)
-    if concrete and np.any(np.diff(np.asarray(ts)) < 0):
-        raise ValueError("`ts` must be nondecreasing (the reduced ODE is integrated forwards).")
     y0 = jnp.asarray([math.log1p(-rho0), 0.0], ts.dtype)
     pairs = PAIRS if (norm, kernel) in PAIRS else ((norm, kernel),)
     index = jnp.asarray(pairs.index((norm, kernel)))

@@ -1,7 +1,5 @@
-"""One `pallas_call` of the core's kernels: compiled with Triton on CUDA, in Pallas's
-interpret mode elsewhere. The platform is chosen when the program is lowered
-(`lax.platform_dependent`), not from the host's default backend: a program traced on
-a CPU host and lowered for CUDA gets the compiled kernel."""
+"""One `pallas_call` of the core's kernels: Triton on CUDA, interpret mode elsewhere,
+chosen when the program is lowered (`docs/kernels.md`, "Where it runs")."""
 
 import functools
 

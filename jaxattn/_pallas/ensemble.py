@@ -1,11 +1,9 @@
-"""`strategy="kernel"`: a whole ensemble run as one Pallas kernel (`docs/kernels.md`).
+"""`strategy="kernel"`: a whole ensemble run as one Pallas kernel.
 
-One kernel runs the whole run of a block of systems (`KernelConfig.block`, one lane
-each): the tokens read once, carried through a `fori_loop` over the steps as `(block,)`
-vectors, only the saved values written. The step is the model's own one-system code
-evaluated on lanes (`jaxattn._pallas.lanes`); model leaves, `τ` and the noise keys
-enter as per-system rows `(size, B)`; noise is drawn inside by the threefry hash of
-each system's key. Triton on CUDA, interpret mode elsewhere (`jaxattn._pallas.call`).
+One program runs a block of systems (`KernelConfig.block`, one lane each) through a
+`fori_loop` over the steps, the model's own one-system step evaluated on lanes
+(`jaxattn._pallas.lanes`); model leaves, `τ` and noise keys enter as per-system rows
+`(size, B)`. The design and layout: `docs/kernels.md`.
 """
 
 import contextlib

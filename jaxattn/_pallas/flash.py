@@ -1,15 +1,10 @@
 """Mean-field attention as Pallas kernels for small head dimensions (flash attention).
 
-`flash_attention` computes what `jaxattn._blocks.blocked_attention` computes, as one
-kernel: each program holds `block_q` queries (one lane each) and sweeps the keys
-`block_k` at a time with each row's running state in registers, the head dimension
-unrolled. It takes the kernels that declare `flash`, causal and window masks; the
-offset and `rescale` stay the caller's. Reverse mode is a custom VJP recomputing the
-blocks (FlashAttention-2's `dq` and `dk`, `dv` kernels, each member's `block_grad`).
-For `shard="tokens"`'s ring, `flash_partial` attends one share of the keys and
-returns each row's log-normaliser too; `merge_partial` merges shares. Triton on
-CUDA, interpret mode elsewhere (`call.py`). Why and what it covers: `docs/kernels.md`,
-"Mean-field attention as a kernel".
+`flash_attention` computes `jaxattn._blocks.blocked_attention`'s result in one kernel:
+`block_q` queries per program (one lane each) sweep the keys `block_k` at a time, with
+a custom VJP (FlashAttention-2's `dq` and `dk`, `dv` kernels); `flash_partial` and
+`merge_partial` serve `shard="tokens"`'s ring. The offset and `rescale` stay the
+caller's. Design and coverage: `docs/kernels.md`, "Mean-field attention as a kernel".
 """
 
 import dataclasses
@@ -123,12 +118,6 @@ def _forward_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, o_ref, lse_ref, *, 
         lse_ref[...] = zero
 
 
-def _grad_weights(kernel, s, ok, lse, dp, delta):
-    """`(w, ds)`: the member's `block_grad` of one block pair (its `a` the rows'
-    log-normaliser for softmax, unused by pointwise kernels)."""
-    return kernel.block_grad(s, True if ok is None else ok, lse, lse, delta, dp)
-
-
 def _dq_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, lse_ref, do_ref, delta_ref, dq_ref,
                doff_ref, *, spec, a, cv, m):
     bq, bk = spec.bq, spec.bk
@@ -143,7 +132,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, lse_ref, do_ref, delta_r
         s, ok = _pair(qs, [k_ref[c, keys] for c in range(a)], i,
                       jb * bk + lax.iota(jnp.int32, bk), off, shift, spec, m)
         dp = _lane_products(dos, [v_ref[c, keys] for c in range(cv)])
-        _, ds = _grad_weights(spec.kernel, s, ok, lse, dp, delta)
+        # the member's `block_grad` (its `a`: the rows' log-normaliser for softmax)
+        _, ds = spec.kernel.block_grad(s, True if ok is None else ok, lse, lse, delta, dp)
         dq = tuple(dq[c] + jnp.sum(ds * k_ref[c, keys][None, :], axis=1) for c in range(a))
         return dq, doff + jnp.sum(ds, axis=1)
 
@@ -168,8 +158,9 @@ def _dkv_kernel(q_ref, k_ref, v_ref, off_ref, shift_ref, lse_ref, do_ref, delta_
         qs = [q_ref[c, rows] for c in range(a)]
         dos = [do_ref[c, rows] for c in range(cv)]
         s, ok = _pair(qs, ks, ib * bq + lax.iota(jnp.int32, bq), j, off, shift, spec, m, n)
-        p, ds = _grad_weights(spec.kernel, s, ok, lse_ref[rows], _lane_products(dos, vs),
-                              delta_ref[rows])
+        lse = lse_ref[rows]
+        p, ds = spec.kernel.block_grad(s, True if ok is None else ok, lse, lse,
+                                       delta_ref[rows], _lane_products(dos, vs))
         dv = tuple(dv[c] + jnp.sum(p * dos[c][:, None], axis=0) for c in range(cv))
         dk = tuple(dk[c] + jnp.sum(ds * qs[c][:, None], axis=0) for c in range(a))
         return dk, dv

@@ -1,15 +1,10 @@
 """A one-system program evaluated on lanes: every scalar a vector over a block of systems.
 
-A Pallas kernel lowers `(block,)` vectors, not arrays of odd shapes; so the model's
-own one-system program (`dyn.layer`, `dyn.velocity`, a user's `observe`) is traced
-once and its jaxpr evaluated with every array held as a NumPy object array of its
-one-system shape whose entries are `(block,)` vectors, one lane per system. Values
-that do not depend on the inputs stay NumPy constants and fold at trace time;
-products are unrolled multiply-adds at the named precision
-(`jaxattn._ensemble.round_operand`); threefry keys are pairs of `uint32` lanes, hashed
-here as `jax.random` hashes them. A primitive without a rule raises
-`KernelUnsupported` naming it, at trace time. The design: `docs/kernels.md`, "One
-implementation of the formulas".
+The model's one-system jaxpr is evaluated with each array a NumPy object array of its
+one-system shape whose entries are `(block,)` vectors (one lane per system) or NumPy
+constants (folded at trace time); threefry keys are pairs of `uint32` lanes. A
+primitive without a rule raises `KernelUnsupported` at trace time. The design:
+`docs/kernels.md`, "One implementation of the formulas".
 """
 
 import functools

@@ -1,13 +1,5 @@
-"""The execution strategies' family: how a batch of systems is run.
-
-A strategy is passed as `strategy=` the way diffrax takes `solver=`: `ja.Vmap()`
-(`jax.vmap` over the systems), `ja.BatchLast()` (the systems on the last axis of every
-array, `jaxattn._ensemble`) and `ja.PallasKernel(...)` (a whole run of a block of
-systems in one Pallas kernel). Each member owns how it runs layers (`run_layers`) and
-flows (`solve_flow`), with or without noise; `run_layers` and `solve_flow` only check
-their arguments and hand the run over. What the entry points must know of a member
-(can it be differentiated? does it run key blocks? does it split a system's tokens over
-devices?) is a class variable each member answers, never its name.
+"""The execution strategies' family (`strategy=`, as diffrax takes `solver=`): how a
+batch of systems is run. Members and their capabilities: `docs/usage/strategies.md`.
 """
 
 import abc

@@ -57,16 +57,11 @@ def choose_strategy(dyn, shape: tuple[int, ...], strategy="auto", operands=None,
 
     `"auto"` takes `BatchLast` for a batch of small dense systems (`fused_applies`) —
     for a flow only with constant steps of an explicit solver (`solver`,
-    `controller`), whose steps do not depend on the rest of the batch — and `Vmap`
-    otherwise. It keeps a run that is being differentiated (any leaf of `operands`,
-    e.g. `(dyn, x0)`, is a JVP or linearize tracer) on `Vmap`: XLA's CPU scheduler
-    miscomputes a fused run differentiated inside an outer `lax.scan` (BENCHMARKS.md,
-    "Gradients stay on the general path"). `strategy="fused"` still differentiates.
-
-    `PallasKernel` is never chosen by `"auto"`: its Triton compile pays back only after
-    many calls of one program (docs/kernels.md, "auto"). With `shard="tokens"` (one
-    system's tokens split over devices) a member that fuses a batch gives way to
-    `Vmap`; `PallasKernel` refuses in its run."""
+    `controller`) — and `Vmap` otherwise, and for a run being differentiated (a leaf of
+    `operands`, e.g. `(dyn, x0)`, is a JVP or linearize tracer; why: BENCHMARKS.md,
+    "Gradients stay on the general path"); never `PallasKernel` (docs/kernels.md,
+    "auto"). With `shard="tokens"` a member that fuses a batch gives way to `Vmap`;
+    `PallasKernel` refuses in its run."""
     member = as_strategy(strategy)
     if member is not None:
         member.refuse(dyn, operands)

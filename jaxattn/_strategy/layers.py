@@ -122,6 +122,9 @@ def layers_program(dyn, x0, num_layers, tau, observe, checkpoints, checks, fused
         last, ys = map_keyed(program, dyn, x0, keys, fused=fused, chunk=chunk)
     # NaN propagates through the layers, so the last tokens tell whether any appeared.
     finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
-    if checks:
-        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
-    return ys, finite
+    return flag_nonfinite(ys, finite, checks), finite
+
+
+def flag_nonfinite(ys, finite, checks: bool):
+    """`ys`, with `checks` an in-program error unless every system is `finite`."""
+    return eqx.error_if(ys, ~jnp.all(finite), NONFINITE) if checks else ys

@@ -12,7 +12,7 @@ from .._pallas import KernelConfig, key_rows, run_ensemble
 from .._stacked import map_models, models_last
 from .._validate import NONFINITE, raise_unless
 from .base import AbstractStrategy, refuse_first
-from .layers import layer_of
+from .layers import flag_nonfinite, layer_of
 from .solve import FlowResult
 from .stepping import (
     chained,
@@ -25,12 +25,10 @@ from .stepping import (
 
 
 class PallasKernel(AbstractStrategy):
-    """The whole run of a block of systems as one Pallas kernel (`docs/kernels.md`):
-    the tokens read once and carried through the steps in registers, only the saved
-    values written. Compiled with Triton on CUDA, interpreted elsewhere (correct,
-    slow); one device, not differentiable, dense attention only. Layers, and constant
-    steps of Euler or an explicit Runge–Kutta solver saved on their step grid; with
-    noise, each system's `ξ` drawn in the kernel from its key.
+    """The whole run of a block of systems as one Pallas kernel, states in registers
+    (`docs/kernels.md`): Triton on CUDA, interpreted elsewhere; one device, not
+    differentiable, dense attention only. Layers, and constant steps of Euler or an
+    explicit Runge–Kutta solver saved on their step grid, with or without noise.
 
     **Arguments:**
 
@@ -120,9 +118,7 @@ def _layers_kernel(dyn, x0, num_layers, tau, observe, config, checks, noise=None
                             num_saves=num_layers, steps_per_save=1, config=config)
     ys, last = from_batch_last(ys, batch), from_batch_last(last, batch)
     finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
-    if checks:
-        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
-    return ys, finite
+    return flag_nonfinite(ys, finite, checks), finite
 
 
 @eqx.filter_jit
@@ -145,6 +141,4 @@ def _flow_kernel(dyn, x0, t0, h, saves, per_save, coeffs, on_manifold, config, c
                             steps_per_save=per_save, config=config)
     ys = from_batch_last(ys, batch)
     finite = jnp.all(jnp.isfinite(ys), axis=tuple(range(len(batch), ys.ndim)))
-    if checks:
-        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
-    return ys, finite
+    return flag_nonfinite(ys, finite, checks), finite

@@ -18,6 +18,7 @@ from .._noise import brownian_path, map_keyed, sde_terms
 from .._programs import kept_jit
 from .._stacked import map_batch, map_models, map_systems
 from .._validate import NONFINITE, raise_unless
+from .layers import flag_nonfinite
 from .stepping import root_tolerances, stepped
 
 
@@ -171,11 +172,9 @@ def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event
     status given to each of them: `(ys, result, accepted steps)`, and with an `event`
     (or when the full solution is asked for) `(ts, ys, t1, y1, stats)` in place of `ys`.
     With `noisy = (noise, key)` the SDE of that noise on the Brownian path of `key`.
-    With constant steps every system takes the steps it would take alone; adaptive
-    controllers share one step size per chunk (the `"fused"` strategy's labelled
-    shared-step mode). With `progress`, diffrax's progress bar (a host callback). With
-    `host` (concrete inputs, checked on the host: `_on_host`), a program with no host
-    callback: `stepping.stepped`."""
+    Fused, adaptive steps are shared per chunk (`BatchLast`). With `progress`,
+    diffrax's progress bar (a host callback). With `host` (concrete inputs, checked on
+    the host: `_on_host`), a program with no host callback: `stepping.stepped`."""
     full, stop = event is not None, None if event is True else event
     meter = dfx.TqdmProgressMeter() if progress else dfx.NoProgressMeter()
     saveat = (dfx.SaveAt(subs=[dfx.SubSaveAt(ts=ts), dfx.SubSaveAt(t1=True)]) if full
@@ -281,8 +280,7 @@ def solve_batched(dyn, x0, ts, solver, controller, dt0, max_steps, adjoint, thro
     if name_event:
         ys = eqx.error_if(ys, jnp.any(result == dfx.RESULTS.nonfinite_input), EVENT_RUN)
         ys = _first_failure(solved, result).error_if(ys, ~jnp.all(solved))
-    if throw_now:
-        ys = eqx.error_if(ys, ~jnp.all(finite), NONFINITE)
+    ys = flag_nonfinite(ys, finite, throw_now)
     if event is not None:
         ys = (ts_saved, ys, t_end, retract(y_end), stats)
     return ys, solved, finite, steps, result, (started, event_ok)

@@ -1,10 +1,7 @@
 """Stepping a flow outside `diffeqsolve`. `stepped`: diffrax's own solver step,
-controller and interpolation in a loop without diffeqsolve's in-program checks
-(explicit or implicit solvers, constant or PID steps, boolean events), so that a run
-on concrete inputs holds no host callback. `kernel_*`: constant steps of an explicit
-Runge–Kutta solver, read from diffrax's own tableau, as `PallasKernel` runs a flow: one
-step (or one stage) of one system, which the kernel evaluates on lanes
-(`jaxattn._pallas.lanes`)."""
+controller and interpolation in a loop, so that a run on concrete inputs holds no host
+callback. `kernel_*`: constant steps of an explicit Runge–Kutta solver (diffrax's own
+tableau) as `PallasKernel` runs a flow, one step or stage of one system."""
 
 import diffrax as dfx
 import equinox as eqx
@@ -22,11 +19,8 @@ from .base import refuse_first
 def stepped(term, solver, controller, ts, dt0, max_steps, y0, args, event=None):
     """`diffeqsolve(term, solver, ts[0], ts[-1], dt0, y0, args, SaveAt(ts=ts),
     stepsize_controller=controller, max_steps=max_steps, throw=False)`'s loop without
-    its checks: diffeqsolve checks the sign of `dt0` and `SaveAt(ts)` in the program
-    (host callbacks JAX's persistent cache refuses), whatever `ts` is. Its loop: the
-    solver's steps, sized by the controller and clipped to `ts[-1]` as diffrax
-    clips them, each accepted step saving the times it covers from the solver's
-    interpolation; a `while_loop` (not reverse-differentiable: for concrete inputs).
+    its in-program checks (why: `docs/usage/strategies.md`, "Flows without host
+    callbacks"); a `while_loop` (not reverse-differentiable: for concrete inputs).
     For a solver under `ConstantStepSize` or `PIDController` (they never report a jump),
     an implicit one's root finder given its tolerances as diffeqsolve gives them
     (`root_tolerances`). Returns `(ys, result, stats)` as one solve gives them.

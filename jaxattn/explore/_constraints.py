@@ -223,10 +223,8 @@ def weight_violation(dyn, constraints: Constraints) -> Float[Array, ""]:
             if name in constraints.symmetric:
                 out = jnp.maximum(out, jnp.max(jnp.abs(a - jnp.swapaxes(a, -1, -2))))
             if b is not None:
-                if constraints.norm == "spectral":
-                    n = jnp.linalg.norm(a, ord=2, axis=(-2, -1))
-                else:
-                    n = jnp.linalg.norm(a, axis=(-2, -1))
+                ord_ = 2 if constraints.norm == "spectral" else None
+                n = jnp.linalg.norm(a, ord=ord_, axis=(-2, -1))
                 out = jnp.maximum(out, jnp.max(n - b) / b)
     if constraints.top_eigenvector is not None and "U" in constraints.train:
         v = jnp.asarray(constraints.top_eigenvector)

@@ -249,11 +249,11 @@ def compare_adjoints(
     `{"checkpoint": g, "backsolve": g, "relative_error": ‖g_bs − g_cp‖ / ‖g_cp‖}`.
     """
     horizon_kw = {k: v for k, v in horizon_kw.items() if k != "adjoint"}
+    fn, _ = as_objective(objective)
 
     def grad(adjoint):
-        fn, _ = as_objective(objective)
-        return _objective(dyn, x0, fn, make_trajectory(horizon, adjoint=adjoint, **horizon_kw),
-                          grad=True)
+        traj = make_trajectory(horizon, adjoint=adjoint, **horizon_kw)
+        return _objective(dyn, x0, fn, traj, grad=True)
 
     g_cp, g_bs = grad("checkpoint"), grad("backsolve")
     rel = relative_difference(g_bs, g_cp)

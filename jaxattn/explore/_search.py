@@ -6,6 +6,7 @@ one vmapped batch. Token iterates stay on `E_W` by reparametrisation (`x0 = N_W(
 and retraction after every step; see docs/usage/explore.md.
 """
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import NamedTuple
@@ -98,16 +99,16 @@ def _sample(key, n, dyn, z, margin):
     return retract_tokens(x, z, margin, dyn.W)
 
 
-def _hemisphere_directions(dyn, x, constraints: Constraints, weights, rest, z_fixed):
-    """Each restart's cap direction `z` `(R, d)` on `E_W`, or `None` (`z_fixed`: the
-    direction of the model's own weights, `_fixed_direction`; "start": `_start_directions`)."""
+def _hemisphere_directions(dyn, x, constraints: Constraints, weights, rest):
+    """Each restart's cap direction `z` `(R, d)` on `E_W`, or `None` ("start":
+    `_start_directions`)."""
     hemi = constraints.hemisphere
     if hemi is None:
         return None
     if callable(hemi) and weights is not None:
         z = project(jax.vmap(lambda w: hemi(_combine(w, rest)))(weights), dyn.W)
     else:
-        z = jnp.broadcast_to(z_fixed, (x.shape[0], dyn.dim))
+        z = jnp.broadcast_to(_fixed_direction(dyn, constraints), (x.shape[0], dyn.dim))
     if not callable(hemi):
         return z
     # Orient each direction towards its start (eigenvectors have no sign).
@@ -138,10 +139,9 @@ def _perturbed_weights(weights, restarts, noise, key):
 
 class NamedOptimizer(eqx.Module):
     """An optax optimizer by its factory and keywords, built inside the search's
-    programs: `NamedOptimizer(optax.adam, learning_rate=0.02)` is `optax.adam(0.02)`.
-    An optax optimizer's own functions are closures, which no other process can name:
-    a search given one is traced in every process, one given this loads its compiled
-    programs whole from the cache folder (`kept_jit`).
+    programs: `NamedOptimizer(optax.adam, learning_rate=0.02)` is `optax.adam(0.02)`,
+    but a later process loads the search's compiled programs whole from the cache
+    folder (`kept_jit`; an optax optimizer's closures are traced in every process).
 
     **Arguments:**
 
@@ -249,14 +249,16 @@ def _run_chunk(loop: _Loop, state, best, length: int):
     return state, best, vs, viols
 
 
+def _where_rows(ok, a, b):
+    """`a` where `ok` (one bool per restart: the leading axis), else `b`."""
+    return jnp.where(ok.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+
+
 def _keep_best(best, state, v):
     best_v, best_x, best_w = best
     v = jnp.where(jnp.isnan(v), -jnp.inf, v)
     better = v > best_v
-
-    def pick(new, old):
-        return jnp.where(better.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
-
+    pick = functools.partial(_where_rows, better)
     return (jnp.maximum(v, best_v), pick(state[0], best_x),
             None if best_w is None else jax.tree.map(pick, state[1], best_w))
 
@@ -494,8 +496,7 @@ def _starts(loop: _Loop, dyn, x, z, weights):
         weights = jax.vmap(lambda w: loop.project(jnp.zeros((1, dyn.dim)), w, None)[1])(weights)
         weights = _feasible_starts(weights, loop.rest, constraints)
     if z is None:
-        z = _hemisphere_directions(dyn, x, constraints, weights, loop.rest,
-                                   _fixed_direction(dyn, constraints))
+        z = _hemisphere_directions(dyn, x, constraints, weights, loop.rest)
     if z is not None:
         x = jax.vmap(lambda xi, zi: retract_tokens(xi, zi, constraints.margin, dyn.W))(x, z)
     train = (x if loop.train_x else None, weights if loop.train_w else None)
@@ -518,8 +519,7 @@ def _feasible_starts(weights, rest, constraints: Constraints):
         return weights
     defect = jax.vmap(lambda w: sum_gap_defect(_combine(w, rest), constraints.sum_gap))(weights)
     ok = defect <= 0
-    return jax.tree.map(lambda a: jnp.where(ok.reshape((-1,) + (1,) * (a.ndim - 1)), a, a[:1]),
-                        weights)
+    return jax.tree.map(lambda a: _where_rows(ok, a, a[:1]), weights)
 
 
 def _fixed_direction(dyn, constraints):

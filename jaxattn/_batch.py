@@ -1,10 +1,8 @@
 """Shared batch handling of the simulators: one sequence `(n, d)` per function,
 leading batch axes mapped with `jax.vmap` (the general path) or carried last (the
-fused path, `jaxattn._ensemble`), one model or one per instance (`jaxattn._stacked`).
-
-`devices=` spreads the batch over devices: `None` (one device), an int (the first
-that many), a sequence of devices, or a `jax.sharding.Mesh` (its first axis shards
-the batch); how the batch is padded and placed, and several hosts: `docs/multihost.md`.
+fused path, `jaxattn._ensemble`), one model or one per instance (`jaxattn._stacked`);
+`devices=` spreads the batch over devices (`as_mesh`; padding, placement and several
+hosts: `docs/multihost.md`).
 """
 
 from collections.abc import Callable, Sequence

@@ -4,9 +4,8 @@
 query with `w` the weights of `spec.kernel` (which owns its pieces of the sweep):
 queries `spec.block_q` at a time (`lax.map`), keys `spec.block_k` at a time
 (`lax.scan`). Reverse mode is a custom VJP recomputing each block's scores (`O(n)`
-memory); `forward_mode=True` differentiates the sweep itself. `q` is `(h, n, a)`, `k`
-`(g, m, a)` and `v` `(g, m, c)` with `g` dividing `h` (shared keys). How and why, with
-the measured equality to the dense path: `docs/mean_field.md`.
+memory); `forward_mode=True` differentiates the sweep itself. How and why, with the
+measured equality to the dense path: `docs/mean_field.md`.
 """
 
 import contextlib
@@ -105,12 +104,9 @@ def blocked_attention(
 
 
 #: Where `blocked_attention` runs the Pallas flash kernel (`jaxattn._pallas.flash`), for the
-#: specs it takes: `"auto"` as `"cuda"` in a process with a GPU backend, else
-#: `"never"` (the CPU traces and runs the XLA sweep alone); `"cuda"`: the kernel on
-#: CUDA, the XLA sweep on every other platform, chosen at lowering
-#: (`lax.platform_dependent`); `"always"`: the kernel everywhere (interpret mode off
-#: CUDA: tests); `"never"`: the XLA sweep. The last entry holds (`use_flash`); it is
-#: read when a program is traced, so a function traced before keeps its choice.
+#: specs it takes: a mode of `FLASH_MODES` (`docs/kernels.md`; `"cuda"` is chosen at
+#: lowering, `lax.platform_dependent`) and a layout. The last entry holds (`use_flash`);
+#: it is read when a program is traced, so a function traced before keeps its choice.
 _FLASH = [{"mode": "auto", "block_q": 64, "block_k": 64, "num_warps": 4}]
 FLASH_MODES = ("auto", "cuda", "always", "never")
 #: The largest head dimension the kernel takes on its own (`"cuda"`, `"auto"`): it

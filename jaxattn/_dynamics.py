@@ -416,13 +416,10 @@ def random_dynamics(key: PRNGKeyArray, heads: int, d: int, *, scale: float = 1.0
     return SelfAttentionDynamics(P, U, beta=beta, **options)
 
 
-def _bias(dyn: SelfAttentionDynamics) -> Float[Array, ""] | None:
-    """The sigmoid's bias `b` (`ja.Sigmoid(bias=…)`), `None` for other kernels."""
-    return bias_of(dyn.kernel)
-
-
 # Set after the class: in its body the name is the init-only `bias=` (default `None`).
-SelfAttentionDynamics.bias = property(_bias, doc=_bias.__doc__)
+SelfAttentionDynamics.bias = property(
+    lambda dyn: bias_of(dyn.kernel),
+    doc="The sigmoid's bias `b` (`ja.Sigmoid(bias=…)`), `None` for other kernels.")
 
 
 def _schedule(value, name: str) -> AbstractSchedule | None:

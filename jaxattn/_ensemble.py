@@ -235,11 +235,10 @@ def _fallback(eqn, ins):
     return [(o, True) for o in (out if eqn.primitive.multiple_results else [out])]
 
 
-def _broadcast(v, size, shape=None):
-    """An unbatched value (or a batched scalar `(size,)`) broadcast to `shape + (size,)`."""
+def _broadcast(v, size):
+    """An unbatched value with `size` systems last, `v.shape + (size,)`."""
     v = jnp.asarray(v)
-    shape = tuple(v.shape) if shape is None else tuple(shape)
-    return lax.broadcast_in_dim(v, shape + (size,), tuple(range(v.ndim)))
+    return lax.broadcast_in_dim(v, v.shape + (size,), tuple(range(v.ndim)))
 
 
 def _to_batched(v, b, shape, size):

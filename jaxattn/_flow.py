@@ -93,10 +93,8 @@ def solve_flow(
     each time of `ts`. Tokens are kept on `E_W` by `ManifoldSolver` (a retraction
     after every step; see its docstring for why). Leading axes of `x0` are a
     batch, solved as one vmapped program (each sample with its own steps). Concrete
-    inputs are checked on the host and solved by diffeqsolve's loop without its
-    in-program checks (host callbacks, which JAX's persistent cache refuses): the same
-    steps and tokens; `event=`, `noise=`, `progress=True`, implicit solvers and other
-    step-size controllers keep diffrax's solve (`docs/usage/strategies.md`).
+    inputs are checked on the host, and run without diffeqsolve's in-program checks
+    where they can (`docs/usage/strategies.md`, "Flows without host callbacks").
 
     **Arguments:**
 
@@ -164,13 +162,12 @@ def solve_flow(
     fused = member is not None and member.fused
     span = _span(ts) if noise is not None and dt0 is None else 0
     for bad, error, message in (
-        (noise is not None and x0.size == 0, ValueError,
-         "`noise=` needs at least one sequence in `x0`."),
+        ((noise is not None or solution) and x0.size == 0, ValueError,
+         f"`{'noise=' if noise is not None else 'solution=True'}` needs at least one "
+         "sequence in `x0`."),
         (noise is not None and dt0 is None and not span > 0, ValueError,
          "`noise=` takes steps of `dt0`: pass `dt0=...` (the horizon is empty or traced, so "
          "no default step can be drawn from it)."),
-        (solution and x0.size == 0, ValueError,
-         "`solution=True` needs at least one sequence in `x0`."),
         (event is not None and not solution, ValueError,
          "`event=` needs `solution=True`: the stop time and tokens are the solution's `t1` "
          "and `y1`."),

@@ -42,7 +42,6 @@ class AbstractNoise(eqx.Module):
     sigma: Real[Array, ""]
 
     def __init__(self, sigma):
-        # A traced σ (one of a `vmap` over strengths) is checked inside the program.
         self.sigma = jnp.asarray(check_scalar(sigma, "sigma", nonnegative=True))
 
     def __init_subclass__(cls, **kwargs):
@@ -213,14 +212,8 @@ def noisy_layer(dyn: SelfAttentionDynamics, noise: AbstractNoise, t, x: Float[Ar
                 tau, xi) -> Float[Array, "n d"]:
     """One layer with noise: the increment `σ √τ P_x ξ (·)` (`noise.kick` of `√τ ξ`,
     `ξ` standard normal) added where the update enters, before the normalisation (the
-    norm placement's `step` with a `kick`):
-
-    | `norm`   | `x_i ←`                                      |
-    |----------|----------------------------------------------|
-    | `"post"` | `N(x_i + τ v_i(x) + kick_i)`                 |
-    | `"ngpt"` | `N(x_i + τ (N(v_i(x)) − x_i) + kick_i)`      |
-    | other    | `dyn.layer(t, x, τ)_i + kick_i` (`P` at `N(x_i)`) |
-    """
+    norm placement's `step` with a `kick`; per placement: `docs/noise.md`, "Discrete
+    layers")."""
     kick = noise.kick(dyn, t, x, jnp.sqrt(tau) * xi)
     return dyn.norm.step(functools.partial(dyn.raw_update, t), x, tau, dyn.W, kick)
 

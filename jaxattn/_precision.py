@@ -57,11 +57,8 @@ def einsum(subscripts: str, *operands, precision: Precision = "float32"):
 def matmul(a, b, precision: Precision = "float32"):
     """`a @ b` (with NumPy's broadcasting of leading axes) at the named precision."""
     a, b = jnp.asarray(a), jnp.asarray(b)
-    if a.ndim == 1 or b.ndim == 1:
-        spec = {(1, 1): "i,i->", (1, 2): "i,ij->j", (2, 1): "ij,j->i"}.get((a.ndim, b.ndim))
-        if spec is None:
-            return einsum("...i,...i->..." if a.ndim == b.ndim else
-                          ("i,...ij->...j" if a.ndim == 1 else "...ij,j->...i"),
-                          a, b, precision=precision)
+    if a.ndim == 1 or b.ndim == 1:  # a vector: its axis contracted and dropped
+        spec = ("i,i->" if a.ndim == b.ndim else
+                "i,...ij->...j" if a.ndim == 1 else "...ij,j->...i")
         return einsum(spec, a, b, precision=precision)
     return einsum("...ij,...jk->...ik", a, b, precision=precision)

@@ -1,23 +1,9 @@
-"""Compiled programs kept whole in the cache folder (docs/usage/speed.md).
-
-JAX's persistent cache skips compiling, not tracing and lowering: a program loaded
-from it is still traced and lowered in every new process (0.1–0.8 s for a batched
-solve). `kept_jit(fn)` is `eqx.filter_jit(fn)` that keeps the compiled executable
-itself (`jax.experimental.serialize_executable`) in JAX's cache folder, under a key
-computed without tracing: a warm process calls it straight away. The same program:
-the same bits.
-
-A call takes the kept program only where another process could name it the same: on
-the CPU, in a run of one process (not `jax.distributed`), with JAX's cache on, every
-array argument concrete and on one device (an executable takes its arguments'
-placements as they were), and every other argument printed without an address (a
-user's function, `observe=` or `event=`, prints one; module-level functions go by
-name): other calls go to `eqx.filter_jit`. A program
-that holds a host callback, or takes its inputs split over devices, is never kept (a
-marker `…-traced` says so to the next process). The key holds `fn`'s name, the
-arguments' structure (static values included) and types, the device, the JAX
-settings, `XLA_FLAGS` and `source_stamp` (an edit or an upgrade starts cold). An entry
-that cannot be read is compiled again and replaced."""
+"""Compiled programs kept whole in the cache folder: `kept_jit(fn)` is
+`eqx.filter_jit(fn)` that keeps the compiled executable itself
+(`jax.experimental.serialize_executable`) in JAX's cache folder, under a key computed
+without tracing, so that a warm process neither traces nor lowers it (the same program:
+the same bits). Which calls are kept, what the key holds and why: docs/usage/speed.md,
+"Programs the cache can keep"."""
 
 import functools
 import hashlib

@@ -266,22 +266,16 @@ _PREFIX = "jaxattn: "
 # equinox ends its message with advice on debugging after a blank line; a check
 # inside a plain `jax.jit` arrives as a JaxRuntimeError with the same marker.
 _EQX_MESSAGE = re.compile(r"EquinoxRuntimeError: (.+?)(?:\n\s*\n|\Z)", re.S)
-_FRIENDLY = {
-    "The maximum number of solver steps was reached.": (
-        "the flow solver reached `max_steps` before the last save time: raise "
-        "`max_steps`, shorten the horizon, or pass `throw=False` for a per-sample "
-        "`success`."
-    ),
-}
 
 
 def short_message(text: str) -> str:
     """One line for a runtime check's message: jaxattn's own without its
     `jaxattn: ` marker, diffrax's out-of-steps with the fix."""
     line = " ".join(text.split())
-    for start, friendly in _FRIENDLY.items():
-        if line.startswith(start):
-            return friendly
+    if line.startswith("The maximum number of solver steps was reached."):
+        return ("the flow solver reached `max_steps` before the last save time: raise "
+                "`max_steps`, shorten the horizon, or pass `throw=False` for a per-sample "
+                "`success`.")
     return line.removeprefix(_PREFIX)
 
 

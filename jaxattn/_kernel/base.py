@@ -1,12 +1,7 @@
-"""`AbstractKernel`: how attention turns logits into weights, on both paths.
-
-A kernel owns everything that depends on it: the shift of its logits (`offset`), its
-dense weights (`weights`), the factor applied to the mixed values (`rescale`), and
-its three pieces of the key-block sweep of `jaxattn._blocks` — how a block of keys
-updates a query row's running state (`block_update`), how the state becomes the
-output (`block_finish`), and the scores' gradient of a block in the backward pass
-(`block_grad`). The dynamics, the blocks and the ring never ask which kernel they
-hold; adding one is a subclass (`docs/extending.md`).
+"""`AbstractKernel`: how attention turns logits into weights, on both paths (the dense
+weights, and its pieces of the key-block sweep of `jaxattn._blocks`). The dynamics, the
+blocks and the ring never ask which kernel they hold; adding one is a subclass
+(`docs/extending.md`, with a table of the methods below).
 
 The state of a query row in the sweep is `(top, norm, acc)`: a running top score,
 a running normaliser and the running sum of weighted values `(…, c)`, all starting

@@ -92,14 +92,13 @@ def _check(kernel: AbstractKernel) -> None:
         _same_shape(kernel, f"`block_update`'s `{part}`",
                     lambda k=k: kernel.block_update(state, s, ok, lambda p: p @ values)[k], shape)
     done = jax.eval_shape(lambda: kernel.block_update(state, s, ok, lambda p: p @ values))
-    _same_shape(kernel, "`block_finish`",
-                lambda: kernel.block_finish(tuple(np.zeros(d.shape, d.dtype) for d in done))[0],
-                (rows, 3))
+    done = tuple(np.zeros(d.shape, d.dtype) for d in done)
+    _same_shape(kernel, "`block_finish`", lambda: kernel.block_finish(done)[0], (rows, 3))
     zero = np.zeros((rows,), dtype)
 
     def grad(k):
-        _, (a, b) = kernel.block_finish(tuple(np.zeros(d.shape, d.dtype) for d in done))
+        _, (a, b) = kernel.block_finish(done)
         return kernel.block_grad(s, ok, a, b, zero, np.ones_like(s))[k]
 
-    _same_shape(kernel, "`block_grad`", lambda: grad(0), s.shape)
-    _same_shape(kernel, "`block_grad`", lambda: grad(1), s.shape)
+    for k in (0, 1):
+        _same_shape(kernel, "`block_grad`", lambda k=k: grad(k), s.shape)

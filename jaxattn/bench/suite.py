@@ -31,7 +31,7 @@ from .._flow import RK4, solve_flow
 from .._layers import run_layers
 from .._noise import TokenNoise
 from .._precision import check_precision
-from ..metrics import misalignment
+from ..metrics import mean_error, misalignment
 from .cases import ALL_CASES, CASES, LARGE, QUICK, SIZES, Problem, case_names
 from .cases import flops_raw_update as flops_raw_update
 from .device import (
@@ -218,9 +218,8 @@ SN_SCHEME = ("Itô Euler–Maruyama both sides: jaxattn's noisy layers N(x + dt 
 
 def _final_stats(final) -> dict:
     """The mean final misalignment over the systems and its standard error."""
-    final = np.asarray(final, np.float64)
-    return {"mean_final_misalignment": float(final.mean()),
-            "se_final_misalignment": float(final.std(ddof=1) / math.sqrt(final.size)),
+    mean, se = mean_error(np.asarray(final, np.float64).ravel())
+    return {"mean_final_misalignment": float(mean), "se_final_misalignment": float(se),
             "scheme": SN_SCHEME}
 
 

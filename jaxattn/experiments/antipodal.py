@@ -20,7 +20,7 @@ from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
 from .._manifold import normalize
 from .._noise import ValueNoise
-from ..metrics import binomial_error, fit_crossing, fit_intercept, level_crossing
+from ..metrics import binomial_error, fit_crossing, fit_intercept, level_crossing, mean_error
 from ..theory import antipodal_probability, antipodal_rate, antipodal_threshold
 from .base import AbstractExperiment, Param, Verdict
 from .pieces import advance, keyed_layers
@@ -196,7 +196,7 @@ class Antipodal(AbstractExperiment):
                     data["p_consensus"][i, j] = float(jnp.mean(minus < GAP))
                     bar.update()
                     growth = exponent(beta, sigma, x0_gap, EXPONENT_TIME, tau, k_e, START_GAP)
-                    data["rate"][i, j], data["rate_se"][i, j] = _mean_se(growth)
+                    data["rate"][i, j], data["rate_se"][i, j] = mean_error(growth)
                     bar.update()
                 self._threshold_runs(config, data, i, d, jax.random.fold_in(key, 2000 + d),
                                      bar)
@@ -226,7 +226,8 @@ class Antipodal(AbstractExperiment):
             for j, beta in enumerate(window):
                 growth = exponent(beta, sigma, x0, THRESHOLD_TIME, float(tau),
                                   jax.random.fold_in(k_run, 100 * t + j), THRESHOLD_GAP)
-                data["window_rate"][i, t, j], data["window_se"][i, t, j] = _mean_se(growth)
+                rate = mean_error(growth)
+                data["window_rate"][i, t, j], data["window_se"][i, t, j] = rate
             bar.update()
 
     def thresholds(self, config, data) -> dict[str, dict]:
@@ -421,11 +422,6 @@ def saturation() -> float:
     """The largest exponent the grid's runs can read: the gap grows from `START_GAP`
     to at most 2 in `EXPONENT_TIME`."""
     return math.log(2 / START_GAP) / EXPONENT_TIME
-
-
-def _mean_se(samples: np.ndarray) -> tuple[float, float]:
-    """The mean of `samples` and its standard error."""
-    return samples.mean(), samples.std(ddof=1) / math.sqrt(len(samples))
 
 
 def _pm(t: dict) -> str:

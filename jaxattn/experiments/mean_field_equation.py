@@ -24,7 +24,7 @@ from .. import SelfAttentionDynamics, solve_flow
 from .. import meanfield as mf
 from .._artifacts import figures
 from .._artifacts.trajectories import superscript
-from ..metrics import fit_crossing, fit_intercept, fit_slope, level_crossing
+from ..metrics import fit_crossing, fit_intercept, fit_slope, level_crossing, mean_error
 from ..theory import noisy_beta_star, noisy_threshold
 from .base import AbstractExperiment, Param, Verdict
 from .verdicts import short
@@ -127,8 +127,7 @@ def controlled_rms(y, z, z_mean) -> tuple[float, float]:
     (ρ ≈ 0.6–0.75 here); with fewer than 3 samples, the plain mean (NaN error for 1)."""
     y, z, count = np.asarray(y, float), np.asarray(z, float), len(y)
     if count < 3:
-        m = float(np.mean(y))
-        se = float(np.std(y, ddof=1) / math.sqrt(count)) if count > 1 else math.nan
+        m, se = map(float, mean_error(y))
     else:
         c = np.cov(y, z)[0, 1] / np.var(z, ddof=1)
         m = float(np.mean(y) - c * (np.mean(z) - z_mean))

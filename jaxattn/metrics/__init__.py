@@ -44,6 +44,7 @@ from ._statistics import fit_intercept as fit_intercept
 from ._statistics import fit_slope as fit_slope
 from ._statistics import half_gap as half_gap
 from ._statistics import level_crossing as level_crossing
+from ._statistics import mean_error as mean_error
 from ._statistics import window_statistics as window_statistics
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "hemisphere",
     "interaction_energy",
     "level_crossing",
+    "mean_error",
     "misalignment",
     "misalignment_floor",
     "order_parameter",

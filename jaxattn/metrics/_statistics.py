@@ -1,12 +1,34 @@
 """The statistics the experiments' verdicts rest on, on the host (NumPy floats): where a
 curve crosses a level, least-squares slopes, intercepts and crossings with their standard errors,
-binomial errors, integrated autocorrelation times and a time window's block statistics.
+means and binomial shares with their errors, integrated autocorrelation times and a time
+window's block statistics.
 """
 
 import math
 from typing import NamedTuple
 
 import numpy as np
+
+
+def mean_error(samples, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """The mean of independent samples and its standard error `s/√n` (`s` the sample
+    standard deviation, `ddof = 1`; NaN for one sample).
+
+    **Arguments:**
+
+    - `samples`: the samples, along `axis`; any shape.
+    - `axis`: the axis of the samples (default the last).
+
+    **Returns:**
+
+    `(mean, standard error)`, each the shape of `samples` without `axis` (NumPy
+    floats for 1-D `samples`).
+    """
+    samples = np.asarray(samples)
+    mean, n = samples.mean(axis), samples.shape[axis]
+    if n < 2:
+        return mean, np.full(np.shape(mean), np.nan)[()]
+    return mean, samples.std(axis, ddof=1) / math.sqrt(n)
 
 
 def binomial_error(p, n: int):
@@ -259,8 +281,7 @@ def window_statistics(r: np.ndarray, window: int, blocks: int, *, gap_z: float,
     A `WindowStatistics`.
     """
     means = block_means(r, window, blocks)  # (k, seeds, blocks)
-    flat = means.reshape(len(means), -1)
-    se = flat.std(-1, ddof=1) / math.sqrt(flat.shape[-1])
+    se = mean_error(means.reshape(len(means), -1))[1]
     gap = half_gap(means)
     tail = r[..., r.shape[-1] - window:]
     taus = np.array([[autocorrelation_time(s) for s in seeds] for seeds in tail])

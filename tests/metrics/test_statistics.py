@@ -1,7 +1,7 @@
 """`ja.metrics`' statistics against closed forms and independent references: a line's
 crossing, scipy's `linregress`, the textbook and propagated standard errors (and
 their Monte Carlo spread), an AR(1) series' autocorrelation time `(1 + φ)/(1 − φ)`,
-the binomial error; each also refuses a prediction 10 % off."""
+the binomial error and a mean's; each also refuses a prediction 10 % off."""
 
 import math
 
@@ -169,6 +169,21 @@ def test_binomial_error(seed):
     shares = np.random.default_rng(seed).binomial(n, p, 20_000) / n
     assert np.std(shares) == pytest.approx(M.binomial_error(p, n), rel=0.03)
     assert _far(np.std(shares), 1.1 * M.binomial_error(p, n), 0.03)
+
+
+def test_mean_error_against_scipy_and_the_spread_of_means(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(2.0, 3.0, (4, 50))
+    mean, se = M.mean_error(x)
+    np.testing.assert_allclose(mean, x.mean(-1), rtol=1e-15)
+    np.testing.assert_allclose(se, stats.sem(x, axis=-1), rtol=1e-12)
+    along = M.mean_error(x.T, axis=0)
+    np.testing.assert_allclose(along[1], se, rtol=1e-15)
+    assert math.isnan(M.mean_error([1.5])[1]) and M.mean_error([1.5])[0] == 1.5
+    # the error is the spread of the mean over repeats, and not 10 % more
+    means, errors = M.mean_error(rng.normal(2.0, 3.0, (20_000, 40)))
+    spread, want = np.std(means), math.sqrt(np.mean(errors**2))
+    assert spread == pytest.approx(want, rel=0.03) and _far(spread, 1.1 * want, 0.03)
 
 
 def _ar1(rng, phi: float, steps: int) -> np.ndarray:

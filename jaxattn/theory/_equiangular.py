@@ -186,8 +186,9 @@ def equiangular_rate(rho: Real[Array, "..."], n: int, beta: float, *, norm: _Nor
 
 
 def equiangular_solution(rho0: float, n: int, beta: float, ts: Real[Array, " T"], *,
-                         norm: _Norm = "post", kernel: _Kernel = "softmax", rtol: float = 1e-14,
-                         atol: float = 1e-14, max_steps: int = 65536) -> EquiangularSolution:
+                         norm: _Norm = "post", kernel: _Kernel = "softmax",
+                         rtol: float | None = None, atol: float | None = None,
+                         max_steps: int = 65536) -> EquiangularSolution:
     """Integrate the reduced ODE (`equiangular_field`) from `ρ(ts[0]) = rho0`,
     `r(ts[0]) = 1`, with diffrax (`Dopri8`, adaptive steps), in the default float
     dtype: turn on `jax_enable_x64` to agree with the `n`-particle flow to `1e-10`.
@@ -197,7 +198,9 @@ def equiangular_solution(rho0: float, n: int, beta: float, ts: Real[Array, " T"]
     - `rho0`: the initial cosine, in `[−1/(n − 1), 1)`.
     - `n`, `beta`, `norm`, `kernel`: as `equiangular_field`.
     - `ts`: nondecreasing save times.
-    - `rtol`, `atol`: tolerances on `(log(1 − ρ), log r)`.
+    - `rtol`, `atol`: tolerances on `(log(1 − ρ), log r)`; `None` (default): `1e-14`,
+      or ten times the dtype's rounding where that is larger (`1.2e-6` in float32,
+      where `1e-14` stalls the steps until `max_steps`).
     - `max_steps`: the step budget (reaching it is an error).
 
     **Returns:**
@@ -205,6 +208,8 @@ def equiangular_solution(rho0: float, n: int, beta: float, ts: Real[Array, " T"]
     An `EquiangularSolution` at `ts`.
     """
     ts = jnp.asarray(ts, float)
+    floor = max(1e-14, 10 * float(jnp.finfo(ts.dtype).eps))
+    rtol, atol = (floor if tol is None else tol for tol in (rtol, atol))
     norm, kernel = _check(n, beta, norm, kernel, rho0=rho0, closed=False, ts=ts)
     concrete = is_concrete(ts)
     y0 = jnp.asarray([math.log1p(-rho0), 0.0], ts.dtype)

@@ -3,6 +3,7 @@ library's own velocity, the reduced ODE against the n-particle flow (to 1e-10 in
 float64), the predicted clustering rates against the ODE's late slopes, the tokens."""
 
 import diffrax as dfx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -85,6 +86,21 @@ def test_predicted_rates_are_the_odes_late_slopes(norm, kernel):
         ts = jnp.geomspace(1e-2, 1e4, 61)
     gap = np.asarray(equiangular_solution(0.0, n, beta, ts, norm=norm, kernel=kernel).gap)
     assert _late_slope(np.asarray(ts), gap, law.kind) == pytest.approx(law.rate, rel=2e-3)
+
+
+def test_float32_defaults_reach_the_float64_solution():
+    """In float32 the default tolerances are ten times the rounding (`1e-14` stalls the
+    steps there until `max_steps`, the error the docstring warns of): the solution
+    follows float64's to 1e-3 over 17 decades of the gap."""
+    ts = np.linspace(0.0, 20.0, 6)
+    want = np.asarray(equiangular_solution(0.1, 8, 1.0, ts).gap)
+    with jax.enable_x64(False):
+        gap = np.asarray(equiangular_solution(0.1, 8, 1.0, ts).gap)
+        assert gap.dtype == np.float32
+        with pytest.raises(Exception, match="maximum number of solver steps"):
+            equiangular_solution(0.1, 8, 1.0, ts, rtol=1e-14, atol=1e-14, max_steps=4096)
+    np.testing.assert_allclose(gap, want, rtol=1e-3)
+    assert want[-1] < 1e-16 and np.abs(gap / want - 1).max() > 1e-6  # float32's own steps
 
 
 def test_none_softmax_stops_short_of_one_point():

@@ -144,12 +144,15 @@ def _check(x, beta, coupling, modes, kernel, ts=None, solver=dfx.Tsit5()):
     return x, int(modes), softmax
 
 
-def _angles(x):
-    """The angles of the points `x`, refused where one is not finite or is zero (on the
-    host where `x` is concrete: no callback in a program)."""
+def _points(x):
+    """`x`, refused where a point is not finite or is zero (on the host where `x` is
+    concrete: no callback in a program)."""
     xp = np if is_concrete(x) else jnp
     ok = xp.all(xp.isfinite(x)) & ~xp.any(xp.sum(xp.asarray(x) ** 2, -1) == 0)
-    x = checked(x, ok, "`x` must be finite and nonzero (points of the circle).")
+    return checked(x, ok, "`x` must be finite and nonzero (points of the circle).")
+
+
+def _angles(x):
     return jnp.arctan2(x[:, 1], x[:, 0])
 
 
@@ -177,7 +180,7 @@ def circle_velocity(x: Float[Array, "n 2"], *, beta, coupling=1.0,
     `(n, 2)` tangent vectors.
     """
     x, modes, softmax = _check(x, beta, coupling, modes, kernel)
-    theta = _angles(x)
+    theta = _angles(_points(x))
     speed = angular_velocity(theta, beta, coupling, modes, softmax)
     return speed[:, None] * jnp.stack([-jnp.sin(theta), jnp.cos(theta)], -1)
 
@@ -213,10 +216,10 @@ def circle_particles(x0: Float[Array, "n 2"], ts: Real[Array, " T"], *, beta, co
     x0, modes, softmax = _check(x0, beta, coupling, modes, kernel, ts, solver)
     dtype = jnp.result_type(x0, float)
     ts = jnp.asarray(ts, dtype=dtype)
-    theta0 = _angles(x0)
+    x0 = _points(x0)
     if ts.shape[0] == 1:
         return (x0 / jnp.linalg.norm(x0, axis=1, keepdims=True))[None]
-    points, result = _flow(theta0, ts, jnp.asarray(beta, dtype), jnp.asarray(coupling, dtype),
+    points, result = _flow(x0, ts, jnp.asarray(beta, dtype), jnp.asarray(coupling, dtype),
                            modes, softmax, solver, rtol, atol, max_steps, adjoint)
     if is_concrete(points):  # on the host: the program holds no callback (issue 42)
         if message := dfx.RESULTS[result]:  # "" for success
@@ -226,9 +229,10 @@ def circle_particles(x0: Float[Array, "n 2"], ts: Real[Array, " T"], *, beta, co
 
 
 @kept_jit
-def _flow(theta0, ts, beta, coupling, modes, softmax, solver, rtol, atol, max_steps, adjoint):
+def _flow(x0, ts, beta, coupling, modes, softmax, solver, rtol, atol, max_steps, adjoint):
     """The points at `ts` and diffrax's result (checked by the caller, `ts` too:
     `CheckedTimes`)."""
+    theta0 = _angles(x0)
     term = dfx.ODETerm(lambda t, th, args: angular_velocity(th, beta, coupling, modes,
                                                             softmax))
     sol = dfx.diffeqsolve(term, solver, ts[0], ts[-1], None, theta0,

@@ -155,7 +155,7 @@ def _solve(grid, mu0, ts, steps, beta, coupling, sigma, kernel,
     solver = ETDRK4(0.5 * jnp.asarray(sigma) ** 2 * grid.laplacian)
     if ts.shape[0] == 1:
         return mu0[None], jnp.all(jnp.isfinite(mu0))
-    # StepTo's steps, all within `max_steps`: the solve cannot fail but by overflowing
+    # the laid-out steps, all within `max_steps`: the solve cannot fail but by overflowing
     sol = dfx.diffeqsolve(term, solver, ts[0], ts[-1], None, c0,
                           stepsize_controller=LaidOutSteps(steps), saveat=dfx.SaveAt(ts=ts),
                           max_steps=steps.shape[0], adjoint=CheckedTimes(adjoint, ts),

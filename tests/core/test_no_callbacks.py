@@ -101,7 +101,10 @@ EVENTS = {"time": lambda mid: lambda t, x: t > 0.7,
           "never": lambda mid: lambda t, x: t < 0.0}
 
 
-@pytest.mark.parametrize("solver", [dfx.Tsit5(), dfx.Kvaerno3()], ids=["explicit", "implicit"])
+# the implicit solver's runs take 3-6 s each warm: the slow tier (make test stays the fast loop)
+@pytest.mark.parametrize("solver", [dfx.Tsit5(),
+                                    pytest.param(dfx.Kvaerno3(), marks=pytest.mark.slow)],
+                         ids=["explicit", "implicit"])
 @pytest.mark.parametrize("when", EVENTS)
 def test_host_boolean_event_agrees_with_diffrax(system, when, solver):
     """A boolean event on concrete inputs runs `stepped`, in a user's jit diffrax's

@@ -54,6 +54,7 @@ def test_search_programs_hold_no_callback(lowered, key, system, model, target):
     assert lowered == {name: [0] * len(counts) for name, counts in lowered.items()}
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_objective_and_adjoints_of_concrete_tokens_hold_no_callback(lowered, system):
     dyn, x0 = system
     kw = dict(horizon=0.5, saves=4)

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from _helpers import random_dynamics
 
 import jaxattn as ja
@@ -32,7 +33,7 @@ def test_stabilize_bipartite_is_one_program(key, compiles):
     np.testing.assert_allclose(trace[0], expected, rtol=1e-12)
 
 
-
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_a_search_with_a_named_optimizer_is_loaded_whole_by_a_new_process(
         key, folder, monkeypatch):
     """Built-in objectives and `NamedOptimizer` name the search's programs: a new

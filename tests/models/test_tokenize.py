@@ -59,6 +59,7 @@ def test_tokens_cut_and_pad_honestly(tmp_path):
         ja.models.tokenize(ja.models.TransformerConfig, TEXTS)  # not a path
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 @needs_smollm
 def test_smollm2_gguf_vocabulary_gives_huggingface_ids():
     """The gguf's vocabulary and merges as a byte-level BPE: the ids transformers'

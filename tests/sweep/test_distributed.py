@@ -81,6 +81,7 @@ def test_bad_distributed_flags_are_one_line(extra, words, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_an_unreachable_coordinator_is_one_line_after_its_timeout(tmp_path):
     """Process 1 of 2 with no process 0 to reach: refused when the timeout ends."""
     code = ("from jaxattn._process.distributed import DistributedError, initialize\n"

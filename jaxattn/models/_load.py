@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from .._programs import kept_jit
 from ._arch import FAMILIES, AbstractTransformer, TransformerConfig
 from ._gguf import converted
 from ._packaged import PACKAGED, installed_path
@@ -451,4 +452,9 @@ def init(config, key) -> AbstractTransformer:
     The model, weights in float32.
     """
     cfg, _ = resolve_config(config)
+    return _init(cfg, key)
+
+
+@kept_jit  # one program, not ~35 op by op (each draw's rounding kept: `_arch._nn.normal`)
+def _init(cfg: TransformerConfig, key) -> AbstractTransformer:
     return FAMILIES[cfg.model_type].init(cfg, key)

@@ -3,6 +3,7 @@ starts): a later process loads it without tracing, and gets the same bits."""
 
 import jax
 import numpy as np
+import pytest
 
 import jaxattn as ja
 from jaxattn import _programs
@@ -15,15 +16,20 @@ TINY_NEO = {"model_type": "gpt_neo", "num_layers": 2, "hidden_size": 24, "num_he
 
 
 
+@pytest.fixture(scope="module")
+def model():
+    """Built before the `folder` fixture (`ja.models.init` keeps its own program)."""
+    return ja.models.init(TINY_NEO, jax.random.PRNGKey(3))
+
+
 def stored(folder):
     return sorted(p.name.rsplit("-", 1)[1] for p in folder.glob("jaxattn_program-*"))
 
 
-def test_a_warm_process_loads_the_program_and_gets_the_same_bits(folder, monkeypatch):
+def test_a_warm_process_loads_the_program_and_gets_the_same_bits(model, folder, monkeypatch):
     traces = []
     real = _loop._metric
     monkeypatch.setattr(_loop, "_metric", lambda x: traces.append(1) or real(x))
-    model = ja.models.init(TINY_NEO, jax.random.PRNGKey(3))
     ids = np.random.default_rng(3).integers(0, 41, (5, 7))
     E, states = ja.models.loop(model, ids, passes=3, save_states=[0, 4], progress=False)
     assert traces and stored(folder) == ["atime", "cache"]
@@ -54,8 +60,7 @@ def test_a_warm_process_loads_the_program_and_gets_the_same_bits(folder, monkeyp
     assert stored(folder) == []
 
 
-def test_what_another_process_could_not_name_is_not_stored(folder):
-    model = ja.models.init(TINY_NEO, jax.random.PRNGKey(3))
+def test_what_another_process_could_not_name_is_not_stored(model, folder):
     ids = np.random.default_rng(4).integers(0, 41, (2, 6))
     ja.models.loop(model, ids, passes=2, observe=lambda x: x.sum(), progress=False)
     E = ja.models.loop(model, ids, passes=2, progress=False)

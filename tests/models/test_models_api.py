@@ -90,6 +90,21 @@ def test_gpt2_initialisation_scheme(key):
     assert not np.allclose(m.layer_block(0).attn.query, b.attn.query)  # layers differ
 
 
+def test_init_is_one_program_with_the_weights_drawn_op_by_op(key):
+    """`ja.models.init` runs as one program, yet every weight has the bits of the family's
+    draws run op by op (without `_nn.normal`'s barrier XLA folds the std into the
+    draw: one ulp off)."""
+    from jaxattn.models._arch import FAMILIES
+    from jaxattn.models._load import resolve_config
+
+    cfg, _ = resolve_config(TINY["gpt2"])
+    one = jax.tree.leaves(ja.models.init(TINY["gpt2"], key))
+    by_op = jax.tree.leaves(FAMILIES["gpt2"].init(cfg, key))
+    assert len(one) == len(by_op)
+    for a, b in zip(one, by_op, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.slow  # initialises two families
 def test_encoder_and_llama_initialisation(key):
     bert = ja.models.init({**TINY["bert"], "initializer_range": 0.05}, key)

@@ -35,8 +35,10 @@ ACTIVATIONS = {
 
 
 def normal(key, shape, std: float, dtype=jnp.float32) -> Array:
-    """`N(0, std²)` entries: HuggingFace's initialisation of linear and embedding weights."""
-    return std * jax.random.normal(key, shape, dtype)
+    """`N(0, std²)` entries: HuggingFace's initialisation of linear and embedding weights.
+    The barrier keeps the draw's own rounding inside one program (`ja.models.init`):
+    XLA would fold `std` into it, one ulp off the weights drawn op by op."""
+    return std * lax.optimization_barrier(jax.random.normal(key, shape, dtype))
 
 
 def product(spec: str, a: Array, b: Array, dtype, precision: Precision) -> Array:

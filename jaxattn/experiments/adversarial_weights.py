@@ -11,6 +11,7 @@ import numpy as np
 from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
 from .._horizon import CONSENSUS_TOL
+from .._programs import kept_jit
 from ..explore import Constraints, slow_consensus
 from ..metrics import misalignment
 from ..theory import predict
@@ -36,12 +37,8 @@ class AdversarialWeights(AbstractSearch):
     )
 
     def explore(self, config, setting, progress):
-        kq, ku, kx = jax.random.split(jax.random.PRNGKey(config.seed), 3)
-        d = config.dim
-        U, v1 = _symmetric(ku, np.linspace(1.0, -0.5, d))
-        P = jax.random.uniform(kq, (1, d, d), jnp.result_type(float), -1.0, 1.0)
+        U, v1, P, x0, kq = _problem(config.seed, config.dim, config.tokens)
         dyn = SelfAttentionDynamics(P, U[None], causal=True)
-        x0 = paper001.hemisphere_of(kx, v1, config.tokens)
         cons = Constraints(train=("P", "U"), norm="spectral",
                            bound={"P": config.p_bound, "U": config.u_bound},
                            symmetric=("U",), top_eigenvector=v1, gap=config.gap)
@@ -51,7 +48,7 @@ class AdversarialWeights(AbstractSearch):
                              saves=config.saves,
                              weight_noise=0.5, optimizer=adam(config),
                              constraints=cons, key=kq, progress=progress)
-        U_all = np.asarray(res.weights.U.value[:, 0])
+        U_all = np.asarray(res.weights.U.value)[:, 0]
         gaps, lam1 = _gap(U_all)
         ts, ys = long_run(res.dyn, x0, config.long * config.horizon)
         _, ys0 = long_run(dyn, x0, config.long * config.horizon)
@@ -122,10 +119,17 @@ def _judged(found):
     return gain, trend, kind
 
 
-def _symmetric(key, spectrum):
-    d = len(spectrum)
-    basis, _ = jnp.linalg.qr(jax.random.normal(key, (d, d), jnp.result_type(float)))
-    return (basis * jnp.asarray(spectrum)[None, :]) @ basis.T, basis[:, 0]
+@kept_jit(static_argnames=("d", "n"))  # one program (op by op: ~20)
+def _problem(seed, d, n):
+    """`(U, v₁, P, x₀, key)`: `U` symmetric with eigenvalues `linspace(1, −0.5, d)` and
+    top eigenvector `v₁`, `P` uniform in `[−1, 1]`, `n` tokens in `v₁`'s hemisphere,
+    and the search's key."""
+    kq, ku, kx = jax.random.split(jax.random.PRNGKey(seed), 3)
+    dtype = jnp.result_type(float)
+    basis, _ = jnp.linalg.qr(jax.random.normal(ku, (d, d), dtype))
+    U = (basis * jnp.asarray(np.linspace(1.0, -0.5, d))[None, :]) @ basis.T
+    P = jax.random.uniform(kq, (1, d, d), dtype, -1.0, 1.0)
+    return U, basis[:, 0], P, paper001.hemisphere_of(kx, basis[:, 0], n), kq
 
 
 def _gap(U):
@@ -135,5 +139,5 @@ def _gap(U):
 
 def _distance_to(v1, x0, ys):
     """`max_i (1 − ⟨x_i(t), ±v₁⟩)` over the saved times, `v₁` on the side of `x₁(0)`."""
-    v1 = np.asarray(v1) * np.sign(np.asarray(x0[0]) @ np.asarray(v1))
+    v1 = np.asarray(v1) * np.sign(np.asarray(x0)[0] @ np.asarray(v1))
     return np.max(1 - np.asarray(ys) @ v1, axis=-1)

@@ -11,6 +11,7 @@ import numpy as np
 from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
 from .._horizon import CONSENSUS_TOL
+from .._programs import kept_jit
 from ..explore import Constraints, slow_consensus
 from ..spectral import layer_matrix, top_eigenvector
 from .base import Param
@@ -36,12 +37,23 @@ def _distance_to_v1(ts, ys, dyn):
     return jnp.max(1 - ys[-1] @ v1)
 
 
-def _multihead_model(key, h, d, p_scale):
+@kept_jit(static_argnames=("h", "d"))  # one program (op by op: ~15)
+def _multihead_model(seed, h, d, p_scale):
+    """The `h`-head model drawn from `seed`, the key of its search and of its tokens."""
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), h)
     kp, ku = jax.random.split(key)
     dtype = jnp.result_type(float)
     A = jax.random.normal(ku, (h, d, d), dtype) / np.sqrt(d)
     P = p_scale * jax.random.normal(kp, (h, d, d), dtype) / np.sqrt(d)
-    return SelfAttentionDynamics(P, (A + jnp.swapaxes(A, -1, -2)) / 2, causal=True)
+    dyn = SelfAttentionDynamics(P, (A + jnp.swapaxes(A, -1, -2)) / 2, causal=True)
+    return dyn, key, jax.random.fold_in(key, 1)
+
+
+@kept_jit  # one program (op by op: ~20)
+def _at_the_end(dyn, t, y):
+    """`Σ_η U_η`, its top eigenvector (sign arbitrary) and `max |velocity(t, y)|`."""
+    M = layer_matrix(dyn)
+    return M, top_eigenvector(M), jnp.max(jnp.abs(dyn.velocity(t, y)))
 
 
 class ConjectureMultihead(AbstractSearch):
@@ -65,13 +77,12 @@ class ConjectureMultihead(AbstractSearch):
     settings = {"h2_": 2, "h3_": 3}
 
     def explore(self, config, h, progress):
-        key = jax.random.fold_in(jax.random.PRNGKey(config.seed), h)
-        dyn = _multihead_model(key, h, config.dim, config.p_bound / 2)
+        dyn, key, tokens_key = _multihead_model(config.seed, h, config.dim, config.p_bound / 2)
         cons = Constraints(train=("P", "U"), norm="spectral",
                            bound={"P": config.p_bound, "U": config.u_bound},
                            symmetric=("U",), hemisphere=_top_of_sum,
                            margin=config.margin, sum_gap=config.gap)
-        res = slow_consensus(dyn, init=jax.random.fold_in(key, 1), n=config.tokens,
+        res = slow_consensus(dyn, init=tokens_key, n=config.tokens,
                              target="both", objective=_distance_to_v1, log=True,
                              horizon=config.horizon, steps=config.steps,
                              restarts=config.restarts, saves=config.saves,
@@ -124,11 +135,11 @@ class ConjectureMultihead(AbstractSearch):
 def _multihead_check(res, config):
     dyn = res.dyn
     ts, ys = long_run(dyn, res.x0, config.long * config.horizon)
-    v1 = np.asarray(_top_of_sum(dyn))
+    M, v1, speed = jax.tree.map(np.asarray, _at_the_end(dyn, ts[-1], ys[-1]))
     v1 = v1 * np.sign(np.sum(np.asarray(res.x0) @ v1))
-    lam = np.linalg.eigvalsh(np.asarray(layer_matrix(dyn)))
+    lam = np.linalg.eigvalsh(M)
     dist = 1 - np.min(np.asarray(ys) @ v1, axis=-1)
-    speed = float(jnp.max(jnp.abs(dyn.velocity(ts[-1], ys[-1]))))
+    speed = float(speed)
     return {"trace": res.trace, "baseline": res.baseline, "value": res.value, "x0": res.x0,
             "ts": ts, "ys": ys, "dist": dist, "dist_long": dist[-1], "v1": v1,
             "gap": lam[-1] - lam[-2], "lam": lam, "speed_end": speed,

@@ -11,6 +11,7 @@ from jaxtyping import Array, Float
 
 from .._manifold import project, w_inner
 from .._precision import einsum, matmul
+from .._programs import kept_jit
 from .._schedule import Constant
 
 _NORMS = (None, "spectral", "frobenius")
@@ -184,6 +185,15 @@ def constrain_weights(dyn, constraints: Constraints):
     return dyn
 
 
+@kept_jit  # one program at the entry (op by op: ~25)
+def constrained_start(dyn, constraints: Constraints):
+    """`(constrain_weights(dyn, constraints), its sum_gap_defect)` (`None` without
+    `sum_gap`): the search's start."""
+    dyn = constrain_weights(dyn, constraints)
+    gap = constraints.sum_gap
+    return dyn, None if gap is None else sum_gap_defect(dyn, gap)
+
+
 def weight_refusals(dyn, constraints: Constraints):
     """Why the model cannot honour the constraint requests (or has none of the weights
     to train), as `(bad, message)`, each read once those before it hold; the last:
@@ -208,7 +218,7 @@ def weight_refusals(dyn, constraints: Constraints):
     yield (not jax.tree.leaves(eqx.filter(dyn, trainable_filter(dyn, constraints))),
            f"no weights to train: the model has none of {constraints.train}.")
     if constraints.sum_gap is not None:
-        defect = sum_gap_defect(constrain_weights(dyn, constraints), constraints.sum_gap)
+        defect = constrained_start(dyn, constraints)[1]
         yield (not float(defect) <= 0,
                f"the model breaks `sum_gap={constraints.sum_gap:g}`: the top eigenvalue of "
                "Σ_η U_η must be simple and positive, ahead by sum_gap; start from such U.")

@@ -30,6 +30,7 @@ from ..metrics import hemisphere
 from ._constraints import (
     Constraints,
     constrain_weights,
+    constrained_start,
     retract_tokens,
     sum_gap_defect,
     token_violation,
@@ -120,10 +121,9 @@ def _combine(w, rest):
     return eqx.combine(w, rest) if w is not None else rest
 
 
+@kept_jit(static_argnames=("restarts",))  # one program (op by op: ~20)
 def _perturbed_weights(weights, restarts, noise, key):
-    """`R` copies of the trained arrays; restarts after the first get relative noise.
-    Run op by op, outside `_starts`: fused there, XLA's CPU backend contracts the
-    squares and their sum into FMAs, and the searches' starts change in their last bits."""
+    """`R` copies of the trained arrays; restarts after the first get relative noise."""
     leaves, treedef = jax.tree.flatten(weights)
     keys = jax.random.split(key, len(leaves))
     out = []
@@ -465,7 +465,7 @@ def _make_loop(dyn, *, target, objective, traj: Trajectory, optimizer, constrain
     train_w = target in ("weights", "both")
     mask = trainable_filter(dyn, constraints)
     if train_w:
-        dyn = constrain_weights(dyn, constraints)
+        dyn = constrained_start(dyn, constraints)[0]
     rest = eqx.filter(dyn, mask, inverse=True) if train_w else dyn
     optimizer = optimizer or NamedOptimizer(optax.adam, learning_rate=0.02)
     loop = _Loop(fn, traj, rest, mask, constraints, optimizer,

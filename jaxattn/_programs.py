@@ -110,9 +110,20 @@ def _describe(treedef, static) -> str | None:
     return None if " at 0x" in described else described
 
 
+def _placement(a):
+    """Where `a` is, a host value where `jit` puts it (the default device): one
+    program for a NumPy array and the same array on that device."""
+    if isinstance(a, jax.Array):
+        return a.sharding
+    default = jax.config.jax_default_device  # a device, a platform's name or None
+    if not isinstance(default, jax.Device):
+        default = jax.devices(default)[0]
+    return jax.sharding.SingleDeviceSharding(default)
+
+
 def _key(fn, static: str, leaves) -> str:
     return _hashed(f"{fn.__module__}.{fn.__qualname__}", static,
-                   tuple((jax.typeof(a), getattr(a, "sharding", None)) for a in leaves),
+                   tuple((jax.typeof(a), _placement(a)) for a in leaves),
                    tuple(getattr(jax.config, name) for name in TRACE_SETTINGS),
                    os.environ.get("XLA_FLAGS"))
 

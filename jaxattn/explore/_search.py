@@ -447,13 +447,15 @@ def slow_consensus(
                                                        state_w, z)])
     r = int(np.argmax(best_v))
     w_best = None if best_w is None else jax.tree.map(lambda a: jnp.asarray(a[r]), best_w)
+    with np.errstate(divide="ignore"):  # starts at consensus (a zero baseline): gain inf
+        gains = best_v[r] / np.array([np.mean(baseline), np.median(baseline)])
     return Exploration(
         x0=jnp.asarray(best_x[r]), dyn=_combine(w_best, loop.rest), value=float(best_v[r]),
-        gain=float(best_v[r] / np.mean(baseline)), trace=trace, baseline=np.asarray(baseline),
+        gain=float(gains[0]), trace=trace, baseline=np.asarray(baseline),
         x0s=jnp.asarray(best_x), values=best_v, weights=jax.tree.map(jnp.asarray, best_w),
         violation=violation,
         baseline_mean=float(np.mean(baseline)), baseline_median=float(np.median(baseline)),
-        gain_median=float(best_v[r] / np.median(baseline)),
+        gain_median=float(gains[1]),
     )
 
 

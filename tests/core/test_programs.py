@@ -86,6 +86,9 @@ def test_with_static_argnames_numbers_are_traced_as_under_jax_jit(folder, monkey
     assert TRACES == [2]  # loaded: by name or by place, the same arguments
     _scaled(x, 1.0, n=3)
     assert TRACES == [2, 3] and kept(folder) == ["atime"] * 2 + ["cache"] * 2
+    # the same array on the device: the same program (`jit` puts a host array there)
+    np.testing.assert_array_equal(_scaled(jnp.asarray(x), 1.0, n=3), np.tile(x, 2 + 1))
+    assert TRACES == [2, 3] and kept(folder) == ["atime"] * 2 + ["cache"] * 2
 
 
 def test_what_another_process_could_not_name_goes_to_filter_jit(folder):

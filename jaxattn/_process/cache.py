@@ -22,7 +22,7 @@ MIN_COMPILE_TIME_S = 0.0
 #: What JAX and XLA write in a cache folder: the entries (`{key}-cache`, with an
 #: `-atime` beside each where JAX evicts), JAX's lock file and XLA's GPU autotuning
 #: and kernel caches; and jaxattn's markers of programs it does not keep (`-traced`).
-_SUFFIXES = ("-cache", "-atime", "-traced")
+_SUFFIXES = ("-cache", "-atime", "-traced", "-order")
 _OTHERS = (".lockfile", "xla_gpu_per_fusion_autotune_cache_dir", "xla_gpu_kernel_cache_file")
 
 

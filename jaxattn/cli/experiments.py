@@ -2,6 +2,7 @@
 and `jaxattn plot DIR` (paper 001 §6.1 as one-command experiments)."""
 
 import argparse
+import contextlib
 import difflib
 from pathlib import Path
 from typing import NamedTuple
@@ -121,15 +122,20 @@ def _run(args) -> int:
                                    "run", args.name, *launch_argv(args.overrides)])
     import jax
 
-    from ..experiments import run_experiment
+    from .._programs import loaded_ahead
 
     jax.config.update("jax_enable_x64", True)
+    ahead = loaded_ahead(f"run {args.name} {sorted(overrides.items())} {seed}")
     if opts.distributed:
         from .._process.distributed import initialize
 
         initialize(opts.coordinator, opts.num_processes, opts.process_id)
-    folder, summary = run_experiment(args.name, overrides, seed=seed, out=opts.out,
-                                     progress=not opts.no_progress)
+        ahead = contextlib.nullcontext()  # JAX's cache alone (docs/usage/speed.md)
+    with ahead:  # the programs of its last run loaded while it imports and starts
+        from ..experiments import run_experiment
+
+        folder, summary = run_experiment(args.name, overrides, seed=seed, out=opts.out,
+                                         progress=not opts.no_progress)
     if folder is None:  # a process other than 0 of a distributed run
         print(f"process {jax.process_index()} of {jax.process_count()}: done "
               "(process 0 wrote the run)")

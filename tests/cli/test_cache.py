@@ -109,6 +109,10 @@ def test_a_second_run_loads_what_the_first_compiled(first, tmp_path):
     cache, run, before = first
     assert before["misses"] > 0 and len(_entries(cache)) == before["misses"]
     assert before["loaded"] == 0 and len(_kept(cache)) > 0
+    # the programs it took, in order: the next run loads them ahead (`loaded_ahead`)
+    order = list(cache.glob("jaxattn_run-*-order"))
+    assert len(order) == 1 and set(order[0].read_text().split()) == {
+        p.name.split("-")[1] for p in _kept(cache)}
     entries = {p: p.stat().st_mtime_ns for p in cache.iterdir()}
     after, _ = _finish(_start(cache, tmp_path / "again"))
     assert after["misses"] == 0, after  # nothing compiled that JAX could keep

@@ -125,6 +125,37 @@ def test_an_unreadable_entry_is_compiled_again(folder, monkeypatch):
         assert TRACES == [1] and entry.read_bytes() != bad  # traced, and replaced
 
 
+def test_a_run_loads_the_programs_of_its_last_run_ahead(folder, monkeypatch):
+    """`loaded_ahead(tag)` writes down the programs a run took; the next run of the
+    same tag loads them on another thread, ahead of their first call (same bits, no
+    trace); a list naming a lost entry, or another tag, costs nothing but a compile."""
+    model, x = Scaled(jnp.linspace(-1.0, 1.0, 4), 2), np.arange(4.0)
+    with _programs.loaded_ahead("run a"):
+        want = _apply(model, x, 2)["y"], _scaled(x, 2.0, n=2)
+    order = list(folder.glob("jaxattn_run-*-order"))
+    assert len(order) == 1 and len(order[0].read_text().split()) == 2
+    monkeypatch.setattr(_programs, "_LOADED", {})  # a new process: only the folder
+    with _programs.loaded_ahead("run b"):
+        assert not _programs._AHEAD  # another command, or other settings
+    del TRACES[:]
+    with _programs.loaded_ahead("run a"):
+        assert len(_programs._AHEAD) == 2  # both on their way before the first call
+        got = _apply(model, x, 2)["y"], _scaled(x, 2.0, n=2)
+    assert TRACES == [] and not _programs._AHEAD
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # an entry lost since (`jaxattn cache clear` on another terminal): compiled again
+    next(folder.glob("jaxattn_program-*-cache")).unlink()
+    monkeypatch.setattr(_programs, "_LOADED", {})
+    with _programs.loaded_ahead("run a"):
+        got = _apply(model, x, 2)["y"], _scaled(x, 2.0, n=2)
+    assert len(TRACES) == 1 and len(list(folder.glob("jaxattn_run-*-order"))) == 1
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    clear_cache(folder)  # the list is one of the folder's entries
+    assert not list(folder.iterdir())
+
+
 def test_a_loaded_program_that_calls_lapack_runs_in_a_fresh_process(tmp_path):
     """A CPU program calling LAPACK (eigenvalues) crashed the process when loaded
     before any LAPACK call had been lowered: the kernels register first."""

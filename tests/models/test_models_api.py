@@ -94,12 +94,9 @@ def test_init_is_one_program_with_the_weights_drawn_op_by_op(key):
     """`ja.models.init` runs as one program, yet every weight has the bits of the family's
     draws run op by op (without `_nn.normal`'s barrier XLA folds the std into the
     draw: one ulp off)."""
-    from jaxattn.models._arch import FAMILIES
-    from jaxattn.models._load import resolve_config
-
-    cfg, _ = resolve_config(TINY["gpt2"])
+    cfg, _ = ja.models.resolve_config(TINY["gpt2"])
     one = jax.tree.leaves(ja.models.init(TINY["gpt2"], key))
-    by_op = jax.tree.leaves(FAMILIES["gpt2"].init(cfg, key))
+    by_op = jax.tree.leaves(ja.models.FAMILIES["gpt2"].init(cfg, key))
     assert len(one) == len(by_op)
     for a, b in zip(one, by_op, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -7,7 +7,9 @@ second should read every program from it. Per run the table gives the programs X
 compiled, those JAX refused to keep because they hold a host callback (by name), the
 cache hits, the programs loaded whole (`_programs.kept_jit`, neither traced nor
 lowered), and the share of the wall time spent tracing, lowering and compiling or
-loading (JAX's monitoring duration events, and jaxattn's for a load).
+loading (JAX's monitoring duration events, and jaxattn's for a load: the time the run
+waited for it). The last column is the loading done on other threads while the run
+went on (`_programs.loaded_ahead`: the programs of the previous run of the command).
 
     python benchmarks/programs.py [NAME ...]
 """
@@ -34,9 +36,12 @@ COMPILE = ("/jax/core/compile/backend_compile_duration",
            "/jax/core/compile/jaxpr_trace_duration",
            "/jax/core/compile/jaxpr_to_mlir_module_duration",
            "/jaxattn/programs/load_duration")
-stats = {"programs": 0, "hits": 0, "loaded": 0, "compile_s": 0.0, "refused": [], "names": []}
+stats = {"programs": 0, "hits": 0, "loaded": 0, "compile_s": 0.0, "ahead_s": 0.0,
+         "refused": [], "names": []}
 
 def on_duration(event, seconds, **kw):
+    if event == "/jaxattn/programs/load_ahead_duration":
+        stats["ahead_s"] += seconds
     if event in COMPILE:
         stats["compile_s"] += seconds
     if event == COMPILE[0]:
@@ -102,13 +107,13 @@ def row(name: str, run: int, s: dict) -> str:
     compiled = s["programs"] - s["hits"]
     return (f"| {name} | {run} | {s['programs']} ({compiled}) | {len(s['refused'])} {names} | "
             f"{s['hits']} | {s['loaded']} | {s['wall_s']:.1f} | {s['compile_s']:.1f} | "
-            f"{share:.0f} % |")
+            f"{share:.0f} % | {s.get('ahead_s', 0.0):.1f} |")
 
 
 def main(names: list[str], names_out: str | None = None) -> None:
     print("| experiment | run | programs (compiled) | refused (host callbacks) | cache hits "
-          "| kept, loaded | wall s | compile s | compile share |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| kept, loaded | wall s | compile s | compile share | loaded ahead s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in names or experiments():
         with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as out:
             for run in (1, 2):

@@ -36,6 +36,8 @@ TRACE_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_default
                   "jax_threefry_partitionable", "jax_numpy_dtype_promotion")
 #: JAX's monitoring event of a kept program's load (its duration; the benchmarks read it).
 LOAD_EVENT = "/jaxattn/programs/load_duration"
+#: The same of a load on another thread (`loaded_ahead`); the caller waits `LOAD_EVENT`.
+AHEAD_EVENT = "/jaxattn/programs/load_ahead_duration"
 #: The programs of this process, by key (`None`: not keepable, `eqx.filter_jit`'s).
 _LOADED: dict[str, tuple[Callable, object] | None] = {}
 #: Programs being loaded ahead (`loaded_ahead`), by key; the keys this run took.
@@ -246,10 +248,13 @@ def _read(path: Path):
 
 
 def _read_ahead(path: Path):
+    start = time.perf_counter()
     try:
-        return _read(path)
+        read = _read(path)
     except Exception:  # the caller reads it again, then compiles
         return None
+    jax.monitoring.record_event_duration_secs(AHEAD_EVENT, time.perf_counter() - start)
+    return read
 
 
 @contextlib.contextmanager

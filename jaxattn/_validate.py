@@ -390,6 +390,16 @@ def raise_unless(ok, message: str) -> None:
         raise SimulationError(short_message(message))
 
 
+def checked(value, ok, message: str):
+    """`value` once `ok` holds (a run's finiteness, a solve's result): checked on the
+    host where `ok` is concrete, so that the program that computed it holds no
+    callback (issue 42); inside the caller's program (`eqx.error_if`) where traced."""
+    if is_concrete(ok):
+        raise_unless(ok, message)
+        return value
+    return eqx.error_if(value, ~ok, message)
+
+
 #: The largest seed `jax.random.PRNGKey` takes (a signed 64-bit integer).
 MAX_SEED = 2**63 - 1
 

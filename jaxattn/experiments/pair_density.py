@@ -31,7 +31,7 @@ from .._process.distributed import gather, global_mesh
 from .._programs import kept_jit
 from .._stacked import first_model, map_models, map_systems, stack_tokens
 from .._strategy import choose_strategy
-from .._validate import NONFINITE, is_concrete, raise_unless, surface_errors
+from .._validate import NONFINITE, checked, surface_errors
 from .base import Param
 from .paper001 import with_beta
 from .pieces import advance
@@ -166,9 +166,8 @@ def pair_counts(P, U, betas, taus, x, at, kernel: str, norm: str, causal: bool,
     """
     counts, finite = _pair_counts(P, U, betas, taus, x, at, kernel, norm, causal, threshold,
                                   mesh)
-    if mesh is None and is_concrete(finite):  # on the host: the program holds no callback
-        raise_unless(finite, NONFINITE)
-        return counts
+    if mesh is None:  # on the host where concrete: the program holds no callback
+        return checked(counts, finite, NONFINITE)
     return eqx.error_if(counts, ~finite, NONFINITE)
 
 

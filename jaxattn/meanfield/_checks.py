@@ -4,14 +4,13 @@ memory) before any work. The ranges: docs/meanfield_equation.md, "Ranges"."""
 
 import math
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy.special import ive
 
 from .._kernel import AbstractKernel
-from .._validate import is_concrete, machine_memory, raise_unless
+from .._validate import machine_memory
 from ._grid import AbstractGrid
 
 #: The largest first dropped Funk–Hecke multiplier of the kernel `e^{βt}`, relative to
@@ -116,13 +115,3 @@ def check_size(grid: AbstractGrid, saves: int, steps: int, dtype) -> None:
     need = jnp.dtype(dtype).itemsize * points * (3 * saves + 40) + 8 * steps
     check_memory(need, f"this solve ({saves} saves of {points} grid points; save fewer times "
                        "or use a smaller grid)")
-
-
-def checked(value, ok, message: str):
-    """`value` once `ok` holds (a solve's finiteness, its result): checked on the host
-    where `ok` is concrete, so that the program that computed it holds no callback
-    (issue 42); inside the caller's program (`eqx.error_if`) where it is traced."""
-    if is_concrete(ok):
-        raise_unless(ok, message)
-        return value
-    return eqx.error_if(value, ~ok, message)

@@ -20,8 +20,7 @@ from scipy import special
 from .._flow import CheckedTimes
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
-from .._validate import is_concrete
-from ._checks import checked
+from .._validate import checked, is_concrete
 from ._kernels import check_kernel
 
 #: The most modes `circle_modes` returns (`I_k(β)/I_0(β) ≈ e^{−k²/2β}` below

@@ -14,8 +14,8 @@ from jaxtyping import Array, Float
 from .._flow import CheckedTimes
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
-from .._validate import check_count, surface_errors
-from ._checks import check_beta, check_density, check_size, checked
+from .._validate import check_count, checked, surface_errors
+from ._checks import check_beta, check_density, check_size
 from ._etd import ETDRK4
 from ._grid import AbstractGrid
 from ._kernels import check_kernel, profiles

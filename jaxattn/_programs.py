@@ -13,6 +13,7 @@ import inspect
 import io
 import os
 import pickle
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -269,9 +270,9 @@ def loaded_ahead(tag: str):
         yield
         return
     order = Path(folder) / f"jaxattn_run-{hashlib.sha256(tag.encode()).hexdigest()}-order"
-    try:
-        keys = order.read_text().split()
-    except OSError:
+    try:  # keys only: a word that is not one names no file
+        keys = [k for k in order.read_text().split() if re.fullmatch("[0-9a-f]{64}", k)]
+    except (OSError, UnicodeDecodeError):
         keys = []
     _USED.clear()
     pool = ThreadPoolExecutor(2, thread_name_prefix="jaxattn-load")

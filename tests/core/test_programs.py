@@ -134,6 +134,7 @@ def test_a_run_loads_the_programs_of_its_last_run_ahead(folder, monkeypatch):
         want = _apply(model, x, 2)["y"], _scaled(x, 2.0, n=2)
     order = list(folder.glob("jaxattn_run-*-order"))
     assert len(order) == 1 and len(order[0].read_text().split()) == 2
+    order[0].write_text(order[0].read_text() + "\n../../elsewhere")  # not a key: ignored
     monkeypatch.setattr(_programs, "_LOADED", {})  # a new process: only the folder
     with _programs.loaded_ahead("run b"):
         assert not _programs._AHEAD  # another command, or other settings

@@ -43,7 +43,8 @@ def test_same_key_same_path_and_batch_members(Noise, key):
         np.testing.assert_allclose(a[2], one, rtol=0, atol=1e-13)
 
 
-@pytest.mark.parametrize("norm", ["post", pytest.param("pre", marks=pytest.mark.slow)])
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
+@pytest.mark.parametrize("norm", ["post", "pre"])
 def test_noise_none_is_the_deterministic_run(norm, key):
     k1, k2 = jax.random.split(key)
     dyn, x0 = _model(k1, norm=norm), jax.random.normal(k2, (2, 4, 3))

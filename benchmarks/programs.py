@@ -12,6 +12,9 @@ waited for it). The last column is the loading done on other threads while the r
 went on (`_programs.loaded_ahead`: the programs of the previous run of the command).
 
     python benchmarks/programs.py [NAME ...]
+
+A NAME with spaces is a whole command line instead (`"sweep thm41-sphere --grid
+beta=1,2"`, `"loop --model PATH --weights random"`), run with `--out` added.
 """
 
 import json
@@ -74,7 +77,7 @@ for logger in ("jax._src.compiler", "jax._src.interpreters.pxla", "jax._src.disp
     log.propagate = False
 from jaxattn import cli
 start = time.perf_counter()
-code = cli.main(["run", name, "--out", out])
+code = cli.main([*(name.split() if " " in name else ["run", name]), "--out", out])
 stats["wall_s"] = time.perf_counter() - start
 stats["exit"] = code
 print("PROGRAMS " + json.dumps(stats))

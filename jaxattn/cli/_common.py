@@ -195,3 +195,21 @@ def launch_local(args, words: list[str]) -> int:
     words = [*words, *([] if args.distributed else ["--distributed"])]
     return launch([sys.executable, "-m", "jaxattn", *words], args.launch_local,
                   log=lambda line: print(line, file=sys.stderr))
+
+
+def loaded_ahead(command: str, settings, distributed: bool = False):
+    """`_programs.loaded_ahead` for this command with these `settings` (its arguments
+    less where it writes and how it shows progress; `vars(args)` less those when
+    `settings` is an `argparse.Namespace`): the kept programs its last run took are
+    loaded while it imports and starts. A distributed run has JAX's cache alone
+    (docs/usage/speed.md)."""
+    import contextlib
+
+    from .._programs import loaded_ahead as ahead
+
+    if distributed:
+        return contextlib.nullcontext()
+    if isinstance(settings, argparse.Namespace):
+        settings = sorted((k, v) for k, v in vars(settings).items()
+                          if k not in ("out", "no_progress") and not callable(v))
+    return ahead(f"{command} {settings}")

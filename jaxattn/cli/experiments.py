@@ -2,7 +2,6 @@
 and `jaxattn plot DIR` (paper 001 §6.1 as one-command experiments)."""
 
 import argparse
-import contextlib
 import difflib
 from pathlib import Path
 from typing import NamedTuple
@@ -13,6 +12,7 @@ from ._common import (
     add_distributed_flags,
     distributed_checks,
     launch_local,
+    loaded_ahead,
     parse_value,
     refuse_first,
 )
@@ -122,16 +122,13 @@ def _run(args) -> int:
                                    "run", args.name, *launch_argv(args.overrides)])
     import jax
 
-    from .._programs import loaded_ahead
-
     jax.config.update("jax_enable_x64", True)
-    ahead = loaded_ahead(f"run {args.name} {sorted(overrides.items())} {seed}")
     if opts.distributed:
         from .._process.distributed import initialize
 
         initialize(opts.coordinator, opts.num_processes, opts.process_id)
-        ahead = contextlib.nullcontext()  # JAX's cache alone (docs/usage/speed.md)
-    with ahead:  # the programs of its last run loaded while it imports and starts
+    # the programs of its last run loaded while it imports and starts
+    with loaded_ahead("run", (args.name, sorted(overrides.items()), seed), opts.distributed):
         from ..experiments import run_experiment
 
         folder, summary = run_experiment(args.name, overrides, seed=seed, out=opts.out,

@@ -6,7 +6,7 @@ import argparse
 import numpy as np
 
 from ..experiments import declared
-from ._common import CLIError, count_checks, refuse_first
+from ._common import CLIError, count_checks, loaded_ahead, refuse_first
 
 # Read from the source: `jaxattn loop --help` and its argument errors answer without
 # loading JAX (the modules that hold them import it).
@@ -65,16 +65,18 @@ def _loop(args: argparse.Namespace) -> int:
     if args.grid:
         return _grid(args)
     from .._artifacts.folders import read_json
-    from ..experiments import run_loop
 
-    try:
-        folder = run_loop(
-            args.model, args.out, args.seed, weights=args.weights, passes=args.passes,
-            ffn=not args.no_ffn, prompts=args.prompts, tokens=args.tokens, dtype=args.dtype,
-            save_states=args.save_states, precision=args.precision, text=args.text,
-            pad=args.pad, resume=args.resume, chunk_passes=args.chunk_passes,
-            progress=not args.no_progress,
-        )
+    try:  # the programs of its last run loaded while it imports and starts
+        with loaded_ahead("loop", args):
+            from ..experiments import run_loop
+
+            folder = run_loop(
+                args.model, args.out, args.seed, weights=args.weights, passes=args.passes,
+                ffn=not args.no_ffn, prompts=args.prompts, tokens=args.tokens,
+                dtype=args.dtype, save_states=args.save_states, precision=args.precision,
+                text=args.text, pad=args.pad, resume=args.resume,
+                chunk_passes=args.chunk_passes, progress=not args.no_progress,
+            )
     except ImportError as e:  # an optional package (tokenizers for --text)
         raise CLIError(str(e)) from None
     s = read_json(folder / "summary.json")

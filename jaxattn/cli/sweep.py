@@ -10,6 +10,7 @@ from ._common import (
     count_checks,
     distributed_checks,
     launch_local,
+    loaded_ahead,
     parse_value,
     refuse_first,
 )
@@ -90,25 +91,27 @@ def _sweep(args: argparse.Namespace) -> int:
         return launch_local(args, _words(args))
     import jax
 
-    from .._artifacts.folders import read_json
-    from .._validate import check_seed
-    from ..sweep import SweepSpec, format_table, read_spec
-    from ..sweep import run as run_sweep
-
     jax.config.update("jax_enable_x64", True)
     if args.distributed:
         initialize(args.coordinator, args.num_processes, args.process_id)
-    is_file = Path(args.name).suffix.lower() in (".toml", ".json")
-    spec = read_spec(args.name) if is_file else SweepSpec(args.name)
-    fixed, grid = _typed(spec.experiment, fixed, grid)
-    if args.seed is not None:  # instance i is drawn from seed + i
-        check_seed(args.seed, "--seed", count=args.instances or spec.instances)
-    result = run_sweep(
-        spec, grid or None, set=(spec.set | fixed) or None,
-        instances=args.instances, seed=args.seed, chunk=args.chunk, out=args.out,
-        resume=args.resume, devices=args.devices, distributed=args.distributed,
-        progress=not args.no_progress,
-    )
+    # the programs of its last run loaded while it imports and starts
+    with loaded_ahead("sweep", args, args.distributed):
+        from .._artifacts.folders import read_json
+        from .._validate import check_seed
+        from ..sweep import SweepSpec, format_table, read_spec
+        from ..sweep import run as run_sweep
+
+        is_file = Path(args.name).suffix.lower() in (".toml", ".json")
+        spec = read_spec(args.name) if is_file else SweepSpec(args.name)
+        fixed, grid = _typed(spec.experiment, fixed, grid)
+        if args.seed is not None:  # instance i is drawn from seed + i
+            check_seed(args.seed, "--seed", count=args.instances or spec.instances)
+        result = run_sweep(
+            spec, grid or None, set=(spec.set | fixed) or None,
+            instances=args.instances, seed=args.seed, chunk=args.chunk, out=args.out,
+            resume=args.resume, devices=args.devices, distributed=args.distributed,
+            progress=not args.no_progress,
+        )
     if result is None:  # a process other than 0 of a distributed sweep
         print(f"process {jax.process_index()} of {jax.process_count()}: done "
               "(process 0 wrote the sweep)")

@@ -122,8 +122,12 @@ def _block(name: str, p: dict[str, Any], s: tuple, keys, strategy: str):
 
 
 def _host_domain(tests, y0) -> np.ndarray:
-    """The domain test of each instance, run outside the simulation's program."""
-    return np.asarray(jax.vmap(lambda test, y: test.domain(y)[0])(tests, jnp.asarray(y0)))
+    """The domain test of each instance, run outside the simulation's program, one
+    instance at a time: on concrete tokens it solves its program on the host, so that
+    no program holds a host callback (one would be compiled again every run)."""
+    tests = jax.tree.map(np.asarray, tests)
+    return np.array([bool(jax.tree.map(lambda a: a[i], tests).domain(y)[0])
+                     for i, y in enumerate(np.asarray(y0))])
 
 
 def simulate_chunk(name: str, config: dict[str, Any], params: tuple[Param, ...], seeds,

@@ -248,3 +248,29 @@ def test_a_command_refuses_a_cache_folder_it_cannot_use(capsys, monkeypatch, tmp
     assert err.startswith(f"jaxattn run: error: cannot use {tmp_path / 'file'} for the "
                           "compilation cache") and "(JAXATTN_CACHE_DIR=off)" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_command_loads_ahead_by_its_arguments_less_where_it_writes(monkeypatch):
+    """`jaxattn run`, `sweep` and `loop` load ahead the programs of their last run with
+    the same arguments: `--out` and `--no-progress` do not count, any other does; a
+    distributed run loads nothing ahead."""
+    import argparse
+    import contextlib
+
+    from jaxattn import _programs
+    from jaxattn.cli._common import loaded_ahead
+
+    tags = []
+    monkeypatch.setattr(_programs, "loaded_ahead",
+                        lambda tag: tags.append(tag) or contextlib.nullcontext())
+
+    def args(**kw):
+        return argparse.Namespace(**{"name": "thm41-sphere", "seed": 0, "out": "a",
+                                     "no_progress": False, "func": print, **kw})
+
+    for a in (args(), args(out="b", no_progress=True), args(seed=1)):
+        with loaded_ahead("sweep", a):
+            pass
+    with loaded_ahead("loop", args()), loaded_ahead("sweep", args(), distributed=True):
+        pass
+    assert tags[0] == tags[1] and len(set(tags)) == 3 and len(tags) == 4

@@ -383,3 +383,30 @@ def test_a_bad_value_is_refused_before_jax_loads(argv, words, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert words in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_the_host_domain_decides_as_the_callback_without_one(monkeypatch):
+    """Theorem 4.1's domain of a chunk's instances is decided on the host, instance by
+    instance, as the vmapped callback decides it, with no callback (a program that holds
+    one is compiled again every run): half the starts in a hemisphere, half not, each
+    instance with its own metric."""
+    from jaxattn.sweep import _instances
+    from jaxattn.theory._predict import Theorem41Test
+
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((6, 3, 3))
+    W = A @ A.transpose(0, 2, 1) + 3 * np.eye(3)
+    x = rng.standard_normal((6, 5, 3))
+    x[:3] = np.abs(x[:3])  # in the open orthant: inside a hemisphere of every metric
+    x[3:, :3] = np.eye(3) * [1, 1, 1]
+    x[3:, 3:] = -np.eye(3)[:2]  # ±e₁, ±e₂, e₃: in no open hemisphere
+    x = x / np.linalg.norm(x, axis=-1, keepdims=True)
+    tests = Theorem41Test(W=jnp.asarray(W))
+    reference = np.asarray(jax.vmap(lambda t, y: t.domain(y)[0])(tests, jnp.asarray(x)))
+    assert reference.tolist() == [True] * 3 + [False] * 3
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a host callback in a program")
+
+    monkeypatch.setattr(jax, "pure_callback", refuse)
+    assert _instances._host_domain(tests, x).tolist() == reference.tolist()

@@ -279,6 +279,20 @@ class Attention(eqx.Module):
             normal(ko, (d, h, k), std), b((h, k)), b((g, k)), b((g, k)), b((d,)), scale,
         )
 
+    @staticmethod
+    def from_linear(q: Linear, k: Linear, v: Linear, o: Linear, h: int, g: int,
+                    scale: float) -> "Attention":
+        """Per-head attention from HuggingFace's query, key, value and output layers
+        (`h` query heads, `g` key–value heads): projection rows `(h·k, d)` → `(h, k, d)`,
+        the output's columns `(d, h·k)` → `(d, h, k)`."""
+
+        def heads(w, count):
+            return None if w is None else w.reshape(count, w.shape[0] // count, *w.shape[1:])
+
+        return Attention(heads(q.weight, h), heads(k.weight, g), heads(v.weight, g),
+                         o.weight.reshape(o.weight.shape[0], h, -1), heads(q.bias, h),
+                         heads(k.bias, g), heads(v.bias, g), o.bias, scale)
+
 
 def apply_rotary(x: Float[Array, "h n k"], cos: Array, sin: Array) -> Float[Array, "h n k"]:
     """Rotate query/key features by position (`x cos + rotate_half(x) sin`)."""
@@ -398,20 +412,6 @@ class GatedMLP(eqx.Module):
                  precision: Precision = "float32") -> Float[Array, "n d"]:
         gate = ACTIVATIONS[self.act](self.gate(x, precision=precision))
         return self.down(gate * self.up(x, precision=precision), precision=precision)
-
-
-def heads_in(w: Array, h: int) -> Array:
-    """`(h·k, d)` projection rows → per-head `(h, k, d)`."""
-    return w.reshape(h, w.shape[0] // h, w.shape[1])
-
-
-def heads_out(w: Array, h: int) -> Array:
-    """`(d, h·k)` output projection → per-head `(d, h, k)`."""
-    return w.reshape(w.shape[0], h, w.shape[1] // h)
-
-
-def bias_heads(b: Array | None, h: int) -> Array | None:
-    return None if b is None else b.reshape(h, b.shape[0] // h)
 
 
 class PreNormBlock(eqx.Module):

@@ -5,9 +5,8 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Float, Int
 
-from ._nn import MLP, LayerNorm, Linear, PostNormBlock
-from .base import TransformerConfig, reject, stack
-from .bert import AbstractEncoder, encoder_config, init_embeddings, load_attention, load_embeddings
+from ._nn import LayerNorm, Linear, PostNormBlock
+from .base import AbstractEncoder, TransformerConfig, encoder_config, reject, stack
 
 
 class Albert(AbstractEncoder):
@@ -30,6 +29,8 @@ class Albert(AbstractEncoder):
                   "AlbertForPreTraining", "AlbertForQuestionAnswering",
                   "AlbertForSequenceClassification", "AlbertForTokenClassification")
     prefix = "albert."
+    block_names = ("attention.query", "attention.key", "attention.value", "attention.dense",
+                   "attention.LayerNorm", "ffn", "ffn_output", "full_layer_layer_norm")
 
     @classmethod
     def num_slots(cls, cfg) -> int:
@@ -51,19 +52,11 @@ class Albert(AbstractEncoder):
         ke, kp, kb = jax.random.split(key, 3)
         e = cfg.embedding_size
         project = Linear.init(kp, e, cfg.hidden_size, cfg.initializer_range)
-        return cls(cfg, *init_embeddings(cfg, ke, e), project, cls.init_blocks(cfg, kb))
+        return cls(cfg, *cls.init_embeddings(cfg, ke, e), project, cls.init_blocks(cfg, kb))
 
     @classmethod
     def from_state(cls, cfg, src):
-        d, e, inner = cfg.hidden_size, cfg.embedding_size, cfg.intermediate_size
-        p = "encoder.albert_layer_groups.0.albert_layers.0"
-        attn = load_attention(cfg, src, {
-            "query": f"{p}.attention.query", "key": f"{p}.attention.key",
-            "value": f"{p}.attention.value", "output": f"{p}.attention.dense"})
-        mlp = MLP(Linear.load(src, f"{p}.ffn", d, inner),
-                  Linear.load(src, f"{p}.ffn_output", inner, d), cfg.activation)
-        eps = cfg.norm_eps
-        block = PostNormBlock(attn, LayerNorm.load(src, f"{p}.attention.LayerNorm", d, eps),
-                              mlp, LayerNorm.load(src, f"{p}.full_layer_layer_norm", d, eps))
+        block = cls.load_block(cfg, src, "encoder.albert_layer_groups.0.albert_layers.0")
+        e, d = cfg.embedding_size, cfg.hidden_size
         project = Linear.load(src, "encoder.embedding_hidden_mapping_in", e, d)
-        return cls(cfg, *load_embeddings(cfg, src, e), project, stack([block]))
+        return cls(cfg, *cls.load_embeddings(cfg, src, e), project, stack([block]))

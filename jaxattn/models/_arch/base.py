@@ -14,7 +14,17 @@ from jaxtyping import Array, Bool, Float, Int
 
 from ..._precision import Precision
 from .._tokenize import detokenize, tokenize
-from ._nn import Window, dense_mask, normal
+from ._nn import (
+    MLP,
+    Attention,
+    LayerNorm,
+    Linear,
+    PostNormBlock,
+    PreNormBlock,
+    Window,
+    dense_mask,
+    normal,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +109,17 @@ def token_table(cfg: TransformerConfig, key, width: int) -> Float[Array, "V e"]:
     if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.vocab_size:
         table = table.at[cfg.pad_token_id].set(0.0)
     return table
+
+
+def load_attention(cfg: TransformerConfig, src, names, bias: bool = True,
+                   output_bias: bool | None = None) -> Attention:
+    """Per-head attention from HuggingFace's four linear layers `names` (query, key,
+    value, output), each with a bias when `bias` (the output's: `output_bias`, by
+    default `bias`)."""
+    d, h, g, k = cfg.hidden_size, cfg.num_heads, cfg.kv_heads, cfg.dim_head
+    q, kk, v = (Linear.load(src, name, d, m * k, bias) for name, m in zip(names, (h, g, g)))
+    o = Linear.load(src, names[3], h * k, d, bias if output_bias is None else output_bias)
+    return Attention.from_linear(q, kk, v, o, h, g, cfg.scale)
 
 
 def check_sizes(cfg: TransformerConfig) -> TransformerConfig:
@@ -270,3 +291,148 @@ def stack(blocks: Iterable) -> Any:
     leading layer axis. Stacked by NumPy first: weights read from files stay on the
     host until the one transfer of each stacked array."""
     return jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs)), *blocks)
+
+
+class AbstractLearnedPositionDecoder(AbstractTransformer):
+    """What GPT-2 and GPT-Neo share: token plus learned position embeddings, a final
+    LayerNorm, random initialisation of both with `initializer_range`, and pre-norm
+    blocks whose tensors are named `h.{i}.ln_1`, `h.{i}.mlp.c_fc`, … (each member
+    reads its own attention)."""
+
+    wte: eqx.AbstractVar[Float[Array, "V d"]]
+    wpe: eqx.AbstractVar[Float[Array, "P d"]]
+    ln_f: eqx.AbstractVar[LayerNorm]
+
+    probe = "wte.weight"
+    prefix = "transformer."
+    bounded_positions = True
+    # Whether the linear layers are HuggingFace's `Conv1D`, its weight stored `(in, out)`
+    # (GPT-2), and so transposed at load time.
+    conv1d: eqx.AbstractClassVar[bool]
+
+    def embed(self, ids: Int[Array, " n"], *, precision="float32") -> Float[Array, "n d"]:
+        return self.wte[ids] + self.wpe[: ids.shape[0]]
+
+    def final_norm(self, x):
+        return self.ln_f(x)
+
+    def head(self):
+        return self.wte  # HuggingFace's LM-head models tie it to the token embedding
+
+    @classmethod
+    @abc.abstractmethod
+    def load_attention(cls, cfg: TransformerConfig, src, prefix: str) -> Attention:
+        """The attention of the block whose tensors start with `prefix` (`h.{i}`)."""
+
+    @classmethod
+    def load_linear(cls, src, name: str, d_in: int, d_out: int) -> Linear:
+        if not cls.conv1d:
+            return Linear.load(src, name, d_in, d_out)
+        return Linear(src.get(f"{name}.weight", (d_in, d_out)).T,
+                      src.get(f"{name}.bias", (d_out,)))
+
+    @classmethod
+    def init(cls, cfg, key):
+        ke, kp, kb = jax.random.split(key, 3)
+        std = cfg.initializer_range
+        return cls(cfg, normal(ke, (cfg.vocab_size, cfg.hidden_size), std),
+                   normal(kp, (cfg.max_positions, cfg.hidden_size), std),
+                   cls.init_blocks(cfg, kb), LayerNorm.init(cfg.hidden_size, cfg.norm_eps))
+
+    @classmethod
+    def from_state(cls, cfg, src):
+        d, inner, eps = cfg.hidden_size, cfg.intermediate_size, cfg.norm_eps
+
+        def block(i):
+            p = f"h.{i}"
+            attn = cls.load_attention(cfg, src, p)
+            mlp = MLP(cls.load_linear(src, f"{p}.mlp.c_fc", d, inner),
+                      cls.load_linear(src, f"{p}.mlp.c_proj", inner, d), cfg.activation)
+            return PreNormBlock(LayerNorm.load(src, f"{p}.ln_1", d, eps), attn,
+                                LayerNorm.load(src, f"{p}.ln_2", d, eps), mlp)
+
+        return cls(cfg, src.get("wte.weight", (cfg.vocab_size, d)),
+                   src.get("wpe.weight", (cfg.max_positions, d)),
+                   stack(map(block, range(cfg.num_layers))), LayerNorm.load(src, "ln_f", d, eps))
+
+
+def encoder_config(hf: dict, model_type: str, **extra) -> TransformerConfig:
+    """The fields BERT and ALBERT configs share."""
+    reject(hf, "position_embedding_type", lambda v: v == "absolute", "only absolute positions")
+    reject(hf, "is_decoder", lambda v: not v, "decoder use of an encoder")
+    return check_sizes(TransformerConfig(
+        model_type=model_type, vocab_size=hf.get("vocab_size", 30522),
+        hidden_size=hf.get("hidden_size", 768), num_layers=hf.get("num_hidden_layers", 12),
+        num_heads=hf.get("num_attention_heads", 12),
+        intermediate_size=hf.get("intermediate_size", 3072),
+        max_positions=hf.get("max_position_embeddings", 512),
+        norm_eps=hf.get("layer_norm_eps", 1e-12), activation=hf.get("hidden_act", "gelu"),
+        initializer_range=hf.get("initializer_range", 0.02),
+        type_vocab_size=hf.get("type_vocab_size", 2), pad_token_id=hf.get("pad_token_id", 0),
+        causal=False, **extra,
+    ))
+
+
+class AbstractEncoder(AbstractTransformer):
+    """What BERT and ALBERT share: word + position + segment embeddings (segment ids
+    all 0, HuggingFace's default) through a LayerNorm, post-norm blocks with
+    HuggingFace's initialisation, and no final norm (the last block ends with its
+    own LayerNorm)."""
+
+    word: eqx.AbstractVar[Float[Array, "V e"]]
+    position: eqx.AbstractVar[Float[Array, "P e"]]
+    segment: eqx.AbstractVar[Float[Array, "T e"]]
+    ln_embed: eqx.AbstractVar[LayerNorm]
+
+    probe = "embeddings.word_embeddings.weight"
+    bounded_positions = True
+    # HuggingFace's names of a block's tensors after the block's prefix: the query,
+    # key, value and output of the attention, its LayerNorm, the feed-forward layers
+    # in and out, and their LayerNorm.
+    block_names: eqx.AbstractClassVar[tuple[str, ...]]
+
+    def embeddings(self, ids: Int[Array, " n"]) -> Float[Array, "n e"]:
+        """The normalised sum of the word, segment and position embeddings."""
+        return self.ln_embed(self.word[ids] + self.segment[0][None] + self.position[: ids.shape[0]])
+
+    def final_norm(self, x):
+        return x
+
+    @classmethod
+    def init_block(cls, cfg, key):
+        d, std = cfg.hidden_size, cfg.initializer_range
+        ka, kf, kp = jax.random.split(key, 3)
+        attn = Attention.init(ka, d, cfg.num_heads, cfg.num_heads, cfg.dim_head, std, True,
+                              cfg.scale)
+        mlp = MLP(Linear.init(kf, d, cfg.intermediate_size, std),
+                  Linear.init(kp, cfg.intermediate_size, d, std), cfg.activation)
+        ln = LayerNorm.init(d, cfg.norm_eps)
+        return PostNormBlock(attn, ln, mlp, ln)
+
+    @staticmethod
+    def init_embeddings(cfg: TransformerConfig, key, width: int):
+        """Word, position and segment tables (`N(0, std²)`, padding row zeroed, as HF
+        does) and their LayerNorm."""
+        kw, kp, kt = jax.random.split(key, 3)
+        std = cfg.initializer_range
+        return (token_table(cfg, kw, width), normal(kp, (cfg.max_positions, width), std),
+                normal(kt, (cfg.type_vocab_size, width), std), LayerNorm.init(width, cfg.norm_eps))
+
+    @staticmethod
+    def load_embeddings(cfg: TransformerConfig, src, width: int):
+        p = "embeddings"
+        return (src.get(f"{p}.word_embeddings.weight", (cfg.vocab_size, width)),
+                src.get(f"{p}.position_embeddings.weight", (cfg.max_positions, width)),
+                src.get(f"{p}.token_type_embeddings.weight", (cfg.type_vocab_size, width)),
+                LayerNorm.load(src, f"{p}.LayerNorm", width, cfg.norm_eps))
+
+    @classmethod
+    def load_block(cls, cfg: TransformerConfig, src, prefix: str) -> PostNormBlock:
+        """The block whose tensors are `{prefix}.{name}`, `name` in `block_names`."""
+        d, inner, eps = cfg.hidden_size, cfg.intermediate_size, cfg.norm_eps
+        *attention, ln_attn, fc, proj, ln_out = (f"{prefix}.{n}" for n in cls.block_names)
+        attn = load_attention(cfg, src, attention)
+        mlp = MLP(Linear.load(src, fc, d, inner), Linear.load(src, proj, inner, d),
+                  cfg.activation)
+        return PostNormBlock(attn, LayerNorm.load(src, ln_attn, d, eps), mlp,
+                             LayerNorm.load(src, ln_out, d, eps))

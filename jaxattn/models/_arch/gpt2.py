@@ -5,50 +5,10 @@ import math
 import equinox as eqx
 import jax
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
-from ._nn import (
-    MLP,
-    Attention,
-    LayerNorm,
-    Linear,
-    PreNormBlock,
-    bias_heads,
-    heads_in,
-    heads_out,
-    normal,
-)
-from .base import AbstractTransformer, TransformerConfig, check_sizes, reject, stack
-
-
-class AbstractLearnedPositionDecoder(AbstractTransformer):
-    """What GPT-2 and GPT-Neo share: token plus learned position embeddings, a final
-    LayerNorm, and random initialisation of both with `initializer_range`."""
-
-    wte: eqx.AbstractVar[Float[Array, "V d"]]
-    wpe: eqx.AbstractVar[Float[Array, "P d"]]
-    ln_f: eqx.AbstractVar[LayerNorm]
-
-    probe = "wte.weight"
-    prefix = "transformer."
-    bounded_positions = True
-
-    def embed(self, ids: Int[Array, " n"], *, precision="float32") -> Float[Array, "n d"]:
-        return self.wte[ids] + self.wpe[: ids.shape[0]]
-
-    def final_norm(self, x):
-        return self.ln_f(x)
-
-    def head(self):
-        return self.wte  # HuggingFace's LM-head models tie it to the token embedding
-
-    @classmethod
-    def init(cls, cfg, key):
-        ke, kp, kb = jax.random.split(key, 3)
-        std = cfg.initializer_range
-        return cls(cfg, normal(ke, (cfg.vocab_size, cfg.hidden_size), std),
-                   normal(kp, (cfg.max_positions, cfg.hidden_size), std),
-                   cls.init_blocks(cfg, kb), LayerNorm.init(cfg.hidden_size, cfg.norm_eps))
+from ._nn import MLP, Attention, LayerNorm, Linear, PreNormBlock, normal
+from .base import AbstractLearnedPositionDecoder, TransformerConfig, check_sizes, reject
 
 
 class GPT2(AbstractLearnedPositionDecoder):
@@ -61,6 +21,7 @@ class GPT2(AbstractLearnedPositionDecoder):
     ln_f: LayerNorm
 
     family = "gpt2"
+    conv1d = True
     hf_classes = ("GPT2Model", "GPT2LMHeadModel", "GPT2DoubleHeadsModel",
                   "GPT2ForSequenceClassification", "GPT2ForTokenClassification",
                   "GPT2ForQuestionAnswering")
@@ -97,26 +58,9 @@ class GPT2(AbstractLearnedPositionDecoder):
         return PreNormBlock(ln, attn, ln, mlp)
 
     @classmethod
-    def from_state(cls, cfg, src):
-        d, h, inner, eps = cfg.hidden_size, cfg.num_heads, cfg.intermediate_size, cfg.norm_eps
-
-        def conv(name, d_in, d_out):  # GPT-2's Conv1D stores (in, out)
-            return Linear(src.get(f"{name}.weight", (d_in, d_out)).T,
-                          src.get(f"{name}.bias", (d_out,)))
-
-        def block(i):
-            p = f"h.{i}"
-            qkv = conv(f"{p}.attn.c_attn", d, 3 * d)
-            (wq, wk, wv), (bq, bk, bv) = np.split(qkv.weight, 3), np.split(qkv.bias, 3)
-            out = conv(f"{p}.attn.c_proj", d, d)
-            attn = Attention(heads_in(wq, h), heads_in(wk, h), heads_in(wv, h),
-                             heads_out(out.weight, h), bias_heads(bq, h), bias_heads(bk, h),
-                             bias_heads(bv, h), out.bias, cfg.scale)
-            mlp = MLP(conv(f"{p}.mlp.c_fc", d, inner), conv(f"{p}.mlp.c_proj", inner, d),
-                      cfg.activation)
-            return PreNormBlock(LayerNorm.load(src, f"{p}.ln_1", d, eps), attn,
-                                LayerNorm.load(src, f"{p}.ln_2", d, eps), mlp)
-
-        return cls(cfg, src.get("wte.weight", (cfg.vocab_size, d)),
-                   src.get("wpe.weight", (cfg.max_positions, d)),
-                   stack(map(block, range(cfg.num_layers))), LayerNorm.load(src, "ln_f", d, eps))
+    def load_attention(cls, cfg, src, prefix):
+        d, h = cfg.hidden_size, cfg.num_heads
+        qkv = cls.load_linear(src, f"{prefix}.attn.c_attn", d, 3 * d)
+        q, k, v = map(Linear, np.split(qkv.weight, 3), np.split(qkv.bias, 3))
+        out = cls.load_linear(src, f"{prefix}.attn.c_proj", d, d)
+        return Attention.from_linear(q, k, v, out, h, h, cfg.scale)

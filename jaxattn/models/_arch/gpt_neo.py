@@ -6,19 +6,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from ._nn import (
-    MLP,
-    Attention,
-    LayerNorm,
-    Linear,
-    PreNormBlock,
-    Window,
-    heads_in,
-    heads_out,
-    normal,
-)
-from .base import TransformerConfig, check_sizes, stack
-from .gpt2 import AbstractLearnedPositionDecoder
+from ._nn import MLP, Attention, LayerNorm, Linear, PreNormBlock, Window, normal
+from .base import AbstractLearnedPositionDecoder, TransformerConfig, check_sizes, load_attention
 
 
 def expand_attention_types(types, layers: int) -> tuple[str, ...]:
@@ -51,6 +40,7 @@ class GPTNeo(AbstractLearnedPositionDecoder):
     ln_f: LayerNorm
 
     family = "gpt_neo"
+    conv1d = False
     hf_classes = ("GPTNeoModel", "GPTNeoForCausalLM", "GPTNeoForSequenceClassification",
                   "GPTNeoForTokenClassification", "GPTNeoForQuestionAnswering")
     hf_aliases = {"num_attention_heads": "num_heads", "num_hidden_layers": "num_layers"}
@@ -91,20 +81,6 @@ class GPTNeo(AbstractLearnedPositionDecoder):
         return PreNormBlock(ln, attn, ln, mlp)
 
     @classmethod
-    def from_state(cls, cfg, src):
-        d, h, inner, eps = cfg.hidden_size, cfg.num_heads, cfg.intermediate_size, cfg.norm_eps
-
-        def block(i):
-            p = f"h.{i}.attn.attention"
-            q, k, v = (Linear.load(src, f"{p}.{n}_proj", d, d, bias=False).weight for n in "qkv")
-            out = Linear.load(src, f"{p}.out_proj", d, d)
-            attn = Attention(heads_in(q, h), heads_in(k, h), heads_in(v, h),
-                             heads_out(out.weight, h), None, None, None, out.bias, cfg.scale)
-            mlp = MLP(Linear.load(src, f"h.{i}.mlp.c_fc", d, inner),
-                      Linear.load(src, f"h.{i}.mlp.c_proj", inner, d), cfg.activation)
-            return PreNormBlock(LayerNorm.load(src, f"h.{i}.ln_1", d, eps), attn,
-                                LayerNorm.load(src, f"h.{i}.ln_2", d, eps), mlp)
-
-        return cls(cfg, src.get("wte.weight", (cfg.vocab_size, d)),
-                   src.get("wpe.weight", (cfg.max_positions, d)),
-                   stack(map(block, range(cfg.num_layers))), LayerNorm.load(src, "ln_f", d, eps))
+    def load_attention(cls, cfg, src, prefix):
+        names = [f"{prefix}.attn.attention.{n}_proj" for n in ("q", "k", "v", "out")]
+        return load_attention(cfg, src, names, bias=False, output_bias=True)

@@ -5,19 +5,17 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Float, Int
 
-from ._nn import (
-    Attention,
-    GatedMLP,
-    Linear,
-    PreNormBlock,
-    RMSNorm,
-    bias_heads,
-    heads_in,
-    heads_out,
-    normal,
-)
+from ._nn import Attention, GatedMLP, Linear, PreNormBlock, RMSNorm, normal
 from ._rope import read_rope, rotary_tables
-from .base import AbstractTransformer, TransformerConfig, check_sizes, reject, stack, token_table
+from .base import (
+    AbstractTransformer,
+    TransformerConfig,
+    check_sizes,
+    load_attention,
+    reject,
+    stack,
+    token_table,
+)
 
 
 class Llama(AbstractTransformer):
@@ -113,19 +111,12 @@ class Llama(AbstractTransformer):
 
     @classmethod
     def from_state(cls, cfg, src):
-        d, h, g, k = cfg.hidden_size, cfg.num_heads, cfg.kv_heads, cfg.dim_head
-        inner, eps = cfg.intermediate_size, cfg.norm_eps
+        d, inner, eps = cfg.hidden_size, cfg.intermediate_size, cfg.norm_eps
 
         def block(i):
             p = f"layers.{i}"
-            ab = cfg.attention_bias
-            q = Linear.load(src, f"{p}.self_attn.q_proj", d, h * k, ab)
-            kk = Linear.load(src, f"{p}.self_attn.k_proj", d, g * k, ab)
-            v = Linear.load(src, f"{p}.self_attn.v_proj", d, g * k, ab)
-            o = Linear.load(src, f"{p}.self_attn.o_proj", h * k, d, ab)
-            attn = Attention(heads_in(q.weight, h), heads_in(kk.weight, g), heads_in(v.weight, g),
-                             heads_out(o.weight, h), bias_heads(q.bias, h), bias_heads(kk.bias, g),
-                             bias_heads(v.bias, g), o.bias, cfg.scale)
+            attn = load_attention(cfg, src, [f"{p}.self_attn.{n}_proj" for n in "qkvo"],
+                                  cfg.attention_bias)
             mb = cfg.mlp_bias
             mlp = GatedMLP(Linear.load(src, f"{p}.mlp.gate_proj", d, inner, mb),
                            Linear.load(src, f"{p}.mlp.up_proj", d, inner, mb),

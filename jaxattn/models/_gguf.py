@@ -69,7 +69,7 @@ def hf_name(name: str) -> str | None:
     return None
 
 
-def _field(reader, key: str, default=None):
+def gguf_field(reader, key: str, default=None):
     field = reader.fields.get(key)
     return default if field is None else field.contents()
 
@@ -83,9 +83,9 @@ def gguf_config(reader, path: Path) -> dict:
     """A HuggingFace-style `config.json` dict from the gguf metadata."""
 
     def llama(key, default=None):
-        return _field(reader, f"llama.{key}", default)
+        return gguf_field(reader, f"llama.{key}", default)
 
-    arch = _field(reader, "general.architecture")
+    arch = gguf_field(reader, "general.architecture")
     missing = [key for key in _REQUIRED if llama(key) is None]
     rope, problem = {}, None
     if arch != "llama":
@@ -121,9 +121,9 @@ def _rope_scaling(reader) -> tuple[dict, str | None]:
     the older `llama.rope.scale_linear`), and the problem with it: linear scaling is
     read (llama.cpp's is HuggingFace's); any other kind is refused by name, never
     ignored."""
-    kind = _field(reader, "llama.rope.scaling.type")
-    factor = _field(reader, "llama.rope.scaling.factor")
-    old = _field(reader, "llama.rope.scale_linear")
+    kind = gguf_field(reader, "llama.rope.scaling.type")
+    factor = gguf_field(reader, "llama.rope.scaling.factor")
+    old = gguf_field(reader, "llama.rope.scale_linear")
     if kind in (None, "none") and old not in (None, 1.0):
         kind, factor = "linear", old
     if kind in (None, "none"):
@@ -206,7 +206,7 @@ def convert(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
             w = unpermute(w, hf["num_key_value_heads"])
         arrays[name] = w
     hf["vocab_size"] = int(arrays["embed_tokens.weight"].shape[0]) if (
-        "embed_tokens.weight" in arrays) else int(_field(reader, "llama.vocab_size", 0))
+        "embed_tokens.weight" in arrays) else int(gguf_field(reader, "llama.vocab_size", 0))
     return hf, arrays
 
 

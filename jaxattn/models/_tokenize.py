@@ -13,7 +13,7 @@ import equinox
 import numpy as np
 
 from .._validate import check_count, check_flag
-from ._gguf import open_gguf
+from ._gguf import gguf_field, open_gguf
 from ._packaged import PACKAGED, installed_path
 
 INSTALL = "pip install tokenizers"
@@ -78,8 +78,7 @@ def _from_gguf(tk, path: Path):
     reader = open_gguf(path)
 
     def field(key, default=None):
-        f = reader.fields.get(f"tokenizer.ggml.{key}")
-        return default if f is None else f.contents()
+        return gguf_field(reader, f"tokenizer.ggml.{key}", default)
 
     def strings(key):  # as `contents()`, without its slow per-item dispatch
         f = reader.fields[f"tokenizer.ggml.{key}"]

@@ -23,6 +23,7 @@ from ._consensus import potential as potential
 from ._consensus import rank_collapse_residual as rank_collapse_residual
 from ._energy import interaction_energy as interaction_energy
 from ._energy import saddle_index as saddle_index
+from ._energy import tangent_basis as tangent_basis
 from ._energy import tangent_hessian as tangent_hessian
 from ._hemisphere import Hemisphere as Hemisphere
 from ._hemisphere import hemisphere as hemisphere
@@ -81,6 +82,7 @@ __all__ = [
     "rescaled_flow",
     "saddle_index",
     "sphere_density",
+    "tangent_basis",
     "tangent_hessian",
     "wendel_probability",
     "window_statistics",

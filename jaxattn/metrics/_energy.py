@@ -48,12 +48,12 @@ def interaction_energy(x: Float[Array, "*batch n d"], beta, weights=None) -> Flo
 
 
 def tangent_basis(x: Float[Array, "n d"]) -> Float[Array, "n d-1 d"]:
-    """An orthonormal basis of each token's tangent space `x_iᗮ` (`x_i` unit)."""
+    """An orthonormal basis of each unit token's tangent space `x_iᗮ`, `(n, d − 1, d)`:
+    the last `d − 1` columns of the Householder reflection that swaps `x_i` and `±e₁`."""
     d = x.shape[-1]
-    # Householder reflection sending e_1 to x_i: its other columns span x_iᗮ
     e1 = jnp.zeros((1, d), x.dtype).at[0, 0].set(1.0)
     sign = jnp.where(x[:, :1] >= 0, 1.0, -1.0)
-    v = x + sign * e1
+    v = x + sign * e1  # never small: |v|² = 2(1 + |x_i1|) ≥ 2
     H = jnp.eye(d, dtype=x.dtype)[None] - 2 * v[:, :, None] * v[:, None, :] / jnp.sum(
         v * v, axis=-1)[:, None, None]
     return jnp.swapaxes(H[:, :, 1:], 1, 2)

@@ -42,9 +42,10 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .._dynamics import SelfAttentionDynamics
 from .._manifold import project
-from .._precision import einsum, matmul
+from .._precision import einsum
 from .._programs import kept_jit
 from .._validate import is_concrete
+from ..metrics import tangent_basis
 from ._spectrum import layer_matrix
 
 
@@ -69,17 +70,6 @@ def _one_head(*weights):
     is traced."""
     xp = np if all(map(is_concrete, weights)) else jnp
     return [xp.asarray(w, dtype=jnp.result_type(float))[None] for w in weights]
-
-
-def _householder_basis(x: Float[Array, " d"]) -> Float[Array, "d d-1"]:
-    """An orthonormal basis of `x^⊥` (`x` unit): the last `d − 1` columns of the
-    reflection that swaps `x` and `±e₁`."""
-    d = x.shape[0]
-    e1 = jnp.zeros_like(x).at[0].set(1.0)
-    sign = jnp.where(x[0] >= 0, 1.0, -1.0)
-    w = x + sign * e1  # never small: |w|² = 2(1 + |x₁|) ≥ 2
-    H = jnp.eye(d, dtype=x.dtype) - 2 * jnp.outer(w, w) / matmul(w, w)
-    return H[:, 1:]
 
 
 def bipartite_point(v: Float[Array, " d"], n: int, m) -> Float[Array, "n d"]:
@@ -124,10 +114,10 @@ def tangent_jacobian(
     """
     n, d = x.shape
     J = jax.jacfwd(lambda y: dyn.layer(0.0, y, tau))(x)  # (n, d, n, d)
-    B = jax.vmap(_householder_basis)(x)  # (n, d, d-1)
+    B = tangent_basis(x)  # (n, d-1, d)
     # Pairwise: `_precision.einsum` states the precision of each two-operand product.
-    JB = einsum("iajb,jbq->iajq", J, B, precision=dyn.precision)
-    JT = einsum("iap,iajq->ipjq", B, JB, precision=dyn.precision)
+    JB = einsum("iajb,jqb->iajq", J, B, precision=dyn.precision)
+    JT = einsum("ipa,iajq->ipjq", B, JB, precision=dyn.precision)
     return JT.reshape(n * (d - 1), n * (d - 1))
 
 

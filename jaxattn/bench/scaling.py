@@ -163,13 +163,11 @@ def _summarise(name, data, setup, ncores) -> dict:
 
 def measure_devices(sizes, setup: Setup, repeats: int) -> dict:
     """The device sweep in a fresh process with `max(sizes)` forced CPU devices."""
-    env = dict(os.environ)
     flag = f"--xla_force_host_platform_device_count={max(sizes)}"
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["JAX_ENABLE_X64"] = "0"
     root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(),
+               JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0",
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     spec = {"sizes": list(sizes), "setup": dataclasses.asdict(setup), "repeats": repeats}
     # Progress goes to the inherited stderr; the result is the last line of stdout.
     proc = subprocess.run([sys.executable, "-m", __name__, json.dumps(spec)], env=env,

@@ -367,7 +367,7 @@ class Scene:
         self.cursor = ax.axvline(ts[0], color="tab:red", lw=0.8, alpha=0.6)
 
     # --- one frame -----------------------------------------------------------------
-    def _draw_sphere(self, i: int, history: np.ndarray, frac: float):
+    def _draw_sphere(self, history: np.ndarray, frac: float):
         R = _rotation(self.azimuth + self.spin * frac, self.elevation)
         screen = history @ R.T  # (k, n, 3)
         now = screen[-1]
@@ -382,12 +382,12 @@ class Scene:
         self.equator.set_data(ring[:, 0], ring[:, 1])
         self._set_trails(screen[..., :2], screen[..., 2] >= 0)
 
-    def _draw_circle(self, i: int, history: np.ndarray, frac: float):
+    def _draw_circle(self, history: np.ndarray, frac: float):
         self.front.set_offsets(history[-1])
         self.front.set_facecolors(self.colors)
         self._set_trails(history, np.ones(history.shape[:2], bool))
 
-    def _draw_ring(self, i: int, history: np.ndarray, frac: float):
+    def _draw_ring(self, history: np.ndarray, frac: float):
         now = history[-1]
         angles = np.arctan2(now[:, 1], now[:, 0])
         counts, _ = np.histogram(angles, bins=self.bins, range=(-np.pi, np.pi))
@@ -396,7 +396,7 @@ class Scene:
         self.arrow.set_data([0, mean[0]], [0, mean[1]])
         self.order.set_text(f"order parameter |mean x| = {np.linalg.norm(mean):.3f}")
 
-    def _draw_density(self, i: int, history: np.ndarray, frac: float):
+    def _draw_density(self, history: np.ndarray, frac: float):
         R = _rotation(self.azimuth + self.spin * frac, self.elevation)
         for image, share in zip(self.maps, lambert_maps(history[-1] @ R.T, self.bins)):
             image.set_data(np.ma.masked_less_equal(share, 0))
@@ -427,7 +427,7 @@ class Scene:
                 history = self.xs[start:i + 1]
                 step = max(1, (i - start) // max(self.trail, 1))
                 history = history[::-1][::step][::-1]  # ends on the frame itself
-                draw(i, history, j / last)
+                draw(history, j / last)
                 t = self.ts[i]
                 when = f"t = {t:7.3f}" if self.unit == "t" else f"{self.unit} {int(round(t))}"
                 value = (f"E = {self.E[i]:.2e}" if self.E[i] > self.floor else

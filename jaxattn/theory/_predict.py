@@ -67,7 +67,7 @@ class AbstractTheoremTest(eqx.Module):
 
     theorem: eqx.AbstractClassVar[str]
     outcome: eqx.AbstractClassVar[str]
-    host_domain: eqx.AbstractClassVar[bool]
+    host_domain: ClassVar[bool] = False
 
     @abc.abstractmethod
     def domain(self, x0: Float[Array, "n d"]) -> tuple[Bool[Array, ""], Float[Array, ""]]:
@@ -100,7 +100,6 @@ class Theorem32Test(AbstractTheoremTest):
 
     theorem: ClassVar[str] = "3.2"
     outcome: ClassVar[str] = "equilibrium"
-    host_domain: ClassVar[bool] = False
     dyn: SelfAttentionDynamics
 
     def domain(self, x0):
@@ -143,7 +142,6 @@ class Theorem51Test(AbstractTheoremTest):
 
     theorem: ClassVar[str] = "5.1"
     outcome: ClassVar[str] = "consensus at x₁(0)"
-    host_domain: ClassVar[bool] = False
     W: Float[Array, "d d"] | None
     tol: float = eqx.field(static=True, default=1e-8)
 
@@ -166,7 +164,6 @@ class Theorem52Test(AbstractTheoremTest):
 
     theorem: ClassVar[str] = "5.2"
     outcome: ClassVar[str] = "consensus at v₁"
-    host_domain: ClassVar[bool] = False
     v1: Float[Array, " d"]
     W: Float[Array, "d d"] | None
 
@@ -189,7 +186,6 @@ class Theorem53Test(AbstractTheoremTest):
 
     theorem: ClassVar[str] = "5.3"
     outcome: ClassVar[str] = "near v₁(t)"
-    host_domain: ClassVar[bool] = False
     v1: Float[Array, " d"]
     v1_t: Float[Array, " d"]
     W: Float[Array, "d d"] | None

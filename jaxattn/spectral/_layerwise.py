@@ -204,12 +204,10 @@ def _steer(model_or_dyn, u, gamma, w, layer):
 
 
 def _steer_dynamics(dyn, u, gamma, w, layer):
-    U = dyn.U
+    U, add = dyn.U, gamma * jnp.outer(u, w) / dyn.num_heads
     if isinstance(U, Constant):
-        add = gamma * jnp.outer(u, w) / U.value.shape[0]
         new = Constant(U.value + add[None])
     elif isinstance(U, PiecewiseConstant):
-        add = gamma * jnp.outer(u, w) / U.values.shape[1]
         new = eqx.tree_at(lambda s: s.values, U, U.values.at[layer].add(add[None]))
     else:
         raise TypeError("steer edits constant or piecewise-constant value matrices only; "

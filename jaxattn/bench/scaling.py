@@ -164,7 +164,7 @@ def _summarise(name, data, setup, ncores) -> dict:
 def measure_devices(sizes, setup: Setup, repeats: int) -> dict:
     """The device sweep in a fresh process with `max(sizes)` forced CPU devices."""
     flag = f"--xla_force_host_platform_device_count={max(sizes)}"
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the folder that holds jaxattn/
     env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(),
                JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0",
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))

@@ -16,8 +16,8 @@ from ..metrics import misalignment
 from ..theory import predict
 from . import paper001
 from .base import Param
-from .search import SEARCH_PARAMS, AbstractSearch, adam, draw_trace, long_run
-from .verdicts import convergence_trend, outcome_words, run_kind, short
+from .search import SEARCH_PARAMS, AbstractSearch, adam, draw_trace, long_run, searched
+from .verdicts import outcome_words, short, trend_kind
 
 #: The theorem each setting's starts are judged by.
 _THEOREMS = {"sphere": "4.1", "causal": "5.1"}
@@ -60,9 +60,8 @@ class AdversarialTokens(AbstractSearch):
         thm = _THEOREMS[setting]
         gain = found["value"] / np.mean(found["baseline"])
         E_long = found["E_long"][0]
-        trend = convergence_trend(found["ts_long"], E_long, CONSENSUS_TOL)
-        kind = (run_kind(float(E_long[-1]) < CONSENSUS_TOL, trend)
-                if bool(found["in_domain"]) else "not_applicable")
+        trend, kind = trend_kind(found["ts_long"], E_long, E_long[-1] < CONSENSUS_TOL,
+                                 found["in_domain"])
         n, d = np.shape(found["x0"])
         # the causal search runs at reduced size (the paper's costs many times the flops
         # per solver step, even in span coordinates: BENCHMARKS.md); the result says so
@@ -136,12 +135,10 @@ def _token_outcome(setting, dyn, x, res, T, long):
     ts, ys = long_run(dyn, starts, long * T)
     pred = predict(dyn, res.x0)
     gram = np.asarray(res.x0 @ res.x0.T)
-    out = {
-        "trace": res.trace, "baseline": res.baseline, "value": res.value, "x0": res.x0,
-        "violation": np.max(res.violation), "ts_long": ts, "E_long": misalignment(ys),
+    out = searched(res) | {
+        "x0": res.x0, "ts_long": ts, "E_long": misalignment(ys),
         "in_domain": bool(np.asarray(pred.in_domain)), "margin": float(np.asarray(pred.margin)),
-        "theorem": str(pred.theorem), "min_inner": float(gram.min()), "gram": gram,
-        "horizon": T,
+        "theorem": str(pred.theorem), "min_inner": float(gram.min()), "gram": gram, "horizon": T,
     }
     if setting == "sphere":
         out["ys_long"] = ys[0]

@@ -17,8 +17,8 @@ from ..metrics import misalignment
 from ..theory import predict
 from . import paper001
 from .base import Param
-from .search import SEARCH_PARAMS, AbstractSearch, adam, draw_trace, long_run
-from .verdicts import convergence_trend, outcome_words, run_kind, short
+from .search import SEARCH_PARAMS, AbstractSearch, adam, draw_trace, long_run, searched
+from .verdicts import outcome_words, short, trend_kind
 
 
 class AdversarialWeights(AbstractSearch):
@@ -55,21 +55,18 @@ class AdversarialWeights(AbstractSearch):
         pred = predict(res.dyn, x0)
         best_U = np.asarray(res.dyn.U.value[0])
         dist = _distance_to(v1, x0, ys)
-        return {
-            "trace": res.trace, "baseline": res.baseline, "value": res.value,
+        return searched(res) | {
             "gaps": gaps, "lam1": lam1, "gap0": _gap(np.asarray(U))[0],
             "eig_best": np.linalg.eigvalsh(best_U), "eig0": np.linalg.eigvalsh(np.asarray(U)),
-            "P_norm": np.linalg.norm(np.asarray(res.dyn.P.value[0]), 2),
-            "violation": np.max(res.violation), "ts_long": ts,
+            "P_norm": np.linalg.norm(np.asarray(res.dyn.P.value[0]), 2), "ts_long": ts,
             "E_long": misalignment(ys), "E_long0": misalignment(ys0),
             "dist_long": dist, "limit_gap": dist[-1],
             "in_domain": bool(np.asarray(pred.in_domain)), "values": res.values,
         }
 
     def judge_setting(self, config, found, setting):
-        gain, trend, kind = _judged(found)
+        gain, best_gap, trend, kind = _judged(found)
         eig = ", ".join(f"{e:.3f}" for e in found["eig_best"][::-1])
-        best_gap = float(found["gaps"][np.argmax(found["values"])])
         return kind, (
             f"E(T) {short(found['value'])} vs start {short(np.mean(found['baseline']))} "
             f"(×{gain:.3g}); spectral gap λ₁−λ₂: {float(found['gap0']):.3f} → {best_gap:.3f} "
@@ -80,8 +77,7 @@ class AdversarialWeights(AbstractSearch):
             f"{outcome_words(kind, '5.2')})")
 
     def numbers(self, config, data):
-        gain, trend, _ = _judged(data)
-        best_gap = float(data["gaps"][np.argmax(data["values"])])
+        gain, best_gap, trend, _ = _judged(data)
         return {"gain": gain, "gap_best": best_gap,
                 "limit_gap": float(data["limit_gap"])} | trend.numbers()
 
@@ -110,13 +106,13 @@ class AdversarialWeights(AbstractSearch):
 
 
 def _judged(found):
-    """The search's gain over its start, the trend of the distance to `v₁` and the
-    verdict's kind."""
+    """The search's gain over its start, the spectral gap of its best restart, the
+    trend of the distance to `v₁` and the verdict's kind."""
     gain = float(found["value"] / np.mean(found["baseline"]))
-    trend = convergence_trend(found["ts_long"], found["dist_long"], CONSENSUS_TOL)
-    kind = (run_kind(float(found["limit_gap"]) < CONSENSUS_TOL, trend)
-            if bool(found["in_domain"]) else "not_applicable")
-    return gain, trend, kind
+    best_gap = float(found["gaps"][np.argmax(found["values"])])
+    trend, kind = trend_kind(found["ts_long"], found["dist_long"],
+                             found["limit_gap"] < CONSENSUS_TOL, found["in_domain"])
+    return gain, best_gap, trend, kind
 
 
 @kept_jit(static_argnames=("d", "n"))  # one program (op by op: ~20)

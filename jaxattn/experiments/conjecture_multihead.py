@@ -15,7 +15,7 @@ from .._programs import kept_jit
 from ..explore import Constraints, slow_consensus
 from ..spectral import layer_matrix, top_eigenvector
 from .base import Param
-from .search import SEARCH_PARAMS, AbstractSearch, adam, draw_trace, long_run
+from .search import SEARCH_PARAMS, AbstractSearch, adam, draw_trace, long_run, searched
 from .verdicts import convergence_trend, short
 
 
@@ -139,9 +139,7 @@ def _multihead_check(res, config):
     v1 = v1 * np.sign(np.sum(np.asarray(res.x0) @ v1))
     lam = np.linalg.eigvalsh(M)
     dist = 1 - np.min(np.asarray(ys) @ v1, axis=-1)
-    speed = float(speed)
-    return {"trace": res.trace, "baseline": res.baseline, "value": res.value, "x0": res.x0,
-            "ts": ts, "ys": ys, "dist": dist, "dist_long": dist[-1], "v1": v1,
-            "gap": lam[-1] - lam[-2], "lam": lam, "speed_end": speed,
-            "margin": float(np.min(np.asarray(res.x0) @ v1)),
-            "violation": np.max(res.violation), "P": dyn.P.value, "U": dyn.U.value}
+    return searched(res) | {
+        "x0": res.x0, "ts": ts, "ys": ys, "dist": dist, "dist_long": dist[-1], "v1": v1,
+        "gap": lam[-1] - lam[-2], "lam": lam, "speed_end": float(speed),
+        "margin": float(np.min(np.asarray(res.x0) @ v1)), "P": dyn.P.value, "U": dyn.U.value}

@@ -84,6 +84,13 @@ class AbstractSearch(AbstractExperiment):
         return [(Section(data, prefix=p), s) for p, s in self.settings.items()]
 
 
+def searched(res) -> dict[str, Any]:
+    """What every search of `ja.explore.slow_consensus` saves of its result: the trace,
+    the random starts' values, the best value and the largest constraint violation."""
+    return {"trace": res.trace, "baseline": res.baseline, "value": res.value,
+            "violation": np.max(res.violation)}
+
+
 def long_run(dyn, x0, T, saves=400):
     """The flow from `x0` on `saves + 1` equally spaced times of `[0, T]`: the times
     (NumPy) and the tokens `(..., saves + 1, n, d)`."""

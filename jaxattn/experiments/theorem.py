@@ -16,13 +16,12 @@ import jax
 import numpy as np
 
 from .._artifacts import figures
-from .._horizon import CONSENSUS_TOL
 from .._programs import kept_jit
 from ..metrics import misalignment
 from ..theory import predict
 from .base import AbstractSweepableExperiment, Param, Section, Verdict
 from .pieces import flow_path, layer_path
-from .verdicts import Trend, convergence_trend, kind_verdict, outcome_words, overall_kind, run_kind
+from .verdicts import Trend, kind_verdict, outcome_words, overall_kind, trend_kind
 
 #: The parameters of every theorem member; one may declare one again (`--horizon`).
 THEOREM_PARAMS = (
@@ -213,19 +212,14 @@ def _judge(ts, evidence: Evidence, theorem: str) -> tuple[Judged, dict[str, Any]
     the judgement adds (the trend's, or the counts of the kinds)."""
     residual = np.asarray(evidence.residual)
     if residual.ndim == 1:
-        trend = convergence_trend(ts, residual, CONSENSUS_TOL)
-        if not evidence.inside:
-            kind = "not_applicable"
-        else:
-            kind = "contradicts" if evidence.against else run_kind(
-                bool(evidence.reached), trend, theorem)
+        trend, kind = trend_kind(ts, residual, evidence.reached, evidence.inside, theorem)
+        kind = "contradicts" if evidence.against and evidence.inside else kind
         return Judged(kind, trend), trend.numbers()
     kinds = np.full(len(residual), "not_applicable", dtype=object)
     slowest = None
     reached, inside = np.asarray(evidence.reached), np.asarray(evidence.inside)
     for b in np.flatnonzero(inside):
-        trend = convergence_trend(ts, residual[b], CONSENSUS_TOL)
-        kinds[b] = run_kind(bool(reached[b]), trend, theorem)
+        trend, kinds[b] = trend_kind(ts, residual[b], reached[b], True, theorem)
         if not reached[b] and (slowest is None or trend.reach > slowest.reach):
             slowest = trend
     judged = Judged(overall_kind(kinds), slowest, kinds)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._horizon import CONSENSUS_TOL
 from .base import Verdict
 
 
@@ -179,6 +180,13 @@ def run_kind(reached: bool, trend: Trend, theorem: str | None = None) -> str:
     if trend.state == "stalled" or (trend.state == "rising" and theorem != "3.2"):
         return "contradicts"
     return "not_converged"
+
+
+def trend_kind(ts, values, reached, inside, theorem: str | None = None) -> tuple[Trend, str]:
+    """The trend of `values`, which the theorem drives below `CONSENSUS_TOL`, and the
+    run's kind: `run_kind` inside the theorem's hypotheses, else `"not_applicable"`."""
+    trend = convergence_trend(ts, values, CONSENSUS_TOL)
+    return trend, run_kind(bool(reached), trend, theorem) if inside else "not_applicable"
 
 
 def outcome_words(kind: str, theorem: str) -> str:

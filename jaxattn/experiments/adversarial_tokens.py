@@ -91,9 +91,8 @@ class AdversarialTokens(AbstractSearch):
                 ax = fig.add_subplot(2, 3, 5)
                 im = ax.imshow(found["gram"], cmap="RdBu_r", vmin=-1, vmax=1)
                 fig.colorbar(im, ax=ax, fraction=0.046)
-                ax.set_title(r"optimised start: $\langle x_i, x_j\rangle$")
-                ax.set_xlabel("token $j$")
-                ax.set_ylabel("token $i$")
+                ax.set(title=r"optimised start: $\langle x_i, x_j\rangle$", xlabel="token $j$",
+                       ylabel="token $i$")
                 figures.integer_ticks(ax.xaxis)  # token indices: no tick between two
                 figures.integer_ticks(ax.yaxis)
                 ax.grid(False)
@@ -106,8 +105,7 @@ class AdversarialTokens(AbstractSearch):
             figures.draw_decay(ax, ts, found["E_long"][1:], color="0.4", alpha=0.5, lw=0.8,
                              label="random starts")
             ax.axvline(found["horizon"], color="k", ls=":", lw=1, label="horizon $T$")
-            ax.set_ylabel("misalignment $E(t)$")
-            ax.set_title(f"{setting}: run to {config.long:g}$T$")
+            ax.set(ylabel="misalignment $E(t)$", title=f"{setting}: run to {config.long:g}$T$")
             ax.legend(fontsize=8)
         return figures.save_figure(fig, self.stem(folder),
                                  "Initial tokens that slow consensus (gradient ascent on $E(T)$)")

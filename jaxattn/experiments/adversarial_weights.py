@@ -98,8 +98,7 @@ class AdversarialWeights(AbstractSearch):
         figures.draw_decay(axs[2], data["ts_long"], data["E_long"], color="tab:red",
                          label="optimised weights")
         axs[2].axvline(config.horizon, color="k", ls=":", lw=1, label="horizon $T$")
-        axs[2].set_ylabel("misalignment $E(t)$")
-        axs[2].set_title(f"same start, run to {config.long:g}$T$")
+        axs[2].set(ylabel="misalignment $E(t)$", title=f"same start, run to {config.long:g}$T$")
         axs[2].legend(fontsize=8)
         return figures.save_figure(fig, self.stem(folder),
                                  "Weights that slow consensus (causal, one head, symmetric $U$)")

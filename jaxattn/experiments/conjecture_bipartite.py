@@ -91,20 +91,17 @@ class ConjectureBipartite(AbstractSearch):
         axs[0].axhline(1, color="k", lw=0.8, ls=":")
         axs[0].set_xlabel("optimiser step")
         figures.integer_ticks(axs[0].xaxis)
-        axs[0].set_ylabel(r"smoothed $\rho(J_T)$ (best restart)")
-        axs[0].set_title("Jacobian spectral radius on the tangent space")
+        axs[0].set(ylabel=r"smoothed $\rho(J_T)$ (best restart)",
+                   title="Jacobian spectral radius on the tangent space")
         figures.legend_below(axs[0], ncol=2)
         axs[1].axhline(1, color="k", lw=0.8, ls=":")
         axs[1].axvline(1, color="k", lw=0.8, ls=":")
-        axs[1].set_xscale("log")
-        axs[1].set_yscale("log")
-        axs[1].set_xlabel(r"$\rho$ at the random start")
-        axs[1].set_ylabel(r"$\rho$ after optimisation")
-        axs[1].set_title("every restart (below 1: locally stable)")
+        axs[1].set(xscale="log", yscale="log", xlabel=r"$\rho$ at the random start",
+                   ylabel=r"$\rho$ after optimisation",
+                   title="every restart (below 1: locally stable)")
         figures.legend_below(axs[1], ncol=2)
-        axs[2].set_xlabel("layer")
-        axs[2].set_ylabel("max distance to the bipartite point")
-        axs[2].set_title("kicked bipartite point, best stable weights")
+        axs[2].set(xlabel="layer", ylabel="max distance to the bipartite point",
+                   title="kicked bipartite point, best stable weights")
         figures.legend_below(axs[2], ncol=2, fontsize=7)
         return figures.save_figure(fig, self.stem(folder),
                                  "Stable bipartite equilibria of the layer map (paper 004)")

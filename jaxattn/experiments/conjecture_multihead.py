@@ -125,8 +125,8 @@ class ConjectureMultihead(AbstractSearch):
             # 1 − ⟨x, v₁⟩ as computed resolves ~ε (first order), not ε²
             figures.draw_decay(ax, found["ts"], found["dist"], order=1, color="tab:red")
             ax.axvline(config.horizon, color="k", ls=":", lw=1, label="horizon $T$")
-            ax.set_ylabel(r"$\max_i\,[\,1-\langle x_i(t), v_1\rangle\,]$")
-            ax.set_title(f"h = {h}: distance to $v_1$")
+            ax.set(ylabel=r"$\max_i\,[\,1-\langle x_i(t), v_1\rangle\,]$",
+                   title=f"h = {h}: distance to $v_1$")
             figures.legend_below(ax, ncol=2)
         return figures.save_figure(fig, self.stem(folder),
                                  "Theorem 5.2 with several heads: a start that misses $v_1$?")

@@ -230,8 +230,7 @@ def draw_loop(ax, E, layers_per_pass: int, *, label=None, color="tab:blue", lw=1
     figures.plain_log_labels(ax.yaxis)
     ax.set_xlim(0, depth[-1])
     mark_passes(ax, (E.shape[1] - 1) // layers_per_pass, layers_per_pass)
-    ax.set_xlabel(f"depth (blocks; a pass = {layers_per_pass})")
-    ax.set_ylabel(r"misalignment $E$")
+    ax.set(xlabel=f"depth (blocks; a pass = {layers_per_pass})", ylabel=r"misalignment $E$")
 
 
 def mark_passes(ax, passes: int, layers_per_pass: int) -> None:

@@ -558,8 +558,7 @@ def _draw_order(ax, row, ratios, windows, n) -> None:
     ax.set_title(f"d = {row['d']}, β = {row['beta_ratio']:g} β* ({kind}); "
                  f"{row['equilibrated']}/{row['couplings']} equilibrated", fontsize=9)
     ax.set_xlabel(r"$K / K_\#(\beta)$")
-    ax.set_ylabel(r"order parameter $|\bar x|$")
-    ax.set_ylim(0, 1.02)
+    ax.set(ylabel=r"order parameter $|\bar x|$", ylim=(0, 1.02))
 
 
 def _draw_fit(ax, data, row, j) -> None:

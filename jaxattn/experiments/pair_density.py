@@ -421,8 +421,7 @@ def draw_map(ax, fig, betas, ts, density, *, log: bool, title: str,
     if colorbar:
         fig.colorbar(mesh, ax=ax, label="clustered-pair density" + (" (log)" if log else "")
                      + ("\n(dashed: ½, reached at t½)" if half else ""))
-    ax.set_xlabel("$t$")
-    ax.set_ylabel(r"$\beta$")
+    ax.set(xlabel="$t$", ylabel=r"$\beta$")
     ax.set_title(title, fontsize=10)
     return mesh
 

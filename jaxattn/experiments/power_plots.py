@@ -25,9 +25,7 @@ def power_shared(data, stem):
         ax.scatter([l1.real], [l1.imag], zorder=5, clip_on=False, **style,
                    label=rf"$\lambda_1$ by {name} (case {int(data[f'case_{tag}'])})")
     ax.margins(0.12)  # the marks at the extreme eigenvalues stay whole
-    ax.set_xlabel(r"Re $\lambda$")
-    ax.set_ylabel(r"Im $\lambda$")
-    ax.set_title(r"eigenvalues of $\Omega$")
+    ax.set(xlabel=r"Re $\lambda$", ylabel=r"Im $\lambda$", title=r"eigenvalues of $\Omega$")
     figures.legend_below(ax, ncol=1)
     ax = axes[1]
     bins = np.linspace(0, 1, 41)
@@ -40,8 +38,7 @@ def power_shared(data, stem):
             label=rf"$v_1$ ({step} order)")
     ax.hist(cm[:, 0], bins, histtype="step", color="tab:red", lw=1.2, ls="--",
             label=rf"$v_1$ ({modulus} order)")
-    ax.set_xlabel(f"alignment after the native {L} layers")
-    ax.set_ylabel("tokens")
+    ax.set(xlabel=f"alignment after the native {L} layers", ylabel="tokens")
     figures.integer_ticks(ax.yaxis)  # a count of tokens
     ax.set_title("final alignment (paper 004 Fig. 2a b)")
     figures.legend_below(ax, ncol=1)
@@ -55,10 +52,8 @@ def power_shared(data, stem):
             ls=(0, (4, 2)), label=rf"mean, $v_1$ by {modulus}")
     ax.plot(ks, c[: min(40, len(c))].T, color="0.45", alpha=0.45, lw=0.6)
     ax.axvline(L, color="k", ls=":", lw=1, label=f"native depth {L}")
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel("layer")
-    ax.set_ylabel(r"$|\cos(x, v_1)|$ (per prompt, grey)")
-    ax.set_title("prolonged depth (paper 004 Fig. 6c)")
+    ax.set(ylim=(0, 1.02), xlabel="layer", ylabel=r"$|\cos(x, v_1)|$ (per prompt, grey)",
+           title="prolonged depth (paper 004 Fig. 6c)")
     figures.legend_below(ax, ncol=1)
     return figures.save_figure(fig, stem, title=f"power-shared: {data['label']}")
 
@@ -118,25 +113,20 @@ def steer(data, stem):
     # nothing, both show
     ax.plot(ell, data["c_u_plain"], "s--", color="0.25", ms=6, mfc="none", lw=1.0,
             label="unsteered")
-    ax.set_ylim(0, 1.06)
-    ax.set_xlabel("layer (0 = input)")
-    ax.set_ylabel(r"mean $|\cos(x, u)|$")
+    ax.set(ylim=(0, 1.06), xlabel="layer (0 = input)", ylabel=r"mean $|\cos(x, u)|$")
     figures.integer_ticks(ax.xaxis)
     ax.set_title(r"alignment with the target $u$")
     figures.legend_below(ax)
     ax = axes[1]
     ax.semilogx(data["gammas"], data["end_alignment"], "o-", color="tab:red", ms=4)
-    ax.set_ylim(0, 1.06)
-    ax.set_xlabel(rf"$\gamma$   ($\|\Omega_L\|_2$ = {float(data['norm']):.3g})")
-    ax.set_ylabel(r"mean $|\cos(x^L, u)|$")
-    ax.set_title(r"$\gamma$ sweep")
+    ax.set(ylim=(0, 1.06), xlabel=rf"$\gamma$   ($\|\Omega_L\|_2$ = {float(data['norm']):.3g})",
+           ylabel=r"mean $|\cos(x^L, u)|$", title=r"$\gamma$ sweep")
     ax = axes[2]
     ax.plot(ell[1:] - 1, data["stat_c"], "o-", color="tab:blue", ms=3,
             label=r"$c_\ell$ (along $v_1$ of $\Omega_\ell$)")
     ax.plot(ell[1:] - 1, data["stat_c_bar"], "s--", color="tab:orange", ms=5, mfc="none",
             label=r"$\bar c_\ell$ (all eigenvectors)")
-    ax.set_ylim(0, 1.06)
-    ax.set_xlabel(r"layer $\ell$")
+    ax.set(ylim=(0, 1.06), xlabel=r"layer $\ell$")
     figures.integer_ticks(ax.xaxis)
     ax.set_title(r"steered model: $c_\ell$ vs $\bar c_\ell$ (Fig. 2/9)")
     figures.legend_below(ax)
@@ -156,10 +146,8 @@ def oja(data, stem):
     lo, hi = np.nanmin(data["radius"][fixed]), np.nanmax(data["radius"][fixed])
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.6)
     ax.axhline(1, color="k", ls=":", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("closed form (Thm 3 / Lemma 4)")
-    ax.set_ylabel(r"$\rho$(tangent jacfwd)")
+    ax.set(xscale="log", yscale="log", xlabel="closed form (Thm 3 / Lemma 4)",
+           ylabel=r"$\rho$(tangent jacfwd)")
     ax.set_title("stability of equilibria", fontsize=9)
     ax.legend(fontsize=6)
     for j, title in ((0, "absorbed"), (1, "escapes to consensus")):
@@ -172,7 +160,6 @@ def oja(data, stem):
                ms=3)
     ax.set_xscale("log")
     ax.axhline(0.5, color="k", ls=":", lw=0.8)
-    ax.set_xlabel("perturbation size")
-    ax.set_ylabel("distance to the bipartite point after 400 layers")
+    ax.set(xlabel="perturbation size", ylabel="distance to the bipartite point after 400 layers")
     ax.set_title(f"Fig. 13 basin (q = {float(data['fig13_q']):.3g}, n=10, m=8)", fontsize=9)
     return figures.save_figure(fig, stem, title="oja-bipartite: equilibria of eqs. 8–9")

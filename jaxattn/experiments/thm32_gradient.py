@@ -87,11 +87,10 @@ class GradientExperiment(AbstractTheoremExperiment):
             # a speed is linear in the token differences: rounding noise below ~16 ε
             figures.draw_decay(ax_v, run["ts"], run["speed"], label=label, color=color, ls=ls,
                              lw=lw, order=1, scale=float(np.max(data["speed"])))
-        ax_p.set_xlabel("time $t$ (depth)")
-        ax_p.set_ylabel(r"$E_P = \frac{1}{2}\sum_{ij} e^{\beta x_i^\top P x_j}$")
-        ax_p.set_title("the potential (eq. 8) never decreases")
-        ax_v.set_ylabel(r"$\max |\dot x|$")
-        ax_v.set_title("speed → 0: an equilibrium")
+        ax_p.set(xlabel="time $t$ (depth)",
+                 ylabel=r"$E_P = \frac{1}{2}\sum_{ij} e^{\beta x_i^\top P x_j}$",
+                 title="the potential (eq. 8) never decreases")
+        ax_v.set(ylabel=r"$\max |\dot x|$", title="speed → 0: an equilibrium")
         for ax in (ax_p, ax_v):
             ax.legend(fontsize=8)
         title = (f"Theorem 3.2 — gradient flow, {config.tokens} tokens, d = {config.dim}, "

@@ -81,8 +81,8 @@ class SphereExperiment(AbstractTheoremExperiment):
         for run, label, color, ls, lw in self.drawn_runs(config, data):  # V over E
             figures.draw_decay(ax, run["ts"], run["V"], label=f"$V(t)$, {label}", color=color,
                                ls=ls, lw=lw)
-        ax.set_ylabel("$V$ and $E$")
-        ax.set_title(r"$V = 1-\min_{ij}\langle x_i,x_j\rangle$ (eq. 10) and $E$")
+        ax.set(ylabel="$V$ and $E$",
+               title=r"$V = 1-\min_{ij}\langle x_i,x_j\rangle$ (eq. 10) and $E$")
         ax.legend(fontsize=8)
         return figures.save_figure(fig, self.stem(folder),
                                  f"Theorem 4.1 — {config.tokens} tokens, h = {config.heads}, "

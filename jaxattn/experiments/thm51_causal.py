@@ -126,14 +126,13 @@ class CausalExperiment(AbstractTheoremExperiment):
             t_cons = np.asarray(consensus_time(ts, E, CONSENSUS_TOL))
             axes[2].hist(t_cons[np.isfinite(t_cons)], bins=20, color=color, alpha=0.6, label=label)
         figures.integer_ticks(axes[2].yaxis)  # a count of starts
-        axes[0].set_ylabel("misalignment $E(x(t))$ (eq. 25)")
-        axes[0].set_title("Fig. 4: $E(t)$ for every start")
+        axes[0].set(ylabel="misalignment $E(x(t))$ (eq. 25)",
+                    title="Fig. 4: $E(t)$ for every start")
         # square brackets outside: "⟩)" read as a stray parenthesis "))"
-        axes[1].set_ylabel(r"$\max_i\,[\,1-\langle x_i(t),\, x_1(0)\rangle\,]$")
-        axes[1].set_title("distance to the first token's start")
-        axes[2].set_xlabel(f"time at which $E < 10^{{{int(np.log10(CONSENSUS_TOL))}}}$")
-        axes[2].set_ylabel("number of starts")
-        axes[2].set_title("consensus time")
+        axes[1].set(ylabel=r"$\max_i\,[\,1-\langle x_i(t),\, x_1(0)\rangle\,]$",
+                    title="distance to the first token's start")
+        axes[2].set(xlabel=f"time at which $E < 10^{{{int(np.log10(CONSENSUS_TOL))}}}$",
+                    ylabel="number of starts", title="consensus time")
         for ax in axes[:2]:
             figures.opaque(ax.legend(fontsize=8))
         figures.legend_below(axes[2], ncol=2)  # over the bars it would hide them

@@ -72,12 +72,10 @@ class SymmetricExperiment(AbstractTheoremExperiment):
         for run, label, color, ls, lw in self.drawn_runs(config, data):
             figures.draw_decay(ax_e, run["ts"], run["E"], label=label, color=color, ls=ls, lw=lw)
             ax_p.plot(run["ts"], run["proj"], color=color, ls=ls, lw=lw, label=label)
-        ax_e.set_ylabel("misalignment $E(x(t))$")
-        ax_e.set_title("Fig. 6: misalignment")
+        ax_e.set(ylabel="misalignment $E(x(t))$", title="Fig. 6: misalignment")
         ax_p.axhline(1.0, color="0.5", lw=0.8, ls="--")
-        ax_p.set_xlabel("time $t$ (depth)")
-        ax_p.set_ylabel(r"$\min_i \langle x_i(t), v_1\rangle$")
-        ax_p.set_title(r"alignment with $v_1$ (→ 1)")
+        ax_p.set(xlabel="time $t$ (depth)", ylabel=r"$\min_i \langle x_i(t), v_1\rangle$",
+                 title=r"alignment with $v_1$ (→ 1)")
         for ax in (ax_e, ax_p):
             ax.legend(fontsize=8)
         lam = np.linalg.eigvalsh(data["U"])[::-1]

@@ -89,10 +89,9 @@ class ConjectureBipartite(AbstractSearch):
                 figures.draw_decay(axs[2], k, found[f"dist_{kick}"], order=1, stop=False,
                                  color=colors[h], ls=ls, lw=lw, label=f"h = {h}, {word} kick")
         axs[0].axhline(1, color="k", lw=0.8, ls=":")
-        axs[0].set_xlabel("optimiser step")
-        figures.integer_ticks(axs[0].xaxis)
-        axs[0].set(ylabel=r"smoothed $\rho(J_T)$ (best restart)",
+        axs[0].set(xlabel="optimiser step", ylabel=r"smoothed $\rho(J_T)$ (best restart)",
                    title="Jacobian spectral radius on the tangent space")
+        figures.integer_ticks(axs[0].xaxis)
         figures.legend_below(axs[0], ncol=2)
         axs[1].axhline(1, color="k", lw=0.8, ls=":")
         axs[1].axvline(1, color="k", lw=0.8, ls=":")

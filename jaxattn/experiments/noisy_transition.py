@@ -557,8 +557,7 @@ def _draw_order(ax, row, ratios, windows, n) -> None:
     kind = "continuous" if row["continuous"] else "discontinuous"
     ax.set_title(f"d = {row['d']}, β = {row['beta_ratio']:g} β* ({kind}); "
                  f"{row['equilibrated']}/{row['couplings']} equilibrated", fontsize=9)
-    ax.set_xlabel(r"$K / K_\#(\beta)$")
-    ax.set(ylabel=r"order parameter $|\bar x|$", ylim=(0, 1.02))
+    ax.set(xlabel=r"$K / K_\#(\beta)$", ylabel=r"order parameter $|\bar x|$", ylim=(0, 1.02))
 
 
 def _draw_fit(ax, data, row, j) -> None:
@@ -585,8 +584,7 @@ def _draw_fit(ax, data, row, j) -> None:
         ax.axvline(est, color="C2", ls="--", lw=1.2, label=r"particles at $\tau \to 0$")
         if math.isfinite(se):
             ax.axvspan(est - se, est + se, color="C2", alpha=0.2)
-    ax.set_xlim(xs[0] - 0.02, xs[-1] + 0.02)
-    ax.set_xlabel(r"$K / K_\#(\beta)$")
-    ax.set_ylabel(r"decay rate $\gamma$ of a tilt")
+    ax.set(xlim=(xs[0] - 0.02, xs[-1] + 0.02), xlabel=r"$K / K_\#(\beta)$",
+           ylabel=r"decay rate $\gamma$ of a tilt")
     ax.set_title(rf"particles at $\tau \to 0$: $K/K_\#$ = {short(est)} ± {short(se)}; equation: "
                  f"{short(row['K_equation'] / K_theory)}", fontsize=9)

@@ -38,9 +38,9 @@ def power_shared(data, stem):
             label=rf"$v_1$ ({step} order)")
     ax.hist(cm[:, 0], bins, histtype="step", color="tab:red", lw=1.2, ls="--",
             label=rf"$v_1$ ({modulus} order)")
-    ax.set(xlabel=f"alignment after the native {L} layers", ylabel="tokens")
+    ax.set(xlabel=f"alignment after the native {L} layers", ylabel="tokens",
+           title="final alignment (paper 004 Fig. 2a b)")
     figures.integer_ticks(ax.yaxis)  # a count of tokens
-    ax.set_title("final alignment (paper 004 Fig. 2a b)")
     figures.legend_below(ax, ncol=1)
     ax = axes[2]
     c = data["cos_step"][..., 0].mean(axis=2)  # (B, layers)
@@ -81,8 +81,8 @@ def layer_stats(axes, data):
     axes[2].plot(ell, data["stat_p_bar"], "s--", color="tab:orange", ms=3,
                  label=r"$\bar p_\ell$")
     axes[2].axhline(0.5, color="k", lw=0.6)
-    axes[2].set_ylim(-0.04, 1.04)  # a probability of 0 or 1 keeps its whole marker
-    axes[2].set_ylabel("P(increment > 0)")
+    # a probability of 0 or 1 keeps its whole marker
+    axes[2].set(ylim=(-0.04, 1.04), ylabel="P(increment > 0)")
     for ax in axes:
         ax.set_xlabel(r"layer $\ell$")
         figures.integer_ticks(ax.xaxis)
@@ -113,9 +113,9 @@ def steer(data, stem):
     # nothing, both show
     ax.plot(ell, data["c_u_plain"], "s--", color="0.25", ms=6, mfc="none", lw=1.0,
             label="unsteered")
-    ax.set(ylim=(0, 1.06), xlabel="layer (0 = input)", ylabel=r"mean $|\cos(x, u)|$")
+    ax.set(ylim=(0, 1.06), xlabel="layer (0 = input)", ylabel=r"mean $|\cos(x, u)|$",
+           title=r"alignment with the target $u$")
     figures.integer_ticks(ax.xaxis)
-    ax.set_title(r"alignment with the target $u$")
     figures.legend_below(ax)
     ax = axes[1]
     ax.semilogx(data["gammas"], data["end_alignment"], "o-", color="tab:red", ms=4)
@@ -126,9 +126,9 @@ def steer(data, stem):
             label=r"$c_\ell$ (along $v_1$ of $\Omega_\ell$)")
     ax.plot(ell[1:] - 1, data["stat_c_bar"], "s--", color="tab:orange", ms=5, mfc="none",
             label=r"$\bar c_\ell$ (all eigenvectors)")
-    ax.set(ylim=(0, 1.06), xlabel=r"layer $\ell$")
+    ax.set(ylim=(0, 1.06), xlabel=r"layer $\ell$",
+           title=r"steered model: $c_\ell$ vs $\bar c_\ell$ (Fig. 2/9)")
     figures.integer_ticks(ax.xaxis)
-    ax.set_title(r"steered model: $c_\ell$ vs $\bar c_\ell$ (Fig. 2/9)")
     figures.legend_below(ax)
     return figures.save_figure(fig, stem, title=f"steer: {data['label']}")
 
@@ -158,8 +158,8 @@ def oja(data, stem):
     ax = fig.add_subplot(1, 4, 4)
     figures.draw_decay(ax, data["fig13_sizes"], data["fig13_dist"], order=1, stop=False, marker="o",
                ms=3)
-    ax.set_xscale("log")
     ax.axhline(0.5, color="k", ls=":", lw=0.8)
-    ax.set(xlabel="perturbation size", ylabel="distance to the bipartite point after 400 layers")
+    ax.set(xscale="log", xlabel="perturbation size",
+           ylabel="distance to the bipartite point after 400 layers")
     ax.set_title(f"Fig. 13 basin (q = {float(data['fig13_q']):.3g}, n=10, m=8)", fontsize=9)
     return figures.save_figure(fig, stem, title="oja-bipartite: equilibria of eqs. 8–9")

@@ -15,7 +15,7 @@ import numpy as np
 from .._artifacts.folders import folder_path, write_run
 from .._process.distributed import agree, is_writer
 from .._validate import check_seed, machine_memory
-from . import get_experiment
+from . import REGISTRY, get_experiment
 from .base import AbstractExperiment, Config, convert
 
 #: The most layers a discrete run takes (the int32 step counter of its scan).
@@ -253,8 +253,6 @@ def run_experiment(name: str, overrides: dict[str, Any] | None = None, *, seed: 
 
 def refuse_distributed(name: str) -> str:
     """The one line refusing a distributed run of an experiment that does not batch."""
-    from . import REGISTRY
-
     takers = [n for n in REGISTRY if get_experiment(n).distributable]
     return (f"{name} does not run across processes; --distributed is for the batched "
             f"studies ({', '.join(takers)}): drop --distributed.")

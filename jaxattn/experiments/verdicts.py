@@ -103,9 +103,9 @@ class Trend:
                       f"to {final} ≥ {tol:g}",
         }.get(self.state, f"{what} = {final}: too few finite samples to judge a trend")
 
-    def numbers(self, prefix: str = "") -> dict[str, float]:
+    def numbers(self) -> dict[str, float]:
         """The fitted rate and the projected time, for a verdict's numbers."""
-        return {f"{prefix}decay_rate": self.rate, f"{prefix}projected_time": self.reach}
+        return {"decay_rate": self.rate, "projected_time": self.reach}
 
 
 def convergence_trend(ts, values, tol: float, *, fraction: float = 1 / 3,

@@ -109,8 +109,9 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
         return {}
 
     def facts(self, config, model, x0, pred, flow: dict[str, Any]) -> dict[str, Any]:
-        """Arrays saved once, not per run (the start, the domain test, …), on the host."""
-        return {}
+        """Arrays saved once, not per run, on the host: by default the prediction's
+        domain test and the theorem it applies (`"none"`)."""
+        return {"in_domain": pred.in_domain, "theorem": np.asarray(pred.theorem or "none")}
 
     def flow_facts(self, config, dyn, x0, ys) -> dict[str, Any]:
         """Arrays saved once, traced: measured in the flow's `measures` program."""

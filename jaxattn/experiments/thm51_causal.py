@@ -86,9 +86,6 @@ class CausalExperiment(AbstractTheoremExperiment):
         # the flow's final E from the tokens themselves: a check of the span coordinates
         return run if discrete else run | {"E_direct": misalignment(xT)}
 
-    def facts(self, config, weights, x0, pred, flow):
-        return {"in_domain": pred.in_domain, "theorem": np.asarray(pred.theorem or "none")}
-
     def evidence(self, config, run):
         E_final, agrees, inside = run["E"][:, -1], run["agrees"], run["in_domain"]
         t_cons = np.asarray(consensus_time(run["ts"], run["E"], CONSENSUS_TOL))

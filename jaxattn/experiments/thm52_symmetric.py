@@ -45,9 +45,6 @@ class SymmetricExperiment(AbstractTheoremExperiment):
     def flow_facts(self, config, dyn, x0, ys):
         return {"v1": _top_eigenvector(dyn), "U": dyn.U(0.0)[0]}
 
-    def facts(self, config, dyn, x0, pred, flow):
-        return {"in_domain": pred.in_domain, "theorem": np.asarray(pred.theorem or "none")}
-
     def evidence(self, config, run):
         proj = run["proj"]
         numbers = {"final_E": float(run["E"][-1]), "final_1_minus_min_proj": 1 - float(proj[-1]),

@@ -71,11 +71,9 @@ class AdversarialTokens(AbstractSearch):
             f"{setting} ({size}): E(T) {short(found['value'])} vs random mean "
             f"{short(np.mean(found['baseline']))} (×{gain:.3g}); run to "
             f"{config.long:g}T: {trend.describe('E')} ({outcome_words(kind, thm)}); "
-            f"min ⟨x_i, x_j⟩ at the start {found['min_inner']:.3f}")
-
-    def closing(self, config, data):
-        return [f"backsolve vs checkpoint (causal): relative difference "
-                f"{short(data['causal_backsolve_rel_error'])}"]
+            f"min ⟨x_i, x_j⟩ at the start {found['min_inner']:.3f}"
+            + ("" if setting == "sphere" else "; backsolve vs checkpoint (causal): relative "
+               f"difference {short(found['backsolve_rel_error'])}"))
 
     def draw(self, config, data, folder: Path):
         fig = figures.pyplot().figure(figsize=(14, 8))

@@ -56,10 +56,6 @@ class AbstractSearch(AbstractExperiment):
         return {k: float(np.asarray(v).ravel()[0]) for k, v in data.items()
                 if np.asarray(v).size == 1}
 
-    def closing(self, config: dict[str, Any], data: dict[str, np.ndarray]) -> list[str]:
-        """Parts of the verdict line after the settings' own (a hook; default: none)."""
-        return []
-
     @typing.final
     def simulate(self, config, progress):
         data = {}
@@ -72,7 +68,7 @@ class AbstractSearch(AbstractExperiment):
     def verdict(self, config, data) -> Verdict:
         kinds, parts = zip(*(self.judge_setting(config, found, setting)
                              for found, setting in self.sections(data)))
-        line = "; ".join([*parts, *self.closing(config, data)])
+        line = "; ".join(parts)
         numbers = self.numbers(config, data)
         if all(kind is None for kind in kinds):  # a search with no theorem to judge
             return Verdict(True, line, numbers)

@@ -23,10 +23,13 @@ def header(result: dict) -> list[str]:
     peaks = result.get("peak_gflops")
     if not peaks:
         return lines + ["matmul peaks: not measured (case `peak` not run)"]
-    parts = [f"{precision} not applicable (no TF32 units on this device)" if figures is None
-             else f"{precision} " + ", ".join(f"{k} {v:.0f}" for k, v in figures.items()
-                                              if k != "best")
-             for precision, figures in peaks.items()]
+    parts = []
+    for precision, figures in peaks.items():
+        if figures is None:
+            parts.append(f"{precision} not applicable (no TF32 units on this device)")
+        else:
+            parts.append(f"{precision} " + ", ".join(
+                f"{k} {v:.0f}" for k, v in figures.items() if k != "best"))
     lines.append(f"matmul peak GFLOP/s ({meta.get('peak_size', '?')}²): " + " | ".join(parts))
     bw = result.get("bandwidth")
     if bw:

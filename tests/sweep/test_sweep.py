@@ -391,7 +391,7 @@ def test_the_host_domain_decides_as_the_callback_without_one(monkeypatch):
     one is compiled again every run): half the starts in a hemisphere, half not, each
     instance with its own metric."""
     from jaxattn.sweep import _instances
-    from jaxattn.theory._predict import Theorem41Test
+    from jaxattn.theory import Theorem41Test
 
     rng = np.random.default_rng(0)
     A = rng.standard_normal((6, 3, 3))

@@ -321,7 +321,7 @@ class AbstractLearnedPositionDecoder(AbstractTransformer):
 
     @classmethod
     @abc.abstractmethod
-    def load_attention(cls, cfg: TransformerConfig, src, prefix: str) -> Attention:
+    def read_attention(cls, cfg: TransformerConfig, src, prefix: str) -> Attention:
         """The attention of the block whose tensors start with `prefix` (`h.{i}`)."""
 
     @classmethod
@@ -345,7 +345,7 @@ class AbstractLearnedPositionDecoder(AbstractTransformer):
 
         def block(i):
             p = f"h.{i}"
-            attn = cls.load_attention(cfg, src, p)
+            attn = cls.read_attention(cfg, src, p)
             mlp = MLP(cls.load_linear(src, f"{p}.mlp.c_fc", d, inner),
                       cls.load_linear(src, f"{p}.mlp.c_proj", inner, d), cfg.activation)
             return PreNormBlock(LayerNorm.load(src, f"{p}.ln_1", d, eps), attn,

@@ -58,7 +58,7 @@ class GPT2(AbstractLearnedPositionDecoder):
         return PreNormBlock(ln, attn, ln, mlp)
 
     @classmethod
-    def load_attention(cls, cfg, src, prefix):
+    def read_attention(cls, cfg, src, prefix):
         d, h = cfg.hidden_size, cfg.num_heads
         qkv = cls.load_linear(src, f"{prefix}.attn.c_attn", d, 3 * d)
         q, k, v = map(Linear, np.split(qkv.weight, 3), np.split(qkv.bias, 3))

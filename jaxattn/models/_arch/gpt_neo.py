@@ -81,6 +81,6 @@ class GPTNeo(AbstractLearnedPositionDecoder):
         return PreNormBlock(ln, attn, ln, mlp)
 
     @classmethod
-    def load_attention(cls, cfg, src, prefix):
+    def read_attention(cls, cfg, src, prefix):
         names = [f"{prefix}.attn.attention.{n}_proj" for n in ("q", "k", "v", "out")]
         return load_attention(cfg, src, names, bias=False, output_bias=True)

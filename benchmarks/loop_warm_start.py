@@ -1,12 +1,12 @@
 """`ja.models.loop`'s first call in a process with a warm cache, against its compiled
-call (BENCHMARKS.md, "Warm starts"): a 4-block GPT-2 of width 128 (random weights),
-8 prompts × 32 tokens, 20 passes. Each process enables one cache folder, calls `loop`
-three times and prints the wall and CPU seconds of each call; the first process fills
-the folder, the others read it. `--tree A --tree B` alternates processes importing
-jaxattn from two source trees (e.g. a `git worktree` of an older commit), each with
-its own cache folder.
+call (BENCHMARKS.md, "Warm starts"): a 4-block GPT-2 of width 128 (random weights;
+`--width` for another), 8 prompts × 32 tokens, 20 passes. Each process enables one
+cache folder, calls `loop` three times and prints the wall and CPU seconds of each
+call; the first process fills the folder, the others read it. `--tree A --tree B`
+alternates processes importing jaxattn from two source trees (e.g. a `git worktree`
+of an older commit), each with its own cache folder.
 
-    python benchmarks/loop_warm_start.py [--processes 6] [--tree PATH ...]
+    python benchmarks/loop_warm_start.py [--processes 6] [--width 128] [--tree PATH ...]
 """
 
 import argparse
@@ -27,8 +27,9 @@ def cpu():
     return r.ru_utime + r.ru_stime
 
 ja.enable_cache(sys.argv[1])
-cfg = ja.models.TransformerConfig(model_type="gpt2", vocab_size=50257, hidden_size=128,
-                                  num_layers=4, num_heads=4, intermediate_size=512,
+width = int(sys.argv[3])
+cfg = ja.models.TransformerConfig(model_type="gpt2", vocab_size=50257, hidden_size=width,
+                                  num_layers=4, num_heads=4, intermediate_size=4 * width,
                                   max_positions=1024, norm_eps=1e-5, activation="gelu_new")
 # Weights drawn with NumPy: no program compiled before the timed calls but loop's own.
 shape = jax.eval_shape(lambda: ja.models.GPT2.init(cfg, jax.random.PRNGKey(0)))
@@ -45,8 +46,9 @@ print("LOOP " + json.dumps(out))
 """
 
 
-def one(tree: str, cache: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, cache, tree], capture_output=True,
+def one(tree: str, cache: str, width: int) -> dict:
+    proc = subprocess.run([sys.executable, "-c", CHILD, cache, tree, str(width)],
+                          capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": tree})
     line = next((x for x in proc.stdout.splitlines() if x.startswith("LOOP ")), None)
     if line is None:
@@ -57,15 +59,19 @@ def one(tree: str, cache: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=6)
+    parser.add_argument("--width", type=int, default=128,
+                        help="the GPT-2's width, a multiple of its 4 heads (default 128)")
     parser.add_argument("--tree", action="append", help="a source tree holding jaxattn/")
     args = parser.parse_args()
+    if args.width < 4 or args.width % 4:
+        parser.error(f"--width must be a positive multiple of 4, got {args.width}")
     trees = args.tree or [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
     print("| tree | process | first call s (CPU s) | second call s (CPU s) | CPU ratio |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as root:
         for k in range(args.processes + 1):
             for i, tree in enumerate(trees):
-                r = one(tree, os.path.join(root, str(i)))
+                r = one(tree, os.path.join(root, str(i)), args.width)
                 (w1, c1), (w2, c2) = r["first"], r["second"]
                 kind = "cold" if k == 0 else "warm"
                 print(f"| {tree} | {kind} | {w1:.3f} ({c1:.3f}) | {w2:.3f} ({c2:.3f}) "

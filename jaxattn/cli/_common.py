@@ -5,8 +5,10 @@ parameter's value (`parse_value`; the value itself is checked by
 `experiments.base.convert`)."""
 
 import argparse
+import contextlib
 import difflib
 import re
+import sys
 
 #: The actions a flag may be given more than once for (`--grid A=… --grid B=…`).
 _REPEATABLE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction,
@@ -188,8 +190,6 @@ def distributed_checks(args) -> list[tuple[bool, str]]:
 def launch_local(args, words: list[str]) -> int:
     """Run `jaxattn WORDS --distributed` as `args.launch_local` processes on this
     machine (`_distributed.launch_local`)."""
-    import sys
-
     from .._process.distributed import launch_local as launch
 
     words = [*words, *([] if args.distributed else ["--distributed"])]
@@ -203,8 +203,6 @@ def loaded_ahead(command: str, settings, distributed: bool = False):
     `settings` is an `argparse.Namespace`): the kept programs its last run took are
     loaded while it imports and starts. A distributed run has JAX's cache alone
     (docs/usage/speed.md)."""
-    import contextlib
-
     from .._programs import loaded_ahead as ahead
 
     if distributed:

@@ -53,18 +53,15 @@ def enable_cache(path: str | os.PathLike | None = None) -> Path | None:
 
     The folder, or `None` when the cache is off.
     """
-    typed = path is None or isinstance(path, str | os.PathLike)
-    folder = cache_dir(path) if typed else None
+    if not (path is None or isinstance(path, str | os.PathLike)):
+        raise TypeError(f"`path` must be a folder (a str or a path), got "
+                        f"{type(path).__name__}.")
+    folder = cache_dir(path)
     problem = folder and _unusable(folder)
-    for bad, error, message in (
-        (not typed, TypeError, f"`path` must be a folder (a str or a path), got "
-                               f"{type(path).__name__}."),
-        (problem, ValueError, f"cannot use {folder} for the compilation cache: {problem}; "
-                              f"choose another folder ({VARIABLE}=DIR) or turn the "
-                              f"cache off ({VARIABLE}={OFF})."),
-    ):
-        if bad:
-            raise error(message)
+    if problem:
+        raise ValueError(f"cannot use {folder} for the compilation cache: {problem}; "
+                         f"choose another folder ({VARIABLE}=DIR) or turn the "
+                         f"cache off ({VARIABLE}={OFF}).")
     options = {"jax_enable_compilation_cache": folder is not None}
     if folder is not None:
         options["jax_compilation_cache_dir"] = str(folder)

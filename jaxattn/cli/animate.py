@@ -5,8 +5,6 @@ from pathlib import Path
 
 from ._common import CLIError, count_checks, refuse_first
 
-HELP = "a run folder's token trajectories as a movie (MP4 or GIF)"
-
 
 def _animate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None  # the default is named after the trajectory
@@ -43,7 +41,8 @@ def _animate(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("animate", help=HELP,
+    p = sub.add_parser("animate",
+                       help="a run folder's token trajectories as a movie (MP4 or GIF)",
                        description="Draw the token trajectory saved in a run folder's "
                        "data.npz (`jaxattn run`, `jaxattn demo`) as a movie: S² as a "
                        "shaded sphere with trails, S¹ as a circle, d > 3 by one PCA; "

@@ -25,7 +25,6 @@ CHECK = {"tokens": 8, "dim": 4, "heads": 2, "layers": 16, "tau": 0.1}
 #: float32 roundings. True float32 products stay well inside it; TF32 products miss
 #: it by about 100×, bfloat16 ones by about 1000×.
 THRESHOLD = 16 * 2.0**-23
-_NOT_FAITHFUL = 1
 
 
 def faithful_float32(seed: int = 0, precision: str = "float32") -> float:
@@ -125,7 +124,7 @@ def _doctor(args: argparse.Namespace) -> int:
     if not faithful:
         print("float32 is not faithful on this device: its results differ from float64 "
               "beyond rounding; run in float64 (jax_enable_x64) or check the install.")
-        return _NOT_FAITHFUL
+        return 1
     return 0
 
 

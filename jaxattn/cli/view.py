@@ -5,8 +5,6 @@ from pathlib import Path
 
 from ._common import refuse_first
 
-HELP = "a run folder's token trajectories as one HTML page to turn and scrub"
-
 
 def _view(args: argparse.Namespace) -> int:
     out = Path(args.out)
@@ -29,7 +27,9 @@ def _view(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("view", help=HELP,
+    p = sub.add_parser("view",
+                       help="a run folder's token trajectories as one HTML page to turn "
+                       "and scrub",
                        description="Write the token trajectory saved in a run folder's "
                        "data.npz as one self-contained HTML page: drag to turn the sphere, "
                        "a slider scrubs the time, E(t) under it.")

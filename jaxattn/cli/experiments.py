@@ -47,10 +47,10 @@ def declared_experiment(name: str):
     """The experiment `name` as its parser needs it (name, title, parameters), read
     from its source without importing it nor JAX (`ja.experiments.declared_params`): help
     and argument errors answer at once. Imported when its source does not declare its
-    parameters plainly; an unknown name is a `ValueError` listing the experiments."""
+    parameters plainly (`name` is one of `REGISTRY`: `_run` checked it)."""
     from ..experiments import REGISTRY, declared_params, get_experiment
 
-    params = declared_params(name) if name in REGISTRY else None
+    params = declared_params(name)
     if params is None:
         return get_experiment(name)
     return Declared(name, REGISTRY[name].title, params)

@@ -20,7 +20,7 @@ from jaxtyping import Array, Float, PyTree
 
 from .._ensemble import LastAxis, is_batch_last
 from .call import pallas_run, power_of_two
-from .lanes import Lanes, evaluate, trace
+from .lanes import Lanes, evaluate, objects, trace
 
 # Mosaic GPU (Pallas's default on CUDA) is not offered: its lane lowering has no
 # `sqrt` (JAX 0.10), which every norm placement needs.
@@ -86,23 +86,13 @@ def _stored(dtype):
 
 
 def _load(ref, aval) -> np.ndarray:
-    out = np.empty(aval.shape, object)
-    for j, idx in enumerate(np.ndindex(aval.shape)):
-        v = ref[j, :]
-        out[idx] = (v != 0) if aval.dtype == jnp.bool_ else v
-    return out
+    rows = [ref[j, :] for j in range(math.prod(aval.shape))]
+    return objects([(v != 0) if aval.dtype == jnp.bool_ else v for v in rows], aval.shape)
 
 
 def _flat(value: np.ndarray, lanes: Lanes, dtype) -> tuple:
     """An object array's entries as a tuple of `(block,)` vectors (constants splat)."""
     return tuple(lanes.vec(e, dtype) for e in value.reshape(-1))
-
-
-def _unflat(vectors: tuple, shape) -> np.ndarray:
-    out = np.empty(len(vectors), object)
-    for i, v in enumerate(vectors):
-        out[i] = v
-    return out.reshape(shape)
 
 
 def _store(ref, index, value, lanes: Lanes, dtype) -> None:
@@ -183,8 +173,8 @@ def run_ensemble(
 
         def advance(k, carry):
             lanes = Lanes(block)
-            x = _unflat(carry, x_aval.shape)
-            kf = _unflat((lax.broadcast(lax.convert_element_type(k, dtype), (block,)),), ())
+            x = objects(carry, x_aval.shape)
+            kf = objects((lax.broadcast(lax.convert_element_type(k, dtype), (block,)),), ())
             x_new, = evaluate(step_jaxpr, [x, kf] + vals[1:], lanes)
             return _flat(np.asarray(x_new, object), lanes, dtype)
 
@@ -194,7 +184,7 @@ def run_ensemble(
             else:
                 carry = lax.fori_loop(s * steps_per_save, (s + 1) * steps_per_save,
                                       advance, carry)
-            save(s + 1, _unflat(carry, x_aval.shape))
+            save(s + 1, objects(carry, x_aval.shape))
             return carry
 
         save(0, vals[0])

@@ -209,20 +209,16 @@ def _fwd(q, k, v, offset, shift, spec):
         num_warps=spec.warps, name="flash_forward")
 
 
-def _outputs(out, lse, n):
-    """The kernel's `(h, c, npad)` outputs and `(h, npad)` log-normalisers as `(h, n, c)`
-    and `(h, n)`."""
-    return jnp.swapaxes(out, 1, 2)[:, :n], lse[:, :n]
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _flash(q, k, v, offset, shift, spec):
-    return _outputs(*_fwd(q, k, v, offset, shift, spec), q.shape[1])
+    return _flash_fwd(q, k, v, offset, shift, spec)[0]
 
 
 def _flash_fwd(q, k, v, offset, shift, spec):
+    """The outputs `(h, n, c)` and log-normalisers `(h, n)`, with the residuals."""
     out, lse = _fwd(q, k, v, offset, shift, spec)
-    return _outputs(out, lse, q.shape[1]), (q, k, v, offset, shift, out, lse)
+    n = q.shape[1]
+    return (jnp.swapaxes(out, 1, 2)[:, :n], lse[:, :n]), (q, k, v, offset, shift, out, lse)
 
 
 def _flash_bwd(spec, res, cotangents):

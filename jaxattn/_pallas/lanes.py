@@ -112,21 +112,22 @@ class _LaneValues(AbstractValues):
         return out if eqn.primitive.multiple_results else [out]
 
 
+def objects(entries, shape) -> np.ndarray:
+    """An object array of `shape` holding `entries` (lanes, NumPy scalars) in row-major
+    order (entry by entry: NumPy would stack a list of lanes)."""
+    out = np.empty(len(entries), object)
+    for i, e in enumerate(entries):
+        out[i] = e
+    return out.reshape(shape)
+
+
 def _entries(value, shape=None):
     """`value` (object or constant array) broadcast to `shape` (its own by default), as
-    an object array."""
+    an object array (a constant's entries NumPy scalars, keeping their dtype)."""
     arr = np.asarray(value)
     if arr.dtype != object:
-        arr = _objects(arr)
+        arr = objects(list(arr.flat), arr.shape)
     return arr if shape is None else np.broadcast_to(arr, shape)
-
-
-def _objects(arr: np.ndarray) -> np.ndarray:
-    """A constant array as an object array of NumPy scalars (keeping their dtype)."""
-    out = np.empty(arr.shape, object)
-    for idx in np.ndindex(arr.shape):
-        out[idx] = arr[idx]
-    return out
 
 
 def call_entry(fn, args, dtypes, lanes):
@@ -221,8 +222,7 @@ def _dynamic_update_slice(eqn, ins, lanes):
     return out
 
 
-def _dot_general(eqn, ins, lanes, dimension_numbers, precision=None,
-                 preferred_element_type=None, **_):
+def _dot_general(eqn, ins, lanes, dimension_numbers, precision=None, **_):
     """Products summed over the contracted index, in order, at the named precision."""
     (lc, rc), (lb, rb) = dimension_numbers
     out_dtype = eqn.outvars[0].aval.dtype

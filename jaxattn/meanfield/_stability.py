@@ -42,11 +42,10 @@ def log_multiplier(beta: float, d: int, mode: int, kernel: AbstractKernel) -> fl
     `β ≈ 700` (`"usa"`) or at high degrees."""
     beta, mode = check_sphere(beta, d)[0], check_count(mode, "mode", 1)
     nu = d / 2 - 1
-    log = math.lgamma(d / 2) + nu * math.log(2 / beta) + _log_bessel(mode + nu, beta)
-    log -= math.log(beta)
-    if kernel.normalised:
-        log -= math.lgamma(d / 2) + nu * math.log(2 / beta) + _log_bessel(nu, beta)
-    return log
+    log = _log_bessel(mode + nu, beta) - math.log(beta)
+    if kernel.normalised:  # over E[e^{βt}] = Γ(d/2) (2/β)^ν I_ν(β): that factor cancels
+        return log - _log_bessel(nu, beta)
+    return log + math.lgamma(d / 2) + nu * math.log(2 / beta)
 
 
 #: `log` of float64's largest number: `e^x` overflows past it.

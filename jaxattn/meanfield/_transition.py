@@ -63,11 +63,6 @@ def _zonal(beta: float, d: int):
     return t, w, matrix, beta
 
 
-def _apply(matrix, rho):
-    """`matrix @ rho`."""
-    return np.einsum("ij,j->i", matrix, rho)
-
-
 def _parts(u, w):
     """`ρ = e^u / E[e^u]` and `log ρ`, without overflow or `log 0`."""
     shifted = u - u.max()
@@ -79,7 +74,7 @@ def _energy(u, coupling, zonal):
     """`ρ(u)`, the free energy `F[ρ]` and its gradient `∂F/∂ρ` on the nodes."""
     _, w, matrix, _ = zonal
     rho, log_rho = _parts(u, w)
-    phi = _apply(matrix, rho)
+    phi = matrix @ rho
     f = w @ (rho * log_rho) - coupling * (w @ (rho * phi))
     return rho, f, w * (log_rho + 1 - 2 * coupling * phi)
 
@@ -109,7 +104,7 @@ def _newton(u, coupling, zonal, iterations: int = 60) -> tuple[np.ndarray, bool]
     eye = np.eye(len(u))
     for _ in range(iterations):
         rho, _ = _parts(u, w)
-        residual = u - 2 * coupling * _apply(matrix, rho)
+        residual = u - 2 * coupling * (matrix @ rho)
         jac = eye - 2 * coupling * matrix @ (np.diag(rho) - np.outer(rho, w * rho))
         step = np.linalg.solve(jac, residual)
         u = u - step
@@ -241,7 +236,7 @@ def _on_branch(r, start, zonal, iterations: int = 60):
     n = len(u)
     for _ in range(iterations):
         rho, _ = _parts(u, w)
-        phi = _apply(matrix, rho)
+        phi = matrix @ rho
         drho = np.diag(rho) - np.outer(rho, w * rho)  # ∂ρ/∂u
         jac = np.zeros((n + 1, n + 1))
         jac[:n, :n] = np.eye(n) - 2 * k * matrix @ drho

@@ -72,7 +72,7 @@ def _rows(leaf, size: int) -> Array:
     a = leaf.value if is_batch_last(leaf) else jnp.broadcast_to(
         jnp.asarray(leaf)[..., None], jnp.shape(leaf) + (size,))
     a = a.reshape((-1, size))
-    return a.astype(jnp.int32) if a.dtype == jnp.bool_ else a
+    return a.astype(_stored(a.dtype))
 
 
 def _core(leaf) -> jax.ShapeDtypeStruct:

@@ -9,6 +9,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
+from scipy.special import eval_jacobi, roots_jacobi
 
 from .._validate import check_scalar, check_sphere
 
@@ -50,8 +51,6 @@ def check_branch(beta, d) -> tuple[float, int]:
 
 
 def _zonal(beta: float, d: int):
-    from scipy.special import eval_jacobi, roots_jacobi
-
     a = (d - 3) / 2
     t, w = roots_jacobi(NODES, a, a)
     w = w / w.sum()

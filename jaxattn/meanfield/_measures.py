@@ -11,6 +11,7 @@ from jaxtyping import Array, Float
 from .._kernel import AbstractKernel
 from .._validate import check_count, check_scalar
 from ._checks import check_beta, check_density, check_grid, check_memory
+from ._circle import Circle
 from ._grid import AbstractGrid
 from ._kernels import check_kernel, interaction
 
@@ -176,8 +177,6 @@ def sample(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int, key) -> Float[
 
     `(n, 2)` unit vectors.
     """
-    from ._circle import Circle
-
     if not isinstance(grid, Circle):
         raise ValueError("sample: only on a Circle (the sphere's densities are not inverted).")
     n = check_count(n, "n", 1)

@@ -197,18 +197,6 @@ def _layout(q, k, v, spec):
     return qt, kt, vt, (h, g, a, cv, n, m, npad, mpad), specs
 
 
-def _fwd(q, k, v, offset, shift, spec):
-    qt, kt, vt, (h, g, a, cv, n, m, npad, mpad), sp = _layout(q, k, v, spec)
-    return pallas_run(
-        functools.partial(_forward_kernel, spec=spec, a=a, cv=cv, m=m),
-        (qt, kt, vt, offset.reshape(1), shift.reshape(1)), grid=(h, npad // spec.bq),
-        in_specs=[sp["q_block"], sp["k_all"], sp["v_all"], sp["scalar"], sp["scalar"]],
-        out_specs=[sp["v_block"], sp["row"]],
-        out_shape=[jax.ShapeDtypeStruct((h, cv, npad), q.dtype),
-                   jax.ShapeDtypeStruct((h, npad), q.dtype)],
-        num_warps=spec.warps, name="flash_forward")
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _flash(q, k, v, offset, shift, spec):
     return _flash_fwd(q, k, v, offset, shift, spec)[0]
@@ -216,8 +204,15 @@ def _flash(q, k, v, offset, shift, spec):
 
 def _flash_fwd(q, k, v, offset, shift, spec):
     """The outputs `(h, n, c)` and log-normalisers `(h, n)`, with the residuals."""
-    out, lse = _fwd(q, k, v, offset, shift, spec)
-    n = q.shape[1]
+    qt, kt, vt, (h, g, a, cv, n, m, npad, mpad), sp = _layout(q, k, v, spec)
+    out, lse = pallas_run(
+        functools.partial(_forward_kernel, spec=spec, a=a, cv=cv, m=m),
+        (qt, kt, vt, offset.reshape(1), shift.reshape(1)), grid=(h, npad // spec.bq),
+        in_specs=[sp["q_block"], sp["k_all"], sp["v_all"], sp["scalar"], sp["scalar"]],
+        out_specs=[sp["v_block"], sp["row"]],
+        out_shape=[jax.ShapeDtypeStruct((h, cv, npad), q.dtype),
+                   jax.ShapeDtypeStruct((h, npad), q.dtype)],
+        num_warps=spec.warps, name="flash_forward")
     return (jnp.swapaxes(out, 1, 2)[:, :n], lse[:, :n]), (q, k, v, offset, shift, out, lse)
 
 

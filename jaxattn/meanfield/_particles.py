@@ -21,6 +21,7 @@ from .._flow import CheckedTimes
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
 from .._validate import checked, is_concrete
+from ._circle import Circle
 from ._kernels import check_kernel
 
 #: The most modes `circle_modes` returns (`I_k(β)/I_0(β) ≈ e^{−k²/2β}` below
@@ -63,13 +64,10 @@ def circle_modes(beta: float, dtype=jnp.float64) -> int:
 
 
 def coefficients(beta, modes: int):
-    """`(b_k, a_k) e^{−β}` for `k = 1…M` and `k = 0…M` (module docstring), `I_k(β) e^{−β}`
-    `= (1/2π) ∫ e^{β(cos u − 1)} cos(ku) du` by the trapezoid rule on `4(M + 2)` angles
-    (an FFT): exact to rounding (aliasing brings in `I_k` with `k > 2M`), and
-    differentiable in `β`."""
-    q = 4 * (modes + 2)
-    u = 2 * jnp.pi * jnp.arange(q) / q
-    a = jnp.fft.rfft(jnp.exp(beta * (jnp.cos(u) - 1))).real[: modes + 2] / q
+    """`(b_k, a_k) e^{−β}` for `k = 1…M` and `k = 0…M` (module docstring): `I_k(β) e^{−β}
+    = (1/2π) ∫ e^{β(cos u − 1)} cos(ku) du` is the Funk–Hecke multiplier of that
+    profile over `2π` (`Circle.multipliers`, exact to rounding), differentiable in `β`."""
+    a = Circle(modes + 1).multipliers(lambda t: jnp.exp(beta * (t - 1)))[0] / (2 * jnp.pi)
     return a[:-2] - a[2:], a[:-1]
 
 

@@ -191,9 +191,10 @@ def check_run(dyn, x0, devices, shard, noise, key) -> tuple:
 
 
 def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch", keys=None,
-                 **kwargs):
+                 checked: bool = True, **kwargs):
     """Call `jitted(dyn, x0, *args, checks, **kwargs)`, sharding the batch axes of `x0`
-    (and `keys`, one noise key per system) over `devices`.
+    (and `keys`, one noise key per system) over `devices`. With `checked=False` (a
+    strategy's unchecked run) the program runs as is: no checks, no sharding.
 
     With a traced input (an outer `jit`/`grad`) the value checks run inside the
     program (`checks=True`, `eqx.error_if`). Concrete inputs are checked here before
@@ -204,9 +205,11 @@ def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch"
     **Returns:** `(out, checked)`; with `checked=False` the caller must check `out`
     on the host.
     """
-    x0 = as_float_array(x0, "x0")
     if keys is not None:
         kwargs["keys"] = keys
+    if not checked:
+        return jitted(dyn, x0, *args, False, **kwargs), False
+    x0 = as_float_array(x0, "x0")
     # Keyword inputs count too: a traced σ or traced keys need the checks inside.
     concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args, kwargs)))
     if concrete and x0.size:  # the shape is the caller's to check (a stacked model's)

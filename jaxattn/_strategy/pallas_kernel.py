@@ -58,11 +58,8 @@ class PallasKernel(AbstractStrategy):
     def run_layers(self, dyn, x0, num_layers, tau, observe, checkpoints, *, devices,
                    shard, noise, keys, checked=True):
         _refuse(devices, shard)
-        if not checked:
-            return _layers_kernel(dyn, x0, num_layers, tau, observe, self.config,
-                                  False), False
         return call_batched(_layers_kernel, dyn, x0, None, num_layers, tau, observe,
-                            self.config, noise=noise, keys=keys)
+                            self.config, noise=noise, keys=keys, checked=checked)
 
     def solve_flow(self, dyn, x0, options, *, adjoint, throw, on_manifold, event,
                    devices, shard, noise, keys, checked=True, progress=False):

@@ -36,12 +36,9 @@ class AbstractXlaStrategy(AbstractStrategy):
 
     def run_layers(self, dyn, x0, num_layers, tau, observe, checkpoints, *, devices,
                    shard, noise, keys, checked=True):
-        options = dict(fused=self.fused, chunk=self._chunk(devices), noise=noise)
-        if not checked:
-            return layers_program(dyn, x0, num_layers, tau, observe, checkpoints, False,
-                                  keys=keys, **options), False
         return call_batched(layers_program, dyn, x0, devices, num_layers, tau, observe,
-                            checkpoints, shard=shard, keys=keys, **options)
+                            checkpoints, shard=shard, keys=keys, checked=checked,
+                            fused=self.fused, chunk=self._chunk(devices), noise=noise)
 
     def solve_flow(self, dyn, x0, options, *, adjoint, throw, on_manifold, event,
                    devices, shard, noise, keys, checked=True, progress=False):
@@ -54,13 +51,11 @@ class AbstractXlaStrategy(AbstractStrategy):
         args = (*options, adjoint, bool(throw) and checked, bool(on_manifold))
         kw = dict(fused=self.fused, chunk=self._chunk(devices), event=event, noise=noise,
                   progress=progress)
-        if not checked:
-            ys, solved, finite, steps, *_ = solve_batched(dyn, x0, *args, False, keys=keys,
-                                                          **kw)
-            return FlowResult(ys, solved & finite, steps)
-        (ys, solved, finite, steps, result, started), checked = call_batched(
-            solve_batched, dyn, x0, devices, *args, shard=shard, keys=keys, host=True, **kw)
-        if throw and not checked:
+        # Unchecked (`solve_flow_unchecked`), `throw` is False: a `FlowResult` below.
+        (ys, solved, finite, steps, result, started), in_program = call_batched(
+            solve_batched, dyn, x0, devices, *args, shard=shard, keys=keys, host=checked,
+            checked=checked, **kw)
+        if throw and not in_program:
             raise_failure(solved, finite, result, started, names_event(event, solver))
         if event is not None:
             saved, ys, t_end, y_end, stats = ys

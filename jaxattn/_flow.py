@@ -27,6 +27,7 @@ from ._strategy.solve import FlowResult as FlowResult
 from ._strategy.solve import FlowSolution as FlowSolution
 from ._strategy.solve import ManifoldSolver as ManifoldSolver
 from ._strategy.solve import UserEvent
+from ._strategy.stepping import DEFAULT_ROOT_FINDER, FROM_CONTROLLER
 from ._validate import (
     as_float_array,
     check_count,
@@ -271,16 +272,13 @@ class CheckedTimes(dfx.AbstractAdjoint):
 #: in float64 (n > 362 tokens in d = 2). At n = 600 the dense one peaked near 8 GB.
 JACOBIAN_LIMIT = 2**22
 
-#: diffrax's default root finder of its implicit solvers: tolerances from the controller.
-_DEFAULT_ROOT_FINDER = dfx.Kvaerno3().root_finder
-
 
 def matrix_free_root_finder(rtol: float, atol: float) -> optx.AbstractRootFinder:
     """Newton's method with GMRES for its linear solves (`docs/limits.md`): the tolerances
     of Newton from the step-size controller (as diffrax's default), GMRES a tenth of the
     controller's and a small `restart` (lineax builds the whole Krylov basis before it
     checks convergence; an implicit step's `I − γhJ` is near the identity)."""
-    tol = _DEFAULT_ROOT_FINDER.rtol  # diffrax's "take it from the controller"
+    tol = FROM_CONTROLLER
     return optx.Newton(rtol=tol, atol=tol, norm=tol, linear_solver=lx.GMRES(
         rtol=rtol / 10, atol=atol / 10, restart=4, stagnation_iters=30))
 
@@ -295,7 +293,7 @@ def choose_root_finder(solver: dfx.AbstractSolver, controller: dfx.AbstractStepS
     dense = (n * d) ** 2 * np.dtype(dtype).itemsize
     if (not isinstance(solver, dfx.AbstractImplicitSolver) or dense <= JACOBIAN_LIMIT
             or not isinstance(controller, dfx.PIDController)
-            or not eqx.tree_equal(solver.root_finder, _DEFAULT_ROOT_FINDER)):
+            or not eqx.tree_equal(solver.root_finder, DEFAULT_ROOT_FINDER)):
         return solver
     return eqx.tree_at(lambda s: s.root_finder, solver,
                        matrix_free_root_finder(controller.rtol, controller.atol))

@@ -93,9 +93,10 @@ def stepped(term, solver, controller, ts, dt0, max_steps, y0, args, event=None):
     return (unreached(ts), jax.tree.map(unreached, ys), tprev, y1), result, stats
 
 
-#: diffrax's "taken from the step-size controller" (`use_stepsize_tol`), an implicit
-#: solver's default root finder's tolerances.
-_FROM_CONTROLLER = dfx.Kvaerno3().root_finder.rtol
+#: diffrax's default root finder of its implicit solvers, and its tolerances: "taken
+#: from the step-size controller" (`use_stepsize_tol`).
+DEFAULT_ROOT_FINDER = dfx.Kvaerno3().root_finder
+FROM_CONTROLLER = DEFAULT_ROOT_FINDER.rtol
 _TOLERANCES = ("rtol", "atol", "norm")
 
 
@@ -105,7 +106,7 @@ def root_tolerances(solver, controller):
     them under constant steps is refused in one line (diffeqsolve: a paragraph)."""
     if not isinstance(solver, dfx.AbstractImplicitSolver):
         return solver
-    unset = [a for a in _TOLERANCES if getattr(solver.root_finder, a) is _FROM_CONTROLLER]
+    unset = [a for a in _TOLERANCES if getattr(solver.root_finder, a) is FROM_CONTROLLER]
     if not unset:
         return solver
     if not isinstance(controller, dfx.AbstractAdaptiveStepSizeController):

@@ -209,10 +209,9 @@ def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch"
         kwargs["keys"] = keys
     if not checked:
         return jitted(dyn, x0, *args, False, **kwargs), False
-    x0 = as_float_array(x0, "x0")
     # Keyword inputs count too: a traced σ or traced keys need the checks inside.
     concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args, kwargs)))
-    if concrete and x0.size:  # the shape is the caller's to check (a stacked model's)
+    if concrete and x0.size:  # x0: the caller's checked float array (`check_token_shape`)
         check_tokens_now(x0)
     if shard == "tokens":
         dyn, x0 = on_tokens(dyn, x0, devices)

@@ -76,8 +76,7 @@ class TokenNoise(AbstractNoise):
         return (n, d)
 
     def kick(self, dyn, t, x, dB):
-        xn = project(x, dyn.W)
-        return self.sigma * tangent(xn, dB, dyn.W)
+        return self.sigma * tangent(project(x, dyn.W), dB, dyn.W)
 
     @property
     def default_solver(self):

@@ -49,12 +49,11 @@ class AbstractXlaStrategy(AbstractStrategy):
         if x0.size == 0:  # an empty batch (`solve_flow` refuses it with `solution=True`)
             return _empty(x0, ts, throw)
         args = (*options, adjoint, bool(throw) and checked, bool(on_manifold))
-        kw = dict(fused=self.fused, chunk=self._chunk(devices), event=event, noise=noise,
-                  progress=progress)
         # Unchecked (`solve_flow_unchecked`), `throw` is False: a `FlowResult` below.
         (ys, solved, finite, steps, result, started), in_program = call_batched(
             solve_batched, dyn, x0, devices, *args, shard=shard, keys=keys, host=checked,
-            checked=checked, **kw)
+            checked=checked, fused=self.fused, chunk=self._chunk(devices), event=event,
+            noise=noise, progress=progress)
         if throw and not in_program:
             raise_failure(solved, finite, result, started, names_event(event, solver))
         if event is not None:

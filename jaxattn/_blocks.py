@@ -176,8 +176,7 @@ def _attend_fwd(q, k, v, offset, mask, spec):
 
 def _attend_bwd(spec, res, dout):
     q, k, v, offset, mask, out, lse = res
-    dq, dk, dv, doffset = _backward(q, k, v, offset, mask, out, lse, dout, spec)
-    return dq, dk, dv, doffset, None
+    return (*_backward(q, k, v, offset, mask, out, lse, dout, spec), None)  # no mask cotangent
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)

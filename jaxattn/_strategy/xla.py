@@ -45,10 +45,9 @@ class AbstractXlaStrategy(AbstractStrategy):
         ts, solver, *rest = options
         if on_manifold:  # its metric is each system's own in the run (`solve._with_metric`)
             solver = ManifoldSolver(solver, first_model(dyn).W, fused=self.fused)
-        options = (ts, solver, *rest)
         if x0.size == 0:  # an empty batch (`solve_flow` refuses it with `solution=True`)
             return _empty(x0, ts, throw)
-        args = (*options, adjoint, bool(throw) and checked, bool(on_manifold))
+        args = (ts, solver, *rest, adjoint, bool(throw) and checked, bool(on_manifold))
         # Unchecked (`solve_flow_unchecked`), `throw` is False: a `FlowResult` below.
         (ys, solved, finite, steps, result, started), in_program = call_batched(
             solve_batched, dyn, x0, devices, *args, shard=shard, keys=keys, host=checked,

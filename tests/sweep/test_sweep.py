@@ -398,7 +398,7 @@ def test_the_host_domain_decides_as_the_callback_without_one(monkeypatch):
     W = A @ A.transpose(0, 2, 1) + 3 * np.eye(3)
     x = rng.standard_normal((6, 5, 3))
     x[:3] = np.abs(x[:3])  # in the open orthant: inside a hemisphere of every metric
-    x[3:, :3] = np.eye(3) * [1, 1, 1]
+    x[3:, :3] = np.eye(3)
     x[3:, 3:] = -np.eye(3)[:2]  # ±e₁, ±e₂, e₃: in no open hemisphere
     x = x / np.linalg.norm(x, axis=-1, keepdims=True)
     tests = Theorem41Test(W=jnp.asarray(W))

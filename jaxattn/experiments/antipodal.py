@@ -22,7 +22,7 @@ from .._manifold import normalize
 from .._noise import ValueNoise
 from ..metrics import binomial_error, fit_crossing, fit_intercept, level_crossing, mean_error
 from ..theory import antipodal_probability, antipodal_rate, antipodal_threshold
-from .base import AbstractExperiment, Param, Verdict
+from .base import AbstractExperiment, Config, Param, Verdict
 from .pieces import advance, keyed_layers
 from .runner import MAX_LAYERS
 from .verdicts import finite_or_none, short
@@ -121,20 +121,6 @@ def window_of(d: int, sigma: float) -> np.ndarray:
     return antipodal_threshold(d, sigma) * np.linspace(*WINDOW, WINDOW_POINTS)
 
 
-def taus_of(config) -> tuple[float, float]:
-    """The layer steps of the threshold runs: `τ/2` and `τ`."""
-    return config.tau / 2, config.tau
-
-
-def dims_of(config) -> list[int]:
-    return [2 ** (k + 1) for k in range(config.dims)]
-
-
-def betas_of(config) -> np.ndarray:
-    return np.linspace(config.beta_max / config.betas, config.beta_max,
-                       config.betas)
-
-
 class Antipodal(AbstractExperiment):
     name = "antipodal"
     distributable = True
@@ -166,13 +152,21 @@ class Antipodal(AbstractExperiment):
              f"to reach T = {end:g}, more than {MAX_LAYERS} (JAX counts in int32): take a "
              "larger --tau."))
 
+    @staticmethod
+    def grid(config: Config) -> dict[str, np.ndarray]:
+        """The settings' grid: the dimensions `d = 2, 4, …, 2^dims`, the `β` of the
+        probability runs and the layer steps `τ/2, τ` of the threshold runs."""
+        return {"dims": 2 ** np.arange(1, config.dims + 1),
+                "betas": np.linspace(config.beta_max / config.betas, config.beta_max,
+                                     config.betas),
+                "taus": np.array([config.tau / 2, config.tau])}
+
     def simulate(self, config, progress):
         key = jax.random.PRNGKey(config.seed)
-        dims, betas, runs = dims_of(config), betas_of(config), config.runs
-        sigma, tau = config.sigma, config.tau
-        taus = taus_of(config)
-        data = {"dims": np.asarray(dims), "betas": betas, "taus": np.asarray(taus),
-                "window_betas": np.zeros((len(dims), WINDOW_POINTS))}
+        data = self.grid(config)
+        dims, betas, taus = [int(d) for d in data["dims"]], data["betas"], data["taus"]
+        sigma, tau, runs = config.sigma, config.tau, config.runs
+        data["window_betas"] = np.zeros((len(dims), WINDOW_POINTS))
         data |= {k: np.zeros((len(dims), len(betas))) for k in
                  ("p_antipodal", "p_antipodal_early", "p_consensus", "rate", "rate_se")}
         data |= {k: np.zeros((len(dims), len(taus), WINDOW_POINTS))
@@ -212,7 +206,7 @@ class Antipodal(AbstractExperiment):
 
     @staticmethod
     def _threshold_runs(config, data, i: int, d: int, key, bar) -> None:
-        """The exponent at the window's `β` for each step of `taus_of`, into `data`."""
+        """The exponent at the window's `β` for each layer step of `grid`, into `data`."""
         sigma, runs = config.sigma, config.threshold_runs
         window = window_of(d, sigma)
         data["window_betas"][i] = window

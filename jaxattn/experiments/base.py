@@ -273,15 +273,15 @@ class AbstractExperiment(abc.ABC):
                 raise ValueError(message)
 
     @abc.abstractmethod
-    def simulate(self, config: dict[str, Any], progress: bool) -> dict[str, np.ndarray]:
+    def simulate(self, config: "Config", progress: bool) -> dict[str, np.ndarray]:
         """Run the experiment; the arrays returned are saved as `data.npz`."""
 
     @abc.abstractmethod
-    def verdict(self, config: dict[str, Any], data: dict[str, np.ndarray]) -> Verdict:
+    def verdict(self, config: "Config", data: dict[str, np.ndarray]) -> Verdict:
         """Judge the outcome (against `ja.theory.predict`, a paper or a peer)."""
 
     @abc.abstractmethod
-    def draw(self, config: dict[str, Any], data: dict[str, np.ndarray], folder: Path) -> list[Path]:
+    def draw(self, config: "Config", data: dict[str, np.ndarray], folder: Path) -> list[Path]:
         """Write the figures (PNG and PDF) into `folder`; return their paths."""
 
 
@@ -296,7 +296,7 @@ class AbstractSweepableExperiment(AbstractExperiment):
     grid_notes: ClassVar[dict[str, str]] = {}
 
     @abc.abstractmethod
-    def instance(self, key, config: dict[str, Any]) -> tuple[Any, Any, Any]:
+    def instance(self, key, config: "Config") -> tuple[Any, Any, Any]:
         """One sweep instance as the simulators run it: `(dyn, y0, misalign)`, the
         model, its start and `misalign(ys)`, the misalignment of its states
         (`jaxattn run NAME --seed S` draws the same instance from `PRNGKey(S)`)."""

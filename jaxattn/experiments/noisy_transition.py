@@ -25,7 +25,7 @@ from .._manifold import normalize
 from ..meanfield import fold_coupling, transition_coupling
 from ..metrics import WindowStatistics, fit_intercept, fit_slope, level_crossing, window_statistics
 from ..theory import fit_threshold, layer_diffusion, noisy_beta_star, noisy_threshold
-from .base import AbstractExperiment, Param, Verdict
+from .base import AbstractExperiment, Config, Param, Verdict
 from .pieces import keyed_layers
 from .runner import MAX_LAYERS
 from .verdicts import short
@@ -82,22 +82,22 @@ def settings(config):
     return config | FULL if full else config
 
 
-def coupling_grid(cfg: dict) -> np.ndarray:
+def coupling_grid(cfg: Config) -> np.ndarray:
     """The couplings `K/K_#` of the sweeps, ascending."""
     return np.linspace(cfg.k_min, cfg.k_max, cfg.couplings)
 
 
-def step_levels(cfg: dict) -> tuple[float, float]:
+def step_levels(cfg: Config) -> tuple[float, float]:
     """The layer steps of the growth-rate runs: `τ/2` and `τ`."""
     return cfg.tau / 2, cfg.tau
 
 
-def rate_grid(cfg: dict) -> np.ndarray:
+def rate_grid(cfg: Config) -> np.ndarray:
     """The couplings `K/K_#` of the growth-rate runs: `1 ± --rate-span`."""
     return np.linspace(1 - cfg.rate_span, 1 + cfg.rate_span, cfg.rates)
 
 
-def betas_of(d: int) -> np.ndarray:
+def beta_grid(d: int) -> np.ndarray:
     """`β` of dimension `d`: `BETA_RATIOS` times `β*`."""
     return np.asarray(BETA_RATIOS) * noisy_beta_star(d)
 
@@ -139,11 +139,11 @@ def starts(key, batch: tuple[int, ...], n: int, d: int) -> jnp.ndarray:
     return jnp.stack([up, down], axis=len(batch))
 
 
-def sweep(d: int, cfg: dict, key, *, progress: bool) -> np.ndarray:
+def sweep(d: int, cfg: Config, key, *, progress: bool) -> np.ndarray:
     """`r` after every layer: `(betas, 2, couplings, seeds, steps)`, the second axis
     the up and the down sweep (the down sweep stored in ascending `K` as well)."""
     n, seeds, tau = cfg.tokens, cfg.seeds, cfg.sweep_tau
-    ratios, betas = coupling_grid(cfg), betas_of(d)
+    ratios, betas = coupling_grid(cfg), beta_grid(d)
     chunks = math.ceil((cfg.burn + cfg.window) / tau / CHUNK)
     nb, nk = len(betas), len(ratios)
     k_start, k_run = jax.random.split(key)
@@ -178,7 +178,7 @@ def _observe(x):
     return jnp.mean(x, axis=0), x
 
 
-def quench(d: int, cfg: dict, key, tau: float) -> tuple[np.ndarray, np.ndarray]:
+def quench(d: int, cfg: Config, key, tau: float) -> tuple[np.ndarray, np.ndarray]:
     """The decay of a small tilt at every coupling of `rate_grid`, with layers of step
     `tau`: `(g, K)`, `g` `(betas, couplings, seeds, steps + 1)` half the difference of
     the mean token's first coordinate between two systems tilted by `±TILT` towards
@@ -186,7 +186,7 @@ def quench(d: int, cfg: dict, key, tau: float) -> tuple[np.ndarray, np.ndarray]:
     cancels to first order in the tilt), and `K` `(betas, couplings)` the couplings
     run. All couplings run as one batch, one compiled program per d, β and step."""
     n, seeds = cfg.tokens, cfg.seeds
-    ratios, betas = rate_grid(cfg), betas_of(d)
+    ratios, betas = rate_grid(cfg), beta_grid(d)
     steps = math.ceil(cfg.quench / tau)
     out, couplings, tilt = [], [], TILT * jnp.eye(d)[0][None, None]
     for i, beta in enumerate(betas):
@@ -221,12 +221,12 @@ def equation_grid(d: int) -> mf.AbstractGrid:
     return mf.Circle(EQ_MODES) if d == 2 else mf.Sphere(EQ_DEGREE)
 
 
-def equation_rates(d: int, cfg: dict) -> tuple[np.ndarray, np.ndarray]:
+def equation_rates(d: int, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
     """The equation's growth-rate runs: `(K, r)`, the couplings `(betas, rates)` (the
     couplings of `rate_grid` times `K_#`) and the order parameter `r` of the uniform
     density tilted by `EQ_TILT` along `e₁` at `EQ_RATE_TIMES`, `(betas, rates, times)`
     (`r` is the tilt's amplitude: the mean point stays on `e₁`). One vmapped solve."""
-    grid, betas = equation_grid(d), betas_of(d)
+    grid, betas = equation_grid(d), beta_grid(d)
     mu0 = mf.uniform(grid) * (1 + EQ_TILT * grid.points[..., 0])
     K = rate_grid(cfg)[None] * np.array([noisy_threshold(float(b), d) for b in betas])[:, None]
 
@@ -243,7 +243,7 @@ def equation_caps(d: int) -> dict[str, np.ndarray]:
     `e^{CAP x₁}` settled for `EQ_SETTLE` at `K/K_# ∈ KC_RATIOS`; per `(β, coupling)`
     the coupling `K`, the settled cap's free energy less the uniform density's
     (`gap`), and its `r` at the end and at half the time."""
-    grid, betas = equation_grid(d), betas_of(d)
+    grid, betas = equation_grid(d), beta_grid(d)
     cap, uniform = mf.cap(grid, CAP), mf.uniform(grid)
     out = {k: np.full((len(betas), len(KC_RATIOS)), math.nan) for k in ("K", "gap", "r", "r_half")}
     above = [i for i, b in enumerate(betas) if b > noisy_beta_star(d) * (1 + 1e-9)]
@@ -275,7 +275,7 @@ def fit_rates(t: np.ndarray, g: np.ndarray) -> np.ndarray:
     return rates.reshape(g.shape[:-1])
 
 
-def windows(cfg: dict, r: np.ndarray) -> list[WindowStatistics]:
+def windows(cfg: Config, r: np.ndarray) -> list[WindowStatistics]:
     """The up and the down sweep's window at each coupling, from `r` `(2, couplings,
     seeds, steps)` (`ja.metrics.window_statistics`, judged by `GAP_Z` and
     `BLOCK_TAUS`)."""
@@ -351,7 +351,7 @@ class NoisyTransition(AbstractExperiment):
                 "rate_taus": np.asarray(step_levels(cfg)), "eq_times": EQ_RATE_TIMES,
                 "kc_ratios": KC_RATIOS}
         for d in range(2, cfg.max_dim + 1):
-            data[f"betas_d{d}"] = betas_of(d)
+            data[f"betas_d{d}"] = beta_grid(d)
             data[f"eq_K_d{d}"], data[f"eq_r_d{d}"] = equation_rates(d, cfg)
             data |= {f"kc_{k}_d{d}": v for k, v in equation_caps(d).items()}
             for j, tau in enumerate(step_levels(cfg)):
@@ -412,7 +412,7 @@ def _worst(errors) -> float:
     return float(np.max(errors)) if errors.size else 0.0
 
 
-def measure(config: dict, data) -> list[dict]:
+def measure(config: Config, data) -> list[dict]:
     """One row per `(d, β)`: the equation's `K_#` and `K_c` against the predictions,
     the particles' threshold at `τ/2`, `τ` and extrapolated to `τ → 0`, the
     equilibration and the hysteresis where equilibrated."""
@@ -494,7 +494,7 @@ def _write_table(rows: list[dict], path: Path) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def draw_sweeps(cfg: dict, data, rows: list[dict], stem: Path) -> list[Path]:
+def draw_sweeps(cfg: Config, data, rows: list[dict], stem: Path) -> list[Path]:
     """Per `(d, β)`: `r` against `K/K_#` (up and down sweeps, unequilibrated couplings
     faded, hysteresis shaded where equilibrated and the transition discontinuous; the
     floor `1/√n`, `K_#`, and above `β*` `K_c` and the fold, where the ordered branch

@@ -32,7 +32,7 @@ from .._programs import kept_jit
 from .._stacked import first_model, map_models, map_systems, stack_tokens
 from .._strategy import choose_strategy
 from .._validate import NONFINITE, checked, surface_errors
-from .base import Param
+from .base import Config, Param
 from .paper001 import with_beta
 from .pieces import advance
 from .verdicts import short
@@ -239,7 +239,7 @@ def _finite(x):
     return jnp.all(jnp.isfinite(x))
 
 
-def density_map(key: PRNGKeyArray, cfg: dict, *, heads: int = 1, norm: str = "post",
+def density_map(key: PRNGKeyArray, cfg: Config, *, heads: int = 1, norm: str = "post",
                 causal: bool = False, progress: bool = False,
                 desc: str = "phase diagram") -> dict[str, np.ndarray]:
     """The clustered-pair density over `(β, t)`: the whole study for one model.
@@ -287,7 +287,7 @@ def density_map(key: PRNGKeyArray, cfg: dict, *, heads: int = 1, norm: str = "po
             "tau": taus}
 
 
-def draw_systems(key: PRNGKeyArray, cfg: dict, heads: int = 1):
+def draw_systems(key: PRNGKeyArray, cfg: Config, heads: int = 1):
     """The study's random start: tokens and weights for every β and system.
 
     **Returns:**
@@ -318,18 +318,18 @@ def _chunks(groups: int, per_group: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + size, groups)) for lo in range(0, groups, size)]
 
 
-def codes_of(cfg: dict) -> str:
+def codes_of(cfg: Config) -> str:
     """Whose numbering `cfg`'s `key_query` and `value` follow (`KEY_QUERY`): `"rotf"`,
     unless `simuformer_codes` is set (`norm-beta`; a run without it is rotf's)."""
     return "simuformer" if cfg.get("simuformer_codes", False) else "rotf"
 
 
-def horizon_of(cfg: dict) -> float:
+def horizon_of(cfg: Config) -> float:
     """`T`: `horizon`, or their default for 0 (30 with softmax, 1 with the exp kernel)."""
     return cfg.horizon or (1.0 if cfg.exp_kernel else 30.0)
 
 
-def refusals(cfg: dict, *extra: tuple[bool, str]) -> Iterator[tuple[bool, str]]:
+def refusals(cfg: Config, *extra: tuple[bool, str]) -> Iterator[tuple[bool, str]]:
     """The study's refusals (`AbstractExperiment.refusals`) of settings no `Param`
     minimum catches, then the caller's `extra` ones (`norm-beta`'s), then the step
     count."""
@@ -426,7 +426,7 @@ def draw_map(ax, fig, betas, ts, density, *, log: bool, title: str,
     return mesh
 
 
-def setup_line(cfg: dict) -> str:
+def setup_line(cfg: Config) -> str:
     """The model in words, for titles."""
     kernel = "exp/n" if cfg.exp_kernel else "softmax"
     codes = codes_of(cfg)

@@ -17,7 +17,7 @@ import optax
 from .._artifacts import figures
 from .._flow import solve_flow
 from ..explore import NamedOptimizer
-from .base import AbstractExperiment, Param, Section, Verdict
+from .base import AbstractExperiment, Config, Param, Section, Verdict
 from .verdicts import kind_verdict, overall_kind
 
 #: The optimiser's parameters, shared by every search (`steps`, `restarts`, `lr`).
@@ -42,16 +42,16 @@ class AbstractSearch(AbstractExperiment):
     settings: ClassVar[dict[str, Any]] = {"": None}
 
     @abc.abstractmethod
-    def explore(self, config: dict[str, Any], setting, progress: bool) -> dict[str, Any]:
+    def explore(self, config: Config, setting, progress: bool) -> dict[str, Any]:
         """The search of one setting and its check: the arrays to save."""
 
     @abc.abstractmethod
-    def judge_setting(self, config: dict[str, Any], found: Section,
+    def judge_setting(self, config: Config, found: Section,
                       setting) -> tuple[str | None, str]:
         """One setting's verdict: its kind (`VERDICT_KINDS`; `None` for a search that
         judges no theorem) and its part of the verdict line."""
 
-    def numbers(self, config: dict[str, Any], data: dict[str, np.ndarray]) -> dict[str, Any]:
+    def numbers(self, config: Config, data: dict[str, np.ndarray]) -> dict[str, Any]:
         """The verdict's numbers (a hook; default: every scalar saved)."""
         return {k: float(np.asarray(v).ravel()[0]) for k, v in data.items()
                 if np.asarray(v).size == 1}

@@ -19,7 +19,7 @@ from .._artifacts import figures
 from .._programs import kept_jit
 from ..metrics import misalignment
 from ..theory import predict
-from .base import AbstractSweepableExperiment, Param, Section, Verdict
+from .base import AbstractSweepableExperiment, Config, Param, Section, Verdict
 from .pieces import flow_path, layer_path
 from .verdicts import Trend, kind_verdict, outcome_words, overall_kind, trend_kind
 
@@ -86,17 +86,17 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
     reached_words: ClassVar[dict[str, str]] = {}
 
     @abc.abstractmethod
-    def setup(self, key, config: dict[str, Any]) -> tuple[Any, Any]:
+    def setup(self, key, config: Config) -> tuple[Any, Any]:
         """One instance drawn from `key`: `(model, x0)`. `jaxattn run NAME --seed S`
         passes `PRNGKey(S)`, a sweep's instance `i` `PRNGKey(seed + i)`; `config`
         holds the parameters (floats such as `beta` may be traced scalars)."""
 
     @abc.abstractmethod
-    def evidence(self, config: dict[str, Any], run: Section) -> Evidence:
+    def evidence(self, config: Config, run: Section) -> Evidence:
         """What the run judged (`run`: its arrays, the shared ones as fallback) shows."""
 
     @abc.abstractmethod
-    def describe(self, config: dict[str, Any], run: Section, evidence: Evidence,
+    def describe(self, config: Config, run: Section, evidence: Evidence,
                  judged: Judged) -> str:
         """The verdict line after `where: ` (use `words(kind)` for the outcome)."""
 
@@ -121,7 +121,7 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
         """What `ja.theory.predict` says of the instance."""
         return predict(model, x0)
 
-    def instance(self, key, config: dict[str, Any]):
+    def instance(self, key, config: Config):
         dyn, x0 = self.setup(key, config)
         return dyn, x0, misalignment
 

@@ -30,7 +30,7 @@ from .._process.distributed import gather as gather_all
 from .._programs import kept_jit
 from ..metrics import cluster_count, misalignment, rank_collapse_residual
 from ..theory import Classification, classify
-from .base import AbstractExperiment, Param, Verdict, choices
+from .base import AbstractExperiment, Config, Param, Verdict, choices
 from .pair_density import draw_weights
 from .paper001 import with_beta
 from .pieces import advance
@@ -63,7 +63,7 @@ class Grid:
     betas: tuple
 
     @classmethod
-    def of(cls, config: dict) -> "Grid":
+    def of(cls, config: Config) -> "Grid":
         """The grid of a checked `config` (`--size`, `--norm`, … codes; `--beta 0`: `BETAS`)."""
         return cls(choices(config.size, SIZES), choices(config.norm, NORMS),
                    choices(config.mask, MASKS), choices(config.kernel, KERNELS),
@@ -185,7 +185,7 @@ def run_program(P, U, x0, masks, betas, *, num_layers: int, tau: float, norm: st
 # --- one chunk -----------------------------------------------------------------------
 
 
-def simulate_chunk(config: dict, grid: Grid, program: tuple[int, int, int]) -> dict:
+def simulate_chunk(config: Config, grid: Grid, program: tuple[int, int, int]) -> dict:
     """Run one static variant of the grid (all its masks, β and instances) and reduce
     it to per-instance measurements (`MEASURES`, each `(M, B, I)`) and the median `E`
     over instances after every layer, `E_median (M, B, L+1)`. In a distributed run
@@ -227,7 +227,7 @@ def stalled(E: np.ndarray, tau: float) -> np.ndarray:
 # --- the chunks of a run, resumable ----------------------------------------------------
 
 
-def run_chunks(config: dict, grid: Grid, folder: Path | None, *, progress: bool,
+def run_chunks(config: Config, grid: Grid, folder: Path | None, *, progress: bool,
                desc: str) -> list[dict]:
     """Every program's chunk: loaded from `folder` when an earlier, interrupted run
     saved it there (`--resume`), else computed and saved atomically into it (`None`:
@@ -347,7 +347,7 @@ def verdict_words(theorems: tuple[str, ...], result: str, layers: int) -> tuple[
     return "new", words[result]
 
 
-def cell_rows(config: dict, grid: Grid, data: dict) -> list[dict]:
+def cell_rows(config: Config, grid: Grid, data: dict) -> list[dict]:
     """One row per cell (size × norm × mask × kernel × β): medians over instances,
     the outcome, the theorems and the verdict, and the command that repeats it."""
     rows = []
@@ -375,7 +375,7 @@ def cell_rows(config: dict, grid: Grid, data: dict) -> list[dict]:
     return rows
 
 
-def cell_command(config: dict, grid: Grid, at: tuple[int, ...]) -> str:
+def cell_command(config: Config, grid: Grid, at: tuple[int, ...]) -> str:
     """The `jaxattn run variants` command that computes the cell `at` alone."""
     s, a, m, k, b = at
     cell = {"size": SIZES.index(grid.sizes[s]) + 1, "norm": NORMS.index(grid.norms[a]) + 1,

@@ -11,6 +11,7 @@ import numpy as np
 from .._artifacts import figures
 from .._artifacts.trajectories import superscript
 from .._files import atomic_write
+from .base import Config
 
 #: The columns of `table.csv`, one row per cell.
 COLUMNS = ("size", "tokens", "dim", "norm", "mask", "kernel", "beta", "reached",
@@ -114,7 +115,7 @@ def _cell_text(row: dict) -> str:
     return f"{row['reached']:.0%}" if row["reached"] > 0 else "…"
 
 
-def draw_study(config: dict, grid, data: dict, rows: list[dict], stem: Path) -> list[Path]:
+def draw_study(config: Config, grid, data: dict, rows: list[dict], stem: Path) -> list[Path]:
     """The study at a glance: per size, a heat map of the median final `log₁₀ E` with
     variants (norm · mask) as rows and kernel · β as columns, each cell annotated
     with its consensus layer, its cluster count or `…`; `★` marks the rows a theorem

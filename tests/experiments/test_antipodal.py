@@ -75,9 +75,10 @@ def test_a_run_is_the_same_bits_whatever_shares_its_block(key):
 def test_defaults_run_past_the_thresholds():
     """The default grid starts below and ends above every default dimension's β_c."""
     config = A.Antipodal().defaults()
-    betas = A.betas_of(config)
-    for d in A.dims_of(config):
-        beta_c = ja.theory.antipodal_threshold(d, config["sigma"])
+    grid = A.Antipodal.grid(config)
+    betas = grid["betas"]
+    for d in grid["dims"]:
+        beta_c = ja.theory.antipodal_threshold(int(d), config["sigma"])
         assert betas[0] < beta_c < betas[-1]
 
 
@@ -93,8 +94,8 @@ def test_crossing_fit_and_extrapolation_are_exact_on_lines():
 def _exact_run(config, bias=5.0):
     """A run's data where every measured exponent is `antipodal_rate` moved by a
     bias linear in τ (`bias · τ`, as a layer step's): what the verdict judges."""
-    dims, taus = A.dims_of(config), np.asarray(A.taus_of(config))
-    betas = A.betas_of(config)
+    grid = A.Antipodal.grid(config)
+    dims, taus, betas = [int(d) for d in grid["dims"]], grid["taus"], grid["betas"]
     window = np.stack([A.window_of(d, config["sigma"]) for d in dims])
     rate = np.stack([[ja.theory.antipodal_rate(w, d, config["sigma"]) + bias * t
                       for t in taus] for d, w in zip(dims, window)])

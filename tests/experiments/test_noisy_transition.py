@@ -69,7 +69,7 @@ def exact_run():
     rng = np.random.default_rng(1)
     data = {"ratios": nt.coupling_grid(cfg), "rate_ratios": nt.rate_grid(cfg),
             "rate_taus": np.asarray(nt.step_levels(cfg)), "eq_times": nt.EQ_RATE_TIMES,
-            "kc_ratios": nt.KC_RATIOS, "betas_d2": nt.betas_of(2)}
+            "kc_ratios": nt.KC_RATIOS, "betas_d2": nt.beta_grid(2)}
     data["eq_K_d2"], data["eq_r_d2"] = nt.equation_rates(2, cfg)
     data |= {f"kc_{k}_d2": v for k, v in nt.equation_caps(2).items()}
     sharp = np.array([noisy_threshold(b, 2) for b in data["betas_d2"]])

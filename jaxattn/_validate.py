@@ -97,8 +97,8 @@ def check_scalar(value, name: str, *, positive: bool = False, nonnegative: bool 
     A value known now (a Python or NumPy number, a concrete array) is checked in
     Python and returned as a float: `ValueError` if it is bad, or if it is not
     finite (or, with `positive`, not > 0) once stored in `dtype` (when given: e.g.
-    `β = 1e40` is `inf` in float32). A traced value is returned checked through
-    `eqx.error_if`.
+    `β = 1e40` is `inf` in float32). A traced value is returned checked (`checked`:
+    on the host under `vmap` alone, through `eqx.error_if` inside `jit`).
     """
     traced = isinstance(value, jax.core.Tracer)
     # Only numbers: not a string ("1" would parse), a bool, None or a complex number.
@@ -131,8 +131,8 @@ def check_scalar(value, name: str, *, positive: bool = False, nonnegative: bool 
         bad = ~jnp.isfinite(value)
         bad = bad | (value <= 0) if positive else bad | (value < 0) if nonnegative else bad
         sign = "≥ 0 and " if nonnegative else ""
-        return eqx.error_if(value, bad, f"`{name}` must be {sign}finite"
-                                        f"{' and > 0' if positive else ''}.")
+        return checked(value, ~bad, f"`{name}` must be {sign}finite"
+                                    f"{' and > 0' if positive else ''}.")
     return v
 
 
@@ -397,7 +397,32 @@ def checked(value, ok, message: str):
     if is_concrete(ok):
         raise_unless(ok, message)
         return value
+    if checked_in_vmap(ok, lambda ok: raise_unless(ok, message)):
+        return value
     return eqx.error_if(value, ~ok, message)
+
+
+def checked_in_vmap(tree, check: Callable) -> bool:
+    """Whether `check` (a host function that raises for bad values) has run on the
+    values of `tree`: it does under `vmap`s alone, whose batching rules see the whole
+    batch's values, so that `jax.vmap(ja.meanfield.solve)` runs no program for its
+    check (issue 42). Inside `jit` they are not known, and nothing is checked here."""
+    done = []
+
+    @jax.custom_batching.custom_vmap
+    def probe(tree):
+        return tree
+
+    @probe.def_vmap
+    def rule(axis_size, in_batched, tree):
+        if all(is_concrete(leaf) for leaf in jax.tree.leaves(tree)):
+            check(tree)
+            done.append(True)
+            return tree, in_batched[0]
+        return probe(tree), in_batched[0]  # an outer vmap's rule may know them
+
+    probe(tree)
+    return bool(done)
 
 
 #: The largest seed `jax.random.PRNGKey` takes (a signed 64-bit integer).

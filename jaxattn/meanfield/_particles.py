@@ -20,7 +20,7 @@ from scipy import special
 from .._flow import CheckedTimes
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
-from .._validate import checked, is_concrete
+from .._validate import checked, checked_in_vmap, is_concrete
 from ._circle import Circle
 from ._kernels import check_kernel
 
@@ -216,10 +216,19 @@ def circle_particles(x0: Float[Array, "n 2"], ts: Real[Array, " T"], *, beta, co
     points, result = _flow(x0, ts, jnp.asarray(beta, dtype), jnp.asarray(coupling, dtype),
                            modes, softmax, solver, rtol, atol, max_steps, adjoint)
     if is_concrete(points):  # on the host: the program holds no callback (issue 42)
-        if message := dfx.RESULTS[result]:  # "" for success
-            raise eqx.EquinoxRuntimeError(message)
+        _raise_failure(result)
+        return points
+    if checked_in_vmap(result, _raise_failure):
         return points
     return result.error_if(points, result != dfx.RESULTS.successful)
+
+
+def _raise_failure(result) -> None:
+    """Raise diffrax's message for the first failed solve of a concrete `result`."""
+    failed = np.flatnonzero(np.asarray(result != dfx.RESULTS.successful))
+    if failed.size:
+        first = jax.tree.map(lambda v: np.ravel(v)[failed[:1]].reshape(()), result)
+        raise eqx.EquinoxRuntimeError(dfx.RESULTS[first])
 
 
 @kept_jit

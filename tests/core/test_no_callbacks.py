@@ -330,3 +330,47 @@ def test_checks_of_concrete_inputs_compile_nothing(compiles):
     with pytest.raises(ValueError, match="zero"):
         _validate.check_rows_now(np.nan_to_num(x), "x", "here")
     assert compiles[0] == 0
+
+
+@pytest.mark.parametrize("transform", ["vmap", "vmap of vmap", "vmap of grad"])
+def test_checks_under_vmap_alone_run_on_the_host(monkeypatch, transform):
+    """Under `vmap`s without `jit` the batching rule sees the values: a check runs on
+    the host (no `eqx.error_if`, whose eager program JAX's cache refuses to keep) and
+    raises the same message; inside `jit` it stays in the program (where `grad` drops
+    the checks of values it does not return, as for any `eqx.error_if`)."""
+    from jaxattn import _validate
+
+    def f(x):
+        return _validate.checked(x * 2.0, x > 0, "`x` must be > 0 here.")
+
+    run = {"vmap": jax.vmap(f), "vmap of vmap": jax.vmap(jax.vmap(f)),
+           "vmap of grad": jax.vmap(jax.grad(f))}[transform]
+    shape = (2, 3) if transform == "vmap of vmap" else (3,)
+    with monkeypatch.context() as patch:
+        patch.setattr(_validate.eqx, "error_if", None)  # any call fails
+        assert np.all(np.asarray(run(jnp.ones(shape))) == 2.0)
+        with pytest.raises(ja.SimulationError, match="`x` must be > 0 here"):
+            run(jnp.ones(shape).at[(1,) * len(shape)].set(-1.0))
+    if transform != "vmap of grad":
+        with pytest.raises(eqx.EquinoxRuntimeError, match="`x` must be > 0 here"):
+            eqx.filter_jit(run)(jnp.ones(shape).at[(1,) * len(shape)].set(-1.0))
+
+
+def test_vmapped_model_checks_its_beta_on_the_host(monkeypatch):
+    """`SelfAttentionDynamics` built under `vmap` (one model per β) checks β on the host,
+    with its one-line message, and inside `filter_jit` in the program."""
+    from jaxattn import _validate
+
+    eye = jnp.eye(3)[None]
+
+    def build(b):
+        return ja.SelfAttentionDynamics(eye, eye, beta=b)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_validate.eqx, "error_if", None)
+        dyn = eqx.filter_vmap(build)(jnp.array([0.5, 1.5]))
+        np.testing.assert_array_equal(dyn.beta, [0.5, 1.5])
+        with pytest.raises(ja.SimulationError, match="`beta` must be finite"):
+            eqx.filter_vmap(build)(jnp.array([0.5, jnp.nan]))
+    with pytest.raises(eqx.EquinoxRuntimeError, match="`beta` must be finite"):
+        eqx.filter_jit(eqx.filter_vmap(build))(jnp.array([0.5, jnp.nan]))

@@ -141,3 +141,27 @@ def test_bad_input_is_one_clear_error(call, message):
     with pytest.raises(ValueError) as info:
         call()
     assert message in str(info.value)
+
+
+def test_vmap_checks_its_solves_on_the_host(monkeypatch, key):
+    """Under `vmap` alone the checks of the points and of diffrax's result run on the
+    host (no `error_if` program, which JAX's cache would refuse to keep), with diffrax's
+    own message for a solve out of steps."""
+    import equinox as eqx
+
+    from jaxattn.meanfield import _particles
+
+    x0 = jax.vmap(lambda k: points(k, 30))(jax.random.split(key, 2))
+    run = jax.vmap(lambda x: mf.circle_particles(x, jnp.array([0.0, 1.0]), beta=2.0,
+                                                  max_steps=steps))
+    steps = 4096
+    want = jax.jit(run)(x0)
+    with monkeypatch.context() as patch:
+        patch.setattr(_particles.eqx, "error_if", None)  # any call fails
+        patch.setattr(type(_particles.dfx.RESULTS.successful), "error_if", None)
+        np.testing.assert_allclose(run(x0), want, rtol=0, atol=1e-12)
+        steps = 1
+        for call in (lambda: run(x0), lambda: mf.circle_particles(
+                x0[0], jnp.array([0.0, 1.0]), beta=2.0, max_steps=steps)):
+            with pytest.raises(eqx.EquinoxRuntimeError, match="maximum number of solver steps"):
+                call()

@@ -9,6 +9,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._kernel import AbstractKernel
+from .._programs import kept_jit
 from .._validate import check_count, check_scalar
 from ._checks import check_beta, check_density, check_grid, check_memory
 from ._circle import Circle
@@ -32,7 +33,11 @@ def cap(grid: AbstractGrid, kappa) -> Float[Array, "*grid"]:
     density on the grid (a start near the ordered branch). `kappa`: its concentration
     `κ ≥ 0` (`0`: the uniform density)."""
     check_grid(grid)
-    kappa = check_scalar(kappa, "kappa", nonnegative=True)
+    return _cap(grid, check_scalar(kappa, "kappa", nonnegative=True))
+
+
+@kept_jit(static_argnames=())
+def _cap(grid, kappa):
     c = jnp.exp(kappa * (grid.points[..., 0] - 1))  # ≤ 1: no overflow at large κ
     return c / jnp.sum(grid.weights * c)
 
@@ -73,14 +78,22 @@ def density(grid: AbstractGrid, x: Float[Array, "n d"], *, smoothing: float = 0.
             raise error(message)
     check_memory(16.0 * x.shape[0] * np.asarray(grid.degrees()).size,
                  f"density of {x.shape[0]} points (their modes; pass fewer points)")
-    c = grid.empirical(jnp.asarray(x / norms)) * jnp.exp(0.5 * smoothing * grid.laplacian)
-    return grid.synthesis(c)
+    return _density(grid, x / norms, smoothing)
+
+
+@kept_jit(static_argnames=())
+def _density(grid, x, smoothing):
+    return grid.synthesis(grid.empirical(x) * jnp.exp(0.5 * smoothing * grid.laplacian))
 
 
 def order_parameter(grid: AbstractGrid, mu: Float[Array, "*grid"]) -> Float[Array, ""]:
     """`r = |∫ x dμ(x)|`, the norm of the mean point (0 for the uniform density, 1 for
     a point mass). `mu`: a density on the grid (finite, `≥ 0`, of positive mass)."""
-    mu = check_density(grid, mu)
+    return _order_parameter(grid, check_density(grid, mu))
+
+
+@kept_jit(static_argnames=())
+def _order_parameter(grid, mu):
     m = jnp.tensordot(grid.weights * mu, grid.points, axes=grid.weights.ndim)
     return jnp.linalg.norm(m)
 
@@ -120,6 +133,11 @@ def free_energy(grid: AbstractGrid, mu: Float[Array, "*grid"], beta, coupling,
         if not isinstance(value, jax.core.Tracer):
             check_scalar(value, name, positive=positive, nonnegative=not positive)
     check_beta(grid, beta, kernel, jnp.result_type(mu, float))
+    return _free_energy(grid, mu, beta, coupling, sigma)
+
+
+@kept_jit(static_argnames=())
+def _free_energy(grid, mu, beta, coupling, sigma):
     c = grid.analysis(mu)
     potential = grid.synthesis(grid.multipliers(interaction(beta)) * c)
     entropy = jnp.sum(grid.weights * mu * jnp.log(area(grid.dim) * mu))
@@ -134,7 +152,11 @@ def mode_distance(grid: AbstractGrid, mu: Float[Array, "*grid"], nu: Float[Array
     `mu`, `nu`: finite arrays on the grid (any sign: a bare projection too).
     """
     mu, nu = (check_density(grid, m, name, signed=True) for m, name in ((mu, "mu"), (nu, "nu")))
-    degree = check_count(degree, "degree", 1)
+    return _mode_distance(grid, mu, nu, check_count(degree, "degree", 1))
+
+
+@kept_jit(static_argnames=("degree",))
+def _mode_distance(grid, mu, nu, degree):
     ell = grid.degrees()
     diff = grid.analysis(mu) - grid.analysis(nu)
     keep = (ell >= 1) & (ell <= degree)
@@ -182,6 +204,11 @@ def sample(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int, key) -> Float[
     n = check_count(n, "n", 1)
     mu = check_density(grid, mu, strict=True)
     check_memory(16.0 * n * grid.modes, f"sample of n = {n} points (pass a smaller n)")
+    return _sample(grid, mu, n, key)
+
+
+@kept_jit(static_argnames=("n",))
+def _sample(grid, mu, n, key):
     c = grid.analysis(mu)
     z = c[0, 1:] + 1j * c[1, 1:]
     k = jnp.arange(1.0, grid.modes + 1)

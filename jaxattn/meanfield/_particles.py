@@ -141,12 +141,16 @@ def _check(x, beta, coupling, modes, kernel, ts=None, solver=dfx.Tsit5()):
 def _points(x):
     """`x`, refused where a point is not finite or is zero (on the host where `x` is
     concrete: no callback in a program)."""
-    ok = _on_circle(np, x) if is_concrete(x) else jax.jit(_on_circle, static_argnums=0)(jnp, x)
+    ok = _on_circle(np, x) if is_concrete(x) else _traced_on_circle(jnp, x)
     return checked(x, ok, "`x` must be finite and nonzero (points of the circle).")
 
 
 def _on_circle(xp, x):
+    """Whether every point is finite and nonzero (`xp`: NumPy, or `jnp` in a program)."""
     return xp.all(xp.isfinite(x)) & ~xp.any(xp.sum(xp.asarray(x) ** 2, -1) == 0)
+
+
+_traced_on_circle = jax.jit(_on_circle, static_argnums=0)
 
 
 def _angles(x):

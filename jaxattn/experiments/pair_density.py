@@ -298,17 +298,25 @@ def draw_systems(key: PRNGKeyArray, cfg: Config, heads: int = 1):
     draw): then the `S` systems of a β share it, in groups of `s ≤ BLOCK` (a divisor
     of `S`) run together on the fused ensemble path.
     """
-    B, S, n, d = cfg.betas, cfg.systems, cfg.tokens, cfg.dim
-    k_x, k_w = jax.random.split(key)
-    x0 = jax.random.normal(k_x, (B, S, n, d))
     shared = cfg.key_query == 0 and cfg.value == 0
+    S = cfg.systems
     s = max(k for k in range(1, min(S, BLOCK) + 1) if S % k == 0) if shared else 1
-    keys = jax.random.split(k_w, B * (1 if shared else S)).reshape(B, 1 if shared else S, -1)
-    draw = functools.partial(draw_weights, dim=d, heads=heads, key_query=cfg.key_query,
-                             value=cfg.value, codes=codes_of(cfg))
+    return _draw_systems(key, (cfg.betas, S // s, s, cfg.tokens, cfg.dim), shared, heads,
+                         cfg.key_query, cfg.value, codes_of(cfg))
+
+
+@kept_jit
+def _draw_systems(key, shape, shared, heads, key_query, value, codes):
+    """`draw_systems` as one program (`shape`: `(B, G, s, n, d)`)."""
+    B, G, s, n, d = shape
+    k_x, k_w = jax.random.split(key)
+    x0 = jax.random.normal(k_x, (B, G * s, n, d))
+    keys = jax.random.split(k_w, B * (1 if shared else G)).reshape(B, 1 if shared else G, -1)
+    draw = functools.partial(draw_weights, dim=d, heads=heads, key_query=key_query,
+                             value=value, codes=codes)
     P, U = jax.vmap(jax.vmap(draw))(keys)
-    P, U = (jnp.broadcast_to(w, (B, S // s) + w.shape[2:]) for w in (P, U))
-    return x0.reshape(B, S // s, s, n, d), P, U
+    P, U = (jnp.broadcast_to(w, (B, G) + w.shape[2:]) for w in (P, U))
+    return x0.reshape(shape), P, U
 
 
 def _chunks(groups: int, per_group: int) -> list[tuple[int, int]]:

@@ -8,7 +8,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.optimize
 from jaxtyping import Array, Bool, Float
 
 from .._manifold import w_inner, w_norm
@@ -50,6 +49,8 @@ def _nearest_hull_point(u: np.ndarray) -> np.ndarray:
     minimiser is `μ = s λ` with `λ` the nearest hull point's weights and
     `s = 1 / (1 + |p|²)`, since the objective is `s²|p|² + (s − 1)²` for fixed `λ`.
     """
+    import scipy.optimize  # here: it takes 0.2 s to import, and most runs never call it
+
     n, d = u.shape
     A = np.vstack([u.T, np.ones((1, n))])
     mu, _ = scipy.optimize.nnls(A, np.eye(d + 1)[-1], maxiter=50 * (n + d + 1))  # b = e_{d+1}

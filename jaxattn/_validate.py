@@ -392,21 +392,23 @@ def raise_unless(ok, message: str) -> None:
 
 def checked(value, ok, message: str):
     """`value` once `ok` holds (a run's finiteness, a solve's result): checked on the
-    host where `ok` is concrete, so that the program that computed it holds no
-    callback (issue 42); inside the caller's program (`eqx.error_if`) where traced."""
-    if is_concrete(ok):
-        raise_unless(ok, message)
-        return value
-    if checked_in_vmap(ok, lambda ok: raise_unless(ok, message)):
+    host where `ok`'s values are known (`checked_on_host`), so that the program that
+    computed it holds no callback (issue 42); inside the caller's program
+    (`eqx.error_if`) where traced."""
+    if checked_on_host(ok, lambda ok: raise_unless(ok, message)):
         return value
     return eqx.error_if(value, ~ok, message)
 
 
-def checked_in_vmap(tree, check: Callable) -> bool:
+def checked_on_host(tree, check: Callable) -> bool:
     """Whether `check` (a host function that raises for bad values) has run on the
-    values of `tree`: it does under `vmap`s alone, whose batching rules see the whole
-    batch's values, so that `jax.vmap(ja.meanfield.solve)` runs no program for its
-    check (issue 42). Inside `jit` they are not known, and nothing is checked here."""
+    values of `tree`: it does where they are concrete, and under `vmap`s alone, whose
+    batching rules see the whole batch's values (so that `jax.vmap(ja.meanfield.solve)`
+    runs no program for its check). Inside `jit` they are not known, and nothing is
+    checked here."""
+    if all(is_concrete(leaf) for leaf in jax.tree.leaves(tree)):
+        check(tree)
+        return True
     done = []
 
     @jax.custom_batching.custom_vmap

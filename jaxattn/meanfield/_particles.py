@@ -20,7 +20,7 @@ from scipy import special
 from .._flow import CheckedTimes
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
-from .._validate import checked, checked_in_vmap, is_concrete
+from .._validate import checked, checked_on_host, is_concrete
 from ._circle import Circle
 from ._kernels import check_kernel
 
@@ -222,10 +222,7 @@ def circle_particles(x0: Float[Array, "n 2"], ts: Real[Array, " T"], *, beta, co
         return (x0 / jnp.linalg.norm(x0, axis=1, keepdims=True))[None]
     points, result = _flow(x0, ts, jnp.asarray(beta, dtype), jnp.asarray(coupling, dtype),
                            modes, softmax, solver, rtol, atol, max_steps, adjoint)
-    if is_concrete(points):  # on the host: the program holds no callback (issue 42)
-        _raise_failure(result)
-        return points
-    if checked_in_vmap(result, _raise_failure):
+    if checked_on_host(result, _raise_failure):  # the program holds no callback (issue 42)
         return points
     return result.error_if(points, result != dfx.RESULTS.successful)
 

@@ -22,6 +22,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
+from .._artifacts import figures
 from .._batch import map_blocks, replicate
 from .._dynamics import SelfAttentionDynamics
 from .._ensemble import batch_last, chunk_size
@@ -265,7 +266,8 @@ def density_map(key: PRNGKeyArray, cfg: Config, *, heads: int = 1, norm: str = "
                      for b in betas])
     plans = [schedule(eta, ts) for eta in taus]
     steps = np.array([p[0] for p in plans])
-    x0, P, U = draw_systems(key, cfg, heads)
+    # on the host: each piece's slices are numpy's, not one small program per slice
+    x0, P, U = (np.asarray(a) for a in draw_systems(key, cfg, heads))
     G, s = x0.shape[1:3]
     mesh = global_mesh()  # a distributed run: its blocks over every process's devices
     at = np.stack([p[1] for p in plans]).astype(np.int32)
@@ -273,8 +275,7 @@ def density_map(key: PRNGKeyArray, cfg: Config, *, heads: int = 1, norm: str = "
 
     def piece(k, counts):
         g, (lo, hi) = pieces[k]
-        args = (P[g, lo:hi], U[g, lo:hi], jnp.asarray(betas[g]), jnp.asarray(taus[g]),
-                x0[g, lo:hi], jnp.asarray(at[g]))
+        args = P[g, lo:hi], U[g, lo:hi], betas[g], taus[g], x0[g, lo:hi], at[g]
         args = args if mesh is None else replicate(args, mesh)
         counts[g] += np.asarray(gather(pair_counts(
             *args, kernel="exp" if cfg.exp_kernel else "softmax", norm=norm, causal=causal,
@@ -427,9 +428,12 @@ def draw_map(ax, fig, betas, ts, density, *, log: bool, title: str,
         ax.contour(ts, betas, density, levels=[0.5], colors="white", linestyles="--",
                    linewidths=1.2)
     if colorbar:
-        fig.colorbar(mesh, ax=ax, label="clustered-pair density" + (" (log)" if log else "")
-                     + ("\n(dashed: ½, reached at t½)" if half else ""))
-    ax.set(xlabel="$t$", ylabel=r"$\beta$")
+        bar = fig.colorbar(mesh, ax=ax, label="clustered-pair density" + (" (log)" if log else "")
+                           + ("\n(dashed: ½, reached at t½)" if half else ""))
+        if log:  # 0.04, not 4×10⁻², over two decades or less
+            figures.plain_log_labels(bar.ax.yaxis)
+    ax.set_xlabel("t", fontstyle="italic")
+    ax.set_ylabel("β", fontstyle="italic")
     ax.set_title(title, fontsize=10)
     return mesh
 

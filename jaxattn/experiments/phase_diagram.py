@@ -44,6 +44,6 @@ class PhaseDiagram(AbstractExperiment):
             draw_map(ax, fig, data["betas"], data["ts"], data["density"], log=log,
                      title="log colour scale" if log else "linear colour scale")
         return figures.save_figure(fig, self.stem(folder),
-                                 rf"Clustered pairs ($\langle x_i, x_j\rangle$ > "
+                                 "Clustered pairs (⟨xᵢ, xⱼ⟩ > "
                                  f"{config.threshold:g}): "
                                  f"{setup_line(config)}")

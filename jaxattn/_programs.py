@@ -151,11 +151,13 @@ def _keepable(leaves) -> bool:
 
 def _compile(fn, leaves):
     """`fn` compiled by XLA past JAX's cache (an executable JAX loaded from its cache
-    serializes without its kernels on the CPU: "Function … not found" when run); `None`
-    for a program that holds a host callback, or that takes its inputs split over
-    devices (a mesh inside: `jit` reshards the arguments, a compiled program does not)."""
+    serializes without its kernels on the CPU: "Function … not found" when run), and
+    whether it calls LAPACK; `None` for a program that holds a host callback, or that
+    takes its inputs split over devices (a mesh inside: `jit` reshards the arguments, a
+    compiled program does not)."""
     lowered = jax.jit(fn).lower(*leaves)
-    if "callback" in lowered.as_text():
+    text = lowered.as_text()
+    if "callback" in text:
         return None
     jax.config.update("jax_enable_compilation_cache", False)
     compilation_cache.reset_cache()  # JAX reads the setting once per process
@@ -165,22 +167,32 @@ def _compile(fn, leaves):
         jax.config.update("jax_enable_compilation_cache", True)
         compilation_cache.reset_cache()
     shardings = jax.tree.leaves(compiled.input_shardings)
-    return compiled if all(len(s.device_set) == 1 for s in shardings) else None
+    if not all(len(s.device_set) == 1 for s in shardings):
+        return None
+    return compiled, "lapack" in text  # whether it calls LAPACK's kernels (`_lapack`)
 
 
 @functools.cache
 def _loadable() -> bool:
     """Whether programs can be kept here: on the CPU (the only backend they were tried
-    on), LAPACK's kernels registered first, as `jax.export` does before it runs a
-    program read from bytes (a loaded program that calls them crashes otherwise)."""
+    on), with JAX's registration of LAPACK's kernels at hand (`_lapack`)."""
     if jax.default_backend() != "cpu":
         return False
     try:
-        from jax._src.lax.linalg import initialize_lapack
+        from jax._src.lax.linalg import initialize_lapack  # noqa: F401
     except ImportError:  # another JAX: programs are traced as usual
         return False
-    initialize_lapack()
     return True
+
+
+@functools.cache
+def _lapack() -> None:
+    """LAPACK's kernels registered, as `jax.export` does before it runs a program read
+    from bytes (a loaded program that calls them crashes otherwise). Only before a
+    program that calls them: it imports SciPy's LAPACK, 0.1 s of a warm start."""
+    from jax._src.lax.linalg import initialize_lapack
+
+    initialize_lapack()
 
 
 def _program(fn, key: str, treedef, static, leaves):
@@ -217,7 +229,7 @@ def _program(fn, key: str, treedef, static, leaves):
                                 if eqx.is_array(a) else a, outputs))
         return jax.tree.leaves(eqx.filter(outputs, eqx.is_array))
 
-    compiled = _compile(flat, leaves)
+    compiled, lapack = _compile(flat, leaves) or (None, False)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if compiled is None:
@@ -226,7 +238,7 @@ def _program(fn, key: str, treedef, static, leaves):
         entry = io.BytesIO()
         ids = sorted({d.id for s in jax.tree.leaves(compiled.input_shardings)
                       for d in s.device_set} or {jax.devices()[0].id})
-        pickle.dump((serialize_executable.serialize(compiled), ids), entry)
+        pickle.dump((serialize_executable.serialize(compiled), ids, lapack), entry)
         _Pickler(entry).dump(out[0])  # apart: it may import modules (`_read`)
         atomic_write(path, lambda f: f.write(entry.getvalue()))
         _USED[key] = None
@@ -234,15 +246,20 @@ def _program(fn, key: str, treedef, static, leaves):
             time.time_ns().to_bytes(8, "little"))
     except Exception:  # unwritable, or outputs another process could not rebuild:
         pass  # this process keeps it, the next compiles it again
-    return compiled, _outputs(out[0])
+    return None if compiled is None else (compiled, _outputs(out[0]))
 
 
-def _read(path: Path):
+def _read(path: Path, ahead: bool = False):
     """The executable kept in `path`, and the rest of the entry: its outputs'
     structure, which may import modules, unpickled by the caller. Nothing is imported
-    here, so another thread may read it (`loaded_ahead`). Raises if unreadable."""
+    `ahead` (on another thread, `loaded_ahead`): there an entry that calls LAPACK is
+    left to the caller (`None`). Raises if unreadable."""
     entry = io.BytesIO(path.read_bytes())
-    payload, ids = pickle.load(entry)
+    payload, ids, lapack = pickle.load(entry)
+    if lapack and ahead:
+        return None
+    if lapack:
+        _lapack()
     devices = {d.id: d for d in jax.devices()}  # its own: JAX's default is every device
     return serialize_executable.deserialize_and_load(
         *payload, execution_devices=[devices[i] for i in ids]), entry
@@ -251,8 +268,10 @@ def _read(path: Path):
 def _read_ahead(path: Path):
     start = time.perf_counter()
     try:
-        read = _read(path)
+        read = _read(path, ahead=True)
     except Exception:  # the caller reads it again, then compiles
+        return None
+    if read is None:
         return None
     jax.monitoring.record_event_duration_secs(AHEAD_EVENT, time.perf_counter() - start)
     return read

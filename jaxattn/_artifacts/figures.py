@@ -1,12 +1,45 @@
 """Figures: one consistent matplotlib style for every plot jaxattn writes."""
 
 import re
+import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from .._files import atomic_write
+
+#: matplotlib's import under way on another thread (`import_ahead`).
+_AHEAD: list[threading.Thread] = []
+
+
+def import_ahead() -> None:
+    """Start importing matplotlib (pyplot and the PNG and PDF backends, half a second)
+    on another thread, where a run's figures will follow its simulation: the import
+    overlaps the simulation's wait on XLA. `imported` waits for it."""
+    if _AHEAD or "matplotlib.backends.backend_pdf" in sys.modules:
+        return
+    _AHEAD.append(threading.Thread(target=_import_matplotlib, daemon=True,
+                                   name="jaxattn-matplotlib"))
+    _AHEAD[0].start()
+
+
+def _import_matplotlib() -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.backends.backend_pdf  # noqa: F401
+        import matplotlib.pyplot  # noqa: F401
+    except Exception:  # the figure's own import says what is wrong
+        pass
+
+
+def imported() -> None:
+    """Wait for `import_ahead`'s import, before any figure code imports matplotlib."""
+    while _AHEAD:
+        _AHEAD.pop().join()
 
 
 def pyplot():
@@ -16,6 +49,7 @@ def pyplot():
     on `import jaxattn` would switch a notebook's interactive backend, and a
     simulation never pays for matplotlib.
     """
+    imported()
     import matplotlib
 
     matplotlib.use("Agg")

@@ -25,6 +25,7 @@ import numpy as np
 from .._files import atomic_write, umask
 from .._process.determinism import is_deterministic
 from .._validate import SimulationError
+from . import figures
 
 INCOMPLETE = "INCOMPLETE"
 #: The lock file a command holds inside its folder (removed when it ends).
@@ -340,7 +341,8 @@ def write_run(
     The stages, in order, all under the folder's lock (`hold_folder`): the folder
     (`runs/NAME/<timestamp>/` or `out`) marked `INCOMPLETE` and its `config.json`
     written (`reopen_run`: a folder of another command or other settings is
-    refused); `data = compute()`, timed; `data.npz`; `draw(data, folder)`;
+    refused); `data = compute()`, timed, while matplotlib is imported on another
+    thread (`figures.import_ahead`); `data.npz`; `draw(data, folder)`;
     `summary.json` from `summarise(data, seconds)` (`finish_run`), which removes
     the marker. A failure at any stage leaves the folder marked `INCOMPLETE`,
     except a `ValueError` from `compute` that is no `SimulationError` (the
@@ -373,6 +375,7 @@ def write_run(
         if announce is not None:
             announce(folder)
         start = time.perf_counter()
+        figures.import_ahead()  # beside the simulation, which mostly waits on XLA
         try:
             data = compute()
         except ValueError as error:
@@ -383,9 +386,10 @@ def write_run(
             raise
         seconds = time.perf_counter() - start
         save_npz(folder / "data.npz", **data)
-        figures = draw(data, folder)
+        figures.imported()
+        drawn = draw(data, folder)
         summary = summarise(data, seconds)
-        return folder, finish_run(folder, summary, figures=figures, seconds=seconds,
+        return folder, finish_run(folder, summary, figures=drawn, seconds=seconds,
                                   run_id=run_id)
 
 

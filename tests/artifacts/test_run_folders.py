@@ -214,3 +214,30 @@ def test_sigint_leaves_the_folder_incomplete_and_exits_130(tmp_path):
     assert err.strip().splitlines()[-1] == "jaxattn run: interrupted"
     assert (out / "INCOMPLETE").exists() and not (out / "summary.json").exists()
     assert not (out / _runs.LOCK).exists()
+
+
+def test_matplotlib_is_imported_beside_the_simulation(tmp_path):
+    """`write_run` imports matplotlib on another thread while `compute` runs, and the
+    figures start only once it is done (a new process: matplotlib not imported yet)."""
+    script = f"""
+import sys, threading
+from jaxattn._artifacts import folders
+
+def compute():
+    assert "matplotlib" not in sys.modules or any(
+        t.name == "jaxattn-matplotlib" for t in threading.enumerate())
+    return {{}}
+
+def draw(data, folder):
+    import matplotlib
+    assert "matplotlib.backends.backend_pdf" in sys.modules
+    assert matplotlib.get_backend().lower() == "agg"
+    assert not any(t.name == "jaxattn-matplotlib" for t in threading.enumerate())
+    return []
+
+folders.write_run("ahead", {{}}, compute, draw, lambda data, s: {{}}, out={str(tmp_path / "run")!r})
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

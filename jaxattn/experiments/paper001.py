@@ -38,7 +38,6 @@ from .._programs import kept_jit
 from .._schedule import Schedule
 from .._validate import check_count
 from ..metrics import misalignment
-from ..spectral import top_eigenvector as top_eigenvector  # v₁ of symmetric_dynamics
 
 # Frequencies (in units of π) of D_η(t) = 2 diag(cos ω₁πt, sin ω₂πt, cos ω₃πt) for
 # the two heads of the sphere experiment (paper 001 §6.1.1).
@@ -250,6 +249,14 @@ def gradient_dynamics(key: PRNGKeyArray, d: int = 3, *, ellipsoid: bool = True,
     else:
         W, U = None, P
     return SelfAttentionDynamics(P[None], U[None], W=W, beta=beta)
+
+
+def top_eigenvector(U: Float[Array, "d d"]) -> Float[Array, " d"]:
+    """`v₁` of `symmetric_dynamics`: `ja.spectral.top_eigenvector(U)`, imported at the
+    call (the spectra and the models they read cost every experiment 50 ms)."""
+    from ..spectral import top_eigenvector
+
+    return top_eigenvector(U)
 
 
 def with_beta(dyn: SelfAttentionDynamics, beta) -> SelfAttentionDynamics:

@@ -99,11 +99,27 @@ class ConjectureBipartite(AbstractSearch):
                    ylabel=r"$\rho$ after optimisation",
                    title="every restart (below 1: locally stable)")
         figures.legend_below(axs[1], ncol=2)
-        axs[2].set(xlabel="layer", ylabel="max distance to the bipartite point",
+        axs[2].set(xlabel=_kick_axis(axs[2], [d for found, _ in self.sections(data)
+                                              for d in (found["dist_small"], found["dist_large"])]),
+                   ylabel="max distance to the bipartite point",
                    title="kicked bipartite point, best stable weights")
         figures.legend_below(axs[2], ncol=2, fontsize=7)
         return figures.save_figure(fig, self.stem(folder),
                                  "Stable bipartite equilibria of the layer map (paper 004)")
+
+
+def _kick_axis(ax, dists) -> str:
+    """Show the kicks' layers up to twice the last one any distance is above its
+    resolution (at least 10), so a decay of a few layers is not squeezed against
+    the axis by a long check; the label says where the rest of the run lies."""
+    dists = [np.asarray(d) for d in dists]
+    floor = figures.resolution(dists[0].dtype, order=1)
+    last = max(int(np.flatnonzero(d > floor).max(initial=0)) for d in dists)
+    end = len(dists[0]) - 1
+    if max(2 * last, 10) >= end:
+        return "layer"
+    ax.set_xlim(-0.5, max(2 * last, 10))
+    return f"layer (all below the floor from layer {last + 1} to {end})"
 
 
 def _assumption_1(U_sum, tol=1e-6):

@@ -121,3 +121,23 @@ def test_theorem_setup_and_measures_are_single_programs(name):
         out = _measured(experiment, config, dyn, test, x0, ts, ys, flow=True)
         assert set(experiment.measures(config, dyn, test, x0, ts, ys)) <= set(out)
         assert eqx.is_array(out["E"]) and out["E"].shape == (5,)
+
+
+def test_conjecture_bipartite_kick_panel_shows_the_decay_not_the_whole_check():
+    """The kicked distances of a long check are drawn up to twice the last layer above
+    the floor (`figures.resolution`, 3.6e-15 in float64), the label naming the layers
+    below it; a distance above the floor to the end keeps the whole check."""
+    from jaxattn._artifacts import figures
+    from jaxattn.experiments.conjecture_bipartite import _kick_axis
+
+    plt = figures.pyplot()
+    fast = np.concatenate([10.0 ** -np.arange(17.0), np.zeros(384)])  # 1e-14 at layer 14
+    _, ax = plt.subplots()
+    assert _kick_axis(ax, [fast / 10, fast]) == "layer (all below the floor from layer 15 to 400)"
+    assert ax.get_xlim() == (-0.5, 28)
+    _, ax = plt.subplots()
+    slow = np.geomspace(1.0, 1e-3, 401)
+    before = ax.get_xlim()
+    assert _kick_axis(ax, [fast, slow]) == "layer"
+    assert ax.get_xlim() == before
+    plt.close("all")

@@ -13,6 +13,7 @@ commands keep their programs in the compilation cache (docs/usage/speed.md).
 import argparse
 import atexit
 import errno
+import gc
 import importlib
 import os
 import signal
@@ -222,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     if program:
         signal.signal(signal.SIGINT, _on_sigint)
+        # Python's full collections, each over every object the imports made, are rare:
+        # one per 100 younger ones, not 10 (BENCHMARKS.md, "The collector at start-up").
+        gc.set_threshold(700, 10, 100)
     try:
         code = _main(words)
     except KeyboardInterrupt:  # outside a command: parsing, importing its module

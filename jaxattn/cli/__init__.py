@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, _on_sigint)
         # Python's full collections, each over every object the imports made, are rare:
         # one per 100 younger ones, not 10 (BENCHMARKS.md, "The collector at start-up").
-        gc.set_threshold(700, 10, 100)
+        gc.set_threshold(*gc.get_threshold()[:2], 100)
     try:
         code = _main(words)
     except KeyboardInterrupt:  # outside a command: parsing, importing its module

@@ -3,6 +3,7 @@ and `import jaxattn` loads nothing until a name is used (PEP 562). Structural
 tests (which modules get imported), not timings; the light tables they rely on
 (`cli.COMMANDS`, `experiments.REGISTRY`) are checked against what they stand for."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -60,6 +61,22 @@ def test_cache_does_not_import_jax(tmp_path):
     assert out.stdout.startswith(f"compilation cache: {tmp_path / 'c'}, 0 entries, ")
     assert "LOADED: - CODE: 0" in out.stdout, out.stdout + out.stderr[-2000:]
     assert not (tmp_path / "c").exists()
+
+
+def test_only_the_program_spaces_out_full_collections():
+    """The `jaxattn` program runs a full collection per 100 younger ones (BENCHMARKS.md,
+    "The collector at start-up"); `main(argv)` called in a process leaves its collector
+    as it was."""
+    before = gc.get_threshold()
+    assert cli.main(["list"]) == 0
+    assert gc.get_threshold() == before
+    code = ("import atexit, gc, sys; from jaxattn.cli import main; "
+            "atexit.register(lambda: print('GC', gc.get_threshold())); "
+            "sys.argv = ['jaxattn', 'list']; main()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-1] == f"GC {(before[0], before[1], 100)}"
 
 
 def test_import_jaxattn_is_lazy():

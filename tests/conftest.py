@@ -1,9 +1,15 @@
 """Shared test set-up: float64 by default (tests that check float32 behaviour wrap
 themselves in `jax.enable_x64(False)`), strict rank promotion, a seeded key."""
 
+import gc
 import os
 import sys
 from pathlib import Path
+
+# A full collection per 1,000 younger ones, not 10: each walks JAX's caches of every
+# program the worker traced, 46 s of the fast tier's CPU at Python's default
+# (BENCHMARKS.md, "The collector at start-up").
+gc.set_threshold(*gc.get_threshold()[:2], 1000)
 
 # The tests mirror the package in folders; their shared helpers (`_helpers.py`, …) live
 # here, importable from every folder.

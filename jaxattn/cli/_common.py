@@ -71,6 +71,18 @@ class OneLineParser(argparse.ArgumentParser):
         self._given = set()
         return super().parse_known_args(args, namespace)
 
+    def parse_args(self, args=None, namespace=None):
+        # Words no parser took are refused by the command's own parser, not by
+        # `jaxattn`'s: the line names the command, its flags and its `--help`.
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            innermost = self
+            while (sub := next((a for a in innermost._actions
+                                if isinstance(a, argparse._SubParsersAction)), None)):
+                innermost = sub.choices[getattr(parsed, sub.dest)]
+            innermost.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
     def _get_values(self, action, arg_strings):
         # Called once for each time a flag is given, before its action.
         if action.option_strings and not isinstance(action, _REPEATABLE):

@@ -22,7 +22,9 @@ BAD = [
     (["demo", "--tokens", "abc"], "invalid int value"),
     (["demo", "--tokens", "0"], "`--tokens` must be a whole number ≥ 1"),
     (["demo", "--horizon", "0"], "--horizon must be > 0"),
-    (["list", "extra"], "unrecognized arguments"),
+    (["list", "extra"], "jaxattn list: error: unrecognized arguments: extra (see `jaxattn list"),
+    (["doctor", "--bogus"], "jaxattn doctor: error: unrecognized arguments: --bogus (see "
+     "`jaxattn doctor --help`)"),
     (["run"], "name an experiment"),
     (["run", "thm99"], "unknown experiment"),
     (["run", "thm41-sphere", "--tokens", "x"], "--tokens must be an integer"),
@@ -105,7 +107,8 @@ def test_every_command_is_covered():
 @pytest.mark.parametrize("command", COMMANDS)
 def test_unknown_flag_is_one_line_for_every_command(capsys, command):
     line = one_line(capsys, [command, "--no-such-flag"])
-    print(line)
+    # its own parser's line (the flag, or a required argument missing), with its help
+    assert line.startswith(f"jaxattn {command}") and f"`jaxattn {command}" in line, line
 
 
 @settings(max_examples=40, deadline=None,

@@ -91,7 +91,10 @@ def check_spec(spec: SweepSpec) -> list[dict[str, Any]]:
     params = {p.name: p for p in sweep_params(spec.experiment)}
     spec = with_counts(spec)
     names = [*spec.set, *grid_keys(spec)]
-    checks = [(spec.grid and spec.points, "give either a grid or a list of points, not both.")]
+    both = [name for name in grid_keys(spec) if name in spec.set]
+    checks = [(spec.grid and spec.points, "give either a grid or a list of points, not both."),
+              (both, f"{', '.join(both)} is both fixed (`set`, --set) and varied (`grid` or "
+               "`points`, --grid); give it in one of them.")]
     checks += [(name in EXCLUDED, f"{name} is set by the sweep's instances (use --instances).")
                for name in names]
     checks += [(name not in params, f"{spec.experiment} has no parameter {name!r}; a sweep "

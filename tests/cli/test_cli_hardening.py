@@ -68,6 +68,8 @@ BAD = [
     (["sweep", "thm41-sphere", "--grid", "beta=1,,2"], "empty value"),
     (["sweep", "thm41-sphere", "--grid", "beta=1", "--grid", "beta=2"], "given twice"),
     (["sweep", "thm41-sphere", "--grid", "gamma=1"], "no parameter 'gamma'"),
+    (["sweep", "thm41-sphere", "--set", "beta=1", "--grid", "beta=1,2"],
+     "beta is both fixed (`set`, --set) and varied"),
     (["sweep", "thm41-sphere", "--set", "heads=two"], "must be an integer"),
     (["sweep", "thm41-sphere", "--instances", "0"], "`--instances` must be a whole number ≥ 1"),
     (["sweep", "thm41-sphere", "--resume"], "--resume needs --out"),

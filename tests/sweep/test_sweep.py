@@ -201,6 +201,10 @@ def test_spec_files_toml_and_json(tmp_path):
     (dict(experiment="thm41-sphere", instances=0), "instances"),
     (dict(experiment="thm41-sphere", seed=-1), "seed"),
     (dict(experiment="thm41-sphere", grid={"beta": [1]}, points=[{"beta": 1}]), "not both"),
+    (dict(experiment="thm41-sphere", set={"beta": 1}, grid={"beta": [1, 2]}),
+     "beta is both fixed"),
+    (dict(experiment="thm41-sphere", set={"tokens": 4}, points=[{"tokens": 5}]),
+     "tokens is both fixed"),
     (dict(experiment="thm51-causal", set={"tokens": 9, "dim": 4}), "tokens 9 > dim 4"),
     (dict(experiment="thm32-gradient", set={"sphere": "maybe"}), "true or false"),
 ])

@@ -3,6 +3,7 @@ of `bench.scaling`) on JAX's device, print its table, save it as JSON; the flags
 described in `register`."""
 
 import argparse
+import os
 from pathlib import Path
 
 from ..experiments import declared
@@ -27,8 +28,10 @@ def _bench(args: argparse.Namespace) -> int:
         (not args.budget > 0, "--budget must be > 0 seconds."),
         (args.quick and args.size not in (None, "quick"),
          f"--quick and --size {args.size} disagree: give one of them."),
-        (out.parent and not out.parent.exists(),
-         f"cannot write {out}: folder {out.parent} does not exist."),
+        (not out.parent.is_dir(), f"cannot write {out}: there is no folder {out.parent}."),
+        (out.is_dir(), f"--out {out} is a folder; name a JSON file (e.g. {out / 'bench.json'})."),
+        (not os.access(out.parent, os.W_OK), f"cannot write {out}: folder {out.parent} is "
+                                             "not writable; choose another --out."),
         *count_checks(args, {"--repeats": 1}),
     ])
     from .._artifacts.folders import write_json

@@ -137,7 +137,9 @@ def _run(args) -> int:
         print(f"process {jax.process_index()} of {jax.process_count()}: done "
               "(process 0 wrote the run)")
         return 0
-    print(f"verdict: {summary['verdict']}")
+    against = "" if summary["agrees_with_theory"] else \
+        f" (against the prediction: exit status {_EXIT_AGAINST})"
+    print(f"verdict{against}: {summary['verdict']}")
     print(f"wrote {folder}/: config.json, data.npz, {', '.join(summary['figures'])}, "
           f"summary.json ({summary['simulation_seconds']:.1f} s)")
     return 0 if summary["agrees_with_theory"] else _EXIT_AGAINST

@@ -1,11 +1,13 @@
 """`jaxattn list | run | plot` through `jaxattn.cli.main`, at reduced size, and
 its answers to bad input."""
 
+import dataclasses
 import json
 
 import pytest
 
 from jaxattn.cli import main
+from jaxattn.experiments import get_experiment
 
 SMALL = {
     "thm41-sphere": ["--tokens", "5", "--horizon", "8", "--saves", "40", "--tau", "0.05"],
@@ -14,6 +16,18 @@ SMALL = {
     "thm52-symmetric": ["--tokens", "4", "--horizon", "20", "--saves", "40", "--tau", "0.1"],
     "thm32-gradient": ["--tokens", "4", "--horizon", "60", "--saves", "60", "--tau", "0.1"],
 }
+
+
+def test_a_run_against_the_prediction_says_so_and_exits_3(tmp_path, capsys, monkeypatch):
+    experiment = get_experiment("thm41-sphere")
+    judged = type(experiment).verdict
+    monkeypatch.setattr(type(experiment), "verdict", lambda self, config, data: dataclasses.replace(
+        judged(self, config, data), ok=False))
+    out = tmp_path / "run"
+    assert main(["run", "thm41-sphere", "--out", str(out), "--no-progress",
+                 *SMALL["thm41-sphere"]]) == 3
+    assert "verdict (against the prediction: exit status 3): " in capsys.readouterr().out
+    assert json.loads((out / "summary.json").read_text())["agrees_with_theory"] is False
 
 
 def _one_line_error(capsys, argv) -> str:

@@ -169,6 +169,11 @@ def test_verdict_judges_the_rates_and_fails_a_rate_ten_percent_off(monkeypatch):
     verdict = study.verdict(config, data)
     assert verdict.ok, verdict.line
     assert verdict.numbers["max_rate_error"] <= E.RATE_TOL < 0.1 / 2
+    assert "late regime" not in verdict.line
+    near_simplex = config | {"rho0": -0.3333}  # n = 4: −1/3 is the simplex, an equilibrium
+    early = study.verdict(near_simplex, _ode_run(near_simplex))
+    assert not early.ok and "softmax pre, softmax peri, exp pre, exp peri: not yet in the " \
+        "late regime by T = 20" in early.line and early.line.endswith("a longer --horizon")
     for factor in (1.1, 0.9):
         def shifted(*args, **kw):
             law = equiangular_asymptotics(*args, **kw)
@@ -177,6 +182,7 @@ def test_verdict_judges_the_rates_and_fails_a_rate_ten_percent_off(monkeypatch):
         monkeypatch.setattr(E, "equiangular_asymptotics", shifted)
         wrong = study.verdict(config, data)
         assert not wrong.ok and wrong.numbers["max_rho_error"] == 0.0
+        assert "late regime" not in wrong.line  # a wrong law, not an early reading
         assert wrong.numbers["max_rate_error"] > 0.08
 
 

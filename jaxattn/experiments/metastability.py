@@ -251,7 +251,8 @@ class Metastability(AbstractExperiment):
              "flow to t = 10¹² and the saddles on its plateaus")
     theorem = "Geshkovski, Koubbi, Polyanskiy, Rigollet 2024: exponentially long plateaus"
     params = (
-        Param("tokens", int, 8, "number of tokens n (80 and beyond: see the README)", 2),
+        Param("tokens", int, 8, "number of tokens n (≥ 3: the first plateau, the start, is "
+              "not judged; 80 and beyond: see the README)", 3),
         Param("dim", int, 2, "dimension d (2: the circle, 3: the sphere)", 2),
         Param("beta_min", float, 10.0, "smallest β", 0.0),
         Param("beta_max", float, 20.0, "largest β", 0.0),
@@ -331,7 +332,9 @@ class Metastability(AbstractExperiment):
         finals_text = ", ".join(
             f"β = {short(p['beta'])} at t = {short(p['end'])}: {short(p['measured'])} from "
             f"t = {short(p['from'])} against {short(p['predicted_exact'])} exact "
-            f"(Laplace {short(p['predicted_laplace'])})" for p in finals) or "none reached"
+            f"(Laplace {short(p['predicted_laplace'])})" for p in finals) or (
+            "none to judge: no plateau after the first ended in the last merger by "
+            f"T = {short(final_time(config))}")
         line = (f"n = {config.tokens}, d = {config.dim}: final mergers "
                 f"{'within' if finals and final_err <= FINAL_TOL else 'NOT within'} "
                 f"{FINAL_TOL:.0%} of the exact two-cluster integral ({finals_text}); "

@@ -169,7 +169,10 @@ def test_verdict_judges_the_rates_and_fails_a_rate_ten_percent_off(monkeypatch):
     verdict = study.verdict(config, data)
     assert verdict.ok, verdict.line
     assert verdict.numbers["max_rate_error"] <= E.RATE_TOL < 0.1 / 2
-    assert "late regime" not in verdict.line
+    assert "late regime" not in verdict.line and "no rate read" not in verdict.line
+    few = config | {"saves": 4}  # exp post's 1 − ρ ≍ e^(−5.4 t) is under 1e-20 from t = 10
+    sparse = study.verdict(few, _ode_run(few))
+    assert not sparse.ok and "; exp post: no rate read" in sparse.line, sparse.line
     near_simplex = config | {"rho0": -0.3333}  # n = 4: −1/3 is the simplex, an equilibrium
     early = study.verdict(near_simplex, _ode_run(near_simplex))
     assert not early.ok and "softmax pre, softmax peri, exp pre, exp peri: not yet in the " \

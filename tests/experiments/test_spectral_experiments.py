@@ -53,3 +53,23 @@ def test_oja_tiny(tmp_path):
 def test_power_layers_minilm(tmp_path):
     s = _run("power-layers", {"minilm": True, "prompts": 30}, tmp_path)
     assert s["agrees_with_theory"], s["verdict"]
+
+
+def test_oja_verdict_leaves_radius_one_undecided_and_fails_a_real_disagreement():
+    """An equilibrium whose closed-form radius is 1 (the Oja system's balanced bipartite
+    points) is stable or not by rounding alone: Theorem 3 is judged off that boundary.
+    Off it, one equilibrium where Theorem 3 and the Jacobian disagree fails the run."""
+    import numpy as np
+
+    study = EXPERIMENTS["oja-bipartite"]
+    config = study.defaults()
+    radius = np.array([0.5, 1.5, 1 - 1e-16])  # the last: 1 to rounding, "stable" by it
+    data = {"residual": np.zeros(3), "radius": radius, "predicted": np.array([0.5, 1.5, 1.0]),
+            "theorem3": np.array([True, False, False]), "growth": radius,
+            "m": np.array([6, 3, 3]), "n": np.full(3, 6), "fig13_final": np.array([0.0, 1.0]),
+            "fig13_eps": np.array([1e-3, 1.0]), "fig13_spread": np.float64(0.0)}
+    verdict = study.verdict(config, data)
+    assert verdict.ok, verdict.line
+    assert "Theorem 3 conditions agree in 2 (and 1 with radius 1 to rounding" in verdict.line
+    wrong = study.verdict(config, data | {"theorem3": np.array([False, False, False])})
+    assert not wrong.ok and "Theorem 3 conditions agree in 1 (and 1" in wrong.line

@@ -54,8 +54,8 @@ class OjaBipartite(AbstractPowerExperiment):
         agree_t3 = (data["theorem3"] == jac) & ~marginal
         agree_sim = (data["growth"] < 1) == jac
         n = {"equilibria": int(fixed.sum()), "decided": int(decided.sum()),
-             "stable": int((jac & fixed).sum()),
-             "stable_bipartite": int((jac & fixed & (data["m"] < data["n"])).sum()),
+             "stable": int((jac & fixed & ~marginal).sum()),
+             "stable_bipartite": int((jac & fixed & ~marginal & (data["m"] < data["n"])).sum()),
              "closed_form_agrees": int((agree_cf & fixed).sum()),
              "theorem3_agrees": int((agree_t3 & fixed).sum()), "marginal": int(marginal.sum()),
              "simulation_agrees": int((agree_sim & decided).sum()),

@@ -71,5 +71,6 @@ def test_oja_verdict_leaves_radius_one_undecided_and_fails_a_real_disagreement()
     verdict = study.verdict(config, data)
     assert verdict.ok, verdict.line
     assert "Theorem 3 conditions agree in 2 (and 1 with radius 1 to rounding" in verdict.line
+    assert verdict.numbers["stable"] == 1 and verdict.numbers["stable_bipartite"] == 0
     wrong = study.verdict(config, data | {"theorem3": np.array([False, False, False])})
     assert not wrong.ok and "Theorem 3 conditions agree in 1 (and 1" in wrong.line

@@ -18,7 +18,8 @@ class PowerShared(AbstractPowerExperiment):
              "alignment with v₁ and the 2-D subspace, depth prolonged")
     params = MODEL_FLAGS + TOKENS + (
         Param("layer", int, 0, "the layer whose weights are shared (ALBERT: its only one)", 0),
-        Param("depth", int, 10, "prolong to this many times the native depth", 1),
+        Param("depth", int, 10, "prolong to this many times the native depth (≥ 2: the "
+              "verdict compares the end with the native depth)", 2),
     )
 
     def simulate(self, config, progress):

@@ -36,6 +36,7 @@ BAD = [
     (["run", "long-context", "--n-min", "1"], "--n-min must be ≥ 2"),
     (["run", "long-context", "--horizon", "1"], "unrecognized arguments: --horizon"),
     (["run", "metastability", "--tokens", "2"], "--tokens must be ≥ 3"),
+    (["run", "power-shared", "--depth", "1"], "--depth must be ≥ 2"),
     (["run", "metastability", "--eps", "0"], "--eps must be > 0"),
     (["run", "metastability", "--discrete"], "unrecognized arguments: --discrete"),
     (["run", "hardmax", "--vertices", "2"], "--vertices must be ≥ 3"),

@@ -236,6 +236,12 @@ class LongContext(AbstractExperiment):
                 f"{'closer to' if closer else 'NOT closer to'} γ_c = 1/(1 − ρ̂) = "
                 f"{short(est['gamma_predicted'][-1])} as n grows ({short(gap[0])} → "
                 f"{short(gap[-1])}); {collapse_line}")
+        never = [int(m) for m, g in zip(n, found) if not np.isfinite(g)]
+        if never:  # no crossing to compare: say what would give one
+            line += (f"; α_ii does not reach 1/2 for γ in [{config.gamma_min:g}, "
+                     f"{config.gamma_max:g}] at n = {', '.join(map(str, never))}: a larger "
+                     "--gamma-max, or a larger --dim (the tokens are near a simplex only "
+                     "for d ≫ log n)")
         per_size = [{"n": int(m), "d": int(d[i]),
                      **{k: finite_or_none(v[i]) for k, v in est.items()}} for i, m in enumerate(n)]
         numbers = {k: finite_or_none(v[-1]) for k, v in est.items()} | {

@@ -134,6 +134,19 @@ def test_verdict_fails_a_prediction_ten_percent_off(monkeypatch):
         assert not wrong.ok and wrong.numbers["relative_error"] > 0.08
 
 
+def test_verdict_says_what_to_change_when_attention_never_reaches_one_half():
+    """With every `α_ii` kept below 1/2 (as at `--dim 2`, where the tokens are far from
+    a simplex) there is no crossing: the line says so and names the flags to change;
+    the saved run's line does not."""
+    study, config, data = _saved()
+    assert "does not reach 1/2" not in study.verdict(config, data).line
+    low = study.verdict(config, data | {"alpha": np.minimum(data["alpha"], 0.4)})
+    assert not low.ok and low.line.endswith(
+        f"α_ii does not reach 1/2 for γ in [{config.gamma_min:g}, {config.gamma_max:g}] at "
+        f"n = {', '.join(map(str, data['sizes']))}: a larger --gamma-max, or a larger --dim "
+        "(the tokens are near a simplex only for d ≫ log n)"), low.line
+
+
 def test_quick_settings_are_parameters():
     params = {p.name for p in EXPERIMENTS["long-context"].all_params()}
     assert set(QUICK) <= params and not {"horizon", "saves", "discrete"} & params

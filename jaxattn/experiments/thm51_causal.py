@@ -62,9 +62,9 @@ class CausalExperiment(AbstractTheoremExperiment):
         return weights, x0
 
     def refusals(self, config):
-        return ((config.tokens > config.dim, f"tokens {config.tokens} > dim {config.dim}: "
-                 "the tokens must be linearly independent for the span coordinates; use at "
-                 "most as many tokens as dimensions."),)
+        return ((config.tokens > config.dim, f"--tokens ({config.tokens}) must be ≤ --dim "
+                 f"({config.dim}): the tokens must be linearly independent for the span "
+                 "coordinates."),)
 
     def instance(self, key, config):
         """`--samples 1`, run in the span coordinates of its start, as the experiment

@@ -141,7 +141,7 @@ _SLOW_SOLVER = ["--horizon", "4e15", "--tokens", "3", "--saves", "5"]
 @pytest.mark.parametrize("argv, message", [
     (["run", "thm41-sphere", "--seed", "99999999999999999999"], "`--seed` must be at most"),
     (["run", "thm41-sphere", "--tau", "1e-300", "--discrete"], "layers, more than"),
-    (["run", "thm51-causal", "--tokens", "3", "--dim", "2"], "tokens 3 > dim 2"),
+    (["run", "thm51-causal", "--tokens", "3", "--dim", "2"], "--tokens (3) must be ≤ --dim (2)"),
     (["loop", "--model", "CONFIG", "--weights", "random", "--tokens", "5000", "--prompts", "1",
       "--passes", "1"], "5000 tokens exceed the model's 16 learned positions"),
     (["sweep", "thm41-sphere", "--seed", "99999999999999999999"], "`--seed` must be at most"),

@@ -205,7 +205,8 @@ def test_spec_files_toml_and_json(tmp_path):
      "beta is both fixed"),
     (dict(experiment="thm41-sphere", set={"tokens": 4}, points=[{"tokens": 5}]),
      "tokens is both fixed"),
-    (dict(experiment="thm51-causal", set={"tokens": 9, "dim": 4}), "tokens 9 > dim 4"),
+    (dict(experiment="thm51-causal", set={"tokens": 9, "dim": 4}),
+     r"--tokens \(9\) must be ≤ --dim \(4\)"),
     (dict(experiment="thm32-gradient", set={"sphere": "maybe"}), "true or false"),
 ])
 def test_bad_specs_are_refused(spec, message):

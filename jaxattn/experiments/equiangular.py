@@ -203,9 +203,7 @@ class Equiangular(AbstractExperiment):
         early = [key.replace("_", " ") for key, r in rates.items()
                  if r.get("final_rho") is not None and r["kind"] in ("exponential", "algebraic")
                  and 1 - r["final_rho"] > (1 - config.rho0) / 100]
-        unread = [key.replace("_", " ") for key, r in rates.items()
-                  if "flow" in r and r["kind"] in ("exponential", "algebraic")
-                  and r["flow"] is None]
+        unread = [key.replace("_", " ") for key, r in rates.items() if rate_error(r) == math.inf]
         if unread:
             line += (f"; {', '.join(unread)}: no rate read (fewer than 3 saved times with "
                      f"1 − ρ above {RATE_FLOOR:g} in the later half of those): more --saves")

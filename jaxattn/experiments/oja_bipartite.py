@@ -47,15 +47,19 @@ class OjaBipartite(AbstractPowerExperiment):
         fixed = data["residual"] < 1e-9
         decided = fixed & (np.abs(data["radius"] - 1) > 0.02)
         jac = data["radius"] < 1
-        agree_cf = np.abs(data["radius"] - data["predicted"]) < 1e-6 * np.maximum(1, data["radius"])
+        def close(a, b):  # to rounding, relative above 1
+            return np.abs(a - b) < 1e-6 * np.maximum(1, a)
+
+        agree_cf = close(data["radius"], data["predicted"])
         # Radius 1 to rounding (a neutral direction): the linearisation decides nothing,
         # and Theorem 3's strict conditions are judged off that boundary only.
-        marginal = fixed & (np.abs(data["predicted"] - 1) < 1e-6 * np.maximum(1, data["predicted"]))
+        marginal = fixed & close(data["predicted"], 1)
+        stable = jac & fixed & ~marginal
         agree_t3 = (data["theorem3"] == jac) & ~marginal
         agree_sim = (data["growth"] < 1) == jac
         n = {"equilibria": int(fixed.sum()), "decided": int(decided.sum()),
-             "stable": int((jac & fixed & ~marginal).sum()),
-             "stable_bipartite": int((jac & fixed & ~marginal & (data["m"] < data["n"])).sum()),
+             "stable": int(stable.sum()),
+             "stable_bipartite": int((stable & (data["m"] < data["n"])).sum()),
              "closed_form_agrees": int((agree_cf & fixed).sum()),
              "theorem3_agrees": int((agree_t3 & fixed).sum()), "marginal": int(marginal.sum()),
              "simulation_agrees": int((agree_sim & decided).sum()),

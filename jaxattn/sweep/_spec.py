@@ -90,8 +90,9 @@ def check_spec(spec: SweepSpec) -> list[dict[str, Any]]:
     """
     params = {p.name: p for p in sweep_params(spec.experiment)}
     spec = with_counts(spec)
-    names = [*spec.set, *grid_keys(spec)]
-    both = [name for name in grid_keys(spec) if name in spec.set]
+    varied = grid_keys(spec)
+    names = [*spec.set, *varied]
+    both = [name for name in varied if name in spec.set]
     checks = [(spec.grid and spec.points, "give either a grid or a list of points, not both."),
               (both, f"{', '.join(both)} is both fixed (`set`, --set) and varied (`grid` or "
                "`points`, --grid); give it in one of them.")]

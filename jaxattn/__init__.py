@@ -12,7 +12,8 @@ raises a one-line `SimulationError` naming the cause and the fix.
 
 from typing import TYPE_CHECKING
 
-from ._lazy import lazy_names, load
+from ._lazy import lazy_names as _lazy_names
+from ._lazy import load as _load
 
 if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at run time
     from . import explore as explore
@@ -71,13 +72,13 @@ if TYPE_CHECKING:  # what tools (type checkers, IDEs) see; the same objects at r
 _APPLICATIONS = ("experiments", "sweep", "bench", "cli")
 #: Each public name → `(module, attribute)` where it is defined (`attribute` `None`:
 #: a namespace `ja.X`): the block above, read from the source, and the applications.
-_ATTRIBUTES = lazy_names(__file__) | {name: (f".{name}", None) for name in _APPLICATIONS}
+_ATTRIBUTES = _lazy_names(__file__) | {name: (f".{name}", None) for name in _APPLICATIONS}
 __all__ = sorted(_ATTRIBUTES) + ["__version__"]
 
 
 def __getattr__(name: str):
     if name in _ATTRIBUTES:
-        value = load(__name__, _ATTRIBUTES[name])
+        value = _load(__name__, _ATTRIBUTES[name])
     elif name == "__version__":
         value = _version()
     else:

@@ -12,7 +12,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from .._lazy import lazy_names, load
+from .._lazy import lazy_names as _lazy_names
+from .._lazy import load as _load
 from .source import class_head, class_params
 
 if TYPE_CHECKING:  # what tools see; imported on first use at run time (`lazy_names`)
@@ -144,12 +145,12 @@ def get_experiment(name: str) -> "AbstractExperiment":
 
 #: The names re-exported from the modules below (`paper` is the short name of
 #: `paper001`), imported on first use (PEP 562): read from the `TYPE_CHECKING` block.
-_ATTRIBUTES = lazy_names(__file__)
+_ATTRIBUTES = _lazy_names(__file__)
 
 
 def __getattr__(name: str):
     if name in _ATTRIBUTES:
-        value = load(__name__, _ATTRIBUTES[name])
+        value = _load(__name__, _ATTRIBUTES[name])
     elif (Path(__file__).parent / f"{name}.py").exists():  # a member, by its module
         value = importlib.import_module(f"{__name__}.{name}")
     else:

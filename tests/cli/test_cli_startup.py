@@ -90,6 +90,8 @@ def test_every_public_name_resolves():
     for name in ja.__all__:
         assert getattr(ja, name) is not None, name
     assert set(ja.__all__) <= set(dir(ja))
+    # The lazy face's own machinery is private: `ja.load` would read as a model loader.
+    assert not {"load", "lazy_names"} & (set(dir(ja)) | set(dir(ja.experiments)))
     assert ja.solve_flow.__doc__ == ja._flow.solve_flow.__doc__
     with pytest.raises(AttributeError, match="no attribute 'solve_flows'"):
         ja.solve_flows  # noqa: B018

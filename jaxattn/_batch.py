@@ -106,8 +106,8 @@ def check_token_shape(
         (d is None, TypeError,
          f"`dyn` must be a ja.SelfAttentionDynamics (the model), got {type(dyn).__name__}."),
         (d and (x0.ndim < 2 or x0.shape[-1] != d or x0.shape[-2] < 1), ValueError,
-         f"`{name}` must have shape (..., n, d) with d={d} (the model's dimension), got "
-         f"{jnp.shape(x0) if d else None}."),
+         f"`{name}` must have shape (..., n, d): n ≥ 1 tokens of the model's dimension "
+         f"d={d}, got {jnp.shape(x0) if d else None}."),
     ):
         if bad:
             raise error(message)

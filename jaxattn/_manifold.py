@@ -6,7 +6,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._precision import einsum
 from ._programs import kept_jit
-from ._validate import check_count, check_metric
+from ._validate import check_count, check_metric, check_rows_now
 
 
 def w_inner(
@@ -24,8 +24,9 @@ def w_inner(
 
 
 def w_norm(y: Float[Array, "... d"], W: Float[Array, "d d"] | None = None):
-    """The norm `|y|_W = sqrt(yᵀ W y)` over the last axis."""
-    return jnp.sqrt(w_inner(y, y, W))
+    """The norm `|y|_W = sqrt(yᵀ W y)` over the last axis (`W` as in `normalize`)."""
+    y = jnp.asarray(y)
+    return jnp.sqrt(w_inner(y, y, None if W is None else check_metric(W, y.shape[-1])))
 
 
 def normalize(
@@ -41,10 +42,12 @@ def normalize(
 
     **Returns:**
 
-    `x` with every row rescaled to `|x_i|_W = 1`. A zero row has no direction and
-    gives NaN here; the simulators refuse such inputs before they reach this map.
+    `x` with every row rescaled to `|x_i|_W = 1`. A zero row has no direction: a
+    concrete `x` with one (or with NaN/inf) is a `ValueError`; under `jit` or `vmap`
+    such a row gives NaN.
     """
     x = jnp.asarray(x)
+    check_rows_now(x, "x", "normalize")
     if W is not None:
         W = check_metric(W, x.shape[-1])
     return project(x, W)

@@ -49,9 +49,20 @@ def test_factor_shapes():
 def test_bad_metric(W, match):
     with pytest.raises(ValueError, match=match):
         ja.SelfAttentionDynamics(jnp.zeros((2, 3, 3)), EYE, W=W)
-    if W.ndim == 2 and W.shape == (3, 3):
+    if W.ndim == 2:  # the manifold's maps check their metric too
         with pytest.raises(ValueError, match=match):
             ja.normalize(jnp.ones((2, 3)), W)
+        with pytest.raises(ValueError, match=match):
+            ja.w_norm(jnp.ones((2, 3)), W)
+
+
+@pytest.mark.parametrize("row, match", [(0.0, "is zero"), (jnp.nan, "NaN or inf")])
+def test_normalize_refuses_rows_without_a_direction(row, match):
+    """Concrete rows are checked (no silent NaN); traced ones are documented NaN."""
+    x = jnp.ones((2, 3)).at[1].set(row)
+    with pytest.raises(ValueError, match=f"^normalize: .*{match}"):
+        ja.normalize(x)
+    assert np.isnan(jax.jit(ja.normalize)(x)[1]).all()
 
 
 @pytest.mark.parametrize("beta", [jnp.nan, jnp.inf, -jnp.inf])
@@ -188,9 +199,10 @@ def test_bad_num_layers(key, num_layers):
 @pytest.mark.parametrize("shape", [(3,), (4, 5), (2, 4, 2), (0, 3)])
 def test_bad_token_shapes(key, shape):
     dyn = random_dynamics(key, 2, 3)
-    with pytest.raises(ValueError, match=r"\(\.\.\., n, d\) with d=3"):
+    expected = r"\(\.\.\., n, d\): n ≥ 1 tokens of the model's dimension d=3, got"
+    with pytest.raises(ValueError, match=expected):
         ja.run_layers(dyn, jnp.ones(shape), 2, 0.1)
-    with pytest.raises(ValueError, match=r"\(\.\.\., n, d\) with d=3"):
+    with pytest.raises(ValueError, match=expected):
         ja.solve_flow(dyn, jnp.ones(shape), jnp.array([0.0, 1.0]))
 
 

@@ -19,6 +19,14 @@ def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+def refuse_first(refusals) -> None:
+    """Refuse the first of `refusals`, `(wrong, line)` pairs checked in order, whose
+    `wrong` holds: a one-line `ValueError`."""
+    for wrong, line in refusals:
+        if wrong:
+            raise ValueError(line)
+
+
 def check_final(cls: type, base: type) -> None:
     """Refuse, when `cls` is created, a method of `cls` that a class of `base`'s
     family above it already made concrete: members implement abstract methods only

@@ -9,6 +9,8 @@ import equinox as eqx
 import jax
 from jax._src.interpreters import ad as _ad
 
+from .. import _validate
+
 # The tracers of a value being differentiated (forward mode, and reverse mode's
 # linearisation); JAX exports no public test for them.
 _DIFFERENTIATING = tuple(getattr(_ad, name) for name in ("JVPTracer", "LinearizeTracer")
@@ -23,9 +25,7 @@ def differentiating(operands) -> bool:
 def refuse_first(name: str, refusals) -> None:
     """The one wording of a member's refusal: a `ValueError` `strategy='name' why` for
     the first `(refused, why)` of `refusals` that is refused."""
-    for refused, why in refusals:
-        if refused:
-            raise ValueError(f"strategy={name!r} {why}")
+    _validate.refuse_first((refused, f"strategy={name!r} {why}") for refused, why in refusals)
 
 
 class AbstractStrategy(eqx.Module):

@@ -22,7 +22,7 @@ from jaxtyping import Array, Float
 
 from .._precision import einsum
 from .._programs import kept_jit
-from .._validate import SimulationError
+from .._validate import SimulationError, check_count, check_scalar
 from ._consensus import cluster_labels
 
 
@@ -64,6 +64,7 @@ def rescaled_euler(theta0: Float[Array, " n"], beta, lr: float, steps: int, *,
 
     The energy `(1/n²) Σ_ij e^{β(cos(θ_i − θ_j) − 1)}` after each step `(steps,)`.
     """
+    lr, steps = check_scalar(lr, "lr", positive=True), check_count(steps, "steps")
     n = theta0.shape[0]
 
     def energy_terms(theta):

@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._validate import check_count, refuse_first
+
 
 def mean_error(samples, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
     """The mean of independent samples and its standard error `s/√n` (`s` the sample
@@ -44,7 +46,9 @@ def binomial_error(p, n: int):
     The standard error(s), the shape of `p`.
     """
     p = np.asarray(p, dtype=float)
-    return np.sqrt(p * (1 - p) / n)
+    refuse_first([(not np.all((p >= 0) & (p <= 1)),
+                   f"binomial_error: `p` is a share: it must lie in [0, 1], got {p}.")])
+    return np.sqrt(p * (1 - p) / check_count(n, "n", 1))
 
 
 def level_crossing(x, y, level: float = 0.0, *, falling: bool = False, keep=None,
@@ -87,10 +91,22 @@ def level_crossing(x, y, level: float = 0.0, *, falling: bool = False, keep=None
     return float(x[first[0]]) if at_start and first.size and past[first[0]] else math.nan
 
 
-def _polyfit(x, y, degree: int, se, weighted: bool) -> tuple[np.ndarray, np.ndarray]:
+def _polyfit(where: str, x, y, degree: int, se, weighted: bool) -> tuple[np.ndarray, np.ndarray]:
     """A least-squares polynomial's coefficients (highest power first) and their
     covariance; NaN where too few points determine them."""
     x, y = np.asarray(x, float), np.asarray(y, float)
+    se = None if se is None else np.asarray(se, float)
+    refuse_first([
+        (x.ndim != 1 or x.shape != y.shape or (se is not None and se.shape != x.shape),
+         f"{where} needs `x`, `y` (and `se`) of one shape (k,), got {x.shape}, {y.shape}"
+         f"{'' if se is None else f' and {se.shape}'}."),
+        (not np.all(np.isfinite(x)), f"{where} needs finite `x` (a non-finite `y` gives NaN)."),
+        (se is not None and weighted and not np.all((se > 0) & np.isfinite(se)),
+         f"{where} (weighted) needs every `se` finite and > 0 (its weight is 1/se²); pass "
+         "weighted=False to carry `se` through an unweighted fit."),
+        (len(x) > degree and np.unique(x).size <= degree,
+         f"{where} of degree {degree} needs {degree + 1} distinct `x`, got {np.unique(x)}."),
+    ])
     nan = np.full((degree + 1, degree + 1), math.nan)
     if len(x) < degree + 1:
         return np.full(degree + 1, math.nan), nan
@@ -111,7 +127,7 @@ def fit_slope(x, y, *, se=None, weighted: bool = True) -> tuple[float, float]:
 
     **Arguments:**
 
-    - `x`, `y`: the points `(k,)`.
+    - `x`, `y`: the points `(k,)`, `x` finite (a non-finite `y` gives NaN).
     - `se`: the standard errors of `y` `(k,)`, if known. Without them the error is the
       textbook one, from the residuals (`scipy.stats.linregress`'s `stderr`).
     - `weighted`: with `se`, weight each point by `1/se²` (the error then follows
@@ -123,7 +139,7 @@ def fit_slope(x, y, *, se=None, weighted: bool = True) -> tuple[float, float]:
     `(slope, standard error)`: both NaN under two points, the error NaN with two
     points and no `se`.
     """
-    coef, cov = _polyfit(x, y, 1, se, weighted)
+    coef, cov = _polyfit("fit_slope", x, y, 1, se, weighted)
     return float(coef[0]), float(np.sqrt(cov[0, 0]))
 
 
@@ -133,7 +149,7 @@ def fit_intercept(x, y, *, se=None, weighted: bool = True) -> tuple[float, float
 
     **Arguments:**
 
-    - `x`, `y`: the points `(k,)`.
+    - `x`, `y`: the points `(k,)`, `x` finite (a non-finite `y` gives NaN).
     - `se`, `weighted`: the errors of `y` and how the fit uses them, as in
       `fit_slope`.
 
@@ -142,7 +158,7 @@ def fit_intercept(x, y, *, se=None, weighted: bool = True) -> tuple[float, float
     `(intercept, standard error)`: both NaN under two points, the error NaN with two
     points and no `se`.
     """
-    coef, cov = _polyfit(x, y, 1, se, weighted)
+    coef, cov = _polyfit("fit_intercept", x, y, 1, se, weighted)
     return float(coef[1]), float(np.sqrt(cov[1, 1]))
 
 
@@ -153,7 +169,7 @@ def fit_crossing(x, y, level: float = 0.0, *, degree: int = 1, se=None,
 
     **Arguments:**
 
-    - `x`, `y`: the points `(k,)`.
+    - `x`, `y`: the points `(k,)`, `x` finite (a non-finite `y` gives NaN).
     - `level`: the level.
     - `degree`: the polynomial's degree (1: a straight line); of several real
       crossings, the one nearest `x[0]`.
@@ -165,7 +181,7 @@ def fit_crossing(x, y, level: float = 0.0, *, degree: int = 1, se=None,
     `(crossing, standard error)`: NaN with under `degree + 1` points or no real
     crossing, the error NaN where the fit gives no covariance.
     """
-    coef, cov = _polyfit(x, y, degree, se, weighted)
+    coef, cov = _polyfit("fit_crossing", x, y, degree, se, weighted)
     if not np.all(np.isfinite(coef)):
         return math.nan, math.nan
     roots = np.roots(coef - np.eye(degree + 1)[-1] * level)
@@ -190,9 +206,15 @@ def autocorrelation_time(series) -> float:
 
     **Returns:**
 
-    The time; NaN for a constant series.
+    The time; NaN for a constant series. A series that is not 1-D and finite, or
+    has under two samples, is a `ValueError`.
     """
-    x = np.asarray(series, float) - np.mean(series)
+    x = np.asarray(series, float)
+    finite = np.all(np.isfinite(x))
+    refuse_first([(x.ndim != 1 or len(x) < 2 or not finite,
+                   f"autocorrelation_time needs one finite series (steps,) of at least two "
+                   f"samples, got shape {x.shape}{'' if finite else ' with NaN or inf'}.")])
+    x = x - np.mean(x)
     var = x @ x / len(x)
     if not var > 0:
         return math.nan
@@ -218,6 +240,10 @@ def block_means(r: np.ndarray, window: int, blocks: int) -> np.ndarray:
 
     The block means `(..., blocks)`, in time order.
     """
+    r = np.asarray(r)
+    refuse_first([(not 1 <= blocks <= window <= r.shape[-1],
+                   f"block_means needs 1 ≤ blocks ≤ window ≤ steps, got blocks={blocks}, "
+                   f"window={window}, steps={r.shape[-1] if r.ndim else None}.")])
     size = window // blocks
     tail = r[..., r.shape[-1] - size * blocks:]
     return tail.reshape(tail.shape[:-1] + (blocks, size)).mean(-1)
@@ -236,6 +262,10 @@ def half_gap(blocks: np.ndarray) -> np.ndarray:
     `(mean of the second half − mean of the first) / its standard error`, `(...)`,
     the error from the blocks' spread in each half.
     """
+    blocks = np.asarray(blocks)
+    refuse_first([(blocks.ndim < 2 or blocks.shape[-1] < 2,
+                   f"half_gap needs block means (..., seeds, blocks) with at least two "
+                   f"blocks, got shape {blocks.shape}.")])
     half = blocks.shape[-1] // 2
     a = blocks[..., :half].reshape(blocks.shape[:-2] + (-1,))
     b = blocks[..., -half:].reshape(blocks.shape[:-2] + (-1,))

@@ -234,3 +234,37 @@ def test_window_statistics_flag_a_drift_and_a_slow_series(seed):
     s = M.window_statistics(0.5 + 0.01 * slow, steps, blocks, **judge)
     assert s.autocorrelation[0] > steps / blocks / judge["block_taus"]
     assert s.equilibrated.tolist() == [False]
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: M.fit_slope([1.0, 2.0, 3.0], [2.0, 3.0]),
+     r"^fit_slope needs `x`, `y`.*\(3,\), \(2,\)"),
+    (lambda: M.fit_intercept([1.0, 2.0], [2.0, 3.0], se=[1.0]),
+     r"^fit_intercept needs .* and \(1,\)"),
+    (lambda: M.fit_slope([1.0, 1.0, 1.0], [2.0, 3.0, 4.0]), "needs 2 distinct `x`, got"),
+    (lambda: M.fit_crossing([0.0, 1.0, 1.0], [1.0, 0.0, 2.0], degree=2), "of degree 2 needs 3"),
+    (lambda: M.fit_slope([1.0, np.nan, 3.0], [2.0, 3.0, 4.0]), "needs finite `x`"),
+    (lambda: M.fit_slope([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], se=[0.0, 1.0, 1.0]),
+     r"every `se` finite and > 0 .* weighted=False"),
+    (lambda: M.binomial_error(1.5, 10), r"`p` is a share: it must lie in \[0, 1\]"),
+    (lambda: M.binomial_error(0.5, 0), "`n` must be a whole number ≥ 1"),
+    (lambda: M.autocorrelation_time(np.ones((3, 4))), r"one finite series .* shape \(3, 4\)"),
+    (lambda: M.autocorrelation_time([1.0]), "at least two samples"),
+    (lambda: M.autocorrelation_time([1.0, np.nan, 2.0]), "with NaN or inf"),
+    (lambda: M.block_means(np.ones(10), 20, 2), "window=20, steps=10"),
+    (lambda: M.block_means(np.ones(10), 4, 0), "blocks=0"),
+    (lambda: M.half_gap(np.ones(4)), r"at least two blocks, got shape \(4,\)"),
+])
+def test_the_statistics_refuse_what_they_cannot_read(call, match):
+    """One line naming the function and the mistake, where NumPy would raise its own
+    error, print LAPACK's complaints or return a silent NaN or inf."""
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_an_unweighted_fit_carries_a_nan_error_through():
+    """`weighted=False` accepts an unknown (NaN) `se`, as the mean-field experiment
+    passes for a size with one sample: the slope is read, its error is NaN."""
+    slope, se = M.fit_slope([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], se=[0.1, np.nan, 0.1],
+                            weighted=False)
+    assert slope == pytest.approx(1.0) and math.isnan(se)

@@ -44,9 +44,9 @@ from .._dynamics import SelfAttentionDynamics
 from .._manifold import project
 from .._precision import einsum
 from .._programs import kept_jit
-from .._validate import is_concrete
+from .._validate import check_count, is_concrete, refuse_first
 from ..metrics import tangent_basis
-from ._spectrum import layer_matrix
+from ._spectrum import layer_matrix, square
 
 
 def oja_system(U: Float[Array, "d d"]) -> SelfAttentionDynamics:
@@ -86,6 +86,13 @@ def bipartite_point(v: Float[Array, " d"], n: int, m) -> Float[Array, "n d"]:
 
     The tokens `(n, d)`.
     """
+    n, v = check_count(n, "n", 1), jnp.asarray(v)
+    refuse_first([
+        (v.ndim != 1, f"bipartite_point: `v` must be one direction (d,), got shape {v.shape}."),
+        (is_concrete(m) and not 0 <= m <= n,
+         f"bipartite_point: `m` counts the tokens at +v: it must lie in [0, n] = [0, {n}], "
+         f"got {m}."),
+    ])
     signs = jnp.where(jnp.arange(n) < m, 1.0, -1.0).astype(v.dtype)
     return signs[:, None] * (v / jnp.linalg.norm(v))[None, :]
 
@@ -133,7 +140,7 @@ def spectral_radius(M: Float[Array, "k k"]) -> Float[Array, ""]:
 
     A 0-d array; `float(spectral_radius(M))` for a host number.
     """
-    return jnp.max(jnp.abs(jnp.linalg.eigvals(M)))
+    return jnp.max(jnp.abs(jnp.linalg.eigvals(square(M, "M", "spectral_radius"))))
 
 
 class Equilibria(eqx.Module):
@@ -196,9 +203,8 @@ def equilibria(dyn: SelfAttentionDynamics, n: int, *, tau=1.0) -> Equilibria:
 
     `Equilibria` with `d (n − ⌈n/2⌉ + 1)` entries.
     """
-    if dyn.causal:
-        raise ValueError("equilibria enumerates full-attention maps; got causal=True.")
-    eq, Omega = _enumerate(dyn, n, tau)  # one program; Ω checked on its return
+    refuse_first([(dyn.causal, "equilibria enumerates full-attention maps; got causal=True.")])
+    eq, Omega = _enumerate(dyn, check_count(n, "n", 1), tau)  # one program; Ω checked on its return
     if not np.allclose(np.asarray(Omega), np.asarray(Omega).T, rtol=1e-10, atol=1e-12):
         raise ValueError("equilibria needs a symmetric layer matrix Ω = Σ_η U_η (paper 004 "
                          "Assumption 1); symmetrise U with (U + Uᵀ)/2.")

@@ -19,6 +19,7 @@ from .._layers import run_layers
 from .._precision import matmul
 from .._programs import kept_jit
 from .._schedule import Constant, PiecewiseConstant
+from .._validate import refuse_first
 from ..models import (
     AbstractTransformer,
     attention_dynamics,
@@ -184,6 +185,17 @@ def steer(model_or_dyn, u: Float[Array, " d"], gamma: float, *, w=None, layer: i
 
     The edited model or dynamics.
     """
+    dyn = model_or_dyn if isinstance(model_or_dyn, SelfAttentionDynamics) else None
+    d = dyn.dim if dyn else model_or_dyn.config.hidden_size
+    stack = dyn.U.values.shape[0] if dyn and isinstance(dyn.U, PiecewiseConstant) else None
+    refuse_first([
+        *((v is not None and jnp.shape(v) != (d,),
+           f"steer: `{name}` must be a direction (d,) = ({d},), got shape {jnp.shape(v)}.")
+          for name, v in (("u", u), ("w", w))),
+        (stack is not None and not -stack <= layer < stack,
+         f"steer: `layer` {layer} is not one of the {stack} layers of the dynamics' "
+         f"PiecewiseConstant stack (−{stack} ≤ layer < {stack})."),
+    ])
     return _steer(model_or_dyn, u, jax.device_put(gamma), w, layer)  # γ traced: one program
 
 

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from .._validate import check_scalar
 from ._noisy import check_sphere_args
 
 #: The `u = atanh ρ` grid of the scale function: `[−U_MAX, U_MAX]` in `U_POINTS`.
@@ -134,6 +135,7 @@ def antipodal_probability(beta, d: int, sigma) -> float:
     The probability as a float; `0.0` when `antipodal_rate ≥ 0`.
     """
     sigma, d = check_sphere_args(sigma, d, name="sigma")
+    beta = check_scalar(beta, "beta")
     if antipodal_rate(beta, d, sigma) >= 0:
         return 0.0
     u = np.linspace(-U_MAX, U_MAX, U_POINTS)

@@ -267,3 +267,35 @@ def test_layer_dynamics_keeps_the_models_variant(key):
     x = jax.random.normal(key, (5, 3))
     assert (frozen.norm.name, frozen.window, frozen.kernel.name) == ("pre", 2, "sigmoid")
     assert jnp.array_equal(frozen.layer(0.0, x, 0.1), dyn.layer(0.0, x, 0.1))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: spectrum(jnp.ones((2, 3))), r"^spectrum: `Omega` must be a square \(d, d\) matrix"),
+    (lambda: ja.spectral.top_eigenvector(jnp.ones((2, 3))), r"^top_eigenvector: `M` must be a"),
+    (lambda: ja.spectral.spectral_radius(jnp.ones((2, 3))), r"^spectral_radius: `M` must be"),
+    (lambda: ja.spectral.cosines(jnp.ones((5, 3)), jnp.ones(4)),
+     r"^cosines: `basis` must be \(d,\) or \(d, k\) with d = 3"),
+    (lambda: ja.spectral.bipartite_point(jnp.ones(3), 3, 5), r"must lie in \[0, n\] = \[0, 3\]"),
+    (lambda: ja.spectral.bipartite_point(jnp.ones(3), 0, 0), "`n` must be a whole number ≥ 1"),
+    (lambda: ja.spectral.equilibria(ja.spectral.oja_system(jnp.eye(3)), 0),
+     "`n` must be a whole number ≥ 1"),
+    (lambda: steer(ja.spectral.oja_system(jnp.eye(3)), jnp.ones(4), 1.0),
+     r"^steer: `u` must be a direction \(d,\) = \(3,\), got shape \(4,\)"),
+    (lambda: steer(ja.spectral.oja_system(jnp.eye(3)), jnp.ones(3), 1.0, w=jnp.ones((3, 1))),
+     r"^steer: `w` must be a direction"),
+])
+def test_bad_arguments_are_one_line_refusals(call, match):
+    """Each was a JAX or opt_einsum error (or, for `m > n`, a silent wrong point)."""
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_steer_refuses_a_layer_past_the_stack(key):
+    """A scatter past the end is dropped by JAX: the edit would silently do nothing."""
+    U = jax.random.normal(key, (2, 1, 3, 3))
+    dyn = ja.SelfAttentionDynamics(jnp.zeros((1, 3, 3)), ja.PiecewiseConstant(U))
+    with pytest.raises(ValueError, match=r"`layer` 2 is not one of the 2 layers .* < 2\)"):
+        steer(dyn, jnp.ones(3), 1.0, layer=2)
+    edited = steer(dyn, jnp.ones(3), 1.0, layer=-2)
+    np.testing.assert_allclose(edited.U.values[1], U[1])
+    assert not np.allclose(edited.U.values[0], U[0])

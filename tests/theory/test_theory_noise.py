@@ -93,6 +93,7 @@ def test_probability_matches_a_direct_quadrature_in_d3(beta):
     (lambda: T.antipodal_threshold(3.0, 1.0), "`d` must be an int ≥ 2"),
     (lambda: T.antipodal_rate(1.0, 3, 0.0), "`sigma` must be finite and > 0"),
     (lambda: T.antipodal_probability(1.0, 3, -1.0), "`sigma` must be finite and > 0"),
+    (lambda: T.antipodal_probability(math.nan, 3, 1.0), "`beta` must be finite"),  # was NaN
     (lambda: T.antipodal_diffusion(0.5, 1.0, math.nan), "`sigma` must be finite and > 0"),
     (lambda: T.layer_diffusion(3, 0.0, 1.0), "`tau` must be finite and > 0"),
     (lambda: T.layer_diffusion(3, 0.1, -1.0), "`sigma` must be finite and > 0"),

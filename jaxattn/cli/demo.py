@@ -1,14 +1,25 @@
 """`jaxattn demo`: 10 tokens on S² under two time-varying heads (paper 001 §6.1.1)."""
 
 import argparse
+import math
+import os
 from pathlib import Path
 
 from ._common import count_checks, refuse_first
 
 
 def _demo(args: argparse.Namespace) -> int:
-    refuse_first([*count_checks(args, {"--tokens": 1}),
-                  (not args.horizon > 0, f"--horizon must be > 0, got {args.horizon}.")])
+    out = Path(args.out)
+    place = next(p for p in (out, *out.parents) if p.exists())  # what is there of it
+    refuse_first([  # one token is consensus already: its E is 0 from the start
+        *count_checks(args, {"--tokens": 2}),
+        (not 0 < args.horizon < math.inf, f"--horizon must be finite and > 0, got "
+                                           f"{args.horizon}."),
+        (not place.is_dir(), f"--out {out}: {place} is a file, not a folder; choose "
+                             "another --out."),
+        (not os.access(place, os.W_OK), f"--out {out}: {place} is not writable; choose "
+                                        "another --out."),
+    ])
     import jax
     import jax.numpy as jnp
 
@@ -37,8 +48,7 @@ def _demo(args: argparse.Namespace) -> int:
     if bool(jnp.any(E[::40] <= floor)):
         print(f"* below the {E.dtype} resolution of E ({floor:.1e}): rounding noise, not data")
     print(f"max drift from the sphere: {float(manifold_drift(ys)):.2e}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)  # a path it cannot use: one line (`cli.main`)
+    out.mkdir(parents=True, exist_ok=True)
     path = save_sphere_figure(ys, ts, E, out / "demo_sphere.png")
     print(f"wrote {path}")
     return 0

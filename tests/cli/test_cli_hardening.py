@@ -20,8 +20,11 @@ BAD = [
     ([], "required: COMMAND"),
     (["nonsense"], "invalid choice"),
     (["demo", "--tokens", "abc"], "invalid int value"),
-    (["demo", "--tokens", "0"], "`--tokens` must be a whole number ≥ 1"),
-    (["demo", "--horizon", "0"], "--horizon must be > 0"),
+    (["demo", "--tokens", "0"], "`--tokens` must be a whole number ≥ 2"),
+    (["demo", "--tokens", "1"], "`--tokens` must be a whole number ≥ 2"),
+    (["demo", "--horizon", "0"], "--horizon must be finite and > 0"),
+    (["demo", "--horizon", "inf"], "--horizon must be finite and > 0"),
+    (["demo", "--out", __file__], "is a file, not a folder; choose another --out"),
     (["list", "extra"], "jaxattn list: error: unrecognized arguments: extra (see `jaxattn list"),
     (["doctor", "--bogus"], "jaxattn doctor: error: unrecognized arguments: --bogus (see "
      "`jaxattn doctor --help`)"),

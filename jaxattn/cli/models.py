@@ -15,9 +15,11 @@ DTYPES = declared("jaxattn.experiments.loop_grid", "DTYPES", keys=True)
 TOKENS = declared("jaxattn.experiments.loop_runner", "TOKENS")
 WEIGHTS = declared("jaxattn.models._loop", "WEIGHTS")
 
-#: Flags of a single loop that `--grid` does not take.
+#: Flags of a single loop that `--grid` does not take (it runs every weight kind, with
+#: and without FFN, in one go).
 NOT_GRID = {"resume": "--resume", "text": "--text", "save_states": "--save-states",
-            "pad": "--pad"}
+            "pad": "--pad", "weights": "--weights", "no_ffn": "--no-ffn",
+            "chunk_passes": "--chunk-passes"}
 
 
 def _depths(text: str) -> list[int]:
@@ -60,8 +62,10 @@ def _loop(args: argparse.Namespace) -> int:
     refuse_first([
         *count_checks(args, {"--passes": 1, "--prompts": 1, "--tokens": 1, "--chunk-passes": 1}),
         (args.grid and single,
-         f"jaxattn loop: {next(iter(single), '')} applies to a single loop, not to --grid."),
+         f"{next(iter(single), '')} applies to a single loop, not to --grid (it runs every "
+         "weight kind with and without FFN)."),
     ])
+    args.weights = args.weights or "trained"
     if args.grid:
         return _grid(args)
     from .._artifacts.folders import read_json
@@ -75,7 +79,8 @@ def _loop(args: argparse.Namespace) -> int:
                 ffn=not args.no_ffn, prompts=args.prompts, tokens=args.tokens,
                 dtype=args.dtype, save_states=args.save_states, precision=args.precision,
                 text=args.text, pad=args.pad, resume=args.resume,
-                chunk_passes=args.chunk_passes, progress=not args.no_progress,
+                progress=not args.no_progress,
+                **({} if args.chunk_passes is None else {"chunk_passes": args.chunk_passes}),
             )
     except ImportError as e:  # an optional package (tokenizers for --text)
         raise CLIError(str(e)) from None
@@ -129,9 +134,9 @@ def register(sub) -> None:
     p.add_argument("--model", required=True, help="(required) a model folder, a .gguf "
                    "file, a hub name, or (for random weights) a preset such as gpt2 or a "
                    "config.json")
-    p.add_argument("--weights", choices=WEIGHTS, default="trained",
+    p.add_argument("--weights", choices=WEIGHTS, default=None,
                    help="the model's own weights, one random draw, or a fresh draw before "
-                   "every pass (default: %(default)s)")
+                   "every pass (default: trained)")
     p.add_argument("--passes", type=int, default=20,
                    help="passes through the whole model (default: %(default)s)")
     p.add_argument("--no-ffn", action="store_true",
@@ -175,9 +180,9 @@ def register(sub) -> None:
                    help="continue the loop in --out from its last saved chunk, to the same "
                    "result as an uninterrupted run; its settings must be the same "
                    "(default: off)")
-    p.add_argument("--chunk-passes", type=int, default=10, metavar="K",
+    p.add_argument("--chunk-passes", type=int, default=None, metavar="K",
                    help="save E and the hidden state every K passes: what a kill can "
-                   "lose (default: %(default)s)")
+                   "lose (default: 10)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (default: a bar with the time left)")
     p.set_defaults(func=_loop)

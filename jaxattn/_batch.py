@@ -17,7 +17,7 @@ from ._dynamics import SelfAttentionDynamics
 from ._manifold import project
 from ._noise import check_noise, system_keys
 from ._stacked import first_model, stack_tokens
-from ._validate import as_float_array, check_tokens, check_tokens_now, is_concrete
+from ._validate import as_float_array, check_tokens, check_tokens_now, is_concrete, refuse_first
 
 
 def as_mesh(devices) -> Mesh | None:
@@ -102,15 +102,13 @@ def check_token_shape(
     """`x0` as a float array of shape `(..., n, d)` in the compute dtype, or an error."""
     d = dyn.dim if isinstance(dyn, SelfAttentionDynamics) else None
     x0 = as_float_array(x0, name) if d else x0
-    for bad, error, message in (
+    refuse_first((
         (d is None, TypeError,
          f"`dyn` must be a ja.SelfAttentionDynamics (the model), got {type(dyn).__name__}."),
         (d and (x0.ndim < 2 or x0.shape[-1] != d or x0.shape[-2] < 1), ValueError,
          f"`{name}` must have shape (..., n, d): n ≥ 1 tokens of the model's dimension "
          f"d={d}, got {jnp.shape(x0) if d else None}."),
-    ):
-        if bad:
-            raise error(message)
+    ))
     return x0.astype(jnp.result_type(x0.dtype, jnp.result_type(float)))
 
 
@@ -156,7 +154,7 @@ def check_shard(shard, dyn, one, devices, x0) -> str:
     tokens = shard == "tokens" and not stacked and x0.ndim >= 2
     count = as_mesh(1 if devices is None else devices).devices.size if tokens else 1
     n = x0.shape[-2] if tokens else 0
-    for bad, message in (
+    refuse_first((
         (not isinstance(shard, str) or shard not in SHARDS,
          f"`shard` must be one of {', '.join(map(repr, SHARDS))}, got {shard!r}."),
         (stacked and devices is not None, "`devices=` shards one model's batch: run a stacked "
@@ -165,9 +163,7 @@ def check_shard(shard, dyn, one, devices, x0) -> str:
                                         "model with shard='batch'."),
         (n % count, f"shard='tokens' splits the n={n} tokens over {count} devices: n must be "
                     f"a multiple of {count}; pick n or devices so."),
-    ):
-        if bad:
-            raise ValueError(message)
+    ))
     return shard
 
 

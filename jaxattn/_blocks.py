@@ -19,6 +19,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from ._kernel import AbstractKernel, as_kernel, static_part
 from ._precision import einsum
+from ._validate import refuse_first
 
 #: Score elements of one block pair (`h × block_q × block_k`) the automatic query
 #: block aims at: a few MB, so a block's scores, weights and products stay in cache.
@@ -119,11 +120,9 @@ def use_flash(mode: str | None = None, **layout):
     """Within the block, `blocked_attention` takes the flash kernel per `mode` (see
     `_FLASH`) with its layout changed (`block_q`, `block_k`, `num_warps`)."""
     unknown = sorted(set(layout) - {"block_q", "block_k", "num_warps"})
-    for bad, message in ((mode is not None and mode not in FLASH_MODES,
+    refuse_first(((mode is not None and mode not in FLASH_MODES,
                           f"`mode` must be one of {FLASH_MODES}, got {mode!r}."),
-                         (unknown, f"unknown flash layout field {', '.join(map(repr, unknown))}.")):
-        if bad:
-            raise ValueError(message)
+                         (unknown, f"unknown flash layout field {', '.join(map(repr, unknown))}.")))
     _FLASH.append({**_FLASH[-1], **layout, **({"mode": mode} if mode else {})})
     try:
         yield dict(_FLASH[-1])

@@ -25,6 +25,7 @@ from ._validate import (
     check_metric,
     check_scalar,
     is_concrete,
+    refuse_first,
 )
 
 _Weights = Float[Array, "h a b"] | AbstractSchedule
@@ -151,16 +152,14 @@ class SelfAttentionDynamics(eqx.Module):
             problem = _factor_problem(schedule_shape(self.Q, "Q"), schedule_shape(self.K, "K"),
                                       h, d)
         mask = self.mask
-        for bad, error, message in (
+        refuse_first((
             (problem is not None, ValueError, problem),
             (mask is not None and mask.dtype != bool, TypeError, "`mask` must be a boolean (n, n) "
              f"array (True = attends), got dtype {getattr(mask, 'dtype', None)}; pass "
              "mask.astype(bool)."),
             (mask is not None and (mask.ndim != 2 or mask.shape[:1] != mask.shape[1:]), ValueError,
              f"`mask` must be a boolean (n, n) array, got shape {getattr(mask, 'shape', None)}."),
-        ):
-            if bad:
-                raise error(message)
+        ))
         if self.W is not None:
             check_metric(self.W, d)
 

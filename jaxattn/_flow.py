@@ -34,6 +34,7 @@ from ._validate import (
     check_flag,
     check_scalar,
     is_concrete,
+    refuse_first,
     surface_errors,
 )
 
@@ -162,7 +163,7 @@ def solve_flow(
     member = as_strategy(strategy)
     fused = member is not None and member.fused
     span = _span(ts) if noise is not None and dt0 is None else 0
-    for bad, error, message in (
+    refuse_first((
         ((noise is not None or solution) and x0.size == 0, ValueError,
          f"`{'noise=' if noise is not None else 'solution=True'}` needs at least one "
          "sequence in `x0`."),
@@ -181,9 +182,7 @@ def solve_flow(
         (fused and event is not None, ValueError,
          "`event=` stops each sample on its own: use strategy=\"general\" or \"auto\" (the "
          "fused path shares one run over the batch)."),
-    ):
-        if bad:
-            raise error(message)
+    ))
     if noise is not None:
         solver = noise.default_solver if solver is None else solver
         dt0 = span / NOISY_STEPS if dt0 is None else dt0
@@ -307,7 +306,7 @@ def _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoin
         stepsize_controller is None and not isinstance(solver, dfx.AbstractAdaptiveSolver))
     ts = as_float_array(ts, "ts")
     tn = np.asarray(ts).ravel() if is_concrete(ts) else None
-    for bad, error, message in (
+    refuse_first((
         (not isinstance(solver, dfx.AbstractSolver), TypeError,
          f"`solver` must be a diffrax solver, got {type(solver).__name__}."),
         (not isinstance(stepsize_controller, dfx.AbstractStepSizeController | None), TypeError,
@@ -324,9 +323,7 @@ def _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoin
         (tn is not None and not np.all(np.isfinite(tn)), ValueError, "`ts` must be finite."),
         (tn is not None and np.any(np.diff(tn) < 0), ValueError,
          "`ts` must be nondecreasing (the flow is integrated forwards)."),
-    ):
-        if bad:
-            raise error(message)
+    ))
     max_steps = check_count(max_steps, "max_steps", minimum=1)
     if stepsize_controller is not None:
         controller = stepsize_controller

@@ -14,7 +14,14 @@ from ._dynamics import SelfAttentionDynamics
 from ._noise import AbstractNoise
 from ._stacked import first_model, stack_tokens
 from ._strategy import AbstractStrategy, choose_strategy
-from ._validate import NONFINITE, check_count, check_scalar, raise_unless, surface_errors
+from ._validate import (
+    NONFINITE,
+    check_count,
+    check_scalar,
+    raise_unless,
+    refuse_first,
+    surface_errors,
+)
 
 
 def _identity(x):
@@ -109,15 +116,13 @@ def run_layers(
     """
     num_layers = check_count(num_layers, "num_layers")
     count = isinstance(checkpoints, int | np.integer) and not isinstance(checkpoints, bool)
-    for bad, error, message in (
+    refuse_first((
         (not (checkpoints is None or checkpoints == "sqrt" or count and checkpoints >= 1),
          ValueError, f"`checkpoints` must be None, a positive int or \"sqrt\", got "
                      f"{checkpoints!r}."),
         (not callable(observe) and observe is not None, TypeError,
          f"`observe` must be a function of (n, d) tokens, got {observe!r}."),
-    ):
-        if bad:
-            raise error(message)
+    ))
     checkpoints = int(checkpoints) if count else checkpoints
     observe = _identity if observe is None else observe
     dtype = jnp.result_type(float)  # τ = 1e40 is inf in float32, 1e-50 is 0

@@ -22,7 +22,7 @@ from ._manifold import project, tangent
 from ._precision import einsum
 from ._schedule import AbstractSchedule
 from ._stacked import map_systems
-from ._validate import check_final, check_scalar
+from ._validate import check_final, check_scalar, refuse_first
 
 #: The Brownian tree's tolerance: its path is exact at every time on a grid this
 #: fine, whatever step the solver takes (keep `dt0` well above it).
@@ -139,7 +139,7 @@ def check_noise(noise, key, *, shard="batch"):
     array = hasattr(key, "dtype")
     typed = array and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     one_key = array and key.shape == (() if typed else (2,)) and (typed or key.dtype == jnp.uint32)
-    for bad, error, message in (
+    refuse_first((
         (noise is None, ValueError, "`key=` draws the noise: pass `noise=ja.TokenNoise(sigma)` "
          "or `ja.ValueNoise(sigma)`, or drop `key`."),
         (not isinstance(noise, AbstractNoise), TypeError, "`noise` must be ja.TokenNoise(sigma) "
@@ -150,9 +150,7 @@ def check_noise(noise, key, *, shard="batch"):
                                    else f"{type(key).__name__}.")),
         (shard != "batch", ValueError, "noise splits systems over devices (shard=\"batch\"), not "
          "one system's tokens: drop shard=\"tokens\"."),
-    ):
-        if bad:
-            raise error(message)
+    ))
     return noise, key
 
 

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
 from ._ensemble import LastAxis, from_batch_last, in_chunks, is_batch_last
+from ._validate import refuse_first
 
 # One model's rank of each leaf of known role, by its path in the model.
 _TOP_RANK = {"W": 2, "beta": 0, "mask": 2}
@@ -97,15 +98,13 @@ def stack_tokens(dyn, x0) -> tuple:
     found = _batches(dyn)
     batch = found[0] if found else ()
     shape = tuple(jnp.shape(x0))
-    for bad, message in (
+    refuse_first((
         (len(found) > 1, f"a stacked model's leaves must share their batch axes, got {found}; "
                          "build it with eqx.filter_vmap(make_model)(keys)."),
         (batch and (len(shape) < len(batch) + 2 or shape[:len(batch)] != batch),
          f"a stacked model with batch axes {batch} runs tokens (*{batch}, ..., n, d), one "
          f"batch per model; got x0 of shape {shape}."),
-    ):
-        if bad:
-            raise ValueError(message)
+    ))
     if not batch:
         return dyn, x0, lambda tree: tree
     size = math.prod(batch)

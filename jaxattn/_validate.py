@@ -19,12 +19,13 @@ def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
-def refuse_first(refusals) -> None:
-    """Refuse the first of `refusals`, `(wrong, line)` pairs checked in order, whose
-    `wrong` holds: a one-line `ValueError`."""
-    for wrong, line in refusals:
+def refuse_first(refusals, error: type[Exception] = ValueError) -> None:
+    """Refuse the first of `refusals` whose `wrong` holds, in order: rows `(wrong, line)`
+    raise `error(line)`, rows `(wrong, error_type, line)` their own type. The one
+    form of an entry point's table of one-line refusals."""
+    for wrong, *kind, line in refusals:
         if wrong:
-            raise ValueError(line)
+            raise (kind[0] if kind else error)(line)
 
 
 def check_final(cls: type, base: type) -> None:

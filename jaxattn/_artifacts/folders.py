@@ -24,7 +24,7 @@ import numpy as np
 
 from .._files import atomic_write, umask
 from .._process.determinism import is_deterministic
-from .._validate import SimulationError
+from .._validate import SimulationError, refuse_first
 from . import figures
 
 INCOMPLETE = "INCOMPLETE"
@@ -115,14 +115,12 @@ def folder_path(name: str, out: str | os.PathLike | None = None, *,
     """`out`, or a new `runs/NAME/<timestamp>/` when `out` is not given; an empty
     `out` (which would be the current directory) is a `RunFolderError`, and so is
     `resume` without `out` (a `ValueError`: the arguments are refused)."""
-    for bad, error, message in (
+    refuse_first((
         (resume and out is None, ValueError,
          "--resume needs --out DIR: the folder of the run to continue."),
         (out is not None and not str(out).strip(), RunFolderError,
          "--out is empty; name the run folder (e.g. --out runs/mine)."),
-    ):
-        if bad:
-            raise error(message)
+    ))
     if out is not None:
         return Path(out)
     return Path("runs") / name / _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
@@ -177,14 +175,12 @@ def check_writable_place(path: Path) -> None:
     directory, any user's files) or that this process may not write."""
     with os_errors(path, "read"):
         foreign = path.is_dir() and not written_by_jaxattn(path)
-    for bad, message in (
+    refuse_first((
         (foreign, f"{path} holds files jaxattn did not write; a run writes only into a new "
                   "or empty folder or its own (choose another --out)."),
         (path.is_dir() and not os.access(path, os.W_OK | os.X_OK),
          f"cannot write the run folder {path}: permission denied."),
-    ):
-        if bad:
-            raise RunFolderError(message)
+    ), RunFolderError)
 
 
 @contextlib.contextmanager
@@ -408,15 +404,13 @@ def open_run_folder(path, kind: str = "run", needs: tuple[str, ...] = ()) -> Pat
     files = (KINDS[kind], "summary.json", *needs)
     missing = [name for name in files if not (path / name).exists()]
     ids = [read_settings(path / name).get("run_id") for name in files[:2]]
-    for bad, message in (
+    refuse_first((
         (not path.is_dir(), f"{path} is not a {kind} folder (no such directory)."),
         ((path / INCOMPLETE).exists(), f"{path} {_UNFINISHED[kind]}"),
         (missing, f"{path} has no {', '.join(missing)}; it is not a finished jaxattn {kind}."),
         (ids[0] != ids[1], f"{path} mixes two {kind}s ({files[0]} and summary.json have run "
                            f"ids {ids[0]} and {ids[1]}); re-run it into a new folder."),
-    ):
-        if bad:
-            raise RunFolderError(message)
+    ), RunFolderError)
     return path
 
 

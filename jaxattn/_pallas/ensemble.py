@@ -19,6 +19,7 @@ from jax import lax
 from jaxtyping import Array, Float, PyTree
 
 from .._ensemble import LastAxis, is_batch_last
+from .._validate import refuse_first
 from .call import pallas_run, power_of_two
 from .lanes import Lanes, evaluate, objects, trace
 
@@ -37,15 +38,13 @@ class KernelConfig:
     backend: str = "triton"
 
     def __post_init__(self):
-        for refused, message in (
+        refuse_first((
                 (not power_of_two(self.block),
                  f"`block` must be a power of two, got {self.block!r}."),
                 (not (isinstance(self.num_warps, int) and self.num_warps >= 1),
                  f"`num_warps` must be a positive int, got {self.num_warps!r}."),
                 (self.backend not in BACKENDS,
-                 f"`backend` must be one of {BACKENDS}, got {self.backend!r}.")):
-            if refused:
-                raise ValueError(message)
+                 f"`backend` must be one of {BACKENDS}, got {self.backend!r}.")))
 
 
 _CONFIG = [KernelConfig()]

@@ -18,6 +18,7 @@ from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
 from .._kernel import AbstractKernel, as_kernel
+from .._validate import refuse_first
 from .call import pallas_run, power_of_two
 
 
@@ -277,9 +278,7 @@ def _checked(q, k, v, offset, kernel, causal, window, block_q, block_k, num_warp
          f"{k.shape}, {v.shape}."),
         (not kernel.flash, f"the attention kernel runs softmax and pointwise kernels (exp, "
                            f"usa, sigmoid, …); got {kernel.name!r}: use the blocked XLA path.")]
-    for refused, message in refusals:
-        if refused:
-            raise ValueError(message)
+    refuse_first(refusals)
     spec = _Spec(kernel, (type(kernel), kernel.name), bool(causal), window, int(block_q),
                  int(block_k), int(num_warps))
     dtype = jnp.result_type(q, k, v)

@@ -17,7 +17,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from .._batch import as_mesh
-from .._validate import SimulationError
+from .._validate import SimulationError, refuse_first
 
 #: The statuses of a finished run: 0, or 3 (`jaxattn run`: its verdict disagrees).
 FINISHED = (0, 3)
@@ -40,7 +40,7 @@ class ProcessLost(DistributedError, SimulationError):
 def check_flags(coordinator=None, num_processes=None, process_id=None, *, devices=None) -> None:
     """Refuse, in one line, flags that cannot make a distributed run: before any work."""
     host, _, port = (coordinator or "").rpartition(":")
-    for wrong, line in (
+    refuse_first((
         (devices is not None, "--distributed shards over every process's devices; drop "
          "--devices (each process uses all of its own)."),
         (coordinator is not None and not (host and port.isdigit()),
@@ -52,9 +52,7 @@ def check_flags(coordinator=None, num_processes=None, process_id=None, *, device
         (None not in (num_processes, process_id) and process_id >= num_processes,
          f"--process-id {process_id} is not below --num-processes {num_processes}; "
          "the processes are numbered 0 … N-1."),
-    ):
-        if wrong:
-            raise DistributedError(line)
+    ), DistributedError)
 
 
 def initialize(coordinator=None, num_processes=None, process_id=None, *,

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._artifacts import figures
-from .._validate import check_count
+from .._validate import check_count, refuse_first
 from ..models import (
     ALIASES,
     PACKAGED,
@@ -38,15 +38,13 @@ def check_sizes(passes, prompts: int, tokens: int, dtype: str, weights=WEIGHTS, 
     for name, value in (("--passes", passes), ("--prompts", prompts), ("--tokens", tokens)):
         check_count(value, name, 1)
     kinds = (weights,) if isinstance(weights, str) else tuple(weights)
-    for bad, message in (
+    refuse_first((
         (dtype not in DTYPES, f"--dtype must be one of {list(DTYPES)}, got {dtype!r}."),
         (not kinds or not set(kinds) <= set(WEIGHTS),
          f"--weights must be one or more of {WEIGHTS}, got {weights!r}."),
         (pad is not None and text is None,
          "--pad applies to --text prompts; random prompts have --tokens ids."),
-    ):
-        if bad:
-            raise ValueError(message)
+    ))
 
 
 def prompt_ids(vocab_size: int, prompts: int, tokens: int, seed: int) -> np.ndarray:

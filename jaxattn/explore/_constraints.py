@@ -13,6 +13,7 @@ from .._manifold import project, w_inner
 from .._precision import einsum, matmul
 from .._programs import kept_jit
 from .._schedule import Constant
+from .._validate import refuse_first
 
 _NORMS = (None, "spectral", "frobenius")
 _FIELDS = ("P", "Q", "K", "U")
@@ -78,9 +79,7 @@ class Constraints(eqx.Module):
             (self.hemisphere is not None and not 0 <= self.margin < 1,
              f"`margin` must be in [0, 1), got {self.margin}."),
         )
-        for bad, message in checks:
-            if bad:
-                raise ValueError(message)
+        refuse_first(checks)
 
     def bound_of(self, name: str) -> float | None:
         if self.norm is None:

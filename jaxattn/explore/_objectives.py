@@ -19,7 +19,7 @@ from .._horizon import Horizon
 from .._layers import run_layers_unchecked
 from .._precision import einsum
 from .._programs import kept_jit
-from .._validate import check_count, surface_errors
+from .._validate import check_count, refuse_first, surface_errors
 from ..metrics import misalignment, pairwise_misalignment
 
 OBJECTIVES = ("pairwise", "final", "integrated", "consensus_time", "lyapunov")
@@ -166,13 +166,11 @@ def make_trajectory(horizon, *, model="flow", saves=100, tau=0.1, adjoint="check
     """
     hz = Horizon(float(horizon))
     named = not isinstance(adjoint, dfx.AbstractAdjoint)
-    for bad, message in (
+    refuse_first((
         (model not in ("flow", "layers"), f"`model` must be 'flow' or 'layers', got {model!r}."),
         (named and adjoint not in tuple(_ADJOINTS), "`adjoint` must be 'checkpoint', "
          f"'backsolve' or a diffrax adjoint, got {adjoint!r}."),
-    ):
-        if bad:
-            raise ValueError(message)
+    ))
     saves = check_count(saves, "saves", 1)
     num_layers = hz.num_layers(float(tau))
     ts = jnp.asarray(hz.save_times(saves) if model == "flow" else hz.layer_times(float(tau)),

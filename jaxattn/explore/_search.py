@@ -25,7 +25,7 @@ from .._dynamics import SelfAttentionDynamics
 from .._horizon import Horizon
 from .._manifold import project, sample_ellipsoid, w_inner
 from .._programs import kept_jit
-from .._validate import check_count, surface_errors
+from .._validate import check_count, refuse_first, surface_errors
 from ..metrics import hemisphere
 from ._constraints import (
     Constraints,
@@ -416,9 +416,7 @@ def slow_consensus(
     restarts = check_count(restarts, "restarts", 1)
     steps = check_count(steps, "steps")
     baseline_samples = check_count(baseline_samples, "baseline_samples")
-    for bad, error, message in _refusals(dyn, init, n, target, restarts, constraints):
-        if bad:
-            raise error(message)
+    refuse_first(_refusals(dyn, init, n, target, restarts, constraints))
     traj = make_trajectory(horizon, model=model, saves=saves, tau=tau, adjoint=adjoint)
     start, loop = _make_loop(dyn, target=target, objective=objective, traj=traj,
                              optimizer=optimizer, constraints=constraints, log=log)

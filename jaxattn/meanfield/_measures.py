@@ -10,7 +10,7 @@ from jaxtyping import Array, Float
 
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
-from .._validate import check_count, check_scalar
+from .._validate import check_count, check_scalar, refuse_first
 from ._checks import check_beta, check_density, check_grid, check_memory
 from ._circle import Circle
 from ._grid import AbstractGrid
@@ -67,15 +67,13 @@ def density(grid: AbstractGrid, x: Float[Array, "n d"], *, smoothing: float = 0.
     except (TypeError, ValueError):
         x, numeric = np.zeros(()), False
     norms = np.linalg.norm(np.atleast_1d(x), axis=-1, keepdims=True)
-    for bad, error, message in (
+    refuse_first((
         (not numeric, TypeError, f"`x` must be an array of numbers, got {kind}."),
         (x.ndim != 2 or x.shape[-1] != grid.dim or x.shape[0] < 1, ValueError,
          f"`x` must be (n, {grid.dim}) points of S^{grid.dim - 1}, got shape {x.shape}."),
         (not np.all(np.isfinite(x)) or np.any(norms == 0), ValueError,
          "`x` must be finite and nonzero (points of the sphere)."),
-    ):
-        if bad:
-            raise error(message)
+    ))
     check_memory(16.0 * x.shape[0] * np.asarray(grid.degrees()).size,
                  f"density of {x.shape[0]} points (their modes; pass fewer points)")
     return _density(grid, x / norms, smoothing)
@@ -120,14 +118,12 @@ def free_energy(grid: AbstractGrid, mu: Float[Array, "*grid"], beta, coupling,
     """
     kernel = check_kernel(kernel)
     known = not isinstance(coupling, jax.core.Tracer)
-    for bad, message in (
+    refuse_first((
         (kernel.normalised, "free_energy: the softmax equation is not the gradient flow of a "
                             "free energy; use kernel='usa' or 'exp'."),
         (known and not np.all(np.isfinite(np.asarray(coupling, dtype=float))),
          f"`coupling` must be finite, got {coupling!r}."),
-    ):
-        if bad:
-            raise ValueError(message)
+    ))
     mu = check_density(grid, mu, strict=True)
     for name, value, positive in (("beta", beta, True), ("sigma", sigma, False)):
         if not isinstance(value, jax.core.Tracer):

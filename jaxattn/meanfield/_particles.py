@@ -20,7 +20,7 @@ from scipy import special
 from .._flow import CheckedTimes
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
-from .._validate import checked, checked_on_host, is_concrete
+from .._validate import checked, checked_on_host, is_concrete, refuse_first
 from ._circle import Circle
 from ._kernels import check_kernel
 
@@ -51,15 +51,13 @@ def circle_modes(beta: float, dtype=jnp.float64) -> int:
     scaled = special.ive(k, value if valid else 0.0)  # I_k(β) e^{−β}, no overflow
     tail = 2 * np.cumsum(scaled[::-1])[::-1]  # 2 Σ_{j ≥ k} I_j
     small = np.flatnonzero((tail <= eps * scaled[0]) & (k >= 1))
-    for bad, message in (
+    refuse_first((
         (traced, "`beta` is traced: pass `modes=` (e.g. circle_modes(β) at the value of β), "
                  "the truncation is read from β's value."),
         (not valid, f"`beta` must be finite and ≥ 0, got {beta!r}."),
         (small.size == 0, f"circle_modes: β = {beta!r} needs more than {MAX_MODES} Fourier "
                           "modes; the pairwise sum (ja.solve_flow) has no such limit."),
-    ):
-        if bad:
-            raise ValueError(message)
+    ))
     return int(small[0])
 
 
@@ -130,9 +128,7 @@ def _check(x, beta, coupling, modes, kernel, ts=None, solver=dfx.Tsit5()):
          f"`solver` must be an adaptive diffrax solver (error estimates for the step-size "
          f"controller), got {type(solver).__name__}."),
     ]
-    for bad, message in refusals:
-        if bad:
-            raise ValueError(message)
+    refuse_first(refusals)
     if modes is None:
         modes = circle_modes(beta, jnp.result_type(x, float))
     return x, int(modes), softmax

@@ -14,7 +14,7 @@ from jaxtyping import Array, Float
 from .._flow import CheckedTimes
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
-from .._validate import check_count, checked, surface_errors
+from .._validate import check_count, checked, refuse_first, surface_errors
 from ._checks import check_beta, check_density, check_size
 from ._etd import ETDRK4
 from ._grid import AbstractGrid
@@ -89,9 +89,7 @@ def _check(grid, mu0, ts, beta, coupling, sigma, dt0, kernel):
         refusals.append((known and not (math.isfinite(v) and within), ValueError,
                          f"`{name}` must be finite{' and ' + bound if bound else ''}"
                          f" (a real number), got {value!r}."))
-    for bad, error, message in refusals:
-        if bad:
-            raise error(message)
+    refuse_first(refusals)
     kernel = check_kernel(kernel)
     dtype = jnp.result_type(mu0, float)
     check_beta(grid, beta, kernel, dtype)

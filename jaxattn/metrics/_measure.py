@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._stacked import map_batch
-from .._validate import check_count
+from .._validate import check_count, refuse_first
 from ._consensus import _tokens
 
 
@@ -77,14 +77,12 @@ def sphere_density(
     cell boundaries.
     """
     x = _tokens(x, "sphere_density")
-    for bad, message in (
+    refuse_first((
         (x.shape[-1] != 3, f"sphere_density needs tokens in R³ for a map of S², got d = "
          f"{x.shape[-1]}; pass three coordinates, e.g. x @ V with V (d, 3)."),
         (not (isinstance(cells, tuple | list) and len(cells) == 2), f"sphere_density: `cells` "
          f"must be (bands, sectors), two whole numbers ≥ 1 such as (12, 24), got {cells!r}."),
-    ):
-        if bad:
-            raise ValueError(message)
+    ))
     bands = check_count(cells[0], "cells[0] (bands)", 1)
     sectors = check_count(cells[1], "cells[1] (sectors)", 1)
     n = x.shape[-2]

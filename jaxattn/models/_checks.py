@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
 
+from .._validate import refuse_first
 from ._arch import AbstractTransformer
 
 
@@ -26,7 +27,7 @@ def check_ids(model: AbstractTransformer, ids) -> Int[Array, "B n"]:
     integers = jnp.issubdtype(arr.dtype, jnp.integer)
     known = integers and isinstance(arr, np.ndarray) and arr.size > 0
     low, high = (arr.min(), arr.max()) if known else (0, 0)
-    for bad, error, message in (
+    refuse_first((
         (not integers, TypeError, f"token ids must be integers, got dtype {arr.dtype}."),
         (arr.ndim not in (1, 2) or n < 1, ValueError,
          f"token ids must be (n,) or (B, n) with n ≥ 1, got shape {shape}."),
@@ -36,9 +37,7 @@ def check_ids(model: AbstractTransformer, ids) -> Int[Array, "B n"]:
          f"{n} tokens exceed the model's {cfg.max_positions} learned positions."),
         (low < 0 or high >= cfg.vocab_size, ValueError, f"token ids must lie in "
          f"[0, {cfg.vocab_size}) (the vocabulary), got [{low}, {high}]."),
-    ):
-        if bad:
-            raise error(message)
+    ))
     if isinstance(arr, np.ndarray):  # cast on the host: no program to trace and lower
         return jax.device_put(arr.astype(np.int32).reshape(-1, n))
     return jnp.asarray(arr, jnp.int32).reshape(-1, n)

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from .._batch import as_mesh, shard_batch, unshard
 from .._precision import Precision, check_precision
 from .._programs import kept_jit
-from .._validate import check_count, check_flag, surface_errors
+from .._validate import check_count, check_flag, refuse_first, surface_errors
 from ..metrics import misalignment
 from ._arch import AbstractTransformer
 from ._arch._nn import accumulation_dtype, product
@@ -314,7 +314,7 @@ def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
     dtype = check_dtype(dtype)
     depths = tuple(int(d) for d in (save_states or ()))
     total = passes * model.num_layers
-    for bad, error, message in (
+    refuse_first((
         (weights not in WEIGHTS, ValueError,
          f"`weights` must be one of {WEIGHTS}, got {weights!r}."),
         (observe is not None and not callable(observe), TypeError,
@@ -324,9 +324,7 @@ def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
          "`observe`."),
         (any(not 0 <= d <= total for d in depths), ValueError,
          f"save_states depths must lie in [0, {total}], got {list(depths)}."),
-    ):
-        if bad:
-            raise error(message)
+    ))
     if weights == "trained":
         key = None  # drawn with nothing: no key, not even PRNGKey(0)'s own small program
     else:
@@ -523,14 +521,12 @@ def logits(
     """
     check_model(model)
     counts = _pass_counts(passes)
-    for bad, message in (
+    refuse_first((
         (model.head() is None, f"a {type(model).__name__} (an encoder) has no next-token "
          "head: logits need a decoder (GPT-2, GPT-Neo or a Llama)."),
         (counts is None, "`passes` must be an integer ≥ 1 or a non-empty sequence of them, "
          f"got {passes!r}."),
-    ):
-        if bad:
-            raise ValueError(message)
+    ))
     L = model.num_layers
     setup = setup_loop(model, ids, passes=max(counts), ffn=ffn, dtype=dtype,
                        save_states=[c * L for c in counts], devices=devices, chunk=chunk,

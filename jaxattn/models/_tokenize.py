@@ -12,7 +12,7 @@ from pathlib import Path
 import equinox
 import numpy as np
 
-from .._validate import check_count, check_flag
+from .._validate import check_count, check_flag, refuse_first
 from ._gguf import gguf_field, open_gguf
 from ._packaged import PACKAGED, installed_path
 
@@ -160,7 +160,7 @@ def tokenize(
     lengths = [len(e) for e in encoded]
     n = tokens if tokens is not None else min(lengths) if pad is None else max(lengths)
     short = [i for i, e in enumerate(encoded) if len(e) < n] or [lengths.index(min(lengths))]
-    for bad, error, message in (
+    refuse_first((
         (wrong_pad, ValueError if is_int(pad, -(1 << 62)) else TypeError,
          f'`pad` must be None, "auto" or a token id ≥ 0, got {pad!r}.'),
         (pad == "auto", ValueError, f"{source}'s tokenizer has no padding token "
@@ -171,9 +171,7 @@ def tokenize(
          f"prompt {short[0]} has {lengths[short[0]]} tokens, fewer than {n or 1}: give longer "
          "prompts, fewer tokens (`tokens`, --tokens; default: the shortest prompt's), or pad "
          "them (`pad`, --pad)."),
-    ):
-        if bad:
-            raise error(message)
+    ))
     if tokens is None and pad is None:
         _warn_cut(tok, encoded, n)
     ids = np.asarray([e[:n] + [pad] * (n - len(e[:n])) for e in encoded], np.int32)

@@ -13,7 +13,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from .._validate import check_count, check_seed
+from .._validate import check_count, check_seed, refuse_first
 from ..experiments import SWEEPABLE, Param, convert, get_experiment
 from ._instances import EXCLUDED
 
@@ -103,9 +103,7 @@ def check_spec(spec: SweepSpec) -> list[dict[str, Any]]:
     checks += [(not isinstance(values, (list, tuple)) or not values,
                 f"grid {k} needs a non-empty list of values, got {values!r}.")
                for k, values in spec.grid.items()]
-    for bad, message in checks:
-        if bad:
-            raise ValueError(message)
+    refuse_first(checks)
     fixed = {k: convert(params[k], v) for k, v in spec.set.items()}
     base = {p.name: p.default for p in params.values()} | fixed
     configs = [base | pt | {"seed": spec.seed} for pt in _points(spec, params)]
@@ -143,12 +141,10 @@ def read_spec(path) -> SweepSpec:
             f"cannot read the sweep spec {path}: {e.strerror or e}" if isinstance(e, OSError)
             else f"{path} is not valid {path.suffix.lstrip('.').upper()}: {e}")
     unknown = sorted(set(raw) - set(_SPEC_KEYS)) if isinstance(raw, dict) else []
-    for bad, message in (
+    refuse_first((
         (unreadable, unreadable),
         (not isinstance(raw, dict) or "experiment" not in raw,
          f"{path} must name an experiment (experiment = \"thm41-sphere\")."),
         (unknown, f"{path}: unknown key(s) {unknown}; a spec takes {list(_SPEC_KEYS)}."),
-    ):
-        if bad:
-            raise ValueError(message)
+    ))
     return SweepSpec(**raw)

@@ -20,6 +20,7 @@ from .._kernel import AbstractKernel
 from .._norm import AbstractNorm
 from .._programs import kept_jit
 from .._schedule import AbstractSchedule, PiecewiseConstant
+from .._validate import refuse_first
 from ._report import THEOREMS as THEOREMS
 from ._report import Check, Classification, TheoremReport
 
@@ -483,15 +484,13 @@ def classify(
     """
     times, why = _times(times)
     number = isinstance(tol, (int, float, np.floating, np.integer)) and not isinstance(tol, bool)
-    for bad, error, message in (
+    refuse_first((
         (not isinstance(dyn, SelfAttentionDynamics), TypeError,
          f"classify: `dyn` must be a ja.SelfAttentionDynamics, got {type(dyn).__name__}."),
         (why, ValueError, f"classify: `times` {why}"),
         (tol is not None and not (number and tol > 0), ValueError,
          f"classify: `tol` must be a number > 0, got {tol!r}."),
-    ):
-        if bad:
-            raise error(message)
+    ))
     m = _read(dyn, times)
     tol = default_tol(_weights_dtype(dyn), m.d) if tol is None else float(tol)
     builders = (_theorem_32, _theorem_41, _theorem_51, _theorem_52, _theorem_53)

@@ -24,7 +24,7 @@ from .._norm import BUILTIN as NORM_BUILTIN
 from .._norm import AbstractNorm, as_norm
 from .._programs import kept_jit
 from .._strategy import stepped
-from .._validate import is_concrete
+from .._validate import is_concrete, refuse_first
 
 #: The built-in kernels the reduction covers: weights `e^{β⟨x_i, x_j⟩}`, over `n` or
 #: normalised (`exponent_shift == 0`). Every placement is covered: each states its
@@ -92,9 +92,7 @@ def _check(n: int, beta: float = 0.0, norm: _Norm = "post", kernel: _Kernel = "s
          and np.any(np.diff(np.asarray(ts)) < 0),
          "`ts` must be nondecreasing (the reduced ODE is integrated forwards)."),
     )
-    for bad, message in refusals:
-        if bad:
-            raise ValueError(message)
+    refuse_first(refusals)
     return norm, kernel
 
 

@@ -120,7 +120,7 @@ def check_scalar(value, name: str, *, positive: bool = False, nonnegative: bool 
     info = jnp.finfo(dtype or np.float64)
     big, tiny = float(info.max), float(info.smallest_subnormal)
     now = shaped and not traced
-    for bad, error, message in (
+    refuse_first((bad, error, f"`{name}` {message}.") for bad, error, message in (
         (not is_real(arr.dtype), TypeError,
          f"must be a real number, got {f'a traced {arr.dtype}' if traced else repr(value)}"),
         (arr.ndim != 0, ValueError, f"must be a scalar, got shape {arr.shape}"),
@@ -133,9 +133,7 @@ def check_scalar(value, name: str, *, positive: bool = False, nonnegative: bool 
                                            "(jax_enable_x64)"),
         (now and positive and v < tiny, ValueError, f"= {v:g} is 0 in {info.dtype.name}; use "
                                                     "a larger value or float64 (jax_enable_x64)"),
-    ):
-        if bad:
-            raise error(f"`{name}` {message}.")
+    ))
     if traced:
         bad = ~jnp.isfinite(value)
         bad = bad | (value <= 0) if positive else bad | (value < 0) if nonnegative else bad
@@ -197,14 +195,12 @@ def check_sphere(beta, d, name: str = "beta") -> tuple[float, int]:
         value = float(beta)
     except (TypeError, ValueError):
         value = float("nan")
-    for bad, message in (
+    refuse_first((
         (isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 2,
          f"`d` must be an int ≥ 2 (tokens on the sphere S^(d-1)), got {d!r}."),
         (not (np.isfinite(value) and value > 0),
          f"`{name}` must be finite and > 0 (a real number), got {beta!r}."),
-    ):
-        if bad:
-            raise ValueError(message)
+    ))
     return value, int(d)
 
 

@@ -4,6 +4,7 @@ is built."""
 
 import equinox as eqx
 
+from .._validate import refuse_first
 from .base import AbstractKernel as AbstractKernel
 from .base import State as State
 from .check import check_kernel as check_kernel
@@ -26,16 +27,14 @@ def as_kernel(kernel, bias=None) -> AbstractKernel:
     bias=b`)."""
     named = isinstance(kernel, str) and kernel in BUILTIN
     member = isinstance(kernel, AbstractKernel)
-    for bad, message in (
+    refuse_first((
         (not (named or member), f"`kernel` must be one of {', '.join(map(repr, KERNELS))} or "
                                 f"a ja.AbstractKernel (e.g. ja.Softmax()), got {kernel!r}."),
         (named and bias is not None and kernel != "sigmoid",
          f"`bias` is the sigmoid's b: it needs kernel='sigmoid', got kernel={kernel!r}."),
         (member and bias is not None, "`bias` goes into the kernel: pass "
                                       "kernel=ja.Sigmoid(bias=b) and no `bias=`."),
-    ):
-        if bad:
-            raise ValueError(message)
+    ))
     if member:
         return kernel
     return BUILTIN[kernel]() if bias is None else Sigmoid(bias)

@@ -17,6 +17,7 @@ import numpy as np
 from jax import lax
 
 from .._ensemble import CALLS, AbstractValues, interpret, round_operand
+from .._validate import refuse_first
 
 
 class KernelUnsupported(ValueError):
@@ -306,14 +307,13 @@ def _random_bits(eqn, ins, lanes, bit_width, shape):
     """`jax.random.bits` of a threefry key (partitionable counters: the row-major index
     as high and low words)."""
     key, = ins
-    for refused, message in (
+    refuse_first(((refused, f"strategy='kernel' {message}") for refused, message in (
             (key.data.shape != (2,), "draws from one key per system."),
             # JAX's default, and the only mode once the flag is gone.
             (not getattr(jax.config, "jax_threefry_partitionable", True),
              "draws noise with jax_threefry_partitionable=True (JAX's default)."),
-            (bit_width not in (32, 64), f"draws 32- or 64-bit noise, not {bit_width}-bit.")):
-        if refused:
-            raise KernelUnsupported(f"strategy='kernel' {message}")
+            (bit_width not in (32, 64), f"draws 32- or 64-bit noise, not {bit_width}-bit."))),
+        KernelUnsupported)
     k1, k2 = key.data
     out = np.empty(tuple(shape), object)
     for i, idx in enumerate(np.ndindex(tuple(shape))):

@@ -10,7 +10,7 @@ import numpy as np
 from scipy.special import ive
 
 from .._kernel import AbstractKernel
-from .._validate import machine_memory
+from .._validate import machine_memory, refuse_first
 from ._grid import AbstractGrid
 
 #: The largest first dropped Funk–Hecke multiplier of the kernel `e^{βt}`, relative to
@@ -48,7 +48,7 @@ def check_density(grid, mu, name: str = "mu", *, strict: bool = False, signed: b
     low, finite, density = values.min(), bool(np.all(np.isfinite(values))), not signed
     fix = (": pass a probability density on the grid (e.g. ja.meanfield.uniform(grid) or "
            "density(grid, x, smoothing=…)).")
-    for bad, error, message in (
+    refuse_first((bad, error, f"`{name}` {message}") for bad, error, message in (
         (not real, TypeError, f"must be a real array of densities on the grid, got "
          f"{type(mu).__name__ if arr is None else arr.dtype}."),
         (real and arr.shape != shape, ValueError, f"must be a density on the grid, shape "
@@ -58,9 +58,7 @@ def check_density(grid, mu, name: str = "mu", *, strict: bool = False, signed: b
          f"{low:g}" + fix),
         (density and low < 0, ValueError, f"must be ≥ 0, its minimum is {low:g}" + fix),
         (density and not mass > 0, ValueError, f"must have a positive mass, got {mass:g}" + fix),
-    ):
-        if bad:
-            raise error(f"`{name}` {message}")
+    ))
     return arr
 
 

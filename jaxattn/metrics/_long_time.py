@@ -22,7 +22,7 @@ from jaxtyping import Array, Float
 
 from .._precision import einsum
 from .._programs import kept_jit
-from .._validate import SimulationError, check_count, check_scalar
+from .._validate import SimulationError, check_count, check_scalar, refuse_first
 from ._consensus import cluster_labels
 
 
@@ -224,15 +224,13 @@ def rescaled_flow(x0: Float[Array, "n d"], beta: float, ts, *, eps: float,
     segment's).
     """
     ts = np.asarray(ts, float)
-    for bad, message in (
+    refuse_first((bad, f"rescaled_flow needs {message}.") for bad, message in (
         (not (ts[0] == 0 and np.all(np.diff(ts) > 0) and np.isfinite(ts[-1])),
          "finite save times increasing from 0"),
         (not 0 < snap < eps, f"0 < snap < eps, got {snap!r} and {eps!r}"),
         (not 0 < rtol <= snap / 1000 * (1 + 1e-9),
          f"0 < rtol ≤ snap/1000 = {snap / 1000:g}, got {rtol!r}"),
-    ):
-        if bad:
-            raise ValueError(f"rescaled_flow needs {message}.")
+    ))
     x = np.array(x0, float)
     x /= np.linalg.norm(x, axis=-1, keepdims=True)
     n = len(x)

@@ -5,6 +5,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._validate import refuse_first
+
 
 class Staircase(NamedTuple):
     """Plateaus and jumps of a curve over save times (`plateaus`)."""
@@ -38,14 +40,12 @@ def plateaus(ts, values, jump: float) -> Staircase:
     ts, values = np.asarray(ts, float), np.asarray(values, float)
     same = ts.ndim == 1 and ts.shape == values.shape
     keep = np.isfinite(ts) & np.isfinite(values) if same else np.zeros(0, bool)
-    for bad, message in (
+    refuse_first((
         (not same, f"plateaus needs `ts` and `values` of one shape (T,), got {ts.shape} and "
                    f"{values.shape}."),
         (not jump > 0, f"`jump` must be > 0, got {jump!r}."),
         (not keep.any(), "plateaus needs at least one finite save."),
-    ):
-        if bad:
-            raise ValueError(message)
+    ))
     ts, values = ts[keep], values[keep]
     moving = np.abs(np.diff(values)) > jump
     cuts = np.flatnonzero(np.diff(np.concatenate([[0], moving.astype(int), [0]])))

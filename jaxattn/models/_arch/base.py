@@ -13,6 +13,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from ..._precision import Precision
+from ..._validate import refuse_first
 from .._tokenize import detokenize, tokenize
 from ._nn import (
     MLP,
@@ -125,15 +126,13 @@ def load_attention(cfg: TransformerConfig, src, names, bias: bool = True,
 def check_sizes(cfg: TransformerConfig) -> TransformerConfig:
     """`ValueError` for head counts that do not divide the sizes (each size itself
     was checked in `config.json`)."""
-    for bad, message in (
+    refuse_first((bad, f"config: {message}.") for bad, message in (
         (cfg.head_dim is None and cfg.hidden_size % cfg.num_heads,
          f"hidden size {cfg.hidden_size} is not a multiple of the {cfg.num_heads} attention "
          "heads"),
         (cfg.num_heads % cfg.kv_heads, f"{cfg.num_heads} attention heads are not a multiple "
          f"of the {cfg.kv_heads} key-value heads"),
-    ):
-        if bad:
-            raise ValueError(f"config: {message}.")
+    ))
     return cfg
 
 

@@ -241,7 +241,7 @@ class SelfAttentionDynamics(eqx.Module):
                        f"got {x.shape}.{hint}")
         elif self.mask is not None and self.mask.shape != (n, n):
             problem = (f"`mask` has shape {self.mask.shape} but there are n={n} tokens: pass "
-                       f"an ({n}, {n}) boolean mask.")
+                       f"a ({n}, {n}) boolean mask.")
         else:
             return
         raise ValueError(problem)

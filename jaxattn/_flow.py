@@ -29,6 +29,7 @@ from ._strategy.solve import ManifoldSolver as ManifoldSolver
 from ._strategy.solve import UserEvent
 from ._strategy.stepping import DEFAULT_ROOT_FINDER, FROM_CONTROLLER
 from ._validate import (
+    INDEX_MAX,
     as_float_array,
     check_count,
     check_flag,
@@ -324,7 +325,7 @@ def _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoin
         (tn is not None and np.any(np.diff(tn) < 0), ValueError,
          "`ts` must be nondecreasing (the flow is integrated forwards)."),
     ))
-    max_steps = check_count(max_steps, "max_steps", minimum=1)
+    max_steps = check_count(max_steps, "max_steps", minimum=1, maximum=INDEX_MAX)
     if stepsize_controller is not None:
         controller = stepsize_controller
     elif isinstance(solver, dfx.AbstractAdaptiveSolver):

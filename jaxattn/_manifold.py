@@ -124,6 +124,7 @@ def sample_ellipsoid(
     An `(n, d)` array whose rows lie on `E_W`.
     """
     shape = (check_count(n, "n", 1), check_count(d, "d", 1))
+    W = None if W is None else check_metric(W, d)  # inside the program it is traced
     return _sample(key, W, shape=shape, dtype=jnp.result_type(float) if dtype is None else dtype)
 
 

@@ -54,6 +54,8 @@ def test_bad_metric(W, match):
             ja.normalize(jnp.ones((2, 3)), W)
         with pytest.raises(ValueError, match=match):
             ja.w_norm(jnp.ones((2, 3)), W)
+        with pytest.raises(ValueError, match=match):  # before: traced, unchecked, NaN
+            ja.sample_ellipsoid(jax.random.PRNGKey(0), 2, 3, W)
 
 
 @pytest.mark.parametrize("row, match", [(0.0, "is zero"), (jnp.nan, "NaN or inf")])
@@ -235,6 +237,9 @@ def test_bad_ts(key):
         ja.solve_flow(dyn, x0, jnp.array([0.0, 1.0]), solver="tsit5")
     with pytest.raises(ValueError, match="`max_steps` must be a whole number ≥ 1"):
         ja.solve_flow(dyn, x0, jnp.array([0.0, 1.0]), max_steps=0)
+    huge = r"`max_steps` must be a whole number in \[1, 2147483647\]"  # was JAX's overflow
+    with pytest.raises(ValueError, match=huge):
+        ja.solve_flow(dyn, x0, jnp.array([0.0, 1.0]), max_steps=10**12)
 
 
 @pytest.mark.slow  # runs a solver to its step limit

@@ -19,7 +19,7 @@ from .._horizon import Horizon
 from .._layers import run_layers_unchecked
 from .._precision import einsum
 from .._programs import kept_jit
-from .._validate import check_count, refuse_first, surface_errors
+from .._validate import check_count, check_scalar, refuse_first, surface_errors
 from ..metrics import misalignment, pairwise_misalignment
 
 OBJECTIVES = ("pairwise", "final", "integrated", "consensus_time", "lyapunov")
@@ -90,7 +90,10 @@ def builtin_objective(name: str, eps: float = 1e-4, width: float = 1.0) -> Calla
     if name not in OBJECTIVES:
         raise ValueError(f"unknown objective {name!r}: use one of {OBJECTIVES} or a function "
                          "(ts, ys[, dyn]) ↦ scalar.")
-    return _SoftTime(eps, width) if name == "consensus_time" else _BUILTINS[name]
+    if name != "consensus_time":
+        return _BUILTINS[name]
+    return _SoftTime(check_scalar(eps, "eps", positive=True),
+                     check_scalar(width, "width", positive=True))
 
 
 def as_objective(objective) -> tuple[Callable, bool]:
@@ -210,6 +213,8 @@ def _objective(dyn, x0, fn, traj: Trajectory, grad: bool = False):
     """The objective of one start, or with `grad` its gradient in `x0`: concrete tokens
     checked here (the program holds no check), traced ones inside the program."""
     x0 = check_token_shape(dyn, x0)
+    refuse_first([(x0.ndim != 2, f"`x0` must be one sequence of tokens (n, d), got shape "
+                                 f"{x0.shape}; use jax.vmap for a batch.")])
     return call_batched(_objective_jit, dyn, x0, None, fn, traj, grad=grad)[0]
 
 

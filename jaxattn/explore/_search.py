@@ -25,7 +25,7 @@ from .._dynamics import SelfAttentionDynamics
 from .._horizon import Horizon
 from .._manifold import project, sample_ellipsoid, w_inner
 from .._programs import kept_jit
-from .._validate import check_count, refuse_first, surface_errors
+from .._validate import check_count, check_scalar, is_concrete, refuse_first, surface_errors
 from ..metrics import hemisphere
 from ._constraints import (
     Constraints,
@@ -324,7 +324,7 @@ def _check_backsolve(loop: _Loop, x, w, rtol: float) -> None:
 # --- the entry point ----------------------------------------------------------------
 
 
-def _refusals(dyn, init, n, target, restarts, constraints):
+def _refusals(dyn, init, n, target, restarts, constraints, optimizer):
     """Why `slow_consensus` refuses the request, as `(bad, error, message)`, each read
     once those before it hold."""
     yield (not isinstance(dyn, SelfAttentionDynamics), TypeError,
@@ -337,6 +337,14 @@ def _refusals(dyn, init, n, target, restarts, constraints):
                                   or len(shape) == 3 and shape[0] != restarts), ValueError,
            f"`init` tokens must be (n, d) or (restarts={restarts}, n, d) with d={dyn.dim}, "
            f"got {shape}.")
+    yield (shape is not None and is_concrete(init) and not np.all(np.isfinite(init)),
+           ValueError, "`init` tokens contain NaN or inf; pass finite tokens.")
+    yield (optimizer is not None
+           and not isinstance(optimizer, optax.GradientTransformation | NamedOptimizer),
+           TypeError, "`optimizer` must be an optax transformation (e.g. optax.adam(0.02)) or "
+           f"a NamedOptimizer, got {type(optimizer).__name__}.")
+    yield (constraints is not None and not isinstance(constraints, Constraints), TypeError,
+           f"`constraints` must be a ja.explore.Constraints, got {type(constraints).__name__}.")
     if target != "tokens":
         refusals = weight_refusals(dyn, constraints or Constraints())
         yield from ((bad, ValueError, message) for bad, message in refusals)
@@ -416,7 +424,9 @@ def slow_consensus(
     restarts = check_count(restarts, "restarts", 1)
     steps = check_count(steps, "steps")
     baseline_samples = check_count(baseline_samples, "baseline_samples")
-    refuse_first(_refusals(dyn, init, n, target, restarts, constraints))
+    refuse_first(_refusals(dyn, init, n, target, restarts, constraints, optimizer))
+    weight_noise = check_scalar(weight_noise, "weight_noise", nonnegative=True)
+    adjoint_rtol = check_scalar(adjoint_rtol, "adjoint_rtol", positive=True)
     traj = make_trajectory(horizon, model=model, saves=saves, tau=tau, adjoint=adjoint)
     start, loop = _make_loop(dyn, target=target, objective=objective, traj=traj,
                              optimizer=optimizer, constraints=constraints, log=log)

@@ -246,6 +246,30 @@ def test_negative_steps_are_refused(key):
         E.stabilize_bipartite(w0, jnp.array([0.0, 1.0, 0.0]), n=4, m=2, steps=-1)
 
 
+@pytest.mark.parametrize("options, error, match", [
+    ({"optimizer": "adam"}, TypeError, "`optimizer` must be an optax transformation"),
+    ({"constraints": 3}, TypeError, "`constraints` must be a ja.explore.Constraints, got int"),
+    ({"weight_noise": -1.0}, ValueError, "`weight_noise` must be ≥ 0"),
+    ({"adjoint_rtol": 0.0}, ValueError, "`adjoint_rtol` must be > 0"),
+])
+def test_slow_consensus_refuses_before_any_work(key, options, error, match):
+    """Each was an AttributeError deep in the search, or accepted and meaningless."""
+    with pytest.raises(error, match=match):
+        E.slow_consensus(random_dynamics(key), init=key, n=3, steps=1, restarts=1, **options)
+
+
+def test_tokens_with_nan_and_batches_are_refused(key):
+    dyn = random_dynamics(key)
+    x0 = jnp.ones((4, 3)).at[1, 0].set(jnp.nan)
+    with pytest.raises(ValueError, match="`init` tokens contain NaN or inf"):  # was: a run
+        E.slow_consensus(dyn, init=x0, steps=1, restarts=1)
+    with pytest.raises(ValueError, match=r"`x0` must be one sequence of tokens \(n, d\), got "
+                                         r"shape \(1, 4, 3\); use jax.vmap"):  # was JAX's grad
+        E.compare_adjoints(dyn, jnp.ones((1, 4, 3)))
+    with pytest.raises(ValueError, match="`eps` must be > 0"):
+        E.builtin_objective("consensus_time", eps=-1.0)
+
+
 def test_the_default_objective_is_symmetric_and_the_baseline_median_is_reported(key):
     """slow_consensus maximises the pairwise misalignment by default (the same value
     whatever the tokens' order, unlike E against token 1), and reports the baseline's

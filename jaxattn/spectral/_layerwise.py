@@ -189,8 +189,8 @@ def steer(model_or_dyn, u: Float[Array, " d"], gamma: float, *, w=None, layer: i
     d = dyn.dim if dyn else model_or_dyn.config.hidden_size
     stack = dyn.U.values.shape[0] if dyn and isinstance(dyn.U, PiecewiseConstant) else None
     refuse_first([
-        *((v is not None and jnp.shape(v) != (d,),
-           f"steer: `{name}` must be a direction (d,) = ({d},), got shape {jnp.shape(v)}.")
+        *((v is not None and np.shape(v) != (d,),
+           f"steer: `{name}` must be a direction (d,) = ({d},), got shape {np.shape(v)}.")
           for name, v in (("u", u), ("w", w))),
         (stack is not None and not -stack <= layer < stack,
          f"steer: `layer` {layer} is not one of the {stack} layers of the dynamics' "

@@ -38,7 +38,8 @@ def binomial_error(p, n: int):
 
     **Arguments:**
 
-    - `p`: the observed share(s), in `[0, 1]`; any shape.
+    - `p`: the observed share(s), in `[0, 1]` (NaN where none was measured: its error
+      is NaN); any shape.
     - `n`: the number of trials behind each share, `≥ 1`.
 
     **Returns:**
@@ -46,7 +47,7 @@ def binomial_error(p, n: int):
     The standard error(s), the shape of `p`.
     """
     p = np.asarray(p, dtype=float)
-    refuse_first([(not np.all((p >= 0) & (p <= 1)),
+    refuse_first([(np.any((p < 0) | (p > 1)),  # a NaN share (none measured) gives NaN
                    f"binomial_error: `p` is a share: it must lie in [0, 1], got {p}.")])
     return np.sqrt(p * (1 - p) / check_count(n, "n", 1))
 

@@ -246,7 +246,7 @@ def test_window_statistics_flag_a_drift_and_a_slow_series(seed):
     (lambda: M.fit_slope([1.0, np.nan, 3.0], [2.0, 3.0, 4.0]), "needs finite `x`"),
     (lambda: M.fit_slope([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], se=[0.0, 1.0, 1.0]),
      r"every `se` finite and > 0 .* weighted=False"),
-    (lambda: M.binomial_error(1.5, 10), r"`p` is a share: it must lie in \[0, 1\]"),
+    (lambda: M.binomial_error([0.5, 1.5], 10), r"`p` is a share: it must lie in \[0, 1\]"),
     (lambda: M.binomial_error(0.5, 0), "`n` must be a whole number ≥ 1"),
     (lambda: M.autocorrelation_time(np.ones((3, 4))), r"one finite series .* shape \(3, 4\)"),
     (lambda: M.autocorrelation_time([1.0]), "at least two samples"),
@@ -260,6 +260,12 @@ def test_the_statistics_refuse_what_they_cannot_read(call, match):
     error, print LAPACK's complaints or return a silent NaN or inf."""
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_a_share_not_measured_has_no_error():
+    """antipodal's formation bars pass NaN for groups a size cannot form."""
+    se = M.binomial_error([0.25, np.nan], 4)
+    assert se[0] == pytest.approx(math.sqrt(0.25 * 0.75 / 4)) and math.isnan(se[1])
 
 
 def test_an_unweighted_fit_carries_a_nan_error_through():

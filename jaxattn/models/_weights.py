@@ -10,6 +10,7 @@ from jaxtyping import Array, Float
 
 from .._dynamics import SelfAttentionDynamics
 from .._precision import Precision, check_precision, einsum
+from .._validate import refuse_first
 from ._arch import AbstractTransformer
 from ._arch._nn import Attention
 from ._checks import check_model
@@ -49,6 +50,9 @@ def attention_weights(model: AbstractTransformer, layer: int) -> Attention:
 def value_output(attn: Attention, *, precision: Precision = "float32") -> Float[Array, "h d d"]:
     """`U_η = W_O^η W_V^η` for every head (key–value heads shared across a group),
     a product at `precision` (true float32 by default, see `jaxattn._precision`)."""
+    refuse_first([(not isinstance(attn, Attention), TypeError, "value_output takes a "
+                   f"ja.models.Attention (attention_weights(model, layer)), got "
+                   f"{type(attn).__name__}.")])
     group = attn.num_heads // attn.num_kv_heads
     value = jnp.repeat(attn.value, group, axis=0)
     return einsum("dhk,hke->hde", attn.output, value, precision=check_precision(precision))
@@ -96,9 +100,19 @@ def replace_attention(model: AbstractTransformer, layer: int, attn: Attention):
     """
     layer = _check_layer(model, layer)
     old = model.layer_block(layer).attn
-    shapes = jax.tree.map(jnp.shape, old)
-    if jax.tree.map(jnp.shape, attn) != shapes:
-        raise ValueError(f"replacement attention must have the shapes {shapes}.")
+    pairs = isinstance(attn, Attention) and [
+        (jax.tree_util.keystr(path), jnp.shape(a), jnp.shape(b)) for (path, a), b in zip(
+            jax.tree_util.tree_leaves_with_path(attn, is_leaf=lambda x: x is None),
+            jax.tree.leaves(old, is_leaf=lambda x: x is None))]
+    wrong = next(((name, a, b) for name, a, b in pairs or [] if a != b), None)
+    refuse_first([
+        (not isinstance(attn, Attention), TypeError, "replace_attention takes a "
+         f"ja.models.Attention (e.g. attention_weights(model, {layer})), got "
+         f"{type(attn).__name__}."),
+        (wrong is not None, f"replace_attention: `attn{wrong and wrong[0]}` has shape "
+                            f"{wrong and wrong[1]}; layer {layer}'s has {wrong and wrong[2]} "
+                            "(a replacement keeps the shapes)."),
+    ])
     slot = model.slots[layer]
     new = jax.tree.map(lambda stacked, a: stacked.at[slot].set(a), model.blocks.attn, attn)
     return eqx.tree_at(lambda m: m.blocks.attn, model, new)

@@ -72,10 +72,14 @@ def _propagate(model_or_dyn, layers, x0, tau):
     layer matrices, and the normalised input then the tokens after each layer in turn
     `(L + 1, B, n, d)`: one compiled program, reused (same shapes at every layer); the
     tokens on the host (NumPy: no program per slice)."""
+    refuse_first([
+        (layers is None and not isinstance(model_or_dyn, AbstractTransformer), TypeError,
+         "a ja.SelfAttentionDynamics has no depth of its own: pass `layers`, the layers to "
+         "run."),
+        (np.ndim(x0) != 3, f"`x0` must be a batch of sequences (B, n, d), got shape "
+                           f"{np.shape(x0)}; x0[None] for one sequence."),
+    ])
     if layers is None:
-        if not isinstance(model_or_dyn, AbstractTransformer):
-            raise TypeError("a ja.SelfAttentionDynamics has no depth of its own: pass "
-                            "`layers`, the layers to run.")
         layers = range(model_or_dyn.num_layers)
     layers = tuple(layers)
     dyns, Omegas = _layer_maps(model_or_dyn, layers or (0,))  # dyns[0] normalises

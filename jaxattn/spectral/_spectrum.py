@@ -120,6 +120,8 @@ def eigen_bases(spec: Spectrum) -> Float[Array, "d d 2"]:
 
     `(K, d, 2)` with `K = d` eigenvectors, in the order of `spec.eigenvalues`.
     """
+    refuse_first([(not isinstance(spec, Spectrum), TypeError, "eigen_bases takes a Spectrum "
+                   f"(ja.spectral.spectrum(Ω)), got {type(spec).__name__}.")])
     vecs = spec.eigenvectors.T
     return jax.vmap(orthonormal_pair)(jnp.real(vecs), jnp.imag(vecs))
 
@@ -237,8 +239,15 @@ def increment(
 
     `(Δ, p)`.
     """
+    _same_tokens("increment", x_before, x_after)
     diff = cosines(x_after, basis) - cosines(x_before, basis)
     return jnp.mean(diff), jnp.mean((diff > 0).astype(diff.dtype))
+
+
+def _same_tokens(where: str, x_before, x_after) -> None:
+    refuse_first([(np.shape(x_before) != np.shape(x_after), f"{where}: `x_before` and "
+                   f"`x_after` must be the same tokens before and after a layer, of one shape; "
+                   f"got {np.shape(x_before)} and {np.shape(x_after)}.")])
 
 
 class LayerAlignment(eqx.Module):
@@ -283,6 +292,7 @@ def layer_alignment(
 
     A `LayerAlignment`.
     """
+    _same_tokens("layer_alignment", x_before, x_after)
     before = cosines(x_before, spec.principal)
     after = cosines(x_after, spec.principal)
     diff = after - before

@@ -252,6 +252,13 @@ def test_replace_attention(key):
     assert float(jnp.abs(ja.models.attention_weights(a2, 2).query).max()) == 0  # shared
     with pytest.raises(ValueError, match="shapes"):
         ja.models.replace_attention(m, 0, ja.models.attention_weights(albert, 0))
+    with pytest.raises(ValueError, match=r"^replace_attention: `attn\.\w+` has shape \(.*\); "
+                                         r"layer 0's has \("):  # one line, not two pytrees
+        ja.models.replace_attention(m, 0, ja.models.attention_weights(albert, 0))
+    for call in (lambda: ja.models.replace_attention(m, 0, 3),
+                 lambda: ja.models.value_output(3)):  # was an AttributeError
+        with pytest.raises(TypeError, match="takes a ja.models.Attention"):
+            call()
 
 
 def test_layer_weights_albert_shared(key):

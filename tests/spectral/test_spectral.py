@@ -283,11 +283,22 @@ def test_layer_dynamics_keeps_the_models_variant(key):
      r"^steer: `u` must be a direction \(d,\) = \(3,\), got shape \(4,\)"),
     (lambda: steer(ja.spectral.oja_system(jnp.eye(3)), jnp.ones(3), 1.0, w=jnp.ones((3, 1))),
      r"^steer: `w` must be a direction"),
+    (lambda: ja.spectral.increment(jnp.ones((4, 3)), jnp.ones((4, 2)), jnp.ones(3)),
+     r"^increment: `x_before` and `x_after` must be the same tokens .* \(4, 3\) and \(4, 2\)"),
+    (lambda: ja.spectral.layer_alignment(jnp.ones((4, 3)), jnp.ones((5, 3)),
+                                         spectrum(jnp.eye(3))), r"^layer_alignment: `x_before`"),
+    (lambda: ja.spectral.run_model(ja.spectral.oja_system(jnp.eye(3)), jnp.ones((4, 3)),
+                                   layers=[0]), r"must be a batch of sequences \(B, n, d\)"),
 ])
 def test_bad_arguments_are_one_line_refusals(call, match):
     """Each was a JAX or opt_einsum error (or, for `m > n`, a silent wrong point)."""
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_eigen_bases_wants_a_spectrum():
+    with pytest.raises(TypeError, match=r"eigen_bases takes a Spectrum"):  # was AttributeError
+        ja.spectral.eigen_bases(jnp.eye(3))
 
 
 def test_steer_refuses_a_layer_past_the_stack(key):

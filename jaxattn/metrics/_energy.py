@@ -11,7 +11,7 @@ from jaxtyping import Array, Float
 
 from .._precision import einsum
 from .._programs import kept_jit
-from .._validate import as_float_array
+from .._validate import as_float_array, check_scalar, is_concrete, refuse_first
 from ._consensus import _tokens
 
 
@@ -39,9 +39,12 @@ def interaction_energy(x: Float[Array, "*batch n d"], beta, weights=None) -> Flo
     diff = x[..., :, None, :] - x[..., None, :, :]
     gap = -0.5 * jnp.sum(diff * diff, axis=-1)
     m = jnp.ones(x.shape[-2], x.dtype) if weights is None else jnp.asarray(weights, x.dtype)
-    if m.shape != x.shape[-2:-1]:
-        raise ValueError(f"`weights` must be one mass per token, shape {x.shape[-2:-1]}, "
-                         f"got {m.shape}.")
+    refuse_first([
+        (m.shape != x.shape[-2:-1], f"`weights` must be one mass per token, shape "
+                                    f"{x.shape[-2:-1]}, got {m.shape}."),
+        (is_concrete(m) and not (np.all(np.asarray(m) >= 0) and np.sum(np.asarray(m)) > 0),
+         "`weights` are the tokens' masses: each ≥ 0, and not all 0."),
+    ])
     mm = (m[:, None] * m[None, :]).reshape((1,) * (x.ndim - 2) + (m.size, m.size))
     pair = mm * jnp.exp(beta * gap)
     return jnp.sum(pair, axis=(-2, -1)) / jnp.sum(m) ** 2
@@ -116,5 +119,6 @@ def saddle_index(x: Float[Array, "n d"], beta, weights=None, rtol: float = 1e-8)
 
     The index, an int.
     """
+    rtol = check_scalar(rtol, "rtol", positive=True)
     lam = np.linalg.eigvalsh(np.asarray(tangent_hessian(x, beta, weights)))
     return int(np.sum(lam > rtol * np.max(np.abs(lam))))

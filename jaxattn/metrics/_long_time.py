@@ -230,6 +230,8 @@ def rescaled_flow(x0: Float[Array, "n d"], beta: float, ts, *, eps: float,
         (not 0 < snap < eps, f"0 < snap < eps, got {snap!r} and {eps!r}"),
         (not 0 < rtol <= snap / 1000 * (1 + 1e-9),
          f"0 < rtol ≤ snap/1000 = {snap / 1000:g}, got {rtol!r}"),
+        (not (isinstance(target, int | np.integer) and target >= 1),
+         f"a target cluster count `target` ≥ 1, got {target!r}"),
     ))
     x = np.array(x0, float)
     x /= np.linalg.norm(x, axis=-1, keepdims=True)

@@ -90,3 +90,12 @@ def test_bad_arguments_are_one_line():
         M.tangent_hessian(jnp.ones((2, 3, 2)), 1.0)
     with pytest.raises(ValueError, match="tokens of shape"):
         M.interaction_energy(jnp.ones(3), 1.0)
+    x = jnp.eye(3)[:2]
+    with pytest.raises(ValueError, match="masses: each ≥ 0, and not all 0"):  # was a number
+        M.interaction_energy(x, 1.0, jnp.array([1.0, -1.0]))
+    with pytest.raises(ValueError, match="masses: each ≥ 0, and not all 0"):  # was NaN
+        M.interaction_energy(x, 1.0, jnp.zeros(2))
+    with pytest.raises(ValueError, match="`rtol` must be > 0"):
+        M.saddle_index(x, 1.0, rtol=-1.0)
+    with pytest.raises(ValueError, match="target cluster count `target` ≥ 1, got 0"):
+        M.rescaled_flow(x, 1.0, np.array([0.0, 1.0]), eps=1e-3, target=0)

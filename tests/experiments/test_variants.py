@@ -369,7 +369,7 @@ def test_refusals_at_use_and_for_factors():
     with pytest.raises(ValueError, match="`K` \\(h, k, d\\) or \\(g, k, d\\)"):
         SAD.from_factors(jnp.ones((4, 2, 3)), jnp.ones((2, 1, 3)), U)
     dyn = SAD(U, U, mask=np.ones((4, 4), bool))
-    with pytest.raises(ValueError, match=r"n=5 tokens: pass an \(5, 5\) boolean mask"):
+    with pytest.raises(ValueError, match=r"n=5 tokens: pass a \(5, 5\) boolean mask"):
         dyn.layer(0.0, jnp.ones((5, 3)), 0.1)
     with pytest.raises(ValueError, match="keep-probability"):
         ja.random_mask(jax.random.PRNGKey(0), 4, 1.5)

@@ -47,8 +47,9 @@ def binomial_error(p, n: int):
     The standard error(s), the shape of `p`.
     """
     p = np.asarray(p, dtype=float)
-    refuse_first([(np.any((p < 0) | (p > 1)),  # a NaN share (none measured) gives NaN
-                   f"binomial_error: `p` is a share: it must lie in [0, 1], got {p}.")])
+    outside = next(iter(p[(p < 0) | (p > 1)]), None)  # a NaN share (none measured): NaN
+    refuse_first([(outside is not None, f"binomial_error: `p` is a share: it must lie in "
+                                        f"[0, 1], got {outside}.")])
     return np.sqrt(p * (1 - p) / check_count(n, "n", 1))
 
 
@@ -242,9 +243,10 @@ def block_means(r: np.ndarray, window: int, blocks: int) -> np.ndarray:
     The block means `(..., blocks)`, in time order.
     """
     r = np.asarray(r)
-    refuse_first([(not 1 <= blocks <= window <= r.shape[-1],
+    steps = r.shape[-1] if r.ndim else 0
+    refuse_first([(not 1 <= blocks <= window <= steps,
                    f"block_means needs 1 ≤ blocks ≤ window ≤ steps, got blocks={blocks}, "
-                   f"window={window}, steps={r.shape[-1] if r.ndim else None}.")])
+                   f"window={window}, steps={steps}.")])
     size = window // blocks
     tail = r[..., r.shape[-1] - size * blocks:]
     return tail.reshape(tail.shape[:-1] + (blocks, size)).mean(-1)

@@ -426,7 +426,7 @@ def slow_consensus(
     baseline_samples = check_count(baseline_samples, "baseline_samples")
     refuse_first(_refusals(dyn, init, n, target, restarts, constraints, optimizer))
     weight_noise = check_scalar(weight_noise, "weight_noise", nonnegative=True)
-    adjoint_rtol = check_scalar(adjoint_rtol, "adjoint_rtol", positive=True)
+    adjoint_rtol = check_scalar(adjoint_rtol, "adjoint_rtol", nonnegative=True)  # 0: any change
     traj = make_trajectory(horizon, model=model, saves=saves, tau=tau, adjoint=adjoint)
     start, loop = _make_loop(dyn, target=target, objective=objective, traj=traj,
                              optimizer=optimizer, constraints=constraints, log=log)

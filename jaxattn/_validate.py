@@ -211,10 +211,8 @@ INDEX_MAX = 2**31 - 1
 def check_metric(W, d: int | None = None, *, rtol: float = 1e-6) -> Float[Array, "d d"]:
     """`W` as a symmetric (to `rtol · max|W|`) positive-definite `(d, d)` array, or a
     `ValueError`."""
-    W = as_float_array(W, "W")
-    if W.ndim != 2 or W.shape[0] != W.shape[1]:
-        problem = f"`W` must be a square (d, d) matrix, got shape {W.shape}."
-    elif d is not None and W.shape[0] != d:
+    W = check_square(as_float_array(W, "W"), "W")
+    if d is not None and W.shape[0] != d:
         problem = (f"`W` has shape {W.shape} but the tokens have dimension d={d}; pass a "
                    f"({d}, {d}) metric.")
     else:
@@ -222,6 +220,16 @@ def check_metric(W, d: int | None = None, *, rtol: float = 1e-6) -> Float[Array,
     if problem:
         raise ValueError(problem)
     return W
+
+
+def check_square(M, name: str, where: str | None = None) -> Array:
+    """`M` as an array, or a one-line `ValueError` (naming `where`, the function, when
+    given) unless it is a square `(d, d)` matrix."""
+    M = jnp.asarray(M)
+    refuse_first([(M.ndim != 2 or M.shape[0] != M.shape[1],
+                   f"{where + ': ' if where else ''}`{name}` must be a square (d, d) matrix, "
+                   f"got shape {M.shape}.")])
+    return M
 
 
 def _metric_defect(W: Array, rtol: float) -> str | None:

@@ -39,10 +39,11 @@ def interaction_energy(x: Float[Array, "*batch n d"], beta, weights=None) -> Flo
     diff = x[..., :, None, :] - x[..., None, :, :]
     gap = -0.5 * jnp.sum(diff * diff, axis=-1)
     m = jnp.ones(x.shape[-2], x.dtype) if weights is None else jnp.asarray(weights, x.dtype)
+    host = np.asarray(m) if is_concrete(m) else None  # checked on the host: no program
     refuse_first([
         (m.shape != x.shape[-2:-1], f"`weights` must be one mass per token, shape "
                                     f"{x.shape[-2:-1]}, got {m.shape}."),
-        (is_concrete(m) and not (np.all(np.asarray(m) >= 0) and np.sum(np.asarray(m)) > 0),
+        (host is not None and not (np.all(host >= 0) and np.any(host > 0)),
          "`weights` are the tokens' masses: each ≥ 0, and not all 0."),
     ])
     mm = (m[:, None] * m[None, :]).reshape((1,) * (x.ndim - 2) + (m.size, m.size))

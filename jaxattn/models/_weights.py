@@ -100,19 +100,15 @@ def replace_attention(model: AbstractTransformer, layer: int, attn: Attention):
     """
     layer = _check_layer(model, layer)
     old = model.layer_block(layer).attn
-    pairs = isinstance(attn, Attention) and [
-        (jax.tree_util.keystr(path), jnp.shape(a), jnp.shape(b)) for (path, a), b in zip(
-            jax.tree_util.tree_leaves_with_path(attn, is_leaf=lambda x: x is None),
-            jax.tree.leaves(old, is_leaf=lambda x: x is None))]
-    wrong = next(((name, a, b) for name, a, b in pairs or [] if a != b), None)
-    refuse_first([
-        (not isinstance(attn, Attention), TypeError, "replace_attention takes a "
-         f"ja.models.Attention (e.g. attention_weights(model, {layer})), got "
-         f"{type(attn).__name__}."),
-        (wrong is not None, f"replace_attention: `attn{wrong and wrong[0]}` has shape "
-                            f"{wrong and wrong[1]}; layer {layer}'s has {wrong and wrong[2]} "
-                            "(a replacement keeps the shapes)."),
-    ])
+    refuse_first([(not isinstance(attn, Attention), TypeError, "replace_attention takes a "
+                   f"ja.models.Attention (e.g. attention_weights(model, {layer})), got "
+                   f"{type(attn).__name__}.")])
+    none = {"is_leaf": lambda x: x is None}  # an absent bias is a leaf on both sides
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(attn, **none),
+                            jax.tree.leaves(old, **none)):
+        refuse_first([(jnp.shape(a) != jnp.shape(b), f"replace_attention: "
+                       f"`attn{jax.tree_util.keystr(path)}` has shape {jnp.shape(a)}; layer "
+                       f"{layer}'s has {jnp.shape(b)} (a replacement keeps the shapes).")])
     slot = model.slots[layer]
     new = jax.tree.map(lambda stacked, a: stacked.at[slot].set(a), model.blocks.attn, attn)
     return eqx.tree_at(lambda m: m.blocks.attn, model, new)

@@ -44,9 +44,9 @@ from .._dynamics import SelfAttentionDynamics
 from .._manifold import project
 from .._precision import einsum
 from .._programs import kept_jit
-from .._validate import check_count, is_concrete, refuse_first
+from .._validate import check_count, check_square, is_concrete, refuse_first
 from ..metrics import tangent_basis
-from ._spectrum import layer_matrix, square
+from ._spectrum import layer_matrix
 
 
 def oja_system(U: Float[Array, "d d"]) -> SelfAttentionDynamics:
@@ -140,7 +140,7 @@ def spectral_radius(M: Float[Array, "k k"]) -> Float[Array, ""]:
 
     A 0-d array; `float(spectral_radius(M))` for a host number.
     """
-    return jnp.max(jnp.abs(jnp.linalg.eigvals(square(M, "M", "spectral_radius"))))
+    return jnp.max(jnp.abs(jnp.linalg.eigvals(check_square(M, "M", "spectral_radius"))))
 
 
 class Equilibria(eqx.Module):

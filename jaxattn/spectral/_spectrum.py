@@ -17,7 +17,7 @@ from jaxtyping import Array, Bool, Complex, Float, Int
 from .._dynamics import SelfAttentionDynamics
 from .._precision import matmul
 from .._programs import kept_jit
-from .._validate import is_concrete, raise_unless, refuse_first, surface_errors
+from .._validate import check_square, is_concrete, raise_unless, refuse_first, surface_errors
 from ..models import AbstractTransformer, Attention, attention_weights, value_output
 
 
@@ -144,7 +144,7 @@ def spectrum(Omega: Float[Array, "d d"], *, tau=None, rtol: float = 1e-6) -> Spe
     A `Spectrum`. Runs on the CPU (`jnp.linalg.eig`). A NaN or inf entry in `Ω`
     raises a `ja.SimulationError` (one line: the message and the fix).
     """
-    Omega = square(Omega, "Omega", "spectrum")
+    Omega = check_square(Omega, "Omega", "spectrum")
     # A NaN/inf Ω has no spectrum: without this it would read as "case 3". Checked on
     # the host where Ω is concrete, so that the program holds no callback (issue 42).
     concrete = is_concrete(Omega)
@@ -189,14 +189,6 @@ def _summarise(lam, vecs, key, rtol) -> Spectrum:
 
 
 # --- alignment (paper 004 eqs. 4–7) ------------------------------------------------
-
-
-def square(M, name: str, where: str) -> Array:
-    """`M` as an array, refused in one line unless it is a square `(d, d)` matrix."""
-    M = jnp.asarray(M)
-    refuse_first([(M.ndim != 2 or M.shape[0] != M.shape[1],
-                   f"{where}: `{name}` must be a square (d, d) matrix, got shape {M.shape}.")])
-    return M
 
 
 def cosines(x: Float[Array, "n d"], basis: Float[Array, "d k"] | Float[Array, " d"]):
@@ -326,4 +318,4 @@ def top_eigenvector(M: Float[Array, "d d"]) -> Float[Array, " d"]:
 
     The eigenvector `(d,)` of unit Euclidean norm; its sign is arbitrary.
     """
-    return jnp.linalg.eigh(square(M, "M", "top_eigenvector"), symmetrize_input=True)[1][:, -1]
+    return jnp.linalg.eigh(check_square(M, "M", "top_eigenvector"), symmetrize_input=True)[1][:, -1]

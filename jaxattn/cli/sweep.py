@@ -143,7 +143,8 @@ def register(sub) -> None:
                    help="random instances per point (default 64, or the spec's)")
     p.add_argument("--seed", type=int, default=None, help="first instance's seed (default 0)")
     p.add_argument("--chunk", type=int, default=None,
-                   help="instances per saved chunk (default: a whole point)")
+                   help="instances per saved chunk (default: as many as fit in an eighth of "
+                        "this machine's memory, at most a whole point)")
     p.add_argument("--devices", type=int, default=None,
                    help="shard each batch over this many devices (default: all)")
     p.add_argument("--out", default=None, help="sweep folder (default runs/sweep-NAME/<time>)")

@@ -279,7 +279,7 @@ def read_prompts(path) -> list[str]:
                    if line.strip()]
         problem = None if prompts else "holds no prompts (one per line)"
     except (OSError, UnicodeDecodeError) as e:
-        problem = f"cannot read it ({e})"
+        problem = f"cannot be read ({e})"
     if problem:
-        raise ValueError(f"--text {path}: {problem}.")
+        raise ValueError(f"the prompts file {path} (`text`, --text) {problem}.")
     return prompts

@@ -34,9 +34,10 @@ from .._batch import as_mesh
 from .._files import atomic_write
 from .._horizon import CONSENSUS_TOL
 from .._process.distributed import agree, check_flags, initialize, is_writer
+from .._validate import machine_memory
 from ..experiments import redraw_run
 from ..metrics import consensus_time
-from ._instances import simulate_chunk, theorem_of
+from ._instances import LANES, instance_bytes, simulate_chunk, theorem_of
 from ._report import PREDICTION_HELD, instance_status, summarise, write_figure
 from ._spec import SweepSpec, check_spec, grid_keys, read_spec, sweep_params, with_counts
 
@@ -46,10 +47,25 @@ COLUMNS = ("point", "instance", "seed", "theorem", "final_E", "consensus_time", 
 
 
 def plan(spec: SweepSpec, configs) -> list[tuple[int, int, int]]:
-    """The chunks, in order: `(point, first instance, stop)`."""
-    size = spec.chunk or spec.instances
-    return [(p, lo, min(lo + size, spec.instances))
-            for p in range(len(configs)) for lo in range(0, spec.instances, size)]
+    """The chunks, in order: `(point, first instance, stop)`. A chunk holds `spec.chunk`
+    instances, by default as many as take an eighth of this machine's memory
+    (`instance_bytes`; a multiple of `LANES`, at most a whole point), so that a large
+    sweep neither runs out of memory nor loses more than one chunk's work to a kill."""
+    memory = machine_memory()
+    plans = []
+    for p, config in enumerate(configs):
+        size = min(spec.chunk or spec.instances, spec.instances)
+        need = instance_bytes(spec.experiment, config) if memory else 0
+        if spec.chunk and size * need > memory > 0:
+            raise ValueError(f"chunk = {spec.chunk} (--chunk): a chunk of {size} instances "
+                             f"needs about {size * need / 1e9:.3g} GB of memory, more than this "
+                             f"machine's {memory / 1e9:.3g} GB: take a smaller chunk (at most "
+                             f"{memory // need}), or leave it to the sweep.")
+        if not spec.chunk and memory:
+            size = min(size, max(memory // 8 // need // LANES * LANES, LANES))
+        plans += [(p, lo, min(lo + size, spec.instances))
+                  for lo in range(0, spec.instances, size)]
+    return plans
 
 
 def _fmt(v) -> str:
@@ -168,6 +184,8 @@ def run_sweep(
         check_flags(devices=devices)
         initialize()
         devices = as_mesh(jax.devices())  # every process's devices
+        flat = agree(lambda: [v for c in chunks for v in c])  # process 0's: memories differ
+        chunks = [tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)]
     writer = is_writer()
     log, progress = (log, progress) if writer else (lambda *_: None, False)
     sidecar = _sidecar(spec, configs, keys, chunks)

@@ -10,6 +10,7 @@ vmapped program; the domain test of Theorem 4.1 (a convex program on the host,
 (possibly sharded) program.
 """
 
+import math
 from typing import Any
 
 import equinox as eqx
@@ -39,6 +40,11 @@ STRATEGY = "auto"
 LANES = 16
 #: Experiment parameters that a sweep replaces (`--instances`).
 EXCLUDED = ("samples",)
+#: A chunk's peak memory per instance, as a multiple of the bytes of its outputs (`E`,
+#: `ts` and `residual` at every saved time, and `y0`): measured 3.8 (`jaxattn sweep
+#: thm41-sphere --instances` 4,096 and 32,768: 46 kB more peak memory an instance, for
+#: 12 kB of outputs; AMD EPYC, float32).
+PEAK_PER_OUTPUT = 4
 
 
 def theorem_of(name: str) -> str:
@@ -128,6 +134,19 @@ def _host_domain(tests, y0) -> np.ndarray:
     tests = jax.tree.map(np.asarray, tests)
     return np.array([bool(jax.tree.map(lambda a: a[i], tests).domain(y)[0])
                      for i, y in enumerate(np.asarray(y0))])
+
+
+def instance_bytes(name: str, config: dict[str, Any]) -> int:
+    """About how much memory one instance of a chunk takes while the chunk runs and is
+    saved: `PEAK_PER_OUTPUT` times its outputs' bytes (`run_sweep` sizes its chunks by
+    it). Only the shapes are traced; nothing runs."""
+    experiment = get_experiment(name)
+    cfg = experiment.config(config)
+    y0 = jax.eval_shape(lambda: experiment.instance(jax.random.PRNGKey(0), cfg)[1])
+    saves = (Horizon(config["horizon"]).num_layers(config["tau"]) if config.get("discrete")
+             else config["saves"])
+    itemsize = jnp.dtype(jnp.result_type(float)).itemsize
+    return PEAK_PER_OUTPUT * itemsize * (3 * (saves + 1) + math.prod(y0.shape))
 
 
 def simulate_chunk(name: str, config: dict[str, Any], params: tuple[Param, ...], seeds,

@@ -127,3 +127,15 @@ def test_the_tokenizer_is_built_once_per_file(tmp_path, monkeypatch):
     save(["[UNK]", "sat", "cat", "the", "on"])  # another vocabulary: built again
     assert ja.models.tokenize(tmp_path, "the cat").tolist() == [3, 2]
     assert len(built) == 2
+
+
+def test_a_prompts_file_that_gives_no_prompts_is_one_line(tmp_path):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"prompts file .*blank.txt \(`text`, --text\) holds "
+                                         r"no prompts \(one per line\)\.$"):
+        ja.models.read_prompts(blank)
+    with pytest.raises(ValueError, match=r"missing.txt \(`text`, --text\) cannot be read"):
+        ja.models.read_prompts(tmp_path / "missing.txt")
+    (tmp_path / "two.txt").write_text("a b\n\nc\n", encoding="utf-8")
+    assert ja.models.read_prompts(tmp_path / "two.txt") == ["a b", "c"]

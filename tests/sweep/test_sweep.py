@@ -2,6 +2,7 @@
 table of one left alone, byte for byte; specs are checked; instances are the
 experiments' own draws; the table, sidecar, summary and figure are written."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -56,8 +57,8 @@ def test_killed_and_resumed_sweep_gives_the_same_table(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done = sorted(chunks.glob("*.csv"))
-    total = len(_run.plan(ja.sweep.SweepSpec("thm41-sphere", GRID, instances=12, chunk=3),
-                            [{}] * 3))
+    spec = ja.sweep.SweepSpec("thm41-sphere", GRID, instances=12, chunk=3)
+    total = len(_run.plan(spec, ja.sweep.check_spec(spec)))
     print(f"killed after {len(done)} of {total} chunks")
     assert (out / "INCOMPLETE").exists() and not (out / "table.csv").exists()
     assert 1 <= len(done) < total, "the sweep was not killed mid-run"
@@ -186,7 +187,8 @@ def test_spec_files_toml_and_json(tmp_path):
                               "points": [{"beta": 1, "sphere": True}, {"beta": 4}]}))
     configs = ja.sweep.check_spec(ja.sweep.read_spec(js))
     assert [(c["beta"], c["sphere"]) for c in configs] == [(1.0, True), (4.0, False)]
-    assert len(_run.plan(ja.sweep.SweepSpec("x", instances=10, chunk=4), configs)) == 6
+    assert len(_run.plan(ja.sweep.SweepSpec("thm32-gradient", instances=10, chunk=4),
+                          configs)) == 6
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -281,6 +283,38 @@ def test_one_chunk_per_point_by_default():
     spec = ja.sweep.SweepSpec("thm41-sphere", GRID, instances=7)
     assert _run.plan(spec, ja.sweep.check_spec(spec)) == [(p, 0, 7) for p in range(3)]
     assert Path(_run._chunk_path(Path("f"), 12)).name == "00012.csv"
+
+
+def test_chunks_fit_the_memory_and_a_sweep_too_large_for_it_is_refused(monkeypatch):
+    """By default a chunk takes at most an eighth of the memory (whole blocks of
+    `LANES`); a chunk asked for, or a table, that cannot fit is refused before any
+    work, with the largest that fits."""
+    spec = ja.sweep.SweepSpec("thm41-sphere", instances=40)
+    configs = ja.sweep.check_spec(spec)
+    need = _instances.instance_bytes("thm41-sphere", configs[0])
+    monkeypatch.setattr(_run, "machine_memory", lambda: 8 * 20 * need)
+    assert _run.plan(spec, configs) == [(0, 0, 16), (0, 16, 32), (0, 32, 40)]
+    assert _run.plan(dataclasses.replace(spec, chunk=30), configs) == [(0, 0, 30), (0, 30, 40)]
+    with pytest.raises(ValueError, match=r"chunk = 200 \(--chunk\).*\(at most 160\)"):
+        _run.plan(dataclasses.replace(spec, instances=400, chunk=200), configs)
+    from jaxattn.sweep import _spec
+
+    monkeypatch.setattr(_spec, "machine_memory", lambda: 100 * _spec.TABLE_ROW_BYTES)
+    ja.sweep.check_spec(ja.sweep.SweepSpec("thm41-sphere", GRID, instances=33))
+    with pytest.raises(ValueError, match="3 points × 34 instances = 102 table rows.*at most 33"):
+        ja.sweep.check_spec(ja.sweep.SweepSpec("thm41-sphere", GRID, instances=34))
+
+
+def test_the_memory_estimate_counts_the_outputs_of_a_chunk():
+    """`instance_bytes` is `PEAK_PER_OUTPUT` times the bytes an instance's outputs take
+    (the figure the peak memory was measured against)."""
+    sizes = {"horizon": 2.0, "saves": 1, "tokens": 4}  # as the sweep row test's program
+    config = ja.sweep.check_spec(ja.sweep.SweepSpec("thm41-sphere", set=sizes))[0]
+    out = _instances.simulate_chunk("thm41-sphere", config,
+                                    ja.sweep.sweep_params("thm41-sphere"), [5, 6])
+    outputs = sum(out[k][0].nbytes for k in ("E", "ts", "residual", "y0"))
+    assert _instances.instance_bytes("thm41-sphere", config) == (
+        _instances.PEAK_PER_OUTPUT * outputs)
 
 
 def test_report_reads_the_tolerance_recorded_in_sweep_json(tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ import errno
 import gc
 import importlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -110,6 +111,22 @@ def _step_budget_fix(words: list[str]) -> str:
     return "choose " + " or ".join(ways) if ways else "shorten the run"
 
 
+def _out_of_memory(text: str, words: list[str]) -> str:
+    """The line for a run whose arrays did not fit in memory, with the sizes to cut: the
+    flags of the experiment's memory estimate (`runner.FOOTPRINT`) where it has them."""
+    from .._validate import machine_memory
+    from ..experiments.runner import FOOTPRINT, _gb
+
+    asked = re.search(r"(\d+) bytes", text)
+    flags = dict.fromkeys(f"--{f.replace('_', '-')}" for product in FOOTPRINT.get(
+        words[1] if len(words) > 1 and words[0] == "run" else "", ()) for f in product
+        if isinstance(f, str))
+    return (f"the computation ran out of memory: it asked for "
+            f"{_gb(int(asked[1])) if asked else 'an array'} at once, on a machine of "
+            f"{_gb(machine_memory())}; choose smaller sizes"
+            + (f" ({', '.join(flags)})" if flags else "") + ".")
+
+
 def _runtime_message(error: Exception, words: list[str] = ()) -> str | None:
     """The one line a command prints for `error`: a `SimulationError` or a check
     that failed inside `jit` (a solver out of steps, a NaN) as "the computation
@@ -125,6 +142,8 @@ def _runtime_message(error: Exception, words: list[str] = ()) -> str | None:
     from .._artifacts.folders import RunFolderError
     from .._validate import runtime_message
 
+    if "RESOURCE_EXHAUSTED" in str(error):  # XLA could not allocate an array
+        return _out_of_memory(str(error), words)
     text = runtime_message(error)
     if text is None:  # not a failed computation: a mistake, or a bug (its traceback)
         mistake = isinstance(error, RunFolderError | ValueError | FileNotFoundError)

@@ -37,28 +37,33 @@ MAX_HORIZON = 2.0**52
 #: tokens).
 FOOTPRINT: dict[str, tuple[tuple[str | int, ...], ...]] = {
     "thm41-sphere": (("saves", "tokens", 3, 2), ("heads", 3, 3)),
+    # 155 B per dim² at 2 heads (peak memory, --dim 500 → 1500)
     "thm51-causal": (("saves", "tokens", "dim", 2), ("samples", "tokens", "dim"),
-                     ("heads", "dim", "dim")),
+                     ("heads", "dim", "dim", 9)),
     "thm52-symmetric": (("saves", "tokens", "dim", 2),),
-    "thm32-gradient": (("saves", "tokens", "dim", 2),),
+    "thm32-gradient": (("saves", "tokens", "dim", 2), ("saves", "tokens", "tokens", "dim")),
     "adversarial-tokens": (("restarts", "tokens", "dim"), ("saves", "tokens", "dim"),
                            ("restarts", "causal_tokens", "dim")),
-    "adversarial-weights": (("restarts", "tokens", "dim"), ("saves", "tokens", "dim")),
-    "conjecture-multihead": (("restarts", "tokens", "dim"), ("saves", "tokens", "dim")),
+    # the searches hold 16 floats a restart, save and token at d = 3 (8: any d ≥ 2)
+    "adversarial-weights": (("restarts", "tokens", "dim"), ("restarts", "saves", "tokens", 8)),
+    "conjecture-multihead": (("restarts", "tokens", "dim"), ("restarts", "saves", "tokens", 8)),
     "conjecture-bipartite": (("restarts", "tokens", "dim"), ("layers", "tokens", "dim")),
     "loop-grid": (("prompts", "tokens", "passes"), ("prompts", "tokens", 768)),
     "power-shared": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),
     "power-layers": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),
     "steer": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),
     "oja-bipartite": (("instances", "tokens", "dim"),),
-    "phase-diagram": (("betas", "systems", "tokens", "dim"), ("betas", "times")),
+    # 4.1 floats a β, system, token and dimension (peak memory, 4,096 → 32,768 systems)
+    "phase-diagram": (("betas", "systems", "tokens", "dim", 4), ("betas", "times")),
     "norm-beta": (("betas", "systems", "tokens", "dim"), ("heads", "dim", "dim")),
     "variants": (("instances", "layers"), ("instances", "heads", 64, 64)),
     "long-context": (("n_max", "dim", 4), ("gammas", "n_max")),
-    "metastability": (("betas", "saves", "tokens", "dim"),),
+    "metastability": (("betas", "saves", "tokens", "dim"), ("saves", "tokens", "tokens", "dim")),
     "hardmax": (("betas", "steps", "tokens", "vertices"), ("nsd_steps", "tokens", "vertices")),
     "equiangular": (("saves", "tokens", "dim", 12),),
-    "noisy-transition": (("tokens", "max_dim", 6), ("couplings", "rates", "blocks", "seeds")),
+    # the sweeps keep every token of a chunk's 20 layers and the start, 3 β × 2 sweeps
+    "noisy-transition": (("tokens", "max_dim", "seeds", 6 * 21),
+                         ("couplings", "rates", "blocks", "seeds")),
     "antipodal": (("runs", "formation_dim", 4), ("runs", "betas", "dims")),
     "mean-field": (("max_tokens", "modes", 2),),
 }

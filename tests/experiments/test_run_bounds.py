@@ -42,11 +42,20 @@ def _refused_in_one_line(capsys, argv) -> str:
 
 TOO_BIG = [
     ("noisy-transition", "--tokens", "1000000000"),
+    ("noisy-transition", "--tokens", "20000000"),  # its sweeps' states: 30 GB in float32
     ("antipodal", "--runs", "1000000000000"),
     ("thm41-sphere", "--tokens", "100000000"),
     ("thm41-sphere", "--saves", "100000000"),
     ("long-context", "--n-max", "1000000000"),
     ("phase-diagram", "--systems", "1000000000"),
+    # sizes the memory check let through, each then out of memory: an allocation it
+    # could not make (XLA's RESOURCE_EXHAUSTED), or killed by the system
+    ("thm32-gradient", "--saves", "21063758"),
+    ("metastability", "--saves", "40000000"),
+    ("adversarial-weights", "--saves", "52659396"),
+    ("conjecture-multihead", "--saves", "70212528"),
+    ("phase-diagram", "--systems", "219414"),
+    ("thm51-causal", "--dim", "31595"),
 ]
 
 
@@ -66,6 +75,23 @@ def test_sizes_that_cannot_fit_are_refused_before_a_folder(capsys, tmp_path, mon
     assert list(tmp_path.iterdir()) == [], line
 
 
+def test_a_run_out_of_memory_is_one_line_naming_its_sizes(capsys, tmp_path, monkeypatch):
+    """What the estimate lets through and XLA cannot allocate: one line, not a
+    traceback, with the flags that size the run's arrays."""
+    import jax
+
+    def out_of_memory(*args, **kwargs):
+        raise jax.errors.JaxRuntimeError(
+            "RESOURCE_EXHAUSTED: Out of memory allocating 50553022544 bytes.")
+
+    monkeypatch.setattr(runner, "run_into_folder", out_of_memory)
+    line = _refused_in_one_line(capsys, ["run", "thm32-gradient", "--out",
+                                         str(tmp_path / "out")])
+    assert line.startswith("jaxattn run: error: the computation ran out of memory: it asked "
+                           "for 50.6 GB at once, on a machine of "), line
+    assert line.endswith("; choose smaller sizes (--saves, --tokens, --dim)."), line
+
+
 def test_counts_past_int32_are_refused_by_name(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "run_into_folder", _no_work)
     line = _refused_in_one_line(capsys, ["run", "adversarial-tokens", "--steps", str(2**31),
@@ -82,8 +108,8 @@ def test_the_memory_check_names_the_machine_and_passes_the_defaults():
         assert name in runner.FOOTPRINT, name  # every member is estimated
         for product in runner.FOOTPRINT[name]:
             assert all(isinstance(f, int) or f in experiment.defaults() for f in product)
-    with pytest.raises(ValueError, match=r"--tokens 1000000000, --max-dim 3: .* 144 GB, "
-                                         r"more than this machine's memory \(100 GB\)"):
+    with pytest.raises(ValueError, match=r"--tokens 1000000000, --max-dim 3, --seeds 1: .* "
+                                         r"3.02 TB, more than this machine's memory \(100 GB\)"):
         runner.check_sizes("noisy-transition", {**EXPERIMENTS["noisy-transition"].defaults(),
                                                 "tokens": 10**9}, memory=10**11)
 

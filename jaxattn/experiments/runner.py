@@ -36,18 +36,22 @@ MAX_HORIZON = 2.0**52
 #: (the measured allocation of noisy-transition: 18 values per token, 144 GB at 10⁹
 #: tokens).
 FOOTPRINT: dict[str, tuple[tuple[str | int, ...], ...]] = {
-    "thm41-sphere": (("saves", "tokens", 3, 2), ("heads", 3, 3)),
+    # peak memory a save: 95 n + 9.6 n² bytes (--saves 526,594 → 2,106,376 at n = 10,
+    # n = 10 → 40 at 263,297 saves)
+    "thm41-sphere": (("saves", "tokens", 3, 4), ("saves", "tokens", "tokens"), ("heads", 3, 3)),
     # 155 B per dim² at 2 heads (peak memory, --dim 500 → 1500)
     "thm51-causal": (("saves", "tokens", "dim", 2), ("samples", "tokens", "dim"),
                      ("heads", "dim", "dim", 9)),
-    "thm52-symmetric": (("saves", "tokens", "dim", 2),),
+    "thm52-symmetric": (("saves", "tokens", "dim", 4),),  # measured 974 B a save at n = 10
     "thm32-gradient": (("saves", "tokens", "dim", 2), ("saves", "tokens", "tokens", "dim")),
     "adversarial-tokens": (("restarts", "tokens", "dim"), ("saves", "tokens", "dim"),
-                           ("restarts", "causal_tokens", "dim")),
+                           ("restarts", "causal_tokens", "dim"),
+                           ("causal_tokens", "causal_tokens", 2)),  # 2.6 floats a pair
     # the searches hold 16 floats a restart, save and token at d = 3 (8: any d ≥ 2)
     "adversarial-weights": (("restarts", "tokens", "dim"), ("restarts", "saves", "tokens", 8)),
     "conjecture-multihead": (("restarts", "tokens", "dim"), ("restarts", "saves", "tokens", 8)),
-    "conjecture-bipartite": (("restarts", "tokens", "dim"), ("layers", "tokens", "dim")),
+    "conjecture-bipartite": (("restarts", "tokens", "dim"),  # 7.3 floats a layer, token, dim
+                             ("layers", "tokens", "dim", 7)),
     "loop-grid": (("prompts", "tokens", "passes"), ("prompts", "tokens", 768)),
     "power-shared": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),
     "power-layers": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),

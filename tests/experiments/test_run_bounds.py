@@ -56,6 +56,10 @@ TOO_BIG = [
     ("conjecture-multihead", "--saves", "70212528"),
     ("phase-diagram", "--systems", "219414"),
     ("thm51-causal", "--dim", "31595"),
+    ("thm41-sphere", "--saves", "40000000"),
+    ("thm52-symmetric", "--saves", "40000000"),
+    ("adversarial-tokens", "--causal-tokens", "98736"),
+    ("conjecture-bipartite", "--layers", "70212528"),
 ]
 
 

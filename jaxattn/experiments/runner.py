@@ -52,7 +52,8 @@ FOOTPRINT: dict[str, tuple[tuple[str | int, ...], ...]] = {
     "conjecture-multihead": (("restarts", "tokens", "dim"), ("restarts", "saves", "tokens", 8)),
     "conjecture-bipartite": (("restarts", "tokens", "dim"),  # 7.3 floats a layer, token, dim
                              ("layers", "tokens", "dim", 7)),
-    "loop-grid": (("prompts", "tokens", "passes"), ("prompts", "tokens", 768)),
+    # GPT-2's hidden states, four float32 copies at the peak (`loop_runner.HIDDEN_COPIES`)
+    "loop-grid": (("prompts", "tokens", "passes"), ("prompts", "tokens", 2 * 768)),
     "power-shared": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),
     "power-layers": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),
     "steer": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),

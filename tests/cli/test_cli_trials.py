@@ -52,6 +52,18 @@ def test_a_loop_too_large_for_memory_is_refused_before_any_work(tmp_path, capsys
     assert not out.exists()
 
 
+def test_a_loop_of_the_hidden_states_copies_too_large_is_refused(tmp_path, capsys,
+                                                                 monkeypatch):
+    """20,000 prompts of random GPT-2: one hidden state is 12 GB, and the loop holds
+    four at its peak (the run was killed at 24 GB); refused on a 32 GB machine."""
+    monkeypatch.setattr(runner, "machine_memory", lambda: 32 * 10**9)
+    out = tmp_path / "loop"
+    line = one_line(capsys, ["loop", "--model", "gpt2", "--weights", "random", "--prompts",
+                              "20000", "--out", str(out), "--no-progress"])
+    assert "--prompts 20000, --tokens 200: the run's arrays need at least 49.2 GB" in line, line
+    assert not out.exists()
+
+
 def test_a_loop_that_fits_is_not_refused_for_memory(tmp_path, capsys, monkeypatch):
     """The check counts the loop's arrays: a machine with room for them runs it."""
     config = tmp_path / "config.json"

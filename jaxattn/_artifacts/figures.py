@@ -1,5 +1,6 @@
 """Figures: one consistent matplotlib style for every plot jaxattn writes."""
 
+import math
 import re
 import sys
 import textwrap
@@ -91,10 +92,14 @@ def draw_sphere_trajectories(ax, ys, axes=None) -> None:
     ax.plot_wireframe(pts[..., 0], pts[..., 1], pts[..., 2], color="0.85", lw=0.4)
     ys = np.asarray(ys)
     ax.computed_zorder = False  # markers by zorder, not by depth: the ends stay on top
+    # past 20 tokens, thinner paths and smaller rings (by the square root of their
+    # number: the area they cover stays about that of 20 tokens' rings)
+    scale = min(1.0, math.sqrt(20 / ys.shape[1]))
     for i in range(ys.shape[1]):
-        ax.plot(*ys[:, i].T, color="tab:blue", lw=1.2)
-    ax.scatter(*ys[0].T, s=60, c="white", edgecolors="k", depthshade=False, zorder=START_Z,
-               label="start")
+        ax.plot(*ys[:, i].T, color="tab:blue", lw=1.2 * scale)
+    thin = {} if scale == 1 else {"lw": max(1.5 * scale, 0.3)}
+    ax.scatter(*ys[0].T, s=60 * scale, c="white", edgecolors="k", depthshade=False,
+               zorder=START_Z, label="start", **thin)
     ax.scatter(*ys[-1].T, s=30, c="tab:red", edgecolors="k", lw=0.6, depthshade=False,
                zorder=END_Z, label="end (red)")
     ax.set_box_aspect((1, 1, 1) if axes is None else np.ptp(pts.reshape(-1, 3), axis=0))

@@ -7,12 +7,19 @@ from pathlib import Path
 
 from ._common import count_checks, refuse_first
 
+#: The most tokens the demo takes: its flow and figure, 4 s at 1,000 tokens and 15 s at
+#: 5,000 (2 cores, AMD EPYC), grow as n².
+MAX_TOKENS = 10_000
+
 
 def _demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     place = next(p for p in (out, *out.parents) if p.exists())  # what is there of it
     refuse_first([  # one token is consensus already: its E is 0 from the start
         *count_checks(args, {"--tokens": 2}),
+        (args.tokens > MAX_TOKENS, f"--tokens {args.tokens}: the demo draws every token and "
+         f"its time grows as n² (5,000 take 15 s); at most {MAX_TOKENS}. For more tokens: "
+         "`jaxattn run thm41-sphere --tokens N`."),
         (not 0 < args.horizon < math.inf, f"--horizon must be finite and > 0, got "
                                            f"{args.horizon}."),
         (not place.is_dir(), f"--out {out}: {place} is a file, not a folder; choose "

@@ -813,6 +813,23 @@ def test_the_demo_end_dot_stands_out_and_the_sphere_fills_its_panel(tmp_path, dr
     assert np.linalg.norm(ax3._box_aspect) > 1.2 * np.linalg.norm(plain._box_aspect)
 
 
+def test_many_tokens_draw_thinner_paths_and_smaller_rings():
+    """Past 20 tokens the rings and paths shrink by the square root of their number,
+    so that 300 start rings do not cover the sphere; 20 or fewer are drawn as before."""
+    from jaxattn._artifacts.figures import draw_sphere_trajectories
+
+    def drawn_with(n):
+        ax = Figure().add_subplot(projection="3d")
+        ys = np.random.default_rng(0).normal(size=(5, n, 3))
+        draw_sphere_trajectories(ax, ys / np.linalg.norm(ys, axis=-1, keepdims=True))
+        starts, ends = ax.collections[-2:]
+        return starts.get_sizes()[0], ends.get_sizes()[0], ax.lines[-1].get_linewidth()
+
+    assert drawn_with(10) == drawn_with(20) == (60, 30, 1.2)
+    start, end, lw = drawn_with(320)
+    assert start == pytest.approx(15) and end == 30 and lw == pytest.approx(0.3)
+
+
 def test_the_gallery_prints_no_numbers_from_a_run_too_small_for_them(tmp_path, monkeypatch):
     import importlib.util
 

@@ -22,6 +22,7 @@ BAD = [
     (["demo", "--tokens", "abc"], "invalid int value"),
     (["demo", "--tokens", "0"], "`--tokens` must be a whole number ≥ 2"),
     (["demo", "--tokens", "1"], "`--tokens` must be a whole number ≥ 2"),
+    (["demo", "--tokens", "10001"], "at most 10000. For more tokens: `jaxattn run thm41"),
     (["demo", "--horizon", "0"], "--horizon must be finite and > 0"),
     (["demo", "--horizon", "inf"], "--horizon must be finite and > 0"),
     (["demo", "--out", __file__], "is a file, not a folder; choose another --out"),

@@ -32,13 +32,14 @@ MAX_HORIZON = 2.0**52
 #: The arrays a run holds at once, as products of its parameters (names, or constant
 #: factors), in float64 values: the trajectories it saves (saves × tokens × dim, on
 #: the device and again on the host), its ensembles (runs, systems, restarts, prompts
-#: of tokens). A lower bound, enough to refuse a run that cannot fit before it starts
-#: (the measured allocation of noisy-transition: 18 values per token, 144 GB at 10⁹
-#: tokens).
-FOOTPRINT: dict[str, tuple[tuple[str | int, ...], ...]] = {
+#: of tokens). Each product is checked on its own; a list of them is arrays held at
+#: once, checked by their sum. A lower bound, from measured allocations and peak
+#: memory (BENCHMARKS.md, "Measured claims"), enough to refuse a run that cannot fit
+#: before it starts.
+FOOTPRINT: dict[str, tuple[tuple[str | int, ...] | list[tuple[str | int, ...]], ...]] = {
     # peak memory a save: 95 n + 9.6 n² bytes (--saves 526,594 → 2,106,376 at n = 10,
     # n = 10 → 40 at 263,297 saves)
-    "thm41-sphere": (("saves", "tokens", 3, 4), ("saves", "tokens", "tokens"), ("heads", 3, 3)),
+    "thm41-sphere": ([("saves", "tokens", 3, 4), ("saves", "tokens", "tokens")], ("heads", 3, 3)),
     # 155 B per dim² at 2 heads (peak memory, --dim 500 → 1500)
     "thm51-causal": (("saves", "tokens", "dim", 2), ("samples", "tokens", "dim"),
                      ("heads", "dim", "dim", 9)),
@@ -74,6 +75,12 @@ FOOTPRINT: dict[str, tuple[tuple[str | int, ...], ...]] = {
 }
 
 
+def held_at_once(entry) -> list[tuple]:
+    """The products of a `FOOTPRINT` entry: a list of them is arrays held at once (their
+    sizes add up), a tuple one array."""
+    return entry if isinstance(entry, list) else [entry]
+
+
 def _gb(size: float) -> str:
     return f"{size / 1e9:.3g} GB" if size < 1e12 else f"{size / 1e12:.3g} TB"
 
@@ -88,10 +95,12 @@ def check_sizes(name: str, config: dict[str, Any], memory: int | None = None, *,
     memory = machine_memory() if memory is None else memory
     products = FOOTPRINT.get(name, ()) if footprint is None else footprint
     refused = []
-    for product in products if memory else ():
-        size = 8.0 * math.prod(config[f] if isinstance(f, str) else f for f in product)
+    for entry in products if memory else ():
+        size = sum(8.0 * math.prod(config[f] if isinstance(f, str) else f for f in product)
+                   for product in held_at_once(entry))
         if size > memory:
-            flags = ", ".join(f"--{f.replace('_', '-')} {config[f]}" for f in product
+            flags = ", ".join(f"--{f.replace('_', '-')} {config[f]}"
+                              for f in dict.fromkeys(sum(held_at_once(entry), ()))
                               if isinstance(f, str))
             refused.append(f"{flags}: the run's arrays need at least {_gb(size)}, more than "
                            f"this machine's memory ({_gb(memory)}); choose smaller values.")

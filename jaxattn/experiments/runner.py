@@ -81,6 +81,12 @@ def held_at_once(entry) -> list[tuple]:
     return entry if isinstance(entry, list) else [entry]
 
 
+def size_params(entry) -> list[str]:
+    """The parameters a `FOOTPRINT` entry multiplies, each once, in order."""
+    return list(dict.fromkeys(f for product in held_at_once(entry) for f in product
+                              if isinstance(f, str)))
+
+
 def _gb(size: float) -> str:
     return f"{size / 1e9:.3g} GB" if size < 1e12 else f"{size / 1e12:.3g} TB"
 
@@ -99,9 +105,7 @@ def check_sizes(name: str, config: dict[str, Any], memory: int | None = None, *,
         size = sum(8.0 * math.prod(config[f] if isinstance(f, str) else f for f in product)
                    for product in held_at_once(entry))
         if size > memory:
-            flags = ", ".join(f"--{f.replace('_', '-')} {config[f]}"
-                              for f in dict.fromkeys(sum(held_at_once(entry), ()))
-                              if isinstance(f, str))
+            flags = ", ".join(f"--{f.replace('_', '-')} {config[f]}" for f in size_params(entry))
             refused.append(f"{flags}: the run's arrays need at least {_gb(size)}, more than "
                            f"this machine's memory ({_gb(memory)}); choose smaller values.")
     for key, value in config.items():

@@ -264,6 +264,20 @@ def machine_memory() -> int:
         return 0
 
 
+def memory_text(size: float) -> str:
+    """A size in bytes in words: `"3.2 GB"`, `"1.3 TB"`."""
+    return f"{size / 1e9:.3g} GB" if size < 1e12 else f"{size / 1e12:.3g} TB"
+
+
+def too_big(need: float, what: str, fix: str, memory: int | None = None) -> tuple[bool, str]:
+    """A row of `refuse_first`: `what` (a subject and its verb, "the grid needs about")
+    takes `need` bytes, more than this machine's memory (never refused where the
+    system does not say it); `fix` says what to choose instead."""
+    memory = machine_memory() if memory is None else memory
+    return 0 < memory < need, (f"{what} {memory_text(need)}, more than this machine's memory "
+                               f"({memory_text(memory)}); {fix}.")
+
+
 class SimulationError(ValueError, eqx.EquinoxRuntimeError):
     """A run stopped on its values (tokens that became NaN or inf, a zero or
     non-finite initial token, a flow solver out of steps), in one line that says

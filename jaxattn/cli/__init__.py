@@ -114,16 +114,16 @@ def _step_budget_fix(words: list[str]) -> str:
 def _out_of_memory(text: str, words: list[str]) -> str:
     """The line for a run whose arrays did not fit in memory, with the sizes to cut: the
     flags of the experiment's memory estimate (`runner.FOOTPRINT`) where it has them."""
-    from .._validate import machine_memory
-    from ..experiments.runner import FOOTPRINT, _gb, size_params
+    from .._validate import machine_memory, memory_text
+    from ..experiments.runner import FOOTPRINT, size_params
 
     asked = re.search(r"(\d+) bytes", text)
     entries = FOOTPRINT.get(words[1] if len(words) > 1 and words[0] == "run" else "", ())
     flags = dict.fromkeys(f"--{f.replace('_', '-')}" for entry in entries
                           for f in size_params(entry))
     return (f"the computation ran out of memory: it asked for "
-            f"{_gb(int(asked[1])) if asked else 'an array'} at once, on a machine of "
-            f"{_gb(machine_memory())}; choose smaller sizes"
+            f"{memory_text(int(asked[1])) if asked else 'an array'} at once, on a machine of "
+            f"{memory_text(machine_memory())}; choose smaller sizes"
             + (f" ({', '.join(flags)})" if flags else "") + ".")
 
 

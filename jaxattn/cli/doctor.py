@@ -96,13 +96,11 @@ def _doctor(args: argparse.Namespace) -> int:
     refuse_first(count_checks(args, {"--size": 1}))
     import jax
 
-    from .._validate import machine_memory
+    from .._validate import too_big
 
-    need, memory = 24 * args.size**2, machine_memory()  # ~6 float32 copies of a side²
-    refuse_first([(memory and need > memory,
-                   f"--size {args.size}: the timed product's matrices need about "
-                   f"{need / 1e9:.3g} GB, more than this machine's memory "
-                   f"({memory / 1e9:.3g} GB); choose a smaller --size.")])
+    refuse_first([too_big(24 * args.size**2,  # ~6 float32 copies of a side²
+                          f"--size {args.size}: the timed product's matrices need about",
+                          "choose a smaller --size")])
 
     from .._artifacts.folders import package_versions
     from .._process.determinism import OPT_OUT, is_deterministic

@@ -14,7 +14,7 @@ import numpy as np
 
 from .._artifacts.folders import folder_path, write_run
 from .._process.distributed import agree, is_writer
-from .._validate import check_seed, machine_memory
+from .._validate import check_seed, machine_memory, too_big
 from . import REGISTRY, get_experiment
 from .base import AbstractExperiment, Config, convert
 
@@ -87,10 +87,6 @@ def size_params(entry) -> list[str]:
                               if isinstance(f, str)))
 
 
-def _gb(size: float) -> str:
-    return f"{size / 1e9:.3g} GB" if size < 1e12 else f"{size / 1e12:.3g} TB"
-
-
 def check_sizes(name: str, config: dict[str, Any], memory: int | None = None, *,
                 footprint: tuple[tuple, ...] | None = None) -> None:
     """Refuse, in one line naming the flags, a run whose arrays (`FOOTPRINT`) cannot fit
@@ -104,10 +100,10 @@ def check_sizes(name: str, config: dict[str, Any], memory: int | None = None, *,
     for entry in products if memory else ():
         size = sum(8.0 * math.prod(config[f] if isinstance(f, str) else f for f in product)
                    for product in held_at_once(entry))
-        if size > memory:
-            flags = ", ".join(f"--{f.replace('_', '-')} {config[f]}" for f in size_params(entry))
-            refused.append(f"{flags}: the run's arrays need at least {_gb(size)}, more than "
-                           f"this machine's memory ({_gb(memory)}); choose smaller values.")
+        flags = ", ".join(f"--{f.replace('_', '-')} {config[f]}" for f in size_params(entry))
+        wrong, line = too_big(size, f"{flags}: the run's arrays need at least",
+                              "choose smaller values", memory)
+        refused += [line] * wrong
     for key, value in config.items():
         flag = f"--{key.replace('_', '-')}"
         if key.endswith("horizon") and isinstance(value, float) and value > MAX_HORIZON:

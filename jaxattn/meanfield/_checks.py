@@ -10,7 +10,7 @@ import numpy as np
 from scipy.special import ive
 
 from .._kernel import AbstractKernel
-from .._validate import machine_memory, refuse_first
+from .._validate import refuse_first, too_big
 from ._grid import AbstractGrid
 
 #: The largest first dropped Funk–Hecke multiplier of the kernel `e^{βt}`, relative to
@@ -95,14 +95,6 @@ def _band(beta: float, nu: float) -> int:
     return int(m[ok[0]]) if ok.size else 2**20
 
 
-def check_memory(need: float, what: str) -> None:
-    """Refuse work whose arrays need more than this machine's memory, in one line."""
-    memory = machine_memory()
-    if memory and need > memory:
-        raise ValueError(f"{what} needs about {need / 1e9:.3g} GB, more than this machine's "
-                         f"memory ({memory / 1e9:.3g} GB).")
-
-
 def check_size(grid: AbstractGrid, saves: int, steps: int, dtype) -> None:
     """Refuse a solve of more than `MAX_STEPS` steps, or whose arrays (the saved densities
     and coefficients, the steps' work) do not fit in this machine's memory."""
@@ -111,5 +103,5 @@ def check_size(grid: AbstractGrid, saves: int, steps: int, dtype) -> None:
                          "raise `dt0` or shorten `ts`.")
     points = int(np.prod(grid.weights.shape))
     need = jnp.dtype(dtype).itemsize * points * (3 * saves + 40) + 8 * steps
-    check_memory(need, f"this solve ({saves} saves of {points} grid points; save fewer times "
-                       "or use a smaller grid)")
+    refuse_first([too_big(need, f"this solve ({saves} saves of {points} grid points) needs "
+                               "about", "save fewer times or use a smaller grid")])

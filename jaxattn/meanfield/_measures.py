@@ -10,8 +10,8 @@ from jaxtyping import Array, Float
 
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
-from .._validate import check_count, check_scalar, refuse_first
-from ._checks import check_beta, check_density, check_grid, check_memory
+from .._validate import check_count, check_scalar, refuse_first, too_big
+from ._checks import check_beta, check_density, check_grid
 from ._circle import Circle
 from ._grid import AbstractGrid
 from ._kernels import check_kernel, interaction
@@ -74,8 +74,9 @@ def density(grid: AbstractGrid, x: Float[Array, "n d"], *, smoothing: float = 0.
         (not np.all(np.isfinite(x)) or np.any(norms == 0), ValueError,
          "`x` must be finite and nonzero (points of the sphere)."),
     ))
-    check_memory(16.0 * x.shape[0] * np.asarray(grid.degrees()).size,
-                 f"density of {x.shape[0]} points (their modes; pass fewer points)")
+    refuse_first([too_big(16.0 * x.shape[0] * np.asarray(grid.degrees()).size,
+                          f"the density of {x.shape[0]} points (their modes) needs about",
+                          "pass fewer points")])
     return _density(grid, x / norms, smoothing)
 
 
@@ -199,7 +200,8 @@ def sample(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int, key) -> Float[
         raise ValueError("sample: only on a Circle (the sphere's densities are not inverted).")
     n = check_count(n, "n", 1)
     mu = check_density(grid, mu, strict=True)
-    check_memory(16.0 * n * grid.modes, f"sample of n = {n} points (pass a smaller n)")
+    refuse_first([too_big(16.0 * n * grid.modes, f"a sample of n = {n} points needs about",
+                          "pass a smaller n")])
     return _sample(grid, mu, n, key)
 
 

@@ -34,7 +34,7 @@ from .._batch import as_mesh
 from .._files import atomic_write
 from .._horizon import CONSENSUS_TOL
 from .._process.distributed import agree, check_flags, initialize, is_writer
-from .._validate import machine_memory
+from .._validate import machine_memory, refuse_first, too_big
 from ..experiments import redraw_run
 from ..metrics import consensus_time
 from ._instances import LANES, instance_bytes, simulate_chunk, theorem_of
@@ -56,11 +56,11 @@ def plan(spec: SweepSpec, configs) -> list[tuple[int, int, int]]:
     for p, config in enumerate(configs):
         size = min(spec.chunk or spec.instances, spec.instances)
         need = instance_bytes(spec.experiment, config) if memory else 0
-        if spec.chunk and size * need > memory > 0:
-            raise ValueError(f"chunk = {spec.chunk} (--chunk): a chunk of {size} instances "
-                             f"needs about {size * need / 1e9:.3g} GB of memory, more than this "
-                             f"machine's {memory / 1e9:.3g} GB: take a smaller chunk (at most "
-                             f"{memory // need}), or leave it to the sweep.")
+        if spec.chunk:
+            refuse_first([too_big(size * need, f"chunk = {spec.chunk} (--chunk): a chunk of "
+                                  f"{size} instances needs about", f"take a smaller chunk (at "
+                                  f"most {memory // max(need, 1)}), or leave it to the sweep",
+                                  memory)])
         if not spec.chunk and memory:
             size = min(size, max(memory // 8 // need // LANES * LANES, LANES))
         plans += [(p, lo, min(lo + size, spec.instances))

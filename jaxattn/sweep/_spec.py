@@ -13,7 +13,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from .._validate import check_count, check_seed, machine_memory, refuse_first
+from .._validate import check_count, check_seed, machine_memory, refuse_first, too_big
 from ..experiments import SWEEPABLE, Param, convert, get_experiment
 from ._instances import EXCLUDED
 
@@ -115,14 +115,12 @@ def check_spec(spec: SweepSpec) -> list[dict[str, Any]]:
     for c in configs:
         get_experiment(spec.experiment).config(c)  # checked as the experiment's Config
     rows, memory = len(configs) * spec.instances, machine_memory()
-    if memory and rows * TABLE_ROW_BYTES > memory:
-        points = f"{len(configs)} point{'s' * (len(configs) > 1)}"
-        raise ValueError(
-            f"{points} × {spec.instances} instances = {rows:.3g} table rows need about "
-            f"{rows * TABLE_ROW_BYTES / 1e9:.3g} GB of memory to assemble and summarise, more "
-            f"than this machine's {memory / 1e9:.3g} GB: run at most "
-            f"{memory // TABLE_ROW_BYTES // len(configs)} instances a point, or split the "
-            "grid over several sweeps.")
+    points = f"{len(configs)} point{'s' * (len(configs) > 1)}"
+    refuse_first([too_big(
+        rows * TABLE_ROW_BYTES, f"{points} × {spec.instances} instances = {rows:.3g} table "
+        "rows need about", f"run at most {memory // TABLE_ROW_BYTES // len(configs)} instances "
+        "a point, or split the grid over several sweeps (a table is assembled in memory)",
+        memory)])
     return configs
 
 

@@ -15,6 +15,7 @@ from scipy.optimize import brentq
 from scipy.special import iv
 
 import jaxattn as ja
+from jaxattn import _validate
 from jaxattn.cli import main
 from jaxattn.experiments import mean_field_equation as mfe
 from jaxattn.theory import noisy_beta_star, noisy_threshold
@@ -264,6 +265,19 @@ def test_bad_input_is_one_clear_error(call, message):
     with pytest.raises(ValueError, match=None) as info:
         call()
     assert message in str(info.value)
+
+
+def test_work_larger_than_the_memory_is_refused_in_one_line(monkeypatch):
+    """10⁹ samples' modes (256 GB) on a 32 GB machine, 10⁷ points' density on 1 GB."""
+    monkeypatch.setattr(_validate, "machine_memory", lambda: 32 * 10**9)
+    with pytest.raises(ValueError, match=r"^a sample of n = 1000000000 points needs about "
+                       r"256 GB, more than this machine's memory \(32 GB\); pass a smaller n\.$"):
+        mf.sample(CIRCLE, mf.uniform(CIRCLE), 10**9, jax.random.PRNGKey(0))
+    monkeypatch.setattr(_validate, "machine_memory", lambda: 10**9)
+    points = np.broadcast_to(np.array([1.0, 0.0]), (10**7, 2))
+    with pytest.raises(ValueError, match=r"^the density of 10000000 points \(their modes\) "
+                       r"needs about 5.44 GB, more than .* \(1 GB\); pass fewer points\.$"):
+        mf.density(CIRCLE, points)
 
 
 FIGURE_DATA = Path(__file__).parents[1] / "data" / "figures" / "mean-field"

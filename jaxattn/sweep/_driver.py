@@ -11,6 +11,8 @@ docs/usage/sweeps.md.
 
 import contextlib
 import dataclasses
+import itertools
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -265,13 +267,16 @@ def _unsaved(folder: Path, header: list[str], chunks) -> list[int]:
 
 
 def _assemble(folder: Path, keys, chunks) -> dict[str, np.ndarray]:
-    """Concatenate the chunks, in plan order, into `table.csv` (atomically)."""
-    header = _header(keys)
-    lines = []
-    for i, (_, lo, hi) in enumerate(chunks):  # each fits the plan: `_run_chunks` made sure
-        lines += _read_rows(_chunk_path(folder, i), header, hi - lo)
-    data = _csv(header, lines)
-    atomic_write(folder / "table.csv", lambda f: f.write(data))
+    """Concatenate the chunks, in plan order, into `table.csv` (atomically), one file at
+    a time: the table is never held whole as text."""
+    def write(table):
+        table.write((",".join(_header(keys)) + "\n").encode())
+        for i in range(len(chunks)):  # each fits the plan: `_run_chunks` made sure
+            with _chunk_path(folder, i).open("rb") as chunk:
+                chunk.readline()  # its header
+                shutil.copyfileobj(chunk, table)
+
+    atomic_write(folder / "table.csv", write)
     return load_table(folder)
 
 
@@ -316,16 +321,35 @@ def redraw_sweep(folder) -> list[Path]:
     return write_figure(folder, spec, sidecar["grid_keys"], load_table(folder))
 
 
-_BOOL = {"true": True, "false": False, "": None}
+def _labels(cells: np.ndarray) -> np.ndarray:
+    """Text cells as an object array, each distinct text one string (8 bytes a row)."""
+    texts, index = np.unique(cells, return_inverse=True)
+    return texts.astype(object)[index.reshape(cells.shape)]
+
+
+def _parse(cells: np.ndarray) -> np.ndarray:
+    """A column of the grid's values: flags as bool, whole numbers as int, else float."""
+    if np.isin(cells, ("true", "false")).all():
+        return cells == "true"
+    try:
+        return cells.astype(np.int64)
+    except ValueError:
+        return cells.astype(np.float64)
+
+
 #: How `load_table` reads a column, by name; any other column by `_parse`.
 _READERS = {
-    **dict.fromkeys(("theorem", "status"), lambda v: np.asarray(v, dtype=object)),
+    **dict.fromkeys(("theorem", "status"), _labels),
     **dict.fromkeys(("in_domain", "outcome_reached", "solver_success"),
-                    lambda v: np.asarray([_BOOL[x] for x in v], bool)),
-    "prediction_held": lambda v: np.asarray([_BOOL[x] for x in v], dtype=object),
+                    lambda cells: cells == "true"),
+    # `None` where undecided (an empty cell)
+    "prediction_held": lambda cells: np.array([None, False, True], dtype=object)[
+        (cells == "false") + 2 * (cells == "true")],
     **dict.fromkeys(("point", "instance", "seed", "num_steps"),
-                    lambda v: np.asarray(v, np.int64)),
+                    lambda cells: cells.astype(np.int64)),
 }
+#: The rows `load_table` parses at once (its text is held only a block at a time).
+BLOCK_ROWS = 2**16
 
 
 def load_table(folder) -> dict[str, np.ndarray]:
@@ -336,17 +360,21 @@ def load_table(folder) -> dict[str, np.ndarray]:
     path = Path(folder) / "table.csv"
     if not path.exists():
         raise RunFolderError(f"{folder} has no table.csv; it is not a finished sweep.")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    header, rows = lines[0].split(","), [line.split(",") for line in lines[1:]]
-    return {name: _READERS.get(name, _parse)([r[i] for r in rows])
+    with path.open(encoding="utf-8") as f:
+        header = f.readline().rstrip("\n").split(",")
+        blocks = [_block(path, header, lines)
+                  for lines in iter(lambda: list(itertools.islice(f, BLOCK_ROWS)), [])]
+    blocks = blocks or [_block(path, header, [])]
+    return {name: np.concatenate([block[i] for block in blocks])
             for i, name in enumerate(header)}
 
 
-def _parse(values: list[str]) -> np.ndarray:
-    if all(v in ("true", "false") for v in values):
-        return np.asarray([v == "true" for v in values])
-    try:
-        ints = [int(v) for v in values]
-        return np.asarray(ints, np.int64)
-    except ValueError:
-        return np.asarray([float(v) for v in values])
+def _block(path: Path, header: list[str], lines: list[str]) -> list[np.ndarray]:
+    """The columns of a block of a table's lines, each read by its reader."""
+    text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    cells = np.array(text.replace("\n", ",").split(",")[:-1], dtype=str)
+    if cells.size != len(lines) * len(header):
+        raise RunFolderError(f"{path} has rows of other lengths than its header's "
+                             f"{len(header)} columns; run the sweep again.")
+    cells = cells.reshape(len(lines), len(header))
+    return [_READERS.get(name, _parse)(cells[:, i]) for i, name in enumerate(header)]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
+from jaxattn._artifacts.folders import RunFolderError
 from jaxattn.experiments import experiment_config, get_experiment, paper
 from jaxattn.sweep import _driver as _run
 from jaxattn.sweep import _instances, _report
@@ -134,6 +135,32 @@ def test_stale_partial_chunk_is_ignored(tmp_path):
     table = _run._assemble(folder, ["beta"], _run.plan(spec, configs))
     np.testing.assert_array_equal(table["instance"], [0, 1, 2, 3])
     np.testing.assert_array_equal(table["num_steps"], [7] * 4)
+
+
+def test_a_table_is_read_in_blocks_as_in_one(tmp_path, monkeypatch):
+    """`load_table` reads blocks of `BLOCK_ROWS` lines: the columns are the same for any
+    block size, undecided predictions are `None`, and a row of the wrong length is one
+    line naming the file."""
+    header = _run._header(["beta", "causal"])
+    cells = [["0.5", "false", "0", str(i), str(i), "4.1", repr(i * 1e-17), "nan", "true",
+              "false", ["", "true", "false"][i % 3], "true", str(7 + i),
+              ["held", "failed"][i % 2]]
+             for i in range(7)]
+    lines = [",".join(header)] + [",".join(c) for c in cells]
+    (tmp_path / "table.csv").write_text("\n".join(lines))  # no newline at the end
+    whole = _run.load_table(tmp_path)
+    assert whole["beta"].dtype == float and whole["causal"].dtype == bool
+    assert whole["prediction_held"].tolist() == [None, True, False, None, True, False, None]
+    assert whole["status"].tolist() == ["held", "failed"] * 3 + ["held"]
+    np.testing.assert_array_equal(whole["num_steps"], np.arange(7, 14))
+    monkeypatch.setattr(_run, "BLOCK_ROWS", 3)
+    blocks = _run.load_table(tmp_path)
+    for name in header:
+        np.testing.assert_array_equal(blocks[name], whole[name], err_msg=name)
+        assert blocks[name].dtype == whole[name].dtype, name
+    (tmp_path / "table.csv").write_text(",".join(header) + "\n" + ",".join(cells[0][:-1]))
+    with pytest.raises(RunFolderError, match="rows of other lengths"):
+        _run.load_table(tmp_path)
 
 
 @pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)

@@ -161,6 +161,10 @@ def _groups(keys, table) -> tuple[str | None, dict[str, list[int]]]:
     return x_key, by_group
 
 
+#: The instances a point whose final `E` are drawn as full dots (fainter beyond).
+SCATTER_FULL = 2000
+
+
 def _draw_group(ax_t, ax_e, table, x_key, label, pts, color, tol) -> None:
     """One line of each panel: consensus time (median, the interquartile range as bars)
     and every final `E`."""
@@ -173,11 +177,18 @@ def _draw_group(ax_t, ax_e, table, x_key, label, pts, color, tol) -> None:
     spread = [median - [s["consensus_time_q25"] for s in stats],
               np.asarray([s["consensus_time_q75"] for s in stats]) - median]
     ax_t.errorbar(xs, median, yerr=spread, fmt="o-", color=color, capsize=3,
-                  label=f"{label + ': ' if label else ''}{reached}/{count} reached E < {_sci(tol)}")
+                  label=f"{label + ': ' if label else ''}{reached:,}/{count:,} reached E < "
+                        f"{_sci(tol)}")
     for p, xv in zip(pts, xs):
         E = np.maximum(table["final_E"][table["point"] == p], 1e-300)
         jitter = np.linspace(-0.04, 0.04, E.size) * (np.ptp(xs) if len(xs) > 1 else 1)
-        ax_e.scatter(xv + jitter, E, s=6, color=color, alpha=0.4)
+        # past SCATTER_FULL instances a point, fainter and smaller dots, so that the
+        # cloud shows where they gather rather than one block; those that did not reach
+        # the tolerance stay full, so that a rare one shows; raster in the PDF
+        thin = min(1.0, SCATTER_FULL / E.size)
+        for part, scale in ((E < tol, thin), (E >= tol, 1.0)):
+            ax_e.scatter(xv + jitter[part], E[part], s=6 * scale**0.25, color=color,
+                         alpha=max(0.4 * scale**0.5, 0.01), rasterized=True)
     ax_e.plot(xs, [s["final_E_median"] for s in stats], "-", color=color)
 
 
@@ -216,5 +227,5 @@ def write_figure(folder: Path, spec, keys, table) -> list[Path]:
     ax_e.set_title("every instance's final E")
     legend_under_panels(fig, ax_t, ncol=min(len(by_group), 3))  # each line is in both
     title = (f"sweep {spec.experiment}: {len(np.unique(table['point']))} points × "
-             f"{spec.instances} instances, seed {spec.seed}")
+             f"{spec.instances:,} instances, seed {spec.seed}")
     return save_figure(fig, Path(folder) / "sweep", title)

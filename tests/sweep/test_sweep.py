@@ -365,6 +365,27 @@ def test_report_reads_the_tolerance_recorded_in_sweep_json(tmp_path, monkeypatch
     assert (0.003, 0.003) in [tuple(line.get_ydata()) for line in ax_e.lines]
 
 
+def test_many_instances_are_drawn_faint_but_those_off_the_tolerance_in_full(tmp_path,
+                                                                            monkeypatch):
+    """Past `SCATTER_FULL` instances a point the final `E` under the tolerance are drawn
+    fainter (a cloud, not a block), those above it as at any size: a rare one shows."""
+    (tmp_path / "sweep.json").write_text(json.dumps({"tolerance": 1e-4}))
+    n = 4 * _report.SCATTER_FULL
+    E = np.full(n, 1e-10)
+    E[7] = 0.1
+    table = {"point": np.zeros(n, int), "beta": np.ones(n), "consensus_time": np.ones(n),
+             "final_E": E, "in_domain": np.ones(n, bool),
+             "prediction_held": np.array([True] * n, object), "solver_success": np.ones(n, bool)}
+    figures = []
+    monkeypatch.setattr(_report, "save_figure", lambda fig, stem, title: figures.append(fig))
+    _report.write_figure(tmp_path, ja.sweep.SweepSpec("thm41-sphere", instances=n), ["beta"],
+                         table)
+    below, above = figures[0].axes[1].collections
+    assert len(below.get_offsets()) == n - 1 and below.get_alpha() == pytest.approx(0.2)
+    assert below.get_rasterized() and above.get_offsets()[:, 1].tolist() == [0.1]
+    assert above.get_alpha() == 0.4 and above.get_sizes()[0] == 6
+
+
 @pytest.mark.parametrize("name", ja.sweep.SWEEPABLE)
 def test_every_sweep_parameter_is_an_override_of_jaxattn_run(name):
     """One parameter list serves both: a sweep varies exactly what `jaxattn run NAME

@@ -391,15 +391,16 @@ def check_tokens_now(x: Float[Array, "*batch n d"]) -> None:
     raise_unless(not zero, TOKENS_ZERO)
 
 
-def check_rows_now(x: Float[Array, "*batch n d"], name: str, where: str) -> None:
-    """Refuse, when `x` is concrete, NaN/inf entries and zero rows (tokens without a
-    direction), with a one-line `ValueError` that names `where` (the function) and
-    `name`. Traced `x` passes unchecked: a metric inside `jit`/`vmap` (an `observe`
-    of `run_layers`, a sharded program) stays free of host callbacks, and its
-    result is NaN for such rows, as documented by each caller."""
+def check_rows_now(x: Float[Array, "*batch n d"], name: str, where: str,
+                   directions: bool = True) -> None:
+    """Refuse, when `x` is concrete, NaN/inf entries and (with `directions`) zero rows
+    (tokens without a direction), with a one-line `ValueError` that names `where` (the
+    function) and `name`. Traced `x` passes unchecked: a metric inside `jit`/`vmap` (an
+    `observe` of `run_layers`, a sharded program) stays free of host callbacks, and
+    its result is NaN for such rows, as documented by each caller."""
     if not is_concrete(x) or x.size == 0:
         return
-    for bad, message in zip(_token_defects(np.asarray(x), np), (
+    for bad, message in zip(_token_defects(np.asarray(x), np)[:1 + directions], (
         f"`{name}` contains NaN or inf; pass finite tokens (the tokens of a failed run are "
         "not meaningful: check its `success`).",
         f"a token (row) of `{name}` is zero, so it has no direction; every token needs a "

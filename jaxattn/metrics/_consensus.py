@@ -131,10 +131,10 @@ def _half_sq_norm(r: Float[Array, "... d"], W: Float[Array, "d d"] | None) -> Fl
     return jnp.maximum(w_inner(r, r, W), 0) / 2
 
 
-def _tokens(x, where: str | None = None) -> Float[Array, "*batch n d"]:
+def _tokens(x, where: str | None = None, directions: bool = True) -> Float[Array, "*batch n d"]:
     """`x` as tokens `(..., n, d)`, or a one-line error naming `x` and the fix; with
-    `where` (the function's name), also `n, d ≥ 1` and, when concrete, nonzero finite
-    rows."""
+    `where` (the function's name), also `n, d ≥ 1` and, when concrete, finite rows,
+    nonzero unless `directions` is false."""
     x = as_float_array(x, "x")
     empty = x.ndim >= 2 and where is not None and 0 in x.shape[-2:]
     if x.ndim < 2 or empty:
@@ -143,7 +143,7 @@ def _tokens(x, where: str | None = None) -> Float[Array, "*batch n d"]:
                          if empty else f"{where + ': ' if where else ''}`x` must be "
                          f"tokens of shape (..., n, d), got {x.shape}.")
     if where is not None:
-        check_rows_now(x, "x", where)
+        check_rows_now(x, "x", where, directions)
     return x
 
 
@@ -332,13 +332,14 @@ def rank_collapse_residual(x: Float[Array, "*batch n d"]) -> Float[Array, "*batc
 
     **Arguments:**
 
-    - `x`: tokens `(..., n, d)`, not all zero.
+    - `x`: tokens `(..., n, d)`, not all zero. NaN or inf is refused with a `ValueError`
+      when `x` is concrete; traced, such a matrix's residual is NaN.
 
     **Returns:**
 
     The residual per leading index, in `[0, 1]`.
     """
-    x = _tokens(x)
+    x = _tokens(x, "rank_collapse_residual", directions=False)
 
     def one(xi):
         # One power-of-two scale for the whole matrix (the ratio is scale-invariant),

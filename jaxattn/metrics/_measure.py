@@ -23,13 +23,14 @@ def order_parameter(x: Float[Array, "*batch n d"]) -> Float[Array, "*batch"]:
     **Arguments:**
 
     - `x`: tokens `(..., n, d)`, usually on the unit sphere (it is not projected:
-      tokens of other lengths give the norm of their plain mean).
+      tokens of other lengths give the norm of their plain mean). NaN or inf is
+      refused with a `ValueError` when `x` is concrete; traced, the result is NaN.
 
     **Returns:**
 
     `|x̄|` with the shape of the leading axes.
     """
-    x = _tokens(x)
+    x = _tokens(x, "order_parameter", directions=False)
     return jnp.linalg.norm(jnp.mean(x, axis=-2), axis=-1)
 
 

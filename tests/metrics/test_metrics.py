@@ -352,6 +352,20 @@ def test_misalignment_refuses_zero_and_nonfinite_rows():
     assert float(M.misalignment(tiny)) == 0.0
 
 
+@pytest.mark.parametrize("metric", [M.order_parameter, M.rank_collapse_residual])
+def test_the_plain_token_metrics_refuse_nonfinite_but_take_zero_rows(metric):
+    """`order_parameter` and `rank_collapse_residual` do not project the tokens: a zero
+    row is a valid token, NaN or inf is refused when concrete (NaN when traced)."""
+    good = np.array([[1.0, 0, 0], [0, 0, 0], [0, 1, 0]])
+    assert np.isfinite(metric(good))
+    x = np.stack([good, good])
+    x[1, 2, 1] = np.nan
+    with pytest.raises(ValueError, match=f"^{metric.__name__}: `x` contains NaN or inf"):
+        metric(x)
+    out = jax.jit(metric)(x)
+    assert np.isfinite(out[0]) and np.isnan(out[1])
+
+
 def test_span_misalignment_is_the_cancellation_free_misalignment(key):
     """paper.span_misalignment is ja.misalignment with the metric G: ≥ 0 and resolving
     near-consensus in float32, where 1 − mean cos floors at ~1e-7."""

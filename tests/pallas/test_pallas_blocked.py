@@ -105,8 +105,9 @@ def test_cuda_lowering_takes_the_kernel_and_the_cpu_keeps_the_sweep():
         with use_flash("cuda"):
             cuda = _lowered(dyn, x, "cuda")
             cpu = _lowered(dyn, x, "cpu")
+            tpu = _lowered(dyn, x, "tpu")  # a TPU takes XLA's sweep: no Triton kernel there
         assert "__gpu$xla.gpu.triton" in cuda
-        assert "triton" not in cpu
+        assert "triton" not in cpu and "triton" not in tpu
         # Past FLASH_MAX_DIM the kernel's unrolled coordinates lose to XLA's products.
         wide = _model("softmax", jnp.float32, d=FLASH_MAX_DIM + 1)
         with use_flash("cuda"):

@@ -58,7 +58,8 @@ FOOTPRINT: dict[str, tuple[tuple[str | int, ...] | list[tuple[str | int, ...]], 
     "power-shared": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),
     "power-layers": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),
     "steer": (("prompts", "tokens", "hidden"), ("heads", "hidden", "hidden")),
-    "oja-bipartite": (("instances", "tokens", "dim"),),
+    # its draws: 258 B an instance at d = 3 (peak memory, 10⁶ → 4 × 10⁶ instances)
+    "oja-bipartite": (("instances", "tokens", "dim"), ("instances", "dim", "dim", 3)),
     # 4.1 floats a β, system, token and dimension (peak memory, 4,096 → 32,768 systems)
     "phase-diagram": (("betas", "systems", "tokens", "dim", 4), ("betas", "times")),
     "norm-beta": (("betas", "systems", "tokens", "dim"), ("heads", "dim", "dim")),

@@ -61,6 +61,7 @@ TOO_BIG = [
     ("thm52-symmetric", "--saves", "40000000"),
     ("adversarial-tokens", "--causal-tokens", "98736"),
     ("conjecture-bipartite", "--layers", "70212528"),
+    ("oja-bipartite", "--instances", "200000000"),  # its draws alone: 52 GB
 ]
 
 

@@ -323,7 +323,8 @@ def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
          "padding included: with `mask` only E (of the text tokens) is recorded; loop without "
          "`observe`."),
         (any(not 0 <= d <= total for d in depths), ValueError,
-         f"save_states depths must lie in [0, {total}], got {list(depths)}."),
+         f"`save_states` (--save-states) depths must lie in [0, {total}] (0: the embeddings, "
+         f"{total}: after {passes} passes of {model.num_layers} blocks), got {list(depths)}."),
     ))
     if weights == "trained":
         key = None  # drawn with nothing: no key, not even PRNGKey(0)'s own small program

@@ -88,6 +88,9 @@ def test_loop_command_records_the_precision(config_path, tmp_path):
     (["--model", "gpt2", "--weights", "random", "--passes", "0"], "passes"),
     (["--model", "no-such-model", "--weights", "random"], "neither a preset"),
     (["--model", "gpt2", "--weights", "random", "--prompts", "0"], "--prompts"),
+    (["--model", "gpt2", "--weights", "random", "--passes", "2", "--save-states", "0,999"],
+     "`save_states` (--save-states) depths must lie in [0, 24] (0: the embeddings, 24: after "
+     "2 passes of 12 blocks), got [0, 999]."),
 ])
 def test_loop_command_errors_are_one_line(argv, message, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -54,13 +54,14 @@ class AbstractStrategy(eqx.Module):
         """A `ValueError` naming what this member does not run (`dyn` one model)."""
         refuse_first(self.name, (
                 (not self.runs_blocks and dyn.block_size,
-                 "runs dense attention: a model with `block_size` takes strategy='general' "
-                 "(or 'auto')."),
+                 "runs dense attention: a model with `block_size` takes strategy=ja.Vmap() "
+                 "('general', or 'auto')."),
                 (not self.splits_tokens and dyn.token_mesh is not None,
-                 "runs whole systems: tokens split over devices take strategy='general'."),
+                 "runs whole systems: tokens split over devices take strategy=ja.Vmap() "
+                 "('general')."),
                 (not self.differentiable and differentiating(operands),
                  "is not differentiable (the kernel has no derivative rule): differentiate "
-                 "with strategy='fused'.")))
+                 "with strategy=ja.BatchLast() ('fused').")))
 
     @abc.abstractmethod
     def run_layers(self, dyn, x0, num_layers, tau, observe, checkpoints, *, devices,

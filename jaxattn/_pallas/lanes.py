@@ -108,7 +108,8 @@ class _LaneValues(AbstractValues):
         name = eqn.primitive.name
         if name not in _RULES:
             raise KernelUnsupported(f"strategy='kernel' has no rule for the operation "
-                                    f"`{name}` of this model's program: use strategy='fused'.")
+                                    f"`{name}` of this model's program: use "
+                                    "strategy=ja.BatchLast() ('fused').")
         out = _RULES[name](eqn, ins, self.lanes, **eqn.params)
         return out if eqn.primitive.multiple_results else [out]
 
@@ -207,7 +208,7 @@ def _window(idx, shape, sizes, what) -> tuple:
     """The slices of a dynamic slice or update at fixed indices, clamped as XLA clamps."""
     if not all(_constant(i) for i in idx):
         raise KernelUnsupported(f"strategy='kernel' takes {what} at fixed indices only: "
-                                "use strategy='fused'.")
+                                "use strategy=ja.BatchLast() ('fused').")
     start = [min(max(int(np.asarray(i)), 0), n - k) for i, n, k in zip(idx, shape, sizes)]
     return tuple(slice(s, s + k) for s, k in zip(start, sizes))
 

@@ -80,14 +80,14 @@ def _refuse(devices, shard, checked=True, event=None, progress=False) -> None:
     """What `strategy="kernel"` does not run, refused by name."""
     refuse_first("kernel", (
             (not checked, "solves with ja.solve_flow (checked inputs): take "
-                          "strategy='fused' here."),
+                          "strategy=ja.BatchLast() ('fused') here."),
             (event is not None, "saves at `ts`: drop `solution=`/`event=`, or take "
-                                "strategy='general'."),
+                                "strategy=ja.Vmap() ('general')."),
             (devices is not None or shard != "batch",
-             "runs on one device: drop `devices=`/`shard=`, or take strategy='fused' to "
-             "split the systems over devices."),
+             "runs on one device: drop `devices=`/`shard=`, or take strategy=ja.BatchLast() "
+             "('fused') to split the systems over devices."),
             (progress, "runs a flow in one kernel, with no progress bar: drop `progress=`, "
-                       "or take strategy='fused'.")))
+                       "or take strategy=ja.BatchLast() ('fused').")))
 
 
 def _layer(x, k, params):

@@ -140,7 +140,7 @@ def kernel_plan(ts, solver, controller, dt0, max_steps) -> tuple:
             (not constant, "takes constant steps: pass `dt0=` and no adaptive "
                            "`stepsize_controller`."),
             (tn is None, "plans its steps from concrete `ts`: call it outside jit, or take "
-                         "strategy='fused'."),
+                         "strategy=ja.BatchLast() ('fused')."),
             (not on_grid, "saves on its step grid: `ts` equally spaced, each gap a whole "
                           "number of steps `dt0`."),
             (steps > max_steps, f"{steps} steps exceed max_steps={max_steps}.")))

@@ -135,7 +135,7 @@ def test_block_size_is_checked_and_the_fused_path_refuses_it():
     assert not ja.SelfAttentionDynamics(U, U, block_size=0).blocked(10**6)  # dense, forced
     model = ja.SelfAttentionDynamics(U, U, block_size=4)
     x = jnp.ones((3, 5, 3))
-    with pytest.raises(ValueError, match="strategy='general'"):
+    with pytest.raises(ValueError, match=r"strategy=ja.Vmap\(\) \('general'"):
         ja.run_layers(model, x, 1, 0.1, strategy="fused")
     assert not ja.SelfAttentionDynamics(U, U).blocked(8)
     assert ja.SelfAttentionDynamics(U, U).blocked(4096)

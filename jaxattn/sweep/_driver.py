@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import itertools
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,10 @@ from ._spec import SweepSpec, check_spec, grid_keys, read_spec, sweep_params, wi
 #: The columns of a sweep table, after the grid parameters.
 COLUMNS = ("point", "instance", "seed", "theorem", "final_E", "consensus_time", "in_domain",
            "outcome_reached", "prediction_held", "solver_success", "num_steps", "status")
+
+
+#: A sweep that would take longer than this (seconds, at its first chunk's pace) says so.
+LONG_SWEEP = 3600
 
 
 def plan(spec: SweepSpec, configs) -> list[tuple[int, int, int]]:
@@ -238,14 +243,16 @@ def _run_chunks(folder, spec, configs, params, keys, chunks, devices, progress, 
     if len(todo) < len(chunks):
         log(f"resuming {folder}: {len(chunks) - len(todo)} of {len(chunks)} chunks done")
     else:
-        log(f"jaxattn sweep {spec.experiment} → {folder} ({len(configs)} points × "
-            f"{spec.instances} instances, {len(chunks)} chunks)")
+        log(f"jaxattn sweep {spec.experiment} → {folder} ({len(configs):,} point"
+            f"{'s' * (len(configs) > 1)} × {spec.instances:,} instances, {len(chunks):,} "
+            f"chunk{'s' * (len(chunks) > 1)})")
     if devices is None and jax.device_count() > 1:
         devices = jax.device_count()
     total = len(configs) * spec.instances
+    start = time.monotonic()
     with tqdm(total=total, initial=done, unit="inst", desc=f"sweep {spec.experiment}",
               disable=not progress, smoothing=0.1) as bar:
-        for index, (point, lo, hi) in todo:
+        for k, (index, (point, lo, hi)) in enumerate(todo):
             config = configs[point]
             out = simulate(spec.experiment, config, params, range(spec.seed + lo, spec.seed + hi),
                            devices)
@@ -254,6 +261,11 @@ def _run_chunks(folder, spec, configs, params, keys, chunks, devices, progress, 
             if is_writer():
                 atomic_write(_chunk_path(folder, index), lambda f, data=data: f.write(data))
             bar.update(hi - lo)
+            if k == 0 and len(todo) > 1:  # its compilation included: an upper bound
+                left = (time.monotonic() - start) / (hi - lo) * (total - done - (hi - lo))
+                if left > LONG_SWEEP:
+                    log(f"about {left / 3600:.3g} hours left at the first chunk's pace; a "
+                        "stopped sweep continues with the same command and --resume")
 
 
 def _unsaved(folder: Path, header: list[str], chunks) -> list[int]:

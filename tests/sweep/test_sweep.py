@@ -107,6 +107,30 @@ def test_killed_and_resumed_sweep_gives_the_same_table(tmp_path):
     np.testing.assert_array_equal(again.table["final_E"], table["final_E"])
 
 
+def _fake_chunk(name, config, params, seeds, devices):
+    """What `simulate_chunk` returns for `seeds`, without running them."""
+    B = len(seeds)
+    return {"E": np.ones((B, 3)), "ts": np.tile(np.arange(3.0), (B, 1)),
+            "in_domain": np.ones(B, bool), "reached": np.zeros(B, bool),
+            "success": np.ones(B, bool), "num_steps": np.full(B, 7)}
+
+
+@pytest.mark.parametrize("long_sweep, said", [(-1, True), (3600, False)])
+def test_a_long_sweep_says_how_long_after_its_first_chunk(tmp_path, monkeypatch, long_sweep,
+                                                        said):
+    """Past `LONG_SWEEP` seconds at its first chunk's pace, one line says how long is
+    left and how to continue a stopped sweep; a short sweep says nothing of it."""
+    spec = ja.sweep.SweepSpec("thm41-sphere", instances=4, chunk=2)
+    configs = ja.sweep.check_spec(spec)
+    monkeypatch.setattr(_run, "LONG_SWEEP", long_sweep)
+    lines = []
+    _run._run_chunks(tmp_path, spec, configs, ja.sweep.sweep_params("thm41-sphere"), [],
+                     _run.plan(spec, configs), None, False, lines.append, _fake_chunk)
+    pace = [line for line in lines if "at the first chunk's pace" in line]
+    assert len(pace) == said and all(line.endswith("the same command and --resume")
+                                     for line in pace), lines
+
+
 def test_stale_partial_chunk_is_ignored(tmp_path):
     """A temporary file left by a kill during a write is removed; a chunk that does not
     fit the plan is recomputed, never trusted."""

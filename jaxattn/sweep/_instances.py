@@ -34,10 +34,11 @@ from ..theory import theorem_test
 STRATEGY = "auto"
 #: The instances of a block on a CPU (`_chunk`): a chunk runs block by block, so that an
 #: instance's numbers do not depend on the batch or its split over devices (a vectorised
-#: loop rounds the lanes of its remainder differently). A GPU runs a device's whole
-#: share as one block (a thread per instance: no remainder lanes; blocks of 16 would
-#: leave it idle).
-LANES = 16
+#: loop rounds the lanes of its remainder differently). 64 against 16: 1.09–1.30× the
+#: instances a second in each sweepable experiment, flow and layers (BENCHMARKS.md,
+#: "Measured claims"; AMD EPYC, 2 cores). A GPU runs a device's whole share as one
+#: block (a thread per instance: no remainder lanes; small blocks would leave it idle).
+LANES = 64
 #: Experiment parameters that a sweep replaces (`--instances`).
 EXCLUDED = ("samples",)
 #: A chunk's peak memory per instance, as a multiple of the bytes of its outputs (`E`,

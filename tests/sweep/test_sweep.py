@@ -340,14 +340,18 @@ def test_chunks_fit_the_memory_and_a_sweep_too_large_for_it_is_refused(monkeypat
     """By default a chunk takes at most an eighth of the memory (whole blocks of
     `LANES`); a chunk asked for, or a table, that cannot fit is refused before any
     work, with the largest that fits."""
-    spec = ja.sweep.SweepSpec("thm41-sphere", instances=40)
+    lanes = _instances.LANES
+    spec = ja.sweep.SweepSpec("thm41-sphere", instances=5 * lanes // 2)
     configs = ja.sweep.check_spec(spec)
     need = _instances.instance_bytes("thm41-sphere", configs[0])
-    monkeypatch.setattr(_run, "machine_memory", lambda: 8 * 20 * need)
-    assert _run.plan(spec, configs) == [(0, 0, 16), (0, 16, 32), (0, 32, 40)]
-    assert _run.plan(dataclasses.replace(spec, chunk=30), configs) == [(0, 0, 30), (0, 30, 40)]
-    with pytest.raises(ValueError, match=r"chunk = 200 \(--chunk\).*\(at most 160\)"):
-        _run.plan(dataclasses.replace(spec, instances=400, chunk=200), configs)
+    monkeypatch.setattr(_run, "machine_memory", lambda: 8 * (lanes + lanes // 4) * need)
+    assert _run.plan(spec, configs) == [(0, 0, lanes), (0, lanes, 2 * lanes),
+                                        (0, 2 * lanes, 5 * lanes // 2)]
+    assert _run.plan(dataclasses.replace(spec, chunk=30), configs)[:2] == [(0, 0, 30),
+                                                                          (0, 30, 60)]
+    with pytest.raises(ValueError, match=rf"chunk = {20 * lanes} \(--chunk\).*\(at most "
+                       rf"{8 * (lanes + lanes // 4)}\)"):
+        _run.plan(dataclasses.replace(spec, instances=40 * lanes, chunk=20 * lanes), configs)
     from jaxattn.sweep import _spec
 
     monkeypatch.setattr(_spec, "machine_memory", lambda: 100 * _spec.TABLE_ROW_BYTES)

@@ -42,9 +42,9 @@ LANES = 64
 #: Experiment parameters that a sweep replaces (`--instances`).
 EXCLUDED = ("samples",)
 #: A chunk's peak memory per instance, as a multiple of the bytes of its outputs (`E`,
-#: `ts` and `residual` at every saved time, and `y0`): measured 3.8 (`jaxattn sweep
-#: thm41-sphere --instances` 4,096 and 32,768: 46 kB more peak memory an instance, for
-#: 12 kB of outputs; AMD EPYC, float32).
+#: `ts` and `residual` at every saved time, and `y0`): measured 3.8 in blocks of 16
+#: (`jaxattn sweep thm41-sphere --instances` 4,096 and 32,768: 46 kB more peak memory
+#: an instance, for 12 kB of outputs; AMD EPYC, float32), 2.8 in blocks of 64 (33 kB).
 PEAK_PER_OUTPUT = 4
 
 

@@ -7,6 +7,7 @@ The folder, first that applies: `enable_cache(path)`'s `path`; `JAXATTN_CACHE_DI
 import: `jaxattn cache` reads and clears the folder without loading it."""
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -24,6 +25,9 @@ MIN_COMPILE_TIME_S = 0.0
 #: and kernel caches; and jaxattn's markers of programs it does not keep (`-traced`).
 _SUFFIXES = ("-cache", "-atime", "-traced", "-order")
 _OTHERS = (".lockfile", "xla_gpu_per_fusion_autotune_cache_dir", "xla_gpu_kernel_cache_file")
+#: jaxattn's own entries beside them: a model file's tensors, converted once
+#: (`models._gguf.cache_file`: `{stem}-jaxattn-gguf-{version}-{content hash}.npz`).
+CONVERTED = re.compile(r".+-jaxattn-[a-z]+-\d+-[0-9a-f]{32}\.npz")
 
 
 def cache_dir(path: str | os.PathLike | None = None) -> Path | None:
@@ -88,8 +92,9 @@ def _unusable(folder: Path) -> str | None:
 
 
 def is_entry(path: Path) -> bool:
-    """Whether `path`, in a cache folder, is something JAX or XLA wrote there."""
-    return path.name in _OTHERS or (path.is_file() and path.name.endswith(_SUFFIXES))
+    """Whether `path`, in a cache folder, is something JAX, XLA or jaxattn wrote there."""
+    return path.name in _OTHERS or (path.is_file() and (
+        path.name.endswith(_SUFFIXES) or CONVERTED.fullmatch(path.name) is not None))
 
 
 def cache_size(folder: Path) -> tuple[int, int]:

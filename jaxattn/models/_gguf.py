@@ -1,8 +1,9 @@
 """Llama-family `.gguf` files (llama.cpp): metadata → config, tensors dequantised to
 float32 with the `gguf` package, llama.cpp's query/key row permutation undone,
-names mapped to HuggingFace's. The converted tensors are cached as an `.npz`
-(`$JAXATTN_CACHE_DIR`, default `~/.cache/jaxattn`), keyed by the file's content,
-so a file is dequantised once."""
+names mapped to HuggingFace's. The converted tensors are cached as an `.npz` in the
+compilation cache's folder (`jaxattn._process.cache.cache_dir`: `$JAXATTN_CACHE_DIR`,
+default `~/.cache/jaxattn`; none when it is `off`), keyed by the file's content, so a
+file is dequantised once; `jaxattn cache clear` removes it with the programs."""
 
 import hashlib
 import json
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .._files import atomic_write
+from .._process.cache import cache_dir
 
 _FORMAT = "jaxattn-gguf-2"  # bump when the conversion changes: old caches are ignored
 # (2: the config records `tie_word_embeddings`)
@@ -43,14 +45,12 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def cache_file(path: Path) -> Path:
-    """The cache entry for `path` (under `$JAXATTN_CACHE_DIR`, default
-    `$XDG_CACHE_HOME/jaxattn`), keyed by the conversion's version and the file's
-    content, so a file rewritten in place is never served stale, whatever its size
-    and mtime say."""
-    root = os.environ.get("JAXATTN_CACHE_DIR") or Path(
-        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "jaxattn"
-    return Path(root) / f"{path.stem}-{_FORMAT}-{file_sha256(path)[:32]}.npz"
+def cache_file(path: Path) -> Path | None:
+    """The cache entry for `path` in the cache folder (`cache_dir`; `None` when the cache
+    is off), keyed by the conversion's version and the file's content, so a file
+    rewritten in place is never served stale, whatever its size and mtime say."""
+    root = cache_dir()
+    return None if root is None else root / f"{path.stem}-{_FORMAT}-{file_sha256(path)[:32]}.npz"
 
 
 def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -213,6 +213,8 @@ def convert(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
 def converted(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     """`convert(path)`, read from the cache when it was done before."""
     cache = cache_file(path)
+    if cache is None:
+        return convert(path)
     if cache.exists():
         try:
             with np.load(cache) as data:

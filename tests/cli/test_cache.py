@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn._process.cache import cache_dir
+from jaxattn._process.cache import CONVERTED, cache_dir
 from jaxattn.cli import main
 
 #: A `jaxattn` command in a fresh Python, counting JAX's cache events: programs looked
@@ -190,6 +190,26 @@ def test_the_folder_rule(monkeypatch, tmp_path):
     assert cache_dir() is None
 
 
+def test_a_gguf_conversion_is_kept_in_the_cache_folder_and_not_when_it_is_off(
+        monkeypatch, tmp_path):
+    """`.gguf` tensors are converted once into the cache's folder by its rule, and into
+    no folder (not one named `off`) when the cache is off."""
+    from jaxattn.models import _gguf
+
+    model = tmp_path / "model.Q4_1.gguf"
+    model.write_bytes(b"gguf")
+    monkeypatch.delenv("JAXATTN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
+    entry = _gguf.cache_file(model)
+    assert entry.parent == tmp_path / "jax" and CONVERTED.fullmatch(entry.name)
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", "off")
+    assert _gguf.cache_file(model) is None
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_gguf, "convert", lambda path: ({"model_type": "llama"}, {}))
+    assert _gguf.converted(model) == ({"model_type": "llama"}, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.Q4_1.gguf"]
+
+
 def test_enable_cache_refuses_a_folder_it_cannot_use(tmp_path):
     (tmp_path / "file").write_text("mine")
     with pytest.raises(ValueError, match=r"file is not a folder; choose another folder "
@@ -212,6 +232,8 @@ def test_cache_info_and_clear(capsys, monkeypatch, tmp_path):
     (tmp_path / "jit_f-0a1b-atime").write_bytes(b"t" * 8)
     (tmp_path / "xla_gpu_per_fusion_autotune_cache_dir").mkdir()
     (tmp_path / "xla_gpu_per_fusion_autotune_cache_dir" / "fusion").write_bytes(b"y" * 1000)
+    # a .gguf file's tensors, converted once (`models._gguf.cache_file`)
+    (tmp_path / f"model.Q4_1-jaxattn-gguf-2-{'0a' * 16}.npz").write_bytes(b"w" * 100)
     for words in ([], ["info"]):
         assert _cache_command(capsys, *words)[:2] == (
             0, f"compilation cache: {tmp_path}, 1 entries, 0.0 MB\n")

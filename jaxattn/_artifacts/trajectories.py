@@ -2,7 +2,8 @@
 the arrays of its `data.npz` named by `ys` or `paths` (docs/usage/animations.md),
 `(T, n, d)` or `(B, T, n, d)` for `B` runs side by side. Their times and misalignment
 are the arrays named with `ts` and `E` in their place (`ts_layers`); without saved
-times a trajectory is a sequence of layers.
+times a trajectory is a sequence of layers. A loop folder's `states (B, K, n, d)`
+(`jaxattn loop --save-states`) are one per prompt, at the blocks `depths (K,)`.
 """
 
 import dataclasses
@@ -13,8 +14,9 @@ import numpy as np
 
 from .folders import INCOMPLETE, RunFolderError, check_not_held, read_settings
 
-#: Where the tokens are: `ys` or `paths` as the whole name or one of its `_` parts.
-_TOKENS = re.compile(r"(^|_)(ys|paths)(_|$)")
+#: Where the tokens are: `ys`, `paths` or `states` as the whole name or one of its `_`
+#: parts.
+_TOKENS = re.compile(r"(^|_)(ys|paths|states)(_|$)")
 
 
 def superscript(d: int) -> str:
@@ -84,10 +86,14 @@ def pick(data, name: str | None = None, index: int = 0, *,
             raise ValueError(message)
     xs = np.asarray(data[name], dtype=np.float64)
     ts, E = (_partner(data, name, key, xs.shape[:-2]) for key in ("ts", "E"))
+    if name == "states" and "depths" in data:  # a loop's: E (B, every block) at `depths`
+        depths = np.asarray(data["depths"], dtype=int)
+        ts = np.broadcast_to(depths.astype(np.float64), xs.shape[:-2])
+        E = np.asarray(data["E"], np.float64)[..., depths] if "E" in data else None
     label = f"{name}[{index}]" if xs.ndim == 4 else name
     if xs.ndim == 4:  # run `index` of a batch (one run: `index` is 0)
         xs, ts, E = (None if a is None else a[index] for a in (xs, ts, E))
-    layers = ts is None or name.endswith("_layers")
+    layers = ts is None or name.endswith("_layers") or name == "states"
     if ts is None:
         ts = np.arange(xs.shape[0], dtype=np.float64)
     # A run stopped by an event saves `inf` times (and placeholders) after its end.
@@ -150,10 +156,9 @@ def how_to_save(folder) -> str:
     config = read_settings(folder / "config.json")
     name = config.get("experiment")
     if name is None and "model" in config:
-        return ("`jaxattn loop` records E only; for the states after every pass call "
-                "`E, states = ja.models.loop(model, ids, passes=P, save_states=range(0, "
-                "P * L + 1, L))` (L: the model's blocks) and animate them with "
-                "`ja.animate(states, 'loop.mp4')` (d > 3: one PCA).")
+        return ("this loop saved E only: run it with `--save-states 0,L,2L,…` (L: the "
+                "model's blocks) to save the tokens after every pass, which animate and "
+                "view draw (d > 3: one PCA), one prompt each (--index).")
     if name in _RECIPES:
         return f"{name} saves its measures only; simulate one of its starts: {_RECIPES[name]}."
     return (f"{name or 'this run'} saves its measures only; the runs that save tokens are "

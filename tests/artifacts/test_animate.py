@@ -218,7 +218,7 @@ def test_runs_without_tokens_say_how_to_make_them():
             continue
         with np.load(folder / "data.npz") as f:
             assert not trajectory_names({k: f[k] for k in f.files}), folder.name
-        with pytest.raises(ValueError, match="ja.animate|jaxattn run thm41-sphere"):
+        with pytest.raises(ValueError, match="ja.animate|jaxattn run thm41-sphere|--save-states"):
             load(folder)
 
 

@@ -100,7 +100,8 @@ BAD = [
     (["view"], "required: folder"),
     (["view", f"{_RUNS}/demo"], "required: --out"),
     (["view", f"{_RUNS}/demo", "--out", "page.txt"], "must end in .html"),
-    (["view", f"{_RUNS}/loop", "--out", "/tmp/page.html"], "records E only"),
+    (["view", f"{_RUNS}/loop", "--out", "/tmp/page.html"],
+     "this loop saved E only: run it with `--save-states"),
     (["view", f"{_RUNS}/metastability", "--out", "/tmp/page.html", "--index", "9"],
      "--index must be in 0 … 2"),
 ]

@@ -56,6 +56,16 @@ def test_loop_command_writes_a_run_folder(config_path, tmp_path, capsys):
     np.testing.assert_allclose(summary["E_final_mean"], E[:, -1].mean(), rtol=1e-6)
     # the same command again may not overwrite a finished run
     assert main(argv) == 2
+    # its saved states are each prompt's trajectory, at their blocks, for animate and view
+    from jaxattn._artifacts.trajectories import load
+
+    track = load(out, index=3)
+    with np.load(out / "data.npz") as data:
+        np.testing.assert_array_equal(track.xs, data["states"][3])
+    np.testing.assert_array_equal(track.ts, [0, 6])
+    np.testing.assert_array_equal(track.E, E[3, [0, 6]])
+    assert track.layers and track.name == "states[3]"
+    assert main(["view", str(out), "--index", "3", "--out", str(tmp_path / "v.html")]) == 0
 
 
 def test_loop_command_is_reproducible(config_path, tmp_path):

@@ -44,15 +44,17 @@ def register(sub) -> None:
     p = sub.add_parser("animate",
                        help="a run folder's token trajectories as a movie (MP4 or GIF)",
                        description="Draw the token trajectory saved in a run folder's "
-                       "data.npz (`jaxattn run`, `jaxattn demo`) as a movie: S² as a "
-                       "shaded sphere with trails, S¹ as a circle, d > 3 by one PCA; "
+                       "data.npz (`jaxattn run`, `jaxattn demo`, `jaxattn loop "
+                       "--save-states`) as a movie: S² as a shaded sphere with trails, S¹ "
+                       "as a circle, d > 3 by one PCA; "
                        "E(t) under it.")
     p.add_argument("folder", help="a run folder (with data.npz)")
     p.add_argument("--out", help="the movie, .mp4 or .gif (default: DIR/<trajectory>.mp4)")
     p.add_argument("--which", help="the trajectory's array in data.npz (default: the first: "
                    "ys, ys_layers, …)")
     p.add_argument("--index", type=int, default=0,
-                   help="which run of a batch of runs (B, T, n, d) (default 0)")
+                   help="which run of a batch of runs (B, T, n, d), or prompt of a loop "
+                   "(default 0)")
     p.add_argument("--frames", type=int, default=200, help="most frames (default 200)")
     p.add_argument("--fps", type=int, default=20, help="frames per second (default 20)")
     p.add_argument("--trail", type=int, default=8, help="frames of trail (default 8)")

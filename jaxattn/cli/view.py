@@ -37,6 +37,7 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="the page to write, FILE.html")
     p.add_argument("--which", help="the trajectory's array in data.npz (default: the first)")
     p.add_argument("--index", type=int, default=0,
-                   help="which run of a batch of runs (B, T, n, d) (default 0)")
+                   help="which run of a batch of runs (B, T, n, d), or prompt of a loop "
+                   "(default 0)")
     p.add_argument("--title", help="the page's title")
     p.set_defaults(func=_view)

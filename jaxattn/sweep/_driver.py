@@ -101,9 +101,8 @@ def _rows(spec, config, keys, point, lo, out, theorem) -> list[list[str]]:
 
 
 def _csv(header, rows) -> bytes:
-    """The text of a CSV file: `header` and `rows` (lists of cells, or joined lines)."""
-    lines = [",".join(header)] + [r if isinstance(r, str) else ",".join(r) for r in rows]
-    return ("\n".join(lines) + "\n").encode()
+    """The text of a CSV file: `header` and `rows` (lists of cells)."""
+    return "".join(",".join(r) + "\n" for r in [header, *rows]).encode()
 
 
 def _header(grid_keys) -> list[str]:
@@ -114,12 +113,10 @@ def _chunk_path(folder: Path, index: int) -> Path:
     return folder / "chunks" / f"{index:05d}.csv"
 
 
-def _read_rows(path: Path, header: list[str], expected: int) -> list[str] | None:
-    """The data lines of a saved chunk, or `None` if it does not fit the plan."""
+def _fits_plan(path: Path, header: list[str], expected: int) -> bool:
+    """Whether a saved chunk has `header` and `expected` rows."""
     lines = path.read_text(encoding="utf-8").splitlines()
-    if not lines or lines[0] != ",".join(header) or len(lines) - 1 != expected:
-        return None
-    return lines[1:]
+    return bool(lines) and lines[0] == ",".join(header) and len(lines) - 1 == expected
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,14 +272,14 @@ def _unsaved(folder: Path, header: list[str], chunks) -> list[int]:
         stale.unlink(missing_ok=True)
     return [i for i, (_, lo, hi) in enumerate(chunks)
             if not (_chunk_path(folder, i).exists()
-                    and _read_rows(_chunk_path(folder, i), header, hi - lo) is not None)]
+                    and _fits_plan(_chunk_path(folder, i), header, hi - lo))]
 
 
 def _assemble(folder: Path, keys, chunks) -> dict[str, np.ndarray]:
     """Concatenate the chunks, in plan order, into `table.csv` (atomically), one file at
     a time: the table is never held whole as text."""
     def write(table):
-        table.write((",".join(_header(keys)) + "\n").encode())
+        table.write(_csv(_header(keys), []))
         for i in range(len(chunks)):  # each fits the plan: `_run_chunks` made sure
             with _chunk_path(folder, i).open("rb") as chunk:
                 chunk.readline()  # its header

@@ -66,17 +66,18 @@ def density(grid: AbstractGrid, x: Float[Array, "n d"], *, smoothing: float = 0.
         x, numeric = np.asarray(x, dtype=float), True
     except (TypeError, ValueError):
         x, numeric = np.zeros(()), False
-    norms = np.linalg.norm(np.atleast_1d(x), axis=-1, keepdims=True)
     refuse_first((
         (not numeric, TypeError, f"`x` must be an array of numbers, got {kind}."),
         (x.ndim != 2 or x.shape[-1] != grid.dim or x.shape[0] < 1, ValueError,
          f"`x` must be (n, {grid.dim}) points of S^{grid.dim - 1}, got shape {x.shape}."),
-        (not np.all(np.isfinite(x)) or np.any(norms == 0), ValueError,
-         "`x` must be finite and nonzero (points of the sphere)."),
     ))
+    # before any pass over the points: too many for the memory is said in one line
     refuse_first([too_big(16.0 * x.shape[0] * np.asarray(grid.degrees()).size,
                           f"the density of {x.shape[0]} points (their modes) needs about",
                           "pass fewer points")])
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    refuse_first([(not np.all(np.isfinite(x)) or np.any(norms == 0),
+                   "`x` must be finite and nonzero (points of the sphere).")])
     return _density(grid, x / norms, smoothing)
 
 

@@ -268,7 +268,8 @@ def test_bad_input_is_one_clear_error(call, message):
 
 
 def test_work_larger_than_the_memory_is_refused_in_one_line(monkeypatch):
-    """10⁹ samples' modes (256 GB) on a 32 GB machine, 10⁷ points' density on 1 GB."""
+    """10⁹ samples' modes (256 GB) on a 32 GB machine, 10⁷ and 10¹⁰ points' density on
+    1 GB."""
     monkeypatch.setattr(_validate, "machine_memory", lambda: 32 * 10**9)
     with pytest.raises(ValueError, match=r"^a sample of n = 1000000000 points needs about "
                        r"256 GB, more than this machine's memory \(32 GB\); pass a smaller n\.$"):
@@ -277,6 +278,10 @@ def test_work_larger_than_the_memory_is_refused_in_one_line(monkeypatch):
     points = np.broadcast_to(np.array([1.0, 0.0]), (10**7, 2))
     with pytest.raises(ValueError, match=r"^the density of 10000000 points \(their modes\) "
                        r"needs about 5.44 GB, more than .* \(1 GB\); pass fewer points\.$"):
+        mf.density(CIRCLE, points)
+    # refused before any pass over the points (their norms alone would take 80 GB)
+    points = np.broadcast_to(np.array([1.0, 0.0]), (10**10, 2))
+    with pytest.raises(ValueError, match=r"^the density of 10000000000 points .* 5.44 TB"):
         mf.density(CIRCLE, points)
 
 

@@ -294,7 +294,8 @@ def draw_sphere_density(ax, density, *, relative: bool = True, cmap: str = "viri
 
 #: Minor ticks to label on a narrow log axis (by their leading digit), the densest
 #: whose labels keep a line of space between them.
-_LOG_SUBSETS = ((2, 3, 4, 5, 6, 7, 8, 9), (2, 3, 4, 6), (2, 3, 5), (2, 5), (3,), ())
+_LOG_SUBSETS = ((2, 3, 4, 5, 6, 7, 8, 9), (2, 3, 4, 5, 6, 8), (2, 3, 4, 6), (2, 3, 5), (2, 5), (3,),
+                ())
 
 
 def plain_log_labels(axis) -> None:

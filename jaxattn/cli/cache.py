@@ -3,7 +3,7 @@ default), or empty it (`clear`). Reads the folder only: no JAX."""
 
 import argparse
 
-from .._process.cache import OFF, VARIABLE, cache_dir, cache_size, clear_cache
+from .._process.cache import CONVERTED, OFF, VARIABLE, cache_dir, cache_size, clear_cache
 
 
 def describe() -> str:
@@ -12,7 +12,11 @@ def describe() -> str:
     if folder is None:
         return f"compilation cache: off ({VARIABLE}={OFF})"
     entries, size = cache_size(folder)
-    return f"compilation cache: {folder}, {entries} entries, {size / 1e6:.1f} MB"
+    models = [p.stat().st_size for p in folder.glob("*.npz") if CONVERTED.fullmatch(p.name)] \
+        if folder.is_dir() else []
+    return (f"compilation cache: {folder}, {entries} entries, {size / 1e6:.1f} MB"
+            + (f" (of which {len(models)} converted .gguf model"
+               f"{'s' if len(models) > 1 else ''}, {sum(models) / 1e6:.1f} MB)" if models else ""))
 
 
 def _cache(args: argparse.Namespace) -> int:

@@ -37,9 +37,14 @@ def _grid(args: argparse.Namespace) -> int:
     from ..experiments.loop_grid import grid_weights
 
     tokens = TOKENS if args.tokens is None else args.tokens
+    weights = grid_weights(args.model)
+    if "trained" not in weights:
+        print(f"{args.model} is a config, with no trained weights to load: the grid loops "
+              "random and resampled weights (for trained ones, give a model folder, a "
+              ".gguf file or a packaged model's name)")
     folder = run_loop_grid(args.model, args.out, args.seed, passes=args.passes,
                            prompts=args.prompts, tokens=tokens, dtype=args.dtype,
-                           weights=grid_weights(args.model), precision=args.precision,
+                           weights=weights, precision=args.precision,
                            progress=not args.no_progress)
     s = read_json(folder / "summary.json")
     for name, v in s.items():
@@ -69,6 +74,7 @@ def _loop(args: argparse.Namespace) -> int:
     if args.grid:
         return _grid(args)
     from .._artifacts.folders import read_json
+    from ..experiments.loop_grid import passes
 
     try:  # the programs of its last run loaded while it imports and starts
         with loaded_ahead("loop", args):
@@ -87,7 +93,7 @@ def _loop(args: argparse.Namespace) -> int:
     s = read_json(folder / "summary.json")
     cfg = read_json(folder / "config.json")
     print(f"jaxattn loop: {args.model}, {args.weights} weights, "
-          f"{'no FFN' if args.no_ffn else 'full blocks'}, {args.passes} passes of "
+          f"{'no FFN' if args.no_ffn else 'full blocks'}, {passes(args.passes)} of "
           f"{s['layers_per_pass']} blocks, {cfg['prompts']}×{cfg['tokens']} tokens")
     print(f"mean E: input {_e(s['E_input_mean'])}, after pass 1 {_e(s['E_after_pass_1_mean'])},"
           f" final {_e(s['E_final_mean'])}  ({s['seconds']:.1f} s)")

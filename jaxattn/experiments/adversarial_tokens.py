@@ -83,8 +83,11 @@ class AdversarialTokens(AbstractSearch):
             ax.set_title(f"{setting}: optimisation of $E(T)$ ({config.restarts} restarts)")
             if setting == "sphere":
                 ax3 = fig.add_subplot(2, 3, 2, projection="3d")
-                figures.draw_sphere_trajectories(ax3, found["ys_long"][:120])
-                figures.title_3d(ax3, "optimised start, $t \\in [0, 3T]$")
+                saves = len(found["ts_long"]) - 1  # to 3T at the most: later, a dot
+                shown = min(saves, round(saves * 3 / config.long))
+                figures.draw_sphere_trajectories(ax3, found["ys_long"][:shown + 1])
+                figures.title_3d(ax3, "optimised start, $t \\in [0, "
+                                 f"{config.long * shown / saves:.3g}T]$")
             else:
                 ax = fig.add_subplot(2, 3, 5)
                 im = ax.imshow(found["gram"], cmap="RdBu_r", vmin=-1, vmax=1)

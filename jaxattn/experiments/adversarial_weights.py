@@ -36,6 +36,12 @@ class AdversarialWeights(AbstractSearch):
         Param("saves", int, 50, "saved times of the objective's trajectory", 1),
     )
 
+    def refusals(self, config):
+        return ((config.gap > 2 * config.u_bound,
+                 f"--gap {config.gap:g} cannot be kept with --u-bound {config.u_bound:g}: "
+                 "U's eigenvalues lie in [−u_bound, u_bound], so the gap is at most "
+                 f"{2 * config.u_bound:g}; lower --gap or raise --u-bound."),)
+
     def explore(self, config, setting, progress):
         U, v1, P, x0, kq = _problem(config.seed, config.dim, config.tokens)
         dyn = SelfAttentionDynamics(P, U[None], causal=True)
@@ -83,7 +89,8 @@ class AdversarialWeights(AbstractSearch):
 
     def draw(self, config, data, folder: Path):
         fig, axs = figures.pyplot().subplots(1, 3, figsize=(14, 4.2))
-        draw_trace(axs[0], data["trace"], data["baseline"], "$E(x(T))$")
+        draw_trace(axs[0], data["trace"], data["baseline"], "$E(x(T))$",
+                   "the restarts' start weights (mean)")
         axs[0].set_title("optimisation over $(U, P)$")
         x = np.arange(len(data["eig0"]))
         axs[1].bar(x - 0.2, data["eig0"][::-1], 0.4, label="start")

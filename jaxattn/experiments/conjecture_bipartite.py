@@ -60,12 +60,14 @@ class ConjectureBipartite(AbstractSearch):
 
     def judge_setting(self, config, found, h):
         ok, rho = found["valid"], found["rho"]
-        best = float(np.min(np.where(ok, rho, np.inf))) if np.any(ok) else float("nan")
+        start = f"h={h}: ρ at start {np.min(found['rho0']):.3g} (best of restarts) → "
+        if not np.any(ok):
+            return None, (start + f"no valid restart of {len(ok)} (Assumption 1 on ΣU, a "
+                          "true fixed point): nothing to kick")
         return None, (
-            f"h={h}: ρ at start {np.min(found['rho0']):.3g} (best of restarts) → "
-            f"{best:.3g} among {int(np.sum(ok))} valid restarts (Assumption 1 on ΣU, a true "
-            f"fixed point); {int(np.sum(ok & (rho < 1)))} stable; small perturbation "
-            f"{'absorbed' if bool(found['absorbed']) else 'NOT absorbed'} "
+            start + f"{float(np.min(rho[ok])):.3g} among {int(np.sum(ok))} valid restarts "
+            f"(Assumption 1 on ΣU, a true fixed point); {int(np.sum(ok & (rho < 1)))} stable; "
+            f"small perturbation {'absorbed' if bool(found['absorbed']) else 'NOT absorbed'} "
             f"(distance {short(found['dist_small'][-1])}), larger one "
             f"{'escapes' if float(found['dist_large'][-1]) > 0.1 else 'absorbed'}")
 
@@ -77,10 +79,20 @@ class ConjectureBipartite(AbstractSearch):
         fig, axs = figures.pyplot().subplots(1, 3, figsize=(14, 4.2))
         colors = {1: "tab:blue", 2: "tab:orange", 3: "tab:green"}
         for found, h in self.sections(data):
+            valid = found["valid"]
             rho = np.exp(np.minimum.accumulate(found["trace"], axis=0))
-            axs[0].semilogy(rho.min(axis=1), color=colors[h], label=f"h = {h}")
-            axs[1].scatter(found["rho0"], found["rho"], s=18, color=colors[h],
-                           marker="o", alpha=0.8, label=f"h = {h}")
+            if valid.any():  # the valid restarts' best (the others are no fixed point)
+                axs[0].semilogy(rho[:, valid].min(axis=1), color=colors[h], label=f"h = {h}")
+            else:
+                axs[0].semilogy(rho.min(axis=1), color=colors[h], ls=":",
+                                label=f"h = {h}: no valid restart")
+            for sel, face, word in ((valid, colors[h], ""), (~valid, "none", ", not valid")):
+                if sel.any():
+                    axs[1].scatter(found["rho0"][sel], found["rho"][sel], s=18,
+                                   facecolors=face, edgecolors=colors[h], marker="o",
+                                   alpha=0.8, label=f"h = {h}{word}")
+            if not valid.any():
+                continue
             k = np.arange(len(found["dist_small"]))
             # the larger kick thin and dashed over the small one: where they coincide,
             # both show
@@ -89,7 +101,8 @@ class ConjectureBipartite(AbstractSearch):
                 figures.draw_decay(axs[2], k, found[f"dist_{kick}"], order=1, stop=False,
                                  color=colors[h], ls=ls, lw=lw, label=f"h = {h}, {word} kick")
         axs[0].axhline(1, color="k", lw=0.8, ls=":")
-        axs[0].set(xlabel="optimiser step", ylabel=r"smoothed $\rho(J_T)$ (best restart)",
+        axs[0].set(xlabel="optimiser step",
+                   ylabel=r"smoothed $\rho(J_T)$ (best valid restart)",
                    title="Jacobian spectral radius on the tangent space")
         figures.integer_ticks(axs[0].xaxis)
         figures.legend_below(axs[0], ncol=2)
@@ -99,7 +112,8 @@ class ConjectureBipartite(AbstractSearch):
                    ylabel=r"$\rho$ after optimisation",
                    title="every restart (below 1: locally stable)")
         figures.legend_below(axs[1], ncol=2)
-        axs[2].set(xlabel=_kick_axis(axs[2], [d for found, _ in self.sections(data)
+        kicked = [found for found, _ in self.sections(data) if found["valid"].any()]
+        axs[2].set(xlabel=_kick_axis(axs[2], [d for found in kicked
                                               for d in (found["dist_small"], found["dist_large"])]),
                    ylabel="max distance to the bipartite point",
                    title="kicked bipartite point, best stable weights")
@@ -113,6 +127,8 @@ def _kick_axis(ax, dists) -> str:
     resolution (at least 10), so a decay of a few layers is not squeezed against
     the axis by a long check; the label says where the rest of the run lies."""
     dists = [np.asarray(d) for d in dists]
+    if not dists:
+        return "layer"
     floor = figures.resolution(dists[0].dtype, order=1)
     last = max(int(np.flatnonzero(d > floor).max(initial=0)) for d in dists)
     end = len(dists[0]) - 1
@@ -167,8 +183,11 @@ def _bipartite_check(w, trace, viol, v, config, key):
     rho0 = np.exp(trace[0])  # smooth bound at the start (≥ ρ)
     best = int(np.argmin(np.where(valid, rho, np.inf)))
     P, U = np.asarray(w.P)[best], np.asarray(w.U)[best]
-    ys = run_layers(SelfAttentionDynamics(P, U), _kicked(x, key), config.layers, config.tau)
-    dist = np.max(np.linalg.norm(np.asarray(ys) - np.asarray(x), axis=-1), axis=-1)
+    if valid.any():
+        ys = run_layers(SelfAttentionDynamics(P, U), _kicked(x, key), config.layers, config.tau)
+        dist = np.max(np.linalg.norm(np.asarray(ys) - np.asarray(x), axis=-1), axis=-1)
+    else:  # no valid restart: nothing to kick
+        dist = np.full((2, config.layers + 1), np.nan, rho.dtype)
     return {"trace": trace, "violation": np.max(viol), "rho": rho, "rho0": rho0, "valid": valid,
             "residual": residual, "dist_small": dist[0], "dist_large": dist[1],
             "absorbed": dist[0][-1] < 1e-6, "P": P, "U": U}

@@ -70,6 +70,11 @@ def grid_weights(model) -> tuple[str, ...]:
     return ("random", "resample") if bare else WEIGHTS
 
 
+def passes(count: int) -> str:
+    """"1 pass", "20 passes"."""
+    return f"{count} pass" + ("es" if count != 1 else "")
+
+
 def settings(spec, model) -> dict[str, Any]:
     """The config entries that name the model looped (and its architecture)."""
     name = str(spec) if isinstance(spec, (str, os.PathLike)) else type(spec).__name__
@@ -177,8 +182,11 @@ class LoopGridExperiment(AbstractExperiment):
         return Verdict(ok, line, ratios, extra)
 
     def draw(self, config, data, folder: Path) -> list[Path]:
-        title = (f"{self.model(config)}: {config.prompts}×{config.tokens} random "
-                 f"tokens, {config.passes} passes")
+        name = self.model(config)
+        bare = "" if "trained" in grid_weights(name) else \
+            " (a config: random and resampled weights only)"
+        title = (f"{name}{bare}: {config.prompts}×{config.tokens} random tokens, "
+                 f"{passes(config.passes)}")
         return save_grid_figure(_grid(data), int(data["layers_per_pass"]),
                                 Path(folder) / "loop_grid", title=title)
 
@@ -227,6 +235,7 @@ def draw_loop(ax, E, layers_per_pass: int, *, label=None, color="tab:blue", lw=1
     ax.set_yscale("log")
     figures.plain_log_labels(ax.yaxis)
     ax.set_xlim(0, depth[-1])
+    figures.integer_ticks(ax.xaxis)  # blocks are whole
     mark_passes(ax, (E.shape[1] - 1) // layers_per_pass, layers_per_pass)
     ax.set(xlabel=f"depth (blocks; a pass = {layers_per_pass})", ylabel=r"misalignment $E$")
 
@@ -273,7 +282,7 @@ def loop_title(config: dict[str, Any]) -> str:
     blocks = "full blocks" if config["ffn"] else "no FFN"
     text = "text " if config.get("text") else ""
     return (f"{config['model']}: {config['weights']} weights, {blocks}, "
-            f"{config['prompts']}×{config['tokens']} {text}tokens, {config['passes']} passes")
+            f"{config['prompts']}×{config['tokens']} {text}tokens, {passes(config['passes'])}")
 
 
 def redraw_loop(config: dict[str, Any], data: dict[str, np.ndarray], folder) -> list[Path]:

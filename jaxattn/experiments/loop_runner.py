@@ -33,6 +33,7 @@ from .._precision import check_precision
 from .._validate import check_count, check_seed
 from ..models import (
     ALIASES,
+    PACKAGED,
     PRESETS,
     WEIGHTS,
     check_ids,
@@ -107,6 +108,9 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
     key = jax.random.PRNGKey(seed)
     net = loop_grid.get_model(model, weights, key)  # before the folder: a bad model leaves none
     ids, mask, source = loop_prompts(model, net, prompts, tokens, seed, text, pad, log=log)
+    # the model's own sizes, now known (a packaged or hub model, a text's prompts)
+    check_sizes("loop", {"prompts": ids.shape[0], "tokens": ids.shape[1], "passes": passes},
+                footprint=loop_footprint(net, dtype, save_states))
     source |= file_hashes(model, weights, text)
     check_ids(net, ids)  # before the folder too: more tokens than positions leave none
     setup = setup_loop(net, ids, passes=passes, ffn=ffn, weights=weights, key=key,
@@ -164,12 +168,14 @@ def loop_footprint(model, dtype: str, save_states) -> tuple[tuple, ...]:
 
 def _sizes(model):
     """The config of `model` when it can be read without loading weights or a
-    download (a preset, a config.json or model folder, a model); else `None`."""
+    download (a preset or packaged name, a config.json, model folder or .gguf file, a
+    model); else `None`."""
     if not isinstance(model, (str, os.PathLike)):
         return model.config
     path = Path(model)
-    if str(model) not in {**PRESETS, **ALIASES} and not (path / "config.json").is_file() \
-            and not (path.suffix == ".json" and path.is_file()):
+    if str(model) not in {**PRESETS, **ALIASES, **PACKAGED} \
+            and not (path / "config.json").is_file() \
+            and not (path.suffix in (".json", ".gguf") and path.is_file()):
         return None
     try:
         return resolve_config(model)[0]
@@ -189,23 +195,27 @@ def loop_prompts(model, net, prompts: int, tokens: int | None, seed: int, text, 
     with warnings.catch_warnings():  # the cut is told below, one line a prompt
         warnings.simplefilter("ignore", UserWarning)
         ids, mask = tokenize(model, lines, tokens=tokens, pad=pad, return_mask=True)
-    for line in cut_prompts(model, lines, ids.shape[1]):
+    for line in cut_prompts(model, lines, ids.shape[1], pad):
         log(line)
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
     return ids, (mask if pad is not None else None), {"text": str(text),
                                                        "text_sha256": digest, "pad": pad}
 
 
-def cut_prompts(model, lines: list[str], n: int) -> list[str]:
+def cut_prompts(model, lines: list[str], n: int, pad=None) -> list[str]:
     """One line per prompt cut to `n` tokens: how many tokens it lost, and their text
-    (without `--pad`, prompts share the shortest one's length)."""
+    (the first 60 characters; without `--pad`, prompts share the shortest one's
+    length)."""
     said = []
     for i, line in enumerate(lines):
         full = tokenize(model, line)
         if len(full) > n:
-            lost = detokenize(model, full[n:], special_tokens=False).strip()
+            lost = " ".join(detokenize(model, full[n:], special_tokens=False).split())
+            lost = lost if len(lost) <= 60 else lost[:59] + "…"
+            keep = "a larger --tokens keeps it whole" if pad is not None else \
+                "--pad keeps every prompt whole"
             said.append(f"prompt {i} cut to {n} tokens: it lost {len(full) - n} "
-                        f"({lost!r}); --pad keeps every prompt whole")
+                        f"({lost!r}); {keep}")
     return said
 
 

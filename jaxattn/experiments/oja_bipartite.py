@@ -36,6 +36,14 @@ class OjaBipartite(AbstractPowerExperiment):
               0.0),
     )
 
+    def refusals(self, config):
+        yield (not config.radius < 1, "--radius must be < 1: Fig. 13 draws a stable "
+               f"bipartite point, got {config.radius:g}.")
+        reached = _fig13_q(config)[1]
+        yield (abs(reached - config.radius) > 1e-6, f"--radius {config.radius:g} is out of "
+               f"reach at --tau {config.tau:g}: no P = q I with q in [0, 10] gives it "
+               f"(the nearest found: {reached:.4g}); choose another --radius or --tau.")
+
     def simulate(self, config, progress):
         # rows on the host: iterating over a device array would compile a program
         draws = zip(*map(np.asarray, _draws(config.seed, config.instances, config.dim)))
@@ -66,9 +74,12 @@ class OjaBipartite(AbstractPowerExperiment):
              "fig13_small_absorbed": bool(data["fig13_final"][0] < 1e-2 * data["fig13_eps"][0]),
              "fig13_large_escapes": bool(data["fig13_final"][1] > 0.5
                                          and data["fig13_spread"] < 1e-6)}
+        # The escape is paper 004's observation at its τ = 1, not a theorem: at smaller
+        # steps the basin can hold every perturbation tried (τ = 0.1), so it is reported.
+        judged = config.tau == 1
         ok = (n["closed_form_agrees"] == n["equilibria"] == n["theorem3_agrees"] + n["marginal"]
               and n["simulation_agrees"] == n["decided"] and n["fig13_small_absorbed"]
-              and n["fig13_large_escapes"])
+              and (n["fig13_large_escapes"] or not judged))
         line = (f"{n['equilibria']} equilibria: jacfwd radius = closed form in "
                 f"{n['closed_form_agrees']}, Theorem 3 conditions agree in "
                 f"{n['theorem3_agrees']}"
@@ -77,7 +88,9 @@ class OjaBipartite(AbstractPowerExperiment):
                 + f", simulation agrees in {n['simulation_agrees']}/"
                 f"{n['decided']} decided; {n['stable_bipartite']} stable bipartite points; "
                 f"Fig. 13: small perturbation absorbed {n['fig13_small_absorbed']}, larger "
-                f"one escapes to consensus {n['fig13_large_escapes']}")
+                f"one escapes to consensus {n['fig13_large_escapes']}"
+                + ("" if judged else f" (judged at the paper's τ = 1 only, not at τ = "
+                   f"{config.tau:g})"))
         return Verdict(bool(ok), line, n)
 
     def draw(self, config, data, folder):
@@ -122,14 +135,13 @@ def _fig13(config):
     chosen (bisection on the closed form) so that 8 tokens at `e₁` and 2 at `−e₁`
     form a stable bipartite point of spectral radius `--radius`; perturbations of
     growing size, the smallest escaping one drawn beside a small absorbed one."""
-    n, m, tau = 10, 8, config.tau
-    lam = np.array([1.0, 0.5, -0.3])
-    q = _bisect(lambda q: float(_closed_form(lam, 0, m, n, q, tau)[0]) - config.radius,
-                0.0, 10.0)
+    n, m, tau = _FIG13_N, _FIG13_M, config.tau
+    q = _fig13_q(config)[0]
     sizes = np.logspace(-3, 0.3, 34)
-    U, P, x, starts = _fig13_arrays(config.seed + 13, lam, q, sizes, n, m)
+    U, P, x, starts = _fig13_arrays(config.seed + 13, _FIG13_LAM, q, sizes, n, m)
     dyn = single_head(U, P)
-    paths = [np.asarray(run_layers(dyn, start, 400, tau)) for start in starts]
+    layers = max(400, round(400 / tau))  # to time 400 (400 layers at the paper's τ = 1)
+    paths = [np.asarray(run_layers(dyn, start, layers, tau)) for start in starts]
     x = np.asarray(x)
     final = np.asarray([np.max(np.linalg.norm(p[-1] - x, axis=-1)) for p in paths], float)
     escaped = np.nonzero(final > 0.5)[0]
@@ -139,7 +151,21 @@ def _fig13(config):
             "fig13_paths": np.stack([paths[small], paths[big]]),
             "fig13_eps": sizes[[small, big]], "fig13_final": final[[small, big]],
             "fig13_spread": np.float64(np.max(np.linalg.norm(end - end[:1], axis=-1))),
-            "fig13_point": np.asarray(x)}
+            "fig13_point": np.asarray(x), "fig13_layers": np.asarray(layers)}
+
+
+#: Fig. 13's map: `U = diag(λ)`, `n` tokens, `m` of them at `e₁`.
+_FIG13_LAM, _FIG13_N, _FIG13_M = np.array([1.0, 0.5, -0.3]), 10, 8
+
+
+def _fig13_q(config) -> tuple[float, float]:
+    """Fig. 13's `q` (`P = q I`, bisected in `[0, 10]`) for the radius `--radius` at
+    `--tau`, and the radius it gives (another where none in `[0, 10]` gives it)."""
+    def radius(q):
+        return float(_closed_form(_FIG13_LAM, 0, _FIG13_M, _FIG13_N, q, config.tau)[0])
+
+    q = _bisect(lambda q: radius(q) - config.radius, 0.0, 10.0)
+    return q, radius(q)
 
 
 #: The closed form as one program (the bisection calls it 61 times).

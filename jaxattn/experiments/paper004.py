@@ -65,9 +65,17 @@ MIN_STD = float(np.sqrt(np.finfo(np.float32).tiny))
 class AbstractPowerExperiment(AbstractExperiment):
     """A paper 004 experiment: its own parameters only (no flow horizon or saves)."""
 
+    # A trained model has its own width and heads: `--hidden`/`--heads` beside it are
+    # refused, and the run records 0 ("the model's").
+    presets = {flag: {"hidden": 0, "heads": 0} for flag in _TRAINED}
+
     def refusals(self, config):
         chosen = ["--" + k.replace("_", "-") for k in (*_TRAINED, *_RANDOM) if config.get(k)]
         return ((len(chosen) > 1, f"choose at most one model flag ({', '.join(chosen)})."),
+                (bool(config.get("hidden")) and bool(config.get("heads"))
+                 and config.get("hidden") % config.get("heads") != 0,
+                 f"--hidden {config.get('hidden')} is not a multiple of --heads "
+                 f"{config.get('heads')}: each head takes hidden/heads coordinates."),
                 ("std" in config and config.get("std") < MIN_STD,
                  f"--std {config.get('std')!r}: the random weights' products (of order std²) "
                  "underflow float32, where the models compute (all zero); choose --std ≥ "

@@ -4,6 +4,7 @@ and the probability `p` against their all-eigenvector baselines (paper 004
 
 import numpy as np
 
+from ..metrics import binomial_error
 from ..spectral import layerwise
 from . import power_plots as plots
 from .base import Param, Verdict
@@ -37,14 +38,19 @@ class PowerLayers(AbstractPowerExperiment):
                                      "label": np.asarray(label)}
 
     def verdict(self, config, data):
-        above = data["stat_delta"] > data["stat_delta_bar"]
-        more = data["stat_p"] > 0.5
+        # Beyond two standard errors over the prompts' tokens: with few tokens, p_ℓ of
+        # 0.50–0.55 and Δ_ℓ a fifth of its spread read as "above" by chance.
+        tokens = config.prompts * config.tokens
+        spread = np.hypot(data["stat_delta_std"], data["stat_delta_bar_std"]) / np.sqrt(tokens)
+        above = data["stat_delta"] - data["stat_delta_bar"] > 2 * spread
+        more = data["stat_p"] - 0.5 > 2 * binomial_error(0.5, tokens)
         n = {"layers": int(above.size), "delta_above_baseline": int(above.sum()),
              "p_above_half": int(more.sum()), "mean_c": float(data["stat_c"].mean()),
              "mean_c_bar": float(data["stat_c_bar"].mean())}
         ok = above.sum() > above.size / 2 and more.sum() > more.size / 2
         line = (f"Δ_ℓ > Δ̄_ℓ in {n['delta_above_baseline']}/{n['layers']} layers, p_ℓ > 1/2 in "
-                f"{n['p_above_half']}/{n['layers']}; mean c_ℓ {short(n['mean_c'])} vs c̄_ℓ "
+                f"{n['p_above_half']}/{n['layers']} (each by two standard errors over "
+                f"{tokens:,} tokens); mean c_ℓ {short(n['mean_c'])} vs c̄_ℓ "
                 f"{short(n['mean_c_bar'])}")
         return Verdict(bool(ok), line, n)
 

@@ -39,7 +39,7 @@ def power_shared(data, stem):
     ax.hist(cm[:, 0], bins, histtype="step", color="tab:red", lw=1.2, ls="--",
             label=rf"$v_1$ ({modulus} order)")
     ax.set(xlabel=f"alignment after the native {L} layers", ylabel="tokens",
-           title="final alignment (paper 004 Fig. 2a b)")
+           title="final alignment (paper 004 Fig. 2(a)(b))")
     figures.integer_ticks(ax.yaxis)  # a count of tokens
     figures.legend_below(ax, ncol=1)
     ax = axes[2]
@@ -97,7 +97,7 @@ def power_layers(data, stem):
     for k in range(eig.shape[1]):
         axes[3].plot(ell, eig[:, k].real, "o-", ms=4, mfc="none", lw=1,
                      label=rf"Re $\lambda_{k + 1}$")  # open: crossing curves all show
-    axes[3].set_xlabel(r"layer $\ell$")
+    axes[3].set(xlabel=r"layer $\ell$", ylabel=r"Re $\lambda_k(\Omega_\ell)$")
     figures.integer_ticks(axes[3].xaxis)
     axes[3].set_title("leading eigenvalues (Fig. 6)", fontsize=9)
     figures.legend_below(axes[3], ncol=3)
@@ -150,16 +150,24 @@ def oja(data, stem):
            ylabel=r"$\rho$(tangent jacfwd)")
     ax.set_title("stability of equilibria", fontsize=9)
     ax.legend(fontsize=6)
-    for j, title in ((0, "absorbed"), (1, "escapes to consensus")):
+    for j in (0, 1):
         ax3 = fig.add_subplot(1, 4, 2 + j, projection="3d")
         figures.draw_sphere_trajectories(ax3, data["fig13_paths"][j])
         figures.view_towards(ax3, [1.0, 0.6, 0.5])
+        end = data["fig13_paths"][j][-1]
+        title = ("absorbed" if data["fig13_final"][j] <= 0.5 else "escapes to consensus"
+                 if np.max(np.linalg.norm(end - end[:1], axis=-1)) < 1e-6 else "escapes")
         figures.title_3d(ax3, f"perturbation {data['fig13_eps'][j]:.3g}: {title}", fontsize=9)
     ax = fig.add_subplot(1, 4, 4)
     figures.draw_decay(ax, data["fig13_sizes"], data["fig13_dist"], order=1, stop=False, marker="o",
                ms=3)
-    ax.axhline(0.5, color="k", ls=":", lw=0.8)
+    ax.axhline(0.5, color="k", ls=":", lw=0.8, label="escaped (0.5)")
+    if not np.any(data["fig13_dist"] > figures.resolution(data["fig13_dist"].dtype, 1)):
+        ax.text(0.5, 0.5, "every perturbation absorbed\n(distance below the floor)",
+                transform=ax.transAxes, ha="center", va="center", fontsize=9)
+    layers = int(data.get("fig13_layers", 400))  # folders before it was saved: 400
     ax.set(xscale="log", xlabel="perturbation size",
-           ylabel="distance to the bipartite point after 400 layers")
+           ylabel=f"distance to the bipartite point after {layers} layers")
+    ax.legend(fontsize=7, loc="upper left")
     ax.set_title(f"Fig. 13 basin (q = {float(data['fig13_q']):.3g}, n=10, m=8)", fontsize=9)
     return figures.save_figure(fig, stem, title="oja-bipartite: equilibria of eqs. 8–9")

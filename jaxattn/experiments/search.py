@@ -94,9 +94,9 @@ def long_run(dyn, x0, T, saves=400):
     return np.asarray(ts), solve_flow(dyn, x0, ts, max_steps=200000)
 
 
-def draw_trace(ax, trace, baseline, label):
+def draw_trace(ax, trace, baseline, label, baseline_label="random starts (mean)"):
     """The best value so far of every restart over the optimiser steps, beside the
-    mean of the random starts."""
+    mean of the baseline (the random starts, or what `baseline_label` says)."""
     best = np.maximum.accumulate(np.asarray(trace), axis=0)
     shown = np.any(best > 0, axis=0)  # a restart at 0 throughout has no place on a log axis
     lines = ax.semilogy(np.where(best > 0, best, np.nan)[:, shown], color="tab:blue", lw=0.8,
@@ -104,7 +104,7 @@ def draw_trace(ax, trace, baseline, label):
     hidden = int((~shown).sum())
     note = f" ({hidden} at 0 throughout: not drawn)" if hidden else ""
     figures.label_first(lines, "best so far, per restart" + note)
-    ax.axhline(np.mean(baseline), color="k", ls="--", lw=1, label="random starts (mean)")
+    ax.axhline(np.mean(baseline), color="k", ls="--", lw=1, label=baseline_label)
     ax.set_xlabel("optimiser step")
     figures.integer_ticks(ax.xaxis)
     ax.set_ylabel(label)

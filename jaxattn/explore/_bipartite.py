@@ -20,7 +20,7 @@ from jaxtyping import Array, Float
 from .._dynamics import SelfAttentionDynamics
 from .._precision import einsum, matmul
 from .._programs import kept_jit
-from .._validate import check_count, surface_errors
+from .._validate import check_count, check_scalar, refuse_first, surface_errors
 from ..spectral import bipartite_point, tangent_jacobian
 
 
@@ -127,6 +127,24 @@ def stabilize_bipartite(
     radius at every iterate `(steps + 1, R)` and the constraint defect there.
     """
     steps = check_count(steps, "steps")
+    n = check_count(n, "n", 2)
+    m = check_count(m, "m", 1)
+    tau, beta, p_bound, u_bound = (check_scalar(a, name, positive=True) for a, name in (
+        (tau, "tau"), (beta, "beta"), (p_bound, "p_bound"), (u_bound, "u_bound")))
+    refuse_first([(not isinstance(w0, BipartiteWeights), TypeError, "stabilize_bipartite: "
+                   f"`w0` must be ja.explore.BipartiteWeights, got {type(w0).__name__}.")])
+    shapes = {np.shape(w0.P), np.shape(w0.U)}
+    d = np.shape(w0.U)[-1] if np.ndim(w0.U) else None
+    refuse_first((
+        (len(shapes) != 1 or len(shapes.pop()) != 4, "stabilize_bipartite: `w0.P` and "
+         f"`w0.U` must both be (restarts, h, d, d), got {np.shape(w0.P)} and "
+         f"{np.shape(w0.U)}."),
+        (np.shape(v) != (d,), f"stabilize_bipartite: `v` must be a direction ({d},), got "
+         f"shape {np.shape(v)}."),
+        (not np.isclose(np.linalg.norm(np.asarray(v, float)), 1.0, atol=1e-5),
+         "stabilize_bipartite: `v` must be a unit vector (pass v / jnp.linalg.norm(v))."),
+        (not m < n, f"stabilize_bipartite: `m` must be in 1..n−1 = 1..{n - 1}, got {m}."),
+    ))
     # the bounds and the step traced (weakly typed, as the Python floats were)
     w, trace, viol = _stabilize(w0, v, *map(jnp.asarray, (tau, p_bound, u_bound)), n=n, m=m,
                                 beta=beta, steps=steps, optimizer=optimizer)

@@ -19,6 +19,17 @@ _NORMS = (None, "spectral", "frobenius")
 _FIELDS = ("P", "Q", "K", "U")
 
 
+def _names(names) -> tuple[str, ...]:
+    """A field's names as a tuple: `"P"` is `("P",)`."""
+    return (names,) if isinstance(names, str) else tuple(names)
+
+
+def _positive(b, zero: bool = False) -> bool:
+    """Whether `b` is a real finite number `> 0` (`≥ 0` with `zero`)."""
+    return (isinstance(b, int | float | np.number) and not isinstance(b, bool)
+            and bool(np.isfinite(b)) and (b >= 0 if zero else b > 0))
+
+
 class Constraints(eqx.Module):
     """What `slow_consensus` keeps fixed or bounded; every iterate satisfies it.
 
@@ -54,10 +65,10 @@ class Constraints(eqx.Module):
       the cap's boundary (a geodesic projection in the `W`-geometry).
     """
 
-    train: tuple[str, ...] = eqx.field(static=True, default=("P", "U"))
+    train: tuple[str, ...] = eqx.field(static=True, default=("P", "U"), converter=_names)
     norm: str | None = eqx.field(static=True, default=None)
     bound: float | dict | None = eqx.field(static=True, default=None)
-    symmetric: tuple[str, ...] = eqx.field(static=True, default=())
+    symmetric: tuple[str, ...] = eqx.field(static=True, default=(), converter=_names)
     top_eigenvector: Float[Array, " d"] | None = None
     gap: float = eqx.field(static=True, default=0.0)
     sum_gap: float | None = eqx.field(static=True, default=None)
@@ -65,13 +76,26 @@ class Constraints(eqx.Module):
     margin: float = eqx.field(static=True, default=0.05)
 
     def __check_init__(self):
-        unknown = [name for name in self.train + self.symmetric if name not in _FIELDS]
+        bounds = self.bound if isinstance(self.bound, dict) else {"": self.bound}
+        unknown = [name for name in self.train + self.symmetric
+                   + tuple(k for k in bounds if k) if name not in _FIELDS]
+        bad = [b for b in bounds.values() if b is not None and not _positive(b)]
+        u_bound = (self.bound_of("U") if self.norm == "spectral" and
+                   self.top_eigenvector is not None and not bad else None)
         checks = (
             (unknown,
              f"unknown weight {', '.join(map(repr, unknown))}: use names among {_FIELDS}."),
             (self.norm not in _NORMS, f"`norm` must be one of {_NORMS}, got {self.norm!r}."),
             (self.norm is not None and self.bound is None,
              f"norm={self.norm!r} needs a `bound` (a number or a dict)."),
+            (bad, f"`bound` must be a finite number > 0 (or a dict of them), got {bad[0]!r}."
+             if bad else ""),
+            (not _positive(self.gap, zero=True),
+             f"`gap` must be a finite number ≥ 0, got {self.gap!r}."),
+            (u_bound is not None and self.gap > 2 * u_bound,
+             f"`gap` {self.gap} cannot be kept with ‖U‖₂ ≤ {u_bound}: the eigenvalues of "
+             f"U lie in [−{u_bound}, {u_bound}], so the gap is at most twice the bound; "
+             "lower `gap` or raise the bound."),
             (isinstance(self.hemisphere, str) and self.hemisphere != "start",
              f"`hemisphere` must be an array, 'start' or a function, got {self.hemisphere!r}."),
             (self.sum_gap is not None and not self.sum_gap > 0,
@@ -90,6 +114,7 @@ class Constraints(eqx.Module):
 
 
 # --- weights ------------------------------------------------------------------------
+
 
 
 def _is_matrix(a) -> bool:

@@ -2,6 +2,7 @@
 trajectory `ys (T, n, d)`, and the trajectory they are read from: the flow
 (`solve_flow`, a diffrax adjoint) or the layers (`run_layers`, a checkpointed scan)."""
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -104,9 +105,22 @@ def as_objective(objective) -> tuple[Callable, bool]:
         nargs = len(inspect.signature(objective).parameters)
     except (TypeError, ValueError):
         nargs = 3
-    if nargs == 2:
-        return (lambda ts, ys, dyn: objective(ts, ys)), False
-    return objective, False
+    refuse_first([(nargs not in (2, 3), TypeError, "an objective is a function "
+                   f"(ts, ys) ↦ scalar or (ts, ys, dyn) ↦ scalar; {objective!r} takes {nargs} "
+                   "arguments.")])
+    return _Objective(objective, nargs == 3), False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Objective:
+    """A user's objective as `(ts, ys, dyn) ↦ value`: equal for equal functions, so the
+    programs that take it are reused."""
+
+    fn: Callable
+    takes_dyn: bool
+
+    def __call__(self, ts, ys, dyn):
+        return self.fn(ts, ys, dyn) if self.takes_dyn else self.fn(ts, ys)
 
 
 def relative_difference(a: PyTree, b: PyTree) -> float:
@@ -173,6 +187,9 @@ def make_trajectory(horizon, *, model="flow", saves=100, tau=0.1, adjoint="check
         (model not in ("flow", "layers"), f"`model` must be 'flow' or 'layers', got {model!r}."),
         (named and adjoint not in tuple(_ADJOINTS), "`adjoint` must be 'checkpoint', "
          f"'backsolve' or a diffrax adjoint, got {adjoint!r}."),
+        (model == "layers" and adjoint != "checkpoint", f"adjoint={adjoint!r} is for "
+         "model='flow': the layers are differentiated through their checkpointed scan; "
+         "drop `adjoint`."),
     ))
     saves = check_count(saves, "saves", 1)
     num_layers = hz.num_layers(float(tau))

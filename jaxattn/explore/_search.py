@@ -25,7 +25,14 @@ from .._dynamics import SelfAttentionDynamics
 from .._horizon import Horizon
 from .._manifold import project, sample_ellipsoid, w_inner
 from .._programs import kept_jit
-from .._validate import check_count, check_scalar, is_concrete, refuse_first, surface_errors
+from .._validate import (
+    _token_defects,
+    check_count,
+    check_scalar,
+    is_concrete,
+    refuse_first,
+    surface_errors,
+)
 from ..metrics import hemisphere
 from ._constraints import (
     Constraints,
@@ -92,6 +99,14 @@ def _is_tokens(init) -> bool:
     return hasattr(init, "dtype") and jnp.issubdtype(init.dtype, jnp.floating)
 
 
+def _is_key(init) -> bool:
+    """A typed key, or a raw one (`jax.random.PRNGKey`: `uint32`, `(2,)`)."""
+    dtype = getattr(init, "dtype", None)
+    return dtype is not None and (jnp.issubdtype(dtype, jax.dtypes.prng_key)
+                                  and np.shape(init) == ()
+                                  or dtype == jnp.uint32 and np.shape(init) == (2,))
+
+
 def _sample(key, n, dyn, z, margin):
     x = sample_ellipsoid(key, n, dyn.dim, dyn.W)
     if z is None:
@@ -154,6 +169,8 @@ class NamedOptimizer(eqx.Module):
     options: dict
 
     def __init__(self, factory: Callable, **options):
+        refuse_first([(not callable(factory), TypeError, "`factory` must be an optax "
+                       f"function such as optax.adam, got {factory!r}.")])
         self.factory, self.options = factory, options
 
     def init(self, params):
@@ -180,7 +197,10 @@ class _Loop(eqx.Module):
     def value(self, x, w):
         dyn = _combine(w, self.rest)
         ys = self.traj.run(dyn, project(x, dyn.W))
-        return self.fn(self.traj.ts.astype(ys.dtype), ys, dyn)
+        out = self.fn(self.traj.ts.astype(ys.dtype), ys, dyn)
+        refuse_first([(jnp.shape(out) != (), TypeError, "slow_consensus maximises one number; "
+                       f"the objective returned shape {jnp.shape(out)}.")])
+        return out
 
     def _loss(self, train, frozen):
         x = train[0] if self.train_x else frozen[0]
@@ -324,21 +344,40 @@ def _check_backsolve(loop: _Loop, x, w, rtol: float) -> None:
 # --- the entry point ----------------------------------------------------------------
 
 
-def _refusals(dyn, init, n, target, restarts, constraints, optimizer):
+def _refusals(dyn, init, n, target, restarts, constraints, optimizer, baseline_samples):
     """Why `slow_consensus` refuses the request, as `(bad, error, message)`, each read
     once those before it hold."""
     yield (not isinstance(dyn, SelfAttentionDynamics), TypeError,
            f"expected a ja.SelfAttentionDynamics, got {type(dyn).__name__}.")
     yield target not in TARGETS, ValueError, f"`target` must be one of {TARGETS}, got {target!r}."
     shape = np.shape(init) if _is_tokens(init) else None
+    yield (shape is None and not _is_key(init), TypeError,
+           "`init` must be a PRNG key (jax.random.key(seed)) or tokens (n, d) as a float "
+           f"array, got {type(init).__name__}.")
     yield (shape is None and n is None, ValueError,
            "with a random `init` (a key), give the number of tokens `n`.")
     yield (shape is not None and (len(shape) not in (2, 3) or shape[-1] != dyn.dim
                                   or len(shape) == 3 and shape[0] != restarts), ValueError,
            f"`init` tokens must be (n, d) or (restarts={restarts}, n, d) with d={dyn.dim}, "
            f"got {shape}.")
-    yield (shape is not None and is_concrete(init) and not np.all(np.isfinite(init)),
-           ValueError, "`init` tokens contain NaN or inf; pass finite tokens.")
+    yield (n is not None and shape is not None and n != shape[-2], ValueError,
+           f"`n`={n} disagrees with the `init` tokens' {shape and shape[-2]}: drop `n` (it "
+           "is for a key as `init`).")
+    bad = _token_defects(np.asarray(init), np) if shape and is_concrete(init) else (0, 0)
+    yield bad[0], ValueError, "`init` tokens contain NaN or inf; pass finite tokens."
+    yield (bad[1], ValueError, "an `init` token is zero, so it has no direction on E_W; "
+           "every token needs a nonzero entry.")
+    yield (baseline_samples and shape is not None, ValueError,
+           "`baseline_samples` draws random starts, so it needs a key as `init`; with "
+           "tokens the baseline is their own objective.")
+    hemi = getattr(constraints, "hemisphere", None)
+    z = None if hemi is None or callable(hemi) or isinstance(hemi, str) else np.shape(hemi)
+    yield (z is not None and z != (dyn.dim,), ValueError,
+           f"`Constraints.hemisphere` must be a direction of shape ({dyn.dim},), got {z}.")
+    yield (z is not None and is_concrete(hemi)
+           and not (np.all(np.isfinite(hemi)) and np.any(np.asarray(hemi) != 0)), ValueError,
+           "`Constraints.hemisphere` must be a finite nonzero direction, got "
+           f"{np.asarray(hemi).tolist() if z else None}.")
     yield (optimizer is not None
            and not isinstance(optimizer, optax.GradientTransformation | NamedOptimizer),
            TypeError, "`optimizer` must be an optax transformation (e.g. optax.adam(0.02)) or "
@@ -424,7 +463,12 @@ def slow_consensus(
     restarts = check_count(restarts, "restarts", 1)
     steps = check_count(steps, "steps")
     baseline_samples = check_count(baseline_samples, "baseline_samples")
-    refuse_first(_refusals(dyn, init, n, target, restarts, constraints, optimizer))
+    if isinstance(init, list | tuple):  # tokens written out
+        init = np.asarray(init, jnp.result_type(float))
+    if n is not None:
+        n = check_count(n, "n", 2)
+    refuse_first(_refusals(dyn, init, n, target, restarts, constraints, optimizer,
+                           baseline_samples))
     weight_noise = check_scalar(weight_noise, "weight_noise", nonnegative=True)
     adjoint_rtol = check_scalar(adjoint_rtol, "adjoint_rtol", nonnegative=True)  # 0: any change
     traj = make_trajectory(horizon, model=model, saves=saves, tau=tau, adjoint=adjoint)
@@ -448,6 +492,9 @@ def slow_consensus(
         loop, state, steps, progress, "slow_consensus")
     R = x.shape[0]  # on the host: indexing device arrays would compile a program per index
     best_v, best_x, best_w = jax.tree.map(lambda a: np.asarray(a)[:R], (best_v, best_x, best_w))
+    refuse_first([(not np.isfinite(best_v).any(), ValueError,
+                   "the objective was NaN or inf at every start and step: check that it "
+                   "is finite at the starts (e.g. log of a zero E: pass log=False).")])
     trace, violation = trace[:, :R], violation[:, :R]
     baseline = trace[0]
     if baseline_samples and not _is_tokens(init):

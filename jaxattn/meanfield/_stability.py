@@ -6,33 +6,11 @@ docs/meanfield_equation.md, "Linear stability and the thresholds of every kernel
 import math
 
 import numpy as np
-from scipy.special import ive
 
 from .._kernel import AbstractKernel
 from .._validate import check_count, check_scalar, check_sphere
+from ..theory._noisy import log_bessel
 from ._kernels import check_kernel, coupling_of
-
-#: Below this `ive(ν, β)` (near float64's smallest normal number) `log I_ν(β)` is taken
-#: from Debye's expansion instead.
-_TINY = 1e-280
-
-
-def _log_bessel(nu: float, beta: float) -> float:
-    """`log I_ν(β)`, from scipy's scaled `ive` (finite for every `β > 0`), or where that
-    underflows (`ν ≫ β`: a high mode, a large `d`) from Debye's uniform expansion with
-    three corrections (DLMF 10.41.3; relative error `O(ν⁻⁴)`, below `1e-8` there)."""
-    scaled = float(ive(nu, beta))
-    if scaled > _TINY:
-        return math.log(scaled) + beta
-    z = beta / nu
-    root = math.sqrt(1 + z * z)
-    p = 1 / root
-    eta = root + math.log(z / (1 + root))
-    u1 = (3 * p - 5 * p**3) / 24
-    u2 = (81 * p**2 - 462 * p**4 + 385 * p**6) / 1152
-    u3 = (30375 * p**3 - 369603 * p**5 + 765765 * p**7 - 425425 * p**9) / 414720
-    series = 1 + u1 / nu + u2 / nu**2 + u3 / nu**3
-    return nu * eta - 0.5 * math.log(2 * math.pi * nu * root) + math.log(series)
 
 
 def log_multiplier(beta: float, d: int, mode: int, kernel: AbstractKernel) -> float:
@@ -42,9 +20,9 @@ def log_multiplier(beta: float, d: int, mode: int, kernel: AbstractKernel) -> fl
     `β ≈ 700` (`"usa"`) or at high degrees."""
     beta, mode = check_sphere(beta, d)[0], check_count(mode, "mode", 1)
     nu = d / 2 - 1
-    log = _log_bessel(mode + nu, beta) - math.log(beta)
+    log = log_bessel(mode + nu, beta) - math.log(beta)
     if kernel.normalised:  # over E[e^{βt}] = Γ(d/2) (2/β)^ν I_ν(β): that factor cancels
-        return log - _log_bessel(nu, beta)
+        return log - log_bessel(nu, beta)
     return log + math.lgamma(d / 2) + nu * math.log(2 / beta)
 
 

@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from .._programs import kept_jit
+from .._validate import machine_memory, refuse_first, too_big
 from ._arch import FAMILIES, AbstractTransformer, TransformerConfig
 from ._gguf import converted
 from ._packaged import PACKAGED, installed_path
@@ -69,8 +70,9 @@ def read_config_file(path: Path) -> dict:
 
 
 def resolve_config(config) -> tuple[TransformerConfig, dict]:
-    """`config` (a dict, a `config.json` path or folder, a preset name, or a
-    `TransformerConfig`) → the parsed config and the raw dict."""
+    """`config` (a dict, a `config.json` path or folder, a `.gguf` file's metadata, a
+    preset or packaged model's name, or a `TransformerConfig`) → the parsed config and
+    the raw dict."""
     if isinstance(config, TransformerConfig):
         return config, config.to_dict()
     if isinstance(config, dict):
@@ -81,7 +83,13 @@ def resolve_config(config) -> tuple[TransformerConfig, dict]:
         name = ALIASES.get(str(config), str(config))
         if name in PRESETS:
             return parse_config(PRESETS[name], f"preset {name!r}"), PRESETS[name]
-        path = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
+        path = installed_path(name) if name in PACKAGED else Path(config)
+        path = path / "config.json" if path.is_dir() else path
+        if path.suffix == ".gguf" and path.is_file():
+            from ._gguf import gguf_config, open_gguf
+
+            hf = gguf_config(open_gguf(path), path)
+            return parse_config(hf, str(path)), hf
         if path.exists():
             hf = read_config_file(path)
             return parse_config(hf, str(path)), hf
@@ -373,8 +381,10 @@ def download(name: str) -> Path:
         f"hub ({why}). Point at a local copy instead: a folder with config.json and "
         f"*.safetensors (e.g. `huggingface-cli download {name} --local-dir DIR` on a machine "
         f"with a network, then `ja.models.load('DIR')`), or a .gguf file. For random "
-        f"weights without a download use `ja.models.init({name!r}, key)` or "
-        f"`jaxattn loop --weights random` (presets: {', '.join(PRESETS)})."
+        + (f"weights without a download use `ja.models.init({name!r}, key)` or `jaxattn "
+           "loop --weights random`." if name in PRESETS or name in ALIASES else
+           "weights without a download, init a preset: `ja.models.init(PRESET, key)` or "
+           f"`jaxattn loop --model PRESET --weights random` ({', '.join(PRESETS)}).")
     )
 
 
@@ -408,6 +418,9 @@ def load(path_or_name: str | os.PathLike) -> AbstractTransformer:
     `model.detokenize(ids)`) when the folder has a `tokenizer.json` or the file is
     a `.gguf`.
     """
+    refuse_first([(not isinstance(path_or_name, str | os.PathLike), TypeError,
+                   "ja.models.load takes a model folder, a .gguf file or a model's name, got "
+                   f"{type(path_or_name).__name__}.")])
     path = Path(path_or_name)
     if path.is_dir():
         return with_tokenizer(load_folder(path), path / "tokenizer.json")
@@ -452,6 +465,15 @@ def init(config, key) -> AbstractTransformer:
     The model, weights in float32.
     """
     cfg, _ = resolve_config(config)
+    h = cfg.hidden_size  # the embeddings and each block's four projections and MLP, float32
+    need = 4.0 * (cfg.vocab_size * h + cfg.num_layers * (4 * h * h + 2 * h * cfg.intermediate_size))
+    memory = machine_memory()
+    if need > memory / 2:  # near the limit: the exact size (tracing takes ~0.1 s)
+        shapes = jax.eval_shape(lambda k: FAMILIES[cfg.model_type].init(cfg, k), key)
+        need = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+    refuse_first([too_big(need, f"the weights of this {cfg.model_type} config ({cfg.num_layers} "
+                          f"layers, width {h}) need", "choose a smaller config (a misspelled "
+                          "size field keeps the model_type's default)", memory)])
     return _init(cfg, key)
 
 

@@ -167,6 +167,8 @@ def tokenize(
          f"({', '.join(PAD_TOKENS)}); give the id to pad with (`pad=ID`, --pad ID)."),
         (is_int(pad, 0) and pad >= size, ValueError,
          f"`pad` {pad} is not an id of {source}'s tokenizer (0 to {size - 1})."),
+        (pad is not None and 0 in lengths, ValueError, f"prompt {(lengths + [0]).index(0)} has 0 "
+         "tokens: padding would leave it no token to attend to; drop the empty prompt."),
         (n == 0 or (len(encoded[short[0]]) < n and pad is None), ValueError,
          f"prompt {short[0]} has {lengths[short[0]]} tokens, fewer than {n or 1}: give longer "
          "prompts, fewer tokens (`tokens`, --tokens; default: the shortest prompt's), or pad "

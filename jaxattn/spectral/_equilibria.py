@@ -44,7 +44,7 @@ from .._dynamics import SelfAttentionDynamics
 from .._manifold import project
 from .._precision import einsum
 from .._programs import kept_jit
-from .._validate import check_count, check_square, is_concrete, refuse_first
+from .._validate import check_count, check_scalar, check_square, is_concrete, refuse_first
 from ..metrics import tangent_basis
 from ._spectrum import layer_matrix
 
@@ -89,9 +89,11 @@ def bipartite_point(v: Float[Array, " d"], n: int, m) -> Float[Array, "n d"]:
     n, v = check_count(n, "n", 1), jnp.asarray(v)
     refuse_first([
         (v.ndim != 1, f"bipartite_point: `v` must be one direction (d,), got shape {v.shape}."),
-        (is_concrete(m) and not 0 <= m <= n,
+        (is_concrete(m) and not (0 <= m <= n and float(m).is_integer()),
          f"bipartite_point: `m` counts the tokens at +v: it must lie in [0, n] = [0, {n}], "
-         f"got {m}."),
+         f"a whole number, got {m}."),
+        (is_concrete(v) and not (np.isfinite(v).all() and np.any(np.asarray(v) != 0)),
+         "bipartite_point: `v` must be a finite nonzero direction."),
     ])
     signs = jnp.where(jnp.arange(n) < m, 1.0, -1.0).astype(v.dtype)
     return signs[:, None] * (v / jnp.linalg.norm(v))[None, :]
@@ -203,7 +205,12 @@ def equilibria(dyn: SelfAttentionDynamics, n: int, *, tau=1.0) -> Equilibria:
 
     `Equilibria` with `d (n − ⌈n/2⌉ + 1)` entries.
     """
-    refuse_first([(dyn.causal, "equilibria enumerates full-attention maps; got causal=True.")])
+    refuse_first([(not isinstance(dyn, SelfAttentionDynamics), TypeError, "equilibria: `dyn` "
+                   "must be a ja.SelfAttentionDynamics (e.g. ja.spectral.oja_system(U)), got "
+                   f"{type(dyn).__name__}."),
+                  (getattr(dyn, "causal", False), ValueError,
+                   "equilibria enumerates full-attention maps; got causal=True.")])
+    tau = check_scalar(tau, "tau", positive=True)
     eq, Omega = _enumerate(dyn, check_count(n, "n", 1), tau)  # one program; Ω checked on its return
     if not np.allclose(np.asarray(Omega), np.asarray(Omega).T, rtol=1e-10, atol=1e-12):
         raise ValueError("equilibria needs a symmetric layer matrix Ω = Σ_η U_η (paper 004 "

@@ -19,7 +19,7 @@ from .._layers import run_layers
 from .._precision import matmul
 from .._programs import kept_jit
 from .._schedule import Constant, PiecewiseConstant
-from .._validate import refuse_first
+from .._validate import check_count, is_concrete, refuse_first
 from ..models import (
     AbstractTransformer,
     attention_dynamics,
@@ -122,6 +122,9 @@ def layerwise(model, x0: Float[Array, "B n d"], *, tau: float = 1.0, order_tau=N
     `(stats, eigenvalues, xs)`: a `LayerAlignment` with a leading layer axis, the
     `(L, top)` leading eigenvalues, and the tokens `(L + 1, B, n, d)`.
     """
+    top = check_count(top, "top", 1)
+    refuse_first([(layers is not None and len(tuple(layers)) == 0,
+                   "layerwise: `layers` is empty; name at least one layer (default: all).")])
     _, Omegas, xs = _propagate(model, layers, x0, tau)
     d = xs.shape[-1]
     stats, eigs = [], []
@@ -200,20 +203,36 @@ def steer(model_or_dyn, u: Float[Array, " d"], gamma: float, *, w=None, layer: i
          f"steer: `layer` {layer} is not one of the {stack} layers of the dynamics' "
          f"PiecewiseConstant stack (−{stack} ≤ layer < {stack})."),
     ])
-    return _steer(model_or_dyn, u, jax.device_put(gamma), w, layer)  # γ traced: one program
+    row = None
+    if dyn is None and all(map(is_concrete, jax.tree.leaves((u, w, model_or_dyn)))):
+        # `wᵀ V⁺` in float64 on the host: `V` may be ill-conditioned (MiniLM's last
+        # layer: 3e3), and a float32 pseudo-inverse then misses `Ω + γ u wᵀ` by 3 % of γ.
+        V = np.asarray(_stacked_value(attention_weights(model_or_dyn, layer)), np.float64)
+        w64 = np.asarray(u if w is None else w, np.float64)
+        row = (w64 / np.linalg.norm(w64)) @ np.linalg.pinv(V)
+    return _steer(model_or_dyn, u, jax.device_put(gamma), w, layer, row)  # γ traced
+
+
+def _stacked_value(attn):
+    """The value projections of a layer's heads stacked `(h k, d)` (shared key–value
+    heads repeated)."""
+    h, k = attn.num_heads, attn.query.shape[-2]
+    return jnp.repeat(attn.value, h // attn.num_kv_heads, axis=0).reshape(h * k, -1)
 
 
 @kept_jit  # one program for every `γ` (op by op, a program per operation)
-def _steer(model_or_dyn, u, gamma, w, layer):
+def _steer(model_or_dyn, u, gamma, w, layer, row):
     u = jnp.asarray(u) / jnp.linalg.norm(u)
     w = u if w is None else jnp.asarray(w) / jnp.linalg.norm(w)
     if isinstance(model_or_dyn, SelfAttentionDynamics):
         return _steer_dynamics(model_or_dyn, u, gamma, w, layer)
     attn = attention_weights(model_or_dyn, layer)
     h, k = attn.num_heads, attn.query.shape[-2]
-    V = jnp.repeat(attn.value, h // attn.num_kv_heads, axis=0).reshape(h * k, -1)
-    Vp = jnp.linalg.pinv(V.astype(jnp.float64) if jax.config.jax_enable_x64 else V)
-    delta = gamma * jnp.outer(u, matmul(w, Vp))  # (d, h k)
+    if row is None:  # traced weights: the pseudo-inverse in this program's precision
+        V = _stacked_value(attn)
+        row = matmul(w, jnp.linalg.pinv(V.astype(jnp.float64) if jax.config.jax_enable_x64
+                                        else V))
+    delta = gamma * jnp.outer(u, row)  # (d, h k)
     out = (attn.output.reshape(-1, h * k) + delta).reshape(attn.output.shape)
     return replace_attention(model_or_dyn, layer, eqx.tree_at(
         lambda a: a.output, attn, out.astype(attn.output.dtype)))
@@ -231,7 +250,18 @@ def _steer_dynamics(dyn, u, gamma, w, layer):
     return eqx.tree_at(lambda d: d.U, dyn, new)
 
 
-@kept_jit(static_argnames=("prompts", "tokens", "d"))  # one program, not three
 def random_tokens(key, prompts: int, tokens: int, d: int) -> Float[Array, "B n d"]:
     """Initial tokens `N(0, I)` (paper 004 App. B), `(prompts, tokens, d)`."""
+    counts = [check_count(c, name, 1) for c, name in
+              ((prompts, "prompts"), (tokens, "tokens"), (d, "d"))]
+    dtype = getattr(key, "dtype", None)
+    refuse_first([(dtype is None or not (jnp.issubdtype(dtype, jax.dtypes.prng_key)
+                                         or dtype == jnp.uint32), TypeError,
+                   "random_tokens: `key` must be a PRNG key (jax.random.key(seed)), got "
+                   f"{type(key).__name__}.")])
+    return _random_tokens(key, *counts)
+
+
+@kept_jit(static_argnames=("prompts", "tokens", "d"))  # one program, not three
+def _random_tokens(key, prompts: int, tokens: int, d: int) -> Float[Array, "B n d"]:
     return jax.random.normal(key, (prompts, tokens, d), jnp.result_type(float))

@@ -17,7 +17,14 @@ from jaxtyping import Array, Bool, Complex, Float, Int
 from .._dynamics import SelfAttentionDynamics
 from .._precision import matmul
 from .._programs import kept_jit
-from .._validate import check_square, is_concrete, raise_unless, refuse_first, surface_errors
+from .._validate import (
+    check_scalar,
+    check_square,
+    is_concrete,
+    raise_unless,
+    refuse_first,
+    surface_errors,
+)
 from ..models import AbstractTransformer, Attention, attention_weights, value_output
 
 
@@ -145,6 +152,10 @@ def spectrum(Omega: Float[Array, "d d"], *, tau=None, rtol: float = 1e-6) -> Spe
     raises a `ja.SimulationError` (one line: the message and the fix).
     """
     Omega = check_square(Omega, "Omega", "spectrum")
+    refuse_first([(jnp.iscomplexobj(Omega), "spectrum: `Omega` must be a real layer matrix, got "
+                   f"{Omega.dtype}.")])
+    tau = None if tau is None else check_scalar(tau, "tau", positive=True)
+    rtol = check_scalar(rtol, "rtol", nonnegative=True)
     # A NaN/inf Ω has no spectrum: without this it would read as "case 3". Checked on
     # the host where Ω is concrete, so that the program holds no callback (issue 42).
     concrete = is_concrete(Omega)
@@ -312,10 +323,20 @@ def top_eigenvector(M: Float[Array, "d d"]) -> Float[Array, " d"]:
     **Arguments:**
 
     - `M`: a real symmetric matrix `(d, d)`, e.g. `U` of paper 001 (Theorems 5.2,
-      5.3) or a layer matrix `Ω = Σ_η U_η` of paper 004.
+      5.3) or a layer matrix `Ω = Σ_η U_η` of paper 004 with symmetric heads.
+      A concrete `M` that is not symmetric (beyond `1e-4` of its norm) is refused:
+      its symmetric part's eigenvector is not one of `M`'s.
 
     **Returns:**
 
     The eigenvector `(d,)` of unit Euclidean norm; its sign is arbitrary.
     """
-    return jnp.linalg.eigh(check_square(M, "M", "top_eigenvector"), symmetrize_input=True)[1][:, -1]
+    M = check_square(M, "M", "top_eigenvector")
+    if is_concrete(M):
+        A = np.asarray(M, float)
+        skew = np.linalg.norm(A - A.T) / max(np.linalg.norm(A), 1e-300)
+        refuse_first([(not np.isfinite(A).all(), "top_eigenvector: `M` contains NaN or inf."),
+                      (not skew <= 1e-4, "top_eigenvector reads a symmetric matrix; `M` is "
+                       f"not one (‖M − Mᵀ‖/‖M‖ = {skew:.2g}): for a general matrix use "
+                       "numpy.linalg.eig.")])
+    return jnp.linalg.eigh(M, symmetrize_input=True)[1][:, -1]

@@ -488,8 +488,8 @@ def classify(
         (not isinstance(dyn, SelfAttentionDynamics), TypeError,
          f"classify: `dyn` must be a ja.SelfAttentionDynamics, got {type(dyn).__name__}."),
         (why, ValueError, f"classify: `times` {why}"),
-        (tol is not None and not (number and tol > 0), ValueError,
-         f"classify: `tol` must be a number > 0, got {tol!r}."),
+        (tol is not None and not (number and 0 < tol < np.inf), ValueError,
+         f"classify: `tol` must be a finite number > 0, got {tol!r}."),
     ))
     m = _read(dyn, times)
     tol = default_tol(_weights_dtype(dyn), m.d) if tol is None else float(tol)

@@ -25,7 +25,7 @@ from .._manifold import w_inner, w_norm
 from .._precision import einsum
 from .._programs import kept_jit
 from .._stacked import map_batch
-from .._validate import check_tokens_now
+from .._validate import check_scalar, check_tokens_now
 from ..metrics import hemisphere, misalignment
 from ..spectral import top_eigenvector
 from ._classify import Classification, classify, top_eigen
@@ -310,6 +310,7 @@ class Prediction:
         needed for Theorems 3.2 and 5.3.
         """
         x = jnp.asarray(x)
+        tol = check_scalar(tol, "tol", positive=True)
         if self.outcome == "none":
             return np.zeros(x.shape[:-2], bool)
         if t is None and self.theorem in ("3.2", "5.3"):

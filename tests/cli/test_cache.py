@@ -236,7 +236,8 @@ def test_cache_info_and_clear(capsys, monkeypatch, tmp_path):
     (tmp_path / f"model.Q4_1-jaxattn-gguf-2-{'0a' * 16}.npz").write_bytes(b"w" * 100)
     for words in ([], ["info"]):
         assert _cache_command(capsys, *words)[:2] == (
-            0, f"compilation cache: {tmp_path}, 1 entries, 0.0 MB\n")
+            0, f"compilation cache: {tmp_path}, 1 entries, 0.0 MB (of which 1 converted "
+               ".gguf model, 0.0 MB)\n")
     code, out, _ = _cache_command(capsys, "clear")
     assert (code, out) == (0, f"cleared {tmp_path}: 1 entries, 0.0 MB\n")
     assert list(tmp_path.iterdir()) == []

@@ -21,7 +21,8 @@ def test_doctor_reports_every_part_and_passes(capsys):
     assert "NOT faithful" not in out
     # The folder in force (the test suite's, which other test processes may be filling).
     assert re.search(rf"compilation cache: {re.escape(str(cache_dir()))}, [1-9]\d* entries, "
-                     r"\d+\.\d MB\n", out), out
+                     r"\d+\.\d MB( \(of which \d+ converted \.gguf models?, \d+\.\d MB\))?\n",
+                     out), out
     for name in doctor.OPTIONAL:
         assert f"optional {name}: " in out
 

@@ -64,6 +64,27 @@ def test_a_loop_of_the_hidden_states_copies_too_large_is_refused(tmp_path, capsy
     assert not out.exists()
 
 
+@pytest.mark.parametrize("flags, need", [
+    (["--prompts", "2000", "--tokens", "8192"], "151 GB"),  # its hidden states
+    (["--passes", "1000000000", "--prompts", "100", "--tokens", "10"], "12 TB"),  # its E
+])
+def test_a_packaged_model_is_sized_before_it_loads(tmp_path, capsys, monkeypatch, flags,
+                                                   need):
+    """A packaged model's sizes were not known before loading: a run of 151 GB started,
+    then hung on its first chunk with an unfinished folder; its config now comes from
+    the file (the .gguf's metadata), and the run is refused as a preset's is."""
+    from _helpers import SMOLLM, needs_smollm
+
+    if needs_smollm.args[0]:
+        pytest.skip(needs_smollm.kwargs["reason"])
+    monkeypatch.setattr(runner, "machine_memory", lambda: 32 * 10**9)
+    out = tmp_path / "loop"
+    line = one_line(capsys, ["loop", "--model", SMOLLM, *flags, "--out", str(out),
+                              "--no-progress"])
+    assert f"the run's arrays need at least {need}" in line, line
+    assert not out.exists()
+
+
 def test_a_loop_that_fits_is_not_refused_for_memory(tmp_path, capsys, monkeypatch):
     """The check counts the loop's arrays: a machine with room for them runs it."""
     config = tmp_path / "config.json"

@@ -141,3 +141,26 @@ def test_conjecture_bipartite_kick_panel_shows_the_decay_not_the_whole_check():
     assert _kick_axis(ax, [fast, slow]) == "layer"
     assert ax.get_xlim() == before
     plt.close("all")
+
+
+def test_conjecture_bipartite_without_a_valid_restart_kicks_nothing(tmp_path):
+    """With no valid restart (no true fixed point) the verdict said "→ nan among 0 valid
+    restarts" and the figure kicked restart 0 as the "best stable weights"; now the line
+    says so, no kick is drawn, and the traces' best is over the valid restarts only."""
+    from jaxattn.experiments import EXPERIMENTS
+
+    study = EXPERIMENTS["conjecture-bipartite"]
+    config = study.defaults()
+    trace = np.log(np.array([[2.0, 3.0], [0.5, 0.01]]))  # the invalid restart dips lowest
+    found = {"trace": trace, "violation": 0.0, "rho": np.array([0.5, 0.01]),
+             "rho0": np.array([2.0, 3.0]), "valid": np.array([True, False]),
+             "residual": np.zeros(2), "dist_small": np.geomspace(1e-3, 1e-12, 5),
+             "dist_large": np.geomspace(1e-1, 1e-12, 5), "absorbed": True}
+    none = found | {"valid": np.array([False, False]), "dist_small": np.full(5, np.nan),
+                    "dist_large": np.full(5, np.nan), "absorbed": False}
+    assert "→ 0.5 among 1 valid restarts" in study.judge_setting(config, found, 1)[1]
+    line = study.judge_setting(config, none, 3)[1]
+    assert "no valid restart of 2" in line and "nothing to kick" in line, line
+    data = {f"h{h}_{k}": v for h, f in ((1, found), (2, found), (3, none)) for k, v in f.items()}
+    paths = study.draw(config, data, tmp_path)
+    assert paths and all(p.exists() for p in paths)

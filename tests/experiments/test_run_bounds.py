@@ -211,6 +211,11 @@ REFUSED_EARLY = [
     ("antipodal", "tau", 0.6, "--tau"),
     ("hardmax", "tau", 2.0, "--tau"),
     ("steer", "std", 1e-30, "--std"),
+    # these ran: a gap no ‖U‖₂ ≤ 1 can keep (the search broke the bound by 3 and agreed),
+    # Fig. 13 at an unstable radius, or at one no q in [0, 10] gives (silently another)
+    ("adversarial-weights", "gap", 5.0, "--gap 5 cannot be kept with --u-bound 1"),
+    ("oja-bipartite", "radius", 1.5, "--radius must be < 1"),
+    ("oja-bipartite", "radius", 0.5, "--radius 0.5 is out of reach at --tau 1"),
 ]
 
 
@@ -268,4 +273,9 @@ def test_a_preset_records_what_it_sets_and_refuses_a_flag_it_overrides(capsys, t
     line = _refused_in_one_line(capsys, ["run", "noisy-transition", "--full", "--tokens", "10",
                                          "--out", str(tmp_path / "out")])
     assert "--full sets --tokens itself (tokens 4000)" in line, line
+    assert list(tmp_path.iterdir()) == []
+    # a trained model has its own width: --hidden beside it was ignored, yet recorded
+    line = _refused_in_one_line(capsys, ["run", "steer", "--minilm", "--hidden", "128",
+                                         "--out", str(tmp_path / "out")])
+    assert "--minilm sets --hidden itself (hidden 0)" in line, line
     assert list(tmp_path.iterdir()) == []

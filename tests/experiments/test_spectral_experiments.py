@@ -74,3 +74,37 @@ def test_oja_verdict_leaves_radius_one_undecided_and_fails_a_real_disagreement()
     assert verdict.numbers["stable"] == 1 and verdict.numbers["stable_bipartite"] == 0
     wrong = study.verdict(config, data | {"theorem3": np.array([False, False, False])})
     assert not wrong.ok and "Theorem 3 conditions agree in 1 (and 1" in wrong.line
+
+
+def test_oja_judges_fig13s_escape_at_the_papers_step_only():
+    """At τ = 0.1 every perturbation Fig. 13 tries returns to the bipartite point (its
+    basin holds them all): that is no contradiction of a theorem, so the escape is
+    reported there, and judged at the paper's τ = 1 only."""
+    import numpy as np
+
+    study = EXPERIMENTS["oja-bipartite"]
+    data = {"residual": np.zeros(2), "radius": np.array([0.5, 1.5]),
+            "predicted": np.array([0.5, 1.5]), "theorem3": np.array([True, False]),
+            "growth": np.array([0.5, 1.5]), "m": np.array([6, 3]), "n": np.full(2, 6),
+            "fig13_final": np.array([0.0, 1e-50]), "fig13_eps": np.array([1e-3, 2.0]),
+            "fig13_spread": np.float64(2.0)}
+    at_paper = study.verdict(study.defaults(), data)
+    assert not at_paper.ok and "escapes to consensus False" in at_paper.line
+    smaller = study.verdict(study.config(study.defaults() | {"tau": 0.1}, seed=0), data)
+    assert smaller.ok and "not at τ = 0.1" in smaller.line, smaller.line
+
+
+def test_power_layers_counts_a_layer_only_past_two_standard_errors():
+    """p_ℓ = 0.55 and Δ_ℓ a fifth of its spread above the baseline: noise over 100
+    tokens (the verdict agreed there), a real tilt over 10,000."""
+    import numpy as np
+
+    study = EXPERIMENTS["power-layers"]
+    layers = np.ones(12)
+    data = {"stat_delta": 0.002 * layers, "stat_delta_bar": 0.0 * layers,
+            "stat_delta_std": 0.01 * layers, "stat_delta_bar_std": 0.0 * layers,
+            "stat_p": 0.55 * layers, "stat_c": 0.06 * layers, "stat_c_bar": 0.06 * layers}
+    few = study.verdict(study.config(study.defaults() | {"prompts": 10}, seed=0), data)
+    assert not few.ok and "in 0/12 layers, p_ℓ > 1/2 in 0/12" in few.line, few.line
+    many = study.verdict(study.config(study.defaults() | {"prompts": 1000}, seed=0), data)
+    assert many.ok and "in 12/12 layers, p_ℓ > 1/2 in 12/12" in many.line, many.line

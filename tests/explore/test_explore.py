@@ -251,11 +251,82 @@ def test_negative_steps_are_refused(key):
     ({"constraints": 3}, TypeError, "`constraints` must be a ja.explore.Constraints, got int"),
     ({"weight_noise": -1.0}, ValueError, "`weight_noise` must be ≥ 0"),
     ({"adjoint_rtol": -1.0}, ValueError, "`adjoint_rtol` must be ≥ 0"),
+    # these ran: a degenerate cap never moved the tokens (violation NaN), n = 1 gave
+    # value -inf, an ignored option was silently dropped
+    ({"constraints": E.Constraints(hemisphere=jnp.zeros(3))}, ValueError,
+     r"`Constraints.hemisphere` must be a finite nonzero direction, got \[0.0, 0.0, 0.0\]"),
+    ({"constraints": E.Constraints(hemisphere=jnp.array([jnp.nan, 0.0, 1.0]))}, ValueError,
+     "must be a finite nonzero direction"),
+    ({"constraints": E.Constraints(hemisphere=jnp.ones(2))}, ValueError,  # was a JAX TypeError
+     r"`Constraints.hemisphere` must be a direction of shape \(3,\), got \(2,\)"),
+    ({"n": 1}, ValueError, "`n` must be a whole number ≥ 2, got 1"),
+    ({"init": 0}, TypeError, "`init` must be a PRNG key .* got int"),
+    ({"init": jnp.ones((4, 3)), "n": 10}, ValueError, "`n`=10 disagrees with the `init` tokens' 4"),
+    ({"init": jnp.ones((4, 3)).at[2].set(0.0), "n": None}, ValueError, "an `init` token is zero"),
+    ({"init": jnp.ones((4, 3)), "n": None, "baseline_samples": 5}, ValueError,
+     "`baseline_samples` draws random starts, so it needs a key as `init`"),
+    ({"model": "layers", "adjoint": "backsolve"}, ValueError,
+     "adjoint='backsolve' is for model='flow'"),
+    ({"objective": lambda ys: ys.sum()}, TypeError, "takes 1 arguments"),
 ])
 def test_slow_consensus_refuses_before_any_work(key, options, error, match):
     """Each was an AttributeError deep in the search, or accepted and meaningless."""
+    options = {"init": key, "n": 3} | options
     with pytest.raises(error, match=match):
-        E.slow_consensus(random_dynamics(key), init=key, n=3, steps=1, restarts=1, **options)
+        E.slow_consensus(random_dynamics(key), steps=1, restarts=1, **options)
+
+
+def test_slow_consensus_takes_tokens_as_a_list_and_refuses_bad_objectives(key):
+    """Tokens written out as a list are tokens (they were read as a PRNG key); an
+    objective of a vector, or NaN everywhere, is refused in one line (a JAX grad error;
+    value -inf and gain NaN)."""
+    dyn = random_dynamics(key)
+    kw = dict(steps=1, restarts=1, model="layers", horizon=0.5)
+    listed = E.slow_consensus(dyn, init=[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], **kw)
+    array = E.slow_consensus(dyn, init=jnp.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), **kw)
+    np.testing.assert_array_equal(listed.values, array.values)
+    with pytest.raises(TypeError, match=r"slow_consensus maximises one number; .* shape \(3,\)"):
+        E.slow_consensus(dyn, init=key, n=3, objective=lambda ts, ys: ys[-1, 0], **kw)
+    with pytest.raises(ValueError, match="the objective was NaN or inf at every start and step"):
+        E.slow_consensus(dyn, init=key, n=3, objective=lambda ts, ys: jnp.nan, **kw)
+    with pytest.raises(TypeError, match="`factory` must be an optax function"):
+        E.NamedOptimizer("adam", learning_rate=0.1)
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"norm": "spectral", "bound": -1.0}, "`bound` must be a finite number > 0 .* got -1.0"),
+    ({"norm": "spectral", "bound": float("nan")}, "`bound` must be a finite number > 0"),
+    ({"norm": "spectral", "bound": "1"}, "`bound` must be a finite number > 0 .* got '1'"),
+    ({"norm": "spectral", "bound": {"Pp": 1.0}}, "unknown weight 'Pp'"),
+    ({"gap": -1.0}, "`gap` must be a finite number ≥ 0, got -1.0"),
+    # the feasible set is empty: the search broke ‖U‖₂ ≤ 1 by 3 and said it agreed
+    ({"norm": "spectral", "bound": 1.0, "top_eigenvector": jnp.array([1.0, 0.0, 0.0]),
+      "gap": 5.0}, "`gap` 5.0 cannot be kept with ‖U‖₂ ≤ 1.0"),
+])
+def test_constraints_refuse_bounds_they_cannot_keep(options, match):
+    with pytest.raises(ValueError, match=match):
+        E.Constraints(**options)
+    assert E.Constraints(train="P").train == ("P",)  # was a TypeError on `+` of str and tuple
+    E.Constraints(norm="spectral", bound=1.0, top_eigenvector=jnp.array([1.0, 0.0, 0.0]),
+                  gap=2.0)  # at the edge: kept, with U's eigenvalues at ±1
+
+
+def test_stabilize_bipartite_refuses_what_it_cannot_keep():
+    """A non-unit `v` was used raw by the projection (violation 56, no fixed point);
+    bad bounds and shapes ran or failed inside einsum."""
+    w0 = BipartiteWeights(jnp.ones((2, 1, 3, 3)), jnp.ones((2, 1, 3, 3)))
+    v = jnp.array([1.0, 0.0, 0.0])
+    for kw, match in [({"v": 2 * v}, "`v` must be a unit vector"),
+                      ({"v": jnp.zeros(3)}, "`v` must be a unit vector"),
+                      ({"v": v[:2]}, r"`v` must be a direction \(3,\), got shape \(2,\)"),
+                      ({"p_bound": -1.0}, "`p_bound` must be > 0"),
+                      ({"tau": float("nan")}, "`tau` must be finite"),
+                      ({"m": 4}, "`m` must be in 1..n−1 = 1..3, got 4"),
+                      ({"w0": BipartiteWeights(w0.P[0], w0.U[0])},
+                       r"must both be \(restarts, h, d, d\), got \(1, 3, 3\)")]:
+        args = {"w0": w0, "v": v, "n": 4, "m": 2, "steps": 1} | kw
+        with pytest.raises(ValueError, match=match):
+            E.stabilize_bipartite(args.pop("w0"), args.pop("v"), **args)
 
 
 def test_tokens_with_nan_and_batches_are_refused(key):

@@ -280,3 +280,30 @@ def test_gguf_of_unsupported_architecture(tiny_llama, tmp_path, monkeypatch):
     match = r"other\.gguf: gguf architecture 'gemma' is not supported"
     with pytest.raises(ValueError, match=match):
         ja.models.load(path)
+
+
+def test_init_reads_packaged_names_and_gguf_files_and_refuses_what_cannot_fit(monkeypatch):
+    """`init` took presets and config.json only: a packaged name was "neither a preset",
+    a .gguf file "not a valid config.json"; a config whose sizes a mixed spelling left at
+    Llama's defaults (7B) ended in XLA's RESOURCE_EXHAUSTED; `load(None)` in pathlib."""
+    from _helpers import MINILM, SMOLLM
+
+    from jaxattn.models import _load, packaged_path
+
+    key = jax.random.PRNGKey(0)
+    for name, width in ((SMOLLM, 576), (MINILM, 384)):
+        if packaged_path(name) is None:
+            continue
+        assert ja.models.init(name, key).config.hidden_size == width
+        assert ja.models.resolve_config(packaged_path(name))[0].hidden_size == width
+    mixed = dict(ja.models.PRESETS["gpt2"], n_layer=1, n_embd=32, n_head=4, model_type="llama")
+    monkeypatch.setattr(_load, "machine_memory", lambda: 8 * 10**9)
+    with pytest.raises(ValueError, match=r"the weights of this llama config \(32 layers, "
+                                         r"width 4096\) need 2\d.\d GB, more than this "
+                                         r"machine's memory \(8 GB\)"):
+        ja.models.init(mixed, key)
+    with pytest.raises(TypeError, match="ja.models.load takes a model folder, .* got NoneType"):
+        ja.models.load(None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match=r"init a preset: `ja.models.init\(PRESET"):
+        ja.models.load("no-such-model")  # `init('no-such-model')` fails too: not offered

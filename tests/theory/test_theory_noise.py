@@ -169,3 +169,25 @@ def test_a_threshold_below_float64s_range_is_refused_not_zero():
     assert 0 < ja.theory.noisy_threshold(700.0, 3) < 1e-290
     with pytest.raises(ValueError, match="below float64's smallest normal number"):
         ja.theory.noisy_threshold(1e5, 3)
+
+
+@pytest.mark.parametrize("beta, d", [(0.5, 384), (5.0, 1000), (1e-12, 50), (3.0, 3), (1.0, 10**5)])
+def test_noisy_threshold_at_large_dimensions_against_the_series(beta, d):
+    """`K_#(β) = (d/2) / ₀F₁(; d/2 + 1; β²/4)` (the series of `I_{d/2}`), scipy's
+    `hyp0f1`: where `ive` underflows (β ≪ d) the threshold was a math domain error."""
+    from scipy.special import hyp0f1
+
+    expected = d / 2 / hyp0f1(d / 2 + 1, beta**2 / 4)
+    np.testing.assert_allclose(ja.theory.noisy_threshold(beta, d), expected, rtol=1e-9)
+
+
+@pytest.mark.parametrize("d", [2, 3, 45, 50, 300, 1000, 5000])
+def test_noisy_beta_star_solves_its_equation_at_every_dimension(d):
+    """`I_{ν+1}(β*)/I_ν(β*) = 1/d` (ν = d/2), the ratio from the series
+    `β/(2(ν+1)) ₀F₁(; ν+2; β²/4)/₀F₁(; ν+1; β²/4)`: past d = 45 the root finder
+    started from a NaN (0/0 of two underflowed `ive`s)."""
+    from scipy.special import hyp0f1
+
+    beta, nu = ja.theory.noisy_beta_star(d), d / 2
+    ratio = beta / (2 * (nu + 1)) * hyp0f1(nu + 2, beta**2 / 4) / hyp0f1(nu + 1, beta**2 / 4)
+    np.testing.assert_allclose(ratio, 1 / d, rtol=1e-9)

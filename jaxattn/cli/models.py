@@ -14,6 +14,8 @@ PRECISIONS = declared("jaxattn._precision", "PRECISIONS")
 DTYPES = declared("jaxattn.experiments.loop_grid", "DTYPES", keys=True)
 TOKENS = declared("jaxattn.experiments.loop_runner", "TOKENS")
 WEIGHTS = declared("jaxattn.models._loop", "WEIGHTS")
+MODELS = declared("jaxattn.models._presets", "PRESETS", keys=True)
+PACKAGED = declared("jaxattn.models._packaged", "PACKAGED", keys=True)
 
 #: Flags of a single loop that `--grid` does not take (it runs every weight kind, with
 #: and without FFN, in one go).
@@ -138,8 +140,9 @@ def register(sub) -> None:
         "continues with the same command and --resume. Writes a run folder with the "
         "figure.")
     p.add_argument("--model", required=True, help="(required) a model folder, a .gguf "
-                   "file, a hub name, or (for random weights) a preset such as gpt2 or a "
-                   "config.json")
+                   f"file, a hub name, a packaged model ({', '.join(PACKAGED)}: pip "
+                   "packages, offline), or for random weights a config.json or a preset "
+                   f"({', '.join(MODELS)})")
     p.add_argument("--weights", choices=WEIGHTS, default=None,
                    help="the model's own weights, one random draw, or a fresh draw before "
                    "every pass (default: trained)")

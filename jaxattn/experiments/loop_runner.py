@@ -59,7 +59,9 @@ FILE_HASHES = {"weights_sha256": ("weight file", "two models"),
                "text_sha256": ("prompts file", "two sets of prompts")}
 #: The config entries a loop records under another name than the flag that sets
 #: them, for the message that refuses another value in an existing loop's folder.
-FLAGS = {"chunk_passes": "--chunk-passes", "save_states": "--save-states", "ffn": "--no-ffn"}
+FLAGS = {"chunk_passes": "--chunk-passes", "save_states": "--save-states", "ffn": "--no-ffn",
+         **{k: f"--{k}" for k in ("passes", "prompts", "tokens", "seed", "weights", "dtype",
+                                  "precision", "pad", "text")}}
 
 
 def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ffn=True,
@@ -306,7 +308,7 @@ def check_same_flags(folder: Path, old: dict, config: dict) -> None:
     def given(value) -> str:
         if key == "ffn":
             return f"{'without' if value else 'with'} {flag}"
-        return f"with {flag} {shown(value)}" if value else f"without {flag}"
+        return f"with {flag} {shown(value)}" if value or value == 0 else f"without {flag}"
 
     finished = not (folder / INCOMPLETE).exists() and (folder / "summary.json").exists()
     raise RunFolderError(

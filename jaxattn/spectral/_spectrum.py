@@ -18,6 +18,7 @@ from .._dynamics import SelfAttentionDynamics
 from .._precision import matmul
 from .._programs import kept_jit
 from .._validate import (
+    check_rows_now,
     check_scalar,
     check_square,
     is_concrete,
@@ -220,6 +221,9 @@ def cosines(x: Float[Array, "n d"], basis: Float[Array, "d k"] | Float[Array, " 
     refuse_first([(basis.ndim not in (1, 2) or basis.shape[0] != x.shape[-1],
                    f"cosines: `basis` must be (d,) or (d, k) with d = {x.shape[-1]} (the "
                    f"tokens' dimension), got shape {basis.shape}.")])
+    check_rows_now(x, "x", "cosines")  # concrete: NaN or a zero token (no direction)
+    if basis.ndim == 1:
+        check_rows_now(basis[None], "basis", "cosines")
     xn = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
     if basis.ndim == 1:
         return jnp.abs(matmul(xn, basis / jnp.linalg.norm(basis)))

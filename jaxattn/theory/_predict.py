@@ -25,7 +25,7 @@ from .._manifold import w_inner, w_norm
 from .._precision import einsum
 from .._programs import kept_jit
 from .._stacked import map_batch
-from .._validate import check_scalar, check_tokens_now
+from .._validate import check_scalar, check_tokens_now, refuse_first
 from ..metrics import hemisphere, misalignment
 from ..spectral import top_eigenvector
 from ._classify import Classification, classify, top_eigen
@@ -311,6 +311,14 @@ class Prediction:
         """
         x = jnp.asarray(x)
         tol = check_scalar(tol, "tol", positive=True)
+        start = np.shape(self._x0)
+        try:
+            np.broadcast_shapes(x.shape, start)
+            fits = x.shape[-2:] == start[-2:]
+        except ValueError:
+            fits = False
+        refuse_first([(not fits, f"Prediction.check: `x` must be tokens of the shape of the "
+                       f"starts {start} (or one of its batch), got {x.shape}.")])
         if self.outcome == "none":
             return np.zeros(x.shape[:-2], bool)
         if t is None and self.theorem in ("3.2", "5.3"):

@@ -137,6 +137,9 @@ def test_the_declared_constants_are_the_modules():
 
     assert (loop.PRECISIONS, loop.DTYPES) == (PRECISIONS, tuple(DTYPES))
     assert (loop.TOKENS, loop.WEIGHTS) == (TOKENS, tuple(WEIGHTS))
+    from jaxattn.models import PACKAGED, PRESETS
+
+    assert (loop.MODELS, loop.PACKAGED) == (tuple(PRESETS), tuple(PACKAGED))
 
 
 def test_run_help_lists_every_parameter_of_the_experiment():

@@ -85,7 +85,7 @@ def test_resume_refuses_other_settings_in_one_line(config_path, tmp_path, capsys
             "--tokens", "4", "--out", str(out), "--no-progress"]
     assert main([*argv, "--passes", "4", "--resume"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "another passes (3, not 4)" in err and len(err.splitlines()) == 1
+    assert "another --passes (3, not 4)" in err and len(err.splitlines()) == 1
     assert main([*argv, "--passes", "3"]) == 2  # no --resume: an existing loop is refused
     assert "pass --resume" in capsys.readouterr().err
     assert main([*argv, "--passes", "3", "--resume"]) == 0  # finished: nothing to run

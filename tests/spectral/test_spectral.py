@@ -319,6 +319,10 @@ def test_bad_arguments_are_one_line_refusals(call, match):
     (lambda: ja.spectral.random_tokens(jax.random.PRNGKey(0), -1, 3, 4), ValueError,
      "`prompts` must be a whole number ≥ 1"),  # was an MLIR error
     (lambda: ja.spectral.random_tokens(0, 2, 3, 4), TypeError, "`key` must be a PRNG key"),
+    (lambda: ja.spectral.cosines(jnp.array([[1.0, 0.0], [0.0, 0.0]]), jnp.ones(2)), ValueError,
+     "cosines: a token .* of `x` is zero"),  # was NaN
+    (lambda: ja.spectral.cosines(jnp.ones((2, 2)), jnp.zeros(2)), ValueError,
+     "cosines: a token .* of `basis` is zero"),
     (lambda: ja.spectral.layerwise(ja.spectral.oja_system(jnp.eye(3)), jnp.ones((1, 4, 3)),
                                    layers=[]), ValueError, "`layers` is empty"),
     (lambda: ja.spectral.layerwise(ja.spectral.oja_system(jnp.eye(3)), jnp.ones((1, 4, 3)),

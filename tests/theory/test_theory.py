@@ -363,3 +363,20 @@ def test_check_is_one_program_for_every_time_and_tolerance(key):
     test = pred.test
     for got, t, tol in ((first, 0.5, 1e-3), (second, 0.25, 0.5)):
         np.testing.assert_array_equal(got, [bool(test.check(x, x, t, tol)) for x in x0])
+
+
+def test_check_and_classify_refuse_tolerances_and_shapes_without_meaning(key):
+    """`check` with `tol` NaN or negative answered False everywhere, with the wrong batch
+    a JAX broadcasting error; `classify(tol=inf)` judged every hypothesis true."""
+    dyn = ja.random_dynamics(key, 1, 3)
+    x0 = jax.vmap(lambda k: ja.sample_ellipsoid(k, 5, 3))(jax.random.split(key, 4))
+    prediction = ja.theory.predict(dyn, x0)
+    assert prediction.check(x0).shape == (4,)
+    for tol, words in ((float("nan"), "`tol` must be finite"), (-1.0, "`tol` must be > 0")):
+        with pytest.raises(ValueError, match=words):
+            prediction.check(x0, tol=tol)
+    with pytest.raises(ValueError, match=r"Prediction.check: `x` must be tokens of the shape "
+                                         r"of the starts \(4, 5, 3\) .* got \(3, 5, 3\)"):
+        prediction.check(jnp.ones((3, 5, 3)))
+    with pytest.raises(ValueError, match="classify: `tol` must be a finite number > 0, got inf"):
+        ja.theory.classify(dyn, tol=float("inf"))

@@ -18,6 +18,7 @@ from ._common import (
 )
 
 _EXIT_AGAINST = 3  # the run finished but its outcome contradicts the theorem
+_EXIT_UNDECIDED = 4  # the run finished, too noisy to agree or contradict
 
 
 def _list(args) -> int:
@@ -137,12 +138,16 @@ def _run(args) -> int:
         print(f"process {jax.process_index()} of {jax.process_count()}: done "
               "(process 0 wrote the run)")
         return 0
-    against = "" if summary["agrees_with_theory"] else \
-        f" (against the prediction: exit status {_EXIT_AGAINST})"
+    undecided = summary.get("undecided")
+    status = 0 if summary["agrees_with_theory"] else \
+        _EXIT_UNDECIDED if undecided else _EXIT_AGAINST
+    against = "" if status == 0 else \
+        f" (undecided, {undecided}: exit status {status})" if undecided else \
+        f" (against the prediction: exit status {status})"
     print(f"verdict{against}: {summary['verdict']}")
     print(f"wrote {folder}/: config.json, data.npz, {', '.join(summary['figures'])}, "
           f"summary.json ({summary['simulation_seconds']:.1f} s)")
-    return 0 if summary["agrees_with_theory"] else _EXIT_AGAINST
+    return status
 
 
 def _distributed_run(args, opts) -> bool:
@@ -184,7 +189,9 @@ def register(sub) -> None:
         "Overrides follow the name (jaxattn run NAME --help lists them). Exit status: 0 "
         "when the outcome agrees with the theorem, when it is still converging at the horizon "
         "(verdict_kind not_converged) or when no theorem covers the run; 3 only when the run "
-        "measurably contradicts the theorem (convergence stalled or reversed); 2 for bad input.",
+        "measurably contradicts the theorem (convergence stalled or reversed); 4 when its errors "
+        "are too large to agree or contradict (the verdict says what decides it, e.g. raise "
+        "--seeds); 2 for bad input.",
     )
     run.add_argument("name", nargs="?", help="experiment name (see `jaxattn list`)")
     run.add_argument("overrides", nargs=argparse.REMAINDER,

@@ -103,12 +103,18 @@ BETA = Param("beta", float, 1.0, "inverse temperature β of the attention", 0.0)
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """The outcome judged against the theorem: `ok`, one line to print, the numbers,
-    and `extra` entries for `summary.json` beside them (e.g. per-setting statistics)."""
+    and `extra` entries for `summary.json` beside them (e.g. per-setting statistics).
+
+    `undecided`, when not empty, says why the run can neither agree nor contradict
+    (its errors are larger than the tolerance they would be judged by) and what
+    would decide it ("raise --seeds"); `ok` is then `False`. `jaxattn run` exits 4
+    there, 3 on a contradiction."""
 
     ok: bool
     line: str
     numbers: dict[str, Any]
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    undecided: str = ""
 
 
 class Config(Mapping):

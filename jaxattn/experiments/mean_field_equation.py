@@ -309,10 +309,19 @@ class MeanFieldEquation(AbstractExperiment):
         growth = predicted_growth(config.modes, config.beta, config.horizon)
         ratio, ratio_err = fitted_growth(data, growth)
         resolved = SLOPE_Z * slope_err <= SLOPE_RESOLVE  # NaN: not resolved
-        grows = SLOPE_Z * ratio_err <= GROWTH_RESOLVE and abs(ratio - 1) <= SLOPE_Z * ratio_err
-        ok = (resolved and abs(slope - SLOPE) <= SLOPE_Z * slope_err and grows
-              and gap <= PAIRWISE_TOL
-              and sharp_err <= SHARP_TOL and (not critical.size or critical_err <= CRITICAL_TOL))
+        growth_resolved = SLOPE_Z * ratio_err <= GROWTH_RESOLVE
+        # a contradiction is a check that resolves its tolerance and misses it; a check
+        # that cannot resolve it (or measured nothing) leaves the run undecided
+        missed = ((resolved and abs(slope - SLOPE) > SLOPE_Z * slope_err)
+                  or (growth_resolved and abs(ratio - 1) > SLOPE_Z * ratio_err)
+                  or not gap <= PAIRWISE_TOL or not sharp_err <= SHARP_TOL
+                  or critical_err > CRITICAL_TOL)  # NaN: none measured, not missed
+        unsettled = critical.size and not np.isfinite(critical_err)
+        why = [w for w, lacking in (
+            ("raise --seeds", not (resolved and growth_resolved)),
+            ("no cap settled ordered near K_c within --settle: raise --settle", unsettled))
+               if lacking]
+        ok = not missed and not why
         asked = (f"asked within {SLOPE_Z:g} standard errors, which resolve a 5 % error"
                  if resolved else
                  f"{SLOPE_Z:g} standard errors are {SLOPE_Z * slope_err:.3f} > "
@@ -324,7 +333,8 @@ class MeanFieldEquation(AbstractExperiment):
                 f"(asked within {SLOPE_Z:g} standard errors, ≤ {GROWTH_RESOLVE:g}); "
                 f"Fourier-mode particles = solve_flow's to {short(gap)} (asked "
                 f"≤ {PAIRWISE_TOL:g}); K_# from the growth rates to {short(sharp_err)} (asked ≤ "
-                f"{SHARP_TOL:g}); K_c from the free energies to {short(critical_err)} "
+                f"{SHARP_TOL:g}); K_c from the free energies to "
+                f"{'— (none settled)' if unsettled else short(critical_err)} "
                 f"(asked ≤ {CRITICAL_TOL:g}) at β/β* = "
                 + ", ".join(f"{b:.3g}" for b in data["betas"][above] / noisy_beta_star(2)))
         numbers = {"slope": slope, "slope_error": slope_err, "growth": growth,
@@ -332,7 +342,7 @@ class MeanFieldEquation(AbstractExperiment):
                    "sharp_error": sharp_err, "critical_error": critical_err,
                    "sharp_ratio": sharp.tolist(), "critical_ratio": critical.tolist(),
                    "K_c": kc.tolist()}
-        return Verdict(bool(ok), line, numbers)
+        return Verdict(bool(ok), line, numbers, undecided="" if missed else "; ".join(why))
 
     def draw(self, config, data, folder: Path):
         plt = figures.pyplot()

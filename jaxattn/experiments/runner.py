@@ -205,7 +205,9 @@ def run_into_folder(experiment: AbstractExperiment, config: dict[str, Any], *,
     def summarise(data, seconds):
         verdict = experiment.verdict(config, data)
         return {"experiment": experiment.name, "theorem": experiment.theorem,
-                "verdict": verdict.line, "agrees_with_theory": verdict.ok,
+                "verdict": verdict.line,
+                "agrees_with_theory": None if verdict.undecided else verdict.ok,
+                **({"undecided": verdict.undecided} if verdict.undecided else {}),
                 "numbers": verdict.numbers, "simulation_seconds": round(seconds, 2),
                 **noted, **verdict.extra}
 

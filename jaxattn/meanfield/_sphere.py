@@ -10,6 +10,7 @@ pole."""
 import math
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.special
@@ -131,14 +132,35 @@ class Sphere(AbstractGrid):
         return jnp.broadcast_to(lam, (2, self.degree + 1, self.degree + 1))
 
     def empirical(self, x: Float[Array, "n 3"]) -> Float[Array, "2 M1 L1"]:
-        x = np.asarray(x, dtype=np.float64)
-        total = np.zeros((self.degree + 1, self.degree + 1), complex)
-        for chunk in np.array_split(x, max(1, len(x) // 2000)):
-            theta = np.arccos(np.clip(chunk[:, 2], -1, 1))
-            phi = np.arctan2(chunk[:, 1], chunk[:, 0])
-            p = scipy.special.sph_legendre_p_all(self.degree, self.degree, theta, diff_n=0)
-            p = p[0, :, : self.degree + 1]
-            m = np.arange(self.degree + 1)
-            total += np.einsum("lmi,mi->ml", p, np.exp(-1j * m[:, None] * phi[None, :]))
-        total /= len(x)
-        return jnp.asarray(np.stack([total.real, total.imag]))
+        """`a_ℓm = (1/n) Σ_i Ȳ_ℓm(x_i)`: `P̃_ℓ^m(cos θ_i)` by the three-term recursion
+        in `ℓ` at every order `m` at once (traceable: a `jit`, a `vmap` over points),
+        one degree at a time, so the points are held once, not `ℓ` times."""
+        x = jnp.asarray(x)
+        L, n = self.degree, x.shape[0]
+        cos = jnp.clip(x[:, 2], -1.0, 1.0)
+        sin = jnp.sqrt(jnp.clip(1.0 - cos**2, 0.0, None))
+        phi = jnp.arctan2(x[:, 1], x[:, 0])
+        m = jnp.arange(L + 1.0)
+        # P̃_m^m = (−1)^m √(∏_{k≤m} (2k+1)/(2k) / 4π) sin^m θ (Condon–Shortley)
+        scale = jnp.sqrt(jnp.cumprod(jnp.where(m > 0, (2 * m + 1) / jnp.maximum(2 * m, 1), 1.0))
+                         / (4 * jnp.pi))
+        diagonal = ((-1.0) ** m * scale)[:, None] * sin[None, :] ** m[:, None]  # (M1, n)
+        phase = jnp.exp(-1j * m[:, None] * phi[None, :]).astype(jnp.result_type(x, 1j))
+
+        def degree(carry, ell):
+            p1, p2 = carry  # P̃_{ℓ−1}^m, P̃_{ℓ−2}^m
+            a = jnp.sqrt((4 * ell**2 - 1) / jnp.maximum(ell**2 - m**2, 1.0))
+            b = jnp.sqrt(jnp.maximum((ell - 1) ** 2 - m**2, 0.0) / (4 * (ell - 1) ** 2 - 1))
+            up = (a[:, None] * (cos[None, :] * p1 - b[:, None] * p2))
+            first = jnp.sqrt(2 * m + 3)[:, None] * cos[None, :] * diagonal  # ℓ = m + 1
+            p = jnp.where((m == ell)[:, None], diagonal,
+                          jnp.where((m == ell - 1)[:, None], first,
+                                    jnp.where((m < ell - 1)[:, None], up, 0.0)))
+            return (p, p1), jnp.sum(p * phase, axis=1) / n
+
+        zero = jnp.zeros_like(diagonal)
+        _, total = jax.lax.scan(degree, (diagonal * (m == 0)[:, None], zero),
+                                jnp.arange(1.0, L + 1))
+        first = jnp.sum(diagonal * (m == 0)[:, None] * phase, axis=1) / n  # ℓ = 0
+        total = jnp.concatenate([first[None], total]).T  # [m, ℓ]
+        return jnp.stack([total.real, total.imag])

@@ -24,6 +24,10 @@ except ImportError:  # pragma: no cover
 NODES, DEGREE = 160, 120
 #: A minimiser is ordered when its `r = E[t ρ]` exceeds this.
 ORDERED = 1e-5
+#: For `d ≥ 4` the weight `(1 − t²)^{(d−3)/2}` vanishes at `t = 1`, and so does a
+#: resolved density's mass: more than this share on the last node is a density too
+#: peaked for `NODES` (at large `β` and `d` it sits there whole), refused.
+LAST_NODE_MASS = 1e-3
 #: The largest `β` (and `d`) of the ordered branch: `NODES` resolve its densities to
 #: rounding up to `β = 30`; past it they are refused, not silently wrong.
 BETA_MAX, DIM_MAX = 30.0, 64
@@ -121,6 +125,16 @@ def _state(coupling, u, zonal) -> OrderedState:
     return OrderedState(t, rho, float(w @ (t * rho)), float(f), float(uniform))
 
 
+def _check_resolved(u, zonal, d: int) -> None:
+    """Refuse, in one line, an ordered density the nodes do not resolve (`LAST_NODE_MASS`)."""
+    t, w, _, beta = zonal
+    last = (w * _parts(u, w)[0])[-1]
+    if d >= 4 and last > LAST_NODE_MASS:
+        raise ValueError(f"the ordered branch at β = {beta:g}, d = {d} is not resolved by "
+                         f"{NODES} nodes: its density puts {last:.0%} of its mass on the last "
+                         f"node (t = {t[-1]:.4f}); choose a smaller β or d.")
+
+
 def ordered_state(beta: float, d: int, coupling: float) -> OrderedState:
     """The ordered minimiser of the papers' free energy at `(β, K)` (docs/meanfield_equation.md),
     found from a cap by L-BFGS on `log ρ` and polished by Newton's method on the
@@ -139,6 +153,7 @@ def ordered_state(beta: float, d: int, coupling: float) -> OrderedState:
     with threadpool_limits(1):
         zonal = _zonal(beta, d)
         u, _ = _newton(_descend(coupling, zonal), coupling, zonal)
+        _check_resolved(u, zonal, d)
         return _state(coupling, u, zonal)
 
 
@@ -191,7 +206,8 @@ def _transition(beta: float, d: int, k_sharp: float) -> float:
 
     hi, anchor = k_sharp, minimiser(k_sharp, None)
     if anchor is None:
-        raise RuntimeError(f"no ordered state below the uniform one at K_# (β = {beta}, d = {d}).")
+        raise ValueError(f"transition_coupling: no ordered state below the uniform one at "
+                         f"K_# (β = {beta:g}, d = {d}); the branch is not resolved here.")
     while True:  # steps of 2 % down from K_#, each from the last ordered minimiser
         lo = 0.98 * hi
         u = minimiser(lo, anchor)
@@ -202,6 +218,7 @@ def _transition(beta: float, d: int, k_sharp: float) -> float:
         mid = 0.5 * (lo + hi)
         u = minimiser(mid, anchor)
         lo, hi, anchor = (lo, mid, u) if u is not None else (mid, hi, anchor)
+    _check_resolved(anchor, zonal, d)
     return 0.5 * (lo + hi)
 
 
@@ -269,9 +286,11 @@ def _fold(beta: float, d: int, k_sharp: float) -> float:
             break  # past the minimum
     ks = [k for _, k in points]
     i = int(np.argmin(ks))
+    for u, _ in points[: i + 2]:  # the branch up to its fold
+        _check_resolved(u, zonal, d)
     if i == 0 or i == len(ks) - 1:
-        raise RuntimeError(f"fold_coupling: no interior minimum of the branch's K(r) "
-                           f"(β = {beta}, d = {d}).")
+        raise ValueError(f"fold_coupling: no interior minimum of the branch's K(r) "
+                         f"(β = {beta:g}, d = {d}); the branch is not resolved here.")
 
     def coupling(r):
         found = _on_branch(r, points[i], zonal)

@@ -30,6 +30,22 @@ def test_a_run_against_the_prediction_says_so_and_exits_3(tmp_path, capsys, monk
     assert json.loads((out / "summary.json").read_text())["agrees_with_theory"] is False
 
 
+def test_a_run_too_noisy_to_judge_says_what_decides_it_and_exits_4(tmp_path, capsys,
+                                                                   monkeypatch):
+    """Errors larger than the tolerance they are judged by neither agree nor contradict:
+    such a run exited 3, "against the prediction"; now 4, naming what would decide it."""
+    experiment = get_experiment("thm41-sphere")
+    judged = type(experiment).verdict
+    monkeypatch.setattr(type(experiment), "verdict", lambda self, config, data: dataclasses.replace(
+        judged(self, config, data), ok=False, undecided="raise --samples"))
+    out = tmp_path / "run"
+    assert main(["run", "thm41-sphere", "--out", str(out), "--no-progress",
+                 *SMALL["thm41-sphere"]]) == 4
+    assert "verdict (undecided, raise --samples: exit status 4): " in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["agrees_with_theory"] is None and summary["undecided"] == "raise --samples"
+
+
 def _one_line_error(capsys, argv) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

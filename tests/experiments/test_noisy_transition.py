@@ -121,7 +121,7 @@ def test_verdict_extrapolates_tau_and_fails_a_prediction_ten_percent_off(exact_r
         with monkeypatch.context() as m:
             m.setattr(nt, "noisy_threshold", lambda b, d, f=factor: f * noisy_threshold(b, d))
             wrong = study.verdict(config, data)
-            assert not wrong.ok
+            assert not wrong.ok and wrong.undecided == ""  # a contradiction (exit 3)
             assert wrong.numbers["max_rel_error_equation_sharp"] > 0.08
         with monkeypatch.context() as m:
             m.setattr(nt, "transition_coupling",
@@ -129,6 +129,22 @@ def test_verdict_extrapolates_tau_and_fails_a_prediction_ten_percent_off(exact_r
             wrong = study.verdict(config, data)
             assert not wrong.ok and wrong.numbers["max_rel_error_equation_sharp"] < 1e-3
             assert wrong.numbers["max_rel_error_equation_critical"] > 0.08
+
+
+def test_particles_too_noisy_to_resolve_the_target_leave_the_verdict_undecided(exact_run,
+                                                                              monkeypatch):
+    """Particles at 1.48 ± 1.65 K_# (z 0.3) were "against the prediction"; off by more
+    than TARGET within 3 standard errors they are undecided, beyond 3 a contradiction."""
+    config, data = exact_run
+    study = nt.NoisyTransition()
+    rows = nt.measure(config, data)
+    for z, undecided in ((0.3, True), (5.0, False)):
+        shifted = [row | {"rel_error": 0.48, "z": z} for row in rows]
+        monkeypatch.setattr(nt, "measure", lambda config, data, s=shifted: s)
+        verdict = study.verdict(config, data)
+        assert not verdict.ok
+        assert ("raise --tokens or --seeds" in verdict.undecided) == undecided, verdict.line
+        assert "worst relative error 0.48, worst z" in verdict.line
 
 
 def _discontinuous(verdict):

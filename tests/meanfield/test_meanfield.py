@@ -313,6 +313,25 @@ def test_the_verdict_fails_when_a_prediction_is_shifted_by_10_percent(monkeypatc
     assert not member.verdict(config, data).ok
 
 
+def test_a_check_that_cannot_resolve_its_tolerance_leaves_the_verdict_undecided(monkeypatch):
+    """No cap settled near K_c (`--settle` too short) or a slope whose 3 standard errors
+    exceed 0.025: the run was "against the prediction" (exit 3), with "K_c … to nan";
+    now undecided, naming the flag. A shifted prediction is still a contradiction."""
+    config, data = _saved_run()
+    member = mfe.MeanFieldEquation()
+    unsettled = data | {k: np.full_like(data[k], np.nan) for k in ("refine_gap", "refine_r")}
+    verdict = member.verdict(config, unsettled)
+    assert not verdict.ok and "raise --settle" in verdict.undecided, verdict.undecided
+    assert "K_c from the free energies to — (none settled)" in verdict.line
+    monkeypatch.setattr(mfe, "fitted_slope", lambda data: (-0.5, 0.05))
+    verdict = member.verdict(config, data)
+    assert not verdict.ok and verdict.undecided == "raise --seeds"
+    true = mfe.predictions
+    monkeypatch.setattr(mfe, "predictions", lambda betas: (1.1 * true(betas)[0], true(betas)[1]))
+    verdict = member.verdict(config, data)
+    assert not verdict.ok and verdict.undecided == "", verdict.undecided
+
+
 def test_the_verdict_fails_when_the_particles_are_not_solve_flows():
     """The particles move under `circle_particles` (the field in Fourier modes); the
     verdict asks that they end where `ja.solve_flow`'s do, to the integrators' accuracy."""
@@ -425,3 +444,27 @@ def test_tiny_run_writes_its_summary(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert {"slope", "sharp_error", "critical_error"} <= set(summary["numbers"])
     assert (out / "mean_field.png").exists()
+
+
+def test_the_sphere_reads_points_inside_jit_as_scipy_does():
+    """`Sphere.empirical` was NumPy on the host: `density` and `fluctuation_distance`
+    (which run it inside `jit` and `vmap`) failed on every sphere with a
+    TracerArrayConversionError. Now a recursion in JAX, against scipy's
+    `sph_legendre_p_all` (the poles included); its density holds the points' mass."""
+    import scipy.special
+
+    L = SPHERE.degree
+    x = np.asarray(ja.sample_ellipsoid(jax.random.PRNGKey(0), 300, 3), np.float64)
+    x = np.concatenate([x, [[0.0, 0.0, 1.0], [0.0, 0.0, -1.0]]])
+    theta, phi = np.arccos(x[:, 2]), np.arctan2(x[:, 1], x[:, 0])
+    p = scipy.special.sph_legendre_p_all(L, L, theta)[0, :, : L + 1]  # [ℓ, m, i]
+    m = np.arange(L + 1)
+    expected = np.einsum("lmi,mi->ml", p, np.exp(-1j * m[:, None] * phi[None, :])) / len(x)
+    got = np.asarray(jax.jit(lambda y: SPHERE.empirical(y))(x))
+    np.testing.assert_allclose(got[0] + 1j * got[1], expected, rtol=0, atol=1e-6)
+    rho = mf.density(SPHERE, x, smoothing=0.01)
+    assert rho.shape == SPHERE.shape
+    np.testing.assert_allclose(float(jnp.sum(SPHERE.weights * rho)), 1.0, rtol=1e-5)
+    spread = mf.fluctuation_distance(SPHERE, mf.uniform(SPHERE), [0.0, 0.1], 100, beta=1.0,
+                                     coupling=1.0)
+    assert spread.shape == (2,) and np.all(np.isfinite(spread))

@@ -216,3 +216,20 @@ def test_a_solve_inside_jit_takes_a_concrete_density_on_a_traced_grid():
         return ja.meanfield.solve(ja.meanfield.Circle(16), mu, ts, beta=1.0, coupling=1.0)
 
     assert np.allclose(jax.jit(run)(), run())
+
+
+def test_an_ordered_branch_the_nodes_cannot_resolve_is_refused_not_returned():
+    """At β = 3, d = 64 the ordered density sits whole on the last node: `K_c` came out
+    at 0.008 K_#, below the fold, with no ordered state above it; `fold_coupling(10, 64)`
+    ended in a RuntimeError traceback. Both are one-line refusals now, while the same
+    d at 2β* answers, ordered from K_f to K_# as the page says."""
+    for call in (lambda: mf.transition_coupling(3.0, 64), lambda: mf.fold_coupling(10.0, 64)):
+        with pytest.raises(ValueError, match=r"not resolved") as info:
+            call()
+        assert "\n" not in str(info.value)
+    beta = 2 * noisy_beta_star(64)
+    kc, kf, ks = mf.transition_coupling(beta, 64), mf.fold_coupling(beta, 64), \
+        noisy_threshold(beta, 64)
+    assert kf < kc < ks, (kf, kc, ks)
+    state = mf.ordered_state(beta, 64, 1.01 * kc)
+    assert state.order > 0.5 and state.free_energy < state.uniform_free_energy

@@ -22,7 +22,7 @@ from ._manifold import project, tangent
 from ._precision import einsum
 from ._schedule import AbstractSchedule
 from ._stacked import map_systems
-from ._validate import check_final, check_scalar, refuse_first
+from ._validate import check_final, check_scalar, is_one_key, refuse_first
 
 #: The Brownian tree's tolerance: its path is exact at every time on a grid this
 #: fine, whatever step the solver takes (keep `dt0` well above it).
@@ -136,9 +136,7 @@ def check_noise(noise, key, *, shard="batch"):
         key = key if key is None or isinstance(key, jax.Array) else jnp.asarray(key)
     except (TypeError, ValueError):
         pass
-    array = hasattr(key, "dtype")
-    typed = array and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-    one_key = array and key.shape == (() if typed else (2,)) and (typed or key.dtype == jnp.uint32)
+    array, one_key = hasattr(key, "dtype"), is_one_key(key)
     refuse_first((
         (noise is None, ValueError, "`key=` draws the noise: pass `noise=ja.TokenNoise(sigma)` "
          "or `ja.ValueNoise(sigma)`, or drop `key`."),

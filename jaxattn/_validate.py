@@ -222,6 +222,16 @@ def check_metric(W, d: int | None = None, *, rtol: float = 1e-6) -> Float[Array,
     return W
 
 
+def is_one_key(key) -> bool:
+    """Whether `key` is one JAX random key: typed (`jax.random.key(seed)`, shape `()`)
+    or raw (`jax.random.PRNGKey(seed)`, `uint32` of shape `(2,)`)."""
+    dtype = getattr(key, "dtype", None)
+    if dtype is None:
+        return False
+    typed = jnp.issubdtype(dtype, jax.dtypes.prng_key)
+    return np.shape(key) == (() if typed else (2,)) and (typed or dtype == jnp.uint32)
+
+
 def check_square(M, name: str, where: str | None = None) -> Array:
     """`M` as an array, or a one-line `ValueError` (naming `where`, the function, when
     given) unless it is a square `(d, d)` matrix."""

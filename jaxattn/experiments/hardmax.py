@@ -270,7 +270,7 @@ class Hardmax(AbstractExperiment):
                 f"{'inside' if r['centers_in_initial_hull'] else 'OUTSIDE'} the initial hull; "
                 f"softmax → hardmax: one step e^(−{short(r['one_step_rate'])} β) fitted on "
                 f"{r['one_step_points']} β, against the start's score gap "
-                f"{short(r['score_gap'])} (off by {rate_error:.2g}, asked ≤ {RATE_TOL:g}); "
+                f"{short(r['score_gap'])} (relative error {rate_error:.2g}, asked ≤ {RATE_TOL:g}); "
                 f"the run's largest distance has local slopes in log β of [{slopes}] "
                 f"(reached at the first step for {int(first.sum())} of {first.size} β)")
         numbers = r | {"one_step_rate_error": rate_error, "rate_tolerance": RATE_TOL,

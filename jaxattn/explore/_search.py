@@ -30,6 +30,7 @@ from .._validate import (
     check_count,
     check_scalar,
     is_concrete,
+    is_one_key,
     refuse_first,
     surface_errors,
 )
@@ -99,12 +100,6 @@ def _is_tokens(init) -> bool:
     return hasattr(init, "dtype") and jnp.issubdtype(init.dtype, jnp.floating)
 
 
-def _is_key(init) -> bool:
-    """A typed key, or a raw one (`jax.random.PRNGKey`: `uint32`, `(2,)`)."""
-    dtype = getattr(init, "dtype", None)
-    return dtype is not None and (jnp.issubdtype(dtype, jax.dtypes.prng_key)
-                                  and np.shape(init) == ()
-                                  or dtype == jnp.uint32 and np.shape(init) == (2,))
 
 
 def _sample(key, n, dyn, z, margin):
@@ -351,7 +346,7 @@ def _refusals(dyn, init, n, target, restarts, constraints, optimizer, baseline_s
            f"expected a ja.SelfAttentionDynamics, got {type(dyn).__name__}.")
     yield target not in TARGETS, ValueError, f"`target` must be one of {TARGETS}, got {target!r}."
     shape = np.shape(init) if _is_tokens(init) else None
-    yield (shape is None and not _is_key(init), TypeError,
+    yield (shape is None and not is_one_key(init), TypeError,
            "`init` must be a PRNG key (jax.random.key(seed)) or tokens (n, d) as a float "
            f"array, got {type(init).__name__}.")
     yield (shape is None and n is None, ValueError,

@@ -10,7 +10,7 @@ from jaxtyping import Array, Float
 
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
-from .._validate import check_count, check_scalar, refuse_first, too_big
+from .._validate import check_count, check_scalar, is_one_key, refuse_first, too_big
 from ._checks import check_beta, check_density, check_grid
 from ._circle import Circle
 from ._grid import AbstractGrid
@@ -200,6 +200,8 @@ def sample(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int, key) -> Float[
     if not isinstance(grid, Circle):
         raise ValueError("sample: only on a Circle (the sphere's densities are not inverted).")
     n = check_count(n, "n", 1)
+    refuse_first([(not is_one_key(key), TypeError, "sample: `key` must be one JAX key "
+                   f"(jax.random.key(seed) or PRNGKey(seed)), got {type(key).__name__}.")])
     mu = check_density(grid, mu, strict=True)
     refuse_first([too_big(16.0 * n * grid.modes, f"a sample of n = {n} points needs about",
                           "pass a smaller n")])

@@ -10,7 +10,6 @@ the bracket for `"softmax"`; `O(nM)`, with `M = circle_modes(β)`."""
 import math
 
 import diffrax as dfx
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +19,14 @@ from scipy import special
 from .._flow import CheckedTimes
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
-from .._validate import checked, checked_on_host, is_concrete, refuse_first
+from .._validate import (
+    SimulationError,
+    check_scalar,
+    checked,
+    checked_on_host,
+    is_concrete,
+    refuse_first,
+)
 from ._circle import Circle
 from ._kernels import check_kernel
 
@@ -211,6 +217,10 @@ def circle_particles(x0: Float[Array, "n 2"], ts: Real[Array, " T"], *, beta, co
     The points at `ts`, `(len(ts), n, 2)`.
     """
     x0, modes, softmax = _check(x0, beta, coupling, modes, kernel, ts, solver)
+    rtol = check_scalar(rtol, "rtol", nonnegative=True)
+    atol = check_scalar(atol, "atol", nonnegative=True)
+    refuse_first([(rtol == atol == 0, "circle_particles: `rtol` and `atol` are both 0, so no "
+                   "step is accurate enough; give one > 0 (defaults 1e-6, 1e-8).")])
     dtype = jnp.result_type(x0, float)
     ts = jnp.asarray(ts, dtype=dtype)
     x0 = _points(x0)
@@ -228,7 +238,10 @@ def _raise_failure(result) -> None:
     failed = np.flatnonzero(np.asarray(result != dfx.RESULTS.successful))
     if failed.size:
         first = jax.tree.map(lambda v: np.ravel(v)[failed[:1]].reshape(()), result)
-        raise eqx.EquinoxRuntimeError(dfx.RESULTS[first])
+        why = dfx.RESULTS[first].split(". ")[0].rstrip(".")  # its first sentence
+        why = why[:1].lower() + why[1:]
+        raise SimulationError(f"circle_particles: {why}: raise `max_steps`, loosen `rtol`/"
+                              "`atol`, or take a smaller β (a large β makes the flow stiff).")
 
 
 @kept_jit

@@ -19,7 +19,7 @@ from .._layers import run_layers
 from .._precision import matmul
 from .._programs import kept_jit
 from .._schedule import Constant, PiecewiseConstant
-from .._validate import check_count, is_concrete, refuse_first
+from .._validate import check_count, is_concrete, is_one_key, refuse_first
 from ..models import (
     AbstractTransformer,
     attention_dynamics,
@@ -254,9 +254,7 @@ def random_tokens(key, prompts: int, tokens: int, d: int) -> Float[Array, "B n d
     """Initial tokens `N(0, I)` (paper 004 App. B), `(prompts, tokens, d)`."""
     counts = [check_count(c, name, 1) for c, name in
               ((prompts, "prompts"), (tokens, "tokens"), (d, "d"))]
-    dtype = getattr(key, "dtype", None)
-    refuse_first([(dtype is None or not (jnp.issubdtype(dtype, jax.dtypes.prng_key)
-                                         or dtype == jnp.uint32), TypeError,
+    refuse_first([(not is_one_key(key), TypeError,
                    "random_tokens: `key` must be a PRNG key (jax.random.key(seed)), got "
                    f"{type(key).__name__}.")])
     return _random_tokens(key, *counts)

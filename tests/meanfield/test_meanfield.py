@@ -267,6 +267,11 @@ def test_bad_input_is_one_clear_error(call, message):
     assert message in str(info.value)
 
 
+def test_a_sample_wants_a_key():
+    with pytest.raises(TypeError, match="sample: `key` must be one JAX key"):  # was JAX's
+        mf.sample(CIRCLE, mf.uniform(CIRCLE), 3, 0)
+
+
 def test_work_larger_than_the_memory_is_refused_in_one_line(monkeypatch):
     """10⁹ samples' modes (256 GB) on a 32 GB machine, 10⁷ and 10¹⁰ points' density on
     1 GB."""

@@ -157,7 +157,7 @@ def test_vmap_checks_its_solves_on_the_host(monkeypatch, key):
     steps = 4096
     want = jax.jit(run)(x0)
     with monkeypatch.context() as patch:
-        patch.setattr(_particles.eqx, "error_if", None)  # any call fails
+        patch.setattr(eqx, "error_if", None)  # any call fails
         patch.setattr(type(_particles.dfx.RESULTS.successful), "error_if", None)
         np.testing.assert_allclose(run(x0), want, rtol=0, atol=1e-12)
         steps = 1
@@ -165,3 +165,9 @@ def test_vmap_checks_its_solves_on_the_host(monkeypatch, key):
                 x0[0], jnp.array([0.0, 1.0]), beta=2.0, max_steps=steps)):
             with pytest.raises(eqx.EquinoxRuntimeError, match="maximum number of solver steps"):
                 call()
+    # one line, a SimulationError (a ValueError too), naming what to change
+    with pytest.raises(ja.SimulationError, match=r"^circle_particles: the maximum number of "
+                                                 r"solver steps was reached: raise `max_steps`"):
+        mf.circle_particles(x0[0], jnp.array([0.0, 1.0]), beta=2.0, max_steps=1)
+    with pytest.raises(ValueError, match="`rtol` and `atol` are both 0"):  # was: out of steps
+        mf.circle_particles(x0[0], jnp.array([0.0, 1.0]), beta=2.0, rtol=0.0, atol=0.0)

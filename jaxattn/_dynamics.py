@@ -51,8 +51,8 @@ class SelfAttentionDynamics(eqx.Module):
     That is `norm=ja.PostNorm()` (`"post"`), the papers' model. The other placements
     (`ja.AbstractNorm`'s members, `N(0)` taken as `0`): their layers and velocities are
     tabled and derived in `docs/variants.md`. `"post"` and `"ngpt"` keep tokens on
-    `E_W` (`stays_on_manifold`); `"pre"`, `"peri"` and `"none"` move them off it, so
-    solve their flow with `ja.solve_flow(..., on_manifold=False)`. The simulators
+    `E_W` (`stays_on_manifold`); `"pre"`, `"peri"` and `"none"` move them off it, and
+    `ja.solve_flow` integrates their flow without retraction (its default). The simulators
     normalise `x0` onto `E_W` first, for every placement.
 
     **Arguments:**
@@ -138,7 +138,8 @@ class SelfAttentionDynamics(eqx.Module):
     def __check_init__(self):
         u_shape = schedule_shape(self.U, "U")
         h, d = u_shape[:2] if len(u_shape) >= 2 else (0, 0)
-        if (self.P is None) == (self.Q is None or self.K is None):
+        if (self.P is None) == (self.Q is None or self.K is None) or (
+                self.P is not None and (self.Q is not None or self.K is not None)):
             problem = ("SelfAttentionDynamics needs either `P` (h, d, d) or both factors `Q` "
                        "and `K` (h, k, d) — use SelfAttentionDynamics.from_factors(Q, K, U).")
         elif len(u_shape) != 3 or u_shape[1] != u_shape[2] or min(u_shape) < 1:

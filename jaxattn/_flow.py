@@ -79,7 +79,7 @@ def solve_flow(
     dt0: float | None = None,
     adjoint: dfx.AbstractAdjoint = dfx.RecursiveCheckpointAdjoint(),
     stepsize_controller: dfx.AbstractStepSizeController | None = None,
-    on_manifold: bool = True,
+    on_manifold: bool | None = None,
     throw: bool = True,
     devices=None,
     strategy: str | AbstractStrategy = "auto",
@@ -122,8 +122,10 @@ def solve_flow(
     - `stepsize_controller`: `None` (default) picks `diffrax.PIDController(rtol,
       atol)` for solvers with error estimates and constant steps of `dt0`
       otherwise; e.g. `diffrax.ConstantStepSize()` forces fixed steps.
-    - `on_manifold`: retract steps and saved values onto `E_W` (default `True`);
-      `False` integrates the ambient ODE as is, to measure the drift.
+    - `on_manifold`: retract steps and saved values onto `E_W`; `False` integrates
+      the ambient ODE as is, to measure the drift. Default: the model's
+      `stays_on_manifold` (`True` for `"post"` and `"ngpt"`; `"pre"`, `"peri"`
+      and `"none"` leave `E_W`, and retracting them would be another flow).
     - `throw`: raise if any sample fails (default). With `False`, a
       `FlowResult(ys, success, num_steps)` with a per-sample status is returned.
     - `devices`: shard the batch over devices (`None`, an int, a list of devices or a
@@ -158,9 +160,11 @@ def solve_flow(
     `ys` of shape `(..., len(ts), n, d)`, or a `FlowResult` when `throw=False`, or
     a `FlowSolution` when `solution=True`.
     """
-    throw, on_manifold = check_flag(throw, "throw"), check_flag(on_manifold, "on_manifold")
+    throw = check_flag(throw, "throw")
     solution, progress = check_flag(solution, "solution"), check_flag(progress, "progress")
     dyn, x0, unflatten, one, shard, noise, keys = check_run(dyn, x0, devices, shard, noise, key)
+    on_manifold = one.stays_on_manifold if on_manifold is None else \
+        check_flag(on_manifold, "on_manifold")
     member = as_strategy(strategy)
     fused = member is not None and member.fused
     span = _span(ts) if noise is not None and dt0 is None else 0

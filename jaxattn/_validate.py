@@ -53,8 +53,10 @@ def check_final(cls: type, base: type) -> None:
 
 
 def float_dtype(*arrays):
-    """The floating dtype to compute in: the inputs' own, or the default one."""
-    dtypes = [a.dtype for a in arrays if hasattr(a, "dtype")]
+    """The floating dtype to compute in: the inputs' own (a NumPy float64 read as
+    float32 without x64, silently: JAX's own warning is about a dtype asked for), or
+    the default one."""
+    dtypes = [jax.dtypes.canonicalize_dtype(a.dtype) for a in arrays if hasattr(a, "dtype")]
     dtypes = [d for d in dtypes if jnp.issubdtype(d, jnp.floating)]
     return jnp.result_type(*dtypes) if dtypes else jnp.result_type(float)
 

@@ -79,7 +79,9 @@ def pick(data, name: str | None = None, index: int = 0, *,
              else f"be 0: {name} holds one run")
     for bad, message in (
         (not names, none),
-        (name not in names, f"no trajectory {name!r} in data.npz; it has {', '.join(names)}."),
+        (name not in names, f"no trajectory {name!r} in data.npz; it has {', '.join(names)}"
+         + (" (the layers are saved by a run with --discrete)." if str(name).endswith("_layers")
+            else ".")),
         (not 0 <= index < runs, f"--index must {which}, got {index}."),
     ):
         if bad:
@@ -93,7 +95,9 @@ def pick(data, name: str | None = None, index: int = 0, *,
     label = f"{name}[{index}]" if xs.ndim == 4 else name
     if xs.ndim == 4:  # run `index` of a batch (one run: `index` is 0)
         xs, ts, E = (None if a is None else a[index] for a in (xs, ts, E))
-    layers = ts is None or name.endswith("_layers") or name == "states"
+    # counted in layers where the saves are layer counts (a loop's depths, or no
+    # times); a run's `*_layers` saves their times kτ, and are drawn against them
+    layers = ts is None or name == "states"
     if ts is None:
         ts = np.arange(xs.shape[0], dtype=np.float64)
     # A run stopped by an event saves `inf` times (and placeholders) after its end.
@@ -116,7 +120,8 @@ def load(folder, name: str | None = None, index: int = 0) -> Trajectory:
     saved = (folder / "data.npz").is_file()
     for bad, error, message in (
         (not folder.is_dir(), FileNotFoundError,
-         f"{folder} is not a folder (give a run folder of `jaxattn run` or `jaxattn demo`)."),
+         f"{folder} is not a folder (give a run folder of `jaxattn run`, or of "
+         "`jaxattn loop --save-states`)."),
         ((folder / INCOMPLETE).exists() and not saved, RunFolderError,
          f"{folder} is an incomplete run (it was interrupted before it saved data.npz); "
          "re-run it."),

@@ -23,8 +23,8 @@ class AbstractNorm(eqx.Module):
 
     Subclasses declare `name` (the string spelling, `norm="post"`), `description`
     (one line, for reports), `stays_on_manifold` (whether the layer and the flow
-    keep tokens on `E_W`; those that do not are solved with
-    `ja.solve_flow(..., on_manifold=False)`) and `papers_default` (whether it is the
+    keep tokens on `E_W`; `ja.solve_flow` retracts onto `E_W` only those that do) and
+    `papers_default` (whether it is the
     papers' placement, for which paper 001's theorems are proved:
     `ja.theory.classify`), and implement every abstract method.
     """

@@ -137,8 +137,9 @@ def kernel_plan(ts, solver, controller, dt0, max_steps) -> tuple:
     refuse_first("kernel", (
             (not explicit, "runs Euler and explicit Runge–Kutta solvers (ja.RK4, Heun, …), "
                            f"got {type(inner).__name__}."),
-            (not constant, "takes constant steps: pass `dt0=` and no adaptive "
-                           "`stepsize_controller`."),
+            (not constant, "takes constant steps: pass `dt0=` and, for a solver with "
+                           "an error estimate (ja.RK4, Heun, …), "
+                           "`stepsize_controller=diffrax.ConstantStepSize()`."),
             (tn is None, "plans its steps from concrete `ts`: call it outside jit, or take "
                          "strategy=ja.BatchLast() ('fused')."),
             (not on_grid, "saves on its step grid: `ts` equally spaced, each gap a whole "

@@ -44,7 +44,7 @@ def register(sub) -> None:
     p = sub.add_parser("animate",
                        help="a run folder's token trajectories as a movie (MP4 or GIF)",
                        description="Draw the token trajectory saved in a run folder's "
-                       "data.npz (`jaxattn run`, `jaxattn demo`, `jaxattn loop "
+                       "data.npz (`jaxattn run`, `jaxattn loop "
                        "--save-states`) as a movie: S² as a shaded sphere with trails, S¹ "
                        "as a circle, d > 3 by one PCA; "
                        "E(t) under it.")

@@ -308,3 +308,20 @@ def test_a_gif_of_many_tokens_keeps_a_palette(tmp_path):
     path = ja.animate(xs, tmp_path / "many.gif", ts, frames=3, dpi=30, progress=False)
     with Image.open(path) as im:
         assert im.n_frames == 3
+
+
+def test_a_runs_layers_are_drawn_against_their_times():
+    """`ys_layers` saves its times kτ beside it (1000 layers of τ = 0.01 to t = 10): the
+    movie said "layer 3" at t = 3, layer 300; it is drawn against the times now. A loop's
+    `states` at `depths` are layers, and a missing `ys_layers` says how to save it."""
+    from jaxattn._artifacts.trajectories import pick
+
+    xs = np.tile(np.eye(3)[None, :2], (11, 1, 1))
+    data = {"ys": xs, "ts": np.linspace(0.0, 10.0, 11), "ys_layers": xs,
+            "ts_layers": np.linspace(0.0, 10.0, 11)}
+    assert not pick(data, "ys_layers").layers and not pick(data, "ys").layers
+    loop = {"states": xs[None, :3], "depths": np.array([0, 12, 24])}
+    assert pick(loop, "states").layers
+    with pytest.raises(ValueError, match=r"no trajectory 'ys_layers' in data.npz; it has ys "
+                                         r"\(the layers are saved by a run with --discrete\)"):
+        pick({"ys": xs, "ts": data["ts"]}, "ys_layers")

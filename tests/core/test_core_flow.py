@@ -182,3 +182,42 @@ def test_sharded_float32_runs_equal_the_unsharded_runs_of_each_share():
         assert dtype == "float32" and ulps <= 4, res
         assert err < 1e-5, res
 
+
+
+def test_the_default_retracts_only_placements_that_stay_on_the_manifold(key):
+    """`on_manifold` defaulted to True for every placement: a pre/peri/none flow was
+    retracted onto the sphere at each step, another flow (norms held at 1 where the
+    layers reach 5.4 and 190; E up to 90× off). Its default is now the placement's
+    `stays_on_manifold`, and the flow follows the layers at a small step."""
+    kP, kx = jax.random.split(key)
+    P = jax.random.normal(kP, (2, 3, 3))
+    U = 1.5 * jnp.broadcast_to(jnp.eye(3), (2, 3, 3))
+    x0 = ja.sample_ellipsoid(kx, 6, 3)
+    ts = jnp.linspace(0.0, 2.0, 3)
+    for norm in ("pre", "post"):
+        dyn = ja.SelfAttentionDynamics(P, U, norm=norm)
+        flow = ja.solve_flow(dyn, x0, ts)
+        np.testing.assert_array_equal(
+            flow, ja.solve_flow(dyn, x0, ts, on_manifold=dyn.stays_on_manifold))
+        layers = ja.run_layers(dyn, x0, 2000, 0.001)[-1]
+        np.testing.assert_allclose(jnp.linalg.norm(flow[-1], axis=-1),
+                                   jnp.linalg.norm(layers, axis=-1), rtol=2e-3)
+        np.testing.assert_allclose(ja.misalignment(flow[-1]), ja.misalignment(layers),
+                                   rtol=0.05)
+
+
+def test_a_factor_beside_p_is_refused_and_numpy_float64_is_read_silently(key):
+    """`SelfAttentionDynamics(P, U, Q=Q)` ran the P model, Q ignored; NumPy float64
+    tokens (the commonest input) raised JAX's truncation warning in float32 mode."""
+    import warnings
+
+    P = U = jnp.ones((1, 3, 3))
+    for factor in ({"Q": jnp.ones((1, 2, 3))}, {"K": jnp.ones((1, 2, 3))}):
+        with pytest.raises(ValueError, match="needs either `P` .* or both factors"):
+            ja.SelfAttentionDynamics(P, U, **factor)
+    dyn = ja.random_dynamics(key, 2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        xs = ja.run_layers(dyn, np.random.default_rng(0).normal(size=(5, 3)), 2, 0.1)
+        assert xs.dtype == jnp.result_type(float)
+        ja.misalignment(np.random.default_rng(1).normal(size=(6, 3)))

@@ -17,7 +17,14 @@ from ._dynamics import SelfAttentionDynamics
 from ._manifold import project
 from ._noise import check_noise, system_keys
 from ._stacked import first_model, stack_tokens
-from ._validate import as_float_array, check_tokens, check_tokens_now, is_concrete, refuse_first
+from ._validate import (
+    as_float_array,
+    check_tokens,
+    check_tokens_now,
+    is_concrete,
+    refuse_first,
+    too_big,
+)
 
 
 def as_mesh(devices) -> Mesh | None:
@@ -182,6 +189,12 @@ def check_run(dyn, x0, devices, shard, noise, key) -> tuple:
     one = first_model(dyn)
     shard = check_shard(shard, dyn, one, devices, x0)
     x0 = check_token_shape(one, x0)
+    n = x0.shape[-2]
+    dense = one.block_size == 0 and one.token_mesh is None  # the (h, n, n) weights asked for
+    refuse_first([too_big(
+        float(np.prod(x0.shape[:-2], dtype=float)) * one.num_heads * n * n * x0.dtype.itemsize
+        if dense else 0.0, f"the dense attention weights of {n} tokens (block_size=0) need",
+        "take key blocks (block_size=None, the default, or a block size ≥ 1)")])
     keys = None if noise is None else system_keys(key, x0.shape[:-2])
     return dyn, x0, unflatten, one, shard, noise, keys
 

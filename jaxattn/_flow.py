@@ -37,6 +37,7 @@ from ._validate import (
     is_concrete,
     refuse_first,
     surface_errors,
+    too_big,
 )
 
 _rk4_tableau = dfx.ButcherTableau(
@@ -168,6 +169,10 @@ def solve_flow(
     member = as_strategy(strategy)
     fused = member is not None and member.fused
     span = _span(ts) if noise is not None and dt0 is None else 0
+    saves = np.shape(ts)[0] if np.ndim(ts) == 1 else 0
+    refuse_first([too_big(float(x0.size) * saves * x0.dtype.itemsize,
+                          f"the tokens at {saves} times (`x0` {x0.shape}) need",
+                          "pass fewer times `ts`")])
     refuse_first((
         ((noise is not None or solution) and x0.size == 0, ValueError,
          f"`{'noise=' if noise is not None else 'solution=True'}` needs at least one "

@@ -6,7 +6,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._precision import einsum
 from ._programs import kept_jit
-from ._validate import check_count, check_metric, check_rows_now
+from ._validate import check_count, check_metric, check_rows_now, refuse_first, too_big
 
 
 def w_inner(
@@ -124,8 +124,12 @@ def sample_ellipsoid(
     An `(n, d)` array whose rows lie on `E_W`.
     """
     shape = (check_count(n, "n", 1), check_count(d, "d", 1))
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    # past the memory XLA aborts the interpreter when the array is read (a core dump)
+    refuse_first([too_big(float(n) * d * jnp.dtype(dtype).itemsize,
+                          f"{n} points in R^{d} need", "pass a smaller `n`")])
     W = None if W is None else check_metric(W, d)  # inside the program it is traced
-    return _sample(key, W, shape=shape, dtype=jnp.result_type(float) if dtype is None else dtype)
+    return _sample(key, W, shape=shape, dtype=dtype)
 
 
 @kept_jit(static_argnames=("shape", "dtype"))  # one program, not three per call

@@ -221,3 +221,26 @@ def test_a_factor_beside_p_is_refused_and_numpy_float64_is_read_silently(key):
         xs = ja.run_layers(dyn, np.random.default_rng(0).normal(size=(5, 3)), 2, 0.1)
         assert xs.dtype == jnp.result_type(float)
         ja.misalignment(np.random.default_rng(1).normal(size=(6, 3)))
+
+
+def test_outputs_past_the_memory_are_refused_in_one_line(key, monkeypatch):
+    """10¹² points aborted the interpreter when read (XLA's check failed: a core dump);
+    10⁹ layers' tokens and 200,000 tokens' dense weights ended in XLA's
+    RESOURCE_EXHAUSTED traceback. Each is one line before any work (on 8 GB here; in
+    float32 or float64)."""
+    from jaxattn import _validate
+
+    monkeypatch.setattr(_validate, "machine_memory", lambda: 8 * 10**9)
+    with pytest.raises(ValueError, match=r"^1000000000000 points in R\^3 need (12|24) TB, more "
+                                         r"than this machine's memory \(8 GB\)"):
+        ja.sample_ellipsoid(key, 10**12, 3)
+    dyn, x0 = ja.random_dynamics(key, 2, 3), jnp.ones((5, 3))
+    with pytest.raises(ValueError, match=r"^the tokens after each of 1000000000 layers .* "
+                                         r"need (60|120) GB.*`observe=` a measure of them"):
+        ja.run_layers(dyn, x0, 10**9, 0.1)
+    with pytest.raises(ValueError, match=r"^the tokens at 1000000000 times .* need (60|120) GB"):
+        ja.solve_flow(dyn, x0, np.broadcast_to(np.float32(0.0), (10**9,)))
+    dense = ja.random_dynamics(key, 2, 3, block_size=0)
+    with pytest.raises(ValueError, match=r"^the dense attention weights of 200000 tokens "
+                                         r"\(block_size=0\) need (320|640) GB.*take key blocks"):
+        ja.run_layers(dense, jnp.ones((200_000, 3)), 1, 0.1)

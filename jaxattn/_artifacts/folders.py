@@ -467,6 +467,11 @@ def reopen_run(folder: Path, config: dict[str, Any], resume: bool | None, *, wha
                 why.append(f"{holds} run of another command (its {filename} has no {key}); "
                            "choose another --out.")
             elif json.dumps(was, sort_keys=True) != json.dumps(now, sort_keys=True):
+                if isinstance(was, dict) and isinstance(now, dict):  # name the entry that differs
+                    sub = next(k for k in sorted({*was, *now}, key=str)
+                               if json.dumps(was.get(k), sort_keys=True)
+                               != json.dumps(now.get(k), sort_keys=True))
+                    key, was, now = f"{key} entry {sub!r}", was.get(sub), now.get(sub)
                 values = f" ({was!r}, not {now!r})" if len(repr(was) + repr(now)) < 60 else ""
                 why.append(f"{holds} {what} with another {key}{values}; one folder holds one "
                            f"{what} (choose another --out).")

@@ -588,11 +588,16 @@ def _draw_fit(ax, data, row, j) -> None:
     ax.axhline(0, color="0.5", lw=0.6)
     ax.axvline(1.0, color="k", lw=1)
     est, se = row["K_estimate"] / K_theory, row["K_se"] / K_theory
+    lo, hi = xs[0] - 0.02, xs[-1] + 0.02
     if math.isfinite(est):
-        ax.axvline(est, color="C2", ls="--", lw=1.2, label=r"particles at $\tau \to 0$")
+        # outside the couplings drawn, the estimate is marked at the edge it lies past
+        shown = min(max(est, lo), hi)
+        ax.axvline(shown, color="C2", ls="--" if shown == est else ":", lw=1.2,
+                   label=r"particles at $\tau \to 0$"
+                   + ("" if shown == est else f" ({short(est)}: off the axis)"))
         if math.isfinite(se):
-            ax.axvspan(est - se, est + se, color="C2", alpha=0.2)
-    ax.set(xlim=(xs[0] - 0.02, xs[-1] + 0.02), xlabel=r"$K / K_\#(\beta)$",
+            ax.axvspan(est - se, est + se, color="C2", alpha=0.2, label="± 1 s.e.")
+    ax.set(xlim=(lo, hi), xlabel=r"$K / K_\#(\beta)$",
            ylabel=r"decay rate $\gamma$ of a tilt")
     ax.set_title(rf"particles at $\tau \to 0$: $K/K_\#$ = {short(est)} ± {short(se)}; equation: "
                  f"{short(row['K_equation'] / K_theory)}", fontsize=9)

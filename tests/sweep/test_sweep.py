@@ -313,6 +313,8 @@ def test_existing_folder_needs_resume_and_the_same_spec(tmp_path, capsys):
                  "--out", str(out), "--resume"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "another spec" in err
+    # the entry that differs is named, with both values (was: "another spec" alone)
+    assert "with another spec entry 'grid' ({'beta': [1.0]}, not {'beta': [2.0]})" in err, err
 
 
 @pytest.mark.slow

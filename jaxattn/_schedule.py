@@ -66,9 +66,10 @@ class PiecewiseConstant(AbstractSchedule):
 
     def __init__(self, values, dt=1.0, periodic: bool = True):
         values = as_float_array(values, "values")
-        if values.ndim != 4:
+        if values.ndim != 4 or values.shape[0] == 0:
             raise ValueError(
-                f"PiecewiseConstant needs a stack of shape (L, h, a, b), got {values.shape}."
+                f"PiecewiseConstant needs a stack of shape (L, h, a, b) with L ≥ 1 pieces, got "
+                f"{values.shape}."
             )
         self.values = check_finite(values, "PiecewiseConstant values")
         # Checked in the weights' dtype: a dt that underflows to 0 or overflows is bad too.

@@ -360,9 +360,10 @@ NONFINITE = (
     "jaxattn: the tokens became NaN or inf during the run: the weights overflow this "
     "floating-point type (e.g. |τ U| or β|P| near its largest value; kernel='exp' once "
     "β xᵀPy passes ≈ 88 in float32, 709 in float64: kernel='usa' is the same dynamics "
-    "with time rescaled by e^β, finite there) or contain NaN or inf, or the kernel's own "
-    "weights (a user kernel's `weights`/`pointwise` of the logits) are NaN or inf. Use "
-    "smaller or finite weights, a kernel finite at every logit, or float64 (jax_enable_x64)."
+    "with time rescaled by e^β, finite while xᵀPy ≤ 1) or contain NaN or inf, or the "
+    "kernel's own weights (a user kernel's `weights`/`pointwise` of the logits) are NaN "
+    "or inf. Use smaller or finite weights, a kernel finite at every logit, or float64 "
+    "(jax_enable_x64)."
 )
 
 

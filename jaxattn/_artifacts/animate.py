@@ -73,6 +73,8 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
                for name, value, low in counts]
     checks.append((not path.parent.is_dir(),
                    f"{path.parent} is not a folder; cannot write {path.name}."))
+    checks.append((not (isinstance(spin, int | float | np.number) and np.isfinite(spin)),
+                   f"spin must be a finite number of degrees, got {spin!r}."))
     xs, ts, E, dtype = trajectory_arrays(xs, ts, E, per="frame", also=checks)
     picks = thinned(len(xs), frames)
     scene = Scene(xs, ts, E, dtype, title=title, unit=unit, trail=trail, spin=spin,
@@ -89,6 +91,9 @@ def trajectory_arrays(xs, ts=None, E=None, *, per: str = "frame", also=()):
     caller's `(wrong, message)` pairs `also`; a `ValueError` names the first mistake
     (`per`: what one save is called in it)."""
     given = [np.asarray(a).dtype for a in (xs, E) if a is not None]
+    if any(np.issubdtype(t, np.complexfloating) for t in given):
+        raise ValueError("xs and E must be real (tokens and a misalignment), got complex "
+                         "values.")
     xs = np.asarray(xs, dtype=np.float64)
     T = len(xs) if xs.ndim else 0
     ts, E = (None if a is None else np.asarray(a, np.float64) for a in (ts, E))
@@ -98,6 +103,12 @@ def trajectory_arrays(xs, ts=None, E=None, *, per: str = "frame", also=()):
     checks += [(a is not None and a.shape != (T,), f"{name} must hold one {what} per {per}, "
                 f"shape ({T},), got {np.shape(a)}.")
                for name, a, what in (("ts", ts, "time"), ("E", E, "value"))]
+    checks += [(ts is not None and ts.shape == (T,) and not (
+                    np.all(np.isfinite(ts)) and np.all(np.diff(ts) >= 0)),
+                "ts must be finite and nondecreasing (one time per "
+                f"{per}, in order)."),
+               (E is not None and E.shape == (T,) and not np.all(E >= 0),
+                "E must be ≥ 0 (a misalignment), got a negative value or NaN.")]
     for bad, message in [*checks, *also]:
         if bad:
             raise ValueError(message)

@@ -56,9 +56,13 @@ def _grid(args: argparse.Namespace) -> int:
     return 0
 
 
-def _e(value) -> str:
-    """A summary number as printed; `null` in summary.json (NaN/inf) reads "not finite"."""
-    return "not finite" if value is None else f"{value:.3e}"
+def _e(value, floor: float = 0.0) -> str:
+    """A summary number as printed; `null` in summary.json (NaN/inf) reads "not finite",
+    and one below `floor` (the resolution of E in the loop's dtype, where the figure
+    stops drawing it) says so."""
+    if value is None:
+        return "not finite"
+    return f"{value:.3e}" + (f" (rounding noise, under {floor:.1e})" if value < floor else "")
 
 
 def _loop(args: argparse.Namespace) -> int:
@@ -75,6 +79,7 @@ def _loop(args: argparse.Namespace) -> int:
     args.weights = args.weights or "trained"
     if args.grid:
         return _grid(args)
+    from .._artifacts.figures import resolution
     from .._artifacts.folders import read_json
     from ..experiments.loop_grid import passes
 
@@ -97,8 +102,11 @@ def _loop(args: argparse.Namespace) -> int:
     print(f"jaxattn loop: {args.model}, {args.weights} weights, "
           f"{'no FFN' if args.no_ffn else 'full blocks'}, {passes(args.passes)} of "
           f"{s['layers_per_pass']} blocks, {cfg['prompts']}×{cfg['tokens']} tokens")
-    print(f"mean E: input {_e(s['E_input_mean'])}, after pass 1 {_e(s['E_after_pass_1_mean'])},"
-          f" final {_e(s['E_final_mean'])}  ({s['seconds']:.1f} s)")
+    with np.load(folder / "data.npz") as data:  # E's dtype: where the figure stops
+        floor = resolution(data["E"].dtype) if data["E"].dtype.kind == "f" else 0.0
+    print(f"mean E: input {_e(s['E_input_mean'])}, after pass 1 "
+          f"{_e(s['E_after_pass_1_mean'], floor)}, final {_e(s['E_final_mean'], floor)}  "
+          f"({s['seconds']:.1f} s)")
     if args.text is not None:
         _kept(args.model, folder)
     print(f"wrote {folder}")

@@ -177,6 +177,11 @@ def test_misalignment_is_the_librarys_when_not_given(tmp_path, monkeypatch):
     (dict(frames=0), "frames must be"),
     (dict(fps=0), "fps must be"),
     (dict(path="/nonexistent/folder/movie.mp4"), "is not a folder"),
+    # these drew a movie: an empty sphere, an empty E panel, E "below resolution"
+    (dict(spin=float("nan")), "spin must be a finite number"),
+    (dict(ts=np.arange(5.0)[::-1]), "ts must be finite and nondecreasing"),
+    (dict(E=-np.ones(5)), "E must be ≥ 0"),
+    (dict(xs=np.ones((5, 3, 3)) + 0j), "must be real"),  # was cast, with NumPy's warning
 ])
 def test_bad_input_is_refused_in_one_line(tmp_path, bad, message):
     xs, ts = _trajectory(T=5, n=3)

@@ -267,6 +267,12 @@ def test_piecewise_constant_bad_dt(dt):
         ja.PiecewiseConstant(jnp.zeros((3, 2, 3, 3), jnp.float32), dt)
 
 
+def test_piecewise_constant_of_no_pieces_is_refused():
+    """An empty stack failed at t = 0 only, with an index error."""
+    with pytest.raises(ValueError, match=r"with L ≥ 1 pieces, got \(0, 2, 3, 3\)"):
+        ja.PiecewiseConstant(jnp.zeros((0, 2, 3, 3)), 0.1)
+
+
 def test_piecewise_constant_traced_bad_dt(key):
     stack = jax.random.normal(key, (3, 2, 3, 3))  # not zeros: XLA would fold the slice away
     weights = jax.jit(lambda dt: ja.PiecewiseConstant(stack, dt)(0.5))

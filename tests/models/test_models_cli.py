@@ -174,3 +174,14 @@ def test_loop_help_documents_every_flag_with_its_default(capsys):
         main(["loop", "--help"])
     out = capsys.readouterr().out
     assert "(default: 20)" in out and "(default: 10)" in out and "(default: float32)" in out
+
+
+def test_a_mean_e_under_its_resolution_is_called_rounding_noise():
+    """`jaxattn loop` printed "final 1.785e-13" as a result where its figure draws the
+    float32 floor (3.6e-12) and nothing under it."""
+    from jaxattn._artifacts.figures import resolution
+    from jaxattn.cli.models import _e
+
+    floor = resolution(np.dtype(np.float32))
+    assert _e(1.785e-13, floor) == f"1.785e-13 (rounding noise, under {floor:.1e})"
+    assert _e(0.5, floor) == "5.000e-01" and _e(None, floor) == "not finite"

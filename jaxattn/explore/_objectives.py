@@ -158,8 +158,10 @@ class Trajectory(eqx.Module):
         if self.model == "layers":
             return run_layers_unchecked(dyn, x0, self.num_layers, self.tau)[0]
         # Backsolve integrates an augmented state; the retraction wrapper only
-        # knows token arrays, so that adjoint solves the ambient ODE.
-        on_manifold = not isinstance(self.adjoint, dfx.BacksolveAdjoint)
+        # knows token arrays, so that adjoint solves the ambient ODE. A placement
+        # that leaves E_W is never retracted (`ja.solve_flow`'s default).
+        on_manifold = dyn.stays_on_manifold and not isinstance(self.adjoint,
+                                                               dfx.BacksolveAdjoint)
         out = solve_flow_unchecked(dyn, x0, self.ts, solver=self.solver, rtol=self.rtol,
                                    atol=self.atol, max_steps=self.max_steps,
                                    adjoint=self.adjoint, on_manifold=on_manifold)

@@ -236,7 +236,7 @@ def _event(event, solution, dtype):
 
 def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-8,
                          max_steps=16384, dt0=None, adjoint=dfx.RecursiveCheckpointAdjoint(),
-                         stepsize_controller=None, on_manifold=True,
+                         stepsize_controller=None, on_manifold=None,
                          strategy: str | AbstractStrategy = "auto") -> FlowResult:
     """`solve_flow(..., throw=False)` without value checks, for batches that are
     vmapped or sharded by the caller (no host callback in the program: `CheckedTimes`).
@@ -244,6 +244,7 @@ def solve_flow_unchecked(dyn, x0, ts, *, solver=dfx.Tsit5(), rtol=1e-6, atol=1e-
     `dyn` may be a stacked model (as in `solve_flow`)."""
     dyn, x0, unflatten = stack_tokens(dyn, x0)
     one = first_model(dyn)
+    on_manifold = one.stays_on_manifold if on_manifold is None else on_manifold
     options = _options(ts, solver, rtol, atol, max_steps, dt0, stepsize_controller, adjoint,
                        jnp.shape(x0)[-2:], jnp.result_type(x0))
     member = choose_strategy(one, jnp.shape(x0), strategy, (dyn, x0), solver=options[1],

@@ -445,7 +445,8 @@ def test_sampling_distance_is_the_samples_rms():
 @pytest.mark.slow
 def test_tiny_run_writes_its_summary(tmp_path):
     out = tmp_path / "run"
-    assert main(["run", "mean-field", "--out", str(out), "--no-progress", *TINY]) in (0, 3)
+    code = main(["run", "mean-field", "--out", str(out), "--no-progress", *TINY])
+    assert code in (0, 3, 4)  # 4: undecided at this size
     summary = json.loads((out / "summary.json").read_text())
     assert {"slope", "sharp_error", "critical_error"} <= set(summary["numbers"])
     assert (out / "mean_field.png").exists()

@@ -125,14 +125,13 @@ def run_layers(
          f"`observe` must be a function of (n, d) tokens, got {observe!r}."),
     ))
     checkpoints = int(checkpoints) if count else checkpoints
+    dtype = jnp.result_type(float)  # τ = 1e40 is inf in float32, 1e-50 is 0
     if observe is None:  # the tokens after every layer come back: refused past the memory
         refuse_first([too_big(
-            float(np.prod(np.shape(x0), dtype=float)) * (num_layers + 1)
-            * jnp.dtype(jnp.result_type(float)).itemsize,
+            float(np.prod(np.shape(x0), dtype=float)) * (num_layers + 1) * dtype.itemsize,
             f"the tokens after each of {num_layers} layers (`x0` {np.shape(x0)}) need",
             "pass fewer layers, or `observe=` a measure of them (e.g. ja.misalignment)")])
     observe = _identity if observe is None else observe
-    dtype = jnp.result_type(float)  # τ = 1e40 is inf in float32, 1e-50 is 0
     tau = jnp.asarray(check_scalar(tau, "tau", positive=True, dtype=dtype), dtype)
     dyn, x0, unflatten, one, shard, noise, keys = check_run(dyn, x0, devices, shard, noise, key)
     member = choose_strategy(one, jnp.shape(x0), strategy, (dyn, x0), shard=shard)

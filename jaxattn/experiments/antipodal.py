@@ -271,20 +271,8 @@ class Antipodal(AbstractExperiment):
 
     def verdict(self, config, data):
         found = self.thresholds(config, data)
-        judged = [t for t in found.values() if 0 < t["predicted"] < data["betas"][-1]]
-        # a threshold off by more than the tolerance but within two of its standard
-        # errors is not resolved: the run is undecided ("raise --threshold-runs")
-        unresolved = [t for t in judged if t["relative_error"] is not None
-                      and t["relative_error"] > THRESHOLD_TOL
-                      and abs(t["measured"] - t["predicted"]) <= 2 * t["measured_se"]]
-        ok = all(t["relative_error"] is not None and t["relative_error"] <= THRESHOLD_TOL
-                 and t["p_antipodal_at_beta_max"] > 2 * t["p_antipodal_se"]
-                 and t["p_within"]
-                 for t in judged)
-        missed = any(t["relative_error"] is None
-                     or (t["relative_error"] > THRESHOLD_TOL and t not in unresolved)
-                     or not t["p_antipodal_at_beta_max"] > 2 * t["p_antipodal_se"]
-                     or not t["p_within"] for t in judged)
+        status = [_judged(t) for t in found.values() if 0 < t["predicted"] < data["betas"][-1]]
+        ok, missed = all(s == "held" for s in status), "missed" in status
         undecided = "" if ok or missed else \
             "a threshold within two standard errors of β_c but off by more than " \
             f"{THRESHOLD_TOL:g}: raise --threshold-runs"
@@ -429,6 +417,21 @@ def saturation() -> float:
     """The largest exponent the grid's runs can read: the gap grows from `START_GAP`
     to at most 2 in `EXPONENT_TIME`."""
     return math.log(2 / START_GAP) / EXPONENT_TIME
+
+
+def _judged(t: dict) -> str:
+    """One dimension's outcome: `"held"`; `"missed"` (a threshold off by more than
+    `THRESHOLD_TOL` and two standard errors, none measured, or `P(antipodal)` not as
+    predicted); `"unresolved"` (off by more than the tolerance, within two standard
+    errors: the run is undecided, "raise --threshold-runs")."""
+    error = t["relative_error"]
+    if error is None or not t["p_antipodal_at_beta_max"] > 2 * t["p_antipodal_se"] \
+            or not t["p_within"]:
+        return "missed"
+    if error <= THRESHOLD_TOL:
+        return "held"
+    close = abs(t["measured"] - t["predicted"]) <= 2 * t["measured_se"]
+    return "unresolved" if close else "missed"
 
 
 def _pm(t: dict) -> str:

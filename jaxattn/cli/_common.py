@@ -164,22 +164,26 @@ def parse_value(text: str, kind: type, name: str | None = None):
         return text
 
 
-def add_distributed_flags(p: argparse.ArgumentParser) -> None:
+def add_distributed_flags(p: argparse.ArgumentParser, shown: bool = True) -> None:
     """The flags of a run across processes (`jaxattn sweep`, the batched studies of
-    `jaxattn run`): docs/usage/distributed.md."""
+    `jaxattn run`): docs/usage/distributed.md. Not `shown` in the help of a run that
+    does not take them (still parsed, so that using one is refused in words)."""
+    def helped(text):
+        return text if shown else argparse.SUPPRESS
+
     p.add_argument("--distributed", action="store_true",
-                   help="one of several processes (jax.distributed; SLURM, Open MPI or "
+                   help=helped("one of several processes (jax.distributed; SLURM, Open MPI or "
                    "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID, or the flags "
-                   "below): each batch sharded over every process's devices, process 0 writes")
+                   "below): each batch sharded over every process's devices, process 0 writes"))
     p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
-                   help="process 0's address (with --distributed)")
+                   help=helped("process 0's address (with --distributed)"))
     p.add_argument("--num-processes", type=int, default=None, metavar="N",
-                   help="how many processes (with --distributed)")
+                   help=helped("how many processes (with --distributed)"))
     p.add_argument("--process-id", type=int, default=None, metavar="K",
-                   help="this process's number, 0 … N-1 (with --distributed)")
+                   help=helped("this process's number, 0 … N-1 (with --distributed)"))
     p.add_argument("--launch-local", type=int, default=None, metavar="N",
-                   help="start N processes on this machine, 2 CPU devices each (gloo), "
-                   "for trying a distributed run")
+                   help=helped("start N processes on this machine, 2 CPU devices each "
+                               "(gloo), for trying a distributed run"))
 
 
 def distributed_checks(args) -> list[tuple[bool, str]]:

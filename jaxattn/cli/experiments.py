@@ -58,11 +58,15 @@ def declared_experiment(name: str):
 
 
 def _override_parser(experiment) -> OneLineParser:
+    from ..experiments import REGISTRY
+
     p = OneLineParser(prog=f"jaxattn run {experiment.name}", description=experiment.title)
     p.add_argument("--out", default=None, help="run folder (default: runs/NAME/<timestamp>/)")
     p.add_argument("--seed", default="0", help="random seed (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_distributed_flags(p)  # the batched studies alone take them (`_distributed_run`)
+    # The batched studies alone take them (`_distributed_run`); the others parse them
+    # to refuse them in words, without listing them.
+    add_distributed_flags(p, shown=REGISTRY[experiment.name].distributable)
     for param in experiment.all_params():
         if param.type is bool:
             p.add_argument(param.flag, dest=param.name, action="store_const", const=True,
@@ -159,10 +163,10 @@ def _distributed_run(args, opts) -> bool:
     if not (opts.distributed or opts.launch_local is not None):
         return False
     from .._process.distributed import check_flags
-    from ..experiments import get_experiment
+    from ..experiments import REGISTRY
     from ..experiments.runner import refuse_distributed
 
-    refuse_first([(not get_experiment(args.name).distributable,
+    refuse_first([(not REGISTRY[args.name].distributable,
                    refuse_distributed(args.name))])
     check_flags(opts.coordinator, opts.num_processes, opts.process_id)
     return opts.launch_local is not None

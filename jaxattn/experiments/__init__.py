@@ -2,7 +2,7 @@
 
 `MEMBERS` lists every experiment explicitly (nothing registers itself on import);
 `REGISTRY` reads what `jaxattn list` and the sweeps need of a member (name, title,
-theorem, sweepable) from its class body, without importing it (nor JAX). The family's
+theorem, sweepable, distributable) from its class body, without importing it (nor JAX). The family's
 layout and the recipe for a new member: ARCHITECTURE.md ("An experiment").
 """
 
@@ -65,13 +65,15 @@ MEMBERS = (
 
 class Entry(NamedTuple):
     """One experiment as its class declares it, read from its source: where it lives,
-    what `jaxattn list` shows, and whether `jaxattn sweep` can run it."""
+    what `jaxattn list` shows, whether `jaxattn sweep` can run it and whether it runs
+    across processes."""
 
     module: str  # the module in `jaxattn.experiments`
     cls: str  # its `AbstractExperiment` subclass
     theorem: str
     title: str
     sweepable: bool = False
+    distributable: bool = False
 
 
 def _declared(member: str) -> tuple[str, Entry]:
@@ -79,14 +81,15 @@ def _declared(member: str) -> tuple[str, Entry]:
     head of its class body (`name`, `title`, `theorem`, `sweepable`;
     `source.class_head`): no import, and only the class's head is parsed."""
     module, cls = member.split(".")
-    found = class_head(module, cls, ("name", "title", "theorem", "sweepable"))
+    found = class_head(module, cls, ("name", "title", "theorem", "sweepable", "distributable"))
     missing = {"name", "title", "theorem"} - set(found)
     if missing:
         raise ImportError(f"{module}.{cls} (MEMBERS) is no class declaring the literal "
                           f"{', '.join(sorted(missing))}: write them as strings at the head "
                           "of its class body.")
     return found["name"], Entry(module, cls, found["theorem"], found["title"],
-                                bool(found.get("sweepable", False)))
+                                bool(found.get("sweepable", False)),
+                                bool(found.get("distributable", False)))
 
 
 #: Every experiment of `jaxattn run NAME`, by name, as its class declares it

@@ -275,6 +275,6 @@ def run_experiment(name: str, overrides: dict[str, Any] | None = None, *, seed: 
 
 def refuse_distributed(name: str) -> str:
     """The one line refusing a distributed run of an experiment that does not batch."""
-    takers = [n for n in REGISTRY if get_experiment(n).distributable]
+    takers = [n for n, entry in REGISTRY.items() if entry.distributable]
     return (f"{name} does not run across processes; --distributed is for the batched "
             f"studies ({', '.join(takers)}): drop --distributed.")

@@ -127,6 +127,17 @@ def test_an_experiment_that_does_not_batch_refuses_distributed(extra, tmp_path, 
     assert not out.exists()
 
 
+def test_only_the_batched_studies_list_the_distributed_flags(capsys):
+    from jaxattn.cli import main
+    from jaxattn.experiments import REGISTRY
+
+    for name, listed in (("thm41-sphere", False), ("antipodal", True)):
+        assert REGISTRY[name].distributable is listed
+        with pytest.raises(SystemExit):
+            main(["run", name, "--help"])
+        assert ("--launch-local" in capsys.readouterr().out) is listed, name
+
+
 @pytest.mark.parametrize(("extra", "words"), [
     (["--coordinator", "localhost:1234"], "go with --distributed"),
     (["--distributed", "--num-processes", "2", "--process-id", "2"], "not below"),

@@ -133,6 +133,9 @@ def _log_field(t, y, args):
 def _pair_field(norm: AbstractNorm, kernel: AbstractKernel, y, n: int, beta):
     gap, r = jnp.exp(y[0]), jnp.exp(y[1])
     s, m, per_gap = _parts(gap, _kappa(norm, r), n, beta, kernel)
+    # 1 + (n − 1)ρ = |Σ u_i|²/n ≥ 0 vanishes at the simplex, a fixed point the solution
+    # must not cross by rounding: below it no tokens exist (`"ngpt"` ran off to ρ = −6)
+    per_gap = jnp.maximum(per_gap, 0)
     # ρ̇ = 2g · speed, so d log(1 − ρ)/dt = −2 (g / (1 − ρ)) · speed
     speed, dr = norm.equiangular(s, m, r)
     return jnp.stack([-2 * per_gap * speed, jnp.asarray(dr / r, y.dtype)]).astype(y.dtype)

@@ -112,6 +112,16 @@ def test_none_softmax_stops_short_of_one_point():
     assert rho[2] < 0.9 and abs(rho[2] - rho[1]) < 1e-12
 
 
+@pytest.mark.parametrize("norm", ["post", "ngpt", "pre", "peri", "none"])
+def test_the_simplex_is_a_fixed_point_rounding_cannot_cross(norm):
+    """From `ρ0 = −1/(n − 1)` (rounded) the reduced ODE never goes below the simplex:
+    no `ρ` below it exists (`1 + (n − 1)ρ = |Σ u_i|²/n`); `"ngpt"` once ran off to
+    ρ = −6. (It is unstable: rounding may move it up, as it would move the tokens.)"""
+    ts = jnp.linspace(0.0, 20.0, 11)
+    rho = np.asarray(equiangular_solution(-1 / 3, 4, 1.0, ts, norm=norm).rho)
+    assert rho.min() >= -1 / 3 - 1e-12, rho
+
+
 @pytest.mark.parametrize("rho", [-0.25, 0.0, 0.3, 1.0])
 def test_tokens_are_equiangular(rho):
     x = equiangular_tokens(rho, 5, 7)
@@ -173,10 +183,12 @@ def test_verdict_judges_the_rates_and_fails_a_rate_ten_percent_off(monkeypatch):
     few = config | {"saves": 4}  # exp post's 1 − ρ ≍ e^(−5.4 t) is under 1e-20 from t = 10
     sparse = study.verdict(few, _ode_run(few))
     assert not sparse.ok and "; exp post: no rate read" in sparse.line, sparse.line
+    assert sparse.undecided == "raise --saves"  # no rate to judge: exit 4, not 3
     near_simplex = config | {"rho0": -0.3333}  # n = 4: −1/3 is the simplex, an equilibrium
     early = study.verdict(near_simplex, _ode_run(near_simplex))
     assert not early.ok and "softmax pre, softmax peri, exp pre, exp peri: not yet in the " \
         "late regime by T = 20" in early.line and early.line.endswith("a longer --horizon")
+    assert "a longer --horizon" in early.undecided
     for factor in (1.1, 0.9):
         def shifted(*args, **kw):
             law = equiangular_asymptotics(*args, **kw)
@@ -184,7 +196,7 @@ def test_verdict_judges_the_rates_and_fails_a_rate_ten_percent_off(monkeypatch):
 
         monkeypatch.setattr(E, "equiangular_asymptotics", shifted)
         wrong = study.verdict(config, data)
-        assert not wrong.ok and wrong.numbers["max_rho_error"] == 0.0
+        assert not wrong.ok and not wrong.undecided and wrong.numbers["max_rho_error"] == 0.0
         assert "late regime" not in wrong.line  # a wrong law, not an early reading
         assert wrong.numbers["max_rate_error"] > 0.08
 

@@ -47,6 +47,8 @@ RATE_FLOOR = 1e-20
 #: rate (relative): a prediction 10 % off fails it.
 RATE_TOL = 0.02
 COLORS = {"post": "C0", "ngpt": "C3", "pre": "C1", "peri": "C2", "none": "C4"}
+#: The algebraic panel's colours for the `"exp"` kernel, apart from softmax's.
+EXP_COLORS = {"pre": "C5", "peri": "C8"}
 #: Each kernel's panel title and line style in the algebraic panel, by name.
 TITLES = {"softmax": "softmax", "exp": r"exp: $e^{\beta\langle x,y\rangle}/n$"}
 STYLES = {"softmax": "-", "exp": (0, (4, 2))}
@@ -270,10 +272,11 @@ class Equiangular(AbstractExperiment):
                 label = f"{norm.name}, {kernel.name}" + (
                     f" (= {', '.join(twins)})" if twins else "")
                 style = STYLES.get(kernel.name, "-")
+                color = (EXP_COLORS if kernel.name == "exp" else COLORS).get(norm.name, "C7")
                 ax.loglog(ts[1:], data["gap_flow"][i, j, 1:], ls=style, lw=3.5, alpha=0.35,
-                          color=COLORS[norm.name], label=f"{label}: flow")
+                          color=color, label=f"{label}: flow")
                 ax.loglog(ts[1:], data["gap_ode"][i, j, 1:], ls=(0, (2, 2)), lw=1.2,
-                          color=COLORS[norm.name], label=f"{label}: ODE")
+                          color=color, label=f"{label}: ODE")
                 end = data["gap_ode"][i, j, -1] * (ts[later] / ts[-1]) ** -2.0
                 ax.loglog(ts[later], end * 3.0, color="k", lw=0.8,
                           label="_nolegend_" if labelled else "predicted slope: $t^{-2}$ (×3)")

@@ -324,7 +324,9 @@ def plain_log_labels(axis) -> None:
             if span is None:
                 return super().__call__(x, pos)
             digit = round(x / 10 ** np.floor(np.log10(x) + 1e-9))
-            return f"{x:.3g}" if not self.minor or digit in room(*span) else ""
+            text = f"{x:.3g}"  # 1000, not 1e+03
+            text = f"{float(text):.0f}" if "e+" in text else text
+            return text if not self.minor or digit in room(*span) else ""
 
     def room(lo, hi) -> tuple[int, ...]:
         box = axis.axes.bbox

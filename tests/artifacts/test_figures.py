@@ -27,6 +27,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 from matplotlib.ticker import FixedFormatter, FuncFormatter, LogFormatterSciNotation
 
+from jaxattn._artifacts import figures
 from jaxattn._artifacts.figures import save_sphere_figure
 from jaxattn.experiments import EXPERIMENTS
 from jaxattn.experiments.loop_grid import loop_title, save_loop_figure
@@ -859,3 +860,20 @@ def test_thm41_gives_its_sphere_room_and_a_short_y_label(tmp_path, drawn):
     assert ax3._box_aspect is not None and np.linalg.norm(ax3._box_aspect) > 1.1 * 3**0.5
     assert len(decay.get_ylabel()) <= 12, decay.get_ylabel()  # the formula is in the title
     assert "min" in decay.get_title()
+
+
+def test_plain_log_labels_write_plain_numbers_on_a_narrow_axis():
+    """Under two decades the ticks read as plain numbers (`1000`, not `1e+03`; `0.5`);
+    a wider axis keeps matplotlib's powers of ten."""
+    plt = figures.pyplot()
+    fig, ax = plt.subplots()
+    ax.set_xscale("log")
+    ax.set_xlim(100, 1000)
+    figures.plain_log_labels(ax.xaxis)
+    assert ax.xaxis.get_major_formatter()(1000.0) == "1000"
+    assert ax.xaxis.get_major_formatter()(100.0) == "100"
+    ax.set_xlim(0.2, 1)
+    assert ax.xaxis.get_minor_formatter()(0.5) in ("0.5", "")
+    ax.set_xlim(1, 10**5)
+    assert "10" in ax.xaxis.get_major_formatter()(1000.0)  # mathtext 10^3
+    plt.close(fig)

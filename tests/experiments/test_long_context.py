@@ -141,6 +141,7 @@ def test_verdict_says_what_to_change_when_attention_never_reaches_one_half():
     study, config, data = _saved()
     assert "does not reach 1/2" not in study.verdict(config, data).line
     low = study.verdict(config, data | {"alpha": np.minimum(data["alpha"], 0.4)})
+    assert low.undecided == "raise --gamma-max or --dim"  # exit 4: nothing to judge
     assert not low.ok and low.line.endswith(
         f"α_ii does not reach 1/2 for γ in [{config.gamma_min:g}, {config.gamma_max:g}] at "
         f"n = {', '.join(map(str, data['sizes']))}: a larger --gamma-max, or a larger --dim "
@@ -181,8 +182,8 @@ def test_verdict_fails_a_collapse_prediction_ten_percent_off(monkeypatch, factor
     study, config, data = _saved()
     verdict = study.verdict(config, data)
     assert verdict.ok and verdict.numbers["collapse_relative_error"] < LC.TOL / 2
-    exact = LC.predicted_collapse
-    monkeypatch.setattr(LC, "predicted_collapse", lambda n, r: factor * exact(n, r))
+    exact = LC.simplex_collapse  # its crossing, read on the run's grid, moved by `factor`
+    monkeypatch.setattr(LC, "simplex_collapse", lambda n, r, g: exact(n, r, g / factor))
     wrong = study.verdict(config, data)
     assert not wrong.ok and wrong.numbers["collapse_relative_error"] > 0.08
     assert wrong.numbers["relative_error"] == verdict.numbers["relative_error"]

@@ -50,6 +50,8 @@ BAD = [
     (["run", "power-shared", "--depth", "1"], "--depth must be ≥ 2"),
     (["run", "metastability", "--eps", "0"], "--eps must be > 0"),
     (["run", "metastability", "--discrete"], "unrecognized arguments: --discrete"),
+    (["run", "metastability", "--eps", "3"], "--eps must be < 2"),
+    (["run", "metastability", "--target", "8"], "--target must be < --tokens (8)"),
     (["run", "hardmax", "--vertices", "2"], "--vertices must be ≥ 3"),
     (["run", "hardmax", "--tau", "1.5"], "must be ≤ 1, got 1.5"),
     (["run", "hardmax", "--beta-max", "0.5"], "--beta-max must be > 1"),

@@ -198,6 +198,18 @@ def test_verdict_fails_a_merge_time_ten_percent_off(monkeypatch):
     assert not study.verdict(config, data).ok
 
 
+def test_a_run_without_a_final_merger_by_T_is_undecided():
+    """The saved run as if no event had fired by `T`: the final merger, the main
+    prediction, is untested, so the run is undecided (exit 4), not against it."""
+    from jaxattn.experiments import metastability as M
+
+    config, data = _saved_run()
+    never = data | {"t1": np.full_like(data["t1"], M.final_time(config))}
+    verdict = M.Metastability().verdict(config, never)
+    assert not verdict.ok and verdict.numbers["final_mergers"] == 0
+    assert verdict.undecided.startswith("a smaller β or a longer --horizon"), verdict
+
+
 def test_a_linking_distance_below_float64_resolution_is_refused_before_work():
     """Unit vectors in float64 are not resolved closer than ~1e-16, so a linking
     distance of 1e-20 could never see a merger (and at 5e-324 the squared distances

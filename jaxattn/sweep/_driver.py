@@ -12,6 +12,7 @@ docs/usage/sweeps.md.
 import contextlib
 import dataclasses
 import itertools
+import math
 import shutil
 import time
 from pathlib import Path
@@ -93,9 +94,11 @@ def _rows(spec, config, keys, point, lo, out, theorem) -> list[list[str]]:
         inside, reached = bool(out["in_domain"][j]), bool(out["reached"][j])
         success = bool(out["success"][j])
         status = instance_status(success, inside, reached, out["ts"][j], residual[j], theorem)
+        # a failed solve measured nothing: its E and consensus time are empty (NaN)
+        final, when = (E[j, -1], t_cons[j]) if success else (math.nan, math.nan)
         rows.append([_fmt(config[k]) for k in keys] + [
-            str(point), str(lo + j), str(spec.seed + lo + j), theorem, _fmt(E[j, -1]),
-            _fmt(t_cons[j]), _fmt(inside), _fmt(reached), PREDICTION_HELD[status], _fmt(success),
+            str(point), str(lo + j), str(spec.seed + lo + j), theorem, _fmt(final),
+            _fmt(when), _fmt(inside), _fmt(reached), PREDICTION_HELD[status], _fmt(success),
             str(int(out["num_steps"][j])), status])
     return rows
 

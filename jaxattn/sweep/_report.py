@@ -3,6 +3,7 @@ solver failed, outside the domain), per-point statistics and the sweep's verdict
 printed table, the summary figure (its consensus tolerance read from the sweep's
 `sweep.json`)."""
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +70,12 @@ def point_stats(table: dict[str, np.ndarray], point: int) -> dict[str, Any]:
     inside = table["in_domain"][m]
     status = statuses(table)[m]
     q25, q50, q75 = _quantiles(t)
+    E = table["final_E"][m]
+    E = E[np.isfinite(E)]  # a failed solve's E is NaN: it measured nothing
     return {
         "instances": int(m.sum()),
-        "final_E_median": float(np.median(table["final_E"][m])),
-        "final_E_max": float(np.max(table["final_E"][m])),
+        "final_E_median": float(np.median(E)) if E.size else math.nan,
+        "final_E_max": float(np.max(E)) if E.size else math.nan,
         "consensus_time_q25": q25, "consensus_time_median": q50, "consensus_time_q75": q75,
         "reached_consensus": int(np.isfinite(t).sum()),
         "in_domain": int(inside.sum()),

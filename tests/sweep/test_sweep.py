@@ -527,3 +527,29 @@ def test_the_host_domain_decides_as_the_callback_without_one(monkeypatch):
 
     monkeypatch.setattr(jax, "pure_callback", refuse)
     assert _instances._host_domain(tests, x).tolist() == reference.tolist()
+
+
+def test_a_failed_solve_reports_no_E_nor_consensus_time():
+    """A solve that failed measured nothing: its row's `final_E` and `consensus_time`
+    are empty (NaN), not its last save's (a failed thm41 solve once read `E = 0`
+    and "reached consensus"), and the point's statistics count only the others."""
+    from jaxattn.sweep import _driver
+
+    spec = ja.sweep.SweepSpec("thm41-sphere", {"beta": [1.0]}, instances=2)
+    ts = np.linspace(0.0, 1.0, 5)
+    E = np.array([[0.3, 0.1, 0.0, 0.0, 0.0], [0.3, 0.1, 1e-4, 1e-7, 1e-9]])
+    out = {"E": E, "ts": np.stack([ts, ts]), "in_domain": [True, True],
+           "reached": [True, True], "success": [False, True], "num_steps": [9, 9]}
+    rows = _driver._rows(spec, {"beta": 1.0}, ["beta"], 0, 0, out, "4.1")
+    header = _driver._header(["beta"])
+    failed, solved = (dict(zip(header, row)) for row in rows)
+    assert (failed["final_E"], failed["consensus_time"], failed["status"]) == (
+        "nan", "nan", "solver_failed")
+    assert float(solved["final_E"]) == 1e-9 and float(solved["consensus_time"]) > 0
+    table = {"point": np.zeros(2, int), "final_E": np.array([np.nan, 1e-9]),
+             "consensus_time": np.array([np.nan, 0.5]), "in_domain": np.ones(2, bool),
+             "prediction_held": np.array([None, True], object),
+             "solver_success": np.array([False, True]),
+             "status": np.array(["solver_failed", "held"], object)}
+    stats = _report.point_stats(table, 0)
+    assert stats["reached_consensus"] == 1 and stats["final_E_max"] == 1e-9

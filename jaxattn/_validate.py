@@ -427,8 +427,21 @@ def raise_unless(ok, message: str) -> None:
     """After a sharded run: raise `message` as a `SimulationError` (what a check
     inside `jit` surfaces as, see `surface_errors`) unless every entry of `ok` is
     true."""
-    if not np.all(jax.device_get(ok)):  # on the host: no program for a check
+    if not np.all(host_values(ok)):  # on the host: no program for a check
         raise SimulationError(short_message(message))
+
+
+def host_values(tree):
+    """`tree`'s values on this host, those of arrays spread over several processes
+    gathered from all of them (`jax.distributed`)."""
+    def value(leaf):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            return multihost_utils.process_allgather(leaf, tiled=True)
+        return jax.device_get(leaf)
+
+    return jax.tree.map(value, tree)
 
 
 def checked(value, ok, message: str):
@@ -436,12 +449,12 @@ def checked(value, ok, message: str):
     host where `ok`'s values are known (`checked_on_host`), so that the program that
     computed it holds no callback (issue 42); inside the caller's program
     (`eqx.error_if`) where traced."""
-    if checked_on_host(ok, lambda ok: raise_unless(ok, message)):
+    if checkedhost_values(ok, lambda ok: raise_unless(ok, message)):
         return value
     return eqx.error_if(value, ~ok, message)
 
 
-def checked_on_host(tree, check: Callable) -> bool:
+def checkedhost_values(tree, check: Callable) -> bool:
     """Whether `check` (a host function that raises for bad values) has run on the
     values of `tree`: it does where they are concrete, and under `vmap`s alone, whose
     batching rules see the whole batch's values (so that `jax.vmap(ja.meanfield.solve)`

@@ -17,7 +17,7 @@ from .._manifold import project
 from .._noise import brownian_path, map_keyed, sde_terms
 from .._programs import kept_jit
 from .._stacked import map_batch, map_models, map_systems
-from .._validate import NONFINITE, raise_unless
+from .._validate import NONFINITE, host_values, raise_unless
 from .layers import flag_nonfinite
 from .stepping import root_tolerances, stepped
 
@@ -314,7 +314,7 @@ def raise_failure(solved, finite, result, started, event_nonfinite=False) -> Non
     field_ok, event_ok = started
     raise_unless(field_ok, NONFINITE)
     raise_unless(event_ok, EVENT_START)
-    if not np.all(jax.device_get(solved)):  # on the host: no program for a check
+    if not np.all(host_values(solved)):  # on the host: no program for a check
         item = _first_failure(solved, result)
         if event_nonfinite and item == dfx.RESULTS.nonfinite_input:
             raise_unless(False, EVENT_RUN)

@@ -62,20 +62,22 @@ def _run_workers(example, out: Path, processes: int = 2, timeout: float = 120, a
 
 
 @pytest.mark.slow  # two processes
-def test_two_processes_equal_one(tmp_path):
+@pytest.mark.parametrize("batch", [6, 8])  # padded, and whole shares (the example's own
+def test_two_processes_equal_one(tmp_path, batch):  # 16 failed its finiteness check once)
     example = _example()
     out = tmp_path / "xs.npz"
-    report = _run_workers(example, out)
+    argv = ["--batch", str(batch), *_ARGS[2:]]
+    report = _run_workers(example, out, args=argv)
     print(report)
     saved = np.load(out)
     assert int(saved["devices"]) == 4 and int(saved["processes"]) == 2
-    args = example.parse_args(_ARGS)
+    args = example.parse_args(argv)
     with jax.enable_x64(False):
         dyn, x0 = example.make_problem(args.seed, args.batch, args.tokens, args.dim,
                                        args.heads)
         ref = np.asarray(ja.run_layers(dyn, x0, args.layers, args.tau))
     xs = saved["xs"]
-    assert xs.dtype == np.float32 and xs.shape == ref.shape == (6, 13, 5, 3)
+    assert xs.dtype == np.float32 and xs.shape == ref.shape == (batch, 13, 5, 3)
     err = float(np.abs(xs - ref).max())
     print(f"max |multi-process - single-process| = {err:.3g}")
     assert err <= 1e-6

@@ -449,12 +449,12 @@ def checked(value, ok, message: str):
     host where `ok`'s values are known (`checked_on_host`), so that the program that
     computed it holds no callback (issue 42); inside the caller's program
     (`eqx.error_if`) where traced."""
-    if checkedhost_values(ok, lambda ok: raise_unless(ok, message)):
+    if checked_on_host(ok, lambda ok: raise_unless(ok, message)):
         return value
     return eqx.error_if(value, ~ok, message)
 
 
-def checkedhost_values(tree, check: Callable) -> bool:
+def checked_on_host(tree, check: Callable) -> bool:
     """Whether `check` (a host function that raises for bad values) has run on the
     values of `tree`: it does where they are concrete, and under `vmap`s alone, whose
     batching rules see the whole batch's values (so that `jax.vmap(ja.meanfield.solve)`

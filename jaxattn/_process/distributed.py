@@ -6,8 +6,10 @@ refused stops the others with one line."""
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -41,7 +43,7 @@ def check_flags(coordinator=None, num_processes=None, process_id=None, *, device
     """Refuse, in one line, flags that cannot make a distributed run: before any work."""
     host, _, port = (coordinator or "").rpartition(":")
     refuse_first((
-        (devices is not None, "--distributed shards over every process's devices; drop "
+        (devices is not None, "a distributed run shards over every process's devices; drop "
          "--devices (each process uses all of its own)."),
         (coordinator is not None and not (host and port.isdigit()),
          f"--coordinator takes HOST:PORT of process 0, got {coordinator!r}."),
@@ -164,11 +166,12 @@ def free_port() -> int:
 
 
 def launch_local(command: Sequence[str], n: int, *, devices_per_process: int = 2,
-                 log=print) -> int:
+                 log=print, after: str = "") -> int:
     """Run `command` as `n` processes on this machine (`--coordinator`,
     `--num-processes`, `--process-id` appended), each with `devices_per_process`
     CPU devices, talking through gloo; wait for them. When one fails, the others
-    are stopped (they would wait for it) and one line says which.
+    are stopped (they would wait for it) and one line says which, ending with
+    `after` (what to do next). A SIGTERM to the launcher stops them too.
 
     **Returns:** the run's status when every process finished (0, or 3: its verdict
     disagrees), else the first failure's."""
@@ -176,12 +179,19 @@ def launch_local(command: Sequence[str], n: int, *, devices_per_process: int = 2
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
         f"{flags} --xla_force_host_platform_device_count={devices_per_process}").strip())
     common = [*command, "--coordinator", f"localhost:{free_port()}", "--num-processes", str(n)]
-    procs = [subprocess.Popen([*common, "--process-id", str(k)], env=env) for k in range(n)]
+    procs = []
 
     def failed() -> int | None:
         return next((k for k, p in enumerate(procs) if p.poll() not in (None, *FINISHED)), None)
 
+    def terminated(signum, frame):  # `kill`, `timeout`, a scheduler: stop the workers too
+        raise SystemExit(128 + signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, terminated) if main else None
     try:
+        procs += [subprocess.Popen([*common, "--process-id", str(k)], env=env)
+                  for k in range(n)]
         while failed() is None and any(p.poll() is None for p in procs):
             time.sleep(0.1)
         first = failed()
@@ -190,11 +200,13 @@ def launch_local(command: Sequence[str], n: int, *, devices_per_process: int = 2
             if p.poll() is None:
                 p.kill()
             p.wait()
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     if first is None:  # every process finished: the run's status
         return max(p.returncode for p in procs)
     code = procs[first].returncode
-    log(f"process {first} of {n} exited with status {code}; the others were stopped "
-        "(a --resume run continues from the saved chunks).")
+    log(f"process {first} of {n} exited with status {code}; the others were stopped"
+        f"{after}.")
     return code if code > 0 else 1
 
 

@@ -7,6 +7,7 @@ parameter's value (`parse_value`; the value itself is checked by
 import argparse
 import contextlib
 import difflib
+import os
 import re
 import sys
 
@@ -196,6 +197,11 @@ def distributed_checks(args) -> list[tuple[bool, str]]:
     return [
         (launch is not None and launch < 1,
          f"--launch-local must be a whole number ≥ 1, got {launch}."),
+        (launch is not None and launch > max(os.cpu_count() or 1, 2),
+         f"--launch-local {launch} would start more processes than this machine has cores "
+         f"({os.cpu_count()}): at most {max(os.cpu_count() or 1, 2)}."),
+        (launch is not None and args.distributed,
+         "--launch-local starts the processes of a distributed run itself; drop --distributed."),
         (launch is not None and joined,
          f"--launch-local numbers its processes itself; drop {', '.join(joined)}."),
         (joined and launch is None and not args.distributed,
@@ -203,14 +209,14 @@ def distributed_checks(args) -> list[tuple[bool, str]]:
     ]
 
 
-def launch_local(args, words: list[str]) -> int:
+def launch_local(args, words: list[str], after: str = "") -> int:
     """Run `jaxattn WORDS --distributed` as `args.launch_local` processes on this
-    machine (`_distributed.launch_local`)."""
+    machine (`_distributed.launch_local`; `after` ends the line of a failure)."""
     from .._process.distributed import launch_local as launch
 
-    words = [*words, *([] if args.distributed else ["--distributed"])]
-    return launch([sys.executable, "-m", "jaxattn", *words], args.launch_local,
-                  log=lambda line: print(line, file=sys.stderr))
+    return launch([sys.executable, "-m", "jaxattn", *words, "--distributed"],
+                  args.launch_local, log=lambda line: print(line, file=sys.stderr),
+                  after=after)
 
 
 def loaded_ahead(command: str, settings, distributed: bool = False):

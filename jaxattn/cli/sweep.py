@@ -88,7 +88,8 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.distributed or args.launch_local is not None:
         check_flags(args.coordinator, args.num_processes, args.process_id, devices=args.devices)
     if args.launch_local is not None:
-        return launch_local(args, _words(args))
+        return launch_local(args, _words(args),
+                            " (a --resume run continues from the saved chunks)")
     import jax
 
     jax.config.update("jax_enable_x64", True)

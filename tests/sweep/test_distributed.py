@@ -65,6 +65,27 @@ def test_killed_on_one_process_resumes_on_one_process(tmp_path, alone):
     assert (out / "table.csv").read_bytes() == (alone.folder / "table.csv").read_bytes()
 
 
+@pytest.mark.slow  # two processes start
+def test_a_terminated_launcher_stops_its_processes(tmp_path):
+    """SIGTERM (`kill`, `timeout`, a scheduler) to `--launch-local`'s launcher stops
+    the processes it started, as Ctrl-C does: they no longer run on alone."""
+    import signal
+
+    out = tmp_path / "term"
+    proc = start_jaxattn(_argv(out, "--launch-local", "2"))
+    deadline = time.monotonic() + 120
+    while len(pids := subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                     text=True).stdout.split()) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    for pid in map(int, pids):
+        with pytest.raises(ProcessLookupError):  # gone, and reaped by the launcher
+            os.kill(pid, 0)
+
+
 @pytest.mark.parametrize(("extra", "words"), [
     (["--distributed", "--devices", "2"], "drop --devices"),
     (["--launch-local", "2", "--devices", "2"], "drop --devices"),
@@ -72,6 +93,8 @@ def test_killed_on_one_process_resumes_on_one_process(tmp_path, alone):
     (["--distributed", "--num-processes", "2", "--process-id", "2"], "not below"),
     (["--distributed", "--coordinator", "nohost"], "HOST:PORT"),
     (["--launch-local", "0"], "--launch-local must be"),
+    (["--launch-local", "1000"], "more processes than this machine has cores"),
+    (["--launch-local", "2", "--distributed"], "itself; drop --distributed"),
     (["--launch-local", "2", "--process-id", "1"], "numbers its processes itself"),
 ])
 def test_bad_distributed_flags_are_one_line(extra, words, tmp_path, capsys):

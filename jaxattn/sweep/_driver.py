@@ -64,6 +64,9 @@ def plan(spec: SweepSpec, configs) -> list[tuple[int, int, int]]:
     for p, config in enumerate(configs):
         size = min(spec.chunk or spec.instances, spec.instances)
         need = instance_bytes(spec.experiment, config) if memory else 0
+        point = ", ".join(f"{k} = {_fmt(config[k])}" for k in grid_keys(spec)) or "its point"
+        refuse_first([too_big(need, f"one instance at {point} needs about", "choose fewer "
+                              "tokens, a smaller dimension or fewer saves", memory)])
         if spec.chunk:
             refuse_first([too_big(size * need, f"chunk = {spec.chunk} (--chunk): a chunk of "
                                   f"{size} instances needs about", f"take a smaller chunk (at "

@@ -225,10 +225,16 @@ def write_figure(folder: Path, spec, keys, table) -> list[Path]:
                   "data"), xytext=(0, 3), textcoords="offset points", fontsize=8, color="0.3")
     ax_e.set_yscale("log")
     ax_e.set_ylabel("final misalignment E(T)")
+    values = np.unique(np.asarray(table[x_key], float)) if x_key else ()
     for ax in (ax_t, ax_e):
         ax.set_xlabel(SYMBOLS.get(x_key, x_key) if x_key else "grid point")
+        if len(values) == 1:  # its own tick, and limits that stay finite (β = 1e308)
+            x = float(values[0])
+            ax.set_xticks([x], [f"{x:g}"])
+            ax.set_xlim(x - max(abs(x) / 10, 0.1), x + max(abs(x) / 10, 0.1))
     ax_e.set_title("every instance's final E")
     legend_under_panels(fig, ax_t, ncol=min(len(by_group), 3))  # each line is in both
-    title = (f"sweep {spec.experiment}: {len(np.unique(table['point']))} points × "
+    points = len(np.unique(table["point"]))
+    title = (f"sweep {spec.experiment}: {points} point{'s' * (points != 1)} × "
              f"{spec.instances:,} instances, seed {spec.seed}")
     return save_figure(fig, Path(folder) / "sweep", title)

@@ -553,3 +553,33 @@ def test_a_failed_solve_reports_no_E_nor_consensus_time():
              "status": np.array(["solver_failed", "held"], object)}
     stats = _report.point_stats(table, 0)
     assert stats["reached_consensus"] == 1 and stats["final_E_max"] == 1e-9
+
+
+def test_an_instance_larger_than_the_memory_is_refused_before_the_folder(tmp_path):
+    """10⁹ tokens (96 GB an instance) once aborted inside XLA (a negative dimension)
+    and left a locked, half-made folder: refused in one line, with no folder."""
+    out = tmp_path / "big"
+    with pytest.raises(ValueError, match=r"one instance at tokens = 1000000000 needs about "
+                       r".* more than this machine's memory") as info:
+        ja.sweep("thm41-sphere", {"tokens": [10**9]}, instances=2, out=out, progress=False)
+    assert "\n" not in str(info.value) and not out.exists()
+
+
+def test_one_grid_value_far_from_zero_is_drawn(tmp_path, monkeypatch):
+    """A grid of one value gets its own tick and finite limits: β = 1e308 broke
+    matplotlib's ticks ("arange: cannot compute length") after the sweep had run."""
+    (tmp_path / "sweep.json").write_text(json.dumps({"tolerance": 1e-4}))
+    table = {"point": np.array([0, 0]), "beta": np.array([1e308, 1e308]),
+             "consensus_time": np.array([np.inf, np.inf]), "final_E": np.array([0.1, 0.05]),
+             "in_domain": np.ones(2, bool), "prediction_held": np.array([None, None], object),
+             "solver_success": np.ones(2, bool)}
+    figures = []
+    monkeypatch.setattr(_report, "save_figure", lambda fig, stem, title: figures.append(
+        (fig, title)))
+    _report.write_figure(tmp_path, ja.sweep.SweepSpec("thm41-sphere", {"beta": [1e308]}),
+                         ["beta"], table)
+    fig, title = figures[0]
+    fig.canvas.draw()  # the ticks are computed here
+    ax_t, ax_e = fig.axes
+    assert [t.get_text() for t in ax_e.get_xticklabels()] == ["1e+308"]
+    assert np.all(np.isfinite(ax_e.get_xlim())) and "1 point ×" in title

@@ -88,6 +88,23 @@ def test_screenshot_is_not_blank(tmp_path, browser):
     assert saturated.sum() > 100
 
 
+def test_a_page_of_many_saves_loads_and_turns_frames(tmp_path, browser):
+    """250,000 saves (2 tokens, the most a page holds): the E curve's bounds are read
+    once (a `Math.min(...E)` per point drawn made a frame quadratic in the saves, and
+    a spread that long throws), so the page loads with no error and moves."""
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(250_000, 2, 3))
+    xs /= np.linalg.norm(xs, axis=-1, keepdims=True)
+    E = np.geomspace(1.0, 1e-9, len(xs))
+    page = tmp_path / "many.html"
+    page.write_text(view_html(xs, E=E))
+    assert browser.open(page.as_uri()) == []
+    assert browser.evaluate("window.jaxattnView.frames") == 250_000
+    browser.evaluate("window.jaxattnView.setFrame(200000)")
+    assert browser.evaluate("window.jaxattnView.frame()") == 200_000
+    assert browser.errors() == []
+
+
 @pytest.mark.parametrize("run, extra, dims", [
     ("metastability", ["--index", "1"], "on S¹"),  # the circle, one of three runs
     ("hardmax", ["--which", "ys_nsd"], "in R²"),  # not on the circle

@@ -33,6 +33,18 @@ def refuse_first(checks) -> None:
             raise CLIError(line)
 
 
+def cannot_write_in(folder) -> bool:
+    """Whether a file cannot be made in the existing folder `folder`: tried (and removed at
+    once), as permissions alone do not tell (root may write anywhere but `/proc`)."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return False
+    except OSError:
+        return True
+
+
 def count_checks(args, minimums: dict[str, int]) -> list[tuple[bool, str]]:
     """The checks of a command's count flags (flag → least value; a flag not given
     passes), worded as `_validate.check_count` words them, for `refuse_first`: they

@@ -3,7 +3,7 @@
 import argparse
 from pathlib import Path
 
-from ._common import CLIError, count_checks, refuse_first
+from ._common import CLIError, cannot_write_in, count_checks, refuse_first
 
 
 def _animate(args: argparse.Namespace) -> int:
@@ -17,6 +17,8 @@ def _animate(args: argparse.Namespace) -> int:
         (args.until is not None and not args.until > 0, f"--until must be > 0, got {args.until}."),
         (folder is not None and not folder.is_dir(),
          f"cannot write {out}: {folder} is not a folder."),
+        (folder is not None and folder.is_dir() and cannot_write_in(folder),
+         f"cannot write {out}: folder {folder} is not writable; choose another --out."),
     ])
     from .._artifacts.animate import animate
     from .._artifacts.trajectories import load

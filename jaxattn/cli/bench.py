@@ -3,11 +3,10 @@ of `bench.scaling`) on JAX's device, print its table, save it as JSON; the flags
 described in `register`."""
 
 import argparse
-import os
 from pathlib import Path
 
 from ..experiments import declared
-from ._common import count_checks, refuse_first
+from ._common import cannot_write_in, count_checks, refuse_first
 
 # Read from the source: `jaxattn bench --help` and its argument errors answer without
 # loading JAX (the suite's modules import it).
@@ -30,8 +29,8 @@ def _bench(args: argparse.Namespace) -> int:
          f"--quick and --size {args.size} disagree: give one of them."),
         (not out.parent.is_dir(), f"cannot write {out}: there is no folder {out.parent}."),
         (out.is_dir(), f"--out {out} is a folder; name a JSON file (e.g. {out / 'bench.json'})."),
-        (not os.access(out.parent, os.W_OK), f"cannot write {out}: folder {out.parent} is "
-                                             "not writable; choose another --out."),
+        (out.parent.is_dir() and cannot_write_in(out.parent), f"cannot write {out}: folder "
+         f"{out.parent} is not writable; choose another --out."),
         *count_checks(args, {"--repeats": 1}),
     ])
     from .._artifacts.folders import write_json

@@ -2,10 +2,9 @@
 
 import argparse
 import math
-import os
 from pathlib import Path
 
-from ._common import count_checks, refuse_first
+from ._common import cannot_write_in, count_checks, refuse_first
 
 #: The most tokens the demo takes: its flow and figure, 4 s at 1,000 tokens and 15 s at
 #: 5,000 (2 cores, AMD EPYC), grow as n².
@@ -24,8 +23,8 @@ def _demo(args: argparse.Namespace) -> int:
                                            f"{args.horizon}."),
         (not place.is_dir(), f"--out {out}: {place} is a file, not a folder; choose "
                              "another --out."),
-        (not os.access(place, os.W_OK), f"--out {out}: {place} is not writable; choose "
-                                        "another --out."),
+        (place.is_dir() and cannot_write_in(place), f"--out {out}: {place} is not "
+         "writable; choose another --out."),
     ])
     import jax
     import jax.numpy as jnp

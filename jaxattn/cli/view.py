@@ -3,7 +3,7 @@
 import argparse
 from pathlib import Path
 
-from ._common import refuse_first
+from ._common import cannot_write_in, refuse_first
 
 
 def _view(args: argparse.Namespace) -> int:
@@ -12,6 +12,8 @@ def _view(args: argparse.Namespace) -> int:
         (out.suffix.lower() not in (".html", ".htm"),
          f"--out must end in .html, got {args.out!r}."),
         (not out.parent.is_dir(), f"cannot write {out}: {out.parent} is not a folder."),
+        (out.parent.is_dir() and cannot_write_in(out.parent),
+         f"cannot write {out}: folder {out.parent} is not writable; choose another --out."),
     ])
     from .._artifacts.trajectories import load
     from .._artifacts.view import write_view

@@ -100,6 +100,11 @@ BAD = [
     (["doctor", "--size", "100000000"], "more than this machine's memory"),
     (["bench", "--out", "/"], "--out / is a folder; name a JSON file"),
     (["bench", "--out", "/nonexistent/b.json"], "there is no folder /nonexistent"),
+    # a folder no file can be made in, even by root (permissions alone do not tell)
+    (["bench", "--out", "/proc/b.json"], "folder /proc is not writable"),
+    (["demo", "--out", "/proc/x"], "/proc is not writable"),
+    (["animate", f"{_RUNS}/demo", "--out", "/proc/a.mp4"], "folder /proc is not writable"),
+    (["view", f"{_RUNS}/demo", "--out", "/proc/a.html"], "folder /proc is not writable"),
     (["animate"], "required: folder"),
     (["animate", "/nonexistent/run"], "is not a folder"),
     (["animate", f"{_RUNS}/demo", "--out", "movie.avi"], "must end in .mp4 or .gif"),

@@ -10,7 +10,9 @@ def _animate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None  # the default is named after the trajectory
     folder = out.parent if out else None
     refuse_first([
-        *count_checks(args, {"--fps": 1, "--frames": 1, "--trail": 0}),
+        *count_checks(args, {"--fps": 1, "--frames": 1, "--trail": 0, "--dpi": 20}),
+        (args.dpi > 1000, f"--dpi must be at most 1000 (a frame of 6400 × 7200 pixels), "
+         f"got {args.dpi}."),
         (out is not None and out.suffix.lower() not in (".mp4", ".gif"),
          f"--out must end in .mp4 or .gif, got {args.out!r}."),
         (not abs(args.spin) < 1e6, f"--spin must be a finite number of degrees, got {args.spin}."),

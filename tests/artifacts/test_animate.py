@@ -177,6 +177,7 @@ def test_misalignment_is_the_librarys_when_not_given(tmp_path, monkeypatch):
     (dict(frames=0), "frames must be"),
     (dict(fps=0), "fps must be"),
     (dict(path="/nonexistent/folder/movie.mp4"), "is not a folder"),
+    (dict(dpi=100_000), "dpi must be at most 1000"),
     # these drew a movie: an empty sphere, an empty E panel, E "below resolution"
     (dict(spin=float("nan")), "spin must be a finite number"),
     (dict(ts=np.arange(5.0)[::-1]), "ts must be finite and nondecreasing"),

@@ -107,6 +107,8 @@ def _sweep(args: argparse.Namespace) -> int:
         fixed, grid = _typed(spec.experiment, fixed, grid)
         if args.seed is not None:  # instance i is drawn from seed + i
             check_seed(args.seed, "--seed", count=args.instances or spec.instances)
+        if spec.points is None:  # a spec file's grid, its values replaced or joined
+            grid = spec.grid | grid
         result = run_sweep(
             spec, grid or None, set=(spec.set | fixed) or None,
             instances=args.instances, seed=args.seed, chunk=args.chunk, out=args.out,
@@ -137,7 +139,8 @@ def register(sub) -> None:
         "file with keys experiment, grid, points, set, instances, seed, chunk.")
     p.add_argument("name", help="experiment name (thm41-sphere, …) or a .toml/.json spec")
     p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,…",
-                   help="a swept parameter and its values (repeat for a product grid)")
+                   help="a swept parameter and its values (repeat for a product grid; "
+                   "with a spec file, added to its grid or replacing that parameter's values)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="a parameter fixed for every point (e.g. horizon=5)")
     p.add_argument("--instances", type=int, default=None,

@@ -242,6 +242,22 @@ def test_spec_files_toml_and_json(tmp_path):
                           configs)) == 6
 
 
+def test_the_command_lines_grid_joins_a_spec_files(tmp_path, capsys):
+    """`jaxattn sweep spec.toml --grid heads=1,2`: the file's β grid times the two
+    head counts (the command line's grid once replaced the file's without a word)."""
+    from jaxattn.cli import main
+
+    toml = tmp_path / "s.toml"
+    toml.write_text('experiment = "thm41-sphere"\ninstances = 1\n[grid]\nbeta = [0.5, 2]\n'
+                    '[set]\nhorizon = 0.5\nsaves = 5\ntokens = 3\n')
+    out = tmp_path / "joined"
+    assert main(["sweep", str(toml), "--grid", "heads=1,2", "--out", str(out),
+                 "--no-progress"]) == 0
+    table = ja.sweep.load_table(out)
+    assert sorted(zip(table["beta"], table["heads"])) == [(0.5, 1), (0.5, 2), (2.0, 1),
+                                                          (2.0, 2)]
+
+
 @pytest.mark.parametrize("spec, message", [
     (dict(experiment="thm99"), "unknown experiment"),
     (dict(experiment="thm41-sphere", grid={"gamma": [1]}), "no parameter 'gamma'"),

@@ -61,11 +61,9 @@ def enable_cache(path: str | os.PathLike | None = None) -> Path | None:
         raise TypeError(f"`path` must be a folder (a str or a path), got "
                         f"{type(path).__name__}.")
     folder = cache_dir(path)
-    problem = folder and _unusable(folder)
+    problem = folder and unusable(folder)
     if problem:
-        raise ValueError(f"cannot use {folder} for the compilation cache: {problem}; "
-                         f"choose another folder ({VARIABLE}=DIR) or turn the "
-                         f"cache off ({VARIABLE}={OFF}).")
+        raise ValueError(refusal(folder, problem))
     options = {"jax_enable_compilation_cache": folder is not None}
     if folder is not None:
         options["jax_compilation_cache_dir"] = str(folder)
@@ -83,7 +81,13 @@ def enable_cache(path: str | os.PathLike | None = None) -> Path | None:
     return folder
 
 
-def _unusable(folder: Path) -> str | None:
+def refusal(folder: Path, problem: str) -> str:
+    """The one line refusing `folder` as the cache for `problem` (`unusable`)."""
+    return (f"cannot use {folder} for the compilation cache: {problem}; choose another "
+            f"folder ({VARIABLE}=DIR) or turn the cache off ({VARIABLE}={OFF}).")
+
+
+def unusable(folder: Path) -> str | None:
     """Why JAX cannot make `folder` (on its first program) or write to it; None if it can."""
     existing = next(p for p in (folder, *folder.parents) if p.exists())
     if not existing.is_dir():

@@ -3,7 +3,16 @@ default), or empty it (`clear`). Reads the folder only: no JAX."""
 
 import argparse
 
-from .._process.cache import CONVERTED, OFF, VARIABLE, cache_dir, cache_size, clear_cache
+from .._process.cache import (
+    CONVERTED,
+    OFF,
+    VARIABLE,
+    cache_dir,
+    cache_size,
+    clear_cache,
+    refusal,
+    unusable,
+)
 
 
 def describe() -> str:
@@ -11,6 +20,8 @@ def describe() -> str:
     folder = cache_dir()
     if folder is None:
         return f"compilation cache: off ({VARIABLE}={OFF})"
+    if problem := unusable(folder):
+        return f"compilation cache: {folder}, unusable: {problem}"
     entries, size = cache_size(folder)
     models = [p.stat().st_size for p in folder.glob("*.npz") if CONVERTED.fullmatch(p.name)] \
         if folder.is_dir() else []
@@ -21,6 +32,8 @@ def describe() -> str:
 
 def _cache(args: argparse.Namespace) -> int:
     folder = cache_dir()
+    if folder is not None and (problem := unusable(folder)):
+        raise ValueError(refusal(folder, problem))
     if args.action == "clear" and folder is not None:
         entries, size = clear_cache(folder)
         print(f"cleared {folder}: {entries} entries, {size / 1e6:.1f} MB")

@@ -220,6 +220,18 @@ def test_enable_cache_refuses_a_folder_it_cannot_use(tmp_path):
     assert (tmp_path / "file").read_text() == "mine"
 
 
+@pytest.mark.parametrize("action", ["info", "clear"])
+def test_the_cache_command_refuses_a_file_as_its_folder(tmp_path, monkeypatch, capsys, action):
+    """`jaxattn cache` and `cache clear` said "0 entries" of a file named as the cache
+    folder; they refuse it as every other command does, and leave it alone."""
+    from _helpers import one_line
+
+    (tmp_path / "file").write_text("mine")
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path / "file"))
+    assert "file is not a folder; choose another folder" in one_line(capsys, ["cache", action])
+    assert (tmp_path / "file").read_text() == "mine"
+
+
 def _cache_command(capsys, *words) -> tuple[int, str, str]:
     code = main(["cache", *words])
     out, err = capsys.readouterr()

@@ -395,11 +395,26 @@ def describe_map(betas, ts, density) -> tuple[str, dict]:
         parts.append(f"t½ (density ≥ 0.5) from {short(t_half[i])} at β = {short(betas[i])} to "
                      f"{short(t_half[j])} at β = {short(betas[j])}")
         parts.append(f"fastest t½ = {short(t_half[k])} at β = {short(betas[k])}")
-    parts.append(f"density ½ not reached by T for β ≥ {short(never.min())}" if never.size
+    parts.append(f"density ½ not reached by T for {_ranges(betas, ~reached)}" if never.size
                  else "density ½ reached for every β")
     numbers = {"final_density_min": float(final.min()), "final_density_max": float(final.max()),
                "beta_not_reaching_half": float(never.min()) if never.size else math.inf}
     return "; ".join(parts), numbers
+
+
+def _ranges(values, mask) -> str:
+    """The runs of the β `values` where `mask` holds, in words: "β in [0.1, 3.07] and
+    β = 9"."""
+    runs, start = [], None
+    for i, inside in enumerate([*mask, False]):
+        if inside and start is None:
+            start = i
+        elif not inside and start is not None:
+            lo, hi = values[start], values[i - 1]
+            runs.append(f"β = {short(lo)}" if start == i - 1 else
+                        f"β in [{short(lo)}, {short(hi)}]")
+            start = None
+    return " and ".join(runs)
 
 
 def _edges(centres) -> np.ndarray:

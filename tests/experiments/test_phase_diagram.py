@@ -158,3 +158,18 @@ def test_norm_beta_runs_a_placement_and_names_them(tmp_path):
     assert data["density"].shape == (1, norm_beta.QUICK["betas"], norm_beta.QUICK["times"])
     assert np.all((data["density"] >= 0) & (data["density"] <= 1))
     assert "pre:" in summary["verdict"] and (folder / "norm_beta.png").exists()
+
+
+def test_the_map_names_every_range_of_beta_short_of_one_half():
+    """Density ½ reached in the middle of the β grid alone: the words name both ranges
+    it misses (they said "not reached for β ≥ 0.1", as if the misses were one range
+    above)."""
+    betas, ts = np.array([0.1, 1.0, 2.0, 3.0, 4.0, 5.0]), np.array([0.0, 1.0, 2.0])
+    density = np.zeros((6, 3))
+    density[2:4, 1:] = 0.6
+    line, numbers = pair_density.describe_map(betas, ts, density)
+    assert "not reached by T for β in [0.1, 1] and β in [4, 5]" in line, line
+    assert "t½ (density ≥ 0.5) from 1 at β = 2 to 1 at β = 3" in line
+    density[5, 2] = 0.6
+    assert "for β in [0.1, 1] and β = 4" in pair_density.describe_map(betas, ts, density)[0]
+    assert numbers["beta_not_reaching_half"] == 0.1

@@ -28,6 +28,7 @@ from .._programs import kept_jit
 from ..metrics import fit_slope
 from ..theory import equiangular_asymptotics, equiangular_solution, equiangular_tokens
 from .base import BETA, AbstractExperiment, Param, Verdict
+from .pair_density import EXP_BETA_MAX
 from .verdicts import finite_or_none, short
 
 #: The members the study runs (in its arrays' order): every built-in placement, those
@@ -140,6 +141,8 @@ class Equiangular(AbstractExperiment):
         return (
             (config.dim < n, f"--dim must be ≥ --tokens ({n}): {n} equiangular tokens span {n} "
              f"dimensions; got --dim {config.dim}."),
+            (config.beta > EXP_BETA_MAX, f"--beta {config.beta:g}: the exp kernel's weights "
+             f"e^β overflow float64 past β = {EXP_BETA_MAX:.0f}; lower --beta."),
             (not -1 / (n - 1) < config.rho0 < 1, f"--rho0 must lie in (−1/(n − 1), 1) = "
              f"({-1 / (n - 1):.4g}, 1) for --tokens {n} (the ends are fixed points: "
              f"nothing clusters from them), got {config.rho0!r}."))

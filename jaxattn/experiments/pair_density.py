@@ -327,6 +327,10 @@ def _chunks(groups: int, per_group: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + size, groups)) for lo in range(0, groups, size)]
 
 
+#: The largest β whose weights `exp(β⟨x_i, x_j⟩)` of unit tokens stay finite in float64.
+EXP_BETA_MAX = math.log(np.finfo(np.float64).max)
+
+
 def codes_of(cfg: Config) -> str:
     """Whose numbering `cfg`'s `key_query` and `value` follow (`KEY_QUERY`): `"rotf"`,
     unless `simuformer_codes` is set (`norm-beta`; a run without it is rotf's)."""
@@ -356,6 +360,13 @@ def refusals(cfg: Config, *extra: tuple[bool, str]) -> Iterator[tuple[bool, str]
         *extra)
     # their loop counts in int32; the smallest step is the largest β's
     eta, end = step_size(cfg.beta_max, cfg.step, cfg.exp_kernel, cfg.raw_step), horizon_of(cfg)
+    first = step_size(cfg.beta_min, cfg.step, cfg.exp_kernel, cfg.raw_step)  # the longest
+    yield (cfg.exp_kernel and cfg.beta_max > EXP_BETA_MAX, f"--beta-max {cfg.beta_max:g}: "
+           f"with --exp-kernel the weights exp(β⟨x_i, x_j⟩) overflow float64 past β = "
+           f"{EXP_BETA_MAX:.0f}; lower --beta-max.")
+    yield (end < first, f"--horizon {end:g} is shorter than one step ({first:g} at β = "
+           f"{cfg.beta_min:g}): every recorded time would show the state after that step; "
+           "lengthen --horizon or lower --step.")
     yield (not end / eta < 2**31 - 2, f"a step of {eta:g} takes {end / eta:g} steps to reach "
            f"t = {end:g}, more than 2³¹: raise --step or shorten --horizon.")
 

@@ -412,7 +412,13 @@ class VariantsExperiment(AbstractExperiment):
     def refusals(self, config):
         # `convert` checks the named choices (norm, mask, kernel); --size has no names
         listed = ", ".join(f"{i + 1} {n}" for i, n in enumerate(SIZES))
-        return ((not config.beta >= 0, f"--beta must be ≥ 0 (0: the grid "
+        sized = 0 <= config.size <= len(SIZES)
+        grid = Grid.of(config) if sized else None
+        fewest = min(n for n, _ in grid.sizes) if sized else 0
+        return ((sized and "window" in grid.masks and config.window >= fewest,
+                 f"--window {config.window} is at least the n = {fewest} tokens: the window "
+                 f"mask would be the full one; choose --window below {fewest}."),
+                (not config.beta >= 0, f"--beta must be ≥ 0 (0: the grid "
                  f"{', '.join(map(str, BETAS))}), got {config.beta!r}."),
                 (not 0 < config.keep <= 1, f"--keep is a keep-probability in (0, 1], got "
                  f"{config.keep!r}."),

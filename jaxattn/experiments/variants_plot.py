@@ -85,10 +85,9 @@ def _line(rows: list[dict]) -> str:
 
 def _panel_grid(rows: list[dict], size: tuple[int, int], norms, masks, kernels, betas):
     """The cells of one size as `(norm·mask, kernel·β)` arrays: log₁₀ E, the text in
-    each cell, and which rows a theorem covers."""
+    each cell (★ where a theorem covers it: softmax cells of a row, not its others)."""
     R, C = len(norms) * len(masks), len(kernels) * len(betas)
     logE, text = np.full((R, C), np.nan), np.full((R, C), "", dtype=object)
-    covered = np.zeros(R, bool)
     for r in rows:
         if (r["tokens"], r["dim"]) != size:
             continue
@@ -97,9 +96,8 @@ def _panel_grid(rows: list[dict], size: tuple[int, int], norms, masks, kernels, 
         E = r["final_E_median"]
         if r["outcome"] != "overflow":  # overflowed tokens have no E: left blank
             logE[i, j] = max(math.log10(E), LOG_FLOOR) if E > 0 else LOG_FLOOR
-        text[i, j] = _cell_text(r)
-        covered[i] |= r["theorem"] != "none"
-    return logE, text, covered
+        text[i, j] = _cell_text(r) + ("★" if r["theorem"] != "none" else "")
+    return logE, text
 
 
 def _cell_text(row: dict) -> str:
@@ -118,7 +116,7 @@ def _cell_text(row: dict) -> str:
 def draw_study(config: Config, grid, data: dict, rows: list[dict], stem: Path) -> list[Path]:
     """The study at a glance: per size, a heat map of the median final `log₁₀ E` with
     variants (norm · mask) as rows and kernel · β as columns, each cell annotated
-    with its consensus layer, its cluster count or `…`; `★` marks the rows a theorem
+    with its consensus layer, its cluster count or `…`; `★` marks the cells a theorem
     covers. A study of one cell is its median `E` over the layers instead (a map of one
     cell says nothing)."""
     norms, masks, kernels, betas = (list(v) for v in (grid.norms, grid.masks, grid.kernels,
@@ -135,7 +133,7 @@ def draw_study(config: Config, grid, data: dict, rows: list[dict], stem: Path) -
         gridspec_kw={"wspace": 0.08, "left": max(0.125, 1.3 / width)})
     mesh = None
     for p, (ax, size) in enumerate(zip(axes[0], grid.sizes)):
-        logE, text, covered = _panel_grid(rows, tuple(size), norms, masks, kernels, betas)
+        logE, text = _panel_grid(rows, tuple(size), norms, masks, kernels, betas)
         mesh = ax.imshow(logE, cmap="viridis", vmin=LOG_FLOOR, vmax=0, aspect="auto",
                          interpolation="nearest")
         ax.grid(False)
@@ -143,13 +141,13 @@ def draw_study(config: Config, grid, data: dict, rows: list[dict], stem: Path) -
             under = mesh.to_rgba(logE[i, j]) if np.isfinite(logE[i, j]) else ax.get_facecolor()
             ax.text(j, i, label, ha="center", va="center", fontsize=7,
                     color=figures.text_color_on(under))
-        _label_axes(ax, norms, masks, kernels, betas, covered, rows_labelled=p == 0)
+        _label_axes(ax, norms, masks, kernels, betas, rows_labelled=p == 0)
         ax.set_title(f"n = {size[0]} tokens in R{superscript(size[1])}", fontsize=10, pad=16)
     title = (f"Which variants collapse, how fast, which do not ({_setup(config, masks)} "
              "per cell). Number: median layer "
              "at which E < 1e-4; kN: tokens kept apart in N clusters; p%: still converging, "
              "p % of the instances in consensus (…: none); ∞: overflow; ★: a theorem covers "
-             "the row")
+             "the cell")
     figures.title_above(fig, title)  # before the colorbar
     fig.colorbar(mesh, ax=list(axes[0]), shrink=0.6, pad=0.02,
                  label=f"median log₁₀ E at layer {config.layers}")
@@ -188,12 +186,11 @@ def _draw_one_cell(config, data: dict, row: dict, stem: Path) -> list[Path]:
     return figures.save_figure(fig, stem, tight=False)
 
 
-def _label_axes(ax, norms, masks, kernels, betas, covered, *, rows_labelled: bool) -> None:
-    """Row labels `norm · mask` (★ where a theorem covers them) on the first panel,
+def _label_axes(ax, norms, masks, kernels, betas, *, rows_labelled: bool) -> None:
+    """Row labels `norm · mask` on the first panel,
     column labels β with the kernel above, and lines between norms and kernels."""
     if rows_labelled:
-        labels = [f"{n} · {m}" + (" ★" if covered[i * len(masks) + k] else "")
-                  for i, n in enumerate(norms) for k, m in enumerate(masks)]
+        labels = [f"{n} · {m}" for n in norms for m in masks]
         ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_xticks(range(len(kernels) * len(betas)),
                   [f"{b:g}" for _ in kernels for b in betas], fontsize=8)

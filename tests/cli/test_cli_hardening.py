@@ -62,6 +62,8 @@ BAD = [
     (["run", "equiangular", "--rho0", "-0.3333333333333333"], "the ends are fixed points"),
     (["run", "equiangular", "--discrete"], "unrecognized arguments: --discrete"),
     (["run", "equiangular", "--beta", "800"], "overflow float64 past β = 710"),
+    (["run", "variants", "--mask", "window", "--window", "10"],
+     "--window 10 is at least the n = 10 tokens"),
     (["run", "phase-diagram", "--exp-kernel", "--beta-max", "800", "--raw-step"],
      "overflow float64 past β = 710"),
     (["run", "phase-diagram", "--horizon", "0.01"], "is shorter than one step (0.1"),

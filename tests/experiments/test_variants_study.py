@@ -242,3 +242,16 @@ def test_a_cells_title_names_only_the_settings_it_uses(tmp_path):
     one, full = (" ".join(titles[n].split()) for n in ("variants-one-cell", "variants"))
     assert "window w" not in one and "sparse p" not in one, one
     assert "window w = 2" in full and "sparse p = 0.3" in full, full
+
+
+def test_the_star_marks_the_cells_a_theorem_covers_not_their_row():
+    """post · full with softmax is Theorem 4.1's; with sigmoid no theorem covers it:
+    the ★ sits in the softmax cell alone (it marked the whole row)."""
+    from jaxattn.experiments.variants_plot import _panel_grid
+
+    base = {"tokens": 10, "dim": 3, "norm": "post", "mask": "full", "beta": 1.0,
+            "final_E_median": 1e-3, "outcome": "slow", "reached": 0.0}
+    rows = [base | {"kernel": "softmax", "theorem": "4.1"},
+            base | {"kernel": "sigmoid", "theorem": "none"}]
+    _, text = _panel_grid(rows, (10, 3), ["post"], ["full"], ["softmax", "sigmoid"], [1.0])
+    assert list(text[0]) == ["…★", "…"]

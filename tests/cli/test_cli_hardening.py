@@ -55,6 +55,8 @@ BAD = [
     (["run", "hardmax", "--vertices", "2"], "--vertices must be ≥ 3"),
     (["run", "hardmax", "--tau", "1.5"], "must be ≤ 1, got 1.5"),
     (["run", "hardmax", "--beta-max", "0.5"], "--beta-max must be > 1"),
+    (["run", "hardmax", "--tau", "1e-9"], "leaves the tokens 100% of their way"),
+    (["run", "hardmax", "--nsd-steps", "10"], "--nsd-steps must be ≥ 40"),
     (["run", "noisy-transition", "--k-max", "0.9"], "need --k-min < 1 < --k-max"),
     (["run", "noisy-transition", "--tokens", "1"], "--tokens must be ≥ 2"),
     (["run", "equiangular", "--dim", "3"], "--dim must be ≥ --tokens (4)"),

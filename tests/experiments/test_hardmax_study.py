@@ -62,6 +62,19 @@ def test_voronoi_prediction_holds_for_every_interior_token(random_psd):
     np.testing.assert_allclose(c["final"], (1 - tau) ** 25, rtol=1e-9)
 
 
+def test_a_step_of_one_lands_every_token_on_its_site():
+    """τ = 1: each interior token reaches its site in one step; the distance ratios
+    after that, 0/0, are not read (they were NaN, and the prediction "failed")."""
+    k_p, k_x = jax.random.split(jax.random.PRNGKey(3))
+    P, m = key_query(k_p, False), 4
+    x0 = voronoi_start(k_x, P, m, 9)
+    ys = np.asarray(frank_wolfe(_model(P, kernel="hardmax"), jnp.asarray(x0), 5, 1.0))
+    cell = voronoi_cells(x0[m:], x0[:m], P)
+    with np.errstate(all="raise"):  # no 0/0 on the way
+        c = voronoi_checks({"ys_psd": ys, "P": P, "vertices": m, "cell": cell}, 1.0)
+    assert c["ratio_error"].max() < 1e-9 and c["final"].max() < 1e-12
+
+
 def test_nsd_tokens_collapse_at_the_frank_wolfe_rate():
     """NSD `P`: with `γ_t = 2/(t + 2)` the mean FW gap decays at least as fast as
     `1/t`; with constant `τ` geometrically, to one point."""
@@ -125,6 +138,10 @@ def test_a_score_gap_ten_percent_off_fails_the_verdict():
         wrong = study.verdict(config, data | {"score_gap": factor * data["score_gap"]})
         assert not wrong.ok and wrong.numbers["voronoi_held"] == QUICK["tokens"]
         assert wrong.numbers["one_step_rate_error"] > 0.08
+        assert wrong.line.endswith(f"NOT: one-step rate within {H.RATE_TOL:g}")
+    rising = study.verdict(config, data | {"dist_run": data["dist_run"][::-1]})
+    assert not rising.ok and rising.line.endswith(  # each failed part is named
+        "NOT: the run's largest distance smaller at the largest β than at β = 1")
 
 
 def test_quadratic_energy_and_initial_hull():

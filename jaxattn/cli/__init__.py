@@ -255,12 +255,24 @@ def main(argv: list[str] | None = None) -> int:
         if not program:
             raise
         code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    except BrokenPipeError:  # `jaxattn … | head`: the reader left; nothing more to say
+        if not program:
+            raise
+        code = _reader_gone()
     if program:
         try:
             _exit(code)
         except KeyboardInterrupt:  # before `_exit` took Ctrl-C over
             _end_process(INTERRUPTED)
     return code
+
+
+def _reader_gone() -> int:
+    """After a write to a closed pipe: stdout to /dev/null, so that flushing it at
+    the exit writes nowhere (no second error), and the status of a SIGPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 def _main(words: list[str]) -> int:

@@ -166,6 +166,17 @@ def test_random_flags_never_traceback(capsys, command, junk):
     one_line(capsys, argv)
 
 
+def test_a_closed_pipe_ends_quietly():
+    """`jaxattn list | head -1`: once the reader is gone, no BrokenPipeError traceback,
+    and the status of a SIGPIPE (141), as a shell tool gives."""
+    env = os.environ | {"MPLBACKEND": "Agg"}
+    proc = subprocess.Popen([sys.executable, "-m", "jaxattn", "list"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # before it writes: its first line finds no reader
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in stderr, stderr
+
+
 def test_real_process_exit_status_and_stderr():
     env = os.environ | {"MPLBACKEND": "Agg"}
     r = subprocess.run([sys.executable, "-m", "jaxattn", "sweep", "thm41-sphere", "--grid",

@@ -267,6 +267,16 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _resume_hint(args) -> str:
+    """How an interrupted sweep goes on: its saved chunks stay."""
+    if args.command != "sweep" or getattr(args, "launch_local", None) is not None:
+        return ""  # (the launcher's own line says it)
+    more = ([] if args.out else ["--out FOLDER (named as it started)"]) + \
+        ([] if args.resume else ["--resume"])
+    return ("; its finished chunks are saved: the same command"
+            + (f" with {' '.join(more)}" if more else "") + " continues it")
+
+
 def _reader_gone() -> int:
     """After a write to a closed pipe: stdout to /dev/null, so that flushing it at
     the exit writes nowhere (no second error), and the status of a SIGPIPE."""
@@ -294,7 +304,7 @@ def _main(words: list[str]) -> int:
         return _fail(str(e))
     except KeyboardInterrupt:
         _NOTICED.set()
-        print(f"jaxattn {args.command}: interrupted", file=sys.stderr)
+        print(f"jaxattn {args.command}: interrupted{_resume_hint(args)}", file=sys.stderr)
         return INTERRUPTED
     except Exception as e:
         line = _runtime_message(e, words)

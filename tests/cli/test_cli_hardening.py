@@ -279,3 +279,25 @@ def test_a_ctrl_c_dropped_in_a_gc_callback_is_raised_again():
                        timeout=50)
     assert "Exception ignored" in r.stderr  # the first raise was dropped
     assert r.stdout.strip() == "caught", r.stderr
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--out", "OUT"], "the same command with --resume continues it"),
+    (["--out", "OUT", "--resume"], "the same command continues it"),
+    ([], "with --out FOLDER (named as it started) --resume continues it"),
+])
+def test_an_interrupted_sweep_says_how_to_go_on(tmp_path, monkeypatch, capsys, extra, words):
+    """Ctrl-C in a sweep: its finished chunks stay, and the line says which command
+    continues it."""
+    import jaxattn.sweep
+    from jaxattn.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jaxattn.sweep, "run", interrupted)
+    argv = ["sweep", "thm41-sphere", *[str(tmp_path / "s") if w == "OUT" else w for w in extra]]
+    assert main(argv) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("jaxattn sweep: interrupted; its finished chunks are saved")
+    assert line.endswith(words), line

@@ -405,7 +405,8 @@ def open_run_folder(path, kind: str = "run", needs: tuple[str, ...] = ()) -> Pat
     missing = [name for name in files if not (path / name).exists()]
     ids = [read_settings(path / name).get("run_id") for name in files[:2]]
     refuse_first((
-        (not path.is_dir(), f"{path} is not a {kind} folder (no such directory)."),
+        (not path.is_dir(), f"{path} is not a {kind} folder ("
+         + ("a file" if path.exists() else "no such directory") + ")."),
         ((path / INCOMPLETE).exists(), f"{path} {_UNFINISHED[kind]}"),
         (missing, f"{path} has no {', '.join(missing)}; it is not a finished jaxattn {kind}."),
         (ids[0] != ids[1], f"{path} mixes two {kind}s ({files[0]} and summary.json have run "

@@ -108,6 +108,9 @@ def test_bad_input_one_line_and_nothing_complete(tmp_path, capsys):
     assert "cannot write" in err
     assert not (blocker / "run").exists()
     assert "no such directory" in _one_line_error(capsys, ["plot", str(tmp_path / "none")])
+    (tmp_path / "spec.toml").write_text("")
+    assert _one_line_error(capsys, ["plot", str(tmp_path / "spec.toml")]).endswith(
+        "is not a run folder (a file).")
     half = tmp_path / "half"
     half.mkdir()
     (half / "INCOMPLETE").write_text("")

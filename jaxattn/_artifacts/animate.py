@@ -31,6 +31,8 @@ GIF_COLORS = 64
 _LIGHT = np.array([-0.45, 0.55, 0.70]) / np.linalg.norm([-0.45, 0.55, 0.70])
 
 
+#: The fastest GIF: 0.02 s a frame (browsers play shorter frames at 0.1 s).
+GIF_FPS_MAX = 50
 #: The sharpest frame: 6,400 × 7,200 pixels (at 10⁵ dpi one frame needed 1.8 TB).
 MAX_DPI = 1000
 
@@ -75,6 +77,10 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
     checks += [(not isinstance(value, int | np.integer) or value < low,
                 f"{name} must be a whole number ≥ {low}, got {value!r}.")
                for name, value, low in counts]
+    checks.append((path.suffix.lower() == ".gif" and isinstance(fps, int | np.integer)
+                   and fps > GIF_FPS_MAX, f"a GIF plays at most {GIF_FPS_MAX} fps (its frames "
+                   f"last whole hundredths of a second, and browsers slow shorter ones to "
+                   f"0.1 s), got fps = {fps}: lower it, or write an .mp4."))
     checks.append((isinstance(dpi, int | np.integer) and dpi > MAX_DPI,
                    f"dpi must be at most {MAX_DPI} (a frame of {6.4 * MAX_DPI:.0f} × "
                    f"{7.2 * MAX_DPI:.0f} pixels), got {dpi}."))

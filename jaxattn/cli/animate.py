@@ -13,6 +13,10 @@ def _animate(args: argparse.Namespace) -> int:
         *count_checks(args, {"--fps": 1, "--frames": 1, "--trail": 0, "--dpi": 20}),
         (args.dpi > 1000, f"--dpi must be at most 1000 (a frame of 6400 × 7200 pixels), "
          f"got {args.dpi}."),
+        (out is not None and out.suffix.lower() == ".gif" and args.fps > 50,
+         f"a GIF plays at most 50 fps (its frames last whole hundredths of a second, and "
+         f"browsers slow shorter ones to 0.1 s), got --fps {args.fps}: lower it, or write "
+         "an .mp4."),
         (out is not None and out.suffix.lower() not in (".mp4", ".gif"),
          f"--out must end in .mp4 or .gif, got {args.out!r}."),
         (not abs(args.spin) < 1e6, f"--spin must be a finite number of degrees, got {args.spin}."),

@@ -178,6 +178,7 @@ def test_misalignment_is_the_librarys_when_not_given(tmp_path, monkeypatch):
     (dict(fps=0), "fps must be"),
     (dict(path="/nonexistent/folder/movie.mp4"), "is not a folder"),
     (dict(dpi=100_000), "dpi must be at most 1000"),
+    (dict(path="movie.gif", fps=120), "a GIF plays at most 50 fps"),
     # these drew a movie: an empty sphere, an empty E panel, E "below resolution"
     (dict(spin=float("nan")), "spin must be a finite number"),
     (dict(ts=np.arange(5.0)[::-1]), "ts must be finite and nondecreasing"),

@@ -119,6 +119,7 @@ BAD = [
     (["animate", f"{_RUNS}/demo", "--out", "movie.avi"], "must end in .mp4 or .gif"),
     (["animate", f"{_RUNS}/demo", "--frames", "0"], "`--frames` must be a whole"),
     (["animate", f"{_RUNS}/demo", "--dpi", "100000"], "--dpi must be at most 1000"),
+    (["animate", f"{_RUNS}/demo", "--fps", "120", "--out", "m.gif"], "a GIF plays at most 50"),
     (["animate", "/nonexistent/run", "--dpi", "0"], "`--dpi` must be a whole number ≥ 20"),
     (["animate", f"{_RUNS}/demo", "--which", "zs"], "no trajectory 'zs'"),
     (["animate", f"{_RUNS}/demo", "--index", "2"], "--index must be 0"),

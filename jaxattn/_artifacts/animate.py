@@ -15,7 +15,7 @@ import numpy as np
 
 from .._files import umask
 from .figures import above_floor, mark_floor, resolution
-from .trajectories import tokens_title
+from .trajectories import on_sphere, tokens_title
 
 #: Seconds of movie per frame at the default frame rate.
 FPS = 20
@@ -144,11 +144,15 @@ def frame_unit(ts, layers: bool) -> str:
 
 def unit_ball(xs: np.ndarray) -> tuple[np.ndarray, str]:
     """The tokens `(T, n, d)` scaled into the unit ball (`d > 3`: on the three
-    leading directions, `pca3`), and a note of the share a PCA kept (`""` if none)."""
+    leading directions, `pca3`), and a note of the share a PCA kept, or that the
+    tokens are off the unit sphere (`""` if neither)."""
     note, d = "", xs.shape[-1]
     if d > 3:
         xs, kept = pca3(xs)
         note = f"PCA of the trajectory: 3 of {d} dimensions keep {100 * kept:.1f}% of Σ‖x‖²"
+    elif not on_sphere(xs):
+        note = ("tokens off the unit sphere (e.g. on an ellipsoid): scaled into the unit "
+                "ball, whose edge is drawn")
     scale = float(np.max(np.linalg.norm(xs, axis=-1)))
     return xs / (scale if scale > 0 else 1.0), note
 
@@ -247,8 +251,8 @@ class Scene:
         self.dtype, self.floor = np.dtype(dtype), resolution(dtype)
         title = title or tokens_title(xs)
         n, d = xs.shape[1:]
+        self.ball = d > 3 or not on_sphere(xs)  # a plain disk: no sphere to shade
         self.xs, self.note = unit_ball(xs)
-        self.ball = d > 3
         if self.xs.shape[-1] == 3:
             azimuth, height = facing(self.xs)
             self.azimuth = azimuth - spin / 2

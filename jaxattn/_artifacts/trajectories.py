@@ -42,10 +42,15 @@ class Trajectory:
         return f"{where}: {tokens_title(self.xs)}"
 
 
+def on_sphere(xs: np.ndarray) -> bool:
+    """Whether every token of `xs (…, d)` is a unit vector (to 1e-3)."""
+    return bool(np.all(np.abs(np.linalg.norm(xs, axis=-1) - 1) < 1e-3))
+
+
 def tokens_title(xs: np.ndarray) -> str:
     """`n tokens on S^{d−1}` for unit tokens `xs (T, n, d)`, else `n tokens in R^d`."""
     n, d = xs.shape[1:]
-    if np.all(np.abs(np.linalg.norm(xs, axis=-1) - 1) < 1e-3):
+    if on_sphere(xs):
         return f"{n} tokens on S{superscript(d - 1)}"
     return f"{n} tokens in R{superscript(d)}"
 

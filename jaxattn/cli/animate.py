@@ -27,7 +27,7 @@ def _animate(args: argparse.Namespace) -> int:
          f"cannot write {out}: folder {folder} is not writable; choose another --out."),
     ])
     from .._artifacts.animate import animate
-    from .._artifacts.trajectories import load
+    from .._artifacts.trajectories import load, tokens_title
 
     track = load(args.folder, args.which, args.index)
     xs, ts, E = track.xs, track.ts, track.E
@@ -39,7 +39,7 @@ def _animate(args: argparse.Namespace) -> int:
         xs, ts, E = xs[keep], ts[keep], None if E is None else E[keep]
     out = out or Path(args.folder) / f"{track.name.replace('[', '_').rstrip(']')}.mp4"
     n, d = xs.shape[1:]
-    print(f"jaxattn animate: {track.name}, {xs.shape[0]} saves of {n} tokens in R^{d}"
+    print(f"jaxattn animate: {track.name}, {xs.shape[0]} saves: {tokens_title(xs)}"
           + (" (PCA to 3 dimensions)" if d > 3 else ""))
     path = animate(xs, out, ts, E=E, title=args.title or track.title, layers=track.layers,
                    fps=args.fps, frames=args.frames, trail=args.trail, dpi=args.dpi, spin=args.spin,

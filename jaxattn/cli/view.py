@@ -15,14 +15,14 @@ def _view(args: argparse.Namespace) -> int:
         (out.parent.is_dir() and cannot_write_in(out.parent),
          f"cannot write {out}: folder {out.parent} is not writable; choose another --out."),
     ])
-    from .._artifacts.trajectories import load
+    from .._artifacts.trajectories import load, tokens_title
     from .._artifacts.view import write_view
 
     track = load(args.folder, args.which, args.index)
-    n, d = track.xs.shape[1:]
     path = write_view(out, track.xs, track.ts, E=track.E, title=args.title or track.title,
                       layers=track.layers)
-    print(f"jaxattn view: {track.name}, {track.xs.shape[0]} saves of {n} tokens in R^{d}")
+    print(f"jaxattn view: {track.name}, {track.xs.shape[0]} saves: "
+          f"{tokens_title(track.xs)}")
     print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB; open it in a browser, "
           "no network needed)")
     return 0

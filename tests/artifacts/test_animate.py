@@ -332,3 +332,14 @@ def test_a_runs_layers_are_drawn_against_their_times():
     with pytest.raises(ValueError, match=r"no trajectory 'ys_layers' in data.npz; it has ys "
                                          r"\(the layers are saved by a run with --discrete\)"):
         pick({"ys": xs, "ts": data["ts"]}, "ys_layers")
+
+
+def test_tokens_off_the_sphere_are_said_to_be_so():
+    """Tokens on an ellipsoid are scaled into the unit ball: the note under the
+    picture (movie and page) says they are off the sphere; unit tokens get none."""
+    from jaxattn._artifacts.animate import unit_ball
+
+    xs, _ = _trajectory(T=5, n=3)
+    assert unit_ball(xs)[1] == ""
+    _, note = unit_ball(xs * np.array([1.0, 2.0, 0.5]))
+    assert note.startswith("tokens off the unit sphere")

@@ -22,7 +22,9 @@ def header(result: dict) -> list[str]:
     lines = [line]
     peaks = result.get("peak_gflops")
     if not peaks:
-        return lines + ["matmul peaks: not measured (case `peak` not run)"]
+        floors = any("exp_per_s" in r for r in result.get("rows", ()))
+        return lines + ["matmul peaks: case `peak` not run" + (
+            " (the MF floors below measure JAX's alone)" if floors else "")]
     parts = []
     for precision, figures in peaks.items():
         if figures is None:

@@ -143,8 +143,9 @@ def ideal(name: str, sizes, medians, setup: Setup, ncores: int) -> dict:
         model = 1 / x
         out = {"proportional_to": "1/devices", "slope": -1.0, "cores": ncores,
                "core_limited_s": [medians[0] / min(v, ncores) for v in sizes],
-               "note": (f"forced CPU devices share {ncores} cores (one device already uses "
-                        f"all of them), so no speed-up is possible beyond {ncores} devices")}
+               "note": (f"forced CPU devices share {ncores} cores, so no speed-up is "
+                        f"possible beyond {ncores} devices (less where one device's threads "
+                        "already use several)")}
         return {**out, "anchor": "the one-device point",
                 "curve_s": list(medians[0] / model[0] * model)}
     scale = float(np.exp(np.mean(np.log(_upper(medians)) - np.log(_upper(model)))))

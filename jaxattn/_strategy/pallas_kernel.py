@@ -14,6 +14,7 @@ from .._validate import NONFINITE, raise_unless
 from .base import AbstractStrategy, refuse_first
 from .layers import flag_nonfinite, layer_of
 from .solve import FlowResult
+from .vmap import Vmap
 from .stepping import (
     chained,
     kernel_plan,
@@ -58,13 +59,21 @@ class PallasKernel(AbstractStrategy):
     def run_layers(self, dyn, x0, num_layers, tau, observe, checkpoints, *, devices,
                    shard, noise, keys, checked=True):
         _refuse(devices, shard)
+        if x0.size == 0:  # no system: no kernel to launch; the empty result of any member
+            return Vmap().run_layers(dyn, x0, num_layers, tau, observe, checkpoints,
+                                     devices=devices, shard=shard, noise=noise, keys=keys,
+                                     checked=checked)
         return call_batched(_layers_kernel, dyn, x0, None, num_layers, tau, observe,
                             self.config, noise=noise, keys=keys, checked=checked)
 
     def solve_flow(self, dyn, x0, options, *, adjoint, throw, on_manifold, event,
                    devices, shard, noise, keys, checked=True, progress=False):
         _refuse(devices, shard, checked, event, progress)
-        t0, h, saves, per_save, coeffs = kernel_plan(*options)
+        t0, h, saves, per_save, coeffs = kernel_plan(*options)  # its refusals, every batch
+        if x0.size == 0:
+            return Vmap().solve_flow(dyn, x0, options, adjoint=adjoint, throw=throw,
+                                     on_manifold=on_manifold, event=event, devices=devices,
+                                     shard=shard, noise=noise, keys=keys, checked=checked)
         (ys, finite), checked = call_batched(
             _flow_kernel, dyn, x0, None, t0, h, saves, per_save, coeffs, bool(on_manifold),
             self.config, noise=noise, keys=keys)

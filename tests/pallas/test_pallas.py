@@ -165,6 +165,20 @@ def test_flow_stages_lower_for_cuda(key):
     assert text.count("__gpu$xla.gpu.triton") == 1
 
 
+def test_an_empty_batch_gives_the_empty_result(key):
+    """No system: no kernel is launched, and the result is every member's empty one
+    (a zero-size batch raised ZeroDivisionError inside JAX's reshape)."""
+    dyn = _model(key)
+    x0 = jnp.ones((0, N, D))
+    layers = ja.run_layers(dyn, x0, 2, 0.3, strategy="kernel")
+    assert layers.shape == ja.run_layers(dyn, x0, 2, 0.3, strategy="general").shape
+    ts = jnp.linspace(0.0, 0.4, 3)
+    flow = ja.solve_flow(dyn, x0, ts, solver=dfx.Euler(), dt0=0.1, strategy="kernel")
+    assert flow.shape == (0, 3, N, D)
+    with pytest.raises(ValueError, match="constant steps"):  # refused as for any batch
+        ja.solve_flow(dyn, x0, ts, strategy="kernel")
+
+
 def test_flow_refusals(key):
     k1, k2 = jax.random.split(key)
     dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,))

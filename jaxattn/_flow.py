@@ -49,13 +49,14 @@ _rk4_tableau = dfx.ButcherTableau(
 )
 
 
-class RK4(dfx.AbstractERK):
+class RK4(dfx.AbstractERK, dfx.AbstractStratonovichSolver):
     """The classical fourth-order Runge–Kutta method (4 stages).
 
     Usually run with constant steps: `solve_flow(..., solver=ja.RK4(), dt0=h,
     stepsize_controller=diffrax.ConstantStepSize())`. Carries an embedded
     second-order (midpoint) error estimate, so adaptive stepping works too,
-    though `diffrax.Tsit5` is the better adaptive choice.
+    though `diffrax.Tsit5` is the better adaptive choice. With `noise=` it converges
+    to the Stratonovich solution (`Σ b_i = 1`, `Σ b_i c_i = 1/2`), as `diffrax.Heun`.
     """
 
     tableau: ClassVar[dfx.ButcherTableau] = _rk4_tableau
@@ -186,6 +187,10 @@ def solve_flow(
         (event is not None and not callable(event), TypeError,
          f"`event` must be a function cond(t, x) or a diffrax.Event, got "
          f"{type(event).__name__}."),
+        (noise is not None and solver is not None and not isinstance(
+            solver, dfx.AbstractItoSolver | dfx.AbstractStratonovichSolver), ValueError,
+         f"`noise=` needs an SDE solver: diffrax.Euler() (Itô), diffrax.Heun() or ja.RK4() "
+         f"(Stratonovich), or another marked so; got {type(solver).__name__}."),
         (fused and noise is not None, ValueError,
          "the noisy flow runs on the general path for now: use strategy=\"auto\" or "
          "\"general\"."),

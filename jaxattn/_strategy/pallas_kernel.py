@@ -14,7 +14,6 @@ from .._validate import NONFINITE, raise_unless
 from .base import AbstractStrategy, refuse_first
 from .layers import flag_nonfinite, layer_of
 from .solve import FlowResult
-from .vmap import Vmap
 from .stepping import (
     chained,
     kernel_plan,
@@ -23,6 +22,7 @@ from .stepping import (
     kernel_stage_saved,
     kernel_step,
 )
+from .vmap import Vmap
 
 
 class PallasKernel(AbstractStrategy):

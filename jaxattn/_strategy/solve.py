@@ -121,6 +121,24 @@ class FlowSolution(NamedTuple):
     event: Bool[Array, "*batch"]
 
 
+class _ItoManifoldSolver(ManifoldSolver, dfx.AbstractItoSolver):
+    """`ManifoldSolver` around an Itô solver (`diffrax.Euler`), marked as it is."""
+
+
+class _StratonovichManifoldSolver(ManifoldSolver, dfx.AbstractStratonovichSolver):
+    """`ManifoldSolver` around a Stratonovich solver (`diffrax.Heun`, `ja.RK4`)."""
+
+
+def manifold_solver(solver, W, fused: bool = False) -> ManifoldSolver:
+    """`ManifoldSolver(solver, W, fused)`, marked for SDEs as `solver` is (diffrax warns
+    of a noisy solve by a solver marked neither Itô nor Stratonovich)."""
+    for mark, cls in ((dfx.AbstractItoSolver, _ItoManifoldSolver),
+                      (dfx.AbstractStratonovichSolver, _StratonovichManifoldSolver)):
+        if isinstance(solver, mark):
+            return cls(solver, W, fused)
+    return ManifoldSolver(solver, W, fused)
+
+
 def _velocity(t, x, dyn):
     return dyn.velocity(t, x)
 

@@ -14,7 +14,7 @@ from .layers import layers_program
 from .solve import (
     FlowResult,
     FlowSolution,
-    ManifoldSolver,
+    manifold_solver,
     names_event,
     raise_failure,
     solve_batched,
@@ -44,7 +44,7 @@ class AbstractXlaStrategy(AbstractStrategy):
                    devices, shard, noise, keys, checked=True, progress=False):
         ts, solver, *rest = options
         if on_manifold:  # its metric is each system's own in the run (`solve._with_metric`)
-            solver = ManifoldSolver(solver, first_model(dyn).W, fused=self.fused)
+            solver = manifold_solver(solver, first_model(dyn).W, fused=self.fused)
         if x0.size == 0:  # an empty batch (`solve_flow` refuses it with `solution=True`)
             return _empty(x0, ts, throw)
         args = (ts, solver, *rest, adjoint, bool(throw) and checked, bool(on_manifold))

@@ -199,6 +199,28 @@ def test_noise_refuses_bad_calls(key):
         ja.run_layers(dyn, x0, 2, noise=ja.TokenNoise(1.0), key=key, shard="tokens")
 
 
+def test_a_noisy_flow_takes_sde_solvers_only(key):
+    """An ODE-only solver (`Tsit5`) with `noise=` is refused in one line (it failed 25
+    frames deep in diffrax); `ja.RK4()`, marked Stratonovich, and the retraction around
+    it, marked as its solver, run with no warning of an unmarked solver."""
+    import warnings
+
+    from jaxattn._strategy.solve import manifold_solver
+
+    dyn, x0, ts = _model(key), jnp.ones((2, 3, 3)), jnp.array([0.0, 0.1])
+    with pytest.raises(ValueError, match="`noise=` needs an SDE solver.*got Tsit5"):
+        ja.solve_flow(dyn, x0, ts, noise=ja.TokenNoise(1.0), key=key, solver=dfx.Tsit5())
+    assert isinstance(manifold_solver(ja.RK4(), None), dfx.AbstractStratonovichSolver)
+    assert isinstance(manifold_solver(dfx.Euler(), None), dfx.AbstractItoSolver)
+    assert not isinstance(manifold_solver(dfx.Tsit5(), None), dfx.AbstractItoSolver
+                          | dfx.AbstractStratonovichSolver)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*not marked as converging")
+        ys = ja.solve_flow(dyn, x0, ts, noise=ja.ValueNoise(0.5), key=key, dt0=0.05,
+                           solver=ja.RK4())
+    assert np.all(np.isfinite(ys))
+
+
 def _bessel_series(nu, beta, terms=60):
     return sum((beta / 2) ** (2 * k + nu) / (math.factorial(k) * math.gamma(k + nu + 1))
                for k in range(terms))

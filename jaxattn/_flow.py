@@ -15,7 +15,7 @@ from jaxtyping import Array, Float, Real
 
 from ._batch import check_run
 from ._dynamics import SelfAttentionDynamics
-from ._noise import AbstractNoise
+from ._noise import BROWNIAN_TOL, AbstractNoise
 from ._stacked import first_model, stack_tokens
 from ._strategy import (
     AbstractStrategy,
@@ -201,6 +201,12 @@ def solve_flow(
     if noise is not None:
         solver = noise.default_solver if solver is None else solver
         dt0 = span / NOISY_STEPS if dt0 is None else dt0
+        refuse_first([(is_concrete(dt0) and 0 < float(dt0) < BROWNIAN_TOL, ValueError,
+                       f"`dt0` = {float(dt0):.3g} is below the Brownian path's resolution "
+                       f"{BROWNIAN_TOL:.3g} (`BROWNIAN_TOL`): its increments there are "
+                       "interpolated, not drawn (their variance falls to 0.2 h at 1e-5); take "
+                       "dt0 ≥ that (by default 1/1000 of the horizon, which must then be ≥ "
+                       f"{1000 * BROWNIAN_TOL:.3g}).")])
         if stepsize_controller is None:
             stepsize_controller = dfx.ConstantStepSize()
     solver = dfx.Tsit5() if solver is None else solver

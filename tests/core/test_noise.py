@@ -191,6 +191,11 @@ def test_noise_refuses_bad_calls(key):
         dyn, x0, ts, noise=ja.TokenNoise(1.0), key=key, dt0=1 / 1000))
     with pytest.raises(ValueError, match="dt0"):
         ja.solve_flow(dyn, x0, jnp.zeros(2), noise=ja.TokenNoise(1.0), key=key)
+    # steps below the Brownian tree's resolution read interpolated increments
+    with pytest.raises(ValueError, match="below the Brownian path's resolution"):
+        ja.solve_flow(dyn, x0, ts, noise=ja.TokenNoise(1.0), key=key, dt0=1e-5)
+    with pytest.raises(ValueError, match="horizon, which must then be"):
+        ja.solve_flow(dyn, x0, jnp.array([0.0, 0.01]), noise=ja.TokenNoise(1.0), key=key)
     with pytest.raises(ValueError, match="general"):
         ja.solve_flow(dyn, x0, ts, noise=ja.ValueNoise(1.0), key=key, dt0=0.1, strategy="fused")
     with pytest.raises(ValueError, match="sigma"):

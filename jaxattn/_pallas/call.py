@@ -28,4 +28,4 @@ def pallas_run(kernel, args, *, grid, in_specs, out_specs, out_shape, num_warps:
 
 def power_of_two(b) -> bool:
     """Whether a layout size (`block`, `block_q`, …) is a power of two."""
-    return isinstance(b, int) and b >= 1 and b & (b - 1) == 0
+    return isinstance(b, int) and not isinstance(b, bool) and b >= 1 and b & (b - 1) == 0

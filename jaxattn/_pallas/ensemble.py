@@ -41,8 +41,8 @@ class KernelConfig:
         refuse_first((
                 (not power_of_two(self.block),
                  f"`block` must be a power of two, got {self.block!r}."),
-                (not (isinstance(self.num_warps, int) and self.num_warps >= 1),
-                 f"`num_warps` must be a positive int, got {self.num_warps!r}."),
+                (not power_of_two(self.num_warps),
+                 f"`num_warps` must be a power of two (Triton's), got {self.num_warps!r}."),
                 (self.backend not in BACKENDS,
                  f"`backend` must be one of {BACKENDS}, got {self.backend!r}.")))
 

@@ -272,6 +272,10 @@ def test_refusals(key):
         jax.grad(lambda x: ja.run_layers(dyn, x, L, strategy="kernel").sum())(x0)
     with pytest.raises(ValueError, match="power of two"):
         KernelConfig(block=48)
+    with pytest.raises(ValueError, match="`block` must be a power of two, got True"):
+        ja.PallasKernel(block=True)  # a bool is no size (it counted as 1)
+    with pytest.raises(ValueError, match="`num_warps` must be a power of two"):
+        ja.PallasKernel(num_warps=3)
 
 
 def test_unsupported_operation_is_named(key):

@@ -77,13 +77,14 @@ def _evolve(dyns, y0s, p, s, strategy):
 def _residual(test, dyn, y0, ts, ys, E):
     """The distance to the predicted outcome at every saved time, the quantity whose
     last value `test.reached` compares with the tolerance: `max_i 1 − ⟨x_i, ℓ_i⟩_W`
-    for a named limit `ℓ` (5.1, 5.2), the speed `max |ẋ|` for an equilibrium (3.2),
-    else the misalignment `E` (consensus, 4.1). A sweep judges its trend."""
+    for a named limit `ℓ` (5.1, 5.2), the relative speed `max |ẋ| / max |v|` for an
+    equilibrium (3.2), else the misalignment `E` (consensus, 4.1). A sweep judges its
+    trend."""
     limit = test.limit(y0)
     if limit is not None:
         return jnp.max(1 - w_inner(ys, limit[None], test.W), axis=-1)
     if test.outcome == "equilibrium":
-        return jax.vmap(lambda t, x: jnp.max(jnp.abs(dyn.velocity(t, x))))(ts, ys)
+        return jax.vmap(test.relative_speed)(ts, ys)
     return E
 
 

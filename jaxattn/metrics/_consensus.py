@@ -168,7 +168,7 @@ def pairwise_lyapunov(
 
     `V` with the shape of the leading axes.
     """
-    x = _tokens(x)
+    x = _tokens(x, "pairwise_lyapunov")
     W = None if W is None else check_metric(W, x.shape[-1])
     return map_batch(lambda xi: _largest_half_sq_distance(xi, W), x)
 
@@ -295,7 +295,7 @@ def cluster_labels(
     The labels `(..., n)`, ints in `[0, n)`: token `i` starts a cluster exactly
     when its label is `i`.
     """
-    x = _tokens(x)
+    x = _tokens(x, "cluster_labels", directions=False)
     eps = check_scalar(eps, "eps", positive=True)
     n = x.shape[-2]
     if block_size is None and n <= DENSE_COUNT_MAX:

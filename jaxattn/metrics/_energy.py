@@ -35,7 +35,7 @@ def interaction_energy(x: Float[Array, "*batch n d"], beta, weights=None) -> Flo
 
     `E` with the shape of the leading axes.
     """
-    x = _tokens(x)
+    x = _tokens(x, "interaction_energy", directions=False)
     diff = x[..., :, None, :] - x[..., None, :, :]
     gap = -0.5 * jnp.sum(diff * diff, axis=-1)
     m = jnp.ones(x.shape[-2], x.dtype) if weights is None else jnp.asarray(weights, x.dtype)

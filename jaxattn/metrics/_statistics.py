@@ -78,6 +78,13 @@ def level_crossing(x, y, level: float = 0.0, *, falling: bool = False, keep=None
     The crossing's `x`; NaN where there is none.
     """
     x, y = np.asarray(x, float), np.asarray(y, float)
+    refuse_first([
+        (x.ndim != 1 or x.shape != y.shape, f"level_crossing needs x and y of one shape "
+                                            f"(k,), got {x.shape} and {y.shape}."),
+        (keep is not None and np.shape(keep) != y.shape,
+         f"level_crossing's keep must be a mask of shape {y.shape}, got {np.shape(keep)}."),
+        (logit and not 0 < level < 1, f"level_crossing with logit=True needs a level in "
+                                      f"(0, 1), got {level!r}.")])
     if logit:
         with np.errstate(divide="ignore", invalid="ignore"):
             v = np.clip(y, 1e-300, 1 - 1e-16)
@@ -181,11 +188,16 @@ def fit_crossing(x, y, level: float = 0.0, *, degree: int = 1, se=None,
     **Returns:**
 
     `(crossing, standard error)`: NaN with under `degree + 1` points or no real
-    crossing, the error NaN where the fit gives no covariance.
+    crossing (a fit flat to rounding over the points has none), the error NaN where
+    the fit gives no covariance.
     """
     coef, cov = _polyfit("fit_crossing", x, y, degree, se, weighted)
     if not np.all(np.isfinite(coef)):
         return math.nan, math.nan
+    span = np.asarray(x, float)
+    fitted = np.polyval(coef, np.linspace(span.min(), span.max(), 2 * degree + 1))
+    if np.ptp(fitted) <= 64 * np.finfo(float).eps * np.max(np.abs(fitted)):
+        return math.nan, math.nan  # its slope is rounding: a root at 1e15 is none
     roots = np.roots(coef - np.eye(degree + 1)[-1] * level)
     roots = roots[np.isreal(roots)].real
     if not roots.size:
@@ -208,8 +220,10 @@ def autocorrelation_time(series) -> float:
 
     **Returns:**
 
-    The time; NaN for a constant series. A series that is not 1-D and finite, or
-    has under two samples, is a `ValueError`.
+    The time; NaN for a constant series; below 1 for an anticorrelated one (an
+    alternating series: 0 at the least, not the negative sum its truncation can
+    give). A series that is not 1-D and finite, or has under two samples, is a
+    `ValueError`.
     """
     x = np.asarray(series, float)
     finite = np.all(np.isfinite(x))
@@ -225,7 +239,7 @@ def autocorrelation_time(series) -> float:
     tau = 2 * np.cumsum(acf) - 1
     m = np.arange(len(x))
     stop = np.nonzero(m >= 5 * tau)[0]
-    return float(tau[stop[0]] if len(stop) else tau[-1])
+    return max(float(tau[stop[0]] if len(stop) else tau[-1]), 0.0)
 
 
 def block_means(r: np.ndarray, window: int, blocks: int) -> np.ndarray:
@@ -244,8 +258,11 @@ def block_means(r: np.ndarray, window: int, blocks: int) -> np.ndarray:
     """
     r = np.asarray(r)
     steps = r.shape[-1] if r.ndim else 0
-    refuse_first([(not 1 <= blocks <= window <= steps,
-                   f"block_means needs 1 ≤ blocks ≤ window ≤ steps, got blocks={blocks}, "
+    whole = all(isinstance(v, int | np.integer) and not isinstance(v, bool)
+                for v in (window, blocks))
+    refuse_first([(not (whole and 1 <= blocks <= window <= steps),
+                   f"block_means needs whole numbers 1 ≤ blocks ≤ window ≤ steps, got "
+                   f"blocks={blocks}, "
                    f"window={window}, steps={steps}.")])
     size = window // blocks
     tail = r[..., r.shape[-1] - size * blocks:]
@@ -298,8 +315,9 @@ def window_statistics(r: np.ndarray, window: int, blocks: int, *, gap_z: float,
 
     Equilibrated where the window's halves are within `gap_z` standard errors
     (`half_gap`) and a block holds at least `block_taus` autocorrelation times of the
-    slowest seed (`autocorrelation_time`): then the block means are nearly independent
-    and their spread gives the error.
+    slowest seed (`autocorrelation_time`, taken as 1 step at least: an anticorrelated
+    series is no more independent than its samples): then the block means are nearly
+    independent and their spread gives the error.
 
     **Arguments:**
 
@@ -313,11 +331,14 @@ def window_statistics(r: np.ndarray, window: int, blocks: int, *, gap_z: float,
 
     A `WindowStatistics`.
     """
+    r = np.asarray(r)
+    refuse_first([(r.ndim != 3, f"window_statistics needs series (k, seeds, steps), got "
+                                f"shape {r.shape}.")])
     means = block_means(r, window, blocks)  # (k, seeds, blocks)
     se = mean_error(means.reshape(len(means), -1))[1]
     gap = half_gap(means)
     tail = r[..., r.shape[-1] - window:]
     taus = np.array([[autocorrelation_time(s) for s in seeds] for seeds in tail])
-    auto = np.nanmax(np.where(np.isfinite(taus), taus, 1.0), -1)
+    auto = np.maximum(np.nanmax(np.where(np.isfinite(taus), taus, 1.0), -1), 1.0)
     ok = (np.abs(gap) <= gap_z) & (window // blocks >= block_taus * auto)
     return WindowStatistics(means.mean((-1, -2)), se, gap, auto, ok)

@@ -254,6 +254,14 @@ def test_window_statistics_flag_a_drift_and_a_slow_series(seed):
     (lambda: M.block_means(np.ones(10), 20, 2), "window=20, steps=10"),
     (lambda: M.block_means(np.ones(10), 4, 0), "blocks=0"),
     (lambda: M.half_gap(np.ones(4)), r"at least two blocks, got shape \(4,\)"),
+    # these returned a number (0.5), raised NumPy's or Python's own error, or blamed
+    # another function
+    (lambda: M.level_crossing([0, 1, 2], [0, 1], 0.5), r"x and y of one shape .*\(2,\)"),
+    (lambda: M.level_crossing([0, 1], [0, 1], 0.5, keep=[True]), "keep must be a mask"),
+    (lambda: M.level_crossing([0, 1], [0.2, 0.8], 1.0, logit=True), r"level in \(0, 1\)"),
+    (lambda: M.block_means(np.ones((2, 20)), 10, 2.5), "whole numbers .* blocks=2.5"),
+    (lambda: M.window_statistics(np.ones((2, 20)), 10, 2, gap_z=2, block_taus=1),
+     r"window_statistics needs series \(k, seeds, steps\), got shape \(2, 20\)"),
 ])
 def test_the_statistics_refuse_what_they_cannot_read(call, match):
     """One line naming the function and the mistake, where NumPy would raise its own
@@ -274,3 +282,17 @@ def test_an_unweighted_fit_carries_a_nan_error_through():
     slope, se = M.fit_slope([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], se=[0.1, np.nan, 0.1],
                             weighted=False)
     assert slope == pytest.approx(1.0) and math.isnan(se)
+
+
+def test_a_fit_flat_to_rounding_crosses_nowhere():
+    """A constant `y` fits a slope of rounding (1e-16): its "crossing" was 6e15."""
+    assert all(math.isnan(v) for v in M.fit_crossing([0, 1, 2, 3], [1, 1, 1, 1], 0.5))
+    assert M.fit_crossing([0, 1, 2, 3], [0, 1, 2, 3], 1.5)[0] == pytest.approx(1.5)
+
+
+def test_an_anticorrelated_series_has_a_short_time_never_a_negative_one():
+    """An alternating series is anticorrelated: its time is 0 at the least (its
+    truncated sum was −0.98), and a window judged on it counts a step per sample."""
+    assert M.autocorrelation_time(np.tile([1.0, -1.0], 50)) == 0.0
+    r = np.tile([1.0, -1.0], 50)[None, None]
+    assert M.window_statistics(r, 40, 4, gap_z=2, block_taus=1).autocorrelation[0] == 1.0

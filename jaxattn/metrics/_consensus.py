@@ -33,7 +33,8 @@ def misalignment(
     tokens of any finite size, `1e-25` or `2e19` in float32, neither underflow nor
     overflow): `1 − cos(a, b) = |â − b̂|²/2`. So `E ≥ 0`, and it resolves values
     down to ~1e-14 in float32, where `1 − mean cos` stops at the rounding of the
-    cosines (~1e-7). The dtype of `x` is kept (float64 in, float64 out).
+    cosines (~1e-7). The dtype of `x` is kept (float64 in, float64 out, with
+    `jax_enable_x64` on).
 
     **Arguments:**
 
@@ -249,8 +250,9 @@ def consensus_time(
     """
     ts = as_float_array(ts, "ts")
     E = as_float_array(E, "E")
-    if ts.ndim != 1 or E.ndim < 1 or E.shape[-1] != ts.shape[0]:
-        raise ValueError(f"`E` must be (..., T) with T = len(ts); got E {E.shape}, ts {ts.shape}.")
+    if ts.ndim != 1 or E.ndim < 1 or E.shape[-1] != ts.shape[0] or ts.shape[0] == 0:
+        raise ValueError(f"`E` must be (..., T) with T = len(ts) ≥ 1; got E {E.shape}, ts "
+                         f"{ts.shape}.")
     eps = check_scalar(eps, "eps", positive=True)
     return jnp.vectorize(lambda e: _crossing(ts, e, eps), signature="(t)->()")(E)
 

@@ -36,6 +36,8 @@ def interaction_energy(x: Float[Array, "*batch n d"], beta, weights=None) -> Flo
     `E` with the shape of the leading axes.
     """
     x = _tokens(x, "interaction_energy", directions=False)
+    if is_concrete(beta):  # a traced β (in a caller's program) stays unchecked: no callback
+        beta = check_scalar(beta, "beta")
     diff = x[..., :, None, :] - x[..., None, :, :]
     gap = -0.5 * jnp.sum(diff * diff, axis=-1)
     m = jnp.ones(x.shape[-2], x.dtype) if weights is None else jnp.asarray(weights, x.dtype)

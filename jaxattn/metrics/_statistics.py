@@ -106,6 +106,8 @@ def _polyfit(where: str, x, y, degree: int, se, weighted: bool) -> tuple[np.ndar
     x, y = np.asarray(x, float), np.asarray(y, float)
     se = None if se is None else np.asarray(se, float)
     refuse_first([
+        (isinstance(degree, bool) or not isinstance(degree, int | np.integer) or degree < 1,
+         f"{where}'s degree must be a whole number ≥ 1, got {degree!r}."),
         (x.ndim != 1 or x.shape != y.shape or (se is not None and se.shape != x.shape),
          f"{where} needs `x`, `y` (and `se`) of one shape (k,), got {x.shape}, {y.shape}"
          f"{'' if se is None else f' and {se.shape}'}."),

@@ -260,6 +260,9 @@ def test_window_statistics_flag_a_drift_and_a_slow_series(seed):
     (lambda: M.level_crossing([0, 1], [0, 1], 0.5, keep=[True]), "keep must be a mask"),
     (lambda: M.level_crossing([0, 1], [0.2, 0.8], 1.0, logit=True), r"level in \(0, 1\)"),
     (lambda: M.block_means(np.ones((2, 20)), 10, 2.5), "whole numbers .* blocks=2.5"),
+    (lambda: M.fit_crossing([0, 1, 2], [0, 1, 2], 1, degree=1.5), "degree must be a whole"),
+    (lambda: M.fit_crossing([0, 1, 2], [0, 1, 2], 1, degree=0), "degree must be a whole"),
+    (lambda: M.consensus_time(np.zeros(0), np.zeros(0), 1e-3), r"T = len\(ts\) ≥ 1"),
     (lambda: M.window_statistics(np.ones((2, 20)), 10, 2, gap_z=2, block_taus=1),
      r"window_statistics needs series \(k, seeds, steps\), got shape \(2, 20\)"),
 ])

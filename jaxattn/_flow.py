@@ -175,9 +175,8 @@ def solve_flow(
                           f"the tokens at {saves} times (`x0` {x0.shape}) need",
                           "pass fewer times `ts`")])
     refuse_first((
-        ((noise is not None or solution) and x0.size == 0, ValueError,
-         f"`{'noise=' if noise is not None else 'solution=True'}` needs at least one "
-         "sequence in `x0`."),
+        (solution and x0.size == 0, ValueError,
+         "`solution=True` needs at least one sequence in `x0`."),
         (noise is not None and dt0 is None and not span > 0, ValueError,
          "`noise=` takes steps of `dt0`: pass `dt0=...` (the horizon is empty or traced, so "
          "no default step can be drawn from it)."),

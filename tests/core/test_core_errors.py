@@ -139,6 +139,10 @@ def test_empty_batch_gives_empty_results(key):
     assert ja.solve_flow(dyn, x0, ts).shape == (0, 2, 4, 5, 3)
     res = ja.solve_flow(dyn, x0, ts, throw=False)
     assert res.ys.shape == (0, 2, 4, 5, 3) and res.success.shape == res.num_steps.shape == (0, 2)
+    # with noise too, as the noisy layers (the noisy flow refused an empty batch)
+    noisy = dict(noise=ja.TokenNoise(0.1), key=key)
+    assert ja.run_layers(dyn, x0, 3, 0.1, **noisy).shape == (0, 2, 4, 5, 3)
+    assert ja.solve_flow(dyn, x0, ts, **noisy).shape == (0, 2, 4, 5, 3)
 
 
 def test_spectrum_of_nan_is_refused():

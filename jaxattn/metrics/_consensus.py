@@ -8,7 +8,15 @@ from jaxtyping import Array, Float, Int, Real
 from .._manifold import project, scale_rows, w_inner
 from .._precision import matmul
 from .._stacked import map_batch
-from .._validate import as_float_array, check_count, check_metric, check_rows_now, check_scalar
+from .._validate import (
+    as_float_array,
+    check_count,
+    check_metric,
+    check_rows_now,
+    check_scalar,
+    refuse_first,
+    too_big,
+)
 from ._pairs import (
     DENSE_COUNT_MAX,
     block_rows,
@@ -290,7 +298,8 @@ def cluster_labels(
     - `x`: tokens `(..., n, d)`.
     - `eps`: the linking distance, `> 0`.
     - `block_size`: rows per block; given, the blocked sweeps run at any `n`;
-      `None` (default) takes the dense matrix up to n = 64, else `2²² // n` rows.
+      `None` (default) takes the dense matrix up to n = 64, else `2²² // n` rows;
+      `0` the dense matrix at any `n` (as a model's `block_size=0`).
 
     **Returns:**
 
@@ -300,7 +309,11 @@ def cluster_labels(
     x = _tokens(x, "cluster_labels", directions=False)
     eps = check_scalar(eps, "eps", positive=True)
     n = x.shape[-2]
-    if block_size is None and n <= DENSE_COUNT_MAX:
+    dense = block_size == 0 and not isinstance(block_size, bool)
+    refuse_first([too_big(3.0 * n * n * x.dtype.itemsize, f"the dense clustering of {n} "
+                          "tokens (block_size=0) needs", "leave block_size to the default")
+                  if dense else (False, "")])
+    if dense or (block_size is None and n <= DENSE_COUNT_MAX):
         return map_batch(lambda xi: dense_labels(xi, eps), x)
     block = block_rows(n, block_size)
     return map_batch(lambda xi: component_roots(xi, eps, block)[0], x)

@@ -388,3 +388,14 @@ def test_span_misalignment_is_the_cancellation_free_misalignment(key):
         np.testing.assert_array_equal(E, M.misalignment(Y, G))
         ref = _one_minus_cos(np.float64(Y) @ np.float64(X0)).mean(-1)
         assert float(E) > 0 and abs(float(E) - ref) < 1e-2 * ref
+
+
+def test_block_size_zero_is_the_dense_count_as_for_a_model(key):
+    """`block_size=0` means the dense path at any n, as `SelfAttentionDynamics`'
+    does (it was refused as "a whole number ≥ 1"), and a size past the memory is
+    refused in one line."""
+    x = np.random.default_rng(0).normal(size=(100, 3))
+    assert int(M.cluster_count(x, 0.5, block_size=0)) == int(M.cluster_count(x, 0.5)) == int(
+        M.cluster_count(x, 0.5, block_size=7))
+    with pytest.raises(ValueError, match="the dense clustering of 1000000 tokens"):
+        M.cluster_count(np.ones((10**6, 3)), 0.5, block_size=0)

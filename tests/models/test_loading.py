@@ -341,7 +341,7 @@ def test_index_names_only_shards_inside_the_folder(tmp_path, where):
 def test_a_stray_tensor_is_refused_with_or_without_the_prefix(tmp_path, prefix):
     tensors = {prefix + k: v for k, v in gpt2_tensors(0).items()}
     tensors["h.0.attn.extra"] = np.ones(3, np.float32)  # unprefixed, not a task head
-    tensors["lm_head.weight"] = np.ones((VOCAB, D), np.float32)  # a task head: ignored
+    tensors["lm_head.weight"] = np.ones((VOCAB, D), np.float32)  # the head: no stray
     folder = gpt2_folder(tmp_path / "m", tensors=tensors)
     with pytest.raises(ValueError, match=r"unexpected tensor 'h\.0\.attn\.extra'"):
         ja.models.load(folder)

@@ -40,8 +40,14 @@ def hf_lm(family: str, tied: bool = True):
     tf = pytest.importorskip("transformers")
     if family == "gpt2":
         cfg = tf.GPT2Config(n_layer=3, n_embd=96, n_head=4, vocab_size=101, n_positions=40,
-                            n_inner=136)
+                            n_inner=136, tie_word_embeddings=tied)
         cls = tf.GPT2LMHeadModel
+    elif family == "gpt_neo":
+        cfg = tf.GPTNeoConfig(num_layers=2, hidden_size=96, num_heads=4, vocab_size=103,
+                              max_position_embeddings=40, window_size=5,
+                              attention_types=[[["global", "local"], 1]],
+                              tie_word_embeddings=tied)
+        cls = tf.GPTNeoForCausalLM
     else:
         cfg = tf.LlamaConfig(num_hidden_layers=3, hidden_size=96, num_attention_heads=6,
                              num_key_value_heads=2, intermediate_size=136, vocab_size=107,
@@ -84,15 +90,17 @@ def hf_looped_logits(hf, ids, passes: int) -> np.ndarray:
         return hf.lm_head(h).numpy()
 
 
-@pytest.mark.parametrize("family,tied", [("gpt2", True), ("llama", True), ("llama", False)])
+@pytest.mark.parametrize("family,tied", [("gpt2", True), ("llama", True), ("llama", False),
+                                         # GPT-2's and GPT-Neo's own heads were dropped
+                                         ("gpt2", False), ("gpt_neo", False)])
 def test_one_pass_logits_are_huggingfaces(tmp_path, family, tied, seed):
     import torch
 
     hf = hf_lm(family, tied)
     hf.save_pretrained(tmp_path)
     model = ja.models.load(tmp_path)
-    if family == "llama":  # an untied checkpoint's own head is read, a tied one shares
-        assert (model.lm_head is None) == tied
+    # an untied checkpoint's own head is read, a tied one shares the token embedding
+    assert (model.lm_head is None) == tied
     ids = np.random.default_rng(seed).integers(0, hf.config.vocab_size, (2, 11))
     with torch.no_grad():
         ref = hf(torch.from_numpy(ids)).logits.numpy()

@@ -59,9 +59,9 @@ class TransformerConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     causal: bool = True
-    # Llama: the next-token head is the token embedding (`config.json`'s
-    # `tie_word_embeddings`; HuggingFace's default for Llama is false). GPT-2 and
-    # GPT-Neo always tie theirs.
+    # The next-token head is the token embedding (`config.json`'s `tie_word_embeddings`;
+    # HuggingFace's default is false for Llama, true for GPT-2 and GPT-Neo), unless the
+    # checkpoint holds its own `lm_head.weight` (`read_head`).
     tie_word_embeddings: bool = True
 
     @property
@@ -312,11 +312,13 @@ class AbstractLearnedPositionDecoder(AbstractTransformer):
     def embed(self, ids: Int[Array, " n"], *, precision="float32") -> Float[Array, "n d"]:
         return self.wte[ids] + self.wpe[: ids.shape[0]]
 
+    lm_head: eqx.AbstractVar[Float[Array, "V d"] | None]
+
     def final_norm(self, x):
         return self.ln_f(x)
 
     def head(self):
-        return self.wte  # HuggingFace's LM-head models tie it to the token embedding
+        return next_token_head(self.lm_head, self.wte, self.config)
 
     @classmethod
     @abc.abstractmethod
@@ -352,7 +354,31 @@ class AbstractLearnedPositionDecoder(AbstractTransformer):
 
         return cls(cfg, src.get("wte.weight", (cfg.vocab_size, d)),
                    src.get("wpe.weight", (cfg.max_positions, d)),
-                   stack(map(block, range(cfg.num_layers))), LayerNorm.load(src, "ln_f", d, eps))
+                   stack(map(block, range(cfg.num_layers))), LayerNorm.load(src, "ln_f", d, eps),
+                   read_head(src, cfg))
+
+
+def read_head(src, cfg: TransformerConfig):
+    """The checkpoint's own next-token head `lm_head.weight`, or `None`. It sits beside
+    the model's tensors, outside their prefix; one saved in a tied checkpoint is read
+    too (HuggingFace does not tie a head that differs)."""
+    if "lm_head.weight" not in src.readers:
+        return None
+    return type(src)(src.readers, "").get("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
+
+
+def next_token_head(head, embedding, cfg: TransformerConfig):
+    """The head of `ja.models.logits`: the checkpoint's `head`, else the tied token
+    `embedding`; a model untied by its config with no head of its own has none."""
+    if head is not None:
+        return head
+    if not cfg.tie_word_embeddings:
+        raise ValueError(
+            f"this {cfg.model_type} checkpoint has no lm_head.weight and its config.json "
+            "says tie_word_embeddings: false, so it has no next-token head: add the "
+            "checkpoint's lm_head.weight, or set tie_word_embeddings: true if the head is "
+            "the token embedding.")
+    return embedding
 
 
 def encoder_config(hf: dict, model_type: str, **extra) -> TransformerConfig:

@@ -19,6 +19,7 @@ class GPT2(AbstractLearnedPositionDecoder):
     wpe: Float[Array, "P d"]
     blocks: PreNormBlock
     ln_f: LayerNorm
+    lm_head: Float[Array, "V d"] | None = None  # None: tied to `wte`
 
     family = "gpt2"
     conv1d = True
@@ -41,6 +42,7 @@ class GPT2(AbstractLearnedPositionDecoder):
             activation=hf.get("activation_function", "gelu_new"),
             initializer_range=hf.get("initializer_range", 0.02),
             attention_scale=None if hf.get("scale_attn_weights", True) else 1.0,
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
         ))
 
     @classmethod

@@ -38,6 +38,7 @@ class GPTNeo(AbstractLearnedPositionDecoder):
     wpe: Float[Array, "P d"]
     blocks: PreNormBlock
     ln_f: LayerNorm
+    lm_head: Float[Array, "V d"] | None = None  # None: tied to `wte`
 
     family = "gpt_neo"
     conv1d = False
@@ -64,7 +65,7 @@ class GPTNeo(AbstractLearnedPositionDecoder):
             activation=hf.get("activation_function", "gelu_new"),
             initializer_range=hf.get("initializer_range", 0.02),
             window_size=hf.get("window_size", 256), attention_layers=kinds,
-            attention_scale=1.0,
+            attention_scale=1.0, tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
         ))
 
     @classmethod

@@ -12,6 +12,8 @@ from .base import (
     TransformerConfig,
     check_sizes,
     load_attention,
+    next_token_head,
+    read_head,
     reject,
     stack,
     token_table,
@@ -54,16 +56,7 @@ class Llama(AbstractTransformer):
         return self.norm(x)
 
     def head(self):
-        if self.lm_head is not None:
-            return self.lm_head
-        if not self.config.tie_word_embeddings:
-            raise ValueError(
-                "this Llama's checkpoint has no lm_head.weight and its config.json says "
-                "tie_word_embeddings: false (HuggingFace's default when the key is "
-                "missing), so it has no next-token head: add the checkpoint's "
-                "lm_head.weight, or set tie_word_embeddings: true if the head is the "
-                "token embedding.")
-        return self.embed_tokens
+        return next_token_head(self.lm_head, self.embed_tokens, self.config)
 
     def context(self, n: int):
         cfg = self.config
@@ -125,11 +118,6 @@ class Llama(AbstractTransformer):
                                 RMSNorm(src.get(f"{p}.post_attention_layernorm.weight", (d,)), eps),
                                 mlp)
 
-        # an untied head sits beside the `model.` tensors, outside their prefix; one saved
-        # in a tied checkpoint is read too (HuggingFace does not tie a head that differs)
-        heads = type(src)(src.readers, "")
-        head = (heads.get("lm_head.weight", (cfg.vocab_size, d))
-                if "lm_head.weight" in src.readers else None)
         return cls(cfg, src.get("embed_tokens.weight", (cfg.vocab_size, d)),
                    stack(map(block, range(cfg.num_layers))),
-                   RMSNorm(src.get("norm.weight", (d,)), eps), head)
+                   RMSNorm(src.get("norm.weight", (d,)), eps), read_head(src, cfg))

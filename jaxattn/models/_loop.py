@@ -203,6 +203,11 @@ def _keep(buf, x, depth, depths: tuple):
 
 
 def _embed(model, ids, dtype, precision):
+    """The embeddings in `dtype`, computed in it where it is wider than float32 (a
+    float64 loop's embeddings are float64 sums and norms, not float32 ones cast)."""
+    wide = jnp.promote_types(dtype, jnp.float32)
+    if wide != jnp.float32:
+        model = jax.tree.map(lambda a: a.astype(wide) if eqx.is_inexact_array(a) else a, model)
     return jax.vmap(lambda s: model.embed(s, precision=precision))(ids).astype(dtype)
 
 

@@ -26,11 +26,13 @@ NOT_GRID = {"resume": "--resume", "text": "--text", "save_states": "--save-state
 
 def _depths(text: str) -> list[int]:
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
+        depths = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
+        depths = []
+    if not depths:  # "" saved nothing, silently
         raise argparse.ArgumentTypeError(
-            f"--save-states takes comma-separated depths like 0,12,240; got {text!r}."
-        ) from None
+            f"--save-states takes comma-separated depths like 0,12,240; got {text!r}.")
+    return depths
 
 
 def _grid(args: argparse.Namespace) -> int:

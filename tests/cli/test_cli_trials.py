@@ -145,6 +145,16 @@ def test_numbers_with_underscores_are_refused(tmp_path, capsys, argv):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_empty_save_states_is_refused(tmp_path, capsys):
+    """`--save-states ""` saved nothing, silently."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_GPT2))
+    argv = [str(config) if word == "CONFIG" else word for word in _TINY_LOOP]
+    line = one_line(capsys, [*argv, "--save-states", "", "--out", str(tmp_path / "out")])
+    assert "--save-states takes comma-separated depths" in line, line
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_resumed_loop_with_another_chunk_passes_names_the_flag(tmp_path, capsys):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_GPT2))

@@ -97,6 +97,8 @@ def test_fewer_layers_in_config_is_not_a_silent_partial_load(gpt2_folder, tmp_pa
 @pytest.mark.parametrize("changes, match", [
     ({"model_type": "t5"}, r"model_type 't5' is not supported.*gpt2"),
     ({"scale_attn_by_inverse_layer_idx": True}, r"scale_attn_by_inverse_layer_idx"),
+    # refused by name: it was "unexpected tensor … crossattention …"
+    ({"add_cross_attention": True}, r"add_cross_attention=True is not supported"),
 ])
 def test_unsupported_config(gpt2_folder, tmp_path, changes, match):
     folder = copy_folder(gpt2_folder, tmp_path / "m")

@@ -32,6 +32,7 @@ class GPT2(AbstractLearnedPositionDecoder):
     @classmethod
     def config_from_hf(cls, hf):
         reject(hf, "scale_attn_by_inverse_layer_idx", lambda v: not v, "layer-dependent scaling")
+        reject(hf, "add_cross_attention", lambda v: not v, "cross-attention to an encoder")
         d = hf.get("n_embd", 768)
         return check_sizes(TransformerConfig(
             model_type="gpt2", vocab_size=hf.get("vocab_size", 50257), hidden_size=d,

@@ -191,11 +191,13 @@ def register(sub) -> None:
         description="Run an experiment of paper 001 §6.1 into runs/NAME/<timestamp>/ (or "
         "--out): config.json, data.npz, figures (PNG, PDF), summary.json with the verdict. "
         "Overrides follow the name (jaxattn run NAME --help lists them). Exit status: 0 "
-        "when the outcome agrees with the theorem, when it is still converging at the horizon "
-        "(verdict_kind not_converged) or when no theorem covers the run; 3 only when the run "
-        "measurably contradicts the theorem (convergence stalled or reversed); 4 when its errors "
-        "are too large to agree or contradict (the verdict says what decides it, e.g. raise "
-        "--seeds); 2 for bad input.",
+        "when the outcome agrees with what the experiment tests (a theorem, or the paper's "
+        "claim a study checks: `jaxattn list` names it), when it is still converging at the "
+        "horizon (verdict_kind not_converged) or when its theorem does not cover the run; 3 "
+        "only when the run measurably contradicts it (convergence stalled or reversed, a "
+        "predicted rate, threshold or share missed); 4 when its errors are too large to "
+        "agree or contradict (the verdict says what decides it, e.g. raise --seeds); 2 for "
+        "bad input.",
     )
     run.add_argument("name", nargs="?", help="experiment name (see `jaxattn list`)")
     run.add_argument("overrides", nargs=argparse.REMAINDER,

@@ -378,9 +378,14 @@ class NoisyTransition(AbstractExperiment):
         # particles off by more than TARGET yet within 3 s.e.: their error is too large
         # to resolve TARGET, so they neither agree nor contradict
         unresolved = not checks[3] and particles > TARGET and z <= 3
-        undecided = ("the particles' K_# is off by more than "
+        # no estimate at all (NaN) decides nothing
+        unread = math.isnan(particles) or math.isnan(z)
+        undecided = ("" if not all(checks[:3]) else
+                     "the particles' K_# could not be estimated (NaN): "
+                     "raise --tokens, --seeds or --window" if unread else
+                     "the particles' K_# is off by more than "
                      f"{TARGET:.0%} but within 3 standard errors: raise --tokens or --seeds"
-                     if unresolved and all(checks[:3]) else "")
+                     if unresolved else "")
         parts = [f"d={row['d']} β/β*={row['beta_ratio']:g}: particles K/K_# = "
                  f"{short(row['K_estimate'] / row['K_theory'])} ± "
                  f"{short(row['K_se'] / row['K_theory'])}"

@@ -145,6 +145,12 @@ def test_particles_too_noisy_to_resolve_the_target_leave_the_verdict_undecided(e
         assert not verdict.ok
         assert ("raise --tokens or --seeds" in verdict.undecided) == undecided, verdict.line
         assert "worst relative error 0.48, worst z" in verdict.line
+    # no estimate at all (NaN ± NaN at 1 seed, 200 tokens) decides nothing: exit 4, not 3
+    unread = [row | {"rel_error": math.nan, "z": math.nan} for row in rows]
+    monkeypatch.setattr(nt, "measure", lambda config, data: unread)
+    verdict = study.verdict(config, data)
+    assert not verdict.ok and verdict.undecided.startswith(
+        "the particles' K_# could not be estimated (NaN)"), verdict
 
 
 def _discontinuous(verdict):

@@ -161,6 +161,11 @@ def written_by_jaxattn(path: Path) -> bool:
     names = [p.name for p in path.iterdir()]
     if INCOMPLETE in names or all(_ours(name) for name in names):
         return True
+    return _a_commands(path)
+
+
+def _a_commands(path: Path) -> bool:
+    """Whether the folder `path` holds a settings file (`KINDS`) a command wrote."""
     for name in KINDS.values():
         record = read_settings(path / name)
         if ((record.get("kind") in KINDS and "run_id" in record)
@@ -175,7 +180,12 @@ def check_writable_place(path: Path) -> None:
     directory, any user's files) or that this process may not write."""
     with os_errors(path, "read"):
         foreign = path.is_dir() and not written_by_jaxattn(path)
+        inside = next((p for p in path.absolute().parents if p.is_dir() and _a_commands(p)),
+                      None)
     refuse_first((
+        (inside is not None, f"{path} is inside the folder of another command's results "
+                             f"({inside}), which a run does not write into; choose an "
+                             "--out outside it."),
         (foreign, f"{path} holds files jaxattn did not write; a run writes only into a new "
                   "or empty folder or its own (choose another --out)."),
         (path.is_dir() and not os.access(path, os.W_OK | os.X_OK),

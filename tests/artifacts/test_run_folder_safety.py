@@ -205,3 +205,16 @@ def test_plot_of_a_held_folder_names_its_holder(tmp_path, capsys):
     assert line.endswith(f"{out} is being written by a running jaxattn command (process "
                          f"{os.getpid()}); wait for it to end.")
     assert "incomplete" in _one_line(capsys, ["plot", str(out)])  # released: interrupted
+
+
+def test_an_out_inside_another_runs_folder_is_refused(tmp_path, capsys):
+    """A run or sweep writes no folder inside another command's results: a finished
+    run's folder got a `child/` (so did a live, locked one)."""
+    parent = tmp_path / "parent"
+    assert main([*RUN, "--out", str(parent)]) == 0
+    before = _files(parent)
+    for argv in (RUN, ["sweep", "thm41-sphere", "--grid", "beta=1", "--instances", "2",
+                       "--set", "horizon=1", "--no-progress"]):
+        line = _one_line(capsys, [*argv, "--out", str(parent / "child" / "deeper")])
+        assert f"is inside the folder of another command's results ({parent})" in line
+    assert _files(parent) == before and not (parent / "child").exists()

@@ -174,6 +174,21 @@ def _a_commands(path: Path) -> bool:
     return False
 
 
+def read_data(folder: Path) -> dict:
+    """The arrays of `folder`'s `data.npz`, or a `RunFolderError` in one line where the
+    file is damaged (cut short, another format, objects that need pickle)."""
+    import zipfile
+
+    path = Path(folder) / "data.npz"
+    try:
+        with np.load(path) as f:
+            return {k: f[k] for k in f.files}
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
+        raise RunFolderError(f"{path} is damaged or not a jaxattn data file "
+                             f"({type(e).__name__}: {str(e).splitlines()[0][:80]}); re-run "
+                             "the run.") from None
+
+
 def check_writable_place(path: Path) -> None:
     """Refuse, before anything is written, to write into an existing folder that is
     neither empty nor jaxattn's (`written_by_jaxattn`: a model's folder, the current

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .folders import INCOMPLETE, RunFolderError, check_not_held, read_settings
+from .folders import INCOMPLETE, RunFolderError, check_not_held, read_data, read_settings
 
 #: Where the tokens are: `ys`, `paths` or `states` as the whole name or one of its `_`
 #: parts.
@@ -134,8 +134,7 @@ def load(folder, name: str | None = None, index: int = 0) -> Trajectory:
     ):
         if bad:
             raise error(message)
-    with np.load(folder / "data.npz") as f:
-        data = {k: f[k] for k in f.files}
+    data = read_data(folder)
     track = pick(data, name, index,
                  none=f"{folder} holds no token trajectory: {how_to_save(folder)}")
     experiment = read_settings(folder / "config.json").get("experiment", "")

@@ -6,9 +6,7 @@ takes these through `redraw_run` and sweep folders through `redraw_sweep`."""
 
 from pathlib import Path
 
-import numpy as np
-
-from .._artifacts.folders import RunFolderError, open_run_folder, read_json
+from .._artifacts.folders import RunFolderError, open_run_folder, read_data, read_json
 from . import EXPERIMENTS
 from .loop_grid import is_loop_config, redraw_loop
 
@@ -32,11 +30,15 @@ def redraw_run(folder) -> list[Path]:
     saved = (folder / "data.npz").exists()
     data = {}
     if saved:
-        with np.load(folder / "data.npz") as f:
-            data = {k: f[k] for k in f.files}
+        data = read_data(folder)
     if saved and config.get("experiment") in EXPERIMENTS:
         experiment = EXPERIMENTS[config["experiment"]]
-        return experiment.draw(experiment.config(config), data, folder)
+        try:
+            return experiment.draw(experiment.config(config), data, folder)
+        except KeyError as e:  # another experiment's arrays
+            raise RunFolderError(f"{folder}/data.npz has no {e}, which "
+                                 f"{config['experiment']} draws: it is not this run's data; "
+                                 "re-run it.") from None
     if is_loop_config(config) and "E" in data:
         return redraw_loop(config, data, folder)
     raise RunFolderError(f"{folder} has no data.npz; it holds no data to draw." if not saved

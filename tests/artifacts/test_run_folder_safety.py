@@ -218,3 +218,24 @@ def test_an_out_inside_another_runs_folder_is_refused(tmp_path, capsys):
         line = _one_line(capsys, [*argv, "--out", str(parent / "child" / "deeper")])
         assert f"is inside the folder of another command's results ({parent})" in line
     assert _files(parent) == before and not (parent / "child").exists()
+
+
+def test_a_damaged_data_file_is_one_line(tmp_path, capsys):
+    """A `data.npz` cut short, or another experiment's, was a BadZipFile or KeyError
+    traceback from `plot`, `view` and `animate`."""
+    import shutil
+    from pathlib import Path
+
+    run = tmp_path / "run"
+    assert main([*RUN, "--out", str(run)]) == 0
+    cut = tmp_path / "cut"
+    shutil.copytree(run, cut)
+    (cut / "data.npz").write_bytes((run / "data.npz").read_bytes()[:3000])
+    for argv in (["plot", str(cut)], ["view", str(cut), "--out", str(tmp_path / "p.html")],
+                 ["animate", str(cut), "--out", str(tmp_path / "m.gif")]):
+        assert "data.npz is damaged or not a jaxattn data file" in _one_line(capsys, argv)
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    shutil.copy(Path(__file__).parents[1] / "data" / "figures" / "thm52-symmetric" /
+                "data.npz", other / "data.npz")
+    assert "it is not this run's data" in _one_line(capsys, ["plot", str(other)])

@@ -502,7 +502,9 @@ def reopen_run(folder: Path, config: dict[str, Any], resume: bool | None, *, wha
                 why.append(f"{holds} {what} with another {key}{values}; one folder holds one "
                            f"{what} (choose another --out).")
         if not resume and (resume is False or finished):  # results are never overwritten
-            advice = "pass --resume to continue it or " if resume is False else ""
+            # a finished one has nothing to continue
+            advice = "pass --resume to continue it or " if resume is False and not finished \
+                else ""
             why.append(f"{holds} {what}; {advice}choose another --out.")
         if resume is not None and not finished and (how := computed_elsewhere(old, command)):
             why.append(f"{folder} was computed {how}.")

@@ -239,3 +239,13 @@ def test_a_damaged_data_file_is_one_line(tmp_path, capsys):
     shutil.copy(Path(__file__).parents[1] / "data" / "figures" / "thm52-symmetric" /
                 "data.npz", other / "data.npz")
     assert "it is not this run's data" in _one_line(capsys, ["plot", str(other)])
+
+
+def test_a_finished_resumable_run_is_not_advised_to_resume(tmp_path, capsys):
+    """A finished variants study run again into its folder: nothing is left to
+    continue, so the refusal no longer says "pass --resume to continue it"."""
+    argv = ["run", "variants", "--no-progress", "--out", str(tmp_path / "v"),
+            *[w for k, v in TINY.items() for w in (f"--{k}", str(v))]]
+    assert main(argv) == 0
+    line = _one_line(capsys, argv)
+    assert line.endswith("holds a finished run; choose another --out."), line

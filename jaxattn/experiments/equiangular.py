@@ -141,6 +141,9 @@ class Equiangular(AbstractExperiment):
         return (
             (config.dim < n, f"--dim must be ≥ --tokens ({n}): {n} equiangular tokens span {n} "
              f"dimensions; got --dim {config.dim}."),
+            (config.seed != 0, f"equiangular draws nothing at random (its tokens are the "
+             f"equiangular ones of --rho0): --seed {config.seed} would change nothing; drop "
+             "it."),
             (config.beta > EXP_BETA_MAX, f"--beta {config.beta:g}: the exp kernel's weights "
              f"e^β overflow float64 past β = {EXP_BETA_MAX:.0f}; lower --beta."),
             (not -1 / (n - 1) < config.rho0 < 1, f"--rho0 must lie in (−1/(n − 1), 1) = "

@@ -64,6 +64,7 @@ BAD = [
     (["run", "equiangular", "--rho0", "-0.3333333333333333"], "the ends are fixed points"),
     (["run", "equiangular", "--discrete"], "unrecognized arguments: --discrete"),
     (["run", "equiangular", "--beta", "800"], "overflow float64 past β = 710"),
+    (["run", "equiangular", "--seed", "1"], "--seed 1 would change nothing"),
     (["run", "variants", "--mask", "window", "--window", "10"],
      "--window 10 is at least the n = 10 tokens"),
     (["run", "phase-diagram", "--exp-kernel", "--beta-max", "800", "--raw-step"],

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from .. import SelfAttentionDynamics, TokenNoise
 from .. import meanfield as mf
 from .._artifacts import figures
+from .._files import atomic_write
 from .._manifold import normalize
 from ..meanfield import fold_coupling, transition_coupling
 from ..metrics import WindowStatistics, fit_intercept, fit_slope, level_crossing, window_statistics
@@ -504,7 +505,8 @@ def _write_table(rows: list[dict], path: Path) -> None:
     keys = [k for k in rows[0] if not isinstance(rows[0][k], list)]
     lines = [",".join(keys)] + [",".join(f"{row[k]:.6g}" if isinstance(row[k], float)
                                          else str(row[k]) for k in keys) for row in rows]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    text = ("\n".join(lines) + "\n").encode()
+    atomic_write(path, lambda f: f.write(text))  # as every file of a run
 
 
 def draw_sweeps(cfg: Config, data, rows: list[dict], stem: Path) -> list[Path]:

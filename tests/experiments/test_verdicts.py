@@ -126,7 +126,8 @@ def _thm52(dist):
 
 
 def _thm32(speed, EP=None):
-    return {"ts": TS, "E_P": 10 + TS if EP is None else EP, "speed": speed, "E": speed,
+    return {"ts": TS, "E_P": 10 + TS if EP is None else EP, "speed": speed,
+            "relative_speed": speed, "E": speed,
             "clusters": np.asarray(2), "theorem": np.asarray("3.2"),
             "agrees": np.asarray(speed[-1] < TOL)}
 

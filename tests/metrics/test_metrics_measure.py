@@ -94,8 +94,10 @@ def test_blocked_cluster_count_batches_and_default(key):
     np.testing.assert_array_equal(M.cluster_labels(x, 0.5), labels)
     np.testing.assert_array_equal(M.cluster_labels(x[:, :40], 0.5),  # n = 40: dense
                                   np.stack([_scipy_labels(xi, 0.5) for xi in x[:, :40]]))
+    # block_size=0: the dense count at any n (as a model's); a negative one is refused
+    assert M.cluster_count(x, 0.5, block_size=0).tolist() == expected
     with pytest.raises(ValueError, match="block_size"):
-        M.cluster_count(x, 0.5, block_size=0)
+        M.cluster_count(x, 0.5, block_size=-1)
 
 
 def _potential_bound(x, P, beta, dtype):

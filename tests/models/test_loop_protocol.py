@@ -87,7 +87,9 @@ def test_resume_refuses_other_settings_in_one_line(config_path, tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert "another --passes (3, not 4)" in err and len(err.splitlines()) == 1
     assert main([*argv, "--passes", "3"]) == 2  # no --resume: an existing loop is refused
-    assert "pass --resume" in capsys.readouterr().err
+    # finished: nothing to continue, so no "pass --resume to continue it"
+    assert capsys.readouterr().err.strip().endswith("holds a finished loop; choose another "
+                                                    "--out.")
     assert main([*argv, "--passes", "3", "--resume"]) == 0  # finished: nothing to run
     assert (folder / "summary.json").read_text() == before
     assert main(["loop", "--model", str(config_path), "--weights", "random", "--resume"]) == 2

@@ -21,8 +21,9 @@ from jax.sharding import Mesh
 from .._batch import as_mesh
 from .._validate import SimulationError, refuse_first
 
-#: The statuses of a finished run: 0, or 3 (`jaxattn run`: its verdict disagrees).
-FINISHED = (0, 3)
+#: The statuses of a finished run: 0, 3 (`jaxattn run`: its verdict disagrees) or 4
+#: (undecided).
+FINISHED = (0, 3, 4)
 #: Seconds a process waits for the coordinator (and the others) at start-up.
 TIMEOUT_S = 60
 #: Seconds without a heartbeat after which the coordination service gives up on a
@@ -173,8 +174,8 @@ def launch_local(command: Sequence[str], n: int, *, devices_per_process: int = 2
     are stopped (they would wait for it) and one line says which, ending with
     `after` (what to do next). A SIGTERM to the launcher stops them too.
 
-    **Returns:** the run's status when every process finished (0, or 3: its verdict
-    disagrees), else the first failure's."""
+    **Returns:** the run's status when every process finished (`FINISHED`), else the
+    first failure's."""
     flags = os.environ.get("XLA_FLAGS", "")
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
         f"{flags} --xla_force_host_platform_device_count={devices_per_process}").strip())

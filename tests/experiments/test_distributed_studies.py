@@ -99,8 +99,10 @@ def test_two_processes_write_the_noisy_run_of_one(name, tmp_path, noisy_alone):
     proc = start_jaxattn(_argv(out, "--launch-local", "2", name=name, settings=NOISY[name]))
     _, stderr = proc.communicate(timeout=500)
     alone = json.loads((noisy_alone(name) / "summary.json").read_text())
-    # at these sizes the verdict may disagree: the command's exit is then 3, as alone
-    assert proc.returncode == (0 if alone["agrees_with_theory"] else 3), stderr[-3000:]
+    # at these sizes the verdict may disagree or be undecided: the command's exit is
+    # then 3 or 4, as alone (a worker's 4 once stopped the others as a failure)
+    assert proc.returncode == (0 if alone["agrees_with_theory"] else
+                               4 if alone.get("undecided") else 3), stderr[-3000:]
     assert not (out / "INCOMPLETE").exists()
     _same_run(out, noisy_alone(name))
     summary = json.loads((out / "summary.json").read_text())

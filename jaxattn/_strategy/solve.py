@@ -84,7 +84,7 @@ class FlowResult(NamedTuple):
     """What `solve_flow(..., throw=False)` returns, per sample of the batch.
 
     - `ys`: tokens at each time, `(..., len(ts), n, d)`. Where a solve failed the
-      entries after the failure are not meaningful: check `success` first.
+      times it did not reach hold NaN: check `success` first.
     - `success`: `(...)` bool, whether the solver reached the last time.
     - `num_steps`: `(...)` accepted steps taken.
     """

@@ -85,11 +85,13 @@ def stepped(term, solver, controller, ts, dt0, max_steps, y0, args, event=None):
                                result)
     stats = dict(num_steps=steps, num_accepted_steps=accepted,
                  num_rejected_steps=steps - accepted)
-    if event is None:
-        return ys, result, stats
-    reached = (ts <= tprev) & (accepted > 0)  # saved by an accepted step
+    # inf where the run did not reach (diffeqsolve's): `ts[0]` is saved unless an
+    # event stopped the run before its first step
+    reached = (ts <= tprev) & ((accepted > 0) | (event is None))
     unreached = lambda v: jnp.where(reached.reshape(ts.shape + (1,) * (v.ndim - 1)),  # noqa: E731
                                     v, jnp.inf)
+    if event is None:
+        return jax.tree.map(unreached, ys), result, stats
     return (unreached(ts), jax.tree.map(unreached, ys), tprev, y1), result, stats
 
 

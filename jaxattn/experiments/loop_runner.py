@@ -30,9 +30,10 @@ from .._artifacts.folders import (
 )
 from .._files import atomic_write
 from .._precision import check_precision
-from .._validate import check_count, check_seed
+from .._validate import check_count, check_seed, refuse_first
 from ..models import (
     ALIASES,
+    FAMILIES,
     PACKAGED,
     PRESETS,
     WEIGHTS,
@@ -45,6 +46,7 @@ from ..models import (
     setup_loop,
     tokenize,
     tokenizer_source,
+    too_long,
     weight_files,
 )
 from . import get_experiment, loop_grid
@@ -107,6 +109,8 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
     if text is None:  # random ids: the arrays follow from the flags (and the model's sizes)
         check_sizes("loop", {"prompts": prompts, "tokens": tokens, "passes": passes},
                     footprint=loop_footprint(model, dtype, save_states))
+        if (cfg := _sizes(model)) is not None:  # before drawing or reading the weights
+            refuse_first([too_long(FAMILIES[cfg.model_type], cfg, tokens)])
     key = jax.random.PRNGKey(seed)
     net = loop_grid.get_model(model, weights, key)  # before the folder: a bad model leaves none
     ids, mask, source = loop_prompts(model, net, prompts, tokens, seed, text, pad, log=log)

@@ -335,7 +335,8 @@ def cluster_count(
 
     The number of clusters (an int array) per leading index.
     """
-    labels = cluster_labels(x, eps, block_size=block_size)
+    labels = cluster_labels(_tokens(x, "cluster_count", directions=False), eps,
+                            block_size=block_size)  # refusals named for this function
     own = jnp.arange(labels.shape[-1]).reshape((1,) * (labels.ndim - 1) + (-1,))
     return jnp.sum(labels == own, axis=-1)
 

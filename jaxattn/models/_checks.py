@@ -33,14 +33,19 @@ def check_ids(model: AbstractTransformer, ids) -> Int[Array, "B n"]:
          f"token ids must be (n,) or (B, n) with n ≥ 1, got shape {shape}."),
         (shape[:1] == (0,), ValueError,
          f"token ids must hold at least one prompt (B ≥ 1), got shape {shape}."),
-        (model.bounded_positions and cfg.max_positions and n > cfg.max_positions, ValueError,
-         f"{n} tokens exceed the model's {cfg.max_positions} learned positions."),
+        too_long(type(model), cfg, n),
         (low < 0 or high >= cfg.vocab_size, ValueError, f"token ids must lie in "
          f"[0, {cfg.vocab_size}) (the vocabulary), got [{low}, {high}]."),
     ))
     if isinstance(arr, np.ndarray):  # cast on the host: no program to trace and lower
         return jax.device_put(arr.astype(np.int32).reshape(-1, n))
     return jnp.asarray(arr, jnp.int32).reshape(-1, n)
+
+
+def too_long(family: type[AbstractTransformer], cfg, n: int) -> tuple:
+    """`refuse_first`'s row for `n` tokens past a model's learned positions."""
+    return (family.bounded_positions and cfg.max_positions and n > cfg.max_positions,
+            ValueError, f"{n} tokens exceed the model's {cfg.max_positions} learned positions.")
 
 
 CHUNK_TOKENS = 1024

@@ -157,6 +157,17 @@ def test_refused_arguments_leave_no_folder(tmp_path, capsys, argv, message):
     assert not (tmp_path / "a").exists()
 
 
+def test_a_loop_past_the_positions_is_refused_before_the_weights(tmp_path, capsys,
+                                                                  monkeypatch):
+    """A preset's sizes are known without its weights: drawing GPT-2's took 8 s."""
+    from jaxattn.experiments import loop_grid
+    monkeypatch.setattr(loop_grid, "get_model", lambda *a: pytest.fail("weights drawn"))
+    line = _one_line(capsys, ["loop", "--model", "gpt2", "--weights", "random", "--tokens",
+                              "1025", "--prompts", "1", "--out", str(tmp_path / "r")])
+    assert "1025 tokens exceed the model's 1024 learned positions" in line
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_horizon_the_solver_cannot_reach_is_one_line(tmp_path, capsys):
     """The flow's step budget runs out (it is no argument check: the folder stays,
     marked INCOMPLETE, as for any failed run)."""

@@ -255,6 +255,11 @@ def test_out_of_steps(key):
         jax.block_until_ready(ja.solve_flow(dyn, xb, ts, max_steps=3))
     res = ja.solve_flow(dyn, xb, ts, max_steps=3, throw=False)
     assert res.success.shape == (3,) and not res.success.any()
+    # the save the run did not reach is not a token (it held x0); as diffeqsolve's, in jit
+    np.testing.assert_allclose(res.ys[:, 0], xb, rtol=1e-6)
+    assert not np.isfinite(res.ys[:, 1]).any()
+    traced = jax.jit(lambda x: ja.solve_flow(dyn, x, ts, max_steps=3, throw=False))(xb)
+    assert not np.isfinite(traced.ys[:, 1]).any()
     ok = ja.solve_flow(dyn, xb, ts, throw=False)
     assert ok.success.all() and ok.ys.shape == (3, 2, 4, 3)
     dfx_ok = ja.solve_flow(dyn, xb, ts, solver=dfx.Dopri5(), throw=False)

@@ -115,11 +115,14 @@ def convergence_trend(ts, values, tol: float, *, fraction: float = 1 / 3,
     last `fraction` of the run (at least the last 3 samples).
 
     A fitted change of `log(values)` under `stall` over that window (a fall of less
-    than 0.1 % by default) is no measurable convergence: the run ended on a plateau (an
-    equilibrium off the predicted outcome, or one approached exponentially), while a
-    slow geometric approach, e.g. at a small spectral gap, still falls by more. A
-    metastable plateau flatter than that reads as stalled at this run's resolution:
-    run longer to see it leave.
+    than 0.1 % by default) and under `stall` per unit of time is no measurable
+    convergence: the run ended on a plateau (an equilibrium off the predicted outcome,
+    or one approached exponentially), while a slow geometric approach, e.g. at a small
+    spectral gap, still falls by more. A metastable plateau flatter than that reads as
+    stalled at this run's resolution: run longer to see it leave. A window shorter
+    than a unit of time is judged on the rate alone (in 1e-4 the dynamics move too
+    little to fall by 0.1 %), and one so short that float64 cannot resolve a rate of
+    `stall` (under ~1e-13) is `"unknown"`.
 
     **Arguments:**
 
@@ -149,10 +152,13 @@ def convergence_trend(ts, values, tol: float, *, fraction: float = 1 / 3,
     t0, span = float(t[keep][0]), float(np.ptp(t[keep]))
     per_x, at_t0 = np.polyfit((t[keep] - t0) / span,
                               np.log(np.maximum(v[keep], np.finfo(float).tiny)), 1)
+    if span * stall < np.finfo(float).eps:  # a rate of `stall` moves no float64 bit
+        return Trend("unknown", final, math.nan, math.inf, window, tol)
     change = per_x * ((window[1] - window[0]) / span)
-    state = "stalled" if abs(change) < stall else ("rising" if change > 0 else "converging")
+    slope = per_x / span
+    state = ("stalled" if abs(change) < stall and abs(slope) < stall
+             else "rising" if change > 0 else "converging")
     with np.errstate(over="ignore", divide="ignore"):
-        slope = per_x / span  # inf where the window is subnormal: a rate beyond float64
         reach = (t0 + (math.log(tol) - at_t0) / per_x * span if state == "converging"
                  else math.inf)
     return Trend(state, final, float(-slope), float(reach), window, tol)

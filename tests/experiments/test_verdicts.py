@@ -48,6 +48,18 @@ def test_stalled_or_rising_trend_contradicts(values, state):
     assert state in trend.describe("E")
 
 
+def test_a_short_window_is_judged_on_its_rate():
+    """adversarial-weights --horizon 1e-4 read a fall at rate 0.455 as a stall (its log
+    changes by 1.5e-5 in the window, under the 1e-3 of a stall): exit 3, AGAINST."""
+    ts = np.linspace(0.0, 1e-4, 31)
+    trend = convergence_trend(ts, 0.9 * np.exp(-0.455 * ts), TOL)
+    assert trend.state == "converging" and not trend.contradicts
+    np.testing.assert_allclose(trend.rate, 0.455, rtol=1e-6)
+    flat = convergence_trend(ts, 0.9 * np.exp(-1e-4 * ts), TOL)  # 1e-4 per unit time
+    assert flat.state == "stalled" and flat.contradicts
+    assert convergence_trend(ts * 1e-10, np.full(31, 0.9), TOL).state == "unknown"
+
+
 def test_a_rising_speed_does_not_contradict_theorem_32():
     """A gradient flow's speed rises when it leaves a saddle: only a stall counts."""
     rising = convergence_trend(TS, 0.01 * np.exp(0.05 * TS), TOL)
@@ -317,7 +329,8 @@ def test_the_trend_of_a_run_over_a_subnormal_horizon_is_read():
 
     ts = np.linspace(0.0, 5e-323, 31)  # the run to 10 T: ten distinct subnormal times
     trend = convergence_trend(ts, np.full(31, 0.75), 1e-4)
-    assert trend.state == "stalled" and trend.final == 0.75
+    # no rate can be read in so short a window: not a stall (it read as one, AGAINST)
+    assert trend.state == "unknown" and trend.final == 0.75 and not trend.contradicts
     # an ordinary run: the rate and the time the tolerance is reached, exactly
     ts = np.linspace(0.0, 10.0, 101)
     trend = convergence_trend(ts, 0.5 * np.exp(-0.3 * ts), 1e-6)

@@ -13,7 +13,8 @@
 #
 # Everything in jaxattn is differentiable, so we can ask: which starting tokens
 # keep the tokens apart longest? `ja.explore.slow_consensus` maximises the final
-# misalignment `E(x(T))` by gradient ascent through `solve_flow`, all restarts in one
+# misalignment `E(x(T))` (`objective="final"`; its default, `"pairwise"`, is the
+# misalignment over all pairs) by gradient ascent through `solve_flow`, all restarts in one
 # vmapped batch, keeping the tokens on the sphere (and, here, in a hemisphere, where
 # Theorem 4.1 still guarantees consensus in the end).
 
@@ -37,7 +38,7 @@ dyn = paper.sphere_dynamics(jax.random.PRNGKey(0))
 keys = jax.random.split(jax.random.PRNGKey(1), restarts)
 starts = jax.vmap(lambda k: paper.hemisphere_tokens(k, n, 3))(keys)  # (R, n, 3)
 result = ja.explore.slow_consensus(
-    dyn, init=starts, horizon=3.0, steps=steps, restarts=restarts,
+    dyn, init=starts, objective="final", horizon=3.0, steps=steps, restarts=restarts,
     constraints=ja.explore.Constraints(hemisphere="start", margin=0.05),
 )
 print(f"E(T) at the best start: {result.value:.2e}, {result.gain:.1f}× the random starts")

@@ -16,7 +16,15 @@ from ..metrics import misalignment
 from ..theory import predict
 from . import paper001
 from .base import Param
-from .search import SEARCH_PARAMS, AbstractSearch, adam, draw_trace, long_run, searched
+from .search import (
+    SEARCH_PARAMS,
+    AbstractSearch,
+    adam,
+    draw_trace,
+    long_run,
+    model_arrays,
+    searched,
+)
 from .verdicts import outcome_words, short, trend_kind
 
 #: The theorem each setting's starts are judged by.
@@ -30,7 +38,7 @@ class AdversarialTokens(AbstractSearch):
     params = SEARCH_PARAMS + (
         Param("tokens", int, 10, "tokens n (sphere setting)", 2),
         Param("horizon", float, 3.0, "horizon T of the objective E(x(T))", 0.0),
-        Param("margin", float, 0.05, "tokens kept in ⟨z, x⟩ ≥ margin (sphere)", 0.0),
+        Param("margin", float, 0.05, "tokens kept in ⟨z, x⟩ ≥ margin (sphere), in [0, 1)"),
         Param("dim", int, 20, "dimension of the causal setting (reduced; paper: 500)", 2),
         Param("causal_tokens", int, 20, "tokens of the causal setting (reduced; paper: 50)",
               2),
@@ -39,6 +47,10 @@ class AdversarialTokens(AbstractSearch):
         Param("saves", int, 30, "saved times of the objective's trajectory", 1),
     )
     settings = {"sphere_": "sphere", "causal_": "causal"}
+
+    def refusals(self, config):
+        return ((not 0 <= config.margin < 1,
+                 f"--margin must be in [0, 1), got {config.margin:g}."),)
 
     def explore(self, config, setting, progress):
         key = jax.random.fold_in(jax.random.PRNGKey(config.seed), len(setting))
@@ -131,11 +143,11 @@ def _causal_setting(config, key):
 def _token_outcome(setting, dyn, x, res, T, long):
     """The long-horizon check of the best start beside 8 random ones, and its shape."""
     starts = jnp.concatenate([res.x0[None], x[:8]])
-    ts, ys = long_run(dyn, starts, long * T)
+    ts, ys, complete = long_run(dyn, starts, long * T)
     pred = predict(dyn, res.x0)
     gram = np.asarray(res.x0 @ res.x0.T)
-    out = searched(res) | {
-        "x0": res.x0, "ts_long": ts, "E_long": misalignment(ys),
+    out = searched(res) | model_arrays(dyn) | {
+        "x0": res.x0, "ts_long": ts, "E_long": misalignment(ys), "long_complete": complete,
         "in_domain": bool(np.asarray(pred.in_domain)), "margin": float(np.asarray(pred.margin)),
         "theorem": str(pred.theorem), "min_inner": float(gram.min()), "gram": gram, "horizon": T,
     }

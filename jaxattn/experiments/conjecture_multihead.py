@@ -31,10 +31,21 @@ def _trend(found):
 
 def _distance_to_v1(ts, ys, dyn):
     """`max_i (1 − ⟨x_i(T), v₁⟩)`, `v₁` the top eigenvector of `Σ_η U_η` on the
-    side of the start."""
+    side of the start, as `max_i |x_i − v₁|² / 2` (unit vectors): no cancellation, so
+    a start at distance 1e-20 still has a gradient (`1 − ⟨x, v₁⟩` is 0 below ~1e-16)."""
     v1 = _top_of_sum(dyn)
     v1 = v1 * jnp.where(jnp.sum(ys[0] @ v1) >= 0, 1.0, -1.0)
-    return jnp.max(1 - ys[-1] @ v1)
+    return jnp.max(jnp.sum((ys[-1] - v1[None]) ** 2, axis=-1)) / 2
+
+
+def _start_gap(config, h) -> tuple[float, float]:
+    """`(λ₁ − λ₂, λ₁)` of `Σ_η U_η` for the drawn `h`-head model's `U_η`, each clipped to
+    `--u-bound` as the search's start is."""
+    U = np.asarray(_multihead_model(config.seed, h, config.dim, config.p_bound / 2)[0].U.value)
+    lam, V = np.linalg.eigh(U)
+    lam = np.linalg.eigvalsh(np.sum((V * np.clip(lam, -config.u_bound, config.u_bound)[
+        ..., None, :]) @ np.swapaxes(V, -1, -2), axis=0))
+    return float(lam[-1] - lam[-2]), float(lam[-1])
 
 
 @kept_jit(static_argnames=("h", "d"))  # one program (op by op: ~15)
@@ -69,12 +80,22 @@ class ConjectureMultihead(AbstractSearch):
         Param("horizon", float, 30.0, "horizon T of the distance to v₁", 0.0),
         Param("u_bound", float, 1.0, "spectral-norm bound of each U_η", 0.0),
         Param("p_bound", float, 5.0, "spectral-norm bound of each P_η", 0.0),
-        Param("margin", float, 0.02, "start kept in ⟨v₁, x⟩ ≥ margin", 0.0),
+        Param("margin", float, 0.02, "start kept in ⟨v₁, x⟩ ≥ margin, in [0, 1)"),
         Param("gap", float, 0.05, "kept λ₁ − λ₂ ≥ gap and λ₁ ≥ gap for ΣU_η", 0.0),
         Param("long", float, 10.0, "the check runs to long × horizon", 1.0),
         Param("saves", int, 30, "saved times of the objective's trajectory", 1),
     )
     settings = {"h2_": 2, "h3_": 3}
+
+    def refusals(self, config):
+        yield not 0 <= config.margin < 1, f"--margin must be in [0, 1), got {config.margin:g}."
+        for h in self.settings.values():
+            gap, lam1 = _start_gap(config, h)
+            yield (min(gap, lam1) < config.gap,
+                   f"--gap {config.gap:g}: the drawn {h}-head model (seed {config.seed}) starts "
+                   f"with λ₁ − λ₂ = {gap:.3g}, λ₁ = {lam1:.3g} for Σ_η U_η, and the search keeps "
+                   f"both ≥ --gap from its start: lower --gap to at most {min(gap, lam1):.3g} "
+                   "(or try another --seed).")
 
     def explore(self, config, h, progress):
         dyn, key, tokens_key = _multihead_model(config.seed, h, config.dim, config.p_bound / 2)
@@ -94,15 +115,23 @@ class ConjectureMultihead(AbstractSearch):
     def judge_setting(self, config, found, h):
         d_T, d_long = float(found["value"]), float(found["dist_long"])
         trend = _trend(found)
-        # a counterexample stops approaching v₁; a slow approach is none
-        return None, (
+        # a counterexample stops approaching v₁; a slow approach is none, nor a proof
+        kind = ("contradicts" if trend.contradicts else
+                "agrees" if trend.state == "converged" else "not_converged")
+        return kind, (
             f"h={h}: best max(1 − ⟨x_i(T), v₁⟩) {short(d_T)} (random starts mean "
             f"{short(np.mean(found['baseline']))}); at {config.long:g}T {short(d_long)}, "
             f"|velocity| {short(float(found['speed_end']))}, gap of ΣU "
             f"{float(found['gap']):.3f}, start margin {float(found['margin']):.3f}; "
-            f"{trend.describe('distance')} → "
-            + ("CANDIDATE COUNTEREXAMPLE" if trend.contradicts
-               else "converges: no counterexample"))
+            f"{trend.describe('distance')} → " + {
+                "contradicts": "CANDIDATE COUNTEREXAMPLE",
+                "agrees": "converges: no counterexample",
+                "not_converged": "not converged: undecided"}[kind])
+
+    def undecided(self, config, data, kind):
+        return super().undecided(config, data, kind) or (
+            "a larger --long (the distance to v₁ has not converged)"
+            if kind == "not_converged" else "")
 
     def numbers(self, config, data):
         found = any(_trend(s).contradicts for s, _ in self.sections(data))
@@ -122,8 +151,7 @@ class ConjectureMultihead(AbstractSearch):
                                               mark_label="$v_1$")
             figures.title_3d(ax3, f"h = {h}: best start, $t \\in [0, {config.long:g}T]$")
             ax = fig.add_subplot(2, 3, 3 * row + 3)
-            # 1 − ⟨x, v₁⟩ as computed resolves ~ε (first order), not ε²
-            figures.draw_decay(ax, found["ts"], found["dist"], order=1, color="tab:red")
+            figures.draw_decay(ax, found["ts"], found["dist"], color="tab:red")
             ax.axvline(config.horizon, color="k", ls=":", lw=1, label="horizon $T$")
             ax.set(ylabel=r"$\max_i\,[\,1-\langle x_i(t), v_1\rangle\,]$",
                    title=f"h = {h}: distance to $v_1$")
@@ -134,12 +162,13 @@ class ConjectureMultihead(AbstractSearch):
 
 def _multihead_check(res, config):
     dyn = res.dyn
-    ts, ys = long_run(dyn, res.x0, config.long * config.horizon)
+    ts, ys, complete = long_run(dyn, res.x0, config.long * config.horizon)
     M, v1, speed = jax.tree.map(np.asarray, _at_the_end(dyn, ts[-1], ys[-1]))
     v1 = v1 * np.sign(np.sum(np.asarray(res.x0) @ v1))
     lam = np.linalg.eigvalsh(M)
-    dist = 1 - np.min(np.asarray(ys) @ v1, axis=-1)
+    dist = np.max(np.sum((ys - v1) ** 2, axis=-1), axis=-1) / 2  # 1 − ⟨x, v₁⟩, exactly
     return searched(res) | {
         "x0": res.x0, "ts": ts, "ys": ys, "dist": dist, "dist_long": dist[-1], "v1": v1,
+        "long_complete": complete,
         "gap": lam[-1] - lam[-2], "lam": lam, "speed_end": float(speed),
         "margin": float(np.min(np.asarray(res.x0) @ v1)), "P": dyn.P.value, "U": dyn.U.value}

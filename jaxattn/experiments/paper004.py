@@ -6,7 +6,7 @@ base of its members (their own parameters only)."""
 import jax
 import numpy as np
 
-from ..models import PRESETS, init, load
+from ..models import PRESETS, init, load, resolve_config
 from ..spectral import LayerAlignment, random_tokens
 from .base import AbstractExperiment, Param
 
@@ -29,13 +29,26 @@ TOKENS = (
 )
 
 
+def _chosen(config, default: str) -> tuple[str, bool]:
+    """The name of the model a config asks for, and whether it is a trained one."""
+    trained = [_TRAINED[k] for k in _TRAINED if config.get(k)]
+    if trained:
+        return trained[0], True
+    return next((_RANDOM[k] for k in _RANDOM if config.get(k)), default), False
+
+
+def native_depth(config, default: str) -> int:
+    """The number of layers of the model a config asks for, read from its config
+    alone (no weights: cheap enough for `refusals`)."""
+    return resolve_config(_chosen(config, default)[0])[0].num_layers
+
+
 def model_from_flags(config, default: str):
     """The model a config asks for (at most one model flag: `check_config`), and a
     name for it."""
-    trained = [_TRAINED[k] for k in _TRAINED if config.get(k)]
+    preset, trained = _chosen(config, default)
     if trained:
-        return load(trained[0]), trained[0] + " (trained)"
-    preset = next((_RANDOM[k] for k in _RANDOM if config.get(k)), default)
+        return load(preset), preset + " (trained)"
     cfg = dict(PRESETS[preset], initializer_range=config.std)
     width, heads = _WIDTH_KEYS.get(cfg["model_type"], ("hidden_size", "num_attention_heads"))
     if config.hidden:
@@ -60,6 +73,8 @@ def random_prompts(config, d, offset=0):
 #: The smallest `--std`: the random weights' products (of order std²) stay above
 #: float32's smallest normal number, where the models compute.
 MIN_STD = float(np.sqrt(np.finfo(np.float32).tiny))
+#: The largest `--std`: past it the products overflow float32.
+MAX_STD = float(np.sqrt(np.finfo(np.float32).max))
 
 
 class AbstractPowerExperiment(AbstractExperiment):
@@ -79,7 +94,10 @@ class AbstractPowerExperiment(AbstractExperiment):
                 ("std" in config and config.get("std") < MIN_STD,
                  f"--std {config.get('std')!r}: the random weights' products (of order std²) "
                  "underflow float32, where the models compute (all zero); choose --std ≥ "
-                 f"{MIN_STD:.2g}."))
+                 f"{MIN_STD:.2g}."),
+                ("std" in config and config.get("std") > MAX_STD,
+                 f"--std {config.get('std')!r}: the random weights' products (of order std²) "
+                 f"overflow float32, where the models compute; choose --std ≤ {MAX_STD:.2g}."))
 
 
 #: The family of the random config (default GPT-2).

@@ -48,11 +48,15 @@ class PowerLayers(AbstractPowerExperiment):
              "p_above_half": int(more.sum()), "mean_c": float(data["stat_c"].mean()),
              "mean_c_bar": float(data["stat_c_bar"].mean())}
         ok = above.sum() > above.size / 2 and more.sum() > more.size / 2
+        # p ≤ 1 passes 1/2 by two standard errors only past 4 tokens
+        undecided = "" if 2 * binomial_error(0.5, tokens) < 0.5 else (
+            f"{tokens} tokens cannot put p_ℓ above 1/2 by two standard errors (it takes "
+            "more than 4); raise --prompts or --tokens.")
         line = (f"Δ_ℓ > Δ̄_ℓ in {n['delta_above_baseline']}/{n['layers']} layers, p_ℓ > 1/2 in "
                 f"{n['p_above_half']}/{n['layers']} (each by two standard errors over "
                 f"{tokens:,} tokens); mean c_ℓ {short(n['mean_c'])} vs c̄_ℓ "
                 f"{short(n['mean_c_bar'])}")
-        return Verdict(bool(ok), line, n)
+        return Verdict(bool(ok), line, n, undecided=undecided)
 
     def draw(self, config, data, folder):
         return plots.power_layers(data, self.stem(folder))

@@ -39,7 +39,7 @@ def power_shared(data, stem):
     ax.hist(cm[:, 0], bins, histtype="step", color="tab:red", lw=1.2, ls="--",
             label=rf"$v_1$ ({modulus} order)")
     ax.set(xlabel=f"alignment after the native {L} layers", ylabel="tokens",
-           title="final alignment (paper 004 Fig. 2(a)(b))")
+           title=f"alignment at the native depth {L}")
     figures.integer_ticks(ax.yaxis)  # a count of tokens
     figures.legend_below(ax, ncol=1)
     ax = axes[2]
@@ -133,10 +133,12 @@ def steer(data, stem):
     return figures.save_figure(fig, stem, title=f"steer: {data['label']}")
 
 
-def oja(data, stem):
+def oja(data, stem, outcomes, tolerance):
+    """`outcomes`: how Fig. 13's two perturbations ended (the verdict's words);
+    `tolerance`: the residual below which an entry is a fixed point."""
     fig = figures.pyplot().figure(figsize=(15, 4.2))
     ax = fig.add_subplot(1, 4, 1)
-    fixed = data["residual"] < 1e-9
+    fixed = data["residual"] < tolerance
     for kind, marker in (("oja", "o"), ("head", "^")):
         for cons, color in ((True, "tab:blue"), (False, "tab:orange")):
             sel = fixed & (data["map"] == kind) & ((data["m"] == data["n"]) == cons)
@@ -154,10 +156,8 @@ def oja(data, stem):
         ax3 = fig.add_subplot(1, 4, 2 + j, projection="3d")
         figures.draw_sphere_trajectories(ax3, data["fig13_paths"][j])
         figures.view_towards(ax3, [1.0, 0.6, 0.5])
-        end = data["fig13_paths"][j][-1]
-        title = ("absorbed" if data["fig13_final"][j] <= 0.5 else "escapes to consensus"
-                 if np.max(np.linalg.norm(end - end[:1], axis=-1)) < 1e-6 else "escapes")
-        figures.title_3d(ax3, f"perturbation {data['fig13_eps'][j]:.3g}: {title}", fontsize=9)
+        figures.title_3d(ax3, f"perturbation {data['fig13_eps'][j]:.3g}: {outcomes[j]}",
+                         fontsize=9)
     ax = fig.add_subplot(1, 4, 4)
     figures.draw_decay(ax, data["fig13_sizes"], data["fig13_dist"], order=1, stop=False, marker="o",
                ms=3)
@@ -166,7 +166,7 @@ def oja(data, stem):
         ax.text(0.5, 0.5, "every perturbation absorbed\n(distance below the floor)",
                 transform=ax.transAxes, ha="center", va="center", fontsize=9)
     layers = int(data.get("fig13_layers", 400))  # folders before it was saved: 400
-    ax.set(xscale="log", xlabel="perturbation size",
+    ax.set(xscale="log", xlabel="tangent length (before normalising)",
            ylabel=f"distance to the bipartite point after {layers} layers")
     ax.legend(fontsize=7, loc="upper left")
     ax.set_title(f"Fig. 13 basin (q = {float(data['fig13_q']):.3g}, n=10, m=8)", fontsize=9)

@@ -4,11 +4,22 @@
 
 import numpy as np
 
+from .._validate import too_big
+from ..metrics import mean_error
 from ..spectral import shared_alignment
 from . import power_plots as plots
 from .base import Param, Verdict
-from .paper004 import MODEL_FLAGS, TOKENS, AbstractPowerExperiment, model_from_flags, random_prompts
+from .paper004 import (
+    MODEL_FLAGS,
+    TOKENS,
+    AbstractPowerExperiment,
+    model_from_flags,
+    native_depth,
+    random_prompts,
+)
 from .verdicts import short
+
+_DEFAULT = "albert-base-v2"
 
 
 class PowerShared(AbstractPowerExperiment):
@@ -22,8 +33,19 @@ class PowerShared(AbstractPowerExperiment):
               "verdict compares the end with the native depth)", 2),
     )
 
+    def refusals(self, config):
+        yield from super().refusals(config)
+        L = native_depth(config, _DEFAULT)
+        yield (config.layer >= L, f"--layer {config.layer}: the model has {L} layers "
+               f"(0 to {L - 1}).")
+        # the alignments (prompts, layers, tokens, 2 orders, 2 subspaces) in float64
+        yield too_big(32.0 * config.prompts * config.tokens * (config.depth * L + 1),
+                      f"--prompts {config.prompts}, --tokens {config.tokens}, --depth "
+                      f"{config.depth} ({config.depth * L:,} layers): the alignments need at "
+                      "least", "choose smaller values")
+
     def simulate(self, config, progress):
-        model, label = model_from_flags(config, "albert-base-v2")
+        model, label = model_from_flags(config, _DEFAULT)
         d, L = model.config.hidden_size, model.num_layers
         specs, cos = shared_alignment(model, random_prompts(config, d), config.depth * L,
                                       layer=config.layer, tau=config.tau)
@@ -43,14 +65,33 @@ class PowerShared(AbstractPowerExperiment):
                   f"{tag}_native": float(c[L, 0]), f"{tag}_end": float(c[-1, 0]),
                   f"{tag}_plane_end": float(c[-1, 1])}
         d = data["eig_step"].shape[0]
-        n["random_baseline"] = float(np.sqrt(2 / (np.pi * d)))
-        ok = n["step_end"] > max(n["step_native"], n["step_start"])
+        # A random token's mean alignment: √(2/(πd)) with a direction, √(π/(2d)) with
+        # the plane span(Re v₁, Im v₁) of a complex λ₁.
+        planar = {tag: bool(data[f"eig_{tag}"][0].imag != 0) for tag in ("step", "modulus")}
+        baseline = {tag: float(np.sqrt(np.pi / (2 * d) if planar[tag] else 2 / (np.pi * d)))
+                    for tag in planar}
+        n["random_baseline"], n["random_baseline_modulus"] = baseline["step"], baseline["modulus"]
+        # The rise past the larger of the start and the native depth, per prompt (the
+        # tokens of one prompt move together), judged by its standard error.
+        per_prompt = data["cos_step"][..., 0].mean(axis=2)  # (prompts, layers)
+        ref = L if n["step_native"] >= n["step_start"] else 0
+        rise, error = mean_error(per_prompt[:, -1] - per_prompt[:, ref])
+        n["step_rise"], n["step_rise_error"] = float(rise), float(error)
+        aligned = n["step_end"] > 1 - 1e-6  # nothing left to rise
+        ok = aligned or rise > 2 * error
+        against = not aligned and rise < -2 * error
+        subspace = {True: "plane", False: "direction"}
         line = (f"case {n['modulus_case']} by |λ| (paper), {n['step_case']} by |1+τλ|; "
                 f"mean alignment with v₁ (|1+τλ| order) {short(n['step_start'])} → "
                 f"{short(n['step_native'])} at depth {L} → {short(n['step_end'])} at "
-                f"{data['cos_step'].shape[1] - 1}; with the |λ|-ordered v₁ "
-                f"{short(n['modulus_end'])} (random direction ≈ {short(n['random_baseline'])})")
-        return Verdict(bool(ok), line, n)
+                f"{data['cos_step'].shape[1] - 1} (rise {short(rise)} ± {short(error)}); "
+                f"with the |λ|-ordered v₁ {short(n['modulus_end'])} (random tokens: "
+                + ", ".join(dict.fromkeys(f"≈ {short(baseline[t])} with a {subspace[planar[t]]}"
+                                          for t in ("step", "modulus"))) + ")")
+        undecided = "" if ok or against else (
+            f"the rise {short(rise)} is within two standard errors ({short(error)}) over "
+            f"{per_prompt.shape[0]} prompts; raise --prompts or --depth.")
+        return Verdict(bool(ok), line, n, undecided=undecided)
 
     def draw(self, config, data, folder):
         return plots.power_shared(data, self.stem(folder))

@@ -7,9 +7,13 @@ settings and joins their verdict parts.
 """
 
 import abc
+import dataclasses
+import re
 import typing
 from typing import Any, ClassVar
 
+import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -72,7 +76,20 @@ class AbstractSearch(AbstractExperiment):
         numbers = self.numbers(config, data)
         if all(kind is None for kind in kinds):  # a search with no theorem to judge
             return Verdict(True, line, numbers)
-        return kind_verdict(overall_kind(kinds), line, numbers)
+        kind = overall_kind(kinds)
+        verdict = kind_verdict(kind, line, numbers)
+        undecided = "" if kind == "contradicts" else self.undecided(config, data, kind)
+        return dataclasses.replace(verdict, ok=False, undecided=undecided) if undecided \
+            else verdict
+
+    def undecided(self, config: Config, data: dict[str, np.ndarray], kind: str) -> str:
+        """What would decide a run that neither agrees nor contradicts (`""`: it is
+        decided; `jaxattn run` exits 4 otherwise). A hook: by default, a long check
+        (`long_run`) that stopped at the flow solver's step budget."""
+        stopped = any("long_complete" in s and not bool(s["long_complete"])
+                      for s, _ in self.sections(data))
+        return ("a smaller --long: the long check stopped at the flow solver's step budget"
+                if stopped else "")
 
     @typing.final
     def sections(self, data) -> list[tuple[Section, Any]]:
@@ -87,23 +104,43 @@ def searched(res) -> dict[str, Any]:
             "violation": np.max(res.violation)}
 
 
+def model_arrays(dyn) -> dict[str, np.ndarray]:
+    """The model's arrays by their place in it (`model_U_value`, `model_P_params_0` for
+    the first parameter of a schedule `P`), for `data.npz`: with the experiment's
+    schedule functions they rebuild the model the run searched with."""
+    leaves = jax.tree_util.tree_flatten_with_path(dyn)[0]
+    return {"model" + re.sub(r"[^A-Za-z0-9]+", "_", jax.tree_util.keystr(path)).rstrip("_"):
+            np.asarray(leaf) for path, leaf in leaves if eqx.is_array(leaf)}
+
+
 def long_run(dyn, x0, T, saves=400):
     """The flow from `x0` on `saves + 1` equally spaced times of `[0, T]`: the times
-    (NumPy) and the tokens `(..., saves + 1, n, d)`."""
-    ts = jnp.linspace(0.0, T, saves + 1)
-    return np.asarray(ts), solve_flow(dyn, x0, ts, max_steps=200000)
+    (NumPy), the tokens `(..., times, n, d)` and whether every run reached `T`. A run
+    that reaches the step budget first is cut at the last time every run reached (the
+    search before it is kept; `AbstractSearch.undecided` says to lower `--long`)."""
+    ts = np.linspace(0.0, T, saves + 1)
+    out = solve_flow(dyn, x0, jnp.asarray(ts), max_steps=200000, throw=False)
+    ys = np.asarray(out.ys)
+    reached = np.all(np.isfinite(ys.reshape(-1, *ys.shape[-3:])), axis=(0, 2, 3))
+    end = len(ts) if reached.all() else max(int(np.argmin(reached)), 1)
+    return ts[:end], ys[..., :end, :, :], bool(np.all(out.success))
 
 
 def draw_trace(ax, trace, baseline, label, baseline_label="random starts (mean)"):
-    """The best value so far of every restart over the optimiser steps, beside the
-    mean of the baseline (the random starts, or what `baseline_label` says)."""
-    best = np.maximum.accumulate(np.asarray(trace), axis=0)
-    shown = np.any(best > 0, axis=0)  # a restart at 0 throughout has no place on a log axis
-    lines = ax.semilogy(np.where(best > 0, best, np.nan)[:, shown], color="tab:blue", lw=0.8,
-                        alpha=0.6)
+    """Every restart's value at each optimiser step (a search can lose ground: the
+    constraint map after a step is not part of its gradient) and the best so far over
+    all restarts, beside the mean of the baseline (the random starts, or what
+    `baseline_label` says)."""
+    trace = np.asarray(trace)
+    shown = np.any(trace > 0, axis=0)  # a restart at 0 throughout has no place on a log axis
+    lines = ax.semilogy(np.where(trace > 0, trace, np.nan)[:, shown], color="tab:blue",
+                        lw=0.8, alpha=0.6)
     hidden = int((~shown).sum())
     note = f" ({hidden} at 0 throughout: not drawn)" if hidden else ""
-    figures.label_first(lines, "best so far, per restart" + note)
+    figures.label_first(lines, "each restart, per step" + note)
+    best = np.maximum.accumulate(np.max(np.where(np.isnan(trace), -np.inf, trace), axis=1))
+    ax.semilogy(np.where(best > 0, best, np.nan), color="k", lw=1.6,
+                label="best so far (all restarts)")
     ax.axhline(np.mean(baseline), color="k", ls="--", lw=1, label=baseline_label)
     ax.set_xlabel("optimiser step")
     figures.integer_ticks(ax.xaxis)

@@ -34,6 +34,13 @@ class Steer(AbstractPowerExperiment):
               "w = the top direction of the last layer's inputs on other prompts (else w = u)"),
     )
 
+    def refusals(self, config):
+        yield from super().refusals(config)
+        big = float(np.finfo(np.float32).max)
+        yield (config.gamma > big, f"--gamma {config.gamma:g}: the edit γ u wᵀV⁺ is stored in "
+               f"the model's float32 weights, which overflow past {big:.2g}; choose a smaller "
+               "--gamma.")
+
     def simulate(self, config, progress):
         model, label = model_from_flags(config, "gpt2")
         d = model.config.hidden_size

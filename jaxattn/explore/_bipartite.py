@@ -20,7 +20,7 @@ from jaxtyping import Array, Float
 from .._dynamics import SelfAttentionDynamics
 from .._precision import einsum, matmul
 from .._programs import kept_jit
-from .._validate import check_count, check_scalar, refuse_first, surface_errors
+from .._validate import check_count, check_scalar, is_concrete, refuse_first, surface_errors
 from ..spectral import bipartite_point, tangent_jacobian
 
 
@@ -115,7 +115,7 @@ def stabilize_bipartite(
 
     **Arguments:**
 
-    - `w0`: starting weights with a leading restart axis, `P, U (R, h, d, d)`.
+    - `w0`: finite starting weights with a leading restart axis, `P, U (R, h, d, d)`.
     - `v`: the unit direction of the equilibrium; `n`, `m`: tokens and split.
     - `tau`, `beta`: the layer step and inverse temperature.
     - `p_bound`, `u_bound`: Frobenius bounds of the stacks `P` and `U`.
@@ -144,6 +144,9 @@ def stabilize_bipartite(
         (not np.isclose(np.linalg.norm(np.asarray(v, float)), 1.0, atol=1e-5),
          "stabilize_bipartite: `v` must be a unit vector (pass v / jnp.linalg.norm(v))."),
         (not m < n, f"stabilize_bipartite: `m` must be in 1..n−1 = 1..{n - 1}, got {m}."),
+        (is_concrete(w0.P) and is_concrete(w0.U) and not (
+            np.all(np.isfinite(np.asarray(w0.P))) and np.all(np.isfinite(np.asarray(w0.U)))),
+         "stabilize_bipartite: `w0` contains NaN or inf; pass finite starting weights."),
     ))
     # the bounds and the step traced (weakly typed, as the Python floats were)
     w, trace, viol = _stabilize(w0, v, *map(jnp.asarray, (tau, p_bound, u_bound)), n=n, m=m,

@@ -45,7 +45,7 @@ class Constraints(eqx.Module):
     - `norm`, `bound`: `"spectral"` or `"frobenius"` bound every trained matrix
       (the trailing two axes) by `bound`: an exact Euclidean projection (singular
       values clipped at `bound`, or rescaling). `bound` is a number or a dict
-      `{field: number}`.
+      `{field: number}`; each needs the other.
     - `symmetric`: fields kept symmetric, e.g. `("U",)` (projection `(M + Mᵀ)/2`).
     - `top_eigenvector`, `gap`: keep the given unit vector `v` an eigenvector of
       the (one-head, symmetric) `U` with the largest eigenvalue, ahead of the next
@@ -88,20 +88,24 @@ class Constraints(eqx.Module):
             (self.norm not in _NORMS, f"`norm` must be one of {_NORMS}, got {self.norm!r}."),
             (self.norm is not None and self.bound is None,
              f"norm={self.norm!r} needs a `bound` (a number or a dict)."),
+            (self.norm is None and self.bound is not None,
+             "`bound` needs a `norm` ('spectral' or 'frobenius'): without one it bounds "
+             "nothing."),
             (bad, f"`bound` must be a finite number > 0 (or a dict of them), got {bad[0]!r}."
              if bad else ""),
             (not _positive(self.gap, zero=True),
              f"`gap` must be a finite number ≥ 0, got {self.gap!r}."),
-            (u_bound is not None and self.gap > 2 * u_bound,
+            (u_bound is not None and _positive(self.gap) and self.gap > 2 * u_bound,
              f"`gap` {self.gap} cannot be kept with ‖U‖₂ ≤ {u_bound}: the eigenvalues of "
              f"U lie in [−{u_bound}, {u_bound}], so the gap is at most twice the bound; "
              "lower `gap` or raise the bound."),
             (isinstance(self.hemisphere, str) and self.hemisphere != "start",
              f"`hemisphere` must be an array, 'start' or a function, got {self.hemisphere!r}."),
-            (self.sum_gap is not None and not self.sum_gap > 0,
-             f"`sum_gap` must be > 0, got {self.sum_gap}."),
-            (self.hemisphere is not None and not 0 <= self.margin < 1,
-             f"`margin` must be in [0, 1), got {self.margin}."),
+            (self.sum_gap is not None and not _positive(self.sum_gap),
+             f"`sum_gap` must be a finite number > 0, got {self.sum_gap!r}."),
+            (self.hemisphere is not None
+             and not (_positive(self.margin, zero=True) and self.margin < 1),
+             f"`margin` must be a number in [0, 1), got {self.margin!r}."),
         )
         refuse_first(checks)
 

@@ -20,7 +20,7 @@ from .._horizon import Horizon
 from .._layers import run_layers_unchecked
 from .._precision import einsum
 from .._programs import kept_jit
-from .._validate import check_count, check_scalar, refuse_first, surface_errors
+from .._validate import check_count, check_scalar, checked, refuse_first, surface_errors
 from ..metrics import misalignment, pairwise_misalignment
 
 OBJECTIVES = ("pairwise", "final", "integrated", "consensus_time", "lyapunov")
@@ -151,12 +151,18 @@ class Trajectory(eqx.Module):
 
     def run(self, dyn, x0: Float[Array, "n d"]) -> Float[Array, "T n d"]:
         """The tokens at the times `ts` from `x0` (on `E_W`); NaN if the run failed."""
+        ys, ok = self.solve(dyn, x0)
+        return jnp.where(ok, ys, jnp.nan)
+
+    def solve(self, dyn, x0: Float[Array, "n d"]) -> tuple[Float[Array, "T n d"], Array]:
+        """The tokens at the times `ts` from `x0` (on `E_W`), and whether the run
+        reached the horizon (the flow within `max_steps`; the layers always do)."""
         # Unchecked runs (the tokens are on E_W by construction): one restart whose
         # run fails (step budget, overflow) must not abort the batch; its value
         # becomes NaN and the search rejects that step. They also leave no host
         # callback in the program, so sharded restarts split across devices.
         if self.model == "layers":
-            return run_layers_unchecked(dyn, x0, self.num_layers, self.tau)[0]
+            return run_layers_unchecked(dyn, x0, self.num_layers, self.tau)[0], jnp.array(True)
         # Backsolve integrates an augmented state; the retraction wrapper only
         # knows token arrays, so that adjoint solves the ambient ODE. A placement
         # that leaves E_W is never retracted (`ja.solve_flow`'s default).
@@ -165,7 +171,7 @@ class Trajectory(eqx.Module):
         out = solve_flow_unchecked(dyn, x0, self.ts, solver=self.solver, rtol=self.rtol,
                                    atol=self.atol, max_steps=self.max_steps,
                                    adjoint=self.adjoint, on_manifold=on_manifold)
-        return jnp.where(out.success, out.ys, jnp.nan)
+        return out.ys, out.success
 
 
 def make_trajectory(horizon, *, model="flow", saves=100, tau=0.1, adjoint="checkpoint",
@@ -222,7 +228,9 @@ def consensus_objective(
 
     **Returns:**
 
-    The objective, a scalar.
+    The objective, a scalar. A flow that reaches `max_steps` before the horizon raises
+    an error, as `ja.solve_flow` does (checked on the host for concrete inputs, in the
+    program for traced ones).
     """
     fn, _ = as_objective(objective)
     return _objective(dyn, x0, fn, make_trajectory(horizon, **horizon_kw))
@@ -234,16 +242,23 @@ def _objective(dyn, x0, fn, traj: Trajectory, grad: bool = False):
     x0 = check_token_shape(dyn, x0)
     refuse_first([(x0.ndim != 2, f"`x0` must be one sequence of tokens (n, d), got shape "
                                  f"{x0.shape}; use jax.vmap for a batch.")])
-    return call_batched(_objective_jit, dyn, x0, None, fn, traj, grad=grad)[0]
+    out, ok = call_batched(_objective_jit, dyn, x0, None, fn, traj, grad=grad)[0]
+    return checked(out, ok, _OUT_OF_STEPS)
+
+
+_OUT_OF_STEPS = ("jaxattn: the flow solver reached `max_steps` before the horizon: raise "
+                 "`max_steps` or shorten `horizon`.")
 
 
 @kept_jit
 def _objective_jit(dyn, x0, fn, traj: Trajectory, checks: bool, grad: bool = False):
+    """The objective (or its gradient in `x0`) and whether the run reached the horizon."""
     def value(x):
-        ys = traj.run(dyn, prepare_tokens(dyn, x, checks=checks))
-        return fn(traj.ts.astype(ys.dtype), ys, dyn)
+        ys, ok = traj.solve(dyn, prepare_tokens(dyn, x, checks=checks))
+        ys = jnp.where(ok, ys, jnp.nan)
+        return fn(traj.ts.astype(ys.dtype), ys, dyn), ok
 
-    return jax.grad(value)(x0) if grad else value(x0)
+    return jax.grad(value, has_aux=True)(x0) if grad else value(x0)
 
 
 # --- adjoints -----------------------------------------------------------------------

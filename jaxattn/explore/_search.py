@@ -28,6 +28,7 @@ from .._programs import kept_jit
 from .._validate import (
     _token_defects,
     check_count,
+    check_flag,
     check_scalar,
     is_concrete,
     is_one_key,
@@ -239,7 +240,7 @@ class _Loop(eqx.Module):
             new = _select(ok_w, new, kept)
         finite = jnp.isfinite(v) & _all_finite((g, new))
         x_new, w_new, z_new = _select(finite, new, (x, w, z))
-        return (x_new, w_new, _select(finite, opt_new, opt), z_new), (v, viol)
+        return (x_new, w_new, _select(finite, opt_new, opt), z_new), (v, viol, ~finite)
 
 
 def _select(pred, a, b):
@@ -256,12 +257,13 @@ def _all_finite(tree) -> Bool[Array, ""]:
 def _run_chunk(loop: _Loop, state, best, length: int):
     def body(carry, _):
         state, best = carry
-        new_state, (v, viol) = jax.vmap(loop.step)(state)
+        new_state, (v, viol, skipped) = jax.vmap(loop.step)(state)
         best = _keep_best(best, state, v)
-        return (new_state, best), (v, viol)
+        return (new_state, best), (v, viol, skipped)
 
-    (state, best), (vs, viols) = jax.lax.scan(body, (state, best), None, length=length)
-    return state, best, vs, viols
+    (state, best), (vs, viols, skipped) = jax.lax.scan(body, (state, best), None,
+                                                       length=length)
+    return state, best, vs, viols, jnp.sum(skipped, axis=0)
 
 
 def _where_rows(ok, a, b):
@@ -296,17 +298,18 @@ def _run_loop(loop, state, steps, progress, desc):
     R = state[0].shape[0]
     best = (np.full((R,), -np.inf, state[0].dtype), state[0], state[1])
     chunk = Horizon.pieces(steps, most=10) if steps else 0  # equal chunks compile once
-    vs, viols = [], []
+    vs, viols, skipped = [], [], 0
     with tqdm(total=steps, desc=desc, unit="step", disable=not progress, leave=False) as bar:
         for _ in range(steps // chunk if chunk else 0):
-            state, best, v, viol = _run_chunk(loop, state, best, chunk)
+            state, best, v, viol, skips = _run_chunk(loop, state, best, chunk)
             vs.append(np.asarray(v))
             viols.append(np.asarray(viol))
+            skipped = skipped + np.asarray(skips)
             bar.update(chunk)
     best, v_last, viol_last = _finish(loop, state, best)
     vs.append(np.asarray(v_last)[None])
     viols.append(np.asarray(viol_last)[None])
-    return best, np.concatenate(vs), np.concatenate(viols)
+    return best, np.concatenate(vs), np.concatenate(viols), skipped
 
 
 # --- the backsolve check -----------------------------------------------------------------------
@@ -355,6 +358,9 @@ def _refusals(dyn, init, n, target, restarts, constraints, optimizer, baseline_s
                                   or len(shape) == 3 and shape[0] != restarts), ValueError,
            f"`init` tokens must be (n, d) or (restarts={restarts}, n, d) with d={dyn.dim}, "
            f"got {shape}.")
+    if shape is not None:  # (n, d) or (restarts, n, d): checked above
+        yield (shape[-2] < 2, ValueError,
+               f"`init` tokens must number n ≥ 2 (consensus needs two), got {shape[-2]}.")
     yield (n is not None and shape is not None and n != shape[-2], ValueError,
            f"`n`={n} disagrees with the `init` tokens' {shape and shape[-2]}: drop `n` (it "
            "is for a key as `init`).")
@@ -419,7 +425,8 @@ def slow_consensus(
 
     - `dyn`: the model (its weights are the start when `target` includes weights).
     - `init`: a PRNG key (random starts: uniform on `E_W`, reflected into the cap
-      with a fixed `constraints.hemisphere`) or tokens `(n, d)` / `(restarts, n, d)`.
+      with a fixed `constraints.hemisphere`) or tokens `(n, d)` / `(restarts, n, d)`,
+      `n ≥ 2`.
     - `n`: the number of tokens, with a key as `init`.
     - `target`: `"tokens"` (initial tokens), `"weights"` (the fields
       `constraints.train`, from fixed starts) or `"both"`.
@@ -429,7 +436,10 @@ def slow_consensus(
       `builtin_objective`; or a function `(ts, ys) ↦ scalar` or
       `(ts, ys, dyn) ↦ scalar` of one trajectory `ys (T, n, d)`. Maximised.
     - `horizon`: the final time `T`.
-    - `steps`: optimiser steps, ≥ 0 (0 evaluates the starts); `optimizer`: an
+    - `steps`: optimiser steps, ≥ 0 (0 evaluates the starts); a step whose value,
+      gradient or update is NaN or inf is skipped (the restart stays where it was): a
+      `ValueError` when every step of every restart was skipped, a warning when some
+      restarts never moved. `optimizer`: an
       optax transformation (default `optax.adam(0.02)`), applied per restart; as a
       `NamedOptimizer` (the default is one), a later process loads the search's
       compiled programs instead of tracing them.
@@ -441,8 +451,8 @@ def slow_consensus(
       `"backsolve"` (refused with a `ValueError` when its gradient at the first
       start differs from the checkpointed one by more than `adjoint_rtol`, else a
       warning) or any diffrax adjoint.
-    - `log`: maximise `log(objective)` (same maximiser, better scaled as `E`
-      spans decades); default: yes for the built-in objectives.
+    - `log`: `True` or `False`, maximise `log(objective)` (same maximiser, better
+      scaled as `E` spans decades); default (`None`): yes for the built-in objectives.
     - `weight_noise`: relative noise on the weights of restarts after the first.
     - `baseline_samples`: extra random starts for the baseline (key `init` only).
     - `key`: for the weight noise and the baseline samples.
@@ -464,6 +474,7 @@ def slow_consensus(
         n = check_count(n, "n", 2)
     refuse_first(_refusals(dyn, init, n, target, restarts, constraints, optimizer,
                            baseline_samples))
+    log = None if log is None else check_flag(log, "log")
     weight_noise = check_scalar(weight_noise, "weight_noise", nonnegative=True)
     adjoint_rtol = check_scalar(adjoint_rtol, "adjoint_rtol", nonnegative=True)  # 0: any change
     traj = make_trajectory(horizon, model=model, saves=saves, tau=tau, adjoint=adjoint)
@@ -483,13 +494,22 @@ def slow_consensus(
     mesh = as_mesh(devices)
     if mesh is not None:  # pad the restarts with copies of restart 0, dropped below
         state = jax.tree.map(lambda a: shard_batch(a, mesh, 1)[0], state)
-    (best_v, best_x, best_w), trace, violation = _run_loop(
+    (best_v, best_x, best_w), trace, violation, skipped = _run_loop(
         loop, state, steps, progress, "slow_consensus")
     R = x.shape[0]  # on the host: indexing device arrays would compile a program per index
     best_v, best_x, best_w = jax.tree.map(lambda a: np.asarray(a)[:R], (best_v, best_x, best_w))
+    ran = trace.shape[0] - 1  # the steps taken
+    stuck = int(np.sum(np.asarray(skipped)[:R] == ran)) if ran else 0
     refuse_first([(not np.isfinite(best_v).any(), ValueError,
                    "the objective was NaN or inf at every start and step: check that it "
-                   "is finite at the starts (e.g. log of a zero E: pass log=False).")])
+                   "is finite at the starts (e.g. log of a zero E: pass log=False)."),
+                  (stuck == R, ValueError,
+                   "every step of every restart was skipped (a NaN or inf step or "
+                   "gradient), so nothing was searched: check the optimizer (e.g. its "
+                   "learning rate) and that the objective's gradient is finite.")])
+    if stuck:
+        warnings.warn(f"{stuck} of {R} restarts had every step skipped (a NaN or inf step "
+                      "or gradient): they stayed at their starts.", stacklevel=2)
     trace, violation = trace[:, :R], violation[:, :R]
     baseline = trace[0]
     if baseline_samples and not _is_tokens(init):

@@ -20,6 +20,7 @@ from ._equilibria import Equilibria as Equilibria
 from ._equilibria import bipartite_closed_form as bipartite_closed_form
 from ._equilibria import bipartite_point as bipartite_point
 from ._equilibria import equilibria as equilibria
+from ._equilibria import fixed_tolerance as fixed_tolerance
 from ._equilibria import oja_system as oja_system
 from ._equilibria import perturbation_growth as perturbation_growth
 from ._equilibria import single_head as single_head

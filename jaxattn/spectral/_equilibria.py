@@ -54,14 +54,18 @@ def oja_system(U: Float[Array, "d d"]) -> SelfAttentionDynamics:
     `ja.SelfAttentionDynamics` with `P = 0` (uniform attention)."""
     (U,) = _one_head(U)
     return SelfAttentionDynamics(np.zeros_like(U) if isinstance(U, np.ndarray)
-                                 else jnp.zeros_like(U), U)
+                                 else jnp.zeros_like(U), U, block_size=0)
 
 
 def single_head(U: Float[Array, "d d"], P: Float[Array, "d d"], *, beta: float = 1.0):
     """The single-head self-attention map (paper 004 eq. 8) as a one-head
     `ja.SelfAttentionDynamics`."""
     U, P = _one_head(U, P)
-    return SelfAttentionDynamics(P, U, beta=beta)
+    return SelfAttentionDynamics(P, U, beta=beta, block_size=0)
+
+
+# Both maps take the dense `(1, n, n)` attention weights at every `n` (`block_size=0`):
+# `tangent_jacobian`'s `jax.jacfwd` cannot go through the blocked path's custom VJP.
 
 
 def _one_head(*weights):
@@ -145,6 +149,13 @@ def spectral_radius(M: Float[Array, "k k"]) -> Float[Array, ""]:
     return jnp.max(jnp.abs(jnp.linalg.eigvals(check_square(M, "M", "spectral_radius"))))
 
 
+def fixed_tolerance(dtype) -> float:
+    """The residual `max_i |layer(x)_i − x_i|` below which a point is fixed: 1000
+    rounding units of `dtype` (2e-13 in float64, 1e-4 in float32, where one layer's
+    rounding alone leaves 1e-7); a point that is not fixed moves by order one."""
+    return 1000 * float(jnp.finfo(dtype).eps)
+
+
 class Equilibria(eqx.Module):
     """Consensus and bipartite-consensus points of a map along the eigenvectors of
     its symmetric `Ω`, with their local stability.
@@ -157,6 +168,7 @@ class Equilibria(eqx.Module):
       `eigenvalue (E,)`, `m (E,)`.
     - `residual (E,)`: `max_i |layer(x)_i − x_i|`; an `m` whose tokens would
       overshoot to `−v` (`r ≤ 0`) is not a fixed point and shows a residual ≈ 2.
+      `is_fixed`: below `fixed_tolerance` of its dtype.
     - `radius (E,)`: spectral radius of `tangent_jacobian` (`jax.jacfwd`).
     - `predicted (E,)`: the closed-form radius of the module docstring
       (Theorem 3 / Lemma 4), NaN where it does not apply (several heads with
@@ -176,7 +188,8 @@ class Equilibria(eqx.Module):
 
     @property
     def is_fixed(self) -> Bool[Array, " E"]:
-        return self.residual < 1e-9
+        """Whether the residual is rounding: below `fixed_tolerance` of its dtype."""
+        return self.residual < fixed_tolerance(self.residual.dtype)
 
     @property
     def is_consensus(self) -> Bool[Array, " E"]:
@@ -195,7 +208,8 @@ def equilibria(dyn: SelfAttentionDynamics, n: int, *, tau=1.0) -> Equilibria:
 
     **Arguments:**
 
-    - `dyn`: a time-invariant map with symmetric `Ω` and full attention: the Oja
+    - `dyn`: a time-invariant map with symmetric `Ω`, full attention, the papers'
+      normalisation (`norm="post"`) and the Euclidean metric (`W = I`): the Oja
       system (`oja_system`), the single-head map (`single_head`) or any
       multi-head `ja.SelfAttentionDynamics` (then points along eigenvectors of
       `Ω` need not be fixed; `residual` says which are).
@@ -210,6 +224,14 @@ def equilibria(dyn: SelfAttentionDynamics, n: int, *, tau=1.0) -> Equilibria:
                    f"{type(dyn).__name__}."),
                   (getattr(dyn, "causal", False), ValueError,
                    "equilibria enumerates full-attention maps; got causal=True.")])
+    d = dyn.dim
+    refuse_first([
+        (not dyn.norm.papers_default, "equilibria's closed form is the papers' step "
+         f"x ↦ N(x + τ v) (norm='post'); got norm={dyn.norm.name!r}."),
+        (dyn.W is not None and not np.array_equal(np.asarray(dyn.W), np.eye(d)),
+         "equilibria's closed form is on the unit sphere (W = I); got another metric W: "
+         "pass W=None."),
+    ])
     tau = check_scalar(tau, "tau", positive=True)
     eq, Omega = _enumerate(dyn, check_count(n, "n", 1), tau)  # one program; Ω checked on its return
     if not np.allclose(np.asarray(Omega), np.asarray(Omega).T, rtol=1e-10, atol=1e-12):
@@ -247,7 +269,7 @@ def _classify(dyn, points, idx, lam, mm, tau) -> Equilibria:
     return Equilibria(
         points=points, index=idx, eigenvalue=lam[idx], m=mm, residual=residual,
         radius=radius, predicted=jnp.where(applies, pred, jnp.nan),
-        theorem3=cond & applies & (residual < 1e-9),
+        theorem3=cond & applies & (residual < fixed_tolerance(residual.dtype)),
     )
 
 
@@ -266,6 +288,10 @@ def bipartite_closed_form(lam, k, m, n, q, tau):
     `(radius, stable)`: the spectral radius of the tangent Jacobian, and whether
     the point is a fixed point satisfying Theorem 3's conditions.
     """
+    dim = jnp.shape(lam)[0]
+    refuse_first([(is_concrete(k) and not (float(k).is_integer() and 0 <= k < dim),
+                   f"bipartite_closed_form: `k` indexes the {dim} eigenvalues: it must be a "
+                   f"whole number in [0, {dim}), got {k}.")])
     mu = lam[k]
     eq, emq = jnp.exp(q), jnp.exp(-q)
     mb = n - m
@@ -295,7 +321,6 @@ def bipartite_closed_form(lam, k, m, n, q, tau):
     return radius, fixed & groups & jnp.all(jnp.where(others, schur, True))
 
 
-@kept_jit
 def perturbation_growth(
     dyn: SelfAttentionDynamics,
     points: Float[Array, "E n d"],
@@ -306,8 +331,14 @@ def perturbation_growth(
     tau=1.0,
 ) -> Float[Array, " E"]:
     """Direct simulation: move each point by a random tangent perturbation of size
-    `eps`, run `layers` layers, and return the final distance over the initial one
-    (`max_i |x_i − x*_i|`). Below 1: the perturbation was absorbed."""
+    `eps > 0`, run `layers ≥ 1` layers, and return the final distance over the initial
+    one (`max_i |x_i − x*_i|`). Below 1: the perturbation was absorbed."""
+    eps = check_scalar(eps, "eps", positive=True)
+    return _growth(dyn, points, key, eps, check_count(layers, "layers", 1), tau)
+
+
+@kept_jit  # `layers`, a Python int, is static (the scan's length)
+def _growth(dyn, points, key, eps, layers: int, tau):
     z = jax.random.normal(key, points.shape, points.dtype)
     z = z - jnp.sum(z * points, -1, keepdims=True) * points
     z = eps * z / jnp.max(jnp.linalg.norm(z, axis=-1), axis=-1)[:, None, None]

@@ -19,7 +19,7 @@ from .._layers import run_layers
 from .._precision import matmul
 from .._programs import kept_jit
 from .._schedule import Constant, PiecewiseConstant
-from .._validate import check_count, is_concrete, is_one_key, refuse_first
+from .._validate import check_count, check_scalar, is_concrete, is_one_key, refuse_first
 from ..models import (
     AbstractTransformer,
     attention_dynamics,
@@ -174,8 +174,12 @@ def steer(model_or_dyn, u: Float[Array, " d"], gamma: float, *, w=None, layer: i
     `Ω + γ u wᵀ` (paper 004 §2.3).
 
     For a model the output projection becomes `W_O + γ u wᵀ V⁺` (`V` the stacked
-    value projections `(h k, d)`: exact when `V` has full column rank; grouped
-    key–value heads and the choice of `w`: docs/usage/spectral.md). For a
+    value projections `(h k, d)`), so that the layer matrix becomes
+    `Ω + γ u (Π w)ᵀ`, `Π = V⁺V` the projection on the row space of `V`: `Ω + γ u wᵀ`
+    when `V` has full column rank. `V⁺` keeps only the singular values above
+    `max(h k, d) · eps · σ_max` (NumPy's `matrix_rank` cutoff): grouped key–value
+    heads repeat rows of `V` and leave it rank-deficient, and a rounding-level
+    singular value inverted would make the edit enormous (docs/usage/spectral.md). For a
     `ja.SelfAttentionDynamics` (constant or piecewise-constant `U`), `γ u wᵀ / h`
     is added to every head's `U_η` of that layer.
 
@@ -183,8 +187,8 @@ def steer(model_or_dyn, u: Float[Array, " d"], gamma: float, *, w=None, layer: i
 
     - `model_or_dyn`: a model or a `ja.SelfAttentionDynamics`.
     - `u`: the target direction `(d,)` (normalised here).
-    - `gamma`: the strength `γ`.
-    - `w`: `(d,)`; default `u` (normalised).
+    - `gamma`: the strength `γ` (a finite real number).
+    - `w`: a nonzero `(d,)`; default `u` (normalised).
     - `layer`: which layer (default the last; for a dynamics, the index of the
       `PiecewiseConstant` stack, ignored for `Constant`).
 
@@ -203,13 +207,19 @@ def steer(model_or_dyn, u: Float[Array, " d"], gamma: float, *, w=None, layer: i
          f"steer: `layer` {layer} is not one of the {stack} layers of the dynamics' "
          f"PiecewiseConstant stack (−{stack} ≤ layer < {stack})."),
     ])
+    refuse_first([(v is not None and is_concrete(v)  # normalised: all NaN otherwise
+                   and not (np.isfinite(v).all() and np.any(np.asarray(v) != 0)),
+                   f"steer: `{name}` must be a finite nonzero direction.")
+                  for name, v in (("u", u), ("w", w))])
+    gamma = check_scalar(gamma, "gamma")
     row = None
     if dyn is None and all(map(is_concrete, jax.tree.leaves((u, w, model_or_dyn)))):
         # `wᵀ V⁺` in float64 on the host: `V` may be ill-conditioned (MiniLM's last
         # layer: 3e3), and a float32 pseudo-inverse then misses `Ω + γ u wᵀ` by 3 % of γ.
         V = np.asarray(_stacked_value(attention_weights(model_or_dyn, layer)), np.float64)
         w64 = np.asarray(u if w is None else w, np.float64)
-        row = (w64 / np.linalg.norm(w64)) @ np.linalg.pinv(V)
+        rank_cutoff = max(V.shape) * np.finfo(V.dtype).eps  # NumPy's `matrix_rank`
+        row = (w64 / np.linalg.norm(w64)) @ np.linalg.pinv(V, rcond=rank_cutoff)
     return _steer(model_or_dyn, u, jax.device_put(gamma), w, layer, row)  # γ traced
 
 

@@ -154,7 +154,9 @@ def spectrum(Omega: Float[Array, "d d"], *, tau=None, rtol: float = 1e-6) -> Spe
     """
     Omega = check_square(Omega, "Omega", "spectrum")
     refuse_first([(jnp.iscomplexobj(Omega), "spectrum: `Omega` must be a real layer matrix, got "
-                   f"{Omega.dtype}.")])
+                   f"{Omega.dtype}."),
+                  (Omega.shape[0] == 0, "spectrum: `Omega` is empty (0, 0); pass a layer "
+                   "matrix of at least one dimension.")])
     tau = None if tau is None else check_scalar(tau, "tau", positive=True)
     rtol = check_scalar(rtol, "rtol", nonnegative=True)
     # A NaN/inf Ω has no spectrum: without this it would read as "case 3". Checked on
@@ -210,7 +212,9 @@ def cosines(x: Float[Array, "n d"], basis: Float[Array, "d k"] | Float[Array, " 
 
     - `x`: tokens `(n, d)` (need not be normalised).
     - `basis`: a direction `(d,)`, or an orthonormal basis `(d, k)` of a subspace
-      (zero columns allowed, e.g. `Spectrum.principal` for a real `λ₁`).
+      (zero columns allowed, e.g. `Spectrum.principal` for a real `λ₁`). A concrete
+      basis whose columns are not orthonormal (`BᵀB` off a 0/1 diagonal by more than
+      `√eps` of its dtype) is refused: its "projection" could exceed 1.
 
     **Returns:**
 
@@ -224,6 +228,13 @@ def cosines(x: Float[Array, "n d"], basis: Float[Array, "d k"] | Float[Array, " 
     check_rows_now(x, "x", "cosines")  # concrete: NaN or a zero token (no direction)
     if basis.ndim == 1:
         check_rows_now(basis[None], "basis", "cosines")
+    elif is_concrete(basis):
+        B = np.asarray(basis, jnp.result_type(basis.dtype, float))
+        G = B.T @ B  # on the host: no program for a check
+        ideal = np.diag(np.round(np.diag(G)).clip(0, 1))  # unit columns, or zero ones
+        refuse_first([(not np.all(np.abs(G - ideal) <= np.sqrt(np.finfo(B.dtype).eps)),
+                       "cosines: the columns of `basis` must be orthonormal (or zero); "
+                       "orthonormalise them first (numpy.linalg.qr).")])
     xn = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
     if basis.ndim == 1:
         return jnp.abs(matmul(xn, basis / jnp.linalg.norm(basis)))

@@ -358,3 +358,50 @@ def test_the_default_objective_is_symmetric_and_the_baseline_median_is_reported(
     assert res.baseline_median == np.median(res.baseline)
     assert res.baseline_mean == np.mean(res.baseline)
     np.testing.assert_allclose(res.gain_median, res.value / np.median(res.baseline))
+
+
+@pytest.mark.parametrize("options, match", [
+    # the bound was silently ignored (‖P‖₂ = 7.66 against bound 0.5, no violation reported)
+    ({"bound": 0.5}, "`bound` needs a `norm`"),
+    ({"sum_gap": "a"}, "`sum_gap` must be a finite number > 0, got 'a'"),  # a raw TypeError
+    ({"hemisphere": jnp.ones(3), "margin": "a"}, "`margin` must be a number in"),
+])
+def test_constraints_refuse_a_bound_without_norm_and_non_numbers(options, match):
+    with pytest.raises(ValueError, match=match):
+        E.Constraints(**options)
+
+
+def test_a_search_whose_every_step_is_skipped_is_refused(key):
+    """adam(nan) skipped every step as non-finite and returned the starts unchanged."""
+    dyn = random_dynamics(key)
+    kw = dict(init=key, n=4, steps=2, restarts=2, horizon=0.5, model="layers")
+    with pytest.raises(ValueError, match="every step of every restart was skipped"):
+        E.slow_consensus(dyn, optimizer=optax.adam(float("nan")), **kw)
+
+
+def test_slow_consensus_refuses_a_non_bool_log_and_one_token(key):
+    dyn = random_dynamics(key)
+    kw = dict(steps=1, restarts=1, model="layers", horizon=0.5)
+    with pytest.raises(TypeError, match="`log` must be True or False, got 'yes'"):
+        E.slow_consensus(dyn, init=key, n=3, log="yes", **kw)
+    # one token: value 0 and gain NaN (n ≥ 2 was enforced only for a key as init)
+    with pytest.raises(ValueError, match="`init` tokens must number n ≥ 2"):
+        E.slow_consensus(dyn, init=jnp.ones((1, 3)), **kw)
+
+
+def test_consensus_objective_raises_at_the_step_budget(key):
+    """It returned NaN where ja.solve_flow raises for concrete inputs."""
+    dyn = random_dynamics(key)
+    x0 = random_tokens(key, 4, 3)
+    with pytest.raises(ValueError, match="reached `max_steps` before the horizon"):
+        E.consensus_objective(dyn, x0, max_steps=2)
+    with pytest.raises(ValueError, match="reached `max_steps` before the horizon"):
+        jax.grad(lambda x: E.consensus_objective(dyn, x, max_steps=2))(x0)  # traced x
+    assert np.isfinite(float(E.consensus_objective(dyn, x0)))
+
+
+def test_stabilize_bipartite_refuses_nan_weights():
+    w0 = BipartiteWeights(jnp.ones((2, 1, 3, 3)).at[0, 0, 0, 0].set(jnp.nan),
+                          jnp.ones((2, 1, 3, 3)))
+    with pytest.raises(ValueError, match="`w0` contains NaN or inf"):
+        E.stabilize_bipartite(w0, jnp.array([1.0, 0.0, 0.0]), n=4, m=2, steps=1)

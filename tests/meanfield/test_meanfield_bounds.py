@@ -156,8 +156,10 @@ def circle_fold(beta: float, modes: int = 40, points: int = 512) -> float:
     guess = {"x": np.r_[np.zeros(modes - 1), noisy_threshold(beta, 2)]}
 
     def coupling(r):
-        x, _, ok, _ = fsolve(residual, guess["x"], args=(r,), xtol=1e-13, full_output=True)
-        assert ok == 1
+        x, info, ok, _ = fsolve(residual, guess["x"], args=(r,), xtol=1e-13, full_output=True)
+        # solved: converged, or stopped "not making good progress" at a rounding residual
+        # (as at the minimum on an AMD EPYC with scipy 1.17: 1.1e-16)
+        assert ok == 1 or np.abs(info["fvec"]).max() < 1e-14
         guess["x"] = x
         return x[-1]
 

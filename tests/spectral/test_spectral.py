@@ -327,6 +327,24 @@ def test_bad_arguments_are_one_line_refusals(call, match):
                                    layers=[]), ValueError, "`layers` is empty"),
     (lambda: ja.spectral.layerwise(ja.spectral.oja_system(jnp.eye(3)), jnp.ones((1, 4, 3)),
                                    layers=[0], top=-1), ValueError, "`top` must be a whole number"),
+    # these four gave an all-NaN Ω, the fifth a JAX type error
+    (lambda: steer(ja.spectral.oja_system(jnp.eye(3)), jnp.zeros(3), 1.0), ValueError,
+     "steer: `u` must be a finite nonzero direction"),
+    (lambda: steer(ja.spectral.oja_system(jnp.eye(3)), jnp.ones(3), 1.0, w=jnp.zeros(3)),
+     ValueError, "steer: `w` must be a finite nonzero direction"),
+    (lambda: steer(ja.spectral.oja_system(jnp.eye(3)), jnp.ones(3).at[0].set(jnp.nan), 1.0),
+     ValueError, "steer: `u` must be a finite nonzero direction"),
+    (lambda: steer(ja.spectral.oja_system(jnp.eye(3)), jnp.ones(3), float("nan")), ValueError,
+     "`gamma` must be finite"),
+    (lambda: steer(ja.spectral.oja_system(jnp.eye(3)), jnp.ones(3), "big"), TypeError,
+     "`gamma` must be a real number"),
+    (lambda: spectrum(np.ones((0, 0))), ValueError,  # was an argmax error
+     r"spectrum: `Omega` is empty \(0, 0\)"),
+    # a "projection" of norm 2.449 on a basis of two equal non-unit columns
+    (lambda: ja.spectral.cosines(jnp.ones((1, 3)), jnp.ones((3, 2))), ValueError,
+     "cosines: the columns of `basis` must be orthonormal"),
+    (lambda: ja.spectral.cosines(jnp.ones((1, 3)), jnp.array([[1.0, 0.1], [0, 1], [0, 0]])),
+     ValueError, "cosines: the columns of `basis` must be orthonormal"),
 ])
 def test_values_without_meaning_are_refused(call, error, match):
     with pytest.raises(error, match=match):
@@ -364,3 +382,37 @@ def test_steer_refuses_a_layer_past_the_stack(key):
     edited = steer(dyn, jnp.ones(3), 1.0, layer=-2)
     np.testing.assert_allclose(edited.U.values[1], U[1])
     assert not np.allclose(edited.U.values[0], U[0])
+
+
+def test_cosines_takes_an_orthonormal_basis_to_its_dtype():
+    """Zero columns are allowed, and a float32 basis orthonormal to float32 rounding."""
+    x = jnp.array([[1.0, 1.0, 1.0]])
+    np.testing.assert_allclose(ja.spectral.cosines(x, jnp.eye(3)[:, :2]), [np.sqrt(2 / 3)])
+    np.testing.assert_allclose(ja.spectral.cosines(x, jnp.eye(3)[:, :2].at[:, 1].set(0.0)),
+                               [np.sqrt(1 / 3)])
+    Q = np.linalg.qr(np.random.default_rng(0).normal(size=(50, 2)))[0].astype(np.float32)
+    assert ja.spectral.cosines(jnp.ones((1, 50)), Q).shape == (1,)
+
+
+def test_steering_with_grouped_value_heads_is_the_documented_edit():
+    """Shared key–value heads repeat rows of the stacked `V` (here 256 × 256 of rank 16):
+    its rounding-level singular values (2e-15 σ_max) passed NumPy's default cutoff
+    1e-15 σ_max, so `wᵀV⁺` had norm ~1e13 and Ω exploded. With a rank-aware cutoff the
+    layer matrix is `Ω + γ u (Πw)ᵀ`, `Π = V⁺V`."""
+    cfg = {**ja.models.PRESETS["SmolLM2-135M"], "hidden_size": 256, "num_attention_heads": 32,
+           "num_key_value_heads": 2, "num_hidden_layers": 1, "intermediate_size": 8,
+           "vocab_size": 11}
+    model = ja.models.init(cfg, jax.random.PRNGKey(0))
+    model = jax.tree.map(lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a,
+                         model)
+    attn = ja.models.attention_weights(model, -1)
+    V = np.repeat(np.asarray(attn.value), 16, axis=0).reshape(256, 256)  # (h k, d)
+    assert np.linalg.matrix_rank(V) == 16
+    Pi = np.linalg.pinv(V, rcond=1e-10) @ V
+    rng = np.random.default_rng(0)
+    u, w = (v / np.linalg.norm(v) for v in rng.normal(size=(2, 256)))
+    gamma = 10.0
+    for ww in (None, w):
+        edit = np.asarray(layer_matrix(steer(model, u, gamma, w=ww), -1) - layer_matrix(model, -1))
+        expected = gamma * np.outer(u, Pi @ (u if ww is None else w))
+        np.testing.assert_allclose(edit, expected, rtol=0, atol=1e-9 * gamma)

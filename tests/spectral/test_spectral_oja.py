@@ -127,3 +127,59 @@ def test_equilibria_is_one_program():
     assert sum(compiled) == 1 and eq.points.shape == (5 * 5, 9, 5)
     with pytest.raises(ValueError, match="symmetric layer matrix"):
         equilibria(oja_system(U + np.triu(U, 1) + np.eye(5, k=1)), 9)
+
+
+def test_equilibria_are_fixed_in_float32():
+    """In float32 one layer leaves residuals of 1e-8..1e-7: a fixed `1e-9` read every
+    equilibrium as not fixed (stability −2, Theorem 3 False throughout)."""
+    U = np.array([[0.5, 0.3, -0.2], [0.3, -0.4, 0.1], [-0.2, 0.1, 0.8]])
+    with jax.enable_x64(False):
+        eq = equilibria(single_head(U, np.eye(3)), 10)
+        assert eq.residual.dtype == jnp.float32
+        fixed, stability = np.asarray(eq.is_fixed), np.asarray(eq.stability())
+        theorem3 = np.asarray(eq.theorem3)
+    with jax.enable_x64(True):
+        ref = equilibria(single_head(U, np.eye(3)), 10)
+    np.testing.assert_array_equal(fixed, np.asarray(ref.is_fixed))
+    assert fixed.sum() >= 6 and np.all(stability[fixed] != -2)
+    np.testing.assert_array_equal(theorem3, np.asarray(ref.theorem3))
+    assert theorem3.any()
+
+
+@pytest.mark.parametrize("dyn, match", [
+    (ja.SelfAttentionDynamics(np.zeros((1, 3, 3)), np.eye(3)[None], norm="ngpt"),
+     r"norm='post'\); got norm='ngpt'"),
+    (ja.SelfAttentionDynamics(np.zeros((1, 3, 3)), np.eye(3)[None], norm="pre"),
+     r"got norm='pre'"),
+    (ja.SelfAttentionDynamics(np.zeros((1, 3, 3)), np.eye(3)[None], W=np.diag([1.0, 2, 3])),
+     r"unit sphere \(W = I\); got another metric W"),
+])
+def test_equilibria_refuses_dynamics_its_closed_form_does_not_model(dyn, match):
+    """These gave a closed-form radius (ngpt: Theorem 3 True at radius 1.894) that does
+    not describe their maps."""
+    with pytest.raises(ValueError, match=match):
+        equilibria(dyn, 4)
+
+
+def test_tangent_jacobian_past_the_blocked_attention_threshold():
+    """Above n ≈ 362 tokens the default attention takes key blocks (a custom VJP), which
+    `jax.jacfwd` cannot go through: the Oja and single-head maps stay dense."""
+    U = np.diag([1.0, -0.5])
+    J = tangent_jacobian(oja_system(U), ja.spectral.bipartite_point(np.eye(2)[0], 370, 370))
+    assert J.shape == (370, 370)
+    np.testing.assert_allclose(float(spectral_radius(J)), 1 / (1 + 1.0), rtol=1e-12)  # Lemma 4
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda p: perturbation_growth(oja_system(np.eye(3)), p, jax.random.PRNGKey(0), eps=0.0),
+     "`eps` must be > 0"),
+    (lambda p: perturbation_growth(oja_system(np.eye(3)), p, jax.random.PRNGKey(0), layers=-1),
+     "`layers` must be a whole number ≥ 1"),
+    (lambda p: ja.spectral.bipartite_closed_form(jnp.array([1.0, 0.5, 0.2]), 5, 3, 4, 0.0, 1.0),
+     r"`k` indexes the 3 eigenvalues: it must be a whole number in \[0, 3\), got 5"),
+])
+def test_growth_and_closed_form_refuse_meaningless_arguments(call, match):
+    """eps = 0 gave NaN, layers = −1 a scan error, k = 5 of d = 3 the last eigenvalue."""
+    points = ja.spectral.bipartite_point(np.eye(3)[0], 4, 4)[None]
+    with pytest.raises(ValueError, match=match):
+        call(points)

@@ -234,7 +234,7 @@ def _notebooks() -> list[dict]:
     index = ["# Notebooks", "",
              "The notebooks of `notebooks/` (jupytext `.py` paired with `.ipynb`), shown "
              "here without their outputs: run them with Jupyter "
-             "(`tests/test_notebooks.py` executes all of them at a small size).", ""]
+             "(`tests/docs/test_notebooks.py` executes all of them at a small size).", ""]
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         nb = json.loads(path.read_text(encoding="utf-8"))
         parts = []

@@ -69,7 +69,10 @@ plt.tight_layout()
 
 # %% [markdown]
 # ## Many prompts at once
-# Leading axes are a batch: one compiled, vmapped program.
+# Leading axes are a batch: one compiled, vmapped program. These starts are uniform
+# on the sphere, not in a hemisphere, so Theorem 4.1 says nothing of them: most
+# still reach consensus by `T`, and one may not (an `E` near 1: its tokens have
+# not gathered by `T`, or sit at another equilibrium).
 
 # %%
 xs0 = jax.vmap(lambda k: ja.sample_ellipsoid(k, n, 3))(jax.random.split(kx, 16))

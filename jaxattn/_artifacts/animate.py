@@ -6,6 +6,7 @@ a frame shows for each `d` and many tokens: see docs/usage/animations.md.
 """
 
 import contextlib
+import importlib.util
 import os
 import tempfile
 from collections.abc import Iterator
@@ -73,7 +74,10 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
     counts = (("fps", fps, 1), ("trail", trail, 0), ("dpi", dpi, 20),
               ("frames", 1 if frames is None else frames, 1))
     checks = [(path.suffix.lower() not in (".mp4", ".gif"),
-               f"the movie's name must end in .mp4 or .gif, got {path.name!r}.")]
+               f"the movie's name must end in .mp4 or .gif, got {path.name!r}."),
+              (path.suffix.lower() == ".mp4" and importlib.util.find_spec("imageio_ffmpeg") is None,
+               f"writing {path.name} needs imageio-ffmpeg (ffmpeg in a wheel): pip install "
+               "'jaxattn[movies]', or write a .gif.")]
     checks += [(not isinstance(value, int | np.integer) or value < low,
                 f"{name} must be a whole number ≥ {low}, got {value!r}.")
                for name, value, low in counts]

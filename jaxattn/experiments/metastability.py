@@ -248,11 +248,11 @@ def judged(per_beta) -> list[dict]:
 class Metastability(AbstractExperiment):
     name = "metastability"
     title = ("Dynamic metastability (Geshkovski et al. 2024): the energy staircase of the usa "
-             "flow to t = 10¹² and the saddles on its plateaus")
+             "flow to t = 10⁸ (10³⁰⁰ rescaled) and the saddles on its plateaus")
     theorem = "Geshkovski, Koubbi, Polyanskiy, Rigollet 2024: exponentially long plateaus"
     params = (
         Param("tokens", int, 8, "number of tokens n (≥ 3: the first plateau, the start, is "
-              "not judged; 80 and beyond: see the README)", 3),
+              "not judged; 80 and beyond: docs/usage/experiments.md)", 3),
         Param("dim", int, 2, "dimension d (2: the circle, 3: the sphere)", 2),
         Param("beta_min", float, 10.0, "smallest β", 0.0),
         Param("beta_max", float, 20.0, "largest β", 0.0),

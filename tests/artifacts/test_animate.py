@@ -195,6 +195,20 @@ def test_bad_input_is_refused_in_one_line(tmp_path, bad, message):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+def test_an_mp4_without_imageio_ffmpeg_names_the_extra(tmp_path, monkeypatch, capsys):
+    """`make run` installs no `movies` extra: an MP4 was a ModuleNotFoundError traceback."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "imageio_ffmpeg" else real(name, *a))
+    xs, ts = _trajectory(T=5, n=3)
+    with pytest.raises(ValueError, match=r"pip install 'jaxattn\[movies\]', or write a .gif"):
+        ja.animate(xs, tmp_path / "movie.mp4", ts, progress=False)
+    assert not list(tmp_path.iterdir())
+    ja.animate(xs, tmp_path / "movie.gif", ts, progress=False, dpi=30)  # a GIF needs no ffmpeg
+
+
 @pytest.mark.parametrize("name", sorted(SAVES_TOKENS))
 def test_every_saved_run_with_tokens_animates(name, tmp_path, capsys):
     """The command on each saved run whose experiment saves tokens: every trajectory

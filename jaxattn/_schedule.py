@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree, Real
 
-from ._validate import as_float_array, check_finite, check_scalar, is_real
+from ._validate import as_float_array, check_finite, check_flag, check_scalar, is_real
 
 
 class AbstractSchedule(eqx.Module):
@@ -75,7 +75,7 @@ class PiecewiseConstant(AbstractSchedule):
         # Checked in the weights' dtype: a dt that underflows to 0 or overflows is bad too.
         dt = check_scalar(as_float_array(dt, "dt", values.dtype), "dt", positive=True)
         self.dt = as_float_array(dt, "dt", values.dtype)
-        self.periodic = periodic
+        self.periodic = check_flag(periodic, "periodic")
 
     def index(self, t: Real[Array, ""]) -> Array:
         """The layer in force at time `t`."""

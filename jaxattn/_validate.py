@@ -314,7 +314,8 @@ def short_message(text: str) -> str:
     if line.startswith("The maximum number of solver steps was reached."):
         return ("the flow solver reached `max_steps` before the last save time: raise "
                 "`max_steps`, shorten the horizon, or pass `throw=False` for a per-sample "
-                "`success`.")
+                "`success` (weights of a schedule that turn NaN or inf mid-run end the same "
+                "way: every step there is rejected).")
     return line.removeprefix(_PREFIX)
 
 

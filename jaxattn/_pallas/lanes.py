@@ -207,7 +207,8 @@ def _slice(eqn, ins, lanes, start_indices, limit_indices, strides):
 def _window(idx, shape, sizes, what) -> tuple:
     """The slices of a dynamic slice or update at fixed indices, clamped as XLA clamps."""
     if not all(_constant(i) for i in idx):
-        raise KernelUnsupported(f"strategy='kernel' takes {what} at fixed indices only: "
+        raise KernelUnsupported(f"strategy='kernel' takes {what} at fixed indices only "
+                                "(a PiecewiseConstant schedule indexes its stack by time): "
                                 "use strategy=ja.BatchLast() ('fused').")
     start = [min(max(int(np.asarray(i)), 0), n - k) for i, n, k in zip(idx, shape, sizes)]
     return tuple(slice(s, s + k) for s, k in zip(start, sizes))

@@ -98,10 +98,12 @@ class FlowSolution(NamedTuple):
     """What `solve_flow(..., solution=True)` returns, per sample of the batch, after
     diffrax's `Solution`.
 
-    - `ts`: the save times `(..., T)`; with an `event` that stopped the run, the
-      times after the stop are `inf` (diffrax's convention).
+    - `ts`: the save times `(..., T)`; with an `event` that stopped the run, or
+      after a failure (`throw=False`), the times after the stop are `inf`
+      (diffrax's convention).
     - `ys`: tokens at those times `(..., T, n, d)` (`inf` after a stop).
-    - `t1`: `(...)` the time the solve ended: `ts[-1]`, or the event's time.
+    - `t1`: `(...)` the time the solve ended: `ts[-1]`, the event's time, or where
+      a failed run stopped.
     - `y1`: `(..., n, d)` the tokens at `t1`.
     - `stats`: diffrax's counts, each `(...)`: `num_steps`, `num_accepted_steps`,
       `num_rejected_steps`.
@@ -210,9 +212,7 @@ def _solve_program(ts, solver, controller, dt0, max_steps, adjoint, throw, event
         # only through `args`, and a closed-over traced model breaks it.
         if host:
             ys, result, stats = stepped(term, _with_metric(solver, dyn.W), controller, ts,
-                                        dt0, max_steps, x, dyn, stop)
-            if full and stop is None:  # the full solution, no event
-                ys = (ts, ys, ts[-1], ys[-1])
+                                        dt0, max_steps, x, dyn, stop, full)
         else:
             sol = dfx.diffeqsolve(
                 term, _with_metric(solver, dyn.W), t0=ts[0], t1=ts[-1], dt0=dt0, y0=x,

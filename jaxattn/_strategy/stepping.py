@@ -16,7 +16,8 @@ from .._validate import is_concrete
 from .base import refuse_first
 
 
-def stepped(term, solver, controller, ts, dt0, max_steps, y0, args, event=None):
+def stepped(term, solver, controller, ts, dt0, max_steps, y0, args, event=None,
+            full=False):
     """`diffeqsolve(term, solver, ts[0], ts[-1], dt0, y0, args, SaveAt(ts=ts),
     stepsize_controller=controller, max_steps=max_steps, throw=False)`'s loop without
     its in-program checks (why: `docs/usage/strategies.md`, "Flows without host
@@ -31,7 +32,8 @@ def stepped(term, solver, controller, ts, dt0, max_steps, y0, args, event=None):
     `ts[0]`), `result` `event_occurred`; `ys` is then `(ts, ys, t1, y1)`: the save times
     and tokens, `inf` where the run did not reach them, and the time and state where it
     ended (diffrax's `y1` with a root finder is the step's interpolation there: the
-    same to rounding, up to a `ManifoldSolver`'s retraction)."""
+    same to rounding, up to a `ManifoldSolver`'s retraction). So is it with `full`
+    (the full solution without an event): a run that failed ends before `ts[-1]`."""
     solver = root_tolerances(solver, controller)
     t0, t1 = ts[0], ts[-1]
     floor = t1  # diffrax's: a step ending within 100 ULPs of t1 ends on it
@@ -90,8 +92,10 @@ def stepped(term, solver, controller, ts, dt0, max_steps, y0, args, event=None):
     reached = (ts <= tprev) & ((accepted > 0) | (event is None))
     unreached = lambda v: jnp.where(reached.reshape(ts.shape + (1,) * (v.ndim - 1)),  # noqa: E731
                                     v, jnp.inf)
-    if event is None:
+    if event is None and not full:
         return jax.tree.map(unreached, ys), result, stats
+    if event is None:  # the last save where the run reached `ts[-1]` (as before), else y1
+        y1 = jax.tree.map(lambda a, b: jnp.where(tprev < t1, a, b[-1]), y1, ys)
     return (unreached(ts), jax.tree.map(unreached, ys), tprev, y1), result, stats
 
 

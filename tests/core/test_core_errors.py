@@ -246,6 +246,32 @@ def test_bad_ts(key):
         ja.solve_flow(dyn, x0, jnp.array([0.0, 1.0]), max_steps=10**12)
 
 
+@pytest.mark.parametrize("adjoint", [dfx.BacksolveAdjoint(), dfx.DirectAdjoint()])
+def test_adjoints_that_cannot_take_the_retraction_are_refused(key, adjoint):
+    """They crashed inside diffrax (an augmented state in `scale_rows`; a `ManifoldSolver`
+    without `scan_kind`)."""
+    dyn = random_dynamics(key, 2, 3)
+    x0 = random_tokens(key, 4, 3)
+    with pytest.raises(ValueError, match="pass on_manifold=False"):
+        ja.solve_flow(dyn, x0, jnp.array([0.0, 1.0]), adjoint=adjoint)
+
+
+def test_a_failed_full_solution_ends_where_the_run_stopped(key):
+    """`solution=True, throw=False` out of steps said `t1 = ts[-1]` with every time saved
+    and `y1` NaN outside jit; inside it (diffeqsolve) the stop time, inf, the last state."""
+    import equinox as eqx
+
+    dyn = random_dynamics(key, 2, 3, scale=3.0, beta=3.0)
+    x0 = random_tokens(key, 4, 3, batch=(3,))
+    ts = jnp.linspace(0.0, 10.0, 4)
+    run = lambda x: ja.solve_flow(dyn, x, ts, solution=True, throw=False, max_steps=6)  # noqa: E731
+    host, traced = run(x0), eqx.filter_jit(run)(x0)
+    assert not host.success.any() and np.all(np.asarray(host.t1) < 10)
+    np.testing.assert_allclose(host.t1, traced.t1, rtol=1e-12)
+    np.testing.assert_allclose(host.y1, traced.y1, rtol=1e-10)
+    assert np.isinf(host.ts[:, 1:]).all() and np.isfinite(host.y1).all()
+
+
 @pytest.mark.slow  # runs a solver to its step limit
 def test_out_of_steps(key):
     dyn = random_dynamics(key, 2, 3, scale=2.0)
@@ -280,6 +306,8 @@ def test_piecewise_constant_of_no_pieces_is_refused():
     """An empty stack failed at t = 0 only, with an index error."""
     with pytest.raises(ValueError, match=r"with L ≥ 1 pieces, got \(0, 2, 3, 3\)"):
         ja.PiecewiseConstant(jnp.zeros((0, 2, 3, 3)), 0.1)
+    with pytest.raises(TypeError, match="`periodic` must be True or False"):  # was taken
+        ja.PiecewiseConstant(jnp.ones((2, 2, 3, 3)), 0.1, periodic="x")
 
 
 def test_piecewise_constant_traced_bad_dt(key):

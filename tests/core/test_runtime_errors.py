@@ -23,7 +23,8 @@ ZERO = ("an initial token is zero (or all its entries are below the smallest nor
 NAN = "the initial tokens contain NaN or inf; pass finite tokens."
 STEPS = ("the flow solver reached `max_steps` before the last save time: raise "
          "`max_steps`, shorten the horizon, or pass `throw=False` for a per-sample "
-         "`success`.")
+         "`success` (weights of a schedule that turn NaN or inf mid-run end the same "
+         "way: every step there is rejected).")
 OVERFLOW = _validate.NONFINITE.removeprefix("jaxattn: ")
 TS = jnp.array([0.0, 1.0])
 

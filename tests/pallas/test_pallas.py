@@ -288,6 +288,15 @@ def test_unsupported_operation_is_named(key):
         ja.run_layers(dyn, x0, L, observe=observe, strategy="kernel")
 
 
+def test_a_piecewise_constant_stack_is_named(key):
+    """The looped-transformer schedule indexes its stack by time: refused by its name."""
+    k1, k2 = jax.random.split(key)
+    Ps = jax.random.normal(k1, (3, 2, D, D))
+    dyn = ja.SelfAttentionDynamics(ja.PiecewiseConstant(Ps, 0.2), Ps[0])
+    with pytest.raises(ValueError, match="PiecewiseConstant schedule indexes its stack"):
+        ja.run_layers(dyn, random_tokens(k2, N, D, batch=(B,)), L, strategy="kernel")
+
+
 def test_auto_never_picks_the_kernel(key):
     from jaxattn._strategy import choose_strategy
     dyn = _model(key)

@@ -101,6 +101,19 @@ def _command(name: str, config: dict, experiment) -> str:
     return " ".join(parts)
 
 
+
+#: The full-size figures kept under another name than the experiment's: the file, the
+#: flags of the run that drew it, and the usage page that discusses it.
+FULL_SIZE = {
+    "adversarial-tokens": ("explore_adversarial_tokens.png", "", "explore.md"),
+    "adversarial-weights": ("explore_adversarial_weights.png", "", "explore.md"),
+    "conjecture-bipartite": ("explore_conjecture_bipartite.png", "", "explore.md"),
+    "conjecture-multihead": ("explore_conjecture_multihead.png", "", "explore.md"),
+    "power-layers": ("power_layers_minilm.png", "--minilm", "spectral.md"),
+    "steer": ("spectral_steer_minilm.png", "--minilm", "spectral.md"),
+    "oja-bipartite": ("spectral_oja_bipartite.png", "", "spectral.md"),
+}
+
 def _gallery_page(name: str, entry, experiment, index: int) -> str:
     from jaxattn._artifacts.trajectories import SAVES_TOKENS, how_to_save
 
@@ -131,11 +144,14 @@ def _gallery_page(name: str, entry, experiment, index: int) -> str:
         lines += [f"![{entry.title}](figures/{name}-{k}.png)", ""]
     lines += ["Its verdict, from the saved data (`summary.json` of a run holds the same):",
               "", "```text", _verdict_word(name, drawn["ok"]) + drawn["line"], "```", ""]
-    full = ROOT / "docs" / "figures" / f"{name.replace('-', '_')}.png"
+    figure, flags, page = FULL_SIZE.get(name, (f"{name.replace('-', '_')}.png", "",
+                                               "experiments.md"))
+    full = ROOT / "docs" / "figures" / figure
     if full.exists():
+        run = f"jaxattn run {name}" + (f" {flags}" if flags else "")
         lines += ["## At full size", "",
-                  f"`jaxattn run {name}` at its defaults (the results are discussed in "
-                  "[the paper's simulations](../usage/experiments.md)):", "",
+                  f"`{run}` at its defaults (the results are discussed in "
+                  f"[the paper's simulations](../usage/{page})):", "",
                   f"![{name} at full size](../figures/{full.name})", ""]
     lines += ["## Animate it", ""]
     if name in SAVES_TOKENS:

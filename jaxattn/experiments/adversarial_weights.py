@@ -105,8 +105,9 @@ class AdversarialWeights(AbstractSearch):
                          f"gap $\\geq {config.gap:g}$)")
         axs[1].legend(fontsize=8)
         # the distance the verdict judges (1 − ⟨x, v₁⟩ as computed resolves ~ε: order 1)
-        figures.draw_decay(axs[2], data["ts_long"], data["dist_long0"], order=1, color="0.5",
-                           label="start weights")
+        if "dist_long0" in data:  # not in a run folder written before it was saved
+            figures.draw_decay(axs[2], data["ts_long"], data["dist_long0"], order=1,
+                               color="0.5", label="start weights")
         figures.draw_decay(axs[2], data["ts_long"], data["dist_long"], order=1,
                            color="tab:red", label="optimised weights")
         axs[2].axvline(config.horizon, color="k", ls=":", lw=1, label="horizon $T$")

@@ -132,15 +132,16 @@ def draw_trace(ax, trace, baseline, label, baseline_label="random starts (mean)"
     all restarts, beside the mean of the baseline (the random starts, or what
     `baseline_label` says)."""
     trace = np.asarray(trace)
+    # the best so far first, wide and light: the restart that holds it stays visible on it
+    best = np.maximum.accumulate(np.max(np.where(np.isnan(trace), -np.inf, trace), axis=1))
+    ax.semilogy(np.where(best > 0, best, np.nan), color="0.7", lw=4,
+                label="best so far (all restarts)")
     shown = np.any(trace > 0, axis=0)  # a restart at 0 throughout has no place on a log axis
     lines = ax.semilogy(np.where(trace > 0, trace, np.nan)[:, shown], color="tab:blue",
-                        lw=0.8, alpha=0.6)
+                        lw=0.8, alpha=0.8)
     hidden = int((~shown).sum())
     note = f" ({hidden} at 0 throughout: not drawn)" if hidden else ""
     figures.label_first(lines, "each restart, per step" + note)
-    best = np.maximum.accumulate(np.max(np.where(np.isnan(trace), -np.inf, trace), axis=1))
-    ax.semilogy(np.where(best > 0, best, np.nan), color="k", lw=1.6,
-                label="best so far (all restarts)")
     ax.axhline(np.mean(baseline), color="k", ls="--", lw=1, label=baseline_label)
     ax.set_xlabel("optimiser step")
     figures.integer_ticks(ax.xaxis)

@@ -112,6 +112,7 @@ FULL_SIZE = {
     "power-layers": ("power_layers_minilm.png", "--minilm", "spectral.md"),
     "steer": ("spectral_steer_minilm.png", "--minilm", "spectral.md"),
     "oja-bipartite": ("spectral_oja_bipartite.png", "", "spectral.md"),
+    "loop-grid": ("", "", "models.md"),  # its figures are per model: none at full size
 }
 
 def _gallery_page(name: str, entry, experiment, index: int) -> str:
@@ -146,8 +147,12 @@ def _gallery_page(name: str, entry, experiment, index: int) -> str:
               "", "```text", _verdict_word(name, drawn["ok"]) + drawn["line"], "```", ""]
     figure, flags, page = FULL_SIZE.get(name, (f"{name.replace('-', '_')}.png", "",
                                                "experiments.md"))
+    if not drawn["ok"] and name not in gallery.NO_NUMBERS:
+        lines += ["At the figure test's sizes the verdict does not hold; it is shown as the "
+                  f"run prints it. [The usage page](../usage/{page}) discusses the runs at "
+                  "full size.", ""]
     full = ROOT / "docs" / "figures" / figure
-    if full.exists():
+    if full.is_file():
         run = f"jaxattn run {name}" + (f" {flags}" if flags else "")
         lines += ["## At full size", "",
                   f"`{run}` at its defaults (the results are discussed in "

@@ -54,6 +54,20 @@ def test_slider_moves_the_tokens_without_console_errors(tmp_path, browser):
     assert browser.errors() == []
 
 
+def test_a_phone_wide_page_fits_its_canvases(tmp_path):
+    """At 400 px the 560 px canvases ran off the right edge."""
+    need_browser()
+    narrow = Browser(400, 900)
+    try:
+        assert narrow.open(_page(tmp_path, "thm41-sphere").as_uri()) == []
+        widths = narrow.evaluate("""[...document.querySelectorAll('canvas')].map(
+            c => c.getBoundingClientRect().right)""")
+        inner = narrow.evaluate("window.innerWidth")  # headless chromium: at least 500
+        assert inner < 560 and max(widths) <= inner, (widths, inner)
+    finally:
+        narrow.close()
+
+
 def test_dragging_turns_the_sphere(tmp_path, browser):
     page = _page(tmp_path, "thm41-sphere")
     assert browser.open(page.as_uri()) == []

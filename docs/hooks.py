@@ -363,6 +363,23 @@ def on_files(files, config):
     return files
 
 
+#: A page named as a path in code, `docs/noise.md`: made a link to that page.
+_DOC_PATH = re.compile(r"(?<!\[)`docs/([A-Za-z0-9_/.-]+\.md)`(?!\])")
+
+
+def on_page_markdown(markdown, page, config, files):
+    """Every `` `docs/X.md` `` a page names (outside code blocks) links to that page."""
+    here = os.path.dirname(page.file.src_uri)
+
+    def link(m):
+        if files.get_file_from_path(m.group(1)) is None:
+            return m.group(0)
+        return f"[{m.group(0)}]({os.path.relpath(m.group(1), here or '.')})"
+
+    parts = re.split(r"(^```.*?^```)", markdown, flags=re.S | re.M)  # fences kept as they are
+    return "".join(part if k % 2 else _DOC_PATH.sub(link, part) for k, part in enumerate(parts))
+
+
 def _verdict_word(name: str, ok: bool) -> str:
     """"ok: "/"NOT ok: " before a saved run's verdict; nothing for a run too small to judge."""
     return "" if name in gallery.NO_NUMBERS else "ok: " if ok else "NOT ok: "

@@ -268,7 +268,7 @@ def _notebooks() -> list[dict]:
         text = "\n\n".join(parts)
         if not text.lstrip().startswith("# "):
             text = f"# {path.stem}\n\n{text}"
-        title = text.lstrip().splitlines()[0][2:].strip()
+        title = text.lstrip().splitlines()[0][2:].strip().replace("`", "")  # nav: plain
         page = f"notebooks/{path.stem}.md"
         _generated[page] = (text + f"\n\n---\n\nThe notebook: `notebooks/{path.name}`.\n")
         nav.append({title: page})

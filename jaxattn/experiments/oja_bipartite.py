@@ -113,8 +113,7 @@ class OjaBipartite(AbstractPowerExperiment):
         return Verdict(bool(ok), line, n, undecided=undecided)
 
     def draw(self, config, data, folder):
-        ends = data["fig13_paths"][:, -1]  # (2, n, d)
-        spreads = np.max(np.linalg.norm(ends - ends[:, :1], axis=-1), axis=-1)
+        spreads = _spread(data["fig13_paths"][:, -1])  # both paths' (the data: the large's)
         titles = list(map(fig13_outcome, data["fig13_final"], data["fig13_eps"], spreads))
         return plots.oja(data, self.stem(folder), titles,
                          fixed_tolerance(data["residual"].dtype))
@@ -131,6 +130,12 @@ def fig13_outcome(final, size, spread=np.inf) -> str:
     if final > 0.5:
         return "escapes to consensus" if spread < 1e-6 else "escapes"
     return "not settled"
+
+
+def _spread(end):
+    """How far apart a path's final tokens `(..., n, d)` lie: the largest distance of a
+    token from the first."""
+    return np.max(np.linalg.norm(end - end[..., :1, :], axis=-1), axis=-1)
 
 
 #: The most layers Fig. 13 runs: 34 paths of 10 tokens on S², 160 MB.
@@ -200,7 +205,7 @@ def _fig13(config):
     return {"fig13_q": np.asarray(q), "fig13_sizes": sizes, "fig13_dist": final,
             "fig13_paths": np.stack([paths[small], paths[big]]),
             "fig13_eps": sizes[[small, big]], "fig13_final": final[[small, big]],
-            "fig13_spread": np.float64(np.max(np.linalg.norm(end - end[:1], axis=-1))),
+            "fig13_spread": np.float64(_spread(end)),
             "fig13_point": np.asarray(x), "fig13_layers": np.asarray(layers)}
 
 

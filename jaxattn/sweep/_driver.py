@@ -186,6 +186,8 @@ def run_sweep(
                     chunk=chunk)
     path = folder_path(f"sweep-{spec.experiment}", out, resume=resume)
     configs = check_spec(spec)
+    if resume:
+        spec, configs = _as_saved(spec, configs, path)
     params = sweep_params(spec.experiment)
     keys = grid_keys(spec)
     chunks = plan(spec, configs)
@@ -235,6 +237,23 @@ def _as_spec(spec, **overrides) -> SweepSpec:
                         f"got {type(spec).__name__}.")
     given = {k: v for k, v in overrides.items() if v is not None and (k != "grid" or v)}
     return with_counts(dataclasses.replace(spec, **given))
+
+
+def _as_saved(spec: SweepSpec, configs, path: Path):
+    """`(spec, configs)` as the sweep saved in `path` recorded them, where they differ
+    from the resumed one only in how it was written (a `set` value given or taken by
+    default, `5` for `5.0`) or in an omitted `chunk` (the saved plan's); otherwise as
+    given, for `reopen_run` to name what differs."""
+    try:
+        saved = SweepSpec(**read_json(path / "sweep.json")["spec"])
+        if spec.chunk is None:
+            spec = dataclasses.replace(spec, chunk=saved.chunk)
+        same = (saved.experiment == spec.experiment and grid_keys(saved) == grid_keys(spec)
+                and (saved.instances, saved.seed, saved.chunk)
+                == (spec.instances, spec.seed, spec.chunk) and check_spec(saved) == configs)
+    except (OSError, ValueError, TypeError, KeyError):  # no sweep there, or another's
+        return spec, configs
+    return (saved, configs) if same else (spec, configs)
 
 
 def _run_chunks(folder, spec, configs, params, keys, chunks, devices, progress, log, simulate):

@@ -599,3 +599,26 @@ def test_one_grid_value_far_from_zero_is_drawn(tmp_path, monkeypatch):
     ax_t, ax_e = fig.axes
     assert [t.get_text() for t in ax_e.get_xticklabels()] == ["1e+308"]
     assert np.all(np.isfinite(ax_e.get_xlim())) and "1 point ×" in title
+
+
+def test_a_resumed_sweep_takes_an_explicit_default_and_its_saved_chunk(tmp_path, monkeypatch):
+    """Resuming with a `--set` value the first run took by default (written `6` for
+    `6.0`), and without the `--chunk` it gave, continues the saved sweep with its
+    recorded spec and plan; a value that changes a point is still refused by name."""
+    out = tmp_path / "s"
+    first = ja.sweep.SweepSpec("thm41-sphere", {"beta": [1.0, 2.0]}, set={"horizon": 2.0},
+                               instances=4, chunk=2)
+    monkeypatch.setattr(_run, "simulate_chunk", _fake_chunk)
+    ja.sweep(first, out=out, progress=False, log=lambda *_: None)
+    (out / "summary.json").unlink()  # as if killed before the end
+    (out / "INCOMPLETE").write_text("")
+    tokens = next(p.default for p in ja.sweep.sweep_params("thm41-sphere") if p.name == "tokens")
+    again = ja.sweep("thm41-sphere", {"beta": [1.0, 2.0]}, set={"horizon": "2", "tokens": tokens},
+                     instances=4, out=out, resume=True, progress=False, log=lambda *_: None)
+    saved = json.loads((out / "sweep.json").read_text())
+    assert saved["spec"] == first.to_json() and again.summary["rows"] == 8
+    (out / "summary.json").unlink()
+    (out / "INCOMPLETE").write_text("")
+    with pytest.raises(RunFolderError, match="another spec entry 'set'"):
+        ja.sweep("thm41-sphere", {"beta": [1.0, 2.0]}, set={"horizon": 2.0, "tokens": tokens + 1},
+                 instances=4, out=out, resume=True, progress=False, log=lambda *_: None)

@@ -17,11 +17,17 @@ from ..experiments.verdicts import convergence_trend, run_kind
 
 
 def _quantiles(x) -> tuple[float, float, float]:
+    """The quartiles of the consensus times: a failed solve's (NaN) left out, one that
+    never reached the tolerance (`inf`) counted as later than T, so a quartile among
+    them is `inf` ("> T"), as linear interpolation with `inf` as the largest value."""
     x = np.asarray(x, float)
-    x = x[np.isfinite(x)]
+    x = x[~np.isnan(x)]
     if x.size == 0:
         return (float("nan"),) * 3
-    q = np.quantile(x, [0.25, 0.5, 0.75])
+    reached = x[np.isfinite(x)]
+    late = reached.max() + 1.0 if reached.size else 0.0  # above every reached time
+    q = np.quantile(np.where(np.isfinite(x), x, late), [0.25, 0.5, 0.75])
+    q = np.where(q > (reached.max() if reached.size else -np.inf), np.inf, q)
     return float(q[0]), float(q[1]), float(q[2])
 
 
@@ -121,15 +127,21 @@ def _g(x, spec: str = ".3g") -> str:
 
 
 def format_table(summary: dict[str, Any], keys) -> str:
-    """The per-point table that `jaxattn sweep` prints."""
+    """The per-point table that `jaxattn sweep` prints; a consensus-time quartile among
+    the instances that never reached the tolerance reads `>T`."""
+    infinite = {k for k, v in summary.get("null_means", {}).items() if v == "+infinity"}
+
+    def t(i, stat):
+        key = f"consensus_time_{stat}"
+        return ">T" if f"points[{i}].{key}" in infinite else _g(summary["points"][i][key])
+
     head = [*keys, "instances", "median E(T)", "t_cons median [IQR]", "E<tol", "held/in domain",
             "converging", "against", "solver ok"]
     body = []
-    for p in summary["points"]:
+    for i, p in enumerate(summary["points"]):
         body.append([*(f"{p[k]:g}" if isinstance(p[k], float) else str(p[k]) for k in keys),
                      str(p["instances"]), _g(p["final_E_median"], ".2e"),
-                     f"{_g(p['consensus_time_median'])} [{_g(p['consensus_time_q25'])}, "
-                     f"{_g(p['consensus_time_q75'])}]",
+                     f"{t(i, 'median')} [{t(i, 'q25')}, {t(i, 'q75')}]",
                      f"{p['reached_consensus']}/{p['instances']}",
                      f"{p['prediction_held']}/{p['in_domain']}",
                      str(p.get("not_converged", "–")), str(p.get("contradicted", "–")),
@@ -176,12 +188,26 @@ def _draw_group(ax_t, ax_e, table, x_key, label, pts, color, tol) -> None:
     stats = [point_stats(table, p) for p in pts]
     reached = sum(st["reached_consensus"] for st in stats)
     count = sum(st["instances"] for st in stats)
-    median = np.asarray([s["consensus_time_median"] for s in stats])
-    spread = [median - [s["consensus_time_q25"] for s in stats],
-              np.asarray([s["consensus_time_q75"] for s in stats]) - median]
-    ax_t.errorbar(xs, median, yerr=spread, fmt="o-", color=color, capsize=3,
-                  label=f"{label + ': ' if label else ''}{reached:,}/{count:,} reached E < "
-                        f"{_sci(tol)}")
+    q25, median, q75 = (np.asarray([s[f"consensus_time_{q}"] for s in stats])
+                        for q in ("q25", "median", "q75"))
+    # a quartile among the instances that never reached the tolerance is past T: its
+    # bar runs to the top of the panel, and a median there is a triangle at the top
+    finite = np.isfinite(median)
+    with np.errstate(invalid="ignore"):  # inf − inf where the median is past T
+        spread = [np.where(finite, median - q25, 0.0),
+                  np.where(finite & np.isfinite(q75), q75 - median, 0.0)]
+    ax_t.errorbar(xs, np.where(finite, median, np.nan), yerr=spread, fmt="o-", color=color,
+                  capsize=3, label=f"{label + ': ' if label else ''}{reached:,}/{count:,} "
+                                   f"reached E < {_sci(tol)}")
+    edge = ax_t.get_xaxis_transform()  # x in data, y in axes fraction
+    for x, low, mid, high in zip(xs, q25, median, q75):
+        if np.isinf(high) and np.isfinite(low):
+            head = "-|>" if np.isfinite(mid) else "-"  # (the triangle is its head)
+            ax_t.annotate("", (x, 0.97), (x, mid if np.isfinite(mid) else low), xycoords=edge,
+                          textcoords="data", arrowprops={"arrowstyle": head, "color": color,
+                                                         "lw": 1, "shrinkA": 0, "shrinkB": 0})
+        if np.isinf(mid):
+            ax_t.plot([x], [0.97], "^", color=color, transform=edge, clip_on=False)
     for p, xv in zip(pts, xs):
         E = np.maximum(table["final_E"][table["point"] == p], 1e-300)
         jitter = np.linspace(-0.04, 0.04, E.size) * (np.ptp(xs) if len(xs) > 1 else 1)
@@ -216,8 +242,14 @@ def write_figure(folder: Path, spec, keys, table) -> list[Path]:
     ax_t.set_ylabel(f"consensus time (E < {_sci(tol)}): median, bars IQR")
     ax_t.set_title("time to consensus")
     # from 0: a flat line reads as flat, not as a trend magnified by a narrow range
-    ax_t.set_ylim(0, 1.08 * ax_t.get_ylim()[1])  # (the margin keeps the top bars whole)
-    if not np.isfinite(table["consensus_time"]).any():
+    times = np.asarray(table["consensus_time"], float)
+    reached = times[np.isfinite(times)]  # a bar from a quartile to the top starts in view
+    top = max(ax_t.get_ylim()[1], reached.max() if reached.size else 0.0)
+    ax_t.set_ylim(0, 1.08 * top)  # (the margin keeps the top bars whole)
+    if np.isinf(times).any():
+        ax_t.text(0.99, 0.02, "▲ median, ↑ upper quartile: past T (not reached)",
+                  transform=ax_t.transAxes, ha="right", va="bottom", fontsize=8, color="0.3")
+    if not reached.size:
         ax_t.text(0.5, 0.5, f"no instance reached E < {_sci(tol)} by T", ha="center",
                   transform=ax_t.transAxes)
     ax_e.axhline(tol, color="0.4", lw=0.8, ls="--")

@@ -622,3 +622,25 @@ def test_a_resumed_sweep_takes_an_explicit_default_and_its_saved_chunk(tmp_path,
     with pytest.raises(RunFolderError, match="another spec entry 'set'"):
         ja.sweep("thm41-sphere", {"beta": [1.0, 2.0]}, set={"horizon": 2.0, "tokens": tokens + 1},
                  instances=4, out=out, resume=True, progress=False, log=lambda *_: None)
+
+
+def test_consensus_time_quartiles_count_the_instances_that_never_reached_it(tmp_path):
+    """An instance that never reached the tolerance (`inf`) is later than every one that
+    did: with 11 of 32 reached, the median and upper quartile are past T (`>T` in the
+    table), not the median of the 11; a failed solve (NaN) is left out."""
+    from jaxattn._artifacts.folders import write_json
+
+    reached = np.linspace(4.7, 4.9, 11)
+    t = np.concatenate([reached, np.full(21, np.inf), [np.nan]])
+    table = {"point": np.zeros(33, int), "consensus_time": t, "in_domain": np.ones(33, bool),
+             "final_E": np.ones(33), "solver_success": np.r_[np.ones(32, bool), False],
+             "prediction_held": np.array(["true"] * 11 + [""] * 22, object)}
+    stats = _report.point_stats(table, 0)
+    # linear quartiles of the 32 times with inf largest: position 7.75 of 0..31
+    assert stats["consensus_time_q25"] == pytest.approx(np.quantile(reached, 7.75 / 10))
+    assert np.isinf(stats["consensus_time_median"]) and np.isinf(stats["consensus_time_q75"])
+    write_json(tmp_path / "s.json", {"points": [stats]})
+    row = _report.format_table(json.loads((tmp_path / "s.json").read_text()), []).splitlines()[2]
+    assert f">T [{stats['consensus_time_q25']:.3g}, >T]" in row
+    few = {k: v[-12:] for k, v in table.items()} | {"consensus_time": np.r_[reached, np.nan]}
+    assert _report.point_stats(few, 0)["consensus_time_median"] == np.median(reached)

@@ -144,24 +144,30 @@ def test_non_finite_numbers_are_null_and_named(tmp_path):
 
 def test_sweep_summary_matches_its_table(tmp_path):
     """A point where no instance reached consensus: `table.csv` says `inf` for each
-    consensus time; `summary.json` has `null` statistics, named in `null_means`, and
-    the printed table shows a dash."""
-    table = {"point": np.array([0, 0, 1, 1]), "beta": np.array([1.0, 1.0, 2.0, 2.0]),
-             "consensus_time": np.array([np.inf, np.inf, 2.0, 3.0]),
-             "final_E": np.array([0.1, 0.2, 1e-5, 1e-6]), "in_domain": np.ones(4, bool),
-             "solver_success": np.ones(4, bool),
-             "status": np.array(["not_converged"] * 2 + ["held"] * 2, object)}
-    spec = ja.sweep.SweepSpec("thm41-sphere", {"beta": [1.0, 2.0]}, instances=2)
-    summary = _report.summarise(spec, [{"beta": 1.0}, {"beta": 2.0}], ["beta"], table)
-    assert math.isnan(summary["points"][0]["consensus_time_median"])  # in memory: NaN
+    consensus time, and so do its quartiles (past T); `summary.json` has `null`
+    statistics, named in `null_means`, and the printed table shows `>T`. A point whose
+    every solve failed (NaN) measured nothing: a dash."""
+    table = {"point": np.array([0, 0, 1, 1, 2, 2]), "beta": np.array([1.0, 1, 2, 2, 3, 3]),
+             "consensus_time": np.array([np.inf, np.inf, 2.0, 3.0, np.nan, np.nan]),
+             "final_E": np.array([0.1, 0.2, 1e-5, 1e-6, np.nan, np.nan]),
+             "in_domain": np.ones(6, bool), "solver_success": np.r_[np.ones(4, bool), 0, 0],
+             "status": np.array(["not_converged"] * 2 + ["held"] * 2 + ["solver_failed"] * 2,
+                                object)}
+    spec = ja.sweep.SweepSpec("thm41-sphere", {"beta": [1.0, 2.0, 3.0]}, instances=2)
+    summary = _report.summarise(spec, [{"beta": 1.0}, {"beta": 2.0}, {"beta": 3.0}], ["beta"],
+                                table)
+    assert math.isinf(summary["points"][0]["consensus_time_median"])  # in memory: past T
+    assert math.isnan(summary["points"][2]["consensus_time_median"])  # nothing measured
     finish_run(tmp_path, summary)
     text = (tmp_path / "summary.json").read_text()
-    assert '"nan"' not in text.lower() and "NaN" not in text
+    assert '"nan"' not in text.lower() and "NaN" not in text and "Infinity" not in text
     written = json.loads(text)
     first = written["points"][0]
     assert first["consensus_time_median"] is None and first["reached_consensus"] == 0
     assert written["points"][1]["consensus_time_median"] == 2.5
-    assert {f"points[0].consensus_time_{q}" for q in ("q25", "median", "q75")} == set(
-        written["null_means"])
-    row = _report.format_table(written, ["beta"]).splitlines()[2]
-    assert "– [–, –]" in row
+    nulls = {f"points[{i}].consensus_time_{q}" for i in (0, 2) for q in ("q25", "median", "q75")}
+    assert nulls <= set(written["null_means"])
+    assert written["null_means"]["points[0].consensus_time_median"] == "+infinity"
+    rows = _report.format_table(written, ["beta"]).splitlines()[2:]
+    assert ">T [>T, >T]" in rows[0] and "2.5 [2.25, 2.75]" in rows[1]
+    assert "– [–, –]" in rows[2]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .._files import umask
+from .._validate import refuse_first
 from .figures import above_floor, mark_floor, resolution
 from .trajectories import on_sphere, tokens_title
 
@@ -69,34 +70,32 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
 
     `path`, written whole or not at all.
     """
-    path = Path(path)
-    unit = frame_unit(ts, layers)
+    path, unit = Path(path), frame_unit(ts, layers)
+    suffix = path.suffix.lower()
     counts = (("fps", fps, 1), ("trail", trail, 0), ("dpi", dpi, 20),
               ("frames", 1 if frames is None else frames, 1))
-    checks = [(path.suffix.lower() not in (".mp4", ".gif"),
-               f"the movie's name must end in .mp4 or .gif, got {path.name!r}."),
-              (path.suffix.lower() == ".mp4" and importlib.util.find_spec("imageio_ffmpeg") is None,
-               f"writing {path.name} needs imageio-ffmpeg (ffmpeg in a wheel): pip install "
-               "'jaxattn[movies]', or write a .gif.")]
-    checks += [(not isinstance(value, int | np.integer) or value < low,
-                f"{name} must be a whole number ≥ {low}, got {value!r}.")
-               for name, value, low in counts]
-    checks.append((path.suffix.lower() == ".gif" and isinstance(fps, int | np.integer)
-                   and fps > GIF_FPS_MAX, f"a GIF plays at most {GIF_FPS_MAX} fps (its frames "
-                   f"last whole hundredths of a second, and browsers slow shorter ones to "
-                   f"0.1 s), got fps = {fps}: lower it, or write an .mp4."))
-    checks.append((isinstance(dpi, int | np.integer) and dpi > MAX_DPI,
-                   f"dpi must be at most {MAX_DPI} (a frame of {6.4 * MAX_DPI:.0f} × "
-                   f"{7.2 * MAX_DPI:.0f} pixels), got {dpi}."))
-    checks.append((not path.parent.is_dir(),
-                   f"{path.parent} is not a folder; cannot write {path.name}."))
-    checks.append((not (isinstance(spin, int | float | np.number) and np.isfinite(spin)),
-                   f"spin must be a finite number of degrees, got {spin!r}."))
+    checks = [
+        (suffix not in (".mp4", ".gif"),
+         f"the movie's name must end in .mp4 or .gif, got {path.name!r}."),
+        (suffix == ".mp4" and importlib.util.find_spec("imageio_ffmpeg") is None,
+         f"writing {path.name} needs imageio-ffmpeg (ffmpeg in a wheel): pip install "
+         "'jaxattn[movies]', or write a .gif."),
+        *((not isinstance(value, int | np.integer) or value < low,
+           f"{name} must be a whole number ≥ {low}, got {value!r}.")
+          for name, value, low in counts),
+        (suffix == ".gif" and isinstance(fps, int | np.integer) and fps > GIF_FPS_MAX,
+         f"a GIF plays at most {GIF_FPS_MAX} fps (its frames last whole hundredths of a second, "
+         f"and browsers slow shorter ones to 0.1 s), got fps = {fps}: lower it, or write an .mp4."),
+        (isinstance(dpi, int | np.integer) and dpi > MAX_DPI, f"dpi must be at most {MAX_DPI} "
+         f"(a frame of {6.4 * MAX_DPI:.0f} × {7.2 * MAX_DPI:.0f} pixels), got {dpi}."),
+        (not path.parent.is_dir(), f"{path.parent} is not a folder; cannot write {path.name}."),
+        (not (isinstance(spin, int | float | np.number) and np.isfinite(spin)),
+         f"spin must be a finite number of degrees, got {spin!r}."),
+    ]
     xs, ts, E, dtype = trajectory_arrays(xs, ts, E, per="frame", also=checks)
-    picks = thinned(len(xs), frames)
     scene = Scene(xs, ts, E, dtype, title=title, unit=unit, trail=trail, spin=spin,
                   elevation=elevation, dpi=dpi, density_above=density_above)
-    images = scene.frames(picks, progress=progress)
+    images = scene.frames(thinned(len(xs), frames), progress=progress)
     return _encode(images, path, fps, scene.size, scene.colors)
 
 
@@ -114,21 +113,20 @@ def trajectory_arrays(xs, ts=None, E=None, *, per: str = "frame", also=()):
     xs = np.asarray(xs, dtype=np.float64)
     T = len(xs) if xs.ndim else 0
     ts, E = (None if a is None else np.asarray(a, np.float64) for a in (ts, E))
-    checks = [(xs.ndim != 3 or min(xs.shape) < 1 or xs.shape[2] < 2,
-               f"xs must be (T, n, d) with d ≥ 2, got shape {xs.shape}."),
-              (not np.all(np.isfinite(xs)), "xs holds NaN or infinite values; nothing to draw.")]
-    checks += [(a is not None and a.shape != (T,), f"{name} must hold one {what} per {per}, "
-                f"shape ({T},), got {np.shape(a)}.")
-               for name, a, what in (("ts", ts, "time"), ("E", E, "value"))]
-    checks += [(ts is not None and ts.shape == (T,) and not (
-                    np.all(np.isfinite(ts)) and np.all(np.diff(ts) >= 0)),
-                "ts must be finite and nondecreasing (one time per "
-                f"{per}, in order)."),
-               (E is not None and E.shape == (T,) and not np.all(E >= 0),
-                "E must be ≥ 0 (a misalignment), got a negative value or NaN.")]
-    for bad, message in [*checks, *also]:
-        if bad:
-            raise ValueError(message)
+    refuse_first([
+        (xs.ndim != 3 or min(xs.shape) < 1 or xs.shape[2] < 2,
+         f"xs must be (T, n, d) with d ≥ 2, got shape {xs.shape}."),
+        (not np.all(np.isfinite(xs)), "xs holds NaN or infinite values; nothing to draw."),
+        *((a is not None and a.shape != (T,), f"{name} must hold one {what} per {per}, "
+           f"shape ({T},), got {np.shape(a)}.")
+          for name, a, what in (("ts", ts, "time"), ("E", E, "value"))),
+        (ts is not None and ts.shape == (T,) and not (
+            np.all(np.isfinite(ts)) and np.all(np.diff(ts) >= 0)),
+         f"ts must be finite and nondecreasing (one time per {per}, in order)."),
+        (E is not None and E.shape == (T,) and not np.all(E >= 0),
+         "E must be ≥ 0 (a misalignment), got a negative value or NaN."),
+        *also,
+    ])
     if E is None:
         from ..metrics import misalignment
 

@@ -332,14 +332,9 @@ def finish_run(folder, summary: dict[str, Any], *, figures=None,
     The summary as written, with `seconds`, `figures`, `run_id` and `finished` added.
     """
     folder = Path(folder)
-    summary = dict(summary)
-    if seconds is not None:
-        summary["seconds"] = seconds
-    if figures is not None:
-        summary["figures"] = [Path(p).name for p in figures]
-    if run_id is not None:
-        summary["run_id"] = run_id
-    summary["finished"] = stamp()
+    names = None if figures is None else [Path(p).name for p in figures]
+    added = {"seconds": seconds, "figures": names, "run_id": run_id}
+    summary = {**summary, **{k: v for k, v in added.items() if v is not None}, "finished": stamp()}
     write_json(folder / "summary.json", summary)
     (folder / INCOMPLETE).unlink(missing_ok=True)
     return summary

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._validate import refuse_first
 from .folders import INCOMPLETE, RunFolderError, check_not_held, read_data, read_settings
 
 #: Where the tokens are: `ys`, `paths` or `states` as the whole name or one of its `_`
@@ -82,15 +83,13 @@ def pick(data, name: str | None = None, index: int = 0, *,
     runs = shape[0] if len(shape) == 4 else 1
     which = (f"be in 0 … {runs - 1} ({name} holds {runs} runs)" if runs > 1
              else f"be 0: {name} holds one run")
-    for bad, message in (
+    refuse_first((
         (not names, none),
         (name not in names, f"no trajectory {name!r} in data.npz; it has {', '.join(names)}"
          + (" (the layers are saved by a run with --discrete)." if str(name).endswith("_layers")
             else ".")),
         (not 0 <= index < runs, f"--index must {which}, got {index}."),
-    ):
-        if bad:
-            raise ValueError(message)
+    ))
     xs = np.asarray(data[name], dtype=np.float64)
     ts, E = (_partner(data, name, key, xs.shape[:-2]) for key in ("ts", "E"))
     if name == "states" and "depths" in data:  # a loop's: E (B, every block) at `depths`
@@ -123,7 +122,7 @@ def load(folder, name: str | None = None, index: int = 0) -> Trajectory:
     folder = Path(folder)
     check_not_held(folder)
     saved = (folder / "data.npz").is_file()
-    for bad, error, message in (
+    refuse_first((
         (not folder.is_dir(), FileNotFoundError,
          f"{folder} is not a folder (give a run folder of `jaxattn run`, or of "
          "`jaxattn loop --save-states`)."),
@@ -131,9 +130,7 @@ def load(folder, name: str | None = None, index: int = 0) -> Trajectory:
          f"{folder} is an incomplete run (it was interrupted before it saved data.npz); "
          "re-run it."),
         (not saved, ValueError, f"{folder} has no data.npz: not a run folder."),
-    ):
-        if bad:
-            raise error(message)
+    ))
     data = read_data(folder)
     track = pick(data, name, index,
                  none=f"{folder} holds no token trajectory: {how_to_save(folder)}")

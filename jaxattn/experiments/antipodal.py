@@ -220,8 +220,7 @@ class Antipodal(AbstractExperiment):
             for j, beta in enumerate(window):
                 growth = exponent(beta, sigma, x0, THRESHOLD_TIME, float(tau),
                                   jax.random.fold_in(k_run, 100 * t + j), THRESHOLD_GAP)
-                rate = mean_error(growth)
-                data["window_rate"][i, t, j], data["window_se"][i, t, j] = rate
+                data["window_rate"][i, t, j], data["window_se"][i, t, j] = mean_error(growth)
             bar.update()
 
     def thresholds(self, config, data) -> dict[str, dict]:
@@ -244,7 +243,7 @@ class Antipodal(AbstractExperiment):
                       for t in range(len(data["taus"]))]
                 value, se = zip(*at)  # the line through (τ, value ± se) at τ = 0
                 zero, zero_se = fit_intercept(data["taus"], value, se=se)
-                found |= {"at_tau": [a[0] for a in at], "at_tau_se": [a[1] for a in at],
+                found |= {"at_tau": list(value), "at_tau_se": list(se),
                           "measured": zero, "measured_se": zero_se,
                           "relative_error": abs(zero / predicted - 1) if predicted else None}
             out[f"d={int(d)}"] = found | {

@@ -239,13 +239,11 @@ class Hardmax(AbstractExperiment):
         one_fit = np.array([np.abs(np.asarray(frank_wolfe(
             model(1, beta=beta), x0, 1, tau))[1] - ys[1]).max()
             for beta in betas_one])
-        n = m + config.tokens
-        z = np.asarray(jax.random.normal(k_n, (n, 2)))
+        z = np.asarray(jax.random.normal(k_n, (m + config.tokens, 2)))
         z = z - z.mean(0)  # the origin inside the hull
         nsd = model(-1, kernel="hardmax")
-        T = config.nsd_steps
-        ys_fw = np.asarray(frank_wolfe(nsd, z, T, tau, schedule=True))
-        ys_c = np.asarray(frank_wolfe(nsd, z, T, tau))
+        ys_fw = np.asarray(frank_wolfe(nsd, z, config.nsd_steps, tau, schedule=True))
+        ys_c = np.asarray(frank_wolfe(nsd, z, config.nsd_steps, tau))
         return {"P": P, "vertices": np.asarray(m), "ys_psd": ys,
                 "cell": voronoi_cells(x0[m:], x0[:m], P), "hull": ConvexHull(x0).vertices,
                 "betas": betas, "dist_one": one, "dist_run": run, "run_step": at,

@@ -118,8 +118,7 @@ def layer_coupling(K, beta, d: int, tau, threshold):
 
     The nominal coupling (`K` itself at `τ = 0`).
     """
-    s2 = SIGMA**2
-    return K * layer_diffusion(d, tau, SIGMA) / (1 + tau * s2 * beta * K / (2 * threshold))
+    return K * layer_diffusion(d, tau, SIGMA) / (1 + tau * SIGMA**2 * beta * K / (2 * threshold))
 
 
 def usa_model(d: int, K, beta) -> SelfAttentionDynamics:
@@ -196,20 +195,14 @@ def quench(d: int, cfg: Config, key, tau: float) -> tuple[np.ndarray, np.ndarray
         nominal = layer_coupling(K, beta, d, tau, threshold)
         base = normalize(jax.random.normal(jax.random.fold_in(key, i), (len(K), n, d)))
         dyn = eqx.filter_vmap(lambda k: usa_model(d, k, beta))(jnp.asarray(nominal))
-        m = _pairs(dyn, normalize(base + tilt), normalize(base - tilt),
-                   jax.random.fold_in(key, 100 + i), steps, tau)
-        out.append(np.asarray(m).reshape(len(ratios), seeds, steps + 1))
+        # one key per pair: system `b` tilted either way draws the same noise
+        keys = jax.random.split(jax.random.fold_in(key, 100 + i), len(K))
+        plus, minus = (keyed_layers(dyn, normalize(base + sign * tilt), keys, steps, tau,
+                                    noise=TokenNoise(SIGMA), observe=_first_coordinate,
+                                    block=BLOCK) for sign in (1, -1))
+        out.append(np.asarray((plus - minus) / 2).reshape(len(ratios), seeds, steps + 1))
         couplings.append(ratios * threshold)
     return np.stack(out), np.stack(couplings)
-
-
-def _pairs(dyn, plus, minus, key, steps, tau):
-    """`(m₊ − m₋)/2` along `e₁` per step for each pair of systems `plus[b]`, `minus[b]`:
-    one key for both, so system `b` of each draws the same noise."""
-    keys = jax.random.split(key, plus.shape[0])
-    m = [keyed_layers(dyn, x, keys, steps, tau, noise=TokenNoise(SIGMA),
-                      observe=_first_coordinate, block=BLOCK) for x in (plus, minus)]
-    return (m[0] - m[1]) / 2
 
 
 def _first_coordinate(x):
@@ -258,7 +251,7 @@ def equation_caps(d: int) -> dict[str, np.ndarray]:
 
     b = jnp.repeat(jnp.asarray(betas[above]), len(KC_RATIOS))
     gap, r, r_half = jax.vmap(run)(b, jnp.asarray(K.ravel()))
-    for name, values in (("K", K), ("gap", gap), ("r", r), ("r_half", r_half)):
+    for name, values in zip(out, (K, gap, r, r_half)):
         out[name][above] = np.asarray(values).reshape(K.shape)
     return out
 
@@ -516,11 +509,10 @@ def draw_sweeps(cfg: Config, data, rows: list[dict], stem: Path) -> list[Path]:
     ends: `ja.meanfield.fold_coupling`), and below it the growth rates: the
     particles' at `τ/2` and `τ` with their lines, the equation's (in the particles'
     time), and the estimate at `τ → 0`."""
-    plt = figures.pyplot()
     dims = list(range(2, cfg.max_dim + 1))
-    fig, axes = plt.subplots(2 * len(dims), len(BETA_RATIOS) + 1,
-                             figsize=(15.5, 5.8 * len(dims)),
-                             squeeze=False, width_ratios=[1] * len(BETA_RATIOS) + [0.55])
+    fig, axes = figures.pyplot().subplots(
+        2 * len(dims), len(BETA_RATIOS) + 1, figsize=(15.5, 5.8 * len(dims)), squeeze=False,
+        width_ratios=[1] * len(BETA_RATIOS) + [0.55])
     n, ratios = cfg.tokens, np.asarray(data["ratios"])
     for row in rows:
         d, j = row["d"], BETA_RATIOS.index(row["beta_ratio"])

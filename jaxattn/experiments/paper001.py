@@ -67,8 +67,7 @@ def sphere_dynamics(key: PRNGKeyArray, num_heads: int = 2) -> SelfAttentionDynam
     d = 3
     kq, kk = jax.random.split(key)
     dtype = jnp.result_type(float)
-    Q = jax.random.uniform(kq, (num_heads, d, d), dtype, -0.5, 0.5)
-    K = jax.random.uniform(kk, (num_heads, d, d), dtype, -0.5, 0.5)
+    Q, K = (jax.random.uniform(k, (num_heads, d, d), dtype, -0.5, 0.5) for k in (kq, kk))
     omegas = jnp.asarray([_SPHERE_OMEGAS[i % 2] for i in range(num_heads)], dtype)
     U = jnp.broadcast_to(jnp.eye(d, dtype=dtype), (num_heads, d, d))
     return SelfAttentionDynamics(Schedule(_cyclic_query_key, (Q, K, omegas)), U)
@@ -123,8 +122,7 @@ def causal_weights(key: PRNGKeyArray, d: int, num_heads: int, amplitude: float =
     kq, kk, ka, kw = jax.random.split(key, 4)
     dtype = jnp.result_type(float)
     shape = (num_heads, max(1, d // num_heads), d)
-    Q = jax.random.uniform(kq, shape, dtype, -0.5, 0.5)
-    K = jax.random.uniform(kk, shape, dtype, -0.5, 0.5)
+    Q, K = (jax.random.uniform(k, shape, dtype, -0.5, 0.5) for k in (kq, kk))
     a = jax.random.uniform(ka, shape[:2], dtype, 0.0, amplitude)
     w = jax.random.uniform(kw, shape[:2], dtype, 0.0, max_freq * jnp.pi)
     return CausalWeights(Q, K, a, w)
@@ -200,10 +198,8 @@ def symmetric_dynamics(key: PRNGKeyArray, d: int = 3) -> SelfAttentionDynamics:
     d = check_count(d, "d", 1)
     kq, kk, ku = jax.random.split(key, 3)
     dtype = jnp.result_type(float)
-    Q = jax.random.uniform(kq, (1, d, d), dtype, -0.5, 0.5)
-    K = jax.random.uniform(kk, (1, d, d), dtype, -0.5, 0.5)
-    omegas = jnp.asarray(_SPHERE_OMEGAS[:1], dtype)
-    P = Schedule(_cyclic_query_key, (Q, K, omegas))
+    Q, K = (jax.random.uniform(k, (1, d, d), dtype, -0.5, 0.5) for k in (kq, kk))
+    P = Schedule(_cyclic_query_key, (Q, K, jnp.asarray(_SPHERE_OMEGAS[:1], dtype)))
     return SelfAttentionDynamics(P, symmetric_value(ku, d)[None], causal=True)
 
 

@@ -305,10 +305,9 @@ def classified(size: tuple[int, int], heads: int, norm: str, mask: str, kernel: 
     """`ja.theory.classify` of a variant's canonical form (`causal=True`, `window=w`
     or the sparse mask, rather than the study's mask arrays) with the weights of the
     instance of `seed`."""
-    n, d = size
-    P, U, _, key = draw_instance(jax.random.PRNGKey(seed), n, d, heads)
+    P, U, _, key = draw_instance(jax.random.PRNGKey(seed), *size, heads)
     form = {"causal": mask == "causal", "window": window if mask == "window" else None,
-            "mask": make_mask(mask, n, key, window, keep) if mask == "sparse" else None}
+            "mask": make_mask(mask, size[0], key, window, keep) if mask == "sparse" else None}
     return classify(SelfAttentionDynamics(P, U, beta=1.0, norm=norm, kernel=kernel, **form))
 
 
@@ -422,7 +421,7 @@ class VariantsExperiment(AbstractExperiment):
                  f"{', '.join(map(str, BETAS))}), got {config.beta!r}."),
                 (not 0 < config.keep <= 1, f"--keep is a keep-probability in (0, 1], got "
                  f"{config.keep!r}."),
-                (not 0 <= config.size <= len(SIZES), f"--size must be 0 (all) or one of "
+                (not sized, f"--size must be 0 (all) or one of "
                  f"{listed}; got {config.size!r}."))
 
     def simulate(self, config, progress, folder: Path | None = None):

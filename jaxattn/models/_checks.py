@@ -10,11 +10,8 @@ from ._arch import AbstractTransformer
 
 
 def check_model(model) -> AbstractTransformer:
-    if not isinstance(model, AbstractTransformer):
-        raise TypeError(
-            "expected a model from ja.models.load / ja.models.init, got "
-            f"{type(model).__name__}."
-        )
+    refuse_first([(not isinstance(model, AbstractTransformer), TypeError, "expected a model "
+                   f"from ja.models.load / ja.models.init, got {type(model).__name__}.")])
     return model
 
 

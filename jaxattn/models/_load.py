@@ -2,6 +2,7 @@
 hub names. Every problem is one `ValueError`/`FileNotFoundError` that names the
 file and, where there is one, the tensor."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -359,12 +360,10 @@ def download(name: str) -> Path:
     except ImportError:
         hub = None
     patterns = ["config.json", "*.safetensors", INDEX]
-    if hub is not None:
-        try:  # a copy already in the hub cache needs no network
+    if hub is not None:  # a copy already in the hub cache needs no network
+        with contextlib.suppress(Exception):
             return Path(hub.snapshot_download(name, allow_patterns=patterns,
                                               local_files_only=True))
-        except Exception:
-            pass
     if hub is None:
         why = "huggingface_hub is not installed"
     elif os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):

@@ -3,6 +3,7 @@ protocol of paper 001 §6.2 (docs/usage/models.md), both one compiled program sc
 over blocks; a long loop runs as segments of passes (`iterate_loop`), so that its
 progress bar moves and `jaxattn loop` can save and resume it."""
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
@@ -35,23 +36,17 @@ from ._tokenize import is_int
 WEIGHTS = ("trained", "random", "resample")
 
 
-def _layer_xs(model: AbstractTransformer):
-    return jnp.arange(model.num_layers), jnp.asarray(model.slots)
-
-
-def _map_prompts(fn, x: Float[Array, "B n d"], chunk: int | None) -> Float[Array, "B n d"]:
-    """`fn` on every prompt of `x` (an array, or a tuple of per-prompt arrays):
-    vmapped over all of them, or `chunk` at a time."""
-    if chunk is None or chunk >= jax.tree.leaves(x)[0].shape[0]:
-        return jax.vmap(fn)(x)
-    return jax.lax.map(fn, x, batch_size=chunk)
-
-
 def _apply(model, block, x, layer, ctx, keys, chunk, **options):
     """One block on every prompt of `x (B, n, d)`, with the prompts' padding masks
-    `keys (B, n)` (`None`: no padding, an empty tree to map over)."""
-    return _map_prompts(lambda xk: model.apply_block(block, xk[0], layer, ctx, keys=xk[1],
-                                                     **options), (x, keys), chunk)
+    `keys (B, n)` (`None`: no padding, an empty tree to map over): vmapped over all
+    of them, or `chunk` at a time."""
+
+    def one(xk):
+        return model.apply_block(block, xk[0], layer, ctx, keys=xk[1], **options)
+
+    if chunk is None or chunk >= x.shape[0]:
+        return jax.vmap(one)((x, keys))
+    return jax.lax.map(one, (x, keys), batch_size=chunk)
 
 
 def _forward(model, x, ctx, blocks, *, ffn: bool, precision: str, emit, keys=None):
@@ -63,7 +58,7 @@ def _forward(model, x, ctx, blocks, *, ffn: bool, precision: str, emit, keys=Non
         x = _apply(model, block, x, layer, ctx, keys, None, ffn=ffn, precision=precision)
         return x, emit(x)
 
-    return jax.lax.scan(body, x, _layer_xs(model))
+    return jax.lax.scan(body, x, (jnp.arange(model.num_layers), jnp.asarray(model.slots)))
 
 
 @kept_jit
@@ -184,9 +179,7 @@ def _measure(observe, keys=None):
     each prompt."""
     if observe is not None:
         return lambda x: jax.vmap(observe)(_wide(x))
-    if keys is None:
-        return lambda x: _metric(x)
-    return lambda x: _text_metric(x, keys)
+    return lambda x: _metric(x) if keys is None else _text_metric(x, keys)
 
 
 def _text_metric(x, keys):
@@ -234,7 +227,8 @@ def _segment(model, x, key, start, *, passes: int, ffn: bool, weights: str, dtyp
             x = _apply(model, block, x, layer, ctx, keys, chunk, ffn=ffn, precision=precision)
             return (x, _keep(buf, x, p * L + layer + 1, depths)), measure(x)
 
-        (x, buf), values = jax.lax.scan(body, (x, buf), _layer_xs(model))
+        layers = (jnp.arange(L), jnp.asarray(model.slots))
+        (x, buf), values = jax.lax.scan(body, (x, buf), layers)
         return (jax.vmap(model.final_norm)(x), buf), values
 
     buf = jnp.zeros((len(depths),) + x.shape, dtype)
@@ -264,7 +258,6 @@ def loop_program(model, ids, key, *, passes: int, ffn: bool, weights: str, dtype
                               observe=observe, keys=keys)
     buf = _keep(buf, x0, 0, depths)
     return _batch_first(values, _measure(observe, keys)(x0)), buf.swapaxes(0, 1)
-
 
 
 @kept_jit
@@ -538,11 +531,8 @@ def logits(
                        save_states=[c * L for c in counts], devices=devices, chunk=chunk,
                        precision=precision, mask=mask)
     opts = {k: setup.options[k] for k in ("ffn", "dtype", "depths", "chunk", "precision")}
-
-    def run(b, k):
-        return _logits_program(setup.model, b, k, passes=setup.passes, **opts)
-
-    out = _call_sharded(run, setup.ids, devices, setup.options["keys"])
+    program = functools.partial(_logits_program, setup.model, passes=setup.passes, **opts)
+    out = _call_sharded(program, setup.ids, devices, setup.options["keys"])
     if isinstance(passes, (int, np.integer)):
         out = out[:, 0]
     return out[0] if np.ndim(ids) == 1 else out

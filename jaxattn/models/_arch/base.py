@@ -381,6 +381,17 @@ def next_token_head(head, embedding, cfg: TransformerConfig):
     return embedding
 
 
+def decoder_config(hf: dict, model_type: str, **extra) -> TransformerConfig:
+    """The fields GPT-2 and GPT-Neo configs share."""
+    return check_sizes(TransformerConfig(
+        model_type=model_type, vocab_size=hf.get("vocab_size", 50257),
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        activation=hf.get("activation_function", "gelu_new"),
+        initializer_range=hf.get("initializer_range", 0.02),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)), **extra,
+    ))
+
+
 def encoder_config(hf: dict, model_type: str, **extra) -> TransformerConfig:
     """The fields BERT and ALBERT configs share."""
     reject(hf, "position_embedding_type", lambda v: v == "absolute", "only absolute positions")

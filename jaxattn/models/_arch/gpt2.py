@@ -8,7 +8,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._nn import MLP, Attention, LayerNorm, Linear, PreNormBlock, normal
-from .base import AbstractLearnedPositionDecoder, TransformerConfig, check_sizes, reject
+from .base import AbstractLearnedPositionDecoder, TransformerConfig, decoder_config, reject
 
 
 class GPT2(AbstractLearnedPositionDecoder):
@@ -34,17 +34,12 @@ class GPT2(AbstractLearnedPositionDecoder):
         reject(hf, "scale_attn_by_inverse_layer_idx", lambda v: not v, "layer-dependent scaling")
         reject(hf, "add_cross_attention", lambda v: not v, "cross-attention to an encoder")
         d = hf.get("n_embd", 768)
-        return check_sizes(TransformerConfig(
-            model_type="gpt2", vocab_size=hf.get("vocab_size", 50257), hidden_size=d,
-            num_layers=hf.get("n_layer", 12), num_heads=hf.get("n_head", 12),
-            intermediate_size=hf.get("n_inner") or 4 * d,
+        return decoder_config(
+            hf, "gpt2", hidden_size=d, num_layers=hf.get("n_layer", 12),
+            num_heads=hf.get("n_head", 12), intermediate_size=hf.get("n_inner") or 4 * d,
             max_positions=hf.get("n_positions", 1024),
-            norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-            activation=hf.get("activation_function", "gelu_new"),
-            initializer_range=hf.get("initializer_range", 0.02),
             attention_scale=None if hf.get("scale_attn_weights", True) else 1.0,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-        ))
+        )
 
     @classmethod
     def init_block(cls, cfg, key):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ._nn import MLP, Attention, LayerNorm, Linear, PreNormBlock, Window, normal
-from .base import AbstractLearnedPositionDecoder, TransformerConfig, check_sizes, load_attention
+from .base import AbstractLearnedPositionDecoder, TransformerConfig, decoder_config, load_attention
 
 
 def expand_attention_types(types, layers: int) -> tuple[str, ...]:
@@ -56,17 +56,12 @@ class GPTNeo(AbstractLearnedPositionDecoder):
         layers = hf.get("num_layers", 24)
         kinds = expand_attention_types(hf.get("attention_types", [[["global", "local"], 12]]),
                                        layers)
-        return check_sizes(TransformerConfig(
-            model_type="gpt_neo", vocab_size=hf.get("vocab_size", 50257), hidden_size=d,
-            num_layers=layers, num_heads=hf.get("num_heads", 16),
+        return decoder_config(
+            hf, "gpt_neo", hidden_size=d, num_layers=layers, num_heads=hf.get("num_heads", 16),
             intermediate_size=hf.get("intermediate_size") or 4 * d,
             max_positions=hf.get("max_position_embeddings", 2048),
-            norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-            activation=hf.get("activation_function", "gelu_new"),
-            initializer_range=hf.get("initializer_range", 0.02),
-            window_size=hf.get("window_size", 256), attention_layers=kinds,
-            attention_scale=1.0, tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-        ))
+            window_size=hf.get("window_size", 256), attention_layers=kinds, attention_scale=1.0,
+        )
 
     @classmethod
     def init_block(cls, cfg, key):

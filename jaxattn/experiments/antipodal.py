@@ -270,11 +270,14 @@ class Antipodal(AbstractExperiment):
 
     def verdict(self, config, data):
         found = self.thresholds(config, data)
-        status = [_judged(t) for t in found.values() if 0 < t["predicted"] < data["betas"][-1]]
-        ok, missed = all(s == "held" for s in status), "missed" in status
-        undecided = "" if ok or missed else \
-            "a threshold within two standard errors of β_c but off by more than " \
-            f"{THRESHOLD_TOL:g}: raise --threshold-runs"
+        status = [_judged(t, config.runs) for t in found.values()
+                  if 0 < t["predicted"] < data["betas"][-1]]
+        missed = "missed" in status
+        why = [] if missed else sorted({s for s in status if s != "held"}) or (
+            [] if status else [f"no d has its predicted β_c below β = {data['betas'][-1]:g}, "
+                               "so nothing was judged: raise --beta-max"])
+        ok = not missed and not why
+        undecided = "; ".join(UNRESOLVED.get(w, w) for w in why)
         taus = ", ".join(f"{t:g}" for t in data["taus"])
         words = "; ".join(
             f"{key}: β_c predicted {t['predicted']:.4g}, measured {_pm(t)} at τ → 0 "
@@ -418,19 +421,34 @@ def saturation() -> float:
     return math.log(2 / START_GAP) / EXPONENT_TIME
 
 
-def _judged(t: dict) -> str:
+#: Why a dimension is undecided (`_judged`), and what would decide it.
+UNRESOLVED = {
+    "threshold": f"a threshold whose standard error exceeds half the tolerance "
+                 f"({THRESHOLD_TOL:g}), or within two of β_c but off by more than it: "
+                 "raise --threshold-runs",
+    "antipodal": "P(antipodal) at the largest β not told from 0, nor from the theorem's "
+                 "share: raise --runs",
+}
+
+
+def _judged(t: dict, runs: int) -> str:
     """One dimension's outcome: `"held"`; `"missed"` (a threshold off by more than
-    `THRESHOLD_TOL` and two standard errors, none measured, or `P(antipodal)` not as
-    predicted); `"unresolved"` (off by more than the tolerance, within two standard
-    errors: the run is undecided, "raise --threshold-runs")."""
+    `THRESHOLD_TOL` and two standard errors, none measured, `P(antipodal)` not as
+    predicted, or at the largest β more than two standard errors below the theorem's
+    share); else why it is undecided (`UNRESOLVED`): the threshold's standard error
+    above half the tolerance, or off by more than it within two standard errors; no
+    antipodal end told from none, within the errors of the theorem's share."""
     error = t["relative_error"]
-    if error is None or not t["p_antipodal_at_beta_max"] > 2 * t["p_antipodal_se"] \
-            or not t["p_within"]:
+    if error is None or not t["p_within"]:
         return "missed"
-    if error <= THRESHOLD_TOL:
-        return "held"
+    held = error <= THRESHOLD_TOL and t["measured_se"] <= THRESHOLD_TOL / 2 * t["predicted"]
     close = abs(t["measured"] - t["predicted"]) <= 2 * t["measured_se"]
-    return "unresolved" if close else "missed"
+    if not (held or close or error <= THRESHOLD_TOL):
+        return "missed"
+    p, expected = t["p_antipodal_at_beta_max"], t["p_predicted_at_beta_max"]
+    if not p > 2 * t["p_antipodal_se"]:  # no antipodal end told from none
+        return "missed" if expected - p > 2 * binomial_error(expected, runs) else "antipodal"
+    return "held" if held else "threshold"
 
 
 def _pm(t: dict) -> str:

@@ -137,6 +137,31 @@ def test_verdict_extrapolates_tau_and_fails_a_threshold_ten_percent_off(monkeypa
         assert not noisy.ok and "raise --threshold-runs" in noisy.undecided, noisy.line
 
 
+def test_a_verdict_with_too_little_measured_is_undecided():
+    """Exit 4 (undecided), not 0 or 3, where the run cannot decide: a threshold on the
+    prediction whose standard error exceeds half the tolerance; no antipodal end at
+    the largest β with a share too noisy to tell from the theorem's; no predicted β_c
+    inside the β grid. No antipodal end where many runs would show the theorem's
+    share is a contradiction."""
+    study = A.Antipodal()
+    config = study.defaults()
+    data = _exact_run(config)
+    assert study.verdict(config, data).ok
+    wide = study.verdict(config, data | {"window_se": 10 * data["window_se"]})
+    assert any(t["measured_se"] > A.THRESHOLD_TOL / 2 * t["predicted"]
+               for t in wide.numbers["thresholds"].values())
+    assert not wide.ok and "raise --threshold-runs" in wide.undecided, wide.line
+    rare = 0.1 + 0 * data["p_antipodal"]  # 0.1 ± 0.095 at 10 runs: not told from 0
+    few = study.verdict(config | {"runs": 10}, data | {"p_antipodal": rare,
+                                                      "p_antipodal_early": rare})
+    assert not few.ok and "raise --runs" in few.undecided, few.line
+    none = data | {"p_antipodal": 0 * rare, "p_antipodal_early": 0 * rare}
+    many = study.verdict(config, none)
+    assert not many.ok and many.undecided == "", many.line
+    low = study.verdict(config, data | {"betas": data["betas"] * 0 + 0.1})
+    assert not low.ok and "raise --beta-max" in low.undecided, low.line
+
+
 @pytest.mark.slow
 def test_small_run_measures_the_threshold_at_tau_zero(monkeypatch):
     """d = 2 with the real layers: the extrapolated threshold is within the tolerance

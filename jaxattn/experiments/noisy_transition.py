@@ -366,20 +366,21 @@ class NoisyTransition(AbstractExperiment):
                          if not row["continuous"])
         particles = _worst(row["rel_error"] for row in rows)
         z = _worst(row["z"] for row in rows)
+        spread = _worst(row["K_se"] / row["K_theory"] for row in rows)
         checks = (sharp <= SHARP_TOL, critical <= CRITICAL_TOL, off_branch == 0,
-                  particles <= TARGET and z <= 3)
+                  particles <= TARGET and z <= 3 and spread <= TARGET / 2)
         ok = all(checks)  # a NaN (an unread measure) fails
-        # particles off by more than TARGET yet within 3 s.e.: their error is too large
-        # to resolve TARGET, so they neither agree nor contradict
-        unresolved = not checks[3] and particles > TARGET and z <= 3
+        # particles within 3 s.e. but off by more than TARGET, or with an error above
+        # TARGET / 2 (too large to tell a K_# 10 % off): neither agree nor contradict
+        unresolved = not checks[3] and z <= 3
         # no estimate at all (NaN) decides nothing
         unread = math.isnan(particles) or math.isnan(z)
         undecided = ("" if not all(checks[:3]) else
                      "the particles' K_# could not be estimated (NaN): "
                      "raise --tokens, --seeds or --window" if unread else
-                     "the particles' K_# is off by more than "
-                     f"{TARGET:.0%} but within 3 standard errors: raise --tokens or --seeds"
-                     if unresolved else "")
+                     f"the particles' K_# is within 3 standard errors but off by more than "
+                     f"{TARGET:.0%}, or its standard error ({short(spread)} of K_#) is above "
+                     f"{TARGET / 2:.1%}: raise --tokens or --seeds" if unresolved else "")
         parts = [f"d={row['d']} β/β*={row['beta_ratio']:g}: particles K/K_# = "
                  f"{short(row['K_estimate'] / row['K_theory'])} ± "
                  f"{short(row['K_se'] / row['K_theory'])}"
@@ -396,12 +397,14 @@ class NoisyTransition(AbstractExperiment):
                 f"caps above the fold {words[1]} {CRITICAL_TOL:g} ({short(critical)}), the "
                 f"caps above the fold {'' if checks[2] else 'NOT '}all ordered "
                 f"({off_branch} not); particles at τ → 0 {words[3]} {TARGET:.0%} and 3 s.e. "
-                f"of K_# (worst relative error {short(particles)}, worst z {short(z)}); "
+                f"of K_# (worst relative error {short(particles)}, worst z {short(z)}, "
+                f"worst s.e. {short(spread)}); "
                 + "; ".join(parts))
         numbers = {"max_rel_error_equation_sharp": sharp,
                    "max_rel_error_equation_critical": critical,
                    "caps_unordered_above_fold": off_branch,
-                   "max_rel_error_particles": particles, "max_z_particles": z}
+                   "max_rel_error_particles": particles, "max_z_particles": z,
+                   "max_se_particles": spread}
         plain = {k: v for k, v in settings(config).items()
                  if isinstance(v, (int, float, bool, str))}
         return Verdict(bool(ok), line, numbers, extra={"cases": rows, "settings": plain},

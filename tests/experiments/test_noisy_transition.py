@@ -145,6 +145,13 @@ def test_particles_too_noisy_to_resolve_the_target_leave_the_verdict_undecided(e
         assert not verdict.ok
         assert ("raise --tokens or --seeds" in verdict.undecided) == undecided, verdict.line
         assert "worst relative error 0.48, worst z" in verdict.line
+    # on the prediction but with a standard error above TARGET / 2 (too large to tell a
+    # K_# 10 % off): undecided, not agreeing by luck
+    wide = [row | {"rel_error": 0.01, "z": 0.2, "K_se": 0.05 * row["K_theory"]} for row in rows]
+    monkeypatch.setattr(nt, "measure", lambda config, data: wide)
+    verdict = study.verdict(config, data)
+    assert not verdict.ok and "raise --tokens or --seeds" in verdict.undecided, verdict.line
+    assert verdict.numbers["max_se_particles"] == pytest.approx(0.05)
     # no estimate at all (NaN ± NaN at 1 seed, 200 tokens) decides nothing: exit 4, not 3
     unread = [row | {"rel_error": math.nan, "z": math.nan} for row in rows]
     monkeypatch.setattr(nt, "measure", lambda config, data: unread)

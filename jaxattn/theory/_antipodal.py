@@ -15,11 +15,20 @@ import math
 
 import numpy as np
 
-from .._validate import check_scalar
+from .._validate import check_scalar, refuse_first
 from ._noisy import check_sphere_args
 
 #: The `u = atanh ρ` grid of the scale function: `[−U_MAX, U_MAX]` in `U_POINTS`.
 U_MAX, U_POINTS = 30.0, 6001
+
+
+def _cosine(rho):
+    """`rho` as a float array, refused unless every entry is a cosine in `[−1, 1]`."""
+    rho = np.asarray(rho, float)
+    bad = next(iter(rho[~((rho >= -1) & (rho <= 1))].flat), None)
+    refuse_first([(bad is not None, f"`rho` is the cosine of two tokens: it must lie in "
+                                    f"[−1, 1], got {bad}.")])
+    return rho
 
 
 def _weights(beta, rho):
@@ -46,6 +55,7 @@ def antipodal_drift(rho, beta, d: int, sigma):
     `b(ρ)`, shaped as `rho`.
     """
     sigma, d = check_sphere_args(sigma, d, name="sigma")
+    rho = _cosine(rho)
     a, q = _weights(beta, rho)
     return (1.0 - rho**2) * (2.0 * a + sigma**2 * (q * (d - 2) - (1.0 - q) * rho))
 
@@ -63,6 +73,7 @@ def antipodal_diffusion(rho, beta, sigma):
     `s²(ρ)`, shaped as `rho`.
     """
     sigma, _ = check_sphere_args(sigma, 2, name="sigma")
+    rho = _cosine(rho)
     _, q = _weights(beta, rho)
     return 2.0 * sigma**2 * (1.0 - q) * (1.0 - rho**2) ** 2
 

@@ -60,18 +60,20 @@ class EquiangularSolution(eqx.Module):
 
 
 def _check(n: int, beta: float = 0.0, norm: _Norm = "post", kernel: _Kernel = "softmax", *,
-           rho0=None, closed: bool = True, d=None, ts=None
+           rho0=None, closed: bool = True, d=None, ts=None, rho=None
            ) -> tuple[AbstractNorm, AbstractKernel]:
     """The members `norm` and `kernel` name (strings or members), or a one-line refusal:
     a kernel the reduction does not cover, a token count `n` below 2, a `beta` that is
     not a finite number `≥ 0`, a `rho0` outside `[−1/(n − 1), 1]` (`[…, 1)` unless
-    `closed`), a dimension `d` below `n` and save times `ts` that are not 1-D
-    and (when concrete) nondecreasing."""
+    `closed`), cosines `rho` (when concrete) outside `[−1/(n − 1), 1]`, a dimension `d`
+    below `n` and save times `ts` that are not 1-D and (when concrete) nondecreasing."""
     norm, kernel = as_norm(norm), as_kernel(kernel)
     int_n = not isinstance(n, bool) and isinstance(n, (int, np.integer))
     lowest = -1 / (n - 1) if int_n and n >= 2 else -1.0
     top = "1]" if closed else "1)"
     number = (int, float, np.number)
+    cosines = np.asarray(rho, float) if rho is not None and is_concrete(rho) else np.zeros(0)
+    outside = next(iter(cosines[~((cosines >= lowest) & (cosines <= 1))].flat), None)
     refusals = (
         (kernel.exponent_shift != 0, f"`kernel` must be {' or '.join(map(repr, KERNELS))} (the "
          f"reduction needs weights that depend on ⟨x_i, x_j⟩ alone), got {kernel.name!r}."),
@@ -82,6 +84,8 @@ def _check(n: int, beta: float = 0.0, norm: _Norm = "post", kernel: _Kernel = "s
                                    and (rho0 <= 1 if closed else rho0 < 1)),
          f"`rho0` must lie in [−1/(n − 1), {top} = [{lowest:.4g}, {top} for n = {n} tokens"
          + ("" if closed else " (ρ = 1 is one point, which never moves)") + f", got {rho0!r}."),
+        (outside is not None, f"`rho` must lie in [−1/(n − 1), 1] = [{lowest:.4g}, 1] for n "
+         f"= {n} tokens (equiangular tokens have no other cosine), got {outside}."),
         (d is not None and (isinstance(d, bool) or not isinstance(d, (int, np.integer))
                             or not int_n or d < n),
          f"`d` must be an integer ≥ n = {n}: {n} equiangular tokens span {n} dimensions; "
@@ -163,7 +167,7 @@ def equiangular_field(rho: Real[Array, "..."], n: int, beta: float, *, norm: _No
 
     `(dρ/dt, dr/dt)`, arrays of the broadcast shape.
     """
-    norm, kernel = _check(n, beta, norm, kernel)
+    norm, kernel = _check(n, beta, norm, kernel, rho=rho)
     rho, r = jnp.asarray(rho, float), jnp.asarray(radius, float)
     s, m, per_gap = _parts(1 - rho, _kappa(norm, r), n, beta, kernel)
     speed, dr = norm.equiangular(s, m, r)

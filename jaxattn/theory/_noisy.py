@@ -11,6 +11,7 @@ import numpy as np
 from scipy.special import ive
 
 from .._validate import check_sphere as check_sphere_args
+from .._validate import refuse_first
 from ..metrics import fit_crossing, fit_intercept, fit_slope
 
 #: Below this `ive(ν, β)` (near float64's smallest normal number) `log I_ν(β)` is taken
@@ -141,9 +142,11 @@ def fit_threshold(K, rates) -> tuple[float, float, float]:
     """
     K = np.asarray(K, float)
     rates = np.asarray(rates, float)
-    if K.ndim != 1 or rates.shape[:1] != K.shape or rates.ndim > 2:
-        raise ValueError(f"fit_threshold needs couplings (k,) and rates (k,) or (k, seeds), "
-                         f"got {K.shape} and {rates.shape}.")
+    refuse_first([
+        (K.ndim != 1 or rates.shape[:1] != K.shape or rates.ndim > 2, "fit_threshold needs "
+         f"couplings (k,) and rates (k,) or (k, seeds), got {K.shape} and {rates.shape}."),
+        (not np.all(np.isfinite(K)), f"fit_threshold needs finite couplings `K`, got {K}."),
+    ])
     rates = rates.reshape(len(K), -1)
     x, y = np.repeat(K, rates.shape[1]), rates.ravel()
     keep = np.isfinite(y)

@@ -45,7 +45,7 @@ def test_field_is_the_velocity_of_equiangular_tokens(norm, kernel):
 
 
 def test_post_softmax_rate_is_the_closed_form():
-    rho = jnp.linspace(-0.4, 0.99, 9)
+    rho = jnp.linspace(-0.2, 0.99, 9)  # from −1/(n − 1): the simplex
     n, beta = 6, 2.5
     want = 2 * (1 - rho) * (1 + (n - 1) * rho) / (jnp.exp(beta * (1 - rho)) + n - 1)
     np.testing.assert_allclose(equiangular_rate(rho, n, beta), want, rtol=1e-13)
@@ -136,6 +136,9 @@ def test_tokens_are_equiangular(rho):
     (lambda: equiangular_rate(0.5, 4, 1.0, kernel="sigmoid"), "must be 'softmax' or 'exp'"),
     (lambda: equiangular_rate(0.5, 4, 1.0, norm="mid"), "`norm` must be one of"),
     (lambda: equiangular_rate(0.5, 1, 1.0), "`n` is the number of tokens"),
+    # a cosine no equiangular tokens have gave a rate (−43.6 at ρ = 5)
+    (lambda: equiangular_rate(5.0, 3, 1.0), "`rho` must lie in [−1/(n − 1), 1]"),
+    (lambda: equiangular_field(np.array([0.2, -0.6]), 3, 1.0), "got -0.6"),
 ])
 def test_bad_arguments_are_one_clear_error(call, message):
     with pytest.raises(ValueError) as info:

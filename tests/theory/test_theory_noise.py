@@ -98,6 +98,12 @@ def test_probability_matches_a_direct_quadrature_in_d3(beta):
     (lambda: T.layer_diffusion(3, 0.0, 1.0), "`tau` must be finite and > 0"),
     (lambda: T.layer_diffusion(3, 0.1, -1.0), "`sigma` must be finite and > 0"),
     (lambda: T.fit_threshold(np.ones(3), np.ones(4)), "couplings \\(k,\\)"),
+    # a NaN coupling was refused in the words of `fit_slope`, which the user did not call
+    (lambda: T.fit_threshold([1.0, 2.0, np.nan, 4.0], [1.0, 0.5, 0.0, -1.0]),
+     "fit_threshold needs finite couplings"),
+    # a cosine outside [−1, 1] gave a drift (−1.93 at ρ = 2)
+    (lambda: T.antipodal_drift(2.0, 1.0, 3, 1.0), "must lie in \\[−1, 1\\], got 2.0"),
+    (lambda: T.antipodal_diffusion(np.array([0.0, np.nan]), 1.0, 1.0), "got nan"),
 ])
 def test_bad_arguments_are_refused_in_one_line(call, message):
     with pytest.raises(ValueError, match=message):

@@ -21,7 +21,7 @@ class SphereExperiment(AbstractTheoremExperiment):
     theorem = "4.1"
     sweepable = True
     params = (
-        Param("tokens", int, 10, "number of tokens n", 1),
+        Param("tokens", int, 10, "number of tokens n (one token is a consensus already)", 2),
         Param("heads", int, 2, "number of heads h", 1),
         BETA,
         Param("horizon", float, 10.0, "final time T", 0.0),

@@ -21,7 +21,7 @@ class SymmetricExperiment(AbstractTheoremExperiment):
     theorem = "5.2"
     sweepable = True
     params = (
-        Param("tokens", int, 10, "number of tokens n", 1),
+        Param("tokens", int, 10, "number of tokens n (one token is a consensus already)", 2),
         Param("dim", int, 3, "token dimension d (3 draws the sphere)", 2),
         BETA,
         Param("horizon", float, 20.0, "final time T", 0.0),

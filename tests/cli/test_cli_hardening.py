@@ -59,6 +59,9 @@ BAD = [
     (["run", "hardmax", "--nsd-steps", "10"], "--nsd-steps must be ≥ 40"),
     (["run", "noisy-transition", "--k-max", "0.9"], "need --k-min < 1 < --k-max"),
     (["run", "noisy-transition", "--tokens", "1"], "--tokens must be ≥ 2"),
+    # one token is a consensus already: the theorem's verdict could not fail
+    (["run", "thm41-sphere", "--tokens", "1"], "--tokens must be ≥ 2"),
+    (["sweep", "thm52-symmetric", "--grid", "tokens=1,2"], "--tokens must be ≥ 2"),
     (["run", "equiangular", "--dim", "3"], "--dim must be ≥ --tokens (4)"),
     (["run", "equiangular", "--rho0", "1"], "--rho0 must lie in (−1/(n − 1), 1)"),
     (["run", "equiangular", "--rho0", "-0.3333333333333333"], "the ends are fixed points"),

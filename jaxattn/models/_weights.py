@@ -6,6 +6,7 @@ import operator
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from .._dynamics import SelfAttentionDynamics
@@ -106,9 +107,9 @@ def replace_attention(model: AbstractTransformer, layer: int, attn: Attention):
     none = {"is_leaf": lambda x: x is None}  # an absent bias is a leaf on both sides
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(attn, **none),
                             jax.tree.leaves(old, **none)):
-        refuse_first([(jnp.shape(a) != jnp.shape(b), f"replace_attention: "
-                       f"`attn{jax.tree_util.keystr(path)}` has shape {jnp.shape(a)}; layer "
-                       f"{layer}'s has {jnp.shape(b)} (a replacement keeps the shapes).")])
+        refuse_first([(np.shape(a) != np.shape(b), f"replace_attention: "
+                       f"`attn{jax.tree_util.keystr(path)}` has shape {np.shape(a)}; layer "
+                       f"{layer}'s has {np.shape(b)} (a replacement keeps the shapes).")])
     slot = model.slots[layer]
     new = jax.tree.map(lambda stacked, a: stacked.at[slot].set(a), model.blocks.attn, attn)
     return eqx.tree_at(lambda m: m.blocks.attn, model, new)

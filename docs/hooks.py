@@ -367,8 +367,13 @@ def on_files(files, config):
 _DOC_PATH = re.compile(r"(?<!\[)`docs/([A-Za-z0-9_/.-]+\.md)`(?!\])")
 
 
+#: An image not inside a link: `![alt](figures/x.png)`.
+_IMAGE = re.compile(r"(?<!\[)!\[([^\]]*)\]\(([^)\s]+)\)(?!\]\()")
+
+
 def on_page_markdown(markdown, page, config, files):
-    """Every `` `docs/X.md` `` a page names (outside code blocks) links to that page."""
+    """Every `` `docs/X.md` `` a page names (outside code blocks) links to that page,
+    and every figure to its full-size image (a wide one is scaled to the column)."""
     here = os.path.dirname(page.file.src_uri)
 
     def link(m):
@@ -376,8 +381,11 @@ def on_page_markdown(markdown, page, config, files):
             return m.group(0)
         return f"[{m.group(0)}]({os.path.relpath(m.group(1), here or '.')})"
 
+    def linked(part):
+        return _IMAGE.sub(lambda m: f"[{m.group(0)}]({m.group(2)})", _DOC_PATH.sub(link, part))
+
     parts = re.split(r"(^```.*?^```)", markdown, flags=re.S | re.M)  # fences kept as they are
-    return "".join(part if k % 2 else _DOC_PATH.sub(link, part) for k, part in enumerate(parts))
+    return "".join(part if k % 2 else linked(part) for k, part in enumerate(parts))
 
 
 def _verdict_word(name: str, ok: bool) -> str:

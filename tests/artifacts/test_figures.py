@@ -831,6 +831,7 @@ def test_many_tokens_draw_thinner_paths_and_smaller_rings():
     assert start == pytest.approx(15) and end == 30 and lw == pytest.approx(0.3)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_the_gallery_prints_no_numbers_from_a_run_too_small_for_them(tmp_path, monkeypatch):
     import importlib.util
 

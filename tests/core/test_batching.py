@@ -55,6 +55,7 @@ def test_vmap_over_tau_in_run_layers(key, x0):
                    jnp.array([0.05, 0.2, 0.7]), traces)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_vmap_over_beta_in_run_layers_and_solve_flow(key, x0):
     betas = jnp.array([0.3, 1.0, 4.0])
     traces = []

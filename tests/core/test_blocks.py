@@ -66,7 +66,8 @@ def test_blocks_equal_dense_for_every_norm_with_a_metric(norm):
     assert _rel(dense.velocity(0.0, x), blocks.velocity(0.0, x)) < 1e-12
 
 
-@pytest.mark.parametrize("kernel", ["softmax", "sigmoid", "exp"])
+@pytest.mark.parametrize("kernel", [  # softmax: warm over ~4 s (make test stays the fast loop)
+    pytest.param("softmax", marks=pytest.mark.slow), "sigmoid", "exp"])
 def test_blocked_gradient_equals_dense_and_finite_differences(kernel):
     x = _tokens(jnp.float64)
     opts = {"causal": True, "window": 6}
@@ -89,6 +90,7 @@ def test_blocked_gradient_equals_dense_and_finite_differences(kernel):
     assert abs(float(fd - jnp.sum(gx * u))) < 1e-7 * max(1.0, abs(float(fd)))
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_run_layers_and_solve_flow_with_blocks_equal_dense():
     x = jnp.stack([_tokens(jnp.float64, key=k) for k in (1, 2)])
     dense, blocks = (_model("P", "softmax", {}, jnp.float64, b) for b in (None, 8))

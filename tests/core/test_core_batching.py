@@ -25,6 +25,7 @@ def test_batched_equals_loop(key):
             np.testing.assert_allclose(flows[i, j], ja.solve_flow(dyn, xb[i, j], ts), rtol=1e-9)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_vmap_over_stacked_weights(key):
     h, d, n, B = 2, 3, 4, 5
     Ps = jax.random.normal(key, (B, h, d, d))

@@ -297,6 +297,7 @@ def test_stacked_models_fixed_step_flow_equals_each_model_alone(key):
     assert bool(jnp.all(fused.success))
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_stacked_model_gradient_equals_general(key):
     """`jax.grad` through the fused path into every model's own weights and β (the
     fused gradient against finite differences: the test above)."""

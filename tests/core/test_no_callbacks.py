@@ -77,8 +77,8 @@ HOST_RUNS = {
 }
 
 
-@pytest.mark.parametrize("name", [  # implicit-constant: over ~4 s warm (slow tier)
-    pytest.param(n, marks=pytest.mark.slow) if n == "implicit-constant" else n for n in HOST_RUNS])
+@pytest.mark.parametrize("name", [  # the implicit ones: over ~4 s warm (slow tier)
+    pytest.param(n, marks=pytest.mark.slow) if n.startswith("implicit") else n for n in HOST_RUNS])
 def test_host_program_agrees_with_the_checked_program(system, name):
     """Concrete inputs run diffeqsolve's loop without its checks, traced ones diffrax's
     solve with them: two programs, the same steps and the same tokens to rounding."""

@@ -240,6 +240,7 @@ _BLOCKS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_block_programs_give_the_same_bits_on_any_number_of_devices():
     """The batched studies' programs (`variants.run_program`, `pair_counts`) split
     their blocks over 2, 3 or 4 devices (`_batch.map_blocks`) with the bits of one

@@ -95,6 +95,7 @@ def test_conjecture_bipartite_reports_the_start_of_the_restart_it_reports():
     assert "from a smoothed bound 4 at its projected start → 0.2 among 2 valid" in line, line
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_adversarial_weights_saves_what_rebuilds_its_result(tmp_path):
     """data.npz held neither the optimised U, P nor x0: the result could not be
     re-simulated from the folder. The right panel draws the judged distance to v₁."""

@@ -284,6 +284,7 @@ def test_gguf_of_unsupported_architecture(tiny_llama, tmp_path, monkeypatch):
         ja.models.load(path)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_init_reads_packaged_names_and_gguf_files_and_refuses_what_cannot_fit(monkeypatch):
     """`init` took presets and config.json only: a packaged name was "neither a preset",
     a .gguf file "not a valid config.json"; a config whose sizes a mixed spelling left at

@@ -161,6 +161,7 @@ def test_equilibria_refuses_dynamics_its_closed_form_does_not_model(dyn, match):
         equilibria(dyn, 4)
 
 
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_tangent_jacobian_past_the_blocked_attention_threshold():
     """Above n ≈ 362 tokens the default attention takes key blocks (a custom VJP), which
     `jax.jacfwd` cannot go through: the Oja and single-head maps stay dense."""

@@ -24,6 +24,8 @@ from .. import SelfAttentionDynamics, solve_flow
 from .. import meanfield as mf
 from .._artifacts import figures
 from .._artifacts.trajectories import superscript
+from ..meanfield._checks import MAX_STEPS, kernel_band
+from ..meanfield._solve import DT0
 from ..metrics import fit_crossing, fit_intercept, fit_slope, level_crossing, mean_error
 from ..theory import noisy_beta_star, noisy_threshold
 from .base import AbstractExperiment, Param, Verdict
@@ -292,6 +294,22 @@ class MeanFieldEquation(AbstractExperiment):
         Param("settle", float, 40.0, "time the phase diagram's runs settle (> 4: its half "
               "comes after the growth-rate fit's last time, 2)", 4.0),
     )
+
+    def refusals(self, config):
+        """What `mf.solve` and `circle_particles` would refuse or fail at, in flags,
+        before the particles' part runs."""
+        dtype = jnp.result_type(float)
+        limit = 0.98 * math.log(float(jnp.finfo(dtype).max))  # as `mf.solve`'s check
+        yield (config.beta > limit, f"--beta {config.beta:g} is past the exp kernel's range in "
+               f"{jnp.dtype(dtype).name} (β ≤ {limit:.4g}: its force grows as e^β/β).")
+        need = kernel_band(config.beta, 0.0)  # the circle's ν = d/2 − 1 = 0
+        yield (config.modes < need, f"--modes {config.modes} cannot represent the kernel at "
+               f"--beta {config.beta:g}: raise --modes to at least {need}.")
+        for flag, time, dt in (("--horizon", config.horizon, DT0),
+                               ("--settle", config.settle, PHASE_DT)):
+            steps = math.ceil(time / dt - 1e-9)
+            yield (steps > MAX_STEPS, f"{flag} {time:g} takes {steps:.3g} steps of {dt:g}, "
+                   f"more than {MAX_STEPS:.0e}: give at most {flag} {MAX_STEPS * dt:g}.")
 
     def simulate(self, config, progress):
         return convergence(config, progress) | phase_diagram(config, progress)

@@ -82,14 +82,15 @@ def check_beta(grid: AbstractGrid, beta, kernel: AbstractKernel, dtype) -> None:
     nu = grid.dim / 2 - 1
     tail = float(ive(top + 1 + nu, beta) / ive(nu, beta))
     if tail > KERNEL_TAIL:
-        need = _band(beta, nu)
+        need = kernel_band(beta, nu)
         raise ValueError(f"{type(grid).__name__} of band {top} cannot represent the kernel "
                          f"at β = {beta:g} (its first dropped multiplier is {tail:.2g} of the "
                          f"mean's, above {KERNEL_TAIL:g}); use a band of at least {need}.")
 
 
-def _band(beta: float, nu: float) -> int:
-    """The smallest band `M` with `I_{M+1+ν}(β)/I_ν(β) ≤ KERNEL_TAIL`."""
+def kernel_band(beta: float, nu: float) -> int:
+    """The smallest band `M` with `I_{M+1+ν}(β)/I_ν(β) ≤ KERNEL_TAIL` (`ν = d/2 − 1`):
+    the least a grid needs to represent the kernel at `β`."""
     m = np.arange(2, 2**20)
     ok = np.flatnonzero(ive(m + 1 + nu, beta) <= KERNEL_TAIL * ive(nu, beta))
     return int(m[ok[0]]) if ok.size else 2**20

@@ -61,6 +61,11 @@ BAD = [
     (["run", "noisy-transition", "--tokens", "1"], "--tokens must be ≥ 2"),
     # one token is a consensus already: the theorem's verdict could not fail
     (["run", "thm41-sphere", "--tokens", "1"], "--tokens must be ≥ 2"),
+    # refused after the particles' part had run, in the words of `mf.solve` (`dt0`, `ts`)
+    (["run", "mean-field", "--settle", "1e9"], "give at most --settle 50000"),
+    (["run", "mean-field", "--horizon", "1e7"], "give at most --horizon 10000"),
+    (["run", "mean-field", "--beta", "200"], "raise --modes to at least 42"),
+    (["run", "mean-field", "--beta", "800", "--modes", "500"], "past the exp kernel's range"),
     (["sweep", "thm52-symmetric", "--grid", "tokens=1,2"], "--tokens must be ≥ 2"),
     (["run", "equiangular", "--dim", "3"], "--dim must be ≥ --tokens (4)"),
     (["run", "equiangular", "--rho0", "1"], "--rho0 must lie in (−1/(n − 1), 1)"),

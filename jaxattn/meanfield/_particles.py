@@ -81,7 +81,7 @@ def angular_velocity(theta: Float[Array, " n"], beta, coupling, modes: int,
     `e^{ikθ} = e^{i(k−1)θ} e^{iθ}` (products, no `M` sines per particle; its rounding
     grows as `k ε`), in two sweeps over `k` that hold one mode at a time: the
     particles' modes `c_k`, then the sums over `k`."""
-    b, a = coefficients(beta, modes)
+    b, a = (c.astype(theta.dtype) for c in coefficients(beta, modes))  # (the grid's dtype)
     turn = (jnp.cos(theta), jnp.sin(theta))
 
     def rotate(wave):
@@ -114,11 +114,16 @@ def _check(x, beta, coupling, modes, kernel, ts=None, solver=dfx.Tsit5()):
     """The entry checks of `circle_velocity` and `circle_particles`: `(x, modes,
     softmax)`, or the first refusal."""
     x = jnp.asarray(x)
-    softmax = check_kernel(kernel).normalised
+    member = check_kernel(kernel)
+    softmax = member.normalised
     concrete = not isinstance(ts, jax.core.Tracer) and ts is not None
     t = np.asarray(ts, dtype=float) if concrete else np.zeros(1)
     bad_modes = isinstance(modes, bool) or not isinstance(modes, (int, np.integer, type(None)))
     known_beta = modes is not None and not isinstance(beta, jax.core.Tracer)
+    dtype = jnp.result_type(x, float)
+    # `"usa"`/`"exp"`'s force grows as `e^β`: past the dtype's range it is inf, as in
+    # `solve` (`check_beta`)
+    limit = math.inf if softmax else 0.98 * math.log(float(jnp.finfo(dtype).max))
     refusals = [
         (x.ndim != 2 or x.shape[-1] != 2 or x.shape[0] < 1,
          f"`x` must be (n, 2) points of the circle (vmap for a batch), got shape {x.shape}."),
@@ -126,6 +131,10 @@ def _check(x, beta, coupling, modes, kernel, ts=None, solver=dfx.Tsit5()):
          f"`modes` must be an integer ≥ 1 (or None: circle_modes(β)), got {modes!r}."),
         (known_beta and not (math.isfinite(float(beta)) and float(beta) >= 0),
          f"`beta` must be finite and ≥ 0, got {beta!r}."),
+        (not isinstance(beta, jax.core.Tracer) and float(beta) > limit,
+         f"`beta` = {beta!r} is past the range of the {member.name!r} kernel in "
+         f"{jnp.dtype(dtype).name} (β ≤ {limit:.4g}: its force grows as e^β); use "
+         "kernel='softmax'."),
         (not isinstance(coupling, jax.core.Tracer) and not math.isfinite(float(coupling)),
          f"`coupling` must be finite, got {coupling!r}."),
         (t.ndim != 1 or t.size < 1 or not np.all(np.isfinite(t)) or np.any(np.diff(t) < 0),

@@ -198,7 +198,9 @@ def _fluctuation(grid, mu0, ts, steps, beta, coupling, kernel, degree):
     _, carried, finite = jax.linearize(
         lambda m: _solve(grid, m, ts, steps, beta, coupling, 0.0, kernel, dfx.ForwardMode()),
         mu0, has_aux=True)
-    moved = jax.vmap(carried)(deltas - mu0[None])  # (points, T, *grid)
+    # (points, T, *grid); in `mu0`'s dtype, which the tangents must have (a float32
+    # density on a float64 grid)
+    moved = jax.vmap(carried)((deltas - mu0[None]).astype(mu0.dtype))
     zero = jnp.zeros_like(mu0)
     square = jax.vmap(jax.vmap(lambda m: mode_distance(grid, m, zero, degree) ** 2))(moved)
     return jnp.sqrt(jnp.sum(probability[:, None] * square, axis=0)), finite

@@ -136,11 +136,30 @@ X = jnp.stack([jnp.cos(jnp.arange(5.0)), jnp.sin(jnp.arange(5.0))], -1)
     (lambda: mf.circle_particles(X, [1.0, 0.0], beta=1.0), "nondecreasing finite times"),
     (lambda: mf.circle_particles(X, [0.0, 1.0], beta=1.0, solver=dfx.Euler()), "adaptive"),
     (lambda: mf.circle_modes(1e9), "more than 4096 Fourier modes"),
+    # NaN and inf came back (e^β past float64's range), and circle_particles ran out of steps
+    (lambda: mf.circle_velocity(X, beta=1000.0, modes=8), "past the range of the 'usa' kernel"),
+    (lambda: mf.circle_particles(X, [0.0, 1.0], beta=720.0, kernel="exp", modes=8),
+     "use kernel='softmax'"),
 ])
 def test_bad_input_is_one_clear_error(call, message):
     with pytest.raises(ValueError) as info:
         call()
     assert message in str(info.value)
+
+
+def test_float32_points_under_x64_stay_float32():
+    """A float32 density or float32 points with x64 on (the tests' setting) met float64
+    kernel multipliers: a scan's carry type error, and `fluctuation_distance` a
+    tangent-dtype error. Both run in float32 and agree with float64 to its rounding."""
+    x = X.astype(jnp.float32)
+    v32, v64 = mf.circle_velocity(x, beta=1.0), mf.circle_velocity(X, beta=1.0)
+    assert v32.dtype == jnp.float32
+    np.testing.assert_allclose(v32, v64, atol=1e-6)
+    grid = mf.Circle(16)
+    mu0 = mf.uniform(grid) * (1 + 0.5 * grid.points[..., 0])
+    d32, d64 = (mf.fluctuation_distance(grid, m, [0.0, 1.0], 10, beta=1.0, coupling=1.0)
+                for m in (mu0.astype(jnp.float32), mu0))
+    np.testing.assert_allclose(d32, d64, rtol=1e-5)
 
 
 def test_vmap_checks_its_solves_on_the_host(monkeypatch, key):

@@ -144,10 +144,10 @@ def _gallery_page(name: str, entry, experiment, index: int) -> str:
         _generated[f"examples/figures/{name}-{k}.png"] = (cached / figure).read_bytes()
         lines += [f"![{entry.title}](figures/{name}-{k}.png)", ""]
     lines += ["Its verdict, from the saved data (`summary.json` of a run holds the same):",
-              "", "```text", _verdict_word(name, drawn["ok"]) + drawn["line"], "```", ""]
+              "", "```text", _verdict_word(experiment, drawn["ok"]) + drawn["line"], "```", ""]
     figure, flags, page = FULL_SIZE.get(name, (f"{name.replace('-', '_')}.png", "",
                                                "experiments.md"))
-    if not drawn["ok"] and name not in gallery.NO_NUMBERS:
+    if not drawn["ok"] and name not in gallery.NO_NUMBERS and experiment.judges:
         lines += ["At the figure test's sizes the verdict does not hold; it is shown as the "
                   f"run prints it. [The usage page](../usage/{page}) discusses the runs at "
                   "full size.", ""]
@@ -388,6 +388,9 @@ def on_page_markdown(markdown, page, config, files):
     return "".join(part if k % 2 else linked(part) for k, part in enumerate(parts))
 
 
-def _verdict_word(name: str, ok: bool) -> str:
-    """"ok: "/"NOT ok: " before a saved run's verdict; nothing for a run too small to judge."""
-    return "" if name in gallery.NO_NUMBERS else "ok: " if ok else "NOT ok: "
+def _verdict_word(experiment, ok: bool) -> str:
+    """"ok: "/"NOT ok: " before a saved run's verdict; nothing for a run too small to
+    judge, nor for a study that judges nothing (`judges`)."""
+    if experiment.name in gallery.NO_NUMBERS or not experiment.judges:
+        return ""
+    return "ok: " if ok else "NOT ok: "

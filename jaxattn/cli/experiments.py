@@ -143,8 +143,8 @@ def _run(args) -> int:
               "(process 0 wrote the run)")
         return 0
     undecided = summary.get("undecided")
-    status = 0 if summary["agrees_with_theory"] else \
-        _EXIT_UNDECIDED if undecided else _EXIT_AGAINST
+    status = _EXIT_UNDECIDED if undecided else \
+        _EXIT_AGAINST if summary["agrees_with_theory"] is False else 0  # None: nothing judged
     against = "" if status == 0 else \
         f" (undecided, {undecided}: exit status {status})" if undecided else \
         f" (against the prediction: exit status {status})"

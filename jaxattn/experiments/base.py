@@ -190,6 +190,10 @@ class AbstractExperiment(abc.ABC):
     #: Flags that set several parameters at once: flag → `{parameter: value}` (`jaxattn
     #: run noisy-transition --full`); a parameter given beside its flag is refused.
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: Whether the verdict judges a claim (a theorem, a paper's claim, a peer's study):
+    #: false for a study that describes what it measured, whose `summary.json` then
+    #: records `"agrees_with_theory": null` and whose run exits 0.
+    judges: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -44,6 +44,7 @@ class NormBeta(AbstractExperiment):
     title = ("Karagodin et al.'s normalisation study: clustered pairs over (t, β) for each "
              "placement of the normalisation")
     theorem = "Karagodin et al. 2025, normalisation and β (no theorem)"
+    judges = False  # it describes the maps; nothing is predicted
     params = tuple(dataclasses.replace(p, default=DEFAULTS.get(p.name, p.default),
                                        help=HELP.get(p.name, p.help)) for p in STUDY) + (
         Param("simuformer_codes", bool, False, "read --key-query and --value as simuformer's "

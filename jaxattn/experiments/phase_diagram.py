@@ -22,6 +22,7 @@ class PhaseDiagram(AbstractExperiment):
              "every β in one program")
     theorem = "Geshkovski et al. 2023, phase diagram (no theorem)"
     params = STUDY
+    judges = False  # it describes the map; nothing is predicted
 
     def refusals(self, config):
         return refusals(config)

@@ -206,7 +206,8 @@ def run_into_folder(experiment: AbstractExperiment, config: dict[str, Any], *,
         verdict = experiment.verdict(config, data)
         return {"experiment": experiment.name, "theorem": experiment.theorem,
                 "verdict": verdict.line,
-                "agrees_with_theory": None if verdict.undecided else verdict.ok,
+                "agrees_with_theory": verdict.ok if experiment.judges and not verdict.undecided
+                else None,
                 **({"undecided": verdict.undecided} if verdict.undecided else {}),
                 "numbers": verdict.numbers, "simulation_seconds": round(seconds, 2),
                 **noted, **verdict.extra}

@@ -138,6 +138,8 @@ def test_listed_and_run_by_the_cli(tmp_path, capsys):
     assert main(["run", "phase-diagram", "--out", str(out), "--no-progress", *flags]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["numbers"]["total_steps"] > 0 and "softmax" in summary["verdict"]
+    # it predicts nothing: no agreement recorded (it was `true`), and exit 0
+    assert summary["agrees_with_theory"] is None and "undecided" not in summary
     data = np.load(out / "data.npz")
     assert data["density"].shape == (pd.QUICK["betas"], pd.QUICK["times"])
     assert (out / "phase_diagram.png").exists()
@@ -158,6 +160,7 @@ def test_norm_beta_runs_a_placement_and_names_them(tmp_path):
     assert data["density"].shape == (1, norm_beta.QUICK["betas"], norm_beta.QUICK["times"])
     assert np.all((data["density"] >= 0) & (data["density"] <= 1))
     assert "pre:" in summary["verdict"] and (folder / "norm_beta.png").exists()
+    assert summary["agrees_with_theory"] is None
 
 
 def test_the_map_names_every_range_of_beta_short_of_one_half():

@@ -10,7 +10,7 @@ import numpy as np
 from scipy.special import ive
 
 from .._kernel import AbstractKernel
-from .._validate import refuse_first, too_big
+from .._validate import is_real, refuse_first, too_big
 from ._grid import AbstractGrid
 
 #: The largest first dropped Funk–Hecke multiplier of the kernel `e^{βt}`, relative to
@@ -60,6 +60,18 @@ def check_density(grid, mu, name: str = "mu", *, strict: bool = False, signed: b
         (density and not mass > 0, ValueError, f"must have a positive mass, got {mass:g}" + fix),
     ))
     return arr
+
+
+def finite_reals(value) -> bool:
+    """Whether `value` (a number, or an array of them) is real and finite everywhere: a
+    string (`"1"` would parse), a bool or `None` is not."""
+    if value is None or isinstance(value, (str, bytes, bool, np.bool_)):
+        return False
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):  # a ragged list
+        return False
+    return is_real(array.dtype) and array.dtype != bool and bool(np.all(np.isfinite(array)))
 
 
 def check_beta(grid: AbstractGrid, beta, kernel: AbstractKernel, dtype) -> None:

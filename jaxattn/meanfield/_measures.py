@@ -11,7 +11,7 @@ from jaxtyping import Array, Float
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
 from .._validate import check_count, check_scalar, is_one_key, refuse_first, too_big
-from ._checks import check_beta, check_density, check_grid
+from ._checks import check_beta, check_density, check_grid, finite_reals
 from ._circle import Circle
 from ._grid import AbstractGrid
 from ._kernels import check_kernel, interaction
@@ -123,7 +123,7 @@ def free_energy(grid: AbstractGrid, mu: Float[Array, "*grid"], beta, coupling,
     refuse_first((
         (kernel.normalised, "free_energy: the softmax equation is not the gradient flow of a "
                             "free energy; use kernel='usa' or 'exp'."),
-        (known and not np.all(np.isfinite(np.asarray(coupling, dtype=float))),
+        (known and not finite_reals(coupling),
          f"`coupling` must be finite, got {coupling!r}."),
     ))
     mu = check_density(grid, mu, strict=True)
@@ -147,10 +147,13 @@ def mode_distance(grid: AbstractGrid, mu: Float[Array, "*grid"], nu: Float[Array
     """The `L²` distance of two densities' parts of degree `1 ≤ ℓ ≤ degree` (Fourier
     modes `1 ≤ |k| ≤ degree` on the circle): `(∫ |Π(μ − ν)|² dS)^{1/2}`. Between the
     empirical measure of `n` samples of `μ` and `μ` it is of order `n^{−1/2}`.
-    `mu`, `nu`: finite arrays on the grid (any sign: a bare projection too).
+    `mu`, `nu`: finite arrays on the grid (any sign: a bare projection too); `degree`
+    at most the grid's.
     """
     mu, nu = (check_density(grid, m, name, signed=True) for m, name in ((mu, "mu"), (nu, "nu")))
-    return _mode_distance(grid, mu, nu, check_count(degree, "degree", 1))
+    with jax.ensure_compile_time_eval():  # static, even for a grid used inside a jit
+        top = int(np.max(np.asarray(check_grid(grid).degrees())))
+    return _mode_distance(grid, mu, nu, check_count(degree, "degree", 1, top))
 
 
 @kept_jit(static_argnames=("degree",))

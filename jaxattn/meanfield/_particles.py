@@ -21,12 +21,14 @@ from .._kernel import AbstractKernel
 from .._programs import kept_jit
 from .._validate import (
     SimulationError,
+    check_count,
     check_scalar,
     checked,
     checked_on_host,
     is_concrete,
     refuse_first,
 )
+from ._checks import finite_reals
 from ._circle import Circle
 from ._kernels import check_kernel
 
@@ -50,7 +52,7 @@ def circle_modes(beta: float, dtype=jnp.float64) -> int:
     `M` as an int (15 at `β = 1` in float64, 89 at `β = 100`).
     """
     traced = isinstance(beta, jax.core.Tracer)
-    value = math.nan if traced else float(beta)
+    value = float(beta) if not traced and finite_reals(beta) else math.nan
     valid = math.isfinite(value) and value >= 0
     eps = float(jnp.finfo(dtype).eps)
     k = np.arange(MAX_MODES + 2)
@@ -129,13 +131,13 @@ def _check(x, beta, coupling, modes, kernel, ts=None, solver=dfx.Tsit5()):
          f"`x` must be (n, 2) points of the circle (vmap for a batch), got shape {x.shape}."),
         (bad_modes or (modes is not None and modes < 1),
          f"`modes` must be an integer ≥ 1 (or None: circle_modes(β)), got {modes!r}."),
-        (known_beta and not (math.isfinite(float(beta)) and float(beta) >= 0),
+        (known_beta and not (finite_reals(beta) and float(beta) >= 0),
          f"`beta` must be finite and ≥ 0, got {beta!r}."),
-        (not isinstance(beta, jax.core.Tracer) and float(beta) > limit,
+        (not isinstance(beta, jax.core.Tracer) and finite_reals(beta) and float(beta) > limit,
          f"`beta` = {beta!r} is past the range of the {member.name!r} kernel in "
          f"{jnp.dtype(dtype).name} (β ≤ {limit:.4g}: its force grows as e^β); use "
          "kernel='softmax'."),
-        (not isinstance(coupling, jax.core.Tracer) and not math.isfinite(float(coupling)),
+        (not isinstance(coupling, jax.core.Tracer) and not finite_reals(coupling),
          f"`coupling` must be finite, got {coupling!r}."),
         (t.ndim != 1 or t.size < 1 or not np.all(np.isfinite(t)) or np.any(np.diff(t) < 0),
          f"`ts` must be a 1-D array of nondecreasing finite times, got {ts!r}."),
@@ -226,6 +228,7 @@ def circle_particles(x0: Float[Array, "n 2"], ts: Real[Array, " T"], *, beta, co
     The points at `ts`, `(len(ts), n, 2)`.
     """
     x0, modes, softmax = _check(x0, beta, coupling, modes, kernel, ts, solver)
+    max_steps = check_count(max_steps, "max_steps", 1)
     rtol = check_scalar(rtol, "rtol", nonnegative=True)
     atol = check_scalar(atol, "atol", nonnegative=True)
     refuse_first([(rtol == atol == 0, "circle_particles: `rtol` and `atol` are both 0, so no "

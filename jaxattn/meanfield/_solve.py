@@ -15,7 +15,7 @@ from .._flow import CheckedTimes
 from .._kernel import AbstractKernel
 from .._programs import kept_jit
 from .._validate import check_count, checked, refuse_first, surface_errors
-from ._checks import check_beta, check_density, check_size
+from ._checks import check_beta, check_density, check_size, finite_reals
 from ._etd import ETDRK4
 from ._grid import AbstractGrid
 from ._kernels import check_kernel, profiles
@@ -81,10 +81,8 @@ def _check(grid, mu0, ts, beta, coupling, sigma, dt0, kernel):
     for name, value, bound in (("beta", beta, "> 0"), ("sigma", sigma, "≥ 0"),
                                ("dt0", dt0, "> 0"), ("coupling", coupling, "")):
         known = not isinstance(value, jax.core.Tracer)
-        try:
-            v = float(value) if known else 0.0
-        except (TypeError, ValueError):
-            v = math.nan
+        v = (float(value) if finite_reals(value) and np.ndim(value) == 0 else math.nan) \
+            if known else 0.0
         within = {"> 0": v > 0, "≥ 0": v >= 0, "": True}[bound]
         refusals.append((known and not (math.isfinite(v) and within), ValueError,
                          f"`{name}` must be finite{' and ' + bound if bound else ''}"

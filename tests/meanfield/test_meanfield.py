@@ -260,6 +260,15 @@ def test_a_cap_is_a_probability_density_at_any_concentration():
                                      coupling=1.0), "`degree` must be a whole number in"),
     (lambda: mf.linear_threshold(1.0, 3, sigma=0.0), "`sigma` must be > 0"),
     (lambda: mf.cap(CIRCLE, -1.0), "`kappa` must be"),
+    # a bool or a string was taken as a number, or failed in JAX's or NumPy's words
+    (lambda: mf.solve(CIRCLE, mf.uniform(CIRCLE), [0.0, 1.0], beta=True, coupling=1.0),
+     "`beta` must be finite and > 0 (a real number), got True"),
+    (lambda: mf.solve(CIRCLE, mf.uniform(CIRCLE), [0.0, 1.0], beta=1.0, coupling="1"),
+     "`coupling` must be finite (a real number), got '1'"),
+    (lambda: mf.free_energy(CIRCLE, mf.uniform(CIRCLE), 1.0, "x"), "`coupling` must be finite"),
+    # a degree past the grid's was cut to it without a word
+    (lambda: mf.mode_distance(CIRCLE, mf.uniform(CIRCLE), mf.uniform(CIRCLE), 100),
+     "`degree` must be a whole number in [1,"),
 ])
 def test_bad_input_is_one_clear_error(call, message):
     with pytest.raises(ValueError, match=None) as info:

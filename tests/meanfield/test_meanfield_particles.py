@@ -140,6 +140,8 @@ X = jnp.stack([jnp.cos(jnp.arange(5.0)), jnp.sin(jnp.arange(5.0))], -1)
     (lambda: mf.circle_velocity(X, beta=1000.0, modes=8), "past the range of the 'usa' kernel"),
     (lambda: mf.circle_particles(X, [0.0, 1.0], beta=720.0, kernel="exp", modes=8),
      "use kernel='softmax'"),
+    (lambda: mf.circle_particles(X, [0.0, 1.0], beta=1.0, coupling="a"), "`coupling` must be"),
+    (lambda: mf.circle_particles(X, [0.0, 1.0], beta=1.0, max_steps=0), "`max_steps` must be"),
 ])
 def test_bad_input_is_one_clear_error(call, message):
     with pytest.raises(ValueError) as info:

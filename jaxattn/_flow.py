@@ -150,7 +150,8 @@ def solve_flow(
     - `noise`: `None` (default, the ODE) or `ja.TokenNoise(σ)` / `ja.ValueNoise(σ)`:
       the SDE on a `diffrax.VirtualBrownianTree`, constant steps of `dt0` (default
       `NOISY_STEPS` over the horizon) unless a `stepsize_controller` is passed;
-      general path (`docs/noise.md`).
+      general path (`docs/noise.md`). `ja.PallasKernel` runs it with increments drawn
+      per step from the key: the same law, another path (`docs/kernels.md`).
     - `key`: the noise's JAX key (required with `noise`): one system uses it as is,
       system `b` of a batch (flattened, models first) `jax.random.split(key, B)[b]`.
     - `progress`: show a progress bar over `[ts[0], ts[-1]]` (`diffrax.TqdmProgressMeter`;
@@ -169,6 +170,10 @@ def solve_flow(
         check_flag(on_manifold, "on_manifold")
     member = as_strategy(strategy)
     fused = member is not None and member.fused
+    refuse_first([(dt0 is not None and not is_concrete(dt0), TypeError,
+                   "`dt0` must be a number known before the run (the steps are laid out "
+                   "from it), not traced: pass it outside jit/vmap/grad.")])
+    dt0 = None if dt0 is None else check_scalar(dt0, "dt0", positive=True)
     span = _span(ts) if noise is not None and dt0 is None else 0
     saves = np.shape(ts)[0] if np.ndim(ts) == 1 else 0
     refuse_first([too_big(float(x0.size) * saves * x0.dtype.itemsize,
@@ -204,12 +209,18 @@ def solve_flow(
     if noise is not None:
         solver = noise.default_solver if solver is None else solver
         dt0 = span / NOISY_STEPS if dt0 is None else dt0
-        refuse_first([(is_concrete(dt0) and 0 < float(dt0) < BROWNIAN_TOL, ValueError,
+        steps = np.ceil(_span(ts) / dt0 - 1e-9) if stepsize_controller is None else 0
+        refuse_first([(dt0 < BROWNIAN_TOL, ValueError,
                        f"`dt0` = {float(dt0):.3g} is below the Brownian path's resolution "
                        f"{BROWNIAN_TOL:.3g} (`BROWNIAN_TOL`): its increments there are "
                        "interpolated, not drawn (their variance falls to 0.2 h at 1e-5); take "
                        "dt0 ≥ that (by default 1/1000 of the horizon, which must then be ≥ "
-                       f"{1000 * BROWNIAN_TOL:.3g}).")])
+                       f"{1000 * BROWNIAN_TOL:.3g})."),
+                      # constant steps: the budget is known now, not after the run
+                      (isinstance(max_steps, int) and steps > max_steps, ValueError,
+                       f"the noisy flow takes {steps:.0f} steps of dt0 = {dt0:.3g} over "
+                       f"the horizon, more than max_steps = {max_steps}: raise `max_steps` "
+                       "or `dt0`.")])
         if stepsize_controller is None:
             stepsize_controller = dfx.ConstantStepSize()
     solver = dfx.Tsit5() if solver is None else solver
@@ -219,8 +230,8 @@ def solve_flow(
     if member is None and (noise is not None or event not in (None, True)):
         member = Vmap()
     else:
-        member = choose_strategy(one, x0.shape, strategy, (dyn, x0), solver=options[1],
-                                 controller=options[2], shard=shard)
+        member = choose_strategy(one, x0.shape, strategy, (dyn, x0, noise, ts),
+                                 solver=options[1], controller=options[2], shard=shard)
     return unflatten(member.solve_flow(
         dyn, x0, options, adjoint=adjoint, throw=throw, on_manifold=on_manifold,
         event=event, devices=devices, shard=shard, noise=noise, keys=keys, progress=progress))

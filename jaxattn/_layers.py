@@ -131,10 +131,15 @@ def run_layers(
             float(np.prod(np.shape(x0), dtype=float)) * (num_layers + 1) * dtype.itemsize,
             f"the tokens after each of {num_layers} layers (`x0` {np.shape(x0)}) need",
             "pass fewer layers, or `observe=` a measure of them (e.g. ja.misalignment)")])
+    else:  # one number a system and layer at least
+        refuse_first([too_big(
+            float(np.prod(np.shape(x0)[:-2], dtype=float)) * (num_layers + 1) * dtype.itemsize,
+            f"a measure after each of {num_layers} layers of the systems {np.shape(x0)[:-2]} "
+            "needs at least", "pass fewer layers")])
     observe = _identity if observe is None else observe
     tau = jnp.asarray(check_scalar(tau, "tau", positive=True, dtype=dtype), dtype)
     dyn, x0, unflatten, one, shard, noise, keys = check_run(dyn, x0, devices, shard, noise, key)
-    member = choose_strategy(one, jnp.shape(x0), strategy, (dyn, x0), shard=shard)
+    member = choose_strategy(one, jnp.shape(x0), strategy, (dyn, x0, noise, tau), shard=shard)
     (ys, finite), checked = member.run_layers(
         dyn, x0, num_layers, tau, observe, checkpoints, devices=devices, shard=shard,
         noise=noise, keys=keys)

@@ -42,7 +42,10 @@ class AbstractNoise(eqx.Module):
     sigma: Real[Array, ""]
 
     def __init__(self, sigma):
-        self.sigma = jnp.asarray(check_scalar(sigma, "sigma", nonnegative=True))
+        # stored in the default float dtype, where it must stay finite (1e200 is inf in
+        # float32)
+        self.sigma = jnp.asarray(check_scalar(sigma, "sigma", nonnegative=True,
+                                              dtype=jnp.result_type(float)))
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -271,3 +271,34 @@ print(json.dumps({"devices": len(jax.devices()), "errs": errs}))
 """
     res = run_on_forced_devices(script, timeout=300)
     assert max(res["errs"].values()) < 1e-12, res["errs"]
+
+
+def test_refusals_before_the_run_in_one_line(key):
+    """Each was a JAX error many lines long, or a refusal after the run: a gradient
+    through σ or τ on the kernel (JAX's "Linearization failed"), a traced `dt0`
+    (ConcretizationTypeError), a σ that overflows the default float (inf, then the
+    weights blamed), a step budget the constant steps exceed (found after 9 s), and a
+    measure of more layers than the memory holds (it ran)."""
+    dyn, x0, ts = _model(key), jnp.ones((2, 3, 3)), jnp.array([0.0, 1.0])
+
+    def one_line(error, match, run):
+        with pytest.raises(error, match=match) as info:
+            run()
+        assert "\n" not in str(info.value)
+
+    kernel = "strategy='kernel' is not differentiable"
+    one_line(ValueError, kernel, lambda: jax.grad(lambda s: jnp.sum(ja.run_layers(
+        dyn, x0, 2, 0.1, noise=ja.TokenNoise(s), key=key, strategy="kernel")))(0.5))
+    one_line(ValueError, kernel, lambda: jax.grad(lambda t: jnp.sum(ja.run_layers(
+        dyn, x0, 2, t, strategy="kernel")))(0.1))
+    one_line(TypeError, "`dt0` must be a number known before the run", lambda: jax.jit(
+        lambda h: ja.solve_flow(dyn, x0, ts, noise=ja.TokenNoise(0.5), key=key, dt0=h))(0.01))
+    one_line(TypeError, "`dt0` must be a number known before the run", lambda: jax.jit(
+        lambda h: ja.solve_flow(dyn, x0, ts, dt0=h, solver=dfx.Euler()))(0.01))
+    with jax.enable_x64(False):  # the library's default float
+        one_line(ValueError, "`sigma` = 1e\\+200 overflows float32", lambda: ja.TokenNoise(1e200))
+    one_line(ValueError, "takes 1000 steps of dt0 = 0.001 over the horizon, more than "
+             "max_steps = 100", lambda: ja.solve_flow(dyn, x0, ts, noise=ja.TokenNoise(0.1),
+                                                       key=key, max_steps=100))
+    one_line(ValueError, "a measure after each of 1000000000000 layers", lambda: ja.run_layers(
+        dyn, x0, 10**12, 0.1, observe=ja.misalignment))

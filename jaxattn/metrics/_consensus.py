@@ -224,7 +224,7 @@ def potential(
 
     `E_P` with the shape of the leading axes.
     """
-    x = _tokens(x)
+    x = _tokens(x, "potential", directions=False)  # NaN tokens gave NaN
     P = as_float_array(P, "P")
     n, d = x.shape[-2:]
     if P.shape != (d, d):

@@ -36,6 +36,13 @@ def interaction_energy(x: Float[Array, "*batch n d"], beta, weights=None) -> Flo
     `E` with the shape of the leading axes.
     """
     x = _tokens(x, "interaction_energy", directions=False)
+    if is_concrete(x):  # its closed form holds on the sphere only (it gave 0.218 for 2x)
+        off = np.sum(np.square(np.asarray(x, np.float64)), axis=-1).ravel() - 1
+        worst = off[np.argmax(np.abs(off))] if off.size else 0.0
+        tol = max(1e-6, 1000 * float(jnp.finfo(x.dtype).eps))
+        refuse_first([(abs(worst) > tol, "interaction_energy takes unit tokens (|x_i| = 1), "
+                                         f"got a squared norm of {1 + worst:.6g}; normalise "
+                                         "them (x / |x|) first.")])
     if is_concrete(beta):  # a traced β (in a caller's program) stays unchecked: no callback
         beta = check_scalar(beta, "beta")
     diff = x[..., :, None, :] - x[..., None, :, :]

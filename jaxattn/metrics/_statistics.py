@@ -100,9 +100,10 @@ def level_crossing(x, y, level: float = 0.0, *, falling: bool = False, keep=None
     return float(x[first[0]]) if at_start and first.size and past[first[0]] else math.nan
 
 
-def _polyfit(where: str, x, y, degree: int, se, weighted: bool) -> tuple[np.ndarray, np.ndarray]:
+def _polyfit(where: str, x, y, degree: int, se, weighted: bool, centred: bool = False):
     """A least-squares polynomial's coefficients (highest power first) and their
-    covariance; NaN where too few points determine them."""
+    covariance; NaN where too few points determine them. With `centred`, those of the
+    fit in `u = (x − c)/s` to `y / k`, and `(c, s, k)`."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     se = None if se is None else np.asarray(se, float)
     refuse_first([
@@ -120,12 +121,31 @@ def _polyfit(where: str, x, y, degree: int, se, weighted: bool) -> tuple[np.ndar
     ])
     nan = np.full((degree + 1, degree + 1), math.nan)
     if len(x) < degree + 1:
-        return np.full(degree + 1, math.nan), nan
+        return (np.full(degree + 1, math.nan), nan) + (((0.0, 1.0, 1.0),) if centred else ())
+    # fitted in u = (x − c)/s and y / 2^k, then mapped back: x far from 0 (1e10 + k)
+    # made the normal equations singular, and y near 1e300 overflowed their errors
+    c = float(np.mean(x))
+    s = float(np.max(np.abs(x - c))) or 1.0
+    big = np.abs(y[np.isfinite(y) & (y != 0)])
+    k = 2.0 ** np.floor(np.log2(big.max())) if big.size else 1.0
+    u, v = (x - c) / s, y / k
+    # coef_x = A coef_u: column j is ((x − c)/s)^(degree − j), highest power first
+    A = np.zeros((degree + 1, degree + 1))
+    for j in range(degree + 1):
+        A[j:, j] = (np.poly1d([1 / s, -c / s]) ** (degree - j)).coeffs
+    coef, cov = _fit(u, v, degree, None if se is None else np.asarray(se, float) / k, weighted)
+    if centred:
+        return coef, cov, (c, s, k)
+    with np.errstate(over="ignore"):  # a variance past float64's range is inf
+        return k * (A @ coef), k**2 * (A @ cov @ A.T)
+
+
+def _fit(x, y, degree: int, se, weighted: bool) -> tuple[np.ndarray, np.ndarray]:
+    """`_polyfit`'s least squares on checked, scaled data."""
     if se is None:  # the residuals give the error: it needs a spare point
         if len(x) == degree + 1:
-            return np.polyfit(x, y, degree), nan
+            return np.polyfit(x, y, degree), np.full((degree + 1, degree + 1), math.nan)
         return np.polyfit(x, y, degree, cov=True)
-    se = np.asarray(se, float)
     if weighted:
         return np.polyfit(x, y, degree, w=1 / se, cov="unscaled")
     # ordinary least squares, the known errors carried through its linear map
@@ -193,21 +213,22 @@ def fit_crossing(x, y, level: float = 0.0, *, degree: int = 1, se=None,
     crossing (a fit flat to rounding over the points has none), the error NaN where
     the fit gives no covariance.
     """
-    coef, cov = _polyfit("fit_crossing", x, y, degree, se, weighted)
+    # in the fit's centred units (`_polyfit`): x far from 0 lost the error to cancellation
+    coef, cov, (c, s, k) = _polyfit("fit_crossing", x, y, degree, se, weighted, centred=True)
     if not np.all(np.isfinite(coef)):
         return math.nan, math.nan
-    span = np.asarray(x, float)
+    span = (np.asarray(x, float) - c) / s
     fitted = np.polyval(coef, np.linspace(span.min(), span.max(), 2 * degree + 1))
     if np.ptp(fitted) <= 64 * np.finfo(float).eps * np.max(np.abs(fitted)):
         return math.nan, math.nan  # its slope is rounding: a root at 1e15 is none
-    roots = np.roots(coef - np.eye(degree + 1)[-1] * level)
+    roots = np.roots(coef - np.eye(degree + 1)[-1] * level / k)
     roots = roots[np.isreal(roots)].real
     if not roots.size:
         return math.nan, math.nan
-    root = roots[np.argmin(np.abs(roots - np.asarray(x, float)[0]))]
+    root = roots[np.argmin(np.abs(roots - span[0]))]
     # ∂root/∂c_k = −root^(degree − k) / p′(root)
     grad = -root ** np.arange(degree, -1, -1.0) / np.polyval(np.polyder(coef), root)
-    return float(root), float(np.sqrt(grad @ cov @ grad))
+    return float(c + s * root), float(s * np.sqrt(grad @ cov @ grad))
 
 
 def autocorrelation_time(series) -> float:

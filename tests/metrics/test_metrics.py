@@ -357,8 +357,7 @@ def test_misalignment_refuses_zero_and_nonfinite_rows():
     (M.rank_collapse_residual, "rank_collapse_residual"),
     # these put a NaN token in token 0's cluster (dense; blocked: its own), or gave NaN
     (lambda x: M.cluster_labels(x, 0.1), "cluster_labels"),
-    (lambda x: M.cluster_count(x, 0.1), "cluster_count"),
-    (lambda x: M.interaction_energy(x, 1.0), "interaction_energy")])
+    (lambda x: M.cluster_count(x, 0.1), "cluster_count")])
 def test_the_plain_token_metrics_refuse_nonfinite_but_take_zero_rows(metric, name):
     """`order_parameter` and `rank_collapse_residual` do not project the tokens: a zero
     row is a valid token, NaN or inf is refused when concrete (NaN when traced)."""
@@ -371,6 +370,23 @@ def test_the_plain_token_metrics_refuse_nonfinite_but_take_zero_rows(metric, nam
     if not name.startswith("cluster"):  # a count of NaN tokens is no number to return
         out = jax.jit(metric)(x)
         assert np.isfinite(out[0]) and np.isnan(out[1])
+
+
+def test_interaction_energy_takes_unit_tokens_only():
+    """Its closed form holds on the sphere: tokens of another length (2x gave 0.218,
+    neither the formula's value nor the directions') and a zero row are refused; NaN or
+    inf is refused when concrete (NaN when traced), as by the plain token metrics."""
+    good = np.array([[1.0, 0, 0], [0.6, 0.8, 0], [0, 1, 0]])
+    assert np.isfinite(M.interaction_energy(good, 1.0))
+    for bad in (2 * good, good * [[1], [0], [1]]):
+        with pytest.raises(ValueError, match="takes unit tokens"):
+            M.interaction_energy(bad, 1.0)
+    x = np.stack([good, good])
+    x[1, 2, 1] = np.nan
+    with pytest.raises(ValueError, match="^interaction_energy: `x` contains NaN or inf"):
+        M.interaction_energy(x, 1.0)
+    out = jax.jit(M.interaction_energy)(x, 1.0)
+    assert np.isfinite(out[0]) and np.isnan(out[1])
 
 
 def test_pairwise_lyapunov_refuses_a_token_without_direction():

@@ -299,3 +299,24 @@ def test_an_anticorrelated_series_has_a_short_time_never_a_negative_one():
     assert M.autocorrelation_time(np.tile([1.0, -1.0], 50)) == 0.0
     r = np.tile([1.0, -1.0], 50)[None, None]
     assert M.window_statistics(r, 40, 4, gap_z=2, block_taus=1).autocorrelation[0] == 1.0
+
+
+def test_fits_far_from_zero_are_linregress():
+    """At x = 1e8 + k the slope's error was 15 % high, and at 1e10 + k the fit raised
+    NumPy's LinAlgError (singular normal equations): the fit runs in centred x."""
+    y = np.array([0, 1.1, 2, 3.05, 3.9, 5.2])
+    for offset in (0.0, 1e8, 1e10):
+        x = offset + np.arange(6.0)
+        ref = stats.linregress(x - offset, y)
+        slope, se = ja.metrics.fit_slope(x, y)
+        assert slope == pytest.approx(ref.slope, rel=1e-12)
+        assert se == pytest.approx(ref.stderr, rel=1e-9)
+        zero, zero_se = ja.metrics.fit_crossing(x, y - 2.5)
+        at = (2.5 - ref.intercept) / ref.slope
+        assert zero == pytest.approx(offset + at, rel=1e-15, abs=1e-12)
+        assert zero_se == pytest.approx(ja.metrics.fit_crossing(x - offset, y - 2.5)[1], rel=1e-6)
+
+
+def test_potential_refuses_nonfinite_tokens():
+    with pytest.raises(ValueError, match="^potential: `x` contains NaN or inf"):
+        ja.metrics.potential(np.array([[np.nan, 0, 0], [1.0, 0, 0]]), np.eye(3))

@@ -446,10 +446,16 @@ class VariantsExperiment(AbstractExperiment):
         counts = {kind: sum(r["kind"] == kind for r in rows)
                   for kind in ("theorem", "theorem, not reached", "new")}
         outcomes = {o: sum(r["outcome"] == o for r in rows) for o in OUTCOMES}
-        return Verdict(True, line, {"cells": len(rows), **counts, **outcomes},
+        # a cell a theorem covers not in consensus by the last layer is judged neither
+        # way (it may be slow, or its stall a finite depth's): the run is undecided
+        missed = counts["theorem, not reached"]
+        undecided = (f"{missed} cell{'s' * (missed != 1)} a theorem covers not in consensus "
+                     f"by layer {config.layers}: raise --layers") if missed else ""
+        return Verdict(not missed, line, {"cells": len(rows), **counts, **outcomes},
                        {"verdicts": per_variant, "cells": rows,
                         "cluster_eps": CLUSTER_EPS, "tolerance": CONSENSUS_TOL,
-                        "residual": "‖X̂ − 1 x̄ᵀ‖_F / ‖X̂‖_F of the normalised tokens X̂"})
+                        "residual": "‖X̂ − 1 x̄ᵀ‖_F / ‖X̂‖_F of the normalised tokens X̂"},
+                       undecided)
 
     def draw(self, config, data, folder: Path):
         grid = _grid_of_data(data)

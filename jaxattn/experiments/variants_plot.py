@@ -72,7 +72,9 @@ def _line(rows: list[dict]) -> str:
     new_collapse = sum(r["kind"] == "new" and r["outcome"] == "consensus" for r in rows)
     apart = [r for r in rows if r["outcome"] == "apart"]
     slow = sum(r["outcome"] == "slow" for r in rows)
-    parts = [f"{count} cells: {theorem} in consensus as a theorem predicts, {new_collapse} "
+    missed = sum(r["kind"] == "theorem, not reached" for r in rows)
+    parts = [f"{count} cells: {theorem} in consensus as a theorem predicts, {missed} a theorem "
+             f"covers NOT in consensus by the final depth, {new_collapse} "
              "collapse without a theorem", f"{len(apart)} keep tokens apart",
              f"{slow} still converging at the final depth",
              f"{sum(r['outcome'] == 'overflow' for r in rows)} overflow"]

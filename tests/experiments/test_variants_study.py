@@ -255,3 +255,21 @@ def test_the_star_marks_the_cells_a_theorem_covers_not_their_row():
             base | {"kernel": "sigmoid", "theorem": "none"}]
     _, text = _panel_grid(rows, (10, 3), ["post"], ["full"], ["softmax", "sigmoid"], [1.0])
     assert list(text[0]) == ["…★", "…"]
+
+
+def test_a_cell_a_theorem_covers_not_in_consensus_leaves_the_run_undecided(tiny_run,
+                                                                          monkeypatch):
+    """The verdict said "agrees" (exit 0) whatever the cells showed, with every covered
+    cell not in consensus. A covered cell short of consensus at the last layer now
+    leaves the run undecided (exit 4, "raise --layers"), and the line counts it."""
+    folder, summary, data = tiny_run
+    config = study.VariantsExperiment().config(json.loads((folder / "config.json").read_text()))
+    assert study.VariantsExperiment().verdict(config, data).ok  # no cell a theorem covers
+    rows = study.cell_rows(config, study._grid_of_data(data), data)
+    covered = [r | {"kind": "theorem, not reached", "theorem": "4.1"} if i == 0 else r
+               for i, r in enumerate(rows)]
+    monkeypatch.setattr(study, "cell_rows", lambda *a: covered)
+    verdict = study.VariantsExperiment().verdict(config, data)
+    assert not verdict.ok and verdict.undecided == "1 cell a theorem covers not in consensus " \
+        f"by layer {config.layers}: raise --layers"
+    assert "1 a theorem covers NOT in consensus by the final depth" in verdict.line

@@ -68,6 +68,9 @@ SPAN_MAX = 6.0
 #: The smallest `--rtol` of the rescaled integrator (which takes at most `SNAP/1000`):
 #: its log-time `τ ≤ 709` is resolved to `10⁻¹³`.
 RTOL_MIN = 1e-13
+#: The largest `--rtol`: at 1e-3 the final merger at β = 20 (6 tokens) came out 7 % late,
+#: about the verdict's tolerance, which then judged the solver, not the theorem.
+RTOL_MAX = 1e-5
 #: The largest `--log-horizon`: float64 times end at 1.8·10³⁰⁸.
 LOG_HORIZON_MAX = 308.0
 
@@ -287,6 +290,8 @@ class Metastability(AbstractExperiment):
              "where a solver in t cannot step: add --integrator rescaled."),
             (not plain and not eps > 10 * SNAP, f"--eps must be > {10 * SNAP:g} with "
              f"--integrator rescaled (its points join at {SNAP:g}), got {eps!r}."),
+            (not config.rtol <= RTOL_MAX, f"--rtol must be ≤ {RTOL_MAX:g} (a looser solve "
+             f"moves the merger times by about the verdict's tolerance), got {config.rtol!r}."),
             (not plain and not config.rtol >= RTOL_MIN, f"--rtol must be ≥ {RTOL_MIN:g} with "
              f"--integrator rescaled (its log-time, up to 709, resolves no finer), got "
              f"{config.rtol!r}."),

@@ -194,6 +194,7 @@ class LongContext(AbstractExperiment):
 
     def refusals(self, config):
         rho, n, top = config.rho, config.n_min, config.n_max
+        critical = COLLAPSE_BELOW / (1 - rho) if 0 <= rho < 1 else math.nan
         if not 0 <= rho < 1 or top <= n:  # the grid's bounds below need these
             low = high = math.nan
         else:  # the predicted crossings are largest at the smallest n
@@ -203,6 +204,9 @@ class LongContext(AbstractExperiment):
         return (
             (top <= n, f"--n-max ({top}) must be > --n-min ({n}): the verdict asks how "
              "the transition moves as n grows."),
+            # over a narrower range the move is within the estimates' own scatter
+            (top < 10 * n, f"--n-max ({top}) must be at least 10 × --n-min ({n}): the verdict "
+             "asks how the transition moves as n grows, over a decade at least."),
             (config.gamma_max <= config.gamma_min, f"--gamma-max ({config.gamma_max!r}) must "
              f"be > --gamma-min ({config.gamma_min!r})."),
             (not 0 <= rho < 1, "--rho is the tokens' mean inner product: it must lie "
@@ -213,6 +217,9 @@ class LongContext(AbstractExperiment):
              f"the predicted crossing γ_n = {low:.3g} at n = {n}: lower it."),
             (not config.gamma_max > high, f"--gamma-max ({config.gamma_max:g}) must be above "
              f"the predicted transition {high:.3g} at n = {n}: raise it."),
+            (_judges_collapse(config) and not config.gamma_min <= critical,
+             f"--gamma-min ({config.gamma_min:g}) must be ≤ {COLLAPSE_BELOW:g} γ_c = "
+             f"{critical:.3g}: the collapse is judged on the γ below it."),
             (config.dim - 1 < 2 * math.log(top - 1), f"--dim ({config.dim}) must be at "
              f"least 2 log(n − 1) + 1 = {2 * math.log(top - 1) + 1:.3g} at --n-max {top}: "
              "the tokens are near a simplex only for d ≫ log n."))

@@ -39,6 +39,10 @@ BAD = [
     (["run", "loop-grid", "--passes", "0"], "--passes must be ≥ 1"),
     (["run", "long-context", "--n-min", "2"], "--n-min must be ≥ 3"),
     (["run", "long-context", "--n-min", "100", "--n-max", "100"], "must be > --n-min (100)"),
+    # these judged nothing and said "against" (exit 3), or "closer" on a 0.7 % move (exit 0)
+    (["run", "long-context", "--n-min", "100", "--n-max", "110"], "at least 10 × --n-min"),
+    (["run", "long-context", "--n-max", "1000", "--dim", "256", "--gamma-min", "1.9"],
+     "--gamma-min (1.9) must be ≤ 0.9 γ_c = 1.8"),
     (["run", "long-context", "--tau", "5"], "--tau must be ≤ 1"),
     (["run", "long-context", "--gamma-min", "1e-9", "--gamma-max", "0.5"],
      "must be above the predicted transition 2.14"),

@@ -38,6 +38,9 @@ TOL = 1e-9
 #: The one-step distance's rate is fitted on `ONE_STEP` values `β = (4 … 18)/g`,
 #: and must match the score gap `g` to `RATE_TOL` (relative): 10 % off fails.
 ONE_STEP, RATE_TOL = 8, 0.03
+#: The softmax → hardmax parts are judged where the largest β reaches the hardmax
+#: regime: `β_max · g ≥ REACH` (`g` the start's score gap; `e^{−5}` = 0.7 %).
+REACH = 5.0
 
 
 @kept_jit
@@ -274,6 +277,13 @@ class Hardmax(AbstractExperiment):
              "the run's largest distance smaller at the largest β than at β = 1"))
         missed = [words for held_, words in criteria if not held_]
         ok = not missed
+        # the last three parts need β past the hardmax regime: short of it, undecided
+        reach = float(data["betas"][-1] * r["score_gap"])
+        short_of = bool(missed) and reach < REACH and all(
+            words in {w for _, w in criteria[-3:]} for words in missed)
+        undecided = (f"the largest β × the start's score gap is {reach:.2g}, short of the "
+                     f"hardmax regime ({REACH:g}): raise --beta-max to "
+                     f"{REACH / r['score_gap']:.3g}") if short_of else ""
         slopes = ", ".join(f"{v:.2g}" for v in r["run_local_slopes"])
         line = (f"PSD: sites stationary (moved {short(c['site_move'])}), the Voronoi "
                 f"prediction held for {n_held}/{n} interior tokens (in their cell, on a "
@@ -298,7 +308,7 @@ class Hardmax(AbstractExperiment):
                        "max_final_distance": float(c["final"].max())}
         extra = {"betas": data["betas"].tolist(), "dist_one": data["dist_one"].tolist(),
                  "dist_run": data["dist_run"].tolist()}
-        return Verdict(bool(ok), line, numbers, extra)
+        return Verdict(bool(ok), line, numbers, extra, undecided)
 
     def draw(self, config, data, folder: Path):
         plt = figures.pyplot()

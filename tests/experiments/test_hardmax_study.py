@@ -139,6 +139,11 @@ def test_a_score_gap_ten_percent_off_fails_the_verdict():
         assert not wrong.ok and wrong.numbers["voronoi_held"] == QUICK["tokens"]
         assert wrong.numbers["one_step_rate_error"] > 0.08
         assert wrong.line.endswith(f"NOT: one-step rate within {H.RATE_TOL:g}")
+        assert wrong.undecided == ""  # the β grid reaches the regime: against (exit 3)
+    # a β grid short of the hardmax regime (β_max · g < REACH) decides nothing: it said
+    # "against" (exit 3) for --beta-max 20
+    short = study.verdict(config, data | {"score_gap": data["score_gap"] * 1e-4})
+    assert not short.ok and "raise --beta-max" in short.undecided, short.line
     rising = study.verdict(config, data | {"dist_run": data["dist_run"][::-1]})
     assert not rising.ok and rising.line.endswith(  # each failed part is named
         "NOT: the run's largest distance smaller at the largest β than at β = 1")

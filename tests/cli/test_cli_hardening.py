@@ -74,6 +74,8 @@ BAD = [
     (["run", "mean-field", "--beta", "800", "--modes", "500"], "past the exp kernel's range"),
     (["sweep", "thm52-symmetric", "--grid", "tokens=1,2"], "--tokens must be ≥ 2"),
     (["run", "equiangular", "--dim", "3"], "--dim must be ≥ --tokens (4)"),
+    # ran out of steps after the work, advising a shorter --horizon (which failed too)
+    (["run", "equiangular", "--beta", "20", "--horizon", "0.01"], "more than its budget"),
     (["run", "equiangular", "--rho0", "1"], "--rho0 must lie in (−1/(n − 1), 1)"),
     (["run", "equiangular", "--rho0", "-0.3333333333333333"], "the ends are fixed points"),
     (["run", "equiangular", "--discrete"], "unrecognized arguments: --discrete"),

@@ -3,6 +3,7 @@
 import math
 
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Int, Real
 
 from .._manifold import project, scale_rows, w_inner
@@ -14,6 +15,7 @@ from .._validate import (
     check_metric,
     check_rows_now,
     check_scalar,
+    is_concrete,
     refuse_first,
     too_big,
 )
@@ -261,6 +263,12 @@ def consensus_time(
     if ts.ndim != 1 or E.ndim < 1 or E.shape[-1] != ts.shape[0] or ts.shape[0] == 0:
         raise ValueError(f"`E` must be (..., T) with T = len(ts) ≥ 1; got E {E.shape}, ts "
                          f"{ts.shape}.")
+    host = np.asarray(ts) if is_concrete(ts) else None  # checked on the host: no callback
+    # (`inf` is a save time after a stopped run's end, as in a FlowSolution)
+    refuse_first([(host is not None and not (np.all(host[1:] >= host[:-1])
+                                             and not np.any(np.isnan(host))),
+                   "consensus_time: `ts` must be nondecreasing and not NaN (the saved times "
+                   "in order).")])
     eps = check_scalar(eps, "eps", positive=True)
     return jnp.vectorize(lambda e: _crossing(ts, e, eps), signature="(t)->()")(E)
 

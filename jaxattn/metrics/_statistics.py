@@ -235,7 +235,8 @@ def autocorrelation_time(series) -> float:
     """The integrated autocorrelation time of a series, in steps.
 
     `1 + 2 Σ_k ρ_k`, the autocorrelations `ρ_k` summed up to the first window `M ≥
-    5 τ(M)` (Sokal's rule); an AR(1) series `x_{t+1} = φ x_t + ξ` has `(1 + φ)/(1 − φ)`.
+    5 τ(M)` (Sokal's rule); an AR(1) series `x_{t+1} = φ x_t + ξ` has `(1 + φ)/(1 − φ)`
+    for `φ ≥ 0` (for `φ < 0` the rule stops at the first lag, well below it).
 
     **Arguments:**
 
@@ -254,9 +255,11 @@ def autocorrelation_time(series) -> float:
                    f"autocorrelation_time needs one finite series (steps,) of at least two "
                    f"samples, got shape {x.shape}{'' if finite else ' with NaN or inf'}.")])
     x = x - np.mean(x)
-    var = x @ x / len(x)
-    if not var > 0:
+    scale = np.max(np.abs(x))
+    if not scale > 0:
         return math.nan
+    x = x / 2.0 ** np.floor(np.log2(scale))  # exact: its square neither over- nor underflows
+    var = x @ x / len(x)
     f = np.fft.rfft(x, 2 * len(x))
     acf = np.fft.irfft(f * np.conj(f))[: len(x)] / (var * len(x))
     tau = 2 * np.cumsum(acf) - 1

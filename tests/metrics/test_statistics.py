@@ -320,3 +320,20 @@ def test_fits_far_from_zero_are_linregress():
 def test_potential_refuses_nonfinite_tokens():
     with pytest.raises(ValueError, match="^potential: `x` contains NaN or inf"):
         ja.metrics.potential(np.array([[np.nan, 0, 0], [1.0, 0, 0]]), np.eye(3))
+
+
+def test_consensus_time_refuses_times_out_of_order_and_an_autocorrelation_any_scale():
+    """Decreasing or NaN `ts` gave a time (3.09) or NaN; `inf` saves after a stop stay
+    valid. `autocorrelation_time` of a series × 1e±200 was NaN (its variance over- or
+    underflowed): it reads the same at any scale."""
+    E = np.array([1, 0.1, 0.01, 0.001])
+    for ts in (np.array([3.0, 2, 1, 0]), np.array([0, np.nan, 2, 3])):
+        with pytest.raises(ValueError, match="`ts` must be nondecreasing and not NaN"):
+            ja.metrics.consensus_time(ts, E, 0.05)
+    stopped = ja.metrics.consensus_time(np.array([0, 1, 2, np.inf]), E * [1, 1, 1, np.nan],
+                                        0.05)
+    assert float(stopped) == pytest.approx(1 + math.log(0.1 / 0.05) / math.log(10))
+    series = np.array([1, -1, 2, 0.5, -1])
+    tau = ja.metrics.autocorrelation_time(series)
+    for scale in (1e200, 1e-200):
+        assert ja.metrics.autocorrelation_time(scale * series) == pytest.approx(tau, rel=1e-12)

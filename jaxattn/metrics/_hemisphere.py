@@ -58,15 +58,22 @@ def _nearest_hull_point(u: np.ndarray) -> np.ndarray:
 
 
 def _solve_one(x: np.ndarray, chol: np.ndarray):
-    # In coordinates u = Lᵀx (W = L Lᵀ) the W-geometry is Euclidean.
+    # In coordinates u = Lᵀx (W = L Lᵀ) the W-geometry is Euclidean; scaled by a power
+    # of two (exact) to the size 1 the least squares is conditioned for: tokens of
+    # 1e±200, or of 1e−15, gave a wrong margin or `inside`.
     u = x @ chol
-    lam = _nearest_hull_point(u)
-    p = lam @ u
-    p_norm = np.linalg.norm(p)
-    if not p_norm > _HULL_RTOL * np.abs(u).max():
+    top = np.abs(u).max()
+    u = u / 2.0 ** np.floor(np.log2(top)) if top > 0 else u
+    # An open hemisphere holds the tokens or not by their directions alone: decided on
+    # those (tokens of lengths 1e5 and 1e-5 were said to hold none).
+    lengths = np.linalg.norm(u, axis=1, keepdims=True)
+    directions = u / np.where(lengths > 0, lengths, 1.0)
+    if not np.linalg.norm(_nearest_hull_point(directions) @ directions) > _HULL_RTOL:
         n, d = x.shape
         return False, np.zeros(d), np.zeros(n)
-    y = p / p_norm
+    lam = _nearest_hull_point(u)
+    p = lam @ u
+    y = p / np.linalg.norm(p)
     # |z|_W = |Lᵀz| = |y| = 1.
     z = np.linalg.solve(chol.T, y)
     return True, z, lam

@@ -281,6 +281,21 @@ def test_hemisphere_degenerate_and_metric(key):
         M.hemisphere(np.ones(3))
 
 
+def test_hemisphere_at_any_scale_and_of_any_lengths():
+    """Whether tokens share an open hemisphere depends on their directions, and the
+    margin (the distance from the origin to their hull) scales with them: at 1e50 the
+    margin was |x_1|, at 1e±200 `inside` was False, and lengths 1e5 and 1e-5 were said
+    to share no hemisphere."""
+    x = np.array([[1.0, 0.1], [0.1, 1.0]])
+    want = np.linalg.norm(x.mean(0))  # the hull's nearest point: the midpoint
+    for scale in (1e-200, 1e-15, 1.0, 1e50, 1e200):
+        h = M.hemisphere(x * scale)
+        assert bool(h.inside) and float(h.margin) / scale == pytest.approx(want, rel=1e-12)
+    h = M.hemisphere(np.array([[1e5, 0.0], [0.0, 1e-5]]))
+    assert bool(h.inside) and float(h.margin) == pytest.approx(1e-5, rel=1e-9)
+    assert not bool(M.hemisphere(np.array([[1e5, 0.0], [-1e-5, 0.0]])).inside)
+
+
 def test_hemisphere_refuses_nan(key):
     x = np.array(random_tokens(key, 5, 3, batch=(2,)))
     x[1, 2, 0] = np.nan

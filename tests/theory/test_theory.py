@@ -380,3 +380,16 @@ def test_check_and_classify_refuse_tolerances_and_shapes_without_meaning(key):
         prediction.check(jnp.ones((3, 5, 3)))
     with pytest.raises(ValueError, match="classify: `tol` must be a finite number > 0, got inf"):
         ja.theory.classify(dyn, tol=float("inf"))
+
+
+def test_a_top_eigenvalue_crossing_between_read_times_is_not_simple():
+    """λ₁(U(t)) = λ₂(U(t)) at t = 4.935, between two read times: the gap at the read
+    times is positive, so Theorem 5.3 was said to apply. The top eigenvector's turn
+    between the read times shows the crossing; a smooth U with a simple λ₁ keeps 5.3."""
+    eye = np.eye(3)[None]
+    crossing = ja.Schedule(lambda t: jnp.diag(jnp.array([2 - 0.2 * t, 1.013, 0.5]))[None])
+    found = ja.theory.classify(ja.SelfAttentionDynamics(eye, crossing, causal=True))
+    assert found.theorems == () and "cross between them" in str(found), str(found)
+    smooth = ja.Schedule(lambda t: jnp.diag(jnp.array([2 + 0.1 * jnp.sin(t), 1.0, 0.5]))[None])
+    assert ja.theory.classify(ja.SelfAttentionDynamics(eye, smooth, causal=True)).theorems == (
+        "5.3",)

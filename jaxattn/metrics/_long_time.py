@@ -65,6 +65,17 @@ def rescaled_euler(theta0: Float[Array, " n"], beta, lr: float, steps: int, *,
     The energy `(1/n²) Σ_ij e^{β(cos(θ_i − θ_j) − 1)}` after each step `(steps,)`.
     """
     lr, steps = check_scalar(lr, "lr", positive=True), check_count(steps, "steps")
+    beta = check_scalar(beta, "beta")
+    theta0 = np.asarray(theta0, float)
+    refuse_first((bad, f"rescaled_euler needs {message}.") for bad, message in (
+        (theta0.ndim != 1 or theta0.size < 2 or not np.all(np.isfinite(theta0)),
+         f"finite angles `theta0` (n,) of n ≥ 2 tokens, got shape {theta0.shape}"),
+        (theta0.ndim == 1 and np.ptp(np.mod(theta0, 2 * np.pi)) == 0,
+         "tokens not all at one angle (they are a consensus already: g = 0 has no direction)"),
+        (not beta > 1, f"β > 1 (its steps are lr · log β: at β ≤ 1 they stand still or run "
+                       f"backwards), got {beta!r}"),
+    ))
+    theta0 = jnp.asarray(theta0)
     n = theta0.shape[0]
 
     def energy_terms(theta):
@@ -232,6 +243,7 @@ def rescaled_flow(x0: Float[Array, "n d"], beta: float, ts, *, eps: float,
          f"0 < rtol ≤ snap/1000 = {snap / 1000:g}, got {rtol!r}"),
         (not (isinstance(target, int | np.integer) and target >= 1),
          f"a target cluster count `target` ≥ 1, got {target!r}"),
+        (not check_scalar(beta, "beta") > 0, f"β > 0, got {beta!r}"),
     ))
     x = np.array(x0, float)
     x /= np.linalg.norm(x, axis=-1, keepdims=True)

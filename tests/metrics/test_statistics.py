@@ -337,3 +337,14 @@ def test_consensus_time_refuses_times_out_of_order_and_an_autocorrelation_any_sc
     tau = ja.metrics.autocorrelation_time(series)
     for scale in (1e200, 1e-200):
         assert ja.metrics.autocorrelation_time(scale * series) == pytest.approx(tau, rel=1e-12)
+
+
+def test_rescaled_euler_refuses_what_it_cannot_step():
+    """β ≤ 1 ran the scheme backwards (lr · log β < 0); coincident or NaN angles gave
+    an all-NaN energy without a word; a list as `theta0` raised AttributeError."""
+    good = np.array([0.0, 0.5, 2.0, 4.0])
+    assert np.all(np.isfinite(ja.metrics.rescaled_euler(list(good), 10.0, 0.1, 3)))
+    for theta, beta, match in ((good, 0.5, "β > 1"), ([1.0, 1.0], 10.0, "not all at one angle"),
+                               ([0.0, np.nan], 10.0, "finite angles")):
+        with pytest.raises(ValueError, match=match):
+            ja.metrics.rescaled_euler(theta, beta, 0.1, 3)

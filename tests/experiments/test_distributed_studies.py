@@ -39,6 +39,13 @@ def alone(tmp_path_factory):
     return folder
 
 
+def _exit_of(folder) -> int:
+    """The exit of `jaxattn run` that wrote `folder`: 4 undecided, 3 against, else 0
+    (at these sizes variants' covered cells are short of consensus: undecided)."""
+    summary = json.loads((folder / "summary.json").read_text())
+    return 4 if summary.get("undecided") else 3 if summary["agrees_with_theory"] is False else 0
+
+
 def _same_run(folder, alone):
     tables = [p.name for p in (folder / "table.csv", alone / "table.csv") if p.exists()]
     assert len(tables) in (0, 2), tables
@@ -55,7 +62,7 @@ def test_two_processes_write_the_run_of_one(tmp_path, alone):
     out = tmp_path / "two"
     proc = start_jaxattn(_argv(out, "--launch-local", "2"))
     stdout, stderr = proc.communicate(timeout=400)
-    assert proc.returncode == 0, stderr[-3000:]
+    assert proc.returncode == _exit_of(alone), stderr[-3000:]
     assert "process 1 of 2: done" in stdout
     _same_run(out, alone)
     config = json.loads((out / "config.json").read_text())
@@ -73,7 +80,7 @@ def test_killed_on_one_process_resumes_on_one_process(tmp_path, alone):
 
     resumed = start_jaxattn(_argv(out, "--resume"))
     _, stderr = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, stderr[-3000:]
+    assert resumed.returncode == _exit_of(alone), stderr[-3000:]
     _same_run(out, alone)
 
 

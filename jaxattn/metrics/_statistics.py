@@ -69,7 +69,9 @@ def level_crossing(x, y, level: float = 0.0, *, falling: bool = False, keep=None
     - `falling`: cross from above `level` to at or below it (default: from below).
     - `keep`: a mask `(k,)`: only segments with both ends kept count (default: all).
     - `logit`: interpolate `log(y/(1 − y))` against `log(level/(1 − level))`, for a
-      `y` in `(0, 1)` that is a logistic function of `x` (then read exactly).
+      `y` in `[0, 1]` that is a logistic function of `x` (then read exactly). Samples
+      within `2⁻⁵³` of 0 or 1 count as that far from it (float64's resolution at 1), so
+      the two ends weigh alike: a step from 0 to 1 crosses ½ at its middle.
     - `at_start`: with no crossing, a curve already at or past `level` at its first
       kept sample crosses there (otherwise NaN).
 
@@ -87,7 +89,7 @@ def level_crossing(x, y, level: float = 0.0, *, falling: bool = False, keep=None
                                       f"(0, 1), got {level!r}.")])
     if logit:
         with np.errstate(divide="ignore", invalid="ignore"):
-            v = np.clip(y, 1e-300, 1 - 1e-16)
+            v = np.clip(y, 2.0**-53, 1 - 2.0**-53)
             y, level = np.log(v) - np.log1p(-v), math.log(level / (1 - level))
     past = y <= level if falling else y >= level
     short = y > level if falling else y < level

@@ -72,6 +72,14 @@ def test_level_crossing_in_logit_is_exact_on_a_logistic_curve():
     assert _far(M.level_crossing(x, y, 0.5), 1.6, 1e-3)  # a linear read is off
 
 
+def test_level_crossing_in_logit_weighs_samples_at_zero_and_one_alike():
+    # clipped to 1e-300 below and 1 - 1e-16 above, a step from 0 to 1 crossed 1/2 at
+    # 0.95 of the way: the two ends must sit equally far out in the logit
+    assert M.level_crossing([0.0, 1.0], [0.0, 1.0], 0.5, logit=True) == pytest.approx(0.5)
+    assert M.level_crossing([0.0, 1.0], [1.0, 0.0], 0.5, logit=True,
+                            falling=True) == pytest.approx(0.5)
+
+
 def test_fit_slope_is_linregress(seed):
     rng = np.random.default_rng(seed)
     x = np.sort(rng.uniform(0, 5, 11))

@@ -29,7 +29,7 @@ def plateaus(ts, values, jump: float) -> Staircase:
 
     **Arguments:**
 
-    - `ts`: the save times `(T,)`, positive where a log axis reads them.
+    - `ts`: the save times `(T,)`, increasing, positive where a log axis reads them.
     - `values`: the curve at those times `(T,)`.
     - `jump`: the smallest change between two saves that is part of a jump, `> 0`.
 
@@ -45,6 +45,8 @@ def plateaus(ts, values, jump: float) -> Staircase:
                    f"{values.shape}."),
         (not jump > 0, f"`jump` must be > 0, got {jump!r}."),
         (not keep.any(), "plateaus needs at least one finite save."),
+        (same and np.any(np.diff(ts[keep]) <= 0),
+         "plateaus needs increasing save times `ts` (sort the saves by time first)."),
     ))
     ts, values = ts[keep], values[keep]
     moving = np.abs(np.diff(values)) > jump

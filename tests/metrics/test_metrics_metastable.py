@@ -86,6 +86,8 @@ def test_bad_arguments_are_one_line():
         M.plateaus(np.ones(3), np.ones(4), 0.1)
     with pytest.raises(ValueError, match="`jump` must be > 0"):
         M.plateaus(np.ones(3), np.ones(3), 0.0)
+    with pytest.raises(ValueError, match="increasing save times"):  # was a silent staircase
+        M.plateaus(np.array([0.0, 2.0, 1.0]), np.array([1.0, 0.0, 1.0]), 0.1)
     with pytest.raises(ValueError, match="one configuration"):
         M.tangent_hessian(jnp.ones((2, 3, 2)), 1.0)
     with pytest.raises(ValueError, match="tokens of shape"):

@@ -61,7 +61,7 @@ class AbstractStrategy(eqx.Module):
                  "('general')."),
                 (not self.differentiable and differentiating(operands),
                  "is not differentiable (the kernel has no derivative rule): differentiate "
-                 "with strategy=ja.BatchLast() ('fused').")))
+                 "with strategy=ja.Vmap() ('general', which 'auto' takes for gradients).")))
 
     @abc.abstractmethod
     def run_layers(self, dyn, x0, num_layers, tau, observe, checkpoints, *, devices,

@@ -291,6 +291,12 @@ def test_refusals_before_the_run_in_one_line(key):
         dyn, x0, 2, 0.1, noise=ja.TokenNoise(s), key=key, strategy="kernel")))(0.5))
     one_line(ValueError, kernel, lambda: jax.grad(lambda t: jnp.sum(ja.run_layers(
         dyn, x0, 2, t, strategy="kernel")))(0.1))
+
+    def noisy_flow(strategy):  # the member the refusal names runs it
+        return jax.grad(lambda s: jnp.sum(ja.solve_flow(
+            dyn, x0, ts, noise=ja.TokenNoise(s), key=key, dt0=0.5, strategy=strategy)))
+    one_line(ValueError, kernel + r".*strategy=ja.Vmap\(\)", lambda: noisy_flow("kernel")(0.5))
+    assert np.isfinite(noisy_flow(ja.Vmap())(0.5))
     one_line(TypeError, "`dt0` must be a number known before the run", lambda: jax.jit(
         lambda h: ja.solve_flow(dyn, x0, ts, noise=ja.TokenNoise(0.5), key=key, dt0=h))(0.01))
     one_line(TypeError, "`dt0` must be a number known before the run", lambda: jax.jit(

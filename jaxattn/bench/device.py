@@ -107,7 +107,7 @@ class TorchSide:
 
 def best_seconds(fn, *args, repeats: int, budget_s: float = math.inf) -> float:
     """The fastest of `repeats` calls (fewer past `budget_s`) of `jax.jit(fn)(*args)`,
-    after one call that compiles it."""
+    after one call that compiles it (and `Timing.run`'s untimed one)."""
     fn = jax.jit(fn)
     call = lambda: jax.block_until_ready(fn(*args))  # noqa: E731
     call()
@@ -148,9 +148,7 @@ def _torch_peak(side: TorchSide, a, b, precision: str, repeats: int, budget_s: f
     if precision == "bfloat16":
         at, bt = at.bfloat16(), bt.bfloat16()
     with side.matmul_mode(precision):
-        product = side.call(lambda: at @ bt)
-        product()
-        return Timing.of(product, repeats, budget_s).min
+        return Timing.of(side.call(lambda: at @ bt), repeats, budget_s).min
 
 
 def matmul_peaks(size: int, repeats: int, side: TorchSide | None = None,
@@ -197,9 +195,7 @@ def copy_bandwidth(nbytes: int, repeats: int, side: TorchSide | None = None) -> 
     if side is not None and side.same_device:
         xt = side.torch.zeros(count, dtype=side.torch.float32, device=side.device)
         yt = side.torch.empty_like(xt)
-        copy = side.call(lambda: yt.copy_(xt))
-        copy()
-        out["torch"] = moved / Timing.of(copy, repeats).min
+        out["torch"] = moved / Timing.of(side.call(lambda: yt.copy_(xt)), repeats).min
     return out
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from .._artifacts.figures import pyplot, save_figure
 from .._layers import run_layers
+from .._validate import refuse_first
 from ..metrics import fit_slope, misalignment
 from .suite import Problem, flops_raw_update, run_meta
 from .timing import Timing, time_jax
@@ -102,8 +103,7 @@ def time_point(setup: Setup, repeats: int) -> dict:
         t0 = time.perf_counter()
         call()
         compile_s = time.perf_counter() - t0  # compilation and one run
-        call()
-        timing = Timing.of(call, repeats)
+        timing = Timing.of(call, repeats)  # after an untimed call
     return {"median_s": timing.median, "min_s": timing.min, "max_s": timing.max,
             "compile_s": compile_s, "gflops": setup.flops() / timing.median / 1e9}
 
@@ -187,6 +187,8 @@ def run_scaling(*, quick: bool = False, repeats: int = 5, sweeps=SWEEPS,
     "min_s", "max_s", "compile_s", "gflops", "fitted_slope",
     "fitted_slope_upper_half", "ideal", "fixed"}}}`.
     """
+    refuse_first([(isinstance(repeats, bool) or not isinstance(repeats, int | np.integer)
+                   or repeats < 1, f"`repeats` must be a whole number ≥ 1, got {repeats!r}.")])
     setup, sizes = (QUICK_SETUP, QUICK_SIZES) if quick else (SETUP, SIZES)
     ncores = cores()
     out = {}

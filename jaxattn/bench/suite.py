@@ -31,6 +31,7 @@ from .._flow import RK4, solve_flow
 from .._layers import run_layers
 from .._noise import TokenNoise
 from .._precision import check_precision
+from .._validate import refuse_first
 from ..metrics import mean_error, misalignment
 from .cases import ALL_CASES, CASES, LARGE, QUICK, SIZES, Problem, case_names
 from .cases import flops_raw_update as flops_raw_update
@@ -440,7 +441,8 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
       compilation, fewer where another call would take it past `budget_s` seconds
       (at least one; each row records its `calls`).
     - `cases`: which cases to run, by name or short label (`CASES`); `torch`: time
-      the PyTorch references.
+      the PyTorch references (S4 needs them, and transformers: without, it is
+      skipped, and `meta["skipped"]` says why).
     - `precision`: of JAX's products (`jaxattn._precision`); PyTorch's float32
       matmul mode is matched to it on a GPU.
     - `progress`: called with a line as each case starts.
@@ -451,9 +453,24 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
     "rows": [...], "meta": {...}}`.
     """
     size = size or ("quick" if quick else "default")
+    refuse_first([
+        (size not in PRESETS, f"`size` must be one of {', '.join(map(repr, PRESETS))}, got "
+                              f"{size!r}."),
+        (quick and size != "quick", f"quick=True and size={size!r} disagree: give one of them."),
+        (isinstance(repeats, bool) or not isinstance(repeats, int | np.integer) or repeats < 1,
+         f"`repeats` must be a whole number ≥ 1, got {repeats!r}."),
+        (not (isinstance(budget_s, int | float) and budget_s > 0),
+         f"`budget_s` must be a number of seconds > 0 (math.inf: no budget), got {budget_s!r}."),
+        (isinstance(cases, str), f"`cases` is a list of cases, got the string {cases!r}: "
+                                 f"write [{cases!r}]."),
+    ])
     preset, precision = PRESETS[size], check_precision(precision)
     cases = case_names(cases)
     ref = _reference() if torch else None
+    skipped = {}
+    if "looped_models" in cases and (ref is None or _reference("loop_vs_hf") is None):
+        skipped[CASES["looped_models"]] = ("times jaxattn against HuggingFace: needs torch and "
+                                           "transformers" + ("" if torch else " (torch=False)"))
     side = TorchSide.choose(ref.torch, precision) if ref is not None else None
     ctx = Context(Repeats(repeats, budget_s), precision, side=side, ref=ref)
     start, seconds = time.perf_counter(), {}
@@ -505,7 +522,7 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
     meta = {**run_meta(size == "quick", repeats, size=size, precision=precision),
             "peak_size": preset.peak_size,
             "torch_device": side and side.device, "torch_precision": side and side.precision,
-            "torch_note": side.note if side else "", "budget_s": budget_s,
+            "torch_note": side.note if side else "", "budget_s": budget_s, "skipped": skipped,
             "suite_s": end - start,
             "case_s": {c: marks[i + 1][1] - t for i, (c, t) in enumerate(marks[:-1])}}
     # Without the peak case there is no peak (null in the JSON, not NaN).

@@ -128,4 +128,5 @@ def format_table(result: dict) -> str:
     if "suite_s" in meta:
         lines.append(f"suite: {meta['suite_s']:.0f} s (" + ", ".join(
             f"{c} {t:.0f} s" for c, t in meta["case_s"].items()) + ")")
+    lines += [f"skipped: {case} ({why})" for case, why in meta.get("skipped", {}).items()]
     return "\n".join(lines)

@@ -21,10 +21,18 @@ def _bench(args: argparse.Namespace) -> int:
     cases = args.cases or list(ALL_CASES)
     unknown = sorted(set(cases) - set(ALL_CASES) - set(CASES))
     out = Path(args.out)
+    only_scaling = args.scaling and not args.cases  # its sweeps: float32, own sizes, no budget
     refuse_first([
         (unknown, f"unknown case(s) {unknown}; choose from {list(ALL_CASES)} (or their "
                   f"names: {', '.join(CASES)})."),
-        (not args.budget > 0, "--budget must be > 0 seconds."),
+        (args.budget is not None and not args.budget > 0, "--budget must be > 0 seconds."),
+        (args.no_torch and {"S4", "looped_models"} & set(args.cases or ()),
+         "S4 times jaxattn against HuggingFace, which needs torch: drop --no-torch or S4."),
+        *((only_scaling and given, f"--scaling times run_layers in float32 at its own sizes, "
+           f"every call: {flag} applies to the cases; drop it, or add --cases.")
+          for flag, given in (("--precision", args.precision is not None),
+                              ("--budget", args.budget is not None),
+                              (f"--size {args.size}", args.size not in (None, "quick")))),
         (args.quick and args.size not in (None, "quick"),
          f"--quick and --size {args.size} disagree: give one of them."),
         (not out.parent.is_dir(), f"cannot write {out}: there is no folder {out.parent}."),
@@ -38,8 +46,9 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.cases or not args.scaling:
         result = suite.run_suite(quick=args.quick, size=args.size, repeats=args.repeats,
-                                 budget_s=args.budget, cases=cases, torch=not args.no_torch,
-                                 precision=args.precision,
+                                 budget_s=30.0 if args.budget is None else args.budget,
+                                 cases=cases, torch=not args.no_torch,
+                                 precision=args.precision or "float32",
                                  progress=lambda m: print(f"· {m}", flush=True))
         print(table.format_table(result))
         write_json(out, result)
@@ -65,11 +74,11 @@ def register(sub) -> None:
                    help="default: the paper-sized cases (MF n = 100,000); large: sizes "
                         "that fill a GPU (S1 batch 100,000, S2 1024, S3 256, MF n = "
                         "1,000,000, S4 GPT-2 XL and GPT-Neo 2.7B)")
-    p.add_argument("--precision", choices=list(PRECISIONS), default="float32",
+    p.add_argument("--precision", choices=list(PRECISIONS), default=None,
                    help="JAX's matrix products (default float32; PyTorch's float32 matmul "
                         "mode is matched on a GPU); recorded in the JSON")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per figure (default 3)")
-    p.add_argument("--budget", type=float, default=30.0, metavar="SECONDS",
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                    help="no call that would take a figure past this many seconds "
                         "(default 30; at least one call; the JSON records the count)")
     p.add_argument("--cases", nargs="+", metavar="CASE",

@@ -1,6 +1,7 @@
 """The benchmark suite runs and counts flops correctly (no timing assertions)."""
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,31 @@ def test_bench_cli_quick(tmp_path, capsys):
     assert "median s" in out and f"device: {meta['device_label']}" in out
 
 
+def test_a_figure_leaves_out_the_first_call(monkeypatch):
+    """The first call (a program's first execution, ~10× a later one) is untimed; it
+    is the figure only where the budget allows no other call."""
+    from jaxattn.bench import timing
+
+    clock = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+
+    def calls(*seconds):
+        left = list(seconds)
+
+        def fn():
+            clock[0] += left.pop(0)
+            return len(left)
+        return fn
+
+    figure, out = timing.Timing.run(calls(10.0, 1.0, 2.0, 3.0), repeats=3)
+    assert (figure.median, figure.min, figure.max, figure.calls, out) == (2.0, 1.0, 3.0, 3, 0)
+    # a budget of 8 s: 4 + 3 spent, a third call at the mean (3.5) would pass it
+    figure, _ = timing.Timing.run(calls(4.0, 3.0, 1.0), repeats=3, budget_s=8.0)
+    assert (figure.median, figure.calls) == (3.0, 1)
+    figure, _ = timing.Timing.run(calls(10.0), repeats=3, budget_s=12.0)  # no room: the first
+    assert (figure.median, figure.calls) == (10.0, 1)
+
+
 def test_percent_of_peak_uses_the_precision_of_the_row():
     """`%peak` divides by the peak of the precision the row ran at; no peak (TF32 on
     a CPU: not applicable) gives no `%peak`, and the table says so."""
@@ -79,6 +105,39 @@ def test_bench_cli_rejects_quick_with_another_size(capsys):
 def test_bench_cli_rejects_unknown_case(capsys):
     assert main(["bench", "--cases", "S9"]) == 2
     assert "unknown case" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    # each ran, ignoring the flag or (S4) timing nothing, and exited 0
+    (["--cases", "S4", "--no-torch"], "needs torch: drop --no-torch or S4"),
+    (["--scaling", "--precision", "bfloat16"], "--precision applies to the cases"),
+    (["--scaling", "--budget", "1"], "--budget applies to the cases"),
+    (["--scaling", "--size", "large"], "--size large applies to the cases"),
+])
+def test_bench_cli_refuses_flags_it_would_ignore(tmp_path, capsys, argv, words):
+    out = tmp_path / "b.json"
+    assert main(["bench", *argv, "--out", str(out)]) == 2
+    assert words in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"repeats": 0}, "`repeats` must be a whole number ≥ 1"),  # no median, after the work
+    ({"repeats": 2.5}, "`repeats` must be a whole number ≥ 1"),
+    ({"size": "huge"}, "`size` must be one of"),  # a KeyError
+    ({"budget_s": float("nan")}, "`budget_s` must be a number of seconds > 0"),
+    ({"cases": "S2"}, "write ['S2']"),  # unknown case(s) ['S', '2']
+])
+def test_run_suite_refuses_bad_arguments_before_any_work(kwargs, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        suite.run_suite(**kwargs, progress=None)
+
+
+def test_a_suite_without_torch_says_s4_is_skipped():
+    result = suite.run_suite(size="quick", repeats=1, cases=["S4"], torch=False,
+                             progress=lambda line: None)
+    assert result["rows"] == []
+    assert "needs torch and transformers" in result["meta"]["skipped"]["S4"]
+    assert "skipped: S4 (times jaxattn against HuggingFace" in table.format_table(result)
 
 
 def test_s1_large_prints_its_floor():

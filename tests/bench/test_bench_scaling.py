@@ -63,3 +63,9 @@ def test_flop_local_slope_matches_finite_difference():
     for name, v in (("n", 100), ("d", 40)):
         ideal = bench_scaling.ideal(name, [v, v * 1.0001], [1.0, 1.0], setup, 2)
         assert ideal["slope"] == pytest.approx(ideal["local_slope"][0], rel=1e-3), name
+
+
+@pytest.mark.parametrize("repeats", [0, 2.5, True])
+def test_run_scaling_refuses_a_bad_repeats_before_any_work(repeats):
+    with pytest.raises(ValueError, match="`repeats` must be a whole number ≥ 1"):
+        bench_scaling.run_scaling(quick=True, repeats=repeats, progress=None)

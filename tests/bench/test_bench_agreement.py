@@ -72,6 +72,20 @@ def test_a_path_ten_percent_wrong_disagrees(wrong):
     assert not law["agree"], law
 
 
+@pytest.mark.parametrize("far, agree", [(16, False), (10, True)])
+def test_a_few_systems_far_off_are_judged_by_the_exact_count_test(far, agree):
+    """16 far-off systems against none: p = 2⁻¹⁶ = 1.5e-5, beyond 4σ (3.2e-5), where
+    (c − b)/√(c + b + 1) = 3.9 let it pass; 10 against none (p = 9.8e-4) is chance."""
+    rng = np.random.default_rng(2)
+    ref = rng.uniform(0.5, 1.5, (10_000, 5))
+    b = ref * (1 + 1e-7 * rng.standard_normal(ref.shape))
+    a = b.copy()
+    a[:far] *= -1  # completely wrong on `far` systems
+    law = agreement_in_law(a, b, ref)
+    assert law["agree"] is agree, law
+    assert law["p_over_tail"] == pytest.approx(0.5**far)
+
+
 def test_system_errors_are_relative_to_the_reference_and_check_shapes():
     ref = np.array([[2.0, 4.0], [1.0, 1.0]])
     np.testing.assert_allclose(system_errors(ref + [[0.0, 0.4], [0.2, 0.0]], ref),

@@ -189,7 +189,7 @@ def make_trajectory(horizon, *, model="flow", saves=100, tau=0.1, adjoint="check
 
     A `Trajectory`, or a `ValueError` naming the bad option.
     """
-    hz = Horizon(float(horizon))
+    hz = Horizon(check_scalar(horizon, "horizon", positive=True))  # not a string: "3" ran
     named = not isinstance(adjoint, dfx.AbstractAdjoint)
     refuse_first((
         (model not in ("flow", "layers"), f"`model` must be 'flow' or 'layers', got {model!r}."),
@@ -223,8 +223,9 @@ def consensus_objective(
     **Arguments:**
 
     - `dyn`, `x0`: the model and one sequence of tokens `(n, d)` (normalised first).
-    - `objective`, `horizon` and the keywords `model`, `saves`, `tau`, `adjoint`,
-      `solver`, `rtol`, `atol`, `max_steps`: as in `slow_consensus`.
+    - `objective`, `horizon` and the keywords `model`, `saves`, `tau`, `adjoint`: as in
+      `slow_consensus`; `solver`, `rtol`, `atol`, `max_steps`: the flow's solve
+      (`make_trajectory`; `slow_consensus` keeps their defaults).
 
     **Returns:**
 

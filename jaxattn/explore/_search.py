@@ -62,7 +62,10 @@ class Exploration(NamedTuple):
       (the optimised weights when `target` includes `"weights"`).
     - `value`: the best objective value; `gain = value / mean(baseline)`, and
       `gain_median = value / median(baseline)` (the objective at random starts is
-      heavy-tailed: a few starts far from consensus lift the mean).
+      heavy-tailed: a few starts far from consensus lift the mean). Both count the
+      pick of the best start as gain (with `steps=0` they are above 1); `gain_best =
+      value / max(baseline)` is what the search adds to the best of the baseline's
+      random draws (below 1 where a draw it did not search from did better).
     - `trace`: `(steps + 1, R)` the objective at every iterate of every restart
       (row 0: the random starts).
     - `baseline`: the objective at random starts (the restarts' starts and
@@ -87,6 +90,7 @@ class Exploration(NamedTuple):
     baseline_mean: float = float("nan")
     baseline_median: float = float("nan")
     gain_median: float = float("nan")
+    gain_best: float = float("nan")
 
     def __repr__(self) -> str:
         """Each field by name, arrays as their dtype and shape (`f64[8,3]`), as
@@ -165,8 +169,12 @@ class NamedOptimizer(eqx.Module):
     options: dict
 
     def __init__(self, factory: Callable, **options):
+        rate = options.get("learning_rate", 1.0)
         refuse_first([(not callable(factory), TypeError, "`factory` must be an optax "
-                       f"function such as optax.adam, got {factory!r}.")])
+                       f"function such as optax.adam, got {factory!r}."),
+                      # the search maximises: a negative rate minimised instead
+                      (isinstance(rate, int | float) and not rate > 0, ValueError,
+                       f"`learning_rate` must be > 0 (the search ascends), got {rate!r}.")])
         self.factory, self.options = factory, options
 
     def init(self, params):
@@ -368,10 +376,21 @@ def _refusals(dyn, init, n, target, restarts, constraints, optimizer, baseline_s
     yield bad[0], ValueError, "`init` tokens contain NaN or inf; pass finite tokens."
     yield (bad[1], ValueError, "an `init` token is zero, so it has no direction on E_W; "
            "every token needs a nonzero entry.")
+    if shape and is_concrete(init) and not any(bad):  # tokens all one direction: nothing
+        u = np.asarray(init, float).reshape(-1, *shape[-2:])  # moves, and log E is −inf
+        u = u / np.linalg.norm(u, axis=-1, keepdims=True)
+        one = np.flatnonzero(np.all(np.abs(u - u[:, :1]) <= 1e-12, axis=(1, 2)))[:1]
+        yield (one.size, ValueError, f"the `init` tokens of restart {sum(one)} are a consensus "
+               "already (one direction): the dynamics keep them there, so there is nothing to "
+               "search; pass tokens apart.")
     yield (baseline_samples and shape is not None, ValueError,
            "`baseline_samples` draws random starts, so it needs a key as `init`; with "
            "tokens the baseline is their own objective.")
     hemi = getattr(constraints, "hemisphere", None)
+    yield (isinstance(hemi, str) and shape is None, ValueError,
+           "Constraints(hemisphere='start') keeps each restart in its start's hemisphere, so "
+           "it needs starts inside one: pass tokens as `init` (random starts from a key may "
+           "not be; or give the hemisphere a direction).")
     z = None if hemi is None or callable(hemi) or isinstance(hemi, str) else np.shape(hemi)
     yield (z is not None and z != (dyn.dim,), ValueError,
            f"`Constraints.hemisphere` must be a direction of shape ({dyn.dim},), got {z}.")
@@ -517,15 +536,16 @@ def slow_consensus(
                                                        state_w, z)])
     r = int(np.argmax(best_v))
     w_best = None if best_w is None else jax.tree.map(lambda a: jnp.asarray(a[r]), best_w)
-    with np.errstate(divide="ignore"):  # starts at consensus (a zero baseline): gain inf
-        gains = best_v[r] / np.array([np.mean(baseline), np.median(baseline)])
+    # a zero baseline (starts at consensus): gain inf, or NaN where the value is 0 too
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gains = best_v[r] / np.array([np.mean(baseline), np.median(baseline), np.max(baseline)])
     return Exploration(
         x0=jnp.asarray(best_x[r]), dyn=_combine(w_best, loop.rest), value=float(best_v[r]),
         gain=float(gains[0]), trace=trace, baseline=np.asarray(baseline),
         x0s=jnp.asarray(best_x), values=best_v, weights=jax.tree.map(jnp.asarray, best_w),
         violation=violation,
         baseline_mean=float(np.mean(baseline)), baseline_median=float(np.median(baseline)),
-        gain_median=float(gains[1]),
+        gain_median=float(gains[1]), gain_best=float(gains[2]),
     )
 
 
@@ -580,7 +600,10 @@ def _start_directions(dyn, x) -> Float[Array, "R d"]:
     the host)."""
     h = hemisphere(x, dyn.W)
     if not bool(np.all(np.asarray(h.inside))):
-        raise ValueError("hemisphere='start' needs every start inside an open hemisphere.")
+        bad = np.flatnonzero(~np.asarray(h.inside))
+        raise ValueError(f"hemisphere='start' needs every start inside an open hemisphere; "
+                         f"restart {bad[0]}'s tokens are in none: pass other starts, or give "
+                         "the hemisphere a direction.")
     return project(jnp.asarray(h.z, x.dtype), dyn.W)
 
 

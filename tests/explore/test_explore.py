@@ -263,7 +263,7 @@ def test_negative_steps_are_refused(key):
     ({"init": 0}, TypeError, "`init` must be a PRNG key .* got int"),
     ({"init": jnp.ones((4, 3)), "n": 10}, ValueError, "`n`=10 disagrees with the `init` tokens' 4"),
     ({"init": jnp.ones((4, 3)).at[2].set(0.0), "n": None}, ValueError, "an `init` token is zero"),
-    ({"init": jnp.ones((4, 3)), "n": None, "baseline_samples": 5}, ValueError,
+    ({"init": jnp.eye(4, 3) + 1, "n": None, "baseline_samples": 5}, ValueError,
      "`baseline_samples` draws random starts, so it needs a key as `init`"),
     ({"model": "layers", "adjoint": "backsolve"}, ValueError,
      "adjoint='backsolve' is for model='flow'"),
@@ -358,6 +358,10 @@ def test_the_default_objective_is_symmetric_and_the_baseline_median_is_reported(
     assert res.baseline_median == np.median(res.baseline)
     assert res.baseline_mean == np.mean(res.baseline)
     np.testing.assert_allclose(res.gain_median, res.value / np.median(res.baseline))
+    # gain and gain_median count the pick of the best start; gain_best does not
+    picked = E.slow_consensus(dyn, init=key, n=4, restarts=3, steps=0, horizon=0.5, saves=5)
+    assert picked.gain > 1 and picked.gain_median > 1  # no step taken
+    assert picked.gain_best == 1.0
 
 
 @pytest.mark.parametrize("options, match", [
@@ -387,6 +391,22 @@ def test_slow_consensus_refuses_a_non_bool_log_and_one_token(key):
     # one token: value 0 and gain NaN (n ≥ 2 was enforced only for a key as init)
     with pytest.raises(ValueError, match="`init` tokens must number n ≥ 2"):
         E.slow_consensus(dyn, init=jnp.ones((1, 3)), **kw)
+
+
+def test_slow_consensus_refuses_what_would_search_nothing_or_descend(key):
+    dyn = random_dynamics(key)
+    kw = dict(steps=1, restarts=1, model="layers", horizon=0.5)
+    # tokens at one point: "every step skipped ... check the optimizer" (log E = −inf)
+    with pytest.raises(ValueError, match="restart 0 are a consensus already"):
+        E.slow_consensus(dyn, init=jnp.tile(jnp.array([[0.0, 0.0, 2.0]]), (4, 1)), **kw)
+    # a key's random starts may or may not share a hemisphere: it ran for some seeds
+    with pytest.raises(ValueError, match=r"hemisphere='start'\) .* pass tokens as `init`"):
+        E.slow_consensus(dyn, init=key, n=4, constraints=E.Constraints(hemisphere="start"),
+                         **kw)
+    with pytest.raises(ValueError, match="`learning_rate` must be > 0"):  # it minimised
+        E.NamedOptimizer(optax.adam, learning_rate=-0.5)
+    with pytest.raises(TypeError, match="`horizon` must be a real number, got '3'"):  # ran
+        E.slow_consensus(dyn, init=key, n=4, **{**kw, "horizon": "3"})
 
 
 def test_consensus_objective_raises_at_the_step_budget(key):

@@ -71,6 +71,8 @@ class ConjectureBipartite(AbstractSearch):
             f"{float(found['rho0'][best]):.3g} at its projected start "
             f"→ {float(np.min(rho[ok])):.3g} among {int(np.sum(ok))} valid restarts "
             f"(Assumption 1 on ΣU, a true fixed point); {int(np.sum(ok & (rho < 1)))} stable; "
+            f"v {'is' if _principal(found['U']) else 'is NOT'} the principal eigenvector of "
+            "ΣU there; "
             f"small perturbation {'absorbed' if bool(found['absorbed']) else 'NOT absorbed'} "
             f"(distance {short(found['dist_small'][-1])}), larger one "
             f"{'escapes' if float(found['dist_large'][-1]) > 0.1 else 'absorbed'}")
@@ -122,7 +124,7 @@ class ConjectureBipartite(AbstractSearch):
         axs[2].set(xlabel=_kick_axis(axs[2], [d for found in kicked
                                               for d in (found["dist_small"], found["dist_large"])]),
                    ylabel="max distance to the bipartite point",
-                   title="kicked bipartite point, best stable weights")
+                   title="kicked bipartite point, best valid weights")
         figures.legend_below(axs[2], ncol=2, fontsize=7)
         return figures.save_figure(fig, self.stem(folder),
                                  "Stable bipartite equilibria of the layer map (paper 004)")
@@ -147,6 +149,13 @@ def _kick_axis(ax, dists) -> str:
 def _best(found) -> int:
     """The valid restart of smallest `ρ` (the one kicked): the verdict's and panel 1's."""
     return int(np.argmin(np.where(found["valid"], found["rho"], np.inf)))
+
+
+def _principal(U, tol=1e-8) -> bool:
+    """Whether `v = e₁` is the principal eigenvector of `ΣU` (`U` the stack `(h, d, d)`):
+    the validity filter asks only that it be an eigenvector."""
+    top = np.linalg.eigh(np.sum(np.asarray(U, np.float64), axis=0))[1][:, -1]
+    return bool(abs(top[0]) > 1 - tol)
 
 
 def _assumption_1(U_sum, tol=1e-6):

@@ -17,15 +17,14 @@ from .base import Verdict
 
 
 def short(x: float | None) -> str:
-    """A number for a verdict line: `3.0e-07`, `0.25`, `inf`; `0` below 1e-15; `n/a`
+    """A number for a verdict line: `3.0e-07`, `0.25`, `inf`, `0` for zero alone (an
+    `E` of 1.3e-16 is resolved, not 0: `misalignment` reads down to ~1e-31); `n/a`
     for a measure that could not be read (`None`, as NaN is written to JSON)."""
     if x is None:
         return "n/a"
     x = float(x)
-    if not math.isfinite(x):
-        return str(x)
-    if abs(x) < 1e-15:  # rounding level of float64: a computed 0 may come out as ±2e-16
-        return "0"
+    if not math.isfinite(x) or x == 0:
+        return str(x) if x else "0"
     return f"{x:.1e}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.3g}"
 
 

@@ -155,10 +155,15 @@ def test_conjecture_bipartite_without_a_valid_restart_kicks_nothing(tmp_path):
     found = {"trace": trace, "violation": 0.0, "rho": np.array([0.5, 0.01]),
              "rho0": np.array([2.0, 3.0]), "valid": np.array([True, False]),
              "residual": np.zeros(2), "dist_small": np.geomspace(1e-3, 1e-12, 5),
-             "dist_large": np.geomspace(1e-1, 1e-12, 5), "absorbed": True}
+             "dist_large": np.geomspace(1e-1, 1e-12, 5), "absorbed": True,
+             "U": np.diag([2.0, 1.0, 0.5])[None]}
     none = found | {"valid": np.array([False, False]), "dist_small": np.full(5, np.nan),
                     "dist_large": np.full(5, np.nan), "absorbed": False}
     assert "→ 0.5 among 1 valid restarts" in study.judge_setting(config, found, 1)[1]
+    # the filter asks v = e₁ to be an eigenvector of ΣU; the line says whether it is the top
+    assert "v is the principal eigenvector" in study.judge_setting(config, found, 1)[1]
+    middle = found | {"U": np.diag([1.0, 2.0, 0.5])[None]}
+    assert "v is NOT the principal" in study.judge_setting(config, middle, 1)[1]
     line = study.judge_setting(config, none, 3)[1]
     assert "no valid restart of 2" in line and "nothing to kick" in line, line
     data = {f"h{h}_{k}": v for h, f in ((1, found), (2, found), (3, none)) for k, v in f.items()}

@@ -149,8 +149,12 @@ def _run(args) -> int:
         f" (undecided, {undecided}: exit status {status})" if undecided else \
         f" (against the prediction: exit status {status})"
     print(f"verdict{against}: {summary['verdict']}")
-    print(f"wrote {folder}/: config.json, data.npz, {', '.join(summary['figures'])}, "
-          f"summary.json ({summary['simulation_seconds']:.1f} s)")
+    named = ["config.json", "data.npz", *summary["figures"]]
+    more = sorted(p.name for p in Path(folder).iterdir()  # e.g. table.csv
+                  if p.is_file() and not p.name.startswith(".")
+                  and p.name not in {*named, "summary.json"})
+    print(f"wrote {folder}/: {', '.join([*named, *more, 'summary.json'])} "
+          f"({summary['simulation_seconds']:.1f} s)")
     return status
 
 

@@ -58,12 +58,14 @@ def test_tiny_grid_end_to_end(tiny_run, chunk_root):
     assert not any(chunk_root.iterdir())  # the chunks go once the study is done
 
 
-def test_a_cell_alone_equals_its_cell_of_the_grid(tiny_run, tmp_path, chunk_root):
+def test_a_cell_alone_equals_its_cell_of_the_grid(tiny_run, tmp_path, chunk_root, capsys):
     folder, _, data = tiny_run
     row = next(r for r in _table(folder)
                if (r["mask"], r["kernel"], r["beta"]) == ("window", "sigmoid", "4.0"))
     out = tmp_path / "cell"
     assert main(row["command"].split()[1:] + ["--out", str(out), "--no-progress"]) == 0
+    # the closing line names every file written (it left out table.csv)
+    assert "variants.pdf, table.csv, summary.json (" in capsys.readouterr().out
     with np.load(out / "data.npz") as f:
         cell = {k: f[k] for k in f.files}
     at = (0, 0, study.MASKS.index("window"), study.KERNELS.index("sigmoid"),

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._artifacts import figures
+from .._horizon import CONSENSUS_TOL
 from .._validate import check_count, refuse_first
 from ..models import (
     ALIASES,
@@ -126,6 +127,13 @@ def _grid(data) -> dict[tuple[str, str], np.ndarray]:
     return {tuple(k[2:].split("_")): v for k, v in data.items() if k.startswith("E_")}
 
 
+#: A setting agrees with the paper's E → 0 when the mean E at the end of its last pass is
+#: below `CONSENSUS_TOL`, or at most `FALL` times its value at the end of the middle
+#: pass: still falling. (Trained MiniLM's orbit: × 1.00 and × 0.98; its random weights
+#: fall by orders of magnitude, its resampled ones × 0.31–0.36.)
+FALL = 0.9
+
+
 # Boolean switches choose the model (`jaxattn run` parameters are numbers or flags).
 _MODELS = {"gpt_neo": "gpt-neo-125M", "minilm": "all-MiniLM-L6-v2",
            "smollm2": "SmolLM2-135M-Instruct"}
@@ -170,16 +178,29 @@ class LoopGridExperiment(AbstractExperiment):
                          weights=weights, progress=None if progress else False)
 
     def verdict(self, config, data) -> Verdict:
-        grid = _grid(data)
+        grid, L = _grid(data), int(data["layers_per_pass"])
         ratios = {f"{w}_{v}": float(E[:, -1].mean() / E[:, 0].mean())
                   for (w, v), E in grid.items()}
-        ok = all(r < 1 for r in ratios.values())
-        line = ("mean E fell with depth in every setting" if ok else
-                "mean E did not fall in: " + ", ".join(k for k, r in ratios.items() if r >= 1))
-        line += " (final/initial: " + ", ".join(f"{k} {short(r)}" for k, r in ratios.items()) + ")"
-        L = int(data["layers_per_pass"])
+        # the pass ends' mean E: the paper's claim is E → 0, and the first pass alone
+        # takes E from ~1 to 0.3–0.5 even where it then settles on an orbit
+        ends = {f"{w}_{v}": E[:, ::L].mean(axis=0) for (w, v), E in grid.items()}
+        half = {k: float(e[-1] / e[max(1, (len(e) - 1) // 2)]) for k, e in ends.items()}
+        falling = {k: bool(ends[k][-1] < CONSENSUS_TOL or r <= FALL) for k, r in half.items()}
+        passes = len(next(iter(ends.values()))) - 1
+        ok = all(falling.values())
+        mid = max(1, passes // 2)
+        line = ("mean E still falling towards 0 (or below the consensus tolerance) in every "
+                "setting" if ok else "mean E NOT falling towards 0 in: " + ", ".join(
+                    f"{k} (end of pass {mid} → {passes}: {short(ends[k][mid])} → "
+                    f"{short(ends[k][-1])})" for k, f in falling.items() if not f))
+        line += (f"; over the second half of the passes, × ≤ {FALL:g} judged falling ("
+                 + ", ".join(f"{k} ×{short(r)}" for k, r in half.items())
+                 + "); final/initial: " + ", ".join(f"{k} {short(r)}" for k, r in ratios.items()))
+        undecided = "" if passes >= 2 else \
+            "one pass has no second half to judge the trend on: raise --passes to 2 or more"
         extra = {"layers_per_pass": L} | {f"{w}_{v}": describe(E, L) for (w, v), E in grid.items()}
-        return Verdict(ok, line, ratios, extra)
+        numbers = ratios | {f"{k}_second_half": r for k, r in half.items()}
+        return Verdict(ok, line, numbers, extra, undecided)
 
     def draw(self, config, data, folder: Path) -> list[Path]:
         name = self.model(config)

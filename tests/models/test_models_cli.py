@@ -149,10 +149,34 @@ def test_run_loop_grid_named_experiment(tmp_path, capsys):
                  "6", "--out", str(out), "--no-progress"])
     assert code in (0, 3)  # 3: E did not fall in some setting (reported, not an error)
     summary = read_json(out / "summary.json")
-    assert set(summary["numbers"]) == {f"{w}_{v}" for w in ("trained", "random", "resample")
-                                       for v in ("attn", "full")}
+    assert set(summary["numbers"]) == {f"{w}_{v}{half}" for w in ("trained", "random", "resample")
+                                       for v in ("attn", "full") for half in ("", "_second_half")}
     assert (out / "loop_grid.png").is_file() and not (out / "INCOMPLETE").exists()
     assert main(["run", "loop-grid", "--minilm", "--smollm2", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_the_loop_grid_verdict_asks_whether_e_still_falls():
+    """E → 0 is the claim: a setting whose mean E settles after its first pass (trained
+    MiniLM's orbit) was "fell with depth, agrees" from final/initial < 1 alone."""
+    from jaxattn.experiments import EXPERIMENTS
+
+    study = EXPERIMENTS["loop-grid"]
+    config, L = study.defaults(), 3
+    depth = np.arange(8 * L + 1)
+
+    def verdict(curve):
+        E = np.tile(curve, (4, 1)) * (1 + 0.01 * np.arange(4)[:, None])
+        return study.verdict(config, {"E_random_attn": E, "layers_per_pass": np.asarray(L)})
+
+    geometric = verdict(np.exp(-0.2 * depth))
+    assert geometric.ok and not geometric.undecided, geometric.line
+    orbit = 0.4 + 0.6 * np.exp(-3 * depth) + 0.05 * np.sin(2 * np.pi * depth / L)
+    assert not verdict(orbit).ok and "NOT falling towards 0 in: random_attn" in verdict(orbit).line
+    slow = verdict(0.98 ** (depth / L))  # 8 % over the second half: a plateau, not E → 0
+    assert not slow.ok, slow.line
+    one = study.verdict(config, {"E_random_attn": np.ones((2, L + 1)), "layers_per_pass":
+                                 np.asarray(L)})
+    assert "raise --passes" in one.undecided
 
 
 def test_loop_help_documents_every_flag_with_its_default(capsys):

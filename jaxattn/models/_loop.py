@@ -64,7 +64,7 @@ def _forward(model, x, ctx, blocks, *, ffn: bool, precision: str, emit, keys=Non
 @kept_jit
 def _hidden_states(model, ids, ffn: bool, precision: str, keys=None):
     x = jax.vmap(lambda s: model.embed(s, precision=precision))(ids)
-    last, xs = _forward(model, x, model.context(ids.shape[1]), model.blocks, ffn=ffn,
+    last, xs = _forward(model, x, model.context(ids.shape[1], x.dtype), model.blocks, ffn=ffn,
                         precision=precision, emit=lambda x: x, keys=keys)
     xs = xs.at[-1].set(jax.vmap(model.final_norm)(last))
     return jnp.concatenate([x[None], xs]).swapaxes(0, 1)
@@ -210,7 +210,7 @@ def _segment(model, x, key, start, *, passes: int, ffn: bool, weights: str, dtyp
     `(x after the last pass's final norm, the measure (passes, L, B, …) after every
     block, the states at `depths` (len, B, n, d) reached here, zeros elsewhere)`."""
     n, L = x.shape[1], model.num_layers
-    ctx, measure = model.context(n), _measure(observe, keys)
+    ctx, measure = model.context(n, x.dtype), _measure(observe, keys)
 
     def one_pass(carry, p):
         x, buf = carry

@@ -18,7 +18,7 @@ from ._loop import hidden_states, loop, setup_loop
 def _patterns(model, inputs, layers, *, precision: str):
     """The attention probabilities `(T, h, n, n)` of the blocks of `layers (T,)` on
     their inputs `(T, n, d)`, one block at a time (no copy of the weights per step)."""
-    ctx, slots = model.context(inputs.shape[1]), jnp.asarray(model.slots)
+    ctx, slots = model.context(inputs.shape[1], inputs.dtype), jnp.asarray(model.slots)
 
     def one(args):
         x, layer = args

@@ -7,6 +7,7 @@ import json
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from _helpers import assert_same_values
@@ -59,6 +60,25 @@ def test_rope_scaling_matches_hf(tmp_path, ids, kind):
                            jax.random.PRNGKey(0))
     plain = type(model)(plain.config, model.embed_tokens, model.blocks, model.norm)
     assert rel_error(ja.models.hidden_states(plain, ids), ref) > 10 * TOL
+
+
+def test_rotary_tables_of_a_float64_run_are_float64(tmp_path):
+    """A float64 loop is a reference: its tables were float32 (as HuggingFace's), off
+    by 1e-4 at position 2048 and 5e-4 at SmolLM2's 8192."""
+    from jaxattn.models._arch._rope import rotary_tables
+
+    inv = 1 / 1e5 ** (np.arange(0, 64, 2) / 64)
+    angle = np.arange(8192)[:, None] * inv
+    exact = np.cos(np.concatenate([angle, angle], -1))
+    wide, _ = rotary_tables(8192, 64, 1e5, dtype=jnp.float64)
+    narrow, _ = rotary_tables(8192, 64, 1e5)  # float32, as HuggingFace
+    assert wide.dtype == jnp.float64 and np.abs(np.asarray(wide) - exact).max() < 1e-10
+    assert narrow.dtype == jnp.float32 and np.abs(np.asarray(narrow) - exact).max() > 1e-5
+    hf = tiny_llama(None)
+    hf.save_pretrained(tmp_path)
+    model = ja.models.load(tmp_path)
+    assert model.context(N, jnp.float64)[0].dtype == jnp.float64  # what loop(dtype=...) passes
+    assert model.context(N, jnp.bfloat16)[0].dtype == jnp.float32
 
 
 def test_rope_scaling_in_the_older_format_matches_hf(tmp_path, ids):

@@ -119,16 +119,18 @@ def _yarn(pos_freqs: Array, dim: int, theta: float, p: dict, max_positions: int)
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, dim - 1)
     high = high + 0.001 if low == high else high
-    ramp = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+    ramp = jnp.clip((jnp.arange(dim // 2, dtype=pos_freqs.dtype) - low) / (high - low), 0, 1)
     extrapolation = 1 - ramp
     inv_freq = (1 / (factor * pos_freqs)) * (1 - extrapolation) + (1 / pos_freqs) * extrapolation
     return inv_freq, attention
 
 
 def rope_frequencies(n: int, dim: int, theta: float, scaling: tuple = (),
-                     max_positions: int | None = None) -> tuple[Array, float]:
-    """The inverse frequencies `(dim/2,)` (float32) and the factor on `cos`/`sin` of
-    a sequence of `n` tokens, as HuggingFace computes them.
+                     max_positions: int | None = None, dtype=jnp.float32
+                     ) -> tuple[Array, float]:
+    """The inverse frequencies `(dim/2,)` in `dtype` (float32 as HuggingFace, float64
+    for a float64 reference) and the factor on `cos`/`sin` of a sequence of `n` tokens,
+    as HuggingFace computes them.
 
     `dynamic` rescales the base for `n > max_positions`, as a fresh HuggingFace
     model does on its first call (HuggingFace then keeps the grown frequencies for
@@ -136,7 +138,7 @@ def rope_frequencies(n: int, dim: int, theta: float, scaling: tuple = (),
     """
     p = dict(scaling)
     kind = p.pop("rope_type", "default")
-    exponents = jnp.arange(0, dim, 2, dtype=jnp.float32) / dim
+    exponents = jnp.arange(0, dim, 2, dtype=dtype) / dim
     max_positions = max_positions or n
     if kind == "dynamic":
         seq = max(n, max_positions)
@@ -151,16 +153,18 @@ def rope_frequencies(n: int, dim: int, theta: float, scaling: tuple = (),
         inv_freq = _llama3(inv_freq, p, max_positions)
     elif kind == "yarn":
         inv_freq, attention = _yarn(pos_freqs, dim, theta, p, max_positions)
-    return inv_freq.astype(jnp.float32), float(attention)
+    return inv_freq.astype(dtype), float(attention)
 
 
 def rotary_tables(n: int, dim: int, theta: float, scaling: tuple = (),
-                  max_positions: int | None = None) -> tuple[Array, Array]:
+                  max_positions: int | None = None, dtype=jnp.float32) -> tuple[Array, Array]:
     """`cos`, `sin` tables `(n, dim)` of rotary position embeddings (HF's
     `rotate_half` layout: frequency `i` on features `i` and `i + dim/2`), scaled as
-    `scaling` says (see `read_rope`)."""
-    inv_freq, attention = rope_frequencies(n, dim, theta, scaling, max_positions)
-    freqs: Float[Array, "n half"] = (jnp.arange(n, dtype=jnp.float32)[:, None]
+    `scaling` says (see `read_rope`), computed in `dtype` or float32 if narrower (in
+    float32, as HuggingFace, they are off by 1e-4 at position 2048)."""
+    dtype = jnp.promote_types(dtype, jnp.float32)
+    inv_freq, attention = rope_frequencies(n, dim, theta, scaling, max_positions, dtype)
+    freqs: Float[Array, "n half"] = (jnp.arange(n, dtype=dtype)[:, None]
                                      * inv_freq[None, :])
     emb = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(emb) * attention, jnp.sin(emb) * attention

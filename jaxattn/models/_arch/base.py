@@ -244,8 +244,9 @@ class AbstractTransformer(eqx.Module):
                              "ja.models.tokenize(SOURCE, texts) with the tokenizer's folder.")
         return self.tokenizer_file
 
-    def context(self, n: int) -> Any:
-        """Per-sequence-length constants the blocks need (rotary tables)."""
+    def context(self, n: int, dtype=jnp.float32) -> Any:
+        """Per-sequence-length constants the blocks need (rotary tables, computed in
+        the tokens' `dtype`, at least float32)."""
         return None
 
     def window(self, layer: Int[Array, ""]) -> Window | None:

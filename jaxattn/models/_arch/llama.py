@@ -3,6 +3,7 @@ grouped-query attention, gated MLP, no position table."""
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ._nn import Attention, GatedMLP, Linear, PreNormBlock, RMSNorm, normal
@@ -58,9 +59,10 @@ class Llama(AbstractTransformer):
     def head(self):
         return next_token_head(self.lm_head, self.embed_tokens, self.config)
 
-    def context(self, n: int):
+    def context(self, n: int, dtype=jnp.float32):
         cfg = self.config
-        return rotary_tables(n, cfg.dim_head, cfg.rope_theta, cfg.rope_scaling, cfg.max_positions)
+        return rotary_tables(n, cfg.dim_head, cfg.rope_theta, cfg.rope_scaling, cfg.max_positions,
+                             dtype)
 
     @classmethod
     def config_from_hf(cls, hf):

@@ -42,7 +42,8 @@ def check_ids(model: AbstractTransformer, ids) -> Int[Array, "B n"]:
 def too_long(family: type[AbstractTransformer], cfg, n: int) -> tuple:
     """`refuse_first`'s row for `n` tokens past a model's learned positions."""
     return (family.bounded_positions and cfg.max_positions and n > cfg.max_positions,
-            ValueError, f"{n} tokens exceed the model's {cfg.max_positions} learned positions.")
+            ValueError, f"{n} tokens exceed the model's {cfg.max_positions} learned positions: "
+            f"give prompts of at most {cfg.max_positions} tokens (--tokens, or cut the ids).")
 
 
 CHUNK_TOKENS = 1024

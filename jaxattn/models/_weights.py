@@ -11,7 +11,7 @@ from jaxtyping import Array, Float
 
 from .._dynamics import SelfAttentionDynamics
 from .._precision import Precision, check_precision, einsum
-from .._validate import refuse_first
+from .._validate import is_concrete, refuse_first
 from ._arch import AbstractTransformer
 from ._arch._nn import Attention
 from ._checks import check_model
@@ -107,9 +107,14 @@ def replace_attention(model: AbstractTransformer, layer: int, attn: Attention):
     none = {"is_leaf": lambda x: x is None}  # an absent bias is a leaf on both sides
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(attn, **none),
                             jax.tree.leaves(old, **none)):
-        refuse_first([(np.shape(a) != np.shape(b), f"replace_attention: "
-                       f"`attn{jax.tree_util.keystr(path)}` has shape {np.shape(a)}; layer "
-                       f"{layer}'s has {np.shape(b)} (a replacement keeps the shapes).")])
+        name = f"`attn{jax.tree_util.keystr(path)}`"
+        refuse_first([(np.shape(a) != np.shape(b), f"replace_attention: {name} has shape "
+                       f"{np.shape(a)}; layer {layer}'s has {np.shape(b)} (a replacement keeps "
+                       "the shapes)."),
+                      # a NaN ran, and the loop's E after the layer was NaN
+                      (a is not None and is_concrete(a) and not np.all(np.isfinite(a)),
+                       f"replace_attention: {name} holds NaN or inf entries; pass finite "
+                       "weights.")])
     slot = model.slots[layer]
     new = jax.tree.map(lambda stacked, a: stacked.at[slot].set(a), model.blocks.attn, attn)
     return eqx.tree_at(lambda m: m.blocks.attn, model, new)

@@ -255,6 +255,9 @@ def test_replace_attention(key):
     with pytest.raises(ValueError, match=r"^replace_attention: `attn\.\w+` has shape \(.*\); "
                                          r"layer 0's has \("):  # one line, not two pytrees
         ja.models.replace_attention(m, 0, ja.models.attention_weights(albert, 0))
+    nan = eqx.tree_at(lambda t: t.query, attn, attn.query.at[0, 0, 0].set(jnp.nan))
+    with pytest.raises(ValueError, match=r"`attn\.query` holds NaN or inf"):  # E was NaN
+        ja.models.replace_attention(m, 1, nan)
     for call in (lambda: ja.models.replace_attention(m, 0, 3),
                  lambda: ja.models.value_output(3)):  # was an AttributeError
         with pytest.raises(TypeError, match="takes a ja.models.Attention"):

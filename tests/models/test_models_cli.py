@@ -132,7 +132,9 @@ def test_grid_from_config(config_path, tmp_path, capsys):
     assert cfg["precision"] == "float32"
     assert cfg["passes"] == 2 and cfg["model_config"]["num_layers"] == 2
     summary = read_json(out / "summary.json")
-    assert set(summary["numbers"]) == set(settings) and summary["layers_per_pass"] == 2
+    assert set(summary["numbers"]) == {f"{k}{half}" for k in settings
+                                       for half in ("", "_second_half")}
+    assert summary["layers_per_pass"] == 2
     np.testing.assert_allclose(summary["resample_full"]["E_final_mean"], E[:, -1].mean(),
                                rtol=1e-6)
     assert summary["figures"] == ["loop_grid.png", "loop_grid.pdf"]

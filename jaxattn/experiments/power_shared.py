@@ -22,6 +22,11 @@ from .verdicts import short
 _DEFAULT = "albert-base-v2"
 
 
+#: The share of the gap from a random token's alignment to 1 that the end alignment
+#: must close for the run to agree (the default run closes 0.67).
+CLOSED = 0.25
+
+
 class PowerShared(AbstractPowerExperiment):
     name = "power-shared"
     theorem = "paper 004 Theorem 1"
@@ -78,7 +83,12 @@ class PowerShared(AbstractPowerExperiment):
         rise, error = mean_error(per_prompt[:, -1] - per_prompt[:, ref])
         n["step_rise"], n["step_rise_error"] = float(rise), float(error)
         aligned = n["step_end"] > 1 - 1e-6  # nothing left to rise
-        ok = aligned or rise > 2 * error
+        # a significant drift at chance level is no convergence to v₁ (the |λ|-ordered
+        # v₁ rose 0.066 → 0.076 by 0.010 ± 0.003 against a random token's 0.064)
+        chance = baseline["step"]
+        closed = (n["step_end"] - chance) / (1 - chance)
+        n["step_gap_closed"] = float(closed)
+        ok = aligned or (rise > 2 * error and closed >= CLOSED)
         against = not aligned and rise < -2 * error
         subspace = {True: "plane", False: "direction"}
         line = (f"case {n['modulus_case']} by |λ| (paper), {n['step_case']} by |1+τλ|; "
@@ -90,7 +100,10 @@ class PowerShared(AbstractPowerExperiment):
                                           for t in ("step", "modulus"))) + ")")
         undecided = "" if ok or against else (
             f"the rise {short(rise)} is within two standard errors ({short(error)}) over "
-            f"{per_prompt.shape[0]} prompts; raise --prompts or --depth.")
+            f"{per_prompt.shape[0]} prompts; raise --prompts or --depth." if rise <= 2 * error
+            else f"the alignment at the end, {short(n['step_end'])}, has closed "
+            f"{short(closed)} of the gap from a random token's ({short(chance)}) to 1, less "
+            f"than {CLOSED:g}; raise --depth.")
         return Verdict(bool(ok), line, n, undecided=undecided)
 
     def draw(self, config, data, folder):

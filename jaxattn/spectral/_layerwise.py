@@ -107,7 +107,7 @@ def run_model(model, x0: Float[Array, "B n d"], *, layers=None, tau: float = 1.0
 
 
 def layerwise(model, x0: Float[Array, "B n d"], *, tau: float = 1.0, order_tau=None,
-              top: int = 5, layers=None):
+              top: int = 5, layers=None, per_prompt: bool = False):
     """Paper 004 §3.2 for every layer: `c_ℓ`, `Δ_ℓ`, `p_ℓ`, their all-eigenvector
     baselines and the first eigenvalues of `Ω_ℓ` (Figs. 2b, 6, 7).
 
@@ -116,6 +116,9 @@ def layerwise(model, x0: Float[Array, "B n d"], *, tau: float = 1.0, order_tau=N
     - `model`, `x0`, `tau`, `layers`: as `run_model`.
     - `order_tau`: passed to `spectrum` as `tau` (None: order by `|λ|`).
     - `top`: how many leading eigenvalues to return per layer.
+    - `per_prompt`: the statistics of each prompt's tokens apart, with an axis
+      `(L, B)`: the prompt, not the token, is the unit of independent sampling (a
+      prompt's tokens attend to each other).
 
     **Returns:**
 
@@ -130,7 +133,9 @@ def layerwise(model, x0: Float[Array, "B n d"], *, tau: float = 1.0, order_tau=N
     stats, eigs = [], []
     for i, Omega in enumerate(Omegas):  # op by op: the same bits as before (issue 42)
         spec = spectrum(_f64(Omega), tau=order_tau)
-        stats.append(layer_alignment(xs[i].reshape(-1, d), xs[i + 1].reshape(-1, d), spec))
+        stats.append(jax.vmap(lambda a, b: layer_alignment(a, b, spec))(xs[i], xs[i + 1])
+                     if per_prompt else
+                     layer_alignment(xs[i].reshape(-1, d), xs[i + 1].reshape(-1, d), spec))
         eigs.append(np.asarray(spec.eigenvalues)[:top])
     # `device_put`, not `jnp.asarray` (a program per shape): arrays of the host's values
     stats = jax.tree.map(lambda *a: jax.device_put(np.stack(a)), *stats)

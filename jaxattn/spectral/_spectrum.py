@@ -222,7 +222,10 @@ def cosines(x: Float[Array, "n d"], basis: Float[Array, "d k"] | Float[Array, " 
     projection of `x_i / |x_i|` on it (paper 004 §2.1.2).
     """
     x, basis = jnp.asarray(x), jnp.asarray(basis)
-    refuse_first([(basis.ndim not in (1, 2) or basis.shape[0] != x.shape[-1],
+    refuse_first([(jnp.iscomplexobj(x) or jnp.iscomplexobj(basis),
+                   "cosines takes real tokens and a real basis: for a complex v₁ use "
+                   "Spectrum.principal (the plane span(Re v₁, Im v₁))."),
+                  (basis.ndim not in (1, 2) or basis.shape[0] != x.shape[-1],
                    f"cosines: `basis` must be (d,) or (d, k) with d = {x.shape[-1]} (the "
                    f"tokens' dimension), got shape {basis.shape}.")])
     check_rows_now(x, "x", "cosines")  # concrete: NaN or a zero token (no direction)
@@ -310,6 +313,8 @@ def layer_alignment(
 
     A `LayerAlignment`.
     """
+    refuse_first([(not isinstance(spec, Spectrum), TypeError, "layer_alignment takes the "
+                   f"layer's ja.spectral.spectrum(Ω), got {type(spec).__name__}.")])
     _same_tokens("layer_alignment", x_before, x_after)
     before = cosines(x_before, spec.principal)
     after = cosines(x_after, spec.principal)

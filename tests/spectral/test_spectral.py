@@ -345,6 +345,11 @@ def test_bad_arguments_are_one_line_refusals(call, match):
      "cosines: the columns of `basis` must be orthonormal"),
     (lambda: ja.spectral.cosines(jnp.ones((1, 3)), jnp.array([[1.0, 0.1], [0, 1], [0, 0]])),
      ValueError, "cosines: the columns of `basis` must be orthonormal"),
+    # a complex v₁ gave |x̂·v₁|/‖v₁‖, not the plane's projection
+    (lambda: ja.spectral.cosines(jnp.ones((1, 2)), jnp.array([1.0, 1j]) / 2**0.5), ValueError,
+     "for a complex v₁ use Spectrum.principal"),
+    (lambda: ja.spectral.layer_alignment(jnp.ones((2, 3)), jnp.ones((2, 3)), jnp.eye(3)),
+     TypeError, r"layer_alignment takes the layer's ja.spectral.spectrum\(Ω\), got"),
 ])
 def test_values_without_meaning_are_refused(call, error, match):
     with pytest.raises(error, match=match):

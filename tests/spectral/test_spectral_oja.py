@@ -178,6 +178,14 @@ def test_tangent_jacobian_past_the_blocked_attention_threshold():
      "`layers` must be a whole number ≥ 1"),
     (lambda p: ja.spectral.bipartite_closed_form(jnp.array([1.0, 0.5, 0.2]), 5, 3, 4, 0.0, 1.0),
      r"`k` indexes the 3 eigenvalues: it must be a whole number in \[0, 3\), got 5"),
+    # these ran: radius 0.43 and "stable" for m > n, NaN for τ < 0, an IndexError
+    (lambda p: ja.spectral.bipartite_closed_form(jnp.array([1.0, 0.5, 0.2]), 0, 7, 4, 0.0, 1.0),
+     r"`m` tokens of `n` sit at e_k: it must lie in 0..n, got m = 7, n = 4"),
+    (lambda p: ja.spectral.bipartite_closed_form(jnp.array([1.0, 0.5, 0.2]), 0, 2, 4, 0.0, -1.0),
+     "`tau` must be > 0"),
+    (lambda p: perturbation_growth(oja_system(np.eye(3)), p[0], jax.random.PRNGKey(0)),
+     r"takes equilibria \(E, n, d\), got shape \(4, 3\)"),
+    (lambda p: oja_system(np.eye(3) * (1 + 1j)), "real matrices"),  # dropped the imaginary part
 ])
 def test_growth_and_closed_form_refuse_meaningless_arguments(call, match):
     """eps = 0 gave NaN, layers = −1 a scan error, k = 5 of d = 3 the last eigenvalue."""

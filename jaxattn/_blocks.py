@@ -119,10 +119,16 @@ FLASH_MAX_DIM = 16
 def use_flash(mode: str | None = None, **layout):
     """Within the block, `blocked_attention` takes the flash kernel per `mode` (see
     `_FLASH`) with its layout changed (`block_q`, `block_k`, `num_warps`)."""
+    from ._pallas.call import power_of_two, warps_refusal
+
     unknown = sorted(set(layout) - {"block_q", "block_k", "num_warps"})
     refuse_first(((mode is not None and mode not in FLASH_MODES,
-                          f"`mode` must be one of {FLASH_MODES}, got {mode!r}."),
-                         (unknown, f"unknown flash layout field {', '.join(map(repr, unknown))}.")))
+                   f"`mode` must be one of {FLASH_MODES}, got {mode!r}."),
+                  (unknown, f"unknown flash layout field {', '.join(map(repr, unknown))}."),
+                  # checked here, not at the first flash call inside a program
+                  *((not power_of_two(layout[b]), f"`{b}` must be a power of two, got "
+                     f"{layout[b]!r}.") for b in ("block_q", "block_k") if b in layout),
+                  *([warps_refusal(layout["num_warps"])] if "num_warps" in layout else [])))
     _FLASH.append({**_FLASH[-1], **layout, **({"mode": mode} if mode else {})})
     try:
         yield dict(_FLASH[-1])

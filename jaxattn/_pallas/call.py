@@ -29,3 +29,14 @@ def pallas_run(kernel, args, *, grid, in_specs, out_specs, out_shape, num_warps:
 def power_of_two(b) -> bool:
     """Whether a layout size (`block`, `block_q`, …) is a power of two."""
     return isinstance(b, int) and not isinstance(b, bool) and b >= 1 and b & (b - 1) == 0
+
+
+#: The most warps a program may have: CUDA runs at most 1024 threads in a block.
+MAX_WARPS = 32
+
+
+def warps_refusal(num_warps) -> tuple[bool, str]:
+    """`refuse_first`'s row for a kernel's `num_warps`: a power of two up to `MAX_WARPS`."""
+    return (not (power_of_two(num_warps) and num_warps <= MAX_WARPS),
+            f"`num_warps` must be a power of two (Triton's) up to {MAX_WARPS} (CUDA's 1024 "
+            f"threads a block), got {num_warps!r}.")

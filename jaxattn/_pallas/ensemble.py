@@ -20,7 +20,7 @@ from jaxtyping import Array, Float, PyTree
 
 from .._ensemble import LastAxis, is_batch_last
 from .._validate import refuse_first
-from .call import pallas_run, power_of_two
+from .call import pallas_run, power_of_two, warps_refusal
 from .lanes import Lanes, evaluate, objects, trace
 
 # Mosaic GPU (Pallas's default on CUDA) is not offered: its lane lowering has no
@@ -41,8 +41,7 @@ class KernelConfig:
         refuse_first((
                 (not power_of_two(self.block),
                  f"`block` must be a power of two, got {self.block!r}."),
-                (not power_of_two(self.num_warps),
-                 f"`num_warps` must be a power of two (Triton's), got {self.num_warps!r}."),
+                warps_refusal(self.num_warps),
                 (self.backend not in BACKENDS,
                  f"`backend` must be one of {BACKENDS}, got {self.backend!r}.")))
 

@@ -9,6 +9,7 @@ caller's. Design and coverage: `docs/kernels.md`, "Mean-field attention as a ker
 
 import dataclasses
 import functools
+import numbers
 import operator
 
 import jax
@@ -19,7 +20,7 @@ from jaxtyping import Array, Float, Int
 
 from .._kernel import AbstractKernel, as_kernel
 from .._validate import refuse_first
-from .call import pallas_run, power_of_two
+from .call import pallas_run, power_of_two, warps_refusal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,6 +273,11 @@ def _checked(q, k, v, offset, kernel, causal, window, block_q, block_k, num_warp
     refusals = [(not power_of_two(b), f"`{name}` must be a power of two, got {b!r}.")
                 for name, b in (("block_q", block_q), ("block_k", block_k))]
     refusals += [
+        warps_refusal(num_warps),
+        # a window of 0 gave rows with no key: exact zeros for softmax, not an error
+        (window is not None and (isinstance(window, bool)
+                                 or not isinstance(window, numbers.Integral) or window < 1),
+         f"`window` must be a whole number ≥ 1 (or None), got {window!r}."),
         (q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or q.shape[0] % k.shape[0]
          or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2],
          f"expected q (h, n, a), k (g, m, a), v (g, m, c) with g dividing h; got {q.shape}, "

@@ -276,6 +276,8 @@ def test_refusals(key):
         ja.PallasKernel(block=True)  # a bool is no size (it counted as 1)
     with pytest.raises(ValueError, match="`num_warps` must be a power of two"):
         ja.PallasKernel(num_warps=3)
+    with pytest.raises(ValueError, match="up to 32 .CUDA's 1024 threads a block., got 64"):
+        ja.PallasKernel(num_warps=64)  # lowered, and could not launch
 
 
 def test_unsupported_operation_is_named(key):

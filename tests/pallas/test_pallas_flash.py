@@ -7,7 +7,7 @@ import pytest
 from jax.test_util import check_grads
 
 import jaxattn as ja
-from jaxattn._blocks import block_spec, blocked_attention
+from jaxattn._blocks import block_spec, blocked_attention, use_flash
 from jaxattn._pallas.flash import flash_attention, flash_partial, merge_partial
 
 H, G, N, A = 2, 1, 37, 3  # 37 tokens: neither block size divides them
@@ -155,6 +155,16 @@ def test_refusals(key):
         flash_attention(q, k, v, o, block_q=24)
     with pytest.raises(ValueError, match="g dividing h"):
         flash_attention(q, k[:, :5], v, o)
+    # these ran and lowered for CUDA (3 or 64 warps), or gave rows of zeros (window 0)
+    for warps in (3, 0, 64):
+        with pytest.raises(ValueError, match="`num_warps` must be a power of two .* up to 32"):
+            flash_attention(q, k, v, o, num_warps=warps)
+    for window in (0, -2, 1.5):
+        with pytest.raises(ValueError, match="`window` must be a whole number ≥ 1"):
+            flash_attention(q, k, v, o, window=window)
+    for layout in ({"num_warps": 3}, {"block_q": 48}):
+        with pytest.raises(ValueError, match="must be a power of two"), use_flash(**layout):
+            pass
 
 
 def test_lowers_for_cuda(key):

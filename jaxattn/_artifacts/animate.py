@@ -79,7 +79,7 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
          f"the movie's name must end in .mp4 or .gif, got {path.name!r}."),
         (suffix == ".mp4" and importlib.util.find_spec("imageio_ffmpeg") is None,
          f"writing {path.name} needs imageio-ffmpeg (ffmpeg in a wheel): pip install "
-         "'jaxattn[movies]', or write a .gif."),
+         "imageio-ffmpeg (jaxattn's `movies` extra), or write a .gif."),
         *((not isinstance(value, int | np.integer) or value < low,
            f"{name} must be a whole number ≥ {low}, got {value!r}.")
           for name, value, low in counts),

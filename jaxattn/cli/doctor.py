@@ -13,10 +13,11 @@ from .cache import describe
 
 #: The optional packages and what jaxattn uses them for.
 OPTIONAL = {
-    "torch": "the PyTorch references of `jaxattn bench`",
-    "transformers": "HuggingFace checks of the imported models",
-    "gguf": "loading .gguf model files",
-    "tokenizers": "`jaxattn loop --text`",
+    "torch": "the PyTorch references of `jaxattn bench`; the `hf` extra",
+    "transformers": "HuggingFace checks of the imported models; the `hf` extra",
+    "gguf": "loading .gguf model files; the `models` extra",
+    "tokenizers": "`jaxattn loop --text`; the `models` extra",
+    "imageio_ffmpeg": "MP4 movies (`jaxattn animate`'s default); the `movies` extra",
 }
 #: The small model of the float32 check: tokens, dimension, heads, layers, step.
 CHECK = {"tokens": 8, "dim": 4, "heads": 2, "layers": 16, "tau": 0.1}

@@ -158,6 +158,17 @@ def test_a_verdict_with_too_little_measured_is_undecided():
     none = data | {"p_antipodal": 0 * rare, "p_antipodal_early": 0 * rare}
     many = study.verdict(config, none)
     assert not many.ok and many.undecided == "", many.line
+    # the line names the check that failed (it did not)
+    assert "Against: d=2: P(antipodal) past β_c not the theorem's" in many.line
+    # 0.15 ± 0.08 of 20 runs against 0.388 (2.2 s.e.) read as a contradiction
+    short = 0.15 + 0 * data["p_antipodal"]
+    twenty = study.verdict(config | {"runs": 20}, data | {"p_antipodal": short,
+                                                         "p_antipodal_early": short})
+    assert not twenty.ok and "raise --runs" in twenty.undecided, twenty.line
+    # no antipodal end yet, still changing at the horizon: a short run, not against
+    late = study.verdict(config, data | {"p_antipodal": 0 * rare,
+                                         "p_antipodal_early": 0.2 + 0 * rare})
+    assert not late.ok and "raise --horizon" in late.undecided, late.line
     low = study.verdict(config, data | {"betas": data["betas"] * 0 + 0.1})
     assert not low.ok and "raise --beta-max" in low.undecided, low.line
 

@@ -27,7 +27,11 @@ def _animate(args: argparse.Namespace) -> int:
          f"cannot write {out}: folder {folder} is not writable; choose another --out."),
     ])
     from .._artifacts.animate import animate
+    from .._artifacts.folders import check_not_held
     from .._artifacts.trajectories import load, tokens_title
+
+    if folder is not None:  # not into a folder a running command is writing
+        check_not_held(folder, writing=True)
 
     track = load(args.folder, args.which, args.index)
     xs, ts, E = track.xs, track.ts, track.E

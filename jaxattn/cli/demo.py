@@ -9,6 +9,8 @@ from ._common import cannot_write_in, count_checks, refuse_first
 #: The most tokens the demo takes: its flow and figure, 4 s at 1,000 tokens and 15 s at
 #: 5,000 (2 cores, AMD EPYC), grow as n².
 MAX_TOKENS = 10_000
+#: The demo's figure, in its `--out` folder.
+FIGURE = "demo_sphere.png"
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -25,7 +27,12 @@ def _demo(args: argparse.Namespace) -> int:
                              "another --out."),
         (place.is_dir() and cannot_write_in(place), f"--out {out}: {place} is not "
          "writable; choose another --out."),
+        ((out / FIGURE).is_dir(), f"--out {out}: {out / FIGURE} is a folder, where the demo "
+         "writes its figure; choose another --out."),  # it failed after the work
     ])
+    from .._artifacts.folders import check_not_held
+
+    check_not_held(place, writing=True)  # not into a folder a running command writes
     import jax
     import jax.numpy as jnp
 
@@ -55,7 +62,7 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"* below the {E.dtype} resolution of E ({floor:.1e}): rounding noise, not data")
     print(f"max drift from the sphere: {float(manifold_drift(ys)):.2e}")
     out.mkdir(parents=True, exist_ok=True)
-    path = save_sphere_figure(ys, ts, E, out / "demo_sphere.png")
+    path = save_sphere_figure(ys, ts, E, out / FIGURE)
     print(f"wrote {path}")
     return 0
 

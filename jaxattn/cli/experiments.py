@@ -108,6 +108,10 @@ def _name_mistake(name: str | None) -> str | None:
             "`jaxattn list`).")
 
 
+#: The tables some experiments write beside their data (variants, noisy-transition).
+TABLES = ("table.csv",)
+
+
 def _run(args) -> int:
     mistake = _name_mistake(args.name)
     if mistake:
@@ -149,11 +153,9 @@ def _run(args) -> int:
         f" (undecided, {undecided}: exit status {status})" if undecided else \
         f" (against the prediction: exit status {status})"
     print(f"verdict{against}: {summary['verdict']}")
-    named = ["config.json", "data.npz", *summary["figures"]]
-    more = sorted(p.name for p in Path(folder).iterdir()  # e.g. table.csv
-                  if p.is_file() and not p.name.startswith(".")
-                  and p.name not in {*named, "summary.json"})
-    print(f"wrote {folder}/: {', '.join([*named, *more, 'summary.json'])} "
+    tables = [name for name in TABLES if (Path(folder) / name).is_file()]
+    print(f"wrote {folder}/: config.json, data.npz, {', '.join(summary['figures'])}, "
+          f"{''.join(f'{t}, ' for t in tables)}summary.json "
           f"({summary['simulation_seconds']:.1f} s)")
     return status
 

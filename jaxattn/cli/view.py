@@ -15,8 +15,11 @@ def _view(args: argparse.Namespace) -> int:
         (out.parent.is_dir() and cannot_write_in(out.parent),
          f"cannot write {out}: folder {out.parent} is not writable; choose another --out."),
     ])
+    from .._artifacts.folders import check_not_held
     from .._artifacts.trajectories import load, tokens_title
     from .._artifacts.view import write_view
+
+    check_not_held(out.parent, writing=True)  # not into a folder a running command writes
 
     track = load(args.folder, args.which, args.index)
     path = write_view(out, track.xs, track.ts, E=track.E, title=args.title or track.title,

@@ -207,6 +207,31 @@ def test_plot_of_a_held_folder_names_its_holder(tmp_path, capsys):
     assert "incomplete" in _one_line(capsys, ["plot", str(out)])  # released: interrupted
 
 
+def test_no_command_writes_into_a_folder_a_run_is_writing(tmp_path, capsys):
+    """`animate`, `view` and `demo` wrote their files into a running run's folder,
+    which then listed them as its own."""
+    import shutil
+    from pathlib import Path
+
+    done = tmp_path / "done"
+    shutil.copytree(Path(__file__).parents[1] / "data" / "figures" / "thm41-sphere", done)
+    held = tmp_path / "held"
+    with _runs.hold_folder(held, "run"):
+        _runs.start_run(held)
+        before = _files(held)
+        for argv in (["animate", str(done), "--out", str(held / "x.gif")],
+                     ["view", str(done), "--out", str(held / "x.html")],
+                     ["demo", "--out", str(held)]):
+            assert _one_line(capsys, argv).endswith(
+                f"{held} is in use by another jaxattn command (process {os.getpid()}); wait "
+                "for it to end or choose another --out."), argv
+        assert _files(held) == before
+    figure = tmp_path / "d" / "demo_sphere.png"
+    figure.mkdir(parents=True)  # the demo ran, then failed naming a temporary file
+    assert "is a folder, where the demo writes its figure" in _one_line(
+        capsys, ["demo", "--out", str(tmp_path / "d")])
+
+
 def test_an_out_inside_another_runs_folder_is_refused(tmp_path, capsys):
     """A run or sweep writes no folder inside another command's results: a finished
     run's folder got a `child/` (so did a live, locked one)."""

@@ -475,7 +475,10 @@ def reopen_run(folder: Path, config: dict[str, Any], resume: bool | None, *, wha
         why.append(f"{folder} holds no {what} to resume (no {filename}); run it without "
                    "--resume.")
     if held:
-        old = read_json(folder / filename)
+        old = read_settings(folder / filename)
+        if not old:  # damaged (a traceback, or a bare JSON error), or not a settings file
+            raise RunFolderError(f"{folder / filename} is not a settings file jaxattn can "
+                                 "read (damaged?): choose another --out.")
         finished = not (folder / INCOMPLETE).exists() and (folder / "summary.json").exists()
         holds = f"{folder} holds {'a finished' if finished else 'an unfinished'}"
         made_by, ours = _settings_command(old), _settings_command(config)

@@ -232,6 +232,19 @@ def test_no_command_writes_into_a_folder_a_run_is_writing(tmp_path, capsys):
         capsys, ["demo", "--out", str(tmp_path / "d")])
 
 
+@pytest.mark.parametrize("text", ["[1, 2]", "not json"])
+def test_a_damaged_settings_file_is_one_line(tmp_path, capsys, text):
+    """An interrupted folder whose config.json is damaged: a traceback ('list' has no
+    `get`), or "Expecting value: line 1 column 1" naming no file."""
+    out = tmp_path / "g"
+    out.mkdir()
+    (out / "INCOMPLETE").touch()
+    (out / "config.json").write_text(text)
+    assert _one_line(capsys, [*RUN, "--out", str(out)]).endswith(
+        f"{out / 'config.json'} is not a settings file jaxattn can read (damaged?): choose "
+        "another --out.")
+
+
 def test_an_out_inside_another_runs_folder_is_refused(tmp_path, capsys):
     """A run or sweep writes no folder inside another command's results: a finished
     run's folder got a `child/` (so did a live, locked one)."""

@@ -232,6 +232,21 @@ def test_no_command_writes_into_a_folder_a_run_is_writing(tmp_path, capsys):
         capsys, ["demo", "--out", str(tmp_path / "d")])
 
 
+def test_an_unfinished_run_that_saved_nothing_starts_over_with_new_settings(tmp_path):
+    """A run stopped by its step budget left config.json and INCOMPLETE, and the
+    shorter --horizon its message asked for was refused: "another horizon"."""
+    out = tmp_path / "run"
+    assert main([*RUN, "--out", str(out)]) == 0
+    for p in out.iterdir():
+        if p.name != "config.json":
+            p.unlink()
+    (out / "INCOMPLETE").touch()
+    longer = list(RUN)
+    longer[RUN.index("--horizon") + 1] = "2"
+    assert main([*longer, "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["horizon"] == 2.0
+
+
 @pytest.mark.parametrize("text", ["[1, 2]", "not json"])
 def test_a_damaged_settings_file_is_one_line(tmp_path, capsys, text):
     """An interrupted folder whose config.json is damaged: a traceback ('list' has no
@@ -240,6 +255,7 @@ def test_a_damaged_settings_file_is_one_line(tmp_path, capsys, text):
     out.mkdir()
     (out / "INCOMPLETE").touch()
     (out / "config.json").write_text(text)
+    (out / "data.npz").write_bytes(b"")  # something saved (else it would start over)
     assert _one_line(capsys, [*RUN, "--out", str(out)]).endswith(
         f"{out / 'config.json'} is not a settings file jaxattn can read (damaged?): choose "
         "another --out.")

@@ -459,7 +459,8 @@ def reopen_run(folder: Path, config: dict[str, Any], resume: bool | None, *, wha
     A run already there must record the same value for every key of `config` (the
     run's settings; only the keys `same` when given) in its settings file `filename`:
     a folder of another command or other settings is refused, finished or not, unless
-    an unfinished run there saved nothing but its settings (it starts over). A
+    a command that cannot resume finds an unfinished run there that saved nothing but
+    its settings (it starts over). A
     resumable command (`resume` a bool) refuses it without `resume`, and continues
     an unfinished one on the same backend (`computed_elsewhere`); with `resume`, a
     folder that holds no run is refused. A command that cannot resume (`resume`
@@ -473,8 +474,9 @@ def reopen_run(folder: Path, config: dict[str, Any], resume: bool | None, *, wha
     why, finished, old = [], False, {}  # what the folder holds that this run is not
     held = (folder / filename).exists()
     # an unfinished run that saved nothing but its settings (stopped by an error, e.g.
-    # its step budget) holds no result: it starts over, whatever its settings were
-    bare = held and not resume and (folder / INCOMPLETE).exists() and {
+    # its step budget) holds no result: a command that cannot resume starts it over,
+    # whatever its settings were
+    bare = held and resume is None and (folder / INCOMPLETE).exists() and {
         p.name for p in folder.iterdir()} <= {filename, INCOMPLETE, LOCK}
     held = held and not bare
     if not held and resume:

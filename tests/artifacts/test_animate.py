@@ -203,7 +203,8 @@ def test_an_mp4_without_imageio_ffmpeg_names_the_extra(tmp_path, monkeypatch, ca
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "imageio_ffmpeg" else real(name, *a))
     xs, ts = _trajectory(T=5, n=3)
-    with pytest.raises(ValueError, match=r"pip install 'jaxattn\[movies\]', or write a .gif"):
+    with pytest.raises(ValueError, match=r"pip install imageio-ffmpeg \(jaxattn's `movies` "
+                                         r"extra\), or write a .gif"):
         ja.animate(xs, tmp_path / "movie.mp4", ts, progress=False)
     assert not list(tmp_path.iterdir())
     ja.animate(xs, tmp_path / "movie.gif", ts, progress=False, dpi=30)  # a GIF needs no ffmpeg

@@ -61,7 +61,7 @@ def enable_cache(path: str | os.PathLike | None = None) -> Path | None:
         raise TypeError(f"`path` must be a folder (a str or a path), got "
                         f"{type(path).__name__}.")
     folder = cache_dir(path)
-    problem = folder and unusable(folder)
+    problem = folder and (unusable(folder) or foreign(folder))
     if problem:
         raise ValueError(refusal(folder, problem))
     options = {"jax_enable_compilation_cache": folder is not None}
@@ -93,6 +93,22 @@ def unusable(folder: Path) -> str | None:
     if not existing.is_dir():
         return f"{existing} is not a folder"
     return None if os.access(existing, os.W_OK | os.X_OK) else f"{existing} is not writable"
+
+
+def foreign(folder: Path) -> str | None:
+    """What a cache `folder` holds that no cache wrote (a mistaken `JAXATTN_CACHE_DIR`:
+    a command would fill a user's folder that `clear_cache` then refuses), or None."""
+    names = sorted(n for n in os.listdir(folder) if not _entry_name(n)) \
+        if folder.is_dir() else []
+    return (f"it holds files that are not compilation cache entries ({', '.join(names[:3])}"
+            f"{', …' if len(names) > 3 else ''})") if names else None
+
+
+def _entry_name(name: str) -> bool:
+    """Whether a name in a cache folder is one JAX, XLA or jaxattn writes there (by the
+    name alone: no `stat` per entry when a command starts)."""
+    return (name in _OTHERS or name.endswith(_SUFFIXES) or name.startswith(".")
+            or CONVERTED.fullmatch(name) is not None)
 
 
 def is_entry(path: Path) -> bool:

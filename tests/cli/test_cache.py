@@ -285,6 +285,20 @@ def test_a_command_refuses_a_cache_folder_it_cannot_use(capsys, monkeypatch, tmp
     assert not (tmp_path / "run").exists()
 
 
+def test_a_command_refuses_a_cache_folder_holding_a_users_files(capsys, monkeypatch, tmp_path):
+    """A mistaken JAXATTN_CACHE_DIR: a run filled the user's folder with 17 programs,
+    which `jaxattn cache clear` then refused to remove."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "important.txt").write_text("x")
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(folder))
+    assert main(["run", "thm41-sphere", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "holds files that are not compilation cache entries (important.txt)" in err, err
+    assert sorted(p.name for p in folder.iterdir()) == ["important.txt"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_command_loads_ahead_by_its_arguments_less_where_it_writes(monkeypatch):
     """`jaxattn run`, `sweep` and `loop` load ahead the programs of their last run with
     the same arguments: `--out` and `--no-progress` do not count, any other does; a

@@ -247,6 +247,15 @@ def test_an_unfinished_run_that_saved_nothing_starts_over_with_new_settings(tmp_
     assert json.loads((out / "config.json").read_text())["horizon"] == 2.0
 
 
+@pytest.mark.parametrize("kind", ["file", "broken link"])
+def test_an_out_that_is_a_file_says_so(tmp_path, capsys, kind):
+    """It said "cannot write the run folder …: File exists"."""
+    out = tmp_path / "f.json"
+    out.write_text("{}") if kind == "file" else out.symlink_to(tmp_path / "nowhere")
+    for argv in (RUN, ["sweep", "thm41-sphere", "--grid", "beta=1"]):
+        assert "is a file" in _one_line(capsys, [*argv, "--out", str(out)]).split(": error: ")[1]
+
+
 @pytest.mark.parametrize("text", ["[1, 2]", "not json"])
 def test_a_damaged_settings_file_is_one_line(tmp_path, capsys, text):
     """An interrupted folder whose config.json is damaged: a traceback ('list' has no

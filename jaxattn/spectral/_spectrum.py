@@ -78,7 +78,10 @@ class Spectrum(eqx.Module):
     - `principal`: `(d, 2)` orthonormal basis of the real subspace to measure
       alignment with: `[v₁, 0]` for real `λ₁`, `span(Re v₁, Im v₁)` otherwise.
     - `plane`: `(d, 2)` orthonormal basis of `span(v₁, v₂)` for real `λ₁, λ₂`
-      (the 2-D subspace of case 3); equal to `principal` for complex `λ₁`.
+      (the 2-D subspace of case 3); equal to `principal` for complex `λ₁`; for real
+      `λ₁` and complex `λ₂`, `span(v₁, a)` with `a` the major axis of `v₂`'s real orbit
+      `Re(e^{iθ} v₂)` (whatever phase the eigensolver gives `v₂`; the invariant
+      subspace is then 3-D).
     - `correlation`: `|v₁ᴴ v₂|`, the correlation between `v₁` and `v₂`.
     """
 
@@ -193,6 +196,9 @@ def _summarise(lam, vecs, key, rtol) -> Spectrum:
     v1 = vecs[:, 0]
     principal = orthonormal_pair(jnp.real(v1), jnp.imag(v1))
     v2 = vecs[:, 1] if d > 1 else v1
+    # a complex λ₂ (real λ₁): Re v₂ depends on the phase eig gives v₂ (planes 90° apart);
+    # its major axis, Re(e^{−iθ} v₂) at θ = ½ arg(v₂ᵀv₂), does not
+    v2 = v2 * jnp.exp(-0.5j * jnp.angle(jnp.sum(v2 * v2)))
     plane = jnp.where(complex1, principal, orthonormal_pair(jnp.real(v1), jnp.real(v2)))
     return Spectrum(
         eigenvalues=lam, eigenvectors=vecs, key=key,

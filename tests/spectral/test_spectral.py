@@ -421,3 +421,27 @@ def test_steering_with_grouped_value_heads_is_the_documented_edit():
         edit = np.asarray(layer_matrix(steer(model, u, gamma, w=ww), -1) - layer_matrix(model, -1))
         expected = gamma * np.outer(u, Pi @ (u if ww is None else w))
         np.testing.assert_allclose(edit, expected, rtol=0, atol=1e-9 * gamma)
+
+
+def test_the_plane_of_a_real_lambda1_and_complex_lambda2_does_not_depend_on_v2s_phase():
+    """For real λ₁ and complex λ₂ the plane was span(v₁, Re v₂) at whatever phase the
+    eigensolver gave v₂: another valid phase gave a plane 90° away. It is now the plane
+    through v₁ and the major axis of v₂'s real orbit."""
+    rng = np.random.default_rng(3)
+    basis = rng.normal(size=(5, 5))  # not orthogonal: v₂'s orbit an ellipse, not a circle
+    block = np.zeros((5, 5))
+    block[0, 0] = 2.0  # λ₁ = 2, λ₂,₃ = 1.5 ± 0.5i, the rest 0.3, 0.1
+    block[1:3, 1:3] = [[1.5, 0.5], [-0.5, 1.5]]
+    block[3, 3], block[4, 4] = 0.3, 0.1
+    omega = basis @ block @ np.linalg.inv(basis)
+    spec = spectrum(omega)
+    plane = np.asarray(spec.plane)
+    v2 = np.linalg.eig(omega)[1][:, np.argsort(-np.abs(np.linalg.eigvals(omega)))[1]]
+    for theta in np.linspace(0, np.pi, 7):  # every phase: its orbit's major axis
+        u = v2 * np.exp(1j * theta)
+        u = np.real(u * np.exp(-0.5j * np.angle(np.sum(u * u))))
+        u /= np.linalg.norm(u)
+        np.testing.assert_allclose(np.linalg.norm(plane.T @ u), 1.0, atol=1e-10)
+    v1 = np.real(np.asarray(spec.eigenvectors)[:, 0])
+    np.testing.assert_allclose(np.linalg.norm(plane.T @ (v1 / np.linalg.norm(v1))), 1.0,
+                               atol=1e-10)

@@ -96,10 +96,14 @@ def unusable(folder: Path) -> str | None:
 
 
 def foreign(folder: Path) -> str | None:
-    """What a cache `folder` holds that no cache wrote (a mistaken `JAXATTN_CACHE_DIR`:
-    a command would fill a user's folder that `clear_cache` then refuses), or None."""
-    names = sorted(n for n in os.listdir(folder) if not _entry_name(n)) \
-        if folder.is_dir() else []
+    """What a folder that holds no cache entry holds instead (a mistaken
+    `JAXATTN_CACHE_DIR`: a command would fill a user's folder that `clear_cache` then
+    refuses to clear), or None. A folder with entries is a cache already: a file of
+    a kind the cache's writers start to write later does not lock the user out."""
+    names = os.listdir(folder) if folder.is_dir() else []
+    if any(map(_entry_name, names)):
+        return None
+    names = sorted(n for n in names if not n.startswith("."))
     return (f"it holds files that are not compilation cache entries ({', '.join(names[:3])}"
             f"{', …' if len(names) > 3 else ''})") if names else None
 
@@ -107,7 +111,7 @@ def foreign(folder: Path) -> str | None:
 def _entry_name(name: str) -> bool:
     """Whether a name in a cache folder is one JAX, XLA or jaxattn writes there (by the
     name alone: no `stat` per entry when a command starts)."""
-    return (name in _OTHERS or name.endswith(_SUFFIXES) or name.startswith(".")
+    return (name in _OTHERS or name.endswith(_SUFFIXES)
             or CONVERTED.fullmatch(name) is not None)
 
 

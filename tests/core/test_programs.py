@@ -225,7 +225,7 @@ def test_a_process_with_several_devices_loads_programs_for_one(tmp_path):
         import jax, numpy as np
         import jaxattn as ja
         from jaxattn import _programs
-        ja.enable_cache({str(tmp_path)!r})
+        ja.enable_cache({str(tmp_path / "cache")!r})  # (the script lies beside it)
         loaded = []
         jax.monitoring.register_event_duration_secs_listener(
             lambda event, s, **kw: loaded.append(event) if event == _programs.LOAD_EVENT else 0)

@@ -90,7 +90,7 @@ def test_conjecture_bipartite_reports_the_start_of_the_restart_it_reports():
     study = EXPERIMENTS["conjecture-bipartite"]
     found = {"valid": np.array([True, True, False]), "rho": np.array([0.5, 0.2, 0.01]),
              "rho0": np.array([1.5, 4.0, 0.9]), "dist_small": np.zeros(3),
-             "dist_large": np.zeros(3), "absorbed": True}
+             "dist_large": np.zeros(3), "absorbed": True, "U": np.eye(3)[None] * [3, 2, 1]}
     line = study.judge_setting(study.defaults(), found, 2)[1]
     assert "from a smoothed bound 4 at its projected start → 0.2 among 2 valid" in line, line
 

@@ -73,9 +73,7 @@ class ConjectureBipartite(AbstractSearch):
             f"(Assumption 1 on ΣU, a true fixed point); {int(np.sum(ok & (rho < 1)))} stable; "
             f"v {'is' if _principal(found['U']) else 'is NOT'} the principal eigenvector of "
             "ΣU there; "
-            f"small perturbation {'absorbed' if bool(found['absorbed']) else 'NOT absorbed'} "
-            f"(distance {short(found['dist_small'][-1])}), larger one "
-            f"{'escapes' if float(found['dist_large'][-1]) > 0.1 else 'absorbed'}")
+            f"small kick {_fate(found['dist_small'])}, larger one {_fate(found['dist_large'])}")
 
     def numbers(self, config, data):
         return {f"h{h}_best_rho": float(np.min(np.where(s["valid"], s["rho"], np.inf)))
@@ -146,6 +144,20 @@ def _kick_axis(ax, dists) -> str:
     return f"layer (all below the floor from layer {last + 1} to {end})"
 
 
+#: A kick is absorbed when the largest distance to the point falls below `ABSORBED`
+#: of its start, and escapes when it ends above its start (one rule for both kicks:
+#: the small one needed 1e-3 of its start, the larger only not to grow).
+ABSORBED = 1e-3
+
+
+def _fate(dist) -> str:
+    """A kick's outcome from its distances to the point, layer by layer."""
+    start, end = float(dist[0]), float(dist[-1])
+    words = ("absorbed" if end <= ABSORBED * start else "escapes" if end > start
+             else "shrinking, not yet absorbed")
+    return f"{words} ({short(start)} → {short(end)})"
+
+
 def _best(found) -> int:
     """The valid restart of smallest `ρ` (the one kicked): the verdict's and panel 1's."""
     return int(np.argmin(np.where(found["valid"], found["rho"], np.inf)))
@@ -210,4 +222,4 @@ def _bipartite_check(w, trace, viol, v, config, key):
         dist = np.full((2, config.layers + 1), np.nan, rho.dtype)
     return {"trace": trace, "violation": np.max(viol), "rho": rho, "rho0": rho0, "valid": valid,
             "residual": residual, "dist_small": dist[0], "dist_large": dist[1],
-            "absorbed": dist[0][-1] < 1e-6, "P": P, "U": U}
+            "absorbed": dist[0][-1] <= ABSORBED * dist[0][0], "P": P, "U": U}

@@ -164,6 +164,16 @@ def test_conjecture_bipartite_without_a_valid_restart_kicks_nothing(tmp_path):
     assert "v is the principal eigenvector" in study.judge_setting(config, found, 1)[1]
     middle = found | {"U": np.diag([1.0, 2.0, 0.5])[None]}
     assert "v is NOT the principal" in study.judge_setting(config, middle, 1)[1]
+    # one rule for both kicks (the small one needed 1e-6, the larger one only not to grow:
+    # a small kick shrinking 20-fold read "NOT absorbed" beside a larger one "absorbed")
+    assert "small kick absorbed (1.0e-03 → 1.0e-12), larger one absorbed" in \
+        study.judge_setting(config, found, 1)[1]
+    slow = found | {"dist_small": np.geomspace(1e-3, 5e-5, 5),
+                    "dist_large": np.geomspace(1e-1, 3.5e-3, 5)}
+    assert ("small kick shrinking, not yet absorbed (1.0e-03 → 5.0e-05), larger one shrinking"
+            in study.judge_setting(config, slow, 1)[1])
+    grows = found | {"dist_large": np.geomspace(1e-1, 1.5, 5)}
+    assert "larger one escapes (0.1 → 1.5)" in study.judge_setting(config, grows, 1)[1]
     line = study.judge_setting(config, none, 3)[1]
     assert "no valid restart of 2" in line and "nothing to kick" in line, line
     data = {f"h{h}_{k}": v for h, f in ((1, found), (2, found), (3, none)) for k, v in f.items()}

@@ -244,8 +244,17 @@ def write_figure(folder: Path, spec, keys, table) -> list[Path]:
     # from 0: a flat line reads as flat, not as a trend magnified by a narrow range
     times = np.asarray(table["consensus_time"], float)
     reached = times[np.isfinite(times)]  # a bar from a quartile to the top starts in view
-    top = max(ax_t.get_ylim()[1], reached.max() if reached.size else 0.0)
+    # the horizon T (one for every point unless swept): the "past T" marks sit above it
+    horizon = None if "horizon" in keys else float(
+        spec.set.get("horizon", getattr(get_experiment(spec.experiment).defaults(),
+                                        "horizon", math.nan)))
+    top = max(ax_t.get_ylim()[1], reached.max() if reached.size else 0.0,
+              horizon if horizon is not None and np.isinf(times).any() else 0.0)
     ax_t.set_ylim(0, 1.08 * top)  # (the margin keeps the top bars whole)
+    if horizon is not None and math.isfinite(horizon) and horizon <= 1.08 * top:
+        ax_t.axhline(horizon, color="0.4", lw=0.8, ls=":")
+        ax_t.annotate(f"T = {horizon:g}", (0.01, horizon), xycoords=("axes fraction", "data"),
+                      xytext=(0, -9), textcoords="offset points", fontsize=8, color="0.3")
     if np.isinf(times).any():
         ax_t.text(0.99, 0.02, "▲ median, ↑ upper quartile: past T (not reached)",
                   transform=ax_t.transAxes, ha="right", va="bottom", fontsize=8, color="0.3")

@@ -409,6 +409,10 @@ def test_report_reads_the_tolerance_recorded_in_sweep_json(tmp_path, monkeypatch
     assert legend.get_texts()[0].get_text() == "3/4 reached E < 3e-3"
     assert ax_t.get_xlabel() == ax_e.get_xlabel() == "β"
     assert (0.003, 0.003) in [tuple(line.get_ydata()) for line in ax_e.lines]
+    # the horizon (thm41's default T = 10): the "past T" marks above it, where a
+    # reader would read them as times (they sat at 2.83 of an axis ending at 2.92 < T)
+    assert (10.0, 10.0) in [tuple(line.get_ydata()) for line in ax_t.lines]
+    assert ax_t.get_ylim()[1] > 10.0
 
 
 def test_many_instances_are_drawn_faint_but_those_off_the_tolerance_in_full(tmp_path,

@@ -18,7 +18,7 @@ COLUMNS = ("size", "tokens", "dim", "norm", "mask", "kernel", "beta", "reached",
            "consensus_layer_median", "final_E_median", "clusters_median", "residual_median",
            "stalled", "finite", "theorem", "no_theorem_because", "outcome", "kind", "verdict",
            "command")
-#: The colour scale's floor: E below it (rounding level) is drawn as it.
+#: The colour scale's floor: E below it is drawn as it (the colour bar's pointed end).
 LOG_FLOOR = -16.0
 
 
@@ -102,14 +102,20 @@ def _panel_grid(rows: list[dict], size: tuple[int, int], norms, masks, kernels, 
     return logE, text
 
 
+def _median(value: float) -> str:
+    """A median of whole numbers: whole, or its half (6.5 read "6": `:.0f` rounds half to
+    even)."""
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+
+
 def _cell_text(row: dict) -> str:
     """A cell's number: the median consensus layer when it collapses, the median
     cluster count (`k3`) when tokens stay apart, the share of instances in consensus
     (`40%`, `…` for none) when still converging, `∞` when the tokens overflow."""
     if row["outcome"] == "consensus":
-        return f"{row['consensus_layer_median']:.0f}"
+        return _median(row["consensus_layer_median"])
     if row["outcome"] == "apart":
-        return f"k{row['clusters_median']:.0f}"
+        return f"k{_median(row['clusters_median'])}"
     if row["outcome"] == "overflow":
         return "∞"
     return f"{row['reached']:.0%}" if row["reached"] > 0 else "…"
@@ -151,8 +157,10 @@ def draw_study(config: Config, grid, data: dict, rows: list[dict], stem: Path) -
              "p % of the instances in consensus (…: none); ∞: overflow; ★: a theorem covers "
              "the cell")
     figures.title_above(fig, title)  # before the colorbar
-    fig.colorbar(mesh, ax=list(axes[0]), shrink=0.6, pad=0.02,
-                 label=f"median log₁₀ E at layer {config.layers}")
+    # the floor is a clip: values under it (down to float64's ~1e-29) are drawn at it
+    fig.colorbar(mesh, ax=list(axes[0]), shrink=0.6, pad=0.02, extend="min",
+                 label=f"median log₁₀ E at layer {config.layers} (≤ {LOG_FLOOR:.0f} at the "
+                       "bottom)")
     return figures.save_figure(fig, stem, tight=False)
 
 
@@ -174,9 +182,9 @@ def _draw_one_cell(config, data: dict, row: dict, stem: Path) -> list[Path]:
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("misalignment E")
     ax.legend(fontsize=8, loc="upper right")
-    outcome = {"consensus": f"consensus at layer {row['consensus_layer_median']:.0f} "
+    outcome = {"consensus": f"consensus at layer {_median(row['consensus_layer_median'])} "
                             "(median)",
-               "apart": f"tokens kept apart in {row['clusters_median']:.0f} clusters",
+               "apart": f"tokens kept apart in {_median(row['clusters_median'])} clusters",
                "overflow": "overflow"}.get(row["outcome"], f"still converging at layer "
                                            f"{config.layers}: {row['reached']:.0%} of the "
                                            "instances in consensus")

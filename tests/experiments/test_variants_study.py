@@ -275,3 +275,12 @@ def test_a_cell_a_theorem_covers_not_in_consensus_leaves_the_run_undecided(tiny_
     assert not verdict.ok and verdict.undecided == "1 cell a theorem covers not in consensus " \
         f"by layer {config.layers}: raise --layers"
     assert "1 a theorem covers NOT in consensus by the final depth" in verdict.line
+
+
+def test_a_cells_median_of_two_instances_keeps_its_half():
+    """Layers 5 and 8 read "6" (`:.0f` rounds 6.5 half to even), 19 and 20 "20"."""
+    from jaxattn.experiments.variants_plot import _cell_text
+
+    assert _cell_text({"outcome": "consensus", "consensus_layer_median": 6.5}) == "6.5"
+    assert _cell_text({"outcome": "consensus", "consensus_layer_median": 7.0}) == "7"
+    assert _cell_text({"outcome": "apart", "clusters_median": 2.5}) == "k2.5"

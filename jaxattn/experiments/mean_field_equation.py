@@ -366,10 +366,12 @@ class MeanFieldEquation(AbstractExperiment):
         plt = figures.pyplot()
         fig, axes = plt.subplots(1, 3, figsize=(18, 5.6))
         _draw_convergence(axes[0], config, data)
-        for ax, key, what in ((axes[1], "up", "from uniform (tilt 1e-4)"),
-                              (axes[2], "down", f"from a cap (κ = {CAP:g})")):
-            mesh = _draw_phase(ax, data, key, what)
-        fig.colorbar(mesh, ax=axes[2], label="order parameter $r$ at the end (both maps)")
+        # from uniform, r ends between ~1e-8 (decayed) and ~0.2 (grown): a log scale shows
+        # where K_# parts them (on the cap's 0–1 scale the map was one dark colour)
+        for ax, key, what, label in (
+                (axes[1], "up", "from uniform (tilt 1e-4)", "order parameter $r$ at the end (log)"),
+                (axes[2], "down", f"from a cap (κ = {CAP:g})", "order parameter $r$ at the end")):
+            fig.colorbar(_draw_phase(ax, data, key, what), ax=ax, label=label)
         return figures.save_figure(
             fig, self.stem(folder),
             f"The mean-field equation on the circle: particles against the equation "
@@ -412,8 +414,14 @@ def _draw_phase(ax, data, key, what):
     """The final order parameter over `(β, K/K_#(β))`, with `K_#` (the line 1), `K_c`
     and what the runs read."""
     betas, ratios = data["betas"], data["ratios"]
+    from matplotlib.colors import LogNorm  # (matplotlib loads with the figures)
+
     r = data["r_up"][..., -1] if key == "up" else data["r_down"]
-    mesh = ax.pcolormesh(betas, ratios, r.T, shading="nearest", cmap="viridis", vmin=0, vmax=1)
+    floor = np.min(r[r > 0]) if np.any(r > 0) else 1e-12
+    scale = dict(norm=LogNorm(vmin=floor, vmax=max(1.0, float(np.max(r))))) if key == "up" \
+        else dict(vmin=0, vmax=1)
+    mesh = ax.pcolormesh(betas, ratios, np.maximum(r, floor).T if key == "up" else r.T,
+                         shading="nearest", cmap="viridis", **scale)
     star = noisy_beta_star(2)
     sharp, critical = predictions(betas)
     ax.axhline(1.0, color="C1", lw=2, label=r"$K_\#(\beta)$ (linear stability)")

@@ -878,3 +878,19 @@ def test_plain_log_labels_write_plain_numbers_on_a_narrow_axis():
     ax.set_xlim(1, 10**5)
     assert "10" in ax.xaxis.get_major_formatter()(1000.0)  # mathtext 10^3
     plt.close(fig)
+
+
+def test_the_mean_field_map_from_uniform_has_its_own_log_scale(tmp_path, monkeypatch):
+    """From uniform, r ends between ~1e-8 and ~0.2: on the cap map's linear 0–1 scale
+    the map was one dark colour, K_# invisible in it."""
+    from matplotlib.colors import LogNorm
+
+    from jaxattn._artifacts import figures
+
+    drawn = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, *a, **k: drawn.append(fig))
+    _draw_experiment("mean-field", tmp_path)
+    uniform, cap = drawn[0].axes[1], drawn[0].axes[2]
+    assert isinstance(uniform.collections[0].norm, LogNorm)
+    assert not isinstance(cap.collections[0].norm, LogNorm)
+    assert len(drawn[0].axes) == 5  # three panels, a colour bar for each map

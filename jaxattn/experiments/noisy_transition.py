@@ -596,10 +596,14 @@ def _draw_fit(ax, data, row, j) -> None:
         shown = min(max(est, lo), hi)
         ax.axvline(shown, color="C2", ls="--" if shown == est else ":", lw=1.2,
                    label=r"particles at $\tau \to 0$"
-                   + ("" if shown == est else f" ({short(est)}: off the axis)"))
+                   + ("" if shown == est else f" (d = {row['d']}, β = {row['beta_ratio']:g} "
+                                              f"β*: {short(est)}, off the axis)"))
         if math.isfinite(se):
             ax.axvspan(est - se, est + se, color="C2", alpha=0.2, label="± 1 s.e.")
     ax.set(xlim=(lo, hi), xlabel=r"$K / K_\#(\beta)$",
            ylabel=r"decay rate $\gamma$ of a tilt")
-    ax.set_title(rf"particles at $\tau \to 0$: $K/K_\#$ = {short(est)} ± {short(se)}; equation: "
+    # a rate line with no zero crossing leaves no estimate: said, not "nan ± nan"
+    read = (rf"$K/K_\#$ = {short(est)} ± {short(se)}" if math.isfinite(est) else
+            "no estimate (a rate line crosses no zero)")
+    ax.set_title(rf"particles at $\tau \to 0$: {read}; equation: "
                  f"{short(row['K_equation'] / K_theory)}", fontsize=9)

@@ -894,3 +894,16 @@ def test_the_mean_field_map_from_uniform_has_its_own_log_scale(tmp_path, monkeyp
     assert isinstance(uniform.collections[0].norm, LogNorm)
     assert not isinstance(cap.collections[0].norm, LogNorm)
     assert len(drawn[0].axes) == 5  # three panels, a colour bar for each map
+
+
+def test_a_noisy_transition_case_without_an_estimate_says_so(tmp_path, monkeypatch):
+    """The saved run's d = 2, β = β* case has no zero crossing at τ = 0.02: its panel
+    read "K/K_# = nan ± nan"."""
+    from jaxattn._artifacts import figures
+
+    drawn = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, *a, **k: drawn.append(fig))
+    _draw_experiment("noisy-transition", tmp_path)
+    titles = [ax.get_title() for fig in drawn for ax in fig.axes]
+    assert not any("nan ± nan" in t for t in titles), titles
+    assert any("no estimate (a rate line crosses no zero)" in t for t in titles), titles

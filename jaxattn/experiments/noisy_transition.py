@@ -604,6 +604,6 @@ def _draw_fit(ax, data, row, j) -> None:
            ylabel=r"decay rate $\gamma$ of a tilt")
     # a rate line with no zero crossing leaves no estimate: said, not "nan ± nan"
     read = (rf"$K/K_\#$ = {short(est)} ± {short(se)}" if math.isfinite(est) else
-            "no estimate (a rate line crosses no zero)")
+            r"$K/K_\#$: no zero crossing")
     ax.set_title(rf"particles at $\tau \to 0$: {read}; equation: "
                  f"{short(row['K_equation'] / K_theory)}", fontsize=9)

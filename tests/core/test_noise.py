@@ -273,6 +273,18 @@ print(json.dumps({"devices": len(jax.devices()), "errs": errs}))
     assert max(res["errs"].values()) < 1e-12, res["errs"]
 
 
+def _noisy_flow_grad(dyn, x0, ts, key, strategy):
+    return jax.grad(lambda s: jnp.sum(ja.solve_flow(
+        dyn, x0, ts, noise=ja.TokenNoise(s), key=key, dt0=0.5, strategy=strategy)))
+
+
+@pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
+def test_the_member_the_kernels_gradient_refusal_names_runs_the_noisy_flow(key):
+    """The refusal pointed to BatchLast, which runs no noisy flow; Vmap does."""
+    dyn, x0, ts = _model(key), jnp.ones((2, 3, 3)), jnp.array([0.0, 1.0])
+    assert np.isfinite(_noisy_flow_grad(dyn, x0, ts, key, ja.Vmap())(0.5))
+
+
 def test_refusals_before_the_run_in_one_line(key):
     """Each was a JAX error many lines long, or a refusal after the run: a gradient
     through σ or τ on the kernel (JAX's "Linearization failed"), a traced `dt0`
@@ -291,12 +303,8 @@ def test_refusals_before_the_run_in_one_line(key):
         dyn, x0, 2, 0.1, noise=ja.TokenNoise(s), key=key, strategy="kernel")))(0.5))
     one_line(ValueError, kernel, lambda: jax.grad(lambda t: jnp.sum(ja.run_layers(
         dyn, x0, 2, t, strategy="kernel")))(0.1))
-
-    def noisy_flow(strategy):  # the member the refusal names runs it
-        return jax.grad(lambda s: jnp.sum(ja.solve_flow(
-            dyn, x0, ts, noise=ja.TokenNoise(s), key=key, dt0=0.5, strategy=strategy)))
-    one_line(ValueError, kernel + r".*strategy=ja.Vmap\(\)", lambda: noisy_flow("kernel")(0.5))
-    assert np.isfinite(noisy_flow(ja.Vmap())(0.5))
+    one_line(ValueError, kernel + r".*strategy=ja.Vmap\(\)", lambda: _noisy_flow_grad(
+        dyn, x0, ts, key, "kernel")(0.5))
     one_line(TypeError, "`dt0` must be a number known before the run", lambda: jax.jit(
         lambda h: ja.solve_flow(dyn, x0, ts, noise=ja.TokenNoise(0.5), key=key, dt0=h))(0.01))
     one_line(TypeError, "`dt0` must be a number known before the run", lambda: jax.jit(

@@ -29,7 +29,7 @@ from .._layers import run_layers
 from .._validate import refuse_first
 from ..metrics import fit_slope, misalignment
 from .suite import Problem, flops_raw_update, run_meta
-from .timing import Timing, time_jax
+from .timing import Timing, repeats_refusal, time_jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +187,7 @@ def run_scaling(*, quick: bool = False, repeats: int = 5, sweeps=SWEEPS,
     "min_s", "max_s", "compile_s", "gflops", "fitted_slope",
     "fitted_slope_upper_half", "ideal", "fixed"}}}`.
     """
-    refuse_first([(isinstance(repeats, bool) or not isinstance(repeats, int | np.integer)
-                   or repeats < 1, f"`repeats` must be a whole number ≥ 1, got {repeats!r}.")])
+    refuse_first([repeats_refusal(repeats)])
     setup, sizes = (QUICK_SETUP, QUICK_SIZES) if quick else (SETUP, SIZES)
     ncores = cores()
     out = {}

@@ -45,7 +45,7 @@ from .device import (
     peak_of,
 )
 from .floors import EXP_CACHED, register_exp_rate
-from .timing import Repeats, Timing, compile_jax
+from .timing import Repeats, Timing, compile_jax, repeats_refusal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -457,8 +457,7 @@ def run_suite(*, quick: bool = False, size: str | None = None, repeats: int = 3,
         (size not in PRESETS, f"`size` must be one of {', '.join(map(repr, PRESETS))}, got "
                               f"{size!r}."),
         (quick and size != "quick", f"quick=True and size={size!r} disagree: give one of them."),
-        (isinstance(repeats, bool) or not isinstance(repeats, int | np.integer) or repeats < 1,
-         f"`repeats` must be a whole number ≥ 1, got {repeats!r}."),
+        repeats_refusal(repeats),
         (not (isinstance(budget_s, int | float) and budget_s > 0),
          f"`budget_s` must be a number of seconds > 0 (math.inf: no budget), got {budget_s!r}."),
         (isinstance(cases, str), f"`cases` is a list of cases, got the string {cases!r}: "

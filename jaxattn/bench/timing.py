@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 import jax
+import numpy as np
 
 
 @dataclasses.dataclass
@@ -54,6 +55,13 @@ class Timing:
     @classmethod
     def of(cls, fn: Callable[[], object], repeats: int, budget_s: float = math.inf) -> "Timing":
         return cls.run(fn, repeats, budget_s)[0]
+
+
+def repeats_refusal(repeats) -> tuple[bool, str]:
+    """`refuse_first`'s row for a benchmark's `repeats`: a whole number ≥ 1 (0 left no
+    call to take a median of, after the work)."""
+    return (isinstance(repeats, bool) or not isinstance(repeats, int | np.integer)
+            or repeats < 1, f"`repeats` must be a whole number ≥ 1, got {repeats!r}.")
 
 
 def compile_jax(fn: Callable, *args):

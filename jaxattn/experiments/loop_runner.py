@@ -38,6 +38,7 @@ from ..models import (
     PRESETS,
     WEIGHTS,
     check_ids,
+    depths_refusal,
     detokenize,
     file_sha256,
     iterate_loop,
@@ -109,8 +110,11 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
     if text is None:  # random ids: the arrays follow from the flags (and the model's sizes)
         check_sizes("loop", {"prompts": prompts, "tokens": tokens, "passes": passes},
                     footprint=loop_footprint(model, dtype, save_states))
-        if (cfg := _sizes(model)) is not None:  # before drawing or reading the weights
-            refuse_first([too_long(FAMILIES[cfg.model_type], cfg, tokens)])
+    if (cfg := _sizes(model)) is not None:  # before drawing or reading the weights
+        refuse_first([*(() if text is not None else
+                        [too_long(FAMILIES[cfg.model_type], cfg, tokens)]),
+                      depths_refusal(tuple(int(d) for d in save_states or ()), passes,
+                                     cfg.num_layers)])
     key = jax.random.PRNGKey(seed)
     net = loop_grid.get_model(model, weights, key)  # before the folder: a bad model leaves none
     ids, mask, source = loop_prompts(model, net, prompts, tokens, seed, text, pad, log=log)

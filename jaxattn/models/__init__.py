@@ -22,6 +22,7 @@ from ._arch import TransformerConfig as TransformerConfig
 from ._arch._nn import Attention as Attention
 from ._checks import check_ids as check_ids
 from ._checks import default_chunk as default_chunk
+from ._checks import depths_refusal as depths_refusal
 from ._checks import too_long as too_long
 from ._gguf import file_sha256 as file_sha256
 from ._load import init as init

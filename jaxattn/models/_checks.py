@@ -46,6 +46,16 @@ def too_long(family: type[AbstractTransformer], cfg, n: int) -> tuple:
             f"give prompts of at most {cfg.max_positions} tokens (--tokens, or cut the ids).")
 
 
+def depths_refusal(depths, passes: int, layers: int) -> tuple:
+    """`refuse_first`'s entry for `save_states` depths outside a loop of `passes` passes
+    of `layers` blocks."""
+    total = passes * layers
+    return (any(not 0 <= d <= total for d in depths), ValueError,
+            f"`save_states` (--save-states) depths must lie in [0, {total}] (0: the "
+            f"embeddings, {total}: after {passes} passes of {layers} blocks), got "
+            f"{list(depths)}.")
+
+
 CHUNK_TOKENS = 1024
 
 

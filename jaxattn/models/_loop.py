@@ -28,6 +28,7 @@ from ._checks import (
     check_ids,
     check_model,
     default_chunk,
+    depths_refusal,
     loop_flops,
     show_progress,
 )
@@ -311,7 +312,6 @@ def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
     keys = check_mask(mask, ids)
     dtype = check_dtype(dtype)
     depths = tuple(int(d) for d in (save_states or ()))
-    total = passes * model.num_layers
     refuse_first((
         (weights not in WEIGHTS, ValueError,
          f"`weights` must be one of {WEIGHTS}, got {weights!r}."),
@@ -320,9 +320,7 @@ def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
         (keys is not None and observe is not None, ValueError, "`observe` sees whole sequences, "
          "padding included: with `mask` only E (of the text tokens) is recorded; loop without "
          "`observe`."),
-        (any(not 0 <= d <= total for d in depths), ValueError,
-         f"`save_states` (--save-states) depths must lie in [0, {total}] (0: the embeddings, "
-         f"{total}: after {passes} passes of {model.num_layers} blocks), got {list(depths)}."),
+        depths_refusal(depths, passes, model.num_layers),
     ))
     if weights == "trained":
         key = None  # drawn with nothing: no key, not even PRNGKey(0)'s own small program

@@ -232,6 +232,7 @@ def test_no_command_writes_into_a_folder_a_run_is_writing(tmp_path, capsys):
         capsys, ["demo", "--out", str(tmp_path / "d")])
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_an_unfinished_run_that_saved_nothing_starts_over_with_new_settings(tmp_path):
     """A run stopped by its step budget left config.json and INCOMPLETE, and the
     shorter --horizon its message asked for was refused: "another horizon"."""

@@ -211,6 +211,7 @@ def test_files_get_the_users_normal_permissions(tmp_path):
         assert (tmp_path / "run" / name).stat().st_mode & 0o777 == 0o640, name
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_sigint_leaves_the_folder_incomplete_and_exits_130(tmp_path):
     """Ctrl-C during a run: exit status 130, one line, the folder marked INCOMPLETE and
     its lock released."""

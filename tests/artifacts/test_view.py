@@ -102,6 +102,7 @@ def test_screenshot_is_not_blank(tmp_path, browser):
     assert saturated.sum() > 100
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_a_page_of_many_saves_loads_and_turns_frames(tmp_path, browser):
     """250,000 saves (2 tokens, the most a page holds): the E curve's bounds are read
     once (a `Math.min(...E)` per point drawn made a frame quadratic in the saves, and

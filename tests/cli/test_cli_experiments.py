@@ -60,10 +60,8 @@ def test_list(capsys):
         assert name in out
 
 
-@pytest.mark.parametrize("name", [
-    n if n == "thm41-sphere" else pytest.param(n, marks=pytest.mark.slow)
-    for n in SMALL
-])
+@pytest.mark.slow  # warm: over ~3 s each (make test stays the fast loop)
+@pytest.mark.parametrize("name", SMALL)
 def test_run_reduced_size_then_redraw(tmp_path, capsys, name):
     out = tmp_path / "run"
     assert main(["run", name, "--out", str(out), "--seed", "3", "--discrete", "--no-progress",

@@ -66,8 +66,8 @@ def test_blocks_equal_dense_for_every_norm_with_a_metric(norm):
     assert _rel(dense.velocity(0.0, x), blocks.velocity(0.0, x)) < 1e-12
 
 
-@pytest.mark.parametrize("kernel", [  # softmax: warm over ~4 s (make test stays the fast loop)
-    pytest.param("softmax", marks=pytest.mark.slow), "sigmoid", "exp"])
+@pytest.mark.parametrize("kernel", [  # softmax, sigmoid: warm over ~3 s (the slow tests)
+    *(pytest.param(k, marks=pytest.mark.slow) for k in ("softmax", "sigmoid")), "exp"])
 def test_blocked_gradient_equals_dense_and_finite_differences(kernel):
     x = _tokens(jnp.float64)
     opts = {"causal": True, "window": 6}

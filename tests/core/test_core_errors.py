@@ -256,6 +256,7 @@ def test_adjoints_that_cannot_take_the_retraction_are_refused(key, adjoint):
         ja.solve_flow(dyn, x0, jnp.array([0.0, 1.0]), adjoint=adjoint)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_a_failed_full_solution_ends_where_the_run_stopped(key):
     """`solution=True, throw=False` out of steps said `t1 = ts[-1]` with every time saved
     and `y1` NaN outside jit; inside it (diffeqsolve) the stop time, inf, the last state."""

@@ -58,8 +58,8 @@ def test_grad_run_layers_matches_finite_differences(key, causal):
     _check(loss, (x0, P, U, omega), 1e-6, 1e-5, key)
 
 
-# the causal variant is the long one (adaptive solve at rtol 1e-12): `make test-slow`
-@pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow  # warm: over ~5 s (adaptive solves at rtol 1e-12; make test stays the fast loop)
+@pytest.mark.parametrize("causal", [False, True])
 def test_grad_solve_flow_matches_finite_differences(key, causal):
     P, U, x0, omega = _problem(key)
     ts = jnp.array([0.0, 1.0])

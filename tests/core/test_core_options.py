@@ -27,6 +27,7 @@ def test_observe_returns_metric_per_layer(key):
     np.testing.assert_allclose(E, ja.misalignment(xs), rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_recursive_checkpointing_same_gradient(key):
     dyn = random_dynamics(key, 2, 4, causal=True)
     x0 = random_tokens(key, 6, 4)

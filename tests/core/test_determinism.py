@@ -137,6 +137,7 @@ def test_the_opt_out_is_recorded(tmp_path):
     assert config["deterministic"] is False and config["backend"] == jax.default_backend()
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_sweep_json_records_the_backend_and_refuses_a_resume_computed_otherwise(tmp_path,
                                                                                 monkeypatch):
     """A sweep records how it computes; resuming it on another backend, or on a GPU

@@ -194,6 +194,7 @@ def test_a_users_kernel_in_layers_flow_and_grad(kernel):
     assert abs(float(jnp.sum(g_blocks * v)) - float(fd)) < 1e-6 * max(1.0, abs(float(fd)))
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_a_users_norm_in_layers_flow_noise_and_grad():
     xs = _tokens(batch=(3,))
     dyn, post = _model("softmax", HalfPost()), _model("softmax", "post")

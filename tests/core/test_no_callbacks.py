@@ -77,8 +77,9 @@ HOST_RUNS = {
 }
 
 
-@pytest.mark.parametrize("name", [  # the implicit ones: over ~4 s warm (slow tier)
-    pytest.param(n, marks=pytest.mark.slow) if n.startswith("implicit") else n for n in HOST_RUNS])
+@pytest.mark.parametrize("name", [  # implicit, adaptive: over ~3 s warm (slow tier)
+    pytest.param(n, marks=pytest.mark.slow) if n.startswith("implicit") or n == "adaptive"
+    else n for n in HOST_RUNS])
 def test_host_program_agrees_with_the_checked_program(system, name):
     """Concrete inputs run diffeqsolve's loop without its checks, traced ones diffrax's
     solve with them: two programs, the same steps and the same tokens to rounding."""
@@ -102,10 +103,8 @@ EVENTS = {"time": lambda mid: lambda t, x: t > 0.7,
           "never": lambda mid: lambda t, x: t < 0.0}
 
 
-# the implicit solver's runs take 3-6 s each warm: the slow tier (make test stays the fast loop)
-@pytest.mark.parametrize("solver", [dfx.Tsit5(),
-                                    pytest.param(dfx.Kvaerno3(), marks=pytest.mark.slow)],
-                         ids=["explicit", "implicit"])
+@pytest.mark.slow  # warm: 3-6 s each (make test stays the fast loop)
+@pytest.mark.parametrize("solver", [dfx.Tsit5(), dfx.Kvaerno3()], ids=["explicit", "implicit"])
 @pytest.mark.parametrize("when", EVENTS)
 def test_host_boolean_event_agrees_with_diffrax(system, when, solver):
     """A boolean event on concrete inputs runs `stepped`, in a user's jit diffrax's
@@ -273,6 +272,7 @@ def test_hemisphere_of_concrete_tokens_calls_no_callback(monkeypatch, system):
     np.testing.assert_allclose(here.margin, traced.margin, rtol=1e-12)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_a_new_beta_tau_sigma_horizon_or_seed_compiles_nothing(key, compiles):
     """The values a study varies are traced: after a first run, a new β, τ, σ, horizon
     or seed runs the same programs (`solve_flow`, `run_layers`, with and without noise)."""

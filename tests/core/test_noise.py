@@ -108,7 +108,8 @@ def _layers_on_path(dyn, noise, x0, W, T):
     return jax.lax.scan(step, ja.normalize(x0), (jnp.arange(L, dtype=x0.dtype), xis))[0]
 
 
-@pytest.mark.parametrize("Noise", SECOND_SLOW)
+@pytest.mark.slow  # warm: over ~5 s (make test stays the fast loop)
+@pytest.mark.parametrize("Noise", NOISES)
 def test_layers_converge_strongly_to_the_sde(Noise, key):
     """Same Brownian path: the layers' error against a fine solve falls at least like
     τ^0.4 over three halvings (measured ≈ 0.5, docs/noise.md)."""
@@ -186,9 +187,6 @@ def test_noise_refuses_bad_calls(key):
         ja.run_layers(dyn, x0, 2, key=key)
     with pytest.raises(TypeError, match="TokenNoise"):
         ja.solve_flow(dyn, x0, ts, noise=0.5, key=key, dt0=0.1)
-    default = ja.solve_flow(dyn, x0, ts, noise=ja.TokenNoise(1.0), key=key)  # 1000 steps
-    np.testing.assert_array_equal(default, ja.solve_flow(
-        dyn, x0, ts, noise=ja.TokenNoise(1.0), key=key, dt0=1 / 1000))
     with pytest.raises(ValueError, match="dt0"):
         ja.solve_flow(dyn, x0, jnp.zeros(2), noise=ja.TokenNoise(1.0), key=key)
     # steps below the Brownian tree's resolution read interpolated increments
@@ -202,6 +200,14 @@ def test_noise_refuses_bad_calls(key):
         ja.TokenNoise(-1.0)
     with pytest.raises(ValueError, match="tokens"):
         ja.run_layers(dyn, x0, 2, noise=ja.TokenNoise(1.0), key=key, shard="tokens")
+
+
+@pytest.mark.slow  # warm: over ~2 s (make test stays the fast loop)
+def test_a_noisy_flow_takes_a_thousand_steps_by_default(key):
+    dyn, x0, ts = _model(key), jnp.ones((2, 3, 3)), jnp.array([0.0, 1.0])
+    default = ja.solve_flow(dyn, x0, ts, noise=ja.TokenNoise(1.0), key=key)
+    np.testing.assert_array_equal(default, ja.solve_flow(
+        dyn, x0, ts, noise=ja.TokenNoise(1.0), key=key, dt0=1 / 1000))
 
 
 def test_a_noisy_flow_takes_sde_solvers_only(key):

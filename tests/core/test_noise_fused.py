@@ -44,6 +44,7 @@ def test_noisy_fused_keys_and_observe():
     np.testing.assert_allclose(fused, general, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_bench_sn_quick(tmp_path, capsys):
     """`jaxattn bench --quick --cases SN`: the jaxattn rows and the torchsde row, with
     their final misalignments, the z-score and the speedup."""

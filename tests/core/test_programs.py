@@ -187,6 +187,7 @@ def test_a_loaded_program_that_calls_lapack_runs_in_a_fresh_process(tmp_path):
     np.testing.assert_allclose(json.loads(first), np.linalg.eigvalsh(a + a.T), atol=1e-5)  # float32
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_the_library_s_solves_and_layer_runs_are_kept(folder, monkeypatch, traced):
     """`ja.solve_flow` (with an event of `merged`, a module) and `ja.run_layers` on
     concrete inputs: kept, loaded by a new process with the same bits, equal to the
@@ -217,6 +218,7 @@ def test_the_library_s_solves_and_layer_runs_are_kept(folder, monkeypatch, trace
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_a_process_with_several_devices_loads_programs_for_one(tmp_path):
     """On 4 devices a program compiled for one (device 0, or device 1 by its input)
     is loaded for that device only: JAX's default loads it for every device, and the

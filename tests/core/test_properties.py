@@ -91,6 +91,7 @@ def test_solve_flow_works_or_raises(sizes, sP, sU, special, causal, seed):
     assert np.all(np.isfinite(ys))
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @SETTINGS
 @given(d=st.sampled_from([1, 2, 3, 5]), kind=st.sampled_from(
     ["spd", "singular", "indefinite", "nonsymmetric", "huge", "tiny", "nan"]),

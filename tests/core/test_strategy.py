@@ -94,7 +94,8 @@ def test_the_base_is_abstract():
         ja.AbstractStrategy()
 
 
-@pytest.mark.parametrize("traced", [False, True], ids=["concrete", "traced"])
+@pytest.mark.parametrize("traced", [  # traced: warm over ~3 s (the slow tests)
+    False, pytest.param(True, marks=pytest.mark.slow)], ids=["concrete", "traced"])
 def test_fused_solution_is_the_general_one(key, traced):
     """`solution=True` on the fused path gives each system the chunk's times and counts
     (it used to fail broadcasting the save times `(T,)` to the chunk `(T, B)`)."""

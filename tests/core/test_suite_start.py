@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from _suite_start import HOOK, TEST_XLA_FLAGS, with_flags
 
 PROBE = ("import json, os, sys; print(json.dumps([os.environ.get('XLA_FLAGS', ''), "
@@ -75,6 +76,7 @@ def test_a_child_gets_the_suites_flags_beside_its_own_and_no_jax():
     assert _probe(XLA_FLAGS="--x=1", JAXATTN_TEST_XLA_FLAGS="")[0] == "--x=1"
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_the_processes_the_tests_start_share_the_cache(tmp_path):
     """A library program compiled by one started process is read by the next from
     JAX's own cache, with no patch: the same bits, and the same refusal message (its

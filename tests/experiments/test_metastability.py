@@ -252,6 +252,7 @@ def _plain_mergers(x0, beta, eps, labels_before):
     return [float(merger(labels)) for labels in labels_before]
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_rescaled_flow_matches_the_plain_solve():
     """Four tokens at β = 8 (three mergers, the last near t = 2·10³): every merger time
     of the rescaled integrator (Tsit5 in s, clusters joined at 1e-7) against the plain

@@ -211,6 +211,7 @@ def test_figures_carry_no_creation_date(tmp_path):
         assert b"/CreationDate" not in Path(pdf).read_bytes(), pdf
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_a_cells_title_names_only_the_settings_it_uses(tmp_path):
     """One cell of the causal mask: its title names no window width and no sparse
     share (settings of masks it does not draw); the full grid names both."""

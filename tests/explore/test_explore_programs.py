@@ -15,6 +15,7 @@ from jaxattn.explore import BipartiteWeights
 from jaxattn.explore._bipartite import bipartite_log_radius, project_bipartite
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_stabilize_bipartite_is_one_program(key, compiles):
     k1, k2 = jax.random.split(key)
     w0 = BipartiteWeights(jax.random.normal(k1, (4, 2, 3, 3)), jax.random.normal(k2, (4, 2, 3, 3)))

@@ -109,6 +109,20 @@ def test_loop_command_errors_are_one_line(argv, message, capsys, monkeypatch):
     assert message in err and len(err.splitlines()) == 1
 
 
+def test_depths_past_the_loop_are_refused_before_the_model_is_drawn(capsys, monkeypatch):
+    """A preset's depth is known from its config: `--save-states` past the loop is
+    refused before 124 M random weights are drawn."""
+    from jaxattn.experiments import loop_grid
+
+    def drawn(*args):
+        raise AssertionError("the model was drawn")
+
+    monkeypatch.setattr(loop_grid, "get_model", drawn)
+    assert main(["loop", "--model", "gpt2", "--weights", "random", "--passes", "1",
+                 "--save-states", "13"]) == 2
+    assert "must lie in [0, 12]" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_grid_from_config(config_path, tmp_path, capsys):
     """`jaxattn loop --grid` runs the `loop-grid` experiment on any model: its folder

@@ -105,8 +105,8 @@ def test_blocked_hidden_states_equal_dense_float64(family, seed, dense, blocked)
     assert err <= 1e-12
 
 
-@pytest.mark.parametrize("family", [  # gpt_neo: warm over ~4 s (make test stays the fast loop)
-    pytest.param("gpt_neo", marks=pytest.mark.slow), "llama"])
+@pytest.mark.slow  # warm: over ~4 s each (make test stays the fast loop)
+@pytest.mark.parametrize("family", ["gpt_neo", "llama"])
 def test_blocked_loop_equals_dense(family, seed, dense, blocked):
     """`ja.models.loop` past depth (GPT-Neo's window, Llama's grouped keys and rotary),
     in float64 compute."""
@@ -272,6 +272,7 @@ def forward_temp_bytes(model, n: int) -> int:
     return compiled.memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 @needs_smollm2
 def test_smollm2_full_context_compiles_in_bounded_memory(smollm2):
     """One forward at 8,192 tokens (compiled, not run) needs far less temporary

@@ -4,6 +4,7 @@ and `steer`'s edit are loaded by a later process without tracing, with the same 
 
 import jax
 import numpy as np
+import pytest
 
 import jaxattn as ja
 from jaxattn import _programs
@@ -12,6 +13,7 @@ KEPT = ("layers_program", "_layer_maps", "_steer", "_spectrum", "random_tokens")
 
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_a_warm_process_traces_none_of_paper_004_s_programs(folder, monkeypatch, traced):
     cfg = {**ja.models.PRESETS["gpt2"], "n_embd": 12, "n_head": 3, "n_layer": 2,
            "vocab_size": 13, "n_positions": 16}

@@ -242,6 +242,7 @@ def test_spec_files_toml_and_json(tmp_path):
                           configs)) == 6
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_the_command_lines_grid_joins_a_spec_files(tmp_path, capsys):
     """`jaxattn sweep spec.toml --grid heads=1,2`: the file's β grid times the two
     head counts (the command line's grid once replaced the file's without a word)."""

@@ -89,6 +89,7 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
         (isinstance(dpi, int | np.integer) and dpi > MAX_DPI, f"dpi must be at most {MAX_DPI} "
          f"(a frame of {6.4 * MAX_DPI:.0f} × {7.2 * MAX_DPI:.0f} pixels), got {dpi}."),
         (not path.parent.is_dir(), f"{path.parent} is not a folder; cannot write {path.name}."),
+        (path.is_dir(), f"{path} is a folder; name a file (e.g. {path / 'movie.mp4'})."),
         (not (isinstance(spin, int | float | np.number) and np.isfinite(spin)),
          f"spin must be a finite number of degrees, got {spin!r}."),
     ]

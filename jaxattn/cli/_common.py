@@ -10,6 +10,7 @@ import difflib
 import os
 import re
 import sys
+from pathlib import Path
 
 #: The actions a flag may be given more than once for (`--grid A=… --grid B=…`).
 _REPEATABLE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction,
@@ -31,6 +32,16 @@ def refuse_first(checks) -> None:
     for wrong, line in checks:
         if wrong:
             raise CLIError(line)
+
+
+def file_refusals(out: Path, example: str) -> list[tuple]:
+    """`refuse_first`'s entries for the output file `--out out`: its folder exists and
+    takes files, and `out` is not a folder (`example`: a file name to suggest in it)."""
+    folder = out.parent
+    return [(not folder.is_dir(), f"cannot write {out}: there is no folder {folder}."),
+            (out.is_dir(), f"--out {out} is a folder; name a file (e.g. {out / example})."),
+            (folder.is_dir() and cannot_write_in(folder),
+             f"cannot write {out}: folder {folder} is not writable; choose another --out.")]
 
 
 def cannot_write_in(folder) -> bool:

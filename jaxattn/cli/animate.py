@@ -3,7 +3,7 @@
 import argparse
 from pathlib import Path
 
-from ._common import CLIError, cannot_write_in, count_checks, refuse_first
+from ._common import CLIError, count_checks, file_refusals, refuse_first
 
 
 def _animate(args: argparse.Namespace) -> int:
@@ -21,10 +21,7 @@ def _animate(args: argparse.Namespace) -> int:
          f"--out must end in .mp4 or .gif, got {args.out!r}."),
         (not abs(args.spin) < 1e6, f"--spin must be a finite number of degrees, got {args.spin}."),
         (args.until is not None and not args.until > 0, f"--until must be > 0, got {args.until}."),
-        (folder is not None and not folder.is_dir(),
-         f"cannot write {out}: {folder} is not a folder."),
-        (folder is not None and folder.is_dir() and cannot_write_in(folder),
-         f"cannot write {out}: folder {folder} is not writable; choose another --out."),
+        *(file_refusals(out, "movie.mp4") if out is not None else ()),
     ])
     from .._artifacts.animate import animate
     from .._artifacts.folders import check_not_held

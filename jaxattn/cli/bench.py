@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..experiments import declared
-from ._common import cannot_write_in, count_checks, refuse_first
+from ._common import count_checks, file_refusals, refuse_first
 
 # Read from the source: `jaxattn bench --help` and its argument errors answer without
 # loading JAX (the suite's modules import it).
@@ -35,10 +35,7 @@ def _bench(args: argparse.Namespace) -> int:
                               (f"--size {args.size}", args.size not in (None, "quick")))),
         (args.quick and args.size not in (None, "quick"),
          f"--quick and --size {args.size} disagree: give one of them."),
-        (not out.parent.is_dir(), f"cannot write {out}: there is no folder {out.parent}."),
-        (out.is_dir(), f"--out {out} is a folder; name a JSON file (e.g. {out / 'bench.json'})."),
-        (out.parent.is_dir() and cannot_write_in(out.parent), f"cannot write {out}: folder "
-         f"{out.parent} is not writable; choose another --out."),
+        *file_refusals(out, "bench.json"),
         *count_checks(args, {"--repeats": 1}),
     ])
     from .._artifacts.folders import write_json

@@ -3,7 +3,7 @@
 import argparse
 from pathlib import Path
 
-from ._common import cannot_write_in, refuse_first
+from ._common import file_refusals, refuse_first
 
 
 def _view(args: argparse.Namespace) -> int:
@@ -11,9 +11,7 @@ def _view(args: argparse.Namespace) -> int:
     refuse_first([
         (out.suffix.lower() not in (".html", ".htm"),
          f"--out must end in .html, got {args.out!r}."),
-        (not out.parent.is_dir(), f"cannot write {out}: {out.parent} is not a folder."),
-        (out.parent.is_dir() and cannot_write_in(out.parent),
-         f"cannot write {out}: folder {out.parent} is not writable; choose another --out."),
+        *file_refusals(out, "page.html"),
     ])
     from .._artifacts.folders import check_not_held
     from .._artifacts.trajectories import load, tokens_title

@@ -195,6 +195,14 @@ def test_bad_input_is_refused_in_one_line(tmp_path, bad, message):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+def test_a_path_that_is_a_folder_is_refused_before_any_frame(tmp_path):
+    xs, ts = _trajectory(T=5, n=3)
+    (tmp_path / "movie.gif").mkdir()
+    with pytest.raises(ValueError, match="movie.gif is a folder; name a file"):
+        ja.animate(xs, tmp_path / "movie.gif", ts, progress=False)
+    assert not list((tmp_path / "movie.gif").iterdir())
+
+
 def test_an_mp4_without_imageio_ffmpeg_names_the_extra(tmp_path, monkeypatch, capsys):
     """`make run` installs no `movies` extra: an MP4 was a ModuleNotFoundError traceback."""
     import importlib.util

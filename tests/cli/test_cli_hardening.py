@@ -124,7 +124,7 @@ BAD = [
     (["sweep", "/nonexistent/spec.toml"], "cannot read the sweep spec"),
     (["doctor", "--size", "0"], "`--size` must be a whole number ≥ 1"),
     (["doctor", "--size", "100000000"], "more than this machine's memory"),
-    (["bench", "--out", "/"], "--out / is a folder; name a JSON file"),
+    (["bench", "--out", "/"], "--out / is a folder; name a file (e.g. /bench.json)"),
     (["bench", "--out", "/nonexistent/b.json"], "there is no folder /nonexistent"),
     # a folder no file can be made in, even by root (permissions alone do not tell)
     (["bench", "--out", "/proc/b.json"], "folder /proc is not writable"),
@@ -151,6 +151,14 @@ BAD = [
 ]
 
 
+
+
+@pytest.mark.parametrize("command, name", [("animate", "a.mp4"), ("view", "a.html")])
+def test_an_output_file_that_is_a_folder_is_refused_before_any_work(capsys, tmp_path,
+                                                                    command, name):
+    (tmp_path / name).mkdir()
+    line = one_line(capsys, [command, f"{_RUNS}/demo", "--out", str(tmp_path / name)])
+    assert f"--out {tmp_path / name} is a folder; name a file" in line
 
 
 @pytest.mark.parametrize("argv, message", BAD, ids=[" ".join(a) or "-" for a, _ in BAD])

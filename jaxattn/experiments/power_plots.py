@@ -118,9 +118,18 @@ def steer(data, stem):
     figures.integer_ticks(ax.xaxis)
     figures.legend_below(ax)
     ax = axes[1]
-    ax.semilogx(data["gammas"], data["end_alignment"], "o-", color="tab:red", ms=4)
+    ax.semilogx(data["gammas"], data["end_alignment"], "o-", color="tab:red", ms=4,
+                label=r"tokens: mean $|\cos(x^L, u)|$")
+    if "v1_u" in data:  # runs before 2026-12-01 saved no spectra
+        ax.semilogx(data["gammas"], data["v1_u"], "s--", color="0.3", ms=4, mfc="none",
+                    label=r"steered $|\langle v_1, u\rangle|$")
+        past = data["gap_ratio"] >= 10
+        if past.any():
+            ax.axvline(data["gammas"][np.argmax(past)], color="0.5", ls=":", lw=1,
+                       label=r"$|\lambda_1/\lambda_2| \geq 10$ from here")
+        figures.legend_below(ax)
     ax.set(ylim=(0, 1.06), xlabel=rf"$\gamma$   ($\|\Omega_L\|_2$ = {float(data['norm']):.3g})",
-           ylabel=r"mean $|\cos(x^L, u)|$", title=r"$\gamma$ sweep")
+           ylabel="alignment with $u$", title=r"$\gamma$ sweep")
     ax = axes[2]
     ax.plot(ell[1:] - 1, data["stat_c"], "o-", color="tab:blue", ms=3,
             label=r"$c_\ell$ (along $v_1$ of $\Omega_\ell$)")

@@ -8,7 +8,7 @@ import numpy as np
 
 from .._manifold import normalize
 from .._programs import kept_jit
-from ..spectral import cosines, layer_matrix, layerwise, run_model, steer
+from ..spectral import cosines, layer_matrix, layerwise, run_model, spectrum, steer
 from . import power_plots as plots
 from .base import Param, Verdict
 from .paper004 import (
@@ -21,6 +21,14 @@ from .paper004 import (
     stats_arrays,
 )
 from .verdicts import short
+
+#: Paper 004 §2.3: once the steered layer's gap |λ₁|/|λ₂| is "of at least an order of
+#: magnitude", its principal eigenvector is (approximately) `u`.
+GAP = 10.0
+#: How close to `u` "approximately" is: |⟨v₁, u⟩| at every γ of the sweep past `GAP`.
+EIGENVECTOR = 0.99
+#: The "near-perfect alignment" of the tokens with `u` at the end of the sweep (§3.3).
+ALIGNED = 0.99
 
 
 class Steer(AbstractPowerExperiment):
@@ -50,26 +58,49 @@ class Steer(AbstractPowerExperiment):
         scale = float(_norm(model, x0.dtype))
         gammas = config.gamma * np.logspace(-7, 0, 15)
         xs = np.asarray(run_model(model, x0, tau=config.tau))  # iterated on the host
-        ends = [_last_layer(steer(model, u, g, w=w), xs[-2], config.tau, u) for g in gammas]
+        steered = [steer(model, u, g, w=w) for g in gammas]
+        ends = [_last_layer(m, xs[-2], config.tau, u) for m in steered]
+        spectra = [spectrum(layer_matrix(m, -1).astype(x0.dtype)) for m in steered]
         stats, eigs, xs_s = layerwise(steer(model, u, config.gamma, w=w), x0, tau=config.tau)
         return stats_arrays(stats) | {
             "gammas": gammas, "end_alignment": np.asarray(ends),
             "c_u": np.asarray([_alignment(x, u) for x in np.asarray(xs_s)]),
             "c_u_plain": np.asarray([_alignment(x, u) for x in xs]),
+            # the steered layer's |λ₁|/|λ₂| and its v₁'s |cos| with u, per γ
+            "gap_ratio": np.asarray([float(s.key[0] / s.key[1]) for s in spectra]),
+            "v1_u": np.asarray([float(abs(np.vdot(np.asarray(s.v1), np.asarray(u))))
+                                for s in spectra]),
             "eigenvalues": np.asarray(eigs), "norm": np.asarray(scale), "u": np.asarray(u),
             "w": np.asarray(w), "label": np.asarray(label),
         }
 
     def verdict(self, config, data):
-        end = float(data["end_alignment"][-1])
-        rising = bool(np.all(np.diff(data["end_alignment"]) > -1e-3))
-        ok = end > 0.99 and rising
-        line = (f"alignment with u after the steered last layer: {short(end)} at γ = "
-                f"{config.gamma:g} = {short(config.gamma / float(data['norm']))}‖Ω_L‖₂ "
-                f"(unsteered {short(data['c_u_plain'][-1])}); "
-                f"rises with γ: {rising}")
-        return Verdict(ok, line, {"end_alignment": end, "unsteered": float(data["c_u_plain"][-1]),
-                                  "monotone": rising})
+        """Two claims of paper 004 §2.3/§3.3: past a gap of `GAP` the steered layer's
+        principal eigenvector is `u` (to `EIGENVECTOR`), and a large enough γ aligns
+        the tokens with `u` (`ALIGNED` at the sweep's end, rising with γ). A sweep that
+        opens no such gap, or ends below `ALIGNED` while still rising, is undecided."""
+        ends, gammas, norm = data["end_alignment"], data["gammas"], float(data["norm"])
+        end, plain = float(ends[-1]), float(data["c_u_plain"][-1])
+        rising = bool(np.all(np.diff(ends) > -1e-3))
+        past = data["gap_ratio"] >= GAP
+        numbers = {"end_alignment": end, "unsteered": plain, "monotone": rising,
+                   "largest_gap": float(data["gap_ratio"].max())}
+        if not past.any():
+            return Verdict(False, f"no γ of the sweep opens a gap |λ₁/λ₂| of {GAP:g} in the "
+                           f"steered Ω_L (largest {short(numbers['largest_gap'])}); tokens "
+                           f"{end:.4f} aligned with u", numbers,
+                           undecided="raise --gamma")
+        first = int(np.argmax(past))
+        v1_u = float(data["v1_u"][past].min())
+        numbers |= {"v1_u": v1_u, "gamma_gap": float(gammas[first]),
+                    "tokens_at_gap": float(ends[first])}
+        line = (f"past a gap |λ₁/λ₂| ≥ {GAP:g} (γ ≥ {short(gammas[first] / norm)}‖Ω_L‖₂) the "
+                f"steered v₁ has |⟨v₁, u⟩| ≥ {v1_u:.4f}, tokens {ends[first]:.4f} aligned "
+                f"with u there; at γ = {config.gamma:g} = {short(config.gamma / norm)}‖Ω_L‖₂ "
+                f"tokens {end:.4f} (unsteered {plain:.4f}); rises with γ: {rising}")
+        if v1_u >= EIGENVECTOR and rising and end <= ALIGNED:
+            return Verdict(False, line, numbers, undecided="raise --gamma")
+        return Verdict(v1_u >= EIGENVECTOR and rising and end > ALIGNED, line, numbers)
 
     def draw(self, config, data, folder):
         return plots.steer(data, self.stem(folder))

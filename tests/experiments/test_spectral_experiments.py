@@ -5,6 +5,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jaxattn.experiments import EXPERIMENTS, redraw, run_experiment
@@ -53,6 +54,31 @@ def test_oja_tiny(tmp_path):
 def test_power_layers_minilm(tmp_path):
     s = _run("power-layers", {"minilm": True, "prompts": 100}, tmp_path)  # (30: undecided)
     assert s["agrees_with_theory"], s["verdict"]
+
+
+def _steer_data(**changes):
+    gammas = np.logspace(-2, 3, 6)
+    return {"gammas": gammas, "norm": np.asarray(1.0), "c_u_plain": np.full(3, 0.05),
+            "end_alignment": np.array([0.05, 0.06, 0.2, 0.6, 0.95, 0.999]),
+            "gap_ratio": np.array([1.0, 1.5, 5.0, 40.0, 400.0, 4e3]),
+            "v1_u": np.array([0.1, 0.5, 0.98, 0.9995, 1.0, 1.0])} | changes
+
+
+@pytest.mark.parametrize("changes, outcome", [
+    ({}, "agrees"),
+    # the eigenvector claim 10 % off: |<v1, u>| 0.90 past the gap
+    ({"v1_u": np.array([0.1, 0.5, 0.98, 0.90, 1.0, 1.0])}, "against"),
+    ({"end_alignment": np.array([0.05, 0.06, 0.2, 0.6, 0.99, 0.9])}, "against"),  # falls
+    ({"gap_ratio": np.array([1.0, 1.5, 5.0, 6.0, 7.0, 9.0])}, "undecided"),  # no gap of 10
+    ({"end_alignment": np.array([0.05, 0.06, 0.2, 0.6, 0.8, 0.9])}, "undecided"),  # γ too small
+])
+def test_steer_verdict_tests_the_eigenvector_and_the_tokens(changes, outcome):
+    """paper 004 §2.3: past a gap of 10 the steered v₁ is u, and a large enough γ aligns
+    the tokens; a sweep that decides neither says to raise --gamma."""
+    exp = EXPERIMENTS["steer"]
+    v = exp.verdict(exp.config(), _steer_data(**changes))
+    assert {"agrees": v.ok, "against": not v.ok and not v.undecided,
+            "undecided": v.undecided == "raise --gamma"}[outcome], v
 
 
 def test_oja_verdict_leaves_radius_one_undecided_and_fails_a_real_disagreement():

@@ -35,6 +35,12 @@ _LIGHT = np.array([-0.45, 0.55, 0.70]) / np.linalg.norm([-0.45, 0.55, 0.70])
 
 #: The fastest GIF: 0.02 s a frame (browsers play shorter frames at 0.1 s).
 GIF_FPS_MAX = 50
+
+
+def gif_fps(fps: float) -> float:
+    """The rate a GIF asked to play at `fps` plays at: its frames last whole hundredths
+    of a second, the nearest to `1/fps` (30 → 33.3, 40 → 33.3, 45 → 50)."""
+    return 100 / min(range(2, 101), key=lambda k: abs(100 / k - fps))
 #: The sharpest frame: 6,400 × 7,200 pixels (at 10⁵ dpi one frame needed 1.8 TB).
 MAX_DPI = 1000
 
@@ -54,7 +60,8 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
     - `E`: the misalignment at the `T` times (default: `ja.misalignment(xs)`).
     - `title`: a line over the picture.
     - `layers`: label the frames by layer (`layer k`) instead of time.
-    - `fps`, `frames`: frame rate, and the most frames (the `T` saves are thinned
+    - `fps`, `frames`: frame rate (a GIF plays at `gif_fps(fps)`, its frames lasting
+      whole hundredths of a second), and the most frames (the `T` saves are thinned
       to it evenly; `None` keeps all).
     - `trail`: how many earlier frames each token's trail spans (0: none).
     - `spin`: degrees the sphere turns over the whole movie; `elevation`: the
@@ -92,6 +99,12 @@ def animate(xs, path, ts=None, *, E=None, title: str | None = None, layers: bool
         (path.is_dir(), f"{path} is a folder; name a file (e.g. {path / 'movie.mp4'})."),
         (not (isinstance(spin, int | float | np.number) and np.isfinite(spin)),
          f"spin must be a finite number of degrees, got {spin!r}."),
+        (elevation is not None and not (isinstance(elevation, int | float | np.number)
+                                        and -90 <= elevation <= 90),
+         f"elevation must be a number of degrees in [-90, 90] (or None), got {elevation!r}."),
+        (density_above is not None and (not isinstance(density_above, int | np.integer)
+                                        or density_above < 0),
+         f"density_above must be a whole number ≥ 0 (or None), got {density_above!r}."),
     ]
     xs, ts, E, dtype = trajectory_arrays(xs, ts, E, per="frame", also=checks)
     scene = Scene(xs, ts, E, dtype, title=title, unit=unit, trail=trail, spin=spin,
@@ -128,10 +141,13 @@ def trajectory_arrays(xs, ts=None, E=None, *, per: str = "frame", also=()):
          "E must be ≥ 0 (a misalignment), got a negative value or NaN."),
         *also,
     ])
-    if E is None:
+    if E is None:  # in the tokens' own precision (float64 ones under x64)
+        import jax
+
         from ..metrics import misalignment
 
-        E = misalignment(xs)
+        with jax.enable_x64(given[0] == np.float64):
+            E = misalignment(xs.astype(given[0] if given[0] == np.float64 else np.float32))
         given.append(E.dtype)
         E = np.asarray(E, np.float64)
     ts = np.arange(T, dtype=np.float64) if ts is None else ts
@@ -260,11 +276,10 @@ class Scene:
             azimuth, height = facing(self.xs)
             self.azimuth = azimuth - spin / 2
             self.elevation = height if elevation is None else elevation
-        many = n > (density_above or DENSITY_ABOVE[min(d, 3)])
+        many = n > (DENSITY_ABOVE[min(d, 3)] if density_above is None else density_above)
         self.mode = ("ring" if many else "circle") if d == 2 else (
             "density" if many else "sphere")
         self.fig = self.plt.figure(figsize=(6.4, 7.2), dpi=dpi)
-        self.size = tuple(int(round(v)) for v in self.fig.get_size_inches() * dpi)
         self.fig.patch.set_facecolor("white")
         self.ax = self.fig.add_axes([0.04, 0.30, 0.92, 0.62])
         self.ax_e = self.fig.add_axes([0.14, 0.06, 0.80, 0.17])
@@ -284,6 +299,9 @@ class Scene:
             artist.set_animated(True)
         self.fig.canvas.draw()
         self.background = self.fig.canvas.copy_from_bbox(self.fig.bbox)
+        # the frame's pixels as matplotlib draws them (it truncates 7.2 · dpi; rounding
+        # the size told ffmpeg one row too many at dpi 33, and it shifted the frames)
+        self.size = self.fig.canvas.get_width_height()
 
     # --- the picture ---------------------------------------------------------------
     def _blank(self, half: float, wide: float | None = None):
@@ -381,7 +399,8 @@ class Scene:
         E, cut = above_floor(self.E, self.floor)
         self.shown = E
         positive = E[E > 0]
-        ax.plot(ts, E, color="0.25", lw=1.2)
+        # few saves (a loop's depths): points joined, not a curve
+        ax.plot(ts, E, "o-" if len(ts) <= 30 else "-", color="0.25", lw=1.2, ms=3)
         if cut:
             mark_floor(ax, self.floor, self.dtype)
             ax.legend(fontsize=7, loc="upper right", frameon=False)
@@ -460,7 +479,7 @@ class Scene:
                 history = history[::-1][::step][::-1]  # ends on the frame itself
                 draw(history, j / last)
                 t = self.ts[i]
-                when = f"t = {t:7.3f}" if self.unit == "t" else f"{self.unit} {int(round(t))}"
+                when = f"t = {t:.4g}" if self.unit == "t" else f"{self.unit} {int(round(t))}"
                 value = (f"E = {self.E[i]:.2e}" if self.E[i] > self.floor else
                          f"E < {self.floor:.1e} ({self.dtype.name} resolution)")
                 self.label.set_text(f"{when}    {value}")
@@ -562,4 +581,4 @@ def _write_gif(images, tmp: str, fps: int, colors: np.ndarray) -> None:
 
     frames = [indexed(first)] + [indexed(image) for image in images]
     frames[0].save(tmp, format="GIF", save_all=True, append_images=frames[1:],
-                   duration=int(round(1000 / fps)), loop=0, optimize=True, disposal=1)
+                   duration=round(1000 / gif_fps(fps)), loop=0, optimize=True, disposal=1)

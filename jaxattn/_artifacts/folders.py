@@ -414,7 +414,8 @@ def write_run(
 
 
 #: What to do with an unfinished folder, by its kind.
-_UNFINISHED = {"run": "is an incomplete run (it was interrupted); re-run it.",
+_UNFINISHED = {"run": "is an incomplete run (it was interrupted); re-run it (`jaxattn loop … "
+                      "--resume --out DIR` continues a loop).",
                "sweep": "is an unfinished sweep; continue it with `jaxattn sweep … --resume "
                         "--out DIR`."}
 

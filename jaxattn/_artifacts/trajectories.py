@@ -36,6 +36,7 @@ class Trajectory:
     E: np.ndarray | None
     layers: bool
     experiment: str = ""  # the run folder's experiment, when its config.json names one
+    note: str = ""  # what was left out: the saves from the first NaN or inf on
 
     @property
     def title(self) -> str:
@@ -90,6 +91,8 @@ def pick(data, name: str | None = None, index: int = 0, *,
             else ".")),
         (not 0 <= index < runs, f"--index must {which}, got {index}."),
     ))
+    refuse_first([(np.iscomplexobj(data[name]), f"{name} holds complex values; tokens "
+                   "are real vectors.")])
     xs = np.asarray(data[name], dtype=np.float64)
     ts, E = (_partner(data, name, key, xs.shape[:-2]) for key in ("ts", "E"))
     if name == "states" and "depths" in data:  # a loop's: E (B, every block) at `depths`
@@ -104,14 +107,19 @@ def pick(data, name: str | None = None, index: int = 0, *,
     layers = ts is None or name == "states"
     if ts is None:
         ts = np.arange(xs.shape[0], dtype=np.float64)
-    # A run stopped by an event saves `inf` times (and placeholders) after its end.
-    kept = np.isfinite(ts) & np.all(np.isfinite(xs), axis=(1, 2))
+    # A run stopped by an event saves `inf` times (and placeholders) after its end;
+    # tokens or E that are not finite before it are a diverged run, drawn up to there.
+    timed = np.isfinite(ts)
+    kept = timed & np.all(np.isfinite(xs), axis=(1, 2))
     if E is not None:
         kept &= np.isfinite(E)
     end = int(np.argmin(kept)) if not kept.all() else len(kept)
     if end == 0:
         raise ValueError(f"{label} holds no finite save to draw.")
-    return Trajectory(label, xs[:end], ts[:end], None if E is None else E[:end], layers)
+    note = (f"save {end} of {len(kept)} (and maybe later ones) holds NaN or inf: drawn up to "
+            f"save {end - 1}" if end < len(kept) and timed[end] else "")
+    return Trajectory(label, xs[:end], ts[:end], None if E is None else E[:end], layers,
+                      note=note)
 
 
 def load(folder, name: str | None = None, index: int = 0) -> Trajectory:
@@ -128,14 +136,21 @@ def load(folder, name: str | None = None, index: int = 0) -> Trajectory:
          "`jaxattn loop --save-states`)."),
         ((folder / INCOMPLETE).exists() and not saved, RunFolderError,
          f"{folder} is an incomplete run (it was interrupted before it saved data.npz); "
-         "re-run it."),
+         "re-run it (`jaxattn loop … --resume --out DIR` continues a loop)."),
         (not saved, ValueError, f"{folder} has no data.npz: not a run folder."),
     ))
     data = read_data(folder)
     track = pick(data, name, index,
                  none=f"{folder} holds no token trajectory: {how_to_save(folder)}")
-    experiment = read_settings(folder / "config.json").get("experiment", "")
-    return dataclasses.replace(track, experiment=str(experiment))
+    experiment = str(read_settings(folder / "config.json").get("experiment", ""))
+    if experiment in ENERGY_NOT_E:  # its `E` is another quantity: the misalignment is drawn
+        track = dataclasses.replace(track, E=None)
+    return dataclasses.replace(track, experiment=experiment)
+
+
+#: The experiments whose saved `E` is not the misalignment (metastability's is the
+#: interaction energy of its staircase).
+ENERGY_NOT_E = ("metastability",)
 
 
 #: The experiments whose saved runs hold token trajectories, and the arrays.

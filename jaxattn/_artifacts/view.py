@@ -8,6 +8,7 @@ drive it in a headless browser.
 
 import html
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -37,15 +38,17 @@ def view_html(xs, ts=None, *, E=None, title: str = "", layers: bool = False) -> 
         xs = np.concatenate([xs, np.zeros(xs.shape[:2] + (1,))], axis=-1)
     data = {
         "xs": np.round(xs, 4).reshape(-1).tolist(), "T": int(xs.shape[0]), "n": int(n),
-        "flat": d == 2, "ts": np.round(ts, 6).tolist(),
+        "flat": d == 2, "ts": [float(f"{v:.7g}") for v in ts],
         "E": [float(f"{v:.4g}") for v in E], "unit": unit, "note": note,
         "floor": resolution(dtype), "dtype": np.dtype(dtype).name,
     }
     hint = ("Filled dots: the tokens on the circle." if d == 2 else
             "Drag the sphere to turn it. Filled dots: near side; rings: far side.")
-    page = _PAGE.read_text(encoding="utf-8")
-    return (page.replace("__TITLE__", html.escape(title)).replace("__HINT__", hint)
-            .replace("__DATA__", json.dumps(data, separators=(",", ":"))))
+    fills = {"__TITLE__": html.escape(title), "__HINT__": hint,
+             "__DATA__": json.dumps(data, separators=(",", ":"))}
+    # one pass: a title that reads "__DATA__" stays a title
+    return re.sub("|".join(fills), lambda m: fills[m.group(0)],
+                  _PAGE.read_text(encoding="utf-8"))
 
 
 def write_view(path, xs, ts=None, **kwargs) -> Path:

@@ -268,9 +268,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _resume_hint(args) -> str:
-    """How an interrupted sweep goes on: its saved chunks stay."""
-    if args.command != "sweep" or getattr(args, "launch_local", None) is not None:
-        return ""  # (the launcher's own line says it)
+    """How an interrupted sweep or loop goes on: its saved chunks stay."""
+    if args.command not in ("sweep", "loop") or getattr(args, "grid", False) \
+            or getattr(args, "launch_local", None) is not None:
+        return ""  # (a sweep's launcher says it in its own line; a grid has no resume)
     more = ([] if args.out else ["--out FOLDER (named as it started)"]) + \
         ([] if args.resume else ["--resume"])
     return ("; its finished chunks are saved: the same command"

@@ -31,6 +31,8 @@ def _animate(args: argparse.Namespace) -> int:
         check_not_held(folder, writing=True)
 
     track = load(args.folder, args.which, args.index)
+    if track.note:
+        print(f"jaxattn animate: {track.name}: {track.note}")
     xs, ts, E = track.xs, track.ts, track.E
     if args.until is not None:
         keep = ts <= args.until
@@ -45,7 +47,11 @@ def _animate(args: argparse.Namespace) -> int:
     path = animate(xs, out, ts, E=E, title=args.title or track.title, layers=track.layers,
                    fps=args.fps, frames=args.frames, trail=args.trail, dpi=args.dpi, spin=args.spin,
                    progress=not args.no_progress)
-    print(f"wrote {path}")
+    from .._artifacts.animate import gif_fps
+
+    played = gif_fps(args.fps) if path.suffix.lower() == ".gif" else args.fps
+    print(f"wrote {path}" + (f" (it plays at {played:.3g} fps: a GIF's frames last whole "
+                             "hundredths of a second)" if played != args.fps else ""))
     return 0
 
 

@@ -20,6 +20,8 @@ def _view(args: argparse.Namespace) -> int:
     check_not_held(out.parent, writing=True)  # not into a folder a running command writes
 
     track = load(args.folder, args.which, args.index)
+    if track.note:
+        print(f"jaxattn view: {track.name}: {track.note}")
     path = write_view(out, track.xs, track.ts, E=track.E, title=args.title or track.title,
                       layers=track.layers)
     print(f"jaxattn view: {track.name}, {track.xs.shape[0]} saves: "

@@ -184,6 +184,10 @@ def test_misalignment_is_the_librarys_when_not_given(tmp_path, monkeypatch):
     (dict(ts=np.arange(5.0)[::-1]), "ts must be finite and nondecreasing"),
     (dict(E=-np.ones(5)), "E must be ≥ 0"),
     (dict(xs=np.ones((5, 3, 3)) + 0j), "must be real"),  # was cast, with NumPy's warning
+    # a NaN elevation drew no token; 0 tokens as a density was read as the default
+    (dict(elevation=float("nan")), "elevation must be a number of degrees in"),
+    (dict(elevation=200), "elevation must be a number of degrees in"),
+    (dict(density_above=-1), "density_above must be a whole number ≥ 0"),
 ])
 def test_bad_input_is_refused_in_one_line(tmp_path, bad, message):
     xs, ts = _trajectory(T=5, n=3)
@@ -193,6 +197,61 @@ def test_bad_input_is_refused_in_one_line(tmp_path, bad, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ja.animate(args.pop("xs"), args.pop("path"), args.pop("ts"), progress=False, **args)
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_an_mp4_at_a_dpi_matplotlib_truncates_holds_every_frame_whole(tmp_path):
+    """At dpi 33 matplotlib draws 211 × 237 pixels (7.2 · 33 = 237.6, truncated): a
+    size rounded to 238 rows gave ffmpeg short frames, 4 of 5 of them, shifted."""
+    xs, ts = _trajectory(T=5, n=3)
+    ja.animate(xs, tmp_path / "m.mp4", ts, dpi=33, frames=5, trail=0, progress=False)
+    meta, frames = _mp4_frames(tmp_path / "m.mp4")
+    assert len(frames) == 5
+    top = [f[:12].astype(float) for f in frames]  # the title's band stays where it is
+    assert max(np.abs(t - top[0]).mean() for t in top) < 2.0
+
+
+def test_a_gif_plays_at_the_rate_its_frames_can_last():
+    """A GIF's frames last whole hundredths of a second: the nearest rate is played
+    (and `jaxattn animate` says so)."""
+    from jaxattn._artifacts.animate import gif_fps
+
+    assert [round(gif_fps(f), 2) for f in (10, 25, 30, 40, 45, 50)] == \
+        [10.0, 25.0, 33.33, 33.33, 50.0, 50.0]
+
+
+def test_the_misalignment_of_float64_tokens_is_float64_without_x64():
+    """`E` not saved: computed in the tokens' precision (it was float32, so a float64
+    run's E stopped at float32's resolution)."""
+    import jax
+
+    from jaxattn._artifacts.animate import trajectory_arrays
+
+    xs, _ = _trajectory(T=30, n=4)
+    xs = xs + (np.arange(30) * 1e-3)[:, None, None]  # off the sphere: no rounding to it
+    with jax.enable_x64(False):
+        _, _, E, dtype = trajectory_arrays(xs)
+    with jax.enable_x64(True):
+        want = np.asarray(ja.misalignment(xs))
+    assert dtype == np.float64
+    np.testing.assert_allclose(E, want, rtol=1e-13)
+
+
+def test_a_saved_trajectory_that_diverges_is_drawn_up_to_its_first_nan_and_says_so():
+    from jaxattn._artifacts.trajectories import pick
+
+    xs, ts = _trajectory(T=8, n=3)
+    xs[5, 1, 0] = np.nan
+    track = pick({"ys": xs, "ts": ts})
+    assert len(track.xs) == 5 and track.note.startswith("save 5 of 8")
+    xs[5, 1, 0], ts[6:] = 0.0, np.inf  # an event stopped the run: no news
+    track = pick({"ys": np.where(np.isfinite(ts)[:, None, None], xs, 0.0), "ts": ts})
+    assert len(track.xs) == 6 and track.note == ""
+
+
+def test_metastabilitys_energy_is_not_drawn_as_the_misalignment():
+    """metastability saves its interaction energy as `E`: the movie draws E(t)."""
+    track = load(RUNS / "metastability")
+    assert track.E is None and track.experiment == "metastability"
 
 
 def test_a_path_that_is_a_folder_is_refused_before_any_frame(tmp_path):

@@ -152,6 +152,13 @@ def test_bad_input_is_refused(xs, ts, message):
         view_html(xs, ts)
 
 
+def test_a_title_is_only_a_title():
+    """A title reading `__DATA__` was replaced by the page's data."""
+    page = view_html(np.ones((2, 3, 3)) / np.sqrt(3), title="__DATA__ and __HINT__")
+    assert "<h1>__DATA__ and __HINT__</h1>" in page or "__DATA__ and __HINT__</" in page
+    assert page.count('"xs":') == 1
+
+
 def test_a_page_says_what_its_picture_is():
     """On the circle no sphere to drag; without times the saves are steps; the title
     names the sphere the tokens are on; E stops at its dtype's resolution."""

@@ -198,12 +198,12 @@ def register(sub) -> None:
         "--out): config.json, data.npz, figures (PNG, PDF), summary.json with the verdict. "
         "Overrides follow the name (jaxattn run NAME --help lists them). Exit status: 0 "
         "when the outcome agrees with what the experiment tests (a theorem, or the paper's "
-        "claim a study checks: `jaxattn list` names it), when it is still converging at the "
-        "horizon (verdict_kind not_converged) or when its theorem does not cover the run; 3 "
-        "only when the run measurably contradicts it (convergence stalled or reversed, a "
-        "predicted rate, threshold or share missed); 4 when its errors are too large to "
-        "agree or contradict (the verdict says what decides it, e.g. raise --seeds); 2 for "
-        "bad input.",
+        "claim a study checks: `jaxattn list` names it) or when its theorem does not cover "
+        "the run; 3 only when the run measurably contradicts it (convergence stalled, a "
+        "predicted rate, threshold or share missed); 4 when it cannot decide: its errors "
+        "are too large, or it has not converged by its horizon (verdict_kind "
+        "not_converged); the verdict says what decides it, e.g. raise --seeds; 2 for bad "
+        "input.",
     )
     run.add_argument("name", nargs="?", help="experiment name (see `jaxattn list`)")
     run.add_argument("overrides", nargs=argparse.REMAINDER,

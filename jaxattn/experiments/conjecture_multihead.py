@@ -16,7 +16,7 @@ from ..explore import Constraints, slow_consensus
 from ..spectral import layer_matrix, top_eigenvector
 from .base import Param
 from .search import SEARCH_PARAMS, AbstractSearch, adam, draw_trace, long_run, searched
-from .verdicts import convergence_trend, short
+from .verdicts import convergence_trend, run_kind, short
 
 
 def _top_of_sum(dyn):
@@ -115,9 +115,9 @@ class ConjectureMultihead(AbstractSearch):
     def judge_setting(self, config, found, h):
         d_T, d_long = float(found["value"]), float(found["dist_long"])
         trend = _trend(found)
-        # a counterexample stops approaching v₁; a slow approach is none, nor a proof
-        kind = ("contradicts" if trend.contradicts else
-                "agrees" if trend.state == "converged" else "not_converged")
+        # a counterexample stops approaching v₁; a slow approach (or a rise) is none,
+        # nor a proof
+        kind = run_kind(trend.state == "converged", trend)
         return kind, (
             f"h={h}: best max(1 − ⟨x_i(T), v₁⟩) {short(d_T)} (random starts mean "
             f"{short(np.mean(found['baseline']))}); at {config.long:g}T {short(d_long)}, "
@@ -128,13 +128,8 @@ class ConjectureMultihead(AbstractSearch):
                 "agrees": "converges: no counterexample",
                 "not_converged": "not converged: undecided"}[kind])
 
-    def undecided(self, config, data, kind):
-        return super().undecided(config, data, kind) or (
-            "a larger --long (the distance to v₁ has not converged)"
-            if kind == "not_converged" else "")
-
     def numbers(self, config, data):
-        found = any(_trend(s).contradicts for s, _ in self.sections(data))
+        found = any(_trend(s).state == "stalled" for s, _ in self.sections(data))
         return ({f"{p}{k}": float(data[f"{p}{k}"]) for p in self.settings
                  for k in ("value", "dist_long", "gap", "speed_end", "margin")}
                 | {"counterexample_found": bool(found)})

@@ -156,7 +156,7 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
         """Judges the layers with `--discrete`, else the flow; the line says which."""
         run = Section(data, suffix="_layers" if config.discrete else "")
         evidence = self.evidence(config, run)
-        judged, numbers = _judge(run["ts"], evidence, self.theorem)
+        judged, numbers = _judge(run["ts"], evidence)
         where = f"{len(run['ts']) - 1} layers, τ = {config.tau}" if config.discrete else "flow"
         line = f"{where}: {self.describe(config, run, evidence, judged)}"
         return kind_verdict(judged.kind, line, evidence.numbers | numbers)
@@ -208,19 +208,19 @@ def _measured(experiment, config, dyn, test, x0, ts, ys, *, flow: bool):
     return experiment.measures(config, dyn, test, x0, ts, ys) | facts
 
 
-def _judge(ts, evidence: Evidence, theorem: str) -> tuple[Judged, dict[str, Any]]:
+def _judge(ts, evidence: Evidence) -> tuple[Judged, dict[str, Any]]:
     """Trend → kind for one start, or per start and overall for several; the numbers
     the judgement adds (the trend's, or the counts of the kinds)."""
     residual = np.asarray(evidence.residual)
     if residual.ndim == 1:
-        trend, kind = trend_kind(ts, residual, evidence.reached, evidence.inside, theorem)
+        trend, kind = trend_kind(ts, residual, evidence.reached, evidence.inside)
         kind = "contradicts" if evidence.against and evidence.inside else kind
         return Judged(kind, trend), trend.numbers()
     kinds = np.full(len(residual), "not_applicable", dtype=object)
     slowest = None
     reached, inside = np.asarray(evidence.reached), np.asarray(evidence.inside)
     for b in np.flatnonzero(inside):
-        trend, kinds[b] = trend_kind(ts, residual[b], reached[b], True, theorem)
+        trend, kinds[b] = trend_kind(ts, residual[b], reached[b], True)
         if not reached[b] and (slowest is None or trend.reach > slowest.reach):
             slowest = trend
     judged = Judged(overall_kind(kinds), slowest, kinds)

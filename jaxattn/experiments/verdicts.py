@@ -56,8 +56,9 @@ def rise_words(rise: float, what: str = "") -> str:
 
 
 #: The verdict kinds, in `summary.json` as `verdict_kind`: the outcome was reached;
-#: not reached yet but still converging (which the theorem allows); measurably
-#: against the theorem (stalled or reversed inside its hypotheses); outside them.
+#: not reached yet (still converging, or rising: the theorems bound no transient, so
+#: neither decides); measurably against the theorem (stalled inside its hypotheses);
+#: outside them.
 VERDICT_KINDS = ("agrees", "not_converged", "contradicts", "not_applicable")
 
 
@@ -84,7 +85,9 @@ class Trend:
 
     @property
     def contradicts(self) -> bool:
-        """Whether convergence is measurably stalled or reversed (not merely slow)."""
+        """Whether convergence is measurably stalled or reversed (not merely slow): a
+        run that does not collapse at its depth (`variants`). A theorem's verdict
+        asks more (`run_kind`: a stall only)."""
         return self.state in ("stalled", "rising")
 
     def describe(self, what: str = "E") -> str:
@@ -171,39 +174,45 @@ def overall_kind(kinds) -> str:
                 "not_applicable")
 
 
-def run_kind(reached: bool, trend: Trend, theorem: str | None = None) -> str:
+def run_kind(reached: bool, trend: Trend) -> str:
     """The verdict kind of a run inside a theorem's hypotheses: `"agrees"` when the
-    predicted outcome was reached, `"contradicts"` when convergence stalled or
-    reversed (`trend.contradicts`), else `"not_converged"`.
+    predicted outcome was reached, `"contradicts"` when convergence stalled, else
+    `"not_converged"`.
 
-    Theorem 3.2 (an equilibrium) is judged on the speed `max |ẋ|`, which rises
-    whenever a gradient flow leaves a saddle's neighbourhood: for it only a stall
-    contradicts.
+    A rise is no contradiction: the theorems say where a run ends, not that its
+    measure falls on the way (`E` is no Lyapunov function of Theorems 5.1–5.2, paper
+    001 §6.1.3; a gradient flow's speed rises as it leaves a saddle, Theorem 3.2). A
+    causal run of E 1.133 → 1.136 over t ∈ [1, 1.5] reaches 2e-14 at t = 20.
     """
     if reached:
         return "agrees"
-    if trend.state == "stalled" or (trend.state == "rising" and theorem != "3.2"):
-        return "contradicts"
-    return "not_converged"
+    return "contradicts" if trend.state == "stalled" else "not_converged"
 
 
-def trend_kind(ts, values, reached, inside, theorem: str | None = None) -> tuple[Trend, str]:
+def trend_kind(ts, values, reached, inside) -> tuple[Trend, str]:
     """The trend of `values`, which the theorem drives below `CONSENSUS_TOL`, and the
     run's kind: `run_kind` inside the theorem's hypotheses, else `"not_applicable"`."""
     trend = convergence_trend(ts, values, CONSENSUS_TOL)
-    return trend, run_kind(bool(reached), trend, theorem) if inside else "not_applicable"
+    return trend, run_kind(bool(reached), trend) if inside else "not_applicable"
 
 
 def outcome_words(kind: str, theorem: str) -> str:
     """How a verdict line names its kind: `as Theorem 4.1 predicts`, `AGAINST …`."""
     return {"agrees": f"as Theorem {theorem} predicts",
-            "not_converged": f"consistent with Theorem {theorem}, which allows slow convergence",
+            "not_converged": f"undecided: Theorem {theorem} allows slow convergence",
             "contradicts": f"AGAINST Theorem {theorem}",
             "not_applicable": f"Theorem {theorem} says nothing here"}[kind]
 
 
+#: What decides a run that has not converged (`jaxattn run` exits 4).
+LONGER = "raise --horizon: the run ended before the predicted outcome"
+
+
 def kind_verdict(kind: str, line: str, numbers: dict[str, Any],
                  extra: dict[str, Any] | None = None) -> Verdict:
-    """A `Verdict` of kind `kind` (`VERDICT_KINDS`): it agrees with the theory unless it
-    contradicts it, and `summary.json` records the kind as `verdict_kind`."""
-    return Verdict(kind != "contradicts", line, numbers, {"verdict_kind": kind} | (extra or {}))
+    """A `Verdict` of kind `kind` (`VERDICT_KINDS`): it agrees where the outcome was
+    reached or the theorem does not speak, is undecided where the run has not
+    converged (`LONGER`), and `summary.json` records the kind as `verdict_kind`."""
+    undecided = LONGER if kind == "not_converged" else ""
+    return Verdict(kind in ("agrees", "not_applicable"), line, numbers,
+                   {"verdict_kind": kind} | (extra or {}), undecided)

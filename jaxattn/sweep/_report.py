@@ -41,17 +41,17 @@ PREDICTION_HELD = {"held": "true", "not_converged": "", "contradicted": "false",
                    "solver_failed": "", "outside_domain": ""}
 
 
-def instance_status(success, inside, reached, ts, residual, theorem) -> str:
+def instance_status(success, inside, reached, ts, residual) -> str:
     """An instance's `status` (`STATUSES`): `solver_failed`, `outside_domain` (the
     theorem says nothing), `held` (the outcome was reached), else, judged on the trend
     of its distance to the predicted outcome `residual` over the last third of the
     run (`convergence_trend`), `not_converged` (still converging at T) or
-    `contradicted` (stalled or reversed)."""
+    `contradicted` (stalled; a rise is `not_converged`)."""
     if not success:
         return "solver_failed"
     if not inside:
         return "outside_domain"
-    kind = run_kind(reached, convergence_trend(ts, residual, CONSENSUS_TOL), theorem)
+    kind = run_kind(reached, convergence_trend(ts, residual, CONSENSUS_TOL))
     return {"agrees": "held", "contradicts": "contradicted"}.get(kind, kind)
 
 
@@ -99,7 +99,7 @@ def sweep_verdict(counts: dict[str, int]) -> tuple[str, str]:
             "agrees" if counts["prediction_held"] else "not_applicable")
     line = (f"inside the theorem's domain: {counts['prediction_held']} held, "
             f"{counts['not_converged']} not yet converged (still converging at T), "
-            f"{counts['contradicted']} contradicted (convergence stalled or reversed); "
+            f"{counts['contradicted']} contradicted (convergence stalled); "
             f"{counts['solver_failed']} solver failed; {counts['outside_domain']} outside "
             "the domain")
     return kind, line

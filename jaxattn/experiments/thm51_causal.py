@@ -104,8 +104,8 @@ class CausalExperiment(AbstractTheoremExperiment):
                 f"{short(n['final_E_max'])}, max 1 − ⟨x_i, x₁(0)⟩ = {short(n['final_gap_max'])}"
                 f"; tolerance {CONSENSUS_TOL:g})")
         if judged.trend is not None:
-            line += (f"; {judged.count('not_converged')} still converging, "
-                     f"{judged.count('contradicts')} stalled or reversed (slowest: "
+            line += (f"; {judged.count('not_converged')} not converged, "
+                     f"{judged.count('contradicts')} stalled (slowest: "
                      f"{judged.trend.describe('1 − ⟨x_i, x₁(0)⟩')})")
         line += f": {self.words(judged.kind)}"
         if np.isfinite(n["consensus_time_max"]):

@@ -1,6 +1,6 @@
 """Verdicts a researcher can trust (issue 15; issue 14 point 7): a run that has not
-reached the predicted outcome by T but is still converging says so and agrees with
-the theory; only a stalled or reversed convergence contradicts it; a solver failure
+reached the predicted outcome by T says so and is undecided (raise --horizon); only
+a stalled convergence contradicts it; a solver failure
 in a sweep is a failure, not a verdict."""
 
 import json

@@ -31,16 +31,17 @@ class AdversarialWeights(AbstractSearch):
         Param("horizon", float, 10.0, "horizon T of the objective E(x(T))", 0.0),
         Param("u_bound", float, 1.0, "spectral-norm bound of U", 0.0),
         Param("p_bound", float, 2.0, "spectral-norm bound of P", 0.0),
-        Param("gap", float, 0.02, "kept spectral gap λ₁ − λ₂ ≥ gap", 0.0),
+        Param("gap", float, 0.02, "kept λ₁ − λ₂ ≥ gap and λ₁ ≥ gap for U", 0.0),
         Param("long", float, 10.0, "the check runs to long × horizon", 1.0),
         Param("saves", int, 50, "saved times of the objective's trajectory", 1),
     )
 
     def refusals(self, config):
-        return ((config.gap > 2 * config.u_bound,
+        return ((config.gap > config.u_bound,
                  f"--gap {config.gap:g} cannot be kept with --u-bound {config.u_bound:g}: "
-                 "U's eigenvalues lie in [−u_bound, u_bound], so the gap is at most "
-                 f"{2 * config.u_bound:g}; lower --gap or raise --u-bound."),)
+                 "the search keeps λ₁(U) ≥ gap (Theorem 5.2's positive λ₁) and U's "
+                 f"eigenvalues in [−u_bound, u_bound]; lower --gap to at most "
+                 f"{config.u_bound:g} or raise --u-bound."),)
 
     def explore(self, config, setting, progress):
         U, v1, P, x0, kq = _problem(config.seed, config.dim, config.tokens)

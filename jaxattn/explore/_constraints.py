@@ -48,10 +48,12 @@ class Constraints(eqx.Module):
       `{field: number}`; each needs the other.
     - `symmetric`: fields kept symmetric, e.g. `("U",)` (projection `(M + Mᵀ)/2`).
     - `top_eigenvector`, `gap`: keep the given unit vector `v` an eigenvector of
-      the (one-head, symmetric) `U` with the largest eigenvalue, ahead of the next
-      by at least `gap`: in the basis `(v, v^⊥)` the cross terms are dropped and
-      the other eigenvalues are clipped to `≤ λ₁ − gap` (with `norm="spectral"`,
-      all to `[−bound, bound]` as well).
+      the (one-head, symmetric) `U` with the largest eigenvalue `λ₁ ≥ gap`, ahead of
+      the next by at least `gap` (Theorem 5.2's simple positive `λ₁`): in the basis
+      `(v, v^⊥)` the cross terms are dropped, `λ₁` is clipped to `≥ gap` and the
+      other eigenvalues to `≤ λ₁ − gap` (with `norm="spectral"`, all to
+      `[−bound, bound]` as well). An unconstrained `λ₁` went negative: the search
+      slowed consensus by leaving the theorem.
     - `sum_gap`: keep the top eigenvalue `λ₁` of `Σ_η U_η` (time-invariant,
       symmetric `U`, any number of heads) simple and positive, `λ₁ − λ₂ ≥ sum_gap`
       and `λ₁ ≥ sum_gap`. Not a projection: a weight step that would break it is
@@ -95,10 +97,9 @@ class Constraints(eqx.Module):
              if bad else ""),
             (not _positive(self.gap, zero=True),
              f"`gap` must be a finite number ≥ 0, got {self.gap!r}."),
-            (u_bound is not None and _positive(self.gap) and self.gap > 2 * u_bound,
-             f"`gap` {self.gap} cannot be kept with ‖U‖₂ ≤ {u_bound}: the eigenvalues of "
-             f"U lie in [−{u_bound}, {u_bound}], so the gap is at most twice the bound; "
-             "lower `gap` or raise the bound."),
+            (u_bound is not None and _positive(self.gap) and self.gap > u_bound,
+             f"`gap` {self.gap} cannot be kept with ‖U‖₂ ≤ {u_bound}: λ₁ ≥ gap must lie in "
+             f"[−{u_bound}, {u_bound}]; lower `gap` or raise the bound."),
             (isinstance(self.hemisphere, str) and self.hemisphere != "start",
              f"`hemisphere` must be an array, 'start' or a function, got {self.hemisphere!r}."),
             (self.sum_gap is not None and not _positive(self.sum_gap),
@@ -166,7 +167,7 @@ def _top_eigen_projection(U, v, gap, b):
     lam = einsum("d,de,e->", v, M, v)
     hi = jnp.inf if b is None else b
     lo = -hi
-    lam = jnp.clip(lam, lo + gap, hi)
+    lam = jnp.clip(lam, gap, hi)  # λ₁ ≥ gap: positive, as Theorem 5.2 asks
     C = _symmetrize(einsum("dp,de,eq->pq", basis, M, basis))
     mu, E = jnp.linalg.eigh(C)
     mu = jnp.clip(mu, lo, lam - gap)

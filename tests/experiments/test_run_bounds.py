@@ -213,7 +213,7 @@ REFUSED_EARLY = [
     ("steer", "std", 1e-30, "--std"),
     # these ran: a gap no ‖U‖₂ ≤ 1 can keep (the search broke the bound by 3 and agreed),
     # Fig. 13 at an unstable radius, or at one no q in [0, 10] gives (silently another)
-    ("adversarial-weights", "gap", 5.0, "--gap 5 cannot be kept with --u-bound 1"),
+    ("adversarial-weights", "gap", 1.5, "--gap 1.5 cannot be kept with --u-bound 1"),
     ("oja-bipartite", "radius", 1.5, "--radius must be < 1"),
     ("oja-bipartite", "radius", 0.5, "--radius 0.5 is out of reach at --tau 1"),
 ]

@@ -180,6 +180,9 @@ def test_thm32_speed_rising_is_no_contradiction_but_a_falling_potential_is():
     assert leaving_saddle.extra["verdict_kind"] == "not_converged"
     falling_EP = experiment.verdict(config, _thm32(FALLING, EP=10 - TS))
     assert not falling_EP.ok and "AGAINST" in falling_EP.line
+    # β = 500 on seed 0: E_P overflows float64 (inf − inf is NaN), the equilibrium holds
+    overflow = experiment.verdict(config, _thm32(np.exp(-3 * TS), EP=np.full(101, np.inf)))
+    assert overflow.ok and "overflows float64" in overflow.line and "AGAINST" not in overflow.line
 
 
 def test_outside_the_hypotheses_nothing_is_contradicted():

@@ -128,6 +128,7 @@ def test_weight_constraints_hold_at_every_iterate(key):
         lam, vec = np.linalg.eigh(Ur)
         assert abs(abs(vec[:, -1] @ np.asarray(v1)) - 1) < 1e-10
         assert lam[-1] - lam[-2] >= 0.1 - 1e-10
+        assert lam[-1] >= 0.1 - 1e-10  # positive λ₁ (it went negative, off Theorem 5.2)
     assert res.value >= res.trace[0].max()
 
 
@@ -308,7 +309,9 @@ def test_constraints_refuse_bounds_they_cannot_keep(options, match):
         E.Constraints(**options)
     assert E.Constraints(train="P").train == ("P",)  # was a TypeError on `+` of str and tuple
     E.Constraints(norm="spectral", bound=1.0, top_eigenvector=jnp.array([1.0, 0.0, 0.0]),
-                  gap=2.0)  # at the edge: kept, with U's eigenvalues at ±1
+                  gap=1.0)  # at the edge: kept, with λ₁ = 1 and the others ≤ 0
+    with pytest.raises(ValueError, match="`gap` 2.0 cannot be kept"):  # λ₁ ≥ 2 > ‖U‖₂
+        E.Constraints(norm="spectral", bound=1.0, top_eigenvector=jnp.array([1.0, 0, 0]), gap=2.0)
 
 
 def test_stabilize_bipartite_refuses_what_it_cannot_keep():

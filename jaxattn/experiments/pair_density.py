@@ -358,12 +358,12 @@ def refusals(cfg: Config, *extra: tuple[bool, str]) -> Iterator[tuple[bool, str]
            f"{listed} ({source}'s codes); got {cfg[name]!r}.") for name, table, listed in codes),
         (not 0 < cfg.threshold < 1, f"--threshold must be in (0, 1), got {cfg.threshold!r}."),
         *extra)
+    yield (cfg.exp_kernel and cfg.beta_max > EXP_BETA_MAX, f"--beta-max {cfg.beta_max:g}: "
+           f"with --exp-kernel the weights exp(β⟨x_i, x_j⟩) overflow float64 past β = "
+           f"{EXP_BETA_MAX:.0f}; lower --beta-max.")  # before the steps, which overflow too
     # their loop counts in int32; the smallest step is the largest β's
     eta, end = step_size(cfg.beta_max, cfg.step, cfg.exp_kernel, cfg.raw_step), horizon_of(cfg)
     first = step_size(cfg.beta_min, cfg.step, cfg.exp_kernel, cfg.raw_step)  # the longest
-    yield (cfg.exp_kernel and cfg.beta_max > EXP_BETA_MAX, f"--beta-max {cfg.beta_max:g}: "
-           f"with --exp-kernel the weights exp(β⟨x_i, x_j⟩) overflow float64 past β = "
-           f"{EXP_BETA_MAX:.0f}; lower --beta-max.")
     yield (end < first, f"--horizon {end:g} is shorter than one step ({first:g} at β = "
            f"{cfg.beta_min:g}): every recorded time would show the state after that step; "
            "lengthen --horizon or lower --step.")
@@ -442,8 +442,12 @@ def draw_map(ax, fig, betas, ts, density, *, log: bool, title: str,
     """One heat map of the density over `(t, β)`, as their `plot_pickle` draws it
     (`full_scale`: the linear colours span 0 to 1, to compare maps; `colorbar=False`:
     none beside it, for maps that share one). Returns the mesh."""
+    none = not np.any(density > 0)  # no pair clustered: nothing for a log scale
+    if none and log:
+        title = "no pair clustered: nothing on a log scale (linear here)"
+    log = log and not none
     shown = np.ma.masked_less_equal(density, 0) if log else density  # log: 0 left blank
-    span = {"vmin": 0.0, "vmax": 1.0} if full_scale and not log else {}
+    span = {"vmin": 0.0, "vmax": 1.0} if (full_scale or none) and not log else {}
     # a sequential map (a density runs from 0 to 1: nothing diverges from a middle),
     # each cell centred on its (t, β) but none past the first or last one measured
     mesh = ax.pcolormesh(_edges(ts), _edges(betas), shown, norm="log" if log else "linear",

@@ -163,6 +163,29 @@ def test_norm_beta_runs_a_placement_and_names_them(tmp_path):
     assert summary["agrees_with_theory"] is None
 
 
+def test_an_exp_kernel_past_float64_is_refused_before_its_steps_overflow():
+    """The steps `exp(β − ½)` were computed first: an OverflowError traceback."""
+    with pytest.raises(ValueError, match="--beta-max 800: with --exp-kernel") as info:
+        experiment_config(EXPERIMENTS["phase-diagram"], {"exp_kernel": True, "beta_max": 800.0},
+                          0)
+    assert "\n" not in str(info.value)
+
+
+def test_a_map_with_no_clustered_pair_is_drawn_and_says_so():
+    """All zeros: a log scale has nothing to show (matplotlib's "Invalid vmin or vmax"
+    left the run INCOMPLETE); the map is drawn linear, from 0 to 1."""
+    from jaxattn._artifacts.figures import pyplot
+
+    plt = pyplot()
+    fig = plt.figure()
+    mesh = pair_density.draw_map(fig.add_subplot(), fig, np.array([2.0, 3.0]),
+                                 np.array([0.0, 0.5, 1.0]), np.zeros((2, 3)), log=True,
+                                 title="log colour scale")
+    assert mesh.norm.vmin == 0.0 and mesh.norm.vmax == 1.0
+    assert "no pair clustered" in mesh.axes.get_title()
+    plt.close(fig)
+
+
 def test_the_map_names_every_range_of_beta_short_of_one_half():
     """Density ½ reached in the middle of the β grid alone: the words name both ranges
     it misses (they said "not reached for β ≥ 0.1", as if the misses were one range

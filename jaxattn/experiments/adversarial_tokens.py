@@ -12,7 +12,7 @@ from .._artifacts import figures
 from .._horizon import CONSENSUS_TOL
 from .._manifold import normalize
 from ..explore import Constraints, compare_adjoints, slow_consensus
-from ..metrics import misalignment
+from ..metrics import misalignment, misalignment_floor
 from ..theory import predict
 from . import paper001
 from .base import Param
@@ -79,9 +79,13 @@ class AdversarialTokens(AbstractSearch):
         # per solver step, even in span coordinates: BENCHMARKS.md); the result says so
         size = (f"{n} tokens on S^{d - 1}" if setting == "sphere"
                 else f"{n} tokens in R^{d}, reduced from the paper's 50 in R^500")
+        floor = misalignment_floor(np.asarray(found["x0"]).dtype, n, d)
+        # both below the resolution of E: their ratio is rounding noise, no gain
+        ratio = (f"×{gain:.3g}" if found["value"] > floor else
+                 f"below E's resolution {short(floor)}: no gain measured; lower --horizon")
         return kind, (
             f"{setting} ({size}): E(T) {short(found['value'])} vs random mean "
-            f"{short(np.mean(found['baseline']))} (×{gain:.3g}); run to "
+            f"{short(np.mean(found['baseline']))} ({ratio}); run to "
             f"{config.long:g}T: {trend.describe('E')} ({outcome_words(kind, thm)}); "
             f"min ⟨x_i, x_j⟩ at the start {found['min_inner']:.3f}"
             + ("" if setting == "sphere" else "; backsolve vs checkpoint (causal): relative "

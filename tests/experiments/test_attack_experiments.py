@@ -25,6 +25,20 @@ def _multihead(dist, complete=True):
     return data
 
 
+def test_an_objective_below_the_resolution_of_e_is_no_gain():
+    """E(T) 2.6e-31 against 2.9e-32 read "×9.07": both rounding noise (float64's
+    resolution of E for 10 tokens in R³ is 4.5e-31)."""
+    exp = EXPERIMENTS["adversarial-tokens"]
+    found = {"value": 2.6e-31, "baseline": np.full(2, 2.9e-32), "E_long": np.exp(-3 * TS)[None],
+             "ts_long": TS, "in_domain": True, "x0": np.ones((10, 3)) / np.sqrt(3),
+             "min_inner": 0.5}
+    kind, line = exp.judge_setting(exp.config(), found, "sphere")
+    assert "no gain measured" in line and "×" not in line
+    kind, line = exp.judge_setting(exp.config(),
+                                   found | {"value": 0.3, "baseline": np.full(2, 0.1)}, "sphere")
+    assert "(×3)" in line
+
+
 def test_conjecture_multihead_exit_follows_its_line():
     """`judge_setting` returned kind None: every run agreed (exit 0), a candidate
     counterexample too, and a run still approaching v₁ read "→ converges"."""

@@ -85,6 +85,12 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
     #: How a verdict line names a reached outcome, by kind (`"agrees"`: "consensus, ").
     reached_words: ClassVar[dict[str, str]] = {}
 
+    def refusals(self, config):
+        # round(T / τ) layers, at least one: a τ past T ran one layer to t = τ
+        return ((config.discrete and config.tau > config.horizon,
+                 f"--tau {config.tau:g} is longer than --horizon {config.horizon:g}: the "
+                 f"layers would end at t = {config.tau:g}; lower --tau or raise --horizon."),)
+
     @abc.abstractmethod
     def setup(self, key, config: Config) -> tuple[Any, Any]:
         """One instance drawn from `key`: `(model, x0)`. `jaxattn run NAME --seed S`

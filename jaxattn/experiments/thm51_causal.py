@@ -64,7 +64,7 @@ class CausalExperiment(AbstractTheoremExperiment):
     def refusals(self, config):
         return ((config.tokens > config.dim, f"--tokens ({config.tokens}) must be ≤ --dim "
                  f"({config.dim}): the tokens must be linearly independent for the span "
-                 "coordinates."),)
+                 "coordinates."), *super().refusals(config))
 
     def instance(self, key, config):
         """`--samples 1`, run in the span coordinates of its start, as the experiment

@@ -208,6 +208,8 @@ REFUSED_EARLY = [
     ("phase-diagram", "beta_min", 1e6, "--beta-min"),
     ("antipodal", "tau", 2.3e-308, "--tau"),
     ("thm41-sphere", "tau", 5e-324, "subnormal"),
+    # one layer past the horizon: judged at t = τ, 20 times the horizon
+    ("thm41-sphere", "tau", 20.0, "--tau 20 is longer than --horizon"),
     ("antipodal", "tau", 0.6, "--tau"),
     ("hardmax", "tau", 2.0, "--tau"),
     ("steer", "std", 1e-30, "--std"),

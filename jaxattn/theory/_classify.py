@@ -358,7 +358,8 @@ def _theorem_41(m: _Model, tol: float) -> TheoremReport:
         _check_causal(m, False), _check_heads(m, False), _check_identity_U(m, tol),
         _check_bounded(m), _check_regular(m, "P", tol, "uniformly continuous"),
     ]
-    statement = f"tokens starting in an open hemisphere converge to consensus ({m.h} heads)"
+    heads = f"{m.h} head" + ("s" if m.h > 1 else "")
+    statement = f"tokens starting in an open hemisphere converge to consensus ({heads})"
     return _report(m, "4.1", checks, statement, "an open hemisphere {y : ⟨z, y⟩_W > 0}")
 
 

@@ -25,7 +25,7 @@ from .._manifold import w_inner, w_norm
 from .._precision import einsum
 from .._programs import kept_jit
 from .._stacked import map_batch
-from .._validate import check_scalar, check_tokens_now, refuse_first
+from .._validate import check_scalar, check_tokens_now, is_concrete, refuse_first
 from ..metrics import hemisphere, misalignment
 from ..spectral import top_eigenvector
 from ._classify import Classification, classify, top_eigen
@@ -228,6 +228,11 @@ def theorem_test(
     """
     if v1 is None and theorem in ("5.2", "5.3"):
         v1 = top_eigenvector(dyn.U(0.0)[0])
+    elif v1 is not None and is_concrete(v1):  # a traced v1 is the caller's to check
+        norm = np.linalg.norm(np.asarray(v1)) if np.shape(v1) == (dyn.dim,) else 0.0
+        refuse_first([(not abs(norm - 1) < 1e-6, f"`v1` must be a unit vector of shape "
+                       f"({dyn.dim},) (U's top eigenvector), got shape {np.shape(v1)}"
+                       + (f" and norm {norm:.3g}." if np.shape(v1) == (dyn.dim,) else "."))])
     tests = {"3.2": lambda: Theorem32Test(dyn), "4.1": lambda: Theorem41Test(dyn.W),
              "5.1": lambda: Theorem51Test(dyn.W, tol), "5.2": lambda: Theorem52Test(v1, dyn.W),
              "5.3": lambda: Theorem53Test(v1, v1, dyn.W)}

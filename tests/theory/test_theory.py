@@ -254,6 +254,17 @@ def test_time_checks_read_the_schedule_or_name_their_grid(key):
 # --- the traceable tests (`theorem_test`) against the host `predict` -------------------
 
 
+@pytest.mark.parametrize("v1, message", [
+    (np.ones(5), r"got shape \(5,\)\.$"),  # was einsum's message
+    (np.zeros(3), "norm 0"),  # was accepted: no token is ever near 0
+])
+def test_theorem_test_refuses_a_v1_that_is_no_direction(v1, message):
+    dyn = ja.random_dynamics(jax.random.PRNGKey(0), 1, 3)
+    with pytest.raises(ValueError, match=r"`v1` must be a unit vector of shape \(3,\).*" + message):
+        T.theorem_test("5.2", dyn, v1=v1)
+
+
+
 def _halves(x0, target):
     """Final states: even samples at `target` (the predicted outcome), odd ones left
     at the start (not reached)."""

@@ -89,8 +89,7 @@ class AbstractSearch(AbstractExperiment):
         stopped = any("long_complete" in s and not bool(s["long_complete"])
                       for s, _ in self.sections(data))
         return ("a smaller --long: the long check stopped at the flow solver's step budget"
-                if stopped else "a larger --long: the long check ended before the predicted "
-                "outcome" if kind == "not_converged" else "")
+                if stopped else "a larger --long" if kind == "not_converged" else "")
 
     @typing.final
     def sections(self, data) -> list[tuple[Section, Any]]:

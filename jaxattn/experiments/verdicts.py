@@ -205,7 +205,7 @@ def outcome_words(kind: str, theorem: str) -> str:
 
 
 #: What decides a run that has not converged (`jaxattn run` exits 4).
-LONGER = "raise --horizon: the run ended before the predicted outcome"
+LONGER = "raise --horizon"
 
 
 def kind_verdict(kind: str, line: str, numbers: dict[str, Any],

@@ -21,7 +21,7 @@ TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 16, "n_head": 2, "voc
 #: A variants study of two programs (both kernels), one mask, one β, 12 layers.
 TINY = {"size": 1, "norm": 2, "kernel": 0, "mask": 1, "beta": 1.0, "instances": 2,
         "layers": 12, "tau": 0.5}
-RUN = ["run", "thm41-sphere", "--no-progress", "--tokens", "3", "--horizon", "1",
+RUN = ["run", "thm41-sphere", "--no-progress", "--tokens", "3", "--horizon", "3",
        "--saves", "3"]
 
 
@@ -243,9 +243,9 @@ def test_an_unfinished_run_that_saved_nothing_starts_over_with_new_settings(tmp_
             p.unlink()
     (out / "INCOMPLETE").touch()
     longer = list(RUN)
-    longer[RUN.index("--horizon") + 1] = "2"
+    longer[RUN.index("--horizon") + 1] = "4"
     assert main([*longer, "--out", str(out)]) == 0
-    assert json.loads((out / "config.json").read_text())["horizon"] == 2.0
+    assert json.loads((out / "config.json").read_text())["horizon"] == 4.0
 
 
 @pytest.mark.parametrize("kind", ["file", "broken link"])

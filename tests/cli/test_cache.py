@@ -50,8 +50,8 @@ code = main(sys.argv[1:])
 print("COUNTS", json.dumps(counts))
 sys.exit(code)
 """
-#: A cheap command: 5 tokens, a short flow, few saves.
-_RUN = ["run", "thm41-sphere", "--no-progress", "--tokens", "5", "--horizon", "1",
+#: A cheap command: 5 tokens, a short flow (consensus by t = 2.7), few saves.
+_RUN = ["run", "thm41-sphere", "--no-progress", "--tokens", "5", "--horizon", "3",
         "--saves", "10"]
 
 

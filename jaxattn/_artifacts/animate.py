@@ -41,6 +41,8 @@ def gif_fps(fps: float) -> float:
     """The rate a GIF asked to play at `fps` plays at: its frames last whole hundredths
     of a second, the nearest to `1/fps` (30 → 33.3, 40 → 33.3, 45 → 50)."""
     return 100 / min(range(2, 101), key=lambda k: abs(100 / k - fps))
+
+
 #: The sharpest frame: 6,400 × 7,200 pixels (at 10⁵ dpi one frame needed 1.8 TB).
 MAX_DPI = 1000
 

@@ -104,7 +104,8 @@ def power_layers(data, stem):
     return figures.save_figure(fig, stem, title=f"power-layers: {data['label']}")
 
 
-def steer(data, stem):
+def steer(data, stem, *, gap: float):
+    """steer's three panels; `gap` is the verdict's |λ₁/λ₂| threshold, marked on the sweep."""
     fig, axes = figures.pyplot().subplots(1, 3, figsize=(13, 3.7))
     ell = np.arange(len(data["c_u"]))
     ax = axes[0]
@@ -123,10 +124,10 @@ def steer(data, stem):
     if "v1_u" in data:  # runs before 2026-12-01 saved no spectra
         ax.semilogx(data["gammas"], data["v1_u"], "s--", color="0.3", ms=4, mfc="none",
                     label=r"steered $|\langle v_1, u\rangle|$")
-        past = data["gap_ratio"] >= 10
+        past = data["gap_ratio"] >= gap
         if past.any():
             ax.axvline(data["gammas"][np.argmax(past)], color="0.5", ls=":", lw=1,
-                       label=r"$|\lambda_1/\lambda_2| \geq 10$ from here")
+                       label=rf"$|\lambda_1/\lambda_2| \geq {gap:g}$ from here")
         figures.legend_below(ax)
     ax.set(ylim=(0, 1.06), xlabel=rf"$\gamma$   ($\|\Omega_L\|_2$ = {float(data['norm']):.3g})",
            ylabel="alignment with $u$", title=r"$\gamma$ sweep")

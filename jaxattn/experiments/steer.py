@@ -103,7 +103,7 @@ class Steer(AbstractPowerExperiment):
         return Verdict(v1_u >= EIGENVECTOR and rising and end > ALIGNED, line, numbers)
 
     def draw(self, config, data, folder):
-        return plots.steer(data, self.stem(folder))
+        return plots.steer(data, self.stem(folder), gap=GAP)
 
 
 @kept_jit

@@ -415,11 +415,13 @@ def run_loop_grid(model, out=None, seed: int = 0, *, passes=20, prompts=100, tok
     loop_grid.check_sizes(passes, prompts, tokens, dtype, weights)
     check_precision(precision)
     seed = check_seed(seed)
+    # the grid's own bounds (2 passes, 2 tokens) before the model is read
+    config = experiment_config(experiment, {"passes": passes, "prompts": prompts,
+                                            "tokens": tokens}, seed)
     nets, ids = loop_grid.load_grid(model, weights, prompts, tokens, seed)  # before the folder
     recorded = loop_grid.settings(model, next(iter(nets.values()))) | {
         "weights": list(weights), "dtype": dtype, "precision": precision}
-    config = experiment_config(experiment, {"passes": passes, "prompts": prompts,
-                                            "tokens": tokens}, seed) | {"model": recorded["model"]}
+    config |= {"model": recorded["model"]}
     folder, _ = run_into_folder(
         experiment, config, command=None, out=out, log=None, record=recorded,
         simulate=lambda: loop_grid.grid_data(nets, ids, seed, passes=passes, dtype=dtype,

@@ -29,6 +29,13 @@ TOKENS = (
 )
 
 
+def prompts_refusal(config) -> tuple[bool, str]:
+    """`refusals`' entry of the experiments whose verdict's errors are over prompts (a
+    prompt's tokens move together): one prompt gives none."""
+    return (config.prompts < 2, f"--prompts must be ≥ 2: the verdict's standard errors are "
+            f"over prompts (a prompt's tokens move together), got {config.prompts}.")
+
+
 def _chosen(config, default: str) -> tuple[str, bool]:
     """The name of the model a config asks for, and whether it is a trained one."""
     trained = [_TRAINED[k] for k in _TRAINED if config.get(k)]

@@ -14,6 +14,7 @@ from .paper004 import (
     TOKENS,
     AbstractPowerExperiment,
     model_from_flags,
+    prompts_refusal,
     random_prompts,
     stats_arrays,
 )
@@ -31,6 +32,10 @@ class PowerLayers(AbstractPowerExperiment):
     params = MODEL_FLAGS + FAMILY_FLAGS + TOKENS + (
         Param("step_order", bool, False, "order eigenvalues by |1 + τλ| instead of |λ|"),
     )
+
+    def refusals(self, config):
+        yield from super().refusals(config)
+        yield prompts_refusal(config)
 
     def simulate(self, config, progress):
         model, label = model_from_flags(config, "gpt2")
@@ -71,7 +76,8 @@ class PowerLayers(AbstractPowerExperiment):
         line = (f"Δ_ℓ > Δ̄_ℓ in {n['delta_above_baseline']}/{n['layers']} layers, p_ℓ > p̄_ℓ "
                 f"in {n['p_above_baseline']}/{n['layers']} (each by two standard errors over "
                 f"{prompts:,} prompts, paired); mean c_ℓ {short(n['mean_c'])} vs c̄_ℓ "
-                f"{short(n['mean_c_bar'])}")
+                f"{short(n['mean_c_bar'])} (c̄_ℓ counts a complex pair's plane, paper 004 "
+                "eq. 6)")
         return Verdict(bool(ok), line, n, undecided=undecided)
 
     def draw(self, config, data, folder):

@@ -6,8 +6,9 @@ import numpy as np
 from .._artifacts import figures
 
 
-def power_shared(data, stem):
-    """Eigenvalues, final-alignment histograms and alignment over prolonged depth."""
+def power_shared(data, stem, *, layer: int):
+    """Eigenvalues, final-alignment histograms and alignment over prolonged depth; the
+    title names the shared `layer`."""
     L = int(data["native_depth"])
     fig, axes = figures.pyplot().subplots(1, 3, figsize=(13.5, 3.9))
     lam = data["eig_modulus"]
@@ -55,7 +56,8 @@ def power_shared(data, stem):
     ax.set(ylim=(0, 1.02), xlabel="layer", ylabel=r"$|\cos(x, v_1)|$ (per prompt, grey)",
            title="prolonged depth (paper 004 Fig. 6c)")
     figures.legend_below(ax, ncol=1)
-    return figures.save_figure(fig, stem, title=f"power-shared: {data['label']}")
+    return figures.save_figure(fig, stem, title=f"power-shared: {data['label']}, layer "
+                               f"{layer}'s weights in every layer")
 
 
 def _band(ax, x, mean, std, color, label):

@@ -15,6 +15,7 @@ from .paper004 import (
     AbstractPowerExperiment,
     model_from_flags,
     native_depth,
+    prompts_refusal,
     random_prompts,
 )
 from .verdicts import short
@@ -40,6 +41,7 @@ class PowerShared(AbstractPowerExperiment):
 
     def refusals(self, config):
         yield from super().refusals(config)
+        yield prompts_refusal(config)
         L = native_depth(config, _DEFAULT)
         yield (config.layer >= L, f"--layer {config.layer}: the model has {L} layers "
                f"(0 to {L - 1}).")
@@ -107,4 +109,4 @@ class PowerShared(AbstractPowerExperiment):
         return Verdict(bool(ok), line, n, undecided=undecided)
 
     def draw(self, config, data, folder):
-        return plots.power_shared(data, self.stem(folder))
+        return plots.power_shared(data, self.stem(folder), layer=config.layer)

@@ -36,7 +36,14 @@ BAD = [
     (["run", "thm41-sphere", "--seed", "-3"], "`--seed` must be a whole number ≥ 0"),
     (["run", "thm41-sphere", "--bogus", "1"], "unrecognized arguments: --bogus 1"),
     (["run", "loop-grid", "--discrete"], "unrecognized arguments: --discrete"),
-    (["run", "loop-grid", "--passes", "0"], "--passes must be ≥ 1"),
+    (["run", "loop-grid", "--passes", "0"], "--passes must be ≥ 2"),
+    # one pass has no second half to judge; one token has E = 0 (a NaN ratio, "agrees")
+    (["run", "loop-grid", "--passes", "1"], "--passes must be ≥ 2"),
+    (["run", "loop-grid", "--tokens", "1"], "--tokens must be ≥ 2"),
+    (["loop", "--grid", "--model", "gpt2", "--passes", "1"], "--passes must be ≥ 2"),
+    # one prompt gives no error over prompts: the run decided nothing (or a NaN error)
+    (["run", "power-shared", "--prompts", "1"], "--prompts must be ≥ 2"),
+    (["run", "power-layers", "--prompts", "1"], "--prompts must be ≥ 2"),
     (["run", "long-context", "--n-min", "2"], "--n-min must be ≥ 3"),
     (["run", "long-context", "--n-min", "100", "--n-max", "100"], "must be > --n-min (100)"),
     # these judged nothing and said "against" (exit 3), or "closer" on a 0.7 % move (exit 0)

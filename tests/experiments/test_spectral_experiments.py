@@ -103,9 +103,9 @@ def test_oja_verdict_leaves_radius_one_undecided_and_fails_a_real_disagreement()
 
 
 def test_oja_judges_fig13s_escape_at_the_papers_step_only():
-    """At τ = 0.1 every perturbation Fig. 13 tries returns to the bipartite point (its
-    basin holds them all): that is no contradiction of a theorem, so the escape is
-    reported there, and judged at the paper's τ = 1 only."""
+    """At τ = 0.1 (or --radius 0.76) every perturbation Fig. 13 tries returns to the
+    bipartite point (its basin holds them all): that is no contradiction of a theorem,
+    so the escape is reported there, and judged at τ = 1 and the default radius only."""
     import numpy as np
 
     study = EXPERIMENTS["oja-bipartite"]
@@ -118,6 +118,9 @@ def test_oja_judges_fig13s_escape_at_the_papers_step_only():
     assert not at_paper.ok and "escapes to consensus False" in at_paper.line
     smaller = study.verdict(study.config(study.defaults() | {"tau": 0.1}, seed=0), data)
     assert smaller.ok and "not at τ = 0.1" in smaller.line, smaller.line
+    # another radius at τ = 1: the basin can hold every size tried (--radius 0.76)
+    other = study.verdict(study.config(study.defaults() | {"radius": 0.76}, seed=0), data)
+    assert other.ok and "not at τ = 1, --radius 0.76" in other.line, other.line
 
 
 def _per_prompt(delta_gain, p_gain, prompts, layers, *, noise=0.01, p_noise=0.2, p_bar=0.5):
@@ -269,6 +272,9 @@ def test_power_layers_is_judged_by_prompt_against_both_baselines():
     assert held.ok and not held.undecided, held.line
     baseline = study.verdict(config, _per_prompt(0.01, 0.0, 200, 4, p_bar=0.58))
     assert not baseline.ok and "p_ℓ > p̄_ℓ in 0/4" in baseline.line, baseline.line
-    one = study.verdict(study.config(study.defaults() | {"prompts": 1}, seed=0),
-                        _per_prompt(0.01, 0.1, 1, 4))
+    # one prompt is refused before the run; a folder that holds one (made before that
+    # refusal) is judged undecided
+    with pytest.raises(ValueError, match="--prompts must be ≥ 2"):
+        study.config(study.defaults() | {"prompts": 1}, seed=0)
+    one = study.verdict(config, _per_prompt(0.01, 0.1, 1, 4))
     assert not one.ok and "raise --prompts" in one.undecided

@@ -222,7 +222,7 @@ def test_grid_no_progress_draws_no_bar(tmp_path, monkeypatch):
     monkeypatch.setattr(loop_grid, "loop", spy)
     config = tmp_path / "config.json"
     config.write_text(json.dumps(GPT2))
-    argv = ["loop", "--grid", "--model", str(config), "--passes", "1", "--prompts", "2",
+    argv = ["loop", "--grid", "--model", str(config), "--passes", "2", "--prompts", "2",
             "--tokens", "3"]
     assert main([*argv, "--out", str(tmp_path / "quiet"), "--no-progress"]) == 0
     assert asked == [False] * 4  # random and resample weights, with and without FFN

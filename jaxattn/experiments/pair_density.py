@@ -32,7 +32,7 @@ from .._process.distributed import gather, global_mesh
 from .._programs import kept_jit
 from .._stacked import first_model, map_models, map_systems, stack_tokens
 from .._strategy import choose_strategy
-from .._validate import NONFINITE, checked, surface_errors
+from .._validate import surface_errors, too_big
 from .base import Config, Param
 from .paper001 import with_beta
 from .pieces import advance
@@ -163,13 +163,11 @@ def pair_counts(P, U, betas, taus, x, at, kernel: str, norm: str, causal: bool,
 
     **Returns:**
 
-    `(B, K)` int32 counts.
+    `(B, K)` int32 counts, and `(B,)` whether every system of that β stayed finite
+    (where one overflowed, its counts hold only what stayed finite: `density_map`
+    drops the row).
     """
-    counts, finite = _pair_counts(P, U, betas, taus, x, at, kernel, norm, causal, threshold,
-                                  mesh)
-    if mesh is None:  # on the host where concrete: the program holds no callback
-        return checked(counts, finite, NONFINITE)
-    return eqx.error_if(counts, ~finite, NONFINITE)
+    return _pair_counts(P, U, betas, taus, x, at, kernel, norm, causal, threshold, mesh)
 
 
 @kept_jit
@@ -195,7 +193,7 @@ def _pair_counts(P, U, betas, taus, x, at, kernel, norm, causal, threshold, mesh
             jnp.repeat(at, G, axis=0))
     # Block by block, all steps of a block at once: its intermediates stay in cache.
     counts, finite = map_blocks(block, args, mesh, block=k)
-    return counts.reshape(B, G, -1).sum(1), jnp.all(finite)
+    return counts.reshape(B, G, -1).sum(1), finite.reshape(B, G).all(1)
 
 
 def observe_at(dyn, x0: Float[Array, "*batch n d"], at: Int[Array, " K"], tau,
@@ -258,6 +256,9 @@ def density_map(key: PRNGKeyArray, cfg: Config, *, heads: int = 1, norm: str = "
     **Returns:**
 
     `betas (B,)`, `ts (K,)`, `density (B, K)`, `steps (B,)` (steps per β), `tau (B,)`.
+    A β whose tokens left float64 in some system (the exp kernel's weights
+    `exp(β⟨x_i, B x_j⟩)` at a large `β‖B‖`, or tokens growing without a normalisation)
+    has a row of NaN: `describe_map` names it, `draw_map` leaves it blank.
     """
     B, S, n = cfg.betas, cfg.systems, cfg.tokens
     betas = np.linspace(cfg.beta_min, cfg.beta_max, B)
@@ -273,19 +274,21 @@ def density_map(key: PRNGKeyArray, cfg: Config, *, heads: int = 1, norm: str = "
     at = np.stack([p[1] for p in plans]).astype(np.int32)
     pieces = [(g, c) for g in step_groups(steps) for c in _chunks(G, s * len(g) * len(ts))]
 
-    def piece(k, counts):
-        g, (lo, hi) = pieces[k]
+    def piece(k, state):
+        (counts, finite), (g, (lo, hi)) = state, pieces[k]
         args = P[g, lo:hi], U[g, lo:hi], betas[g], taus[g], x0[g, lo:hi], at[g]
         args = args if mesh is None else replicate(args, mesh)
-        counts[g] += np.asarray(gather(pair_counts(
+        more, ok = gather(pair_counts(
             *args, kernel="exp" if cfg.exp_kernel else "softmax", norm=norm, causal=causal,
-            threshold=cfg.threshold, mesh=mesh)))
-        return counts, None
+            threshold=cfg.threshold, mesh=mesh))
+        counts[g] += np.asarray(more)
+        finite[g] &= np.asarray(ok)
+        return (counts, finite), None
 
-    counts, _ = advance(piece, np.zeros((B, len(ts)), np.int64), len(pieces), desc=desc,
-                        progress=progress)
-    return {"betas": betas, "ts": ts, "density": counts / (S * n * (n - 1)), "steps": steps,
-            "tau": taus}
+    (counts, finite), _ = advance(piece, (np.zeros((B, len(ts)), np.int64), np.ones(B, bool)),
+                                  len(pieces), desc=desc, progress=progress)
+    density = np.where(finite[:, None], counts / (S * n * (n - 1)), np.nan)
+    return {"betas": betas, "ts": ts, "density": density, "steps": steps, "tau": taus}
 
 
 def draw_systems(key: PRNGKeyArray, cfg: Config, heads: int = 1):
@@ -299,11 +302,18 @@ def draw_systems(key: PRNGKeyArray, cfg: Config, heads: int = 1):
     draw): then the `S` systems of a β share it, in groups of `s ≤ BLOCK` (a divisor
     of `S`) run together on the fused ensemble path.
     """
-    shared = cfg.key_query == 0 and cfg.value == 0
+    s = group_size(cfg)
+    return _draw_systems(key, (cfg.betas, cfg.systems // s, s, cfg.tokens, cfg.dim), s > 1,
+                         heads, cfg.key_query, cfg.value, codes_of(cfg))
+
+
+def group_size(cfg: Config) -> int:
+    """How many systems of a β share one model (`draw_systems`): 1 unless the key–query
+    and value are both the identity."""
     S = cfg.systems
-    s = max(k for k in range(1, min(S, BLOCK) + 1) if S % k == 0) if shared else 1
-    return _draw_systems(key, (cfg.betas, S // s, s, cfg.tokens, cfg.dim), shared, heads,
-                         cfg.key_query, cfg.value, codes_of(cfg))
+    if cfg.key_query == 0 and cfg.value == 0:
+        return max(k for k in range(1, min(S, BLOCK) + 1) if S % k == 0)
+    return 1
 
 
 @kept_jit
@@ -369,6 +379,21 @@ def refusals(cfg: Config, *extra: tuple[bool, str]) -> Iterator[tuple[bool, str]
            "lengthen --horizon or lower --step.")
     yield (not end / eta < 2**31 - 2, f"a step of {eta:g} takes {end / eta:g} steps to reach "
            f"t = {end:g}, more than 2³¹: raise --step or shorten --horizon.")
+    most = math.ceil(end / eta) + 1  # the states the longest run records, the start's too
+    yield (cfg.times > most, f"--times {cfg.times} records more times than the longest run "
+           f"has states ({most}: steps of {eta:g} to t = {end:g}); lower --times to {most} or "
+           "less.")
+    if cfg.betas == 1:  # linspace(β_min, β_max, 1) is β_min alone
+        yield (cfg.beta_max != cfg.beta_min, f"--betas 1 runs β = --beta-min "
+               f"({cfg.beta_min:g}) alone: give --beta-max {cfg.beta_min:g} too, or raise "
+               "--betas.")
+    # the weights of every β and group (`draw_systems`), and one system's attention
+    h, n, d = cfg.get("heads", 1), cfg.tokens, cfg.dim
+    models = cfg.betas * cfg.systems // group_size(cfg)
+    yield too_big(16.0 * models * h * d * d, f"--betas {cfg.betas}, --systems {cfg.systems}, "
+                  f"--dim {d}: the weights need at least", "choose smaller values")
+    yield too_big(24.0 * h * n * n, f"--tokens {n}: one system's attention needs at least",
+                  "choose fewer --tokens")
 
 
 #: The parameters of the study, shared by `norm-beta`.
@@ -395,7 +420,17 @@ STUDY = (
 
 def describe_map(betas, ts, density) -> tuple[str, dict]:
     """What a density map shows, in words and numbers: the time to reach density ½ as β
-    grows and where it is not reached by `T`."""
+    grows and where it is not reached by `T`; the β whose tokens overflowed (rows of
+    NaN) apart."""
+    lost = np.isnan(density).any(-1)
+    if lost.all():
+        return (f"the tokens overflowed float64 for every β ({_ranges(betas, lost)}): no "
+                "density to show",
+                {"final_density_min": math.nan, "final_density_max": math.nan,
+                 "beta_not_reaching_half": math.nan, "beta_overflowed": float(betas.min())})
+    overflow = ([f"the tokens overflowed float64 for {_ranges(betas, lost)} (rows left "
+                 "blank)"] if lost.any() else [])
+    betas_all, betas, density = betas, betas[~lost], density[~lost]
     hit = density >= 0.5  # t½ per β: the first recorded time at density ½ (inf: never)
     t_half, final = np.where(hit.any(-1), ts[np.argmax(hit, -1)], np.inf), density[:, -1]
     reached = np.isfinite(t_half)
@@ -410,7 +445,9 @@ def describe_map(betas, ts, density) -> tuple[str, dict]:
                  else "density ½ reached for every β")
     numbers = {"final_density_min": float(final.min()), "final_density_max": float(final.max()),
                "beta_not_reaching_half": float(never.min()) if never.size else math.inf}
-    return "; ".join(parts), numbers
+    if lost.any():
+        numbers["beta_overflowed"] = float(betas_all[lost].min())
+    return "; ".join(parts + overflow), numbers
 
 
 def _ranges(values, mask) -> str:
@@ -442,8 +479,11 @@ def draw_map(ax, fig, betas, ts, density, *, log: bool, title: str,
     """One heat map of the density over `(t, β)`, as their `plot_pickle` draws it
     (`full_scale`: the linear colours span 0 to 1, to compare maps; `colorbar=False`:
     none beside it, for maps that share one). Returns the mesh."""
+    density = np.ma.masked_invalid(density)  # a β whose tokens overflowed: left blank
     none = not np.any(density > 0)  # no pair clustered: nothing for a log scale
-    if none and log:
+    if density.mask.all():
+        title = f"{title}: the tokens overflowed float64 for every β"
+    elif none and log:
         title = "no pair clustered: nothing on a log scale (linear here)"
     log = log and not none
     shown = np.ma.masked_less_equal(density, 0) if log else density  # log: 0 left blank

@@ -3,6 +3,7 @@ independent NumPy transcription of Geshkovski et al.'s `phase-diagrams.py`."""
 
 import json
 import math
+import re
 
 import jax
 import numpy as np
@@ -199,3 +200,43 @@ def test_the_map_names_every_range_of_beta_short_of_one_half():
     density[5, 2] = 0.6
     assert "for β in [0.1, 1] and β = 4" in pair_density.describe_map(betas, ts, density)[0]
     assert numbers["beta_not_reaching_half"] == 0.1
+
+
+def test_a_placement_whose_tokens_overflow_keeps_the_others(tmp_path):
+    """`norm = "none"` lets the tokens grow past float64: the run stopped after every
+    placement was computed (exit 2, INCOMPLETE, the other maps lost). Its β rows are
+    NaN now, named in the line and left blank in the figure."""
+    config = norm_beta.QUICK | {"dim": 64, "heads": 1, "value": 1, "horizon": 50.0,
+                                "times": 6, "norm": 0}
+    folder, summary = run_experiment("norm-beta", config, seed=0, out=tmp_path / "nb",
+                                     progress=False, log=None)
+    data = np.load(folder / "data.npz")
+    lost = np.isnan(data["density"]).all(axis=(1, 2))
+    assert data["norms"][lost].tolist() == ["none"], data["norms"][lost]
+    assert np.all((data["density"][~lost] >= 0) & (data["density"][~lost] <= 1))
+    assert "none: the tokens overflowed float64 for every β" in summary["verdict"]
+    assert (folder / "norm_beta.png").exists()
+
+
+def test_the_map_names_the_betas_that_overflowed():
+    betas, ts = np.array([1.0, 2.0, 3.0]), np.array([0.0, 1.0])
+    density = np.array([[0.2, 0.6], [0.1, 0.3], [np.nan, np.nan]])
+    line, numbers = pair_density.describe_map(betas, ts, density)
+    assert "overflowed float64 for β = 3" in line and "density at T = 1: 0.3 to 0.6" in line
+    assert numbers["beta_overflowed"] == 3.0 and numbers["final_density_max"] == 0.6
+
+
+@pytest.mark.parametrize("changes, message", [
+    # a plot of 10⁸ columns hung, after data.npz was written
+    ({"betas": 2, "systems": 2, "tokens": 4, "horizon": 1.0, "times": 10**8},
+     "--times 100000000 records more times than the longest run has states (11"),
+    # `--beta-max` was dropped without a word and the β axis ran from 0 to 1
+    ({"betas": 1, "beta_min": 0.5, "beta_max": 9.0}, "--betas 1 runs β = --beta-min (0.5)"),
+    # the d × d weights (320 GB) and the n × n attention (240 GB) were not counted
+    ({"betas": 2, "systems": 2, "tokens": 4, "dim": 100_000}, "the weights need at least"),
+    ({"betas": 2, "systems": 2, "tokens": 100_000}, "one system's attention needs at least"),
+])
+def test_sizes_it_cannot_run_are_refused_before_any_work(changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        experiment_config(EXPERIMENTS["phase-diagram"], changes, 0)
+    assert "\n" not in str(info.value)

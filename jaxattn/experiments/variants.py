@@ -29,7 +29,7 @@ from .._process.distributed import agree, global_mesh, is_writer
 from .._process.distributed import gather as gather_all
 from .._programs import kept_jit
 from ..metrics import cluster_count, misalignment, rank_collapse_residual
-from ..theory import Classification, classify
+from ..theory import Classification, classify, predict
 from .base import AbstractExperiment, Config, Param, Verdict, choices
 from .pair_density import draw_weights
 from .paper001 import with_beta
@@ -305,10 +305,31 @@ def classified(size: tuple[int, int], heads: int, norm: str, mask: str, kernel: 
     """`ja.theory.classify` of a variant's canonical form (`causal=True`, `window=w`
     or the sparse mask, rather than the study's mask arrays) with the weights of the
     instance of `seed`."""
+    return classify(_canonical(size, heads, norm, mask, kernel, window, keep, seed))
+
+
+def _canonical(size, heads: int, norm: str, mask: str, kernel: str, window: int, keep: float,
+               seed: int) -> SelfAttentionDynamics:
+    """A variant's canonical form (`classified`) with the weights of the instance of
+    `seed`."""
     P, U, _, key = draw_instance(jax.random.PRNGKey(seed), *size, heads)
     form = {"causal": mask == "causal", "window": window if mask == "window" else None,
             "mask": make_mask(mask, size[0], key, window, keep) if mask == "sparse" else None}
-    return classify(SelfAttentionDynamics(P, U, beta=1.0, norm=norm, kernel=kernel, **form))
+    return SelfAttentionDynamics(P, U, beta=1.0, norm=norm, kernel=kernel, **form)
+
+
+@functools.lru_cache(maxsize=16)
+def in_domain(size: tuple[int, int], heads: int, mask: str, window: int, keep: float,
+              seed: int, instances: int) -> np.ndarray:
+    """Per instance `(I,)`, whether its start lies in the domain of attraction of a
+    theorem that covers the post-norm softmax model with `mask` (`ja.theory.predict`:
+    an open hemisphere for Theorem 4.1, `x₂ ≠ −x₁` for 5.1). Those domains read the
+    tokens and the sphere alone, so one model serves every instance."""
+    dyn = _canonical(size, heads, "post", mask, "softmax", window, keep, seed)
+    keys = jnp.stack([jax.random.PRNGKey(seed + i) for i in range(instances)])
+    x0 = np.asarray(jax.vmap(lambda key: draw_instance(key, *size, heads)[2])(keys))
+    found = predict(dyn, x0)
+    return np.logical_or.reduce([p.in_domain for p in (found, *found.others)])
 
 
 def theorems_for(size: tuple[int, int], heads: int, norm: str, mask: str, kernel: str,
@@ -331,14 +352,16 @@ def theorems_for(size: tuple[int, int], heads: int, norm: str, mask: str, kernel
     return theorems, "; ".join(dict.fromkeys(c.detail for c in form if not c.holds))
 
 
-def verdict_words(theorems: tuple[str, ...], result: str, layers: int) -> tuple[str, str]:
+def verdict_words(theorems: tuple[str, ...], result: str, layers: int,
+                  starts: str = "") -> tuple[str, str]:
     """`(kind, words)` for a cell: `"theorem"` (its outcome follows from a theorem),
-    `"new"` (no theorem covers it) or `"theorem, not reached"`."""
+    `"new"` (no theorem covers it) or `"theorem, not reached"`; `starts` says which
+    starts the theorem covers, where not all."""
     if theorems:
         names = " and ".join(f"Theorem {t}" for t in theorems)
         if result == "consensus":
-            return "theorem", f"consensus, as {names} predicts"
-        return "theorem, not reached", f"{names} applies; not reached by layer {layers}"
+            return "theorem", f"consensus, as {names} predicts{starts}"
+        return "theorem, not reached", f"{names} applies{starts}; not reached by layer {layers}"
     words = {"consensus": "new observation: collapses without a theorem",
              "apart": "new observation: keeps tokens apart (E stalled, ≥ 2 clusters)",
              "slow": f"no theorem; not in consensus by layer {layers} (still converging)",
@@ -354,12 +377,23 @@ def cell_rows(config: Config, grid: Grid, data: dict) -> list[dict]:
         theorems, why = theorems_for(tuple(grid.sizes[s]), config.heads, grid.norms[a],
                                    grid.masks[m], grid.kernels[k], config.window,
                                    config.keep, config.seed)
+        # a theorem speaks for the starts in its domain alone (Theorem 4.1: an open
+        # hemisphere, which most of size 1's ten random tokens are not in)
+        inside = (in_domain(tuple(grid.sizes[s]), config.heads, grid.masks[m], config.window,
+                            config.keep, config.seed, data["finite"].shape[-1])
+                  if theorems else None)
+        if inside is not None and not inside.any():
+            why = f"no start in the domain of Theorem {' or '.join(theorems)}"
+            theorems = ()
+        starts = ("" if inside is None or inside.all() else
+                  f" (for the {inside.sum()} of {inside.size} starts in its domain)")
         for b, beta in enumerate(grid.betas):
             at = (s, a, m, k, b)
             reached = np.isfinite(data["consensus_layer"][at])
-            result = outcome(reached, data["stalled"][at], data["clusters"][at],
-                             data["finite"][at])
-            kind, words = verdict_words(theorems, result, config.layers)
+            judged = slice(None) if not theorems else inside
+            result = outcome(reached[judged], data["stalled"][at][judged],
+                             data["clusters"][at][judged], data["finite"][at][judged])
+            kind, words = verdict_words(theorems, result, config.layers, starts)
             n, d = grid.sizes[s]
             rows.append({
                 "size": SIZES.index(grid.sizes[s]) + 1, "tokens": n, "dim": d,
@@ -369,6 +403,7 @@ def cell_rows(config: Config, grid: Grid, data: dict) -> list[dict]:
                    for key in ("consensus_layer", "final_E", "clusters", "residual")},
                 **{key: float(np.mean(data[key][at])) for key in ("stalled", "finite")},
                 "theorem": " ".join(theorems) or "none", "no_theorem_because": why,
+                "in_domain": float(np.mean(inside)) if theorems else 0.0,
                 "outcome": result, "kind": kind,
                 "verdict": words, "command": cell_command(config, grid, at)})
     return rows

@@ -16,8 +16,8 @@ from .base import Config
 #: The columns of `table.csv`, one row per cell.
 COLUMNS = ("size", "tokens", "dim", "norm", "mask", "kernel", "beta", "reached",
            "consensus_layer_median", "final_E_median", "clusters_median", "residual_median",
-           "stalled", "finite", "theorem", "no_theorem_because", "outcome", "kind", "verdict",
-           "command")
+           "stalled", "finite", "theorem", "in_domain", "no_theorem_because", "outcome", "kind",
+           "verdict", "command")
 #: The colour scale's floor: E below it is drawn as it (the colour bar's pointed end).
 LOG_FLOOR = -16.0
 

@@ -285,3 +285,27 @@ def test_a_cells_median_of_two_instances_keeps_its_half():
     assert _cell_text({"outcome": "consensus", "consensus_layer_median": 6.5}) == "6.5"
     assert _cell_text({"outcome": "consensus", "consensus_layer_median": 7.0}) == "7"
     assert _cell_text({"outcome": "apart", "clusters_median": 2.5}) == "k2.5"
+
+
+def test_a_theorem_judges_only_the_starts_in_its_domain():
+    """Theorem 4.1 covers starts in an open hemisphere, which 2 of seeds 0–23's ten
+    random tokens in R³ are (a linear program says so: 0 and 9). A cell was credited
+    to the theorem, or held against it, over every start."""
+    inside = study.in_domain((10, 3), 1, "full", 2, 0.3, 0, 24)
+    x0 = np.stack([np.asarray(study.draw_instance(jax.random.PRNGKey(i), 10, 3, 1)[2])
+                   for i in range(24)])
+    np.testing.assert_array_equal(inside, ja.metrics.hemisphere(x0).inside)
+    assert np.flatnonzero(inside).tolist() == [0, 9]
+    config = study.VariantsExperiment().config(
+        {"size": 1, "norm": 1, "mask": 1, "kernel": 1, "beta": 1.0, "instances": 4})
+    grid = study.Grid.of(config)
+    # only start 0, the one in the hemisphere, reaches consensus
+    data = {"consensus_layer": np.array([20.0, np.inf, np.inf, np.inf]),
+            "final_E": np.array([1e-12, 0.3, 0.3, 0.3]), "clusters": np.array([1, 2, 2, 2]),
+            "residual": np.full(4, 0.1), "stalled": np.array([False, True, True, True]),
+            "finite": np.ones(4, bool)}
+    data = {k: v.reshape((1,) * 5 + (4,)) for k, v in data.items()}
+    (row,) = study.cell_rows(config, grid, data)
+    assert row["kind"] == "theorem" and row["in_domain"] == 0.25, row
+    assert row["verdict"] == ("consensus, as Theorem 4.1 predicts (for the 1 of 4 starts in "
+                              "its domain)")

@@ -367,6 +367,8 @@ def refusals(cfg: Config, *extra: tuple[bool, str]) -> Iterator[tuple[bool, str]
         *((not 0 <= cfg[name] < len(table), f"--{name.replace('_', '-')} must be one of "
            f"{listed} ({source}'s codes); got {cfg[name]!r}.") for name, table, listed in codes),
         (not 0 < cfg.threshold < 1, f"--threshold must be in (0, 1), got {cfg.threshold!r}."),
+        (cfg.raw_step and not cfg.exp_kernel, "--raw-step leaves --exp-kernel's step "
+         "uncorrected; softmax's step is --step as given: drop --raw-step or add --exp-kernel."),
         *extra)
     yield (cfg.exp_kernel and cfg.beta_max > EXP_BETA_MAX, f"--beta-max {cfg.beta_max:g}: "
            f"with --exp-kernel the weights exp(β⟨x_i, x_j⟩) overflow float64 past β = "

@@ -46,6 +46,8 @@ SIZES = ((10, 3), (32, 16))
 #: Two tokens are in one cluster when a chain of tokens links them, each step shorter
 #: than this on the unit sphere (cos > 0.995).
 CLUSTER_EPS = 0.1
+#: The settings of one mask each: `--window` the window mask's, `--keep` the sparse's.
+MASK_SETTINGS = (("window", "window"), ("keep", "sparse"))
 #: Where a run folder keeps the chunks of its unfinished study (removed once it finishes).
 CHUNKS = "chunks"
 #: The per-instance measurements of a chunk, each `(masks, betas, instances)`.
@@ -415,6 +417,8 @@ def cell_command(config: Config, grid: Grid, at: tuple[int, ...]) -> str:
     cell = {"size": SIZES.index(grid.sizes[s]) + 1, "norm": NORMS.index(grid.norms[a]) + 1,
             "mask": MASKS.index(grid.masks[m]) + 1,
             "kernel": KERNELS.index(grid.kernels[k]) + 1, "beta": grid.betas[b]}
+    defaults = {p.name: p.default for p in VariantsExperiment.params}
+    cell |= {flag: defaults[flag] for flag, mask in MASK_SETTINGS if grid.masks[m] != mask}
     return command_line(config | cell, VariantsExperiment())
 
 
@@ -449,6 +453,7 @@ class VariantsExperiment(AbstractExperiment):
         sized = 0 <= config.size <= len(SIZES)
         grid = Grid.of(config) if sized else None
         fewest = min(n for n, _ in grid.sizes) if sized else 0
+        default = {p.name: p.default for p in self.params}
         return ((sized and "window" in grid.masks and config.window >= fewest,
                  f"--window {config.window} is at least the n = {fewest} tokens: the window "
                  f"mask would be the full one; choose --window below {fewest}."),
@@ -456,6 +461,12 @@ class VariantsExperiment(AbstractExperiment):
                  f"{', '.join(map(str, BETAS))}), got {config.beta!r}."),
                 (not 0 < config.keep <= 1, f"--keep is a keep-probability in (0, 1], got "
                  f"{config.keep!r}."),
+                (sized and "sparse" in grid.masks and config.keep == 1, "--keep 1 keeps every "
+                 "pair: the sparse mask would be the full one; choose --keep below 1."),
+                # a mask's setting changed for a run without that mask: nothing reads it
+                *((sized and config[flag] != default[flag] and mask not in grid.masks,
+                   f"--{flag} sets the {mask} mask, which this run's --mask leaves out; drop "
+                   f"--{flag} or add the {mask} mask.") for flag, mask in MASK_SETTINGS),
                 (not sized, f"--size must be 0 (all) or one of "
                  f"{listed}; got {config.size!r}."))
 

@@ -37,6 +37,11 @@ BAD = [
     (["run", "thm41-sphere", "--bogus", "1"], "unrecognized arguments: --bogus 1"),
     (["run", "loop-grid", "--discrete"], "unrecognized arguments: --discrete"),
     (["run", "loop-grid", "--passes", "0"], "--passes must be ≥ 2"),
+    # settings nothing in the run reads, or that make one mask another
+    (["run", "phase-diagram", "--raw-step"], "--raw-step leaves --exp-kernel's step"),
+    (["run", "variants", "--mask", "full", "--keep", "0.5"], "--keep sets the sparse mask"),
+    (["run", "variants", "--mask", "causal", "--window", "3"], "--window sets the window mask"),
+    (["run", "variants", "--keep", "1"], "--keep 1 keeps every pair"),
     # one pass has no second half to judge; one token has E = 0 (a NaN ratio, "agrees")
     (["run", "loop-grid", "--passes", "1"], "--passes must be ≥ 2"),
     (["run", "loop-grid", "--tokens", "1"], "--tokens must be ≥ 2"),

@@ -13,6 +13,7 @@ import jaxattn as ja
 from jaxattn.cli import main
 from jaxattn.experiments import run_experiment
 from jaxattn.experiments import variants as study
+from jaxattn.experiments.runner import experiment_config
 from jaxattn.metrics import CONSENSUS_TOL
 
 #: A tiny grid: one placement (pre), both kernels (two programs), every mask and the
@@ -309,3 +310,20 @@ def test_a_theorem_judges_only_the_starts_in_its_domain():
     assert row["kind"] == "theorem" and row["in_domain"] == 0.25, row
     assert row["verdict"] == ("consensus, as Theorem 4.1 predicts (for the 1 of 4 starts in "
                               "its domain)")
+
+
+def test_a_cells_command_gives_a_mask_setting_only_to_its_mask():
+    """`--keep` and `--window` are refused for a run without their mask: a cell's
+    command (in `table.csv`) carries each only for the mask it sets."""
+    config = study.VariantsExperiment().config({"size": 1, "keep": 0.5, "window": 3})
+    grid = study.Grid.of(config)
+    commands = {mask: study.cell_command(config, grid, (0, 0, study.MASKS.index(mask), 0, 0))
+                for mask in study.MASKS}
+    assert "--keep 0.5" in commands["sparse"] and "--window 3" in commands["window"]
+    assert not any(flag in commands[mask] for mask in ("full", "causal")
+                   for flag in ("--keep", "--window"))
+    assert "--window" not in commands["sparse"] and "--keep" not in commands["window"]
+    for command in commands.values():  # each repeats its cell without a refusal
+        args = command.split()[5:]
+        overrides = dict(zip((a[2:].replace("-", "_") for a in args[::2]), args[1::2]))
+        experiment_config(study.VariantsExperiment(), overrides, 0)

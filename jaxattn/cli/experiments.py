@@ -17,8 +17,8 @@ from ._common import (
     refuse_first,
 )
 
-_EXIT_AGAINST = 3  # the run finished but its outcome contradicts the theorem
-_EXIT_UNDECIDED = 4  # the run finished, too noisy to agree or contradict
+EXIT_AGAINST = 3  # the run finished but its outcome contradicts the theorem
+EXIT_UNDECIDED = 4  # the run finished, too noisy to agree or contradict
 
 
 def _list(args) -> int:
@@ -147,8 +147,8 @@ def _run(args) -> int:
               "(process 0 wrote the run)")
         return 0
     undecided = summary.get("undecided")
-    status = _EXIT_UNDECIDED if undecided else \
-        _EXIT_AGAINST if summary["agrees_with_theory"] is False else 0  # None: nothing judged
+    status = EXIT_UNDECIDED if undecided else \
+        EXIT_AGAINST if summary["agrees_with_theory"] is False else 0  # None: nothing judged
     against = "" if status == 0 else \
         f" (undecided, {undecided}: exit status {status})" if undecided else \
         f" (against the prediction: exit status {status})"

@@ -14,6 +14,7 @@ from ._common import (
     parse_value,
     refuse_first,
 )
+from .experiments import EXIT_AGAINST, EXIT_UNDECIDED
 
 
 def _pair(text: str, flag: str) -> tuple[str, str]:
@@ -66,7 +67,8 @@ def _precheck(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, list[
     params = {p.name: p for p in declared_params(args.name) or ()}
     for key, text in sets + [(key, text) for key, texts in grid.items() for text in texts]:
         if key in params:  # a ValueError is the one line the user gets (`cli.main`)
-            convert(params[key], text)
+            flag = params[key].type is bool  # its words as the command line reads them
+            convert(params[key], parse_value(text, bool, params[key].flag) if flag else text)
     return dict(sets), grid
 
 
@@ -120,11 +122,27 @@ def _sweep(args: argparse.Namespace) -> int:
               "(process 0 wrote the sweep)")
         return 0
     s = result.summary
+    status, why = exit_status(s)
     print(format_table(s, read_json(result.folder / "sweep.json")["grid_keys"]))
-    print(s["verdict"])
+    print(f"verdict{why}: {s['verdict']}")
     print(f"wrote {result.folder}/: sweep.json, table.csv, {', '.join(s['figures'])}, "
           "summary.json")
-    return 0
+    return status
+
+
+def exit_status(summary: dict) -> tuple[int, str]:
+    """The exit status of a finished sweep, as `jaxattn run`'s: 3 when an instance
+    contradicted its theorem, else 4 when instances were left undecided (still
+    converging at T, or their solver failed: every instance failing is one such sweep),
+    else 0; and the words that say so beside the verdict (none for 0)."""
+    counts = {"still converging at T": summary.get("not_converged", 0),
+              "solver failed": summary.get("solver_failed", 0)}
+    if summary.get("contradicted", 0):
+        return EXIT_AGAINST, f" (against the prediction: exit status {EXIT_AGAINST})"
+    if any(counts.values()):
+        left = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+        return EXIT_UNDECIDED, f" (undecided, {left}: exit status {EXIT_UNDECIDED})"
+    return 0, ""
 
 
 def register(sub) -> None:
@@ -136,7 +154,10 @@ def register(sub) -> None:
         "per instance: final E, consensus time, whether the theorem's prediction held, "
         "solver status, and a status: held, not_converged, contradicted, solver_failed or "
         "outside_domain), sweep.png/.pdf and summary.json. NAME may be a TOML or JSON spec "
-        "file with keys experiment, grid, points, set, instances, seed, chunk.")
+        "file with keys experiment, grid, points, set, instances, seed, chunk. Exit status, "
+        "as `jaxattn run`'s: 0 when every instance inside its theorem's domain held, 3 when "
+        "one contradicted it, 4 when instances were left undecided (still converging at T, "
+        "or their solver failed), 2 for bad input (refused before any folder).")
     p.add_argument("name", help="experiment name (thm41-sphere, …) or a .toml/.json spec")
     p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,…",
                    help="a swept parameter and its values (repeat for a product grid; "

@@ -14,7 +14,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from .._validate import check_count, check_seed, machine_memory, refuse_first, too_big
-from ..experiments import SWEEPABLE, Param, convert, get_experiment
+from ..experiments import SWEEPABLE, Param, convert, experiment_config, get_experiment
 from ._instances import EXCLUDED
 
 #: The memory a row of a sweep's table takes while the table is assembled and read
@@ -112,8 +112,11 @@ def check_spec(spec: SweepSpec) -> list[dict[str, Any]]:
     fixed = {k: convert(params[k], v) for k, v in spec.set.items()}
     base = {p.name: p.default for p in params.values()} | fixed
     configs = [base | pt | {"seed": spec.seed} for pt in _points(spec, params)]
-    for c in configs:
-        get_experiment(spec.experiment).config(c)  # checked as the experiment's Config
+    experiment = get_experiment(spec.experiment)
+    one = {p.name: 1 for p in experiment.all_params() if p.name in EXCLUDED}  # a sample
+    for c in configs:  # each point checked as `jaxattn run` checks its instance (sizes too)
+        experiment_config(experiment, {k: v for k, v in c.items() if k != "seed"} | one,
+                          spec.seed)
     rows, memory = len(configs) * spec.instances, machine_memory()
     points = f"{len(configs)} point{'s' * (len(configs) > 1)}"
     refuse_first([too_big(

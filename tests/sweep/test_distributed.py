@@ -42,7 +42,8 @@ def test_two_processes_write_the_table_of_one(tmp_path, alone):
     out = tmp_path / "two"
     proc = start_jaxattn(_argv(out, "--launch-local", "2"))
     stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stderr[-3000:]
+    # 4: horizon 2 leaves every instance still converging (undecided, as `jaxattn run`)
+    assert proc.returncode == 4, stderr[-3000:]
     assert "process 1 of 2: done" in stdout
     assert (out / "table.csv").read_bytes() == (alone.folder / "table.csv").read_bytes()
     sidecar = json.loads((out / "sweep.json").read_text())
@@ -60,7 +61,7 @@ def test_killed_on_one_process_resumes_on_one_process(tmp_path, alone):
 
     resumed = start_jaxattn(_argv(out, "--resume"))
     stdout, stderr = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, stderr[-3000:]
+    assert resumed.returncode == 4, stderr[-3000:]  # every instance still converging
     assert f"{done} of 4 chunks done" in stdout + stderr
     assert (out / "table.csv").read_bytes() == (alone.folder / "table.csv").read_bytes()
 

@@ -66,7 +66,7 @@ def test_killed_and_resumed_sweep_gives_the_same_table(tmp_path):
 
     resumed = _cli(*_cli_args(out, "--resume"))
     stdout, stderr = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, stderr
+    assert resumed.returncode == 4, stderr  # horizon 2: every instance still converging
     assert f"{len(done)} of {total} chunks done" in stdout + stderr  # nothing redone
     assert not (out / "INCOMPLETE").exists()
 
@@ -253,7 +253,7 @@ def test_the_command_lines_grid_joins_a_spec_files(tmp_path, capsys):
                     '[set]\nhorizon = 0.5\nsaves = 5\ntokens = 3\n')
     out = tmp_path / "joined"
     assert main(["sweep", str(toml), "--grid", "heads=1,2", "--out", str(out),
-                 "--no-progress"]) == 0
+                 "--no-progress"]) == 4  # horizon 0.5: every instance still converging
     table = ja.sweep.load_table(out)
     assert sorted(zip(table["beta"], table["heads"])) == [(0.5, 1), (0.5, 2), (2.0, 1),
                                                           (2.0, 2)]
@@ -278,6 +278,11 @@ def test_the_command_lines_grid_joins_a_spec_files(tmp_path, capsys):
     (dict(experiment="thm51-causal", set={"tokens": 9, "dim": 4}),
      r"--tokens \(9\) must be ≤ --dim \(4\)"),
     (dict(experiment="thm32-gradient", set={"sphere": "maybe"}), "true or false"),
+    (dict(experiment="thm41-sphere", set={"horizon": 1e300}), r"past 2\*\*52"),
+    (dict(experiment="thm41-sphere", grid={"tokens": [5, 300000]}),
+     "--tokens 300000: the run's arrays need at least"),
+    (dict(experiment="thm41-sphere", points=[{"tokens": 5}, {"tokens": 10**8}]),
+     "--tokens 100000000: the run's arrays need at least"),
 ])
 def test_bad_specs_are_refused(spec, message):
     with pytest.raises(ValueError, match=message):
@@ -580,8 +585,8 @@ def test_an_instance_larger_than_the_memory_is_refused_before_the_folder(tmp_pat
     """10⁹ tokens (96 GB an instance) once aborted inside XLA (a negative dimension)
     and left a locked, half-made folder: refused in one line, with no folder."""
     out = tmp_path / "big"
-    with pytest.raises(ValueError, match=r"one instance at tokens = 1000000000 needs about "
-                       r".* more than this machine's memory") as info:
+    with pytest.raises(ValueError, match=r"--tokens 1000000000: the run's arrays need at "
+                       r"least .* more than this machine's memory") as info:
         ja.sweep("thm41-sphere", {"tokens": [10**9]}, instances=2, out=out, progress=False)
     assert "\n" not in str(info.value) and not out.exists()
 
@@ -649,3 +654,83 @@ def test_consensus_time_quartiles_count_the_instances_that_never_reached_it(tmp_
     assert f">T [{stats['consensus_time_q25']:.3g}, >T]" in row
     few = {k: v[-12:] for k, v in table.items()} | {"consensus_time": np.r_[reached, np.nan]}
     assert _report.point_stats(few, 0)["consensus_time_median"] == np.median(reached)
+
+
+@pytest.mark.parametrize("argv", [["--set", "tokens=100000000"], ["--set", "tokens=300000"],
+                                  ["--grid", "tokens=5,300000"], ["--set", "horizon=1e300"],
+                                  ["--set", "discrete=true", "--set", "tau=1e-300"]],
+                         ids=" ".join)
+def test_a_point_jaxattn_run_refuses_is_refused_in_its_words(argv, tmp_path, capsys):
+    """Each point is checked as `jaxattn run` checks its instance, before any folder: 10⁸
+    tokens once aborted inside XLA (SIGABRT, a half-made folder), 3 × 10⁵ ran out of
+    memory in a traceback, and a horizon of 1e300 ran, every solve failing."""
+    from jaxattn.cli import main
+
+    out = tmp_path / "o"
+    assert main(["sweep", "thm41-sphere", "--instances", "2", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    flags = {key: values.split(",")[-1]  # the refused point: the grid's last value
+             for key, _, values in (t.partition("=") for t in argv[1::2])}
+    flags["discrete"] = flags.get("discrete") == "true"
+    with pytest.raises(ValueError) as run:  # what `jaxattn run` says for the same values
+        experiment_config(get_experiment("thm41-sphere"), flags, 0)
+    assert err.strip() == f"jaxattn sweep: error: {run.value}" and not out.exists(), err
+
+
+@pytest.mark.parametrize("words", [("true", "false"), ("1", "0"), ("yes", "no"),
+                                   ("TRUE", " False ")])
+def test_a_flag_takes_the_usual_spellings(words, monkeypatch, capsys):
+    """`--set discrete=true` and `--grid discrete=true,false` were refused ("--discrete
+    must be true or false, got 'true'"): a flag's value is read as the command line
+    reads one (`parse_value`), before its check."""
+    import jaxattn.sweep
+    from jaxattn.cli import main
+
+    seen = []
+
+    def run(spec, grid, *, set, **kwargs):
+        seen.append((ja.sweep.check_spec(dataclasses.replace(spec, grid=grid or {}, set=set or {})),
+                     set))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jaxattn.sweep, "run", run)
+    on, off = words
+    assert main(["sweep", "thm41-sphere", "--grid", f"discrete={on},{off}"]) == 130
+    assert main(["sweep", "thm41-sphere", "--set", f"discrete={off}"]) == 130
+    assert [c["discrete"] for c in seen[0][0]] == [True, False]
+    assert seen[1][1] == {"discrete": False}
+    assert main(["sweep", "thm41-sphere", "--set", "discrete=maybe"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--discrete must be true or false, got 'maybe'.")
+
+
+@pytest.mark.parametrize(("statuses", "code", "words"), [
+    (["held", "held"], 0, "verdict: "),
+    (["held", "outside_domain"], 0, "verdict: "),
+    (["held", "not_converged"], 4, "(undecided, 1 still converging at T: exit status 4)"),
+    (["solver_failed", "solver_failed"], 4, "(undecided, 2 solver failed: exit status 4)"),
+    (["not_converged", "contradicted"], 3, "(against the prediction: exit status 3)"),
+])
+def test_the_exit_status_says_what_the_table_says(statuses, code, words, tmp_path,
+                                                  monkeypatch, capsys):
+    """As `jaxattn run`: 3 when an instance contradicted its theorem, 4 when instances
+    were left undecided (not converged, solver failed: every instance failing), else 0.
+    A sweep exited 0 whatever its table said."""
+    import jaxattn.sweep
+    from jaxattn._artifacts.folders import write_json
+    from jaxattn.cli import main
+
+    n = len(statuses)
+    table = {"point": np.zeros(n, int), "beta": np.ones(n), "consensus_time": np.ones(n),
+             "final_E": np.ones(n), "in_domain": np.array([s != "outside_domain"
+                                                           for s in statuses]),
+             "prediction_held": np.array([s == "held" for s in statuses], object),
+             "solver_success": np.array([s != "solver_failed" for s in statuses]),
+             "status": np.array(statuses, object)}
+    spec = ja.sweep.SweepSpec("thm41-sphere", {"beta": [1.0]}, instances=n)
+    summary = _report.summarise(spec, [{"beta": 1.0}], ["beta"], table) | {"figures": []}
+    write_json(tmp_path / "sweep.json", {"grid_keys": ["beta"]})
+    monkeypatch.setattr(jaxattn.sweep, "run", lambda *a, **k: ja.sweep.SweepResult(
+        tmp_path, table, summary))
+    assert main(["sweep", "thm41-sphere", "--grid", "beta=1", "--out", str(tmp_path)]) == code
+    assert words in capsys.readouterr().out

@@ -287,8 +287,8 @@ class MeanFieldEquation(AbstractExperiment):
         Param("horizon", float, 1.0, "time of the particles' comparison", 0.0),
         Param("max_tokens", int, 100_000, "the largest n (n = 10², 10³, … up to it; "
               "10⁶ takes minutes on a CPU)", 1000),
-        Param("seeds", int, 48, "samples of the initial density at the largest n (the "
-              "slope's standard error falls as 1/√seeds)", 1),
+        Param("seeds", int, 48, "samples of the initial density at the largest n, at "
+              "least 2 (one has no standard error; the slope's falls as 1/√seeds)", 2),
         Param("betas", int, 5, "temperatures of the phase diagram, β/β* in [0.5, 2.5]", 2),
         Param("couplings", int, 13, "couplings of the phase diagram, K/K_# in [0.6, 1.4]", 3),
         Param("settle", float, 40.0, "time the phase diagram's runs settle (> 4: its half "

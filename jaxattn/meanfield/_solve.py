@@ -132,17 +132,33 @@ def solve(grid: AbstractGrid, mu0: Float[Array, "*grid"], ts, *, beta, coupling,
                            beta, coupling, sigma, kernel), NONFINITE)
 
 
-#: The refusal of a solve whose density left the floating-point range.
-NONFINITE = ("jaxattn: solve: the density became NaN or inf: the transport is too stiff "
-             "for `dt0` at this coupling (lower `dt0` or |coupling|).")
+#: How far past the largest value of any density's band-limited projection (`in_range`)
+#: a solved one may go before it is refused as a blown-up step, not a sharp density.
+RANGE = 10.0
+#: The refusal of a solve whose density left the floating-point range, or any density's.
+NONFINITE = ("jaxattn: solve: the density became NaN, inf or far larger than any density "
+             "of its mass on this grid: the transport is too stiff for `dt0` at this "
+             "coupling (lower `dt0` or |coupling|).")
+
+
+def in_range(grid: AbstractGrid, mus: Float[Array, "T ..."], mass: Float[Array, ""]
+             ) -> Array:
+    """Whether the densities `mus` (of mass `mass`) are finite and within `RANGE` times
+    the largest value the band-limited projection of any density of that mass takes:
+    `|Π μ(x)| ≤ mass · D/|S|` (`D` the band's dimension, at most the coefficients'
+    slots; the projection kernel peaks at `D/|S|` on its diagonal). An unstable step
+    leaves it by orders of magnitude at once; mass alone cannot tell (it is kept exactly)."""
+    slots = grid.degrees().size
+    bound = RANGE * jnp.abs(mass) * slots / jnp.sum(grid.weights)
+    return jnp.all(jnp.isfinite(mus)) & (jnp.max(jnp.abs(mus)) <= bound)
 
 
 @kept_jit
 def _solve(grid, mu0, ts, steps, beta, coupling, sigma, kernel,
            adjoint=dfx.RecursiveCheckpointAdjoint()):
-    """The densities at `ts` and whether they are finite (checked by the caller: the
-    program holds no callback, `CheckedTimes`), `ts` checked and `steps` laid out by
-    the caller."""
+    """The densities at `ts` and whether they are finite and within a density's range
+    (`in_range`; checked by the caller: the program holds no callback, `CheckedTimes`),
+    `ts` checked and `steps` laid out by the caller."""
     c0 = grid.analysis(mu0)
     g, z = profiles(beta, kernel)
     transport = Drift(grid, grid.multipliers(g), None if z is None else grid.multipliers(z),
@@ -156,7 +172,8 @@ def _solve(grid, mu0, ts, steps, beta, coupling, sigma, kernel,
                           stepsize_controller=LaidOutSteps(steps), saveat=dfx.SaveAt(ts=ts),
                           max_steps=steps.shape[0], adjoint=CheckedTimes(adjoint, ts),
                           throw=False)
-    return jax.vmap(grid.synthesis)(sol.ys), jnp.all(jnp.isfinite(sol.ys))
+    mus = jax.vmap(grid.synthesis)(sol.ys)
+    return mus, in_range(grid, mus, jnp.sum(grid.weights * mu0))
 
 
 @surface_errors

@@ -131,8 +131,9 @@ def _check_resolved(u, zonal, d: int) -> None:
     last = (w * _parts(u, w)[0])[-1]
     if d >= 4 and last > LAST_NODE_MASS:
         raise ValueError(f"the ordered branch at β = {beta:g}, d = {d} is not resolved by "
-                         f"{NODES} nodes: its density puts {last:.0%} of its mass on the last "
-                         f"node (t = {t[-1]:.4f}); choose a smaller β or d.")
+                         f"{NODES} nodes: its density puts {100 * last:.3g}% of its mass on "
+                         f"the last node (t = {t[-1]:.4f}), more than "
+                         f"{100 * LAST_NODE_MASS:g}%; choose a smaller β or d.")
 
 
 def ordered_state(beta: float, d: int, coupling: float) -> OrderedState:

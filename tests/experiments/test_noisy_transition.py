@@ -6,6 +6,7 @@ susceptibility `n ⟨r²⟩ = 1/(1 − K/K_#)` in a small noisy simulation."""
 
 import json
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -160,6 +161,28 @@ def test_particles_too_noisy_to_resolve_the_target_leave_the_verdict_undecided(e
         "the particles' K_# could not be estimated (NaN)"), verdict
 
 
+def test_the_verdict_says_which_part_failed_in_words(exact_run, monkeypatch):
+    """Particles within 3 s.e. (z 0.43) but 8 % off read "NOT within 5% and 3 s.e.";
+    no coupling equilibrated in both sweeps read "hysteresis nan"."""
+    config, data = exact_run
+    study = nt.NoisyTransition()
+    rows = nt.measure(config, data)
+    for change, words in (
+            ({"rel_error": 0.08, "z": 0.43}, "NOT within 5% and within 3 s.e. of K_# ("),
+            ({"rel_error": 0.01, "z": 4.0}, "within 5% and NOT within 3 s.e. of K_# ("),
+            ({"rel_error": 0.01, "z": 0.2, "K_se": 0.05 * rows[0]["K_theory"]},
+             "within 5% and within 3 s.e. of K_#, s.e. NOT within 2.5% (")):
+        changed = [row | change for row in rows]
+        monkeypatch.setattr(nt, "measure", lambda config, data, c=changed: c)
+        verdict = study.verdict(config, data)
+        assert not verdict.ok and f"particles at τ → 0 {words}" in verdict.line, verdict.line
+    unread = [row | {"hysteresis_width": math.nan, "equilibrated": 0} for row in rows]
+    monkeypatch.setattr(nt, "measure", lambda config, data: unread)
+    line = study.verdict(config, data).line
+    assert "nan" not in line and line.count(
+        "no hysteresis read (no coupling equilibrated in both sweeps) (0/5 equilibrated)") == 3
+
+
 def _discontinuous(verdict):
     return next(case for case in verdict.extra["cases"] if not case["continuous"])
 
@@ -271,22 +294,44 @@ def eqx_stack(d, K, beta, count):
     return eqx.filter_vmap(lambda k: nt.usa_model(d, k, beta))(jnp.full((count,), K))
 
 
+#: A small run (a reviewer's, at --blocks 4).
+SMALL = ["--tokens", "200", "--couplings", "3", "--burn", "1", "--window", "2", "--rates", "4",
+         "--max-dim", "2", "--blocks", "4", "--sweep-tau", "0.1"]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--k-min", "1.2"], "need --k-min < 1 < --k-max"),
     (["--window", "0.2", "--sweep-tau", "0.1"], "too few for --blocks 4"),
     (["--max-dim", "4"], "--max-dim must be 2 or 3"),
+    # ran ~1e9 layers (a hang): the bound of `mf.solve`'s steps, 1e6
+    (SMALL + ["--tau", "1e-9"], "--quench / (--tau / 2) = 2e+09 layers is more than 1e+06: "
+     "take a larger step."),
+    (SMALL[:-2] + ["--sweep-tau", "1e-6"], "--couplings × (--burn + --window) / --sweep-tau = "
+     "9e+06 layers is more than 1e+06"),
+    # one block mean a half: every half-gap NaN (NumPy's warnings), nothing equilibrated
+    (SMALL[:-4] + ["--blocks", "2"], "--blocks 2 with --seeds 1 leaves one block mean in "
+     "each half of a window, and the equilibration check needs their spread: take "
+     "--blocks 4 or --seeds 2."),
+    # one layer of τ read no rate: every K_# NaN, blamed on --tokens, --seeds, --window
+    (SMALL + ["--tau", "0.5", "--quench", "0.1"], "--quench 0.1 is shorter than two layers "
+     "of --tau 0.5 (each growth rate is fit to at least three points): lengthen --quench "
+     "or take a smaller --tau."),
 ])
 def test_bad_settings_are_one_line(capsys, tmp_path, flags, message):
     assert main(["run", "noisy-transition", "--out", str(tmp_path / "x"), *flags]) == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # refused before any folder
 
 
 @pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_quick_run_writes_the_summary(tmp_path):
     out = tmp_path / "run"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in nt.QUICK.items()] + ["--max-dim", "2"]
-    code = main(["run", "noisy-transition", "--out", str(out), "--no-progress", *flags])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = main(["run", "noisy-transition", "--out", str(out), "--no-progress", *flags])
     assert code in (0, 3, 4)
+    assert not [w for w in caught if w.category is RuntimeWarning]  # NumPy's leaked
     summary = json.loads((out / "summary.json").read_text())
     cases = summary["cases"]
     assert [(c["d"], c["beta_ratio"]) for c in cases] == [(2, r) for r in nt.BETA_RATIOS]

@@ -150,6 +150,20 @@ def test_zero_coupling_decays_the_mean_as_brownian_motion_on_the_sphere():
     np.testing.assert_allclose(r, r[0] * np.exp(-ts), rtol=1e-12)
 
 
+def test_a_step_too_long_for_the_transport_is_one_line_not_finite_garbage():
+    """One step of 5 at `K = 20`, `β = 5` ended at values of ±1e26 (mass kept exactly in
+    the coefficients, all finite), returned without a word; an ordered state the grid
+    resolves, in the default steps, and the sharpest density the grid holds, pass."""
+    grid, ts = CIRCLE, [0.0, 5.0]
+    mu0 = tilted(grid, 0.5)
+    with pytest.raises(ja.SimulationError, match=r"^solve: the density became NaN, inf or "
+                       r"far larger .* too stiff for `dt0` .*\(lower `dt0` or \|coupling\|\)\.$"):
+        mf.solve(grid, mu0, ts, beta=5.0, coupling=20.0, dt0=5.0)
+    assert np.all(np.isfinite(mf.solve(grid, mu0, ts, beta=1.5, coupling=3.0)))
+    point = mf.cap(grid, 1e6)
+    assert np.all(np.isfinite(mf.solve(grid, point, [0.0, 1e-3], beta=1.0, coupling=0.0)))
+
+
 @pytest.mark.slow  # warm: over ~4 s (make test stays the fast loop)
 def test_particle_flow_approaches_the_equation_as_n_grows():
     """σ = 0: the particles of `n` samples of `μ_0` (kernel `"exp"`, `U = I`, so
@@ -449,6 +463,15 @@ def test_sampling_distance_is_the_samples_rms():
         mf.sampling_distance(grid, tilt(grid), 50, 9)
     with pytest.raises(ValueError, match="`n` must be a whole number ≥ 1"):
         mf.sampling_distance(grid, tilt(grid), 0, 4)
+
+
+def test_one_seed_is_refused_before_the_run(tmp_path, capsys):
+    """`--seeds 1` passed, ran, and failed at the end in `fit_intercept`'s words (one
+    sample at the largest n has no standard error), leaving an INCOMPLETE folder."""
+    out = tmp_path / "run"
+    assert main(["run", "mean-field", "--out", str(out), "--seeds", "1"]) == 2
+    assert "--seeds must be ≥ 2, got 1" in capsys.readouterr().err
+    assert not out.exists()
 
 
 @pytest.mark.slow

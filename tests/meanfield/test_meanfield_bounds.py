@@ -229,6 +229,10 @@ def test_an_ordered_branch_the_nodes_cannot_resolve_is_refused_not_returned():
         with pytest.raises(ValueError, match=r"not resolved") as info:
             call()
         assert "\n" not in str(info.value)
+    # just past the limit: the share was printed "0%" against a limit of 0.1 %
+    with pytest.raises(ValueError, match=r"puts 0\.\d+% of its mass on the last node "
+                       r"\(t = 0\.9998\), more than 0\.1%; choose a smaller β or d\.$"):
+        mf.transition_coupling(5.0, 4)
     beta = 2 * noisy_beta_star(64)
     kc, kf, ks = mf.transition_coupling(beta, 64), mf.fold_coupling(beta, 64), \
         noisy_threshold(beta, 64)

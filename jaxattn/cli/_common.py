@@ -161,12 +161,12 @@ def number_mistake(text: str, numeric: bool = True) -> str | None:
     return None
 
 
-_TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
 def parse_value(text: str, kind: type, name: str | None = None):
     """A command-line text as a value of `kind` (`int`, `float` or `bool`: true/false,
-    yes/no, 1/0, any case); a number in other than ASCII digits or with underscores
+    yes/no, on/off, 1/0, any case); a number in other than ASCII digits or with underscores
     (Python's `float("1_0")` is 10) is a `CLIError` (naming `name`, the flag, when
     given).
 

@@ -677,7 +677,7 @@ def test_a_point_jaxattn_run_refuses_is_refused_in_its_words(argv, tmp_path, cap
     assert err.strip() == f"jaxattn sweep: error: {run.value}" and not out.exists(), err
 
 
-@pytest.mark.parametrize("words", [("true", "false"), ("1", "0"), ("yes", "no"),
+@pytest.mark.parametrize("words", [("true", "false"), ("1", "0"), ("yes", "no"), ("on", "Off"),
                                    ("TRUE", " False ")])
 def test_a_flag_takes_the_usual_spellings(words, monkeypatch, capsys):
     """`--set discrete=true` and `--grid discrete=true,false` were refused ("--discrete

@@ -47,6 +47,10 @@ RATE_FLOOR = 1e-20
 #: How closely each late rate read from the flow must match the predicted asymptotic
 #: rate (relative): a prediction 10 % off fails it.
 RATE_TOL = 0.02
+#: The longest horizon: the unnormalised softmax flow's norms grow like `e^t`, so
+#: `|x|² ≈ e^{2t}` leaves float64 past `t ≈ 354` (at 600 they read inf, at 1,000 the
+#: solver ran out of steps after the folder was made).
+GROWTH_HORIZON = 300.0
 COLORS = {"post": "C0", "ngpt": "C3", "pre": "C1", "peri": "C2", "none": "C4"}
 #: The algebraic panel's colours for the `"exp"` kernel, apart from softmax's.
 EXP_COLORS = {"pre": "C5", "peri": "C8"}
@@ -102,14 +106,15 @@ def flow(config, norm, kernel, ts) -> dict[str, np.ndarray]:
 
 
 def late_rate(ts: np.ndarray, gap: np.ndarray, kind: str,
-              radius: np.ndarray | None = None) -> float:
+              radius: np.ndarray | None = None, *, last: float = 0.5) -> float:
     """The slope of `−log(1 − ρ)` against `t` (`"exponential"`) or against `log r`
-    (`"algebraic"`; `log t` when `radius` is not given) over the second half of the
-    times where `1 − ρ > RATE_FLOOR`; NaN for other kinds."""
+    (`"algebraic"`; `log t` when `radius` is not given) over the `last` part of the
+    times where `1 − ρ > RATE_FLOOR` (the second half by default); NaN for other
+    kinds."""
     if kind not in ("exponential", "algebraic"):
         return math.nan
     keep = (ts > 0) & (gap > RATE_FLOOR) & np.isfinite(gap)
-    keep &= ts >= (ts[keep].max() / 2 if keep.any() else 0)
+    keep &= ts >= (ts[keep].max() * (1 - last) if keep.any() else 0)
     if keep.sum() < 3:
         return math.nan
     x = ts[keep] if kind == "exponential" else np.log((ts if radius is None else radius)[keep])
@@ -157,6 +162,9 @@ class Equiangular(AbstractExperiment):
              f"exp kernel's rate 2e^β makes the post-norm flow take about {steps:.2g} steps, "
              f"more than its budget {MAX_STEPS}; lower --beta or --horizon (e^β T ≤ "
              f"{MAX_STEPS / STEPS_PER_RATE:.2g})."),
+            (config.horizon > GROWTH_HORIZON, f"--horizon {config.horizon:g}: without a "
+             "normalisation (softmax, norm none) the norms grow like e^t, and their squares "
+             f"leave float64 past t ≈ 354; choose --horizon ≤ {GROWTH_HORIZON:g}."),
             (not -1 / (n - 1) < config.rho0 < 1, f"--rho0 must lie in (−1/(n − 1), 1) = "
              f"({-1 / (n - 1):.4g}, 1) for --tokens {n} (the ends are fixed points: "
              f"nothing clusters from them), got {config.rho0!r}."))
@@ -198,6 +206,10 @@ class Equiangular(AbstractExperiment):
                               "ode": finite_or_none(late_rate(ts, ode, law.kind,
                                                      data["radius_ode"][i, j])),
                               "flow_in_t": finite_or_none(late_rate(ts, flow, law.kind)),
+                              # over the last quarter: where it differs from the second
+                              # half's, the rate is still changing (a transient)
+                              "flow_last_quarter": finite_or_none(late_rate(
+                                  ts, flow, law.kind, data["radius_flow"][i, j], last=0.25)),
                               "final_rho": finite_or_none(data["rho_ode"][i, j, -1])}
                 out[f"{kernel.name}_{norm.name}"] = entry
         return out
@@ -222,6 +234,12 @@ class Equiangular(AbstractExperiment):
         early = [key for key, r in rates.items()
                  if r.get("final_rho") is not None and r["kind"] in ("exponential", "algebraic")
                  and 1 - r["final_rho"] > (1 - config.rho0) / 100]
+        # a rate the last quarter reads otherwise than the second half is still
+        # changing: a transient read is no test of the late law either
+        early += [key for key, r in rates.items() if key not in early
+                  and r["kind"] in ("exponential", "algebraic") and "flow" in r
+                  and None not in (r["flow"], r["flow_last_quarter"])
+                  and abs(r["flow"] / r["flow_last_quarter"] - 1) > RATE_TOL / 2]
         unread = [key for key, r in rates.items() if rate_error(r) == math.inf]
         # The rates judged are those read in the late regime; a run whose other rates
         # are early or unread is undecided, not against the law it could not test.
@@ -235,9 +253,10 @@ class Equiangular(AbstractExperiment):
                      f"1 − ρ above {RATE_FLOOR:g} in the later half of those): more --saves")
         if early:
             line += (f"; {', '.join(early)}: not yet in the late regime by T = "
-                     f"{config.horizon:g} (1 − ρ not yet a hundredth of its start), so their "
-                     "rates test no late law: choose a ρ0 farther from −1/(n − 1), or a "
-                     "longer --horizon")
+                     f"{config.horizon:g} (1 − ρ not yet a hundredth of its start, or the "
+                     "rate over the last quarter of the window not yet the second half's), "
+                     "so their rates test no late law: choose a ρ0 farther from −1/(n − 1), "
+                     "or a longer --horizon")
         numbers = {"max_rho_error": error, "max_spread": spread,
                    "max_radius_error": radius, "agreement": AGREEMENT,
                    "max_rate_error": worst, "rate_tolerance": RATE_TOL}

@@ -89,6 +89,8 @@ BAD = [
     # ran out of steps after the work, advising a shorter --horizon (which failed too)
     (["run", "equiangular", "--beta", "20", "--horizon", "0.01"], "more than its budget"),
     (["run", "equiangular", "--rho0", "1"], "--rho0 must lie in (−1/(n − 1), 1)"),
+    # the unnormalised norms read inf at 600; at 1,000 the solver failed after the folder
+    (["run", "equiangular", "--horizon", "600"], "choose --horizon ≤ 300"),
     (["run", "equiangular", "--rho0", "-0.3333333333333333"], "the ends are fixed points"),
     (["run", "equiangular", "--discrete"], "unrecognized arguments: --discrete"),
     (["run", "equiangular", "--beta", "800"], "overflow float64 past β = 710"),

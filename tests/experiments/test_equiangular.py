@@ -192,6 +192,12 @@ def test_verdict_judges_the_rates_and_fails_a_rate_ten_percent_off(monkeypatch):
     assert not early.ok and "softmax pre, softmax peri, exp pre, exp peri: not yet in the " \
         "late regime by T = 20" in early.line and early.line.endswith("a longer --horizon")
     assert "a longer --horizon" in early.undecided
+    # a window still in the transient (the rate over its last quarter is another):
+    # exp post read 2.35 against 5.44 and "against" (exit 3); it is undecided
+    transient = config | {"rho0": -0.33, "horizon": 5.0}
+    moving = study.verdict(transient, _ode_run(transient))
+    assert not moving.ok and "a longer --horizon" in moving.undecided, moving.line
+    assert "exp post" in moving.line.split("not yet in the late regime")[0].rsplit(";", 1)[-1]
     for factor in (1.1, 0.9):
         def shifted(*args, **kw):
             law = equiangular_asymptotics(*args, **kw)

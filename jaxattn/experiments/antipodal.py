@@ -20,6 +20,7 @@ from .._artifacts import figures
 from .._dynamics import SelfAttentionDynamics
 from .._manifold import normalize
 from .._noise import ValueNoise
+from .._validate import too_big
 from ..metrics import binomial_error, fit_crossing, fit_intercept, level_crossing, mean_error
 from ..theory import antipodal_probability, antipodal_rate, antipodal_threshold
 from .base import AbstractExperiment, Config, Param, Verdict
@@ -36,6 +37,8 @@ START_GAP, EXPONENT_TIME = 1e-4, 4.0
 #: `WINDOW_POINTS` values of `β` evenly across `WINDOW` times the predicted `β_c`.
 THRESHOLD_GAP, THRESHOLD_TIME = 1e-8, 8.0
 WINDOW, WINDOW_POINTS = (0.85, 1.15), 5
+#: The largest β a run takes: the theorem's share reads `e^{2β}`, past float64 at 354.
+BETA_MAX = 300.0
 #: The extrapolated threshold must be within this of the predicted one (relative).
 THRESHOLD_TOL = 0.05
 #: P(antipodal) has settled at a `(d, β)` when its change over the last `SETTLE_PART`
@@ -145,9 +148,27 @@ class Antipodal(AbstractExperiment):
     def refusals(self, config):
         end = max(config.horizon, EXPONENT_TIME)
         layers = end / config.tau * 2  # the threshold runs' step is τ/2
+        largest = 2**config.dims
+        pairs = max(config.runs, config.threshold_runs)
+        zero = [int(d) for d in 2 ** np.arange(1, config.dims + 1)
+                if antipodal_threshold(int(d), config.sigma) == 0]
         return (
             (config.tau > 0.5, f"--tau must be ≤ 0.5 (a layer is one step of the SDE), got "
              f"{config.tau!r}."),
+            # the pairs' tokens and the d × d noise of a block of them, float64
+            too_big(8.0 * largest * (64 * largest + 6 * pairs), f"--dims {config.dims} "
+                    f"(d up to {largest:,}): the noisy runs need at least",
+                    "choose fewer --dims"),
+            (config.beta_max > BETA_MAX, f"--beta-max {config.beta_max:g}: the theorem's share "
+             f"reads e^(2β), which leaves float64 past β ≈ 354; choose --beta-max ≤ "
+             f"{BETA_MAX:g}."),
+            (bool(zero), f"--sigma {config.sigma:g}: the antipodal end attracts at every β > 0 "
+             f"for d = {', '.join(map(str, zero))} (β_c = 0), so there is no threshold to "
+             "measure; choose a smaller --sigma."),
+            (antipodal_threshold(2, config.sigma) * WINDOW[1] > BETA_MAX,
+             f"--sigma {config.sigma:g}: the threshold β_c = "
+             f"{antipodal_threshold(2, config.sigma):.3g} puts the threshold runs past "
+             f"β = {BETA_MAX:g}; choose a larger --sigma."),
             (not layers <= MAX_LAYERS, f"--tau {config.tau!r} takes {layers:.3g} layers of τ/2 "
              f"to reach T = {end:g}, more than {MAX_LAYERS} (JAX counts in int32): take a "
              "larger --tau."))
@@ -405,9 +426,11 @@ def probability_check(betas, p, p_early, runs: int, d: int, sigma: float) -> dic
     positive and the measure has settled: the ratio of their sums, its standard error,
     whether it is judged and whether within `PROBABILITY_TOL` (`docs/antipodal.md`, "Has
     P(antipodal) settled, and is it the theorem's?")."""
-    se = binomial_error(p, runs)
-    settled = np.abs(np.asarray(p) - np.asarray(p_early)) <= se
     predicted = np.array([antipodal_probability(b, d, sigma) for b in betas])
+    # the error of the observed share, or of the theorem's where larger: a share of 0 in
+    # 10 runs has an observed error of 0, and read "0 ± 0 of the theorem's" (exit 3)
+    se = np.maximum(binomial_error(p, runs), binomial_error(predicted, runs))
+    settled = np.abs(np.asarray(p) - np.asarray(p_early)) <= se
     judged = settled & (predicted > 0)
     total = predicted[judged].sum()
     ratio = float(np.asarray(p)[judged].sum() / total) if total > 0 else math.nan

@@ -120,8 +120,9 @@ def antipodal_threshold(d: int, sigma) -> float:
     sigma, d = check_sphere_args(sigma, d, name="sigma")
     if sigma < SMALL_SIGMA:  # (1/σ²)² overflows below ~1e-77; β_c = log(√2/σ) + O(σ²)
         return 0.5 * math.log(2.0) - math.log(sigma)
-    c = d - 2 + 1 / sigma**2
-    disc = c**2 - 1 + 2 / sigma**2
+    inv = (1 / sigma) ** 2  # 0 past σ ≈ 1e154, where σ² overflowed (OverflowError)
+    c = d - 2 + inv
+    disc = c**2 - 1 + 2 * inv
     if disc < 0:
         return 0.0
     return max(0.0, 0.5 * math.log(c + math.sqrt(disc)))

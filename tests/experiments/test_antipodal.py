@@ -3,6 +3,7 @@ reduction, is `ja.theory`'s: tests/theory/test_theory_noise.py)."""
 
 import functools
 import math
+import re
 
 import equinox as eqx
 import jax
@@ -232,3 +233,28 @@ def test_a_folder_written_before_the_early_reading_is_judged_without_it():
     config = experiment.config(json.loads((saved / "config.json").read_text()))
     verdict = experiment.verdict(config, data)
     assert "settled at 0/" in verdict.line and "too few runs to judge" in verdict.line
+
+
+def test_a_share_of_zero_in_few_runs_is_not_judged_against_the_theorem():
+    """10 runs with no antipodal end read "0 ± 0 of the theorem's (NOT within 0.05)",
+    exit 3: the observed share's binomial error is 0 at 0. The error is the theorem's
+    share's where larger, and 10 runs are too few to judge."""
+    betas = np.array([1.5, 2.0, 2.6])
+    zero = np.zeros(3)
+    check = A.probability_check(betas, zero, zero, 10, 4, 1.0)
+    assert not check["p_judged"] and check["p_within"] and check["p_ratio_se"] > 0.1, check
+    many = A.probability_check(betas, zero, zero, 100_000, 4, 1.0)
+    assert many["p_judged"] and not many["p_within"], many  # 10⁵ runs with none: against
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"sigma": 1e300}, "β_c = 0), so there is no threshold to measure"),  # OverflowError
+    ({"sigma": 1e-300}, "puts the threshold runs past β = 300"),  # failed after its folder
+    ({"dims": 40}, "--dims 40 (d up to 1,099,511,627,776): the noisy runs need"),  # hung
+    ({"beta_max": 1e300}, "choose --beta-max ≤ 300"),  # overflow warnings, then exit 3
+])
+def test_settings_past_float64_or_memory_are_refused_before_any_work(changes, message):
+    from jaxattn.experiments.runner import experiment_config
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        experiment_config(A.Antipodal(), changes, 0)

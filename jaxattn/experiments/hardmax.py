@@ -202,7 +202,7 @@ class Hardmax(AbstractExperiment):
         Param("vertices", int, 6, "sites on the ellipse vᵀPv = 1 (hull vertices)", 3),
         Param("tokens", int, 24, "interior tokens (random convex combinations)", 1),
         Param("steps", int, 60, "Frank–Wolfe steps of the PSD and softmax runs", 1),
-        Param("tau", float, 0.2, "constant step size γ = τ in (0, 1]", 0.0),
+        Param("tau", float, 0.2, "constant step size γ = τ in (0, 1)", 0.0),
         Param("random_psd", bool, False, "a random positive definite P, not the identity"),
         Param("betas", int, 13, "number of β from 1 to --beta-max (log-spaced)", 2),
         Param("beta_max", float, 1e4, "largest β of the softmax runs", 1.0),
@@ -214,6 +214,10 @@ class Hardmax(AbstractExperiment):
         left = (1 - min(config.tau, 1.0)) ** config.steps  # of each token's way, at the end
         return ((config.tau > 1, f"--tau is a Frank–Wolfe step size: it must be ≤ 1, got "
                  f"{config.tau!r}."),
+                # x + γ(v − x) = v: each token jumps to a vertex at every step; the NSD run
+                # kept its spread (× 1.0000 per step) and still read "collapse"
+                (config.tau == 1, "--tau 1 jumps every token onto a vertex at each step (x + "
+                 "γ(v − x) = v), so the constant-step run cannot collapse; choose --tau < 1."),
                 (left > 0.5, f"--tau {config.tau:g} over --steps {config.steps} leaves the "
                  f"tokens {left:.0%} of their way from their sites: the Voronoi prediction "
                  "would be tested on tokens that hardly moved; raise --tau or --steps."))

@@ -102,6 +102,7 @@ BAD = [
     (["run", "phase-diagram", "--horizon", "0.01"], "is shorter than one step (0.1"),
     (["run", "phase-diagram", "--step", "100"], "is shorter than one step (100"),
     (["run", "antipodal", "--tau", "0.6"], "--tau must be ≤ 0.5"),
+    (["run", "hardmax", "--tau", "1"], "the constant-step run cannot collapse"),
     (["run", "antipodal", "--runs", "5"], "--runs must be ≥ 10"),
     (["run", "antipodal", "--saves", "5"], "unrecognized arguments: --saves"),
     (["run", "mean-field", "--max-tokens", "10"], "--max-tokens must be ≥ 1000"),

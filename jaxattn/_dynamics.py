@@ -66,6 +66,9 @@ class SelfAttentionDynamics(eqx.Module):
       the identity, i.e. the unit sphere.
     - `beta`: inverse temperature `β` (default 1), a finite real; an array leaf, so
       a `jax.vmap` over `β`s is a batch of models in one compiled program.
+      `dataclasses.replace(dyn, beta=2.0)` checks a new value as the constructor does;
+      `eqx.tree_at` sets a leaf unchecked (`lambda m: m.beta`; the weights are
+      schedules: `lambda m: m.P.value` for a constant `P`).
     - `causal`: causal attention, `M(i) = {j ≤ i}` (default: full attention).
     - `norm`: where the normalisation sits: a member of `ja.AbstractNorm` —
       `ja.PostNorm()` (default), `ja.PreNorm()`, `ja.PeriNorm()`, `ja.NGPT()`,
@@ -95,7 +98,8 @@ class SelfAttentionDynamics(eqx.Module):
 
     # Converters turn strings and arrays into members and schedules, `__post_init__`
     # puts the sigmoid's `bias` into the kernel, `__check_init__` checks the fields
-    # together: the dataclass `__init__` stays (`eqx.tree_at`, `dataclasses.replace`).
+    # together: the dataclass `__init__` stays (`dataclasses.replace` checks again;
+    # `eqx.tree_at` sets a leaf as it is).
     P: AbstractSchedule | None = eqx.field(converter=lambda P: _schedule(P, "P"))
     U: AbstractSchedule = eqx.field(converter=lambda U: as_schedule(U, "U"))
     W: Float[Array, "d d"] | None = eqx.field(
@@ -258,7 +262,7 @@ class SelfAttentionDynamics(eqx.Module):
             q = einsum("hkd,id->hik", Q, x, precision=self.precision)
             k = self._keys(einsum("hkd,jd->hjk", K, x, precision=self.precision))
             s = einsum("hik,hjk->hij", q, k, precision=self.precision)
-        return self.beta.astype(s.dtype) * s
+        return jnp.asarray(self.beta, s.dtype) * s
 
     def allowed(self, n: int) -> Bool[Array, "n n"] | None:
         """Where token `i` may attend to `j`: `causal` and `window` and `mask` (with
@@ -315,7 +319,7 @@ class SelfAttentionDynamics(eqx.Module):
         `(β P_ηᵀ x_i)·x_j`, or `(β Q_η x_i)·(K_g x_j)`, never all at once."""
         self._check_x(x)
         n = x.shape[0]
-        beta = self.beta.astype(x.dtype)
+        beta = jnp.asarray(self.beta, x.dtype)
         if self.P is not None:
             P = _nan_unless_finite(self.P(t))
             q = beta * einsum("hde,id->hie", P, x, precision=self.precision)

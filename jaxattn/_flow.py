@@ -121,6 +121,8 @@ def solve_flow(
     - `adjoint`: how gradients are taken (default: checkpointed reverse mode).
       `BacksolveAdjoint` integrates the reversed flow, unstable for this
       contracting system: avoid it. It and `DirectAdjoint` need `on_manifold=False`.
+      Forward mode (`jax.jvp`, `jax.jacfwd`) needs `adjoint=diffrax.ForwardMode()`
+      with `on_manifold=False` (the default adjoint is reverse mode only).
     - `stepsize_controller`: `None` (default) picks `diffrax.PIDController(rtol,
       atol)` for solvers with error estimates and constant steps of `dt0`
       otherwise; e.g. `diffrax.ConstantStepSize()` forces fixed steps.
@@ -201,7 +203,8 @@ def solve_flow(
         (fused and event is not None, ValueError,
          "`event=` stops each sample on its own: use strategy=\"general\" or \"auto\" (the "
          "fused path shares one run over the batch)."),
-        (on_manifold and isinstance(adjoint, dfx.BacksolveAdjoint | dfx.DirectAdjoint),
+        (on_manifold and isinstance(adjoint, dfx.BacksolveAdjoint | dfx.DirectAdjoint
+                                    | dfx.ForwardMode),
          ValueError, f"adjoint={type(adjoint).__name__}() cannot run through the retraction "
          "onto E_W (it steps an augmented state, or rebuilds the solver): pass "
          "on_manifold=False, or the default RecursiveCheckpointAdjoint()."),

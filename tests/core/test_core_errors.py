@@ -246,10 +246,11 @@ def test_bad_ts(key):
         ja.solve_flow(dyn, x0, jnp.array([0.0, 1.0]), max_steps=10**12)
 
 
-@pytest.mark.parametrize("adjoint", [dfx.BacksolveAdjoint(), dfx.DirectAdjoint()])
+@pytest.mark.parametrize("adjoint", [dfx.BacksolveAdjoint(), dfx.DirectAdjoint(),
+                                     dfx.ForwardMode()])
 def test_adjoints_that_cannot_take_the_retraction_are_refused(key, adjoint):
     """They crashed inside diffrax (an augmented state in `scale_rows`; a `ManifoldSolver`
-    without `scan_kind`)."""
+    without `scan_kind`, `ForwardMode` as `DirectAdjoint`)."""
     dyn = random_dynamics(key, 2, 3)
     x0 = random_tokens(key, 4, 3)
     with pytest.raises(ValueError, match="pass on_manifold=False"):
@@ -355,3 +356,22 @@ def test_host_checks_raise_what_the_checks_in_jit_surface_as(key, bad):
     with pytest.raises(ja.SimulationError) as on_host:
         _validate.raise_unless(jnp.array([True, False]), _validate.NONFINITE)
     assert str(on_host.value) == str(in_jit.value)
+
+
+def test_tree_at_sets_beta_to_a_python_float(key):
+    """`eqx.tree_at(lambda m: m.beta, dyn, 2.0)`, the obvious idiom, failed deep in the
+    scores ("'float' object has no attribute 'astype'"); it is `dataclasses.replace`'s
+    model now."""
+    import dataclasses
+
+    import equinox as eqx
+
+    dyn = random_dynamics(key, 2, 3)
+    x0 = random_tokens(key, 4, 3)
+    moved = eqx.tree_at(lambda m: m.beta, dyn, 2.0)
+    np.testing.assert_array_equal(ja.run_layers(moved, x0, 3, 0.1),
+                                  ja.run_layers(dataclasses.replace(dyn, beta=2.0), x0, 3, 0.1))
+    ts = jnp.array([0.0, 0.5])
+    np.testing.assert_allclose(ja.solve_flow(moved, x0, ts),
+                               ja.solve_flow(dataclasses.replace(dyn, beta=2.0), x0, ts),
+                               rtol=1e-12, atol=1e-14)

@@ -495,6 +495,15 @@ def draw_map(ax, fig, betas, ts, density, *, log: bool, title: str,
     mesh = ax.pcolormesh(_edges(ts), _edges(betas), shown, norm="log" if log else "linear",
                          cmap="viridis", shading="flat", rasterized=True, **span)
     ax.grid(False)
+    lost, edges = np.ma.getmaskarray(density).all(axis=1), _edges(betas)
+    # each run of β that overflowed hatched and named, not left white: no reader
+    # takes it for a density of 0
+    starts = np.flatnonzero(lost & ~np.r_[False, lost[:-1]])
+    ends = np.flatnonzero(lost & ~np.r_[lost[1:], False]) + 1
+    for lo, hi in zip(edges[starts], edges[ends]):
+        ax.axhspan(lo, hi, facecolor="0.93", edgecolor="0.55", hatch="//", lw=0)
+        ax.text(np.mean(ax.get_xlim()), (lo + hi) / 2, "overflowed float64", ha="center",
+                va="center", fontsize=8, color="0.3")
     half = not log and len(ts) > 1 and len(betas) > 1 and np.nanmax(density) >= 0.5
     if half:  # the density ½ whose first time is the verdict's t½, dashed over the map
         ax.contour(ts, betas, density, levels=[0.5], colors="white", linestyles="--",

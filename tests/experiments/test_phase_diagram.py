@@ -224,6 +224,16 @@ def test_the_map_names_the_betas_that_overflowed():
     line, numbers = pair_density.describe_map(betas, ts, density)
     assert "overflowed float64 for β = 3" in line and "density at T = 1: 0.3 to 0.6" in line
     assert numbers["beta_overflowed"] == 3.0 and numbers["final_density_max"] == 0.6
+    from jaxattn._artifacts.figures import pyplot
+
+    plt = pyplot()
+    fig = plt.figure()
+    ax = fig.add_subplot()
+    pair_density.draw_map(ax, fig, betas, ts, density, log=False, title="map")
+    # hatched and named, not a white row a reader takes for a density of 0
+    assert [t.get_text() for t in ax.texts] == ["overflowed float64"]
+    assert len(ax.patches) == 1 and ax.patches[0].get_hatch() == "//"
+    plt.close(fig)
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -313,7 +313,11 @@ def half_gap(blocks: np.ndarray) -> np.ndarray:
     blocks = np.asarray(blocks)
     refuse_first([(blocks.ndim < 2 or blocks.shape[-1] < 2,
                    f"half_gap needs block means (..., seeds, blocks) with at least two "
-                   f"blocks, got shape {blocks.shape}.")])
+                   f"blocks, got shape {blocks.shape}."),
+                  # one mean a half has no spread: a NaN error, and NumPy's warnings
+                  (blocks.ndim >= 2 and blocks.shape[-2] * (blocks.shape[-1] // 2) < 2,
+                   f"half_gap needs two block means in each half (seeds × blocks/2 ≥ 2) for "
+                   f"its error, got shape {blocks.shape}: more blocks or seeds.")])
     half = blocks.shape[-1] // 2
     a = blocks[..., :half].reshape(blocks.shape[:-2] + (-1,))
     b = blocks[..., -half:].reshape(blocks.shape[:-2] + (-1,))

@@ -222,6 +222,10 @@ def test_half_gap_flags_a_drifting_window(seed):
     drift = still + np.linspace(0, 1, 8)
     assert np.all(np.abs(M.half_gap(still)) < 4)
     assert np.all(M.half_gap(drift) > 4)
+    # one block mean in each half has no spread: it was a NaN and NumPy's warnings
+    with pytest.raises(ValueError, match="two block means in each half"):
+        M.half_gap(still[:, :1, :2])
+    assert np.isfinite(M.half_gap(still[:, :, :2])).all()  # two seeds: two means a half
 
 
 def test_window_statistics_flag_a_drift_and_a_slow_series(seed):

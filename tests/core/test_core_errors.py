@@ -358,6 +358,7 @@ def test_host_checks_raise_what_the_checks_in_jit_surface_as(key, bad):
     assert str(on_host.value) == str(in_jit.value)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_tree_at_sets_beta_to_a_python_float(key):
     """`eqx.tree_at(lambda m: m.beta, dyn, 2.0)`, the obvious idiom, failed deep in the
     scores ("'float' object has no attribute 'astype'"); it is `dataclasses.replace`'s

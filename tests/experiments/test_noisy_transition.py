@@ -161,6 +161,7 @@ def test_particles_too_noisy_to_resolve_the_target_leave_the_verdict_undecided(e
         "the particles' K_# could not be estimated (NaN)"), verdict
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_the_verdict_says_which_part_failed_in_words(exact_run, monkeypatch):
     """Particles within 3 s.e. (z 0.43) but 8 % off read "NOT within 5% and 3 s.e.";
     no coupling equilibrated in both sweeps read "hysteresis nan"."""

@@ -202,6 +202,7 @@ def test_the_map_names_every_range_of_beta_short_of_one_half():
     assert numbers["beta_not_reaching_half"] == 0.1
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_a_placement_whose_tokens_overflow_keeps_the_others(tmp_path):
     """`norm = "none"` lets the tokens grow past float64: the run stopped after every
     placement was computed (exit 2, INCOMPLETE, the other maps lost). Its β rows are

@@ -150,6 +150,7 @@ def test_zero_coupling_decays_the_mean_as_brownian_motion_on_the_sphere():
     np.testing.assert_allclose(r, r[0] * np.exp(-ts), rtol=1e-12)
 
 
+@pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_a_step_too_long_for_the_transport_is_one_line_not_finite_garbage():
     """One step of 5 at `K = 20`, `β = 5` ended at values of ±1e26 (mass kept exactly in
     the coefficients, all finite), returned without a word; an ordered state the grid

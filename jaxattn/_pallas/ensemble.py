@@ -213,7 +213,7 @@ def _pad(a: Array, padded: int) -> Array:
     return jnp.concatenate([a, jnp.broadcast_to(a[:, :1], (a.shape[0], pad))], axis=-1)
 
 
-def key_rows(keys, batch: tuple[int, ...]) -> LastAxis:
+def key_rows(keys) -> LastAxis:
     """Per-system threefry keys `(*batch,)` (typed) or `(*batch, 2)` (raw, as
     `jaxattn._noise.check_noise` takes them) as the kernel's rows `(2, B)` of `uint32`;
     other key implementations are refused."""

@@ -111,7 +111,7 @@ def _systems(dyn, x0, checks, keys):
     rows (`None` without noise)."""
     x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     batch = x0.shape[:-2]
-    return x0, batch, models_last(dyn, batch), None if keys is None else key_rows(keys, batch)
+    return x0, batch, models_last(dyn, batch), None if keys is None else key_rows(keys)
 
 
 @eqx.filter_jit

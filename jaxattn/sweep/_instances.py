@@ -74,7 +74,7 @@ def _evolve(dyns, y0s, p, s, strategy):
     return ts, result.ys, result.success, result.num_steps
 
 
-def _residual(test, dyn, y0, ts, ys, E):
+def _residual(test, y0, ts, ys, E):
     """The distance to the predicted outcome at every saved time, the quantity whose
     last value `test.reached` compares with the tolerance: `max_i 1 − ⟨x_i, ℓ_i⟩_W`
     for a named limit `ℓ` (5.1, 5.2), the relative speed `max |ẋ| / max |v|` for an
@@ -118,7 +118,7 @@ def _block(name: str, p: dict[str, Any], s: tuple, keys, strategy: str):
         test = theorem_test(experiment.theorem, dyn)
         E = misalign(ys)
         out = {"E": E, "y0": y0, "success": ok, "num_steps": steps, "ts": ts,
-               "residual": _residual(test, dyn, y0, ts, ys, E),
+               "residual": _residual(test, y0, ts, ys, E),
                "reached": test.reached(y0, ys[-1], ts[-1], CONSENSUS_TOL)}
         if test.host_domain:
             out["test"] = test  # its domain is decided after the program, on the host

@@ -154,13 +154,36 @@ def _ours(name: str) -> bool:
     return name in (LOCK, INCOMPLETE) or (name.startswith(".") and name.endswith(".tmp"))
 
 
+#: What a command writes into its folder besides `_ours`: its settings and results,
+#: folders of resumable pieces (`chunks/`, …) and figures (`<stem>.png`, `.pdf`, the
+#: stem each experiment's own: told by the suffix) and tables.
+_RESULTS = ("summary.json", "data.npz", "table.csv", *KINDS.values())
+_RESULT_SUFFIXES = (".png", ".pdf", ".csv", ".npz", ".json")
+#: Files of commands that write no run folder, never in one: `jaxattn demo`'s figure
+#: (`cli.demo.FIGURE`).
+NOT_IN_A_RUN = ("demo_sphere.png",)
+
+
+def _a_runs_file(entry: Path) -> bool:
+    """Whether `entry`, in an unfinished folder, is something a run, loop or sweep writes."""
+    if entry.name in NOT_IN_A_RUN:
+        return False
+    return (_ours(entry.name) or entry.name in _RESULTS or entry.is_dir()
+            or entry.suffix in _RESULT_SUFFIXES)
+
+
 def written_by_jaxattn(path: Path) -> bool:
     """Whether the folder `path` is empty or jaxattn's own: it holds only what jaxattn
-    writes first (`_ours`), the `INCOMPLETE` marker, or a settings file (`KINDS`)
-    that `write_config` wrote (its `kind` and `run_id`, or jaxattn's version)."""
-    names = [p.name for p in path.iterdir()]
-    if INCOMPLETE in names or all(_ours(name) for name in names):
+    writes first (`_ours`); or it is marked `INCOMPLETE` and holds only what a command
+    writes into its folder (`_a_runs_file`: an interrupted run's settings file may be
+    damaged); or it holds a settings file (`KINDS`) that `write_config` wrote (its
+    `kind` and `run_id`, or jaxattn's version)."""
+    entries = list(path.iterdir())
+    names = [p.name for p in entries]
+    if all(_ours(name) for name in names):
         return True
+    if INCOMPLETE in names:
+        return all(map(_a_runs_file, entries))
     return _a_commands(path)
 
 
@@ -172,6 +195,14 @@ def _a_commands(path: Path) -> bool:
                 or "jaxattn" in (record.get("versions") or {})):
             return True
     return False
+
+
+def results_around(path: Path) -> Path | None:
+    """The folder of a command's results that `path` is or lies inside (a settings
+    file a command wrote, or the `INCOMPLETE` marker), or `None`."""
+    path = Path(path).absolute()
+    return next((p for p in (path, *path.parents)
+                 if p.is_dir() and ((p / INCOMPLETE).is_file() or _a_commands(p))), None)
 
 
 def read_data(folder: Path) -> dict:
@@ -365,8 +396,9 @@ def write_run(
     thread (`figures.import_ahead`); `data.npz`; `draw(data, folder)`;
     `summary.json` from `summarise(data, seconds)` (`finish_run`), which removes
     the marker. A failure at any stage leaves the folder marked `INCOMPLETE`,
-    except a `ValueError` from `compute` that is no `SimulationError` (the
-    arguments were refused): then a folder this call made is removed again.
+    except a `ValueError` from `compute` (the arguments were refused, or the
+    simulation failed) of a computation that cannot resume, or that is no
+    `SimulationError`: then a folder this call made is removed again.
 
     **Arguments:**
 
@@ -399,9 +431,10 @@ def write_run(
         try:
             data = compute()
         except ValueError as error:
-            # refused arguments leave nothing behind; a simulation that failed while it
-            # ran (a SimulationError) keeps its folder, marked INCOMPLETE
-            if made is not None and not isinstance(error, SimulationError):
+            # refused arguments leave nothing behind, nor does a simulation that failed
+            # while it ran (a SimulationError) with no pieces to resume from: its folder
+            # would hold its settings alone; a resumable one keeps its saved pieces
+            if made is not None and (resume is None or not isinstance(error, SimulationError)):
                 shutil.rmtree(made, ignore_errors=True)
             raise
         seconds = time.perf_counter() - start

@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterable
+from pathlib import Path
 
 from .._process.determinism import OPT_OUT
 from ._common import CLIError, OneLineParser, UsageError, printable
@@ -268,14 +269,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _resume_hint(args) -> str:
-    """How an interrupted sweep or loop goes on: its saved chunks stay."""
-    if args.command not in ("sweep", "loop") or getattr(args, "grid", False) \
+    """How an interrupted sweep or loop goes on: its saved chunks stay (in its --out
+    folder's `chunks/`; without --out, in a folder of its own it named as it started)."""
+    if args.command not in ("sweep", "loop") or (args.command == "loop" and args.grid) \
             or getattr(args, "launch_local", None) is not None:
-        return ""  # (a sweep's launcher says it in its own line; a grid has no resume)
+        return ""  # (a sweep's launcher says it in its own line; `loop --grid` has no resume)
+    if args.out and not _saved_chunks(args.out):
+        return ""  # interrupted before its first chunk: nothing to continue
     more = ([] if args.out else ["--out FOLDER (named as it started)"]) + \
         ([] if args.resume else ["--resume"])
     return ("; its finished chunks are saved: the same command"
             + (f" with {' '.join(more)}" if more else "") + " continues it")
+
+
+def _saved_chunks(out: str) -> bool:
+    """Whether the folder `out` holds a saved chunk (`chunks/`: a sweep's `NNNNN.csv`, a
+    loop's `NNNNNN.npz`; an unfinished write is a hidden `.*.tmp`)."""
+    try:
+        return any(not p.name.startswith(".") for p in (Path(out) / "chunks").iterdir())
+    except OSError:
+        return False
 
 
 def _reader_gone() -> int:

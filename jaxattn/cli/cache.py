@@ -10,6 +10,7 @@ from .._process.cache import (
     cache_dir,
     cache_size,
     clear_cache,
+    foreign,
     refusal,
     unusable,
 )
@@ -20,7 +21,7 @@ def describe() -> str:
     folder = cache_dir()
     if folder is None:
         return f"compilation cache: off ({VARIABLE}={OFF})"
-    if problem := unusable(folder):
+    if problem := unusable(folder) or foreign(folder):  # as the commands refuse it
         return f"compilation cache: {folder}, unusable: {problem}"
     entries, size = cache_size(folder)
     models = [p.stat().st_size for p in folder.glob("*.npz") if CONVERTED.fullmatch(p.name)] \

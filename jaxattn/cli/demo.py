@@ -17,6 +17,8 @@ def _demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     place = next(p for p in (out, *out.parents) if p.exists())  # what is there of it
     refuse_first([  # one token is consensus already: its E is 0 from the start
+        (not args.out.strip(), "--out is empty; name the folder for the figure (e.g. "
+                               "--out runs)."),  # not the current folder, as `run`'s
         *count_checks(args, {"--tokens": 2}),
         (args.tokens > MAX_TOKENS, f"--tokens {args.tokens}: the demo draws every token and "
          f"its time grows as n² (5,000 take 15 s); at most {MAX_TOKENS}. For more tokens: "
@@ -30,9 +32,14 @@ def _demo(args: argparse.Namespace) -> int:
         ((out / FIGURE).is_dir(), f"--out {out}: {out / FIGURE} is a folder, where the demo "
          "writes its figure; choose another --out."),  # it failed after the work
     ])
-    from .._artifacts.folders import check_not_held
+    from .._artifacts.folders import RunFolderError, check_not_held, results_around
 
     check_not_held(place, writing=True)  # not into a folder a running command writes
+    if (results := results_around(out)) is not None:  # as `run` and `sweep` refuse it
+        inside = "" if results == out.absolute() else "inside "
+        raise RunFolderError(f"--out {out} is {inside}the folder of another command's "
+                             f"results ({results}), which the demo does not write into; "
+                             "choose another --out.")
     import jax
     import jax.numpy as jnp
 
@@ -50,6 +57,8 @@ def _demo(args: argparse.Namespace) -> int:
     ts = jnp.linspace(0.0, args.horizon, 401)
     ys = solve_flow(dyn, x0, ts)
     E = misalignment(ys)
+    out.mkdir(parents=True, exist_ok=True)  # the figure first: `| head` may close stdout
+    path = save_sphere_figure(ys, ts, E, out / FIGURE)
     print(f"jaxattn demo: {args.tokens} tokens on S², 2 heads, time-varying P_η(t) "
           f"(paper 001 §6.1.1), seed {args.seed}")
     print(f"device: {device_label()}")
@@ -61,8 +70,6 @@ def _demo(args: argparse.Namespace) -> int:
     if bool(jnp.any(E[::40] <= floor)):
         print(f"* below the {E.dtype} resolution of E ({floor:.1e}): rounding noise, not data")
     print(f"max drift from the sphere: {float(manifold_drift(ys)):.2e}")
-    out.mkdir(parents=True, exist_ok=True)
-    path = save_sphere_figure(ys, ts, E, out / FIGURE)
     print(f"wrote {path}")
     return 0
 

@@ -5,6 +5,7 @@ bit-identical results (a simulation, a looped model, a sweep) in fresh processes
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from _helpers import one_line
@@ -333,7 +334,10 @@ def test_an_interrupted_sweep_says_how_to_go_on(tmp_path, monkeypatch, capsys, e
     import jaxattn.sweep
     from jaxattn.cli import main
 
-    def interrupted(*args, **kwargs):
+    def interrupted(*args, out=None, **kwargs):
+        if out is not None:  # a chunk saved before Ctrl-C (else there is nothing to continue)
+            (Path(out) / "chunks").mkdir(parents=True)
+            (Path(out) / "chunks" / "00000.csv").write_text("beta\n1\n")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(jaxattn.sweep, "run", interrupted)

@@ -144,7 +144,8 @@ def _gallery_page(name: str, entry, experiment, index: int) -> str:
         _generated[f"examples/figures/{name}-{k}.png"] = (cached / figure).read_bytes()
         lines += [f"![{entry.title}](figures/{name}-{k}.png)", ""]
     lines += ["Its verdict, from the saved data (`summary.json` of a run holds the same):",
-              "", "```text", _verdict_word(experiment, drawn["ok"]) + drawn["line"], "```", ""]
+              "", "```{.text .verdict}", _verdict_word(experiment, drawn["ok"]) + drawn["line"],
+              "```", ""]
     figure, flags, page = FULL_SIZE.get(name, (f"{name.replace('-', '_')}.png", "",
                                                "experiments.md"))
     if not drawn["ok"] and name not in gallery.NO_NUMBERS and experiment.judges:

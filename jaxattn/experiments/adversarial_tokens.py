@@ -25,7 +25,7 @@ from .search import (
     model_arrays,
     searched,
 )
-from .verdicts import outcome_words, short, trend_kind
+from .verdicts import PLATEAU, UNSTABLE_TOL, outcome_words, short, trend_kind
 
 #: The theorem each setting's starts are judged by.
 _THEOREMS = {"sphere": "4.1", "causal": "5.1"}
@@ -72,8 +72,13 @@ class AdversarialTokens(AbstractSearch):
         thm = _THEOREMS[setting]
         gain = found["value"] / np.mean(found["baseline"])
         E_long = found["E_long"][0]
+        # a causal token still near −x₁ (the search drives starts there): Theorem 5.1's
+        # unstable equilibrium, where a stall is a plateau (`run_kind`)
+        unstable = (setting == "causal" and "end_min_first" in found
+                    and float(found["end_min_first"]) < -1 + UNSTABLE_TOL)
         trend, kind = trend_kind(found["ts_long"], E_long, E_long[-1] < CONSENSUS_TOL,
-                                 found["in_domain"])
+                                 found["in_domain"], unstable)
+        plateau = f", stalled on {PLATEAU}" if unstable and trend.state == "stalled" else ""
         n, d = np.shape(found["x0"])
         # the causal search runs at reduced size (the paper's costs many times the flops
         # per solver step, even in span coordinates: BENCHMARKS.md); the result says so
@@ -86,7 +91,7 @@ class AdversarialTokens(AbstractSearch):
         return kind, (
             f"{setting} ({size}): E(T) {short(found['value'])} vs random mean "
             f"{short(np.mean(found['baseline']))} ({ratio}); run to "
-            f"{config.long:g}T: {trend.describe('E')} ({outcome_words(kind, thm)}); "
+            f"{config.long:g}T: {trend.describe('E')} ({outcome_words(kind, thm)}{plateau}); "
             f"min ⟨x_i, x_j⟩ at the start {found['min_inner']:.3f}"
             + ("" if setting == "sphere" else "; backsolve vs checkpoint (causal): relative "
                f"difference {short(found['backsolve_rel_error'])}"))
@@ -157,4 +162,6 @@ def _token_outcome(setting, dyn, x, res, T, long):
     }
     if setting == "sphere":
         out["ys_long"] = ys[0]
+    else:  # min_i ⟨x_i, x₁⟩ of the optimised start at the end of the check
+        out["end_min_first"] = float(np.min(ys[0, -1] @ ys[0, -1, 0]))
     return out

@@ -1,4 +1,4 @@
-"""`adversarial-weights`: bounded symmetric `U` and `P` (causal, one head) that
+"""`adversarial-weights`: symmetric `U` and bounded `P` (causal, one head) that
 maximise `E(T)`, found by gradient ascent through the flow, checked against
 Theorem 5.2 over a long run."""
 
@@ -18,12 +18,12 @@ from ..theory import predict
 from . import paper001
 from .base import Param
 from .search import SEARCH_PARAMS, AbstractSearch, adam, draw_trace, long_run, searched
-from .verdicts import outcome_words, short, trend_kind
+from .verdicts import UNSTABLE_TOL, outcome_words, short, trend_kind
 
 
 class AdversarialWeights(AbstractSearch):
     name = "adversarial-weights"
-    title = "bounded symmetric U and P (causal, one head) that maximise E(T)"
+    title = "symmetric U, bounded P (causal, one head) that maximise E(T)"
     theorem = "5.2"
     params = SEARCH_PARAMS + (
         Param("tokens", int, 8, "tokens n", 2),
@@ -126,8 +126,11 @@ def _judged(found):
     trend of the distance to `v₁` and the verdict's kind."""
     gain = float(found["value"] / np.mean(found["baseline"]))
     best_gap = float(found["gaps"][np.argmax(found["values"])])
+    # a token still near the equator ⟨x, v₁⟩ = 0 (distance ≈ 1): Theorem 5.2's unstable
+    # equilibria, where a stall is a plateau (`run_kind`)
+    unstable = abs(1 - float(found["limit_gap"])) < UNSTABLE_TOL
     trend, kind = trend_kind(found["ts_long"], found["dist_long"],
-                             found["limit_gap"] < CONSENSUS_TOL, found["in_domain"])
+                             found["limit_gap"] < CONSENSUS_TOL, found["in_domain"], unstable)
     return gain, best_gap, trend, kind
 
 

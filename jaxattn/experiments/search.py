@@ -56,8 +56,9 @@ class AbstractSearch(AbstractExperiment):
         judges no theorem) and its part of the verdict line."""
 
     def numbers(self, config: Config, data: dict[str, np.ndarray]) -> dict[str, Any]:
-        """The verdict's numbers (a hook; default: every scalar saved)."""
-        return {k: float(np.asarray(v).ravel()[0]) for k, v in data.items()
+        """The verdict's numbers (a hook; default: every scalar saved, as what it is: a
+        theorem's label `"4.1"` a string, a flag a bool, a count an int)."""
+        return {k: np.asarray(v).ravel()[0].item() for k, v in data.items()
                 if np.asarray(v).size == 1}
 
     @typing.final

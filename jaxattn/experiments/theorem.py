@@ -3,8 +3,9 @@
 
 The frame runs the flow (eq. 6) and, with `--discrete`, the layers (eq. 4) from the
 member's `setup`, saves each run's measures (the layers' with the suffix `_layers`)
-and judges the run asked for: the member states what it observed (`Evidence`); the
-frame fits its trend, decides the verdict's kind and writes the line's frame.
+and judges the flow: the member states what it observed (`Evidence`); the frame fits
+its trend, decides the verdict's kind and writes the line's frame. Theorems 3.2, 4.1,
+5.1 and 5.2 are about the flow alone, so the layers are described, never judged.
 """
 
 import abc
@@ -21,7 +22,15 @@ from ..metrics import misalignment
 from ..theory import predict
 from .base import AbstractSweepableExperiment, Config, Param, Section, Verdict
 from .pieces import flow_path, layer_path
-from .verdicts import Trend, kind_verdict, outcome_words, overall_kind, trend_kind
+from .verdicts import (
+    PLATEAU,
+    Trend,
+    kind_verdict,
+    outcome_words,
+    overall_kind,
+    short,
+    trend_kind,
+)
 
 #: The parameters of every theorem member; one may declare one again (`--horizon`).
 THEOREM_PARAMS = (
@@ -42,6 +51,8 @@ class Evidence:
     - `numbers`: the verdict's numbers (the trend's, or the counts per kind, follow).
     - `against`: a contradiction observed besides the trend (`E_P` falling along a
       gradient flow).
+    - `unstable`: whether the final state is near an unstable equilibrium of the
+      theorem (per start), where a stall is a plateau, undecided (`run_kind`).
     """
 
     residual: np.ndarray
@@ -49,6 +60,7 @@ class Evidence:
     inside: Any
     numbers: dict[str, Any]
     against: bool = False
+    unstable: Any = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,13 +171,37 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
 
     @typing.final
     def verdict(self, config, data) -> Verdict:
-        """Judges the layers with `--discrete`, else the flow; the line says which."""
-        run = Section(data, suffix="_layers" if config.discrete else "")
+        """Judges the flow (the theorems' eq. 6); with `--discrete` the line adds what
+        the layers did, which decides nothing: no theorem here speaks of layers."""
+        run = Section(data)
         evidence = self.evidence(config, run)
         judged, numbers = _judge(run["ts"], evidence)
-        where = f"{len(run['ts']) - 1} layers, τ = {config.tau}" if config.discrete else "flow"
-        line = f"{where}: {self.describe(config, run, evidence, judged)}"
-        return kind_verdict(judged.kind, line, evidence.numbers | numbers)
+        line = f"flow: {self.describe(config, run, evidence, judged)}"
+        if judged.kind == "not_converged" and judged.trend is not None \
+                and judged.trend.state == "stalled":
+            line += f" (stalled on {PLATEAU})"
+        extra = {}
+        if config.discrete:
+            layers = Section(data, suffix="_layers")
+            outcome = self.layers_outcome(layers, self.evidence(config, layers))
+            line += (f"; the layers ({len(layers['ts']) - 1}, τ = {config.tau:g}): {outcome}; "
+                     f"Theorem {self.theorem} covers the flow only")
+            extra = {"layers_outcome": outcome}
+        return kind_verdict(judged.kind, line, evidence.numbers | numbers, extra)
+
+    @typing.final
+    def layers_outcome(self, run, evidence: Evidence) -> str:
+        """What the layers did, in words that judge nothing: whether they reached the
+        outcome the theorem predicts for the flow (per start over several)."""
+        reached = self.reached_words.get("agrees", "the predicted outcome, ").removesuffix(", ")
+        hit, inside = np.asarray(evidence.reached), np.asarray(evidence.inside)
+        if not inside.any():
+            return "outside the theorem's hypotheses"
+        if hit.ndim:
+            return f"{int(np.sum(hit & inside))}/{int(inside.sum())} starts reached {reached}"
+        final = np.asarray(evidence.residual)[-1]
+        return reached if hit else (f"{reached} not reached by t = {short(run['ts'][-1])} "
+                                    f"(residual {short(final)})")
 
     @typing.final
     def words(self, kind: str) -> str:
@@ -219,14 +255,16 @@ def _judge(ts, evidence: Evidence) -> tuple[Judged, dict[str, Any]]:
     the judgement adds (the trend's, or the counts of the kinds)."""
     residual = np.asarray(evidence.residual)
     if residual.ndim == 1:
-        trend, kind = trend_kind(ts, residual, evidence.reached, evidence.inside)
+        trend, kind = trend_kind(ts, residual, evidence.reached, evidence.inside,
+                                 evidence.unstable)
         kind = "contradicts" if evidence.against and evidence.inside else kind
         return Judged(kind, trend), trend.numbers()
     kinds = np.full(len(residual), "not_applicable", dtype=object)
     slowest = None
     reached, inside = np.asarray(evidence.reached), np.asarray(evidence.inside)
+    unstable = np.broadcast_to(np.asarray(evidence.unstable), inside.shape)
     for b in np.flatnonzero(inside):
-        trend, kinds[b] = trend_kind(ts, residual[b], reached[b], True)
+        trend, kinds[b] = trend_kind(ts, residual[b], reached[b], True, unstable[b])
         if not reached[b] and (slowest is None or trend.reach > slowest.reach):
             slowest = trend
     judged = Judged(overall_kind(kinds), slowest, kinds)

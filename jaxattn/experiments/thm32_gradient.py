@@ -66,10 +66,10 @@ class GradientExperiment(AbstractTheoremExperiment):
                    "largest_relative_drop": drop, "final_speed": float(speed[-1]),
                    "final_relative_speed": float(relative[-1]),
                    "final_E": float(run["E"][-1]), "clusters": int(run["clusters"])}
-        # E_P falling along the flow contradicts (the layers need not ascend E_P);
-        # the speed is judged on a stall only (`run_kind`). An E_P past float64
-        # (β · xᵀPx > 709) checks nothing: the equilibrium alone is judged.
-        against = drop > _RISE and not config.discrete and bool(np.all(np.isfinite(EP)))
+        # E_P falling along the flow contradicts (the frame judges the flow alone: the
+        # layers need not ascend E_P); the speed is judged on a stall only (`run_kind`).
+        # An E_P past float64 (β · xᵀPx > 709) checks nothing: the equilibrium alone is.
+        against = drop > _RISE and bool(np.all(np.isfinite(EP)))
         return Evidence(relative, bool(run["agrees"]), str(run["theorem"]) == "3.2", numbers,
                         against)
 
@@ -97,6 +97,12 @@ class GradientExperiment(AbstractTheoremExperiment):
             # a speed is linear in the token differences: rounding noise below ~16 ε
             figures.draw_decay(ax_v, run["ts"], run["speed"], label=label, color=color, ls=ls,
                              lw=lw, order=1, scale=float(np.max(data["speed"])))
+        potentials = np.concatenate([np.ravel(r.run["E_P"]) for r in self.drawn_runs(config,
+                                                                                        data)])
+        potentials = potentials[np.isfinite(potentials)]
+        # E_P = ½ Σ e^{β xᵀPx} > 0: a range over 1e3 (a large β) reads on a log axis
+        if potentials.size and potentials.min() > 0 and np.ptp(np.log10(potentials)) > 3:
+            ax_p.set_yscale("log")
         ax_p.set(xlabel="time $t$ (depth)",
                  ylabel=r"$E_P = \frac{1}{2}\sum_{ij} e^{\beta x_i^\top P x_j}$",
                  title="the potential (eq. 8; Theorem 3.2: never decreases)")

@@ -25,7 +25,7 @@ from . import paper001
 from .base import BETA, Param
 from .pieces import advance, shift_time
 from .theorem import AbstractTheoremExperiment, Evidence
-from .verdicts import short
+from .verdicts import UNSTABLE_TOL, short
 
 
 class CausalExperiment(AbstractTheoremExperiment):
@@ -96,7 +96,9 @@ class CausalExperiment(AbstractTheoremExperiment):
                    "consensus_time_median": float(np.median(t_cons)),
                    "consensus_time_max": float(t_cons.max())}
         covered = str(run["theorem"]) == "5.1"
-        return Evidence(run["gap"], agrees, inside & covered, numbers)
+        # a token near −x₁ (x₁ stays put): Theorem 5.1's unstable equilibria, a plateau
+        unstable = run["gap"][:, -1] > 2 - UNSTABLE_TOL
+        return Evidence(run["gap"], agrees, inside & covered, numbers, unstable=unstable)
 
     def describe(self, config, run, evidence, judged):
         n = evidence.numbers
@@ -114,14 +116,21 @@ class CausalExperiment(AbstractTheoremExperiment):
 
     def draw(self, config, data, folder: Path):
         fig, axes = figures.pyplot().subplots(1, 3, figsize=(14, 4.2))
-        for run, label, color, *_ in self.drawn_runs(config, data):
+        runs = self.drawn_runs(config, data)
+        # one set of bin edges for the flow and the layers: their bars compare
+        times = np.concatenate([np.asarray(consensus_time(r.run["ts"], r.run["E"],
+                                                          CONSENSUS_TOL)) for r in runs])
+        times = times[np.isfinite(times)]
+        edges = np.histogram_bin_edges(times, bins=20) if times.size else 20
+        for run, label, color, *_ in runs:
             ts, E, gap = run["ts"], run["E"], run["gap"]
             # the gap 1 − ⟨x_i, x₁(0)⟩ as computed resolves ~ε (first order), E ~ε²
             for ax, values, order in ((axes[0], E, 2), (axes[1], gap, 1)):
                 figures.draw_decay(ax, ts, values, order=order, color=color, lw=0.6, alpha=0.35,
                                  label=f"{label} ({E.shape[0]} starts)")
             t_cons = np.asarray(consensus_time(ts, E, CONSENSUS_TOL))
-            axes[2].hist(t_cons[np.isfinite(t_cons)], bins=20, color=color, alpha=0.6, label=label)
+            axes[2].hist(t_cons[np.isfinite(t_cons)], bins=edges, color=color, alpha=0.6,
+                         label=label)
         figures.integer_ticks(axes[2].yaxis)  # a count of starts
         axes[0].set(ylabel="misalignment $E(x(t))$ (eq. 25)",
                     title="Fig. 4: $E(t)$ for every start")

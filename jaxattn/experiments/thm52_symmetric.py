@@ -12,7 +12,7 @@ from ..metrics import misalignment
 from . import paper001
 from .base import BETA, Param
 from .theorem import AbstractTheoremExperiment, Evidence
-from .verdicts import short
+from .verdicts import UNSTABLE_TOL, short
 
 
 class SymmetricExperiment(AbstractTheoremExperiment):
@@ -47,10 +47,14 @@ class SymmetricExperiment(AbstractTheoremExperiment):
 
     def evidence(self, config, run):
         proj = run["proj"]
-        numbers = {"final_E": float(run["E"][-1]), "final_1_minus_min_proj": 1 - float(proj[-1]),
+        # 1 − ⟨x, v₁⟩ of a unit token is ≥ 0: a rounded −2e-16 is 0
+        numbers = {"final_E": float(run["E"][-1]),
+                   "final_1_minus_min_proj": max(1 - float(proj[-1]), 0.0),
                    "min_proj_start": float(proj[0]), "min_proj_lowest": float(proj.min())}
         inside = str(run["theorem"]) == "5.2" and bool(run["in_domain"])
-        return Evidence(1 - proj, bool(run["agrees"]), inside, numbers)
+        # a token near the equator ⟨x, v₁⟩ = 0: Theorem 5.2's unstable equilibria
+        return Evidence(np.maximum(1 - proj, 0.0), bool(run["agrees"]), inside, numbers,
+                        unstable=abs(float(proj[-1])) < UNSTABLE_TOL)
 
     def describe(self, config, run, evidence, judged):
         E_final = short(evidence.numbers["final_E"])

@@ -42,10 +42,15 @@ def finite_or_none(value: Any) -> Any:
     return value if math.isfinite(value) else None
 
 
-def largest_rise(values: np.ndarray) -> float:
-    """The largest increase between consecutive samples along the last axis (≤ 0: none)."""
+def largest_rise(values: np.ndarray, floor: Any = 0.0) -> float:
+    """The largest increase between consecutive samples along the last axis (≤ 0: none).
+    A rise of at most `floor` (scalar, or one per step: the resolution of the values)
+    is rounding, no rise: it counts as 0."""
     values = np.asarray(values)
-    return float(np.max(np.diff(values, axis=-1))) if values.shape[-1] > 1 else 0.0
+    if values.shape[-1] < 2:
+        return 0.0
+    steps = np.diff(values, axis=-1)
+    return float(np.max(np.where(steps > floor, steps, np.minimum(steps, 0.0))))
 
 
 def rise_words(rise: float, what: str = "") -> str:
@@ -174,10 +179,15 @@ def overall_kind(kinds) -> str:
                 "not_applicable")
 
 
-def run_kind(reached: bool, trend: Trend) -> str:
+def run_kind(reached: bool, trend: Trend, unstable: bool = False) -> str:
     """The verdict kind of a run inside a theorem's hypotheses: `"agrees"` when the
     predicted outcome was reached, `"contradicts"` when convergence stalled, else
     `"not_converged"`.
+
+    A stall at a state near one of the theorem's unstable equilibria (`unstable`:
+    a token antipodal to x₁ for Theorem 5.1, on the equator ⟨x, v₁⟩ = 0 for 5.2) is
+    `"not_converged"`: a start there sits on a plateau as long as its distance to it
+    is small, then converges (2 tokens, x₂ 1e-6 rad from −x₁: gap < 1e-4 at t ≈ 129).
 
     A rise is no contradiction: the theorems say where a run ends, not that its
     measure falls on the way (`E` is no Lyapunov function of Theorems 5.1–5.2, paper
@@ -186,14 +196,24 @@ def run_kind(reached: bool, trend: Trend) -> str:
     """
     if reached:
         return "agrees"
-    return "contradicts" if trend.state == "stalled" else "not_converged"
+    return "contradicts" if trend.state == "stalled" and not unstable else "not_converged"
 
 
-def trend_kind(ts, values, reached, inside) -> tuple[Trend, str]:
+#: How near (in ⟨x_i, x₁⟩ + 1 or |⟨x_i, v₁⟩|) a state is to an unstable equilibrium
+#: of Theorem 5.1 or 5.2 for a stall there to be a plateau, not a contradiction.
+UNSTABLE_TOL = 1e-2
+
+
+def trend_kind(ts, values, reached, inside, unstable=False) -> tuple[Trend, str]:
     """The trend of `values`, which the theorem drives below `CONSENSUS_TOL`, and the
     run's kind: `run_kind` inside the theorem's hypotheses, else `"not_applicable"`."""
     trend = convergence_trend(ts, values, CONSENSUS_TOL)
-    return trend, run_kind(bool(reached), trend) if inside else "not_applicable"
+    return trend, (run_kind(bool(reached), trend, bool(unstable)) if inside
+                   else "not_applicable")
+
+
+#: A verdict line's note on a stall near an unstable equilibrium (`run_kind`).
+PLATEAU = "a plateau near an unstable equilibrium of the theorem, which a start leaves"
 
 
 def outcome_words(kind: str, theorem: str) -> str:

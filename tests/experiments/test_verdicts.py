@@ -348,3 +348,94 @@ def test_the_trend_of_a_run_over_a_subnormal_horizon_is_read():
     assert trend.state == "converging"
     assert math.isclose(trend.rate, 0.3, rel_tol=1e-9)
     assert math.isclose(trend.reach, math.log(0.5 / 1e-6) / 0.3, rel_tol=1e-9)
+
+
+# --- a plateau near an unstable equilibrium; the layers judge nothing ------------------
+
+
+def _antipodal_plateau(ts, theta0=1e-6, rate=np.exp(-1) / (np.exp(-1) + np.e)):
+    """1 − ⟨x₂, x₁⟩ of 2 causal tokens on S² (P = U = I), x₂ at θ₀ rad from −x₁: the
+    angle to −x₁ grows as tan(θ/2) ∝ e^{a t} near it, a = e⁻¹/(e⁻¹ + e); the true flow
+    reaches a gap < 1e-4 at t ≈ 129."""
+    theta = 2 * np.arctan(np.tan(theta0 / 2) * np.exp(rate * ts))
+    return 1 + np.cos(theta)
+
+
+def test_a_stall_near_an_unstable_equilibrium_is_undecided_not_against():
+    """Theorem 5.1's domain holds the start, and T = 10 is a plateau at gap ≈ 2: it
+    read as AGAINST (exit 3). A stall away from the unstable points still contradicts."""
+    plateau = _antipodal_plateau(TS)
+    trend = convergence_trend(TS, plateau, TOL)
+    assert trend.state == "stalled"
+    assert run_kind(False, trend, unstable=True) == "not_converged"
+    assert run_kind(False, trend) == "contradicts"
+    experiment = EXPERIMENTS["thm51-causal"]
+    config = experiment_config(experiment, {}, seed=0)
+    v = experiment.verdict(config, _thm51(plateau))
+    assert not v.ok and v.undecided and v.extra["verdict_kind"] == "not_converged", v.line
+    assert "AGAINST" not in v.line and "unstable equilibrium" in v.line
+    assert v.numbers["contradicts"] == 0
+    # Theorem 5.2: a token left on the equator ⟨x, v₁⟩ = 0 (1 − proj ≈ 1)
+    exp52 = EXPERIMENTS["thm52-symmetric"]
+    v = exp52.verdict(experiment_config(exp52, {}, seed=0), _thm52(1 - 1e-4 * STALLED))
+    assert v.undecided and v.extra["verdict_kind"] == "not_converged", v.line
+    # the adversarial-tokens causal check that ends with a token near −x₁
+    exp = EXPERIMENTS["adversarial-tokens"]
+    data = _tokens(np.exp(-3 * TS), 2 * plateau) | {"causal_end_min_first": np.asarray(-0.99996)}
+    v = exp.verdict(experiment_config(exp, {}, seed=0), data)
+    assert not v.ok and v.undecided and "AGAINST" not in v.line, v.line
+    far = exp.verdict(experiment_config(exp, {}, seed=0),
+                      data | {"causal_end_min_first": np.asarray(0.3)})
+    assert "AGAINST Theorem 5.1" in far.line
+
+
+def _with_layers(flow, layers):
+    return flow | {f"{k}_layers": v for k, v in layers.items() if k not in
+                   ("theorem", "in_domain")}
+
+
+def test_discrete_judges_the_flow_and_describes_the_layers():
+    """Theorem 5.2 is about the flow: with --discrete the layers' stall is no AGAINST,
+    and the flow's stall still is."""
+    exp = EXPERIMENTS["thm52-symmetric"]
+    config = experiment_config(exp, {"discrete": True, "tau": 0.1}, seed=0)
+    v = exp.verdict(config, _with_layers(_thm52(np.exp(-3 * TS)), _thm52(STALLED)))
+    assert v.ok and v.extra["verdict_kind"] == "agrees", v.line
+    assert v.line.startswith("flow: ") and "as Theorem 5.2 predicts" in v.line
+    assert "the layers (100, τ = 0.1): consensus at v₁ not reached by t = 10" in v.line
+    assert "Theorem 5.2 covers the flow only" in v.line and "AGAINST" not in v.line
+    v = exp.verdict(config, _with_layers(_thm52(STALLED), _thm52(np.exp(-3 * TS))))
+    assert v.extra["verdict_kind"] == "contradicts" and "the layers (100, τ = 0.1): " \
+        "consensus at v₁; Theorem 5.2 covers" in v.line, v.line
+    exp51 = EXPERIMENTS["thm51-causal"]
+    config = experiment_config(exp51, {"discrete": True}, seed=0)
+    v = exp51.verdict(config, _with_layers(_thm51(np.exp(-3 * TS)), _thm51(STALLED)))
+    assert v.ok and "1/2 starts reached consensus at the first token" in v.line, v.line
+
+
+def test_search_numbers_keep_labels_and_flags():
+    exp = EXPERIMENTS["adversarial-tokens"]
+    data = _tokens(FALLING, np.exp(-3 * TS)) | {"sphere_theorem": np.asarray("4.1")}
+    numbers = exp.numbers(experiment_config(exp, {}, seed=0), data)
+    assert numbers["sphere_theorem"] == "4.1" and numbers["sphere_in_domain"] is True
+    assert isinstance(numbers["sphere_value"], float)
+
+
+def test_rounding_is_no_rise_and_no_negative_distance():
+    """thm41 printed "V(t) largest rise 9.8e-34", thm52 "1 − min_i⟨x_i, v₁⟩ = -2.2e-16"."""
+    from jaxattn.experiments.verdicts import largest_rise
+
+    V = np.array([1e-30, 1e-30 + 9.8e-34, 5e-31])
+    eps = np.finfo(float).eps
+    assert largest_rise(V, 8 * eps * np.sqrt(2 * np.maximum(V[1:], V[:-1]))) == 0.0
+    assert largest_rise(V) > 0 and largest_rise(np.array([1.0, 0.5])) == -0.5
+    v = EXPERIMENTS["thm41-sphere"].verdict(experiment_config(EXPERIMENTS["thm41-sphere"], {},
+                                                              seed=0),
+                                            _thm41(np.exp(-3 * TS)) | {"V": 1e-30 + 0 * TS})
+    assert "V(t) never rises" in v.line
+    exp = EXPERIMENTS["thm52-symmetric"]
+    dist = np.exp(-3 * TS)
+    dist[-1] = -2.2e-16  # 1 − proj as rounded for a token on v₁
+    v = exp.verdict(experiment_config(exp, {}, seed=0), _thm52(dist))
+    assert v.ok and v.numbers["final_1_minus_min_proj"] == 0.0
+    assert "1 − min_i⟨x_i, v₁⟩ = 0 < 0.0001" in v.line, v.line

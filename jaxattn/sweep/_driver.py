@@ -96,7 +96,8 @@ def _rows(spec, config, keys, point, lo, out, theorem) -> list[list[str]]:
     for j in range(E.shape[0]):
         inside, reached = bool(out["in_domain"][j]), bool(out["reached"][j])
         success = bool(out["success"][j])
-        status = instance_status(success, inside, reached, out["ts"][j], residual[j])
+        status = instance_status(success, inside, reached, out["ts"][j], residual[j],
+                                 theorem)
         # a failed solve measured nothing: its E and consensus time are empty (NaN)
         final, when = (E[j, -1], t_cons[j]) if success else (math.nan, math.nan)
         rows.append([_fmt(config[k]) for k in keys] + [

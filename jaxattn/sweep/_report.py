@@ -13,7 +13,7 @@ from .._artifacts.figures import legend_under_panels, pyplot, save_figure
 from .._artifacts.folders import read_json
 from .._horizon import CONSENSUS_TOL
 from ..experiments import get_experiment
-from ..experiments.verdicts import convergence_trend, run_kind
+from ..experiments.verdicts import UNSTABLE_TOL, convergence_trend, run_kind
 
 
 def _quantiles(x) -> tuple[float, float, float]:
@@ -41,17 +41,25 @@ PREDICTION_HELD = {"held": "true", "not_converged": "", "contradicted": "false",
                    "solver_failed": "", "outside_domain": ""}
 
 
-def instance_status(success, inside, reached, ts, residual) -> str:
+#: The residual `max_i 1 − ⟨x_i, ℓ⟩` of a state near an unstable equilibrium of the
+#: theorem: a token at −x₁ (5.1), the worst token on the equator ⟨x, v₁⟩ = 0 (5.2).
+UNSTABLE_RESIDUAL = {"5.1": 2.0, "5.2": 1.0}
+
+
+def instance_status(success, inside, reached, ts, residual, theorem: str = "") -> str:
     """An instance's `status` (`STATUSES`): `solver_failed`, `outside_domain` (the
     theorem says nothing), `held` (the outcome was reached), else, judged on the trend
     of its distance to the predicted outcome `residual` over the last third of the
     run (`convergence_trend`), `not_converged` (still converging at T) or
-    `contradicted` (stalled; a rise is `not_converged`)."""
+    `contradicted` (stalled; a rise is `not_converged`, and so is a stall near one of
+    the `theorem`'s unstable equilibria, a plateau: `run_kind`)."""
     if not success:
         return "solver_failed"
     if not inside:
         return "outside_domain"
-    kind = run_kind(reached, convergence_trend(ts, residual, CONSENSUS_TOL))
+    level = UNSTABLE_RESIDUAL.get(theorem)
+    unstable = level is not None and abs(float(np.asarray(residual)[-1]) - level) < UNSTABLE_TOL
+    kind = run_kind(reached, convergence_trend(ts, residual, CONSENSUS_TOL), unstable)
     return {"agrees": "held", "contradicts": "contradicted"}.get(kind, kind)
 
 

@@ -439,3 +439,14 @@ def test_rounding_is_no_rise_and_no_negative_distance():
     v = exp.verdict(experiment_config(exp, {}, seed=0), _thm52(dist))
     assert v.ok and v.numbers["final_1_minus_min_proj"] == 0.0
     assert "1 − min_i⟨x_i, v₁⟩ = 0 < 0.0001" in v.line, v.line
+
+
+def test_a_sweeps_stall_near_an_unstable_equilibrium_is_not_counted_against():
+    """A sweep's instance that stalls with a token at −x₁ (Theorem 5.1's residual near
+    2) or its worst token on the equator (5.2's near 1) sits on a plateau: not
+    converged, as `run` judges it; the same stall elsewhere, or for 4.1, contradicts."""
+    flat = np.full_like(TS, 2.0 - 1e-6)
+    assert _report.instance_status(True, True, False, TS, flat, "5.1") == "not_converged"
+    assert _report.instance_status(True, True, False, TS, flat - 0.5, "5.1") == "contradicted"
+    assert _report.instance_status(True, True, False, TS, flat - 1.0, "5.2") == "not_converged"
+    assert _report.instance_status(True, True, False, TS, flat, "4.1") == "contradicted"

@@ -60,7 +60,8 @@ class GradientExperiment(AbstractTheoremExperiment):
 
     def evidence(self, config, run):
         EP, speed = run["E_P"], run["speed"]
-        drop = float(np.max(-np.diff(EP)) / EP[0]) if len(EP) > 1 else 0.0
+        with np.errstate(invalid="ignore"):  # E_P past float64: inf − inf, a NaN drop
+            drop = float(np.max(-np.diff(EP)) / EP[0]) if len(EP) > 1 else 0.0
         relative = run["relative_speed"]
         numbers = {"E_P_start": float(EP[0]), "E_P_final": float(EP[-1]),
                    "largest_relative_drop": drop, "final_speed": float(speed[-1]),

@@ -160,7 +160,9 @@ class LoopGridExperiment(AbstractExperiment):
         Param("smollm2", bool, False, "SmolLM2-135M-Instruct (gguf), trained weights included"),
     )
 
-    recorded = (("model", None),)
+    #: `dtype`: what the grid computes in (float32, as `jaxattn loop --grid` by default),
+    #: recorded as such in config.json, not the float64 of the other experiments.
+    recorded = (("model", None), ("dtype", "float32"))
 
     def refusals(self, config):
         return ((config.model is None and sum(bool(config[k]) for k in _MODELS) > 1,
@@ -177,7 +179,7 @@ class LoopGridExperiment(AbstractExperiment):
         name = self.model(config)  # a packaged one not installed: `load` says how to install it
         weights = grid_weights(name)
         nets, ids = load_grid(name, weights, config.prompts, config.tokens, config.seed)
-        return grid_data(nets, ids, config.seed, passes=config.passes, dtype="float32",
+        return grid_data(nets, ids, config.seed, passes=config.passes, dtype=config.dtype,
                          weights=weights, progress=None if progress else False)
 
     def verdict(self, config, data) -> Verdict:

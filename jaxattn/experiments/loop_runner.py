@@ -37,6 +37,7 @@ from ..models import (
     PACKAGED,
     PRESETS,
     WEIGHTS,
+    _checks,
     check_ids,
     depths_refusal,
     detokenize,
@@ -62,7 +63,8 @@ FILE_HASHES = {"weights_sha256": ("weight file", "two models"),
                "text_sha256": ("prompts file", "two sets of prompts")}
 #: The config entries a loop records under another name than the flag that sets
 #: them, for the message that refuses another value in an existing loop's folder.
-FLAGS = {"chunk_passes": "--chunk-passes", "save_states": "--save-states", "ffn": "--no-ffn",
+FLAGS = {"model": "--model", "chunk_passes": "--chunk-passes", "save_states": "--save-states",
+         "ffn": "--no-ffn",
          **{k: f"--{k}" for k in ("passes", "prompts", "tokens", "seed", "weights", "dtype",
                                   "precision", "pad", "text")}}
 
@@ -135,7 +137,8 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
         old = read_json(path) if path.exists() else {}  # the loop already there, if any
         if resume:
             config["model"] = same_model(old, config)
-            check_same_files(folder, old, config, log)
+            if old.get("model", config["model"]) == config["model"]:  # else: another --model
+                check_same_files(folder, old, config, log)
         check_same_flags(folder, old, config)
         finished, run_id = reopen_run(folder, config, resume, what="loop", command="loop",
                                       same=tuple(k for k in config if k not in FILE_HASHES))
@@ -153,10 +156,9 @@ def run_loop(model, out=None, seed: int = 0, *, weights="trained", passes=20, ff
     return folder
 
 
-#: The hidden states a loop holds at its peak, per prompt: 4.0 measured (peak memory
-#: grows 2.4 MB a prompt of 200 tokens of random GPT-2, `jaxattn loop --passes 1
-#: --prompts` 500 → 2,000; one state is 0.61 MB).
-HIDDEN_COPIES = 4
+#: The hidden states a loop holds at its peak, per prompt (shared with `ja.models.loop`'s
+#: own check, `models._checks.loop_bytes`).
+HIDDEN_COPIES = _checks.HIDDEN_COPIES
 
 
 def loop_footprint(model, dtype: str, save_states) -> tuple[tuple, ...]:

@@ -1,11 +1,13 @@
 """Checks of the models' entry points, and when they show a progress bar."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
 
-from .._validate import refuse_first
+from .._validate import refuse_first, too_big
 from ._arch import AbstractTransformer
 
 
@@ -44,6 +46,41 @@ def too_long(family: type[AbstractTransformer], cfg, n: int) -> tuple:
     return (family.bounded_positions and cfg.max_positions and n > cfg.max_positions,
             ValueError, f"{n} tokens exceed the model's {cfg.max_positions} learned positions: "
             f"give prompts of at most {cfg.max_positions} tokens (--tokens, or cut the ids).")
+
+
+#: The hidden states a loop holds at its peak, per prompt: 4.0 measured (peak memory
+#: grows 2.4 MB a prompt of 200 tokens of random GPT-2, `jaxattn loop --passes 1
+#: --prompts` 500 → 2,000; one state is 0.61 MB).
+HIDDEN_COPIES = 4
+#: The largest count JAX's int32 indices reach (`--passes` beyond it is refused).
+MAX_COUNT = 2**31 - 1
+
+
+def loop_bytes(model: AbstractTransformer, prompts: int, tokens: int, passes: int,
+               itemsize: int, saved: int = 0) -> float:
+    """The bytes a loop holds at once, roughly (as `jaxattn loop` estimates them): the
+    hidden states (`HIDDEN_COPIES` a prompt, in the compute dtype of `itemsize` bytes),
+    `E` after every block (float32), the `saved` states and the int32 ids."""
+    cfg = model.config
+    tokens_all = float(prompts) * tokens
+    return (tokens_all * cfg.hidden_size * (HIDDEN_COPIES * itemsize + 4 * saved)
+            + 4.0 * prompts * (passes * model.num_layers + 1) + 4 * tokens_all)
+
+
+def size_refusals(model: AbstractTransformer, shape: tuple, passes: int, itemsize: int,
+                  saved: int = 0) -> tuple:
+    """`refuse_first`'s rows for a loop of `passes` passes over ids of `shape` that
+    cannot run: more passes than JAX counts, or more memory than the machine has;
+    checked before the ids are read or any program is built."""
+    prompts = math.prod(shape[:-1]) if len(shape) in (1, 2) else 0
+    tokens = shape[-1] if shape else 0
+    need = loop_bytes(model, prompts, tokens, passes, itemsize, saved)
+    wrong, line = too_big(need, f"{prompts} prompts × {tokens} tokens, `passes` {passes} "
+                          "(--prompts, --tokens, --passes): the loop's arrays need at least",
+                          "choose fewer prompts, tokens or passes")
+    return ((passes > MAX_COUNT, ValueError, f"`passes` (--passes) {passes} is more than "
+             f"{MAX_COUNT} (JAX counts in int32); choose a smaller value."),
+            (wrong, ValueError, line))
 
 
 def depths_refusal(depths, passes: int, layers: int) -> tuple:

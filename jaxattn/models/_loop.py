@@ -31,6 +31,7 @@ from ._checks import (
     depths_refusal,
     loop_flops,
     show_progress,
+    size_refusals,
 )
 from ._tokenize import is_int
 
@@ -311,8 +312,11 @@ def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
     passes = check_count(passes, "passes", 1)
     keys = check_mask(mask, ids)
     dtype = check_dtype(dtype)
-    depths = tuple(int(d) for d in (save_states or ()))
+    depths = tuple(save_states or ())
+    integers = all(is_int(d, -(1 << 62)) for d in depths)
     refuse_first((
+        (not integers, TypeError, "`save_states` (--save-states) must be integer depths "
+         f"(d: the state after d blocks), got {list(depths)}."),
         (weights not in WEIGHTS, ValueError,
          f"`weights` must be one of {WEIGHTS}, got {weights!r}."),
         (observe is not None and not callable(observe), TypeError,
@@ -320,8 +324,10 @@ def setup_loop(model, ids, *, passes, ffn=True, weights="trained", key=None,
         (keys is not None and observe is not None, ValueError, "`observe` sees whole sequences, "
          "padding included: with `mask` only E (of the text tokens) is recorded; loop without "
          "`observe`."),
-        depths_refusal(depths, passes, model.num_layers),
+        depths_refusal(depths if integers else (), passes, model.num_layers),
+        *size_refusals(model, np.shape(ids), passes, dtype.itemsize, len(depths)),
     ))
+    depths = tuple(int(d) for d in depths)
     if weights == "trained":
         key = None  # drawn with nothing: no key, not even PRNGKey(0)'s own small program
     else:
@@ -415,8 +421,9 @@ def loop(
     - `dtype`: compute dtype: `jnp.float32` (default), `jnp.bfloat16` / `jnp.float16`
       (float32 accumulation, softmax and norm statistics; `E` is float32), or
       `jnp.float64` (x64 on: everything in float64, a reference).
-    - `save_states`: depths (0 = embeddings, `p·L + l` = after block `l` of pass `p`)
-      whose hidden states to return as well.
+    - `save_states`: integer depths whose hidden states to return as well: depth `d`
+      is the state after `d` blocks (0: the embeddings, `p·L`: after `p` whole passes
+      of the `L` blocks, before that pass's final norm).
     - `devices`: shard the prompts over devices (as in `ja.run_layers`); results equal
       the unsharded run with the same `chunk`.
     - `chunk`: prompts run through a block together; `None` (default) picks about 1024

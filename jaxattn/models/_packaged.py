@@ -24,9 +24,15 @@ def packaged_path(name: str) -> Path | None:
     return path if path.exists() else None
 
 
+class NotInstalledError(ValueError, FileNotFoundError):
+    """A packaged model that is not installed: a `ValueError` (a bad setting, refused
+    in one line; a run folder begun for it is removed) that is also the
+    `FileNotFoundError` it was before."""
+
+
 def installed_path(name: str) -> Path:
-    """`packaged_path(name)`, or a `FileNotFoundError` that says how to install it."""
+    """`packaged_path(name)`, or a `NotInstalledError` that says how to install it."""
     path = packaged_path(name)
     if path is None:
-        raise FileNotFoundError(f"{name} is not installed: {PACKAGED[name][2]}.")
+        raise NotInstalledError(f"{name} is not installed: {PACKAGED[name][2]}.")
     return path

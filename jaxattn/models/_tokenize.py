@@ -65,11 +65,21 @@ def load_tokenizer(source):
 @functools.lru_cache(maxsize=8)
 def _built_tokenizer(path: str, size: int, mtime_ns: int):
     tk = _tokenizers()
-    tok = (_from_gguf(tk, Path(path)) if path.endswith(".gguf")
-           else tk.Tokenizer.from_file(path))
+    tok = _from_gguf(tk, Path(path)) if path.endswith(".gguf") else _from_json(tk, path)
     tok.no_truncation()
     tok.no_padding()
     return tok
+
+
+def _from_json(tk, path: str):
+    """`tokenizers.Tokenizer.from_file`, its bare `Exception` for a file that is not a
+    tokenizer (a model's config.json, a broken file) a one-line `ValueError`."""
+    try:
+        return tk.Tokenizer.from_file(path)
+    except Exception as e:  # tokenizers raises a bare Exception
+        reason = " ".join(str(e).split())
+        raise ValueError(f"{path} is not a tokenizer.json (a HuggingFace tokenizers file): "
+                         f"{reason}.") from None
 
 
 def _from_gguf(tk, path: Path):
@@ -121,8 +131,9 @@ def tokenize(
     return_mask: bool = False,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Token ids of `texts` with a model's own tokenizer, for `ja.models.loop`: cut to
-    a common length (a warning names what each prompt lost) or padded with a mask
-    (docs/usage/models.md, "Real text, padding, and predictions after k passes").
+    a common length (a warning names what each prompt lost, whenever one is cut) or
+    padded with a mask (docs/usage/models.md, "Real text, padding, and predictions
+    after k passes").
     Needs the `tokenizers` package (jaxattn's `models` extra).
 
     **Arguments:**
@@ -132,7 +143,8 @@ def tokenize(
       BPE), or a packaged model's name (`"all-MiniLM-L6-v2"`, `"SmolLM2-135M-Instruct"`).
     - `texts`: one prompt, or a sequence of prompts.
     - `tokens`: the length `n` of every prompt (default: the shortest prompt's; with
-      `pad`, the longest's); a shorter prompt is refused unless padded.
+      `pad`, the longest's); a shorter prompt is refused unless padded, a longer one
+      cut with a warning.
     - `pad`: the id appended to prompts shorter than `tokens`, or `"auto"`: the
       tokenizer's own padding token (`[PAD]`, `<pad>`, else its end of text)
       (default: refuse them).
@@ -174,8 +186,7 @@ def tokenize(
          "prompts, fewer tokens (`tokens`, --tokens; default: the shortest prompt's), or pad "
          "them (`pad`, --pad)."),
     ))
-    if tokens is None and pad is None:
-        _warn_cut(tok, encoded, n)
+    _warn_cut(tok, encoded, n, asked=tokens is not None)
     ids = np.asarray([e[:n] + [pad] * (n - len(e[:n])) for e in encoded], np.int32)
     mask = np.asarray([[True] * min(len(e), n) + [False] * (n - len(e)) for e in encoded])
     if single:
@@ -183,14 +194,20 @@ def tokenize(
     return (ids, mask) if return_mask else ids
 
 
-def _warn_cut(tok, encoded: list[list[int]], n: int) -> None:
-    """Warn, naming each prompt and the text it loses, when cutting to `n` drops tokens."""
+def _warn_cut(tok, encoded: list[list[int]], n: int, asked: bool = False) -> None:
+    """Warn, naming each prompt and the text it loses, when cutting to `n` drops tokens
+    (`asked`: `n` is the `tokens` asked for, not the shortest prompt's length)."""
     lost = [f"prompt {i} loses {len(e) - n} ({tok.decode(e[n:], skip_special_tokens=False)!r})"
             for i, e in enumerate(encoded) if len(e) > n]
-    if lost:
-        warnings.warn(f"prompts cut to the shortest one's {n} tokens: {'; '.join(lost)}. Keep "
-                      'every token with pad="auto", return_mask=True and loop(…, mask=mask).',
-                      stacklevel=_caller_level())
+    if not lost:
+        return
+    if asked:
+        head, keep = f"the `tokens` asked for, {n}", "a larger `tokens` (with pad=\"auto\")"
+    else:
+        head = f"the shortest one's {n} tokens"
+        keep = 'pad="auto", return_mask=True and loop(…, mask=mask)'
+    warnings.warn(f"prompts cut to {head}: {'; '.join(lost)}. Keep every token with {keep}.",
+                  stacklevel=_caller_level())
 
 
 def _caller_level() -> int:

@@ -18,6 +18,7 @@ safetensors_numpy = pytest.importorskip("safetensors.numpy")
 import jaxattn as ja  # noqa: E402
 from jaxattn._artifacts.folders import RunFolderError  # noqa: E402
 from jaxattn.cli import main  # noqa: E402
+from jaxattn.cli.models import grid_status  # noqa: E402
 from jaxattn.experiments import loop_grid, loop_runner  # noqa: E402
 
 D, LAYERS, POSITIONS = 12, 2, 16
@@ -224,7 +225,9 @@ def test_grid_no_progress_draws_no_bar(tmp_path, monkeypatch):
     config.write_text(json.dumps(GPT2))
     argv = ["loop", "--grid", "--model", str(config), "--passes", "2", "--prompts", "2",
             "--tokens", "3"]
-    assert main([*argv, "--out", str(tmp_path / "quiet"), "--no-progress"]) == 0
+    code = main([*argv, "--out", str(tmp_path / "quiet"), "--no-progress"])
+    # 0, or 3/4 when the verdict is against or undecided (`jaxattn run loop-grid`'s status)
+    assert code == grid_status(json.loads((tmp_path / "quiet" / "summary.json").read_text()))[0]
     assert asked == [False] * 4  # random and resample weights, with and without FFN
 
 
@@ -289,3 +292,32 @@ def test_run_and_sweep_into_an_unfinished_loop_folder_say_it_is_a_loop(model_fol
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "`jaxattn loop`" in err, err
         assert "dtype" not in err, err
+
+
+def test_resume_with_another_model_names_the_flag(model_folder, tmp_path, monkeypatch, capsys):
+    """Another --model under a stopped loop: "another --model", not a weight file that
+    "is new"."""
+    out = tmp_path / "run"
+    interrupted_loop(monkeypatch, model_folder, out, prompts=2, tokens=5)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps(GPT2))
+    safetensors_numpy.save_file(gpt2_tensors(1), other / "model.safetensors")
+    assert main(resume_argv(other, out, "--prompts", "2", "--tokens", "5")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is new" not in err, err
+    assert f"another --model ({model_folder}, not {other})" in err, err
+
+
+def test_tokenize_warns_whenever_it_cuts_and_names_a_json_that_is_no_tokenizer(model_folder):
+    import warnings
+
+    for pad in (None, 1):  # an asked-for length cuts too, padded or not
+        with pytest.warns(UserWarning, match=r"`tokens` asked for, 3: prompt 0 loses 3"):
+            ja.models.tokenize(model_folder, SENTENCES[:1], tokens=3, pad=pad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing cut: no warning
+        ja.models.tokenize(model_folder, SENTENCES, pad=1)
+    with pytest.raises(ValueError, match=r"config\.json is not a tokenizer\.json") as e:
+        ja.models.tokenize(model_folder / "config.json", ["a"])
+    assert len(str(e.value).splitlines()) == 1

@@ -303,3 +303,20 @@ def test_no_prompts_and_a_non_boolean_ffn_are_refused_by_name(key):
         kw = {"passes": 1} if call is ja.models.loop else {}
         with pytest.raises(TypeError, match="`ffn` must be True or False, got 'no'"):
             call(m, ids_for(m, key, (2, 5)), ffn="no", **kw)
+
+
+def test_non_integer_depths_and_loops_past_memory_are_refused_before_work(key):
+    """`save_states=[2.9]` is no depth 2; ids or passes past the machine's memory (or
+    JAX's int32 counts) are refused in one line before the ids are read."""
+    m = tiny("gpt2", key)
+    ids = np.zeros((1, 4), np.int32)
+    for depths in ([2.9], [1.5], [True]):
+        with pytest.raises(TypeError, match="must be integer depths"):
+            ja.models.loop(m, ids, passes=2, save_states=depths)
+    huge = np.broadcast_to(np.int32(0), (10**8, 24))  # no memory of its own
+    for fn in (ja.models.loop, ja.models.hidden_states):
+        with pytest.raises(ValueError, match="the loop's arrays need at least") as e:
+            fn(m, huge, **({"passes": 10**6} if fn is ja.models.loop else {}))
+        assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(ValueError, match="JAX counts in int32"):
+        ja.models.loop(m, ids, passes=2**31)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxattn.cli import main
+from jaxattn.cli.models import grid_status
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never download weights
 
@@ -129,9 +130,11 @@ def test_grid_from_config(config_path, tmp_path, capsys):
     holds the experiment's verdict beside the per-setting statistics, and
     `jaxattn plot` redraws it."""
     out = tmp_path / "grid"
-    assert main(["loop", "--grid", "--model", str(config_path), "--passes", "2", "--prompts",
-                 "2", "--tokens", "5", "--out", str(out)]) == 0
+    code = main(["loop", "--grid", "--model", str(config_path), "--passes", "2", "--prompts",
+                 "2", "--tokens", "5", "--out", str(out)])
     printed = capsys.readouterr().out
+    # the verdict and exit status of `jaxattn run loop-grid` (3: E did not fall, reported)
+    assert code == grid_status(read_json(out / "summary.json"))[0] and "verdict" in printed
     settings = [f"{w}_{v}" for w in ("random", "resample") for v in ("attn", "full")]
     assert all(f"{k}: mean E" in printed for k in settings) and "numbers" not in printed
     with np.load(out / "data.npz") as data:
@@ -229,3 +232,48 @@ def test_a_mean_e_under_its_resolution_is_called_rounding_noise():
     floor = resolution(np.dtype(np.float32))
     assert _e(1.785e-13, floor) == f"1.785e-13 (rounding noise, under {floor:.1e})"
     assert _e(0.5, floor) == "5.000e-01" and _e(None, floor) == "not finite"
+
+
+@pytest.mark.parametrize("summary, status", [
+    ({"agrees_with_theory": True}, 0), ({"agrees_with_theory": False}, 3),
+    ({"agrees_with_theory": None, "undecided": "raise --passes"}, 4)])
+def test_grid_prints_the_verdict_and_exits_as_run_loop_grid(summary, status, tmp_path,
+                                                              monkeypatch, capsys):
+    """`jaxattn loop --grid` says the verdict, exiting 3 against it and 4 undecided."""
+    import jaxattn.experiments as experiments
+
+    def fake(model, out, *args, **kw):
+        out = tmp_path / "g"
+        out.mkdir()
+        (out / "summary.json").write_text(json.dumps(summary | {"verdict": "E falls"}))
+        return out
+
+    monkeypatch.setattr(experiments, "run_loop_grid", fake)
+    assert main(["loop", "--grid", "--model", "gpt2", "--out", str(tmp_path / "g")]) == status
+    out = capsys.readouterr().out
+    assert "verdict" in out and "E falls" in out and (f"exit status {status}" in out) == (
+        status != 0)
+
+
+@pytest.mark.parametrize("argv", [["run", "loop-grid", "--minilm", "--passes", "2"],
+                                  ["run", "steer", "--smollm2"]])
+def test_a_missing_packaged_model_leaves_no_folder(argv, tmp_path, monkeypatch, capsys):
+    """Refused in one line like any bad setting, its run folder removed."""
+    from jaxattn.models import _packaged
+
+    monkeypatch.setattr(_packaged, "packaged_path", lambda name: None)
+    out = tmp_path / "run"
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is not installed: pip install" in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+    with pytest.raises(FileNotFoundError):  # still the FileNotFoundError it was
+        _packaged.installed_path("all-MiniLM-L6-v2")
+
+
+def test_run_loop_grid_records_the_float32_it_computes_in():
+    """`jaxattn run loop-grid`'s config.json says float32 (its config's `dtype` takes the
+    place of the float64 that other experiments record)."""
+    from jaxattn.experiments import get_experiment
+
+    assert dict(get_experiment("loop-grid").defaults())["dtype"] == "float32"

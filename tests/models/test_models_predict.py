@@ -334,9 +334,10 @@ def test_a_cut_names_the_prompts_and_the_words_it_drops():
     assert "prompt 1 loses" in message and "prompt 2" not in message  # the shortest
     assert ids.shape[1] == len(ja.models.tokenize(MINILM, TEXTS[2]))
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # an asked-for length, or padding: no warning
-        ja.models.tokenize(MINILM, TEXTS, tokens=3)
+        warnings.simplefilter("error")  # padding: nothing cut, no warning
         ja.models.tokenize(MINILM, TEXTS, pad="auto")
+    with pytest.warns(UserWarning, match="`tokens` asked for, 3"):  # a cut always warns
+        ja.models.tokenize(MINILM, TEXTS, tokens=3)
 
 
 @needs_minilm

@@ -396,9 +396,8 @@ def write_run(
     thread (`figures.import_ahead`); `data.npz`; `draw(data, folder)`;
     `summary.json` from `summarise(data, seconds)` (`finish_run`), which removes
     the marker. A failure at any stage leaves the folder marked `INCOMPLETE`,
-    except a `ValueError` from `compute` (the arguments were refused, or the
-    simulation failed) of a computation that cannot resume, or that is no
-    `SimulationError`: then a folder this call made is removed again.
+    except a `ValueError` from `compute` that is no `SimulationError` (the
+    arguments were refused): then a folder this call made is removed again.
 
     **Arguments:**
 
@@ -431,10 +430,9 @@ def write_run(
         try:
             data = compute()
         except ValueError as error:
-            # refused arguments leave nothing behind, nor does a simulation that failed
-            # while it ran (a SimulationError) with no pieces to resume from: its folder
-            # would hold its settings alone; a resumable one keeps its saved pieces
-            if made is not None and (resume is None or not isinstance(error, SimulationError)):
+            # refused arguments leave nothing behind; a simulation that failed while it
+            # ran (a SimulationError) keeps its folder, marked INCOMPLETE
+            if made is not None and not isinstance(error, SimulationError):
                 shutil.rmtree(made, ignore_errors=True)
             raise
         seconds = time.perf_counter() - start

@@ -313,21 +313,3 @@ def test_a_finished_resumable_run_is_not_advised_to_resume(tmp_path, capsys):
     assert main(argv) == 0
     line = _one_line(capsys, argv)
     assert line.endswith("holds a finished run; choose another --out."), line
-
-
-@pytest.mark.parametrize("resume", [None, False])
-def test_a_failed_simulation_leaves_a_folder_only_to_resume_from(tmp_path, resume):
-    """A simulation that failed while it ran (`thm41-sphere --horizon 1e12`: the solver's
-    step budget) left a folder of its settings alone, marked INCOMPLETE; it goes, like a
-    refusal's. A resumable computation keeps its folder (its saved pieces)."""
-    from jaxattn import SimulationError
-
-    def fail():
-        raise SimulationError("the computation stopped")
-
-    out = tmp_path / "new" / "run"
-    with pytest.raises(SimulationError):
-        _runs.write_run("tiny", {"a": 1}, fail, lambda d, f: [], lambda d, s: {}, out=out,
-                        resume=resume)
-    assert (out / _runs.INCOMPLETE).exists() is (resume is not None)
-    assert (tmp_path / "new").exists() is (resume is not None)

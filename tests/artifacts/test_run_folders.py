@@ -169,13 +169,13 @@ def test_a_loop_past_the_positions_is_refused_before_the_weights(tmp_path, capsy
 
 
 def test_a_horizon_the_solver_cannot_reach_is_one_line(tmp_path, capsys):
-    """The flow's step budget runs out (no argument check, but a run that cannot resume
-    and saved nothing: the folder it made, its settings alone, goes again)."""
+    """The flow's step budget runs out (it is no argument check: the folder stays,
+    marked INCOMPLETE, as for any failed run)."""
     out = tmp_path / "run"
     line = _one_line(capsys, ["run", "thm41-sphere", "--out", str(out), "--no-progress",
                               *_SLOW_SOLVER])
     assert "step budget" in line and "--horizon" in line
-    assert not out.exists()
+    assert (out / "INCOMPLETE").exists() and not (out / "summary.json").exists()
 
 
 def test_resume_into_a_read_only_folder_fails_before_computing(tmp_path, capsys, monkeypatch):

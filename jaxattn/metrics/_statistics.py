@@ -18,7 +18,7 @@ def mean_error(samples, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
 
     **Arguments:**
 
-    - `samples`: the samples, along `axis`; any shape.
+    - `samples`: the samples, along `axis`, at least one; any shape.
     - `axis`: the axis of the samples (default the last).
 
     **Returns:**
@@ -27,6 +27,8 @@ def mean_error(samples, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
     floats for 1-D `samples`).
     """
     samples = np.asarray(samples)
+    refuse_first([(samples.shape[axis] == 0, f"mean_error needs at least one sample along "
+                                             f"axis {axis}, got shape {samples.shape}.")])
     mean, n = samples.mean(axis), samples.shape[axis]
     if n < 2:
         return mean, np.full(np.shape(mean), np.nan)[()]
@@ -63,13 +65,16 @@ def level_crossing(x, y, level: float = 0.0, *, falling: bool = False, keep=None
 
     **Arguments:**
 
-    - `x`: the abscissae `(k,)`, increasing.
-    - `y`: the curve there `(k,)`; NaN samples never cross.
-    - `level`: the level.
+    - `x`: the abscissae `(k,)`, nondecreasing (a repeated `x` makes a vertical step).
+    - `y`: the curve there `(k,)`; NaN samples never cross. An infinite sample is the
+      limit of a steep one: a segment from `−inf` to a finite value past `level`
+      crosses at its finite end, one from a finite value to `+inf` at its start, and
+      one from `−inf` to `+inf` (a step) at its middle.
+    - `level`: the level, finite.
     - `falling`: cross from above `level` to at or below it (default: from below).
     - `keep`: a mask `(k,)`: only segments with both ends kept count (default: all).
     - `logit`: interpolate `log(y/(1 − y))` against `log(level/(1 − level))`, for a
-      `y` in `[0, 1]` that is a logistic function of `x` (then read exactly). Samples
+      `y` in `[0, 1]` (or NaN) that is a logistic function of `x` (then read exactly). Samples
       within `2⁻⁵³` of 0 or 1 count as that far from it (float64's resolution at 1), so
       the two ends weigh alike: a step from 0 to 1 crosses ½ at its middle.
     - `at_start`: with no crossing, a curve already at or past `level` at its first
@@ -80,13 +85,24 @@ def level_crossing(x, y, level: float = 0.0, *, falling: bool = False, keep=None
     The crossing's `x`; NaN where there is none.
     """
     x, y = np.asarray(x, float), np.asarray(y, float)
+    # the first x below the one before, and with logit a y outside [0, 1] (the clip
+    # below is for rounding at 0 and 1, not for such a y)
+    rising = np.append(np.diff(x) >= 0, True) if x.ndim == 1 else np.ones(1, bool)
+    i_x = int(np.argmin(rising))
+    bad_x = f"{x[i_x + 1]} after {x[i_x]}" if not rising.all() else None
+    outside = next(iter(y[(y < 0) | (y > 1)]), None) if logit else None
     refuse_first([
         (x.ndim != 1 or x.shape != y.shape, f"level_crossing needs x and y of one shape "
                                             f"(k,), got {x.shape} and {y.shape}."),
         (keep is not None and np.shape(keep) != y.shape,
          f"level_crossing's keep must be a mask of shape {y.shape}, got {np.shape(keep)}."),
+        (bad_x is not None, f"level_crossing needs nondecreasing x (no NaN), got "
+                            f"{bad_x}: sort the points by x."),
+        (not math.isfinite(level), f"level_crossing needs a finite level, got {level!r}."),
         (logit and not 0 < level < 1, f"level_crossing with logit=True needs a level in "
-                                      f"(0, 1), got {level!r}.")])
+                                      f"(0, 1), got {level!r}."),
+        (outside is not None, f"level_crossing with logit=True needs y in [0, 1] (a "
+                              f"share; NaN where unread), got {outside}.")])
     if logit:
         with np.errstate(divide="ignore", invalid="ignore"):
             v = np.clip(y, 2.0**-53, 1 - 2.0**-53)
@@ -97,15 +113,21 @@ def level_crossing(x, y, level: float = 0.0, *, falling: bool = False, keep=None
     hits = np.flatnonzero(kept[:-1] & kept[1:] & short[:-1] & past[1:])
     if hits.size:
         i = hits[0]
-        return float(x[i] + (level - y[i]) * (x[i + 1] - x[i]) / (y[i + 1] - y[i]))
+        a, b = y[i], y[i + 1]
+        # an infinite end (inf/inf was NaN): the interpolation's limit, at the finite
+        # end, or at the middle of a step from −inf to +inf
+        t = ((level - a) / (b - a) if math.isfinite(a) and math.isfinite(b) else
+             0.5 if math.isinf(a) and math.isinf(b) else float(math.isinf(a)))
+        return float(x[i] + t * (x[i + 1] - x[i]))
     first = np.flatnonzero(kept)[:1]
     return float(x[first[0]]) if at_start and first.size and past[first[0]] else math.nan
 
 
 def _polyfit(where: str, x, y, degree: int, se, weighted: bool, centred: bool = False):
     """A least-squares polynomial's coefficients (highest power first) and their
-    covariance; NaN where too few points determine them. With `centred`, those of the
-    fit in `u = (x − c)/s` to `y / k`, and `(c, s, k)`."""
+    standard errors; NaN where too few points determine them. With `centred`, the
+    coefficients and covariance of the fit in `u = (x − c)/s` to `y / k`, and
+    `(c, s, k)`."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     se = None if se is None else np.asarray(se, float)
     refuse_first([
@@ -121,25 +143,35 @@ def _polyfit(where: str, x, y, degree: int, se, weighted: bool, centred: bool = 
         (len(x) > degree and np.unique(x).size <= degree,
          f"{where} of degree {degree} needs {degree + 1} distinct `x`, got {np.unique(x)}."),
     ])
-    nan = np.full((degree + 1, degree + 1), math.nan)
+    nan = np.full(degree + 1, math.nan)
     if len(x) < degree + 1:
-        return (np.full(degree + 1, math.nan), nan) + (((0.0, 1.0, 1.0),) if centred else ())
+        return (nan, np.full((degree + 1,) * 2, math.nan), (0.0, 1.0, 1.0)) if centred else (
+            nan, nan)
     # fitted in u = (x − c)/s and y / 2^k, then mapped back: x far from 0 (1e10 + k)
     # made the normal equations singular, and y near 1e300 overflowed their errors
     c = float(np.mean(x))
     s = float(np.max(np.abs(x - c))) or 1.0
     big = np.abs(y[np.isfinite(y) & (y != 0)])
-    k = 2.0 ** np.floor(np.log2(big.max())) if big.size else 1.0
+    e_k = int(np.floor(np.log2(big.max()))) if big.size else 0
+    k = 2.0**e_k
     u, v = (x - c) / s, y / k
-    # coef_x = A coef_u: column j is ((x − c)/s)^(degree − j), highest power first
-    A = np.zeros((degree + 1, degree + 1))
-    for j in range(degree + 1):
-        A[j:, j] = (np.poly1d([1 / s, -c / s]) ** (degree - j)).coeffs
     coef, cov = _fit(u, v, degree, None if se is None else np.asarray(se, float) / k, weighted)
     if centred:
         return coef, cov, (c, s, k)
-    with np.errstate(over="ignore"):  # a variance past float64's range is inf
-        return k * (A @ coef), k**2 * (A @ cov @ A.T)
+    # coef_x = k · S B coef_u: column j of B is (x − c/s)^(degree − j), highest power
+    # first, and S = diag(s^−(degree − i)) the powers of 1/s of row i. The error is
+    # k · S · √diag(B cov Bᵀ), the root taken before the scales: the variance, with k²
+    # and 1/s², under- or overflowed (an error of 0 at y ~ 1e-170, inf at 1e155). With
+    # s = m · 2^e, S's powers of 2 and k join in one exponent, applied last.
+    B = np.zeros((degree + 1, degree + 1))
+    for j in range(degree + 1):
+        B[j:, j] = (np.poly1d([1.0, -c / s]) ** (degree - j)).coeffs
+    m, e = np.frexp(s)
+    power = np.arange(degree, -1, -1)
+    exponent = e_k - int(e) * power
+    with np.errstate(over="ignore"):  # an error past float64's range is inf
+        return (np.ldexp(m**-power * (B @ coef), exponent),
+                np.ldexp(m**-power * np.sqrt(np.diag(B @ cov @ B.T)), exponent))
 
 
 def _fit(x, y, degree: int, se, weighted: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -172,8 +204,8 @@ def fit_slope(x, y, *, se=None, weighted: bool = True) -> tuple[float, float]:
     `(slope, standard error)`: both NaN under two points, the error NaN with two
     points and no `se`.
     """
-    coef, cov = _polyfit("fit_slope", x, y, 1, se, weighted)
-    return float(coef[0]), float(np.sqrt(cov[0, 0]))
+    coef, error = _polyfit("fit_slope", x, y, 1, se, weighted)
+    return float(coef[0]), float(error[0])
 
 
 def fit_intercept(x, y, *, se=None, weighted: bool = True) -> tuple[float, float]:
@@ -191,8 +223,8 @@ def fit_intercept(x, y, *, se=None, weighted: bool = True) -> tuple[float, float
     `(intercept, standard error)`: both NaN under two points, the error NaN with two
     points and no `se`.
     """
-    coef, cov = _polyfit("fit_intercept", x, y, 1, se, weighted)
-    return float(coef[1]), float(np.sqrt(cov[1, 1]))
+    coef, error = _polyfit("fit_intercept", x, y, 1, se, weighted)
+    return float(coef[1]), float(error[1])
 
 
 def fit_crossing(x, y, level: float = 0.0, *, degree: int = 1, se=None,
@@ -256,11 +288,15 @@ def autocorrelation_time(series) -> float:
     refuse_first([(x.ndim != 1 or len(x) < 2 or not finite,
                    f"autocorrelation_time needs one finite series (steps,) of at least two "
                    f"samples, got shape {x.shape}{'' if finite else ' with NaN or inf'}.")])
-    x = x - np.mean(x)
-    scale = np.max(np.abs(x))
-    if not scale > 0:
-        return math.nan
-    x = x / 2.0 ** np.floor(np.log2(scale))  # exact: its square neither over- nor underflows
+    # scaled by powers of 2 (exact) before centring, whose differences overflowed
+    # near float64's top (1e308), and after, so that its square neither over- nor
+    # underflows
+    for centre in (True, False):
+        scale = np.max(np.abs(x))
+        if not scale > 0:
+            return math.nan
+        x = x / 2.0 ** np.floor(np.log2(scale))
+        x = x - np.mean(x) if centre else x
     var = x @ x / len(x)
     f = np.fft.rfft(x, 2 * len(x))
     acf = np.fft.irfft(f * np.conj(f))[: len(x)] / (var * len(x))
@@ -353,11 +389,12 @@ def window_statistics(r: np.ndarray, window: int, blocks: int, *, gap_z: float,
 
     **Arguments:**
 
-    - `r`: the series `(k, seeds, steps)` at `k` points (couplings, say).
+    - `r`: the series `(k, seeds, steps)` at `k` points (couplings, say), finite in the
+      window.
     - `window`: the steps averaged, at the end; at least two per block.
     - `blocks`: the blocks per seed, `≥ 2`.
-    - `gap_z`: the largest `|half_gap|` of an equilibrated window.
-    - `block_taus`: the fewest autocorrelation times in a block of one.
+    - `gap_z`: the largest `|half_gap|` of an equilibrated window, `≥ 0`.
+    - `block_taus`: the fewest autocorrelation times in a block of one, `≥ 0`.
 
     **Returns:**
 
@@ -365,11 +402,22 @@ def window_statistics(r: np.ndarray, window: int, blocks: int, *, gap_z: float,
     """
     r = np.asarray(r)
     refuse_first([(r.ndim != 3, f"window_statistics needs series (k, seeds, steps), got "
-                                f"shape {r.shape}.")])
+                                f"shape {r.shape}."),
+                  # a NaN bound judged every window unequilibrated, without a word
+                  (not gap_z >= 0 or not block_taus >= 0,
+                   f"window_statistics needs gap_z ≥ 0 and block_taus ≥ 0, got gap_z={gap_z} "
+                   f"and block_taus={block_taus}.")])
     means = block_means(r, window, blocks)  # (k, seeds, blocks)
+    tail = r[..., r.shape[-1] - window:]
+    # the first point with a NaN or inf in its window (`autocorrelation_time` refused it)
+    unread = next(iter(np.flatnonzero(~np.isfinite(tail).all((1, 2)))), None)
+    refuse_first([(window // blocks < 2, f"window_statistics needs at least two steps per "
+                                         f"block, got window={window} in {blocks} blocks: "
+                                         f"a longer window or fewer blocks."),
+                  (unread is not None, f"window_statistics needs finite series in the "
+                                       f"window, got NaN or inf at point {unread} of {len(r)}.")])
     se = mean_error(means.reshape(len(means), -1))[1]
     gap = half_gap(means)
-    tail = r[..., r.shape[-1] - window:]
     taus = np.array([[autocorrelation_time(s) for s in seeds] for seeds in tail])
     auto = np.maximum(np.nanmax(np.where(np.isfinite(taus), taus, 1.0), -1), 1.0)
     ok = (np.abs(gap) <= gap_z) & (window // blocks >= block_taus * auto)

@@ -164,7 +164,8 @@ def test_particles_too_noisy_to_resolve_the_target_leave_the_verdict_undecided(e
 @pytest.mark.slow  # warm: over ~3 s (make test stays the fast loop)
 def test_the_verdict_says_which_part_failed_in_words(exact_run, monkeypatch):
     """Particles within 3 s.e. (z 0.43) but 8 % off read "NOT within 5% and 3 s.e.";
-    no coupling equilibrated in both sweeps read "hysteresis nan"."""
+    no coupling equilibrated in both sweeps read "no hysteresis read", and a continuous
+    transition (at or below β*) "no hysteresis (continuous)"."""
     config, data = exact_run
     study = nt.NoisyTransition()
     rows = nt.measure(config, data)
@@ -181,7 +182,14 @@ def test_the_verdict_says_which_part_failed_in_words(exact_run, monkeypatch):
     monkeypatch.setattr(nt, "measure", lambda config, data: unread)
     line = study.verdict(config, data).line
     assert "nan" not in line and line.count(
-        "no hysteresis read (no coupling equilibrated in both sweeps) (0/5 equilibrated)") == 3
+        "no hysteresis read (no coupling equilibrated in both sweeps) (0/5 equilibrated)") == 1
+    # at and below β* (continuous) a gap between the sweeps is no hysteresis: the line
+    # says so, as the figure leaves that panel unshaded, whatever width was measured
+    read = [row | {"hysteresis_width": 0.825} for row in rows]
+    monkeypatch.setattr(nt, "measure", lambda config, data: read)
+    line = study.verdict(config, data).line
+    assert line.count(", no hysteresis (continuous) (") == sum(r["continuous"] for r in rows) == 2
+    assert line.count("hysteresis 0.825") == 1, line
 
 
 def _discontinuous(verdict):

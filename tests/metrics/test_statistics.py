@@ -43,6 +43,9 @@ def test_level_crossing_reads_the_first_segment_and_the_start():
     assert math.isnan(M.level_crossing(g, np.array([0.0, 0.1, 0.2]), 0.5))
     # the first of two crossings
     assert M.level_crossing(g, np.array([-1.0, 1.0, -1.0]), falling=True) == 2.5
+    # too few points to cross: none
+    assert math.isnan(M.level_crossing([], []))
+    assert math.isnan(M.level_crossing([1.0], [2.0], at_start=False))
 
 
 def test_level_crossing_keeps_only_segments_with_both_ends_kept():
@@ -277,6 +280,30 @@ def test_window_statistics_flag_a_drift_and_a_slow_series(seed):
     (lambda: M.consensus_time(np.zeros(0), np.zeros(0), 1e-3), r"T = len\(ts\) ≥ 1"),
     (lambda: M.window_statistics(np.ones((2, 20)), 10, 2, gap_z=2, block_taus=1),
      r"window_statistics needs series \(k, seeds, steps\), got shape \(2, 20\)"),
+    # these returned NaN with NumPy's warnings, a number (0.5 for a clipped y, or read
+    # off unsorted x), judged every window unequilibrated without a word, or blamed
+    # `autocorrelation_time`
+    (lambda: M.mean_error([]), r"^mean_error needs at least one sample .* shape \(0,\)"),
+    (lambda: M.mean_error(np.ones((3, 0))), "at least one sample along axis -1"),
+    (lambda: M.level_crossing([0, 1], [0, 1], math.nan), "^level_crossing needs a finite level"),
+    (lambda: M.level_crossing([0, 1], [0, 1], math.inf), "needs a finite level, got inf"),
+    (lambda: M.level_crossing([0, 1], [-0.5, 1.5], 0.5, logit=True),
+     r"logit=True needs y in \[0, 1\] .* got -0.5"),
+    (lambda: M.level_crossing([0, 1, 2], [0.2, np.nan, 1.5], 0.5, logit=True), "got 1.5"),
+    (lambda: M.level_crossing([0, 2, 1], [0, 1, 2], 0.5),
+     "needs nondecreasing x .* got 1.0 after 2.0: sort"),
+    (lambda: M.level_crossing([0, np.nan, 1], [0, 1, 2], 0.5), "nondecreasing x .* after 0.0"),
+    (lambda: M.window_statistics(np.ones((1, 2, 20)), 10, 2, gap_z=math.nan, block_taus=1),
+     "^window_statistics needs gap_z ≥ 0 and block_taus ≥ 0, got gap_z=nan"),
+    (lambda: M.window_statistics(np.ones((1, 2, 20)), 10, 2, gap_z=-1, block_taus=1),
+     "gap_z=-1 and"),
+    (lambda: M.window_statistics(np.ones((1, 2, 20)), 10, 2, gap_z=3, block_taus=-5),
+     "and block_taus=-5"),
+    (lambda: M.window_statistics(np.ones((1, 2, 20)), 6, 4, gap_z=3, block_taus=1),
+     "^window_statistics needs at least two steps per block, got window=6 in 4 blocks"),
+    (lambda: M.window_statistics(np.where(np.arange(60).reshape(3, 1, 20) == 39, np.nan, 1.0),
+                                 10, 2, gap_z=3, block_taus=1),
+     "^window_statistics needs finite series in the window, got NaN or inf at point 1 of 3"),
 ])
 def test_the_statistics_refuse_what_they_cannot_read(call, match):
     """One line naming the function and the mistake, where NumPy would raise its own
@@ -360,3 +387,57 @@ def test_rescaled_euler_refuses_what_it_cannot_step():
                                ([0.0, np.nan], 10.0, "finite angles")):
         with pytest.raises(ValueError, match=match):
             ja.metrics.rescaled_euler(theta, beta, 0.1, 3)
+
+
+@pytest.mark.filterwarnings("error")  # NumPy's over- and underflow warnings too
+@pytest.mark.parametrize("x_scale, y_scale", [  # the slope y/x within float64's range
+    (x, y) for x in (1e-170, 1e-100, 1.0, 1e100, 1e170)
+    for y in (1e-300, 1e-200, 1e-170, 1e-160, 1.0, 1e155, 1e200, 1e300)
+    if abs(math.log10(y) - math.log10(x)) <= 300])
+def test_fit_errors_at_any_scale_are_linregress(x_scale, y_scale):
+    """The slope's and intercept's errors are scipy's `linregress` times the scale. Their
+    variance under- or overflowed: at y × 1e-170 the error was 0 ("infinitely
+    precise"), at y × 1e155 inf, and x × 1e∓170 did the same the other way round; so
+    did a known `se` at y × 1e-200. The errors are now rooted before they are scaled."""
+    x, y = np.array([0.0, 1, 2, 3, 4.5]), np.array([1, 1.1, 1.3, 1.2, 1.6])
+    ref = stats.linregress(x, y)
+    slope, se = M.fit_slope(x * x_scale, y * y_scale)
+    assert slope / (ref.slope * y_scale / x_scale) == pytest.approx(1, rel=1e-12)
+    assert se / (ref.stderr * y_scale / x_scale) == pytest.approx(1, rel=1e-12)
+    assert _far(se / (y_scale / x_scale), 1.1 * ref.stderr, 0.05)
+    value, value_se = M.fit_intercept(x * x_scale, y * y_scale)
+    assert value / (ref.intercept * y_scale) == pytest.approx(1, rel=1e-12)
+    assert value_se / (ref.intercept_stderr * y_scale) == pytest.approx(1, rel=1e-12)
+    errors = np.array([0.1, 0.2, 0.1, 0.15, 0.1])
+    for weighted in (True, False):
+        known = [f(x, y, se=errors, weighted=weighted)[1] for f in (M.fit_slope, M.fit_intercept)]
+        scaled = [f(x * x_scale, y * y_scale, se=errors * y_scale, weighted=weighted)[1]
+                  for f in (M.fit_slope, M.fit_intercept)]
+        assert scaled[0] / (known[0] * y_scale / x_scale) == pytest.approx(1, rel=1e-12)
+        assert scaled[1] / (known[1] * y_scale) == pytest.approx(1, rel=1e-12)
+
+
+@pytest.mark.filterwarnings("error")  # NumPy's over- and underflow warnings too
+def test_autocorrelation_time_near_float64s_top():
+    """Data up to 1e308 centred to NaN, with NumPy's overflow warnings (its differences
+    overflowed before the rescaling): it now reads the unscaled time."""
+    series = np.array([3, 1, 4, 1, 5, 9, 2, 6.0])
+    tau = M.autocorrelation_time(series)
+    assert tau == pytest.approx(0.19503546099290814, rel=1e-12)
+    for scale in (1e308 / 9, -1e308 / 9):
+        assert M.autocorrelation_time(scale * series) == pytest.approx(tau, rel=1e-12)
+
+
+@pytest.mark.filterwarnings("error")  # NumPy's over- and underflow warnings too
+def test_level_crossing_through_an_infinite_sample_is_the_limit():
+    """An infinite sample gave NaN and NumPy's warning (inf/inf): a segment with one
+    infinite end crosses at its finite end, a step from −inf to +inf at its middle."""
+    assert M.level_crossing([0, 1, 2], [-np.inf, 1, 2]) == 1.0
+    assert M.level_crossing([0, 1, 2], [-1, np.inf, 2]) == 0.0
+    assert M.level_crossing([0, 1, 2], [-np.inf, np.inf, 2]) == 0.5
+    assert M.level_crossing([0, 1, 2], [np.inf, 3, -np.inf], 1, falling=True) == 1.0
+    # the limit of steeper and steeper finite samples
+    assert M.level_crossing([0, 1, 2], [-1e300, 1, 2]) == pytest.approx(1.0, abs=1e-15)
+    assert math.isnan(M.level_crossing([0, 1, 2], [np.inf, np.inf, np.inf], falling=True))
+    # a repeated x is a vertical step: it crosses there
+    assert M.level_crossing([0, 1, 1, 2], [-1, -0.5, 0.5, 1]) == 1.0

@@ -65,7 +65,8 @@ def level_crossing(x, y, level: float = 0.0, *, falling: bool = False, keep=None
 
     **Arguments:**
 
-    - `x`: the abscissae `(k,)`, nondecreasing (a repeated `x` makes a vertical step).
+    - `x`: the abscissae `(k,)`, nondecreasing (a repeated `x` makes a vertical step);
+      NaN samples (a point not measured) never cross.
     - `y`: the curve there `(k,)`; NaN samples never cross. An infinite sample is the
       limit of a steep one: a segment from `−inf` to a finite value past `level`
       crosses at its finite end, one from a finite value to `+inf` at its start, and
@@ -87,16 +88,17 @@ def level_crossing(x, y, level: float = 0.0, *, falling: bool = False, keep=None
     x, y = np.asarray(x, float), np.asarray(y, float)
     # the first x below the one before, and with logit a y outside [0, 1] (the clip
     # below is for rounding at 0 and 1, not for such a y)
-    rising = np.append(np.diff(x) >= 0, True) if x.ndim == 1 else np.ones(1, bool)
+    known = x[~np.isnan(x)] if x.ndim == 1 else np.zeros(0)
+    rising = np.append(np.diff(known) >= 0, True)
     i_x = int(np.argmin(rising))
-    bad_x = f"{x[i_x + 1]} after {x[i_x]}" if not rising.all() else None
+    bad_x = f"{known[i_x + 1]} after {known[i_x]}" if not rising.all() else None
     outside = next(iter(y[(y < 0) | (y > 1)]), None) if logit else None
     refuse_first([
         (x.ndim != 1 or x.shape != y.shape, f"level_crossing needs x and y of one shape "
                                             f"(k,), got {x.shape} and {y.shape}."),
         (keep is not None and np.shape(keep) != y.shape,
          f"level_crossing's keep must be a mask of shape {y.shape}, got {np.shape(keep)}."),
-        (bad_x is not None, f"level_crossing needs nondecreasing x (no NaN), got "
+        (bad_x is not None, f"level_crossing needs nondecreasing x, got "
                             f"{bad_x}: sort the points by x."),
         (not math.isfinite(level), f"level_crossing needs a finite level, got {level!r}."),
         (logit and not 0 < level < 1, f"level_crossing with logit=True needs a level in "
@@ -109,7 +111,7 @@ def level_crossing(x, y, level: float = 0.0, *, falling: bool = False, keep=None
             y, level = np.log(v) - np.log1p(-v), math.log(level / (1 - level))
     past = y <= level if falling else y >= level
     short = y > level if falling else y < level
-    kept = np.ones(y.shape, bool) if keep is None else np.asarray(keep, bool)
+    kept = ~np.isnan(x) & (True if keep is None else np.asarray(keep, bool))
     hits = np.flatnonzero(kept[:-1] & kept[1:] & short[:-1] & past[1:])
     if hits.size:
         i = hits[0]

@@ -46,6 +46,10 @@ def test_level_crossing_reads_the_first_segment_and_the_start():
     # too few points to cross: none
     assert math.isnan(M.level_crossing([], []))
     assert math.isnan(M.level_crossing([1.0], [2.0], at_start=False))
+    # a point not measured (NaN x, as mean-field's unrefined couplings) never crosses
+    assert math.isnan(M.level_crossing([0.0, np.nan, 1.0, 2.0], [0.0, 1.0, 2.0, 3.0], 1.5))
+    assert M.level_crossing([0.0, np.nan, 1.0, 2.0], [0.0, 1.0, 2.0, 3.0], 2.5) == 1.5
+    assert M.level_crossing([np.nan, 1.0], [5.0, 6.0], 1.0, at_start=True) == 1.0
 
 
 def test_level_crossing_keeps_only_segments_with_both_ends_kept():
@@ -291,8 +295,9 @@ def test_window_statistics_flag_a_drift_and_a_slow_series(seed):
      r"logit=True needs y in \[0, 1\] .* got -0.5"),
     (lambda: M.level_crossing([0, 1, 2], [0.2, np.nan, 1.5], 0.5, logit=True), "got 1.5"),
     (lambda: M.level_crossing([0, 2, 1], [0, 1, 2], 0.5),
-     "needs nondecreasing x .* got 1.0 after 2.0: sort"),
-    (lambda: M.level_crossing([0, np.nan, 1], [0, 1, 2], 0.5), "nondecreasing x .* after 0.0"),
+     "needs nondecreasing x, got 1.0 after 2.0: sort"),
+    (lambda: M.level_crossing([0, np.nan, -1], [0, 1, 2], 0.5),
+     "nondecreasing x, got -1.0 after 0.0"),
     (lambda: M.window_statistics(np.ones((1, 2, 20)), 10, 2, gap_z=math.nan, block_taus=1),
      "^window_statistics needs gap_z ≥ 0 and block_taus ≥ 0, got gap_z=nan"),
     (lambda: M.window_statistics(np.ones((1, 2, 20)), 10, 2, gap_z=-1, block_taus=1),

@@ -46,8 +46,8 @@ _AHEAD: dict[str, Future] = {}
 _USED: dict[str, None] = {}
 
 
-#: The packages whose functions a key may name (their versions are in `source_stamp`):
-#: a user's own function may change between two runs under the same name.
+#: The packages whose functions and classes a key may name (their versions are in
+#: `source_stamp`): a user's own may change between two runs under the same name.
 NAMED = ("jaxattn", "jax", "jaxlib", "equinox", "diffrax", "lineax", "optimistix", "optax",
          "numpy")
 
@@ -110,13 +110,48 @@ class _Unpickler(pickle.Unpickler):
 
 def _describe(treedef, static) -> str | None:
     """The arguments' structure and static values as text another process writes the
-    same, or `None` where it holds an address (a function not at a module's top)."""
+    same, or `None` where it holds an address (a function not at a module's top) or
+    names a class or function of the user's own (`_ours`)."""
     leaves = jax.tree.leaves(static)
     if any(isinstance(x, set | frozenset) for x in leaves):  # printed in a random order
         return None
+    structure = jax.tree.structure(static)
+    if not (_ours(treedef) and _ours(structure) and all(map(_ours, leaves))):
+        return None
     named = [("function", n) if callable(x) and (n := _name(x)) else x for x in leaves]
-    described = repr((treedef, jax.tree.structure(static), named))
+    described = repr((treedef, structure, named))
     return None if " at 0x" in described else described
+
+
+#: Modules whose classes a key may name besides the `NAMED` packages' (unchanging).
+_BUILTIN = ("builtins", "collections")
+
+
+def _ours(x) -> bool:
+    """Whether `x` (a treedef, a static value) names only classes and functions of the
+    `NAMED` packages or Python's own. A user's class or function is named in a key by
+    its short name alone, and `source_stamp` does not see it change: edited between two
+    runs, or redefined in a notebook's cell, it would load the program of the old one
+    (this process's table holds it by the same key). Its programs go to
+    `eqx.filter_jit`, which tells two classes apart by the objects themselves."""
+    if isinstance(x, jax.tree_util.PyTreeDef):
+        data = x.node_data()  # (node type, its static data: a Module's static fields)
+        return (data is None or _ours(data)) and all(map(_ours, x.children()))
+    if isinstance(x, type):
+        module = getattr(x, "__module__", None)
+        return isinstance(module, str) and (module in _BUILTIN
+                                            or module.partition(".")[0] in NAMED)
+    if x is None or isinstance(x, bool | int | float | complex | str | bytes):
+        return True
+    if isinstance(x, tuple | list):
+        return all(map(_ours, x))
+    if isinstance(x, dict):
+        return all(map(_ours, x)) and all(map(_ours, x.values()))
+    if callable(x) and _name(x) is not None:
+        return True
+    # an instance of a class of theirs; a function or method (Python's own classes)
+    # not named above is a user's, or one with an address: refused all the same
+    return _ours(type(x)) and not (callable(x) and type(x).__module__ in _BUILTIN)
 
 
 def _placement(a):
@@ -208,7 +243,7 @@ def _program(fn, key: str, treedef, static, leaves):
     start = time.perf_counter()
     try:
         ahead = _AHEAD.pop(key, None)
-        compiled, rest = (ahead and ahead.result()) or _read(path)
+        compiled, rest = (ahead and ahead.result()) or _read(path, key)
         loaded = compiled, _outputs(_Unpickler(rest).load())
         jax.monitoring.record_event_duration_secs(LOAD_EVENT, time.perf_counter() - start,
                                                   fun_name=fn.__qualname__)
@@ -239,7 +274,7 @@ def _program(fn, key: str, treedef, static, leaves):
         entry = io.BytesIO()
         ids = sorted({d.id for s in jax.tree.leaves(compiled.input_shardings)
                       for d in s.device_set} or {jax.devices()[0].id})
-        pickle.dump((serialize_executable.serialize(compiled), ids, lapack), entry)
+        pickle.dump((key, serialize_executable.serialize(compiled), ids, lapack), entry)
         _Pickler(entry).dump(out[0])  # apart: it may import modules (`_read`)
         atomic_write(path, lambda f: f.write(entry.getvalue()))
         _USED[key] = None
@@ -250,13 +285,16 @@ def _program(fn, key: str, treedef, static, leaves):
     return None if compiled is None else (compiled, _outputs(out[0]))
 
 
-def _read(path: Path, ahead: bool = False):
+def _read(path: Path, key: str, ahead: bool = False):
     """The executable kept in `path`, and the rest of the entry: its outputs'
     structure, which may import modules, unpickled by the caller. Nothing is imported
     `ahead` (on another thread, `loaded_ahead`): there an entry that calls LAPACK is
-    left to the caller (`None`). Raises if unreadable."""
+    left to the caller (`None`). Raises if unreadable, or if the entry holds another
+    key than `key` (one program's bytes under another's name: copied, renamed)."""
     entry = io.BytesIO(path.read_bytes())
-    payload, ids, lapack = pickle.load(entry)
+    kept, payload, ids, lapack = pickle.load(entry)
+    if kept != key:
+        raise ValueError(f"{path.name} holds the program of {kept}")
     if lapack and ahead:
         return None
     if lapack:
@@ -266,10 +304,10 @@ def _read(path: Path, ahead: bool = False):
         *payload, execution_devices=[devices[i] for i in ids]), entry
 
 
-def _read_ahead(path: Path):
+def _read_ahead(path: Path, key: str):
     start = time.perf_counter()
     try:
-        read = _read(path, ahead=True)
+        read = _read(path, key, ahead=True)
     except Exception:  # the caller reads it again, then compiles
         return None
     if read is None:
@@ -299,7 +337,7 @@ def loaded_ahead(tag: str):
     for key in keys:
         if key not in _LOADED:
             _AHEAD[key] = pool.submit(_read_ahead,
-                                      order.with_name(f"jaxattn_program-{key}-cache"))
+                                      order.with_name(f"jaxattn_program-{key}-cache"), key)
     try:
         yield
     finally:
@@ -355,7 +393,11 @@ def kept_jit(fn: Callable | None = None, *, static_argnames: tuple[str, ...] | N
         if _LOADED[key] is None:
             return jitted(*args, **kwargs)
         compiled, (structure, rest) = _LOADED[key]
-        return eqx.combine(jax.tree.unflatten(structure, compiled(*leaves)), rest)
+        try:
+            return eqx.combine(jax.tree.unflatten(structure, compiled(*leaves)), rest)
+        except Exception:  # a kept program that does not take these arguments (or fails
+            _LOADED[key] = None  # as the traced one will): `eqx.filter_jit`'s from now on
+            return jitted(*args, **kwargs)
 
     call.lower = jitted.lower  # ahead-of-time compilation, as the jitted function's
     return call

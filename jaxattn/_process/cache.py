@@ -20,11 +20,20 @@ JAX_MIN_TIME = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 #: Programs that compiled faster than this are not kept: 0, every program (a second
 #: `jaxattn run` compiled 4 programs again, 69–82 at 0.1 s: docs/usage/speed.md).
 MIN_COMPILE_TIME_S = 0.0
-#: What JAX and XLA write in a cache folder: the entries (`{key}-cache`, with an
-#: `-atime` beside each where JAX evicts), JAX's lock file and XLA's GPU autotuning
-#: and kernel caches; and jaxattn's markers of programs it does not keep (`-traced`).
-_SUFFIXES = ("-cache", "-atime", "-traced", "-order")
-_OTHERS = (".lockfile", "xla_gpu_per_fusion_autotune_cache_dir", "xla_gpu_kernel_cache_file")
+#: What JAX and jaxattn write in a cache folder, by the whole name (a user's
+#: `work-order` or `my-cache` is not one): JAX's entries (`jit_{name}-{key}-cache`, with
+#: an `-atime` beside each where JAX evicts); jaxattn's kept programs
+#: (`jaxattn_program-{key}-cache`, `-atime`, and `-traced`, the marker of a program it
+#: does not keep) and the lists of the programs a run took (`jaxattn_run-{key}-order`).
+ENTRY = re.compile(r"(jaxattn_program-[0-9a-f]{64}-(cache|atime|traced)"
+                   r"|jaxattn_run-[0-9a-f]{64}-order|.+-[0-9a-f]{64}-(cache|atime))")
+#: An entry's temporary file, left by a process killed while writing it
+#: (`_files.atomic_write`: `.{name}.{8 of tempfile's letters}.tmp`).
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
+#: JAX's lock file and XLA's GPU kernel cache (files), and XLA's GPU autotuning folder
+#: with the results it holds (`{hash}.textproto`).
+_FILES = (".lockfile", "xla_gpu_kernel_cache_file")
+_AUTOTUNE, _AUTOTUNED = "xla_gpu_per_fusion_autotune_cache_dir", re.compile(r"[\w=-]+\.textproto")
 #: jaxattn's own entries beside them: a model file's tensors, converted once
 #: (`models._gguf.cache_file`: `{stem}-jaxattn-gguf-{version}-{content hash}.npz`).
 CONVERTED = re.compile(r".+-jaxattn-[a-z]+-\d+-[0-9a-f]{32}\.npz")
@@ -103,22 +112,29 @@ def foreign(folder: Path) -> str | None:
     names = os.listdir(folder) if folder.is_dir() else []
     if any(map(_entry_name, names)):
         return None
-    names = sorted(n for n in names if not n.startswith("."))
+    names = sorted(n for n in names if not n.startswith(".") and not is_entry(folder / n))
     return (f"it holds files that are not compilation cache entries ({', '.join(names[:3])}"
             f"{', …' if len(names) > 3 else ''})") if names else None
 
 
 def _entry_name(name: str) -> bool:
-    """Whether a name in a cache folder is one JAX, XLA or jaxattn writes there (by the
+    """Whether a name in a cache folder is an entry JAX or jaxattn writes there (by the
     name alone: no `stat` per entry when a command starts)."""
-    return (name in _OTHERS or name.endswith(_SUFFIXES)
-            or CONVERTED.fullmatch(name) is not None)
+    return ENTRY.fullmatch(name) is not None or CONVERTED.fullmatch(name) is not None
 
 
 def is_entry(path: Path) -> bool:
-    """Whether `path`, in a cache folder, is something JAX, XLA or jaxattn wrote there."""
-    return path.name in _OTHERS or (path.is_file() and (
-        path.name.endswith(_SUFFIXES) or CONVERTED.fullmatch(path.name) is not None))
+    """Whether `path`, in a cache folder, is something JAX, XLA or jaxattn wrote there:
+    an entry, one's temporary file, a file of `_FILES`, or XLA's autotuning folder
+    holding nothing but its results."""
+    if path.is_symlink():
+        return False
+    if path.name == _AUTOTUNE and path.is_dir():
+        return all(p.is_file() and not p.is_symlink() and _AUTOTUNED.fullmatch(p.name)
+                   for p in path.iterdir())
+    temporary = TEMPORARY.fullmatch(path.name)
+    return path.is_file() and (path.name in _FILES or _entry_name(path.name) or (
+        temporary is not None and _entry_name(temporary["name"])))
 
 
 def cache_size(folder: Path) -> tuple[int, int]:
@@ -127,7 +143,8 @@ def cache_size(folder: Path) -> tuple[int, int]:
     if not folder.is_dir():
         return 0, 0
     files = [p for p in folder.rglob("*") if p.is_file()]
-    return (sum(p.name.endswith("-cache") for p in files),
+    return (sum(p.parent == folder and ENTRY.fullmatch(p.name) is not None
+                and p.name.endswith("-cache") for p in files),
             sum(p.stat().st_size for p in files))
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxattn as ja
-from jaxattn._process.cache import CONVERTED, cache_dir
+from jaxattn._process.cache import CONVERTED, cache_dir, foreign
 from jaxattn.cli import main
 
 #: A `jaxattn` command in a fresh Python, counting JAX's cache events: programs looked
@@ -238,12 +238,17 @@ def _cache_command(capsys, *words) -> tuple[int, str, str]:
     return code, out, err
 
 
+#: A name as JAX writes its entries: the program's name, then the key's 64 hex digits.
+JIT = f"jit_f-{'0a' * 32}"
+
+
 def test_cache_info_and_clear(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path))
-    (tmp_path / "jit_f-0a1b-cache").write_bytes(b"x" * 3000)
-    (tmp_path / "jit_f-0a1b-atime").write_bytes(b"t" * 8)
+    (tmp_path / f"{JIT}-cache").write_bytes(b"x" * 3000)
+    (tmp_path / f"{JIT}-atime").write_bytes(b"t" * 8)
     (tmp_path / "xla_gpu_per_fusion_autotune_cache_dir").mkdir()
-    (tmp_path / "xla_gpu_per_fusion_autotune_cache_dir" / "fusion").write_bytes(b"y" * 1000)
+    (tmp_path / "xla_gpu_per_fusion_autotune_cache_dir" / f"{'Ab_-' * 10}Ab0.textproto"
+     ).write_bytes(b"y" * 1000)
     # a .gguf file's tensors, converted once (`models._gguf.cache_file`)
     (tmp_path / f"model.Q4_1-jaxattn-gguf-2-{'0a' * 16}.npz").write_bytes(b"w" * 100)
     for words in ([], ["info"]):
@@ -257,13 +262,52 @@ def test_cache_info_and_clear(capsys, monkeypatch, tmp_path):
 
 def test_cache_clear_refuses_a_folder_with_other_files(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path))
-    (tmp_path / "jit_f-0a1b-cache").write_bytes(b"x")
+    (tmp_path / f"{JIT}-cache").write_bytes(b"x")
     (tmp_path / "thesis.tex").write_text("mine")
     code, out, err = _cache_command(capsys, "clear")
     assert code == 2 and out == "" and len(err.splitlines()) == 1
     assert "holds files that are not compilation cache entries (thesis.tex); nothing " \
            "deleted: is JAXATTN_CACHE_DIR the folder you meant?" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["jit_f-0a1b-cache", "thesis.tex"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{JIT}-cache", "thesis.tex"]
+
+
+@pytest.mark.parametrize("name", ["2026-11-purchase-order", "work-order", "my-cache",
+                                  "trip-atime", "not-traced", "xla_gpu_kernel_cache_file",
+                                  "xla_gpu_per_fusion_autotune_cache_dir", ".my.notes123.tmp",
+                                  f"jit_f-{'0a' * 32}-cache.bak"])
+def test_a_user_file_named_like_an_entry_is_not_one(capsys, monkeypatch, tmp_path, name):
+    """Entries are told by their whole names (and XLA's folder by what it holds): a
+    user's file whose name ends as theirs is neither deleted nor proof of a cache."""
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path))
+    mine = tmp_path / name
+    if name.startswith("xla_"):  # a user's folder of that name, with notes in it
+        mine.mkdir()
+        (mine / "notes.txt").write_text("mine")
+    else:
+        mine.write_text("mine")
+    if not name.startswith("."):  # (a hidden file is not shown: `foreign`)
+        assert foreign(tmp_path) == (
+            f"it holds files that are not compilation cache entries ({name})")
+    (tmp_path / f"{JIT}-cache").write_bytes(b"x")
+    code, out, err = _cache_command(capsys, "clear")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert f"not compilation cache entries ({name}); nothing deleted" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{JIT}-cache", name])
+    assert mine.is_file() or (mine / "notes.txt").read_text() == "mine"
+
+
+def test_clear_removes_what_a_process_killed_while_writing_left(capsys, monkeypatch, tmp_path):
+    """`_files.atomic_write`'s temporary file of an entry (the process killed before
+    its rename) is the cache's own: cleared, and not counted as an entry."""
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path))
+    key = "5f" * 32
+    for name in (f"jaxattn_program-{key}-cache", f".jaxattn_program-{key}-cache.a_b9xy0z.tmp",
+                 f".jaxattn_run-{key}-order.k2m4_q8w.tmp"):
+        (tmp_path / name).write_bytes(b"x" * 100)
+    assert _cache_command(capsys, "info")[:2] == (
+        0, f"compilation cache: {tmp_path}, 1 entries, 0.0 MB\n")
+    assert _cache_command(capsys, "clear")[:2] == (0, f"cleared {tmp_path}: 1 entries, 0.0 MB\n")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_cache_off(capsys, monkeypatch):

@@ -3,8 +3,10 @@ process loads them without tracing and gets the same bits; what another process 
 not name, traced arguments and programs with host callbacks go to `eqx.filter_jit`;
 an unreadable entry is compiled again."""
 
+import io
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -49,8 +51,33 @@ def _checked(x):
 
 
 
+@pytest.fixture(autouse=True)
+def ours(monkeypatch):
+    """This module's classes and functions stand for the library's own (a user's are
+    not kept: `test_a_users_class_edited_or_redefined_gets_its_own_program`)."""
+    monkeypatch.setattr(_programs, "NAMED", (*_programs.NAMED, __name__.partition(".")[0]))
+
+
 def kept(folder):
     return sorted(p.name.rsplit("-", 1)[1] for p in folder.glob("jaxattn_program-*"))
+
+
+@kept_jit
+def _through(kernel, x):
+    return kernel(x)
+
+
+def _users_kernel(factor):
+    """A class of a user's notebook, whose cell is run again with another constant."""
+
+    class Kernel(eqx.Module):
+        __module__, __qualname__ = "__main__", "Kernel"
+        w: jax.Array
+
+        def __call__(self, x):
+            return jnp.exp(factor * self.w * x)
+
+    return Kernel
 
 
 def test_a_new_process_loads_the_program_without_tracing_and_gets_the_same_bits(
@@ -101,6 +128,41 @@ def test_what_another_process_could_not_name_goes_to_filter_jit(folder):
     assert kept(folder) == []
 
 
+def test_a_users_class_edited_or_redefined_gets_its_own_program(folder, tmp_path):
+    """A user's class is named in a key by its short name, and its edits change no
+    source jaxattn fingerprints: its programs go to `eqx.filter_jit`, in this process
+    (a notebook's cell run again) and in the next (the script edited)."""
+    x = np.linspace(0.0, 1.0, 4)
+    for factor in (1.0, 3.0):
+        got = _through(_users_kernel(factor)(jnp.ones(4)), x)
+        np.testing.assert_allclose(got, np.exp(factor * x), rtol=1e-6)
+    assert kept(folder) == []
+    script = textwrap.dedent(f"""
+        import os, jax, jax.numpy as jnp, numpy as np, equinox as eqx
+        jax.config.update("jax_compilation_cache_dir", {str(tmp_path / "cache")!r})
+        from jaxattn import _programs
+
+        class Kernel(eqx.Module):
+            w: jax.Array
+
+            def __call__(self, x):
+                return jnp.exp(float(os.environ["FACTOR"]) * self.w * x)
+
+        @_programs.kept_jit
+        def through(kernel, x):
+            return kernel(x)
+
+        print(np.asarray(through(Kernel(jnp.ones(2)), np.ones(2)))[0])
+    """)
+    path = tmp_path / "edited.py"
+    path.write_text(script)
+    runs = [subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                           timeout=300, env=os.environ | {"FACTOR": factor})
+            for factor in ("1", "3")]
+    assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr[-2000:]
+    np.testing.assert_allclose([float(r.stdout) for r in runs], np.exp([1.0, 3.0]), rtol=1e-6)
+
+
 def test_a_program_with_a_host_callback_is_not_kept(folder, monkeypatch):
     x = jnp.arange(3.0)
     np.testing.assert_array_equal(_checked(x), x)
@@ -123,6 +185,30 @@ def test_an_unreadable_entry_is_compiled_again(folder, monkeypatch):
         del TRACES[:]
         np.testing.assert_array_equal(_apply(model, x, 1)["y"], want)
         assert TRACES == [1] and entry.read_bytes() != bad  # traced, and replaced
+
+
+def test_an_entry_under_another_key_is_compiled_again(folder, monkeypatch):
+    """Entries swapped (one program's bytes under another's name): the key kept inside
+    tells them apart, and a loaded program that does not take the arguments (whatever
+    the cause) gives way to the traced one; the results are right either way."""
+    model, x = Scaled(jnp.ones(3), 2), np.arange(3.0)
+    want = [_apply(model, x, 1)["y"], _apply(model, x, 2)["y"], _scaled(x, 2.0, n=2)]
+    new = sorted(folder.glob("jaxattn_program-*-cache"), key=lambda p: p.stat().st_mtime_ns)
+    entries = [p.read_bytes() for p in new]
+    for i, j in ((0, 1), (1, 0), (2, 0)):  # the same arguments' types; others
+        new[i].write_bytes(entries[j])
+    monkeypatch.setattr(_programs, "_LOADED", {})
+    del TRACES[:]
+    got = [_apply(model, x, 1)["y"], _apply(model, x, 2)["y"], _scaled(x, 2.0, n=2)]
+    assert TRACES == [1, 2, 2]  # compiled again, each
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # past the key's check: the call fails, and the traced program runs instead
+    read = _programs._read
+    monkeypatch.setattr(_programs, "_read", lambda path, key, ahead=False: read(new[0], (
+        pickle.load(io.BytesIO(new[0].read_bytes()))[0]), ahead))
+    monkeypatch.setattr(_programs, "_LOADED", {})
+    np.testing.assert_array_equal(_scaled(x, 2.0, n=2), want[2])
 
 
 def test_a_run_loads_the_programs_of_its_last_run_ahead(folder, monkeypatch):

@@ -3,6 +3,7 @@ chosen when the program is lowered (`docs/kernels.md`, "Where it runs")."""
 
 import functools
 
+import numpy as np
 from jax import lax
 
 
@@ -27,8 +28,16 @@ def pallas_run(kernel, args, *, grid, in_specs, out_specs, out_shape, num_warps:
 
 
 def power_of_two(b) -> bool:
-    """Whether a layout size (`block`, `block_q`, …) is a power of two."""
-    return isinstance(b, int) and not isinstance(b, bool) and b >= 1 and b & (b - 1) == 0
+    """Whether a layout size (`block`, `block_q`, …) is a power of two (an int or a NumPy
+    integer; a bool is no size)."""
+    return (isinstance(b, int | np.integer) and not isinstance(b, bool)
+            and b >= 1 and b & (b - 1) == 0)
+
+
+def as_size(b):
+    """A layout size as stored: a NumPy integer as an `int` (anything else as is, for
+    `power_of_two` to refuse)."""
+    return int(b) if isinstance(b, np.integer) else b
 
 
 #: The most warps a program may have: CUDA runs at most 1024 threads in a block.

@@ -20,7 +20,7 @@ from jaxtyping import Array, Float, PyTree
 
 from .._ensemble import LastAxis, is_batch_last
 from .._validate import refuse_first
-from .call import pallas_run, power_of_two, warps_refusal
+from .call import as_size, pallas_run, power_of_two, warps_refusal
 from .lanes import Lanes, evaluate, objects, trace
 
 # Mosaic GPU (Pallas's default on CUDA) is not offered: its lane lowering has no
@@ -44,6 +44,8 @@ class KernelConfig:
                 warps_refusal(self.num_warps),
                 (self.backend not in BACKENDS,
                  f"`backend` must be one of {BACKENDS}, got {self.backend!r}.")))
+        for name in ("block", "num_warps"):  # a NumPy integer stored as an int
+            object.__setattr__(self, name, as_size(getattr(self, name)))
 
 
 _CONFIG = [KernelConfig()]
@@ -107,6 +109,7 @@ def run_ensemble(
     num_saves: int,
     steps_per_save: int,
     config: KernelConfig,
+    check: Callable[[list], None] | None = None,
 ) -> tuple[PyTree[Array], Float[Array, "n d B"]]:
     """Run `num_saves × steps_per_save` steps of every system in one kernel.
 
@@ -121,6 +124,9 @@ def run_ensemble(
     - `num_saves`, `steps_per_save`: `observe` runs at the start and after every
       `steps_per_save` steps, `num_saves` times.
     - `config`: the layout (`KernelConfig`).
+    - `check`: called with the traced values `step` and `observe` close over (they
+      enter the kernel as shared inputs) before the kernel is built: a caller's
+      refusal (`PallasKernel`: not while differentiated).
 
     **Returns:**
 
@@ -145,12 +151,18 @@ def run_ensemble(
     watch_jaxpr, watch_tree = trace(lambda x, *arrays: observe(x, rebuild(arrays)), x_aval,
                                     *avals)
     out_avals = watch_jaxpr.out_avals
+    # Values `step` or `observe` close over that are traced (by an enclosing `jit`,
+    # `vmap`, …) cannot be folded as constants: they enter as shared inputs.
+    traced = list({id(c): c for j in (step_jaxpr, watch_jaxpr) for c in j.consts
+                   if isinstance(c, jax.core.Tracer)}.values())
+    if check is not None:
+        check(traced)
 
     block = config.block
     padded = -(-size // block) * block
     inputs = [_rows(LastAxis(x0), size)]
-    inputs += [_rows(leaves[i], size) for i in dynamic]
-    in_avals = [x_aval] + avals
+    inputs += [_rows(a, size) for a in [leaves[i] for i in dynamic] + traced]
+    in_avals = [x_aval] + avals + [_core(c) for c in traced]
     keep = [j for j, a in enumerate(inputs) if a.shape[0] > 0]
     inputs = [_pad(inputs[j], padded) for j in keep]
     out_shapes = [jax.ShapeDtypeStruct((num_saves + 1, max(1, math.prod(a.shape)), padded),
@@ -162,10 +174,14 @@ def run_ensemble(
         vals = [np.empty(a.shape, object) for a in in_avals]
         for j, ref in zip(keep, in_refs):
             vals[j] = _load(ref, in_avals[j])
+        args = vals[1:1 + len(dynamic)]
+        loaded = {id(c): v for c, v in zip(traced, vals[1 + len(dynamic):])}
+        step_consts, watch_consts = ([loaded.get(id(c), c) for c in j.consts]
+                                     for j in (step_jaxpr, watch_jaxpr))
 
         def save(index, x):
             lanes = Lanes(block)  # one per loop body: its splats live in that trace
-            outs = evaluate(watch_jaxpr, [x] + vals[1:], lanes)
+            outs = evaluate(watch_jaxpr, [x] + args, lanes, watch_consts)
             for ref, a, v in zip(out_refs, out_avals, outs):
                 _store(ref, index, v, lanes, _stored(a.dtype))
 
@@ -173,7 +189,7 @@ def run_ensemble(
             lanes = Lanes(block)
             x = objects(carry, x_aval.shape)
             kf = objects((lax.broadcast(lax.convert_element_type(k, dtype), (block,)),), ())
-            x_new, = evaluate(step_jaxpr, [x, kf] + vals[1:], lanes)
+            x_new, = evaluate(step_jaxpr, [x, kf] + args, lanes, step_consts)
             return _flat(np.asarray(x_new, object), lanes, dtype)
 
         def saving(s, carry):

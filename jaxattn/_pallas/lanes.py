@@ -73,10 +73,12 @@ def trace(fn: Callable, *args) -> tuple[Any, Any]:
     return closed, jax.tree.structure(shape)
 
 
-def evaluate(closed, ins: list, lanes: Lanes) -> list:
+def evaluate(closed, ins: list, lanes: Lanes, consts: list | None = None) -> list:
     """Outputs of a closed jaxpr from inputs held as object arrays of lanes (or NumPy
-    constants), as such object arrays."""
-    return interpret(closed.jaxpr, closed.consts, ins, _LaneValues(lanes))
+    constants), as such object arrays; `consts` replace the jaxpr's own (a traced one
+    loaded as lanes: `ensemble.run_ensemble`)."""
+    return interpret(closed.jaxpr, closed.consts if consts is None else consts, ins,
+                     _LaneValues(lanes))
 
 
 def _constant(value) -> bool:

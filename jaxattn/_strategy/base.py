@@ -22,6 +22,13 @@ def differentiating(operands) -> bool:
     return any(isinstance(leaf, _DIFFERENTIATING) for leaf in jax.tree.leaves(operands))
 
 
+#: Why a member that is not differentiable refuses a run being differentiated (a
+#: differentiated operand, or one the kernel's `observe` or schedule closes over).
+NOT_DIFFERENTIABLE = ("is not differentiable (the kernel has no derivative rule): "
+                      "differentiate with strategy=ja.Vmap() ('general', which 'auto' takes "
+                      "for gradients).")
+
+
 def refuse_first(name: str, refusals) -> None:
     """The one wording of a member's refusal: a `ValueError` `strategy='name' why` for
     the first `(refused, why)` of `refusals` that is refused."""
@@ -60,8 +67,7 @@ class AbstractStrategy(eqx.Module):
                  "runs whole systems: tokens split over devices take strategy=ja.Vmap() "
                  "('general')."),
                 (not self.differentiable and differentiating(operands),
-                 "is not differentiable (the kernel has no derivative rule): differentiate "
-                 "with strategy=ja.Vmap() ('general', which 'auto' takes for gradients).")))
+                 NOT_DIFFERENTIABLE)))
 
     @abc.abstractmethod
     def run_layers(self, dyn, x0, num_layers, tau, observe, checkpoints, *, devices,

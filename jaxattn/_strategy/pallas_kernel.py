@@ -4,14 +4,16 @@ import functools
 from typing import ClassVar
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
 from .._batch import call_batched, prepare_tokens
 from .._ensemble import from_batch_last, to_batch_last
 from .._pallas import KernelConfig, key_rows, run_ensemble
+from .._pallas.call import as_size
 from .._stacked import map_models, models_last
 from .._validate import NONFINITE, raise_unless
-from .base import AbstractStrategy, refuse_first
+from .base import NOT_DIFFERENTIABLE, AbstractStrategy, differentiating, refuse_first
 from .layers import flag_nonfinite, layer_of
 from .solve import FlowResult
 from .stepping import (
@@ -38,8 +40,8 @@ class PallasKernel(AbstractStrategy):
     - `backend`: the Pallas GPU backend, `"triton"`.
     """
 
-    block: int = eqx.field(static=True, default=128)
-    num_warps: int = eqx.field(static=True, default=4)
+    block: int = eqx.field(static=True, default=128, converter=as_size)
+    num_warps: int = eqx.field(static=True, default=4, converter=as_size)
     backend: str = eqx.field(static=True, default="triton")
 
     name: ClassVar[str] = "kernel"
@@ -63,8 +65,9 @@ class PallasKernel(AbstractStrategy):
             return Vmap().run_layers(dyn, x0, num_layers, tau, observe, checkpoints,
                                      devices=devices, shard=shard, noise=noise, keys=keys,
                                      checked=checked)
-        return call_batched(_layers_kernel, dyn, x0, None, num_layers, tau, observe,
-                            self.config, noise=noise, keys=keys, checked=checked)
+        out = call_batched(_layers_kernel, dyn, x0, None, num_layers, tau, observe,
+                           self.config, noise=noise, keys=keys, checked=checked)
+        return _closed_checked(*out) if checked else out  # unchecked: the caller's check
 
     def solve_flow(self, dyn, x0, options, *, adjoint, throw, on_manifold, event,
                    devices, shard, noise, keys, checked=True, progress=False):
@@ -78,6 +81,7 @@ class PallasKernel(AbstractStrategy):
             _flow_kernel, dyn, x0, None, t0, h, saves, per_save, coeffs, bool(on_manifold),
             self.config, noise=noise, keys=keys)
         if throw:
+            (ys, finite), checked = _closed_checked((ys, finite), checked)
             if not checked:
                 raise_unless(finite, NONFINITE)
             return ys
@@ -97,6 +101,23 @@ def _refuse(devices, shard, checked=True, event=None, progress=False) -> None:
              "('fused') to split the systems over devices."),
             (progress, "runs a flow in one kernel, with no progress bar: drop `progress=`, "
                        "or take strategy=ja.BatchLast() ('fused').")))
+
+
+def _refuse_closed(traced) -> None:
+    """The differentiated values `observe` or a schedule closes over refused (they
+    enter the kernel as inputs: `run_ensemble`), as `refuse` refuses operands."""
+    refuse_first("kernel", ((differentiating(traced), NOT_DIFFERENTIABLE),))
+
+
+def _closed_checked(result, checked):
+    """`((ys, finite), checked)` of a checked run, the finiteness check in the program
+    where concrete inputs gave traced results (`observe` or a schedule closing over a
+    value traced by an enclosing `jit`/`vmap`, a kernel input): no host check can read
+    them."""
+    ys, finite = result
+    if not checked and isinstance(finite, jax.core.Tracer):
+        return (flag_nonfinite(ys, finite, True), finite), True
+    return result, checked
 
 
 def _layer(x, k, params):
@@ -121,7 +142,8 @@ def _layers_kernel(dyn, x0, num_layers, tau, observe, config, checks, noise=None
     x0, batch, model, rows = _systems(dyn, x0, checks, keys)
     ys, last = run_ensemble(_layer, lambda x, _: observe(x), to_batch_last(x0),
                             (model, noise, rows, tau.astype(x0.dtype)),
-                            num_saves=num_layers, steps_per_save=1, config=config)
+                            num_saves=num_layers, steps_per_save=1, config=config,
+                            check=_refuse_closed)
     ys, last = from_batch_last(ys, batch), from_batch_last(last, batch)
     finite = jnp.all(jnp.isfinite(last), axis=(-2, -1))
     return flag_nonfinite(ys, finite, checks), finite
@@ -144,7 +166,7 @@ def _flow_kernel(dyn, x0, t0, h, saves, per_save, coeffs, on_manifold, config, c
                                  noisy=noise is not None)
         saved = functools.partial(kernel_saved, on_manifold=on_manifold)
     ys, last = run_ensemble(step, saved, xb, params, num_saves=saves,
-                            steps_per_save=per_save, config=config)
+                            steps_per_save=per_save, config=config, check=_refuse_closed)
     ys = from_batch_last(ys, batch)
     finite = jnp.all(jnp.isfinite(ys), axis=tuple(range(len(batch), ys.ndim)))
     return flag_nonfinite(ys, finite, checks), finite

@@ -5,6 +5,7 @@ Kernels in interpret mode compile slowly on the CPU (every lane operation is an 
 op), so the systems here are tiny and of distinct sizes (n = 3 tokens in R², one or
 two heads, batch 5); the grid of variants is marked slow."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -278,6 +279,63 @@ def test_refusals(key):
         ja.PallasKernel(num_warps=3)
     with pytest.raises(ValueError, match="up to 32 .CUDA's 1024 threads a block., got 64"):
         ja.PallasKernel(num_warps=64)  # lowered, and could not launch
+
+
+def test_numpy_integer_layout_is_taken():
+    """A NumPy integer size is a size (it was refused as "not a power of two"), stored as
+    an int; a NumPy bool is still refused."""
+    member = ja.PallasKernel(block=np.int64(4), num_warps=np.int32(2))
+    assert member == ja.PallasKernel(block=4, num_warps=2)
+    assert type(member.block) is int and type(member.num_warps) is int
+    config = KernelConfig(block=np.int64(8), num_warps=np.int64(4))
+    assert config == KernelConfig(8, 4) and type(config.block) is int
+    with use_kernel_config(block=np.int32(16)) as config:
+        assert type(config.block) is int
+    with pytest.raises(ValueError, match="`block` must be a power of two, got 3"):
+        ja.PallasKernel(block=np.int64(3))
+    with pytest.raises(ValueError, match="`block` must be a power of two"):
+        KernelConfig(block=np.bool_(True))
+
+
+def _scheduled(dyn, w):
+    """`dyn` with its value weights a `ja.Schedule` closing over `w`."""
+    return ja.SelfAttentionDynamics(ja.Schedule(lambda t: dyn.P(0.0) * w), dyn.U(0.0))
+
+
+def test_closures_over_traced_values_run(key):
+    """`observe` and a schedule closing over a value traced by `jit` or `vmap`: the value
+    enters the kernel as an input (it was converted with NumPy: a TracerArrayConversionError)."""
+    k1, k2 = jax.random.split(key)
+    dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,))
+    ws = jnp.array([0.5, 2.0])
+
+    def observed(w, strategy):
+        return ja.run_layers(dyn, x0, 2, 0.3, observe=lambda x: jnp.sum(x * w),
+                             strategy=strategy)
+
+    def scheduled(w, strategy):
+        return ja.run_layers(_scheduled(dyn, w), x0, 2, 0.3, observe=ja.misalignment,
+                             strategy=strategy)
+
+    for run, transform, w in ((observed, jax.jit, 1.5), (observed, jax.vmap, ws),
+                              (scheduled, jax.jit, 1.5)):
+        a, b = [transform(functools.partial(run, strategy=s))(w) for s in ("kernel", "fused")]
+        assert a.shape == b.shape and _rel(a, b) < 1e-12, (run.__name__, transform.__name__)
+
+
+def test_closures_over_differentiated_values_are_refused(key):
+    k1, k2 = jax.random.split(key)
+    dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,))
+    ts = jnp.linspace(0.0, 0.2, 3)
+    runs = [lambda w: ja.run_layers(dyn, x0, 2, 0.3, observe=lambda x: jnp.sum(x * w),
+                                    strategy="kernel"),
+            lambda w: ja.run_layers(_scheduled(dyn, w), x0, 2, 0.3, strategy="kernel"),
+            lambda w: ja.solve_flow(_scheduled(dyn, w), x0, ts, solver=ja.RK4(), dt0=0.1,
+                                    stepsize_controller=dfx.ConstantStepSize(),
+                                    strategy="kernel")]
+    for run in runs:
+        with pytest.raises(ValueError, match="strategy='kernel' is not differentiable"):
+            jax.grad(lambda w: run(w).sum())(1.5)
 
 
 def test_unsupported_operation_is_named(key):

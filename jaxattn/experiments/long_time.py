@@ -88,10 +88,28 @@ def coupling_span(x: np.ndarray, beta: float, eps: float) -> float:
     the circle, the neighbouring pairs but the widest gap. `0` with fewer than two
     clusters. A Hessian in float64 resolves the modes of the weak ones beside the
     strong ones only while this is well below 16."""
+    logs = _tree_couplings(x, beta, eps)
+    return float((max(logs) - min(logs)) / math.log(10)) if logs else 0.0
+
+
+def weakest_coupling(x: np.ndarray, beta: float, eps: float) -> float:
+    """The `log₁₀` of the weakest coupling of `coupling_span`'s tree, `m_a m_b
+    e^{−β(1 − cos δ_ab)}`, kept in the logarithm (`inf` with fewer than two
+    clusters). The span alone cannot see a Hessian whose entries all underflow: two
+    clusters span `0` decades at any `β`, but past `β(1 − cos δ) ≈ 708` their coupling
+    is below float64's smallest normal number (`10⁻³⁰⁸`) and the saddle index reads
+    `0` (Hessian all zeros), not `1`."""
+    logs = _tree_couplings(x, beta, eps)
+    return float(min(logs) / math.log(10)) if logs else math.inf
+
+
+def _tree_couplings(x: np.ndarray, beta: float, eps: float) -> list[float]:
+    """The natural logs of the couplings of the tree of strongest couplings that
+    joins the clusters of `x` (`coupling_span`); empty with fewer than two."""
     means, masses = clusters(x, eps)
     k = len(means)
     if k < 2:
-        return 0.0
+        return []
     cos = np.clip(means @ means.T, -1, 1)
     log_c = np.log(np.outer(masses, masses)) - beta * (1 - cos)
     group, kept = list(range(k)), []
@@ -100,8 +118,17 @@ def coupling_span(x: np.ndarray, beta: float, eps: float) -> float:
         if a < b and group[a] != group[b]:
             old = group[b]
             group = [group[a] if g == old else g for g in group]
-            kept.append(log_c[a, b])
-    return float((max(kept) - min(kept)) / math.log(10))
+            kept.append(float(log_c[a, b]))
+    return kept
+
+
+def groups(x: np.ndarray, eps: float) -> frozenset:
+    """The clusters of `x` at distance `eps` as sets of token indices (a partition
+    of `range(n)`, comparable between two readings of the same tokens)."""
+    with jax.enable_x64(True):
+        label = np.asarray(_labels(jnp.asarray(np.asarray(x, float), jnp.float64),
+                                   eps=float(eps)))
+    return frozenset(frozenset(np.flatnonzero(label == i).tolist()) for i in np.unique(label))
 
 
 def closest_pair(x: np.ndarray, eps: float) -> tuple[float, int, int]:

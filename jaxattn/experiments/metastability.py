@@ -32,11 +32,13 @@ from .long_time import (
     cluster_index,
     clusters,
     coupling_span,
+    groups,
     log_grid,
     merge_time,
     merged,
     rescaled_flow,
     two_cluster_time,
+    weakest_coupling,
 )
 from .verdicts import finite_or_none, short
 
@@ -65,6 +67,18 @@ EPS_MIN = 1e-12
 #: many decades (`long_time.coupling_span`): a float64 Hessian rounds the weaker
 #: couplings' modes away (`docs/limits.md`).
 SPAN_MAX = 6.0
+#: ... and where their weakest coupling (`long_time.weakest_coupling`) is at least
+#: this `log₁₀`: 16 decades (float64's precision) above its smallest normal number
+#: (`10⁻³⁰⁸`), so that `β(1 − cos δ) ≲ 670`. Past `≈ 708` the couplings underflow, the
+#: Hessian is all zeros and its index `0` at any `k` (two clusters at δ = 1.78 and
+#: β = 800 read `0`, not `1`); the span alone, `0` for two clusters, cannot see it.
+COUPLING_FLOOR = math.log10(np.finfo(np.float64).tiny) + 16
+#: The largest `β` (`--beta`, `--beta-max`): the exact two-cluster integral
+#: (`long_time.merge_time`) has its peak at `δ₀` of width `1/(β sin δ₀)`; scipy's
+#: `quad` meets its tolerance for `δ₀` from 0.011 to π up to `β = 10⁸`, warns of
+#: roundoff from `10⁹`, misses the peak from `≈ 10¹⁷` (the log 8 off) and returns 0
+#: from `10¹⁸` (no logarithm: a run at β = 10³⁰⁰ failed after its simulation).
+BETA_MAX = 1e8
 #: The smallest `--rtol` of the rescaled integrator (which takes at most `SNAP/1000`):
 #: its log-time `τ ≤ 709` is resolved to `10⁻¹³`.
 RTOL_MIN = 1e-13
@@ -146,9 +160,10 @@ def plain_failure(result, beta: float, config) -> str:
 def study(data, config) -> list[dict]:
     """Per `β`: its plateaus of the cluster count, each with its start, end (the run's
     stop `t1` for the last one when the event fired: the final merger), the count,
-    the saddle index, whether it is post-transient, and the measured time from its
-    first save to its end beside the exact and Laplace two-cluster predictions from
-    that save."""
+    the saddle index, whether it is post-transient, resolved (`SPAN_MAX`,
+    `COUPLING_FLOOR`) and made of the cascade's clusters (`cascade_groups`), and the
+    measured time from its first save to its end beside the exact and Laplace
+    two-cluster predictions from that save."""
     out = []
     for b, beta in enumerate(data["betas"]):
         ts, count, ys = data["ts"][b], data["count"][b].astype(float), data["ys"][b]
@@ -160,6 +175,8 @@ def study(data, config) -> list[dict]:
         exact = np.sort(data["mergers"][b]) if "mergers" in data else None
         finite = np.flatnonzero(np.isfinite(ts))
         rows, start = [], 0.0
+        # the cascade's clusters, as sets of tokens, for each count (the same at every β)
+        predicted = cascade_groups(data["x0"], config.eps) if "x0" in data else {}
         for k in range(len(stair.levels)):
             first = int(np.searchsorted(ts[finite], stair.starts[k]))
             last = int(np.searchsorted(ts[finite], stair.ends[k]))
@@ -172,10 +189,15 @@ def study(data, config) -> list[dict]:
             log_exact = merge_time(ys[first], float(beta), config.eps)
             length = end - start
             span = coupling_span(ys[mid], float(beta), config.eps)
-            rows.append({"clusters": int(stair.levels[k]), "start": start, "end": end,
-                         "coupling_span": span, "resolved": span <= SPAN_MAX,
+            weakest = weakest_coupling(ys[mid], float(beta), config.eps)
+            level = int(stair.levels[k])
+            rows.append({"clusters": level, "start": start, "end": end,
+                         "coupling_span": span, "weakest_coupling": weakest,
+                         "resolved": span <= SPAN_MAX and weakest >= COUPLING_FLOOR,
                          "length": length, "final": final,
                          "post_transient": k > 0 and length >= start,
+                         "cascade": k > 0 and predicted.get(level) == groups(ys[mid],
+                                                                             config.eps),
                          "from": float(ts[first]), "measured": end - float(ts[first]),
                          "predicted_exact": _exp(log_exact),
                          "predicted_laplace": _exp(log_laplace), "delta": delta,
@@ -202,26 +224,50 @@ def cascade(x0: np.ndarray, beta: float, eps: float) -> dict[int, float]:
     `{k: log length of the plateau with k clusters}`, for `k` from the clusters of
     `x0` down to 2.
     """
-    means, masses = clusters(x0, eps)
-    out = {}
-    while len(means) > 1:
-        out[len(means)] = merge_time(np.repeat(means, masses, axis=0), beta, eps)
+    return {len(means): merge_time(np.repeat(means, masses, axis=0), beta, eps)
+            for means, masses, _ in _closest_merges(x0, eps) if len(means) > 1}
+
+
+def cascade_groups(x0: np.ndarray, eps: float) -> dict[int, frozenset]:
+    """The clusters of each plateau of `cascade`, as sets of token indices
+    (`long_time.groups`): `{k: the partition of the tokens into k clusters}`, from the
+    clusters of `x0` down to 1. The merge order is `cascade`'s (the closest two mean
+    directions), which does not depend on `β`.
+
+    A plateau is compared with the cascade only where its clusters are these
+    (`compared`): the cascade predicts the lengths of its own plateaus, and a plateau
+    of the same count made of other tokens (the flow's first mergers, many at once,
+    need not follow the cascade's closest-pair order) is another state."""
+    return {len(means): frozenset(frozenset(g) for g in members)
+            for means, _, members in _closest_merges(x0, eps)}
+
+
+def _closest_merges(x0: np.ndarray, eps: float):
+    """`cascade`'s states: each `(means (k, d), masses (k,), members)`, `members` the
+    tokens of each cluster, from the clusters of `x0` down to one."""
+    means, masses = clusters(x0, eps)  # in the order of their first tokens
+    members = sorted((sorted(g) for g in groups(x0, eps)), key=min)
+    while True:
+        yield means, masses, members
+        if len(means) < 2:
+            return
         cos = means @ means.T - 2 * np.eye(len(means))
         a, b = np.unravel_index(np.argmax(cos), cos.shape)
         joined = masses[a] * means[a] + masses[b] * means[b]
         keep = np.setdiff1d(np.arange(len(means)), [a, b])
         means = np.vstack([means[keep], joined / np.linalg.norm(joined)])
         masses = np.append(masses[keep], masses[a] + masses[b])
-    return out
+        members = [members[i] for i in keep] + [sorted(members[a] + members[b])]
 
 
 def cascade_errors(per_beta, data, config) -> tuple[float, float, int]:
-    """The judged plateaus against `cascade` from `data["x0"]`: the largest
+    """The judged plateaus that are `compared` (resolved, the cascade's clusters)
+    against `cascade` from `data["x0"]`: the largest
     relative error of the log-length (inf where the cascade has no plateau of that
     many clusters), the largest relative error of the log-lengths' slope in `β`
     (over the cluster counts that ended at two `β` or more; NaN with none), and how
     many slopes were compared."""
-    rows = [p for p in judged(per_beta) if p["length"] > 1]  # a positive log
+    rows = [p for p in judged(per_beta) if compared(p)]
     predicted = {b: cascade(data["x0"], b, config.eps) for b in {p["beta"] for p in rows}}
     logs = [predicted[p["beta"]].get(p["clusters"], math.inf) for p in rows]
     worst = max((abs(math.log(p["length"]) / q - 1) for p, q in zip(rows, logs)),
@@ -234,6 +280,17 @@ def cascade_errors(per_beta, data, config) -> tuple[float, float, int]:
             b, measured, want = (np.array(v) for v in zip(*sel))
             rates.append(abs(fit_slope(b, measured)[0] / fit_slope(b, want)[0] - 1))
     return worst, max(rates, default=math.nan), len(rates)
+
+
+def compared(p: dict) -> bool:
+    """Whether a judged plateau (`judged`) is compared with `cascade`: a positive
+    log-length, and its clusters, as sets of tokens, the cascade's (`cascade_groups`):
+    the cascade predicts the lengths of its own plateaus, and a plateau of the same
+    count made of other tokens is another state. Its saddle index's resolution
+    (`resolved`) does not matter here: a span of many decades is the separation of
+    time scales the cascade assumes (β = 500: 52 decades and more, log-lengths within
+    1.9 %)."""
+    return p["length"] > 1 and p.get("cascade", True)
 
 
 def _exp(log: float) -> float:
@@ -283,6 +340,10 @@ class Metastability(AbstractExperiment):
             (not config.beta and config.beta_max < config.beta_min, f"--beta-max "
              f"({config.beta_max!r}) must be ≥ --beta-min ({config.beta_min!r})."),
             (config.beta < 0, f"--beta must be ≥ 0 (0: the grid), got {config.beta!r}."),
+            (max(config.beta, 0.0 if config.beta else config.beta_max) > BETA_MAX,
+             f"--beta and --beta-max must be ≤ {BETA_MAX:g} (past it the exact two-cluster "
+             f"integral's peak, of width 1/(β sin δ), is not resolved in float64), got "
+             f"{config.beta if config.beta else config.beta_max!r}."),
             (log and not math.log10(T_MIN) < log <= LOG_HORIZON_MAX,
              f"--log-horizon must be in ({math.log10(T_MIN):g}, {LOG_HORIZON_MAX:g}] (or 0: "
              f"--horizon), got {log!r}."),
@@ -329,6 +390,8 @@ class Metastability(AbstractExperiment):
         resolved = [p for p in post if p["resolved"]]
         saddles_ok = not circle or all(p["saddle_index"] == p["clusters"] - 1 for p in resolved)
         lengths, rate, slopes = cascade_errors(per_beta, data, config)
+        theirs = [p for p in rows if compared(p)]
+        elsewhere = sum(1 for p in rows if p["length"] > 1 and not compared(p))
         cascade_ok = lengths <= CASCADE_TOL and (not slopes or rate <= RATE_TOL)
         missed = (bool(finals) and final_err > FINAL_TOL) or worst >= DECADES \
             or not saddles_ok or not cascade_ok
@@ -351,16 +414,22 @@ class Metastability(AbstractExperiment):
                 f"{FINAL_TOL:.0%} of the exact two-cluster integral ({finals_text}); "
                 f"{len(others)} other post-transient plateaus within 10^{short(worst)} of it; "
                 f"predicted from x(0) alone (the cascade of closest-pair mergers): "
-                f"log-lengths within {short(lengths)} (asked ≤ {CASCADE_TOL:g}), growth in β "
-                + (f"within {short(rate)} (asked ≤ {RATE_TOL:g}, {slopes} cluster counts)"
-                   if slopes else "not judged (no plateau ended at two β)")
-                + f" — {'yes' if cascade_ok else 'NO'}; "
+                + (f"log-lengths within {short(lengths)} (asked ≤ {CASCADE_TOL:g}, "
+                   f"{len(theirs)} plateaus compared), growth in β "
+                   + (f"within {short(rate)} (asked ≤ {RATE_TOL:g}, {slopes} cluster counts)"
+                      if slopes else "not judged (no plateau ended at two β)")
+                   + f" — {'yes' if cascade_ok else 'NO'}"
+                   if theirs else "not judged (no post-transient plateau with the cascade's "
+                   "clusters ended)")
+                + (f" ({elsewhere} not compared: other clusters than the cascade's)"
+                   if elsewhere else "") + "; "
                 f"saddle indices measured (clusters→index): {indices}"
                 + ("" if not circle else
                    f" — k − 1 on every resolved post-transient plateau: "
                    f"{'yes' if saddles_ok else 'NO'}")
                 + (f" ({len(post) - len(resolved)} unresolved: couplings spanning more than "
-                   f"10^{SPAN_MAX:g}, past a float64 Hessian)"
+                   f"10^{SPAN_MAX:g}, or weaker than 10^{COUPLING_FLOOR:.0f}, past a float64 "
+                   "Hessian)"
                    if len(resolved) < len(post) else ""))
         last = per_beta[-1]
         numbers = {"mergers": len(last["mergers"]), "final_mergers": len(finals),
@@ -387,7 +456,13 @@ class Metastability(AbstractExperiment):
                 t, count = np.append(t, s["final_merger"]), np.append(count, config.target)
                 axes[1].plot([s["final_merger"]], [config.target], "*", color=c, ms=12,
                              label="final merger (the run's stop)" if b == 0 else None)
-            axes[0].plot(t[: len(E)], E, "-", color=c, label=f"β = {s['beta']:g}")
+            tE = t[: len(E)]
+            if s["final_merger"] is not None and config.target == 1 and np.isfinite(E).any():
+                # held until the final merger, then the step up to consensus, E = 1
+                last = np.flatnonzero(np.isfinite(E))[-1]
+                tE = np.append(tE[: last + 1], [s["final_merger"]] * 2)
+                E = np.append(E[: last + 1], [E[last], 1.0])
+            axes[0].plot(tE, E, "-", color=c, label=f"β = {s['beta']:g}")
             # later lines thinner: the counts share their first steps
             axes[1].step(t, count, where="post", color=c, lw=2.4 - 1.6 * b / max(1, len(colors)))
             for m in s["mergers"]:
@@ -438,7 +513,8 @@ class Metastability(AbstractExperiment):
                 ax.set_xlim(betas[0] - 4 * dodge, betas[0] + 4 * dodge)
         ax.set(xlabel=r"$\beta$", ylabel="measured / predicted time to the merger",
                title="two clusters alone: exact integral and Laplace's term")
-        figures.legend_below(ax, ncol=1)
+        if ax.get_legend_handles_labels()[0]:  # none without a judged plateau
+            figures.legend_below(ax, ncol=1)
 
 
 def _decade_ticks(axis, lo: float, hi: float, most: int = 8) -> None:

@@ -29,6 +29,15 @@ GAP = 10.0
 EIGENVECTOR = 0.99
 #: The "near-perfect alignment" of the tokens with `u` at the end of the sweep (§3.3).
 ALIGNED = 0.99
+#: The largest `--gamma`: `γ·‖V⁺‖·‖V‖·|x|` must stay below float32's largest number,
+#: where the edited model computes (the edit `γ u wᵀV⁺` is stored in its weights and
+#: meets `V x` there). `V⁺` keeps singular values down to `max(h k, d) · ε · σ_max`
+#: (`ja.spectral.steer`'s rank cutoff, `ε` float64's), so `‖V⁺‖‖V‖ ≤ 1/(d ε)`; with
+#: tokens `x` of norm at most `d` (the prompts' `N(0, I)` tokens have `≈ √d`, a layer
+#: norm's output `√d` times its gain) the product stays below `f32max · ε`, whatever
+#: the model: `7.6·10²²`. Measured: at `d = 64` (`‖V⁺‖ = 5.5·10³`) `γ = 10³⁴` ran and
+#: `10³⁷` overflowed after the work, past the old limit's check (`f32max` alone).
+GAMMA_MAX = float(np.finfo(np.float32).max) * float(np.finfo(np.float64).eps)
 
 
 class Steer(AbstractPowerExperiment):
@@ -45,9 +54,10 @@ class Steer(AbstractPowerExperiment):
     def refusals(self, config):
         yield from super().refusals(config)
         big = float(np.finfo(np.float32).max)
-        yield (config.gamma > big, f"--gamma {config.gamma:g}: the edit γ u wᵀV⁺ is stored in "
-               f"the model's float32 weights, which overflow past {big:.2g}; choose a smaller "
-               "--gamma.")
+        yield (not config.gamma <= GAMMA_MAX, f"--gamma {config.gamma:g}: the edit γ u wᵀV⁺ "
+               f"meets V x in the model's float32, which overflow past {big:.2g} once "
+               "γ‖V⁺‖‖V‖|x| does (‖V⁺‖‖V‖ ≤ 1/(d·2.2e-16) by steer's rank cutoff, |x| ≤ d); "
+               f"choose --gamma ≤ {GAMMA_MAX:.2g}.")
 
     def simulate(self, config, progress):
         model, label = model_from_flags(config, "gpt2")

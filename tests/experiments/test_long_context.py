@@ -212,3 +212,50 @@ def test_simplex_collapse_tends_to_the_two_phases():
     crossing = LC.predicted_collapse(n, np.full(3, 0.5))
     assert np.all(np.diff(crossing) < 0) and np.all(crossing > 2)
 
+
+
+def _exact_simplex_run(config):
+    """A run's data as the exact simplex would give it (`α_ii` and `λ` the closed forms
+    at `ρ̂ = ρ`, a dimension past any fluctuation): the verdict's own theory."""
+    ns = sizes(config.n_min, config.n_max, config.per_decade)
+    gammas = np.linspace(config.gamma_min, config.gamma_max, config.gammas)
+    rho = config.rho
+    alpha = 1 / (1 + (ns[:, None] - 1) * ns[:, None] ** (-gammas * (1 - rho)))
+    r0 = (1 + (ns - 1) * rho) / ns  # |mean y|²
+    lam = LC.simplex_collapse(ns[:, None], rho, gammas)
+    r2 = np.stack([np.broadcast_to(r0[:, None], lam.shape), 1 - lam * (1 - r0[:, None])], -1)
+    return {"sizes": ns, "dims": np.full(len(ns), 10**9), "gammas": gammas, "alpha": alpha,
+            "r2": r2, "rho_hat": np.full(len(ns), rho)}
+
+
+def test_at_rho_0_the_collapse_side_is_not_judged_and_the_run_is_undecided():
+    """At ρ = 0 the mean token has norm 1/√n: the simplex's own λ crosses 1/2 near
+    γ_c/2 (0.54, 0.502, 0.500 at n = 10², 10⁴, 10⁹), not at γ_c = 1, and every run was
+    "against". The exact simplex itself is now undecided there (the identity side
+    alone judged, said in the line), while at ρ = 1/2 it agrees."""
+    np.testing.assert_allclose(LC.predicted_collapse([1e2, 1e4, 1e9], [0.0] * 3),
+                               [0.540, 0.502, 0.500], atol=2e-3)
+    study = LC.LongContext()
+    flags = {"n_min": 20, "n_max": 2000, "gammas": 9, "dim": 256, "gamma_min": 0.2,
+             "gamma_max": 2.5}
+    config = study.config(rho=0.0, **flags)
+    verdict = study.verdict(config, _exact_simplex_run(config))
+    assert not verdict.ok and verdict.undecided.startswith("raise --rho"), verdict
+    assert "collapse side NOT judged" in verdict.line and not verdict.numbers["collapse_judged"]
+    half = study.config(rho=0.5, **(flags | {"gamma_max": 4.0}))
+    assert study.verdict(half, _exact_simplex_run(half)).ok
+
+
+def test_lambda_falls_with_n_only_where_the_simplex_itself_falls():
+    """At small n the simplex's own λ rises with n at some γ < γ_c (ρ = 1/2, γ = 1.65:
+    0.155, 0.216, 0.203 at n = 3, 10, 30): the exact simplex over n = 3 … 30 was
+    "against". Those γ are left out (counted in the line); the rest still judge."""
+    assert LC.simplex_collapse(30, 0.5, 1.65) > LC.simplex_collapse(3, 0.5, 1.65)
+    study = LC.LongContext()
+    config = study.config(n_min=3, n_max=30, gammas=9, dim=64, gamma_min=0.2, gamma_max=6.0)
+    data = _exact_simplex_run(config)
+    verdict = study.verdict(config, data)
+    assert verdict.ok and verdict.numbers["collapse_deepens"], verdict.line
+    assert "left out: there the simplex's own λ does not fall" in verdict.line
+    flipped = data | {"r2": data["r2"][::-1].copy()}  # λ rising with n everywhere
+    assert not study.verdict(config, flipped).numbers["collapse_deepens"]

@@ -381,3 +381,82 @@ def test_cascade_of_two_clusters_is_their_merge_time_and_then_merges_the_closest
     assert out == {3: merge_time(three, 12.0, 1e-2),
                    2: pytest.approx(merge_time(after, 12.0, 1e-2), rel=1e-12)}
     assert out[2] > out[3]  # the wider pair waits exponentially longer
+
+
+def test_cascade_groups_are_its_clusters_as_sets_of_tokens():
+    """Three tokens at angles 0, 0.5, 2: the cascade joins tokens 0 and 1 first, then
+    all three; `groups` reads the same partition off tokens that sit there."""
+    from jaxattn.experiments import metastability as M
+    from jaxattn.experiments.long_time import groups
+
+    three = np.asarray(_circle(jnp.array([0.0, 0.5, 2.0])))
+    out = M.cascade_groups(three, 1e-2)
+    assert out == {3: {frozenset({0}), frozenset({1}), frozenset({2})},
+                   2: {frozenset({0, 1}), frozenset({2})}, 1: {frozenset({0, 1, 2})}}
+    after = np.asarray(_circle(jnp.array([0.25, 0.25, 2.0])))
+    assert groups(after, 1e-2) == out[2]
+
+
+def test_the_cascade_compares_only_plateaus_of_its_clusters():
+    """A plateau whose clusters, as sets of tokens, are not the cascade's is another
+    state: not compared. One of the cascade's clusters still is, resolved or not, and
+    its error is the verdict's."""
+    from jaxattn.experiments import metastability as M
+
+    config, data = _saved_run()
+    per_beta = M.study(data, config)
+    rows = [p for s in per_beta for p in s["plateaus"] if p["post_transient"]]
+    assert rows and all(p["cascade"] and p["resolved"] for p in rows)
+    base, _, _ = M.cascade_errors(per_beta, data, config)
+    assert base < M.CASCADE_TOL
+    target = next(p for p in M.judged(per_beta) if M.compared(p))
+    for change in ({"resolved": False}, {"cascade": False}, {}):  # 30 % short in the log
+        broken = [s | {"plateaus": [p | ({"length": p["length"] ** 0.7} | change
+                                         if (s["beta"], p["start"]) == (target["beta"],
+                                                                         target["start"])
+                                         else {}) for p in s["plateaus"]]}
+                  for s in per_beta]
+        error, _, _ = M.cascade_errors(broken, data, config)
+        assert (error > 0.2) == (change != {"cascade": False}), (change, error)
+
+
+def test_couplings_past_float64_are_unresolved():
+    """Two clusters span 0 decades at any β, but past β(1 − cos δ) ≈ 708 their coupling
+    underflows float64 and the saddle index reads 0, not 1: `weakest_coupling` below
+    `COUPLING_FLOOR` marks it unresolved (β = 800, δ = 1.78, `--integrator rescaled`
+    read "NO" there)."""
+    from jaxattn.experiments import metastability as M
+    from jaxattn.experiments.long_time import cluster_index, coupling_span, weakest_coupling
+
+    d = 1.78
+    x = np.repeat(np.array([[1.0, 0.0], [math.cos(d), math.sin(d)]]), [2, 2], axis=0)
+    for beta, index in ((300.0, 1), (800.0, 0)):
+        assert coupling_span(x, beta, 1e-2) == 0.0
+        assert cluster_index(x, beta, 1e-2) == index
+        floor = weakest_coupling(x, beta, 1e-2)
+        assert floor == pytest.approx((math.log(4) - beta * (1 - math.cos(d))) / math.log(10))
+        assert (floor >= M.COUPLING_FLOOR) == (index == 1)
+    assert weakest_coupling(x[:1], 800.0, 1e-2) == math.inf
+
+
+def test_a_beta_past_the_two_cluster_integral_is_refused_before_work():
+    """At β = 10¹⁸ `quad` misses the integral's peak (width 1/(β sin δ)) and returns 0:
+    a run at β = 10³⁰⁰ failed after its simulation. Refused in one line before; at
+    `BETA_MAX` the integral is Laplace's term, without a warning."""
+    import warnings
+
+    from jaxattn.experiments import experiment_config, get_experiment
+    from jaxattn.experiments import metastability as M
+    from jaxattn.experiments.long_time import merge_time, two_cluster_time
+
+    x = np.asarray(_circle(jnp.array([0.0, 1.0])))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert merge_time(x, M.BETA_MAX, 1e-2) == pytest.approx(
+            two_cluster_time(x, M.BETA_MAX, 1e-2)[0], rel=1e-10)
+    exp = get_experiment("metastability")
+    for extra in ({"beta": 1e300}, {"beta_max": 1e9}):
+        with pytest.raises(ValueError, match="--beta and --beta-max must be ≤ 1e\\+08") as info:
+            experiment_config(exp, {"tokens": 5, "saves": 20} | extra, 0)
+        assert "\n" not in str(info.value)
+    experiment_config(exp, {"beta": M.BETA_MAX}, 0)

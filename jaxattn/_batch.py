@@ -222,14 +222,25 @@ def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch"
     concrete = all(is_concrete(a) for a in jax.tree.leaves((dyn, x0, args, kwargs)))
     if concrete and x0.size:  # x0: the caller's checked float array (`check_token_shape`)
         check_tokens_now(x0)
-    if shard == "tokens":
-        dyn, x0 = on_tokens(dyn, x0, devices)
-        return jitted(dyn, x0, *args, not concrete, **kwargs), not concrete
     mesh = as_mesh(devices)
     batch = x0.shape[:-2]
-    if mesh is None or not batch:
-        return jitted(dyn, x0, *args, not concrete, **kwargs), not concrete
-    flat, size = shard_batch(x0, mesh, len(batch))
-    if keys is not None:
-        kwargs["keys"] = shard_batch(keys, mesh, len(batch))[0]
-    return unshard(jitted(dyn, flat, *args, not concrete, **kwargs), size, batch), not concrete
+    if shard == "tokens":
+        dyn, x0 = on_tokens(dyn, x0, devices)
+    elif mesh is not None and batch:
+        x0, size = shard_batch(x0, mesh, len(batch))
+        if keys is not None:
+            kwargs["keys"] = shard_batch(keys, mesh, len(batch))[0]
+
+    def run(checks: bool):
+        out = jitted(dyn, x0, *args, checks, **kwargs)
+        return out if shard == "tokens" or mesh is None or not batch else unshard(
+            out, size, batch)
+
+    out = run(not concrete)
+    if concrete and any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves(out)):
+        # concrete arguments, traced results: `observe` or a schedule closes over a
+        # value an enclosing `jit`, `vmap` or `grad` traces, and the host cannot read
+        # them; the run again with the checks inside (under `jit` the first is dropped
+        # unused; under `vmap` or `grad` it ran, twice the work of this rare case)
+        return run(True), True
+    return out, not concrete

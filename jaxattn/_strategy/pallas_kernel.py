@@ -4,7 +4,6 @@ import functools
 from typing import ClassVar
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 
 from .._batch import call_batched, prepare_tokens
@@ -65,9 +64,8 @@ class PallasKernel(AbstractStrategy):
             return Vmap().run_layers(dyn, x0, num_layers, tau, observe, checkpoints,
                                      devices=devices, shard=shard, noise=noise, keys=keys,
                                      checked=checked)
-        out = call_batched(_layers_kernel, dyn, x0, None, num_layers, tau, observe,
-                           self.config, noise=noise, keys=keys, checked=checked)
-        return _closed_checked(*out) if checked else out  # unchecked: the caller's check
+        return call_batched(_layers_kernel, dyn, x0, None, num_layers, tau, observe,
+                            self.config, noise=noise, keys=keys, checked=checked)
 
     def solve_flow(self, dyn, x0, options, *, adjoint, throw, on_manifold, event,
                    devices, shard, noise, keys, checked=True, progress=False):
@@ -81,7 +79,6 @@ class PallasKernel(AbstractStrategy):
             _flow_kernel, dyn, x0, None, t0, h, saves, per_save, coeffs, bool(on_manifold),
             self.config, noise=noise, keys=keys)
         if throw:
-            (ys, finite), checked = _closed_checked((ys, finite), checked)
             if not checked:
                 raise_unless(finite, NONFINITE)
             return ys
@@ -107,17 +104,6 @@ def _refuse_closed(traced) -> None:
     """The differentiated values `observe` or a schedule closes over refused (they
     enter the kernel as inputs: `run_ensemble`), as `refuse` refuses operands."""
     refuse_first("kernel", ((differentiating(traced), NOT_DIFFERENTIABLE),))
-
-
-def _closed_checked(result, checked):
-    """`((ys, finite), checked)` of a checked run, the finiteness check in the program
-    where concrete inputs gave traced results (`observe` or a schedule closing over a
-    value traced by an enclosing `jit`/`vmap`, a kernel input): no host check can read
-    them."""
-    ys, finite = result
-    if not checked and isinstance(finite, jax.core.Tracer):
-        return (flag_nonfinite(ys, finite, True), finite), True
-    return result, checked
 
 
 def _layer(x, k, params):

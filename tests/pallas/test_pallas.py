@@ -323,6 +323,30 @@ def test_closures_over_traced_values_run(key):
         assert a.shape == b.shape and _rel(a, b) < 1e-12, (run.__name__, transform.__name__)
 
 
+def test_a_schedule_closing_over_a_vmapped_value_runs_on_every_member(key):
+    """A schedule closing over the value `vmap` maps: every member's run equals the
+    same runs one value at a time (the host check of "general" and "fused" could not
+    read the traced result: ConcretizationTypeError)."""
+    k1, k2 = jax.random.split(key)
+    dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,))
+    ws = jnp.array([0.5, 2.0])
+    ts = jnp.linspace(0.0, 0.2, 3)
+
+    def layers(w, strategy):
+        return ja.run_layers(_scheduled(dyn, w), x0, 2, 0.3, observe=ja.misalignment,
+                             strategy=strategy)
+
+    def flow(w, strategy):
+        return ja.solve_flow(_scheduled(dyn, w), x0, ts, solver=ja.RK4(), dt0=0.1,
+                             stepsize_controller=dfx.ConstantStepSize(), strategy=strategy)
+
+    for run in (layers, flow):
+        for strategy in ("general", "fused", "kernel"):
+            mapped = jax.vmap(functools.partial(run, strategy=strategy))(ws)
+            one = jnp.stack([run(w, strategy) for w in ws])
+            assert _rel(mapped, one) < 1e-12, (run.__name__, strategy)
+
+
 def test_closures_over_differentiated_values_are_refused(key):
     k1, k2 = jax.random.split(key)
     dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,))

@@ -96,6 +96,10 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
 
     #: How a verdict line names a reached outcome, by kind (`"agrees"`: "consensus, ").
     reached_words: ClassVar[dict[str, str]] = {}
+    #: The float settings `measures` and `flow_facts` read as Python numbers (a shape
+    #: follows from them); the others enter their program traced, as `setup`'s do, so
+    #: that a new `--beta` or `--seed` is no new program.
+    measured_static: ClassVar[tuple[str, ...]] = ()
 
     def refusals(self, config):
         # round(T / τ) layers, at least one: a τ past T ran one layer to t = τ
@@ -152,15 +156,13 @@ class AbstractTheoremExperiment(AbstractSweepableExperiment):
         else:
             ts, ys = flow_path(model, x0, config.horizon, config.saves,
                                progress=progress, desc=desc)
-        return {"ts": ts, "ys": ys} | _measured(self, config, model, pred.test, x0,
+        floats, static = _parts(self, config, self.measured_static)
+        return {"ts": ts, "ys": ys} | _measured(self, static, floats, model, pred.test, x0,
                                                  np.asarray(ts), ys, flow=not discrete)
 
     @typing.final
     def simulate(self, config, progress):
-        floats = {p.name for p in self.all_params() if p.type is float}
-        model, x0 = _setup(self, np.asarray(config.seed),
-                           {k: np.asarray(config[k]) for k in floats},
-                           {k: v for k, v in config.items() if k not in floats | {"seed"}})
+        model, x0 = _setup(self, np.asarray(config.seed), *_parts(self, config))
         pred = self.prediction(config, model, x0)
         flow = self.evolve(config, model, x0, pred, discrete=False, progress=progress)
         data = flow | self.facts(config, model, x0, pred, flow)
@@ -243,9 +245,20 @@ def _setup(experiment, seed, floats, static):
     return experiment.setup(jax.random.PRNGKey(seed), experiment.config(static | floats))
 
 
+def _parts(experiment, config, static: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """`config` as `(floats, rest)`: its float settings but `static` as arrays (traced
+    by a kept program: one program for every value), and the other settings, the seed
+    left out (its default in the program: only `setup` reads it, from its key)."""
+    floats = {p.name for p in experiment.all_params() if p.type is float} - set(static)
+    return ({k: np.asarray(config[k]) for k in floats},
+            {k: v for k, v in config.items() if k not in floats | {"seed"}})
+
+
 @kept_jit
-def _measured(experiment, config, dyn, test, x0, ts, ys, *, flow: bool):
-    """A run's `measures` (and the flow's `flow_facts`), one program."""
+def _measured(experiment, static, floats, dyn, test, x0, ts, ys, *, flow: bool):
+    """A run's `measures` (and the flow's `flow_facts`), one program, the float
+    settings traced but the member's `measured_static` (`_parts`)."""
+    config = experiment.config(static | floats)
     facts = experiment.flow_facts(config, dyn, x0, ys) if flow else {}
     return experiment.measures(config, dyn, test, x0, ts, ys) | facts
 

@@ -33,6 +33,9 @@ class GradientExperiment(AbstractTheoremExperiment):
         Param("tau", float, 0.02, "layer step τ of --discrete", 0.0),
     )
     reached_words = {"agrees": "an equilibrium, "}
+    # E_P's β: `potential` checks a traced β inside the program (a host callback,
+    # which the persistent cache refuses), a Python β on the host
+    measured_static = ("beta",)
 
     def setup(self, key, config):
         """The gradient-flow model (`W U = P`) at inverse temperature `beta`, and

@@ -28,6 +28,7 @@ class SphereExperiment(AbstractTheoremExperiment):
         Param("tau", float, 0.01, "layer step τ of --discrete", 0.0),
     )
     reached_words = {"agrees": "consensus, ", "contradicts": "no consensus, "}
+    measured_static = ("horizon",)  # the times ‖P_η(t)‖ is drawn at (`_drawn_times`)
 
     grid_notes = {"heads": paper001.HEADS_NOTE}
 

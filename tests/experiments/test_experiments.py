@@ -92,20 +92,19 @@ def test_setup_draws_one_instance_per_key_and_vmaps(module):
 def test_theorem_setup_and_measures_are_single_programs(name):
     """The frame draws an instance as one program (seed and floats traced: the same
     instance as `setup`, to rounding) and measures a run as one program holding no host
-    callback (which the persistent cache refuses)."""
+    callback (which the persistent cache refuses), the floats traced there too but a
+    member's `measured_static`: a new β or seed is the same program, with the values
+    of the measures computed at that β."""
     import equinox as eqx
 
     from jaxattn.experiments import get_experiment
-    from jaxattn.experiments.theorem import _measured, _setup
+    from jaxattn.experiments.theorem import _measured, _parts, _setup
     from jaxattn.theory import predict
 
     with jax.enable_x64(True):
         experiment = get_experiment(name)
         config = experiment.config(seed=3)
-        floats = {p.name for p in experiment.all_params() if p.type is float}
-        static = {k: v for k, v in config.items() if k not in floats | {"seed"}}
-        dyn, x0 = _setup(experiment, np.asarray(config.seed),
-                         {k: np.asarray(config[k]) for k in floats}, static)
+        dyn, x0 = _setup(experiment, np.asarray(config.seed), *_parts(experiment, config))
         ref_dyn, ref_x0 = experiment.setup(jax.random.PRNGKey(3), config)
         arrays = [jax.tree.leaves(eqx.filter(t, eqx.is_array))
                   for t in ((dyn, x0), (ref_dyn, ref_x0))]
@@ -115,11 +114,21 @@ def test_theorem_setup_and_measures_are_single_programs(name):
         ts = np.linspace(0.0, 1.0, 5)
         ys = jnp.stack([x0] * 5)
         test = predict(dyn, x0).test
+        floats, static = _parts(experiment, config, experiment.measured_static)
         for flow in (True, False):
-            lowered = _measured.lower(experiment, config, dyn, test, x0, ts, ys, flow=flow)
+            lowered = _measured.lower(experiment, static, floats, dyn, test, x0, ts, ys,
+                                      flow=flow)
             assert "callback" not in lowered.as_text()
-        out = _measured(experiment, config, dyn, test, x0, ts, ys, flow=True)
-        assert set(experiment.measures(config, dyn, test, x0, ts, ys)) <= set(out)
+        beta = {} if "beta" in experiment.measured_static else {"beta": 2 * config.beta}
+        for other in (config, experiment.config(seed=4, **beta)):
+            floats, rest = _parts(experiment, other, experiment.measured_static)
+            assert rest == static and floats.keys() == _parts(
+                experiment, config, experiment.measured_static)[0].keys()
+            out = _measured(experiment, rest, floats, dyn, test, x0, ts, ys, flow=True)
+            direct = experiment.measures(other, dyn, test, x0, ts, ys)
+            assert set(direct) <= set(out)
+            for k, v in direct.items():
+                np.testing.assert_allclose(out[k], v, rtol=1e-13, err_msg=k)
         assert eqx.is_array(out["E"]) and out["E"].shape == (5,)
 
 

@@ -104,10 +104,14 @@ class Steer(AbstractPowerExperiment):
         v1_u = float(data["v1_u"][past].min())
         numbers |= {"v1_u": v1_u, "gamma_gap": float(gammas[first]),
                     "tokens_at_gap": float(ends[first])}
-        line = (f"past a gap |λ₁/λ₂| ≥ {GAP:g} (γ ≥ {short(gammas[first] / norm)}‖Ω_L‖₂) the "
-                f"steered v₁ has |⟨v₁, u⟩| ≥ {v1_u:.4f}, tokens {ends[first]:.4f} aligned "
-                f"with u there; at γ = {config.gamma:g} = {short(config.gamma / norm)}‖Ω_L‖₂ "
-                f"tokens {end:.4f} (unsteered {plain:.4f}); rises with γ: {rising}")
+        # a gap already open at the sweep's first γ opened below it: no threshold read
+        opened = (f"past a gap |λ₁/λ₂| ≥ {GAP:g} (γ ≥ {short(gammas[first] / norm)}‖Ω_L‖₂)"
+                  if first else f"with a gap |λ₁/λ₂| ≥ {GAP:g} open from the sweep's first γ "
+                  f"({short(gammas[0] / norm)}‖Ω_L‖₂: where it opens lies below the sweep)")
+        line = (f"{opened} the steered v₁ has |⟨v₁, u⟩| ≥ {v1_u:.4f}, tokens "
+                f"{ends[first]:.4f} aligned with u there; at γ = {config.gamma:g} = "
+                f"{short(config.gamma / norm)}‖Ω_L‖₂ tokens {end:.4f} (unsteered "
+                f"{plain:.4f}); rises with γ: {rising}")
         if v1_u >= EIGENVECTOR and rising and end <= ALIGNED:
             return Verdict(False, line, numbers, undecided="raise --gamma")
         return Verdict(v1_u >= EIGENVECTOR and rising and end > ALIGNED, line, numbers)

@@ -81,6 +81,19 @@ def test_steer_verdict_tests_the_eigenvector_and_the_tokens(changes, outcome):
             "undecided": v.undecided == "raise --gamma"}[outcome], v
 
 
+def test_steer_names_a_gap_open_from_the_sweeps_start_as_such():
+    """A gap of 10 already open at the sweep's first γ opened below it: the line says
+    so and gives no threshold (it read "past a gap … (γ ≥ …)" as if it opened there)."""
+    exp = EXPERIMENTS["steer"]
+    base = exp.verdict(exp.config(), _steer_data()).line
+    assert base.startswith("past a gap |λ₁/λ₂| ≥ 10 (γ ≥ 10‖Ω_L‖₂)"), base
+    v = exp.verdict(exp.config(), _steer_data(gap_ratio=np.full(6, 40.0),
+                                              v1_u=np.full(6, 0.9995)))
+    assert v.line.startswith("with a gap |λ₁/λ₂| ≥ 10 open from the sweep's first γ "
+                             "(0.01‖Ω_L‖₂: where it opens lies below the sweep)"), v.line
+    assert "γ ≥" not in v.line and v.ok, v
+
+
 def test_oja_verdict_leaves_radius_one_undecided_and_fails_a_real_disagreement():
     """An equilibrium whose closed-form radius is 1 (the Oja system's balanced bipartite
     points) is stable or not by rounding alone: Theorem 3 is judged off that boundary.

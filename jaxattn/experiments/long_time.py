@@ -60,12 +60,19 @@ def clusters(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
     point masses on the host: each cluster's unit mean direction `(k, d)` and its
     number of tokens `(k,)`, in the order of their first tokens."""
     x = np.asarray(x, float)
+    label = _float64_labels(x, eps)
     with jax.enable_x64(True):
-        label = np.asarray(_labels(jnp.asarray(x, jnp.float64), eps=float(eps)))
         ids = np.unique(label)
         means = np.stack([x[label == i].mean(axis=0) for i in ids])
         return np.asarray(normalize(jnp.asarray(means))), np.array(
             [np.sum(label == i) for i in ids])
+
+
+def _float64_labels(x: np.ndarray, eps: float) -> np.ndarray:
+    """`ja.metrics.cluster_labels` of `x` at distance `eps`, in float64, on the host."""
+    with jax.enable_x64(True):
+        return np.asarray(_labels(jnp.asarray(np.asarray(x, float), jnp.float64),
+                                  eps=float(eps)))
 
 
 def cluster_index(x: np.ndarray, beta: float, eps: float) -> int:
@@ -125,9 +132,7 @@ def _tree_couplings(x: np.ndarray, beta: float, eps: float) -> list[float]:
 def groups(x: np.ndarray, eps: float) -> frozenset:
     """The clusters of `x` at distance `eps` as sets of token indices (a partition
     of `range(n)`, comparable between two readings of the same tokens)."""
-    with jax.enable_x64(True):
-        label = np.asarray(_labels(jnp.asarray(np.asarray(x, float), jnp.float64),
-                                   eps=float(eps)))
+    label = _float64_labels(x, eps)
     return frozenset(frozenset(np.flatnonzero(label == i).tolist()) for i in np.unique(label))
 
 

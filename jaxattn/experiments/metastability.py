@@ -165,6 +165,8 @@ def study(data, config) -> list[dict]:
     measured time from its first save to its end beside the exact and Laplace
     two-cluster predictions from that save."""
     out = []
+    # the cascade's clusters, as sets of tokens, for each count (the same at every β)
+    predicted = cascade_groups(data["x0"], config.eps) if "x0" in data else {}
     for b, beta in enumerate(data["betas"]):
         ts, count, ys = data["ts"][b], data["count"][b].astype(float), data["ys"][b]
         t1 = float(data["t1"][b])
@@ -175,8 +177,6 @@ def study(data, config) -> list[dict]:
         exact = np.sort(data["mergers"][b]) if "mergers" in data else None
         finite = np.flatnonzero(np.isfinite(ts))
         rows, start = [], 0.0
-        # the cascade's clusters, as sets of tokens, for each count (the same at every β)
-        predicted = cascade_groups(data["x0"], config.eps) if "x0" in data else {}
         for k in range(len(stair.levels)):
             first = int(np.searchsorted(ts[finite], stair.starts[k]))
             last = int(np.searchsorted(ts[finite], stair.ends[k]))

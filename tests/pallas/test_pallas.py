@@ -323,6 +323,7 @@ def test_closures_over_traced_values_run(key):
         assert a.shape == b.shape and _rel(a, b) < 1e-12, (run.__name__, transform.__name__)
 
 
+@pytest.mark.slow  # 21 s in a fresh clone: six runs compiled under vmap
 def test_a_schedule_closing_over_a_vmapped_value_runs_on_every_member(key):
     """A schedule closing over the value `vmap` maps: every member's run equals the
     same runs one value at a time (the host check of "general" and "fused" could not

@@ -224,17 +224,17 @@ def call_batched(jitted: Callable, dyn, x0, devices, *args, shard: str = "batch"
         check_tokens_now(x0)
     mesh = as_mesh(devices)
     batch = x0.shape[:-2]
+    sharded = shard != "tokens" and mesh is not None and bool(batch)
     if shard == "tokens":
         dyn, x0 = on_tokens(dyn, x0, devices)
-    elif mesh is not None and batch:
+    elif sharded:
         x0, size = shard_batch(x0, mesh, len(batch))
         if keys is not None:
             kwargs["keys"] = shard_batch(keys, mesh, len(batch))[0]
 
     def run(checks: bool):
         out = jitted(dyn, x0, *args, checks, **kwargs)
-        return out if shard == "tokens" or mesh is None or not batch else unshard(
-            out, size, batch)
+        return unshard(out, size, batch) if sharded else out
 
     out = run(not concrete)
     if concrete and any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves(out)):

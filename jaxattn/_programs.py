@@ -135,8 +135,10 @@ def _ours(x) -> bool:
     (this process's table holds it by the same key). Its programs go to
     `eqx.filter_jit`, which tells two classes apart by the objects themselves."""
     if isinstance(x, jax.tree_util.PyTreeDef):
-        data = x.node_data()  # (node type, its static data: a Module's static fields)
-        return (data is None or _ours(data)) and all(map(_ours, x.children()))
+        try:
+            return _ours_structure(x)
+        except TypeError:  # static data that does not hash: walked every time
+            return _ours_structure.__wrapped__(x)
     if isinstance(x, type):
         module = getattr(x, "__module__", None)
         return isinstance(module, str) and (module in _BUILTIN
@@ -152,6 +154,12 @@ def _ours(x) -> bool:
     # an instance of a class of theirs; a function or method (Python's own classes)
     # not named above is a user's, or one with an address: refused all the same
     return _ours(type(x)) and not (callable(x) and type(x).__module__ in _BUILTIN)
+
+
+@functools.lru_cache(maxsize=4096)  # a treedef hashes in ~0.3 µs; its walk takes ~100
+def _ours_structure(treedef) -> bool:
+    data = treedef.node_data()  # (node type, its static data: a Module's static fields)
+    return (data is None or _ours(data)) and all(map(_ours, treedef.children()))
 
 
 def _placement(a):

@@ -460,3 +460,34 @@ def test_a_beta_past_the_two_cluster_integral_is_refused_before_work():
             experiment_config(exp, {"tokens": 5, "saves": 20} | extra, 0)
         assert "\n" not in str(info.value)
     experiment_config(exp, {"beta": M.BETA_MAX}, 0)
+
+
+@pytest.mark.parametrize("factor", [None, 0.9, 1.1])
+def test_a_plateau_right_after_the_first_mergers_is_a_transient(monkeypatch, factor):
+    """The small run of `metastability.QUICK` (kept in `tests/data/metastability-quick/`,
+    its command in its config): at β = 30 the 4-cluster plateau right after the
+    simultaneous 8 → 4 mergers lasts 2× the time before it (t = 15 to 46), the drift of
+    the first mergers, and its log-length is 22 % off the cascade's: a transient, not
+    judged (`SEPARATION`). The run is undecided (no final merger by T = 10⁸ at these β),
+    no longer against the cascade. The later plateaus, 10³× and more their start, are
+    judged: the cascade's exponents 10 % off make it a contradiction."""
+    import json
+    from pathlib import Path
+
+    from jaxattn.experiments import metastability as M
+
+    folder = Path(__file__).parents[1] / "data" / "metastability-quick"
+    values = json.loads((folder / "config.json").read_text())
+    config = M.Metastability().config({k: v for k, v in values.items() if k != "command"})
+    assert {k: getattr(config, k) for k in M.QUICK} == M.QUICK
+    data = dict(np.load(folder / "data.npz"))
+    four = next(p for p in M.study(data, config)[1]["plateaus"] if p["clusters"] == 4)
+    assert 1 < four["length"] / four["start"] < M.SEPARATION and not four["post_transient"]
+    assert four["cascade"]  # the cascade's clusters: only the separation keeps it out
+    if factor is not None:
+        exact = M.cascade
+        monkeypatch.setattr(M, "cascade",
+                            lambda *a: {k: factor * v for k, v in exact(*a).items()})
+    verdict = M.Metastability().verdict(config, data)
+    assert not verdict.ok and bool(verdict.undecided) is (factor is None), verdict.line
+    assert (verdict.numbers["cascade_log_error"] < M.CASCADE_TOL) is (factor is None)

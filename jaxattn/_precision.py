@@ -28,7 +28,8 @@ def check_precision(precision) -> str:
     return precision
 
 
-def _on_gpu() -> bool:
+def on_gpu() -> bool:
+    """Whether JAX's default backend is a GPU."""
     return jax.default_backend() in ("gpu", "cuda", "rocm")
 
 
@@ -48,7 +49,7 @@ def einsum(subscripts: str, *operands, precision: Precision = "float32"):
                          preferred_element_type=jnp.float32)
         return out.astype(dtype)
     # "tensorfloat32" (the model's `precision` was checked where it was built)
-    if _on_gpu() and dtype == jnp.float32:
+    if on_gpu() and dtype == jnp.float32:
         return jnp.einsum(subscripts, *operands, precision=lax.DotAlgorithmPreset.TF32_TF32_F32)
     rounded = [lax.reduce_precision(x, **_TF32_BITS) for x in operands]
     return jnp.einsum(subscripts, *rounded, precision=lax.Precision.HIGHEST)

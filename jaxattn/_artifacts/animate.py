@@ -16,7 +16,7 @@ import numpy as np
 
 from .._files import umask
 from .._validate import refuse_first
-from .figures import above_floor, mark_floor, resolution
+from .figures import above_floor, mark_floor, pyplot, resolution
 from .trajectories import on_sphere, tokens_title
 
 #: Seconds of movie per frame at the default frame rate.
@@ -265,8 +265,6 @@ class Scene:
 
     def __init__(self, xs, ts, E, dtype, *, title, unit, trail, spin, elevation, dpi,
                  density_above):
-        from .figures import pyplot
-
         self.plt = pyplot()
         self.ts, self.E, self.unit, self.trail, self.spin = ts, E, unit, trail, spin
         self.dtype, self.floor = np.dtype(dtype), resolution(dtype)

@@ -229,7 +229,6 @@ def check_writable_place(path: Path) -> None:
         inside = next((p for p in path.absolute().parents if p.is_dir() and _a_commands(p)),
                       None)
     refuse_first((
-        # "cannot write the run folder: File exists" said nothing of what is wrong
         (path.is_file() or path.is_symlink() and not path.is_dir(),
          f"{path} is a file{' or a broken link' if path.is_symlink() else ''}, not a folder: "
          "a run writes a folder; choose another --out."),

@@ -15,19 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._precision import PRECISIONS, matmul
+from .._precision import PRECISIONS, matmul, on_gpu
 from .timing import Timing
-
-GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 # torch's float32 matmul modes that match jaxattn's precisions on a GPU ("medium"
 # lets torch use bfloat16 products for float32 tensors).
 TORCH_MATMUL = {"float32": "highest", "tensorfloat32": "high", "bfloat16": "medium"}
-
-
-def on_gpu() -> bool:
-    """Whether JAX's default backend is a GPU."""
-    return jax.default_backend() in GPU_PLATFORMS
 
 
 def device_label(device=None) -> str:
@@ -143,14 +136,6 @@ def _operands(size: int) -> tuple[np.ndarray, np.ndarray]:
     return tuple(rng.standard_normal((size, size), dtype=np.float32) for _ in range(2))
 
 
-def _torch_peak(side: TorchSide, a, b, precision: str, repeats: int, budget_s: float) -> float:
-    at, bt = side.tensor(a), side.tensor(b)
-    if precision == "bfloat16":
-        at, bt = at.bfloat16(), bt.bfloat16()
-    with side.matmul_mode(precision):
-        return Timing.of(side.call(lambda: at @ bt), repeats, budget_s).min
-
-
 def matmul_peaks(size: int, repeats: int, side: TorchSide | None = None,
                  budget_s: float = math.inf) -> dict[str, dict | None]:
     """GFLOP/s of a `size`² product per precision on JAX's device.
@@ -176,7 +161,11 @@ def matmul_peaks(size: int, repeats: int, side: TorchSide | None = None,
             continue
         seconds = {"jax": _jax_peak(a, b, precision, repeats, budget_s)}
         if side is not None and side.same_device:
-            seconds["torch"] = _torch_peak(side, a, b, precision, repeats, budget_s)
+            at, bt = side.tensor(a), side.tensor(b)
+            if precision == "bfloat16":
+                at, bt = at.bfloat16(), bt.bfloat16()
+            with side.matmul_mode(precision):
+                seconds["torch"] = Timing.of(side.call(lambda: at @ bt), repeats, budget_s).min
         if precision == "float32" and not on_gpu():
             seconds["numpy"] = Timing.of(lambda: a @ b, repeats, budget_s).min
         figures = {k: flops / s / 1e9 for k, s in seconds.items()}

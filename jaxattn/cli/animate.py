@@ -23,7 +23,7 @@ def _animate(args: argparse.Namespace) -> int:
         (args.until is not None and not args.until > 0, f"--until must be > 0, got {args.until}."),
         *(file_refusals(out, "movie.mp4") if out is not None else ()),
     ])
-    from .._artifacts.animate import animate
+    from .._artifacts.animate import animate, gif_fps
     from .._artifacts.folders import check_not_held
     from .._artifacts.trajectories import load, tokens_title
 
@@ -47,8 +47,6 @@ def _animate(args: argparse.Namespace) -> int:
     path = animate(xs, out, ts, E=E, title=args.title or track.title, layers=track.layers,
                    fps=args.fps, frames=args.frames, trail=args.trail, dpi=args.dpi, spin=args.spin,
                    progress=not args.no_progress)
-    from .._artifacts.animate import gif_fps
-
     played = gif_fps(args.fps) if path.suffix.lower() == ".gif" else args.fps
     print(f"wrote {path}" + (f" (it plays at {played:.3g} fps: a GIF's frames last whole "
                              "hundredths of a second)" if played != args.fps else ""))

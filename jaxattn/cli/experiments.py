@@ -108,10 +108,6 @@ def _name_mistake(name: str | None) -> str | None:
             "`jaxattn list`).")
 
 
-#: The tables some experiments write beside their data (variants, noisy-transition).
-TABLES = ("table.csv",)
-
-
 def _run(args) -> int:
     mistake = _name_mistake(args.name)
     if mistake:
@@ -146,18 +142,24 @@ def _run(args) -> int:
         print(f"process {jax.process_index()} of {jax.process_count()}: done "
               "(process 0 wrote the run)")
         return 0
-    undecided = summary.get("undecided")
-    status = EXIT_UNDECIDED if undecided else \
-        EXIT_AGAINST if summary["agrees_with_theory"] is False else 0  # None: nothing judged
-    against = "" if status == 0 else \
-        f" (undecided, {undecided}: exit status {status})" if undecided else \
-        f" (against the prediction: exit status {status})"
+    status, against = verdict_status(summary)
     print(f"verdict{against}: {summary['verdict']}")
-    tables = [name for name in TABLES if (Path(folder) / name).is_file()]
+    table = "table.csv, " if (Path(folder) / "table.csv").is_file() else ""
     print(f"wrote {folder}/: config.json, data.npz, {', '.join(summary['figures'])}, "
-          f"{''.join(f'{t}, ' for t in tables)}summary.json "
-          f"({summary['simulation_seconds']:.1f} s)")
+          f"{table}summary.json ({summary['simulation_seconds']:.1f} s)")
     return status
+
+
+def verdict_status(summary: dict) -> tuple[int, str]:
+    """The exit status of a finished run (`jaxattn run`, `jaxattn loop --grid`): 4 when
+    its verdict is undecided, else 3 when it contradicts the theory, else 0; and the
+    words that say so beside the verdict (none for 0)."""
+    undecided = summary.get("undecided")
+    if undecided:
+        return EXIT_UNDECIDED, f" (undecided, {undecided}: exit status {EXIT_UNDECIDED})"
+    if summary.get("agrees_with_theory") is False:  # None: nothing judged
+        return EXIT_AGAINST, f" (against the prediction: exit status {EXIT_AGAINST})"
+    return 0, ""
 
 
 def _distributed_run(args, opts) -> bool:

@@ -7,6 +7,7 @@ import numpy as np
 
 from ..experiments import declared
 from ._common import CLIError, count_checks, loaded_ahead, refuse_first
+from .experiments import verdict_status
 
 # Read from the source: `jaxattn loop --help` and its argument errors answer without
 # loading JAX (the modules that hold them import it).
@@ -54,24 +55,10 @@ def _grid(args: argparse.Namespace) -> int:
     for name, v in s.items():
         if isinstance(v, dict) and "E_input_mean" in v:
             print(f"{name:>14}: mean E {_e(v['E_input_mean'])} → {_e(v['E_final_mean'])}")
-    status, why = grid_status(s)
+    status, why = verdict_status(s)
     print(f"verdict{why}: {s['verdict']}")
     print(f"wrote {folder}")
     return status
-
-
-def grid_status(summary: dict) -> tuple[int, str]:
-    """The exit status of a finished grid, as `jaxattn run loop-grid`'s: 4 when its
-    verdict is undecided, else 3 when it contradicts the theory, else 0; and the words
-    that say so beside the verdict (none for 0)."""
-    from .experiments import EXIT_AGAINST, EXIT_UNDECIDED
-
-    undecided = summary.get("undecided")
-    if undecided:
-        return EXIT_UNDECIDED, f" (undecided, {undecided}: exit status {EXIT_UNDECIDED})"
-    if summary.get("agrees_with_theory") is False:  # None: nothing judged
-        return EXIT_AGAINST, f" (against the prediction: exit status {EXIT_AGAINST})"
-    return 0, ""
 
 
 def _e(value, floor: float = 0.0) -> str:

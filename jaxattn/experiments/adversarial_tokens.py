@@ -54,14 +54,21 @@ class AdversarialTokens(AbstractSearch):
 
     def explore(self, config, setting, progress):
         key = jax.random.fold_in(jax.random.PRNGKey(config.seed), len(setting))
+        km, kx = jax.random.split(key)
         if setting == "sphere":
-            T, (dyn, x, cons) = config.horizon, _sphere_setting(config, key)
+            T, dyn = config.horizon, paper001.sphere_dynamics(km)
+            x = jax.vmap(lambda k: paper001.hemisphere_tokens(k, config.tokens, 3))(
+                jax.random.split(kx, config.restarts))
+            cons = Constraints(hemisphere="start", margin=config.margin)
         else:
-            T, (dyn, x, cons) = config.causal_horizon, _causal_setting(config, key)
+            T = config.causal_horizon
+            dyn = paper001.causal_dynamics(paper001.causal_weights(km, config.dim, 2))
+            shape = (config.restarts, config.causal_tokens, config.dim)
+            x = normalize(jax.random.uniform(kx, shape, jnp.result_type(float), -1.0, 1.0))
+            cons = Constraints()
         res = slow_consensus(dyn, init=x, objective="final", horizon=T, steps=config.steps,
                              restarts=config.restarts, saves=config.saves,
-                             optimizer=adam(config), constraints=cons,
-                             progress=progress)
+                             optimizer=adam(config), constraints=cons, progress=progress)
         found = _token_outcome(setting, dyn, x, res, T, config.long)
         if setting == "causal":
             cmp = compare_adjoints(dyn, res.x0, horizon=T, saves=config.saves)
@@ -131,22 +138,6 @@ class AdversarialTokens(AbstractSearch):
             ax.legend(fontsize=8)
         return figures.save_figure(fig, self.stem(folder),
                                  "Initial tokens that slow consensus (gradient ascent on $E(T)$)")
-
-
-def _sphere_setting(config, key):
-    km, kx = jax.random.split(key)
-    dyn = paper001.sphere_dynamics(km)
-    x = jax.vmap(lambda k: paper001.hemisphere_tokens(k, config.tokens, 3))(
-        jax.random.split(kx, config.restarts))
-    return dyn, x, Constraints(hemisphere="start", margin=config.margin)
-
-
-def _causal_setting(config, key):
-    km, kx = jax.random.split(key)
-    w = paper001.causal_weights(km, config.dim, 2)
-    shape = (config.restarts, config.causal_tokens, config.dim)
-    x = normalize(jax.random.uniform(kx, shape, jnp.result_type(float), -1.0, 1.0))
-    return paper001.causal_dynamics(w), x, Constraints()
 
 
 def _token_outcome(setting, dyn, x, res, T, long):

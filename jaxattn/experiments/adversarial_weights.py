@@ -51,13 +51,10 @@ class AdversarialWeights(AbstractSearch):
                            bound={"P": config.p_bound, "U": config.u_bound},
                            symmetric=("U",), top_eigenvector=v1, gap=config.gap)
         res = slow_consensus(dyn, init=x0, target="weights", objective="final",
-                             horizon=config.horizon,
-                             steps=config.steps, restarts=config.restarts,
-                             saves=config.saves,
-                             weight_noise=0.5, optimizer=adam(config),
-                             constraints=cons, key=kq, progress=progress)
-        U_all = np.asarray(res.weights.U.value)[:, 0]
-        gaps, lam1 = _gap(U_all)
+                             horizon=config.horizon, steps=config.steps,
+                             restarts=config.restarts, saves=config.saves, weight_noise=0.5,
+                             optimizer=adam(config), constraints=cons, key=kq, progress=progress)
+        gaps, lam1 = _gap(np.asarray(res.weights.U.value)[:, 0])
         ts, ys, complete = long_run(res.dyn, x0, config.long * config.horizon)
         ts0, ys0, complete0 = long_run(dyn, x0, config.long * config.horizon)
         end = min(len(ts), len(ts0))  # both on the times the two runs reached

@@ -103,12 +103,10 @@ class ConjectureMultihead(AbstractSearch):
                            bound={"P": config.p_bound, "U": config.u_bound},
                            symmetric=("U",), hemisphere=_top_of_sum,
                            margin=config.margin, sum_gap=config.gap)
-        res = slow_consensus(dyn, init=tokens_key, n=config.tokens,
-                             target="both", objective=_distance_to_v1, log=True,
-                             horizon=config.horizon, steps=config.steps,
-                             restarts=config.restarts, saves=config.saves,
-                             weight_noise=1.0,
-                             optimizer=adam(config), constraints=cons,
+        res = slow_consensus(dyn, init=tokens_key, n=config.tokens, target="both",
+                             objective=_distance_to_v1, log=True, horizon=config.horizon,
+                             steps=config.steps, restarts=config.restarts, saves=config.saves,
+                             weight_noise=1.0, optimizer=adam(config), constraints=cons,
                              key=key, progress=progress)
         return _multihead_check(res, config)
 

@@ -70,21 +70,16 @@ def off_diagonal(gram: Float[Array, "*T n n"]) -> Float[Array, "*T m"]:
     return gram[..., ~np.eye(gram.shape[-1], dtype=bool)]
 
 
-def cosine_gaps(ys: Float[Array, "*T n d"]) -> Float[Array, "*T m"]:
-    """`1 − cos(x_i, x_j)` for every ordered pair `i ≠ j`, as `|u_i − u_j|²/2`
-    (`u = x/|x|`): no cancellation, so gaps far below the float's epsilon resolve."""
-    u = normalize(ys)
-    return off_diagonal(0.5 * jnp.sum((u[..., :, None, :] - u[..., None, :, :]) ** 2, -1))
-
-
 @kept_jit(static_argnames=())  # one program for every pair (op by op, ~20)
 def measure(ys: Float[Array, "T n d"]) -> dict[str, Float[Array, " T"]]:
     """`ρ` (mean off-diagonal cosine), its spread (max − min), `1 − ρ` and the mean
-    norm, at every saved time."""
+    norm, at every saved time. `1 − ρ` is the mean of `|u_i − u_j|²/2` (`u = x/|x|`):
+    no cancellation, so gaps far below the float's epsilon resolve."""
     u = normalize(ys)
     cos = off_diagonal(jnp.einsum("tid,tjd->tij", u, u))
+    gaps = off_diagonal(0.5 * jnp.sum((u[..., :, None, :] - u[..., None, :, :]) ** 2, -1))
     return {"rho": jnp.mean(cos, -1), "spread": jnp.max(cos, -1) - jnp.min(cos, -1),
-            "gap": jnp.mean(cosine_gaps(ys), -1),
+            "gap": jnp.mean(gaps, -1),
             "radius": jnp.mean(jnp.linalg.norm(ys, axis=-1), -1)}
 
 

@@ -85,15 +85,11 @@ def simplex_collapse(n, rho, gamma):
     return (1 - (a - b + b * n) ** 2 * r0 / z2) / (1 - r0)
 
 
-#: `simplex_collapse` as defined here: what the collapse side may judge is decided by
-#: the exact simplex itself (`LongContext._collapse`), not by the prediction it is
-#: compared with (which the tests move by ±10 %).
-_exact_collapse = simplex_collapse
-
-
-def _exact_crossing(n: float, rho: float) -> float:
-    """`predicted_collapse` of one size from `_exact_collapse`."""
-    return brentq(lambda g: _exact_collapse(n, rho, g) - 0.5, 1e-3, 1e3 / (1 - rho))
+def _collapse_on_grid(n, rho, gammas) -> float:
+    """The collapse side's prediction: where `simplex_collapse` crosses 1/2, read on the
+    run's own grid `gammas` as the run's `λ` is (the linear read's own bias, 2.5 % at
+    5 γ over [0.5, 3.5], is no error of the model)."""
+    return level_crossing(gammas, simplex_collapse(n, rho, gammas), 0.5)
 
 
 def predicted_collapse(n: np.ndarray, rho: np.ndarray) -> np.ndarray:
@@ -325,29 +321,24 @@ class LongContext(AbstractExperiment):
         if not _judges_collapse(config):
             return True, line + " (judged only for L = 1, τ = 1)", {}
         want, critical = est["gamma_collapse_predicted"], est["gamma_predicted"]
-        rhos = data["rho_hat"]
-        # judged only where the exact simplex's own crossing approaches γ_c over these
-        # sizes: at ρ = 0 it tends to γ_c/2 (the mean token has norm 1/√n), and for a
-        # small ρ it first falls towards γ_c/2 (`simplex_collapse`)
-        ends = [_exact_crossing(n[i], rhos[i]) for i in (0, -1)]
-        if not abs(ends[1] - critical[-1]) < abs(ends[0] - critical[0]):
+        rhos, gammas = data["rho_hat"], data["gammas"]
+        # judged only where the exact simplex's own crossing (`want`) approaches γ_c over
+        # these sizes: at ρ = 0 it tends to γ_c/2, for a small ρ first falls towards it
+        if not abs(want[-1] - critical[-1]) < abs(want[0] - critical[0]):
             return None, line + (
                 f" — the collapse side NOT judged: the simplex's own λ = 1/2 moves from "
-                f"{short(ends[0])} at n = {n[0]} to {short(ends[1])} at n = {n[-1]}, not "
+                f"{short(want[0])} at n = {n[0]} to {short(want[-1])} at n = {n[-1]}, not "
                 f"towards γ_c = {short(critical[-1])} (at ρ near 0 the mean token's norm is "
                 "≈ 1/√n, and λ measures no collapse at γ_c): the identity side alone is "
                 "judged"), {"collapse_judged": False}
-        # against the simplex's λ read on the same grid: the linear read's own bias
-        # (2.5 % at 5 γ over [0.5, 3.5]) is no error of the model
-        gammas, rho = data["gammas"], data["rho_hat"][-1]
-        on_grid = level_crossing(gammas, simplex_collapse(n[-1], rho, gammas), 0.5)
+        on_grid = _collapse_on_grid(n[-1], rhos[-1], gammas)
         error = abs(found[-1] / on_grid - 1)
         gap = np.abs(found - est["gamma_predicted"])
         closer = gap[-1] < gap[0]
         # where the simplex's own λ falls from the smallest n to the largest (at small
         # n it need not: ρ = 1/2, γ = 1.65: 0.155 at n = 3, 0.203 at n = 30)
         below = (gammas <= COLLAPSE_BELOW * critical[-1]) & (
-            _exact_collapse(n[-1], rhos[-1], gammas) < _exact_collapse(n[0], rhos[0], gammas))
+            simplex_collapse(n[-1], rhos[-1], gammas) < simplex_collapse(n[0], rhos[0], gammas))
         lam = distance_ratio(data["r2"])[:, below]
         deepens = bool(np.all(lam[-1] < lam[0]))  # vacuous with none: stated below
         near = "closer to" if closer else "NOT closer to"

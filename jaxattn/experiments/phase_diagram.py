@@ -44,7 +44,5 @@ class PhaseDiagram(AbstractExperiment):
         for ax, log in zip(axes, (False, True)):
             draw_map(ax, fig, data["betas"], data["ts"], data["density"], log=log,
                      title="log colour scale" if log else "linear colour scale")
-        return figures.save_figure(fig, self.stem(folder),
-                                 "Clustered pairs (⟨xᵢ, xⱼ⟩ > "
-                                 f"{config.threshold:g}): "
-                                 f"{setup_line(config)}")
+        return figures.save_figure(fig, self.stem(folder), "Clustered pairs (⟨xᵢ, xⱼ⟩ > "
+                                   f"{config.threshold:g}): {setup_line(config)}")

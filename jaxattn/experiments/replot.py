@@ -28,9 +28,7 @@ def redraw_run(folder) -> list[Path]:
     folder = open_run_folder(folder)
     config = read_json(folder / "config.json")
     saved = (folder / "data.npz").exists()
-    data = {}
-    if saved:
-        data = read_data(folder)
+    data = read_data(folder) if saved else {}
     if saved and config.get("experiment") in EXPERIMENTS:
         experiment = EXPERIMENTS[config["experiment"]]
         try:

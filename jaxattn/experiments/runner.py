@@ -123,22 +123,6 @@ def check_sizes(name: str, config: dict[str, Any], memory: int | None = None, *,
         raise ValueError(refused[0])
 
 
-def apply_presets(experiment: AbstractExperiment, config: dict, overrides: dict) -> None:
-    """Put the values of each preset flag that is on (an experiment's `presets`: flag →
-    the parameters it sets) into `config`, so the run records the settings it uses;
-    a parameter given beside the flag that sets it is refused in one line."""
-    for flag, preset in experiment.presets.items():
-        if not config.get(flag):
-            continue
-        clash = [key for key in preset if key in overrides]
-        if clash:
-            given = ", ".join(f"--{k.replace('_', '-')}" for k in clash)
-            raise ValueError(f"--{flag.replace('_', '-')} sets {given} itself ("
-                             + ", ".join(f"{k.replace('_', '-')} {preset[k]!r}" for k in clash)
-                             + f"); drop {given} or --{flag.replace('_', '-')}.")
-        config.update(preset)
-
-
 def experiment_config(experiment: AbstractExperiment, overrides: dict[str, Any],
                       seed: int) -> Config:
     """The experiment's `Config`: its defaults with `overrides` applied and checked (each
@@ -151,7 +135,18 @@ def experiment_config(experiment: AbstractExperiment, overrides: dict[str, Any],
             known = ", ".join(p.flag for p in params.values())
             raise ValueError(f"{experiment.name} has no parameter --{key}; it takes {known}.")
         config[key] = convert(params[key], value)
-    apply_presets(experiment, config, overrides)
+    # each preset flag that is on (`presets`: flag → the parameters it sets) puts its
+    # values into the config, which records them; one given beside its flag is refused
+    for flag, preset in experiment.presets.items():
+        if not config.get(flag):
+            continue
+        clash = [key for key in preset if key in overrides]
+        if clash:
+            given = ", ".join(f"--{k.replace('_', '-')}" for k in clash)
+            raise ValueError(f"--{flag.replace('_', '-')} sets {given} itself ("
+                             + ", ".join(f"{k.replace('_', '-')} {preset[k]!r}" for k in clash)
+                             + f"); drop {given} or --{flag.replace('_', '-')}.")
+        config.update(preset)
     check_sizes(experiment.name, config)
     return experiment.config(config, seed=check_seed(seed))
 

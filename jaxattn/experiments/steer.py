@@ -64,7 +64,11 @@ class Steer(AbstractPowerExperiment):
         d = model.config.hidden_size
         x0 = random_prompts(config, d)
         u = normalize(jax.random.normal(jax.random.PRNGKey(config.seed + 7), (d,), x0.dtype))
-        w = _calibrated_w(model, config, d) if config.calibrate else u
+        w = u
+        if config.calibrate:  # the top right singular vector of the tokens entering the
+            # last layer, on prompts drawn with another seed (not the evaluation prompts)
+            seen = run_model(model, random_prompts(config, d, offset=10_000), tau=config.tau)
+            w = jnp.linalg.svd(seen[-2].reshape(-1, d), full_matrices=False)[2][0]
         scale = float(_norm(model, x0.dtype))
         gammas = config.gamma * np.logspace(-7, 0, 15)
         xs = np.asarray(run_model(model, x0, tau=config.tau))  # iterated on the host
@@ -134,11 +138,3 @@ def _alignment(x, u) -> float:
 def _last_layer(model, before, tau, u):
     xs = run_model(model, before, layers=[model.num_layers - 1], tau=tau)
     return _alignment(np.asarray(xs)[-1], u)
-
-
-def _calibrated_w(model, config, d):
-    """The top right singular vector of the tokens entering the last layer, on
-    prompts drawn with another seed (not the evaluation prompts)."""
-    xs = run_model(model, random_prompts(config, d, offset=10_000), tau=config.tau)
-    X = xs[-2].reshape(-1, d)
-    return jnp.linalg.svd(X, full_matrices=False)[2][0]

@@ -121,7 +121,6 @@ class Constraints(eqx.Module):
 # --- weights ------------------------------------------------------------------------
 
 
-
 def _is_matrix(a) -> bool:
     """Whether `a` is a trainable matrix (an inexact array of two or more axes)."""
     return eqx.is_inexact_array(a) and a.ndim >= 2
@@ -155,31 +154,20 @@ def _clip_spectral(M, b, symmetric: bool):
     return matmul(U * jnp.minimum(s, b)[..., None, :], Vt)
 
 
-def _clip_frobenius(M, b):
-    norm = jnp.linalg.norm(M, axis=(-2, -1), keepdims=True)
-    return M * jnp.minimum(1.0, b / jnp.maximum(norm, 1e-300))
-
-
 def _top_eigen_projection(U, v, gap, b):
     """`U` (1, d, d) symmetric with `v` its top eigenvector, ahead by `gap`."""
-    basis = _complement_basis(v)  # (d, d-1), orthonormal, ⟂ v
+    # (d, d-1), orthonormal, ⟂ v: the eigenvectors of I − v vᵀ after its eigenvalue 0 (v)
+    basis = jnp.linalg.eigh(jnp.eye(v.shape[0], dtype=v.dtype) - jnp.outer(v, v))[1][:, 1:]
     M = U[0]
     lam = einsum("d,de,e->", v, M, v)
     hi = jnp.inf if b is None else b
-    lo = -hi
     lam = jnp.clip(lam, gap, hi)  # λ₁ ≥ gap: positive, as Theorem 5.2 asks
     C = _symmetrize(einsum("dp,de,eq->pq", basis, M, basis))
     mu, E = jnp.linalg.eigh(C)
-    mu = jnp.clip(mu, lo, lam - gap)
+    mu = jnp.clip(mu, -hi, lam - gap)
     rest = einsum("dp,pk,qk,eq->de", basis, E * mu[None, :], E, basis)
     out = lam * jnp.outer(v, v) + rest
     return _symmetrize(out)[None]
-
-
-def _complement_basis(v):
-    d = v.shape[0]
-    lam, V = jnp.linalg.eigh(jnp.eye(d, dtype=v.dtype) - jnp.outer(v, v))
-    return V[:, 1:]  # eigenvalue 0 first (the direction v), then the d-1 ones
 
 
 def _constrain_field(name, field, constraints: Constraints):
@@ -194,7 +182,8 @@ def _constrain_field(name, field, constraints: Constraints):
         if constraints.norm == "spectral" and b is not None:
             a = _clip_spectral(a, b, symmetric)
         elif constraints.norm == "frobenius" and b is not None:
-            a = _clip_frobenius(a, b)
+            norm = jnp.linalg.norm(a, axis=(-2, -1), keepdims=True)
+            a = a * jnp.minimum(1.0, b / jnp.maximum(norm, 1e-300))
         return a
 
     field = jax.tree.map(one, field)

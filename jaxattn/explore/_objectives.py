@@ -31,15 +31,6 @@ _ADJOINTS = {"checkpoint": dfx.RecursiveCheckpointAdjoint, "backsolve": dfx.Back
 # --- objectives ---------------------------------------------------------------------
 
 
-def _lyapunov(x, dyn):
-    if dyn.W is None:
-        gram = einsum("id,jd->ij", x, x, precision=dyn.precision)
-    else:
-        Wx = einsum("de,je->jd", dyn.W, x, precision=dyn.precision)
-        gram = einsum("id,jd->ij", x, Wx, precision=dyn.precision)
-    return 1 - jnp.min(gram)
-
-
 # Module-level functions (and a module with fields): a search's programs name them, so
 # another process loads those programs whole (`kept_jit`); a closure would be traced anew.
 def _pairwise(ts, ys, dyn):
@@ -55,7 +46,13 @@ def _integrated(ts, ys, dyn):
 
 
 def _lyapunov_final(ts, ys, dyn):
-    return _lyapunov(ys[-1], dyn)
+    x = ys[-1]
+    if dyn.W is None:
+        gram = einsum("id,jd->ij", x, x, precision=dyn.precision)
+    else:
+        Wx = einsum("de,je->jd", dyn.W, x, precision=dyn.precision)
+        gram = einsum("id,jd->ij", x, Wx, precision=dyn.precision)
+    return 1 - jnp.min(gram)
 
 
 class _SoftTime(eqx.Module):
@@ -244,11 +241,8 @@ def _objective(dyn, x0, fn, traj: Trajectory, grad: bool = False):
     refuse_first([(x0.ndim != 2, f"`x0` must be one sequence of tokens (n, d), got shape "
                                  f"{x0.shape}; use jax.vmap for a batch.")])
     out, ok = call_batched(_objective_jit, dyn, x0, None, fn, traj, grad=grad)[0]
-    return checked(out, ok, _OUT_OF_STEPS)
-
-
-_OUT_OF_STEPS = ("jaxattn: the flow solver reached `max_steps` before the horizon: raise "
-                 "`max_steps` or shorten `horizon`.")
+    return checked(out, ok, "jaxattn: the flow solver reached `max_steps` before the horizon: "
+                   "raise `max_steps` or shorten `horizon`.")
 
 
 @kept_jit

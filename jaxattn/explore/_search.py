@@ -105,8 +105,6 @@ def _is_tokens(init) -> bool:
     return hasattr(init, "dtype") and jnp.issubdtype(init.dtype, jnp.floating)
 
 
-
-
 def _sample(key, n, dyn, z, margin):
     x = sample_ellipsoid(key, n, dyn.dim, dyn.W)
     if z is None:
@@ -182,7 +180,6 @@ class NamedOptimizer(eqx.Module):
 
     def update(self, updates, state, params=None):
         return self.factory(**self.options).update(updates, state, params)
-
 
 
 class _Loop(eqx.Module):
@@ -531,7 +528,7 @@ def slow_consensus(
                       "or gradient): they stayed at their starts.", stacklevel=2)
     trace, violation = trace[:, :R], violation[:, :R]
     baseline = trace[0]
-    if baseline_samples and not _is_tokens(init):
+    if baseline_samples:  # a key as `init` (`_refusals`)
         baseline = np.concatenate([baseline, _baseline(loop, dyn, init, n, baseline_samples,
                                                        state_w, z)])
     r = int(np.argmax(best_v))

@@ -11,10 +11,9 @@ from .._validate import refuse_first, too_big
 from ._arch import AbstractTransformer
 
 
-def check_model(model) -> AbstractTransformer:
+def check_model(model) -> None:
     refuse_first([(not isinstance(model, AbstractTransformer), TypeError, "expected a model "
                    f"from ja.models.load / ja.models.init, got {type(model).__name__}.")])
-    return model
 
 
 def check_ids(model: AbstractTransformer, ids) -> Int[Array, "B n"]:

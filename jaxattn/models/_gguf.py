@@ -17,7 +17,6 @@ from .._files import atomic_write
 from .._process.cache import cache_dir
 
 _FORMAT = "jaxattn-gguf-2"  # bump when the conversion changes: old caches are ignored
-# (2: the config records `tie_word_embeddings`)
 _INTEGER_TYPES = ("I8", "I16", "I32", "I64")  # never weights (IQ* are quantised floats)
 _NAMES = [
     (r"token_embd\.weight", "embed_tokens.weight"),

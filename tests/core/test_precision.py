@@ -183,7 +183,7 @@ def test_run_layers_states_its_precision(key, factored, causal, metric):
 def as_if_on_a_gpu(monkeypatch):
     """Trace as on a GPU (`_precision` takes XLA's TF32 algorithm there) and lower for
     CUDA: the GPU's programs, read on any machine."""
-    monkeypatch.setattr(_precision, "_on_gpu", lambda: True)
+    monkeypatch.setattr(_precision, "on_gpu", lambda: True)
     monkeypatch.setitem(globals(), "ON_CUDA", True)
     jax.clear_caches()
     yield

@@ -182,8 +182,8 @@ def test_verdict_fails_a_collapse_prediction_ten_percent_off(monkeypatch, factor
     study, config, data = _saved()
     verdict = study.verdict(config, data)
     assert verdict.ok and verdict.numbers["collapse_relative_error"] < LC.TOL / 2
-    exact = LC.simplex_collapse  # its crossing, read on the run's grid, moved by `factor`
-    monkeypatch.setattr(LC, "simplex_collapse", lambda n, r, g: exact(n, r, g / factor))
+    exact = LC._collapse_on_grid  # the simplex's crossing on the run's grid, × `factor`
+    monkeypatch.setattr(LC, "_collapse_on_grid", lambda n, r, g: factor * exact(n, r, g))
     wrong = study.verdict(config, data)
     assert not wrong.ok and wrong.numbers["collapse_relative_error"] > 0.08
     assert wrong.numbers["relative_error"] == verdict.numbers["relative_error"]

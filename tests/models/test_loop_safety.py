@@ -18,7 +18,7 @@ safetensors_numpy = pytest.importorskip("safetensors.numpy")
 import jaxattn as ja  # noqa: E402
 from jaxattn._artifacts.folders import RunFolderError  # noqa: E402
 from jaxattn.cli import main  # noqa: E402
-from jaxattn.cli.models import grid_status  # noqa: E402
+from jaxattn.cli.experiments import verdict_status  # noqa: E402
 from jaxattn.experiments import loop_grid, loop_runner  # noqa: E402
 
 D, LAYERS, POSITIONS = 12, 2, 16
@@ -227,7 +227,7 @@ def test_grid_no_progress_draws_no_bar(tmp_path, monkeypatch):
             "--tokens", "3"]
     code = main([*argv, "--out", str(tmp_path / "quiet"), "--no-progress"])
     # 0, or 3/4 when the verdict is against or undecided (`jaxattn run loop-grid`'s status)
-    assert code == grid_status(json.loads((tmp_path / "quiet" / "summary.json").read_text()))[0]
+    assert code == verdict_status(json.loads((tmp_path / "quiet" / "summary.json").read_text()))[0]
     assert asked == [False] * 4  # random and resample weights, with and without FFN
 
 

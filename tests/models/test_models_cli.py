@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxattn.cli import main
-from jaxattn.cli.models import grid_status
+from jaxattn.cli.experiments import verdict_status
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never download weights
 
@@ -134,7 +134,7 @@ def test_grid_from_config(config_path, tmp_path, capsys):
                  "2", "--tokens", "5", "--out", str(out)])
     printed = capsys.readouterr().out
     # the verdict and exit status of `jaxattn run loop-grid` (3: E did not fall, reported)
-    assert code == grid_status(read_json(out / "summary.json"))[0] and "verdict" in printed
+    assert code == verdict_status(read_json(out / "summary.json"))[0] and "verdict" in printed
     settings = [f"{w}_{v}" for w in ("random", "resample") for v in ("attn", "full")]
     assert all(f"{k}: mean E" in printed for k in settings) and "numbers" not in printed
     with np.load(out / "data.npz") as data:

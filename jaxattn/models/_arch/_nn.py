@@ -331,17 +331,13 @@ def dense_mask(n: int, causal: bool, mask: Bool[Array, "n n"] | None,
     return base if window is None else base & window.mask(n)
 
 
-#: Compute dtypes whose attention runs as cuDNN's fused kernel on an NVIDIA GPU.
-FUSED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
-
 def attention_kernel(dtype, head_dim: int) -> str | None:
     """The `implementation` of `jax.nn.dot_product_attention` to use, or `None` for
     the einsum path: `"cudnn"` (flash attention) for bfloat16/float16 compute on an
     NVIDIA GPU with a head size cuDNN takes (a multiple of 8, at most 128); the
     einsums elsewhere, where every product states its precision (float32 and
     float64 compute, the CPU)."""
-    if jnp.dtype(dtype) not in FUSED_DTYPES or head_dim % 8 or head_dim > 128:
+    if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16) or head_dim % 8 or head_dim > 128:
         return None
     if jax.default_backend() != "gpu" or "rocm" in jax.devices()[0].client.platform_version:
         return None

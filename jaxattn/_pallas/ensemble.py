@@ -21,7 +21,7 @@ from jaxtyping import Array, Float, PyTree
 from .._ensemble import LastAxis, is_batch_last
 from .._validate import refuse_first
 from .call import as_size, pallas_run, power_of_two, warps_refusal
-from .lanes import Lanes, evaluate, objects, trace
+from .lanes import KernelUnsupported, Key, Lanes, evaluate, objects, trace
 
 # Mosaic GPU (Pallas's default on CUDA) is not offered: its lane lowering has no
 # `sqrt` (JAX 0.10), which every norm placement needs.
@@ -157,12 +157,20 @@ def run_ensemble(
                    if isinstance(c, jax.core.Tracer)}.values())
     if check is not None:
         check(traced)
+    # a traced key enters as its threefry words and is a key again inside (`Key`)
+    keyed = [jnp.issubdtype(c.dtype, jax.dtypes.prng_key) for c in traced]
+    impls = {str(jax.random.key_impl(c)) for c, k in zip(traced, keyed) if k}
+    refuse_first([(not all("fry" in name for name in impls), KernelUnsupported,
+                   f"strategy='kernel' draws noise with threefry keys only, got key "
+                   f"implementation {', '.join(sorted(impls))!r}: use jax.random.key "
+                   "(default).")])
+    shared = [jax.random.key_data(c) if k else c for c, k in zip(traced, keyed)]
 
     block = config.block
     padded = -(-size // block) * block
     inputs = [_rows(LastAxis(x0), size)]
-    inputs += [_rows(a, size) for a in [leaves[i] for i in dynamic] + traced]
-    in_avals = [x_aval] + avals + [_core(c) for c in traced]
+    inputs += [_rows(a, size) for a in [leaves[i] for i in dynamic] + shared]
+    in_avals = [x_aval] + avals + [_core(c) for c in shared]
     keep = [j for j, a in enumerate(inputs) if a.shape[0] > 0]
     inputs = [_pad(inputs[j], padded) for j in keep]
     out_shapes = [jax.ShapeDtypeStruct((num_saves + 1, max(1, math.prod(a.shape)), padded),
@@ -175,7 +183,8 @@ def run_ensemble(
         for j, ref in zip(keep, in_refs):
             vals[j] = _load(ref, in_avals[j])
         args = vals[1:1 + len(dynamic)]
-        loaded = {id(c): v for c, v in zip(traced, vals[1 + len(dynamic):])}
+        loaded = {id(c): Key(v) if k else v
+                  for c, k, v in zip(traced, keyed, vals[1 + len(dynamic):])}
         step_consts, watch_consts = ([loaded.get(id(c), c) for c in j.consts]
                                      for j in (step_jaxpr, watch_jaxpr))
 

@@ -94,7 +94,7 @@ class _LaneValues(AbstractValues):
         self.lanes = lanes
 
     def constant(self, value):
-        return np.asarray(value)
+        return value if isinstance(value, Key) else np.asarray(value)  # a traced key's
 
     def fold(self, eqn, ins):
         prim, name = eqn.primitive, eqn.primitive.name

@@ -323,6 +323,28 @@ def test_closures_over_traced_values_run(key):
         assert a.shape == b.shape and _rel(a, b) < 1e-12, (run.__name__, transform.__name__)
 
 
+@pytest.mark.slow  # six kernels traced and compiled: 8 s with the cores shared
+def test_closures_over_traced_keys_run(key):
+    """`observe` drawing from a key that `jit` traces (a typed key, or its raw words) or
+    `vmap` maps: the typed key enters the kernel as its threefry words (it reached the
+    draw as an opaque constant: "draws from one key per system"); another key
+    implementation is refused by name."""
+    k1, k2 = jax.random.split(key)
+    dyn, x0 = _model(k1), random_tokens(k2, N, D, batch=(B,))
+
+    def observed(k, strategy):
+        return ja.run_layers(dyn, x0, 2, 0.3, strategy=strategy, observe=lambda x: jnp.sum(
+            x * jax.random.normal(k, x.shape, x.dtype)))
+
+    typed = jax.random.key(3)
+    for transform, k in ((jax.jit, typed), (jax.jit, jax.random.key_data(typed)),
+                         (jax.vmap, jax.random.split(typed, 2))):
+        a, b = [transform(functools.partial(observed, strategy=s))(k) for s in ("kernel", "fused")]
+        assert a.shape == b.shape and _rel(a, b) < 1e-12, transform.__name__
+    with pytest.raises(ValueError, match="threefry keys only, got key implementation 'rbg'"):
+        jax.jit(functools.partial(observed, strategy="kernel"))(jax.random.key(3, impl="rbg"))
+
+
 @pytest.mark.slow  # 21 s in a fresh clone: six runs compiled under vmap
 def test_a_schedule_closing_over_a_vmapped_value_runs_on_every_member(key):
     """A schedule closing over the value `vmap` maps: every member's run equals the

@@ -386,7 +386,8 @@ def write_run(
     resume: bool | None = None,
     same: tuple[str, ...] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
-    """Compute into a run folder: the one writer of `jaxattn run`, `jaxattn loop`.
+    """Compute into a run folder, as `jaxattn run` does (`jaxattn loop`, which
+    resumes in chunks, takes the same stages one by one).
 
     The stages, in order, all under the folder's lock (`hold_folder`): the folder
     (`runs/NAME/<timestamp>/` or `out`) marked `INCOMPLETE` and its `config.json`

@@ -32,7 +32,7 @@ _labels = kept_jit(cluster_labels, static_argnames=("eps",))
 
 def log_grid(t_min: float, t_max: float, count: int) -> np.ndarray:
     """Save times `0, t_min, …, t_max` (float64): `0` then `count ≥ 2` log-spaced times,
-    `0 < t_min < t_max` (`metastability`'s `check_config` refuses others)."""
+    `0 < t_min < t_max` (`Metastability.refusals` refuses others)."""
     return np.concatenate([[0.0], np.geomspace(t_min, t_max, count)])
 
 

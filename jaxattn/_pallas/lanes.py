@@ -94,7 +94,7 @@ class _LaneValues(AbstractValues):
         self.lanes = lanes
 
     def constant(self, value):
-        return value if isinstance(value, Key) else np.asarray(value)  # a traced key's
+        return value if isinstance(value, Key) else np.asarray(value)  # a traced key stays one
 
     def fold(self, eqn, ins):
         prim, name = eqn.primitive, eqn.primitive.name

@@ -9,12 +9,16 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from .._files import atomic_write
 from .._process.cache import cache_dir
+
+T = TypeVar("T")
 
 _FORMAT = "jaxattn-gguf-2"  # bump when the conversion changes: old caches are ignored
 _INTEGER_TYPES = ("I8", "I16", "I32", "I64")  # never weights (IQ* are quantised floats)
@@ -94,10 +98,13 @@ def gguf_config(reader, path: Path) -> dict:
         problem = f"gguf metadata has no 'llama.{missing[0]}'."
     else:
         d, heads = int(llama("embedding_length")), int(llama("attention.head_count"))
-        head_dim = int(llama("attention.key_length", d // heads))
+        head_dim = int(llama("attention.key_length", d // heads if heads > 0 else d))
         rope, problem = _rope_scaling(reader)
         if int(llama("rope.dimension_count", head_dim)) != head_dim:
             problem = "partial rotary embeddings are not supported."
+        if heads > 0 and llama("attention.key_length") is None and d % heads:
+            problem = (f"its embedding length {d} is not a multiple of its {heads} attention "
+                       "heads (and it gives no 'llama.attention.key_length').")
     if problem:
         raise ValueError(f"{path}: {problem}")
     return {
@@ -188,10 +195,16 @@ def _dequantise(t) -> tuple[np.ndarray | None, str | None]:
     return np.ascontiguousarray(w, dtype=np.float32).reshape(shape), None
 
 
-def convert(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """The config and float32 HuggingFace-named tensors of a gguf file."""
+def convert(path: Path, check: Callable[[dict], object]) -> tuple[dict, dict[str, np.ndarray]]:
+    """The config and float32 HuggingFace-named tensors of a gguf file; `check(config)`
+    refuses a config before any tensor is read (the queries and keys are unpermuted by
+    their head counts)."""
     reader = open_gguf(path)
     hf = gguf_config(reader, path)
+    embed = [t for t in reader.tensors if t.name == "token_embd.weight"]
+    hf["vocab_size"] = int(embed[0].shape[-1]) if embed else int(
+        gguf_field(reader, "llama.vocab_size", 0))
+    check(hf)
     arrays = {}
     for t in reader.tensors:
         name = hf_name(t.name)
@@ -204,28 +217,29 @@ def convert(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
         elif name.endswith("k_proj.weight"):
             w = unpermute(w, hf["num_key_value_heads"])
         arrays[name] = w
-    hf["vocab_size"] = int(arrays["embed_tokens.weight"].shape[0]) if (
-        "embed_tokens.weight" in arrays) else int(gguf_field(reader, "llama.vocab_size", 0))
     return hf, arrays
 
 
-def converted(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """`convert(path)`, read from the cache when it was done before."""
+def converted(path: Path, check: Callable[[dict], object], make: Callable[[dict, dict], T]) -> T:
+    """`make(*convert(path, check))`: the conversion read from the cache when it was done
+    before, and kept there once `make` took it (a file whose tensors do not fit its
+    config fills no cache)."""
     cache = cache_file(path)
-    if cache is None:
-        return convert(path)
-    if cache.exists():
+    if cache is not None and cache.exists():
         try:
             with np.load(cache) as data:
                 arrays = {k: data[k] for k in data.files if k != "__config__"}
-                return json.loads(str(data["__config__"])), arrays
-        except Exception:  # a damaged cache entry is rebuilt, never trusted
+                hf = json.loads(str(data["__config__"]))
+            return make(hf, arrays)
+        except Exception:  # a damaged or wrong cache entry is rebuilt, never trusted
             cache.unlink(missing_ok=True)
-    hf, arrays = convert(path)
+    hf, arrays = convert(path, check)
+    out = make(hf, arrays)
     try:  # uncompressed: compressing float32 weights gains little, costs seconds a load
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(cache, lambda f: np.savez(f, __config__=np.asarray(json.dumps(hf)),
-                                               **arrays))
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(cache, lambda f: np.savez(f, __config__=np.asarray(json.dumps(hf)),
+                                                   **arrays))
     except OSError:
         pass  # caching is an optimisation; an unwritable cache dir is not an error
-    return hf, arrays
+    return out

@@ -84,7 +84,7 @@ def resolve_config(config) -> tuple[TransformerConfig, dict]:
         name = ALIASES.get(str(config), str(config))
         if name in PRESETS:
             return parse_config(PRESETS[name], f"preset {name!r}"), PRESETS[name]
-        path = installed_path(name) if name in PACKAGED else Path(config)
+        path = installed_path(name) if name in PACKAGED else Path(config).expanduser()
         path = path / "config.json" if path.is_dir() else path
         if path.suffix == ".gguf" and path.is_file():
             from ._gguf import gguf_config, open_gguf
@@ -191,6 +191,11 @@ def safetensors_header(path: Path) -> tuple[dict, int]:
                 header, problem = json.loads(f.read(start - 8)), None
             except (json.JSONDecodeError, UnicodeDecodeError):
                 problem = "not a safetensors file (unreadable header)"
+    if problem is None and not (isinstance(header, dict) and all(
+            isinstance(info, dict) and isinstance(info.get("data_offsets"), list)
+            and len(info["data_offsets"]) == 2
+            for name, info in header.items() if name != "__metadata__")):
+        problem = "not a safetensors file (its header is no table of tensors)"
     if problem is None:
         header.pop("__metadata__", None)
         ends = {name: start + info["data_offsets"][1] for name, info in header.items()}
@@ -323,7 +328,7 @@ def weight_files(source: str | os.PathLike) -> list[Path]:
 
     The paths, the index first when there is one.
     """
-    path = Path(source)
+    path = Path(source).expanduser()
     if not path.exists():
         path = installed_path(str(source)) if str(source) in PACKAGED else download(str(source))
     if path.is_file():
@@ -420,15 +425,19 @@ def load(path_or_name: str | os.PathLike) -> AbstractTransformer:
     refuse_first([(not isinstance(path_or_name, str | os.PathLike), TypeError,
                    "ja.models.load takes a model folder, a .gguf file or a model's name, got "
                    f"{type(path_or_name).__name__}.")])
-    path = Path(path_or_name)
+    refuse_first([(str(path_or_name).strip() == "", "ja.models.load takes a model folder, "
+                   "a .gguf file or a model's name, got an empty path.")])
+    path = Path(path_or_name).expanduser()
     if path.is_dir():
         return with_tokenizer(load_folder(path), path / "tokenizer.json")
     if path.is_file():
         if path.suffix == ".gguf":
-            hf, arrays = converted(path)
-            cfg = parse_config(hf, str(path))
-            model = build(cfg, {k: (str(path), lambda a=a: a) for k, a in arrays.items()},
-                          str(path))
+            def make(hf, arrays):
+                return build(parse_config(hf, str(path)),
+                             {k: (str(path), lambda a=a: a) for k, a in arrays.items()},
+                             str(path))
+
+            model = converted(path, lambda hf: parse_config(hf, str(path)), make)
             return with_tokenizer(model, path)  # its vocabulary, read when first used
         if path.name == "config.json":
             return load(path.parent)

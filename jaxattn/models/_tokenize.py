@@ -38,7 +38,7 @@ def tokenizer_source(source) -> Path:
                                      "model was loaded from (a str or path), not a "
                                      f"{type(source).__name__}.")
     else:
-        path = Path(source)
+        path = Path(source).expanduser()
         if not path.exists() and str(source) in PACKAGED:
             path = installed_path(str(source))
         if path.is_dir():

@@ -205,8 +205,8 @@ def test_a_gguf_conversion_is_kept_in_the_cache_folder_and_not_when_it_is_off(
     monkeypatch.setenv("JAXATTN_CACHE_DIR", "off")
     assert _gguf.cache_file(model) is None
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(_gguf, "convert", lambda path: ({"model_type": "llama"}, {}))
-    assert _gguf.converted(model) == ({"model_type": "llama"}, {})
+    monkeypatch.setattr(_gguf, "convert", lambda path, check: ({"model_type": "llama"}, {}))
+    assert _gguf.converted(model, print, lambda *made: made) == ({"model_type": "llama"}, {})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.Q4_1.gguf"]
 
 

@@ -69,6 +69,24 @@ def test_truncated_weights_name_file_and_tensor(gpt2_folder, tmp_path):
         ja.models.load(folder)
 
 
+def test_a_header_that_is_no_table_of_tensors_is_named(gpt2_folder, tmp_path, monkeypatch):
+    """JSON of another shape in a safetensors header ended in a bare TypeError or
+    KeyError (a traceback from `jaxattn loop`); a folder given as `~/…` is found."""
+    folder = copy_folder(gpt2_folder, tmp_path / "m")
+    path = folder / "model.safetensors"
+    for header in (b'{"a":1}', b"[1,2,3]", b'{"a":{"dtype":"F32"}}'):
+        path.write_bytes(len(header).to_bytes(8, "little") + header)
+        with pytest.raises(ValueError, match=r"model\.safetensors: not a safetensors file "
+                                             r"\(its header is no table of tensors\)\."):
+            ja.models.load(folder)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "gpt2").symlink_to(gpt2_folder)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert type(ja.models.load("~/gpt2")).__name__ == "GPT2"
+    with pytest.raises(ValueError, match="got an empty path"):
+        ja.models.load("")
+
+
 def test_missing_tensor_is_named(gpt2_folder, tmp_path):
     folder = copy_folder(gpt2_folder, tmp_path / "m")
     path = folder / "model.safetensors"
@@ -169,17 +187,17 @@ def test_unpermute_inverts_llama_cpp(seed):
     assert not np.array_equal(llama_cpp_permute(w, 3), w)
 
 
-def write_gguf(hf, path, arch="llama", scaling=None):
+def write_gguf(hf, path, arch="llama", scaling=None, heads=None, blocks=None):
     cfg = hf.config
     w = gguf.GGUFWriter(str(path), arch)
     if scaling is not None:  # (llama.rope.scaling.type, factor)
         w.add_rope_scaling_type(gguf.RopeScalingType(scaling[0]))
         w.add_rope_scaling_factor(scaling[1])
-    w.add_block_count(cfg.num_hidden_layers)
+    w.add_block_count(cfg.num_hidden_layers if blocks is None else blocks)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count(cfg.num_attention_heads if heads is None else heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
@@ -223,7 +241,7 @@ def test_tiny_gguf_matches_hf_and_is_cached(tiny_llama, tmp_path, monkeypatch, s
     path = write_gguf(tiny_llama, tmp_path / "tiny.gguf")
     calls = []
     real = _gguf.convert
-    monkeypatch.setattr(_gguf, "convert", lambda p: calls.append(p) or real(p))
+    monkeypatch.setattr(_gguf, "convert", lambda p, check: calls.append(p) or real(p, check))
     model = ja.models.load(path)
     again = ja.models.load(path)
     assert len(calls) == 1 and len(list((tmp_path / "cache").glob("*.npz"))) == 1
@@ -259,6 +277,25 @@ def test_gguf_rope_scaling_is_read_or_refused(tiny_llama, tmp_path, monkeypatch,
                                          r"implemented for gguf files") as err:
         ja.models.load(path)
     assert "\n" not in str(err.value)
+
+
+def test_gguf_head_counts_are_refused_before_its_tensors(tiny_llama, tmp_path, monkeypatch):
+    """Zero heads ended in a ZeroDivisionError, and heads that do not divide the width
+    in NumPy's "cannot reshape" (unpermuting the queries): both are named in one line
+    before any tensor is read. A file whose tensors do not fit its config fills no
+    cache."""
+    monkeypatch.setenv("JAXATTN_CACHE_DIR", str(tmp_path / "cache"))
+    for heads, words in ((0, r"`num_attention_heads` must be an integer ≥ 1, got 0"),
+                         (3, r"its embedding length 64 is not a multiple of its 3 attention "
+                             r"heads")):
+        path = write_gguf(tiny_llama, tmp_path / f"h{heads}.gguf", heads=heads)
+        with pytest.raises(ValueError, match=rf"h{heads}\.gguf: {words}") as err:
+            ja.models.load(path)
+        assert "\n" not in str(err.value)
+    path = write_gguf(tiny_llama, tmp_path / "blocks.gguf", blocks=1)
+    with pytest.raises(ValueError, match=r"unexpected tensor 'layers\.1\."):
+        ja.models.load(path)
+    assert not list((tmp_path / "cache").glob("*.npz"))
 
 
 def test_truncated_gguf_is_named(tiny_llama, tmp_path, monkeypatch):

@@ -101,7 +101,7 @@ class PowerShared(AbstractPowerExperiment):
                 + ", ".join(dict.fromkeys(f"≈ {short(baseline[t])} with a {subspace[planar[t]]}"
                                           for t in ("step", "modulus"))) + ")")
         undecided = "" if ok or against else (
-            f"the rise {short(rise)} is within two standard errors ({short(error)}) over "
+            f"the rise {short(rise)} is within two standard errors (2 × {short(error)}) over "
             f"{per_prompt.shape[0]} prompts; raise --prompts or --depth." if rise <= 2 * error
             else f"the alignment at the end, {short(n['step_end'])}, has closed "
             f"{short(closed)} of the gap from a random token's ({short(chance)}) to 1, less "

@@ -182,7 +182,8 @@ def sampling_distance(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int,
     mu = check_density(grid, mu, signed=True)
     count = 2 * degree if grid.dim == 2 else (degree + 1) ** 2 - 1
     projected = mode_distance(grid, mu, jnp.zeros_like(mu), degree)
-    return jnp.sqrt((count / area(grid.dim) - projected**2) / n)
+    # ≥ 0 exactly; rounding took a point mass's `K − ‖Πμ‖²` (0) below 0: NaN
+    return jnp.sqrt(jnp.maximum(count / area(grid.dim) - projected**2, 0) / n)
 
 
 def sample(grid: AbstractGrid, mu: Float[Array, "*grid"], n: int, key) -> Float[Array, "n d"]:

@@ -356,8 +356,9 @@ def rank_collapse_residual(x: Float[Array, "*batch n d"]) -> Float[Array, "*batc
 
     **Arguments:**
 
-    - `x`: tokens `(..., n, d)`, not all zero. NaN or inf is refused with a `ValueError`
-      when `x` is concrete; traced, such a matrix's residual is NaN.
+    - `x`: tokens `(..., n, d)`; all zero, they are equal and the residual is 0. NaN or
+      inf is refused with a `ValueError` when `x` is concrete; traced, such a matrix's
+      residual is NaN.
 
     **Returns:**
 
@@ -369,7 +370,9 @@ def rank_collapse_residual(x: Float[Array, "*batch n d"]) -> Float[Array, "*batc
         # One power-of-two scale for the whole matrix (the ratio is scale-invariant),
         # so the norms neither overflow nor underflow.
         xi = scale_rows(xi.reshape(1, -1)).reshape(xi.shape)
-        return jnp.linalg.norm(xi - jnp.mean(xi, axis=0, keepdims=True)) / jnp.linalg.norm(xi)
+        whole = jnp.linalg.norm(xi)
+        residual = jnp.linalg.norm(xi - jnp.mean(xi, axis=0, keepdims=True))
+        return jnp.where(whole == 0, 0, residual / jnp.where(whole == 0, 1, whole))  # 0/0: 0
 
     return map_batch(one, x)
 

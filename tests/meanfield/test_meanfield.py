@@ -460,6 +460,10 @@ def test_sampling_distance_is_the_samples_rms():
                                                  tilt(grid), degree) ** 2)(xs)
         exact = float(mf.sampling_distance(grid, tilt(grid), 50, degree)) ** 2
         assert abs(float(d2.mean()) - exact) < 4 * float(d2.std()) / np.sqrt(len(d2))
+    # a point mass's distance is 0: rounding left `K − ‖Πμ‖²` below 0, and the root NaN
+    for g in (grid, mf.Circle(32), mf.Sphere(8)):
+        far = [float(mf.sampling_distance(g, mf.cap(g, 1e5), 10, k)) for k in (1, 2, 4)]
+        assert all(0 <= f < 1e-6 for f in far), far
     with pytest.raises(ValueError, match=r"`degree` must be a whole number in \[1, 8\]"):
         mf.sampling_distance(grid, tilt(grid), 50, 9)
     with pytest.raises(ValueError, match="`n` must be a whole number ≥ 1"):

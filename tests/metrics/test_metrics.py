@@ -77,6 +77,7 @@ def test_rank_collapse_residual(key):
     ref = [np.linalg.norm(xi - xi.mean(0)) / np.linalg.norm(xi) for xi in np.asarray(x)]
     np.testing.assert_allclose(M.rank_collapse_residual(x), ref, rtol=1e-12)
     assert float(M.rank_collapse_residual(jnp.ones((5, 4)))) == 0.0
+    assert float(M.rank_collapse_residual(jnp.zeros((3, 2)))) == 0.0  # equal tokens: was NaN
 
 
 def test_attention_entropy_limits(key):

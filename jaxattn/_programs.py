@@ -108,18 +108,17 @@ class _Unpickler(pickle.Unpickler):
         return found
 
 
-def _describe(treedef, static) -> str | None:
-    """The arguments' structure and static values as text another process writes the
-    same, or `None` where it holds an address (a function not at a module's top) or
-    names a class or function of the user's own (`_ours`)."""
-    leaves = jax.tree.leaves(static)
-    if any(isinstance(x, set | frozenset) for x in leaves):  # printed in a random order
+def _describe(treedef, traced: list[bool], static: list) -> str | None:
+    """The arguments' structure (`treedef`, which of its leaves are `traced`) and the
+    `static` leaves' values as text another process writes the same, or `None` where it
+    holds an address (a function not at a module's top) or names a class or function
+    of the user's own (`_ours`)."""
+    if any(isinstance(x, set | frozenset) for x in static):  # printed in a random order
         return None
-    structure = jax.tree.structure(static)
-    if not (_ours(treedef) and _ours(structure) and all(map(_ours, leaves))):
+    if not (_ours(treedef) and all(map(_ours, static))):
         return None
-    named = [("function", n) if callable(x) and (n := _name(x)) else x for x in leaves]
-    described = repr((treedef, structure, named))
+    named = [("function", n) if callable(x) and (n := _name(x)) else x for x in static]
+    described = repr((treedef, traced, named))
     return None if " at 0x" in described else described
 
 
@@ -239,10 +238,11 @@ def _lapack() -> None:
     initialize_lapack()
 
 
-def _program(fn, key: str, treedef, static, leaves):
+def _program(fn, key: str, call: Callable, leaves):
     """The compiled program of the entry `key` and its outputs' structure: loaded from
     JAX's cache folder, or compiled and kept there (with the access time JAX's
-    eviction reads beside it, as JAX's own entries); `None` if it cannot be kept."""
+    eviction reads beside it, as JAX's own entries); `None` if it cannot be kept.
+    `call(leaves)` calls `fn` with these leaves (traced) in the arguments."""
     folder = Path(jax.config.jax_compilation_cache_dir)
     path = folder / f"jaxattn_program-{key}-cache"
     if (jax.process_count() > 1 or not _loadable()  # one process: the case tried
@@ -262,12 +262,7 @@ def _program(fn, key: str, treedef, static, leaves):
     out = []
 
     def flat(*leaves):
-        dynamic = jax.tree.unflatten(treedef, leaves)
-        if isinstance(static, dict):  # by name (`static_argnames`)
-            outputs = fn(**dynamic, **static)
-        else:
-            args, kwargs = eqx.combine(dynamic, static)
-            outputs = fn(*args, **kwargs)
+        outputs = call(leaves)
         # the outputs with shapes for arrays: pickled whole (a treedef of Modules is not)
         out.append(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
                                 if eqx.is_array(a) else a, outputs))
@@ -375,29 +370,46 @@ def kept_jit(fn: Callable | None = None, *, static_argnames: tuple[str, ...] | N
     if static_argnames is None:
         jitted = eqx.filter_jit(fn)
 
-        def split(args, kwargs):  # (dynamic, static), as `eqx.filter_jit` splits them
-            return eqx.partition((args, kwargs), eqx.is_array)
+        def split(args, kwargs):  # traced: the arrays, as `eqx.filter_jit` splits them
+            leaves, treedef = jax.tree.flatten((args, kwargs))
+            return leaves, treedef, [eqx.is_array(a) for a in leaves]
+
+        def apply(args, kwargs):
+            return fn(*args, **kwargs)
     else:
         jitted, signature = jax.jit(fn, static_argnames=static_argnames), inspect.signature(fn)
 
-        def split(args, kwargs):  # every argument by name, the static ones apart
+        def split(args, kwargs):  # every argument by name traced but the static ones
             named = signature.bind(*args, **kwargs).arguments
-            return ({k: v for k, v in named.items() if k not in static_argnames},
-                    {k: v for k, v in named.items() if k in static_argnames})
+            dynamic = {k: v for k, v in named.items() if k not in static_argnames}
+            leaves, treedef = jax.tree.flatten(
+                (dynamic, {k: v for k, v in named.items() if k in static_argnames}))
+            count = treedef.children()[0].num_leaves
+            return leaves, treedef, [i < count for i in range(len(leaves))]
+
+        def apply(dynamic, static):
+            return fn(**dynamic, **static)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         if not (ENABLED and jax.config.jax_enable_compilation_cache
                 and jax.config.jax_compilation_cache_dir):
             return jitted(*args, **kwargs)
-        dynamic, static = split(args, kwargs)
-        leaves, treedef = jax.tree.flatten(dynamic)
-        described = _describe(treedef, static)
+        every, treedef, traced = split(args, kwargs)  # one flatten: a Module's is slow
+        leaves = [a for a, t in zip(every, traced) if t]
+        static = [a for a, t in zip(every, traced) if not t]
+        described = _describe(treedef, traced, static)
         if described is None or not _keepable(leaves):
             return jitted(*args, **kwargs)
         key = _key(fn, described, leaves)
         if key not in _LOADED:
-            _LOADED[key] = _program(fn, key, treedef, static, leaves)
+
+            def rebuilt(arrays):  # `fn` on these arrays in place of the traced leaves
+                arrays, rest = iter(arrays), iter(static)
+                return apply(*jax.tree.unflatten(
+                    treedef, [next(arrays) if t else next(rest) for t in traced]))
+
+            _LOADED[key] = _program(fn, key, rebuilt, leaves)
         if _LOADED[key] is None:
             return jitted(*args, **kwargs)
         compiled, (structure, rest) = _LOADED[key]

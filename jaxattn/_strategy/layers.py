@@ -109,11 +109,7 @@ def layers_program(dyn, x0, num_layers, tau, observe, checkpoints, checks, fused
     (`system_keys`), layer `k` drawing its `ξ` from `fold_in(key, k)`, on either path."""
     x0 = map_models(lambda d, x: prepare_tokens(d, x, checks=checks), dyn, x0)
     tau = tau.astype(x0.dtype)
-    # On the fused path `observe` is mapped over the systems, not rewritten by
-    # `batch_last`: XLA's CPU fusion (JAX 0.10.2) compiled a rewritten `observe` that
-    # normalises the tokens and stacks four projections wrong inside the layer loop
-    # (it read other tokens than the layer returned; `docs/limits.md`).
-    watch = jax.vmap(observe, in_axes=-1, out_axes=-1) if fused else observe
+    watch = batch_last(observe) if fused else observe
 
     def program(d, x, key=None):
         return scan_layers(layer_of(d, noise, key, fused), x, num_layers, tau, watch,

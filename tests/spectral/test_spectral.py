@@ -445,3 +445,23 @@ def test_the_plane_of_a_real_lambda1_and_complex_lambda2_does_not_depend_on_v2s_
     v1 = np.real(np.asarray(spec.eigenvectors)[:, 0])
     np.testing.assert_allclose(np.linalg.norm(plane.T @ (v1 / np.linalg.norm(v1))), 1.0,
                                atol=1e-10)
+
+
+def test_shared_alignment_is_the_cosine_of_each_layers_tokens():
+    """Each layer's alignments against NumPy's `‖(x/|x|) B‖` on the tokens of
+    `run_layers`. Outside this suite's settings (float32 by default), these very
+    weights read cosines up to 2.1 on the fused path, from tokens the layer never
+    returned: XLA's CPU fusion (`docs/limits.md`). The suite's settings do not
+    reproduce that fault; `shared_alignment` now runs on the general path."""
+    rng = np.random.default_rng(21)
+    d = 4
+    dyn = ja.SelfAttentionDynamics(jnp.asarray(rng.normal(size=(2, d, d)) * 0.5, jnp.float32),
+                                   jnp.asarray(rng.normal(size=(2, d, d)), jnp.float32))
+    x0 = jnp.asarray(rng.normal(size=(3, 6, d)), jnp.float32)
+    specs, cos = ja.spectral.shared_alignment(dyn, x0, 5)
+    xs = np.asarray(ja.run_layers(dyn, x0, 5, 1.0, strategy="general"), np.float64)
+    unit = xs / np.linalg.norm(xs, axis=-1, keepdims=True)
+    for i, spec in enumerate(specs):
+        for j, basis in enumerate((spec.principal, spec.plane)):
+            want = np.linalg.norm(unit @ np.asarray(basis), axis=-1)
+            np.testing.assert_allclose(np.asarray(cos)[..., i, j], want, atol=1e-5)
